@@ -1,0 +1,152 @@
+// for_range and if_: run the body lambdas once into a region, then find which Vars the body
+// reassigned; those become loop-carried values (for) or results (if), the rest are folded away.
+#include "dsl/control.hpp"
+
+#include <fmt/format.h>
+
+#include "dsl/promote.hpp"
+
+namespace tilejit::lang {
+namespace {
+
+using ir::OpKind;
+
+std::string var_where(const Var& v) { return fmt::format("{}:{}", v.declared_at().file_name(), v.declared_at().line()); }
+
+Tile bound(Builder& b, const Operand& o, DType d, const Loc& loc, const char* what) {
+  if (!o.is_literal()) {
+    const ir::Type& t = b.type(o.tile().id());
+    if (!t.is_value() || !t.is_scalar() || !ir::is_int(t.dtype) || t.dtype == DType::i1)
+      b.fail(loc, fmt::format("for_range: the {} must be an integer scalar, got {}", what, ir::to_string(t)));
+  }
+  return detail::materialize(b, o, d, {}, loc, "for_range");
+}
+
+}  // namespace
+
+void for_range(const Operand& lb, const Operand& ub, const Operand& step, const std::function<void(Tile)>& body, Loc loc) {
+  Builder& b = detail::builder_for({&lb, &ub, &step}, loc);
+  if (step.is_literal() && (step.literal_kind() == Operand::LiteralKind::Float || step.int_value() <= 0))
+    b.fail(loc, fmt::format("for_range: the step must be a positive integer, got {}", step.float_value()));
+  // The loop counter is i32 unless a bound is 64-bit.
+  DType d = DType::i32;
+  for (const Operand* o : {&lb, &ub, &step}) {
+    DType od = o->is_literal() ? detail::default_literal_dtype(*o) : b.type(o->tile().id()).dtype;
+    if (od == DType::i64 || od == DType::u64) d = DType::i64;
+  }
+  Tile tl = bound(b, lb, d, loc, "lower bound"), tu = bound(b, ub, d, loc, "upper bound"), ts = bound(b, step, d, loc, "step");
+
+  std::vector<Var*> vars = b.live_vars();
+  std::vector<Tile> before;
+  ir::Block region;
+  ir::ValueId iv = b.new_value(ir::Type::scalar(d));
+  region.args.push_back(iv);
+  for (Var* v : vars) {
+    before.push_back(v->value());
+    ir::ValueId arg = b.new_value(b.type(v->value().id()));
+    region.args.push_back(arg);
+    Builder::set_var(*v, Tile(&b, arg));
+  }
+  b.enter(region);
+  body(Tile(&b, iv));
+
+  // Which Vars did the body reassign? The others read their outer value directly.
+  std::vector<ir::ValueId> carried_args{iv}, yielded, inits;
+  std::vector<size_t> carried;
+  for (size_t i = 0; i < vars.size(); ++i) {
+    ir::ValueId arg = region.args[i + 1];
+    ir::ValueId now = vars[i]->value().id();
+    if (now == arg) {
+      ir::replace_all_uses(region, arg, before[i].id());
+      continue;
+    }
+    if (b.type(now) != b.type(arg))
+      b.fail(loc, fmt::format("for_range: the Var declared at {} changes type inside the loop body, from {} to {}; a "
+                              "loop-carried value must keep its type (cast it back before the end of the body)",
+                              var_where(*vars[i]), ir::to_string(b.type(arg)), ir::to_string(b.type(now))));
+    carried.push_back(i);
+    carried_args.push_back(arg);
+    yielded.push_back(now);
+    inits.push_back(before[i].id());
+  }
+  region.args = carried_args;
+  b.emit(OpKind::yield, yielded, {}, loc);
+  b.leave();
+
+  ir::Op op;
+  op.kind = OpKind::for_;
+  op.operands = {tl.id(), tu.id(), ts.id()};
+  op.operands.insert(op.operands.end(), inits.begin(), inits.end());
+  op.loc = {loc.file_name(), loc.line(), loc.column()};
+  for (ir::ValueId init : inits) op.results.push_back(b.new_value(b.type(init)));
+  op.regions.push_back(std::move(region));
+  std::vector<ir::ValueId> results = op.results;
+  b.append(std::move(op));
+  for (size_t i = 0; i < vars.size(); ++i) Builder::set_var(*vars[i], before[i]);
+  for (size_t j = 0; j < carried.size(); ++j) Builder::set_var(*vars[carried[j]], Tile(&b, results[j]));
+}
+
+void for_range(const Operand& lb, const Operand& ub, const std::function<void(Tile)>& body, Loc loc) {
+  for_range(lb, ub, 1, body, loc);
+}
+
+void if_(const Operand& cond, const std::function<void()>& then_body, const std::function<void()>& else_body, Loc loc) {
+  Builder& b = detail::builder_for({&cond}, loc);
+  Tile c = detail::to_tile(b, cond, loc);
+  if (b.type(c.id()) != ir::Type::scalar(DType::i1))
+    b.fail(loc, fmt::format("if_: the condition must be a boolean (i1) scalar, got {}", ir::to_string(b.type(c.id()))));
+
+  std::vector<Var*> vars = b.live_vars();
+  std::vector<Tile> before;
+  for (Var* v : vars) before.push_back(v->value());
+
+  // Run one branch into `region`, then restore every Var; return what each Var held at its end.
+  auto run_branch = [&](ir::Block& region, const std::function<void()>& fn) {
+    b.enter(region);
+    if (fn) fn();
+    std::vector<ir::ValueId> after;
+    for (Var* v : vars) after.push_back(v->value().id());
+    for (size_t i = 0; i < vars.size(); ++i) Builder::set_var(*vars[i], before[i]);
+    return after;
+  };
+  ir::Block then_r, else_r;
+  std::vector<ir::ValueId> then_vals = run_branch(then_r, then_body);
+  std::vector<ir::ValueId> then_yield, else_yield;
+  std::vector<size_t> changed;
+  // The then-branch must be closed before the else-branch opens; its yield is appended after we
+  // know which Vars either branch changed, so collect the else values first.
+  b.leave();
+  std::vector<ir::ValueId> else_vals = run_branch(else_r, else_body);
+  for (size_t i = 0; i < vars.size(); ++i) {
+    if (then_vals[i] == before[i].id() && else_vals[i] == before[i].id()) continue;
+    for (ir::ValueId v : {then_vals[i], else_vals[i]})
+      if (b.type(v) != b.type(before[i].id()))
+        b.fail(loc, fmt::format("if_: the Var declared at {} changes type inside a branch, from {} to {}", var_where(*vars[i]),
+                                ir::to_string(b.type(before[i].id())), ir::to_string(b.type(v))));
+    changed.push_back(i);
+    then_yield.push_back(then_vals[i]);
+    else_yield.push_back(else_vals[i]);
+  }
+  b.emit(OpKind::yield, else_yield, {}, loc);
+  b.leave();
+  ir::Op then_y;
+  then_y.kind = OpKind::yield;
+  then_y.operands = then_yield;  // defined in then_r or outside: checked by the verifier at finish
+  then_y.loc = {loc.file_name(), loc.line(), loc.column()};
+  then_r.ops.push_back(std::move(then_y));
+
+  ir::Op op;
+  op.kind = OpKind::if_;
+  op.operands = {c.id()};
+  op.loc = {loc.file_name(), loc.line(), loc.column()};
+  for (size_t i : changed) op.results.push_back(b.new_value(b.type(before[i].id())));
+  op.regions.push_back(std::move(then_r));
+  op.regions.push_back(std::move(else_r));
+  std::vector<ir::ValueId> results = op.results;
+  b.append(std::move(op));
+  for (size_t j = 0; j < changed.size(); ++j) Builder::set_var(*vars[changed[j]], Tile(&b, results[j]));
+}
+
+void if_(const Operand& cond, const std::function<void()>& then_body, Loc loc) { if_(cond, then_body, nullptr, loc); }
+
+}  // namespace tilejit::lang

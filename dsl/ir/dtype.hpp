@@ -1,0 +1,45 @@
+// Element types of the tile IR and the exact host-side rounding rules for the narrow ones.
+// Everything that converts a float to bf16/f16 (DSL constant folding, the interpreter, tests) goes through here.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace tilejit::ir {
+
+// Scalar element types. fp8 kinds are listed so the type system has room for them; the DSL
+// accepts them as storage types (load/store/cast) only.
+enum class DType : uint8_t {
+  i1, i8, i16, i32, i64, u8, u16, u32, u64,
+  f16, bf16, f32, f64, f8e4m3, f8e5m2,
+};
+
+std::string_view name(DType t);
+std::optional<DType> parse_dtype(std::string_view s);
+int bit_width(DType t);
+inline int byte_size(DType t) { return t == DType::i1 ? 1 : bit_width(t) / 8; }
+bool is_float(DType t);
+bool is_int(DType t);  // i1 counts as an integer (0/1)
+bool is_signed(DType t);
+bool is_fp8(DType t);
+
+// IEEE/bfloat narrow conversions, round-to-nearest-even, NaN kept, overflow to infinity
+// (e4m3 saturates to NaN-free max-finite the way PTX's cvt.satfinite does).
+uint16_t f32_to_bf16_bits(float x);
+float bf16_bits_to_f32(uint16_t b);
+uint16_t f32_to_f16_bits(float x);
+float f16_bits_to_f32(uint16_t b);
+uint8_t f32_to_f8e4m3_bits(float x);
+float f8e4m3_bits_to_f32(uint8_t b);
+uint8_t f32_to_f8e5m2_bits(float x);
+float f8e5m2_bits_to_f32(uint8_t b);
+
+// Round a float to the nearest value representable in `t` (a float dtype) and return it as float.
+// f64 is not narrowed by this; callers keep doubles separately.
+float round_to(DType t, float x);
+
+// Wrap an integer to the width and signedness of `t` (two's complement), as the GPU does.
+int64_t wrap_int(DType t, int64_t v);
+
+}  // namespace tilejit::ir

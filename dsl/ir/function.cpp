@@ -1,0 +1,52 @@
+// Function value table and the structural walkers shared by all passes.
+#include "dsl/ir/function.hpp"
+
+#include <fmt/format.h>
+
+namespace tilejit::ir {
+
+std::string to_string(const MetaValue& v) {
+  if (auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
+  return std::string(name(std::get<DType>(v)));
+}
+
+ValueId Function::new_value(Type t, std::string name_hint) {
+  values.push_back({std::move(t), std::move(name_hint)});
+  return static_cast<ValueId>(values.size() - 1);
+}
+
+const Param* Function::find_param(std::string_view n) const {
+  for (const auto& p : params)
+    if (p.name == n) return &p;
+  return nullptr;
+}
+
+const MetaEntry* Function::find_meta(std::string_view n) const {
+  for (const auto& m : meta)
+    if (m.name == n) return &m;
+  return nullptr;
+}
+
+void walk(Block& b, const std::function<void(Op&)>& fn) {
+  for (Op& op : b.ops) {
+    fn(op);
+    for (Block& r : op.regions) walk(r, fn);
+  }
+}
+
+void walk(const Block& b, const std::function<void(const Op&)>& fn) {
+  for (const Op& op : b.ops) {
+    fn(op);
+    for (const Block& r : op.regions) walk(r, fn);
+  }
+}
+
+void replace_all_uses(Block& b, ValueId from, ValueId to) {
+  walk(b, [&](Op& op) {
+    for (ValueId& v : op.operands)
+      if (v == from) v = to;
+  });
+}
+
+}  // namespace tilejit::ir

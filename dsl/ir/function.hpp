@@ -1,0 +1,89 @@
+// A kernel in the tile IR: its parameters, its meta-parameter specialisation, the value table and
+// the body. Also the few structural utilities every pass needs (walk, replace uses, type rules).
+#pragma once
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "dsl/ir/op.hpp"
+
+namespace tilejit::ir {
+
+// What a launch must guarantee about a pointer or tensor parameter. Declared in the kernel's
+// signature (never guessed from values) so it can specialise code; checked before every launch.
+struct ParamSpec {
+  int align_bytes = 0;            // base address divisible by this (0: only the element size)
+  bool contiguous_last = false;   // tensor: innermost stride == 1
+  bool operator==(const ParamSpec&) const = default;
+};
+
+enum class ParamKind : uint8_t { Scalar, Pointer, Tensor };
+
+struct Param {
+  std::string name;
+  ParamKind kind{};
+  Type type;      // scalar dtype, ptr<T>, or tensor<T,rank>
+  ValueId value;  // the body block argument carrying it
+  ParamSpec spec;
+};
+
+using MetaValue = std::variant<int64_t, bool, DType>;
+std::string to_string(const MetaValue& v);
+
+struct MetaEntry {
+  std::string name;
+  MetaValue value;
+};
+
+struct ValueInfo {
+  Type type;
+  std::string name;  // hint for printing (parameters); empty for temporaries
+};
+
+struct Function {
+  std::string name;
+  std::vector<Param> params;
+  std::vector<MetaEntry> meta;  // the specialisation this body was built for, in declaration order
+  std::vector<ValueInfo> values;
+  Block body;  // args: one per parameter
+
+  ValueId new_value(Type t, std::string name_hint = {});
+  const Type& type(ValueId v) const { return values.at(v).type; }
+  const Param* find_param(std::string_view name) const;
+  const MetaEntry* find_meta(std::string_view name) const;
+};
+
+// Visit every op, outer before inner, in program order.
+void walk(Block& b, const std::function<void(Op&)>& fn);
+void walk(const Block& b, const std::function<void(const Op&)>& fn);
+// Replace every use of `from` by `to` inside `b` (operands and nested regions).
+void replace_all_uses(Block& b, ValueId from, ValueId to);
+
+// The type rules, shared by the DSL (which reports violations with the user's source location)
+// and the verifier: the result types an op of `kind` with these operand types and attributes has.
+// Throws TypeError on a violation; regions (for_/if_) are checked by the verifier.
+struct TypeError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+std::vector<Type> infer_result_types(OpKind kind, const std::vector<Type>& operands, const AttrMap& attrs);
+
+// Text form, stable across processes and builds (see printer.cpp for the grammar).
+struct PrintOptions {
+  bool locations = false;  // append "loc(file:line)" to each op
+};
+std::string print(const Function& f, PrintOptions opts = {});
+
+// Structural checks every pass can call; throws VerifyError naming the kernel and the op.
+struct VerifyError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+void verify(const Function& f);
+
+// A canonical serialisation (independent of pointers, addresses and hash-map order) and its
+// SHA-256: equal for structurally identical kernels built in any process. The compile-cache key.
+std::string serialize(const Function& f);
+std::string structural_hash(const Function& f);  // 64 hex digits
+
+}  // namespace tilejit::ir

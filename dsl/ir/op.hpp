@@ -1,0 +1,98 @@
+// Operations of the tile IR: the op kinds, their attributes, source locations, and the
+// Op/Block structure (an Op may own regions, each a Block with arguments, for loops and ifs).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "dsl/ir/type.hpp"
+
+namespace tilejit::ir {
+
+using ValueId = uint32_t;
+
+// The op set. Elementwise ops take operands of identical type (the DSL inserts the broadcasts and
+// casts), so every pass below sees explicit shapes and dtypes. Semantics are documented in
+// README.md ("The tile IR") and implemented exactly by the interpreter.
+enum class OpKind : uint8_t {
+  // values
+  constant,       // {value} -> T (scalar, or every element of a tile)
+  arange,         // {start,end} -> i32[end-start]
+  splat,          // (scalar) -> tile of the result shape
+  broadcast,      // (t) -> t with size-1 dims stretched to {shape}
+  expand_dims,    // (t) {axis} -> t with a size-1 dim inserted at axis
+  reshape,        // (t) {shape} -> same elements, row-major order, new shape
+  trans,          // (t) {perm} -> dims permuted
+  // elementwise binary (same type in, same type out; cmp gives i1)
+  add, sub, mul, div, rem, minimum, maximum,
+  bit_and, bit_or, bit_xor, shl, shr,  // shr is arithmetic for signed, logical for unsigned
+  umulhi,                              // high 32/64 bits of the full unsigned product
+  cmp,                                 // {pred: eq ne lt le gt ge}
+  // elementwise unary
+  neg, bit_not, abs, exp, exp2, log, log2, sqrt, rsqrt, floor, ceil, tanh, sin, cos, erf,
+  select,   // (cond i1, a, b)
+  cast,     // (t) -> value converted to the result dtype (RNE for floats, truncation for float->int)
+  bitcast,  // (t) -> same bits reinterpreted, same width
+  reduce,   // (t) {kind: sum max min, axis} -> t without axis
+  dot,      // (a[M,K], b[K,N], acc[M,N]) -> acc + a@b, accumulated in acc's dtype
+  // program geometry
+  program_id,    // {axis} -> i32
+  num_programs,  // {axis} -> i32
+  // tensors and memory
+  tensor_ptr,     // (tensor) -> ptr<T>
+  tensor_dim,     // (tensor) {dim} -> i32
+  tensor_stride,  // (tensor) {dim} -> i64 (in elements)
+  addptr,         // (ptr, int offset) -> ptr + offset elements (same shape)
+  load,           // (ptr[, mask, other]) -> T
+  store,          // (ptr, value[, mask])
+  atomic_add,     // (ptr, value[, mask]) -> previous values
+  block_load,     // (tensor, offset per tensor dim...) {shape, dims, padding} -> window (bounds-checked)
+  block_store,    // (tensor, value, offset per tensor dim...) {dims}
+  // control flow
+  for_,    // (lb, ub, step, init...) region(iv, carried...) -> carried results
+  if_,     // (cond) region then, region else -> results
+  yield,   // (values...) terminates a region
+};
+
+std::string_view op_name(OpKind k);
+bool is_elementwise_binary(OpKind k);
+bool is_elementwise_unary(OpKind k);
+bool is_float_only_unary(OpKind k);
+
+using Attr = std::variant<int64_t, double, std::string, std::vector<int64_t>, DType>;
+using AttrMap = std::map<std::string, Attr>;  // ordered: printing and hashing are deterministic
+
+// Where in the user's C++ the op was built; not part of the hash, printed only on request.
+struct SourceLoc {
+  const char* file = nullptr;
+  uint32_t line = 0;
+  uint32_t column = 0;
+  std::string str() const;
+};
+
+struct Block;
+
+struct Op {
+  OpKind kind{};
+  std::vector<ValueId> operands;
+  std::vector<ValueId> results;
+  AttrMap attrs;
+  std::vector<Block> regions;
+  SourceLoc loc;
+
+  int64_t int_attr(const std::string& key) const;
+  double float_attr(const std::string& key) const;
+  const std::string& str_attr(const std::string& key) const;
+  const std::vector<int64_t>& ints_attr(const std::string& key) const;
+  bool has_attr(const std::string& key) const { return attrs.count(key) != 0; }
+};
+
+struct Block {
+  std::vector<ValueId> args;
+  std::vector<Op> ops;
+};
+
+}  // namespace tilejit::ir

@@ -1,0 +1,116 @@
+// Structural verifier: SSA definitions before uses with region scoping, each op's result types
+// equal to its type rule, loop/if regions well formed and terminated by a matching yield.
+#include <fmt/format.h>
+
+#include <optional>
+
+#include "dsl/ir/function.hpp"
+
+namespace tilejit::ir {
+namespace {
+
+class Verifier {
+ public:
+  explicit Verifier(const Function& f) : f_(f), visible_(f.values.size(), false), defined_(f.values.size(), false) {}
+
+  void run() {
+    if (f_.body.args.size() != f_.params.size()) fail(nullptr, "body arguments do not match the parameter list");
+    for (size_t i = 0; i < f_.params.size(); ++i) {
+      const Param& p = f_.params[i];
+      if (f_.body.args[i] != p.value) fail(nullptr, fmt::format("parameter '{}' is not body argument {}", p.name, i));
+      define(nullptr, p.value);
+      if (f_.type(p.value) != p.type) fail(nullptr, fmt::format("parameter '{}' has a mismatched value type", p.name));
+      for (size_t j = 0; j < i; ++j)
+        if (f_.params[j].name == p.name) fail(nullptr, fmt::format("parameter name '{}' is used twice", p.name));
+    }
+    block(f_.body, {}, /*top_level=*/true);
+  }
+
+ private:
+  [[noreturn]] void fail(const Op* op, const std::string& msg) const {
+    if (!op) throw VerifyError(fmt::format("verify: kernel '{}': {}", f_.name, msg));
+    throw VerifyError(fmt::format("verify: kernel '{}': op '{}' (built at {}): {}", f_.name, op_name(op->kind), op->loc.str(), msg));
+  }
+
+  void define(const Op* op, ValueId v) {
+    if (v >= f_.values.size()) fail(op, fmt::format("value id {} is outside the value table", v));
+    if (defined_[v]) fail(op, fmt::format("value id {} is defined twice", v));
+    defined_[v] = visible_[v] = true;
+  }
+
+  // Verify `b`; if `yield_types` is given the block must end with a yield of exactly those types.
+  void block(const Block& b, const std::optional<std::vector<Type>>& yield_types, bool top_level = false) {
+    std::vector<ValueId> scope;
+    for (const Op& op : b.ops) {
+      bool last = &op == &b.ops.back();
+      if (op.kind == OpKind::yield) {
+        if (top_level || !last) fail(&op, "yield must be the last op of a loop or if region");
+      }
+      check(op);
+      for (ValueId r : op.results) {
+        define(&op, r);
+        scope.push_back(r);
+      }
+    }
+    if (yield_types) {
+      if (b.ops.empty() || b.ops.back().kind != OpKind::yield) fail(nullptr, "a region does not end with yield");
+      const Op& y = b.ops.back();
+      std::vector<Type> got;
+      for (ValueId v : y.operands) got.push_back(f_.type(v));
+      if (got != *yield_types) fail(&y, "yielded types do not match the results of the enclosing op");
+    }
+    for (ValueId v : scope) visible_[v] = false;
+  }
+
+  void check(const Op& op) {
+    std::vector<Type> in;
+    for (ValueId v : op.operands) {
+      if (v >= f_.values.size() || !visible_[v]) fail(&op, fmt::format("uses value id {} that is not defined before it in scope", v));
+      in.push_back(f_.type(v));
+    }
+    for (ValueId r : op.results)
+      if (r >= f_.values.size()) fail(&op, fmt::format("result id {} is outside the value table", r));
+    std::vector<Type> out;
+    for (ValueId r : op.results) out.push_back(f_.type(r));
+
+    if (op.kind == OpKind::if_) {
+      if (in.size() != 1 || in[0] != Type::scalar(DType::i1)) fail(&op, "condition must be one i1 scalar");
+      if (op.regions.size() != 2) fail(&op, "needs a then and an else region");
+      for (const Block& r : op.regions) {
+        if (!r.args.empty()) fail(&op, "if regions take no arguments");
+        block(r, out);
+      }
+      return;
+    }
+    std::vector<Type> want;
+    try {
+      want = infer_result_types(op.kind, in, op.attrs);
+    } catch (const TypeError& e) {
+      fail(&op, e.what());
+    }
+    if (want != out) fail(&op, "result types differ from the op's type rule");
+    if (op.kind == OpKind::for_) {
+      if (op.regions.size() != 1) fail(&op, "needs one body region");
+      const Block& body = op.regions[0];
+      if (body.args.size() != out.size() + 1) fail(&op, "body needs the induction variable and one argument per carried value");
+      if (f_.type(body.args[0]) != in[0]) fail(&op, "induction variable type differs from the bounds");
+      for (size_t i = 0; i < out.size(); ++i)
+        if (f_.type(body.args[i + 1]) != out[i]) fail(&op, fmt::format("carried value {} changes type", i));
+      for (ValueId a : body.args) define(&op, a);
+      block(body, out);
+      for (ValueId a : body.args) visible_[a] = false;
+    } else if (!op.regions.empty()) {
+      fail(&op, "has regions but takes none");
+    }
+  }
+
+  const Function& f_;
+  std::vector<bool> visible_;
+  std::vector<bool> defined_;
+};
+
+}  // namespace
+
+void verify(const Function& f) { Verifier(f).run(); }
+
+}  // namespace tilejit::ir

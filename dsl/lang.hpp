@@ -1,0 +1,8 @@
+// The kernel author's view of tilejit: `using namespace tilejit::lang;` then write kernels with
+// kernel(), Tile, Var, the tile operations, memory operations and structured control flow.
+#pragma once
+#include "dsl/builder.hpp"
+#include "dsl/control.hpp"
+#include "dsl/memory.hpp"
+#include "dsl/ops.hpp"
+#include "dsl/tile.hpp"

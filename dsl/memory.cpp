@@ -1,0 +1,146 @@
+// Loads, stores, atomics and tensor windows.
+#include "dsl/memory.hpp"
+
+#include <fmt/format.h>
+
+#include "dsl/ops.hpp"
+#include "dsl/promote.hpp"
+
+namespace tilejit::lang {
+namespace {
+
+using detail::builder_for;
+using ir::OpKind;
+
+Tile pointer_tile(Builder& b, const Operand& ptr, const Loc& loc, const char* what) {
+  if (ptr.is_literal() || !b.type(ptr.tile().id()).is_pointer())
+    b.fail(loc, fmt::format("{}: the address must be a pointer or pointer tile (e.g. X + offsets), got {}", what,
+                            ptr.is_literal() ? "a number" : ir::to_string(b.type(ptr.tile().id()))));
+  return ptr.tile();
+}
+
+Tile mask_tile(Builder& b, const Operand& mask, const Loc& loc, const char* what) {
+  Tile m = detail::to_tile(b, mask, loc);
+  const ir::Type& t = b.type(m.id());
+  if (!t.is_value() || t.dtype != DType::i1)
+    b.fail(loc, fmt::format("{}: the mask must be a boolean (i1) tile, got {}", what, ir::to_string(t)));
+  return m;
+}
+
+// Check that `value` can be written through a pointer to `pointee` without an implicit conversion.
+void check_value_dtype(Builder& b, const Operand& value, DType pointee, const Loc& loc, const char* what) {
+  if (value.is_literal()) return;
+  const ir::Type& vt = b.type(value.tile().id());
+  if (!vt.is_value() || vt.dtype != pointee)
+    b.fail(loc, fmt::format("{}: the value is {} but the pointer points to {}; convert it first with cast({}, value)", what,
+                            ir::to_string(vt), ir::name(pointee), ir::name(pointee)));
+}
+
+Tile memory_op(OpKind kind, const Operand& ptr, const Operand& value, const Operand* mask, const Loc& loc) {
+  const char* what = kind == OpKind::store ? "store" : "atomic_add";
+  Builder& b = mask ? builder_for({&ptr, &value, mask}, loc) : builder_for({&ptr, &value}, loc);
+  Tile p = pointer_tile(b, ptr, loc, what);
+  DType pointee = b.type(p.id()).dtype;
+  check_value_dtype(b, value, pointee, loc, what);
+  Shape s = b.type(p.id()).shape;
+  if (!value.is_literal()) s = detail::broadcast_shapes(b, s, b.type(value.tile().id()).shape, loc, what);
+  Tile m;
+  if (mask) {
+    m = mask_tile(b, *mask, loc, what);
+    s = detail::broadcast_shapes(b, s, b.type(m.id()).shape, loc, what);
+  }
+  std::vector<ir::ValueId> ops{detail::broadcast_to(b, p, s, loc).id(), detail::materialize(b, value, pointee, s, loc, what).id()};
+  if (mask) ops.push_back(detail::broadcast_to(b, m, s, loc).id());
+  auto r = b.emit(kind, std::move(ops), {}, loc);
+  return r.empty() ? Tile() : Tile(&b, r[0]);
+}
+
+}  // namespace
+
+Tile load(const Operand& ptr, Loc loc) {
+  Builder& b = builder_for({&ptr}, loc);
+  return b.emit1(OpKind::load, {pointer_tile(b, ptr, loc, "load").id()}, {}, loc);
+}
+
+Tile load(const Operand& ptr, const Operand& mask, Loc loc) { return load(ptr, mask, 0, loc); }
+
+Tile load(const Operand& ptr, const Operand& mask, const Operand& other, Loc loc) {
+  Builder& b = builder_for({&ptr, &mask, &other}, loc);
+  Tile p = pointer_tile(b, ptr, loc, "load");
+  Tile m = mask_tile(b, mask, loc, "load");
+  DType pointee = b.type(p.id()).dtype;
+  Shape s = detail::broadcast_shapes(b, b.type(p.id()).shape, b.type(m.id()).shape, loc, "load");
+  if (!other.is_literal()) {
+    check_value_dtype(b, other, pointee, loc, "load (padding value)");
+    s = detail::broadcast_shapes(b, s, b.type(other.tile().id()).shape, loc, "load");
+  }
+  Tile o = detail::materialize(b, other, pointee, s, loc, "load (padding value)");
+  return b.emit1(OpKind::load, {detail::broadcast_to(b, p, s, loc).id(), detail::broadcast_to(b, m, s, loc).id(), o.id()}, {}, loc);
+}
+
+void store(const Operand& ptr, const Operand& value, Loc loc) { memory_op(OpKind::store, ptr, value, nullptr, loc); }
+void store(const Operand& ptr, const Operand& value, const Operand& mask, Loc loc) {
+  memory_op(OpKind::store, ptr, value, &mask, loc);
+}
+Tile atomic_add(const Operand& ptr, const Operand& value, Loc loc) { return memory_op(OpKind::atomic_add, ptr, value, nullptr, loc); }
+Tile atomic_add(const Operand& ptr, const Operand& value, const Operand& mask, Loc loc) {
+  return memory_op(OpKind::atomic_add, ptr, value, &mask, loc);
+}
+
+// ---- tensors ----
+Tile Tensor::ptr(Loc loc) const {
+  Builder& b = builder_for({}, loc);
+  return b.emit1(OpKind::tensor_ptr, {desc_.id()}, {}, loc);
+}
+
+Tile Tensor::size(int dim, Loc loc) const {
+  Builder& b = Builder::current(loc);
+  if (dim < 0 || dim >= rank()) b.fail(loc, fmt::format("size: dim {} is out of range for a rank-{} tensor", dim, rank()));
+  return b.emit1(OpKind::tensor_dim, {desc_.id()}, {{"dim", int64_t{dim}}}, loc);
+}
+
+Tile Tensor::stride(int dim, Loc loc) const {
+  Builder& b = Builder::current(loc);
+  if (dim < 0 || dim >= rank()) b.fail(loc, fmt::format("stride: dim {} is out of range for a rank-{} tensor", dim, rank()));
+  return b.emit1(OpKind::tensor_stride, {desc_.id()}, {{"dim", int64_t{dim}}}, loc);
+}
+
+BlockRef Tensor::block(std::vector<Operand> offsets, Shape shape, std::vector<int64_t> dims, Loc loc) const {
+  Builder& b = Builder::current(loc);
+  if (static_cast<int>(offsets.size()) != rank())
+    b.fail(loc, fmt::format("block: needs {} offsets (one per tensor dim), got {}", rank(), offsets.size()));
+  if (shape.empty() || static_cast<int>(shape.size()) > rank())
+    b.fail(loc, fmt::format("block: the window shape {} must have 1..{} dims", ir::shape_string(shape), rank()));
+  if (dims.empty())
+    for (size_t i = 0; i < shape.size(); ++i) dims.push_back(rank() - static_cast<int64_t>(shape.size()) + static_cast<int64_t>(i));
+  if (dims.size() != shape.size())
+    b.fail(loc, fmt::format("block: dims {} and shape {} differ in length", ir::shape_string(dims), ir::shape_string(shape)));
+  BlockRef r{*this, {}, std::move(shape), std::move(dims), loc};
+  for (const Operand& o : offsets) {
+    Tile t = detail::to_tile(b, o, loc);
+    const ir::Type& ty = b.type(t.id());
+    if (!ty.is_value() || !ty.is_scalar() || !ir::is_int(ty.dtype) || ty.dtype == DType::i1)
+      b.fail(loc, fmt::format("block: offsets must be integer scalars, got {}", ir::to_string(ty)));
+    r.offsets.push_back(t);
+  }
+  return r;
+}
+
+Tile load(const BlockRef& blk, double padding, Loc loc) {
+  Builder& b = Builder::current(loc);
+  std::vector<ir::ValueId> ops{blk.tensor.descriptor().id()};
+  for (const Tile& t : blk.offsets) ops.push_back(t.id());
+  return b.emit1(OpKind::block_load, std::move(ops), {{"shape", blk.shape}, {"dims", blk.dims}, {"padding", padding}}, loc);
+}
+
+void store(const BlockRef& blk, const Operand& value, Loc loc) {
+  Builder& b = builder_for({&value}, loc);
+  DType d = blk.tensor.dtype();
+  check_value_dtype(b, value, d, loc, "store");
+  Tile v = detail::materialize(b, value, d, blk.shape, loc, "store");
+  std::vector<ir::ValueId> ops{blk.tensor.descriptor().id(), v.id()};
+  for (const Tile& t : blk.offsets) ops.push_back(t.id());
+  b.emit(OpKind::block_store, std::move(ops), {{"dims", blk.dims}}, loc);
+}
+
+}  // namespace tilejit::lang

@@ -1,0 +1,28 @@
+// Memory operations of the DSL: loads and stores through pointer tiles (with masks and a padding
+// value), block loads/stores of a window of a strided tensor, and atomic adds.
+#pragma once
+#include <source_location>
+
+#include "dsl/builder.hpp"
+
+namespace tilejit::lang {
+
+// Elementwise through pointer tiles; ptr, mask and other broadcast together (numpy rules).
+Tile load(const Operand& ptr, std::source_location loc = std::source_location::current());
+Tile load(const Operand& ptr, const Operand& mask, std::source_location loc = std::source_location::current());
+Tile load(const Operand& ptr, const Operand& mask, const Operand& other,
+          std::source_location loc = std::source_location::current());
+// The value must already have the pointee dtype (numbers adapt); masked-off elements are not written.
+void store(const Operand& ptr, const Operand& value, std::source_location loc = std::source_location::current());
+void store(const Operand& ptr, const Operand& value, const Operand& mask,
+           std::source_location loc = std::source_location::current());
+// Returns the previous values. Supported: f32 f64 f16 bf16 i32 u32 i64 u64.
+Tile atomic_add(const Operand& ptr, const Operand& value, std::source_location loc = std::source_location::current());
+Tile atomic_add(const Operand& ptr, const Operand& value, const Operand& mask,
+                std::source_location loc = std::source_location::current());
+
+// A window of a tensor (Tensor::block); elements outside the tensor read as `padding`.
+Tile load(const BlockRef& block, double padding = 0.0, std::source_location loc = std::source_location::current());
+void store(const BlockRef& block, const Operand& value, std::source_location loc = std::source_location::current());
+
+}  // namespace tilejit::lang

@@ -1,0 +1,63 @@
+// The tile operations of the DSL: creation, shape manipulation, math, reductions, dot, casts and
+// program geometry. Each builds tile IR in the kernel being built; errors name the source line.
+#pragma once
+#include <source_location>
+
+#include "dsl/builder.hpp"
+
+namespace tilejit::lang {
+
+
+// ---- creation ----
+Tile arange(int64_t start, int64_t end, Loc loc = Loc::current());           // i32[end-start]
+Tile full(DType dtype, Shape shape, const Operand& value, Loc loc = Loc::current());
+Tile zeros(DType dtype, Shape shape, Loc loc = Loc::current());
+Tile scalar_constant(DType dtype, const Operand& value, Loc loc = Loc::current());  // a typed scalar
+
+// ---- shapes ----
+Tile expand_dims(const Operand& t, int axis, Loc loc = Loc::current());
+Tile broadcast_to(const Operand& t, Shape shape, Loc loc = Loc::current());
+Tile reshape(const Operand& t, Shape shape, Loc loc = Loc::current());
+Tile trans(const Operand& t, Loc loc = Loc::current());  // swaps the last two dims
+Tile permute(const Operand& t, std::vector<int64_t> perm, Loc loc = Loc::current());
+
+// ---- elementwise ----
+Tile where(const Operand& cond, const Operand& a, const Operand& b, Loc loc = Loc::current());
+Tile maximum(const Operand& a, const Operand& b, Loc loc = Loc::current());  // NaN-propagating
+Tile minimum(const Operand& a, const Operand& b, Loc loc = Loc::current());
+Tile umulhi(const Operand& a, const Operand& b, Loc loc = Loc::current());   // high half of a*b (32/64-bit ints)
+Tile cast(DType dtype, const Operand& x, Loc loc = Loc::current());   // value conversion (RNE for floats)
+Tile bitcast(DType dtype, const Operand& x, Loc loc = Loc::current());
+Tile exp(const Operand& x, Loc loc = Loc::current());
+Tile exp2(const Operand& x, Loc loc = Loc::current());
+Tile log(const Operand& x, Loc loc = Loc::current());
+Tile log2(const Operand& x, Loc loc = Loc::current());
+Tile sqrt(const Operand& x, Loc loc = Loc::current());
+Tile rsqrt(const Operand& x, Loc loc = Loc::current());
+Tile abs(const Operand& x, Loc loc = Loc::current());
+Tile floor(const Operand& x, Loc loc = Loc::current());
+Tile ceil(const Operand& x, Loc loc = Loc::current());
+Tile tanh(const Operand& x, Loc loc = Loc::current());
+Tile sin(const Operand& x, Loc loc = Loc::current());
+Tile cos(const Operand& x, Loc loc = Loc::current());
+Tile erf(const Operand& x, Loc loc = Loc::current());
+
+// ---- reductions along one axis (the axis disappears), or over all axes (a scalar) ----
+Tile sum(const Operand& x, int axis, Loc loc = Loc::current());
+Tile max(const Operand& x, int axis, Loc loc = Loc::current());
+Tile min(const Operand& x, int axis, Loc loc = Loc::current());
+Tile sum(const Operand& x, Loc loc = Loc::current());
+Tile max(const Operand& x, Loc loc = Loc::current());
+Tile min(const Operand& x, Loc loc = Loc::current());
+
+// ---- matrix product: a[M,K] @ b[K,N], accumulated in f32 (i32 for i8), plus acc if given ----
+Tile dot(const Operand& a, const Operand& b, Loc loc = Loc::current());
+Tile dot(const Operand& a, const Operand& b, const Operand& acc, Loc loc = Loc::current());
+
+// ---- program geometry and integer helpers ----
+Tile program_id(int axis, Loc loc = Loc::current());
+Tile num_programs(int axis, Loc loc = Loc::current());
+Tile cdiv(const Operand& a, const Operand& b, Loc loc = Loc::current());  // ceil(a / b) for positive ints
+constexpr int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace tilejit::lang
