@@ -6,9 +6,10 @@ install(TARGETS tilejit EXPORT tilejitTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-foreach(dir dsl dsl/ir runtime kernels)
+# Headers keep their source-tree paths under include/tilejit (dsl/ holds dsl/ir/).
+foreach(dir dsl runtime kernels)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tilejit/${dir}
-    FILES_MATCHING PATTERN "*.hpp" PATTERN "ir" EXCLUDE)
+    FILES_MATCHING PATTERN "*.hpp")
 endforeach()
 install(FILES ${PROJECT_BINARY_DIR}/include/tilejit/tilejit.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tilejit)
 install(EXPORT tilejitTargets NAMESPACE tilejit:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tilejit)

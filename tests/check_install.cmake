@@ -1,0 +1,20 @@
+# Installs tilejit into a scratch prefix, then configures, builds and runs tests/consumer against
+# it with find_package(tilejit): the path a user's project takes.
+file(REMOVE_RECURSE ${SCRATCH})
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${SCRATCH}/prefix RESULT_VARIABLE r OUTPUT_QUIET)
+if(NOT r EQUAL 0)
+  message(FATAL_ERROR "install failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${SCRATCH}/build -G Ninja
+                        -DCMAKE_PREFIX_PATH=${SCRATCH}/prefix -DCMAKE_BUILD_TYPE=Release RESULT_VARIABLE r)
+if(NOT r EQUAL 0)
+  message(FATAL_ERROR "configuring the consumer project failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${SCRATCH}/build RESULT_VARIABLE r)
+if(NOT r EQUAL 0)
+  message(FATAL_ERROR "building the consumer project failed")
+endif()
+execute_process(COMMAND ${SCRATCH}/build/consumer RESULT_VARIABLE r)
+if(NOT r EQUAL 0)
+  message(FATAL_ERROR "the consumer program failed")
+endif()
