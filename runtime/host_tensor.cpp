@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 #include <cfloat>
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <new>
 #include <random>
 #include <stdexcept>
+#include <utility>
 
 namespace tilejit::runtime {
 
@@ -59,6 +61,77 @@ double int_to_double_odd(int64_t v, bool is_unsigned) {
   return neg ? -d : d;
 }
 
+// A NaN keeps its sign and payload in the top mantissa bits of the double, so loads, stores,
+// bitcasts and copies give back the exact bits; double arithmetic on it yields a quiet NaN, as
+// the GPU's does. (A plain float -> double conversion would quiet signalling NaNs.)
+double nan_with_payload(bool negative, uint64_t mant, int mbits) {
+  return std::bit_cast<double>((uint64_t{negative} << 63) | (uint64_t{0x7FF} << 52) | (mant << (52 - mbits)));
+}
+
+uint64_t nan_payload(double x, int mbits) {
+  uint64_t m = (std::bit_cast<uint64_t>(x) >> (52 - mbits)) & ((uint64_t{1} << mbits) - 1);
+  return m ? m : uint64_t{1} << (mbits - 1);  // payload only in bits the format lacks: quiet NaN
+}
+
+bool sign_bit(double x) { return (std::bit_cast<uint64_t>(x) >> 63) != 0; }
+
+double decode(DType t, uint64_t bits) {
+  switch (t) {
+    case DType::f64: return std::bit_cast<double>(bits);
+    case DType::f32: {
+      auto u = static_cast<uint32_t>(bits);
+      if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x7FFFFFu)) return nan_with_payload(u >> 31, u & 0x7FFFFFu, 23);
+      return std::bit_cast<float>(u);
+    }
+    case DType::f16: {
+      auto h = static_cast<uint16_t>(bits);
+      if ((h & 0x7C00u) == 0x7C00u && (h & 0x3FFu)) return nan_with_payload(h >> 15, h & 0x3FFu, 10);
+      return ir::f16_bits_to_f32(h);
+    }
+    case DType::bf16: {
+      auto h = static_cast<uint16_t>(bits);
+      if ((h & 0x7F80u) == 0x7F80u && (h & 0x7Fu)) return nan_with_payload(h >> 15, h & 0x7Fu, 7);
+      return ir::bf16_bits_to_f32(h);
+    }
+    case DType::f8e4m3: {
+      auto b = static_cast<uint8_t>(bits);
+      if ((b & 0x7Fu) == 0x7Fu) return nan_with_payload(b >> 7, 7, 3);
+      return ir::f8e4m3_bits_to_f32(b);
+    }
+    case DType::f8e5m2: {
+      auto b = static_cast<uint8_t>(bits);
+      if ((b & 0x7Cu) == 0x7Cu && (b & 3u)) return nan_with_payload(b >> 7, b & 3u, 2);
+      return ir::f8e5m2_bits_to_f32(b);
+    }
+    default: throw std::logic_error(fmt::format("decode: {} is not a float dtype", ir::name(t)));
+  }
+}
+
+// `x` must already be representable in `t` (or NaN).
+uint64_t encode(DType t, double x) {
+  if (t == DType::f64) return std::bit_cast<uint64_t>(x);
+  if (std::isnan(x)) {
+    const uint64_t s = sign_bit(x);
+    switch (t) {
+      case DType::f32: return (s << 31) | 0x7F800000u | nan_payload(x, 23);
+      case DType::f16: return (s << 15) | 0x7C00u | nan_payload(x, 10);
+      case DType::bf16: return (s << 15) | 0x7F80u | nan_payload(x, 7);
+      case DType::f8e4m3: return (s << 7) | 0x7Fu;
+      case DType::f8e5m2: return (s << 7) | 0x7Cu | nan_payload(x, 2);
+      default: break;
+    }
+  }
+  const auto f = static_cast<float>(x);
+  switch (t) {
+    case DType::f32: return std::bit_cast<uint32_t>(f);
+    case DType::f16: return ir::f32_to_f16_bits(f);
+    case DType::bf16: return ir::f32_to_bf16_bits(f);
+    case DType::f8e4m3: return ir::f32_to_f8e4m3_bits(f);
+    case DType::f8e5m2: return ir::f32_to_f8e5m2_bits(f);
+    default: throw std::logic_error(fmt::format("encode: {} is not a float dtype", ir::name(t)));
+  }
+}
+
 }  // namespace
 
 double round_float(DType t, double x) {
@@ -100,42 +173,23 @@ int64_t int_to_int(DType t, int64_t v) {
 }
 
 uint64_t to_bits(DType t, double f, int64_t i) {
-  switch (t) {
-    case DType::f32: return std::bit_cast<uint32_t>(static_cast<float>(f));
-    case DType::f64: return std::bit_cast<uint64_t>(f);
-    case DType::f16: return ir::f32_to_f16_bits(static_cast<float>(f));
-    case DType::bf16: return ir::f32_to_bf16_bits(static_cast<float>(f));
-    case DType::f8e4m3: return ir::f32_to_f8e4m3_bits(static_cast<float>(f));
-    case DType::f8e5m2: return ir::f32_to_f8e5m2_bits(static_cast<float>(f));
-    default: {
-      int w = ir::bit_width(t);
-      uint64_t u = static_cast<uint64_t>(i);
-      return w == 64 ? u : u & ((uint64_t{1} << w) - 1);
-    }
-  }
+  if (ir::is_float(t)) return encode(t, f);
+  const int w = ir::bit_width(t);
+  const auto u = static_cast<uint64_t>(i);
+  return w == 64 ? u : u & ((uint64_t{1} << w) - 1);
 }
 
 void from_bits(DType t, uint64_t bits, double& f, int64_t& i) {
-  switch (t) {
-    case DType::f32: f = std::bit_cast<float>(static_cast<uint32_t>(bits)); return;
-    case DType::f64: f = std::bit_cast<double>(bits); return;
-    case DType::f16: f = ir::f16_bits_to_f32(static_cast<uint16_t>(bits)); return;
-    case DType::bf16: f = ir::bf16_bits_to_f32(static_cast<uint16_t>(bits)); return;
-    case DType::f8e4m3: f = ir::f8e4m3_bits_to_f32(static_cast<uint8_t>(bits)); return;
-    case DType::f8e5m2: f = ir::f8e5m2_bits_to_f32(static_cast<uint8_t>(bits)); return;
-    default: i = ir::wrap_int(t, static_cast<int64_t>(bits)); return;
-  }
+  if (ir::is_float(t)) f = decode(t, bits);
+  else i = ir::wrap_int(t, static_cast<int64_t>(bits));
 }
 
 double read_float(DType t, const std::byte* p) {
-  switch (t) {
-    case DType::f32: return load_as<float>(p);
-    case DType::f64: return load_as<double>(p);
-    case DType::f16: return ir::f16_bits_to_f32(load_as<uint16_t>(p));
-    case DType::bf16: return ir::bf16_bits_to_f32(load_as<uint16_t>(p));
-    case DType::f8e4m3: return ir::f8e4m3_bits_to_f32(load_as<uint8_t>(p));
-    case DType::f8e5m2: return ir::f8e5m2_bits_to_f32(load_as<uint8_t>(p));
-    default: throw std::logic_error(fmt::format("read_float: {} is not a float dtype", ir::name(t)));
+  switch (ir::byte_size(t)) {
+    case 1: return decode(t, load_as<uint8_t>(p));
+    case 2: return decode(t, load_as<uint16_t>(p));
+    case 4: return decode(t, load_as<uint32_t>(p));
+    default: return decode(t, load_as<uint64_t>(p));
   }
 }
 
@@ -155,14 +209,12 @@ int64_t read_int(DType t, const std::byte* p) {
 }
 
 void write_float(DType t, std::byte* p, double v) {
-  switch (t) {
-    case DType::f32: store_as(p, static_cast<float>(v)); return;
-    case DType::f64: store_as(p, v); return;
-    case DType::f16: store_as(p, ir::f32_to_f16_bits(static_cast<float>(v))); return;
-    case DType::bf16: store_as(p, ir::f32_to_bf16_bits(static_cast<float>(v))); return;
-    case DType::f8e4m3: store_as(p, ir::f32_to_f8e4m3_bits(static_cast<float>(v))); return;
-    case DType::f8e5m2: store_as(p, ir::f32_to_f8e5m2_bits(static_cast<float>(v))); return;
-    default: throw std::logic_error(fmt::format("write_float: {} is not a float dtype", ir::name(t)));
+  const uint64_t bits = encode(t, v);
+  switch (ir::byte_size(t)) {
+    case 1: store_as(p, static_cast<uint8_t>(bits)); return;
+    case 2: store_as(p, static_cast<uint16_t>(bits)); return;
+    case 4: store_as(p, static_cast<uint32_t>(bits)); return;
+    default: store_as(p, bits); return;
   }
 }
 
@@ -227,6 +279,26 @@ HostTensor::HostTensor(const HostTensor& o)
   }
 }
 
+HostTensor::HostTensor(HostTensor&& o) noexcept
+    : dtype_(o.dtype_),
+      sizes_(std::exchange(o.sizes_, {})),
+      strides_(std::exchange(o.strides_, {})),
+      numel_(std::exchange(o.numel_, 0)),
+      bytes_(std::exchange(o.bytes_, 0)),
+      data_(std::move(o.data_)) {}
+
+HostTensor& HostTensor::operator=(HostTensor&& o) noexcept {
+  if (this != &o) {
+    dtype_ = o.dtype_;
+    sizes_ = std::exchange(o.sizes_, {});
+    strides_ = std::exchange(o.strides_, {});
+    numel_ = std::exchange(o.numel_, 0);
+    bytes_ = std::exchange(o.bytes_, 0);
+    data_ = std::move(o.data_);
+  }
+  return *this;
+}
+
 HostTensor& HostTensor::operator=(const HostTensor& o) {
   if (this != &o) *this = HostTensor(o);
   return *this;
@@ -253,14 +325,15 @@ void HostTensor::allocate() {
   poison();
 }
 
-int64_t HostTensor::offset_of(const std::vector<int64_t>& index) const {
-  if (index.size() != sizes_.size())
-    throw std::out_of_range(fmt::format("HostTensor {}: index {} has {} coordinates, the tensor has rank {}", describe(),
-                                        ir::shape_string(index), index.size(), sizes_.size()));
+int64_t HostTensor::offset_of(const int64_t* index, size_t n) const {
+  if (n != sizes_.size())
+    throw std::out_of_range(fmt::format("HostTensor {}: index [{}] has {} coordinates, the tensor has rank {}", describe(),
+                                        fmt::join(index, index + n, ","), n, sizes_.size()));
   int64_t off = 0;
-  for (size_t d = 0; d < index.size(); ++d) {
+  for (size_t d = 0; d < n; ++d) {
     if (index[d] < 0 || index[d] >= sizes_[d])
-      throw std::out_of_range(fmt::format("HostTensor {}: index {} is out of range in dim {}", describe(), ir::shape_string(index), d));
+      throw std::out_of_range(fmt::format("HostTensor {}: index [{}] is out of range in dim {}", describe(),
+                                          fmt::join(index, index + n, ","), d));
     off += index[d] * strides_[d];
   }
   return off;
@@ -293,11 +366,19 @@ void write_value(DType t, std::byte* p, double v) {
 }  // namespace
 
 double HostTensor::get(const std::vector<int64_t>& index) const {
-  return read_value(dtype_, data_.get() + offset_of(index) * ir::byte_size(dtype_));
+  return read_value(dtype_, data_.get() + offset_of(index.data(), index.size()) * ir::byte_size(dtype_));
+}
+
+double HostTensor::get(std::initializer_list<int64_t> index) const {
+  return read_value(dtype_, data_.get() + offset_of(index.begin(), index.size()) * ir::byte_size(dtype_));
 }
 
 void HostTensor::set(const std::vector<int64_t>& index, double v) {
-  write_value(dtype_, data_.get() + offset_of(index) * ir::byte_size(dtype_), v);
+  write_value(dtype_, data_.get() + offset_of(index.data(), index.size()) * ir::byte_size(dtype_), v);
+}
+
+void HostTensor::set(std::initializer_list<int64_t> index, double v) {
+  write_value(dtype_, data_.get() + offset_of(index.begin(), index.size()) * ir::byte_size(dtype_), v);
 }
 
 double HostTensor::get_flat(int64_t i) const {

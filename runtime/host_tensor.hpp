@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,8 +14,9 @@ namespace tilejit::runtime {
 
 // One element of a dtype, as the interpreter and HostTensor hold it: floats as a double that is
 // exactly representable in the dtype, integers/i1 as int64_t (sign- or zero-extended by the dtype,
-// u64 as its bit pattern). These rules are shared so that a value written by one and read by the
-// other never changes.
+// u64 as its bit pattern). A float NaN keeps its sign and payload in the double's top mantissa
+// bits, so memory round trips and bitcasts are bit-exact. These rules are shared so that a value
+// written by one and read by the other never changes.
 namespace element {
 
 // Round `x` to the nearest value of the float dtype `t` (RNE, no double rounding: an inexact step
@@ -50,8 +52,8 @@ class HostTensor {
   HostTensor(ir::DType dtype, ir::Shape sizes, ir::Shape strides);  // strides in elements, >= 0
   HostTensor(const HostTensor& other);                              // deep copy
   HostTensor& operator=(const HostTensor& other);
-  HostTensor(HostTensor&&) noexcept = default;
-  HostTensor& operator=(HostTensor&&) noexcept = default;
+  HostTensor(HostTensor&& other) noexcept;  // leaves `other` empty (numel 0, no allocation)
+  HostTensor& operator=(HostTensor&& other) noexcept;
   ~HostTensor() = default;
 
   ir::DType dtype() const { return dtype_; }
@@ -65,11 +67,14 @@ class HostTensor {
   const void* data() const { return data_.get(); }
   size_t bytes() const { return bytes_; }
 
-  // Logical index -> value (ints exact up to 2^53; narrow floats decoded).
+  // Logical index -> value (ints exact up to 2^53; narrow floats decoded). The initializer_list
+  // overloads let reference loops write t.get({b, h, i, d}) without a heap allocation per call.
   double get(const std::vector<int64_t>& index) const;
+  double get(std::initializer_list<int64_t> index) const;
   // Rounds with the dtype's rule: RNE for floats; ints truncate toward zero then wrap (a NaN or
   // infinity for an int dtype throws); i1 stores v != 0.
   void set(const std::vector<int64_t>& index, double v);
+  void set(std::initializer_list<int64_t> index, double v);
   double get_flat(int64_t i) const;  // i = logical row-major position
   void set_flat(int64_t i, double v);
   std::vector<double> to_f64() const;  // logical row-major
@@ -90,7 +95,7 @@ class HostTensor {
     void operator()(std::byte* p) const;
   };
 
-  int64_t offset_of(const std::vector<int64_t>& index) const;  // in elements, checked
+  int64_t offset_of(const int64_t* index, size_t n) const;  // in elements, checked
   int64_t offset_of_flat(int64_t i) const;
   void allocate();
 

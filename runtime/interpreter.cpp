@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 namespace tilejit::runtime {
 namespace {
@@ -598,7 +599,9 @@ class Machine {
     const Slot& A = S(op.operands[0]);
     Slot& R = S(op.results[0]);
     const bool ff = ir::is_float(from), tf = ir::is_float(to);
-    if (ff && tf) {
+    if (from == to) {  // a no-op, also for NaN payloads (an f32 round trip would quiet them)
+      copy_slot(R, A);
+    } else if (ff && tf) {
       R.f.resize(n);
       with_rounder(to, [&](auto rnd) {
         for (size_t k = 0; k < n; ++k) R.f[k] = rnd(A.f[k]);
