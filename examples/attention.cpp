@@ -6,44 +6,10 @@
 #include <cstring>
 #include <tilejit/tilejit.hpp>
 
+#include "kernels/attention.hpp"
+
 using namespace tilejit::lang;
 using tilejit::runtime::HostTensor;
-
-// Q, K, V, O are [batch, heads, seq, head_dim]; LSE is [batch, heads, seq] (natural log).
-Kernel attention_fwd = kernel("attention_fwd", [](Builder& k) {
-  auto T = k.meta_dtype("DTYPE", bf16);
-  auto BM = k.meta<int>("BLOCK_M", 64), BN = k.meta<int>("BLOCK_N", 64), D = k.meta<int>("HEAD_DIM", 64);
-  auto causal = k.meta<bool>("CAUSAL", false);
-  auto Q = k.tensor("Q", T, 4), K = k.tensor("K", T, 4), V = k.tensor("V", T, 4), O = k.tensor("O", T, 4);
-  auto LSE = k.tensor("LSE", f32, 3);
-  auto softmax_scale = k.scalar<float>("softmax_scale");
-
-  auto m0 = program_id(0) * BM, h = program_id(1), b = program_id(2);
-  auto S_k = K.size(2);
-  auto rows = m0 + arange(0, BM);
-  auto qk_scale = softmax_scale * 1.4426950408889634;  // log2(e): exp(x) = exp2(x * log2 e)
-
-  auto q = load(Q.block({b, h, m0, 0}, {BM, D}));
-  Var acc = zeros(f32, {BM, D});
-  Var m = full(f32, {BM}, -INFINITY);  // running row max (log2 units)
-  Var l = zeros(f32, {BM});            // running row sum of exp2
-  Tile n_end = causal ? minimum(S_k, m0 + BM) : S_k;
-  for_range(0, n_end, BN, [&](Tile n0) {
-    auto s = dot(q, trans(load(K.block({b, h, n0, 0}, {BN, D})))) * qk_scale;
-    auto cols = n0 + arange(0, BN);
-    Tile valid = cols[row] < S_k;
-    if (causal) valid = valid & (cols[row] <= rows[col]);
-    s = where(valid, s, -INFINITY);
-    auto m_new = maximum(m, max(s, 1));
-    auto p = exp2(s - m_new[col]);
-    auto alpha = exp2(m - m_new);
-    l = l * alpha + sum(p, 1);
-    acc = acc * alpha[col] + dot(cast(T, p), load(V.block({b, h, n0, 0}, {BN, D})));
-    m = m_new;
-  });
-  store(O.block({b, h, m0, 0}, {BM, D}), cast(T, acc / l[col]));
-  store(LSE.block({b, h, m0}, {BM}), (m + log2(l)) * 0.6931471805599453);  // back to natural log
-});
 
 struct Shape4 {
   int B, H, S, D;
@@ -80,7 +46,7 @@ void reference(const HostTensor& q, const HostTensor& k, const HostTensor& v, Sh
 int run(bool causal) {
   const Shape4 s{2, 2, 200, 64};  // S = 200 is ragged against 64-row tiles
   const double scale = 1.0 / std::sqrt(double(s.D));
-  auto fn = attention_fwd.build({{"CAUSAL", causal}});
+  auto fn = tilejit::kernels::attention_forward().build({{"CAUSAL", causal}});
   HostTensor q(bf16, {s.B, s.H, s.S, s.D}), k(bf16, {s.B, s.H, s.S, s.D}), v(bf16, {s.B, s.H, s.S, s.D});
   HostTensor o(bf16, {s.B, s.H, s.S, s.D}), lse(f32, {s.B, s.H, s.S});
   q.fill_normal(1, 0, 1);
@@ -99,7 +65,7 @@ int run(bool causal) {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--ir") == 0) {
-    std::fputs(tilejit::ir::print(attention_fwd.build()).c_str(), stdout);
+    std::fputs(tilejit::ir::print(tilejit::kernels::attention_forward().build()).c_str(), stdout);
     return 0;
   }
   std::puts("no GPU backend yet (JIT issue #3): running in the CPU interpreter");

@@ -1,0 +1,157 @@
+// The layout-assignment pass. Forward propagation in program order; loop-carried values iterate
+// to a fixpoint so that, e.g., an accumulator initialised with zeros takes its dot's mma layout.
+#include "jit/assign_layouts.hpp"
+
+#include <fmt/format.h>
+
+namespace tilejit::jit {
+namespace {
+
+using ir::OpKind;
+
+class Assigner {
+ public:
+  Assigner(const ir::Function& f, int num_warps) : f_(f) {
+    plan_.num_warps = num_warps;
+    plan_.natural.assign(f.values.size(), std::nullopt);
+  }
+
+  LayoutPlan run() {
+    block(f_.body);
+    return std::move(plan_);
+  }
+
+ private:
+  const std::optional<Layout>& nat(ir::ValueId v) const { return plan_.natural[v]; }
+  Layout blocked(const ir::Type& t) const {
+    return Layout::blocked(t.shape, plan_.num_warps, vector_width(t.dtype, t.shape.back()));
+  }
+  void set(ir::ValueId v, std::optional<Layout> l) {
+    if (f_.type(v).is_scalar()) l.reset();
+    plan_.natural[v] = std::move(l);
+  }
+
+  void block(const ir::Block& b) {
+    for (const ir::Op& op : b.ops) this->op(op);
+  }
+
+  std::optional<Layout> first_natural(const ir::Op& op) const {
+    for (ir::ValueId v : op.operands)
+      if (nat(v) && !f_.type(v).is_scalar()) return nat(v);
+    return std::nullopt;
+  }
+
+  void op(const ir::Op& op) {
+    switch (op.kind) {
+      case OpKind::load:
+      case OpKind::block_load:
+      case OpKind::atomic_add:
+        set(op.results[0], blocked(f_.type(op.results[0])));
+        return;
+      case OpKind::reduce: {
+        const ir::Type& in = f_.type(op.operands[0]);
+        Layout src = nat(op.operands[0]) ? *nat(op.operands[0]) : blocked(in);
+        set(op.results[0], src.slice(static_cast<int>(op.int_attr("axis"))));
+        return;
+      }
+      case OpKind::dot: {
+        const ir::Type& r = f_.type(op.results[0]);
+        DotPlan d = plan_dot(f_.type(op.operands[0]), f_.type(op.operands[1]), plan_.num_warps);
+        set(op.results[0], d.mma ? Layout::mma_acc(r.shape[0], r.shape[1], d.warps_m, d.warps_n) : blocked(r));
+        return;
+      }
+      case OpKind::for_: {
+        const ir::Block& body = op.regions[0];
+        size_t n = op.results.size();
+        std::vector<std::optional<Layout>> carried(n);
+        for (size_t i = 0; i < n; ++i) carried[i] = nat(op.operands[3 + i]);
+        for (int iter = 0; iter < 4; ++iter) {
+          for (size_t i = 0; i < n; ++i) set(body.args[i + 1], carried[i]);
+          block(body);
+          const ir::Op& y = body.ops.back();
+          bool changed = false;
+          for (size_t i = 0; i < n; ++i) {
+            const auto& l = nat(y.operands[i]);
+            if (l && l != carried[i]) {
+              carried[i] = l;
+              changed = true;
+            }
+          }
+          if (!changed) break;
+        }
+        // A carried tile is a phi: it needs a concrete layout even if everything was flexible.
+        for (size_t i = 0; i < n; ++i) {
+          if (!carried[i] && !f_.type(op.results[i]).is_scalar()) carried[i] = blocked(f_.type(op.results[i]));
+          set(body.args[i + 1], carried[i]);
+          set(op.results[i], carried[i]);
+        }
+        block(body);
+        return;
+      }
+      case OpKind::if_: {
+        block(op.regions[0]);
+        block(op.regions[1]);
+        const ir::Op& ty = op.regions[0].ops.back();
+        const ir::Op& ey = op.regions[1].ops.back();
+        for (size_t i = 0; i < op.results.size(); ++i) {
+          std::optional<Layout> l = nat(ty.operands[i]) ? nat(ty.operands[i]) : nat(ey.operands[i]);
+          if (!l && !f_.type(op.results[i]).is_scalar()) l = blocked(f_.type(op.results[i]));
+          set(op.results[i], l);
+        }
+        return;
+      }
+      case OpKind::constant: case OpKind::arange: case OpKind::splat: case OpKind::broadcast:
+      case OpKind::expand_dims: case OpKind::reshape: case OpKind::trans:
+        return;  // flexible
+      default:
+        break;
+    }
+    if (ir::is_elementwise_binary(op.kind) || ir::is_elementwise_unary(op.kind) || op.kind == OpKind::cmp ||
+        op.kind == OpKind::select || op.kind == OpKind::cast || op.kind == OpKind::bitcast || op.kind == OpKind::addptr) {
+      set(op.results[0], first_natural(op));
+    }
+  }
+
+  const ir::Function& f_;
+  LayoutPlan plan_;
+};
+
+}  // namespace
+
+int vector_width(ir::DType d, int64_t last_dim) {
+  int v = 16 / ir::byte_size(d);
+  while (v > 1 && last_dim % v != 0) v /= 2;
+  return std::max(1, v);
+}
+
+DotPlan plan_dot(const ir::Type& a, const ir::Type& b, int num_warps) {
+  DotPlan p;
+  int64_t m = a.shape[0], k = a.shape[1], n = b.shape[1];
+  bool sixteen_bit = a.dtype == ir::DType::f16 || a.dtype == ir::DType::bf16;
+  if (!sixteen_bit || k % 16 != 0) return p;
+  // As many warps along M as 16-row slabs allow, the rest along N (each needs >= 8 columns).
+  int wm = 1;
+  while (wm < num_warps && m % (16 * wm * 2) == 0) wm *= 2;
+  int wn = num_warps / wm;
+  if (m % (16 * wm) != 0 || n % (8 * wn) != 0) return p;
+  p.mma = true;
+  p.warps_m = wm;
+  p.warps_n = wn;
+  return p;
+}
+
+LayoutPlan assign_layouts(const ir::Function& f, int num_warps) { return Assigner(f, num_warps).run(); }
+
+std::string print_with_layouts(const ir::Function& f, const LayoutPlan& plan) {
+  std::string out = ir::print(f);
+  out += fmt::format("// layouts ({} warps), by value in definition order:\n", plan.num_warps);
+  std::vector<std::string> lines;
+  ir::walk(f.body, [&](const ir::Op& op) {
+    for (ir::ValueId r : op.results)
+      if (plan.natural[r]) lines.push_back(fmt::format("//   {} result: {}", ir::op_name(op.kind), plan.natural[r]->str()));
+  });
+  for (const auto& l : lines) out += l + "\n";
+  return out;
+}
+
+}  // namespace tilejit::jit

@@ -1,0 +1,34 @@
+// Layout assignment: the distributed layout each tile value is computed in. Anchors (memory ops,
+// dot, reductions, loop-carried values) get concrete layouts; views and constants stay flexible.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dsl/ir/function.hpp"
+#include "jit/layout.hpp"
+
+namespace tilejit::jit {
+
+struct LayoutPlan {
+  int num_warps = 4;
+  // Per ValueId: the layout the value is computed in, or nullopt for scalars and for flexible
+  // values (constants, aranges, splats, broadcasts, reshapes, trans, and elementwise ops on only
+  // those), which lowering materialises directly in whatever layout each use asks for.
+  std::vector<std::optional<Layout>> natural;
+};
+
+// The dot configuration: mma.sync m16n8k16 when shapes and dtypes allow, FMA otherwise.
+struct DotPlan {
+  bool mma = false;
+  int warps_m = 1, warps_n = 1;
+};
+DotPlan plan_dot(const ir::Type& a, const ir::Type& b, int num_warps);
+
+// Elements per thread along the fastest dim for 16-byte accesses.
+int vector_width(ir::DType d, int64_t last_dim);
+
+LayoutPlan assign_layouts(const ir::Function& f, int num_warps);
+std::string print_with_layouts(const ir::Function& f, const LayoutPlan& plan);
+
+}  // namespace tilejit::jit

@@ -1,0 +1,87 @@
+// The pass pipeline. Read top to bottom, this is the table of contents of the JIT.
+#include "jit/compile.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "jit/assign_layouts.hpp"
+#include "jit/canonicalize.hpp"
+#include "jit/llvm_backend.hpp"
+#include "jit/lower.hpp"
+
+namespace tilejit::jit {
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::string_view to_string(Backend b) { return b == Backend::Llvm ? "llvm" : "nvrtc"; }
+
+const std::vector<std::string>& pass_names() {
+  static const std::vector<std::string> names{"verify", "canonicalize", "assign-layouts", "lower", "backend", "ptx-to-cubin"};
+  return names;
+}
+
+CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
+  const auto& names = pass_names();
+  if (!opts.dump_after.empty() && std::find(names.begin(), names.end(), opts.dump_after) == names.end())
+    throw CompileError(fmt::format("tilejit: kernel '{}': unknown pass '{}' for --dump-after (valid: {})", input.name,
+                                   opts.dump_after, fmt::join(names, ", ")));
+  if (opts.num_warps < 1 || opts.num_warps > 32 || (opts.num_warps & (opts.num_warps - 1)))
+    throw CompileError(fmt::format("tilejit: kernel '{}': num_warps = {} (valid: 1, 2, 4, 8, 16, 32)", input.name, opts.num_warps));
+  CompiledKernel out;
+  out.name = input.name;
+  out.arch = opts.arch;
+  out.backend = opts.backend;
+  auto dump = [&](const std::string& pass, const std::string& text) {
+    if (opts.dump_after == pass) out.dump = text;
+  };
+  auto t0 = std::chrono::steady_clock::now();
+
+  ir::Function f = input;
+  ir::verify(f);
+  dump("verify", ir::print(f));
+
+  canonicalize(f);
+  ir::verify(f);
+  out.tile_ir = ir::print(f);
+  dump("canonicalize", out.tile_ir);
+
+  LayoutPlan plan = assign_layouts(f, opts.num_warps);
+  dump("assign-layouts", print_with_layouts(f, plan));
+
+  pir::Func threads = lower_to_threads(f, plan);
+  out.num_threads = threads.num_threads;
+  out.smem_bytes = threads.smem_bytes;
+  out.abi = threads.params;
+  dump("lower", pir::print(threads));
+  out.timings.passes_ms = ms_since(t0);
+
+  auto t1 = std::chrono::steady_clock::now();
+  if (opts.backend == Backend::Llvm) {
+    LlvmOutput l = emit_ptx_llvm(threads, opts.arch);
+    out.backend_source = std::move(l.llvm_ir);
+    out.ptx = std::move(l.ptx);
+  } else {
+    throw CompileError(fmt::format("tilejit: kernel '{}': the nvrtc backend is not built yet", f.name));
+  }
+  out.timings.backend_ms = ms_since(t1);
+  dump("backend", out.backend_source);
+
+  if (opts.make_cubin) {
+    CubinResult c = ptx_to_cubin(out.ptx, opts.arch, f.name, opts.ptx_tool);
+    out.cubin = std::move(c.cubin);
+    out.ptx_tool = c.tool;
+    for (const KernelInfo& k : c.kernels)
+      if (k.name == f.name) out.info = k;
+    out.timings.ptx_to_cubin_ms = c.milliseconds;
+    dump("ptx-to-cubin", out.info.to_string());
+  }
+  return out;
+}
+
+}  // namespace tilejit::jit

@@ -1,0 +1,55 @@
+// The JIT pipeline, tile IR -> cubin, as one readable list of passes (compile.cpp), with the
+// artefacts of every stage kept for inspection (`tilejit compile --emit`, --dump-after).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dsl/ir/function.hpp"
+#include "jit/ptx_compiler.hpp"
+#include "jit/thread_ir.hpp"
+
+namespace tilejit::jit {
+
+enum class Backend { Llvm, Nvrtc };
+std::string_view to_string(Backend b);
+
+struct CompileOptions {
+  std::string arch = "sm_90a";
+  Backend backend = Backend::Llvm;
+  int num_warps = 4;
+  PtxTool ptx_tool = PtxTool::Auto;
+  bool make_cubin = true;   // false: stop at PTX (no assembler needed)
+  std::string dump_after;   // a pass name from pass_names(): its output goes to CompiledKernel::dump
+};
+
+struct CompileTimings {
+  double passes_ms = 0;        // tile-IR passes and lowering to the per-thread IR
+  double backend_ms = 0;       // per-thread IR -> PTX (LLVM or nvrtc)
+  double ptx_to_cubin_ms = 0;
+};
+
+struct CompiledKernel {
+  std::string name;
+  std::string arch;
+  Backend backend = Backend::Llvm;
+  int num_threads = 0;
+  int64_t smem_bytes = 0;            // dynamic shared memory the launch must provide
+  std::vector<pir::Param> abi;       // flattened parameters: tensors become ptr, sizes (i32), strides (i64)
+  std::string tile_ir;               // after the tile-IR passes
+  std::string backend_source;        // LLVM IR (optimised) or CUDA C++
+  std::string ptx;
+  std::vector<uint8_t> cubin;
+  KernelInfo info;                   // registers, shared memory, spills (when a cubin was made)
+  std::string ptx_tool;
+  std::string dump;                  // the --dump-after output
+  CompileTimings timings;
+};
+
+// Passes in order; names accepted by CompileOptions::dump_after.
+const std::vector<std::string>& pass_names();
+
+// Throws LoweringError / CompileError with the kernel's name on failure. The input is copied.
+CompiledKernel compile(const ir::Function& f, const CompileOptions& opts = {});
+
+}  // namespace tilejit::jit

@@ -1,0 +1,54 @@
+// Distributed layouts of tiles over the threads of a CTA, as linear maps over GF(2) (Triton's
+// "linear layouts"): each bit of the register index, lane id and warp id maps to a tile coordinate.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dsl/ir/type.hpp"
+
+namespace tilejit::jit {
+
+using Coord = std::vector<int64_t>;  // one entry per tile dimension
+
+// coords(r, l, w) = XOR of the bases selected by the set bits of r, l and w. A zero basis means
+// replication (two registers/lanes/warps hold the same element). Shapes are powers of two.
+struct Layout {
+  ir::Shape shape;
+  std::vector<Coord> reg, lane, warp;  // lane: always 5 bases (32 lanes)
+
+  int num_regs() const { return 1 << reg.size(); }
+  int num_warps() const { return 1 << warp.size(); }
+  Coord coords(uint32_t r, uint32_t l, uint32_t w) const;
+  Coord reg_coords(uint32_t r) const;  // the register part only
+  int64_t row_major_offset(const Coord& c) const;
+  bool operator==(const Layout&) const = default;
+  std::string str() const;
+
+  // Each thread holds `vec` consecutive elements of the last dim, lanes then warps then further
+  // registers fill the dims fastest-first. Coalesced for row-major tiles.
+  static Layout blocked(const ir::Shape& shape, int num_warps, int vec);
+  // mma.sync m16n8k16 layouts for C[M,N] (f32 accumulator), A[M,K] and B[K,N] (16-bit operands),
+  // with warps arranged warps_m x warps_n over the output.
+  static Layout mma_acc(int64_t m, int64_t n, int warps_m, int warps_n);
+  static Layout mma_a(int64_t m, int64_t k, int warps_m, int warps_n);
+  static Layout mma_b(int64_t k, int64_t n, int warps_m, int warps_n);
+
+  Layout slice(int axis) const;        // the layout of a reduction over `axis` (axis removed)
+  Layout drop_dim(int axis) const;     // `axis` removed, registers kept (replicating ones too)
+  Layout expand_dims(int axis) const;  // a size-1 dimension inserted
+  Layout permute(const std::vector<int64_t>& perm) const;
+  // This layout with dimension `axis` collapsed to size 1: what the source of a broadcast along
+  // `axis` must look like for the broadcast to be a register copy.
+  Layout collapse(int axis) const;
+  std::optional<Layout> reshape(const ir::Shape& to) const;
+  bool has_replication() const;  // some zero basis: several threads or registers hold one element
+  // Layout equality up to registers that replicate (zero register bases are dropped).
+  Layout without_zero_regs() const;
+};
+
+bool is_power_of_two(int64_t x);
+int log2_exact(int64_t x);
+
+}  // namespace tilejit::jit

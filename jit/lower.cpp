@@ -1,0 +1,851 @@
+// Tile IR -> per-thread IR. Ops with a concrete layout in the plan are emitted in program order;
+// flexible ones (constants, aranges, splats, views) are materialised on demand, directly in the
+// layout each use asks for, which makes broadcasts of reductions and transposes free.
+#include "jit/lower.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <map>
+#include <unordered_map>
+
+namespace tilejit::jit {
+namespace {
+
+using ir::DType;
+using ir::OpKind;
+using pir::Op;
+using pir::V;
+using Regs = std::vector<V>;
+
+struct TensorDesc {
+  V ptr;
+  std::vector<V> sizes, strides;  // i32, i64
+};
+
+// Scoped caches: what was materialised inside a loop or if body is not visible after it.
+struct Frame {
+  std::map<std::pair<ir::ValueId, std::string>, Regs> tiles;
+  std::unordered_map<ir::ValueId, V> scalars;
+  std::map<std::string, std::vector<V>> thread_coords;
+};
+
+class Lowerer {
+ public:
+  Lowerer(const ir::Function& f, const LayoutPlan& plan) : f_(f), plan_(plan) {}
+
+  pir::Func run() {
+    out_.name = f_.name;
+    out_.num_threads = 32 * plan_.num_warps;
+    ir::walk(f_.body, [&](const ir::Op& op) {
+      for (ir::ValueId r : op.results) def_[r] = &op;
+    });
+    blocks_.push_back(&out_.body);
+    frames_.emplace_back();
+    params();
+    tid_ = emit(Op::thread_id, pir::scalar(DType::i32), {});
+    lane_ = emit(Op::bit_and, pir::scalar(DType::i32), {tid_, ci32(31)});
+    warp_ = emit(Op::shr, pir::scalar(DType::i32), {tid_, ci32(5)});
+    block(f_.body);
+    out_.smem_bytes = smem_bytes_;
+    return std::move(out_);
+  }
+
+ private:
+  // ---------------------------------------------------------------- emission helpers
+  [[noreturn]] void fail(const ir::Op* op, const std::string& msg) const {
+    throw LoweringError(fmt::format("tilejit: kernel '{}': {}{}: {}", f_.name, op ? std::string(ir::op_name(op->kind)) : "",
+                                    op ? fmt::format(" at {}", op->loc.str()) : "", msg));
+  }
+
+  V emit(Op op, pir::Ty ty, std::vector<V> args, int64_t imm = 0, double fimm = 0) {
+    pir::Inst in;
+    in.op = op;
+    in.args = std::move(args);
+    in.imm = imm;
+    in.fimm = fimm;
+    V r = out_.new_value(ty);
+    in.results.push_back(r);
+    blocks_.back()->insts.push_back(std::move(in));
+    return r;
+  }
+  void emit0(Op op, std::vector<V> args, int64_t imm = 0) {
+    pir::Inst in;
+    in.op = op;
+    in.args = std::move(args);
+    in.imm = imm;
+    blocks_.back()->insts.push_back(std::move(in));
+  }
+  pir::Ty ty_of(ir::DType d) const { return pir::scalar(d); }
+  pir::Ty value_ty(const ir::Type& t) const { return t.is_pointer() ? pir::pointer(t.dtype) : pir::scalar(t.dtype); }
+
+  V cint(DType d, int64_t v) {
+    auto key = std::make_pair(d, v);
+    auto it = const_ints_.find(key);
+    if (it != const_ints_.end() && blocks_.size() == 1) return it->second;
+    V r = emit(Op::constant, pir::scalar(d), {}, v);
+    if (blocks_.size() == 1) const_ints_[key] = r;
+    return r;
+  }
+  V ci32(int64_t v) { return cint(DType::i32, v); }
+  V cfloat(DType d, double v) { return emit(Op::constant, pir::scalar(d), {}, 0, v); }
+  V bin(Op op, V a, V b) { return emit(op, out_.types[a], {a, b}); }
+  V cmp(pir::Pred p, V a, V b) { return emit(Op::cmp, pir::scalar(DType::i1), {a, b}, static_cast<int64_t>(p)); }
+  V cast(V v, DType to) {
+    if (out_.types[v] == pir::scalar(to)) return v;
+    return emit(Op::cast, pir::scalar(to), {v});
+  }
+  V land(V a, V b) { return bin(Op::bit_and, a, b); }
+
+  V constant_value(DType d, const ir::Attr& a) {
+    if (ir::is_float(d)) {
+      double v = std::holds_alternative<double>(a) ? std::get<double>(a) : static_cast<double>(std::get<int64_t>(a));
+      return cfloat(d, v);
+    }
+    int64_t v = std::holds_alternative<int64_t>(a) ? std::get<int64_t>(a) : static_cast<int64_t>(std::get<double>(a));
+    return cint(d, ir::wrap_int(d, v));
+  }
+
+  int64_t reserve_smem(int64_t bytes) {
+    smem_bytes_ = std::max(smem_bytes_, bytes);
+    return 0;  // every exchange is bracketed by barriers, so all reuse offset 0
+  }
+
+  // ---------------------------------------------------------------- parameters
+  void params() {
+    int slot = 0;
+    for (const ir::Param& p : f_.params) {
+      auto add = [&](const std::string& name, pir::Ty t) {
+        out_.params.push_back({name, t});
+        return emit(Op::param, t, {}, slot++);
+      };
+      switch (p.kind) {
+        case ir::ParamKind::Scalar: frames_[0].scalars[p.value] = add(p.name, pir::scalar(p.type.dtype)); break;
+        case ir::ParamKind::Pointer: frames_[0].scalars[p.value] = add(p.name, pir::pointer(p.type.dtype)); break;
+        case ir::ParamKind::Tensor: {
+          TensorDesc d;
+          d.ptr = add(p.name, pir::pointer(p.type.dtype));
+          for (int i = 0; i < p.type.rank; ++i) d.sizes.push_back(add(fmt::format("{}_size{}", p.name, i), pir::scalar(DType::i32)));
+          for (int i = 0; i < p.type.rank; ++i) d.strides.push_back(add(fmt::format("{}_stride{}", p.name, i), pir::scalar(DType::i64)));
+          tensors_[p.value] = d;
+          break;
+        }
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------- values
+  V scalar(ir::ValueId v) {
+    for (auto it = frames_.rbegin(); it != frames_.rend(); ++it) {
+      auto f = it->scalars.find(v);
+      if (f != it->scalars.end()) return f->second;
+    }
+    fail(def_.count(v) ? def_.at(v) : nullptr, fmt::format("internal: scalar value {} used before it was lowered", v));
+  }
+
+  const Regs* cached(ir::ValueId v, const std::string& key) const {
+    for (auto it = frames_.rbegin(); it != frames_.rend(); ++it) {
+      auto f = it->tiles.find({v, key});
+      if (f != it->tiles.end()) return &f->second;
+    }
+    return nullptr;
+  }
+
+  void check_shape(const ir::Op* op, const ir::Type& t) {
+    for (int64_t d : t.shape)
+      if (!is_power_of_two(d))
+        fail(op, fmt::format("tile dimensions must be powers of two for the GPU backend, got {}", ir::to_string(t)));
+  }
+
+  // The registers of tile value `v` in layout `L`.
+  Regs get(ir::ValueId v, const Layout& L) {
+    std::string key = L.str();
+    if (const Regs* r = cached(v, key)) return *r;
+    Regs regs;
+    const auto& nat = plan_.natural[v];
+    if (nat) {
+      const Regs* n = cached(v, nat->str());
+      if (!n) fail(def_.count(v) ? def_.at(v) : nullptr, fmt::format("internal: value {} used before it was lowered", v));
+      regs = convert(*n, *nat, L, f_.type(v));
+    } else {
+      auto it = def_.find(v);
+      if (it == def_.end()) fail(nullptr, fmt::format("internal: flexible value {} has no defining op", v));
+      regs = materialize(*it->second, L);
+    }
+    frames_.back().tiles[{v, key}] = regs;
+    return regs;
+  }
+
+  void put(ir::ValueId v, const Layout& L, Regs regs) { frames_.back().tiles[{v, L.str()}] = std::move(regs); }
+
+  // Per dim, the lane/warp part of each element's coordinate in this thread (i32).
+  const std::vector<V>& thread_coords(const Layout& L) {
+    std::string key = L.str();
+    for (auto it = frames_.rbegin(); it != frames_.rend(); ++it) {
+      auto f = it->thread_coords.find(key);
+      if (f != it->thread_coords.end()) return f->second;
+    }
+    std::vector<V> c;
+    for (size_t d = 0; d < L.shape.size(); ++d) {
+      V acc = ci32(0);
+      auto add_bits = [&](const std::vector<Coord>& bases, V id) {
+        for (size_t i = 0; i < bases.size(); ++i) {
+          if (bases[i][d] == 0) continue;
+          V bit = land(bin(Op::shr, id, ci32(static_cast<int64_t>(i))), ci32(1));
+          acc = bin(Op::bit_xor, acc, bin(Op::mul, bit, ci32(bases[i][d])));
+        }
+      };
+      add_bits(L.lane, lane_);
+      add_bits(L.warp, warp_);
+      c.push_back(acc);
+    }
+    return frames_.back().thread_coords[key] = c;
+  }
+
+  // Coordinate d of register r in this thread.
+  V coord(const Layout& L, uint32_t r, size_t d) {
+    int64_t rc = L.reg_coords(r)[d];
+    V tc = thread_coords(L)[d];
+    return rc == 0 ? tc : bin(Op::bit_xor, tc, ci32(rc));
+  }
+
+  // Element offset (row-major over the tile) of register r in this thread.
+  V tile_offset(const Layout& L, uint32_t r) {
+    V off = ci32(0);
+    int64_t stride = 1;
+    for (size_t d = L.shape.size(); d-- > 0;) {
+      off = bin(Op::add, off, bin(Op::mul, coord(L, r, d), ci32(stride)));
+      stride *= L.shape[d];
+    }
+    return off;
+  }
+
+  // Registers that replicate an earlier register of the same thread (skipped by stores).
+  bool duplicate_reg(const Layout& L, uint32_t r) const {
+    for (size_t i = 0; i < L.reg.size(); ++i)
+      if ((r >> i & 1) && std::all_of(L.reg[i].begin(), L.reg[i].end(), [](int64_t x) { return x == 0; })) return true;
+    return false;
+  }
+
+  // i1 true in the one thread of each replica group that owns the element (nullopt: all own).
+  std::optional<V> owner(const Layout& L) {
+    int64_t lane_mask = 0, warp_mask = 0;
+    auto zero = [](const Coord& c) { return std::all_of(c.begin(), c.end(), [](int64_t x) { return x == 0; }); };
+    for (size_t i = 0; i < L.lane.size(); ++i)
+      if (zero(L.lane[i])) lane_mask |= int64_t{1} << i;
+    for (size_t i = 0; i < L.warp.size(); ++i)
+      if (zero(L.warp[i])) warp_mask |= int64_t{1} << i;
+    if (!lane_mask && !warp_mask) return std::nullopt;
+    V ok_l = cmp(pir::Pred::eq, land(lane_, ci32(lane_mask)), ci32(0));
+    V ok_w = cmp(pir::Pred::eq, land(warp_, ci32(warp_mask)), ci32(0));
+    return land(ok_l, ok_w);
+  }
+
+  // ---------------------------------------------------------------- layout conversion
+  Regs convert(const Regs& regs, const Layout& from, const Layout& to, const ir::Type& t) {
+    if (from == to) return regs;
+    if (from.lane == to.lane && from.warp == to.warp && from.shape == to.shape) {
+      // Same elements per thread: a register renaming.
+      std::map<Coord, V> by_coord;
+      for (uint32_t r = 0; r < static_cast<uint32_t>(from.num_regs()); ++r) by_coord.emplace(from.reg_coords(r), regs[r]);
+      Regs outr;
+      bool ok = true;
+      for (uint32_t r = 0; r < static_cast<uint32_t>(to.num_regs()) && ok; ++r) {
+        auto it = by_coord.find(to.reg_coords(r));
+        if (it == by_coord.end()) ok = false;
+        else outr.push_back(it->second);
+      }
+      if (ok) return outr;
+    }
+    return through_smem(regs, from, to, t);
+  }
+
+  // Storage type of a tile element in shared memory.
+  pir::Ty smem_ty(const ir::Type& t) const {
+    if (t.is_pointer()) return pir::scalar(DType::u64);
+    if (t.dtype == DType::i1) return pir::scalar(DType::u8);
+    return pir::scalar(t.dtype);
+  }
+  V to_smem(V v, const ir::Type& t) {
+    if (t.is_pointer()) return emit(Op::bitcast, pir::scalar(DType::u64), {v});
+    if (t.dtype == DType::i1) return cast(v, DType::u8);
+    return v;
+  }
+  V from_smem(V v, const ir::Type& t) {
+    if (t.is_pointer()) return emit(Op::bitcast, pir::pointer(t.dtype), {v});
+    if (t.dtype == DType::i1) return cmp(pir::Pred::ne, v, cint(DType::u8, 0));
+    return v;
+  }
+
+  Regs through_smem(const Regs& regs, const Layout& from, const Layout& to, const ir::Type& t) {
+    pir::Ty st = smem_ty(t);
+    int64_t esize = ir::byte_size(st.dtype);
+    int64_t numel = 1;
+    for (int64_t d : to.shape) numel *= d;
+    reserve_smem(numel * esize);
+    for (uint32_t r = 0; r < regs.size(); ++r) {
+      if (duplicate_reg(from, r)) continue;
+      V off = bin(Op::mul, tile_offset(from, r), ci32(esize));
+      emit0(Op::store_shared, {off, to_smem(regs[r], t)});
+    }
+    emit0(Op::barrier, {});
+    Regs outr;
+    for (uint32_t r = 0; r < static_cast<uint32_t>(to.num_regs()); ++r) {
+      V off = bin(Op::mul, tile_offset(to, r), ci32(esize));
+      outr.push_back(from_smem(emit(Op::load_shared, st, {off}), t));
+    }
+    emit0(Op::barrier, {});
+    return outr;
+  }
+
+  // ---------------------------------------------------------------- flexible values
+  Regs materialize(const ir::Op& op, const Layout& L) {
+    const ir::Type& t = f_.type(op.results[0]);
+    check_shape(&op, t);
+    auto n = static_cast<uint32_t>(L.num_regs());
+    switch (op.kind) {
+      case OpKind::constant: return Regs(n, constant_value(t.dtype, op.attrs.at("value")));
+      case OpKind::splat: return Regs(n, scalar(op.operands[0]));
+      case OpKind::arange: {
+        Regs r;
+        for (uint32_t i = 0; i < n; ++i) r.push_back(bin(Op::add, coord(L, i, 0), ci32(op.int_attr("start"))));
+        return r;
+      }
+      case OpKind::broadcast: {
+        const ir::Type& src = f_.type(op.operands[0]);
+        Layout S = L;
+        for (size_t d = 0; d < src.shape.size(); ++d)
+          if (src.shape[d] == 1 && t.shape[d] != 1) S = S.collapse(static_cast<int>(d));
+        return get(op.operands[0], S);
+      }
+      case OpKind::expand_dims: return get(op.operands[0], L.drop_dim(static_cast<int>(op.int_attr("axis"))));
+      case OpKind::trans: {
+        const auto& perm = op.ints_attr("perm");
+        std::vector<int64_t> inv(perm.size());
+        for (size_t i = 0; i < perm.size(); ++i) inv[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
+        return get(op.operands[0], L.permute(inv));
+      }
+      case OpKind::reshape: {
+        auto S = L.reshape(f_.type(op.operands[0]).shape);
+        if (!S) fail(&op, "reshape of a layout that is not linear in the flat index");
+        return get(op.operands[0], *S);
+      }
+      default:
+        if (ir::is_elementwise_binary(op.kind) || ir::is_elementwise_unary(op.kind) || op.kind == OpKind::cmp ||
+            op.kind == OpKind::select || op.kind == OpKind::cast || op.kind == OpKind::bitcast || op.kind == OpKind::addptr)
+          return elementwise(op, L);
+        fail(&op, "internal: not a flexible op");
+    }
+  }
+
+  // ---------------------------------------------------------------- elementwise
+  V scalar_op(const ir::Op& op, const std::vector<V>& a) {
+    const ir::Type& rt = f_.type(op.results[0]);
+    pir::Ty ty = value_ty(rt);
+    switch (op.kind) {
+      case OpKind::cmp: {
+        static const std::map<std::string, pir::Pred> preds{{"eq", pir::Pred::eq}, {"ne", pir::Pred::ne}, {"lt", pir::Pred::lt},
+                                                            {"le", pir::Pred::le}, {"gt", pir::Pred::gt}, {"ge", pir::Pred::ge}};
+        return cmp(preds.at(op.str_attr("pred")), a[0], a[1]);
+      }
+      case OpKind::select: return emit(Op::select, ty, {a[0], a[1], a[2]});
+      case OpKind::cast: return emit(Op::cast, ty, {a[0]});
+      case OpKind::bitcast: return emit(Op::bitcast, ty, {a[0]});
+      case OpKind::addptr: return emit(Op::gep, ty, {a[0], a[1]});
+      default: break;
+    }
+    static const std::map<OpKind, Op> direct{
+        {OpKind::add, Op::add}, {OpKind::sub, Op::sub}, {OpKind::mul, Op::mul}, {OpKind::div, Op::div},
+        {OpKind::rem, Op::rem}, {OpKind::minimum, Op::minimum}, {OpKind::maximum, Op::maximum},
+        {OpKind::bit_and, Op::bit_and}, {OpKind::bit_or, Op::bit_or}, {OpKind::bit_xor, Op::bit_xor},
+        {OpKind::shl, Op::shl}, {OpKind::shr, Op::shr}, {OpKind::umulhi, Op::umulhi}, {OpKind::neg, Op::neg},
+        {OpKind::bit_not, Op::bit_not}, {OpKind::abs, Op::abs}, {OpKind::exp, Op::exp}, {OpKind::exp2, Op::exp2},
+        {OpKind::log, Op::log}, {OpKind::log2, Op::log2}, {OpKind::sqrt, Op::sqrt}, {OpKind::rsqrt, Op::rsqrt},
+        {OpKind::floor, Op::floor}, {OpKind::ceil, Op::ceil}, {OpKind::tanh, Op::tanh}, {OpKind::sin, Op::sin},
+        {OpKind::cos, Op::cos}, {OpKind::erf, Op::erf}};
+    auto it = direct.find(op.kind);
+    if (it == direct.end()) fail(&op, "internal: no per-thread lowering");
+    return emit(it->second, ty, a);
+  }
+
+  Regs elementwise(const ir::Op& op, const Layout& L) {
+    std::vector<Regs> in;
+    for (ir::ValueId v : op.operands) in.push_back(get(v, L));
+    Regs outr;
+    for (uint32_t r = 0; r < static_cast<uint32_t>(L.num_regs()); ++r) {
+      std::vector<V> a;
+      for (const Regs& x : in) a.push_back(x[r]);
+      outr.push_back(scalar_op(op, a));
+    }
+    return outr;
+  }
+
+  // ---------------------------------------------------------------- program order
+  void block(const ir::Block& b) {
+    for (const ir::Op& op : b.ops) lower(op);
+  }
+
+  bool all_scalar(const ir::Op& op) const {
+    for (ir::ValueId r : op.results)
+      if (!f_.type(r).is_scalar()) return false;
+    return true;
+  }
+
+  void lower(const ir::Op& op) {
+    switch (op.kind) {
+      case OpKind::for_: return for_loop(op);
+      case OpKind::if_: return if_op(op);
+      case OpKind::yield: return;  // handled by the enclosing op
+      case OpKind::store: return store(op);
+      case OpKind::block_store: return block_store(op);
+      case OpKind::load: return load(op);
+      case OpKind::block_load: return block_load(op);
+      case OpKind::atomic_add: return atomic_add(op);
+      case OpKind::reduce: return reduce(op);
+      case OpKind::dot: return dot(op);
+      case OpKind::program_id:
+        frames_.back().scalars[op.results[0]] = emit(Op::block_id, pir::scalar(DType::i32), {}, op.int_attr("axis"));
+        return;
+      case OpKind::num_programs:
+        frames_.back().scalars[op.results[0]] = emit(Op::grid_dim, pir::scalar(DType::i32), {}, op.int_attr("axis"));
+        return;
+      case OpKind::tensor_ptr: frames_.back().scalars[op.results[0]] = tensors_.at(op.operands[0]).ptr; return;
+      case OpKind::tensor_dim:
+        frames_.back().scalars[op.results[0]] = tensors_.at(op.operands[0]).sizes.at(static_cast<size_t>(op.int_attr("dim")));
+        return;
+      case OpKind::tensor_stride:
+        frames_.back().scalars[op.results[0]] =
+            tensors_.at(op.operands[0]).strides.at(static_cast<size_t>(op.int_attr("dim")));
+        return;
+      case OpKind::constant:
+        if (all_scalar(op)) frames_.back().scalars[op.results[0]] = constant_value(f_.type(op.results[0]).dtype, op.attrs.at("value"));
+        return;
+      default: break;
+    }
+    if (all_scalar(op)) {
+      std::vector<V> a;
+      for (ir::ValueId v : op.operands) a.push_back(scalar(v));
+      frames_.back().scalars[op.results[0]] = scalar_op(op, a);
+      return;
+    }
+    const auto& nat = plan_.natural[op.results[0]];
+    if (!nat) return;  // flexible: materialised where used
+    check_shape(&op, f_.type(op.results[0]));
+    put(op.results[0], *nat, elementwise(op, *nat));
+  }
+
+  // ---------------------------------------------------------------- memory
+  Layout memory_layout(const ir::Type& t) const {
+    return Layout::blocked(t.shape, plan_.num_warps, vector_width(t.dtype, t.shape.back()));
+  }
+
+  void load(const ir::Op& op) {
+    const ir::Type& t = f_.type(op.results[0]);
+    pir::Ty ty = pir::scalar(t.dtype);
+    if (t.is_scalar()) {
+      std::vector<V> a{scalar(op.operands[0])};
+      if (op.operands.size() == 3) a = {a[0], scalar(op.operands[1]), scalar(op.operands[2])};
+      frames_.back().scalars[op.results[0]] = emit(Op::load, ty, a);
+      return;
+    }
+    check_shape(&op, t);
+    const Layout& L = *plan_.natural[op.results[0]];
+    Regs ptr = get(op.operands[0], L), mask, other;
+    if (op.operands.size() == 3) {
+      mask = get(op.operands[1], L);
+      other = get(op.operands[2], L);
+    }
+    Regs outr;
+    for (size_t r = 0; r < ptr.size(); ++r)
+      outr.push_back(mask.empty() ? emit(Op::load, ty, {ptr[r]}) : emit(Op::load, ty, {ptr[r], mask[r], other[r]}));
+    put(op.results[0], L, outr);
+  }
+
+  // Combine an optional owner predicate and an optional mask.
+  std::optional<V> and_pred(std::optional<V> a, std::optional<V> b) {
+    if (!a) return b;
+    if (!b) return a;
+    return land(*a, *b);
+  }
+
+  void store(const ir::Op& op) {
+    const ir::Type& t = f_.type(op.operands[1]);
+    if (t.is_scalar()) {
+      std::optional<V> pred = cmp(pir::Pred::eq, tid_, ci32(0));
+      if (op.operands.size() == 3) pred = land(*pred, scalar(op.operands[2]));
+      emit0(Op::store, {scalar(op.operands[0]), scalar(op.operands[1]), *pred});
+      return;
+    }
+    check_shape(&op, t);
+    Layout L = memory_layout(t);
+    Regs ptr = get(op.operands[0], L), val = get(op.operands[1], L), mask;
+    if (op.operands.size() == 3) mask = get(op.operands[2], L);
+    std::optional<V> own = owner(L);
+    for (uint32_t r = 0; r < ptr.size(); ++r) {
+      if (duplicate_reg(L, r)) continue;
+      std::optional<V> pred = and_pred(own, mask.empty() ? std::nullopt : std::optional<V>(mask[r]));
+      if (pred) emit0(Op::store, {ptr[r], val[r], *pred});
+      else emit0(Op::store, {ptr[r], val[r]});
+    }
+  }
+
+  void atomic_add(const ir::Op& op) {
+    const ir::Type& t = f_.type(op.results[0]);
+    pir::Ty ty = pir::scalar(t.dtype);
+    if (t.is_scalar()) {
+      V pred = cmp(pir::Pred::eq, tid_, ci32(0));
+      if (op.operands.size() == 3) pred = land(pred, scalar(op.operands[2]));
+      V old = emit(Op::atomic_add, ty, {scalar(op.operands[0]), scalar(op.operands[1]), pred});
+      // thread 0 holds the previous value; every thread needs it (scalars are uniform)
+      reserve_smem(8);
+      emit0(Op::store_shared, {ci32(0), old, cmp(pir::Pred::eq, tid_, ci32(0))});
+      emit0(Op::barrier, {});
+      frames_.back().scalars[op.results[0]] = emit(Op::load_shared, ty, {ci32(0)});
+      emit0(Op::barrier, {});
+      return;
+    }
+    check_shape(&op, t);
+    const Layout& L = *plan_.natural[op.results[0]];
+    Regs ptr = get(op.operands[0], L), val = get(op.operands[1], L), mask;
+    if (op.operands.size() == 3) mask = get(op.operands[2], L);
+    std::optional<V> own = owner(L);
+    Regs old(ptr.size());
+    for (uint32_t r = 0; r < ptr.size(); ++r) {
+      if (duplicate_reg(L, r)) continue;
+      std::optional<V> pred = and_pred(own, mask.empty() ? std::nullopt : std::optional<V>(mask[r]));
+      old[r] = pred ? emit(Op::atomic_add, ty, {ptr[r], val[r], *pred}) : emit(Op::atomic_add, ty, {ptr[r], val[r]});
+    }
+    if (L.has_replication()) {
+      // Only owners performed the add: share the previous values with the replicas.
+      int64_t es = ir::byte_size(t.dtype);
+      reserve_smem(t.numel() * es);
+      for (uint32_t r = 0; r < ptr.size(); ++r) {
+        if (duplicate_reg(L, r)) continue;
+        V off = bin(Op::mul, tile_offset(L, r), ci32(es));
+        if (own) emit0(Op::store_shared, {off, old[r], *own});
+        else emit0(Op::store_shared, {off, old[r]});
+      }
+      emit0(Op::barrier, {});
+      for (uint32_t r = 0; r < ptr.size(); ++r) old[r] = emit(Op::load_shared, ty, {bin(Op::mul, tile_offset(L, r), ci32(es))});
+      emit0(Op::barrier, {});
+    }
+    put(op.results[0], L, old);
+  }
+
+  // Address and in-bounds predicate of each register of a tensor window.
+  void window(const ir::Op& op, size_t first_offset, const Layout& L, Regs& addr, Regs& inb) {
+    const TensorDesc& td = tensors_.at(op.operands[0]);
+    const auto& dims = op.ints_attr("dims");
+    size_t rank = td.sizes.size();
+    std::vector<V> off;
+    for (size_t d = 0; d < rank; ++d) off.push_back(cast(scalar(op.operands[first_offset + d]), DType::i32));
+    // Fixed (non-tile) dims: one uniform check and one address term.
+    V base_ok = emit(Op::constant, pir::scalar(DType::i1), {}, 1);
+    V base_off = cint(DType::i64, 0);
+    for (size_t d = 0; d < rank; ++d) {
+      if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) != dims.end()) continue;
+      base_ok = land(base_ok, land(cmp(pir::Pred::ge, off[d], ci32(0)), cmp(pir::Pred::lt, off[d], td.sizes[d])));
+      base_off = bin(Op::add, base_off, bin(Op::mul, cast(off[d], DType::i64), td.strides[d]));
+    }
+    for (uint32_t r = 0; r < static_cast<uint32_t>(L.num_regs()); ++r) {
+      V ok = base_ok, o = base_off;
+      for (size_t i = 0; i < dims.size(); ++i) {
+        auto d = static_cast<size_t>(dims[i]);
+        V x = bin(Op::add, off[d], coord(L, r, i));
+        ok = land(ok, land(cmp(pir::Pred::ge, x, ci32(0)), cmp(pir::Pred::lt, x, td.sizes[d])));
+        o = bin(Op::add, o, bin(Op::mul, cast(x, DType::i64), td.strides[d]));
+      }
+      addr.push_back(emit(Op::gep, pir::pointer(f_.type(op.operands[0]).dtype), {td.ptr, o}));
+      inb.push_back(ok);
+    }
+  }
+
+  void block_load(const ir::Op& op) {
+    const ir::Type& t = f_.type(op.results[0]);
+    check_shape(&op, t);
+    const Layout& L = *plan_.natural[op.results[0]];
+    Regs addr, inb;
+    window(op, 1, L, addr, inb);
+    V pad = cfloat(DType::f64, op.float_attr("padding"));
+    V other = ir::is_float(t.dtype) ? cast(pad, t.dtype) : cint(t.dtype, static_cast<int64_t>(op.float_attr("padding")));
+    Regs outr;
+    for (size_t r = 0; r < addr.size(); ++r) outr.push_back(emit(Op::load, pir::scalar(t.dtype), {addr[r], inb[r], other}));
+    put(op.results[0], L, outr);
+  }
+
+  void block_store(const ir::Op& op) {
+    const ir::Type& t = f_.type(op.operands[1]);
+    check_shape(&op, t);
+    Layout L = memory_layout(t);
+    Regs val = get(op.operands[1], L), addr, inb;
+    window(op, 2, L, addr, inb);
+    std::optional<V> own = owner(L);
+    for (uint32_t r = 0; r < addr.size(); ++r) {
+      if (duplicate_reg(L, r)) continue;
+      emit0(Op::store, {addr[r], val[r], *and_pred(own, inb[r])});
+    }
+  }
+
+  // ---------------------------------------------------------------- reductions
+  V combine(const std::string& kind, V a, V b) {
+    if (kind == "sum") return bin(Op::add, a, b);
+    if (kind == "max") return bin(Op::maximum, a, b);
+    return bin(Op::minimum, a, b);
+  }
+
+  void reduce(const ir::Op& op) {
+    const ir::Type& in_t = f_.type(op.operands[0]);
+    const ir::Type& out_t = f_.type(op.results[0]);
+    check_shape(&op, in_t);
+    const std::string& kind = op.str_attr("kind");
+    int axis = static_cast<int>(op.int_attr("axis"));
+    Layout L = plan_.natural[op.operands[0]] ? *plan_.natural[op.operands[0]] : memory_layout(in_t);
+    Regs in = get(op.operands[0], L);
+    // Narrow floats accumulate in f32 and round once.
+    DType acc_t = (in_t.dtype == DType::f16 || in_t.dtype == DType::bf16) ? DType::f32 : in_t.dtype;
+    Layout D = L.drop_dim(axis);  // registers kept
+    Layout O = D.without_zero_regs();
+    std::map<Coord, uint32_t> out_index;
+    for (uint32_t r = 0; r < static_cast<uint32_t>(O.num_regs()); ++r) out_index.emplace(O.reg_coords(r), r);
+    std::vector<std::optional<V>> acc(static_cast<size_t>(O.num_regs()));
+    for (uint32_t r = 0; r < in.size(); ++r) {
+      uint32_t o = out_index.at(D.reg_coords(r));
+      V x = cast(in[r], acc_t);
+      acc[o] = acc[o] ? combine(kind, *acc[o], x) : x;
+    }
+    Regs part;
+    for (auto& a : acc) part.push_back(*a);
+    // across lanes
+    bool word = ir::bit_width(acc_t) == 32;
+    for (size_t i = 0; i < L.lane.size(); ++i) {
+      if (L.lane[i][static_cast<size_t>(axis)] == 0) continue;
+      if (!word) fail(&op, "cross-lane reductions of 64-bit values are not supported yet");
+      for (V& p : part) p = combine(kind, p, emit(Op::shfl_xor, pir::scalar(acc_t), {p}, int64_t{1} << i));
+    }
+    // across warps, through shared memory in a fixed order (deterministic)
+    int64_t axis_warps = 0;
+    for (size_t i = 0; i < L.warp.size(); ++i)
+      if (L.warp[i][static_cast<size_t>(axis)] != 0) axis_warps |= int64_t{1} << i;
+    if (axis_warps) {
+      int64_t onumel = 1;
+      for (int64_t d : O.shape) onumel *= d;
+      int64_t es = ir::byte_size(acc_t);
+      reserve_smem(plan_.num_warps * onumel * es);
+      for (uint32_t r = 0; r < part.size(); ++r) {
+        V off = bin(Op::mul, bin(Op::add, bin(Op::mul, warp_, ci32(onumel)), O.shape.empty() ? ci32(0) : tile_offset(O, r)), ci32(es));
+        emit0(Op::store_shared, {off, part[r]});
+      }
+      emit0(Op::barrier, {});
+      V base_w = land(warp_, ci32(~axis_warps));
+      std::vector<int64_t> combos{0};
+      for (int64_t bit = 1; bit <= axis_warps; bit <<= 1)
+        if (axis_warps & bit) {
+          size_t n = combos.size();
+          for (size_t j = 0; j < n; ++j) combos.push_back(combos[j] | bit);
+        }
+      std::sort(combos.begin(), combos.end());
+      for (uint32_t r = 0; r < part.size(); ++r) {
+        V elem = O.shape.empty() ? ci32(0) : tile_offset(O, r);
+        std::optional<V> total;
+        for (int64_t c : combos) {
+          V w = bin(Op::bit_or, base_w, ci32(c));
+          V off = bin(Op::mul, bin(Op::add, bin(Op::mul, w, ci32(onumel)), elem), ci32(es));
+          V x = emit(Op::load_shared, pir::scalar(acc_t), {off});
+          total = total ? combine(kind, *total, x) : x;
+        }
+        part[r] = *total;
+      }
+      emit0(Op::barrier, {});
+    }
+    for (V& p : part) p = cast(p, out_t.dtype);
+    if (out_t.is_scalar()) frames_.back().scalars[op.results[0]] = part[0];
+    else put(op.results[0], *plan_.natural[op.results[0]], part);
+  }
+
+  // ---------------------------------------------------------------- dot
+  void dot(const ir::Op& op) {
+    const ir::Type &A = f_.type(op.operands[0]), &B = f_.type(op.operands[1]), &C = f_.type(op.results[0]);
+    for (const ir::Type* t : {&A, &B, &C}) check_shape(&op, *t);
+    DotPlan dp = plan_dot(A, B, plan_.num_warps);
+    const Layout& LC = *plan_.natural[op.results[0]];
+    if (dp.mma) return mma(op, dp, LC);
+    fma_dot(op, LC);
+  }
+
+  V pack(V lo, V hi) { return emit(Op::pack2, pir::scalar(DType::u32), {lo, hi}); }
+
+  void mma(const ir::Op& op, const DotPlan& dp, const Layout& LC) {
+    const ir::Type &A = f_.type(op.operands[0]), &B = f_.type(op.operands[1]);
+    int64_t M = A.shape[0], K = A.shape[1], N = B.shape[1];
+    Layout LA = Layout::mma_a(M, K, dp.warps_m, dp.warps_n), LB = Layout::mma_b(K, N, dp.warps_m, dp.warps_n);
+    Regs a = get(op.operands[0], LA), b = get(op.operands[1], LB), c = get(op.operands[2], LC);
+    int64_t m_reps = M / dp.warps_m / 16, n_reps = N / dp.warps_n / 8, k_steps = K / 16;
+    for (int64_t mi = 0; mi < m_reps; ++mi)
+      for (int64_t ni = 0; ni < n_reps; ++ni) {
+        size_t cb = static_cast<size_t>(4 * (ni + n_reps * mi));
+        for (int64_t ki = 0; ki < k_steps; ++ki) {
+          size_t ab = static_cast<size_t>(8 * (ki + k_steps * mi)), bb = static_cast<size_t>(4 * (ki + k_steps * ni));
+          std::vector<V> args{pack(a[ab], a[ab + 1]), pack(a[ab + 2], a[ab + 3]), pack(a[ab + 4], a[ab + 5]),
+                              pack(a[ab + 6], a[ab + 7]), pack(b[bb], b[bb + 1]), pack(b[bb + 2], b[bb + 3]),
+                              c[cb], c[cb + 1], c[cb + 2], c[cb + 3]};
+          pir::Inst in;
+          in.op = Op::mma_16816;
+          in.args = args;
+          in.imm = static_cast<int64_t>(A.dtype);
+          for (int j = 0; j < 4; ++j) in.results.push_back(out_.new_value(pir::scalar(DType::f32)));
+          for (int j = 0; j < 4; ++j) c[cb + static_cast<size_t>(j)] = in.results[static_cast<size_t>(j)];
+          blocks_.back()->insts.push_back(std::move(in));
+        }
+      }
+    put(op.results[0], LC, c);
+  }
+
+  // CUDA-core fallback: operands in shared memory, each thread accumulates its outputs over K.
+  void fma_dot(const ir::Op& op, const Layout& LC) {
+    const ir::Type &A = f_.type(op.operands[0]), &B = f_.type(op.operands[1]), &C = f_.type(op.results[0]);
+    int64_t M = A.shape[0], K = A.shape[1], N = B.shape[1];
+    Layout LA = memory_layout(A), LB = memory_layout(B);
+    Regs a = get(op.operands[0], LA), b = get(op.operands[1], LB), c = get(op.operands[2], LC);
+    int64_t es = ir::byte_size(A.dtype);
+    int64_t b_base = M * K * es;
+    reserve_smem(b_base + K * N * es);
+    for (uint32_t r = 0; r < a.size(); ++r)
+      if (!duplicate_reg(LA, r)) emit0(Op::store_shared, {bin(Op::mul, tile_offset(LA, r), ci32(es)), a[r]});
+    for (uint32_t r = 0; r < b.size(); ++r)
+      if (!duplicate_reg(LB, r))
+        emit0(Op::store_shared, {bin(Op::add, bin(Op::mul, tile_offset(LB, r), ci32(es)), ci32(b_base)), b[r]});
+    emit0(Op::barrier, {});
+    // for k in [0, K): acc[r] += A[m_r, k] * B[k, n_r]
+    pir::Inst loop;
+    loop.op = Op::for_;
+    loop.args = {ci32(0), ci32(K), ci32(1)};
+    for (V x : c) loop.args.push_back(x);
+    pir::Block body;
+    V k = out_.new_value(pir::scalar(DType::i32));
+    body.args.push_back(k);
+    for (size_t i = 0; i < c.size(); ++i) body.args.push_back(out_.new_value(pir::scalar(C.dtype)));
+    blocks_.push_back(&body);
+    frames_.emplace_back();
+    pir::Inst y;
+    y.op = Op::yield;
+    for (uint32_t r = 0; r < c.size(); ++r) {
+      V m = coord(LC, r, 0), n = coord(LC, r, 1);
+      V ao = bin(Op::mul, bin(Op::add, bin(Op::mul, m, ci32(K)), k), ci32(es));
+      V bo = bin(Op::add, bin(Op::mul, bin(Op::add, bin(Op::mul, k, ci32(N)), n), ci32(es)), ci32(b_base));
+      V av = cast(emit(Op::load_shared, pir::scalar(A.dtype), {ao}), C.dtype);
+      V bv = cast(emit(Op::load_shared, pir::scalar(B.dtype), {bo}), C.dtype);
+      y.args.push_back(bin(Op::add, body.args[r + 1], bin(Op::mul, av, bv)));
+    }
+    body.insts.push_back(std::move(y));
+    frames_.pop_back();
+    blocks_.pop_back();
+    for (size_t i = 0; i < c.size(); ++i) loop.results.push_back(out_.new_value(pir::scalar(C.dtype)));
+    loop.regions.push_back(std::move(body));
+    Regs res = loop.results;
+    blocks_.back()->insts.push_back(std::move(loop));
+    emit0(Op::barrier, {});
+    put(op.results[0], LC, res);
+  }
+
+  // ---------------------------------------------------------------- control flow
+  // Flatten a carried value to registers (scalars: one register).
+  Regs carried(ir::ValueId v, const std::optional<Layout>& L) { return L ? get(v, *L) : Regs{scalar(v)}; }
+  Regs fresh(ir::ValueId v, const std::optional<Layout>& L) {
+    size_t n = L ? static_cast<size_t>(L->num_regs()) : 1;
+    Regs r;
+    for (size_t i = 0; i < n; ++i) r.push_back(out_.new_value(value_ty(f_.type(v))));
+    return r;
+  }
+  void bind(ir::ValueId v, const std::optional<Layout>& L, const Regs& regs) {
+    if (L) put(v, *L, regs);
+    else frames_.back().scalars[v] = regs.at(0);
+  }
+
+  void for_loop(const ir::Op& op) {
+    const ir::Block& body = op.regions[0];
+    pir::Inst loop;
+    loop.op = Op::for_;
+    loop.args = {scalar(op.operands[0]), scalar(op.operands[1]), scalar(op.operands[2])};
+    std::vector<std::optional<Layout>> lay;
+    for (size_t i = 0; i < op.results.size(); ++i) {
+      lay.push_back(plan_.natural[op.results[i]]);
+      for (V x : carried(op.operands[3 + i], lay.back())) loop.args.push_back(x);
+    }
+    pir::Block pb;
+    V iv = out_.new_value(pir::scalar(f_.type(body.args[0]).dtype));
+    pb.args.push_back(iv);
+    std::vector<Regs> arg_regs;
+    for (size_t i = 0; i < op.results.size(); ++i) {
+      arg_regs.push_back(fresh(body.args[i + 1], lay[i]));
+      for (V x : arg_regs.back()) pb.args.push_back(x);
+    }
+    blocks_.push_back(&pb);
+    frames_.emplace_back();
+    frames_.back().scalars[body.args[0]] = iv;
+    for (size_t i = 0; i < op.results.size(); ++i) bind(body.args[i + 1], lay[i], arg_regs[i]);
+    block(body);
+    pir::Inst y;
+    y.op = Op::yield;
+    const ir::Op& iy = body.ops.back();
+    for (size_t i = 0; i < op.results.size(); ++i)
+      for (V x : carried(iy.operands[i], lay[i])) y.args.push_back(x);
+    pb.insts.push_back(std::move(y));
+    frames_.pop_back();
+    blocks_.pop_back();
+    std::vector<Regs> res;
+    for (size_t i = 0; i < op.results.size(); ++i) {
+      res.push_back(fresh(op.results[i], lay[i]));
+      for (V x : res.back()) loop.results.push_back(x);
+    }
+    loop.regions.push_back(std::move(pb));
+    blocks_.back()->insts.push_back(std::move(loop));
+    for (size_t i = 0; i < op.results.size(); ++i) bind(op.results[i], lay[i], res[i]);
+  }
+
+  void if_op(const ir::Op& op) {
+    pir::Inst in;
+    in.op = Op::if_;
+    in.args = {scalar(op.operands[0])};
+    std::vector<std::optional<Layout>> lay;
+    for (ir::ValueId r : op.results) lay.push_back(plan_.natural[r]);
+    for (int side = 0; side < 2; ++side) {
+      const ir::Block& region = op.regions[static_cast<size_t>(side)];
+      pir::Block pb;
+      blocks_.push_back(&pb);
+      frames_.emplace_back();
+      block(region);
+      pir::Inst y;
+      y.op = Op::yield;
+      for (size_t i = 0; i < op.results.size(); ++i)
+        for (V x : carried(region.ops.back().operands[i], lay[i])) y.args.push_back(x);
+      pb.insts.push_back(std::move(y));
+      frames_.pop_back();
+      blocks_.pop_back();
+      in.regions.push_back(std::move(pb));
+    }
+    std::vector<Regs> res;
+    for (size_t i = 0; i < op.results.size(); ++i) {
+      res.push_back(fresh(op.results[i], lay[i]));
+      for (V x : res.back()) in.results.push_back(x);
+    }
+    blocks_.back()->insts.push_back(std::move(in));
+    for (size_t i = 0; i < op.results.size(); ++i) bind(op.results[i], lay[i], res[i]);
+  }
+
+  const ir::Function& f_;
+  const LayoutPlan& plan_;
+  pir::Func out_;
+  std::vector<pir::Block*> blocks_;
+  std::vector<Frame> frames_;
+  std::unordered_map<ir::ValueId, const ir::Op*> def_;
+  std::unordered_map<ir::ValueId, TensorDesc> tensors_;
+  std::map<std::pair<DType, int64_t>, V> const_ints_;
+  V tid_ = 0, lane_ = 0, warp_ = 0;
+  int64_t smem_bytes_ = 0;
+};
+
+}  // namespace
+
+pir::Func lower_to_threads(const ir::Function& f, const LayoutPlan& plan) { return Lowerer(f, plan).run(); }
+
+}  // namespace tilejit::jit

@@ -1,0 +1,21 @@
+// Lowering of the tile IR to the per-thread IR: every tile value becomes a set of registers per
+// thread as its layout says; layout changes, reductions across warps and dot operands go through
+// shared memory; dot runs on tensor cores (mma.sync m16n8k16) where the plan allows.
+#pragma once
+#include <stdexcept>
+
+#include "dsl/ir/function.hpp"
+#include "jit/assign_layouts.hpp"
+#include "jit/thread_ir.hpp"
+
+namespace tilejit::jit {
+
+// An IR construct the GPU backend cannot lower (e.g. a tile dimension that is not a power of two);
+// the message names the kernel, the op and its source line.
+struct LoweringError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+pir::Func lower_to_threads(const ir::Function& f, const LayoutPlan& plan);
+
+}  // namespace tilejit::jit

@@ -1,0 +1,94 @@
+// The per-thread IR: what one GPU thread executes, in scalar SSA form with structured loops and
+// ifs. Lowering (tile IR + layouts) produces it; the LLVM and CUDA C++ printers consume it.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dsl/ir/dtype.hpp"
+
+namespace tilejit::jit::pir {
+
+using ir::DType;
+using V = uint32_t;  // a value id
+
+// A scalar of `dtype`, or a global pointer to `dtype` elements (64-bit).
+struct Ty {
+  DType dtype = DType::i32;
+  bool ptr = false;
+  bool operator==(const Ty&) const = default;
+};
+inline Ty scalar(DType d) { return {d, false}; }
+inline Ty pointer(DType d) { return {d, true}; }
+
+enum class Op : uint8_t {
+  constant,      // imm (ints, bit pattern) or fimm (floats) -> ty
+  param,         // imm = parameter slot -> ty
+  thread_id,     // threadIdx.x (i32)
+  block_id,      // imm = axis -> blockIdx (i32)
+  grid_dim,      // imm = axis -> gridDim (i32)
+  // arithmetic: operands and result share the type; signedness comes from the dtype
+  add, sub, mul, div, rem, minimum, maximum, bit_and, bit_or, bit_xor, shl, shr, umulhi,
+  neg, bit_not, abs,
+  exp2, log2, exp, log, sqrt, rsqrt, floor, ceil, tanh, sin, cos, erf,
+  cmp,     // imm = predicate (Pred) -> i1
+  select,  // (i1, a, b)
+  cast,    // value conversion to ty (same rules as the tile IR's cast)
+  bitcast, // same width reinterpretation
+  pack2,   // (lo, hi) 16-bit values -> u32 (for mma operands)
+  gep,     // (ptr, i64 element offset) -> ptr
+  load,    // (ptr[, pred, other]) -> ty          global memory
+  store,   // (ptr, value[, pred])
+  atomic_add,  // (ptr, value[, pred]) -> old
+  load_shared,   // (i32 byte offset) -> ty
+  store_shared,  // (i32 byte offset, value)
+  barrier,       // bar.sync 0
+  shfl_xor,      // (value, imm = lane mask) -> value
+  mma_16816,     // (a0..a3 u32, b0..b1 u32, c0..c3 f32), imm = operand dtype (DType) -> 4 x f32
+  for_,    // (lb, ub, step, init...) region(iv, carried...) -> results
+  if_,     // (cond) regions then/else -> results
+  yield,
+};
+
+enum class Pred : uint8_t { eq, ne, lt, le, gt, ge };
+
+struct Block;
+
+struct Inst {
+  Op op{};
+  std::vector<V> args;
+  std::vector<V> results;
+  int64_t imm = 0;
+  double fimm = 0;
+  std::vector<Block> regions;
+};
+
+struct Block {
+  std::vector<V> args;
+  std::vector<Inst> insts;
+};
+
+struct Param {
+  std::string name;
+  Ty ty;
+};
+
+struct Func {
+  std::string name;
+  std::vector<Param> params;  // the flattened kernel ABI, in order
+  int num_threads = 128;
+  int64_t smem_bytes = 0;  // dynamic shared memory
+  std::vector<Ty> types;   // per value
+  Block body;
+
+  V new_value(Ty t) {
+    types.push_back(t);
+    return static_cast<V>(types.size() - 1);
+  }
+};
+
+std::string op_name(Op op);
+std::string type_name(Ty t);
+std::string print(const Func& f);  // text form for --dump-after=lower
+
+}  // namespace tilejit::jit::pir

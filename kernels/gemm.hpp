@@ -1,0 +1,12 @@
+// GEMM in the DSL: C[M,N] = A[M,K] @ B[K,N] with f32 accumulation, any M/N/K (masked edges),
+// any operand strides (row- or column-major), bf16/f16 inputs, bf16/f16/f32 output.
+#pragma once
+#include "dsl/lang.hpp"
+
+namespace tilejit::kernels {
+
+// Meta-parameters: DTYPE (bf16|f16, inputs), OUT_DTYPE (bf16|f16|f32), BLOCK_M, BLOCK_N, BLOCK_K.
+// Parameters: A, B, C (rank-2 tensors). Grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)).
+const lang::Kernel& gemm();
+
+}  // namespace tilejit::kernels
