@@ -17,6 +17,16 @@ class Assigner {
   }
 
   LayoutPlan run() {
+    // Layouts are linear maps over bits: every tile dimension must be a power of two.
+    ir::walk(f_.body, [&](const ir::Op& op) {
+      for (const auto* vs : {&op.operands, &op.results})
+        for (ir::ValueId v : *vs)
+          for (int64_t d : f_.type(v).shape)
+            if (!is_power_of_two(d))
+              throw LoweringError(fmt::format("tilejit: kernel '{}': {} at {}: tile dimensions must be powers of two for "
+                                              "the GPU backend, got {}",
+                                              f_.name, ir::op_name(op.kind), op.loc.str(), ir::to_string(f_.type(v))));
+    });
     block(f_.body);
     return std::move(plan_);
   }

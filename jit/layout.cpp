@@ -80,6 +80,10 @@ Layout Layout::blocked(const ir::Shape& shape, int num_warps, int vec) {
       if (used[i] < bits[i]) return unit(rank, i, int64_t{1} << used[i]++);
     return Coord(rank, 0);
   };
+  // Narrow the vector when the tile is too small to give every thread a full one.
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  while (vec > 1 && numel < int64_t{vec} * 32 * num_warps) vec /= 2;
   if (rank > 0)
     for (int v = 1; v < vec && used[rank - 1] < bits[rank - 1]; v *= 2) L.reg.push_back(next());
   for (int i = 0; i < 5; ++i) L.lane.push_back(next());

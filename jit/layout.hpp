@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,12 @@
 namespace tilejit::jit {
 
 using Coord = std::vector<int64_t>;  // one entry per tile dimension
+
+// An IR construct the GPU backend cannot lower (e.g. a tile dimension that is not a power of two);
+// the message names the kernel, the op and its source line.
+struct LoweringError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // coords(r, l, w) = XOR of the bases selected by the set bits of r, l and w. A zero basis means
 // replication (two registers/lanes/warps hold the same element). Shapes are powers of two.

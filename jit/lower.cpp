@@ -151,7 +151,7 @@ class Lowerer {
     return nullptr;
   }
 
-  void check_shape(const ir::Op* op, const ir::Type& t) {
+  void check_shape(const ir::Op* op, const ir::Type& t) const {
     for (int64_t d : t.shape)
       if (!is_power_of_two(d))
         fail(op, fmt::format("tile dimensions must be powers of two for the GPU backend, got {}", ir::to_string(t)));
@@ -159,6 +159,7 @@ class Lowerer {
 
   // The registers of tile value `v` in layout `L`.
   Regs get(ir::ValueId v, const Layout& L) {
+    if (f_.type(v).is_scalar()) return Regs(static_cast<size_t>(L.num_regs()), scalar(v));  // uniform
     std::string key = L.str();
     if (const Regs* r = cached(v, key)) return *r;
     Regs regs;
@@ -202,11 +203,17 @@ class Lowerer {
     return frames_.back().thread_coords[key] = c;
   }
 
-  // Coordinate d of register r in this thread.
+  // Coordinate d of register r in this thread. When the register bits and the lane/warp bits of
+  // dim d are disjoint (always, for blocked and mma layouts) XOR is an add, which LLVM folds into
+  // address immediates.
   V coord(const Layout& L, uint32_t r, size_t d) {
     int64_t rc = L.reg_coords(r)[d];
     V tc = thread_coords(L)[d];
-    return rc == 0 ? tc : bin(Op::bit_xor, tc, ci32(rc));
+    if (rc == 0) return tc;
+    int64_t thread_bits = 0;
+    for (const auto* bs : {&L.lane, &L.warp})
+      for (const Coord& c : *bs) thread_bits |= c[d];
+    return bin((thread_bits & rc) == 0 ? Op::add : Op::bit_xor, tc, ci32(rc));
   }
 
   // Element offset (row-major over the tile) of register r in this thread.

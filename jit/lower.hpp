@@ -10,12 +10,6 @@
 
 namespace tilejit::jit {
 
-// An IR construct the GPU backend cannot lower (e.g. a tile dimension that is not a power of two);
-// the message names the kernel, the op and its source line.
-struct LoweringError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 pir::Func lower_to_threads(const ir::Function& f, const LayoutPlan& plan);
 
 }  // namespace tilejit::jit

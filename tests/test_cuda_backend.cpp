@@ -1,0 +1,458 @@
+// Backend B (per-thread IR -> CUDA C++ -> nvrtc -> PTX): the printed source, a hand-built kernel
+// that uses every per-thread op, and the library kernels through the pipeline, each compiled by
+// nvrtc for sm_90a and assembled with no spills. Needs no GPU; skips visibly without nvrtc.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dsl/lang.hpp"
+#include "jit/assign_layouts.hpp"
+#include "jit/canonicalize.hpp"
+#include "jit/compile.hpp"
+#include "jit/cuda_backend.hpp"
+#include "jit/llvm_backend.hpp"
+#include "jit/lower.hpp"
+#include "jit/nvrtc.hpp"
+#include "jit/ptx_compiler.hpp"
+#include "kernels/attention.hpp"
+#include "kernels/gemm.hpp"
+
+using namespace tilejit::jit;
+using tilejit::ir::DType;
+using pir::Op;
+using pir::V;
+
+namespace {
+
+bool contains(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
+
+bool have_nvrtc() {
+  std::string why;
+  if (nvrtc_available(&why)) return true;
+  MESSAGE("skipped: nvrtc is not available here (" << why << ")");
+  return false;
+}
+
+// Builds a per-thread function by hand.
+struct FuncBuilder {
+  pir::Func f;
+  std::vector<pir::Block*> blocks{&f.body};
+
+  explicit FuncBuilder(std::string name, int threads = 128) {
+    f.name = std::move(name);
+    f.num_threads = threads;
+  }
+  pir::Inst& push(pir::Inst in) {
+    blocks.back()->insts.push_back(std::move(in));
+    return blocks.back()->insts.back();
+  }
+  V emit(Op op, pir::Ty t, std::vector<V> args, int64_t imm = 0, double fimm = 0) {
+    pir::Inst in;
+    in.op = op;
+    in.args = std::move(args);
+    in.imm = imm;
+    in.fimm = fimm;
+    V r = f.new_value(t);
+    in.results = {r};
+    push(std::move(in));
+    return r;
+  }
+  void emit0(Op op, std::vector<V> args, int64_t imm = 0) {
+    pir::Inst in;
+    in.op = op;
+    in.args = std::move(args);
+    in.imm = imm;
+    push(std::move(in));
+  }
+  V param(const std::string& name, pir::Ty t) {
+    f.params.push_back({name, t});
+    return emit(Op::param, t, {}, static_cast<int64_t>(f.params.size() - 1));
+  }
+  V ci(DType d, int64_t v) { return emit(Op::constant, pir::scalar(d), {}, v); }
+  V cf(DType d, double v) { return emit(Op::constant, pir::scalar(d), {}, 0, v); }
+  V bin(Op op, V a, V b) { return emit(op, f.types[a], {a, b}); }
+  V un(Op op, V a) { return emit(op, f.types[a], {a}); }
+  V cmp(pir::Pred p, V a, V b) { return emit(Op::cmp, pir::scalar(DType::i1), {a, b}, static_cast<int64_t>(p)); }
+  V cast(V a, DType to) { return emit(Op::cast, pir::scalar(to), {a}); }
+};
+
+const std::vector<DType> kInts = {DType::i1, DType::i8, DType::i16, DType::i32, DType::i64, DType::u8, DType::u16, DType::u32, DType::u64};
+const std::vector<DType> kFloats = {DType::f16, DType::bf16, DType::f32, DType::f64};
+
+// A kernel that uses every per-thread op on every dtype it applies to. `llvm_subset` leaves out
+// what only this backend accepts (shuffles of non-32-bit values, atomics on 8/16-bit integers), so
+// that the same function also goes through the LLVM backend.
+pir::Func every_op_kernel(bool llvm_subset) {
+  FuncBuilder b(llvm_subset ? "every_op" : "every_op_cuda");
+  b.f.smem_bytes = 1024;
+  std::map<DType, V> ptr;
+  for (DType d : kInts) ptr[d] = b.param(fmt::format("P_{}", tilejit::ir::name(d)), pir::pointer(d));
+  for (DType d : kFloats) ptr[d] = b.param(fmt::format("P_{}", tilejit::ir::name(d)), pir::pointer(d));
+  ptr[DType::f8e4m3] = b.param("P_f8", pir::pointer(DType::f8e4m3));
+  V n = b.param("n", pir::scalar(DType::i32));
+  V scale = b.param("scale", pir::scalar(DType::f32));
+  V flag = b.param("flag", pir::scalar(DType::i1));
+  V big = b.param("big", pir::scalar(DType::i64));
+
+  V tid = b.emit(Op::thread_id, pir::scalar(DType::i32), {});
+  V bx = b.emit(Op::block_id, pir::scalar(DType::i32), {}, 0);
+  V by = b.emit(Op::block_id, pir::scalar(DType::i32), {}, 1);
+  V bz = b.emit(Op::block_id, pir::scalar(DType::i32), {}, 2);
+  V gx = b.emit(Op::grid_dim, pir::scalar(DType::i32), {}, 0);
+  V gy = b.emit(Op::grid_dim, pir::scalar(DType::i32), {}, 1);
+  V gz = b.emit(Op::grid_dim, pir::scalar(DType::i32), {}, 2);
+  V base = b.bin(Op::add, b.bin(Op::mul, b.bin(Op::add, b.bin(Op::mul, bz, gy), by), gx), bx);
+  base = b.bin(Op::add, b.bin(Op::mul, base, b.ci(DType::i32, 128)), tid);
+  V in_range = b.cmp(pir::Pred::lt, base, n);
+  V base64 = b.cast(base, DType::i64);
+  int slot = 0;
+  // Each result is stored at its own offset, so nothing is dead.
+  auto sink = [&](V v) {
+    DType d = b.f.types[v].dtype;
+    V off = b.bin(Op::add, base64, b.ci(DType::i64, 4096 * ++slot));
+    b.emit0(Op::store, {b.emit(Op::gep, pir::pointer(d), {ptr.at(d), off}), v});
+  };
+  auto load2 = [&](DType d) {
+    V p0 = b.emit(Op::gep, pir::pointer(d), {ptr.at(d), base});
+    V p1 = b.emit(Op::gep, pir::pointer(d), {ptr.at(d), b.bin(Op::add, base64, big)});
+    V other = tilejit::ir::is_float(d) ? b.cf(d, -1.5) : b.ci(d, 1);
+    V x = b.emit(Op::load, pir::scalar(d), {p0});                    // unpredicated
+    V y = b.emit(Op::load, pir::scalar(d), {p1, in_range, other});   // predicated, padded
+    return std::pair{x, y};
+  };
+
+  for (DType d : kInts) {
+    auto [x, y] = load2(d);
+    for (Op op : {Op::add, Op::sub, Op::mul, Op::div, Op::rem, Op::minimum, Op::maximum, Op::bit_and, Op::bit_or, Op::bit_xor,
+                  Op::shl, Op::shr, Op::umulhi})
+      sink(b.bin(op, x, y));
+    for (Op op : {Op::neg, Op::bit_not, Op::abs}) sink(b.un(op, x));
+    for (int p = 0; p < 6; ++p) sink(b.cmp(static_cast<pir::Pred>(p), x, y));
+    sink(b.emit(Op::select, b.f.types[x], {b.cmp(pir::Pred::ne, x, y), x, y}));
+    b.emit0(Op::store, {b.emit(Op::gep, pir::pointer(d), {ptr.at(d), base}), x, in_range});  // predicated store
+  }
+  for (DType d : kFloats) {
+    auto [x, y] = load2(d);
+    for (Op op : {Op::add, Op::sub, Op::mul, Op::div, Op::rem, Op::minimum, Op::maximum}) sink(b.bin(op, x, y));
+    std::vector<Op> un{Op::neg, Op::abs, Op::sqrt, Op::floor, Op::ceil};
+    if (d != DType::f64)
+      for (Op op : {Op::exp2, Op::log2, Op::exp, Op::log, Op::rsqrt, Op::tanh, Op::sin, Op::cos, Op::erf}) un.push_back(op);
+    for (Op op : un) sink(b.un(op, x));
+    for (int p = 0; p < 6; ++p) sink(b.cmp(static_cast<pir::Pred>(p), x, y));
+    sink(b.emit(Op::select, b.f.types[x], {flag, x, y}));
+    b.emit0(Op::store, {b.emit(Op::gep, pir::pointer(d), {ptr.at(d), base}), y, in_range});
+  }
+  // Casts between every pair of (non-fp8) dtypes.
+  std::vector<DType> all = kInts;
+  all.insert(all.end(), kFloats.begin(), kFloats.end());
+  std::map<DType, V> val;
+  for (DType d : all) val[d] = b.emit(Op::load, pir::scalar(d), {b.emit(Op::gep, pir::pointer(d), {ptr.at(d), b.ci(DType::i32, 7)})});
+  for (DType from : all)
+    for (DType to : all)
+      if (from != to) sink(b.cast(val[from], to));
+  // Bitcasts of same-width scalars, and pointer <-> u64.
+  const std::vector<std::pair<DType, DType>> same_width = {
+      {DType::f32, DType::i32}, {DType::i32, DType::f32}, {DType::f32, DType::u32}, {DType::u32, DType::f32},
+      {DType::f16, DType::i16}, {DType::u16, DType::f16}, {DType::bf16, DType::u16}, {DType::i16, DType::bf16},
+      {DType::f16, DType::bf16}, {DType::f64, DType::i64}, {DType::u64, DType::f64}, {DType::i8, DType::u8}};
+  for (auto [from, to] : same_width) sink(b.emit(Op::bitcast, pir::scalar(to), {val[from]}));
+  V as_int = b.emit(Op::bitcast, pir::scalar(DType::u64), {ptr[DType::f32]});
+  V back = b.emit(Op::bitcast, pir::pointer(DType::f32), {b.bin(Op::add, as_int, b.ci(DType::u64, 64))});
+  b.emit0(Op::store, {back, scale});
+  // fp8: storage only (loads, stores, constants, bit patterns).
+  {
+    V p8 = b.emit(Op::gep, pir::pointer(DType::f8e4m3), {ptr[DType::f8e4m3], base});
+    V x8 = b.emit(Op::load, pir::scalar(DType::f8e4m3), {p8, in_range, b.ci(DType::f8e4m3, 0x38)});
+    b.emit0(Op::store, {b.emit(Op::gep, pir::pointer(DType::f8e4m3), {p8, b.ci(DType::u32, 1)}), x8, flag});
+    sink(b.emit(Op::bitcast, pir::scalar(DType::u8), {x8}));
+  }
+  // Constants that need care: infinities, NaN, -0, values exact only in the narrow type, extremes.
+  for (double c : {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+                   std::numeric_limits<double>::quiet_NaN(), -0.0, 0.1, 65504.0, 1e-7, 3.0e38})
+    for (DType d : kFloats) sink(b.cf(d, c));
+  for (int64_t c : {int64_t{0}, int64_t{-1}, int64_t{1} << 31, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()})
+    for (DType d : kInts) sink(b.ci(d, c));
+
+  // Atomics, plain and predicated.
+  std::vector<DType> atomic_types{DType::i32, DType::u32, DType::i64, DType::u64, DType::f32, DType::f64, DType::f16, DType::bf16};
+  if (!llvm_subset)
+    for (DType d : {DType::i8, DType::u8, DType::i16, DType::u16}) atomic_types.push_back(d);
+  for (DType d : atomic_types) {
+    V p = b.emit(Op::gep, pir::pointer(d), {ptr.at(d), b.ci(DType::i32, 3)});
+    sink(b.emit(Op::atomic_add, pir::scalar(d), {p, val[d]}));
+    sink(b.emit(Op::atomic_add, pir::scalar(d), {p, val[d], in_range}));
+  }
+  // Shared memory, barriers, shuffles.
+  V off = b.bin(Op::mul, tid, b.ci(DType::i32, 4));
+  b.emit0(Op::store_shared, {off, val[DType::f32]});
+  b.emit0(Op::store_shared, {b.bin(Op::add, off, b.ci(DType::i32, 512)), val[DType::i32], in_range});
+  b.emit0(Op::barrier, {});
+  V sf = b.emit(Op::load_shared, pir::scalar(DType::f32), {b.bin(Op::bit_xor, off, b.ci(DType::i32, 4))});
+  V si = b.emit(Op::load_shared, pir::scalar(DType::i32), {b.bin(Op::add, off, b.ci(DType::i32, 512))});
+  V sb = b.emit(Op::load_shared, pir::scalar(DType::u8), {tid});
+  b.emit0(Op::barrier, {});
+  sink(sf);
+  sink(si);
+  sink(sb);
+  for (int64_t m : {1, 2, 4, 8, 16}) {
+    sink(b.emit(Op::shfl_xor, pir::scalar(DType::f32), {sf}, m));
+    sink(b.emit(Op::shfl_xor, pir::scalar(DType::i32), {si}, m));
+  }
+  if (!llvm_subset)
+    for (DType d : {DType::f16, DType::bf16, DType::i1, DType::i8, DType::u16, DType::u64, DType::f64})
+      sink(b.emit(Op::shfl_xor, pir::scalar(d), {val[d]}, 1));
+
+  // mma.sync for both operand types.
+  for (DType d : {DType::bf16, DType::f16}) {
+    auto [x, y] = load2(d);
+    std::vector<V> args;
+    for (int i = 0; i < 6; ++i) args.push_back(b.emit(Op::pack2, pir::scalar(DType::u32), {i % 2 ? x : y, i % 3 ? y : x}));
+    for (int i = 0; i < 4; ++i) args.push_back(b.bin(Op::mul, scale, b.cf(DType::f32, i)));
+    pir::Inst in;
+    in.op = Op::mma_16816;
+    in.args = args;
+    in.imm = static_cast<int64_t>(d);
+    for (int i = 0; i < 4; ++i) in.results.push_back(b.f.new_value(pir::scalar(DType::f32)));
+    std::vector<V> rs = in.results;
+    b.push(std::move(in));
+    for (V r : rs) sink(r);
+  }
+  sink(b.emit(Op::pack2, pir::scalar(DType::u32), {val[DType::i16], val[DType::u16]}));
+
+  // A loop whose carried values swap (the yields must read the old values), with an if inside.
+  {
+    V a0 = val[DType::f32], b0 = b.cf(DType::f32, 2.0), k0 = val[DType::i64];
+    pir::Inst loop;
+    loop.op = Op::for_;
+    loop.args = {b.ci(DType::i32, 0), n, b.ci(DType::i32, 3), a0, b0, k0};
+    pir::Block body;
+    V iv = b.f.new_value(pir::scalar(DType::i32));
+    V ca = b.f.new_value(pir::scalar(DType::f32)), cb = b.f.new_value(pir::scalar(DType::f32));
+    V ck = b.f.new_value(pir::scalar(DType::i64));
+    body.args = {iv, ca, cb, ck};
+    b.blocks.push_back(&body);
+    V odd = b.cmp(pir::Pred::ne, b.bin(Op::bit_and, iv, b.ci(DType::i32, 1)), b.ci(DType::i32, 0));
+    pir::Inst iff;
+    iff.op = Op::if_;
+    iff.args = {odd};
+    pir::Block then_b, else_b;
+    b.blocks.push_back(&then_b);
+    V t = b.bin(Op::add, ca, b.cf(DType::f32, 0.5));
+    b.emit0(Op::yield, {t, ck});
+    b.blocks.pop_back();
+    b.blocks.push_back(&else_b);
+    V e = b.bin(Op::mul, cb, scale);
+    b.emit0(Op::yield, {e, b.bin(Op::add, ck, b.cast(iv, DType::i64))});
+    b.blocks.pop_back();
+    iff.regions = {std::move(then_b), std::move(else_b)};
+    V r0 = b.f.new_value(pir::scalar(DType::f32)), r1 = b.f.new_value(pir::scalar(DType::i64));
+    iff.results = {r0, r1};
+    b.push(std::move(iff));
+    b.emit0(Op::yield, {cb, r0, r1});  // swap: a <- b, b <- if result
+    b.blocks.pop_back();
+    loop.regions = {std::move(body)};
+    V la = b.f.new_value(pir::scalar(DType::f32)), lb = b.f.new_value(pir::scalar(DType::f32));
+    V lk = b.f.new_value(pir::scalar(DType::i64));
+    loop.results = {la, lb, lk};
+    b.push(std::move(loop));
+    sink(la);
+    sink(lb);
+    sink(lk);
+  }
+  return std::move(b.f);
+}
+
+// Tile IR -> per-thread IR, as jit::compile does it.
+pir::Func lower(const tilejit::ir::Function& input, int num_warps = 4) {
+  tilejit::ir::Function f = input;
+  canonicalize(f);
+  LayoutPlan plan = assign_layouts(f, num_warps);
+  return lower_to_threads(f, plan);
+}
+
+// nvrtc -> PTX -> cubin; checks the entry and that nothing spills.
+KernelInfo compile_and_assemble(const pir::Func& f) {
+  CudaOutput out = emit_ptx_nvrtc(f, "sm_90a");
+  CHECK(contains(out.ptx, ".entry " + f.name));
+  CubinResult c = ptx_to_cubin(out.ptx, "sm_90a", f.name);
+  REQUIRE(c.kernels.size() == 1);
+  const KernelInfo& k = c.kernels[0];
+  MESSAGE(f.name << " (nvrtc " << fmt::format("{:.0f}", out.nvrtc_ms) << " ms): " << k.to_string());
+  CHECK(k.name == f.name);
+  CHECK(k.spill_store_bytes == 0);
+  CHECK(k.spill_load_bytes == 0);
+  CHECK(!c.cubin.empty());
+  return k;
+}
+
+}  // namespace
+
+TEST_CASE("the printed source: signature, launch bounds, shared memory, literals") {
+  FuncBuilder b("tiny", 256);
+  b.f.smem_bytes = 64;
+  V x = b.param("X", pir::pointer(DType::bf16));
+  V flag = b.param("flag", pir::scalar(DType::i1));
+  V bits = b.param("bits", pir::pointer(DType::i1));
+  V n = b.param("n", pir::scalar(DType::u64));
+  V h = b.param("h", pir::scalar(DType::f16));
+  (void)flag;
+  (void)bits;
+  (void)n;
+  V tid = b.emit(Op::thread_id, pir::scalar(DType::i32), {});
+  V p = b.emit(Op::gep, pir::pointer(DType::bf16), {x, tid});
+  V v = b.emit(Op::load, pir::scalar(DType::bf16), {p});
+  V s = b.bin(Op::add, v, b.cf(DType::bf16, 0.5));
+  b.emit0(Op::store, {p, b.bin(Op::mul, s, b.cast(h, DType::bf16))});
+  b.emit0(Op::store_shared, {b.ci(DType::i32, 0), b.cf(DType::f32, -0.1)});
+  b.emit0(Op::store_shared, {b.ci(DType::i32, 8), b.ci(DType::i64, std::numeric_limits<int64_t>::min())});
+  std::string src = print_cuda(b.f);
+  CHECK(contains(src, "extern \"C\" __global__ void __launch_bounds__(256) tiny("));
+  CHECK(contains(src, "__nv_bfloat16* __restrict__ p0_X, bool p1_flag, unsigned char* __restrict__ p2_bits, "
+                      "unsigned long long p3_n, __half p4_h)"));
+  CHECK(contains(src, "extern __shared__ __align__(16) unsigned char tilejit_smem[];"));
+  CHECK(contains(src, "#include <cuda_fp16.h>"));
+  CHECK(contains(src, "#include <cuda_bf16.h>"));
+  CHECK(!contains(src, "<cstdint>"));
+  CHECK(contains(src, "__ushort_as_bfloat16((unsigned short)0x3f00u)"));  // 0.5 in bf16
+  CHECK(contains(src, "(-0x1.99999ap-4f)"));                              // -0.1 rounded to f32, exactly
+  CHECK(contains(src, "(long long)0x8000000000000000ull"));
+  // bf16 arithmetic runs in f32 and rounds once per op.
+  CHECK(contains(src, "__float2bfloat16_rn(__fadd_rn(__bfloat162float(v"));
+  if (!have_nvrtc()) return;
+  compile_and_assemble(b.f);
+}
+
+TEST_CASE("a kernel with every per-thread op compiles through nvrtc and assembles without spills") {
+  pir::Func f = every_op_kernel(false);
+  std::string src = print_cuda(f);
+  for (const char* part : {"tj_ld_b16(", "tj_ld_u8(", "tj_ld_b64(", "tj_st_b32(", "__syncthreads();", "__shfl_xor_sync(0xffffffffu",
+                           "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+                           "atomicAdd(", "tj_atomic_add_small(", "blockIdx.z", "gridDim.y", "tj_erf(", "tj_frem(", "tj_f2i<"})
+    CHECK_MESSAGE(contains(src, part), part);
+  if (!have_nvrtc()) return;
+  CudaOutput out = emit_ptx_nvrtc(f, "sm_90a");
+  // The approximate instructions the LLVM backend uses, and no contraction into fma.
+  for (const char* part : {"ex2.approx.f32", "lg2.approx.f32", "rsqrt.approx.f32", "sin.approx.f32", "cos.approx.f32",
+                           "tanh.approx.f32", "div.rn.f32", "sqrt.rn.f32", "ld.global.u8", "st.global.b64", "bar.sync",
+                           "shfl.sync.bfly.b32", "mma.sync.aligned.m16n8k16"})
+    CHECK_MESSAGE(contains(out.ptx, part), part);
+  CHECK(!contains(out.ptx, "fma.rn.f32"));
+  CubinResult c = ptx_to_cubin(out.ptx, "sm_90a", f.name);
+  REQUIRE(c.kernels.size() == 1);
+  MESSAGE(c.kernels[0].to_string());
+  CHECK(c.kernels[0].spill_store_bytes == 0);
+  CHECK(c.kernels[0].spill_load_bytes == 0);
+}
+
+TEST_CASE("the every-op kernel is also valid input for the LLVM backend (same per-thread IR, both backends)") {
+  pir::Func f = every_op_kernel(true);
+  LlvmOutput l = emit_ptx_llvm(f, "sm_90a");
+  CHECK(contains(l.ptx, ".entry every_op"));
+  if (!have_nvrtc()) return;
+  compile_and_assemble(f);
+  CubinResult c = ptx_to_cubin(l.ptx, "sm_90a", f.name);
+  REQUIRE(c.kernels.size() == 1);
+  MESSAGE("LLVM backend, same function: " << c.kernels[0].to_string());
+}
+
+TEST_CASE("library kernels through the pipeline compile with nvrtc and assemble without spills") {
+  using namespace tilejit::lang;
+  Kernel vector_add = kernel("vector_add", [](Builder& k) {
+    auto X = k.pointer("X", f32, {.align_bytes = 16});
+    auto Y = k.pointer("Y", f32, {.align_bytes = 16});
+    auto Out = k.pointer("Out", f32, {.align_bytes = 16});
+    auto n = k.scalar<int>("n");
+    auto offs = program_id(0) * 128 + arange(0, 128);
+    auto mask = offs < n;
+    store(Out + offs, load(X + offs, mask) + load(Y + offs, mask), mask);
+  });
+  Kernel softmax = kernel("softmax", [](Builder& k) {
+    auto T = k.meta_dtype("DTYPE", f32);
+    auto X = k.tensor("X", T, 2);
+    auto Y = k.tensor("Y", T, 2);
+    auto r = program_id(0);
+    auto x = cast(f32, load(X.block({r, 0}, {1, 128}), -INFINITY));
+    auto e = exp(x - max(x, 1)[col]);
+    store(Y.block({r, 0}, {1, 128}), cast(T, e / sum(e, 1)[col]));
+  });
+  std::vector<std::pair<std::string, tilejit::ir::Function>> kernels;
+  kernels.emplace_back("vector_add", vector_add.build());
+  kernels.emplace_back("softmax f32", softmax.build({{"DTYPE", f32}}));
+  kernels.emplace_back("softmax bf16", softmax.build({{"DTYPE", bf16}}));
+  kernels.emplace_back("gemm bf16", tilejit::kernels::gemm().build());
+  kernels.emplace_back("attention causal", tilejit::kernels::attention_forward().build({{"CAUSAL", true}}));
+  kernels.emplace_back("attention f16", tilejit::kernels::attention_forward().build({{"DTYPE", f16}}));
+  for (auto& [label, fn] : kernels) {
+    CAPTURE(label);
+    pir::Func f = lower(fn);
+    std::string src = print_cuda(f);
+    CHECK(contains(src, fmt::format("__launch_bounds__({})", f.num_threads)));
+    if (label.starts_with("gemm") || label.starts_with("attention")) CHECK(contains(src, "mma.sync.aligned.m16n8k16"));
+    if (!have_nvrtc()) return;
+    compile_and_assemble(f);
+  }
+}
+
+TEST_CASE("jit::compile with Backend::Nvrtc (once the pipeline has it)") {
+  if (!have_nvrtc()) return;
+  CompileOptions opts;
+  opts.backend = Backend::Nvrtc;
+  CompiledKernel k;
+  try {
+    k = compile(tilejit::kernels::gemm().build(), opts);
+  } catch (const CompileError& e) {
+    if (contains(e.what(), "not built yet")) {
+      MESSAGE("skipped: jit::compile does not call the nvrtc backend yet (" << e.what() << ")");
+      return;
+    }
+    throw;
+  }
+  CHECK(contains(k.backend_source, "__launch_bounds__"));
+  CHECK(k.info.spill_store_bytes == 0);
+  CHECK(!k.cubin.empty());
+}
+
+TEST_CASE("errors name the kernel and what is wrong") {
+  SUBCASE("fp8 conversions") {
+    FuncBuilder b("fp8_cast");
+    V p = b.param("X", pir::pointer(DType::f8e5m2));
+    V x = b.emit(Op::load, pir::scalar(DType::f8e5m2), {p});
+    b.emit0(Op::store, {b.param("Y", pir::pointer(DType::f32)), b.cast(x, DType::f32)});
+    CHECK_THROWS_WITH(print_cuda(b.f), doctest::Contains("kernel 'fp8_cast': CUDA backend: fp8 conversions are not supported"));
+  }
+  SUBCASE("f64 transcendental") {
+    FuncBuilder b("f64_exp");
+    V s = b.param("s", pir::scalar(DType::f64));
+    b.emit0(Op::store, {b.param("Y", pir::pointer(DType::f64)), b.un(Op::exp, s)});
+    CHECK_THROWS_WITH(print_cuda(b.f), doctest::Contains("exp on f64 is not supported on the GPU yet"));
+  }
+  SUBCASE("a value used outside its region") {
+    FuncBuilder b("scoped");
+    V s = b.param("s", pir::scalar(DType::i1));
+    pir::Inst iff;
+    iff.op = Op::if_;
+    iff.args = {s};
+    pir::Block then_b, else_b;
+    b.blocks.push_back(&then_b);
+    V inner = b.emit(Op::thread_id, pir::scalar(DType::i32), {});
+    b.emit0(Op::yield, {});
+    b.blocks.pop_back();
+    b.blocks.push_back(&else_b);
+    b.emit0(Op::yield, {});
+    b.blocks.pop_back();
+    iff.regions = {std::move(then_b), std::move(else_b)};
+    b.push(std::move(iff));
+    b.emit0(Op::store, {b.param("Y", pir::pointer(DType::i32)), inner});
+    CHECK_THROWS_WITH(print_cuda(b.f), doctest::Contains(fmt::format("value %{} used before its definition", inner)));
+  }
+  SUBCASE("a kernel name that is not an identifier") {
+    FuncBuilder b("bad-name");
+    CHECK_THROWS_WITH(print_cuda(b.f), doctest::Contains("must be a C identifier"));
+  }
+}

@@ -1,0 +1,187 @@
+// GPU suite (ctest label "gpu"): kernels compiled by the JIT and run on the GPU must match the CPU
+// interpreter on the same random inputs (outputs poisoned first). Skips visibly without a GPU.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <variant>
+
+#include "dsl/lang.hpp"
+#include "jit/compile.hpp"
+#include "kernels/attention.hpp"
+#include "kernels/gemm.hpp"
+#include "runtime/gpu_kernel.hpp"
+#include "runtime/interpreter.hpp"
+#include "test_kernels.hpp"
+
+using namespace tilejit;
+using namespace tilejit::lang;
+using runtime::HostTensor;
+
+namespace {
+
+bool have_gpu() {
+  if (runtime::Driver::get().available()) return true;
+  MESSAGE("SKIPPED: no GPU: " << runtime::Driver::get().unavailable_reason());
+  return false;
+}
+
+using HostArg = std::variant<HostTensor*, int64_t, double>;
+
+struct Comparison {
+  double rel_error = 0;      // over elements both sides hold numbers
+  int64_t nan_mismatch = 0;  // elements NaN on one side only (poison left, or a real NaN)
+};
+
+Comparison compare(const HostTensor& gpu, const HostTensor& ref) {
+  auto g = gpu.to_f64(), r = ref.to_f64();
+  Comparison c;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    bool gn = std::isnan(g[i]), rn = std::isnan(r[i]);
+    if (gn || rn) {
+      if (gn != rn) ++c.nan_mismatch;
+      continue;
+    }
+    if (std::isinf(g[i]) || std::isinf(r[i])) {
+      if (g[i] != r[i]) ++c.nan_mismatch;
+      continue;
+    }
+    num += (g[i] - r[i]) * (g[i] - r[i]);
+    den += r[i] * r[i];
+  }
+  c.rel_error = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return c;
+}
+
+// Runs `fn` in the interpreter and on the GPU (compiled with `opts`) on copies of `args`; every
+// tensor argument must then agree within `tol` (relative norm), NaN/inf positions exactly.
+void check_against_interpreter(const ir::Function& fn, runtime::Grid grid, std::vector<HostArg> args, double tol,
+                               jit::CompileOptions opts = {}) {
+  std::vector<HostTensor> ref_store, gpu_in;
+  ref_store.reserve(args.size());
+  std::vector<runtime::Arg> ref_args;
+  for (auto& a : args) {
+    if (auto* t = std::get_if<HostTensor*>(&a)) ref_store.push_back(**t);
+  }
+  size_t ti = 0;
+  for (auto& a : args) {
+    if (std::holds_alternative<HostTensor*>(a)) ref_args.emplace_back(ref_store[ti++]);
+    else if (auto* i = std::get_if<int64_t>(&a)) ref_args.emplace_back(*i);
+    else ref_args.emplace_back(std::get<double>(a));
+  }
+  runtime::interpret(fn, grid, ref_args);
+
+  jit::CompiledKernel ck = jit::compile(fn, opts);
+  CHECK_MESSAGE(ck.info.spill_store_bytes == 0, ck.info.to_string());
+  runtime::GpuKernel k(fn, ck);
+  std::vector<runtime::DeviceTensor> dev;
+  dev.reserve(args.size());
+  std::vector<runtime::DeviceArg> dargs;
+  for (auto& a : args)
+    if (auto* t = std::get_if<HostTensor*>(&a)) dev.push_back(runtime::DeviceTensor::from_host(**t));
+  ti = 0;
+  for (auto& a : args) {
+    if (std::holds_alternative<HostTensor*>(a)) dargs.emplace_back(dev[ti++]);
+    else if (auto* i = std::get_if<int64_t>(&a)) dargs.emplace_back(*i);
+    else dargs.emplace_back(static_cast<float>(std::get<double>(a)));
+  }
+  k(grid, dargs);
+  for (size_t i = 0; i < dev.size(); ++i) {
+    HostTensor out = dev[i].to_host();
+    Comparison c = compare(out, ref_store[i]);
+    INFO(fmt::format("kernel {} tensor #{} ({}): rel. error {:.3g}, NaN/inf mismatches {}", fn.name, i, out.describe(),
+                     c.rel_error, c.nan_mismatch));
+    CHECK(c.nan_mismatch == 0);
+    CHECK(c.rel_error <= tol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gpu: vector add over a ragged length matches exactly") {
+  if (!have_gpu()) return;
+  for (int block : {128, 256, 1024}) {
+    const int n = 1000;
+    HostTensor x(f32, {n}), y(f32, {n}), out(f32, {n});
+    x.fill_uniform(1, -1, 1);
+    y.fill_uniform(2, -1, 1);
+    check_against_interpreter(test_kernels::vector_add.build({{"BLOCK", block}}), {cdiv(n, block)}, {&x, &y, &out, int64_t{n}}, 0.0);
+  }
+}
+
+TEST_CASE("gpu: row softmax with -inf padding, one and several rows per program, f32 and bf16") {
+  if (!have_gpu()) return;
+  for (DType t : {f32, bf16})
+    for (int rows_per : {1, 4})
+      for (int warps : {1, 4}) {
+        const int rows = 37, cols = 100;
+        HostTensor x(t, {rows, cols}), y(t, {rows, cols});
+        x.fill_normal(7, 0, 3);
+        jit::CompileOptions o;
+        o.num_warps = warps;
+        check_against_interpreter(test_kernels::softmax.build({{"DTYPE", t}, {"ROWS", rows_per}}), {cdiv(rows, rows_per)}, {&x, &y},
+                                  t == f32 ? 2e-6 : 1e-2, o);
+      }
+}
+
+TEST_CASE("gpu: GEMM on tensor cores over ragged shapes and strided operands") {
+  if (!have_gpu()) return;
+  struct Shape3 {
+    int m, n, k;
+  };
+  for (Shape3 s : {Shape3{64, 64, 32}, Shape3{150, 90, 70}, Shape3{256, 128, 256}, Shape3{33, 200, 48}})
+    for (DType out_t : {f32, bf16}) {
+      HostTensor a(bf16, {s.m, s.k}), c(out_t, {s.m, s.n});
+      HostTensor b(bf16, {s.k, s.n}, {1, s.k});  // column-major B
+      a.fill_uniform(11, -1, 1);
+      b.fill_uniform(12, -1, 1);
+      Meta meta{{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 32}, {"OUT_DTYPE", out_t}};
+      check_against_interpreter(kernels::gemm().build(meta), {cdiv(s.m, 64), cdiv(s.n, 64)}, {&a, &b, &c},
+                                out_t == f32 ? 1e-5 : 1e-2);
+    }
+}
+
+TEST_CASE("gpu: attention forward, full and causal, ragged sequence") {
+  if (!have_gpu()) return;
+  for (bool causal : {false, true}) {
+    const int B = 2, H = 2, S = 200, D = 64;
+    HostTensor q(bf16, {B, H, S, D}), k(bf16, {B, H, S, D}), v(bf16, {B, H, S, D}), o(bf16, {B, H, S, D}), lse(f32, {B, H, S});
+    q.fill_normal(1, 0, 1);
+    k.fill_normal(2, 0, 1);
+    v.fill_normal(3, 0, 1);
+    check_against_interpreter(kernels::attention_forward().build({{"CAUSAL", causal}}), {cdiv(S, 64), H, B},
+                              {&q, &k, &v, &o, &lse, 1.0 / std::sqrt(double(D))}, 1e-2);
+  }
+}
+
+TEST_CASE("gpu: reductions across registers, lanes and warps; loops and ifs") {
+  if (!have_gpu()) return;
+  for (int warps : {1, 2, 4, 8}) {
+    HostTensor x(f32, {64, 128}), r0(f32, {128}), r1(f32, {64}), s(f32, {1});
+    x.fill_uniform(3, -1, 1);
+    jit::CompileOptions o;
+    o.num_warps = warps;
+    check_against_interpreter(test_kernels::reductions.build(), {1}, {&x, &r0, &r1, &s, int64_t{5}}, 1e-5, o);
+  }
+}
+
+TEST_CASE("gpu: elementwise ops, integer edge cases and casts match the interpreter") {
+  if (!have_gpu()) return;
+  HostTensor a(f32, {256}), b(f32, {256}), i(i32, {256}), j(i32, {256}), f(f32, {20, 256}), g(i32, {20, 256}), h(bf16, {256});
+  a.fill_uniform(21, -2, 2);
+  b.fill_uniform(22, -2, 2);
+  i.fill_uniform(23, -1000000, 1000000);
+  j.fill_uniform(24, -40, 40);
+  // approximate PTX math (ex2/lg2/tanh/sin/rsqrt.approx) is within ~1e-6 relative
+  check_against_interpreter(test_kernels::elementwise.build(), {1}, {&a, &b, &i, &j, &f, &g, &h}, 2e-6);
+}
+
+TEST_CASE("gpu: atomic_add from many programs into shared locations") {
+  if (!have_gpu()) return;
+  HostTensor x(f32, {32 * 64}), acc(f32, {64}), cnt(i32, {4});
+  x.fill_uniform(5, 0, 1);
+  acc.fill(0);
+  cnt.fill(0);
+  check_against_interpreter(test_kernels::atomics.build(), {32}, {&x, &acc, &cnt}, 1e-5);
+}

@@ -1,0 +1,75 @@
+// Kernels shared by the JIT suites: compiled and assembled in CI (test_jit.cpp) and run on the
+// GPU against the interpreter (test_jit_gpu.cpp). Each exercises a different part of lowering.
+#pragma once
+#include <cmath>
+#include <vector>
+
+#include "dsl/lang.hpp"
+
+namespace test_kernels {
+
+using namespace tilejit::lang;
+
+inline Kernel vector_add = kernel("vector_add", [](Builder& k) {
+  auto X = k.pointer("X", f32, {.align_bytes = 16});
+  auto Y = k.pointer("Y", f32, {.align_bytes = 16});
+  auto Out = k.pointer("Out", f32, {.align_bytes = 16});
+  auto n = k.scalar<int>("n");
+  auto BLOCK = k.meta<int>("BLOCK", 256);
+  auto offs = program_id(0) * BLOCK + arange(0, BLOCK);
+  auto mask = offs < n;
+  store(Out + offs, load(X + offs, mask) + load(Y + offs, mask), mask);
+});
+
+inline Kernel softmax = kernel("softmax", [](Builder& k) {
+  auto T = k.meta_dtype("DTYPE", f32);
+  auto BLOCK = k.meta<int>("BLOCK", 128);
+  auto ROWS = k.meta<int>("ROWS", 1);
+  auto X = k.tensor("X", T, 2), Y = k.tensor("Y", T, 2);
+  auto r = program_id(0) * ROWS;
+  auto x = cast(f32, load(X.block({r, 0}, {ROWS, BLOCK}), -INFINITY));
+  auto e = exp(x - max(x, 1)[col]);
+  store(Y.block({r, 0}, {ROWS, BLOCK}), cast(T, e / sum(e, 1)[col]));
+});
+
+// Reductions across registers, lanes and warps, a loop with an if inside, a reduce-all.
+inline Kernel reductions = kernel("reductions", [](Builder& k) {
+  auto X = k.tensor("X", f32, 2), R0 = k.tensor("R0", f32, 1), R1 = k.tensor("R1", f32, 1), S = k.tensor("S", f32, 1);
+  auto n = k.scalar<int>("n");
+  auto x = load(X.block({0, 0}, {64, 128}));
+  store(R0.block({0}, {128}), max(x, 0));
+  Var acc = zeros(f32, {64});
+  for_range(0, n, [&](Tile i) {
+    if_(i % 2 == 0, [&] { acc = acc + sum(x, 1); }, [&] { acc = acc - min(x, 1); });
+  });
+  store(R1.block({0}, {64}), acc);
+  store(S.block({0}, {1}), expand_dims(sum(x), 0));
+});
+
+// Floating-point, integer and cast operations, each row of F/G one op.
+inline Kernel elementwise = kernel("elementwise", [](Builder& k) {
+  auto A = k.tensor("A", f32, 1), B = k.tensor("B", f32, 1), I = k.tensor("I", i32, 1), J = k.tensor("J", i32, 1);
+  auto F = k.tensor("F", f32, 2), G = k.tensor("G", i32, 2), H = k.tensor("H", bf16, 1);
+  auto a = load(A.block({0}, {256})), b = load(B.block({0}, {256}));
+  auto i = load(I.block({0}, {256})), j = load(J.block({0}, {256}));
+  std::vector<Tile> fs{a + b, a - b, a * b, a / b, sqrt(abs(a)), maximum(a, b), minimum(a, b), floor(a * 10),
+                       ceil(a * 10), where(a < b, a, b), cast(f32, cast(bf16, a * 1000)), cast(f32, cast(f16, a * 1000)),
+                       cast(f32, i), exp2(a), exp(a), log2(abs(a) + 1), tanh(a), erf(a), rsqrt(abs(a) + 1), sin(a)};
+  std::vector<Tile> is{i + j, i - j, i * j, i / j, i % j, i & j, i | j, i ^ j, i << (j & 31), i >> (j & 31),
+                       cast(i32, umulhi(cast(u32, i), cast(u32, j))), cast(i32, a * 1000), cast(i32, i < j), ~i, -i,
+                       maximum(i, j), minimum(i, j), cast(i32, cast(u32, i) >> 3), i / 0, i << 40};
+  for (size_t r = 0; r < fs.size(); ++r) store(F.block({static_cast<int64_t>(r), 0}, {1, 256}), expand_dims(fs[r], 0));
+  for (size_t r = 0; r < is.size(); ++r) store(G.block({static_cast<int64_t>(r), 0}, {1, 256}), expand_dims(is[r], 0));
+  store(H.block({0}, {256}), cast(bf16, a) * cast(bf16, b) + cast(bf16, a));
+});
+
+// atomic_add from every program into the same 64 floats and 4 counters.
+inline Kernel atomics = kernel("atomics", [](Builder& k) {
+  auto X = k.pointer("X", f32), Acc = k.pointer("Acc", f32), Cnt = k.pointer("Cnt", i32);
+  auto offs = arange(0, 64);
+  auto x = load(X + program_id(0) * 64 + offs);
+  atomic_add(Acc + offs, x);
+  atomic_add(Cnt + (offs % 4), 1);
+});
+
+}  // namespace test_kernels
