@@ -15,6 +15,7 @@
 #include <llvm/IR/Verifier.h>
 #include <llvm/MC/TargetRegistry.h>
 #include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/CommandLine.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
@@ -43,6 +44,9 @@ void init_llvm() {
     LLVMInitializeNVPTXTarget();
     LLVMInitializeNVPTXTargetMC();
     LLVMInitializeNVPTXAsmPrinter();
+    // 32-bit shared-memory pointers: half the registers for shared addresses.
+    const char* args[] = {"tilejit", "-nvptx-short-ptr"};
+    llvm::cl::ParseCommandLineOptions(2, args, "tilejit\n");
   });
 }
 

@@ -216,14 +216,52 @@ class Lowerer {
     return bin((thread_bits & rc) == 0 ? Op::add : Op::bit_xor, tc, ci32(rc));
   }
 
-  // Element offset (row-major over the tile) of register r in this thread.
+  // Whether register bits and lane/warp bits never overlap within a dim: coordinates then add.
+  static bool additive(const Layout& L) {
+    for (size_t d = 0; d < L.shape.size(); ++d) {
+      int64_t reg_bits = 0, thread_bits = 0;
+      for (const Coord& c : L.reg) reg_bits |= c[d];
+      for (const auto* bs : {&L.lane, &L.warp})
+        for (const Coord& c : *bs) thread_bits |= c[d];
+      if (reg_bits & thread_bits) return false;
+    }
+    return true;
+  }
+
+  // Element offset (row-major over the tile) of register r in this thread: one per-thread base
+  // plus a compile-time constant per register where the layout is additive, so that the backend
+  // folds the constants into address immediates and keeps a single base register live.
   V tile_offset(const Layout& L, uint32_t r) {
-    V off = ci32(0);
+    std::vector<int64_t> row_stride(L.shape.size());
     int64_t stride = 1;
     for (size_t d = L.shape.size(); d-- > 0;) {
-      off = bin(Op::add, off, bin(Op::mul, coord(L, r, d), ci32(stride)));
+      row_stride[d] = stride;
       stride *= L.shape[d];
     }
+    if (additive(L)) {
+      std::string key = "offset:" + L.str();
+      V base;
+      auto& cache = frames_.back().thread_coords;
+      const std::vector<V>* found = nullptr;
+      for (auto it = frames_.rbegin(); it != frames_.rend() && !found; ++it) {
+        auto f = it->thread_coords.find(key);
+        if (f != it->thread_coords.end()) found = &f->second;
+      }
+      if (found) {
+        base = (*found)[0];
+      } else {
+        base = ci32(0);
+        const std::vector<V>& tc = thread_coords(L);
+        for (size_t d = 0; d < L.shape.size(); ++d) base = bin(Op::add, base, bin(Op::mul, tc[d], ci32(row_stride[d])));
+        cache[key] = {base};
+      }
+      Coord rc = L.reg_coords(r);
+      int64_t c = 0;
+      for (size_t d = 0; d < L.shape.size(); ++d) c += rc[d] * row_stride[d];
+      return c == 0 ? base : bin(Op::add, base, ci32(c));
+    }
+    V off = ci32(0);
+    for (size_t d = 0; d < L.shape.size(); ++d) off = bin(Op::add, off, bin(Op::mul, coord(L, r, d), ci32(row_stride[d])));
     return off;
   }
 
@@ -554,15 +592,56 @@ class Lowerer {
       base_ok = land(base_ok, land(cmp(pir::Pred::ge, off[d], ci32(0)), cmp(pir::Pred::lt, off[d], td.sizes[d])));
       base_off = bin(Op::add, base_off, bin(Op::mul, cast(off[d], DType::i64), td.strides[d]));
     }
+    // Per tile dim, the in-bounds test and the address term of each distinct coordinate a
+    // register can have, computed once: registers differ by compile-time steps, and a declared
+    // unit innermost stride turns the innermost term into a constant (an address immediate).
+    const ir::Param* param = nullptr;
+    for (const ir::Param& p : f_.params)
+      if (p.value == op.operands[0]) param = &p;
+    bool unit_last = param && param->spec.contiguous_last;
+    std::vector<std::map<int64_t, std::pair<V, V>>> per_dim(dims.size());  // coord const -> (ok, i64 term)
+    auto term = [&](size_t i, uint32_t r) -> std::pair<V, V> {
+      auto d = static_cast<size_t>(dims[i]);
+      int64_t rc = L.reg_coords(r)[i];
+      auto it = per_dim[i].find(rc);
+      if (it != per_dim[i].end()) return it->second;
+      V x = bin(Op::add, off[d], rc == 0 ? thread_coords(L)[i] : bin(Op::add, thread_coords(L)[i], ci32(rc)));
+      V ok = land(cmp(pir::Pred::ge, x, ci32(0)), cmp(pir::Pred::lt, x, td.sizes[d]));
+      V t = (unit_last && d == rank - 1) ? cast(x, DType::i64) : bin(Op::mul, cast(x, DType::i64), td.strides[d]);
+      return per_dim[i][rc] = {ok, t};
+    };
+    bool add_ok = additive(L);
+    pir::Ty pty = pir::pointer(f_.type(op.operands[0]).dtype);
+    V thread_ptr = 0;
+    std::vector<std::pair<V, V>> base_terms;
+    if (add_ok) {
+      // one per-thread pointer; each register adds (rc * stride) for its register coordinates
+      V o = base_off;
+      for (size_t i = 0; i < dims.size(); ++i) o = bin(Op::add, o, term(i, 0).second);
+      thread_ptr = emit(Op::gep, pty, {td.ptr, o});
+    }
     for (uint32_t r = 0; r < static_cast<uint32_t>(L.num_regs()); ++r) {
-      V ok = base_ok, o = base_off;
+      V ok = base_ok;
+      V extra = 0;
+      bool has_extra = false;
       for (size_t i = 0; i < dims.size(); ++i) {
+        auto [okd, t] = term(i, r);
+        ok = land(ok, okd);
+        if (!add_ok) continue;
         auto d = static_cast<size_t>(dims[i]);
-        V x = bin(Op::add, off[d], coord(L, r, i));
-        ok = land(ok, land(cmp(pir::Pred::ge, x, ci32(0)), cmp(pir::Pred::lt, x, td.sizes[d])));
-        o = bin(Op::add, o, bin(Op::mul, cast(x, DType::i64), td.strides[d]));
+        int64_t rc = L.reg_coords(r)[i];
+        if (rc == 0) continue;
+        V step = (unit_last && d == rank - 1) ? cint(DType::i64, rc) : bin(Op::mul, cint(DType::i64, rc), td.strides[d]);
+        extra = has_extra ? bin(Op::add, extra, step) : step;
+        has_extra = true;
       }
-      addr.push_back(emit(Op::gep, pir::pointer(f_.type(op.operands[0]).dtype), {td.ptr, o}));
+      if (add_ok) {
+        addr.push_back(has_extra ? emit(Op::gep, pty, {thread_ptr, extra}) : thread_ptr);
+      } else {
+        V o = base_off;
+        for (size_t i = 0; i < dims.size(); ++i) o = bin(Op::add, o, term(i, r).second);
+        addr.push_back(emit(Op::gep, pty, {td.ptr, o}));
+      }
       inb.push_back(ok);
     }
   }

@@ -13,8 +13,10 @@ const Kernel& attention_forward() {
     auto T = kb.meta_dtype("DTYPE", bf16);
     auto BM = kb.meta<int>("BLOCK_M", 64), BN = kb.meta<int>("BLOCK_N", 64), D = kb.meta<int>("HEAD_DIM", 64);
     auto causal = kb.meta<bool>("CAUSAL", false);
-    auto Q = kb.tensor("Q", T, 4), K = kb.tensor("K", T, 4), V = kb.tensor("V", T, 4), O = kb.tensor("O", T, 4);
-    auto LSE = kb.tensor("LSE", f32, 3);
+    const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
+    auto Q = kb.tensor("Q", T, 4, row_major), K = kb.tensor("K", T, 4, row_major), V = kb.tensor("V", T, 4, row_major);
+    auto O = kb.tensor("O", T, 4, row_major);
+    auto LSE = kb.tensor("LSE", f32, 3, {.contiguous_last = true});
     auto softmax_scale = kb.scalar<float>("softmax_scale");
 
     auto m0 = program_id(0) * BM, h = program_id(1), b = program_id(2);
