@@ -11,7 +11,8 @@ using ir::OpKind;
 
 class Assigner {
  public:
-  Assigner(const ir::Function& f, int num_warps) : f_(f) {
+  Assigner(const ir::Function& f, int num_warps, const std::string& arch, const PipelineOptions& pipeline)
+      : f_(f), arch_(arch), pipeline_(pipeline) {
     plan_.num_warps = num_warps;
     plan_.natural.assign(f.values.size(), std::nullopt);
   }
@@ -66,12 +67,20 @@ class Assigner {
       }
       case OpKind::dot: {
         const ir::Type& r = f_.type(op.results[0]);
+        if (wgmma_dots_.count(&op)) {
+          set(op.results[0], Layout::wgmma_acc(r.shape[0], r.shape[1], plan_.num_warps));
+          return;
+        }
         DotPlan d = plan_dot(f_.type(op.operands[0]), f_.type(op.operands[1]), plan_.num_warps);
         set(op.results[0], d.mma ? Layout::mma_acc(r.shape[0], r.shape[1], d.warps_m, d.warps_n) : blocked(r));
         return;
       }
       case OpKind::for_: {
         const ir::Block& body = op.regions[0];
+        if (auto m = match_tma_dot_loop(f_, op, plan_.num_warps, arch_, pipeline_)) {
+          const TmaDotLoop& stored = plan_.tma_loops[&op] = *m;
+          wgmma_dots_[m->dot] = &stored;
+        }
         size_t n = op.results.size();
         std::vector<std::optional<Layout>> carried(n);
         for (size_t i = 0; i < n; ++i) carried[i] = nat(op.operands[3 + i]);
@@ -123,6 +132,9 @@ class Assigner {
   }
 
   const ir::Function& f_;
+  std::string arch_;
+  PipelineOptions pipeline_;
+  std::map<const ir::Op*, const TmaDotLoop*> wgmma_dots_;
   LayoutPlan plan_;
 };
 
@@ -150,7 +162,9 @@ DotPlan plan_dot(const ir::Type& a, const ir::Type& b, int num_warps) {
   return p;
 }
 
-LayoutPlan assign_layouts(const ir::Function& f, int num_warps) { return Assigner(f, num_warps).run(); }
+LayoutPlan assign_layouts(const ir::Function& f, int num_warps, const std::string& arch, const PipelineOptions& pipeline) {
+  return Assigner(f, num_warps, arch, pipeline).run();
+}
 
 std::string print_with_layouts(const ir::Function& f, const LayoutPlan& plan) {
   std::string out = ir::print(f);

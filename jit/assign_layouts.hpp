@@ -6,7 +6,10 @@
 #include <vector>
 
 #include "dsl/ir/function.hpp"
+#include <map>
+
 #include "jit/layout.hpp"
+#include "jit/tma_pipeline.hpp"
 
 namespace tilejit::jit {
 
@@ -16,6 +19,8 @@ struct LayoutPlan {
   // values (constants, aranges, splats, broadcasts, reshapes, trans, and elementwise ops on only
   // those), which lowering materialises directly in whatever layout each use asks for.
   std::vector<std::optional<Layout>> natural;
+  // K loops lowered to the TMA + wgmma pipeline (their dot accumulates in the wgmma layout).
+  std::map<const ir::Op*, TmaDotLoop> tma_loops;
 };
 
 // The dot configuration: mma.sync m16n8k16 when shapes and dtypes allow, FMA otherwise.
@@ -28,7 +33,8 @@ DotPlan plan_dot(const ir::Type& a, const ir::Type& b, int num_warps);
 // Elements per thread along the fastest dim for 16-byte accesses.
 int vector_width(ir::DType d, int64_t last_dim);
 
-LayoutPlan assign_layouts(const ir::Function& f, int num_warps);
+LayoutPlan assign_layouts(const ir::Function& f, int num_warps, const std::string& arch = "sm_90a",
+                          const PipelineOptions& pipeline = {});
 std::string print_with_layouts(const ir::Function& f, const LayoutPlan& plan);
 
 }  // namespace tilejit::jit

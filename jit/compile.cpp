@@ -51,13 +51,14 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
   out.tile_ir = ir::print(f);
   dump("canonicalize", out.tile_ir);
 
-  LayoutPlan plan = assign_layouts(f, opts.num_warps);
+  LayoutPlan plan = assign_layouts(f, opts.num_warps, opts.arch, opts.pipeline);
   dump("assign-layouts", print_with_layouts(f, plan));
 
   pir::Func threads = lower_to_threads(f, plan);
   out.num_threads = threads.num_threads;
   out.smem_bytes = threads.smem_bytes;
   out.abi = threads.params;
+  out.tensor_maps = threads.tensor_maps;
   dump("lower", pir::print(threads));
   out.timings.passes_ms = ms_since(t0);
 

@@ -8,6 +8,7 @@
 #include "dsl/ir/function.hpp"
 #include "jit/ptx_compiler.hpp"
 #include "jit/thread_ir.hpp"
+#include "jit/tma_pipeline.hpp"
 
 namespace tilejit::jit {
 
@@ -19,6 +20,7 @@ struct CompileOptions {
   Backend backend = Backend::Llvm;
   int num_warps = 4;
   PtxTool ptx_tool = PtxTool::Auto;
+  PipelineOptions pipeline;  // TMA + wgmma K loops on sm_90a
   bool make_cubin = true;   // false: stop at PTX (no assembler needed)
   std::string dump_after;   // a pass name from pass_names(): its output goes to CompiledKernel::dump
 };
@@ -36,6 +38,7 @@ struct CompiledKernel {
   int num_threads = 0;
   int64_t smem_bytes = 0;            // dynamic shared memory the launch must provide
   std::vector<pir::Param> abi;       // flattened parameters: tensors become ptr, sizes (i32), strides (i64)
+  std::vector<pir::TensorMapSpec> tensor_maps;  // TMA descriptors the launcher builds (extra trailing parameters)
   std::string tile_ir;               // after the tile-IR passes
   std::string backend_source;        // LLVM IR (optimised) or CUDA C++
   std::string ptx;

@@ -10,8 +10,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
 #include <limits>
+#include <optional>
 #include <stdexcept>
+#include <string_view>
 
 #include "jit/nvrtc.hpp"
 
@@ -181,7 +184,17 @@ TJ_INLINE unsigned tj_atomic_add_small(void* p, unsigned v, unsigned bytes) {
   return (old & mask) >> shift;
 }
 
-extern __shared__ __align__(16) unsigned char tilejit_smem[];
+// Hopper: waiting on a transaction barrier's phase (the LLVM backend loops in PTX, this in C++).
+TJ_INLINE void tj_mbar_wait(unsigned addr, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile("{\n\t.reg .pred P1;\n\tmbarrier.try_wait.parity.shared::cta.b64 P1, [%1], %2;\n\tselp.b32 %0, 1, 0, P1;\n\t}"
+                 : "=r"(done) : "r"(addr), "r"(parity) : "memory");
+  } while (!done);
+}
+
+// 1024-byte alignment: 128-byte-swizzled TMA/wgmma tiles need it (as in the LLVM backend).
+extern __shared__ __align__(1024) unsigned char tilejit_smem[];
 
 )";
   return s;
@@ -253,6 +266,7 @@ class Printer {
       if (!is_ident_char(c, false)) fail("the kernel name must be a C identifier (letters, digits, '_', not starting with a digit)");
     if (f_.num_threads <= 0) fail(fmt::format("num_threads is {}; it must be positive", f_.num_threads));
     defined_.assign(f_.types.size(), 0);
+    const_bits_.assign(f_.types.size(), std::nullopt);
 
     std::string out = prelude();
     std::vector<std::string> params;
@@ -296,6 +310,13 @@ class Printer {
     return fmt::format("v{}", v);
   }
 
+  std::string indent() const { return std::string(static_cast<size_t>(depth_) * 2, ' '); }
+  // An operand of a "r" asm constraint: 32-bit values as they are, narrower integers widened.
+  std::string u32(V v) const {
+    if (ty(v).ptr || ir::is_float(dt(v)) || ir::bit_width(dt(v)) > 32)
+      fail(fmt::format("expected a 32-bit integer operand, got {} (%{})", pir::type_name(ty(v)), v));
+    return ir::bit_width(dt(v)) == 32 ? n(v) : fmt::format("(unsigned){}", n(v));
+  }
   void line(const std::string& s) {
     body_.append(static_cast<size_t>(depth_) * 2, ' ');
     body_ += s;
@@ -408,11 +429,29 @@ class Printer {
     }
   }
 
+  // The bits (masked to the width) of an integer constant; nullopt for anything else.
+  std::optional<uint64_t> const_bits(V v) const {
+    if (v >= const_bits_.size() || !const_bits_[v]) return std::nullopt;
+    return const_bits_[v];
+  }
+  // A constant divisor that is neither 0 nor (for signed types) -1: plain C++ division is exact.
+  bool safe_divisor(V v) const {
+    auto k = const_bits(v);
+    if (!k || *k == 0) return false;
+    const int w = ir::bit_width(dt(v));
+    const uint64_t all = w == 64 ? ~uint64_t{0} : (uint64_t{1} << w) - 1;
+    return !(ir::is_signed(dt(v)) && *k == all);
+  }
+
   void hoist_constants(const pir::Block& b) {
     for (const pir::Inst& in : b.insts) {
       if (in.op == Op::constant) {
         check_results(in, 1);
         V r = in.results[0];
+        if (!ty(r).ptr && ir::is_int(dt(r))) {
+          const int w = ir::bit_width(dt(r));
+          const_bits_[r] = static_cast<uint64_t>(in.imm) & (w == 64 ? ~uint64_t{0} : (uint64_t{1} << w) - 1);
+        }
         line(fmt::format("const {} v{} = {};", ctype(ty(r)), r, constant(in, ty(r))));
         mark(r);
       }
@@ -468,9 +507,11 @@ class Printer {
       case Op::mul: return wrap(d, fmt::format("({0}){1} * ({0}){2}", U, x, y));
       case Op::div:
         // x / 0 is all ones, MIN / -1 wraps to MIN (the interpreter's rules, never a trap).
+        if (safe_divisor(b)) return fmt::format("({})({} / {})", T, x, y);
         if (s) return fmt::format("{1} == 0 ? ({2})-1 : {1} == ({2})-1 ? {3} : ({2})({0} / {1})", x, y, T, wrap(d, fmt::format("0u - ({}){}", U, x)));
         return fmt::format("{1} == 0 ? ({2})-1 : ({2})({0} / {1})", x, y, T);
       case Op::rem:
+        if (safe_divisor(b)) return fmt::format("({})({} % {})", T, x, y);
         if (s) return fmt::format("{1} == 0 ? {0} : {1} == ({2})-1 ? ({2})0 : ({2})({0} % {1})", x, y, T);
         return fmt::format("{1} == 0 ? {0} : ({2})({0} % {1})", x, y, T);
       case Op::minimum: return fmt::format("{0} < {1} ? {0} : {1}", x, y);
@@ -481,7 +522,12 @@ class Printer {
       case Op::shl: case Op::shr: {
         // The amount is read as an unsigned number of the operand's width; >= width shifts
         // everything out (an arithmetic right shift leaves the sign).
-        std::string amount = fmt::format("({})({}){}", U, uexact(d), y);
+        if (auto k = const_bits(b)) {  // a constant amount: decide here
+          if (op == Op::shl) return *k >= uint64_t(w) ? fmt::format("({})0", T) : wrap(d, fmt::format("({}){} << {}", U, x, *k));
+          if (s) return fmt::format("({})({} >> {})", T, x, std::min<uint64_t>(*k, uint64_t(w - 1)));
+          return *k >= uint64_t(w) ? fmt::format("({})0", T) : fmt::format("({})({} >> {})", T, x, *k);
+        }
+        std::string amount = std::string_view(U) == uexact(d) ? fmt::format("({}){}", U, y) : fmt::format("({})({}){}", U, uexact(d), y);
         std::string big = fmt::format("{} >= {}{}", amount, w, w > 32 ? "ull" : "u");
         if (op == Op::shl) return fmt::format("{} ? ({})0 : {}", big, T, wrap(d, fmt::format("({}){} << {}", U, x, amount)));
         if (s) return fmt::format("({})({} >> ({} ? {}u : {}))", T, x, big, w - 1, amount);
@@ -752,6 +798,37 @@ class Printer {
         }
       }
       case Op::mma_16816: return mma(in);
+      case Op::smem_addr:
+        check_args(in, 1, 1);
+        check_results(in, 1);
+        return def(in.results[0], fmt::format("(unsigned)__cvta_generic_to_shared(tilejit_smem + {})", n(a(0))));
+      case Op::mbar_init:
+        check_args(in, 2, 2);
+        line(fmt::format("asm volatile(\"mbarrier.init.shared::cta.b64 [%0], %1;\" :: \"r\"({}), \"r\"({}) : \"memory\");", u32(a(0)),
+                         u32(a(1))));
+        return;
+      case Op::mbar_expect_tx:
+        check_args(in, 2, 2);
+        line(fmt::format("asm volatile(\"mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\" :: \"r\"({}), \"r\"({}) : \"memory\");",
+                         u32(a(0)), u32(a(1))));
+        return;
+      case Op::mbar_arrive:
+        check_args(in, 1, 1);
+        line(fmt::format("asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%0];\" :: \"r\"({}) : \"memory\");", u32(a(0))));
+        return;
+      case Op::mbar_wait: check_args(in, 2, 2); line(fmt::format("tj_mbar_wait({}, {});", u32(a(0)), u32(a(1)))); return;
+      case Op::tma_load_2d:
+        check_args(in, 5, 5);
+        if (!ty(a(1)).ptr && ir::bit_width(dt(a(1))) != 64) fail("tma_load_2d: the tensor map must be a pointer or a 64-bit address");
+        line(fmt::format("asm volatile(\"cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {{%2, %3}}], "
+                         "[%4];\"\n{}    :: \"r\"({}), \"l\"({}), \"r\"({}), \"r\"({}), \"r\"({}) : \"memory\");",
+                         indent(), u32(a(0)), n(a(1)), u32(a(2)), u32(a(3)), u32(a(4))));
+        return;
+      case Op::fence_mbar_init: line("asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");"); return;
+      case Op::fence_proxy_async: line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");"); return;
+      case Op::wgmma_fence: line("asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");"); return;
+      case Op::wgmma_commit: line("asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");"); return;
+      case Op::wgmma_wait: case Op::wgmma: return wgmma(in);
       case Op::for_: return for_loop(in);
       case Op::if_: return if_op(in);
       case Op::yield: fail("yield outside a for or if region");
@@ -832,6 +909,45 @@ class Printer {
                      "{{%10,%11,%12,%13}};\"\n{5}    : \"=f\"(v{1}), \"=f\"(v{2}), \"=f\"(v{3}), \"=f\"(v{4})\n{5}    : {6});",
                      t, in.results[0], in.results[1], in.results[2], in.results[3], std::string(static_cast<size_t>(depth_) * 2, ' '),
                      fmt::join(ins, ", ")));
+  }
+
+  // wgmma and wgmma_wait: the results are the accumulators, tied to the inputs ("+f"), as the LLVM
+  // backend ties its outputs to its inputs.
+  void wgmma(const pir::Inst& in) {
+    const bool is_wait = in.op == Op::wgmma_wait;
+    const size_t nr = in.results.size();
+    const size_t first_acc = is_wait ? 0 : 2;
+    if (in.args.size() != first_acc + nr)
+      fail(fmt::format("{} has {} operands for {} accumulators (expected {})", pir::op_name(in.op), in.args.size(), nr, first_acc + nr));
+    for (size_t i = 0; i < nr; ++i) {
+      if (ty(in.args[first_acc + i]) != pir::scalar(DType::f32) || ty(in.results[i]) != pir::scalar(DType::f32))
+        fail(fmt::format("{}: accumulators must be f32", pir::op_name(in.op)));
+      def(in.results[i], n(in.args[first_acc + i]));
+    }
+    std::string text;
+    std::string inputs;
+    if (is_wait) {
+      if (in.imm < 0 || in.imm > 7) fail(fmt::format("wgmma_wait: {} groups in flight is not in [0, 7]", in.imm));
+      text = fmt::format("wgmma.wait_group.sync.aligned {};", in.imm);
+    } else {
+      const int64_t nn = in.imm & 0xFFFF;
+      const auto od = static_cast<DType>(in.imm >> 16);
+      if (od != DType::f16 && od != DType::bf16) fail(fmt::format("wgmma operands must be f16 or bf16 (imm is {:#x})", in.imm));
+      if (nn < 8 || nn > 256 || nn % 8 || static_cast<size_t>(nn / 2) != nr)
+        fail(fmt::format("wgmma m64n{}k16 needs {} accumulators, got {}", nn, nn / 2, nr));
+      for (size_t i = 0; i < 2; ++i)
+        if (ty(in.args[i]).ptr || ir::bit_width(dt(in.args[i])) != 64) fail("wgmma: the descriptors must be 64-bit integers");
+      const char* t = od == DType::bf16 ? "bf16" : "f16";
+      std::string regs;
+      for (size_t i = 0; i < nr; ++i) regs += fmt::format("{}%{}", i ? ", " : "", i);
+      text = fmt::format("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{}, 0;\\n\\twgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} "
+                         "{{{}}}, %{}, %{}, p, 1, 1, 0, 0;\\n\\t}}",
+                         nr + 2, nn, t, t, regs, nr, nr + 1);
+      inputs = fmt::format("\"l\"({}), \"l\"({}), \"r\"(1)", n(in.args[0]), n(in.args[1]));
+    }
+    std::vector<std::string> outs;
+    for (V r : in.results) outs.push_back(fmt::format("\"+f\"(v{})", r));
+    line(fmt::format("asm volatile(\"{}\"\n{}    : {}\n{}    : {} : \"memory\");", text, indent(), fmt::join(outs, ", "), indent(), inputs));
   }
 
   static const pir::Inst* yield_of(const pir::Block& b) {
@@ -917,6 +1033,7 @@ class Printer {
   std::string body_;
   int depth_ = 1;
   std::vector<char> defined_;
+  std::vector<std::optional<uint64_t>> const_bits_;
   std::vector<std::vector<V>> scopes_;
 };
 

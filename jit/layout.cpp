@@ -106,6 +106,18 @@ Layout Layout::mma_acc(int64_t m, int64_t n, int warps_m, int warps_n) {
   return L;
 }
 
+Layout Layout::wgmma_acc(int64_t m, int64_t n, int num_warps) {
+  Layout L;
+  L.shape = {m, n};
+  int warpgroups = num_warps / 4;
+  L.reg = {{0, 1}, {8, 0}};
+  for (int64_t x = 8; x < n; x *= 2) L.reg.push_back({0, x});
+  for (int64_t x = 64 * warpgroups; x < m; x *= 2) L.reg.push_back({x, 0});
+  L.lane = {{0, 2}, {0, 4}, {1, 0}, {2, 0}, {4, 0}};
+  for (int64_t x = 16; x < 64 * warpgroups; x *= 2) L.warp.push_back({x, 0});
+  return L;
+}
+
 Layout Layout::mma_a(int64_t m, int64_t k, int warps_m, int warps_n) {
   Layout L;
   L.shape = {m, k};

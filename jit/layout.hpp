@@ -42,6 +42,10 @@ struct Layout {
   static Layout mma_a(int64_t m, int64_t k, int warps_m, int warps_n);
   static Layout mma_b(int64_t k, int64_t n, int warps_m, int warps_n);
 
+  // wgmma m64nNk16 accumulator for C[M,N]: warpgroups (4 warps each) split M in 64-row slabs,
+  // further 64-row slabs repeat in registers.
+  static Layout wgmma_acc(int64_t m, int64_t n, int num_warps);
+
   Layout slice(int axis) const;        // the layout of a reduction over `axis` (axis removed)
   Layout drop_dim(int axis) const;     // `axis` removed, registers kept (replicating ones too)
   Layout expand_dims(int axis) const;  // a size-1 dimension inserted

@@ -71,7 +71,7 @@ class Emitter {
     md->addOperand(llvm::MDNode::get(ctx_, {llvm::ValueAsMetadata::get(fn_), llvm::MDString::get(ctx_, "maxntidx"), i32(f_.num_threads)}));
     smem_ = new llvm::GlobalVariable(m_, llvm::ArrayType::get(b_.getInt8Ty(), 0), false, llvm::GlobalValue::ExternalLinkage,
                                      nullptr, "tilejit_smem", nullptr, llvm::GlobalValue::NotThreadLocal, 3);
-    smem_->setAlignment(llvm::Align(16));
+    smem_->setAlignment(llvm::Align(1024));  // 128-byte-swizzled TMA/wgmma tiles need 1024-byte alignment
     vals_.assign(f_.types.size(), nullptr);
     b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
     block(f_.body);
@@ -453,6 +453,63 @@ class Emitter {
       case Op::mma_16816: {
         llvm::Value* s = mma(in);
         for (unsigned i = 0; i < 4; ++i) set(in.results[i], b_.CreateExtractValue(s, {i}));
+        return;
+      }
+      case Op::smem_addr:
+        set(r0, b_.CreatePtrToInt(smem_ptr(in.args[0]), b_.getInt32Ty()));
+        return;
+      case Op::mbar_init: asm_call(b_.getVoidTy(), "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r,~{memory}", {a(0), a(1)}, true); return;
+      case Op::mbar_expect_tx:
+        asm_call(b_.getVoidTy(), "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r,~{memory}", {a(0), a(1)}, true);
+        return;
+      case Op::mbar_arrive: asm_call(b_.getVoidTy(), "mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}", {a(0)}, true); return;
+      case Op::mbar_wait:
+        asm_call(b_.getVoidTy(),
+                 "{\n\t.reg .pred P1;\n\tTILEJIT_WAIT_${:uid}:\n\tmbarrier.try_wait.parity.shared::cta.b64 P1, [$0], $1;\n\t"
+                 "@!P1 bra TILEJIT_WAIT_${:uid};\n\t}",
+                 "r,r,~{memory}", {a(0), a(1)}, true);
+        return;
+      case Op::tma_load_2d:
+        asm_call(b_.getVoidTy(),
+                 "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1, {$2, $3}], [$4];",
+                 "r,l,r,r,r,~{memory}", {a(0), a(1), a(2), a(3), a(4)}, true);
+        return;
+      case Op::fence_mbar_init: asm_call(b_.getVoidTy(), "fence.mbarrier_init.release.cluster;", "~{memory}", {}, true); return;
+      case Op::fence_proxy_async: asm_call(b_.getVoidTy(), "fence.proxy.async.shared::cta;", "~{memory}", {}, true); return;
+      case Op::wgmma_fence: asm_call(b_.getVoidTy(), "wgmma.fence.sync.aligned;", "~{memory}", {}, true); return;
+      case Op::wgmma_commit: asm_call(b_.getVoidTy(), "wgmma.commit_group.sync.aligned;", "~{memory}", {}, true); return;
+      case Op::wgmma_wait:
+      case Op::wgmma: {
+        bool is_wait = in.op == Op::wgmma_wait;
+        size_t n = in.results.size();
+        size_t first_acc = is_wait ? 0 : 2;
+        std::string regs, cons;
+        for (size_t i = 0; i < n; ++i) {
+          regs += fmt::format("{}${}", i ? ", " : "", i);
+          cons += fmt::format("{}=f", i ? "," : "");
+        }
+        std::string text;
+        std::vector<llvm::Value*> args;
+        if (is_wait) {
+          text = fmt::format("wgmma.wait_group.sync.aligned {};", in.imm);
+        } else {
+          int64_t nn = in.imm & 0xFFFF;
+          const char* t = static_cast<DType>(in.imm >> 16) == DType::bf16 ? "bf16" : "f16";
+          text = fmt::format("{{\n\t.reg .pred p;\n\tsetp.ne.b32 p, ${}, 0;\n\twgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} "
+                             "{{{}}}, ${}, ${}, p, 1, 1, 0, 0;\n\t}}",
+                             n + 2, nn, t, t, regs, n, n + 1);
+          cons += ",l,l,r";
+          args = {a(0), a(1), b_.getInt32(1)};
+        }
+        for (size_t i = 0; i < n; ++i) {
+          cons += fmt::format(",{}", i);
+          args.push_back(a(first_acc + i));
+        }
+        cons += ",~{memory}";
+        std::vector<llvm::Type*> fs(n, b_.getFloatTy());
+        auto* ret = llvm::StructType::get(ctx_, fs);
+        llvm::Value* sv = asm_call(ret, text, cons, args, true);
+        for (unsigned i = 0; i < n; ++i) set(in.results[i], b_.CreateExtractValue(sv, {i}));
         return;
       }
       case Op::for_: return for_loop(in);

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <unordered_map>
 
@@ -43,6 +44,7 @@ class Lowerer {
     blocks_.push_back(&out_.body);
     frames_.emplace_back();
     params();
+    tensor_map_params();
     tid_ = emit(Op::thread_id, pir::scalar(DType::i32), {});
     lane_ = emit(Op::bit_and, pir::scalar(DType::i32), {tid_, ci32(31)});
     warp_ = emit(Op::shr, pir::scalar(DType::i32), {tid_, ci32(5)});
@@ -848,6 +850,7 @@ class Lowerer {
   }
 
   void for_loop(const ir::Op& op) {
+    if (auto it = plan_.tma_loops.find(&op); it != plan_.tma_loops.end()) return tma_loop(op, it->second);
     const ir::Block& body = op.regions[0];
     pir::Inst loop;
     loop.op = Op::for_;
@@ -918,9 +921,175 @@ class Lowerer {
     for (size_t i = 0; i < op.results.size(); ++i) bind(op.results[i], lay[i], res[i]);
   }
 
+  // ---------------------------------------------------------------- Hopper TMA + wgmma pipeline
+  // One tensor map per (tensor parameter, box): trailing ABI parameters the launcher fills.
+  void tensor_map_params() {
+    for (const auto& [loop, m] : plan_.tma_loops) {
+      for (auto [load, rows] : {std::pair{m.load_a, m.bm}, std::pair{m.load_b, m.bn}}) {
+        int index = 0;
+        while (f_.params[static_cast<size_t>(index)].value != load->operands[0]) ++index;
+        auto key = std::make_pair(index, rows);
+        if (tensor_maps_.count(key)) continue;
+        pir::TensorMapSpec spec;
+        spec.abi_slot = static_cast<int>(out_.params.size());
+        spec.param_index = index;
+        spec.box = {m.bk, rows};
+        out_.tensor_maps.push_back(spec);
+        pir::Ty t = pir::pointer(DType::u8);
+        out_.params.push_back({f_.params[static_cast<size_t>(index)].name + "_tensor_map", t});
+        tensor_maps_[key] = emit(Op::param, t, {}, spec.abi_slot);
+      }
+    }
+  }
+
+  // Structured helpers for code the pipeline emits directly.
+  void pir_if(V cond, const std::function<void()>& then_body) {
+    pir::Inst in;
+    in.op = Op::if_;
+    in.args = {cond};
+    for (int side = 0; side < 2; ++side) {
+      pir::Block pb;
+      blocks_.push_back(&pb);
+      frames_.emplace_back();
+      if (side == 0) then_body();
+      pir::Inst y;
+      y.op = Op::yield;
+      pb.insts.push_back(std::move(y));
+      frames_.pop_back();
+      blocks_.pop_back();
+      in.regions.push_back(std::move(pb));
+    }
+    blocks_.back()->insts.push_back(std::move(in));
+  }
+  Regs emit_multi(Op op, std::vector<V> args, size_t n, pir::Ty ty, int64_t imm) {
+    pir::Inst in;
+    in.op = op;
+    in.args = std::move(args);
+    in.imm = imm;
+    for (size_t i = 0; i < n; ++i) in.results.push_back(out_.new_value(ty));
+    Regs r = in.results;
+    blocks_.back()->insts.push_back(std::move(in));
+    return r;
+  }
+
+  // A wgmma shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 B apart.
+  V descriptor(V addr) {
+    constexpr uint64_t kFixed = (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+    V a = bin(Op::bit_and, bin(Op::shr, cast(addr, DType::u64), cint(DType::u64, 4)), cint(DType::u64, 0x3FFF));
+    return bin(Op::bit_or, a, cint(DType::u64, static_cast<int64_t>(kFixed)));
+  }
+
+  void tma_loop(const ir::Op& op, const TmaDotLoop& m) {
+    const int S = m.stages, W = plan_.num_warps, WG = W / 4;
+    const ir::Type& at = f_.type(m.load_a->results[0]);
+    const int64_t a_bytes = m.bm * m.bk * 2, b_bytes = m.bn * m.bk * 2, stage = a_bytes + b_bytes;
+    const int64_t bar0 = S * stage;
+    reserve_smem(bar0 + 16 * S);
+    auto i32 = [&](ir::ValueId v) { return cast(scalar(v), DType::i32); };
+    V lb = i32(op.operands[0]), ub = i32(op.operands[1]), step = i32(op.operands[2]);
+    // trip count: ceil((ub - lb) / step), 0 when ub <= lb
+    V span = bin(Op::sub, ub, lb);
+    V nk = emit(Op::select, pir::scalar(DType::i32),
+                {cmp(pir::Pred::gt, span, ci32(0)), bin(Op::div, bin(Op::sub, bin(Op::add, span, step), ci32(1)), step), ci32(0)});
+    V m_off = i32(m.load_a->operands[1]), n_off = i32(m.load_b->operands[1]);
+    int ia = 0, ib = 0;
+    while (f_.params[static_cast<size_t>(ia)].value != m.load_a->operands[0]) ++ia;
+    while (f_.params[static_cast<size_t>(ib)].value != m.load_b->operands[0]) ++ib;
+    V map_a = tensor_maps_.at({ia, m.bm}), map_b = tensor_maps_.at({ib, m.bn});
+    V is0 = cmp(pir::Pred::eq, tid_, ci32(0));
+    V base = emit(Op::smem_addr, pir::scalar(DType::u32), {ci32(0)});
+    auto addr = [&](V byte_off) { return bin(Op::add, base, cast(byte_off, DType::u32)); };
+    auto full = [&](V s) { return addr(bin(Op::add, ci32(bar0), bin(Op::mul, s, ci32(8)))); };
+    auto empty = [&](V s) { return addr(bin(Op::add, ci32(bar0 + 8 * S), bin(Op::mul, s, ci32(8)))); };
+    auto issue = [&](V j, V s) {
+      V k = bin(Op::add, lb, bin(Op::mul, j, step));
+      V stage_off = bin(Op::mul, s, ci32(stage));
+      emit0(Op::mbar_expect_tx, {full(s), ci32(a_bytes + b_bytes)});
+      emit0(Op::tma_load_2d, {addr(stage_off), map_a, k, m_off, full(s)});
+      emit0(Op::tma_load_2d, {addr(bin(Op::add, stage_off, ci32(a_bytes))), map_b, k, n_off, full(s)});
+    };
+    pir_if(is0, [&] {
+      for (int s = 0; s < S; ++s) {
+        emit0(Op::mbar_init, {full(ci32(s)), ci32(1)});
+        emit0(Op::mbar_init, {empty(ci32(s)), ci32(W)});
+      }
+      emit0(Op::fence_mbar_init, {});
+    });
+    emit0(Op::barrier, {});
+    pir_if(is0, [&] {
+      for (int j = 0; j < S; ++j) pir_if(cmp(pir::Pred::lt, ci32(j), nk), [&] { issue(ci32(j), ci32(j)); });
+    });
+
+    const Layout& LC = *plan_.natural[m.dot->results[0]];
+    Regs acc0 = get(op.operands[3], LC);
+    const int64_t per = m.bn / 2;  // accumulator registers per wgmma
+    const int64_t reps = m.bm / (64 * WG);
+    pir::Inst loop;
+    loop.op = Op::for_;
+    loop.args = {ci32(0), nk, ci32(1)};
+    for (V x : acc0) loop.args.push_back(x);
+    pir::Block body;
+    V i = out_.new_value(pir::scalar(DType::i32));
+    body.args.push_back(i);
+    Regs acc;
+    for (size_t r = 0; r < acc0.size(); ++r) acc.push_back(out_.new_value(pir::scalar(DType::f32)));
+    body.args.insert(body.args.end(), acc.begin(), acc.end());
+    blocks_.push_back(&body);
+    frames_.emplace_back();
+    {
+      V s = bin(Op::rem, i, ci32(S));
+      V parity = bin(Op::bit_and, bin(Op::div, i, ci32(S)), ci32(1));
+      emit0(Op::mbar_wait, {full(s), parity});
+      emit0(Op::wgmma_fence, {});
+      V stage_off = bin(Op::mul, s, ci32(stage));
+      V wg = bin(Op::shr, warp_, ci32(2));
+      V desc_b = descriptor(addr(bin(Op::add, stage_off, ci32(a_bytes))));
+      int64_t imm = m.bn | (static_cast<int64_t>(at.dtype) << 16);
+      for (int64_t r = 0; r < reps; ++r) {
+        V row0 = bin(Op::add, bin(Op::mul, wg, ci32(64)), ci32(r * 64 * WG));
+        V desc_a = descriptor(addr(bin(Op::add, stage_off, bin(Op::mul, row0, ci32(m.bk * 2)))));
+        for (int64_t kk = 0; kk < m.bk / 16; ++kk) {
+          std::vector<V> args{bin(Op::add, desc_a, cint(DType::u64, 2 * kk)), bin(Op::add, desc_b, cint(DType::u64, 2 * kk))};
+          for (int64_t j = 0; j < per; ++j) args.push_back(acc[static_cast<size_t>(r * per + j)]);
+          Regs out = emit_multi(Op::wgmma, args, static_cast<size_t>(per), pir::scalar(DType::f32), imm);
+          for (int64_t j = 0; j < per; ++j) acc[static_cast<size_t>(r * per + j)] = out[static_cast<size_t>(j)];
+        }
+      }
+      emit0(Op::wgmma_commit, {});
+      acc = emit_multi(Op::wgmma_wait, acc, acc.size(), pir::scalar(DType::f32), 1);
+      // The stage read by iteration i-1 is free: release it and refill it with iteration i-1+S.
+      pir_if(cmp(pir::Pred::ge, i, ci32(1)), [&] {
+        V prev = bin(Op::sub, i, ci32(1));
+        V ps = bin(Op::rem, prev, ci32(S));
+        pir_if(cmp(pir::Pred::eq, lane_, ci32(0)), [&] { emit0(Op::mbar_arrive, {empty(ps)}); });
+        V j = bin(Op::add, prev, ci32(S));
+        pir_if(land(is0, cmp(pir::Pred::lt, j, nk)), [&] {
+          V use = bin(Op::sub, bin(Op::div, j, ci32(S)), ci32(1));
+          emit0(Op::mbar_wait, {empty(ps), bin(Op::bit_and, use, ci32(1))});
+          issue(j, ps);
+        });
+      });
+      pir::Inst y;
+      y.op = Op::yield;
+      y.args = acc;
+      body.insts.push_back(std::move(y));
+    }
+    frames_.pop_back();
+    blocks_.pop_back();
+    Regs res;
+    for (size_t r = 0; r < acc0.size(); ++r) res.push_back(out_.new_value(pir::scalar(DType::f32)));
+    loop.results = res;
+    loop.regions.push_back(std::move(body));
+    blocks_.back()->insts.push_back(std::move(loop));
+    res = emit_multi(Op::wgmma_wait, res, res.size(), pir::scalar(DType::f32), 0);
+    emit0(Op::barrier, {});  // no warp reuses the stages while another still reads them
+    put(op.results[0], LC, res);
+  }
+
   const ir::Function& f_;
   const LayoutPlan& plan_;
   pir::Func out_;
+  std::map<std::pair<int, int64_t>, V> tensor_maps_;
   std::vector<pir::Block*> blocks_;
   std::vector<Frame> frames_;
   std::unordered_map<ir::ValueId, const ir::Op*> def_;

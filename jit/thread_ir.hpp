@@ -45,6 +45,19 @@ enum class Op : uint8_t {
   barrier,       // bar.sync 0
   shfl_xor,      // (value, imm = lane mask) -> value
   mma_16816,     // (a0..a3 u32, b0..b1 u32, c0..c3 f32), imm = operand dtype (DType) -> 4 x f32
+  // Hopper: asynchronous copies, transaction barriers and warpgroup MMA (sm_90a)
+  smem_addr,          // (i32 byte offset) -> u32 address in the shared window
+  mbar_init,          // (addr, i32 count)
+  mbar_expect_tx,     // (addr, i32 bytes): arrive and expect that many bytes of async copies
+  mbar_arrive,        // (addr)
+  mbar_wait,          // (addr, i32 parity): until the phase with this parity has completed
+  tma_load_2d,        // (dst addr, tensor-map pointer, i32 c0 (innermost), i32 c1, mbar addr)
+  fence_mbar_init,    // make barrier initialisation visible to the async proxy
+  fence_proxy_async,  // order generic-proxy shared writes before async-proxy reads
+  wgmma_fence,
+  wgmma_commit,
+  wgmma_wait,         // (acc f32...) imm = groups left in flight -> acc, readable afterwards
+  wgmma,              // (desc a u64, desc b u64, acc f32 x n/2) imm = n | dtype << 16 -> n/2 f32
   for_,    // (lb, ub, step, init...) region(iv, carried...) -> results
   if_,     // (cond) regions then/else -> results
   yield,
@@ -73,11 +86,21 @@ struct Param {
   Ty ty;
 };
 
+// A TMA tensor map the launcher encodes from a tensor argument and passes (in global memory) as
+// the trailing ABI parameter `abi_slot`: box sizes innermost first, 128-byte swizzle.
+struct TensorMapSpec {
+  int abi_slot = 0;
+  int param_index = 0;  // the tile-IR parameter (a rank-2 tensor, unit innermost stride)
+  std::vector<int64_t> box;
+  int swizzle_bytes = 128;
+};
+
 struct Func {
   std::string name;
   std::vector<Param> params;  // the flattened kernel ABI, in order
   int num_threads = 128;
   int64_t smem_bytes = 0;  // dynamic shared memory
+  std::vector<TensorMapSpec> tensor_maps;
   std::vector<Ty> types;   // per value
   Block body;
 

@@ -5,7 +5,10 @@
 
 namespace tilejit::kernels {
 
-// Meta-parameters: DTYPE (bf16|f16, inputs), OUT_DTYPE (bf16|f16|f32), BLOCK_M, BLOCK_N, BLOCK_K.
+// Meta-parameters: DTYPE (bf16|f16, inputs), OUT_DTYPE (bf16|f16|f32), BLOCK_M, BLOCK_N, BLOCK_K,
+// A_KMAJOR (A given as A[M,K], default; else as A^T[K,M]), B_KMAJOR (B given as B^T[N,K]; default B[K,N]).
+// All tensors row-major (unit innermost stride). With both K-major, BLOCK_K = 64 and sm_90a the K loop
+// runs as a TMA + wgmma pipeline.
 // Parameters: A, B, C (rank-2 tensors). Grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)).
 const lang::Kernel& gemm();
 

@@ -80,6 +80,46 @@ void GpuKernel::operator()(Grid grid, const std::vector<DeviceArg>& args, CUstre
       for (int64_t s : t->strides()) push(&s, 8);
     }
   }
+  // TMA descriptors (trailing parameters), encoded from the tensor arguments.
+  if (!compiled_.tensor_maps.empty()) {
+    std::vector<uint8_t> maps(128 * compiled_.tensor_maps.size());
+    for (size_t m = 0; m < compiled_.tensor_maps.size(); ++m) {
+      const jit::pir::TensorMapSpec& spec = compiled_.tensor_maps[m];
+      auto pi = static_cast<size_t>(spec.param_index);
+      const DeviceTensor* t = args[pi].tensor();
+      int es = ir::byte_size(t->dtype());
+      auto need = [&](bool ok, const std::string& what) {
+        if (!ok)
+          bad(pi, fmt::format("this kernel was compiled with the TMA pipeline, which needs {}; got {} (compile with "
+                              "CompileOptions::pipeline.enabled = false for arbitrary layouts)",
+                              what, t->describe()));
+      };
+      need(t->rank() == 2 && t->strides()[1] == 1, "a rank-2 tensor with unit innermost stride");
+      need((t->strides()[0] * es) % 16 == 0, "a row pitch that is a multiple of 16 bytes");
+      need(t->ptr() % 16 == 0, "a 16-byte aligned base address");
+      CUtensorMapDataType dt = t->dtype() == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+      cuuint64_t dims[2] = {static_cast<cuuint64_t>(t->sizes()[1]), static_cast<cuuint64_t>(t->sizes()[0])};
+      cuuint64_t strides[1] = {static_cast<cuuint64_t>(t->strides()[0] * es)};
+      cuuint32_t box[2] = {static_cast<cuuint32_t>(spec.box[0]), static_cast<cuuint32_t>(spec.box[1])};
+      cuuint32_t unit[2] = {1, 1};
+      CUtensorMap map;
+      check_cu_kernel(Driver::get().api().TensorMapEncodeTiled(&map, dt, 2, reinterpret_cast<void*>(t->ptr()), dims, strides, box,
+                                                              unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                      "cuTensorMapEncodeTiled", name_);
+      std::memcpy(maps.data() + 128 * m, &map, 128);
+    }
+    if (maps != uploaded_maps_) {
+      if (tensor_maps_.bytes() < maps.size()) tensor_maps_ = DeviceBuffer(maps.size(), device_);
+      tensor_maps_.upload(maps.data(), maps.size());
+      uploaded_maps_ = maps;
+    }
+    for (size_t m = 0; m < compiled_.tensor_maps.size(); ++m) {
+      CUdeviceptr p = tensor_maps_.ptr() + 128 * m;
+      push(&p, 8);
+    }
+  }
   std::vector<void*> ptrs;
   for (uint64_t& s : slots) ptrs.push_back(&s);
   LaunchConfig cfg;

@@ -45,6 +45,9 @@ class GpuKernel {
   Module module_;
   CUfunction function_ = nullptr;
   int device_ = 0;
+  // TMA tensor maps live in global memory; re-uploaded only when an argument's layout changes.
+  mutable DeviceBuffer tensor_maps_;
+  mutable std::vector<uint8_t> uploaded_maps_;
 };
 
 }  // namespace tilejit::runtime

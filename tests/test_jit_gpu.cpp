@@ -125,21 +125,26 @@ TEST_CASE("gpu: row softmax with -inf padding, one and several rows per program,
       }
 }
 
-TEST_CASE("gpu: GEMM on tensor cores over ragged shapes and strided operands") {
+TEST_CASE("gpu: GEMM on tensor cores (mma.sync path) over ragged shapes and every operand majorness") {
   if (!have_gpu()) return;
   struct Shape3 {
     int m, n, k;
   };
   for (Shape3 s : {Shape3{64, 64, 32}, Shape3{150, 90, 70}, Shape3{256, 128, 256}, Shape3{33, 200, 48}})
-    for (DType out_t : {f32, bf16}) {
-      HostTensor a(bf16, {s.m, s.k}), c(out_t, {s.m, s.n});
-      HostTensor b(bf16, {s.k, s.n}, {1, s.k});  // column-major B
-      a.fill_uniform(11, -1, 1);
-      b.fill_uniform(12, -1, 1);
-      Meta meta{{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 32}, {"OUT_DTYPE", out_t}};
-      check_against_interpreter(kernels::gemm().build(meta), {cdiv(s.m, 64), cdiv(s.n, 64)}, {&a, &b, &c},
-                                out_t == f32 ? 1e-5 : 1e-2);
-    }
+    for (bool a_kmajor : {true, false})
+      for (bool b_kmajor : {true, false}) {
+        DType out_t = a_kmajor == b_kmajor ? f32 : bf16;
+        INFO(fmt::format("{}x{}x{} A_KMAJOR={} B_KMAJOR={}", s.m, s.n, s.k, a_kmajor, b_kmajor));
+        HostTensor a(bf16, a_kmajor ? ir::Shape{s.m, s.k} : ir::Shape{s.k, s.m});
+        HostTensor b(bf16, b_kmajor ? ir::Shape{s.n, s.k} : ir::Shape{s.k, s.n});
+        HostTensor c(out_t, {s.m, s.n});
+        a.fill_uniform(11, -1, 1);
+        b.fill_uniform(12, -1, 1);
+        Meta meta{{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 32}, {"OUT_DTYPE", out_t},
+                  {"A_KMAJOR", a_kmajor}, {"B_KMAJOR", b_kmajor}};
+        check_against_interpreter(kernels::gemm().build(meta), {cdiv(s.m, 64), cdiv(s.n, 64)}, {&a, &b, &c},
+                                  out_t == f32 ? 1e-5 : 1e-2);
+      }
 }
 
 TEST_CASE("gpu: attention forward, full and causal, ragged sequence") {
@@ -184,4 +189,30 @@ TEST_CASE("gpu: atomic_add from many programs into shared locations") {
   acc.fill(0);
   cnt.fill(0);
   check_against_interpreter(test_kernels::atomics.build(), {32}, {&x, &acc, &cnt}, 1e-5);
+}
+
+TEST_CASE("gpu: GEMM through the TMA + wgmma pipeline (K-major operands, ragged M and N)") {
+  if (!have_gpu()) return;
+  struct Shape3 {
+    int m, n, k;
+  };
+  struct Config {
+    int bm, bn, warps, stages;
+  };
+  for (Config cfg : {Config{128, 128, 4, 3}, Config{128, 256, 8, 3}, Config{64, 64, 4, 2}, Config{256, 128, 8, 4}})
+    for (Shape3 s : {Shape3{256, 256, 128}, Shape3{200, 136, 192}, Shape3{130, 300, 64}, Shape3{64, 64, 1024}}) {
+      INFO(fmt::format("{}x{}x{} with {}x{} tiles, {} warps, {} stages", s.m, s.n, s.k, cfg.bm, cfg.bn, cfg.warps, cfg.stages));
+      HostTensor a(bf16, {s.m, s.k}), bt(bf16, {s.n, s.k}), c(f32, {s.m, s.n});
+      a.fill_uniform(31, -1, 1);
+      bt.fill_uniform(32, -1, 1);
+      Meta meta{{"BLOCK_M", cfg.bm}, {"BLOCK_N", cfg.bn}, {"BLOCK_K", 64}, {"B_KMAJOR", true}};
+      jit::CompileOptions o;
+      o.num_warps = cfg.warps;
+      o.pipeline.stages = cfg.stages;
+      auto fn = kernels::gemm().build(meta);
+      jit::CompileOptions ptx_only = o;
+      ptx_only.make_cubin = false;
+      REQUIRE(!jit::compile(fn, ptx_only).tensor_maps.empty());  // the pipeline was chosen
+      check_against_interpreter(fn, {cdiv(s.m, cfg.bm), cdiv(s.n, cfg.bn)}, {&a, &bt, &c}, 1e-5, o);
+    }
 }

@@ -1,0 +1,95 @@
+// bench/gemm: TFLOP/s of the DSL GEMM (bf16 in, f32 accumulate, bf16 out, K-major operands as in
+// cuBLAS's TN case) over a small space of schedules, best per shape; run by bench/gemm.py, which
+// measures cuBLAS in the same run. Prints one line per shape: "M N K TFLOPS config rel_err".
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "jit/compile.hpp"
+#include "kernels/gemm.hpp"
+#include "runtime/gpu_kernel.hpp"
+
+using namespace tilejit;
+using lang::bf16;
+
+struct Config {
+  int bm, bn, warps, stages;
+};
+
+int main(int argc, char** argv) {
+  std::vector<std::array<int, 3>> shapes;
+  for (int i = 1; i + 2 < argc; i += 3) shapes.push_back({std::atoi(argv[i]), std::atoi(argv[i + 1]), std::atoi(argv[i + 2])});
+  if (shapes.empty()) shapes = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16384, 6144, 2048}};
+  auto& driver = runtime::Driver::get();
+  if (!driver.available()) {
+    std::fprintf(stderr, "bench/gemm needs a GPU: %s\n", driver.unavailable_reason().c_str());
+    return 2;
+  }
+  const std::vector<Config> configs{{128, 128, 4, 3}, {128, 128, 4, 4}, {128, 256, 8, 3}, {128, 256, 8, 4},
+                                    {256, 128, 8, 3}, {128, 128, 8, 4}};
+  for (auto [M, N, K] : shapes) {
+    runtime::HostTensor a(bf16, {M, K}), bt(bf16, {N, K});
+    a.fill_uniform(1, -1, 1);
+    bt.fill_uniform(2, -1, 1);
+    auto da = runtime::DeviceTensor::from_host(a), db = runtime::DeviceTensor::from_host(bt);
+    runtime::DeviceTensor dc(bf16, {M, N});
+    double best = 0;
+    std::string best_cfg;
+    double best_err = NAN;
+    for (Config c : configs) {
+      lang::Meta meta{{"BLOCK_M", c.bm}, {"BLOCK_N", c.bn}, {"BLOCK_K", 64}, {"B_KMAJOR", true}, {"OUT_DTYPE", bf16}};
+      auto fn = kernels::gemm().build(meta);
+      jit::CompileOptions o;
+      o.num_warps = c.warps;
+      o.pipeline.stages = c.stages;
+      jit::CompiledKernel ck;
+      try {
+        ck = jit::compile(fn, o);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "config %dx%d w%d s%d: %s\n", c.bm, c.bn, c.warps, c.stages, e.what());
+        continue;
+      }
+      if (ck.smem_bytes > static_cast<int64_t>(driver.props(0).smem_per_block_optin)) continue;
+      runtime::GpuKernel k(fn, std::move(ck));
+      runtime::Grid grid{lang::cdiv(M, c.bm), lang::cdiv(N, c.bn)};
+      k(grid, {da, db, dc});
+      runtime::Event e0, e1;
+      for (int i = 0; i < 3; ++i) k(grid, {da, db, dc});
+      int reps = 20;
+      e0.record();
+      for (int i = 0; i < reps; ++i) k(grid, {da, db, dc});
+      e1.record();
+      e1.synchronize();
+      double ms = e1.elapsed_ms(e0) / reps;
+      double tflops = 2.0 * M * N * K / (ms * 1e-3) / 1e12;
+      // spot-check 256 outputs against float64
+      auto c_host = dc.to_host();
+      std::mt19937 rng(3);
+      double num = 0, den = 0;
+      for (int s = 0; s < 256; ++s) {
+        int i = static_cast<int>(rng() % M), j = static_cast<int>(rng() % N);
+        double ref = 0;
+        for (int p = 0; p < K; ++p) ref += a.get({i, p}) * bt.get({j, p});
+        double got = c_host.get({i, j});
+        num += (got - ref) * (got - ref);
+        den += ref * ref;
+      }
+      double err = std::sqrt(num / den);
+      std::fprintf(stderr, "  %dx%dx%d config %dx%d w%d s%d: %.1f TFLOP/s (%.3f ms), rel err %.2e, %s\n", M, N, K, c.bm, c.bn,
+                   c.warps, c.stages, tflops, ms, err, k.compiled().info.to_string().c_str());
+      if (err < 1e-2 && tflops > best) {
+        best = tflops;
+        best_cfg = fmt::format("{}x{}x64/w{}/s{}", c.bm, c.bn, c.warps, c.stages);
+        best_err = err;
+      }
+    }
+    std::printf("%d %d %d %.1f %s %.2e\n", M, N, K, best, best_cfg.c_str(), best_err);
+    std::fflush(stdout);
+  }
+  return 0;
+}

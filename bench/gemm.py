@@ -1,0 +1,49 @@
+"""bench/gemm.py: cuBLAS (through torch.matmul) and the tilejit DSL GEMM in one run, one table.
+
+Usage (on the GPU machine, from the repo root, after building):  python3 bench/gemm.py BUILD_DIR
+bf16 inputs, f32 accumulate, bf16 output; B is K-major (torch: a @ b.T with b [N, K]), the same
+operand layout for both. Prints a markdown table for BENCHMARKS.md.
+"""
+import subprocess
+import sys
+
+import torch
+
+SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 6144, 2048)]
+
+
+def cublas_tflops(m, n, k, reps=30):
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    for _ in range(5):
+        torch.matmul(a, b.T)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        torch.matmul(a, b.T)
+    end.record()
+    torch.cuda.synchronize()
+    ms = start.elapsed_time(end) / reps
+    return 2.0 * m * n * k / (ms * 1e-3) / 1e12
+
+
+def main():
+    build = sys.argv[1] if len(sys.argv) > 1 else "build"
+    args = [str(x) for s in SHAPES for x in s]
+    out = subprocess.run([f"{build}/bench/gemm_bench", *args], capture_output=True, text=True)
+    sys.stderr.write(out.stderr)
+    ours = {}
+    for line in out.stdout.splitlines():
+        m, n, k, tf, cfg, err = line.split()
+        ours[(int(m), int(n), int(k))] = (float(tf), cfg, err)
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("| M x N x K | cuBLAS TFLOP/s | tilejit TFLOP/s | ratio | tilejit config | rel. err |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for s in SHAPES:
+        cb = cublas_tflops(*s)
+        tf, cfg, err = ours.get(s, (0.0, "-", "-"))
+        print(f"| {s[0]}x{s[1]}x{s[2]} | {cb:.0f} | {tf:.0f} | {tf / cb:.2f} | {cfg} | {err} |")
+
+
+if __name__ == "__main__":
+    main()

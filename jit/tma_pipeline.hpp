@@ -1,0 +1,31 @@
+// Recognises the loops the Hopper pipeline lowers (sm_90a): a K loop whose carried accumulator is
+// updated by dot(window of A, trans(window of B^T)), both windows K-major and TMA-shaped. They
+// become a ring of shared-memory stages filled by TMA behind mbarriers, consumed by wgmma.
+#pragma once
+#include <optional>
+#include <string>
+
+#include "dsl/ir/function.hpp"
+
+namespace tilejit::jit {
+
+struct PipelineOptions {
+  bool enabled = true;  // only on sm_90a
+  int stages = 3;
+};
+
+struct TmaDotLoop {
+  const ir::Op* loop = nullptr;
+  const ir::Op* dot = nullptr;
+  const ir::Op* load_a = nullptr;  // A[BM, BK] window, offsets (m, iv)
+  const ir::Op* load_b = nullptr;  // B^T[BN, BK] window, offsets (n, iv), consumed through trans
+  size_t acc_index = 0;            // which carried value is the accumulator
+  int64_t bm = 0, bn = 0, bk = 0;
+  int stages = 3;
+};
+
+// Why a loop is not pipelined is not an error: it is lowered by the generic path instead.
+std::optional<TmaDotLoop> match_tma_dot_loop(const ir::Function& f, const ir::Op& loop, int num_warps,
+                                             const std::string& arch, const PipelineOptions& opts);
+
+}  // namespace tilejit::jit
