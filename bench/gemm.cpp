@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
     std::string best_cfg;
     double best_err = NAN;
     for (Config c : configs) {
-      lang::Meta meta{{"BLOCK_M", c.bm}, {"BLOCK_N", c.bn}, {"BLOCK_K", 64}, {"B_KMAJOR", true}, {"OUT_DTYPE", bf16}};
+      lang::Meta meta{{"BLOCK_M", c.bm}, {"BLOCK_N", c.bn}, {"BLOCK_K", 64}, {"B_KMAJOR", true}, {"OUT_DTYPE", bf16},
+                      {"GROUP_M", 8}};
       auto fn = kernels::gemm().build(meta);
       jit::CompileOptions o;
       o.num_warps = c.warps;
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
       }
       if (ck.smem_bytes > static_cast<int64_t>(driver.props(0).smem_per_block_optin)) continue;
       runtime::GpuKernel k(fn, std::move(ck));
-      runtime::Grid grid{lang::cdiv(M, c.bm), lang::cdiv(N, c.bn)};
+      runtime::Grid grid{lang::cdiv(M, c.bm) * lang::cdiv(N, c.bn)};
       k(grid, {da, db, dc});
       runtime::Event e0, e1;
       for (int i = 0; i < 3; ++i) k(grid, {da, db, dc});

@@ -94,13 +94,38 @@ TJ_INLINE float tj_tanh(float x) { float r; asm("tanh.approx.f32 %0, %1;" : "=f"
   s += fmt::format("TJ_INLINE float tj_log(float x) {{ return __fmul_rn(tj_lg2(x), {}); }}\n",
                    f32_literal(static_cast<float>(0.6931471805599453)));
   s += "// Abramowitz & Stegun 7.1.26, in the LLVM backend's operation order.\n";
-  s += "TJ_INLINE float tj_erf(float x) {\n  float ax = fabsf(x);\n";
+  s += "TJ_INLINE float tj_erf_mag(float x) {\n  float ax = fabsf(x);\n";
   s += fmt::format("  float q = __fdiv_rn(1.0f, __fadd_rn(1.0f, __fmul_rn(ax, {})));\n", f32_literal(erf_p));
   s += erf_poly;
   s += "  p = __fmul_rn(p, q);\n";
   s += fmt::format("  float e = tj_ex2(__fmul_rn(-__fmul_rn(ax, ax), {}));\n", f32_literal(log2e));
-  s += "  return copysignf(__fsub_rn(1.0f, __fmul_rn(p, e)), x);\n}\n";
+  s += "  return __fsub_rn(1.0f, __fmul_rn(p, e));\n}\n";
+  s += "TJ_INLINE float tj_erf(float x) { return copysignf(tj_erf_mag(x), x); }\n";
+  s += "// f16/bf16: the sign is applied after rounding, as LLVM folds copysign through fptrunc (f16: bit\n"
+       "// operations, bf16: abs.bf16 and neg.bf16), so that even NaN results carry the same bits.\n";
+  s += "TJ_INLINE __half tj_erf(__half x) {\n"
+       "  return __ushort_as_half((unsigned short)((__half_as_ushort(__float2half_rn(tj_erf_mag(__half2float(x)))) & 0x7fffu) |\n"
+       "                                           (__half_as_ushort(x) & 0x8000u)));\n}\n";
+  s += "TJ_INLINE __nv_bfloat16 tj_erf(__nv_bfloat16 x) {\n"
+       "  __nv_bfloat16 a = __habs(__float2bfloat16_rn(tj_erf_mag(__bfloat162float(x))));\n"
+       "  return (__bfloat16_as_ushort(x) & 0x8000u) ? __hneg(a) : a;\n}\n";
   s += R"(
+// f16/bf16 -> f64 in one conversion (as LLVM's fpext; through f32 would change NaN payloads).
+TJ_INLINE double tj_to_f64(__half x) {
+  double r;
+  asm("cvt.f64.f16 %0, %1;" : "=d"(r) : "h"(__half_as_ushort(x)));
+  return r;
+}
+TJ_INLINE double tj_to_f64(__nv_bfloat16 x) {
+#if __CUDA_ARCH__ >= 900
+  double r;
+  asm("cvt.f64.bf16 %0, %1;" : "=d"(r) : "h"(__bfloat16_as_ushort(x)));
+  return r;
+#else
+  return (double)__bfloat162float(x);
+#endif
+}
+
 // Floating-point remainder as LLVM's NVPTX backend expands frem: x - trunc(x / y) * y, x where y is infinite.
 TJ_INLINE float tj_frem(float x, float y) {
   float r;
@@ -583,7 +608,7 @@ class Printer {
       case Op::tanh: e = fmt::format("tj_tanh({})", f); break;
       case Op::sin: e = fmt::format("tj_sin({})", f); break;
       case Op::cos: e = fmt::format("tj_cos({})", f); break;
-      case Op::erf: e = fmt::format("tj_erf({})", f); break;
+      case Op::erf: return fmt::format("tj_erf({})", x);  // rounds (f16/bf16) inside
       default: fail(fmt::format("{} is not a unary op", pir::op_name(op)));
     }
     return round_from_f32(d, e);
@@ -618,7 +643,7 @@ class Printer {
     if (ff && tf) {
       // Each is one rounding from the source value (f16 <-> bf16 through f32 is exact to f32).
       const std::string f32 = fd == DType::f64 ? fmt::format("__double2float_rn({})", x) : fl(a);
-      const std::string f64 = fd == DType::f64 ? x : fmt::format("(double){}", fl(a));
+      const std::string f64 = fd == DType::f64 ? x : fd == DType::f32 ? fmt::format("(double){}", x) : fmt::format("tj_to_f64({})", x);
       switch (td) {
         case DType::f64: return f64;
         case DType::f32: return f32;
@@ -753,6 +778,29 @@ class Printer {
         check_args(in, 2, 2);
         check_results(in, 1);
         return def(in.results[0], fmt::format("(unsigned){} | ((unsigned){} << 16)", bits16(a(0)), bits16(a(1))));
+      case Op::unpack2:
+        check_args(in, 1, 1);
+        check_results(in, 2);
+        def(in.results[0], from_bits(dt(in.results[0]), fmt::format("{} & 0xFFFFu", n(a(0)))));
+        return def(in.results[1], from_bits(dt(in.results[1]), fmt::format("{} >> 16", n(a(0)))));
+      case Op::load_vec: {
+        // one aligned vector access: uint2/uint4 (or one unsigned) through a reinterpret_cast
+        check_args(in, 1, 1);
+        const char* vt = in.results.size() == 4 ? "uint4" : in.results.size() == 2 ? "uint2" : "uint1";
+        std::string tmp = fmt::format("vec{}", in.results[0]);
+        line(fmt::format("const {} {} = *reinterpret_cast<const {}*>({});", vt, tmp, vt, n(a(0))));
+        static const char* lanes[4] = {"x", "y", "z", "w"};
+        for (size_t i = 0; i < in.results.size(); ++i) def(in.results[i], fmt::format("{}.{}", tmp, lanes[i]));
+        return;
+      }
+      case Op::store_vec: {
+        size_t words = in.args.size() - 1;
+        const char* vt = words == 4 ? "uint4" : words == 2 ? "uint2" : "uint1";
+        std::vector<std::string> parts;
+        for (size_t i = 1; i < in.args.size(); ++i) parts.push_back(n(a(i)));
+        line(fmt::format("*reinterpret_cast<{}*>({}) = make_{}({});", vt, n(a(0)), vt, fmt::join(parts, ", ")));
+        return;
+      }
       case Op::gep: {
         check_args(in, 2, 2);
         check_results(in, 1);

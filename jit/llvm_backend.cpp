@@ -424,6 +424,29 @@ class Emitter {
         set(r0, b_.CreateOr(lo, b_.CreateShl(hi, 16)));
         return;
       }
+      case Op::unpack2: {
+        llvm::Value* w = a(0);
+        for (unsigned h = 0; h < 2; ++h) {
+          llvm::Value* half = b_.CreateTrunc(h ? b_.CreateLShr(w, 16) : w, b_.getInt16Ty());
+          set(in.results[h], b_.CreateBitCast(half, type(f_.types[in.results[h]])));
+        }
+        return;
+      }
+      case Op::load_vec: {
+        auto n = static_cast<unsigned>(in.imm);
+        auto* vt = llvm::FixedVectorType::get(b_.getInt32Ty(), n);
+        llvm::Value* vv = b_.CreateAlignedLoad(vt, a(0), llvm::Align(4 * n));
+        for (unsigned i = 0; i < n; ++i) set(in.results[i], b_.CreateExtractElement(vv, i));
+        return;
+      }
+      case Op::store_vec: {
+        auto n = static_cast<unsigned>(in.args.size() - 1);
+        auto* vt = llvm::FixedVectorType::get(b_.getInt32Ty(), n);
+        llvm::Value* vv = llvm::PoisonValue::get(vt);
+        for (unsigned i = 0; i < n; ++i) vv = b_.CreateInsertElement(vv, a(i + 1), i);
+        b_.CreateAlignedStore(vv, a(0), llvm::Align(4 * n));
+        return;
+      }
       case Op::gep: {
         llvm::Value* off = b_.CreateIntCast(a(1), b_.getInt64Ty(), sgn(in.args[1]));
         set(r0, b_.CreateGEP(scalar_type(f_.types[in.args[0]].dtype == DType::i1 ? DType::u8 : f_.types[in.args[0]].dtype), a(0), {off}));

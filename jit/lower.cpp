@@ -40,6 +40,7 @@ class Lowerer {
     out_.num_threads = 32 * plan_.num_warps;
     ir::walk(f_.body, [&](const ir::Op& op) {
       for (ir::ValueId r : op.results) def_[r] = &op;
+      if (op.kind == OpKind::for_) iv_loop_[op.regions[0].args[0]] = &op;
     });
     blocks_.push_back(&out_.body);
     frames_.emplace_back();
@@ -648,6 +649,116 @@ class Lowerer {
     }
   }
 
+  // Largest power of two known to divide a scalar integer (alignment of window offsets).
+  int64_t divisor(ir::ValueId v) {
+    constexpr int64_t kCap = int64_t{1} << 20;
+    if (auto it = divisors_.find(v); it != divisors_.end()) return it->second;
+    int64_t d = 1;
+    if (auto loop = iv_loop_.find(v); loop != iv_loop_.end()) {
+      d = std::min(divisor(loop->second->operands[0]), divisor(loop->second->operands[2]));
+    } else if (auto it = def_.find(v); it != def_.end()) {
+      const ir::Op& op = *it->second;
+      auto low_bit = [&](int64_t x) { return x == 0 ? kCap : std::min(kCap, x & -x); };
+      switch (op.kind) {
+        case OpKind::constant:
+          if (auto* i = std::get_if<int64_t>(&op.attrs.at("value"))) d = low_bit(*i < 0 ? -*i : *i);
+          break;
+        case OpKind::mul: d = std::min(kCap, divisor(op.operands[0]) * divisor(op.operands[1])); break;
+        case OpKind::add: case OpKind::sub: case OpKind::minimum: case OpKind::maximum:
+          d = std::min(divisor(op.operands[0]), divisor(op.operands[1]));
+          break;
+        case OpKind::select: d = std::min(divisor(op.operands[1]), divisor(op.operands[2])); break;
+        case OpKind::cast:
+          if (ir::is_int(f_.type(op.operands[0]).dtype)) d = divisor(op.operands[0]);
+          break;
+        default: break;
+      }
+    }
+    return divisors_[v] = d;
+  }
+
+  // How many consecutive registers of a window can move as one vector access: they must be
+  // consecutive along the tensor's unit-stride innermost dim, aligned as the parameter promises.
+  int vector_group(const ir::Op& op, size_t first_offset, const Layout& L, DType d) {
+    int es = ir::byte_size(d);
+    if (es != 2 && es != 4) return 1;
+    const ir::Param* param = nullptr;
+    for (const ir::Param& p : f_.params)
+      if (p.value == op.operands[0]) param = &p;
+    const auto& dims = op.ints_attr("dims");
+    auto rank = static_cast<int64_t>(param ? param->type.rank : 0);
+    if (!param || !param->spec.contiguous_last || dims.back() != rank - 1) return 1;
+    int max_bytes = std::min(16, param->spec.align_bytes);
+    size_t last = dims.size() - 1;
+    int g = 1;
+    for (size_t k = 0; k < L.reg.size() && g * es * 2 <= max_bytes; ++k) {
+      Coord want(L.shape.size(), 0);
+      want[last] = g;
+      if (L.reg[k] != want) break;
+      g *= 2;
+    }
+    for (const auto* bs : {&L.lane, &L.warp})
+      for (const Coord& c : *bs)
+        if (c[last] % g != 0) return 1;
+    if (g * es < 4 || divisor(op.operands[first_offset + static_cast<size_t>(rank - 1)]) % g != 0) return 1;
+    return g;
+  }
+
+  // Vector-path predicate: every group of the window fully in bounds.
+  V all_in_bounds(const Regs& inb, int g) {
+    V all = inb[0];
+    for (size_t h = 0; h < inb.size(); h += static_cast<size_t>(g)) all = land(all, land(inb[h], inb[h + static_cast<size_t>(g) - 1]));
+    return all;
+  }
+
+  // if (cond) then_body() else else_body(), both yielding registers of the given types.
+  Regs pir_if_values(V cond, const std::vector<pir::Ty>& types, const std::function<Regs()>& then_body,
+                     const std::function<Regs()>& else_body) {
+    pir::Inst in;
+    in.op = Op::if_;
+    in.args = {cond};
+    for (int side = 0; side < 2; ++side) {
+      pir::Block pb;
+      blocks_.push_back(&pb);
+      frames_.emplace_back();
+      Regs ys = side == 0 ? then_body() : else_body();
+      pir::Inst y;
+      y.op = Op::yield;
+      y.args = ys;
+      pb.insts.push_back(std::move(y));
+      frames_.pop_back();
+      blocks_.pop_back();
+      in.regions.push_back(std::move(pb));
+    }
+    for (const pir::Ty& t : types) in.results.push_back(out_.new_value(t));
+    Regs r = in.results;
+    blocks_.back()->insts.push_back(std::move(in));
+    return r;
+  }
+
+  // Registers <-> 32-bit words of one vector group.
+  Regs to_words(const Regs& vals, size_t head, int g, DType d) {
+    Regs w;
+    for (int j = 0; j < g; j += ir::byte_size(d) == 2 ? 2 : 1) {
+      size_t r = head + static_cast<size_t>(j);
+      if (ir::byte_size(d) == 2) w.push_back(pack(vals[r], vals[r + 1]));
+      else w.push_back(emit(Op::bitcast, pir::scalar(DType::u32), {vals[r]}));
+    }
+    return w;
+  }
+  Regs from_words(const Regs& words, DType d) {
+    Regs v;
+    for (V w : words) {
+      if (ir::byte_size(d) == 2) {
+        Regs two = emit_multi(Op::unpack2, {w}, 2, pir::scalar(d), 0);
+        v.insert(v.end(), two.begin(), two.end());
+      } else {
+        v.push_back(emit(Op::bitcast, pir::scalar(d), {w}));
+      }
+    }
+    return v;
+  }
+
   void block_load(const ir::Op& op) {
     const ir::Type& t = f_.type(op.results[0]);
     check_shape(&op, t);
@@ -656,22 +767,62 @@ class Lowerer {
     window(op, 1, L, addr, inb);
     V pad = cfloat(DType::f64, op.float_attr("padding"));
     V other = ir::is_float(t.dtype) ? cast(pad, t.dtype) : cint(t.dtype, static_cast<int64_t>(op.float_attr("padding")));
-    Regs outr;
-    for (size_t r = 0; r < addr.size(); ++r) outr.push_back(emit(Op::load, pir::scalar(t.dtype), {addr[r], inb[r], other}));
+    pir::Ty ty = pir::scalar(t.dtype);
+    auto scalar_path = [&] {
+      Regs r;
+      for (size_t i = 0; i < addr.size(); ++i) r.push_back(emit(Op::load, ty, {addr[i], inb[i], other}));
+      return r;
+    };
+    int g = vector_group(op, 1, L, t.dtype);
+    if (g == 1) return put(op.results[0], L, scalar_path());
+    // Interior windows take one vector load per group; windows that cross an edge, the scalar path.
+    size_t words = static_cast<size_t>(g * ir::byte_size(t.dtype) / 4);
+    Regs outr = pir_if_values(all_in_bounds(inb, g), std::vector<pir::Ty>(addr.size(), ty), [&] {
+      Regs r;
+      for (size_t h = 0; h < addr.size(); h += static_cast<size_t>(g)) {
+        Regs w = emit_multi(Op::load_vec, {addr[h]}, words, pir::scalar(DType::u32), static_cast<int64_t>(words));
+        Regs v = from_words(w, t.dtype);
+        r.insert(r.end(), v.begin(), v.end());
+      }
+      return r;
+    }, scalar_path);
     put(op.results[0], L, outr);
   }
 
   void block_store(const ir::Op& op) {
     const ir::Type& t = f_.type(op.operands[1]);
     check_shape(&op, t);
-    Layout L = memory_layout(t);
+    // Store from the value's own layout when it has one: no exchange through shared memory.
+    Layout L = plan_.natural[op.operands[1]] ? *plan_.natural[op.operands[1]] : memory_layout(t);
     Regs val = get(op.operands[1], L), addr, inb;
     window(op, 2, L, addr, inb);
     std::optional<V> own = owner(L);
-    for (uint32_t r = 0; r < addr.size(); ++r) {
-      if (duplicate_reg(L, r)) continue;
-      emit0(Op::store, {addr[r], val[r], *and_pred(own, inb[r])});
+    auto scalar_path = [&] {
+      for (uint32_t r = 0; r < addr.size(); ++r) {
+        if (duplicate_reg(L, r)) continue;
+        emit0(Op::store, {addr[r], val[r], *and_pred(own, inb[r])});
+      }
+      return Regs{};
+    };
+    int g = vector_group(op, 2, L, t.dtype);
+    if (g == 1) {
+      scalar_path();
+      return;
     }
+    pir_if_values(all_in_bounds(inb, g), {}, [&] {
+      auto stores = [&] {
+        for (size_t h = 0; h < addr.size(); h += static_cast<size_t>(g)) {
+          if (duplicate_reg(L, static_cast<uint32_t>(h))) continue;
+          Regs args{addr[h]};
+          Regs w = to_words(val, h, g, t.dtype);
+          args.insert(args.end(), w.begin(), w.end());
+          emit0(Op::store_vec, args);
+        }
+      };
+      if (own) pir_if(*own, stores);
+      else stores();
+      return Regs{};
+    }, scalar_path);
   }
 
   // ---------------------------------------------------------------- reductions
@@ -1090,6 +1241,8 @@ class Lowerer {
   const LayoutPlan& plan_;
   pir::Func out_;
   std::map<std::pair<int, int64_t>, V> tensor_maps_;
+  std::unordered_map<ir::ValueId, int64_t> divisors_;
+  std::unordered_map<ir::ValueId, const ir::Op*> iv_loop_;
   std::vector<pir::Block*> blocks_;
   std::vector<Frame> frames_;
   std::unordered_map<ir::ValueId, const ir::Op*> def_;

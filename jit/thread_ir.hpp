@@ -35,7 +35,10 @@ enum class Op : uint8_t {
   select,  // (i1, a, b)
   cast,    // value conversion to ty (same rules as the tile IR's cast)
   bitcast, // same width reinterpretation
-  pack2,   // (lo, hi) 16-bit values -> u32 (for mma operands)
+  pack2,   // (lo, hi) 16-bit values -> u32 (for mma operands and vector accesses)
+  unpack2, // (u32) -> lo, hi as the results' 16-bit dtype
+  load_vec,   // (ptr) imm = words (1, 2, 4) -> that many u32: one aligned, in-bounds global load
+  store_vec,  // (ptr, u32 words...): one aligned, in-bounds global store
   gep,     // (ptr, i64 element offset) -> ptr
   load,    // (ptr[, pred, other]) -> ty          global memory
   store,   // (ptr, value[, pred])

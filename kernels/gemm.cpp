@@ -14,13 +14,33 @@ const Kernel& gemm() {
     // Operand storage: K-major means K is the contiguous dim. A K-major is A[M,K] row-major; A not
     // K-major is passed as A^T[K,M] row-major. Likewise B K-major is B^T[N,K], else B[K,N].
     auto a_kmajor = b.meta<bool>("A_KMAJOR", true), b_kmajor = b.meta<bool>("B_KMAJOR", false);
-    const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
+    // ALIGN: the bytes the base addresses and row pitches are multiples of (16 enables vector
+    // accesses and TMA; 2 accepts any bf16/f16 layout, e.g. K = 70).
+    auto align = b.meta<int>("ALIGN", 16);
+    const ParamSpec row_major{.align_bytes = static_cast<int>(align), .contiguous_last = true};
     auto A = b.tensor("A", T, 2, row_major);
     auto B = b.tensor("B", T, 2, row_major);
     auto C = b.tensor("C", OUT, 2, row_major);
     auto K = a_kmajor ? A.size(1) : A.size(0);
+    auto M = C.size(0), N = C.size(1);
 
-    auto m0 = program_id(0) * BM, n0 = program_id(1) * BN;
+    // GROUP_M = 0: a 2-D grid, program (i, j) computes tile (i, j). GROUP_M = g > 0: a 1-D grid
+    // walked g tile-rows at a time, so that consecutive programs share A and B tiles in L2.
+    auto group_m = b.meta<int>("GROUP_M", 0);
+    Tile pid_m, pid_n;
+    if (group_m == 0) {
+      pid_m = program_id(0);
+      pid_n = program_id(1);
+    } else {
+      auto pid = program_id(0);
+      auto tiles_m = cdiv(M, BM), tiles_n = cdiv(N, BN);
+      auto group = pid / (group_m * tiles_n);
+      auto first_m = group * group_m;
+      auto rows = minimum(tiles_m - first_m, group_m);
+      pid_m = first_m + pid % rows;
+      pid_n = (pid % (group_m * tiles_n)) / rows;
+    }
+    auto m0 = pid_m * BM, n0 = pid_n * BN;
     Var acc = zeros(f32, {BM, BN});
     for_range(0, K, BK, [&](Tile k0) {
       Tile a = a_kmajor ? load(A.block({m0, k0}, {BM, BK})) : trans(load(A.block({k0, m0}, {BK, BM})));

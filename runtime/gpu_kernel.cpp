@@ -72,6 +72,11 @@ void GpuKernel::operator()(Grid grid, const std::vector<DeviceArg>& args, CUstre
       if (t->rank() != p.type.rank) bad(i, fmt::format("expected a rank-{} tensor, got {}", p.type.rank, t->describe()));
       if (p.spec.contiguous_last && t->strides().back() != 1)
         bad(i, fmt::format("the innermost stride must be 1 (declared contiguous), got {}", t->strides().back()));
+      for (int d = 0; d + 1 < t->rank(); ++d)
+        if ((t->strides()[static_cast<size_t>(d)] * ir::byte_size(t->dtype())) % align != 0)
+          bad(i, fmt::format("stride {} of dim {} ({} bytes) is not a multiple of {} bytes, the row alignment the parameter "
+                             "requires", t->strides()[static_cast<size_t>(d)], d,
+                             t->strides()[static_cast<size_t>(d)] * ir::byte_size(t->dtype()), align));
       for (int64_t s : t->sizes()) {
         if (s > INT32_MAX) bad(i, fmt::format("size {} exceeds the i32 range of tensor sizes", s));
         auto v = static_cast<int32_t>(s);

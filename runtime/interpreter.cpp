@@ -262,6 +262,12 @@ class Machine {
       if (p.spec.contiguous_last && t.rank() > 0 && t.strides().back() != 1)
         arg_error(i, fmt::format("buffer {} has innermost stride {} but the parameter requires it to be 1", t.describe(),
                                  t.strides().back()));
+      for (int d = 0; d + 1 < t.rank(); ++d)
+        if ((static_cast<uint64_t>(t.strides()[static_cast<size_t>(d)]) * es) % align != 0)
+          arg_error(i, fmt::format("buffer {} has stride {} ({} bytes) in dim {}, not a multiple of {} bytes, the alignment the "
+                                   "parameter requires of its rows",
+                                   t.describe(), t.strides()[static_cast<size_t>(d)],
+                                   static_cast<uint64_t>(t.strides()[static_cast<size_t>(d)]) * es, d, align));
       for (int d = 0; d < t.rank(); ++d)
         if (t.sizes()[static_cast<size_t>(d)] > kI32Max)
           arg_error(i, fmt::format("buffer {} has size {} in dim {}; tensor sizes must fit in i32 (at most {})", t.describe(),

@@ -14,7 +14,9 @@ namespace tilejit::ir {
 // What a launch must guarantee about a pointer or tensor parameter. Declared in the kernel's
 // signature (never guessed from values) so it can specialise code; checked before every launch.
 struct ParamSpec {
-  int align_bytes = 0;            // base address divisible by this (0: only the element size)
+  // Base address, and for tensors every stride but the innermost (in bytes), divisible by this
+  // (0: only the element size). Lets the compiler use vector and TMA accesses.
+  int align_bytes = 0;
   bool contiguous_last = false;   // tensor: innermost stride == 1
   bool operator==(const ParamSpec&) const = default;
 };

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Packs what a GPU-machine run needs into .gpu/ (git-ignored, carried by the device tool): the
+# library and the GPU-side executables, stripped, with the benchmark scripts next to them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+rm -rf .gpu && mkdir -p .gpu/bench
+cp "$BUILD_DIR"/libtilejit.so.0.* .gpu/libtilejit.so.0
+for t in test_jit_gpu test_driver_gpu test_jit; do cp "$BUILD_DIR/tests/$t" .gpu/; done
+cp "$BUILD_DIR"/examples/attention "$BUILD_DIR"/examples/gemm .gpu/
+cp "$BUILD_DIR"/bench/gemm_bench .gpu/bench/
+strip --strip-unneeded .gpu/libtilejit.so.0 .gpu/test_* .gpu/attention .gpu/gemm .gpu/bench/gemm_bench
+du -sh .gpu
