@@ -80,6 +80,10 @@ std::string prelude() {
   s += R"(#include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+// Unused helpers and constants are expected (each kernel uses some): keep nvrtc's log for real news.
+#pragma nv_diag_suppress 177
+#pragma nv_diag_suppress 550
+
 #define TJ_INLINE static __device__ __forceinline__
 
 // Transcendentals: the approximate PTX instructions (the LLVM backend selects the same ones).
@@ -781,11 +785,19 @@ class Printer {
       case Op::unpack2:
         check_args(in, 1, 1);
         check_results(in, 2);
+        if (ty(a(0)) != pir::scalar(DType::u32)) fail("unpack2 takes a u32");
+        for (V r : in.results)
+          if (ty(r).ptr || ir::bit_width(dt(r)) != 16) fail(fmt::format("unpack2 results must be 16-bit, got {}", pir::type_name(ty(r))));
         def(in.results[0], from_bits(dt(in.results[0]), fmt::format("{} & 0xFFFFu", n(a(0)))));
         return def(in.results[1], from_bits(dt(in.results[1]), fmt::format("{} >> 16", n(a(0)))));
       case Op::load_vec: {
         // one aligned vector access: uint2/uint4 (or one unsigned) through a reinterpret_cast
         check_args(in, 1, 1);
+        if (!ty(a(0)).ptr) fail("load_vec takes a pointer");
+        if (in.imm != static_cast<int64_t>(in.results.size()) || (in.imm != 1 && in.imm != 2 && in.imm != 4))
+          fail(fmt::format("load_vec of {} words has {} results (1, 2 or 4 words, one result each)", in.imm, in.results.size()));
+        for (V r : in.results)
+          if (ty(r) != pir::scalar(DType::u32)) fail("load_vec results must be u32");
         const char* vt = in.results.size() == 4 ? "uint4" : in.results.size() == 2 ? "uint2" : "uint1";
         std::string tmp = fmt::format("vec{}", in.results[0]);
         line(fmt::format("const {} {} = *reinterpret_cast<const {}*>({});", vt, tmp, vt, n(a(0))));
@@ -794,7 +806,12 @@ class Printer {
         return;
       }
       case Op::store_vec: {
+        check_args(in, 2, 5);
+        if (!ty(a(0)).ptr) fail("store_vec takes a pointer");
         size_t words = in.args.size() - 1;
+        if (words == 3) fail("store_vec stores 1, 2 or 4 words, not 3");
+        for (size_t i = 1; i < in.args.size(); ++i)
+          if (ty(a(i)) != pir::scalar(DType::u32)) fail("store_vec values must be u32");
         const char* vt = words == 4 ? "uint4" : words == 2 ? "uint2" : "uint1";
         std::vector<std::string> parts;
         for (size_t i = 1; i < in.args.size(); ++i) parts.push_back(n(a(i)));

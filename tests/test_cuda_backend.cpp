@@ -244,6 +244,28 @@ pir::Func every_op_kernel(bool llvm_subset) {
     for (V r : rs) sink(r);
   }
   sink(b.emit(Op::pack2, pir::scalar(DType::u32), {val[DType::i16], val[DType::u16]}));
+  // Vector accesses of 1, 2 and 4 words (aligned, unpredicated) and unpacking of 16-bit halves.
+  for (int64_t words : {1, 2, 4}) {
+    V p = b.emit(Op::gep, pir::pointer(DType::u32), {ptr[DType::u32], b.bin(Op::mul, base, b.ci(DType::i32, words))});
+    pir::Inst lv;
+    lv.op = Op::load_vec;
+    lv.args = {p};
+    lv.imm = words;
+    for (int64_t i = 0; i < words; ++i) lv.results.push_back(b.f.new_value(pir::scalar(DType::u32)));
+    std::vector<V> w = lv.results;
+    b.push(std::move(lv));
+    pir::Inst up;
+    up.op = Op::unpack2;
+    up.args = {w[0]};
+    up.results = {b.f.new_value(pir::scalar(DType::bf16)), b.f.new_value(pir::scalar(DType::i16))};
+    std::vector<V> halves = up.results;
+    b.push(std::move(up));
+    sink(halves[0]);
+    sink(halves[1]);
+    std::vector<V> st{b.emit(Op::gep, pir::pointer(DType::u32), {p, b.ci(DType::i32, 4096)})};
+    for (V x : w) st.push_back(b.bin(Op::add, x, b.ci(DType::u32, 1)));
+    b.emit0(Op::store_vec, st);
+  }
 
   // A loop whose carried values swap (the yields must read the old values), with an if inside.
   {
@@ -409,12 +431,14 @@ TEST_CASE("the printed source: signature, launch bounds, shared memory, literals
   CHECK(contains(src, "__float2bfloat16_rn(__fadd_rn(__bfloat162float(v"));
   if (!have_nvrtc()) return;
   compile_and_assemble(b.f);
+  // Unused constants and helpers do not fill nvrtc's log with warnings.
+  CHECK(nvrtc_compile(src, b.f.name, "sm_90a", {"--fmad=false"}).log.empty());
 }
 
 TEST_CASE("a kernel with every per-thread op compiles through nvrtc and assembles without spills") {
   pir::Func f = every_op_kernel(false);
   std::string src = print_cuda(f);
-  for (const char* part : {"tj_ld_b16(", "tj_ld_u8(", "tj_ld_b64(", "tj_st_b32(", "__syncthreads();", "__shfl_xor_sync(0xffffffffu",
+  for (const char* part : {"tj_ld_b16(", "tj_ld_u8(", "tj_ld_b64(", "tj_st_b32(", "__syncthreads();", "uint4", "make_uint2(", "__shfl_xor_sync(0xffffffffu",
                            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
                            "atomicAdd(", "tj_atomic_add_small(", "blockIdx.z", "gridDim.y", "tj_erf(", "tj_frem(", "tj_f2i<"})
     CHECK_MESSAGE(contains(src, part), part);

@@ -9,5 +9,6 @@ cp "$BUILD_DIR"/libtilejit.so.0.* .gpu/libtilejit.so.0
 for t in test_jit_gpu test_driver_gpu test_jit; do cp "$BUILD_DIR/tests/$t" .gpu/; done
 cp "$BUILD_DIR"/examples/attention "$BUILD_DIR"/examples/gemm .gpu/
 cp "$BUILD_DIR"/bench/gemm_bench .gpu/bench/
-strip --strip-unneeded .gpu/libtilejit.so.0 .gpu/test_* .gpu/attention .gpu/gemm .gpu/bench/gemm_bench
+cp "$BUILD_DIR"/tools/tilejit .gpu/
+strip --strip-unneeded .gpu/libtilejit.so.0 .gpu/test_* .gpu/attention .gpu/gemm .gpu/tilejit .gpu/bench/gemm_bench
 du -sh .gpu

@@ -1,0 +1,20 @@
+// The kernel library by name, for tools (the `tilejit` CLI) and bundles: each entry builds its
+// kernel on demand and says in one line what it computes.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "dsl/lang.hpp"
+
+namespace tilejit::kernels {
+
+struct LibraryKernel {
+  std::string name;
+  const lang::Kernel& (*kernel)();
+  std::string summary;
+};
+
+const std::vector<LibraryKernel>& library();
+const LibraryKernel* find(const std::string& name);  // nullptr when unknown
+
+}  // namespace tilejit::kernels
