@@ -6,6 +6,8 @@
 #include <cstring>
 #include <tilejit/tilejit.hpp>
 
+#include "compile_check.hpp"
+
 #include "jit/compile.hpp"
 #include "kernels/attention.hpp"
 #include "runtime/gpu_kernel.hpp"
@@ -82,6 +84,7 @@ int run(bool causal, bool gpu) {
 }
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--compile") == 0) return compile_both_backends(tilejit::kernels::attention_forward().build());
   if (argc > 1 && std::strcmp(argv[1], "--ir") == 0) {
     std::fputs(tilejit::ir::print(tilejit::kernels::attention_forward().build()).c_str(), stdout);
     return 0;

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <tilejit/tilejit.hpp>
 
+#include "compile_check.hpp"
+
 using namespace tilejit::lang;
 using tilejit::runtime::HostTensor;
 
@@ -28,6 +30,7 @@ Kernel gemm = kernel("gemm", [](Builder& k) {
 });
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--compile") == 0) return compile_both_backends(gemm.build());
   auto fn = gemm.build();
   if (argc > 1 && std::strcmp(argv[1], "--ir") == 0) {
     std::fputs(tilejit::ir::print(fn).c_str(), stdout);

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <tilejit/tilejit.hpp>
 
+#include "compile_check.hpp"
+
 using namespace tilejit::lang;
 using tilejit::runtime::HostTensor;
 
@@ -42,6 +44,7 @@ int run(DType dtype, double tolerance) {
 }
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--compile") == 0) return compile_both_backends(softmax_kernel.build({{"DTYPE", bf16}}));
   if (argc > 1 && std::strcmp(argv[1], "--ir") == 0) {
     std::fputs(tilejit::ir::print(softmax_kernel.build()).c_str(), stdout);
     return 0;

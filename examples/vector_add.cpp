@@ -4,6 +4,8 @@
 #include <cstring>
 #include <tilejit/tilejit.hpp>
 
+#include "compile_check.hpp"
+
 using namespace tilejit::lang;
 using tilejit::runtime::Arg;
 using tilejit::runtime::HostTensor;
@@ -22,6 +24,7 @@ int main(int argc, char** argv) {
   });
 
   auto fn = vector_add.build({{"BLOCK", 128}});
+  if (argc > 1 && std::strcmp(argv[1], "--compile") == 0) return compile_both_backends(fn);
   if (argc > 1 && std::strcmp(argv[1], "--ir") == 0) {
     std::fputs(tilejit::ir::print(fn).c_str(), stdout);
     return 0;

@@ -7,6 +7,7 @@
 
 #include "jit/assign_layouts.hpp"
 #include "jit/canonicalize.hpp"
+#include "jit/cuda_backend.hpp"
 #include "jit/llvm_backend.hpp"
 #include "jit/lower.hpp"
 
@@ -68,7 +69,9 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
     out.backend_source = std::move(l.llvm_ir);
     out.ptx = std::move(l.ptx);
   } else {
-    throw CompileError(fmt::format("tilejit: kernel '{}': the nvrtc backend is not built yet", f.name));
+    CudaOutput c = emit_ptx_nvrtc(threads, opts.arch);
+    out.backend_source = std::move(c.source);
+    out.ptx = std::move(c.ptx);
   }
   out.timings.backend_ms = ms_since(t1);
   dump("backend", out.backend_source);

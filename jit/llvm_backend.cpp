@@ -528,6 +528,10 @@ class Emitter {
           cons += fmt::format(",{}", i);
           args.push_back(a(first_acc + i));
         }
+        if (n == 0) {  // a wait that orders only through memory and other asm
+          asm_call(b_.getVoidTy(), text, "~{memory}", {}, true);
+          return;
+        }
         cons += ",~{memory}";
         std::vector<llvm::Type*> fs(n, b_.getFloatTy());
         auto* ret = llvm::StructType::get(ctx_, fs);
@@ -614,13 +618,7 @@ LlvmOutput emit_ptx_llvm(const pir::Func& f, const std::string& arch) {
   auto module = std::make_unique<llvm::Module>(f.name, ctx);
   const std::string triple = "nvptx64-nvidia-cuda";
   module->setTargetTriple(triple);
-  Emitter(f, ctx, *module).run();
-
   std::string err;
-  llvm::raw_string_ostream es(err);
-  if (llvm::verifyModule(*module, &es))
-    throw std::runtime_error(fmt::format("tilejit: kernel '{}': internal error, invalid LLVM IR: {}", f.name, es.str()));
-
   const llvm::Target* target = llvm::TargetRegistry::lookupTarget(triple, err);
   if (!target) throw std::runtime_error(fmt::format("tilejit: NVPTX target unavailable: {}", err));
   llvm::TargetOptions opts;
@@ -628,7 +626,13 @@ LlvmOutput emit_ptx_llvm(const pir::Func& f, const std::string& arch) {
   std::unique_ptr<llvm::TargetMachine> tm(
       target->createTargetMachine(triple, arch, "+ptx85", opts, llvm::Reloc::Static, std::nullopt, llvm::CodeGenOptLevel::Aggressive));
   if (!tm) throw std::runtime_error(fmt::format("tilejit: kernel '{}': LLVM has no NVPTX target for {}", f.name, arch));
+  // The data layout first: IRBuilder takes alignments (e.g. 8 bytes for i64) from it.
   module->setDataLayout(tm->createDataLayout());
+  Emitter(f, ctx, *module).run();
+
+  llvm::raw_string_ostream es(err);
+  if (llvm::verifyModule(*module, &es))
+    throw std::runtime_error(fmt::format("tilejit: kernel '{}': internal error, invalid LLVM IR: {}", f.name, es.str()));
 
   {
     llvm::LoopAnalysisManager lam;
@@ -649,6 +653,7 @@ LlvmOutput emit_ptx_llvm(const pir::Func& f, const std::string& arch) {
     module->print(os, nullptr);
   }
   out.ir_ms = ms_since(t0);
+
 
   auto t1 = std::chrono::steady_clock::now();
   llvm::SmallVector<char, 0> buf;

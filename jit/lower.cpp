@@ -581,7 +581,7 @@ class Lowerer {
   }
 
   // Address and in-bounds predicate of each register of a tensor window.
-  void window(const ir::Op& op, size_t first_offset, const Layout& L, Regs& addr, Regs& inb) {
+  void window(const ir::Op& op, size_t first_offset, const Layout& L, Regs& addr, Regs& inb, V* all_ok = nullptr) {
     const TensorDesc& td = tensors_.at(op.operands[0]);
     const auto& dims = op.ints_attr("dims");
     size_t rank = td.sizes.size();
@@ -647,6 +647,14 @@ class Lowerer {
       }
       inb.push_back(ok);
     }
+    if (all_ok) {
+      // every element in bounds = every distinct per-dim test holds (short, unlike a chain over
+      // all registers, which also makes LLVM's implied-condition analysis quadratic)
+      V all = base_ok;
+      for (const auto& terms : per_dim)
+        for (const auto& [rc, t] : terms) all = land(all, t.first);
+      *all_ok = all;
+    }
   }
 
   // Largest power of two known to divide a scalar integer (alignment of window offsets).
@@ -704,13 +712,6 @@ class Lowerer {
     return g;
   }
 
-  // Vector-path predicate: every group of the window fully in bounds.
-  V all_in_bounds(const Regs& inb, int g) {
-    V all = inb[0];
-    for (size_t h = 0; h < inb.size(); h += static_cast<size_t>(g)) all = land(all, land(inb[h], inb[h + static_cast<size_t>(g) - 1]));
-    return all;
-  }
-
   // if (cond) then_body() else else_body(), both yielding registers of the given types.
   Regs pir_if_values(V cond, const std::vector<pir::Ty>& types, const std::function<Regs()>& then_body,
                      const std::function<Regs()>& else_body) {
@@ -764,7 +765,8 @@ class Lowerer {
     check_shape(&op, t);
     const Layout& L = *plan_.natural[op.results[0]];
     Regs addr, inb;
-    window(op, 1, L, addr, inb);
+    V all_ok = 0;
+    window(op, 1, L, addr, inb, &all_ok);
     V pad = cfloat(DType::f64, op.float_attr("padding"));
     V other = ir::is_float(t.dtype) ? cast(pad, t.dtype) : cint(t.dtype, static_cast<int64_t>(op.float_attr("padding")));
     pir::Ty ty = pir::scalar(t.dtype);
@@ -777,7 +779,7 @@ class Lowerer {
     if (g == 1) return put(op.results[0], L, scalar_path());
     // Interior windows take one vector load per group; windows that cross an edge, the scalar path.
     size_t words = static_cast<size_t>(g * ir::byte_size(t.dtype) / 4);
-    Regs outr = pir_if_values(all_in_bounds(inb, g), std::vector<pir::Ty>(addr.size(), ty), [&] {
+    Regs outr = pir_if_values(all_ok, std::vector<pir::Ty>(addr.size(), ty), [&] {
       Regs r;
       for (size_t h = 0; h < addr.size(); h += static_cast<size_t>(g)) {
         Regs w = emit_multi(Op::load_vec, {addr[h]}, words, pir::scalar(DType::u32), static_cast<int64_t>(words));
@@ -795,7 +797,8 @@ class Lowerer {
     // Store from the value's own layout when it has one: no exchange through shared memory.
     Layout L = plan_.natural[op.operands[1]] ? *plan_.natural[op.operands[1]] : memory_layout(t);
     Regs val = get(op.operands[1], L), addr, inb;
-    window(op, 2, L, addr, inb);
+    V all_ok = 0;
+    window(op, 2, L, addr, inb, &all_ok);
     std::optional<V> own = owner(L);
     auto scalar_path = [&] {
       for (uint32_t r = 0; r < addr.size(); ++r) {
@@ -809,7 +812,7 @@ class Lowerer {
       scalar_path();
       return;
     }
-    pir_if_values(all_in_bounds(inb, g), {}, [&] {
+    pir_if_values(all_ok, {}, [&] {
       auto stores = [&] {
         for (size_t h = 0; h < addr.size(); h += static_cast<size_t>(g)) {
           if (duplicate_reg(L, static_cast<uint32_t>(h))) continue;
@@ -1207,7 +1210,9 @@ class Lowerer {
         }
       }
       emit0(Op::wgmma_commit, {});
-      acc = emit_multi(Op::wgmma_wait, acc, acc.size(), pir::scalar(DType::f32), 1);
+      // Only the next iteration's wgmma (ordered after this asm) reads the accumulators inside the
+      // loop, so this wait needs no register ties; the one after the loop has them.
+      emit_multi(Op::wgmma_wait, {}, 0, pir::scalar(DType::f32), 1);
       // The stage read by iteration i-1 is free: release it and refill it with iteration i-1+S.
       pir_if(cmp(pir::Pred::ge, i, ci32(1)), [&] {
         V prev = bin(Op::sub, i, ci32(1));

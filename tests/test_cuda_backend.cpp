@@ -518,23 +518,19 @@ TEST_CASE("library kernels through the pipeline compile with nvrtc and assemble 
   }
 }
 
-TEST_CASE("jit::compile with Backend::Nvrtc (once the pipeline has it)") {
+TEST_CASE("jit::compile with Backend::Nvrtc: the generic GEMM and the TMA + wgmma GEMM") {
   if (!have_nvrtc()) return;
   CompileOptions opts;
   opts.backend = Backend::Nvrtc;
-  CompiledKernel k;
-  try {
-    k = compile(tilejit::kernels::gemm().build(), opts);
-  } catch (const CompileError& e) {
-    if (contains(e.what(), "not built yet")) {
-      MESSAGE("skipped: jit::compile does not call the nvrtc backend yet (" << std::string(e.what()) << ")");
-      return;
-    }
-    throw;
-  }
+  CompiledKernel k = compile(tilejit::kernels::gemm().build({{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 32}}), opts);
   CHECK(contains(k.backend_source, "__launch_bounds__"));
-  CHECK(k.info.spill_store_bytes == 0);
+  CHECK_MESSAGE(k.info.spill_store_bytes == 0, k.info.to_string());
   CHECK(!k.cubin.empty());
+  opts.num_warps = 8;
+  CompiledKernel t = compile(tilejit::kernels::gemm().build({{"BLOCK_N", 256}, {"B_KMAJOR", true}}), opts);
+  CHECK(contains(t.ptx, "wgmma.mma_async"));
+  CHECK(contains(t.ptx, "cp.async.bulk.tensor"));
+  CHECK_MESSAGE(t.info.spill_store_bytes == 0, t.info.to_string());
 }
 
 TEST_CASE("errors name the kernel and what is wrong") {
