@@ -6,6 +6,7 @@
 #include <tilejit/tilejit.hpp>
 
 #include "compile_check.hpp"
+#include "runtime/run.hpp"
 
 using namespace tilejit::lang;
 using tilejit::runtime::HostTensor;
@@ -44,13 +45,14 @@ int main(int argc, char** argv) {
   HostTensor a(bf16, {M, K}), b(bf16, {K, N}), c(f32, {M, N});
   a.fill_uniform(11, -1, 1);
   b.fill_uniform(12, -1, 1);
-  tilejit::runtime::interpret(fn, {cdiv(M, 64), cdiv(N, 64)}, {a, b, c});
+  auto report = tilejit::runtime::run(fn, {cdiv(M, 64), cdiv(N, 64)}, {a, b, c});
 
   std::vector<double> ref(static_cast<size_t>(M * N), 0.0);
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j)
       for (int p = 0; p < K; ++p) ref[static_cast<size_t>(i * N + j)] += a.get({i, p}) * b.get({p, j});
   double err = tilejit::runtime::rel_error(c.to_f64(), ref);
-  std::printf("gemm bf16 -> f32: %dx%dx%d, relative error vs float64 reference = %.3g\n", M, N, K, err);
+  std::printf("gemm bf16 -> f32 (%s): %dx%dx%d, relative error vs float64 reference = %.3g\n",
+              report.where == tilejit::runtime::Where::Gpu ? "GPU" : "CPU interpreter", M, N, K, err);
   return err < 1e-5 ? 0 : 1;
 }

@@ -6,6 +6,7 @@
 #include <tilejit/tilejit.hpp>
 
 #include "compile_check.hpp"
+#include "runtime/run.hpp"
 
 using namespace tilejit::lang;
 using tilejit::runtime::HostTensor;
@@ -28,7 +29,7 @@ int run(DType dtype, double tolerance) {
   auto fn = softmax_kernel.build({{"DTYPE", dtype}, {"BLOCK", 128}});
   HostTensor x(dtype, {rows, cols}), y(dtype, {rows, cols});
   x.fill_normal(7, 0, 3);
-  tilejit::runtime::interpret(fn, {rows}, {x, y});
+  auto report = tilejit::runtime::run(fn, {rows}, {x, y});
 
   std::vector<double> ref(static_cast<size_t>(rows * cols));
   for (int i = 0; i < rows; ++i) {
@@ -38,8 +39,9 @@ int run(DType dtype, double tolerance) {
     for (int j = 0; j < cols; ++j) ref[static_cast<size_t>(i * cols + j)] = std::exp(x.get({i, j}) - m) / s;
   }
   double err = tilejit::runtime::rel_error(y.to_f64(), ref);
-  std::printf("softmax %s: %dx%d, relative error vs float64 reference = %.3g (limit %.0e)\n",
-              std::string(tilejit::ir::name(dtype)).c_str(), rows, cols, err, tolerance);
+  std::printf("softmax %s (%s): %dx%d, relative error vs float64 reference = %.3g (limit %.0e)\n",
+              std::string(tilejit::ir::name(dtype)).c_str(),
+              report.where == tilejit::runtime::Where::Gpu ? "GPU" : "CPU interpreter", rows, cols, err, tolerance);
   return err < tolerance ? 0 : 1;
 }
 

@@ -5,6 +5,7 @@
 #include <tilejit/tilejit.hpp>
 
 #include "compile_check.hpp"
+#include "runtime/run.hpp"
 
 using namespace tilejit::lang;
 using tilejit::runtime::Arg;
@@ -34,11 +35,12 @@ int main(int argc, char** argv) {
   HostTensor x(f32, {n}), y(f32, {n}), out(f32, {n});
   x.fill_uniform(1, -1, 1);
   y.fill_uniform(2, -1, 1);
-  tilejit::runtime::interpret(fn, {cdiv(n, 128)}, {x, y, out, n});
+  auto report = tilejit::runtime::run(fn, {cdiv(n, 128)}, {x, y, out, n});
 
   std::vector<double> ref(n);
   for (int i = 0; i < n; ++i) ref[static_cast<size_t>(i)] = x.get_flat(i) + y.get_flat(i);
   double err = tilejit::runtime::rel_error(out.to_f64(), ref);
-  std::printf("vector_add: n=%d, relative error vs reference = %.3g\n", n, err);
+  std::printf("vector_add (%s): n=%d, relative error vs reference = %.3g\n",
+              report.where == tilejit::runtime::Where::Gpu ? "GPU" : "CPU interpreter", n, err);
   return err < 1e-6 ? 0 : 1;
 }

@@ -8,8 +8,9 @@ namespace tilejit::kernels {
 
 const std::vector<LibraryKernel>& library() {
   static const std::vector<LibraryKernel> all{
-      {"gemm", &gemm, "C = A @ B, bf16/f16 in, f32 accumulate (TMA + wgmma pipeline when K-major on sm_90a)"},
-      {"attention_fwd", &attention_forward, "FlashAttention forward with online softmax, optional causal mask"},
+      {"gemm", &gemm, "C = A @ B, bf16/f16 in, f32 accumulate (TMA + wgmma pipeline when K-major on sm_90a)",
+       {{"BLOCK_M", 128}, {"BLOCK_N", 256}, {"BLOCK_K", 64}, {"B_KMAJOR", true}, {"GROUP_M", 8}}, 8, 4},
+      {"attention_fwd", &attention_forward, "FlashAttention forward with online softmax, optional causal mask", {}, 4, 3},
   };
   return all;
 }

@@ -12,6 +12,10 @@ struct LibraryKernel {
   std::string name;
   const lang::Kernel& (*kernel)();
   std::string summary;
+  // The default schedule: meta values layered under the user's, warps and pipeline stages.
+  lang::Meta default_meta;
+  int num_warps = 4;
+  int stages = 3;
 };
 
 const std::vector<LibraryKernel>& library();

@@ -7,6 +7,7 @@
 #include "jit/lower.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/gemm.hpp"
+#include "kernels/registry.hpp"
 #include "test_kernels.hpp"
 
 using namespace tilejit;
@@ -31,8 +32,9 @@ std::vector<Case> all_kernels() {
   for (DType out : {f32, bf16, f16})
     cases.push_back({fmt::format("gemm 128x128x32 -> {}", ir::name(out)), kernels::gemm().build({{"OUT_DTYPE", out}}), 8});
   cases.push_back({"gemm 64x64x32", kernels::gemm().build({{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 32}})});
-  // the default Hopper configuration (what bench/gemm runs): TMA + wgmma, 8 warps
-  cases.push_back({"gemm TMA+wgmma 128x256x64", kernels::gemm().build({{"BLOCK_N", 256}, {"B_KMAJOR", true}, {"GROUP_M", 8}}), 8});
+  // the library's default GEMM schedule (TMA + wgmma on sm_90a), as `tilejit compile gemm` uses it
+  const kernels::LibraryKernel* g = kernels::find("gemm");
+  cases.push_back({"gemm default schedule", kernels::gemm().build(g->default_meta), g->num_warps});
   // The generic (mma.sync) attention path is register-heavy; issue #6 brings its Hopper schedule.
   for (bool causal : {false, true})
     cases.push_back({fmt::format("attention causal={}", causal), kernels::attention_forward().build({{"CAUSAL", causal}}), 4, false});

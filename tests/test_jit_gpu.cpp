@@ -56,8 +56,8 @@ Comparison compare(const HostTensor& gpu, const HostTensor& ref) {
 
 // Runs `fn` in the interpreter and on the GPU (compiled with `opts`) on copies of `args`; every
 // tensor argument must then agree within `tol` (relative norm), NaN/inf positions exactly.
-void check_against_interpreter(const ir::Function& fn, runtime::Grid grid, std::vector<HostArg> args, double tol,
-                               jit::CompileOptions opts = {}) {
+void check_one_backend(const ir::Function& fn, runtime::Grid grid, std::vector<HostArg> args, double tol,
+                       jit::CompileOptions opts) {
   std::vector<HostTensor> ref_store, gpu_in;
   ref_store.reserve(args.size());
   std::vector<runtime::Arg> ref_args;
@@ -96,6 +96,17 @@ void check_against_interpreter(const ir::Function& fn, runtime::Grid grid, std::
   }
 }
 
+// Both backends (LLVM and nvrtc) when `both`, else LLVM only.
+void check_against_interpreter(const ir::Function& fn, runtime::Grid grid, std::vector<HostArg> args, double tol,
+                               jit::CompileOptions opts = {}, bool both = false) {
+  for (jit::Backend b : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+    if (b == jit::Backend::Nvrtc && !both) break;
+    INFO("backend " << jit::to_string(b));
+    opts.backend = b;
+    check_one_backend(fn, grid, args, tol, opts);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("gpu: vector add over a ragged length matches exactly") {
@@ -105,7 +116,8 @@ TEST_CASE("gpu: vector add over a ragged length matches exactly") {
     HostTensor x(f32, {n}), y(f32, {n}), out(f32, {n});
     x.fill_uniform(1, -1, 1);
     y.fill_uniform(2, -1, 1);
-    check_against_interpreter(test_kernels::vector_add.build({{"BLOCK", block}}), {cdiv(n, block)}, {&x, &y, &out, int64_t{n}}, 0.0);
+    check_against_interpreter(test_kernels::vector_add.build({{"BLOCK", block}}), {cdiv(n, block)}, {&x, &y, &out, int64_t{n}}, 0.0,
+                              {}, true);
   }
 }
 
@@ -120,7 +132,7 @@ TEST_CASE("gpu: row softmax with -inf padding, one and several rows per program,
         jit::CompileOptions o;
         o.num_warps = warps;
         check_against_interpreter(test_kernels::softmax.build({{"DTYPE", t}, {"ROWS", rows_per}}), {cdiv(rows, rows_per)}, {&x, &y},
-                                  t == f32 ? 2e-6 : 1e-2, o);
+                                  t == f32 ? 2e-6 : 1e-2, o, true);
       }
 }
 
@@ -142,7 +154,7 @@ TEST_CASE("gpu: GEMM on tensor cores (mma.sync path) over ragged shapes and ever
         Meta meta{{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 32}, {"OUT_DTYPE", out_t},
                   {"A_KMAJOR", a_kmajor}, {"B_KMAJOR", b_kmajor}, {"ALIGN", 2}};
         check_against_interpreter(kernels::gemm().build(meta), {cdiv(s.m, 64), cdiv(s.n, 64)}, {&a, &b, &c},
-                                  out_t == f32 ? 1e-5 : 1e-2);
+                                  out_t == f32 ? 1e-5 : 1e-2, {}, true);
       }
 }
 
@@ -214,6 +226,6 @@ TEST_CASE("gpu: GEMM through the TMA + wgmma pipeline (K-major operands, ragged 
       REQUIRE(!jit::compile(fn, ptx_only).tensor_maps.empty());  // the pipeline was chosen
       runtime::Grid grid = cfg.bm == 64 ? runtime::Grid{cdiv(s.m, cfg.bm) * cdiv(s.n, cfg.bn)}
                                         : runtime::Grid{cdiv(s.m, cfg.bm), cdiv(s.n, cfg.bn)};
-      check_against_interpreter(fn, grid, {&a, &bt, &c}, 1e-5, o);
+      check_against_interpreter(fn, grid, {&a, &bt, &c}, 1e-5, o, true);
     }
 }

@@ -23,7 +23,8 @@ constexpr const char* kUsage = R"(usage:
   tilejit compile KERNEL [--meta NAME=VALUE ...] [--backend llvm|nvrtc] [--arch sm_90a]
                   [--num-warps N] [--stages N] [--no-pipeline] [--emit ir|source|ptx|cubin ...]
                   [--dump-after PASS] [-o DIR]
-      compile a library kernel; writes DIR/KERNEL.{tir,ll|cu,ptx,cubin} for each --emit
+      compile a library kernel (its default schedule, under your --meta values and options);
+      writes DIR/KERNEL.{tir,ll|cu,ptx,cubin} for each --emit
       (default: ptx and cubin) and prints registers, shared memory and spills.
       VALUE is an integer, true/false, or a dtype (f32 bf16 f16 ...).
       PASS is one of: verify canonicalize assign-layouts lower backend ptx-to-cubin
@@ -59,6 +60,8 @@ int compile(std::vector<std::string> args) {
   if (!lk) usage_error(fmt::format("unknown kernel '{}' (see `tilejit kernels`)", args[0]));
   lang::Meta meta;
   jit::CompileOptions opts;
+  opts.num_warps = lk->num_warps;
+  opts.pipeline.stages = lk->stages;
   std::vector<std::string> emit;
   std::filesystem::path out_dir = ".";
   for (size_t i = 1; i < args.size(); ++i) {
@@ -99,7 +102,14 @@ int compile(std::vector<std::string> args) {
   }
   if (emit.empty()) emit = {"ptx", "cubin"};
   opts.make_cubin = std::find(emit.begin(), emit.end(), "cubin") != emit.end() || !opts.dump_after.empty();
-  ir::Function fn = lk->kernel().build(meta);
+  // the library's default schedule under the user's --meta values
+  lang::Meta full = meta;
+  for (const auto& [name, value] : lk->default_meta) {
+    bool given = false;
+    for (const auto& m : meta) given = given || m.first == name;
+    if (!given) full.push_back({name, value});
+  }
+  ir::Function fn = lk->kernel().build(full);
   jit::CompiledKernel k = jit::compile(fn, opts);
   std::filesystem::create_directories(out_dir);
   for (const std::string& e : emit) {

@@ -1,0 +1,105 @@
+// The compile cache: compiled kernels kept in memory for this process and on disk for the next,
+// keyed by everything that changes the produced code, with entries that are checked before use.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dsl/ir/function.hpp"
+#include "jit/compile.hpp"
+
+namespace tilejit::runtime {
+
+// The key of a compiled kernel: 64 hex digits, the SHA-256 of cache_key_text(). Two calls give the
+// same key exactly when they would produce the same code: same structural IR (meta-parameters and
+// parameter specs included), arch, backend, warps, pipeline options, assembler choice, tilejit
+// version, entry format and the versions of LLVM, nvJitLink/ptxas and (for that backend) nvrtc.
+// CompileOptions::dump_after is not part of it: it changes what is reported, not the code.
+std::string cache_key(const ir::Function& f, const jit::CompileOptions& opts);
+// What cache_key() hashes, one "name=value" line per component: for finding out why a kernel
+// missed the cache (diff two of these).
+std::string cache_key_text(const ir::Function& f, const jit::CompileOptions& opts);
+
+// One directory of entries, one file per key (<key>.tjk). Reading never trusts a file: a short,
+// damaged, foreign or older-format entry is reported, removed and treated as a miss, so the kernel
+// is rebuilt. Writing is atomic (temp file + rename), so concurrent processes compiling the same
+// kernel each leave a complete entry and readers see one complete entry or none. A cache that
+// cannot be written (read-only, full disk) costs a recompile, never a failure: it warns once.
+class CompileCache {
+ public:
+  // $TILEJIT_CACHE_DIR, else $XDG_CACHE_HOME/tilejit (when that is an absolute path, as the XDG
+  // spec requires), else $HOME/.cache/tilejit; empty when none of them is set.
+  static std::filesystem::path default_dir();
+  // False when TILEJIT_CACHE is "0", "false", "off" or "no" (any case).
+  static bool default_enabled();
+  // The cache the environment describes (the two functions above), as global() builds it.
+  static CompileCache from_environment();
+  // The process-wide cache, built from the environment on first use (later changes to the
+  // environment do not move it). Disabled when default_dir() is empty.
+  static CompileCache& global();
+
+  explicit CompileCache(std::filesystem::path dir, bool enabled = true);
+  CompileCache(const CompileCache&) = delete;
+  CompileCache& operator=(const CompileCache&) = delete;
+
+  bool enabled() const { return enabled_; }
+  const std::filesystem::path& dir() const { return dir_; }
+  std::filesystem::path entry_path(const std::string& key) const;
+
+  // The entry for `key`, or nullopt when the cache is disabled, the entry is missing, or it is not
+  // a complete, intact entry of this format for this key; such a file is removed (best effort)
+  // and, when `problem` is given, what was wrong with it is written there (empty for a plain
+  // miss). Never throws for a bad file; throws std::invalid_argument for a malformed key.
+  std::optional<jit::CompiledKernel> load(const std::string& key, std::string* problem = nullptr) const;
+  // Writes the entry atomically. Returns whether it was written; failures are warned about once
+  // per cache on stderr (naming the file and the reason) and are never fatal. The fields kept are
+  // those a launch and `tilejit inspect` need: not backend_source, dump or timings.
+  bool store(const std::string& key, const jit::CompiledKernel& k) const;
+
+  struct Entry {
+    std::string key;     // from the file name
+    std::string kernel;  // empty when the entry is invalid
+    std::string arch;
+    size_t bytes = 0;
+    std::filesystem::file_time_type written;
+    bool valid = false;
+    std::string problem;  // why it is not valid
+  };
+  // Every entry file, sorted by key; nothing is changed (`tilejit cache ls` and `verify`).
+  std::vector<Entry> list() const;
+  // Removes every entry and every temporary file of an unfinished or interrupted write; returns
+  // how many entries were removed. Other files in the directory are left alone.
+  size_t clear() const;
+
+ private:
+  void warn_once(const std::string& message) const;
+
+  std::filesystem::path dir_;
+  bool enabled_;
+  mutable std::atomic<bool> warned_{false};
+};
+
+// The cached compile: the process-wide memory cache (keyed by cache_key, thread safe; concurrent
+// callers with the same key wait for one compile), then the disk cache, then jit::compile and a
+// disk store. A CompileOptions::dump_after request bypasses both caches (the dump exists only
+// while compiling). Kernels read from disk have zero timings.
+jit::CompiledKernel compile_cached(const ir::Function& f, const jit::CompileOptions& opts = {});
+// The same with a given disk cache instead of CompileCache::global().
+jit::CompiledKernel compile_cached(const ir::Function& f, const jit::CompileOptions& opts, const CompileCache& disk);
+
+// Where compile_cached's results came from since the process started (or the last reset): for
+// tests, `tilejit` and benchmarks that must show a second run compiled nothing.
+struct CompileCacheStats {
+  uint64_t memory_hits = 0;
+  uint64_t disk_hits = 0;
+  uint64_t compiles = 0;
+};
+CompileCacheStats compile_cache_stats();
+// Empties the memory cache and zeroes the statistics (tests; long-running tools that reload).
+void reset_memory_cache();
+
+}  // namespace tilejit::runtime
