@@ -144,7 +144,7 @@ Tile materialize(Builder& b, const Operand& o, DType dtype, const Shape& shape, 
   ir::Attr value;
   if (ir::is_float(dtype)) {
     double v = o.float_value();
-    if (dtype != DType::f64) v = ir::round_to(dtype, static_cast<float>(v));
+    v = ir::round_to(dtype, v);
     value = v;
   } else {
     if (o.literal_kind() == Operand::LiteralKind::Float) {

@@ -102,3 +102,14 @@ TEST_CASE("sha256 matches the FIPS 180-4 test vectors") {
         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
   CHECK(sha256_hex(std::string(1000000, 'a')) == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }
+
+TEST_CASE("rounding a double to a narrow type rounds once (no double rounding through f32)") {
+  // 1 + 2^-11 + 2^-40 lies just above the f16 tie 1 + 2^-11: the correct result is 1 + 2^-10;
+  // rounding to f32 first would land exactly on the tie and round to even (1.0).
+  double x = 1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40);
+  CHECK(round_to(DType::f16, x) == 1.0 + std::ldexp(1.0, -10));
+  CHECK(round_to(DType::bf16, 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40)) == 1.0 + std::ldexp(1.0, -7));
+  CHECK(round_to(DType::f32, 0.1) == static_cast<double>(0.1f));
+  CHECK(round_to(DType::f64, 0.1) == 0.1);
+  CHECK(round_to(DType::bf16, 3.0) == 3.0);
+}

@@ -145,6 +145,17 @@ float round_to(DType t, float x) {
   }
 }
 
+double round_to(DType t, double x) {
+  if (t == DType::f64) return x;
+  float f = static_cast<float>(x);  // round to nearest even
+  if (t == DType::f32 || !std::isfinite(x) || static_cast<double>(f) == x) return round_to(t, f);
+  // Round to odd: truncate toward zero, then force the last bit. With f32's 13+ spare bits,
+  // rounding that to the narrow type is then exactly one correct rounding of x.
+  if (std::fabs(static_cast<double>(f)) > std::fabs(x)) f = std::nextafter(f, 0.0f);
+  f = std::bit_cast<float>(std::bit_cast<uint32_t>(f) | 1u);
+  return round_to(t, f);
+}
+
 int64_t wrap_int(DType t, int64_t v) {
   switch (t) {
     case DType::i1: return v & 1;

@@ -24,8 +24,9 @@ bool is_int(DType t);  // i1 counts as an integer (0/1)
 bool is_signed(DType t);
 bool is_fp8(DType t);
 
-// IEEE/bfloat narrow conversions, round-to-nearest-even, NaN kept, overflow to infinity
-// (e4m3 saturates to NaN-free max-finite the way PTX's cvt.satfinite does).
+// IEEE/bfloat narrow conversions, round-to-nearest-even. f16/bf16: overflow to infinity; NaN
+// payloads are not preserved (a quiet NaN results). fp8 (e4m3 and e5m2): saturate to the largest
+// finite value, infinities included, as PTX's only conversions (cvt.rn.satfinite) do; NaN -> 0x7F.
 uint16_t f32_to_bf16_bits(float x);
 float bf16_bits_to_f32(uint16_t b);
 uint16_t f32_to_f16_bits(float x);
@@ -38,6 +39,8 @@ float f8e5m2_bits_to_f32(uint8_t b);
 // Round a float to the nearest value representable in `t` (a float dtype) and return it as float.
 // f64 is not narrowed by this; callers keep doubles separately.
 float round_to(DType t, float x);
+// The same from a double with a single rounding (round-to-odd to f32 first): for C++ literals.
+double round_to(DType t, double x);
 
 // Wrap an integer to the width and signedness of `t` (two's complement), as the GPU does.
 int64_t wrap_int(DType t, int64_t v);

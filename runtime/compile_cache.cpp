@@ -1,0 +1,637 @@
+// The compile cache: key derivation, the entry file format (explicit little-endian fields closed by
+// a SHA-256), atomic writes, defensive reads, and the memory cache in front of it all.
+//
+// Entry file <key>.tjk, all integers little-endian:
+//   header   "TILEJITK" | u32 format version | u32 header size (16; readers skip to it)
+//   fields   str key | str kernel name | str arch | u8 backend | i32 num_threads | i64 smem_bytes
+//            | u32 n, n x (str name | u8 dtype | u8 is_pointer)                      ABI parameters
+//            | u32 n, n x (i32 abi_slot | i32 param_index | u32 m, m x i64 box | i32 swizzle)
+//            | KernelInfo: str name | str arch | i32 registers, shared, spill stores, spill loads,
+//              stack frame, constant bytes
+//            | str ptx_tool | str ptx | str cubin | str tile_ir (may be empty)
+//   trailer  SHA-256 (32 bytes) of everything before it
+// where str is u64 length + bytes. Format changes bump kFormatVersion, which is also part of the
+// key, so builds with different formats never fight over one file name.
+#include "runtime/compile_cache.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string_view>
+#include <unordered_map>
+
+#include "dsl/ir/sha256.hpp"
+#include "jit/llvm_backend.hpp"
+#include "jit/nvrtc.hpp"
+#include "jit/ptx_compiler.hpp"
+
+namespace tilejit::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Keep in step with project(VERSION) in the top-level CMakeLists.txt. A constant here rather than
+// a compile definition so that the key does not depend on how this file was built; a release that
+// changes code generation must change it, which invalidates every entry.
+constexpr std::string_view kTilejitVersion = "0.1.0";
+constexpr char kMagic[8] = {'T', 'I', 'L', 'E', 'J', 'I', 'T', 'K'};
+constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kHeaderSize = 16;
+constexpr size_t kChecksumSize = 32;
+constexpr std::string_view kEntrySuffix = ".tjk";
+constexpr std::string_view kTempMarker = ".tjk.tmp-";  // <key>.tjk.tmp-XXXXXX
+// Far above any real entry (cubins are KBs to a few MBs): a bigger file is not ours, and reading
+// it whole could exhaust memory.
+constexpr uint64_t kMaxEntryBytes = uint64_t{1} << 30;
+
+// Keys become file names, so only a plain token is accepted (no '/', no "..").
+bool is_valid_key(std::string_view key) {
+  if (key.empty() || key.size() > 128) return false;
+  return std::all_of(key.begin(), key.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == '-';
+  });
+}
+
+void check_key(const std::string& key, std::string_view what) {
+  if (!is_valid_key(key))
+    throw std::invalid_argument(fmt::format(
+        "tilejit: CompileCache::{}: key '{}' is not a cache key (1 to 128 characters of [0-9A-Za-z_-])", what, key));
+}
+
+// ---- encoding --------------------------------------------------------------------------------
+
+class Writer {
+ public:
+  void bytes(const void* p, size_t n) { out_.append(static_cast<const char*>(p), n); }
+  void u8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void u32(uint32_t v) {
+    for (int i = 0; i < 4; ++i) u8(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  void u64(uint64_t v) {
+    for (int i = 0; i < 8; ++i) u8(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  void i32(int32_t v) { u32(static_cast<uint32_t>(v)); }
+  void i64(int64_t v) { u64(static_cast<uint64_t>(v)); }
+  void str(std::string_view s) {
+    u64(s.size());
+    bytes(s.data(), s.size());
+  }
+  void count(size_t n) { u32(static_cast<uint32_t>(n)); }
+  std::string& out() { return out_; }
+
+ private:
+  std::string out_;
+};
+
+std::string encode(const std::string& key, const jit::CompiledKernel& k) {
+  Writer w;
+  w.bytes(kMagic, sizeof kMagic);
+  w.u32(kFormatVersion);
+  w.u32(kHeaderSize);
+  w.str(key);
+  w.str(k.name);
+  w.str(k.arch);
+  w.u8(static_cast<uint8_t>(k.backend));
+  w.i32(k.num_threads);
+  w.i64(k.smem_bytes);
+  w.count(k.abi.size());
+  for (const auto& p : k.abi) {
+    w.str(p.name);
+    w.u8(static_cast<uint8_t>(p.ty.dtype));
+    w.u8(p.ty.ptr ? 1 : 0);
+  }
+  w.count(k.tensor_maps.size());
+  for (const auto& t : k.tensor_maps) {
+    w.i32(t.abi_slot);
+    w.i32(t.param_index);
+    w.count(t.box.size());
+    for (int64_t b : t.box) w.i64(b);
+    w.i32(t.swizzle_bytes);
+  }
+  w.str(k.info.name);
+  w.str(k.info.arch);
+  for (int v : {k.info.registers, k.info.shared_bytes, k.info.spill_store_bytes, k.info.spill_load_bytes,
+                k.info.stack_frame_bytes, k.info.constant_bytes})
+    w.i32(v);
+  w.str(k.ptx_tool);
+  w.str(k.ptx);
+  w.str(std::string_view(reinterpret_cast<const char*>(k.cubin.data()), k.cubin.size()));
+  w.str(k.tile_ir);
+  auto sum = ir::sha256(w.out());
+  w.bytes(sum.data(), sum.size());
+  return std::move(w.out());
+}
+
+// ---- decoding --------------------------------------------------------------------------------
+
+// Thrown inside decode only; load() and list() turn it into a problem string.
+struct BadEntry {
+  std::string problem;
+};
+
+class Reader {
+ public:
+  Reader(std::string_view data, size_t pos, size_t end) : data_(data), pos_(pos), end_(end) {}
+  uint8_t u8(const char* field) {
+    need(1, field);
+    return static_cast<uint8_t>(data_[pos_++]);
+  }
+  uint32_t u32(const char* field) {
+    need(4, field);
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<uint8_t>(data_[pos_++])} << (8 * i);
+    return v;
+  }
+  uint64_t u64(const char* field) {
+    need(8, field);
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<uint8_t>(data_[pos_++])} << (8 * i);
+    return v;
+  }
+  int32_t i32(const char* field) { return static_cast<int32_t>(u32(field)); }
+  int64_t i64(const char* field) { return static_cast<int64_t>(u64(field)); }
+  std::string str(const char* field) {
+    uint64_t n = u64(field);
+    need(n, field);
+    std::string s(data_.substr(pos_, n));
+    pos_ += n;
+    return s;
+  }
+  // An element count, checked against the bytes left so a bad count cannot cause a huge allocation.
+  size_t count(const char* field, size_t min_element_bytes) {
+    uint32_t n = u32(field);
+    if (uint64_t{n} * min_element_bytes > end_ - pos_)
+      throw BadEntry{fmt::format("{}: {} elements cannot fit in the {} bytes left", field, n, end_ - pos_)};
+    return n;
+  }
+  size_t left() const { return end_ - pos_; }
+
+ private:
+  void need(uint64_t n, const char* field) const {
+    if (n > end_ - pos_)
+      throw BadEntry{fmt::format("{}: needs {} bytes at offset {} but only {} are left", field, n, pos_, end_ - pos_)};
+  }
+  std::string_view data_;
+  size_t pos_, end_;
+};
+
+uint32_t read_u32_at(std::string_view d, size_t pos) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<uint8_t>(d[pos + i])} << (8 * i);
+  return v;
+}
+
+struct Decoded {
+  std::string key;  // the key stored inside (empty when the header was already bad)
+  jit::CompiledKernel kernel;
+};
+
+// Every check the format allows, cheapest and most specific first so the problem names the cause.
+Decoded decode(std::string_view d) {
+  const size_t size = d.size();
+  if (size >= sizeof kMagic && std::memcmp(d.data(), kMagic, sizeof kMagic) != 0)
+    throw BadEntry{"not a tilejit cache entry (wrong magic)"};
+  if (size < kHeaderSize + kChecksumSize)
+    throw BadEntry{fmt::format("truncated: {} bytes, fewer than the header and checksum alone ({} bytes)", size,
+                               kHeaderSize + kChecksumSize)};
+  if (uint32_t v = read_u32_at(d, 8); v != kFormatVersion)
+    throw BadEntry{fmt::format("format version {} (this tilejit reads version {})", v, kFormatVersion)};
+  uint32_t header = read_u32_at(d, 12);
+  if (header < kHeaderSize || header > size - kChecksumSize)
+    throw BadEntry{fmt::format("header size {} out of range (at least {}, at most {} in a file of {} bytes)", header,
+                               kHeaderSize, size - kChecksumSize, size)};
+  const size_t body_end = size - kChecksumSize;
+  auto sum = ir::sha256(d.substr(0, body_end));
+  if (std::memcmp(sum.data(), d.data() + body_end, kChecksumSize) != 0)
+    throw BadEntry{"checksum mismatch: the entry is truncated or corrupt"};
+
+  Reader r(d, header, body_end);
+  Decoded out;
+  out.key = r.str("key");
+  jit::CompiledKernel& k = out.kernel;
+  k.name = r.str("kernel name");
+  k.arch = r.str("arch");
+  uint8_t backend = r.u8("backend");
+  if (backend > static_cast<uint8_t>(jit::Backend::Nvrtc)) throw BadEntry{fmt::format("backend {} is unknown", backend)};
+  k.backend = static_cast<jit::Backend>(backend);
+  k.num_threads = r.i32("num_threads");
+  k.smem_bytes = r.i64("smem_bytes");
+  size_t n = r.count("ABI parameters", 10);
+  k.abi.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    jit::pir::Param p;
+    p.name = r.str("ABI parameter name");
+    uint8_t dtype = r.u8("ABI parameter dtype");
+    if (dtype > static_cast<uint8_t>(ir::DType::f8e5m2))
+      throw BadEntry{fmt::format("ABI parameter '{}': dtype {} is unknown", p.name, dtype)};
+    p.ty = {static_cast<ir::DType>(dtype), r.u8("ABI parameter pointer flag") != 0};
+    k.abi.push_back(std::move(p));
+  }
+  n = r.count("tensor maps", 16);
+  k.tensor_maps.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    jit::pir::TensorMapSpec t;
+    t.abi_slot = r.i32("tensor map abi_slot");
+    t.param_index = r.i32("tensor map param_index");
+    size_t m = r.count("tensor map box", 8);
+    for (size_t j = 0; j < m; ++j) t.box.push_back(r.i64("tensor map box"));
+    t.swizzle_bytes = r.i32("tensor map swizzle");
+    k.tensor_maps.push_back(std::move(t));
+  }
+  k.info.name = r.str("info name");
+  k.info.arch = r.str("info arch");
+  for (int* v : {&k.info.registers, &k.info.shared_bytes, &k.info.spill_store_bytes, &k.info.spill_load_bytes,
+                 &k.info.stack_frame_bytes, &k.info.constant_bytes})
+    *v = r.i32("kernel info");
+  k.ptx_tool = r.str("ptx_tool");
+  k.ptx = r.str("ptx");
+  std::string cubin = r.str("cubin");
+  k.cubin.assign(cubin.begin(), cubin.end());
+  k.tile_ir = r.str("tile_ir");
+  if (r.left() != 0) throw BadEntry{fmt::format("{} unexpected bytes after the last field", r.left())};
+  return out;
+}
+
+// ---- files -----------------------------------------------------------------------------------
+
+struct FileBytes {
+  std::string data;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  fs::file_time_type written;
+};
+
+// The whole file, or nullopt with `error` empty when it does not exist (a plain miss) or naming
+// the failure. Read through one descriptor so that the identity (dev, inode) belongs to exactly
+// the bytes read: a concurrent rename can replace the path but not what this descriptor reads.
+std::optional<FileBytes> read_file(const fs::path& path, std::string& error) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno != ENOENT && errno != ENOTDIR) error = fmt::format("cannot open: {}", std::strerror(errno));
+    return std::nullopt;
+  }
+  FileBytes out;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    error = fmt::format("cannot stat: {}", std::strerror(errno));
+    ::close(fd);
+    return std::nullopt;
+  }
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > kMaxEntryBytes) {
+    error = S_ISREG(st.st_mode) ? fmt::format("{} bytes, larger than any entry tilejit writes", st.st_size)
+                                : "not a regular file";
+    ::close(fd);
+    return std::nullopt;
+  }
+  out.dev = st.st_dev;
+  out.ino = st.st_ino;
+  out.data.resize(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < out.data.size()) {
+    ssize_t r = ::read(fd, out.data.data() + got, out.data.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      error = fmt::format("cannot read: {}", std::strerror(errno));
+      ::close(fd);
+      return std::nullopt;
+    }
+    if (r == 0) break;  // shrank since fstat: decode reports it as truncated
+    got += static_cast<size_t>(r);
+  }
+  out.data.resize(got);
+  ::close(fd);
+  std::error_code ec;
+  out.written = fs::last_write_time(path, ec);
+  return out;
+}
+
+// Removes `path` only if it is still the file that was read, so that a bad entry that another
+// process has meanwhile replaced with a good one is kept.
+void remove_if_same(const fs::path& path, const FileBytes& read) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && st.st_dev == read.dev && st.st_ino == read.ino) ::unlink(path.c_str());
+}
+
+bool write_all(int fd, const std::string& data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t w = ::write(fd, data.data() + done, data.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    done += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+}  // namespace
+
+// ---- keys ------------------------------------------------------------------------------------
+
+std::string cache_key_text(const ir::Function& f, const jit::CompileOptions& opts) {
+  std::string text = fmt::format(
+      "tilejit-cache-key v1\n"
+      "entry-format={}\n"
+      "tilejit={}\n"
+      "ir={}\n"
+      "kernel={}\n"
+      "arch={}\n"
+      "backend={}\n"
+      "num_warps={}\n"
+      "pipeline=enabled:{},stages:{}\n"
+      "ptx_tool={}\n"
+      "make_cubin={}\n"
+      "llvm={}\n"
+      "ptx_tools={}\n",
+      kFormatVersion, kTilejitVersion, ir::structural_hash(f), f.name, opts.arch, jit::to_string(opts.backend),
+      opts.num_warps, opts.pipeline.enabled ? 1 : 0, opts.pipeline.stages, jit::to_string(opts.ptx_tool),
+      opts.make_cubin ? 1 : 0, jit::llvm_version(), jit::ptx_tool_versions());
+  // nvrtc is loaded only for its backend: asking its version otherwise would dlopen it for nothing.
+  if (opts.backend == jit::Backend::Nvrtc) text += fmt::format("nvrtc={}\n", jit::nvrtc_version());
+  return text;
+}
+
+std::string cache_key(const ir::Function& f, const jit::CompileOptions& opts) {
+  return ir::sha256_hex(cache_key_text(f, opts));
+}
+
+// ---- CompileCache ----------------------------------------------------------------------------
+
+fs::path CompileCache::default_dir() {
+  if (std::string d = env("TILEJIT_CACHE_DIR"); !d.empty()) return fs::path(d);
+  // The XDG spec says relative values are invalid and must be ignored.
+  if (std::string x = env("XDG_CACHE_HOME"); !x.empty() && fs::path(x).is_absolute()) return fs::path(x) / "tilejit";
+  if (std::string h = env("HOME"); !h.empty()) return fs::path(h) / ".cache" / "tilejit";
+  return {};
+}
+
+bool CompileCache::default_enabled() {
+  std::string v = lower(env("TILEJIT_CACHE"));
+  return !(v == "0" || v == "false" || v == "off" || v == "no");
+}
+
+CompileCache CompileCache::from_environment() {
+  fs::path dir = default_dir();
+  bool on = default_enabled() && !dir.empty();
+  return CompileCache(std::move(dir), on);
+}
+
+CompileCache& CompileCache::global() {
+  static CompileCache cache = from_environment();
+  return cache;
+}
+
+CompileCache::CompileCache(fs::path dir, bool enabled) : dir_(std::move(dir)), enabled_(enabled && !dir_.empty()) {}
+
+fs::path CompileCache::entry_path(const std::string& key) const {
+  check_key(key, "entry_path");
+  return dir_ / (key + std::string(kEntrySuffix));
+}
+
+void CompileCache::warn_once(const std::string& message) const {
+  if (!warned_.exchange(true))
+    std::fprintf(stderr, "tilejit: warning: %s (further compile-cache warnings for %s are not shown)\n",
+                 message.c_str(), dir_.c_str());
+}
+
+std::optional<jit::CompiledKernel> CompileCache::load(const std::string& key, std::string* problem) const {
+  check_key(key, "load");
+  if (problem) problem->clear();
+  if (!enabled_) return std::nullopt;
+  const fs::path path = entry_path(key);
+  std::string error;
+  std::optional<FileBytes> file = read_file(path, error);
+  if (!file) {
+    // Unreadable is not proof of damage, so the file is left to the next store's rename.
+    if (!error.empty()) {
+      if (problem) *problem = error;
+      warn_once(fmt::format("cache entry {}: {}; the kernel is recompiled", path.string(), error));
+    }
+    return std::nullopt;
+  }
+  try {
+    Decoded d = decode(file->data);
+    if (d.key != key)
+      throw BadEntry{fmt::format("holds the entry for key {} (a foreign entry copied or renamed here)", d.key)};
+    return std::move(d.kernel);
+  } catch (const BadEntry& bad) {
+    remove_if_same(path, *file);
+    if (problem) *problem = bad.problem;
+    warn_once(fmt::format("cache entry {}: {}; removed, the kernel is recompiled", path.string(), bad.problem));
+  } catch (const std::exception& e) {  // bad_alloc and the like: still a miss, never a crash
+    if (problem) *problem = e.what();
+    warn_once(fmt::format("cache entry {}: {}; the kernel is recompiled", path.string(), e.what()));
+  }
+  return std::nullopt;
+}
+
+bool CompileCache::store(const std::string& key, const jit::CompiledKernel& k) const {
+  check_key(key, "store");
+  if (!enabled_) return false;
+  const fs::path path = entry_path(key);
+  std::string data;
+  try {
+    data = encode(key, k);
+  } catch (const std::exception& e) {
+    warn_once(fmt::format("cannot write cache entry {}: {}", path.string(), e.what()));
+    return false;
+  }
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) {
+    warn_once(fmt::format("cannot create the cache directory {}: {}; kernels are recompiled in every process",
+                          dir_.string(), ec.message()));
+    return false;
+  }
+  // The temporary file lives in the cache directory so that rename() is atomic (same file
+  // system); mkostemp gives every writer, thread or process, its own. rename() replaces any
+  // existing entry, so of concurrent writers of one key one complete file wins.
+  std::string tmp = (dir_ / (key + std::string(kTempMarker) + "XXXXXX")).string();
+  int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+  if (fd < 0) {
+    warn_once(fmt::format("cannot create a temporary file in the cache directory {}: {}", dir_.string(),
+                          std::strerror(errno)));
+    return false;
+  }
+  // fsync before rename: after a crash the entry is either absent or complete, never a named
+  // file whose blocks were not written yet.
+  std::string failure;
+  if (!write_all(fd, data)) failure = fmt::format("write failed: {}", std::strerror(errno));
+  else if (::fsync(fd) != 0) failure = fmt::format("fsync failed: {}", std::strerror(errno));
+  if (::close(fd) != 0 && failure.empty()) failure = fmt::format("close failed: {}", std::strerror(errno));
+  if (failure.empty() && ::rename(tmp.c_str(), path.c_str()) != 0)
+    failure = fmt::format("rename to the final name failed: {}", std::strerror(errno));
+  if (!failure.empty()) {
+    ::unlink(tmp.c_str());
+    warn_once(fmt::format("cannot write cache entry {}: {}", path.string(), failure));
+    return false;
+  }
+  return true;
+}
+
+std::vector<CompileCache::Entry> CompileCache::list() const {
+  std::vector<Entry> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path& p = it->path();
+    if (p.extension() != kEntrySuffix) continue;
+    Entry e;
+    e.key = p.stem().string();
+    std::string error;
+    std::optional<FileBytes> file = read_file(p, error);
+    if (!file) {
+      if (error.empty()) continue;  // removed since the directory was read
+      e.problem = error;
+      out.push_back(std::move(e));
+      continue;
+    }
+    e.bytes = file->data.size();
+    e.written = file->written;
+    if (!is_valid_key(e.key)) {
+      e.problem = "the file name is not a cache key";
+    } else {
+      try {
+        Decoded d = decode(file->data);
+        if (d.key != e.key) throw BadEntry{fmt::format("holds the entry for key {} (a foreign entry)", d.key)};
+        e.kernel = d.kernel.name;
+        e.arch = d.kernel.arch;
+        e.valid = true;
+      } catch (const BadEntry& bad) {
+        e.problem = bad.problem;
+      } catch (const std::exception& ex) {
+        e.problem = ex.what();
+      }
+    }
+    out.push_back(std::move(e));
+  }
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.key < b.key; });
+  return out;
+}
+
+size_t CompileCache::clear() const {
+  size_t removed = 0;
+  std::error_code ec;
+  std::vector<fs::path> doomed;
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    bool entry = it->path().extension() == kEntrySuffix;
+    if (entry || name.find(kTempMarker) != std::string::npos) doomed.push_back(it->path());
+  }
+  for (const fs::path& p : doomed) {
+    std::error_code rec;
+    if (fs::remove(p, rec) && p.extension() == kEntrySuffix) ++removed;
+  }
+  return removed;
+}
+
+// ---- compile_cached --------------------------------------------------------------------------
+
+namespace {
+
+using KernelPtr = std::shared_ptr<const jit::CompiledKernel>;
+
+// One slot per key; the first caller fills it, later and concurrent callers wait on the future.
+struct MemorySlot {
+  std::shared_future<KernelPtr> result;
+  uint64_t id = 0;
+};
+
+struct MemoryCache {
+  std::mutex mutex;
+  std::unordered_map<std::string, MemorySlot> slots;
+  uint64_t next_id = 0;
+  std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, compiles{0};
+};
+
+MemoryCache& memory() {
+  static MemoryCache m;
+  return m;
+}
+
+}  // namespace
+
+jit::CompiledKernel compile_cached(const ir::Function& f, const jit::CompileOptions& opts) {
+  return compile_cached(f, opts, CompileCache::global());
+}
+
+jit::CompiledKernel compile_cached(const ir::Function& f, const jit::CompileOptions& opts, const CompileCache& disk) {
+  MemoryCache& m = memory();
+  if (!opts.dump_after.empty()) {
+    ++m.compiles;
+    return jit::compile(f, opts);
+  }
+  const std::string key = cache_key(f, opts);
+  std::promise<KernelPtr> promise;
+  uint64_t id = 0;
+  {
+    std::unique_lock lock(m.mutex);
+    if (auto it = m.slots.find(key); it != m.slots.end()) {
+      std::shared_future<KernelPtr> result = it->second.result;
+      lock.unlock();
+      KernelPtr k = result.get();  // rethrows the compile error of the caller that owned the slot
+      ++m.memory_hits;
+      return *k;
+    }
+    id = ++m.next_id;
+    m.slots.emplace(key, MemorySlot{promise.get_future().share(), id});
+  }
+  try {
+    KernelPtr k;
+    if (std::optional<jit::CompiledKernel> hit = disk.load(key)) {
+      ++m.disk_hits;
+      k = std::make_shared<const jit::CompiledKernel>(std::move(*hit));
+    } else {
+      ++m.compiles;
+      auto compiled = std::make_shared<const jit::CompiledKernel>(jit::compile(f, opts));
+      disk.store(key, *compiled);
+      k = std::move(compiled);
+    }
+    promise.set_value(k);
+    return *k;
+  } catch (...) {
+    // A failed compile is not cached: the next call tries again (the toolchain may be fixed).
+    {
+      std::lock_guard lock(m.mutex);
+      if (auto it = m.slots.find(key); it != m.slots.end() && it->second.id == id) m.slots.erase(it);
+    }
+    promise.set_exception(std::current_exception());
+    throw;
+  }
+}
+
+CompileCacheStats compile_cache_stats() {
+  MemoryCache& m = memory();
+  return {m.memory_hits.load(), m.disk_hits.load(), m.compiles.load()};
+}
+
+void reset_memory_cache() {
+  MemoryCache& m = memory();
+  std::lock_guard lock(m.mutex);
+  m.slots.clear();
+  m.memory_hits = 0;
+  m.disk_hits = 0;
+  m.compiles = 0;
+}
+
+}  // namespace tilejit::runtime

@@ -1,0 +1,691 @@
+// The compile cache without a GPU: entries round-trip every field, keys move with every component,
+// damaged or foreign entries are refused and removed, concurrent writers leave one good entry.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <set>
+#include <random>
+#include <thread>
+
+#include "dsl/ir/sha256.hpp"
+#include "kernels/gemm.hpp"
+#include "runtime/compile_cache.hpp"
+#include "test_kernels.hpp"
+
+using namespace tilejit;
+using runtime::CompileCache;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory per test, removed at the end.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static std::atomic<int> counter{0};
+    std::random_device rd;
+    path = fs::temp_directory_path() / fmt::format("tilejit-cache-test-{}-{}-{:08x}", ::getpid(), counter++, rd());
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
+// Sets (or unsets, for nullptr) an environment variable for one scope.
+struct ScopedEnv {
+  std::string name;
+  std::optional<std::string> old;
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    if (const char* v = std::getenv(n)) old = v;
+    if (value) ::setenv(n, value, 1);
+    else ::unsetenv(n);
+  }
+  ~ScopedEnv() {
+    if (old) ::setenv(name.c_str(), old->c_str(), 1);
+    else ::unsetenv(name.c_str());
+  }
+};
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const fs::path& p, std::string_view data) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+}
+
+// Replace the trailing SHA-256 so that only the deliberate damage is wrong.
+std::string reseal(std::string data) {
+  data.resize(data.size() - 32);
+  auto sum = ir::sha256(data);
+  data.append(reinterpret_cast<const char*>(sum.data()), sum.size());
+  return data;
+}
+
+std::vector<std::string> file_names(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string key_of(std::string_view seed) { return ir::sha256_hex(seed); }
+
+// Every field a launch or `tilejit inspect` reads. backend_source, dump and timings are not kept.
+void check_same(const jit::CompiledKernel& a, const jit::CompiledKernel& b) {
+  CHECK(a.name == b.name);
+  CHECK(a.arch == b.arch);
+  CHECK(a.backend == b.backend);
+  CHECK(a.num_threads == b.num_threads);
+  CHECK(a.smem_bytes == b.smem_bytes);
+  REQUIRE(a.abi.size() == b.abi.size());
+  for (size_t i = 0; i < a.abi.size(); ++i) {
+    CHECK(a.abi[i].name == b.abi[i].name);
+    CHECK(a.abi[i].ty == b.abi[i].ty);
+  }
+  REQUIRE(a.tensor_maps.size() == b.tensor_maps.size());
+  for (size_t i = 0; i < a.tensor_maps.size(); ++i) {
+    CHECK(a.tensor_maps[i].abi_slot == b.tensor_maps[i].abi_slot);
+    CHECK(a.tensor_maps[i].param_index == b.tensor_maps[i].param_index);
+    CHECK(a.tensor_maps[i].box == b.tensor_maps[i].box);
+    CHECK(a.tensor_maps[i].swizzle_bytes == b.tensor_maps[i].swizzle_bytes);
+  }
+  CHECK(a.tile_ir == b.tile_ir);
+  CHECK(a.ptx == b.ptx);
+  CHECK(a.cubin == b.cubin);
+  CHECK(a.ptx_tool == b.ptx_tool);
+  CHECK(a.info.name == b.info.name);
+  CHECK(a.info.arch == b.info.arch);
+  CHECK(a.info.registers == b.info.registers);
+  CHECK(a.info.shared_bytes == b.info.shared_bytes);
+  CHECK(a.info.spill_store_bytes == b.info.spill_store_bytes);
+  CHECK(a.info.spill_load_bytes == b.info.spill_load_bytes);
+  CHECK(a.info.stack_frame_bytes == b.info.stack_frame_bytes);
+  CHECK(a.info.constant_bytes == b.info.constant_bytes);
+}
+
+// Small, with every field set to something other than its default (tensor maps, every dtype
+// position, 64-bit values, NUL bytes in the cubin): cheap enough to damage at every byte.
+jit::CompiledKernel synthetic() {
+  using namespace jit::pir;
+  jit::CompiledKernel k;
+  k.name = "synthetic";
+  k.arch = "sm_90a";
+  k.backend = jit::Backend::Nvrtc;
+  k.num_threads = 384;
+  k.smem_bytes = (int64_t{1} << 33) + 5;
+  k.abi = {{"A", pointer(ir::DType::bf16)}, {"A_size0", scalar(ir::DType::i32)}, {"A_stride0", scalar(ir::DType::i64)},
+           {"x", scalar(ir::DType::f8e5m2)}, {"", scalar(ir::DType::i1)}};
+  k.tensor_maps = {{5, 0, {64, 128}, 128}, {6, 2, {64, 256, 1}, 64}};
+  k.tile_ir = "kernel @synthetic() {}\n";
+  k.ptx = ".version 8.5\n.target sm_90a\n";
+  for (int i = 0; i < 256; ++i) k.cubin.push_back(static_cast<uint8_t>(i));
+  k.info = {"synthetic", "sm_90a", 168, 1024, -1, 8, 16, 400};
+  k.ptx_tool = "nvJitLink 13.0";
+  k.backend_source = "not kept";
+  k.dump = "not kept";
+  k.timings.passes_ms = 1;
+  return k;
+}
+
+jit::CompileOptions cubin_options() {
+  jit::CompileOptions o;
+  o.make_cubin = true;  // ptxas / nvJitLink are part of CI here
+  return o;
+}
+
+// The real thing, compiled once for the whole suite.
+const jit::CompiledKernel& vector_add_compiled() {
+  static const jit::CompiledKernel k = jit::compile(test_kernels::vector_add.build(), cubin_options());
+  return k;
+}
+
+}  // namespace
+
+TEST_CASE("round trip: a compiled vector add, every field equal") {
+  TempDir tmp;
+  CompileCache cache(tmp.path);
+  const jit::CompiledKernel& k = vector_add_compiled();
+  REQUIRE(!k.cubin.empty());
+  REQUIRE(!k.ptx.empty());
+  const std::string key = runtime::cache_key(test_kernels::vector_add.build(), cubin_options());
+  CHECK(key.size() == 64);
+  CHECK(!cache.load(key));  // a miss before the store
+  REQUIRE(cache.store(key, k));
+  CHECK(file_names(tmp.path) == std::vector<std::string>{key + ".tjk"});
+  std::string problem = "stale";
+  auto loaded = cache.load(key, &problem);
+  REQUIRE(loaded);
+  CHECK(problem.empty());
+  check_same(k, *loaded);
+  // Loading does not consume the entry.
+  CHECK(cache.load(key));
+}
+
+TEST_CASE("round trip: synthetic kernel with tensor maps and unusual values") {
+  TempDir tmp;
+  CompileCache cache(tmp.path);
+  auto k = synthetic();
+  const std::string key = key_of("synthetic");
+  REQUIRE(cache.store(key, k));
+  auto loaded = cache.load(key);
+  REQUIRE(loaded);
+  check_same(k, *loaded);
+  CHECK(loaded->backend_source.empty());
+  CHECK(loaded->dump.empty());
+  CHECK(loaded->timings.passes_ms == 0);
+  // An empty kernel (no cubin, no tile IR) round-trips too.
+  jit::CompiledKernel empty;
+  REQUIRE(cache.store(key_of("empty"), empty));
+  auto e = cache.load(key_of("empty"));
+  REQUIRE(e);
+  check_same(empty, *e);
+}
+
+TEST_CASE("round trip: TMA GEMM (tensor maps from the real pipeline)") {
+  TempDir tmp;
+  CompileCache cache(tmp.path);
+  jit::CompileOptions o = cubin_options();
+  o.num_warps = 8;
+  ir::Function f = kernels::gemm().build({{"BLOCK_N", 256}, {"B_KMAJOR", true}, {"GROUP_M", 8}});
+  jit::CompiledKernel k = jit::compile(f, o);
+  CHECK(!k.tensor_maps.empty());
+  const std::string key = runtime::cache_key(f, o);
+  REQUIRE(cache.store(key, k));
+  auto loaded = cache.load(key);
+  REQUIRE(loaded);
+  check_same(k, *loaded);
+}
+
+TEST_CASE("the key moves with every component and only with them") {
+  const ir::Function f = test_kernels::vector_add.build();
+  const jit::CompileOptions base;
+  const std::string k0 = runtime::cache_key(f, base);
+  CHECK(k0.size() == 64);
+  CHECK(k0.find_first_not_of("0123456789abcdef") == std::string::npos);
+  // A rebuild of the same kernel (a new ir::Function, new value ids and all) gives the same key.
+  CHECK(runtime::cache_key(test_kernels::vector_add.build(), base) == k0);
+  CHECK(runtime::cache_key(test_kernels::vector_add.build({{"BLOCK", 256}}), base) == k0);  // 256 is the default
+
+  auto with = [&](auto change) {
+    jit::CompileOptions o = base;
+    change(o);
+    return runtime::cache_key(f, o);
+  };
+  std::vector<std::pair<std::string, std::string>> variants = {
+      {"meta BLOCK=128", runtime::cache_key(test_kernels::vector_add.build({{"BLOCK", 128}}), base)},
+      {"other kernel", runtime::cache_key(test_kernels::atomics.build(), base)},
+      {"num_warps", with([](auto& o) { o.num_warps = 8; })},
+      {"backend", with([](auto& o) { o.backend = jit::Backend::Nvrtc; })},
+      {"arch", with([](auto& o) { o.arch = "sm_80"; })},
+      {"pipeline stages", with([](auto& o) { o.pipeline.stages = 2; })},
+      {"pipeline off", with([](auto& o) { o.pipeline.enabled = false; })},
+      {"ptx tool", with([](auto& o) { o.ptx_tool = jit::PtxTool::Ptxas; })},
+      {"no cubin", with([](auto& o) { o.make_cubin = false; })},
+  };
+  std::set<std::string> seen{k0};
+  for (const auto& [what, key] : variants) {
+    INFO(what);
+    CHECK(key != k0);
+    CHECK(seen.insert(key).second);  // also distinct from each other
+  }
+  // Asking for a pass dump changes what is reported, not the code.
+  CHECK(with([](auto& o) { o.dump_after = "lower"; }) == k0);
+
+  // The text names every component; nvrtc's version only for its backend.
+  std::string text = runtime::cache_key_text(f, base);
+  for (const char* part : {"entry-format=", "tilejit=0.1.0", "ir=", "arch=sm_90a", "backend=llvm", "num_warps=4",
+                           "pipeline=", "ptx_tool=", "make_cubin=", "llvm=", "ptx_tools="})
+    CHECK_MESSAGE(text.find(part) != std::string::npos, part);
+  CHECK(text.find("nvrtc=") == std::string::npos);
+  jit::CompileOptions nv;
+  nv.backend = jit::Backend::Nvrtc;
+  CHECK(runtime::cache_key_text(f, nv).find("nvrtc=nvrtc ") != std::string::npos);
+}
+
+TEST_CASE("truncated entries are refused and removed") {
+  TempDir tmp;
+  CompileCache cache(tmp.path);
+  auto check_all_lengths = [&](const std::string& key, const jit::CompiledKernel& k, const std::vector<size_t>& lengths) {
+    REQUIRE(cache.store(key, k));
+    const fs::path path = cache.entry_path(key);
+    const std::string good = read_bytes(path);
+    for (size_t n : lengths) {
+      INFO("length " << n << " of " << good.size());
+      write_bytes(path, std::string_view(good).substr(0, n));
+      std::string problem;
+      CHECK(!cache.load(key, &problem));
+      CHECK(!problem.empty());
+      CHECK(!fs::exists(path));
+    }
+    // Rebuilt: a new store is loaded again.
+    REQUIRE(cache.store(key, k));
+    CHECK(cache.load(key));
+    return good.size();
+  };
+  // Every length of a small entry.
+  const std::string small = key_of("small");
+  std::string good = [&] {
+    CompileCache c(tmp.path);
+    c.store(small, synthetic());
+    return read_bytes(c.entry_path(small));
+  }();
+  std::vector<size_t> every(good.size());
+  for (size_t i = 0; i < every.size(); ++i) every[i] = i;
+  check_all_lengths(small, synthetic(), every);
+  // 50 lengths of a real entry, the interesting edges included.
+  const std::string real = key_of("real");
+  std::vector<size_t> sample{0, 1, 7, 8, 15, 16, 47, 48};
+  std::mt19937 rng(12345);
+  CompileCache probe(tmp.path);
+  probe.store(real, vector_add_compiled());
+  const size_t real_size = fs::file_size(probe.entry_path(real));
+  sample.push_back(real_size - 1);
+  sample.push_back(real_size - 32);
+  while (sample.size() < 50) sample.push_back(std::uniform_int_distribution<size_t>(0, real_size - 1)(rng));
+  check_all_lengths(real, vector_add_compiled(), sample);
+}
+
+TEST_CASE("flipped bytes, wrong magic, wrong version, foreign entries are refused and removed") {
+  TempDir tmp;
+  CompileCache cache(tmp.path);
+  const std::string key = key_of("victim");
+  REQUIRE(cache.store(key, synthetic()));
+  const fs::path path = cache.entry_path(key);
+  const std::string good = read_bytes(path);
+
+  auto expect_refused = [&](const std::string& bytes, std::string_view why) {
+    write_bytes(path, bytes);
+    std::string problem;
+    CHECK(!cache.load(key, &problem));
+    CHECK_MESSAGE(problem.find(why) != std::string::npos, problem);
+    CHECK(!fs::exists(path));
+  };
+
+  SUBCASE("one flipped bit at every position") {
+    for (size_t i = 0; i < good.size(); ++i) {
+      INFO("byte " << i);
+      std::string bad = good;
+      bad[i] = static_cast<char>(bad[i] ^ (1 << (i % 8)));
+      write_bytes(path, bad);
+      std::string problem;
+      CHECK(!cache.load(key, &problem));
+      CHECK(!problem.empty());
+      CHECK(!fs::exists(path));
+    }
+  }
+  SUBCASE("flipped bytes in a real entry") {
+    const std::string real_key = key_of("real victim");
+    REQUIRE(cache.store(real_key, vector_add_compiled()));
+    const fs::path real_path = cache.entry_path(real_key);
+    const std::string real_good = read_bytes(real_path);
+    std::mt19937 rng(7);
+    for (int n = 0; n < 64; ++n) {
+      size_t i = n == 0 ? real_good.size() - 1 : std::uniform_int_distribution<size_t>(0, real_good.size() - 1)(rng);
+      std::string bad = real_good;
+      bad[i] = static_cast<char>(~bad[i]);
+      write_bytes(real_path, bad);
+      CHECK(!cache.load(real_key));
+      CHECK(!fs::exists(real_path));
+    }
+  }
+  SUBCASE("wrong magic") {
+    std::string bad = good;
+    bad.replace(0, 8, "TRITONKK");
+    expect_refused(bad, "wrong magic");
+  }
+  SUBCASE("wrong format version (checksum intact)") {
+    std::string bad = good;
+    bad[8] = 2;
+    expect_refused(reseal(bad), "format version 2");
+  }
+  SUBCASE("header size out of range (checksum intact)") {
+    std::string bad = good;
+    bad[12] = 4;
+    expect_refused(reseal(bad), "header size");
+  }
+  SUBCASE("a length that overruns the file (checksum intact)") {
+    std::string bad = good;
+    bad[16 + 7] = 0x7f;  // the top byte of the key's length
+    expect_refused(reseal(bad), "key: needs");
+  }
+  SUBCASE("trailing bytes (checksum intact)") {
+    std::string bad = good;
+    bad.insert(bad.size() - 32, "extra");
+    expect_refused(reseal(bad), "unexpected bytes");
+  }
+  SUBCASE("another key's entry renamed to this key") {
+    const std::string other = key_of("other");
+    REQUIRE(cache.store(other, synthetic()));
+    fs::rename(cache.entry_path(other), path);
+    expect_refused(read_bytes(path), "foreign");
+  }
+  SUBCASE("garbage and an empty file") {
+    expect_refused(std::string(1000, 'x'), "wrong magic");
+    expect_refused("", "truncated");
+  }
+  // After all of that the entry is rebuilt normally.
+  REQUIRE(cache.store(key, synthetic()));
+  CHECK(cache.load(key));
+}
+
+TEST_CASE("concurrent writers and readers of one key") {
+  TempDir tmp;
+  CompileCache cache(tmp.path);
+  const std::string key = key_of("contended");
+  const jit::CompiledKernel& k = vector_add_compiled();
+  std::atomic<int> loads{0}, bad{0}, failed_stores{0};
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 8; ++w)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 25; ++i)
+        if (!cache.store(key, k)) ++failed_stores;
+    });
+  for (int r = 0; r < 8; ++r)
+    threads.emplace_back([&] {
+      while (!stop) {
+        std::string problem;
+        if (auto got = cache.load(key, &problem)) {
+          ++loads;
+          if (got->cubin != k.cubin || got->ptx != k.ptx || got->name != k.name) ++bad;
+        } else if (!problem.empty()) {
+          ++bad;  // a reader must never see a partial entry
+        }
+      }
+    });
+  for (int w = 0; w < 8; ++w) threads[w].join();
+  stop = true;
+  for (size_t r = 8; r < threads.size(); ++r) threads[r].join();
+  CHECK(failed_stores == 0);
+  CHECK(bad == 0);
+  CHECK(loads > 0);
+  MESSAGE(loads.load() << " complete loads during 200 concurrent stores");
+  CHECK(file_names(tmp.path) == std::vector<std::string>{key + ".tjk"});  // no temp files left
+  auto final = cache.load(key);
+  REQUIRE(final);
+  check_same(k, *final);
+}
+
+TEST_CASE("concurrent writer processes of one key") {
+  TempDir tmp;
+  const std::string key = key_of("processes");
+  const jit::CompiledKernel k = synthetic();
+  std::vector<pid_t> children;
+  for (int p = 0; p < 6; ++p) {
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      CompileCache cache(tmp.path);
+      int status = 0;
+      for (int i = 0; i < 40; ++i) {
+        if (!cache.store(key, k)) status = 1;
+        std::string problem;
+        auto got = cache.load(key, &problem);
+        if (!problem.empty() || (got && got->cubin != k.cubin)) status = 2;
+      }
+      ::_exit(status);
+    }
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  CHECK(file_names(tmp.path) == std::vector<std::string>{key + ".tjk"});
+  CompileCache cache(tmp.path);
+  CHECK(cache.load(key));
+}
+
+TEST_CASE("a disabled cache reads and writes nothing") {
+  TempDir tmp;
+  const std::string key = key_of("disabled");
+  CompileCache on(tmp.path);
+  REQUIRE(on.store(key, synthetic()));
+  CompileCache off(tmp.path, false);
+  CHECK(!off.enabled());
+  CHECK(!off.load(key));
+  CHECK(fs::exists(on.entry_path(key)));  // a disabled cache does not remove anything either
+  CompileCache off_new(tmp.path / "never", false);
+  CHECK(!off_new.store(key, synthetic()));
+  CHECK(!fs::exists(tmp.path / "never"));
+  CHECK(!CompileCache(fs::path(), true).enabled());  // no directory, no cache
+}
+
+TEST_CASE("the directory and the switch come from the environment") {
+  ScopedEnv dir("TILEJIT_CACHE_DIR", nullptr), xdg("XDG_CACHE_HOME", nullptr), home("HOME", nullptr),
+      sw("TILEJIT_CACHE", nullptr);
+  CHECK(CompileCache::default_dir().empty());
+  CHECK(!CompileCache::from_environment().enabled());
+  {
+    ScopedEnv h("HOME", "/home/someone");
+    CHECK(CompileCache::default_dir() == fs::path("/home/someone/.cache/tilejit"));
+    ScopedEnv relative("XDG_CACHE_HOME", "relative/cache");  // invalid per the XDG spec: ignored
+    CHECK(CompileCache::default_dir() == fs::path("/home/someone/.cache/tilejit"));
+    ScopedEnv x("XDG_CACHE_HOME", "/xdg");
+    CHECK(CompileCache::default_dir() == fs::path("/xdg/tilejit"));
+    ScopedEnv d("TILEJIT_CACHE_DIR", "/custom/dir");
+    CHECK(CompileCache::default_dir() == fs::path("/custom/dir"));
+  }
+  TempDir tmp;
+  ScopedEnv d("TILEJIT_CACHE_DIR", tmp.path.c_str());
+  {
+    CompileCache c = CompileCache::from_environment();
+    CHECK(c.enabled());
+    CHECK(c.dir() == tmp.path);
+    REQUIRE(c.store(key_of("env"), synthetic()));
+    CHECK(fs::exists(tmp.path / (key_of("env") + ".tjk")));
+  }
+  for (const char* off : {"0", "false", "OFF", "no"}) {
+    ScopedEnv s("TILEJIT_CACHE", off);
+    CHECK_MESSAGE(!CompileCache::default_enabled(), off);
+    CompileCache c = CompileCache::from_environment();
+    CHECK(!c.enabled());
+    CHECK(!c.load(key_of("env")));
+    CHECK(!c.store(key_of("env2"), synthetic()));
+  }
+  for (const char* on : {"1", "yes", ""}) {
+    ScopedEnv s("TILEJIT_CACHE", on);
+    CHECK(CompileCache::default_enabled());
+  }
+  CHECK(!fs::exists(tmp.path / (key_of("env2") + ".tjk")));
+}
+
+TEST_CASE("write failures are warnings, reported once, never fatal") {
+  TempDir tmp;
+  write_bytes(tmp.path / "a-file", "x");
+  CompileCache cache(tmp.path / "a-file" / "cache");  // a directory that cannot be created
+  // Capture stderr to count the warnings.
+  const fs::path log = tmp.path / "stderr.txt";
+  std::fflush(stderr);
+  int saved = ::dup(2);
+  FILE* f = std::fopen(log.c_str(), "w");
+  REQUIRE(f);
+  ::dup2(::fileno(f), 2);
+  bool first = cache.store(key_of("a"), synthetic());
+  bool second = cache.store(key_of("b"), synthetic());
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::fclose(f);
+  CHECK(!first);
+  CHECK(!second);
+  CHECK(!cache.load(key_of("a")));
+  std::string text = read_bytes(log);
+  INFO(text);
+  size_t count = 0;
+  for (size_t p = text.find("tilejit: warning:"); p != std::string::npos; p = text.find("tilejit: warning:", p + 1))
+    ++count;
+  CHECK(count == 1);
+  CHECK(text.find((tmp.path / "a-file" / "cache").string()) != std::string::npos);  // names the directory
+}
+
+TEST_CASE("keys that are not plain tokens are refused before touching the file system") {
+  TempDir tmp;
+  CompileCache cache(tmp.path);
+  for (const char* bad : {"", "../escape", "a/b", "with space", "dot.dot"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(cache.load(bad), std::invalid_argument);
+    CHECK_THROWS_AS(cache.store(bad, synthetic()), std::invalid_argument);
+  }
+}
+
+TEST_CASE("list and clear") {
+  TempDir tmp;
+  CompileCache cache(tmp.path);
+  CHECK(cache.list().empty());
+  const std::string a = key_of("a"), b = key_of("b"), c = key_of("c"), d = key_of("d");
+  REQUIRE(cache.store(a, vector_add_compiled()));
+  REQUIRE(cache.store(b, synthetic()));
+  write_bytes(cache.entry_path(c), "garbage that is not an entry at all");
+  std::string truncated = read_bytes(cache.entry_path(b));
+  write_bytes(cache.entry_path(d), truncated.substr(0, truncated.size() / 2));
+  write_bytes(tmp.path / "notes.txt", "not ours");
+  write_bytes(tmp.path / (a + ".tjk.tmp-Ab12Cd"), "an interrupted write");
+
+  auto entries = cache.list();
+  REQUIRE(entries.size() == 4);
+  std::map<std::string, CompileCache::Entry> by_key;
+  for (const auto& e : entries) by_key[e.key] = e;
+  REQUIRE(by_key.size() == 4);
+  CHECK(std::is_sorted(entries.begin(), entries.end(), [](auto& x, auto& y) { return x.key < y.key; }));
+  CHECK(by_key[a].valid);
+  CHECK(by_key[a].kernel == "vector_add");
+  CHECK(by_key[a].arch == "sm_90a");
+  CHECK(by_key[a].bytes == fs::file_size(cache.entry_path(a)));
+  CHECK(by_key[a].problem.empty());
+  CHECK(fs::file_time_type::clock::now() - by_key[a].written < std::chrono::minutes(10));
+  CHECK(by_key[b].valid);
+  CHECK(by_key[b].kernel == "synthetic");
+  CHECK(!by_key[c].valid);
+  CHECK(by_key[c].problem.find("wrong magic") != std::string::npos);
+  CHECK(!by_key[d].valid);
+  CHECK(by_key[d].problem.find("checksum") != std::string::npos);
+  CHECK(by_key[d].kernel.empty());
+  // list() changes nothing: the bad entries are still there.
+  CHECK(fs::exists(cache.entry_path(c)));
+  CHECK(fs::exists(cache.entry_path(d)));
+
+  CHECK(cache.clear() == 4);
+  CHECK(file_names(tmp.path) == std::vector<std::string>{"notes.txt"});  // other files are left alone
+  CHECK(cache.list().empty());
+  CHECK(cache.clear() == 0);
+  CHECK(CompileCache(tmp.path / "missing").clear() == 0);
+  CHECK(CompileCache(tmp.path / "missing").list().empty());
+}
+
+TEST_CASE("compile_cached: memory, then disk, then compile") {
+  TempDir tmp;
+  runtime::reset_memory_cache();
+  const ir::Function f = test_kernels::vector_add.build({{"BLOCK", 512}});
+  const jit::CompileOptions o = cubin_options();
+  CompileCache cache(tmp.path);
+
+  auto t0 = std::chrono::steady_clock::now();
+  jit::CompiledKernel first = runtime::compile_cached(f, o, cache);
+  double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  auto s = runtime::compile_cache_stats();
+  CHECK(s.compiles == 1);
+  CHECK(s.disk_hits == 0);
+  CHECK(s.memory_hits == 0);
+  CHECK(fs::exists(cache.entry_path(runtime::cache_key(f, o))));
+
+  // Same process: from memory. The best of a few calls, so a busy CI machine does not decide it.
+  const ir::Function rebuilt = test_kernels::vector_add.build({{"BLOCK", 512}});
+  double best_ms = 1e9;
+  for (int i = 0; i < 20; ++i) {
+    auto t = std::chrono::steady_clock::now();
+    jit::CompiledKernel again = runtime::compile_cached(rebuilt, o, cache);
+    best_ms = std::min(best_ms, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
+    if (i == 0) check_same(first, again);
+  }
+  s = runtime::compile_cache_stats();
+  CHECK(s.compiles == 1);
+  CHECK(s.memory_hits == 20);
+  CHECK(best_ms < 1.0);
+
+  // A new process, simulated: empty memory cache, a new CompileCache on the same directory.
+  runtime::reset_memory_cache();
+  CompileCache next_process(tmp.path);
+  auto t1 = std::chrono::steady_clock::now();
+  jit::CompiledKernel from_disk = runtime::compile_cached(f, o, next_process);
+  double disk_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
+  s = runtime::compile_cache_stats();
+  CHECK(s.compiles == 0);
+  CHECK(s.disk_hits == 1);
+  check_same(first, from_disk);
+  auto t2 = std::chrono::steady_clock::now();
+  const std::string key = runtime::cache_key(f, o);
+  double key_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t2).count();
+  MESSAGE(fmt::format("vector_add: compile {:.1f} ms, disk hit {:.3f} ms, memory hit {:.4f} ms (of which the key {:.4f} ms)",
+                      compile_ms, disk_ms, best_ms, key_ms));
+
+  // Another option is another kernel; a dump request always compiles and caches nothing new.
+  jit::CompileOptions w8 = o;
+  w8.num_warps = 8;
+  runtime::compile_cached(f, w8, next_process);
+  CHECK(runtime::compile_cache_stats().compiles == 1);
+  jit::CompileOptions dump = o;
+  dump.dump_after = "lower";
+  CHECK(!runtime::compile_cached(f, dump, next_process).dump.empty());
+  CHECK(runtime::compile_cache_stats().compiles == 2);
+
+  // A damaged entry is rebuilt.
+  runtime::reset_memory_cache();
+  write_bytes(next_process.entry_path(runtime::cache_key(f, o)), "damaged");
+  check_same(first, runtime::compile_cached(f, o, next_process));
+  CHECK(runtime::compile_cache_stats().compiles == 1);
+  CHECK(next_process.load(runtime::cache_key(f, o)));
+}
+
+TEST_CASE("compile_cached: concurrent callers of one key compile once; failures are not cached") {
+  TempDir tmp;
+  runtime::reset_memory_cache();
+  CompileCache cache(tmp.path);
+  const ir::Function f = test_kernels::vector_add.build({{"BLOCK", 1024}});
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&] {
+      if (runtime::compile_cached(f, cubin_options(), cache).cubin.empty()) ++wrong;
+    });
+  for (auto& t : threads) t.join();
+  CHECK(wrong == 0);
+  auto s = runtime::compile_cache_stats();
+  CHECK(s.compiles == 1);
+  CHECK(s.memory_hits == 7);
+
+  jit::CompileOptions bad = cubin_options();
+  bad.num_warps = 3;
+  CHECK_THROWS_AS(runtime::compile_cached(f, bad, cache), jit::CompileError);
+  CHECK_THROWS_AS(runtime::compile_cached(f, bad, cache), jit::CompileError);  // tried again, not a cached failure
+  CHECK(runtime::compile_cache_stats().compiles == 3);
+  runtime::reset_memory_cache();
+}
+
+TEST_CASE("the global cache is built from the environment") {
+  // global() reads the environment once; whatever it chose, it must be usable and consistent.
+  CompileCache& g = CompileCache::global();
+  CHECK(&g == &CompileCache::global());
+  if (g.enabled()) CHECK(!g.dir().empty());
+}
