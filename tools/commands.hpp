@@ -1,0 +1,43 @@
+// The `tilejit` tool's subcommands: each lives in its own cmd_*.cpp and is listed once in
+// tilejit.cpp. A command gets its arguments (after its name) and returns the exit status.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "dsl/lang.hpp"
+#include "jit/compile.hpp"
+#include "kernels/registry.hpp"
+
+namespace tilejit::cli {
+
+using Args = std::vector<std::string>;
+
+struct Command {
+  const char* name;
+  const char* summary;
+  const char* usage;  // shown by `tilejit NAME --help` and on usage errors
+  int (*run)(const Args& args);
+};
+
+// Throws UsageError: printed with the command's usage, exit status 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+int cmd_kernels(const Args& args);
+int cmd_compile(const Args& args);
+
+// Shared option parsing for commands that build a library kernel: --meta NAME=VALUE,
+// --backend, --arch, --num-warps, --stages, --no-pipeline. Returns false for options it does
+// not know (the caller handles those); `i` is advanced past consumed values.
+struct KernelSelection {
+  const kernels::LibraryKernel* kernel = nullptr;
+  lang::Meta meta;                 // the user's values
+  jit::CompileOptions options;     // starts from the library's default schedule
+  ir::Function build() const;      // the default meta under the user's
+};
+KernelSelection select_kernel(const std::string& name);
+bool parse_kernel_option(const Args& args, size_t& i, KernelSelection& sel);
+const std::string& option_value(const Args& args, size_t& i);
+
+}  // namespace tilejit::cli
