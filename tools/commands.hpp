@@ -26,6 +26,9 @@ struct UsageError : std::runtime_error {
 
 int cmd_kernels(const Args& args);
 int cmd_compile(const Args& args);
+int cmd_cache(const Args& args);
+int cmd_run(const Args& args);
+int cmd_inspect(const Args& args);
 
 // Shared option parsing for commands that build a library kernel: --meta NAME=VALUE,
 // --backend, --arch, --num-warps, --stages, --no-pipeline. Returns false for options it does

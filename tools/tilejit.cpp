@@ -21,6 +21,27 @@ const Command kCommands[] = {
      "  registers, shared memory, spills and timings. VALUE: an integer, true/false or a dtype.\n"
      "  PASS: verify canonicalize assign-layouts lower backend ptx-to-cubin\n",
      &cmd_compile},
+    {"cache", "list, verify or clear the on-disk compile cache",
+     "tilejit cache ls|verify|clear|dir\n"
+     "  ls: every entry (key, kernel, arch, size, age); verify: report invalid entries (exit 1 if\n"
+     "  any; they are never loaded, only rebuilt); clear: remove all entries; dir: where it is.\n"
+     "  The directory: $TILEJIT_CACHE_DIR, else $XDG_CACHE_HOME/tilejit, else ~/.cache/tilejit;\n"
+     "  TILEJIT_CACHE=0 disables it.\n",
+     &cmd_cache},
+    {"run", "run a library kernel on random inputs; print its error against a reference and its time",
+     "tilejit run KERNEL [--shape M,N,K | B,H,S,D] [--device cpu|gpu] [--meta NAME=VALUE ...] [--num-warps N]\n"
+     "            [--stages N] [--backend llvm|nvrtc] [--reps N]\n"
+     "  gemm: --shape M,N,K (default 1024,1024,1024 on the GPU, 96,80,64 on the CPU);\n"
+     "  attention_fwd: --shape B,H,S,D (default 2,8,1024,64 on the GPU, 1,2,128,64 on the CPU).\n"
+     "  --device defaults to gpu when there is one. Prints the relative error against float64\n"
+     "  (sampled rows for large shapes) and, on the GPU, the time and TFLOP/s.\n",
+     &cmd_run},
+    {"inspect", "show the IR after each pass, the PTX, registers/shared memory/spills and SASS",
+     "tilejit inspect KERNEL [--meta NAME=VALUE ...] [--backend llvm|nvrtc] [--num-warps N] [--stages N]\n"
+     "                [--pass PASS ...] [--no-sass]\n"
+     "  Prints the IR after each pass (or only the --pass ones), the PTX, what the assembler\n"
+     "  reports, and the SASS when cuobjdump is on PATH.\n",
+     &cmd_inspect},
 };
 
 void print_usage(FILE* out) {
