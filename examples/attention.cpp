@@ -11,6 +11,7 @@
 #include "jit/compile.hpp"
 #include "kernels/attention.hpp"
 #include "runtime/gpu_kernel.hpp"
+#include "runtime/run.hpp"
 
 using namespace tilejit::lang;
 using tilejit::runtime::HostTensor;
@@ -48,7 +49,7 @@ void reference(const HostTensor& q, const HostTensor& k, const HostTensor& v, Sh
 }
 
 // Runs on the GPU when there is one (JIT-compiled through LLVM), else in the CPU interpreter.
-int run(bool causal, bool gpu) {
+int run_case(bool causal, bool gpu) {
   const Shape4 s = gpu ? Shape4{2, 4, 1000, 64} : Shape4{2, 2, 200, 64};  // S is ragged against 64-row tiles
   const double scale = 1.0 / std::sqrt(double(s.D));
   auto fn = tilejit::kernels::attention_forward().build({{"CAUSAL", causal}});
@@ -57,22 +58,9 @@ int run(bool causal, bool gpu) {
   q.fill_normal(1, 0, 1);
   k.fill_normal(2, 0, 1);
   v.fill_normal(3, 0, 1);
-  tilejit::runtime::Grid grid{cdiv(s.S, 64), s.H, s.B};
-  if (gpu) {
-    using tilejit::runtime::DeviceTensor;
-    auto compiled = tilejit::jit::compile(fn);
-    std::printf("compiled %s: IR->PTX %.0f ms, PTX->cubin %.0f ms; %s\n", fn.name.c_str(),
-                compiled.timings.passes_ms + compiled.timings.backend_ms, compiled.timings.ptx_to_cubin_ms,
-                compiled.info.to_string().c_str());
-    tilejit::runtime::GpuKernel kern(fn, std::move(compiled));
-    auto dq = DeviceTensor::from_host(q), dk = DeviceTensor::from_host(k), dv = DeviceTensor::from_host(v);
-    auto dout = DeviceTensor::empty_like(o), dlse = DeviceTensor::empty_like(lse);
-    kern(grid, {dq, dk, dv, dout, dlse, float(scale)});
-    dout.to_host(o);
-    dlse.to_host(lse);
-  } else {
-    tilejit::runtime::interpret(fn, grid, {q, k, v, o, lse, float(scale)});
-  }
+  auto report = tilejit::runtime::run(fn, {cdiv(s.S, 64), s.H, s.B}, {q, k, v, o, lse, float(scale)});
+  if (report.where == tilejit::runtime::Where::Gpu)
+    std::printf("compiled %s: %s\n", fn.name.c_str(), report.compiled.info.to_string().c_str());
 
   std::vector<double> o_ref, lse_ref;
   reference(q, k, v, s, scale, causal, o_ref, lse_ref);
@@ -93,5 +81,5 @@ int main(int argc, char** argv) {
   bool gpu = driver.available();
   if (gpu) std::printf("GPU: %s\n", driver.props(0).name.c_str());
   else std::printf("no GPU (%s): running in the CPU interpreter\n", driver.unavailable_reason().c_str());
-  return run(false, gpu) | run(true, gpu);
+  return run_case(false, gpu) | run_case(true, gpu);
 }

@@ -1,6 +1,7 @@
 // The GPU-or-interpreter runner used by the examples and the main job.
 #include "runtime/run.hpp"
 
+#include "runtime/compile_cache.hpp"
 #include "runtime/gpu_kernel.hpp"
 
 namespace tilejit::runtime {
@@ -14,7 +15,7 @@ RunReport run(const ir::Function& f, Grid grid, const std::vector<Arg>& args, co
     return report;
   }
   report.where = Where::Gpu;
-  report.compiled = jit::compile(f, opts);
+  report.compiled = compile_cached(f, opts);  // memory, then the on-disk cache, then the JIT
   GpuKernel kernel(f, report.compiled);
   std::vector<DeviceTensor> device;
   device.reserve(args.size());

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "commands.hpp"
+#include "runtime/compile_cache.hpp"
 #include "runtime/gpu_kernel.hpp"
 #include "runtime/interpreter.hpp"
 
@@ -50,7 +51,13 @@ double execute(const ir::Function& fn, const jit::CompileOptions& opts, runtime:
     runtime::interpret(fn, grid, args);
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
-  runtime::GpuKernel k(fn, jit::compile(fn, opts));
+  auto t0 = std::chrono::steady_clock::now();
+  jit::CompiledKernel compiled = runtime::compile_cached(fn, opts);
+  double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  runtime::CompileCacheStats st = runtime::compile_cache_stats();
+  std::printf("kernel ready in %.2f ms (%s)\n", load_ms,
+              st.compiles ? "compiled" : st.disk_hits ? "from the on-disk cache, nothing compiled" : "from memory");
+  runtime::GpuKernel k(fn, std::move(compiled));
   std::fprintf(stderr, "%s\n", k.compiled().info.to_string().c_str());
   std::vector<runtime::DeviceTensor> dev;
   dev.reserve(args.size());
