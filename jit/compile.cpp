@@ -1,5 +1,6 @@
 // The pass pipeline. Read top to bottom, this is the table of contents of the JIT.
 #include "jit/compile.hpp"
+#include "jit/timing.hpp"
 
 #include <fmt/format.h>
 
@@ -13,10 +14,6 @@
 
 namespace tilejit::jit {
 namespace {
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 }  // namespace
 

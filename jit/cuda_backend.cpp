@@ -3,6 +3,7 @@
 // saturating float->int casts, f16/bf16 arithmetic in f32 rounded once, the same approximate PTX
 // instructions for transcendentals, and inline PTX for predicated accesses and mma.sync.
 #include "jit/cuda_backend.hpp"
+#include "jit/timing.hpp"
 
 #include <fmt/format.h>
 
@@ -24,10 +25,6 @@ namespace {
 using ir::DType;
 using pir::Op;
 using pir::V;
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // ---------------------------------------------------------------- literals
 

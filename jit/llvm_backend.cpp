@@ -2,6 +2,7 @@
 // costs ~20 s to compile). Predicated global accesses and tensor-core ops use inline PTX, as
 // Triton does; everything else is plain LLVM IR so that O3 can simplify it.
 #include "jit/llvm_backend.hpp"
+#include "jit/timing.hpp"
 
 #include <fmt/format.h>
 #include <llvm/ADT/SmallVector.h>
@@ -32,10 +33,6 @@ namespace {
 using ir::DType;
 using pir::Op;
 using pir::V;
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 void init_llvm() {
   static std::once_flag once;

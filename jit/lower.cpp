@@ -1096,24 +1096,12 @@ class Lowerer {
     }
   }
 
-  // Structured helpers for code the pipeline emits directly.
+  // Structured helpers for code the pipeline emits directly: an if without results.
   void pir_if(V cond, const std::function<void()>& then_body) {
-    pir::Inst in;
-    in.op = Op::if_;
-    in.args = {cond};
-    for (int side = 0; side < 2; ++side) {
-      pir::Block pb;
-      blocks_.push_back(&pb);
-      frames_.emplace_back();
-      if (side == 0) then_body();
-      pir::Inst y;
-      y.op = Op::yield;
-      pb.insts.push_back(std::move(y));
-      frames_.pop_back();
-      blocks_.pop_back();
-      in.regions.push_back(std::move(pb));
-    }
-    blocks_.back()->insts.push_back(std::move(in));
+    pir_if_values(cond, {}, [&] {
+      then_body();
+      return Regs{};
+    }, [] { return Regs{}; });
   }
   Regs emit_multi(Op op, std::vector<V> args, size_t n, pir::Ty ty, int64_t imm) {
     pir::Inst in;
