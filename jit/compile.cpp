@@ -4,7 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <chrono>
+#include <cstdlib>
 
 #include "jit/assign_layouts.hpp"
 #include "jit/canonicalize.hpp"
@@ -17,6 +19,14 @@ namespace {
 
 }  // namespace
 
+bool compilers_disabled() {
+  const char* v = std::getenv("TILEJIT_DISABLE_COMPILERS");
+  if (!v) return false;
+  std::string s(v);
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s == "1" || s == "true" || s == "yes" || s == "on";
+}
+
 std::string_view to_string(Backend b) { return b == Backend::Llvm ? "llvm" : "nvrtc"; }
 
 const std::vector<std::string>& pass_names() {
@@ -25,6 +35,13 @@ const std::vector<std::string>& pass_names() {
 }
 
 CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
+  // First, before any compiler is loaded or run: the switch that proves bundles need none.
+  if (compilers_disabled())
+    throw CompileError(fmt::format(
+        "tilejit: kernel '{}' is not in a loaded bundle and compilers are disabled (TILEJIT_DISABLE_COMPILERS={}): "
+        "load a bundle that holds it (tilejit::load_bundle; `tilejit bundle` writes one) and run it through "
+        "runtime::compile_cached, or unset TILEJIT_DISABLE_COMPILERS",
+        input.name, std::getenv("TILEJIT_DISABLE_COMPILERS")));
   const auto& names = pass_names();
   if (!opts.dump_after.empty() && std::find(names.begin(), names.end(), opts.dump_after) == names.end())
     throw CompileError(fmt::format("tilejit: kernel '{}': unknown pass '{}' for --dump-after (valid: {})", input.name,

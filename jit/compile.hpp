@@ -53,6 +53,12 @@ struct CompiledKernel {
 const std::vector<std::string>& pass_names();
 
 // Throws LoweringError / CompileError with the kernel's name on failure. The input is copied.
+// With compilers_disabled() it throws CompileError at once, touching no compiler.
 CompiledKernel compile(const ir::Function& f, const CompileOptions& opts = {});
+
+// True when the environment variable TILEJIT_DISABLE_COMPILERS is 1, true, yes or on (any case),
+// read on every call: a shipped application (or a test) proving that its kernels come from loaded
+// bundles (runtime/bundle.hpp) and never from LLVM, nvrtc, nvJitLink or ptxas.
+bool compilers_disabled();
 
 }  // namespace tilejit::jit

@@ -3,15 +3,14 @@
 //
 // Entry file <key>.tjk, all integers little-endian:
 //   header   "TILEJITK" | u32 format version | u32 header size (16; readers skip to it)
-//   fields   str key | str kernel name | str arch | u8 backend | i32 num_threads | i64 smem_bytes
-//            | u32 n, n x (str name | u8 dtype | u8 is_pointer)                      ABI parameters
-//            | u32 n, n x (i32 abi_slot | i32 param_index | u32 m, m x i64 box | i32 swizzle)
-//            | KernelInfo: str name | str arch | i32 registers, shared, spill stores, spill loads,
-//              stack frame, constant bytes
-//            | str ptx_tool | str ptx | str cubin | str tile_ir (may be empty)
+//   fields   str key | the kernel, as runtime/kernel_codec.hpp writes it (name, arch, backend,
+//            threads, shared memory, ABI, tensor maps, KernelInfo, ptx_tool, ptx, cubin, tile_ir)
 //   trailer  SHA-256 (32 bytes) of everything before it
-// where str is u64 length + bytes. Format changes bump kFormatVersion, which is also part of the
-// key, so builds with different formats never fight over one file name.
+// where str is u64 length + bytes. Format changes (this file's or the codec's) bump
+// kFormatVersion, which is also part of the key, so builds with different formats never fight
+// over one file name.
+//
+// compile_cached looks in the loaded bundles (runtime/bundle.hpp) before anything else.
 #include "runtime/compile_cache.hpp"
 
 #include <fcntl.h>
@@ -36,16 +35,15 @@
 #include "jit/llvm_backend.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/ptx_compiler.hpp"
+#include "runtime/bundle.hpp"
+#include "runtime/kernel_codec.hpp"
 
 namespace tilejit::runtime {
 namespace {
 
 namespace fs = std::filesystem;
 
-// Keep in step with project(VERSION) in the top-level CMakeLists.txt. A constant here rather than
-// a compile definition so that the key does not depend on how this file was built; a release that
-// changes code generation must change it, which invalidates every entry.
-constexpr std::string_view kTilejitVersion = "0.1.0";
+using codec::kTilejitVersion;
 constexpr char kMagic[8] = {'T', 'I', 'L', 'E', 'J', 'I', 'T', 'K'};
 constexpr uint32_t kFormatVersion = 1;
 constexpr uint32_t kHeaderSize = 16;
@@ -72,63 +70,13 @@ void check_key(const std::string& key, std::string_view what) {
 
 // ---- encoding --------------------------------------------------------------------------------
 
-class Writer {
- public:
-  void bytes(const void* p, size_t n) { out_.append(static_cast<const char*>(p), n); }
-  void u8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
-  void u32(uint32_t v) {
-    for (int i = 0; i < 4; ++i) u8(static_cast<uint8_t>(v >> (8 * i)));
-  }
-  void u64(uint64_t v) {
-    for (int i = 0; i < 8; ++i) u8(static_cast<uint8_t>(v >> (8 * i)));
-  }
-  void i32(int32_t v) { u32(static_cast<uint32_t>(v)); }
-  void i64(int64_t v) { u64(static_cast<uint64_t>(v)); }
-  void str(std::string_view s) {
-    u64(s.size());
-    bytes(s.data(), s.size());
-  }
-  void count(size_t n) { u32(static_cast<uint32_t>(n)); }
-  std::string& out() { return out_; }
-
- private:
-  std::string out_;
-};
-
 std::string encode(const std::string& key, const jit::CompiledKernel& k) {
-  Writer w;
+  codec::Writer w;
   w.bytes(kMagic, sizeof kMagic);
   w.u32(kFormatVersion);
   w.u32(kHeaderSize);
   w.str(key);
-  w.str(k.name);
-  w.str(k.arch);
-  w.u8(static_cast<uint8_t>(k.backend));
-  w.i32(k.num_threads);
-  w.i64(k.smem_bytes);
-  w.count(k.abi.size());
-  for (const auto& p : k.abi) {
-    w.str(p.name);
-    w.u8(static_cast<uint8_t>(p.ty.dtype));
-    w.u8(p.ty.ptr ? 1 : 0);
-  }
-  w.count(k.tensor_maps.size());
-  for (const auto& t : k.tensor_maps) {
-    w.i32(t.abi_slot);
-    w.i32(t.param_index);
-    w.count(t.box.size());
-    for (int64_t b : t.box) w.i64(b);
-    w.i32(t.swizzle_bytes);
-  }
-  w.str(k.info.name);
-  w.str(k.info.arch);
-  for (int v : {k.info.registers, k.info.shared_bytes, k.info.spill_store_bytes, k.info.spill_load_bytes,
-                k.info.stack_frame_bytes, k.info.constant_bytes})
-    w.i32(v);
-  w.str(k.ptx_tool);
-  w.str(k.ptx);
-  w.str(std::string_view(reinterpret_cast<const char*>(k.cubin.data()), k.cubin.size()));
-  w.str(k.tile_ir);
+  codec::write_kernel(w, k);
   auto sum = ir::sha256(w.out());
   w.bytes(sum.data(), sum.size());
   return std::move(w.out());
@@ -136,55 +84,9 @@ std::string encode(const std::string& key, const jit::CompiledKernel& k) {
 
 // ---- decoding --------------------------------------------------------------------------------
 
-// Thrown inside decode only; load() and list() turn it into a problem string.
+// Thrown inside decode only (codec::DecodeError included); load() and list() turn it into a problem string.
 struct BadEntry {
   std::string problem;
-};
-
-class Reader {
- public:
-  Reader(std::string_view data, size_t pos, size_t end) : data_(data), pos_(pos), end_(end) {}
-  uint8_t u8(const char* field) {
-    need(1, field);
-    return static_cast<uint8_t>(data_[pos_++]);
-  }
-  uint32_t u32(const char* field) {
-    need(4, field);
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<uint8_t>(data_[pos_++])} << (8 * i);
-    return v;
-  }
-  uint64_t u64(const char* field) {
-    need(8, field);
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<uint8_t>(data_[pos_++])} << (8 * i);
-    return v;
-  }
-  int32_t i32(const char* field) { return static_cast<int32_t>(u32(field)); }
-  int64_t i64(const char* field) { return static_cast<int64_t>(u64(field)); }
-  std::string str(const char* field) {
-    uint64_t n = u64(field);
-    need(n, field);
-    std::string s(data_.substr(pos_, n));
-    pos_ += n;
-    return s;
-  }
-  // An element count, checked against the bytes left so a bad count cannot cause a huge allocation.
-  size_t count(const char* field, size_t min_element_bytes) {
-    uint32_t n = u32(field);
-    if (uint64_t{n} * min_element_bytes > end_ - pos_)
-      throw BadEntry{fmt::format("{}: {} elements cannot fit in the {} bytes left", field, n, end_ - pos_)};
-    return n;
-  }
-  size_t left() const { return end_ - pos_; }
-
- private:
-  void need(uint64_t n, const char* field) const {
-    if (n > end_ - pos_)
-      throw BadEntry{fmt::format("{}: needs {} bytes at offset {} but only {} are left", field, n, pos_, end_ - pos_)};
-  }
-  std::string_view data_;
-  size_t pos_, end_;
 };
 
 uint32_t read_u32_at(std::string_view d, size_t pos) {
@@ -217,51 +119,16 @@ Decoded decode(std::string_view d) {
   if (std::memcmp(sum.data(), d.data() + body_end, kChecksumSize) != 0)
     throw BadEntry{"checksum mismatch: the entry is truncated or corrupt"};
 
-  Reader r(d, header, body_end);
-  Decoded out;
-  out.key = r.str("key");
-  jit::CompiledKernel& k = out.kernel;
-  k.name = r.str("kernel name");
-  k.arch = r.str("arch");
-  uint8_t backend = r.u8("backend");
-  if (backend > static_cast<uint8_t>(jit::Backend::Nvrtc)) throw BadEntry{fmt::format("backend {} is unknown", backend)};
-  k.backend = static_cast<jit::Backend>(backend);
-  k.num_threads = r.i32("num_threads");
-  k.smem_bytes = r.i64("smem_bytes");
-  size_t n = r.count("ABI parameters", 10);
-  k.abi.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    jit::pir::Param p;
-    p.name = r.str("ABI parameter name");
-    uint8_t dtype = r.u8("ABI parameter dtype");
-    if (dtype > static_cast<uint8_t>(ir::DType::f8e5m2))
-      throw BadEntry{fmt::format("ABI parameter '{}': dtype {} is unknown", p.name, dtype)};
-    p.ty = {static_cast<ir::DType>(dtype), r.u8("ABI parameter pointer flag") != 0};
-    k.abi.push_back(std::move(p));
+  try {
+    codec::Reader r(d, header, body_end);
+    Decoded out;
+    out.key = r.str("key");
+    out.kernel = codec::read_kernel(r);
+    if (r.left() != 0) throw BadEntry{fmt::format("{} unexpected bytes after the last field", r.left())};
+    return out;
+  } catch (const codec::DecodeError& e) {
+    throw BadEntry{e.what()};
   }
-  n = r.count("tensor maps", 16);
-  k.tensor_maps.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    jit::pir::TensorMapSpec t;
-    t.abi_slot = r.i32("tensor map abi_slot");
-    t.param_index = r.i32("tensor map param_index");
-    size_t m = r.count("tensor map box", 8);
-    for (size_t j = 0; j < m; ++j) t.box.push_back(r.i64("tensor map box"));
-    t.swizzle_bytes = r.i32("tensor map swizzle");
-    k.tensor_maps.push_back(std::move(t));
-  }
-  k.info.name = r.str("info name");
-  k.info.arch = r.str("info arch");
-  for (int* v : {&k.info.registers, &k.info.shared_bytes, &k.info.spill_store_bytes, &k.info.spill_load_bytes,
-                 &k.info.stack_frame_bytes, &k.info.constant_bytes})
-    *v = r.i32("kernel info");
-  k.ptx_tool = r.str("ptx_tool");
-  k.ptx = r.str("ptx");
-  std::string cubin = r.str("cubin");
-  k.cubin.assign(cubin.begin(), cubin.end());
-  k.tile_ir = r.str("tile_ir");
-  if (r.left() != 0) throw BadEntry{fmt::format("{} unexpected bytes after the last field", r.left())};
-  return out;
 }
 
 // ---- files -----------------------------------------------------------------------------------
@@ -349,7 +216,9 @@ std::string lower(std::string s) {
 
 // ---- keys ------------------------------------------------------------------------------------
 
-std::string cache_key_text(const ir::Function& f, const jit::CompileOptions& opts) {
+namespace {
+
+std::string key_text(std::string_view ir_hash, const ir::Function& f, const jit::CompileOptions& opts) {
   std::string text = fmt::format(
       "tilejit-cache-key v1\n"
       "entry-format={}\n"
@@ -364,12 +233,18 @@ std::string cache_key_text(const ir::Function& f, const jit::CompileOptions& opt
       "make_cubin={}\n"
       "llvm={}\n"
       "ptx_tools={}\n",
-      kFormatVersion, kTilejitVersion, ir::structural_hash(f), f.name, opts.arch, jit::to_string(opts.backend),
-      opts.num_warps, opts.pipeline.enabled ? 1 : 0, opts.pipeline.stages, jit::to_string(opts.ptx_tool),
-      opts.make_cubin ? 1 : 0, jit::llvm_version(), jit::ptx_tool_versions());
+      kFormatVersion, kTilejitVersion, ir_hash, f.name, opts.arch, jit::to_string(opts.backend), opts.num_warps,
+      opts.pipeline.enabled ? 1 : 0, opts.pipeline.stages, jit::to_string(opts.ptx_tool), opts.make_cubin ? 1 : 0,
+      jit::llvm_version(), jit::ptx_tool_versions());
   // nvrtc is loaded only for its backend: asking its version otherwise would dlopen it for nothing.
   if (opts.backend == jit::Backend::Nvrtc) text += fmt::format("nvrtc={}\n", jit::nvrtc_version());
   return text;
+}
+
+}  // namespace
+
+std::string cache_key_text(const ir::Function& f, const jit::CompileOptions& opts) {
+  return key_text(ir::structural_hash(f), f, opts);
 }
 
 std::string cache_key(const ir::Function& f, const jit::CompileOptions& opts) {
@@ -561,7 +436,7 @@ struct MemoryCache {
   std::mutex mutex;
   std::unordered_map<std::string, MemorySlot> slots;
   uint64_t next_id = 0;
-  std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, compiles{0};
+  std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, compiles{0}, bundle_hits{0};
 };
 
 MemoryCache& memory() {
@@ -578,10 +453,25 @@ jit::CompiledKernel compile_cached(const ir::Function& f, const jit::CompileOpti
 jit::CompiledKernel compile_cached(const ir::Function& f, const jit::CompileOptions& opts, const CompileCache& disk) {
   MemoryCache& m = memory();
   if (!opts.dump_after.empty()) {
+    if (jit::compilers_disabled()) throw_not_bundled(f, opts, bundle_key(f, opts));
     ++m.compiles;
     return jit::compile(f, opts);
   }
-  const std::string key = cache_key(f, opts);
+  // The IR is hashed once for both keys: on a memory hit the hash is most of the cost.
+  const std::string ir_hash = ir::structural_hash(f);
+  // Loaded bundles first. Their key leaves the compiler versions out, so this lookup touches no
+  // compiler (asking ptxas or nvJitLink for its version would): a shipped application with
+  // compilers disabled gets its kernels here and nowhere else.
+  const bool disabled = jit::compilers_disabled();
+  if (disabled || bundles_loaded()) {
+    const std::string bkey = bundle_key_from_hash(ir_hash, f.name, opts);
+    if (std::optional<jit::CompiledKernel> k = find_bundled(bkey)) {
+      ++m.bundle_hits;
+      return std::move(*k);
+    }
+    if (disabled) throw_not_bundled(f, opts, bkey);
+  }
+  const std::string key = ir::sha256_hex(key_text(ir_hash, f, opts));
   std::promise<KernelPtr> promise;
   uint64_t id = 0;
   {
@@ -622,7 +512,7 @@ jit::CompiledKernel compile_cached(const ir::Function& f, const jit::CompileOpti
 
 CompileCacheStats compile_cache_stats() {
   MemoryCache& m = memory();
-  return {m.memory_hits.load(), m.disk_hits.load(), m.compiles.load()};
+  return {m.memory_hits.load(), m.disk_hits.load(), m.compiles.load(), m.bundle_hits.load()};
 }
 
 void reset_memory_cache() {
@@ -632,6 +522,7 @@ void reset_memory_cache() {
   m.memory_hits = 0;
   m.disk_hits = 0;
   m.compiles = 0;
+  m.bundle_hits = 0;
 }
 
 }  // namespace tilejit::runtime

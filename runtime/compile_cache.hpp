@@ -83,10 +83,13 @@ class CompileCache {
   mutable std::atomic<bool> warned_{false};
 };
 
-// The cached compile: the process-wide memory cache (keyed by cache_key, thread safe; concurrent
-// callers with the same key wait for one compile), then the disk cache, then jit::compile and a
-// disk store. A CompileOptions::dump_after request bypasses both caches (the dump exists only
-// while compiling). Kernels read from disk have zero timings.
+// The cached compile: the loaded bundles (runtime/bundle.hpp, by bundle_key), then the
+// process-wide memory cache (keyed by cache_key, thread safe; concurrent callers with the same key
+// wait for one compile), then the disk cache, then jit::compile and a disk store. A
+// CompileOptions::dump_after request bypasses all of them (the dump exists only while compiling).
+// Kernels read from bundles or disk have zero timings. With jit::compilers_disabled() only the
+// bundles are consulted (the other keys name compiler versions, which asks the compilers); a
+// kernel no loaded bundle holds is then a CompileError saying what the bundles do hold.
 jit::CompiledKernel compile_cached(const ir::Function& f, const jit::CompileOptions& opts = {});
 // The same with a given disk cache instead of CompileCache::global().
 jit::CompiledKernel compile_cached(const ir::Function& f, const jit::CompileOptions& opts, const CompileCache& disk);
@@ -97,6 +100,7 @@ struct CompileCacheStats {
   uint64_t memory_hits = 0;
   uint64_t disk_hits = 0;
   uint64_t compiles = 0;
+  uint64_t bundle_hits = 0;  // found in a loaded bundle
 };
 CompileCacheStats compile_cache_stats();
 // Empties the memory cache and zeroes the statistics (tests; long-running tools that reload).

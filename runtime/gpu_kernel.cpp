@@ -1,139 +1,510 @@
-// Argument checking, ABI flattening (tensor -> ptr, sizes as i32, strides as i64) and launch.
+// Argument checking and ABI packing planned once per signature (LaunchPlan), launches without
+// allocation (GpuKernel), and the TMA descriptors kept in device memory per tensor layout.
 #include "runtime/gpu_kernel.hpp"
 
 #include <fmt/format.h>
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <mutex>
 #include <stdexcept>
 
 namespace tilejit::runtime {
 
 using ir::DType;
 
-GpuKernel::GpuKernel(const ir::Function& signature, jit::CompiledKernel compiled, int device)
-    : params_(signature.params), name_(signature.name), compiled_(std::move(compiled)), device_(device) {
-  Driver::get().require(fmt::format("running kernel '{}'", name_).c_str());
-  if (compiled_.cubin.empty()) module_ = Module::from_ptx(compiled_.ptx, name_ + ".ptx", device);
-  else module_ = Module::from_cubin(compiled_.cubin.data(), compiled_.cubin.size(), name_ + ".cubin", device);
-  function_ = module_.function(name_);
+namespace {
+
+constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
+constexpr int64_t kGridYZMax = 65535;
+
+bool row_major(std::span<const int64_t> sizes, std::span<const int64_t> strides) {
+  int64_t expect = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    if (sizes[d] != 1 && strides[d] != expect) return false;
+    expect *= sizes[d];
+  }
+  return true;
 }
 
-void GpuKernel::operator()(Grid grid, const std::vector<DeviceArg>& args, CUstream stream) const {
-  auto bad = [&](size_t i, const std::string& msg) {
-    throw std::invalid_argument(fmt::format("tilejit: kernel '{}', argument {} '{}': {}", name_, i, params_[i].name, msg));
-  };
-  if (args.size() != params_.size()) {
-    std::vector<std::string> names;
-    for (const auto& p : params_) names.push_back(p.name);
-    throw std::invalid_argument(fmt::format("tilejit: kernel '{}' takes {} arguments ({}), got {}", name_, params_.size(),
-                                            fmt::join(names, ", "), args.size()));
-  }
-  for (int64_t g : {grid.x, grid.y, grid.z})
-    if (g < 1 || g > INT32_MAX) throw std::invalid_argument(fmt::format("tilejit: kernel '{}': grid dimension {} (valid: 1..2^31-1)", name_, g));
+std::string list(std::span<const int64_t> v) { return fmt::format("[{}]", fmt::join(v, ",")); }
 
-  // 8-byte slots: the driver reads each parameter's size from its slot.
-  std::vector<uint64_t> slots;
-  slots.reserve(64);
-  auto push = [&](const void* p, size_t n) {
-    uint64_t s = 0;
-    std::memcpy(&s, p, n);
-    slots.push_back(s);
-  };
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const ir::Param& p = params_[i];
-    const DeviceArg& a = args[i];
-    if (p.kind == ir::ParamKind::Scalar) {
-      if (a.tensor()) bad(i, fmt::format("expected a number of type {}, got the tensor {}", ir::name(p.type.dtype), a.tensor()->describe()));
-      const Arg& n = a.number();
-      DType d = p.type.dtype;
-      if (ir::is_float(d)) {
-        double v = n.kind() == Arg::Kind::Float ? n.as_double() : n.kind() == Arg::Kind::Int ? static_cast<double>(n.as_int()) : static_cast<double>(n.as_uint());
-        if (d == DType::f32) { float f = static_cast<float>(v); push(&f, 4); }
-        else if (d == DType::f64) push(&v, 8);
-        else bad(i, fmt::format("{} scalars are not supported by the GPU launcher yet", ir::name(d)));
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Arguments
+
+std::string TensorView::describe() const {
+  std::string s = fmt::format("{}{}", ir::name(dtype), list(sizes));
+  if (strides.size() != sizes.size() || !row_major(sizes, strides)) s += fmt::format(" strides {}", list(strides));
+  return s + fmt::format(" at {:#x} on device {}", address, device);
+}
+
+TensorView view(const DeviceTensor& t) {
+  return TensorView{t.dtype(), t.sizes(), t.strides(), static_cast<uint64_t>(t.ptr()), t.buffer().device()};
+}
+
+std::string DeviceArg::describe() const {
+  switch (kind_) {
+    case Kind::Tensor: return "the tensor " + view_.describe();
+    case Kind::Int: return fmt::format("the integer {}", i_);
+    case Kind::UInt: return fmt::format("the integer {}", u_);
+    case Kind::Float: return fmt::format("the float {}", f_);
+    case Kind::Bool: return fmt::format("the bool {}", u_ != 0);
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------------------
+// LaunchPlan
+
+LaunchPlan::LaunchPlan(const ir::Function& signature, int device)
+    : name_(signature.name), params_(signature.params), device_(device) {
+  int slot = 0;
+  plan_.reserve(params_.size());
+  for (const ir::Param& ip : params_) {
+    Param p;
+    p.kind = ip.kind;
+    p.dtype = ip.type.dtype;
+    p.slot = slot;
+    p.elem_bytes = ir::byte_size(p.dtype);
+    if (ip.kind == ir::ParamKind::Scalar) {
+      const DType d = p.dtype;
+      const int w = ir::bit_width(d);
+      if (d == DType::i1) p.scalar = Scalar::Bool;
+      else if (d == DType::f32) p.scalar = Scalar::F32;
+      else if (d == DType::f64) p.scalar = Scalar::F64;
+      else if (ir::is_float(d)) p.scalar = Scalar::Unsupported;
+      else if (ir::is_signed(d)) {
+        p.scalar = Scalar::Signed;
+        const int64_t hi = w == 64 ? std::numeric_limits<int64_t>::max() : (int64_t{1} << (w - 1)) - 1;
+        p.lo = -hi - 1;
+        p.hi = static_cast<uint64_t>(hi);
       } else {
-        if (n.kind() == Arg::Kind::Float) bad(i, fmt::format("expected an integer of type {}, got {}", ir::name(d), n.describe()));
-        int64_t v = n.kind() == Arg::Kind::UInt ? static_cast<int64_t>(n.as_uint()) : n.kind() == Arg::Kind::Bool ? (n.as_bool() ? 1 : 0) : n.as_int();
-        if (ir::bit_width(d) < 64 && ir::wrap_int(d, v) != v)
-          bad(i, fmt::format("the value {} does not fit in {}", v, ir::name(d)));
-        push(&v, static_cast<size_t>(ir::byte_size(d)));
+        p.scalar = Scalar::Unsigned;
+        p.hi = w == 64 ? std::numeric_limits<uint64_t>::max() : (uint64_t{1} << w) - 1;
       }
+      slot += 1;
+    } else {
+      p.align = static_cast<uint64_t>(std::max<int64_t>(ip.spec.align_bytes, p.elem_bytes));
+      p.contiguous_last = ip.spec.contiguous_last;
+      p.rank = ip.kind == ir::ParamKind::Tensor ? ip.type.rank : 0;
+      slot += 1 + 2 * p.rank;
+    }
+    plan_.push_back(p);
+  }
+  num_slots_ = slot;
+  if (num_slots_ > kMaxSlots)
+    throw std::invalid_argument(fmt::format("tilejit: kernel '{}' has {} ABI parameters, more than the {} the launcher supports",
+                                            name_, num_slots_, kMaxSlots));
+}
+
+void LaunchPlan::require_tma(const std::vector<jit::pir::TensorMapSpec>& specs) {
+  for (const jit::pir::TensorMapSpec& s : specs) {
+    if (s.param_index < 0 || static_cast<size_t>(s.param_index) >= plan_.size() ||
+        plan_[static_cast<size_t>(s.param_index)].rank != 2)
+      throw std::logic_error(fmt::format("tilejit: kernel '{}': a TMA descriptor refers to parameter {}, which is not a "
+                                         "rank-2 tensor of the signature",
+                                         name_, s.param_index));
+    plan_[static_cast<size_t>(s.param_index)].tma = true;
+  }
+}
+
+void LaunchPlan::check_abi(const jit::CompiledKernel& k) const {
+  auto fail = [&](const std::string& what) {
+    throw std::logic_error(fmt::format("tilejit: kernel '{}': the compiled kernel's ABI does not match the signature it is "
+                                       "launched with ({}); was it compiled from another signature?",
+                                       name_, what));
+  };
+  if (k.name != name_) fail(fmt::format("compiled as '{}'", k.name));
+  const size_t expect = static_cast<size_t>(num_slots_) + k.tensor_maps.size();
+  if (k.abi.size() != expect) fail(fmt::format("{} ABI parameters, expected {}", k.abi.size(), expect));
+  auto slot_is = [&](int s, jit::pir::Ty ty) {
+    if (!(k.abi[static_cast<size_t>(s)].ty == ty)) fail(fmt::format("ABI parameter {} '{}'", s, k.abi[static_cast<size_t>(s)].name));
+  };
+  for (const Param& p : plan_) {
+    if (p.kind == ir::ParamKind::Scalar) {
+      slot_is(p.slot, jit::pir::scalar(p.dtype));
       continue;
     }
-    const DeviceTensor* t = a.tensor();
-    if (!t) bad(i, fmt::format("expected a device tensor of {}, got {}", ir::name(p.type.dtype), a.number().describe()));
-    if (t->dtype() != p.type.dtype) bad(i, fmt::format("the tensor holds {} but the parameter is {}", ir::name(t->dtype()), ir::to_string(p.type)));
-    CUdeviceptr base = t->ptr();
-    int align = std::max(p.spec.align_bytes, ir::byte_size(p.type.dtype));
-    if (base % static_cast<CUdeviceptr>(align) != 0) bad(i, fmt::format("address {:#x} is not aligned to {} bytes", base, align));
-    push(&base, 8);
-    if (p.kind == ir::ParamKind::Tensor) {
-      if (t->rank() != p.type.rank) bad(i, fmt::format("expected a rank-{} tensor, got {}", p.type.rank, t->describe()));
-      if (p.spec.contiguous_last && t->strides().back() != 1)
-        bad(i, fmt::format("the innermost stride must be 1 (declared contiguous), got {}", t->strides().back()));
-      for (int d = 0; d + 1 < t->rank(); ++d)
-        if ((t->strides()[static_cast<size_t>(d)] * ir::byte_size(t->dtype())) % align != 0)
-          bad(i, fmt::format("stride {} of dim {} ({} bytes) is not a multiple of {} bytes, the row alignment the parameter "
-                             "requires", t->strides()[static_cast<size_t>(d)], d,
-                             t->strides()[static_cast<size_t>(d)] * ir::byte_size(t->dtype()), align));
-      for (int64_t s : t->sizes()) {
-        if (s > INT32_MAX) bad(i, fmt::format("size {} exceeds the i32 range of tensor sizes", s));
-        auto v = static_cast<int32_t>(s);
-        push(&v, 4);
+    slot_is(p.slot, jit::pir::pointer(p.dtype));
+    for (int d = 0; d < p.rank; ++d) {
+      slot_is(p.slot + 1 + d, jit::pir::scalar(DType::i32));
+      slot_is(p.slot + 1 + p.rank + d, jit::pir::scalar(DType::i64));
+    }
+  }
+  for (size_t m = 0; m < k.tensor_maps.size(); ++m)
+    if (k.tensor_maps[m].abi_slot != num_slots_ + static_cast<int>(m)) fail(fmt::format("tensor map {} is not a trailing parameter", m));
+}
+
+void LaunchPlan::bad(size_t i, const std::string& msg) const {
+  throw std::invalid_argument(fmt::format("tilejit: kernel '{}', argument {} '{}': {}", name_, i, params_[i].name, msg));
+}
+
+void LaunchPlan::bad_count(size_t got) const {
+  std::vector<std::string> names;
+  for (const auto& p : params_) names.push_back(p.name);
+  throw std::invalid_argument(fmt::format("tilejit: kernel '{}' takes {} argument{} ({}), got {}", name_, params_.size(),
+                                          params_.size() == 1 ? "" : "s", fmt::join(names, ", "), got));
+}
+
+void LaunchPlan::bad_grid(Grid g) const {
+  throw std::invalid_argument(fmt::format("tilejit: kernel '{}': grid ({},{},{}) is invalid: x must be in [1, {}], y and z in "
+                                          "[1, {}]",
+                                          name_, g.x, g.y, g.z, kI32Max, kGridYZMax));
+}
+
+void LaunchPlan::check(Grid grid, std::span<const DeviceArg> args) const {
+  uint64_t scratch[kMaxSlots];
+  pack(grid, args, scratch);
+}
+
+void LaunchPlan::pack(Grid grid, std::span<const DeviceArg> args, uint64_t* slots) const {
+  if (args.size() != plan_.size()) [[unlikely]]
+    bad_count(args.size());
+  if (grid.x < 1 || grid.x > kI32Max || grid.y < 1 || grid.y > kGridYZMax || grid.z < 1 || grid.z > kGridYZMax) [[unlikely]]
+    bad_grid(grid);
+  for (size_t i = 0; i < plan_.size(); ++i) {
+    const Param& p = plan_[i];
+    if (p.kind == ir::ParamKind::Scalar) pack_scalar(i, p, args[i], slots);
+    else pack_tensor(i, p, args[i], slots);
+  }
+}
+
+void LaunchPlan::pack_scalar(size_t i, const Param& p, const DeviceArg& a, uint64_t* slots) const {
+  using K = DeviceArg::Kind;
+  const std::string_view dn = ir::name(p.dtype);
+  uint64_t& s = slots[p.slot];
+  if (a.kind() == K::Tensor) [[unlikely]]
+    bad(i, fmt::format("expected a number of type {}, got {}", dn, a.describe()));
+  auto out_of_range = [&](const std::string& valid) {
+    bad(i, fmt::format("{} does not fit the parameter's type {} (valid: {})", a.describe(), dn, valid));
+  };
+  switch (p.scalar) {
+    case Scalar::Signed:
+      if (a.kind() == K::Int) {
+        if (a.as_int() < p.lo || a.as_int() > static_cast<int64_t>(p.hi)) [[unlikely]]
+          out_of_range(fmt::format("{} to {}", p.lo, p.hi));
+        s = static_cast<uint64_t>(a.as_int());
+        return;
       }
-      for (int64_t s : t->strides()) push(&s, 8);
+      if (a.kind() == K::UInt) {
+        if (a.as_uint() > p.hi) [[unlikely]]
+          out_of_range(fmt::format("{} to {}", p.lo, p.hi));
+        s = a.as_uint();
+        return;
+      }
+      break;
+    case Scalar::Unsigned:
+      if (a.kind() == K::Int) {
+        if (a.as_int() < 0 || static_cast<uint64_t>(a.as_int()) > p.hi) [[unlikely]]
+          out_of_range(fmt::format("0 to {}", p.hi));
+        s = static_cast<uint64_t>(a.as_int());
+        return;
+      }
+      if (a.kind() == K::UInt) {
+        if (a.as_uint() > p.hi) [[unlikely]]
+          out_of_range(fmt::format("0 to {}", p.hi));
+        s = a.as_uint();
+        return;
+      }
+      break;
+    case Scalar::Bool:
+      if (a.kind() == K::Bool) {
+        s = a.as_bool() ? 1 : 0;
+        return;
+      }
+      bad(i, fmt::format("expected a bool (the parameter is i1), got {}", a.describe()));
+    case Scalar::F32: {
+      float f;
+      if (a.kind() == K::Float) {
+        f = static_cast<float>(a.as_double());
+        if (std::isinf(f) && std::isfinite(a.as_double())) [[unlikely]]
+          out_of_range(fmt::format("finite values of magnitude up to {}, infinities and NaN", std::numeric_limits<float>::max()));
+      } else if (a.kind() == K::Int) {
+        f = static_cast<float>(a.as_int());
+      } else if (a.kind() == K::UInt) {
+        f = static_cast<float>(a.as_uint());
+      } else {
+        break;
+      }
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      s = bits;
+      return;
     }
+    case Scalar::F64: {
+      double d;
+      if (a.kind() == K::Float) d = a.as_double();
+      else if (a.kind() == K::Int) d = static_cast<double>(a.as_int());
+      else if (a.kind() == K::UInt) d = static_cast<double>(a.as_uint());
+      else break;
+      std::memcpy(&s, &d, 8);
+      return;
+    }
+    case Scalar::Unsupported:
+      bad(i, fmt::format("{} scalars are not supported by the GPU launcher yet (pass an f32 parameter and cast in the kernel)", dn));
+    case Scalar::None: break;
   }
-  // TMA descriptors (trailing parameters), encoded from the tensor arguments.
+  // A kind the parameter does not take.
+  if (a.kind() == K::Float)
+    bad(i, fmt::format("expected an integer of type {}, got {} (convert explicitly if truncation is meant)", dn, a.describe()));
+  if (a.kind() == K::Bool)
+    bad(i, fmt::format("expected a number of type {}, got {} (bool is accepted only for i1 parameters)", dn, a.describe()));
+  bad(i, fmt::format("expected a number of type {}, got {}", dn, a.describe()));
+}
+
+void LaunchPlan::pack_tensor(size_t i, const Param& p, const DeviceArg& a, uint64_t* slots) const {
+  const TensorView* t = a.tensor();
+  if (!t) [[unlikely]]
+    bad(i, fmt::format("expected a device tensor of {} (the parameter is {}), got {}", ir::name(p.dtype),
+                       ir::to_string(params_[i].type), a.describe()));
+  if (t->dtype != p.dtype) [[unlikely]]
+    bad(i, fmt::format("the tensor holds {} but the parameter is {}", ir::name(t->dtype), ir::to_string(params_[i].type)));
+  if (t->device != device_) [[unlikely]]
+    bad(i, fmt::format("{} is on device {} but the kernel runs on device {}", a.describe(), t->device, device_));
+  if (t->address % p.align != 0) [[unlikely]]
+    bad(i, fmt::format("base address {:#x} is not a multiple of {} bytes, the alignment the parameter requires", t->address,
+                       p.align));
+  slots[p.slot] = t->address;
+  if (p.kind == ir::ParamKind::Pointer) return;
+
+  const int rank = p.rank;
+  if (t->rank() != rank) [[unlikely]]
+    bad(i, fmt::format("expected a rank-{} tensor, got {}", rank, a.describe()));
+  if (t->strides.size() != t->sizes.size()) [[unlikely]]
+    bad(i, fmt::format("the tensor view has {} sizes but {} strides", t->sizes.size(), t->strides.size()));
+  const int64_t* sizes = t->sizes.data();
+  const int64_t* strides = t->strides.data();
+  if (p.contiguous_last && rank > 0 && strides[rank - 1] != 1) [[unlikely]]
+    bad(i, fmt::format("the innermost stride must be 1 (the parameter is declared contiguous), got {} in {}", strides[rank - 1],
+                       a.describe()));
+  const auto align = static_cast<int64_t>(p.align);
+  for (int d = 0; d + 1 < rank; ++d)
+    if ((strides[d] * p.elem_bytes) % align != 0) [[unlikely]]
+      bad(i, fmt::format("stride {} of dim {} ({} bytes) is not a multiple of {} bytes, the row alignment the parameter "
+                         "requires",
+                         strides[d], d, strides[d] * p.elem_bytes, align));
+  uint64_t* out = slots + p.slot + 1;
+  for (int d = 0; d < rank; ++d) {
+    if (sizes[d] < 0 || sizes[d] > kI32Max) [[unlikely]]
+      bad(i, fmt::format("size {} of dim {} is outside the i32 range of tensor sizes (valid: 0 to {})", sizes[d], d, kI32Max));
+    out[d] = static_cast<uint32_t>(sizes[d]);
+    out[rank + d] = static_cast<uint64_t>(strides[d]);
+  }
+  if (p.tma) check_tma(i, *t);
+}
+
+void LaunchPlan::check_tma(size_t i, const TensorView& t) const {
+  const int64_t es = ir::byte_size(t.dtype);
+  const int64_t pitch = t.strides[0] * es;
+  std::string need;  // formatted only on failure: this runs on every launch
+  if (t.rank() != 2 || t.strides[1] != 1) need = "a rank-2 tensor with unit innermost stride";
+  else if (t.address % 16 != 0) need = "a 16-byte aligned base address";
+  else if (t.sizes[0] < 1 || t.sizes[1] < 1) need = "a non-empty tensor";
+  else if (pitch <= 0 || pitch % 16 != 0 || pitch >= (int64_t{1} << 40)) need = "a row pitch that is a positive multiple of 16 bytes";
+  else if (t.sizes[0] > 1 && pitch < t.sizes[1] * es) need = fmt::format("a row pitch of at least one row ({} bytes)", t.sizes[1] * es);
+  else return;
+  bad(i, fmt::format("this kernel reads it through TMA, which needs {}; got {} (compile with "
+                     "CompileOptions::pipeline.enabled = false for arbitrary layouts)",
+                     need, t.describe()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// TMA descriptors
+
+// Descriptors live in device memory (the kernel takes a pointer to each). A set (one descriptor
+// per TensorMapSpec) is encoded for each distinct layout of the TMA tensors (address, sizes, row
+// pitch) and never changed while kernels may read it, so launches on any stream can share it; the
+// last layout is compared first, so a kernel called again on the same tensors does no encoding.
+// When all kSets sets are taken the device is synchronised once and the sets are reused. One mutex
+// guards the sets and is held until the launch is enqueued, so that a recycle never overwrites a
+// set that a launch in another thread has chosen but not yet enqueued.
+struct GpuKernel::TmaCache {
+  static constexpr int kSets = 128;
+  static constexpr int kMaxMaps = 16;
+  static constexpr int kKeyWords = 4;  // address, rows, columns, row pitch (elements)
+  static constexpr size_t kMapBytes = sizeof(CUtensorMap);
+  static_assert(kMapBytes == 128);
+
+  std::vector<jit::pir::TensorMapSpec> specs;
+  size_t words = 0;
+  std::mutex mutex;
+  bool have_last = false;
+  uint64_t last_key[kKeyWords * kMaxMaps] = {};
+  CUdeviceptr last_maps = 0;
+  std::vector<uint64_t> keys;  // kSets * words
+  int used = 0;
+  DeviceBuffer arena;          // kSets sets, allocated on first use
+  std::unique_ptr<Stream> upload;
+  std::vector<unsigned char> staging;
+
+  size_t set_bytes() const { return kMapBytes * specs.size(); }
+};
+
+namespace {
+
+CUtensorMapDataType tensor_map_dtype(DType d, const std::string& kernel) {
+  switch (d) {
+    case DType::bf16: return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    case DType::f16: return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    case DType::f32: return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+    case DType::f64: return CU_TENSOR_MAP_DATA_TYPE_FLOAT64;
+    case DType::i32: return CU_TENSOR_MAP_DATA_TYPE_INT32;
+    case DType::u32: return CU_TENSOR_MAP_DATA_TYPE_UINT32;
+    case DType::i64: return CU_TENSOR_MAP_DATA_TYPE_INT64;
+    case DType::u64: return CU_TENSOR_MAP_DATA_TYPE_UINT64;
+    case DType::i16:
+    case DType::u16: return CU_TENSOR_MAP_DATA_TYPE_UINT16;
+    case DType::i8:
+    case DType::u8:
+    case DType::f8e4m3:
+    case DType::f8e5m2: return CU_TENSOR_MAP_DATA_TYPE_UINT8;
+    default: break;
+  }
+  throw std::logic_error(fmt::format("tilejit: kernel '{}': no TMA data type for {}", kernel, ir::name(d)));
+}
+
+CUtensorMapSwizzle tensor_map_swizzle(int bytes, const std::string& kernel) {
+  switch (bytes) {
+    case 0: return CU_TENSOR_MAP_SWIZZLE_NONE;
+    case 32: return CU_TENSOR_MAP_SWIZZLE_32B;
+    case 64: return CU_TENSOR_MAP_SWIZZLE_64B;
+    case 128: return CU_TENSOR_MAP_SWIZZLE_128B;
+    default: break;
+  }
+  throw std::logic_error(fmt::format("tilejit: kernel '{}': no TMA swizzle of {} bytes", kernel, bytes));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// GpuKernel
+
+GpuKernel::GpuKernel(const ir::Function& signature, jit::CompiledKernel compiled, int device)
+    : plan_(signature, device), compiled_(std::move(compiled)), device_(device) {
+  const std::string& name = plan_.kernel_name();
+  plan_.check_abi(compiled_);
+  plan_.require_tma(compiled_.tensor_maps);
+  num_abi_ = plan_.num_slots() + static_cast<int>(compiled_.tensor_maps.size());
+  if (num_abi_ > LaunchPlan::kMaxSlots)
+    throw std::invalid_argument(fmt::format("tilejit: kernel '{}' has {} ABI parameters, more than the {} the launcher supports",
+                                            name, num_abi_, LaunchPlan::kMaxSlots));
+  if (compiled_.tensor_maps.size() > static_cast<size_t>(TmaCache::kMaxMaps))
+    throw std::invalid_argument(fmt::format("tilejit: kernel '{}' uses {} TMA descriptors, more than the {} the launcher supports",
+                                            name, compiled_.tensor_maps.size(), TmaCache::kMaxMaps));
+
+  Driver& d = Driver::get();
+  d.require(fmt::format("running kernel '{}'", name));
+  if (compiled_.cubin.empty()) module_ = Module::from_ptx(compiled_.ptx, name + ".ptx", device);
+  else module_ = Module::from_cubin(compiled_.cubin.data(), compiled_.cubin.size(), name + ".cubin", device);
+  function_ = module_.function(name);
+  context_ = &d.context(device);
+  launch_kernel_ = d.api().LaunchKernel;
+  block_threads_ = static_cast<unsigned>(compiled_.num_threads);
+  smem_bytes_ = static_cast<unsigned>(compiled_.smem_bytes);
+  // Once here rather than per launch: the limit is a property of the function and only grows.
+  if (smem_bytes_ > 0) d.ensure_dynamic_smem(function_, smem_bytes_, device, name);
+
   if (!compiled_.tensor_maps.empty()) {
-    std::vector<uint8_t> maps(128 * compiled_.tensor_maps.size());
-    for (size_t m = 0; m < compiled_.tensor_maps.size(); ++m) {
-      const jit::pir::TensorMapSpec& spec = compiled_.tensor_maps[m];
-      auto pi = static_cast<size_t>(spec.param_index);
-      const DeviceTensor* t = args[pi].tensor();
-      int es = ir::byte_size(t->dtype());
-      auto need = [&](bool ok, const std::string& what) {
-        if (!ok)
-          bad(pi, fmt::format("this kernel was compiled with the TMA pipeline, which needs {}; got {} (compile with "
-                              "CompileOptions::pipeline.enabled = false for arbitrary layouts)",
-                              what, t->describe()));
-      };
-      need(t->rank() == 2 && t->strides()[1] == 1, "a rank-2 tensor with unit innermost stride");
-      need((t->strides()[0] * es) % 16 == 0, "a row pitch that is a multiple of 16 bytes");
-      need(t->ptr() % 16 == 0, "a 16-byte aligned base address");
-      CUtensorMapDataType dt = t->dtype() == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-      cuuint64_t dims[2] = {static_cast<cuuint64_t>(t->sizes()[1]), static_cast<cuuint64_t>(t->sizes()[0])};
-      cuuint64_t strides[1] = {static_cast<cuuint64_t>(t->strides()[0] * es)};
-      cuuint32_t box[2] = {static_cast<cuuint32_t>(spec.box[0]), static_cast<cuuint32_t>(spec.box[1])};
-      cuuint32_t unit[2] = {1, 1};
-      CUtensorMap map;
-      check_cu_kernel(Driver::get().api().TensorMapEncodeTiled(&map, dt, 2, reinterpret_cast<void*>(t->ptr()), dims, strides, box,
-                                                              unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-                      "cuTensorMapEncodeTiled", name_);
-      std::memcpy(maps.data() + 128 * m, &map, 128);
-    }
-    if (maps != uploaded_maps_) {
-      if (tensor_maps_.bytes() < maps.size()) tensor_maps_ = DeviceBuffer(maps.size(), device_);
-      tensor_maps_.upload(maps.data(), maps.size());
-      uploaded_maps_ = maps;
-    }
-    for (size_t m = 0; m < compiled_.tensor_maps.size(); ++m) {
-      CUdeviceptr p = tensor_maps_.ptr() + 128 * m;
-      push(&p, 8);
-    }
+    tma_ = std::make_unique<TmaCache>();
+    tma_->specs = compiled_.tensor_maps;
+    tma_->words = TmaCache::kKeyWords * tma_->specs.size();
+    tma_->keys.resize(TmaCache::kSets * tma_->words);
+    tma_->staging.resize(tma_->set_bytes());
   }
-  std::vector<void*> ptrs;
-  for (uint64_t& s : slots) ptrs.push_back(&s);
-  LaunchConfig cfg;
-  cfg.grid = {static_cast<unsigned>(grid.x), static_cast<unsigned>(grid.y), static_cast<unsigned>(grid.z)};
-  cfg.block = {static_cast<unsigned>(compiled_.num_threads), 1, 1};
-  cfg.dynamic_smem_bytes = static_cast<unsigned>(compiled_.smem_bytes);
-  cfg.stream = stream;
-  cfg.device = device_;
-  launch(function_, cfg, ptrs.data(), name_);
+}
+
+GpuKernel::GpuKernel(GpuKernel&&) noexcept = default;
+GpuKernel& GpuKernel::operator=(GpuKernel&&) noexcept = default;
+GpuKernel::~GpuKernel() = default;
+
+void GpuKernel::enqueue(Grid grid, CUstream stream, void** ptrs) const {
+  check_cu_kernel(launch_kernel_(function_, static_cast<unsigned>(grid.x), static_cast<unsigned>(grid.y),
+                                 static_cast<unsigned>(grid.z), block_threads_, 1, 1, smem_bytes_, stream, ptrs, nullptr),
+                  "cuLaunchKernel", plan_.kernel_name());
+}
+
+void GpuKernel::launch(Grid grid, std::span<const DeviceArg> args, CUstream stream) const {
+  // Uninitialised on purpose: pack() writes every slot the kernel reads.
+  uint64_t slots[LaunchPlan::kMaxSlots];
+  void* ptrs[LaunchPlan::kMaxSlots];
+  plan_.pack(grid, args, slots);
+  for (int i = 0; i < num_abi_; ++i) ptrs[i] = &slots[i];
+  context_->make_current();
+  if (tma_) [[unlikely]] {
+    launch_with_tma(grid, args, stream, slots, ptrs);
+    return;
+  }
+  enqueue(grid, stream, ptrs);
+}
+
+void GpuKernel::launch_with_tma(Grid grid, std::span<const DeviceArg> args, CUstream stream, uint64_t* slots,
+                                void** ptrs) const {
+  TmaCache& c = *tma_;
+  const std::string& name = plan_.kernel_name();
+  uint64_t key[TmaCache::kKeyWords * TmaCache::kMaxMaps];
+  for (size_t m = 0; m < c.specs.size(); ++m) {
+    const TensorView& t = *args[static_cast<size_t>(c.specs[m].param_index)].tensor();  // checked by pack()
+    key[4 * m + 0] = t.address;
+    key[4 * m + 1] = static_cast<uint64_t>(t.sizes[0]);
+    key[4 * m + 2] = static_cast<uint64_t>(t.sizes[1]);
+    key[4 * m + 3] = static_cast<uint64_t>(t.strides[0]);
+  }
+  const size_t key_bytes = c.words * sizeof(uint64_t);
+
+  std::lock_guard lock(c.mutex);
+  CUdeviceptr maps = 0;
+  if (c.have_last && std::memcmp(key, c.last_key, key_bytes) == 0) {
+    maps = c.last_maps;
+  } else {
+    for (int s = 0; s < c.used && !maps; ++s)
+      if (std::memcmp(key, c.keys.data() + static_cast<size_t>(s) * c.words, key_bytes) == 0)
+        maps = c.arena.ptr() + static_cast<CUdeviceptr>(s) * c.set_bytes();
+    if (!maps) {
+      const DriverApi& api = Driver::get().api();
+      for (size_t m = 0; m < c.specs.size(); ++m) {
+        const jit::pir::TensorMapSpec& spec = c.specs[m];
+        const TensorView& t = *args[static_cast<size_t>(spec.param_index)].tensor();
+        const auto es = static_cast<cuuint64_t>(ir::byte_size(t.dtype));
+        cuuint64_t dims[2] = {static_cast<cuuint64_t>(t.sizes[1]), static_cast<cuuint64_t>(t.sizes[0])};
+        cuuint64_t strides[1] = {static_cast<cuuint64_t>(t.strides[0]) * es};
+        cuuint32_t box[2] = {static_cast<cuuint32_t>(spec.box[0]), static_cast<cuuint32_t>(spec.box[1])};
+        cuuint32_t unit[2] = {1, 1};
+        CUtensorMap map;
+        check_cu_kernel(api.TensorMapEncodeTiled(&map, tensor_map_dtype(t.dtype, name), 2, reinterpret_cast<void*>(t.address),
+                                                 dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                                 tensor_map_swizzle(spec.swizzle_bytes, name),
+                                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                        "cuTensorMapEncodeTiled", name);
+        std::memcpy(c.staging.data() + TmaCache::kMapBytes * m, &map, TmaCache::kMapBytes);
+      }
+      if (c.arena.bytes() == 0) c.arena = DeviceBuffer(TmaCache::kSets * c.set_bytes(), device_);
+      if (!c.upload) c.upload = std::make_unique<Stream>(device_);
+      if (c.used == TmaCache::kSets) {
+        // Every launch that could read a set was enqueued under this lock: once the device is idle
+        // no kernel reads any of them.
+        check_cu_kernel(api.CtxSynchronize(), "cuCtxSynchronize (recycling TMA descriptors)", name);
+        c.used = 0;
+        c.have_last = false;
+      }
+      const int s = c.used;
+      maps = c.arena.ptr() + static_cast<CUdeviceptr>(s) * c.set_bytes();
+      // A private stream, waited for: the descriptors are in device memory before any launch on
+      // any stream can name them, and no user stream is waited for.
+      check_cu_kernel(api.MemcpyHtoDAsync(maps, c.staging.data(), c.set_bytes(), c.upload->handle()), "cuMemcpyHtoDAsync", name);
+      check_cu_kernel(api.StreamSynchronize(c.upload->handle()), "cuStreamSynchronize", name);
+      std::memcpy(c.keys.data() + static_cast<size_t>(s) * c.words, key, key_bytes);
+      ++c.used;
+    }
+    std::memcpy(c.last_key, key, key_bytes);
+    c.last_maps = maps;
+    c.have_last = true;
+  }
+  for (size_t m = 0; m < c.specs.size(); ++m)
+    slots[plan_.num_slots() + static_cast<int>(m)] = maps + static_cast<CUdeviceptr>(TmaCache::kMapBytes * m);
+  enqueue(grid, stream, ptrs);
 }
 
 }  // namespace tilejit::runtime

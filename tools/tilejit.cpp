@@ -42,6 +42,16 @@ const Command kCommands[] = {
      "  Prints the IR after each pass (or only the --pass ones), the PTX, what the assembler\n"
      "  reports, and the SASS when cuobjdump is on PATH.\n",
      &cmd_inspect},
+    {"bundle", "build library kernels into a bundle an application loads with no compiler; list one",
+     "tilejit bundle -o FILE [--emit-cpp FILE.cpp] [--arch ARCH ...] KERNEL[:NAME=VALUE,...] ...\n"
+     "tilejit bundle --list FILE\n"
+     "  Compiles each KERNEL (its default schedule under your values) for each --arch (default sm_90a)\n"
+     "  and writes one checked file that tilejit::load_bundle(FILE) loads; --emit-cpp also writes a C++\n"
+     "  source embedding it that loads it at start-up when linked into an application. NAME=VALUE:\n"
+     "  a meta-parameter (an integer, true/false or a dtype), or the schedule: warps=N, stages=N,\n"
+     "  pipeline=on|off, backend=llvm|nvrtc. Examples: gemm  gemm:BLOCK_N=128,OUT_DTYPE=f32\n"
+     "  attention_fwd:CAUSAL=true,warps=8. --list prints a bundle's entries.\n",
+     &cmd_bundle},
 };
 
 void print_usage(FILE* out) {

@@ -1,0 +1,301 @@
+// tilejit::Function on the GPU (ctest label "gpu"): vector add and the library GEMM (TMA + wgmma,
+// default schedule) against the interpreter, no recompile for a second Function, the TMA
+// descriptor cache across changing layouts (and its recycling), 8 threads calling one Function on
+// their own streams. Skips visibly without a GPU.
+#include "runtime/function.hpp"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dsl/lang.hpp"
+#include "kernels/gemm.hpp"
+#include "kernels/registry.hpp"
+#include "runtime/compile_cache.hpp"
+#include "runtime/interpreter.hpp"
+#include "test_kernels.hpp"
+
+using namespace tilejit;
+using namespace tilejit::lang;
+using runtime::DeviceTensor;
+using runtime::Grid;
+using runtime::HostTensor;
+
+// GCC pairs the inlined operator new below with free() and warns; they do match.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+// Counts the heap allocations of this thread while `counting` is set: the launch path must make none.
+namespace {
+thread_local bool counting = false;
+std::atomic<long> allocations{0};
+}  // namespace
+void* operator new(std::size_t n) {
+  if (counting) ++allocations;
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+
+bool have_gpu() {
+  if (runtime::Driver::get().available()) return true;
+  MESSAGE("SKIPPED: no GPU: " << runtime::Driver::get().unavailable_reason());
+  return false;
+}
+
+// The library GEMM under its default schedule (what `tilejit compile gemm` builds).
+Function default_gemm() {
+  const kernels::LibraryKernel* lk = kernels::find("gemm");
+  REQUIRE(lk);
+  jit::CompileOptions o;
+  o.num_warps = lk->num_warps;
+  o.pipeline.stages = lk->stages;
+  return tilejit::compile(kernels::gemm(), lk->default_meta, o);
+}
+
+Grid gemm_grid(int64_t m, int64_t n) {
+  const kernels::LibraryKernel* lk = kernels::find("gemm");
+  int64_t bm = 0, bn = 0;
+  for (const auto& [name, v] : lk->default_meta) {
+    if (name == "BLOCK_M") bm = std::get<int64_t>(v);
+    if (name == "BLOCK_N") bn = std::get<int64_t>(v);
+  }
+  return Grid{cdiv(m, bm) * cdiv(n, bn)};  // GROUP_M > 0: a 1-D grid
+}
+
+// C[M,N] = A[M,K] @ Bt[N,K]^T in float64 (bf16 inputs are exact in double).
+std::vector<double> gemm_ref(const HostTensor& a, const HostTensor& bt, int64_t row0 = 0, int64_t m = -1) {
+  const int64_t M = m < 0 ? a.sizes()[0] : m, K = a.sizes()[1], N = bt.sizes()[0];
+  auto av = a.to_f64(), bv = bt.to_f64();
+  std::vector<double> c(static_cast<size_t>(M * N));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < K; ++p) s += av[static_cast<size_t>((row0 + i) * K + p)] * bv[static_cast<size_t>(j * K + p)];
+      c[static_cast<size_t>(i * N + j)] = s;
+    }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("gpu: Function vector add matches the interpreter exactly, on the default and a user stream") {
+  if (!have_gpu()) return;
+  Function add = tilejit::compile(test_kernels::vector_add, {{"BLOCK", 256}});
+  runtime::Stream stream;
+  for (int n : {1000, 1 << 20, 1}) {
+    INFO("n = " << n);
+    HostTensor x(f32, {n}), y(f32, {n}), ref(f32, {n});
+    x.fill_uniform(static_cast<uint64_t>(n), -1, 1);
+    y.fill_uniform(static_cast<uint64_t>(n) + 1, -1, 1);
+    const Grid grid{cdiv(n, 256)};
+    runtime::interpret(add.signature(), grid, {x, y, ref, n});
+    auto dx = DeviceTensor::from_host(x), dy = DeviceTensor::from_host(y);
+    DeviceTensor out(f32, {n});  // poisoned
+    add(grid, nullptr, dx, dy, out, n);
+    CHECK(runtime::max_abs_error(out.to_host().to_f64(), ref.to_f64()) == 0);
+    out.poison();
+    add(grid, stream, dx, dy, out, n);  // runtime::Stream overload
+    stream.synchronize();
+    CHECK(runtime::max_abs_error(out.to_host().to_f64(), ref.to_f64()) == 0);
+    // The dynamic form.
+    out.poison();
+    const std::vector<runtime::DeviceArg> args{dx, dy, out, n};
+    add.launch(grid, stream.handle(), args);
+    stream.synchronize();
+    CHECK(runtime::max_abs_error(out.to_host().to_f64(), ref.to_f64()) == 0);
+  }
+  CHECK(add.loaded());
+  // Checks still run on every call once loaded.
+  DeviceTensor small(f32, {16});
+  CHECK_THROWS_AS(add({1}, nullptr, small, small, small, 2.5), std::invalid_argument);
+  DeviceTensor wrong(i32, {16});
+  CHECK_THROWS_AS(add({1}, nullptr, small, wrong, small, 16), std::invalid_argument);
+  CHECK_THROWS_AS(add({0}, nullptr, small, small, small, 16), std::invalid_argument);
+}
+
+TEST_CASE("gpu: Function runs the library GEMM (default schedule, TMA + wgmma) like the interpreter") {
+  if (!have_gpu()) return;
+  Function gemm = default_gemm();
+  struct Shape3 {
+    int m, n, k;
+  };
+  // The second shape changes every TMA tensor's layout; the third returns to the first (its
+  // descriptors are found again, not re-encoded).
+  std::vector<Shape3> shapes{{256, 256, 128}, {200, 136, 192}, {256, 256, 128}};
+  std::vector<HostTensor> as, bs;
+  std::vector<DeviceTensor> das, dbs;
+  as.reserve(3), bs.reserve(3), das.reserve(3), dbs.reserve(3);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Shape3 s = shapes[i];
+    INFO(fmt::format("{}x{}x{}", s.m, s.n, s.k));
+    if (i < 2) {
+      as.emplace_back(bf16, ir::Shape{s.m, s.k});
+      bs.emplace_back(bf16, ir::Shape{s.n, s.k});
+      as.back().fill_uniform(31 + i, -1, 1);
+      bs.back().fill_uniform(41 + i, -1, 1);
+      das.push_back(DeviceTensor::from_host(as.back()));
+      dbs.push_back(DeviceTensor::from_host(bs.back()));
+    }
+    const size_t t = i % 2;
+    HostTensor ref(f32, {s.m, s.n});
+    const Grid grid = gemm_grid(s.m, s.n);
+    runtime::interpret(gemm.signature(), grid, {as[t], bs[t], ref});
+    DeviceTensor c(f32, {s.m, s.n});
+    gemm(grid, nullptr, das[t], dbs[t], c);
+    double err = runtime::rel_error(c.to_host().to_f64(), ref.to_f64());
+    INFO("rel. error " << err);
+    CHECK(err <= 1e-5);
+  }
+  REQUIRE(gemm.compiled().tensor_maps.size() == 2);  // it was the TMA pipeline
+}
+
+TEST_CASE("gpu: a second Function for the same kernel and meta compiles nothing") {
+  if (!have_gpu()) return;
+  Function first = tilejit::compile(test_kernels::vector_add, {{"BLOCK", 128}});
+  const int n = 5000;
+  HostTensor x(f32, {n}), y(f32, {n}), ref(f32, {n});
+  x.fill_uniform(7, -1, 1);
+  y.fill_uniform(8, -1, 1);
+  runtime::interpret(first.signature(), {cdiv(n, 128)}, {x, y, ref, n});
+  auto dx = DeviceTensor::from_host(x), dy = DeviceTensor::from_host(y);
+  DeviceTensor out(f32, {n});
+  first({cdiv(n, 128)}, nullptr, dx, dy, out, n);
+  const auto before = runtime::compile_cache_stats();
+  Function second = tilejit::compile(test_kernels::vector_add, {{"BLOCK", 128}});
+  out.poison();
+  second({cdiv(n, 128)}, nullptr, dx, dy, out, n);
+  const auto after = runtime::compile_cache_stats();
+  CHECK(after.compiles == before.compiles);
+  CHECK(after.disk_hits == before.disk_hits);
+  CHECK(after.memory_hits == before.memory_hits + 1);
+  CHECK(runtime::max_abs_error(out.to_host().to_f64(), ref.to_f64()) == 0);
+  // Later calls do not go through the cache at all.
+  for (int i = 0; i < 10; ++i) second({cdiv(n, 128)}, nullptr, dx, dy, out, n);
+  CHECK(runtime::compile_cache_stats().memory_hits == after.memory_hits);
+}
+
+TEST_CASE("gpu: 8 threads call one Function concurrently on their own streams") {
+  if (!have_gpu()) return;
+  Function add = tilejit::compile(test_kernels::vector_add, {{"BLOCK", 512}});
+  Function gemm = default_gemm();
+  constexpr int kThreads = 8, kLaunches = 50;
+  const int n = 100000;
+  const int M = 128, N = 256, K = 64;
+  struct PerThread {
+    HostTensor x, y, ref, a, bt;
+    std::vector<double> c_ref;
+  };
+  std::vector<PerThread> host(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    PerThread& h = host[static_cast<size_t>(t)];
+    h.x = HostTensor(f32, {n});
+    h.y = HostTensor(f32, {n});
+    h.ref = HostTensor(f32, {n});
+    h.x.fill_uniform(100 + t, -1, 1);
+    h.y.fill_uniform(200 + t, -1, 1);
+    runtime::interpret(add.signature(), {cdiv(n, 512)}, {h.x, h.y, h.ref, n});
+    h.a = HostTensor(bf16, {M, K});
+    h.bt = HostTensor(bf16, {N, K});
+    h.a.fill_uniform(300 + t, -1, 1);
+    h.bt.fill_uniform(400 + t, -1, 1);
+    h.c_ref = gemm_ref(h.a, h.bt);
+  }
+  // First calls from the main thread are not required: the threads race for the compile too.
+  std::atomic<int> failures{0};
+  std::vector<std::string> errors(kThreads);
+  std::vector<double> add_err(kThreads, -1), gemm_err(kThreads, -1);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        PerThread& h = host[static_cast<size_t>(t)];
+        runtime::Stream stream;
+        auto dx = DeviceTensor::from_host(h.x), dy = DeviceTensor::from_host(h.y);
+        auto da = DeviceTensor::from_host(h.a), db = DeviceTensor::from_host(h.bt);
+        DeviceTensor out(f32, {n}), c(f32, {M, N});
+        for (int i = 0; i < kLaunches; ++i) {
+          add({cdiv(n, 512)}, stream, dx, dy, out, n);
+          gemm(gemm_grid(M, N), stream, da, db, c);  // every thread's own tensors: TMA layouts alternate
+        }
+        stream.synchronize();
+        add_err[static_cast<size_t>(t)] = runtime::max_abs_error(out.to_host().to_f64(), h.ref.to_f64());
+        gemm_err[static_cast<size_t>(t)] = runtime::rel_error(c.to_host().to_f64(), h.c_ref);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(t)] = e.what();
+        ++failures;
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    INFO("thread " << t << ": " << errors[static_cast<size_t>(t)]);
+    CHECK(errors[static_cast<size_t>(t)].empty());
+    CHECK(add_err[static_cast<size_t>(t)] == 0);
+    CHECK(gemm_err[static_cast<size_t>(t)] >= 0);
+    CHECK(gemm_err[static_cast<size_t>(t)] <= 1e-5);
+  }
+  CHECK(failures == 0);
+}
+
+TEST_CASE("gpu: more distinct TMA layouts than descriptor sets: recycled sets never reach a pending launch") {
+  if (!have_gpu()) return;
+  Function gemm = default_gemm();
+  // 150 launches, each on A shifted by one row (a new descriptor for A every time: more than the
+  // 128 sets the launcher keeps) and writing its own block of C; all queued before any check.
+  const int M = 128, N = 256, K = 64, kLaunches = 150;
+  HostTensor a(bf16, {M + kLaunches, K}), bt(bf16, {N, K});
+  a.fill_uniform(5, -1, 1);
+  bt.fill_uniform(6, -1, 1);
+  auto da = DeviceTensor::from_host(a), db = DeviceTensor::from_host(bt);
+  DeviceTensor c(f32, {int64_t{kLaunches} * M, N});
+  runtime::Stream stream;
+  const std::vector<int64_t> a_sizes{M, K}, a_strides{K, 1}, c_sizes{M, N}, c_strides{N, 1};
+  for (int i = 0; i < kLaunches; ++i) {
+    runtime::TensorView av{bf16, a_sizes, a_strides, da.ptr() + static_cast<uint64_t>(i) * K * 2, 0};
+    runtime::TensorView cv{f32, c_sizes, c_strides, c.ptr() + static_cast<uint64_t>(i) * M * N * 4, 0};
+    gemm(gemm_grid(M, N), stream, av, db, cv);
+  }
+  stream.synchronize();
+  auto got = c.to_host().to_f64();
+  int bad = 0;
+  for (int i = 0; i < kLaunches; ++i) {
+    std::vector<double> ref = gemm_ref(a, bt, i, M);
+    std::vector<double> block(got.begin() + static_cast<ptrdiff_t>(i) * M * N, got.begin() + static_cast<ptrdiff_t>(i + 1) * M * N);
+    double err = runtime::rel_error(block, ref);
+    if (!(err <= 1e-5)) {
+      ++bad;
+      MESSAGE("launch " << i << ": rel. error " << err);
+    }
+  }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("gpu: calls after the first allocate nothing (plain and TMA kernels)") {
+  if (!have_gpu()) return;
+  Function add = tilejit::compile(test_kernels::vector_add, {{"BLOCK", 256}});
+  Function gemm = default_gemm();
+  const int n = 4096, M = 128, N = 256, K = 64;
+  DeviceTensor x(f32, {n}), y(f32, {n}), out(f32, {n});
+  DeviceTensor a(bf16, {M, K}), b(bf16, {N, K}), c(f32, {M, N});
+  runtime::Stream stream;
+  add({cdiv(n, 256)}, stream, x, y, out, n);  // first calls: compile and load
+  gemm(gemm_grid(M, N), stream, a, b, c);
+  stream.synchronize();
+  allocations = 0;
+  counting = true;
+  for (int i = 0; i < 1000; ++i) add({cdiv(n, 256)}, stream, x, y, out, n);
+  for (int i = 0; i < 100; ++i) gemm(gemm_grid(M, N), stream, a, b, c);
+  counting = false;
+  stream.synchronize();
+  CHECK(allocations.load() == 0);
+}

@@ -1,0 +1,169 @@
+// `tilejit bundle`: build library kernels into a bundle file (and/or a C++ source embedding it);
+// `tilejit bundle --list FILE`: what a bundle holds.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "commands.hpp"
+#include "runtime/bundle.hpp"
+
+namespace tilejit::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+int parse_int(const std::string& what, const std::string& v) {
+  try {
+    size_t used = 0;
+    int x = std::stoi(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(fmt::format("{}: '{}' is not an integer", what, v));
+}
+
+ir::MetaValue parse_meta_value(const std::string& spec, const std::string& name, const std::string& v) {
+  if (v == "true") return true;
+  if (v == "false") return false;
+  if (auto d = ir::parse_dtype(v)) return *d;
+  try {
+    size_t used = 0;
+    long long x = std::stoll(v, &used);
+    if (used == v.size()) return static_cast<int64_t>(x);
+  } catch (const std::exception&) {
+  }
+  throw UsageError(fmt::format("{}: {}={}: the value must be an integer, true/false or a dtype", spec, name, v));
+}
+
+// KERNEL[:NAME=VALUE,...]: upper-case names (any name but the four below) are meta-parameters;
+// warps, stages, pipeline and backend set the schedule.
+runtime::BundleEntrySpec parse_spec(const std::string& text) {
+  const size_t colon = text.find(':');
+  const std::string kernel = text.substr(0, colon);
+  if (kernel.empty()) throw UsageError(fmt::format("'{}': expected KERNEL[:NAME=VALUE,...]", text));
+  if (!kernels::find(kernel)) throw UsageError(fmt::format("unknown kernel '{}' (see `tilejit kernels`)", kernel));
+  runtime::BundleEntrySpec spec = runtime::BundleEntrySpec::with_default_schedule(kernel);
+  if (colon == std::string::npos) return spec;
+  std::string rest = text.substr(colon + 1);
+  size_t start = 0;
+  while (start <= rest.size()) {
+    size_t comma = rest.find(',', start);
+    std::string kv = rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    start = comma == std::string::npos ? rest.size() + 1 : comma + 1;
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UsageError(fmt::format("{}: '{}': expected NAME=VALUE", text, kv));
+    const std::string name = kv.substr(0, eq), value = kv.substr(eq + 1);
+    if (name == "warps") {
+      spec.options.num_warps = parse_int(fmt::format("{}: warps", text), value);
+    } else if (name == "stages") {
+      spec.options.pipeline.stages = parse_int(fmt::format("{}: stages", text), value);
+    } else if (name == "pipeline") {
+      if (value == "on" || value == "true") spec.options.pipeline.enabled = true;
+      else if (value == "off" || value == "false") spec.options.pipeline.enabled = false;
+      else throw UsageError(fmt::format("{}: pipeline={}: valid: on, off", text, value));
+    } else if (name == "backend") {
+      if (value == "llvm") spec.options.backend = jit::Backend::Llvm;
+      else if (value == "nvrtc") spec.options.backend = jit::Backend::Nvrtc;
+      else throw UsageError(fmt::format("{}: backend={}: valid: llvm, nvrtc", text, value));
+    } else {
+      for (const auto& m : spec.meta)
+        if (m.first == name) throw UsageError(fmt::format("{}: {} is given twice", text, name));
+      spec.meta.push_back({name, parse_meta_value(kernel, name, value)});
+    }
+  }
+  return spec;
+}
+
+std::string human_bytes(size_t n) {
+  if (n < 10 * 1024) return fmt::format("{} B", n);
+  if (n < 10 * 1024 * 1024) return fmt::format("{} KB", (n + 512) / 1024);
+  return fmt::format("{} MB", (n + 512 * 1024) / (1024 * 1024));
+}
+
+int list(const fs::path& file) {
+  runtime::Bundle b = runtime::read_bundle(file);
+  std::printf("%s: tilejit bundle format %u written by tilejit %s, %s, archs %s, %zu %s\n", file.c_str(),
+              b.format_version, b.tilejit_version.c_str(), human_bytes(b.bytes).c_str(),
+              b.archs.empty() ? "(none)" : fmt::format("{}", fmt::join(b.archs, ", ")).c_str(), b.entries.size(),
+              b.entries.size() == 1 ? "entry" : "entries");
+  for (const runtime::BundleEntry& e : b.entries) {
+    const jit::KernelInfo& info = e.compiled.info;
+    std::printf("  %-14s %-7s %s  [%s]\n", e.kernel.c_str(), e.arch.c_str(), e.schedule.c_str(), e.meta.c_str());
+    std::printf("    key %s  cubin %s, %d registers, %lld B dynamic shared memory, %d B spill stores, %d threads\n",
+                e.key.substr(0, 16).c_str(), human_bytes(e.compiled.cubin.size()).c_str(), info.registers,
+                static_cast<long long>(e.compiled.smem_bytes), info.spill_store_bytes, e.compiled.num_threads);
+  }
+  std::printf("  tuning tables: %s (section version %u)\n",
+              b.tuning.empty() ? "none" : human_bytes(b.tuning.size()).c_str(), b.tuning_version);
+  return 0;
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  if (p.has_parent_path()) fs::create_directories(p.parent_path());
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  out.close();
+  if (!out) throw std::runtime_error(fmt::format("tilejit: cannot write {}", p.string()));
+}
+
+}  // namespace
+
+int cmd_bundle(const Args& args) {
+  fs::path out, cpp, list_file;
+  std::vector<std::string> archs, specs_text;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-o") out = option_value(args, i);
+    else if (a == "--arch") archs.push_back(option_value(args, i));
+    else if (a == "--emit-cpp") cpp = option_value(args, i);
+    else if (a == "--list") list_file = option_value(args, i);
+    else if (a.starts_with("-")) throw UsageError(fmt::format("unknown option '{}'", a));
+    else specs_text.push_back(a);
+  }
+  if (!list_file.empty()) {
+    if (!out.empty() || !cpp.empty() || !archs.empty() || !specs_text.empty())
+      throw UsageError("--list FILE takes no other arguments");
+    return list(list_file);
+  }
+  if (out.empty() && cpp.empty()) throw UsageError("say where to write the bundle: -o FILE and/or --emit-cpp FILE.cpp");
+  if (specs_text.empty()) throw UsageError("name at least one kernel (see `tilejit kernels`)");
+  if (archs.empty()) archs.push_back("sm_90a");
+  for (const std::string& arch : archs)
+    if (!arch.starts_with("sm_") || arch.size() < 5)
+      throw UsageError(fmt::format("--arch {}: expected a GPU arch such as sm_90a or sm_80", arch));
+
+  // Every spec is parsed and built (meta names and values checked) before anything compiles.
+  std::vector<runtime::BundleEntrySpec> specs;
+  for (const std::string& text : specs_text) {
+    runtime::BundleEntrySpec spec = parse_spec(text);
+    try {
+      (void)spec.build();
+    } catch (const std::exception& e) {
+      throw UsageError(fmt::format("{}: {}", text, e.what()));
+    }
+    for (const std::string& arch : archs) {
+      spec.options.arch = arch;
+      specs.push_back(spec);
+    }
+  }
+  runtime::Bundle b = runtime::make_bundle(specs);
+  const std::string name = !out.empty() ? out.filename().string() : cpp.stem().string() + ".tjb";
+  b.name = name;
+  std::string bytes = runtime::encode_bundle(b);
+  if (!out.empty()) {
+    runtime::save_bundle(out, b);
+    std::printf("wrote %s: %zu kernels for %s, %s\n", out.c_str(), b.entries.size(),
+                fmt::format("{}", fmt::join(b.archs, ", ")).c_str(), human_bytes(bytes.size()).c_str());
+  }
+  if (!cpp.empty()) {
+    write_text(cpp, runtime::bundle_cpp_source(bytes, name));
+    std::printf("wrote %s: embeds %s (%s); link it into the application to load the kernels at start-up\n",
+                cpp.c_str(), name.c_str(), human_bytes(bytes.size()).c_str());
+  }
+  return 0;
+}
+
+}  // namespace tilejit::cli
