@@ -1,6 +1,8 @@
 // The compile cache without a GPU: entries round-trip every field, keys move with every component,
 // damaged or foreign entries are refused and removed, concurrent writers leave one good entry.
 #include <doctest/doctest.h>
+
+#include "compiled_kernel_checks.hpp"
 #include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +28,8 @@
 
 using namespace tilejit;
 using runtime::CompileCache;
+using tilejit::testing::check_same;
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -88,39 +92,6 @@ std::vector<std::string> file_names(const fs::path& dir) {
 }
 
 std::string key_of(std::string_view seed) { return ir::sha256_hex(seed); }
-
-// Every field a launch or `tilejit inspect` reads. backend_source, dump and timings are not kept.
-void check_same(const jit::CompiledKernel& a, const jit::CompiledKernel& b) {
-  CHECK(a.name == b.name);
-  CHECK(a.arch == b.arch);
-  CHECK(a.backend == b.backend);
-  CHECK(a.num_threads == b.num_threads);
-  CHECK(a.smem_bytes == b.smem_bytes);
-  REQUIRE(a.abi.size() == b.abi.size());
-  for (size_t i = 0; i < a.abi.size(); ++i) {
-    CHECK(a.abi[i].name == b.abi[i].name);
-    CHECK(a.abi[i].ty == b.abi[i].ty);
-  }
-  REQUIRE(a.tensor_maps.size() == b.tensor_maps.size());
-  for (size_t i = 0; i < a.tensor_maps.size(); ++i) {
-    CHECK(a.tensor_maps[i].abi_slot == b.tensor_maps[i].abi_slot);
-    CHECK(a.tensor_maps[i].param_index == b.tensor_maps[i].param_index);
-    CHECK(a.tensor_maps[i].box == b.tensor_maps[i].box);
-    CHECK(a.tensor_maps[i].swizzle_bytes == b.tensor_maps[i].swizzle_bytes);
-  }
-  CHECK(a.tile_ir == b.tile_ir);
-  CHECK(a.ptx == b.ptx);
-  CHECK(a.cubin == b.cubin);
-  CHECK(a.ptx_tool == b.ptx_tool);
-  CHECK(a.info.name == b.info.name);
-  CHECK(a.info.arch == b.info.arch);
-  CHECK(a.info.registers == b.info.registers);
-  CHECK(a.info.shared_bytes == b.info.shared_bytes);
-  CHECK(a.info.spill_store_bytes == b.info.spill_store_bytes);
-  CHECK(a.info.spill_load_bytes == b.info.spill_load_bytes);
-  CHECK(a.info.stack_frame_bytes == b.info.stack_frame_bytes);
-  CHECK(a.info.constant_bytes == b.info.constant_bytes);
-}
 
 // Small, with every field set to something other than its default (tensor maps, every dtype
 // position, 64-bit values, NUL bytes in the cubin): cheap enough to damage at every byte.

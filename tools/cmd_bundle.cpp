@@ -14,29 +14,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int parse_int(const std::string& what, const std::string& v) {
-  try {
-    size_t used = 0;
-    int x = std::stoi(v, &used);
-    if (used == v.size()) return x;
-  } catch (const std::exception&) {
-  }
-  throw UsageError(fmt::format("{}: '{}' is not an integer", what, v));
-}
-
-ir::MetaValue parse_meta_value(const std::string& spec, const std::string& name, const std::string& v) {
-  if (v == "true") return true;
-  if (v == "false") return false;
-  if (auto d = ir::parse_dtype(v)) return *d;
-  try {
-    size_t used = 0;
-    long long x = std::stoll(v, &used);
-    if (used == v.size()) return static_cast<int64_t>(x);
-  } catch (const std::exception&) {
-  }
-  throw UsageError(fmt::format("{}: {}={}: the value must be an integer, true/false or a dtype", spec, name, v));
-}
-
 // KERNEL[:NAME=VALUE,...]: upper-case names (any name but the four below) are meta-parameters;
 // warps, stages, pipeline and backend set the schedule.
 runtime::BundleEntrySpec parse_spec(const std::string& text) {
@@ -71,7 +48,7 @@ runtime::BundleEntrySpec parse_spec(const std::string& text) {
     } else {
       for (const auto& m : spec.meta)
         if (m.first == name) throw UsageError(fmt::format("{}: {} is given twice", text, name));
-      spec.meta.push_back({name, parse_meta_value(kernel, name, value)});
+      spec.meta.push_back({name, parse_meta_value(text + ":", name, value)});
     }
   }
   return spec;

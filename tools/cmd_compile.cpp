@@ -12,7 +12,15 @@
 namespace tilejit::cli {
 namespace {
 
-ir::MetaValue parse_meta_value(const std::string& name, const std::string& v) {
+void write_file(const std::filesystem::path& p, const void* data, size_t n) {
+  std::ofstream out(p, std::ios::binary);
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+  if (!out) throw std::runtime_error(fmt::format("tilejit: cannot write {}", p.string()));
+}
+
+}  // namespace
+
+ir::MetaValue parse_meta_value(const std::string& context, const std::string& name, const std::string& v) {
   if (v == "true") return true;
   if (v == "false") return false;
   if (auto d = ir::parse_dtype(v)) return *d;
@@ -22,26 +30,18 @@ ir::MetaValue parse_meta_value(const std::string& name, const std::string& v) {
     if (used == v.size()) return static_cast<int64_t>(x);
   } catch (const std::exception&) {
   }
-  throw UsageError(fmt::format("--meta {}={}: the value must be an integer, true/false or a dtype", name, v));
+  throw UsageError(fmt::format("{} {}={}: the value must be an integer, true/false or a dtype", context, name, v));
 }
 
-int parse_int(const std::string& option, const std::string& v) {
+int parse_int(const std::string& context, const std::string& v) {
   try {
     size_t used = 0;
     int x = std::stoi(v, &used);
     if (used == v.size()) return x;
   } catch (const std::exception&) {
   }
-  throw UsageError(fmt::format("{} {}: expected an integer", option, v));
+  throw UsageError(fmt::format("{}: '{}' is not an integer", context, v));
 }
-
-void write_file(const std::filesystem::path& p, const void* data, size_t n) {
-  std::ofstream out(p, std::ios::binary);
-  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
-  if (!out) throw std::runtime_error(fmt::format("tilejit: cannot write {}", p.string()));
-}
-
-}  // namespace
 
 const std::string& option_value(const Args& args, size_t& i) {
   if (i + 1 >= args.size()) throw UsageError(fmt::format("{} needs a value", args[i]));
@@ -70,7 +70,7 @@ bool parse_kernel_option(const Args& args, size_t& i, KernelSelection& sel) {
     const std::string& kv = option_value(args, i);
     auto eq = kv.find('=');
     if (eq == std::string::npos) throw UsageError(fmt::format("--meta {}: expected NAME=VALUE", kv));
-    sel.meta.push_back({kv.substr(0, eq), parse_meta_value(kv.substr(0, eq), kv.substr(eq + 1))});
+    sel.meta.push_back({kv.substr(0, eq), parse_meta_value("--meta", kv.substr(0, eq), kv.substr(eq + 1))});
   } else if (a == "--backend") {
     const std::string& b = option_value(args, i);
     if (b == "llvm") sel.options.backend = jit::Backend::Llvm;

@@ -43,5 +43,9 @@ struct KernelSelection {
 KernelSelection select_kernel(const std::string& name);
 bool parse_kernel_option(const Args& args, size_t& i, KernelSelection& sel);
 const std::string& option_value(const Args& args, size_t& i);
+// VALUE of a meta-parameter on the command line: an integer, true/false or a dtype name.
+// `context` starts the usage error ("--meta", "gemm:BLOCK_N=...").
+ir::MetaValue parse_meta_value(const std::string& context, const std::string& name, const std::string& value);
+int parse_int(const std::string& context, const std::string& value);
 
 }  // namespace tilejit::cli
