@@ -22,8 +22,11 @@ struct Config {
 };
 
 int main(int argc, char** argv) {
+  // --b-mn-major: B given as B[K,N] row-major (cuBLAS "NN") instead of B^T[N,K] ("TN")
+  bool b_mn = argc > 1 && std::string(argv[1]) == "--b-mn-major";
+  int first = b_mn ? 2 : 1;
   std::vector<std::array<int, 3>> shapes;
-  for (int i = 1; i + 2 < argc; i += 3) shapes.push_back({std::atoi(argv[i]), std::atoi(argv[i + 1]), std::atoi(argv[i + 2])});
+  for (int i = first; i + 2 < argc; i += 3) shapes.push_back({std::atoi(argv[i]), std::atoi(argv[i + 1]), std::atoi(argv[i + 2])});
   if (shapes.empty()) shapes = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16384, 6144, 2048}};
   auto& driver = runtime::Driver::get();
   if (!driver.available()) {
@@ -33,7 +36,7 @@ int main(int argc, char** argv) {
   const std::vector<Config> configs{{128, 128, 4, 3}, {128, 128, 4, 4}, {128, 256, 8, 3}, {128, 256, 8, 4},
                                     {256, 128, 8, 3}, {128, 128, 8, 4}};
   for (auto [M, N, K] : shapes) {
-    runtime::HostTensor a(bf16, {M, K}), bt(bf16, {N, K});
+    runtime::HostTensor a(bf16, {M, K}), bt(bf16, b_mn ? ir::Shape{K, N} : ir::Shape{N, K});
     a.fill_uniform(1, -1, 1);
     bt.fill_uniform(2, -1, 1);
     auto da = runtime::DeviceTensor::from_host(a), db = runtime::DeviceTensor::from_host(bt);
@@ -42,7 +45,7 @@ int main(int argc, char** argv) {
     std::string best_cfg;
     double best_err = NAN;
     for (Config c : configs) {
-      lang::Meta meta{{"BLOCK_M", c.bm}, {"BLOCK_N", c.bn}, {"BLOCK_K", 64}, {"B_KMAJOR", true}, {"OUT_DTYPE", bf16},
+      lang::Meta meta{{"BLOCK_M", c.bm}, {"BLOCK_N", c.bn}, {"BLOCK_K", 64}, {"B_KMAJOR", !b_mn}, {"OUT_DTYPE", bf16},
                       {"GROUP_M", 8}};
       auto fn = kernels::gemm().build(meta);
       jit::CompileOptions o;
@@ -75,7 +78,7 @@ int main(int argc, char** argv) {
       for (int s = 0; s < 256; ++s) {
         int i = static_cast<int>(rng() % M), j = static_cast<int>(rng() % N);
         double ref = 0;
-        for (int p = 0; p < K; ++p) ref += a.get({i, p}) * bt.get({j, p});
+        for (int p = 0; p < K; ++p) ref += a.get({i, p}) * (b_mn ? bt.get({p, j}) : bt.get({j, p}));
         double got = c_host.get({i, j});
         num += (got - ref) * (got - ref);
         den += ref * ref;

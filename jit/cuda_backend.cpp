@@ -993,7 +993,8 @@ class Printer {
       text = fmt::format("wgmma.wait_group.sync.aligned {};", in.imm);
     } else {
       const int64_t nn = in.imm & 0xFFFF;
-      const auto od = static_cast<DType>(in.imm >> 16);
+      const auto od = static_cast<DType>((in.imm >> 16) & 0xFF);
+      const int64_t trans_b = (in.imm >> 24) & 1;
       if (od != DType::f16 && od != DType::bf16) fail(fmt::format("wgmma operands must be f16 or bf16 (imm is {:#x})", in.imm));
       if (nn < 8 || nn > 256 || nn % 8 || static_cast<size_t>(nn / 2) != nr)
         fail(fmt::format("wgmma m64n{}k16 needs {} accumulators, got {}", nn, nn / 2, nr));
@@ -1003,8 +1004,8 @@ class Printer {
       std::string regs;
       for (size_t i = 0; i < nr; ++i) regs += fmt::format("{}%{}", i ? ", " : "", i);
       text = fmt::format("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{}, 0;\\n\\twgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} "
-                         "{{{}}}, %{}, %{}, p, 1, 1, 0, 0;\\n\\t}}",
-                         nr + 2, nn, t, t, regs, nr, nr + 1);
+                         "{{{}}}, %{}, %{}, p, 1, 1, 0, {};\\n\\t}}",
+                         nr + 2, nn, t, t, regs, nr, nr + 1, trans_b);
       inputs = fmt::format("\"l\"({}), \"l\"({}), \"r\"(1)", n(in.args[0]), n(in.args[1]));
     }
     std::vector<std::string> outs;

@@ -514,10 +514,11 @@ class Emitter {
           text = fmt::format("wgmma.wait_group.sync.aligned {};", in.imm);
         } else {
           int64_t nn = in.imm & 0xFFFF;
-          const char* t = static_cast<DType>(in.imm >> 16) == DType::bf16 ? "bf16" : "f16";
+          const char* t = static_cast<DType>((in.imm >> 16) & 0xFF) == DType::bf16 ? "bf16" : "f16";
+          int64_t trans_b = (in.imm >> 24) & 1;
           text = fmt::format("{{\n\t.reg .pred p;\n\tsetp.ne.b32 p, ${}, 0;\n\twgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} "
-                             "{{{}}}, ${}, ${}, p, 1, 1, 0, 0;\n\t}}",
-                             n + 2, nn, t, t, regs, n, n + 1);
+                             "{{{}}}, ${}, ${}, p, 1, 1, 0, {};\n\t}}",
+                             n + 2, nn, t, t, regs, n, n + 1, trans_b);
           cons += ",l,l,r";
           args = {a(0), a(1), b_.getInt32(1)};
         }

@@ -1087,7 +1087,10 @@ class Lowerer {
         pir::TensorMapSpec spec;
         spec.abi_slot = static_cast<int>(out_.params.size());
         spec.param_index = index;
-        spec.box = {m.bk, rows};
+        // K-major tiles are one box of 64 K-elements per row; an MN-major B is loaded in
+        // 64-column chunks (a 128-byte swizzled row holds 64 elements), each BK rows tall.
+        bool mn = load == m.load_b && m.b_mn_major;
+        spec.box = mn ? std::vector<int64_t>{64, m.bk} : std::vector<int64_t>{m.bk, rows};
         out_.tensor_maps.push_back(spec);
         pir::Ty t = pir::pointer(DType::u8);
         out_.params.push_back({f_.params[static_cast<size_t>(index)].name + "_tensor_map", t});
@@ -1114,11 +1117,13 @@ class Lowerer {
     return r;
   }
 
-  // A wgmma shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 B apart.
-  V descriptor(V addr) {
-    constexpr uint64_t kFixed = (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+  // A wgmma shared-memory matrix descriptor with 128-byte swizzle: 8-row groups 1024 B apart (the
+  // stride byte offset). The leading byte offset matters only for MN-major operands: the distance
+  // between 64-element column chunks.
+  V descriptor(V addr, int64_t leading_bytes = 16) {
+    const uint64_t fixed = (static_cast<uint64_t>(leading_bytes >> 4) << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
     V a = bin(Op::bit_and, bin(Op::shr, cast(addr, DType::u64), cint(DType::u64, 4)), cint(DType::u64, 0x3FFF));
-    return bin(Op::bit_or, a, cint(DType::u64, static_cast<int64_t>(kFixed)));
+    return bin(Op::bit_or, a, cint(DType::u64, static_cast<int64_t>(fixed)));
   }
 
   void tma_loop(const ir::Op& op, const TmaDotLoop& m) {
@@ -1133,11 +1138,11 @@ class Lowerer {
     V span = bin(Op::sub, ub, lb);
     V nk = emit(Op::select, pir::scalar(DType::i32),
                 {cmp(pir::Pred::gt, span, ci32(0)), bin(Op::div, bin(Op::sub, bin(Op::add, span, step), ci32(1)), step), ci32(0)});
-    V m_off = i32(m.load_a->operands[1]), n_off = i32(m.load_b->operands[1]);
+    V m_off = i32(m.load_a->operands[1]), n_off = i32(m.load_b->operands[m.b_mn_major ? 2 : 1]);
     int ia = 0, ib = 0;
     while (f_.params[static_cast<size_t>(ia)].value != m.load_a->operands[0]) ++ia;
     while (f_.params[static_cast<size_t>(ib)].value != m.load_b->operands[0]) ++ib;
-    V map_a = tensor_maps_.at({ia, m.bm}), map_b = tensor_maps_.at({ib, m.bn});
+    V map_a = tensor_maps_.at({ia, m.bm}), map_b = tensor_maps_.at({ib, m.bn});  // keyed by rows = BN for B either way
     V is0 = cmp(pir::Pred::eq, tid_, ci32(0));
     V base = emit(Op::smem_addr, pir::scalar(DType::u32), {ci32(0)});
     auto addr = [&](V byte_off) { return bin(Op::add, base, cast(byte_off, DType::u32)); };
@@ -1148,7 +1153,14 @@ class Lowerer {
       V stage_off = bin(Op::mul, s, ci32(stage));
       emit0(Op::mbar_expect_tx, {full(s), ci32(a_bytes + b_bytes)});
       emit0(Op::tma_load_2d, {addr(stage_off), map_a, k, m_off, full(s)});
-      emit0(Op::tma_load_2d, {addr(bin(Op::add, stage_off, ci32(a_bytes))), map_b, k, n_off, full(s)});
+      V b_off = bin(Op::add, stage_off, ci32(a_bytes));
+      if (!m.b_mn_major) {
+        emit0(Op::tma_load_2d, {addr(b_off), map_b, k, n_off, full(s)});
+      } else {
+        for (int64_t c = 0; c < m.bn / 64; ++c)  // chunk c: columns n + 64c.., BK rows, at b_off + c*64*BK*2
+          emit0(Op::tma_load_2d, {addr(bin(Op::add, b_off, ci32(c * 64 * m.bk * 2))), map_b,
+                                  bin(Op::add, n_off, ci32(64 * c)), k, full(s)});
+      }
     };
     pir_if(is0, [&] {
       for (int s = 0; s < S; ++s) {
@@ -1185,13 +1197,17 @@ class Lowerer {
       emit0(Op::wgmma_fence, {});
       V stage_off = bin(Op::mul, s, ci32(stage));
       V wg = bin(Op::shr, warp_, ci32(2));
-      V desc_b = descriptor(addr(bin(Op::add, stage_off, ci32(a_bytes))));
-      int64_t imm = m.bn | (static_cast<int64_t>(at.dtype) << 16);
+      // K-major B advances 32 bytes (16 elements) per k16 step inside its swizzled rows; MN-major
+      // B advances 16 rows of 128 bytes.
+      V desc_b = m.b_mn_major ? descriptor(addr(bin(Op::add, stage_off, ci32(a_bytes))), 64 * m.bk * 2)
+                              : descriptor(addr(bin(Op::add, stage_off, ci32(a_bytes))));
+      const int64_t b_step = m.b_mn_major ? 16 * 128 / 16 : 2;  // in descriptor units (16 bytes)
+      int64_t imm = m.bn | (static_cast<int64_t>(at.dtype) << 16) | (int64_t{m.b_mn_major} << 24);
       for (int64_t r = 0; r < reps; ++r) {
         V row0 = bin(Op::add, bin(Op::mul, wg, ci32(64)), ci32(r * 64 * WG));
         V desc_a = descriptor(addr(bin(Op::add, stage_off, bin(Op::mul, row0, ci32(m.bk * 2)))));
         for (int64_t kk = 0; kk < m.bk / 16; ++kk) {
-          std::vector<V> args{bin(Op::add, desc_a, cint(DType::u64, 2 * kk)), bin(Op::add, desc_b, cint(DType::u64, 2 * kk))};
+          std::vector<V> args{bin(Op::add, desc_a, cint(DType::u64, 2 * kk)), bin(Op::add, desc_b, cint(DType::u64, b_step * kk))};
           for (int64_t j = 0; j < per; ++j) args.push_back(acc[static_cast<size_t>(r * per + j)]);
           Regs out = emit_multi(Op::wgmma, args, static_cast<size_t>(per), pir::scalar(DType::f32), imm);
           for (int64_t j = 0; j < per; ++j) acc[static_cast<size_t>(r * per + j)] = out[static_cast<size_t>(j)];

@@ -60,7 +60,7 @@ enum class Op : uint8_t {
   wgmma_fence,
   wgmma_commit,
   wgmma_wait,         // (acc f32...) imm = groups left in flight -> acc, readable afterwards
-  wgmma,              // (desc a u64, desc b u64, acc f32 x n/2) imm = n | dtype << 16 -> n/2 f32
+  wgmma,              // (desc a u64, desc b u64, acc f32 x n/2) imm = n | dtype << 16 | trans_b << 24 -> n/2 f32
   for_,    // (lb, ub, step, init...) region(iv, carried...) -> results
   if_,     // (cond) regions then/else -> results
   yield,

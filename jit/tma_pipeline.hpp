@@ -1,6 +1,7 @@
 // Recognises the loops the Hopper pipeline lowers (sm_90a): a K loop whose carried accumulator is
-// updated by dot(window of A, trans(window of B^T)), both windows K-major and TMA-shaped. They
-// become a ring of shared-memory stages filled by TMA behind mbarriers, consumed by wgmma.
+// updated by dot(window of A, trans(window of B^T)) or dot(window of A, window of B), with A
+// K-major and B either way, all TMA-shaped. They become a ring of shared-memory stages filled by
+// TMA behind mbarriers, consumed by wgmma.
 #pragma once
 #include <optional>
 #include <string>
@@ -18,7 +19,10 @@ struct TmaDotLoop {
   const ir::Op* loop = nullptr;
   const ir::Op* dot = nullptr;
   const ir::Op* load_a = nullptr;  // A[BM, BK] window, offsets (m, iv)
-  const ir::Op* load_b = nullptr;  // B^T[BN, BK] window, offsets (n, iv), consumed through trans
+  // B as B^T[BN, BK] (K-major: offsets (n, iv), consumed through trans) or as B[BK, BN]
+  // (MN-major: offsets (iv, n), consumed directly; wgmma reads it transposed)
+  const ir::Op* load_b = nullptr;
+  bool b_mn_major = false;
   size_t acc_index = 0;            // which carried value is the accumulator
   int64_t bm = 0, bn = 0, bk = 0;
   int stages = 3;

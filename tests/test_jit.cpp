@@ -77,6 +77,12 @@ TEST_CASE("the K-major GEMM on sm_90a is a TMA + wgmma pipeline: wgmma.mma_async
   CHECK(k.tensor_maps.size() == 2);
   CHECK_MESSAGE(k.info.spill_store_bytes == 0, k.info.to_string());
   CHECK_MESSAGE(k.info.spill_load_bytes == 0, k.info.to_string());
+  // B[K,N] (MN-major) also takes the pipeline: 64-column TMA boxes, wgmma with B transposed
+  auto mn = jit::compile(kernels::gemm().build({{"BLOCK_N", 256}, {"B_KMAJOR", false}}), o);
+  CHECK(mn.ptx.find("p, 1, 1, 0, 1;") != std::string::npos);
+  REQUIRE(mn.tensor_maps.size() == 2);
+  CHECK(mn.tensor_maps[1].box == std::vector<int64_t>{64, 64});
+  CHECK_MESSAGE(mn.info.spill_store_bytes == 0, mn.info.to_string());
   // without the pipeline (or on another arch) the same kernel takes the portable path
   o.pipeline.enabled = false;
   o.make_cubin = false;
@@ -88,7 +94,7 @@ TEST_CASE("the K-major GEMM on sm_90a is a TMA + wgmma pipeline: wgmma.mma_async
 TEST_CASE("dot lowers to mma.sync for 16-bit operands and to FMA otherwise") {
   jit::CompileOptions o;
   o.make_cubin = false;
-  auto k = jit::compile(kernels::gemm().build(), o);
+  auto k = jit::compile(kernels::gemm().build({{"BLOCK_K", 32}}), o);  // BLOCK_K 32: not the TMA pipeline
   CHECK(k.ptx.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") != std::string::npos);
   Kernel f32dot = kernel("f32dot", [](Builder& b) {
     auto A = b.tensor("A", f32, 2), C = b.tensor("C", f32, 2);

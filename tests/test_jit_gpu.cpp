@@ -202,7 +202,7 @@ TEST_CASE("gpu: atomic_add from many programs into shared locations") {
   check_against_interpreter(test_kernels::atomics.build(), {32}, {&x, &acc, &cnt}, 1e-5);
 }
 
-TEST_CASE("gpu: GEMM through the TMA + wgmma pipeline (K-major operands, ragged M and N)") {
+TEST_CASE("gpu: GEMM through the TMA + wgmma pipeline (B K-major and MN-major, ragged M and N)") {
   if (!have_gpu()) return;
   struct Shape3 {
     int m, n, k;
@@ -210,13 +210,15 @@ TEST_CASE("gpu: GEMM through the TMA + wgmma pipeline (K-major operands, ragged 
   struct Config {
     int bm, bn, warps, stages;
   };
+  for (bool b_kmajor : {true, false})
   for (Config cfg : {Config{128, 128, 4, 3}, Config{128, 256, 8, 3}, Config{64, 64, 4, 2}, Config{256, 128, 8, 4}})
     for (Shape3 s : {Shape3{256, 256, 128}, Shape3{200, 136, 192}, Shape3{130, 300, 64}, Shape3{64, 64, 1024}}) {
-      INFO(fmt::format("{}x{}x{} with {}x{} tiles, {} warps, {} stages", s.m, s.n, s.k, cfg.bm, cfg.bn, cfg.warps, cfg.stages));
-      HostTensor a(bf16, {s.m, s.k}), bt(bf16, {s.n, s.k}), c(f32, {s.m, s.n});
+      INFO(fmt::format("{}x{}x{} with {}x{} tiles, {} warps, {} stages, B {}", s.m, s.n, s.k, cfg.bm, cfg.bn, cfg.warps,
+                       cfg.stages, b_kmajor ? "K-major" : "MN-major"));
+      HostTensor a(bf16, {s.m, s.k}), bt(bf16, b_kmajor ? ir::Shape{s.n, s.k} : ir::Shape{s.k, s.n}), c(f32, {s.m, s.n});
       a.fill_uniform(31, -1, 1);
       bt.fill_uniform(32, -1, 1);
-      Meta meta{{"BLOCK_M", cfg.bm}, {"BLOCK_N", cfg.bn}, {"BLOCK_K", 64}, {"B_KMAJOR", true}, {"GROUP_M", cfg.bm == 64 ? 4 : 0}};
+      Meta meta{{"BLOCK_M", cfg.bm}, {"BLOCK_N", cfg.bn}, {"BLOCK_K", 64}, {"B_KMAJOR", b_kmajor}, {"GROUP_M", cfg.bm == 64 ? 4 : 0}};
       jit::CompileOptions o;
       o.num_warps = cfg.warps;
       o.pipeline.stages = cfg.stages;
