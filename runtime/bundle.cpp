@@ -452,7 +452,7 @@ void load_bundle(const Bundle& b) {
     check_arch(b);
     Registry& r = registry();
     std::unique_lock lock(r.mutex);
-    LoadedBundle info{b.name, b.archs, b.entries.size(), 0};
+    LoadedBundle info{b.name, b.archs, b.entries.size(), 0, b.tuning_version, b.tuning};
     for (const BundleEntry& e : b.entries)
       if (r.entries.try_emplace(e.key, std::make_shared<const BundleEntry>(e)).second) ++info.new_entries;
     r.bundles.push_back(std::move(info));

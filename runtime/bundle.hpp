@@ -122,6 +122,8 @@ struct LoadedBundle {
   std::vector<std::string> archs;
   size_t entries = 0;
   size_t new_entries = 0;  // not already registered by an earlier bundle
+  uint32_t tuning_version = 0;  // the bundle's tuning section, for the autotuner (runtime/autotuner.hpp)
+  std::string tuning;
 };
 std::vector<LoadedBundle> loaded_bundles();
 // Forgets every loaded bundle and every recorded load failure (tests; tools that reload).

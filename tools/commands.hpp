@@ -30,6 +30,7 @@ int cmd_cache(const Args& args);
 int cmd_run(const Args& args);
 int cmd_inspect(const Args& args);
 int cmd_bundle(const Args& args);
+int cmd_tune(const Args& args);
 
 // Shared option parsing for commands that build a library kernel: --meta NAME=VALUE,
 // --backend, --arch, --num-warps, --stages, --no-pipeline. Returns false for options it does

@@ -52,6 +52,18 @@ const Command kCommands[] = {
      "  pipeline=on|off, backend=llvm|nvrtc. Examples: gemm  gemm:BLOCK_N=128,OUT_DTYPE=f32\n"
      "  attention_fwd:CAUSAL=true,warps=8. --list prints a bundle's entries.\n",
      &cmd_bundle},
+    {"tune", "autotune a library kernel for shapes: model ranking, parallel compiles, GPU timing, persisted",
+     "tilejit tune KERNEL --shape DIMS [--shape DIMS ...] [--top-k N] [--compile-k N] [--budget-s S] [--exhaustive]\n"
+     "             [--force] [--model-only] [--all] [--meta NAME=VALUE ...] [--backend llvm|nvrtc] [--bundle FILE]\n"
+     "  DIMS: gemm M,N,K; attention_fwd B,H,S,D. Ranks the kernel's tuning space with the cost model,\n"
+     "  compiles the best --compile-k (default 2 x top-k) in parallel, times the best --top-k (default 6)\n"
+     "  and the default config on the GPU (outputs checked against the default's) and stores every\n"
+     "  measurement and the choice next to the compile cache; a later run is a lookup. --exhaustive\n"
+     "  times every valid config; --force re-chooses (stored measurements are still reused). Prints\n"
+     "  config, model estimate and rank, measured time and rank, TFLOP/s. Without a GPU (or with\n"
+     "  --model-only) prints the model's ranking only. --bundle FILE writes the chosen kernels and the\n"
+     "  tuning table into a bundle, so an application that loads it never tunes.\n",
+     &cmd_tune},
 };
 
 void print_usage(FILE* out) {

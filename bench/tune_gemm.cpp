@@ -1,0 +1,74 @@
+// bench/tune_gemm: the autotuner on the library GEMM for the shapes of bench/gemm.py: per shape the
+// configs in the space, how many were compiled and timed, the cold tuning wall time (empty tuning
+// store and compile cache directory), the warm wall time (a new Autotuner: only the lookup), and
+// the best TFLOP/s of the pruned search against an exhaustive sweep. Run on the GPU machine.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "kernels/tuning.hpp"
+#include "runtime/autotuner.hpp"
+
+using namespace tilejit;
+using namespace tilejit::runtime;
+namespace fs = std::filesystem;
+
+int main(int argc, char** argv) {
+  std::vector<std::array<int64_t, 3>> shapes;
+  for (int i = 1; i + 2 < argc; i += 3) shapes.push_back({std::atoll(argv[i]), std::atoll(argv[i + 1]), std::atoll(argv[i + 2])});
+  if (shapes.empty()) shapes = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16384, 6144, 2048}};
+  Driver& drv = Driver::get();
+  if (!drv.available() || drv.device_count() == 0) {
+    std::fprintf(stderr, "bench/tune_gemm needs a GPU: %s\n", drv.unavailable_reason().c_str());
+    return 2;
+  }
+  // A fresh directory: the cold run compiles everything (set TILEJIT_CACHE_DIR before the first
+  // compile so the compile cache is cold too).
+  const fs::path dir = fs::temp_directory_path() / fmt::format("tilejit_tune_bench_{}", ::getpid());
+  fs::remove_all(dir);
+  ::setenv("TILEJIT_CACHE_DIR", (dir / "cache").c_str(), 1);
+  TuningStore pruned_store(dir / "pruned"), exhaustive_store(dir / "exhaustive");
+  const TuningSpace& space = kernels::gemm_tuning_space();
+  const lang::Meta fixed = kernels::library_fixed_meta("gemm", {{"OUT_DTYPE", ir::DType::bf16}});
+  std::printf("GPU: %s, %d SMs, driver %d\n", drv.props(0).name.c_str(), drv.props(0).sm_count, drv.driver_version());
+  std::printf("| M x N x K | configs (valid) | compiled | timed | cold s | warm ms | best pruned TFLOP/s | best exhaustive TFLOP/s | ratio | pruned best config |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (auto [M, N, K] : shapes) {
+    const Shape shape{{"M", M}, {"N", N}, {"K", K}};
+    AutotuneOptions o;
+    o.budget_s = 300;
+    auto t0 = std::chrono::steady_clock::now();
+    Autotuner cold(space, o);
+    cold.set_store(&pruned_store);
+    TuneResult p = cold.tune(shape, fixed);
+    const double cold_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t0 = std::chrono::steady_clock::now();
+    Autotuner warm(space, o);
+    warm.set_store(&pruned_store);
+    TuneResult w = warm.tune(shape, fixed);
+    const double warm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    AutotuneOptions eo = o;
+    eo.exhaustive = true;
+    eo.budget_s = 1200;
+    Autotuner ex(space, eo);
+    ex.set_store(&exhaustive_store);
+    TuneResult e = ex.tune(shape, fixed);
+    auto tf = [&](const TuneResult& r) { return r.best_ms > 0 ? r.flops / (r.best_ms * 1e-3) / 1e12 : 0.0; };
+    std::fprintf(stderr, "%lldx%lldx%lld: pruned %s (%s), warm from %s, exhaustive %s (%zu timed)\n", static_cast<long long>(M),
+                 static_cast<long long>(N), static_cast<long long>(K), p.best.id().c_str(), p.source.c_str(), w.source.c_str(),
+                 e.best.id().c_str(), e.timed);
+    for (const ConfigResult& c : p.configs)
+      if (c.measured_rank)
+        std::fprintf(stderr, "  %-64s model #%d %.4f ms, measured #%d %.4f ms %.1f TFLOP/s\n", c.config.id().c_str(), c.model_rank,
+                     c.estimate.ms, c.measured_rank, c.ms, c.tflops);
+    std::printf("| %lldx%lldx%lld | %zu (%zu) | %zu | %zu | %.1f | %.2f | %.0f | %.0f | %.3f | %s |\n", static_cast<long long>(M),
+                static_cast<long long>(N), static_cast<long long>(K), p.space_size, p.valid, p.compiled, p.timed, cold_s, warm_ms,
+                tf(p), tf(e), tf(e) > 0 ? tf(p) / tf(e) : 0.0, p.best.id().c_str());
+    std::fflush(stdout);
+  }
+  fs::remove_all(dir);
+  return 0;
+}

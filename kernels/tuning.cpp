@@ -1,0 +1,304 @@
+// The library kernels' tuning spaces. Constraints encode what the compiler does (the wgmma
+// pipeline's shape rules, the accumulator's register budget) so that configs that would fall off
+// the fast path or spill are never compiled; the workloads feed the cost model.
+#include "kernels/tuning.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "kernels/attention.hpp"
+#include "kernels/gemm.hpp"
+#include "kernels/registry.hpp"
+
+namespace tilejit::kernels {
+
+using runtime::Bucketing;
+using runtime::DeviceArg;
+using runtime::TuningConfig;
+using runtime::TuningContext;
+using runtime::Workload;
+
+namespace {
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t pow2_at_least(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+ir::DType meta_dtype(const TuningContext& ctx, std::string_view name, ir::DType fallback) {
+  for (const auto& [n, v] : ctx.fixed)
+    if (n == name)
+      if (const ir::DType* d = std::get_if<ir::DType>(&v)) return *d;
+  return fallback;
+}
+
+int64_t arg_size(std::span<const DeviceArg> args, size_t i, int dim, std::string_view kernel) {
+  if (i >= args.size() || !args[i].tensor() || args[i].tensor()->rank() <= dim)
+    throw std::invalid_argument(fmt::format("tilejit: kernel '{}': argument {} must be a tensor of rank > {} to key its tuning", kernel, i, dim));
+  return args[i].tensor()->sizes[static_cast<size_t>(dim)];
+}
+
+// ---- GEMM ------------------------------------------------------------------------------------
+
+// Both operands K-major on sm_90a: the layout the TMA + wgmma pipeline takes (given BLOCK_K = 64
+// and BLOCK_M a multiple of 64 per warpgroup).
+// The TMA + wgmma pipeline takes A K-major and B either way (MN-major B in 64-column chunks).
+bool gemm_tma_layout(const TuningContext& ctx) {
+  return ctx.arch == "sm_90a" && ctx.meta_bool("A_KMAJOR", true) && ctx.meta_int("ALIGN", 16) >= 16;
+}
+
+bool gemm_wgmma(const TuningConfig& c, const TuningContext& ctx) {
+  return gemm_tma_layout(ctx) && c.get("BLOCK_K") == 64 && c.get("BLOCK_M") % (64 * (c.get("warps") / 4)) == 0 &&
+         c.get("warps") % 4 == 0 && (ctx.meta_bool("B_KMAJOR", false) || c.get("BLOCK_N") % 64 == 0);
+}
+
+int64_t gemm_smem_estimate(const TuningConfig& c, const TuningContext& ctx) {
+  const int64_t bm = c.get("BLOCK_M"), bn = c.get("BLOCK_N"), bk = c.get("BLOCK_K");
+  const int64_t in = ir::byte_size(meta_dtype(ctx, "DTYPE", ir::DType::bf16));
+  if (gemm_wgmma(c, ctx)) return c.get("stages") * (bm + bn) * bk * in + 1024;  // ring + mbarriers
+  return 2 * (bm + bn) * bk * in;  // generic path: operands staged through shared memory
+}
+
+Workload gemm_workload(const TuningConfig& c, const TuningContext& ctx) {
+  const int64_t M = runtime::shape_get(ctx.shape, "M"), N = runtime::shape_get(ctx.shape, "N"), K = runtime::shape_get(ctx.shape, "K");
+  const int64_t bm = c.get("BLOCK_M"), bn = c.get("BLOCK_N"), bk = c.get("BLOCK_K"), g = c.get("GROUP_M");
+  const int64_t warps = c.get("warps"), stages = c.get("stages");
+  const double in = static_cast<double>(ir::byte_size(meta_dtype(ctx, "DTYPE", ir::DType::bf16)));
+  const double out = static_cast<double>(ir::byte_size(meta_dtype(ctx, "OUT_DTYPE", ir::DType::f32)));
+  const int64_t tm = cdiv(M, bm), tn = cdiv(N, bn), kit = cdiv(K, bk);
+  Workload w;
+  w.wgmma = gemm_wgmma(c, ctx);
+  w.flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  w.programs = tm * tn;
+  w.threads = static_cast<int>(32 * warps);
+  w.mma_flops = 2.0 * static_cast<double>(w.programs) * bm * bn * static_cast<double>(kit * bk);
+  w.k_iterations = static_cast<double>(kit);
+  w.stages = w.wgmma ? static_cast<int>(stages) : 1;
+  const double tile_in = static_cast<double>((bm + bn) * bk) * in;
+  w.l2_bytes = static_cast<double>(w.programs * kit) * tile_in + static_cast<double>(M * N) * out;
+  // HBM: per wave (one program per SM assumed) the A row-panels and B column-panels it touches;
+  // grouped order touches GROUP_M rows and many columns, the 2-D grid (M fastest) a column of rows.
+  const int64_t slots = std::max(1, ctx.sm_count);
+  const int64_t waves = cdiv(w.programs, slots);
+  int64_t rows, cols;
+  if (g > 0) {
+    rows = std::min(g, tm);
+    cols = std::min(tn, cdiv(slots, rows));
+  } else {
+    rows = std::min(tm, slots);
+    cols = std::min(tn, cdiv(slots, tm));
+  }
+  const double per_wave = static_cast<double>(rows * bm + cols * bn) * static_cast<double>(K) * in;
+  const double compulsory = static_cast<double>(M * K + N * K) * in;
+  const double l2_in = static_cast<double>(w.programs * kit) * tile_in;
+  w.dram_bytes = std::max(compulsory, std::min(static_cast<double>(waves) * per_wave, l2_in)) + static_cast<double>(M * N) * out;
+  // Shared memory: TMA writes both tiles; each warpgroup's wgmma reads its A rows and all of B.
+  const double wg = static_cast<double>(std::max<int64_t>(1, warps / 4));
+  const double per_iter = w.wgmma ? tile_in + static_cast<double>(bm + static_cast<int64_t>(wg) * bn) * bk * in
+                                  : 3.0 * tile_in;  // generic: element-wise staging, then fragment reads
+  w.smem_bytes = static_cast<double>(w.programs * kit) * per_iter;
+  const int64_t acc_regs = bm * bn / (32 * warps);
+  w.est_registers = static_cast<int>(std::min<int64_t>(255, acc_regs + (w.wgmma ? 40 : 90)));
+  w.est_smem_bytes = gemm_smem_estimate(c, ctx);
+  return w;
+}
+
+runtime::ProblemData gemm_problem(const TuningContext& ctx) {
+  const int64_t M = runtime::shape_get(ctx.shape, "M"), N = runtime::shape_get(ctx.shape, "N"), K = runtime::shape_get(ctx.shape, "K");
+  const ir::DType in = meta_dtype(ctx, "DTYPE", ir::DType::bf16), out = meta_dtype(ctx, "OUT_DTYPE", ir::DType::f32);
+  const bool ak = ctx.meta_bool("A_KMAJOR", true), bk = ctx.meta_bool("B_KMAJOR", false);
+  runtime::ProblemData d;
+  d.tensors.push_back(std::make_unique<runtime::HostTensor>(in, ak ? ir::Shape{M, K} : ir::Shape{K, M}));
+  d.tensors.push_back(std::make_unique<runtime::HostTensor>(in, bk ? ir::Shape{N, K} : ir::Shape{K, N}));
+  d.tensors.push_back(std::make_unique<runtime::HostTensor>(out, ir::Shape{M, N}));
+  d.tensors[0]->fill_uniform(1, -1, 1);
+  d.tensors[1]->fill_uniform(2, -1, 1);
+  for (auto& t : d.tensors) d.args.emplace_back(*t);
+  d.outputs = {2};
+  // Configs sum K in different orders only across BLOCK_K; outputs round once.
+  d.tolerance = out == ir::DType::f32 ? 1e-4 : 1e-2;
+  return d;
+}
+
+runtime::Grid gemm_grid(const TuningConfig& c, const TuningContext& ctx) {
+  const int64_t tm = cdiv(runtime::shape_get(ctx.shape, "M"), c.get("BLOCK_M"));
+  const int64_t tn = cdiv(runtime::shape_get(ctx.shape, "N"), c.get("BLOCK_N"));
+  if (c.get("GROUP_M") > 0) return {tm * tn};
+  return {tm, tn};
+}
+
+bool meta_bool_of(const lang::Meta& m, std::string_view name, bool fallback) {
+  for (const auto& [n, v] : m)
+    if (n == name)
+      if (const bool* b = std::get_if<bool>(&v)) return *b;
+  return fallback;
+}
+
+runtime::TuningSpace make_gemm_space() {
+  runtime::TuningSpace s("gemm", &gemm);
+  s.param("BLOCK_M", {64, 128, 256})
+      .param("BLOCK_N", {64, 128, 256})
+      .param("BLOCK_K", {32, 64})
+      .param("GROUP_M", {0, 8})
+      .param("warps", {4, 8})
+      .param("stages", {2, 3, 4, 5})
+      .constrain("BLOCK_K = 64 on the TMA + wgmma path (128-byte swizzled K rows)",
+                 [](const TuningConfig& c, const TuningContext& ctx) { return !gemm_tma_layout(ctx) || c.get("BLOCK_K") == 64; })
+      .constrain("BLOCK_M divisible by 64 x warpgroups (wgmma path)",
+                 [](const TuningConfig& c, const TuningContext& ctx) {
+                   return !gemm_tma_layout(ctx) || c.get("BLOCK_M") % (64 * (c.get("warps") / 4)) == 0;
+                 })
+      .constrain("stages only vary on the TMA path (the generic path does not pipeline): stages = 2 there",
+                 [](const TuningConfig& c, const TuningContext& ctx) { return gemm_tma_layout(ctx) || c.get("stages") == 2; })
+      .constrain("the f32 accumulator fits in registers: BLOCK_M x BLOCK_N / threads <= 128",
+                 [](const TuningConfig& c, const TuningContext&) { return c.get("BLOCK_M") * c.get("BLOCK_N") / (32 * c.get("warps")) <= 128; })
+      .constrain("shared memory fits: stages x (BLOCK_M + BLOCK_N) x BLOCK_K x element size within the device limit",
+                 [](const TuningConfig& c, const TuningContext& ctx) { return gemm_smem_estimate(c, ctx) <= ctx.smem_limit; })
+      .constrain("tiles no larger than the problem rounded up to a power of two",
+                 [](const TuningConfig& c, const TuningContext& ctx) {
+                   return c.get("BLOCK_M") <= std::max<int64_t>(64, pow2_at_least(runtime::shape_get(ctx.shape, "M"))) &&
+                          c.get("BLOCK_N") <= std::max<int64_t>(64, pow2_at_least(runtime::shape_get(ctx.shape, "N")));
+                 })
+      .constrain("GROUP_M > 0 only with several tile rows",
+                 [](const TuningConfig& c, const TuningContext& ctx) {
+                   return c.get("GROUP_M") == 0 || cdiv(runtime::shape_get(ctx.shape, "M"), c.get("BLOCK_M")) > 1;
+                 })
+      .key("M", Bucketing::pow2(16), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 2, 0, "gemm"); })
+      .key("N", Bucketing::pow2(16), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 2, 1, "gemm"); })
+      .key("K", Bucketing::pow2(16),
+           [](std::span<const DeviceArg> a, const lang::Meta& fixed) {
+             return arg_size(a, 0, meta_bool_of(fixed, "A_KMAJOR", true) ? 1 : 0, "gemm");
+           })
+      .default_config({{{"BLOCK_M", 128}, {"BLOCK_N", 256}, {"BLOCK_K", 64}, {"GROUP_M", 8}, {"warps", 8}, {"stages", 4}}})
+      .workload(gemm_workload)
+      .problem(gemm_problem)
+      .grid(gemm_grid);
+  return s;
+}
+
+// ---- attention forward -----------------------------------------------------------------------
+
+Workload attention_workload(const TuningConfig& c, const TuningContext& ctx) {
+  const int64_t B = runtime::shape_get(ctx.shape, "B"), H = runtime::shape_get(ctx.shape, "H");
+  const int64_t S = runtime::shape_get(ctx.shape, "S"), D = runtime::shape_get(ctx.shape, "D");
+  const int64_t bm = c.get("BLOCK_M"), bn = c.get("BLOCK_N"), warps = c.get("warps");
+  const bool causal = ctx.meta_bool("CAUSAL", false);
+  const double e = static_cast<double>(ir::byte_size(meta_dtype(ctx, "DTYPE", ir::DType::bf16)));
+  Workload w;
+  w.flops = 4.0 * B * H * static_cast<double>(S) * S * D / (causal ? 2.0 : 1.0);
+  w.programs = cdiv(S, bm) * H * B;
+  w.threads = static_cast<int>(32 * warps);
+  const double n_iter = static_cast<double>(cdiv(S, bn)) * (causal ? 0.5 : 1.0) + (causal ? 0.5 : 0.0);
+  w.k_iterations = n_iter;
+  w.mma_flops = 4.0 * static_cast<double>(w.programs) * n_iter * bm * bn * D;
+  w.wgmma = false;  // the generic mma.sync path until the Hopper attention schedule (issue #6)
+  w.stages = 1;
+  const double qkvo = 4.0 * B * H * static_cast<double>(S) * D * e;
+  w.dram_bytes = qkvo + 4.0 * B * H * S;
+  w.l2_bytes = static_cast<double>(w.programs) * n_iter * 2.0 * bn * D * e + 2.0 * B * H * static_cast<double>(S) * D * e;
+  w.smem_bytes = static_cast<double>(w.programs) * n_iter * (4.0 * bn * D * e + 2.0 * bm * bn * e);
+  const int64_t threads = 32 * warps;
+  w.est_registers = static_cast<int>(std::min<int64_t>(255, (bm * D + bm * bn) / threads + 2 * bm * bn / threads / 2 + 60));
+  w.est_smem_bytes = (bm * D + 2 * bn * D + bm * bn) * static_cast<int64_t>(e);
+  return w;
+}
+
+runtime::ProblemData attention_problem(const TuningContext& ctx) {
+  const int64_t B = runtime::shape_get(ctx.shape, "B"), H = runtime::shape_get(ctx.shape, "H");
+  const int64_t S = runtime::shape_get(ctx.shape, "S"), D = runtime::shape_get(ctx.shape, "D");
+  const ir::DType t = meta_dtype(ctx, "DTYPE", ir::DType::bf16);
+  runtime::ProblemData d;
+  for (int i = 0; i < 4; ++i) d.tensors.push_back(std::make_unique<runtime::HostTensor>(t, ir::Shape{B, H, S, D}));
+  d.tensors.push_back(std::make_unique<runtime::HostTensor>(ir::DType::f32, ir::Shape{B, H, S}));
+  for (int i = 0; i < 3; ++i) d.tensors[static_cast<size_t>(i)]->fill_normal(static_cast<uint64_t>(i + 1), 0, 1);
+  for (auto& x : d.tensors) d.args.emplace_back(*x);
+  d.args.emplace_back(static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))));
+  d.outputs = {3, 4};
+  d.tolerance = 2e-2;  // BLOCK_N changes the online-softmax rescaling order
+  return d;
+}
+
+runtime::TuningSpace make_attention_space() {
+  runtime::TuningSpace s("attention_fwd", &attention_forward);
+  s.param("BLOCK_M", {64, 128})
+      .param("BLOCK_N", {32, 64, 128})
+      .param("warps", {4, 8})
+      .constrain("BLOCK_N <= HEAD_DIM",
+                 [](const TuningConfig& c, const TuningContext& ctx) { return c.get("BLOCK_N") <= runtime::shape_get(ctx.shape, "D"); })
+      .constrain("the f32 output accumulator fits in registers: BLOCK_M x HEAD_DIM / threads <= 64",
+                 [](const TuningConfig& c, const TuningContext& ctx) {
+                   return c.get("BLOCK_M") * runtime::shape_get(ctx.shape, "D") / (32 * c.get("warps")) <= 64;
+                 })
+      .constrain("shared memory fits",
+                 [](const TuningConfig& c, const TuningContext& ctx) {
+                   const int64_t D = runtime::shape_get(ctx.shape, "D"), bm = c.get("BLOCK_M"), bn = c.get("BLOCK_N");
+                   return (bm * D + 2 * bn * D + bm * bn) * 2 <= ctx.smem_limit;
+                 })
+      .key("B", Bucketing::pow2(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 0, "attention_fwd"); })
+      .key("H", Bucketing::pow2(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 1, "attention_fwd"); })
+      .key("S", Bucketing::pow2(64), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 2, "attention_fwd"); })
+      .key("D", Bucketing::exact(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 3, "attention_fwd"); })
+      .default_config({{{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"warps", 4}}})
+      .workload(attention_workload)
+      .problem(attention_problem)
+      .grid([](const TuningConfig& c, const TuningContext& ctx) {
+        return runtime::Grid{cdiv(runtime::shape_get(ctx.shape, "S"), c.get("BLOCK_M")), runtime::shape_get(ctx.shape, "H"),
+                             runtime::shape_get(ctx.shape, "B")};
+      });
+  return s;
+}
+
+}  // namespace
+
+const runtime::TuningSpace& gemm_tuning_space() {
+  static const runtime::TuningSpace s = make_gemm_space();
+  return s;
+}
+
+const runtime::TuningSpace& attention_fwd_tuning_space() {
+  static const runtime::TuningSpace s = make_attention_space();
+  return s;
+}
+
+const runtime::TuningSpace* find_tuning_space(const std::string& kernel) {
+  if (kernel == "gemm") return &gemm_tuning_space();
+  if (kernel == "attention_fwd") return &attention_fwd_tuning_space();
+  return nullptr;
+}
+
+std::vector<std::string> tunable_kernels() { return {"gemm", "attention_fwd"}; }
+
+lang::Meta library_fixed_meta(const std::string& kernel, const lang::Meta& user) {
+  const runtime::TuningSpace* space = find_tuning_space(kernel);
+  const LibraryKernel* lk = find(kernel);
+  if (!space || !lk) throw std::invalid_argument(fmt::format("tilejit: kernel '{}' has no tuning space (tunable: gemm, attention_fwd)", kernel));
+  lang::Meta defaults;
+  for (const auto& [n, v] : lk->default_meta)
+    if (!space->default_config().find(n)) defaults.push_back({n, v});
+  lang::Meta fixed;
+  for (const auto& [n, v] : user) {
+    if (space->default_config().find(n))
+      throw std::invalid_argument(fmt::format("tilejit: kernel '{}': {} is tuned; it cannot be fixed with --meta", kernel, n));
+    fixed.push_back({n, v});
+  }
+  return runtime::layer_meta(fixed, defaults);
+}
+
+runtime::Shape library_shape(const std::string& kernel, const std::vector<int64_t>& v) {
+  if (kernel == "gemm") {
+    if (v.size() != 3) throw std::invalid_argument("tilejit: kernel 'gemm': --shape takes M,N,K");
+    return {{"M", v[0]}, {"N", v[1]}, {"K", v[2]}};
+  }
+  if (kernel == "attention_fwd") {
+    if (v.size() != 4) throw std::invalid_argument("tilejit: kernel 'attention_fwd': --shape takes B,H,S,D");
+    return {{"B", v[0]}, {"H", v[1]}, {"S", v[2]}, {"D", v[3]}};
+  }
+  throw std::invalid_argument(fmt::format("tilejit: kernel '{}' has no tuning space", kernel));
+}
+
+}  // namespace tilejit::kernels

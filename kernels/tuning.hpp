@@ -1,0 +1,29 @@
+// Tuning spaces of the library kernels (GEMM, attention forward): their parameters, constraints,
+// keys, cost-model workloads and timing inputs, found by kernel name for `tilejit tune`.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "runtime/tuning_space.hpp"
+
+namespace tilejit::kernels {
+
+// GEMM: BLOCK_M/N in {64,128,256}, BLOCK_K in {32,64} (32 only off the TMA path), GROUP_M in {0,8},
+// warps {4,8}, stages {2..5}; key M, N, K rounded up to powers of two (at least 16).
+const runtime::TuningSpace& gemm_tuning_space();
+// Attention forward: BLOCK_M {64,128}, BLOCK_N {32,64,128}, warps {4,8}; key batch*heads and the
+// sequence length (powers of two), head dim exact.
+const runtime::TuningSpace& attention_fwd_tuning_space();
+
+// The space of a library kernel, or nullptr.
+const runtime::TuningSpace* find_tuning_space(const std::string& kernel);
+std::vector<std::string> tunable_kernels();
+
+// The fixed meta `tilejit tune` and bundles use for a library kernel: the user's values over the
+// library's default meta (runtime/registry), without the tuned parameters.
+lang::Meta library_fixed_meta(const std::string& kernel, const lang::Meta& user);
+
+// A library kernel's shape from `--shape` values: gemm M,N,K; attention_fwd B,H,S,D.
+runtime::Shape library_shape(const std::string& kernel, const std::vector<int64_t>& values);
+
+}  // namespace tilejit::kernels

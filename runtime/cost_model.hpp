@@ -1,0 +1,75 @@
+// The autotuner's analytical cost model: a roofline-style time estimate per config (tensor cores,
+// HBM, L2, shared memory, wave quantisation, occupancy) used to prune a space before timing.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "jit/compile.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/tuning_space.hpp"
+
+namespace tilejit::runtime {
+
+// What the model knows of a GPU. The CUDA driver gives the counts and sizes; peak rates are not
+// queryable, so they come from the part's data sheet by name (H100 SXM figures otherwise, scaled
+// by SM count). Every number is a field so that tests and other parts can set their own.
+struct DeviceModel {
+  std::string name = "NVIDIA H100 80GB HBM3";
+  int sm_count = 132;
+  int driver_version = 0;
+  int64_t l2_bytes = 50 * 1024 * 1024;
+  int64_t smem_per_sm = 228 * 1024;
+  int64_t smem_per_block = 227 * 1024;  // opt-in maximum of one block
+  int regs_per_sm = 65536;
+  int max_threads_per_sm = 2048;
+  int max_blocks_per_sm = 32;
+  double mma_flops_per_s = 989e12;       // dense bf16/f16 wgmma peak
+  double mma_sync_fraction = 0.33;       // mma.sync + shared-memory operand path: ~FA2 speed
+  double hbm_bytes_per_s = 3.35e12;
+  double l2_bytes_per_s = 10e12;
+  double smem_bytes_per_s_per_sm = 128 * 1.755e9;  // 128 B/clock
+  double launch_s = 4e-6;                // launch and grid start
+  double program_fill_s = 1.2e-6;        // per wave: first loads in flight, epilogue stores
+
+  static DeviceModel h100();
+  // From the driver's properties (name, SM count, L2, shared memory, driver version) with the
+  // rates of the named part (H100, H200, H800, GH200; else H100's per SM, scaled).
+  static DeviceModel from_props(const DeviceProps& p, int driver_version);
+  // Device 0 when a GPU is present, else h100() renamed to say the figures are assumed.
+  static DeviceModel current();
+};
+
+// The compiled facts of a config, when it has been compiled (the model estimates them otherwise).
+struct KernelResources {
+  int registers = 0;       // per thread
+  int64_t smem_bytes = 0;  // static + dynamic, per block
+  int spill_bytes = 0;     // spill stores + loads
+  int threads = 0;
+  static KernelResources of(const jit::CompiledKernel& k);
+};
+
+struct CostEstimate {
+  bool feasible = true;
+  std::string reason;        // why not: "spills 64 B", "needs 240 KB of shared memory (the limit is 227 KB)"
+  double ms = 0;             // predicted launch time
+  int blocks_per_sm = 0;
+  int64_t waves = 0;
+  double wave_efficiency = 0;  // programs / (waves * SMs * blocks per SM)
+  double compute_ms = 0, dram_ms = 0, l2_ms = 0, smem_ms = 0, overhead_ms = 0;
+  std::string bound;         // "tensor cores", "HBM", "L2", "shared memory", "latency"
+  bool from_compiled = false;  // resources from the compiled KernelInfo (else estimated)
+};
+
+// The estimate of `w` on `d`; with `res` the occupancy comes from the compiled kernel and spills or
+// shared memory above the device's limit make the config infeasible (dropped before timing).
+CostEstimate estimate(const Workload& w, const DeviceModel& d, const KernelResources* res = nullptr);
+
+// Indices of `e` by increasing predicted time, infeasible ones last (stable for ties).
+std::vector<size_t> rank_by_model(const std::vector<CostEstimate>& e);
+
+// Spearman's rank correlation between the model's and the measured order of the same configs
+// (1: identical order): the number `tilejit tune` prints to show the model's quality.
+double rank_correlation(const std::vector<int>& model_rank, const std::vector<int>& measured_rank);
+
+}  // namespace tilejit::runtime

@@ -1,0 +1,548 @@
+// The autotuner without a GPU: space enumeration under constraints, key bucketing, the cost
+// model's ranking on synthetic KernelInfo, per-config persistence and partial re-tuning (a fake
+// bench stands in for the GPU and counts what it times), damaged tuning entries, TILEJIT_AUTOTUNE=0,
+// budgets, failed compiles, and bundles' tuning tables.
+#include "runtime/autotuner.hpp"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "kernels/tuning.hpp"
+#include "test_kernels.hpp"
+
+using namespace tilejit;
+using namespace tilejit::runtime;
+namespace fs = std::filesystem;
+
+namespace {
+
+const lang::Kernel& vadd() { return test_kernels::vector_add; }
+
+// A small space over the vector add: BLOCK x warps, with one constraint and a simple workload.
+TuningSpace small_space(std::vector<int64_t> blocks) {
+  TuningSpace s("vector_add", &vadd);
+  s.param("BLOCK", std::move(blocks))
+      .param("warps", {1, 2, 4})
+      .constrain("at least 2 elements per thread", [](const TuningConfig& c, const TuningContext&) {
+        return c.get("BLOCK") / (32 * c.get("warps")) >= 2;
+      })
+      .key("n", Bucketing::pow2(1024))
+      .default_config({{{"BLOCK", 128}, {"warps", 1}}})
+      .workload([](const TuningConfig& c, const TuningContext& ctx) {
+        Workload w;
+        const int64_t n = shape_get(ctx.shape, "n");
+        w.flops = static_cast<double>(n);
+        w.dram_bytes = 12.0 * static_cast<double>(n);
+        w.l2_bytes = w.dram_bytes;
+        w.programs = (n + c.get("BLOCK") - 1) / c.get("BLOCK");
+        w.threads = static_cast<int>(32 * c.get("warps"));
+        w.est_registers = 16;
+        return w;
+      })
+      .grid([](const TuningConfig& c, const TuningContext& ctx) {
+        return Grid{(shape_get(ctx.shape, "n") + c.get("BLOCK") - 1) / c.get("BLOCK")};
+      });
+  return s;
+}
+
+// Deterministic times: larger blocks are faster; `wrong` configs produce a bad output.
+struct FakeBench : Bench {
+  std::vector<std::string>* measured;
+  int* prepares;
+  std::set<std::string> wrong;
+  FakeBench(std::vector<std::string>* m, int* p, std::set<std::string> w = {}) : measured(m), prepares(p), wrong(std::move(w)) {}
+  void prepare(const TuningSpace&, const TuningContext&, const Candidate& ref) override {
+    ++*prepares;
+    CHECK(ref.compiled != nullptr);
+  }
+  Result measure(const Candidate& c) override {
+    measured->push_back(c.config->id());
+    if (wrong.count(c.config->id())) return {0, false, "output differs from the default config's"};
+    return {100.0 / static_cast<double>(c.config->get("BLOCK")) + 0.01 * static_cast<double>(c.config->get("warps")), true, ""};
+  }
+};
+
+struct Harness {
+  fs::path dir;
+  std::unique_ptr<TuningStore> store;
+  std::vector<std::string> measured, compiled;
+  int prepares = 0;
+  std::set<std::string> fail_compile, wrong;
+
+  explicit Harness(const std::string& name) {
+    dir = fs::temp_directory_path() / fmt::format("tilejit_test_autotuner_{}_{}", name, ::getpid());
+    fs::remove_all(dir);
+    store = std::make_unique<TuningStore>(dir);
+  }
+  ~Harness() { fs::remove_all(dir); }
+
+  Autotuner tuner(const TuningSpace& s, AutotuneOptions o = {}) {
+    o.threads = 4;
+    Autotuner t(s, o);
+    t.set_store(store.get());
+    t.set_device(DeviceModel::h100());
+    t.set_bench(std::make_unique<FakeBench>(&measured, &prepares, wrong));
+    t.set_compiler([this](const ir::Function& f, const jit::CompileOptions& opts) {
+      std::string id = fmt::format("BLOCK={},warps={}", std::get<int64_t>(f.find_meta("BLOCK")->value), opts.num_warps);
+      {
+        static std::mutex m;
+        std::lock_guard lock(m);
+        compiled.push_back(id);
+      }
+      if (fail_compile.count(id)) throw jit::CompileError(fmt::format("tilejit: kernel 'vector_add': synthetic failure of {}", id));
+      jit::CompiledKernel k;
+      k.name = f.name;
+      k.num_threads = 32 * opts.num_warps;
+      k.info.registers = 24;
+      return k;
+    });
+    return t;
+  }
+};
+
+const Shape kShape{{"n", 1 << 20}};
+
+size_t count_status(const TuneResult& r, ConfigStatus s) {
+  return static_cast<size_t>(std::count_if(r.configs.begin(), r.configs.end(), [&](const ConfigResult& c) { return c.status == s; }));
+}
+
+}  // namespace
+
+TEST_CASE("spaces: enumeration in declaration order under constraints, with reasons") {
+  TuningSpace s = small_space({64, 128, 256});
+  TuningContext ctx;
+  ctx.shape = kShape;
+  std::vector<RejectedConfig> rejected;
+  std::vector<TuningConfig> v = s.enumerate(ctx, &rejected);
+  CHECK(s.size() == 9);
+  // 64: warps 1 only; 128: 1, 2; 256: 1, 2, 4.
+  REQUIRE(v.size() == 6);
+  CHECK(v.front().id() == "BLOCK=64,warps=1");
+  CHECK(v.back().id() == "BLOCK=256,warps=4");
+  CHECK(rejected.size() == 3);
+  for (const RejectedConfig& r : rejected) CHECK(r.reason == "at least 2 elements per thread");
+  CHECK(v[2].id() == "BLOCK=128,warps=2");
+  CHECK(parse_config(v[2].id()) == v[2]);
+  CHECK(v[2].meta().size() == 1);
+  CHECK(v[2].options().num_warps == 2);
+  CHECK_THROWS_AS(parse_config("BLOCK=x"), std::invalid_argument);
+
+  TuningSpace bad = small_space({64});
+  bad.default_config({{{"BLOCK", 64}}});
+  CHECK_THROWS_WITH_AS(bad.enumerate(ctx), doctest::Contains("has no value for warps"), std::invalid_argument);
+}
+
+TEST_CASE("spaces: the GEMM space's constraints") {
+  const TuningSpace& s = kernels::gemm_tuning_space();
+  CHECK(s.size() == 3 * 3 * 2 * 2 * 2 * 4);
+  TuningContext ctx;
+  ctx.shape = {{"M", 4096}, {"N", 4096}, {"K", 4096}};
+  ctx.fixed = kernels::library_fixed_meta("gemm", {});
+  std::vector<TuningConfig> tma = s.enumerate(ctx);
+  REQUIRE(!tma.empty());
+  for (const TuningConfig& c : tma) {
+    CHECK(c.get("BLOCK_K") == 64);
+    CHECK(c.get("BLOCK_M") % (64 * (c.get("warps") / 4)) == 0);
+    CHECK(c.get("stages") * (c.get("BLOCK_M") + c.get("BLOCK_N")) * 64 * 2 + 1024 <= ctx.smem_limit);
+    CHECK(c.get("BLOCK_M") * c.get("BLOCK_N") / (32 * c.get("warps")) <= 128);
+  }
+  CHECK(std::find(tma.begin(), tma.end(), s.default_config()) != tma.end());
+  // B given as B[K,N] (MN-major) also takes the TMA path: the same constraints.
+  ctx.fixed = kernels::library_fixed_meta("gemm", {{"B_KMAJOR", false}});
+  std::vector<TuningConfig> mn = s.enumerate(ctx);
+  CHECK(mn.size() == tma.size());
+  for (const TuningConfig& c : mn) CHECK(c.get("BLOCK_K") == 64);
+  // The generic path (A given as A^T[K,M]): BLOCK_K 32 allowed, stages do not vary.
+  ctx.fixed = kernels::library_fixed_meta("gemm", {{"A_KMAJOR", false}});
+  std::vector<TuningConfig> generic = s.enumerate(ctx);
+  CHECK(std::any_of(generic.begin(), generic.end(), [](const TuningConfig& c) { return c.get("BLOCK_K") == 32; }));
+  for (const TuningConfig& c : generic) CHECK(c.get("stages") == 2);
+  // Small problems: no tiles beyond the problem.
+  ctx.shape = {{"M", 64}, {"N", 100}, {"K", 64}};
+  for (const TuningConfig& c : s.enumerate(ctx)) {
+    CHECK(c.get("BLOCK_M") == 64);
+    CHECK(c.get("BLOCK_N") <= 128);
+    CHECK(c.get("GROUP_M") == 0);
+  }
+  CHECK_THROWS_WITH_AS(kernels::library_fixed_meta("gemm", {{"BLOCK_M", 64}}), doctest::Contains("BLOCK_M is tuned"),
+                       std::invalid_argument);
+  // The attention space.
+  TuningContext actx;
+  actx.shape = {{"B", 2}, {"H", 8}, {"S", 1024}, {"D", 64}};
+  actx.fixed = kernels::library_fixed_meta("attention_fwd", {{"HEAD_DIM", 64}});
+  for (const TuningConfig& c : kernels::attention_fwd_tuning_space().enumerate(actx)) CHECK(c.get("BLOCK_N") <= 64);
+}
+
+TEST_CASE("keys: bucketing per argument") {
+  Bucketing p = Bucketing::pow2(16);
+  CHECK(p.apply(1) == 16);
+  CHECK(p.apply(16) == 16);
+  CHECK(p.apply(17) == 32);
+  CHECK(p.apply(4096) == 4096);
+  CHECK(p.apply(4097) == 8192);
+  CHECK(Bucketing::pow2(1, 1024).apply(5000) == 1024);
+  CHECK(Bucketing::round_up(128).apply(1) == 128);
+  CHECK(Bucketing::round_up(128).apply(129) == 256);
+  CHECK(Bucketing::exact().apply(4097) == 4097);
+  CHECK(Bucketing::exact().apply(-3) == -3);
+  CHECK(p.describe() == "pow2, at least 16");
+  const TuningSpace& g = kernels::gemm_tuning_space();
+  CHECK(g.bucket({{"M", 3000}, {"N", 4096}, {"K", 70}}) == "M=4096,N=4096,K=128");
+  CHECK(g.bucket({{"M", 3000}, {"N", 4096}, {"K", 70}}) == g.bucket({{"M", 4000}, {"N", 4000}, {"K", 100}}));
+  CHECK_THROWS_WITH_AS(g.bucket({{"M", 1}, {"N", 1}}), doctest::Contains("kernel 'gemm': the tuning key needs dimension K"),
+                       std::invalid_argument);
+  // Keys read from a call's arguments (sizes only; no GPU needed).
+  int64_t a_sizes[] = {300, 70}, b_sizes[] = {500, 70}, c_sizes[] = {300, 500}, strides[] = {70, 1}, cs[] = {500, 1};
+  TensorView a{ir::DType::bf16, a_sizes, strides, 0, 0}, b{ir::DType::bf16, b_sizes, strides, 0, 0}, c{ir::DType::f32, c_sizes, cs, 0, 0};
+  DeviceArg args[] = {a, b, c};
+  Shape sh = g.shape_of(args, kernels::library_fixed_meta("gemm", {}));
+  CHECK(describe_shape(sh) == "M=300,N=500,K=70");
+  CHECK(g.bucket(sh) == "M=512,N=512,K=128");
+}
+
+TEST_CASE("cost model: ranking on synthetic KernelInfo") {
+  const DeviceModel d = DeviceModel::h100();
+  Workload w;
+  w.flops = w.mma_flops = 2.0 * 4096 * 4096 * 4096;
+  w.wgmma = true;
+  w.programs = 32 * 16;
+  w.threads = 256;
+  w.stages = 4;
+  w.k_iterations = 64;
+  w.dram_bytes = 3.0 * 4096 * 4096 * 2;
+  w.l2_bytes = 10 * w.dram_bytes;
+  w.smem_bytes = 4e9;
+  KernelResources ok{128, 200 * 1024, 0, 256};
+  CostEstimate base = estimate(w, d, &ok);
+  REQUIRE(base.feasible);
+  CHECK(base.blocks_per_sm == 1);
+  CHECK(base.bound == "tensor cores");
+  // 4096^3 at the H100's 989 TFLOP/s is 0.139 ms: the estimate is in that range.
+  CHECK(base.ms > 0.139);
+  CHECK(base.ms < 0.3);
+
+  KernelResources spills = ok;
+  spills.spill_bytes = 64;
+  CostEstimate s = estimate(w, d, &spills);
+  CHECK_FALSE(s.feasible);
+  CHECK(s.reason == "spills 64 B of registers");
+  KernelResources big = ok;
+  big.smem_bytes = 240 * 1024;
+  CHECK_FALSE(estimate(w, d, &big).feasible);
+  CHECK(estimate(w, d, &big).reason.find("shared memory") != std::string::npos);
+
+  // Wave quantisation: one program more than the SMs costs a second wave.
+  Workload one = w, more = w;
+  one.programs = 132;
+  more.programs = 133;
+  one.mma_flops = w.mma_flops / 512 * 132;
+  more.mma_flops = w.mma_flops / 512 * 133;
+  CostEstimate e1 = estimate(one, d, &ok), e2 = estimate(more, d, &ok);
+  CHECK(e1.waves == 1);
+  CHECK(e2.waves == 2);
+  CHECK(e2.ms > 1.7 * (e1.ms - e1.overhead_ms));
+  CHECK(e2.wave_efficiency < 0.51);
+
+  // Occupancy from registers: 255 registers x 256 threads leaves one block per SM, 64 allow several.
+  Workload small = w;
+  small.threads = 128;
+  KernelResources light{64, 16 * 1024, 0, 128}, heavy{255, 16 * 1024, 0, 128};
+  CHECK(estimate(small, d, &light).blocks_per_sm > estimate(small, d, &heavy).blocks_per_sm);
+  // The mma.sync path is slower than wgmma for the same work; shallow pipelines expose latency.
+  Workload sync = w;
+  sync.wgmma = false;
+  CHECK(estimate(sync, d, &ok).ms > 2 * base.ms);
+  Workload shallow = w;
+  shallow.stages = 1;
+  shallow.dram_bytes = shallow.l2_bytes = 3e8;
+  Workload deep = shallow;
+  deep.stages = 4;
+  CHECK(estimate(shallow, d, &ok).ms > estimate(deep, d, &ok).ms);
+
+  std::vector<CostEstimate> list{estimate(sync, d, &ok), s, base, estimate(deep, d, &ok)};
+  std::vector<size_t> order = rank_by_model(list);
+  CHECK(order.back() == 1);  // the infeasible one last
+  CHECK(order.front() == 2);
+  CHECK(rank_correlation({1, 2, 3, 4}, {1, 2, 3, 4}) == doctest::Approx(1.0));
+  CHECK(rank_correlation({1, 2, 3, 4}, {4, 3, 2, 1}) == doctest::Approx(-1.0));
+  // The GEMM workload ranks the default's tile shape above a tiny-tile config for a large problem.
+  const TuningSpace& g = kernels::gemm_tuning_space();
+  TuningContext ctx;
+  ctx.shape = {{"M", 8192}, {"N", 8192}, {"K", 8192}};
+  ctx.fixed = kernels::library_fixed_meta("gemm", {});
+  TuningConfig tiny{{{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 64}, {"GROUP_M", 8}, {"warps", 4}, {"stages", 2}}};
+  CHECK(estimate(g.workload_of(g.default_config(), ctx), d).ms < estimate(g.workload_of(tiny, ctx), d).ms);
+}
+
+TEST_CASE("persistence: per-config measurements, a warm run is a lookup, a new config is the only one timed") {
+  Harness h("partial");
+  AutotuneOptions o;
+  o.exhaustive = true;
+  TuningSpace two = small_space({128, 256});
+  TuneResult r1 = h.tuner(two, o).tune(kShape, {});
+  CHECK(r1.source == "tuned");
+  CHECK(r1.valid == 5);            // 128: w1, w2; 256: w1, w2, w4
+  CHECK(h.measured.size() == 5);   // the default is among them
+  CHECK(h.prepares == 1);
+  CHECK(r1.best.id() == "BLOCK=256,warps=1");
+  CHECK(r1.timed == 5);
+  for (const ConfigResult& c : r1.configs) {
+    CHECK(c.status == ConfigStatus::Timed);
+    CHECK(c.model_rank >= 1);
+    CHECK(c.measured_rank >= 1);
+  }
+  CHECK(h.store->count() == 6);  // 5 measurements + 1 choice
+
+  // Warm: a new tuner (as a new process would) only looks up the choice.
+  h.measured.clear();
+  h.compiled.clear();
+  TuneResult r2 = h.tuner(two, o).tune(kShape, {});
+  CHECK(r2.source == "disk");
+  CHECK(r2.best == r1.best);
+  CHECK(h.measured.empty());
+  CHECK(h.compiled.empty());
+  // Another shape of the same bucket is the same entry.
+  CHECK(h.tuner(two, o).tune({{"n", (1 << 20) - 5}}, {}).source == "disk");
+
+  // A space with one more block size: only its configs are compiled and timed.
+  TuningSpace three = small_space({128, 256, 512});
+  TuneResult r3 = h.tuner(three, o).tune(kShape, {});
+  CHECK(r3.source == "tuned");
+  std::set<std::string> timed(h.measured.begin(), h.measured.end());
+  CHECK(timed == std::set<std::string>{"BLOCK=512,warps=1", "BLOCK=512,warps=2", "BLOCK=512,warps=4"});
+  CHECK(r3.cached == 5);
+  CHECK(r3.timed == 3);
+  // Compiled: the new configs and the default (it makes the reference output).
+  std::set<std::string> built(h.compiled.begin(), h.compiled.end());
+  CHECK(built == std::set<std::string>{"BLOCK=128,warps=1", "BLOCK=512,warps=1", "BLOCK=512,warps=2", "BLOCK=512,warps=4"});
+  CHECK(r3.best.id() == "BLOCK=512,warps=1");
+
+  // Other fixed meta, GPU or backend: other entries.
+  Autotuner t = h.tuner(three, o);
+  CHECK(t.identity(kShape, {}).key() != t.identity({{"n", 1 << 22}}, {}).key());
+  DeviceModel other = DeviceModel::h100();
+  other.name = "NVIDIA H200";
+  Autotuner t2 = h.tuner(three, o);
+  t2.set_device(other);
+  CHECK(t2.identity(kShape, {}).key() != t.identity(kShape, {}).key());
+  CHECK_FALSE(t2.lookup(kShape, {}).has_value());
+  // Spelling out a default meta value names the same entry.
+  CHECK(t.identity(kShape, {{"BLOCK", 999}}).fixed == "");
+}
+
+TEST_CASE("pruning: top-k by the model, compile failures and wrong outputs reported and skipped") {
+  Harness h("prune");
+  h.fail_compile = {"BLOCK=512,warps=2"};
+  h.wrong = {"BLOCK=512,warps=1"};
+  AutotuneOptions o;
+  o.top_k = 2;
+  o.compile_k = 4;
+  TuningSpace s = small_space({64, 128, 256, 512});
+  TuneResult r = h.tuner(s, o).tune(kShape, {});
+  CHECK(r.valid == 9);
+  // Compiled: the 4 best by the model (+ the default), timed: at most 2 + the default.
+  CHECK(h.compiled.size() <= 5);
+  CHECK(h.measured.size() <= 3);
+  CHECK(count_status(r, ConfigStatus::Pruned) >= 4);
+  for (const ConfigResult& c : r.configs) {
+    if (c.config.id() == "BLOCK=512,warps=2") {
+      CHECK(c.status == ConfigStatus::CompileFailed);
+      CHECK(c.note.find("kernel 'vector_add': synthetic failure") != std::string::npos);
+    }
+    if (c.config.id() == "BLOCK=512,warps=1" && c.status != ConfigStatus::Pruned) CHECK(c.status == ConfigStatus::WrongOutput);
+  }
+  CHECK(r.best.id() != "BLOCK=512,warps=1");
+  CHECK(r.best.id() != "BLOCK=512,warps=2");
+  // Exhaustive: every config is timed, the wrong one rejected; its rejection is stored, so a
+  // forced re-choice does not time it again.
+  o.exhaustive = true;
+  TuneResult r2 = h.tuner(s, o).tune(kShape, {});
+  CHECK(r2.best.id() == "BLOCK=512,warps=4");
+  for (const ConfigResult& c : r2.configs)
+    if (c.config.id() == "BLOCK=512,warps=1") CHECK(c.status == ConfigStatus::WrongOutput);
+  h.measured.clear();
+  o.force = true;
+  TuneResult r3 = h.tuner(s, o).tune(kShape, {});
+  CHECK(h.measured.empty());
+  CHECK(r3.source == "tuned");
+  CHECK(r3.best.id() == "BLOCK=512,warps=4");
+}
+
+TEST_CASE("persistence: damaged, foreign and truncated tuning entries are ignored, removed and re-tuned") {
+  Harness h("corrupt");
+  AutotuneOptions o;
+  o.exhaustive = true;
+  TuningSpace s = small_space({128, 256});
+  h.tuner(s, o).tune(kShape, {});
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(h.dir)) files.push_back(e.path());
+  REQUIRE(files.size() == 6);
+  auto read = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto write = [](const fs::path& p, const std::string& d) {
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    out << d;
+  };
+  std::sort(files.begin(), files.end());
+  std::string a = read(files[0]), b = read(files[1]);
+  std::string flipped = a;
+  flipped[flipped.size() / 2] ^= 0x5a;
+  write(files[0], flipped);                    // corrupt
+  write(files[1], a);                          // foreign (another entry's bytes)
+  write(files[2], b.substr(0, b.size() / 2));  // truncated
+  write(files[3], "not a tuning entry at all, just text");
+  std::string v2 = read(files[4]);
+  v2[8] = 2;  // another format version
+  write(files[4], v2);
+  h.measured.clear();
+  Autotuner t = h.tuner(s, o);
+  TuneResult r = t.tune(kShape, {});
+  CHECK(r.best.id() == "BLOCK=256,warps=1");
+  // Every damaged file was dropped; the entries they held were measured again and rewritten.
+  CHECK(h.measured.size() >= 4);
+  CHECK(h.store->count() == 6);
+  const TuningIdentity id = t.identity(kShape, {});
+  for (const TuningConfig& c : s.enumerate(t.context(kShape, {}))) {
+    std::string problem;
+    CHECK(h.store->load_measurement(id, c.id(), &problem).has_value());
+    CHECK(problem.empty());
+  }
+  // A damaged choice reports its problem and is removed.
+  const fs::path choice = h.store->choice_path(id);
+  std::string c = read(choice);
+  c[c.size() - 1] ^= 1;
+  write(choice, c);
+  std::string problem;
+  CHECK_FALSE(h.store->load_choice(id, &problem).has_value());
+  CHECK(problem.find("checksum mismatch") != std::string::npos);
+  CHECK_FALSE(fs::exists(choice));
+}
+
+namespace {
+struct EnvGuard {
+  explicit EnvGuard(const char* value) { ::setenv("TILEJIT_AUTOTUNE", value, 1); }
+  ~EnvGuard() { ::unsetenv("TILEJIT_AUTOTUNE"); }
+};
+}  // namespace
+
+TEST_CASE("TILEJIT_AUTOTUNE=0: the stored or the default choice, nothing timed") {
+  Harness h("env");
+  TuningSpace s = small_space({128, 256});
+  {
+    EnvGuard off("0");
+    CHECK_FALSE(autotune_enabled());
+    TuneResult r = h.tuner(s).choose(kShape, {});
+    CHECK(r.source == "default");
+    CHECK(r.best == s.default_config());
+    CHECK(h.measured.empty());
+    CHECK(h.compiled.empty());
+  }
+  for (const char* v : {"off", "FALSE", "no"}) {
+    EnvGuard off(v);
+    CHECK_FALSE(autotune_enabled());
+  }
+  CHECK(autotune_enabled());
+  TuneResult tuned = h.tuner(s).choose(kShape, {});
+  CHECK(tuned.source == "tuned");
+  h.measured.clear();
+  {
+    EnvGuard off("0");
+    // Even for a space that changed since (autotuning on would re-tune), the stored choice is used.
+    TuneResult r = h.tuner(small_space({128, 256, 512})).choose(kShape, {});
+    CHECK(r.source == "disk");
+    CHECK(r.best == tuned.best);
+    CHECK(h.measured.empty());
+  }
+}
+
+TEST_CASE("budget: configs left when the time runs out are reported, the default stands in") {
+  Harness h("budget");
+  AutotuneOptions o;
+  o.budget_s = 1e-9;
+  TuneResult r = h.tuner(small_space({128, 256}), o).tune(kShape, {});
+  CHECK(r.over_budget);
+  CHECK(h.measured.empty());
+  CHECK(count_status(r, ConfigStatus::OverBudget) >= 1);
+  CHECK(r.source == "default");
+  CHECK(r.best == small_space({128}).default_config());
+}
+
+TEST_CASE("bundles: tuning tables round-trip and answer lookups before the store") {
+  Harness h("bundle");
+  AutotuneOptions o;
+  o.exhaustive = true;
+  TuningSpace s = small_space({128, 256});
+  Autotuner t = h.tuner(s, o);
+  TuningTableEntry e{t.identity(kShape, {}), "BLOCK=128,warps=2", 0.5};
+  std::vector<TuningTableEntry> table{e};
+  std::string bytes = encode_tuning_table(table);
+  std::vector<TuningTableEntry> back = decode_tuning_table(bytes);
+  REQUIRE(back.size() == 1);
+  CHECK(back[0].identity.key() == e.identity.key());
+  CHECK(back[0].config == e.config);
+  CHECK(back[0].ms == 0.5);
+  CHECK_THROWS_WITH_AS(decode_tuning_table(bytes.substr(0, bytes.size() - 3)), doctest::Contains("bundle tuning table: damaged"),
+                       std::runtime_error);
+
+  Bundle b;
+  b.name = "tuned.tjb";
+  b.tuning = bytes;
+  std::string file = encode_bundle(b);
+  Bundle loaded = read_bundle_bytes(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(file.data()), file.size()), "tuned.tjb");
+  CHECK(loaded.tuning == bytes);
+  load_bundle(loaded);
+  std::optional<TuneResult> hit = t.lookup(kShape, {});
+  REQUIRE(hit.has_value());
+  CHECK(hit->source == "bundle");
+  CHECK(hit->best.id() == "BLOCK=128,warps=2");
+  TuneResult r = t.tune(kShape, {});
+  CHECK(r.source == "bundle");
+  CHECK(h.measured.empty());
+  {
+    EnvGuard off("0");
+    CHECK(t.choose(kShape, {}).source == "bundle");
+  }
+  unload_all_bundles();
+  CHECK_FALSE(t.lookup(kShape, {}).has_value());
+
+  // The content of a tuned bundle: the full specialisation of the chosen config.
+  TuneResult tuned = t.tune(kShape, {});
+  TunedBundleContent content;
+  add_to_bundle_content(content, s, tuned, {}, jit::CompileOptions{});
+  REQUIRE(content.specs.size() == 1);
+  CHECK(content.specs[0].options.num_warps == tuned.best.get("warps"));
+  CHECK(content.table[0].config == tuned.best.id());
+}
+
+TEST_CASE("parallel compiles through the JIT: failures are reported with the kernel's name and skipped") {
+  Harness h("jit");
+  TuningSpace s = small_space({96, 128, 256});  // 96 is not a power of two: a LoweringError
+  AutotuneOptions o;
+  o.exhaustive = true;
+  o.base.make_cubin = false;  // PTX is enough here (no assembler needed)
+  o.threads = 4;
+  Autotuner t(s, o);
+  t.set_store(h.store.get());
+  t.set_device(DeviceModel::h100());
+  t.set_bench(std::make_unique<FakeBench>(&h.measured, &h.prepares));
+  TuneResult r = t.tune(kShape, {});
+  CHECK(r.valid == 6);
+  CHECK(r.compiled == 5);  // BLOCK 128 (w1, w2), 256 (w1, w2, w4) compiled; 96 (w1) failed
+  size_t failed = 0;
+  for (const ConfigResult& c : r.configs)
+    if (c.config.get("BLOCK") == 96) {
+      CHECK(c.status == ConfigStatus::CompileFailed);
+      CHECK(c.note.find("vector_add") != std::string::npos);
+      ++failed;
+    }
+  CHECK(failed == 1);
+  CHECK(r.best.get("BLOCK") == 256);
+}
