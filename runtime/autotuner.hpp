@@ -161,6 +161,7 @@ struct AutotuneOptions {
   int compile_k = 0;         // configs compiled for that ranking; 0: 2 * top_k
   bool exhaustive = false;   // compile and time every valid config
   bool force = false;        // ignore a stored choice (per-config measurements are still reused)
+  int finalist_rounds = 5;   // re-time the (up to 3) configs within 10% of the best this many alternating rounds
   double budget_s = 120;     // the whole run; configs left untimed when it runs out are reported
   unsigned threads = 0;      // compile threads; 0: every core
   bool persist = true;       // read and write the tuning store

@@ -74,6 +74,7 @@ struct Harness {
   std::vector<std::string> measured, compiled;
   int prepares = 0;
   std::set<std::string> fail_compile, wrong;
+  bool finalists = false;  // the finalist re-timing adds measurements; most tests count them exactly
 
   explicit Harness(const std::string& name) {
     dir = fs::temp_directory_path() / fmt::format("tilejit_test_autotuner_{}_{}", name, ::getpid());
@@ -84,6 +85,7 @@ struct Harness {
 
   Autotuner tuner(const TuningSpace& s, AutotuneOptions o = {}) {
     o.threads = 4;
+    if (!finalists) o.finalist_rounds = 0;
     Autotuner t(s, o);
     t.set_store(store.get());
     t.set_device(DeviceModel::h100());
@@ -545,4 +547,40 @@ TEST_CASE("parallel compiles through the JIT: failures are reported with the ker
     }
   CHECK(failed == 1);
   CHECK(r.best.get("BLOCK") == 256);
+}
+
+// Timing that drifts: each config's first measurement favours BLOCK=128 (the sweep's moment),
+// every later one favours BLOCK=256 (the truth, once timed side by side).
+struct DriftBench : Bench {
+  std::map<std::string, int> seen;
+  void prepare(const TuningSpace&, const TuningContext&, const Candidate&) override {}
+  Result measure(const Candidate& c) override {
+    bool first = seen[c.config->id()]++ == 0;
+    double block = static_cast<double>(c.config->get("BLOCK"));
+    double ms = first ? (block == 128 ? 1.00 : 1.05) : (block == 256 ? 1.00 : 1.08);
+    return {ms + 0.001 * static_cast<double>(c.config->get("warps")), true, ""};
+  }
+};
+
+TEST_CASE("finalists within 10% of the best are re-timed in alternating rounds before the choice") {
+  Harness h("finalists");
+  h.finalists = true;
+  AutotuneOptions o;
+  o.exhaustive = true;
+  TuningSpace two = small_space({128, 256});
+  Autotuner t = h.tuner(two, o);
+  auto bench = std::make_unique<DriftBench>();
+  DriftBench* b = bench.get();
+  t.set_bench(std::move(bench));
+  TuneResult r = t.tune(kShape, {});
+  CHECK(r.best.get("BLOCK") == 256);  // the sweep alone would have chosen BLOCK=128
+  int retimed = 0;
+  for (const auto& [id, n] : b->seen) retimed += n > 1;
+  CHECK(retimed == 3);  // up to 3 finalists
+  o.finalist_rounds = 0;
+  Harness h2("finalists_off");
+  h2.finalists = true;
+  Autotuner t2 = h2.tuner(two, o);
+  t2.set_bench(std::make_unique<DriftBench>());
+  CHECK(t2.tune(kShape, {}).best.get("BLOCK") == 128);
 }
