@@ -13,37 +13,53 @@ const Kernel& attention_forward() {
     auto T = kb.meta_dtype("DTYPE", bf16);
     auto BM = kb.meta<int>("BLOCK_M", 64), BN = kb.meta<int>("BLOCK_N", 64), D = kb.meta<int>("HEAD_DIM", 64);
     auto causal = kb.meta<bool>("CAUSAL", false);
+    // BSHD: tensors are [batch, seq, heads, head_dim] (else [batch, heads, seq, head_dim]).
+    auto bshd = kb.meta<bool>("BSHD", false);
     const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
     auto Q = kb.tensor("Q", T, 4, row_major), K = kb.tensor("K", T, 4, row_major), V = kb.tensor("V", T, 4, row_major);
     auto O = kb.tensor("O", T, 4, row_major);
-    auto LSE = kb.tensor("LSE", f32, 3, {.contiguous_last = true});
+    auto LSE = kb.tensor("LSE", f32, 3, {.contiguous_last = true});  // [batch, heads, seq_q]
     auto softmax_scale = kb.scalar<float>("softmax_scale");
 
+    const int seq_dim = bshd ? 1 : 2, head_dim = bshd ? 2 : 1;
     auto m0 = program_id(0) * BM, h = program_id(1), b = program_id(2);
-    auto S_k = K.size(2);
+    auto S_q = Q.size(seq_dim), S_k = K.size(seq_dim);
+    // grouped-query attention: query heads h of one group share key/value head h / group
+    auto kv_h = h / (Q.size(head_dim) / K.size(head_dim));
+    // a window of rows [s0, s0 + n) of head `hh` in either layout
+    auto rows_of = [&](const Tensor& t, const Tile& hh, const Operand& s0, int64_t n) {
+      return bshd ? t.block({b, s0, hh, 0}, {n, D}, {1, 3}) : t.block({b, hh, s0, 0}, {n, D}, {2, 3});
+    };
     auto rows = m0 + arange(0, BM);
     auto qk_scale = softmax_scale * 1.4426950408889634;  // log2(e): exp(x) = exp2(x * log2 e)
+    // Causal masks align the last query with the last key (FlashAttention's convention when
+    // S_q != S_k): row i sees keys j <= i + (S_k - S_q).
+    auto diag = S_k - S_q;
 
-    auto q = load(Q.block({b, h, m0, 0}, {BM, D}));
+    auto q = load(rows_of(Q, h, m0, BM));
     Var acc = zeros(f32, {BM, D});
     Var m = full(f32, {BM}, -INFINITY);  // running row max (log2 units)
     Var l = zeros(f32, {BM});            // running row sum of exp2
-    Tile n_end = causal ? minimum(S_k, m0 + BM) : S_k;
+    Tile n_end = causal ? minimum(S_k, m0 + BM + diag) : S_k;
     for_range(0, n_end, BN, [&](Tile n0) {
-      auto s = dot(q, trans(load(K.block({b, h, n0, 0}, {BN, D})))) * qk_scale;
+      auto s = dot(q, trans(load(rows_of(K, kv_h, n0, BN)))) * qk_scale;
       auto cols = n0 + arange(0, BN);
       Tile valid = cols[row] < S_k;
-      if (causal) valid = valid & (cols[row] <= rows[col]);
+      if (causal) valid = valid & (cols[row] <= rows[col] + diag);
       s = where(valid, s, -INFINITY);
       auto m_new = maximum(m, max(s, 1));
-      auto p = exp2(s - m_new[col]);
-      auto alpha = exp2(m - m_new);
+      // rows with no visible key so far keep m = -inf: exponentiate against 0 instead of -inf
+      auto m_use = where(m_new == -INFINITY, 0.0f, m_new);
+      auto p = exp2(s - m_use[col]);
+      auto alpha = exp2(m - m_use);
       l = l * alpha + sum(p, 1);
-      acc = acc * alpha[col] + dot(cast(T, p), load(V.block({b, h, n0, 0}, {BN, D})));
+      acc = acc * alpha[col] + dot(cast(T, p), load(rows_of(V, kv_h, n0, BN)));
       m = m_new;
     });
-    store(O.block({b, h, m0, 0}, {BM, D}), cast(T, acc / l[col]));
-    store(LSE.block({b, h, m0}, {BM}), (m + log2(l)) * 0.6931471805599453);  // back to natural log
+    // A row that sees no key (causal with S_q > S_k) outputs 0 and LSE = -inf.
+    auto seen = l > 0.0f;
+    store(rows_of(O, h, m0, BM), cast(T, where(seen[col], acc / l[col], 0.0f)));
+    store(LSE.block({b, h, m0}, {BM}), where(seen, (m + log2(l)) * 0.6931471805599453, -INFINITY));  // natural log
   });
   return k;
 }

@@ -171,6 +171,26 @@ TEST_CASE("gpu: attention forward, full and causal, ragged sequence") {
   }
 }
 
+TEST_CASE("gpu: attention forward with grouped-query heads, S_q != S_k, [B,S,H,D] layout, rows with no key") {
+  if (!have_gpu()) return;
+  struct Case {
+    int B, Hq, Hkv, Sq, Sk, D;
+    bool causal, bshd;
+  };
+  for (Case c : {Case{1, 4, 2, 70, 130, 64, true, false}, Case{2, 2, 1, 100, 100, 64, true, true},
+                 Case{1, 2, 2, 130, 50, 64, true, false}, Case{1, 4, 1, 256, 192, 128, false, true}}) {
+    INFO(fmt::format("B={} Hq={} Hkv={} Sq={} Sk={} D={} causal={} bshd={}", c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, c.causal, c.bshd));
+    auto shape = [&](int h, int sl) { return c.bshd ? ir::Shape{c.B, sl, h, c.D} : ir::Shape{c.B, h, sl, c.D}; };
+    HostTensor q(bf16, shape(c.Hq, c.Sq)), k(bf16, shape(c.Hkv, c.Sk)), v(bf16, shape(c.Hkv, c.Sk)), o(bf16, shape(c.Hq, c.Sq));
+    HostTensor lse(f32, {c.B, c.Hq, c.Sq});
+    q.fill_normal(1, 0, 1);
+    k.fill_normal(2, 0, 1);
+    v.fill_normal(3, 0, 1);
+    auto fn = kernels::attention_forward().build({{"HEAD_DIM", c.D}, {"CAUSAL", c.causal}, {"BSHD", c.bshd}});
+    check_against_interpreter(fn, {cdiv(c.Sq, 64), c.Hq, c.B}, {&q, &k, &v, &o, &lse, 1.0 / std::sqrt(double(c.D))}, 1e-2);
+  }
+}
+
 TEST_CASE("gpu: reductions across registers, lanes and warps; loops and ifs") {
   if (!have_gpu()) return;
   for (int warps : {1, 2, 4, 8}) {
