@@ -4,6 +4,8 @@
 // dropped) -> time the best top_k plus the default (reusing stored measurements) -> persist.
 #include "runtime/autotuner.hpp"
 
+#include "runtime/entry_file.hpp"
+
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -68,46 +70,6 @@ uint32_t read_u32_at(std::string_view d, size_t pos) {
   uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<uint8_t>(d[pos + i])} << (8 * i);
   return v;
-}
-
-struct FileRead {
-  std::string data;
-  dev_t dev = 0;
-  ino_t ino = 0;
-};
-
-// As the compile cache reads: one descriptor, so the identity belongs to the bytes read.
-std::optional<FileRead> read_entry_file(const fs::path& path, std::string& error) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno != ENOENT && errno != ENOTDIR) error = fmt::format("cannot open: {}", std::strerror(errno));
-    return std::nullopt;
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > kMaxEntryBytes) {
-    error = "not a regular file of a tuning entry's size";
-    ::close(fd);
-    return std::nullopt;
-  }
-  FileRead out;
-  out.dev = st.st_dev;
-  out.ino = st.st_ino;
-  out.data.resize(static_cast<size_t>(st.st_size));
-  size_t got = 0;
-  while (got < out.data.size()) {
-    ssize_t r = ::read(fd, out.data.data() + got, out.data.size() - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    got += static_cast<size_t>(r);
-  }
-  out.data.resize(got);
-  ::close(fd);
-  return out;
-}
-
-void remove_if_same(const fs::path& path, const FileRead& read) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && st.st_dev == read.dev && st.st_ino == read.ino) ::unlink(path.c_str());
 }
 
 std::string encode_measurement(const Measurement& m) {
@@ -194,7 +156,7 @@ std::optional<std::string> TuningStore::load_body(const fs::path& path, const st
   if (problem) problem->clear();
   if (!enabled_) return std::nullopt;
   std::string error;
-  std::optional<FileRead> file = read_entry_file(path, error);
+  std::optional<entry_file::Bytes> file = entry_file::read(path, kMaxEntryBytes, error);
   if (!file) {
     if (!error.empty()) {
       if (problem) *problem = error;
@@ -233,7 +195,7 @@ std::optional<std::string> TuningStore::load_body(const fs::path& path, const st
     }
   }
   if (bad.empty()) return body;
-  remove_if_same(path, *file);
+  entry_file::remove_if_same(path, *file);
   if (problem) *problem = bad;
   warn_once(fmt::format("tuning entry {}: {}; removed, it is re-tuned", path.string(), bad));
   return std::nullopt;
@@ -259,27 +221,8 @@ bool TuningStore::store_body(const fs::path& path, const std::string& key, const
     warn_once(fmt::format("cannot create the tuning directory {}: {}; results are not kept", dir_.string(), ec.message()));
     return false;
   }
-  std::string tmp = (dir_ / (path.stem().string() + std::string(kTempMarker) + "XXXXXX")).string();
-  int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-  if (fd < 0) {
-    warn_once(fmt::format("cannot create a temporary file in {}: {}", dir_.string(), std::strerror(errno)));
-    return false;
-  }
-  std::string failure;
-  size_t done = 0;
-  while (done < data.size() && failure.empty()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) failure = fmt::format("write failed: {}", std::strerror(errno));
-    else done += static_cast<size_t>(n);
-  }
-  // fsync before rename: after a crash the entry is absent or complete.
-  if (failure.empty() && ::fsync(fd) != 0) failure = fmt::format("fsync failed: {}", std::strerror(errno));
-  if (::close(fd) != 0 && failure.empty()) failure = fmt::format("close failed: {}", std::strerror(errno));
-  if (failure.empty() && ::rename(tmp.c_str(), path.c_str()) != 0)
-    failure = fmt::format("rename to the final name failed: {}", std::strerror(errno));
+  std::string failure = entry_file::write_atomically(path, kTempMarker, data);
   if (!failure.empty()) {
-    ::unlink(tmp.c_str());
     warn_once(fmt::format("cannot write tuning entry {}: {}", path.string(), failure));
     return false;
   }

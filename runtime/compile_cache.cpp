@@ -13,6 +13,8 @@
 // compile_cached looks in the loaded bundles (runtime/bundle.hpp) before anything else.
 #include "runtime/compile_cache.hpp"
 
+#include "runtime/entry_file.hpp"
+
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -133,75 +135,6 @@ Decoded decode(std::string_view d) {
 
 // ---- files -----------------------------------------------------------------------------------
 
-struct FileBytes {
-  std::string data;
-  dev_t dev = 0;
-  ino_t ino = 0;
-  fs::file_time_type written;
-};
-
-// The whole file, or nullopt with `error` empty when it does not exist (a plain miss) or naming
-// the failure. Read through one descriptor so that the identity (dev, inode) belongs to exactly
-// the bytes read: a concurrent rename can replace the path but not what this descriptor reads.
-std::optional<FileBytes> read_file(const fs::path& path, std::string& error) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno != ENOENT && errno != ENOTDIR) error = fmt::format("cannot open: {}", std::strerror(errno));
-    return std::nullopt;
-  }
-  FileBytes out;
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    error = fmt::format("cannot stat: {}", std::strerror(errno));
-    ::close(fd);
-    return std::nullopt;
-  }
-  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > kMaxEntryBytes) {
-    error = S_ISREG(st.st_mode) ? fmt::format("{} bytes, larger than any entry tilejit writes", st.st_size)
-                                : "not a regular file";
-    ::close(fd);
-    return std::nullopt;
-  }
-  out.dev = st.st_dev;
-  out.ino = st.st_ino;
-  out.data.resize(static_cast<size_t>(st.st_size));
-  size_t got = 0;
-  while (got < out.data.size()) {
-    ssize_t r = ::read(fd, out.data.data() + got, out.data.size() - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      error = fmt::format("cannot read: {}", std::strerror(errno));
-      ::close(fd);
-      return std::nullopt;
-    }
-    if (r == 0) break;  // shrank since fstat: decode reports it as truncated
-    got += static_cast<size_t>(r);
-  }
-  out.data.resize(got);
-  ::close(fd);
-  std::error_code ec;
-  out.written = fs::last_write_time(path, ec);
-  return out;
-}
-
-// Removes `path` only if it is still the file that was read, so that a bad entry that another
-// process has meanwhile replaced with a good one is kept.
-void remove_if_same(const fs::path& path, const FileBytes& read) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && st.st_dev == read.dev && st.st_ino == read.ino) ::unlink(path.c_str());
-}
-
-bool write_all(int fd, const std::string& data) {
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t w = ::write(fd, data.data() + done, data.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    done += static_cast<size_t>(w);
-  }
-  return true;
-}
-
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
@@ -296,7 +229,7 @@ std::optional<jit::CompiledKernel> CompileCache::load(const std::string& key, st
   if (!enabled_) return std::nullopt;
   const fs::path path = entry_path(key);
   std::string error;
-  std::optional<FileBytes> file = read_file(path, error);
+  std::optional<entry_file::Bytes> file = entry_file::read(path, kMaxEntryBytes, error);
   if (!file) {
     // Unreadable is not proof of damage, so the file is left to the next store's rename.
     if (!error.empty()) {
@@ -311,7 +244,7 @@ std::optional<jit::CompiledKernel> CompileCache::load(const std::string& key, st
       throw BadEntry{fmt::format("holds the entry for key {} (a foreign entry copied or renamed here)", d.key)};
     return std::move(d.kernel);
   } catch (const BadEntry& bad) {
-    remove_if_same(path, *file);
+    entry_file::remove_if_same(path, *file);
     if (problem) *problem = bad.problem;
     warn_once(fmt::format("cache entry {}: {}; removed, the kernel is recompiled", path.string(), bad.problem));
   } catch (const std::exception& e) {  // bad_alloc and the like: still a miss, never a crash
@@ -339,26 +272,9 @@ bool CompileCache::store(const std::string& key, const jit::CompiledKernel& k) c
                           dir_.string(), ec.message()));
     return false;
   }
-  // The temporary file lives in the cache directory so that rename() is atomic (same file
-  // system); mkostemp gives every writer, thread or process, its own. rename() replaces any
-  // existing entry, so of concurrent writers of one key one complete file wins.
-  std::string tmp = (dir_ / (key + std::string(kTempMarker) + "XXXXXX")).string();
-  int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-  if (fd < 0) {
-    warn_once(fmt::format("cannot create a temporary file in the cache directory {}: {}", dir_.string(),
-                          std::strerror(errno)));
-    return false;
-  }
-  // fsync before rename: after a crash the entry is either absent or complete, never a named
-  // file whose blocks were not written yet.
-  std::string failure;
-  if (!write_all(fd, data)) failure = fmt::format("write failed: {}", std::strerror(errno));
-  else if (::fsync(fd) != 0) failure = fmt::format("fsync failed: {}", std::strerror(errno));
-  if (::close(fd) != 0 && failure.empty()) failure = fmt::format("close failed: {}", std::strerror(errno));
-  if (failure.empty() && ::rename(tmp.c_str(), path.c_str()) != 0)
-    failure = fmt::format("rename to the final name failed: {}", std::strerror(errno));
+  // Atomic: of concurrent writers of one key one complete file wins (runtime/entry_file.hpp).
+  std::string failure = entry_file::write_atomically(path, kTempMarker, data);
   if (!failure.empty()) {
-    ::unlink(tmp.c_str());
     warn_once(fmt::format("cannot write cache entry {}: {}", path.string(), failure));
     return false;
   }
@@ -374,7 +290,7 @@ std::vector<CompileCache::Entry> CompileCache::list() const {
     Entry e;
     e.key = p.stem().string();
     std::string error;
-    std::optional<FileBytes> file = read_file(p, error);
+    std::optional<entry_file::Bytes> file = entry_file::read(p, kMaxEntryBytes, error);
     if (!file) {
       if (error.empty()) continue;  // removed since the directory was read
       e.problem = error;
