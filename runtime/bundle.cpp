@@ -2,6 +2,8 @@
 // defensive reading, the process-wide registry of loaded kernels, and the embedding source.
 #include "runtime/bundle.hpp"
 
+#include "runtime/entry_file.hpp"
+
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -411,27 +413,9 @@ void save_bundle(const fs::path& path, const Bundle& b) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) fail(name, fmt::format("cannot create the directory {}: {}", dir.string(), ec.message()));
-  std::string tmp = (dir / (path.filename().string() + ".tmp-XXXXXX")).string();
-  int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-  if (fd < 0) fail(name, fmt::format("cannot create a temporary file in {}: {}", dir.string(), std::strerror(errno)));
-  std::string failure;
-  size_t done = 0;
-  while (done < data.size() && failure.empty()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) failure = fmt::format("write failed: {}", std::strerror(errno));
-    else done += static_cast<size_t>(n);
-  }
-  if (failure.empty() && ::fsync(fd) != 0) failure = fmt::format("fsync failed: {}", std::strerror(errno));
-  // mkostemp makes the file 0600; a bundle is a build output others read.
-  if (failure.empty()) ::fchmod(fd, 0644);
-  if (::close(fd) != 0 && failure.empty()) failure = fmt::format("close failed: {}", std::strerror(errno));
-  if (failure.empty() && ::rename(tmp.c_str(), path.c_str()) != 0)
-    failure = fmt::format("rename to the final name failed: {}", std::strerror(errno));
-  if (!failure.empty()) {
-    ::unlink(tmp.c_str());
-    fail(name, fmt::format("cannot write: {}", failure));
-  }
+  // atomic, and 0644: a bundle is a build output others read
+  std::string failure = entry_file::write_atomically(path, path.extension().string() + ".tmp-", data, 0644);
+  if (!failure.empty()) fail(name, fmt::format("cannot write: {}", failure));
 }
 
 void write_bundle(const fs::path& path, const std::vector<BundleEntrySpec>& specs) { save_bundle(path, make_bundle(specs)); }

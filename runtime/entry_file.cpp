@@ -60,7 +60,7 @@ void remove_if_same(const fs::path& path, const Bytes& read) {
   if (::stat(path.c_str(), &st) == 0 && st.st_dev == read.dev && st.st_ino == read.ino) ::unlink(path.c_str());
 }
 
-std::string write_atomically(const fs::path& path, std::string_view temp_marker, const std::string& data) {
+std::string write_atomically(const fs::path& path, std::string_view temp_marker, const std::string& data, unsigned mode) {
   std::string tmp = (path.parent_path() / (path.stem().string() + std::string(temp_marker) + "XXXXXX")).string();
   int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
   if (fd < 0) return fmt::format("cannot create a temporary file in {}: {}", path.parent_path().string(), std::strerror(errno));
@@ -73,6 +73,7 @@ std::string write_atomically(const fs::path& path, std::string_view temp_marker,
     else done += static_cast<size_t>(n);
   }
   if (failure.empty() && ::fsync(fd) != 0) failure = fmt::format("fsync failed: {}", std::strerror(errno));
+  if (failure.empty() && mode != 0600) ::fchmod(fd, static_cast<mode_t>(mode));
   if (::close(fd) != 0 && failure.empty()) failure = fmt::format("close failed: {}", std::strerror(errno));
   if (failure.empty() && ::rename(tmp.c_str(), path.c_str()) != 0)
     failure = fmt::format("rename to the final name failed: {}", std::strerror(errno));

@@ -30,7 +30,10 @@ void remove_if_same(const std::filesystem::path& path, const Bytes& read);
 // Writes `data` to `path` atomically: a unique temporary file `<stem><temp_marker>XXXXXX` in the
 // same directory (mkostemp: every writer, thread or process, has its own), fsync (after a crash
 // the entry is absent or complete), rename over the final name (of concurrent writers one
-// complete file wins). Returns an empty string, or what failed (the temporary file is removed).
-std::string write_atomically(const std::filesystem::path& path, std::string_view temp_marker, const std::string& data);
+// complete file wins). `mode` is applied before the rename (mkostemp creates 0600: private entries
+// of a per-user cache; build outputs others read pass 0644). Returns an empty string, or what
+// failed (the temporary file is removed).
+std::string write_atomically(const std::filesystem::path& path, std::string_view temp_marker, const std::string& data,
+                             unsigned mode = 0600);
 
 }  // namespace tilejit::runtime::entry_file

@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include "compiled_kernel_checks.hpp"
+#include "temp_dir.hpp"
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -74,20 +75,8 @@ namespace {
 
 
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    std::random_device rd;
-    path = fs::temp_directory_path() / fmt::format("tilejit-bundle-test-{}-{}-{:08x}", ::getpid(), counter++, rd());
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
+struct TempDir : tilejit::testing::TempDir {
+  TempDir() : tilejit::testing::TempDir("tilejit-bundle-test") {}
 };
 
 std::string read_bytes(const fs::path& p) {

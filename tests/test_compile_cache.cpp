@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "compiled_kernel_checks.hpp"
+#include "temp_dir.hpp"
 #include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,21 +35,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory per test, removed at the end.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    std::random_device rd;
-    path = fs::temp_directory_path() / fmt::format("tilejit-cache-test-{}-{}-{:08x}", ::getpid(), counter++, rd());
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
+struct TempDir : tilejit::testing::TempDir {
+  TempDir() : tilejit::testing::TempDir("tilejit-cache-test") {}
 };
 
 // Sets (or unsets, for nullptr) an environment variable for one scope.
