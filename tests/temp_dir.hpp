@@ -1,10 +1,13 @@
-// Test helper: a fresh, uniquely named directory under the system temp directory, removed when
-// the object goes out of scope (the cache, bundle and autotuner suites write real files).
+// Test helpers for suites that touch the file system and the environment: a fresh temporary
+// directory removed at scope exit, and an environment variable set (or unset) for one scope.
 #pragma once
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <optional>
+#include <string>
 #include <filesystem>
 #include <random>
 #include <string_view>
@@ -25,6 +28,23 @@ struct TempDir {
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
+};
+
+// Sets (or unsets, for nullptr) an environment variable for one scope.
+struct ScopedEnv {
+  std::string name;
+  std::optional<std::string> old;
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    if (const char* v = std::getenv(n)) old = v;
+    if (value) ::setenv(n, value, 1);
+    else ::unsetenv(n);
+  }
+  ~ScopedEnv() {
+    if (old) ::setenv(name.c_str(), old->c_str(), 1);
+    else ::unsetenv(name.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
 };
 
 }  // namespace tilejit::testing

@@ -38,22 +38,7 @@ using runtime::BundleError;
 
 namespace {
 
-// Sets (or unsets, for nullptr) an environment variable for one scope.
-struct ScopedEnv {
-  std::string name;
-  std::optional<std::string> old;
-  ScopedEnv(const char* n, const char* value) : name(n) {
-    if (const char* v = std::getenv(n)) old = v;
-    if (value) ::setenv(n, value, 1);
-    else ::unsetenv(n);
-  }
-  ~ScopedEnv() {
-    if (old) ::setenv(name.c_str(), old->c_str(), 1);
-    else ::unsetenv(name.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-};
+using tilejit::testing::ScopedEnv;
 
 // Every test starts and ends with no bundle loaded and empty compile-cache statistics.
 struct CleanRegistry {

@@ -39,20 +39,7 @@ struct TempDir : tilejit::testing::TempDir {
   TempDir() : tilejit::testing::TempDir("tilejit-cache-test") {}
 };
 
-// Sets (or unsets, for nullptr) an environment variable for one scope.
-struct ScopedEnv {
-  std::string name;
-  std::optional<std::string> old;
-  ScopedEnv(const char* n, const char* value) : name(n) {
-    if (const char* v = std::getenv(n)) old = v;
-    if (value) ::setenv(n, value, 1);
-    else ::unsetenv(n);
-  }
-  ~ScopedEnv() {
-    if (old) ::setenv(name.c_str(), old->c_str(), 1);
-    else ::unsetenv(name.c_str());
-  }
-};
+using tilejit::testing::ScopedEnv;
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
