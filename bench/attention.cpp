@@ -1,0 +1,295 @@
+// bench/attention: FlashAttention forward and backward through tilejit::attention (the C++ API a
+// framework calls), timed with CUDA events; bench/attention.py runs it next to PyTorch SDPA and
+// prints one table. A second mode runs cases written by the script (--check) for its comparison
+// against PyTorch's float32 math.
+//
+//   attention_bench [--quick] [--reps N]   one line per config:
+//     RESULT dtype=bf16 B=4 S=4096 H=16 D=128 causal=0 fwd_ms=.. fwd_tflops=.. bwd_ms=.. bwd_tflops=..
+//   attention_bench --capabilities         "backward=1 varlen_fwd=0 varlen_bwd=0"
+//   attention_bench --check DIR            reads DIR/cases.txt and the inputs, writes the outputs
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/attention_api.hpp"
+#include "runtime/device_buffer.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/host_tensor.hpp"
+
+using namespace tilejit;
+using runtime::DeviceBuffer;
+
+namespace {
+
+constexpr int64_t kTokens = 16384, kHidden = 2048;  // B * S and H * D of the grid
+
+struct Config {
+  int64_t S, D;
+  bool causal;
+  int64_t B() const { return kTokens / S; }
+  int64_t H() const { return kHidden / D; }
+  double fwd_flops() const { return 4.0 * static_cast<double>(B() * H()) * double(S) * double(S) * double(D) / (causal ? 2 : 1); }
+};
+
+// A device buffer filled with normal random values of `dtype` (uploaded in chunks of one host
+// tensor with a per-buffer seed: cheap for 64 MB buffers).
+DeviceBuffer random_buffer(size_t bytes, ir::DType dtype, uint64_t seed) {
+  DeviceBuffer buf(bytes);
+  const int64_t es = ir::byte_size(dtype);
+  const int64_t chunk = std::min<int64_t>(int64_t{1} << 22, static_cast<int64_t>(bytes) / es);
+  runtime::HostTensor h(dtype, {chunk});
+  h.fill_normal(seed, 0, 1);
+  for (size_t off = 0; off < bytes; off += static_cast<size_t>(chunk * es))
+    buf.upload(h.data(), std::min(bytes - off, static_cast<size_t>(chunk * es)), off);
+  return buf;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Times `fn` on `stream`: one warm-up call (compiles on the first config), then repeats until
+// ~0.3 s or `max_reps`, each between its own pair of events; returns the median in ms.
+template <class F>
+double time_ms(F&& fn, const runtime::Stream& stream, int max_reps) {
+  fn();
+  stream.synchronize();
+  runtime::Event a, b;
+  a.record(stream);
+  fn();
+  b.record(stream);
+  b.synchronize();
+  const double first = b.elapsed_ms(a);
+  const int reps = std::clamp(static_cast<int>(300.0 / std::max(first, 1e-3)), 3, max_reps);
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    a.record(stream);
+    fn();
+    b.record(stream);
+    b.synchronize();
+    ms.push_back(b.elapsed_ms(a));
+  }
+  return median(ms);
+}
+
+int bench(bool quick, int max_reps) {
+  std::vector<Config> configs;
+  if (quick) {
+    configs = {{1024, 128, false}, {4096, 128, false}, {4096, 128, true}, {4096, 64, false}, {16384, 128, true}};
+  } else {
+    for (int64_t D : {64, 128})
+      for (bool causal : {false, true})
+        for (int64_t S : {1024, 2048, 4096, 8192, 16384}) configs.push_back({S, D, causal});
+  }
+  const ir::DType dt = ir::DType::bf16;
+  const bool bwd = attention::backward_available();
+  // Compile every kernel up front, in parallel (JIT and caches need no GPU).
+  {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (int64_t D : {64, 128})
+      for (bool causal : {false, true})
+        pool.emplace_back([=] { attention::prepare(dt, static_cast<int>(D), causal, false, bwd); });
+    for (auto& t : pool) t.join();
+    std::fprintf(stderr, "compiled in %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  const size_t bytes = static_cast<size_t>(kTokens * kHidden * ir::byte_size(dt));
+  DeviceBuffer q = random_buffer(bytes, dt, 1), k = random_buffer(bytes, dt, 2), v = random_buffer(bytes, dt, 3),
+               dout = random_buffer(bytes, dt, 4);
+  DeviceBuffer o(bytes), dq(bytes), dk(bytes), dv(bytes);
+  const size_t lse_bytes = static_cast<size_t>(kTokens * (kHidden / 64)) * 4;  // B * H * S for the smallest D
+  DeviceBuffer lse(lse_bytes), ws(lse_bytes + 256);
+  runtime::Stream stream;
+  for (const Config& c : configs) {
+    using attention::contiguous;
+    const int64_t B = c.B(), S = c.S, H = c.H(), D = c.D;
+    const auto Q = contiguous(q.ptr(), dt, {B, S, H, D}), K = contiguous(k.ptr(), dt, {B, S, H, D}),
+               V = contiguous(v.ptr(), dt, {B, S, H, D}), O = contiguous(o.ptr(), dt, {B, S, H, D}),
+               dO = contiguous(dout.ptr(), dt, {B, S, H, D}), dQ = contiguous(dq.ptr(), dt, {B, S, H, D}),
+               dK = contiguous(dk.ptr(), dt, {B, S, H, D}), dV = contiguous(dv.ptr(), dt, {B, S, H, D});
+    const auto L = contiguous(lse.ptr(), ir::DType::f32, {B, H, S});
+    attention::Options opts;
+    opts.causal = c.causal;
+    double fwd_ms = NAN, bwd_ms = NAN;
+    try {
+      fwd_ms = time_ms([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); }, stream, max_reps);
+      if (bwd)
+        bwd_ms = time_ms([&] {
+          attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), {ws.ptr(), ws.bytes()});
+        }, stream, max_reps);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "S=%ld D=%ld causal=%d: %s\n", static_cast<long>(S), static_cast<long>(D), c.causal, e.what());
+    }
+    const double f = c.fwd_flops();
+    std::printf("RESULT dtype=bf16 B=%ld S=%ld H=%ld D=%ld causal=%d fwd_ms=%.4f fwd_tflops=%.1f bwd_ms=%.4f bwd_tflops=%.1f\n",
+                static_cast<long>(B), static_cast<long>(S), static_cast<long>(H), static_cast<long>(D), c.causal ? 1 : 0, fwd_ms,
+                f / (fwd_ms * 1e-3) / 1e12, bwd_ms, 2.5 * f / (bwd_ms * 1e-3) / 1e12);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// --check DIR: cases.txt has one case per line, "key=value" fields:
+//   name dtype(bf16|f16) B Hq Hkv Sq Sk D causal(0|1) scale layout(bshd|bhsd) [varlen=1 nseq total_q total_k max_q max_k]
+// Inputs DIR/<name>.{q,k,v,do}.bin (raw, contiguous in the layout; varlen: packed [total, H, D]),
+// DIR/<name>.{cu_q,cu_k}.bin (i32, varlen). Outputs DIR/<name>.{o,dq,dk,dv}.bin in the inputs'
+// layout and DIR/<name>.lse.bin (f32 [B, Hq, Sq]; varlen [Hq, total_q]).
+
+std::vector<char> read_file(const std::string& path, size_t bytes) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("cannot open " + path);
+  std::vector<char> data(bytes);
+  f.read(data.data(), static_cast<std::streamsize>(bytes));
+  if (static_cast<size_t>(f.gcount()) != bytes)
+    throw std::runtime_error(fmt::format("{}: expected {} bytes, read {}", path, bytes, f.gcount()));
+  return data;
+}
+
+void write_file(const std::string& path, const DeviceBuffer& buf, size_t bytes) {
+  std::vector<char> data(bytes);
+  buf.download(data.data(), bytes);
+  std::ofstream f(path, std::ios::binary);
+  f.write(data.data(), static_cast<std::streamsize>(bytes));
+  if (!f) throw std::runtime_error("cannot write " + path);
+}
+
+DeviceBuffer upload_file(const std::string& path, size_t bytes) {
+  DeviceBuffer b(bytes);
+  const auto data = read_file(path, bytes);
+  b.upload(data.data(), bytes);
+  return b;
+}
+
+DeviceBuffer poisoned(size_t bytes) {
+  DeviceBuffer b(bytes);
+  b.fill_bytes(0xFF);
+  return b;
+}
+
+int check(const std::string& dir) {
+  std::ifstream list(dir + "/cases.txt");
+  if (!list) {
+    std::fprintf(stderr, "cannot open %s/cases.txt\n", dir.c_str());
+    return 2;
+  }
+  int failures = 0;
+  for (std::string line; std::getline(list, line);) {
+    if (line.empty()) continue;
+    std::map<std::string, std::string> kv;
+    std::istringstream in(line);
+    for (std::string field; in >> field;) {
+      const auto eq = field.find('=');
+      if (eq != std::string::npos) kv[field.substr(0, eq)] = field.substr(eq + 1);
+    }
+    const std::string name = kv["name"];
+    try {
+      auto num = [&](const char* key) {
+        if (!kv.contains(key)) throw std::runtime_error(fmt::format("case '{}' has no {}", name, key));
+        return std::stoll(kv[key]);
+      };
+      const ir::DType dt = kv["dtype"] == "f16" ? ir::DType::f16 : ir::DType::bf16;
+      const int64_t Hq = num("Hq"), Hkv = num("Hkv"), D = num("D"), es = ir::byte_size(dt);
+      const bool varlen = kv["varlen"] == "1", bhsd = kv["layout"] == "bhsd";
+      attention::Options opts;
+      opts.causal = num("causal") != 0;
+      if (kv.contains("scale")) opts.softmax_scale = std::stof(kv["scale"]);
+      const std::string base = dir + "/" + name;
+      int64_t nq = 0, nk = 0, nlse = 0;  // elements of q, k, lse
+      int64_t B = 0, Sq = 0, Sk = 0, total_q = 0, total_k = 0, nseq = 0;
+      if (varlen) {
+        nseq = num("nseq"), total_q = num("total_q"), total_k = num("total_k");
+        nq = total_q * Hq * D, nk = total_k * Hkv * D, nlse = Hq * total_q;
+      } else {
+        B = num("B"), Sq = num("Sq"), Sk = num("Sk");
+        nq = B * Sq * Hq * D, nk = B * Sk * Hkv * D, nlse = B * Hq * Sq;
+      }
+      const auto qb = static_cast<size_t>(nq * es), kb = static_cast<size_t>(nk * es), lb = static_cast<size_t>(nlse * 4);
+      DeviceBuffer q = upload_file(base + ".q.bin", qb), k = upload_file(base + ".k.bin", kb), v = upload_file(base + ".v.bin", kb),
+                   dout = upload_file(base + ".do.bin", qb);
+      DeviceBuffer o = poisoned(qb), dq = poisoned(qb), dk = poisoned(kb), dv = poisoned(kb), lse = poisoned(lb);
+      DeviceBuffer cuq, cuk;
+      // Logical [B, S, H, D] views; [B, H, S, D] files are passed as permuted views.
+      auto view = [&](const DeviceBuffer& b, int64_t S, int64_t H) {
+        if (varlen) return attention::contiguous(b.ptr(), dt, {S, H, D});
+        if (bhsd) return attention::permute(attention::contiguous(b.ptr(), dt, {B, H, S, D}), {0, 2, 1, 3});
+        return attention::contiguous(b.ptr(), dt, {B, S, H, D});
+      };
+      const int64_t sq = varlen ? total_q : Sq, sk = varlen ? total_k : Sk;
+      const auto L = varlen ? attention::contiguous(lse.ptr(), ir::DType::f32, {Hq, total_q})
+                            : attention::contiguous(lse.ptr(), ir::DType::f32, {B, Hq, Sq});
+      if (varlen) {
+        const auto cb = static_cast<size_t>((nseq + 1) * 4);
+        cuq = upload_file(base + ".cu_q.bin", cb);
+        cuk = upload_file(base + ".cu_k.bin", cb);
+        opts.cu_seqlens_q = attention::contiguous(cuq.ptr(), ir::DType::i32, {nseq + 1});
+        opts.cu_seqlens_k = attention::contiguous(cuk.ptr(), ir::DType::i32, {nseq + 1});
+        opts.max_seqlen_q = num("max_q");
+        opts.max_seqlen_k = num("max_k");
+      }
+      const auto Q = view(q, sq, Hq), K = view(k, sk, Hkv), V = view(v, sk, Hkv), O = view(o, sq, Hq);
+      attention::forward(Q, K, V, O, L, opts);
+      const bool bwd = attention::backward_available() && (!varlen || attention::varlen_supported(true));
+      if (bwd) attention::backward(Q, K, V, O, view(dout, sq, Hq), L, view(dq, sq, Hq), view(dk, sk, Hkv), view(dv, sk, Hkv), opts);
+      write_file(base + ".o.bin", o, qb);
+      write_file(base + ".lse.bin", lse, lb);
+      if (bwd) {
+        write_file(base + ".dq.bin", dq, qb);
+        write_file(base + ".dk.bin", dk, kb);
+        write_file(base + ".dv.bin", dv, kb);
+      }
+      std::printf("ran %s%s\n", name.c_str(), bwd ? "" : " (forward only)");
+    } catch (const std::exception& e) {
+      ++failures;
+      std::printf("FAILED %s: %s\n", name.c_str(), e.what());
+    }
+    std::fflush(stdout);
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  int reps = 20;
+  std::string check_dir;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--check" && i + 1 < argc) check_dir = argv[++i];
+    else if (a == "--capabilities") {
+      std::printf("backward=%d varlen_fwd=%d varlen_bwd=%d\n", attention::backward_available() ? 1 : 0,
+                  attention::varlen_supported(false) ? 1 : 0, attention::varlen_supported(true) ? 1 : 0);
+      return 0;
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --check DIR | --capabilities\n", argv[0]);
+      return 2;
+    }
+  }
+  auto& driver = runtime::Driver::get();
+  if (!driver.available()) {
+    std::fprintf(stderr, "bench/attention needs a GPU: %s\n", driver.unavailable_reason().c_str());
+    return 2;
+  }
+  try {
+    std::fprintf(stderr, "GPU: %s\n", driver.props(0).name.c_str());
+    return check_dir.empty() ? bench(quick, reps) : check(check_dir);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench/attention: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,355 @@
+"""bench/attention.py: tilejit attention (through its C++ API) next to PyTorch SDPA, one table.
+
+Usage (on the GPU machine):
+    python3 bench/attention.py BIN [--quick] [--check-only | --no-check] [--out DIR]
+BIN is the attention_bench binary (build/bench/attention_bench, or .gpu/bench/attention_bench).
+
+1. Cross-check (unless --no-check): ~20 cases (GQA/MQA, ragged S_q != S_k, causal, custom scales,
+   both layouts, varlen when the kernels have it) are written to DIR/check as raw binaries; BIN
+   --check runs forward + backward through tilejit::attention and writes O, LSE, dQ, dK, dV; they
+   are compared with PyTorch's float32 math (SDPA's MATH backend; rows that see no key, which it
+   turns into NaN, by the same math by hand). Pass: relative error < 1e-2 for every output.
+2. Timing (unless --check-only): bf16, B*S = 16k tokens, H*D = 2048, D in {64, 128},
+   S in {1k .. 16k}, causal and not (--quick: 5 configs); tilejit from BIN, PyTorch SDPA with the
+   FLASH_ATTENTION and CUDNN_ATTENTION backends, forward and backward (FLOPs 4*B*H*S^2*D, halved
+   for causal, x2.5 for backward), CUDA events, median of repeats. Prints one table, writes
+   DIR/attention.png and DIR/attention_table.md (the snippet for BENCHMARKS.md).
+"""
+import argparse
+import datetime
+import itertools
+import math
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+
+TOKENS, HIDDEN = 16384, 2048
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+# ---------------------------------------------------------------------------------------------
+# Cross-check against PyTorch float32 math
+
+def check_cases(caps):
+    # name, dtype, B, Hq, Hkv, Sq, Sk, D, causal, scale (None: 1/sqrt(D)), layout
+    dense = [
+        ("mha_full", "bf16", 2, 4, 4, 128, 128, 64, False, None, "bshd"),
+        ("mha_causal", "bf16", 2, 4, 4, 257, 257, 128, True, None, "bshd"),
+        ("gqa_ragged", "bf16", 2, 8, 2, 100, 1000, 64, False, None, "bshd"),
+        ("gqa_causal_sq_lt_sk", "bf16", 1, 8, 2, 100, 1000, 128, True, None, "bhsd"),
+        ("gqa_causal_sq_gt_sk", "f16", 2, 6, 2, 257, 17, 64, True, None, "bshd"),
+        ("mqa", "f16", 3, 8, 1, 17, 257, 128, False, 0.2, "bshd"),
+        ("mqa_causal", "bf16", 1, 4, 1, 1000, 100, 64, True, None, "bhsd"),
+        ("single_row", "bf16", 1, 2, 2, 1, 1000, 64, False, None, "bshd"),
+        ("single_row_causal", "f16", 1, 2, 1, 1, 17, 128, True, None, "bshd"),
+        ("single_key", "bf16", 2, 2, 2, 100, 1, 64, False, None, "bhsd"),
+        ("d256", "bf16", 1, 2, 2, 257, 257, 256, False, None, "bshd"),
+        ("d256_causal_gqa", "f16", 1, 4, 2, 100, 300, 256, True, 0.05, "bhsd"),
+        ("f16_scale", "f16", 2, 4, 4, 1000, 1000, 64, False, 0.3, "bshd"),
+        ("bf16_long", "bf16", 1, 2, 2, 2048, 2048, 128, True, None, "bshd"),
+        ("bhsd_full", "f16", 2, 4, 2, 333, 129, 128, False, None, "bhsd"),
+        ("odd_all", "bf16", 3, 3, 1, 17, 100, 64, True, 0.11, "bshd"),
+        ("d128_big_heads", "bf16", 1, 16, 4, 256, 512, 128, True, None, "bshd"),
+    ]
+    cases = [dict(name=n, dtype=t, B=b, Hq=hq, Hkv=hk, Sq=sq, Sk=sk, D=d, causal=c, scale=s, layout=l, varlen=False)
+             for (n, t, b, hq, hk, sq, sk, d, c, s, l) in dense]
+    if caps.get("varlen_fwd"):
+        for n, t, hq, hk, d, causal, lq, lk in [
+            ("varlen_full", "bf16", 4, 2, 64, False, [17, 100, 1, 257], [100, 17, 64, 257]),
+            ("varlen_causal", "f16", 4, 4, 128, True, [100, 257, 33], [300, 100, 33]),
+            ("varlen_mqa", "bf16", 8, 1, 64, True, [1, 1000], [17, 1000]),
+        ]:
+            cases.append(dict(name=n, dtype=t, Hq=hq, Hkv=hk, D=d, causal=causal, scale=None, layout="bshd", varlen=True,
+                              lens_q=lq, lens_k=lk))
+    return cases
+
+
+def dump(t, path):
+    t = t.contiguous().cpu()
+    if t.dtype in (torch.bfloat16, torch.float16):
+        t = t.view(torch.int16)
+    t.numpy().tofile(path)
+
+
+def load(path, dtype, shape):
+    raw = torch.from_file(path, size=math.prod(shape), dtype=dtype if dtype == torch.float32 else torch.int16)
+    return (raw if dtype == torch.float32 else raw.view(dtype)).reshape(shape)
+
+
+def reference(q, k, v, do, causal, scale):
+    """float32 [B, H, S, D] inputs (k, v with Hkv heads). Returns O, LSE, dQ, dK, dV (float32)."""
+    q, k, v, do = (x.float().cuda() for x in (q, k, v, do))
+    Sq, Sk, Hq, Hkv = q.shape[2], k.shape[2], q.shape[1], k.shape[1]
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    mask = None
+    if causal:  # bottom-right: query i sees keys j <= i + Sk - Sq
+        i = torch.arange(Sq, device="cuda")[:, None]
+        j = torch.arange(Sk, device="cuda")[None, :]
+        mask = j <= i + (Sk - Sq)
+    kk, vv = k.repeat_interleave(Hq // Hkv, 1), v.repeat_interleave(Hq // Hkv, 1)
+    s = (q @ kk.transpose(-1, -2)) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s.detach(), -1)
+    if mask is None or bool(mask.any(-1).all()):
+        with sdpa_kernel(SDPBackend.MATH):
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    else:  # rows with no key: O = 0 and zero gradients (SDPA math would give NaN)
+        seen = mask.any(-1)[:, None]
+        p = torch.softmax(torch.where(seen, s, 0.0), -1) * seen
+        o = p @ vv
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    return o.detach(), lse, dq, dk, dv
+
+
+def rel(x, ref):
+    x, ref = x.float().cuda(), ref.float().cuda()
+    den = ref.norm().item()
+    return (x - ref).norm().item() / (den if den > 0 else 1.0)
+
+
+def lse_err(x, ref):
+    x, ref = x.cuda(), ref.cuda()
+    inf = torch.isinf(ref)
+    if not torch.equal(torch.isinf(x), inf) or bool((x[inf] != ref[inf]).any()):
+        return float("inf")
+    return (x[~inf] - ref[~inf]).abs().max().item() if bool((~inf).any()) else 0.0
+
+
+def run_check(bin_path, out_dir, caps):
+    d = os.path.join(out_dir, "check")
+    os.makedirs(d, exist_ok=True)
+    cases = check_cases(caps)
+    lines = []
+    for idx, c in enumerate(cases):
+        g = torch.Generator().manual_seed(1000 + idx)
+        dt = DTYPES[c["dtype"]]
+        base = os.path.join(d, c["name"])
+        if c["varlen"]:
+            tq, tk = sum(c["lens_q"]), sum(c["lens_k"])
+            c["tensors"] = [torch.randn(n, h, c["D"], generator=g).to(dt) for n, h in
+                            ((tq, c["Hq"]), (tk, c["Hkv"]), (tk, c["Hkv"]), (tq, c["Hq"]))]
+            cu_q = torch.tensor([0, *itertools.accumulate(c["lens_q"])], dtype=torch.int32)
+            cu_k = torch.tensor([0, *itertools.accumulate(c["lens_k"])], dtype=torch.int32)
+            c["cu"] = (cu_q, cu_k)
+            cu_q.numpy().tofile(base + ".cu_q.bin")
+            cu_k.numpy().tofile(base + ".cu_k.bin")
+            extra = (f"varlen=1 nseq={len(c['lens_q'])} total_q={tq} total_k={tk} max_q={max(c['lens_q'])} "
+                     f"max_k={max(c['lens_k'])}")
+        else:
+            # logical [B, S, H, D] tensors, stored in the case's layout
+            c["tensors"] = [torch.randn(c["B"], s, h, c["D"], generator=g).to(dt) for s, h in
+                            ((c["Sq"], c["Hq"]), (c["Sk"], c["Hkv"]), (c["Sk"], c["Hkv"]), (c["Sq"], c["Hq"]))]
+            extra = f"B={c['B']} Sq={c['Sq']} Sk={c['Sk']}"
+        for t, suffix in zip(c["tensors"], ("q", "k", "v", "do")):
+            dump(t.transpose(1, 2) if c["layout"] == "bhsd" else t, f"{base}.{suffix}.bin")
+        scale = f" scale={c['scale']!r}" if c["scale"] is not None else ""
+        lines.append(f"name={c['name']} dtype={c['dtype']} Hq={c['Hq']} Hkv={c['Hkv']} D={c['D']} "
+                     f"causal={int(c['causal'])} layout={c['layout']} {extra}{scale}")
+    with open(os.path.join(d, "cases.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    out = subprocess.run([bin_path, "--check", d], capture_output=True, text=True)
+    sys.stderr.write(out.stderr)
+    ran = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("ran "):
+            parts = line.split()
+            ran[parts[1]] = "forward only" not in line
+        elif line.startswith("FAILED"):
+            print(line)
+    print(f"\ncross-check against PyTorch float32 math ({len(cases)} cases, pass: rel. error < 1e-2)")
+    print(f"{'case':<22} {'shape':<44} {'O':>9} {'LSE abs':>9} {'dQ':>9} {'dK':>9} {'dV':>9}  ok")
+    n_ok, worst = 0, [0.0] * 5
+    for c in cases:
+        name, base = c["name"], os.path.join(d, c["name"])
+        if name not in ran:
+            print(f"{name:<22} did not run")
+            continue
+        dt = DTYPES[c["dtype"]]
+        scale = c["scale"] if c["scale"] is not None else 1.0 / math.sqrt(c["D"])
+        q, k, v, do = c["tensors"]
+        if c["varlen"]:
+            tq, tk, H = q.shape[0], k.shape[0], c["Hq"]
+            o_t = load(base + ".o.bin", dt, (tq, H, c["D"]))
+            lse_t = load(base + ".lse.bin", torch.float32, (H, tq))
+            grads = [load(f"{base}.{n}.bin", dt, s) for n, s in (("dq", q.shape), ("dk", k.shape), ("dv", v.shape))] \
+                if ran[name] else None
+            refs = [[], [], [], [], []]
+            cu_q, cu_k = c["cu"]
+            for i in range(len(c["lens_q"])):
+                a, b, e, f_ = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+                r = reference(*(x[None].transpose(1, 2) for x in (q[a:b], k[e:f_], v[e:f_], do[a:b])), c["causal"], scale)
+                refs[0].append(r[0][0].transpose(0, 1))
+                refs[1].append(r[1][0])
+                refs[2].append(r[2][0].transpose(0, 1))
+                refs[3].append(r[3][0].transpose(0, 1))
+                refs[4].append(r[4][0].transpose(0, 1))
+            ref = [torch.cat(refs[0]), torch.cat(refs[1], 1), torch.cat(refs[2]), torch.cat(refs[3]), torch.cat(refs[4])]
+            got = [o_t, lse_t] + (grads or [None] * 3)
+            shape = f"varlen {c['lens_q']}x{c['lens_k']} H{c['Hq']}/{c['Hkv']} D{c['D']}"
+        else:
+            B, Sq, Sk, D = c["B"], c["Sq"], c["Sk"], c["D"]
+            phys = (lambda s, h: (B, h, s, D)) if c["layout"] == "bhsd" else (lambda s, h: (B, s, h, D))
+            to_bhsd = (lambda t: t) if c["layout"] == "bhsd" else (lambda t: t.transpose(1, 2))
+            got = [to_bhsd(load(base + ".o.bin", dt, phys(Sq, c["Hq"]))), load(base + ".lse.bin", torch.float32, (B, c["Hq"], Sq))]
+            if ran[name]:
+                got += [to_bhsd(load(f"{base}.{n}.bin", dt, phys(s, h)))
+                        for n, s, h in (("dq", Sq, c["Hq"]), ("dk", Sk, c["Hkv"]), ("dv", Sk, c["Hkv"]))]
+            else:
+                got += [None] * 3
+            ref = reference(*(x.transpose(1, 2) for x in (q, k, v, do)), c["causal"], scale)
+            shape = f"B{B} H{c['Hq']}/{c['Hkv']} S{Sq}x{Sk} D{D} {c['layout']}"
+        errs = [rel(got[0], ref[0]), lse_err(got[1], ref[1])] + [rel(g, r) if g is not None else float("nan")
+                                                                 for g, r in zip(got[2:], ref[2:])]
+        nan_out = any(bool(torch.isnan(g.float()).any()) for g in got if g is not None)
+        ok = not nan_out and all(e < 1e-2 for e in errs if not math.isnan(e))
+        n_ok += ok
+        worst = [max(w, e) if not math.isnan(e) else w for w, e in zip(worst, errs)]
+        tag = f"{c['dtype']} {'causal' if c['causal'] else 'full'}"
+        print(f"{name:<22} {shape + ' ' + tag:<44} " + " ".join(f"{e:9.2e}" for e in errs) + f"  {'ok' if ok else 'FAIL'}"
+              + (" (NaN in output)" if nan_out else ""))
+    print(f"cross-check: {n_ok}/{len(cases)} ok; worst O {worst[0]:.2e} LSE {worst[1]:.2e} dQ {worst[2]:.2e} "
+          f"dK {worst[3]:.2e} dV {worst[4]:.2e}")
+    return n_ok == len(cases)
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+def configs(quick):
+    if quick:
+        return [(1024, 128, False), (4096, 128, False), (4096, 128, True), (4096, 64, False), (16384, 128, True)]
+    return [(s, d, c) for d in (64, 128) for c in (False, True) for s in (1024, 2048, 4096, 8192, 16384)]
+
+
+def fwd_flops(S, D, causal):
+    B, H = TOKENS // S, HIDDEN // D
+    return 4.0 * B * H * S * S * D / (2 if causal else 1)
+
+
+def time_ms(fn, min_total_ms=300.0, max_reps=20):
+    fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    torch.cuda.synchronize()
+    reps = max(3, min(max_reps, int(min_total_ms / max(a.elapsed_time(b), 1e-3))))
+    ms = []
+    for _ in range(reps):
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ms.append(a.elapsed_time(b))
+    return sorted(ms)[len(ms) // 2]
+
+
+def torch_tflops(backend, S, D, causal):
+    B, H = TOKENS // S, HIDDEN // D
+    # [B, S, H, D] memory seen as [B, H, S, D]: the layout frameworks (and the tilejit bench) use
+    q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_() for _ in range(3))
+    do = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    try:
+        with sdpa_kernel(backend):
+            f_ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            b_ms = time_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+    except RuntimeError as e:
+        print(f"  {backend.name} S={S} D={D} causal={causal}: {str(e).splitlines()[0]}", file=sys.stderr)
+        return float("nan"), float("nan")
+    f = fwd_flops(S, D, causal)
+    return f / (f_ms * 1e-3) / 1e12, 2.5 * f / (b_ms * 1e-3) / 1e12
+
+
+def run_bench(bin_path, out_dir, quick):
+    cmd = [bin_path] + (["--quick"] if quick else [])
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    sys.stderr.write(out.stderr)
+    ours = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            kv = dict(f.split("=") for f in line.split()[1:])
+            ours[(int(kv["S"]), int(kv["D"]), kv["causal"] == "1")] = (float(kv["fwd_tflops"]), float(kv["bwd_tflops"]))
+    if out.returncode != 0:
+        print(f"{bin_path} exited with {out.returncode}", file=sys.stderr)
+    rows = []
+    for S, D, causal in configs(quick):
+        fl = torch_tflops(SDPBackend.FLASH_ATTENTION, S, D, causal)
+        cu = torch_tflops(SDPBackend.CUDNN_ATTENTION, S, D, causal)
+        tj = ours.get((S, D, causal), (float("nan"), float("nan")))
+        rows.append((S, D, causal, tj, fl, cu))
+    gpu = torch.cuda.get_device_name()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "?"
+    except OSError:
+        commit = "?"
+    head = (f"Attention, bf16, B*S = {TOKENS} tokens, H*D = {HIDDEN}; TFLOP/s (fwd 4*B*H*S^2*D, /2 causal; bwd x2.5); "
+            f"{gpu}, torch {torch.__version__}, {datetime.date.today()}, commit {commit}")
+    md = [head, "",
+          "| D | S | B x H | mask | tilejit fwd | flash fwd | cuDNN fwd | tilejit bwd | flash bwd | cuDNN bwd "
+          "| fwd vs flash | fwd vs cuDNN | bwd vs flash | bwd vs cuDNN |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    r = lambda a, b: f"{a / b:.2f}" if b == b and b > 0 and a == a else "-"
+    v = lambda x: f"{x:.0f}" if x == x else "-"
+    for S, D, causal, tj, fl, cu in rows:
+        md.append(f"| {D} | {S} | {TOKENS // S} x {HIDDEN // D} | {'causal' if causal else 'full'} | {v(tj[0])} | {v(fl[0])} | "
+                  f"{v(cu[0])} | {v(tj[1])} | {v(fl[1])} | {v(cu[1])} | {r(tj[0], fl[0])} | {r(tj[0], cu[0])} | "
+                  f"{r(tj[1], fl[1])} | {r(tj[1], cu[1])} |")
+    print("\n" + "\n".join(md))
+    with open(os.path.join(out_dir, "attention_table.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        labels = [f"D{D} S{S // 1024}k{' c' if causal else ''}" for S, D, causal, *_ in rows]
+        fig, axes = plt.subplots(2, 1, figsize=(max(8, len(rows) * 0.8), 8), sharex=True)
+        for ax, i, title in ((axes[0], 0, "forward"), (axes[1], 1, "backward")):
+            w = 0.27
+            xs = range(len(rows))
+            for j, (name, col) in enumerate((("tilejit", 3), ("SDPA flash", 4), ("SDPA cuDNN", 5))):
+                ax.bar([x + (j - 1) * w for x in xs], [row[col][i] for row in rows], w, label=name)
+            ax.set_ylabel("TFLOP/s")
+            ax.set_title(f"attention {title}, bf16, {gpu}")
+            ax.legend()
+        axes[1].set_xticks(list(range(len(rows))))
+        axes[1].set_xticklabels(labels, rotation=45, ha="right")
+        fig.tight_layout()
+        png = os.path.join(out_dir, "attention.png")
+        fig.savefig(png, dpi=120)
+        print(f"wrote {png} and {os.path.join(out_dir, 'attention_table.md')}")
+    except ImportError:
+        print("matplotlib not available: no plot", file=sys.stderr)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bin", help="the attention_bench binary")
+    ap.add_argument("--quick", action="store_true", help="5 timing configs instead of 20")
+    ap.add_argument("--check-only", action="store_true")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--out", default="bench_out", help="directory for the check files, the PNG and the table")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    caps_line = subprocess.run([args.bin, "--capabilities"], capture_output=True, text=True).stdout.split()
+    caps = {k: v == "1" for k, v in (f.split("=") for f in caps_line)}
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}; tilejit: {' '.join(caps_line)}")
+    ok = True
+    if not args.no_check:
+        ok = run_check(args.bin, args.out, caps)
+    if not args.check_only:
+        run_bench(args.bin, args.out, args.quick)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,557 @@
+// tilejit::attention: argument checks (host only), the schedule table, a cache of compiled
+// kernels per configuration, and the launches of the forward and the three backward kernels.
+#include "kernels/attention_api.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+#include <stdexcept>
+#include <tuple>
+#include <vector>
+
+#include "dsl/builder.hpp"
+#include "kernels/attention.hpp"
+#include "kernels/registry.hpp"
+#include "runtime/device_buffer.hpp"
+#include "runtime/function.hpp"
+
+namespace tilejit::attention {
+
+namespace {
+
+constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
+constexpr int64_t kGridYZMax = 65535;
+constexpr uint64_t kAlign = 16;  // the kernels' ParamSpec::align_bytes for Q, K, V, O and gradients
+
+std::string list(std::span<const int64_t> v) {
+  return fmt::format("[{}]", fmt::join(v, ","));
+}
+std::span<const int64_t> sizes_of(const Tensor& t) { return {t.sizes.data(), static_cast<size_t>(t.rank)}; }
+
+bool is_pow2_in(int v, int lo, int hi) { return v >= lo && v <= hi && std::has_single_bit(static_cast<unsigned>(v)); }
+
+// The checks of one API call: every failure names the function, the argument, the value and what
+// would be valid.
+class Checker {
+ public:
+  explicit Checker(const char* fn) : fn_(fn) {}
+
+  template <class... A>
+  [[noreturn]] void fail(fmt::format_string<A...> f, A&&... args) const {
+    throw std::invalid_argument(fmt::format("tilejit::attention::{}: {}", fn_, fmt::format(f, std::forward<A>(args)...)));
+  }
+
+  // Pointer, rank, sizes, strides and alignment of one tensor (dtype checked by the caller).
+  void tensor(const char* name, const Tensor& t, int rank, const char* layout, uint64_t align) const {
+    if (t.rank != rank) fail("{} must be rank {} {}, got rank {}: {}", name, rank, layout, t.rank, t.describe());
+    if (t.data == 0) fail("{} is a null pointer: {}", name, t.describe());
+    if (t.device < 0) fail("{} is on device {}; device ordinals start at 0", name, t.device);
+    for (int d = 0; d < rank; ++d) {
+      if (t.size(d) < 1) fail("{} is empty: {} (layout {}); every size must be at least 1", name, t.describe(), layout);
+      if (t.size(d) > kI32Max) fail("{} has size {} in dim {}, over the kernels' i32 limit {}", name, t.size(d), d, kI32Max);
+      if (t.stride(d) < 0) fail("{} has a negative stride {} in dim {}: {}; strides must be >= 0", name, t.stride(d), d, t.describe());
+    }
+    if (t.stride(rank - 1) != 1)
+      fail("{} has stride {} on its last dim; the kernels need unit stride there: {}", name, t.stride(rank - 1), t.describe());
+    if (t.data % align != 0)
+      fail("{}'s base address {:#x} is not a multiple of {} bytes (the kernels' alignment): {}", name, t.data, align, t.describe());
+    const int64_t es = ir::byte_size(t.dtype);
+    for (int d = 0; d + 1 < rank; ++d)
+      if ((t.stride(d) * es) % static_cast<int64_t>(align) != 0)
+        fail("{}'s stride {} of dim {} is {} bytes, not a multiple of {} bytes (the row pitch the kernels' vector loads need): {}",
+             name, t.stride(d), d, t.stride(d) * es, align, t.describe());
+  }
+  void same_dtype(const char* name, const Tensor& t, const Tensor& q, const char* group) const {
+    if (t.dtype != q.dtype)
+      fail("{} has dtype {} but q has {} ({} must share one dtype)", name, ir::name(t.dtype), ir::name(q.dtype), group);
+  }
+  void same_device(const char* name, const Tensor& t, const Tensor& q) const {
+    if (t.device != q.device) fail("{} is on device {} but q is on device {} (all tensors must be on one device)", name, t.device, q.device);
+  }
+  void same_sizes(const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) const {
+    if (!std::ranges::equal(sizes_of(t), sizes_of(ref)))
+      fail("{} has sizes {} but {} has {} ({} must match {})", name, list(sizes_of(t)), ref_name, list(sizes_of(ref)), name,
+           ref_name);
+  }
+
+ private:
+  const char* fn_;
+};
+
+// The shape of one call, worked out by the checks.
+struct Dims {
+  bool varlen = false;
+  int64_t batch = 0, seq_q = 0, seq_k = 0;  // varlen: max_seqlen_q/k
+  int64_t total_q = 0, total_k = 0;         // varlen: packed token counts
+  int64_t heads_q = 0, heads_kv = 0, head_dim = 0;
+  float scale = 0;
+};
+
+std::string group_name(bool backward) { return backward ? "q, k, v, o, do, dq, dk, dv" : "q, k, v, o"; }
+
+Dims check_common(const Checker& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                  const Options& opts, bool backward) {
+  Dims d;
+  const bool has_q = opts.cu_seqlens_q.has_value(), has_k = opts.cu_seqlens_k.has_value();
+  if (has_q != has_k)
+    c.fail("{} is set but {} is not (variable-length batches need both)", has_q ? "options.cu_seqlens_q" : "options.cu_seqlens_k",
+           has_q ? "options.cu_seqlens_k" : "options.cu_seqlens_q");
+  d.varlen = has_q;
+  if (!d.varlen && (opts.max_seqlen_q != 0 || opts.max_seqlen_k != 0))
+    c.fail("options.max_seqlen_q/k = {}/{} are set without cu_seqlens_q/k (they only apply to variable-length batches)",
+           opts.max_seqlen_q, opts.max_seqlen_k);
+
+  // dtype first: it decides the byte sizes of the alignment checks.
+  if (q.dtype != ir::DType::bf16 && q.dtype != ir::DType::f16)
+    c.fail("q has dtype {}; supported: bf16, f16", ir::name(q.dtype));
+  const std::string group = group_name(backward);
+  c.same_dtype("k", k, q, group.c_str());
+  c.same_dtype("v", v, q, group.c_str());
+  c.same_dtype("o", o, q, group.c_str());
+
+  const int rank = d.varlen ? 3 : 4;
+  const char* q_layout = d.varlen ? "[total_q, Hq, D] (varlen)" : "[B, S_q, Hq, D]";
+  const char* k_layout = d.varlen ? "[total_k, Hkv, D] (varlen)" : "[B, S_k, Hkv, D]";
+  c.tensor("q", q, rank, q_layout, kAlign);
+  c.tensor("k", k, rank, k_layout, kAlign);
+  c.tensor("v", v, rank, k_layout, kAlign);
+  c.tensor("o", o, rank, q_layout, kAlign);
+  c.same_device("k", k, q);
+  c.same_device("v", v, q);
+  c.same_device("o", o, q);
+
+  const int s = d.varlen ? 0 : 1, h = s + 1, dd = s + 2;  // dims of S, H, D
+  d.head_dim = q.size(dd);
+  if (d.head_dim != 64 && d.head_dim != 128 && d.head_dim != 256)
+    c.fail("head dim D = {} (q.sizes[{}]) is not supported; supported: 64, 128, 256", d.head_dim, dd);
+  if (k.size(dd) != d.head_dim) c.fail("k has head dim D = {} but q has D = {} (they must match)", k.size(dd), d.head_dim);
+  if (!d.varlen && k.size(0) != q.size(0))
+    c.fail("k has batch size B = {} but q has B = {} (they must match)", k.size(0), q.size(0));
+  c.same_sizes("v", v, "k", k);
+  c.same_sizes("o", o, "q", q);
+  d.heads_q = q.size(h);
+  d.heads_kv = k.size(h);
+  if (d.heads_q % d.heads_kv != 0)
+    c.fail("q has Hq = {} heads, not a multiple of k's Hkv = {} (grouped-query attention needs Hq % Hkv == 0)", d.heads_q,
+           d.heads_kv);
+  if (d.heads_q > kGridYZMax) c.fail("q has Hq = {} heads; at most {} (the launch grid's y dimension)", d.heads_q, kGridYZMax);
+
+  if (d.varlen) {
+    const Tensor& cq = *opts.cu_seqlens_q;
+    const Tensor& ck = *opts.cu_seqlens_k;
+    for (auto [name, t] : {std::pair{"options.cu_seqlens_q", &cq}, std::pair{"options.cu_seqlens_k", &ck}}) {
+      if (t->dtype != ir::DType::i32) c.fail("{} has dtype {}; it must be i32 (B + 1 offsets)", name, ir::name(t->dtype));
+      c.tensor(name, *t, 1, "[B + 1]", 4);
+      c.same_device(name, *t, q);
+      if (t->size(0) < 2) c.fail("{} has {} entries; it needs B + 1 >= 2 (offsets 0, ..., total)", name, t->size(0));
+    }
+    if (cq.size(0) != ck.size(0))
+      c.fail("options.cu_seqlens_q has {} entries but options.cu_seqlens_k has {} (both are B + 1 offsets)", cq.size(0), ck.size(0));
+    d.batch = cq.size(0) - 1;
+    d.total_q = q.size(0);
+    d.total_k = k.size(0);
+    if (opts.max_seqlen_q < 1 || opts.max_seqlen_q > d.total_q)
+      c.fail("options.max_seqlen_q = {}; with cu_seqlens it must be between 1 and q's total tokens {}", opts.max_seqlen_q, d.total_q);
+    if (opts.max_seqlen_k < 1 || opts.max_seqlen_k > d.total_k)
+      c.fail("options.max_seqlen_k = {}; with cu_seqlens it must be between 1 and k's total tokens {}", opts.max_seqlen_k, d.total_k);
+    d.seq_q = opts.max_seqlen_q;
+    d.seq_k = opts.max_seqlen_k;
+  } else {
+    d.batch = q.size(0);
+    d.seq_q = q.size(1);
+    d.seq_k = k.size(1);
+  }
+  if (d.batch > kGridYZMax) c.fail("batch size B = {}; at most {} (the launch grid's z dimension)", d.batch, kGridYZMax);
+
+  // lse: f32 [B, Hq, S_q] (varlen [Hq, total_q]), unit stride on the sequence.
+  if (lse.dtype != ir::DType::f32) c.fail("lse has dtype {}; it must be f32", ir::name(lse.dtype));
+  const char* lse_layout = d.varlen ? "[Hq, total_q] (varlen)" : "[B, Hq, S_q]";
+  c.tensor("lse", lse, d.varlen ? 2 : 3, lse_layout, 4);
+  c.same_device("lse", lse, q);
+  const bool lse_ok = d.varlen ? lse.size(0) == d.heads_q && lse.size(1) == d.total_q
+                               : lse.size(0) == d.batch && lse.size(1) == d.heads_q && lse.size(2) == d.seq_q;
+  if (!lse_ok)
+    c.fail("lse has sizes {} but must be {} = {}", list(sizes_of(lse)), lse_layout,
+           d.varlen ? fmt::format("[{},{}]", d.heads_q, d.total_q) : fmt::format("[{},{},{}]", d.batch, d.heads_q, d.seq_q));
+
+  d.scale = opts.softmax_scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim))));
+  if (!std::isfinite(d.scale)) c.fail("options.softmax_scale = {} is not finite", d.scale);
+
+  if (const auto& sch = opts.schedule) {
+    if (!is_pow2_in(sch->block_m, 16, 256) || !is_pow2_in(sch->block_n, 16, 256))
+      c.fail("options.schedule has block_m = {}, block_n = {}; both must be powers of two from 16 to 256", sch->block_m,
+             sch->block_n);
+    if (!is_pow2_in(sch->num_warps, 1, 16)) c.fail("options.schedule.num_warps = {}; valid: 1, 2, 4, 8, 16", sch->num_warps);
+    if (sch->stages < 1 || sch->stages > 8) c.fail("options.schedule.stages = {}; valid: 1 to 8", sch->stages);
+  }
+  if (d.varlen && !varlen_supported(backward))
+    c.fail("variable-length batches (options.cu_seqlens_q/k) are not supported by this build's {} kernels (no VARLEN meta)",
+           backward ? "backward" : "forward");
+  return d;
+}
+
+size_t workspace_bytes(const Dims& d) {
+  const int64_t n = d.varlen ? d.heads_q * d.total_q : d.batch * d.heads_q * d.seq_q;
+  return (static_cast<size_t>(n) * 4 + 255) / 256 * 256;
+}
+
+Dims check_backward_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_,
+                         const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts,
+                         Workspace ws) {
+  const Checker c("backward");
+  const Dims d = check_common(c, q, k, v, o, lse, opts, true);
+  if (!backward_available())
+    c.fail("the backward kernels (attention_bwd_preprocess, attention_bwd_dkdv, attention_bwd_dq) are not in this build's "
+           "kernel library");
+  const std::string group = group_name(true);
+  const int rank = d.varlen ? 3 : 4;
+  const char* q_layout = d.varlen ? "[total_q, Hq, D] (varlen)" : "[B, S_q, Hq, D]";
+  const char* k_layout = d.varlen ? "[total_k, Hkv, D] (varlen)" : "[B, S_k, Hkv, D]";
+  for (auto [name, t, ref_name, ref, layout] :
+       {std::tuple{"do", &do_, "q", &q, q_layout}, std::tuple{"dq", &dq, "q", &q, q_layout},
+        std::tuple{"dk", &dk, "k", &k, k_layout}, std::tuple{"dv", &dv, "v", &v, k_layout}}) {
+    c.same_dtype(name, *t, q, group.c_str());
+    c.tensor(name, *t, rank, layout, kAlign);
+    c.same_device(name, *t, q);
+    c.same_sizes(name, *t, ref_name, *ref);
+  }
+  if (ws.data == 0 && ws.bytes != 0) c.fail("workspace has {} bytes but a null pointer", ws.bytes);
+  if (ws.data != 0) {
+    if (ws.data % kAlign != 0) c.fail("workspace address {:#x} is not a multiple of {} bytes", ws.data, kAlign);
+    const size_t need = workspace_bytes(d);
+    if (ws.bytes < need) c.fail("workspace has {} bytes; this call needs {} (backward_workspace_bytes)", ws.bytes, need);
+  }
+  return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels, their declared metas, and the compiled-function cache
+
+const lang::Kernel* kernel_of(Pass p) {
+  if (p == Pass::forward) return &kernels::attention_forward();
+  const kernels::LibraryKernel* lk = kernels::find(name(p));
+  return lk ? &lk->kernel() : nullptr;
+}
+
+// The meta names a kernel declares (its build with every default), or nullopt when it has a meta
+// without a default (then every meta the API knows is passed).
+struct KernelInfo {
+  const lang::Kernel* kernel = nullptr;
+  std::optional<std::set<std::string>> metas;
+};
+const KernelInfo& info(Pass p) {
+  static std::once_flag once[4];
+  static KernelInfo infos[4];
+  const auto i = static_cast<size_t>(p);
+  std::call_once(once[i], [&] {
+    KernelInfo& ki = infos[i];
+    ki.kernel = kernel_of(p);
+    if (!ki.kernel) return;
+    try {
+      const ir::Function fn = ki.kernel->build({});
+      ki.metas.emplace();
+      for (const ir::MetaEntry& m : fn.meta) ki.metas->insert(m.name);
+    } catch (const std::exception&) {
+    }
+  });
+  return infos[i];
+}
+
+bool declares(Pass p, const char* meta) {
+  const KernelInfo& ki = info(p);
+  return ki.kernel && (!ki.metas || ki.metas->contains(meta));
+}
+
+struct Config {
+  Pass pass;
+  ir::DType dtype;
+  int head_dim;
+  bool causal, varlen;
+  Schedule sch;
+  int device;
+  auto key() const {
+    return std::tuple(static_cast<int>(pass), static_cast<int>(dtype), head_dim, causal, varlen, sch.block_m, sch.block_n,
+                      sch.num_warps, sch.stages, device);
+  }
+  bool operator<(const Config& o) const { return key() < o.key(); }
+};
+
+lang::Meta meta_of(const Config& c) {
+  lang::Meta all{{"DTYPE", c.dtype},    {"BLOCK_M", c.sch.block_m}, {"BLOCK_N", c.sch.block_n},
+                 {"HEAD_DIM", c.head_dim}, {"CAUSAL", c.causal},       {"BSHD", !c.varlen}};
+  // Packed varlen tensors are [total, H, D] whatever BSHD says; the kernels refuse both at once.
+  if (c.varlen) all.emplace_back("VARLEN", true);
+  lang::Meta used;
+  for (auto& m : all)
+    if (declares(c.pass, m.first.c_str())) used.push_back(std::move(m));
+  return used;
+}
+
+// One Function per configuration, created once and kept for the life of the process (the
+// documented cache of this module); Function itself compiles once under concurrent first calls.
+Function& function_for(const Config& c) {
+  static std::mutex mu;
+  static std::map<Config, std::unique_ptr<Function>> cache;
+  std::lock_guard lock(mu);
+  auto& slot = cache[c];
+  if (!slot) {
+    const KernelInfo& ki = info(c.pass);
+    if (!ki.kernel) throw std::logic_error(fmt::format("tilejit::attention: kernel '{}' is not in the library", name(c.pass)));
+    jit::CompileOptions o;
+    o.num_warps = c.sch.num_warps;
+    o.pipeline.stages = c.sch.stages;
+    slot = std::make_unique<Function>(*ki.kernel, meta_of(c), o, c.device);
+  }
+  return *slot;
+}
+
+Schedule schedule_for(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
+  return opts.schedule ? *opts.schedule : default_schedule(p, q.dtype, static_cast<int>(d.head_dim), opts.causal);
+}
+
+// The tensors and scalars of one call by normalised parameter name (lower case, no '_').
+struct Bindings {
+  std::vector<std::pair<std::string, runtime::DeviceArg>> named;
+  void add(std::string name, runtime::DeviceArg a) { named.emplace_back(std::move(name), a); }
+  void set(const std::string& name, runtime::DeviceArg a) {
+    for (auto& e : named)
+      if (e.first == name) e.second = a;
+  }
+};
+std::string normalise(std::string_view s) {
+  std::string out;
+  for (char ch : s)
+    if (ch != '_') out += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return out;
+}
+
+// Launches `fn` with the bound arguments in its parameter order, or (dry) only runs the launch's
+// argument checks, which need no GPU: a missing binding or a signature the API does not expect
+// shows up in CI, before any driver call.
+void launch(Function& fn, runtime::Grid grid, CUstream stream, const Bindings& b, bool dry) {
+  std::vector<runtime::DeviceArg> args;
+  for (const ir::Param& p : fn.signature().params) {
+    const std::string n = normalise(p.name);
+    auto it = std::ranges::find_if(b.named, [&](const auto& e) { return e.first == n; });
+    if (it == b.named.end())
+      throw std::logic_error(fmt::format("tilejit::attention: kernel '{}' has a parameter '{}' the API does not bind", fn.name(),
+                                         p.name));
+    args.push_back(it->second);
+  }
+  if (dry) fn.check(grid, std::span<const runtime::DeviceArg>(args));
+  else fn.launch(grid, stream, args);
+}
+
+void require_gpu(const char* fn, int device) {
+  auto& drv = runtime::Driver::get();
+  drv.require(fmt::format("tilejit::attention::{}", fn));
+  if (device >= drv.device_count())
+    throw std::invalid_argument(
+        fmt::format("tilejit::attention::{}: q is on device {} but this machine has {} GPU(s)", fn, device, drv.device_count()));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+std::string Tensor::describe() const { return view().describe(); }
+
+runtime::TensorView Tensor::view() const {
+  const auto n = static_cast<size_t>(std::clamp(rank, 0, 4));
+  return runtime::TensorView{dtype, std::span<const int64_t>(sizes.data(), n), std::span<const int64_t>(strides.data(), n), data,
+                             device};
+}
+
+Tensor contiguous(uint64_t data, ir::DType dtype, std::initializer_list<int64_t> sizes, int device) {
+  if (sizes.size() > 4) throw std::invalid_argument(fmt::format("tilejit::attention::contiguous: rank {} > 4", sizes.size()));
+  Tensor t{data, dtype, static_cast<int>(sizes.size()), {}, {}, device};
+  std::ranges::copy(sizes, t.sizes.begin());
+  int64_t s = 1;
+  for (int d = t.rank - 1; d >= 0; --d) {
+    t.strides[static_cast<size_t>(d)] = s;
+    s *= t.size(d);
+  }
+  return t;
+}
+
+Tensor strided(uint64_t data, ir::DType dtype, std::initializer_list<int64_t> sizes, std::initializer_list<int64_t> strides,
+               int device) {
+  if (sizes.size() > 4 || sizes.size() != strides.size())
+    throw std::invalid_argument(fmt::format("tilejit::attention::strided: {} sizes and {} strides (rank at most 4, one stride per size)",
+                                            sizes.size(), strides.size()));
+  Tensor t{data, dtype, static_cast<int>(sizes.size()), {}, {}, device};
+  std::ranges::copy(sizes, t.sizes.begin());
+  std::ranges::copy(strides, t.strides.begin());
+  return t;
+}
+
+Tensor permute(const Tensor& t, std::initializer_list<int> order) {
+  if (static_cast<int>(order.size()) != t.rank)
+    throw std::invalid_argument(fmt::format("tilejit::attention::permute: {} dims in the order for {}", order.size(), t.describe()));
+  Tensor r = t;
+  size_t i = 0;
+  for (int src : order) {
+    if (src < 0 || src >= t.rank) throw std::invalid_argument(fmt::format("tilejit::attention::permute: no dim {} in {}", src, t.describe()));
+    r.sizes[i] = t.size(src);
+    r.strides[i] = t.stride(src);
+    ++i;
+  }
+  return r;
+}
+
+const char* name(Pass p) {
+  switch (p) {
+    case Pass::forward: return "attention_fwd";
+    case Pass::bwd_preprocess: return "attention_bwd_preprocess";
+    case Pass::bwd_dkdv: return "attention_bwd_dkdv";
+    case Pass::bwd_dq: return "attention_bwd_dq";
+  }
+  return "?";
+}
+
+// The one place schedules are chosen (first cut for the generic mma.sync path; to be retuned for
+// the Hopper lowering). Large head dims get more warps so the [BLOCK, D] f32 accumulators fit.
+Schedule default_schedule(Pass pass, ir::DType /*dtype*/, int head_dim, bool /*causal*/) {
+  const int warps = head_dim >= 256 ? 8 : 4;
+  switch (pass) {
+    case Pass::forward: return {64, head_dim >= 256 ? 32 : 64, warps, 3};
+    case Pass::bwd_preprocess: return {64, 64, 4, 1};
+    case Pass::bwd_dkdv: return {64, 64, warps, 2};
+    case Pass::bwd_dq: return {64, 64, warps, 2};
+  }
+  return {};
+}
+
+bool backward_available() {
+  return info(Pass::bwd_preprocess).kernel && info(Pass::bwd_dkdv).kernel && info(Pass::bwd_dq).kernel;
+}
+
+bool varlen_supported(bool backward) {
+  auto has = [](Pass p) {
+    const KernelInfo& ki = info(p);
+    return ki.kernel && ki.metas && ki.metas->contains("VARLEN");
+  };
+  if (!has(Pass::forward)) return false;
+  return !backward || (has(Pass::bwd_preprocess) && has(Pass::bwd_dkdv) && has(Pass::bwd_dq));
+}
+
+void check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts) {
+  check_common(Checker("forward"), q, k, v, o, lse, opts, false);
+}
+
+void check_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
+                    const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts, Workspace workspace) {
+  check_backward_dims(q, k, v, o, do_, lse, dq, dk, dv, opts, workspace);
+}
+
+size_t backward_workspace_bytes(const Tensor& q, const Options& opts) {
+  const bool varlen = opts.cu_seqlens_q.has_value();
+  Dims d;
+  d.varlen = varlen;
+  if (q.rank != (varlen ? 3 : 4))
+    throw std::invalid_argument(fmt::format("tilejit::attention::backward_workspace_bytes: q must be rank {}, got {}", varlen ? 3 : 4,
+                                            q.describe()));
+  d.heads_q = q.size(varlen ? 1 : 2);
+  d.total_q = q.size(0);
+  d.batch = q.size(0);
+  d.seq_q = varlen ? 0 : q.size(1);
+  return workspace_bytes(d);
+}
+
+namespace {
+
+// The tensors and scalars every kernel of a call may take (views point into the callers' Tensors).
+void bind_common(Bindings& b, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                 const Dims& d, const Options& opts) {
+  b.add("q", q.view());
+  b.add("k", k.view());
+  b.add("v", v.view());
+  b.add("o", o.view());
+  b.add("lse", lse.view());
+  b.add("softmaxscale", d.scale);
+  if (d.varlen) {
+    b.add("cuseqlensq", opts.cu_seqlens_q->view());
+    b.add("cuseqlensk", opts.cu_seqlens_k->view());
+    b.add("maxseqlenq", d.seq_q);
+    b.add("maxseqlenk", d.seq_k);
+  }
+}
+
+Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
+  return Config{p, q.dtype, static_cast<int>(d.head_dim), opts.causal, d.varlen, schedule_for(p, q, d, opts), q.device};
+}
+
+}  // namespace
+
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts,
+             CUstream stream) {
+  const Dims d = check_common(Checker("forward"), q, k, v, o, lse, opts, false);
+  const Config c = config(Pass::forward, q, d, opts);
+  Function& fn = function_for(c);
+  Bindings b;
+  bind_common(b, q, k, v, o, lse, d, opts);
+  const runtime::Grid grid{lang::cdiv(d.seq_q, c.sch.block_m), d.heads_q, d.batch};
+  launch(fn, grid, stream, b, true);
+  require_gpu("forward", q.device);
+  launch(fn, grid, stream, b, false);
+}
+
+void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
+              const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts, CUstream stream, Workspace workspace) {
+  const Dims d = check_backward_dims(q, k, v, o, do_, lse, dq, dk, dv, opts, workspace);
+  // Delta: f32 [B, Hq, S_q] (varlen [Hq, total_q]), contiguous, in the workspace.
+  const std::array<int64_t, 3> dsizes = d.varlen ? std::array<int64_t, 3>{d.heads_q, d.total_q, 0}
+                                                 : std::array<int64_t, 3>{d.batch, d.heads_q, d.seq_q};
+  const std::array<int64_t, 3> dstrides = d.varlen ? std::array<int64_t, 3>{d.total_q, 1, 0}
+                                                   : std::array<int64_t, 3>{d.heads_q * d.seq_q, d.seq_q, 1};
+  const size_t drank = d.varlen ? 2 : 3;
+  runtime::TensorView delta{ir::DType::f32, std::span<const int64_t>(dsizes.data(), drank),
+                            std::span<const int64_t>(dstrides.data(), drank), workspace.data ? workspace.data : kAlign, q.device};
+  Bindings b;
+  bind_common(b, q, k, v, o, lse, d, opts);
+  b.add("do", do_.view());
+  b.add("dq", dq.view());
+  b.add("dk", dk.view());
+  b.add("dv", dv.view());
+  b.add("delta", delta);
+
+  const Config pre = config(Pass::bwd_preprocess, q, d, opts), kv = config(Pass::bwd_dkdv, q, d, opts),
+               dqc = config(Pass::bwd_dq, q, d, opts);
+  const std::array<std::pair<Function*, runtime::Grid>, 3> steps{{
+      {&function_for(pre), runtime::Grid{lang::cdiv(d.seq_q, pre.sch.block_m), d.heads_q, d.batch}},
+      {&function_for(kv), runtime::Grid{lang::cdiv(d.seq_k, kv.sch.block_n), d.heads_kv, d.batch}},
+      {&function_for(dqc), runtime::Grid{lang::cdiv(d.seq_q, dqc.sch.block_m), d.heads_q, d.batch}},
+  }};
+  for (const auto& [fn, grid] : steps) launch(*fn, grid, stream, b, true);
+  require_gpu("backward", q.device);
+  runtime::DeviceBuffer owned;
+  if (workspace.data == 0) {
+    owned = runtime::DeviceBuffer(workspace_bytes(d), q.device);
+    delta.address = owned.ptr();
+    b.set("delta", delta);
+  }
+  for (const auto& [fn, grid] : steps) launch(*fn, grid, stream, b, false);
+  if (owned.bytes() != 0)
+    runtime::check_cu(runtime::Driver::get().api().StreamSynchronize(stream), "cuStreamSynchronize");
+}
+
+void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen, bool backward, std::optional<Schedule> schedule,
+             int device) {
+  std::vector<Pass> passes{Pass::forward};
+  if (backward) passes.insert(passes.end(), {Pass::bwd_preprocess, Pass::bwd_dkdv, Pass::bwd_dq});
+  for (Pass p : passes) {
+    const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal);
+    function_for(Config{p, dtype, head_dim, causal, varlen, s, device}).compiled();
+  }
+}
+
+}  // namespace tilejit::attention

@@ -1,0 +1,120 @@
+// The attention entry points a training framework calls: FlashAttention forward and backward on
+// device tensors given as logical [B, S, H, D] views with any strides, every argument checked first.
+#pragma once
+#include <cuda.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+
+#include "dsl/ir/type.hpp"
+#include "runtime/gpu_kernel.hpp"
+
+namespace tilejit::attention {
+
+// A device tensor the API reads or writes, not owned: element [0, ..., 0] at `data`, sizes and
+// strides in elements (up to rank 4). Attention tensors are logical [B, S, H, D] (varlen:
+// [total, H, D]) with unit stride on D; any other strides work, so a [B, H, S, D] tensor is
+// passed as its permuted view (permute below).
+struct Tensor {
+  uint64_t data = 0;
+  ir::DType dtype = ir::DType::bf16;
+  int rank = 0;
+  std::array<int64_t, 4> sizes{};
+  std::array<int64_t, 4> strides{};
+  int device = 0;
+
+  int64_t size(int d) const { return sizes[static_cast<size_t>(d)]; }
+  int64_t stride(int d) const { return strides[static_cast<size_t>(d)]; }
+  std::string describe() const;  // "bf16[2,1000,8,64] strides [512000,512,64,1] at 0x7f... on device 0"
+  runtime::TensorView view() const;  // points into this struct: keep it alive while the view is used
+};
+// A row-major (contiguous) tensor.
+Tensor contiguous(uint64_t data, ir::DType dtype, std::initializer_list<int64_t> sizes, int device = 0);
+// Explicit strides (elements), one per size.
+Tensor strided(uint64_t data, ir::DType dtype, std::initializer_list<int64_t> sizes,
+               std::initializer_list<int64_t> strides, int device = 0);
+// The same memory with dims reordered: result dim i is dim order[i] of `t` (a [B, H, S, D]
+// tensor becomes the [B, S, H, D] view the API takes with permute(t, {0, 2, 1, 3})).
+Tensor permute(const Tensor& t, std::initializer_list<int> order);
+
+// The launch configuration of one kernel: tile sizes (powers of two), warps, pipeline stages.
+struct Schedule {
+  int block_m = 64;
+  int block_n = 64;
+  int num_warps = 4;
+  int stages = 3;
+  bool operator==(const Schedule&) const = default;
+};
+// The kernels the API launches.
+enum class Pass { forward, bwd_preprocess, bwd_dkdv, bwd_dq };
+const char* name(Pass p);  // the kernel's name: "attention_fwd", "attention_bwd_dq", ...
+
+// The one table of default schedules, per pass, dtype, head dim and mask.
+Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal);
+
+struct Options {
+  // Multiplies QK^T before the softmax; unset: 1 / sqrt(head_dim). Must be finite.
+  std::optional<float> softmax_scale;
+  // Bottom-right aligned when S_q != S_k: query i sees keys j <= i + S_k - S_q; a query row that
+  // sees no key gives O = 0, LSE = -inf (and zero gradients).
+  bool causal = false;
+  // Variable-length batches (both or neither): i32 device arrays of B + 1 offsets into the packed
+  // tokens (0, len_0, len_0 + len_1, ..., total), and the longest sequence of each. q/o/dq/do are
+  // then [total_q, Hq, D], k/v/dk/dv [total_k, Hkv, D], lse [Hq, total_q]. The offsets are not
+  // read on the host: they must be non-decreasing, start at 0 and end at the tensors' totals.
+  std::optional<Tensor> cu_seqlens_q, cu_seqlens_k;
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+  // Replaces default_schedule for every kernel of the call (tests, tuning).
+  std::optional<Schedule> schedule;
+};
+
+// Scratch memory of the backward (Delta = rowsum(dO * O), f32 [B, Hq, S_q] or [Hq, total_q]).
+struct Workspace {
+  uint64_t data = 0;  // 16-byte aligned device memory on q's device; 0: allocate per call
+  size_t bytes = 0;
+};
+
+// O = softmax(scale * Q K^T [masked]) V and LSE = logsumexp of each row (natural log), on `stream`
+// (asynchronous). q: [B, S_q, Hq, D], k, v: [B, S_k, Hkv, D] (Hq a multiple of Hkv: grouped- and
+// multi-query attention), o like q, lse: f32 [B, Hq, S_q] with unit stride on S_q; q, k, v, o
+// bf16 or f16 (all one dtype), D in {64, 128, 256}, every base address and row pitch (stride
+// times element size) a multiple of 16 bytes. The first call for a (dtype, D, mask, schedule)
+// compiles (memory, disk and JIT caches; thread-safe), later calls only check and launch.
+// Throws std::invalid_argument naming the function, argument, value and what is valid (before
+// anything runs or compiles), runtime::DeviceError without a GPU or for driver failures.
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+             const Options& opts = {}, CUstream stream = nullptr);
+
+// dQ, dK, dV from dO and the forward's O and LSE (same options as the forward). dq like q, dk and
+// dv like k (written, not accumulated: GQA groups are summed inside the kernel); do_ like o.
+// `workspace` holds Delta: size it with backward_workspace_bytes (a framework passes one from
+// its caching allocator); without one the call allocates it and synchronizes `stream` before
+// freeing it.
+void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_,
+              const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts = {},
+              CUstream stream = nullptr, Workspace workspace = {});
+// Bytes the backward's workspace needs for this q (and opts): 4 * B * Hq * S_q rounded up to 256.
+size_t backward_workspace_bytes(const Tensor& q, const Options& opts = {});
+
+// The argument checks of forward/backward alone (no GPU, nothing compiled): what both run first.
+void check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                   const Options& opts = {});
+void check_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_,
+                    const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts = {},
+                    Workspace workspace = {});
+
+// Whether this build's kernels take variable-length batches (the VARLEN meta), and whether the
+// backward kernels exist at all (they are looked up in the kernel library by name).
+bool varlen_supported(bool backward);
+bool backward_available();
+
+// Compiles (or finds in the caches) every kernel a call with this configuration launches, without
+// a GPU; a framework calls it at start-up so the first step does not JIT. Thread-safe.
+void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen = false, bool backward = true,
+             std::optional<Schedule> schedule = {}, int device = 0);
+
+}  // namespace tilejit::attention

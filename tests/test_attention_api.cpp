@@ -1,0 +1,323 @@
+// tilejit::attention argument checks, without a GPU: every rejected argument gives one
+// std::invalid_argument naming the function, the argument, the value and what is valid, before
+// anything compiles or launches; a valid call without a GPU stops at the driver, not earlier.
+#include "kernels/attention_api.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "runtime/driver.hpp"
+
+using namespace tilejit;
+using namespace tilejit::attention;
+using ir::DType;
+
+namespace {
+
+constexpr uint64_t kBase = 0x7f0000000000;  // a fake, well-aligned device address (never dereferenced)
+
+// A valid call: B=2, S_q=100, S_k=300, Hq=8, Hkv=2, D=64, bf16, all [B, S, H, D] contiguous.
+struct Call {
+  Tensor q = contiguous(kBase, DType::bf16, {2, 100, 8, 64});
+  Tensor k = contiguous(kBase + 0x1000000, DType::bf16, {2, 300, 2, 64});
+  Tensor v = contiguous(kBase + 0x2000000, DType::bf16, {2, 300, 2, 64});
+  Tensor o = contiguous(kBase + 0x3000000, DType::bf16, {2, 100, 8, 64});
+  Tensor lse = contiguous(kBase + 0x4000000, DType::f32, {2, 8, 100});
+  Tensor dout = contiguous(kBase + 0x5000000, DType::bf16, {2, 100, 8, 64});
+  Tensor dq = contiguous(kBase + 0x6000000, DType::bf16, {2, 100, 8, 64});
+  Tensor dk = contiguous(kBase + 0x7000000, DType::bf16, {2, 300, 2, 64});
+  Tensor dv = contiguous(kBase + 0x8000000, DType::bf16, {2, 300, 2, 64});
+  Options opts;
+  Workspace ws;
+
+  void check_fwd() const { check_forward(q, k, v, o, lse, opts); }
+  void check_bwd() const { check_backward(q, k, v, o, dout, lse, dq, dk, dv, opts, ws); }
+};
+
+// The message of the invalid_argument `f` throws (fails the test when it throws nothing).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  FAIL("no std::invalid_argument");
+  return {};
+}
+
+#define CHECK_FWD_ERROR(call, ...)                                               \
+  do {                                                                           \
+    const std::string msg = error_of([&] { (call).check_fwd(); });               \
+    INFO(msg);                                                                   \
+    CHECK(msg.starts_with("tilejit::attention::forward: "));                     \
+    for (const char* part : {__VA_ARGS__}) CHECK(msg.find(part) != std::string::npos); \
+  } while (0)
+#define CHECK_BWD_ERROR(call, ...)                                               \
+  do {                                                                           \
+    const std::string msg = error_of([&] { (call).check_bwd(); });               \
+    INFO(msg);                                                                   \
+    CHECK(msg.starts_with("tilejit::attention::backward: "));                    \
+    for (const char* part : {__VA_ARGS__}) CHECK(msg.find(part) != std::string::npos); \
+  } while (0)
+
+}  // namespace
+
+TEST_CASE("attention API: a valid call passes the checks (forward, backward, BHSD as a permuted view)") {
+  Call c;
+  CHECK_NOTHROW(c.check_fwd());
+  if (backward_available()) CHECK_NOTHROW(c.check_bwd());
+  // [B, H, S, D] memory passed as its [B, S, H, D] view.
+  c.q = permute(contiguous(kBase, DType::f16, {2, 8, 100, 64}), {0, 2, 1, 3});
+  c.k = permute(contiguous(kBase + 0x1000000, DType::f16, {2, 2, 300, 64}), {0, 2, 1, 3});
+  c.v = c.k;
+  c.v.data += 0x1000000;
+  c.o = c.q;
+  c.o.data += 0x3000000;
+  CHECK(c.q.sizes == std::array<int64_t, 4>{2, 100, 8, 64});
+  CHECK(c.q.strides == std::array<int64_t, 4>{8 * 100 * 64, 64, 100 * 64, 1});
+  CHECK_NOTHROW(c.check_fwd());
+  c.opts.softmax_scale = 0.3f;
+  c.opts.causal = true;
+  CHECK_NOTHROW(c.check_fwd());
+}
+
+TEST_CASE("attention API: dtypes") {
+  Call c;
+  c.q.dtype = DType::f32;
+  CHECK_FWD_ERROR(c, "q has dtype f32", "supported: bf16, f16");
+  c = Call{};
+  c.k.dtype = DType::f16;
+  CHECK_FWD_ERROR(c, "k has dtype f16 but q has bf16", "must share one dtype");
+  c = Call{};
+  c.o.dtype = DType::f16;
+  CHECK_FWD_ERROR(c, "o has dtype f16 but q has bf16");
+  c = Call{};
+  c.lse.dtype = DType::bf16;
+  CHECK_FWD_ERROR(c, "lse has dtype bf16", "must be f32");
+  if (backward_available()) {
+    c = Call{};
+    c.dk.dtype = DType::f16;
+    CHECK_BWD_ERROR(c, "dk has dtype f16 but q has bf16", "q, k, v, o, do, dq, dk, dv");
+  }
+}
+
+TEST_CASE("attention API: head dims and shapes") {
+  Call c;
+  for (Tensor* t : {&c.q, &c.k, &c.v, &c.o}) *t = contiguous(t->data, t->dtype, {t->sizes[0], t->sizes[1], t->sizes[2], 96});
+  CHECK_FWD_ERROR(c, "head dim D = 96", "supported: 64, 128, 256");
+  c = Call{};
+  c.k = contiguous(c.k.data, DType::bf16, {2, 300, 2, 128});
+  CHECK_FWD_ERROR(c, "k has head dim D = 128 but q has D = 64");
+  c = Call{};
+  c.k = contiguous(c.k.data, DType::bf16, {3, 300, 2, 64});
+  c.v = contiguous(c.v.data, DType::bf16, {3, 300, 2, 64});
+  CHECK_FWD_ERROR(c, "k has batch size B = 3 but q has B = 2");
+  c = Call{};
+  c.k = contiguous(c.k.data, DType::bf16, {2, 300, 3, 64});
+  c.v = contiguous(c.v.data, DType::bf16, {2, 300, 3, 64});
+  CHECK_FWD_ERROR(c, "q has Hq = 8 heads, not a multiple of k's Hkv = 3");
+  c = Call{};
+  c.v = contiguous(c.v.data, DType::bf16, {2, 299, 2, 64});
+  CHECK_FWD_ERROR(c, "v has sizes [2,299,2,64] but k has [2,300,2,64]", "v must match k");
+  c = Call{};
+  c.o = contiguous(c.o.data, DType::bf16, {2, 101, 8, 64});
+  CHECK_FWD_ERROR(c, "o has sizes [2,101,8,64] but q has [2,100,8,64]");
+  c = Call{};
+  c.lse = contiguous(c.lse.data, DType::f32, {2, 100, 8});
+  CHECK_FWD_ERROR(c, "lse has sizes [2,100,8] but must be [B, Hq, S_q] = [2,8,100]");
+  c = Call{};
+  c.lse = contiguous(c.lse.data, DType::f32, {2, 8, 100, 1});
+  CHECK_FWD_ERROR(c, "lse must be rank 3 [B, Hq, S_q], got rank 4");
+  c = Call{};
+  c.q = contiguous(c.q.data, DType::bf16, {200, 8, 64});
+  CHECK_FWD_ERROR(c, "q must be rank 4 [B, S_q, Hq, D], got rank 3");
+  c = Call{};
+  c.q = contiguous(c.q.data, DType::bf16, {2, 0, 8, 64});
+  c.o = contiguous(c.o.data, DType::bf16, {2, 0, 8, 64});
+  CHECK_FWD_ERROR(c, "q is empty", "every size must be at least 1");
+  c = Call{};
+  c.q = contiguous(c.q.data, DType::bf16, {2, 100, 70000, 64});
+  c.o = contiguous(c.o.data, DType::bf16, {2, 100, 70000, 64});
+  c.k = contiguous(c.k.data, DType::bf16, {2, 300, 70000, 64});
+  c.v = contiguous(c.v.data, DType::bf16, {2, 300, 70000, 64});
+  CHECK_FWD_ERROR(c, "Hq = 70000 heads; at most 65535");
+  if (backward_available()) {
+    c = Call{};
+    c.dq = contiguous(c.dq.data, DType::bf16, {2, 100, 8, 128});
+    CHECK_BWD_ERROR(c, "dq has sizes [2,100,8,128] but q has [2,100,8,64]");
+    c = Call{};
+    c.dv = contiguous(c.dv.data, DType::bf16, {2, 300, 4, 64});
+    CHECK_BWD_ERROR(c, "dv has sizes [2,300,4,64] but v has [2,300,2,64]");
+    c = Call{};
+    c.dout = contiguous(c.dout.data, DType::bf16, {1, 100, 8, 64});
+    CHECK_BWD_ERROR(c, "do has sizes [1,100,8,64] but q has [2,100,8,64]");
+  }
+}
+
+TEST_CASE("attention API: strides, pointers and alignment") {
+  Call c;
+  c.q = strided(c.q.data, DType::bf16, {2, 100, 8, 64}, {100 * 8 * 128, 8 * 128, 128, 2});
+  CHECK_FWD_ERROR(c, "q has stride 2 on its last dim", "unit stride");
+  c = Call{};
+  c.k.data += 8;
+  CHECK_FWD_ERROR(c, "k's base address 0x7f0001000008 is not a multiple of 16 bytes");
+  c = Call{};
+  // A row pitch of 8 * 64 + 4 elements = 1032 bytes: not a multiple of 16.
+  c.v = strided(c.v.data, DType::bf16, {2, 300, 2, 64}, {300 * 516, 516, 64, 1});
+  CHECK_FWD_ERROR(c, "v's stride 516 of dim 1 is 1032 bytes, not a multiple of 16 bytes");
+  c = Call{};
+  c.o.data = 0;
+  CHECK_FWD_ERROR(c, "o is a null pointer");
+  c = Call{};
+  c.lse = strided(c.lse.data, DType::f32, {2, 8, 100}, {1600, 1, 8});
+  CHECK_FWD_ERROR(c, "lse has stride 8 on its last dim");
+  c = Call{};
+  c.q = strided(c.q.data, DType::bf16, {2, 100, 8, 64}, {-51200, 512, 64, 1});
+  CHECK_FWD_ERROR(c, "negative stride -51200 in dim 0");
+  c = Call{};
+  c.k.device = 1;
+  CHECK_FWD_ERROR(c, "k is on device 1 but q is on device 0");
+  if (backward_available()) {
+    c = Call{};
+    c.dq.data += 2;
+    CHECK_BWD_ERROR(c, "dq's base address", "not a multiple of 16 bytes");
+    c = Call{};
+    c.ws = Workspace{kBase + 0x9000000, 100};
+    CHECK_BWD_ERROR(c, "workspace has 100 bytes; this call needs 6400");
+    CHECK(backward_workspace_bytes(c.q) == 6400);
+    c.ws = Workspace{kBase + 0x9000008, 1 << 20};
+    CHECK_BWD_ERROR(c, "workspace address 0x7f0009000008 is not a multiple of 16 bytes");
+    c.ws = Workspace{0, 4096};
+    CHECK_BWD_ERROR(c, "workspace has 4096 bytes but a null pointer");
+  }
+}
+
+TEST_CASE("attention API: options") {
+  Call c;
+  c.opts.softmax_scale = INFINITY;
+  CHECK_FWD_ERROR(c, "options.softmax_scale = inf is not finite");
+  c = Call{};
+  c.opts.schedule = Schedule{48, 64, 4, 3};
+  CHECK_FWD_ERROR(c, "block_m = 48", "powers of two from 16 to 256");
+  c.opts.schedule = Schedule{64, 64, 3, 3};
+  CHECK_FWD_ERROR(c, "num_warps = 3");
+  c.opts.schedule = Schedule{64, 64, 4, 0};
+  CHECK_FWD_ERROR(c, "stages = 0");
+  c = Call{};
+  c.opts.max_seqlen_q = 100;
+  CHECK_FWD_ERROR(c, "max_seqlen_q/k = 100/0 are set without cu_seqlens_q/k");
+}
+
+TEST_CASE("attention API: variable-length batches") {
+  // Packed q/o [total_q = 300, 8, 64], k/v [total_k = 500, 2, 64], 3 sequences, lse [8, 300].
+  Call c;
+  c.q = contiguous(kBase, DType::bf16, {300, 8, 64});
+  c.o = contiguous(kBase + 0x3000000, DType::bf16, {300, 8, 64});
+  c.k = contiguous(kBase + 0x1000000, DType::bf16, {500, 2, 64});
+  c.v = contiguous(kBase + 0x2000000, DType::bf16, {500, 2, 64});
+  c.lse = contiguous(kBase + 0x4000000, DType::f32, {8, 300});
+  c.dout = contiguous(kBase + 0x5000000, DType::bf16, {300, 8, 64});
+  c.dq = contiguous(kBase + 0x6000000, DType::bf16, {300, 8, 64});
+  c.dk = contiguous(kBase + 0x7000000, DType::bf16, {500, 2, 64});
+  c.dv = contiguous(kBase + 0x8000000, DType::bf16, {500, 2, 64});
+  c.opts.cu_seqlens_q = contiguous(kBase + 0xa000000, DType::i32, {4});
+  c.opts.cu_seqlens_k = contiguous(kBase + 0xb000000, DType::i32, {4});
+  c.opts.max_seqlen_q = 200;
+  c.opts.max_seqlen_k = 250;
+  const Call varlen = c;
+  if (!varlen_supported(false)) {
+    CHECK_FWD_ERROR(c, "not supported by this build's forward kernels", "VARLEN");
+    return;
+  }
+  CHECK_NOTHROW(c.check_fwd());
+  if (!runtime::Driver::get().available()) {
+    // Every kernel parameter bound (cu_seqlens included) and the kernel's launch checks passed.
+    CHECK_THROWS_AS(forward(c.q, c.k, c.v, c.o, c.lse, c.opts), runtime::DeviceError);
+    if (varlen_supported(true))
+      CHECK_THROWS_AS(backward(c.q, c.k, c.v, c.o, c.dout, c.lse, c.dq, c.dk, c.dv, c.opts), runtime::DeviceError);
+  }
+  c.opts.cu_seqlens_k.reset();
+  CHECK_FWD_ERROR(c, "options.cu_seqlens_q is set but options.cu_seqlens_k is not");
+  c = varlen;
+  c.opts.cu_seqlens_k = contiguous(kBase + 0xb000000, DType::i32, {5});
+  CHECK_FWD_ERROR(c, "cu_seqlens_q has 4 entries but options.cu_seqlens_k has 5");
+  c = varlen;
+  c.opts.cu_seqlens_q = contiguous(kBase + 0xa000000, DType::i64, {4});
+  CHECK_FWD_ERROR(c, "options.cu_seqlens_q has dtype i64; it must be i32");
+  c = varlen;
+  c.opts.cu_seqlens_q = contiguous(kBase + 0xa000000, DType::i32, {1});
+  c.opts.cu_seqlens_k = contiguous(kBase + 0xb000000, DType::i32, {1});
+  CHECK_FWD_ERROR(c, "has 1 entries; it needs B + 1 >= 2");
+  c = varlen;
+  c.opts.max_seqlen_q = 301;
+  CHECK_FWD_ERROR(c, "options.max_seqlen_q = 301", "between 1 and q's total tokens 300");
+  c = varlen;
+  c.opts.max_seqlen_k = 0;
+  CHECK_FWD_ERROR(c, "options.max_seqlen_k = 0");
+  c = varlen;
+  c.lse = contiguous(kBase + 0x4000000, DType::f32, {3, 8, 100});
+  CHECK_FWD_ERROR(c, "lse must be rank 2 [Hq, total_q] (varlen)");
+  c = varlen;
+  c.q = contiguous(kBase, DType::bf16, {3, 100, 8, 64});
+  CHECK_FWD_ERROR(c, "q must be rank 3 [total_q, Hq, D] (varlen), got rank 4");
+}
+
+// forward/backward bind every kernel parameter and run the kernels' own launch checks (built
+// tile IR, no compile) before they ask for the driver: without a GPU a valid call gets that far.
+TEST_CASE("attention API: without a GPU a valid call stops at the driver, after the kernels' launch checks") {
+  if (runtime::Driver::get().available()) {
+    MESSAGE("SKIPPED: this machine has a GPU (the fake pointers here must not reach a launch)");
+    return;
+  }
+  const auto needs_gpu = [](auto&& call, const char* what) {
+    try {
+      call();
+      FAIL("ran without a GPU");
+    } catch (const runtime::DeviceError& e) {
+      INFO(std::string(e.what()));
+      CHECK(std::string(e.what()).find(what) != std::string::npos);
+    }
+  };
+  for (bool causal : {false, true})
+    for (DType t : {DType::bf16, DType::f16}) {
+      Call c;
+      for (Tensor* x : {&c.q, &c.k, &c.v, &c.o, &c.dout, &c.dq, &c.dk, &c.dv}) x->dtype = t;
+      c.opts.causal = causal;
+      needs_gpu([&] { forward(c.q, c.k, c.v, c.o, c.lse, c.opts); }, "tilejit::attention::forward needs a GPU");
+      if (backward_available()) {
+        needs_gpu([&] { backward(c.q, c.k, c.v, c.o, c.dout, c.lse, c.dq, c.dk, c.dv, c.opts); },
+                  "tilejit::attention::backward needs a GPU");
+        c.ws = Workspace{kBase + 0x9000000, backward_workspace_bytes(c.q)};
+        needs_gpu([&] { backward(c.q, c.k, c.v, c.o, c.dout, c.lse, c.dq, c.dk, c.dv, c.opts, nullptr, c.ws); },
+                  "tilejit::attention::backward needs a GPU");
+      }
+    }
+  // D = 256 and [B, H, S, D] memory as permuted views.
+  Call c;
+  c.q = permute(contiguous(kBase, DType::bf16, {2, 8, 100, 256}), {0, 2, 1, 3});
+  c.o = permute(contiguous(kBase + 0x3000000, DType::bf16, {2, 8, 100, 256}), {0, 2, 1, 3});
+  c.k = permute(contiguous(kBase + 0x1000000, DType::bf16, {2, 2, 300, 256}), {0, 2, 1, 3});
+  c.v = permute(contiguous(kBase + 0x2000000, DType::bf16, {2, 2, 300, 256}), {0, 2, 1, 3});
+  needs_gpu([&] { forward(c.q, c.k, c.v, c.o, c.lse, c.opts); }, "needs a GPU");
+  // An invalid argument is reported as such even without a GPU (the checks come first).
+  c.q.dtype = DType::f32;
+  CHECK_THROWS_AS(forward(c.q, c.k, c.v, c.o, c.lse, c.opts), std::invalid_argument);
+}
+
+TEST_CASE("attention API: the schedule table covers every dtype, head dim and mask") {
+  for (DType t : {DType::bf16, DType::f16})
+    for (int d : {64, 128, 256})
+      for (bool causal : {false, true})
+        for (Pass p : {Pass::forward, Pass::bwd_preprocess, Pass::bwd_dkdv, Pass::bwd_dq}) {
+          const Schedule s = default_schedule(p, t, d, causal);
+          CHECK(s.block_m >= 16);
+          CHECK(s.block_n >= 16);
+          CHECK(s.num_warps >= 1);
+          CHECK(s.stages >= 1);
+        }
+  CHECK(std::string(name(Pass::bwd_dkdv)) == "attention_bwd_dkdv");
+}

@@ -1,0 +1,493 @@
+// The attention API on the GPU (ctest label "gpu"): a randomized sweep of shapes and options
+// through tilejit::attention::forward/backward against a float64 reference (below: flat arrays,
+// one pass per query row, ~0.1 s for the largest case; run on all cores): bf16/f16, D 64/128/256, GQA/MQA, ragged S_q != S_k, causal,
+// custom scales, [B,S,H,D] / [B,H,S,D] (as permuted views) / padded row pitches, variable-length
+// batches when the kernels have the VARLEN meta. Outputs, LSE, gradients and the workspace are
+// poisoned (0xFF = NaN) before each run. Skips visibly without a GPU.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/attention_api.hpp"
+#include "runtime/device_buffer.hpp"
+#include "runtime/driver.hpp"
+
+using namespace tilejit;
+using runtime::DeviceTensor;
+using runtime::HostTensor;
+
+namespace {
+
+// The shape of one attention problem; tensors of it are flat [B, H, S, D] arrays of doubles.
+struct AttentionCase {
+  int B, Hq, Hkv, Sq, Sk, D;
+  bool causal, bshd;  // bshd: the host tensors' logical order is [B, S, H, D] (else [B, H, S, D])
+
+  std::string describe() const {
+    return fmt::format("B={} Hq={} Hkv={} Sq={} Sk={} D={} causal={}", B, Hq, Hkv, Sq, Sk, D, causal);
+  }
+  ir::Shape shape(int h, int s) const { return bshd ? ir::Shape{B, s, h, D} : ir::Shape{B, h, s, D}; }
+  // Query row i sees keys [0, visible(i)): bottom-right causal alignment.
+  int visible(int i) const { return causal ? std::min(Sk, std::max(0, i + (Sk - Sq) + 1)) : Sk; }
+  double default_scale() const { return 1.0 / std::sqrt(static_cast<double>(D)); }
+};
+
+// A [B, H, S, D] or [B, S, H, D] host tensor as a flat [B, H, S, D] vector.
+std::vector<double> to_bhsd(const AttentionCase& c, const HostTensor& t) {
+  std::vector<double> all = t.to_f64();
+  if (!c.bshd) return all;
+  const ir::Shape& s = t.sizes();
+  const int64_t S = s[1], H = s[2], D = s[3];
+  std::vector<double> out(all.size());
+  for (int64_t b = 0; b < s[0]; ++b)
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t h = 0; h < H; ++h)
+        std::copy_n(all.begin() + ((b * S + i) * H + h) * D, D, out.begin() + ((b * H + h) * S + i) * D);
+  return out;
+}
+
+struct Reference {
+  std::vector<double> o, lse, dq, dk, dv;  // [B, Hq, Sq, D], [B, Hq, Sq], dq like o, dk/dv [B, Hkv, Sk, D]
+};
+
+// softmax(scale Q K^T, masked) V, its natural-log LSE, and (backward) the exact gradients for dO:
+// dV = P^T dO, dP = dO V^T, Delta = rowsum(P * dP), dS = P (dP - Delta), dQ = scale dS K,
+// dK = scale dS^T Q; dK and dV summed over each key/value head's query heads. A row that sees no
+// key: O = 0, LSE = -inf, zero gradients.
+Reference reference(const AttentionCase& c, const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                    const std::vector<double>& dout, double scale, bool backward) {
+  const auto D = static_cast<size_t>(c.D);
+  Reference r;
+  r.o.assign(q.size(), 0.0);
+  r.lse.assign(q.size() / D, -INFINITY);
+  if (backward) {
+    r.dq.assign(q.size(), 0.0);
+    r.dk.assign(k.size(), 0.0);
+    r.dv.assign(v.size(), 0.0);
+  }
+  std::vector<double> p(static_cast<size_t>(c.Sk)), dp(static_cast<size_t>(c.Sk));
+  auto dot = [D](const double* x, const double* y) {
+    double s = 0;
+    for (size_t d = 0; d < D; ++d) s += x[d] * y[d];
+    return s;
+  };
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < c.Hq; ++h) {
+      const int kh = h / (c.Hq / c.Hkv);
+      const size_t kv0 = static_cast<size_t>(b * c.Hkv + kh) * static_cast<size_t>(c.Sk) * D;
+      for (int i = 0; i < c.Sq; ++i) {
+        const size_t row = static_cast<size_t>((b * c.Hq + h) * c.Sq + i);
+        const double* qi = &q[row * D];
+        const auto n = static_cast<size_t>(c.visible(i));
+        if (n == 0) continue;
+        double mx = -INFINITY, sum = 0;
+        for (size_t j = 0; j < n; ++j) mx = std::max(mx, p[j] = scale * dot(qi, &k[kv0 + j * D]));
+        for (size_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        r.lse[row] = mx + std::log(sum);
+        double* oi = &r.o[row * D];
+        for (size_t j = 0; j < n; ++j) {
+          p[j] /= sum;
+          const double* vj = &v[kv0 + j * D];
+          for (size_t d = 0; d < D; ++d) oi[d] += p[j] * vj[d];
+        }
+        if (!backward) continue;
+        const double* doi = &dout[row * D];
+        double delta = 0;
+        for (size_t j = 0; j < n; ++j) delta += p[j] * (dp[j] = dot(doi, &v[kv0 + j * D]));
+        double* dqi = &r.dq[row * D];
+        for (size_t j = 0; j < n; ++j) {
+          const double ds = scale * p[j] * (dp[j] - delta);
+          const double* kj = &k[kv0 + j * D];
+          double* dkj = &r.dk[kv0 + j * D];
+          double* dvj = &r.dv[kv0 + j * D];
+          for (size_t d = 0; d < D; ++d) {
+            dqi[d] += ds * kj[d];
+            dkj[d] += ds * qi[d];
+            dvj[d] += p[j] * doi[d];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+enum class Layout { bshd, bhsd, bshd_padded };
+const char* layout_name(Layout l) { return l == Layout::bshd ? "BSHD" : l == Layout::bhsd ? "BHSD(view)" : "BSHD(padded)"; }
+
+struct Case {
+  int index = 0;
+  uint64_t seed = 0;
+  ir::DType dtype = ir::DType::bf16;
+  AttentionCase c{};             // dense: the shape; varlen: Hq, Hkv, D, causal (B, Sq, Sk unused)
+  Layout layout = Layout::bshd;
+  std::optional<float> scale;    // unset: the API's default 1/sqrt(D)
+  bool varlen = false;
+  std::vector<int> lens_q, lens_k;  // varlen sequence lengths
+  bool backward = true;
+  bool own_workspace = true;     // false: the API allocates Delta itself
+
+  std::string describe() const {
+    std::string s = fmt::format("#{} {} ", index, ir::name(dtype));
+    if (varlen)
+      s += fmt::format("varlen lens_q [{}] lens_k [{}] Hq={} Hkv={} D={} causal={}", fmt::join(lens_q, ","), fmt::join(lens_k, ","),
+                       c.Hq, c.Hkv, c.D, c.causal);
+    else
+      s += fmt::format("{} {}", c.describe(), layout_name(layout));
+    if (scale) s += fmt::format(" scale={:.4f}", *scale);
+    if (!backward) s += " (forward only)";
+    return s;
+  }
+};
+
+// ||got - ref||^2 and ||ref||^2 summed over pieces (the sequences of a varlen batch).
+struct RelAcc {
+  double num = 0, den = 0;
+  void add(const std::vector<double>& got, const std::vector<double>& ref) {
+    for (size_t i = 0; i < ref.size(); ++i) {
+      num += (got[i] - ref[i]) * (got[i] - ref[i]);
+      den += ref[i] * ref[i];
+    }
+  }
+  double value() const { return den > 0 ? std::sqrt(num / den) : std::sqrt(num); }
+};
+
+struct Result {
+  std::string what;
+  std::string error;  // an exception, if one was thrown
+  double o = 0, lse = 0, dq = 0, dk = 0, dv = 0;  // relative errors (lse: max abs difference)
+  int64_t nans = 0;                               // NaN elements in any output (unwritten: poison)
+  bool ok() const {
+    constexpr double tol = 1e-2;
+    return error.empty() && nans == 0 && o < tol && lse < tol && dq < tol && dk < tol && dv < tol;
+  }
+};
+
+int64_t count_nans(const HostTensor& t) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) n += std::isnan(t.get_flat(i)) ? 1 : 0;
+  return n;
+}
+
+// max |got - ref| over a row-major LSE, where -inf must match -inf.
+double lse_error(const std::vector<double>& got, const std::vector<double>& ref) {
+  double e = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isinf(ref[i]) || std::isinf(got[i])) {
+      if (got[i] != ref[i]) return INFINITY;
+      continue;
+    }
+    e = std::max(e, std::abs(got[i] - ref[i]));
+  }
+  return e;
+}
+
+// The host tensor of a [.., heads, seq, D] input in the case's layout (padded: each token's row
+// of heads 64 elements wider, so the S stride is not H * D).
+HostTensor make_host(const Case& k, int heads, int seq) {
+  const AttentionCase& c = k.c;
+  if (k.layout != Layout::bshd_padded) return HostTensor(k.dtype, c.shape(heads, seq));
+  const int64_t row = int64_t{heads} * c.D + 64;
+  return HostTensor(k.dtype, {c.B, seq, heads, c.D}, {seq * row, row, c.D, 1});
+}
+
+// The API's logical [B, S, H, D] view of a device tensor in the case's layout.
+attention::Tensor api_view(const DeviceTensor& t, bool bhsd) {
+  attention::Tensor v;
+  v.data = t.ptr();
+  v.dtype = t.dtype();
+  v.rank = t.rank();
+  std::copy(t.sizes().begin(), t.sizes().end(), v.sizes.begin());
+  std::copy(t.strides().begin(), t.strides().end(), v.strides.begin());
+  v.device = t.buffer().device();
+  return bhsd ? attention::permute(v, {0, 2, 1, 3}) : v;
+}
+
+// Rows [start, start + len) of a packed [total, H, D] tensor as a [1, len, H, D] tensor.
+HostTensor slice_seq(const HostTensor& packed, int64_t start, int64_t len) {
+  const int64_t H = packed.sizes()[1], D = packed.sizes()[2];
+  HostTensor out(packed.dtype(), {1, len, H, D});
+  for (int64_t i = 0; i < len * H * D; ++i) out.set_flat(i, packed.get_flat(start * H * D + i));
+  return out;
+}
+
+Case make_case(int index, bool varlen, bool varlen_backward) {
+  std::mt19937_64 rng(0x5eed0000 + static_cast<uint64_t>(index));
+  auto pick = [&](auto const& v) { return v[rng() % v.size()]; };
+  Case k;
+  k.index = index;
+  k.seed = rng();
+  // Every 12 consecutive cases cover dtype x D x mask.
+  k.dtype = index % 2 ? ir::DType::f16 : ir::DType::bf16;
+  const int D = std::vector<int>{64, 128, 256}[static_cast<size_t>(index / 2 % 3)];
+  const bool causal = index / 6 % 2 == 1;
+  const int hkv = pick(std::vector<int>{1, 1, 2, 3, 4});
+  const int group = pick(std::vector<int>{1, 2, 4});  // hkv = 1, group > 1: multi-query
+  if (rng() % 2) k.scale = 0.05f + 0.3f * static_cast<float>(rng() % 1000) / 1000.0f;
+  k.own_workspace = rng() % 2 == 0;
+  const std::vector<int> seqs{1, 17, 64, 100, 128, 257, 1000};
+  constexpr double kBudget = 2.5e7;  // B * Hq * S_q * S_k * D: keeps the float64 reference ~0.2 s
+  if (!varlen) {
+    k.layout = static_cast<Layout>(index / 12 % 3);
+    for (;;) {
+      const int B = 1 + static_cast<int>(rng() % 3), Sq = pick(seqs), Sk = rng() % 4 == 0 ? Sq : pick(seqs);
+      k.c = AttentionCase{B, hkv * group, hkv, Sq, Sk, D, causal, k.layout != Layout::bhsd};
+      if (double(B) * k.c.Hq * Sq * Sk * D <= kBudget) break;
+    }
+    return k;
+  }
+  k.varlen = true;
+  k.backward = varlen_backward;
+  for (;;) {
+    const int n = 1 + static_cast<int>(rng() % 4);
+    k.lens_q.clear();
+    k.lens_k.clear();
+    double cost = 0;
+    for (int i = 0; i < n; ++i) {
+      k.lens_q.push_back(pick(seqs));
+      k.lens_k.push_back(rng() % 3 == 0 ? k.lens_q.back() : pick(seqs));
+      cost += double(k.lens_q.back()) * k.lens_k.back();
+    }
+    if (cost * hkv * group * D <= kBudget) break;
+  }
+  k.c = AttentionCase{1, hkv * group, hkv, 0, 0, D, causal, true};
+  return k;
+}
+
+// One case: inputs on the host, the GPU run under `gpu` (one case at a time on the device), then
+// the float64 reference and the comparison outside it.
+Result run_case(const Case& k, std::mutex& gpu) {
+  Result r;
+  r.what = k.describe();
+  try {
+    const AttentionCase& c = k.c;
+    const bool bhsd = k.layout == Layout::bhsd;
+    int64_t total_q = 0, total_k = 0;
+    std::vector<int32_t> cu_q{0}, cu_k{0};
+    for (size_t i = 0; i < k.lens_q.size(); ++i) {
+      cu_q.push_back(cu_q.back() + k.lens_q[i]);
+      cu_k.push_back(cu_k.back() + k.lens_k[i]);
+    }
+    total_q = cu_q.back();
+    total_k = cu_k.back();
+    HostTensor q, kk, v, dout;
+    if (k.varlen) {
+      q = HostTensor(k.dtype, {total_q, c.Hq, c.D});
+      kk = HostTensor(k.dtype, {total_k, c.Hkv, c.D});
+      v = HostTensor(k.dtype, {total_k, c.Hkv, c.D});
+      dout = HostTensor(k.dtype, {total_q, c.Hq, c.D});
+    } else {
+      q = make_host(k, c.Hq, c.Sq);
+      kk = make_host(k, c.Hkv, c.Sk);
+      v = make_host(k, c.Hkv, c.Sk);
+      dout = make_host(k, c.Hq, c.Sq);
+    }
+    q.fill_normal(k.seed, 0, 1);
+    kk.fill_normal(k.seed + 1, 0, 1);
+    v.fill_normal(k.seed + 2, 0, 1);
+    dout.fill_normal(k.seed + 3, 0, 1);
+    HostTensor lse_shape = k.varlen ? HostTensor(ir::DType::f32, {c.Hq, total_q}) : HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq});
+    HostTensor cuq_h, cuk_h;
+    if (k.varlen) {
+      cuq_h = HostTensor(ir::DType::i32, {static_cast<int64_t>(cu_q.size())});
+      cuk_h = HostTensor(ir::DType::i32, {static_cast<int64_t>(cu_k.size())});
+      for (size_t i = 0; i < cu_q.size(); ++i) {
+        cuq_h.set_flat(static_cast<int64_t>(i), cu_q[i]);
+        cuk_h.set_flat(static_cast<int64_t>(i), cu_k[i]);
+      }
+    }
+
+    HostTensor o_h, lse_h, dq_h, dk_h, dv_h;
+    {
+      std::lock_guard lock(gpu);
+      runtime::Stream stream;
+      auto dq_in = DeviceTensor::from_host(q), dk_in = DeviceTensor::from_host(kk), dv_in = DeviceTensor::from_host(v),
+           ddo = DeviceTensor::from_host(dout);
+      // Outputs: the inputs' layouts, every byte 0xFF.
+      auto d_o = DeviceTensor::empty_like(q), d_dq = DeviceTensor::empty_like(q), d_dk = DeviceTensor::empty_like(kk),
+           d_dv = DeviceTensor::empty_like(v), d_lse = DeviceTensor::empty_like(lse_shape);
+      attention::Options opts;
+      opts.softmax_scale = k.scale;
+      opts.causal = c.causal;
+      DeviceTensor d_cuq, d_cuk;
+      if (k.varlen) {
+        d_cuq = DeviceTensor::from_host(cuq_h);
+        d_cuk = DeviceTensor::from_host(cuk_h);
+        opts.cu_seqlens_q = api_view(d_cuq, false);
+        opts.cu_seqlens_k = api_view(d_cuk, false);
+        opts.max_seqlen_q = *std::max_element(k.lens_q.begin(), k.lens_q.end());
+        opts.max_seqlen_k = *std::max_element(k.lens_k.begin(), k.lens_k.end());
+      }
+      const auto Q = api_view(dq_in, bhsd), K = api_view(dk_in, bhsd), V = api_view(dv_in, bhsd), O = api_view(d_o, bhsd);
+      const auto L = api_view(d_lse, false);
+      attention::forward(Q, K, V, O, L, opts, stream.handle());
+      if (k.backward) {
+        runtime::DeviceBuffer ws;
+        attention::Workspace w;
+        if (k.own_workspace) {
+          ws = runtime::DeviceBuffer(attention::backward_workspace_bytes(Q, opts));
+          ws.fill_bytes(0xFF);
+          w = {ws.ptr(), ws.bytes()};
+        }
+        attention::backward(Q, K, V, O, api_view(ddo, bhsd), L, api_view(d_dq, bhsd), api_view(d_dk, bhsd), api_view(d_dv, bhsd),
+                            opts, stream.handle(), w);
+      }
+      stream.synchronize();
+      o_h = d_o.to_host();
+      lse_h = d_lse.to_host();
+      if (k.backward) {
+        dq_h = d_dq.to_host();
+        dk_h = d_dk.to_host();
+        dv_h = d_dv.to_host();
+      }
+    }
+    r.nans = count_nans(o_h) + count_nans(lse_h) + (k.backward ? count_nans(dq_h) + count_nans(dk_h) + count_nans(dv_h) : 0);
+
+    RelAcc eo, edq, edk, edv;
+    const auto compare = [&](const AttentionCase& cc, const HostTensor& qq, const HostTensor& kt, const HostTensor& vt,
+                             const HostTensor& dot, const HostTensor& og, const std::vector<double>& lse_got, const HostTensor* dqg,
+                             const HostTensor* dkg, const HostTensor* dvg) {
+      const double scale = k.scale ? static_cast<double>(*k.scale) : cc.default_scale();
+      const Reference ref = reference(cc, to_bhsd(cc, qq), to_bhsd(cc, kt), to_bhsd(cc, vt), to_bhsd(cc, dot), scale, k.backward);
+      eo.add(to_bhsd(cc, og), ref.o);
+      r.lse = std::max(r.lse, lse_error(lse_got, ref.lse));
+      if (!k.backward) return;
+      edq.add(to_bhsd(cc, *dqg), ref.dq);
+      edk.add(to_bhsd(cc, *dkg), ref.dk);
+      edv.add(to_bhsd(cc, *dvg), ref.dv);
+    };
+    if (!k.varlen) {
+      compare(c, q, kk, v, dout, o_h, lse_h.to_f64(), &dq_h, &dk_h, &dv_h);
+    } else {
+      for (size_t s = 0; s + 1 < cu_q.size(); ++s) {
+        const int lq = k.lens_q[s], lk = k.lens_k[s];
+        const AttentionCase cc{1, c.Hq, c.Hkv, lq, lk, c.D, c.causal, true};
+        std::vector<double> lse_got;
+        for (int h = 0; h < c.Hq; ++h)
+          for (int i = 0; i < lq; ++i) lse_got.push_back(lse_h.get({h, cu_q[s] + i}));
+        HostTensor dqs, dks, dvs;
+        if (k.backward) {
+          dqs = slice_seq(dq_h, cu_q[s], lq);
+          dks = slice_seq(dk_h, cu_k[s], lk);
+          dvs = slice_seq(dv_h, cu_k[s], lk);
+        }
+        compare(cc, slice_seq(q, cu_q[s], lq), slice_seq(kk, cu_k[s], lk), slice_seq(v, cu_k[s], lk), slice_seq(dout, cu_q[s], lq),
+                slice_seq(o_h, cu_q[s], lq), lse_got, &dqs, &dks, &dvs);
+      }
+    }
+    r.o = eo.value();
+    if (k.backward) {
+      r.dq = edq.value();
+      r.dk = edk.value();
+      r.dv = edv.value();
+    }
+  } catch (const std::exception& e) {
+    r.error = e.what();
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("gpu: attention API sweep (forward + backward) against float64") {
+  if (const auto& drv = runtime::Driver::get(); !drv.available()) {
+    MESSAGE("SKIPPED: no GPU: " << drv.unavailable_reason());
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool bwd = attention::backward_available();
+  const bool varlen_fwd = attention::varlen_supported(false), varlen_bwd = attention::varlen_supported(true);
+  if (!bwd) MESSAGE("NOTE: the backward kernels are not in this build: forward only");
+  if (!varlen_fwd) MESSAGE("NOTE: the attention kernels have no VARLEN meta yet: variable-length cases skipped");
+
+  constexpr int kDense = 216, kVarlen = 48;
+  std::vector<Case> cases;
+  for (int i = 0; i < kDense; ++i) {
+    cases.push_back(make_case(i, false, false));
+    cases.back().backward = bwd;
+  }
+  if (varlen_fwd)
+    for (int i = 0; i < kVarlen; ++i) cases.push_back(make_case(kDense + i, true, varlen_bwd && bwd));
+
+  const unsigned workers = std::clamp(std::thread::hardware_concurrency(), 2u, 16u);
+  // Compile every configuration first, in parallel (the JIT needs no GPU and caches on disk).
+  {
+    struct Cfg {
+      ir::DType t;
+      int d;
+      bool causal, varlen, backward;
+    };
+    std::vector<Cfg> cfgs;
+    for (ir::DType t : {ir::DType::bf16, ir::DType::f16})
+      for (int d : {64, 128, 256})
+        for (bool causal : {false, true})
+          for (bool varlen : {false, true})
+            if (!varlen || varlen_fwd) cfgs.push_back({t, d, causal, varlen, varlen ? varlen_bwd && bwd : bwd});
+    std::atomic<size_t> next{0};
+    std::mutex mu;
+    std::vector<std::string> failures;
+    std::vector<std::thread> pool;
+    for (unsigned w = 0; w < workers; ++w)
+      pool.emplace_back([&] {
+        for (size_t i; (i = next++) < cfgs.size();) {
+          try {
+            attention::prepare(cfgs[i].t, cfgs[i].d, cfgs[i].causal, cfgs[i].varlen, cfgs[i].backward);
+          } catch (const std::exception& e) {
+            std::lock_guard lock(mu);
+            failures.push_back(fmt::format("{} D={} causal={} varlen={}: {}", ir::name(cfgs[i].t), cfgs[i].d, cfgs[i].causal,
+                                           cfgs[i].varlen, e.what()));
+          }
+        }
+      });
+    for (auto& t : pool) t.join();
+    for (const auto& f : failures) FAIL_CHECK("compile failed: " << f);
+    MESSAGE(fmt::format("compiled {} configurations in {:.1f} s", cfgs.size(),
+                        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+  }
+
+  std::vector<Result> results(cases.size());
+  std::mutex gpu;
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  for (unsigned w = 0; w < workers; ++w)
+    pool.emplace_back([&] {
+      for (size_t i; (i = next++) < cases.size();) results[i] = run_case(cases[i], gpu);
+    });
+  for (auto& t : pool) t.join();
+
+  Result worst;
+  int failed = 0;
+  for (const Result& r : results) {
+    worst.o = std::max(worst.o, r.o);
+    worst.lse = std::max(worst.lse, r.lse);
+    worst.dq = std::max(worst.dq, r.dq);
+    worst.dk = std::max(worst.dk, r.dk);
+    worst.dv = std::max(worst.dv, r.dv);
+    worst.nans += r.nans;
+    if (!r.ok()) {
+      ++failed;
+      FAIL_CHECK(fmt::format("{}: {}", r.what,
+                             r.error.empty() ? fmt::format("rel. errors O {:.2e} dQ {:.2e} dK {:.2e} dV {:.2e}, LSE max abs {:.2e}, {} NaN",
+                                                           r.o, r.dq, r.dk, r.dv, r.lse, r.nans)
+                                             : r.error));
+    }
+  }
+  const std::string summary =
+      fmt::format("attention sweep: {} cases ({} varlen, backward {}), {} failed; worst rel. error O {:.2e} dQ {:.2e} dK {:.2e} "
+                  "dV {:.2e}, worst LSE abs {:.2e}, NaN elements {}; {:.1f} s",
+                  cases.size(), varlen_fwd ? kVarlen : 0, bwd ? (varlen_bwd ? "all" : "dense only") : "none", failed, worst.o,
+                  worst.dq, worst.dk, worst.dv, worst.lse, worst.nans,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  MESSAGE(summary);
+  fmt::print("{}\n", summary);
+  CHECK(failed == 0);
+}
