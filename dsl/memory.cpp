@@ -55,6 +55,10 @@ Tile memory_op(OpKind kind, const Operand& ptr, const Operand& value, const Oper
   return r.empty() ? Tile() : Tile(&b, r[0]);
 }
 
+void check_dim(Builder& b, const Tensor& t, int dim, const char* what, const Loc& loc) {
+  if (dim < 0 || dim >= t.rank()) b.fail(loc, fmt::format("{}: dim {} is out of range for a rank-{} tensor", what, dim, t.rank()));
+}
+
 }  // namespace
 
 Tile load(const Operand& ptr, Loc loc) {
@@ -95,14 +99,29 @@ Tile Tensor::ptr(Loc loc) const {
 
 Tile Tensor::size(int dim, Loc loc) const {
   Builder& b = Builder::current(loc);
-  if (dim < 0 || dim >= rank()) b.fail(loc, fmt::format("size: dim {} is out of range for a rank-{} tensor", dim, rank()));
+  check_dim(b, *this, dim, "size", loc);
   return b.emit1(OpKind::tensor_dim, {desc_.id()}, {{"dim", int64_t{dim}}}, loc);
 }
 
 Tile Tensor::stride(int dim, Loc loc) const {
   Builder& b = Builder::current(loc);
-  if (dim < 0 || dim >= rank()) b.fail(loc, fmt::format("stride: dim {} is out of range for a rank-{} tensor", dim, rank()));
+  check_dim(b, *this, dim, "stride", loc);
   return b.emit1(OpKind::tensor_stride, {desc_.id()}, {{"dim", int64_t{dim}}}, loc);
+}
+
+Tensor Tensor::slice(int dim, const Operand& start, const Operand& length, Loc loc) const {
+  Builder& b = builder_for({&start, &length}, loc);
+  check_dim(b, *this, dim, "slice", loc);
+  auto i32_scalar = [&](const Operand& o, const char* what) {
+    Tile t = detail::to_tile(b, o, loc);
+    const ir::Type& ty = b.type(t.id());
+    if (ty != ir::Type::scalar(DType::i32))
+      b.fail(loc, fmt::format("slice: the {} must be an i32 scalar, got {}{}", what, ir::to_string(ty),
+                              ty.is_value() && ty.is_scalar() && ir::is_int(ty.dtype) ? " (convert it with cast(i32, x))" : ""));
+    return t.id();
+  };
+  ir::ValueId s = i32_scalar(start, "start"), n = i32_scalar(length, "length");
+  return Tensor(b.emit1(OpKind::tensor_slice, {desc_.id(), s, n}, {{"dim", int64_t{dim}}}, loc));
 }
 
 BlockRef Tensor::block(std::vector<Operand> offsets, Shape shape, std::vector<int64_t> dims, Loc loc) const {

@@ -134,6 +134,11 @@ class Tensor {
   Tile ptr(std::source_location loc = std::source_location::current()) const;
   Tile size(int dim, std::source_location loc = std::source_location::current()) const;    // i32
   Tile stride(int dim, std::source_location loc = std::source_location::current()) const;  // i64, elements
+  // A view of the same tensor whose dim `dim` starts at `start` and has `length` elements (i32
+  // scalars, possibly runtime values); other dims, strides and dtype are unchanged. Windows on the
+  // view are bounds-checked against the view: e.g. one sequence of a packed (varlen) batch.
+  Tensor slice(int dim, const Operand& start, const Operand& length,
+               std::source_location loc = std::source_location::current()) const;
   // The window starting at `offsets` (one per tensor dim) of the given tile shape; tile dim i spans
   // tensor dim dims[i] (default: the last shape.size() dims, in order). Out-of-range elements read
   // as the padding value and are not written. This is the form that maps to TMA on Hopper.

@@ -57,7 +57,7 @@ class Assigner {
       case OpKind::load:
       case OpKind::block_load:
       case OpKind::atomic_add:
-        set(op.results[0], blocked(f_.type(op.results[0])));
+        if (!f_.type(op.results[0]).is_scalar()) set(op.results[0], blocked(f_.type(op.results[0])));  // scalars: no layout
         return;
       case OpKind::reduce: {
         const ir::Type& in = f_.type(op.operands[0]);

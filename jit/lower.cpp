@@ -22,6 +22,7 @@ using Regs = std::vector<V>;
 struct TensorDesc {
   V ptr;
   std::vector<V> sizes, strides;  // i32, i64
+  ir::ParamSpec spec;             // what the parameter promises, as it holds for this view
 };
 
 // Scoped caches: what was materialised inside a loop or if body is not visible after it.
@@ -128,6 +129,7 @@ class Lowerer {
         case ir::ParamKind::Tensor: {
           TensorDesc d;
           d.ptr = add(p.name, pir::pointer(p.type.dtype));
+          d.spec = p.spec;
           for (int i = 0; i < p.type.rank; ++i) d.sizes.push_back(add(fmt::format("{}_size{}", p.name, i), pir::scalar(DType::i32)));
           for (int i = 0; i < p.type.rank; ++i) d.strides.push_back(add(fmt::format("{}_stride{}", p.name, i), pir::scalar(DType::i64)));
           tensors_[p.value] = d;
@@ -465,6 +467,18 @@ class Lowerer {
         frames_.back().scalars[op.results[0]] =
             tensors_.at(op.operands[0]).strides.at(static_cast<size_t>(op.int_attr("dim")));
         return;
+      case OpKind::tensor_slice: {
+        // the view's base is parent + start * stride(dim), its size(dim) = length; rows stay
+        // aligned unless the innermost dim is sliced (its start moves the base by elements)
+        TensorDesc d = tensors_.at(op.operands[0]);
+        auto dim = static_cast<size_t>(op.int_attr("dim"));
+        V off = bin(Op::mul, cast(scalar(op.operands[1]), DType::i64), d.strides[dim]);
+        d.ptr = emit(Op::gep, out_.types[d.ptr], {d.ptr, off});
+        d.sizes[dim] = scalar(op.operands[2]);
+        if (dim + 1 == d.sizes.size()) d.spec.align_bytes = 0;
+        tensors_[op.results[0]] = d;
+        return;
+      }
       case OpKind::constant:
         if (all_scalar(op)) frames_.back().scalars[op.results[0]] = constant_value(f_.type(op.results[0]).dtype, op.attrs.at("value"));
         return;
@@ -598,10 +612,7 @@ class Lowerer {
     // Per tile dim, the in-bounds test and the address term of each distinct coordinate a
     // register can have, computed once: registers differ by compile-time steps, and a declared
     // unit innermost stride turns the innermost term into a constant (an address immediate).
-    const ir::Param* param = nullptr;
-    for (const ir::Param& p : f_.params)
-      if (p.value == op.operands[0]) param = &p;
-    bool unit_last = param && param->spec.contiguous_last;
+    bool unit_last = td.spec.contiguous_last;
     std::vector<std::map<int64_t, std::pair<V, V>>> per_dim(dims.size());  // coord const -> (ok, i64 term)
     auto term = [&](size_t i, uint32_t r) -> std::pair<V, V> {
       auto d = static_cast<size_t>(dims[i]);
@@ -690,13 +701,11 @@ class Lowerer {
   int vector_group(const ir::Op& op, size_t first_offset, const Layout& L, DType d) {
     int es = ir::byte_size(d);
     if (es != 2 && es != 4) return 1;
-    const ir::Param* param = nullptr;
-    for (const ir::Param& p : f_.params)
-      if (p.value == op.operands[0]) param = &p;
+    const TensorDesc& td = tensors_.at(op.operands[0]);
     const auto& dims = op.ints_attr("dims");
-    auto rank = static_cast<int64_t>(param ? param->type.rank : 0);
-    if (!param || !param->spec.contiguous_last || dims.back() != rank - 1) return 1;
-    int max_bytes = std::min(16, param->spec.align_bytes);
+    auto rank = static_cast<int64_t>(td.sizes.size());
+    if (!td.spec.contiguous_last || dims.back() != rank - 1) return 1;
+    int max_bytes = std::min(16, td.spec.align_bytes);
     size_t last = dims.size() - 1;
     int g = 1;
     for (size_t k = 0; k < L.reg.size() && g * es * 2 <= max_bytes; ++k) {

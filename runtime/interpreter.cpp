@@ -394,6 +394,7 @@ class Machine {
         S(op.results[0]).i.assign(1, S(op.operands[0]).i[1 + rank + static_cast<size_t>(op.int_attr("dim"))]);
         return;
       }
+      case tensor_slice: return slice_op(op);
       case addptr: {
         const auto es = static_cast<uint64_t>(ir::byte_size(T(op.operands[0]).dtype));
         const auto& p = S(op.operands[0]).i;
@@ -800,6 +801,23 @@ class Machine {
         R.i[k] = old;
       }
     }
+  }
+
+  // A view of a tensor: dim `dim` starts at `start` and has `length` elements. It must lie inside
+  // the parent, so that windows bounds-checked against the view never leave the parent either.
+  void slice_op(const Op& op) {
+    const auto rank = static_cast<size_t>(T(op.operands[0]).rank);
+    const auto dim = static_cast<size_t>(op.int_attr("dim"));
+    const std::vector<int64_t>& parent = S(op.operands[0]).i;
+    const int64_t start = S(op.operands[1]).i[0], length = S(op.operands[2]).i[0], size = parent[1 + dim];
+    if (start < 0 || length < 0 || start > size - length)
+      fault(op, fmt::format("the slice [{}, {}) of dim {} (start {}, length {}) is not inside the tensor, whose dim {} has size {}",
+                            start, start + length, dim, start, length, dim, size));
+    std::vector<int64_t>& r = S(op.results[0]).i;
+    r = parent;
+    const auto es = static_cast<uint64_t>(ir::byte_size(T(op.operands[0]).dtype));
+    r[0] = static_cast<int64_t>(static_cast<uint64_t>(parent[0]) + static_cast<uint64_t>(start * parent[1 + rank + dim]) * es);
+    r[1 + dim] = length;
   }
 
   // block_load / block_store: a window of a strided tensor, element (t_0..t_{k-1}) at coordinate

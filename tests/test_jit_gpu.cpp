@@ -191,6 +191,16 @@ TEST_CASE("gpu: attention forward with grouped-query heads, S_q != S_k, [B,S,H,D
   }
 }
 
+TEST_CASE("gpu: Tensor::slice views with offsets from memory: clipped windows, padded sums, an innermost-dim slice") {
+  if (!have_gpu()) return;
+  const std::vector<int> cu{0, 5, 5, 37, 38, 70};  // lengths 5, 0, 32, 1, 32; rows 70, 71 in no view
+  const int B = static_cast<int>(cu.size()) - 1;
+  HostTensor x(bf16, {72, 64}), y(bf16, {72, 64}), z(f32, {B, 64}), w(bf16, {B, 64}), c(i32, {B + 1});
+  x.fill_normal(7, 0, 1);
+  for (int b = 0; b <= B; ++b) c.set({b}, cu[static_cast<size_t>(b)]);
+  check_against_interpreter(test_kernels::segments.build(), {B}, {&x, &y, &z, &w, &c, int64_t{3}}, 1e-5, {}, true);
+}
+
 TEST_CASE("gpu: reductions across registers, lanes and warps; loops and ifs") {
   if (!have_gpu()) return;
   for (int warps : {1, 2, 4, 8}) {

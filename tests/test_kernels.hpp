@@ -72,4 +72,28 @@ inline Kernel atomics = kernel("atomics", [](Builder& k) {
   atomic_add(Cnt + (offs % 4), 1);
 });
 
+// Tensor::slice: program b handles the rows [Cu[b], Cu[b + 1]) of X as a view (start and length
+// loaded from memory). Y = 2 X through 16-row windows that cross the view's end (clipped stores),
+// Z[b] = column sums of those windows (rows past the end read as -1), and W[b] = the view's first
+// row shifted left by `shift` columns through a slice of the innermost dim (padding 5).
+inline Kernel segments = kernel("segments", [](Builder& k) {
+  const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
+  auto X = k.tensor("X", bf16, 2, row_major), Y = k.tensor("Y", bf16, 2, row_major);
+  auto Z = k.tensor("Z", f32, 2, row_major), W = k.tensor("W", bf16, 2, row_major);
+  auto Cu = k.pointer("Cu", i32);
+  auto shift = k.scalar<int>("shift");
+  auto b = program_id(0);
+  auto start = load(Cu + b);
+  auto len = load(Cu + (b + 1)) - start;
+  auto x = X.slice(0, start, len), y = Y.slice(0, start, len);
+  Var acc = zeros(f32, {64});
+  for_range(0, len, 16, [&](Tile r0) {
+    auto t = load(x.block({r0, 0}, {16, 64}), -1.0);
+    store(y.block({r0, 0}, {16, 64}), t * 2.0);
+    acc = acc + sum(cast(f32, t), 0);
+  });
+  store(Z.block({b, 0}, {64}), acc);
+  store(W.block({b, 0}, {64}), load(x.slice(1, shift, x.size(1) - shift).block({0, 0}, {64}), 5.0));
+});
+
 }  // namespace test_kernels

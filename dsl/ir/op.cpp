@@ -17,7 +17,7 @@ constexpr std::array<std::string_view, static_cast<size_t>(OpKind::yield) + 1> k
     "cos", "erf",
     "select", "cast", "bitcast", "reduce", "dot",
     "program_id", "num_programs",
-    "tensor_ptr", "tensor_dim", "tensor_stride", "addptr", "load", "store", "atomic_add", "block_load",
+    "tensor_ptr", "tensor_dim", "tensor_stride", "tensor_slice", "addptr", "load", "store", "atomic_add", "block_load",
     "block_store",
     "for", "if", "yield",
 };
@@ -262,6 +262,14 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
       if (k == tensor_ptr) return {Type::pointer(in[0].dtype)};
       axis_attr(k, a, "dim", 0, in[0].rank - 1);
       return {Type::scalar(k == tensor_dim ? DType::i32 : DType::i64)};
+    }
+    case tensor_slice: {
+      expect_count(k, in, 3);
+      if (!in[0].is_tensor()) fail(k, fmt::format("operand must be a tensor descriptor, got {}", to_string(in[0])));
+      axis_attr(k, a, "dim", 0, in[0].rank - 1);
+      if (in[1] != Type::scalar(DType::i32) || in[2] != Type::scalar(DType::i32))
+        fail(k, fmt::format("start and length must be i32 scalars, got {} and {}", to_string(in[1]), to_string(in[2])));
+      return {in[0]};
     }
     case addptr: {
       expect_count(k, in, 2);

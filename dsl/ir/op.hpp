@@ -45,6 +45,7 @@ enum class OpKind : uint8_t {
   tensor_ptr,     // (tensor) -> ptr<T>
   tensor_dim,     // (tensor) {dim} -> i32
   tensor_stride,  // (tensor) {dim} -> i64 (in elements)
+  tensor_slice,   // (tensor, start i32, length i32) {dim} -> the view whose dim `dim` is [start, start + length)
   addptr,         // (ptr, int offset) -> ptr + offset elements (same shape)
   load,           // (ptr[, mask, other]) -> T
   store,          // (ptr, value[, mask])
