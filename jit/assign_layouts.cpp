@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <set>
+
 namespace tilejit::jit {
 namespace {
 
@@ -28,6 +30,18 @@ class Assigner {
                                               "the GPU backend, got {}",
                                               f_.name, ir::op_name(op.kind), op.loc.str(), ir::to_string(f_.type(v))));
     });
+    // The GEMM K loops first (they own their dots), then every other dot that wgmma can run.
+    std::set<const ir::Op*> gemm_loops;
+    ir::walk(f_.body, [&](const ir::Op& op) {
+      if (op.kind != OpKind::for_) return;
+      if (auto m = match_tma_dot_loop(f_, op, plan_.num_warps, arch_, pipeline_)) {
+        const TmaDotLoop& stored = plan_.tma_loops[&op] = *m;
+        wgmma_dots_.insert(stored.dot);
+        gemm_loops.insert(&op);
+      }
+    });
+    plan_.hopper = plan_hopper_dots(f_, plan_.num_warps, arch_, pipeline_, gemm_loops);
+    for (const auto& [dot, w] : plan_.hopper.dots) wgmma_dots_.insert(dot);
     block(f_.body);
     return std::move(plan_);
   }
@@ -77,10 +91,6 @@ class Assigner {
       }
       case OpKind::for_: {
         const ir::Block& body = op.regions[0];
-        if (auto m = match_tma_dot_loop(f_, op, plan_.num_warps, arch_, pipeline_)) {
-          const TmaDotLoop& stored = plan_.tma_loops[&op] = *m;
-          wgmma_dots_[m->dot] = &stored;
-        }
         size_t n = op.results.size();
         std::vector<std::optional<Layout>> carried(n);
         for (size_t i = 0; i < n; ++i) carried[i] = nat(op.operands[3 + i]);
@@ -134,7 +144,7 @@ class Assigner {
   const ir::Function& f_;
   std::string arch_;
   PipelineOptions pipeline_;
-  std::map<const ir::Op*, const TmaDotLoop*> wgmma_dots_;
+  std::set<const ir::Op*> wgmma_dots_;  // dots that accumulate in the wgmma layout
   LayoutPlan plan_;
 };
 

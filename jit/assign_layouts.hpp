@@ -10,6 +10,7 @@
 
 #include "jit/layout.hpp"
 #include "jit/tma_pipeline.hpp"
+#include "jit/wgmma_plan.hpp"
 
 namespace tilejit::jit {
 
@@ -21,6 +22,8 @@ struct LayoutPlan {
   std::vector<std::optional<Layout>> natural;
   // K loops lowered to the TMA + wgmma pipeline (their dot accumulates in the wgmma layout).
   std::map<const ir::Op*, TmaDotLoop> tma_loops;
+  // Other dots on wgmma with shared-memory tiles (sm_90a): accumulate in the wgmma layout.
+  HopperPlan hopper;
 };
 
 // The dot configuration: mma.sync m16n8k16 when shapes and dtypes allow, FMA otherwise.

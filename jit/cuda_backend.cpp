@@ -886,11 +886,27 @@ class Printer {
                          "[%4];\"\n{}    :: \"r\"({}), \"l\"({}), \"r\"({}), \"r\"({}), \"r\"({}) : \"memory\");",
                          indent(), u32(a(0)), n(a(1)), u32(a(2)), u32(a(3)), u32(a(4))));
         return;
+      case Op::tma_load: {
+        const auto rank = static_cast<size_t>(in.imm);
+        if (rank < 1 || rank > 5) fail(fmt::format("tma_load: rank {} is not in [1, 5]", rank));
+        check_args(in, rank + 3, rank + 3);
+        if (!ty(a(1)).ptr && ir::bit_width(dt(a(1))) != 64) fail("tma_load: the tensor map must be a pointer or a 64-bit address");
+        std::string coords, ins = fmt::format("\"r\"({}), \"l\"({})", u32(a(0)), n(a(1)));
+        for (size_t i = 0; i < rank; ++i) {
+          coords += fmt::format("{}%{}", i ? ", " : "", i + 2);
+          ins += fmt::format(", \"r\"({})", u32(a(2 + i)));
+        }
+        ins += fmt::format(", \"r\"({})", u32(a(2 + rank)));
+        line(fmt::format("asm volatile(\"cp.async.bulk.tensor.{}d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {{{}}}], "
+                         "[%{}];\"\n{}    :: {} : \"memory\");",
+                         rank, coords, rank + 2, indent(), ins));
+        return;
+      }
       case Op::fence_mbar_init: line("asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");"); return;
       case Op::fence_proxy_async: line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");"); return;
       case Op::wgmma_fence: line("asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");"); return;
       case Op::wgmma_commit: line("asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");"); return;
-      case Op::wgmma_wait: case Op::wgmma: return wgmma(in);
+      case Op::wgmma_wait: case Op::wgmma: case Op::wgmma_rs: return wgmma(in);
       case Op::for_: return for_loop(in);
       case Op::if_: return if_op(in);
       case Op::yield: fail("yield outside a for or if region");
@@ -976,9 +992,9 @@ class Printer {
   // wgmma and wgmma_wait: the results are the accumulators, tied to the inputs ("+f"), as the LLVM
   // backend ties its outputs to its inputs.
   void wgmma(const pir::Inst& in) {
-    const bool is_wait = in.op == Op::wgmma_wait;
+    const bool is_wait = in.op == Op::wgmma_wait, rs = in.op == Op::wgmma_rs;
     const size_t nr = in.results.size();
-    const size_t first_acc = is_wait ? 0 : 2;
+    const size_t first_acc = is_wait ? 0 : rs ? 5 : 2;
     if (in.args.size() != first_acc + nr)
       fail(fmt::format("{} has {} operands for {} accumulators (expected {})", pir::op_name(in.op), in.args.size(), nr, first_acc + nr));
     for (size_t i = 0; i < nr; ++i) {
@@ -998,15 +1014,26 @@ class Printer {
       if (od != DType::f16 && od != DType::bf16) fail(fmt::format("wgmma operands must be f16 or bf16 (imm is {:#x})", in.imm));
       if (nn < 8 || nn > 256 || nn % 8 || static_cast<size_t>(nn / 2) != nr)
         fail(fmt::format("wgmma m64n{}k16 needs {} accumulators, got {}", nn, nn / 2, nr));
-      for (size_t i = 0; i < 2; ++i)
+      const size_t first_desc = rs ? 4 : 0;
+      for (size_t i = first_desc; i < first_acc; ++i)
         if (ty(in.args[i]).ptr || ir::bit_width(dt(in.args[i])) != 64) fail("wgmma: the descriptors must be 64-bit integers");
+      for (size_t i = 0; i < first_desc; ++i)
+        if (ty(in.args[i]) != pir::scalar(DType::u32)) fail("wgmma_rs: the A fragment must be four u32 registers");
       const char* t = od == DType::bf16 ? "bf16" : "f16";
       std::string regs;
       for (size_t i = 0; i < nr; ++i) regs += fmt::format("{}%{}", i ? ", " : "", i);
-      text = fmt::format("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{}, 0;\\n\\twgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} "
-                         "{{{}}}, %{}, %{}, p, 1, 1, 0, {};\\n\\t}}",
-                         nr + 2, nn, t, t, regs, nr, nr + 1, trans_b);
-      inputs = fmt::format("\"l\"({}), \"l\"({}), \"r\"(1)", n(in.args[0]), n(in.args[1]));
+      if (rs) {
+        text = fmt::format("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{}, 0;\\n\\twgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} "
+                           "{{{}}}, {{%{}, %{}, %{}, %{}}}, %{}, p, 1, 1, {};\\n\\t}}",
+                           nr + 5, nn, t, t, regs, nr, nr + 1, nr + 2, nr + 3, nr + 4, trans_b);
+        inputs = fmt::format("\"r\"({}), \"r\"({}), \"r\"({}), \"r\"({}), \"l\"({}), \"r\"(1)", n(in.args[0]), n(in.args[1]),
+                             n(in.args[2]), n(in.args[3]), n(in.args[4]));
+      } else {
+        text = fmt::format("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{}, 0;\\n\\twgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} "
+                           "{{{}}}, %{}, %{}, p, 1, 1, 0, {};\\n\\t}}",
+                           nr + 2, nn, t, t, regs, nr, nr + 1, trans_b);
+        inputs = fmt::format("\"l\"({}), \"l\"({}), \"r\"(1)", n(in.args[0]), n(in.args[1]));
+      }
     }
     std::vector<std::string> outs;
     for (V r : in.results) outs.push_back(fmt::format("\"+f\"(v{})", r));

@@ -494,15 +494,32 @@ class Emitter {
                  "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1, {$2, $3}], [$4];",
                  "r,l,r,r,r,~{memory}", {a(0), a(1), a(2), a(3), a(4)}, true);
         return;
+      case Op::tma_load: {
+        const auto rank = static_cast<size_t>(in.imm);
+        std::string coords, cons = "r,l";
+        std::vector<llvm::Value*> args{a(0), a(1)};
+        for (size_t i = 0; i < rank; ++i) {
+          coords += fmt::format("{}${}", i ? ", " : "", i + 2);
+          cons += ",r";
+          args.push_back(a(2 + i));
+        }
+        args.push_back(a(2 + rank));
+        asm_call(b_.getVoidTy(),
+                 fmt::format("cp.async.bulk.tensor.{}d.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1, {{{}}}], [${}];",
+                             rank, coords, rank + 2),
+                 cons + ",r,~{memory}", args, true);
+        return;
+      }
       case Op::fence_mbar_init: asm_call(b_.getVoidTy(), "fence.mbarrier_init.release.cluster;", "~{memory}", {}, true); return;
       case Op::fence_proxy_async: asm_call(b_.getVoidTy(), "fence.proxy.async.shared::cta;", "~{memory}", {}, true); return;
       case Op::wgmma_fence: asm_call(b_.getVoidTy(), "wgmma.fence.sync.aligned;", "~{memory}", {}, true); return;
       case Op::wgmma_commit: asm_call(b_.getVoidTy(), "wgmma.commit_group.sync.aligned;", "~{memory}", {}, true); return;
       case Op::wgmma_wait:
+      case Op::wgmma_rs:
       case Op::wgmma: {
-        bool is_wait = in.op == Op::wgmma_wait;
+        bool is_wait = in.op == Op::wgmma_wait, rs = in.op == Op::wgmma_rs;
         size_t n = in.results.size();
-        size_t first_acc = is_wait ? 0 : 2;
+        size_t first_acc = is_wait ? 0 : rs ? 5 : 2;
         std::string regs, cons;
         for (size_t i = 0; i < n; ++i) {
           regs += fmt::format("{}${}", i ? ", " : "", i);
@@ -516,11 +533,19 @@ class Emitter {
           int64_t nn = in.imm & 0xFFFF;
           const char* t = static_cast<DType>((in.imm >> 16) & 0xFF) == DType::bf16 ? "bf16" : "f16";
           int64_t trans_b = (in.imm >> 24) & 1;
-          text = fmt::format("{{\n\t.reg .pred p;\n\tsetp.ne.b32 p, ${}, 0;\n\twgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} "
-                             "{{{}}}, ${}, ${}, p, 1, 1, 0, {};\n\t}}",
-                             n + 2, nn, t, t, regs, n, n + 1, trans_b);
-          cons += ",l,l,r";
-          args = {a(0), a(1), b_.getInt32(1)};
+          if (rs) {  // A from registers: no transpose-A immediate
+            text = fmt::format("{{\n\t.reg .pred p;\n\tsetp.ne.b32 p, ${}, 0;\n\twgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} "
+                               "{{{}}}, {{${}, ${}, ${}, ${}}}, ${}, p, 1, 1, {};\n\t}}",
+                               n + 5, nn, t, t, regs, n, n + 1, n + 2, n + 3, n + 4, trans_b);
+            cons += ",r,r,r,r,l,r";
+            args = {a(0), a(1), a(2), a(3), a(4), b_.getInt32(1)};
+          } else {
+            text = fmt::format("{{\n\t.reg .pred p;\n\tsetp.ne.b32 p, ${}, 0;\n\twgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} "
+                               "{{{}}}, ${}, ${}, p, 1, 1, 0, {};\n\t}}",
+                               n + 2, nn, t, t, regs, n, n + 1, trans_b);
+            cons += ",l,l,r";
+            args = {a(0), a(1), b_.getInt32(1)};
+          }
         }
         for (size_t i = 0; i < n; ++i) {
           cons += fmt::format(",{}", i);

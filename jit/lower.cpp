@@ -50,6 +50,7 @@ class Lowerer {
     tid_ = emit(Op::thread_id, pir::scalar(DType::i32), {});
     lane_ = emit(Op::bit_and, pir::scalar(DType::i32), {tid_, ci32(31)});
     warp_ = emit(Op::shr, pir::scalar(DType::i32), {tid_, ci32(5)});
+    hopper_init();
     block(f_.body);
     out_.smem_bytes = smem_bytes_;
     return std::move(out_);
@@ -63,6 +64,7 @@ class Lowerer {
   }
 
   V emit(Op op, pir::Ty ty, std::vector<V> args, int64_t imm = 0, double fimm = 0) {
+    if (op == Op::load_shared) args[0] = scratch(args[0]);
     pir::Inst in;
     in.op = op;
     in.args = std::move(args);
@@ -74,6 +76,7 @@ class Lowerer {
     return r;
   }
   void emit0(Op op, std::vector<V> args, int64_t imm = 0) {
+    if (op == Op::store_shared) args[0] = scratch(args[0]);
     pir::Inst in;
     in.op = op;
     in.args = std::move(args);
@@ -110,8 +113,11 @@ class Lowerer {
     return cint(d, ir::wrap_int(d, v));
   }
 
+  // Scratch exchanges (load_shared/store_shared offsets) live above the persistent shared-memory
+  // tiles, rings and barriers of the Hopper plan.
+  V scratch(V offset) { return scratch_base_ ? bin(Op::add, offset, ci32(scratch_base_)) : offset; }
   int64_t reserve_smem(int64_t bytes) {
-    smem_bytes_ = std::max(smem_bytes_, bytes);
+    smem_bytes_ = std::max(smem_bytes_, scratch_base_ + bytes);
     return 0;  // every exchange is bracketed by barriers, so all reuse offset 0
   }
 
@@ -770,6 +776,7 @@ class Lowerer {
   }
 
   void block_load(const ir::Op& op) {
+    if (plan_.hopper.tiles.count(&op)) return smem_tile_load(op);
     const ir::Type& t = f_.type(op.results[0]);
     check_shape(&op, t);
     const Layout& L = *plan_.natural[op.results[0]];
@@ -917,6 +924,7 @@ class Lowerer {
   void dot(const ir::Op& op) {
     const ir::Type &A = f_.type(op.operands[0]), &B = f_.type(op.operands[1]), &C = f_.type(op.results[0]);
     for (const ir::Type* t : {&A, &B, &C}) check_shape(&op, *t);
+    if (auto it = plan_.hopper.dots.find(&op); it != plan_.hopper.dots.end()) return wgmma_dot(op, it->second);
     DotPlan dp = plan_dot(A, B, plan_.num_warps);
     const Layout& LC = *plan_.natural[op.results[0]];
     if (dp.mma) return mma(op, dp, LC);
@@ -1023,6 +1031,9 @@ class Lowerer {
       lay.push_back(plan_.natural[op.results[i]]);
       for (V x : carried(op.operands[3 + i], lay.back())) loop.args.push_back(x);
     }
+    const SmemRing* ring = nullptr;
+    if (auto it = plan_.hopper.rings.find(&op); it != plan_.hopper.rings.end()) ring = &it->second;
+    if (ring) ring_prologue(op, *ring);
     pir::Block pb;
     V iv = out_.new_value(pir::scalar(f_.type(body.args[0]).dtype));
     pb.args.push_back(iv);
@@ -1035,7 +1046,9 @@ class Lowerer {
     frames_.emplace_back();
     frames_.back().scalars[body.args[0]] = iv;
     for (size_t i = 0; i < op.results.size(); ++i) bind(body.args[i + 1], lay[i], arg_regs[i]);
+    if (ring) ring_top(op, *ring, iv);
     block(body);
+    if (ring) ring_bottom(*ring);
     pir::Inst y;
     y.op = Op::yield;
     const ir::Op& iy = body.ops.back();
@@ -1087,6 +1100,7 @@ class Lowerer {
   // ---------------------------------------------------------------- Hopper TMA + wgmma pipeline
   // One tensor map per (tensor parameter, box): trailing ABI parameters the launcher fills.
   void tensor_map_params() {
+    for (const ir::Op* op : plan_.hopper.tile_order) hopper_map(plan_.hopper.tiles.at(op));
     for (const auto& [loop, m] : plan_.tma_loops) {
       for (auto [load, rows] : {std::pair{m.load_a, m.bm}, std::pair{m.load_b, m.bn}}) {
         int index = 0;
@@ -1255,9 +1269,212 @@ class Lowerer {
     put(op.results[0], LC, res);
   }
 
+  // ---------------------------------------------------------------- wgmma with shared-memory tiles
+  // (jit/wgmma_plan.hpp: tiles copied by TMA once or through a ring of stages ahead of a loop)
+  V smem_at(int64_t offset) { return emit(Op::smem_addr, pir::scalar(DType::u32), {ci32(offset)}); }
+
+  void hopper_init() {
+    const HopperPlan& h = plan_.hopper;
+    scratch_base_ = h.persistent_bytes;
+    smem_bytes_ = std::max(smem_bytes_, h.persistent_bytes);
+    if (h.tiles.empty()) return;
+    pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
+      for (const ir::Op* op : h.tile_order)
+        if (const SmemTile& t = h.tiles.at(op); !t.ring) emit0(Op::mbar_init, {smem_at(t.barrier), ci32(1)});
+      for (const ir::Op* loop : h.ring_order)
+        for (int s = 0; s < h.rings.at(loop).stages; ++s) {
+          const SmemRing& r = h.rings.at(loop);
+          emit0(Op::mbar_init, {smem_at(r.full + 8 * s), ci32(1)});
+          emit0(Op::mbar_init, {smem_at(r.empty + 8 * s), ci32(plan_.num_warps)});
+        }
+      emit0(Op::fence_mbar_init, {});
+    });
+    emit0(Op::barrier, {});
+  }
+
+  V hopper_map(const SmemTile& t) {
+    auto key = std::make_pair(t.param_index, t.box);
+    if (auto it = hopper_maps_.find(key); it != hopper_maps_.end()) return it->second;
+    pir::TensorMapSpec spec;
+    spec.abi_slot = static_cast<int>(out_.params.size());
+    spec.param_index = t.param_index;
+    spec.box = t.box;
+    out_.tensor_maps.push_back(spec);
+    pir::Ty ty = pir::pointer(DType::u8);
+    out_.params.push_back({fmt::format("{}_tensor_map{}", f_.params[static_cast<size_t>(t.param_index)].name, hopper_maps_.size()), ty});
+    return hopper_maps_[key] = emit(Op::param, ty, {}, spec.abi_slot);
+  }
+
+  // The TMA copies of one tile into shared memory at `dst` (u32 address), completing on `bar`:
+  // one box per 64-column chunk. `row_offset` replaces the loop counter's offset (rings).
+  void issue_tile(const SmemTile& t, V dst, V bar, const ir::Op* loop = nullptr, V counter_value = 0) {
+    const ir::Op& load = *t.load;
+    const size_t rank = load.operands.size() - 1;
+    std::vector<V> off;
+    for (size_t d = 0; d < rank; ++d) {
+      ir::ValueId v = load.operands[1 + d];
+      off.push_back(loop && v == loop->regions[0].args[0] ? counter_value : cast(scalar(v), DType::i32));
+    }
+    V map = hopper_maps_.at({t.param_index, t.box});
+    for (int64_t c = 0; c < t.cols / 64; ++c) {
+      std::vector<V> args{bin(Op::add, dst, cint(DType::u32, c * t.chunk_bytes())), map};
+      for (size_t i = 0; i < rank; ++i) {  // innermost first
+        V x = off[rank - 1 - i];
+        args.push_back(i == 0 && c ? bin(Op::add, x, ci32(64 * c)) : x);
+      }
+      args.push_back(bar);
+      emit0(Op::tma_load, args, static_cast<int64_t>(rank));
+    }
+  }
+
+  void smem_tile_load(const ir::Op& op) {
+    const SmemTile& t = plan_.hopper.tiles.at(&op);
+    if (t.ring) return;  // the ring of its loop copies it
+    pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
+      V bar = smem_at(t.barrier);
+      emit0(Op::mbar_expect_tx, {bar, ci32(t.bytes())});
+      issue_tile(t, smem_at(t.offset), bar);
+    });
+  }
+
+  struct RingState {
+    V lb, step, trips, stage;  // stage: the current iteration's, inside the body
+  };
+
+  V ring_stage_addr(const SmemRing& r, V stage, int64_t offset) {
+    return bin(Op::add, smem_at(r.base + offset), cast(bin(Op::mul, stage, ci32(r.stage_bytes)), DType::u32));
+  }
+
+  // Thread 0 fills stage `s` with iteration j's tiles.
+  void ring_issue(const ir::Op& loop, const SmemRing& r, const RingState& st, V j, V s) {
+    int64_t bytes = 0;
+    for (const ir::Op* l : r.loads) bytes += plan_.hopper.tiles.at(l).bytes();
+    V full = bin(Op::add, smem_at(r.full), cast(bin(Op::mul, s, ci32(8)), DType::u32));
+    emit0(Op::mbar_expect_tx, {full, ci32(bytes)});
+    V counter = bin(Op::add, st.lb, bin(Op::mul, j, st.step));
+    for (const ir::Op* l : r.loads) {
+      const SmemTile& t = plan_.hopper.tiles.at(l);
+      issue_tile(t, ring_stage_addr(r, s, t.offset), full, &loop, counter);
+    }
+  }
+
+  void ring_prologue(const ir::Op& loop, const SmemRing& r) {
+    RingState st;
+    st.lb = cast(scalar(loop.operands[0]), DType::i32);
+    V ub = cast(scalar(loop.operands[1]), DType::i32);
+    st.step = cast(scalar(loop.operands[2]), DType::i32);
+    V span = bin(Op::sub, ub, st.lb);
+    st.trips = emit(Op::select, pir::scalar(DType::i32),
+                    {cmp(pir::Pred::gt, span, ci32(0)), bin(Op::div, bin(Op::sub, bin(Op::add, span, st.step), ci32(1)), st.step), ci32(0)});
+    pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
+      for (int j = 0; j < r.stages; ++j)
+        pir_if(cmp(pir::Pred::lt, ci32(j), st.trips), [&] { ring_issue(loop, r, st, ci32(j), ci32(j)); });
+    });
+    rings_[&loop] = st;
+  }
+
+  // Top of iteration i: thread 0 refills the stage iteration i-1 used (once every warp released
+  // it) with iteration i-1+S; then everyone waits for iteration i's tiles.
+  void ring_top(const ir::Op& loop, const SmemRing& r, V iv) {
+    RingState& st = rings_.at(&loop);
+    const int S = r.stages;
+    V i = bin(Op::div, bin(Op::sub, cast(iv, DType::i32), st.lb), st.step);
+    pir_if(land(cmp(pir::Pred::eq, tid_, ci32(0)), cmp(pir::Pred::ge, i, ci32(1))), [&] {
+      V prev = bin(Op::sub, i, ci32(1));
+      V j = bin(Op::add, prev, ci32(S));
+      pir_if(cmp(pir::Pred::lt, j, st.trips), [&] {
+        V ps = bin(Op::rem, prev, ci32(S));
+        V empty = bin(Op::add, smem_at(r.empty), cast(bin(Op::mul, ps, ci32(8)), DType::u32));
+        emit0(Op::mbar_wait, {empty, bin(Op::bit_and, bin(Op::div, prev, ci32(S)), ci32(1))});
+        ring_issue(loop, r, st, j, ps);
+      });
+    });
+    st.stage = bin(Op::rem, i, ci32(S));
+    V full = bin(Op::add, smem_at(r.full), cast(bin(Op::mul, st.stage, ci32(8)), DType::u32));
+    emit0(Op::mbar_wait, {full, bin(Op::bit_and, bin(Op::div, i, ci32(S)), ci32(1))});
+  }
+
+  // End of an iteration: every wgmma that read the stage has completed (each dot waits for its
+  // own group), so each warp releases it.
+  void ring_bottom(const SmemRing& r) {
+    V s = rings_.at(r.loop).stage;
+    V empty = bin(Op::add, smem_at(r.empty), cast(bin(Op::mul, s, ci32(8)), DType::u32));
+    pir_if(cmp(pir::Pred::eq, lane_, ci32(0)), [&] { emit0(Op::mbar_arrive, {empty}); });
+  }
+
+  // The u32 shared address of a tile in the current iteration (ring) or its fixed place (once);
+  // waits for a once-loaded tile's copy to land.
+  V tile_addr(const SmemTile& t) {
+    if (!t.ring) {
+      emit0(Op::mbar_wait, {smem_at(t.barrier), ci32(0)});
+      return smem_at(t.offset);
+    }
+    const SmemRing& r = plan_.hopper.rings.at(t.ring);
+    return ring_stage_addr(r, rings_.at(t.ring).stage, t.offset);
+  }
+
+  void wgmma_dot(const ir::Op& op, const WgmmaDot& w) {
+    const ir::Type &A = f_.type(op.operands[0]), &B = f_.type(op.operands[1]);
+    const int64_t M = A.shape[0], K = A.shape[1], N = B.shape[1];
+    const int W = plan_.num_warps, WG = W / 4;
+    const int64_t reps = M / (64 * WG), per = N / 2;
+    const Layout& LC = *plan_.natural[op.results[0]];
+    Regs acc = get(op.operands[2], LC);
+    // B: K-major tiles (B^T[N, K] rows) step 32 bytes per k16 inside a chunk and a chunk per 4
+    // steps; MN-major tiles (B[K, N]) step 16 rows of 128 bytes, chunks `leading` bytes apart.
+    const SmemTile& tb = plan_.hopper.tiles.at(w.b_tile);
+    V b_base = tile_addr(tb);
+    V desc_b = w.b_mn_major ? descriptor(b_base, tb.chunk_bytes()) : descriptor(b_base);
+    auto b_step = [&](int64_t kk) { return w.b_mn_major ? kk * 2048 / 16 : ((kk / 4) * tb.chunk_bytes() + (kk % 4) * 32) / 16; };
+    V wg = bin(Op::shr, warp_, ci32(2));
+    V desc_a = 0;
+    Regs a;
+    const SmemTile* ta = w.a_tile ? &plan_.hopper.tiles.at(w.a_tile) : nullptr;
+    if (ta) {
+      desc_a = descriptor(bin(Op::add, tile_addr(*ta), cast(bin(Op::mul, wg, ci32(64 * 128)), DType::u32)));
+    } else {
+      // A in registers: the m64k16 A fragment is the accumulator layout of a [M, K] tile, k16 chunk
+      // kk of slab r being registers {col bit 0, row 8, col 8} + 16 kk (jit/layout.cpp).
+      Layout LA = Layout::wgmma_acc(M, K, W);
+      Regs ar = get(op.operands[0], LA);
+      std::map<Coord, V> by_coord;
+      for (uint32_t r = 0; r < static_cast<uint32_t>(LA.num_regs()); ++r) by_coord.emplace(LA.reg_coords(r), ar[r]);
+      for (int64_t r = 0; r < reps; ++r)
+        for (int64_t kk = 0; kk < K / 16; ++kk)
+          for (int64_t c : {0, 8})
+            for (int64_t h : {0, 8}) {
+              int64_t row = r * 64 * WG + h, col = 16 * kk + c;
+              a.push_back(pack(by_coord.at({row, col}), by_coord.at({row, col + 1})));
+            }
+    }
+    const int64_t imm = N | (static_cast<int64_t>(A.dtype) << 16) | (int64_t{w.b_mn_major} << 24);
+    emit0(Op::wgmma_fence, {});
+    for (int64_t r = 0; r < reps; ++r)
+      for (int64_t kk = 0; kk < K / 16; ++kk) {
+        std::vector<V> args;
+        if (ta) {
+          int64_t a_off = (kk / 4) * ta->chunk_bytes() + r * 64 * WG * 128 + (kk % 4) * 32;
+          args.push_back(bin(Op::add, desc_a, cint(DType::u64, a_off / 16)));
+        } else {
+          size_t base = static_cast<size_t>(4 * (r * (K / 16) + kk));
+          args.insert(args.end(), a.begin() + static_cast<std::ptrdiff_t>(base), a.begin() + static_cast<std::ptrdiff_t>(base + 4));
+        }
+        args.push_back(bin(Op::add, desc_b, cint(DType::u64, b_step(kk))));
+        for (int64_t j = 0; j < per; ++j) args.push_back(acc[static_cast<size_t>(r * per + j)]);
+        Regs out = emit_multi(ta ? Op::wgmma : Op::wgmma_rs, args, static_cast<size_t>(per), pir::scalar(DType::f32), imm);
+        for (int64_t j = 0; j < per; ++j) acc[static_cast<size_t>(r * per + j)] = out[static_cast<size_t>(j)];
+      }
+    emit0(Op::wgmma_commit, {});
+    acc = emit_multi(Op::wgmma_wait, acc, acc.size(), pir::scalar(DType::f32), 0);
+    put(op.results[0], LC, acc);
+  }
+
   const ir::Function& f_;
   const LayoutPlan& plan_;
   pir::Func out_;
+  std::map<std::pair<int, std::vector<int64_t>>, V> hopper_maps_;
+  std::map<const ir::Op*, RingState> rings_;
+  int64_t scratch_base_ = 0;
   std::map<std::pair<int, int64_t>, V> tensor_maps_;
   std::unordered_map<ir::ValueId, int64_t> divisors_;
   std::unordered_map<ir::ValueId, const ir::Op*> iv_loop_;

@@ -61,6 +61,11 @@ enum class Op : uint8_t {
   wgmma_commit,
   wgmma_wait,         // (acc f32...) imm = groups left in flight -> acc, readable afterwards
   wgmma,              // (desc a u64, desc b u64, acc f32 x n/2) imm = n | dtype << 16 | trans_b << 24 -> n/2 f32
+  // A from registers: (a0..a3 u32 (8 packed 16-bit values of the m64k16 A fragment), desc b u64,
+  // acc f32 x n/2), imm as wgmma -> n/2 f32
+  wgmma_rs,
+  // (dst addr, tensor-map pointer, i32 coordinates innermost first x imm, mbar addr), imm = rank 1..5
+  tma_load,
   for_,    // (lb, ub, step, init...) region(iv, carried...) -> results
   if_,     // (cond) regions then/else -> results
   yield,

@@ -103,9 +103,10 @@ LaunchPlan::LaunchPlan(const ir::Function& signature, int device)
 void LaunchPlan::require_tma(const std::vector<jit::pir::TensorMapSpec>& specs) {
   for (const jit::pir::TensorMapSpec& s : specs) {
     if (s.param_index < 0 || static_cast<size_t>(s.param_index) >= plan_.size() ||
-        plan_[static_cast<size_t>(s.param_index)].rank != 2)
+        plan_[static_cast<size_t>(s.param_index)].rank < 2 || plan_[static_cast<size_t>(s.param_index)].rank > 5 ||
+        s.box.size() != static_cast<size_t>(plan_[static_cast<size_t>(s.param_index)].rank))
       throw std::logic_error(fmt::format("tilejit: kernel '{}': a TMA descriptor refers to parameter {}, which is not a "
-                                         "rank-2 tensor of the signature",
+                                         "tensor of rank 2 to 5 matching its box in the signature",
                                          name_, s.param_index));
     plan_[static_cast<size_t>(s.param_index)].tma = true;
   }
@@ -298,13 +299,26 @@ void LaunchPlan::pack_tensor(size_t i, const Param& p, const DeviceArg& a, uint6
 
 void LaunchPlan::check_tma(size_t i, const TensorView& t) const {
   const int64_t es = ir::byte_size(t.dtype);
-  const int64_t pitch = t.strides[0] * es;
+  const int r = t.rank();
   std::string need;  // formatted only on failure: this runs on every launch
-  if (t.rank() != 2 || t.strides[1] != 1) need = "a rank-2 tensor with unit innermost stride";
+  auto outer_strides_ok = [&] {
+    for (int d = 0; d + 1 < r; ++d) {
+      const int64_t bytes = t.strides[static_cast<size_t>(d)] * es;
+      if (t.sizes[static_cast<size_t>(d)] > 1 && (bytes <= 0 || bytes % 16 != 0 || bytes >= (int64_t{1} << 40))) return false;
+    }
+    return true;
+  };
+  auto non_empty = [&] {
+    for (int64_t n : t.sizes)
+      if (n < 1 || n > (int64_t{1} << 32)) return false;
+    return true;
+  };
+  if (r < 2 || r > 5 || t.strides[static_cast<size_t>(r - 1)] != 1) need = "a tensor of rank 2 to 5 with unit innermost stride";
   else if (t.address % 16 != 0) need = "a 16-byte aligned base address";
-  else if (t.sizes[0] < 1 || t.sizes[1] < 1) need = "a non-empty tensor";
-  else if (pitch <= 0 || pitch % 16 != 0 || pitch >= (int64_t{1} << 40)) need = "a row pitch that is a positive multiple of 16 bytes";
-  else if (t.sizes[0] > 1 && pitch < t.sizes[1] * es) need = fmt::format("a row pitch of at least one row ({} bytes)", t.sizes[1] * es);
+  else if (!non_empty()) need = "a non-empty tensor (sizes 1 to 2^32)";
+  else if (!outer_strides_ok()) need = "strides (except the innermost) that are positive multiples of 16 bytes below 2^40";
+  else if (r == 2 && t.sizes[0] > 1 && t.strides[0] * es < t.sizes[1] * es)
+    need = fmt::format("a row pitch of at least one row ({} bytes)", t.sizes[1] * es);
   else return;
   bad(i, fmt::format("this kernel reads it through TMA, which needs {}; got {} (compile with "
                      "CompileOptions::pipeline.enabled = false for arbitrary layouts)",
@@ -324,7 +338,7 @@ void LaunchPlan::check_tma(size_t i, const TensorView& t) const {
 struct GpuKernel::TmaCache {
   static constexpr int kSets = 128;
   static constexpr int kMaxMaps = 16;
-  static constexpr int kKeyWords = 4;  // address, rows, columns, row pitch (elements)
+  static constexpr int kKeyWords = 10;  // address, 5 sizes, 4 outer strides (elements; unused ones 0)
   static constexpr size_t kMapBytes = sizeof(CUtensorMap);
   static_assert(kMapBytes == 128);
 
@@ -447,10 +461,11 @@ void GpuKernel::launch_with_tma(Grid grid, std::span<const DeviceArg> args, CUst
   uint64_t key[TmaCache::kKeyWords * TmaCache::kMaxMaps];
   for (size_t m = 0; m < c.specs.size(); ++m) {
     const TensorView& t = *args[static_cast<size_t>(c.specs[m].param_index)].tensor();  // checked by pack()
-    key[4 * m + 0] = t.address;
-    key[4 * m + 1] = static_cast<uint64_t>(t.sizes[0]);
-    key[4 * m + 2] = static_cast<uint64_t>(t.sizes[1]);
-    key[4 * m + 3] = static_cast<uint64_t>(t.strides[0]);
+    uint64_t* k = key + TmaCache::kKeyWords * m;
+    std::fill(k, k + TmaCache::kKeyWords, uint64_t{0});
+    k[0] = t.address;
+    for (size_t d = 0; d < t.sizes.size(); ++d) k[1 + d] = static_cast<uint64_t>(t.sizes[d]);
+    for (size_t d = 0; d + 1 < t.sizes.size(); ++d) k[6 + d] = static_cast<uint64_t>(t.strides[d]);
   }
   const size_t key_bytes = c.words * sizeof(uint64_t);
 
@@ -468,12 +483,22 @@ void GpuKernel::launch_with_tma(Grid grid, std::span<const DeviceArg> args, CUst
         const jit::pir::TensorMapSpec& spec = c.specs[m];
         const TensorView& t = *args[static_cast<size_t>(spec.param_index)].tensor();
         const auto es = static_cast<cuuint64_t>(ir::byte_size(t.dtype));
-        cuuint64_t dims[2] = {static_cast<cuuint64_t>(t.sizes[1]), static_cast<cuuint64_t>(t.sizes[0])};
-        cuuint64_t strides[1] = {static_cast<cuuint64_t>(t.strides[0]) * es};
-        cuuint32_t box[2] = {static_cast<cuuint32_t>(spec.box[0]), static_cast<cuuint32_t>(spec.box[1])};
-        cuuint32_t unit[2] = {1, 1};
+        // innermost first; a size-1 dim's stride may be anything: give it a valid one
+        const auto rank = static_cast<size_t>(t.rank());
+        cuuint64_t dims[5], strides[4];
+        cuuint32_t box[5], unit[5];
+        for (size_t d = 0; d < rank; ++d) {
+          dims[d] = static_cast<cuuint64_t>(t.sizes[rank - 1 - d]);
+          box[d] = static_cast<cuuint32_t>(spec.box[d]);
+          unit[d] = 1;
+        }
+        for (size_t d = 0; d + 1 < rank; ++d) {
+          const size_t td = rank - 2 - d;
+          strides[d] = t.sizes[td] > 1 ? static_cast<cuuint64_t>(t.strides[td]) * es : 16;
+        }
         CUtensorMap map;
-        check_cu_kernel(api.TensorMapEncodeTiled(&map, tensor_map_dtype(t.dtype, name), 2, reinterpret_cast<void*>(t.address),
+        check_cu_kernel(api.TensorMapEncodeTiled(&map, tensor_map_dtype(t.dtype, name), static_cast<cuuint32_t>(rank),
+                                                 reinterpret_cast<void*>(t.address),
                                                  dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                                  tensor_map_swizzle(spec.swizzle_bytes, name),
                                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),

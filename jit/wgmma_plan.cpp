@@ -1,0 +1,266 @@
+// The planner for wgmma dots with shared-memory tiles; see wgmma_plan.hpp for what qualifies.
+#include "jit/wgmma_plan.hpp"
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace tilejit::jit {
+namespace {
+
+using ir::OpKind;
+
+constexpr int64_t kPersistentBudget = 200 * 1024;  // leaves room for scratch exchanges (227 KB total)
+
+int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+bool sixteen_bit(ir::DType d) { return d == ir::DType::bf16 || d == ir::DType::f16; }
+
+class Planner {
+ public:
+  Planner(const ir::Function& f, int num_warps, const PipelineOptions& opts, const std::set<const ir::Op*>& skip)
+      : f_(f), warps_(num_warps), opts_(opts), skip_(skip) {}
+
+  HopperPlan run() {
+    index(f_.body, nullptr);
+    std::vector<const ir::Op*> candidates;
+    for (const ir::Op* op : in_order(parent_))
+      if (op->kind == OpKind::dot && shape_ok(*op) && !inside_skipped(op)) candidates.push_back(op);
+    // Drop tiles with uses other than as wgmma operands until the choice is stable.
+    std::set<const ir::Op*> banned;
+    for (;;) {
+      plan_ = HopperPlan{};
+      std::set<const ir::Op*> dots;
+      for (const ir::Op* d : candidates) {
+        WgmmaDot w{.dot = d};
+        const ir::Op* bdef = def(d->operands[1]);
+        if (bdef && bdef->kind == OpKind::trans && def(bdef->operands[0]) && tile_ok(*def(bdef->operands[0]), banned)) {
+          w.b_tile = def(bdef->operands[0]);
+        } else if (bdef && tile_ok(*bdef, banned)) {
+          w.b_tile = bdef;
+          w.b_mn_major = true;
+        } else {
+          continue;
+        }
+        const ir::Op* adef = def(d->operands[0]);
+        if (adef && tile_ok(*adef, banned)) w.a_tile = adef;
+        plan_.dots[d] = w;
+        dots.insert(d);
+      }
+      const ir::Op* bad = nullptr;
+      for (const auto& [d, w] : plan_.dots)
+        for (const ir::Op* t : {w.a_tile, w.b_tile})
+          if (t && !bad && !uses_ok(*t, dots)) bad = t;
+      if (!bad) break;
+      banned.insert(bad);
+    }
+    place();
+    return std::move(plan_);
+  }
+
+ private:
+  // The keys of an op-keyed map in program order (placement must not depend on addresses).
+  template <class Map>
+  std::vector<const ir::Op*> in_order(const Map& m) const {
+    std::vector<const ir::Op*> v;
+    for (const auto& kv : m) v.push_back(kv.first);
+    std::sort(v.begin(), v.end(), [&](const ir::Op* a, const ir::Op* b) { return order_.at(a) < order_.at(b); });
+    return v;
+  }
+
+  void index(const ir::Block& b, const ir::Op* parent) {
+    for (const ir::Op& op : b.ops) {
+      parent_[&op] = parent;
+      order_[&op] = order_.size();
+      for (ir::ValueId r : op.results) def_[r] = &op;
+      for (size_t i = 0; i < op.operands.size(); ++i) users_[op.operands[i]].push_back({&op, i});
+      for (const ir::Block& r : op.regions) {
+        for (ir::ValueId a : r.args) region_arg_[a] = &op;
+        index(r, &op);
+      }
+    }
+  }
+  const ir::Op* def(ir::ValueId v) const {
+    auto it = def_.find(v);
+    return it == def_.end() ? nullptr : it->second;
+  }
+  bool inside_skipped(const ir::Op* op) const {
+    for (const ir::Op* p = parent_.at(op); p; p = parent_.at(p))
+      if (skip_.count(p)) return true;
+    return false;
+  }
+  // Whether value v is defined inside op `loop` (its region args or any op nested in it).
+  bool defined_inside(ir::ValueId v, const ir::Op* loop) const {
+    const ir::Op* p = nullptr;
+    if (auto it = region_arg_.find(v); it != region_arg_.end()) {
+      if (it->second == loop) return true;
+      p = it->second;
+    } else if (const ir::Op* d = def(v)) {
+      p = d;
+    } else {
+      return false;  // a parameter
+    }
+    for (; p; p = parent_.at(p))
+      if (p == loop) return true;
+    return false;
+  }
+
+  bool shape_ok(const ir::Op& d) const {
+    const ir::Type &a = f_.type(d.operands[0]), &b = f_.type(d.operands[1]);
+    if (warps_ % 4 != 0 || !sixteen_bit(a.dtype) || a.dtype != b.dtype) return false;
+    int64_t m = a.shape[0], k = a.shape[1], n = b.shape[1];
+    return m % (64 * (warps_ / 4)) == 0 && k % 16 == 0 && n % 8 == 0 && n <= 256 && f_.type(d.results[0]).dtype == ir::DType::f32;
+  }
+
+  const ir::Param* tensor_param(ir::ValueId v, int* index) const {
+    for (size_t i = 0; i < f_.params.size(); ++i)
+      if (f_.params[i].value == v && f_.params[i].kind == ir::ParamKind::Tensor) {
+        *index = static_cast<int>(i);
+        return &f_.params[i];
+      }
+    return nullptr;
+  }
+
+  // A zero-padded window of a 16-byte-aligned tensor with unit innermost stride, whose tile cols run
+  // along that innermost dim in whole 128-byte chunks, placed where a TMA copy can be issued: at the
+  // top level (once) or directly in a top-level loop with offsets that are the counter or invariant.
+  bool tile_ok(const ir::Op& load, const std::set<const ir::Op*>& banned) const {
+    if (load.kind != OpKind::block_load || banned.count(&load)) return false;
+    int index = 0;
+    const ir::Param* p = tensor_param(load.operands[0], &index);
+    if (!p || !p->spec.contiguous_last || p->spec.align_bytes < 16 || !sixteen_bit(p->type.dtype)) return false;
+    const int rank = p->type.rank;
+    const auto& dims = load.ints_attr("dims");
+    const auto& shape = f_.type(load.results[0]).shape;
+    if (rank > 5 || dims.size() != 2 || dims[1] != rank - 1 || load.float_attr("padding") != 0.0) return false;
+    if (shape[0] > 256 || shape[0] % 8 != 0 || shape[1] % 64 != 0) return false;
+    const ir::Op* parent = parent_.at(&load);
+    if (!parent) return true;
+    if (parent->kind != OpKind::for_ || parent_.at(parent) || skip_.count(parent)) return false;
+    ir::ValueId iv = parent->regions[0].args[0];
+    for (size_t i = 1; i < load.operands.size(); ++i)
+      if (load.operands[i] != iv && defined_inside(load.operands[i], parent)) return false;
+    return true;
+  }
+
+  // Every use of the tile is as an operand of a planned dot: A (K-major) or B (directly: MN-major;
+  // through a trans used only as B: K-major).
+  bool uses_ok(const ir::Op& load, const std::set<const ir::Op*>& dots) const {
+    auto it = users_.find(load.results[0]);
+    if (it == users_.end()) return false;
+    for (auto [user, pos] : it->second) {
+      if (user->kind == OpKind::dot && dots.count(user)) {
+        const WgmmaDot& w = plan_.dots.at(user);
+        if (pos == 0 && w.a_tile == &load) continue;
+        if (pos == 1 && w.b_tile == &load && w.b_mn_major) continue;
+        return false;
+      }
+      if (user->kind != OpKind::trans) return false;
+      auto t = users_.find(user->results[0]);
+      if (t == users_.end()) return false;
+      for (auto [u2, p2] : t->second)
+        if (!(u2->kind == OpKind::dot && dots.count(u2) && p2 == 1 && plan_.dots.at(u2).b_tile == &load &&
+              !plan_.dots.at(u2).b_mn_major))
+          return false;
+    }
+    return true;
+  }
+
+  // Shared-memory placement: tiles loaded once, then each ring's stages, then the mbarriers.
+  void place() {
+    for (const auto& [d, w] : plan_.dots)
+      for (const ir::Op* t : {w.a_tile, w.b_tile})
+        if (t && !plan_.tiles.count(t)) plan_.tiles[t] = describe(*t);
+    const std::vector<const ir::Op*> tiles = in_order(plan_.tiles);
+    int64_t at = 0, barrier_bytes = 0;
+    for (const ir::Op* op : tiles) {
+      SmemTile& t = plan_.tiles.at(op);
+      if (t.ring) {
+        SmemRing& r = plan_.rings[t.ring];
+        r.loop = t.ring;
+        t.offset = r.stage_bytes;
+        r.stage_bytes += align_up(t.bytes(), 1024);
+        r.loads.push_back(op);
+      } else {
+        t.offset = at;
+        at += align_up(t.bytes(), 1024);
+        barrier_bytes += 8;
+      }
+    }
+    const std::vector<const ir::Op*> rings = in_order(plan_.rings);
+    int64_t ring_bytes = 0;
+    for (const ir::Op* loop : rings) {
+      SmemRing& r = plan_.rings.at(loop);
+      r.stages = std::clamp(opts_.stages, 2, 8);
+      ring_bytes += r.stages * r.stage_bytes;
+      barrier_bytes += 16 * r.stages;
+    }
+    // Fewer stages where the rings would not leave room for the rest.
+    for (const ir::Op* loop : rings) {
+      SmemRing& r = plan_.rings.at(loop);
+      while (r.stages > 2 && at + ring_bytes + barrier_bytes > kPersistentBudget) {
+        --r.stages;
+        ring_bytes -= r.stage_bytes;
+        barrier_bytes -= 16;
+      }
+    }
+    for (const ir::Op* loop : rings) {
+      SmemRing& r = plan_.rings.at(loop);
+      r.base = at;
+      at += r.stages * r.stage_bytes;
+    }
+    for (const ir::Op* op : tiles) {
+      SmemTile& t = plan_.tiles.at(op);
+      if (!t.ring) {
+        t.barrier = at;
+        at += 8;
+      }
+    }
+    for (const ir::Op* loop : rings) {
+      SmemRing& r = plan_.rings.at(loop);
+      r.full = at;
+      r.empty = at + 8 * r.stages;
+      at += 16 * r.stages;
+    }
+    plan_.persistent_bytes = align_up(at, 128);
+    plan_.tile_order = tiles;
+    plan_.ring_order = rings;
+  }
+
+  SmemTile describe(const ir::Op& load) const {
+    SmemTile t;
+    t.load = &load;
+    const ir::Param* p = tensor_param(load.operands[0], &t.param_index);
+    const int rank = p->type.rank;
+    const auto& dims = load.ints_attr("dims");
+    const auto& shape = f_.type(load.results[0]).shape;
+    t.row_dim = static_cast<int>(dims[0]);
+    t.rows = shape[0];
+    t.cols = shape[1];
+    t.box.assign(static_cast<size_t>(rank), 1);
+    t.box[0] = 64;
+    t.box[static_cast<size_t>(rank - 1 - t.row_dim)] = t.rows;
+    const ir::Op* parent = parent_.at(&load);
+    if (parent) t.ring = parent;
+    return t;
+  }
+
+  const ir::Function& f_;
+  int warps_;
+  PipelineOptions opts_;
+  const std::set<const ir::Op*>& skip_;
+  std::unordered_map<const ir::Op*, const ir::Op*> parent_;
+  std::unordered_map<const ir::Op*, size_t> order_;
+  std::unordered_map<ir::ValueId, const ir::Op*> def_, region_arg_;
+  std::unordered_map<ir::ValueId, std::vector<std::pair<const ir::Op*, size_t>>> users_;
+  HopperPlan plan_;
+};
+
+}  // namespace
+
+HopperPlan plan_hopper_dots(const ir::Function& f, int num_warps, const std::string& arch, const PipelineOptions& opts,
+                            const std::set<const ir::Op*>& skip) {
+  if (!opts.enabled || arch != "sm_90a" || num_warps % 4 != 0) return {};
+  return Planner(f, num_warps, opts, skip).run();
+}
+
+}  // namespace tilejit::jit

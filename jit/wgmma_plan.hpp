@@ -1,0 +1,66 @@
+// Which dots run on Hopper's warpgroup MMA with operands in shared memory (sm_90a), outside the
+// GEMM K-loop pipeline (tma_pipeline.hpp): the general form attention needs.
+//
+// A dot qualifies when its B operand is a TMA-shaped window load (used directly: B[K, N] is
+// MN-major; or through trans: B^T[N, K] is K-major) and its A operand is either a TMA-shaped
+// K-major window load or any value in registers (wgmma reads A from registers in the layout of its
+// own accumulator, so P = softmax(dot(Q, K^T)) feeds dot(P, V) without moving). Window loads that
+// feed such dots are "shared-memory tiles": never loaded into registers, but copied by TMA into
+// 128-byte-swizzled shared memory, either once (loads outside loops) or through a ring of stages
+// that runs ahead of a loop (loads inside a top-level loop whose offsets are the loop counter or
+// loop-invariant), with full/empty mbarriers per stage.
+#pragma once
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "dsl/ir/function.hpp"
+#include "jit/tma_pipeline.hpp"
+
+namespace tilejit::jit {
+
+// A [rows, cols] window whose cols run along the tensor's contiguous dim; stored as cols/64 chunks
+// of [rows x 64] elements (128-byte rows, 128-byte swizzle), chunk c at offset + c * rows * 128.
+struct SmemTile {
+  const ir::Op* load = nullptr;
+  int param_index = 0;
+  int row_dim = 0;              // the tensor dim of the tile's rows
+  int64_t rows = 0, cols = 0;
+  std::vector<int64_t> box;     // TMA box, innermost dim first: 64, rows along row_dim, 1 elsewhere
+  const ir::Op* ring = nullptr;  // the loop whose ring stages hold it; nullptr: loaded once
+  int64_t offset = 0;           // bytes: from the start of shared memory (once) or of a stage (ring)
+  int64_t barrier = 0;          // once: its mbarrier
+  int64_t bytes() const { return rows * cols * 2; }
+  int64_t chunk_bytes() const { return rows * 128; }
+};
+
+struct SmemRing {
+  const ir::Op* loop = nullptr;
+  int stages = 2;
+  int64_t base = 0, stage_bytes = 0;
+  int64_t full = 0, empty = 0;  // stages mbarriers each, 8 bytes apart
+  std::vector<const ir::Op*> loads;
+};
+
+struct WgmmaDot {
+  const ir::Op* dot = nullptr;
+  const ir::Op* a_tile = nullptr;  // nullptr: A from registers
+  const ir::Op* b_tile = nullptr;
+  bool b_mn_major = false;
+};
+
+struct HopperPlan {
+  std::map<const ir::Op*, WgmmaDot> dots;
+  std::map<const ir::Op*, SmemTile> tiles;  // by block_load
+  std::map<const ir::Op*, SmemRing> rings;  // by for loop
+  std::vector<const ir::Op*> tile_order, ring_order;  // program order (ABI and code order)
+  int64_t persistent_bytes = 0;  // tiles, rings and barriers; scratch exchanges go above
+  bool empty() const { return dots.empty(); }
+};
+
+// `skip`: loops already lowered by the GEMM pipeline. An empty plan where nothing qualifies.
+HopperPlan plan_hopper_dots(const ir::Function& f, int num_warps, const std::string& arch, const PipelineOptions& opts,
+                            const std::set<const ir::Op*>& skip);
+
+}  // namespace tilejit::jit
