@@ -1,5 +1,7 @@
 // Attention forward: for a block of query rows, stream key/value blocks, keep the running row
 // max m, row sum l and output accumulator, rescaling by exp2(m_old - m_new) as the max grows.
+// Variable-length batches (VARLEN) run the same code on views: sequence b is the slice of the
+// packed tokens [cu_seqlens[b], cu_seqlens[b + 1]), and windows are bounds-checked against it.
 #include "kernels/attention.hpp"
 
 #include <cmath>
@@ -15,19 +17,39 @@ const Kernel& attention_forward() {
     auto causal = kb.meta<bool>("CAUSAL", false);
     // BSHD: tensors are [batch, seq, heads, head_dim] (else [batch, heads, seq, head_dim]).
     auto bshd = kb.meta<bool>("BSHD", false);
+    // VARLEN: packed sequences, [total, heads, head_dim], with cumulative offsets per sequence.
+    auto varlen = kb.meta<bool>("VARLEN", false);
+    if (varlen && bshd)
+      kb.fail(Loc::current(), "VARLEN tensors are [total_tokens, heads, head_dim]; BSHD does not apply to them");
     const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
-    auto Q = kb.tensor("Q", T, 4, row_major), K = kb.tensor("K", T, 4, row_major), V = kb.tensor("V", T, 4, row_major);
-    auto O = kb.tensor("O", T, 4, row_major);
-    auto LSE = kb.tensor("LSE", f32, 3, {.contiguous_last = true});  // [batch, heads, seq_q]
+    const int rank = varlen ? 3 : 4;
+    auto Q = kb.tensor("Q", T, rank, row_major), K = kb.tensor("K", T, rank, row_major), V = kb.tensor("V", T, rank, row_major);
+    auto O = kb.tensor("O", T, rank, row_major);
+    auto LSE = kb.tensor("LSE", f32, rank - 1, {.contiguous_last = true});  // [batch, heads, seq_q] or [heads, total_q]
     auto softmax_scale = kb.scalar<float>("softmax_scale");
+    Tile cu_q, cu_k;  // VARLEN: i32[batch + 1] offsets of the sequences in the packed tokens
+    if (varlen) cu_q = kb.pointer("cu_seqlens_q", i32), cu_k = kb.pointer("cu_seqlens_k", i32);
 
-    const int seq_dim = bshd ? 1 : 2, head_dim = bshd ? 2 : 1;
+    const int seq_dim = varlen ? 0 : bshd ? 1 : 2, head_dim = varlen ? 1 : bshd ? 2 : 1;
     auto m0 = program_id(0) * BM, h = program_id(1), b = program_id(2);
-    auto S_q = Q.size(seq_dim), S_k = K.size(seq_dim);
+    // Sequence b of each tensor: the tensor itself, or with VARLEN the view of its tokens
+    // [cu[b], cu[b + 1]) along `dim` (i32 offsets, B + 1 of them).
+    auto sequence_of = [&](const Tile& cu) {
+      Tile start = load(cu + b), length = load(cu + (b + 1)) - start;
+      return [=](const Tensor& t, int dim) { return t.slice(dim, start, length); };
+    };
+    Tensor Qs = Q, Ks = K, Vs = V, Os = O, LSEs = LSE;
+    if (varlen) {
+      auto q_seq = sequence_of(cu_q), k_seq = sequence_of(cu_k);
+      Qs = q_seq(Q, 0), Os = q_seq(O, 0), LSEs = q_seq(LSE, 1), Ks = k_seq(K, 0), Vs = k_seq(V, 0);
+    }
+    auto S_q = Qs.size(seq_dim), S_k = Ks.size(seq_dim);
     // grouped-query attention: query heads h of one group share key/value head h / group
     auto kv_h = h / (Q.size(head_dim) / K.size(head_dim));
-    // a window of rows [s0, s0 + n) of head `hh` in either layout
+    // the per-(batch, head) windows: rows [s0, s0 + n) of head `hh` in each layout (LSE: [n])
     auto rows_of = [&](const Tensor& t, const Tile& hh, const Operand& s0, int64_t n) {
+      if (t.rank() == rank - 1) return varlen ? t.block({hh, s0}, {n}) : t.block({b, hh, s0}, {n});
+      if (varlen) return t.block({s0, hh, 0}, {n, D}, {0, 2});
       return bshd ? t.block({b, s0, hh, 0}, {n, D}, {1, 3}) : t.block({b, hh, s0, 0}, {n, D}, {2, 3});
     };
     auto rows = m0 + arange(0, BM);
@@ -36,13 +58,15 @@ const Kernel& attention_forward() {
     // S_q != S_k): row i sees keys j <= i + (S_k - S_q).
     auto diag = S_k - S_q;
 
-    auto q = load(rows_of(Q, h, m0, BM));
+    auto q = load(rows_of(Qs, h, m0, BM));
     Var acc = zeros(f32, {BM, D});
     Var m = full(f32, {BM}, -INFINITY);  // running row max (log2 units)
     Var l = zeros(f32, {BM});            // running row sum of exp2
     Tile n_end = causal ? minimum(S_k, m0 + BM + diag) : S_k;
+    // a program past its (shorter) sequence's end reads no key; its stores fall outside the view
+    if (varlen) n_end = where(m0 < S_q, n_end, 0);
     for_range(0, n_end, BN, [&](Tile n0) {
-      auto s = dot(q, trans(load(rows_of(K, kv_h, n0, BN)))) * qk_scale;
+      auto s = dot(q, trans(load(rows_of(Ks, kv_h, n0, BN)))) * qk_scale;
       auto cols = n0 + arange(0, BN);
       Tile valid = cols[row] < S_k;
       if (causal) valid = valid & (cols[row] <= rows[col] + diag);
@@ -53,13 +77,13 @@ const Kernel& attention_forward() {
       auto p = exp2(s - m_use[col]);
       auto alpha = exp2(m - m_use);
       l = l * alpha + sum(p, 1);
-      acc = acc * alpha[col] + dot(cast(T, p), load(rows_of(V, kv_h, n0, BN)));
+      acc = acc * alpha[col] + dot(cast(T, p), load(rows_of(Vs, kv_h, n0, BN)));
       m = m_new;
     });
-    // A row that sees no key (causal with S_q > S_k) outputs 0 and LSE = -inf.
+    // A row that sees no key (causal with S_q > S_k, or S_k = 0) outputs 0 and LSE = -inf.
     auto seen = l > 0.0f;
-    store(rows_of(O, h, m0, BM), cast(T, where(seen[col], acc / l[col], 0.0f)));
-    store(LSE.block({b, h, m0}, {BM}), where(seen, (m + log2(l)) * 0.6931471805599453, -INFINITY));  // natural log
+    store(rows_of(Os, h, m0, BM), cast(T, where(seen[col], acc / l[col], 0.0f)));
+    store(rows_of(LSEs, h, m0, BM), where(seen, (m + log2(l)) * 0.6931471805599453, -INFINITY));  // natural log
   });
   return k;
 }

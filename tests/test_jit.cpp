@@ -39,6 +39,7 @@ std::vector<Case> all_kernels() {
   for (bool causal : {false, true})
     cases.push_back({fmt::format("attention causal={}", causal), kernels::attention_forward().build({{"CAUSAL", causal}}), 4, false});
   cases.push_back({"attention D128", kernels::attention_forward().build({{"HEAD_DIM", 128}}), 4, false});
+  cases.push_back({"attention varlen causal", kernels::attention_forward().build({{"CAUSAL", true}, {"VARLEN", true}}), 4, false});
   cases.push_back({"segments (Tensor::slice)", test_kernels::segments.build()});
   return cases;
 }

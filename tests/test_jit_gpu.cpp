@@ -201,6 +201,29 @@ TEST_CASE("gpu: Tensor::slice views with offsets from memory: clipped windows, p
   check_against_interpreter(test_kernels::segments.build(), {B}, {&x, &y, &z, &w, &c, int64_t{3}}, 1e-5, {}, true);
 }
 
+TEST_CASE("gpu: varlen attention forward (packed sequences, lengths 0 and 1, S_q != S_k, GQA)") {
+  if (!have_gpu()) return;
+  const std::vector<int> lq{0, 1, 70, 129, 5, 64}, lk{3, 0, 130, 64, 1, 64};
+  const int B = static_cast<int>(lq.size()), Hq = 4, Hkv = 2, D = 64;
+  HostTensor cq(i32, {B + 1}), ck(i32, {B + 1});
+  int tq = 0, tk = 0;
+  for (int b = 0; b <= B; ++b) {
+    cq.set({b}, tq);
+    ck.set({b}, tk);
+    if (b < B) tq += lq[static_cast<size_t>(b)], tk += lk[static_cast<size_t>(b)];
+  }
+  for (bool causal : {false, true}) {
+    INFO("causal=" << causal);
+    HostTensor q(bf16, {tq + 3, Hq, D}), k(bf16, {tk + 3, Hkv, D}), v(bf16, {tk + 3, Hkv, D}), o(bf16, {tq + 3, Hq, D});
+    HostTensor lse(f32, {Hq, tq + 3});
+    q.fill_normal(1, 0, 1);
+    k.fill_normal(2, 0, 1);
+    v.fill_normal(3, 0, 1);
+    auto fn = kernels::attention_forward().build({{"CAUSAL", causal}, {"VARLEN", true}});
+    check_against_interpreter(fn, {cdiv(129, 64), Hq, B}, {&q, &k, &v, &o, &lse, 1.0 / std::sqrt(double(D)), &cq, &ck}, 1e-2);
+  }
+}
+
 TEST_CASE("gpu: reductions across registers, lanes and warps; loops and ifs") {
   if (!have_gpu()) return;
   for (int warps : {1, 2, 4, 8}) {
