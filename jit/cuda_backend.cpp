@@ -886,6 +886,10 @@ class Printer {
                          "[%4];\"\n{}    :: \"r\"({}), \"l\"({}), \"r\"({}), \"r\"({}), \"r\"({}) : \"memory\");",
                          indent(), u32(a(0)), n(a(1)), u32(a(2)), u32(a(3)), u32(a(4))));
         return;
+      case Op::mbar_inval:
+        check_args(in, 1, 1);
+        line(fmt::format("asm volatile(\"mbarrier.inval.shared::cta.b64 [%0];\" :: \"r\"({}) : \"memory\");", u32(a(0))));
+        return;
       case Op::tma_load: {
         const auto rank = static_cast<size_t>(in.imm);
         if (rank < 1 || rank > 5) fail(fmt::format("tma_load: rank {} is not in [1, 5]", rank));

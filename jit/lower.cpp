@@ -53,14 +53,23 @@ class Lowerer {
     hopper_init();
     block(f_.body);
     out_.smem_bytes = smem_bytes_;
+    // The largest dynamic shared memory a block may have on sm_80/sm_90 (227 KB): a larger kernel
+    // would only fail at launch.
+    constexpr int64_t kMaxSmem = 227 * 1024;
+    if (smem_bytes_ > kMaxSmem) {
+      const HopperPlan& h = plan_.hopper;
+      fail(nullptr, fmt::format("needs {} B of shared memory ({} B of TMA tiles and stages, the rest for exchanges between "
+                                "layouts); at most {} B fit on one multiprocessor: use smaller blocks or fewer stages",
+                                smem_bytes_, h.persistent_bytes, kMaxSmem));
+    }
     return std::move(out_);
   }
 
  private:
   // ---------------------------------------------------------------- emission helpers
   [[noreturn]] void fail(const ir::Op* op, const std::string& msg) const {
-    throw LoweringError(fmt::format("tilejit: kernel '{}': {}{}: {}", f_.name, op ? std::string(ir::op_name(op->kind)) : "",
-                                    op ? fmt::format(" at {}", op->loc.str()) : "", msg));
+    if (!op) throw LoweringError(fmt::format("tilejit: kernel '{}': {}", f_.name, msg));
+    throw LoweringError(fmt::format("tilejit: kernel '{}': {} at {}: {}", f_.name, ir::op_name(op->kind), op->loc.str(), msg));
   }
 
   V emit(Op op, pir::Ty ty, std::vector<V> args, int64_t imm = 0, double fimm = 0) {
@@ -1064,6 +1073,7 @@ class Lowerer {
     }
     loop.regions.push_back(std::move(pb));
     blocks_.back()->insts.push_back(std::move(loop));
+    if (ring && ring->rerun) reset_ring(*ring);
     for (size_t i = 0; i < op.results.size(); ++i) bind(op.results[i], lay[i], res[i]);
   }
 
@@ -1281,12 +1291,27 @@ class Lowerer {
     pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
       for (const ir::Op* op : h.tile_order)
         if (const SmemTile& t = h.tiles.at(op); !t.ring) emit0(Op::mbar_init, {smem_at(t.barrier), ci32(1)});
-      for (const ir::Op* loop : h.ring_order)
-        for (int s = 0; s < h.rings.at(loop).stages; ++s) {
-          const SmemRing& r = h.rings.at(loop);
-          emit0(Op::mbar_init, {smem_at(r.full + 8 * s), ci32(1)});
-          emit0(Op::mbar_init, {smem_at(r.empty + 8 * s), ci32(plan_.num_warps)});
-        }
+      for (const ir::Op* loop : h.ring_order) init_ring_barriers(h.rings.at(loop));
+      emit0(Op::fence_mbar_init, {});
+    });
+    emit0(Op::barrier, {});
+  }
+  void init_ring_barriers(const SmemRing& r) {
+    for (int s = 0; s < r.stages; ++s) {
+      emit0(Op::mbar_init, {smem_at(r.full + 8 * s), ci32(1)});
+      emit0(Op::mbar_init, {smem_at(r.empty + 8 * s), ci32(plan_.num_warps)});
+    }
+  }
+  // After a run of a ring loop that may run again: every copy has landed and every warp is past
+  // the loop, so the barriers are reset to phase 0 for the next run.
+  void reset_ring(const SmemRing& r) {
+    emit0(Op::barrier, {});
+    pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
+      for (int s = 0; s < r.stages; ++s) {
+        emit0(Op::mbar_inval, {smem_at(r.full + 8 * s)});
+        emit0(Op::mbar_inval, {smem_at(r.empty + 8 * s)});
+      }
+      init_ring_barriers(r);
       emit0(Op::fence_mbar_init, {});
     });
     emit0(Op::barrier, {});

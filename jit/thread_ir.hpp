@@ -54,6 +54,7 @@ enum class Op : uint8_t {
   mbar_expect_tx,     // (addr, i32 bytes): arrive and expect that many bytes of async copies
   mbar_arrive,        // (addr)
   mbar_wait,          // (addr, i32 parity): until the phase with this parity has completed
+  mbar_inval,         // (addr): before the barrier's memory is initialised again
   tma_load_2d,        // (dst addr, tensor-map pointer, i32 c0 (innermost), i32 c1, mbar addr)
   fence_mbar_init,    // make barrier initialisation visible to the async proxy
   fence_proxy_async,  // order generic-proxy shared writes before async-proxy reads

@@ -122,7 +122,7 @@ class Planner {
 
   // A zero-padded window of a 16-byte-aligned tensor with unit innermost stride, whose tile cols run
   // along that innermost dim in whole 128-byte chunks, placed where a TMA copy can be issued: at the
-  // top level (once) or directly in a top-level loop with offsets that are the counter or invariant.
+  // top level (once) or directly in a loop with offsets that are its counter or invariant in it.
   bool tile_ok(const ir::Op& load, const std::set<const ir::Op*>& banned) const {
     if (load.kind != OpKind::block_load || banned.count(&load)) return false;
     int index = 0;
@@ -135,7 +135,7 @@ class Planner {
     if (shape[0] > 256 || shape[0] % 8 != 0 || shape[1] % 64 != 0) return false;
     const ir::Op* parent = parent_.at(&load);
     if (!parent) return true;
-    if (parent->kind != OpKind::for_ || parent_.at(parent) || skip_.count(parent)) return false;
+    if (parent->kind != OpKind::for_ || skip_.count(parent)) return false;
     ir::ValueId iv = parent->regions[0].args[0];
     for (size_t i = 1; i < load.operands.size(); ++i)
       if (load.operands[i] != iv && defined_inside(load.operands[i], parent)) return false;
@@ -177,6 +177,7 @@ class Planner {
       if (t.ring) {
         SmemRing& r = plan_.rings[t.ring];
         r.loop = t.ring;
+        r.rerun = parent_.at(t.ring) != nullptr;
         t.offset = r.stage_bytes;
         r.stage_bytes += align_up(t.bytes(), 1024);
         r.loads.push_back(op);

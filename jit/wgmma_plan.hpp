@@ -7,8 +7,8 @@
 // own accumulator, so P = softmax(dot(Q, K^T)) feeds dot(P, V) without moving). Window loads that
 // feed such dots are "shared-memory tiles": never loaded into registers, but copied by TMA into
 // 128-byte-swizzled shared memory, either once (loads outside loops) or through a ring of stages
-// that runs ahead of a loop (loads inside a top-level loop whose offsets are the loop counter or
-// loop-invariant), with full/empty mbarriers per stage.
+// that runs ahead of a loop (loads directly in a loop, at any depth, whose offsets are the loop
+// counter or invariant in that loop), with full/empty mbarriers per stage.
 #pragma once
 #include <map>
 #include <set>
@@ -40,6 +40,9 @@ struct SmemRing {
   int stages = 2;
   int64_t base = 0, stage_bytes = 0;
   int64_t full = 0, empty = 0;  // stages mbarriers each, 8 bytes apart
+  // The loop sits inside another loop (or an if): its barriers are reset after each run, so that
+  // every run starts at phase 0.
+  bool rerun = false;
   std::vector<const ir::Op*> loads;
 };
 

@@ -53,8 +53,10 @@ struct Schedule {
 enum class Pass { forward, bwd_preprocess, bwd_dkdv, bwd_dq };
 const char* name(Pass p);  // the kernel's name: "attention_fwd", "attention_bwd_dq", ...
 
-// The one table of default schedules, per pass, dtype, head dim and mask.
-Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal);
+// The one table of default schedules, per pass, dtype, head dim, mask and varlen. The dense
+// forward runs on the Hopper wgmma path (128-row blocks over two warpgroups, a 2-stage K/V ring);
+// varlen windows are tensor slices, which take the generic path with smaller tiles.
+Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal, bool varlen = false);
 
 struct Options {
   // Multiplies QK^T before the softmax; unset: 1 / sqrt(head_dim). Must be finite.

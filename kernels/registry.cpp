@@ -11,7 +11,8 @@ const std::vector<LibraryKernel>& library() {
   static const std::vector<LibraryKernel> all{
       {"gemm", &gemm, "C = A @ B, bf16/f16 in, f32 accumulate (TMA + wgmma pipeline when K-major on sm_90a)",
        {{"BLOCK_M", 128}, {"BLOCK_N", 256}, {"BLOCK_K", 64}, {"B_KMAJOR", true}, {"GROUP_M", 8}}, 8, 4},
-      {"attention_fwd", &attention_forward, "FlashAttention forward with online softmax, optional causal mask", {}, 4, 3},
+      {"attention_fwd", &attention_forward, "FlashAttention forward with online softmax, optional causal mask",
+       {{"BLOCK_M", 128}, {"BLOCK_N", 128}}, 8, 2},
       {"attention_bwd_preprocess", &attention_backward_preprocess, "attention backward, step 1: Delta = rowsum(dO * O)", {}, 4, 3},
       {"attention_bwd_dkdv", &attention_backward_dkdv, "attention backward: dK, dV per key block, summed over the GQA group (no atomics)", {}, 8, 3},
       {"attention_bwd_dq", &attention_backward_dq, "attention backward: dQ per query block (no atomics)", {}, 4, 3},

@@ -96,7 +96,8 @@ TEST_CASE("the K-major GEMM on sm_90a is a TMA + wgmma pipeline: wgmma.mma_async
 TEST_CASE("dot lowers to mma.sync for 16-bit operands and to FMA otherwise") {
   jit::CompileOptions o;
   o.make_cubin = false;
-  auto k = jit::compile(kernels::gemm().build({{"BLOCK_K", 32}}), o);  // BLOCK_K 32: not the TMA pipeline
+  o.arch = "sm_80";  // before Hopper: no wgmma, no TMA
+  auto k = jit::compile(kernels::gemm().build({{"BLOCK_K", 32}}), o);
   CHECK(k.ptx.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") != std::string::npos);
   Kernel f32dot = kernel("f32dot", [](Builder& b) {
     auto A = b.tensor("A", f32, 2), C = b.tensor("C", f32, 2);

@@ -1,5 +1,5 @@
 // The Hopper wgmma planner (jit/wgmma_plan): which dots run as wgmma with shared-memory tiles, which
-// window loads become TMA copies (once, or through a ring of stages ahead of a top-level loop),
+// window loads become TMA copies (once, or through a ring of stages ahead of a loop),
 // the fallbacks, and the shared-memory placement. Then the library's attention forward, compiled
 // for sm_90a through both backends, must use it (wgmma with A from shared memory and from
 // registers, 4-d TMA copies, mbarrier waits) and assemble without spills. Needs no GPU; the
@@ -18,6 +18,7 @@
 #include "jit/nvrtc.hpp"
 #include "jit/ptx_compiler.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/attention_backward.hpp"
 
 using namespace tilejit;
 using namespace tilejit::lang;
@@ -301,17 +302,16 @@ TEST_CASE("wgmma plan: a window at an offset computed in its loop, or under an i
 
 // (At e4f1393 a window in a nested loop is not a tile; work in progress gives the inner loop a ring
 // that is reset after each run. Either way no ring runs ahead of the outer loop.)
-TEST_CASE("wgmma plan: a window in a nested loop never rides the outer loop's ring") {
+TEST_CASE("wgmma plan: a window in a nested loop rides the inner loop's ring, never the outer loop's") {
   auto p = plan_of(k_in_loop, {{"WHERE", 0}});
   const auto loops = ops_of(p->fn, ir::OpKind::for_);
   REQUIRE(loops.size() == 2);
   CHECK(p->hopper().rings.count(loops[0]) == 0);
-  if (const jit::SmemTile* kt = tile_of(*p, "K")) {
-    CHECK(kt->ring == loops[1]);
-    CHECK(p->hopper().dots.size() == 1);
-  } else {
-    CHECK(p->hopper().empty());
-  }
+  const jit::SmemTile* kt = tile_of(*p, "K");
+  REQUIRE(kt);
+  CHECK(kt->ring == loops[1]);
+  CHECK(p->hopper().dots.size() == 1);
+  CHECK(p->hopper().rings.at(loops[1]).rerun);  // reset after each run of the inner loop
   check_placement(p->hopper());
 }
 
@@ -475,4 +475,23 @@ TEST_CASE("attention forward on sm_90a: wgmma (A from shared memory and register
                           jit::to_string(backend), smem_a, reg_a, k.smem_bytes, k.info.to_string()));
     }
   }
+}
+
+TEST_CASE("wgmma plan: a nested loop gets its own ring, reset after each run; tiles beyond shared memory are a clear error") {
+  // attention_bwd_dkdv loops over the query heads of a group, then over query blocks: the inner
+  // loop's Q and dO windows ride a ring that is reset (barriers re-initialised) after each run.
+  jit::CompileOptions o;
+  o.make_cubin = false;
+  o.num_warps = 8;
+  o.pipeline.stages = 2;
+  auto dkdv = kernels::attention_backward_dkdv().build({{"HEAD_DIM", 128}, {"BLOCK_N", 128}, {"BLOCK_M", 64}});
+  jit::CompiledKernel k = jit::compile(dkdv, o);
+  CHECK(k.ptx.find("wgmma.mma_async") != std::string::npos);
+  CHECK(k.ptx.find("mma.sync") == std::string::npos);
+  CHECK(k.ptx.find("mbarrier.inval.shared::cta.b64") != std::string::npos);
+  CHECK(k.ptx.find("cp.async.bulk.tensor.4d") != std::string::npos);
+  // 128x128 tiles at D = 256 with two stages need 320 KB: an error at compile time, not at launch.
+  auto big = kernels::attention_forward().build({{"HEAD_DIM", 256}, {"BLOCK_M", 128}, {"BLOCK_N", 128}});
+  CHECK_THROWS_WITH_AS(jit::compile(big, o),
+                       doctest::Contains("needs 327808 B of shared memory"), jit::LoweringError);
 }
