@@ -886,6 +886,12 @@ class Printer {
                          "[%4];\"\n{}    :: \"r\"({}), \"l\"({}), \"r\"({}), \"r\"({}), \"r\"({}) : \"memory\");",
                          indent(), u32(a(0)), n(a(1)), u32(a(2)), u32(a(3)), u32(a(4))));
         return;
+      case Op::atom_shared:
+        check_args(in, 2, 2);
+        declare(in.results[0]);
+        line(fmt::format("asm volatile(\"atom.acq_rel.cta.shared::cta.{} %0, [%1], %2;\" : \"=r\"(v{}) : \"r\"({}), \"r\"({}) : \"memory\");",
+                         in.imm ? "exch.b32" : "add.u32", in.results[0], u32(a(0)), u32(a(1))));
+        return;
       case Op::mbar_inval:
         check_args(in, 1, 1);
         line(fmt::format("asm volatile(\"mbarrier.inval.shared::cta.b64 [%0];\" :: \"r\"({}) : \"memory\");", u32(a(0))));

@@ -494,6 +494,11 @@ class Emitter {
                  "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1, {$2, $3}], [$4];",
                  "r,l,r,r,r,~{memory}", {a(0), a(1), a(2), a(3), a(4)}, true);
         return;
+      case Op::atom_shared:
+        set(in.results[0], asm_call(b_.getInt32Ty(),
+                                    fmt::format("atom.acq_rel.cta.shared::cta.{} $0, [$1], $2;", in.imm ? "exch.b32" : "add.u32"),
+                                    "=r,r,r,~{memory}", {a(0), a(1)}, true));
+        return;
       case Op::mbar_inval: asm_call(b_.getVoidTy(), "mbarrier.inval.shared::cta.b64 [$0];", "r,~{memory}", {a(0)}, true); return;
       case Op::tma_load: {
         const auto rank = static_cast<size_t>(in.imm);

@@ -1296,10 +1296,10 @@ class Lowerer {
     });
     emit0(Op::barrier, {});
   }
-  void init_ring_barriers(const SmemRing& r) {
+  void init_ring_barriers(const SmemRing& r, bool counters = true) {
     for (int s = 0; s < r.stages; ++s) {
       emit0(Op::mbar_init, {smem_at(r.full + 8 * s), ci32(1)});
-      emit0(Op::mbar_init, {smem_at(r.empty + 8 * s), ci32(plan_.num_warps)});
+      if (counters) emit(Op::atom_shared, pir::scalar(DType::u32), {smem_at(r.released + 8 * s), cint(DType::u32, 0)}, 1);
     }
   }
   // After a run of a ring loop that may run again: every copy has landed and every warp is past
@@ -1307,11 +1307,8 @@ class Lowerer {
   void reset_ring(const SmemRing& r) {
     emit0(Op::barrier, {});
     pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
-      for (int s = 0; s < r.stages; ++s) {
-        emit0(Op::mbar_inval, {smem_at(r.full + 8 * s)});
-        emit0(Op::mbar_inval, {smem_at(r.empty + 8 * s)});
-      }
-      init_ring_barriers(r);
+      for (int s = 0; s < r.stages; ++s) emit0(Op::mbar_inval, {smem_at(r.full + 8 * s)});
+      init_ring_barriers(r, /*counters=*/false);  // each run leaves them at a multiple of the warp count
       emit0(Op::fence_mbar_init, {});
     });
     emit0(Op::barrier, {});
@@ -1363,7 +1360,8 @@ class Lowerer {
   }
 
   struct RingState {
-    V lb, step, trips, stage;  // stage: the current iteration's, inside the body
+    V lb, step, trips;
+    V iter = 0, stage = 0;  // inside the body: the iteration (from 0) and its stage
   };
 
   V ring_stage_addr(const SmemRing& r, V stage, int64_t offset) {
@@ -1398,33 +1396,30 @@ class Lowerer {
     rings_[&loop] = st;
   }
 
-  // Top of iteration i: thread 0 refills the stage iteration i-1 used (once every warp released
-  // it) with iteration i-1+S; then everyone waits for iteration i's tiles.
+  // Top of iteration i: wait for its tiles.
   void ring_top(const ir::Op& loop, const SmemRing& r, V iv) {
     RingState& st = rings_.at(&loop);
     const int S = r.stages;
-    V i = bin(Op::div, bin(Op::sub, cast(iv, DType::i32), st.lb), st.step);
-    pir_if(land(cmp(pir::Pred::eq, tid_, ci32(0)), cmp(pir::Pred::ge, i, ci32(1))), [&] {
-      V prev = bin(Op::sub, i, ci32(1));
-      V j = bin(Op::add, prev, ci32(S));
-      pir_if(cmp(pir::Pred::lt, j, st.trips), [&] {
-        V ps = bin(Op::rem, prev, ci32(S));
-        V empty = bin(Op::add, smem_at(r.empty), cast(bin(Op::mul, ps, ci32(8)), DType::u32));
-        emit0(Op::mbar_wait, {empty, bin(Op::bit_and, bin(Op::div, prev, ci32(S)), ci32(1))});
-        ring_issue(loop, r, st, j, ps);
-      });
-    });
-    st.stage = bin(Op::rem, i, ci32(S));
+    st.iter = bin(Op::div, bin(Op::sub, cast(iv, DType::i32), st.lb), st.step);
+    st.stage = bin(Op::rem, st.iter, ci32(S));
     V full = bin(Op::add, smem_at(r.full), cast(bin(Op::mul, st.stage, ci32(8)), DType::u32));
-    emit0(Op::mbar_wait, {full, bin(Op::bit_and, bin(Op::div, i, ci32(S)), ci32(1))});
+    emit0(Op::mbar_wait, {full, bin(Op::bit_and, bin(Op::div, st.iter, ci32(S)), ci32(1))});
   }
 
-  // End of an iteration: every wgmma that read the stage has completed (each dot waits for its
-  // own group), so each warp releases it.
+  // End of iteration i: every wgmma that read the stage has completed (each dot waits for its own
+  // group). Lane 0 of each warp counts the warp out; the last warp refills the stage with
+  // iteration i + S. Nobody waits for another warp, so warpgroups drift apart freely (one's
+  // softmax overlaps the other's MMAs) within the ring's S iterations.
   void ring_bottom(const SmemRing& r) {
-    V s = rings_.at(r.loop).stage;
-    V empty = bin(Op::add, smem_at(r.empty), cast(bin(Op::mul, s, ci32(8)), DType::u32));
-    pir_if(cmp(pir::Pred::eq, lane_, ci32(0)), [&] { emit0(Op::mbar_arrive, {empty}); });
+    const RingState& st = rings_.at(r.loop);
+    const int W = plan_.num_warps;
+    V counter = bin(Op::add, smem_at(r.released), cast(bin(Op::mul, st.stage, ci32(8)), DType::u32));
+    pir_if(cmp(pir::Pred::eq, lane_, ci32(0)), [&] {
+      V old = emit(Op::atom_shared, pir::scalar(DType::u32), {counter, cint(DType::u32, 1)}, 0);
+      V last = cmp(pir::Pred::eq, bin(Op::rem, old, cint(DType::u32, W)), cint(DType::u32, W - 1));
+      V j = bin(Op::add, st.iter, ci32(r.stages));
+      pir_if(land(last, cmp(pir::Pred::lt, j, st.trips)), [&] { ring_issue(*r.loop, r, st, j, st.stage); });
+    });
   }
 
   // The u32 shared address of a tile in the current iteration (ring) or its fixed place (once);

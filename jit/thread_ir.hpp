@@ -55,6 +55,8 @@ enum class Op : uint8_t {
   mbar_arrive,        // (addr)
   mbar_wait,          // (addr, i32 parity): until the phase with this parity has completed
   mbar_inval,         // (addr): before the barrier's memory is initialised again
+  // (u32 shared address, u32 value) -> u32 old: atom.acq_rel.cta.shared::cta; imm 0 = add, 1 = exch
+  atom_shared,
   tma_load_2d,        // (dst addr, tensor-map pointer, i32 c0 (innermost), i32 c1, mbar addr)
   fence_mbar_init,    // make barrier initialisation visible to the async proxy
   fence_proxy_async,  // order generic-proxy shared writes before async-proxy reads

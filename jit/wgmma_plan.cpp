@@ -219,7 +219,7 @@ class Planner {
     for (const ir::Op* loop : rings) {
       SmemRing& r = plan_.rings.at(loop);
       r.full = at;
-      r.empty = at + 8 * r.stages;
+      r.released = at + 8 * r.stages;
       at += 16 * r.stages;
     }
     plan_.persistent_bytes = align_up(at, 128);

@@ -8,7 +8,8 @@
 // feed such dots are "shared-memory tiles": never loaded into registers, but copied by TMA into
 // 128-byte-swizzled shared memory, either once (loads outside loops) or through a ring of stages
 // that runs ahead of a loop (loads directly in a loop, at any depth, whose offsets are the loop
-// counter or invariant in that loop), with full/empty mbarriers per stage.
+// counter or invariant in that loop): per stage a full mbarrier (TMA bytes landed) and a release
+// counter (the last warp done with a stage refills it, so no warp waits for another).
 #pragma once
 #include <map>
 #include <set>
@@ -39,9 +40,10 @@ struct SmemRing {
   const ir::Op* loop = nullptr;
   int stages = 2;
   int64_t base = 0, stage_bytes = 0;
-  int64_t full = 0, empty = 0;  // stages mbarriers each, 8 bytes apart
+  int64_t full = 0;      // stages mbarriers, 8 bytes apart
+  int64_t released = 0;  // stages u32 counters, 8 bytes apart: warps done with the stage, ever
   // The loop sits inside another loop (or an if): its barriers are reset after each run, so that
-  // every run starts at phase 0.
+  // every run starts at phase 0 (the counters end each run at a multiple of the warp count).
   bool rerun = false;
   std::vector<const ir::Op*> loads;
 };

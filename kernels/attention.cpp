@@ -77,7 +77,8 @@ const Kernel& attention_forward() {
       auto p = exp2(s - m_use[col]);
       auto alpha = exp2(m - m_use);
       l = l * alpha + sum(p, 1);
-      acc = acc * alpha[col] + dot(cast(T, p), load(rows_of(Vs, kv_h, n0, BN)));
+      // rescale, then accumulate P V onto it (the MMA's own accumulator: no separate add)
+      acc = dot(cast(T, p), load(rows_of(Vs, kv_h, n0, BN)), acc * alpha[col]);
       m = m_new;
     });
     // A row that sees no key (causal with S_q > S_k, or S_k = 0) outputs 0 and LSE = -inf.

@@ -159,8 +159,8 @@ void check_placement(const jit::HopperPlan& h) {
     if (!h.tiles.at(op).ring) barriers.push_back(h.tiles.at(op).barrier);
   for (const ir::Op* loop : h.ring_order) {
     const jit::SmemRing& r = h.rings.at(loop);
-    CHECK(r.empty == r.full + 8 * r.stages);
-    for (int s = 0; s < r.stages; ++s) barriers.push_back(r.full + 8 * s), barriers.push_back(r.empty + 8 * s);
+    CHECK(r.released == r.full + 8 * r.stages);
+    for (int s = 0; s < r.stages; ++s) barriers.push_back(r.full + 8 * s), barriers.push_back(r.released + 8 * s);
   }
   std::sort(barriers.begin(), barriers.end());
   for (size_t i = 0; i < barriers.size(); ++i) {
@@ -183,7 +183,7 @@ std::vector<int64_t> placement_numbers(const Planned& p) {
   }
   for (const ir::Op* loop : h.ring_order) {
     const jit::SmemRing& r = h.rings.at(loop);
-    v.insert(v.end(), {r.stages, r.base, r.stage_bytes, r.full, r.empty, static_cast<int64_t>(r.loads.size())});
+    v.insert(v.end(), {r.stages, r.base, r.stage_bytes, r.full, r.released, static_cast<int64_t>(r.loads.size())});
   }
   return v;
 }
