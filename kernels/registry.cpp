@@ -14,8 +14,9 @@ const std::vector<LibraryKernel>& library() {
       {"attention_fwd", &attention_forward, "FlashAttention forward with online softmax, optional causal mask",
        {{"BLOCK_M", 128}, {"BLOCK_N", 128}}, 8, 2},
       {"attention_bwd_preprocess", &attention_backward_preprocess, "attention backward, step 1: Delta = rowsum(dO * O)", {}, 4, 3},
-      {"attention_bwd_dkdv", &attention_backward_dkdv, "attention backward: dK, dV per key block, summed over the GQA group (no atomics)", {}, 8, 3},
-      {"attention_bwd_dq", &attention_backward_dq, "attention backward: dQ per query block (no atomics)", {}, 4, 3},
+      {"attention_bwd_dkdv", &attention_backward_dkdv, "attention backward: dK, dV per key block, summed over the GQA group (no atomics)",
+       {{"BLOCK_M", 64}, {"BLOCK_N", 128}}, 8, 2},
+      {"attention_bwd_dq", &attention_backward_dq, "attention backward: dQ per query block (no atomics)", {{"BLOCK_M", 128}, {"BLOCK_N", 64}}, 8, 2},
   };
   return all;
 }
