@@ -5,7 +5,7 @@
 //
 //   attention_bench [--quick] [--reps N]   one line per config:
 //     RESULT dtype=bf16 B=4 S=4096 H=16 D=128 causal=0 fwd_ms=.. fwd_tflops=.. bwd_ms=.. bwd_tflops=..
-//   attention_bench --capabilities         "backward=1 varlen_fwd=0 varlen_bwd=0"
+//   attention_bench --capabilities         "backward=1 varlen_fwd=1 varlen_bwd=1"
 //   attention_bench --check DIR            reads DIR/cases.txt and the inputs, writes the outputs
 #include <fmt/format.h>
 

@@ -65,6 +65,7 @@ def check_cases(caps):
             ("varlen_full", "bf16", 4, 2, 64, False, [17, 100, 1, 257], [100, 17, 64, 257]),
             ("varlen_causal", "f16", 4, 4, 128, True, [100, 257, 33], [300, 100, 33]),
             ("varlen_mqa", "bf16", 8, 1, 64, True, [1, 1000], [17, 1000]),
+            ("varlen_empty_gqa", "bf16", 4, 2, 64, True, [0, 70, 5, 33], [20, 0, 130, 33]),
         ]:
             cases.append(dict(name=n, dtype=t, Hq=hq, Hkv=hk, D=d, causal=causal, scale=None, layout="bshd", varlen=True,
                               lens_q=lq, lens_k=lk))
@@ -87,6 +88,9 @@ def reference(q, k, v, do, causal, scale):
     """float32 [B, H, S, D] inputs (k, v with Hkv heads). Returns O, LSE, dQ, dK, dV (float32)."""
     q, k, v, do = (x.float().cuda() for x in (q, k, v, do))
     Sq, Sk, Hq, Hkv = q.shape[2], k.shape[2], q.shape[1], k.shape[1]
+    if Sq == 0 or Sk == 0:  # an empty varlen sequence: no query or no key; O = 0, LSE = -inf, zero gradients
+        lse = torch.full((q.shape[0], Hq, Sq), float("-inf"), device="cuda")
+        return torch.zeros_like(q), lse, torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
     mask = None
     if causal:  # bottom-right: query i sees keys j <= i + Sk - Sq

@@ -431,8 +431,14 @@ Schedule default_schedule(Pass pass, ir::DType /*dtype*/, int head_dim, bool /*c
     case Pass::bwd_preprocess: return {64, 64, 4, 1};
     // dK/dV: 128 keys per program over two warpgroups, 64 query rows per step (all four dots on
     // wgmma, no spills up to D = 128); D = 256 keeps two f32 [64, 256] accumulators and spills.
-    case Pass::bwd_dkdv: return head_dim >= 256 ? Schedule{32, 64, 4, 2} : Schedule{64, 128, 8, 2};
-    case Pass::bwd_dq: return head_dim >= 256 ? Schedule{64, 64, 4, 2} : Schedule{128, 64, 8, 2};
+    // Varlen windows are tensor slices, which never take the Hopper wgmma path: the generic
+    // path's schedules for both gradient passes.
+    case Pass::bwd_dkdv:
+      if (varlen) return {64, 64, 8, 2};
+      return head_dim >= 256 ? Schedule{32, 64, 4, 2} : Schedule{64, 128, 8, 2};
+    case Pass::bwd_dq:
+      if (varlen) return {64, 64, 4, 2};
+      return head_dim >= 256 ? Schedule{64, 64, 4, 2} : Schedule{128, 64, 8, 2};
   }
   return {};
 }

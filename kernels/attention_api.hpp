@@ -55,7 +55,8 @@ const char* name(Pass p);  // the kernel's name: "attention_fwd", "attention_bwd
 
 // The one table of default schedules, per pass, dtype, head dim, mask and varlen. The dense
 // forward runs on the Hopper wgmma path (128-row blocks over two warpgroups, a 2-stage K/V ring);
-// varlen windows are tensor slices, which take the generic path with smaller tiles.
+// varlen windows are tensor slices, which take the generic path with smaller tiles (forward and
+// backward).
 Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal, bool varlen = false);
 
 struct Options {
@@ -99,7 +100,8 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
 void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_,
               const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts = {},
               CUstream stream = nullptr, Workspace workspace = {});
-// Bytes the backward's workspace needs for this q (and opts): 4 * B * Hq * S_q rounded up to 256.
+// Bytes the backward's workspace needs for this q (and opts): 4 * B * Hq * S_q rounded up to 256
+// (variable-length batches, opts.cu_seqlens_q set and q [total_q, Hq, D]: 4 * Hq * total_q).
 size_t backward_workspace_bytes(const Tensor& q, const Options& opts = {});
 
 // The argument checks of forward/backward alone (no GPU, nothing compiled): what both run first.

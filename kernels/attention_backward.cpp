@@ -2,9 +2,11 @@
 // program per key block accumulates dK and dV over the query heads of its group and the query
 // blocks that see it, and one program per query block accumulates dQ over the key blocks it sees.
 // Both recompute P = exp2(S * scale * log2 e - LSE * log2 e) from the forward's LSE.
+// Variable-length batches (VARLEN) run the same code on per-sequence views (HeadRows).
 #include "kernels/attention_backward.hpp"
 
 #include <cmath>
+#include <utility>
 
 namespace tilejit::kernels {
 
@@ -16,28 +18,58 @@ constexpr double kLog2e = 1.4426950408889634;
 const ParamSpec kRowMajor{.align_bytes = 16, .contiguous_last = true};
 
 // Where the rows of one (batch, head) live: every window the backward kernels read or write comes
-// from here, and so do the sequence lengths. (Variable-length batches change only this.)
+// from here, and so do the sequence lengths. Variable-length batches (VARLEN) change only this:
+// sequence b of each tensor is the view of its packed tokens [cu[b], cu[b + 1]) (Tensor::slice),
+// and windows are bounds-checked against it, as in the forward.
 struct HeadRows {
-  Tile b;  // the batch
+  Tile b;  // the batch (the sequence, with VARLEN)
   int64_t D;
-  bool bshd;  // tensors are [batch, seq, heads, head_dim] (else [batch, heads, seq, head_dim])
+  bool bshd;    // tensors are [batch, seq, heads, head_dim] (else [batch, heads, seq, head_dim])
+  bool varlen;  // tensors are [total, heads, head_dim], statistics [heads, total]
+  Tile q_start, q_len, k_start, k_len;  // VARLEN: sequence b's tokens on the query and key side
 
-  int seq_dim() const { return bshd ? 1 : 2; }
-  int head_dim() const { return bshd ? 2 : 1; }
+  // VARLEN: sequence b's offsets from the i32 pointers cu_q (and cu_k, when the kernel has it).
+  HeadRows(Tile batch, int64_t head_dim_, bool bshd_, bool varlen_, const Tile& cu_q = {}, const Tile& cu_k = {})
+      : b(std::move(batch)), D(head_dim_), bshd(bshd_), varlen(varlen_) {
+    if (!varlen) return;
+    q_start = load(cu_q + b), q_len = load(cu_q + (b + 1)) - q_start;
+    if (cu_k.valid()) k_start = load(cu_k + b), k_len = load(cu_k + (b + 1)) - k_start;
+  }
+
+  int seq_dim() const { return varlen ? 0 : bshd ? 1 : 2; }
+  int head_dim() const { return varlen ? 1 : bshd ? 2 : 1; }
+  int rank() const { return varlen ? 3 : 4; }  // of Q, K, V and the gradients; statistics: rank() - 1
+  // Sequence b of a query-side tensor (Q, O, dO, dQ, LSE, Delta) or a key-side one (K, V, dK, dV):
+  // the tensor itself, or with VARLEN its view.
+  Tensor queries(const Tensor& t) const { return varlen ? t.slice(t.rank() == rank() ? 0 : 1, q_start, q_len) : t; }
+  Tensor keys(const Tensor& t) const { return varlen ? t.slice(0, k_start, k_len) : t; }
   Tile seq_len(const Tensor& t) const { return t.size(seq_dim()); }
-  // Rows [s0, s0 + n) of head hh: an [n, D] window of a rank-4 tensor in either layout, or [n] of
-  // a [batch, heads, seq] statistics tensor (LSE, Delta).
+  // Rows [s0, s0 + n) of head hh: an [n, D] window of Q, K, V or a gradient in either layout, or
+  // [n] of a statistics tensor (LSE, Delta: [batch, heads, seq] or [heads, total]).
   BlockRef operator()(const Tensor& t, const Operand& hh, const Operand& s0, int64_t n) const {
-    if (t.rank() == 3) return t.block({b, hh, s0}, {n});
+    if (t.rank() == rank() - 1) return varlen ? t.block({hh, s0}, {n}) : t.block({b, hh, s0}, {n});
+    if (varlen) return t.block({s0, hh, 0}, {n, D}, {0, 2});
     return bshd ? t.block({b, s0, hh, 0}, {n, D}, {1, 3}) : t.block({b, hh, s0, 0}, {n, D}, {2, 3});
   }
+  // The end of the loop of a program whose own block starts at `first` in a sequence of `len`:
+  // with VARLEN (programs launched for the longest sequence) 0 once the block lies past the end.
+  Tile unless_past(const Tile& first, const Tile& len, const Tile& end) const { return varlen ? where(first < len, end, 0) : end; }
 };
+
+// The VARLEN meta (refused with BSHD, as in the forward).
+bool varlen_meta(Builder& kb, bool bshd) {
+  const bool varlen = kb.meta<bool>("VARLEN", false);
+  if (varlen && bshd)
+    kb.fail(Loc::current(), "VARLEN tensors are [total_tokens, heads, head_dim]; BSHD does not apply to them");
+  return varlen;
+}
 
 // The meta-parameters and leading parameters (Q, K, V, dO, LSE, Delta) of the dK/dV and dQ kernels.
 struct BackwardParams {
   DType T;
   int64_t BM, BN, D;
-  bool causal, bshd;
+  bool causal, bshd, varlen;
+  int rank;  // of Q, K, V, dO and the gradients (LSE, Delta: rank - 1)
   Tensor Q, K, V, dO, LSE, Delta;
 
   explicit BackwardParams(Builder& kb)
@@ -47,13 +79,25 @@ struct BackwardParams {
         D(kb.meta<int>("HEAD_DIM", 64)),
         causal(kb.meta<bool>("CAUSAL", false)),
         bshd(kb.meta<bool>("BSHD", false)),
-        Q(kb.tensor("Q", T, 4, kRowMajor)),
-        K(kb.tensor("K", T, 4, kRowMajor)),
-        V(kb.tensor("V", T, 4, kRowMajor)),
-        dO(kb.tensor("dO", T, 4, kRowMajor)),
-        LSE(kb.tensor("LSE", f32, 3, {.contiguous_last = true})),
-        Delta(kb.tensor("Delta", f32, 3, {.contiguous_last = true})) {}
+        varlen(varlen_meta(kb, bshd)),
+        rank(varlen ? 3 : 4),
+        Q(kb.tensor("Q", T, rank, kRowMajor)),
+        K(kb.tensor("K", T, rank, kRowMajor)),
+        V(kb.tensor("V", T, rank, kRowMajor)),
+        dO(kb.tensor("dO", T, rank, kRowMajor)),
+        LSE(kb.tensor("LSE", f32, rank - 1, {.contiguous_last = true})),
+        Delta(kb.tensor("Delta", f32, rank - 1, {.contiguous_last = true})) {}
 
+  // The rows of batch b (declares the trailing VARLEN parameters cu_seqlens_q, cu_seqlens_k: call
+  // it after the kernel's own parameters); Q, K, V, dO, LSE, Delta become sequence b's views.
+  HeadRows sequence(Builder& kb, Tile b) {
+    Tile cu_q, cu_k;  // VARLEN: i32[batch + 1] offsets of the sequences in the packed tokens
+    if (varlen) cu_q = kb.pointer("cu_seqlens_q", i32), cu_k = kb.pointer("cu_seqlens_k", i32);
+    HeadRows rows(std::move(b), D, bshd, varlen, cu_q, cu_k);
+    Q = rows.queries(Q), dO = rows.queries(dO), LSE = rows.queries(LSE), Delta = rows.queries(Delta);
+    K = rows.keys(K), V = rows.keys(V);
+    return rows;
+  }
   // Query heads per key/value head (grouped-query attention).
   Tile group(const HeadRows& rows) const { return Q.size(rows.head_dim()) / K.size(rows.head_dim()); }
   // The LSE of rows [m0, m0 + BM) of head h in log2 units, +inf for a row that sees no key
@@ -78,10 +122,16 @@ const Kernel& attention_backward_preprocess() {
     auto T = kb.meta_dtype("DTYPE", bf16);
     auto BM = kb.meta<int>("BLOCK_M", 64), D = kb.meta<int>("HEAD_DIM", 64);
     auto bshd = kb.meta<bool>("BSHD", false);
-    auto O = kb.tensor("O", T, 4, kRowMajor), dO = kb.tensor("dO", T, 4, kRowMajor);
-    auto Delta = kb.tensor("Delta", f32, 3, {.contiguous_last = true});
+    const bool varlen = varlen_meta(kb, bshd);
+    const int rank = varlen ? 3 : 4;
+    auto O = kb.tensor("O", T, rank, kRowMajor), dO = kb.tensor("dO", T, rank, kRowMajor);
+    auto Delta = kb.tensor("Delta", f32, rank - 1, {.contiguous_last = true});
+    Tile cu_q;  // VARLEN: i32[batch + 1] query offsets (the only side this kernel reads)
+    if (varlen) cu_q = kb.pointer("cu_seqlens_q", i32);
     auto m0 = program_id(0) * BM, h = program_id(1);
-    HeadRows rows{program_id(2), D, bshd};
+    HeadRows rows(program_id(2), D, bshd, varlen, cu_q);
+    // a block past its sequence's end reads padding and writes nothing (outside the views)
+    O = rows.queries(O), dO = rows.queries(dO), Delta = rows.queries(Delta);
     auto o = cast(f32, load(rows(O, h, m0, BM))), dout = cast(f32, load(rows(dO, h, m0, BM)));
     store(rows(Delta, h, m0, BM), sum(o * dout, 1));
   });
@@ -91,12 +141,13 @@ const Kernel& attention_backward_preprocess() {
 const Kernel& attention_backward_dkdv() {
   static const Kernel kern = kernel("attention_bwd_dkdv", [](Builder& kb) {
     BackwardParams a(kb);
-    auto dK = kb.tensor("dK", a.T, 4, kRowMajor), dV = kb.tensor("dV", a.T, 4, kRowMajor);
+    auto dK = kb.tensor("dK", a.T, a.rank, kRowMajor), dV = kb.tensor("dV", a.T, a.rank, kRowMajor);
     auto softmax_scale = kb.scalar<float>("softmax_scale");
     auto qk_scale = softmax_scale * kLog2e;
 
     auto n0 = program_id(0) * a.BN, kv_h = program_id(1);
-    HeadRows rows{program_id(2), a.D, a.bshd};
+    HeadRows rows = a.sequence(kb, program_id(2));
+    dK = rows.keys(dK), dV = rows.keys(dV);
     auto S_q = rows.seq_len(a.Q), S_k = rows.seq_len(a.K);
     auto group = a.group(rows);
     auto k = load(rows(a.K, kv_h, n0, a.BN)), v = load(rows(a.V, kv_h, n0, a.BN));
@@ -105,9 +156,10 @@ const Kernel& attention_backward_dkdv() {
     Var dv = zeros(f32, {a.BN, a.D});
     // Causal: the first query block with a row that sees key n0 (row i sees n0 from i = n0 - diag).
     Tile m_begin = a.causal ? maximum(n0 - (S_k - S_q), 0) / a.BM * a.BM : zeros(i32, {});
+    Tile m_end = rows.unless_past(n0, S_k, S_q);
     for_range(0, group, [&](Tile g) {  // the query heads of this key/value head's group
       auto h = kv_h * group + g;
-      for_range(m_begin, S_q, a.BM, [&](Tile m0) {
+      for_range(m_begin, m_end, a.BM, [&](Tile m0) {
         auto q = load(rows(a.Q, h, m0, a.BM)), dout = load(rows(a.dO, h, m0, a.BM));
         auto lse = a.lse_log2(rows, h, m0)[row];  // [1, BM]
         auto delta = load(rows(a.Delta, h, m0, a.BM))[row];
@@ -127,12 +179,13 @@ const Kernel& attention_backward_dkdv() {
 const Kernel& attention_backward_dq() {
   static const Kernel kern = kernel("attention_bwd_dq", [](Builder& kb) {
     BackwardParams a(kb);
-    auto dQ = kb.tensor("dQ", a.T, 4, kRowMajor);
+    auto dQ = kb.tensor("dQ", a.T, a.rank, kRowMajor);
     auto softmax_scale = kb.scalar<float>("softmax_scale");
     auto qk_scale = softmax_scale * kLog2e;
 
     auto m0 = program_id(0) * a.BM, h = program_id(1);
-    HeadRows rows{program_id(2), a.D, a.bshd};
+    HeadRows rows = a.sequence(kb, program_id(2));
+    dQ = rows.queries(dQ);
     auto S_q = rows.seq_len(a.Q), S_k = rows.seq_len(a.K);
     auto kv_h = h / a.group(rows);
     auto q = load(rows(a.Q, h, m0, a.BM)), dout = load(rows(a.dO, h, m0, a.BM));
@@ -141,7 +194,7 @@ const Kernel& attention_backward_dq() {
     auto qrows = (m0 + arange(0, a.BM))[col];
     Var dq = zeros(f32, {a.BM, a.D});
     // Causal: stop after the last key the block's last row sees (none for key-less blocks).
-    Tile n_end = a.causal ? minimum(S_k, m0 + a.BM + (S_k - S_q)) : S_k;
+    Tile n_end = rows.unless_past(m0, S_q, a.causal ? minimum(S_k, m0 + a.BM + (S_k - S_q)) : S_k);
     for_range(0, n_end, a.BN, [&](Tile n0) {
       auto k = load(rows(a.K, kv_h, n0, a.BN)), v = load(rows(a.V, kv_h, n0, a.BN));
       auto keys = (n0 + arange(0, a.BN))[row];

@@ -9,20 +9,28 @@ namespace tilejit::kernels {
 // [batch, heads_kv, seq_k, head_dim] (or all [batch, seq, heads, head_dim] with BSHD); heads_q a
 // multiple of heads_kv. LSE (the forward's, natural log, -inf for a row that sees no key) and
 // Delta: f32 [batch, heads_q, seq_q]. Causal masks align the last query with the last key.
+//
+// VARLEN (as the forward's): Q, O, dO, dQ: [total_q, heads_q, head_dim]; K, V, dK, dV: [total_k,
+// heads_kv, head_dim]; LSE, Delta: f32 [heads_q, total_q]; trailing i32 pointer parameters
+// cu_seqlens_q, cu_seqlens_k (batch + 1 cumulative offsets; the preprocess takes cu_seqlens_q
+// only). Each sequence is differentiated as in the dense kernels (its own S_q, S_k, causal
+// alignment; length 0 allowed: its gradients are 0). The grids use max_seqlen_q/k for seq_q/k and
+// the number of sequences for batch; programs past their sequence's end do nothing; tokens
+// outside [cu[0], cu[batch]) are neither read nor written. BSHD with VARLEN is a BuildError.
 
 // Delta[b, h, i] = sum_d dO[b, h, i, d] * O[b, h, i, d] (f32).
-// Params: O, dO, Delta. Meta: DTYPE, BLOCK_M, HEAD_DIM, BSHD. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
+// Params: O, dO, Delta (VARLEN: cu_seqlens_q). Meta: DTYPE, BLOCK_M, HEAD_DIM, BSHD, VARLEN. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
 const lang::Kernel& attention_backward_preprocess();
 
 // dK, dV for one key block of one key/value head, summed over the query heads of its group:
 // dV = sum P^T dO, dK = scale * sum dS^T Q with dS = P * (dO V^T - Delta).
-// Params: Q, K, V, dO, LSE, Delta, dK, dV, softmax_scale (f32).
-// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch).
+// Params: Q, K, V, dO, LSE, Delta, dK, dV, softmax_scale (f32) (VARLEN: cu_seqlens_q, cu_seqlens_k).
+// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch).
 const lang::Kernel& attention_backward_dkdv();
 
 // dQ = scale * sum dS K for one query block.
-// Params: Q, K, V, dO, LSE, Delta, dQ, softmax_scale (f32).
-// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
+// Params: Q, K, V, dO, LSE, Delta, dQ, softmax_scale (f32) (VARLEN: cu_seqlens_q, cu_seqlens_k).
+// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
 const lang::Kernel& attention_backward_dq();
 
 }  // namespace tilejit::kernels

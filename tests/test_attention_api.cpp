@@ -37,6 +37,26 @@ struct Call {
   void check_bwd() const { check_backward(q, k, v, o, dout, lse, dq, dk, dv, opts, ws); }
 };
 
+// A valid variable-length call: 3 sequences packed into q/o/do/dq [total_q = 300, 8, 64] and
+// k/v/dk/dv [total_k = 500, 2, 64], lse [8, 300], the longest 200 queries and 250 keys.
+Call packed_call() {
+  Call c;
+  c.q = contiguous(kBase, DType::bf16, {300, 8, 64});
+  c.o = contiguous(kBase + 0x3000000, DType::bf16, {300, 8, 64});
+  c.k = contiguous(kBase + 0x1000000, DType::bf16, {500, 2, 64});
+  c.v = contiguous(kBase + 0x2000000, DType::bf16, {500, 2, 64});
+  c.lse = contiguous(kBase + 0x4000000, DType::f32, {8, 300});
+  c.dout = contiguous(kBase + 0x5000000, DType::bf16, {300, 8, 64});
+  c.dq = contiguous(kBase + 0x6000000, DType::bf16, {300, 8, 64});
+  c.dk = contiguous(kBase + 0x7000000, DType::bf16, {500, 2, 64});
+  c.dv = contiguous(kBase + 0x8000000, DType::bf16, {500, 2, 64});
+  c.opts.cu_seqlens_q = contiguous(kBase + 0xa000000, DType::i32, {4});
+  c.opts.cu_seqlens_k = contiguous(kBase + 0xb000000, DType::i32, {4});
+  c.opts.max_seqlen_q = 200;
+  c.opts.max_seqlen_k = 250;
+  return c;
+}
+
 // The message of the invalid_argument `f` throws (fails the test when it throws nothing).
 template <class F>
 std::string error_of(F&& f) {
@@ -213,21 +233,7 @@ TEST_CASE("attention API: options") {
 }
 
 TEST_CASE("attention API: variable-length batches") {
-  // Packed q/o [total_q = 300, 8, 64], k/v [total_k = 500, 2, 64], 3 sequences, lse [8, 300].
-  Call c;
-  c.q = contiguous(kBase, DType::bf16, {300, 8, 64});
-  c.o = contiguous(kBase + 0x3000000, DType::bf16, {300, 8, 64});
-  c.k = contiguous(kBase + 0x1000000, DType::bf16, {500, 2, 64});
-  c.v = contiguous(kBase + 0x2000000, DType::bf16, {500, 2, 64});
-  c.lse = contiguous(kBase + 0x4000000, DType::f32, {8, 300});
-  c.dout = contiguous(kBase + 0x5000000, DType::bf16, {300, 8, 64});
-  c.dq = contiguous(kBase + 0x6000000, DType::bf16, {300, 8, 64});
-  c.dk = contiguous(kBase + 0x7000000, DType::bf16, {500, 2, 64});
-  c.dv = contiguous(kBase + 0x8000000, DType::bf16, {500, 2, 64});
-  c.opts.cu_seqlens_q = contiguous(kBase + 0xa000000, DType::i32, {4});
-  c.opts.cu_seqlens_k = contiguous(kBase + 0xb000000, DType::i32, {4});
-  c.opts.max_seqlen_q = 200;
-  c.opts.max_seqlen_k = 250;
+  Call c = packed_call();
   const Call varlen = c;
   if (!varlen_supported(false)) {
     CHECK_FWD_ERROR(c, "not supported by this build's forward kernels", "VARLEN");
@@ -264,6 +270,75 @@ TEST_CASE("attention API: variable-length batches") {
   c = varlen;
   c.q = contiguous(kBase, DType::bf16, {3, 100, 8, 64});
   CHECK_FWD_ERROR(c, "q must be rank 3 [total_q, Hq, D] (varlen), got rank 4");
+}
+
+TEST_CASE("attention API: variable-length backward") {
+  Call c = packed_call();
+  const Call varlen = c;
+  if (!backward_available()) return;
+  // This build's backward kernels declare VARLEN.
+  REQUIRE(varlen_supported(true));
+  CHECK_NOTHROW(c.check_bwd());
+  c.opts.causal = true;
+  c.opts.softmax_scale = 0.25f;
+  CHECK_NOTHROW(c.check_bwd());
+  // Delta: f32 [Hq, total_q] = 8 * 300 * 4 = 9600 bytes, rounded up to 256.
+  CHECK(backward_workspace_bytes(c.q, c.opts) == 9728);
+  c.ws = Workspace{kBase + 0x9000000, 9728};
+  CHECK_NOTHROW(c.check_bwd());
+  c.ws.bytes = 9600;
+  CHECK_BWD_ERROR(c, "workspace has 9600 bytes; this call needs 9728");
+  // A packed q without the offsets is not a dense q.
+  CHECK(error_of([&] { (void)backward_workspace_bytes(c.q); }).find("q must be rank 4") != std::string::npos);
+
+  // Gradients shaped like the packed inputs.
+  c = varlen;
+  c.dq = contiguous(c.dq.data, DType::bf16, {299, 8, 64});
+  CHECK_BWD_ERROR(c, "dq has sizes [299,8,64] but q has [300,8,64]");
+  c = varlen;
+  c.dk = contiguous(c.dk.data, DType::bf16, {500, 8, 64});
+  CHECK_BWD_ERROR(c, "dk has sizes [500,8,64] but k has [500,2,64]");
+  c = varlen;
+  c.dv = contiguous(c.dv.data, DType::bf16, {1, 500, 2, 64});
+  CHECK_BWD_ERROR(c, "dv must be rank 3 [total_k, Hkv, D] (varlen), got rank 4");
+  c = varlen;
+  c.dout = contiguous(c.dout.data, DType::bf16, {300, 8, 128});
+  CHECK_BWD_ERROR(c, "do has sizes [300,8,128] but q has [300,8,64]");
+  c = varlen;
+  c.dq.dtype = DType::f16;
+  CHECK_BWD_ERROR(c, "dq has dtype f16 but q has bf16", "q, k, v, o, do, dq, dk, dv");
+  c = varlen;
+  c.dk = strided(c.dk.data, DType::bf16, {500, 2, 64}, {136, 68, 1});  // a 136-byte head pitch
+  CHECK_BWD_ERROR(c, "dk's stride 68 of dim 1 is 136 bytes, not a multiple of 16 bytes");
+  // The offsets: both or neither, one count, i32, and the lse of the packed layout.
+  c = varlen;
+  c.opts.cu_seqlens_q.reset();
+  CHECK_BWD_ERROR(c, "options.cu_seqlens_k is set but options.cu_seqlens_q is not");
+  c = varlen;
+  c.opts.cu_seqlens_q = contiguous(kBase + 0xa000000, DType::i32, {3});
+  CHECK_BWD_ERROR(c, "options.cu_seqlens_q has 3 entries but options.cu_seqlens_k has 4");
+  c = varlen;
+  c.opts.cu_seqlens_k = contiguous(kBase + 0xb000000, DType::i64, {4});
+  CHECK_BWD_ERROR(c, "options.cu_seqlens_k has dtype i64; it must be i32");
+  c = varlen;
+  c.opts.cu_seqlens_k->data += 2;
+  CHECK_BWD_ERROR(c, "options.cu_seqlens_k's base address", "not a multiple of 4 bytes");
+  c = varlen;
+  c.opts.max_seqlen_k = 501;
+  CHECK_BWD_ERROR(c, "options.max_seqlen_k = 501", "between 1 and k's total tokens 500");
+  c = varlen;
+  c.lse = contiguous(c.lse.data, DType::f32, {8, 299});
+  CHECK_BWD_ERROR(c, "lse has sizes [8,299] but must be [Hq, total_q] (varlen) = [8,300]");
+  if (!runtime::Driver::get().available()) {
+    // Every parameter of the three varlen kernels bound (the preprocess takes cu_seqlens_q only)
+    // and their launch checks passed, with and without a caller's workspace.
+    c = varlen;
+    CHECK_THROWS_AS(backward(c.q, c.k, c.v, c.o, c.dout, c.lse, c.dq, c.dk, c.dv, c.opts), runtime::DeviceError);
+    c.opts.causal = true;
+    CHECK_THROWS_AS(backward(c.q, c.k, c.v, c.o, c.dout, c.lse, c.dq, c.dk, c.dv, c.opts, nullptr,
+                             Workspace{kBase + 0x9000000, backward_workspace_bytes(c.q, c.opts)}),
+                    runtime::DeviceError);
+  }
 }
 
 // forward/backward bind every kernel parameter and run the kernels' own launch checks (built
@@ -320,4 +395,14 @@ TEST_CASE("attention API: the schedule table covers every dtype, head dim and ma
           CHECK(s.stages >= 1);
         }
   CHECK(std::string(name(Pass::bwd_dkdv)) == "attention_bwd_dkdv");
+  // Varlen backward: the generic path's schedules (slices never take the wgmma path); the dense
+  // ones are the Hopper-tuned table.
+  for (int d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, d, causal, true) == Schedule{64, 64, 8, 2});
+      CHECK(default_schedule(Pass::bwd_dq, DType::f16, d, causal, true) == Schedule{64, 64, 4, 2});
+      CHECK(default_schedule(Pass::bwd_preprocess, DType::bf16, d, causal, true) == Schedule{64, 64, 4, 1});
+    }
+  CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, 128, false) == Schedule{64, 128, 8, 2});
+  CHECK(default_schedule(Pass::bwd_dq, DType::bf16, 128, true) == Schedule{128, 64, 8, 2});
 }

@@ -2,8 +2,8 @@
 // through tilejit::attention::forward/backward against a float64 reference (below: flat arrays,
 // one pass per query row, ~0.1 s for the largest case; run on all cores): bf16/f16, D 64/128/256, GQA/MQA, ragged S_q != S_k, causal,
 // custom scales, [B,S,H,D] / [B,H,S,D] (as permuted views) / padded row pitches, variable-length
-// batches when the kernels have the VARLEN meta. Outputs, LSE, gradients and the workspace are
-// poisoned (0xFF = NaN) before each run. Skips visibly without a GPU.
+// batches (forward and backward, empty sequences included) when the kernels have the VARLEN meta.
+// Outputs, LSE, gradients and the workspace are poisoned (0xFF = NaN) before each run. Skips visibly without a GPU.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -253,11 +253,14 @@ Case make_case(int index, bool varlen, bool varlen_backward) {
     k.lens_k.clear();
     double cost = 0;
     for (int i = 0; i < n; ++i) {
-      k.lens_q.push_back(pick(seqs));
-      k.lens_k.push_back(rng() % 3 == 0 ? k.lens_q.back() : pick(seqs));
+      // empty sequences now and then (queries without keys, keys without queries)
+      k.lens_q.push_back(rng() % 8 == 0 ? 0 : pick(seqs));
+      k.lens_k.push_back(rng() % 8 == 0 ? 0 : rng() % 3 == 0 ? k.lens_q.back() : pick(seqs));
       cost += double(k.lens_q.back()) * k.lens_k.back();
     }
-    if (cost * hkv * group * D <= kBudget) break;
+    const bool some_tokens = *std::max_element(k.lens_q.begin(), k.lens_q.end()) > 0 &&
+                             *std::max_element(k.lens_k.begin(), k.lens_k.end()) > 0;  // the API needs total_q/k >= 1
+    if (some_tokens && cost * hkv * group * D <= kBudget) break;
   }
   k.c = AttentionCase{1, hkv * group, hkv, 0, 0, D, causal, true};
   return k;
