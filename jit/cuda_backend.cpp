@@ -84,7 +84,7 @@ std::string prelude() {
 #define TJ_INLINE static __device__ __forceinline__
 
 // Transcendentals: the approximate PTX instructions (the LLVM backend selects the same ones).
-TJ_INLINE float tj_ex2(float x) { float r; asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+TJ_INLINE float tj_ex2(float x) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 TJ_INLINE float tj_lg2(float x) { float r; asm("lg2.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 TJ_INLINE float tj_rsqrt(float x) { float r; asm("rsqrt.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 TJ_INLINE float tj_sin(float x) { float r; asm("sin.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
@@ -143,8 +143,8 @@ TJ_INLINE double tj_frem(double x, double y) {
 
 // NaN-propagating minimum and maximum (PTX min/max return the other operand for one NaN): the
 // sum is NaN exactly when an operand is. f16/bf16 run in f32, as in the LLVM backend.
-TJ_INLINE float tj_min(float x, float y) { return ((x != x) | (y != y)) ? __fadd_rn(x, y) : fminf(x, y); }
-TJ_INLINE float tj_max(float x, float y) { return ((x != x) | (y != y)) ? __fadd_rn(x, y) : fmaxf(x, y); }
+TJ_INLINE float tj_min(float x, float y) { float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(y)); return r; }
+TJ_INLINE float tj_max(float x, float y) { float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(y)); return r; }
 TJ_INLINE double tj_min(double x, double y) { return ((x != x) | (y != y)) ? __dadd_rn(x, y) : fmin(x, y); }
 TJ_INLINE double tj_max(double x, double y) { return ((x != x) | (y != y)) ? __dadd_rn(x, y) : fmax(x, y); }
 

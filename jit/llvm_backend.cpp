@@ -130,9 +130,9 @@ class Emitter {
     llvm::Type* F = b_.getFloatTy();
     llvm::Value* r = nullptr;
     switch (op) {
-      case Op::exp2: r = intrinsic(llvm::Intrinsic::nvvm_ex2_approx_f, {}, {f}); break;
+      case Op::exp2: r = intrinsic(llvm::Intrinsic::nvvm_ex2_approx_ftz_f, {}, {f}); break;
       case Op::exp:
-        r = intrinsic(llvm::Intrinsic::nvvm_ex2_approx_f, {}, {b_.CreateFMul(f, llvm::ConstantFP::get(F, 1.4426950408889634))});
+        r = intrinsic(llvm::Intrinsic::nvvm_ex2_approx_ftz_f, {}, {b_.CreateFMul(f, llvm::ConstantFP::get(F, 1.4426950408889634))});
         break;
       case Op::log2: r = intrinsic(llvm::Intrinsic::nvvm_lg2_approx_f, {}, {f}); break;
       case Op::log:
@@ -154,7 +154,7 @@ class Emitter {
         llvm::Value* p = llvm::ConstantFP::get(F, a[4]);
         for (int i = 3; i >= 0; --i) p = b_.CreateFAdd(b_.CreateFMul(p, q), llvm::ConstantFP::get(F, a[i]));
         p = b_.CreateFMul(p, q);
-        llvm::Value* e = intrinsic(llvm::Intrinsic::nvvm_ex2_approx_f, {},
+        llvm::Value* e = intrinsic(llvm::Intrinsic::nvvm_ex2_approx_ftz_f, {},
                                    {b_.CreateFMul(b_.CreateFNeg(b_.CreateFMul(ax, ax)), llvm::ConstantFP::get(F, 1.4426950408889634))});
         llvm::Value* y = b_.CreateFSub(llvm::ConstantFP::get(F, 1.0), b_.CreateFMul(p, e));
         r = intrinsic(llvm::Intrinsic::copysign, {F}, {y, f});
@@ -171,8 +171,11 @@ class Emitter {
       auto id = is_max ? (sgn(a) ? llvm::Intrinsic::smax : llvm::Intrinsic::umax) : (sgn(a) ? llvm::Intrinsic::smin : llvm::Intrinsic::umin);
       return intrinsic(id, {x->getType()}, {x, y});
     }
-    // NaN-propagating (the interpreter's and PTX max.NaN's semantics), computed in >= f32.
+    // NaN-propagating, -0 below +0 (the interpreter's and PTX max.NaN's semantics), computed in
+    // >= f32; f32 is one max.NaN/min.NaN instruction.
     llvm::Type* t = x->getType();
+    if (!t->isDoubleTy())
+      return from_f32(intrinsic(is_max ? llvm::Intrinsic::maximum : llvm::Intrinsic::minimum, {b_.getFloatTy()}, {to_f32(x), to_f32(y)}), t);
     llvm::Value *fx = t->isDoubleTy() ? x : to_f32(x), *fy = t->isDoubleTy() ? y : to_f32(y);
     llvm::Value* m = intrinsic(is_max ? llvm::Intrinsic::maxnum : llvm::Intrinsic::minnum, {fx->getType()}, {fx, fy});
     llvm::Value* nan = b_.CreateFCmpUNO(fx, fy);
@@ -416,9 +419,10 @@ class Emitter {
         return;
       }
       case Op::pack2: {
-        llvm::Value* lo = b_.CreateZExt(b_.CreateBitCast(a(0), b_.getInt16Ty()), b_.getInt32Ty());
-        llvm::Value* hi = b_.CreateZExt(b_.CreateBitCast(a(1), b_.getInt16Ty()), b_.getInt32Ty());
-        set(r0, b_.CreateOr(lo, b_.CreateShl(hi, 16)));
+        // As a two-element vector: two f32 -> bf16/f16 roundings feeding it become one cvt.rn.*x2.f32.
+        auto* vt = llvm::FixedVectorType::get(a(0)->getType(), 2);
+        llvm::Value* vec = b_.CreateInsertElement(b_.CreateInsertElement(llvm::PoisonValue::get(vt), a(0), uint64_t{0}), a(1), uint64_t{1});
+        set(r0, b_.CreateBitCast(vec, b_.getInt32Ty()));
         return;
       }
       case Op::unpack2: {

@@ -59,6 +59,9 @@ void with_rounder(DType t, F&& body) {
   }
 }
 
+// exp and exp2 below f64 run as ex2.approx.ftz on the GPU: results under 2^-126 are zero.
+inline double flush_exp(ir::DType d, double v) { return d != ir::DType::f64 && v < 0x1p-126 ? 0.0 : v; }
+
 // PTX min/max.NaN semantics: a NaN operand gives NaN; -0 orders below +0.
 inline double min_nan(double a, double b) {
   if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<double>::quiet_NaN();
@@ -552,8 +555,9 @@ class Machine {
         switch (op.kind) {
           case neg: for (size_t k = 0; k < n; ++k) r[k] = -a[k]; return;
           case abs: for (size_t k = 0; k < n; ++k) r[k] = std::fabs(a[k]); return;
-          case exp: for (size_t k = 0; k < n; ++k) r[k] = rnd(std::exp(a[k])); return;
-          case exp2: for (size_t k = 0; k < n; ++k) r[k] = rnd(std::exp2(a[k])); return;
+          // The GPU's ex2.approx.ftz flushes results below 2^-126 to zero (for f32, f16, bf16).
+          case exp: for (size_t k = 0; k < n; ++k) r[k] = rnd(flush_exp(d, std::exp(a[k]))); return;
+          case exp2: for (size_t k = 0; k < n; ++k) r[k] = rnd(flush_exp(d, std::exp2(a[k]))); return;
           case log: for (size_t k = 0; k < n; ++k) r[k] = rnd(std::log(a[k])); return;
           case log2: for (size_t k = 0; k < n; ++k) r[k] = rnd(std::log2(a[k])); return;
           case sqrt: for (size_t k = 0; k < n; ++k) r[k] = rnd(std::sqrt(a[k])); return;

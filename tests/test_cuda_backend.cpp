@@ -445,7 +445,7 @@ TEST_CASE("a kernel with every per-thread op compiles through nvrtc and assemble
   if (!have_nvrtc()) return;
   CudaOutput out = emit_ptx_nvrtc(f, "sm_90a");
   // The approximate instructions the LLVM backend uses, and no contraction into fma.
-  for (const char* part : {"ex2.approx.f32", "lg2.approx.f32", "rsqrt.approx.f32", "sin.approx.f32", "cos.approx.f32",
+  for (const char* part : {"ex2.approx.ftz.f32", "max.NaN.f32", "lg2.approx.f32", "rsqrt.approx.f32", "sin.approx.f32", "cos.approx.f32",
                            "tanh.approx.f32", "div.rn.f32", "sqrt.rn.f32", "ld.global.u8", "st.global.b64", "bar.sync",
                            "shfl.sync.bfly.b32", "mma.sync.aligned.m16n8k16"})
     CHECK_MESSAGE(contains(out.ptx, part), part);
