@@ -66,11 +66,17 @@ const Kernel& attention_forward() {
     // a program past its (shorter) sequence's end reads no key; its stores fall outside the view
     if (varlen) n_end = where(m0 < S_q, n_end, 0);
     for_range(0, n_end, BN, [&](Tile n0) {
-      auto s = dot(q, trans(load(rows_of(Ks, kv_h, n0, BN)))) * qk_scale;
-      auto cols = n0 + arange(0, BN);
-      Tile valid = cols[row] < S_k;
-      if (causal) valid = valid & (cols[row] <= rows[col] + diag);
-      s = where(valid, s, -INFINITY);
+      Var s = dot(q, trans(load(rows_of(Ks, kv_h, n0, BN)))) * qk_scale;
+      // Only a block that crosses the last key or (causal) the first row's diagonal needs a mask:
+      // the others skip it (one uniform branch instead of a compare and select per element).
+      Tile edge = n0 + BN > S_k;
+      if (causal) edge = edge | (n0 + BN - 1 > m0 + diag);
+      if_(edge, [&] {
+        auto cols = n0 + arange(0, BN);
+        Tile valid = cols[row] < S_k;
+        if (causal) valid = valid & (cols[row] <= rows[col] + diag);
+        s = where(valid, s, -INFINITY);
+      });
       auto m_new = maximum(m, max(s, 1));
       // rows with no visible key so far keep m = -inf: exponentiate against 0 instead of -inf
       auto m_use = where(m_new == -INFINITY, 0.0f, m_new);
