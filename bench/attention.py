@@ -292,10 +292,15 @@ def run_bench(bin_path, out_dir, quick):
         tj = ours.get((S, D, causal), (float("nan"), float("nan")))
         rows.append((S, D, causal, tj, fl, cu))
     gpu = torch.cuda.get_device_name()
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "?"
-    except OSError:
-        commit = "?"
+    # tools/pack_gpu.sh records the commit it packed (the GPU machine's copy has no .git)
+    commit_file = os.path.join(os.path.dirname(os.path.abspath(bin_path)), "..", "COMMIT")
+    if os.path.exists(commit_file):
+        commit = open(commit_file).read().strip()
+    else:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "?"
+        except OSError:
+            commit = "?"
     head = (f"Attention, bf16, B*S = {TOKENS} tokens, H*D = {HIDDEN}; TFLOP/s (fwd 4*B*H*S^2*D, /2 causal; bwd x2.5); "
             f"{gpu}, torch {torch.__version__}, {datetime.date.today()}, commit {commit}")
     md = [head, "",

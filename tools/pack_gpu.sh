@@ -17,4 +17,8 @@ cp "$BUILD_DIR"/bench/attention_bench .gpu/bench/ 2>/dev/null || true
 cp "$BUILD_DIR"/tools/tilejit .gpu/
 strip --strip-unneeded .gpu/libtilejit.so.0 .gpu/test_* .gpu/attention .gpu/gemm .gpu/vector_add .gpu/softmax .gpu/bundle_app .gpu/tilejit .gpu/bench/*
 cp bench/attention.py bench/gemm.py .gpu/bench/  # after strip: scripts next to the binaries
+# The commit these binaries were built from (the GPU machine's copy has no .git); "-dirty" when
+# the tree had uncommitted changes.
+{ git rev-parse --short HEAD 2>/dev/null || echo unknown; } | tr -d '\n' > .gpu/COMMIT
+git diff --quiet HEAD 2>/dev/null || echo -n "-dirty" >> .gpu/COMMIT
 du -sh .gpu
