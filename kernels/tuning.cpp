@@ -196,15 +196,17 @@ Workload attention_workload(const TuningConfig& c, const TuningContext& ctx) {
   const double n_iter = static_cast<double>(cdiv(S, bn)) * (causal ? 0.5 : 1.0) + (causal ? 0.5 : 0.0);
   w.k_iterations = n_iter;
   w.mma_flops = 4.0 * static_cast<double>(w.programs) * n_iter * bm * bn * D;
-  w.wgmma = false;  // the generic mma.sync path until the Hopper attention schedule (issue #6)
-  w.stages = 1;
+  // The Hopper path (jit/wgmma_plan): M = BLOCK_M split in 64-row slabs over the warpgroups.
+  w.wgmma = ctx.arch == "sm_90a" && bm % (64 * (warps / 4)) == 0 && warps % 4 == 0;
+  w.stages = w.wgmma ? static_cast<int>(c.get("stages")) : 1;
   const double qkvo = 4.0 * B * H * static_cast<double>(S) * D * e;
   w.dram_bytes = qkvo + 4.0 * B * H * S;
   w.l2_bytes = static_cast<double>(w.programs) * n_iter * 2.0 * bn * D * e + 2.0 * B * H * static_cast<double>(S) * D * e;
   w.smem_bytes = static_cast<double>(w.programs) * n_iter * (4.0 * bn * D * e + 2.0 * bm * bn * e);
   const int64_t threads = 32 * warps;
   w.est_registers = static_cast<int>(std::min<int64_t>(255, (bm * D + bm * bn) / threads + 2 * bm * bn / threads / 2 + 60));
-  w.est_smem_bytes = (bm * D + 2 * bn * D + bm * bn) * static_cast<int64_t>(e);
+  w.est_smem_bytes = w.wgmma ? (bm * D + w.stages * 2 * bn * D) * static_cast<int64_t>(e) + 1024
+                             : (bm * D + 2 * bn * D + bm * bn) * static_cast<int64_t>(e);
   return w;
 }
 
@@ -228,22 +230,23 @@ runtime::TuningSpace make_attention_space() {
   s.param("BLOCK_M", {64, 128})
       .param("BLOCK_N", {32, 64, 128})
       .param("warps", {4, 8})
+      .param("stages", {2, 3})
       .constrain("BLOCK_N <= HEAD_DIM",
                  [](const TuningConfig& c, const TuningContext& ctx) { return c.get("BLOCK_N") <= runtime::shape_get(ctx.shape, "D"); })
-      .constrain("the f32 output accumulator fits in registers: BLOCK_M x HEAD_DIM / threads <= 64",
+      .constrain("the f32 output accumulator fits in registers: BLOCK_M x HEAD_DIM / threads <= 128",
                  [](const TuningConfig& c, const TuningContext& ctx) {
-                   return c.get("BLOCK_M") * runtime::shape_get(ctx.shape, "D") / (32 * c.get("warps")) <= 64;
+                   return c.get("BLOCK_M") * runtime::shape_get(ctx.shape, "D") / (32 * c.get("warps")) <= 128;
                  })
-      .constrain("shared memory fits",
+      .constrain("shared memory fits: Q once + stages x (K and V blocks) on the wgmma path",
                  [](const TuningConfig& c, const TuningContext& ctx) {
                    const int64_t D = runtime::shape_get(ctx.shape, "D"), bm = c.get("BLOCK_M"), bn = c.get("BLOCK_N");
-                   return (bm * D + 2 * bn * D + bm * bn) * 2 <= ctx.smem_limit;
+                   return (bm * D + c.get("stages") * 2 * bn * D) * 2 + 1024 <= ctx.smem_limit;
                  })
       .key("B", Bucketing::pow2(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 0, "attention_fwd"); })
       .key("H", Bucketing::pow2(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 1, "attention_fwd"); })
       .key("S", Bucketing::pow2(64), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 2, "attention_fwd"); })
       .key("D", Bucketing::exact(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 3, "attention_fwd"); })
-      .default_config({{{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"warps", 4}}})
+      .default_config({{{"BLOCK_M", 128}, {"BLOCK_N", 64}, {"warps", 8}, {"stages", 2}}})
       .workload(attention_workload)
       .problem(attention_problem)
       .grid([](const TuningConfig& c, const TuningContext& ctx) {
