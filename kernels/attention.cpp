@@ -31,7 +31,10 @@ const Kernel& attention_forward() {
     if (varlen) cu_q = kb.pointer("cu_seqlens_q", i32), cu_k = kb.pointer("cu_seqlens_k", i32);
 
     const int seq_dim = varlen ? 0 : bshd ? 1 : 2, head_dim = varlen ? 1 : bshd ? 2 : 1;
-    auto m0 = program_id(0) * BM, h = program_id(1), b = program_id(2);
+    // Causal: the last query blocks see the most keys; start them first so that the light ones
+    // fill the tail of the grid instead of the heavy ones.
+    auto m_block = causal ? num_programs(0) - 1 - program_id(0) : program_id(0);
+    auto m0 = m_block * BM, h = program_id(1), b = program_id(2);
     // Sequence b of each tensor: the tensor itself, or with VARLEN the view of its tokens
     // [cu[b], cu[b + 1]) along `dim` (i32 offsets, B + 1 of them).
     auto sequence_of = [&](const Tile& cu) {
