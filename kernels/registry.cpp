@@ -3,6 +3,7 @@
 
 #include "kernels/attention.hpp"
 #include "kernels/attention_backward.hpp"
+#include "kernels/dropout_mask.hpp"
 #include "kernels/gemm.hpp"
 
 namespace tilejit::kernels {
@@ -17,6 +18,8 @@ const std::vector<LibraryKernel>& library() {
       {"attention_bwd_dkdv", &attention_backward_dkdv, "attention backward: dK, dV per key block, summed over the GQA group (no atomics)",
        {{"BLOCK_M", 64}, {"BLOCK_N", 128}}, 8, 2},
       {"attention_bwd_dq", &attention_backward_dq, "attention backward: dQ per query block (no atomics)", {{"BLOCK_M", 128}, {"BLOCK_N", 64}}, 8, 2},
+      {"dropout_mask", &dropout_mask, "packed attention dropout keep-mask (Philox4x32-10, 1 bit per element, u32 words along keys)",
+       {{"BLOCK_M", 64}, {"BLOCK_W", 4}}, 4, 3},
   };
   return all;
 }

@@ -6,6 +6,7 @@
 #include "jit/compile.hpp"
 #include "jit/lower.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/dropout_mask.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/registry.hpp"
 #include "test_kernels.hpp"
@@ -41,6 +42,11 @@ std::vector<Case> all_kernels() {
   cases.push_back({"attention D128", kernels::attention_forward().build({{"HEAD_DIM", 128}}), 4, false});
   cases.push_back({"attention varlen causal", kernels::attention_forward().build({{"CAUSAL", true}, {"VARLEN", true}}), 4, false});
   cases.push_back({"segments (Tensor::slice)", test_kernels::segments.build()});
+  // the packed dropout keep-mask (Philox4x32-10 per 16 elements): the default schedule, and a wider
+  // one (reported: nvrtc spills 8 B there, 2026-11)
+  const kernels::LibraryKernel* dm = kernels::find("dropout_mask");
+  cases.push_back({"dropout_mask default schedule", kernels::dropout_mask().build(dm->default_meta), dm->num_warps});
+  cases.push_back({"dropout_mask 32x8 words", kernels::dropout_mask().build({{"BLOCK_M", 32}, {"BLOCK_W", 8}}), 4, false});
   return cases;
 }
 

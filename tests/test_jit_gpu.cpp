@@ -9,6 +9,7 @@
 #include "dsl/lang.hpp"
 #include "jit/compile.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/dropout_mask.hpp"
 #include "kernels/gemm.hpp"
 #include "runtime/gpu_kernel.hpp"
 #include "runtime/interpreter.hpp"
@@ -283,4 +284,24 @@ TEST_CASE("gpu: GEMM through the TMA + wgmma pipeline (B K-major and MN-major, r
                                         : runtime::Grid{cdiv(s.m, cfg.bm), cdiv(s.n, cfg.bn)};
       check_against_interpreter(fn, grid, {&a, &bt, &c}, 1e-5, o, true);
     }
+}
+
+TEST_CASE("gpu: packed dropout keep-mask (Philox4x32-10) matches the interpreter bit for bit, ragged S_k") {
+  if (!have_gpu()) return;
+  struct Case {
+    int bh, s_q, s_k, bm, bw, warps;
+  };
+  for (Case c : {Case{3, 100, 77, 64, 4, 4}, Case{2, 256, 1000, 64, 4, 4}, Case{1, 33, 512, 32, 8, 4}, Case{4, 128, 128, 16, 1, 1}}) {
+    INFO(fmt::format("BH={} S_q={} S_k={} BLOCK_M={} BLOCK_W={} warps={}", c.bh, c.s_q, c.s_k, c.bm, c.bw, c.warps));
+    const int words = static_cast<int>(cdiv(c.s_k, 32));
+    HostTensor mask(u32, {c.bh, c.s_q, words});
+    mask.poison();
+    jit::CompileOptions o;
+    o.num_warps = c.warps;
+    // seed 0x0123456789abcdef, offset 0x0000000500000007, p = 0.1 (threshold 230)
+    check_against_interpreter(kernels::dropout_mask().build({{"BLOCK_M", c.bm}, {"BLOCK_W", c.bw}}),
+                              {cdiv(c.s_q, c.bm), cdiv(words, c.bw), c.bh},
+                              {&mask, int64_t{c.s_k}, int64_t{0x89abcdef}, int64_t{0x01234567}, int64_t{7}, int64_t{5}, int64_t{230}}, 0.0, o,
+                              true);
+  }
 }

@@ -1,0 +1,17 @@
+// The packed dropout keep-mask of a layer's attention, precomputed by its own kernel (issue 7:
+// the RNG moved out of attention, e.g. run concurrently with the QKV projection GEMM); attention
+// then reads bits instead of running Philox. Bits are those of kernels::dropout_keep (philox.hpp).
+#pragma once
+#include "dsl/lang.hpp"
+
+namespace tilejit::kernels {
+
+// Mask: u32 [batch * heads_q, S_q, cdiv(S_k, 32)] (unit innermost stride): bit j % 32 of word
+// mask[bh, i, j / 32] is 1 iff element (bh, i, j) is kept; the bits of columns >= S_k are 0.
+// Scalars: S_k (i32), seed_lo, seed_hi, offset_lo, offset_hi (u32 halves of the 64-bit seed and
+// offset), keep_threshold (u32, round((1 - p) * 256), see kernels::dropout_keep_threshold).
+// Meta: BLOCK_M (query rows per program), BLOCK_W (mask words per program: 32 * BLOCK_W key
+// columns). Grid: (cdiv(S_q, BLOCK_M), cdiv(cdiv(S_k, 32), BLOCK_W), batch * heads_q).
+const lang::Kernel& dropout_mask();
+
+}  // namespace tilejit::kernels

@@ -1,0 +1,71 @@
+// Philox4x32-10 and the dropout keep-mask in the DSL (scheme: kernels/philox.hpp).
+#include "kernels/philox.hpp"
+
+#include <fmt/format.h>
+
+#include "kernels/philox_host.hpp"
+
+namespace tilejit::kernels {
+
+using namespace lang;
+
+namespace {
+
+// Integer tiles and numbers as u32 (i32 values wrap; a negative number is a build error).
+Tile as_u32(const Operand& x, Loc loc) { return cast(u32, x, loc); }
+
+// The i1 keep decision of the byte of each element: `words` are the four Philox outputs,
+// `k` (i32, broadcasting against them) the element's position 0..15 inside its call.
+Tile keep_of(const std::array<Tile, 4>& words, const Tile& k, const Tile& threshold, Loc loc) {
+  Tile word = k >> 2, shift = as_u32((k & 3) * 8, loc);
+  Tile sel = where(word == 0, words[0], where(word == 1, words[1], where(word == 2, words[2], words[3], loc), loc), loc);
+  return ((sel >> shift) & 0xFFu) < threshold;
+}
+
+}  // namespace
+
+std::array<Tile, 4> philox4x32_10(std::array<Tile, 4> c, std::array<Tile, 2> k, Loc loc) {
+  for (Tile& t : c) t = as_u32(t, loc);
+  for (Tile& t : k) t = as_u32(t, loc);
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) k = {k[0] + kPhiloxW0, k[1] + kPhiloxW1};
+    Tile hi0 = umulhi(c[0], kPhiloxM0, loc), lo0 = c[0] * kPhiloxM0;
+    Tile hi1 = umulhi(c[2], kPhiloxM1, loc), lo1 = c[2] * kPhiloxM1;
+    c = {hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0};
+  }
+  // every output has the inputs' broadcast shape (after 10 rounds each depends on all inputs)
+  return c;
+}
+
+Tile uniform_f32(const Operand& x, Loc loc) { return cast(f32, as_u32(x, loc) >> 8, loc) * 0x1p-24f; }
+
+Tile dropout_keep(const Operand& batch_head, const Tile& rows, const Tile& cols, const Operand& seed_lo, const Operand& seed_hi,
+                  const Operand& offset_lo, const Operand& offset_hi, const Operand& keep_threshold, Loc loc) {
+  Builder& b = Builder::current(loc);
+  if (rows.rank() != 1 || cols.rank() != 1)
+    b.fail(loc, fmt::format("dropout_keep: rows and cols must be 1-D tiles, got ranks {} and {}", rows.rank(), cols.rank()));
+  Tile j = as_u32(cols, loc)[row];  // [1, N]
+  auto words = philox4x32_10({j >> 4, as_u32(rows, loc)[col], as_u32(batch_head, loc), as_u32(offset_lo, loc)},
+                             {as_u32(seed_lo, loc), as_u32(seed_hi, loc) ^ as_u32(offset_hi, loc)}, loc);
+  return keep_of(words, cast(i32, j & 15u, loc), as_u32(keep_threshold, loc), loc);
+}
+
+Tile dropout_keep_block(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const Operand& seed_lo,
+                        const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi, const Operand& keep_threshold,
+                        Loc loc) {
+  Builder& b = Builder::current(loc);
+  if (rows.rank() != 1) b.fail(loc, fmt::format("dropout_keep_block: rows must be a 1-D tile, got rank {}", rows.rank()));
+  if (num_cols <= 0 || num_cols % kDropoutElementsPerCall != 0)
+    b.fail(loc, fmt::format("dropout_keep_block: num_cols = {} is not a positive multiple of {} (one Philox call per {} columns)",
+                            num_cols, kDropoutElementsPerCall, kDropoutElementsPerCall));
+  const int64_t m = rows.shape()[0], groups = num_cols / kDropoutElementsPerCall;
+  // one Philox call per (row, group of 16 columns): [M, G]
+  Tile group = (as_u32(col0, loc) >> 4) + as_u32(arange(0, groups, loc), loc);
+  auto words = philox4x32_10({group[row], as_u32(rows, loc)[col], as_u32(batch_head, loc), as_u32(offset_lo, loc)},
+                             {as_u32(seed_lo, loc), as_u32(seed_hi, loc) ^ as_u32(offset_hi, loc)}, loc);
+  for (Tile& w : words) w = expand_dims(w, 2, loc);  // [M, G, 1] against the 16 positions [16]
+  Tile keep = keep_of(words, arange(0, kDropoutElementsPerCall, loc), as_u32(keep_threshold, loc), loc);
+  return reshape(keep, {m, num_cols}, loc);
+}
+
+}  // namespace tilejit::kernels

@@ -1,0 +1,53 @@
+// Philox4x32-10 (Salmon et al., SC'11; Random123's philox4x32_R(10, ...)) as DSL library
+// functions, and the attention dropout keep-mask built on it. Everything here records tile IR in
+// the kernel being built (call from a kernel body); the host twin is kernels/philox_host.hpp.
+//
+// Dropout keep-mask scheme (identical in philox_host.hpp, the dropout_mask kernel and attention):
+//   element (bh, i, j): bh = batch * heads_q + query head, i = query row, j = key column (logical
+//   coordinates: the mask does not depend on tile sizes, warps or schedule);
+//   counter = {j / 16, i, bh, offset_lo}, key = {seed_lo, seed_hi ^ offset_hi} (64-bit seed and
+//   offset; for a fixed seed, distinct (offset, bh, i, j / 16) give distinct Philox inputs);
+//   one call's 128 bits serve the 16 columns 16 * (j / 16) + 0..15: element j takes byte
+//   (j % 16) % 4 (bits 8 * ((j % 16) % 4) + 0..7) of output word (j % 16) / 4;
+//   kept iff that byte < keep_threshold, keep_threshold = round((1 - p) * 256) in [0, 256]
+//   (kernels::dropout_keep_threshold(p)); effective keep probability keep_threshold / 256
+//   (p = 0.1: 230 / 256 = 0.8984375, i.e. p_eff = 0.1015625), so scale kept values by
+//   256 / keep_threshold for an unbiased dropout.
+#pragma once
+#include <array>
+#include <cstdint>
+
+#include "dsl/lang.hpp"
+
+namespace tilejit::kernels {
+
+// Philox4x32-10 on u32 tiles: 10 rounds of (hi, lo) = M * c (M0 = 0xD2511F53 on c0, M1 =
+// 0xCD9E8D57 on c2), c = {hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0}, the key bumped by the Weyl
+// constants (0x9E3779B9, 0xBB67AE85) between rounds. Inputs are tiles or scalars of any shapes
+// that broadcast together (integer tiles other than u32 are cast, wrapping); the four outputs are
+// u32 tiles of the broadcast shape, one Philox evaluation per element of that shape.
+std::array<lang::Tile, 4> philox4x32_10(std::array<lang::Tile, 4> counter, std::array<lang::Tile, 2> key,
+                                        lang::Loc loc = lang::Loc::current());
+
+// A uniform f32 in [0, 1) from u32 bits: cast(f32, x >> 8) * 2^-24 (exact; 24-bit resolution,
+// largest value 1 - 2^-24). Same shape as x.
+lang::Tile uniform_f32(const lang::Operand& x, lang::Loc loc = lang::Loc::current());
+
+// The dropout keep-mask (i1 [M, N], true = keep) of query rows `rows` (i32 [M]) and key columns
+// `cols` (i32 [N], any values >= 0) of batch*heads index `batch_head` (i32 scalar). seed_*,
+// offset_*, keep_threshold: u32 (or integer) scalars. General form: one Philox call per element
+// (16x the work of dropout_keep_block, whose bits it reproduces exactly); for tests and ragged uses.
+lang::Tile dropout_keep(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Tile& cols, const lang::Operand& seed_lo,
+                        const lang::Operand& seed_hi, const lang::Operand& offset_lo, const lang::Operand& offset_hi,
+                        const lang::Operand& keep_threshold, lang::Loc loc = lang::Loc::current());
+
+// The same mask for the contiguous key columns [col0, col0 + num_cols): i1 [M, num_cols]. One
+// Philox call per 16 elements (on an [M, num_cols / 16] tile), its bytes spread with where/shift.
+// num_cols must be a multiple of 16 (a build error otherwise) and col0 (i32 scalar, runtime) a
+// multiple of 16 (not checked: e.g. a block start n0 = k * BLOCK_N with BLOCK_N >= 16).
+lang::Tile dropout_keep_block(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& col0, int64_t num_cols,
+                              const lang::Operand& seed_lo, const lang::Operand& seed_hi, const lang::Operand& offset_lo,
+                              const lang::Operand& offset_hi, const lang::Operand& keep_threshold,
+                              lang::Loc loc = lang::Loc::current());
+
+}  // namespace tilejit::kernels
