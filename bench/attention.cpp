@@ -5,7 +5,11 @@
 //
 //   attention_bench [--quick] [--reps N]   one line per config:
 //     RESULT dtype=bf16 B=4 S=4096 H=16 D=128 causal=0 fwd_ms=.. fwd_tflops=.. bwd_ms=.. bwd_tflops=..
-//   attention_bench --capabilities         "backward=1 varlen_fwd=1 varlen_bwd=1"
+//   attention_bench --dropout [P]          fused dropout's cost (issue 7): D128 S4k bf16, full and
+//     causal, forward and backward with dropout_p = P (default 0.1) against without, alternated:
+//     DROPOUT dtype=bf16 B=4 S=4096 H=16 D=128 causal=0 p=0.1 fwd_ms=.. fwd_dropout_ms=.. fwd_slowdown=..
+//       bwd_ms=.. bwd_dropout_ms=.. bwd_slowdown=..
+//   attention_bench --capabilities         "backward=1 varlen_fwd=1 varlen_bwd=1 dropout=1"
 //   attention_bench --check DIR            reads DIR/cases.txt and the inputs, writes the outputs
 #include <fmt/format.h>
 
@@ -84,6 +88,27 @@ double time_ms(F&& fn, const runtime::Stream& stream, int max_reps) {
   return median(ms);
 }
 
+// Device buffers of the largest tensors of the grid (B * S = 16k tokens, H * D = 2048) and the
+// [B, S, H, D] views of one configuration on them.
+struct Buffers {
+  static constexpr ir::DType dt = ir::DType::bf16;
+  static constexpr size_t bytes = static_cast<size_t>(kTokens * kHidden * 2);
+  static constexpr size_t lse_bytes = static_cast<size_t>(kTokens * (kHidden / 64)) * 4;  // B * H * S for the smallest D
+  DeviceBuffer q = random_buffer(bytes, dt, 1), k = random_buffer(bytes, dt, 2), v = random_buffer(bytes, dt, 3),
+               dout = random_buffer(bytes, dt, 4);
+  DeviceBuffer o{bytes}, dq{bytes}, dk{bytes}, dv{bytes}, lse{lse_bytes}, ws{lse_bytes + 256};
+
+  struct Views {
+    attention::Tensor Q, K, V, O, dO, dQ, dK, dV, L;
+  };
+  Views views(const Config& c) const {
+    using attention::contiguous;
+    const int64_t B = c.B(), S = c.S, H = c.H(), D = c.D;
+    auto t = [&](const DeviceBuffer& b) { return contiguous(b.ptr(), dt, {B, S, H, D}); };
+    return {t(q), t(k), t(v), t(o), t(dout), t(dq), t(dk), t(dv), contiguous(lse.ptr(), ir::DType::f32, {B, H, S})};
+  }
+};
+
 int bench(bool quick, int max_reps) {
   std::vector<Config> configs;
   if (quick) {
@@ -105,21 +130,11 @@ int bench(bool quick, int max_reps) {
     for (auto& t : pool) t.join();
     std::fprintf(stderr, "compiled in %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  const size_t bytes = static_cast<size_t>(kTokens * kHidden * ir::byte_size(dt));
-  DeviceBuffer q = random_buffer(bytes, dt, 1), k = random_buffer(bytes, dt, 2), v = random_buffer(bytes, dt, 3),
-               dout = random_buffer(bytes, dt, 4);
-  DeviceBuffer o(bytes), dq(bytes), dk(bytes), dv(bytes);
-  const size_t lse_bytes = static_cast<size_t>(kTokens * (kHidden / 64)) * 4;  // B * H * S for the smallest D
-  DeviceBuffer lse(lse_bytes), ws(lse_bytes + 256);
+  const Buffers buf;
   runtime::Stream stream;
   for (const Config& c : configs) {
-    using attention::contiguous;
     const int64_t B = c.B(), S = c.S, H = c.H(), D = c.D;
-    const auto Q = contiguous(q.ptr(), dt, {B, S, H, D}), K = contiguous(k.ptr(), dt, {B, S, H, D}),
-               V = contiguous(v.ptr(), dt, {B, S, H, D}), O = contiguous(o.ptr(), dt, {B, S, H, D}),
-               dO = contiguous(dout.ptr(), dt, {B, S, H, D}), dQ = contiguous(dq.ptr(), dt, {B, S, H, D}),
-               dK = contiguous(dk.ptr(), dt, {B, S, H, D}), dV = contiguous(dv.ptr(), dt, {B, S, H, D});
-    const auto L = contiguous(lse.ptr(), ir::DType::f32, {B, H, S});
+    const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
     attention::Options opts;
     opts.causal = c.causal;
     double fwd_ms = NAN, bwd_ms = NAN;
@@ -127,7 +142,7 @@ int bench(bool quick, int max_reps) {
       fwd_ms = time_ms([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); }, stream, max_reps);
       if (bwd)
         bwd_ms = time_ms([&] {
-          attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), {ws.ptr(), ws.bytes()});
+          attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), {buf.ws.ptr(), buf.ws.bytes()});
         }, stream, max_reps);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "S=%ld D=%ld causal=%d: %s\n", static_cast<long>(S), static_cast<long>(D), c.causal, e.what());
@@ -141,9 +156,47 @@ int bench(bool quick, int max_reps) {
   return 0;
 }
 
+// --dropout: the same configuration timed with and without dropout, in alternating rounds (clocks
+// drift over minutes by more than the difference measured); the median of each side's rounds.
+int bench_dropout(double p, int max_reps) {
+  const ir::DType dt = ir::DType::bf16;
+  const bool bwd = attention::backward_available();
+  for (bool causal : {false, true})
+    for (bool dropout : {false, true}) attention::prepare(dt, 128, causal, false, bwd, {}, 0, dropout);
+  const Buffers buf;
+  runtime::Stream stream;
+  for (bool causal : {false, true}) {
+    const Config c{4096, 128, causal};
+    const int64_t B = c.B(), S = c.S, H = c.H(), D = c.D;
+    const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
+    std::vector<double> fwd[2], bwd_ms[2];
+    for (int round = 0; round < 3; ++round)
+      for (int with : {0, 1}) {
+        attention::Options opts;
+        opts.causal = causal;
+        if (with) opts.dropout_p = p, opts.seed = 1234, opts.offset = static_cast<uint64_t>(round);
+        fwd[with].push_back(time_ms([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); }, stream, max_reps));
+        if (bwd)
+          bwd_ms[with].push_back(time_ms([&] {
+            attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), {buf.ws.ptr(), buf.ws.bytes()});
+          }, stream, max_reps));
+      }
+    const double f0 = median(fwd[0]), f1 = median(fwd[1]);
+    const double b0 = bwd ? median(bwd_ms[0]) : NAN, b1 = bwd ? median(bwd_ms[1]) : NAN;
+    std::printf("DROPOUT dtype=bf16 B=%ld S=%ld H=%ld D=%ld causal=%d p=%g fwd_ms=%.4f fwd_dropout_ms=%.4f fwd_slowdown=%.3f "
+                "bwd_ms=%.4f bwd_dropout_ms=%.4f bwd_slowdown=%.3f\n",
+                static_cast<long>(B), static_cast<long>(S), static_cast<long>(H), static_cast<long>(D), causal ? 1 : 0, p, f0, f1,
+                f1 / f0, b0, b1, b1 / b0);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 // ---------------------------------------------------------------------------------------------
 // --check DIR: cases.txt has one case per line, "key=value" fields:
 //   name dtype(bf16|f16) B Hq Hkv Sq Sk D causal(0|1) scale layout(bshd|bhsd) [varlen=1 nseq total_q total_k max_q max_k]
+//   [dropout_p seed offset: dropout; DIR/<name>.mask.bin then receives the forward's keep-mask, u8
+//   [B * Hq, Sq, Sk] (varlen [nseq * Hq, max_q, max_k]; entries the forward does not visit: 0xFF)]
 // Inputs DIR/<name>.{q,k,v,do}.bin (raw, contiguous in the layout; varlen: packed [total, H, D]),
 // DIR/<name>.{cu_q,cu_k}.bin (i32, varlen). Outputs DIR/<name>.{o,dq,dk,dv}.bin in the inputs'
 // layout and DIR/<name>.lse.bin (f32 [B, Hq, Sq]; varlen [Hq, total_q]).
@@ -206,6 +259,11 @@ int check(const std::string& dir) {
       attention::Options opts;
       opts.causal = num("causal") != 0;
       if (kv.contains("scale")) opts.softmax_scale = std::stof(kv["scale"]);
+      if (kv.contains("dropout_p")) {
+        opts.dropout_p = std::stod(kv["dropout_p"]);
+        opts.seed = std::stoull(kv["seed"]);
+        opts.offset = std::stoull(kv["offset"]);
+      }
       const std::string base = dir + "/" + name;
       int64_t nq = 0, nk = 0, nlse = 0;  // elements of q, k, lse
       int64_t B = 0, Sq = 0, Sk = 0, total_q = 0, total_k = 0, nseq = 0;
@@ -240,7 +298,17 @@ int check(const std::string& dir) {
         opts.max_seqlen_k = num("max_k");
       }
       const auto Q = view(q, sq, Hq), K = view(k, sk, Hkv), V = view(v, sk, Hkv), O = view(o, sq, Hq);
+      DeviceBuffer mask;
+      size_t mask_bytes = 0;
+      if (opts.dropout_p > 0) {
+        const int64_t mb = (varlen ? nseq : B) * Hq, mq = varlen ? num("max_q") : Sq, mk = varlen ? num("max_k") : Sk;
+        mask_bytes = static_cast<size_t>(mb * mq * mk);
+        mask = poisoned(mask_bytes);
+        opts.dropout_mask = attention::contiguous(mask.ptr(), ir::DType::u8, {mb, mq, mk});
+      }
       attention::forward(Q, K, V, O, L, opts);
+      opts.dropout_mask.reset();
+      if (mask_bytes) write_file(base + ".mask.bin", mask, mask_bytes);
       const bool bwd = attention::backward_available() && (!varlen || attention::varlen_supported(true));
       if (bwd) attention::backward(Q, K, V, O, view(dout, sq, Hq), L, view(dq, sq, Hq), view(dk, sk, Hkv), view(dv, sk, Hkv), opts);
       write_file(base + ".o.bin", o, qb);
@@ -266,17 +334,23 @@ int main(int argc, char** argv) {
   bool quick = false;
   int reps = 20;
   std::string check_dir;
+  double dropout_p = -1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--check" && i + 1 < argc) check_dir = argv[++i];
+    else if (a == "--dropout") {
+      dropout_p = 0.1;
+      if (i + 1 < argc && argv[i + 1][0] != '-') dropout_p = std::atof(argv[++i]);
+    }
     else if (a == "--capabilities") {
-      std::printf("backward=%d varlen_fwd=%d varlen_bwd=%d\n", attention::backward_available() ? 1 : 0,
-                  attention::varlen_supported(false) ? 1 : 0, attention::varlen_supported(true) ? 1 : 0);
+      std::printf("backward=%d varlen_fwd=%d varlen_bwd=%d dropout=%d\n", attention::backward_available() ? 1 : 0,
+                  attention::varlen_supported(false) ? 1 : 0, attention::varlen_supported(true) ? 1 : 0,
+                  attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --check DIR | --capabilities\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] | --check DIR | --capabilities\n", argv[0]);
       return 2;
     }
   }
@@ -287,6 +361,7 @@ int main(int argc, char** argv) {
   }
   try {
     std::fprintf(stderr, "GPU: %s\n", driver.props(0).name.c_str());
+    if (dropout_p >= 0) return bench_dropout(dropout_p, reps);
     return check_dir.empty() ? bench(quick, reps) : check(check_dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench/attention: %s\n", e.what());

@@ -1,7 +1,7 @@
 """bench/attention.py: tilejit attention (through its C++ API) next to PyTorch SDPA, one table.
 
 Usage (on the GPU machine):
-    python3 bench/attention.py BIN [--quick] [--check-only | --no-check] [--out DIR]
+    python3 bench/attention.py BIN [--quick] [--check-only | --no-check | --dropout-only] [--out DIR]
 BIN is the attention_bench binary (build/bench/attention_bench, or .gpu/bench/attention_bench).
 
 1. Cross-check (unless --no-check): ~20 cases (GQA/MQA, ragged S_q != S_k, causal, custom scales,
@@ -14,6 +14,11 @@ BIN is the attention_bench binary (build/bench/attention_bench, or .gpu/bench/at
    FLASH_ATTENTION and CUDNN_ATTENTION backends, forward and backward (FLOPs 4*B*H*S^2*D, halved
    for causal, x2.5 for backward), CUDA events, median of repeats. Prints one table, writes
    DIR/attention.png and DIR/attention_table.md (the snippet for BENCHMARKS.md).
+3. Dropout (when BIN has it; also --dropout-only): the check runs cases with dropout_p; BIN writes the
+   keep-mask its forward used and the reference applies that explicit mask (softmax * mask / keep
+   probability, PyTorch float32 math, autograd for the gradients). Timing: BIN --dropout (D128 S4k
+   bf16, p = 0.1, full and causal: forward and backward with dropout vs without) next to SDPA
+   flash's own dropout slowdown (dropout_p = 0.1 vs 0) in the same run.
 """
 import argparse
 import datetime
@@ -60,15 +65,28 @@ def check_cases(caps):
     ]
     cases = [dict(name=n, dtype=t, B=b, Hq=hq, Hkv=hk, Sq=sq, Sk=sk, D=d, causal=c, scale=s, layout=l, varlen=False)
              for (n, t, b, hq, hk, sq, sk, d, c, s, l) in dense]
-    if caps.get("varlen_fwd"):
-        for n, t, hq, hk, d, causal, lq, lk in [
-            ("varlen_full", "bf16", 4, 2, 64, False, [17, 100, 1, 257], [100, 17, 64, 257]),
-            ("varlen_causal", "f16", 4, 4, 128, True, [100, 257, 33], [300, 100, 33]),
-            ("varlen_mqa", "bf16", 8, 1, 64, True, [1, 1000], [17, 1000]),
-            ("varlen_empty_gqa", "bf16", 4, 2, 64, True, [0, 70, 5, 33], [20, 0, 130, 33]),
+    if caps.get("dropout"):
+        # name, dtype, B, Hq, Hkv, Sq, Sk, D, causal, layout, dropout_p, seed, offset
+        for n, t, b, hq, hk, sq, sk, d, causal, l, p, seed, off in [
+            ("dropout_full", "bf16", 2, 4, 4, 128, 200, 64, False, "bshd", 0.1, 1234, 0),
+            ("dropout_causal_gqa", "f16", 1, 8, 2, 257, 300, 128, True, "bhsd", 0.5, 2**40 + 7, 2**33 + 5),
+            ("dropout_mqa_sq_gt_sk", "bf16", 2, 4, 1, 300, 100, 128, True, "bshd", 0.1, 99, 12345),
+            ("dropout_d256", "bf16", 1, 2, 2, 100, 257, 256, False, "bshd", 0.3, 5, 6),
         ]:
+            cases.append(dict(name=n, dtype=t, B=b, Hq=hq, Hkv=hk, Sq=sq, Sk=sk, D=d, causal=causal, scale=None, layout=l,
+                              varlen=False, dropout=(p, seed, off)))
+    if caps.get("varlen_fwd"):
+        for n, t, hq, hk, d, causal, lq, lk, drop in [
+            ("varlen_full", "bf16", 4, 2, 64, False, [17, 100, 1, 257], [100, 17, 64, 257], None),
+            ("varlen_causal", "f16", 4, 4, 128, True, [100, 257, 33], [300, 100, 33], None),
+            ("varlen_mqa", "bf16", 8, 1, 64, True, [1, 1000], [17, 1000], None),
+            ("varlen_empty_gqa", "bf16", 4, 2, 64, True, [0, 70, 5, 33], [20, 0, 130, 33], None),
+            ("varlen_dropout", "bf16", 4, 2, 64, True, [0, 70, 5, 33], [20, 9, 130, 33], (0.2, 77, 3)),
+        ]:
+            if drop and not caps.get("dropout"):
+                continue
             cases.append(dict(name=n, dtype=t, Hq=hq, Hkv=hk, D=d, causal=causal, scale=None, layout="bshd", varlen=True,
-                              lens_q=lq, lens_k=lk))
+                              lens_q=lq, lens_k=lk, dropout=drop))
     return cases
 
 
@@ -84,8 +102,10 @@ def load(path, dtype, shape):
     return (raw if dtype == torch.float32 else raw.view(dtype)).reshape(shape)
 
 
-def reference(q, k, v, do, causal, scale):
-    """float32 [B, H, S, D] inputs (k, v with Hkv heads). Returns O, LSE, dQ, dK, dV (float32)."""
+def reference(q, k, v, do, causal, scale, keep=None, keep_p=1.0):
+    """float32 [B, H, S, D] inputs (k, v with Hkv heads). Returns O, LSE, dQ, dK, dV (float32).
+    keep: an explicit dropout keep-mask [B, Hq, Sq, Sk] (bool): O = (softmax(S) * keep / keep_p) V,
+    LSE that of the undropped softmax (FlashAttention's convention)."""
     q, k, v, do = (x.float().cuda() for x in (q, k, v, do))
     Sq, Sk, Hq, Hkv = q.shape[2], k.shape[2], q.shape[1], k.shape[1]
     if Sq == 0 or Sk == 0:  # an empty varlen sequence: no query or no key; O = 0, LSE = -inf, zero gradients
@@ -102,7 +122,11 @@ def reference(q, k, v, do, causal, scale):
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(s.detach(), -1)
-    if mask is None or bool(mask.any(-1).all()):
+    if keep is not None:  # dropout with the kernel's own mask, by hand (rows with no key: 0)
+        seen = mask.any(-1)[:, None] if mask is not None else torch.ones(1, dtype=torch.bool, device="cuda")
+        p = torch.softmax(torch.where(seen, s, 0.0), -1) * seen
+        o = (p * keep.cuda() / keep_p) @ vv
+    elif mask is None or bool(mask.any(-1).all()):
         with sdpa_kernel(SDPBackend.MATH):
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     else:  # rows with no key: O = 0 and zero gradients (SDPA math would give NaN)
@@ -155,6 +179,9 @@ def run_check(bin_path, out_dir, caps):
         for t, suffix in zip(c["tensors"], ("q", "k", "v", "do")):
             dump(t.transpose(1, 2) if c["layout"] == "bhsd" else t, f"{base}.{suffix}.bin")
         scale = f" scale={c['scale']!r}" if c["scale"] is not None else ""
+        if c.get("dropout"):
+            p, seed, off = c["dropout"]
+            scale += f" dropout_p={p!r} seed={seed} offset={off}"
         lines.append(f"name={c['name']} dtype={c['dtype']} Hq={c['Hq']} Hkv={c['Hkv']} D={c['D']} "
                      f"causal={int(c['causal'])} layout={c['layout']} {extra}{scale}")
     with open(os.path.join(d, "cases.txt"), "w") as f:
@@ -179,6 +206,17 @@ def run_check(bin_path, out_dir, caps):
         dt = DTYPES[c["dtype"]]
         scale = c["scale"] if c["scale"] is not None else 1.0 / math.sqrt(c["D"])
         q, k, v, do = c["tensors"]
+        mask = None  # dropout: the forward's keep-mask, u8 [B * Hq, Sq, Sk] (1 = kept; 0xFF: not visited)
+        if c.get("dropout"):
+            p = c["dropout"][0]
+            keep_p = round((1 - p) * 256) / 256  # the kernels' 8-bit threshold
+            if c["varlen"]:
+                nb, mq, mk = len(c["lens_q"]), max(c["lens_q"]), max(c["lens_k"])
+            else:
+                nb, mq, mk = c["B"], c["Sq"], c["Sk"]
+            mask = torch.from_file(base + ".mask.bin", size=nb * c["Hq"] * mq * mk, dtype=torch.uint8)
+            mask = (mask == 1).reshape(nb, c["Hq"], mq, mk)
+        drop = lambda b, sq, sk: {} if mask is None else dict(keep=mask[b:b + 1, :, :sq, :sk], keep_p=keep_p)
         if c["varlen"]:
             tq, tk, H = q.shape[0], k.shape[0], c["Hq"]
             o_t = load(base + ".o.bin", dt, (tq, H, c["D"]))
@@ -189,7 +227,8 @@ def run_check(bin_path, out_dir, caps):
             cu_q, cu_k = c["cu"]
             for i in range(len(c["lens_q"])):
                 a, b, e, f_ = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
-                r = reference(*(x[None].transpose(1, 2) for x in (q[a:b], k[e:f_], v[e:f_], do[a:b])), c["causal"], scale)
+                r = reference(*(x[None].transpose(1, 2) for x in (q[a:b], k[e:f_], v[e:f_], do[a:b])), c["causal"], scale,
+                              **drop(i, b - a, f_ - e))
                 refs[0].append(r[0][0].transpose(0, 1))
                 refs[1].append(r[1][0])
                 refs[2].append(r[2][0].transpose(0, 1))
@@ -208,7 +247,8 @@ def run_check(bin_path, out_dir, caps):
                         for n, s, h in (("dq", Sq, c["Hq"]), ("dk", Sk, c["Hkv"]), ("dv", Sk, c["Hkv"]))]
             else:
                 got += [None] * 3
-            ref = reference(*(x.transpose(1, 2) for x in (q, k, v, do)), c["causal"], scale)
+            ref = reference(*(x.transpose(1, 2) for x in (q, k, v, do)), c["causal"], scale,
+                            **({} if mask is None else dict(keep=mask, keep_p=keep_p)))
             shape = f"B{B} H{c['Hq']}/{c['Hkv']} S{Sq}x{Sk} D{D} {c['layout']}"
         errs = [rel(got[0], ref[0]), lse_err(got[1], ref[1])] + [rel(g, r) if g is not None else float("nan")
                                                                  for g, r in zip(got[2:], ref[2:])]
@@ -216,7 +256,7 @@ def run_check(bin_path, out_dir, caps):
         ok = not nan_out and all(e < 1e-2 for e in errs if not math.isnan(e))
         n_ok += ok
         worst = [max(w, e) if not math.isnan(e) else w for w, e in zip(worst, errs)]
-        tag = f"{c['dtype']} {'causal' if c['causal'] else 'full'}"
+        tag = f"{c['dtype']} {'causal' if c['causal'] else 'full'}" + (f" p={c['dropout'][0]}" if c.get("dropout") else "")
         print(f"{name:<22} {shape + ' ' + tag:<44} " + " ".join(f"{e:9.2e}" for e in errs) + f"  {'ok' if ok else 'FAIL'}"
               + (" (NaN in output)" if nan_out else ""))
     print(f"cross-check: {n_ok}/{len(cases)} ok; worst O {worst[0]:.2e} LSE {worst[1]:.2e} dQ {worst[2]:.2e} "
@@ -340,12 +380,50 @@ def run_bench(bin_path, out_dir, quick):
         print("matplotlib not available: no plot", file=sys.stderr)
 
 
+def run_dropout_bench(bin_path, p=0.1):
+    """Fused dropout's cost: tilejit (BIN --dropout) and SDPA flash, dropout_p = p vs 0, D128 S4k bf16."""
+    out = subprocess.run([bin_path, "--dropout", str(p)], capture_output=True, text=True)
+    sys.stderr.write(out.stderr)
+    ours = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("DROPOUT "):
+            kv = dict(f.split("=") for f in line.split()[1:])
+            ours[kv["causal"] == "1"] = kv
+    S, D = 4096, 128
+    B, H = TOKENS // S, HIDDEN // D
+    print(f"\nfused dropout p = {p}, bf16 B={B} H={H} S={S} D={D}: time with dropout / without (forward, backward)")
+    print(f"{'mask':<7} {'tilejit fwd ms':>15} {'+dropout':>9} {'slowdown':>9} {'bwd ms':>8} {'+dropout':>9} {'slowdown':>9}"
+          f" | {'flash fwd ms':>12} {'+dropout':>9} {'slowdown':>9} {'bwd ms':>8} {'+dropout':>9} {'slowdown':>9}")
+    for causal in (False, True):
+        q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_() for _ in range(3))
+        do = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        fl = []
+        try:
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                for dp in (0.0, p):
+                    f_ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dp))
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dp)
+                    b_ms = time_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+                    fl += [f_ms, b_ms]
+        except RuntimeError as e:
+            print(f"  SDPA flash with dropout: {str(e).splitlines()[0]}", file=sys.stderr)
+            fl = [float("nan")] * 4
+        t = ours.get(causal)
+        tj = [float(t[x]) for x in ("fwd_ms", "fwd_dropout_ms", "bwd_ms", "bwd_dropout_ms")] if t else [float("nan")] * 4
+        print(f"{'causal' if causal else 'full':<7} {tj[0]:15.3f} {tj[1]:9.3f} {tj[1] / tj[0]:8.3f}x {tj[2]:8.3f} {tj[3]:9.3f} "
+              f"{tj[3] / tj[2]:8.3f}x | {fl[0]:12.3f} {fl[2]:9.3f} {fl[2] / fl[0]:8.3f}x {fl[1]:8.3f} {fl[3]:9.3f} "
+              f"{fl[3] / fl[1]:8.3f}x")
+    if out.returncode != 0:
+        print(f"{bin_path} --dropout exited with {out.returncode}", file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bin", help="the attention_bench binary")
     ap.add_argument("--quick", action="store_true", help="5 timing configs instead of 20")
     ap.add_argument("--check-only", action="store_true")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--dropout-only", action="store_true", help="only the dropout slowdown table (no check, no grid)")
     ap.add_argument("--out", default="bench_out", help="directory for the check files, the PNG and the table")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -353,10 +431,16 @@ def main():
     caps = {k: v == "1" for k, v in (f.split("=") for f in caps_line)}
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}; tilejit: {' '.join(caps_line)}")
     ok = True
+    if args.dropout_only:
+        if caps.get("dropout"):
+            run_dropout_bench(args.bin)
+        sys.exit(0 if caps.get("dropout") else 1)
     if not args.no_check:
         ok = run_check(args.bin, args.out, caps)
     if not args.check_only:
         run_bench(args.bin, args.out, args.quick)
+        if caps.get("dropout"):
+            run_dropout_bench(args.bin)
     sys.exit(0 if ok else 1)
 
 

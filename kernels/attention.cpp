@@ -5,10 +5,28 @@
 #include "kernels/attention.hpp"
 
 #include <cmath>
+#include <optional>
+
+#include "kernels/philox.hpp"
 
 namespace tilejit::kernels {
 
 using namespace lang;
+
+AttentionDropout::AttentionDropout(Builder& kb)
+    : seed_lo(kb.scalar<uint32_t>("seed_lo")),
+      seed_hi(kb.scalar<uint32_t>("seed_hi")),
+      offset_lo(kb.scalar<uint32_t>("offset_lo")),
+      offset_hi(kb.scalar<uint32_t>("offset_hi")),
+      keep_threshold(kb.scalar<uint32_t>("keep_threshold")),
+      // threshold 0 (everything dropped) gives inf here, but it only scales kept values
+      scale(256.0f / cast(f32, keep_threshold)) {}
+
+Tile AttentionDropout::keep(const Tile& batch_head, const Tile& rows, const Tile& col0, int64_t num_cols) const {
+  if (num_cols % 16 == 0)
+    return dropout_keep_block(batch_head, rows, col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold);
+  return dropout_keep(batch_head, rows, col0 + arange(0, num_cols), seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold);
+}
 
 const Kernel& attention_forward() {
   static const Kernel k = kernel("attention_fwd", [](Builder& kb) {
@@ -21,6 +39,10 @@ const Kernel& attention_forward() {
     auto varlen = kb.meta<bool>("VARLEN", false);
     if (varlen && bshd)
       kb.fail(Loc::current(), "VARLEN tensors are [total_tokens, heads, head_dim]; BSHD does not apply to them");
+    // DROPOUT: O = dropout(softmax(S)) V (Philox keep-mask of logical coordinates, kernels/philox.hpp);
+    // RETURN_MASK (tests): also write the keep bits of every visited block.
+    auto dropout = kb.meta<bool>("DROPOUT", false), return_mask = kb.meta<bool>("RETURN_MASK", false);
+    if (return_mask && !dropout) kb.fail(Loc::current(), "RETURN_MASK returns the dropout mask: it needs DROPOUT=true");
     const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
     const int rank = varlen ? 3 : 4;
     auto Q = kb.tensor("Q", T, rank, row_major), K = kb.tensor("K", T, rank, row_major), V = kb.tensor("V", T, rank, row_major);
@@ -29,6 +51,10 @@ const Kernel& attention_forward() {
     auto softmax_scale = kb.scalar<float>("softmax_scale");
     Tile cu_q, cu_k;  // VARLEN: i32[batch + 1] offsets of the sequences in the packed tokens
     if (varlen) cu_q = kb.pointer("cu_seqlens_q", i32), cu_k = kb.pointer("cu_seqlens_k", i32);
+    std::optional<AttentionDropout> drop;  // DROPOUT: the trailing seed/offset/threshold scalars
+    if (dropout) drop.emplace(kb);
+    Tensor mask;  // RETURN_MASK: u8 [batch * heads_q, seq_q, seq_k]
+    if (return_mask) mask = kb.tensor("dropout_mask", u8, 3, {.contiguous_last = true});
 
     const int seq_dim = varlen ? 0 : bshd ? 1 : 2, head_dim = varlen ? 1 : bshd ? 2 : 1;
     // Causal: the last query blocks see the most keys; start them first so that the light ones
@@ -65,6 +91,9 @@ const Kernel& attention_forward() {
     Var acc = zeros(f32, {BM, D});
     Var m = full(f32, {BM}, -INFINITY);  // running row max (log2 units)
     Var l = zeros(f32, {BM});            // running row sum of exp2
+    // DROPOUT: the mask's coordinates are (bh = b * heads_q + h, row within the sequence, key)
+    Tile bh;
+    if (dropout) bh = b * Q.size(head_dim) + h;
     Tile n_end = causal ? minimum(S_k, m0 + BM + diag) : S_k;
     // a program past its (shorter) sequence's end reads no key; its stores fall outside the view
     if (varlen) n_end = where(m0 < S_q, n_end, 0);
@@ -85,14 +114,23 @@ const Kernel& attention_forward() {
       auto m_use = where(m_new == -INFINITY, 0.0f, m_new);
       auto p = exp2(s - m_use[col]);
       auto alpha = exp2(m - m_use);
-      l = l * alpha + sum(p, 1);
+      l = l * alpha + sum(p, 1);  // the undropped row sum: LSE is that of softmax(S)
+      Tile pv = p;
+      if (dropout) {
+        // the 1 / keep probability scale is uniform: applied once to the output, not per element
+        auto keep = drop->keep(bh, rows, n0, BN);
+        pv = where(keep, p, 0.0f);
+        if (return_mask) store(mask.block({bh, m0, n0}, {BM, BN}), cast(u8, keep));
+      }
       // rescale, then accumulate P V onto it (the MMA's own accumulator: no separate add)
-      acc = dot(cast(T, p), load(rows_of(Vs, kv_h, n0, BN)), acc * alpha[col]);
+      acc = dot(cast(T, pv), load(rows_of(Vs, kv_h, n0, BN)), acc * alpha[col]);
       m = m_new;
     });
     // A row that sees no key (causal with S_q > S_k, or S_k = 0) outputs 0 and LSE = -inf.
     auto seen = l > 0.0f;
-    store(rows_of(Os, h, m0, BM), cast(T, where(seen[col], acc / l[col], 0.0f)));
+    Tile out = acc / l[col];
+    if (dropout) out = out * drop->scale;
+    store(rows_of(Os, h, m0, BM), cast(T, where(seen[col], out, 0.0f)));
     store(rows_of(LSEs, h, m0, BM), where(seen, (m + log2(l)) * 0.6931471805599453, -INFINITY));  // natural log
   });
   return k;

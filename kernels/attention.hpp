@@ -9,7 +9,7 @@ namespace tilejit::kernels {
 // [batch, seq, heads, head_dim] with BSHD); heads_q a multiple of heads_kv (grouped-query and
 // multi-query attention); LSE: [batch, heads_q, seq_q] (natural log; -inf for a row that sees no
 // key); softmax_scale: f32. Causal masks align the last query with the last key.
-// Meta: DTYPE (bf16|f16), BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN.
+// Meta: DTYPE (bf16|f16), BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, DROPOUT, RETURN_MASK.
 // Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
 //
 // VARLEN (flash_attn_varlen_func's layout): Q, O: [total_q, heads_q, head_dim]; K, V: [total_k,
@@ -19,6 +19,34 @@ namespace tilejit::kernels {
 // the dense kernel (its own S_q, S_k, causal alignment; length 0 allowed). Grid:
 // (cdiv(max_seqlen_q, BLOCK_M), heads_q, batch); blocks past their sequence's end do nothing.
 // Tokens outside [cu[0], cu[batch]) are neither read nor written.
+//
+// DROPOUT (issue 7; FlashAttention's convention): O = dropout(softmax(S)) V, LSE that of the
+// undropped softmax(S). Five more scalar parameters after all the others (dense: after
+// softmax_scale; VARLEN: after cu_seqlens_k): seed_lo, seed_hi, offset_lo, offset_hi (u32 halves
+// of the 64-bit Philox seed and offset) and keep_threshold (u32, kernels::dropout_keep_threshold(p)
+// = round((1 - p) * 256)). Element (row i, key j) of query head h in batch b is kept iff
+// kernels::dropout_keep(bh = b * heads_q + h, i, j) (kernels/philox.hpp: logical coordinates, so
+// the mask is the same under any tile sizes, schedule or pass; VARLEN: b is the sequence, i and j
+// positions inside it); kept probabilities are scaled by 256 / keep_threshold (the inverse of the
+// effective keep probability keep_threshold / 256). One Philox call per 16 elements.
+// RETURN_MASK (tests; needs DROPOUT): one more parameter, dropout_mask: u8 [batch * heads_q,
+// seq_q, seq_k] (VARLEN: [batch * heads_q, max_seqlen_q, max_seqlen_k]), unit innermost stride;
+// every block the forward visits writes its keep bits (1 = kept), including elements that are
+// masked (causal, past the last key); blocks a causal program skips are not written.
 const lang::Kernel& attention_forward();
+
+// The dropout parameters of the attention kernels (forward, dK/dV, dQ): declares seed_lo,
+// seed_hi, offset_lo, offset_hi, keep_threshold (call after the kernel's other parameters).
+struct AttentionDropout {
+  lang::Tile seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold;
+  lang::Tile scale;  // f32 256 / keep_threshold: what kept probabilities are multiplied by
+
+  explicit AttentionDropout(lang::Builder& kb);
+  // The keep-mask (i1 [rows, num_cols], true = keep) of query rows `rows` (i32 [M]) and key
+  // columns [col0, col0 + num_cols) of batch*heads index `batch_head`: one Philox call per 16
+  // elements when num_cols is a multiple of 16 (col0 a multiple of 16: a block start), else one
+  // per element (the same bits).
+  lang::Tile keep(const lang::Tile& batch_head, const lang::Tile& rows, const lang::Tile& col0, int64_t num_cols) const;
+};
 
 }  // namespace tilejit::kernels

@@ -20,6 +20,7 @@
 
 #include "dsl/builder.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/philox_host.hpp"
 #include "kernels/registry.hpp"
 #include "runtime/device_buffer.hpp"
 #include "runtime/function.hpp"
@@ -94,7 +95,12 @@ struct Dims {
   int64_t total_q = 0, total_k = 0;         // varlen: packed token counts
   int64_t heads_q = 0, heads_kv = 0, head_dim = 0;
   float scale = 0;
+  bool dropout = false;         // options.dropout_p > 0
+  uint32_t keep_threshold = 256;  // kernels::dropout_keep_threshold(dropout_p)
+  bool return_mask = false;     // forward: options.dropout_mask
 };
+
+bool declares(Pass p, const char* meta);
 
 std::string group_name(bool backward) { return backward ? "q, k, v, o, do, dq, dk, dv" : "q, k, v, o"; }
 
@@ -196,6 +202,29 @@ Dims check_common(const Checker& c, const Tensor& q, const Tensor& k, const Tens
   if (d.varlen && !varlen_supported(backward))
     c.fail("variable-length batches (options.cu_seqlens_q/k) are not supported by this build's {} kernels (no VARLEN meta)",
            backward ? "backward" : "forward");
+
+  // Dropout: p in [0, 1); the mask for tests (forward).
+  if (!(opts.dropout_p >= 0.0 && opts.dropout_p < 1.0))
+    c.fail("options.dropout_p = {} is not in [0, 1) (0: no dropout)", opts.dropout_p);
+  d.dropout = opts.dropout_p > 0.0;
+  if (d.dropout) {
+    for (Pass p : {Pass::forward, Pass::bwd_dkdv, Pass::bwd_dq})
+      if ((p == Pass::forward || backward) && !declares(p, "DROPOUT"))
+        c.fail("options.dropout_p = {}: this build's {} kernel has no DROPOUT meta (dropout is not supported)", opts.dropout_p, name(p));
+    d.keep_threshold = kernels::dropout_keep_threshold(opts.dropout_p);
+  }
+  if (opts.dropout_mask && !backward) {
+    if (!d.dropout) c.fail("options.dropout_mask is set but options.dropout_p = 0 (the mask is dropout's; set dropout_p > 0)");
+    const Tensor& m = *opts.dropout_mask;
+    if (m.dtype != ir::DType::u8) c.fail("options.dropout_mask has dtype {}; it must be u8 (1 = kept)", ir::name(m.dtype));
+    const char* layout = d.varlen ? "[B * Hq, max_seqlen_q, max_seqlen_k]" : "[B * Hq, S_q, S_k]";
+    c.tensor("options.dropout_mask", m, 3, layout, 1);
+    c.same_device("options.dropout_mask", m, q);
+    const std::array<int64_t, 3> want{d.batch * d.heads_q, d.seq_q, d.seq_k};
+    if (m.size(0) != want[0] || m.size(1) != want[1] || m.size(2) != want[2])
+      c.fail("options.dropout_mask has sizes {} but must be {} = {}", list(sizes_of(m)), layout, list(want));
+    d.return_mask = true;
+  }
   return d;
 }
 
@@ -278,9 +307,10 @@ struct Config {
   bool causal, varlen;
   Schedule sch;
   int device;
+  bool dropout = false, return_mask = false;
   auto key() const {
     return std::tuple(static_cast<int>(pass), static_cast<int>(dtype), head_dim, causal, varlen, sch.block_m, sch.block_n,
-                      sch.num_warps, sch.stages, device);
+                      sch.num_warps, sch.stages, device, dropout, return_mask);
   }
   bool operator<(const Config& o) const { return key() < o.key(); }
 };
@@ -290,6 +320,9 @@ lang::Meta meta_of(const Config& c) {
                  {"HEAD_DIM", c.head_dim}, {"CAUSAL", c.causal},       {"BSHD", !c.varlen}};
   // Packed varlen tensors are [total, H, D] whatever BSHD says; the kernels refuse both at once.
   if (c.varlen) all.emplace_back("VARLEN", true);
+  // Dropout only when asked for: without it the kernels are the ones without dropout.
+  if (c.dropout) all.emplace_back("DROPOUT", true);
+  if (c.return_mask) all.emplace_back("RETURN_MASK", true);
   lang::Meta used;
   for (auto& m : all)
     if (declares(c.pass, m.first.c_str())) used.push_back(std::move(m));
@@ -456,6 +489,11 @@ bool varlen_supported(bool backward) {
   return !backward || (has(Pass::bwd_preprocess) && has(Pass::bwd_dkdv) && has(Pass::bwd_dq));
 }
 
+bool dropout_supported() {
+  if (!declares(Pass::forward, "DROPOUT")) return false;
+  return !backward_available() || (declares(Pass::bwd_dkdv, "DROPOUT") && declares(Pass::bwd_dq, "DROPOUT"));
+}
+
 void check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts) {
   check_common(Checker("forward"), q, k, v, o, lse, opts, false);
 }
@@ -496,10 +534,19 @@ void bind_common(Bindings& b, const Tensor& q, const Tensor& k, const Tensor& v,
     b.add("maxseqlenq", d.seq_q);
     b.add("maxseqlenk", d.seq_k);
   }
+  if (d.dropout) {
+    b.add("seedlo", static_cast<uint32_t>(opts.seed));
+    b.add("seedhi", static_cast<uint32_t>(opts.seed >> 32));
+    b.add("offsetlo", static_cast<uint32_t>(opts.offset));
+    b.add("offsethi", static_cast<uint32_t>(opts.offset >> 32));
+    b.add("keepthreshold", d.keep_threshold);
+  }
+  if (d.return_mask) b.add("dropoutmask", opts.dropout_mask->view());
 }
 
 Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
-  return Config{p, q.dtype, static_cast<int>(d.head_dim), opts.causal, d.varlen, schedule_for(p, q, d, opts), q.device};
+  return Config{p,        q.dtype,   static_cast<int>(d.head_dim), opts.causal, d.varlen, schedule_for(p, q, d, opts),
+                q.device, d.dropout && declares(p, "DROPOUT"), p == Pass::forward && d.return_mask};
 }
 
 }  // namespace
@@ -557,12 +604,12 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
 }
 
 void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen, bool backward, std::optional<Schedule> schedule,
-             int device) {
+             int device, bool dropout) {
   std::vector<Pass> passes{Pass::forward};
   if (backward) passes.insert(passes.end(), {Pass::bwd_preprocess, Pass::bwd_dkdv, Pass::bwd_dq});
   for (Pass p : passes) {
     const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen);
-    function_for(Config{p, dtype, head_dim, causal, varlen, s, device}).compiled();
+    function_for(Config{p, dtype, head_dim, causal, varlen, s, device, dropout && declares(p, "DROPOUT")}).compiled();
   }
 }
 

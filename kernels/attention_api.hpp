@@ -73,6 +73,20 @@ struct Options {
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
   // Replaces default_schedule for every kernel of the call (tests, tuning).
   std::optional<Schedule> schedule;
+  // Dropout on the attention probabilities (FlashAttention's convention: O = dropout(softmax(S)) V,
+  // lse that of the undropped softmax(S)); 0 <= dropout_p < 1, 0 = off (the kernels without
+  // dropout run, nothing costs more). The keep-mask is Philox4x32-10 of the logical coordinates
+  // (bh = b * Hq + h, query row, key column; varlen: b is the sequence, rows and columns inside it)
+  // with the 64-bit `seed` and `offset` (kernels/philox.hpp): the same under any schedule, and the
+  // backward (same options) regenerates it. 8-bit thresholds: the effective drop probability is
+  // 1 - round((1 - p) * 256) / 256 (p = 0.1: 0.1015625), and kept values are scaled by its inverse.
+  double dropout_p = 0;
+  uint64_t seed = 0, offset = 0;
+  // Forward only, for tests: u8 [B * Hq, S_q, S_k] (varlen: [B * Hq, max_seqlen_q, max_seqlen_k])
+  // with unit stride on the last dim receives the keep bits (1 = kept) of every block the forward
+  // visits (every (row, key) the row sees, and more; causal blocks past the diagonal are not
+  // written). Needs dropout_p > 0; the backward ignores it.
+  std::optional<Tensor> dropout_mask;
 };
 
 // Scratch memory of the backward (Delta = rowsum(dO * O), f32 [B, Hq, S_q] or [Hq, total_q]).
@@ -115,10 +129,13 @@ void check_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
 // backward kernels exist at all (they are looked up in the kernel library by name).
 bool varlen_supported(bool backward);
 bool backward_available();
+// Whether the forward (and the backward kernels, when present) take dropout (the DROPOUT meta).
+bool dropout_supported();
 
 // Compiles (or finds in the caches) every kernel a call with this configuration launches, without
 // a GPU; a framework calls it at start-up so the first step does not JIT. Thread-safe.
+// `dropout`: the kernels of calls with dropout_p > 0 (without a returned mask).
 void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen = false, bool backward = true,
-             std::optional<Schedule> schedule = {}, int device = 0);
+             std::optional<Schedule> schedule = {}, int device = 0, bool dropout = false);
 
 }  // namespace tilejit::attention

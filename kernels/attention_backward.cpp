@@ -3,10 +3,17 @@
 // blocks that see it, and one program per query block accumulates dQ over the key blocks it sees.
 // Both recompute P = exp2(S * scale * log2 e - LSE * log2 e) from the forward's LSE.
 // Variable-length batches (VARLEN) run the same code on per-sequence views (HeadRows).
+// Dropout (DROPOUT) regenerates the forward's keep-mask from the same logical coordinates
+// (AttentionDropout, kernels/attention.hpp): dV = sum (P * keep * s)^T dO, dP = (dO V^T) * keep * s,
+// dS = P * (dP - Delta), s = 1 / keep probability; Delta = rowsum(dO * O) is unchanged (O includes
+// the dropout).
 #include "kernels/attention_backward.hpp"
 
 #include <cmath>
+#include <optional>
 #include <utility>
+
+#include "kernels/attention.hpp"
 
 namespace tilejit::kernels {
 
@@ -69,6 +76,7 @@ struct BackwardParams {
   DType T;
   int64_t BM, BN, D;
   bool causal, bshd, varlen;
+  bool dropout;  // DROPOUT: trailing seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold
   int rank;  // of Q, K, V, dO and the gradients (LSE, Delta: rank - 1)
   Tensor Q, K, V, dO, LSE, Delta;
 
@@ -80,6 +88,7 @@ struct BackwardParams {
         causal(kb.meta<bool>("CAUSAL", false)),
         bshd(kb.meta<bool>("BSHD", false)),
         varlen(varlen_meta(kb, bshd)),
+        dropout(kb.meta<bool>("DROPOUT", false)),
         rank(varlen ? 3 : 4),
         Q(kb.tensor("Q", T, rank, kRowMajor)),
         K(kb.tensor("K", T, rank, kRowMajor)),
@@ -88,16 +97,20 @@ struct BackwardParams {
         LSE(kb.tensor("LSE", f32, rank - 1, {.contiguous_last = true})),
         Delta(kb.tensor("Delta", f32, rank - 1, {.contiguous_last = true})) {}
 
-  // The rows of batch b (declares the trailing VARLEN parameters cu_seqlens_q, cu_seqlens_k: call
-  // it after the kernel's own parameters); Q, K, V, dO, LSE, Delta become sequence b's views.
-  HeadRows sequence(Builder& kb, Tile b) {
+  // The rows of batch b (declares the trailing VARLEN parameters cu_seqlens_q, cu_seqlens_k, then
+  // with DROPOUT the dropout scalars into `drop`: call it after the kernel's own parameters); Q, K,
+  // V, dO, LSE, Delta become sequence b's views.
+  HeadRows sequence(Builder& kb, Tile b, std::optional<AttentionDropout>& drop) {
     Tile cu_q, cu_k;  // VARLEN: i32[batch + 1] offsets of the sequences in the packed tokens
     if (varlen) cu_q = kb.pointer("cu_seqlens_q", i32), cu_k = kb.pointer("cu_seqlens_k", i32);
+    if (dropout) drop.emplace(kb);
     HeadRows rows(std::move(b), D, bshd, varlen, cu_q, cu_k);
     Q = rows.queries(Q), dO = rows.queries(dO), LSE = rows.queries(LSE), Delta = rows.queries(Delta);
     K = rows.keys(K), V = rows.keys(V);
     return rows;
   }
+  // The dropout mask's batch*heads index of query head h: b * heads_q + h (b: the sequence).
+  Tile batch_head(const HeadRows& rows, const Tile& h) const { return rows.b * Q.size(rows.head_dim()) + h; }
   // Query heads per key/value head (grouped-query attention).
   Tile group(const HeadRows& rows) const { return Q.size(rows.head_dim()) / K.size(rows.head_dim()); }
   // The LSE of rows [m0, m0 + BM) of head h in log2 units, +inf for a row that sees no key
@@ -146,7 +159,8 @@ const Kernel& attention_backward_dkdv() {
     auto qk_scale = softmax_scale * kLog2e;
 
     auto n0 = program_id(0) * a.BN, kv_h = program_id(1);
-    HeadRows rows = a.sequence(kb, program_id(2));
+    std::optional<AttentionDropout> drop;
+    HeadRows rows = a.sequence(kb, program_id(2), drop);
     dK = rows.keys(dK), dV = rows.keys(dV);
     auto S_q = rows.seq_len(a.Q), S_k = rows.seq_len(a.K);
     auto group = a.group(rows);
@@ -159,19 +173,33 @@ const Kernel& attention_backward_dkdv() {
     Tile m_end = rows.unless_past(n0, S_k, S_q);
     for_range(0, group, [&](Tile g) {  // the query heads of this key/value head's group
       auto h = kv_h * group + g;
+      Tile bh;  // DROPOUT: the mask's batch*heads index
+      if (a.dropout) bh = a.batch_head(rows, h);
       for_range(m_begin, m_end, a.BM, [&](Tile m0) {
         auto q = load(rows(a.Q, h, m0, a.BM)), dout = load(rows(a.dO, h, m0, a.BM));
         auto lse = a.lse_log2(rows, h, m0)[row];  // [1, BM]
         auto delta = load(rows(a.Delta, h, m0, a.BM))[row];
         auto qrows = (m0 + arange(0, a.BM))[row];
         auto pt = where(a.visible(qrows, keys, S_q, S_k), exp2(dot(k, trans(q)) * qk_scale - lse), 0.0f);  // P^T
-        dv = dot(cast(a.T, pt), dout, dv);
-        auto dst = pt * (dot(v, trans(dout)) - delta);  // dS^T = P^T * (dP^T - Delta)
+        // DROPOUT: the block is transposed (rows are keys, columns query rows): the forward's mask
+        // of (query rows m0.., keys n0..), transposed; s = 1 / keep probability is applied to dV
+        // once at the end
+        Tile keep_t, pt_kept = pt;
+        if (a.dropout) {
+          keep_t = trans(drop->keep(bh, m0 + arange(0, a.BM), n0, a.BN));  // [BN, BM]
+          pt_kept = where(keep_t, pt, 0.0f);
+        }
+        dv = dot(cast(a.T, pt_kept), dout, dv);
+        Tile dpt = dot(v, trans(dout));  // dP^T (of the dropped P: times keep * s)
+        if (a.dropout) dpt = where(keep_t, dpt * drop->scale, 0.0f);
+        auto dst = pt * (dpt - delta);  // dS^T = P^T * (dP^T - Delta)
         dk = dot(cast(a.T, dst), q, dk);
       });
     });
     store(rows(dK, kv_h, n0, a.BN), cast(a.T, dk * softmax_scale));
-    store(rows(dV, kv_h, n0, a.BN), cast(a.T, dv));
+    Tile dv_out = dv;
+    if (a.dropout) dv_out = dv_out * drop->scale;
+    store(rows(dV, kv_h, n0, a.BN), cast(a.T, dv_out));
   });
   return kern;
 }
@@ -184,7 +212,8 @@ const Kernel& attention_backward_dq() {
     auto qk_scale = softmax_scale * kLog2e;
 
     auto m0 = program_id(0) * a.BM, h = program_id(1);
-    HeadRows rows = a.sequence(kb, program_id(2));
+    std::optional<AttentionDropout> drop;
+    HeadRows rows = a.sequence(kb, program_id(2), drop);
     dQ = rows.queries(dQ);
     auto S_q = rows.seq_len(a.Q), S_k = rows.seq_len(a.K);
     auto kv_h = h / a.group(rows);
@@ -193,13 +222,17 @@ const Kernel& attention_backward_dq() {
     auto delta = load(rows(a.Delta, h, m0, a.BM))[col];
     auto qrows = (m0 + arange(0, a.BM))[col];
     Var dq = zeros(f32, {a.BM, a.D});
+    Tile bh, qrows_1d;  // DROPOUT: the mask's batch*heads index and query rows
+    if (a.dropout) bh = a.batch_head(rows, h), qrows_1d = m0 + arange(0, a.BM);
     // Causal: stop after the last key the block's last row sees (none for key-less blocks).
     Tile n_end = rows.unless_past(m0, S_q, a.causal ? minimum(S_k, m0 + a.BM + (S_k - S_q)) : S_k);
     for_range(0, n_end, a.BN, [&](Tile n0) {
       auto k = load(rows(a.K, kv_h, n0, a.BN)), v = load(rows(a.V, kv_h, n0, a.BN));
       auto keys = (n0 + arange(0, a.BN))[row];
       auto p = where(a.visible(qrows, keys, S_q, S_k), exp2(dot(q, trans(k)) * qk_scale - lse), 0.0f);
-      auto ds = p * (dot(dout, trans(v)) - delta);  // dS = P * (dP - Delta)
+      Tile dp = dot(dout, trans(v));  // dP (of the dropped P: times keep * s)
+      if (a.dropout) dp = where(drop->keep(bh, qrows_1d, n0, a.BN), dp * drop->scale, 0.0f);
+      auto ds = p * (dp - delta);  // dS = P * (dP - Delta)
       dq = dot(cast(a.T, ds), k, dq);
     });
     store(rows(dQ, h, m0, a.BM), cast(a.T, dq * softmax_scale));

@@ -17,6 +17,13 @@ namespace tilejit::kernels {
 // alignment; length 0 allowed: its gradients are 0). The grids use max_seqlen_q/k for seq_q/k and
 // the number of sequences for batch; programs past their sequence's end do nothing; tokens
 // outside [cu[0], cu[batch]) are neither read nor written. BSHD with VARLEN is a BuildError.
+//
+// DROPOUT (dK/dV and dQ; the forward's, kernels/attention.hpp): five more scalars after all the
+// other parameters, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold (the forward's values);
+// the kernels regenerate the forward's keep-mask from the same logical coordinates (bh = b *
+// heads_q + h, query row, key) and differentiate O = dropout(P) V: dV = sum (P * keep * s)^T dO,
+// dS = P * (dO V^T * keep * s - Delta), s = 256 / keep_threshold. The preprocess is unchanged
+// (Delta = rowsum(dO * O), O already dropped).
 
 // Delta[b, h, i] = sum_d dO[b, h, i, d] * O[b, h, i, d] (f32).
 // Params: O, dO, Delta (VARLEN: cu_seqlens_q). Meta: DTYPE, BLOCK_M, HEAD_DIM, BSHD, VARLEN. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
@@ -24,13 +31,15 @@ const lang::Kernel& attention_backward_preprocess();
 
 // dK, dV for one key block of one key/value head, summed over the query heads of its group:
 // dV = sum P^T dO, dK = scale * sum dS^T Q with dS = P * (dO V^T - Delta).
-// Params: Q, K, V, dO, LSE, Delta, dK, dV, softmax_scale (f32) (VARLEN: cu_seqlens_q, cu_seqlens_k).
-// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch).
+// Params: Q, K, V, dO, LSE, Delta, dK, dV, softmax_scale (f32) (VARLEN: cu_seqlens_q, cu_seqlens_k)
+// (DROPOUT: seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold).
+// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, DROPOUT. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch).
 const lang::Kernel& attention_backward_dkdv();
 
 // dQ = scale * sum dS K for one query block.
-// Params: Q, K, V, dO, LSE, Delta, dQ, softmax_scale (f32) (VARLEN: cu_seqlens_q, cu_seqlens_k).
-// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
+// Params: Q, K, V, dO, LSE, Delta, dQ, softmax_scale (f32) (VARLEN: cu_seqlens_q, cu_seqlens_k)
+// (DROPOUT: seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold).
+// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, DROPOUT. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
 const lang::Kernel& attention_backward_dq();
 
 }  // namespace tilejit::kernels

@@ -232,6 +232,63 @@ TEST_CASE("attention API: options") {
   CHECK_FWD_ERROR(c, "max_seqlen_q/k = 100/0 are set without cu_seqlens_q/k");
 }
 
+// Dropout (issue 7): p in [0, 1), the test mask's dtype and sizes; a valid dropout call (with the
+// mask, dense and varlen) reaches the driver after the kernels' launch checks (every DROPOUT and
+// RETURN_MASK parameter bound).
+TEST_CASE("attention API: dropout options") {
+  CHECK(dropout_supported());
+  Call c;
+  for (double p : {-0.1, 1.0, 1.5, static_cast<double>(NAN)}) {
+    c.opts.dropout_p = p;
+    CHECK_FWD_ERROR(c, "options.dropout_p = ", "is not in [0, 1)");
+    if (backward_available()) CHECK_BWD_ERROR(c, "options.dropout_p = ", "is not in [0, 1)");
+  }
+  for (double p : {0.0, 0.1, 0.5, 0.999}) {
+    c.opts.dropout_p = p;
+    c.opts.seed = 0xffffffffffffffffULL;
+    c.opts.offset = 1ULL << 40;
+    CHECK_NOTHROW(c.check_fwd());
+    if (backward_available()) CHECK_NOTHROW(c.check_bwd());
+  }
+  // the mask for tests: u8 [B * Hq, S_q, S_k], only with dropout
+  c = Call{};
+  c.opts.dropout_mask = contiguous(kBase + 0xc000000, DType::u8, {16, 100, 300});
+  CHECK_FWD_ERROR(c, "options.dropout_mask is set but options.dropout_p = 0");
+  c.opts.dropout_p = 0.1;
+  CHECK_NOTHROW(c.check_fwd());
+  if (backward_available()) CHECK_NOTHROW(c.check_bwd());  // the backward ignores the mask
+  c.opts.dropout_mask = contiguous(kBase + 0xc000000, DType::u8, {2, 100, 300});
+  CHECK_FWD_ERROR(c, "options.dropout_mask has sizes [2,100,300] but must be [B * Hq, S_q, S_k] = [16,100,300]");
+  c.opts.dropout_mask = contiguous(kBase + 0xc000000, DType::i32, {16, 100, 300});
+  CHECK_FWD_ERROR(c, "options.dropout_mask has dtype i32; it must be u8");
+  c.opts.dropout_mask = contiguous(kBase + 0xc000000, DType::u8, {16, 100, 300}, 1);
+  CHECK_FWD_ERROR(c, "options.dropout_mask is on device 1 but q is on device 0");
+  c.opts.dropout_mask = strided(kBase + 0xc000000, DType::u8, {16, 100, 300}, {30000, 300, 2});
+  CHECK_FWD_ERROR(c, "options.dropout_mask has stride 2 on its last dim");
+
+  if (runtime::Driver::get().available()) return;  // the fake pointers must not reach a launch
+  const auto needs_gpu = [](auto&& call) { CHECK_THROWS_AS(call(), runtime::DeviceError); };
+  for (bool causal : {false, true}) {
+    Call d;
+    d.opts.causal = causal;
+    d.opts.dropout_p = 0.2;
+    d.opts.seed = 7;
+    needs_gpu([&] { forward(d.q, d.k, d.v, d.o, d.lse, d.opts); });
+    if (backward_available()) needs_gpu([&] { backward(d.q, d.k, d.v, d.o, d.dout, d.lse, d.dq, d.dk, d.dv, d.opts); });
+    d.opts.dropout_mask = contiguous(kBase + 0xc000000, DType::u8, {16, 100, 300});
+    needs_gpu([&] { forward(d.q, d.k, d.v, d.o, d.lse, d.opts); });
+    Call v = packed_call();
+    v.opts.causal = causal;
+    v.opts.dropout_p = 0.5;
+    needs_gpu([&] { forward(v.q, v.k, v.v, v.o, v.lse, v.opts); });
+    if (backward_available()) needs_gpu([&] { backward(v.q, v.k, v.v, v.o, v.dout, v.lse, v.dq, v.dk, v.dv, v.opts); });
+    v.opts.dropout_mask = contiguous(kBase + 0xc000000, DType::u8, {3 * 8, 200, 250});
+    needs_gpu([&] { forward(v.q, v.k, v.v, v.o, v.lse, v.opts); });
+    v.opts.dropout_mask = contiguous(kBase + 0xc000000, DType::u8, {3 * 8, 300, 500});
+    CHECK_FWD_ERROR(v, "options.dropout_mask has sizes [24,300,500] but must be [B * Hq, max_seqlen_q, max_seqlen_k] = [24,200,250]");
+  }
+}
+
 TEST_CASE("attention API: variable-length batches") {
   Call c = packed_call();
   const Call varlen = c;

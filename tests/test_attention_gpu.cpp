@@ -2,7 +2,10 @@
 // through tilejit::attention::forward/backward against a float64 reference (below: flat arrays,
 // one pass per query row, ~0.1 s for the largest case; run on all cores): bf16/f16, D 64/128/256, GQA/MQA, ragged S_q != S_k, causal,
 // custom scales, [B,S,H,D] / [B,H,S,D] (as permuted views) / padded row pitches, variable-length
-// batches (forward and backward, empty sequences included) when the kernels have the VARLEN meta.
+// batches (forward and backward, empty sequences included) when the kernels have the VARLEN meta;
+// dropout (issue 7: p 0.1/0.5, 64-bit seeds and offsets, default and custom schedules): the
+// reference applies the host keep-mask (kernels/philox_host.hpp) and the mask the forward returns
+// must be the host mask bit for bit at every visible element.
 // Outputs, LSE, gradients and the workspace are poisoned (0xFF = NaN) before each run. Skips visibly without a GPU.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "kernels/attention_api.hpp"
+#include "kernels/philox_host.hpp"
 #include "runtime/device_buffer.hpp"
 #include "runtime/driver.hpp"
 
@@ -63,9 +67,15 @@ struct Reference {
 // softmax(scale Q K^T, masked) V, its natural-log LSE, and (backward) the exact gradients for dO:
 // dV = P^T dO, dP = dO V^T, Delta = rowsum(P * dP), dS = P (dP - Delta), dQ = scale dS K,
 // dK = scale dS^T Q; dK and dV summed over each key/value head's query heads. A row that sees no
-// key: O = 0, LSE = -inf, zero gradients.
+// key: O = 0, LSE = -inf, zero gradients. With `drop`: O = (P * keep / keep probability) V (LSE of
+// the undropped P), dV from the dropped P, dP * keep / keep probability; keep of (bh = (batch0 +
+// b) * Hq + h, i, j).
+struct DropoutRef {
+  kernels::DropoutRngHost rng;
+  int batch0 = 0;
+};
 Reference reference(const AttentionCase& c, const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
-                    const std::vector<double>& dout, double scale, bool backward) {
+                    const std::vector<double>& dout, double scale, bool backward, const DropoutRef* drop = nullptr) {
   const auto D = static_cast<size_t>(c.D);
   Reference r;
   r.o.assign(q.size(), 0.0);
@@ -75,7 +85,8 @@ Reference reference(const AttentionCase& c, const std::vector<double>& q, const 
     r.dk.assign(k.size(), 0.0);
     r.dv.assign(v.size(), 0.0);
   }
-  std::vector<double> p(static_cast<size_t>(c.Sk)), dp(static_cast<size_t>(c.Sk));
+  std::vector<double> p(static_cast<size_t>(c.Sk)), dp(static_cast<size_t>(c.Sk)), pd(static_cast<size_t>(c.Sk));
+  const double inv_keep = drop ? 256.0 / drop->rng.keep_threshold : 1.0;
   auto dot = [D](const double* x, const double* y) {
     double s = 0;
     for (size_t d = 0; d < D; ++d) s += x[d] * y[d];
@@ -95,15 +106,22 @@ Reference reference(const AttentionCase& c, const std::vector<double>& q, const 
         for (size_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - mx));
         r.lse[row] = mx + std::log(sum);
         double* oi = &r.o[row * D];
+        const auto bh = static_cast<uint32_t>(((drop ? drop->batch0 : 0) + b) * c.Hq + h);
         for (size_t j = 0; j < n; ++j) {
           p[j] /= sum;
+          // the dropped, rescaled probability (1 where kept: inv_keep, else 0)
+          const double keep = !drop || kernels::dropout_keep_host(drop->rng, bh, static_cast<uint32_t>(i), static_cast<uint32_t>(j))
+                                  ? inv_keep
+                                  : 0.0;
+          pd[j] = p[j] * keep;
           const double* vj = &v[kv0 + j * D];
-          for (size_t d = 0; d < D; ++d) oi[d] += p[j] * vj[d];
+          for (size_t d = 0; d < D; ++d) oi[d] += pd[j] * vj[d];
+          dp[j] = keep;  // for the backward: dP = (dO . v_j) * keep
         }
         if (!backward) continue;
         const double* doi = &dout[row * D];
         double delta = 0;
-        for (size_t j = 0; j < n; ++j) delta += p[j] * (dp[j] = dot(doi, &v[kv0 + j * D]));
+        for (size_t j = 0; j < n; ++j) delta += p[j] * (dp[j] = dp[j] * dot(doi, &v[kv0 + j * D]));
         double* dqi = &r.dq[row * D];
         for (size_t j = 0; j < n; ++j) {
           const double ds = scale * p[j] * (dp[j] - delta);
@@ -113,7 +131,7 @@ Reference reference(const AttentionCase& c, const std::vector<double>& q, const 
           for (size_t d = 0; d < D; ++d) {
             dqi[d] += ds * kj[d];
             dkj[d] += ds * qi[d];
-            dvj[d] += p[j] * doi[d];
+            dvj[d] += pd[j] * doi[d];
           }
         }
       }
@@ -135,6 +153,9 @@ struct Case {
   std::vector<int> lens_q, lens_k;  // varlen sequence lengths
   bool backward = true;
   bool own_workspace = true;     // false: the API allocates Delta itself
+  double dropout_p = 0;          // > 0: dropout with seed/offset below
+  uint64_t drop_seed = 0, drop_offset = 0;
+  bool small_schedule = false;   // Options::schedule = 64x64, 4 warps, 2 stages (dropout masks across schedules)
 
   std::string describe() const {
     std::string s = fmt::format("#{} {} ", index, ir::name(dtype));
@@ -144,6 +165,8 @@ struct Case {
     else
       s += fmt::format("{} {}", c.describe(), layout_name(layout));
     if (scale) s += fmt::format(" scale={:.4f}", *scale);
+    if (dropout_p > 0) s += fmt::format(" dropout p={} seed={:#x} offset={:#x}", dropout_p, drop_seed, drop_offset);
+    if (small_schedule) s += " schedule 64x64/4w/2st";
     if (!backward) s += " (forward only)";
     return s;
   }
@@ -166,9 +189,10 @@ struct Result {
   std::string error;  // an exception, if one was thrown
   double o = 0, lse = 0, dq = 0, dk = 0, dv = 0;  // relative errors (lse: max abs difference)
   int64_t nans = 0;                               // NaN elements in any output (unwritten: poison)
+  int64_t mask_wrong = 0;                         // dropout: returned mask != host mask at visible elements
   bool ok() const {
     constexpr double tol = 1e-2;
-    return error.empty() && nans == 0 && o < tol && lse < tol && dq < tol && dk < tol && dv < tol;
+    return error.empty() && nans == 0 && mask_wrong == 0 && o < tol && lse < tol && dq < tol && dk < tol && dv < tol;
   }
 };
 
@@ -220,12 +244,17 @@ HostTensor slice_seq(const HostTensor& packed, int64_t start, int64_t len) {
   return out;
 }
 
-Case make_case(int index, bool varlen, bool varlen_backward) {
+Case make_case(int index, bool varlen, bool varlen_backward, bool dropout = false) {
   std::mt19937_64 rng(0x5eed0000 + static_cast<uint64_t>(index));
   auto pick = [&](auto const& v) { return v[rng() % v.size()]; };
   Case k;
   k.index = index;
   k.seed = rng();
+  if (dropout) {
+    k.dropout_p = index % 2 ? 0.5 : 0.1;
+    k.drop_seed = rng();
+    k.drop_offset = rng() % 2 ? rng() : rng() % 1000;
+  }
   // Every 12 consecutive cases cover dtype x D x mask.
   k.dtype = index % 2 ? ir::DType::f16 : ir::DType::bf16;
   const int D = std::vector<int>{64, 128, 256}[static_cast<size_t>(index / 2 % 3)];
@@ -243,6 +272,7 @@ Case make_case(int index, bool varlen, bool varlen_backward) {
       k.c = AttentionCase{B, hkv * group, hkv, Sq, Sk, D, causal, k.layout != Layout::bhsd};
       if (double(B) * k.c.Hq * Sq * Sk * D <= kBudget) break;
     }
+    k.small_schedule = dropout && D <= 128 && rng() % 3 == 0;
     return k;
   }
   k.varlen = true;
@@ -309,7 +339,7 @@ Result run_case(const Case& k, std::mutex& gpu) {
       }
     }
 
-    HostTensor o_h, lse_h, dq_h, dk_h, dv_h;
+    HostTensor o_h, lse_h, dq_h, dk_h, dv_h, mask_h;
     {
       std::lock_guard lock(gpu);
       runtime::Stream stream;
@@ -321,6 +351,19 @@ Result run_case(const Case& k, std::mutex& gpu) {
       attention::Options opts;
       opts.softmax_scale = k.scale;
       opts.causal = c.causal;
+      opts.dropout_p = k.dropout_p;
+      opts.seed = k.drop_seed;
+      opts.offset = k.drop_offset;
+      if (k.small_schedule) opts.schedule = attention::Schedule{64, 64, 4, 2};
+      // dropout: the forward's keep-mask, u8 [B * Hq, S_q, S_k] (varlen: [nseq * Hq, max_q, max_k]), 0xFF = not written
+      const int64_t mask_b = (k.varlen ? static_cast<int64_t>(k.lens_q.size()) : c.B) * c.Hq;
+      const int64_t mask_q = k.varlen ? *std::max_element(k.lens_q.begin(), k.lens_q.end()) : c.Sq;
+      const int64_t mask_k = k.varlen ? *std::max_element(k.lens_k.begin(), k.lens_k.end()) : c.Sk;
+      DeviceTensor d_mask;
+      if (k.dropout_p > 0 && mask_q > 0 && mask_k > 0) {
+        d_mask = DeviceTensor::empty_like(HostTensor(ir::DType::u8, {mask_b, mask_q, mask_k}));
+        opts.dropout_mask = api_view(d_mask, false);
+      }
       DeviceTensor d_cuq, d_cuk;
       if (k.varlen) {
         d_cuq = DeviceTensor::from_host(cuq_h);
@@ -333,6 +376,7 @@ Result run_case(const Case& k, std::mutex& gpu) {
       const auto Q = api_view(dq_in, bhsd), K = api_view(dk_in, bhsd), V = api_view(dv_in, bhsd), O = api_view(d_o, bhsd);
       const auto L = api_view(d_lse, false);
       attention::forward(Q, K, V, O, L, opts, stream.handle());
+      opts.dropout_mask.reset();  // (the backward ignores it)
       if (k.backward) {
         runtime::DeviceBuffer ws;
         attention::Workspace w;
@@ -347,6 +391,7 @@ Result run_case(const Case& k, std::mutex& gpu) {
       stream.synchronize();
       o_h = d_o.to_host();
       lse_h = d_lse.to_host();
+      if (d_mask.numel() > 0) mask_h = d_mask.to_host();
       if (k.backward) {
         dq_h = d_dq.to_host();
         dk_h = d_dk.to_host();
@@ -358,9 +403,24 @@ Result run_case(const Case& k, std::mutex& gpu) {
     RelAcc eo, edq, edk, edv;
     const auto compare = [&](const AttentionCase& cc, const HostTensor& qq, const HostTensor& kt, const HostTensor& vt,
                              const HostTensor& dot, const HostTensor& og, const std::vector<double>& lse_got, const HostTensor* dqg,
-                             const HostTensor* dkg, const HostTensor* dvg) {
+                             const HostTensor* dkg, const HostTensor* dvg, int batch0 = 0) {
       const double scale = k.scale ? static_cast<double>(*k.scale) : cc.default_scale();
-      const Reference ref = reference(cc, to_bhsd(cc, qq), to_bhsd(cc, kt), to_bhsd(cc, vt), to_bhsd(cc, dot), scale, k.backward);
+      std::optional<DropoutRef> drop;
+      if (k.dropout_p > 0) {
+        drop = DropoutRef{{k.drop_seed, k.drop_offset, kernels::dropout_keep_threshold(k.dropout_p)}, batch0};
+        // the returned mask at every visible element of these batches
+        for (int b = 0; b < cc.B; ++b)
+          for (int h = 0; h < cc.Hq; ++h)
+            for (int i = 0; i < cc.Sq; ++i)
+              for (int j = 0; j < cc.visible(i); ++j) {
+                const int64_t bh = int64_t{batch0 + b} * cc.Hq + h;
+                const bool keep = kernels::dropout_keep_host(drop->rng, static_cast<uint32_t>(bh), static_cast<uint32_t>(i),
+                                                             static_cast<uint32_t>(j));
+                r.mask_wrong += mask_h.get({bh, i, j}) != (keep ? 1.0 : 0.0) ? 1 : 0;
+              }
+      }
+      const Reference ref = reference(cc, to_bhsd(cc, qq), to_bhsd(cc, kt), to_bhsd(cc, vt), to_bhsd(cc, dot), scale, k.backward,
+                                      drop ? &*drop : nullptr);
       eo.add(to_bhsd(cc, og), ref.o);
       r.lse = std::max(r.lse, lse_error(lse_got, ref.lse));
       if (!k.backward) return;
@@ -384,7 +444,7 @@ Result run_case(const Case& k, std::mutex& gpu) {
           dvs = slice_seq(dv_h, cu_k[s], lk);
         }
         compare(cc, slice_seq(q, cu_q[s], lq), slice_seq(kk, cu_k[s], lk), slice_seq(v, cu_k[s], lk), slice_seq(dout, cu_q[s], lq),
-                slice_seq(o_h, cu_q[s], lq), lse_got, &dqs, &dks, &dvs);
+                slice_seq(o_h, cu_q[s], lq), lse_got, &dqs, &dks, &dvs, static_cast<int>(s));
       }
     }
     r.o = eo.value();
@@ -412,7 +472,9 @@ TEST_CASE("gpu: attention API sweep (forward + backward) against float64") {
   if (!bwd) MESSAGE("NOTE: the backward kernels are not in this build: forward only");
   if (!varlen_fwd) MESSAGE("NOTE: the attention kernels have no VARLEN meta yet: variable-length cases skipped");
 
-  constexpr int kDense = 216, kVarlen = 48;
+  constexpr int kDense = 216, kVarlen = 48, kDropout = 48, kDropoutVarlen = 12;
+  const bool dropout = attention::dropout_supported();
+  if (!dropout) MESSAGE("NOTE: the attention kernels have no DROPOUT meta: dropout cases skipped");
   std::vector<Case> cases;
   for (int i = 0; i < kDense; ++i) {
     cases.push_back(make_case(i, false, false));
@@ -420,6 +482,14 @@ TEST_CASE("gpu: attention API sweep (forward + backward) against float64") {
   }
   if (varlen_fwd)
     for (int i = 0; i < kVarlen; ++i) cases.push_back(make_case(kDense + i, true, varlen_bwd && bwd));
+  if (dropout) {
+    for (int i = 0; i < kDropout; ++i) {
+      cases.push_back(make_case(kDense + kVarlen + i, false, false, true));
+      cases.back().backward = bwd;
+    }
+    if (varlen_fwd)
+      for (int i = 0; i < kDropoutVarlen; ++i) cases.push_back(make_case(kDense + kVarlen + kDropout + i, true, varlen_bwd && bwd, true));
+  }
 
   const unsigned workers = std::clamp(std::thread::hardware_concurrency(), 2u, 16u);
   // Compile every configuration first, in parallel (the JIT needs no GPU and caches on disk).
@@ -427,14 +497,16 @@ TEST_CASE("gpu: attention API sweep (forward + backward) against float64") {
     struct Cfg {
       ir::DType t;
       int d;
-      bool causal, varlen, backward;
+      bool causal, varlen, backward, dropout;
     };
     std::vector<Cfg> cfgs;
     for (ir::DType t : {ir::DType::bf16, ir::DType::f16})
       for (int d : {64, 128, 256})
         for (bool causal : {false, true})
           for (bool varlen : {false, true})
-            if (!varlen || varlen_fwd) cfgs.push_back({t, d, causal, varlen, varlen ? varlen_bwd && bwd : bwd});
+            for (bool drop : {false, true})
+              if ((!varlen || varlen_fwd) && (!drop || dropout))
+                cfgs.push_back({t, d, causal, varlen, varlen ? varlen_bwd && bwd : bwd, drop});
     std::atomic<size_t> next{0};
     std::mutex mu;
     std::vector<std::string> failures;
@@ -443,7 +515,7 @@ TEST_CASE("gpu: attention API sweep (forward + backward) against float64") {
       pool.emplace_back([&] {
         for (size_t i; (i = next++) < cfgs.size();) {
           try {
-            attention::prepare(cfgs[i].t, cfgs[i].d, cfgs[i].causal, cfgs[i].varlen, cfgs[i].backward);
+            attention::prepare(cfgs[i].t, cfgs[i].d, cfgs[i].causal, cfgs[i].varlen, cfgs[i].backward, {}, 0, cfgs[i].dropout);
           } catch (const std::exception& e) {
             std::lock_guard lock(mu);
             failures.push_back(fmt::format("{} D={} causal={} varlen={}: {}", ir::name(cfgs[i].t), cfgs[i].d, cfgs[i].causal,
@@ -476,19 +548,22 @@ TEST_CASE("gpu: attention API sweep (forward + backward) against float64") {
     worst.dk = std::max(worst.dk, r.dk);
     worst.dv = std::max(worst.dv, r.dv);
     worst.nans += r.nans;
+    worst.mask_wrong += r.mask_wrong;
     if (!r.ok()) {
       ++failed;
       FAIL_CHECK(fmt::format("{}: {}", r.what,
-                             r.error.empty() ? fmt::format("rel. errors O {:.2e} dQ {:.2e} dK {:.2e} dV {:.2e}, LSE max abs {:.2e}, {} NaN",
-                                                           r.o, r.dq, r.dk, r.dv, r.lse, r.nans)
+                             r.error.empty() ? fmt::format("rel. errors O {:.2e} dQ {:.2e} dK {:.2e} dV {:.2e}, LSE max abs {:.2e}, {} NaN, "
+                                                           "{} mask elements wrong",
+                                                           r.o, r.dq, r.dk, r.dv, r.lse, r.nans, r.mask_wrong)
                                              : r.error));
     }
   }
   const std::string summary =
-      fmt::format("attention sweep: {} cases ({} varlen, backward {}), {} failed; worst rel. error O {:.2e} dQ {:.2e} dK {:.2e} "
-                  "dV {:.2e}, worst LSE abs {:.2e}, NaN elements {}; {:.1f} s",
-                  cases.size(), varlen_fwd ? kVarlen : 0, bwd ? (varlen_bwd ? "all" : "dense only") : "none", failed, worst.o,
-                  worst.dq, worst.dk, worst.dv, worst.lse, worst.nans,
+      fmt::format("attention sweep: {} cases ({} varlen, {} dropout, backward {}), {} failed; worst rel. error O {:.2e} dQ {:.2e} "
+                  "dK {:.2e} dV {:.2e}, worst LSE abs {:.2e}, NaN elements {}, wrong mask elements {}; {:.1f} s",
+                  cases.size(), varlen_fwd ? kVarlen : 0, dropout ? kDropout + (varlen_fwd ? kDropoutVarlen : 0) : 0,
+                  bwd ? (varlen_bwd ? "all" : "dense only") : "none", failed, worst.o, worst.dq, worst.dk, worst.dv, worst.lse,
+                  worst.nans, worst.mask_wrong,
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   MESSAGE(summary);
   fmt::print("{}\n", summary);
