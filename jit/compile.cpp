@@ -10,6 +10,7 @@
 
 #include "jit/assign_layouts.hpp"
 #include "jit/canonicalize.hpp"
+#include "jit/schedule_dots.hpp"
 #include "jit/cuda_backend.hpp"
 #include "jit/llvm_backend.hpp"
 #include "jit/lower.hpp"
@@ -30,7 +31,7 @@ bool compilers_disabled() {
 std::string_view to_string(Backend b) { return b == Backend::Llvm ? "llvm" : "nvrtc"; }
 
 const std::vector<std::string>& pass_names() {
-  static const std::vector<std::string> names{"verify", "canonicalize", "assign-layouts", "lower", "backend", "ptx-to-cubin"};
+  static const std::vector<std::string> names{"verify", "canonicalize", "schedule", "assign-layouts", "lower", "backend", "ptx-to-cubin"};
   return names;
 }
 
@@ -65,6 +66,10 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
   ir::verify(f);
   out.tile_ir = ir::print(f);
   dump("canonicalize", out.tile_ir);
+
+  // Hopper: dots issue as early as their operands allow (the lowering overlaps MMAs in flight).
+  if (opts.arch == "sm_90a" && opts.pipeline.enabled) hoist_dots(f);
+  dump("schedule", ir::print(f));
 
   LayoutPlan plan = assign_layouts(f, opts.num_warps, opts.arch, opts.pipeline);
   dump("assign-layouts", print_with_layouts(f, plan));

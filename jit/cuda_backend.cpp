@@ -1007,11 +1007,15 @@ class Printer {
     const size_t first_acc = is_wait ? 0 : rs ? 5 : 2;
     if (in.args.size() != first_acc + nr)
       fail(fmt::format("{} has {} operands for {} accumulators (expected {})", pir::op_name(in.op), in.args.size(), nr, first_acc + nr));
+    // imm bit 25 (wgmma, wgmma_rs): D = A*B, scale-d = 0: the accumulator inputs are not read.
+    const bool overwrite = !is_wait && ((in.imm >> 25) & 1);
     for (size_t i = 0; i < nr; ++i) {
       if (ty(in.args[first_acc + i]) != pir::scalar(DType::f32) || ty(in.results[i]) != pir::scalar(DType::f32))
         fail(fmt::format("{}: accumulators must be f32", pir::op_name(in.op)));
-      def(in.results[i], n(in.args[first_acc + i]));
+      if (overwrite) declare(in.results[i]);
+      else def(in.results[i], n(in.args[first_acc + i]));
     }
+    const char* scale_d = overwrite ? "0" : "1";
     std::string text;
     std::string inputs;
     if (is_wait) {
@@ -1036,17 +1040,17 @@ class Printer {
         text = fmt::format("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{}, 0;\\n\\twgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} "
                            "{{{}}}, {{%{}, %{}, %{}, %{}}}, %{}, p, 1, 1, {};\\n\\t}}",
                            nr + 5, nn, t, t, regs, nr, nr + 1, nr + 2, nr + 3, nr + 4, trans_b);
-        inputs = fmt::format("\"r\"({}), \"r\"({}), \"r\"({}), \"r\"({}), \"l\"({}), \"r\"(1)", n(in.args[0]), n(in.args[1]),
-                             n(in.args[2]), n(in.args[3]), n(in.args[4]));
+        inputs = fmt::format("\"r\"({}), \"r\"({}), \"r\"({}), \"r\"({}), \"l\"({}), \"r\"({})", n(in.args[0]), n(in.args[1]),
+                             n(in.args[2]), n(in.args[3]), n(in.args[4]), scale_d);
       } else {
         text = fmt::format("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{}, 0;\\n\\twgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} "
                            "{{{}}}, %{}, %{}, p, 1, 1, 0, {};\\n\\t}}",
                            nr + 2, nn, t, t, regs, nr, nr + 1, trans_b);
-        inputs = fmt::format("\"l\"({}), \"l\"({}), \"r\"(1)", n(in.args[0]), n(in.args[1]));
+        inputs = fmt::format("\"l\"({}), \"l\"({}), \"r\"({})", n(in.args[0]), n(in.args[1]), scale_d);
       }
     }
     std::vector<std::string> outs;
-    for (V r : in.results) outs.push_back(fmt::format("\"+f\"(v{})", r));
+    for (V r : in.results) outs.push_back(fmt::format("\"{}f\"(v{})", overwrite ? "=" : "+", r));
     line(fmt::format("asm volatile(\"{}\"\n{}    : {}\n{}    : {} : \"memory\");", text, indent(), fmt::join(outs, ", "), indent(), inputs));
   }
 

@@ -543,21 +543,24 @@ class Emitter {
           int64_t nn = in.imm & 0xFFFF;
           const char* t = static_cast<DType>((in.imm >> 16) & 0xFF) == DType::bf16 ? "bf16" : "f16";
           int64_t trans_b = (in.imm >> 24) & 1;
+          // bit 25: D = A*B (scale-d = 0): the accumulator inputs are not read, so not tied
+          llvm::Value* scale_d = b_.getInt32((in.imm >> 25) & 1 ? 0 : 1);
           if (rs) {  // A from registers: no transpose-A immediate
             text = fmt::format("{{\n\t.reg .pred p;\n\tsetp.ne.b32 p, ${}, 0;\n\twgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} "
                                "{{{}}}, {{${}, ${}, ${}, ${}}}, ${}, p, 1, 1, {};\n\t}}",
                                n + 5, nn, t, t, regs, n, n + 1, n + 2, n + 3, n + 4, trans_b);
             cons += ",r,r,r,r,l,r";
-            args = {a(0), a(1), a(2), a(3), a(4), b_.getInt32(1)};
+            args = {a(0), a(1), a(2), a(3), a(4), scale_d};
           } else {
             text = fmt::format("{{\n\t.reg .pred p;\n\tsetp.ne.b32 p, ${}, 0;\n\twgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} "
                                "{{{}}}, ${}, ${}, p, 1, 1, 0, {};\n\t}}",
                                n + 2, nn, t, t, regs, n, n + 1, trans_b);
             cons += ",l,l,r";
-            args = {a(0), a(1), b_.getInt32(1)};
+            args = {a(0), a(1), scale_d};
           }
         }
-        for (size_t i = 0; i < n; ++i) {
+        const bool tie = is_wait || !((in.imm >> 25) & 1);
+        for (size_t i = 0; tie && i < n; ++i) {
           cons += fmt::format(",{}", i);
           args.push_back(a(first_acc + i));
         }

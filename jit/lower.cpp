@@ -180,6 +180,7 @@ class Lowerer {
   // The registers of tile value `v` in layout `L`.
   Regs get(ir::ValueId v, const Layout& L) {
     if (f_.type(v).is_scalar()) return Regs(static_cast<size_t>(L.num_regs()), scalar(v));  // uniform
+    wait_for(v);
     std::string key = L.str();
     if (const Regs* r = cached(v, key)) return *r;
     Regs regs;
@@ -447,7 +448,11 @@ class Lowerer {
 
   // ---------------------------------------------------------------- program order
   void block(const ir::Block& b) {
-    for (const ir::Op& op : b.ops) lower(op);
+    for (const ir::Op& op : b.ops) {
+      if (!op.regions.empty()) wait_pending();  // a region must not see MMAs still in flight
+      lower(op);
+    }
+    wait_pending();
   }
 
   bool all_scalar(const ir::Op& op) const {
@@ -1468,6 +1473,12 @@ class Lowerer {
             }
     }
     const int64_t imm = N | (static_cast<int64_t>(A.dtype) << 16) | (int64_t{w.b_mn_major} << 24);
+    // dot(a, b) (a zero accumulator): the first k-step overwrites instead of reading zeros, so no
+    // zero registers are materialised (LLVM shares one zero, and ptxas would then make a later
+    // group wait for this one: C7517).
+    const ir::Op* acc_def = def_.count(op.operands[2]) ? def_.at(op.operands[2]) : nullptr;
+    const double* acc_value = acc_def && acc_def->kind == OpKind::constant ? std::get_if<double>(&acc_def->attrs.at("value")) : nullptr;
+    const bool zero_acc = acc_value && *acc_value == 0.0;
     emit0(Op::wgmma_fence, {});
     for (int64_t r = 0; r < reps; ++r)
       for (int64_t kk = 0; kk < K / 16; ++kk) {
@@ -1481,12 +1492,48 @@ class Lowerer {
         }
         args.push_back(bin(Op::add, desc_b, cint(DType::u64, b_step(kk))));
         for (int64_t j = 0; j < per; ++j) args.push_back(acc[static_cast<size_t>(r * per + j)]);
-        Regs out = emit_multi(ta ? Op::wgmma : Op::wgmma_rs, args, static_cast<size_t>(per), pir::scalar(DType::f32), imm);
+        const int64_t overwrite = zero_acc && kk == 0 ? int64_t{1} << 25 : 0;
+        Regs out = emit_multi(ta ? Op::wgmma : Op::wgmma_rs, args, static_cast<size_t>(per), pir::scalar(DType::f32), imm | overwrite);
         for (int64_t j = 0; j < per; ++j) acc[static_cast<size_t>(r * per + j)] = out[static_cast<size_t>(j)];
       }
     emit0(Op::wgmma_commit, {});
-    acc = emit_multi(Op::wgmma_wait, acc, acc.size(), pir::scalar(DType::f32), 0);
+    // The group stays in flight until something reads the result (get() waits for it then), so
+    // independent MMAs and the code between them overlap: e.g. dP^T = V dO^T runs while P^T's
+    // exponentials are computed.
+    pending_.push_back({++committed_, op.results[0], LC, acc});
     put(op.results[0], LC, acc);
+  }
+
+  // wgmma groups committed in this straight-line block whose results nobody has read yet.
+  struct PendingDot {
+    int group;
+    ir::ValueId value;
+    Layout layout;
+    Regs regs;
+  };
+  // Waits until `v`'s group (if pending) is complete: wait_group(n) with n the groups committed
+  // after it; every group it completes gets its registers redefined by the wait (the asm ties
+  // them), so nothing reads an accumulator before the MMA wrote it.
+  void wait_for(ir::ValueId v) {
+    auto it = std::find_if(pending_.begin(), pending_.end(), [&](const PendingDot& p) { return p.value == v; });
+    if (it == pending_.end()) return;
+    wait_groups(it->group);
+  }
+  void wait_pending() {
+    if (!pending_.empty()) wait_groups(pending_.back().group);
+  }
+  void wait_groups(int upto) {
+    Regs tied;
+    std::vector<PendingDot> done, rest;
+    for (PendingDot& p : pending_) (p.group <= upto ? done : rest).push_back(std::move(p));
+    for (const PendingDot& p : done) tied.insert(tied.end(), p.regs.begin(), p.regs.end());
+    Regs out = emit_multi(Op::wgmma_wait, tied, tied.size(), pir::scalar(DType::f32), committed_ - upto);
+    pending_ = std::move(rest);  // before put(): get() must not see them pending again
+    size_t at = 0;
+    for (const PendingDot& p : done) {
+      put(p.value, p.layout, Regs(out.begin() + static_cast<std::ptrdiff_t>(at), out.begin() + static_cast<std::ptrdiff_t>(at + p.regs.size())));
+      at += p.regs.size();
+    }
   }
 
   const ir::Function& f_;
@@ -1494,6 +1541,8 @@ class Lowerer {
   pir::Func out_;
   std::map<std::pair<int, std::vector<int64_t>>, V> hopper_maps_;
   std::map<const ir::Op*, RingState> rings_;
+  std::vector<PendingDot> pending_;
+  int committed_ = 0;
   int64_t scratch_base_ = 0;
   std::map<std::pair<int, int64_t>, V> tensor_maps_;
   std::unordered_map<ir::ValueId, int64_t> divisors_;

@@ -63,7 +63,9 @@ enum class Op : uint8_t {
   wgmma_fence,
   wgmma_commit,
   wgmma_wait,         // (acc f32...) imm = groups left in flight -> acc, readable afterwards
-  wgmma,              // (desc a u64, desc b u64, acc f32 x n/2) imm = n | dtype << 16 | trans_b << 24 -> n/2 f32
+  // (desc a u64, desc b u64, acc f32 x n/2) imm = n | dtype << 16 | trans_b << 24 | overwrite << 25
+  // -> n/2 f32; overwrite: D = A*B (scale-d = 0), the accumulator inputs are ignored
+  wgmma,
   // A from registers: (a0..a3 u32 (8 packed 16-bit values of the m64k16 A fragment), desc b u64,
   // acc f32 x n/2), imm as wgmma -> n/2 f32
   wgmma_rs,

@@ -495,3 +495,24 @@ TEST_CASE("wgmma plan: a nested loop gets its own ring, reset after each run; ti
   CHECK_THROWS_WITH_AS(jit::compile(big, o),
                        doctest::Contains("needs 327808 B of shared memory"), jit::LoweringError);
 }
+
+TEST_CASE("schedule: independent dots issue early and stay in flight until their results are read") {
+  // dK/dV: S^T = K Q^T and dP^T = V dO^T do not depend on each other: both issue before P^T's
+  // exponentials, which wait for the first only (wait_group 1), and dV's MMA overlaps dS^T.
+  jit::CompileOptions o;
+  o.make_cubin = false;
+  o.num_warps = 8;
+  o.pipeline.stages = 2;
+  o.dump_after = "schedule";
+  auto dkdv = kernels::attention_backward_dkdv().build({{"HEAD_DIM", 128}, {"BLOCK_N", 128}, {"BLOCK_M", 64}});
+  jit::CompiledKernel k = jit::compile(dkdv, o);
+  const size_t first_dot = k.dump.find(" = dot "), second_dot = k.dump.find(" = dot ", first_dot + 1);
+  const size_t first_exp = k.dump.find(" = exp2 ");
+  REQUIRE(first_exp != std::string::npos);
+  CHECK(second_dot < first_exp);
+  CHECK(k.ptx.find("wgmma.wait_group.sync.aligned 1;") != std::string::npos);
+  // Without the Hopper path nothing moves (the dump equals the canonical IR).
+  o.arch = "sm_80";
+  jit::CompiledKernel g = jit::compile(dkdv, o);
+  CHECK(g.dump == g.tile_ir);
+}
