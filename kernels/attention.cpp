@@ -23,9 +23,7 @@ AttentionDropout::AttentionDropout(Builder& kb)
       scale(256.0f / cast(f32, keep_threshold)) {}
 
 Tile AttentionDropout::keep(const Tile& batch_head, const Tile& rows, const Tile& col0, int64_t num_cols) const {
-  if (num_cols % 16 == 0)
-    return dropout_keep_block(batch_head, rows, col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold);
-  return dropout_keep(batch_head, rows, col0 + arange(0, num_cols), seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold);
+  return dropout_keep_block(batch_head, rows, col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold);
 }
 
 const Kernel& attention_forward() {

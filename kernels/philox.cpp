@@ -45,9 +45,10 @@ Tile dropout_keep(const Operand& batch_head, const Tile& rows, const Tile& cols,
   if (rows.rank() != 1 || cols.rank() != 1)
     b.fail(loc, fmt::format("dropout_keep: rows and cols must be 1-D tiles, got ranks {} and {}", rows.rank(), cols.rank()));
   Tile j = as_u32(cols, loc)[row];  // [1, N]
-  auto words = philox4x32_10({j >> 4, as_u32(rows, loc)[col], as_u32(batch_head, loc), as_u32(offset_lo, loc)},
+  Tile call = ((j >> 6) << 2) | ((j >> 1) & 3u), position = (((j >> 3) & 7u) << 1) | (j & 1u);
+  auto words = philox4x32_10({call, as_u32(rows, loc)[col], as_u32(batch_head, loc), as_u32(offset_lo, loc)},
                              {as_u32(seed_lo, loc), as_u32(seed_hi, loc) ^ as_u32(offset_hi, loc)}, loc);
-  return keep_of(words, cast(i32, j & 15u, loc), as_u32(keep_threshold, loc), loc);
+  return keep_of(words, cast(i32, position, loc), as_u32(keep_threshold, loc), loc);
 }
 
 Tile dropout_keep_block(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const Operand& seed_lo,
@@ -55,16 +56,21 @@ Tile dropout_keep_block(const Operand& batch_head, const Tile& rows, const Opera
                         Loc loc) {
   Builder& b = Builder::current(loc);
   if (rows.rank() != 1) b.fail(loc, fmt::format("dropout_keep_block: rows must be a 1-D tile, got rank {}", rows.rank()));
-  if (num_cols <= 0 || num_cols % kDropoutElementsPerCall != 0)
-    b.fail(loc, fmt::format("dropout_keep_block: num_cols = {} is not a positive multiple of {} (one Philox call per {} columns)",
-                            num_cols, kDropoutElementsPerCall, kDropoutElementsPerCall));
-  const int64_t m = rows.shape()[0], groups = num_cols / kDropoutElementsPerCall;
-  // one Philox call per (row, group of 16 columns): [M, G]
-  Tile group = (as_u32(col0, loc) >> 4) + as_u32(arange(0, groups, loc), loc);
-  auto words = philox4x32_10({group[row], as_u32(rows, loc)[col], as_u32(batch_head, loc), as_u32(offset_lo, loc)},
+  if (num_cols <= 0) b.fail(loc, fmt::format("dropout_keep_block: num_cols = {} is not positive", num_cols));
+  // Fewer than whole 64-column groups: the per-element form (the same bits).
+  if (num_cols % 64 != 0)
+    return dropout_keep(batch_head, rows, col0 + arange(0, num_cols, loc), seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold, loc);
+  const int64_t m = rows.shape()[0], groups = num_cols / 64;
+  // One Philox call per (row, 64-column group q, lane slot t): [M, Q, 4]; its 16 bytes serve the
+  // positions (k, e) of j = 64 q + 8 k + 2 t + e, laid out as [M, Q, 8, 4, 2] = [M, num_cols].
+  Tile q = (as_u32(col0, loc) >> 6) + as_u32(arange(0, groups, loc), loc);
+  Tile call = expand_dims((q[col] << 2) | as_u32(arange(0, 4, loc), loc)[row], 0, loc);      // [1, Q, 4]
+  Tile r = expand_dims(as_u32(rows, loc)[col], 2, loc);                                       // [M, 1, 1]
+  auto words = philox4x32_10({call, r, as_u32(batch_head, loc), as_u32(offset_lo, loc)},
                              {as_u32(seed_lo, loc), as_u32(seed_hi, loc) ^ as_u32(offset_hi, loc)}, loc);
-  for (Tile& w : words) w = expand_dims(w, 2, loc);  // [M, G, 1] against the 16 positions [16]
-  Tile keep = keep_of(words, arange(0, kDropoutElementsPerCall, loc), as_u32(keep_threshold, loc), loc);
+  for (Tile& w : words) w = expand_dims(expand_dims(w, 2, loc), 4, loc);                     // [M, Q, 1, 4, 1]
+  Tile k = reshape(arange(0, 8, loc), {1, 1, 8, 1, 1}, loc), e = reshape(arange(0, 2, loc), {1, 1, 1, 1, 2}, loc);
+  Tile keep = keep_of(words, (k << 1) | e, as_u32(keep_threshold, loc), loc);                // [M, Q, 8, 4, 2]
   return reshape(keep, {m, num_cols}, loc);
 }
 

@@ -5,10 +5,12 @@
 // Dropout keep-mask scheme (identical in philox_host.hpp, the dropout_mask kernel and attention):
 //   element (bh, i, j): bh = batch * heads_q + query head, i = query row, j = key column (logical
 //   coordinates: the mask does not depend on tile sizes, warps or schedule);
-//   counter = {j / 16, i, bh, offset_lo}, key = {seed_lo, seed_hi ^ offset_hi} (64-bit seed and
-//   offset; for a fixed seed, distinct (offset, bh, i, j / 16) give distinct Philox inputs);
-//   one call's 128 bits serve the 16 columns 16 * (j / 16) + 0..15: element j takes byte
-//   (j % 16) % 4 (bits 8 * ((j % 16) % 4) + 0..7) of output word (j % 16) / 4;
+//   with j = 64 q + 8 k + 2 t + e (e < 2, t < 4, k < 8): counter = {4 q + t, i, bh, offset_lo},
+//   key = {seed_lo, seed_hi ^ offset_hi} (64-bit seed and offset; for a fixed seed, distinct
+//   (offset, bh, i, 4 q + t) give distinct Philox inputs); one call's 128 bits serve the 16
+//   columns 64 q + 8 k + 2 t + e, element j taking byte 2 k + e (bits 8 * (b % 4) + 0..7 of
+//   output word b / 4) -- the columns one thread of a wgmma/mma accumulator holds, so that no
+//   thread recomputes a call another thread needs;
 //   kept iff that byte < keep_threshold, keep_threshold = round((1 - p) * 256) in [0, 256]
 //   (kernels::dropout_keep_threshold(p)); effective keep probability keep_threshold / 256
 //   (p = 0.1: 230 / 256 = 0.8984375, i.e. p_eff = 0.1015625), so scale kept values by
@@ -42,9 +44,10 @@ lang::Tile dropout_keep(const lang::Operand& batch_head, const lang::Tile& rows,
                         const lang::Operand& keep_threshold, lang::Loc loc = lang::Loc::current());
 
 // The same mask for the contiguous key columns [col0, col0 + num_cols): i1 [M, num_cols]. One
-// Philox call per 16 elements (on an [M, num_cols / 16] tile), its bytes spread with where/shift.
-// num_cols must be a multiple of 16 (a build error otherwise) and col0 (i32 scalar, runtime) a
-// multiple of 16 (not checked: e.g. a block start n0 = k * BLOCK_N with BLOCK_N >= 16).
+// Philox call per 16 elements (on an [M, num_cols / 64, 4] tile), its bytes spread with
+// where/shift, when num_cols is a multiple of 64 and col0 (i32 scalar, runtime) a multiple of 64
+// (not checked: e.g. a block start n0 = k * BLOCK_N with BLOCK_N >= 64); other widths take the
+// per-element form (same bits).
 lang::Tile dropout_keep_block(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& col0, int64_t num_cols,
                               const lang::Operand& seed_lo, const lang::Operand& seed_hi, const lang::Operand& offset_lo,
                               const lang::Operand& offset_hi, const lang::Operand& keep_threshold,

@@ -4,9 +4,11 @@
 //
 // Counter layout of the dropout keep-mask (one Philox4x32-10 call serves 16 elements):
 //   element (bh, i, j) -- bh = batch * heads_q + query head, i = query row, j = key column --
-//   counter = {j / 16, i, bh, offset_lo}, key = {seed_lo, seed_hi ^ offset_hi};
-//   its byte is byte (j % 16) % 4 (little-endian: bits 8 * ((j % 16) % 4) ...) of output word
-//   (j % 16) / 4; the element is kept iff byte < keep_threshold.
+//   with j = 64 q + 8 k + 2 t + e (e in 0..1, t in 0..3, k in 0..7): counter = {4 q + t, i, bh,
+//   offset_lo}, key = {seed_lo, seed_hi ^ offset_hi}; the call's byte 2 k + e serves it (byte b is
+//   bits 8 * (b % 4) .. + 7 of output word b / 4); the element is kept iff byte < keep_threshold.
+//   Why this order: a thread of a tensor-core accumulator holds columns 2 t + e + 8 k of each 64,
+//   so the 16 elements of one call live in one thread (no thread recomputes another's call).
 // keep_threshold = round((1 - p) * 256) in [0, 256], so the effective keep probability is
 // keep_threshold / 256 (p = 0.1: 230 / 256 = 0.8984375) and an unbiased dropout scales kept
 // values by 256 / keep_threshold.
@@ -52,15 +54,18 @@ struct DropoutRngHost {
   uint32_t keep_threshold = 256;  // keep iff byte < keep_threshold (256: keep everything)
 };
 
-// The Philox call that serves element (bh, i, j): its 16 bytes serve columns 16 * (j / 16) + 0..15.
+// The Philox call that serves element (bh, i, j): counter word 0 is 4 * (j / 64) + (j / 2) % 4.
+inline uint32_t dropout_call_host(uint32_t j) { return ((j >> 6) << 2) | ((j >> 1) & 3u); }
+// The byte of that call that serves it: 2 * ((j / 8) % 8) + j % 2.
+inline uint32_t dropout_position_host(uint32_t j) { return (((j >> 3) & 7u) << 1) | (j & 1u); }
 inline std::array<uint32_t, 4> dropout_philox_host(const DropoutRngHost& r, uint32_t bh, uint32_t i, uint32_t j) {
-  return philox4x32_10_host({j / 16, i, bh, static_cast<uint32_t>(r.offset)},
+  return philox4x32_10_host({dropout_call_host(j), i, bh, static_cast<uint32_t>(r.offset)},
                             {static_cast<uint32_t>(r.seed), static_cast<uint32_t>(r.seed >> 32) ^ static_cast<uint32_t>(r.offset >> 32)});
 }
 
 // The random byte of element (bh, i, j) and whether the element is kept.
 inline uint32_t dropout_byte_host(const DropoutRngHost& r, uint32_t bh, uint32_t i, uint32_t j) {
-  const uint32_t k = j % 16;
+  const uint32_t k = dropout_position_host(j);
   return (dropout_philox_host(r, bh, i, j)[k / 4] >> (8 * (k % 4))) & 0xFFu;
 }
 inline bool dropout_keep_host(const DropoutRngHost& r, uint32_t bh, uint32_t i, uint32_t j) {
@@ -72,13 +77,9 @@ inline std::vector<uint8_t> dropout_mask_host(const DropoutRngHost& r, int64_t b
   std::vector<uint8_t> m(static_cast<size_t>(bh_count * s_q * s_k));
   for (int64_t bh = 0; bh < bh_count; ++bh)
     for (int64_t i = 0; i < s_q; ++i)
-      for (int64_t g = 0; g * 16 < s_k; ++g) {
-        const auto x = dropout_philox_host(r, static_cast<uint32_t>(bh), static_cast<uint32_t>(i), static_cast<uint32_t>(g * 16));
-        for (int64_t j = g * 16; j < std::min(s_k, g * 16 + 16); ++j) {
-          const int64_t k = j % 16;
-          m[static_cast<size_t>((bh * s_q + i) * s_k + j)] = ((x[k / 4] >> (8 * (k % 4))) & 0xFFu) < r.keep_threshold;
-        }
-      }
+      for (int64_t j = 0; j < s_k; ++j)
+        m[static_cast<size_t>((bh * s_q + i) * s_k + j)] =
+            dropout_keep_host(r, static_cast<uint32_t>(bh), static_cast<uint32_t>(i), static_cast<uint32_t>(j));
   return m;
 }
 

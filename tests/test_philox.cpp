@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -260,8 +262,9 @@ TEST_CASE("dropout keep-mask: interpreter == host bit for bit across tile shapes
       INFO(fmt::format("{}x{} blocks, general={}", t.bm, t.bn, t.general));
       CHECK(count_differences(interpret_keep(r, t.bm, t.bn, t.general, BH, R, C, 0, 0), whole) == 0);
     }
-    // one [64, 128] block at (m0, n0) = (96, 304) equals that sub-block of the whole mask
-    const int m0 = 96, n0 = 304;
+    // one [64, 128] block at (m0, n0) = (96, 320) equals that sub-block of the whole mask (the
+    // block form needs n0 to be a multiple of 64: a block start k * BLOCK_N)
+    const int m0 = 96, n0 = 320;
     auto block = interpret_keep(r, 64, 128, false, BH, 64, 128, m0, n0);
     std::vector<uint8_t> sub;
     for (int bh = 0; bh < BH; ++bh)
@@ -276,13 +279,30 @@ TEST_CASE("dropout keep-mask: interpreter == host bit for bit across tile shapes
                           host_keep(r, 1, 32, 64, 2000000000, 2147483584)) == 0);
 }
 
-TEST_CASE("dropout_keep_block: a column count that is not a multiple of 16 is a build error") {
+TEST_CASE("dropout_keep_block: a non-positive column count is a build error") {
   Kernel k = kernel("bad_keep", [](Builder& kb) {
     auto Out = kb.tensor("Out", u8, 2);
-    auto keep = kernels::dropout_keep_block(0, arange(0, 16), 0, 24, 1, 2, 3, 4, 128);
-    store(Out.block({0, 0}, {16, 24}), cast(u8, keep));
+    auto keep = kernels::dropout_keep_block(0, arange(0, 16), 0, 0, 1, 2, 3, 4, 128);
+    store(Out.block({0, 0}, {16, 1}), cast(u8, keep));
   });
-  CHECK_THROWS_WITH_AS(k.build(), doctest::Contains("num_cols = 24 is not a positive multiple of 16"), BuildError);
+  CHECK_THROWS_WITH_AS(k.build(), doctest::Contains("num_cols = 0 is not positive"), BuildError);
+}
+
+TEST_CASE("dropout keep-mask: the 16 elements of a Philox call are the columns one accumulator thread holds") {
+  // j = 64 q + 8 k + 2 t + e: call 4 q + t, byte 2 k + e. A wgmma/mma.sync accumulator thread with
+  // lane % 4 = t holds exactly columns 8 k + 2 t + e of each 64: its calls are its own.
+  for (uint32_t q = 0; q < 3; ++q)
+    for (uint32_t t = 0; t < 4; ++t) {
+      std::vector<uint32_t> bytes;
+      for (uint32_t k = 0; k < 8; ++k)
+        for (uint32_t e = 0; e < 2; ++e) {
+          const uint32_t j = 64 * q + 8 * k + 2 * t + e;
+          CHECK(kernels::dropout_call_host(j) == 4 * q + t);
+          bytes.push_back(kernels::dropout_position_host(j));
+        }
+      std::sort(bytes.begin(), bytes.end());
+      for (uint32_t b = 0; b < 16; ++b) CHECK(bytes[b] == b);  // each byte serves exactly one column
+    }
 }
 
 TEST_CASE("dropout_mask kernel: packed bits == host bit for bit, ragged S_k (tail bits 0), several schedules") {
