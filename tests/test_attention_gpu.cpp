@@ -360,7 +360,8 @@ Result run_case(const Case& k, std::mutex& gpu) {
       const int64_t mask_q = k.varlen ? *std::max_element(k.lens_q.begin(), k.lens_q.end()) : c.Sq;
       const int64_t mask_k = k.varlen ? *std::max_element(k.lens_k.begin(), k.lens_k.end()) : c.Sk;
       DeviceTensor d_mask;
-      if (k.dropout_p > 0 && mask_q > 0 && mask_k > 0) {
+      const bool want_mask = k.dropout_p > 0 && mask_q > 0 && mask_k > 0;
+      if (want_mask) {
         d_mask = DeviceTensor::empty_like(HostTensor(ir::DType::u8, {mask_b, mask_q, mask_k}));
         opts.dropout_mask = api_view(d_mask, false);
       }
@@ -391,7 +392,7 @@ Result run_case(const Case& k, std::mutex& gpu) {
       stream.synchronize();
       o_h = d_o.to_host();
       lse_h = d_lse.to_host();
-      if (d_mask.numel() > 0) mask_h = d_mask.to_host();
+      if (want_mask) mask_h = d_mask.to_host();  // (a default DeviceTensor has numel() 1: no sizes)
       if (k.backward) {
         dq_h = d_dq.to_host();
         dk_h = d_dk.to_host();
