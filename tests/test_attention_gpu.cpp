@@ -75,7 +75,8 @@ struct DropoutRef {
   int batch0 = 0;
 };
 Reference reference(const AttentionCase& c, const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
-                    const std::vector<double>& dout, double scale, bool backward, const DropoutRef* drop = nullptr) {
+                    const std::vector<double>& dout, double scale, bool backward, const DropoutRef* drop = nullptr,
+                    const std::vector<double>* o_stored = nullptr) {
   const auto D = static_cast<size_t>(c.D);
   Reference r;
   r.o.assign(q.size(), 0.0);
@@ -122,6 +123,10 @@ Reference reference(const AttentionCase& c, const std::vector<double>& q, const 
         const double* doi = &dout[row * D];
         double delta = 0;
         for (size_t j = 0; j < n; ++j) delta += p[j] * (dp[j] = dp[j] * dot(doi, &v[kv0 + j * D]));
+        // The backward of the output actually stored: Delta = dO . O from the rounded O (what the
+        // kernels and FlashAttention compute). With dropout this differs from the exact Delta by
+        // O's rounding, which is all that is left of dS when a row sees one key (exact dS = 0).
+        if (o_stored) delta = dot(doi, &(*o_stored)[row * D]);
         double* dqi = &r.dq[row * D];
         for (size_t j = 0; j < n; ++j) {
           const double ds = scale * p[j] * (dp[j] - delta);
@@ -420,8 +425,9 @@ Result run_case(const Case& k, std::mutex& gpu) {
                 r.mask_wrong += mask_h.get({bh, i, j}) != (keep ? 1.0 : 0.0) ? 1 : 0;
               }
       }
+      const std::vector<double> o_stored = to_bhsd(cc, og);
       const Reference ref = reference(cc, to_bhsd(cc, qq), to_bhsd(cc, kt), to_bhsd(cc, vt), to_bhsd(cc, dot), scale, k.backward,
-                                      drop ? &*drop : nullptr);
+                                      drop ? &*drop : nullptr, drop ? &o_stored : nullptr);
       eo.add(to_bhsd(cc, og), ref.o);
       r.lse = std::max(r.lse, lse_error(lse_got, ref.lse));
       if (!k.backward) return;
