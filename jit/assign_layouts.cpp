@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <set>
-#include <unordered_map>
 
 namespace tilejit::jit {
 namespace {
@@ -44,7 +43,6 @@ class Assigner {
     plan_.hopper = plan_hopper_dots(f_, plan_.num_warps, arch_, pipeline_, gemm_loops);
     for (const auto& [dot, w] : plan_.hopper.dots) wgmma_dots_.insert(dot);
     block(f_.body);
-    consumer_layouts();
     return std::move(plan_);
   }
 
@@ -143,83 +141,6 @@ class Assigner {
     }
   }
 
-  // Window loads take the layout their consumers read them in when every use agrees (through views
-  // and elementwise ops): a row vector of LSE broadcast against a wgmma accumulator is then loaded
-  // straight into the accumulator's slice layout, instead of blocked plus a shared-memory exchange
-  // (two CTA barriers) in every loop iteration.
-  void consumer_layouts() {
-    ir::walk(f_.body, [&](const ir::Op& op) {
-      for (size_t i = 0; i < op.operands.size(); ++i) uses_[op.operands[i]].push_back(&op);
-    });
-    in_loops(f_.body, false);
-  }
-  // Only loads inside loops: there the exchange repeats every iteration; a load before the loop
-  // converts once, and its value held in the consumers' (replicated) layout for the whole loop
-  // costs registers instead (the dQ kernel's LSE and Delta: +60 registers).
-  void in_loops(const ir::Block& b, bool in_loop) {
-    for (const ir::Op& op : b.ops) {
-      for (const ir::Block& r : op.regions) in_loops(r, in_loop || op.kind == OpKind::for_);
-      if (!in_loop || op.kind != OpKind::block_load || plan_.hopper.tiles.count(&op) || !nat(op.results[0])) continue;
-      std::vector<ir::ValueId> cone;
-      auto want = demanded(op.results[0], 0, cone);
-      if (!want || *want == *nat(op.results[0])) continue;
-      plan_.natural[op.results[0]] = want;
-      for (ir::ValueId c : cone) plan_.natural[c] = want;  // elementwise ops that inherited the load's layout follow it
-    }
-  }
-  // The one layout every use of `v` reads it in, if they agree. Elementwise users whose layout was
-  // inherited from `v` (forward propagation) are looked through and collected in `cone`.
-  std::optional<Layout> demanded(ir::ValueId v, int depth, std::vector<ir::ValueId>& cone) const {
-    auto it = uses_.find(v);
-    if (depth > 16 || it == uses_.end()) return std::nullopt;
-    std::optional<Layout> want;
-    for (const ir::Op* user : it->second) {
-      std::optional<Layout> w;
-      const ir::ValueId r = user->results.empty() ? 0 : user->results[0];
-      switch (user->kind) {
-        case OpKind::expand_dims:
-          if (auto u = demanded(r, depth + 1, cone)) w = u->drop_dim(static_cast<int>(user->int_attr("axis")));
-          break;
-        case OpKind::broadcast:
-          if (auto u = demanded(r, depth + 1, cone)) {
-            const ir::Type &src = f_.type(v), &dst = f_.type(r);
-            for (size_t d = 0; d < src.shape.size(); ++d)
-              if (src.shape[d] == 1 && dst.shape[d] != 1) u = u->collapse(static_cast<int>(d));
-            w = u;
-          }
-          break;
-        case OpKind::trans:
-          if (auto u = demanded(r, depth + 1, cone)) {
-            const auto& perm = user->ints_attr("perm");
-            std::vector<int64_t> inv(perm.size());
-            for (size_t i = 0; i < perm.size(); ++i) inv[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
-            w = u->permute(inv);
-          }
-          break;
-        case OpKind::reshape:
-          if (auto u = demanded(r, depth + 1, cone)) w = u->reshape(f_.type(v).shape);
-          break;
-        default:
-          if (ir::is_elementwise_binary(user->kind) || ir::is_elementwise_unary(user->kind) || user->kind == OpKind::cmp ||
-              user->kind == OpKind::select || user->kind == OpKind::cast || user->kind == OpKind::bitcast)
-          {
-            const bool inherited = nat(r) && nat(v) && *nat(r) == *nat(v) && f_.type(r).shape == f_.type(v).shape;
-            if (nat(r) && !inherited) {
-              w = nat(r);  // computed in its own layout, reading operands in it
-            } else {
-              w = demanded(r, depth + 1, cone);  // flexible (materialised where used) or following `v`
-              if (w && inherited) cone.push_back(r);
-            }
-          }
-          break;
-      }
-      if (!w || (want && !(*want == *w))) return std::nullopt;
-      want = w;
-    }
-    return want;
-  }
-
-  std::unordered_map<ir::ValueId, std::vector<const ir::Op*>> uses_;
   const ir::Function& f_;
   std::string arch_;
   PipelineOptions pipeline_;

@@ -516,28 +516,3 @@ TEST_CASE("schedule: independent dots issue early and stay in flight until their
   jit::CompiledKernel g = jit::compile(dkdv, o);
   CHECK(g.dump == g.tile_ir);
 }
-
-TEST_CASE("layouts: a row vector loaded in a loop takes its consumers' layout (no exchange through shared memory)") {
-  // dK/dV loads LSE and Delta [BLOCK_M] every iteration and broadcasts them against the S^T
-  // accumulator: both loads must come in the accumulator's slice layout, not the blocked one.
-  auto p = plan_of(kernels::attention_backward_dkdv(), {{"HEAD_DIM", 128}, {"BLOCK_N", 128}, {"BLOCK_M", 64}});
-  const auto loads = ops_of(p->fn, ir::OpKind::block_load);
-  int vectors = 0;
-  for (const ir::Op* l : loads) {
-    const ir::Type& t = p->fn.type(l->results[0]);
-    if (t.shape.size() != 1) continue;
-    ++vectors;
-    const jit::Layout& L = *p->plan.natural[l->results[0]];
-    CHECK_MESSAGE(!(L == jit::Layout::blocked(t.shape, 8, jit::vector_width(t.dtype, t.shape[0]))), L.str());
-    // the wgmma accumulator's column slice: lanes 0..1 pick columns (the quad), warps replicate
-    CHECK(L.lane[0] == jit::Coord{2});
-  }
-  CHECK(vectors == 2);
-  // Loads before a loop keep the blocked layout (converted once, not held replicated): dQ's.
-  auto q = plan_of(kernels::attention_backward_dq(), {{"HEAD_DIM", 128}, {"BLOCK_M", 128}, {"BLOCK_N", 64}});
-  for (const ir::Op* l : ops_of(q->fn, ir::OpKind::block_load)) {
-    const ir::Type& t = q->fn.type(l->results[0]);
-    if (t.shape.size() == 1)
-      CHECK(*q->plan.natural[l->results[0]] == jit::Layout::blocked(t.shape, 8, jit::vector_width(t.dtype, t.shape[0])));
-  }
-}
