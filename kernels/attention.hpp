@@ -44,7 +44,7 @@ struct AttentionDropout {
   explicit AttentionDropout(lang::Builder& kb);
   // The keep-mask (i1 [rows, num_cols], true = keep) of query rows `rows` (i32 [M]) and key
   // columns [col0, col0 + num_cols) of batch*heads index `batch_head`: one Philox call per 16
-  // elements when num_cols is a multiple of 16 (col0 a multiple of 16: a block start), else one
+  // elements when num_cols is a multiple of 64 (col0 a multiple of 64: a block start), else one
   // per element (the same bits).
   lang::Tile keep(const lang::Tile& batch_head, const lang::Tile& rows, const lang::Tile& col0, int64_t num_cols) const;
 };
