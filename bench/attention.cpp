@@ -27,6 +27,9 @@
 #include <vector>
 
 #include "kernels/attention_api.hpp"
+#include "kernels/dropout_mask.hpp"
+#include "kernels/philox_host.hpp"
+#include "runtime/function.hpp"
 #include "runtime/device_buffer.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/host_tensor.hpp"
@@ -169,19 +172,41 @@ int bench_dropout(double p, int max_reps) {
     const Config c{4096, 128, causal};
     const int64_t B = c.B(), S = c.S, H = c.H(), D = c.D;
     const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
-    std::vector<double> fwd[2], bwd_ms[2];
+    // Issue 7's precomputed RNG: the packed mask from the dropout_mask kernel (timed alone: in a
+    // model it runs on another stream during the QKV projection), read by the forward.
+    const int64_t words = (S + 31) / 32;
+    DeviceBuffer bits(static_cast<size_t>(B * H * S * words) * 4);
+    const attention::Tensor bits_view = attention::contiguous(bits.ptr(), ir::DType::u32, {B * H, S, words});
+    Function mask_fn = tilejit::compile(kernels::dropout_mask(), {{"BLOCK_M", 64}, {"BLOCK_W", 4}});
+    const auto up = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+    const runtime::Grid mask_grid{up(S, 64), up(words, 4), B * H};
+    const runtime::TensorView mask_tv = bits_view.view();
+    std::vector<double> fwd[3], bwd_ms[2], mask_ms;
     for (int round = 0; round < 3; ++round)
-      for (int with : {0, 1}) {
+      for (int with : {0, 1, 2}) {
         attention::Options opts;
         opts.causal = causal;
         if (with) opts.dropout_p = p, opts.seed = 1234, opts.offset = static_cast<uint64_t>(round);
+        if (with == 2) {
+          const uint32_t thr = kernels::dropout_keep_threshold(p);
+          const auto gen = [&] {
+            mask_fn(mask_grid, stream.handle(), mask_tv, static_cast<int32_t>(S), uint32_t{1234}, uint32_t{0},
+                    static_cast<uint32_t>(round), uint32_t{0}, thr);
+          };
+          mask_ms.push_back(time_ms(gen, stream, max_reps));
+          opts.dropout_bits = bits_view;
+          fwd[2].push_back(time_ms([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); }, stream, max_reps));
+          continue;
+        }
         fwd[with].push_back(time_ms([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); }, stream, max_reps));
         if (bwd)
           bwd_ms[with].push_back(time_ms([&] {
             attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), {buf.ws.ptr(), buf.ws.bytes()});
           }, stream, max_reps));
       }
-    const double f0 = median(fwd[0]), f1 = median(fwd[1]);
+    const double f0 = median(fwd[0]), f1 = median(fwd[1]), f2 = median(fwd[2]), gen = median(mask_ms);
+    std::printf("DROPOUT_PRECOMPUTED causal=%d p=%g fwd_ms=%.4f fwd_bits_ms=%.4f fwd_bits_slowdown=%.3f mask_kernel_ms=%.4f\n",
+                causal ? 1 : 0, p, f0, f2, f2 / f0, gen);
     const double b0 = bwd ? median(bwd_ms[0]) : NAN, b1 = bwd ? median(bwd_ms[1]) : NAN;
     std::printf("DROPOUT dtype=bf16 B=%ld S=%ld H=%ld D=%ld causal=%d p=%g fwd_ms=%.4f fwd_dropout_ms=%.4f fwd_slowdown=%.3f "
                 "bwd_ms=%.4f bwd_dropout_ms=%.4f bwd_slowdown=%.3f\n",

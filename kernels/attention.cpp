@@ -41,6 +41,11 @@ const Kernel& attention_forward() {
     // RETURN_MASK (tests): also write the keep bits of every visited block.
     auto dropout = kb.meta<bool>("DROPOUT", false), return_mask = kb.meta<bool>("RETURN_MASK", false);
     if (return_mask && !dropout) kb.fail(Loc::current(), "RETURN_MASK returns the dropout mask: it needs DROPOUT=true");
+    // DROPOUT_BITS: read the keep-mask, precomputed and packed by the dropout_mask kernel (the same
+    // bits), instead of generating it: issue 7's "precomputed" RNG, e.g. overlapped with a GEMM.
+    auto dropout_bits = kb.meta<bool>("DROPOUT_BITS", false);
+    if (dropout_bits && (!dropout || varlen))
+      kb.fail(Loc::current(), "DROPOUT_BITS reads a precomputed mask: it needs DROPOUT=true and dense (not VARLEN) tensors");
     const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
     const int rank = varlen ? 3 : 4;
     auto Q = kb.tensor("Q", T, rank, row_major), K = kb.tensor("K", T, rank, row_major), V = kb.tensor("V", T, rank, row_major);
@@ -53,6 +58,8 @@ const Kernel& attention_forward() {
     if (dropout) drop.emplace(kb);
     Tensor mask;  // RETURN_MASK: u8 [batch * heads_q, seq_q, seq_k]
     if (return_mask) mask = kb.tensor("dropout_mask", u8, 3, {.contiguous_last = true});
+    Tensor bits;  // DROPOUT_BITS: u32 [batch * heads_q, seq_q, cdiv(seq_k, 32)], bit j % 32 of word j / 32
+    if (dropout_bits) bits = kb.tensor("dropout_bits", u32, 3, {.align_bytes = 4, .contiguous_last = true});
 
     const int seq_dim = varlen ? 0 : bshd ? 1 : 2, head_dim = varlen ? 1 : bshd ? 2 : 1;
     // Causal: the last query blocks see the most keys; start them first so that the light ones
@@ -116,7 +123,15 @@ const Kernel& attention_forward() {
       Tile pv = p;
       if (dropout) {
         // the 1 / keep probability scale is uniform: applied once to the output, not per element
-        auto keep = drop->keep(bh, rows, n0, BN);
+        Tile keep;
+        if (dropout_bits) {
+          if (BN % 32 != 0) kb.fail(Loc::current(), "DROPOUT_BITS needs BLOCK_N to be a multiple of 32 (whole mask words)");
+          auto words = load(bits.block({bh, m0, n0 / 32}, {BM, BN / 32}));  // u32 [BM, BN / 32]; past the end: 0
+          auto shifts = reshape(cast(u32, arange(0, 32)), {1, 1, 32});
+          keep = reshape(((expand_dims(words, 2) >> shifts) & 1u) != 0u, {BM, BN});
+        } else {
+          keep = drop->keep(bh, rows, n0, BN);
+        }
         pv = where(keep, p, 0.0f);
         if (return_mask) store(mask.block({bh, m0, n0}, {BM, BN}), cast(u8, keep));
       }

@@ -98,6 +98,7 @@ struct Dims {
   bool dropout = false;         // options.dropout_p > 0
   uint32_t keep_threshold = 256;  // kernels::dropout_keep_threshold(dropout_p)
   bool return_mask = false;     // forward: options.dropout_mask
+  bool read_bits = false;       // forward: options.dropout_bits
 };
 
 bool declares(Pass p, const char* meta);
@@ -225,6 +226,19 @@ Dims check_common(const Checker& c, const Tensor& q, const Tensor& k, const Tens
       c.fail("options.dropout_mask has sizes {} but must be {} = {}", list(sizes_of(m)), layout, list(want));
     d.return_mask = true;
   }
+  if (opts.dropout_bits && !backward) {
+    if (!d.dropout) c.fail("options.dropout_bits is set but options.dropout_p = 0 (the bits are dropout's; set dropout_p > 0)");
+    if (d.varlen) c.fail("options.dropout_bits: the precomputed mask is for dense batches (not with cu_seqlens)");
+    if (!declares(Pass::forward, "DROPOUT_BITS")) c.fail("options.dropout_bits: this build's forward kernel cannot read a precomputed mask");
+    const Tensor& m = *opts.dropout_bits;
+    if (m.dtype != ir::DType::u32) c.fail("options.dropout_bits has dtype {}; it must be u32 (packed bits)", ir::name(m.dtype));
+    c.tensor("options.dropout_bits", m, 3, "[B * Hq, S_q, cdiv(S_k, 32)]", 4);
+    c.same_device("options.dropout_bits", m, q);
+    const std::array<int64_t, 3> want{d.batch * d.heads_q, d.seq_q, (d.seq_k + 31) / 32};
+    if (m.size(0) != want[0] || m.size(1) != want[1] || m.size(2) != want[2])
+      c.fail("options.dropout_bits has sizes {} but must be [B * Hq, S_q, cdiv(S_k, 32)] = {}", list(sizes_of(m)), list(want));
+    d.read_bits = true;
+  }
   return d;
 }
 
@@ -307,10 +321,10 @@ struct Config {
   bool causal, varlen;
   Schedule sch;
   int device;
-  bool dropout = false, return_mask = false;
+  bool dropout = false, return_mask = false, read_bits = false;
   auto key() const {
     return std::tuple(static_cast<int>(pass), static_cast<int>(dtype), head_dim, causal, varlen, sch.block_m, sch.block_n,
-                      sch.num_warps, sch.stages, device, dropout, return_mask);
+                      sch.num_warps, sch.stages, device, dropout, return_mask, read_bits);
   }
   bool operator<(const Config& o) const { return key() < o.key(); }
 };
@@ -323,6 +337,7 @@ lang::Meta meta_of(const Config& c) {
   // Dropout only when asked for: without it the kernels are the ones without dropout.
   if (c.dropout) all.emplace_back("DROPOUT", true);
   if (c.return_mask) all.emplace_back("RETURN_MASK", true);
+  if (c.read_bits) all.emplace_back("DROPOUT_BITS", true);
   lang::Meta used;
   for (auto& m : all)
     if (declares(c.pass, m.first.c_str())) used.push_back(std::move(m));
@@ -542,11 +557,13 @@ void bind_common(Bindings& b, const Tensor& q, const Tensor& k, const Tensor& v,
     b.add("keepthreshold", d.keep_threshold);
   }
   if (d.return_mask) b.add("dropoutmask", opts.dropout_mask->view());
+  if (d.read_bits) b.add("dropoutbits", opts.dropout_bits->view());
 }
 
 Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
   return Config{p,        q.dtype,   static_cast<int>(d.head_dim), opts.causal, d.varlen, schedule_for(p, q, d, opts),
-                q.device, d.dropout && declares(p, "DROPOUT"), p == Pass::forward && d.return_mask};
+                q.device, d.dropout && declares(p, "DROPOUT"), p == Pass::forward && d.return_mask,
+                p == Pass::forward && d.read_bits};
 }
 
 }  // namespace

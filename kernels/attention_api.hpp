@@ -87,6 +87,12 @@ struct Options {
   // visits (every (row, key) the row sees, and more; causal blocks past the diagonal are not
   // written). Needs dropout_p > 0; the backward ignores it.
   std::optional<Tensor> dropout_mask;
+  // Issue 7's precomputed RNG (forward, dense only): the packed keep-mask, u32 [B * Hq, S_q,
+  // cdiv(S_k, 32)] with bit j % 32 of word j / 32 (what the `dropout_mask` kernel writes for the same
+  // seed, offset and dropout_p, e.g. on another stream while the QKV projection runs). The
+  // forward reads it instead of generating the mask: the same bits, so the backward (which
+  // regenerates them) and the outputs are unchanged. Needs dropout_p > 0.
+  std::optional<Tensor> dropout_bits;
 };
 
 // Scratch memory of the backward (Delta = rowsum(dO * O), f32 [B, Hq, S_q] or [Hq, total_q]).

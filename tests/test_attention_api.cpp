@@ -265,6 +265,19 @@ TEST_CASE("attention API: dropout options") {
   CHECK_FWD_ERROR(c, "options.dropout_mask is on device 1 but q is on device 0");
   c.opts.dropout_mask = strided(kBase + 0xc000000, DType::u8, {16, 100, 300}, {30000, 300, 2});
   CHECK_FWD_ERROR(c, "options.dropout_mask has stride 2 on its last dim");
+  // the precomputed packed mask (issue 7): u32 [B * Hq, S_q, cdiv(S_k, 32)], only with dropout
+  c = Call{};
+  c.opts.dropout_bits = contiguous(kBase + 0xd000000, DType::u32, {16, 100, 10});
+  CHECK_FWD_ERROR(c, "options.dropout_bits is set but options.dropout_p = 0");
+  c.opts.dropout_p = 0.1;
+  CHECK_NOTHROW(c.check_fwd());
+  if (backward_available()) CHECK_NOTHROW(c.check_bwd());  // the backward regenerates the same bits
+  c.opts.dropout_bits = contiguous(kBase + 0xd000000, DType::u32, {16, 100, 9});
+  CHECK_FWD_ERROR(c, "options.dropout_bits has sizes [16,100,9] but must be [B * Hq, S_q, cdiv(S_k, 32)] = [16,100,10]");
+  c.opts.dropout_bits = contiguous(kBase + 0xd000000, DType::u8, {16, 100, 10});
+  CHECK_FWD_ERROR(c, "options.dropout_bits has dtype u8; it must be u32");
+  c.opts.dropout_bits = contiguous(kBase + 0xd000002, DType::u32, {16, 100, 10});
+  CHECK_FWD_ERROR(c, "is not a multiple of 4 bytes");
 
   if (runtime::Driver::get().available()) return;  // the fake pointers must not reach a launch
   const auto needs_gpu = [](auto&& call) { CHECK_THROWS_AS(call(), runtime::DeviceError); };

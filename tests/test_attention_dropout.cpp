@@ -402,3 +402,38 @@ TEST_CASE("attention dropout: RETURN_MASK needs DROPOUT; the backward kernels de
           std::vector<std::string>{"seed_lo", "seed_hi", "offset_lo", "offset_hi", "keep_threshold"});
   }
 }
+
+// Issue 7's precomputed RNG: the forward reading the packed mask (DROPOUT_BITS, the bits the
+// dropout_mask kernel writes) computes exactly what the fused forward computes, bit for bit.
+TEST_CASE("attention dropout: reading the precomputed packed mask gives the fused forward's outputs bit for bit") {
+  for (bool causal : {false, true}) {
+    INFO("causal=" << causal);
+    const Case c{2, 4, 2, 100, 200, 64, causal, false};  // ragged: S_k is not a multiple of 32 or 64
+    const Rng rng{.seed = 7, .offset = 99, .p = 0.2};
+    HostTensor q(bf16, c.q_shape()), k(bf16, c.kv_shape()), v(bf16, c.kv_shape());
+    q.fill_normal(11, 0, 1);
+    k.fill_normal(12, 0, 1);
+    v.fill_normal(13, 0, 1);
+    const auto scale = static_cast<float>(c.default_scale());
+    const int64_t words = (c.Sk + 31) / 32;
+    const std::vector<uint32_t> packed = kernels::dropout_mask_packed_host(rng.host(), c.B * c.Hq, c.Sq, c.Sk);
+    HostTensor bits(u32, {c.B * c.Hq, c.Sq, words});
+    for (int64_t e = 0; e < bits.numel(); ++e) bits.set_flat(e, packed[static_cast<size_t>(e)]);
+    const Meta base{{"HEAD_DIM", c.D}, {"CAUSAL", causal}, {"DROPOUT", true}};
+    HostTensor o1(bf16, c.q_shape()), l1(f32, {c.B, c.Hq, c.Sq}), o2(bf16, c.q_shape()), l2(f32, {c.B, c.Hq, c.Sq});
+    runtime::interpret(kernels::attention_forward().build(base), {cdiv(c.Sq, 64), c.Hq, c.B}, concat({q, k, v, o1, l1, scale}, rng.args()));
+    Meta with_bits = base;
+    with_bits.emplace_back("DROPOUT_BITS", true);
+    std::vector<runtime::Arg> args = concat({q, k, v, o2, l2, scale}, rng.args());
+    args.emplace_back(bits);
+    runtime::interpret(kernels::attention_forward().build(with_bits), {cdiv(c.Sq, 64), c.Hq, c.B}, args);
+    int64_t differ = 0;
+    for (int64_t e = 0; e < o1.numel(); ++e) differ += o1.get_flat(e) != o2.get_flat(e) ? 1 : 0;
+    CHECK(differ == 0);
+    const DropoutRef ref = dropout_ref(c, q, k, v, nullptr, scale, rng);
+    CHECK(testing::rel_error(c, o2, ref.o) < 1e-2);
+  }
+  // DROPOUT_BITS without DROPOUT, or with VARLEN, is a build error naming what it needs
+  CHECK_THROWS_WITH_AS(kernels::attention_forward().build({{"DROPOUT_BITS", true}}), doctest::Contains("needs DROPOUT=true"),
+                       BuildError);
+}

@@ -161,6 +161,7 @@ struct Case {
   double dropout_p = 0;          // > 0: dropout with seed/offset below
   uint64_t drop_seed = 0, drop_offset = 0;
   bool small_schedule = false;   // Options::schedule = 64x64, 4 warps, 2 stages (dropout masks across schedules)
+  bool precomputed = false;      // dropout: the forward reads the packed mask (Options::dropout_bits) instead of Philox
 
   std::string describe() const {
     std::string s = fmt::format("#{} {} ", index, ir::name(dtype));
@@ -172,6 +173,7 @@ struct Case {
     if (scale) s += fmt::format(" scale={:.4f}", *scale);
     if (dropout_p > 0) s += fmt::format(" dropout p={} seed={:#x} offset={:#x}", dropout_p, drop_seed, drop_offset);
     if (small_schedule) s += " schedule 64x64/4w/2st";
+    if (precomputed) s += " precomputed bits";
     if (!backward) s += " (forward only)";
     return s;
   }
@@ -278,6 +280,7 @@ Case make_case(int index, bool varlen, bool varlen_backward, bool dropout = fals
       if (double(B) * k.c.Hq * Sq * Sk * D <= kBudget) break;
     }
     k.small_schedule = dropout && D <= 128 && rng() % 3 == 0;
+    k.precomputed = dropout && rng() % 3 == 0;
     return k;
   }
   k.varlen = true;
@@ -360,6 +363,16 @@ Result run_case(const Case& k, std::mutex& gpu) {
       opts.seed = k.drop_seed;
       opts.offset = k.drop_offset;
       if (k.small_schedule) opts.schedule = attention::Schedule{64, 64, 4, 2};
+      DeviceTensor d_bits;  // precomputed: the packed keep-mask from the host twin (the dropout_mask kernel's bits)
+      if (k.precomputed) {
+        const int64_t words = (c.Sk + 31) / 32;
+        const std::vector<uint32_t> packed = kernels::dropout_mask_packed_host(
+            {k.drop_seed, k.drop_offset, kernels::dropout_keep_threshold(k.dropout_p)}, c.B * c.Hq, c.Sq, c.Sk);
+        HostTensor bits_h(ir::DType::u32, {c.B * c.Hq, c.Sq, words});
+        for (int64_t e = 0; e < bits_h.numel(); ++e) bits_h.set_flat(e, packed[static_cast<size_t>(e)]);
+        d_bits = DeviceTensor::from_host(bits_h);
+        opts.dropout_bits = api_view(d_bits, false);
+      }
       // dropout: the forward's keep-mask, u8 [B * Hq, S_q, S_k] (varlen: [nseq * Hq, max_q, max_k]), 0xFF = not written
       const int64_t mask_b = (k.varlen ? static_cast<int64_t>(k.lens_q.size()) : c.B) * c.Hq;
       const int64_t mask_q = k.varlen ? *std::max_element(k.lens_q.begin(), k.lens_q.end()) : c.Sq;
