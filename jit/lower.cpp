@@ -1115,26 +1115,48 @@ class Lowerer {
   // ---------------------------------------------------------------- Hopper TMA + wgmma pipeline
   // One tensor map per (tensor parameter, box): trailing ABI parameters the launcher fills.
   void tensor_map_params() {
-    for (const ir::Op* op : plan_.hopper.tile_order) hopper_map(plan_.hopper.tiles.at(op));
-    for (const auto& [loop, m] : plan_.tma_loops) {
-      for (auto [load, rows] : {std::pair{m.load_a, m.bm}, std::pair{m.load_b, m.bn}}) {
-        int index = 0;
-        while (f_.params[static_cast<size_t>(index)].value != load->operands[0]) ++index;
-        auto key = std::make_pair(index, rows);
-        if (tensor_maps_.count(key)) continue;
-        pir::TensorMapSpec spec;
-        spec.abi_slot = static_cast<int>(out_.params.size());
-        spec.param_index = index;
-        // K-major tiles are one box of 64 K-elements per row; an MN-major B is loaded in
-        // 64-column chunks (a 128-byte swizzled row holds 64 elements), each BK rows tall.
-        bool mn = load == m.load_b && m.b_mn_major;
-        spec.box = mn ? std::vector<int64_t>{64, m.bk} : std::vector<int64_t>{m.bk, rows};
-        out_.tensor_maps.push_back(spec);
-        pir::Ty t = pir::pointer(DType::u8);
-        out_.params.push_back({f_.params[static_cast<size_t>(index)].name + "_tensor_map", t});
-        tensor_maps_[key] = emit(Op::param, t, {}, spec.abi_slot);
-      }
+    for (const ir::Op* op : plan_.hopper.tile_order) {
+      const SmemTile& t = plan_.hopper.tiles.at(op);
+      tensor_map(t.param_index, t.box);
     }
+    for (const auto& [loop, m] : plan_.tma_loops) {
+      tensor_map(param_index(m.load_a->operands[0]), gemm_box(m, false));
+      tensor_map(param_index(m.load_b->operands[0]), gemm_box(m, true));
+    }
+  }
+  // The GEMM pipeline's boxes: K-major tiles are one box of 64 K-elements per row; an MN-major B
+  // is loaded in 64-column chunks (a 128-byte swizzled row holds 64 elements), each BK rows tall.
+  static std::vector<int64_t> gemm_box(const TmaDotLoop& m, bool b) {
+    if (b && m.b_mn_major) return {64, m.bk};
+    return {m.bk, b ? m.bn : m.bm};
+  }
+  int param_index(ir::ValueId tensor) const {
+    int index = 0;
+    while (f_.params[static_cast<size_t>(index)].value != tensor) ++index;
+    return index;
+  }
+  // One tensor map per (tensor parameter, box): a trailing ABI parameter the launcher fills
+  // (named <param>_tensor_map, then <param>_tensor_map1, ... for further boxes of that parameter).
+  V tensor_map(int param, const std::vector<int64_t>& box) {
+    auto key = std::make_pair(param, box);
+    if (auto it = tensor_maps_.find(key); it != tensor_maps_.end()) return it->second;
+    pir::TensorMapSpec spec;
+    spec.abi_slot = static_cast<int>(out_.params.size());
+    spec.param_index = param;
+    spec.box = box;
+    out_.tensor_maps.push_back(spec);
+    int earlier = 0;
+    for (const auto& [k, v] : tensor_maps_) earlier += k.first == param ? 1 : 0;
+    const std::string& name = f_.params[static_cast<size_t>(param)].name;
+    pir::Ty ty = pir::pointer(DType::u8);
+    out_.params.push_back({earlier ? fmt::format("{}_tensor_map{}", name, earlier) : name + "_tensor_map", ty});
+    return tensor_maps_[key] = emit(Op::param, ty, {}, spec.abi_slot);
+  }
+  // ceil((ub - lb) / step), 0 when ub <= lb (i32)
+  V trip_count(V lb, V ub, V step) {
+    V span = bin(Op::sub, ub, lb);
+    return emit(Op::select, pir::scalar(DType::i32),
+                {cmp(pir::Pred::gt, span, ci32(0)), bin(Op::div, bin(Op::sub, bin(Op::add, span, step), ci32(1)), step), ci32(0)});
   }
 
   // Structured helpers for code the pipeline emits directly: an if without results.
@@ -1172,15 +1194,10 @@ class Lowerer {
     reserve_smem(bar0 + 16 * S);
     auto i32 = [&](ir::ValueId v) { return cast(scalar(v), DType::i32); };
     V lb = i32(op.operands[0]), ub = i32(op.operands[1]), step = i32(op.operands[2]);
-    // trip count: ceil((ub - lb) / step), 0 when ub <= lb
-    V span = bin(Op::sub, ub, lb);
-    V nk = emit(Op::select, pir::scalar(DType::i32),
-                {cmp(pir::Pred::gt, span, ci32(0)), bin(Op::div, bin(Op::sub, bin(Op::add, span, step), ci32(1)), step), ci32(0)});
+    V nk = trip_count(lb, ub, step);
     V m_off = i32(m.load_a->operands[1]), n_off = i32(m.load_b->operands[m.b_mn_major ? 2 : 1]);
-    int ia = 0, ib = 0;
-    while (f_.params[static_cast<size_t>(ia)].value != m.load_a->operands[0]) ++ia;
-    while (f_.params[static_cast<size_t>(ib)].value != m.load_b->operands[0]) ++ib;
-    V map_a = tensor_maps_.at({ia, m.bm}), map_b = tensor_maps_.at({ib, m.bn});  // keyed by rows = BN for B either way
+    V map_a = tensor_map(param_index(m.load_a->operands[0]), gemm_box(m, false));
+    V map_b = tensor_map(param_index(m.load_b->operands[0]), gemm_box(m, true));
     V is0 = cmp(pir::Pred::eq, tid_, ci32(0));
     V base = emit(Op::smem_addr, pir::scalar(DType::u32), {ci32(0)});
     auto addr = [&](V byte_off) { return bin(Op::add, base, cast(byte_off, DType::u32)); };
@@ -1319,19 +1336,6 @@ class Lowerer {
     emit0(Op::barrier, {});
   }
 
-  V hopper_map(const SmemTile& t) {
-    auto key = std::make_pair(t.param_index, t.box);
-    if (auto it = hopper_maps_.find(key); it != hopper_maps_.end()) return it->second;
-    pir::TensorMapSpec spec;
-    spec.abi_slot = static_cast<int>(out_.params.size());
-    spec.param_index = t.param_index;
-    spec.box = t.box;
-    out_.tensor_maps.push_back(spec);
-    pir::Ty ty = pir::pointer(DType::u8);
-    out_.params.push_back({fmt::format("{}_tensor_map{}", f_.params[static_cast<size_t>(t.param_index)].name, hopper_maps_.size()), ty});
-    return hopper_maps_[key] = emit(Op::param, ty, {}, spec.abi_slot);
-  }
-
   // The TMA copies of one tile into shared memory at `dst` (u32 address), completing on `bar`:
   // one box per 64-column chunk. `row_offset` replaces the loop counter's offset (rings).
   void issue_tile(const SmemTile& t, V dst, V bar, const ir::Op* loop = nullptr, V counter_value = 0) {
@@ -1342,7 +1346,7 @@ class Lowerer {
       ir::ValueId v = load.operands[1 + d];
       off.push_back(loop && v == loop->regions[0].args[0] ? counter_value : cast(scalar(v), DType::i32));
     }
-    V map = hopper_maps_.at({t.param_index, t.box});
+    V map = tensor_map(t.param_index, t.box);
     for (int64_t c = 0; c < t.cols / 64; ++c) {
       std::vector<V> args{bin(Op::add, dst, cint(DType::u32, c * t.chunk_bytes())), map};
       for (size_t i = 0; i < rank; ++i) {  // innermost first
@@ -1389,11 +1393,8 @@ class Lowerer {
   void ring_prologue(const ir::Op& loop, const SmemRing& r) {
     RingState st;
     st.lb = cast(scalar(loop.operands[0]), DType::i32);
-    V ub = cast(scalar(loop.operands[1]), DType::i32);
     st.step = cast(scalar(loop.operands[2]), DType::i32);
-    V span = bin(Op::sub, ub, st.lb);
-    st.trips = emit(Op::select, pir::scalar(DType::i32),
-                    {cmp(pir::Pred::gt, span, ci32(0)), bin(Op::div, bin(Op::sub, bin(Op::add, span, st.step), ci32(1)), st.step), ci32(0)});
+    st.trips = trip_count(st.lb, cast(scalar(loop.operands[1]), DType::i32), st.step);
     pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
       for (int j = 0; j < r.stages; ++j)
         pir_if(cmp(pir::Pred::lt, ci32(j), st.trips), [&] { ring_issue(loop, r, st, ci32(j), ci32(j)); });
@@ -1539,12 +1540,11 @@ class Lowerer {
   const ir::Function& f_;
   const LayoutPlan& plan_;
   pir::Func out_;
-  std::map<std::pair<int, std::vector<int64_t>>, V> hopper_maps_;
   std::map<const ir::Op*, RingState> rings_;
   std::vector<PendingDot> pending_;
   int committed_ = 0;
   int64_t scratch_base_ = 0;
-  std::map<std::pair<int, int64_t>, V> tensor_maps_;
+  std::map<std::pair<int, std::vector<int64_t>>, V> tensor_maps_;  // by (tensor parameter, box)
   std::unordered_map<ir::ValueId, int64_t> divisors_;
   std::unordered_map<ir::ValueId, const ir::Op*> iv_loop_;
   std::vector<pir::Block*> blocks_;
