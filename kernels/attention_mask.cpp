@@ -1,0 +1,389 @@
+// Attention masks in the DSL: the library patterns element by element (the host twin's formulas on
+// i32 tiles), their tile-level intervals, score mods and the block-classification pre-pass.
+#include "kernels/attention_mask.hpp"
+
+#include <fmt/format.h>
+
+namespace tilejit::kernels {
+
+using namespace lang;
+
+Tile MaskIndices::position() const { return q + (s_k - s_q); }
+
+MaskIndices mask_indices(const Tile& b, const Tile& h, const Tile& rows, const Tile& cols, const Tile& s_q, const Tile& s_k, Loc loc) {
+  Builder& kb = Builder::current(loc);
+  if (rows.rank() != 1 || cols.rank() != 1)
+    kb.fail(loc, fmt::format("mask_indices: rows and cols must be 1-D i32 tiles, got ranks {} and {}", rows.rank(), cols.rank()));
+  return {b, h, rows[col], cols[row], s_q, s_k};
+}
+
+Tile evaluate_mask(const MaskMod& mask, const MaskIndices& idx, Loc loc) {
+  Tile m = mask(idx);
+  if (m.dtype() != i1) Builder::current(loc).fail(loc, fmt::format("mask_mod: must return an i1 tile, got {}", ir::to_string(m.type())));
+  return broadcast_to(m, idx.shape(), loc);
+}
+
+MaskMod mask_and(MaskMod a, MaskMod b) {
+  return [a = std::move(a), b = std::move(b)](const MaskIndices& i) { return a(i) & b(i); };
+}
+MaskMod mask_or(MaskMod a, MaskMod b) {
+  return [a = std::move(a), b = std::move(b)](const MaskIndices& i) { return a(i) | b(i); };
+}
+
+Tile ScoreMod::gradient(const Tile& score, const MaskIndices& idx, Loc loc) const {
+  if (derivative) return derivative(score, idx);
+  return full(f32, score.shape(), 1.0f, loc);
+}
+
+ScoreMod alibi_score_mod(const Tensor& slopes) {
+  return {[slopes](const Tile& score, const MaskIndices& i) {
+            Tile slope = load(slopes.ptr() + i.h * slopes.stride(0));
+            return score + slope * cast(f32, i.kv - i.position());
+          },
+          {}};
+}
+
+ScoreMod softcap_score_mod(const Tile& cap) {
+  return {[cap](const Tile& score, const MaskIndices&) { return cap * tanh(score / cap); },
+          [cap](const Tile& score, const MaskIndices&) {
+            Tile t = tanh(score / cap);
+            return 1.0f - t * t;
+          }};
+}
+
+MaskKind mask_kind_meta(Builder& kb, const std::string& name, MaskKind def, Loc loc) {
+  const int64_t v = kb.meta_int(name, static_cast<int64_t>(def), loc);
+  if (v < 0 || v >= kMaskKindCount)
+    kb.fail(loc, fmt::format("meta-parameter {} = {} is not a mask kind; valid: {}", name, v, mask_kind_list()));
+  return static_cast<MaskKind>(v);
+}
+
+ScoreModKind score_mod_kind_meta(Builder& kb, const std::string& name, ScoreModKind def, Loc loc) {
+  const int64_t v = kb.meta_int(name, static_cast<int64_t>(def), loc);
+  if (v < 0 || v >= kScoreModKindCount)
+    kb.fail(loc, fmt::format("meta-parameter {} = {} is not a score mod kind; valid: 0 none, 1 alibi, 2 softcap", name, v));
+  return static_cast<ScoreModKind>(v);
+}
+
+void TileRanges::for_each(int64_t block, const std::function<void(Tile)>& body, Loc loc) const {
+  for (int r = 0; r < runs; ++r) for_range(begin[static_cast<size_t>(r)], end[static_cast<size_t>(r)], block, body, loc);
+}
+
+// ---- AttentionMask ----
+
+AttentionMask::AttentionMask(Builder& kb, MaskKind kind, Loc loc) : kind_(kind) {
+  if (static_cast<int>(kind) < 0 || static_cast<int>(kind) >= kMaskKindCount)
+    kb.fail(loc, fmt::format("AttentionMask: kind {} is not one of {}", static_cast<int>(kind), mask_kind_list()));
+  // Declared in mask_parameter_names(kind) order: the host binds arguments by that list.
+  for (const std::string& name : mask_parameter_names(kind)) {
+    if (name == "mask_window_left") window_left = kb.scalar(name, i32, loc);
+    else if (name == "mask_window_right") window_right = kb.scalar(name, i32, loc);
+    else if (name == "mask_global_tokens") global_tokens = kb.scalar(name, i32, loc);
+    else if (name == "mask_block_q") block_q = kb.scalar(name, i32, loc);
+    else if (name == "mask_block_k") block_k = kb.scalar(name, i32, loc);
+    else if (name == "mask_doc_ids") doc_ids = kb.tensor(name, i32, 2, {.contiguous_last = true}, loc);
+    else if (name == "mask_prefix_lengths") prefix_lengths = kb.tensor(name, i32, 1, {}, loc);
+    else if (name == "mask_block_table") block_table = kb.tensor(name, u8, 4, {.contiguous_last = true}, loc);
+    else kb.fail(loc, "AttentionMask: no declaration for parameter " + name);
+  }
+}
+
+SequenceMask AttentionMask::bind(const Tile& b, const Tile& h, const Tile& s_q, const Tile& s_k, Loc loc) const {
+  SequenceMask m(*this);
+  m.b = b, m.h = h, m.s_q = s_q, m.s_k = s_k;
+  if (kind_ == MaskKind::prefix_lm) m.prefix = load(prefix_lengths.ptr() + b * prefix_lengths.stride(0), loc);
+  // the segment ids that define the question (token 0) and the last segment (token S_k - 1)
+  if (kind_ == MaskKind::share_question) m.question_doc = m.doc_at(zeros(i32, {}, loc), loc);
+  if (kind_ == MaskKind::causal_blockwise) m.last_doc = m.doc_at(s_k - 1, loc);
+  return m;
+}
+
+MaskMod AttentionMask::mask_mod() const {
+  return [mask = *this](const MaskIndices& i) { return mask.bind(i.b, i.h, i.s_q, i.s_k).allowed(i); };
+}
+
+// ---- SequenceMask: elements ----
+
+MaskIndices SequenceMask::indices(const Tile& rows, const Tile& cols, Loc loc) const { return mask_indices(b, h, rows, cols, s_q, s_k, loc); }
+
+Tile SequenceMask::allowed(const Tile& rows, const Tile& cols, Loc loc) const { return allowed(indices(rows, cols, loc), loc); }
+
+Tile SequenceMask::doc_at(const Tile& tokens, Loc loc) const {
+  const Tensor& d = mask_.doc_ids;
+  Tile row_of_b = where(d.size(0, loc) == 1, 0, b, loc);  // a [1, S_k] id tensor serves every batch row
+  Tile inside = (tokens >= 0) & (tokens < s_k);
+  return load(d.ptr(loc) + row_of_b * d.stride(0, loc) + tokens * d.stride(1, loc), inside, -1, loc);
+}
+
+Tile SequenceMask::allowed(const MaskIndices& i, Loc loc) const {
+  const Tile p = i.position(), k = i.kv;
+  const Tile in_bounds = (i.q >= 0) & (i.q < s_q) & (k >= 0) & (k < s_k);
+  // positions inside the key sequence: the segment patterns read the id of the query's own token
+  const Tile p_is_token = (p >= 0) & (p < s_k);
+  auto window = [&] { return (k >= p - mask_.window_left) & (k <= p + mask_.window_right); };
+  Tile m;
+  switch (mask_.kind()) {
+    case MaskKind::full: m = in_bounds; break;
+    case MaskKind::causal: m = k <= p; break;
+    case MaskKind::sliding_window: m = window(); break;
+    case MaskKind::causal_sliding_window: m = (k >= p - mask_.window_left) & (k <= p); break;
+    case MaskKind::global_sliding_window: m = (k < mask_.global_tokens) | (p < mask_.global_tokens) | window(); break;
+    case MaskKind::prefix_lm: m = (k <= p) | (k < prefix); break;
+    case MaskKind::document: m = p_is_token & (doc_at(p, loc) == doc_at(k, loc)); break;
+    case MaskKind::causal_document: m = p_is_token & (k <= p) & (doc_at(p, loc) == doc_at(k, loc)); break;
+    case MaskKind::share_question: {
+      Tile dk = doc_at(k, loc);
+      m = p_is_token & (k <= p) & ((dk == doc_at(p, loc)) | (dk == question_doc));
+      break;
+    }
+    case MaskKind::causal_blockwise: {
+      Tile dp = doc_at(p, loc);
+      m = p_is_token & (k <= p) & ((doc_at(k, loc) == dp) | (dp == last_doc));
+      break;
+    }
+    case MaskKind::block_sparse: {
+      const Tensor& t = mask_.block_table;
+      Tile tb = where(t.size(0, loc) == 1, 0, b, loc), th = where(t.size(1, loc) == 1, 0, h, loc);
+      Tile ptr = t.ptr(loc) + tb * t.stride(0, loc) + th * t.stride(1, loc) + (i.q / mask_.block_q) * t.stride(2, loc) +
+                 (k / mask_.block_k) * t.stride(3, loc);
+      m = load(ptr, in_bounds, 0, loc) != 0;
+      break;
+    }
+  }
+  return broadcast_to(m & in_bounds, i.shape(), loc);
+}
+
+// ---- SequenceMask: tiles ----
+
+void SequenceMask::require_intervals(const char* what, Loc loc) const {
+  if (!mask_has_tile_intervals(mask_.kind()))
+    Builder::current(loc).fail(loc, fmt::format("{}: mask '{}' has no interval form (its blocks depend on data): classify them with the "
+                                                "attention_block_mask pre-pass and read its lists (BlockMaskLists)",
+                                                what, mask_kind_name(mask_.kind())));
+}
+
+namespace {
+
+// The key positions of the in-bounds rows of query tile [m0, m0 + block_m): [first, last], and
+// whether the tile has any row below S_q.
+struct RowSpan {
+  Tile first, last, any;
+};
+RowSpan row_span(const Tile& m0, int64_t block_m, const Tile& s_q, const Tile& s_k) {
+  Tile d = s_k - s_q;
+  return {m0 + d, minimum(m0 + block_m, s_q) - 1 + d, m0 < s_q};
+}
+
+// A run visiting the tiles that overlap [lo, hi) (lo >= 0), none when lo >= hi; `not_before`
+// (a multiple of the block) moves its start past tiles an earlier run visits.
+void set_run(TileRanges& r, int index, const Tile& lo, const Tile& hi, int64_t block, const Tile& live, const Tile* not_before = nullptr) {
+  Tile begin = (lo / block) * block;
+  if (not_before) begin = maximum(begin, *not_before);
+  r.begin[static_cast<size_t>(index)] = begin;
+  r.end[static_cast<size_t>(index)] = where(live & (lo < hi), hi, begin);
+}
+
+}  // namespace
+
+TileRanges SequenceMask::key_tiles(const Tile& m0, int64_t block_m, int64_t block_n, Loc loc) const {
+  require_intervals("key_tiles", loc);
+  if (block_m <= 0 || block_n <= 0) Builder::current(loc).fail(loc, fmt::format("key_tiles: block sizes must be positive, got {} x {}", block_m, block_n));
+  const RowSpan rs = row_span(m0, block_m, s_q, s_k);
+  const Tile zero = zeros(i32, {}, loc);
+  TileRanges r;
+  switch (mask_.kind()) {
+    case MaskKind::full: set_run(r, 0, zero, s_k, block_n, rs.any); break;
+    case MaskKind::causal: set_run(r, 0, zero, minimum(s_k, rs.last + 1), block_n, rs.any); break;
+    case MaskKind::sliding_window:
+      set_run(r, 0, maximum(rs.first - mask_.window_left, 0), minimum(s_k, rs.last + mask_.window_right + 1), block_n, rs.any);
+      break;
+    case MaskKind::causal_sliding_window:
+      set_run(r, 0, maximum(rs.first - mask_.window_left, 0), minimum(s_k, rs.last + 1), block_n, rs.any);
+      break;
+    case MaskKind::global_sliding_window: {
+      // A tile with a global row (position < G) sees every key: one run. Otherwise the global keys
+      // [0, G), then the window's keys at or past G, starting after the global run's last tile.
+      const Tile& G = mask_.global_tokens;
+      Tile global_row = rs.first < G, g_end = minimum(G, s_k);
+      set_run(r, 0, zero, where(global_row, s_k, g_end), block_n, rs.any);
+      Tile after_global = cdiv(g_end, block_n) * block_n;
+      set_run(r, 1, maximum(rs.first - mask_.window_left, G), minimum(s_k, rs.last + mask_.window_right + 1), block_n, rs.any & !global_row,
+              &after_global);
+      r.runs = 2;
+      break;
+    }
+    case MaskKind::prefix_lm: set_run(r, 0, zero, minimum(s_k, maximum(prefix, rs.last + 1)), block_n, rs.any); break;
+    default: break;  // require_intervals refused the rest
+  }
+  return r;
+}
+
+TileRanges SequenceMask::query_tiles(const Tile& n0, int64_t block_n, int64_t block_m, Loc loc) const {
+  require_intervals("query_tiles", loc);
+  if (block_m <= 0 || block_n <= 0) Builder::current(loc).fail(loc, fmt::format("query_tiles: block sizes must be positive, got {} x {}", block_n, block_m));
+  // Keys [n0, n1) and the rows i whose position p = i + d reaches them.
+  Tile d = s_k - s_q, n1 = minimum(n0 + block_n, s_k), any_key = n0 < s_k;
+  const Tile zero = zeros(i32, {}, loc);
+  auto row_of = [&](const Tile& position) { return maximum(position - d, 0); };  // clamped row of a position
+  TileRanges r;
+  switch (mask_.kind()) {
+    case MaskKind::full: set_run(r, 0, zero, s_q, block_m, any_key); break;
+    case MaskKind::causal: set_run(r, 0, row_of(n0), s_q, block_m, any_key); break;
+    case MaskKind::sliding_window:  // p - w_l <= k <= p + w_r for some k in [n0, n1): p in [n0 - w_r, n1 - 1 + w_l]
+      set_run(r, 0, row_of(n0 - mask_.window_right), minimum(s_q, n1 + mask_.window_left - d), block_m, any_key);
+      break;
+    case MaskKind::causal_sliding_window:
+      set_run(r, 0, row_of(n0), minimum(s_q, n1 + mask_.window_left - d), block_m, any_key);
+      break;
+    case MaskKind::global_sliding_window: {
+      // A tile holding a global key is seen by every row. Otherwise the global rows (p < G), then
+      // the rows whose window reaches the tile, starting after the global run's last tile.
+      const Tile& G = mask_.global_tokens;
+      Tile global_key = n0 < G, g_rows = minimum(s_q, row_of(G));
+      set_run(r, 0, zero, where(global_key, s_q, g_rows), block_m, any_key);
+      Tile after_global = cdiv(g_rows, block_m) * block_m;
+      set_run(r, 1, maximum(row_of(n0 - mask_.window_right), row_of(G)), minimum(s_q, n1 + mask_.window_left - d), block_m,
+              any_key & !global_key, &after_global);
+      r.runs = 2;
+      break;
+    }
+    case MaskKind::prefix_lm: set_run(r, 0, where(n0 < prefix, zero, row_of(n0)), s_q, block_m, any_key); break;
+    default: break;
+  }
+  return r;
+}
+
+Tile SequenceMask::tile_is_full(const Tile& m0, int64_t block_m, const Tile& n0, int64_t block_n, Loc loc) const {
+  require_intervals("tile_is_full", loc);
+  const RowSpan rs = row_span(m0, block_m, s_q, s_k);
+  Tile last_key = minimum(n0 + block_n, s_k) - 1;
+  const Tile &wl = mask_.window_left, &wr = mask_.window_right, &G = mask_.global_tokens;
+  // Every row position in [first, last] allows every key in [n0, last_key]:
+  switch (mask_.kind()) {
+    case MaskKind::full: return scalar_constant(i1, true, loc);
+    case MaskKind::causal: return last_key <= rs.first;
+    case MaskKind::sliding_window: return (rs.last - wl <= n0) & (last_key <= rs.first + wr);
+    case MaskKind::causal_sliding_window: return (rs.last - wl <= n0) & (last_key <= rs.first);
+    case MaskKind::global_sliding_window:
+      // all rows global, all keys global, or the non-global keys inside every non-global row's window
+      return (rs.last < G) | (last_key < G) | ((rs.last - wl <= maximum(n0, G)) & (last_key <= maximum(rs.first, G) + wr));
+    case MaskKind::prefix_lm: return last_key < maximum(prefix, rs.first + 1);
+    default: break;
+  }
+  return scalar_constant(i1, false, loc);
+}
+
+// ---- score mods ----
+
+AttentionScoreMod::AttentionScoreMod(Builder& kb, ScoreModKind k, Loc loc) : kind(k) {
+  if (k == ScoreModKind::alibi) {
+    alibi_slopes = kb.tensor("score_alibi_slopes", f32, 1, {}, loc);
+    mod = alibi_score_mod(alibi_slopes);
+  } else if (k == ScoreModKind::softcap) {
+    softcap = kb.scalar("score_softcap", f32, loc);
+    mod = softcap_score_mod(softcap);
+  } else if (k != ScoreModKind::none) {
+    kb.fail(loc, fmt::format("AttentionScoreMod: kind {} is not one of 0 none, 1 alibi, 2 softcap", static_cast<int>(k)));
+  }
+}
+
+// ---- the block-classification pre-pass ----
+
+namespace {
+
+// The element of a tensor at integer scalar coordinates, as a pointer (i64 strides).
+Tile element(const Tensor& t, std::initializer_list<Tile> coords) {
+  Tile p = t.ptr();
+  int dim = 0;
+  for (const Tile& c : coords) p = p + c * t.stride(dim++);
+  return p;
+}
+
+std::array<std::string, 4> list_names(bool kv_major) {
+  if (kv_major) return {"q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"};
+  return {"kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"};
+}
+
+}  // namespace
+
+Kernel block_mask_kernel(std::string name, std::function<MaskMod(Builder&)> declare_mask) {
+  return kernel(std::move(name), [declare_mask](Builder& kb) {
+    const int64_t BM = kb.meta<int>("BLOCK_M", 128), BN = kb.meta<int>("BLOCK_N", 128);
+    const bool kv_major = kb.meta<bool>("KV_MAJOR", false);
+    const auto names = list_names(kv_major);
+    auto Classes = kb.tensor("block_classes", u8, 4);
+    auto Num = kb.tensor(names[0], i32, 3), Idx = kb.tensor(names[1], i32, 4);
+    auto FullNum = kb.tensor(names[2], i32, 3), FullIdx = kb.tensor(names[3], i32, 4);
+    auto S_q = kb.scalar<int>("S_q"), S_k = kb.scalar<int>("S_k");
+    const MaskMod mask = declare_mask(kb);
+    auto outer = program_id(0), h = program_id(1), b = program_id(2);
+    Tile n_inner = kv_major ? cdiv(S_q, BM) : cdiv(S_k, BN);
+    Var partial_count = zeros(i32, {}), full_count = zeros(i32, {});
+    for_range(0, n_inner, [&](Tile inner) {
+      Tile qb = kv_major ? inner : outer, kb_ = kv_major ? outer : inner;
+      Tile rows = qb * BM + arange(0, BM), cols = kb_ * BN + arange(0, BN);
+      MaskIndices idx = mask_indices(b, h, rows, cols, S_q, S_k);
+      Tile in_bounds = (rows < S_q)[col] & (cols < S_k)[row];
+      Tile allowed = sum(cast(i32, evaluate_mask(mask, idx) & in_bounds));
+      Tile elements = minimum(S_q - qb * BM, BM) * minimum(S_k - kb_ * BN, BN);
+      Tile is_full = allowed == elements, is_partial = (allowed > 0) & (allowed < elements);
+      Tile cls = where(is_full, static_cast<int32_t>(BlockClass::full), where(is_partial, static_cast<int32_t>(BlockClass::partial), static_cast<int32_t>(BlockClass::empty)));
+      store(element(Classes, {b, h, qb, kb_}), cast(u8, cls));
+      // append to the lists: a masked store at the current count, then the count moves on
+      store(element(Idx, {b, h, outer, partial_count}), inner, is_partial);
+      store(element(FullIdx, {b, h, outer, full_count}), inner, is_full);
+      partial_count = partial_count + cast(i32, is_partial);
+      full_count = full_count + cast(i32, is_full);
+    });
+    store(element(Num, {b, h, outer}), partial_count.value());
+    store(element(FullNum, {b, h, outer}), full_count.value());
+  });
+}
+
+const Kernel& attention_block_mask() {
+  static const Kernel k = block_mask_kernel("attention_block_mask", [](Builder& kb) {
+    const MaskKind kind = mask_kind_meta(kb);
+    return AttentionMask(kb, kind).mask_mod();
+  });
+  return k;
+}
+
+// ---- reading the lists ----
+
+BlockMaskLists::BlockMaskLists(Builder& kb, bool kv_major, Loc loc) {
+  const auto names = list_names(kv_major);
+  num = kb.tensor(names[0], i32, 3, {}, loc);
+  indices = kb.tensor(names[1], i32, 4, {}, loc);
+  full_num = kb.tensor(names[2], i32, 3, {}, loc);
+  full_indices = kb.tensor(names[3], i32, 4, {}, loc);
+}
+
+namespace {
+
+// (b, h) of a list tensor whose batch or head extent may be 1 (broadcast).
+std::pair<Tile, Tile> list_coords(const Tensor& t, const Tile& b, const Tile& h, Loc loc) {
+  return {where(t.size(0, loc) == 1, 0, b, loc), where(t.size(1, loc) == 1, 0, h, loc)};
+}
+
+Tile count_of(const Tensor& t, const Tile& b, const Tile& h, const Tile& tile, Loc loc) {
+  auto [bb, hh] = list_coords(t, b, h, loc);
+  return load(element(t, {bb, hh, tile}), loc);
+}
+
+Tile entry_of(const Tensor& t, const Tile& b, const Tile& h, const Tile& tile, const Tile& j, Loc loc) {
+  auto [bb, hh] = list_coords(t, b, h, loc);
+  return load(element(t, {bb, hh, tile, j}), loc);
+}
+
+}  // namespace
+
+Tile BlockMaskLists::partial_count(const Tile& b, const Tile& h, const Tile& tile, Loc loc) const { return count_of(num, b, h, tile, loc); }
+Tile BlockMaskLists::full_count(const Tile& b, const Tile& h, const Tile& tile, Loc loc) const { return count_of(full_num, b, h, tile, loc); }
+Tile BlockMaskLists::partial_block(const Tile& b, const Tile& h, const Tile& tile, const Tile& j, Loc loc) const {
+  return entry_of(indices, b, h, tile, j, loc);
+}
+Tile BlockMaskLists::full_block(const Tile& b, const Tile& h, const Tile& tile, const Tile& j, Loc loc) const {
+  return entry_of(full_indices, b, h, tile, j, loc);
+}
+
+}  // namespace tilejit::kernels
