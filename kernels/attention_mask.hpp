@@ -165,9 +165,9 @@ struct AttentionScoreMod {
 
 // ---- the block-classification pre-pass (FlexAttention's create_block_mask, in the DSL) ----
 //
-// Parameters (in order): Classes u8 [Bm, Hm, nQB, nKB]; Num i32 [Bm, Hm, nOuter]; Indices i32
-// [Bm, Hm, nOuter, nInner]; FullNum, FullIndices likewise; S_q, S_k (i32); then the mask's own
-// parameters. nQB = cdiv(S_q, BLOCK_M), nKB = cdiv(S_k, BLOCK_N) (the attention kernel's tiles);
+// Parameters (in order): block_classes u8 [Bm, Hm, nQB, nKB] (BlockClass values); the partial
+// count i32 [Bm, Hm, nOuter] and indices i32 [Bm, Hm, nOuter, nInner]; the full count and indices
+// likewise (names below); S_q, S_k (i32); then the mask's own parameters. nQB = cdiv(S_q, BLOCK_M), nKB = cdiv(S_k, BLOCK_N) (the attention kernel's tiles);
 // Bm, Hm: the mask's batch and head extents (1 when it does not depend on them: a document mask
 // with a [1, S_k] id tensor has Bm = 1; only block_sparse tables with H > 1 need Hm = H).
 // Meta: BLOCK_M, BLOCK_N, KV_MAJOR (false: outer = query tiles, inner = key tiles, the lists are
@@ -175,9 +175,11 @@ struct AttentionScoreMod {
 // inner = query tiles, named q_num_blocks, q_indices, full_q_num_blocks, full_q_indices, for the
 // dK/dV kernel), and the library kernel's MASK. Grid: (nOuter, Hm, Bm).
 // Each program classifies its outer tile against every inner tile by evaluating the mask over the
-// [BLOCK_M, BLOCK_N] tile (in-bounds elements only: BlockClass), writes Classes[b, h, qb, kb], and
-// appends partial inner tiles to Indices[b, h, outer, 0..Num) and full ones to FullIndices[b, h,
-// outer, 0..FullNum), in increasing order; entries past the counts are not written.
+// [BLOCK_M, BLOCK_N] tile (in-bounds elements only: BlockClass), writes block_classes[b, h, qb, kb],
+// and appends the partial inner tiles to indices[b, h, outer, 0..count) and the full ones to the
+// full indices, in increasing order; entries past the counts are not written.
+// Schedule: 8 warps at 128 x 128 tiles (each iteration holds a [128, 128] tile; 4 warps spill 8 B
+// with LLVM), 4 at 64 x 128 (tests/test_attention_mask.cpp assembles both without spills).
 lang::Kernel block_mask_kernel(std::string name, std::function<MaskMod(lang::Builder&)> declare_mask);
 // The library masks' pre-pass: meta MASK picks the kind (AttentionMask declares its parameters).
 const lang::Kernel& attention_block_mask();
