@@ -9,6 +9,9 @@
 //     causal, forward and backward with dropout_p = P (default 0.1) against without, alternated:
 //     DROPOUT dtype=bf16 B=4 S=4096 H=16 D=128 causal=0 p=0.1 fwd_ms=.. fwd_dropout_ms=.. fwd_slowdown=..
 //       bwd_ms=.. bwd_dropout_ms=.. bwd_slowdown=..
+//     DROPOUT_PRECOMPUTED causal=0 p=0.1 fwd_ms=.. fwd_bits_ms=.. ... mask_kernel_ms=..   (rng = precomputed)
+//     E2E causal=0 p=0.1 M=16384 N=6144 K=2048 gemm_ms=.. none_ms=.. fused_ms=.. overlapped_ms=..
+//       serial_bits_ms=.. (QKV projection GEMM then the attention forward; issue 7's table)
 //   attention_bench --capabilities         "backward=1 varlen_fwd=1 varlen_bwd=1 dropout=1"
 //   attention_bench --check DIR            reads DIR/cases.txt and the inputs, writes the outputs
 #include <fmt/format.h>
@@ -27,7 +30,9 @@
 #include <vector>
 
 #include "kernels/attention_api.hpp"
-#include "kernels/dropout_mask.hpp"
+#include "jit/compile.hpp"
+#include "kernels/gemm.hpp"
+#include "kernels/registry.hpp"
 #include "kernels/philox_host.hpp"
 #include "runtime/function.hpp"
 #include "runtime/device_buffer.hpp"
@@ -161,57 +166,115 @@ int bench(bool quick, int max_reps) {
 
 // --dropout: the same configuration timed with and without dropout, in alternating rounds (clocks
 // drift over minutes by more than the difference measured); the median of each side's rounds.
+// Three RNG variants: none, fused (Philox in the kernels) and precomputed (the packed mask from
+// attention::generate_dropout_bits, read by forward and backward), plus the mask kernel alone.
+// Then issue 7's end-to-end case: the QKV projection GEMM (B*S x 2048 -> 3 x 2048) followed by
+// the attention forward on its output, for no dropout, fused dropout, and the mask generated on a
+// second stream concurrently with the GEMM (the attention stream waits for both).
 int bench_dropout(double p, int max_reps) {
   const ir::DType dt = ir::DType::bf16;
   const bool bwd = attention::backward_available();
   for (bool causal : {false, true})
     for (bool dropout : {false, true}) attention::prepare(dt, 128, causal, false, bwd, {}, 0, dropout);
   const Buffers buf;
-  runtime::Stream stream;
+  runtime::Stream stream, side;
+  const Config base{4096, 128, false};
+  const int64_t B = base.B(), S = base.S, H = base.H(), D = base.D, words = (S + 31) / 32;
+  DeviceBuffer bits(static_cast<size_t>(B * H * S * words) * 4);
+  const attention::Tensor bits_view = attention::contiguous(bits.ptr(), ir::DType::u32, {B * H, S, words});
+  const auto options = [&](bool causal, int rng, int round) {  // rng: 0 none, 1 fused, 2 precomputed
+    attention::Options opts;
+    opts.causal = causal;
+    if (rng) opts.dropout_p = p, opts.seed = 1234, opts.offset = static_cast<uint64_t>(round);
+    if (rng == 2) opts.dropout_bits = bits_view;
+    return opts;
+  };
+  const auto generate = [&](const attention::Options& opts, CUstream s) {
+    attention::Options gen = opts;
+    gen.dropout_bits.reset();
+    attention::generate_dropout_bits(bits_view, B, H, S, S, gen, s);
+  };
   for (bool causal : {false, true}) {
-    const Config c{4096, 128, causal};
-    const int64_t B = c.B(), S = c.S, H = c.H(), D = c.D;
+    const Config c{S, D, causal};
     const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
-    // Issue 7's precomputed RNG: the packed mask from the dropout_mask kernel (timed alone: in a
-    // model it runs on another stream during the QKV projection), read by the forward.
-    const int64_t words = (S + 31) / 32;
-    DeviceBuffer bits(static_cast<size_t>(B * H * S * words) * 4);
-    const attention::Tensor bits_view = attention::contiguous(bits.ptr(), ir::DType::u32, {B * H, S, words});
-    Function mask_fn = tilejit::compile(kernels::dropout_mask(), {{"BLOCK_M", 64}, {"BLOCK_W", 4}});
-    const auto up = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
-    const runtime::Grid mask_grid{up(S, 64), up(words, 4), B * H};
-    const runtime::TensorView mask_tv = bits_view.view();
-    std::vector<double> fwd[3], bwd_ms[2], mask_ms;
+    std::vector<double> fwd[3], bwd_ms[3], mask_ms;
     for (int round = 0; round < 3; ++round)
-      for (int with : {0, 1, 2}) {
-        attention::Options opts;
-        opts.causal = causal;
-        if (with) opts.dropout_p = p, opts.seed = 1234, opts.offset = static_cast<uint64_t>(round);
-        if (with == 2) {
-          const uint32_t thr = kernels::dropout_keep_threshold(p);
-          const auto gen = [&] {
-            mask_fn(mask_grid, stream.handle(), mask_tv, static_cast<int32_t>(S), uint32_t{1234}, uint32_t{0},
-                    static_cast<uint32_t>(round), uint32_t{0}, thr);
-          };
-          mask_ms.push_back(time_ms(gen, stream, max_reps));
-          opts.dropout_bits = bits_view;
-          fwd[2].push_back(time_ms([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); }, stream, max_reps));
-          continue;
-        }
-        fwd[with].push_back(time_ms([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); }, stream, max_reps));
+      for (int rng : {0, 1, 2}) {
+        const attention::Options opts = options(causal, rng, round);
+        if (rng == 2) mask_ms.push_back(time_ms([&] { generate(opts, stream.handle()); }, stream, max_reps));
+        fwd[rng].push_back(time_ms([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); }, stream, max_reps));
         if (bwd)
-          bwd_ms[with].push_back(time_ms([&] {
+          bwd_ms[rng].push_back(time_ms([&] {
             attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), {buf.ws.ptr(), buf.ws.bytes()});
           }, stream, max_reps));
       }
     const double f0 = median(fwd[0]), f1 = median(fwd[1]), f2 = median(fwd[2]), gen = median(mask_ms);
-    std::printf("DROPOUT_PRECOMPUTED causal=%d p=%g fwd_ms=%.4f fwd_bits_ms=%.4f fwd_bits_slowdown=%.3f mask_kernel_ms=%.4f\n",
-                causal ? 1 : 0, p, f0, f2, f2 / f0, gen);
-    const double b0 = bwd ? median(bwd_ms[0]) : NAN, b1 = bwd ? median(bwd_ms[1]) : NAN;
+    const double b0 = bwd ? median(bwd_ms[0]) : NAN, b1 = bwd ? median(bwd_ms[1]) : NAN, b2 = bwd ? median(bwd_ms[2]) : NAN;
     std::printf("DROPOUT dtype=bf16 B=%ld S=%ld H=%ld D=%ld causal=%d p=%g fwd_ms=%.4f fwd_dropout_ms=%.4f fwd_slowdown=%.3f "
                 "bwd_ms=%.4f bwd_dropout_ms=%.4f bwd_slowdown=%.3f\n",
                 static_cast<long>(B), static_cast<long>(S), static_cast<long>(H), static_cast<long>(D), causal ? 1 : 0, p, f0, f1,
                 f1 / f0, b0, b1, b1 / b0);
+    std::printf("DROPOUT_PRECOMPUTED causal=%d p=%g fwd_ms=%.4f fwd_bits_ms=%.4f fwd_bits_slowdown=%.3f bwd_bits_ms=%.4f "
+                "bwd_bits_slowdown=%.3f mask_kernel_ms=%.4f\n",
+                causal ? 1 : 0, p, f0, f2, f2 / f0, b2, b2 / b0, gen);
+    std::fflush(stdout);
+  }
+
+  // End to end: X [B*S, 2048] @ W^T (W: [6144, 2048], K-major) -> QKV [B*S, 6144] = [B, S, 3, H, D],
+  // then attention on its strided Q, K, V views.
+  const int64_t M = B * S, N = 3 * kHidden, Kd = kHidden;
+  const DeviceBuffer x = random_buffer(static_cast<size_t>(M * Kd) * 2, dt, 11), w = random_buffer(static_cast<size_t>(N * Kd) * 2, dt, 12);
+  DeviceBuffer qkv(static_cast<size_t>(M * N) * 2);
+  const kernels::LibraryKernel* gk = kernels::find("gemm");
+  lang::Meta gmeta = gk->default_meta;
+  gmeta.emplace_back("OUT_DTYPE", dt);
+  jit::CompileOptions gopts;
+  gopts.num_warps = gk->num_warps;
+  gopts.pipeline.stages = gk->stages;
+  Function gemm(kernels::gemm(), gmeta, gopts);
+  int64_t gbm = 128, gbn = 128;
+  for (const auto& [k, v] : gmeta) {
+    if (k == "BLOCK_M") gbm = std::get<int64_t>(v);
+    if (k == "BLOCK_N") gbn = std::get<int64_t>(v);
+  }
+  const runtime::Grid ggrid{lang::cdiv(M, gbm) * lang::cdiv(N, gbn)};
+  const attention::Tensor X = attention::contiguous(x.ptr(), dt, {M, Kd}), W = attention::contiguous(w.ptr(), dt, {N, Kd}),
+                          QKV = attention::contiguous(qkv.ptr(), dt, {M, N});
+  const runtime::TensorView xv = X.view(), wv = W.view(), qkvv = QKV.view();
+  const auto proj = [&] { gemm(ggrid, stream.handle(), xv, wv, qkvv); };
+  const auto head_view = [&](int which) {  // which: 0 Q, 1 K, 2 V
+    return attention::strided(qkv.ptr() + static_cast<uint64_t>(which * kHidden * 2), dt, {B, S, H, D}, {S * N, N, D, 1});
+  };
+  const attention::Tensor Qp = head_view(0), Kp = head_view(1), Vp = head_view(2);
+  const auto [Q_, K_, V_, O, dO_, dQ_, dK_, dV_, L] = buf.views(base);
+  runtime::Event started, mask_done;
+  for (bool causal : {false, true}) {
+    std::vector<double> gemm_ms, none, fused, overlapped, serial;
+    for (int round = 0; round < 3; ++round) {
+      gemm_ms.push_back(time_ms(proj, stream, max_reps));
+      const attention::Options o0 = options(causal, 0, round), o1 = options(causal, 1, round), o2 = options(causal, 2, round);
+      none.push_back(time_ms([&] { proj(); attention::forward(Qp, Kp, Vp, O, L, o0, stream.handle()); }, stream, max_reps));
+      fused.push_back(time_ms([&] { proj(); attention::forward(Qp, Kp, Vp, O, L, o1, stream.handle()); }, stream, max_reps));
+      overlapped.push_back(time_ms([&] {
+        started.record(stream);
+        side.wait(started);  // the mask kernel starts with the GEMM, on the side stream
+        generate(o2, side.handle());
+        mask_done.record(side);
+        proj();
+        stream.wait(mask_done);
+        attention::forward(Qp, Kp, Vp, O, L, o2, stream.handle());
+      }, stream, max_reps));
+      serial.push_back(time_ms([&] {
+        generate(o2, stream.handle());
+        proj();
+        attention::forward(Qp, Kp, Vp, O, L, o2, stream.handle());
+      }, stream, max_reps));
+    }
+    const double g = median(gemm_ms), n0 = median(none), f = median(fused), ov = median(overlapped), se = median(serial);
+    std::printf("E2E causal=%d p=%g M=%ld N=%ld K=%ld gemm_ms=%.4f none_ms=%.4f fused_ms=%.4f overlapped_ms=%.4f serial_bits_ms=%.4f "
+                "fused_vs_none=%.3f overlapped_vs_none=%.3f serial_vs_none=%.3f\n",
+                causal ? 1 : 0, p, static_cast<long>(M), static_cast<long>(N), static_cast<long>(Kd), g, n0, f, ov, se, f / n0, ov / n0,
+                se / n0);
     std::fflush(stdout);
   }
   return 0;

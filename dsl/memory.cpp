@@ -152,6 +152,14 @@ Tile load(const BlockRef& blk, double padding, Loc loc) {
   return b.emit1(OpKind::block_load, std::move(ops), {{"shape", blk.shape}, {"dims", blk.dims}, {"padding", padding}}, loc);
 }
 
+Tile load_at_use(const BlockRef& blk, double padding, Loc loc) {
+  Builder& b = Builder::current(loc);
+  std::vector<ir::ValueId> ops{blk.tensor.descriptor().id()};
+  for (const Tile& t : blk.offsets) ops.push_back(t.id());
+  return b.emit1(OpKind::block_load, std::move(ops),
+                 {{"shape", blk.shape}, {"dims", blk.dims}, {"padding", padding}, {"at_use", int64_t{1}}}, loc);
+}
+
 void store(const BlockRef& blk, const Operand& value, Loc loc) {
   Builder& b = builder_for({&value}, loc);
   DType d = blk.tensor.dtype();

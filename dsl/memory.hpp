@@ -24,5 +24,10 @@ Tile atomic_add(const Operand& ptr, const Operand& value, const Operand& mask,
 // A window of a tensor (Tensor::block); elements outside the tensor read as `padding`.
 Tile load(const BlockRef& block, double padding = 0.0, std::source_location loc = std::source_location::current());
 void store(const BlockRef& block, const Operand& value, std::source_location loc = std::source_location::current());
+// load(block), with leave for the GPU backend to read the window again at each use, directly in
+// the register layout that use needs (when nothing was stored in between), instead of loading it
+// once and exchanging it through shared memory. Same values everywhere; meant for small read-only
+// data consumed in an MMA layout (e.g. dropout mask words next to an attention score block).
+Tile load_at_use(const BlockRef& block, double padding = 0.0, std::source_location loc = std::source_location::current());
 
 }  // namespace tilejit::lang

@@ -188,7 +188,12 @@ class Lowerer {
     if (nat) {
       const Regs* n = cached(v, nat->str());
       if (!n) fail(def_.count(v) ? def_.at(v) : nullptr, fmt::format("internal: value {} used before it was lowered", v));
-      regs = convert(*n, *nat, L, f_.type(v));
+      auto again = reloadable_.find(v);
+      // load_at_use: read the window again in L (its first read is dead code if no use keeps it)
+      if (again != reloadable_.end() && again->second == std::pair{memory_epoch_, frames_.size()})
+        regs = block_load_regs(*def_.at(v), L);
+      else
+        regs = convert(*n, *nat, L, f_.type(v));
     } else {
       auto it = def_.find(v);
       if (it == def_.end()) fail(nullptr, fmt::format("internal: flexible value {} has no defining op", v));
@@ -551,6 +556,7 @@ class Lowerer {
   }
 
   void store(const ir::Op& op) {
+    ++memory_epoch_;  // load_at_use windows read before this may have changed
     const ir::Type& t = f_.type(op.operands[1]);
     if (t.is_scalar()) {
       std::optional<V> pred = cmp(pir::Pred::eq, tid_, ci32(0));
@@ -572,6 +578,7 @@ class Lowerer {
   }
 
   void atomic_add(const ir::Op& op) {
+    ++memory_epoch_;  // load_at_use windows read before this may have changed
     const ir::Type& t = f_.type(op.results[0]);
     pir::Ty ty = pir::scalar(t.dtype);
     if (t.is_scalar()) {
@@ -791,9 +798,29 @@ class Lowerer {
 
   void block_load(const ir::Op& op) {
     if (plan_.hopper.tiles.count(&op)) return smem_tile_load(op);
-    const ir::Type& t = f_.type(op.results[0]);
-    check_shape(&op, t);
+    check_shape(&op, f_.type(op.results[0]));
     const Layout& L = *plan_.natural[op.results[0]];
+    put(op.results[0], L, block_load_regs(op, L));
+    if (op.attrs.count("at_use")) reloadable_[op.results[0]] = {memory_epoch_, frames_.size()};
+  }
+
+  // The registers of a block load's window in layout L. Registers that replicate (zero register
+  // bases: e.g. a word tile read in the layout of the score block it masks) load once and copy.
+  Regs block_load_regs(const ir::Op& op, const Layout& L) {
+    if (L.without_zero_regs().reg.size() != L.reg.size()) {
+      const Regs compact = block_load_regs(op, L.without_zero_regs());
+      Regs out;
+      for (uint32_t r = 0; r < static_cast<uint32_t>(L.num_regs()); ++r) {
+        uint32_t c = 0, bit = 0;  // r's bits at the non-zero bases, in order
+        for (size_t i = 0; i < L.reg.size(); ++i) {
+          if (std::all_of(L.reg[i].begin(), L.reg[i].end(), [](int64_t x) { return x == 0; })) continue;
+          c |= ((r >> i) & 1u) << bit++;
+        }
+        out.push_back(compact[c]);
+      }
+      return out;
+    }
+    const ir::Type& t = f_.type(op.results[0]);
     Regs addr, inb;
     V all_ok = 0;
     window(op, 1, L, addr, inb, &all_ok);
@@ -806,10 +833,10 @@ class Lowerer {
       return r;
     };
     int g = vector_group(op, 1, L, t.dtype);
-    if (g == 1) return put(op.results[0], L, scalar_path());
+    if (g == 1) return scalar_path();
     // Interior windows take one vector load per group; windows that cross an edge, the scalar path.
     size_t words = static_cast<size_t>(g * ir::byte_size(t.dtype) / 4);
-    Regs outr = pir_if_values(all_ok, std::vector<pir::Ty>(addr.size(), ty), [&] {
+    return pir_if_values(all_ok, std::vector<pir::Ty>(addr.size(), ty), [&] {
       Regs r;
       for (size_t h = 0; h < addr.size(); h += static_cast<size_t>(g)) {
         Regs w = emit_multi(Op::load_vec, {addr[h]}, words, pir::scalar(DType::u32), static_cast<int64_t>(words));
@@ -818,10 +845,10 @@ class Lowerer {
       }
       return r;
     }, scalar_path);
-    put(op.results[0], L, outr);
   }
 
   void block_store(const ir::Op& op) {
+    ++memory_epoch_;  // load_at_use windows read before this may have changed
     const ir::Type& t = f_.type(op.operands[1]);
     check_shape(&op, t);
     // Store from the value's own layout when it has one: no exchange through shared memory.
@@ -1035,6 +1062,7 @@ class Lowerer {
   }
 
   void for_loop(const ir::Op& op) {
+    ++memory_epoch_;  // load_at_use windows read before this may have changed
     if (auto it = plan_.tma_loops.find(&op); it != plan_.tma_loops.end()) return tma_loop(op, it->second);
     const ir::Block& body = op.regions[0];
     pir::Inst loop;
@@ -1083,6 +1111,7 @@ class Lowerer {
   }
 
   void if_op(const ir::Op& op) {
+    ++memory_epoch_;  // load_at_use windows read before this may have changed
     pir::Inst in;
     in.op = Op::if_;
     in.args = {scalar(op.operands[0])};
@@ -1550,6 +1579,10 @@ class Lowerer {
   std::vector<pir::Block*> blocks_;
   std::vector<Frame> frames_;
   std::unordered_map<ir::ValueId, const ir::Op*> def_;
+  // load_at_use results: the memory epoch (stores, atomics and regions lowered so far) and frame
+  // depth of their load; a use that finds both unchanged may read the window again.
+  std::unordered_map<ir::ValueId, std::pair<int64_t, size_t>> reloadable_;
+  int64_t memory_epoch_ = 0;
   std::unordered_map<ir::ValueId, TensorDesc> tensors_;
   std::map<std::pair<DType, int64_t>, V> const_ints_;
   V tid_ = 0, lane_ = 0, warp_ = 0;

@@ -5,6 +5,8 @@
 #include "kernels/attention.hpp"
 
 #include <cmath>
+#include <fmt/format.h>
+
 #include <optional>
 
 #include "kernels/philox.hpp"
@@ -22,8 +24,29 @@ AttentionDropout::AttentionDropout(Builder& kb)
       // threshold 0 (everything dropped) gives inf here, but it only scales kept values
       scale(256.0f / cast(f32, keep_threshold)) {}
 
-Tile AttentionDropout::keep(const Tile& batch_head, const Tile& rows, const Tile& col0, int64_t num_cols) const {
-  return dropout_keep_block(batch_head, rows, col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold);
+bool AttentionDropout::precomputed_meta(Builder& kb, bool dropout, bool varlen, int64_t block_n) {
+  // DROPOUT_BITS: read the keep-mask, precomputed and packed by the dropout_mask kernel (the same
+  // bits), instead of generating it: issue 7's "precomputed" RNG, e.g. overlapped with a GEMM.
+  const bool precomputed = kb.meta<bool>("DROPOUT_BITS", false);
+  if (precomputed && (!dropout || varlen))
+    kb.fail(Loc::current(), "DROPOUT_BITS reads a precomputed mask: it needs DROPOUT=true and dense (not VARLEN) tensors");
+  if (precomputed && block_n % 32 != 0)
+    kb.fail(Loc::current(), fmt::format("DROPOUT_BITS needs BLOCK_N to be a multiple of 32 (whole mask words), got {}", block_n));
+  return precomputed;
+}
+
+void AttentionDropout::declare_bits(Builder& kb) {
+  bits = kb.tensor("dropout_bits", u32, 3, {.align_bytes = 4, .contiguous_last = true});
+}
+
+Tile AttentionDropout::keep(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols) const {
+  if (!bits.descriptor().valid())
+    return dropout_keep_block(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi,
+                              keep_threshold);
+  // past the end: 0 (dropped). Read at the use, in the score block's layout: no shared-memory exchange.
+  auto words = load_at_use(bits.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32}));
+  auto shifts = reshape(cast(u32, arange(0, 32)), {1, 1, 32});
+  return reshape(((expand_dims(words, 2) >> shifts) & 1u) != 0u, {num_rows, num_cols});
 }
 
 const Kernel& attention_forward() {
@@ -41,11 +64,7 @@ const Kernel& attention_forward() {
     // RETURN_MASK (tests): also write the keep bits of every visited block.
     auto dropout = kb.meta<bool>("DROPOUT", false), return_mask = kb.meta<bool>("RETURN_MASK", false);
     if (return_mask && !dropout) kb.fail(Loc::current(), "RETURN_MASK returns the dropout mask: it needs DROPOUT=true");
-    // DROPOUT_BITS: read the keep-mask, precomputed and packed by the dropout_mask kernel (the same
-    // bits), instead of generating it: issue 7's "precomputed" RNG, e.g. overlapped with a GEMM.
-    auto dropout_bits = kb.meta<bool>("DROPOUT_BITS", false);
-    if (dropout_bits && (!dropout || varlen))
-      kb.fail(Loc::current(), "DROPOUT_BITS reads a precomputed mask: it needs DROPOUT=true and dense (not VARLEN) tensors");
+    auto dropout_bits = AttentionDropout::precomputed_meta(kb, dropout, varlen, BN);
     const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
     const int rank = varlen ? 3 : 4;
     auto Q = kb.tensor("Q", T, rank, row_major), K = kb.tensor("K", T, rank, row_major), V = kb.tensor("V", T, rank, row_major);
@@ -58,8 +77,7 @@ const Kernel& attention_forward() {
     if (dropout) drop.emplace(kb);
     Tensor mask;  // RETURN_MASK: u8 [batch * heads_q, seq_q, seq_k]
     if (return_mask) mask = kb.tensor("dropout_mask", u8, 3, {.contiguous_last = true});
-    Tensor bits;  // DROPOUT_BITS: u32 [batch * heads_q, seq_q, cdiv(seq_k, 32)], bit j % 32 of word j / 32
-    if (dropout_bits) bits = kb.tensor("dropout_bits", u32, 3, {.align_bytes = 4, .contiguous_last = true});
+    if (dropout_bits) drop->declare_bits(kb);  // u32 [batch * heads_q, seq_q, cdiv(seq_k, 32)]
 
     const int seq_dim = varlen ? 0 : bshd ? 1 : 2, head_dim = varlen ? 1 : bshd ? 2 : 1;
     // Causal: the last query blocks see the most keys; start them first so that the light ones
@@ -123,15 +141,7 @@ const Kernel& attention_forward() {
       Tile pv = p;
       if (dropout) {
         // the 1 / keep probability scale is uniform: applied once to the output, not per element
-        Tile keep;
-        if (dropout_bits) {
-          if (BN % 32 != 0) kb.fail(Loc::current(), "DROPOUT_BITS needs BLOCK_N to be a multiple of 32 (whole mask words)");
-          auto words = load(bits.block({bh, m0, n0 / 32}, {BM, BN / 32}));  // u32 [BM, BN / 32]; past the end: 0
-          auto shifts = reshape(cast(u32, arange(0, 32)), {1, 1, 32});
-          keep = reshape(((expand_dims(words, 2) >> shifts) & 1u) != 0u, {BM, BN});
-        } else {
-          keep = drop->keep(bh, rows, n0, BN);
-        }
+        Tile keep = drop->keep(bh, m0, BM, n0, BN);
         pv = where(keep, p, 0.0f);
         if (return_mask) store(mask.block({bh, m0, n0}, {BM, BN}), cast(u8, keep));
       }

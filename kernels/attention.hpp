@@ -9,7 +9,8 @@ namespace tilejit::kernels {
 // [batch, seq, heads, head_dim] with BSHD); heads_q a multiple of heads_kv (grouped-query and
 // multi-query attention); LSE: [batch, heads_q, seq_q] (natural log; -inf for a row that sees no
 // key); softmax_scale: f32. Causal masks align the last query with the last key.
-// Meta: DTYPE (bf16|f16), BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, DROPOUT, RETURN_MASK.
+// Meta: DTYPE (bf16|f16), BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, DROPOUT, RETURN_MASK,
+// DROPOUT_BITS.
 // Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
 //
 // VARLEN (flash_attn_varlen_func's layout): Q, O: [total_q, heads_q, head_dim]; K, V: [total_k,
@@ -33,20 +34,33 @@ namespace tilejit::kernels {
 // seq_q, seq_k] (VARLEN: [batch * heads_q, max_seqlen_q, max_seqlen_k]), unit innermost stride;
 // every block the forward visits writes its keep bits (1 = kept), including elements that are
 // masked (causal, past the last key); blocks a causal program skips are not written.
+// DROPOUT_BITS (needs DROPOUT, dense only, BLOCK_N a multiple of 32): rng = precomputed -- one
+// more parameter last, dropout_bits: u32 [batch * heads_q, seq_q, cdiv(seq_k, 32)], bit j % 32 of
+// word j / 32 (the dropout_mask kernel's output for the same seed/offset/threshold); the forward
+// reads it instead of running Philox. The same bits, so outputs are identical to the fused ones.
 const lang::Kernel& attention_forward();
 
 // The dropout parameters of the attention kernels (forward, dK/dV, dQ): declares seed_lo,
 // seed_hi, offset_lo, offset_hi, keep_threshold (call after the kernel's other parameters).
+// The keep-mask either comes from Philox in the kernel (rng = fused) or, once `bits` is set
+// (meta DROPOUT_BITS: rng = precomputed), from the packed mask the dropout_mask kernel wrote:
+// u32 [batch * heads_q, seq_q, cdiv(seq_k, 32)], bit j % 32 of word j / 32 -- the same bits.
 struct AttentionDropout {
   lang::Tile seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold;
   lang::Tile scale;  // f32 256 / keep_threshold: what kept probabilities are multiplied by
+  lang::Tensor bits;  // rng = precomputed: the packed keep-mask (invalid: fused)
 
   explicit AttentionDropout(lang::Builder& kb);
-  // The keep-mask (i1 [rows, num_cols], true = keep) of query rows `rows` (i32 [M]) and key
-  // columns [col0, col0 + num_cols) of batch*heads index `batch_head`: one Philox call per 16
-  // elements when num_cols is a multiple of 64 (col0 a multiple of 64: a block start), else one
-  // per element (the same bits).
-  lang::Tile keep(const lang::Tile& batch_head, const lang::Tile& rows, const lang::Tile& col0, int64_t num_cols) const;
+  // The meta that picks the RNG (DROPOUT_BITS), checked against the kernel's other metas.
+  static bool precomputed_meta(lang::Builder& kb, bool dropout, bool varlen, int64_t block_n);
+  // Declares the packed-mask parameter `dropout_bits` (rng = precomputed).
+  void declare_bits(lang::Builder& kb);
+  // The keep-mask (i1 [num_rows, num_cols], true = keep) of query rows [row0, row0 + num_rows)
+  // and key columns [col0, col0 + num_cols) of batch*heads index `batch_head`. Fused: one Philox
+  // call per 16 elements when num_cols is a multiple of 64 (col0 a multiple of 64: a block
+  // start), else one per element (the same bits). Precomputed: a [num_rows, num_cols / 32] word
+  // load (num_cols a multiple of 32, col0 too); rows or words past the tensor read as dropped.
+  lang::Tile keep(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows, const lang::Tile& col0, int64_t num_cols) const;
 };
 
 }  // namespace tilejit::kernels

@@ -98,7 +98,7 @@ struct Dims {
   bool dropout = false;         // options.dropout_p > 0
   uint32_t keep_threshold = 256;  // kernels::dropout_keep_threshold(dropout_p)
   bool return_mask = false;     // forward: options.dropout_mask
-  bool read_bits = false;       // forward: options.dropout_bits
+  bool read_bits = false;       // options.dropout_bits (forward, dK/dV, dQ)
 };
 
 bool declares(Pass p, const char* meta);
@@ -226,10 +226,15 @@ Dims check_common(const Checker& c, const Tensor& q, const Tensor& k, const Tens
       c.fail("options.dropout_mask has sizes {} but must be {} = {}", list(sizes_of(m)), layout, list(want));
     d.return_mask = true;
   }
-  if (opts.dropout_bits && !backward) {
+  if (opts.dropout_bits) {
     if (!d.dropout) c.fail("options.dropout_bits is set but options.dropout_p = 0 (the bits are dropout's; set dropout_p > 0)");
     if (d.varlen) c.fail("options.dropout_bits: the precomputed mask is for dense batches (not with cu_seqlens)");
-    if (!declares(Pass::forward, "DROPOUT_BITS")) c.fail("options.dropout_bits: this build's forward kernel cannot read a precomputed mask");
+    for (Pass p : {Pass::forward, Pass::bwd_dkdv, Pass::bwd_dq})
+      if ((p == Pass::forward || backward) && !declares(p, "DROPOUT_BITS"))
+        c.fail("options.dropout_bits: this build's {} kernel cannot read a precomputed mask (no DROPOUT_BITS meta)", name(p));
+    if (opts.schedule && opts.schedule->block_n % 32 != 0)
+      c.fail("options.schedule.block_n = {} with options.dropout_bits: the kernels read whole 32-column mask words, so block_n "
+             "must be a multiple of 32", opts.schedule->block_n);
     const Tensor& m = *opts.dropout_bits;
     if (m.dtype != ir::DType::u32) c.fail("options.dropout_bits has dtype {}; it must be u32 (packed bits)", ir::name(m.dtype));
     c.tensor("options.dropout_bits", m, 3, "[B * Hq, S_q, cdiv(S_k, 32)]", 4);
@@ -563,7 +568,7 @@ void bind_common(Bindings& b, const Tensor& q, const Tensor& k, const Tensor& v,
 Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
   return Config{p,        q.dtype,   static_cast<int>(d.head_dim), opts.causal, d.varlen, schedule_for(p, q, d, opts),
                 q.device, d.dropout && declares(p, "DROPOUT"), p == Pass::forward && d.return_mask,
-                p == Pass::forward && d.read_bits};
+                d.read_bits && declares(p, "DROPOUT_BITS")};
 }
 
 }  // namespace
@@ -618,6 +623,54 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   for (const auto& [fn, grid] : steps) launch(*fn, grid, stream, b, false);
   if (owned.bytes() != 0)
     runtime::check_cu(runtime::Driver::get().api().StreamSynchronize(stream), "cuStreamSynchronize");
+}
+
+void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k, const Options& opts,
+                           CUstream stream) {
+  const Checker c("generate_dropout_bits");
+  if (!(opts.dropout_p > 0.0 && opts.dropout_p < 1.0))
+    c.fail("options.dropout_p = {} is not in (0, 1): there is no mask to generate", opts.dropout_p);
+  for (auto [name, v] : {std::pair{"batch", batch}, {"heads_q", heads_q}, {"seq_q", seq_q}, {"seq_k", seq_k}})
+    if (v < 1 || v > kI32Max) c.fail("{} = {} is not in [1, {}]", name, v, kI32Max);
+  if (bits.dtype != ir::DType::u32) c.fail("bits has dtype {}; it must be u32 (packed bits)", ir::name(bits.dtype));
+  c.tensor("bits", bits, 3, "[B * Hq, S_q, cdiv(S_k, 32)]", 4);
+  const std::array<int64_t, 3> want{batch * heads_q, seq_q, (seq_k + 31) / 32};
+  if (bits.size(0) != want[0] || bits.size(1) != want[1] || bits.size(2) != want[2])
+    c.fail("bits has sizes {} but must be [B * Hq, S_q, cdiv(S_k, 32)] = {}", list(sizes_of(bits)), list(want));
+  if (want[0] > kGridYZMax) c.fail("batch * heads_q = {} exceeds the grid limit {}", want[0], kGridYZMax);
+  const kernels::LibraryKernel* lib = kernels::find("dropout_mask");
+  if (!lib) throw std::logic_error("tilejit::attention: kernel 'dropout_mask' is not in the library");
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<Function>> per_device;
+  Function* fn;
+  {
+    std::lock_guard lock(mu);
+    auto& slot = per_device[bits.device];
+    if (!slot) {
+      jit::CompileOptions o;
+      o.num_warps = lib->num_warps;
+      o.pipeline.stages = lib->stages;
+      slot = std::make_unique<Function>(lib->kernel(), lib->default_meta, o, bits.device);
+    }
+    fn = slot.get();
+  }
+  int64_t block_m = 0, block_w = 0;
+  for (const auto& [k, v] : lib->default_meta) {
+    if (k == "BLOCK_M") block_m = std::get<int64_t>(v);
+    if (k == "BLOCK_W") block_w = std::get<int64_t>(v);
+  }
+  Bindings b;
+  b.add("mask", bits.view());
+  b.add("sk", static_cast<int32_t>(seq_k));
+  b.add("seedlo", static_cast<uint32_t>(opts.seed));
+  b.add("seedhi", static_cast<uint32_t>(opts.seed >> 32));
+  b.add("offsetlo", static_cast<uint32_t>(opts.offset));
+  b.add("offsethi", static_cast<uint32_t>(opts.offset >> 32));
+  b.add("keepthreshold", kernels::dropout_keep_threshold(opts.dropout_p));
+  const runtime::Grid grid{lang::cdiv(seq_q, block_m), lang::cdiv(want[2], block_w), want[0]};
+  launch(*fn, grid, stream, b, true);
+  require_gpu("generate_dropout_bits", bits.device);
+  launch(*fn, grid, stream, b, false);
 }
 
 void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen, bool backward, std::optional<Schedule> schedule,

@@ -87,13 +87,22 @@ struct Options {
   // visits (every (row, key) the row sees, and more; causal blocks past the diagonal are not
   // written). Needs dropout_p > 0; the backward ignores it.
   std::optional<Tensor> dropout_mask;
-  // Issue 7's precomputed RNG (forward, dense only): the packed keep-mask, u32 [B * Hq, S_q,
-  // cdiv(S_k, 32)] with bit j % 32 of word j / 32 (what the `dropout_mask` kernel writes for the same
-  // seed, offset and dropout_p, e.g. on another stream while the QKV projection runs). The
-  // forward reads it instead of generating the mask: the same bits, so the backward (which
-  // regenerates them) and the outputs are unchanged. Needs dropout_p > 0.
+  // rng = precomputed (issue 7; dense batches): the packed keep-mask, u32 [B * Hq, S_q,
+  // cdiv(S_k, 32)] with bit j % 32 of word j / 32, as generate_dropout_bits writes it for the same
+  // seed, offset and dropout_p (e.g. on another stream while the QKV projection runs). Forward
+  // and backward then read it instead of running Philox (rng = fused, when unset): the same bits,
+  // so the outputs are identical either way, and a forward may read it while its backward
+  // regenerates (or the other way round). Needs dropout_p > 0.
   std::optional<Tensor> dropout_bits;
 };
+
+// Writes the packed dropout keep-mask of an attention call with these options (opts.dropout_p,
+// seed, offset; > 0) into `bits`: u32 [batch * heads_q, seq_q, cdiv(seq_k, 32)], unit stride on
+// the last dim, 4-byte aligned; bits of columns >= seq_k are 0. Asynchronous on `stream`: run it
+// on a second stream while the GEMM before attention runs, then pass `bits` as
+// opts.dropout_bits (rng = precomputed). ~1.1 MB of mask per (batch*head) at S = 4096.
+void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k, const Options& opts,
+                           CUstream stream = nullptr);
 
 // Scratch memory of the backward (Delta = rowsum(dO * O), f32 [B, Hq, S_q] or [Hq, total_q]).
 struct Workspace {

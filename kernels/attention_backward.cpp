@@ -77,6 +77,7 @@ struct BackwardParams {
   int64_t BM, BN, D;
   bool causal, bshd, varlen;
   bool dropout;  // DROPOUT: trailing seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold
+  bool dropout_bits;  // DROPOUT_BITS: then the precomputed packed mask `dropout_bits` (rng = precomputed)
   int rank;  // of Q, K, V, dO and the gradients (LSE, Delta: rank - 1)
   Tensor Q, K, V, dO, LSE, Delta;
 
@@ -89,6 +90,7 @@ struct BackwardParams {
         bshd(kb.meta<bool>("BSHD", false)),
         varlen(varlen_meta(kb, bshd)),
         dropout(kb.meta<bool>("DROPOUT", false)),
+        dropout_bits(AttentionDropout::precomputed_meta(kb, dropout, varlen, BN)),
         rank(varlen ? 3 : 4),
         Q(kb.tensor("Q", T, rank, kRowMajor)),
         K(kb.tensor("K", T, rank, kRowMajor)),
@@ -98,12 +100,13 @@ struct BackwardParams {
         Delta(kb.tensor("Delta", f32, rank - 1, {.contiguous_last = true})) {}
 
   // The rows of batch b (declares the trailing VARLEN parameters cu_seqlens_q, cu_seqlens_k, then
-  // with DROPOUT the dropout scalars into `drop`: call it after the kernel's own parameters); Q, K,
+  // with DROPOUT the dropout scalars (and DROPOUT_BITS' mask) into `drop`: call it after the kernel's own parameters); Q, K,
   // V, dO, LSE, Delta become sequence b's views.
   HeadRows sequence(Builder& kb, Tile b, std::optional<AttentionDropout>& drop) {
     Tile cu_q, cu_k;  // VARLEN: i32[batch + 1] offsets of the sequences in the packed tokens
     if (varlen) cu_q = kb.pointer("cu_seqlens_q", i32), cu_k = kb.pointer("cu_seqlens_k", i32);
     if (dropout) drop.emplace(kb);
+    if (dropout_bits) drop->declare_bits(kb);
     HeadRows rows(std::move(b), D, bshd, varlen, cu_q, cu_k);
     Q = rows.queries(Q), dO = rows.queries(dO), LSE = rows.queries(LSE), Delta = rows.queries(Delta);
     K = rows.keys(K), V = rows.keys(V);
@@ -186,7 +189,7 @@ const Kernel& attention_backward_dkdv() {
         // once at the end
         Tile keep_t, pt_kept = pt;
         if (a.dropout) {
-          keep_t = trans(drop->keep(bh, m0 + arange(0, a.BM), n0, a.BN));  // [BN, BM]
+          keep_t = trans(drop->keep(bh, m0, a.BM, n0, a.BN));  // [BN, BM]
           pt_kept = where(keep_t, pt, 0.0f);
         }
         dv = dot(cast(a.T, pt_kept), dout, dv);
@@ -222,8 +225,8 @@ const Kernel& attention_backward_dq() {
     auto delta = load(rows(a.Delta, h, m0, a.BM))[col];
     auto qrows = (m0 + arange(0, a.BM))[col];
     Var dq = zeros(f32, {a.BM, a.D});
-    Tile bh, qrows_1d;  // DROPOUT: the mask's batch*heads index and query rows
-    if (a.dropout) bh = a.batch_head(rows, h), qrows_1d = m0 + arange(0, a.BM);
+    Tile bh;  // DROPOUT: the mask's batch*heads index
+    if (a.dropout) bh = a.batch_head(rows, h);
     // Causal: stop after the last key the block's last row sees (none for key-less blocks).
     Tile n_end = rows.unless_past(m0, S_q, a.causal ? minimum(S_k, m0 + a.BM + (S_k - S_q)) : S_k);
     for_range(0, n_end, a.BN, [&](Tile n0) {
@@ -231,7 +234,7 @@ const Kernel& attention_backward_dq() {
       auto keys = (n0 + arange(0, a.BN))[row];
       auto p = where(a.visible(qrows, keys, S_q, S_k), exp2(dot(q, trans(k)) * qk_scale - lse), 0.0f);
       Tile dp = dot(dout, trans(v));  // dP (of the dropped P: times keep * s)
-      if (a.dropout) dp = where(drop->keep(bh, qrows_1d, n0, a.BN), dp * drop->scale, 0.0f);
+      if (a.dropout) dp = where(drop->keep(bh, m0, a.BM, n0, a.BN), dp * drop->scale, 0.0f);
       auto ds = p * (dp - delta);  // dS = P * (dP - Delta)
       dq = dot(cast(a.T, ds), k, dq);
     });

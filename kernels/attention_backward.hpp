@@ -24,6 +24,10 @@ namespace tilejit::kernels {
 // heads_q + h, query row, key) and differentiate O = dropout(P) V: dV = sum (P * keep * s)^T dO,
 // dS = P * (dO V^T * keep * s - Delta), s = 256 / keep_threshold. The preprocess is unchanged
 // (Delta = rowsum(dO * O), O already dropped).
+// DROPOUT_BITS (dK/dV and dQ, dense only, BLOCK_N a multiple of 32; needs DROPOUT): rng =
+// precomputed, as in the forward -- one more parameter after the dropout scalars, dropout_bits
+// (u32 [batch * heads_q, seq_q, cdiv(seq_k, 32)], what the dropout_mask kernel writes); the
+// kernels read the mask instead of regenerating it (the same bits).
 
 // Delta[b, h, i] = sum_d dO[b, h, i, d] * O[b, h, i, d] (f32).
 // Params: O, dO, Delta (VARLEN: cu_seqlens_q). Meta: DTYPE, BLOCK_M, HEAD_DIM, BSHD, VARLEN. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
@@ -33,13 +37,13 @@ const lang::Kernel& attention_backward_preprocess();
 // dV = sum P^T dO, dK = scale * sum dS^T Q with dS = P * (dO V^T - Delta).
 // Params: Q, K, V, dO, LSE, Delta, dK, dV, softmax_scale (f32) (VARLEN: cu_seqlens_q, cu_seqlens_k)
 // (DROPOUT: seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold).
-// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, DROPOUT. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch).
+// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, DROPOUT, DROPOUT_BITS. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch).
 const lang::Kernel& attention_backward_dkdv();
 
 // dQ = scale * sum dS K for one query block.
 // Params: Q, K, V, dO, LSE, Delta, dQ, softmax_scale (f32) (VARLEN: cu_seqlens_q, cu_seqlens_k)
 // (DROPOUT: seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold).
-// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, DROPOUT. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
+// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, DROPOUT, DROPOUT_BITS. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
 const lang::Kernel& attention_backward_dq();
 
 }  // namespace tilejit::kernels

@@ -1,4 +1,5 @@
-// The packed dropout keep-mask kernel: one program writes BLOCK_M rows x BLOCK_W words.
+// The packed dropout keep-mask kernel: one program writes BLOCK_M rows x BLOCK_W words, each
+// thread computing whole Philox calls (kernels::dropout_keep_words) and storing whole words.
 #include "kernels/dropout_mask.hpp"
 
 #include "kernels/philox.hpp"
@@ -15,14 +16,13 @@ const Kernel& dropout_mask() {
     auto seed_lo = kb.scalar("seed_lo", u32), seed_hi = kb.scalar("seed_hi", u32);
     auto offset_lo = kb.scalar("offset_lo", u32), offset_hi = kb.scalar("offset_hi", u32);
     auto threshold = kb.scalar("keep_threshold", u32);
-    const int64_t n = int64_t{BW} * 32;  // key columns per program
+    if (BW % 2 != 0) kb.fail(Loc::current(), "dropout_mask: BLOCK_W must be even (one Philox call group covers 64 key columns = 2 words)");
     auto m0 = program_id(0) * BM, w0 = program_id(1) * BW, bh = program_id(2);
-    auto col0 = w0 * 32;
-    Tile keep = dropout_keep_block(bh, m0 + arange(0, BM), col0, n, seed_lo, seed_hi, offset_lo, offset_hi, threshold);
-    keep = keep & ((col0 + arange(0, n)) < S_k)[row];  // the tail bits past S_k are 0
-    // bit b of word w holds column 32 w + b: distinct bits, so their sum is their OR
-    Tile bits = reshape(cast(u32, keep), {BM, BW, 32}) << cast(u32, arange(0, 32));
-    store(Mask.block({bh, m0, w0}, {BM, BW}), sum(bits, 2));
+    Tile words = dropout_keep_words(bh, m0 + arange(0, BM), w0, BW, seed_lo, seed_hi, offset_lo, offset_hi, threshold);
+    // the bits of columns >= S_k are 0: word w keeps its low clamp(S_k - 32 w, 0, 32) bits
+    Tile valid_bits = S_k - (w0 + arange(0, BW)) * 32;
+    Tile low = where(valid_bits >= 32, 0xFFFFFFFFu, (1u << cast(u32, maximum(valid_bits, 0))) - 1u);
+    store(Mask.block({bh, m0, w0}, {BM, BW}), words & low[row]);
   });
   return k;
 }

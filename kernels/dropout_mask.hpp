@@ -10,7 +10,7 @@ namespace tilejit::kernels {
 // mask[bh, i, j / 32] is 1 iff element (bh, i, j) is kept; the bits of columns >= S_k are 0.
 // Scalars: S_k (i32), seed_lo, seed_hi, offset_lo, offset_hi (u32 halves of the 64-bit seed and
 // offset), keep_threshold (u32, round((1 - p) * 256), see kernels::dropout_keep_threshold).
-// Meta: BLOCK_M (query rows per program), BLOCK_W (mask words per program: 32 * BLOCK_W key
+// Meta: BLOCK_M (query rows per program), BLOCK_W (mask words per program, even: 32 * BLOCK_W key
 // columns). Grid: (cdiv(S_q, BLOCK_M), cdiv(cdiv(S_k, 32), BLOCK_W), batch * heads_q).
 const lang::Kernel& dropout_mask();
 

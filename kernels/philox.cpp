@@ -74,4 +74,35 @@ Tile dropout_keep_block(const Operand& batch_head, const Tile& rows, const Opera
   return reshape(keep, {m, num_cols}, loc);
 }
 
+Tile dropout_keep_words(const Operand& batch_head, const Tile& rows, const Operand& word0, int64_t num_words, const Operand& seed_lo,
+                        const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi, const Operand& keep_threshold,
+                        Loc loc) {
+  Builder& b = Builder::current(loc);
+  if (rows.rank() != 1) b.fail(loc, fmt::format("dropout_keep_words: rows must be a 1-D tile, got rank {}", rows.rank()));
+  if (num_words <= 0 || num_words % 2 != 0)
+    b.fail(loc, fmt::format("dropout_keep_words: num_words = {} must be a positive even number (whole 64-column call groups)", num_words));
+  const int64_t m = rows.shape()[0], groups = num_words / 2;
+  Tile q = (as_u32(word0, loc) >> 1) + as_u32(arange(0, groups, loc), loc);
+  Tile call = expand_dims((q[col] << 2) | as_u32(arange(0, 4, loc), loc)[row], 0, loc);  // [1, Q, 4]
+  Tile r = expand_dims(as_u32(rows, loc)[col], 2, loc);                                   // [M, 1, 1]
+  auto words = philox4x32_10({call, r, as_u32(batch_head, loc), as_u32(offset_lo, loc)},
+                             {as_u32(seed_lo, loc), as_u32(seed_hi, loc) ^ as_u32(offset_hi, loc)}, loc);  // [M, Q, 4]
+  Tile threshold = as_u32(keep_threshold, loc);
+  Tile lane_shift = reshape(as_u32(arange(0, 4, loc), loc) << 1u, {1, 1, 4}, loc);  // call t's bits sit at 2 t + ...
+  std::array<Tile, 2> half;  // word 2 q (k < 4) and word 2 q + 1 (k >= 4)
+  for (int h = 0; h < 2; ++h) {
+    Tile part;
+    for (int k4 = 0; k4 < 4; ++k4)
+      for (int e = 0; e < 2; ++e) {
+        const int byte = 2 * (4 * h + k4) + e;  // the call's byte 2 k + e serves column 8 k + 2 t + e
+        Tile kept = cast(u32, ((words[byte / 4] >> static_cast<uint32_t>(8 * (byte % 4))) & 0xFFu) < threshold, loc);
+        Tile bit = kept << static_cast<uint32_t>(8 * k4 + e);
+        part = part.valid() ? (part | bit) : bit;
+      }
+    half[h] = sum(part << lane_shift, 2, loc);  // distinct bits: the sum is their OR
+  }
+  Tile which = reshape(arange(0, 2, loc), {1, 1, 2}, loc);
+  return reshape(where(which == 0, expand_dims(half[0], 2, loc), expand_dims(half[1], 2, loc), loc), {m, num_words}, loc);
+}
+
 }  // namespace tilejit::kernels

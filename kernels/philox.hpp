@@ -53,4 +53,16 @@ lang::Tile dropout_keep_block(const lang::Operand& batch_head, const lang::Tile&
                               const lang::Operand& offset_hi, const lang::Operand& keep_threshold,
                               lang::Loc loc = lang::Loc::current());
 
+// The same mask packed 32 columns per u32 word: u32 [M, num_words], bit b of word w holds key
+// column 32 (word0 + w) + b (1 = keep; no bound on the columns: the caller clears bits past the
+// sequence). num_words must be even and word0 (runtime) even: whole 64-column call groups. Laid
+// out so that a thread owns whole Philox calls: the four calls t = 0..3 of one (row, group) fill
+// its two words (call t gives bits 8 k' + 2 t + e of word 2 q + k / 4, k' = k % 4), OR-ed by a
+// reduction over t that stays in one thread's registers (the blocked layout's innermost 4). This
+// is what the dropout_mask kernel runs; the [M, num_cols] forms above suit MMA-layout consumers.
+lang::Tile dropout_keep_words(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& word0, int64_t num_words,
+                              const lang::Operand& seed_lo, const lang::Operand& seed_hi, const lang::Operand& offset_lo,
+                              const lang::Operand& offset_hi, const lang::Operand& keep_threshold,
+                              lang::Loc loc = lang::Loc::current());
+
 }  // namespace tilejit::kernels

@@ -474,6 +474,13 @@ void Stream::synchronize() const {
   check_cu(d.api().StreamSynchronize(stream_), "cuStreamSynchronize");
 }
 
+void Stream::wait(const Event& e) const {
+  if (!stream_ || !e.handle()) throw std::logic_error("tilejit: Stream::wait() needs a stream and an event");
+  Driver& d = Driver::get();
+  d.context(device_).make_current();
+  check_cu(d.api().StreamWaitEvent(stream_, e.handle(), 0), "cuStreamWaitEvent");
+}
+
 Event::Event(int device) : device_(device) {
   Driver& d = Driver::get();
   d.require("creating an event");

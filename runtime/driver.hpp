@@ -84,6 +84,7 @@ inline void check_cu_kernel(CUresult result, std::string_view call, std::string_
   X(StreamCreate, "cuStreamCreate", PFN_cuStreamCreate_v2000)                 \
   X(StreamDestroy, "cuStreamDestroy", PFN_cuStreamDestroy_v4000)              \
   X(StreamSynchronize, "cuStreamSynchronize", PFN_cuStreamSynchronize_v2000)  \
+  X(StreamWaitEvent, "cuStreamWaitEvent", PFN_cuStreamWaitEvent_v3020)        \
   X(EventCreate, "cuEventCreate", PFN_cuEventCreate_v2000)                    \
   X(EventDestroy, "cuEventDestroy", PFN_cuEventDestroy_v4000)                 \
   X(EventRecord, "cuEventRecord", PFN_cuEventRecord_v2000)                    \
@@ -282,6 +283,9 @@ class Stream {
   CUstream handle() const { return stream_; }
   int device() const { return device_; }
   void synchronize() const;  // surfaces asynchronous kernel errors as a DeviceError
+  // Later work on this stream waits until `e` (recorded on any stream) has completed: how two
+  // streams join, e.g. attention after a mask kernel that ran beside a GEMM.
+  void wait(const class Event& e) const;
 
  private:
   void reset() noexcept;

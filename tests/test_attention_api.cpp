@@ -278,6 +278,29 @@ TEST_CASE("attention API: dropout options") {
   CHECK_FWD_ERROR(c, "options.dropout_bits has dtype u8; it must be u32");
   c.opts.dropout_bits = contiguous(kBase + 0xd000002, DType::u32, {16, 100, 10});
   CHECK_FWD_ERROR(c, "is not a multiple of 4 bytes");
+  if (backward_available()) CHECK_BWD_ERROR(c, "options.dropout_bits", "is not a multiple of 4 bytes");  // the backward reads it too
+  c.opts.dropout_bits = contiguous(kBase + 0xd000000, DType::u32, {16, 100, 10});
+  c.opts.schedule = Schedule{.block_m = 64, .block_n = 16, .num_warps = 4, .stages = 2};
+  CHECK_FWD_ERROR(c, "options.schedule.block_n = 16 with options.dropout_bits", "multiple of 32");
+
+  // generate_dropout_bits: the mask for those options; every argument checked before a launch
+  const auto gen_error = [](const Tensor& bits, int64_t b, int64_t h, int64_t sq, int64_t sk, double p) {
+    Options o;
+    o.dropout_p = p;
+    return error_of([&] { generate_dropout_bits(bits, b, h, sq, sk, o); });
+  };
+  const Tensor good = contiguous(kBase + 0xd000000, DType::u32, {16, 100, 10});
+  CHECK(gen_error(good, 2, 8, 100, 300, 0.0).find("options.dropout_p = 0 is not in (0, 1)") != std::string::npos);
+  CHECK(gen_error(good, 2, 8, 100, 0, 0.1).find("seq_k = 0 is not in [1, ") != std::string::npos);
+  CHECK(gen_error(good, 2, 8, 100, 330, 0.1).find("bits has sizes [16,100,10] but must be [B * Hq, S_q, cdiv(S_k, 32)] = [16,100,11]") !=
+        std::string::npos);
+  CHECK(gen_error(contiguous(kBase + 0xd000000, DType::i32, {16, 100, 10}), 2, 8, 100, 300, 0.1).find("bits has dtype i32") !=
+        std::string::npos);
+  if (!runtime::Driver::get().available()) {
+    Options o;
+    o.dropout_p = 0.1;
+    CHECK_THROWS_AS(generate_dropout_bits(good, 2, 8, 100, 300, o), runtime::DeviceError);
+  }
 
   if (runtime::Driver::get().available()) return;  // the fake pointers must not reach a launch
   const auto needs_gpu = [](auto&& call) { CHECK_THROWS_AS(call(), runtime::DeviceError); };

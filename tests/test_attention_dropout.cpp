@@ -141,6 +141,28 @@ void check_dropout(const Case& c, const Rng& rng, Blocks blocks = {}, DType dtyp
   runtime::interpret(kernels::attention_backward_dq().build(meta), {q_blocks, c.Hq, c.B},
                      concat({q, k, v, dout, lse, delta, dq, scale}, rng.args()));
 
+  // rng = precomputed: dK/dV and dQ reading the packed mask (DROPOUT_BITS) give the fused
+  // backward's gradients bit for bit (whole 32-column words: BLOCK_N a multiple of 32).
+  if (blocks.n % 32 == 0) {
+    const int64_t words = (c.Sk + 31) / 32;
+    const std::vector<uint32_t> packed = kernels::dropout_mask_packed_host(rng.host(), c.B * c.Hq, c.Sq, c.Sk);
+    HostTensor bits(u32, {c.B * c.Hq, c.Sq, words});
+    for (int64_t e = 0; e < bits.numel(); ++e) bits.set_flat(e, packed[static_cast<size_t>(e)]);
+    Meta bits_meta = meta;
+    bits_meta.emplace_back("DROPOUT_BITS", true);
+    HostTensor dq2(dtype, c.q_shape()), dk2(dtype, c.kv_shape()), dv2(dtype, c.kv_shape());
+    std::vector<runtime::Arg> kv_args = concat({q, k, v, dout, lse, delta, dk2, dv2, scale}, rng.args()),
+                              q_args = concat({q, k, v, dout, lse, delta, dq2, scale}, rng.args());
+    kv_args.emplace_back(bits);
+    q_args.emplace_back(bits);
+    runtime::interpret(kernels::attention_backward_dkdv().build(bits_meta), {k_blocks, c.Hkv, c.B}, kv_args);
+    runtime::interpret(kernels::attention_backward_dq().build(bits_meta), {q_blocks, c.Hq, c.B}, q_args);
+    int64_t differ = 0;
+    for (auto [a, b] : {std::pair{&dq, &dq2}, {&dk, &dk2}, {&dv, &dv2}})
+      for (int64_t e = 0; e < a->numel(); ++e) differ += a->get_flat(e) != b->get_flat(e) ? 1 : 0;
+    CHECK(differ == 0);
+  }
+
   const DropoutRef ref = dropout_ref(c, q, k, v, &dout, scale, rng);
   std::vector<double> lse_got = lse.to_f64(), lse_ref = ref.lse;
   for (size_t r = 0; r < lse_ref.size(); ++r)
@@ -433,7 +455,11 @@ TEST_CASE("attention dropout: reading the precomputed packed mask gives the fuse
     const DropoutRef ref = dropout_ref(c, q, k, v, nullptr, scale, rng);
     CHECK(testing::rel_error(c, o2, ref.o) < 1e-2);
   }
-  // DROPOUT_BITS without DROPOUT, or with VARLEN, is a build error naming what it needs
-  CHECK_THROWS_WITH_AS(kernels::attention_forward().build({{"DROPOUT_BITS", true}}), doctest::Contains("needs DROPOUT=true"),
-                       BuildError);
+  // DROPOUT_BITS without DROPOUT, or with VARLEN, or partial mask words, is a build error naming
+  // what it needs (forward and backward)
+  for (const Kernel* kern : {&kernels::attention_forward(), &kernels::attention_backward_dkdv(), &kernels::attention_backward_dq()}) {
+    CHECK_THROWS_WITH_AS(kern->build({{"DROPOUT_BITS", true}}), doctest::Contains("needs DROPOUT=true"), BuildError);
+    CHECK_THROWS_WITH_AS(kern->build({{"DROPOUT", true}, {"DROPOUT_BITS", true}, {"BLOCK_N", 16}}),
+                         doctest::Contains("multiple of 32 (whole mask words), got 16"), BuildError);
+  }
 }

@@ -161,7 +161,8 @@ struct Case {
   double dropout_p = 0;          // > 0: dropout with seed/offset below
   uint64_t drop_seed = 0, drop_offset = 0;
   bool small_schedule = false;   // Options::schedule = 64x64, 4 warps, 2 stages (dropout masks across schedules)
-  bool precomputed = false;      // dropout: the forward reads the packed mask (Options::dropout_bits) instead of Philox
+  bool precomputed = false;      // dropout: forward and backward read the packed mask (Options::dropout_bits), not Philox
+  bool bits_from_gpu = false;    // precomputed: the bits from attention::generate_dropout_bits (else the host twin's)
 
   std::string describe() const {
     std::string s = fmt::format("#{} {} ", index, ir::name(dtype));
@@ -173,7 +174,7 @@ struct Case {
     if (scale) s += fmt::format(" scale={:.4f}", *scale);
     if (dropout_p > 0) s += fmt::format(" dropout p={} seed={:#x} offset={:#x}", dropout_p, drop_seed, drop_offset);
     if (small_schedule) s += " schedule 64x64/4w/2st";
-    if (precomputed) s += " precomputed bits";
+    if (precomputed) s += bits_from_gpu ? " precomputed bits (GPU)" : " precomputed bits (host)";
     if (!backward) s += " (forward only)";
     return s;
   }
@@ -281,6 +282,7 @@ Case make_case(int index, bool varlen, bool varlen_backward, bool dropout = fals
     }
     k.small_schedule = dropout && D <= 128 && rng() % 3 == 0;
     k.precomputed = dropout && rng() % 3 == 0;
+    k.bits_from_gpu = k.precomputed && rng() % 2 == 0;
     return k;
   }
   k.varlen = true;
@@ -370,7 +372,19 @@ Result run_case(const Case& k, std::mutex& gpu) {
             {k.drop_seed, k.drop_offset, kernels::dropout_keep_threshold(k.dropout_p)}, c.B * c.Hq, c.Sq, c.Sk);
         HostTensor bits_h(ir::DType::u32, {c.B * c.Hq, c.Sq, words});
         for (int64_t e = 0; e < bits_h.numel(); ++e) bits_h.set_flat(e, packed[static_cast<size_t>(e)]);
-        d_bits = DeviceTensor::from_host(bits_h);
+        if (k.bits_from_gpu) {
+          // attention::generate_dropout_bits (the dropout_mask kernel) must write exactly the host's bits
+          bits_h.poison();
+          d_bits = DeviceTensor::from_host(bits_h);
+          attention::generate_dropout_bits(api_view(d_bits, false), c.B, c.Hq, c.Sq, c.Sk, opts, stream.handle());
+          stream.synchronize();
+          const HostTensor got = d_bits.to_host();
+          int64_t differ = 0;
+          for (int64_t e = 0; e < got.numel(); ++e) differ += got.get_flat(e) != static_cast<double>(packed[static_cast<size_t>(e)]);
+          CHECK(differ == 0);
+        } else {
+          d_bits = DeviceTensor::from_host(bits_h);
+        }
         opts.dropout_bits = api_view(d_bits, false);
       }
       // dropout: the forward's keep-mask, u8 [B * Hq, S_q, S_k] (varlen: [nseq * Hq, max_q, max_k]), 0xFF = not written

@@ -99,6 +99,28 @@ TEST_CASE("the K-major GEMM on sm_90a is a TMA + wgmma pipeline: wgmma.mma_async
   CHECK(g.ptx.find("mma.sync.aligned.m16n8k16") != std::string::npos);
 }
 
+TEST_CASE("load_at_use: the window is read again in its consumer's layout, unless something was stored in between") {
+  jit::CompileOptions o;
+  o.make_cubin = false;
+  auto count = [](const std::string& ptx, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = ptx.find(what); at != std::string::npos; at = ptx.find(what, at + 1)) ++n;
+    return n;
+  };
+  const std::string plain = jit::compile(test_kernels::masked_product.build({{"AT_USE", false}}), o).ptx;
+  const std::string at_use = jit::compile(test_kernels::masked_product.build(), o).ptx;
+  const std::string stored = jit::compile(test_kernels::masked_product.build({{"STORE_BETWEEN", true}}), o).ptx;
+  MESSAGE(fmt::format("bar.sync: load {}, load_at_use {}, load_at_use with a store between {}", count(plain, "bar.sync"),
+                      count(at_use, "bar.sync"), count(stored, "bar.sync")));
+  // the word tile's exchange through shared memory (a write, two barriers, a read) is gone...
+  CHECK(count(at_use, "bar.sync") + 2 <= count(plain, "bar.sync"));
+  // ...and comes back when W was overwritten between the load and its use
+  CHECK(count(stored, "bar.sync") >= count(plain, "bar.sync"));
+  // replicated registers load once: 64 x 2 words over 128 threads, each thread's 16 rows x 2 words
+  // of an m16n8 accumulator at most, never one load per element (64 per thread)
+  CHECK(count(at_use, "ld.global") <= 2 * 16 + 16);
+}
+
 TEST_CASE("dot lowers to mma.sync for 16-bit operands and to FMA otherwise") {
   jit::CompileOptions o;
   o.make_cubin = false;

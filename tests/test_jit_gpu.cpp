@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <random>
 #include <variant>
 
 #include "dsl/lang.hpp"
@@ -286,12 +287,29 @@ TEST_CASE("gpu: GEMM through the TMA + wgmma pipeline (B K-major and MN-major, r
     }
 }
 
+TEST_CASE("gpu: load_at_use (re-read in the MMA layout) and its fallback when the window was overwritten match the interpreter") {
+  if (!have_gpu()) return;
+  HostTensor a(bf16, {128, 32}), b(bf16, {32, 64}), w(u32, {128, 2});
+  a.fill_uniform(1, -1, 1);
+  b.fill_uniform(2, -1, 1);
+  std::mt19937 bits(3);
+  for (int64_t e = 0; e < w.numel(); ++e) w.set_flat(e, static_cast<double>(bits()));
+  for (bool at_use : {false, true})
+    for (bool store_between : {false, true}) {
+      INFO("AT_USE=" << at_use << " STORE_BETWEEN=" << store_between);
+      HostTensor c(f32, {128, 64}), w_copy = w;
+      c.poison();
+      check_against_interpreter(test_kernels::masked_product.build({{"AT_USE", at_use}, {"STORE_BETWEEN", store_between}}), {2},
+                                {&a, &b, &w_copy, &c}, 1e-5, {}, true);
+    }
+}
+
 TEST_CASE("gpu: packed dropout keep-mask (Philox4x32-10) matches the interpreter bit for bit, ragged S_k") {
   if (!have_gpu()) return;
   struct Case {
     int bh, s_q, s_k, bm, bw, warps;
   };
-  for (Case c : {Case{3, 100, 77, 64, 4, 4}, Case{2, 256, 1000, 64, 4, 4}, Case{1, 33, 512, 32, 8, 4}, Case{4, 128, 128, 16, 1, 1}}) {
+  for (Case c : {Case{3, 100, 77, 64, 4, 4}, Case{2, 256, 1000, 64, 4, 4}, Case{1, 33, 512, 32, 8, 4}, Case{4, 128, 128, 16, 2, 1}, Case{2, 300, 4100, 128, 4, 4}}) {
     INFO(fmt::format("BH={} S_q={} S_k={} BLOCK_M={} BLOCK_W={} warps={}", c.bh, c.s_q, c.s_k, c.bm, c.bw, c.warps));
     const int words = static_cast<int>(cdiv(c.s_k, 32));
     HostTensor mask(u32, {c.bh, c.s_q, words});

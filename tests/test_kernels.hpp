@@ -76,6 +76,26 @@ inline Kernel atomics = kernel("atomics", [](Builder& k) {
 // loaded from memory). Y = 2 X through 16-row windows that cross the view's end (clipped stores),
 // Z[b] = column sums of those windows (rows past the end read as -1), and W[b] = the view's first
 // row shifted left by `shift` columns through a slice of the innermost dim (padding 5).
+// A product masked by packed bits (like attention's precomputed dropout mask): C = where(bit n % 32
+// of W[m, n / 32], A @ B, -1). AT_USE reads W with load_at_use (the GPU backend may re-read it in
+// the MMA accumulator's layout); STORE_BETWEEN overwrites W (inverted) between the load and its
+// use, so a re-read would see other bits: the backend must fall back to the loaded registers.
+inline Kernel masked_product = kernel("masked_product", [](Builder& k) {
+  auto at_use = k.meta<bool>("AT_USE", true), store_between = k.meta<bool>("STORE_BETWEEN", false);
+  auto A = k.tensor("A", bf16, 2, {.align_bytes = 16, .contiguous_last = true});
+  auto B = k.tensor("B", bf16, 2, {.align_bytes = 16, .contiguous_last = true});
+  auto W = k.tensor("W", u32, 2, {.contiguous_last = true});
+  auto C = k.tensor("C", f32, 2, {.contiguous_last = true});
+  auto m0 = program_id(0) * 64;
+  auto acc = dot(load(A.block({m0, 0}, {64, 32})), load(B.block({0, 0}, {32, 64})));
+  auto window = W.block({m0, 0}, {64, 2});
+  auto words = at_use ? load_at_use(window) : load(window);
+  if (store_between) store(window, ~words);
+  auto shifts = reshape(cast(u32, arange(0, 32)), {1, 1, 32});
+  auto keep = reshape(((expand_dims(words, 2) >> shifts) & 1u) != 0u, {64, 64});
+  store(C.block({m0, 0}, {64, 64}), where(keep, acc, -1.0f));
+});
+
 inline Kernel segments = kernel("segments", [](Builder& k) {
   const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
   auto X = k.tensor("X", bf16, 2, row_major), Y = k.tensor("Y", bf16, 2, row_major);

@@ -288,6 +288,16 @@ TEST_CASE("dropout_keep_block: a non-positive column count is a build error") {
   CHECK_THROWS_WITH_AS(k.build(), doctest::Contains("num_cols = 0 is not positive"), BuildError);
 }
 
+TEST_CASE("dropout_keep_words / dropout_mask: an odd word count is a build error naming the value") {
+  Kernel k = kernel("bad_words", [](Builder& kb) {
+    auto Out = kb.tensor("Out", u32, 2);
+    store(Out.block({0, 0}, {16, 3}), kernels::dropout_keep_words(0, arange(0, 16), 0, 3, 1, 2, 3, 4, 128));
+  });
+  CHECK_THROWS_WITH_AS(k.build(), doctest::Contains("num_words = 3 must be a positive even number"), BuildError);
+  CHECK_THROWS_WITH_AS(kernels::dropout_mask().build({{"BLOCK_M", 16}, {"BLOCK_W", 1}}), doctest::Contains("BLOCK_W must be even"),
+                       BuildError);
+}
+
 TEST_CASE("dropout keep-mask: the 16 elements of a Philox call are the columns one accumulator thread holds") {
   // j = 64 q + 8 k + 2 t + e: call 4 q + t, byte 2 k + e. A wgmma/mma.sync accumulator thread with
   // lane % 4 = t holds exactly columns 8 k + 2 t + e of each 64: its calls are its own.
@@ -314,7 +324,7 @@ TEST_CASE("dropout_mask kernel: packed bits == host bit for bit, ragged S_k (tai
   };
   for (const auto& r : kRngs)
     for (Shape s : {Shape{3, 100, 77}, Shape{2, 64, 256}, Shape{1, 5, 1}, Shape{2, 130, 200}})
-      for (Schedule sc : {Schedule{64, 4}, Schedule{16, 1}, Schedule{32, 8}}) {
+      for (Schedule sc : {Schedule{64, 4}, Schedule{16, 2}, Schedule{32, 8}, Schedule{128, 2}}) {
         INFO(fmt::format("seed {:#x} offset {:#x} threshold {}; BH={} S_q={} S_k={}; BLOCK_M={} BLOCK_W={}", r.seed, r.offset,
                          r.keep_threshold, s.bh, s.s_q, s.s_k, sc.bm, sc.bw));
         auto got = interpret_packed(r, s.bh, s.s_q, s.s_k, sc.bm, sc.bw);
