@@ -626,7 +626,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
 }
 
 void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k, const Options& opts,
-                           CUstream stream) {
+                           CUstream stream, int programs) {
   const Checker c("generate_dropout_bits");
   if (!(opts.dropout_p > 0.0 && opts.dropout_p < 1.0))
     c.fail("options.dropout_p = {} is not in (0, 1): there is no mask to generate", opts.dropout_p);
@@ -640,17 +640,21 @@ void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, i
   if (want[0] > kGridYZMax) c.fail("batch * heads_q = {} exceeds the grid limit {}", want[0], kGridYZMax);
   const kernels::LibraryKernel* lib = kernels::find("dropout_mask");
   if (!lib) throw std::logic_error("tilejit::attention: kernel 'dropout_mask' is not in the library");
+  if (programs < 0 || programs > kI32Max) c.fail("programs = {} is not in [0, {}] (0: one program per tile)", programs, kI32Max);
+  const bool persistent = programs > 0;
   static std::mutex mu;
-  static std::map<int, std::unique_ptr<Function>> per_device;
+  static std::map<std::pair<int, bool>, std::unique_ptr<Function>> per_device;
   Function* fn;
   {
     std::lock_guard lock(mu);
-    auto& slot = per_device[bits.device];
+    auto& slot = per_device[{bits.device, persistent}];
     if (!slot) {
       jit::CompileOptions o;
       o.num_warps = lib->num_warps;
       o.pipeline.stages = lib->stages;
-      slot = std::make_unique<Function>(lib->kernel(), lib->default_meta, o, bits.device);
+      lang::Meta meta = lib->default_meta;
+      meta.emplace_back("PERSISTENT", persistent);
+      slot = std::make_unique<Function>(lib->kernel(), meta, o, bits.device);
     }
     fn = slot.get();
   }
@@ -667,9 +671,14 @@ void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, i
   b.add("offsetlo", static_cast<uint32_t>(opts.offset));
   b.add("offsethi", static_cast<uint32_t>(opts.offset >> 32));
   b.add("keepthreshold", kernels::dropout_keep_threshold(opts.dropout_p));
-  const runtime::Grid grid{lang::cdiv(seq_q, block_m), lang::cdiv(want[2], block_w), want[0]};
+  const runtime::Grid grid = persistent ? runtime::Grid{programs}
+                                        : runtime::Grid{lang::cdiv(seq_q, block_m), lang::cdiv(want[2], block_w), want[0]};
   launch(*fn, grid, stream, b, true);
   require_gpu("generate_dropout_bits", bits.device);
+  // all shared memory: only then do its programs fit beside a GEMM's (the overlap it exists for)
+  static std::once_flag carveout_set[2][64];
+  std::call_once(carveout_set[persistent ? 1 : 0][bits.device % 64],
+                 [&] { runtime::set_shared_memory_carveout(fn->gpu_kernel().function(), 100, bits.device); });
   launch(*fn, grid, stream, b, false);
 }
 

@@ -100,9 +100,13 @@ struct Options {
 // seed, offset; > 0) into `bits`: u32 [batch * heads_q, seq_q, cdiv(seq_k, 32)], unit stride on
 // the last dim, 4-byte aligned; bits of columns >= seq_k are 0. Asynchronous on `stream`: run it
 // on a second stream while the GEMM before attention runs, then pass `bits` as
-// opts.dropout_bits (rng = precomputed). ~1.1 MB of mask per (batch*head) at S = 4096.
+// opts.dropout_bits (rng = precomputed). 2 MB of mask per (batch*head) at S = 4096.
+// `programs` > 0: a persistent grid of that many programs striding over the mask (e.g. the SM
+// count, queued just before the GEMM it should run beside: each SM keeps room for a GEMM program);
+// 0: one program per tile (fastest alone). H100, S = 4096, B*H = 64: 0.44 ms alone (0); with 132
+// programs 0.71 ms alone, of which ~21% hid behind a 0.65 ms GEMM (BENCHMARKS.md).
 void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k, const Options& opts,
-                           CUstream stream = nullptr);
+                           CUstream stream = nullptr, int programs = 0);
 
 // Scratch memory of the backward (Delta = rowsum(dO * O), f32 [B, Hq, S_q] or [Hq, total_q]).
 struct Workspace {

@@ -11,7 +11,8 @@ namespace tilejit::kernels {
 // Scalars: S_k (i32), seed_lo, seed_hi, offset_lo, offset_hi (u32 halves of the 64-bit seed and
 // offset), keep_threshold (u32, round((1 - p) * 256), see kernels::dropout_keep_threshold).
 // Meta: BLOCK_M (query rows per program), BLOCK_W (mask words per program, even: 32 * BLOCK_W key
-// columns). Grid: (cdiv(S_q, BLOCK_M), cdiv(cdiv(S_k, 32), BLOCK_W), batch * heads_q).
+// columns), PERSISTENT (default false). Grid: (cdiv(S_q, BLOCK_M), cdiv(cdiv(S_k, 32), BLOCK_W),
+// batch * heads_q); PERSISTENT: (any P), program p doing tiles p, p + P, ... (rows fastest).
 const lang::Kernel& dropout_mask();
 
 }  // namespace tilejit::kernels

@@ -19,7 +19,7 @@ const std::vector<LibraryKernel>& library() {
        {{"BLOCK_M", 64}, {"BLOCK_N", 128}}, 8, 2},
       {"attention_bwd_dq", &attention_backward_dq, "attention backward: dQ per query block (no atomics)", {{"BLOCK_M", 128}, {"BLOCK_N", 64}}, 8, 2},
       {"dropout_mask", &dropout_mask, "packed attention dropout keep-mask (Philox4x32-10, 1 bit per element, u32 words along keys)",
-       {{"BLOCK_M", 128}, {"BLOCK_W", 4}}, 4, 3},
+       {{"BLOCK_M", 64}, {"BLOCK_W", 4}}, 4, 3},
   };
   return all;
 }

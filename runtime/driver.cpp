@@ -447,6 +447,26 @@ Stream::Stream(int device) : device_(device) {
   check_cu(d.api().StreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
 }
 
+void set_shared_memory_carveout(CUfunction f, int percent, int device) {
+  if (percent < 0 || percent > 100)
+    throw std::invalid_argument(fmt::format("tilejit: shared memory carveout {}% is not in [0, 100]", percent));
+  Driver& d = Driver::get();
+  d.require("setting a shared memory carveout");
+  d.context(device).make_current();
+  check_cu(d.api().FuncSetAttribute(f, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, percent),
+           "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)");
+}
+
+Stream::Stream(int device, Priority priority) : device_(device) {
+  Driver& d = Driver::get();
+  d.require("creating a stream");
+  d.context(device).make_current();
+  int least = 0, greatest = 0;  // CUDA: numerically lower is higher priority
+  check_cu(d.api().CtxGetStreamPriorityRange(&least, &greatest), "cuCtxGetStreamPriorityRange");
+  const int value = priority == Priority::low ? least : priority == Priority::high ? greatest : 0;
+  check_cu(d.api().StreamCreateWithPriority(&stream_, CU_STREAM_NON_BLOCKING, value), "cuStreamCreateWithPriority");
+}
+
 Stream::Stream(Stream&& other) noexcept : stream_(std::exchange(other.stream_, nullptr)), device_(other.device_) {}
 
 Stream& Stream::operator=(Stream&& other) noexcept {

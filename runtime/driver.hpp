@@ -85,6 +85,8 @@ inline void check_cu_kernel(CUresult result, std::string_view call, std::string_
   X(StreamDestroy, "cuStreamDestroy", PFN_cuStreamDestroy_v4000)              \
   X(StreamSynchronize, "cuStreamSynchronize", PFN_cuStreamSynchronize_v2000)  \
   X(StreamWaitEvent, "cuStreamWaitEvent", PFN_cuStreamWaitEvent_v3020)        \
+  X(StreamCreateWithPriority, "cuStreamCreateWithPriority", PFN_cuStreamCreateWithPriority_v5050) \
+  X(CtxGetStreamPriorityRange, "cuCtxGetStreamPriorityRange", PFN_cuCtxGetStreamPriorityRange_v5050) \
   X(EventCreate, "cuEventCreate", PFN_cuEventCreate_v2000)                    \
   X(EventDestroy, "cuEventDestroy", PFN_cuEventDestroy_v4000)                 \
   X(EventRecord, "cuEventRecord", PFN_cuEventRecord_v2000)                    \
@@ -274,6 +276,10 @@ void launch(CUfunction f, const LaunchConfig& cfg, void** kernel_params, const s
 class Stream {
  public:
   explicit Stream(int device = 0);
+  // Scheduling priority relative to other streams: kernels of a high-priority stream get free
+  // SMs first (e.g. a GEMM that a low-priority mask kernel should only fill the gaps of).
+  enum class Priority { low, normal, high };
+  Stream(int device, Priority priority);
   Stream(Stream&& other) noexcept;
   Stream& operator=(Stream&& other) noexcept;
   Stream(const Stream&) = delete;
@@ -315,6 +321,12 @@ class Event {
   CUevent event_ = nullptr;
   int device_ = 0;
 };
+
+// Asks the driver to configure the SMs running `f` with `percent` of the unified L1/shared memory
+// as shared memory (cuFuncSetAttribute PREFERRED_SHARED_MEMORY_CARVEOUT, 0-100). Kernels whose
+// carveouts differ cannot share an SM: a small kernel meant to run beside a shared-memory-heavy one
+// (a dropout-mask kernel beside a GEMM) asks for 100 so that it fits into the GEMM's SMs.
+void set_shared_memory_carveout(CUfunction f, int percent, int device = 0);
 
 // What the compiled function uses (cuFuncGetAttribute): the register and spill figures that tests
 // and the autotuner check.

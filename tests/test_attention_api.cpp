@@ -296,6 +296,12 @@ TEST_CASE("attention API: dropout options") {
         std::string::npos);
   CHECK(gen_error(contiguous(kBase + 0xd000000, DType::i32, {16, 100, 10}), 2, 8, 100, 300, 0.1).find("bits has dtype i32") !=
         std::string::npos);
+  {
+    Options o;
+    o.dropout_p = 0.1;
+    CHECK(error_of([&] { generate_dropout_bits(good, 2, 8, 100, 300, o, nullptr, -1); }).find("programs = -1 is not in [0, ") !=
+          std::string::npos);
+  }
   if (!runtime::Driver::get().available()) {
     Options o;
     o.dropout_p = 0.1;

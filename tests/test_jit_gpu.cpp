@@ -321,5 +321,8 @@ TEST_CASE("gpu: packed dropout keep-mask (Philox4x32-10) matches the interpreter
                               {cdiv(c.s_q, c.bm), cdiv(words, c.bw), c.bh},
                               {&mask, int64_t{c.s_k}, int64_t{0x89abcdef}, int64_t{0x01234567}, int64_t{7}, int64_t{5}, int64_t{230}}, 0.0, o,
                               true);
+    // the persistent form: a grid of 5 programs striding over the same tiles
+    check_against_interpreter(kernels::dropout_mask().build({{"BLOCK_M", c.bm}, {"BLOCK_W", c.bw}, {"PERSISTENT", true}}), {5},
+                              {&mask, int64_t{c.s_k}, int64_t{0x89abcdef}, int64_t{0x01234567}, int64_t{7}, int64_t{5}, int64_t{230}}, 0.0, o);
   }
 }

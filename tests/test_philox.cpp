@@ -117,13 +117,16 @@ size_t count_differences(const std::vector<uint8_t>& a, const std::vector<uint8_
 }
 
 // The packed mask through the dropout_mask kernel in the interpreter (output poisoned first).
-std::vector<uint32_t> interpret_packed(const kernels::DropoutRngHost& r, int bh_count, int s_q, int s_k, int bm = 64, int bw = 4) {
+// persistent > 0: the PERSISTENT form on a grid of that many programs.
+std::vector<uint32_t> interpret_packed(const kernels::DropoutRngHost& r, int bh_count, int s_q, int s_k, int bm = 64, int bw = 4,
+                                       int persistent = 0) {
   const int words = static_cast<int>(cdiv(s_k, 32));
   HostTensor mask(u32, {bh_count, s_q, words});
   mask.poison();
   std::vector<rt::Arg> args{mask, s_k};
   for (const rt::Arg& a : rng_args(r)) args.push_back(a);
-  rt::interpret(kernels::dropout_mask().build({{"BLOCK_M", bm}, {"BLOCK_W", bw}}), {cdiv(s_q, bm), cdiv(words, bw), bh_count}, args);
+  const runtime::Grid grid = persistent ? runtime::Grid{persistent} : runtime::Grid{cdiv(s_q, bm), cdiv(words, bw), bh_count};
+  rt::interpret(kernels::dropout_mask().build({{"BLOCK_M", bm}, {"BLOCK_W", bw}, {"PERSISTENT", persistent > 0}}), grid, args);
   return raw<uint32_t>(mask);
 }
 
@@ -320,14 +323,14 @@ TEST_CASE("dropout_mask kernel: packed bits == host bit for bit, ragged S_k (tai
     int bh, s_q, s_k;
   };
   struct Schedule {
-    int bm, bw;
+    int bm, bw, persistent = 0;
   };
   for (const auto& r : kRngs)
     for (Shape s : {Shape{3, 100, 77}, Shape{2, 64, 256}, Shape{1, 5, 1}, Shape{2, 130, 200}})
-      for (Schedule sc : {Schedule{64, 4}, Schedule{16, 2}, Schedule{32, 8}, Schedule{128, 2}}) {
-        INFO(fmt::format("seed {:#x} offset {:#x} threshold {}; BH={} S_q={} S_k={}; BLOCK_M={} BLOCK_W={}", r.seed, r.offset,
-                         r.keep_threshold, s.bh, s.s_q, s.s_k, sc.bm, sc.bw));
-        auto got = interpret_packed(r, s.bh, s.s_q, s.s_k, sc.bm, sc.bw);
+      for (Schedule sc : {Schedule{64, 4}, Schedule{16, 2}, Schedule{32, 8}, Schedule{128, 2}, Schedule{16, 2, 3}, Schedule{32, 4, 7}}) {
+        INFO(fmt::format("seed {:#x} offset {:#x} threshold {}; BH={} S_q={} S_k={}; BLOCK_M={} BLOCK_W={} persistent={}", r.seed,
+                         r.offset, r.keep_threshold, s.bh, s.s_q, s.s_k, sc.bm, sc.bw, sc.persistent));
+        auto got = interpret_packed(r, s.bh, s.s_q, s.s_k, sc.bm, sc.bw, sc.persistent);
         auto want = kernels::dropout_mask_packed_host(r, s.bh, s.s_q, s.s_k);
         REQUIRE(got.size() == want.size());
         size_t bad = 0;
