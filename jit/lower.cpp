@@ -1370,10 +1370,32 @@ class Lowerer {
   void issue_tile(const SmemTile& t, V dst, V bar, const ir::Op* loop = nullptr, V counter_value = 0) {
     const ir::Op& load = *t.load;
     const size_t rank = load.operands.size() - 1;
+    // Offsets computed in the loop body are evaluated again with the counter of the prefetched
+    // iteration (the planner collected their scalar ops).
+    std::map<ir::ValueId, V> at_counter;
+    if (loop) {
+      at_counter[loop->regions[0].args[0]] = counter_value;
+      for (const ir::Op* op : t.offset_ops) {
+        std::vector<V> a;
+        const bool of_tensor = op->kind == OpKind::tensor_ptr || op->kind == OpKind::tensor_dim || op->kind == OpKind::tensor_stride;
+        if (!of_tensor)
+          for (ir::ValueId o : op->operands) a.push_back(at_counter.count(o) ? at_counter.at(o) : scalar(o));
+        V r = 0;
+        auto tensor = [&] { return tensors_.at(op->operands[0]); };
+        const auto dim = [&] { return static_cast<size_t>(op->int_attr("dim")); };
+        if (op->kind == OpKind::constant) r = constant_value(f_.type(op->results[0]).dtype, op->attrs.at("value"));
+        else if (op->kind == OpKind::load) r = emit(Op::load, pir::scalar(f_.type(op->results[0]).dtype), a);
+        else if (op->kind == OpKind::tensor_ptr) r = tensor().ptr;
+        else if (op->kind == OpKind::tensor_dim) r = tensor().sizes.at(dim());
+        else if (op->kind == OpKind::tensor_stride) r = tensor().strides.at(dim());
+        else r = scalar_op(*op, a);
+        at_counter[op->results[0]] = r;
+      }
+    }
     std::vector<V> off;
     for (size_t d = 0; d < rank; ++d) {
       ir::ValueId v = load.operands[1 + d];
-      off.push_back(loop && v == loop->regions[0].args[0] ? counter_value : cast(scalar(v), DType::i32));
+      off.push_back(cast(at_counter.count(v) ? at_counter.at(v) : scalar(v), DType::i32));
     }
     V map = tensor_map(t.param_index, t.box);
     for (int64_t c = 0; c < t.cols / 64; ++c) {

@@ -136,9 +136,29 @@ class Planner {
     const ir::Op* parent = parent_.at(&load);
     if (!parent) return true;
     if (parent->kind != OpKind::for_ || skip_.count(parent)) return false;
-    ir::ValueId iv = parent->regions[0].args[0];
+    std::vector<const ir::Op*> ops;
     for (size_t i = 1; i < load.operands.size(); ++i)
-      if (load.operands[i] != iv && defined_inside(load.operands[i], parent)) return false;
+      if (!counter_function(load.operands[i], parent, ops)) return false;
+    return true;
+  }
+
+  // Whether scalar v is, in iterations of `loop`, a function of the loop counter alone: the counter,
+  // a value defined outside the loop, or a scalar op of the loop's body (not nested deeper) over
+  // such values -- arithmetic, compares, selects, casts, pointer offsets, a tensor parameter's
+  // base/sizes/strides and loads through scalar pointers. Collects the ops of the body that compute it (program order, no duplicates), which a
+  // ring refill evaluates again for the iteration it prefetches.
+  bool counter_function(ir::ValueId v, const ir::Op* loop, std::vector<const ir::Op*>& ops, int depth = 0) const {
+    if (v == loop->regions[0].args[0] || !defined_inside(v, loop)) return true;
+    const ir::Op* d = def(v);
+    if (!d || depth > 64 || parent_.at(d) != loop || !f_.type(v).is_scalar()) return false;  // a carried value, or nested
+    const bool scalar_op = ir::is_elementwise_binary(d->kind) || ir::is_elementwise_unary(d->kind) || d->kind == OpKind::cmp ||
+                           d->kind == OpKind::select || d->kind == OpKind::cast || d->kind == OpKind::bitcast ||
+                           d->kind == OpKind::addptr || d->kind == OpKind::load || d->kind == OpKind::constant ||
+                           d->kind == OpKind::tensor_ptr || d->kind == OpKind::tensor_dim || d->kind == OpKind::tensor_stride;
+    if (!scalar_op) return false;
+    for (ir::ValueId o : d->operands)
+      if (!counter_function(o, loop, ops, depth + 1)) return false;
+    if (std::find(ops.begin(), ops.end(), d) == ops.end()) ops.push_back(d);
     return true;
   }
 
@@ -241,7 +261,11 @@ class Planner {
     t.box[0] = 64;
     t.box[static_cast<size_t>(rank - 1 - t.row_dim)] = t.rows;
     const ir::Op* parent = parent_.at(&load);
-    if (parent) t.ring = parent;
+    if (parent) {
+      t.ring = parent;
+      for (size_t i = 1; i < load.operands.size(); ++i) counter_function(load.operands[i], parent, t.offset_ops);
+      std::sort(t.offset_ops.begin(), t.offset_ops.end(), [&](const ir::Op* a, const ir::Op* b) { return order_.at(a) < order_.at(b); });
+    }
     return t;
   }
 

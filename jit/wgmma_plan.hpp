@@ -30,6 +30,11 @@ struct SmemTile {
   int64_t rows = 0, cols = 0;
   std::vector<int64_t> box;     // TMA box, innermost dim first: 64, rows along row_dim, 1 elsewhere
   const ir::Op* ring = nullptr;  // the loop whose ring stages hold it; nullptr: loaded once
+  // Ring tiles whose offsets are computed in the loop from its counter (e.g. a key tile index read
+  // from a list): those scalar ops, in program order, which the refill re-evaluates for the
+  // iteration it prefetches (the counter replaced). Loads among them must read memory the kernel
+  // does not write.
+  std::vector<const ir::Op*> offset_ops;
   int64_t offset = 0;           // bytes: from the start of shared memory (once) or of a stage (ring)
   int64_t barrier = 0;          // once: its mbarrier
   int64_t bytes() const { return rows * cols * 2; }

@@ -9,6 +9,7 @@
 
 #include <optional>
 
+#include "kernels/attention_mask.hpp"
 #include "kernels/philox.hpp"
 
 namespace tilejit::kernels {
@@ -54,12 +55,20 @@ const Kernel& attention_forward() {
     auto T = kb.meta_dtype("DTYPE", bf16);
     auto BM = kb.meta<int>("BLOCK_M", 64), BN = kb.meta<int>("BLOCK_N", 64), D = kb.meta<int>("HEAD_DIM", 64);
     auto causal = kb.meta<bool>("CAUSAL", false);
+    // MASK (issue 8): a library mask (kernels/attention_mask.hpp); causal is the CAUSAL path.
+    const MaskKind mask_kind = mask_kind_meta(kb);
+    if (mask_kind == MaskKind::causal) causal = true;
+    const bool general_mask = mask_kind != MaskKind::full && mask_kind != MaskKind::causal;
     // BSHD: tensors are [batch, seq, heads, head_dim] (else [batch, heads, seq, head_dim]).
     auto bshd = kb.meta<bool>("BSHD", false);
     // VARLEN: packed sequences, [total, heads, head_dim], with cumulative offsets per sequence.
     auto varlen = kb.meta<bool>("VARLEN", false);
     if (varlen && bshd)
       kb.fail(Loc::current(), "VARLEN tensors are [total_tokens, heads, head_dim]; BSHD does not apply to them");
+    if (general_mask && (causal || varlen))
+      kb.fail(Loc::current(), fmt::format("MASK={} ({}) does not combine with {} (use the mask alone; document masks cover packed "
+                                          "sequences)", static_cast<int>(mask_kind), mask_kind_name(mask_kind),
+                                          causal ? "CAUSAL=true" : "VARLEN=true"));
     // DROPOUT: O = dropout(softmax(S)) V (Philox keep-mask of logical coordinates, kernels/philox.hpp);
     // RETURN_MASK (tests): also write the keep bits of every visited block.
     auto dropout = kb.meta<bool>("DROPOUT", false), return_mask = kb.meta<bool>("RETURN_MASK", false);
@@ -78,6 +87,13 @@ const Kernel& attention_forward() {
     Tensor mask;  // RETURN_MASK: u8 [batch * heads_q, seq_q, seq_k]
     if (return_mask) mask = kb.tensor("dropout_mask", u8, 3, {.contiguous_last = true});
     if (dropout_bits) drop->declare_bits(kb);  // u32 [batch * heads_q, seq_q, cdiv(seq_k, 32)]
+    // MASK: the mask's parameters, then (masks without tile intervals) the pre-pass's lists
+    std::optional<AttentionMask> amask;
+    std::optional<BlockMaskLists> lists;
+    if (general_mask) {
+      amask.emplace(kb, mask_kind);
+      if (!amask->has_tile_intervals()) lists.emplace(kb, /*kv_major=*/false);
+    }
 
     const int seq_dim = varlen ? 0 : bshd ? 1 : 2, head_dim = varlen ? 1 : bshd ? 2 : 1;
     // Causal: the last query blocks see the most keys; start them first so that the light ones
@@ -120,16 +136,17 @@ const Kernel& attention_forward() {
     Tile n_end = causal ? minimum(S_k, m0 + BM + diag) : S_k;
     // a program past its (shorter) sequence's end reads no key; its stores fall outside the view
     if (varlen) n_end = where(m0 < S_q, n_end, 0);
-    for_range(0, n_end, BN, [&](Tile n0) {
+    std::optional<SequenceMask> seq;
+    if (general_mask) seq = amask->bind(b, h, S_q, S_k);
+    // One key block: S = Q K^T, masked only when `partial` (a uniform branch: blocks entirely
+    // inside the mask skip the per-element compare and select), then the online softmax update.
+    auto key_block = [&](const Tile& n0, const Tile& partial) {
       Var s = dot(q, trans(load(rows_of(Ks, kv_h, n0, BN)))) * qk_scale;
-      // Only a block that crosses the last key or (causal) the first row's diagonal needs a mask:
-      // the others skip it (one uniform branch instead of a compare and select per element).
-      Tile edge = n0 + BN > S_k;
-      if (causal) edge = edge | (n0 + BN - 1 > m0 + diag);
-      if_(edge, [&] {
+      if_(partial, [&] {
         auto cols = n0 + arange(0, BN);
         Tile valid = cols[row] < S_k;
         if (causal) valid = valid & (cols[row] <= rows[col] + diag);
+        if (general_mask) valid = valid & seq->allowed(rows, cols);
         s = where(valid, s, -INFINITY);
       });
       auto m_new = maximum(m, max(s, 1));
@@ -148,7 +165,38 @@ const Kernel& attention_forward() {
       // rescale, then accumulate P V onto it (the MMA's own accumulator: no separate add)
       acc = dot(cast(T, pv), load(rows_of(Vs, kv_h, n0, BN)), acc * alpha[col]);
       m = m_new;
-    });
+    };
+    if (!general_mask) {
+      // Only a block that crosses the last key or (causal) the first row's diagonal needs a mask.
+      for_range(0, n_end, BN, [&](Tile n0) {
+        Tile edge = n0 + BN > S_k;
+        if (causal) edge = edge | (n0 + BN - 1 > m0 + diag);
+        key_block(n0, edge);
+      });
+    } else {
+      // The non-empty key blocks of this query block, as one flat loop j = 0, 1, ... (one loop, so
+      // the K/V ring prefetches across all of them: block j's start is a function of j alone).
+      if (lists) {
+        // From the pre-pass's lists: the partial blocks, then the full ones.
+        Tile pc = lists->partial_count(b, h, m_block), fc = lists->full_count(b, h, m_block);
+        for_range(0, pc + fc, [&](Tile j) {
+          Tile partial = j < pc;
+          Tile index = where(partial, lists->partial_block(b, h, m_block, minimum(j, maximum(pc - 1, 0))),
+                             lists->full_block(b, h, m_block, maximum(j - pc, 0)));
+          Tile n0 = index * BN;
+          key_block(n0, partial | (n0 + BN > S_k));
+        });
+      } else {
+        // From the mask's key-tile intervals (scalar arithmetic): one or two runs of blocks.
+        const TileRanges r = seq->key_tiles(m0, BM, BN);
+        Tile trips0 = cdiv(maximum(r.end[0] - r.begin[0], 0), BN), total = trips0;
+        if (r.runs == 2) total = total + cdiv(maximum(r.end[1] - r.begin[1], 0), BN);
+        for_range(0, total, [&](Tile j) {
+          Tile n0 = r.runs == 2 ? where(j < trips0, r.begin[0] + j * BN, r.begin[1] + (j - trips0) * BN) : r.begin[0] + j * BN;
+          key_block(n0, (!seq->tile_is_full(m0, BM, n0, BN)) | (n0 + BN > S_k));
+        });
+      }
+    }
     // A row that sees no key (causal with S_q > S_k, or S_k = 0) outputs 0 and LSE = -inf.
     auto seen = l > 0.0f;
     Tile out = acc / l[col];

@@ -10,6 +10,7 @@
 #include "dsl/lang.hpp"
 #include "jit/compile.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/attention_mask.hpp"
 #include "kernels/dropout_mask.hpp"
 #include "kernels/gemm.hpp"
 #include "runtime/gpu_kernel.hpp"
@@ -324,5 +325,75 @@ TEST_CASE("gpu: packed dropout keep-mask (Philox4x32-10) matches the interpreter
     // the persistent form: a grid of 5 programs striding over the same tiles
     check_against_interpreter(kernels::dropout_mask().build({{"BLOCK_M", c.bm}, {"BLOCK_W", c.bw}, {"PERSISTENT", true}}), {5},
                               {&mask, int64_t{c.s_k}, int64_t{0x89abcdef}, int64_t{0x01234567}, int64_t{7}, int64_t{5}, int64_t{230}}, 0.0, o);
+  }
+}
+
+// Library masks in the default Hopper forward schedule (128 x 128 blocks, 8 warps, 2 stages, K/V
+// by TMA -- for list masks the ring prefetches block indices read from the pre-pass's lists): the
+// GPU matches the interpreter; the pre-pass itself matches it exactly.
+TEST_CASE("gpu: attention forward with library masks (interval skipping, pre-pass lists on the TMA ring) matches the interpreter") {
+  if (!have_gpu()) return;
+  using kernels::MaskKind;
+  const int64_t B = 2, H = 2, S = 300, D = 128, BM = 128, BN = 128, nb = (S + 127) / 128;
+  HostTensor q(bf16, {B, H, S, D}), k(bf16, {B, H, S, D}), v(bf16, {B, H, S, D});
+  q.fill_normal(1, 0, 1);
+  k.fill_normal(2, 0, 1);
+  v.fill_normal(3, 0, 1);
+  HostTensor docs(i32, {B, S}), prefix(i32, {B}), table(u8, {1, H, nb, nb});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < S; ++t) docs.set({b, t}, 10.0 + (b == 0 ? (t < 70 ? 0 : t < 200 ? 1 : 2) : (t < 150 ? 0 : 1)));
+  prefix.set({0}, 100);
+  prefix.set({1}, 37);
+  std::mt19937 g(5);
+  for (int64_t e = 0; e < table.numel(); ++e) table.set_flat(e, g() % 2);
+  const jit::CompileOptions o = [] {
+    jit::CompileOptions x;
+    x.num_warps = 8;
+    x.pipeline.stages = 2;
+    return x;
+  }();
+  for (MaskKind kind : {MaskKind::sliding_window, MaskKind::causal_sliding_window, MaskKind::global_sliding_window, MaskKind::document,
+                        MaskKind::causal_document, MaskKind::prefix_lm, MaskKind::share_question, MaskKind::causal_blockwise,
+                        MaskKind::block_sparse}) {
+    INFO("MASK=" << kernels::mask_kind_name(kind));
+    std::vector<HostArg> mask_args;
+    for (const std::string& name : kernels::mask_parameter_names(kind)) {
+      if (name == "mask_window_left") mask_args.emplace_back(int64_t{50});
+      else if (name == "mask_window_right") mask_args.emplace_back(int64_t{20});
+      else if (name == "mask_global_tokens") mask_args.emplace_back(int64_t{16});
+      else if (name == "mask_block_q" || name == "mask_block_k") mask_args.emplace_back(int64_t{128});
+      else if (name == "mask_doc_ids") mask_args.emplace_back(&docs);
+      else if (name == "mask_prefix_lengths") mask_args.emplace_back(&prefix);
+      else if (name == "mask_block_table") mask_args.emplace_back(&table);
+      else FAIL("no argument for " << name);
+    }
+    HostTensor o_out(bf16, {B, H, S, D}), lse(f32, {B, H, S});
+    o_out.poison();
+    lse.poison();
+    std::vector<HostArg> args{&q, &k, &v, &o_out, &lse, 0.088};
+    args.insert(args.end(), mask_args.begin(), mask_args.end());
+    HostTensor classes, num, idx, full_num, full_idx;
+    if (!kernels::mask_has_tile_intervals(kind)) {
+      const int64_t mb = kind == MaskKind::block_sparse ? 1 : B, mh = kind == MaskKind::block_sparse ? H : 1;
+      classes = HostTensor(u8, {mb, mh, nb, nb}), num = HostTensor(i32, {mb, mh, nb}), idx = HostTensor(i32, {mb, mh, nb, nb});
+      full_num = HostTensor(i32, {mb, mh, nb}), full_idx = HostTensor(i32, {mb, mh, nb, nb});
+      for (HostTensor* t : {&classes, &num, &idx, &full_num, &full_idx})  // (entries past a count stay 0)
+        for (int64_t e = 0; e < t->numel(); ++e) t->set_flat(e, 0);
+      std::vector<HostArg> pre{&classes, &num, &idx, &full_num, &full_idx, S, S};
+      pre.insert(pre.end(), mask_args.begin(), mask_args.end());
+      const ir::Function pre_fn =
+          kernels::attention_block_mask().build({{"BLOCK_M", BM}, {"BLOCK_N", BN}, {"MASK", static_cast<int>(kind)}});
+      check_against_interpreter(pre_fn, {nb, mh, mb}, pre, 0.0, o);  // GPU == interpreter, bit for bit
+      std::vector<runtime::Arg> ref;  // the lists the forward reads: the interpreter's
+      for (const HostArg& a : pre) {
+        if (auto* t = std::get_if<HostTensor*>(&a)) ref.emplace_back(**t);
+        else ref.emplace_back(std::get<int64_t>(a));
+      }
+      runtime::interpret(pre_fn, {nb, mh, mb}, ref);
+      for (HostTensor* t : {&num, &idx, &full_num, &full_idx}) args.emplace_back(t);
+    }
+    check_against_interpreter(
+        kernels::attention_forward().build({{"HEAD_DIM", D}, {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"MASK", static_cast<int>(kind)}}),
+        {nb, H, B}, args, 2e-2, o);
   }
 }

@@ -289,14 +289,27 @@ TEST_CASE("wgmma plan: a window with a use other than a wgmma operand stays in r
   }
 }
 
-TEST_CASE("wgmma plan: a window at an offset computed in its loop, or under an if, is not a tile: its dot falls back") {
-  for (int where : {1, 2}) {
-    INFO("WHERE " << where);
-    auto p = plan_of(k_in_loop, {{"WHERE", where}});
+TEST_CASE("wgmma plan: a window under an if is not a tile (its dot falls back); one at an offset computed from the counter is") {
+  {
+    auto p = plan_of(k_in_loop, {{"WHERE", 2}});
     CHECK(ops_of(p->fn, ir::OpKind::dot).size() == 1);
     CHECK(p->hopper().empty());
     CHECK(p->hopper().tiles.empty());
     CHECK(p->hopper().rings.empty());
+  }
+  {
+    // n0 * 2 + 64: a ring tile whose refill evaluates the offset's ops again for the iteration it
+    // prefetches (what lets a masked attention walk key blocks read from a list)
+    auto p = plan_of(k_in_loop, {{"WHERE", 1}});
+    const jit::HopperPlan& h = p->hopper();
+    REQUIRE(h.rings.size() == 1);
+    const jit::SmemTile* k = tile_of(*p, "K");
+    REQUIRE(k);
+    CHECK(k->ring != nullptr);
+    std::vector<ir::OpKind> kinds;  // the multiply, then the add (and any constants they use)
+    for (const ir::Op* op : k->offset_ops)
+      if (op->kind != ir::OpKind::constant) kinds.push_back(op->kind);
+    CHECK(kinds == std::vector<ir::OpKind>{ir::OpKind::mul, ir::OpKind::add});
   }
 }
 
