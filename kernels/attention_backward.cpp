@@ -7,13 +7,19 @@
 // (AttentionDropout, kernels/attention.hpp): dV = sum (P * keep * s)^T dO, dP = (dO V^T) * keep * s,
 // dS = P * (dP - Delta), s = 1 / keep probability; Delta = rowsum(dO * O) is unchanged (O includes
 // the dropout).
+// Library masks (MASK, kernels/attention_mask.hpp) other than full and causal visit only the
+// non-empty blocks, in one flat loop per program, and mask only the partial ones (P = 0 there).
 #include "kernels/attention_backward.hpp"
 
+#include <fmt/format.h>
+
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <utility>
 
 #include "kernels/attention.hpp"
+#include "kernels/attention_mask.hpp"
 
 namespace tilejit::kernels {
 
@@ -71,11 +77,60 @@ bool varlen_meta(Builder& kb, bool bshd) {
   return varlen;
 }
 
+// The MASK meta (the forward's): full and causal run the CAUSAL code path (MASK=causal is
+// CAUSAL=true); the other kinds are library masks, on dense batches without CAUSAL for now.
+MaskKind backward_mask_meta(Builder& kb, bool causal, bool varlen) {
+  const MaskKind kind = mask_kind_meta(kb);
+  if (kind != MaskKind::full && kind != MaskKind::causal && (causal || varlen))
+    kb.fail(Loc::current(), fmt::format("MASK={} ({}) does not combine with {} yet (use the mask alone: the causal kinds cover causal "
+                                        "patterns, document masks packed sequences)",
+                                        static_cast<int>(kind), mask_kind_name(kind), causal ? "CAUSAL=true" : "VARLEN=true"));
+  return kind;
+}
+
+// One step of a program's walk over its inner tiles under a library mask: the tile's first row
+// (dK/dV: a query tile) or key (dQ: a key tile), and whether it is partial (needs the element mask).
+struct MaskedTile {
+  Tile start, partial;
+};
+// The walk: ONE flat loop j in [0, count) per program (whatever the runs or lists), so that a
+// pipelined schedule sees a single stream of tiles to prefetch.
+struct MaskedTileWalk {
+  Tile count;
+  std::function<MaskedTile(const Tile& j)> at;
+};
+
+// Interval kinds: the runs of TileRanges (two for global_sliding_window) laid end to end; `full`
+// says whether the tile at a start is full (SequenceMask::tile_is_full).
+MaskedTileWalk interval_walk(const TileRanges& r, int64_t block, std::function<Tile(const Tile& start)> full) {
+  auto trips = [&](size_t run) { return cdiv(maximum(r.end[run] - r.begin[run], 0), block); };
+  const Tile trips0 = trips(0);
+  const Tile count = r.runs == 2 ? trips0 + trips(1) : trips0;
+  return {count, [r, block, trips0, full = std::move(full)](const Tile& j) {
+            Tile start = r.begin[0] + j * block;
+            if (r.runs == 2) start = where(j < trips0, start, r.begin[1] + (j - trips0) * block);
+            return MaskedTile{start, !full(start)};
+          }};
+}
+
+// Data-dependent kinds: the pre-pass's partial tiles of `outer`, then its full ones; an index is
+// read only where it is valid (the other list's load reads its entry 0, in bounds, and is unused).
+MaskedTileWalk list_walk(const BlockMaskLists& lists, const Tile& b, const Tile& h, const Tile& outer, int64_t block) {
+  const Tile pc = lists.partial_count(b, h, outer), fc = lists.full_count(b, h, outer);
+  return {pc + fc, [&lists, b, h, outer, block, pc](const Tile& j) {
+            Tile partial = j < pc;
+            Tile index = where(partial, lists.partial_block(b, h, outer, where(partial, j, 0)),
+                               lists.full_block(b, h, outer, where(partial, 0, j - pc)));
+            return MaskedTile{index * block, partial};
+          }};
+}
+
 // The meta-parameters and leading parameters (Q, K, V, dO, LSE, Delta) of the dK/dV and dQ kernels.
 struct BackwardParams {
   DType T;
   int64_t BM, BN, D;
   bool causal, bshd, varlen;
+  MaskKind mask_kind;  // MASK: full / causal (folded into `causal`) or a library mask (library_mask())
   bool dropout;  // DROPOUT: trailing seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold
   bool dropout_bits;  // DROPOUT_BITS: then the precomputed packed mask `dropout_bits` (rng = precomputed)
   int rank;  // of Q, K, V, dO and the gradients (LSE, Delta: rank - 1)
@@ -89,6 +144,7 @@ struct BackwardParams {
         causal(kb.meta<bool>("CAUSAL", false)),
         bshd(kb.meta<bool>("BSHD", false)),
         varlen(varlen_meta(kb, bshd)),
+        mask_kind(backward_mask_meta(kb, causal, varlen)),
         dropout(kb.meta<bool>("DROPOUT", false)),
         dropout_bits(AttentionDropout::precomputed_meta(kb, dropout, varlen, BN)),
         rank(varlen ? 3 : 4),
@@ -97,7 +153,21 @@ struct BackwardParams {
         V(kb.tensor("V", T, rank, kRowMajor)),
         dO(kb.tensor("dO", T, rank, kRowMajor)),
         LSE(kb.tensor("LSE", f32, rank - 1, {.contiguous_last = true})),
-        Delta(kb.tensor("Delta", f32, rank - 1, {.contiguous_last = true})) {}
+        Delta(kb.tensor("Delta", f32, rank - 1, {.contiguous_last = true})) {
+    causal = causal || mask_kind == MaskKind::causal;
+  }
+
+  // A library mask: a kind other than full and causal (those run the CAUSAL code path).
+  bool library_mask() const { return mask_kind != MaskKind::full && mask_kind != MaskKind::causal; }
+  // Declares a library mask's parameters (after the dropout ones: call after sequence()) and, for
+  // a kind without tile intervals, the pre-pass's lists (kv_major: per key tile, for dK/dV).
+  void declare_mask(Builder& kb, bool kv_major) {
+    if (!library_mask()) return;
+    mask.emplace(kb, mask_kind);
+    if (!mask->has_tile_intervals()) lists.emplace(kb, kv_major);
+  }
+  std::optional<AttentionMask> mask;
+  std::optional<BlockMaskLists> lists;
 
   // The rows of batch b (declares the trailing VARLEN parameters cu_seqlens_q, cu_seqlens_k, then
   // with DROPOUT the dropout scalars (and DROPOUT_BITS' mask) into `drop`: call it after the kernel's own parameters); Q, K,
@@ -161,9 +231,11 @@ const Kernel& attention_backward_dkdv() {
     auto softmax_scale = kb.scalar<float>("softmax_scale");
     auto qk_scale = softmax_scale * kLog2e;
 
-    auto n0 = program_id(0) * a.BN, kv_h = program_id(1);
+    auto n_block = program_id(0);
+    auto n0 = n_block * a.BN, kv_h = program_id(1);
     std::optional<AttentionDropout> drop;
     HeadRows rows = a.sequence(kb, program_id(2), drop);
+    a.declare_mask(kb, /*kv_major=*/true);
     dK = rows.keys(dK), dV = rows.keys(dV);
     auto S_q = rows.seq_len(a.Q), S_k = rows.seq_len(a.K);
     auto group = a.group(rows);
@@ -178,12 +250,23 @@ const Kernel& attention_backward_dkdv() {
       auto h = kv_h * group + g;
       Tile bh;  // DROPOUT: the mask's batch*heads index
       if (a.dropout) bh = a.batch_head(rows, h);
-      for_range(m_begin, m_end, a.BM, [&](Tile m0) {
+      std::optional<SequenceMask> seq;  // a library mask: per query head (block_sparse tables may differ)
+      if (a.mask) seq = a.mask->bind(rows.b, h, S_q, S_k);
+      // One query block; needs_mask (library masks): whether its P^T needs the element mask (a
+      // partial block or keys past S_k; rows past S_q have P = 0 already: LSE = +inf there).
+      auto block = [&](const Tile& m0, const Tile& needs_mask) {
         auto q = load(rows(a.Q, h, m0, a.BM)), dout = load(rows(a.dO, h, m0, a.BM));
         auto lse = a.lse_log2(rows, h, m0)[row];  // [1, BM]
         auto delta = load(rows(a.Delta, h, m0, a.BM))[row];
-        auto qrows = (m0 + arange(0, a.BM))[row];
-        auto pt = where(a.visible(qrows, keys, S_q, S_k), exp2(dot(k, trans(q)) * qk_scale - lse), 0.0f);  // P^T
+        Tile pt;  // P^T
+        if (seq) {
+          Var p_t = exp2(dot(k, trans(q)) * qk_scale - lse);
+          if_(needs_mask, [&] { p_t = where(trans(seq->allowed(m0 + arange(0, a.BM), n0 + arange(0, a.BN))), p_t, 0.0f); });
+          pt = p_t;
+        } else {
+          auto qrows = (m0 + arange(0, a.BM))[row];
+          pt = where(a.visible(qrows, keys, S_q, S_k), exp2(dot(k, trans(q)) * qk_scale - lse), 0.0f);
+        }
         // DROPOUT: the block is transposed (rows are keys, columns query rows): the forward's mask
         // of (query rows m0.., keys n0..), transposed; s = 1 / keep probability is applied to dV
         // once at the end
@@ -197,6 +280,19 @@ const Kernel& attention_backward_dkdv() {
         if (a.dropout) dpt = where(keep_t, dpt * drop->scale, 0.0f);
         auto dst = pt * (dpt - delta);  // dS^T = P^T * (dP^T - Delta)
         dk = dot(cast(a.T, dst), q, dk);
+      };
+      if (!seq) {
+        for_range(m_begin, m_end, a.BM, [&](Tile m0) { block(m0, Tile()); });
+        return;
+      }
+      // the query blocks that see this key block: the mask's intervals or the pre-pass's lists
+      auto is_full = [&](const Tile& m0) { return seq->tile_is_full(m0, a.BM, n0, a.BN); };
+      const MaskedTileWalk walk = a.lists ? list_walk(*a.lists, rows.b, h, n_block, a.BM)
+                                          : interval_walk(seq->query_tiles(n0, a.BN, a.BM), a.BM, is_full);
+      Tile keys_edge = n0 + a.BN > S_k;
+      for_range(0, walk.count, [&](Tile j) {
+        const MaskedTile t = walk.at(j);
+        block(t.start, t.partial | keys_edge);
       });
     });
     store(rows(dK, kv_h, n0, a.BN), cast(a.T, dk * softmax_scale));
@@ -214,9 +310,11 @@ const Kernel& attention_backward_dq() {
     auto softmax_scale = kb.scalar<float>("softmax_scale");
     auto qk_scale = softmax_scale * kLog2e;
 
-    auto m0 = program_id(0) * a.BM, h = program_id(1);
+    auto m_block = program_id(0);
+    auto m0 = m_block * a.BM, h = program_id(1);
     std::optional<AttentionDropout> drop;
     HeadRows rows = a.sequence(kb, program_id(2), drop);
+    a.declare_mask(kb, /*kv_major=*/false);
     dQ = rows.queries(dQ);
     auto S_q = rows.seq_len(a.Q), S_k = rows.seq_len(a.K);
     auto kv_h = h / a.group(rows);
@@ -227,17 +325,40 @@ const Kernel& attention_backward_dq() {
     Var dq = zeros(f32, {a.BM, a.D});
     Tile bh;  // DROPOUT: the mask's batch*heads index
     if (a.dropout) bh = a.batch_head(rows, h);
-    // Causal: stop after the last key the block's last row sees (none for key-less blocks).
-    Tile n_end = rows.unless_past(m0, S_q, a.causal ? minimum(S_k, m0 + a.BM + (S_k - S_q)) : S_k);
-    for_range(0, n_end, a.BN, [&](Tile n0) {
+    std::optional<SequenceMask> seq;  // a library mask
+    if (a.mask) seq = a.mask->bind(rows.b, h, S_q, S_k);
+    // One key block; needs_mask (library masks): whether its P needs the element mask (a partial
+    // block or keys past S_k).
+    auto block = [&](const Tile& n0, const Tile& needs_mask) {
       auto k = load(rows(a.K, kv_h, n0, a.BN)), v = load(rows(a.V, kv_h, n0, a.BN));
-      auto keys = (n0 + arange(0, a.BN))[row];
-      auto p = where(a.visible(qrows, keys, S_q, S_k), exp2(dot(q, trans(k)) * qk_scale - lse), 0.0f);
+      Tile p;
+      if (seq) {
+        Var pm = exp2(dot(q, trans(k)) * qk_scale - lse);
+        if_(needs_mask, [&] { pm = where(seq->allowed(m0 + arange(0, a.BM), n0 + arange(0, a.BN)), pm, 0.0f); });
+        p = pm;
+      } else {
+        auto keys = (n0 + arange(0, a.BN))[row];
+        p = where(a.visible(qrows, keys, S_q, S_k), exp2(dot(q, trans(k)) * qk_scale - lse), 0.0f);
+      }
       Tile dp = dot(dout, trans(v));  // dP (of the dropped P: times keep * s)
       if (a.dropout) dp = where(drop->keep(bh, m0, a.BM, n0, a.BN), dp * drop->scale, 0.0f);
       auto ds = p * (dp - delta);  // dS = P * (dP - Delta)
       dq = dot(cast(a.T, ds), k, dq);
-    });
+    };
+    if (seq) {
+      // the key blocks this query block sees: the mask's intervals or the pre-pass's lists
+      auto is_full = [&](const Tile& n0) { return seq->tile_is_full(m0, a.BM, n0, a.BN); };
+      const MaskedTileWalk walk = a.lists ? list_walk(*a.lists, rows.b, h, m_block, a.BN)
+                                          : interval_walk(seq->key_tiles(m0, a.BM, a.BN), a.BN, is_full);
+      for_range(0, walk.count, [&](Tile j) {
+        const MaskedTile t = walk.at(j);
+        block(t.start, t.partial | (t.start + a.BN > S_k));
+      });
+    } else {
+      // Causal: stop after the last key the block's last row sees (none for key-less blocks).
+      Tile n_end = rows.unless_past(m0, S_q, a.causal ? minimum(S_k, m0 + a.BM + (S_k - S_q)) : S_k);
+      for_range(0, n_end, a.BN, [&](Tile n0) { block(n0, Tile()); });
+    }
     store(rows(dQ, h, m0, a.BM), cast(a.T, dq * softmax_scale));
   });
   return kern;
