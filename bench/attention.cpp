@@ -29,7 +29,9 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/attention.hpp"
 #include "kernels/attention_api.hpp"
+#include "kernels/attention_mask.hpp"
 #include "kernels/dropout_mask.hpp"
 #include "jit/compile.hpp"
 #include "kernels/gemm.hpp"
@@ -317,6 +319,98 @@ int bench_dropout(double p, int max_reps) {
   return 0;
 }
 
+// --masks: the forward with library masks (issue 8) at S = 8k and 16k, D128, bf16, B*S = 16k,
+// 16 heads; TFLOP/s count only the unmasked elements (4 * D per allowed (row, key)). Document
+// masks use bench_document_lengths (bench/flex_masks.py builds the same documents for
+// FlexAttention); data-dependent masks run the attention_block_mask pre-pass first (not timed:
+// FlexAttention's block mask is also built once and reused).
+const int64_t kDocumentLengths[] = {1024, 3072, 512, 2560, 1536, 4096, 768, 2816};
+
+int bench_masks(int max_reps) {
+  using kernels::MaskKind;
+  const ir::DType dt = ir::DType::bf16;
+  const Buffers buf;
+  runtime::Stream stream;
+  struct MaskRun {
+    const char* label;
+    MaskKind kind;
+    int64_t window_left = 0, window_right = 0, global = 0;
+  };
+  const MaskRun runs[] = {{"causal", MaskKind::causal},
+                          {"causal_sliding_window_1024", MaskKind::causal_sliding_window, 1023},
+                          {"sliding_window_1024", MaskKind::sliding_window, 512, 511},
+                          {"causal_document", MaskKind::causal_document},
+                          {"document", MaskKind::document},
+                          {"global_64_sliding_window_1024", MaskKind::global_sliding_window, 512, 511, 64},
+                          {"prefix_lm_half", MaskKind::prefix_lm}};
+  for (int64_t S : {8192, 16384}) {
+    const Config c{S, 128, false};
+    const int64_t B = c.B(), H = c.H(), D = c.D, BM = 128, BN = 128, nb = (S + 127) / 128;
+    const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
+    // document ids [B, S] and prefix lengths [B]
+    std::vector<int32_t> docs;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0, d = 0, left = kDocumentLengths[0]; t < S; ++t) {
+        if (left == 0) ++d, left = kDocumentLengths[d % 8];
+        docs.push_back(static_cast<int32_t>(d)), --left;
+      }
+    const std::vector<int32_t> prefix(static_cast<size_t>(B), static_cast<int32_t>(S / 2));
+    DeviceBuffer d_docs(docs.size() * 4), d_prefix(prefix.size() * 4);
+    d_docs.upload(docs.data(), docs.size() * 4);
+    d_prefix.upload(prefix.data(), prefix.size() * 4);
+    DeviceBuffer lists(static_cast<size_t>(B * nb * (nb + 1) * 2) * 4 + static_cast<size_t>(B * nb * nb));
+    for (const MaskRun& r : runs) {
+      kernels::MaskSpec spec;
+      spec.kind = r.kind;
+      spec.window_left = r.window_left, spec.window_right = r.window_right, spec.global_tokens = r.global;
+      const kernels::MaskData data{{docs, {B, S}}, {prefix, {B}}, {}};
+      const int64_t allowed = kernels::allowed_count(spec, data, {B, 1, S, S}) * H;  // no kind here depends on the head
+      lang::Meta meta{{"DTYPE", dt}, {"HEAD_DIM", D}, {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"BSHD", true}, {"MASK", static_cast<int>(r.kind)}};
+      jit::CompileOptions o;
+      o.num_warps = 8;
+      o.pipeline.stages = 2;
+      Function fwd(kernels::attention_forward(), meta, o);
+      std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), static_cast<float>(1 / std::sqrt(128.0))};
+      const std::array<int64_t, 2> doc_sizes{B, S}, doc_strides{S, 1};
+      const std::array<int64_t, 1> pre_sizes{B}, pre_strides{1};
+      const runtime::TensorView docs_v{ir::DType::i32, doc_sizes, doc_strides, d_docs.ptr(), 0},
+          prefix_v{ir::DType::i32, pre_sizes, pre_strides, d_prefix.ptr(), 0};
+      for (const std::string& name : kernels::mask_parameter_names(r.kind)) {
+        if (name == "mask_window_left") args.emplace_back(static_cast<int32_t>(r.window_left));
+        else if (name == "mask_window_right") args.emplace_back(static_cast<int32_t>(r.window_right));
+        else if (name == "mask_global_tokens") args.emplace_back(static_cast<int32_t>(r.global));
+        else if (name == "mask_doc_ids") args.emplace_back(docs_v);
+        else if (name == "mask_prefix_lengths") args.emplace_back(prefix_v);
+        else throw std::logic_error("bench_masks: no argument for " + name);
+      }
+      // the pre-pass's lists: [B, 1, nb] counts, [B, 1, nb, nb] indices (document masks: per batch)
+      const std::array<int64_t, 4> cls_sizes{B, 1, nb, nb}, cls_strides{nb * nb, nb * nb, nb, 1};
+      const std::array<int64_t, 3> num_sizes{B, 1, nb}, num_strides{nb, nb, 1};
+      const uint64_t base = lists.ptr(), n_bytes = static_cast<uint64_t>(B * nb) * 4, i_bytes = n_bytes * static_cast<uint64_t>(nb);
+      const runtime::TensorView num{ir::DType::i32, num_sizes, num_strides, base, 0},
+          idx{ir::DType::i32, cls_sizes, cls_strides, base + n_bytes, 0},
+          full_num{ir::DType::i32, num_sizes, num_strides, base + n_bytes + i_bytes, 0},
+          full_idx{ir::DType::i32, cls_sizes, cls_strides, base + 2 * n_bytes + i_bytes, 0},
+          classes{ir::DType::u8, cls_sizes, cls_strides, base + 2 * (n_bytes + i_bytes), 0};
+      if (!kernels::mask_has_tile_intervals(r.kind)) {
+        Function pre(kernels::attention_block_mask(), {{"BLOCK_M", BM}, {"BLOCK_N", BN}, {"MASK", static_cast<int>(r.kind)}}, o);
+        std::vector<runtime::DeviceArg> pargs{classes, num, idx, full_num, full_idx, static_cast<int32_t>(S), static_cast<int32_t>(S)};
+        pargs.insert(pargs.end(), args.begin() + 6, args.end());
+        pre.launch({nb, 1, B}, stream.handle(), pargs);
+        for (const auto& t : {num, idx, full_num, full_idx}) args.emplace_back(t);
+      }
+      const runtime::Grid grid{nb, H, B};
+      const double ms = time_ms([&] { fwd.launch(grid, stream.handle(), args); }, stream, max_reps);
+      const double tflops = 4.0 * static_cast<double>(D) * static_cast<double>(allowed) / (ms * 1e-3) / 1e12;
+      std::printf("MASK name=%s S=%ld B=%ld H=%ld D=%ld density=%.4f fwd_ms=%.4f fwd_tflops=%.1f\n", r.label, static_cast<long>(S),
+                  static_cast<long>(B), static_cast<long>(H), static_cast<long>(D),
+                  static_cast<double>(allowed) / (static_cast<double>(B * H) * double(S) * double(S)), ms, tflops);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 // ---------------------------------------------------------------------------------------------
 // --check DIR: cases.txt has one case per line, "key=value" fields:
 //   name dtype(bf16|f16) B Hq Hkv Sq Sk D causal(0|1) scale layout(bshd|bhsd) [varlen=1 nseq total_q total_k max_q max_k]
@@ -460,11 +554,13 @@ int main(int argc, char** argv) {
   int reps = 20;
   std::string check_dir;
   double dropout_p = -1;
+  bool masks = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--check" && i + 1 < argc) check_dir = argv[++i];
+    else if (a == "--masks") masks = true;
     else if (a == "--dropout") {
       dropout_p = 0.1;
       if (i + 1 < argc && argv[i + 1][0] != '-') dropout_p = std::atof(argv[++i]);
@@ -475,7 +571,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] | --check DIR | --capabilities\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] | --masks | --check DIR | --capabilities\n", argv[0]);
       return 2;
     }
   }
@@ -487,6 +583,7 @@ int main(int argc, char** argv) {
   try {
     std::fprintf(stderr, "GPU: %s\n", driver.props(0).name.c_str());
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps);
+    if (masks) return bench_masks(reps);
     return check_dir.empty() ? bench(quick, reps) : check(check_dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench/attention: %s\n", e.what());

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""FlexAttention (torch.compile) forward on the masks of `attention_bench --masks`, same shapes
+and documents; prints one FLEX line per (mask, S). TFLOP/s count unmasked elements only
+(4 * D per allowed (row, key)), as the C++ side does. Run on the GPU machine:
+    python3 bench/flex_masks.py
+"""
+import torch
+from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+
+DOC_LENGTHS = [1024, 3072, 512, 2560, 1536, 4096, 768, 2816]  # bench/attention.cpp kDocumentLengths
+TOKENS, HIDDEN, D = 16384, 2048, 128
+
+
+def doc_ids(S, device):
+    ids, d = [], 0
+    while len(ids) < S:
+        ids += [d] * DOC_LENGTHS[d % 8]
+        d += 1
+    return torch.tensor(ids[:S], device=device, dtype=torch.int32)
+
+
+def masks(S, device):
+    docs = doc_ids(S, device)
+    prefix = S // 2
+    return {
+        "causal": lambda b, h, q, k: k <= q,
+        "causal_sliding_window_1024": lambda b, h, q, k: (k <= q) & (q - k <= 1023),
+        "sliding_window_1024": lambda b, h, q, k: (k >= q - 512) & (k <= q + 511),
+        "causal_document": lambda b, h, q, k: (k <= q) & (docs[q] == docs[k]),
+        "document": lambda b, h, q, k: docs[q] == docs[k],
+        "global_64_sliding_window_1024": lambda b, h, q, k: (k < 64) | (q < 64) | ((k >= q - 512) & (k <= q + 511)),
+        "prefix_lm_half": lambda b, h, q, k: (k <= q) | (k < prefix),
+    }
+
+
+def time_ms(fn, reps=20):
+    fn()
+    torch.cuda.synchronize()
+    ms = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ms.append(a.elapsed_time(b))
+    ms.sort()
+    return ms[len(ms) // 2]
+
+
+def main():
+    dev = "cuda"
+    # one compile per mask and shape: each mask_mod is a new function, and dynamo's default cache
+    # limit (8) would otherwise fall back to the unfused eager path after the first shape
+    torch._dynamo.config.cache_size_limit = 64
+    for S in (8192, 16384):
+        torch._dynamo.reset()
+        flex = torch.compile(flex_attention)
+        B, H = TOKENS // S, HIDDEN // D
+        q, k, v = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
+        qi, ki = torch.arange(S, device=dev)[:, None], torch.arange(S, device=dev)[None, :]
+        for name, mod in masks(S, dev).items():
+            allowed = int(mod(0, 0, qi, ki).sum().item()) * B * H
+            bm = create_block_mask(mod, None, None, S, S, device=dev, BLOCK_SIZE=128)
+            ms = time_ms(lambda: flex(q, k, v, block_mask=bm))
+            print(f"FLEX name={name} S={S} B={B} H={H} D={D} density={allowed / (B * H * S * S):.4f} fwd_ms={ms:.4f} "
+                  f"fwd_tflops={4 * D * allowed / (ms * 1e-3) / 1e12:.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
