@@ -91,6 +91,31 @@ Tile atomic_add(const Operand& ptr, const Operand& value, const Operand& mask, L
   return memory_op(OpKind::atomic_add, ptr, value, &mask, loc);
 }
 
+namespace {
+
+// wait_at_least / signal_add: a scalar pointer to i32 and an i32 scalar (numbers adapt).
+void semaphore_op(OpKind kind, const Operand& semaphore, const Operand& value, const Loc& loc) {
+  const char* what = kind == OpKind::wait_ge ? "wait_at_least" : "signal_add";
+  Builder& b = builder_for({&semaphore, &value}, loc);
+  Tile p = pointer_tile(b, semaphore, loc, what);
+  const ir::Type& pt = b.type(p.id());
+  if (!pt.is_scalar() || pt.dtype != DType::i32)
+    b.fail(loc, fmt::format("{}: the semaphore must be one i32 (a scalar pointer to i32), got {}", what, ir::to_string(pt)));
+  if (!value.is_literal()) {
+    const ir::Type& vt = b.type(value.tile().id());
+    if (!vt.is_scalar() || !ir::is_int(vt.dtype) || vt.dtype == DType::i1)
+      b.fail(loc, fmt::format("{}: the {} must be an integer scalar, got {}", what, kind == OpKind::wait_ge ? "target" : "value",
+                              ir::to_string(vt)));
+  }
+  Tile v = value.is_literal() ? detail::materialize(b, value, DType::i32, {}, loc, what) : cast(DType::i32, value.tile(), loc);
+  b.emit(kind, {p.id(), v.id()}, {}, loc);
+}
+
+}  // namespace
+
+void wait_at_least(const Operand& semaphore, const Operand& target, Loc loc) { semaphore_op(OpKind::wait_ge, semaphore, target, loc); }
+void signal_add(const Operand& semaphore, const Operand& value, Loc loc) { semaphore_op(OpKind::signal_add, semaphore, value, loc); }
+
 // ---- tensors ----
 Tile Tensor::ptr(Loc loc) const {
   Builder& b = builder_for({}, loc);

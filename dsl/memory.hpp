@@ -21,6 +21,18 @@ Tile atomic_add(const Operand& ptr, const Operand& value, std::source_location l
 Tile atomic_add(const Operand& ptr, const Operand& value, const Operand& mask,
                 std::source_location loc = std::source_location::current());
 
+// Ordering between programs through i32 semaphores in global memory (e.g. a fixed order in which
+// programs accumulate into one output tile: deterministic reductions). Every thread of the program
+// takes part; call them where every thread reaches them (not under a divergent branch).
+// wait_at_least: until *semaphore >= target; the program's later reads see every write that the
+// signals which raised it released (acquire, GPU scope). Programs that wait on each other must all
+// be resident at once on the GPU (e.g. a persistent grid no larger than the SM count); the
+// interpreter runs such kernels' programs concurrently and reports a deadlock as an error.
+void wait_at_least(const Operand& semaphore, const Operand& target, std::source_location loc = std::source_location::current());
+// signal_add: once the program's earlier writes are done, *semaphore += value, once per program
+// (release, GPU scope).
+void signal_add(const Operand& semaphore, const Operand& value, std::source_location loc = std::source_location::current());
+
 // A window of a tensor (Tensor::block); elements outside the tensor read as `padding`.
 Tile load(const BlockRef& block, double padding = 0.0, std::source_location loc = std::source_location::current());
 void store(const BlockRef& block, const Operand& value, std::source_location loc = std::source_location::current());

@@ -219,6 +219,19 @@ TJ_INLINE void tj_mbar_wait(unsigned addr, unsigned parity) {
   } while (!done);
 }
 
+// Semaphores between programs: acquire loads until the target, a release add after a fence.
+TJ_INLINE void tj_sem_wait(const int* p, int target) {
+  int v;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    if (v >= target) break;
+    asm volatile("nanosleep.u32 32;");
+  }
+}
+TJ_INLINE void tj_sem_signal(int* p, int v) {
+  asm volatile("fence.acq_rel.gpu;\n\tred.release.gpu.global.add.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+
 // 1024-byte alignment: 128-byte-swizzled TMA/wgmma tiles need it (as in the LLVM backend).
 extern __shared__ __align__(1024) unsigned char tilejit_smem[];
 
@@ -877,6 +890,14 @@ class Printer {
       case Op::mbar_arrive:
         check_args(in, 1, 1);
         line(fmt::format("asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%0];\" :: \"r\"({}) : \"memory\");", u32(a(0))));
+        return;
+      case Op::sem_wait:
+        check_args(in, 2, 2);
+        line(fmt::format("tj_sem_wait((const int*){}, (int){});", n(a(0)), n(a(1))));
+        return;
+      case Op::sem_signal:
+        check_args(in, 2, 2);
+        line(fmt::format("tj_sem_signal((int*){}, (int){});", n(a(0)), n(a(1))));
         return;
       case Op::mbar_wait: check_args(in, 2, 2); line(fmt::format("tj_mbar_wait({}, {});", u32(a(0)), u32(a(1)))); return;
       case Op::tma_load_2d:

@@ -487,6 +487,15 @@ class Emitter {
         asm_call(b_.getVoidTy(), "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r,~{memory}", {a(0), a(1)}, true);
         return;
       case Op::mbar_arrive: asm_call(b_.getVoidTy(), "mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}", {a(0)}, true); return;
+      case Op::sem_wait:
+        asm_call(b_.getVoidTy(),
+                 "{\n\t.reg .pred P1;\n\t.reg .b32 V1;\n\tTILEJIT_SEM_${:uid}:\n\tld.acquire.gpu.global.b32 V1, [$0];\n\t"
+                 "setp.ge.s32 P1, V1, $1;\n\t@!P1 nanosleep.u32 32;\n\t@!P1 bra TILEJIT_SEM_${:uid};\n\t}",
+                 "l,r,~{memory}", {a(0), a(1)}, true);
+        return;
+      case Op::sem_signal:
+        asm_call(b_.getVoidTy(), "fence.acq_rel.gpu;\n\tred.release.gpu.global.add.s32 [$0], $1;", "l,r,~{memory}", {a(0), a(1)}, true);
+        return;
       case Op::mbar_wait:
         asm_call(b_.getVoidTy(),
                  "{\n\t.reg .pred P1;\n\tTILEJIT_WAIT_${:uid}:\n\tmbarrier.try_wait.parity.shared::cta.b64 P1, [$0], $1;\n\t"

@@ -476,6 +476,22 @@ class Lowerer {
       case OpKind::load: return load(op);
       case OpKind::block_load: return block_load(op);
       case OpKind::atomic_add: return atomic_add(op);
+      case OpKind::wait_ge: {
+        // thread 0 spins with acquire loads, then the barrier hands the acquired view to the CTA
+        ++memory_epoch_;
+        V ptr = scalar(op.operands[0]), target = scalar(op.operands[1]);
+        pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::sem_wait, {ptr, target}); });
+        emit0(Op::barrier, {});
+        return;
+      }
+      case OpKind::signal_add: {
+        // every thread's earlier writes are done (barrier), then thread 0 releases them
+        ++memory_epoch_;
+        V ptr = scalar(op.operands[0]), value = scalar(op.operands[1]);
+        emit0(Op::barrier, {});
+        pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::sem_signal, {ptr, value}); });
+        return;
+      }
       case OpKind::reduce: return reduce(op);
       case OpKind::dot: return dot(op);
       case OpKind::program_id:

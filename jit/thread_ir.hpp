@@ -43,6 +43,8 @@ enum class Op : uint8_t {
   load,    // (ptr[, pred, other]) -> ty          global memory
   store,   // (ptr, value[, pred])
   atomic_add,  // (ptr, value[, pred]) -> old
+  sem_wait,    // (ptr i32, target i32): spin until ld.acquire.gpu [ptr] >= target
+  sem_signal,  // (ptr i32, value i32): fence.acq_rel.gpu; red.release.gpu.add [ptr], value
   load_shared,   // (i32 byte offset) -> ty
   store_shared,  // (i32 byte offset, value)
   barrier,       // bar.sync 0

@@ -6,8 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 namespace tilejit::runtime {
@@ -159,6 +164,19 @@ inline bool compare(Pred p, T a, T b) {
   return false;
 }
 
+// Kernels that wait on semaphores run each program on its own thread (a program may wait for one
+// that comes later in the grid). Semaphore updates and atomics are serialised by `mu`; a wait
+// sleeps on `cv`. When every live program is waiting, none can ever proceed: a deadlock, reported
+// as an error by every waiter instead of a hang.
+struct Concurrency {
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t alive = 0;
+  int64_t waiting = 0;      // programs asleep since the last signal (a signal wakes and uncounts them all)
+  uint64_t generation = 0;  // signals so far
+  bool deadlock = false;
+};
+
 class Machine {
  public:
   Machine(const ir::Function& f, Grid grid, const std::vector<Arg>& args) : f_(f), slots_(f.values.size()) {
@@ -175,6 +193,12 @@ class Machine {
     for (pid_[2] = 0; pid_[2] < grid_[2]; ++pid_[2])
       for (pid_[1] = 0; pid_[1] < grid_[1]; ++pid_[1])
         for (pid_[0] = 0; pid_[0] < grid_[0]; ++pid_[0]) run_block(f_.body);
+  }
+  // One program, beside the others (concurrent mode).
+  void run_program(int64_t x, int64_t y, int64_t z, Concurrency& sync) {
+    pid_[0] = x, pid_[1] = y, pid_[2] = z;
+    sync_ = &sync;
+    run_block(f_.body);
   }
 
  private:
@@ -410,7 +434,13 @@ class Machine {
       }
       case load: return load_op(op);
       case store: return store_op(op);
-      case atomic_add: return atomic_add_op(op);
+      case atomic_add: {
+        std::unique_lock<std::mutex> lock;
+        if (sync_) lock = std::unique_lock(sync_->mu);
+        return atomic_add_op(op);
+      }
+      case wait_ge: return wait_op(op);
+      case signal_add: return signal_op(op);
       case block_load:
       case block_store: return block_op(op);
       case for_: return for_op(op);
@@ -807,6 +837,49 @@ class Machine {
     }
   }
 
+  std::byte* semaphore(const Op& op, const char* verb) {
+    static const ir::Shape scalar_shape;
+    return access(op, static_cast<uint64_t>(S(op.operands[0]).i[0]), 4, verb, -1, scalar_shape);
+  }
+
+  void wait_op(const Op& op) {
+    std::byte* p = semaphore(op, "waits on");
+    const int64_t target = S(op.operands[1]).i[0];
+    auto value = [&] { return element::read_int(DType::i32, p); };
+    if (!sync_) {  // (a kernel without waits never gets here; kept for a clear message)
+      if (value() < target) fault(op, fmt::format("waits for the semaphore to reach {} but it is {}", target, value()));
+      return;
+    }
+    std::unique_lock lock(sync_->mu);
+    while (value() < target) {
+      if (sync_->deadlock) break;
+      if (++sync_->waiting == sync_->alive) {  // everyone asleep and no signal since: nobody can wake them
+        sync_->deadlock = true;
+        sync_->cv.notify_all();
+        break;
+      }
+      const uint64_t gen = sync_->generation;
+      sync_->cv.wait(lock, [&] { return sync_->generation != gen || sync_->deadlock; });
+      if (sync_->generation == gen) --sync_->waiting;  // (a signal already uncounted it)
+    }
+    if (value() < target)
+      fault(op, fmt::format("deadlock: waits for the semaphore to reach {} but it is {}, and every program still running waits too",
+                            target, value()));
+  }
+
+  void signal_op(const Op& op) {
+    std::byte* p = semaphore(op, "signals");
+    std::unique_lock<std::mutex> lock;
+    if (sync_) lock = std::unique_lock(sync_->mu);
+    const int64_t v = element::read_int(DType::i32, p) + S(op.operands[1]).i[0];
+    element::write_int(DType::i32, p, static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(v))));
+    if (sync_) {
+      ++sync_->generation;
+      sync_->waiting = 0;
+      sync_->cv.notify_all();
+    }
+  }
+
   // A view of a tensor: dim `dim` starts at `start` and has `length` elements. It must lie inside
   // the parent, so that windows bounds-checked against the view never leave the parent either.
   void slice_op(const Op& op) {
@@ -944,7 +1017,49 @@ class Machine {
   int64_t pid_[3] = {0, 0, 0};
   std::vector<double> row_f_;  // dot's row accumulators, kept to avoid a per-dot allocation
   std::vector<int64_t> row_i_;
+  Concurrency* sync_ = nullptr;  // concurrent mode (kernels that wait on semaphores)
 };
+
+bool waits_on_semaphores(const ir::Block& b) {
+  for (const ir::Op& op : b.ops) {
+    if (op.kind == OpKind::wait_ge) return true;
+    for (const ir::Block& r : op.regions)
+      if (waits_on_semaphores(r)) return true;
+  }
+  return false;
+}
+
+constexpr int64_t kMaxConcurrentPrograms = 4096;
+
+// Every program on its own thread; the first error any program raised is rethrown.
+void run_concurrently(const ir::Function& f, Grid grid, const std::vector<Arg>& args) {
+  const int64_t n = grid.x * grid.y * grid.z;
+  if (n > kMaxConcurrentPrograms)
+    throw InterpretError(fmt::format("kernel '{}' waits on semaphores, so the interpreter runs its programs concurrently; grid ({},{},{}) "
+                                     "has {} programs, more than the {} it runs at once (a GPU would not keep them resident either)",
+                                     f.name, grid.x, grid.y, grid.z, n, kMaxConcurrentPrograms));
+  Concurrency sync;
+  sync.alive = n;
+  std::vector<std::unique_ptr<Machine>> machines;
+  for (int64_t i = 0; i < n; ++i) machines.push_back(std::make_unique<Machine>(f, grid, args));
+  std::mutex err_mu;
+  std::exception_ptr first;
+  std::vector<std::thread> threads;
+  for (int64_t i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        machines[static_cast<size_t>(i)]->run_program(i % grid.x, i / grid.x % grid.y, i / (grid.x * grid.y), sync);
+      } catch (...) {
+        std::lock_guard g(err_mu);
+        if (!first) first = std::current_exception();
+      }
+      std::lock_guard lock(sync.mu);
+      if (--sync.alive > 0 && sync.waiting == sync.alive) sync.deadlock = true;
+      sync.cv.notify_all();
+    });
+  for (std::thread& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
 
 }  // namespace
 
@@ -961,6 +1076,7 @@ std::string Arg::describe() const {
 
 void interpret(const ir::Function& f, Grid grid, const std::vector<Arg>& args) {
   ir::verify(f);
+  if (waits_on_semaphores(f.body)) return run_concurrently(f, grid, args);
   Machine m(f, grid, args);
   m.run();
 }

@@ -9,6 +9,7 @@
 #include "kernels/dropout_mask.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/registry.hpp"
+#include "runtime/interpreter.hpp"
 #include "test_kernels.hpp"
 
 using namespace tilejit;
@@ -42,6 +43,7 @@ std::vector<Case> all_kernels() {
   cases.push_back({"attention D128", kernels::attention_forward().build({{"HEAD_DIM", 128}}), 4, false});
   cases.push_back({"attention varlen causal", kernels::attention_forward().build({{"CAUSAL", true}, {"VARLEN", true}}), 4, false});
   cases.push_back({"segments (Tensor::slice)", test_kernels::segments.build()});
+  cases.push_back({"ordered_sum (semaphores)", test_kernels::ordered_sum.build()});
   // the packed dropout keep-mask (Philox4x32-10 per 16 elements): the default schedule, and a wider
   // one (reported: nvrtc spills 8 B there, 2026-11)
   const kernels::LibraryKernel* dm = kernels::find("dropout_mask");
@@ -119,6 +121,40 @@ TEST_CASE("load_at_use: the window is read again in its consumer's layout, unles
   // replicated registers load once: 64 x 2 words over 128 threads, each thread's 16 rows x 2 words
   // of an m16n8 accumulator at most, never one load per element (64 per thread)
   CHECK(count(at_use, "ld.global") <= 2 * 16 + 16);
+}
+
+TEST_CASE("semaphores: the interpreter runs waiting programs concurrently in the order they impose; a deadlock is an error; PTX") {
+  const int64_t P = 12;
+  tilejit::runtime::HostTensor x(f32, {P, 256}), acc(f32, {256}), order(i32, {P}), sem(i32, {1});
+  x.fill_normal(3, 0, 1e3);
+  for (int64_t e = 0; e < acc.numel(); ++e) acc.set_flat(e, 0.1);
+  order.poison();
+  sem.set_flat(0, 0);
+  tilejit::runtime::interpret(test_kernels::ordered_sum.build(), {P}, {x, acc, order, sem});
+  for (int64_t p = 0; p < P; ++p) CHECK(order.get_flat(p) == static_cast<double>(P - 1 - p));  // the last program went first
+  CHECK(sem.get_flat(0) == static_cast<double>(P));
+  int64_t differ = 0;  // the sum in that order, in f32, bit for bit
+  for (int64_t c = 0; c < 256; ++c) {
+    float s = 0.1f;
+    for (int64_t p = P - 1; p >= 0; --p) s += static_cast<float>(x.get({p, c}));
+    differ += acc.get_flat(c) != static_cast<double>(s) ? 1 : 0;
+  }
+  CHECK(differ == 0);
+  // nobody can start: every program waits, reported instead of hanging
+  sem.set_flat(0, 0);
+  CHECK_THROWS_WITH_AS(tilejit::runtime::interpret(test_kernels::ordered_sum.build({{"OFFSET", 1}}), {P}, {x, acc, order, sem}),
+                       doctest::Contains("deadlock: waits for the semaphore to reach"), tilejit::runtime::InterpretError);
+  // on sm_90a: thread 0 spins on acquire loads, then a barrier; a barrier, then a release add
+  for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+    INFO(jit::to_string(backend));
+    jit::CompileOptions o;
+    o.backend = backend;
+    o.make_cubin = false;
+    const std::string ptx = jit::compile(test_kernels::ordered_sum.build(), o).ptx;
+    CHECK(ptx.find("ld.acquire.gpu.global") != std::string::npos);
+    CHECK(ptx.find("red.release.gpu.global.add.s32") != std::string::npos);
+    CHECK(ptx.find("fence.acq_rel.gpu") != std::string::npos);
+  }
 }
 
 TEST_CASE("dot lowers to mma.sync for 16-bit operands and to FMA otherwise") {

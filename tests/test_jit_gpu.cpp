@@ -288,6 +288,19 @@ TEST_CASE("gpu: GEMM through the TMA + wgmma pipeline (B K-major and MN-major, r
     }
 }
 
+TEST_CASE("gpu: semaphores order the programs' accumulation (the last program first): bit-identical to the interpreter") {
+  if (!have_gpu()) return;
+  for (int64_t P : {4, 64, 132}) {  // at most one program per SM: all resident
+    INFO("programs " << P);
+    HostTensor x(f32, {P, 256}), acc(f32, {256}), order(i32, {P}), sem(i32, {1});
+    x.fill_normal(3, 0, 1e3);
+    for (int64_t e = 0; e < acc.numel(); ++e) acc.set_flat(e, 0.1);
+    order.poison();
+    sem.set_flat(0, 0);
+    check_against_interpreter(test_kernels::ordered_sum.build(), {P}, {&x, &acc, &order, &sem}, 0.0, {}, true);
+  }
+}
+
 TEST_CASE("gpu: load_at_use (re-read in the MMA layout) and its fallback when the window was overwritten match the interpreter") {
   if (!have_gpu()) return;
   HostTensor a(bf16, {128, 32}), b(bf16, {32, 64}), w(u32, {128, 2});

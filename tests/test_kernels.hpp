@@ -96,6 +96,22 @@ inline Kernel masked_product = kernel("masked_product", [](Builder& k) {
   store(C.block({m0, 0}, {64, 64}), where(keep, acc, -1.0f));
 });
 
+// Programs accumulate into one tile in a fixed order through a semaphore: program p (of P) waits
+// until the count reaches P - 1 - p (the last program goes first), adds its rows of X to Acc, and
+// signals; Order[p] records the count it saw. The floating-point sum is therefore the same on every
+// run and machine. OFFSET adds to every target (OFFSET > 0: nobody can start, a deadlock).
+inline Kernel ordered_sum = kernel("ordered_sum", [](Builder& k) {
+  auto offset = k.meta<int>("OFFSET", 0);
+  auto X = k.tensor("X", f32, 2, {.contiguous_last = true}), Acc = k.tensor("Acc", f32, 1, {.contiguous_last = true});
+  auto Order = k.pointer("Order", i32), Sem = k.pointer("Sem", i32);
+  auto p = program_id(0), P = num_programs(0);
+  wait_at_least(Sem, P - 1 - p + offset);
+  store(Order + p, load(Sem));
+  auto window = Acc.block({0}, {256});
+  store(window, load(window) + load(X.block({p, 0}, {256}, {1})));
+  signal_add(Sem, 1);
+});
+
 inline Kernel segments = kernel("segments", [](Builder& k) {
   const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
   auto X = k.tensor("X", bf16, 2, row_major), Y = k.tensor("Y", bf16, 2, row_major);

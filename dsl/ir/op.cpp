@@ -18,7 +18,7 @@ constexpr std::array<std::string_view, static_cast<size_t>(OpKind::yield) + 1> k
     "select", "cast", "bitcast", "reduce", "dot",
     "program_id", "num_programs",
     "tensor_ptr", "tensor_dim", "tensor_stride", "tensor_slice", "addptr", "load", "store", "atomic_add", "block_load",
-    "block_store",
+    "block_store", "wait_ge", "signal_add",
     "for", "if", "yield",
 };
 
@@ -304,6 +304,15 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
           d != DType::i64 && d != DType::u64 && d != DType::f64)
         fail(k, fmt::format("unsupported dtype {} (valid: f32 f64 f16 bf16 i32 u32 i64 u64)", name(d)));
       return {v};
+    }
+    case wait_ge:
+    case signal_add: {
+      expect_count(k, in, 2);
+      if (!in[0].is_pointer() || !in[0].is_scalar() || in[0].dtype != DType::i32)
+        fail(k, fmt::format("the semaphore must be a scalar pointer to i32, got {}", to_string(in[0])));
+      if (in[1] != Type::scalar(DType::i32))
+        fail(k, fmt::format("the {} must be an i32 scalar, got {}", k == wait_ge ? "target" : "value", to_string(in[1])));
+      return {};
     }
     case block_load:
     case block_store: {

@@ -52,6 +52,9 @@ enum class OpKind : uint8_t {
   atomic_add,     // (ptr, value[, mask]) -> previous values
   block_load,     // (tensor, offset per tensor dim...) {shape, dims, padding} -> window (bounds-checked)
   block_store,    // (tensor, value, offset per tensor dim...) {dims}
+  // inter-program ordering (i32 semaphores in global memory; every thread of the program takes part)
+  wait_ge,     // (ptr<i32> scalar, target i32): until *ptr >= target; later reads see what the signals released
+  signal_add,  // (ptr<i32> scalar, value i32): after the program's earlier writes, *ptr += value (release)
   // control flow
   for_,    // (lb, ub, step, init...) region(iv, carried...) -> carried results
   if_,     // (cond) region then, region else -> results
