@@ -20,6 +20,7 @@
 
 #include "dsl/builder.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/attention_mask.hpp"
 #include "kernels/philox_host.hpp"
 #include "kernels/registry.hpp"
 #include "runtime/device_buffer.hpp"
@@ -88,6 +89,31 @@ class Checker {
   const char* fn_;
 };
 
+// The outputs of one attention_block_mask run (for one kernel's tiles and order) and where they
+// sit in the workspace: five arrays, each starting on a 256-byte boundary. The views point into
+// this struct: keep it in place while they are used.
+struct PrePassLists {
+  int64_t block_m = 0, block_n = 0;
+  bool kv_major = false;
+  int64_t q_blocks = 0, k_blocks = 0, outer = 0, mask_batch = 1, mask_heads = 1;
+  std::array<int64_t, 4> cls_sizes{}, cls_strides{}, idx_sizes{}, idx_strides{};
+  std::array<int64_t, 3> num_sizes{}, num_strides{};
+  size_t num_at = 0, idx_at = 0, full_num_at = 0, full_idx_at = 0, cls_at = 0, end = 0;  // byte offsets in the workspace
+  int device = 0;
+
+  runtime::TensorView classes(uint64_t base) const { return view(base + cls_at, ir::DType::u8, cls_sizes, cls_strides); }
+  runtime::TensorView num(uint64_t base) const { return view(base + num_at, ir::DType::i32, num_sizes, num_strides); }
+  runtime::TensorView indices(uint64_t base) const { return view(base + idx_at, ir::DType::i32, idx_sizes, idx_strides); }
+  runtime::TensorView full_num(uint64_t base) const { return view(base + full_num_at, ir::DType::i32, num_sizes, num_strides); }
+  runtime::TensorView full_indices(uint64_t base) const { return view(base + full_idx_at, ir::DType::i32, idx_sizes, idx_strides); }
+
+ private:
+  template <size_t N>
+  runtime::TensorView view(uint64_t address, ir::DType t, const std::array<int64_t, N>& sizes, const std::array<int64_t, N>& strides) const {
+    return runtime::TensorView{t, std::span<const int64_t>(sizes), std::span<const int64_t>(strides), address, device};
+  }
+};
+
 // The shape of one call, worked out by the checks.
 struct Dims {
   bool varlen = false;
@@ -99,11 +125,194 @@ struct Dims {
   uint32_t keep_threshold = 256;  // kernels::dropout_keep_threshold(dropout_p)
   bool return_mask = false;     // forward: options.dropout_mask
   bool read_bits = false;       // options.dropout_bits (forward, dK/dV, dQ)
+  // options.mask: full and causal fold into `causal`; `mask` is a library kind (MASK meta) or full
+  bool causal = false;          // options.causal or mask kind causal
+  kernels::MaskKind mask = kernels::MaskKind::full;
+  bool lists = false;           // the mask needs the pre-pass (no tile intervals)
+  int64_t mask_batch = 1, mask_heads = 1;  // the pre-pass grid's Bm, Hm: the mask tensor's extents
+  PrePassLists fwd_lists, dkdv_lists, dq_lists;  // when `lists` (the backward's after Delta)
 };
+
+// A kind other than full and causal: the kernels' MASK meta (full and causal are CAUSAL's paths).
+bool library_mask(kernels::MaskKind k) { return k != kernels::MaskKind::full && k != kernels::MaskKind::causal; }
 
 bool declares(Pass p, const char* meta);
 
 std::string group_name(bool backward) { return backward ? "q, k, v, o, do, dq, dk, dv" : "q, k, v, o"; }
+
+Schedule schedule_for(Pass p, const Tensor& q, const Dims& d, const Options& opts);
+
+void check_schedule(const Checker& c, const Options& opts) {
+  if (const auto& sch = opts.schedule) {
+    if (!is_pow2_in(sch->block_m, 16, 256) || !is_pow2_in(sch->block_n, 16, 256))
+      c.fail("options.schedule has block_m = {}, block_n = {}; both must be powers of two from 16 to 256", sch->block_m,
+             sch->block_n);
+    if (!is_pow2_in(sch->num_warps, 1, 16)) c.fail("options.schedule.num_warps = {}; valid: 1, 2, 4, 8, 16", sch->num_warps);
+    if (sch->stages < 1 || sch->stages > 8) c.fail("options.schedule.stages = {}; valid: 1 to 8", sch->stages);
+  }
+}
+
+// options.mask against the call: the kind, its integers (kernels::check_mask's rules), the tensors
+// the kind reads (dtype, rank, sizes, device, strides) and none it does not, and the kernels'
+// support. Nothing is read from device memory: tensor values are the caller's responsibility.
+void check_mask_option(const Checker& c, const Tensor& q, const Options& opts, Dims& d, bool backward) {
+  using kernels::MaskKind;
+  d.causal = opts.causal;
+  if (!opts.mask) return;
+  const Mask& m = *opts.mask;
+  const int kind = static_cast<int>(m.spec.kind);
+  if (kind < 0 || kind >= kernels::kMaskKindCount)
+    c.fail("options.mask.spec.kind = {} is not a mask kind; valid: {}", kind, kernels::mask_kind_list());
+  const MaskKind k = m.spec.kind;
+  const char* kname = kernels::mask_kind_name(k);
+  struct MaskTensor {
+    const char* name;
+    const std::optional<Tensor>* t;
+    bool read;
+    const char* readers;
+    ir::DType dtype;
+    int rank;
+    const char* layout;
+    uint64_t align;
+  };
+  const std::array<MaskTensor, 3> tensors{{
+      {"options.mask.doc_ids", &m.doc_ids, kernels::mask_uses_doc_ids(k), "document, causal_document, share_question, causal_blockwise",
+       ir::DType::i32, 2, "[B or 1, S_k]", 4},
+      {"options.mask.prefix_lengths", &m.prefix_lengths, k == MaskKind::prefix_lm, "prefix_lm", ir::DType::i32, 1, "[B]", 4},
+      {"options.mask.block_table", &m.block_table, k == MaskKind::block_sparse, "block_sparse", ir::DType::u8, 4,
+       "[B or 1, Hq or 1, cdiv(S_q, block_q), cdiv(S_k, block_k)]", 1},
+  }};
+  for (const MaskTensor& t : tensors) {
+    if (t.t->has_value() && !t.read) c.fail("{} is set but mask kind {} does not read it (read by: {})", t.name, kname, t.readers);
+    if (!t.t->has_value() && t.read) c.fail("{} is not set; mask kind {} needs it: {} {}", t.name, kname, ir::name(t.dtype), t.layout);
+  }
+  if (!library_mask(k)) {
+    d.causal = d.causal || k == MaskKind::causal;
+    return;
+  }
+  if (opts.causal)
+    c.fail("options.mask has kind {} and options.causal = true; a library mask does not combine with causal (the causal patterns are "
+           "kinds of their own: causal_sliding_window, causal_document, share_question, causal_blockwise; or causal alone)",
+           kname);
+  if (d.varlen)
+    c.fail("options.mask has kind {} with variable-length batches (options.cu_seqlens_q/k); library masks take dense batches only "
+           "(packed sequences are a document mask: options.mask.doc_ids)",
+           kname);
+  for (Pass p : {Pass::forward, Pass::bwd_dkdv, Pass::bwd_dq})
+    if ((p == Pass::forward || backward) && !declares(p, "MASK"))
+      c.fail("options.mask has kind {}: this build's {} kernel has no MASK meta (library masks are not supported)", kname, name(p));
+  // kernels::check_mask's rules: all of them for the kinds without tensors; the others' tensor
+  // rules need host values, so their shapes are checked below and their integers here.
+  const kernels::MaskProblem pr{d.batch, d.heads_q, d.seq_q, d.seq_k};
+  try {
+    if (std::ranges::none_of(tensors, [](const MaskTensor& t) { return t.read; })) {
+      kernels::check_mask(m.spec, {}, pr);
+    } else {
+      kernels::mask_detail::check_extent(m.spec, "S_q", pr.s_q, 0, "a sequence length");
+      kernels::mask_detail::check_extent(m.spec, "S_k", pr.s_k, 0, "a sequence length");
+      if (k == MaskKind::block_sparse) {
+        kernels::mask_detail::check_extent(m.spec, "block_q", m.spec.block_q, 1, "the table's query rows per block");
+        kernels::mask_detail::check_extent(m.spec, "block_k", m.spec.block_k, 1, "the table's keys per block");
+      }
+    }
+  } catch (const std::invalid_argument& e) {
+    c.fail("options.mask.spec: {}", e.what());
+  }
+  for (const MaskTensor& t : tensors) {
+    if (!t.read) continue;
+    const Tensor& x = **t.t;
+    if (x.dtype != t.dtype) c.fail("{} has dtype {}; it must be {} {}", t.name, ir::name(x.dtype), ir::name(t.dtype), t.layout);
+    c.tensor(t.name, x, t.rank, t.layout, t.align);
+    c.same_device(t.name, x, q);
+  }
+  if (m.doc_ids) {
+    const Tensor& x = *m.doc_ids;
+    if ((x.size(0) != 1 && x.size(0) != d.batch) || x.size(1) != d.seq_k)
+      c.fail("options.mask.doc_ids has sizes {} but must be [B or 1, S_k] = [{} or 1,{}] (a document id per key token)",
+             list(sizes_of(x)), d.batch, d.seq_k);
+    d.mask_batch = x.size(0);
+  }
+  if (m.prefix_lengths && m.prefix_lengths->size(0) != d.batch)
+    c.fail("options.mask.prefix_lengths has sizes {} but must be [B] = [{}] (one prefix length per batch row)",
+           list(sizes_of(*m.prefix_lengths)), d.batch);
+  if (m.block_table) {
+    const Tensor& x = *m.block_table;
+    const int64_t nq = lang::cdiv(d.seq_q, m.spec.block_q), nk = lang::cdiv(d.seq_k, m.spec.block_k);
+    if ((x.size(0) != 1 && x.size(0) != d.batch) || (x.size(1) != 1 && x.size(1) != d.heads_q) || x.size(2) != nq || x.size(3) != nk)
+      c.fail("options.mask.block_table has sizes {} but must be [B or 1, Hq or 1, cdiv(S_q, block_q), cdiv(S_k, block_k)] = "
+             "[{} or 1,{} or 1,{},{}] (block_q = {}, block_k = {}, S_q = {}, S_k = {})",
+             list(sizes_of(x)), d.batch, d.heads_q, nq, nk, m.spec.block_q, m.spec.block_k, d.seq_q, d.seq_k);
+    d.mask_batch = x.size(0);
+    d.mask_heads = x.size(1);
+  }
+  d.mask = k;
+  d.lists = !kernels::mask_has_tile_intervals(k);
+}
+
+size_t round_up_256(size_t n) { return (n + 255) / 256 * 256; }
+
+// Where one pre-pass run's outputs go, from byte `offset` of the workspace: the lists of the
+// kernel with schedule `s` (kv_major: per key tile, for dK/dV), for the mask's Bm x Hm.
+PrePassLists plan_lists(const Checker& c, const Dims& d, const Schedule& s, bool kv_major, size_t offset, int device) {
+  PrePassLists l;
+  l.block_m = s.block_m;
+  l.block_n = s.block_n;
+  l.kv_major = kv_major;
+  l.device = device;
+  l.q_blocks = lang::cdiv(d.seq_q, s.block_m);
+  l.k_blocks = lang::cdiv(d.seq_k, s.block_n);
+  l.outer = kv_major ? l.k_blocks : l.q_blocks;
+  l.mask_batch = d.mask_batch;
+  l.mask_heads = d.mask_heads;
+  const int64_t inner = kv_major ? l.q_blocks : l.k_blocks, bh = d.mask_batch * d.mask_heads;
+  // (sizes up to 2^29 per dim: the product can overflow 64 bits; refuse anything near)
+  if (static_cast<double>(bh) * static_cast<double>(l.outer) * static_cast<double>(inner) > 0x1p56)
+    c.fail("options.mask: the block-mask lists at {}x{} tiles would hold {} x {} x {} entries, more than 2^56", s.block_m, s.block_n, bh,
+           l.outer, inner);
+  l.cls_sizes = {d.mask_batch, d.mask_heads, l.q_blocks, l.k_blocks};
+  l.cls_strides = {d.mask_heads * l.q_blocks * l.k_blocks, l.q_blocks * l.k_blocks, l.k_blocks, 1};
+  l.idx_sizes = {d.mask_batch, d.mask_heads, l.outer, inner};
+  l.idx_strides = {d.mask_heads * l.outer * inner, l.outer * inner, inner, 1};
+  l.num_sizes = {d.mask_batch, d.mask_heads, l.outer};
+  l.num_strides = {d.mask_heads * l.outer, l.outer, 1};
+  const size_t num_bytes = round_up_256(static_cast<size_t>(bh * l.outer) * 4);
+  const size_t idx_bytes = round_up_256(static_cast<size_t>(bh * l.outer * inner) * 4);
+  l.num_at = round_up_256(offset);
+  l.idx_at = l.num_at + num_bytes;
+  l.full_num_at = l.idx_at + idx_bytes;
+  l.full_idx_at = l.full_num_at + num_bytes;
+  l.cls_at = l.full_idx_at + idx_bytes;
+  l.end = l.cls_at + round_up_256(static_cast<size_t>(bh * l.q_blocks * l.k_blocks));
+  return l;
+}
+
+size_t delta_bytes(const Dims& d) {
+  const int64_t n = d.varlen ? d.heads_q * d.total_q : d.batch * d.heads_q * d.seq_q;
+  return round_up_256(static_cast<size_t>(n) * 4);
+}
+
+// The pre-pass lists of a checked call (opts.mask of a kind without tile intervals): the
+// forward's at offset 0 of its workspace; the backward's after Delta, dK/dV's then dQ's.
+void plan_all_lists(const Checker& c, const Tensor& q, const Options& opts, Dims& d, bool backward) {
+  if (!d.lists) return;
+  if (!backward) {
+    d.fwd_lists = plan_lists(c, d, schedule_for(Pass::forward, q, d, opts), false, 0, q.device);
+    return;
+  }
+  d.dkdv_lists = plan_lists(c, d, schedule_for(Pass::bwd_dkdv, q, d, opts), true, delta_bytes(d), q.device);
+  d.dq_lists = plan_lists(c, d, schedule_for(Pass::bwd_dq, q, d, opts), false, d.dkdv_lists.end, q.device);
+}
+
+size_t forward_bytes(const Dims& d) { return d.lists ? d.fwd_lists.end : 0; }
+size_t backward_bytes(const Dims& d) { return d.lists ? d.dq_lists.end : delta_bytes(d); }
+
+void check_workspace(const Checker& c, const Workspace& ws, size_t need, const char* sizer) {
+  if (ws.data == 0 && ws.bytes != 0) c.fail("workspace has {} bytes but a null pointer", ws.bytes);
+  if (ws.data != 0) {
+    if (ws.data % kAlign != 0) c.fail("workspace address {:#x} is not a multiple of {} bytes", ws.data, kAlign);
+    if (ws.bytes < need) c.fail("workspace has {} bytes; this call needs {} ({})", ws.bytes, need, sizer);
+  }
+}
 
 Dims check_common(const Checker& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                   const Options& opts, bool backward) {
@@ -193,13 +402,7 @@ Dims check_common(const Checker& c, const Tensor& q, const Tensor& k, const Tens
   d.scale = opts.softmax_scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim))));
   if (!std::isfinite(d.scale)) c.fail("options.softmax_scale = {} is not finite", d.scale);
 
-  if (const auto& sch = opts.schedule) {
-    if (!is_pow2_in(sch->block_m, 16, 256) || !is_pow2_in(sch->block_n, 16, 256))
-      c.fail("options.schedule has block_m = {}, block_n = {}; both must be powers of two from 16 to 256", sch->block_m,
-             sch->block_n);
-    if (!is_pow2_in(sch->num_warps, 1, 16)) c.fail("options.schedule.num_warps = {}; valid: 1, 2, 4, 8, 16", sch->num_warps);
-    if (sch->stages < 1 || sch->stages > 8) c.fail("options.schedule.stages = {}; valid: 1 to 8", sch->stages);
-  }
+  check_schedule(c, opts);
   if (d.varlen && !varlen_supported(backward))
     c.fail("variable-length batches (options.cu_seqlens_q/k) are not supported by this build's {} kernels (no VARLEN meta)",
            backward ? "backward" : "forward");
@@ -244,12 +447,9 @@ Dims check_common(const Checker& c, const Tensor& q, const Tensor& k, const Tens
       c.fail("options.dropout_bits has sizes {} but must be [B * Hq, S_q, cdiv(S_k, 32)] = {}", list(sizes_of(m)), list(want));
     d.read_bits = true;
   }
+  check_mask_option(c, q, opts, d, backward);
+  plan_all_lists(c, q, opts, d, backward);
   return d;
-}
-
-size_t workspace_bytes(const Dims& d) {
-  const int64_t n = d.varlen ? d.heads_q * d.total_q : d.batch * d.heads_q * d.seq_q;
-  return (static_cast<size_t>(n) * 4 + 255) / 256 * 256;
 }
 
 Dims check_backward_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_,
@@ -272,12 +472,7 @@ Dims check_backward_dims(const Tensor& q, const Tensor& k, const Tensor& v, cons
     c.same_device(name, *t, q);
     c.same_sizes(name, *t, ref_name, *ref);
   }
-  if (ws.data == 0 && ws.bytes != 0) c.fail("workspace has {} bytes but a null pointer", ws.bytes);
-  if (ws.data != 0) {
-    if (ws.data % kAlign != 0) c.fail("workspace address {:#x} is not a multiple of {} bytes", ws.data, kAlign);
-    const size_t need = workspace_bytes(d);
-    if (ws.bytes < need) c.fail("workspace has {} bytes; this call needs {} (backward_workspace_bytes)", ws.bytes, need);
-  }
+  check_workspace(c, ws, backward_bytes(d), "backward_workspace_bytes");
   return d;
 }
 
@@ -327,9 +522,10 @@ struct Config {
   Schedule sch;
   int device;
   bool dropout = false, return_mask = false, read_bits = false;
+  int mask = 0;  // the MASK meta: a library kernels::MaskKind (not full or causal: those are `causal`), 0 = none
   auto key() const {
     return std::tuple(static_cast<int>(pass), static_cast<int>(dtype), head_dim, causal, varlen, sch.block_m, sch.block_n,
-                      sch.num_warps, sch.stages, device, dropout, return_mask, read_bits);
+                      sch.num_warps, sch.stages, device, dropout, return_mask, read_bits, mask);
   }
   bool operator<(const Config& o) const { return key() < o.key(); }
 };
@@ -343,6 +539,8 @@ lang::Meta meta_of(const Config& c) {
   if (c.dropout) all.emplace_back("DROPOUT", true);
   if (c.return_mask) all.emplace_back("RETURN_MASK", true);
   if (c.read_bits) all.emplace_back("DROPOUT_BITS", true);
+  // MASK only for library masks: full and causal keep the kernels (and cache entries) without it
+  if (c.mask != 0) all.emplace_back("MASK", c.mask);
   lang::Meta used;
   for (auto& m : all)
     if (declares(c.pass, m.first.c_str())) used.push_back(std::move(m));
@@ -367,9 +565,28 @@ Function& function_for(const Config& c) {
   return *slot;
 }
 
+// The attention_block_mask pre-pass for one kernel's lists (its tiles and order) and mask kind,
+// per device, created once (the same documented cache as function_for). 8 warps for 128 x 128
+// tiles (each iteration evaluates a [128, 128] tile; 4 warps spill), 4 below.
+Function& block_mask_function(const PrePassLists& l, kernels::MaskKind kind) {
+  static std::mutex mu;
+  static std::map<std::tuple<int64_t, int64_t, bool, int, int>, std::unique_ptr<Function>> cache;
+  std::lock_guard lock(mu);
+  auto& slot = cache[{l.block_m, l.block_n, l.kv_major, static_cast<int>(kind), l.device}];
+  if (!slot) {
+    jit::CompileOptions o;
+    o.num_warps = l.block_m * l.block_n >= 128 * 128 ? 8 : 4;
+    o.pipeline.stages = 2;
+    const lang::Meta meta{
+        {"BLOCK_M", l.block_m}, {"BLOCK_N", l.block_n}, {"KV_MAJOR", l.kv_major}, {"MASK", static_cast<int>(kind)}};
+    slot = std::make_unique<Function>(kernels::attention_block_mask(), meta, o, l.device);
+  }
+  return *slot;
+}
+
 Schedule schedule_for(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
   return opts.schedule ? *opts.schedule
-                       : default_schedule(p, q.dtype, static_cast<int>(d.head_dim), opts.causal, opts.cu_seqlens_q.has_value());
+                       : default_schedule(p, q.dtype, static_cast<int>(d.head_dim), d.causal, opts.cu_seqlens_q.has_value());
 }
 
 // The tensors and scalars of one call by normalised parameter name (lower case, no '_').
@@ -514,8 +731,16 @@ bool dropout_supported() {
   return !backward_available() || (declares(Pass::bwd_dkdv, "DROPOUT") && declares(Pass::bwd_dq, "DROPOUT"));
 }
 
-void check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts) {
-  check_common(Checker("forward"), q, k, v, o, lse, opts, false);
+bool masks_supported() {
+  if (!declares(Pass::forward, "MASK")) return false;
+  return !backward_available() || (declares(Pass::bwd_dkdv, "MASK") && declares(Pass::bwd_dq, "MASK"));
+}
+
+void check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts,
+                   Workspace workspace) {
+  const Checker c("forward");
+  const Dims d = check_common(c, q, k, v, o, lse, opts, false);
+  check_workspace(c, workspace, forward_bytes(d), "forward_workspace_bytes");
 }
 
 void check_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
@@ -523,18 +748,48 @@ void check_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   check_backward_dims(q, k, v, o, do_, lse, dq, dk, dv, opts, workspace);
 }
 
-size_t backward_workspace_bytes(const Tensor& q, const Options& opts) {
+namespace {
+
+// What the workspace sizes depend on, from q (and k, when given) alone: the batch, heads and
+// sequence lengths, opts.schedule and opts.mask (checked against them as forward/backward do).
+Dims workspace_dims(const char* fn, const Tensor& q, const Tensor* k, const Options& opts, bool backward) {
+  const Checker c(fn);
   const bool varlen = opts.cu_seqlens_q.has_value();
+  const int rank = varlen ? 3 : 4;
+  if (q.rank != rank) c.fail("q must be rank {}, got {}", rank, q.describe());
+  if (k && k->rank != rank) c.fail("k must be rank {}, got {}", rank, k->describe());
   Dims d;
   d.varlen = varlen;
-  if (q.rank != (varlen ? 3 : 4))
-    throw std::invalid_argument(fmt::format("tilejit::attention::backward_workspace_bytes: q must be rank {}, got {}", varlen ? 3 : 4,
-                                            q.describe()));
   d.heads_q = q.size(varlen ? 1 : 2);
+  d.head_dim = q.size(rank - 1);
   d.total_q = q.size(0);
   d.batch = q.size(0);
   d.seq_q = varlen ? 0 : q.size(1);
-  return workspace_bytes(d);
+  d.seq_k = k && !varlen ? k->size(1) : 0;
+  if (!k && opts.mask) {
+    const int kind = static_cast<int>(opts.mask->spec.kind);
+    if (kind >= 0 && kind < kernels::kMaskKindCount && !kernels::mask_has_tile_intervals(opts.mask->spec.kind))
+      c.fail("options.mask has kind {}, whose block-mask lists depend on S_k: call backward_workspace_bytes(q, k, opts)",
+             kernels::mask_kind_name(opts.mask->spec.kind));
+  }
+  check_schedule(c, opts);
+  check_mask_option(c, q, opts, d, backward);
+  plan_all_lists(c, q, opts, d, backward);
+  return d;
+}
+
+}  // namespace
+
+size_t forward_workspace_bytes(const Tensor& q, const Tensor& k, const Options& opts) {
+  return forward_bytes(workspace_dims("forward_workspace_bytes", q, &k, opts, false));
+}
+
+size_t backward_workspace_bytes(const Tensor& q, const Options& opts) {
+  return backward_bytes(workspace_dims("backward_workspace_bytes", q, nullptr, opts, true));
+}
+
+size_t backward_workspace_bytes(const Tensor& q, const Tensor& k, const Options& opts) {
+  return backward_bytes(workspace_dims("backward_workspace_bytes", q, &k, opts, true));
 }
 
 namespace {
@@ -565,64 +820,158 @@ void bind_common(Bindings& b, const Tensor& q, const Tensor& k, const Tensor& v,
   if (d.read_bits) b.add("dropoutbits", opts.dropout_bits->view());
 }
 
+// A library mask's own parameters (kernels::mask_parameter_names), for the attention kernels and
+// the pre-pass alike; the integers were checked to fit (<= 2^29).
+void bind_mask(Bindings& b, const Options& opts, const Dims& d) {
+  if (!library_mask(d.mask)) return;
+  const Mask& m = *opts.mask;
+  for (const std::string& n : kernels::mask_parameter_names(d.mask)) {
+    const std::string key = normalise(n);
+    if (n == "mask_window_left") b.add(key, static_cast<int32_t>(m.spec.window_left));
+    else if (n == "mask_window_right") b.add(key, static_cast<int32_t>(m.spec.window_right));
+    else if (n == "mask_global_tokens") b.add(key, static_cast<int32_t>(m.spec.global_tokens));
+    else if (n == "mask_block_q") b.add(key, static_cast<int32_t>(m.spec.block_q));
+    else if (n == "mask_block_k") b.add(key, static_cast<int32_t>(m.spec.block_k));
+    else if (n == "mask_doc_ids") b.add(key, m.doc_ids->view());
+    else if (n == "mask_prefix_lengths") b.add(key, m.prefix_lengths->view());
+    else if (n == "mask_block_table") b.add(key, m.block_table->view());
+    else throw std::logic_error(fmt::format("tilejit::attention: mask parameter '{}' the API does not bind", n));
+  }
+}
+
+// The four lists a kernel reads (kv_* per query tile, KV_MAJOR q_* per key tile), at `base`.
+void bind_lists(Bindings& b, const PrePassLists& l, uint64_t base) {
+  const char* prefix = l.kv_major ? "q" : "kv";
+  b.add(fmt::format("{}numblocks", prefix), l.num(base));
+  b.add(fmt::format("{}indices", prefix), l.indices(base));
+  b.add(fmt::format("full{}numblocks", prefix), l.full_num(base));
+  b.add(fmt::format("full{}indices", prefix), l.full_indices(base));
+}
+
+// One attention_block_mask run: its Function, grid (nOuter, Hm, Bm) and arguments.
+struct PrePass {
+  Function* fn = nullptr;
+  runtime::Grid grid;
+  Bindings b;
+};
+PrePass pre_pass(const PrePassLists& l, const Options& opts, const Dims& d, uint64_t base) {
+  PrePass p{&block_mask_function(l, d.mask), runtime::Grid{l.outer, l.mask_heads, l.mask_batch}, {}};
+  p.b.add("blockclasses", l.classes(base));
+  bind_lists(p.b, l, base);
+  p.b.add("sq", static_cast<int32_t>(d.seq_q));
+  p.b.add("sk", static_cast<int32_t>(d.seq_k));
+  bind_mask(p.b, opts, d);
+  return p;
+}
+
 Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
-  return Config{p,        q.dtype,   static_cast<int>(d.head_dim), opts.causal, d.varlen, schedule_for(p, q, d, opts),
-                q.device, d.dropout && declares(p, "DROPOUT"), p == Pass::forward && d.return_mask,
-                d.read_bits && declares(p, "DROPOUT_BITS")};
+  return Config{p,
+                q.dtype,
+                static_cast<int>(d.head_dim),
+                d.causal,
+                d.varlen,
+                schedule_for(p, q, d, opts),
+                q.device,
+                d.dropout && declares(p, "DROPOUT"),
+                p == Pass::forward && d.return_mask,
+                d.read_bits && declares(p, "DROPOUT_BITS"),
+                library_mask(d.mask) && declares(p, "MASK") ? static_cast<int>(d.mask) : 0};
+}
+
+// Where the launches' scratch arrays point before the workspace exists (the dry launches check
+// layouts, never memory): any aligned non-null address.
+constexpr uint64_t kPlaceholder = 256;
+
+void synchronize(CUstream stream) {
+  runtime::check_cu(runtime::Driver::get().api().StreamSynchronize(stream), "cuStreamSynchronize");
 }
 
 }  // namespace
 
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts,
-             CUstream stream) {
-  const Dims d = check_common(Checker("forward"), q, k, v, o, lse, opts, false);
+             CUstream stream, Workspace workspace) {
+  const Checker ch("forward");
+  const Dims d = check_common(ch, q, k, v, o, lse, opts, false);
+  check_workspace(ch, workspace, forward_bytes(d), "forward_workspace_bytes");
   const Config c = config(Pass::forward, q, d, opts);
   Function& fn = function_for(c);
-  Bindings b;
-  bind_common(b, q, k, v, o, lse, d, opts);
   const runtime::Grid grid{lang::cdiv(d.seq_q, c.sch.block_m), d.heads_q, d.batch};
+  // The launches at a workspace base: the pre-pass (masks without tile intervals), the forward.
+  const auto bind = [&](uint64_t base) {
+    Bindings b;
+    bind_common(b, q, k, v, o, lse, d, opts);
+    bind_mask(b, opts, d);
+    if (d.lists) bind_lists(b, d.fwd_lists, base);
+    return b;
+  };
+  Bindings b = bind(workspace.data ? workspace.data : kPlaceholder);
+  std::optional<PrePass> pre;
+  if (d.lists) pre = pre_pass(d.fwd_lists, opts, d, workspace.data ? workspace.data : kPlaceholder);
+  if (pre) launch(*pre->fn, pre->grid, stream, pre->b, true);
   launch(fn, grid, stream, b, true);
   require_gpu("forward", q.device);
+  runtime::DeviceBuffer owned;
+  if (d.lists && workspace.data == 0) {
+    owned = runtime::DeviceBuffer(forward_bytes(d), q.device);
+    b = bind(owned.ptr());
+    pre = pre_pass(d.fwd_lists, opts, d, owned.ptr());
+  }
+  if (pre) launch(*pre->fn, pre->grid, stream, pre->b, false);
   launch(fn, grid, stream, b, false);
+  if (owned.bytes() != 0) synchronize(stream);
 }
 
 void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
               const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts, CUstream stream, Workspace workspace) {
   const Dims d = check_backward_dims(q, k, v, o, do_, lse, dq, dk, dv, opts, workspace);
-  // Delta: f32 [B, Hq, S_q] (varlen [Hq, total_q]), contiguous, in the workspace.
+  // Delta: f32 [B, Hq, S_q] (varlen [Hq, total_q]), contiguous, at the start of the workspace.
   const std::array<int64_t, 3> dsizes = d.varlen ? std::array<int64_t, 3>{d.heads_q, d.total_q, 0}
                                                  : std::array<int64_t, 3>{d.batch, d.heads_q, d.seq_q};
   const std::array<int64_t, 3> dstrides = d.varlen ? std::array<int64_t, 3>{d.total_q, 1, 0}
                                                    : std::array<int64_t, 3>{d.heads_q * d.seq_q, d.seq_q, 1};
   const size_t drank = d.varlen ? 2 : 3;
-  runtime::TensorView delta{ir::DType::f32, std::span<const int64_t>(dsizes.data(), drank),
-                            std::span<const int64_t>(dstrides.data(), drank), workspace.data ? workspace.data : kAlign, q.device};
-  Bindings b;
-  bind_common(b, q, k, v, o, lse, d, opts);
-  b.add("do", do_.view());
-  b.add("dq", dq.view());
-  b.add("dk", dk.view());
-  b.add("dv", dv.view());
-  b.add("delta", delta);
-
+  // The launches at a workspace base: preprocess, [pre-pass at dK/dV's tiles], dK/dV, [pre-pass at
+  // dQ's tiles], dQ.
+  const auto bind = [&](uint64_t base) {
+    Bindings b;
+    bind_common(b, q, k, v, o, lse, d, opts);
+    b.add("do", do_.view());
+    b.add("dq", dq.view());
+    b.add("dk", dk.view());
+    b.add("dv", dv.view());
+    b.add("delta", runtime::TensorView{ir::DType::f32, std::span<const int64_t>(dsizes.data(), drank),
+                                       std::span<const int64_t>(dstrides.data(), drank), base, q.device});
+    bind_mask(b, opts, d);
+    if (d.lists) {
+      bind_lists(b, d.dkdv_lists, base);
+      bind_lists(b, d.dq_lists, base);
+    }
+    return b;
+  };
   const Config pre = config(Pass::bwd_preprocess, q, d, opts), kv = config(Pass::bwd_dkdv, q, d, opts),
                dqc = config(Pass::bwd_dq, q, d, opts);
-  const std::array<std::pair<Function*, runtime::Grid>, 3> steps{{
-      {&function_for(pre), runtime::Grid{lang::cdiv(d.seq_q, pre.sch.block_m), d.heads_q, d.batch}},
-      {&function_for(kv), runtime::Grid{lang::cdiv(d.seq_k, kv.sch.block_n), d.heads_kv, d.batch}},
-      {&function_for(dqc), runtime::Grid{lang::cdiv(d.seq_q, dqc.sch.block_m), d.heads_q, d.batch}},
-  }};
-  for (const auto& [fn, grid] : steps) launch(*fn, grid, stream, b, true);
+  Function &pre_fn = function_for(pre), &kv_fn = function_for(kv), &dq_fn = function_for(dqc);
+  const runtime::Grid pre_grid{lang::cdiv(d.seq_q, pre.sch.block_m), d.heads_q, d.batch},
+      kv_grid{lang::cdiv(d.seq_k, kv.sch.block_n), d.heads_kv, d.batch}, dq_grid{lang::cdiv(d.seq_q, dqc.sch.block_m), d.heads_q, d.batch};
+  const auto run = [&](uint64_t base, bool dry) {
+    const Bindings b = bind(base);
+    std::optional<PrePass> kv_lists, dq_lists;
+    if (d.lists) {
+      kv_lists = pre_pass(d.dkdv_lists, opts, d, base);
+      dq_lists = pre_pass(d.dq_lists, opts, d, base);
+    }
+    launch(pre_fn, pre_grid, stream, b, dry);
+    if (kv_lists) launch(*kv_lists->fn, kv_lists->grid, stream, kv_lists->b, dry);
+    launch(kv_fn, kv_grid, stream, b, dry);
+    if (dq_lists) launch(*dq_lists->fn, dq_lists->grid, stream, dq_lists->b, dry);
+    launch(dq_fn, dq_grid, stream, b, dry);
+  };
+  run(workspace.data ? workspace.data : kPlaceholder, true);
   require_gpu("backward", q.device);
   runtime::DeviceBuffer owned;
-  if (workspace.data == 0) {
-    owned = runtime::DeviceBuffer(workspace_bytes(d), q.device);
-    delta.address = owned.ptr();
-    b.set("delta", delta);
-  }
-  for (const auto& [fn, grid] : steps) launch(*fn, grid, stream, b, false);
-  if (owned.bytes() != 0)
-    runtime::check_cu(runtime::Driver::get().api().StreamSynchronize(stream), "cuStreamSynchronize");
+  if (workspace.data == 0) owned = runtime::DeviceBuffer(backward_bytes(d), q.device);
+  run(workspace.data ? workspace.data : owned.ptr(), false);
+  if (owned.bytes() != 0) synchronize(stream);
 }
 
 void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k, const Options& opts,
@@ -684,11 +1033,34 @@ void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, i
 
 void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen, bool backward, std::optional<Schedule> schedule,
              int device, bool dropout) {
+  prepare(dtype, head_dim, causal ? kernels::MaskKind::causal : kernels::MaskKind::full, varlen, backward, schedule, device, dropout);
+}
+
+void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen, bool backward, std::optional<Schedule> schedule,
+             int device, bool dropout) {
+  const Checker c("prepare");
+  if (static_cast<int>(mask) < 0 || static_cast<int>(mask) >= kernels::kMaskKindCount)
+    c.fail("mask = {} is not a mask kind; valid: {}", static_cast<int>(mask), kernels::mask_kind_list());
+  if (library_mask(mask) && varlen)
+    c.fail("mask {} with varlen = true: library masks take dense batches only", kernels::mask_kind_name(mask));
+  const bool causal = mask == kernels::MaskKind::causal;
+  const int lib = library_mask(mask) ? static_cast<int>(mask) : 0;
   std::vector<Pass> passes{Pass::forward};
   if (backward) passes.insert(passes.end(), {Pass::bwd_preprocess, Pass::bwd_dkdv, Pass::bwd_dq});
   for (Pass p : passes) {
     const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen);
-    function_for(Config{p, dtype, head_dim, causal, varlen, s, device, dropout && declares(p, "DROPOUT")}).compiled();
+    function_for(Config{p, dtype, head_dim, causal, varlen, s, device, dropout && declares(p, "DROPOUT"), false, false,
+                        lib != 0 && declares(p, "MASK") ? lib : 0})
+        .compiled();
+    // the pre-pass at this kernel's tiles (the preprocess reads no lists)
+    if (lib != 0 && !kernels::mask_has_tile_intervals(mask) && p != Pass::bwd_preprocess) {
+      PrePassLists l;
+      l.block_m = s.block_m;
+      l.block_n = s.block_n;
+      l.kv_major = p == Pass::bwd_dkdv;
+      l.device = device;
+      block_mask_function(l, mask).compiled();
+    }
   }
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "dsl/ir/type.hpp"
+#include "kernels/attention_mask_host.hpp"
 #include "runtime/gpu_kernel.hpp"
 
 namespace tilejit::attention {
@@ -59,6 +60,24 @@ const char* name(Pass p);  // the kernel's name: "attention_fwd", "attention_bwd
 // backward).
 Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal, bool varlen = false);
 
+// A library attention mask (kernels/attention_mask_host.hpp defines every pattern, bottom-right
+// aligned when S_q != S_k like causal): the kind and its integers in `spec` (MaskSpec::
+// sliding_window(w), ::document(), ::block_sparse(bq, bk), ...; fields a kind does not use are
+// ignored) and the device tensors the kind reads (a tensor its kind does not read is an error):
+//   doc_ids         i32 [B or 1, S_k]: document/segment id of each key token (document,
+//                   causal_document, share_question, causal_blockwise); any values
+//   prefix_lengths  i32 [B] (prefix_lm); values must be >= 0 (not read on the host: the caller's
+//                   responsibility, like cu_seqlens)
+//   block_table     u8 [B or 1, Hq or 1, cdiv(S_q, block_q), cdiv(S_k, block_k)] (block_sparse;
+//                   != 0 = attend), per query head when its head extent is Hq
+// Each unit stride on its last dim, on q's device. Kinds full and causal are the unmasked and the
+// causal path (kind causal is exactly options.causal = true); any other kind is dense batches only
+// and does not combine with options.causal.
+struct Mask {
+  kernels::MaskSpec spec;
+  std::optional<Tensor> doc_ids, prefix_lengths, block_table;
+};
+
 struct Options {
   // Multiplies QK^T before the softmax; unset: 1 / sqrt(head_dim). Must be finite.
   std::optional<float> softmax_scale;
@@ -94,6 +113,12 @@ struct Options {
   // so the outputs are identical either way, and a forward may read it while its backward
   // regenerates (or the other way round). Needs dropout_p > 0.
   std::optional<Tensor> dropout_bits;
+  // A library mask (see Mask). Kinds whose allowed blocks are not intervals (document,
+  // causal_document, share_question, causal_blockwise, block_sparse) first run the
+  // attention_block_mask pre-pass on the GPU, once per kernel that reads its lists (forward: 1,
+  // backward: 2, each at that kernel's tiles), into the workspace (forward_workspace_bytes,
+  // backward_workspace_bytes); the other kinds classify tiles in the kernels themselves.
+  std::optional<Mask> mask;
 };
 
 // Writes the packed dropout keep-mask of an attention call with these options (opts.dropout_p,
@@ -108,7 +133,9 @@ struct Options {
 void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k, const Options& opts,
                            CUstream stream = nullptr, int programs = 0);
 
-// Scratch memory of the backward (Delta = rowsum(dO * O), f32 [B, Hq, S_q] or [Hq, total_q]).
+// Scratch memory: the backward's Delta (rowsum(dO * O), f32 [B, Hq, S_q] or [Hq, total_q]) and,
+// for masks without tile intervals, the block-mask pre-pass's lists (forward and backward).
+// A call writes and reads it on its stream only: the next call on that stream may reuse it.
 struct Workspace {
   uint64_t data = 0;  // 16-byte aligned device memory on q's device; 0: allocate per call
   size_t bytes = 0;
@@ -122,24 +149,37 @@ struct Workspace {
 // compiles (memory, disk and JIT caches; thread-safe), later calls only check and launch.
 // Throws std::invalid_argument naming the function, argument, value and what is valid (before
 // anything runs or compiles), runtime::DeviceError without a GPU or for driver failures.
+// `workspace` holds the block-mask lists of opts.mask (forward_workspace_bytes; 0 bytes without a
+// mask or for kinds with tile intervals, and then unused); without one such a call allocates them
+// and synchronizes `stream` before freeing them.
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
-             const Options& opts = {}, CUstream stream = nullptr);
+             const Options& opts = {}, CUstream stream = nullptr, Workspace workspace = {});
+// Bytes the forward's workspace needs: the attention_block_mask lists at the forward's tiles
+// (opts.mask of a kind without tile intervals: 4 * Bm * Hm * nQB * (2 + 2 * nKB) + Bm * Hm * nQB *
+// nKB, each of the five arrays rounded up to 256; Bm, Hm the mask tensor's batch and head extents,
+// nQB = cdiv(S_q, BLOCK_M), nKB = cdiv(S_k, BLOCK_N)), else 0. Checks opts.mask against q and k.
+size_t forward_workspace_bytes(const Tensor& q, const Tensor& k, const Options& opts = {});
 
 // dQ, dK, dV from dO and the forward's O and LSE (same options as the forward). dq like q, dk and
 // dv like k (written, not accumulated: GQA groups are summed inside the kernel); do_ like o.
-// `workspace` holds Delta: size it with backward_workspace_bytes (a framework passes one from
-// its caching allocator); without one the call allocates it and synchronizes `stream` before
-// freeing it.
+// `workspace` holds Delta (and a mask's block lists): size it with backward_workspace_bytes (a
+// framework passes one from its caching allocator); without one the call allocates it and
+// synchronizes `stream` before freeing it.
 void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_,
               const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts = {},
               CUstream stream = nullptr, Workspace workspace = {});
 // Bytes the backward's workspace needs for this q (and opts): 4 * B * Hq * S_q rounded up to 256
 // (variable-length batches, opts.cu_seqlens_q set and q [total_q, Hq, D]: 4 * Hq * total_q).
+// With opts.mask of a kind without tile intervals the lists' size depends on S_k: this overload
+// then throws std::invalid_argument; use the one with k.
 size_t backward_workspace_bytes(const Tensor& q, const Options& opts = {});
+// The same plus, for opts.mask of a kind without tile intervals, the pre-pass lists of dK/dV
+// (KV_MAJOR, at its tiles) and of dQ (at its tiles), sized as in forward_workspace_bytes.
+size_t backward_workspace_bytes(const Tensor& q, const Tensor& k, const Options& opts);
 
 // The argument checks of forward/backward alone (no GPU, nothing compiled): what both run first.
 void check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
-                   const Options& opts = {});
+                   const Options& opts = {}, Workspace workspace = {});
 void check_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_,
                     const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts = {},
                     Workspace workspace = {});
@@ -150,11 +190,17 @@ bool varlen_supported(bool backward);
 bool backward_available();
 // Whether the forward (and the backward kernels, when present) take dropout (the DROPOUT meta).
 bool dropout_supported();
+// Whether the forward (and the backward kernels, when present) take library masks (the MASK meta).
+bool masks_supported();
 
 // Compiles (or finds in the caches) every kernel a call with this configuration launches, without
 // a GPU; a framework calls it at start-up so the first step does not JIT. Thread-safe.
 // `dropout`: the kernels of calls with dropout_p > 0 (without a returned mask).
 void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen = false, bool backward = true,
+             std::optional<Schedule> schedule = {}, int device = 0, bool dropout = false);
+// The same for calls with a library mask of this kind (opts.mask; causal = MaskKind::causal, full
+// = no mask), with the pre-pass kernels of kinds without tile intervals.
+void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen = false, bool backward = true,
              std::optional<Schedule> schedule = {}, int device = 0, bool dropout = false);
 
 }  // namespace tilejit::attention

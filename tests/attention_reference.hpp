@@ -1,12 +1,15 @@
 // Float64 attention references shared by the attention suites: the forward (O, LSE) and the
 // backward (dQ, dK, dV, Delta) of the exact inputs, in either tensor layout, with grouped-query
 // heads, S_q != S_k and bottom-right causal alignment (rows that see no key: O = 0, LSE = -inf,
-// zero gradients).
+// zero gradients), and optionally a dense mask on top (a library mask as kernels::dense_mask writes
+// it: u8 [B, Hq, S_q, S_k], 1 = attend): a masked element contributes nothing, a row left with no
+// key is a row that sees no key.
 #pragma once
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -43,22 +46,29 @@ inline size_t flat_index(const tilejit::ir::Shape& sizes, const std::vector<int6
   return static_cast<size_t>(f);
 }
 
-// Probabilities of query row i of (b, h) over its visible keys (empty: no key), and the row's LSE.
+// A dense mask over [B, Hq, S_q, S_k], row-major, 1 = attend (kernels::dense_mask's layout).
+using DenseMask = std::vector<uint8_t>;
+
+// Probabilities of query row i of (b, h) over its visible keys [0, visible(i)) (masked keys: 0;
+// empty: no key), and the row's LSE.
 inline std::vector<double> attention_row(const AttentionCase& c, const tilejit::runtime::HostTensor& q,
                                          const tilejit::runtime::HostTensor& k, int b, int h, int i, double scale,
-                                         double& lse) {
+                                         double& lse, const DenseMask* mask = nullptr) {
   const int visible = c.visible(i), kh = c.kv_head(h);
+  const size_t row = flat_index({c.B, c.Hq, c.Sq}, {b, h, i}) * static_cast<size_t>(c.Sk);
+  auto allowed = [&](int j) { return !mask || (*mask)[row + static_cast<size_t>(j)] != 0; };
   std::vector<double> p(static_cast<size_t>(visible));
   lse = -INFINITY;
-  if (visible == 0) return p;
   double mx = -INFINITY, sum = 0;
   for (int j = 0; j < visible; ++j) {
+    if (!allowed(j)) continue;
     double dotv = 0;
     for (int d = 0; d < c.D; ++d) dotv += q.get(c.at(b, h, i, d)) * k.get(c.at(b, kh, j, d));
     p[static_cast<size_t>(j)] = dotv * scale;
     mx = std::max(mx, p[static_cast<size_t>(j)]);
   }
-  for (double& x : p) sum += (x = std::exp(x - mx));
+  if (mx == -INFINITY) return {};
+  for (int j = 0; j < visible; ++j) sum += (p[static_cast<size_t>(j)] = allowed(j) ? std::exp(p[static_cast<size_t>(j)] - mx) : 0.0);
   for (double& x : p) x /= sum;
   lse = mx + std::log(sum);
   return p;
@@ -71,7 +81,7 @@ struct AttentionForwardRef {
 
 inline AttentionForwardRef attention_forward_ref(const AttentionCase& c, const tilejit::runtime::HostTensor& q,
                                                  const tilejit::runtime::HostTensor& k, const tilejit::runtime::HostTensor& v,
-                                                 double scale) {
+                                                 double scale, const DenseMask* mask = nullptr) {
   AttentionForwardRef r;
   r.o.assign(static_cast<size_t>(q.numel()), 0.0);
   r.lse.assign(static_cast<size_t>(c.B) * static_cast<size_t>(c.Hq) * static_cast<size_t>(c.Sq), -INFINITY);
@@ -79,7 +89,7 @@ inline AttentionForwardRef attention_forward_ref(const AttentionCase& c, const t
     for (int h = 0; h < c.Hq; ++h)
       for (int i = 0; i < c.Sq; ++i) {
         double lse = 0;
-        std::vector<double> p = attention_row(c, q, k, b, h, i, scale, lse);
+        std::vector<double> p = attention_row(c, q, k, b, h, i, scale, lse, mask);
         r.lse[flat_index({c.B, c.Hq, c.Sq}, {b, h, i})] = lse;
         for (int d = 0; d < c.D; ++d) {
           double acc = 0;
@@ -97,7 +107,8 @@ struct AttentionBackwardRef {
 
 inline AttentionBackwardRef attention_backward_ref(const AttentionCase& c, const tilejit::runtime::HostTensor& q,
                                                    const tilejit::runtime::HostTensor& k, const tilejit::runtime::HostTensor& v,
-                                                   const tilejit::runtime::HostTensor& dout, double scale) {
+                                                   const tilejit::runtime::HostTensor& dout, double scale,
+                                                   const DenseMask* mask = nullptr) {
   AttentionBackwardRef r;
   r.dq.assign(static_cast<size_t>(q.numel()), 0.0);
   r.dk.assign(static_cast<size_t>(k.numel()), 0.0);
@@ -108,7 +119,7 @@ inline AttentionBackwardRef attention_backward_ref(const AttentionCase& c, const
       const int kh = c.kv_head(h);
       for (int i = 0; i < c.Sq; ++i) {
         double lse = 0;
-        std::vector<double> p = attention_row(c, q, k, b, h, i, scale, lse);
+        std::vector<double> p = attention_row(c, q, k, b, h, i, scale, lse, mask);
         if (p.empty()) continue;
         // O_i, Delta_i = dO_i . O_i, dP_ij = dO_i . v_j, dS_ij = P_ij (dP_ij - Delta_i)
         double delta = 0;

@@ -505,3 +505,290 @@ TEST_CASE("attention API: the schedule table covers every dtype, head dim and ma
   CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, 128, false) == Schedule{64, 128, 8, 2});
   CHECK(default_schedule(Pass::bwd_dq, DType::bf16, 128, true) == Schedule{128, 64, 8, 2});
 }
+
+// Library masks (Options::mask): the kind, its integers (kernels::check_mask's rules), the
+// tensors it reads (none it does not), combinations with causal and varlen, the workspace that
+// holds the pre-pass's lists; a valid masked call reaches the driver after the launch checks of
+// the pre-pass and of every kernel (all mask parameters and lists bound).
+namespace {
+
+using kernels::MaskKind;
+using kernels::MaskSpec;
+
+// The mask tensors of the Call shapes (B = 2, S_q = 100, S_k = 300, Hq = 8).
+Tensor doc_ids(int64_t rows = 2) { return contiguous(kBase + 0xe000000, DType::i32, {rows, 300}); }
+Tensor prefix_lengths() { return contiguous(kBase + 0xe100000, DType::i32, {2}); }
+// block_q = 64, block_k = 128: cdiv(100, 64) = 2 query blocks, cdiv(300, 128) = 3 key blocks
+Tensor block_table(int64_t batch = 1, int64_t heads = 8) { return contiguous(kBase + 0xe200000, DType::u8, {batch, heads, 2, 3}); }
+
+// A valid mask of every kind for the Call shapes.
+Mask valid_mask(MaskKind kind) {
+  Mask m;
+  switch (kind) {
+    case MaskKind::sliding_window: m.spec = MaskSpec::sliding_window(10, 20); break;
+    case MaskKind::causal_sliding_window: m.spec = MaskSpec::causal_sliding_window(64); break;
+    case MaskKind::global_sliding_window: m.spec = MaskSpec::global_sliding_window(16, 32, 0); break;
+    case MaskKind::prefix_lm: m.spec = MaskSpec::prefix_lm(), m.prefix_lengths = prefix_lengths(); break;
+    case MaskKind::block_sparse: m.spec = MaskSpec::block_sparse(64, 128), m.block_table = block_table(); break;
+    default:
+      m.spec.kind = kind;
+      if (kernels::mask_uses_doc_ids(kind)) m.doc_ids = doc_ids();
+  }
+  return m;
+}
+
+Call masked_call(MaskKind kind) {
+  Call c;
+  c.opts.mask = valid_mask(kind);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("attention API: masks, valid calls and the workspace") {
+  CHECK(masks_supported());
+  for (int kind = 0; kind < kernels::kMaskKindCount; ++kind) {
+    INFO("mask " << std::string(kernels::mask_kind_name(MaskKind(kind))));
+    Call c = masked_call(MaskKind(kind));
+    CHECK_NOTHROW(c.check_fwd());
+    if (backward_available()) CHECK_NOTHROW(c.check_bwd());
+    c.opts.dropout_p = 0.1;  // masks and dropout are independent
+    CHECK_NOTHROW(c.check_fwd());
+    if (backward_available()) CHECK_NOTHROW(c.check_bwd());
+    // interval kinds need no lists: nothing for the forward, Delta alone for the backward
+    if (kernels::mask_has_tile_intervals(MaskKind(kind))) {
+      CHECK(forward_workspace_bytes(c.q, c.k, c.opts) == 0);
+      CHECK(backward_workspace_bytes(c.q, c.opts) == 6400);
+      CHECK(backward_workspace_bytes(c.q, c.k, c.opts) == 6400);
+    }
+  }
+  // causal (or full) through the mask is the causal (unmasked) path, varlen included
+  Call c = masked_call(MaskKind::causal);
+  c.opts.causal = true;
+  CHECK_NOTHROW(c.check_fwd());
+  Call v = packed_call();
+  for (MaskKind kind : {MaskKind::full, MaskKind::causal}) {
+    v.opts.mask = Mask{MaskSpec{kind}, {}, {}, {}};
+    CHECK_NOTHROW(v.check_fwd());
+    if (backward_available()) CHECK_NOTHROW(v.check_bwd());
+  }
+  // broadcast extents: one document row for the batch, one table for every head (or per batch)
+  c = masked_call(MaskKind::document);
+  c.opts.mask->doc_ids = doc_ids(1);
+  CHECK_NOTHROW(c.check_fwd());
+  c = masked_call(MaskKind::block_sparse);
+  c.opts.mask->block_table = block_table(2, 1);
+  CHECK_NOTHROW(c.check_fwd());
+  // a zero row stride broadcasts too (no alignment rule broken)
+  c = masked_call(MaskKind::causal_blockwise);
+  c.opts.mask->doc_ids = strided(kBase + 0xe000000, DType::i32, {2, 300}, {0, 1});
+  CHECK_NOTHROW(c.check_fwd());
+
+  // Lists workspace (document ids [2, 300]: Bm = 2, Hm = 1). Forward at 128 x 128: nQB = 1,
+  // nKB = 3; five arrays of 8, 24, 8, 24 and 6 bytes, each rounded up to 256.
+  c = masked_call(MaskKind::document);
+  CHECK(forward_workspace_bytes(c.q, c.k, c.opts) == 1280);
+  // backward: Delta (2 * 8 * 100 * 4 = 6400), dK/dV's KV_MAJOR lists at 64 x 128 (3 x 2 blocks),
+  // dQ's at 128 x 64 (1 x 5): 1280 each
+  CHECK(backward_workspace_bytes(c.q, c.k, c.opts) == 6400 + 1280 + 1280);
+  CHECK(error_of([&] { (void)backward_workspace_bytes(c.q, c.opts); })
+            .find("tilejit::attention::backward_workspace_bytes: options.mask has kind document, whose block-mask lists depend on "
+                  "S_k: call backward_workspace_bytes(q, k, opts)") != std::string::npos);
+  // per-head tables: Bm = 1, Hm = 8; forward lists 8 * (4 + 12 + 4 + 12 + 3) bytes -> 5 x 256
+  c = masked_call(MaskKind::block_sparse);
+  CHECK(forward_workspace_bytes(c.q, c.k, c.opts) == 1280);
+  // a long sequence: S_q = S_k = 4096, one document row, forward 128 x 128 tiles (32 x 32 blocks):
+  // 4 * 32 (x2) + 4 * 32 * 32 (x2) + 32 * 32 bytes -> 256 + 4096 + 256 + 4096 + 1024
+  {
+    Call l;
+    l.q = contiguous(kBase, DType::bf16, {1, 4096, 8, 64});
+    l.k = contiguous(kBase + 0x1000000, DType::bf16, {1, 4096, 2, 64});
+    l.opts.mask = Mask{MaskSpec::causal_document(), contiguous(kBase + 0xe000000, DType::i32, {1, 4096}), {}, {}};
+    CHECK(forward_workspace_bytes(l.q, l.k, l.opts) == 256 + 4096 + 256 + 4096 + 1024);
+    // the options' schedule sets every kernel's tiles: 64 x 64 gives 64 x 64 blocks
+    l.opts.schedule = Schedule{64, 64, 4, 2};
+    CHECK(forward_workspace_bytes(l.q, l.k, l.opts) == 256 + 16384 + 256 + 16384 + 4096);
+    l.opts.schedule = Schedule{48, 64, 4, 2};
+    CHECK(error_of([&] { (void)forward_workspace_bytes(l.q, l.k, l.opts); })
+              .find("tilejit::attention::forward_workspace_bytes: options.schedule has block_m = 48") != std::string::npos);
+  }
+  c = masked_call(MaskKind::document);
+  c.ws = Workspace{kBase + 0x9000000, 1280};
+  CHECK_NOTHROW(check_forward(c.q, c.k, c.v, c.o, c.lse, c.opts, c.ws));
+  c.ws.bytes = 1279;
+  CHECK(error_of([&] { check_forward(c.q, c.k, c.v, c.o, c.lse, c.opts, c.ws); })
+            .find("tilejit::attention::forward: workspace has 1279 bytes; this call needs 1280 (forward_workspace_bytes)") !=
+        std::string::npos);
+  c.ws = Workspace{kBase + 0x9000004, 4096};
+  CHECK(error_of([&] { check_forward(c.q, c.k, c.v, c.o, c.lse, c.opts, c.ws); })
+            .find("workspace address 0x7f0009000004 is not a multiple of 16 bytes") != std::string::npos);
+  if (backward_available()) {
+    c.ws = Workspace{kBase + 0x9000000, 8960};
+    CHECK_NOTHROW(c.check_bwd());
+    c.ws.bytes = 6400;  // Delta alone
+    CHECK_BWD_ERROR(c, "workspace has 6400 bytes; this call needs 8960 (backward_workspace_bytes)");
+  }
+  // The forward_workspace_bytes checks are the forward's: a bad mask is reported there as well.
+  c = masked_call(MaskKind::document);
+  c.opts.mask->doc_ids = doc_ids(3);
+  CHECK(error_of([&] { (void)forward_workspace_bytes(c.q, c.k, c.opts); })
+            .find("tilejit::attention::forward_workspace_bytes: options.mask.doc_ids has sizes [3,300]") != std::string::npos);
+  CHECK(error_of([&] { (void)forward_workspace_bytes(c.q, contiguous(kBase, DType::bf16, {300, 2, 64}), c.opts); })
+            .find("k must be rank 4") != std::string::npos);
+}
+
+TEST_CASE("attention API: mask errors") {
+  // the kind
+  Call c;
+  c.opts.mask = Mask{MaskSpec{static_cast<MaskKind>(11)}, {}, {}, {}};
+  CHECK_FWD_ERROR(c, "options.mask.spec.kind = 11 is not a mask kind; valid: 0 full, 1 causal, 2 sliding_window", "10 block_sparse");
+  c.opts.mask->spec.kind = static_cast<MaskKind>(-1);
+  CHECK_FWD_ERROR(c, "options.mask.spec.kind = -1 is not a mask kind");
+  if (backward_available()) CHECK_BWD_ERROR(c, "options.mask.spec.kind = -1 is not a mask kind");
+  // with causal, with varlen
+  c = masked_call(MaskKind::sliding_window);
+  c.opts.causal = true;
+  CHECK_FWD_ERROR(c, "options.mask has kind sliding_window and options.causal = true", "does not combine with causal",
+                  "causal_sliding_window");
+  if (backward_available()) CHECK_BWD_ERROR(c, "options.mask has kind sliding_window and options.causal = true");
+  Call v = packed_call();
+  v.opts.mask = valid_mask(MaskKind::causal_document);
+  CHECK_FWD_ERROR(v, "options.mask has kind causal_document with variable-length batches (options.cu_seqlens_q/k)",
+                  "dense batches only");
+  if (backward_available()) CHECK_BWD_ERROR(v, "options.mask has kind causal_document with variable-length batches");
+  // integers: kernels::check_mask's rules (0 <= window, G <= 2^29; block sizes >= 1)
+  c = masked_call(MaskKind::sliding_window);
+  c.opts.mask->spec.window_left = -1;
+  CHECK_FWD_ERROR(c, "options.mask.spec: attention mask 'sliding_window': window_left = -1 is invalid", "(0 <= window_left <= 2^29)");
+  c.opts.mask->spec.window_left = 0;
+  c.opts.mask->spec.window_right = (int64_t{1} << 29) + 1;
+  CHECK_FWD_ERROR(c, "window_right = 536870913 is invalid");
+  c = masked_call(MaskKind::causal_sliding_window);
+  c.opts.mask->spec.window_left = -5;
+  CHECK_FWD_ERROR(c, "attention mask 'causal_sliding_window': window_left = -5 is invalid");
+  c.opts.mask->spec.window_left = 5;
+  c.opts.mask->spec.window_right = -5;  // not read by this kind: ignored
+  CHECK_NOTHROW(c.check_fwd());
+  c = masked_call(MaskKind::global_sliding_window);
+  c.opts.mask->spec.global_tokens = -2;
+  CHECK_FWD_ERROR(c, "attention mask 'global_sliding_window': global_tokens = -2 is invalid", "a token count");
+  if (backward_available()) CHECK_BWD_ERROR(c, "global_tokens = -2 is invalid");
+  c = masked_call(MaskKind::block_sparse);
+  c.opts.mask->spec.block_q = 0;
+  CHECK_FWD_ERROR(c, "attention mask 'block_sparse': block_q = 0 is invalid", "(1 <= block_q <= 2^29)");
+  c.opts.mask->spec.block_q = 64;
+  c.opts.mask->spec.block_k = -128;
+  CHECK_FWD_ERROR(c, "block_k = -128 is invalid");
+  // the tensors a kind reads, and no others
+  c = masked_call(MaskKind::document);
+  c.opts.mask->doc_ids.reset();
+  CHECK_FWD_ERROR(c, "options.mask.doc_ids is not set; mask kind document needs it: i32 [B or 1, S_k]");
+  c = masked_call(MaskKind::prefix_lm);
+  c.opts.mask->prefix_lengths.reset();
+  CHECK_FWD_ERROR(c, "options.mask.prefix_lengths is not set; mask kind prefix_lm needs it: i32 [B]");
+  c = masked_call(MaskKind::block_sparse);
+  c.opts.mask->block_table.reset();
+  CHECK_FWD_ERROR(c, "options.mask.block_table is not set; mask kind block_sparse needs it: u8 [B or 1, Hq or 1, cdiv(S_q, block_q)");
+  c = masked_call(MaskKind::sliding_window);
+  c.opts.mask->doc_ids = doc_ids();
+  CHECK_FWD_ERROR(c, "options.mask.doc_ids is set but mask kind sliding_window does not read it",
+                  "(read by: document, causal_document, share_question, causal_blockwise)");
+  c = masked_call(MaskKind::causal);
+  c.opts.mask->block_table = block_table();
+  CHECK_FWD_ERROR(c, "options.mask.block_table is set but mask kind causal does not read it (read by: block_sparse)");
+  c = masked_call(MaskKind::document);
+  c.opts.mask->prefix_lengths = prefix_lengths();
+  CHECK_FWD_ERROR(c, "options.mask.prefix_lengths is set but mask kind document does not read it");
+  // doc_ids: dtype, rank, sizes, pointer, device, strides, alignment
+  c = masked_call(MaskKind::causal_document);
+  c.opts.mask->doc_ids->dtype = DType::i64;
+  CHECK_FWD_ERROR(c, "options.mask.doc_ids has dtype i64; it must be i32 [B or 1, S_k]");
+  c.opts.mask->doc_ids = contiguous(kBase + 0xe000000, DType::i32, {600});
+  CHECK_FWD_ERROR(c, "options.mask.doc_ids must be rank 2 [B or 1, S_k], got rank 1");
+  c.opts.mask->doc_ids = contiguous(kBase + 0xe000000, DType::i32, {2, 299});
+  CHECK_FWD_ERROR(c, "options.mask.doc_ids has sizes [2,299] but must be [B or 1, S_k] = [2 or 1,300] (a document id per key token)");
+  c.opts.mask->doc_ids = doc_ids(3);
+  CHECK_FWD_ERROR(c, "options.mask.doc_ids has sizes [3,300] but must be [B or 1, S_k] = [2 or 1,300]");
+  if (backward_available()) CHECK_BWD_ERROR(c, "options.mask.doc_ids has sizes [3,300]");
+  c.opts.mask->doc_ids = doc_ids();
+  c.opts.mask->doc_ids->data = 0;
+  CHECK_FWD_ERROR(c, "options.mask.doc_ids is a null pointer");
+  c.opts.mask->doc_ids = doc_ids();
+  c.opts.mask->doc_ids->device = 1;
+  CHECK_FWD_ERROR(c, "options.mask.doc_ids is on device 1 but q is on device 0");
+  c.opts.mask->doc_ids = strided(kBase + 0xe000000, DType::i32, {2, 300}, {600, 2});
+  CHECK_FWD_ERROR(c, "options.mask.doc_ids has stride 2 on its last dim");
+  c.opts.mask->doc_ids = doc_ids();
+  c.opts.mask->doc_ids->data += 2;
+  CHECK_FWD_ERROR(c, "options.mask.doc_ids's base address 0x7f000e000002 is not a multiple of 4 bytes");
+  // prefix_lengths
+  c = masked_call(MaskKind::prefix_lm);
+  c.opts.mask->prefix_lengths = contiguous(kBase + 0xe100000, DType::i32, {3});
+  CHECK_FWD_ERROR(c, "options.mask.prefix_lengths has sizes [3] but must be [B] = [2] (one prefix length per batch row)");
+  c.opts.mask->prefix_lengths = contiguous(kBase + 0xe100000, DType::u32, {2});
+  CHECK_FWD_ERROR(c, "options.mask.prefix_lengths has dtype u32; it must be i32 [B]");
+  c.opts.mask->prefix_lengths = contiguous(kBase + 0xe100000, DType::i32, {2, 1});
+  CHECK_FWD_ERROR(c, "options.mask.prefix_lengths must be rank 1 [B], got rank 2");
+  // block_table: extents against the tiles its blocks cover
+  c = masked_call(MaskKind::block_sparse);
+  c.opts.mask->block_table = contiguous(kBase + 0xe200000, DType::u8, {1, 8, 2, 2});
+  CHECK_FWD_ERROR(c, "options.mask.block_table has sizes [1,8,2,2] but must be [B or 1, Hq or 1, cdiv(S_q, block_q), cdiv(S_k, block_k)] = "
+                     "[2 or 1,8 or 1,2,3] (block_q = 64, block_k = 128, S_q = 100, S_k = 300)");
+  c.opts.mask->block_table = block_table(1, 2);  // Hkv heads: the table is per query head
+  CHECK_FWD_ERROR(c, "options.mask.block_table has sizes [1,2,2,3]");
+  c.opts.mask->block_table = block_table(3, 8);
+  CHECK_FWD_ERROR(c, "options.mask.block_table has sizes [3,8,2,3]");
+  c.opts.mask->spec.block_q = 50;  // cdiv(100, 50) = 2, cdiv(300, 100) = 3: the same table fits other block sizes
+  c.opts.mask->spec.block_k = 100;
+  c.opts.mask->block_table = block_table();
+  CHECK_NOTHROW(c.check_fwd());
+  c.opts.mask->spec.block_q = 32;  // cdiv(100, 32) = 4
+  CHECK_FWD_ERROR(c, "= [2 or 1,8 or 1,4,3] (block_q = 32, block_k = 100");
+  c = masked_call(MaskKind::block_sparse);
+  c.opts.mask->block_table->dtype = DType::i32;
+  CHECK_FWD_ERROR(c, "options.mask.block_table has dtype i32; it must be u8");
+  c = masked_call(MaskKind::block_sparse);
+  c.opts.mask->block_table = strided(kBase + 0xe200000, DType::u8, {1, 8, 2, 3}, {96, 12, 6, 2});
+  CHECK_FWD_ERROR(c, "options.mask.block_table has stride 2 on its last dim");
+  if (backward_available()) CHECK_BWD_ERROR(c, "options.mask.block_table has stride 2 on its last dim");
+
+  // prepare: the kind's range; library masks are dense only (nothing compiles before the checks)
+  CHECK(error_of([] { prepare(DType::bf16, 64, static_cast<MaskKind>(12)); })
+            .find("tilejit::attention::prepare: mask = 12 is not a mask kind; valid: 0 full") != std::string::npos);
+  CHECK(error_of([] { prepare(DType::bf16, 64, MaskKind::document, /*varlen=*/true); })
+            .find("tilejit::attention::prepare: mask document with varlen = true: library masks take dense batches only") !=
+        std::string::npos);
+}
+
+// Without a GPU a valid masked call gets as far as the driver: the pre-pass (at the forward's,
+// dK/dV's and dQ's tiles) and every kernel bound and checked, with and without a workspace.
+TEST_CASE("attention API: masked calls stop at the driver without a GPU") {
+  if (runtime::Driver::get().available()) {
+    MESSAGE("SKIPPED: this machine has a GPU (the fake pointers here must not reach a launch)");
+    return;
+  }
+  for (int kind = 0; kind < kernels::kMaskKindCount; ++kind)
+    for (bool dropout : {false, true}) {
+      INFO("mask " << std::string(kernels::mask_kind_name(MaskKind(kind))) << " dropout " << dropout);
+      Call c = masked_call(MaskKind(kind));
+      if (dropout) c.opts.dropout_p = 0.25;
+      CHECK_THROWS_AS(forward(c.q, c.k, c.v, c.o, c.lse, c.opts), runtime::DeviceError);
+      const Workspace fw{kBase + 0x9000000, forward_workspace_bytes(c.q, c.k, c.opts)};
+      CHECK_THROWS_AS(forward(c.q, c.k, c.v, c.o, c.lse, c.opts, nullptr, fw), runtime::DeviceError);
+      if (!backward_available()) continue;
+      CHECK_THROWS_AS(backward(c.q, c.k, c.v, c.o, c.dout, c.lse, c.dq, c.dk, c.dv, c.opts), runtime::DeviceError);
+      c.ws = Workspace{kBase + 0x9000000, backward_workspace_bytes(c.q, c.k, c.opts)};
+      CHECK_THROWS_AS(backward(c.q, c.k, c.v, c.o, c.dout, c.lse, c.dq, c.dk, c.dv, c.opts, nullptr, c.ws), runtime::DeviceError);
+    }
+  // per-batch tables and [B, H, S, D] memory as permuted views, D = 128
+  Call c = masked_call(MaskKind::block_sparse);
+  c.opts.mask->block_table = block_table(2, 1);
+  c.q = permute(contiguous(kBase, DType::bf16, {2, 8, 100, 128}), {0, 2, 1, 3});
+  c.o = permute(contiguous(kBase + 0x3000000, DType::bf16, {2, 8, 100, 128}), {0, 2, 1, 3});
+  c.k = permute(contiguous(kBase + 0x1000000, DType::bf16, {2, 2, 300, 128}), {0, 2, 1, 3});
+  c.v = permute(contiguous(kBase + 0x2000000, DType::bf16, {2, 2, 300, 128}), {0, 2, 1, 3});
+  c.dout = c.dq = c.o;
+  c.dk = c.dv = c.k;
+  CHECK_THROWS_AS(forward(c.q, c.k, c.v, c.o, c.lse, c.opts), runtime::DeviceError);
+  if (backward_available()) CHECK_THROWS_AS(backward(c.q, c.k, c.v, c.o, c.dout, c.lse, c.dq, c.dk, c.dv, c.opts), runtime::DeviceError);
+}

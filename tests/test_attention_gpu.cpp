@@ -5,8 +5,13 @@
 // batches (forward and backward, empty sequences included) when the kernels have the VARLEN meta;
 // dropout (issue 7: p 0.1/0.5, 64-bit seeds and offsets, default and custom schedules): the
 // reference applies the host keep-mask (kernels/philox_host.hpp) and the mask the forward returns
-// must be the host mask bit for bit at every visible element.
+// must be the host mask bit for bit at every visible element; library masks (Options::mask: windows,
+// global + window, documents with per-batch or broadcast ids, prefix LM, share-question, causal
+// blockwise, block-sparse tables per head or per batch, causal through the mask), forward and
+// backward, with and without dropout and a caller's workspace: the reference applies the host
+// twin's dense mask (kernels::dense_mask).
 // Outputs, LSE, gradients and the workspace are poisoned (0xFF = NaN) before each run. Skips visibly without a GPU.
+// The masked reference is checked against tests/attention_reference.hpp's on the CPU (no GPU needed).
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -19,9 +24,12 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "attention_reference.hpp"
 #include "kernels/attention_api.hpp"
+#include "kernels/attention_mask_host.hpp"
 #include "kernels/philox_host.hpp"
 #include "runtime/device_buffer.hpp"
 #include "runtime/driver.hpp"
@@ -66,7 +74,8 @@ struct Reference {
 
 // softmax(scale Q K^T, masked) V, its natural-log LSE, and (backward) the exact gradients for dO:
 // dV = P^T dO, dP = dO V^T, Delta = rowsum(P * dP), dS = P (dP - Delta), dQ = scale dS K,
-// dK = scale dS^T Q; dK and dV summed over each key/value head's query heads. A row that sees no
+// dK = scale dS^T Q; dK and dV summed over each key/value head's query heads. `mask` (u8 [B, Hq,
+// Sq, Sk], kernels::dense_mask's layout): masked elements contribute nothing. A row that sees no
 // key: O = 0, LSE = -inf, zero gradients. With `drop`: O = (P * keep / keep probability) V (LSE of
 // the undropped P), dV from the dropped P, dP * keep / keep probability; keep of (bh = (batch0 +
 // b) * Hq + h, i, j).
@@ -76,7 +85,7 @@ struct DropoutRef {
 };
 Reference reference(const AttentionCase& c, const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
                     const std::vector<double>& dout, double scale, bool backward, const DropoutRef* drop = nullptr,
-                    const std::vector<double>* o_stored = nullptr) {
+                    const std::vector<double>* o_stored = nullptr, const std::vector<uint8_t>* mask = nullptr) {
   const auto D = static_cast<size_t>(c.D);
   Reference r;
   r.o.assign(q.size(), 0.0);
@@ -101,10 +110,13 @@ Reference reference(const AttentionCase& c, const std::vector<double>& q, const 
         const size_t row = static_cast<size_t>((b * c.Hq + h) * c.Sq + i);
         const double* qi = &q[row * D];
         const auto n = static_cast<size_t>(c.visible(i));
-        if (n == 0) continue;
+        const uint8_t* allowed = mask ? &(*mask)[row * static_cast<size_t>(c.Sk)] : nullptr;
+        const auto sees = [allowed](size_t j) { return !allowed || allowed[j] != 0; };
         double mx = -INFINITY, sum = 0;
-        for (size_t j = 0; j < n; ++j) mx = std::max(mx, p[j] = scale * dot(qi, &k[kv0 + j * D]));
-        for (size_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (size_t j = 0; j < n; ++j)
+          if (sees(j)) mx = std::max(mx, p[j] = scale * dot(qi, &k[kv0 + j * D]));
+        if (mx == -INFINITY) continue;  // no key (masked elements: p = 0 below, so they add nothing)
+        for (size_t j = 0; j < n; ++j) sum += (p[j] = sees(j) ? std::exp(p[j] - mx) : 0.0);
         r.lse[row] = mx + std::log(sum);
         double* oi = &r.o[row * D];
         const auto bh = static_cast<uint32_t>(((drop ? drop->batch0 : 0) + b) * c.Hq + h);
@@ -163,6 +175,25 @@ struct Case {
   bool small_schedule = false;   // Options::schedule = 64x64, 4 warps, 2 stages (dropout masks across schedules)
   bool precomputed = false;      // dropout: forward and backward read the packed mask (Options::dropout_bits), not Philox
   bool bits_from_gpu = false;    // precomputed: the bits from attention::generate_dropout_bits (else the host twin's)
+  // A library mask (Options::mask) and its data, row-major: doc ids [doc_rows, Sk], prefix lengths
+  // [B], block table [table_b, table_h, cdiv(Sq, block_q), cdiv(Sk, block_k)].
+  std::optional<kernels::MaskSpec> mask;
+  std::vector<int32_t> doc_ids, prefix;
+  std::vector<uint8_t> table;
+  int64_t doc_rows = 1, table_b = 1, table_h = 1;
+
+  kernels::MaskData mask_data() const {
+    kernels::MaskData d;
+    if (!mask) return d;
+    const int64_t nq = (c.Sq + mask->block_q - 1) / std::max<int64_t>(mask->block_q, 1);
+    const int64_t nk = (c.Sk + mask->block_k - 1) / std::max<int64_t>(mask->block_k, 1);
+    d.doc_ids = {doc_ids, {doc_rows, c.Sk}};
+    d.prefix_lengths = {prefix, {c.B}};
+    d.block_table = {table, {table_b, table_h, nq, nk}};
+    return d;
+  }
+  // kernels::dense_mask of the case: u8 [B, Hq, Sq, Sk]
+  std::vector<uint8_t> dense_mask() const { return kernels::dense_mask(*mask, mask_data(), {c.B, c.Hq, c.Sq, c.Sk}); }
 
   std::string describe() const {
     std::string s = fmt::format("#{} {} ", index, ir::name(dtype));
@@ -175,6 +206,25 @@ struct Case {
     if (dropout_p > 0) s += fmt::format(" dropout p={} seed={:#x} offset={:#x}", dropout_p, drop_seed, drop_offset);
     if (small_schedule) s += " schedule 64x64/4w/2st";
     if (precomputed) s += bits_from_gpu ? " precomputed bits (GPU)" : " precomputed bits (host)";
+    if (mask) {
+      const kernels::MaskSpec& m = *mask;
+      s += fmt::format(" mask {}", kernels::mask_kind_name(m.kind));
+      switch (m.kind) {
+        case kernels::MaskKind::sliding_window: s += fmt::format("(left {}, right {})", m.window_left, m.window_right); break;
+        case kernels::MaskKind::causal_sliding_window: s += fmt::format("(left {})", m.window_left); break;
+        case kernels::MaskKind::global_sliding_window:
+          s += fmt::format("(global {}, left {}, right {})", m.global_tokens, m.window_left, m.window_right);
+          break;
+        case kernels::MaskKind::prefix_lm: s += fmt::format("(prefixes [{}])", fmt::join(prefix, ",")); break;
+        case kernels::MaskKind::block_sparse:
+          s += fmt::format("({}x{} blocks, table [{}, {}, ..])", m.block_q, m.block_k, table_b, table_h);
+          break;
+        default:
+          if (kernels::mask_uses_doc_ids(m.kind)) s += fmt::format("(doc ids [{}, Sk], first row [{}])", doc_rows, fmt::join(
+              std::vector<int32_t>(doc_ids.begin(), doc_ids.begin() + std::min<int64_t>(c.Sk, 40)), ","));
+      }
+      if (!own_workspace) s += " (API-allocated workspace)";
+    }
     if (!backward) s += " (forward only)";
     return s;
   }
@@ -244,6 +294,23 @@ attention::Tensor api_view(const DeviceTensor& t, bool bhsd) {
   return bhsd ? attention::permute(v, {0, 2, 1, 3}) : v;
 }
 
+// Options::mask of a masked case: its data as host tensors, handed to `place` (HostTensor ->
+// attention::Tensor: uploads, or a fake address for the checks).
+template <class Place>
+attention::Mask api_mask(const Case& k, Place&& place) {
+  const kernels::MaskData md = k.mask_data();
+  const auto host = [](ir::DType t, const std::vector<int64_t>& shape, auto const& values) {
+    HostTensor h(t, ir::Shape(shape.begin(), shape.end()));
+    for (int64_t e = 0; e < h.numel(); ++e) h.set_flat(e, static_cast<double>(values[static_cast<size_t>(e)]));
+    return h;
+  };
+  attention::Mask m{*k.mask, {}, {}, {}};
+  if (kernels::mask_uses_doc_ids(k.mask->kind)) m.doc_ids = place(host(ir::DType::i32, md.doc_ids.shape, k.doc_ids));
+  if (k.mask->kind == kernels::MaskKind::prefix_lm) m.prefix_lengths = place(host(ir::DType::i32, md.prefix_lengths.shape, k.prefix));
+  if (k.mask->kind == kernels::MaskKind::block_sparse) m.block_table = place(host(ir::DType::u8, md.block_table.shape, k.table));
+  return m;
+}
+
 // Rows [start, start + len) of a packed [total, H, D] tensor as a [1, len, H, D] tensor.
 HostTensor slice_seq(const HostTensor& packed, int64_t start, int64_t len) {
   const int64_t H = packed.sizes()[1], D = packed.sizes()[2];
@@ -306,6 +373,97 @@ Case make_case(int index, bool varlen, bool varlen_backward, bool dropout = fals
   return k;
 }
 
+// A library mask of `kind` for case k's shape: random integers and data (document runs of random
+// lengths, ids in order or repeated out of order; prefixes up to past S_k; block tables per head
+// or per batch, about half the blocks on and some rows off). variant picks between the forms.
+void add_mask(Case& k, kernels::MaskKind kind, int variant, std::mt19937_64& rng) {
+  using kernels::MaskKind;
+  const AttentionCase& c = k.c;
+  auto below = [&](int64_t n) { return static_cast<int64_t>(rng() % static_cast<uint64_t>(std::max<int64_t>(n, 1))); };
+  kernels::MaskSpec m;
+  m.kind = kind;
+  switch (kind) {
+    case MaskKind::sliding_window: m.window_left = below(300), m.window_right = rng() % 4 == 0 ? 0 : below(300); break;
+    case MaskKind::causal_sliding_window: m.window_left = below(400); break;
+    case MaskKind::global_sliding_window: m.global_tokens = below(80), m.window_left = below(200), m.window_right = below(200); break;
+    case MaskKind::prefix_lm:
+      for (int b = 0; b < c.B; ++b) k.prefix.push_back(static_cast<int32_t>(below(c.Sk + 20)));
+      break;
+    case MaskKind::block_sparse: {
+      const std::vector<int64_t> bq{16, 32, 64, 100, 128}, bk{16, 48, 64, 128, 200};
+      m.block_q = bq[rng() % bq.size()], m.block_k = bk[rng() % bk.size()];
+      // variant 0: one table per query head (broadcast over the batch); 1: per batch (and head)
+      k.table_b = variant == 0 ? 1 : c.B;
+      k.table_h = variant == 0 || rng() % 2 ? c.Hq : 1;
+      const int64_t nq = (c.Sq + m.block_q - 1) / m.block_q, nk = (c.Sk + m.block_k - 1) / m.block_k;
+      for (int64_t r = 0; r < k.table_b * k.table_h * nq; ++r) {
+        const bool row_off = rng() % 6 == 0;  // a block row with no key: its queries see nothing
+        for (int64_t j = 0; j < nk; ++j) k.table.push_back(!row_off && rng() % 2 ? 1 : 0);
+      }
+      break;
+    }
+    default:
+      if (kernels::mask_uses_doc_ids(kind)) {
+        // variant 0: runs with increasing ids per batch row; 1: one row for the batch, ids from {0, 1, 2} in any order
+        k.doc_rows = variant == 0 && rng() % 3 != 0 ? c.B : 1;
+        for (int64_t r = 0; r < k.doc_rows; ++r) {
+          int32_t id = 0;
+          for (int64_t t = 0; t < c.Sk;) {
+            const int64_t len = 1 + below(rng() % 3 == 0 ? 8 : c.Sk / 2 + 1);
+            for (int64_t e = 0; e < len && t < c.Sk; ++e, ++t) k.doc_ids.push_back(id);
+            id = variant == 0 ? id + 1 : static_cast<int32_t>(rng() % 3);
+          }
+        }
+      }
+  }
+  k.mask = m;
+  kernels::check_mask(m, k.mask_data(), {c.B, c.Hq, c.Sq, c.Sk});
+}
+
+constexpr int kMaskedCases = 36;
+
+// A masked case: every 12 cover the kinds (block-sparse and documents in two forms, causal through
+// the mask); dtype, D, dropout and layouts rotate with the index: few distinct configurations to
+// compile (bf16 D64; f16 D128 with dropout; bf16 D128 / D256, half with dropout).
+Case make_masked_case(int index) {
+  using kernels::MaskKind;
+  std::mt19937_64 rng(0x3a5c0000 + static_cast<uint64_t>(index));
+  auto pick = [&](auto const& v) { return v[rng() % v.size()]; };
+  struct Kind {
+    MaskKind kind;
+    int variant;
+  };
+  static const Kind kinds[12] = {{MaskKind::sliding_window, 0},  {MaskKind::causal_sliding_window, 0}, {MaskKind::global_sliding_window, 0},
+                                 {MaskKind::document, 0},        {MaskKind::causal_document, 0},       {MaskKind::prefix_lm, 0},
+                                 {MaskKind::share_question, 0},  {MaskKind::causal_blockwise, 0},      {MaskKind::block_sparse, 0},
+                                 {MaskKind::block_sparse, 1},    {MaskKind::document, 1},              {MaskKind::causal, 0}};
+  const int pos = index % 12, group = index / 12 % 3;
+  Case k;
+  k.index = index;
+  k.seed = rng();
+  k.dtype = group == 1 ? ir::DType::f16 : ir::DType::bf16;
+  const int D = group == 0 ? 64 : group == 2 && pos % 4 == 0 ? 256 : 128;
+  if (group == 1 || (group == 2 && pos % 2 == 1)) {
+    k.dropout_p = pos % 3 == 0 ? 0.5 : 0.1;
+    k.drop_seed = rng();
+    k.drop_offset = rng() % 1000;
+  }
+  k.layout = static_cast<Layout>((index + index / 12) % 3);
+  const int hkv = pick(std::vector<int>{1, 2, 3, 4});
+  const int gqa = pick(std::vector<int>{1, 2, 4});
+  if (rng() % 2) k.scale = 0.05f + 0.3f * static_cast<float>(rng() % 1000) / 1000.0f;
+  k.own_workspace = rng() % 3 != 0;
+  const std::vector<int> seqs{1, 17, 64, 100, 128, 257, 600, 1000};
+  constexpr double kBudget = 2.5e7;
+  for (;;) {
+    const int B = 1 + static_cast<int>(rng() % 3), Sq = pick(seqs), Sk = rng() % 3 == 0 ? Sq : pick(seqs);
+    k.c = AttentionCase{B, hkv * gqa, hkv, Sq, Sk, D, false, k.layout != Layout::bhsd};
+    if (double(B) * k.c.Hq * Sq * Sk * D <= kBudget) break;
+  }
+  add_mask(k, kinds[pos].kind, kinds[pos].variant, rng);
+  return k;
+}
+
 // One case: inputs on the host, the GPU run under `gpu` (one case at a time on the device), then
 // the float64 reference and the comparison outside it.
 Result run_case(const Case& k, std::mutex& gpu) {
@@ -350,6 +508,12 @@ Result run_case(const Case& k, std::mutex& gpu) {
     }
 
     HostTensor o_h, lse_h, dq_h, dk_h, dv_h, mask_h;
+    // dropout: the forward's keep-mask, u8 [B * Hq, S_q, S_k] (varlen: [nseq * Hq, max_q, max_k]), 0xFF = not written
+    // (not with library masks: those kernels' coordinates are checked through O and the gradients)
+    const int64_t mask_b = (k.varlen ? static_cast<int64_t>(k.lens_q.size()) : c.B) * c.Hq;
+    const int64_t mask_q = k.varlen ? *std::max_element(k.lens_q.begin(), k.lens_q.end()) : c.Sq;
+    const int64_t mask_k = k.varlen ? *std::max_element(k.lens_k.begin(), k.lens_k.end()) : c.Sk;
+    const bool want_mask = k.dropout_p > 0 && mask_q > 0 && mask_k > 0 && !k.mask;
     {
       std::lock_guard lock(gpu);
       runtime::Stream stream;
@@ -387,12 +551,7 @@ Result run_case(const Case& k, std::mutex& gpu) {
         }
         opts.dropout_bits = api_view(d_bits, false);
       }
-      // dropout: the forward's keep-mask, u8 [B * Hq, S_q, S_k] (varlen: [nseq * Hq, max_q, max_k]), 0xFF = not written
-      const int64_t mask_b = (k.varlen ? static_cast<int64_t>(k.lens_q.size()) : c.B) * c.Hq;
-      const int64_t mask_q = k.varlen ? *std::max_element(k.lens_q.begin(), k.lens_q.end()) : c.Sq;
-      const int64_t mask_k = k.varlen ? *std::max_element(k.lens_k.begin(), k.lens_k.end()) : c.Sk;
       DeviceTensor d_mask;
-      const bool want_mask = k.dropout_p > 0 && mask_q > 0 && mask_k > 0;
       if (want_mask) {
         d_mask = DeviceTensor::empty_like(HostTensor(ir::DType::u8, {mask_b, mask_q, mask_k}));
         opts.dropout_mask = api_view(d_mask, false);
@@ -406,18 +565,26 @@ Result run_case(const Case& k, std::mutex& gpu) {
         opts.max_seqlen_q = *std::max_element(k.lens_q.begin(), k.lens_q.end());
         opts.max_seqlen_k = *std::max_element(k.lens_k.begin(), k.lens_k.end());
       }
+      // a library mask: its data on the device
+      std::vector<DeviceTensor> mask_data;
+      mask_data.reserve(3);
+      if (k.mask) opts.mask = api_mask(k, [&](const HostTensor& h) { return api_view(mask_data.emplace_back(DeviceTensor::from_host(h)), false); });
       const auto Q = api_view(dq_in, bhsd), K = api_view(dk_in, bhsd), V = api_view(dv_in, bhsd), O = api_view(d_o, bhsd);
       const auto L = api_view(d_lse, false);
-      attention::forward(Q, K, V, O, L, opts, stream.handle());
+      // a caller's workspace, poisoned (the pre-pass writes counts and list entries, never the rest)
+      const auto workspace = [&](runtime::DeviceBuffer& buf, size_t bytes) {
+        if (!k.own_workspace || bytes == 0) return attention::Workspace{};
+        buf = runtime::DeviceBuffer(bytes);
+        buf.fill_bytes(0xFF);
+        return attention::Workspace{buf.ptr(), buf.bytes()};
+      };
+      runtime::DeviceBuffer fws;
+      attention::forward(Q, K, V, O, L, opts, stream.handle(), workspace(fws, attention::forward_workspace_bytes(Q, K, opts)));
       opts.dropout_mask.reset();  // (the backward ignores it)
       if (k.backward) {
         runtime::DeviceBuffer ws;
-        attention::Workspace w;
-        if (k.own_workspace) {
-          ws = runtime::DeviceBuffer(attention::backward_workspace_bytes(Q, opts));
-          ws.fill_bytes(0xFF);
-          w = {ws.ptr(), ws.bytes()};
-        }
+        const attention::Workspace w =
+            workspace(ws, k.mask ? attention::backward_workspace_bytes(Q, K, opts) : attention::backward_workspace_bytes(Q, opts));
         attention::backward(Q, K, V, O, api_view(ddo, bhsd), L, api_view(d_dq, bhsd), api_view(d_dk, bhsd), api_view(d_dv, bhsd),
                             opts, stream.handle(), w);
       }
@@ -439,8 +606,8 @@ Result run_case(const Case& k, std::mutex& gpu) {
                              const HostTensor* dkg, const HostTensor* dvg, int batch0 = 0) {
       const double scale = k.scale ? static_cast<double>(*k.scale) : cc.default_scale();
       std::optional<DropoutRef> drop;
-      if (k.dropout_p > 0) {
-        drop = DropoutRef{{k.drop_seed, k.drop_offset, kernels::dropout_keep_threshold(k.dropout_p)}, batch0};
+      if (k.dropout_p > 0) drop = DropoutRef{{k.drop_seed, k.drop_offset, kernels::dropout_keep_threshold(k.dropout_p)}, batch0};
+      if (want_mask) {
         // the returned mask at every visible element of these batches
         for (int b = 0; b < cc.B; ++b)
           for (int h = 0; h < cc.Hq; ++h)
@@ -453,8 +620,9 @@ Result run_case(const Case& k, std::mutex& gpu) {
               }
       }
       const std::vector<double> o_stored = to_bhsd(cc, og);
+      const std::vector<uint8_t> dense = k.mask ? k.dense_mask() : std::vector<uint8_t>{};
       const Reference ref = reference(cc, to_bhsd(cc, qq), to_bhsd(cc, kt), to_bhsd(cc, vt), to_bhsd(cc, dot), scale, k.backward,
-                                      drop ? &*drop : nullptr, drop ? &o_stored : nullptr);
+                                      drop ? &*drop : nullptr, drop ? &o_stored : nullptr, k.mask ? &dense : nullptr);
       eo.add(to_bhsd(cc, og), ref.o);
       r.lse = std::max(r.lse, lse_error(lse_got, ref.lse));
       if (!k.backward) return;
@@ -524,6 +692,17 @@ TEST_CASE("gpu: attention API sweep (forward + backward) against float64") {
     if (varlen_fwd)
       for (int i = 0; i < kDropoutVarlen; ++i) cases.push_back(make_case(kDense + kVarlen + kDropout + i, true, varlen_bwd && bwd, true));
   }
+  const bool masks = attention::masks_supported();
+  if (!masks) MESSAGE("NOTE: the attention kernels have no MASK meta: masked cases skipped");
+  int masked = 0;
+  if (masks)
+    for (int i = 0; i < kMaskedCases; ++i) {
+      Case k = make_masked_case(i);
+      if (k.dropout_p > 0 && !dropout) continue;
+      k.backward = bwd;
+      cases.push_back(std::move(k));
+      ++masked;
+    }
 
   const unsigned workers = std::clamp(std::thread::hardware_concurrency(), 2u, 16u);
   // Compile every configuration first, in parallel (the JIT needs no GPU and caches on disk).
@@ -531,7 +710,9 @@ TEST_CASE("gpu: attention API sweep (forward + backward) against float64") {
     struct Cfg {
       ir::DType t;
       int d;
-      bool causal, varlen, backward, dropout;
+      kernels::MaskKind mask;  // full, causal or a library mask
+      bool varlen, backward, dropout;
+      auto key() const { return std::tuple(static_cast<int>(t), d, static_cast<int>(mask), varlen, backward, dropout); }
     };
     std::vector<Cfg> cfgs;
     for (ir::DType t : {ir::DType::bf16, ir::DType::f16})
@@ -540,7 +721,14 @@ TEST_CASE("gpu: attention API sweep (forward + backward) against float64") {
           for (bool varlen : {false, true})
             for (bool drop : {false, true})
               if ((!varlen || varlen_fwd) && (!drop || dropout))
-                cfgs.push_back({t, d, causal, varlen, varlen ? varlen_bwd && bwd : bwd, drop});
+                cfgs.push_back({t, d, causal ? kernels::MaskKind::causal : kernels::MaskKind::full, varlen, varlen ? varlen_bwd && bwd : bwd,
+                                drop});
+    // the masked cases' configurations (with their pre-passes), each once
+    for (const Case& k : cases)
+      if (k.mask) {
+        const Cfg cfg{k.dtype, k.c.D, k.mask->kind, false, k.backward, k.dropout_p > 0};
+        if (std::ranges::none_of(cfgs, [&](const Cfg& o) { return o.key() == cfg.key(); })) cfgs.push_back(cfg);
+      }
     std::atomic<size_t> next{0};
     std::mutex mu;
     std::vector<std::string> failures;
@@ -549,11 +737,11 @@ TEST_CASE("gpu: attention API sweep (forward + backward) against float64") {
       pool.emplace_back([&] {
         for (size_t i; (i = next++) < cfgs.size();) {
           try {
-            attention::prepare(cfgs[i].t, cfgs[i].d, cfgs[i].causal, cfgs[i].varlen, cfgs[i].backward, {}, 0, cfgs[i].dropout);
+            attention::prepare(cfgs[i].t, cfgs[i].d, cfgs[i].mask, cfgs[i].varlen, cfgs[i].backward, {}, 0, cfgs[i].dropout);
           } catch (const std::exception& e) {
             std::lock_guard lock(mu);
-            failures.push_back(fmt::format("{} D={} causal={} varlen={}: {}", ir::name(cfgs[i].t), cfgs[i].d, cfgs[i].causal,
-                                           cfgs[i].varlen, e.what()));
+            failures.push_back(fmt::format("{} D={} mask={} varlen={} dropout={}: {}", ir::name(cfgs[i].t), cfgs[i].d,
+                                           kernels::mask_kind_name(cfgs[i].mask), cfgs[i].varlen, cfgs[i].dropout, e.what()));
           }
         }
       });
@@ -593,13 +781,170 @@ TEST_CASE("gpu: attention API sweep (forward + backward) against float64") {
     }
   }
   const std::string summary =
-      fmt::format("attention sweep: {} cases ({} varlen, {} dropout, backward {}), {} failed; worst rel. error O {:.2e} dQ {:.2e} "
-                  "dK {:.2e} dV {:.2e}, worst LSE abs {:.2e}, NaN elements {}, wrong mask elements {}; {:.1f} s",
-                  cases.size(), varlen_fwd ? kVarlen : 0, dropout ? kDropout + (varlen_fwd ? kDropoutVarlen : 0) : 0,
+      fmt::format("attention sweep: {} cases ({} varlen, {} dropout, {} masked, backward {}), {} failed; worst rel. error O {:.2e} "
+                  "dQ {:.2e} dK {:.2e} dV {:.2e}, worst LSE abs {:.2e}, NaN elements {}, wrong mask elements {}; {:.1f} s",
+                  cases.size(), varlen_fwd ? kVarlen : 0, dropout ? kDropout + (varlen_fwd ? kDropoutVarlen : 0) : 0, masked,
                   bwd ? (varlen_bwd ? "all" : "dense only") : "none", failed, worst.o, worst.dq, worst.dk, worst.dv, worst.lse,
                   worst.nans, worst.mask_wrong,
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   MESSAGE(summary);
   fmt::print("{}\n", summary);
   CHECK(failed == 0);
+}
+
+// The sweep's masked reference (flat arrays) against tests/attention_reference.hpp's with the same
+// dense mask, on small cases of every kind (no GPU): the two agree to rounding, rows left without
+// a key give LSE = -inf and zero output and dQ, and the dense causal mask is the causal case.
+TEST_CASE("attention sweep: the masked float64 reference equals attention_reference.hpp's (no GPU)") {
+  using kernels::MaskKind;
+  int keyless_rows = 0;
+  for (int index = 0; index < 24; ++index) {
+    std::mt19937_64 rng(0xc0ffee00 + static_cast<uint64_t>(index));
+    Case k;
+    k.index = index;
+    const std::vector<int> seqs{1, 7, 23, 40};
+    const int hkv = 1 + static_cast<int>(rng() % 2), Sq = seqs[rng() % seqs.size()], Sk = seqs[rng() % seqs.size()];
+    k.c = AttentionCase{1 + static_cast<int>(rng() % 2), hkv * (1 + static_cast<int>(rng() % 2)), hkv, Sq, Sk, 8, false, false};
+    const MaskKind kinds[] = {MaskKind::sliding_window, MaskKind::causal_sliding_window, MaskKind::global_sliding_window,
+                              MaskKind::document,       MaskKind::causal_document,       MaskKind::prefix_lm,
+                              MaskKind::share_question, MaskKind::causal_blockwise,      MaskKind::block_sparse,
+                              MaskKind::block_sparse,   MaskKind::document,              MaskKind::causal};
+    add_mask(k, kinds[index % 12], index % 12 >= 9 ? 1 : 0, rng);
+    if (k.mask->kind == MaskKind::sliding_window && index >= 12) k.mask->window_left = k.mask->window_right = 0;  // (some rows keyless when S_q > S_k)
+    INFO(k.describe());
+    const AttentionCase& c = k.c;
+    HostTensor q(ir::DType::f32, {c.B, c.Hq, c.Sq, c.D}), kt(ir::DType::f32, {c.B, c.Hkv, c.Sk, c.D}),
+        v(ir::DType::f32, {c.B, c.Hkv, c.Sk, c.D}), dout(ir::DType::f32, {c.B, c.Hq, c.Sq, c.D});
+    q.fill_normal(k.seed + 1, 0, 1);
+    kt.fill_normal(k.seed + 2, 0, 1);
+    v.fill_normal(k.seed + 3, 0, 1);
+    dout.fill_normal(k.seed + 4, 0, 1);
+    const double scale = 0.3;
+    const std::vector<uint8_t> dense = k.dense_mask();
+    const Reference flat = reference(c, q.to_f64(), kt.to_f64(), v.to_f64(), dout.to_f64(), scale, true, nullptr, nullptr, &dense);
+    const testing::AttentionCase tc{c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, false, false};
+    const testing::AttentionForwardRef f = testing::attention_forward_ref(tc, q, kt, v, scale, &dense);
+    const testing::AttentionBackwardRef g = testing::attention_backward_ref(tc, q, kt, v, dout, scale, &dense);
+    CHECK(testing::rel_error(flat.o, f.o) < 1e-12);
+    CHECK(lse_error(flat.lse, f.lse) < 1e-12);
+    CHECK(testing::rel_error(flat.dq, g.dq) < 1e-12);
+    CHECK(testing::rel_error(flat.dk, g.dk) < 1e-12);
+    CHECK(testing::rel_error(flat.dv, g.dv) < 1e-12);
+    for (size_t row = 0; row < f.lse.size(); ++row) {
+      const bool none = std::none_of(dense.begin() + static_cast<std::ptrdiff_t>(row * static_cast<size_t>(c.Sk)),
+                                     dense.begin() + static_cast<std::ptrdiff_t>((row + 1) * static_cast<size_t>(c.Sk)),
+                                     [](uint8_t a) { return a != 0; });
+      CHECK((f.lse[row] == -INFINITY) == none);
+      if (!none) continue;
+      ++keyless_rows;
+      for (int d = 0; d < c.D; ++d) {
+        CHECK(f.o[row * static_cast<size_t>(c.D) + static_cast<size_t>(d)] == 0.0);
+        CHECK(g.dq[row * static_cast<size_t>(c.D) + static_cast<size_t>(d)] == 0.0);
+      }
+    }
+    if (k.mask->kind == MaskKind::causal) {
+      // the dense causal mask on a non-causal case is the causal case
+      const testing::AttentionCase causal{c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, true, false};
+      const testing::AttentionForwardRef fc = testing::attention_forward_ref(causal, q, kt, v, scale);
+      const testing::AttentionBackwardRef gc = testing::attention_backward_ref(causal, q, kt, v, dout, scale);
+      CHECK(f.o == fc.o);
+      CHECK(f.lse == fc.lse);
+      CHECK(g.dq == gc.dq);
+      CHECK(g.dk == gc.dk);
+      CHECK(g.dv == gc.dv);
+    }
+  }
+  CHECK(keyless_rows > 0);
+}
+
+// Options::mask = causal is options.causal = true: the same kernels, the same bits (forward and
+// backward, with dropout).
+TEST_CASE("gpu: attention API, mask kind causal equals options.causal bit for bit") {
+  if (const auto& drv = runtime::Driver::get(); !drv.available()) {
+    MESSAGE("SKIPPED: no GPU: " << drv.unavailable_reason());
+    return;
+  }
+  if (!attention::masks_supported()) {
+    MESSAGE("SKIPPED: the attention kernels have no MASK meta");
+    return;
+  }
+  const bool bwd = attention::backward_available();
+  const AttentionCase c{2, 4, 2, 200, 300, 64, true, true};
+  HostTensor q(ir::DType::bf16, c.shape(c.Hq, c.Sq)), kk(ir::DType::bf16, c.shape(c.Hkv, c.Sk)), v(ir::DType::bf16, c.shape(c.Hkv, c.Sk)),
+      dout(ir::DType::bf16, c.shape(c.Hq, c.Sq));
+  q.fill_normal(1, 0, 1);
+  kk.fill_normal(2, 0, 1);
+  v.fill_normal(3, 0, 1);
+  dout.fill_normal(4, 0, 1);
+  std::vector<std::vector<double>> outputs[2];
+  for (int way = 0; way < 2; ++way) {
+    runtime::Stream stream;
+    auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v),
+         d_do = DeviceTensor::from_host(dout);
+    auto d_o = DeviceTensor::empty_like(q), d_dq = DeviceTensor::empty_like(q), d_dk = DeviceTensor::empty_like(kk),
+         d_dv = DeviceTensor::empty_like(v), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
+    attention::Options opts;
+    if (way == 0) opts.causal = true;
+    else opts.mask = attention::Mask{kernels::MaskSpec::causal(), {}, {}, {}};
+    if (attention::dropout_supported()) {
+      opts.dropout_p = 0.2;
+      opts.seed = 0x1234567890ull;
+    }
+    attention::forward(api_view(d_q, false), api_view(d_k, false), api_view(d_v, false), api_view(d_o, false), api_view(d_lse, false),
+                       opts, stream.handle());
+    if (bwd)
+      attention::backward(api_view(d_q, false), api_view(d_k, false), api_view(d_v, false), api_view(d_o, false),
+                          api_view(d_do, false), api_view(d_lse, false), api_view(d_dq, false), api_view(d_dk, false),
+                          api_view(d_dv, false), opts, stream.handle());
+    stream.synchronize();
+    for (DeviceTensor* t : {&d_o, &d_lse, &d_dq, &d_dk, &d_dv}) outputs[way].push_back(t->to_host().to_f64());
+    if (!bwd) outputs[way].resize(2);
+  }
+  for (size_t i = 0; i < outputs[0].size(); ++i) {
+    INFO("output " << i << " (o, lse, dq, dk, dv)");
+    CHECK(std::ranges::none_of(outputs[0][i], [](double x) { return std::isnan(x); }));
+    CHECK(outputs[0][i] == outputs[1][i]);  // (-inf LSE rows included; NaN would differ)
+  }
+}
+
+// Every masked case of the sweep passes the API's checks as the sweep calls it (tensors at fake
+// addresses in the case's layout, the mask's tensors, workspaces of the sizes the API asks for):
+// the GPU run then tests the kernels, not the case generator (no GPU needed).
+TEST_CASE("attention sweep: every masked case passes the API's checks (no GPU)") {
+  int with_lists = 0;
+  for (int i = 0; i < kMaskedCases; ++i) {
+    const Case k = make_masked_case(i);
+    INFO(k.describe());
+    const AttentionCase& c = k.c;
+    uint64_t next = 0x7f0000000000;
+    const auto fake = [&](const HostTensor& h, bool bhsd) {
+      attention::Tensor t;
+      t.data = next;
+      next += uint64_t{1} << 32;
+      t.dtype = h.dtype();
+      t.rank = static_cast<int>(h.sizes().size());
+      std::copy(h.sizes().begin(), h.sizes().end(), t.sizes.begin());
+      std::copy(h.strides().begin(), h.strides().end(), t.strides.begin());
+      return bhsd ? attention::permute(t, {0, 2, 1, 3}) : t;
+    };
+    const bool bhsd = k.layout == Layout::bhsd;
+    const HostTensor q = make_host(k, c.Hq, c.Sq), kv = make_host(k, c.Hkv, c.Sk);
+    const attention::Tensor Q = fake(q, bhsd), K = fake(kv, bhsd), V = fake(kv, bhsd), O = fake(q, bhsd), dO = fake(q, bhsd),
+                            dQ = fake(q, bhsd), dK = fake(kv, bhsd), dV = fake(kv, bhsd),
+                            L = fake(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}), false);
+    attention::Options opts;
+    opts.softmax_scale = k.scale;
+    opts.dropout_p = k.dropout_p;
+    opts.mask = api_mask(k, [&](const HostTensor& h) { return fake(h, false); });
+    CHECK_NOTHROW(attention::check_forward(Q, K, V, O, L, opts));
+    CHECK_NOTHROW(attention::check_backward(Q, K, V, O, dO, L, dQ, dK, dV, opts));
+    const size_t fwd = attention::forward_workspace_bytes(Q, K, opts), bwd = attention::backward_workspace_bytes(Q, K, opts);
+    CHECK((fwd > 0) == !kernels::mask_has_tile_intervals(k.mask->kind));
+    with_lists += fwd > 0;
+    CHECK_NOTHROW(attention::check_forward(Q, K, V, O, L, opts, {next, fwd}));
+    CHECK_NOTHROW(attention::check_backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, {next, bwd}));
+    if (fwd > 0) CHECK_THROWS_AS(attention::check_forward(Q, K, V, O, L, opts, {next, fwd - 1}), std::invalid_argument);
+    CHECK_THROWS_AS(attention::check_backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, {next, bwd - 1}), std::invalid_argument);
+  }
+  CHECK(with_lists >= kMaskedCases / 3);
 }
