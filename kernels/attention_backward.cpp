@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <utility>
 
@@ -86,6 +87,35 @@ MaskKind backward_mask_meta(Builder& kb, bool causal, bool varlen) {
                                         "patterns, document masks packed sequences)",
                                         static_cast<int>(kind), mask_kind_name(kind), causal ? "CAUSAL=true" : "VARLEN=true"));
   return kind;
+}
+
+// The DQ_REDUCTION meta of the dK/dV kernel (dense batches only for the atomic and split forms).
+DqReduction dq_reduction_meta(Builder& kb, bool varlen) {
+  const int64_t value = kb.meta<int>("DQ_REDUCTION", 0);
+  if (value < 0 || value > 2)
+    kb.fail(Loc::current(), fmt::format("meta-parameter DQ_REDUCTION = {} is not a dQ reduction; valid: 0 recompute (the "
+                                        "attention_bwd_dq kernel), 1 atomic, 2 split",
+                                        value));
+  const auto reduction = static_cast<DqReduction>(value);
+  if (reduction != DqReduction::recompute && varlen)
+    kb.fail(Loc::current(), fmt::format("DQ_REDUCTION={} ({}) does not combine with VARLEN=true yet (its workspaces are laid out "
+                                        "per dense [batch, heads_q, seq_q]); use DQ_REDUCTION=0 (recompute)",
+                                        value, dq_reduction_name(reduction)));
+  return reduction;
+}
+
+// A pointer to one element of a tensor at integer scalar coordinates.
+Tile element_pointer(const Tensor& t, std::initializer_list<Tile> at) {
+  Tile p = t.ptr();
+  int dim = 0;
+  for (const Tile& i : at) p = p + i * t.stride(dim++);
+  return p;
+}
+
+// Pointers to the [rows, cols] window of a rank-4 tensor at (i0, i1, r0, 0) (rows along dim 2,
+// cols along dim 3): what atomic_add takes (it has no window form).
+Tile window_pointers(const Tensor& t, std::initializer_list<Tile> at, int64_t rows, int64_t cols) {
+  return element_pointer(t, at) + (arange(0, rows)[col] * t.stride(2) + arange(0, cols)[row] * t.stride(3));
 }
 
 // One step of a program's walk over its inner tiles under a library mask: the tile's first row
@@ -227,7 +257,11 @@ const Kernel& attention_backward_preprocess() {
 const Kernel& attention_backward_dkdv() {
   static const Kernel kern = kernel("attention_bwd_dkdv", [](Builder& kb) {
     BackwardParams a(kb);
+    const DqReduction reduction = dq_reduction_meta(kb, a.varlen);
     auto dK = kb.tensor("dK", a.T, a.rank, kRowMajor), dV = kb.tensor("dV", a.T, a.rank, kRowMajor);
+    Tensor dq_ws;  // atomic: dQ_accum f32 [B, Hq, S_q, D]; split: dQ_parts f32 [B * Hq, M, N, BM, D]
+    if (reduction == DqReduction::atomic) dq_ws = kb.tensor("dQ_accum", f32, 4, kRowMajor);
+    if (reduction == DqReduction::split) dq_ws = kb.tensor("dQ_parts", f32, 5, kRowMajor);
     auto softmax_scale = kb.scalar<float>("softmax_scale");
     auto qk_scale = softmax_scale * kLog2e;
 
@@ -279,7 +313,25 @@ const Kernel& attention_backward_dkdv() {
         Tile dpt = dot(v, trans(dout));  // dP^T (of the dropped P: times keep * s)
         if (a.dropout) dpt = where(keep_t, dpt * drop->scale, 0.0f);
         auto dst = pt * (dpt - delta);  // dS^T = P^T * (dP^T - Delta)
-        dk = dot(cast(a.T, dst), q, dk);
+        auto dst_t = cast(a.T, dst);
+        dk = dot(dst_t, q, dk);
+        // DQ_REDUCTION: this block's part of dQ, dS K = trans(dS^T) K [BM, D] (unscaled: the
+        // convert / reduce kernel multiplies by softmax_scale once, as the dQ kernel does). A is
+        // dS^T's registers transposed (the lowering moves them through shared memory into the A
+        // layout). B: the program's K window when BLOCK_M >= BLOCK_N -- a schedule whose S^T dots
+        // (M = BLOCK_N) run on wgmma then runs this one (M = BLOCK_M) there too, from the same
+        // shared-memory copy of K. When BLOCK_M < BLOCK_N (e.g. 64 x 128 on 8 warps: wgmma wants M a
+        // multiple of 64 per warpgroup) it falls to mma.sync, which takes B from registers; a use
+        // outside wgmma would also take the K window out of shared memory for the S^T dots, so that
+        // dot reads its own copy of K, loaded in the loop (LLVM at D 64: 700 B of spills -> 20 B).
+        if (reduction != DqReduction::recompute) {
+          Tile k_b = a.BM >= a.BN ? k : load(rows(a.K, kv_h, n0, a.BN));
+          Tile dq_part = dot(trans(dst_t), k_b);
+          if (reduction == DqReduction::atomic)
+            atomic_add(window_pointers(dq_ws, {rows.b, h, m0}, a.BM, a.D), dq_part, (m0 + arange(0, a.BM) < dq_ws.size(2))[col]);
+          else
+            store(dq_ws.block({a.batch_head(rows, h), m0 / a.BM, n_block, 0, 0}, {a.BM, a.D}, {3, 4}), dq_part);
+        }
       };
       if (!seq) {
         for_range(m_begin, m_end, a.BM, [&](Tile m0) { block(m0, Tile()); });
@@ -360,6 +412,65 @@ const Kernel& attention_backward_dq() {
       for_range(0, n_end, a.BN, [&](Tile n0) { block(n0, Tile()); });
     }
     store(rows(dQ, h, m0, a.BM), cast(a.T, dq * softmax_scale));
+  });
+  return kern;
+}
+
+const Kernel& attention_backward_dq_convert() {
+  static const Kernel kern = kernel("attention_bwd_dq_convert", [](Builder& kb) {
+    auto T = kb.meta_dtype("DTYPE", bf16);
+    const int64_t BM = kb.meta<int>("BLOCK_M", 64), D = kb.meta<int>("HEAD_DIM", 64);
+    auto bshd = kb.meta<bool>("BSHD", false);
+    auto accum = kb.tensor("dQ_accum", f32, 4, kRowMajor);
+    auto dQ = kb.tensor("dQ", T, 4, kRowMajor);
+    auto softmax_scale = kb.scalar<float>("softmax_scale");
+    auto m0 = program_id(0) * BM, h = program_id(1);
+    HeadRows rows(program_id(2), D, bshd, /*varlen=*/false);
+    store(rows(dQ, h, m0, BM), cast(T, load(accum.block({rows.b, h, m0, 0}, {BM, D})) * softmax_scale));
+  });
+  return kern;
+}
+
+const Kernel& attention_backward_dq_reduce() {
+  static const Kernel kern = kernel("attention_bwd_dq_reduce", [](Builder& kb) {
+    auto T = kb.meta_dtype("DTYPE", bf16);
+    const int64_t BM = kb.meta<int>("BLOCK_M", 64), BN = kb.meta<int>("BLOCK_N", 64), D = kb.meta<int>("HEAD_DIM", 64);
+    bool causal = kb.meta<bool>("CAUSAL", false);
+    auto bshd = kb.meta<bool>("BSHD", false);
+    const MaskKind kind = backward_mask_meta(kb, causal, /*varlen=*/false);
+    causal = causal || kind == MaskKind::causal;
+    auto parts = kb.tensor("dQ_parts", f32, 5, kRowMajor);
+    auto dQ = kb.tensor("dQ", T, 4, kRowMajor);
+    auto softmax_scale = kb.scalar<float>("softmax_scale");
+    auto S_k = kb.scalar<int>("S_k");
+    std::optional<AttentionMask> mask;  // a library mask: its parameters, then (no tile intervals) the classes
+    Tensor classes;
+    if (kind != MaskKind::full && kind != MaskKind::causal) {
+      mask.emplace(kb, kind);
+      if (!mask->has_tile_intervals()) classes = kb.tensor("block_classes", u8, 4);
+    }
+    auto m_block = program_id(0), h = program_id(1);
+    auto m0 = m_block * BM;
+    HeadRows rows(program_id(2), D, bshd, /*varlen=*/false);
+    auto S_q = rows.seq_len(dQ);
+    auto bh = rows.b * dQ.size(rows.head_dim()) + h;
+    // Parts in increasing key tile order, from +0.0: the order is fixed, so the sum is the same
+    // whatever order the dK/dV programs ran in.
+    Var acc = zeros(f32, {BM, D});
+    auto add = [&](const Tile& n) { acc = acc + load(parts.block({bh, m_block, n, 0, 0}, {BM, D}, {3, 4})); };
+    if (!mask) {
+      // the key tiles that see a row of this tile: all, or (causal) up to the last key its last row sees
+      Tile key_end = causal ? minimum(S_k, m0 + BM + (S_k - S_q)) : S_k;
+      for_range(0, key_end, BN, [&](Tile n0) { add(n0 / BN); });
+    } else if (mask->has_tile_intervals()) {
+      mask->bind(rows.b, h, S_q, S_k).key_tiles(m0, BM, BN).for_each(BN, [&](Tile n0) { add(n0 / BN); });
+    } else {
+      auto cb = where(classes.size(0) == 1, 0, rows.b), ch = where(classes.size(1) == 1, 0, h);
+      for_range(0, cdiv(S_k, BN), [&](Tile n) {
+        if_(load(element_pointer(classes, {cb, ch, m_block, n})) != 0, [&] { add(n); });  // BlockClass::empty = 0
+      });
+    }
+    store(rows(dQ, h, m0, BM), cast(T, acc * softmax_scale));
   });
   return kern;
 }

@@ -1,5 +1,6 @@
-// FlashAttention-2 backward in the DSL: three deterministic kernels (no atomics), run in order
-// after the forward (kernels/attention.hpp), whose LSE they reuse to recompute P.
+// FlashAttention-2 backward in the DSL: three kernels run in order after the forward
+// (kernels/attention.hpp), whose LSE they reuse to recompute P; dQ's reduction (DQ_REDUCTION) is a
+// schedule option: a separate dQ kernel (deterministic), atomics or split parts (deterministic).
 #pragma once
 #include "dsl/lang.hpp"
 
@@ -49,17 +50,57 @@ namespace tilejit::kernels {
 // the group). Rows with no allowed key (forward LSE = -inf) get zero gradients. Dropout and masks
 // are independent.
 
+// DQ_REDUCTION (dK/dV only; an int, DqReduction; default 0): how dQ is summed over key tiles.
+//   0 recompute: attention_bwd_dq recomputes S and P per query tile (7 matmuls in all; no
+//     workspace). The dK/dV kernel is exactly the one without the meta.
+//   1 atomic: the dK/dV kernel also computes each block's part dS K [BLOCK_M, D] (f32, unscaled)
+//     and adds it atomically into dQ_accum; then attention_bwd_dq_convert writes dQ = DTYPE(dQ_accum *
+//     softmax_scale). 5 matmuls; the f32 add order depends on timing (not bit-reproducible).
+//   2 split: each part is stored to its own slot of dQ_parts; then attention_bwd_dq_reduce sums
+//     the parts of each query tile in increasing key tile order from +0.0 and writes dQ: bit
+//     identical whatever the order the programs ran in.
+//   Both: dense tensors only (VARLEN is a BuildError), either layout (BSHD), GQA (each query head of
+//   the group writes its own slots), CAUSAL, DROPOUT, DROPOUT_BITS and every MASK. dK and dV are
+//   computed as with 0 (the same values). attention_bwd_dq is not run.
+// Workspaces (f32, contiguous, 16-byte aligned; parameter after dV, before softmax_scale):
+//   dQ_accum [batch, heads_q, seq_q, head_dim] (always this order, even with BSHD); must be ZERO
+//     before the dK/dV kernel (cuMemsetD32Async), rows it never adds into stay 0 (dQ = 0 there).
+//   dQ_parts [batch * heads_q, M, N, BLOCK_M, head_dim], M = cdiv(seq_q, BLOCK_M), N = cdiv(seq_k,
+//     BLOCK_N) at the dK/dV kernel's tiles (kernels/backward_schedule.hpp's split layout: part (n,
+//     m) of head bh = b * heads_q + h is slot (bh * M + m) * N + n). The dK/dV kernel writes exactly
+//     the parts of non-empty blocks (full: all; causal: n <= the last key tile query tile m sees;
+//     library masks: the blocks its walk visits); the reducer reads exactly those (the same
+//     geometry, the mask's key_tiles intervals, or the pre-pass's block_classes), so no zeroing is
+//     needed. Rows past seq_q in the last query tile hold 0. Size 4 * B * Hq * M * N * BLOCK_M * D
+//     bytes: about seq_q * seq_k / BLOCK_N * D * 4 per head (the price of a fixed order without
+//     semaphores; ordered accumulation is the next step, see backward_schedule.hpp).
+// Schedule (sm_90a): with the reduction the dK/dV kernel does 5 dots. The dQ dot has M = BLOCK_M,
+// and wgmma wants M a multiple of 64 per warpgroup, so use BLOCK_M 64, BLOCK_N 64, 4 warps, 2
+// stages: every dot on wgmma, dQ's B from the same shared-memory copy of K; head dim 64: no spills
+// (LLVM 224 / 206 registers atomic / split, nvrtc 182 / 170); head dim 128: nvrtc 234 / 238, LLVM
+// spills 292 / 192 B. The dK/dV default 64 x 128 on 8 warps runs the dQ dot on mma.sync (operands
+// through shared memory, K loaded again in the loop for it; LLVM 255 registers, 12-20 B of
+// spills at D 64). A = trans(dS^T registers) goes through shared memory into the A layout either
+// way; atomic_add converts the [BLOCK_M, D] part to a blocked layout through shared memory and
+// issues one atom.global.add.f32 per element (tests/test_attention_bwd_reduction.cpp prints these).
+enum class DqReduction : int { recompute = 0, atomic = 1, split = 2 };
+inline const char* dq_reduction_name(DqReduction r) {
+  return r == DqReduction::recompute ? "recompute" : r == DqReduction::atomic ? "atomic" : "split";
+}
+
 // Delta[b, h, i] = sum_d dO[b, h, i, d] * O[b, h, i, d] (f32).
 // Params: O, dO, Delta (VARLEN: cu_seqlens_q). Meta: DTYPE, BLOCK_M, HEAD_DIM, BSHD, VARLEN. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
 const lang::Kernel& attention_backward_preprocess();
 
 // dK, dV for one key block of one key/value head, summed over the query heads of its group:
 // dV = sum P^T dO, dK = scale * sum dS^T Q with dS = P * (dO V^T - Delta).
-// Params: Q, K, V, dO, LSE, Delta, dK, dV, softmax_scale (f32) (VARLEN: cu_seqlens_q, cu_seqlens_k)
-// (DROPOUT: seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold) (DROPOUT_BITS: dropout_bits)
-// (MASK: the mask's parameters, then without tile intervals q_num_blocks, q_indices,
-// full_q_num_blocks, full_q_indices).
-// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, MASK, DROPOUT, DROPOUT_BITS. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch).
+// With DQ_REDUCTION, also dQ's parts dS K (atomic: into dQ_accum; split: into dQ_parts).
+// Params: Q, K, V, dO, LSE, Delta, dK, dV, (DQ_REDUCTION=1: dQ_accum; =2: dQ_parts) softmax_scale
+// (f32) (VARLEN: cu_seqlens_q, cu_seqlens_k) (DROPOUT: seed_lo, seed_hi, offset_lo, offset_hi,
+// keep_threshold) (DROPOUT_BITS: dropout_bits) (MASK: the mask's parameters, then without tile
+// intervals q_num_blocks, q_indices, full_q_num_blocks, full_q_indices).
+// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, MASK, DROPOUT, DROPOUT_BITS,
+// DQ_REDUCTION. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch).
 const lang::Kernel& attention_backward_dkdv();
 
 // dQ = scale * sum dS K for one query block.
@@ -69,5 +110,22 @@ const lang::Kernel& attention_backward_dkdv();
 // full_kv_num_blocks, full_kv_indices).
 // Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, MASK, DROPOUT, DROPOUT_BITS. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
 const lang::Kernel& attention_backward_dq();
+
+// DQ_REDUCTION=1 (atomic), after the dK/dV kernel: dQ = DTYPE(dQ_accum * softmax_scale).
+// Params: dQ_accum (f32 [batch, heads_q, seq_q, head_dim]), dQ (DTYPE, the dQ layout: BSHD or not),
+// softmax_scale (f32). Meta: DTYPE, BLOCK_M (any), HEAD_DIM, BSHD. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
+const lang::Kernel& attention_backward_dq_convert();
+
+// DQ_REDUCTION=2 (split), after the dK/dV kernel: dQ[b, h, tile m] = DTYPE(softmax_scale * sum of the
+// parts (n, m) in increasing n), over the key tiles n whose block (m, n) is non-empty; 0 for none.
+// Params: dQ_parts (f32 [batch * heads_q, M, N, BLOCK_M, head_dim], as the dK/dV kernel wrote it),
+// dQ (DTYPE, the dQ layout), softmax_scale (f32), S_k (i32: seq_k), then with a library MASK the
+// mask's parameters (mask_parameter_names order, the dK/dV kernel's values) and, for the kinds
+// without tile intervals, block_classes (u8 [Bm, Hm, M, N]: the attention_block_mask pre-pass's
+// classes at the dK/dV kernel's BLOCK_M x BLOCK_N -- the run whose KV_MAJOR=true lists the dK/dV
+// kernel reads writes them; Bm / Hm 1 broadcast).
+// Meta: DTYPE, BLOCK_M, BLOCK_N (both the dK/dV kernel's), HEAD_DIM, CAUSAL, BSHD, MASK (the dK/dV
+// kernel's). Grid: (M = cdiv(seq_q, BLOCK_M), heads_q, batch).
+const lang::Kernel& attention_backward_dq_reduce();
 
 }  // namespace tilejit::kernels

@@ -15,9 +15,11 @@ const std::vector<LibraryKernel>& library() {
       {"attention_fwd", &attention_forward, "FlashAttention forward with online softmax, optional causal mask",
        {{"BLOCK_M", 128}, {"BLOCK_N", 128}}, 8, 2},
       {"attention_bwd_preprocess", &attention_backward_preprocess, "attention backward, step 1: Delta = rowsum(dO * O)", {}, 4, 3},
-      {"attention_bwd_dkdv", &attention_backward_dkdv, "attention backward: dK, dV per key block, summed over the GQA group (no atomics)",
+      {"attention_bwd_dkdv", &attention_backward_dkdv, "attention backward: dK, dV per key block, summed over the GQA group (DQ_REDUCTION: also dQ's parts, atomic or split)",
        {{"BLOCK_M", 64}, {"BLOCK_N", 128}}, 8, 2},
       {"attention_bwd_dq", &attention_backward_dq, "attention backward: dQ per query block (no atomics)", {{"BLOCK_M", 128}, {"BLOCK_N", 64}}, 8, 2},
+      {"attention_bwd_dq_convert", &attention_backward_dq_convert, "attention backward, DQ_REDUCTION=atomic: dQ = scale * dQ_accum (f32 workspace)", {{"BLOCK_M", 64}}, 4, 2},
+      {"attention_bwd_dq_reduce", &attention_backward_dq_reduce, "attention backward, DQ_REDUCTION=split: dQ = scale * the parts in key tile order", {{"BLOCK_M", 64}, {"BLOCK_N", 128}}, 4, 2},
       {"dropout_mask", &dropout_mask, "packed attention dropout keep-mask (Philox4x32-10, 1 bit per element, u32 words along keys)",
        {{"BLOCK_M", 64}, {"BLOCK_W", 4}}, 4, 3},
   };

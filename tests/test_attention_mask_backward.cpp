@@ -16,7 +16,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <optional>
 #include <random>
 #include <string>
@@ -24,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention_mask_testing.hpp"
 #include "jit/compile.hpp"
 #include "jit/ptx_compiler.hpp"
 #include "kernels/attention.hpp"
@@ -61,31 +61,11 @@ struct Problem {
                        dropout_p > 0 ? fmt::format(" dropout {}", dropout_p) : "");
   }
   bool uses_lists() const { return !km::mask_has_tile_intervals(spec.kind); }
-  // The batch and head extents of the mask's data, hence of the pre-pass's lists.
-  int64_t list_batch() const {
-    if (spec.kind == MaskKind::block_sparse) return table_shape[0];
-    return km::mask_uses_doc_ids(spec.kind) ? docs_shape[0] : B;
-  }
-  int64_t list_heads() const { return spec.kind == MaskKind::block_sparse ? table_shape[1] : 1; }
   int64_t q_tiles() const { return (Sq + bm - 1) / bm; }
   int64_t k_tiles() const { return (Sk + bn - 1) / bn; }
   int64_t group() const { return Hq / Hkv; }
   km::DropoutRngHost rng() const { return {0x5eed5eed12345678ULL, 0x0000000300000007ULL, km::dropout_keep_threshold(dropout_p)}; }
 };
-
-// Ragged documents: per id row, runs of random lengths in [1, longest], ids that do not start at 0.
-std::vector<int32_t> documents(int64_t rows, int64_t tokens, uint32_t longest, std::mt19937& rng) {
-  std::vector<int32_t> ids(static_cast<size_t>(rows * tokens));
-  for (int64_t r = 0; r < rows; ++r) {
-    int32_t id = 40 + 5 * static_cast<int32_t>(r);
-    uint32_t left = 0;
-    for (int64_t t = 0; t < tokens; ++t, --left) {
-      if (left == 0) left = 1 + rng() % longest, id += 2;
-      ids[static_cast<size_t>(r * tokens + t)] = id;
-    }
-  }
-  return ids;
-}
 
 // A random block table [rows, heads, cdiv(S_q, bq), cdiv(S_k, bk)] with about `density` ones.
 void random_table(Problem& p, int64_t rows, int64_t heads, double density, std::mt19937& rng) {
@@ -123,7 +103,7 @@ std::vector<Problem> problems() {
                             Segments{MaskSpec::share_question(), 2, 2, 50, 75, 16, 16}, Segments{MaskSpec::causal_blockwise(), 2, 2, 75, 75, 32, 16}}) {
     Problem* p = add(fmt::format("{} ids [{}, S_k]", km::mask_kind_name(s.spec.kind), s.id_rows), s.spec, 2, s.Hq, 2, s.Sq, s.Sk, s.bm, s.bn);
     p->docs_shape = {s.id_rows, s.Sk};
-    p->docs = documents(s.id_rows, s.Sk, 64, rng);
+    p->docs = testing::mask_documents(s.id_rows, s.Sk, 64, rng);
   }
   random_table(*add("block_sparse 8x16 per-head table", MaskSpec::block_sparse(8, 16), 2, 4, 2, 60, 70, 16, 16), 2, 4, 0.4, rng);
   random_table(*add("block_sparse 5x7 table [1, 1, ..]", MaskSpec::block_sparse(5, 7), 1, 2, 2, 45, 52, 32, 16), 1, 1, 0.85, rng);
@@ -140,48 +120,10 @@ std::vector<Problem> problems() {
   return ps;
 }
 
-// A mask's parameters as interpreter arguments, in the kernels' declaration order.
-struct MaskParams {
-  HostTensor docs, prefix, table;
-  std::vector<rt::Arg> args;
-  explicit MaskParams(const Problem& p) {
-    auto ints = [](DType d, const ir::Shape& shape, auto values) {
-      HostTensor t(d, shape);
-      for (int64_t i = 0; i < t.numel(); ++i) t.set_flat(i, values[static_cast<size_t>(i)]);
-      return t;
-    };
-    if (km::mask_uses_doc_ids(p.spec.kind)) docs = ints(i32, p.docs_shape, p.docs);
-    if (p.spec.kind == MaskKind::prefix_lm) prefix = ints(i32, {p.B}, p.prefix);
-    if (p.spec.kind == MaskKind::block_sparse) table = ints(u8, p.table_shape, p.table);
-    const std::map<std::string, rt::Arg> by_name{
-        {"mask_window_left", p.spec.window_left}, {"mask_window_right", p.spec.window_right}, {"mask_global_tokens", p.spec.global_tokens},
-        {"mask_block_q", p.spec.block_q},         {"mask_block_k", p.spec.block_k},           {"mask_doc_ids", rt::Arg(docs)},
-        {"mask_prefix_lengths", rt::Arg(prefix)}, {"mask_block_table", rt::Arg(table)}};
-    for (const std::string& name : km::mask_parameter_names(p.spec.kind)) args.push_back(by_name.at(name));
-  }
-  MaskParams(const MaskParams&) = delete;  // args point at the tensors
-};
-
-// The attention_block_mask pre-pass at the backward's tiles, in the interpreter: the four lists
-// (num, indices, full num, full indices) a kernel reads, poisoned where the pre-pass leaves them.
-struct BlockLists {
-  HostTensor classes, num, indices, full_num, full_indices;
-  BlockLists(const Problem& p, const MaskParams& mask, bool kv_major) {
-    const int64_t Bm = p.list_batch(), Hm = p.list_heads(), outer = kv_major ? p.k_tiles() : p.q_tiles();
-    const int64_t inner = kv_major ? p.q_tiles() : p.k_tiles();
-    classes = HostTensor(u8, {Bm, Hm, p.q_tiles(), p.k_tiles()});
-    num = HostTensor(i32, {Bm, Hm, outer}), full_num = HostTensor(i32, {Bm, Hm, outer});
-    indices = HostTensor(i32, {Bm, Hm, outer, inner}), full_indices = HostTensor(i32, {Bm, Hm, outer, inner});
-    for (HostTensor* t : {&classes, &num, &indices, &full_num, &full_indices}) t->poison();
-    std::vector<rt::Arg> args{classes, num, indices, full_num, full_indices, p.Sq, p.Sk};
-    args.insert(args.end(), mask.args.begin(), mask.args.end());
-    const Meta meta{{"BLOCK_M", p.bm}, {"BLOCK_N", p.bn}, {"KV_MAJOR", kv_major}, {"MASK", static_cast<int>(p.spec.kind)}};
-    rt::interpret(km::attention_block_mask().build(meta), {outer, Hm, Bm}, args);
-  }
-  void append_to(std::vector<rt::Arg>& args) {
-    for (HostTensor* t : {&num, &indices, &full_num, &full_indices}) args.emplace_back(*t);
-  }
-};
+// The attention_block_mask pre-pass at the problem's (backward kernels') tiles, in the interpreter.
+testing::BlockMaskRun block_lists(const Problem& p, const testing::MaskArgs& mask, bool kv_major) {
+  return testing::BlockMaskRun(p.spec, p.data(), mask, p.B, p.Sq, p.Sk, p.bm, p.bn, kv_major);
+}
 
 // The inputs (random, then NaN where `poison` says), the forward's O and LSE (from the float64
 // reference), and the gradients of the exact masked attention.
@@ -237,62 +179,9 @@ Backward reference(const Problem& p, double scale, bool poison_empty) {
             if (e.k_tile[static_cast<size_t>((b * p.Hkv + h) * p.k_tiles() + j / p.bn)]) r.k.set({b, h, j, d}, NAN), r.v.set({b, h, j, d}, NAN);
       }
   }
-  const std::vector<double> q = r.q.to_f64(), k = r.k.to_f64(), v = r.v.to_f64(), dout = r.dout.to_f64();
-  const km::DropoutRngHost rng = p.rng();
-  const double keep_scale = p.dropout_p > 0 ? 256.0 / rng.keep_threshold : 1.0;
-  r.dq.assign(q.size(), 0.0), r.dk.assign(k.size(), 0.0), r.dv.assign(v.size(), 0.0);
-  r.delta.assign(static_cast<size_t>(p.B * p.Hq * p.Sq), 0.0);
-  std::vector<double> prob(static_cast<size_t>(p.Sk)), dropped(static_cast<size_t>(p.Sk));
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.Hq; ++h) {
-      const int64_t kh = h / p.group();
-      const auto bh = static_cast<uint32_t>(b * p.Hq + h);
-      for (int64_t i = 0; i < p.Sq; ++i) {
-        const uint8_t* allowed = &r.mask[at4(b, h, i, 0, p.Hq, p.Sq, p.Sk)];
-        double mx = -INFINITY, sum = 0;
-        for (int64_t j = 0; j < p.Sk; ++j) {
-          if (!allowed[j]) continue;
-          double s = 0;
-          for (int64_t d = 0; d < D; ++d) s += q[at4(b, h, i, d, p.Hq, p.Sq, D)] * k[at4(b, kh, j, d, p.Hkv, p.Sk, D)];
-          prob[static_cast<size_t>(j)] = s * scale, mx = std::max(mx, s * scale);
-        }
-        if (mx == -INFINITY) {  // no allowed key: O = 0, LSE = -inf, no gradient
-          for (int64_t d = 0; d < D; ++d) r.o.set({b, h, i, d}, 0.0);
-          r.lse.set({b, h, i}, -INFINITY);
-          continue;
-        }
-        for (int64_t j = 0; j < p.Sk; ++j) sum += allowed[j] ? std::exp(prob[static_cast<size_t>(j)] - mx) : 0.0;
-        const double lse = mx + std::log(sum);
-        r.lse.set({b, h, i}, lse);
-        for (int64_t j = 0; j < p.Sk; ++j) {
-          const double pj = allowed[j] ? std::exp(prob[static_cast<size_t>(j)] - lse) : 0.0;
-          const bool keep = p.dropout_p == 0 || km::dropout_keep_host(rng, bh, static_cast<uint32_t>(i), static_cast<uint32_t>(j));
-          prob[static_cast<size_t>(j)] = pj, dropped[static_cast<size_t>(j)] = keep ? pj * keep_scale : 0.0;
-        }
-        double delta = 0;
-        for (int64_t d = 0; d < D; ++d) {
-          double o = 0;
-          for (int64_t j = 0; j < p.Sk; ++j)
-            if (allowed[j]) o += dropped[static_cast<size_t>(j)] * v[at4(b, kh, j, d, p.Hkv, p.Sk, D)];
-          r.o.set({b, h, i, d}, o);
-          delta += dout[at4(b, h, i, d, p.Hq, p.Sq, D)] * r.o.get({b, h, i, d});  // the stored (bf16) O
-        }
-        r.delta[static_cast<size_t>((b * p.Hq + h) * p.Sq + i)] = delta;
-        for (int64_t j = 0; j < p.Sk; ++j) {
-          if (!allowed[j]) continue;
-          const double pj = prob[static_cast<size_t>(j)], pd = dropped[static_cast<size_t>(j)];
-          double dp = 0;
-          if (pd != 0)
-            for (int64_t d = 0; d < D; ++d) dp += dout[at4(b, h, i, d, p.Hq, p.Sq, D)] * v[at4(b, kh, j, d, p.Hkv, p.Sk, D)];
-          const double ds = pj * ((pd != 0 ? dp * keep_scale : 0.0) - delta);
-          for (int64_t d = 0; d < D; ++d) {
-            r.dv[at4(b, kh, j, d, p.Hkv, p.Sk, D)] += pd * dout[at4(b, h, i, d, p.Hq, p.Sq, D)];
-            r.dq[at4(b, h, i, d, p.Hq, p.Sq, D)] += scale * ds * k[at4(b, kh, j, d, p.Hkv, p.Sk, D)];
-            r.dk[at4(b, kh, j, d, p.Hkv, p.Sk, D)] += scale * ds * q[at4(b, h, i, d, p.Hq, p.Sq, D)];
-          }
-        }
-      }
-    }
+  testing::MaskedBackwardRef g =
+      testing::masked_backward_ref({p.B, p.Hq, p.Hkv, p.Sq, p.Sk, D, false}, r.mask, r.q, r.k, r.v, r.dout, scale, p.rng(), r.o, r.lse);
+  r.dq = std::move(g.dq), r.dk = std::move(g.dk), r.dv = std::move(g.dv), r.delta = std::move(g.delta);
   return r;
 }
 
@@ -320,7 +209,7 @@ Gradients run_backward(const Problem& p, Backward& in, double scale, const Meta&
   if (!names_mask) kmeta.emplace_back("MASK", static_cast<int>(p.spec.kind));
   kmeta.insert(kmeta.end(), meta.begin(), meta.end());
   std::vector<rt::Arg> tail = dropout_args(p);  // after the kernel's own parameters: dropout, mask, lists
-  MaskParams mask(p);
+  testing::MaskArgs mask(p.spec, p.data());
   tail.insert(tail.end(), mask.args.begin(), mask.args.end());
   const auto scale_f = static_cast<float>(scale);
   for (bool kv_major : {true, false}) {
@@ -328,8 +217,8 @@ Gradients run_backward(const Problem& p, Backward& in, double scale, const Meta&
     if (kv_major) args.insert(args.end(), {g.dk, g.dv, scale_f});
     else args.insert(args.end(), {g.dq, scale_f});
     args.insert(args.end(), tail.begin(), tail.end());
-    std::optional<BlockLists> lists;
-    if (p.uses_lists()) lists.emplace(p, mask, kv_major), lists->append_to(args);
+    std::optional<testing::BlockMaskRun> lists;
+    if (p.uses_lists()) lists.emplace(block_lists(p, mask, kv_major)), lists->append_to(args);
     if (kv_major) rt::interpret(km::attention_backward_dkdv().build(kmeta), {p.k_tiles(), p.Hkv, p.B}, args);
     else rt::interpret(km::attention_backward_dq().build(kmeta), {p.q_tiles(), p.Hq, p.B}, args);
   }
@@ -434,7 +323,7 @@ TEST_CASE("blocks a mask leaves empty are never visited: NaN in their Q, dO, K, 
                                      std::tuple{"block_sparse", MaskSpec::block_sparse(16, 16), 64, 80}}) {
     Problem p;
     p.label = label, p.spec = spec, p.B = 1, p.Hq = 2, p.Hkv = 1, p.Sq = Sq, p.Sk = Sk;
-    if (spec.kind == MaskKind::causal_document) p.docs_shape = {1, Sk}, p.docs = documents(1, Sk, 20, rng);
+    if (spec.kind == MaskKind::causal_document) p.docs_shape = {1, Sk}, p.docs = testing::mask_documents(1, Sk, 20, rng);
     if (spec.kind == MaskKind::block_sparse) {
       random_table(p, 1, 2, 0.5, rng);
       const int64_t nq = p.table_shape[2], nk = p.table_shape[3];
@@ -474,10 +363,10 @@ TEST_CASE("end to end: the masked forward kernel's O and LSE, then the backward 
     std::vector<rt::Arg> args{in.q, in.k, in.v, o, lse, static_cast<float>(scale)};
     const std::vector<rt::Arg> drop = dropout_args(p);
     args.insert(args.end(), drop.begin(), drop.end());
-    MaskParams mask(p);
+    testing::MaskArgs mask(p.spec, p.data());
     args.insert(args.end(), mask.args.begin(), mask.args.end());
-    std::optional<BlockLists> lists;
-    if (p.uses_lists()) lists.emplace(fwd, mask, /*kv_major=*/false), lists->append_to(args);
+    std::optional<testing::BlockMaskRun> lists;
+    if (p.uses_lists()) lists.emplace(block_lists(fwd, mask, /*kv_major=*/false)), lists->append_to(args);
     const Meta meta{{"BLOCK_M", fwd.bm}, {"BLOCK_N", fwd.bn}, {"HEAD_DIM", Problem::D}, {"DROPOUT", p.dropout_p > 0},
                     {"MASK", static_cast<int>(p.spec.kind)}};
     rt::interpret(km::attention_forward().build(meta), {fwd.q_tiles(), p.Hq, p.B}, args);
