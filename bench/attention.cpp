@@ -324,6 +324,43 @@ int bench_dropout(double p, int max_reps) {
 // masks use bench_document_lengths (bench/flex_masks.py builds the same documents for
 // FlexAttention); data-dependent masks run the attention_block_mask pre-pass first (not timed:
 // FlexAttention's block mask is also built once and reused).
+// --pipeline-ab: the forward with PIPELINE_QK off and on (S of the next block issued before this
+// block's softmax), D 64/128, S 4k, full and causal, without and with fused dropout (p = 0.1),
+// alternated rounds; direct launches at the API's default schedule.
+int bench_pipeline(int max_reps) {
+  const Buffers buf;
+  runtime::Stream stream;
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true})
+      for (bool dropout : {false, true}) {
+        const Config c{4096, D, causal};
+        const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
+        const attention::Schedule sch = attention::default_schedule(attention::Pass::forward, ir::DType::bf16, static_cast<int>(D), causal);
+        std::vector<Function> fns;
+        for (bool pipe : {false, true}) {
+          lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D}, {"BLOCK_M", sch.block_m}, {"BLOCK_N", sch.block_n}, {"BSHD", true},
+                          {"CAUSAL", causal}, {"DROPOUT", dropout}, {"PIPELINE_QK", pipe}};
+          jit::CompileOptions o;
+          o.num_warps = sch.num_warps;
+          o.pipeline.stages = sch.stages;
+          fns.emplace_back(kernels::attention_forward(), meta, o);
+        }
+        std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), static_cast<float>(1 / std::sqrt(double(D)))};
+        if (dropout)
+          for (uint32_t v : {1234u, 0u, 7u, 0u, kernels::dropout_keep_threshold(0.1)}) args.emplace_back(v);
+        const runtime::Grid grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()};
+        std::vector<double> ms[2];
+        for (int round = 0; round < 3; ++round)
+          for (int pipe : {0, 1})
+            ms[pipe].push_back(time_ms([&] { fns[static_cast<size_t>(pipe)].launch(grid, stream.handle(), args); }, stream, max_reps));
+        const double f = c.fwd_flops(), a = median(ms[0]), b = median(ms[1]);
+        std::printf("PIPELINE_QK D=%ld causal=%d dropout=%d off_ms=%.4f on_ms=%.4f off_tflops=%.1f on_tflops=%.1f speedup=%.3f\n",
+                    static_cast<long>(D), causal ? 1 : 0, dropout ? 1 : 0, a, b, f / (a * 1e-3) / 1e12, f / (b * 1e-3) / 1e12, a / b);
+        std::fflush(stdout);
+      }
+  return 0;
+}
+
 const int64_t kDocumentLengths[] = {1024, 3072, 512, 2560, 1536, 4096, 768, 2816};
 
 int bench_masks(int max_reps) {
@@ -554,13 +591,14 @@ int main(int argc, char** argv) {
   int reps = 20;
   std::string check_dir;
   double dropout_p = -1;
-  bool masks = false;
+  bool masks = false, pipeline_ab = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--check" && i + 1 < argc) check_dir = argv[++i];
     else if (a == "--masks") masks = true;
+    else if (a == "--pipeline-ab") pipeline_ab = true;
     else if (a == "--dropout") {
       dropout_p = 0.1;
       if (i + 1 < argc && argv[i + 1][0] != '-') dropout_p = std::atof(argv[++i]);
@@ -584,6 +622,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "GPU: %s\n", driver.props(0).name.c_str());
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps);
     if (masks) return bench_masks(reps);
+    if (pipeline_ab) return bench_pipeline(reps);
     return check_dir.empty() ? bench(quick, reps) : check(check_dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench/attention: %s\n", e.what());

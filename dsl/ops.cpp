@@ -219,6 +219,7 @@ Tile log(const Operand& x, Loc loc) { return unary(OpKind::log, x, loc); }
 Tile log2(const Operand& x, Loc loc) { return unary(OpKind::log2, x, loc); }
 Tile sqrt(const Operand& x, Loc loc) { return unary(OpKind::sqrt, x, loc); }
 Tile rsqrt(const Operand& x, Loc loc) { return unary(OpKind::rsqrt, x, loc); }
+Tile rcp(const Operand& x, Loc loc) { return unary(OpKind::rcp, x, loc); }
 Tile abs(const Operand& x, Loc loc) { return unary(OpKind::abs, x, loc); }
 Tile floor(const Operand& x, Loc loc) { return unary(OpKind::floor, x, loc); }
 Tile ceil(const Operand& x, Loc loc) { return unary(OpKind::ceil, x, loc); }

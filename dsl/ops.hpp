@@ -34,6 +34,10 @@ Tile log(const Operand& x, Loc loc = Loc::current());
 Tile log2(const Operand& x, Loc loc = Loc::current());
 Tile sqrt(const Operand& x, Loc loc = Loc::current());
 Tile rsqrt(const Operand& x, Loc loc = Loc::current());
+// Approximate 1 / x (the GPU's rcp.approx.ftz: within 1 ulp, subnormal inputs and results flushed
+// to zero; the interpreter: 1 / x rounded, flushed the same way). Unlike '/', never a slow-path
+// subroutine call (which would make ptxas serialise a kernel's wgmma).
+Tile rcp(const Operand& x, Loc loc = Loc::current());
 Tile abs(const Operand& x, Loc loc = Loc::current());
 Tile floor(const Operand& x, Loc loc = Loc::current());
 Tile ceil(const Operand& x, Loc loc = Loc::current());

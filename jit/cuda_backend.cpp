@@ -85,6 +85,7 @@ std::string prelude() {
 
 // Transcendentals: the approximate PTX instructions (the LLVM backend selects the same ones).
 TJ_INLINE float tj_ex2(float x) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+TJ_INLINE float tj_rcp(float x) { float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 TJ_INLINE float tj_lg2(float x) { float r; asm("lg2.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 TJ_INLINE float tj_rsqrt(float x) { float r; asm("rsqrt.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 TJ_INLINE float tj_sin(float x) { float r; asm("sin.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
@@ -617,6 +618,7 @@ class Printer {
       case Op::log: e = fmt::format("tj_log({})", f); break;
       case Op::sqrt: e = fmt::format("__fsqrt_rn({})", f); break;
       case Op::rsqrt: e = fmt::format("tj_rsqrt({})", f); break;
+      case Op::rcp: e = fmt::format("tj_rcp({})", f); break;
       case Op::floor: e = fmt::format("floorf({})", f); break;
       case Op::ceil: e = fmt::format("ceilf({})", f); break;
       case Op::tanh: e = fmt::format("tj_tanh({})", f); break;
@@ -768,7 +770,7 @@ class Printer {
         const bool fp = ir::is_float(dt(a(0)));
         return def(in.results[0], fp ? binary_float(in.op, a(0), a(1)) : binary_int(in.op, a(0), a(1)));
       }
-      case Op::neg: case Op::bit_not: case Op::abs: case Op::exp2: case Op::log2: case Op::exp: case Op::log: case Op::sqrt:
+      case Op::neg: case Op::bit_not: case Op::abs: case Op::exp2: case Op::log2: case Op::exp: case Op::log: case Op::sqrt: case Op::rcp:
       case Op::rsqrt: case Op::floor: case Op::ceil: case Op::tanh: case Op::sin: case Op::cos: case Op::erf:
         check_args(in, 1, 1);
         check_results(in, 1);

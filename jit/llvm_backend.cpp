@@ -140,6 +140,7 @@ class Emitter {
         break;
       case Op::sqrt: r = intrinsic(llvm::Intrinsic::sqrt, {F}, {f}); break;
       case Op::rsqrt: r = intrinsic(llvm::Intrinsic::nvvm_rsqrt_approx_f, {}, {f}); break;
+      case Op::rcp: r = intrinsic(llvm::Intrinsic::nvvm_rcp_approx_ftz_f, {}, {f}); break;
       case Op::floor: r = intrinsic(llvm::Intrinsic::floor, {F}, {f}); break;
       case Op::ceil: r = intrinsic(llvm::Intrinsic::ceil, {F}, {f}); break;
       case Op::sin: r = intrinsic(llvm::Intrinsic::nvvm_sin_approx_f, {}, {f}); break;
@@ -389,7 +390,7 @@ class Emitter {
         set(r0, is_fp(in.args[0]) ? intrinsic(llvm::Intrinsic::fabs, {a(0)->getType()}, {a(0)})
                                   : (sgn(in.args[0]) ? intrinsic(llvm::Intrinsic::abs, {a(0)->getType()}, {a(0), b_.getFalse()}) : a(0)));
         return;
-      case Op::exp2: case Op::log2: case Op::exp: case Op::log: case Op::sqrt: case Op::rsqrt: case Op::floor:
+      case Op::exp2: case Op::log2: case Op::exp: case Op::log: case Op::sqrt: case Op::rsqrt: case Op::rcp: case Op::floor:
       case Op::ceil: case Op::tanh: case Op::sin: case Op::cos: case Op::erf:
         set(r0, math(in.op, a(0)));
         return;

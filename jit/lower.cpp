@@ -431,7 +431,7 @@ class Lowerer {
         {OpKind::bit_and, Op::bit_and}, {OpKind::bit_or, Op::bit_or}, {OpKind::bit_xor, Op::bit_xor},
         {OpKind::shl, Op::shl}, {OpKind::shr, Op::shr}, {OpKind::umulhi, Op::umulhi}, {OpKind::neg, Op::neg},
         {OpKind::bit_not, Op::bit_not}, {OpKind::abs, Op::abs}, {OpKind::exp, Op::exp}, {OpKind::exp2, Op::exp2},
-        {OpKind::log, Op::log}, {OpKind::log2, Op::log2}, {OpKind::sqrt, Op::sqrt}, {OpKind::rsqrt, Op::rsqrt},
+        {OpKind::log, Op::log}, {OpKind::log2, Op::log2}, {OpKind::sqrt, Op::sqrt}, {OpKind::rsqrt, Op::rsqrt}, {OpKind::rcp, Op::rcp},
         {OpKind::floor, Op::floor}, {OpKind::ceil, Op::ceil}, {OpKind::tanh, Op::tanh}, {OpKind::sin, Op::sin},
         {OpKind::cos, Op::cos}, {OpKind::erf, Op::erf}};
     auto it = direct.find(op.kind);
@@ -454,8 +454,18 @@ class Lowerer {
   // ---------------------------------------------------------------- program order
   void block(const ir::Block& b) {
     for (const ir::Op& op : b.ops) {
-      if (!op.regions.empty()) wait_pending();  // a region must not see MMAs still in flight
+      if (op.regions.empty()) {
+        lower(op);
+        continue;
+      }
+      // A region that reads an MMA result still in flight, or runs MMAs itself, waits for all of
+      // them first. Any other region (e.g. a mask applied under a branch) runs while they stay in
+      // flight: it cannot touch their registers, and they are not its to wait for.
+      if (region_needs_mma_results(op)) wait_pending();
+      std::vector<PendingDot> outer = std::move(pending_);
+      pending_.clear();
       lower(op);
+      pending_ = std::move(outer);
     }
     wait_pending();
   }
@@ -1570,6 +1580,19 @@ class Lowerer {
     // exponentials are computed.
     pending_.push_back({++committed_, op.results[0], LC, acc});
     put(op.results[0], LC, acc);
+  }
+
+  bool region_needs_mma_results(const ir::Op& op) const {
+    if (pending_.empty()) return false;
+    auto pending = [&](ir::ValueId v) {
+      return std::any_of(pending_.begin(), pending_.end(), [&](const PendingDot& p) { return p.value == v; });
+    };
+    bool needs = std::any_of(op.operands.begin(), op.operands.end(), pending);
+    for (const ir::Block& r : op.regions)
+      ir::walk(r, [&](const ir::Op& inner) {
+        if (inner.kind == OpKind::dot || std::any_of(inner.operands.begin(), inner.operands.end(), pending)) needs = true;
+      });
+    return needs;
   }
 
   // wgmma groups committed in this straight-line block whose results nobody has read yet.

@@ -12,7 +12,7 @@ constexpr std::array<const char*, static_cast<size_t>(Op::yield) + 1> kNames{
     "constant", "param", "thread_id", "block_id", "grid_dim",
     "add", "sub", "mul", "div", "rem", "minimum", "maximum", "and", "or", "xor", "shl", "shr", "umulhi",
     "neg", "not", "abs",
-    "exp2", "log2", "exp", "log", "sqrt", "rsqrt", "floor", "ceil", "tanh", "sin", "cos", "erf",
+    "exp2", "log2", "exp", "log", "sqrt", "rsqrt", "rcp", "floor", "ceil", "tanh", "sin", "cos", "erf",
     "cmp", "select", "cast", "bitcast", "pack2", "unpack2", "load_vec", "store_vec", "gep", "load", "store", "atomic_add", "sem_wait", "sem_signal", "load_shared",
     "store_shared", "barrier", "shfl_xor", "mma_16816",
     "smem_addr", "mbar_init", "mbar_expect_tx", "mbar_arrive", "mbar_wait", "mbar_inval", "atom_shared", "tma_load_2d", "fence_mbar_init",

@@ -30,7 +30,7 @@ enum class Op : uint8_t {
   // arithmetic: operands and result share the type; signedness comes from the dtype
   add, sub, mul, div, rem, minimum, maximum, bit_and, bit_or, bit_xor, shl, shr, umulhi,
   neg, bit_not, abs,
-  exp2, log2, exp, log, sqrt, rsqrt, floor, ceil, tanh, sin, cos, erf,
+  exp2, log2, exp, log, sqrt, rsqrt, rcp, floor, ceil, tanh, sin, cos, erf,
   cmp,     // imm = predicate (Pred) -> i1
   select,  // (i1, a, b)
   cast,    // value conversion to ty (same rules as the tile IR's cast)

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include <functional>
 #include <optional>
+#include <utility>
 
 #include "kernels/attention_mask.hpp"
 #include "kernels/philox.hpp"
@@ -22,8 +24,9 @@ AttentionDropout::AttentionDropout(Builder& kb)
       offset_lo(kb.scalar<uint32_t>("offset_lo")),
       offset_hi(kb.scalar<uint32_t>("offset_hi")),
       keep_threshold(kb.scalar<uint32_t>("keep_threshold")),
-      // threshold 0 (everything dropped) gives inf here, but it only scales kept values
-      scale(256.0f / cast(f32, keep_threshold)) {}
+      // threshold 0 (everything dropped) gives inf here, but it only scales kept values. rcp, not
+      // '/': a division's slow path is a subroutine call, and ptxas then serialises every wgmma
+      scale(256.0f * rcp(cast(f32, keep_threshold))) {}
 
 bool AttentionDropout::precomputed_meta(Builder& kb, bool dropout, bool varlen, int64_t block_n) {
   // DROPOUT_BITS: read the keep-mask, precomputed and packed by the dropout_mask kernel (the same
@@ -74,6 +77,15 @@ const Kernel& attention_forward() {
     auto dropout = kb.meta<bool>("DROPOUT", false), return_mask = kb.meta<bool>("RETURN_MASK", false);
     if (return_mask && !dropout) kb.fail(Loc::current(), "RETURN_MASK returns the dropout mask: it needs DROPOUT=true");
     auto dropout_bits = AttentionDropout::precomputed_meta(kb, dropout, varlen, BN);
+    // PIPELINE_QK: issue the next block's S = Q K^T before this block's softmax, so that the
+    // tensor cores work on it while the softmax (and dropout) run; one more S tile in registers.
+    // (Measured on H100, D128 S4k: 0.90x -- ptxas then serialises the wgmma, C7514 -- so off.)
+    auto pipeline_qk = kb.meta<bool>("PIPELINE_QK", false);
+    // EXACT_NORMALIZE: O = acc / l by IEEE division instead of acc * rcp(l). A division's slow path
+    // is a subroutine call, and nvJitLink's ptxas then serialises every wgmma (C7509): measured on
+    // H100 (S4k, bf16), that is slower at D128 (475 vs 547 TFLOP/s) and at D64 with dropout (223 vs
+    // 262), yet faster at D64 without (434 vs 340): the default there.
+    auto exact_normalize = kb.meta<bool>("EXACT_NORMALIZE", static_cast<int64_t>(D) == 64 && !dropout);
     const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
     const int rank = varlen ? 3 : 4;
     auto Q = kb.tensor("Q", T, rank, row_major), K = kb.tensor("K", T, rank, row_major), V = kb.tensor("V", T, rank, row_major);
@@ -138,10 +150,12 @@ const Kernel& attention_forward() {
     if (varlen) n_end = where(m0 < S_q, n_end, 0);
     std::optional<SequenceMask> seq;
     if (general_mask) seq = amask->bind(b, h, S_q, S_k);
-    // One key block: S = Q K^T, masked only when `partial` (a uniform branch: blocks entirely
+    // S = Q K^T of the key block at n0 (unscaled).
+    auto scores = [&](const Tile& n0) { return dot(q, trans(load(rows_of(Ks, kv_h, n0, BN)))); };
+    // One key block given its scores: masked only when `partial` (a uniform branch: blocks entirely
     // inside the mask skip the per-element compare and select), then the online softmax update.
-    auto key_block = [&](const Tile& n0, const Tile& partial) {
-      Var s = dot(q, trans(load(rows_of(Ks, kv_h, n0, BN)))) * qk_scale;
+    auto key_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw) {
+      Var s = s_raw * qk_scale;
       if_(partial, [&] {
         auto cols = n0 + arange(0, BN);
         Tile valid = cols[row] < S_k;
@@ -166,40 +180,59 @@ const Kernel& attention_forward() {
       acc = dot(cast(T, pv), load(rows_of(Vs, kv_h, n0, BN)), acc * alpha[col]);
       m = m_new;
     };
+    // The key blocks this query block visits, as one flat loop j = 0 .. trips - 1 (one loop, so the
+    // K/V ring prefetches across all of them: block j's start is a function of j alone):
+    // block_at(j) = (n0, partial).
+    Tile trips;
+    std::function<std::pair<Tile, Tile>(const Tile&)> block_at;
     if (!general_mask) {
       // Only a block that crosses the last key or (causal) the first row's diagonal needs a mask.
-      for_range(0, n_end, BN, [&](Tile n0) {
-        Tile edge = n0 + BN > S_k;
+      trips = cdiv(n_end, BN);
+      block_at = [&](const Tile& j) {
+        Tile n0 = j * BN, edge = n0 + BN > S_k;
         if (causal) edge = edge | (n0 + BN - 1 > m0 + diag);
-        key_block(n0, edge);
+        return std::pair{n0, edge};
+      };
+    } else if (lists) {
+      // From the pre-pass's lists: the partial blocks, then the full ones.
+      Tile pc = lists->partial_count(b, h, m_block), fc = lists->full_count(b, h, m_block);
+      trips = pc + fc;
+      block_at = [&, pc](const Tile& j) {
+        Tile partial = j < pc;
+        Tile index = where(partial, lists->partial_block(b, h, m_block, minimum(j, maximum(pc - 1, 0))),
+                           lists->full_block(b, h, m_block, maximum(j - pc, 0)));
+        Tile n0 = index * BN;
+        return std::pair{n0, partial | (n0 + BN > S_k)};
+      };
+    } else {
+      // From the mask's key-tile intervals (scalar arithmetic): one or two runs of blocks.
+      const TileRanges r = seq->key_tiles(m0, BM, BN);
+      Tile trips0 = cdiv(maximum(r.end[0] - r.begin[0], 0), BN);
+      trips = r.runs == 2 ? trips0 + cdiv(maximum(r.end[1] - r.begin[1], 0), BN) : trips0;
+      block_at = [&, r, trips0](const Tile& j) {
+        Tile n0 = r.runs == 2 ? where(j < trips0, r.begin[0] + j * BN, r.begin[1] + (j - trips0) * BN) : r.begin[0] + j * BN;
+        return std::pair{n0, (!seq->tile_is_full(m0, BM, n0, BN)) | (n0 + BN > S_k)};
+      };
+    }
+    if (pipeline_qk) {
+      // S of block j + 1 is issued before block j's softmax (the last iteration recomputes its own
+      // block's: one spare MMA instead of a branch, which would wait for every MMA in flight).
+      Var s_next = scores(block_at(zeros(i32, {})).first);
+      for_range(0, trips, [&](Tile j) {
+        auto [n0, partial] = block_at(j);
+        Tile s_raw = s_next;
+        s_next = scores(block_at(minimum(j + 1, maximum(trips - 1, 0))).first);
+        key_block(n0, partial, s_raw);
       });
     } else {
-      // The non-empty key blocks of this query block, as one flat loop j = 0, 1, ... (one loop, so
-      // the K/V ring prefetches across all of them: block j's start is a function of j alone).
-      if (lists) {
-        // From the pre-pass's lists: the partial blocks, then the full ones.
-        Tile pc = lists->partial_count(b, h, m_block), fc = lists->full_count(b, h, m_block);
-        for_range(0, pc + fc, [&](Tile j) {
-          Tile partial = j < pc;
-          Tile index = where(partial, lists->partial_block(b, h, m_block, minimum(j, maximum(pc - 1, 0))),
-                             lists->full_block(b, h, m_block, maximum(j - pc, 0)));
-          Tile n0 = index * BN;
-          key_block(n0, partial | (n0 + BN > S_k));
-        });
-      } else {
-        // From the mask's key-tile intervals (scalar arithmetic): one or two runs of blocks.
-        const TileRanges r = seq->key_tiles(m0, BM, BN);
-        Tile trips0 = cdiv(maximum(r.end[0] - r.begin[0], 0), BN), total = trips0;
-        if (r.runs == 2) total = total + cdiv(maximum(r.end[1] - r.begin[1], 0), BN);
-        for_range(0, total, [&](Tile j) {
-          Tile n0 = r.runs == 2 ? where(j < trips0, r.begin[0] + j * BN, r.begin[1] + (j - trips0) * BN) : r.begin[0] + j * BN;
-          key_block(n0, (!seq->tile_is_full(m0, BM, n0, BN)) | (n0 + BN > S_k));
-        });
-      }
+      for_range(0, trips, [&](Tile j) {
+        auto [n0, partial] = block_at(j);
+        key_block(n0, partial, scores(n0));
+      });
     }
     // A row that sees no key (causal with S_q > S_k, or S_k = 0) outputs 0 and LSE = -inf.
     auto seen = l > 0.0f;
-    Tile out = acc / l[col];
+    Tile out = exact_normalize ? acc / l[col] : acc * rcp(l)[col];
     if (dropout) out = out * drop->scale;
     store(rows_of(Os, h, m0, BM), cast(T, where(seen[col], out, 0.0f)));
     store(rows_of(LSEs, h, m0, BM), where(seen, (m + log2(l)) * 0.6931471805599453, -INFINITY));  // natural log

@@ -592,6 +592,14 @@ class Machine {
           case log2: for (size_t k = 0; k < n; ++k) r[k] = rnd(std::log2(a[k])); return;
           case sqrt: for (size_t k = 0; k < n; ++k) r[k] = rnd(std::sqrt(a[k])); return;
           case rsqrt: for (size_t k = 0; k < n; ++k) r[k] = rnd(1.0 / std::sqrt(a[k])); return;
+          case rcp:  // rcp.approx.ftz below f64: subnormal inputs read as zero, subnormal results flush
+            for (size_t k = 0; k < n; ++k) {
+              const bool ftz = d != DType::f64;
+              const double x = ftz && std::fabs(a[k]) < 0x1p-126 ? std::copysign(0.0, a[k]) : a[k];
+              const double v = rnd(1.0 / x);
+              r[k] = ftz && std::fabs(v) < 0x1p-126 ? std::copysign(0.0, v) : v;
+            }
+            return;
           case floor: for (size_t k = 0; k < n; ++k) r[k] = std::floor(a[k]); return;
           case ceil: for (size_t k = 0; k < n; ++k) r[k] = std::ceil(a[k]); return;
           case tanh: for (size_t k = 0; k < n; ++k) r[k] = rnd(std::tanh(a[k])); return;

@@ -17,15 +17,17 @@ using Case = testing::AttentionCase;
 
 namespace {
 
-void check_case(const Case& c) {
-  INFO(c.describe());
+void check_case(const Case& c, lang::Meta extra = {}) {
+  INFO(c.describe() << " extra metas " << extra.size());
   HostTensor q(bf16, c.q_shape()), k(bf16, c.kv_shape()), v(bf16, c.kv_shape()), o(bf16, c.q_shape());
   HostTensor lse(f32, {c.B, c.Hq, c.Sq});
   q.fill_normal(11, 0, 1);
   k.fill_normal(12, 0, 1);
   v.fill_normal(13, 0, 1);
   const double scale = c.default_scale();
-  auto fn = kernels::attention_forward().build({{"HEAD_DIM", c.D}, {"CAUSAL", c.causal}, {"BSHD", c.bshd}});
+  lang::Meta meta{{"HEAD_DIM", c.D}, {"CAUSAL", c.causal}, {"BSHD", c.bshd}};
+  meta.insert(meta.end(), extra.begin(), extra.end());
+  auto fn = kernels::attention_forward().build(meta);
   runtime::interpret(fn, {cdiv(c.Sq, 64), c.Hq, c.B}, {q, k, v, o, lse, static_cast<float>(scale)});
 
   testing::AttentionForwardRef ref = testing::attention_forward_ref(c, q, k, v, scale);
@@ -64,4 +66,14 @@ TEST_CASE("attention forward: causal with S_q > S_k leaves the first rows with n
 
 TEST_CASE("attention forward: head dim 128") {
   check_case({1, 2, 2, 80, 80, 128, true, false});
+}
+
+// Schedule options of the same algorithm: the next block's S issued before this block's softmax
+// (PIPELINE_QK), and the output normalised by an IEEE division instead of rcp (EXACT_NORMALIZE).
+TEST_CASE("attention forward: PIPELINE_QK and EXACT_NORMALIZE give the same results") {
+  for (bool causal : {false, true}) {
+    check_case({1, 4, 2, 70, 130, 64, causal, false}, {{"PIPELINE_QK", true}});
+    check_case({2, 2, 1, 100, 45, 128, causal, true}, {{"PIPELINE_QK", true}, {"EXACT_NORMALIZE", true}});
+    check_case({1, 2, 2, 33, 200, 64, causal, false}, {{"EXACT_NORMALIZE", false}});
+  }
 }

@@ -13,7 +13,7 @@ constexpr std::array<std::string_view, static_cast<size_t>(OpKind::yield) + 1> k
     "constant", "arange", "splat", "broadcast", "expand_dims", "reshape", "trans",
     "add", "sub", "mul", "div", "rem", "minimum", "maximum",
     "and", "or", "xor", "shl", "shr", "umulhi", "cmp",
-    "neg", "not", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "floor", "ceil", "tanh", "sin",
+    "neg", "not", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "rcp", "floor", "ceil", "tanh", "sin",
     "cos", "erf",
     "select", "cast", "bitcast", "reduce", "dot",
     "program_id", "num_programs",

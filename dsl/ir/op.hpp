@@ -32,7 +32,7 @@ enum class OpKind : uint8_t {
   umulhi,                              // high 32/64 bits of the full unsigned product
   cmp,                                 // {pred: eq ne lt le gt ge}
   // elementwise unary
-  neg, bit_not, abs, exp, exp2, log, log2, sqrt, rsqrt, floor, ceil, tanh, sin, cos, erf,
+  neg, bit_not, abs, exp, exp2, log, log2, sqrt, rsqrt, rcp, floor, ceil, tanh, sin, cos, erf,  // rcp: approximate 1/x
   select,   // (cond i1, a, b)
   cast,     // (t) -> value converted to the result dtype (RNE for floats, truncation for float->int)
   bitcast,  // (t) -> same bits reinterpreted, same width
