@@ -92,9 +92,9 @@ MaskKind backward_mask_meta(Builder& kb, bool causal, bool varlen) {
 // The DQ_REDUCTION meta of the dK/dV kernel (dense batches only for the atomic and split forms).
 DqReduction dq_reduction_meta(Builder& kb, bool varlen) {
   const int64_t value = kb.meta<int>("DQ_REDUCTION", 0);
-  if (value < 0 || value > 2)
+  if (value < 0 || value > 3)
     kb.fail(Loc::current(), fmt::format("meta-parameter DQ_REDUCTION = {} is not a dQ reduction; valid: 0 recompute (the "
-                                        "attention_bwd_dq kernel), 1 atomic, 2 split",
+                                        "attention_bwd_dq kernel), 1 atomic, 2 split, 3 ordered",
                                         value));
   const auto reduction = static_cast<DqReduction>(value);
   if (reduction != DqReduction::recompute && varlen)
@@ -103,6 +103,9 @@ DqReduction dq_reduction_meta(Builder& kb, bool varlen) {
                                         value, dq_reduction_name(reduction)));
   return reduction;
 }
+
+// The pointer p + i (i32 scalar i).
+Tile element_pointer_1d(const Tile& p, const Tile& i) { return p + i; }
 
 // A pointer to one element of a tensor at integer scalar coordinates.
 Tile element_pointer(const Tensor& t, std::initializer_list<Tile> at) {
@@ -260,8 +263,12 @@ const Kernel& attention_backward_dkdv() {
     const DqReduction reduction = dq_reduction_meta(kb, a.varlen);
     auto dK = kb.tensor("dK", a.T, a.rank, kRowMajor), dV = kb.tensor("dV", a.T, a.rank, kRowMajor);
     Tensor dq_ws;  // atomic: dQ_accum f32 [B, Hq, S_q, D]; split: dQ_parts f32 [B * Hq, M, N, BM, D]
-    if (reduction == DqReduction::atomic) dq_ws = kb.tensor("dQ_accum", f32, 4, kRowMajor);
+    if (reduction == DqReduction::atomic || reduction == DqReduction::ordered) dq_ws = kb.tensor("dQ_accum", f32, 4, kRowMajor);
     if (reduction == DqReduction::split) dq_ws = kb.tensor("dQ_parts", f32, 5, kRowMajor);
+    Tile dq_sem;  // ordered: i32 [B * Hq, M] semaphores (zero before the call): key tiles added so far
+    if (reduction == DqReduction::ordered) dq_sem = kb.pointer("dQ_semaphores", i32);
+    // Q_DESCENDING (causal): a key block visits its query blocks from the last to the first.
+    const bool q_descending = kb.meta<bool>("Q_DESCENDING", false);
     auto softmax_scale = kb.scalar<float>("softmax_scale");
     auto qk_scale = softmax_scale * kLog2e;
 
@@ -270,6 +277,11 @@ const Kernel& attention_backward_dkdv() {
     std::optional<AttentionDropout> drop;
     HeadRows rows = a.sequence(kb, program_id(2), drop);
     a.declare_mask(kb, /*kv_major=*/true);
+    if (reduction == DqReduction::ordered && a.mask)
+      kb.fail(Loc::current(), "DQ_REDUCTION=3 (ordered) takes the full and causal masks only (its wait targets count every earlier "
+                              "key block); use atomic or split with library masks");
+    if (q_descending && (a.mask || reduction == DqReduction::split))
+      kb.fail(Loc::current(), "Q_DESCENDING applies to the full and causal walks without the split reduction");
     dK = rows.keys(dK), dV = rows.keys(dV);
     auto S_q = rows.seq_len(a.Q), S_k = rows.seq_len(a.K);
     auto group = a.group(rows);
@@ -327,14 +339,38 @@ const Kernel& attention_backward_dkdv() {
         if (reduction != DqReduction::recompute) {
           Tile k_b = a.BM >= a.BN ? k : load(rows(a.K, kv_h, n0, a.BN));
           Tile dq_part = dot(trans(dst_t), k_b);
-          if (reduction == DqReduction::atomic)
+          if (reduction == DqReduction::atomic) {
             atomic_add(window_pointers(dq_ws, {rows.b, h, m0}, a.BM, a.D), dq_part, (m0 + arange(0, a.BM) < dq_ws.size(2))[col]);
-          else
+          } else if (reduction == DqReduction::ordered) {
+            // Key blocks add into dQ tile m in increasing order: this one waits for the n_block
+            // before it (every earlier key block reaches m: full, or causal, whose query range only
+            // grows towards earlier keys). The first stores, so dQ_accum needs no zeroing. Waits are
+            // on lower block indices only: no deadlock whatever the residency.
+            Tile sem = element_pointer_1d(dq_sem, a.batch_head(rows, h) * cdiv(S_q, a.BM) + m0 / a.BM);
+            wait_at_least(sem, n_block);
+            auto window = dq_ws.block({rows.b, h, m0, 0}, {a.BM, a.D}, {2, 3});
+            store(window, where(n_block == 0, dq_part, load(window) + dq_part));
+            signal_add(sem, 1);
+          } else {
             store(dq_ws.block({a.batch_head(rows, h), m0 / a.BM, n_block, 0, 0}, {a.BM, a.D}, {3, 4}), dq_part);
+          }
         }
       };
       if (!seq) {
-        for_range(m_begin, m_end, a.BM, [&](Tile m0) { block(m0, Tile()); });
+        if (q_descending) {
+          Tile trips = cdiv(maximum(m_end - m_begin, 0), a.BM);
+          for_range(0, trips, [&](Tile j) { block(m_begin + (trips - 1 - j) * a.BM, Tile()); });
+        } else {
+          for_range(m_begin, m_end, a.BM, [&](Tile m0) { block(m0, Tile()); });
+        }
+        // ordered: the query blocks no key block reaches (causal, S_q > S_k: rows before the
+        // first key's diagonal) get their zeros from the first key block
+        if (reduction == DqReduction::ordered)
+          if_(n_block == 0, [&] {
+            for_range(0, m_begin, a.BM, [&](Tile m0) {
+              store(dq_ws.block({rows.b, h, m0, 0}, {a.BM, a.D}, {2, 3}), zeros(f32, {a.BM, a.D}));
+            });
+          });
         return;
       }
       // the query blocks that see this key block: the mask's intervals or the pre-pass's lists

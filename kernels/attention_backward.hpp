@@ -59,9 +59,17 @@ namespace tilejit::kernels {
 //   2 split: each part is stored to its own slot of dQ_parts; then attention_bwd_dq_reduce sums
 //     the parts of each query tile in increasing key tile order from +0.0 and writes dQ: bit
 //     identical whatever the order the programs ran in.
-//   Both: dense tensors only (VARLEN is a BuildError), either layout (BSHD), GQA (each query head of
-//   the group writes its own slots), CAUSAL, DROPOUT, DROPOUT_BITS and every MASK. dK and dV are
-//   computed as with 0 (the same values). attention_bwd_dq is not run.
+//   3 ordered: each part is added into dQ_accum in increasing key tile order, through one i32
+//     semaphore per (query head, query tile) in dQ_semaphores [B * Hq, M] (zero before the call;
+//     each key block waits until n_block earlier ones have added, adds, signals); then
+//     attention_bwd_dq_convert as for atomic. 5 matmuls, bit-reproducible. Waits only on lower
+//     block indices (no deadlock whatever the residency). dQ_accum needs no zeroing (the first
+//     key block stores; block 0 also zeroes the query tiles no key reaches). Full and causal only.
+//   1-3: dense tensors only (VARLEN is a BuildError), either layout (BSHD), GQA (each query head of
+//   the group writes its own slots), CAUSAL, DROPOUT, DROPOUT_BITS and (atomic, split) every MASK.
+//   dK and dV are computed as with 0 (the same values). attention_bwd_dq is not run.
+// Q_DESCENDING (dK/dV, full/causal walks, not split): a key block visits its query tiles from the
+// last to the first (DASH's descending order for causal masks).
 // Workspaces (f32, contiguous, 16-byte aligned; parameter after dV, before softmax_scale):
 //   dQ_accum [batch, heads_q, seq_q, head_dim] (always this order, even with BSHD); must be ZERO
 //     before the dK/dV kernel (cuMemsetD32Async), rows it never adds into stay 0 (dQ = 0 there).
@@ -83,9 +91,15 @@ namespace tilejit::kernels {
 // spills at D 64). A = trans(dS^T registers) goes through shared memory into the A layout either
 // way; atomic_add converts the [BLOCK_M, D] part to a blocked layout through shared memory and
 // issues one atom.global.add.f32 per element (tests/test_attention_bwd_reduction.cpp prints these).
-enum class DqReduction : int { recompute = 0, atomic = 1, split = 2 };
+enum class DqReduction : int { recompute = 0, atomic = 1, split = 2, ordered = 3 };
 inline const char* dq_reduction_name(DqReduction r) {
-  return r == DqReduction::recompute ? "recompute" : r == DqReduction::atomic ? "atomic" : "split";
+  switch (r) {
+    case DqReduction::recompute: return "recompute";
+    case DqReduction::atomic: return "atomic";
+    case DqReduction::split: return "split";
+    case DqReduction::ordered: return "ordered";
+  }
+  return "?";
 }
 
 // Delta[b, h, i] = sum_d dO[b, h, i, d] * O[b, h, i, d] (f32).
@@ -95,12 +109,13 @@ const lang::Kernel& attention_backward_preprocess();
 // dK, dV for one key block of one key/value head, summed over the query heads of its group:
 // dV = sum P^T dO, dK = scale * sum dS^T Q with dS = P * (dO V^T - Delta).
 // With DQ_REDUCTION, also dQ's parts dS K (atomic: into dQ_accum; split: into dQ_parts).
-// Params: Q, K, V, dO, LSE, Delta, dK, dV, (DQ_REDUCTION=1: dQ_accum; =2: dQ_parts) softmax_scale
+// Params: Q, K, V, dO, LSE, Delta, dK, dV, (DQ_REDUCTION=1: dQ_accum; =2: dQ_parts; =3: dQ_accum,
+// dQ_semaphores (i32 pointer)) softmax_scale
 // (f32) (VARLEN: cu_seqlens_q, cu_seqlens_k) (DROPOUT: seed_lo, seed_hi, offset_lo, offset_hi,
 // keep_threshold) (DROPOUT_BITS: dropout_bits) (MASK: the mask's parameters, then without tile
 // intervals q_num_blocks, q_indices, full_q_num_blocks, full_q_indices).
 // Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, MASK, DROPOUT, DROPOUT_BITS,
-// DQ_REDUCTION. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch).
+// DQ_REDUCTION, Q_DESCENDING. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch).
 const lang::Kernel& attention_backward_dkdv();
 
 // dQ = scale * sum dS K for one query block.

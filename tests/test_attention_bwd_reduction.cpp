@@ -170,7 +170,8 @@ Meta kernel_meta(const Problem& p) {
 // The whole backward after the forward: preprocess, the pre-pass (list kinds), dK/dV with the
 // reduction, then the dQ kernel (recompute), the convert (atomic) or the reduce (split).
 // `workspace_fill`: what the split workspace holds before (NaN: poison; else that value everywhere).
-Run run_backward(const Problem& p, Reference& in, double scale, DqReduction reduction, double workspace_fill = NAN) {
+Run run_backward(const Problem& p, Reference& in, double scale, DqReduction reduction, double workspace_fill = NAN,
+                 bool q_descending = false) {
   Run r{{HostTensor(bf16, p.q_shape()), HostTensor(bf16, p.kv_shape()), HostTensor(bf16, p.kv_shape())}, {}};
   for (HostTensor* t : {&r.g.dq, &r.g.dk, &r.g.dv}) t->poison();
   HostTensor delta(f32, {p.B, p.Hq, p.Sq});
@@ -183,11 +184,19 @@ Run run_backward(const Problem& p, Reference& in, double scale, DqReduction redu
   const auto scale_f = static_cast<float>(scale);
   Meta meta = kernel_meta(p);
   meta.emplace_back("DQ_REDUCTION", static_cast<int>(reduction));
+  if (q_descending) meta.emplace_back("Q_DESCENDING", true);
   std::vector<rt::Arg> args{in.q, in.k, in.v, in.dout, in.lse, delta, r.g.dk, r.g.dv};
+  HostTensor semaphores(i32, {p.B * p.Hq, p.q_tiles()});
   if (reduction == DqReduction::atomic) {
     r.workspace = HostTensor(f32, {p.B, p.Hq, p.Sq, D});
     r.workspace.fill(0.0);  // the caller zeroes dQ_accum
     args.emplace_back(r.workspace);
+  } else if (reduction == DqReduction::ordered) {
+    r.workspace = HostTensor(f32, {p.B, p.Hq, p.Sq, D});
+    r.workspace.poison();  // ordered needs no zeroing: the first key block stores
+    semaphores.fill(0.0);  // the semaphores do
+    args.emplace_back(r.workspace);
+    args.emplace_back(semaphores);
   } else if (reduction == DqReduction::split) {
     r.workspace = HostTensor(f32, {p.B * p.Hq, p.q_tiles(), p.k_tiles(), p.bm, D});
     if (std::isnan(workspace_fill)) r.workspace.poison();
@@ -208,7 +217,7 @@ Run run_backward(const Problem& p, Reference& in, double scale, DqReduction redu
     std::optional<testing::BlockMaskRun> q_lists;
     if (p.uses_lists()) q_lists.emplace(block_lists(p, tail, false)), q_lists->append_to(q_args);
     rt::interpret(km::attention_backward_dq().build(kernel_meta(p)), {p.q_tiles(), p.Hq, p.B}, q_args);
-  } else if (reduction == DqReduction::atomic) {
+  } else if (reduction == DqReduction::atomic || reduction == DqReduction::ordered) {
     HostTensor accum = r.workspace;  // the convert must not write the workspace (it reads it)
     rt::interpret(km::attention_backward_dq_convert().build(out_meta), {p.q_tiles(), p.Hq, p.B}, {r.workspace, r.g.dq, scale_f});
     CHECK(std::memcmp(accum.data(), r.workspace.data(), accum.bytes()) == 0);
@@ -381,7 +390,7 @@ TEST_CASE("parameter order of the dK/dV kernel with DQ_REDUCTION and of the conv
 
 TEST_CASE("build errors: DQ_REDUCTION out of range, with VARLEN; the reducer's mask rules") {
   const Kernel& dkdv = km::attention_backward_dkdv();
-  CHECK_THROWS_WITH_AS(dkdv.build({{"DQ_REDUCTION", 3}}), doctest::Contains("DQ_REDUCTION = 3 is not a dQ reduction; valid: 0 recompute"),
+  CHECK_THROWS_WITH_AS(dkdv.build({{"DQ_REDUCTION", 4}}), doctest::Contains("DQ_REDUCTION = 4 is not a dQ reduction; valid: 0 recompute"),
                        BuildError);
   CHECK_THROWS_WITH_AS(dkdv.build({{"DQ_REDUCTION", 2}, {"VARLEN", true}}),
                        doctest::Contains("DQ_REDUCTION=2 (split) does not combine with VARLEN=true yet"), BuildError);
@@ -476,4 +485,31 @@ TEST_CASE("atomic / split kernels assemble for sm_90a without spills (the reduct
       }
     }
   }
+}
+
+// ordered (DQ_REDUCTION=3): dQ tiles accumulated in increasing key-block order through semaphores;
+// the interpreter runs the programs concurrently (they wait on each other). The same float32 adds
+// in the same order on every run: dQ equals recompute's within rounding, dK/dV its bits; Q_DESCENDING
+// (causal walk from the last query block) gives the same bits as ascending (same add order).
+TEST_CASE("ordered dQ: semaphore-ordered accumulation matches float64 and is the same bits in any visit order") {
+  int checked = 0;
+  for (const Problem& p : problems()) {
+    if (p.library()) continue;  // ordered takes full and causal only
+    INFO(p.describe());
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    Reference in = reference(p, scale);
+    const Run base = run_backward(p, in, scale, DqReduction::recompute);
+    const Run ordered = run_backward(p, in, scale, DqReduction::ordered);
+    const Run again = run_backward(p, in, scale, DqReduction::ordered, NAN, /*q_descending=*/true);
+    CHECK(rt::rel_error(ordered.g.dq.to_f64(), in.dq) < 1e-2);
+    CHECK(rt::rel_error(ordered.g.dq.to_f64(), base.g.dq.to_f64()) < 5e-3);
+    CHECK(same_bits(ordered.g.dk, base.g.dk));
+    CHECK(same_bits(ordered.g.dv, base.g.dv));
+    CHECK(same_bits(ordered.g.dq, again.g.dq));
+    CHECK(nonzero_keyless_rows(p, in, ordered.g.dq) == 0);
+    ++checked;
+  }
+  CHECK(checked >= 4);
+  CHECK_THROWS_WITH_AS(km::attention_backward_dkdv().build({{"DQ_REDUCTION", 3}, {"MASK", static_cast<int>(MaskKind::sliding_window)}}),
+                       doctest::Contains("ordered) takes the full and causal masks only"), BuildError);
 }
