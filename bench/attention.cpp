@@ -12,6 +12,10 @@
 //     DROPOUT_PRECOMPUTED causal=0 p=0.1 fwd_ms=.. fwd_bits_ms=.. ... mask_kernel_ms=..   (rng = precomputed)
 //     E2E causal=0 p=0.1 M=16384 N=6144 K=2048 gemm_ms=.. none_ms=.. fused_ms=.. overlapped_ms=..
 //       serial_bits_ms=.. (QKV projection GEMM then the attention forward; issue 7's table)
+//   attention_bench --deterministic        the backward per dQ reduction (recompute, atomic, split, ordered,
+//     causal also ordered with q_descending), D 64/128, S 1k-16k, full and causal, alternated rounds:
+//     DETERMINISTIC dtype=bf16 D=128 S=4096 causal=1 B=4 H=16 recompute_ms=.. recompute_tflops=.. atomic_ms=..
+//       ... split_ms=.. (or skipped(workspace=..GB>16GB)) ordered_ms=.. ordered_desc_ms=.. ordered_vs_atomic=..
 //   attention_bench --capabilities         "backward=1 varlen_fwd=1 varlen_bwd=1 dropout=1"
 //   attention_bench --check DIR            reads DIR/cases.txt and the inputs, writes the outputs
 #include <fmt/format.h>
@@ -361,6 +365,114 @@ int bench_pipeline(int max_reps) {
   return 0;
 }
 
+// --deterministic: the backward with each dQ reduction (attention::Options::dq_reduction:
+// recompute, atomic, split, ordered; causal also ordered with q_descending) through the API on the
+// grid (D 64/128, S 1k-16k, full and causal), alternated rounds (3), the median of each mode's
+// rounds; every mode at its default schedule, with a caller workspace (Delta and the reduction's
+// buffers; the API zeroes atomic's dQ_accum and ordered's semaphores inside the timed call).
+// Split is skipped where its dQ_parts would exceed 16 GB (S >= 8k at these shapes).
+int bench_deterministic(int max_reps) {
+  using attention::DqReduction;
+  const ir::DType dt = ir::DType::bf16;
+  struct Mode {
+    const char* key;
+    DqReduction reduction;
+    bool descending;
+  };
+  const Mode modes[] = {{"recompute", DqReduction::recompute, false},
+                        {"atomic", DqReduction::atomic, false},
+                        {"split", DqReduction::split, false},
+                        {"ordered", DqReduction::ordered, false},
+                        {"ordered_desc", DqReduction::ordered, true}};
+  constexpr size_t kModes = std::size(modes);
+  constexpr double kSplitLimit = 16e9;  // bytes of workspace
+  for (const Mode& m : modes)
+    if (!attention::dq_reduction_supported(m.reduction)) {
+      std::fprintf(stderr, "bench/attention --deterministic: this build's backward does not take dq_reduction = %s\n",
+                   attention::name(m.reduction));
+      return 2;
+    }
+  std::vector<Config> configs;
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true})
+      for (int64_t S : {1024, 2048, 4096, 8192, 16384}) configs.push_back({S, D, causal});
+  const auto options = [](const Config& c, const Mode& m) {
+    attention::Options o;
+    o.causal = c.causal;
+    o.dq_reduction = m.reduction;
+    o.q_descending = m.descending;
+    return o;
+  };
+  const auto runs = [](const Config& c, const Mode& m) { return !m.descending || c.causal; };  // descending: causal only
+  // Compile every kernel up front, in parallel (JIT and caches need no GPU).
+  {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (int64_t D : {64, 128})
+      for (bool causal : {false, true})
+        for (const Mode& m : modes)
+          if (!m.descending || causal)
+            pool.emplace_back([=] { attention::prepare(dt, static_cast<int>(D), causal, false, true, {}, 0, false, m.reduction, m.descending); });
+    for (auto& t : pool) t.join();
+    std::fprintf(stderr, "compiled in %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  const Buffers buf;
+  // One workspace for the grid: the largest any timed mode needs.
+  size_t ws_bytes = 0;
+  for (const Config& c : configs) {
+    const auto v = buf.views(c);
+    for (const Mode& m : modes) {
+      const size_t n = attention::backward_workspace_bytes(v.Q, v.K, options(c, m));
+      if (runs(c, m) && (m.reduction != DqReduction::split || static_cast<double>(n) <= kSplitLimit)) ws_bytes = std::max(ws_bytes, n);
+    }
+  }
+  const DeviceBuffer ws(ws_bytes);
+  std::fprintf(stderr, "workspace %.2f GB\n", static_cast<double>(ws_bytes) / 1e9);
+  runtime::Stream stream;
+  for (const Config& c : configs) {
+    const int64_t B = c.B(), S = c.S, H = c.H(), D = c.D;
+    const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
+    std::vector<double> ms[kModes];
+    std::string note[kModes];
+    try {
+      attention::Options fwd;
+      fwd.causal = c.causal;
+      attention::forward(Q, K, V, O, L, fwd, stream.handle());
+      for (size_t i = 0; i < kModes; ++i) {
+        const size_t need = attention::backward_workspace_bytes(Q, K, options(c, modes[i]));
+        if (!runs(c, modes[i])) note[i] = "-";
+        else if (modes[i].reduction == DqReduction::split && static_cast<double>(need) > kSplitLimit)
+          note[i] = fmt::format("skipped(workspace={:.1f}GB>16GB)", static_cast<double>(need) / 1e9);
+      }
+      for (int round = 0; round < 3; ++round)
+        for (size_t i = 0; i < kModes; ++i) {
+          if (!note[i].empty()) continue;
+          const attention::Options opts = options(c, modes[i]);
+          ms[i].push_back(time_ms([&] {
+            attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), {ws.ptr(), ws.bytes()});
+          }, stream, max_reps));
+        }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "S=%ld D=%ld causal=%d: %s\n", static_cast<long>(S), static_cast<long>(D), c.causal, e.what());
+    }
+    const double flops = 2.5 * c.fwd_flops();
+    double t[kModes];
+    std::string line = fmt::format("DETERMINISTIC dtype=bf16 D={} S={} causal={} B={} H={}", D, S, c.causal ? 1 : 0, B, H);
+    for (size_t i = 0; i < kModes; ++i) {
+      t[i] = ms[i].empty() ? NAN : median(ms[i]);
+      if (!note[i].empty()) line += fmt::format(" {}_ms={}", modes[i].key, note[i]);
+      else line += fmt::format(" {}_ms={:.4f} {}_tflops={:.1f}", modes[i].key, t[i], modes[i].key, flops / (t[i] * 1e-3) / 1e12);
+    }
+    // time ratios (> 1: slower than the second)
+    line += fmt::format(" ordered_vs_atomic={:.3f} ordered_vs_recompute={:.3f} atomic_vs_recompute={:.3f} split_vs_atomic={:.3f}",
+                        t[3] / t[1], t[3] / t[0], t[1] / t[0], t[2] / t[1]);
+    if (c.causal) line += fmt::format(" ordered_desc_vs_ordered={:.3f}", t[4] / t[3]);
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 const int64_t kDocumentLengths[] = {1024, 3072, 512, 2560, 1536, 4096, 768, 2816};
 
 int bench_masks(int max_reps) {
@@ -591,7 +703,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   std::string check_dir;
   double dropout_p = -1;
-  bool masks = false, pipeline_ab = false;
+  bool masks = false, pipeline_ab = false, deterministic = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -599,6 +711,7 @@ int main(int argc, char** argv) {
     else if (a == "--check" && i + 1 < argc) check_dir = argv[++i];
     else if (a == "--masks") masks = true;
     else if (a == "--pipeline-ab") pipeline_ab = true;
+    else if (a == "--deterministic") deterministic = true;
     else if (a == "--dropout") {
       dropout_p = 0.1;
       if (i + 1 < argc && argv[i + 1][0] != '-') dropout_p = std::atof(argv[++i]);
@@ -609,7 +722,8 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] | --masks | --check DIR | --capabilities\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] | --masks | --pipeline-ab | --deterministic | --check DIR | "
+                   "--capabilities\n", argv[0]);
       return 2;
     }
   }
@@ -623,6 +737,7 @@ int main(int argc, char** argv) {
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps);
     if (masks) return bench_masks(reps);
     if (pipeline_ab) return bench_pipeline(reps);
+    if (deterministic) return bench_deterministic(reps);
     return check_dir.empty() ? bench(quick, reps) : check(check_dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench/attention: %s\n", e.what());

@@ -20,6 +20,7 @@
 
 #include "dsl/builder.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/attention_backward.hpp"
 #include "kernels/attention_mask.hpp"
 #include "kernels/philox_host.hpp"
 #include "kernels/registry.hpp"
@@ -27,6 +28,12 @@
 #include "runtime/function.hpp"
 
 namespace tilejit::attention {
+
+// Options::dq_reduction's values are the dK/dV kernel's DQ_REDUCTION meta.
+static_assert(static_cast<int>(DqReduction::recompute) == static_cast<int>(kernels::DqReduction::recompute) &&
+              static_cast<int>(DqReduction::atomic) == static_cast<int>(kernels::DqReduction::atomic) &&
+              static_cast<int>(DqReduction::split) == static_cast<int>(kernels::DqReduction::split) &&
+              static_cast<int>(DqReduction::ordered) == static_cast<int>(kernels::DqReduction::ordered));
 
 namespace {
 
@@ -114,6 +121,21 @@ struct PrePassLists {
   }
 };
 
+// A row-major array of the backward's workspace (the dQ reduction's buffers): its byte offset,
+// size (rounded up to 256) and extents. The views point into this struct: keep it in place while
+// they are used.
+struct WorkspaceArray {
+  ir::DType dtype = ir::DType::f32;
+  size_t rank = 0;
+  std::array<int64_t, 5> sizes{}, strides{};
+  size_t at = 0, bytes = 0;
+
+  runtime::TensorView view(uint64_t base, int device) const {
+    return runtime::TensorView{dtype, std::span<const int64_t>(sizes.data(), rank), std::span<const int64_t>(strides.data(), rank),
+                               base + at, device};
+  }
+};
+
 // The shape of one call, worked out by the checks.
 struct Dims {
   bool varlen = false;
@@ -131,12 +153,26 @@ struct Dims {
   bool lists = false;           // the mask needs the pre-pass (no tile intervals)
   int64_t mask_batch = 1, mask_heads = 1;  // the pre-pass grid's Bm, Hm: the mask tensor's extents
   PrePassLists fwd_lists, dkdv_lists, dq_lists;  // when `lists` (the backward's after Delta)
+  // backward: options.dq_reduction and q_descending (the forward leaves them off), dK/dV's tiles,
+  // and the reduction's buffers in the workspace: dQ_accum (atomic, ordered) or dQ_parts (split),
+  // and the semaphores (ordered)
+  DqReduction reduction = DqReduction::recompute;
+  bool q_descending = false;
+  Schedule dkdv;
+  WorkspaceArray dq_ws, dq_sem;
+  size_t backward_end = 0;  // the backward's workspace bytes
 };
 
 // A kind other than full and causal: the kernels' MASK meta (full and causal are CAUSAL's paths).
 bool library_mask(kernels::MaskKind k) { return k != kernels::MaskKind::full && k != kernels::MaskKind::causal; }
 
 bool declares(Pass p, const char* meta);
+
+// The pass that finishes dQ after dK/dV: the dQ kernel (recompute), the convert kernel (atomic,
+// ordered: dQ_accum to dQ) or the reduce kernel (split: the parts to dQ).
+Pass dq_pass(DqReduction r) {
+  return r == DqReduction::recompute ? Pass::bwd_dq : r == DqReduction::split ? Pass::bwd_dq_reduce : Pass::bwd_dq_convert;
+}
 
 std::string group_name(bool backward) { return backward ? "q, k, v, o, do, dq, dk, dv" : "q, k, v, o"; }
 
@@ -251,6 +287,79 @@ void check_mask_option(const Checker& c, const Tensor& q, const Options& opts, D
 
 size_t round_up_256(size_t n) { return (n + 255) / 256 * 256; }
 
+// How a caller names the reduction options: the call's Options fields, or prepare's arguments.
+struct ReductionArgs {
+  const char* reduction = "options.dq_reduction";
+  const char* descending = "options.q_descending";
+  const char* varlen = "variable-length batches (options.cu_seqlens_q/k)";
+  const char* mask = "options.mask of kind";
+};
+
+std::string supported_reductions() {
+  std::vector<std::string> ok;
+  for (DqReduction r : {DqReduction::recompute, DqReduction::atomic, DqReduction::split, DqReduction::ordered})
+    if (dq_reduction_supported(r)) ok.push_back(fmt::format("{} {}", static_cast<int>(r), name(r)));
+  return ok.empty() ? std::string("none (no backward kernels)") : fmt::format("{}", fmt::join(ok, ", "));
+}
+
+// The backward's dQ reduction and query-tile order against the call (varlen, the mask kind) and
+// what the dK/dV kernel refuses (kernels/attention_backward.hpp: the reductions with VARLEN,
+// ordered with a library MASK, Q_DESCENDING with split or a library MASK), before anything runs.
+void check_dq_reduction(const Checker& c, DqReduction reduction, bool q_descending, bool varlen, kernels::MaskKind mask,
+                        const ReductionArgs& a = {}) {
+  const int r = static_cast<int>(reduction);
+  if (r < 0 || r > 3) c.fail("{} = {} is not a dQ reduction; valid: 0 recompute, 1 atomic, 2 split, 3 ordered", a.reduction, r);
+  const char* rname = name(reduction);
+  if (reduction != DqReduction::recompute) {
+    if (varlen)
+      c.fail("{} = {} with {}; the atomic, split and ordered reductions take dense batches only (their workspaces are laid out "
+             "per dense [B, Hq, S_q]); use recompute",
+             a.reduction, rname, a.varlen);
+    if (reduction == DqReduction::ordered && library_mask(mask))
+      c.fail("{} = ordered with {} {}; ordered takes the full and causal masks only (its semaphore waits count every earlier key "
+             "tile); use atomic or split with library masks",
+             a.reduction, a.mask, kernels::mask_kind_name(mask));
+    if (!dq_reduction_supported(reduction))
+      c.fail("{} = {}: this build's attention_bwd_dkdv kernel does not take DQ_REDUCTION = {} (or the {} kernel is missing); "
+             "valid here: {}",
+             a.reduction, rname, r, reduction == DqReduction::split ? "attention_bwd_dq_reduce" : "attention_bwd_dq_convert",
+             supported_reductions());
+  }
+  if (!q_descending) return;
+  if (reduction == DqReduction::split)
+    c.fail("{} = true with {} = split; the dK/dV kernel takes Q_DESCENDING with recompute, atomic and ordered only", a.descending,
+           a.reduction);
+  if (library_mask(mask))
+    c.fail("{} = true with {} {}; the descending walk is for the full and causal masks only", a.descending, a.mask,
+           kernels::mask_kind_name(mask));
+  if (!declares(Pass::bwd_dkdv, "Q_DESCENDING"))
+    c.fail("{} = true: this build's attention_bwd_dkdv kernel has no Q_DESCENDING meta", a.descending);
+}
+
+// options.dq_reduction and q_descending of a backward call (the forward ignores them).
+void check_reduction_option(const Checker& c, const Options& opts, Dims& d, bool backward) {
+  if (!backward) return;
+  check_dq_reduction(c, opts.dq_reduction, opts.q_descending, d.varlen, d.mask);
+  d.reduction = opts.dq_reduction;
+  d.q_descending = opts.q_descending;
+}
+
+// A row-major array of `t` with these extents at byte `at`, its size rounded up to 256.
+WorkspaceArray workspace_array(ir::DType t, std::initializer_list<int64_t> sizes, size_t at) {
+  WorkspaceArray a;
+  a.dtype = t;
+  a.rank = sizes.size();
+  std::ranges::copy(sizes, a.sizes.begin());
+  int64_t n = 1;
+  for (size_t i = a.rank; i-- > 0;) {
+    a.strides[i] = n;
+    n *= a.sizes[i];
+  }
+  a.at = at;
+  a.bytes = round_up_256(static_cast<size_t>(n) * static_cast<size_t>(ir::byte_size(t)));
+  return a;
+}
+
 // Where one pre-pass run's outputs go, from byte `offset` of the workspace: the lists of the
 // kernel with schedule `s` (kv_major: per key tile, for dK/dV), for the mask's Bm x Hm.
 PrePassLists plan_lists(const Checker& c, const Dims& d, const Schedule& s, bool kv_major, size_t offset, int device) {
@@ -291,20 +400,49 @@ size_t delta_bytes(const Dims& d) {
   return round_up_256(static_cast<size_t>(n) * 4);
 }
 
-// The pre-pass lists of a checked call (opts.mask of a kind without tile intervals): the
-// forward's at offset 0 of its workspace; the backward's after Delta, dK/dV's then dQ's.
-void plan_all_lists(const Checker& c, const Tensor& q, const Options& opts, Dims& d, bool backward) {
-  if (!d.lists) return;
+// The workspace of a checked call. Forward: the pre-pass lists (opts.mask of a kind without tile
+// intervals) at offset 0. Backward: Delta; the lists of dK/dV (and, with recompute, of dQ: the
+// reductions run no dQ kernel); then the reduction's dQ_accum or dQ_parts, and the semaphores.
+void plan_workspace(const Checker& c, const Tensor& q, const Options& opts, Dims& d, bool backward) {
   if (!backward) {
-    d.fwd_lists = plan_lists(c, d, schedule_for(Pass::forward, q, d, opts), false, 0, q.device);
+    if (d.lists) d.fwd_lists = plan_lists(c, d, schedule_for(Pass::forward, q, d, opts), false, 0, q.device);
     return;
   }
-  d.dkdv_lists = plan_lists(c, d, schedule_for(Pass::bwd_dkdv, q, d, opts), true, delta_bytes(d), q.device);
-  d.dq_lists = plan_lists(c, d, schedule_for(Pass::bwd_dq, q, d, opts), false, d.dkdv_lists.end, q.device);
+  d.dkdv = schedule_for(Pass::bwd_dkdv, q, d, opts);
+  size_t at = delta_bytes(d);
+  if (d.lists) {
+    d.dkdv_lists = plan_lists(c, d, d.dkdv, true, at, q.device);
+    at = d.dkdv_lists.end;
+    if (d.reduction == DqReduction::recompute) {
+      d.dq_lists = plan_lists(c, d, schedule_for(Pass::bwd_dq, q, d, opts), false, at, q.device);
+      at = d.dq_lists.end;
+    }
+  }
+  if (d.reduction != DqReduction::recompute) {
+    const int64_t bh = d.batch * d.heads_q, m = lang::cdiv(d.seq_q, d.dkdv.block_m), n = lang::cdiv(d.seq_k, d.dkdv.block_n);
+    const bool split = d.reduction == DqReduction::split;
+    // (sizes up to 2^31 per dim: refuse what would overflow the byte count or the kernels' i32
+    // head-and-tile indices)
+    const double elems = split ? double(bh) * double(m) * double(n) * double(d.dkdv.block_m) * double(d.head_dim)
+                               : double(bh) * double(d.seq_q) * double(d.head_dim);
+    if (elems * 4 > 0x1p56)
+      c.fail("options.dq_reduction = {}: its workspace would need {:.3g} bytes, more than 2^56", name(d.reduction), elems * 4);
+    if (double(bh) * double(m) > double(kI32Max))
+      c.fail("options.dq_reduction = {}: B * Hq * cdiv(S_q, BLOCK_M) = {} * {} * {} tiles exceed the kernels' i32 index range",
+             name(d.reduction), d.batch, d.heads_q, m);
+    d.dq_ws = split ? workspace_array(ir::DType::f32, {bh, m, n, d.dkdv.block_m, d.head_dim}, at)
+                    : workspace_array(ir::DType::f32, {d.batch, d.heads_q, d.seq_q, d.head_dim}, at);
+    at += d.dq_ws.bytes;
+    if (d.reduction == DqReduction::ordered) {
+      d.dq_sem = workspace_array(ir::DType::i32, {bh, m}, at);
+      at += d.dq_sem.bytes;
+    }
+  }
+  d.backward_end = at;
 }
 
 size_t forward_bytes(const Dims& d) { return d.lists ? d.fwd_lists.end : 0; }
-size_t backward_bytes(const Dims& d) { return d.lists ? d.dq_lists.end : delta_bytes(d); }
+size_t backward_bytes(const Dims& d) { return d.backward_end; }
 
 void check_workspace(const Checker& c, const Workspace& ws, size_t need, const char* sizer) {
   if (ws.data == 0 && ws.bytes != 0) c.fail("workspace has {} bytes but a null pointer", ws.bytes);
@@ -448,7 +586,8 @@ Dims check_common(const Checker& c, const Tensor& q, const Tensor& k, const Tens
     d.read_bits = true;
   }
   check_mask_option(c, q, opts, d, backward);
-  plan_all_lists(c, q, opts, d, backward);
+  check_reduction_option(c, opts, d, backward);
+  plan_workspace(c, q, opts, d, backward);
   return d;
 }
 
@@ -491,9 +630,10 @@ struct KernelInfo {
   const lang::Kernel* kernel = nullptr;
   std::optional<std::set<std::string>> metas;
 };
+constexpr size_t kPasses = 6;
 const KernelInfo& info(Pass p) {
-  static std::once_flag once[4];
-  static KernelInfo infos[4];
+  static std::once_flag once[kPasses];
+  static KernelInfo infos[kPasses];
   const auto i = static_cast<size_t>(p);
   std::call_once(once[i], [&] {
     KernelInfo& ki = infos[i];
@@ -523,9 +663,11 @@ struct Config {
   int device;
   bool dropout = false, return_mask = false, read_bits = false;
   int mask = 0;  // the MASK meta: a library kernels::MaskKind (not full or causal: those are `causal`), 0 = none
+  int reduction = 0;          // dK/dV's DQ_REDUCTION (DqReduction), 0 = recompute: the kernel without the meta
+  bool q_descending = false;  // dK/dV's Q_DESCENDING
   auto key() const {
     return std::tuple(static_cast<int>(pass), static_cast<int>(dtype), head_dim, causal, varlen, sch.block_m, sch.block_n,
-                      sch.num_warps, sch.stages, device, dropout, return_mask, read_bits, mask);
+                      sch.num_warps, sch.stages, device, dropout, return_mask, read_bits, mask, reduction, q_descending);
   }
   bool operator<(const Config& o) const { return key() < o.key(); }
 };
@@ -541,6 +683,9 @@ lang::Meta meta_of(const Config& c) {
   if (c.read_bits) all.emplace_back("DROPOUT_BITS", true);
   // MASK only for library masks: full and causal keep the kernels (and cache entries) without it
   if (c.mask != 0) all.emplace_back("MASK", c.mask);
+  // likewise the reduction and the descending walk: recompute's dK/dV is the kernel without them
+  if (c.reduction != 0) all.emplace_back("DQ_REDUCTION", c.reduction);
+  if (c.q_descending) all.emplace_back("Q_DESCENDING", true);
   lang::Meta used;
   for (auto& m : all)
     if (declares(c.pass, m.first.c_str())) used.push_back(std::move(m));
@@ -586,7 +731,8 @@ Function& block_mask_function(const PrePassLists& l, kernels::MaskKind kind) {
 
 Schedule schedule_for(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
   return opts.schedule ? *opts.schedule
-                       : default_schedule(p, q.dtype, static_cast<int>(d.head_dim), d.causal, opts.cu_seqlens_q.has_value());
+                       : default_schedule(p, q.dtype, static_cast<int>(d.head_dim), d.causal, opts.cu_seqlens_q.has_value(),
+                                          d.reduction);
 }
 
 // The tensors and scalars of one call by normalised parameter name (lower case, no '_').
@@ -685,13 +831,25 @@ const char* name(Pass p) {
     case Pass::bwd_preprocess: return "attention_bwd_preprocess";
     case Pass::bwd_dkdv: return "attention_bwd_dkdv";
     case Pass::bwd_dq: return "attention_bwd_dq";
+    case Pass::bwd_dq_convert: return "attention_bwd_dq_convert";
+    case Pass::bwd_dq_reduce: return "attention_bwd_dq_reduce";
+  }
+  return "?";
+}
+
+const char* name(DqReduction r) {
+  switch (r) {
+    case DqReduction::recompute: return "recompute";
+    case DqReduction::atomic: return "atomic";
+    case DqReduction::split: return "split";
+    case DqReduction::ordered: return "ordered";
   }
   return "?";
 }
 
 // The one place schedules are chosen: measured on the H100 for the Hopper (wgmma) path of dense
 // shapes; varlen (tensor slices) runs on the generic path with its own, smaller tiles.
-Schedule default_schedule(Pass pass, ir::DType /*dtype*/, int head_dim, bool /*causal*/, bool varlen) {
+Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal, bool varlen, DqReduction reduction) {
   const int warps = head_dim >= 256 ? 8 : 4;
   switch (pass) {
     // Measured on H100 (BENCHMARKS.md): 128x128 tiles and 8 warps beat 64-row blocks by 25%.
@@ -703,12 +861,27 @@ Schedule default_schedule(Pass pass, ir::DType /*dtype*/, int head_dim, bool /*c
     // wgmma, no spills up to D = 128); D = 256 keeps two f32 [64, 256] accumulators and spills.
     // Varlen windows are tensor slices, which never take the Hopper wgmma path: the generic
     // path's schedules for both gradient passes.
+    // With a dQ reduction (dense only) the kernel's fifth dot, dS K, has M = BLOCK_M: wgmma takes it
+    // with BLOCK_M >= BLOCK_N, from the same shared-memory copy of K. 64 x 64 on 4 warps: every dot
+    // on wgmma, no spills at D 64 (D 128: nvrtc none, LLVM ~200-300 B; kernels/attention_backward.hpp);
+    // 64 x 128 on 8 warps would run it on mma.sync with K loaded twice and spill. D = 256 keeps its
+    // 32 x 64 tiles (the dot then on mma.sync).
     case Pass::bwd_dkdv:
       if (varlen) return {64, 64, 8, 2};
-      return head_dim >= 256 ? Schedule{32, 64, 4, 2} : Schedule{64, 128, 8, 2};
+      if (head_dim >= 256) return {32, 64, 4, 2};
+      return reduction == DqReduction::recompute ? Schedule{64, 128, 8, 2} : Schedule{64, 64, 4, 2};
     case Pass::bwd_dq:
       if (varlen) return {64, 64, 4, 2};
       return head_dim >= 256 ? Schedule{64, 64, 4, 2} : Schedule{128, 64, 8, 2};
+    // Elementwise over dQ_accum: [BLOCK_M, D] f32 per program, 4 warps.
+    case Pass::bwd_dq_convert: return {head_dim >= 256 ? 32 : 64, 64, 4, 2};
+    // The parts are read at dK/dV's tiles: its BLOCK_M and BLOCK_N, an f32 [BLOCK_M, D] sum on 4 warps.
+    case Pass::bwd_dq_reduce: {
+      Schedule s = default_schedule(Pass::bwd_dkdv, dtype, head_dim, causal, varlen, reduction);
+      s.num_warps = 4;
+      s.stages = 2;
+      return s;
+    }
   }
   return {};
 }
@@ -734,6 +907,25 @@ bool dropout_supported() {
 bool masks_supported() {
   if (!declares(Pass::forward, "MASK")) return false;
   return !backward_available() || (declares(Pass::bwd_dkdv, "MASK") && declares(Pass::bwd_dq, "MASK"));
+}
+
+bool dq_reduction_supported(DqReduction reduction) {
+  const int r = static_cast<int>(reduction);
+  if (r < 0 || r > 3 || !backward_available()) return false;
+  if (reduction == DqReduction::recompute) return true;
+  if (!info(dq_pass(reduction)).kernel || !declares(Pass::bwd_dkdv, "DQ_REDUCTION")) return false;
+  // the values the dK/dV kernel takes: one build with each (its other metas at their defaults)
+  static std::once_flag once[4];
+  static bool builds[4];
+  std::call_once(once[r], [&] {
+    try {
+      (void)info(Pass::bwd_dkdv).kernel->build({{"DQ_REDUCTION", r}});
+      builds[r] = true;
+    } catch (const std::exception&) {
+      builds[r] = false;
+    }
+  });
+  return builds[r];
 }
 
 void check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts,
@@ -772,9 +964,13 @@ Dims workspace_dims(const char* fn, const Tensor& q, const Tensor* k, const Opti
       c.fail("options.mask has kind {}, whose block-mask lists depend on S_k: call backward_workspace_bytes(q, k, opts)",
              kernels::mask_kind_name(opts.mask->spec.kind));
   }
+  if (!k && backward && opts.dq_reduction == DqReduction::split)
+    c.fail("options.dq_reduction = split, whose dQ_parts depend on S_k (N = cdiv(S_k, BLOCK_N) key tiles): call "
+           "backward_workspace_bytes(q, k, opts)");
   check_schedule(c, opts);
   check_mask_option(c, q, opts, d, backward);
-  plan_all_lists(c, q, opts, d, backward);
+  check_reduction_option(c, opts, d, backward);
+  plan_workspace(c, q, opts, d, backward);
   return d;
 }
 
@@ -875,7 +1071,9 @@ Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
                 d.dropout && declares(p, "DROPOUT"),
                 p == Pass::forward && d.return_mask,
                 d.read_bits && declares(p, "DROPOUT_BITS"),
-                library_mask(d.mask) && declares(p, "MASK") ? static_cast<int>(d.mask) : 0};
+                library_mask(d.mask) && declares(p, "MASK") ? static_cast<int>(d.mask) : 0,
+                p == Pass::bwd_dkdv ? static_cast<int>(d.reduction) : 0,
+                p == Pass::bwd_dkdv && d.q_descending};
 }
 
 // Where the launches' scratch arrays point before the workspace exists (the dry launches check
@@ -884,6 +1082,13 @@ constexpr uint64_t kPlaceholder = 256;
 
 void synchronize(CUstream stream) {
   runtime::check_cu(runtime::Driver::get().api().StreamSynchronize(stream), "cuStreamSynchronize");
+}
+
+// Zeroes `bytes` at `address` on `stream` (asynchronous, in order with the launches around it).
+void zero_async(uint64_t address, size_t bytes, CUstream stream, int device) {
+  auto& drv = runtime::Driver::get();
+  drv.context(device).make_current();
+  runtime::check_cu(drv.api().MemsetD8Async(static_cast<CUdeviceptr>(address), 0, bytes, stream), "cuMemsetD8Async");
 }
 
 }  // namespace
@@ -930,8 +1135,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   const std::array<int64_t, 3> dstrides = d.varlen ? std::array<int64_t, 3>{d.total_q, 1, 0}
                                                    : std::array<int64_t, 3>{d.heads_q * d.seq_q, d.seq_q, 1};
   const size_t drank = d.varlen ? 2 : 3;
-  // The launches at a workspace base: preprocess, [pre-pass at dK/dV's tiles], dK/dV, [pre-pass at
-  // dQ's tiles], dQ.
+  // The launches at a workspace base: preprocess, [pre-pass at dK/dV's tiles], [zeroing], dK/dV,
+  // then [pre-pass at dQ's tiles] and dQ (recompute), the convert kernel (atomic, ordered) or the
+  // reduce kernel (split).
+  const bool reduce = d.reduction != DqReduction::recompute;
   const auto bind = [&](uint64_t base) {
     Bindings b;
     bind_common(b, q, k, v, o, lse, d, opts);
@@ -944,12 +1151,23 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     bind_mask(b, opts, d);
     if (d.lists) {
       bind_lists(b, d.dkdv_lists, base);
-      bind_lists(b, d.dq_lists, base);
+      if (!reduce) bind_lists(b, d.dq_lists, base);
+    }
+    if (reduce) {
+      b.add(d.reduction == DqReduction::split ? "dqparts" : "dqaccum", d.dq_ws.view(base, q.device));
+      if (d.reduction == DqReduction::ordered) b.add("dqsemaphores", d.dq_sem.view(base, q.device));
+      b.add("sk", static_cast<int32_t>(d.seq_k));  // the reduce kernel's S_k
+      if (d.lists) b.add("blockclasses", d.dkdv_lists.classes(base));  // (the reduce kernel's: dK/dV's pre-pass writes them)
     }
     return b;
   };
   const Config pre = config(Pass::bwd_preprocess, q, d, opts), kv = config(Pass::bwd_dkdv, q, d, opts),
-               dqc = config(Pass::bwd_dq, q, d, opts);
+               dqc = config(dq_pass(d.reduction), q, d, opts);
+  // the reduce kernel reads dK/dV's parts at dK/dV's tiles (the schedule table and an
+  // options.schedule give both the same tiles)
+  if (d.reduction == DqReduction::split && (dqc.sch.block_m != kv.sch.block_m || dqc.sch.block_n != kv.sch.block_n))
+    throw std::logic_error(fmt::format("tilejit::attention: attention_bwd_dq_reduce at {}x{} tiles but dK/dV at {}x{}", dqc.sch.block_m,
+                                       dqc.sch.block_n, kv.sch.block_m, kv.sch.block_n));
   Function &pre_fn = function_for(pre), &kv_fn = function_for(kv), &dq_fn = function_for(dqc);
   const runtime::Grid pre_grid{lang::cdiv(d.seq_q, pre.sch.block_m), d.heads_q, d.batch},
       kv_grid{lang::cdiv(d.seq_k, kv.sch.block_n), d.heads_kv, d.batch}, dq_grid{lang::cdiv(d.seq_q, dqc.sch.block_m), d.heads_q, d.batch};
@@ -958,10 +1176,14 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     std::optional<PrePass> kv_lists, dq_lists;
     if (d.lists) {
       kv_lists = pre_pass(d.dkdv_lists, opts, d, base);
-      dq_lists = pre_pass(d.dq_lists, opts, d, base);
+      if (!reduce) dq_lists = pre_pass(d.dq_lists, opts, d, base);
     }
     launch(pre_fn, pre_grid, stream, b, dry);
     if (kv_lists) launch(*kv_lists->fn, kv_lists->grid, stream, kv_lists->b, dry);
+    // what the dK/dV kernel needs zero: atomic's dQ_accum (it adds into it), ordered's semaphores
+    // (ordered's dQ_accum is stored by each tile's first key tile)
+    if (!dry && d.reduction == DqReduction::atomic) zero_async(base + d.dq_ws.at, d.dq_ws.bytes, stream, q.device);
+    if (!dry && d.reduction == DqReduction::ordered) zero_async(base + d.dq_sem.at, d.dq_sem.bytes, stream, q.device);
     launch(kv_fn, kv_grid, stream, b, dry);
     if (dq_lists) launch(*dq_lists->fn, dq_lists->grid, stream, dq_lists->b, dry);
     launch(dq_fn, dq_grid, stream, b, dry);
@@ -1032,28 +1254,37 @@ void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, i
 }
 
 void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen, bool backward, std::optional<Schedule> schedule,
-             int device, bool dropout) {
-  prepare(dtype, head_dim, causal ? kernels::MaskKind::causal : kernels::MaskKind::full, varlen, backward, schedule, device, dropout);
+             int device, bool dropout, DqReduction dq_reduction, bool q_descending) {
+  prepare(dtype, head_dim, causal ? kernels::MaskKind::causal : kernels::MaskKind::full, varlen, backward, schedule, device, dropout,
+          dq_reduction, q_descending);
 }
 
 void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen, bool backward, std::optional<Schedule> schedule,
-             int device, bool dropout) {
+             int device, bool dropout, DqReduction dq_reduction, bool q_descending) {
   const Checker c("prepare");
   if (static_cast<int>(mask) < 0 || static_cast<int>(mask) >= kernels::kMaskKindCount)
     c.fail("mask = {} is not a mask kind; valid: {}", static_cast<int>(mask), kernels::mask_kind_list());
   if (library_mask(mask) && varlen)
     c.fail("mask {} with varlen = true: library masks take dense batches only", kernels::mask_kind_name(mask));
+  if (backward)
+    check_dq_reduction(c, dq_reduction, q_descending, varlen, mask, {"dq_reduction", "q_descending", "varlen = true", "mask"});
+  else {
+    dq_reduction = DqReduction::recompute;  // (the forward has neither)
+    q_descending = false;
+  }
   const bool causal = mask == kernels::MaskKind::causal;
   const int lib = library_mask(mask) ? static_cast<int>(mask) : 0;
   std::vector<Pass> passes{Pass::forward};
-  if (backward) passes.insert(passes.end(), {Pass::bwd_preprocess, Pass::bwd_dkdv, Pass::bwd_dq});
+  if (backward) passes.insert(passes.end(), {Pass::bwd_preprocess, Pass::bwd_dkdv, dq_pass(dq_reduction)});
   for (Pass p : passes) {
-    const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen);
+    const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen, dq_reduction);
     function_for(Config{p, dtype, head_dim, causal, varlen, s, device, dropout && declares(p, "DROPOUT"), false, false,
-                        lib != 0 && declares(p, "MASK") ? lib : 0})
+                        lib != 0 && declares(p, "MASK") ? lib : 0, p == Pass::bwd_dkdv ? static_cast<int>(dq_reduction) : 0,
+                        p == Pass::bwd_dkdv && q_descending})
         .compiled();
-    // the pre-pass at this kernel's tiles (the preprocess reads no lists)
-    if (lib != 0 && !kernels::mask_has_tile_intervals(mask) && p != Pass::bwd_preprocess) {
+    // the pre-pass at this kernel's tiles (the preprocess, convert and reduce kernels read no lists)
+    if (lib != 0 && !kernels::mask_has_tile_intervals(mask) &&
+        (p == Pass::forward || p == Pass::bwd_dkdv || p == Pass::bwd_dq)) {
       PrePassLists l;
       l.block_m = s.block_m;
       l.block_n = s.block_n;

@@ -50,15 +50,39 @@ struct Schedule {
   int stages = 3;
   bool operator==(const Schedule&) const = default;
 };
-// The kernels the API launches.
-enum class Pass { forward, bwd_preprocess, bwd_dkdv, bwd_dq };
+// The kernels the API launches (the last two only with a dQ reduction, see DqReduction).
+enum class Pass { forward, bwd_preprocess, bwd_dkdv, bwd_dq, bwd_dq_convert, bwd_dq_reduce };
 const char* name(Pass p);  // the kernel's name: "attention_fwd", "attention_bwd_dq", ...
 
-// The one table of default schedules, per pass, dtype, head dim, mask and varlen. The dense
-// forward runs on the Hopper wgmma path (128-row blocks over two warpgroups, a 2-stage K/V ring);
-// varlen windows are tensor slices, which take the generic path with smaller tiles (forward and
-// backward).
-Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal, bool varlen = false);
+// How the backward sums dQ over the key tiles (Options::dq_reduction; the values are the dK/dV
+// kernel's DQ_REDUCTION meta, kernels/attention_backward.hpp):
+//   recompute  a separate dQ kernel recomputes S and P per query tile (7 matmuls; no extra memory;
+//              deterministic). The default.
+//   atomic     the dK/dV kernel adds each block's dS K into an f32 dQ_accum [B, Hq, S_q, D] with
+//              atomics (5 matmuls; 4 B Hq S_q D bytes of workspace, zeroed by the call), then
+//              attention_bwd_dq_convert writes dQ. The add order depends on timing: dQ's last bits
+//              vary run to run (dK, dV do not).
+//   split      each block's part goes to its own slot of an f32 dQ_parts [B * Hq, M, N, BLOCK_M, D]
+//              (M, N: query and key tiles of dK/dV), summed in key-tile order by
+//              attention_bwd_dq_reduce: bit-identical run to run, but 4 B Hq M N BLOCK_M D bytes
+//              (~ S_q S_k D / BLOCK_N * 4 per head: 8.6 GB at B 4, S 4k, 16 heads of D 128; 34 GB at
+//              B 1, S 16k).
+//   ordered    as atomic, but tile m of dQ_accum takes its parts in increasing key-tile order,
+//              enforced by i32 semaphores [B * Hq, M] (zeroed by the call; dQ_accum needs no
+//              zeroing): bit-identical run to run with atomic's memory. Full and causal masks only.
+// atomic, split and ordered take dense batches only (no cu_seqlens).
+enum class DqReduction { recompute = 0, atomic = 1, split = 2, ordered = 3 };
+const char* name(DqReduction r);  // "recompute", "atomic", "split", "ordered"
+
+// The one table of default schedules, per pass, dtype, head dim, mask, varlen and dQ reduction.
+// The dense forward runs on the Hopper wgmma path (128-row blocks over two warpgroups, a 2-stage
+// K/V ring); varlen windows are tensor slices, which take the generic path with smaller tiles
+// (forward and backward). With a dQ reduction the dK/dV kernel does a fifth dot (dS K, M =
+// BLOCK_M) that wgmma only takes with BLOCK_M >= BLOCK_N: its tiles become 64 x 64 on 4 warps (the
+// kernel author's measurement: every dot on wgmma, no spills at D 64), and
+// attention_bwd_dq_reduce runs at the same tiles.
+Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal, bool varlen = false,
+                          DqReduction reduction = DqReduction::recompute);
 
 // A library attention mask (kernels/attention_mask_host.hpp defines every pattern, bottom-right
 // aligned when S_q != S_k like causal): the kind and its integers in `spec` (MaskSpec::
@@ -116,9 +140,18 @@ struct Options {
   // A library mask (see Mask). Kinds whose allowed blocks are not intervals (document,
   // causal_document, share_question, causal_blockwise, block_sparse) first run the
   // attention_block_mask pre-pass on the GPU, once per kernel that reads its lists (forward: 1,
-  // backward: 2, each at that kernel's tiles), into the workspace (forward_workspace_bytes,
-  // backward_workspace_bytes); the other kinds classify tiles in the kernels themselves.
+  // backward: 2, each at that kernel's tiles; 1 with a dQ reduction), into the workspace
+  // (forward_workspace_bytes, backward_workspace_bytes); the other kinds classify tiles in the
+  // kernels themselves.
   std::optional<Mask> mask;
+  // Backward only (the forward ignores both): how dQ is summed over key tiles (see DqReduction;
+  // atomic, split and ordered need dense batches, ordered the full or causal mask). The
+  // workspace grows with it (backward_workspace_bytes).
+  DqReduction dq_reduction = DqReduction::recompute;
+  // Backward only: each key tile of dK/dV visits its query tiles from the last to the first (the
+  // Q_DESCENDING meta, DASH's descending order; meant for causal with the ordered reduction,
+  // attention_bench --deterministic times it). Not with split or library masks.
+  bool q_descending = false;
 };
 
 // Writes the packed dropout keep-mask of an attention call with these options (opts.dropout_p,
@@ -133,9 +166,10 @@ struct Options {
 void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k, const Options& opts,
                            CUstream stream = nullptr, int programs = 0);
 
-// Scratch memory: the backward's Delta (rowsum(dO * O), f32 [B, Hq, S_q] or [Hq, total_q]) and,
-// for masks without tile intervals, the block-mask pre-pass's lists (forward and backward).
-// A call writes and reads it on its stream only: the next call on that stream may reuse it.
+// Scratch memory: the backward's Delta (rowsum(dO * O), f32 [B, Hq, S_q] or [Hq, total_q]), for
+// masks without tile intervals the block-mask pre-pass's lists (forward and backward), and the
+// dQ reduction's buffers (backward). A call writes and reads it on its stream only (what must be
+// zero it zeroes there itself, cuMemsetD8Async): the next call on that stream may reuse it.
 struct Workspace {
   uint64_t data = 0;  // 16-byte aligned device memory on q's device; 0: allocate per call
   size_t bytes = 0;
@@ -162,19 +196,28 @@ size_t forward_workspace_bytes(const Tensor& q, const Tensor& k, const Options& 
 
 // dQ, dK, dV from dO and the forward's O and LSE (same options as the forward). dq like q, dk and
 // dv like k (written, not accumulated: GQA groups are summed inside the kernel); do_ like o.
-// `workspace` holds Delta (and a mask's block lists): size it with backward_workspace_bytes (a
-// framework passes one from its caching allocator); without one the call allocates it and
-// synchronizes `stream` before freeing it.
+// `workspace` holds Delta (and a mask's block lists, and the dQ reduction's buffers): size it with
+// backward_workspace_bytes (a framework passes one from its caching allocator); without one the
+// call allocates it and synchronizes `stream` before freeing it. Launches, in order on `stream`:
+// attention_bwd_preprocess (Delta); [list masks: the pre-pass at dK/dV's tiles]; then by
+// opts.dq_reduction: recompute: attention_bwd_dkdv, [the pre-pass at dQ's tiles], attention_bwd_dq;
+// atomic: memset(dQ_accum, 0), attention_bwd_dkdv, attention_bwd_dq_convert; ordered:
+// memset(semaphores, 0), attention_bwd_dkdv, attention_bwd_dq_convert; split: attention_bwd_dkdv,
+// attention_bwd_dq_reduce.
 void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_,
               const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts = {},
               CUstream stream = nullptr, Workspace workspace = {});
-// Bytes the backward's workspace needs for this q (and opts): 4 * B * Hq * S_q rounded up to 256
-// (variable-length batches, opts.cu_seqlens_q set and q [total_q, Hq, D]: 4 * Hq * total_q).
-// With opts.mask of a kind without tile intervals the lists' size depends on S_k: this overload
-// then throws std::invalid_argument; use the one with k.
+// Bytes the backward's workspace needs for this q (and opts): Delta, 4 * B * Hq * S_q rounded up
+// to 256 (variable-length batches, opts.cu_seqlens_q set and q [total_q, Hq, D]: 4 * Hq *
+// total_q); then opts.dq_reduction's buffers, each rounded up to 256: atomic dQ_accum 4 * B * Hq
+// * S_q * D; ordered the same plus semaphores 4 * B * Hq * M; split dQ_parts 4 * B * Hq * M * N *
+// BLOCK_M * D (M = cdiv(S_q, BLOCK_M), N = cdiv(S_k, BLOCK_N) at dK/dV's tiles). With opts.mask of
+// a kind without tile intervals, or split, the size depends on S_k: this overload then throws
+// std::invalid_argument; use the one with k.
 size_t backward_workspace_bytes(const Tensor& q, const Options& opts = {});
 // The same plus, for opts.mask of a kind without tile intervals, the pre-pass lists of dK/dV
-// (KV_MAJOR, at its tiles) and of dQ (at its tiles), sized as in forward_workspace_bytes.
+// (KV_MAJOR, at its tiles) and, with recompute, of dQ (at its tiles), sized as in
+// forward_workspace_bytes; in the workspace: Delta, the lists, the reduction's buffers.
 size_t backward_workspace_bytes(const Tensor& q, const Tensor& k, const Options& opts);
 
 // The argument checks of forward/backward alone (no GPU, nothing compiled): what both run first.
@@ -192,15 +235,22 @@ bool backward_available();
 bool dropout_supported();
 // Whether the forward (and the backward kernels, when present) take library masks (the MASK meta).
 bool masks_supported();
+// Whether this build's backward runs with this dQ reduction (the dK/dV kernel takes its
+// DQ_REDUCTION value, and attention_bwd_dq_convert or attention_bwd_dq_reduce is in the library).
+bool dq_reduction_supported(DqReduction reduction);
 
 // Compiles (or finds in the caches) every kernel a call with this configuration launches, without
 // a GPU; a framework calls it at start-up so the first step does not JIT. Thread-safe.
-// `dropout`: the kernels of calls with dropout_p > 0 (without a returned mask).
+// `dropout`: the kernels of calls with dropout_p > 0 (without a returned mask). `dq_reduction`,
+// `q_descending`: the backward's (Options::dq_reduction, q_descending), checked as a call checks
+// them (std::invalid_argument before anything compiles).
 void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen = false, bool backward = true,
-             std::optional<Schedule> schedule = {}, int device = 0, bool dropout = false);
+             std::optional<Schedule> schedule = {}, int device = 0, bool dropout = false,
+             DqReduction dq_reduction = DqReduction::recompute, bool q_descending = false);
 // The same for calls with a library mask of this kind (opts.mask; causal = MaskKind::causal, full
 // = no mask), with the pre-pass kernels of kinds without tile intervals.
 void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen = false, bool backward = true,
-             std::optional<Schedule> schedule = {}, int device = 0, bool dropout = false);
+             std::optional<Schedule> schedule = {}, int device = 0, bool dropout = false,
+             DqReduction dq_reduction = DqReduction::recompute, bool q_descending = false);
 
 }  // namespace tilejit::attention

@@ -4,6 +4,7 @@
 #include "kernels/attention_api.hpp"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <stdexcept>
@@ -54,6 +55,19 @@ Call packed_call() {
   c.opts.cu_seqlens_k = contiguous(kBase + 0xb000000, DType::i32, {4});
   c.opts.max_seqlen_q = 200;
   c.opts.max_seqlen_k = 250;
+  return c;
+}
+
+// The Call shapes in [B, H, S, D] memory, passed as their permuted [B, S, H, D] views, head dim d
+// (the gradients alias the inputs: the calls here never run).
+Call bhsd_call(int64_t d) {
+  Call c;
+  c.q = permute(contiguous(kBase, DType::bf16, {2, 8, 100, d}), {0, 2, 1, 3});
+  c.o = permute(contiguous(kBase + 0x3000000, DType::bf16, {2, 8, 100, d}), {0, 2, 1, 3});
+  c.k = permute(contiguous(kBase + 0x1000000, DType::bf16, {2, 2, 300, d}), {0, 2, 1, 3});
+  c.v = permute(contiguous(kBase + 0x2000000, DType::bf16, {2, 2, 300, d}), {0, 2, 1, 3});
+  c.dout = c.dq = c.o;
+  c.dk = c.dv = c.k;
   return c;
 }
 
@@ -471,11 +485,7 @@ TEST_CASE("attention API: without a GPU a valid call stops at the driver, after 
       }
     }
   // D = 256 and [B, H, S, D] memory as permuted views.
-  Call c;
-  c.q = permute(contiguous(kBase, DType::bf16, {2, 8, 100, 256}), {0, 2, 1, 3});
-  c.o = permute(contiguous(kBase + 0x3000000, DType::bf16, {2, 8, 100, 256}), {0, 2, 1, 3});
-  c.k = permute(contiguous(kBase + 0x1000000, DType::bf16, {2, 2, 300, 256}), {0, 2, 1, 3});
-  c.v = permute(contiguous(kBase + 0x2000000, DType::bf16, {2, 2, 300, 256}), {0, 2, 1, 3});
+  Call c = bhsd_call(256);
   needs_gpu([&] { forward(c.q, c.k, c.v, c.o, c.lse, c.opts); }, "needs a GPU");
   // An invalid argument is reported as such even without a GPU (the checks come first).
   c.q.dtype = DType::f32;
@@ -781,14 +791,237 @@ TEST_CASE("attention API: masked calls stop at the driver without a GPU") {
       CHECK_THROWS_AS(backward(c.q, c.k, c.v, c.o, c.dout, c.lse, c.dq, c.dk, c.dv, c.opts, nullptr, c.ws), runtime::DeviceError);
     }
   // per-batch tables and [B, H, S, D] memory as permuted views, D = 128
-  Call c = masked_call(MaskKind::block_sparse);
+  Call c = bhsd_call(128);
+  c.opts.mask = valid_mask(MaskKind::block_sparse);
   c.opts.mask->block_table = block_table(2, 1);
-  c.q = permute(contiguous(kBase, DType::bf16, {2, 8, 100, 128}), {0, 2, 1, 3});
-  c.o = permute(contiguous(kBase + 0x3000000, DType::bf16, {2, 8, 100, 128}), {0, 2, 1, 3});
-  c.k = permute(contiguous(kBase + 0x1000000, DType::bf16, {2, 2, 300, 128}), {0, 2, 1, 3});
-  c.v = permute(contiguous(kBase + 0x2000000, DType::bf16, {2, 2, 300, 128}), {0, 2, 1, 3});
-  c.dout = c.dq = c.o;
-  c.dk = c.dv = c.k;
   CHECK_THROWS_AS(forward(c.q, c.k, c.v, c.o, c.lse, c.opts), runtime::DeviceError);
   if (backward_available()) CHECK_THROWS_AS(backward(c.q, c.k, c.v, c.o, c.dout, c.lse, c.dq, c.dk, c.dv, c.opts), runtime::DeviceError);
+}
+
+// Options::dq_reduction (recompute, atomic, split, ordered) and q_descending: the backward's
+// checks (what the dK/dV kernel refuses, refused first), the workspace each needs, the schedule
+// table, prepare's checks, and valid calls reaching the driver after every launch check (the
+// dK/dV kernel with DQ_REDUCTION and its workspace tensors, the convert or reduce kernel).
+namespace {
+
+constexpr DqReduction kReductions[] = {DqReduction::recompute, DqReduction::atomic, DqReduction::split, DqReduction::ordered};
+
+}  // namespace
+
+TEST_CASE("attention API: dQ reductions, errors") {
+  if (!backward_available()) return;
+  CHECK(std::string(name(DqReduction::recompute)) == "recompute");
+  CHECK(std::string(name(DqReduction::ordered)) == "ordered");
+  CHECK(std::string(name(Pass::bwd_dq_convert)) == "attention_bwd_dq_convert");
+  CHECK(std::string(name(Pass::bwd_dq_reduce)) == "attention_bwd_dq_reduce");
+  CHECK(dq_reduction_supported(DqReduction::recompute));
+  CHECK(dq_reduction_supported(DqReduction::atomic));
+  CHECK(dq_reduction_supported(DqReduction::split));
+  CHECK(dq_reduction_supported(DqReduction::ordered));
+  CHECK_FALSE(dq_reduction_supported(static_cast<DqReduction>(4)));
+  // the value
+  Call c;
+  c.opts.dq_reduction = static_cast<DqReduction>(7);
+  CHECK_BWD_ERROR(c, "options.dq_reduction = 7 is not a dQ reduction; valid: 0 recompute, 1 atomic, 2 split, 3 ordered");
+  CHECK_NOTHROW(c.check_fwd());  // the forward ignores the backward's options
+  c.opts.dq_reduction = static_cast<DqReduction>(-1);
+  CHECK(error_of([&] { (void)backward_workspace_bytes(c.q, c.opts); })
+            .find("tilejit::attention::backward_workspace_bytes: options.dq_reduction = -1 is not a dQ reduction") != std::string::npos);
+  // dense batches only
+  for (DqReduction r : {DqReduction::atomic, DqReduction::split, DqReduction::ordered}) {
+    Call v = packed_call();
+    v.opts.dq_reduction = r;
+    INFO(std::string(name(r)));
+    const std::string want = fmt::format("options.dq_reduction = {} with variable-length batches (options.cu_seqlens_q/k); the atomic, "
+                                         "split and ordered reductions take dense batches only", name(r));
+    CHECK_BWD_ERROR(v, want.c_str(), "use recompute");
+    CHECK_NOTHROW(v.check_fwd());
+    if (r != DqReduction::split)
+      CHECK(error_of([&] { (void)backward_workspace_bytes(v.q, v.opts); })
+                .find("tilejit::attention::backward_workspace_bytes: options.dq_reduction = ") != std::string::npos);
+  }
+  // ordered: the full and causal masks only (causal through the mask is causal)
+  for (MaskKind kind : {MaskKind::sliding_window, MaskKind::causal_sliding_window, MaskKind::document, MaskKind::block_sparse}) {
+    c = masked_call(kind);
+    c.opts.dq_reduction = DqReduction::ordered;
+    const std::string want = fmt::format("options.dq_reduction = ordered with options.mask of kind {}; ordered takes the full and causal "
+                                         "masks only", kernels::mask_kind_name(kind));
+    CHECK_BWD_ERROR(c, want.c_str(), "use atomic or split with library masks");
+    c.opts.dq_reduction = DqReduction::atomic;  // atomic and split take every mask
+    CHECK_NOTHROW(c.check_bwd());
+    c.opts.dq_reduction = DqReduction::split;
+    CHECK_NOTHROW(c.check_bwd());
+  }
+  for (MaskKind kind : {MaskKind::full, MaskKind::causal}) {
+    c = masked_call(kind);
+    c.opts.dq_reduction = DqReduction::ordered;
+    CHECK_NOTHROW(c.check_bwd());
+  }
+  // q_descending: not with split or library masks
+  c = Call{};
+  c.opts.causal = true;
+  c.opts.q_descending = true;
+  c.opts.dq_reduction = DqReduction::split;
+  CHECK_BWD_ERROR(c, "options.q_descending = true with options.dq_reduction = split; the dK/dV kernel takes Q_DESCENDING with "
+                     "recompute, atomic and ordered only");
+  CHECK_NOTHROW(c.check_fwd());
+  c = masked_call(MaskKind::sliding_window);
+  c.opts.q_descending = true;
+  c.opts.dq_reduction = DqReduction::atomic;
+  CHECK_BWD_ERROR(c, "options.q_descending = true with options.mask of kind sliding_window; the descending walk is for the full and "
+                     "causal masks only");
+  for (DqReduction r : {DqReduction::recompute, DqReduction::atomic, DqReduction::ordered})
+    for (bool causal : {false, true}) {
+      c = Call{};
+      c.opts.causal = causal;
+      c.opts.q_descending = true;
+      c.opts.dq_reduction = r;
+      CHECK_NOTHROW(c.check_bwd());
+    }
+  // the workspace a reduction needs (a caller's, too small)
+  c = Call{};
+  c.opts.dq_reduction = DqReduction::atomic;
+  c.ws = Workspace{kBase + 0x9000000, 6400};  // Delta alone
+  CHECK_BWD_ERROR(c, "workspace has 6400 bytes; this call needs 416000 (backward_workspace_bytes)");
+  c.ws.bytes = 416000;
+  CHECK_NOTHROW(c.check_bwd());
+  // split's dQ_parts depend on S_k
+  c.opts.dq_reduction = DqReduction::split;
+  CHECK(error_of([&] { (void)backward_workspace_bytes(c.q, c.opts); })
+            .find("tilejit::attention::backward_workspace_bytes: options.dq_reduction = split, whose dQ_parts depend on S_k (N = "
+                  "cdiv(S_k, BLOCK_N) key tiles): call backward_workspace_bytes(q, k, opts)") != std::string::npos);
+
+  // prepare: the same rules under its argument names, before anything compiles
+  const auto prepare_error = [](auto&& call) {
+    const std::string msg = error_of(call);
+    CHECK(msg.starts_with("tilejit::attention::prepare: "));
+    return msg;
+  };
+  CHECK(prepare_error([] { prepare(DType::bf16, 64, false, false, true, {}, 0, false, static_cast<DqReduction>(9)); })
+            .find("dq_reduction = 9 is not a dQ reduction; valid: 0 recompute, 1 atomic, 2 split, 3 ordered") != std::string::npos);
+  CHECK(prepare_error([] { prepare(DType::bf16, 64, false, /*varlen=*/true, true, {}, 0, false, DqReduction::atomic); })
+            .find("dq_reduction = atomic with varlen = true; the atomic, split and ordered reductions take dense batches only") !=
+        std::string::npos);
+  CHECK(prepare_error([] { prepare(DType::bf16, 64, MaskKind::document, false, true, {}, 0, false, DqReduction::ordered); })
+            .find("dq_reduction = ordered with mask document; ordered takes the full and causal masks only") != std::string::npos);
+  CHECK(prepare_error([] { prepare(DType::bf16, 128, true, false, true, {}, 0, false, DqReduction::split, true); })
+            .find("q_descending = true with dq_reduction = split") != std::string::npos);
+  CHECK(prepare_error([] { prepare(DType::bf16, 128, MaskKind::sliding_window, false, true, {}, 0, false, DqReduction::atomic, true); })
+            .find("q_descending = true with mask sliding_window") != std::string::npos);
+}
+
+// Bytes: Delta (2 * 8 * 100 * 4 = 6400), then the reduction's buffers at dK/dV's tiles, 64 x 64
+// with a reduction: M = cdiv(100, 64) = 2, N = cdiv(300, 64) = 5.
+TEST_CASE("attention API: dQ reductions, workspace sizes and schedules") {
+  if (!backward_available()) return;
+  Call c;
+  const auto bytes = [&](DqReduction r) {
+    c.opts.dq_reduction = r;
+    return backward_workspace_bytes(c.q, c.k, c.opts);
+  };
+  constexpr size_t delta = 6400, accum = 4 * 2 * 8 * 100 * 64, parts = 4 * 2 * 8 * 2 * 5 * 64 * 64;
+  CHECK(bytes(DqReduction::recompute) == delta);
+  CHECK(bytes(DqReduction::atomic) == delta + accum);                // 416000
+  CHECK(bytes(DqReduction::ordered) == delta + accum + 256);         // semaphores 4 * 16 * 2 -> 256
+  CHECK(bytes(DqReduction::split) == delta + parts);                 // 2627840
+  for (DqReduction r : {DqReduction::recompute, DqReduction::atomic, DqReduction::ordered}) {
+    c.opts.dq_reduction = r;
+    CHECK(backward_workspace_bytes(c.q, c.opts) == backward_workspace_bytes(c.q, c.k, c.opts));  // no S_k in them
+  }
+  c.opts.causal = true;  // causal writes fewer parts, but the layout is the same
+  CHECK(bytes(DqReduction::split) == delta + parts);
+  // the options' schedule sets dK/dV's (and the reduce kernel's) tiles: 32 x 128 gives M = 4, N = 3
+  c.opts.schedule = Schedule{32, 128, 4, 2};
+  CHECK(bytes(DqReduction::split) == delta + 4 * 2 * 8 * 4 * 3 * 32 * 64);
+  CHECK(bytes(DqReduction::ordered) == delta + accum + 256);  // 4 * 16 * 4 = 256
+  // D = 128 at the default 64 x 64 (BHSD views: the workspace does not depend on q's strides)
+  c = bhsd_call(128);
+  CHECK(bytes(DqReduction::atomic) == delta + 2 * accum);
+  CHECK(bytes(DqReduction::split) == delta + 2 * parts);
+  // a list mask: dK/dV's lists at its tiles (64 x 64: 5 key tiles of 2 query tiles; five arrays of
+  // 40, 80, 40, 80 and 20 bytes, 256 each), no dQ lists (no dQ kernel runs), then the buffers
+  c = masked_call(MaskKind::document);
+  CHECK(bytes(DqReduction::recompute) == delta + 1280 + 1280);
+  CHECK(bytes(DqReduction::atomic) == delta + 1280 + accum);
+  CHECK(bytes(DqReduction::split) == delta + 1280 + parts);
+  // an interval mask: no lists
+  c = masked_call(MaskKind::sliding_window);
+  CHECK(bytes(DqReduction::split) == delta + parts);
+
+  // The schedule table: dK/dV at 64 x 64 on 4 warps with a reduction (D 64, 128), the reduce
+  // kernel at dK/dV's tiles, recompute unchanged
+  for (DType t : {DType::bf16, DType::f16})
+    for (bool causal : {false, true}) {
+      for (int d : {64, 128}) {
+        CHECK(default_schedule(Pass::bwd_dkdv, t, d, causal) == Schedule{64, 128, 8, 2});
+        for (DqReduction r : {DqReduction::atomic, DqReduction::split, DqReduction::ordered}) {
+          CHECK(default_schedule(Pass::bwd_dkdv, t, d, causal, false, r) == Schedule{64, 64, 4, 2});
+          CHECK(default_schedule(Pass::bwd_dq_reduce, t, d, causal, false, r) == Schedule{64, 64, 4, 2});
+          CHECK(default_schedule(Pass::bwd_dq_convert, t, d, causal, false, r) == Schedule{64, 64, 4, 2});
+          CHECK(default_schedule(Pass::bwd_dq, t, d, causal, false, r) == default_schedule(Pass::bwd_dq, t, d, causal));
+        }
+      }
+      CHECK(default_schedule(Pass::bwd_dkdv, t, 256, causal, false, DqReduction::split) == Schedule{32, 64, 4, 2});
+      CHECK(default_schedule(Pass::bwd_dq_reduce, t, 256, causal, false, DqReduction::split) == Schedule{32, 64, 4, 2});
+      CHECK(default_schedule(Pass::bwd_dq_convert, t, 256, causal, false, DqReduction::atomic) == Schedule{32, 64, 4, 2});
+    }
+}
+
+// Without a GPU a valid call with each reduction gets as far as the driver: the dK/dV kernel with
+// DQ_REDUCTION (and Q_DESCENDING) bound with dQ_accum / dQ_parts / dQ_semaphores, the convert or
+// reduce kernel (the reduce kernel with a mask's parameters and dK/dV's block classes) checked.
+TEST_CASE("attention API: dQ reductions stop at the driver without a GPU") {
+  if (!backward_available()) return;
+  if (runtime::Driver::get().available()) {
+    MESSAGE("SKIPPED: this machine has a GPU (the fake pointers here must not reach a launch)");
+    return;
+  }
+  const auto needs_gpu = [](Call& c) {
+    try {
+      backward(c.q, c.k, c.v, c.o, c.dout, c.lse, c.dq, c.dk, c.dv, c.opts, nullptr, c.ws);
+      FAIL("ran without a GPU");
+    } catch (const runtime::DeviceError& e) {
+      INFO(std::string(e.what()));
+      CHECK(std::string(e.what()).find("tilejit::attention::backward needs a GPU") != std::string::npos);
+    }
+  };
+  for (DqReduction r : kReductions) {
+    for (bool causal : {false, true})
+      for (bool dropout : {false, true})
+        for (bool descending : {false, true}) {
+          if (descending && r == DqReduction::split) continue;
+          INFO(std::string(name(r)) << " causal " << causal << " dropout " << dropout << " q_descending " << descending);
+          Call c;
+          c.opts.dq_reduction = r;
+          c.opts.causal = causal;
+          c.opts.q_descending = descending;
+          if (dropout) c.opts.dropout_p = 0.2, c.opts.seed = 99;
+          needs_gpu(c);  // the API's own workspace
+          c.ws = Workspace{kBase + 0x9000000, backward_workspace_bytes(c.q, c.k, c.opts)};
+          needs_gpu(c);
+        }
+    // D = 128, [B, H, S, D] memory as permuted views, a schedule of the caller's (BLOCK_M > BLOCK_N)
+    Call c = bhsd_call(128);
+    c.opts.dq_reduction = r;
+    needs_gpu(c);
+    c.opts.schedule = Schedule{128, 64, 8, 2};
+    needs_gpu(c);
+    // the precomputed dropout mask
+    c = Call{};
+    c.opts.dq_reduction = r;
+    c.opts.dropout_p = 0.1;
+    c.opts.dropout_bits = contiguous(kBase + 0xd000000, DType::u32, {16, 100, 10});
+    needs_gpu(c);
+  }
+  // library masks with atomic and split (interval kinds, list kinds: the reduce kernel reads the
+  // classes of dK/dV's pre-pass), with and without a workspace
+  for (int kind = 0; kind < kernels::kMaskKindCount; ++kind)
+    for (DqReduction r : {DqReduction::atomic, DqReduction::split}) {
+      INFO("mask " << std::string(kernels::mask_kind_name(MaskKind(kind))) << " " << std::string(name(r)));
+      Call c = masked_call(MaskKind(kind));
+      c.opts.dq_reduction = r;
+      needs_gpu(c);
+      c.ws = Workspace{kBase + 0x9000000, backward_workspace_bytes(c.q, c.k, c.opts)};
+      needs_gpu(c);
+    }
 }

@@ -11,6 +11,8 @@
 // backward, with and without dropout and a caller's workspace: the reference applies the host
 // twin's dense mask (kernels::dense_mask).
 // Outputs, LSE, gradients and the workspace are poisoned (0xFF = NaN) before each run. Skips visibly without a GPU.
+// The backward's dQ reductions (Options::dq_reduction: recompute, atomic, split, ordered) have a
+// test case of their own: float64 on a few shapes, and split / ordered bit-identical run to run.
 // The masked reference is checked against tests/attention_reference.hpp's on the CPU (no GPU needed).
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -19,6 +21,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -947,4 +951,201 @@ TEST_CASE("attention sweep: every masked case passes the API's checks (no GPU)")
     CHECK_THROWS_AS(attention::check_backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, {next, bwd - 1}), std::invalid_argument);
   }
   CHECK(with_lists >= kMaskedCases / 3);
+}
+
+// Options::dq_reduction on the GPU: recompute, atomic, split and ordered (and atomic / ordered with
+// q_descending on causal shapes) against float64 on a few shapes: GQA and MQA, causal and full,
+// ragged S_q != S_k (S_q > S_k: causal rows without keys), D 64 / 128, [B, S, H, D] and
+// [B, H, S, D] memory, dropout once. Gradients are poisoned before every call; each reduction's
+// first call gets a poisoned caller workspace (the API zeroes what must be zero). Determinism: 20
+// more calls of split and ordered give the same bytes of dQ, dK and dV (the workspace reused as
+// the previous call left it, every fourth call the API's own); atomic's dQ stays within tolerance
+// of recompute's. Split and ordered add dQ's parts in the same order (equal dQ values), and the
+// reductions' dK/dV are equal (the same tiles and dots).
+namespace {
+
+bool same_bytes(const HostTensor& a, const HostTensor& b) {
+  return a.bytes() == b.bytes() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
+}
+
+double rel_error(const std::vector<double>& got, const std::vector<double>& ref) {
+  RelAcc e;
+  e.add(got, ref);
+  return e.value();
+}
+
+}  // namespace
+
+TEST_CASE("gpu: attention API dQ reductions against float64, and determinism") {
+  if (const auto& drv = runtime::Driver::get(); !drv.available()) {
+    MESSAGE("SKIPPED: no GPU: " << drv.unavailable_reason());
+    return;
+  }
+  if (!attention::backward_available()) {
+    MESSAGE("SKIPPED: the backward kernels are not in this build");
+    return;
+  }
+  using attention::DqReduction;
+  struct Mode {
+    DqReduction r;
+    bool descending;
+    std::string label() const { return fmt::format("{}{}", attention::name(r), descending ? " q_descending" : ""); }
+  };
+  struct Shape {
+    AttentionCase c;  // bshd = false: [B, H, S, D] memory passed as permuted views
+    double p;         // dropout
+  };
+  const Shape shapes[] = {
+      {{2, 4, 2, 200, 300, 64, false, true}, 0.0},   // GQA, S_q < S_k
+      {{1, 4, 1, 333, 333, 128, true, false}, 0.0},  // MQA, causal, ragged tiles, [B, H, S, D] memory
+      {{2, 2, 2, 300, 150, 64, true, true}, 0.0},    // causal with S_q > S_k: rows (and query tiles) without keys
+      {{1, 4, 2, 257, 190, 128, false, true}, 0.1},  // dropout
+      {{1, 8, 2, 640, 640, 64, true, true}, 0.0},    // causal, 10 key tiles per dQ tile at most
+  };
+  std::vector<Mode> modes;
+  for (DqReduction r : {DqReduction::recompute, DqReduction::atomic, DqReduction::split, DqReduction::ordered}) {
+    if (!attention::dq_reduction_supported(r)) {
+      FAIL_CHECK("this build's backward does not take dq_reduction = " << attention::name(r));
+      continue;
+    }
+    modes.push_back({r, false});
+  }
+  for (DqReduction r : {DqReduction::atomic, DqReduction::ordered})
+    if (attention::dq_reduction_supported(r)) modes.push_back({r, true});
+
+  // Compile every configuration first, in parallel (no GPU needed).
+  {
+    std::vector<std::tuple<int, bool, bool, Mode>> cfgs;  // D, causal, dropout, mode
+    for (const Shape& s : shapes)
+      for (const Mode& m : modes)
+        if (!m.descending || s.c.causal) cfgs.emplace_back(s.c.D, s.c.causal, s.p > 0, m);
+    std::atomic<size_t> next{0};
+    std::mutex mu;
+    std::vector<std::string> failures;
+    std::vector<std::thread> pool;
+    for (unsigned w = 0; w < std::clamp(std::thread::hardware_concurrency(), 2u, 16u); ++w)
+      pool.emplace_back([&] {
+        for (size_t i; (i = next++) < cfgs.size();) {
+          const auto& [d, causal, dropout, m] = cfgs[i];
+          try {
+            attention::prepare(ir::DType::bf16, d, causal, false, true, {}, 0, dropout, m.r, m.descending);
+          } catch (const std::exception& e) {
+            std::lock_guard lock(mu);
+            failures.push_back(fmt::format("D={} causal={} dropout={} {}: {}", d, causal, dropout, m.label(), e.what()));
+          }
+        }
+      });
+    for (auto& t : pool) t.join();
+    for (const auto& f : failures) FAIL_CHECK("compile failed: " << f);
+  }
+
+  constexpr int kRepeats = 20;
+  double worst = 0;
+  int deterministic_runs = 0;
+  for (const Shape& s : shapes) {
+    const AttentionCase& c = s.c;
+    const bool bhsd = !c.bshd;
+    HostTensor q(ir::DType::bf16, c.shape(c.Hq, c.Sq)), kk(ir::DType::bf16, c.shape(c.Hkv, c.Sk)),
+        v(ir::DType::bf16, c.shape(c.Hkv, c.Sk)), dout(ir::DType::bf16, c.shape(c.Hq, c.Sq));
+    const uint64_t seed = 0xd9000 + static_cast<uint64_t>(c.Sq * 7 + c.Sk);
+    q.fill_normal(seed + 1, 0, 1);
+    kk.fill_normal(seed + 2, 0, 1);
+    v.fill_normal(seed + 3, 0, 1);
+    dout.fill_normal(seed + 4, 0, 1);
+    runtime::Stream stream;
+    auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v),
+         d_do = DeviceTensor::from_host(dout);
+    auto d_o = DeviceTensor::empty_like(q), d_dq = DeviceTensor::empty_like(q), d_dk = DeviceTensor::empty_like(kk),
+         d_dv = DeviceTensor::empty_like(v), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
+    const auto Q = api_view(d_q, bhsd), K = api_view(d_k, bhsd), V = api_view(d_v, bhsd), O = api_view(d_o, bhsd),
+               dO = api_view(d_do, bhsd), dQ = api_view(d_dq, bhsd), dK = api_view(d_dk, bhsd), dV = api_view(d_dv, bhsd),
+               L = api_view(d_lse, false);
+    attention::Options base;
+    base.causal = c.causal;
+    base.dropout_p = s.p;
+    base.seed = 0xfeedbeef12345ull;
+    base.offset = 77;
+    attention::forward(Q, K, V, O, L, base, stream.handle());
+    stream.synchronize();
+    const HostTensor o_h = d_o.to_host();
+    const std::vector<double> o_stored = to_bhsd(c, o_h);
+    const DropoutRef drop{{base.seed, base.offset, kernels::dropout_keep_threshold(s.p > 0 ? s.p : 0.5)}, 0};
+    const Reference ref = reference(c, to_bhsd(c, q), to_bhsd(c, kk), to_bhsd(c, v), to_bhsd(c, dout), c.default_scale(), true,
+                                    s.p > 0 ? &drop : nullptr, s.p > 0 ? &o_stored : nullptr);
+
+    struct Grads {
+      HostTensor dq, dk, dv;
+    };
+    const auto run = [&](const attention::Options& opts, attention::Workspace ws) {
+      d_dq.poison();
+      d_dk.poison();
+      d_dv.poison();
+      attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), ws);
+      stream.synchronize();
+      return Grads{d_dq.to_host(), d_dk.to_host(), d_dv.to_host()};
+    };
+    std::map<std::string, Grads> got;
+    for (const Mode& m : modes) {
+      if (m.descending && !c.causal) continue;
+      const std::string what = fmt::format("{} {} dropout {} dq_reduction {}", c.describe(), bhsd ? "BHSD(view)" : "BSHD", s.p, m.label());
+      INFO(what);
+      try {
+        attention::Options opts = base;
+        opts.dq_reduction = m.r;
+        opts.q_descending = m.descending;
+        runtime::DeviceBuffer ws(attention::backward_workspace_bytes(Q, K, opts));
+        ws.fill_bytes(0xFF);
+        const attention::Workspace w{ws.ptr(), ws.bytes()};
+        const Grads g = run(opts, w);
+        const int64_t nans = count_nans(g.dq) + count_nans(g.dk) + count_nans(g.dv);
+        const double edq = rel_error(to_bhsd(c, g.dq), ref.dq), edk = rel_error(to_bhsd(c, g.dk), ref.dk),
+                     edv = rel_error(to_bhsd(c, g.dv), ref.dv);
+        MESSAGE(fmt::format("{}: rel. errors dQ {:.2e} dK {:.2e} dV {:.2e}", what, edq, edk, edv));
+        worst = std::max({worst, edq, edk, edv});
+        CHECK(nans == 0);
+        CHECK(edq < 1e-2);
+        CHECK(edk < 1e-2);
+        CHECK(edv < 1e-2);
+        if (m.r == DqReduction::split || m.r == DqReduction::ordered) {
+          int differ = 0;
+          for (int i = 0; i < kRepeats; ++i) {
+            const Grads h = run(opts, i % 4 == 3 ? attention::Workspace{} : w);
+            differ += same_bytes(h.dq, g.dq) && same_bytes(h.dk, g.dk) && same_bytes(h.dv, g.dv) ? 0 : 1;
+          }
+          CHECK_MESSAGE(differ == 0, differ << " of " << kRepeats << " repeated calls gave other bytes");
+          ++deterministic_runs;
+        }
+        if (m.r == DqReduction::atomic && !m.descending) {
+          // within tolerance of recompute's dQ (the add order, hence the last bits, vary)
+          int differ = 0;
+          for (int i = 0; i < 5; ++i) {
+            const Grads h = run(opts, w);
+            const double e = rel_error(h.dq.to_f64(), got.at("recompute").dq.to_f64());
+            CHECK(e < 1e-2);
+            differ += same_bytes(h.dq, g.dq) ? 0 : 1;
+          }
+          MESSAGE(fmt::format("{}: {} of 5 repeated atomic calls gave other dQ bytes", what, differ));
+        }
+        got.emplace(m.label(), g);
+      } catch (const std::exception& e) {
+        FAIL_CHECK(e.what());
+      }
+    }
+    // the same add order: split's and ordered's dQ are equal (values: +0.0 + x and x differ only
+    // in the sign of zeros); dK and dV do not depend on the reduction at the same tiles
+    const auto equal_values = [](const HostTensor& a, const HostTensor& b) { return a.to_f64() == b.to_f64(); };
+    INFO(c.describe());
+    if (got.contains("split") && got.contains("ordered")) {
+      CHECK_MESSAGE(equal_values(got.at("split").dq, got.at("ordered").dq), "split and ordered dQ differ");
+      if (got.contains("ordered q_descending"))
+        CHECK_MESSAGE(equal_values(got.at("ordered").dq, got.at("ordered q_descending").dq), "ordered dQ depends on q_descending");
+    }
+    for (const char* other : {"split", "ordered"})
+      if (got.contains("atomic") && got.contains(other)) {
+        CHECK_MESSAGE(equal_values(got.at("atomic").dk, got.at(other).dk), "atomic and " << other << " dK differ");
+        CHECK_MESSAGE(equal_values(got.at("atomic").dv, got.at(other).dv), "atomic and " << other << " dV differ");
+      }
+  }
+  MESSAGE(fmt::format("dQ reductions: {} modes, worst rel. error {:.2e}, {} x {} repeated deterministic calls", modes.size(), worst,
+                      deterministic_runs, kRepeats));
 }
