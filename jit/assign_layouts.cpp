@@ -70,8 +70,13 @@ class Assigner {
     switch (op.kind) {
       case OpKind::load:
       case OpKind::block_load:
-      case OpKind::atomic_add:
         if (!f_.type(op.results[0]).is_scalar()) set(op.results[0], blocked(f_.type(op.results[0])));  // scalars: no layout
+        return;
+      case OpKind::atomic_add:
+        // in the added value's own layout when it has one (e.g. an MMA accumulator: no exchange
+        // through shared memory; the pointers are usually computed, hence materialised, in it)
+        if (!f_.type(op.results[0]).is_scalar())
+          set(op.results[0], nat(op.operands[1]) ? *nat(op.operands[1]) : blocked(f_.type(op.results[0])));
         return;
       case OpKind::reduce: {
         const ir::Type& in = f_.type(op.operands[0]);
