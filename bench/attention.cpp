@@ -551,9 +551,27 @@ int bench_masks(int max_reps) {
       const runtime::Grid grid{nb, H, B};
       const double ms = time_ms([&] { fwd.launch(grid, stream.handle(), args); }, stream, max_reps);
       const double tflops = 4.0 * static_cast<double>(D) * static_cast<double>(allowed) / (ms * 1e-3) / 1e12;
-      std::printf("MASK name=%s S=%ld B=%ld H=%ld D=%ld density=%.4f fwd_ms=%.4f fwd_tflops=%.1f\n", r.label, static_cast<long>(S),
-                  static_cast<long>(B), static_cast<long>(H), static_cast<long>(D),
-                  static_cast<double>(allowed) / (static_cast<double>(B * H) * double(S) * double(S)), ms, tflops);
+      // The backward through the API (its pre-passes included: dK/dV's and dQ's lists are built at
+      // their own tiles on every call), after one forward through the API for O and LSE.
+      attention::Options opts;
+      if (r.kind == MaskKind::causal) {
+        opts.causal = true;
+      } else {
+        attention::Mask m;
+        m.spec = spec;
+        if (kernels::mask_uses_doc_ids(r.kind)) m.doc_ids = attention::contiguous(d_docs.ptr(), ir::DType::i32, {B, S});
+        if (r.kind == MaskKind::prefix_lm) m.prefix_lengths = attention::contiguous(d_prefix.ptr(), ir::DType::i32, {B});
+        opts.mask = m;
+      }
+      DeviceBuffer ws(std::max(attention::backward_workspace_bytes(Q, K, opts), attention::forward_workspace_bytes(Q, K, opts)) + 256);
+      const attention::Workspace w{ws.ptr(), ws.bytes()};
+      attention::forward(Q, K, V, O, L, opts, stream.handle(), {ws.ptr(), ws.bytes()});
+      const double bwd_ms = time_ms([&] { attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), w); }, stream,
+                                    max_reps);
+      const double bwd_tflops = 2.5 * 4.0 * static_cast<double>(D) * static_cast<double>(allowed) / (bwd_ms * 1e-3) / 1e12;
+      std::printf("MASK name=%s S=%ld B=%ld H=%ld D=%ld density=%.4f fwd_ms=%.4f fwd_tflops=%.1f bwd_ms=%.4f bwd_tflops=%.1f\n", r.label,
+                  static_cast<long>(S), static_cast<long>(B), static_cast<long>(H), static_cast<long>(D),
+                  static_cast<double>(allowed) / (static_cast<double>(B * H) * double(S) * double(S)), ms, tflops, bwd_ms, bwd_tflops);
       std::fflush(stdout);
     }
   }

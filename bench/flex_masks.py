@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""FlexAttention (torch.compile) forward on the masks of `attention_bench --masks`, same shapes
-and documents; prints one FLEX line per (mask, S). TFLOP/s count unmasked elements only
-(4 * D per allowed (row, key)), as the C++ side does. Run on the GPU machine:
+"""FlexAttention (torch.compile) forward and backward on the masks of `attention_bench --masks`,
+same shapes and documents; prints one FLEX line per (mask, S). TFLOP/s count unmasked elements only
+(4 * D per allowed (row, key); backward 2.5x), as the C++ side does. The backward's time is that of
+forward + backward minus the forward's. Run on the GPU machine:
     python3 bench/flex_masks.py
 """
 import torch
@@ -57,14 +58,23 @@ def main():
         torch._dynamo.reset()
         flex = torch.compile(flex_attention)
         B, H = TOKENS // S, HIDDEN // D
-        q, k, v = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
+        q, k, v = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        grad = torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16)
         qi, ki = torch.arange(S, device=dev)[:, None], torch.arange(S, device=dev)[None, :]
         for name, mod in masks(S, dev).items():
             allowed = int(mod(0, 0, qi, ki).sum().item()) * B * H
             bm = create_block_mask(mod, None, None, S, S, device=dev, BLOCK_SIZE=128)
-            ms = time_ms(lambda: flex(q, k, v, block_mask=bm))
+            with torch.no_grad():
+                ms = time_ms(lambda: flex(q, k, v, block_mask=bm))
+
+            def forward_backward():
+                flex(q, k, v, block_mask=bm).backward(grad)
+                q.grad = k.grad = v.grad = None
+
+            bwd = time_ms(forward_backward) - ms
             print(f"FLEX name={name} S={S} B={B} H={H} D={D} density={allowed / (B * H * S * S):.4f} fwd_ms={ms:.4f} "
-                  f"fwd_tflops={4 * D * allowed / (ms * 1e-3) / 1e12:.1f}", flush=True)
+                  f"fwd_tflops={4 * D * allowed / (ms * 1e-3) / 1e12:.1f} bwd_ms={bwd:.4f} "
+                  f"bwd_tflops={2.5 * 4 * D * allowed / (bwd * 1e-3) / 1e12:.1f}", flush=True)
 
 
 if __name__ == "__main__":
