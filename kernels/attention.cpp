@@ -110,8 +110,19 @@ const Kernel& attention_forward() {
     const int seq_dim = varlen ? 0 : bshd ? 1 : 2, head_dim = varlen ? 1 : bshd ? 2 : 1;
     // Causal: the last query blocks see the most keys; start them first so that the light ones
     // fill the tail of the grid instead of the heavy ones.
-    auto m_block = causal ? num_programs(0) - 1 - program_id(0) : program_id(0);
-    auto m0 = m_block * BM, h = program_id(1), b = program_id(2);
+    Tile m_block = causal ? num_programs(0) - 1 - program_id(0) : program_id(0);
+    Tile h = program_id(1);
+    if (mask_kind == MaskKind::global_sliding_window) {
+      // The query blocks holding global rows see every key: tens of times the others' work. In
+      // launch order (heads one after another) the last head's would start last and finish long
+      // after the rest, so the first programs take every head's global blocks (heads fastest) and
+      // the others the remaining blocks head by head (keeping a head's K/V hot in L2).
+      Tile n_q = num_programs(0), heads = num_programs(1), p = program_id(0) + program_id(1) * n_q;
+      Tile heavy = minimum(cdiv(maximum(amask->global_tokens, 0), BM), n_q), first = heads * heavy, rest = maximum(n_q - heavy, 1);
+      m_block = where(p < first, p / heads, heavy + (p - first) % rest);
+      h = where(p < first, p % heads, (p - first) / rest);
+    }
+    auto m0 = m_block * BM, b = program_id(2);
     // Sequence b of each tensor: the tensor itself, or with VARLEN the view of its tokens
     // [cu[b], cu[b + 1]) along `dim` (i32 offsets, B + 1 of them).
     auto sequence_of = [&](const Tile& cu) {
