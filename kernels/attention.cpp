@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "kernels/attention_mask.hpp"
@@ -112,16 +113,8 @@ const Kernel& attention_forward() {
     // fill the tail of the grid instead of the heavy ones.
     Tile m_block = causal ? num_programs(0) - 1 - program_id(0) : program_id(0);
     Tile h = program_id(1);
-    if (mask_kind == MaskKind::global_sliding_window) {
-      // The query blocks holding global rows see every key: tens of times the others' work. In
-      // launch order (heads one after another) the last head's would start last and finish long
-      // after the rest, so the first programs take every head's global blocks (heads fastest) and
-      // the others the remaining blocks head by head (keeping a head's K/V hot in L2).
-      Tile n_q = num_programs(0), heads = num_programs(1), p = program_id(0) + program_id(1) * n_q;
-      Tile heavy = minimum(cdiv(maximum(amask->global_tokens, 0), BM), n_q), first = heads * heavy, rest = maximum(n_q - heavy, 1);
-      m_block = where(p < first, p / heads, heavy + (p - first) % rest);
-      h = where(p < first, p % heads, (p - first) / rest);
-    }
+    // global + window: the query blocks holding global rows see every key (tens of times the work)
+    if (mask_kind == MaskKind::global_sliding_window) std::tie(m_block, h) = heavy_tiles_first(cdiv(amask->global_tokens, BM));
     auto m0 = m_block * BM, b = program_id(2);
     // Sequence b of each tensor: the tensor itself, or with VARLEN the view of its tokens
     // [cu[b], cu[b + 1]) along `dim` (i32 offsets, B + 1 of them).

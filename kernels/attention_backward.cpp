@@ -17,6 +17,7 @@
 #include <functional>
 #include <initializer_list>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "kernels/attention.hpp"
@@ -272,11 +273,13 @@ const Kernel& attention_backward_dkdv() {
     auto softmax_scale = kb.scalar<float>("softmax_scale");
     auto qk_scale = softmax_scale * kLog2e;
 
-    auto n_block = program_id(0);
-    auto n0 = n_block * a.BN, kv_h = program_id(1);
     std::optional<AttentionDropout> drop;
     HeadRows rows = a.sequence(kb, program_id(2), drop);
     a.declare_mask(kb, /*kv_major=*/true);
+    Tile n_block = program_id(0), kv_h = program_id(1);
+    // global + window: the key blocks holding global keys are seen by every query (the most work)
+    if (a.mask_kind == MaskKind::global_sliding_window) std::tie(n_block, kv_h) = heavy_tiles_first(cdiv(a.mask->global_tokens, a.BN));
+    auto n0 = n_block * a.BN;
     if (reduction == DqReduction::ordered && a.mask)
       kb.fail(Loc::current(), "DQ_REDUCTION=3 (ordered) takes the full and causal masks only (its wait targets count every earlier "
                               "key block); use atomic or split with library masks");
@@ -398,11 +401,13 @@ const Kernel& attention_backward_dq() {
     auto softmax_scale = kb.scalar<float>("softmax_scale");
     auto qk_scale = softmax_scale * kLog2e;
 
-    auto m_block = program_id(0);
-    auto m0 = m_block * a.BM, h = program_id(1);
     std::optional<AttentionDropout> drop;
     HeadRows rows = a.sequence(kb, program_id(2), drop);
     a.declare_mask(kb, /*kv_major=*/false);
+    Tile m_block = program_id(0), h = program_id(1);
+    // global + window: the query blocks holding global rows see every key (the most work)
+    if (a.mask_kind == MaskKind::global_sliding_window) std::tie(m_block, h) = heavy_tiles_first(cdiv(a.mask->global_tokens, a.BM));
+    auto m0 = m_block * a.BM;
     dQ = rows.queries(dQ);
     auto S_q = rows.seq_len(a.Q), S_k = rows.seq_len(a.K);
     auto kv_h = h / a.group(rows);

@@ -163,6 +163,14 @@ struct AttentionScoreMod {
   lang::Tile softcap;
 };
 
+// The program order of a (tiles, heads, ...) grid when each head's first `heavy` tiles carry far
+// more work than the rest (global tokens: their query blocks see every key, their key blocks are
+// seen by every query): the first heads * heavy programs take every head's heavy tiles (heads
+// fastest), the others the remaining tiles head by head (keeping a head's K/V hot in L2). In plain
+// launch order the last head's heavy tiles would start last and finish long after the rest.
+// Returns (tile, head) of this program; `heavy` an i32 scalar (clamped to the tile count).
+std::pair<lang::Tile, lang::Tile> heavy_tiles_first(const lang::Tile& heavy, lang::Loc loc = lang::Loc::current());
+
 // ---- the block-classification pre-pass (FlexAttention's create_block_mask, in the DSL) ----
 //
 // Parameters (in order): block_classes u8 [Bm, Hm, nQB, nKB] (BlockClass values); the partial
