@@ -837,15 +837,7 @@ const char* name(Pass p) {
   return "?";
 }
 
-const char* name(DqReduction r) {
-  switch (r) {
-    case DqReduction::recompute: return "recompute";
-    case DqReduction::atomic: return "atomic";
-    case DqReduction::split: return "split";
-    case DqReduction::ordered: return "ordered";
-  }
-  return "?";
-}
+const char* name(DqReduction r) { return kernels::dq_reduction_name(static_cast<kernels::DqReduction>(r)); }
 
 // The one place schedules are chosen: measured on the H100 for the Hopper (wgmma) path of dense
 // shapes; varlen (tensor slices) runs on the generic path with its own, smaller tiles.

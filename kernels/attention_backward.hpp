@@ -89,8 +89,8 @@ namespace tilejit::kernels {
 // spills 292 / 192 B. The dK/dV default 64 x 128 on 8 warps runs the dQ dot on mma.sync (operands
 // through shared memory, K loaded again in the loop for it; LLVM 255 registers, 12-20 B of
 // spills at D 64). A = trans(dS^T registers) goes through shared memory into the A layout either
-// way; atomic_add converts the [BLOCK_M, D] part to a blocked layout through shared memory and
-// issues one atom.global.add.f32 per element (tests/test_attention_bwd_reduction.cpp prints these).
+// way; atomic_add adds the [BLOCK_M, D] part from its accumulator layout, one atom.global.add.f32
+// per element (tests/test_attention_bwd_reduction.cpp prints these).
 enum class DqReduction : int { recompute = 0, atomic = 1, split = 2, ordered = 3 };
 inline const char* dq_reduction_name(DqReduction r) {
   switch (r) {
