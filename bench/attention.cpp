@@ -473,6 +473,43 @@ int bench_deterministic(int max_reps) {
   return 0;
 }
 
+// --forward-variants: the forward at D64 S4k (full and causal) under a few schedules, with the
+// output normalised by division (EXACT_NORMALIZE, which lets ptxas serialise the wgmma) or rcp.
+int bench_forward_variants(int max_reps) {
+  const Buffers buf;
+  runtime::Stream stream;
+  struct Variant {
+    int bm, bn, warps, stages;
+    bool exact;
+  };
+  const Variant variants[] = {{128, 128, 8, 2, true}, {128, 128, 8, 2, false}, {128, 64, 8, 2, false}, {64, 128, 4, 2, false},
+                              {64, 128, 4, 2, true},   {64, 128, 4, 3, false},  {64, 64, 4, 2, false},  {64, 128, 4, 4, false}};
+  for (bool causal : {false, true}) {
+    const Config c{4096, 64, causal};
+    const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
+    std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), 0.125f};
+    for (const Variant& v : variants) {
+      lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", 64}, {"BLOCK_M", v.bm}, {"BLOCK_N", v.bn}, {"BSHD", true},
+                      {"CAUSAL", causal}, {"EXACT_NORMALIZE", v.exact}};
+      jit::CompileOptions o;
+      o.num_warps = v.warps;
+      o.pipeline.stages = v.stages;
+      try {
+        Function fn(kernels::attention_forward(), meta, o);
+        const runtime::Grid grid{lang::cdiv(c.S, v.bm), c.H(), c.B()};
+        const double ms = time_ms([&] { fn.launch(grid, stream.handle(), args); }, stream, max_reps);
+        std::printf("FWD_VARIANT D=64 causal=%d tile=%dx%d warps=%d stages=%d exact=%d ms=%.4f tflops=%.1f\n", causal ? 1 : 0, v.bm, v.bn,
+                    v.warps, v.stages, v.exact ? 1 : 0, ms, c.fwd_flops() / (ms * 1e-3) / 1e12);
+      } catch (const std::exception& e) {
+        std::printf("FWD_VARIANT D=64 causal=%d tile=%dx%d warps=%d stages=%d exact=%d failed: %s\n", causal ? 1 : 0, v.bm, v.bn, v.warps,
+                    v.stages, v.exact ? 1 : 0, e.what());
+      }
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 const int64_t kDocumentLengths[] = {1024, 3072, 512, 2560, 1536, 4096, 768, 2816};
 
 int bench_masks(int max_reps) {
@@ -721,7 +758,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   std::string check_dir;
   double dropout_p = -1;
-  bool masks = false, pipeline_ab = false, deterministic = false;
+  bool masks = false, pipeline_ab = false, deterministic = false, forward_variants = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -729,6 +766,7 @@ int main(int argc, char** argv) {
     else if (a == "--check" && i + 1 < argc) check_dir = argv[++i];
     else if (a == "--masks") masks = true;
     else if (a == "--pipeline-ab") pipeline_ab = true;
+    else if (a == "--forward-variants") forward_variants = true;
     else if (a == "--deterministic") deterministic = true;
     else if (a == "--dropout") {
       dropout_p = 0.1;
@@ -755,6 +793,7 @@ int main(int argc, char** argv) {
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps);
     if (masks) return bench_masks(reps);
     if (pipeline_ab) return bench_pipeline(reps);
+    if (forward_variants) return bench_forward_variants(reps);
     if (deterministic) return bench_deterministic(reps);
     return check_dir.empty() ? bench(quick, reps) : check(check_dir);
   } catch (const std::exception& e) {
