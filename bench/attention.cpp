@@ -240,11 +240,8 @@ int bench_dropout(double p, int max_reps) {
   gopts.num_warps = gk->num_warps;
   gopts.pipeline.stages = gk->stages;
   Function gemm(kernels::gemm(), gmeta, gopts);
-  int64_t gbm = 128, gbn = 128;
-  for (const auto& [k, v] : gmeta) {
-    if (k == "BLOCK_M") gbm = std::get<int64_t>(v);
-    if (k == "BLOCK_N") gbn = std::get<int64_t>(v);
-  }
+  const int64_t gbm = std::get<int64_t>(gemm.signature().find_meta("BLOCK_M")->value),
+                gbn = std::get<int64_t>(gemm.signature().find_meta("BLOCK_N")->value);
   const runtime::Grid ggrid{lang::cdiv(M, gbm) * lang::cdiv(N, gbn)};
   const attention::Tensor X = attention::contiguous(x.ptr(), dt, {M, Kd}), W = attention::contiguous(w.ptr(), dt, {N, Kd}),
                           QKV = attention::contiguous(qkv.ptr(), dt, {M, N});

@@ -113,8 +113,7 @@ const Kernel& attention_forward() {
     // fill the tail of the grid instead of the heavy ones.
     Tile m_block = causal ? num_programs(0) - 1 - program_id(0) : program_id(0);
     Tile h = program_id(1);
-    // global + window: the query blocks holding global rows see every key (tens of times the work)
-    if (mask_kind == MaskKind::global_sliding_window) std::tie(m_block, h) = heavy_tiles_first(cdiv(amask->global_tokens, BM));
+    if (amask) std::tie(m_block, h) = amask->program_order(BM, m_block, h);  // heavy query blocks first
     auto m0 = m_block * BM, b = program_id(2);
     // Sequence b of each tensor: the tensor itself, or with VARLEN the view of its tokens
     // [cu[b], cu[b + 1]) along `dim` (i32 offsets, B + 1 of them).

@@ -1221,11 +1221,8 @@ void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, i
     }
     fn = slot.get();
   }
-  int64_t block_m = 0, block_w = 0;
-  for (const auto& [k, v] : lib->default_meta) {
-    if (k == "BLOCK_M") block_m = std::get<int64_t>(v);
-    if (k == "BLOCK_W") block_w = std::get<int64_t>(v);
-  }
+  const int64_t block_m = std::get<int64_t>(fn->signature().find_meta("BLOCK_M")->value),
+                block_w = std::get<int64_t>(fn->signature().find_meta("BLOCK_W")->value);
   Bindings b;
   b.add("mask", bits.view());
   b.add("sk", static_cast<int32_t>(seq_k));

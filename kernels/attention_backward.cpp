@@ -105,9 +105,6 @@ DqReduction dq_reduction_meta(Builder& kb, bool varlen) {
   return reduction;
 }
 
-// The pointer p + i (i32 scalar i).
-Tile element_pointer_1d(const Tile& p, const Tile& i) { return p + i; }
-
 // A pointer to one element of a tensor at integer scalar coordinates.
 Tile element_pointer(const Tensor& t, std::initializer_list<Tile> at) {
   Tile p = t.ptr();
@@ -277,8 +274,7 @@ const Kernel& attention_backward_dkdv() {
     HeadRows rows = a.sequence(kb, program_id(2), drop);
     a.declare_mask(kb, /*kv_major=*/true);
     Tile n_block = program_id(0), kv_h = program_id(1);
-    // global + window: the key blocks holding global keys are seen by every query (the most work)
-    if (a.mask_kind == MaskKind::global_sliding_window) std::tie(n_block, kv_h) = heavy_tiles_first(cdiv(a.mask->global_tokens, a.BN));
+    if (a.mask) std::tie(n_block, kv_h) = a.mask->program_order(a.BN, n_block, kv_h);  // heavy key blocks first
     auto n0 = n_block * a.BN;
     if (reduction == DqReduction::ordered && a.mask)
       kb.fail(Loc::current(), "DQ_REDUCTION=3 (ordered) takes the full and causal masks only (its wait targets count every earlier "
@@ -349,7 +345,7 @@ const Kernel& attention_backward_dkdv() {
             // before it (every earlier key block reaches m: full, or causal, whose query range only
             // grows towards earlier keys). The first stores, so dQ_accum needs no zeroing. Waits are
             // on lower block indices only: no deadlock whatever the residency.
-            Tile sem = element_pointer_1d(dq_sem, a.batch_head(rows, h) * cdiv(S_q, a.BM) + m0 / a.BM);
+            Tile sem = dq_sem + (a.batch_head(rows, h) * cdiv(S_q, a.BM) + m0 / a.BM);
             wait_at_least(sem, n_block);
             auto window = dq_ws.block({rows.b, h, m0, 0}, {a.BM, a.D}, {2, 3});
             store(window, where(n_block == 0, dq_part, load(window) + dq_part));
@@ -405,8 +401,7 @@ const Kernel& attention_backward_dq() {
     HeadRows rows = a.sequence(kb, program_id(2), drop);
     a.declare_mask(kb, /*kv_major=*/false);
     Tile m_block = program_id(0), h = program_id(1);
-    // global + window: the query blocks holding global rows see every key (the most work)
-    if (a.mask_kind == MaskKind::global_sliding_window) std::tie(m_block, h) = heavy_tiles_first(cdiv(a.mask->global_tokens, a.BM));
+    if (a.mask) std::tie(m_block, h) = a.mask->program_order(a.BM, m_block, h);  // heavy query blocks first
     auto m0 = m_block * a.BM;
     dQ = rows.queries(dQ);
     auto S_q = rows.seq_len(a.Q), S_k = rows.seq_len(a.K);

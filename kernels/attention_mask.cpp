@@ -386,9 +386,10 @@ Tile BlockMaskLists::full_block(const Tile& b, const Tile& h, const Tile& tile, 
   return entry_of(full_indices, b, h, tile, j, loc);
 }
 
-std::pair<Tile, Tile> heavy_tiles_first(const Tile& heavy_tiles, Loc loc) {
+std::pair<Tile, Tile> AttentionMask::program_order(int64_t block, const Tile& tile, const Tile& head, Loc loc) const {
+  if (kind_ != MaskKind::global_sliding_window) return {tile, head};
   Tile n = num_programs(0, loc), heads = num_programs(1, loc), p = program_id(0, loc) + program_id(1, loc) * n;
-  Tile heavy = minimum(maximum(heavy_tiles, 0), n), first = heads * heavy, rest = maximum(n - heavy, 1);
+  Tile heavy = minimum(cdiv(maximum(global_tokens, 0), block, loc), n), first = heads * heavy, rest = maximum(n - heavy, 1);
   return {where(p < first, p / heads, heavy + (p - first) % rest), where(p < first, p % heads, (p - first) / rest)};
 }
 

@@ -112,6 +112,14 @@ class AttentionMask {
                     lang::Loc loc = lang::Loc::current()) const;
   // The same mask as a MaskMod (binds per call; for generic code such as the pre-pass).
   MaskMod mask_mod() const;
+  // The program order of a (tiles, heads, ...) grid of `block`-sized tiles: (tile, head) as given,
+  // except for kinds whose first tiles carry far more work (global tokens: their query blocks see
+  // every key, their key blocks are seen by every query). There the first heads * heavy programs
+  // take every head's heavy tiles (heads fastest), the others the remaining tiles head by head
+  // (keeping a head's K/V hot in L2): in plain launch order the last head's heavy tiles would start
+  // last and finish long after the rest.
+  std::pair<lang::Tile, lang::Tile> program_order(int64_t block, const lang::Tile& tile, const lang::Tile& head,
+                                                  lang::Loc loc = lang::Loc::current()) const;
 
   // The declared parameters (those `kind` does not use are invalid Tiles / Tensors).
   lang::Tile window_left, window_right, global_tokens, block_q, block_k;
@@ -162,14 +170,6 @@ struct AttentionScoreMod {
   lang::Tensor alibi_slopes;
   lang::Tile softcap;
 };
-
-// The program order of a (tiles, heads, ...) grid when each head's first `heavy` tiles carry far
-// more work than the rest (global tokens: their query blocks see every key, their key blocks are
-// seen by every query): the first heads * heavy programs take every head's heavy tiles (heads
-// fastest), the others the remaining tiles head by head (keeping a head's K/V hot in L2). In plain
-// launch order the last head's heavy tiles would start last and finish long after the rest.
-// Returns (tile, head) of this program; `heavy` an i32 scalar (clamped to the tile count).
-std::pair<lang::Tile, lang::Tile> heavy_tiles_first(const lang::Tile& heavy, lang::Loc loc = lang::Loc::current());
 
 // ---- the block-classification pre-pass (FlexAttention's create_block_mask, in the DSL) ----
 //

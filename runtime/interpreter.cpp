@@ -854,10 +854,7 @@ class Machine {
     std::byte* p = semaphore(op, "waits on");
     const int64_t target = S(op.operands[1]).i[0];
     auto value = [&] { return element::read_int(DType::i32, p); };
-    if (!sync_) {  // (a kernel without waits never gets here; kept for a clear message)
-      if (value() < target) fault(op, fmt::format("waits for the semaphore to reach {} but it is {}", target, value()));
-      return;
-    }
+    // kernels that wait always run concurrently (interpret() checks), so sync_ is set here
     std::unique_lock lock(sync_->mu);
     while (value() < target) {
       if (sync_->deadlock) break;
