@@ -16,6 +16,9 @@
 //     causal also ordered with q_descending), D 64/128, S 1k-16k, full and causal, alternated rounds:
 //     DETERMINISTIC dtype=bf16 D=128 S=4096 causal=1 B=4 H=16 recompute_ms=.. recompute_tflops=.. atomic_ms=..
 //       ... split_ms=.. (or skipped(workspace=..GB>16GB)) ordered_ms=.. ordered_desc_ms=.. ordered_vs_atomic=..
+//   attention_bench --schedule-ab META     a bool forward schedule meta off/on (D 64/128, S4k, +-causal,
+//     +-dropout), outputs compared bit for bit:
+//     SCHEDULE_AB PINGPONG D=128 causal=0 dropout=0 off_ms=.. on_ms=.. off_tflops=.. on_tflops=.. speedup=.. outputs_identical=1
 //   attention_bench --capabilities         "backward=1 varlen_fwd=1 varlen_bwd=1 dropout=1"
 //   attention_bench --check DIR            reads DIR/cases.txt and the inputs, writes the outputs
 #include <fmt/format.h>
@@ -325,10 +328,11 @@ int bench_dropout(double p, int max_reps) {
 // masks use bench_document_lengths (bench/flex_masks.py builds the same documents for
 // FlexAttention); data-dependent masks run the attention_block_mask pre-pass first (not timed:
 // FlexAttention's block mask is also built once and reused).
-// --pipeline-ab: the forward with PIPELINE_QK off and on (S of the next block issued before this
-// block's softmax), D 64/128, S 4k, full and causal, without and with fused dropout (p = 0.1),
-// alternated rounds; direct launches at the API's default schedule.
-int bench_pipeline(int max_reps) {
+// --schedule-ab META: the forward with a bool schedule meta (PINGPONG, PIPELINE_QK, ...) off and
+// on, D 64/128, S 4k, full and causal, without and with fused dropout (p = 0.1), alternated rounds;
+// direct launches at the API's default schedule. A schedule must not change values: the outputs
+// of both variants are compared bit for bit (outputs_identical=1).
+int bench_schedule_ab(const std::string& meta_name, int max_reps) {
   const Buffers buf;
   runtime::Stream stream;
   for (int64_t D : {64, 128})
@@ -338,9 +342,9 @@ int bench_pipeline(int max_reps) {
         const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
         const attention::Schedule sch = attention::default_schedule(attention::Pass::forward, ir::DType::bf16, static_cast<int>(D), causal);
         std::vector<Function> fns;
-        for (bool pipe : {false, true}) {
+        for (bool on : {false, true}) {
           lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D}, {"BLOCK_M", sch.block_m}, {"BLOCK_N", sch.block_n}, {"BSHD", true},
-                          {"CAUSAL", causal}, {"DROPOUT", dropout}, {"PIPELINE_QK", pipe}};
+                          {"CAUSAL", causal}, {"DROPOUT", dropout}, {meta_name, on}};
           jit::CompileOptions o;
           o.num_warps = sch.num_warps;
           o.pipeline.stages = sch.stages;
@@ -350,13 +354,23 @@ int bench_pipeline(int max_reps) {
         if (dropout)
           for (uint32_t v : {1234u, 0u, 7u, 0u, kernels::dropout_keep_threshold(0.1)}) args.emplace_back(v);
         const runtime::Grid grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()};
+        const size_t out_bytes = static_cast<size_t>(c.B() * c.S * c.H() * D * 2);
+        std::vector<char> out[2];
+        for (int on : {0, 1}) {
+          fns[static_cast<size_t>(on)].launch(grid, stream.handle(), args);
+          stream.synchronize();
+          out[on].resize(out_bytes);
+          buf.o.download(out[on].data(), out_bytes);
+        }
         std::vector<double> ms[2];
         for (int round = 0; round < 3; ++round)
-          for (int pipe : {0, 1})
-            ms[pipe].push_back(time_ms([&] { fns[static_cast<size_t>(pipe)].launch(grid, stream.handle(), args); }, stream, max_reps));
+          for (int on : {0, 1})
+            ms[on].push_back(time_ms([&] { fns[static_cast<size_t>(on)].launch(grid, stream.handle(), args); }, stream, max_reps));
         const double f = c.fwd_flops(), a = median(ms[0]), b = median(ms[1]);
-        std::printf("PIPELINE_QK D=%ld causal=%d dropout=%d off_ms=%.4f on_ms=%.4f off_tflops=%.1f on_tflops=%.1f speedup=%.3f\n",
-                    static_cast<long>(D), causal ? 1 : 0, dropout ? 1 : 0, a, b, f / (a * 1e-3) / 1e12, f / (b * 1e-3) / 1e12, a / b);
+        std::printf("SCHEDULE_AB %s D=%ld causal=%d dropout=%d off_ms=%.4f on_ms=%.4f off_tflops=%.1f on_tflops=%.1f speedup=%.3f "
+                    "outputs_identical=%d\n",
+                    meta_name.c_str(), static_cast<long>(D), causal ? 1 : 0, dropout ? 1 : 0, a, b, f / (a * 1e-3) / 1e12,
+                    f / (b * 1e-3) / 1e12, a / b, out[0] == out[1] ? 1 : 0);
         std::fflush(stdout);
       }
   return 0;
@@ -755,14 +769,16 @@ int main(int argc, char** argv) {
   int reps = 20;
   std::string check_dir;
   double dropout_p = -1;
-  bool masks = false, pipeline_ab = false, deterministic = false, forward_variants = false;
+  bool masks = false, deterministic = false, forward_variants = false;
+  std::string schedule_ab;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--check" && i + 1 < argc) check_dir = argv[++i];
     else if (a == "--masks") masks = true;
-    else if (a == "--pipeline-ab") pipeline_ab = true;
+    else if (a == "--pipeline-ab") schedule_ab = "PIPELINE_QK";
+    else if (a == "--schedule-ab" && i + 1 < argc) schedule_ab = argv[++i];
     else if (a == "--forward-variants") forward_variants = true;
     else if (a == "--deterministic") deterministic = true;
     else if (a == "--dropout") {
@@ -775,7 +791,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] | --masks | --pipeline-ab | --deterministic | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] | --masks | --schedule-ab META | --deterministic | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -789,7 +805,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "GPU: %s\n", driver.props(0).name.c_str());
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps);
     if (masks) return bench_masks(reps);
-    if (pipeline_ab) return bench_pipeline(reps);
+    if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps);
     if (forward_variants) return bench_forward_variants(reps);
     if (deterministic) return bench_deterministic(reps);
     return check_dir.empty() ? bench(quick, reps) : check(check_dir);

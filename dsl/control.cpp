@@ -149,4 +149,21 @@ void if_(const Operand& cond, const std::function<void()>& then_body, const std:
 
 void if_(const Operand& cond, const std::function<void()>& then_body, Loc loc) { if_(cond, then_body, nullptr, loc); }
 
+void warpgroup_turn(const std::function<void()>& body, Loc loc) {
+  Builder& b = Builder::current(loc);
+  // the builder runs on one thread: a depth per thread is the depth of this kernel's turns
+  thread_local int depth = 0;
+  if (depth > 0) b.fail(loc, "warpgroup_turn: turns do not nest (this one is inside another warpgroup_turn)");
+  b.emit(OpKind::turn_begin, {}, {}, loc);
+  ++depth;
+  try {
+    body();
+  } catch (...) {
+    --depth;
+    throw;
+  }
+  --depth;
+  b.emit(OpKind::turn_end, {}, {}, loc);
+}
+
 }  // namespace tilejit::lang

@@ -22,4 +22,15 @@ void if_(const Operand& cond, const std::function<void()>& then_body,
 void if_(const Operand& cond, const std::function<void()>& then_body, const std::function<void()>& else_body,
          std::source_location loc = std::source_location::current());
 
+// Warpgroup ping-pong (FlashAttention-3's schedule): on the GPU with two warpgroups (8 warps),
+// `body` runs in one warpgroup at a time, the two taking turns, warpgroup 0 first. Put a loop's
+// MMA issue in turns: one warpgroup issues its MMAs while the other runs its softmax, so tensor
+// cores and ALUs work at the same time instead of both warpgroups contending for each in step.
+// MMAs issued inside stay in flight after the turn ends (their results are waited for at the first
+// read); dots are not hoisted across a turn's ends. A pure schedule: no effect on values (the
+// interpreter, and GPU schedules with other warp counts, run `body` as is). Every thread must take
+// the same turns (not under a branch that differs between warpgroups); turns do not nest, and a
+// turn must not contain an exchange through shared memory (a barrier of all threads: deadlock).
+void warpgroup_turn(const std::function<void()>& body, std::source_location loc = std::source_location::current());
+
 }  // namespace tilejit::lang

@@ -857,6 +857,12 @@ class Printer {
         return;
       }
       case Op::barrier: line("__syncthreads();"); return;
+      case Op::named_barrier_sync:
+      case Op::named_barrier_arrive:
+        check_args(in, 1, 1);
+        line(fmt::format("asm volatile(\"{} %0, %1;\" :: \"r\"({}), \"r\"({}) : \"memory\");",
+                         in.op == Op::named_barrier_sync ? "bar.sync" : "bar.arrive", u32(a(0)), in.imm));
+        return;
       case Op::shfl_xor: {
         check_args(in, 1, 1);
         check_results(in, 1);
@@ -1024,6 +1030,8 @@ class Printer {
 
   // wgmma and wgmma_wait: the results are the accumulators, tied to the inputs ("+f"), as the LLVM
   // backend ties its outputs to its inputs.
+  int asm_labels_ = 0;  // unique labels inside inline asm
+
   void wgmma(const pir::Inst& in) {
     const bool is_wait = in.op == Op::wgmma_wait, rs = in.op == Op::wgmma_rs;
     const size_t nr = in.results.size();
@@ -1042,8 +1050,15 @@ class Printer {
     std::string text;
     std::string inputs;
     if (is_wait) {
-      if (in.imm < 0 || in.imm > 7) fail(fmt::format("wgmma_wait: {} groups in flight is not in [0, 7]", in.imm));
-      text = fmt::format("wgmma.wait_group.sync.aligned {};", in.imm);
+      const int64_t groups = in.imm & 0xFF;
+      if (in.imm < 0 || groups > 7) fail(fmt::format("wgmma_wait: {} groups in flight is not in [0, 7]", groups));
+      text = fmt::format("wgmma.wait_group.sync.aligned {};", groups);
+      // as the LLVM backend: a never-taken loop keeps ptxas from moving code across the wait
+      if (in.imm & pir::kWaitFenced)
+        text = fmt::format("{{\\n\\t.reg .pred P1;\\n\\t.reg .b32 S1;\\n\\tmov.u32 S1, %%smid;\\n\\tsetp.gt.u32 P1, S1, 2147483647;\\n\\t"
+                           "TJ_WGWAIT_{}:\\n\\t{}\\n\\t@P1 bra.uni TJ_WGWAIT_{};\\n\\t}}",
+                           asm_labels_, text, asm_labels_);
+      ++asm_labels_;
     } else {
       const int64_t nn = in.imm & 0xFFFF;
       const auto od = static_cast<DType>((in.imm >> 16) & 0xFF);

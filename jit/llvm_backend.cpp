@@ -469,6 +469,20 @@ class Emitter {
         }
         return;
       case Op::barrier: intrinsic(llvm::Intrinsic::nvvm_barrier0, {}, {}); return;
+      case Op::named_barrier_sync:
+      case Op::named_barrier_arrive: {
+        // memory clobber: no load or store moves across a hand-over between warps. The loop (its
+        // branch is never taken: no SM id reaches 2^31, which ptxas cannot know) delimits basic
+        // blocks that ptxas neither merges nor predicates away; without it ptxas sinks the
+        // arithmetic computed before a turn (the softmax) past the bar.sync, into the turn, and
+        // the warpgroups no longer overlap.
+        const std::string text = fmt::format(
+            "{{\n\t.reg .pred P1;\n\t.reg .b32 S1;\n\tmov.u32 S1, %smid;\n\tsetp.gt.u32 P1, S1, 2147483647;\n\t"
+            "TILEJIT_TURN_${{:uid}}:\n\t{} $0, $1;\n\t@P1 bra.uni TILEJIT_TURN_${{:uid}};\n\t}}",
+            in.op == Op::named_barrier_sync ? "bar.sync" : "bar.arrive");
+        asm_call(b_.getVoidTy(), text, "r,r,~{memory}", {a(0), b_.getInt32(static_cast<uint32_t>(in.imm))}, true);
+        return;
+      }
       case Op::shfl_xor: {
         bool f = a(0)->getType()->isFloatTy();
         auto id = f ? llvm::Intrinsic::nvvm_shfl_sync_bfly_f32 : llvm::Intrinsic::nvvm_shfl_sync_bfly_i32;
@@ -548,7 +562,13 @@ class Emitter {
         std::string text;
         std::vector<llvm::Value*> args;
         if (is_wait) {
-          text = fmt::format("wgmma.wait_group.sync.aligned {};", in.imm);
+          text = fmt::format("wgmma.wait_group.sync.aligned {};", in.imm & 0xFF);
+          // The loop's branch is never taken (no SM id reaches 2^31, which ptxas cannot know): it
+          // ends basic blocks around the wait, which ptxas then neither merges nor moves code across.
+          if (in.imm & pir::kWaitFenced)
+            text = fmt::format("{{\n\t.reg .pred P1;\n\t.reg .b32 S1;\n\tmov.u32 S1, %smid;\n\tsetp.gt.u32 P1, S1, 2147483647;\n\t"
+                               "TILEJIT_WGWAIT_${{:uid}}:\n\t{}\n\t@P1 bra.uni TILEJIT_WGWAIT_${{:uid}};\n\t}}",
+                               text);
         } else {
           int64_t nn = in.imm & 0xFFFF;
           const char* t = static_cast<DType>((in.imm >> 16) & 0xFF) == DType::bf16 ? "bf16" : "f16";

@@ -50,6 +50,7 @@ class Lowerer {
     tid_ = emit(Op::thread_id, pir::scalar(DType::i32), {});
     lane_ = emit(Op::bit_and, pir::scalar(DType::i32), {tid_, ci32(31)});
     warp_ = emit(Op::shr, pir::scalar(DType::i32), {tid_, ci32(5)});
+    turns_init();
     hopper_init();
     block(f_.body);
     out_.smem_bytes = smem_bytes_;
@@ -86,6 +87,10 @@ class Lowerer {
   }
   void emit0(Op op, std::vector<V> args, int64_t imm = 0) {
     if (op == Op::store_shared) args[0] = scratch(args[0]);
+    // The other warpgroup waits for this one's turn to end: a barrier of all threads here deadlocks.
+    if (op == Op::barrier && in_turn_)
+      fail(in_turn_, "a warpgroup turn must not contain an exchange through shared memory or another barrier of all threads "
+                     "(the other warpgroup is waiting for the turn to end); move that work out of the turn");
     pir::Inst in;
     in.op = op;
     in.args = std::move(args);
@@ -409,6 +414,36 @@ class Lowerer {
     }
   }
 
+  // ---------------------------------------------------------------- warpgroup turns
+  // FlashAttention-3's ping-pong: named barrier 1 + w is warpgroup w's turn. A turn starts with
+  // bar.sync on its own barrier (256 threads: its 128 and the 128 of the other warpgroup's
+  // arrive) and ends with bar.arrive on the other's, without waiting for the MMAs issued inside.
+  // Warpgroup 1 hands warpgroup 0 the first turn. Both run the same turns (uniform control flow),
+  // so the only arrival left at exit is that first one's counterpart, which the hardware discards.
+  // With another number of warpgroups the turns are no-ops.
+  static constexpr int kTurnBarrier = 1;  // ids 1 and 2; 0 is bar.sync 0 (all threads)
+  static constexpr int kWarpgroupThreads = 128;
+
+  void turns_init() {
+    bool any = false;
+    ir::walk(f_.body, [&](const ir::Op& op) { any = any || op.kind == OpKind::turn_begin; });
+    turns_ = any && plan_.num_warps == 8;
+    if (!turns_) return;
+    warpgroup_ = emit(Op::shr, pir::scalar(DType::i32), {warp_, ci32(2)});
+    pir_if(cmp(pir::Pred::eq, warpgroup_, ci32(1)),
+           [&] { emit0(Op::named_barrier_arrive, {ci32(kTurnBarrier)}, 2 * kWarpgroupThreads); });
+  }
+  void turn_begin(const ir::Op& op) {
+    if (!turns_) return;
+    in_turn_ = &op;
+    emit0(Op::named_barrier_sync, {emit(Op::add, pir::scalar(DType::i32), {warpgroup_, ci32(kTurnBarrier)})}, 2 * kWarpgroupThreads);
+  }
+  void turn_end() {
+    if (!turns_) return;
+    in_turn_ = nullptr;
+    emit0(Op::named_barrier_arrive, {emit(Op::sub, pir::scalar(DType::i32), {ci32(kTurnBarrier + 1), warpgroup_})}, 2 * kWarpgroupThreads);
+  }
+
   // ---------------------------------------------------------------- elementwise
   V scalar_op(const ir::Op& op, const std::vector<V>& a) {
     const ir::Type& rt = f_.type(op.results[0]);
@@ -454,8 +489,11 @@ class Lowerer {
   // ---------------------------------------------------------------- program order
   void block(const ir::Block& b) {
     for (const ir::Op& op : b.ops) {
+      // counted once lowered: a wait triggered by the op's own read sees only the ops before it
+      const bool counts = op.kind != OpKind::dot && op.kind != OpKind::yield;
       if (op.regions.empty()) {
         lower(op);
+        if (counts) ++ops_lowered_;
         continue;
       }
       // A region that reads an MMA result still in flight, or runs MMAs itself, waits for all of
@@ -466,6 +504,7 @@ class Lowerer {
       pending_.clear();
       lower(op);
       pending_ = std::move(outer);
+      ++ops_lowered_;
     }
     wait_pending();
   }
@@ -502,6 +541,8 @@ class Lowerer {
         pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::sem_signal, {ptr, value}); });
         return;
       }
+      case OpKind::turn_begin: return turn_begin(op);
+      case OpKind::turn_end: return turn_end();
       case OpKind::reduce: return reduce(op);
       case OpKind::dot: return dot(op);
       case OpKind::program_id:
@@ -1578,7 +1619,7 @@ class Lowerer {
     // The group stays in flight until something reads the result (get() waits for it then), so
     // independent MMAs and the code between them overlap: e.g. dP^T = V dO^T runs while P^T's
     // exponentials are computed.
-    pending_.push_back({++committed_, op.results[0], LC, acc});
+    pending_.push_back({++committed_, op.results[0], LC, acc, ops_lowered_});
     put(op.results[0], LC, acc);
   }
 
@@ -1601,6 +1642,7 @@ class Lowerer {
     ir::ValueId value;
     Layout layout;
     Regs regs;
+    int64_t ops_at_issue = 0;  // ops_lowered_ when it was issued
   };
   // Waits until `v`'s group (if pending) is complete: wait_group(n) with n the groups committed
   // after it; every group it completes gets its registers redefined by the wait (the asm ties
@@ -1618,7 +1660,12 @@ class Lowerer {
     std::vector<PendingDot> done, rest;
     for (PendingDot& p : pending_) (p.group <= upto ? done : rest).push_back(std::move(p));
     for (const PendingDot& p : done) tied.insert(tied.end(), p.regs.begin(), p.regs.end());
-    Regs out = emit_multi(Op::wgmma_wait, tied, tied.size(), pir::scalar(DType::f32), committed_ - upto);
+    // Fenced when work was lowered since the issue (e.g. a softmax meant to run while the MMA
+    // does): that overlap exists only if the wait stays after it. A wait right at the issue (a
+    // result read at once) is left to ptxas to place.
+    const bool overlapped = std::any_of(done.begin(), done.end(), [&](const PendingDot& p) { return ops_lowered_ > p.ops_at_issue; });
+    Regs out = emit_multi(Op::wgmma_wait, tied, tied.size(), pir::scalar(DType::f32),
+                          (committed_ - upto) | (overlapped ? pir::kWaitFenced : 0));
     pending_ = std::move(rest);  // before put(): get() must not see them pending again
     size_t at = 0;
     for (const PendingDot& p : done) {
@@ -1632,6 +1679,7 @@ class Lowerer {
   pir::Func out_;
   std::map<const ir::Op*, RingState> rings_;
   std::vector<PendingDot> pending_;
+  int64_t ops_lowered_ = 0;  // ops of the tile IR lowered so far, dots excepted
   int committed_ = 0;
   int64_t scratch_base_ = 0;
   std::map<std::pair<int, std::vector<int64_t>>, V> tensor_maps_;  // by (tensor parameter, box)
@@ -1644,6 +1692,10 @@ class Lowerer {
   // depth of their load; a use that finds both unchanged may read the window again.
   std::unordered_map<ir::ValueId, std::pair<int64_t, size_t>> reloadable_;
   int64_t memory_epoch_ = 0;
+  // Warpgroup turns (lang::warpgroup_turn): on with exactly two warpgroups; the turn_begin being lowered.
+  bool turns_ = false;
+  const ir::Op* in_turn_ = nullptr;
+  V warpgroup_ = 0;
   std::unordered_map<ir::ValueId, TensorDesc> tensors_;
   std::map<std::pair<DType, int64_t>, V> const_ints_;
   V tid_ = 0, lane_ = 0, warp_ = 0;

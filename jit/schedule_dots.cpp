@@ -70,7 +70,18 @@ int hoist_in(ir::Block& b, const std::unordered_map<ir::ValueId, int>& uses) {
       place(std::move(t), t_at);
       at = std::max(at, t_at + 1);
     }
-    size_t dot_at = std::max(at, earliest(op));
+    // A warpgroup turn is a fence: its dots are issued inside it, in turn (lang::warpgroup_turn),
+    // and in their written order (which decides what a wait_group leaves in flight).
+    size_t after_fence = 0;
+    for (size_t i = out.size(); i-- > 0;)
+      if (out[i].kind == OpKind::turn_begin || out[i].kind == OpKind::turn_end) {
+        after_fence = i + 1;
+        break;
+      }
+    if (after_fence > 0)
+      for (size_t i = after_fence; i < out.size(); ++i)
+        if (out[i].kind == OpKind::dot) after_fence = i + 1;
+    size_t dot_at = std::max({at, earliest(op), after_fence});
     if (dot_at + travellers.size() < out.size()) ++moved;
     place(std::move(op), dot_at);
   }

@@ -48,6 +48,10 @@ enum class Op : uint8_t {
   load_shared,   // (i32 byte offset) -> ty
   store_shared,  // (i32 byte offset, value)
   barrier,       // bar.sync 0
+  // (i32 barrier id 1..15), imm = threads taking part: wait until that many arrived (bar.sync id, n),
+  // or arrive without waiting (bar.arrive id, n); e.g. warpgroups handing each other a turn
+  named_barrier_sync,
+  named_barrier_arrive,
   shfl_xor,      // (value, imm = lane mask) -> value
   mma_16816,     // (a0..a3 u32, b0..b1 u32, c0..c3 f32), imm = operand dtype (DType) -> 4 x f32
   // Hopper: asynchronous copies, transaction barriers and warpgroup MMA (sm_90a)
@@ -64,7 +68,8 @@ enum class Op : uint8_t {
   fence_proxy_async,  // order generic-proxy shared writes before async-proxy reads
   wgmma_fence,
   wgmma_commit,
-  wgmma_wait,         // (acc f32...) imm = groups left in flight -> acc, readable afterwards
+  // (acc f32...) imm = groups left in flight (| kWaitFenced) -> acc, readable afterwards
+  wgmma_wait,
   // (desc a u64, desc b u64, acc f32 x n/2) imm = n | dtype << 16 | trans_b << 24 | overwrite << 25
   // -> n/2 f32; overwrite: D = A*B (scale-d = 0), the accumulator inputs are ignored
   wgmma,
@@ -79,6 +84,11 @@ enum class Op : uint8_t {
 };
 
 enum class Pred : uint8_t { eq, ne, lt, le, gt, ge };
+
+// wgmma_wait imm flag: the wait stays where the lowering put it. ptxas otherwise moves independent
+// arithmetic across a wait, e.g. hoists it above a softmax that was meant to run while the MMA
+// is in flight; the backends then end a basic block at the wait.
+constexpr int64_t kWaitFenced = int64_t{1} << 8;
 
 struct Block;
 

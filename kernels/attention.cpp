@@ -82,6 +82,20 @@ const Kernel& attention_forward() {
     // tensor cores work on it while the softmax (and dropout) run; one more S tile in registers.
     // (Measured on H100, D128 S4k: 0.90x -- ptxas then serialises the wgmma, C7514 -- so off.)
     auto pipeline_qk = kb.meta<bool>("PIPELINE_QK", false);
+    // PINGPONG: the two warpgroups of an 8-warp program take turns issuing their MMAs
+    // (lang::warpgroup_turn, FlashAttention-3's schedule), so one's softmax (and dropout) runs
+    // while the other's MMAs do; without it both wait for the same K block and run in step.
+    auto pingpong = kb.meta<bool>("PINGPONG", false);
+    auto in_turn = [pingpong](const std::function<void()>& issue) {
+      if (pingpong) warpgroup_turn(issue);
+      else issue();
+    };
+    // PIPELINE_PV: FlashAttention-3's intra-warpgroup overlap. Iteration j issues S_j = Q K_j^T and
+    // then P_{j-1} V_{j-1} (the previous block's probabilities, carried in registers), and runs
+    // block j's softmax while the tensor cores work on P_{j-1} V_{j-1}; the last block's P V
+    // follows the loop. Same arithmetic, in the same order, as without it.
+    auto pipeline_pv = kb.meta<bool>("PIPELINE_PV", false);
+    if (pipeline_pv && pipeline_qk) kb.fail(Loc::current(), "PIPELINE_PV and PIPELINE_QK are two pipelines of the same loop: pick one");
     // EXACT_NORMALIZE: O = acc / l by IEEE division instead of acc * rcp(l). A division's slow path
     // is a subroutine call, and nvJitLink's ptxas then serialises every wgmma (C7509): measured on
     // H100 (S4k, bf16), that is slower at D128 (475 vs 547 TFLOP/s) and at D64 with dropout (223 vs
@@ -157,7 +171,8 @@ const Kernel& attention_forward() {
     auto scores = [&](const Tile& n0) { return dot(q, trans(load(rows_of(Ks, kv_h, n0, BN)))); };
     // One key block given its scores: masked only when `partial` (a uniform branch: blocks entirely
     // inside the mask skip the per-element compare and select), then the online softmax update.
-    auto key_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw) {
+    // Returns P (of dtype T, dropped elements zeroed) and the rescale factor alpha of the output.
+    auto softmax_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw) {
       Var s = s_raw * qk_scale;
       if_(partial, [&] {
         auto cols = n0 + arange(0, BN);
@@ -179,9 +194,15 @@ const Kernel& attention_forward() {
         pv = where(keep, p, 0.0f);
         if (return_mask) store(mask.block({bh, m0, n0}, {BM, BN}), cast(u8, keep));
       }
-      // rescale, then accumulate P V onto it (the MMA's own accumulator: no separate add)
-      acc = dot(cast(T, pv), load(rows_of(Vs, kv_h, n0, BN)), acc * alpha[col]);
       m = m_new;
+      return std::pair{cast(T, pv), alpha};
+    };
+    // ... then O = O * alpha + P V: rescaled, then accumulated onto by the MMA (its own
+    // accumulator: no separate add).
+    auto key_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw) {
+      auto [p16, alpha] = softmax_block(n0, partial, s_raw);
+      Tile v = load(rows_of(Vs, kv_h, n0, BN)), rescaled = acc * alpha[col];
+      in_turn([&] { acc = dot(p16, v, rescaled); });
     };
     // The key blocks this query block visits, as one flat loop j = 0 .. trips - 1 (one loop, so the
     // K/V ring prefetches across all of them: block j's start is a function of j alone):
@@ -227,10 +248,34 @@ const Kernel& attention_forward() {
         s_next = scores(block_at(minimum(j + 1, maximum(trips - 1, 0))).first);
         key_block(n0, partial, s_raw);
       });
+    } else if (pipeline_pv) {
+      // P_{-1} = 0: iteration 0's P V adds nothing (0 V, V being the first visited block). The
+      // output is rescaled at the end of an iteration, once that iteration's P V has landed (as
+      // FlashAttention-3 does): rescaling at the next iteration's top, with S_j in flight, makes
+      // ptxas wait for every MMA there (C7517).
+      Var p_prev = zeros(T, {BM, BN});
+      for_range(0, trips, [&](Tile j) {
+        auto [n0, partial] = block_at(j);
+        // K_j first: the dots are issued in their operands' order, and S_j must go first (its
+        // softmax waits for it alone, while P_{j-1} V_{j-1} stays in flight). V_{j-1} from the
+        // counter (not a carried value): the ring then prefetches it like K_j.
+        Tile k_block = load(rows_of(Ks, kv_h, n0, BN));
+        Tile s_raw, v = load(rows_of(Vs, kv_h, block_at(maximum(j - 1, 0)).first, BN));
+        in_turn([&] {
+          s_raw = dot(q, trans(k_block));
+          acc = dot(p_prev, v, acc);
+        });
+        auto [p16, alpha] = softmax_block(n0, partial, s_raw);
+        p_prev = p16;
+        acc = acc * alpha[col];
+      });
+      acc = dot(p_prev, load(rows_of(Vs, kv_h, block_at(maximum(trips - 1, 0)).first, BN)), acc);
     } else {
       for_range(0, trips, [&](Tile j) {
         auto [n0, partial] = block_at(j);
-        key_block(n0, partial, scores(n0));
+        Tile s_raw;
+        in_turn([&] { s_raw = scores(n0); });
+        key_block(n0, partial, s_raw);
       });
     }
     // A row that sees no key (causal with S_q > S_k, or S_k = 0) outputs 0 and LSE = -inf.

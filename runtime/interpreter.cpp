@@ -441,6 +441,8 @@ class Machine {
       }
       case wait_ge: return wait_op(op);
       case signal_add: return signal_op(op);
+      case turn_begin:
+      case turn_end: return;  // a schedule of warpgroups: no effect on values
       case block_load:
       case block_store: return block_op(op);
       case for_: return for_op(op);

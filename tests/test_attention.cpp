@@ -70,6 +70,43 @@ TEST_CASE("attention forward: head dim 128") {
 
 // Schedule options of the same algorithm: the next block's S issued before this block's softmax
 // (PIPELINE_QK), and the output normalised by an IEEE division instead of rcp (EXACT_NORMALIZE).
+// PIPELINE_PV (P_{j-1} V_{j-1} issued after S_j, the output rescaled at the end of an iteration)
+// and PINGPONG (warpgroup turns, a no-op in the interpreter) do the same arithmetic in the same
+// order: the outputs are bit-identical to the default schedule's.
+TEST_CASE("attention forward: PIPELINE_PV and PINGPONG give bit-identical results") {
+  for (bool causal : {false, true})
+    for (const Case& c : {Case{1, 4, 2, 70, 130, 64, causal, false}, Case{2, 2, 1, 100, 45, 128, causal, true}}) {
+      INFO(c.describe());
+      HostTensor q(bf16, c.q_shape()), k(bf16, c.kv_shape()), v(bf16, c.kv_shape());
+      q.fill_normal(21, 0, 1);
+      k.fill_normal(22, 0, 1);
+      v.fill_normal(23, 0, 1);
+      auto run = [&](lang::Meta extra) {
+        HostTensor o(bf16, c.q_shape()), lse(f32, {c.B, c.Hq, c.Sq});
+        lang::Meta meta{{"HEAD_DIM", c.D}, {"CAUSAL", c.causal}, {"BSHD", c.bshd}};
+        meta.insert(meta.end(), extra.begin(), extra.end());
+        runtime::interpret(kernels::attention_forward().build(meta), {cdiv(c.Sq, 64), c.Hq, c.B},
+                           {q, k, v, o, lse, static_cast<float>(c.default_scale())});
+        std::vector<double> out = o.to_f64(), l = lse.to_f64();
+        out.insert(out.end(), l.begin(), l.end());
+        return out;
+      };
+      const std::vector<double> want = run({});
+      for (const lang::Meta& extra : {lang::Meta{{"PIPELINE_PV", true}}, lang::Meta{{"PINGPONG", true}},
+                                      lang::Meta{{"PIPELINE_PV", true}, {"PINGPONG", true}}}) {
+        const std::vector<double> got = run(extra);
+        REQUIRE(got.size() == want.size());
+        size_t differ = 0;
+        for (size_t i = 0; i < got.size(); ++i)
+          if (!(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])))) ++differ;
+        CHECK_MESSAGE(differ == 0, extra.front().first << (extra.size() > 1 ? " + PINGPONG" : "") << ": " << differ << " values differ");
+      }
+      check_case(c, {{"PIPELINE_PV", true}});  // and against the float64 reference
+    }
+  CHECK_THROWS_WITH_AS(kernels::attention_forward().build({{"PIPELINE_PV", true}, {"PIPELINE_QK", true}}),
+                       doctest::Contains("PIPELINE_PV and PIPELINE_QK"), lang::BuildError);
+}
+
 TEST_CASE("attention forward: PIPELINE_QK and EXACT_NORMALIZE give the same results") {
   for (bool causal : {false, true}) {
     check_case({1, 4, 2, 70, 130, 64, causal, false}, {{"PIPELINE_QK", true}});

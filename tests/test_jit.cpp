@@ -42,6 +42,13 @@ std::vector<Case> all_kernels() {
     cases.push_back({fmt::format("attention causal={}", causal), kernels::attention_forward().build({{"CAUSAL", causal}}), 4, false});
   cases.push_back({"attention D128", kernels::attention_forward().build({{"HEAD_DIM", 128}}), 4, false});
   cases.push_back({"attention varlen causal", kernels::attention_forward().build({{"CAUSAL", true}, {"VARLEN", true}}), 4, false});
+  // Hopper schedule options of the forward (8 warps: two warpgroups): warpgroup turns, P V pipelined
+  const lang::Meta hopper_fwd{{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"HEAD_DIM", 128}};
+  for (const char* opt : {"PINGPONG", "PIPELINE_PV"}) {
+    lang::Meta m = hopper_fwd;
+    m.emplace_back(opt, true);
+    cases.push_back({fmt::format("attention D128 {}", opt), kernels::attention_forward().build(m), 8});
+  }
   cases.push_back({"segments (Tensor::slice)", test_kernels::segments.build()});
   cases.push_back({"ordered_sum (semaphores)", test_kernels::ordered_sum.build()});
   // the packed dropout keep-mask (Philox4x32-10 per 16 elements): the default schedule, and a wider
@@ -155,6 +162,46 @@ TEST_CASE("semaphores: the interpreter runs waiting programs concurrently in the
     CHECK(ptx.find("red.release.gpu.global.add.s32") != std::string::npos);
     CHECK(ptx.find("fence.acq_rel.gpu") != std::string::npos);
   }
+}
+
+TEST_CASE("warpgroup turns: named barriers with 8 warps (none with 4); a nested turn is a BuildError; PIPELINE_PV keeps one MMA in flight") {
+  const lang::Meta m{{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"HEAD_DIM", 128}, {"PINGPONG", true}, {"PIPELINE_PV", true}};
+  const ir::Function fn = kernels::attention_forward().build(m);
+  for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+    INFO(jit::to_string(backend));
+    jit::CompileOptions o;
+    o.backend = backend;
+    o.num_warps = 8;
+    o.ptx_tool = jit::PtxTool::Ptxas;
+    const jit::CompiledKernel k = jit::compile(fn, o);
+    // warpgroup 1 hands the first turn over, each turn starts with bar.sync and ends with bar.arrive
+    CHECK(k.ptx.find("bar.arrive") != std::string::npos);
+    CHECK(k.ptx.find("bar.sync %r") != std::string::npos);
+    // S_j's wait leaves P_{j-1} V_{j-1} in flight; the later wait is fenced (a never-taken loop)
+    CHECK(k.ptx.find("wgmma.wait_group.sync.aligned 1;") != std::string::npos);
+    CHECK(k.ptx.find("%smid") != std::string::npos);
+    CHECK(k.info.spill_store_bytes == 0);
+    o.num_warps = 4;  // one warpgroup: the turns are no-ops
+    const jit::CompiledKernel k4 = jit::compile(kernels::attention_forward().build(
+                                                    {{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"HEAD_DIM", 64}, {"PINGPONG", true}}),
+                                                o);
+    CHECK(k4.ptx.find("bar.arrive") == std::string::npos);
+  }
+  auto nested = kernel("nested_turns", [](Builder& kb) {
+    auto X = kb.pointer("X", f32);
+    warpgroup_turn([&] { warpgroup_turn([&] { store(X + arange(0, 8), zeros(f32, {8})); }); });
+  });
+  CHECK_THROWS_WITH_AS(nested.build(), doctest::Contains("turns do not nest"), BuildError);
+  // a reduction across warps exchanges through shared memory (bar.sync 0): inside a turn the
+  // other warpgroup never gets there, so the lowering refuses it
+  auto exchange = kernel("exchange_in_turn", [](Builder& kb) {
+    auto X = kb.pointer("X", f32), Y = kb.pointer("Y", f32);
+    Tile t = load(X + (arange(0, 64)[col] * 64 + arange(0, 64)[row]));
+    warpgroup_turn([&] { store(Y + arange(0, 64), sum(t, 0)); });
+  });
+  jit::CompileOptions o;
+  o.num_warps = 8;
+  CHECK_THROWS_WITH_AS(jit::compile(exchange.build(), o), doctest::Contains("a warpgroup turn must not contain"), jit::LoweringError);
 }
 
 TEST_CASE("dot lowers to mma.sync for 16-bit operands and to FMA otherwise") {

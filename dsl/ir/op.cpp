@@ -18,7 +18,7 @@ constexpr std::array<std::string_view, static_cast<size_t>(OpKind::yield) + 1> k
     "select", "cast", "bitcast", "reduce", "dot",
     "program_id", "num_programs",
     "tensor_ptr", "tensor_dim", "tensor_stride", "tensor_slice", "addptr", "load", "store", "atomic_add", "block_load",
-    "block_store", "wait_ge", "signal_add",
+    "block_store", "wait_ge", "signal_add", "turn_begin", "turn_end",
     "for", "if", "yield",
 };
 
@@ -314,6 +314,8 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
         fail(k, fmt::format("the {} must be an i32 scalar, got {}", k == wait_ge ? "target" : "value", to_string(in[1])));
       return {};
     }
+    case turn_begin:
+    case turn_end: expect_count(k, in, 0); return {};
     case block_load:
     case block_store: {
       if (in.empty() || !in[0].is_tensor()) fail(k, "first operand must be a tensor descriptor");

@@ -55,6 +55,10 @@ enum class OpKind : uint8_t {
   // inter-program ordering (i32 semaphores in global memory; every thread of the program takes part)
   wait_ge,     // (ptr<i32> scalar, target i32): until *ptr >= target; later reads see what the signals released
   signal_add,  // (ptr<i32> scalar, value i32): after the program's earlier writes, *ptr += value (release)
+  // warpgroup ping-pong (a schedule: no effect on values): the section between turn_begin and
+  // turn_end runs in one warpgroup at a time, alternately (lang::turn_begin)
+  turn_begin,
+  turn_end,
   // control flow
   for_,    // (lb, ub, step, init...) region(iv, carried...) -> carried results
   if_,     // (cond) region then, region else -> results
