@@ -197,6 +197,35 @@ Tile maximum(const Operand& a, const Operand& b, Loc loc) { return binary(OpKind
 Tile minimum(const Operand& a, const Operand& b, Loc loc) { return binary(OpKind::minimum, a, b, loc); }
 Tile umulhi(const Operand& a, const Operand& b, Loc loc) { return binary(OpKind::umulhi, a, b, loc); }
 
+Tile byte_perm(const Operand& a, const Operand& b, const Operand& selector, Loc loc) {
+  Builder& bld = builder_for({&a, &b, &selector}, loc);
+  // Bytes of 32-bit words only: a float or a narrower/wider integer would make the byte numbering
+  // (and a silent conversion) a guess, so each operand is checked, not promoted.
+  DType d = DType::u32;
+  bool all_i32 = true, any_tile = false;
+  Shape s;
+  for (auto [o, what] : {std::pair{&a, "a"}, std::pair{&b, "b"}, std::pair{&selector, "selector"}}) {
+    if (o->is_literal()) {
+      if (o->literal_kind() == Operand::LiteralKind::Float || o->literal_kind() == Operand::LiteralKind::Bool)
+        bld.fail(loc, fmt::format("byte_perm: operand '{}' must be an integer (u32 or i32 bytes), got a {} literal", what,
+                                  o->literal_kind() == Operand::LiteralKind::Float ? "floating-point" : "boolean"));
+      continue;
+    }
+    const ir::Type& t = bld.type(o->tile().id());
+    if (!t.is_value() || (t.dtype != DType::u32 && t.dtype != DType::i32))
+      bld.fail(loc, fmt::format("byte_perm: operand '{}' must be a u32 or i32 tile, got {} (bitcast or cast it to u32)", what,
+                                ir::to_string(t)));
+    any_tile = true;
+    all_i32 = all_i32 && t.dtype == DType::i32;
+    s = detail::broadcast_shapes(bld, s, t.shape, loc, "byte_perm");
+  }
+  if (any_tile && all_i32) d = DType::i32;
+  Tile ta = detail::materialize(bld, a, d, s, loc, "byte_perm");
+  Tile tb = detail::materialize(bld, b, d, s, loc, "byte_perm");
+  Tile ts = detail::materialize(bld, selector, d, s, loc, "byte_perm");
+  return bld.emit1(OpKind::byte_perm, {ta.id(), tb.id(), ts.id()}, {}, loc);
+}
+
 Tile cast(DType dtype, const Operand& x, Loc loc) {
   Builder& b = builder_for({&x}, loc);
   if (x.is_literal()) return detail::materialize(b, x, dtype, {}, loc, "cast");

@@ -26,6 +26,12 @@ Tile where(const Operand& cond, const Operand& a, const Operand& b, Loc loc = Lo
 Tile maximum(const Operand& a, const Operand& b, Loc loc = Loc::current());  // NaN-propagating
 Tile minimum(const Operand& a, const Operand& b, Loc loc = Loc::current());
 Tile umulhi(const Operand& a, const Operand& b, Loc loc = Loc::current());   // high half of a*b (32/64-bit ints)
+// PTX prmt.b32 (default mode) on u32/i32 tiles (broadcasting; u32 unless every tile operand is
+// i32): the source bytes are {b:a} (a = bytes 0..3, b = bytes 4..7); result byte i is the source
+// byte that nibble i of `selector` names (bits 0..2), or, when the nibble's bit 3 is set, that
+// byte's bit 7 replicated into all 8 bits. E.g. byte_perm(x, 0, 0x8888) is 0xFFFFFFFF when bit 7
+// of x is set, else 0: one instruction, where a compare and a select would take two or more.
+Tile byte_perm(const Operand& a, const Operand& b, const Operand& selector, Loc loc = Loc::current());
 Tile cast(DType dtype, const Operand& x, Loc loc = Loc::current());   // value conversion (RNE for floats)
 Tile bitcast(DType dtype, const Operand& x, Loc loc = Loc::current());
 Tile exp(const Operand& x, Loc loc = Loc::current());

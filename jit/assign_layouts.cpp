@@ -140,10 +140,7 @@ class Assigner {
       default:
         break;
     }
-    if (ir::is_elementwise_binary(op.kind) || ir::is_elementwise_unary(op.kind) || op.kind == OpKind::cmp ||
-        op.kind == OpKind::select || op.kind == OpKind::cast || op.kind == OpKind::bitcast || op.kind == OpKind::addptr) {
-      set(op.results[0], first_natural(op));
-    }
+    if (ir::is_elementwise(op.kind)) set(op.results[0], first_natural(op));
   }
 
   const ir::Function& f_;

@@ -91,6 +91,12 @@ TJ_INLINE float tj_rsqrt(float x) { float r; asm("rsqrt.approx.f32 %0, %1;" : "=
 TJ_INLINE float tj_sin(float x) { float r; asm("sin.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 TJ_INLINE float tj_cos(float x) { float r; asm("cos.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 TJ_INLINE float tj_tanh(float x) { float r; asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+// CUDA documents __byte_perm with 3-bit selectors only: the sign-replicate bit needs prmt itself.
+TJ_INLINE unsigned tj_prmt(unsigned a, unsigned b, unsigned s) {
+  unsigned r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+  return r;
+}
 )";
   s += fmt::format("TJ_INLINE float tj_exp(float x) {{ return tj_ex2(__fmul_rn(x, {})); }}\n", f32_literal(log2e));
   s += fmt::format("TJ_INLINE float tj_log(float x) {{ return __fmul_rn(tj_lg2(x), {}); }}\n",
@@ -788,6 +794,12 @@ class Printer {
         check_args(in, 3, 3);
         check_results(in, 1);
         return def(in.results[0], fmt::format("{} ? {} : {}", n(a(0)), n(a(1)), n(a(2))));
+      case Op::byte_perm:
+        check_args(in, 3, 3);
+        check_results(in, 1);
+        if (dt(a(0)) != DType::u32 && dt(a(0)) != DType::i32) fail(fmt::format("byte_perm takes u32 or i32, got {}", ir::name(dt(a(0)))));
+        return def(in.results[0], fmt::format("({})tj_prmt((unsigned){}, (unsigned){}, (unsigned){})", scalar_ctype(dt(a(0))), n(a(0)),
+                                              n(a(1)), n(a(2))));
       case Op::cast: check_args(in, 1, 1); check_results(in, 1); return def(in.results[0], cast(a(0), ty(in.results[0])));
       case Op::bitcast: check_args(in, 1, 1); check_results(in, 1); return def(in.results[0], bitcast(a(0), ty(in.results[0])));
       case Op::pack2:

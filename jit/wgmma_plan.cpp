@@ -151,9 +151,7 @@ class Planner {
     if (v == loop->regions[0].args[0] || !defined_inside(v, loop)) return true;
     const ir::Op* d = def(v);
     if (!d || depth > 64 || parent_.at(d) != loop || !f_.type(v).is_scalar()) return false;  // a carried value, or nested
-    const bool scalar_op = ir::is_elementwise_binary(d->kind) || ir::is_elementwise_unary(d->kind) || d->kind == OpKind::cmp ||
-                           d->kind == OpKind::select || d->kind == OpKind::cast || d->kind == OpKind::bitcast ||
-                           d->kind == OpKind::addptr || d->kind == OpKind::load || d->kind == OpKind::constant ||
+    const bool scalar_op = ir::is_elementwise(d->kind) || d->kind == OpKind::load || d->kind == OpKind::constant ||
                            d->kind == OpKind::tensor_ptr || d->kind == OpKind::tensor_dim || d->kind == OpKind::tensor_stride;
     if (!scalar_op) return false;
     for (ir::ValueId o : d->operands)

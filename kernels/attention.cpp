@@ -45,13 +45,22 @@ void AttentionDropout::declare_bits(Builder& kb) {
 }
 
 Tile AttentionDropout::keep(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols) const {
+  return keep_mask(batch_head, row0, num_rows, col0, num_cols) != 0u;
+}
+
+Tile AttentionDropout::keep_mask(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols) const {
   if (!bits.descriptor().valid())
-    return dropout_keep_block(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi,
-                              keep_threshold);
+    return dropout_keep_mask_block(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi,
+                                   keep_threshold);
   // past the end: 0 (dropped). Read at the use, in the score block's layout: no shared-memory exchange.
   auto words = load_at_use(bits.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32}));
-  auto shifts = reshape(cast(u32, arange(0, 32)), {1, 1, 32});
-  return reshape(((expand_dims(words, 2) >> shifts) & 1u) != 0u, {num_rows, num_cols});
+  // Column 32 w + 8 k + b: the word shifted so that bit 8 k + b lands on bit 7 of byte k (one
+  // shift serves the 4 columns of each b), then one prmt replicates that bit into all 32. (Shifts
+  // alone -- to the sign, then arithmetically back -- make a value LLVM knows is 0 or ~0, and it
+  // turns the AND with it back into a select, which it then sinks past the bf16 conversion.)
+  auto b = reshape(cast(u32, arange(0, 8)), {1, 1, 1, 8}), k = reshape(cast(u32, arange(0, 4)), {1, 1, 4, 1});
+  auto up = reshape(words, {num_rows, num_cols / 32, 1, 1}) << (7u - b);
+  return reshape(byte_perm(up, 0u, (k | 8u) * 0x1111u), {num_rows, num_cols});
 }
 
 const Kernel& attention_forward() {
@@ -189,10 +198,11 @@ const Kernel& attention_forward() {
       l = l * alpha + sum(p, 1);  // the undropped row sum: LSE is that of softmax(S)
       Tile pv = p;
       if (dropout) {
-        // the 1 / keep probability scale is uniform: applied once to the output, not per element
-        Tile keep = drop->keep(bh, m0, BM, n0, BN);
-        pv = where(keep, p, 0.0f);
-        if (return_mask) store(mask.block({bh, m0, n0}, {BM, BN}), cast(u8, keep));
+        // the 1 / keep probability scale is uniform: applied once to the output, not per element.
+        // An AND with a 0 / ~0 mask, not where(): LLVM sinks a select past the bf16 conversion.
+        Tile keep = drop->keep_mask(bh, m0, BM, n0, BN);
+        pv = apply_keep_mask(p, keep);
+        if (return_mask) store(mask.block({bh, m0, n0}, {BM, BN}), cast(u8, keep & 1u));
       }
       m = m_new;
       return std::pair{cast(T, pv), alpha};

@@ -61,6 +61,10 @@ struct AttentionDropout {
   // start), else one per element (the same bits). Precomputed: a [num_rows, num_cols / 32] word
   // load (num_cols a multiple of 32, col0 too); rows or words past the tensor read as dropped.
   lang::Tile keep(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows, const lang::Tile& col0, int64_t num_cols) const;
+  // The same mask as u32 0xFFFFFFFF (keep) / 0 (drop), for apply_keep_mask (kernels/philox.hpp):
+  // zeroing dropped values with one AND per element. Fused: dropout_keep_mask_block.
+  lang::Tile keep_mask(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows, const lang::Tile& col0,
+                       int64_t num_cols) const;
 };
 
 }  // namespace tilejit::kernels

@@ -22,6 +22,7 @@
 
 #include "kernels/attention.hpp"
 #include "kernels/attention_mask.hpp"
+#include "kernels/philox.hpp"
 
 namespace tilejit::kernels {
 
@@ -315,14 +316,17 @@ const Kernel& attention_backward_dkdv() {
         // DROPOUT: the block is transposed (rows are keys, columns query rows): the forward's mask
         // of (query rows m0.., keys n0..), transposed; s = 1 / keep probability is applied to dV
         // once at the end
-        Tile keep_t, pt_kept = pt;
+        Tile pt_kept = pt;
+        Tile dpt = dot(v, trans(dout));  // dP^T (of the dropped P: times keep * s)
         if (a.dropout) {
-          keep_t = trans(drop->keep(bh, m0, a.BM, n0, a.BN));  // [BN, BM]
-          pt_kept = where(keep_t, pt, 0.0f);
+          // Both uses of the mask before dV's MMA is issued: its 0 / ~0 words (one register per
+          // element) then die early instead of staying live across that MMA (spills). dP^T's MMA
+          // was issued at the top of the block, long done by the time the mask is ready.
+          Tile keep_t = trans(drop->keep_mask(bh, m0, a.BM, n0, a.BN));  // [BN, BM]
+          pt_kept = apply_keep_mask(pt, keep_t);
+          dpt = apply_keep_mask(dpt * drop->scale, keep_t);
         }
         dv = dot(cast(a.T, pt_kept), dout, dv);
-        Tile dpt = dot(v, trans(dout));  // dP^T (of the dropped P: times keep * s)
-        if (a.dropout) dpt = where(keep_t, dpt * drop->scale, 0.0f);
         auto dst = pt * (dpt - delta);  // dS^T = P^T * (dP^T - Delta)
         auto dst_t = cast(a.T, dst);
         dk = dot(dst_t, q, dk);
@@ -429,7 +433,7 @@ const Kernel& attention_backward_dq() {
         p = where(a.visible(qrows, keys, S_q, S_k), exp2(dot(q, trans(k)) * qk_scale - lse), 0.0f);
       }
       Tile dp = dot(dout, trans(v));  // dP (of the dropped P: times keep * s)
-      if (a.dropout) dp = where(drop->keep(bh, m0, a.BM, n0, a.BN), dp * drop->scale, 0.0f);
+      if (a.dropout) dp = apply_keep_mask(dp * drop->scale, drop->keep_mask(bh, m0, a.BM, n0, a.BN));
       auto ds = p * (dp - delta);  // dS = P * (dP - Delta)
       dq = dot(cast(a.T, ds), k, dq);
     };

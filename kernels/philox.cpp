@@ -14,12 +14,18 @@ namespace {
 // Integer tiles and numbers as u32 (i32 values wrap; a negative number is a build error).
 Tile as_u32(const Operand& x, Loc loc) { return cast(u32, x, loc); }
 
+// The Philox output word that holds byte `position` (i32 0..15, broadcasting against the words)
+// of each element's call. Where the position is constant per register (the accumulator layouts'
+// column bits) the selects fold away.
+Tile word_of(const std::array<Tile, 4>& words, const Tile& position, Loc loc) {
+  Tile word = position >> 2;
+  return where(word == 0, words[0], where(word == 1, words[1], where(word == 2, words[2], words[3], loc), loc), loc);
+}
+
 // The i1 keep decision of the byte of each element: `words` are the four Philox outputs,
 // `k` (i32, broadcasting against them) the element's position 0..15 inside its call.
 Tile keep_of(const std::array<Tile, 4>& words, const Tile& k, const Tile& threshold, Loc loc) {
-  Tile word = k >> 2, shift = as_u32((k & 3) * 8, loc);
-  Tile sel = where(word == 0, words[0], where(word == 1, words[1], where(word == 2, words[2], words[3], loc), loc), loc);
-  return ((sel >> shift) & 0xFFu) < threshold;
+  return ((word_of(words, k, loc) >> as_u32((k & 3) * 8, loc)) & 0xFFu) < threshold;
 }
 
 }  // namespace
@@ -51,27 +57,77 @@ Tile dropout_keep(const Operand& batch_head, const Tile& rows, const Tile& cols,
   return keep_of(words, cast(i32, position, loc), as_u32(keep_threshold, loc), loc);
 }
 
+Tile dropout_keep_flags(const Operand& words, const Operand& keep_threshold, Loc loc) {
+  // Byte x is dropped iff x >= T, i.e. iff x + c carries out of the byte, c = (256 - T) & 0xFF
+  // (T = 256: c = 0, never). Per byte: the low 7 bits are added (no carry can cross into the next
+  // byte: 127 + 127 < 256), bit 7 of t is then the carry into bit 7, and the carry out of bit 7
+  // is majority(x7, c7, carry in) -- bitwise over the word, meaningful in bit 7 of each byte.
+  // T = 0 (drop all) has no such c: ADD's 0x80 forces the carry in, MAJ's 1s the majority.
+  Tile threshold = as_u32(keep_threshold, loc), c = (256u - threshold) & 0xFFu, none = threshold == 0u;
+  Tile add = where(none, 0x80808080u, (c & 0x7Fu) * 0x01010101u, loc), maj = where(none, 0xFFFFFFFFu, c * 0x01010101u, loc);
+  Tile w = as_u32(words, loc), t = (w & 0x7F7F7F7Fu) + add;
+  return ~((w & t) | (maj & (w | t)));
+}
+
+namespace {
+
+void check_block_args(const char* what, const Tile& rows, int64_t num_cols, Loc loc) {
+  Builder& b = Builder::current(loc);
+  if (rows.rank() != 1) b.fail(loc, fmt::format("{}: rows must be a 1-D tile, got rank {}", what, rows.rank()));
+  if (num_cols <= 0) b.fail(loc, fmt::format("{}: num_cols = {} is not positive", what, num_cols));
+}
+
+// The Philox outputs of the calls of rows `rows` and the 64-column groups q0 + 0..groups-1 (q0:
+// u32 scalar): [M, groups, 4] each, call t of group q being counter word 4 q + t.
+std::array<Tile, 4> group_calls(const Operand& batch_head, const Tile& rows, const Tile& q0, int64_t groups, const Operand& seed_lo,
+                                const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi, Loc loc) {
+  Tile q = q0 + as_u32(arange(0, groups, loc), loc);
+  Tile call = expand_dims((q[col] << 2) | as_u32(arange(0, 4, loc), loc)[row], 0, loc);  // [1, Q, 4]
+  Tile r = expand_dims(as_u32(rows, loc)[col], 2, loc);                                   // [M, 1, 1]
+  return philox4x32_10({call, r, as_u32(batch_head, loc), as_u32(offset_lo, loc)},
+                       {as_u32(seed_lo, loc), as_u32(seed_hi, loc) ^ as_u32(offset_hi, loc)}, loc);
+}
+
+}  // namespace
+
+Tile dropout_keep_mask_block(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const Operand& seed_lo,
+                             const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi, const Operand& keep_threshold,
+                             Loc loc) {
+  check_block_args("dropout_keep_mask_block", rows, num_cols, loc);
+  // Fewer than whole 64-column groups: the per-element form (the same bits), widened.
+  if (num_cols % 64 != 0)
+    return 0u - cast(u32, dropout_keep(batch_head, rows, col0 + arange(0, num_cols, loc), seed_lo, seed_hi, offset_lo, offset_hi,
+                                       keep_threshold, loc), loc);
+  const int64_t m = rows.shape()[0];
+  // One Philox call per (row, 64-column group q, lane slot t): [M, Q, 4]; its 16 bytes serve the
+  // positions (k, e) of j = 64 q + 8 k + 2 t + e, laid out as [M, Q, 8, 4, 2] = [M, num_cols].
+  auto words = group_calls(batch_head, rows, as_u32(col0, loc) >> 6, num_cols / 64, seed_lo, seed_hi, offset_lo, offset_hi, loc);
+  for (Tile& w : words) w = expand_dims(expand_dims(w, 2, loc), 4, loc);                     // [M, Q, 1, 4, 1]
+  Tile k = reshape(arange(0, 8, loc), {1, 1, 8, 1, 1}, loc), e = reshape(arange(0, 2, loc), {1, 1, 1, 1, 2}, loc);
+  Tile position = (k << 1) | e;
+  // The word first, then its flags (3 ops per word; where the word's choice is not constant per
+  // register, as in dK/dV's transposed blocks, only the chosen word's), then one prmt per element:
+  // byte position % 4's flag (bit 7) replicated into all 32 bits.
+  Tile flags = dropout_keep_flags(word_of(words, position, loc), keep_threshold, loc);
+  Tile mask = byte_perm(flags, 0u, as_u32((position & 3) | 8, loc) * 0x1111u, loc);
+  return reshape(mask, {m, num_cols}, loc);
+}
+
 Tile dropout_keep_block(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const Operand& seed_lo,
                         const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi, const Operand& keep_threshold,
                         Loc loc) {
-  Builder& b = Builder::current(loc);
-  if (rows.rank() != 1) b.fail(loc, fmt::format("dropout_keep_block: rows must be a 1-D tile, got rank {}", rows.rank()));
-  if (num_cols <= 0) b.fail(loc, fmt::format("dropout_keep_block: num_cols = {} is not positive", num_cols));
-  // Fewer than whole 64-column groups: the per-element form (the same bits).
+  check_block_args("dropout_keep_block", rows, num_cols, loc);
   if (num_cols % 64 != 0)
     return dropout_keep(batch_head, rows, col0 + arange(0, num_cols, loc), seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold, loc);
-  const int64_t m = rows.shape()[0], groups = num_cols / 64;
-  // One Philox call per (row, 64-column group q, lane slot t): [M, Q, 4]; its 16 bytes serve the
-  // positions (k, e) of j = 64 q + 8 k + 2 t + e, laid out as [M, Q, 8, 4, 2] = [M, num_cols].
-  Tile q = (as_u32(col0, loc) >> 6) + as_u32(arange(0, groups, loc), loc);
-  Tile call = expand_dims((q[col] << 2) | as_u32(arange(0, 4, loc), loc)[row], 0, loc);      // [1, Q, 4]
-  Tile r = expand_dims(as_u32(rows, loc)[col], 2, loc);                                       // [M, 1, 1]
-  auto words = philox4x32_10({call, r, as_u32(batch_head, loc), as_u32(offset_lo, loc)},
-                             {as_u32(seed_lo, loc), as_u32(seed_hi, loc) ^ as_u32(offset_hi, loc)}, loc);
-  for (Tile& w : words) w = expand_dims(expand_dims(w, 2, loc), 4, loc);                     // [M, Q, 1, 4, 1]
-  Tile k = reshape(arange(0, 8, loc), {1, 1, 8, 1, 1}, loc), e = reshape(arange(0, 2, loc), {1, 1, 1, 1, 2}, loc);
-  Tile keep = keep_of(words, (k << 1) | e, as_u32(keep_threshold, loc), loc);                // [M, Q, 8, 4, 2]
-  return reshape(keep, {m, num_cols}, loc);
+  return dropout_keep_mask_block(batch_head, rows, col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold, loc) != 0u;
+}
+
+Tile apply_keep_mask(const Tile& x, const Tile& mask, Loc loc) {
+  Builder& b = Builder::current(loc);
+  if (x.dtype() != f32 || mask.dtype() != u32)
+    b.fail(loc, fmt::format("apply_keep_mask: needs an f32 tile and a u32 mask, got {} and {}", ir::name(x.dtype()),
+                            ir::name(mask.dtype())));
+  return bitcast(f32, bitcast(u32, x, loc) & mask, loc);
 }
 
 Tile dropout_keep_words(const Operand& batch_head, const Tile& rows, const Operand& word0, int64_t num_words, const Operand& seed_lo,
@@ -81,24 +137,18 @@ Tile dropout_keep_words(const Operand& batch_head, const Tile& rows, const Opera
   if (rows.rank() != 1) b.fail(loc, fmt::format("dropout_keep_words: rows must be a 1-D tile, got rank {}", rows.rank()));
   if (num_words <= 0 || num_words % 2 != 0)
     b.fail(loc, fmt::format("dropout_keep_words: num_words = {} must be a positive even number (whole 64-column call groups)", num_words));
-  const int64_t m = rows.shape()[0], groups = num_words / 2;
-  Tile q = (as_u32(word0, loc) >> 1) + as_u32(arange(0, groups, loc), loc);
-  Tile call = expand_dims((q[col] << 2) | as_u32(arange(0, 4, loc), loc)[row], 0, loc);  // [1, Q, 4]
-  Tile r = expand_dims(as_u32(rows, loc)[col], 2, loc);                                   // [M, 1, 1]
-  auto words = philox4x32_10({call, r, as_u32(batch_head, loc), as_u32(offset_lo, loc)},
-                             {as_u32(seed_lo, loc), as_u32(seed_hi, loc) ^ as_u32(offset_hi, loc)}, loc);  // [M, Q, 4]
-  Tile threshold = as_u32(keep_threshold, loc);
+  const int64_t m = rows.shape()[0];
+  // [M, Q, 4]
+  auto words = group_calls(batch_head, rows, as_u32(word0, loc) >> 1, num_words / 2, seed_lo, seed_hi, offset_lo, offset_hi, loc);
+  std::array<Tile, 4> flags;
+  for (int i = 0; i < 4; ++i) flags[i] = dropout_keep_flags(words[i], keep_threshold, loc);
   Tile lane_shift = reshape(as_u32(arange(0, 4, loc), loc) << 1u, {1, 1, 4}, loc);  // call t's bits sit at 2 t + ...
   std::array<Tile, 2> half;  // word 2 q (k < 4) and word 2 q + 1 (k >= 4)
   for (int h = 0; h < 2; ++h) {
-    Tile part;
-    for (int k4 = 0; k4 < 4; ++k4)
-      for (int e = 0; e < 2; ++e) {
-        const int byte = 2 * (4 * h + k4) + e;  // the call's byte 2 k + e serves column 8 k + 2 t + e
-        Tile kept = cast(u32, ((words[byte / 4] >> static_cast<uint32_t>(8 * (byte % 4))) & 0xFFu) < threshold, loc);
-        Tile bit = kept << static_cast<uint32_t>(8 * k4 + e);
-        part = part.valid() ? (part | bit) : bit;
-      }
+    // Bytes 8 h + 2 k' + e of the call (words 2 h, 2 h + 1) serve bits 8 k' + e: two prmts gather
+    // the e = 0 and e = 1 flags into byte k', two shifts move their bit 7 to bit 0 / bit 1.
+    Tile even = byte_perm(flags[2 * h], flags[2 * h + 1], 0x6420u, loc), odd = byte_perm(flags[2 * h], flags[2 * h + 1], 0x7531u, loc);
+    Tile part = ((even >> 7u) & 0x01010101u) | ((odd >> 6u) & 0x02020202u);
     half[h] = sum(part << lane_shift, 2, loc);  // distinct bits: the sum is their OR
   }
   Tile which = reshape(arange(0, 2, loc), {1, 1, 2}, loc);

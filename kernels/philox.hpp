@@ -44,14 +44,36 @@ lang::Tile dropout_keep(const lang::Operand& batch_head, const lang::Tile& rows,
                         const lang::Operand& keep_threshold, lang::Loc loc = lang::Loc::current());
 
 // The same mask for the contiguous key columns [col0, col0 + num_cols): i1 [M, num_cols]. One
-// Philox call per 16 elements (on an [M, num_cols / 64, 4] tile), its bytes spread with
-// where/shift, when num_cols is a multiple of 64 and col0 (i32 scalar, runtime) a multiple of 64
-// (not checked: e.g. a block start n0 = k * BLOCK_N with BLOCK_N >= 64); other widths take the
-// per-element form (same bits).
+// Philox call per 16 elements (on an [M, num_cols / 64, 4] tile) when num_cols is a multiple of
+// 64 and col0 (i32 scalar, runtime) a multiple of 64 (not checked: e.g. a block start
+// n0 = k * BLOCK_N with BLOCK_N >= 64); other widths take the per-element form (same bits).
+// `dropout_keep_mask_block(...) != 0`: consumers that zero dropped values want that mask instead.
 lang::Tile dropout_keep_block(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& col0, int64_t num_cols,
                               const lang::Operand& seed_lo, const lang::Operand& seed_hi, const lang::Operand& offset_lo,
                               const lang::Operand& offset_hi, const lang::Operand& keep_threshold,
                               lang::Loc loc = lang::Loc::current());
+
+// The same mask as u32 [M, num_cols]: 0xFFFFFFFF = keep, 0 = drop (arguments as
+// dropout_keep_block). Built to be cheap per element: the SWAR keep flags of each Philox word (3
+// ops per 4 elements, dropout_keep_flags) and one prmt (byte_perm) per element that spreads an
+// element's flag over 32 bits; apply_keep_mask then zeroes dropped values with one AND. (A
+// compare + select costs more, and LLVM sinks a select of floats past a bf16 conversion into
+// 16-bit selects and repacking.)
+lang::Tile dropout_keep_mask_block(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& col0, int64_t num_cols,
+                                   const lang::Operand& seed_lo, const lang::Operand& seed_hi, const lang::Operand& offset_lo,
+                                   const lang::Operand& offset_hi, const lang::Operand& keep_threshold,
+                                   lang::Loc loc = lang::Loc::current());
+
+// x where mask is 0xFFFFFFFF, +0.0 where it is 0 (x f32, mask u32 of x's shape, e.g. from
+// dropout_keep_mask_block): bitcast(f32, bitcast(u32, x) & mask), the same bits as
+// where(mask != 0, x, 0.0f) in one AND per element.
+lang::Tile apply_keep_mask(const lang::Tile& x, const lang::Tile& mask, lang::Loc loc = lang::Loc::current());
+
+// SWAR keep flags of Philox output words (u32 tile): bit 7 of byte b of the result is 1 iff byte
+// b of `words` is < keep_threshold (u32 scalar in [0, 256]); the other bits are unspecified. Per
+// word: t = (w & 0x7F7F7F7F) + ADD, keep = ~majority(w, MAJ, t), with ADD and MAJ uniform: bit 7
+// of each byte is the inverted carry out of x + (256 - T) (see philox.cpp).
+lang::Tile dropout_keep_flags(const lang::Operand& words, const lang::Operand& keep_threshold, lang::Loc loc = lang::Loc::current());
 
 // The same mask packed 32 columns per u32 word: u32 [M, num_words], bit b of word w holds key
 // column 32 (word0 + w) + b (1 = keep; no bound on the columns: the caller clears bits past the

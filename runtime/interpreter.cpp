@@ -87,6 +87,20 @@ inline uint64_t umulhi64(uint64_t a, uint64_t b) {
   return hh + (lh >> 32) + (hl >> 32) + (mid >> 32);
 }
 
+// PTX prmt.b32, default mode: result byte i is byte (nibble i of s) & 7 of the 8 bytes {b:a}, or,
+// when the nibble's bit 3 is set, that byte's bit 7 in all 8 bits.
+inline uint32_t byte_perm32(uint32_t a, uint32_t b, uint32_t s) {
+  const uint64_t src = uint64_t{b} << 32 | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t nibble = (s >> (4 * i)) & 0xFu;
+    uint32_t byte = static_cast<uint32_t>(src >> (8 * (nibble & 7u))) & 0xFFu;
+    if (nibble & 8u) byte = (byte & 0x80u) ? 0xFFu : 0u;
+    r |= byte << (8 * i);
+  }
+  return r;
+}
+
 // A numeric attribute (int64 or double) converted to dtype `t` the way a cast would.
 void convert_attr(const ir::Attr& a, DType t, double& f, int64_t& i) {
   if (const auto* iv = std::get_if<int64_t>(&a)) {
@@ -408,6 +422,15 @@ class Machine {
       case expand_dims:
       case reshape: return copy_slot(S(op.results[0]), S(op.operands[0]));
       case select: return select_op(op);
+      case byte_perm: {
+        const auto &a = S(op.operands[0]).i, &b = S(op.operands[1]).i, &sel = S(op.operands[2]).i;
+        auto& r = S(op.results[0]).i;
+        const Wrap wrap(T(op.results[0]).dtype);  // i32 results sign-extended, as every i32 slot
+        r.resize(a.size());
+        for (size_t k = 0; k < a.size(); ++k)
+          r[k] = wrap(byte_perm32(static_cast<uint32_t>(a[k]), static_cast<uint32_t>(b[k]), static_cast<uint32_t>(sel[k])));
+        return;
+      }
       case cast: return cast_op(op);
       case bitcast: return bitcast_op(op);
       case reduce: return reduce_op(op);

@@ -142,6 +142,10 @@ pir::Func every_op_kernel(bool llvm_subset) {
     for (Op op : {Op::neg, Op::bit_not, Op::abs}) sink(b.un(op, x));
     for (int p = 0; p < 6; ++p) sink(b.cmp(static_cast<pir::Pred>(p), x, y));
     sink(b.emit(Op::select, b.f.types[x], {b.cmp(pir::Pred::ne, x, y), x, y}));
+    if (d == DType::u32 || d == DType::i32) {
+      sink(b.emit(Op::byte_perm, b.f.types[x], {x, y, x}));                    // a runtime selector
+      sink(b.emit(Op::byte_perm, b.f.types[x], {x, b.ci(d, 0), b.ci(d, 0xBA98)}));  // sign replication
+    }
     b.emit0(Op::store, {b.emit(Op::gep, pir::pointer(d), {ptr.at(d), base}), x, in_range});  // predicated store
   }
   for (DType d : kFloats) {
@@ -447,7 +451,7 @@ TEST_CASE("a kernel with every per-thread op compiles through nvrtc and assemble
   // The approximate instructions the LLVM backend uses, and no contraction into fma.
   for (const char* part : {"ex2.approx.ftz.f32", "max.NaN.f32", "lg2.approx.f32", "rsqrt.approx.f32", "sin.approx.f32", "cos.approx.f32",
                            "tanh.approx.f32", "div.rn.f32", "sqrt.rn.f32", "ld.global.u8", "st.global.b64", "bar.sync",
-                           "shfl.sync.bfly.b32", "mma.sync.aligned.m16n8k16"})
+                           "shfl.sync.bfly.b32", "mma.sync.aligned.m16n8k16", "prmt.b32"})
     CHECK_MESSAGE(contains(out.ptx, part), part);
   CHECK(!contains(out.ptx, "fma.rn.f32"));
   CubinResult c = ptx_to_cubin(out.ptx, "sm_90a", f.name);
@@ -461,6 +465,7 @@ TEST_CASE("the every-op kernel is also valid input for the LLVM backend (same pe
   pir::Func f = every_op_kernel(true);
   LlvmOutput l = emit_ptx_llvm(f, "sm_90a");
   CHECK(contains(l.ptx, ".entry every_op"));
+  CHECK(contains(l.ptx, "prmt.b32"));
   if (!have_nvrtc()) return;
   compile_and_assemble(f);
 }
@@ -625,6 +630,11 @@ DiffKernel diff_kernel(DType d, int n) {
   static const char* preds[6] = {"eq", "ne", "lt", "le", "gt", "ge"};
   for (int p = 0; p < 6; ++p) sink(b.cmp(static_cast<pir::Pred>(p), x, y), fmt::format("cmp {}", preds[p]));
   sink(b.emit(Op::select, pir::scalar(d), {pred, x, y}), "select");
+  if (d == DType::u32 || d == DType::i32) {
+    // random selectors (y: sign-replicating nibbles included), then the dropout mask's constant form
+    sink(b.emit(Op::byte_perm, pir::scalar(d), {x, y, y}), "byte_perm");
+    sink(b.emit(Op::byte_perm, pir::scalar(d), {x, y, b.ci(d, 0x8D8C)}), "byte_perm sign bytes");
+  }
   for (DType to : {DType::i1, DType::i8, DType::i16, DType::i32, DType::i64, DType::u8, DType::u16, DType::u32, DType::u64, DType::f16,
                    DType::bf16, DType::f32, DType::f64})
     if (to != d) sink(b.cast(x, to), fmt::format("cast to {}", tilejit::ir::name(to)));

@@ -140,6 +140,20 @@ TEST_CASE("operations on the wrong kind of value") {
   (void)line;
 }
 
+TEST_CASE("byte_perm takes 32-bit integer words: each operand's dtype is checked by name") {
+  int line = __LINE__ + 1;
+  expect_error([](Builder&) { (void)byte_perm(zeros(f32, {8}), 0, 0x3210); }, {"byte_perm", "operand 'a'", "u32 or i32", "f32[8]"}, line);
+  line = __LINE__ + 1;
+  expect_error([](Builder&) { (void)byte_perm(zeros(u32, {8}), zeros(u8, {8}), 0x3210); }, {"byte_perm", "operand 'b'", "u8[8]"}, line);
+  line = __LINE__ + 1;
+  expect_error([](Builder&) { (void)byte_perm(zeros(u32, {8}), 0, zeros(i64, {8})); }, {"byte_perm", "operand 'selector'", "i64[8]"}, line);
+  line = __LINE__ + 1;
+  expect_error([](Builder&) { (void)byte_perm(zeros(u32, {8}), 0.5f, 0x3210); }, {"byte_perm", "operand 'b'", "floating-point"}, line);
+  line = __LINE__ + 1;
+  expect_error([](Builder&) { (void)byte_perm(zeros(u32, {8}), zeros(u32, {4}), 0); }, {"byte_perm", "shape mismatch"}, line);
+  (void)line;
+}
+
 TEST_CASE("tensor windows: wrong number of offsets, shape longer than the rank") {
   int line = __LINE__ + 4;
   expect_error(

@@ -57,7 +57,8 @@ inline Kernel elementwise = kernel("elementwise", [](Builder& k) {
                        cast(f32, i), exp2(a), exp(a), log2(abs(a) + 1), tanh(a), erf(a), rsqrt(abs(a) + 1), sin(a)};
   std::vector<Tile> is{i + j, i - j, i * j, i / j, i % j, i & j, i | j, i ^ j, i << (j & 31), i >> (j & 31),
                        cast(i32, umulhi(cast(u32, i), cast(u32, j))), cast(i32, a * 1000), cast(i32, i < j), ~i, -i,
-                       maximum(i, j), minimum(i, j), cast(i32, cast(u32, i) >> 3), i / 0, i << 40};
+                       maximum(i, j), minimum(i, j), cast(i32, cast(u32, i) >> 3), i / 0, i << 40,
+                       byte_perm(i, j, i * j), cast(i32, byte_perm(cast(u32, i), 0, 0x8D8C))};
   for (size_t r = 0; r < fs.size(); ++r) store(F.block({static_cast<int64_t>(r), 0}, {1, 256}), expand_dims(fs[r], 0));
   for (size_t r = 0; r < is.size(); ++r) store(G.block({static_cast<int64_t>(r), 0}, {1, 256}), expand_dims(is[r], 0));
   store(H.block({0}, {256}), cast(bf16, a) * cast(bf16, b) + cast(bf16, a));

@@ -57,6 +57,19 @@ HostTensor map2(HostTensor& x, HostTensor& y, DType out_dtype, const std::functi
   return out;
 }
 
+// out[i] = f(x[i], y[i], z[i]) over one 1-D tile.
+HostTensor map3(HostTensor& x, HostTensor& y, HostTensor& z, DType out_dtype, const std::function<Tile(Tile, Tile, Tile)>& f) {
+  const int64_t n = x.numel();
+  HostTensor out(out_dtype, {n});
+  run("map3", [&](Builder& k) {
+    auto X = k.pointer("X", x.dtype()), Y = k.pointer("Y", y.dtype()), Z = k.pointer("Z", z.dtype());
+    auto Out = k.pointer("Out", out_dtype);
+    auto offs = arange(0, n);
+    store(Out + offs, f(load(X + offs), load(Y + offs), load(Z + offs)));
+  }, {x, y, z, out});
+  return out;
+}
+
 // Loads a whole row-major [rows, cols] tensor as one 2-D tile (and stores one back).
 Tile load2d(const Tile& ptr, int64_t rows, int64_t cols) {
   return load(ptr + arange(0, rows)[col] * cols + arange(0, cols)[row]);
@@ -657,6 +670,58 @@ TEST_CASE("umulhi gives the high half of the full unsigned product (u32, i32, u6
   for (size_t i = 0; i < cs.size(); ++i)
     want64.push_back(static_cast<uint64_t>((static_cast<u128>(cs[i]) * ds[i]) >> 64));
   expect_same(raw<uint64_t>(map2(c, d, u64, [](Tile p, Tile q) { return umulhi(p, q); })), want64, "u64 umulhi");
+}
+
+// prmt.b32 (default mode) written from the PTX manual: bytes {b:a} numbered 0..7, result byte i
+// picked by selector nibble i, whose bit 3 asks for the picked byte's sign in all 8 bits.
+uint32_t byte_perm_ref(uint32_t a, uint32_t b, uint32_t selector) {
+  uint8_t src[8];
+  for (int i = 0; i < 4; ++i) {
+    src[i] = static_cast<uint8_t>(a >> (8 * i));
+    src[4 + i] = static_cast<uint8_t>(b >> (8 * i));
+  }
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t nibble = (selector >> (4 * i)) & 15u;
+    const uint8_t byte = src[nibble % 8];
+    r |= uint32_t{nibble >= 8 ? (byte >= 128 ? uint8_t{0xFF} : uint8_t{0}) : byte} << (8 * i);
+  }
+  return r;
+}
+
+TEST_CASE("byte_perm is prmt.b32: random words and selectors (sign replication included), i32, broadcasting") {
+  const int64_t n = 256;
+  HostTensor a(u32, {n}), b(u32, {n}), sel(u32, {n});
+  a.fill_uniform(131, 0, 4294967295.0);
+  b.fill_uniform(132, 0, 4294967295.0);
+  sel.fill_uniform(133, 0, 4294967295.0);  // random nibbles: half of them replicate a sign
+  auto as = raw<uint32_t>(a), bs = raw<uint32_t>(b), ss = raw<uint32_t>(sel);
+  auto perm = [](Tile x, Tile y, Tile z) { return byte_perm(x, y, z); };
+  std::vector<uint32_t> want;
+  for (size_t i = 0; i < as.size(); ++i) want.push_back(byte_perm_ref(as[i], bs[i], ss[i]));
+  expect_same(raw<uint32_t>(map3(a, b, sel, u32, perm)), want, "u32 byte_perm");
+
+  // i32 operands: the same bits, an i32 result.
+  HostTensor ai(i32, {n}), bi(i32, {n}), si(i32, {n});
+  std::memcpy(ai.data(), a.data(), a.bytes());
+  std::memcpy(bi.data(), b.data(), b.bytes());
+  std::memcpy(si.data(), sel.data(), sel.bytes());
+  std::vector<int32_t> want_i;
+  for (uint32_t v : want) want_i.push_back(static_cast<int32_t>(v));
+  expect_same(raw<int32_t>(map3(ai, bi, si, i32, perm)), want_i, "i32 byte_perm");
+
+  // Broadcasting: out[i, s] = byte_perm(a[i], 0, s * 0x1111) -- every nibble value 0..15 as a
+  // selector built in the kernel, the literal b widened to the tile.
+  HostTensor grid(u32, {n, 16});
+  run("byte_perm_broadcast", [&](Builder& k) {
+    auto A = k.pointer("A", u32), Out = k.pointer("Out", u32);
+    auto x = load(A + arange(0, n));
+    store2d(Out, byte_perm(x[col], 0, cast(u32, arange(0, 16)[row]) * 0x1111u));
+  }, {a, grid});
+  std::vector<uint32_t> want_grid;
+  for (size_t i = 0; i < as.size(); ++i)
+    for (uint32_t s = 0; s < 16; ++s) want_grid.push_back(byte_perm_ref(as[i], 0, s * 0x1111u));
+  expect_same(raw<uint32_t>(grid), want_grid, "broadcast byte_perm");
 }
 
 // ======================================================================= promotion

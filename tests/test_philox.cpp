@@ -82,6 +82,24 @@ const Kernel& keep_kernel() {
   return k;
 }
 
+// Out[bh, r, c] = dropout_keep_mask_block(bh, row0 + r, col0 + c), u32 (0 or 0xFFFFFFFF expected),
+// and Applied = apply_keep_mask(X, that mask) for X = the f32 bit patterns of Out's index (NaN,
+// infinities and -0 among them). Grid as keep_kernel.
+const Kernel& keep_mask_kernel() {
+  static const Kernel k = kernel("keep_mask_tiles", [](Builder& kb) {
+    auto BM = kb.meta<int>("BLOCK_M", 64), BN = kb.meta<int>("BLOCK_N", 128);
+    auto Out = kb.tensor("Out", u32, 3), X = kb.tensor("X", f32, 3), Applied = kb.tensor("Applied", f32, 3);
+    auto row0 = kb.scalar<int>("row0"), col0 = kb.scalar<int>("col0");
+    auto sl = kb.scalar("seed_lo", u32), sh = kb.scalar("seed_hi", u32), ol = kb.scalar("offset_lo", u32),
+         oh = kb.scalar("offset_hi", u32), thr = kb.scalar("keep_threshold", u32);
+    auto r0 = program_id(0) * BM, c0 = program_id(1) * BN, bh = program_id(2);
+    Tile mask = kernels::dropout_keep_mask_block(bh, row0 + r0 + arange(0, BM), col0 + c0, BN, sl, sh, ol, oh, thr);
+    store(Out.block({bh, r0, c0}, {BM, BN}), mask);
+    store(Applied.block({bh, r0, c0}, {BM, BN}), kernels::apply_keep_mask(load(X.block({bh, r0, c0}, {BM, BN})), mask));
+  });
+  return k;
+}
+
 std::vector<rt::Arg> rng_args(const kernels::DropoutRngHost& r) {
   return {static_cast<uint32_t>(r.seed), static_cast<uint32_t>(r.seed >> 32), static_cast<uint32_t>(r.offset),
           static_cast<uint32_t>(r.offset >> 32), r.keep_threshold};
@@ -280,6 +298,71 @@ TEST_CASE("dropout keep-mask: interpreter == host bit for bit across tile shapes
   CHECK(count_differences(interpret_keep(r, 8, 24, true, 3, 40, 72, 5, 13), host_keep(r, 3, 40, 72, 5, 13)) == 0);
   CHECK(count_differences(interpret_keep(r, 32, 64, false, 1, 32, 64, 2000000000, 2147483584),
                           host_keep(r, 1, 32, 64, 2000000000, 2147483584)) == 0);
+}
+
+TEST_CASE("SWAR keep flags: bit 7 of each byte is byte < T, for every byte value and every threshold 0..256") {
+  // 256 words holding every byte value in every byte lane: word w = bytes (w + 64 l) % 256, lane l
+  // -- plus the same with lanes rotated, so that each value meets every neighbour pattern twice.
+  const int n = 512;
+  std::vector<uint32_t> words(n);
+  for (int w = 0; w < n; ++w)
+    for (int l = 0; l < 4; ++l) words[static_cast<size_t>(w)] |= static_cast<uint32_t>((w * (w < 256 ? 1 : 7) + 64 * l) % 256) << (8 * l);
+  HostTensor in = tensor_of(u32, {n}, words);
+  const Kernel k = kernel("keep_flags", [&](Builder& kb) {
+    auto W = kb.tensor("W", u32, 1), Out = kb.tensor("Out", u32, 1);
+    auto thr = kb.scalar("keep_threshold", u32);
+    store(Out.block({0}, {n}), kernels::dropout_keep_flags(load(W.block({0}, {n})), thr));
+  });
+  const ir::Function fn = k.build();
+  size_t bad = 0;
+  for (uint32_t t = 0; t <= 256; ++t) {
+    HostTensor out(u32, {n});
+    rt::interpret(fn, {1}, {in, out, t});
+    const auto flags = raw<uint32_t>(out);
+    for (size_t w = 0; w < words.size(); ++w)
+      for (int l = 0; l < 4; ++l) {
+        const uint32_t byte = (words[w] >> (8 * l)) & 0xFFu;
+        const bool keep = (flags[w] >> (8 * l + 7)) & 1u;
+        if (keep != (byte < t) && bad++ < 8)
+          MESSAGE(fmt::format("T = {}: byte {:#04x} in lane {} of {:#010x}: flag {}", t, byte, l, words[w], keep));
+      }
+  }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("dropout_keep_mask_block: 0 / 0xFFFFFFFF exactly where the host keeps, apply_keep_mask == where(keep, x, +0)") {
+  std::vector<kernels::DropoutRngHost> rngs(std::begin(kRngs), std::end(kRngs));
+  for (uint32_t t : {0u, 1u, 128u, 255u, 256u}) rngs.push_back({0x0123456789abcdefull, 77, t});
+  struct Block {
+    int bh, rows, cols, row0, col0, bm, bn;  // bn % 64 != 0: the per-element form
+  };
+  for (const auto& r : rngs)
+    for (Block b : {Block{2, 128, 256, 0, 0, 64, 128}, Block{1, 64, 192, 33, 320, 32, 64}, Block{1, 48, 96, 5, 13, 16, 32}}) {
+      INFO(fmt::format("seed {:#x} offset {:#x} threshold {}; {}x{} blocks at ({}, {})", r.seed, r.offset, r.keep_threshold, b.bm,
+                       b.bn, b.row0, b.col0));
+      HostTensor out(u32, {b.bh, b.rows, b.cols}), x(f32, {b.bh, b.rows, b.cols}), applied(f32, {b.bh, b.rows, b.cols});
+      out.poison();
+      applied.poison();
+      // x's bit patterns: spread over all exponents and signs (NaN, inf, -0 and subnormals included)
+      std::vector<uint32_t> xbits(static_cast<size_t>(x.numel()));
+      for (size_t i = 0; i < xbits.size(); ++i) xbits[i] = static_cast<uint32_t>(i * 0x9E3779B1u);
+      xbits[0] = 0x80000000u;  // -0
+      xbits[1] = 0x7FC00000u;  // NaN
+      xbits[2] = 0xFF800000u;  // -inf
+      std::memcpy(x.data(), xbits.data(), xbits.size() * 4);
+      std::vector<rt::Arg> args{out, x, applied, b.row0, b.col0};
+      for (const rt::Arg& a : rng_args(r)) args.push_back(a);
+      rt::interpret(keep_mask_kernel().build({{"BLOCK_M", b.bm}, {"BLOCK_N", b.bn}}), {cdiv(b.rows, b.bm), cdiv(b.cols, b.bn), b.bh}, args);
+      const auto keep = host_keep(r, b.bh, b.rows, b.cols, b.row0, b.col0);
+      const auto mask = raw<uint32_t>(out), got = raw<uint32_t>(applied);
+      size_t bad_mask = 0, bad_applied = 0;
+      for (size_t i = 0; i < keep.size(); ++i) {
+        bad_mask += mask[i] != (keep[i] ? 0xFFFFFFFFu : 0u);
+        bad_applied += got[i] != (keep[i] ? xbits[i] : 0u);  // dropped: +0, whatever x was
+      }
+      CHECK(bad_mask == 0);
+      CHECK(bad_applied == 0);
+    }
 }
 
 TEST_CASE("dropout_keep_block: a non-positive column count is a build error") {

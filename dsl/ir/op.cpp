@@ -12,7 +12,7 @@ namespace {
 constexpr std::array<std::string_view, static_cast<size_t>(OpKind::yield) + 1> kNames{
     "constant", "arange", "splat", "broadcast", "expand_dims", "reshape", "trans",
     "add", "sub", "mul", "div", "rem", "minimum", "maximum",
-    "and", "or", "xor", "shl", "shr", "umulhi", "cmp",
+    "and", "or", "xor", "shl", "shr", "umulhi", "cmp", "byte_perm",
     "neg", "not", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "rcp", "floor", "ceil", "tanh", "sin",
     "cos", "erf",
     "select", "cast", "bitcast", "reduce", "dot",
@@ -87,6 +87,10 @@ std::string_view op_name(OpKind k) { return kNames.at(static_cast<size_t>(k)); }
 bool is_elementwise_binary(OpKind k) { return k >= OpKind::add && k <= OpKind::umulhi; }
 bool is_elementwise_unary(OpKind k) { return k >= OpKind::neg && k <= OpKind::erf; }
 bool is_float_only_unary(OpKind k) { return k >= OpKind::exp && k <= OpKind::erf; }
+bool is_elementwise(OpKind k) {
+  return is_elementwise_binary(k) || is_elementwise_unary(k) || k == OpKind::cmp || k == OpKind::byte_perm || k == OpKind::select ||
+         k == OpKind::cast || k == OpKind::bitcast || k == OpKind::addptr;
+}
 
 std::string SourceLoc::str() const {
   if (!file) return "<unknown>";
@@ -198,6 +202,15 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
       if (p != "eq" && p != "ne" && p != "lt" && p != "le" && p != "gt" && p != "ge")
         fail(k, fmt::format("unknown predicate '{}' (valid: eq ne lt le gt ge)", p));
       return {Type::tile(DType::i1, in[0].shape)};
+    }
+    case byte_perm: {
+      expect_count(k, in, 3);
+      expect_value(k, in[0], "a");
+      if (in[0] != in[1] || in[0] != in[2])
+        fail(k, fmt::format("operand types differ: {}, {}, {}", to_string(in[0]), to_string(in[1]), to_string(in[2])));
+      if (in[0].dtype != DType::u32 && in[0].dtype != DType::i32)
+        fail(k, fmt::format("needs u32 or i32 operands (it permutes the bytes of 32-bit words), got {}", to_string(in[0])));
+      return {in[0]};
     }
     case select: {
       expect_count(k, in, 3);

@@ -31,6 +31,10 @@ enum class OpKind : uint8_t {
   bit_and, bit_or, bit_xor, shl, shr,  // shr is arithmetic for signed, logical for unsigned
   umulhi,                              // high 32/64 bits of the full unsigned product
   cmp,                                 // {pred: eq ne lt le gt ge}
+  // elementwise ternary: (a, b, selector) u32 or i32, all one type: PTX prmt.b32 (default mode) --
+  // result byte i is source byte (selector nibble i) & 7 of {b:a} (a = bytes 0..3), or, when the
+  // nibble's bit 3 is set, that byte's bit 7 copied into all 8 bits
+  byte_perm,
   // elementwise unary
   neg, bit_not, abs, exp, exp2, log, log2, sqrt, rsqrt, rcp, floor, ceil, tanh, sin, cos, erf,  // rcp: approximate 1/x
   select,   // (cond i1, a, b)
@@ -68,6 +72,9 @@ enum class OpKind : uint8_t {
 std::string_view op_name(OpKind k);
 bool is_elementwise_binary(OpKind k);
 bool is_elementwise_unary(OpKind k);
+// Result element i depends only on element i of the operands, all of the result's shape: the
+// binary and unary ops, cmp, byte_perm, select, cast, bitcast and addptr (layouts pass through).
+bool is_elementwise(OpKind k);
 bool is_float_only_unary(OpKind k);
 
 using Attr = std::variant<int64_t, double, std::string, std::vector<int64_t>, DType>;
