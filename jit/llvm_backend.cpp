@@ -114,6 +114,16 @@ class Emitter {
     return b_.CreateCall(llvm::InlineAsm::get(ft, text, constraints, side_effects), args);
   }
 
+  // `ptx` inside a loop whose branch is never taken (no SM id reaches 2^31, which ptxas cannot
+  // know, unlike a condition on the thread id that it folds): the loop delimits basic blocks that
+  // ptxas neither merges nor predicates away, so it moves no code across `ptx`. `label` must be
+  // unique per use site; ${:uid} makes it unique per inline asm.
+  static std::string ptxas_fence(const std::string& ptx, const char* label) {
+    return fmt::format("{{\n\t.reg .pred P1;\n\t.reg .b32 S1;\n\tmov.u32 S1, %smid;\n\tsetp.gt.u32 P1, S1, 2147483647;\n\t"
+                       "{}_${{:uid}}:\n\t{}\n\t@P1 bra.uni {}_${{:uid}};\n\t}}",
+                       label, ptx, label);
+  }
+
   // f16/bf16 math runs in f32 and rounds once.
   llvm::Value* to_f32(llvm::Value* x) { return x->getType()->isFloatTy() ? x : b_.CreateFPExt(x, b_.getFloatTy()); }
   llvm::Value* from_f32(llvm::Value* x, llvm::Type* t) { return t->isFloatTy() ? x : b_.CreateFPTrunc(x, t); }
@@ -474,15 +484,11 @@ class Emitter {
       case Op::barrier: intrinsic(llvm::Intrinsic::nvvm_barrier0, {}, {}); return;
       case Op::named_barrier_sync:
       case Op::named_barrier_arrive: {
-        // memory clobber: no load or store moves across a hand-over between warps. The loop (its
-        // branch is never taken: no SM id reaches 2^31, which ptxas cannot know) delimits basic
-        // blocks that ptxas neither merges nor predicates away; without it ptxas sinks the
-        // arithmetic computed before a turn (the softmax) past the bar.sync, into the turn, and
-        // the warpgroups no longer overlap.
-        const std::string text = fmt::format(
-            "{{\n\t.reg .pred P1;\n\t.reg .b32 S1;\n\tmov.u32 S1, %smid;\n\tsetp.gt.u32 P1, S1, 2147483647;\n\t"
-            "TILEJIT_TURN_${{:uid}}:\n\t{} $0, $1;\n\t@P1 bra.uni TILEJIT_TURN_${{:uid}};\n\t}}",
-            in.op == Op::named_barrier_sync ? "bar.sync" : "bar.arrive");
+        // memory clobber: no load or store moves across a hand-over between warps; fenced, or
+        // ptxas sinks the arithmetic computed before a turn (the softmax) past the bar.sync, into
+        // the turn, and the warpgroups no longer overlap
+        const std::string text =
+            ptxas_fence(fmt::format("{} $0, $1;", in.op == Op::named_barrier_sync ? "bar.sync" : "bar.arrive"), "TILEJIT_TURN");
         asm_call(b_.getVoidTy(), text, "r,r,~{memory}", {a(0), b_.getInt32(static_cast<uint32_t>(in.imm))}, true);
         return;
       }
@@ -566,12 +572,7 @@ class Emitter {
         std::vector<llvm::Value*> args;
         if (is_wait) {
           text = fmt::format("wgmma.wait_group.sync.aligned {};", in.imm & 0xFF);
-          // The loop's branch is never taken (no SM id reaches 2^31, which ptxas cannot know): it
-          // ends basic blocks around the wait, which ptxas then neither merges nor moves code across.
-          if (in.imm & pir::kWaitFenced)
-            text = fmt::format("{{\n\t.reg .pred P1;\n\t.reg .b32 S1;\n\tmov.u32 S1, %smid;\n\tsetp.gt.u32 P1, S1, 2147483647;\n\t"
-                               "TILEJIT_WGWAIT_${{:uid}}:\n\t{}\n\t@P1 bra.uni TILEJIT_WGWAIT_${{:uid}};\n\t}}",
-                               text);
+          if (in.imm & pir::kWaitFenced) text = ptxas_fence(text, "TILEJIT_WGWAIT");
         } else {
           int64_t nn = in.imm & 0xFFFF;
           const char* t = static_cast<DType>((in.imm >> 16) & 0xFF) == DType::bf16 ? "bf16" : "f16";

@@ -427,19 +427,22 @@ class Lowerer {
     ir::walk(f_.body, [&](const ir::Op& op) { any = any || op.kind == OpKind::turn_begin; });
     turns_ = any && plan_.num_warps == 8;
     if (!turns_) return;
-    warpgroup_ = emit(Op::shr, pir::scalar(DType::i32), {warp_, ci32(2)});
-    pir_if(cmp(pir::Pred::eq, warpgroup_, ci32(1)),
+    // computed once, at the top level: every turn of the kernel uses the same two barriers
+    V warpgroup = emit(Op::shr, pir::scalar(DType::i32), {warp_, ci32(2)});
+    own_turn_ = emit(Op::add, pir::scalar(DType::i32), {warpgroup, ci32(kTurnBarrier)});
+    other_turn_ = emit(Op::sub, pir::scalar(DType::i32), {ci32(kTurnBarrier + 1), warpgroup});
+    pir_if(cmp(pir::Pred::eq, warpgroup, ci32(1)),
            [&] { emit0(Op::named_barrier_arrive, {ci32(kTurnBarrier)}, 2 * kWarpgroupThreads); });
   }
   void turn_begin(const ir::Op& op) {
     if (!turns_) return;
     in_turn_ = &op;
-    emit0(Op::named_barrier_sync, {emit(Op::add, pir::scalar(DType::i32), {warpgroup_, ci32(kTurnBarrier)})}, 2 * kWarpgroupThreads);
+    emit0(Op::named_barrier_sync, {own_turn_}, 2 * kWarpgroupThreads);
   }
   void turn_end() {
     if (!turns_) return;
     in_turn_ = nullptr;
-    emit0(Op::named_barrier_arrive, {emit(Op::sub, pir::scalar(DType::i32), {ci32(kTurnBarrier + 1), warpgroup_})}, 2 * kWarpgroupThreads);
+    emit0(Op::named_barrier_arrive, {other_turn_}, 2 * kWarpgroupThreads);
   }
 
   // ---------------------------------------------------------------- elementwise
@@ -1693,7 +1696,7 @@ class Lowerer {
   // Warpgroup turns (lang::warpgroup_turn): on with exactly two warpgroups; the turn_begin being lowered.
   bool turns_ = false;
   const ir::Op* in_turn_ = nullptr;
-  V warpgroup_ = 0;
+  V own_turn_ = 0, other_turn_ = 0;  // named barrier ids: this warpgroup's turn, the other's
   std::unordered_map<ir::ValueId, TensorDesc> tensors_;
   std::map<std::pair<DType, int64_t>, V> const_ints_;
   V tid_ = 0, lane_ = 0, warp_ = 0;
