@@ -195,4 +195,16 @@ void store(const BlockRef& blk, const Operand& value, Loc loc) {
   b.emit(OpKind::block_store, std::move(ops), {{"dims", blk.dims}}, loc);
 }
 
+void atomic_add(const BlockRef& blk, const Operand& value, Loc loc) {
+  Builder& b = builder_for({&value}, loc);
+  DType d = blk.tensor.dtype();
+  check_value_dtype(b, value, d, loc, "atomic_add");
+  if (d == DType::i1 || d == DType::bf16 || d == DType::f16 || d == DType::f64 || ir::bit_width(d) < 32)
+    b.fail(loc, fmt::format("atomic_add on a window of {} elements: atomic adds take f32, i32, u32, i64 or u64 tensors", ir::name(d)));
+  Tile v = detail::materialize(b, value, d, blk.shape, loc, "atomic_add");
+  std::vector<ir::ValueId> ops{blk.tensor.descriptor().id(), v.id()};
+  for (const Tile& t : blk.offsets) ops.push_back(t.id());
+  b.emit(OpKind::block_store, std::move(ops), {{"dims", blk.dims}, {"reduce", std::string("add")}}, loc);
+}
+
 }  // namespace tilejit::lang

@@ -36,6 +36,12 @@ void signal_add(const Operand& semaphore, const Operand& value, std::source_loca
 // A window of a tensor (Tensor::block); elements outside the tensor read as `padding`.
 Tile load(const BlockRef& block, double padding = 0.0, std::source_location loc = std::source_location::current());
 void store(const BlockRef& block, const Operand& value, std::source_location loc = std::source_location::current());
+// block[...] += value, element by element and atomically (elements outside the tensor are
+// skipped); no previous values are returned. Several programs may add into one window at once (e.g.
+// dQ's parts in an attention backward). On Hopper an f32 window whose rows run along the tensor's
+// contiguous dim is staged in shared memory and added by TMA (cp.reduce.async.bulk.tensor: whole
+// 128-byte lines in L2 instead of one atomic per element); otherwise one red.global.add per element.
+void atomic_add(const BlockRef& block, const Operand& value, std::source_location loc = std::source_location::current());
 // load(block), with leave for the GPU backend to read the window again at each use, directly in
 // the register layout that use needs (when nothing was stored in between), instead of loading it
 // once and exchanging it through shared memory. Same values everywhere; meant for small read-only

@@ -937,15 +937,24 @@ class Printer {
         check_args(in, 1, 1);
         line(fmt::format("asm volatile(\"mbarrier.inval.shared::cta.b64 [%0];\" :: \"r\"({}) : \"memory\");", u32(a(0))));
         return;
-      case Op::tma_load: {
+      case Op::tma_load:
+      case Op::tma_reduce_add: {
+        // (shared addr, map, coordinates[, mbarrier]): the copy's operands, then "{c0, c1, ...}"
+        const bool load = in.op == Op::tma_load;
+        const char* what = load ? "tma_load" : "tma_reduce_add";
         const auto rank = static_cast<size_t>(in.imm);
-        if (rank < 1 || rank > 5) fail(fmt::format("tma_load: rank {} is not in [1, 5]", rank));
-        check_args(in, rank + 3, rank + 3);
-        if (!ty(a(1)).ptr && ir::bit_width(dt(a(1))) != 64) fail("tma_load: the tensor map must be a pointer or a 64-bit address");
-        std::string coords, ins = fmt::format("\"r\"({}), \"l\"({})", u32(a(0)), n(a(1)));
+        if (rank < 1 || rank > 5) fail(fmt::format("{}: rank {} is not in [1, 5]", what, rank));
+        check_args(in, rank + (load ? 3 : 2), rank + (load ? 3 : 2));
+        if (!ty(a(1)).ptr && ir::bit_width(dt(a(1))) != 64) fail(fmt::format("{}: the tensor map must be a pointer or a 64-bit address", what));
+        std::string coords, ins = load ? fmt::format("\"r\"({}), \"l\"({})", u32(a(0)), n(a(1))) : fmt::format("\"l\"({}), \"r\"({})", n(a(1)), u32(a(0)));
         for (size_t i = 0; i < rank; ++i) {
           coords += fmt::format("{}%{}", i ? ", " : "", i + 2);
           ins += fmt::format(", \"r\"({})", u32(a(2 + i)));
+        }
+        if (!load) {
+          line(fmt::format("asm volatile(\"cp.reduce.async.bulk.tensor.{}d.global.shared::cta.add.tile.bulk_group [%0, {{{}}}], [%1];\"\n{}    :: {} : \"memory\");",
+                           rank, coords, indent(), ins));
+          return;
         }
         ins += fmt::format(", \"r\"({})", u32(a(2 + rank)));
         line(fmt::format("asm volatile(\"cp.async.bulk.tensor.{}d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {{{}}}], "
@@ -953,6 +962,12 @@ class Printer {
                          rank, coords, rank + 2, indent(), ins));
         return;
       }
+      case Op::bulk_commit: line("asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");"); return;
+      case Op::bulk_wait:
+        line(fmt::format("asm volatile(\"cp.async.bulk.wait_group{} {};\" ::: \"memory\");", in.imm & pir::kBulkWaitRead ? ".read" : "",
+                         in.imm & 0xFF));
+        return;
+      case Op::fence_proxy_async_global: line("asm volatile(\"fence.proxy.async.global;\" ::: \"memory\");"); return;
       case Op::fence_mbar_init: line("asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");"); return;
       case Op::fence_proxy_async: line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");"); return;
       case Op::wgmma_fence: line("asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");"); return;

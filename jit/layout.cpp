@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <stdexcept>
 
 namespace tilejit::jit {
@@ -106,15 +108,32 @@ Layout Layout::mma_acc(int64_t m, int64_t n, int warps_m, int warps_n) {
   return L;
 }
 
+Layout::WgmmaSplit Layout::wgmma_split(int64_t m, int num_warps) {
+  WgmmaSplit s;
+  const int warpgroups = std::max(num_warps / 4, 1);
+  while (s.m < warpgroups && m % (64 * 2 * s.m) == 0) s.m *= 2;
+  s.n = warpgroups / s.m;
+  return s;
+}
+
 Layout Layout::wgmma_acc(int64_t m, int64_t n, int num_warps) {
+  const WgmmaSplit s = wgmma_split(m, num_warps);
+  const int64_t wn = n / s.n;  // one warpgroup's columns
   Layout L;
   L.shape = {m, n};
-  int warpgroups = num_warps / 4;
   L.reg = {{0, 1}, {8, 0}};
-  for (int64_t x = 8; x < n; x *= 2) L.reg.push_back({0, x});
-  for (int64_t x = 64 * warpgroups; x < m; x *= 2) L.reg.push_back({x, 0});
+  for (int64_t x = 8; x < wn; x *= 2) L.reg.push_back({0, x});
+  for (int64_t x = 64 * s.m; x < m; x *= 2) L.reg.push_back({x, 0});
   L.lane = {{0, 2}, {0, 4}, {1, 0}, {2, 0}, {4, 0}};
-  for (int64_t x = 16; x < 64 * warpgroups; x *= 2) L.warp.push_back({x, 0});
+  for (int64_t x = 16; x < 64 * s.m; x *= 2) L.warp.push_back({x, 0});
+  for (int64_t x = wn; x < n; x *= 2) L.warp.push_back({0, x});
+  return L;
+}
+
+Layout Layout::wgmma_a(int64_t m, int64_t k, int num_warps) {
+  const WgmmaSplit s = wgmma_split(m, num_warps);
+  Layout L = wgmma_acc(m, k, 4 * s.m);
+  for (int g = 1; g < s.n; g *= 2) L.warp.push_back({0, 0});
   return L;
 }
 

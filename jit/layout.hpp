@@ -42,9 +42,18 @@ struct Layout {
   static Layout mma_a(int64_t m, int64_t k, int warps_m, int warps_n);
   static Layout mma_b(int64_t k, int64_t n, int warps_m, int warps_n);
 
-  // wgmma m64nNk16 accumulator for C[M,N]: warpgroups (4 warps each) split M in 64-row slabs,
-  // further 64-row slabs repeat in registers.
+  // How a wgmma dot's warpgroups share C[M, N]: `m` of them split M in 64-row slabs (as many as
+  // M has, further slabs repeat in registers), the other `n` split N in equal column slabs (each
+  // warpgroup's instruction then has N / n columns). E.g. M = 64 on two warpgroups: n = 2.
+  struct WgmmaSplit {
+    int m = 1, n = 1;
+  };
+  static WgmmaSplit wgmma_split(int64_t m, int num_warps);
+  // wgmma m64nNk16 accumulator for C[M,N] under wgmma_split(m, num_warps).
   static Layout wgmma_acc(int64_t m, int64_t n, int num_warps);
+  // The A operand [M, K] of such a dot read from registers: the m64k16 fragments are the
+  // accumulator layout of [M, K] over the M-splitting warpgroups, replicated across the N-splitting ones.
+  static Layout wgmma_a(int64_t m, int64_t k, int num_warps);
 
   Layout slice(int axis) const;        // the layout of a reduction over `axis` (axis removed)
   Layout drop_dim(int axis) const;     // `axis` removed, registers kept (replicating ones too)

@@ -537,14 +537,23 @@ class Emitter {
                                     "=r,r,r,~{memory}", {a(0), a(1)}, true));
         return;
       case Op::mbar_inval: asm_call(b_.getVoidTy(), "mbarrier.inval.shared::cta.b64 [$0];", "r,~{memory}", {a(0)}, true); return;
-      case Op::tma_load: {
+      case Op::tma_load:
+      case Op::tma_reduce_add: {
+        // (shared addr, map, coordinates[, mbarrier]): the copy's operands, then "{c0, c1, ...}"
+        const bool load = in.op == Op::tma_load;
         const auto rank = static_cast<size_t>(in.imm);
-        std::string coords, cons = "r,l";
-        std::vector<llvm::Value*> args{a(0), a(1)};
+        std::string coords, cons = load ? "r,l" : "l,r";
+        std::vector<llvm::Value*> args{load ? a(0) : a(1), load ? a(1) : a(0)};
         for (size_t i = 0; i < rank; ++i) {
           coords += fmt::format("{}${}", i ? ", " : "", i + 2);
           cons += ",r";
           args.push_back(a(2 + i));
+        }
+        if (!load) {
+          asm_call(b_.getVoidTy(),
+                   fmt::format("cp.reduce.async.bulk.tensor.{}d.global.shared::cta.add.tile.bulk_group [$0, {{{}}}], [$1];", rank, coords),
+                   cons + ",~{memory}", args, true);
+          return;
         }
         args.push_back(a(2 + rank));
         asm_call(b_.getVoidTy(),
@@ -553,6 +562,13 @@ class Emitter {
                  cons + ",r,~{memory}", args, true);
         return;
       }
+      case Op::bulk_commit: asm_call(b_.getVoidTy(), "cp.async.bulk.commit_group;", "~{memory}", {}, true); return;
+      case Op::bulk_wait:
+        asm_call(b_.getVoidTy(),
+                 fmt::format("cp.async.bulk.wait_group{} {};", in.imm & pir::kBulkWaitRead ? ".read" : "", in.imm & 0xFF),
+                 "~{memory}", {}, true);
+        return;
+      case Op::fence_proxy_async_global: asm_call(b_.getVoidTy(), "fence.proxy.async.global;", "~{memory}", {}, true); return;
       case Op::fence_mbar_init: asm_call(b_.getVoidTy(), "fence.mbarrier_init.release.cluster;", "~{memory}", {}, true); return;
       case Op::fence_proxy_async: asm_call(b_.getVoidTy(), "fence.proxy.async.shared::cta;", "~{memory}", {}, true); return;
       case Op::wgmma_fence: asm_call(b_.getVoidTy(), "wgmma.fence.sync.aligned;", "~{memory}", {}, true); return;

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -53,6 +54,9 @@ class Lowerer {
     turns_init();
     hopper_init();
     block(f_.body);
+    // TMA reduces still reading the staging tile when the program ends: shared memory must outlive them.
+    if (!plan_.hopper.reduces.empty())
+      pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
     out_.smem_bytes = smem_bytes_;
     // The largest dynamic shared memory a block may have on sm_80/sm_90 (227 KB): a larger kernel
     // would only fail at launch.
@@ -530,7 +534,11 @@ class Lowerer {
         // thread 0 spins with acquire loads, then the barrier hands the acquired view to the CTA
         ++memory_epoch_;
         V ptr = scalar(op.operands[0]), target = scalar(op.operands[1]);
-        pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::sem_wait, {ptr, target}); });
+        pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
+          emit0(Op::sem_wait, {ptr, target});
+          // TMA reduces issued after the wait (async proxy) see what the signals released
+          if (!plan_.hopper.reduces.empty()) emit0(Op::fence_proxy_async_global, {});
+        });
         emit0(Op::barrier, {});
         return;
       }
@@ -539,7 +547,14 @@ class Lowerer {
         ++memory_epoch_;
         V ptr = scalar(op.operands[0]), value = scalar(op.operands[1]);
         emit0(Op::barrier, {});
-        pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::sem_signal, {ptr, value}); });
+        pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
+          if (!plan_.hopper.reduces.empty()) {
+            // thread 0 issued the program's TMA reduces: their global writes complete first
+            emit0(Op::bulk_wait, {}, 0);
+            emit0(Op::fence_proxy_async_global, {});
+          }
+          emit0(Op::sem_signal, {ptr, value});
+        });
         return;
       }
       case OpKind::turn_begin: return turn_begin(op);
@@ -915,7 +930,65 @@ class Lowerer {
     }, scalar_path);
   }
 
+  // atomic_add on a window: by TMA from a staging tile in shared memory (jit/wgmma_plan.hpp,
+  // TmaReduce) or one atomic add per element.
+  void block_atomic_add(const ir::Op& op) {
+    ++memory_epoch_;
+    const ir::Type& t = f_.type(op.operands[1]);
+    check_shape(&op, t);
+    Layout L = plan_.natural[op.operands[1]] ? *plan_.natural[op.operands[1]] : memory_layout(t);
+    Regs val = get(op.operands[1], L);
+    std::optional<V> own = owner(L);
+    auto it = plan_.hopper.reduces.find(&op);
+    if (it == plan_.hopper.reduces.end()) {
+      Regs addr, inb;
+      window(op, 2, L, addr, inb);
+      for (uint32_t r = 0; r < addr.size(); ++r) {
+        if (duplicate_reg(L, r)) continue;
+        emit(Op::atomic_add, pir::scalar(t.dtype), {addr[r], val[r], *and_pred(own, inb[r])});
+      }
+      return;
+    }
+    const TmaReduce& red = it->second;
+    V is0 = cmp(pir::Pred::eq, tid_, ci32(0));
+    // The staging tile is free once the previous reduce has read it (thread 0 issued it).
+    pir_if(is0, [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
+    emit0(Op::barrier, {});
+    // Element (r, c) of chunk c / 32: row r's 128 bytes with 16-byte unit u stored at u ^ (r % 8)
+    // (the 128-byte swizzle TMA reads with).
+    for (uint32_t r = 0; r < val.size(); ++r) {
+      if (duplicate_reg(L, r)) continue;
+      V row = coord(L, r, 0), col = coord(L, r, 1);
+      V chunk = bin(Op::shr, col, ci32(5)), within = bin(Op::bit_and, col, ci32(31));
+      V unit = bin(Op::bit_xor, bin(Op::shr, within, ci32(2)), bin(Op::bit_and, row, ci32(7)));
+      V off = bin(Op::add, bin(Op::mul, chunk, ci32(red.chunk_bytes())),
+                  bin(Op::add, bin(Op::mul, row, ci32(128)), bin(Op::add, bin(Op::mul, unit, ci32(16)), bin(Op::mul, bin(Op::bit_and, within, ci32(3)), ci32(4)))));
+      // an absolute offset (the staging tile lies below the scratch area): no emit0
+      pir::Inst st;
+      st.op = Op::store_shared;
+      st.args = {bin(Op::add, off, ci32(plan_.hopper.reduce_staging)), val[r]};
+      blocks_.back()->insts.push_back(std::move(st));
+    }
+    emit0(Op::fence_proxy_async, {});
+    emit0(Op::barrier, {});
+    V base = smem_at(plan_.hopper.reduce_staging);
+    pir_if(is0, [&] {
+      const size_t rank = op.operands.size() - 2;
+      V map = tensor_map(red.param_index, red.box);
+      for (int64_t k = 0; k < red.cols / 32; ++k) {
+        std::vector<V> args{bin(Op::add, base, cint(DType::u32, k * red.chunk_bytes())), map};
+        for (size_t i = 0; i < rank; ++i) {  // innermost first
+          V x = cast(scalar(op.operands[2 + rank - 1 - i]), DType::i32);
+          args.push_back(i == 0 && k ? bin(Op::add, x, ci32(32 * k)) : x);
+        }
+        emit0(Op::tma_reduce_add, args, static_cast<int64_t>(rank));
+      }
+      emit0(Op::bulk_commit, {});
+    });
+  }
+
   void block_store(const ir::Op& op) {
+    if (op.attrs.count("reduce")) return block_atomic_add(op);
     ++memory_epoch_;  // load_at_use windows read before this may have changed
     const ir::Type& t = f_.type(op.operands[1]);
     check_shape(&op, t);
@@ -1561,26 +1634,35 @@ class Lowerer {
   void wgmma_dot(const ir::Op& op, const WgmmaDot& w) {
     const ir::Type &A = f_.type(op.operands[0]), &B = f_.type(op.operands[1]);
     const int64_t M = A.shape[0], K = A.shape[1], N = B.shape[1];
-    const int W = plan_.num_warps, WG = W / 4;
-    const int64_t reps = M / (64 * WG), per = N / 2;
+    const int W = plan_.num_warps;
+    // Warpgroup g takes row slab g % split.m and column slab g / split.m (Layout::wgmma_split).
+    const Layout::WgmmaSplit split = Layout::wgmma_split(M, W);
+    const int64_t reps = M / (64 * split.m), wn = N / split.n, per = wn / 2;
     const Layout& LC = *plan_.natural[op.results[0]];
     Regs acc = get(op.operands[2], LC);
+    V wg = bin(Op::shr, warp_, ci32(2));
+    V wg_m = split.m > 1 ? bin(Op::bit_and, wg, ci32(split.m - 1)) : ci32(0);
+    V wg_n = split.n > 1 ? bin(Op::shr, wg, ci32(std::countr_zero(static_cast<unsigned>(split.m)))) : ci32(0);
     // B: K-major tiles (B^T[N, K] rows) step 32 bytes per k16 inside a chunk and a chunk per 4
-    // steps; MN-major tiles (B[K, N]) step 16 rows of 128 bytes, chunks `leading` bytes apart.
+    // steps; MN-major tiles (B[K, N]) step 16 rows of 128 bytes, chunks `leading` bytes apart. A
+    // warpgroup's column slab starts wn rows (K-major) or wn / 64 chunks (MN-major) in.
     const SmemTile& tb = plan_.hopper.tiles.at(w.b_tile);
     V b_base = tile_addr(tb);
+    if (split.n > 1) {
+      const int64_t slab_bytes = w.b_mn_major ? wn / 64 * tb.chunk_bytes() : wn * 128;
+      b_base = bin(Op::add, b_base, cast(bin(Op::mul, wg_n, ci32(slab_bytes)), DType::u32));
+    }
     V desc_b = w.b_mn_major ? descriptor(b_base, tb.chunk_bytes()) : descriptor(b_base);
     auto b_step = [&](int64_t kk) { return w.b_mn_major ? kk * 2048 / 16 : ((kk / 4) * tb.chunk_bytes() + (kk % 4) * 32) / 16; };
-    V wg = bin(Op::shr, warp_, ci32(2));
     V desc_a = 0;
     Regs a;
     const SmemTile* ta = w.a_tile ? &plan_.hopper.tiles.at(w.a_tile) : nullptr;
     if (ta) {
-      desc_a = descriptor(bin(Op::add, tile_addr(*ta), cast(bin(Op::mul, wg, ci32(64 * 128)), DType::u32)));
+      desc_a = descriptor(bin(Op::add, tile_addr(*ta), cast(bin(Op::mul, wg_m, ci32(64 * 128)), DType::u32)));
     } else {
       // A in registers: the m64k16 A fragment is the accumulator layout of a [M, K] tile, k16 chunk
       // kk of slab r being registers {col bit 0, row 8, col 8} + 16 kk (jit/layout.cpp).
-      Layout LA = Layout::wgmma_acc(M, K, W);
+      Layout LA = Layout::wgmma_a(M, K, W);
       Regs ar = get(op.operands[0], LA);
       std::map<Coord, V> by_coord;
       for (uint32_t r = 0; r < static_cast<uint32_t>(LA.num_regs()); ++r) by_coord.emplace(LA.reg_coords(r), ar[r]);
@@ -1588,11 +1670,11 @@ class Lowerer {
         for (int64_t kk = 0; kk < K / 16; ++kk)
           for (int64_t c : {0, 8})
             for (int64_t h : {0, 8}) {
-              int64_t row = r * 64 * WG + h, col = 16 * kk + c;
+              int64_t row = r * 64 * split.m + h, col = 16 * kk + c;
               a.push_back(pack(by_coord.at({row, col}), by_coord.at({row, col + 1})));
             }
     }
-    const int64_t imm = N | (static_cast<int64_t>(A.dtype) << 16) | (int64_t{w.b_mn_major} << 24);
+    const int64_t imm = wn | (static_cast<int64_t>(A.dtype) << 16) | (int64_t{w.b_mn_major} << 24);
     // dot(a, b) (a zero accumulator): the first k-step overwrites instead of reading zeros, so no
     // zero registers are materialised (LLVM shares one zero, and ptxas would then make a later
     // group wait for this one: C7517).
@@ -1604,7 +1686,7 @@ class Lowerer {
       for (int64_t kk = 0; kk < K / 16; ++kk) {
         std::vector<V> args;
         if (ta) {
-          int64_t a_off = (kk / 4) * ta->chunk_bytes() + r * 64 * WG * 128 + (kk % 4) * 32;
+          int64_t a_off = (kk / 4) * ta->chunk_bytes() + r * 64 * split.m * 128 + (kk % 4) * 32;
           args.push_back(bin(Op::add, desc_a, cint(DType::u64, a_off / 16)));
         } else {
           size_t base = static_cast<size_t>(4 * (r * (K / 16) + kk));

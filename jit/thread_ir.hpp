@@ -79,6 +79,14 @@ enum class Op : uint8_t {
   wgmma_rs,
   // (dst addr, tensor-map pointer, i32 coordinates innermost first x imm, mbar addr), imm = rank 1..5
   tma_load,
+  // (src addr, tensor-map pointer, i32 coordinates innermost first x imm), imm = rank 1..5: global
+  // box += shared tile (f32 add in L2; cp.reduce.async.bulk.tensor, bulk async-group completion)
+  tma_reduce_add,
+  bulk_commit,  // cp.async.bulk.commit_group: the bulk operations issued since form a group
+  // cp.async.bulk.wait_group: imm = groups left pending | kBulkWaitRead (only until their shared
+  // memory has been read, not until their global writes are done)
+  bulk_wait,
+  fence_proxy_async_global,  // order the async proxy's global writes with the generic proxy's accesses
   for_,    // (lb, ub, step, init...) region(iv, carried...) -> results
   if_,     // (cond) regions then/else -> results
   yield,
@@ -90,6 +98,8 @@ enum class Pred : uint8_t { eq, ne, lt, le, gt, ge };
 // arithmetic across a wait, e.g. hoists it above a softmax that was meant to run while the MMA
 // is in flight; the backends then end a basic block at the wait.
 constexpr int64_t kWaitFenced = int64_t{1} << 8;
+
+constexpr int64_t kBulkWaitRead = int64_t{1} << 8;
 
 struct Block;
 

@@ -2,8 +2,11 @@
 #include "jit/wgmma_plan.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
+
+#include "jit/layout.hpp"
 
 namespace tilejit::jit {
 namespace {
@@ -41,6 +44,7 @@ class Planner {
         } else {
           continue;
         }
+        if (!b_slab_ok(*d, w.b_mn_major)) continue;
         const ir::Op* adef = def(d->operands[0]);
         if (adef && tile_ok(*adef, banned)) w.a_tile = adef;
         plan_.dots[d] = w;
@@ -53,6 +57,9 @@ class Planner {
       if (!bad) break;
       banned.insert(bad);
     }
+    ir::walk(f_.body, [&](const ir::Op& op) {
+      if (auto r = tma_reduce(op)) plan_.reduces[&op] = *r;
+    });
     place();
     return std::move(plan_);
   }
@@ -107,8 +114,17 @@ class Planner {
   bool shape_ok(const ir::Op& d) const {
     const ir::Type &a = f_.type(d.operands[0]), &b = f_.type(d.operands[1]);
     if (warps_ % 4 != 0 || !sixteen_bit(a.dtype) || a.dtype != b.dtype) return false;
-    int64_t m = a.shape[0], k = a.shape[1], n = b.shape[1];
-    return m % (64 * (warps_ / 4)) == 0 && k % 16 == 0 && n % 8 == 0 && n <= 256 && f_.type(d.results[0]).dtype == ir::DType::f32;
+    const int64_t m = a.shape[0], k = a.shape[1], n = b.shape[1];
+    if (m % 64 != 0 || k % 16 != 0 || f_.type(d.results[0]).dtype != ir::DType::f32) return false;
+    const int64_t wn = n / Layout::wgmma_split(m, warps_).n;  // one warpgroup's columns
+    return n % wn == 0 && wn % 8 == 0 && wn <= 256;
+  }
+  // With warpgroups splitting N (M = 64 on two warpgroups), each reads its own column slab of B:
+  // an MN-major tile is stored in 64-column chunks, so a slab must be whole chunks.
+  bool b_slab_ok(const ir::Op& d, bool mn_major) const {
+    const ir::Type &a = f_.type(d.operands[0]), &b = f_.type(d.operands[1]);
+    const int splits = Layout::wgmma_split(a.shape[0], warps_).n;
+    return !mn_major || splits == 1 || (b.shape[1] / splits) % 64 == 0;
   }
 
   const ir::Param* tensor_param(ir::ValueId v, int* index) const {
@@ -183,6 +199,27 @@ class Planner {
     return true;
   }
 
+  // An atomic_add on a window that TMA can add (TmaReduce): rows along another dim than the
+  // contiguous one, which the cols run along in whole 128-byte chunks.
+  std::optional<TmaReduce> tma_reduce(const ir::Op& op) const {
+    if (op.kind != OpKind::block_store || !op.attrs.count("reduce")) return std::nullopt;
+    TmaReduce r;
+    r.store = &op;
+    const ir::Param* p = tensor_param(op.operands[0], &r.param_index);
+    if (!p || p->type.dtype != ir::DType::f32 || !p->spec.contiguous_last || p->spec.align_bytes < 16) return std::nullopt;
+    const int rank = p->type.rank;
+    const auto& dims = op.ints_attr("dims");
+    const auto& shape = f_.type(op.operands[1]).shape;
+    if (rank > 5 || dims.size() != 2 || dims[1] != rank - 1) return std::nullopt;
+    r.rows = shape[0];
+    r.cols = shape[1];
+    if (r.rows > 256 || r.rows % 8 != 0 || r.cols % 32 != 0) return std::nullopt;
+    r.box.assign(static_cast<size_t>(rank), 1);
+    r.box[0] = 32;
+    r.box[static_cast<size_t>(rank - 1 - dims[0])] = r.rows;
+    return r;
+  }
+
   // Shared-memory placement: tiles loaded once, then each ring's stages, then the mbarriers.
   void place() {
     for (const auto& [d, w] : plan_.dots)
@@ -239,6 +276,11 @@ class Planner {
       r.full = at;
       r.released = at + 8 * r.stages;
       at += 16 * r.stages;
+    }
+    for (const auto& [op, r] : plan_.reduces) plan_.reduce_staging_bytes = std::max(plan_.reduce_staging_bytes, r.rows * r.cols * 4);
+    if (plan_.reduce_staging_bytes) {
+      plan_.reduce_staging = align_up(at, 1024);  // the 128-byte swizzle repeats every 1024 bytes
+      at = plan_.reduce_staging + plan_.reduce_staging_bytes;
     }
     plan_.persistent_bytes = align_up(at, 128);
     plan_.tile_order = tiles;

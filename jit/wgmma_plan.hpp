@@ -60,13 +60,28 @@ struct WgmmaDot {
   bool b_mn_major = false;
 };
 
+// atomic_add on a window (block_store with reduce = "add") of an f32 tensor parameter whose cols
+// run along its contiguous dim: the value is written into a staging tile in shared memory (cols/32
+// chunks of [rows x 32] f32, 128-byte swizzle) and added into global memory by TMA
+// (cp.reduce.async.bulk.tensor), one box per chunk. One staging tile serves every such store: the
+// next one waits until TMA has read it.
+struct TmaReduce {
+  const ir::Op* store = nullptr;
+  int param_index = 0;
+  int64_t rows = 0, cols = 0;
+  std::vector<int64_t> box;  // innermost first: 32, rows along the row dim, 1 elsewhere
+  int64_t chunk_bytes() const { return rows * 128; }
+};
+
 struct HopperPlan {
   std::map<const ir::Op*, WgmmaDot> dots;
+  std::map<const ir::Op*, TmaReduce> reduces;  // by block_store
+  int64_t reduce_staging = 0, reduce_staging_bytes = 0;  // offset and size of the staging tile
   std::map<const ir::Op*, SmemTile> tiles;  // by block_load
   std::map<const ir::Op*, SmemRing> rings;  // by for loop
   std::vector<const ir::Op*> tile_order, ring_order;  // program order (ABI and code order)
   int64_t persistent_bytes = 0;  // tiles, rings and barriers; scratch exchanges go above
-  bool empty() const { return dots.empty(); }
+  bool empty() const { return dots.empty() && reduces.empty(); }
 };
 
 // `skip`: loops already lowered by the GEMM pipeline. An empty plan where nothing qualifies.

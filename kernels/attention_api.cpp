@@ -853,15 +853,15 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
     // wgmma, no spills up to D = 128); D = 256 keeps two f32 [64, 256] accumulators and spills.
     // Varlen windows are tensor slices, which never take the Hopper wgmma path: the generic
     // path's schedules for both gradient passes.
-    // With a dQ reduction (dense only) the kernel's fifth dot, dS K, has M = BLOCK_M: wgmma takes it
-    // with BLOCK_M >= BLOCK_N, from the same shared-memory copy of K. 64 x 64 on 4 warps: every dot
-    // on wgmma, no spills at D 64 (D 128: nvrtc none, LLVM ~200-300 B; kernels/attention_backward.hpp);
-    // 64 x 128 on 8 warps would run it on mma.sync with K loaded twice and spill. D = 256 keeps its
-    // 32 x 64 tiles (the dot then on mma.sync).
+    // With a dQ reduction (dense only) the kernel's fifth dot, dS K, has M = BLOCK_M: at 64 x 128 on
+    // 8 warps each warpgroup takes half of D's columns on wgmma, which needs D / 2 in whole 64-column
+    // chunks (D 128); D 64 would run it on mma.sync with K loaded twice, so it takes 64 x 64 on 4
+    // warps (every dot on wgmma). D = 256 keeps its 32 x 64 tiles (the dot then on mma.sync).
     case Pass::bwd_dkdv:
       if (varlen) return {64, 64, 8, 2};
       if (head_dim >= 256) return {32, 64, 4, 2};
-      return reduction == DqReduction::recompute ? Schedule{64, 128, 8, 2} : Schedule{64, 64, 4, 2};
+      if (reduction == DqReduction::recompute || head_dim % 128 == 0) return {64, 128, 8, 2};
+      return {64, 64, 4, 2};
     case Pass::bwd_dq:
       if (varlen) return {64, 64, 4, 2};
       return head_dim >= 256 ? Schedule{64, 64, 4, 2} : Schedule{128, 64, 8, 2};
@@ -1172,9 +1172,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     }
     launch(pre_fn, pre_grid, stream, b, dry);
     if (kv_lists) launch(*kv_lists->fn, kv_lists->grid, stream, kv_lists->b, dry);
-    // what the dK/dV kernel needs zero: atomic's dQ_accum (it adds into it), ordered's semaphores
-    // (ordered's dQ_accum is stored by each tile's first key tile)
-    if (!dry && d.reduction == DqReduction::atomic) zero_async(base + d.dq_ws.at, d.dq_ws.bytes, stream, q.device);
+    // what the dK/dV kernel needs zero: dQ_accum for atomic and ordered (both add into it), and
+    // ordered's semaphores
+    if (!dry && (d.reduction == DqReduction::atomic || d.reduction == DqReduction::ordered))
+      zero_async(base + d.dq_ws.at, d.dq_ws.bytes, stream, q.device);
     if (!dry && d.reduction == DqReduction::ordered) zero_async(base + d.dq_sem.at, d.dq_sem.bytes, stream, q.device);
     launch(kv_fn, kv_grid, stream, b, dry);
     if (dq_lists) launch(*dq_lists->fn, dq_lists->grid, stream, dq_lists->b, dry);

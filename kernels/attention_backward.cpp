@@ -114,12 +114,6 @@ Tile element_pointer(const Tensor& t, std::initializer_list<Tile> at) {
   return p;
 }
 
-// Pointers to the [rows, cols] window of a rank-4 tensor at (i0, i1, r0, 0) (rows along dim 2,
-// cols along dim 3): what atomic_add takes (it has no window form).
-Tile window_pointers(const Tensor& t, std::initializer_list<Tile> at, int64_t rows, int64_t cols) {
-  return element_pointer(t, at) + (arange(0, rows)[col] * t.stride(2) + arange(0, cols)[row] * t.stride(3));
-}
-
 // One step of a program's walk over its inner tiles under a library mask: the tile's first row
 // (dK/dV: a query tile) or key (dQ: a key tile), and whether it is partial (needs the element mask).
 struct MaskedTile {
@@ -333,26 +327,28 @@ const Kernel& attention_backward_dkdv() {
         // DQ_REDUCTION: this block's part of dQ, dS K = trans(dS^T) K [BM, D] (unscaled: the
         // convert / reduce kernel multiplies by softmax_scale once, as the dQ kernel does). A is
         // dS^T's registers transposed (the lowering moves them through shared memory into the A
-        // layout). B: the program's K window when BLOCK_M >= BLOCK_N -- a schedule whose S^T dots
-        // (M = BLOCK_N) run on wgmma then runs this one (M = BLOCK_M) there too, from the same
-        // shared-memory copy of K. When BLOCK_M < BLOCK_N (e.g. 64 x 128 on 8 warps: wgmma wants M a
-        // multiple of 64 per warpgroup) it falls to mma.sync, which takes B from registers; a use
+        // layout). B: the program's K window, the same shared-memory copy of K the S^T dots read,
+        // wherever wgmma can run this dot too: M = BLOCK_M a multiple of 64, and at 64 rows on two
+        // warpgroups each takes half of D's columns, which must be whole 64-column chunks (D 128).
+        // Elsewhere (e.g. D 64 on 8 warps) it falls to mma.sync, which takes B from registers; a use
         // outside wgmma would also take the K window out of shared memory for the S^T dots, so that
         // dot reads its own copy of K, loaded in the loop (LLVM at D 64: 700 B of spills -> 20 B).
         if (reduction != DqReduction::recompute) {
-          Tile k_b = a.BM >= a.BN ? k : load(rows(a.K, kv_h, n0, a.BN));
+          const bool k_on_wgmma = a.BM % 64 == 0 && (a.BM >= a.BN || a.D % 128 == 0);
+          Tile k_b = k_on_wgmma ? k : load(rows(a.K, kv_h, n0, a.BN));
           Tile dq_part = dot(trans(dst_t), k_b);
+          auto window = [&] { return dq_ws.block({rows.b, h, m0, 0}, {a.BM, a.D}, {2, 3}); };  // dQ_accum's
           if (reduction == DqReduction::atomic) {
-            atomic_add(window_pointers(dq_ws, {rows.b, h, m0}, a.BM, a.D), dq_part, (m0 + arange(0, a.BM) < dq_ws.size(2))[col]);
+            atomic_add(window(), dq_part);  // on Hopper: TMA adds the tile from shared memory
           } else if (reduction == DqReduction::ordered) {
             // Key blocks add into dQ tile m in increasing order: this one waits for the n_block
             // before it (every earlier key block reaches m: full, or causal, whose query range only
-            // grows towards earlier keys). The first stores, so dQ_accum needs no zeroing. Waits are
-            // on lower block indices only: no deadlock whatever the residency.
+            // grows towards earlier keys). dQ_accum starts at zero. Waits are on lower block indices
+            // only: no deadlock whatever the residency. Each add is elementwise, so the order of the
+            // key blocks fixes every element's sum.
             Tile sem = dq_sem + (a.batch_head(rows, h) * cdiv(S_q, a.BM) + m0 / a.BM);
             wait_at_least(sem, n_block);
-            auto window = dq_ws.block({rows.b, h, m0, 0}, {a.BM, a.D}, {2, 3});
-            store(window, where(n_block == 0, dq_part, load(window) + dq_part));
+            atomic_add(window(), dq_part);
             signal_add(sem, 1);
           } else {
             store(dq_ws.block({a.batch_head(rows, h), m0 / a.BM, n_block, 0, 0}, {a.BM, a.D}, {3, 4}), dq_part);
@@ -366,14 +362,6 @@ const Kernel& attention_backward_dkdv() {
         } else {
           for_range(m_begin, m_end, a.BM, [&](Tile m0) { block(m0, Tile()); });
         }
-        // ordered: the query blocks no key block reaches (causal, S_q > S_k: rows before the
-        // first key's diagonal) get their zeros from the first key block
-        if (reduction == DqReduction::ordered)
-          if_(n_block == 0, [&] {
-            for_range(0, m_begin, a.BM, [&](Tile m0) {
-              store(dq_ws.block({rows.b, h, m0, 0}, {a.BM, a.D}, {2, 3}), zeros(f32, {a.BM, a.D}));
-            });
-          });
         return;
       }
       // the query blocks that see this key block: the mask's intervals or the pre-pass's lists

@@ -62,9 +62,9 @@ namespace tilejit::kernels {
 //   3 ordered: each part is added into dQ_accum in increasing key tile order, through one i32
 //     semaphore per (query head, query tile) in dQ_semaphores [B * Hq, M] (zero before the call;
 //     each key block waits until n_block earlier ones have added, adds, signals); then
-//     attention_bwd_dq_convert as for atomic. 5 matmuls, bit-reproducible. Waits only on lower
-//     block indices (no deadlock whatever the residency). dQ_accum needs no zeroing (the first
-//     key block stores; block 0 also zeroes the query tiles no key reaches). Full and causal only.
+//     attention_bwd_dq_convert as for atomic. 5 matmuls, bit-reproducible (each add is elementwise
+//     and their order is fixed). Waits only on lower block indices (no deadlock whatever the
+//     residency). Full and causal only.
 //   1-3: dense tensors only (VARLEN is a BuildError), either layout (BSHD), GQA (each query head of
 //   the group writes its own slots), CAUSAL, DROPOUT, DROPOUT_BITS and (atomic, split) every MASK.
 //   dK and dV are computed as with 0 (the same values). attention_bwd_dq is not run.
@@ -72,7 +72,7 @@ namespace tilejit::kernels {
 // last to the first (DASH's descending order for causal masks).
 // Workspaces (f32, contiguous, 16-byte aligned; parameter after dV, before softmax_scale):
 //   dQ_accum [batch, heads_q, seq_q, head_dim] (always this order, even with BSHD); must be ZERO
-//     before the dK/dV kernel (cuMemsetD32Async), rows it never adds into stay 0 (dQ = 0 there).
+//     before the dK/dV kernel (atomic and ordered add into it; rows it never adds into stay 0).
 //   dQ_parts [batch * heads_q, M, N, BLOCK_M, head_dim], M = cdiv(seq_q, BLOCK_M), N = cdiv(seq_k,
 //     BLOCK_N) at the dK/dV kernel's tiles (kernels/backward_schedule.hpp's split layout: part (n,
 //     m) of head bh = b * heads_q + h is slot (bh * M + m) * N + n). The dK/dV kernel writes exactly
@@ -82,15 +82,14 @@ namespace tilejit::kernels {
 //     needed. Rows past seq_q in the last query tile hold 0. Size 4 * B * Hq * M * N * BLOCK_M * D
 //     bytes: about seq_q * seq_k / BLOCK_N * D * 4 per head (the price of a fixed order without
 //     semaphores; ordered accumulation is the next step, see backward_schedule.hpp).
-// Schedule (sm_90a): with the reduction the dK/dV kernel does 5 dots. The dQ dot has M = BLOCK_M,
-// and wgmma wants M a multiple of 64 per warpgroup, so use BLOCK_M 64, BLOCK_N 64, 4 warps, 2
-// stages: every dot on wgmma, dQ's B from the same shared-memory copy of K; head dim 64: no spills
-// (LLVM 224 / 206 registers atomic / split, nvrtc 182 / 170); head dim 128: nvrtc 234 / 238, LLVM
-// spills 292 / 192 B. The dK/dV default 64 x 128 on 8 warps runs the dQ dot on mma.sync (operands
-// through shared memory, K loaded again in the loop for it; LLVM 255 registers, 12-20 B of
-// spills at D 64). A = trans(dS^T registers) goes through shared memory into the A layout either
-// way; atomic_add adds the [BLOCK_M, D] part from its accumulator layout, one atom.global.add.f32
-// per element (tests/test_attention_bwd_reduction.cpp prints these).
+// Schedule (sm_90a): with the reduction the dK/dV kernel does 5 dots. The dQ dot has M = BLOCK_M;
+// wgmma runs it with M a multiple of 64, and at BLOCK_M 64 on 8 warps each warpgroup computes
+// half of D's columns (Layout::wgmma_split), which must be whole 64-column chunks of K: D 128.
+// There 64 x 128 on 8 warps runs every dot on wgmma with dQ's B from the same shared-memory copy of
+// K; D 64 on 8 warps runs the dQ dot on mma.sync (K loaded again in the loop for it), so D 64 uses
+// 64 x 64 on 4 warps. A = trans(dS^T registers) goes through shared memory into the A layout. The
+// [BLOCK_M, D] part is added by atomic_add on the dQ_accum window: on sm_90a written to a swizzled
+// staging tile in shared memory and added by TMA (cp.reduce.async.bulk.tensor, f32 add in L2).
 enum class DqReduction : int { recompute = 0, atomic = 1, split = 2, ordered = 3 };
 inline const char* dq_reduction_name(DqReduction r) {
   switch (r) {

@@ -466,8 +466,12 @@ class Machine {
       case signal_add: return signal_op(op);
       case turn_begin:
       case turn_end: return;  // a schedule of warpgroups: no effect on values
-      case block_load:
-      case block_store: return block_op(op);
+      case block_load: return block_op(op);
+      case block_store: {
+        std::unique_lock<std::mutex> lock;  // atomic_add on a window: one update at a time
+        if (sync_ && op.attrs.count("reduce")) lock = std::unique_lock(sync_->mu);
+        return block_op(op);
+      }
       case for_: return for_op(op);
       case if_: return if_op(op);
       default: break;
@@ -932,8 +936,10 @@ class Machine {
   // (load) or skipped (store).
   void block_op(const Op& op) {
     const bool is_load = op.kind == OpKind::block_load;
+    const bool add = !is_load && op.attrs.count("reduce");  // atomic_add on a window
     const ir::Type& tt = T(op.operands[0]);
     const DType d = tt.dtype;
+    const Wrap wrap(d);
     const auto rank = static_cast<size_t>(tt.rank);
     const auto es = static_cast<uint64_t>(ir::byte_size(d));
     const auto& desc = S(op.operands[0]).i;
@@ -992,6 +998,10 @@ class Machine {
           if (fl) R->f[ue] = element::read_float(d, q);
           else R->i[ue] = element::read_int(d, q);
         }
+      } else if (in && add) {
+        std::byte* q = access(op, base + static_cast<uint64_t>(elem_off) * es, es, "atomically updates", e, tile);
+        if (fl) element::write_float(d, q, element::round_float(d, element::read_float(d, q) + V->f[ue]));
+        else element::write_int(d, q, wrap(static_cast<uint64_t>(element::read_int(d, q)) + static_cast<uint64_t>(V->i[ue])));
       } else if (in) {
         std::byte* q = access(op, base + static_cast<uint64_t>(elem_off) * es, es, "writes", e, tile);
         if (fl) element::write_float(d, q, V->f[ue]);

@@ -934,10 +934,11 @@ TEST_CASE("attention API: dQ reductions, workspace sizes and schedules") {
   c.opts.schedule = Schedule{32, 128, 4, 2};
   CHECK(bytes(DqReduction::split) == delta + 4 * 2 * 8 * 4 * 3 * 32 * 64);
   CHECK(bytes(DqReduction::ordered) == delta + accum + 256);  // 4 * 16 * 4 = 256
-  // D = 128 at the default 64 x 64 (BHSD views: the workspace does not depend on q's strides)
+  // D = 128 at its default 64 x 128: N = 3 key tiles (BHSD views: the workspace does not depend on
+  // q's strides)
   c = bhsd_call(128);
   CHECK(bytes(DqReduction::atomic) == delta + 2 * accum);
-  CHECK(bytes(DqReduction::split) == delta + 2 * parts);
+  CHECK(bytes(DqReduction::split) == delta + 4 * 2 * 8 * 2 * 3 * 64 * 128);
   // a list mask: dK/dV's lists at its tiles (64 x 64: 5 key tiles of 2 query tiles; five arrays of
   // 40, 80, 40, 80 and 20 bytes, 256 each), no dQ lists (no dQ kernel runs), then the buffers
   c = masked_call(MaskKind::document);
@@ -948,15 +949,16 @@ TEST_CASE("attention API: dQ reductions, workspace sizes and schedules") {
   c = masked_call(MaskKind::sliding_window);
   CHECK(bytes(DqReduction::split) == delta + parts);
 
-  // The schedule table: dK/dV at 64 x 64 on 4 warps with a reduction (D 64, 128), the reduce
-  // kernel at dK/dV's tiles, recompute unchanged
+  // The schedule table: dK/dV with a reduction at 64 x 64 on 4 warps (D 64) or 64 x 128 on 8 (D
+  // 128: the dQ dot's warpgroups split D), the reduce kernel at dK/dV's tiles, recompute unchanged
   for (DType t : {DType::bf16, DType::f16})
     for (bool causal : {false, true}) {
       for (int d : {64, 128}) {
         CHECK(default_schedule(Pass::bwd_dkdv, t, d, causal) == Schedule{64, 128, 8, 2});
         for (DqReduction r : {DqReduction::atomic, DqReduction::split, DqReduction::ordered}) {
-          CHECK(default_schedule(Pass::bwd_dkdv, t, d, causal, false, r) == Schedule{64, 64, 4, 2});
-          CHECK(default_schedule(Pass::bwd_dq_reduce, t, d, causal, false, r) == Schedule{64, 64, 4, 2});
+          const Schedule kv = d == 128 ? Schedule{64, 128, 8, 2} : Schedule{64, 64, 4, 2};
+          CHECK(default_schedule(Pass::bwd_dkdv, t, d, causal, false, r) == kv);
+          CHECK(default_schedule(Pass::bwd_dq_reduce, t, d, causal, false, r) == Schedule{64, kv.block_n, 4, 2});
           CHECK(default_schedule(Pass::bwd_dq_convert, t, d, causal, false, r) == Schedule{64, 64, 4, 2});
           CHECK(default_schedule(Pass::bwd_dq, t, d, causal, false, r) == default_schedule(Pass::bwd_dq, t, d, causal));
         }

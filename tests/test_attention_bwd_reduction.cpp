@@ -193,7 +193,7 @@ Run run_backward(const Problem& p, Reference& in, double scale, DqReduction redu
     args.emplace_back(r.workspace);
   } else if (reduction == DqReduction::ordered) {
     r.workspace = HostTensor(f32, {p.B, p.Hq, p.Sq, D});
-    r.workspace.poison();  // ordered needs no zeroing: the first key block stores
+    r.workspace.fill(0.0);  // the caller zeroes dQ_accum (every key block adds)
     semaphores.fill(0.0);  // the semaphores do
     args.emplace_back(r.workspace);
     args.emplace_back(semaphores);

@@ -108,6 +108,32 @@ TEST_CASE("the wgmma m64nNk16 accumulator matches the PTX ISA map and covers the
   check_covers(Layout::wgmma_acc(128, 128, 4));
 }
 
+TEST_CASE("wgmma with warpgroups splitting N: M = 64 on two warpgroups, each with half the columns") {
+  CHECK(Layout::wgmma_split(64, 8).m == 1);
+  CHECK(Layout::wgmma_split(64, 8).n == 2);
+  CHECK(Layout::wgmma_split(128, 8).m == 2);
+  CHECK(Layout::wgmma_split(128, 8).n == 1);
+  CHECK(Layout::wgmma_split(128, 16).m == 2);
+  CHECK(Layout::wgmma_split(128, 16).n == 2);
+  CHECK(Layout::wgmma_split(64, 4).n == 1);
+  // warpgroup g (warps 4g..4g+3) holds columns [64g, 64g + 64) in the m64n64 instruction's map
+  Layout L = Layout::wgmma_acc(64, 128, 8);
+  for (uint32_t w = 0; w < 8; ++w)
+    for (uint32_t lane = 0; lane < 32; ++lane)
+      for (uint32_t i = 0; i < 32; i += 3) {
+        int64_t row = 16 * (w % 4) + lane / 4 + 8 * ((i / 2) % 2), colv = 64 * (w / 4) + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+        CHECK(L.coords(i, lane, w) == Coord{row, colv});
+      }
+  check_covers(L);
+  check_covers(Layout::wgmma_acc(128, 256, 16));
+  // the A operand from registers: every warpgroup holds the whole [64, K] (the M split's fragments)
+  Layout A = Layout::wgmma_a(64, 128, 8);
+  for (uint32_t lane = 0; lane < 32; lane += 5)
+    for (uint32_t i = 0; i < 64; i += 7) CHECK(A.coords(i, lane, 1) == A.coords(i, lane, 5));
+  CHECK(A.has_replication());
+  CHECK(Layout::wgmma_a(128, 64, 8) == Layout::wgmma_acc(128, 64, 8));
+}
+
 TEST_CASE("slice, expand_dims, permute, reshape and collapse agree with element coordinates") {
   Layout L = Layout::blocked({64, 128}, 4, 4);
   // slice: coordinates with the axis dropped

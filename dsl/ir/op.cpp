@@ -354,6 +354,10 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
       const Type& v = in[1];
       if (!v.is_value() || v.dtype != t.dtype || v.shape.size() != dims.size())
         fail(k, fmt::format("value must be a {}-D tile of {}, got {}", dims.size(), name(t.dtype), to_string(v)));
+      if (auto it = a.find("reduce"); it != a.end()) {
+        const auto* r = std::get_if<std::string>(&it->second);
+        if (!r || *r != "add") fail(k, "attribute 'reduce' must be \"add\"");
+      }
       return {};
     }
     case for_: {
