@@ -12,7 +12,7 @@
 //     DROPOUT_PRECOMPUTED causal=0 p=0.1 fwd_ms=.. fwd_bits_ms=.. ... mask_kernel_ms=..   (rng = precomputed)
 //     E2E causal=0 p=0.1 M=16384 N=6144 K=2048 gemm_ms=.. none_ms=.. fused_ms=.. overlapped_ms=..
 //       serial_bits_ms=.. (QKV projection GEMM then the attention forward; issue 7's table)
-//   attention_bench --deterministic        the backward per dQ reduction (recompute, atomic, split, ordered,
+//   attention_bench --deterministic [--head-dim D] [--seq S]  the backward per dQ reduction (recompute, atomic, split, ordered,
 //     causal also ordered with q_descending), D 64/128, S 1k-16k, full and causal, alternated rounds:
 //     DETERMINISTIC dtype=bf16 D=128 S=4096 causal=1 B=4 H=16 recompute_ms=.. recompute_tflops=.. atomic_ms=..
 //       ... split_ms=.. (or skipped(workspace=..GB>16GB)) ordered_ms=.. ordered_desc_ms=.. ordered_vs_atomic=..
@@ -382,7 +382,7 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps) {
 // rounds; every mode at its default schedule, with a caller workspace (Delta and the reduction's
 // buffers; the API zeroes atomic's dQ_accum and ordered's semaphores inside the timed call).
 // Split is skipped where its dQ_parts would exceed 16 GB (S >= 8k at these shapes).
-int bench_deterministic(int max_reps) {
+int bench_deterministic(int max_reps, int64_t only_d, int64_t only_s) {
   using attention::DqReduction;
   const ir::DType dt = ir::DType::bf16;
   struct Mode {
@@ -406,7 +406,8 @@ int bench_deterministic(int max_reps) {
   std::vector<Config> configs;
   for (int64_t D : {64, 128})
     for (bool causal : {false, true})
-      for (int64_t S : {1024, 2048, 4096, 8192, 16384}) configs.push_back({S, D, causal});
+      for (int64_t S : {1024, 2048, 4096, 8192, 16384})
+        if ((!only_d || D == only_d) && (!only_s || S == only_s)) configs.push_back({S, D, causal});
   const auto options = [](const Config& c, const Mode& m) {
     attention::Options o;
     o.causal = c.causal;
@@ -422,7 +423,7 @@ int bench_deterministic(int max_reps) {
     for (int64_t D : {64, 128})
       for (bool causal : {false, true})
         for (const Mode& m : modes)
-          if (!m.descending || causal)
+          if ((!m.descending || causal) && (!only_d || D == only_d))
             pool.emplace_back([=] { attention::prepare(dt, static_cast<int>(D), causal, false, true, {}, 0, false, m.reduction, m.descending); });
     for (auto& t : pool) t.join();
     std::fprintf(stderr, "compiled in %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -771,6 +772,7 @@ int main(int argc, char** argv) {
   double dropout_p = -1;
   bool masks = false, deterministic = false, forward_variants = false;
   std::string schedule_ab;
+  int64_t only_d = 0, only_s = 0;  // --deterministic: only this head dim / sequence length
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -781,6 +783,8 @@ int main(int argc, char** argv) {
     else if (a == "--schedule-ab" && i + 1 < argc) schedule_ab = argv[++i];
     else if (a == "--forward-variants") forward_variants = true;
     else if (a == "--deterministic") deterministic = true;
+    else if (a == "--head-dim" && i + 1 < argc) only_d = std::atoll(argv[++i]);
+    else if (a == "--seq" && i + 1 < argc) only_s = std::atoll(argv[++i]);
     else if (a == "--dropout") {
       dropout_p = 0.1;
       if (i + 1 < argc && argv[i + 1][0] != '-') dropout_p = std::atof(argv[++i]);
@@ -791,7 +795,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] | --masks | --schedule-ab META | --deterministic | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] | --masks | --schedule-ab META | --deterministic [--head-dim D] [--seq S] | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -807,7 +811,7 @@ int main(int argc, char** argv) {
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps);
     if (forward_variants) return bench_forward_variants(reps);
-    if (deterministic) return bench_deterministic(reps);
+    if (deterministic) return bench_deterministic(reps, only_d, only_s);
     return check_dir.empty() ? bench(quick, reps) : check(check_dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench/attention: %s\n", e.what());

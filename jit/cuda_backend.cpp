@@ -1089,7 +1089,7 @@ class Printer {
     } else {
       const int64_t nn = in.imm & 0xFFFF;
       const auto od = static_cast<DType>((in.imm >> 16) & 0xFF);
-      const int64_t trans_b = (in.imm >> 24) & 1;
+      const int64_t trans_b = (in.imm >> 24) & 1, trans_a = (in.imm >> 26) & 1;
       if (od != DType::f16 && od != DType::bf16) fail(fmt::format("wgmma operands must be f16 or bf16 (imm is {:#x})", in.imm));
       if (nn < 8 || nn > 256 || nn % 8 || static_cast<size_t>(nn / 2) != nr)
         fail(fmt::format("wgmma m64n{}k16 needs {} accumulators, got {}", nn, nn / 2, nr));
@@ -1109,8 +1109,8 @@ class Printer {
                              n(in.args[2]), n(in.args[3]), n(in.args[4]), scale_d);
       } else {
         text = fmt::format("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{}, 0;\\n\\twgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} "
-                           "{{{}}}, %{}, %{}, p, 1, 1, 0, {};\\n\\t}}",
-                           nr + 2, nn, t, t, regs, nr, nr + 1, trans_b);
+                           "{{{}}}, %{}, %{}, p, 1, 1, {}, {};\\n\\t}}",
+                           nr + 2, nn, t, t, regs, nr, nr + 1, trans_a, trans_b);
         inputs = fmt::format("\"l\"({}), \"l\"({}), \"r\"({})", n(in.args[0]), n(in.args[1]), scale_d);
       }
     }

@@ -592,7 +592,7 @@ class Emitter {
         } else {
           int64_t nn = in.imm & 0xFFFF;
           const char* t = static_cast<DType>((in.imm >> 16) & 0xFF) == DType::bf16 ? "bf16" : "f16";
-          int64_t trans_b = (in.imm >> 24) & 1;
+          int64_t trans_b = (in.imm >> 24) & 1, trans_a = (in.imm >> 26) & 1;
           // bit 25: D = A*B (scale-d = 0): the accumulator inputs are not read, so not tied
           llvm::Value* scale_d = b_.getInt32((in.imm >> 25) & 1 ? 0 : 1);
           if (rs) {  // A from registers: no transpose-A immediate
@@ -603,8 +603,8 @@ class Emitter {
             args = {a(0), a(1), a(2), a(3), a(4), scale_d};
           } else {
             text = fmt::format("{{\n\t.reg .pred p;\n\tsetp.ne.b32 p, ${}, 0;\n\twgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} "
-                               "{{{}}}, ${}, ${}, p, 1, 1, 0, {};\n\t}}",
-                               n + 2, nn, t, t, regs, n, n + 1, trans_b);
+                               "{{{}}}, ${}, ${}, p, 1, 1, {}, {};\n\t}}",
+                               n + 2, nn, t, t, regs, n, n + 1, trans_a, trans_b);
             cons += ",l,l,r";
             args = {a(0), a(1), scale_d};
           }

@@ -1657,8 +1657,13 @@ class Lowerer {
     V desc_a = 0;
     Regs a;
     const SmemTile* ta = w.a_tile ? &plan_.hopper.tiles.at(w.a_tile) : nullptr;
+    const int64_t a_chunk = K * 128;  // staged A^T [K, M]: bytes per 64-column chunk of M
     if (ta) {
       desc_a = descriptor(bin(Op::add, tile_addr(*ta), cast(bin(Op::mul, wg_m, ci32(64 * 128)), DType::u32)));
+    } else if (w.a_staged) {
+      stage_a(*w.a_staged);
+      // warpgroup wg_m's first 64 rows of M are chunk wg_m; slab r adds split.m chunks
+      desc_a = descriptor(bin(Op::add, smem_at(plan_.hopper.a_staging), cast(bin(Op::mul, wg_m, ci32(a_chunk)), DType::u32)), a_chunk);
     } else {
       // A in registers: the m64k16 A fragment is the accumulator layout of a [M, K] tile, k16 chunk
       // kk of slab r being registers {col bit 0, row 8, col 8} + 16 kk (jit/layout.cpp).
@@ -1674,7 +1679,7 @@ class Lowerer {
               a.push_back(pack(by_coord.at({row, col}), by_coord.at({row, col + 1})));
             }
     }
-    const int64_t imm = wn | (static_cast<int64_t>(A.dtype) << 16) | (int64_t{w.b_mn_major} << 24);
+    const int64_t imm = wn | (static_cast<int64_t>(A.dtype) << 16) | (int64_t{w.b_mn_major} << 24) | (int64_t{w.a_staged != nullptr} << 26);
     // dot(a, b) (a zero accumulator): the first k-step overwrites instead of reading zeros, so no
     // zero registers are materialised (LLVM shares one zero, and ptxas would then make a later
     // group wait for this one: C7517).
@@ -1688,6 +1693,9 @@ class Lowerer {
         if (ta) {
           int64_t a_off = (kk / 4) * ta->chunk_bytes() + r * 64 * split.m * 128 + (kk % 4) * 32;
           args.push_back(bin(Op::add, desc_a, cint(DType::u64, a_off / 16)));
+        } else if (w.a_staged) {
+          const int64_t a_off = r * split.m * a_chunk + kk * 2048;  // a k16 step: 16 rows of 128 bytes
+          args.push_back(bin(Op::add, desc_a, cint(DType::u64, a_off / 16)));
         } else {
           size_t base = static_cast<size_t>(4 * (r * (K / 16) + kk));
           args.insert(args.end(), a.begin() + static_cast<std::ptrdiff_t>(base), a.begin() + static_cast<std::ptrdiff_t>(base + 4));
@@ -1695,7 +1703,8 @@ class Lowerer {
         args.push_back(bin(Op::add, desc_b, cint(DType::u64, b_step(kk))));
         for (int64_t j = 0; j < per; ++j) args.push_back(acc[static_cast<size_t>(r * per + j)]);
         const int64_t overwrite = zero_acc && kk == 0 ? int64_t{1} << 25 : 0;
-        Regs out = emit_multi(ta ? Op::wgmma : Op::wgmma_rs, args, static_cast<size_t>(per), pir::scalar(DType::f32), imm | overwrite);
+        Regs out = emit_multi(ta || w.a_staged ? Op::wgmma : Op::wgmma_rs, args, static_cast<size_t>(per), pir::scalar(DType::f32),
+                              imm | overwrite);
         for (int64_t j = 0; j < per; ++j) acc[static_cast<size_t>(r * per + j)] = out[static_cast<size_t>(j)];
       }
     emit0(Op::wgmma_commit, {});
@@ -1703,7 +1712,47 @@ class Lowerer {
     // independent MMAs and the code between them overlap: e.g. dP^T = V dO^T runs while P^T's
     // exponentials are computed.
     pending_.push_back({++committed_, op.results[0], LC, acc, ops_lowered_});
+    if (w.a_staged) staged_a_group_ = committed_;
     put(op.results[0], LC, acc);
+  }
+
+  // Writes x of A = trans(x) (x [K, M] 16-bit, in its own layout) into the A staging tile: element
+  // (k, m) at chunk m / 64, row k (128 bytes), 16-byte unit (m % 64) / 8 XOR k % 8 (the 128-byte
+  // swizzle), adjacent m pairs as one 32-bit store. The previous staged dot's MMAs must be done
+  // reading it, in every warpgroup: this thread waits for its group, then all meet at a barrier.
+  void stage_a(const ir::Op& trans) {
+    if (std::any_of(pending_.begin(), pending_.end(), [&](const PendingDot& p) { return p.group == staged_a_group_; }))
+      wait_groups(staged_a_group_);
+    emit0(Op::barrier, {});
+    const ir::ValueId x = trans.operands[0];
+    const ir::Type& t = f_.type(x);
+    const int64_t K = t.shape[0];
+    Layout L = plan_.natural[x] ? *plan_.natural[x] : memory_layout(t);
+    Regs xr = get(x, L);
+    std::map<Coord, uint32_t> reg_of;
+    for (uint32_t r = 0; r < xr.size(); ++r) reg_of.emplace(L.reg_coords(r), r);
+    std::optional<V> own = owner(L);
+    for (uint32_t r = 0; r < xr.size(); ++r) {
+      if (duplicate_reg(L, r)) continue;
+      const Coord c = L.reg_coords(r);
+      auto pair = reg_of.find({c[0], c[1] + 1});
+      // a pair when the thread's own column part is even and the next column is its next register
+      const bool paired = c[1] % 2 == 0 && pair != reg_of.end() && additive(L);
+      if (c[1] % 2 == 1 && reg_of.count({c[0], c[1] - 1}) && additive(L)) continue;  // stored with its pair
+      V k = coord(L, r, 0), m = coord(L, r, 1);
+      V unit = bin(Op::bit_xor, land(bin(Op::shr, m, ci32(3)), ci32(7)), land(k, ci32(7)));
+      V off = bin(Op::add, bin(Op::mul, bin(Op::shr, m, ci32(6)), ci32(K * 128)),
+                  bin(Op::add, bin(Op::mul, k, ci32(128)), bin(Op::add, bin(Op::mul, unit, ci32(16)), bin(Op::mul, land(m, ci32(7)), ci32(2)))));
+      off = bin(Op::add, off, ci32(plan_.hopper.a_staging));
+      V value = paired ? pack(xr[r], xr[pair->second]) : xr[r];
+      pir::Inst st;  // an absolute offset: not through emit0 (which adds the scratch base)
+      st.op = Op::store_shared;
+      st.args = {off, value};
+      if (own) st.args.push_back(*own);
+      blocks_.back()->insts.push_back(std::move(st));
+    }
+    emit0(Op::fence_proxy_async, {});
+    emit0(Op::barrier, {});
   }
 
   bool region_needs_mma_results(const ir::Op& op) const {
@@ -1764,6 +1813,7 @@ class Lowerer {
   std::vector<PendingDot> pending_;
   int64_t ops_lowered_ = 0;  // ops of the tile IR lowered so far, dots excepted
   int committed_ = 0;
+  int staged_a_group_ = 0;  // the wgmma group of the last dot that read the A staging tile
   int64_t scratch_base_ = 0;
   std::map<std::pair<int, std::vector<int64_t>>, V> tensor_maps_;  // by (tensor parameter, box)
   std::unordered_map<ir::ValueId, int64_t> divisors_;

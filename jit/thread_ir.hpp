@@ -71,7 +71,7 @@ enum class Op : uint8_t {
   wgmma_commit,
   // (acc f32...) imm = groups left in flight (| kWaitFenced) -> acc, readable afterwards
   wgmma_wait,
-  // (desc a u64, desc b u64, acc f32 x n/2) imm = n | dtype << 16 | trans_b << 24 | overwrite << 25
+  // (desc a u64, desc b u64, acc f32 x n/2) imm = n | dtype << 16 | trans_b << 24 | overwrite << 25 | trans_a << 26
   // -> n/2 f32; overwrite: D = A*B (scale-d = 0), the accumulator inputs are ignored
   wgmma,
   // A from registers: (a0..a3 u32 (8 packed 16-bit values of the m64k16 A fragment), desc b u64,

@@ -47,6 +47,8 @@ class Planner {
         if (!b_slab_ok(*d, w.b_mn_major)) continue;
         const ir::Op* adef = def(d->operands[0]);
         if (adef && tile_ok(*adef, banned)) w.a_tile = adef;
+        else if (adef && adef->kind == OpKind::trans && !(def(adef->operands[0]) && def(adef->operands[0])->kind == OpKind::block_load))
+          w.a_staged = adef;
         plan_.dots[d] = w;
         dots.insert(d);
       }
@@ -281,6 +283,12 @@ class Planner {
     if (plan_.reduce_staging_bytes) {
       plan_.reduce_staging = align_up(at, 1024);  // the 128-byte swizzle repeats every 1024 bytes
       at = plan_.reduce_staging + plan_.reduce_staging_bytes;
+    }
+    for (const auto& [op, w] : plan_.dots)
+      if (w.a_staged) plan_.a_staging_bytes = std::max(plan_.a_staging_bytes, f_.type(op->operands[0]).numel() * 2);
+    if (plan_.a_staging_bytes) {
+      plan_.a_staging = align_up(at, 1024);
+      at = plan_.a_staging + plan_.a_staging_bytes;
     }
     plan_.persistent_bytes = align_up(at, 128);
     plan_.tile_order = tiles;

@@ -55,7 +55,12 @@ struct SmemRing {
 
 struct WgmmaDot {
   const ir::Op* dot = nullptr;
-  const ir::Op* a_tile = nullptr;  // nullptr: A from registers
+  const ir::Op* a_tile = nullptr;  // nullptr: A from registers (or staged)
+  // A = trans(x) with x in registers (e.g. dQ = dS K from dS^T): x's registers are written as they
+  // are into the staging tile (A^T [K, M], M contiguous in 64-column chunks, 128-byte swizzle) and
+  // wgmma reads A MN-major from there (transpose-A), instead of moving x through shared memory
+  // into A's register fragments (every warpgroup would hold all of A when warpgroups split N).
+  const ir::Op* a_staged = nullptr;  // the trans op
   const ir::Op* b_tile = nullptr;
   bool b_mn_major = false;
 };
@@ -77,6 +82,7 @@ struct HopperPlan {
   std::map<const ir::Op*, WgmmaDot> dots;
   std::map<const ir::Op*, TmaReduce> reduces;  // by block_store
   int64_t reduce_staging = 0, reduce_staging_bytes = 0;  // offset and size of the staging tile
+  int64_t a_staging = 0, a_staging_bytes = 0;  // the staged A operands' tile (WgmmaDot::a_staged)
   std::map<const ir::Op*, SmemTile> tiles;  // by block_load
   std::map<const ir::Op*, SmemRing> rings;  // by for loop
   std::vector<const ir::Op*> tile_order, ring_order;  // program order (ABI and code order)
