@@ -252,15 +252,34 @@ class Planner {
       ring_bytes += r.stages * r.stage_bytes;
       barrier_bytes += 16 * r.stages;
     }
-    // Fewer stages where the rings would not leave room for the rest.
-    for (const ir::Op* loop : rings) {
-      SmemRing& r = plan_.rings.at(loop);
-      while (r.stages > 2 && at + ring_bytes + barrier_bytes > kPersistentBudget) {
-        --r.stages;
-        ring_bytes -= r.stage_bytes;
-        barrier_bytes -= 16;
+    // Fewer stages where the rings would not leave room for the rest (and the staging tiles, placed
+    // after them): down to 2, then a ring around another ring's loop down to 1 (its tiles are
+    // reloaded once per run of the inner loop, e.g. K and V per key tile of a persistent program,
+    // whose load latency the inner loop's work dwarfs).
+    int64_t staging = 0;
+    for (const auto& [op, r] : plan_.reduces) staging = std::max(staging, r.rows * r.cols * 4);
+    int64_t a_staging = 0;
+    for (const auto& [op, w] : plan_.dots)
+      if (w.a_staged) a_staging = std::max(a_staging, f_.type(op->operands[0]).numel() * 2);
+    const int64_t fixed = align_up(staging, 1024) + align_up(a_staging, 1024) + 2048;
+    auto over = [&] { return at + ring_bytes + barrier_bytes + fixed > kPersistentBudget; };
+    auto encloses_ring = [&](const ir::Op* loop) {
+      return std::any_of(rings.begin(), rings.end(), [&](const ir::Op* inner) {
+        for (const ir::Op* p = parent_.at(inner); p; p = parent_.at(p))
+          if (p == loop) return true;
+        return false;
+      });
+    };
+    for (int floor : {2, 1})
+      for (const ir::Op* loop : rings) {
+        SmemRing& r = plan_.rings.at(loop);
+        if (floor == 1 && !encloses_ring(loop)) continue;
+        while (r.stages > floor && over()) {
+          --r.stages;
+          ring_bytes -= r.stage_bytes;
+          barrier_bytes -= 16;
+        }
       }
-    }
     for (const ir::Op* loop : rings) {
       SmemRing& r = plan_.rings.at(loop);
       r.base = at;

@@ -686,6 +686,8 @@ lang::Meta meta_of(const Config& c) {
   // likewise the reduction and the descending walk: recompute's dK/dV is the kernel without them
   if (c.reduction != 0) all.emplace_back("DQ_REDUCTION", c.reduction);
   if (c.q_descending) all.emplace_back("Q_DESCENDING", true);
+  // ordered without the descending walk: DASH's shift schedule on a persistent grid
+  if (c.reduction == static_cast<int>(DqReduction::ordered) && !c.q_descending) all.emplace_back("PERSISTENT", true);
   lang::Meta used;
   for (auto& m : all)
     if (declares(c.pass, m.first.c_str())) used.push_back(std::move(m));
@@ -1161,8 +1163,16 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     throw std::logic_error(fmt::format("tilejit::attention: attention_bwd_dq_reduce at {}x{} tiles but dK/dV at {}x{}", dqc.sch.block_m,
                                        dqc.sch.block_n, kv.sch.block_m, kv.sch.block_n));
   Function &pre_fn = function_for(pre), &kv_fn = function_for(kv), &dq_fn = function_for(dqc);
-  const runtime::Grid pre_grid{lang::cdiv(d.seq_q, pre.sch.block_m), d.heads_q, d.batch},
+  runtime::Grid pre_grid{lang::cdiv(d.seq_q, pre.sch.block_m), d.heads_q, d.batch},
       kv_grid{lang::cdiv(d.seq_k, kv.sch.block_n), d.heads_kv, d.batch}, dq_grid{lang::cdiv(d.seq_q, dqc.sch.block_m), d.heads_q, d.batch};
+  if (d.reduction == DqReduction::ordered && !d.q_descending && declares(Pass::bwd_dkdv, "PERSISTENT")) {
+    // PERSISTENT: one program per multiprocessor at most (all resident: the programs wait on each
+    // other), no more than there are items (key tiles, or causal pairs of them)
+    const int64_t n = lang::cdiv(d.seq_k, kv.sch.block_n), items = d.batch * d.heads_kv * (d.causal ? (n + 1) / 2 : n);
+    auto& drv = runtime::Driver::get();
+    const int64_t sms = drv.available() ? drv.props(q.device).sm_count : 1;  // (without a GPU: only the dry launches)
+    kv_grid = {std::max<int64_t>(1, std::min(sms, items)), 1, 1};
+  }
   const auto run = [&](uint64_t base, bool dry) {
     const Bindings b = bind(base);
     std::optional<PrePass> kv_lists, dq_lists;

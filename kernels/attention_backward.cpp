@@ -22,6 +22,7 @@
 
 #include "kernels/attention.hpp"
 #include "kernels/attention_mask.hpp"
+#include "kernels/backward_schedule_lang.hpp"
 #include "kernels/philox.hpp"
 
 namespace tilejit::kernels {
@@ -262,22 +263,34 @@ const Kernel& attention_backward_dkdv() {
     if (reduction == DqReduction::ordered) dq_sem = kb.pointer("dQ_semaphores", i32);
     // Q_DESCENDING (causal): a key block visits its query blocks from the last to the first.
     const bool q_descending = kb.meta<bool>("Q_DESCENDING", false);
+    // PERSISTENT (ordered): DASH's schedule (kernels/backward_schedule.hpp): num_programs(0) programs,
+    // all resident, take the items (key tiles; causal: pairs n, N-1-n) of every (batch, KV head) in
+    // turn; tiles of one wave visit query tiles in the shift orders, and each adds into dQ[m] when
+    // the accumulation order says (wait_target), so no tile waits in the full case.
+    const bool persistent = kb.meta<bool>("PERSISTENT", false);
     auto softmax_scale = kb.scalar<float>("softmax_scale");
     auto qk_scale = softmax_scale * kLog2e;
 
     std::optional<AttentionDropout> drop;
-    HeadRows rows = a.sequence(kb, program_id(2), drop);
+    HeadRows rows0 = a.sequence(kb, persistent ? zeros(i32, {}) : program_id(2), drop);
     a.declare_mask(kb, /*kv_major=*/true);
-    Tile n_block = program_id(0), kv_h = program_id(1);
-    if (a.mask) std::tie(n_block, kv_h) = a.mask->program_order(a.BN, n_block, kv_h);  // heavy key blocks first
-    auto n0 = n_block * a.BN;
     if (reduction == DqReduction::ordered && a.mask)
       kb.fail(Loc::current(), "DQ_REDUCTION=3 (ordered) takes the full and causal masks only (its wait targets count every earlier "
                               "key block); use atomic or split with library masks");
     if (q_descending && (a.mask || reduction == DqReduction::split))
       kb.fail(Loc::current(), "Q_DESCENDING applies to the full and causal walks without the split reduction");
-    dK = rows.keys(dK), dV = rows.keys(dV);
-    auto S_q = rows.seq_len(a.Q), S_k = rows.seq_len(a.K);
+    if (persistent && (reduction != DqReduction::ordered || q_descending || a.varlen))
+      kb.fail(Loc::current(), fmt::format("PERSISTENT takes DQ_REDUCTION=3 (ordered) on dense batches without Q_DESCENDING (its "
+                                          "visit order is DASH's shift order); got DQ_REDUCTION={}{}{}",
+                                          static_cast<int>(reduction), q_descending ? ", Q_DESCENDING" : "", a.varlen ? ", VARLEN" : ""));
+    const Tile S_q = rows0.seq_len(a.Q), S_k = rows0.seq_len(a.K);  // dense: every batch's
+    const BwdScheduleLang sched{S_q, S_k, a.BM, a.BN, a.causal};
+    // One key tile of one (batch, KV head): dK, dV over its group's query heads and query tiles.
+    // PERSISTENT: `slot` and `stage` say where it stands in DASH's schedule.
+    auto key_tile = [&](HeadRows rows, Tile n_block, Tile kv_h, const BwdScheduleLang::Slot* slot, const Tile& stage) {
+    if (a.mask) std::tie(n_block, kv_h) = a.mask->program_order(a.BN, n_block, kv_h);  // heavy key blocks first
+    auto n0 = n_block * a.BN;
+    auto dK_t = rows.keys(dK), dV_t = rows.keys(dV);
     auto group = a.group(rows);
     auto k = load(rows(a.K, kv_h, n0, a.BN)), v = load(rows(a.V, kv_h, n0, a.BN));
     auto keys = (n0 + arange(0, a.BN))[col];  // [BN, 1]: this program's blocks are transposed, S^T
@@ -294,7 +307,8 @@ const Kernel& attention_backward_dkdv() {
       if (a.mask) seq = a.mask->bind(rows.b, h, S_q, S_k);
       // One query block; needs_mask (library masks): whether its P^T needs the element mask (a
       // partial block or keys past S_k; rows past S_q have P = 0 already: LSE = +inf there).
-      auto block = [&](const Tile& m0, const Tile& needs_mask) {
+      // ordered: the semaphore count to wait for before adding (default: n_block).
+      auto block = [&](const Tile& m0, const Tile& needs_mask, const Tile& wait_target = Tile()) {
         auto q = load(rows(a.Q, h, m0, a.BM)), dout = load(rows(a.dO, h, m0, a.BM));
         auto lse = a.lse_log2(rows, h, m0)[row];  // [1, BM]
         auto delta = load(rows(a.Delta, h, m0, a.BM))[row];
@@ -347,7 +361,7 @@ const Kernel& attention_backward_dkdv() {
             // only: no deadlock whatever the residency. Each add is elementwise, so the order of the
             // key blocks fixes every element's sum.
             Tile sem = dq_sem + (a.batch_head(rows, h) * cdiv(S_q, a.BM) + m0 / a.BM);
-            wait_at_least(sem, n_block);
+            wait_at_least(sem, wait_target.valid() ? wait_target : n_block);
             atomic_add(window(), dq_part);
             signal_add(sem, 1);
           } else {
@@ -355,6 +369,13 @@ const Kernel& attention_backward_dkdv() {
           }
         }
       };
+      if (slot) {  // PERSISTENT: the shift order; each add waits for its place in the fixed order
+        for_range(0, sched.visit_count(n_block), [&](Tile t) {
+          Tile m = sched.visit_query_tile(*slot, stage, n_block, t);
+          block(m * a.BM, Tile(), sched.wait_target(*slot, stage, n_block, m));
+        });
+        return;
+      }
       if (!seq) {
         if (q_descending) {
           Tile trips = cdiv(maximum(m_end - m_begin, 0), a.BM);
@@ -374,10 +395,24 @@ const Kernel& attention_backward_dkdv() {
         block(t.start, t.partial | keys_edge);
       });
     });
-    store(rows(dK, kv_h, n0, a.BN), cast(a.T, dk * softmax_scale));
+    store(rows(dK_t, kv_h, n0, a.BN), cast(a.T, dk * softmax_scale));
     Tile dv_out = dv;
     if (a.dropout) dv_out = dv_out * drop->scale;
-    store(rows(dV, kv_h, n0, a.BN), cast(a.T, dv_out));
+    store(rows(dV_t, kv_h, n0, a.BN), cast(a.T, dv_out));
+    };
+    if (!persistent) {
+      key_tile(rows0, program_id(0), program_id(1), nullptr, Tile());
+      return;
+    }
+    // item L = (batch * KV heads + KV head) * items + i: the model's heads are the KV heads (a
+    // program runs the whole query group of its KV head, in the same order for every query head)
+    const Tile heads_kv = a.K.size(rows0.head_dim());
+    const Tile total = a.K.size(0) * heads_kv * sched.items_per_head();
+    for_range(program_id(0), total, num_programs(0), [&](Tile linear) {
+      const BwdScheduleLang::Slot s = sched.slot(linear, num_programs(0));
+      HeadRows rows(s.head / heads_kv, a.D, a.bshd, false);
+      for_range(0, sched.stages(s), [&](Tile stage) { key_tile(rows, sched.stage_tile(s, stage), s.head % heads_kv, &s, stage); });
+    });
   });
   return kern;
 }

@@ -36,6 +36,7 @@
 #include "kernels/attention_mask.hpp"
 #include "kernels/attention_mask_host.hpp"
 #include "kernels/backward_schedule.hpp"
+#include "kernels/backward_schedule_lang.hpp"
 #include "kernels/philox_host.hpp"
 #include "kernels/registry.hpp"
 #include "runtime/interpreter.hpp"
@@ -170,8 +171,9 @@ Meta kernel_meta(const Problem& p) {
 // The whole backward after the forward: preprocess, the pre-pass (list kinds), dK/dV with the
 // reduction, then the dQ kernel (recompute), the convert (atomic) or the reduce (split).
 // `workspace_fill`: what the split workspace holds before (NaN: poison; else that value everywhere).
+// `persistent_programs` > 0: ordered with PERSISTENT on that many programs (DASH's shift schedule).
 Run run_backward(const Problem& p, Reference& in, double scale, DqReduction reduction, double workspace_fill = NAN,
-                 bool q_descending = false) {
+                 bool q_descending = false, int persistent_programs = 0) {
   Run r{{HostTensor(bf16, p.q_shape()), HostTensor(bf16, p.kv_shape()), HostTensor(bf16, p.kv_shape())}, {}};
   for (HostTensor* t : {&r.g.dq, &r.g.dk, &r.g.dv}) t->poison();
   HostTensor delta(f32, {p.B, p.Hq, p.Sq});
@@ -185,6 +187,7 @@ Run run_backward(const Problem& p, Reference& in, double scale, DqReduction redu
   Meta meta = kernel_meta(p);
   meta.emplace_back("DQ_REDUCTION", static_cast<int>(reduction));
   if (q_descending) meta.emplace_back("Q_DESCENDING", true);
+  if (persistent_programs) meta.emplace_back("PERSISTENT", true);
   std::vector<rt::Arg> args{in.q, in.k, in.v, in.dout, in.lse, delta, r.g.dk, r.g.dv};
   HostTensor semaphores(i32, {p.B * p.Hq, p.q_tiles()});
   if (reduction == DqReduction::atomic) {
@@ -207,7 +210,8 @@ Run run_backward(const Problem& p, Reference& in, double scale, DqReduction redu
   args.insert(args.end(), tail.dropout.begin(), tail.dropout.end());
   args.insert(args.end(), tail.mask.args.begin(), tail.mask.args.end());
   if (kv_lists) kv_lists->append_to(args);
-  rt::interpret(km::attention_backward_dkdv().build(meta), {p.k_tiles(), p.Hkv, p.B}, args);
+  if (persistent_programs) rt::interpret(km::attention_backward_dkdv().build(meta), {persistent_programs, 1, 1}, args);
+  else rt::interpret(km::attention_backward_dkdv().build(meta), {p.k_tiles(), p.Hkv, p.B}, args);
 
   Meta out_meta{{"BLOCK_M", p.bm}, {"HEAD_DIM", D}, {"BSHD", p.bshd}};
   if (reduction == DqReduction::recompute) {
@@ -501,6 +505,20 @@ TEST_CASE("ordered dQ: semaphore-ordered accumulation matches float64 and is the
     const Run base = run_backward(p, in, scale, DqReduction::recompute);
     const Run ordered = run_backward(p, in, scale, DqReduction::ordered);
     const Run again = run_backward(p, in, scale, DqReduction::ordered, NAN, /*q_descending=*/true);
+    // DASH's shift schedule on persistent grids of several sizes: another fixed order, for dQ's
+    // adds and for the query tiles dK and dV sum over (so those differ from ascending's in the last
+    // bits); one program visits in ascending order, as the default
+    for (int programs : {1, 3, 7}) {
+      INFO("PERSISTENT on ", programs, " programs");
+      const Run shift = run_backward(p, in, scale, DqReduction::ordered, NAN, false, programs);
+      CHECK(rt::rel_error(shift.g.dq.to_f64(), in.dq) < 1e-2);
+      CHECK(rt::rel_error(shift.g.dq.to_f64(), base.g.dq.to_f64()) < 5e-3);
+      CHECK(rt::rel_error(shift.g.dk.to_f64(), in.dk) < 1e-2);
+      CHECK(rt::rel_error(shift.g.dv.to_f64(), in.dv) < 1e-2);
+      if (programs == 1) CHECK(same_bits(shift.g.dk, base.g.dk));
+      if (programs == 1) CHECK(same_bits(shift.g.dv, base.g.dv));
+      CHECK(nonzero_keyless_rows(p, in, shift.g.dq) == 0);
+    }
     CHECK(rt::rel_error(ordered.g.dq.to_f64(), in.dq) < 1e-2);
     CHECK(rt::rel_error(ordered.g.dq.to_f64(), base.g.dq.to_f64()) < 5e-3);
     CHECK(same_bits(ordered.g.dk, base.g.dk));
@@ -512,4 +530,68 @@ TEST_CASE("ordered dQ: semaphore-ordered accumulation matches float64 and is the
   CHECK(checked >= 4);
   CHECK_THROWS_WITH_AS(km::attention_backward_dkdv().build({{"DQ_REDUCTION", 3}, {"MASK", static_cast<int>(MaskKind::sliding_window)}}),
                        doctest::Contains("ordered) takes the full and causal masks only"), BuildError);
+}
+
+namespace {
+
+// The persistent dK/dV kernel's schedule arithmetic (kernels/backward_schedule_lang.hpp) as a DSL
+// kernel of its own: for every item, stage and step it writes the query tile visited and the
+// ordered wait target, [items * heads, 2 stages, M steps, 2] (-1 where nothing runs).
+const Kernel& schedule_probe() {
+  static const Kernel k = kernel("schedule_probe", [](Builder& kb) {
+    const int64_t BM = kb.meta<int>("BLOCK_M", 64), BN = kb.meta<int>("BLOCK_N", 64);
+    const bool causal = kb.meta<bool>("CAUSAL", false);
+    auto out = kb.pointer("out", i32);
+    auto heads = kb.scalar<int>("heads"), S_q = kb.scalar<int>("S_q"), S_k = kb.scalar<int>("S_k");
+    const km::BwdScheduleLang sched{S_q, S_k, BM, BN, causal};
+    const Tile M = sched.query_tiles();
+    for_range(program_id(0), heads * sched.items_per_head(), num_programs(0), [&](Tile linear) {
+      const km::BwdScheduleLang::Slot s = sched.slot(linear, num_programs(0));
+      for_range(0, sched.stages(s), [&](Tile stage) {
+        const Tile n = sched.stage_tile(s, stage);
+        for_range(0, sched.visit_count(n), [&](Tile t) {
+          const Tile m = sched.visit_query_tile(s, stage, n, t);
+          const Tile at = ((linear * 2 + stage) * M + t) * 2;
+          store(out + at, m);
+          store(out + (at + 1), sched.wait_target(s, stage, n, m));
+        });
+      });
+    });
+  });
+  return k;
+}
+
+}  // namespace
+
+// The kernel's DSL arithmetic against the host model (kernels/backward_schedule.hpp), which
+// tests/test_backward_schedule.cpp checks against DASH's rules and the simulator.
+TEST_CASE("PERSISTENT schedule: the DSL's visit orders and wait targets are the host model's (shift order)") {
+  int compared = 0;
+  for (bool causal : {false, true})
+    for (auto [sq, sk, bm, bn] : {std::array{512, 512, 64, 64}, std::array{500, 380, 64, 128}, std::array{300, 520, 32, 64},
+                                  std::array{1024, 1024, 64, 128}, std::array{130, 900, 64, 64}})
+      for (int programs : {1, 3, 5, 16}) {
+        km::BwdProblem p{.heads = 3, .seq_q = sq, .seq_k = sk, .block_m = bm, .block_n = bn,
+                         .mask = causal ? km::BwdMask::causal : km::BwdMask::full};
+        INFO(fmt::format("causal {} S_q {} S_k {} BM {} BN {} P {}", causal, sq, sk, bm, bn, programs));
+        const int items = km::items_per_head(p), M = p.query_tiles();
+        HostTensor out(i32, {p.heads * items, 2, M, 2});
+        out.fill(-1.0);
+        rt::interpret(schedule_probe().build({{"BLOCK_M", bm}, {"BLOCK_N", bn}, {"CAUSAL", causal}}), {programs, 1, 1},
+                      {out, static_cast<int32_t>(p.heads), static_cast<int32_t>(sq), static_cast<int32_t>(sk)});
+        const auto* got = static_cast<const int32_t*>(out.data());
+        for (int bh = 0; bh < p.heads; ++bh)
+          for (int n = 0; n < p.key_tiles(); ++n) {
+            const km::KeyTileSlot s = km::key_tile_slot(p, programs, bh, n);
+            const std::vector<int> visits = km::visit_order(p, km::QOrder::shift, s);
+            for (size_t t = 0; t < visits.size(); ++t) {
+              const size_t at = ((static_cast<size_t>(bh * items + s.item) * 2 + static_cast<size_t>(s.stage)) * static_cast<size_t>(M) + t) * 2;
+              INFO("head ", bh, " key tile ", n, " step ", t);
+              REQUIRE(got[at] == visits[t]);
+              CHECK(got[at + 1] == km::wait_target(p, km::QOrder::shift, s, visits[t]));
+              ++compared;
+            }
+          }
+      }
+  CHECK(compared > 1000);
 }
