@@ -307,8 +307,9 @@ const Kernel& attention_backward_dkdv() {
       if (a.mask) seq = a.mask->bind(rows.b, h, S_q, S_k);
       // One query block; needs_mask (library masks): whether its P^T needs the element mask (a
       // partial block or keys past S_k; rows past S_q have P = 0 already: LSE = +inf there).
-      // ordered: the semaphore count to wait for before adding (default: n_block).
-      auto block = [&](const Tile& m0, const Tile& needs_mask, const Tile& wait_target = Tile()) {
+      // ordered: the semaphore count to wait for before adding (default: n_block), and `deferred`:
+      // where to leave this add's semaphore index for the caller to signal later (see below).
+      auto block = [&](const Tile& m0, const Tile& needs_mask, const Tile& wait_target = Tile(), Var* deferred = nullptr) {
         auto q = load(rows(a.Q, h, m0, a.BM)), dout = load(rows(a.dO, h, m0, a.BM));
         auto lse = a.lse_log2(rows, h, m0)[row];  // [1, BM]
         auto delta = load(rows(a.Delta, h, m0, a.BM))[row];
@@ -360,20 +361,28 @@ const Kernel& attention_backward_dkdv() {
             // grows towards earlier keys). dQ_accum starts at zero. Waits are on lower block indices
             // only: no deadlock whatever the residency. Each add is elementwise, so the order of the
             // key blocks fixes every element's sum.
-            Tile sem = dq_sem + (a.batch_head(rows, h) * cdiv(S_q, a.BM) + m0 / a.BM);
-            wait_at_least(sem, wait_target.valid() ? wait_target : n_block);
+            Tile sem_index = a.batch_head(rows, h) * cdiv(S_q, a.BM) + m0 / a.BM;
+            // PERSISTENT: the previous block's signal is given only now, one block of work after
+            // its add was issued: a signal first waits for the add's writes to complete in L2,
+            // which stalled the whole program when it came right after the add. Still before this
+            // block waits, so every wait's predecessor has been signalled: no new waits arise.
+            if (deferred) if_(*deferred >= 0, [&] { signal_add(dq_sem + *deferred, 1); });
+            wait_at_least(dq_sem + sem_index, wait_target.valid() ? wait_target : n_block);
             atomic_add(window(), dq_part);
-            signal_add(sem, 1);
+            if (deferred) *deferred = sem_index;
+            else signal_add(dq_sem + sem_index, 1);
           } else {
             store(dq_ws.block({a.batch_head(rows, h), m0 / a.BM, n_block, 0, 0}, {a.BM, a.D}, {3, 4}), dq_part);
           }
         }
       };
       if (slot) {  // PERSISTENT: the shift order; each add waits for its place in the fixed order
+        Var deferred = full(i32, {}, -1);  // the last add's semaphore, not signalled yet
         for_range(0, sched.visit_count(n_block), [&](Tile t) {
           Tile m = sched.visit_query_tile(*slot, stage, n_block, t);
-          block(m * a.BM, Tile(), sched.wait_target(*slot, stage, n_block, m));
+          block(m * a.BM, Tile(), sched.wait_target(*slot, stage, n_block, m), &deferred);
         });
+        if_(deferred >= 0, [&] { signal_add(dq_sem + deferred, 1); });
         return;
       }
       if (!seq) {
