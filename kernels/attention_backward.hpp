@@ -70,6 +70,12 @@ namespace tilejit::kernels {
 //   dK and dV are computed as with 0 (the same values). attention_bwd_dq is not run.
 // Q_DESCENDING (dK/dV, full/causal walks, not split): a key block visits its query tiles from the
 // last to the first (DASH's descending order for causal masks).
+// PERSISTENT (dK/dV, DQ_REDUCTION=3, dense, not Q_DESCENDING): DASH's schedule on a persistent grid
+// (kernels/backward_schedule.hpp): launch (P, 1, 1) programs, all resident at once (P <= SM count);
+// program p takes items L = p, p + P, ... (key tiles, causal pairs n / N-1-n, of each (batch, KV
+// head)), visits query tiles in the shift orders and waits for each add's place in the fixed
+// accumulation order (kernels/backward_schedule_lang.hpp). dK, dV sum the query tiles in that visit
+// order, so their last bits differ from the other walks'; every run gives the same bits for one P.
 // Workspaces (f32, contiguous, 16-byte aligned; parameter after dV, before softmax_scale):
 //   dQ_accum [batch, heads_q, seq_q, head_dim] (always this order, even with BSHD); must be ZERO
 //     before the dK/dV kernel (atomic and ordered add into it; rows it never adds into stay 0).
