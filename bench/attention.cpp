@@ -612,15 +612,24 @@ int bench_masks(int max_reps) {
         if (r.kind == MaskKind::prefix_lm) m.prefix_lengths = attention::contiguous(d_prefix.ptr(), ir::DType::i32, {B});
         opts.mask = m;
       }
-      DeviceBuffer ws(std::max(attention::backward_workspace_bytes(Q, K, opts), attention::forward_workspace_bytes(Q, K, opts)) + 256);
+      // bwd: the default (recompute: deterministic, dQ by its own kernel); bwd_atomic: dQ's parts
+      // added into a workspace by the dK/dV kernel (5 matmuls, one pre-pass; FlexAttention's kind)
+      attention::Options atomic = opts;
+      atomic.dq_reduction = attention::DqReduction::atomic;
+      DeviceBuffer ws(std::max({attention::backward_workspace_bytes(Q, K, opts), attention::backward_workspace_bytes(Q, K, atomic),
+                                attention::forward_workspace_bytes(Q, K, opts)}) + 256);
       const attention::Workspace w{ws.ptr(), ws.bytes()};
       attention::forward(Q, K, V, O, L, opts, stream.handle(), {ws.ptr(), ws.bytes()});
       const double bwd_ms = time_ms([&] { attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), w); }, stream,
                                     max_reps);
-      const double bwd_tflops = 2.5 * 4.0 * static_cast<double>(D) * static_cast<double>(allowed) / (bwd_ms * 1e-3) / 1e12;
-      std::printf("MASK name=%s S=%ld B=%ld H=%ld D=%ld density=%.4f fwd_ms=%.4f fwd_tflops=%.1f bwd_ms=%.4f bwd_tflops=%.1f\n", r.label,
-                  static_cast<long>(S), static_cast<long>(B), static_cast<long>(H), static_cast<long>(D),
-                  static_cast<double>(allowed) / (static_cast<double>(B * H) * double(S) * double(S)), ms, tflops, bwd_ms, bwd_tflops);
+      const double bwd_atomic_ms = time_ms([&] { attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, atomic, stream.handle(), w); },
+                                           stream, max_reps);
+      const double bwd_flop = 2.5 * 4.0 * static_cast<double>(D) * static_cast<double>(allowed);
+      std::printf("MASK name=%s S=%ld B=%ld H=%ld D=%ld density=%.4f fwd_ms=%.4f fwd_tflops=%.1f bwd_ms=%.4f bwd_tflops=%.1f "
+                  "bwd_atomic_ms=%.4f bwd_atomic_tflops=%.1f\n",
+                  r.label, static_cast<long>(S), static_cast<long>(B), static_cast<long>(H), static_cast<long>(D),
+                  static_cast<double>(allowed) / (static_cast<double>(B * H) * double(S) * double(S)), ms, tflops, bwd_ms,
+                  bwd_flop / (bwd_ms * 1e-3) / 1e12, bwd_atomic_ms, bwd_flop / (bwd_atomic_ms * 1e-3) / 1e12);
       std::fflush(stdout);
     }
   }

@@ -44,7 +44,7 @@ class Lowerer {
       for (ir::ValueId r : op.results) def_[r] = &op;
       if (op.kind == OpKind::for_) iv_loop_[op.regions[0].args[0]] = &op;
     });
-    blocks_.push_back(&out_.body);
+    push_block(&out_.body);
     frames_.emplace_back();
     params();
     tensor_map_params();
@@ -72,6 +72,15 @@ class Lowerer {
 
  private:
   // ---------------------------------------------------------------- emission helpers
+  // The pir block being emitted into; each gets a fresh id (straight-line facts are keyed by it).
+  void push_block(pir::Block* b) {
+    blocks_.push_back(b);
+    block_ids_.push_back(++block_serial_);
+  }
+  void pop_block() {
+    blocks_.pop_back();
+    block_ids_.pop_back();
+  }
   [[noreturn]] void fail(const ir::Op* op, const std::string& msg) const {
     if (!op) throw LoweringError(fmt::format("tilejit: kernel '{}': {}", f_.name, msg));
     throw LoweringError(fmt::format("tilejit: kernel '{}': {} at {}: {}", f_.name, ir::op_name(op->kind), op->loc.str(), msg));
@@ -839,7 +848,7 @@ class Lowerer {
     in.args = {cond};
     for (int side = 0; side < 2; ++side) {
       pir::Block pb;
-      blocks_.push_back(&pb);
+      push_block(&pb);
       frames_.emplace_back();
       Regs ys = side == 0 ? then_body() : else_body();
       pir::Inst y;
@@ -847,7 +856,7 @@ class Lowerer {
       y.args = ys;
       pb.insts.push_back(std::move(y));
       frames_.pop_back();
-      blocks_.pop_back();
+      pop_block();
       in.regions.push_back(std::move(pb));
     }
     for (const pir::Ty& t : types) in.results.push_back(out_.new_value(t));
@@ -951,9 +960,13 @@ class Lowerer {
     }
     const TmaReduce& red = it->second;
     V is0 = cmp(pir::Pred::eq, tid_, ci32(0));
-    // The staging tile is free once the previous reduce has read it (thread 0 issued it).
-    pir_if(is0, [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
-    emit0(Op::barrier, {});
+    // The staging tile is free once the previous reduce has read it (thread 0 issued it), unless a
+    // barrier after such a wait was already met in this block (e.g. staging dQ's A operand).
+    if (reduce_staging_free_in_ != block_ids_.back()) {
+      pir_if(is0, [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
+      emit0(Op::barrier, {});
+    }
+    reduce_staging_free_in_ = -1;
     // Element (r, c) of chunk c / 32: row r's 128 bytes with 16-byte unit u stored at u ^ (r % 8)
     // (the 128-byte swizzle TMA reads with).
     for (uint32_t r = 0; r < val.size(); ++r) {
@@ -1165,7 +1178,7 @@ class Lowerer {
     V k = out_.new_value(pir::scalar(DType::i32));
     body.args.push_back(k);
     for (size_t i = 0; i < c.size(); ++i) body.args.push_back(out_.new_value(pir::scalar(C.dtype)));
-    blocks_.push_back(&body);
+    push_block(&body);
     frames_.emplace_back();
     pir::Inst y;
     y.op = Op::yield;
@@ -1179,7 +1192,7 @@ class Lowerer {
     }
     body.insts.push_back(std::move(y));
     frames_.pop_back();
-    blocks_.pop_back();
+    pop_block();
     for (size_t i = 0; i < c.size(); ++i) loop.results.push_back(out_.new_value(pir::scalar(C.dtype)));
     loop.regions.push_back(std::move(body));
     Regs res = loop.results;
@@ -1225,7 +1238,7 @@ class Lowerer {
       arg_regs.push_back(fresh(body.args[i + 1], lay[i]));
       for (V x : arg_regs.back()) pb.args.push_back(x);
     }
-    blocks_.push_back(&pb);
+    push_block(&pb);
     frames_.emplace_back();
     frames_.back().scalars[body.args[0]] = iv;
     for (size_t i = 0; i < op.results.size(); ++i) bind(body.args[i + 1], lay[i], arg_regs[i]);
@@ -1239,7 +1252,7 @@ class Lowerer {
       for (V x : carried(iy.operands[i], lay[i])) y.args.push_back(x);
     pb.insts.push_back(std::move(y));
     frames_.pop_back();
-    blocks_.pop_back();
+    pop_block();
     std::vector<Regs> res;
     for (size_t i = 0; i < op.results.size(); ++i) {
       res.push_back(fresh(op.results[i], lay[i]));
@@ -1261,7 +1274,7 @@ class Lowerer {
     for (int side = 0; side < 2; ++side) {
       const ir::Block& region = op.regions[static_cast<size_t>(side)];
       pir::Block pb;
-      blocks_.push_back(&pb);
+      push_block(&pb);
       frames_.emplace_back();
       block(region);
       pir::Inst y;
@@ -1270,7 +1283,7 @@ class Lowerer {
         for (V x : carried(region.ops.back().operands[i], lay[i])) y.args.push_back(x);
       pb.insts.push_back(std::move(y));
       frames_.pop_back();
-      blocks_.pop_back();
+      pop_block();
       in.regions.push_back(std::move(pb));
     }
     std::vector<Regs> res;
@@ -1413,7 +1426,7 @@ class Lowerer {
     Regs acc;
     for (size_t r = 0; r < acc0.size(); ++r) acc.push_back(out_.new_value(pir::scalar(DType::f32)));
     body.args.insert(body.args.end(), acc.begin(), acc.end());
-    blocks_.push_back(&body);
+    push_block(&body);
     frames_.emplace_back();
     {
       V s = bin(Op::rem, i, ci32(S));
@@ -1460,7 +1473,7 @@ class Lowerer {
       body.insts.push_back(std::move(y));
     }
     frames_.pop_back();
-    blocks_.pop_back();
+    pop_block();
     Regs res;
     for (size_t r = 0; r < acc0.size(); ++r) res.push_back(out_.new_value(pir::scalar(DType::f32)));
     loop.results = res;
@@ -1723,7 +1736,10 @@ class Lowerer {
   void stage_a(const ir::Op& trans) {
     if (std::any_of(pending_.begin(), pending_.end(), [&](const PendingDot& p) { return p.group == staged_a_group_; }))
       wait_groups(staged_a_group_);
+    // the same barrier tells every thread that earlier TMA reduces have read their staging tile
+    if (!plan_.hopper.reduces.empty()) pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
     emit0(Op::barrier, {});
+    if (!plan_.hopper.reduces.empty()) reduce_staging_free_in_ = block_ids_.back();
     const ir::ValueId x = trans.operands[0];
     const ir::Type& t = f_.type(x);
     const int64_t K = t.shape[0];
@@ -1819,6 +1835,12 @@ class Lowerer {
   std::unordered_map<ir::ValueId, int64_t> divisors_;
   std::unordered_map<ir::ValueId, const ir::Op*> iv_loop_;
   std::vector<pir::Block*> blocks_;
+  std::vector<int64_t> block_ids_;
+  int64_t block_serial_ = 0;
+  // The block (id) in which, since the last TMA reduce was issued, thread 0 waited for every earlier
+  // reduce to read its staging tile and all threads then met at a barrier: a reduce issued later in
+  // that block finds the staging tile free without another wait and barrier. -1: none.
+  int64_t reduce_staging_free_in_ = -1;
   std::vector<Frame> frames_;
   std::unordered_map<ir::ValueId, const ir::Op*> def_;
   // load_at_use results: the memory epoch (stores, atomics and regions lowered so far) and frame
