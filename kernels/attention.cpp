@@ -130,6 +130,10 @@ const Kernel& attention_forward() {
       amask.emplace(kb, mask_kind);
       if (!amask->has_tile_intervals()) lists.emplace(kb, /*kv_major=*/false);
     }
+    // SCORE_MOD (issue 8): a library score mod (ALiBi, tanh soft-capping) on the natural-unit scores
+    // q . k * softmax_scale before masking and the softmax; its parameter comes last.
+    const AttentionScoreMod score_mod(kb, score_mod_kind_meta(kb));
+    const bool modded = score_mod.kind != ScoreModKind::none;
 
     const int seq_dim = varlen ? 0 : bshd ? 1 : 2, head_dim = varlen ? 1 : bshd ? 2 : 1;
     // Causal: the last query blocks see the most keys; start them first so that the light ones
@@ -182,7 +186,8 @@ const Kernel& attention_forward() {
     // inside the mask skip the per-element compare and select), then the online softmax update.
     // Returns P (of dtype T, dropped elements zeroed) and the rescale factor alpha of the output.
     auto softmax_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw) {
-      Var s = s_raw * qk_scale;
+      Var s = modded ? score_mod.mod(s_raw * softmax_scale, mask_indices(b, h, rows, n0 + arange(0, BN), S_q, S_k)) * 1.4426950408889634
+                     : s_raw * qk_scale;
       if_(partial, [&] {
         auto cols = n0 + arange(0, BN);
         Tile valid = cols[row] < S_k;

@@ -195,6 +195,21 @@ struct BackwardParams {
   }
   std::optional<AttentionMask> mask;
   std::optional<BlockMaskLists> lists;
+  // SCORE_MOD: declares the score mod's parameter (last: call after declare_mask).
+  void declare_score_mod(Builder& kb) { smod.emplace(kb, score_mod_kind_meta(kb)); }
+  std::optional<AttentionScoreMod> smod;
+  // The block's scores in log2 units from the raw dot q . k ([BM, BN], or transposed [BN, BM] for
+  // dK/dV): raw * scale * log2 e, or with a score mod mod(raw * scale) * log2 e; `derivative` gets
+  // d mod / d score where the mod has one (soft-capping; invalid otherwise: a factor of 1).
+  Tile log2_scores(const Tile& raw, const Tile& softmax_scale, const HeadRows& rows, const Tile& h, const Tile& m0, const Tile& n0,
+                   const Tile& S_q, const Tile& S_k, bool transposed, Tile* derivative) const {
+    if (!smod || smod->kind == ScoreModKind::none) return raw * (softmax_scale * kLog2e);
+    const MaskIndices idx = mask_indices(rows.b, h, m0 + arange(0, BM), n0 + arange(0, BN), S_q, S_k);
+    const Tile s = transposed ? trans(raw * softmax_scale) : raw * softmax_scale;  // [BM, BN]
+    auto back = [&](const Tile& t) { return transposed ? trans(t) : t; };
+    if (smod->mod.derivative) *derivative = back(smod->mod.gradient(s, idx));
+    return back(smod->mod(s, idx)) * kLog2e;
+  }
 
   // The rows of batch b (declares the trailing VARLEN parameters cu_seqlens_q, cu_seqlens_k, then
   // with DROPOUT the dropout scalars (and DROPOUT_BITS' mask) into `drop`: call it after the kernel's own parameters); Q, K,
@@ -269,11 +284,11 @@ const Kernel& attention_backward_dkdv() {
     // the accumulation order says (wait_target), so no tile waits in the full case.
     const bool persistent = kb.meta<bool>("PERSISTENT", false);
     auto softmax_scale = kb.scalar<float>("softmax_scale");
-    auto qk_scale = softmax_scale * kLog2e;
 
     std::optional<AttentionDropout> drop;
     HeadRows rows0 = a.sequence(kb, persistent ? zeros(i32, {}) : program_id(2), drop);
     a.declare_mask(kb, /*kv_major=*/true);
+    a.declare_score_mod(kb);
     if (reduction == DqReduction::ordered && a.mask)
       kb.fail(Loc::current(), "DQ_REDUCTION=3 (ordered) takes the full and causal masks only (its wait targets count every earlier "
                               "key block); use atomic or split with library masks");
@@ -314,13 +329,15 @@ const Kernel& attention_backward_dkdv() {
         auto lse = a.lse_log2(rows, h, m0)[row];  // [1, BM]
         auto delta = load(rows(a.Delta, h, m0, a.BM))[row];
         Tile pt;  // P^T
+        Tile mod_grad_t;  // SCORE_MOD with a derivative: d mod / d score, transposed
+        const Tile s_t = a.log2_scores(dot(k, trans(q)), softmax_scale, rows, h, m0, n0, S_q, S_k, /*transposed=*/true, &mod_grad_t);
         if (seq) {
-          Var p_t = exp2(dot(k, trans(q)) * qk_scale - lse);
+          Var p_t = exp2(s_t - lse);
           if_(needs_mask, [&] { p_t = where(trans(seq->allowed(m0 + arange(0, a.BM), n0 + arange(0, a.BN))), p_t, 0.0f); });
           pt = p_t;
         } else {
           auto qrows = (m0 + arange(0, a.BM))[row];
-          pt = where(a.visible(qrows, keys, S_q, S_k), exp2(dot(k, trans(q)) * qk_scale - lse), 0.0f);
+          pt = where(a.visible(qrows, keys, S_q, S_k), exp2(s_t - lse), 0.0f);
         }
         // DROPOUT: the block is transposed (rows are keys, columns query rows): the forward's mask
         // of (query rows m0.., keys n0..), transposed; s = 1 / keep probability is applied to dV
@@ -336,7 +353,8 @@ const Kernel& attention_backward_dkdv() {
           dpt = apply_keep_mask(dpt * drop->scale, keep_t);
         }
         dv = dot(cast(a.T, pt_kept), dout, dv);
-        auto dst = pt * (dpt - delta);  // dS^T = P^T * (dP^T - Delta)
+        Tile dst = pt * (dpt - delta);  // dS^T = P^T * (dP^T - Delta)
+        if (mod_grad_t.valid()) dst = dst * mod_grad_t;  // the gradient of the raw score
         auto dst_t = cast(a.T, dst);
         dk = dot(dst_t, q, dk);
         // DQ_REDUCTION: this block's part of dQ, dS K = trans(dS^T) K [BM, D] (unscaled: the
@@ -431,11 +449,11 @@ const Kernel& attention_backward_dq() {
     BackwardParams a(kb);
     auto dQ = kb.tensor("dQ", a.T, a.rank, kRowMajor);
     auto softmax_scale = kb.scalar<float>("softmax_scale");
-    auto qk_scale = softmax_scale * kLog2e;
 
     std::optional<AttentionDropout> drop;
     HeadRows rows = a.sequence(kb, program_id(2), drop);
     a.declare_mask(kb, /*kv_major=*/false);
+    a.declare_score_mod(kb);
     Tile m_block = program_id(0), h = program_id(1);
     if (a.mask) std::tie(m_block, h) = a.mask->program_order(a.BM, m_block, h);  // heavy query blocks first
     auto m0 = m_block * a.BM;
@@ -456,17 +474,20 @@ const Kernel& attention_backward_dq() {
     auto block = [&](const Tile& n0, const Tile& needs_mask) {
       auto k = load(rows(a.K, kv_h, n0, a.BN)), v = load(rows(a.V, kv_h, n0, a.BN));
       Tile p;
+      Tile mod_grad;  // SCORE_MOD with a derivative: d mod / d score
+      const Tile s = a.log2_scores(dot(q, trans(k)), softmax_scale, rows, h, m0, n0, S_q, S_k, /*transposed=*/false, &mod_grad);
       if (seq) {
-        Var pm = exp2(dot(q, trans(k)) * qk_scale - lse);
+        Var pm = exp2(s - lse);
         if_(needs_mask, [&] { pm = where(seq->allowed(m0 + arange(0, a.BM), n0 + arange(0, a.BN)), pm, 0.0f); });
         p = pm;
       } else {
         auto keys = (n0 + arange(0, a.BN))[row];
-        p = where(a.visible(qrows, keys, S_q, S_k), exp2(dot(q, trans(k)) * qk_scale - lse), 0.0f);
+        p = where(a.visible(qrows, keys, S_q, S_k), exp2(s - lse), 0.0f);
       }
       Tile dp = dot(dout, trans(v));  // dP (of the dropped P: times keep * s)
       if (a.dropout) dp = apply_keep_mask(dp * drop->scale, drop->keep_mask(bh, m0, a.BM, n0, a.BN));
-      auto ds = p * (dp - delta);  // dS = P * (dP - Delta)
+      Tile ds = p * (dp - delta);  // dS = P * (dP - Delta)
+      if (mod_grad.valid()) ds = ds * mod_grad;  // the gradient of the raw score
       dq = dot(cast(a.T, ds), k, dq);
     };
     if (seq) {

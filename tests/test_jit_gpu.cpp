@@ -10,6 +10,7 @@
 #include "dsl/lang.hpp"
 #include "jit/compile.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/attention_backward.hpp"
 #include "kernels/attention_mask.hpp"
 #include "kernels/dropout_mask.hpp"
 #include "kernels/gemm.hpp"
@@ -409,4 +410,51 @@ TEST_CASE("gpu: attention forward with library masks (interval skipping, pre-pas
         kernels::attention_forward().build({{"HEAD_DIM", D}, {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"MASK", static_cast<int>(kind)}}),
         {nb, H, B}, args, 2e-2, o);
   }
+}
+
+TEST_CASE("gpu: score mods (ALiBi, soft-capping) in the attention forward, dK/dV (recompute and atomic) and dQ match the interpreter") {
+  if (!have_gpu()) return;
+  using kernels::ScoreModKind;
+  const int64_t B = 1, Hq = 4, Hkv = 2, S = 300, D = 128;
+  HostTensor q(bf16, {B, Hq, S, D}), k(bf16, {B, Hkv, S, D}), v(bf16, {B, Hkv, S, D}), dout(bf16, {B, Hq, S, D}), slopes(f32, {Hq});
+  q.fill_normal(1, 0, 1), k.fill_normal(2, 0, 1), v.fill_normal(3, 0, 1), dout.fill_normal(4, 0, 1);
+  for (int64_t h = 0; h < Hq; ++h) slopes.set({h}, 0.5 / static_cast<double>(h + 1));
+  const double scale = 1.0 / std::sqrt(double(D));
+  auto opts = [](int warps) {
+    jit::CompileOptions x;
+    x.num_warps = warps;
+    x.pipeline.stages = 2;
+    return x;
+  };
+  for (ScoreModKind mod : {ScoreModKind::alibi, ScoreModKind::softcap})
+    for (bool causal : {false, true}) {
+      INFO(kernels::score_mod_kind_name(mod) << " causal=" << causal);
+      const HostArg mod_arg = mod == ScoreModKind::alibi ? HostArg{&slopes} : HostArg{1.5};
+      const lang::Meta common{{"HEAD_DIM", D}, {"CAUSAL", causal}, {"SCORE_MOD", static_cast<int>(mod)}};
+      auto meta = [&](int64_t bm, int64_t bn) {
+        lang::Meta m = common;
+        m.emplace_back("BLOCK_M", bm), m.emplace_back("BLOCK_N", bn);
+        return m;
+      };
+      HostTensor o(bf16, {B, Hq, S, D}), lse(f32, {B, Hq, S}), delta(f32, {B, Hq, S});
+      const ir::Function fwd = kernels::attention_forward().build(meta(128, 128));
+      check_against_interpreter(fwd, {cdiv(S, 128), Hq, B}, {&q, &k, &v, &o, &lse, scale, mod_arg}, 1e-2, opts(8));
+      // the backward's inputs: the interpreter's forward and Delta
+      runtime::Arg m_arg = mod == ScoreModKind::alibi ? runtime::Arg(slopes) : runtime::Arg(1.5f);
+      runtime::interpret(fwd, {cdiv(S, 128), Hq, B}, {q, k, v, o, lse, static_cast<float>(scale), m_arg});
+      runtime::interpret(kernels::attention_backward_preprocess().build({{"BLOCK_M", 64}, {"HEAD_DIM", D}}), {cdiv(S, 64), Hq, B}, {o, dout, delta});
+      for (int reduction : {0, 1}) {
+        INFO("DQ_REDUCTION " << reduction);
+        HostTensor dk(bf16, {B, Hkv, S, D}), dv(bf16, {B, Hkv, S, D}), accum(f32, {B, Hq, S, D});
+        accum.fill(0.0);
+        lang::Meta m = meta(64, 128);
+        std::vector<HostArg> args{&q, &k, &v, &dout, &lse, &delta, &dk, &dv};
+        if (reduction) m.emplace_back("DQ_REDUCTION", 1), args.emplace_back(&accum);
+        args.insert(args.end(), {scale, mod_arg});
+        check_against_interpreter(kernels::attention_backward_dkdv().build(m), {cdiv(S, 128), Hkv, B}, args, 1e-2, opts(8));
+      }
+      HostTensor dq(bf16, {B, Hq, S, D});
+      check_against_interpreter(kernels::attention_backward_dq().build(meta(128, 64)), {cdiv(S, 128), Hq, B},
+                                {&q, &k, &v, &dout, &lse, &delta, &dq, scale, mod_arg}, 1e-2, opts(8));
+    }
 }
