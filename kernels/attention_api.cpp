@@ -677,7 +677,7 @@ struct Config {
 // 128: one CTA per SM). At D 64 three non-persistent CTAs share an SM, and the persistent grid's
 // one per SM was 0.71x as fast (H100, S4k, BENCHMARKS.md).
 bool persistent_ordered(int reduction, bool q_descending, int64_t head_dim) {
-  return reduction == static_cast<int>(DqReduction::ordered) && !q_descending && head_dim >= 128;
+  return reduction == static_cast<int>(DqReduction::ordered) && !q_descending && head_dim >= 0;
 }
 
 lang::Meta meta_of(const Config& c) {
@@ -1173,12 +1173,13 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   runtime::Grid pre_grid{lang::cdiv(d.seq_q, pre.sch.block_m), d.heads_q, d.batch},
       kv_grid{lang::cdiv(d.seq_k, kv.sch.block_n), d.heads_kv, d.batch}, dq_grid{lang::cdiv(d.seq_q, dqc.sch.block_m), d.heads_q, d.batch};
   if (persistent_ordered(static_cast<int>(d.reduction), d.q_descending, d.head_dim) && declares(Pass::bwd_dkdv, "PERSISTENT")) {
-    // PERSISTENT: one program per multiprocessor at most (all resident: the programs wait on each
-    // other), no more than there are items (key tiles, or causal pairs of them)
+    // PERSISTENT: as many programs as the GPU holds at once (all resident: the programs wait on
+    // each other), no more than there are items (key tiles, or causal pairs of them)
     const int64_t n = lang::cdiv(d.seq_k, kv.sch.block_n), items = d.batch * d.heads_kv * (d.causal ? (n + 1) / 2 : n);
     auto& drv = runtime::Driver::get();
-    const int64_t sms = drv.available() ? drv.props(q.device).sm_count : 1;  // (without a GPU: only the dry launches)
-    kv_grid = {std::max<int64_t>(1, std::min(sms, items)), 1, 1};
+    int64_t resident = 1;  // (without a GPU: only the dry launches use the grid)
+    if (drv.available()) resident = int64_t{drv.props(q.device).sm_count} * std::max(1, kv_fn.gpu_kernel().max_resident_per_sm());
+    kv_grid = {std::max<int64_t>(1, std::min(resident, items)), 1, 1};
   }
   const auto run = [&](uint64_t base, bool dry) {
     const Bindings b = bind(base);

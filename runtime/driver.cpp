@@ -412,6 +412,16 @@ void launch(CUfunction f, const LaunchConfig& cfg, void** kernel_params, const s
                   "cuLaunchKernel", kernel_name);
 }
 
+int max_resident_blocks_per_sm(CUfunction f, int block_threads, size_t dynamic_smem, int device) {
+  Driver& d = Driver::get();
+  d.require("querying occupancy");
+  d.context(device).make_current();
+  int blocks = 0;
+  check_cu(d.api().OccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, block_threads, dynamic_smem),
+           "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  return blocks;
+}
+
 FunctionAttributes attributes(CUfunction f, const std::string& kernel_name, int device) {
   Driver& d = Driver::get();
   d.require("reading function attributes");

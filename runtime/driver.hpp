@@ -79,6 +79,8 @@ inline void check_cu_kernel(CUresult result, std::string_view call, std::string_
   X(FuncGetAttribute, "cuFuncGetAttribute", PFN_cuFuncGetAttribute_v2020)     \
   X(FuncSetAttribute, "cuFuncSetAttribute", PFN_cuFuncSetAttribute_v9000)     \
   X(FuncGetModule, "cuFuncGetModule", PFN_cuFuncGetModule_v11000)             \
+  X(OccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor",                \
+    PFN_cuOccupancyMaxActiveBlocksPerMultiprocessor_v6050)                    \
   X(LaunchKernel, "cuLaunchKernel", PFN_cuLaunchKernel_v4000)                 \
   X(LaunchKernelEx, "cuLaunchKernelEx", PFN_cuLaunchKernelEx_v11060)          \
   X(StreamCreate, "cuStreamCreate", PFN_cuStreamCreate_v2000)                 \
@@ -341,5 +343,10 @@ struct FunctionAttributes {
   int binary_version = 0;  // the binary architecture, major*10+minor (90 for sm_90/sm_90a)
 };
 FunctionAttributes attributes(CUfunction f, const std::string& kernel_name = {}, int device = 0);
+
+// How many blocks of `f` (block_threads threads, dynamic_smem bytes) one multiprocessor holds at
+// once (cuOccupancyMaxActiveBlocksPerMultiprocessor): what a persistent grid whose programs wait on
+// each other may launch per SM, at most.
+int max_resident_blocks_per_sm(CUfunction f, int block_threads, size_t dynamic_smem, int device = 0);
 
 }  // namespace tilejit::runtime

@@ -159,6 +159,8 @@ class GpuKernel {
   const jit::CompiledKernel& compiled() const { return compiled_; }
   const LaunchPlan& plan() const { return plan_; }
   CUfunction function() const { return function_; }  // for benchmarks that launch it raw
+  // Blocks of this kernel one multiprocessor holds at once (its threads and dynamic shared memory).
+  int max_resident_per_sm() const { return max_resident_blocks_per_sm(function_, static_cast<int>(block_threads_), smem_bytes_, device_); }
   int device() const { return device_; }
 
  private:
