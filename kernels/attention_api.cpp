@@ -673,11 +673,10 @@ struct Config {
 };
 
 // Whether dK/dV runs ordered on a persistent grid with DASH's shift schedule (PERSISTENT): ordered
-// without the descending walk, at head dims whose dK/dV program fills a multiprocessor anyway (D
-// 128: one CTA per SM). At D 64 three non-persistent CTAs share an SM, and the persistent grid's
-// one per SM was 0.71x as fast (H100, S4k, BENCHMARKS.md).
-bool persistent_ordered(int reduction, bool q_descending, int64_t head_dim) {
-  return reduction == static_cast<int>(DqReduction::ordered) && !q_descending && head_dim >= 0;
+// without the descending walk. The grid holds as many programs as are resident at once (occupancy:
+// at D 64 two per SM; one per SM there was 0.71x as fast as the non-persistent walk, H100 S4k).
+bool persistent_ordered(int reduction, bool q_descending) {
+  return reduction == static_cast<int>(DqReduction::ordered) && !q_descending;
 }
 
 lang::Meta meta_of(const Config& c) {
@@ -694,7 +693,7 @@ lang::Meta meta_of(const Config& c) {
   // likewise the reduction and the descending walk: recompute's dK/dV is the kernel without them
   if (c.reduction != 0) all.emplace_back("DQ_REDUCTION", c.reduction);
   if (c.q_descending) all.emplace_back("Q_DESCENDING", true);
-  if (persistent_ordered(c.reduction, c.q_descending, c.head_dim)) all.emplace_back("PERSISTENT", true);
+  if (persistent_ordered(c.reduction, c.q_descending)) all.emplace_back("PERSISTENT", true);
   lang::Meta used;
   for (auto& m : all)
     if (declares(c.pass, m.first.c_str())) used.push_back(std::move(m));
@@ -1172,7 +1171,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   Function &pre_fn = function_for(pre), &kv_fn = function_for(kv), &dq_fn = function_for(dqc);
   runtime::Grid pre_grid{lang::cdiv(d.seq_q, pre.sch.block_m), d.heads_q, d.batch},
       kv_grid{lang::cdiv(d.seq_k, kv.sch.block_n), d.heads_kv, d.batch}, dq_grid{lang::cdiv(d.seq_q, dqc.sch.block_m), d.heads_q, d.batch};
-  if (persistent_ordered(static_cast<int>(d.reduction), d.q_descending, d.head_dim) && declares(Pass::bwd_dkdv, "PERSISTENT")) {
+  if (persistent_ordered(static_cast<int>(d.reduction), d.q_descending) && declares(Pass::bwd_dkdv, "PERSISTENT")) {
     // PERSISTENT: as many programs as the GPU holds at once (all resident: the programs wait on
     // each other), no more than there are items (key tiles, or causal pairs of them)
     const int64_t n = lang::cdiv(d.seq_k, kv.sch.block_n), items = d.batch * d.heads_kv * (d.causal ? (n + 1) / 2 : n);

@@ -71,7 +71,8 @@ namespace tilejit::kernels {
 // Q_DESCENDING (dK/dV, full/causal walks, not split): a key block visits its query tiles from the
 // last to the first (DASH's descending order for causal masks).
 // PERSISTENT (dK/dV, DQ_REDUCTION=3, dense, not Q_DESCENDING): DASH's schedule on a persistent grid
-// (kernels/backward_schedule.hpp): launch (P, 1, 1) programs, all resident at once (P <= SM count);
+// (kernels/backward_schedule.hpp): launch (P, 1, 1) programs, all resident at once (P <= SM count
+// times the blocks one SM holds);
 // program p takes items L = p, p + P, ... (key tiles, causal pairs n / N-1-n, of each (batch, KV
 // head)), visits query tiles in the shift orders and waits for each add's place in the fixed
 // accumulation order (kernels/backward_schedule_lang.hpp). dK, dV sum the query tiles in that visit
