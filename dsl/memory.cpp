@@ -195,7 +195,8 @@ void store(const BlockRef& blk, const Operand& value, Loc loc) {
   b.emit(OpKind::block_store, std::move(ops), {{"dims", blk.dims}}, loc);
 }
 
-void atomic_add(const BlockRef& blk, const Operand& value, Loc loc) {
+namespace {
+void window_atomic_add(const BlockRef& blk, const Operand& value, const Operand* semaphore, const Operand* target, Loc loc) {
   Builder& b = builder_for({&value}, loc);
   DType d = blk.tensor.dtype();
   check_value_dtype(b, value, d, loc, "atomic_add");
@@ -204,7 +205,26 @@ void atomic_add(const BlockRef& blk, const Operand& value, Loc loc) {
   Tile v = detail::materialize(b, value, d, blk.shape, loc, "atomic_add");
   std::vector<ir::ValueId> ops{blk.tensor.descriptor().id(), v.id()};
   for (const Tile& t : blk.offsets) ops.push_back(t.id());
-  b.emit(OpKind::block_store, std::move(ops), {{"dims", blk.dims}, {"reduce", std::string("add")}}, loc);
+  ir::AttrMap attrs{{"dims", blk.dims}, {"reduce", std::string("add")}};
+  if (semaphore) {  // ordered: the semaphore and its target follow the offsets
+    Tile p = pointer_tile(b, *semaphore, loc, "atomic_add");
+    const ir::Type& pt = b.type(p.id());
+    if (!pt.is_scalar() || pt.dtype != DType::i32)
+      b.fail(loc, fmt::format("atomic_add: the semaphore must be one i32 (a scalar pointer to i32), got {}", ir::to_string(pt)));
+    Tile t = target->is_literal() ? detail::materialize(b, *target, DType::i32, {}, loc, "atomic_add") : cast(DType::i32, target->tile(), loc);
+    if (!b.type(t.id()).is_scalar()) b.fail(loc, fmt::format("atomic_add: the target must be an integer scalar, got {}", ir::to_string(b.type(t.id()))));
+    ops.push_back(p.id()), ops.push_back(t.id());
+    attrs["after_semaphore"] = int64_t{1};
+  }
+  b.emit(OpKind::block_store, std::move(ops), std::move(attrs), loc);
 }
+}  // namespace
+
+void atomic_add(const BlockRef& blk, const Operand& value, Loc loc) { window_atomic_add(blk, value, nullptr, nullptr, loc); }
+void atomic_add(const BlockRef& blk, const Operand& value, const Operand& semaphore, const Operand& target, Loc loc) {
+  window_atomic_add(blk, value, &semaphore, &target, loc);
+}
+
+
 
 }  // namespace tilejit::lang

@@ -42,6 +42,11 @@ void store(const BlockRef& block, const Operand& value, std::source_location loc
 // contiguous dim is staged in shared memory and added by TMA (cp.reduce.async.bulk.tensor: whole
 // 128-byte lines in L2 instead of one atomic per element); otherwise one red.global.add per element.
 void atomic_add(const BlockRef& block, const Operand& value, std::source_location loc = std::source_location::current());
+// The same add, made once *semaphore >= target (acquire, GPU scope): wait_at_least + atomic_add
+// in one op, for adds in a fixed order (signal_add afterwards releases the next one). On the TMA
+// path only the thread that issues the add waits, so the program does not stop at a barrier for it.
+void atomic_add(const BlockRef& block, const Operand& value, const Operand& semaphore, const Operand& target,
+                std::source_location loc = std::source_location::current());
 // load(block), with leave for the GPU backend to read the window again at each use, directly in
 // the register layout that use needs (when nothing was stored in between), instead of loading it
 // once and exchanging it through shared memory. Same values everywhere; meant for small read-only

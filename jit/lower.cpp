@@ -948,8 +948,15 @@ class Lowerer {
     Layout L = plan_.natural[op.operands[1]] ? *plan_.natural[op.operands[1]] : memory_layout(t);
     Regs val = get(op.operands[1], L);
     std::optional<V> own = owner(L);
+    // ordered (after_semaphore): the add waits until *semaphore >= target
+    const bool ordered = op.attrs.count("after_semaphore") != 0;
+    V sem = ordered ? scalar(op.operands[op.operands.size() - 2]) : 0, target = ordered ? scalar(op.operands.back()) : 0;
     auto it = plan_.hopper.reduces.find(&op);
     if (it == plan_.hopper.reduces.end()) {
+      if (ordered) {  // every thread adds: thread 0 waits, the barrier hands the acquired view on
+        pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::sem_wait, {sem, target}); });
+        emit0(Op::barrier, {});
+      }
       Regs addr, inb;
       window(op, 2, L, addr, inb);
       for (uint32_t r = 0; r < addr.size(); ++r) {
@@ -986,7 +993,12 @@ class Lowerer {
     emit0(Op::barrier, {});
     V base = smem_at(plan_.hopper.reduce_staging);
     pir_if(is0, [&] {
-      const size_t rank = op.operands.size() - 2;
+      // ordered: only this thread issues the add, so only it waits (no barrier for the others)
+      if (ordered) {
+        emit0(Op::sem_wait, {sem, target});
+        emit0(Op::fence_proxy_async_global, {});  // the TMA add comes after what the signals released
+      }
+      const size_t rank = tensors_.at(op.operands[0]).sizes.size();
       V map = tensor_map(red.param_index, red.box);
       for (int64_t k = 0; k < red.cols / 32; ++k) {
         std::vector<V> args{bin(Op::add, base, cint(DType::u32, k * red.chunk_bytes())), map};

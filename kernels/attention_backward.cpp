@@ -385,8 +385,8 @@ const Kernel& attention_backward_dkdv() {
             // which stalled the whole program when it came right after the add. Still before this
             // block waits, so every wait's predecessor has been signalled: no new waits arise.
             if (deferred) if_(*deferred >= 0, [&] { signal_add(dq_sem + *deferred, 1); });
-            wait_at_least(dq_sem + sem_index, wait_target.valid() ? wait_target : n_block);
-            atomic_add(window(), dq_part);
+            // the add waits for its turn (on the TMA path only the issuing thread waits)
+            atomic_add(window(), dq_part, dq_sem + sem_index, wait_target.valid() ? wait_target : n_block);
             if (deferred) *deferred = sem_index;
             else signal_add(dq_sem + sem_index, 1);
           } else {

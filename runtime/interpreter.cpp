@@ -468,6 +468,7 @@ class Machine {
       case turn_end: return;  // a schedule of warpgroups: no effect on values
       case block_load: return block_op(op);
       case block_store: {
+        if (op.attrs.count("after_semaphore")) wait_until(op, op.operands[op.operands.size() - 2], op.operands.back());
         std::unique_lock<std::mutex> lock;  // atomic_add on a window: one update at a time
         if (sync_ && op.attrs.count("reduce")) lock = std::unique_lock(sync_->mu);
         return block_op(op);
@@ -879,9 +880,12 @@ class Machine {
     return access(op, static_cast<uint64_t>(S(op.operands[0]).i[0]), 4, verb, -1, scalar_shape);
   }
 
-  void wait_op(const Op& op) {
-    std::byte* p = semaphore(op, "waits on");
-    const int64_t target = S(op.operands[1]).i[0];
+  void wait_op(const Op& op) { wait_until(op, op.operands[0], op.operands[1]); }
+  // Until *sem >= target (the semaphore operand and the target operand of `op`).
+  void wait_until(const Op& op, ir::ValueId sem, ir::ValueId target_id) {
+    static const ir::Shape scalar_shape;
+    std::byte* p = access(op, static_cast<uint64_t>(S(sem).i[0]), 4, "waits on", -1, scalar_shape);
+    const int64_t target = S(target_id).i[0];
     auto value = [&] { return element::read_int(DType::i32, p); };
     // kernels that wait always run concurrently (interpret() checks), so sync_ is set here
     std::unique_lock lock(sync_->mu);
@@ -1062,7 +1066,7 @@ class Machine {
 
 bool waits_on_semaphores(const ir::Block& b) {
   for (const ir::Op& op : b.ops) {
-    if (op.kind == OpKind::wait_ge) return true;
+    if (op.kind == OpKind::wait_ge || (op.kind == OpKind::block_store && op.attrs.count("after_semaphore"))) return true;
     for (const ir::Block& r : op.regions)
       if (waits_on_semaphores(r)) return true;
   }

@@ -51,6 +51,7 @@ std::vector<Case> all_kernels() {
   }
   cases.push_back({"segments (Tensor::slice)", test_kernels::segments.build()});
   cases.push_back({"ordered_sum (semaphores)", test_kernels::ordered_sum.build()});
+  cases.push_back({"ordered_tile_add (atomic_add after a semaphore, TMA)", test_kernels::ordered_tile_add.build()});
   // the packed dropout keep-mask (Philox4x32-10 per 16 elements): the default schedule, and a wider
   // one (reported: nvrtc spills 8 B there, 2026-11)
   const kernels::LibraryKernel* dm = kernels::find("dropout_mask");
@@ -161,6 +162,35 @@ TEST_CASE("semaphores: the interpreter runs waiting programs concurrently in the
     CHECK(ptx.find("ld.acquire.gpu.global") != std::string::npos);
     CHECK(ptx.find("red.release.gpu.global.add.s32") != std::string::npos);
     CHECK(ptx.find("fence.acq_rel.gpu") != std::string::npos);
+  }
+}
+
+TEST_CASE("atomic_add on a window after a semaphore: the interpreter adds in the imposed order; sm_90a adds by TMA, thread 0 waits") {
+  const int64_t P = 9;
+  tilejit::runtime::HostTensor x(f32, {P * 64, 64}), acc(f32, {64, 64}), sem(i32, {1});
+  x.fill_normal(4, 0, 1e3);
+  for (int64_t e = 0; e < acc.numel(); ++e) acc.set_flat(e, 0.1);
+  sem.set_flat(0, 0);
+  tilejit::runtime::interpret(test_kernels::ordered_tile_add.build(), {P}, {x, acc, sem});
+  CHECK(sem.get_flat(0) == static_cast<double>(P));
+  int64_t differ = 0;  // the last program's tile first, in f32, bit for bit
+  for (int64_t r = 0; r < 64; ++r)
+    for (int64_t c = 0; c < 64; ++c) {
+      float s = 0.1f;
+      for (int64_t p = P - 1; p >= 0; --p) s += static_cast<float>(x.get({p * 64 + r, c}));
+      differ += acc.get({r, c}) != static_cast<double>(s) ? 1 : 0;
+    }
+  CHECK(differ == 0);
+  for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+    INFO(jit::to_string(backend));
+    jit::CompileOptions o;
+    o.backend = backend;
+    o.make_cubin = false;
+    const std::string ptx = jit::compile(test_kernels::ordered_tile_add.build(), o).ptx;
+    CHECK(ptx.find("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group") != std::string::npos);
+    CHECK(ptx.find("ld.acquire.gpu.global") != std::string::npos);
+    CHECK(ptx.find("fence.proxy.async.global") != std::string::npos);
+    CHECK(ptx.find("cp.async.bulk.wait_group 0") != std::string::npos);  // the signal waits for the add's writes
   }
 }
 

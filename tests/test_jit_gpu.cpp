@@ -302,6 +302,18 @@ TEST_CASE("gpu: semaphores order the programs' accumulation (the last program fi
   }
 }
 
+TEST_CASE("gpu: atomic_add on a window after a semaphore (TMA add, thread 0 waits): bit-identical to the interpreter") {
+  if (!have_gpu()) return;
+  for (int64_t P : {3, 64, 132}) {
+    INFO("programs " << P);
+    HostTensor x(f32, {P * 64, 64}), acc(f32, {64, 64}), sem(i32, {1});
+    x.fill_normal(5, 0, 1e3);
+    for (int64_t e = 0; e < acc.numel(); ++e) acc.set_flat(e, 0.1);
+    sem.set_flat(0, 0);
+    check_against_interpreter(test_kernels::ordered_tile_add.build(), {P}, {&x, &acc, &sem}, 0.0, {}, true);
+  }
+}
+
 TEST_CASE("gpu: load_at_use (re-read in the MMA layout) and its fallback when the window was overwritten match the interpreter") {
   if (!have_gpu()) return;
   HostTensor a(bf16, {128, 32}), b(bf16, {32, 64}), w(u32, {128, 2});

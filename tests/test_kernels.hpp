@@ -113,6 +113,18 @@ inline Kernel ordered_sum = kernel("ordered_sum", [](Builder& k) {
   signal_add(Sem, 1);
 });
 
+// The same order with atomic_add on a window and a semaphore (the add waits for its turn): program
+// p adds its [64, 64] tile of X (rows 64p..) into Acc once the count reaches P - 1 - p. On sm_90a
+// Acc's window is added by TMA from shared memory, and only the issuing thread waits.
+inline Kernel ordered_tile_add = kernel("ordered_tile_add", [](Builder& k) {
+  const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
+  auto X = k.tensor("X", f32, 2, row_major), Acc = k.tensor("Acc", f32, 2, row_major);
+  auto Sem = k.pointer("Sem", i32);
+  auto p = program_id(0), P = num_programs(0);
+  atomic_add(Acc.block({0, 0}, {64, 64}), load(X.block({p * 64, 0}, {64, 64})), Sem, P - 1 - p);
+  signal_add(Sem, 1);
+});
+
 inline Kernel segments = kernel("segments", [](Builder& k) {
   const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
   auto X = k.tensor("X", bf16, 2, row_major), Y = k.tensor("Y", bf16, 2, row_major);

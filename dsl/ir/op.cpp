@@ -334,8 +334,16 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
       if (in.empty() || !in[0].is_tensor()) fail(k, "first operand must be a tensor descriptor");
       const Type& t = in[0];
       size_t first_off = k == block_load ? 1 : 2;
-      expect_count(k, in, first_off + static_cast<size_t>(t.rank));
-      for (size_t i = first_off; i < in.size(); ++i) expect_scalar_int(k, in[i], "offset");
+      const bool ordered = k == block_store && a.count("after_semaphore");  // + (semaphore, target)
+      expect_count(k, in, first_off + static_cast<size_t>(t.rank) + (ordered ? 2 : 0));
+      for (size_t i = first_off; i < first_off + static_cast<size_t>(t.rank); ++i) expect_scalar_int(k, in[i], "offset");
+      if (ordered) {
+        const Type& sem = in[in.size() - 2];
+        if (!a.count("reduce")) fail(k, "'after_semaphore' needs reduce = \"add\"");
+        if (!sem.is_pointer() || !sem.is_scalar() || sem.dtype != DType::i32)
+          fail(k, fmt::format("the semaphore must be a scalar pointer to i32, got {}", to_string(sem)));
+        if (in.back() != Type::scalar(DType::i32)) fail(k, fmt::format("the target must be an i32 scalar, got {}", to_string(in.back())));
+      }
       const auto& dims = ints_attr(k, a, "dims");
       if (dims.empty() || dims.size() > static_cast<size_t>(t.rank)) fail(k, fmt::format("needs 1..{} tile dims", t.rank));
       std::vector<bool> seen(static_cast<size_t>(t.rank), false);

@@ -55,7 +55,9 @@ enum class OpKind : uint8_t {
   store,          // (ptr, value[, mask])
   atomic_add,     // (ptr, value[, mask]) -> previous values
   block_load,     // (tensor, offset per tensor dim...) {shape, dims, padding} -> window (bounds-checked)
-  block_store,    // (tensor, value, offset per tensor dim...) {dims[, reduce = "add": atomic +=]}
+  // (tensor, value, offset per tensor dim...[, semaphore, target]) {dims[, reduce = "add": atomic +=
+  // [, after_semaphore: once *semaphore >= target]]}
+  block_store,
   // inter-program ordering (i32 semaphores in global memory; every thread of the program takes part)
   wait_ge,     // (ptr<i32> scalar, target i32): until *ptr >= target; later reads see what the signals released
   signal_add,  // (ptr<i32> scalar, value i32): after the program's earlier writes, *ptr += value (release)
