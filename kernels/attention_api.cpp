@@ -150,6 +150,7 @@ struct Dims {
   // options.mask: full and causal fold into `causal`; `mask` is a library kind (MASK meta) or full
   bool causal = false;          // options.causal or mask kind causal
   kernels::MaskKind mask = kernels::MaskKind::full;
+  kernels::ScoreModKind score_mod = kernels::ScoreModKind::none;  // options.score_mod.kind
   bool lists = false;           // the mask needs the pre-pass (no tile intervals)
   int64_t mask_batch = 1, mask_heads = 1;  // the pre-pass grid's Bm, Hm: the mask tensor's extents
   PrePassLists fwd_lists, dkdv_lists, dq_lists;  // when `lists` (the backward's after Delta)
@@ -283,6 +284,28 @@ void check_mask_option(const Checker& c, const Tensor& q, const Options& opts, D
   }
   d.mask = k;
   d.lists = !kernels::mask_has_tile_intervals(k);
+}
+
+// options.score_mod: its kind, and the slopes (alibi) or the cap (softcap) it needs.
+void check_score_mod_option(const Checker& c, const Tensor& q, const Options& opts, Dims& d) {
+  const ScoreMod& s = opts.score_mod;
+  const int kind = static_cast<int>(s.kind);
+  if (kind < 0 || kind >= kernels::kScoreModKindCount)
+    c.fail("options.score_mod.kind = {} is not a score mod; valid: 0 none, 1 alibi, 2 softcap", kind);
+  if (s.kind == kernels::ScoreModKind::none) return;
+  if (!declares(Pass::forward, "SCORE_MOD"))
+    c.fail("options.score_mod.kind = {}: this build's attention kernels have no SCORE_MOD meta", kernels::score_mod_kind_name(s.kind));
+  if (s.kind == kernels::ScoreModKind::alibi) {
+    if (!s.alibi_slopes) c.fail("options.score_mod.kind = alibi needs options.score_mod.alibi_slopes (f32 [Hq] = [{}])", d.heads_q);
+    const Tensor& t = *s.alibi_slopes;
+    if (t.dtype != ir::DType::f32) c.fail("options.score_mod.alibi_slopes has dtype {}; it must be f32", ir::name(t.dtype));
+    c.tensor("options.score_mod.alibi_slopes", t, 1, "[Hq]", 4);
+    c.same_device("options.score_mod.alibi_slopes", t, q);
+    if (t.size(0) != d.heads_q) c.fail("options.score_mod.alibi_slopes has sizes {} but must be [Hq] = [{}]", list(sizes_of(t)), d.heads_q);
+  } else if (!(std::isfinite(s.softcap) && s.softcap > 0)) {
+    c.fail("options.score_mod.softcap = {}; with kind softcap it must be finite and > 0", s.softcap);
+  }
+  d.score_mod = s.kind;
 }
 
 size_t round_up_256(size_t n) { return (n + 255) / 256 * 256; }
@@ -586,6 +609,7 @@ Dims check_common(const Checker& c, const Tensor& q, const Tensor& k, const Tens
     d.read_bits = true;
   }
   check_mask_option(c, q, opts, d, backward);
+  check_score_mod_option(c, q, opts, d);
   check_reduction_option(c, opts, d, backward);
   plan_workspace(c, q, opts, d, backward);
   return d;
@@ -665,9 +689,10 @@ struct Config {
   int mask = 0;  // the MASK meta: a library kernels::MaskKind (not full or causal: those are `causal`), 0 = none
   int reduction = 0;          // dK/dV's DQ_REDUCTION (DqReduction), 0 = recompute: the kernel without the meta
   bool q_descending = false;  // dK/dV's Q_DESCENDING
+  int score_mod = 0;          // SCORE_MOD (kernels::ScoreModKind), 0 = none: the kernel without the meta
   auto key() const {
     return std::tuple(static_cast<int>(pass), static_cast<int>(dtype), head_dim, causal, varlen, sch.block_m, sch.block_n,
-                      sch.num_warps, sch.stages, device, dropout, return_mask, read_bits, mask, reduction, q_descending);
+                      sch.num_warps, sch.stages, device, dropout, return_mask, read_bits, mask, reduction, q_descending, score_mod);
   }
   bool operator<(const Config& o) const { return key() < o.key(); }
 };
@@ -694,6 +719,7 @@ lang::Meta meta_of(const Config& c) {
   if (c.reduction != 0) all.emplace_back("DQ_REDUCTION", c.reduction);
   if (c.q_descending) all.emplace_back("Q_DESCENDING", true);
   if (persistent_ordered(c.reduction, c.q_descending)) all.emplace_back("PERSISTENT", true);
+  if (c.score_mod != 0) all.emplace_back("SCORE_MOD", c.score_mod);
   lang::Meta used;
   for (auto& m : all)
     if (declares(c.pass, m.first.c_str())) used.push_back(std::move(m));
@@ -969,6 +995,7 @@ Dims workspace_dims(const char* fn, const Tensor& q, const Tensor* k, const Opti
            "backward_workspace_bytes(q, k, opts)");
   check_schedule(c, opts);
   check_mask_option(c, q, opts, d, backward);
+  check_score_mod_option(c, q, opts, d);
   check_reduction_option(c, opts, d, backward);
   plan_workspace(c, q, opts, d, backward);
   return d;
@@ -1035,6 +1062,12 @@ void bind_mask(Bindings& b, const Options& opts, const Dims& d) {
   }
 }
 
+// The score mod's parameter (kernels::score_mod_parameter_names).
+void bind_score_mod(Bindings& b, const Options& opts, const Dims& d) {
+  if (d.score_mod == kernels::ScoreModKind::alibi) b.add("scorealibislopes", opts.score_mod.alibi_slopes->view());
+  if (d.score_mod == kernels::ScoreModKind::softcap) b.add("scoresoftcap", opts.score_mod.softcap);
+}
+
 // The four lists a kernel reads (kv_* per query tile, KV_MAJOR q_* per key tile), at `base`.
 void bind_lists(Bindings& b, const PrePassLists& l, uint64_t base) {
   const char* prefix = l.kv_major ? "q" : "kv";
@@ -1073,7 +1106,8 @@ Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
                 d.read_bits && declares(p, "DROPOUT_BITS"),
                 library_mask(d.mask) && declares(p, "MASK") ? static_cast<int>(d.mask) : 0,
                 p == Pass::bwd_dkdv ? static_cast<int>(d.reduction) : 0,
-                p == Pass::bwd_dkdv && d.q_descending};
+                p == Pass::bwd_dkdv && d.q_descending,
+                d.score_mod != kernels::ScoreModKind::none && declares(p, "SCORE_MOD") ? static_cast<int>(d.score_mod) : 0};
 }
 
 // Where the launches' scratch arrays point before the workspace exists (the dry launches check
@@ -1106,6 +1140,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
     Bindings b;
     bind_common(b, q, k, v, o, lse, d, opts);
     bind_mask(b, opts, d);
+    bind_score_mod(b, opts, d);
     if (d.lists) bind_lists(b, d.fwd_lists, base);
     return b;
   };
@@ -1149,6 +1184,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     b.add("delta", runtime::TensorView{ir::DType::f32, std::span<const int64_t>(dsizes.data(), drank),
                                        std::span<const int64_t>(dstrides.data(), drank), base, q.device});
     bind_mask(b, opts, d);
+    bind_score_mod(b, opts, d);
     if (d.lists) {
       bind_lists(b, d.dkdv_lists, base);
       if (!reduce) bind_lists(b, d.dq_lists, base);

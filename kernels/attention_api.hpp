@@ -102,6 +102,17 @@ struct Mask {
   std::optional<Tensor> doc_ids, prefix_lengths, block_table;
 };
 
+// A score mod (the kernels' SCORE_MOD): applied to q . k * softmax_scale before masking and the
+// softmax, in the forward and (the same options) the backward.
+//   alibi    score + alibi_slopes[h] * (key - query position): alibi_slopes f32 [Hq], contiguous,
+//            on q's device (query position = row + S_k - S_q, bottom-right aligned).
+//   softcap  softcap * tanh(score / softcap): softcap finite and > 0.
+struct ScoreMod {
+  kernels::ScoreModKind kind = kernels::ScoreModKind::none;
+  std::optional<Tensor> alibi_slopes;
+  float softcap = 0;
+};
+
 struct Options {
   // Multiplies QK^T before the softmax; unset: 1 / sqrt(head_dim). Must be finite.
   std::optional<float> softmax_scale;
@@ -144,6 +155,7 @@ struct Options {
   // (forward_workspace_bytes, backward_workspace_bytes); the other kinds classify tiles in the
   // kernels themselves.
   std::optional<Mask> mask;
+  ScoreMod score_mod;  // none by default (see ScoreMod)
   // Backward only (the forward ignores both): how dQ is summed over key tiles (see DqReduction;
   // atomic, split and ordered need dense batches, ordered the full or causal mask). The
   // workspace grows with it (backward_workspace_bytes).

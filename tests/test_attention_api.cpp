@@ -1027,3 +1027,48 @@ TEST_CASE("attention API: dQ reductions stop at the driver without a GPU") {
       needs_gpu(c);
     }
 }
+
+TEST_CASE("attention API: score mods, errors and calls that stop at the driver without a GPU") {
+  using kernels::ScoreModKind;
+  Call c;
+  c.opts.score_mod.kind = ScoreModKind::alibi;
+  CHECK_FWD_ERROR(c, "options.score_mod.kind = alibi needs options.score_mod.alibi_slopes (f32 [Hq] = [8])");
+  c.opts.score_mod.alibi_slopes = contiguous(kBase + 0xc000000, DType::bf16, {8});
+  CHECK_FWD_ERROR(c, "options.score_mod.alibi_slopes has dtype bf16; it must be f32");
+  c.opts.score_mod.alibi_slopes = contiguous(kBase + 0xc000000, DType::f32, {2});
+  CHECK_BWD_ERROR(c, "options.score_mod.alibi_slopes has sizes [2] but must be [Hq] = [8]");
+  c.opts.score_mod.alibi_slopes = contiguous(kBase + 0xc000000, DType::f32, {8});
+  CHECK_NOTHROW(c.check_fwd());
+  c.opts.score_mod = {ScoreModKind::softcap, std::nullopt, 0.0f};
+  CHECK_FWD_ERROR(c, "options.score_mod.softcap = 0; with kind softcap it must be finite and > 0");
+  c.opts.score_mod.softcap = INFINITY;
+  CHECK_BWD_ERROR(c, "options.score_mod.softcap = inf");
+  c.opts.score_mod.softcap = 30.0f;
+  CHECK_NOTHROW(c.check_fwd());
+  c.opts.score_mod.kind = static_cast<ScoreModKind>(7);
+  CHECK_FWD_ERROR(c, "options.score_mod.kind = 7 is not a score mod; valid: 0 none, 1 alibi, 2 softcap");
+  if (runtime::Driver::get().available()) return;  // (the fake pointers must not reach a launch)
+  // valid calls: the kernels' launch checks bind the mod's parameter, then the driver is missing
+  for (ScoreModKind kind : {ScoreModKind::alibi, ScoreModKind::softcap}) {
+    Call v;
+    v.opts.score_mod = {kind, contiguous(kBase + 0xc000000, DType::f32, {8}), 30.0f};
+    v.opts.causal = true;
+    try {
+      forward(v.q, v.k, v.v, v.o, v.lse, v.opts);
+      FAIL("ran without a GPU");
+    } catch (const runtime::DeviceError& e) {
+      CHECK(std::string(e.what()).find("needs a GPU") != std::string::npos);
+    }
+    if (!backward_available()) continue;
+    for (DqReduction r : {DqReduction::recompute, DqReduction::atomic}) {
+      v.opts.dq_reduction = r;
+      v.ws = Workspace{kBase + 0x9000000, backward_workspace_bytes(v.q, v.opts)};
+      try {
+        backward(v.q, v.k, v.v, v.o, v.dout, v.lse, v.dq, v.dk, v.dv, v.opts, nullptr, v.ws);
+        FAIL("ran without a GPU");
+      } catch (const runtime::DeviceError& e) {
+        CHECK(std::string(e.what()).find("needs a GPU") != std::string::npos);
+      }
+    }
+  }
+}

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "attention_reference.hpp"
+#include "attention_score_mod_reference.hpp"
 #include "kernels/attention_api.hpp"
 #include "kernels/attention_mask_host.hpp"
 #include "kernels/philox_host.hpp"
@@ -1151,4 +1152,49 @@ TEST_CASE("gpu: attention API dQ reductions against float64, and determinism") {
   }
   MESSAGE(fmt::format("dQ reductions: {} modes, worst rel. error {:.2e}, {} x {} repeated deterministic calls", modes.size(), worst,
                       deterministic_runs, kRepeats));
+}
+
+// Score mods through the API (Options::score_mod), forward and backward (recompute and atomic),
+// against the float64 reference that applies the same mod (attention_score_mod_reference.hpp).
+TEST_CASE("gpu: attention API score mods (ALiBi, soft-capping) against float64") {
+  if (const auto& drv = runtime::Driver::get(); !drv.available()) {
+    MESSAGE("SKIPPED: no GPU: " << drv.unavailable_reason());
+    return;
+  }
+  using kernels::ScoreModKind;
+  for (ScoreModKind mod : {ScoreModKind::alibi, ScoreModKind::softcap})
+    for (bool causal : {false, true})
+      for (int64_t d : {64, 128}) {
+        score_mod_testing::Case c{mod, causal ? kernels::MaskSpec::causal() : kernels::MaskSpec::full()};
+        c.B = 2, c.Hq = 4, c.Hkv = 2, c.Sq = 200, c.Sk = causal ? 200 : 260, c.D = d;
+        INFO(c.describe());
+        const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+        score_mod_testing::Reference r = score_mod_testing::reference(c, scale);
+        runtime::Stream stream;
+        auto d_q = DeviceTensor::from_host(r.q), d_k = DeviceTensor::from_host(r.k), d_v = DeviceTensor::from_host(r.v),
+             d_do = DeviceTensor::from_host(r.dout), d_slopes = DeviceTensor::from_host(r.slopes);
+        auto d_o = DeviceTensor::empty_like(r.q), d_dq = DeviceTensor::empty_like(r.q), d_dk = DeviceTensor::empty_like(r.k),
+             d_dv = DeviceTensor::empty_like(r.v), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
+        attention::Options opts;
+        opts.causal = causal;
+        opts.score_mod = {mod, api_view(d_slopes, false), score_mod_testing::kCap};
+        attention::forward(api_view(d_q, true), api_view(d_k, true), api_view(d_v, true), api_view(d_o, true), api_view(d_lse, false), opts,
+                           stream.handle());
+        stream.synchronize();
+        const double eo = testing::rel_error(d_o.to_host().to_f64(), r.o);
+        CHECK(eo < 1e-2);
+        for (attention::DqReduction red : {attention::DqReduction::recompute, attention::DqReduction::atomic}) {
+          opts.dq_reduction = red;
+          attention::backward(api_view(d_q, true), api_view(d_k, true), api_view(d_v, true), api_view(d_o, true), api_view(d_do, true),
+                              api_view(d_lse, false), api_view(d_dq, true), api_view(d_dk, true), api_view(d_dv, true), opts,
+                              stream.handle());
+          stream.synchronize();
+          const double eq = testing::rel_error(d_dq.to_host().to_f64(), r.dq), ek = testing::rel_error(d_dk.to_host().to_f64(), r.dk),
+                       ev = testing::rel_error(d_dv.to_host().to_f64(), r.dv);
+          MESSAGE(fmt::format("{} {}: rel. errors O {:.2e} dQ {:.2e} dK {:.2e} dV {:.2e}", c.describe(), attention::name(red), eo, eq, ek, ev));
+          CHECK(eq < 1e-2);
+          CHECK(ek < 1e-2);
+          CHECK(ev < 1e-2);
+        }
+      }
 }
