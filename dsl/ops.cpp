@@ -197,6 +197,27 @@ Tile maximum(const Operand& a, const Operand& b, Loc loc) { return binary(OpKind
 Tile minimum(const Operand& a, const Operand& b, Loc loc) { return binary(OpKind::minimum, a, b, loc); }
 Tile umulhi(const Operand& a, const Operand& b, Loc loc) { return binary(OpKind::umulhi, a, b, loc); }
 
+Tile fma(const Operand& a, const Operand& b, const Operand& c, Loc loc) {
+  Builder& bld = builder_for({&a, &b, &c}, loc);
+  DType d = DType::f32;
+  Shape s;
+  bool any_tile = false;
+  for (const auto& [x, what] : {std::pair{&a, "a"}, std::pair{&b, "b"}, std::pair{&c, "c"}}) {
+    if (x->is_literal()) continue;
+    const ir::Type& t = bld.type(x->tile().id());
+    if (t.dtype != DType::f32 && t.dtype != DType::f64)
+      bld.fail(loc, fmt::format("fma: operand '{}' must be an f32 or f64 tile, got {} (cast it first)", what, ir::to_string(t)));
+    if (any_tile && t.dtype != d) bld.fail(loc, fmt::format("fma: operands mix {} and {}; cast one first", ir::name(d), ir::name(t.dtype)));
+    d = t.dtype;
+    s = any_tile ? detail::broadcast_shapes(bld, s, t.shape, loc, "fma") : t.shape;
+    any_tile = true;
+  }
+  Tile ta = detail::materialize(bld, a, d, s, loc, "fma");
+  Tile tb = detail::materialize(bld, b, d, s, loc, "fma");
+  Tile tc = detail::materialize(bld, c, d, s, loc, "fma");
+  return bld.emit1(OpKind::fma, {ta.id(), tb.id(), tc.id()}, {}, loc);
+}
+
 Tile byte_perm(const Operand& a, const Operand& b, const Operand& selector, Loc loc) {
   Builder& bld = builder_for({&a, &b, &selector}, loc);
   // Bytes of 32-bit words only: a float or a narrower/wider integer would make the byte numbering

@@ -32,6 +32,10 @@ Tile umulhi(const Operand& a, const Operand& b, Loc loc = Loc::current());   // 
 // byte's bit 7 replicated into all 8 bits. E.g. byte_perm(x, 0, 0x8888) is 0xFFFFFFFF when bit 7
 // of x is set, else 0: one instruction, where a compare and a select would take two or more.
 Tile byte_perm(const Operand& a, const Operand& b, const Operand& selector, Loc loc = Loc::current());
+// a * b + c with one rounding (PTX fma.rn), elementwise over f32 (or f64) tiles that broadcast;
+// literals take the tiles' dtype. Kernels are compiled without contraction (a * b + c is two
+// rounded ops, as the interpreter computes it), so this is how a kernel asks for the fused form.
+Tile fma(const Operand& a, const Operand& b, const Operand& c, Loc loc = Loc::current());
 Tile cast(DType dtype, const Operand& x, Loc loc = Loc::current());   // value conversion (RNE for floats)
 Tile bitcast(DType dtype, const Operand& x, Loc loc = Loc::current());
 Tile exp(const Operand& x, Loc loc = Loc::current());

@@ -800,6 +800,11 @@ class Printer {
         if (dt(a(0)) != DType::u32 && dt(a(0)) != DType::i32) fail(fmt::format("byte_perm takes u32 or i32, got {}", ir::name(dt(a(0)))));
         return def(in.results[0], fmt::format("({})tj_prmt((unsigned){}, (unsigned){}, (unsigned){})", scalar_ctype(dt(a(0))), n(a(0)),
                                               n(a(1)), n(a(2))));
+      case Op::fma:
+        check_args(in, 3, 3);
+        check_results(in, 1);
+        if (dt(a(0)) != DType::f32 && dt(a(0)) != DType::f64) fail(fmt::format("fma takes f32 or f64, got {}", ir::name(dt(a(0)))));
+        return def(in.results[0], fmt::format("{}({}, {}, {})", dt(a(0)) == DType::f32 ? "__fmaf_rn" : "__fma_rn", n(a(0)), n(a(1)), n(a(2))));
       case Op::cast: check_args(in, 1, 1); check_results(in, 1); return def(in.results[0], cast(a(0), ty(in.results[0])));
       case Op::bitcast: check_args(in, 1, 1); check_results(in, 1); return def(in.results[0], bitcast(a(0), ty(in.results[0])));
       case Op::pack2:

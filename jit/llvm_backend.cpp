@@ -397,6 +397,7 @@ class Emitter {
       case Op::byte_perm:  // llvm.nvvm.prmt is prmt.b32 (default mode); LLVM knows it is pure
         set(r0, intrinsic(llvm::Intrinsic::nvvm_prmt, {}, {a(0), a(1), a(2)}));
         return;
+      case Op::fma: set(r0, intrinsic(llvm::Intrinsic::fma, {a(0)->getType()}, {a(0), a(1), a(2)})); return;
       case Op::neg: set(r0, is_fp(in.args[0]) ? b_.CreateFNeg(a(0)) : b_.CreateNeg(a(0))); return;
       case Op::bit_not: set(r0, b_.CreateNot(a(0))); return;
       case Op::abs:

@@ -478,7 +478,7 @@ class Lowerer {
         {OpKind::add, Op::add}, {OpKind::sub, Op::sub}, {OpKind::mul, Op::mul}, {OpKind::div, Op::div},
         {OpKind::rem, Op::rem}, {OpKind::minimum, Op::minimum}, {OpKind::maximum, Op::maximum},
         {OpKind::bit_and, Op::bit_and}, {OpKind::bit_or, Op::bit_or}, {OpKind::bit_xor, Op::bit_xor},
-        {OpKind::shl, Op::shl}, {OpKind::shr, Op::shr}, {OpKind::umulhi, Op::umulhi}, {OpKind::byte_perm, Op::byte_perm},
+        {OpKind::shl, Op::shl}, {OpKind::shr, Op::shr}, {OpKind::umulhi, Op::umulhi}, {OpKind::byte_perm, Op::byte_perm}, {OpKind::fma, Op::fma},
         {OpKind::neg, Op::neg}, {OpKind::bit_not, Op::bit_not}, {OpKind::abs, Op::abs}, {OpKind::exp, Op::exp}, {OpKind::exp2, Op::exp2},
         {OpKind::log, Op::log}, {OpKind::log2, Op::log2}, {OpKind::sqrt, Op::sqrt}, {OpKind::rsqrt, Op::rsqrt}, {OpKind::rcp, Op::rcp},
         {OpKind::floor, Op::floor}, {OpKind::ceil, Op::ceil}, {OpKind::tanh, Op::tanh}, {OpKind::sin, Op::sin},

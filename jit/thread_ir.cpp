@@ -10,7 +10,7 @@ namespace {
 
 constexpr std::array<const char*, static_cast<size_t>(Op::yield) + 1> kNames{
     "constant", "param", "thread_id", "block_id", "grid_dim",
-    "add", "sub", "mul", "div", "rem", "minimum", "maximum", "and", "or", "xor", "shl", "shr", "umulhi", "byte_perm",
+    "add", "sub", "mul", "div", "rem", "minimum", "maximum", "and", "or", "xor", "shl", "shr", "umulhi", "byte_perm", "fma",
     "neg", "not", "abs",
     "exp2", "log2", "exp", "log", "sqrt", "rsqrt", "rcp", "floor", "ceil", "tanh", "sin", "cos", "erf",
     "cmp", "select", "cast", "bitcast", "pack2", "unpack2", "load_vec", "store_vec", "gep", "load", "store", "atomic_add", "sem_wait", "sem_signal", "load_shared",

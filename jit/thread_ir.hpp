@@ -30,6 +30,7 @@ enum class Op : uint8_t {
   // arithmetic: operands and result share the type; signedness comes from the dtype
   add, sub, mul, div, rem, minimum, maximum, bit_and, bit_or, bit_xor, shl, shr, umulhi,
   byte_perm,  // (a, b, selector) u32/i32: prmt.b32 (the tile IR's byte_perm)
+  fma,        // (a, b, c) f32/f64: a * b + c, one rounding
   neg, bit_not, abs,
   exp2, log2, exp, log, sqrt, rsqrt, rcp, floor, ceil, tanh, sin, cos, erf,
   cmp,     // imm = predicate (Pred) -> i1

@@ -198,17 +198,18 @@ struct BackwardParams {
   // SCORE_MOD: declares the score mod's parameter (last: call after declare_mask).
   void declare_score_mod(Builder& kb) { smod.emplace(kb, score_mod_kind_meta(kb)); }
   std::optional<AttentionScoreMod> smod;
-  // The block's scores in log2 units from the raw dot q . k ([BM, BN], or transposed [BN, BM] for
-  // dK/dV): raw * scale * log2 e, or with a score mod mod(raw * scale) * log2 e; `derivative` gets
-  // d mod / d score where the mod has one (soft-capping; invalid otherwise: a factor of 1).
-  Tile log2_scores(const Tile& raw, const Tile& softmax_scale, const HeadRows& rows, const Tile& h, const Tile& m0, const Tile& n0,
-                   const Tile& S_q, const Tile& S_k, bool transposed, Tile* derivative) const {
-    if (!smod || smod->kind == ScoreModKind::none) return raw * (softmax_scale * kLog2e);
+  // The exponent of P = exp2(.) for the block, from the raw dot q . k ([BM, BN], or transposed
+  // [BN, BM] for dK/dV) and the rows' LSE in log2 units (broadcast): raw * scale * log2 e - lse as
+  // one fma, or with a score mod mod(raw * scale) * log2 e - lse; `derivative` gets d mod / d score
+  // where the mod has one (soft-capping; invalid otherwise: a factor of 1).
+  Tile log2_p_exponent(const Tile& raw, const Tile& lse_log2, const Tile& softmax_scale, const HeadRows& rows, const Tile& h,
+                       const Tile& m0, const Tile& n0, const Tile& S_q, const Tile& S_k, bool transposed, Tile* derivative) const {
+    if (!smod || smod->kind == ScoreModKind::none) return fma(raw, softmax_scale * kLog2e, -lse_log2);
     const MaskIndices idx = mask_indices(rows.b, h, m0 + arange(0, BM), n0 + arange(0, BN), S_q, S_k);
     const Tile s = transposed ? trans(raw * softmax_scale) : raw * softmax_scale;  // [BM, BN]
     auto back = [&](const Tile& t) { return transposed ? trans(t) : t; };
     if (smod->mod.derivative) *derivative = back(smod->mod.gradient(s, idx));
-    return back(smod->mod(s, idx)) * kLog2e;
+    return back(smod->mod(s, idx)) * kLog2e - lse_log2;
   }
 
   // The rows of batch b (declares the trailing VARLEN parameters cu_seqlens_q, cu_seqlens_k, then
@@ -330,14 +331,14 @@ const Kernel& attention_backward_dkdv() {
         auto delta = load(rows(a.Delta, h, m0, a.BM))[row];
         Tile pt;  // P^T
         Tile mod_grad_t;  // SCORE_MOD with a derivative: d mod / d score, transposed
-        const Tile s_t = a.log2_scores(dot(k, trans(q)), softmax_scale, rows, h, m0, n0, S_q, S_k, /*transposed=*/true, &mod_grad_t);
+        const Tile e_t = a.log2_p_exponent(dot(k, trans(q)), lse, softmax_scale, rows, h, m0, n0, S_q, S_k, /*transposed=*/true, &mod_grad_t);
         if (seq) {
-          Var p_t = exp2(s_t - lse);
+          Var p_t = exp2(e_t);
           if_(needs_mask, [&] { p_t = where(trans(seq->allowed(m0 + arange(0, a.BM), n0 + arange(0, a.BN))), p_t, 0.0f); });
           pt = p_t;
         } else {
           auto qrows = (m0 + arange(0, a.BM))[row];
-          pt = where(a.visible(qrows, keys, S_q, S_k), exp2(s_t - lse), 0.0f);
+          pt = where(a.visible(qrows, keys, S_q, S_k), exp2(e_t), 0.0f);
         }
         // DROPOUT: the block is transposed (rows are keys, columns query rows): the forward's mask
         // of (query rows m0.., keys n0..), transposed; s = 1 / keep probability is applied to dV
@@ -475,14 +476,14 @@ const Kernel& attention_backward_dq() {
       auto k = load(rows(a.K, kv_h, n0, a.BN)), v = load(rows(a.V, kv_h, n0, a.BN));
       Tile p;
       Tile mod_grad;  // SCORE_MOD with a derivative: d mod / d score
-      const Tile s = a.log2_scores(dot(q, trans(k)), softmax_scale, rows, h, m0, n0, S_q, S_k, /*transposed=*/false, &mod_grad);
+      const Tile e = a.log2_p_exponent(dot(q, trans(k)), lse, softmax_scale, rows, h, m0, n0, S_q, S_k, /*transposed=*/false, &mod_grad);
       if (seq) {
-        Var pm = exp2(s - lse);
+        Var pm = exp2(e);
         if_(needs_mask, [&] { pm = where(seq->allowed(m0 + arange(0, a.BM), n0 + arange(0, a.BN)), pm, 0.0f); });
         p = pm;
       } else {
         auto keys = (n0 + arange(0, a.BN))[row];
-        p = where(a.visible(qrows, keys, S_q, S_k), exp2(s - lse), 0.0f);
+        p = where(a.visible(qrows, keys, S_q, S_k), exp2(e), 0.0f);
       }
       Tile dp = dot(dout, trans(v));  // dP (of the dropped P: times keep * s)
       if (a.dropout) dp = apply_keep_mask(dp * drop->scale, drop->keep_mask(bh, m0, a.BM, n0, a.BN));

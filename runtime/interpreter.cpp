@@ -431,6 +431,16 @@ class Machine {
           r[k] = wrap(byte_perm32(static_cast<uint32_t>(a[k]), static_cast<uint32_t>(b[k]), static_cast<uint32_t>(sel[k])));
         return;
       }
+      case fma: {
+        const auto &a = S(op.operands[0]).f, &b = S(op.operands[1]).f, &c = S(op.operands[2]).f;
+        auto& r = S(op.results[0]).f;
+        const bool single = T(op.results[0]).dtype == DType::f32;
+        r.resize(a.size());
+        for (size_t k = 0; k < a.size(); ++k)
+          r[k] = single ? static_cast<double>(std::fma(static_cast<float>(a[k]), static_cast<float>(b[k]), static_cast<float>(c[k])))
+                        : std::fma(a[k], b[k], c[k]);
+        return;
+      }
       case cast: return cast_op(op);
       case bitcast: return bitcast_op(op);
       case reduce: return reduce_op(op);

@@ -140,6 +140,15 @@ TEST_CASE("operations on the wrong kind of value") {
   (void)line;
 }
 
+TEST_CASE("fma takes f32 or f64 tiles of one dtype") {
+  int line = __LINE__ + 1;
+  expect_error([](Builder&) { (void)fma(zeros(bf16, {8}), 1.0f, 0.0f); }, {"fma", "operand 'a'", "f32 or f64", "bf16[8]"}, line);
+  line = __LINE__ + 1;
+  expect_error([](Builder&) { (void)fma(zeros(f32, {8}), zeros(f64, {8}), 0.0f); }, {"fma", "mix f32 and f64"}, line);
+  line = __LINE__ + 1;
+  expect_error([](Builder&) { (void)fma(zeros(f32, {8}), zeros(f32, {4}), 0.0f); }, {"fma", "shape mismatch"}, line);
+}
+
 TEST_CASE("byte_perm takes 32-bit integer words: each operand's dtype is checked by name") {
   int line = __LINE__ + 1;
   expect_error([](Builder&) { (void)byte_perm(zeros(f32, {8}), 0, 0x3210); }, {"byte_perm", "operand 'a'", "u32 or i32", "f32[8]"}, line);

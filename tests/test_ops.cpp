@@ -333,6 +333,36 @@ TEST_CASE("f32 + - * / % are IEEE single precision, including inf, NaN and divis
   }
 }
 
+TEST_CASE("fma rounds a * b + c once (std::fma), in f32 and f64, with broadcast literals; a * b + c rounds twice") {
+  const int64_t n = 256;
+  for (DType d : {f32, f64}) {
+    HostTensor x(d, {n}), y(d, {n}), z(d, {n});
+    x.fill_normal(51, 0, 3), y.fill_normal(52, 0, 3), z.fill_normal(53, 0, 9);
+    x.set_flat(0, 1.0 + std::ldexp(1.0, -20)), y.set_flat(0, 1.0 - std::ldexp(1.0, -20)), z.set_flat(0, -1.0);  // exact: -2^-40
+    x.set_flat(1, INFINITY), y.set_flat(1, 0.0), z.set_flat(1, 1.0);                                       // NaN
+    HostTensor fused = map3(x, y, z, d, [](Tile a, Tile b, Tile c) { return fma(a, b, c); });
+    HostTensor half = map3(x, y, z, d, [](Tile a, Tile b, Tile c) { return fma(a, 2.0f, c) + b * 0.0f; });
+    int64_t bad = 0, bad_half = 0, differs_from_unfused = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double a = x.get_flat(i), b = y.get_flat(i), c = z.get_flat(i);
+      const double want = d == f32 ? static_cast<double>(std::fma(static_cast<float>(a), static_cast<float>(b), static_cast<float>(c)))
+                                   : std::fma(a, b, c);
+      const double got = fused.get_flat(i);
+      bad += !(got == want || (std::isnan(got) && std::isnan(want)));
+      const double h = d == f32 ? static_cast<double>(std::fma(static_cast<float>(a), 2.0f, static_cast<float>(c))) : std::fma(a, 2.0, c);
+      bad_half += !(half.get_flat(i) == h || std::isnan(h));
+      const double unfused = d == f32 ? static_cast<double>(static_cast<float>(static_cast<float>(a) * static_cast<float>(b)) + static_cast<float>(c))
+                                      : a * b + c;
+      differs_from_unfused += got != unfused && !std::isnan(got);
+    }
+    CHECK(bad == 0);
+    CHECK(bad_half == 0);
+    CHECK(fused.get_flat(0) == -std::ldexp(1.0, -40));
+    CHECK(std::isnan(fused.get_flat(1)));
+    CHECK(differs_from_unfused >= 1);  // at least element 0, where the product's rounding matters
+  }
+}
+
 TEST_CASE("bf16 and f16 + - * / % round each result once to the dtype (RNE)") {
   for (DType d : {bf16, f16}) {
     const int64_t n = 256;

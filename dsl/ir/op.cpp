@@ -12,7 +12,7 @@ namespace {
 constexpr std::array<std::string_view, static_cast<size_t>(OpKind::yield) + 1> kNames{
     "constant", "arange", "splat", "broadcast", "expand_dims", "reshape", "trans",
     "add", "sub", "mul", "div", "rem", "minimum", "maximum",
-    "and", "or", "xor", "shl", "shr", "umulhi", "cmp", "byte_perm",
+    "and", "or", "xor", "shl", "shr", "umulhi", "cmp", "byte_perm", "fma",
     "neg", "not", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "rcp", "floor", "ceil", "tanh", "sin",
     "cos", "erf",
     "select", "cast", "bitcast", "reduce", "dot",
@@ -88,7 +88,7 @@ bool is_elementwise_binary(OpKind k) { return k >= OpKind::add && k <= OpKind::u
 bool is_elementwise_unary(OpKind k) { return k >= OpKind::neg && k <= OpKind::erf; }
 bool is_float_only_unary(OpKind k) { return k >= OpKind::exp && k <= OpKind::erf; }
 bool is_elementwise(OpKind k) {
-  return is_elementwise_binary(k) || is_elementwise_unary(k) || k == OpKind::cmp || k == OpKind::byte_perm || k == OpKind::select ||
+  return is_elementwise_binary(k) || is_elementwise_unary(k) || k == OpKind::cmp || k == OpKind::byte_perm || k == OpKind::fma || k == OpKind::select ||
          k == OpKind::cast || k == OpKind::bitcast || k == OpKind::addptr;
 }
 
@@ -210,6 +210,14 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
         fail(k, fmt::format("operand types differ: {}, {}, {}", to_string(in[0]), to_string(in[1]), to_string(in[2])));
       if (in[0].dtype != DType::u32 && in[0].dtype != DType::i32)
         fail(k, fmt::format("needs u32 or i32 operands (it permutes the bytes of 32-bit words), got {}", to_string(in[0])));
+      return {in[0]};
+    }
+    case fma: {
+      expect_count(k, in, 3);
+      expect_value(k, in[0], "a");
+      if (in[0] != in[1] || in[0] != in[2])
+        fail(k, fmt::format("operand types differ: {}, {}, {}", to_string(in[0]), to_string(in[1]), to_string(in[2])));
+      if (in[0].dtype != DType::f32 && in[0].dtype != DType::f64) fail(k, fmt::format("needs f32 or f64 operands, got {}", to_string(in[0])));
       return {in[0]};
     }
     case select: {

@@ -35,6 +35,7 @@ enum class OpKind : uint8_t {
   // result byte i is source byte (selector nibble i) & 7 of {b:a} (a = bytes 0..3), or, when the
   // nibble's bit 3 is set, that byte's bit 7 copied into all 8 bits
   byte_perm,
+  fma,  // elementwise ternary: (a, b, c) f32 or f64, all one type: a * b + c rounded once
   // elementwise unary
   neg, bit_not, abs, exp, exp2, log, log2, sqrt, rsqrt, rcp, floor, ceil, tanh, sin, cos, erf,  // rcp: approximate 1/x
   select,   // (cond i1, a, b)
