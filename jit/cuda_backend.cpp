@@ -876,9 +876,12 @@ class Printer {
       case Op::barrier: line("__syncthreads();"); return;
       case Op::named_barrier_sync:
       case Op::named_barrier_arrive:
+        // fenced as in the LLVM backend: ptxas would sink the arithmetic computed before a turn (the
+        // softmax) past the bar.sync, into the turn
         check_args(in, 1, 1);
-        line(fmt::format("asm volatile(\"{} %0, %1;\" :: \"r\"({}), \"r\"({}) : \"memory\");",
-                         in.op == Op::named_barrier_sync ? "bar.sync" : "bar.arrive", u32(a(0)), in.imm));
+        line(fmt::format("asm volatile(\"{}\" :: \"r\"({}), \"r\"({}) : \"memory\");",
+                         ptxas_fence(in.op == Op::named_barrier_sync ? "bar.sync %0, %1;" : "bar.arrive %0, %1;", "TJ_TURN"), u32(a(0)),
+                         in.imm));
         return;
       case Op::shfl_xor: {
         check_args(in, 1, 1);
@@ -1063,6 +1066,14 @@ class Printer {
   // wgmma and wgmma_wait: the results are the accumulators, tied to the inputs ("+f"), as the LLVM
   // backend ties its outputs to its inputs.
   int asm_labels_ = 0;  // unique labels inside inline asm
+  // `ptx` (inline-asm text with %N operands) inside a never-taken loop on %smid (the LLVM backend's
+  // ptxas_fence): ptxas moves no code across it. As C++ string-literal text, with a fresh label.
+  std::string ptxas_fence(const std::string& ptx, const char* label) {
+    const int id = asm_labels_++;
+    return fmt::format("{{\\n\\t.reg .pred P1;\\n\\t.reg .b32 S1;\\n\\tmov.u32 S1, %%smid;\\n\\tsetp.gt.u32 P1, S1, 2147483647;\\n\\t"
+                       "{}_{}:\\n\\t{}\\n\\t@P1 bra.uni {}_{};\\n\\t}}",
+                       label, id, ptx, label, id);
+  }
 
   void wgmma(const pir::Inst& in) {
     const bool is_wait = in.op == Op::wgmma_wait, rs = in.op == Op::wgmma_rs;
@@ -1086,11 +1097,7 @@ class Printer {
       if (in.imm < 0 || groups > 7) fail(fmt::format("wgmma_wait: {} groups in flight is not in [0, 7]", groups));
       text = fmt::format("wgmma.wait_group.sync.aligned {};", groups);
       // as the LLVM backend: a never-taken loop keeps ptxas from moving code across the wait
-      if (in.imm & pir::kWaitFenced)
-        text = fmt::format("{{\\n\\t.reg .pred P1;\\n\\t.reg .b32 S1;\\n\\tmov.u32 S1, %%smid;\\n\\tsetp.gt.u32 P1, S1, 2147483647;\\n\\t"
-                           "TJ_WGWAIT_{}:\\n\\t{}\\n\\t@P1 bra.uni TJ_WGWAIT_{};\\n\\t}}",
-                           asm_labels_, text, asm_labels_);
-      ++asm_labels_;
+      if (in.imm & pir::kWaitFenced) text = ptxas_fence(text, "TJ_WGWAIT");
     } else {
       const int64_t nn = in.imm & 0xFFFF;
       const auto od = static_cast<DType>((in.imm >> 16) & 0xFF);
