@@ -382,7 +382,7 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps) {
 // rounds; every mode at its default schedule, with a caller workspace (Delta and the reduction's
 // buffers; the API zeroes atomic's dQ_accum and ordered's semaphores inside the timed call).
 // Split is skipped where its dQ_parts would exceed 16 GB (S >= 8k at these shapes).
-int bench_deterministic(int max_reps, int64_t only_d, int64_t only_s) {
+int bench_deterministic(int max_reps, int64_t only_d, int64_t only_s, std::optional<attention::Schedule> recompute_schedule) {
   using attention::DqReduction;
   const ir::DType dt = ir::DType::bf16;
   struct Mode {
@@ -408,11 +408,12 @@ int bench_deterministic(int max_reps, int64_t only_d, int64_t only_s) {
     for (bool causal : {false, true})
       for (int64_t S : {1024, 2048, 4096, 8192, 16384})
         if ((!only_d || D == only_d) && (!only_s || S == only_s)) configs.push_back({S, D, causal});
-  const auto options = [](const Config& c, const Mode& m) {
+  const auto options = [&](const Config& c, const Mode& m) {
     attention::Options o;
     o.causal = c.causal;
     o.dq_reduction = m.reduction;
     o.q_descending = m.descending;
+    if (m.reduction == DqReduction::recompute) o.schedule = recompute_schedule;  // --schedule (A/Bs)
     return o;
   };
   const auto runs = [](const Config& c, const Mode& m) { return !m.descending || c.causal; };  // descending: causal only
@@ -782,6 +783,7 @@ int main(int argc, char** argv) {
   bool masks = false, deterministic = false, forward_variants = false;
   std::string schedule_ab;
   int64_t only_d = 0, only_s = 0;  // --deterministic: only this head dim / sequence length
+  std::optional<attention::Schedule> schedule;  // --deterministic --schedule: recompute's kernels at these tiles
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -794,6 +796,14 @@ int main(int argc, char** argv) {
     else if (a == "--deterministic") deterministic = true;
     else if (a == "--head-dim" && i + 1 < argc) only_d = std::atoll(argv[++i]);
     else if (a == "--seq" && i + 1 < argc) only_s = std::atoll(argv[++i]);
+    else if (a == "--schedule" && i + 1 < argc) {
+      attention::Schedule s;
+      if (std::sscanf(argv[++i], "%d,%d,%d,%d", &s.block_m, &s.block_n, &s.num_warps, &s.stages) != 4) {
+        std::fprintf(stderr, "--schedule wants BLOCK_M,BLOCK_N,WARPS,STAGES\n");
+        return 2;
+      }
+      schedule = s;
+    }
     else if (a == "--dropout") {
       dropout_p = 0.1;
       if (i + 1 < argc && argv[i + 1][0] != '-') dropout_p = std::atof(argv[++i]);
@@ -804,7 +814,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] | --masks | --schedule-ab META | --deterministic [--head-dim D] [--seq S] | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] | --masks | --schedule-ab META | --deterministic [--head-dim D] [--seq S] [--schedule BM,BN,W,S] | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -820,7 +830,7 @@ int main(int argc, char** argv) {
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps);
     if (forward_variants) return bench_forward_variants(reps);
-    if (deterministic) return bench_deterministic(reps, only_d, only_s);
+    if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule);
     return check_dir.empty() ? bench(quick, reps) : check(check_dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench/attention: %s\n", e.what());

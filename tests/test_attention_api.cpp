@@ -512,8 +512,8 @@ TEST_CASE("attention API: the schedule table covers every dtype, head dim and ma
       CHECK(default_schedule(Pass::bwd_dq, DType::f16, d, causal, true) == Schedule{64, 64, 4, 2});
       CHECK(default_schedule(Pass::bwd_preprocess, DType::bf16, d, causal, true) == Schedule{64, 64, 4, 1});
     }
-  CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, 128, false) == Schedule{64, 128, 8, 2});
-  CHECK(default_schedule(Pass::bwd_dq, DType::bf16, 128, true) == Schedule{128, 64, 8, 2});
+  CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, 128, false) == Schedule{64, 64, 4, 2});  // (measured: 64 x 128 on 8 warps was slower)
+  CHECK(default_schedule(Pass::bwd_dq, DType::bf16, 128, true) == Schedule{64, 64, 4, 2});
 }
 
 // Library masks (Options::mask): the kind, its integers (kernels::check_mask's rules), the
@@ -954,7 +954,7 @@ TEST_CASE("attention API: dQ reductions, workspace sizes and schedules") {
   for (DType t : {DType::bf16, DType::f16})
     for (bool causal : {false, true}) {
       for (int d : {64, 128}) {
-        CHECK(default_schedule(Pass::bwd_dkdv, t, d, causal) == Schedule{64, 128, 8, 2});
+        CHECK(default_schedule(Pass::bwd_dkdv, t, d, causal) == Schedule{64, 64, 4, 2});
         for (DqReduction r : {DqReduction::atomic, DqReduction::split, DqReduction::ordered}) {
           const Schedule kv = d == 128 ? Schedule{64, 128, 8, 2} : Schedule{64, 64, 4, 2};
           CHECK(default_schedule(Pass::bwd_dkdv, t, d, causal, false, r) == kv);
