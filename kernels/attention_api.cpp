@@ -766,7 +766,7 @@ Function& block_mask_function(const PrePassLists& l, kernels::MaskKind kind) {
 Schedule schedule_for(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
   return opts.schedule ? *opts.schedule
                        : default_schedule(p, q.dtype, static_cast<int>(d.head_dim), d.causal, opts.cu_seqlens_q.has_value(),
-                                          d.reduction);
+                                          d.reduction, d.dropout);
 }
 
 // The tensors and scalars of one call by normalised parameter name (lower case, no '_').
@@ -875,7 +875,7 @@ const char* name(DqReduction r) { return kernels::dq_reduction_name(static_cast<
 
 // The one place schedules are chosen: measured on the H100 for the Hopper (wgmma) path of dense
 // shapes; varlen (tensor slices) runs on the generic path with its own, smaller tiles.
-Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal, bool varlen, DqReduction reduction) {
+Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal, bool varlen, DqReduction reduction, bool dropout) {
   const int warps = head_dim >= 256 ? 8 : 4;
   switch (pass) {
     // Measured on H100 (BENCHMARKS.md): 128x128 tiles and 8 warps beat 64-row blocks by 25%.
@@ -893,18 +893,23 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
     // warps (every dot on wgmma). D = 256 keeps its 32 x 64 tiles (the dot then on mma.sync).
     // Without a reduction (recompute) dK/dV and dQ take 64 x 64 tiles on 4 warps: measured on H100
     // (bf16, S 4k; `attention_bench --deterministic --schedule`), 1.29x faster at D 64 and 1.13x at D
-    // 128 than 64 x 128 / 128 x 64 on 8 warps (two programs per SM instead of one).
+    // 128 than 64 x 128 / 128 x 64 on 8 warps (two programs per SM instead of one). Not with
+    // dropout: dK/dV then spills ~600 B at D 128 and the backward was 2.39x instead of 1.83x of no
+    // dropout, so the 8-warp tiles stay.
     case Pass::bwd_dkdv:
       if (varlen) return {64, 64, 8, 2};
       if (head_dim >= 256) return {32, 64, 4, 2};
-      if (reduction != DqReduction::recompute && head_dim % 128 == 0) return {64, 128, 8, 2};
+      if ((reduction != DqReduction::recompute || dropout) && head_dim % 128 == 0) return {64, 128, 8, 2};
+      if (dropout && reduction == DqReduction::recompute) return {64, 128, 8, 2};
       return {64, 64, 4, 2};
-    case Pass::bwd_dq: return {64, 64, 4, 2};
+    case Pass::bwd_dq:
+      if (varlen || head_dim >= 256 || !dropout) return {64, 64, 4, 2};
+      return {128, 64, 8, 2};
     // Elementwise over dQ_accum: [BLOCK_M, D] f32 per program, 4 warps.
     case Pass::bwd_dq_convert: return {head_dim >= 256 ? 32 : 64, 64, 4, 2};
     // The parts are read at dK/dV's tiles: its BLOCK_M and BLOCK_N, an f32 [BLOCK_M, D] sum on 4 warps.
     case Pass::bwd_dq_reduce: {
-      Schedule s = default_schedule(Pass::bwd_dkdv, dtype, head_dim, causal, varlen, reduction);
+      Schedule s = default_schedule(Pass::bwd_dkdv, dtype, head_dim, causal, varlen, reduction, dropout);
       s.num_warps = 4;
       s.stages = 2;
       return s;
@@ -1321,7 +1326,7 @@ void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen,
   std::vector<Pass> passes{Pass::forward};
   if (backward) passes.insert(passes.end(), {Pass::bwd_preprocess, Pass::bwd_dkdv, dq_pass(dq_reduction)});
   for (Pass p : passes) {
-    const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen, dq_reduction);
+    const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen, dq_reduction, dropout);
     function_for(Config{p, dtype, head_dim, causal, varlen, s, device, dropout && declares(p, "DROPOUT"), false, false,
                         lib != 0 && declares(p, "MASK") ? lib : 0, p == Pass::bwd_dkdv ? static_cast<int>(dq_reduction) : 0,
                         p == Pass::bwd_dkdv && q_descending})

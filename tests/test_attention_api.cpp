@@ -514,6 +514,11 @@ TEST_CASE("attention API: the schedule table covers every dtype, head dim and ma
     }
   CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, 128, false) == Schedule{64, 64, 4, 2});  // (measured: 64 x 128 on 8 warps was slower)
   CHECK(default_schedule(Pass::bwd_dq, DType::bf16, 128, true) == Schedule{64, 64, 4, 2});
+  // with dropout the 8-warp tiles stay (64 x 64 on 4 warps spills in dK/dV there)
+  for (int d : {64, 128}) {
+    CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, d, false, false, DqReduction::recompute, true) == Schedule{64, 128, 8, 2});
+    CHECK(default_schedule(Pass::bwd_dq, DType::bf16, d, true, false, DqReduction::recompute, true) == Schedule{128, 64, 8, 2});
+  }
 }
 
 // Library masks (Options::mask): the kind, its integers (kernels::check_mask's rules), the
