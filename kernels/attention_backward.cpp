@@ -304,129 +304,130 @@ const Kernel& attention_backward_dkdv() {
     // One key tile of one (batch, KV head): dK, dV over its group's query heads and query tiles.
     // PERSISTENT: `slot` and `stage` say where it stands in DASH's schedule.
     auto key_tile = [&](HeadRows rows, Tile n_block, Tile kv_h, const BwdScheduleLang::Slot* slot, const Tile& stage) {
-    if (a.mask) std::tie(n_block, kv_h) = a.mask->program_order(a.BN, n_block, kv_h);  // heavy key blocks first
-    auto n0 = n_block * a.BN;
-    auto dK_t = rows.keys(dK), dV_t = rows.keys(dV);
-    auto group = a.group(rows);
-    auto k = load(rows(a.K, kv_h, n0, a.BN)), v = load(rows(a.V, kv_h, n0, a.BN));
-    auto keys = (n0 + arange(0, a.BN))[col];  // [BN, 1]: this program's blocks are transposed, S^T
-    Var dk = zeros(f32, {a.BN, a.D});
-    Var dv = zeros(f32, {a.BN, a.D});
-    // Causal: the first query block with a row that sees key n0 (row i sees n0 from i = n0 - diag).
-    Tile m_begin = a.causal ? maximum(n0 - (S_k - S_q), 0) / a.BM * a.BM : zeros(i32, {});
-    Tile m_end = rows.unless_past(n0, S_k, S_q);
-    for_range(0, group, [&](Tile g) {  // the query heads of this key/value head's group
-      auto h = kv_h * group + g;
-      Tile bh;  // DROPOUT: the mask's batch*heads index
-      if (a.dropout) bh = a.batch_head(rows, h);
-      std::optional<SequenceMask> seq;  // a library mask: per query head (block_sparse tables may differ)
-      if (a.mask) seq = a.mask->bind(rows.b, h, S_q, S_k);
-      // One query block; needs_mask (library masks): whether its P^T needs the element mask (a
-      // partial block or keys past S_k; rows past S_q have P = 0 already: LSE = +inf there).
-      // ordered: the semaphore count to wait for before adding (default: n_block), and `deferred`:
-      // where to leave this add's semaphore index for the caller to signal later (see below).
-      auto block = [&](const Tile& m0, const Tile& needs_mask, const Tile& wait_target = Tile(), Var* deferred = nullptr) {
-        auto q = load(rows(a.Q, h, m0, a.BM)), dout = load(rows(a.dO, h, m0, a.BM));
-        auto lse = a.lse_log2(rows, h, m0)[row];  // [1, BM]
-        auto delta = load(rows(a.Delta, h, m0, a.BM))[row];
-        Tile pt;  // P^T
-        Tile mod_grad_t;  // SCORE_MOD with a derivative: d mod / d score, transposed
-        const Tile e_t = a.log2_p_exponent(dot(k, trans(q)), lse, softmax_scale, rows, h, m0, n0, S_q, S_k, /*transposed=*/true, &mod_grad_t);
-        if (seq) {
-          Var p_t = exp2(e_t);
-          if_(needs_mask, [&] { p_t = where(trans(seq->allowed(m0 + arange(0, a.BM), n0 + arange(0, a.BN))), p_t, 0.0f); });
-          pt = p_t;
-        } else {
-          auto qrows = (m0 + arange(0, a.BM))[row];
-          pt = where(a.visible(qrows, keys, S_q, S_k), exp2(e_t), 0.0f);
-        }
-        // DROPOUT: the block is transposed (rows are keys, columns query rows): the forward's mask
-        // of (query rows m0.., keys n0..), transposed; s = 1 / keep probability is applied to dV
-        // once at the end
-        Tile pt_kept = pt;
-        Tile dpt = dot(v, trans(dout));  // dP^T (of the dropped P: times keep * s)
-        if (a.dropout) {
-          // Both uses of the mask before dV's MMA is issued: its 0 / ~0 words (one register per
-          // element) then die early instead of staying live across that MMA (spills). dP^T's MMA
-          // was issued at the top of the block, long done by the time the mask is ready.
-          Tile keep_t = trans(drop->keep_mask(bh, m0, a.BM, n0, a.BN));  // [BN, BM]
-          pt_kept = apply_keep_mask(pt, keep_t);
-          dpt = apply_keep_mask(dpt * drop->scale, keep_t);
-        }
-        dv = dot(cast(a.T, pt_kept), dout, dv);
-        Tile dst = pt * (dpt - delta);  // dS^T = P^T * (dP^T - Delta)
-        if (mod_grad_t.valid()) dst = dst * mod_grad_t;  // the gradient of the raw score
-        auto dst_t = cast(a.T, dst);
-        dk = dot(dst_t, q, dk);
-        // DQ_REDUCTION: this block's part of dQ, dS K = trans(dS^T) K [BM, D] (unscaled: the
-        // convert / reduce kernel multiplies by softmax_scale once, as the dQ kernel does). A is
-        // dS^T's registers transposed (the lowering moves them through shared memory into the A
-        // layout). B: the program's K window, the same shared-memory copy of K the S^T dots read,
-        // wherever wgmma can run this dot too: M = BLOCK_M a multiple of 64, and at 64 rows on two
-        // warpgroups each takes half of D's columns, which must be whole 64-column chunks (D 128).
-        // Elsewhere (e.g. D 64 on 8 warps) it falls to mma.sync, which takes B from registers; a use
-        // outside wgmma would also take the K window out of shared memory for the S^T dots, so that
-        // dot reads its own copy of K, loaded in the loop (LLVM at D 64: 700 B of spills -> 20 B).
-        if (reduction != DqReduction::recompute) {
-          const bool k_on_wgmma = a.BM % 64 == 0 && (a.BM >= a.BN || a.D % 128 == 0);
-          Tile k_b = k_on_wgmma ? k : load(rows(a.K, kv_h, n0, a.BN));
-          Tile dq_part = dot(trans(dst_t), k_b);
-          auto window = [&] { return dq_ws.block({rows.b, h, m0, 0}, {a.BM, a.D}, {2, 3}); };  // dQ_accum's
-          if (reduction == DqReduction::atomic) {
-            atomic_add(window(), dq_part);  // on Hopper: TMA adds the tile from shared memory
-          } else if (reduction == DqReduction::ordered) {
-            // Key blocks add into dQ tile m in increasing order: this one waits for the n_block
-            // before it (every earlier key block reaches m: full, or causal, whose query range only
-            // grows towards earlier keys). dQ_accum starts at zero. Waits are on lower block indices
-            // only: no deadlock whatever the residency. Each add is elementwise, so the order of the
-            // key blocks fixes every element's sum.
-            Tile sem_index = a.batch_head(rows, h) * cdiv(S_q, a.BM) + m0 / a.BM;
-            // PERSISTENT: the previous block's signal is given only now, one block of work after
-            // its add was issued: a signal first waits for the add's writes to complete in L2,
-            // which stalled the whole program when it came right after the add. Still before this
-            // block waits, so every wait's predecessor has been signalled: no new waits arise.
-            if (deferred) if_(*deferred >= 0, [&] { signal_add(dq_sem + *deferred, 1); });
-            // the add waits for its turn (on the TMA path only the issuing thread waits)
-            atomic_add(window(), dq_part, dq_sem + sem_index, wait_target.valid() ? wait_target : n_block);
-            if (deferred) *deferred = sem_index;
-            else signal_add(dq_sem + sem_index, 1);
+      if (a.mask) std::tie(n_block, kv_h) = a.mask->program_order(a.BN, n_block, kv_h);  // heavy key blocks first
+      auto n0 = n_block * a.BN;
+      auto dK_t = rows.keys(dK), dV_t = rows.keys(dV);
+      auto group = a.group(rows);
+      auto k = load(rows(a.K, kv_h, n0, a.BN)), v = load(rows(a.V, kv_h, n0, a.BN));
+      auto keys = (n0 + arange(0, a.BN))[col];  // [BN, 1]: this program's blocks are transposed, S^T
+      Var dk = zeros(f32, {a.BN, a.D});
+      Var dv = zeros(f32, {a.BN, a.D});
+      // Causal: the first query block with a row that sees key n0 (row i sees n0 from i = n0 - diag).
+      Tile m_begin = a.causal ? maximum(n0 - (S_k - S_q), 0) / a.BM * a.BM : zeros(i32, {});
+      Tile m_end = rows.unless_past(n0, S_k, S_q);
+      for_range(0, group, [&](Tile g) {  // the query heads of this key/value head's group
+        auto h = kv_h * group + g;
+        Tile bh;  // DROPOUT: the mask's batch*heads index
+        if (a.dropout) bh = a.batch_head(rows, h);
+        std::optional<SequenceMask> seq;  // a library mask: per query head (block_sparse tables may differ)
+        if (a.mask) seq = a.mask->bind(rows.b, h, S_q, S_k);
+        // One query block; needs_mask (library masks): whether its P^T needs the element mask (a
+        // partial block or keys past S_k; rows past S_q have P = 0 already: LSE = +inf there).
+        // ordered: the semaphore count to wait for before adding (default: n_block), and `deferred`:
+        // where to leave this add's semaphore index for the caller to signal later (see below).
+        auto block = [&](const Tile& m0, const Tile& needs_mask, const Tile& wait_target = Tile(), Var* deferred = nullptr) {
+          auto q = load(rows(a.Q, h, m0, a.BM)), dout = load(rows(a.dO, h, m0, a.BM));
+          auto lse = a.lse_log2(rows, h, m0)[row];  // [1, BM]
+          auto delta = load(rows(a.Delta, h, m0, a.BM))[row];
+          Tile pt;  // P^T
+          Tile mod_grad_t;  // SCORE_MOD with a derivative: d mod / d score, transposed
+          const Tile e_t =
+              a.log2_p_exponent(dot(k, trans(q)), lse, softmax_scale, rows, h, m0, n0, S_q, S_k, /*transposed=*/true, &mod_grad_t);
+          if (seq) {
+            Var p_t = exp2(e_t);
+            if_(needs_mask, [&] { p_t = where(trans(seq->allowed(m0 + arange(0, a.BM), n0 + arange(0, a.BN))), p_t, 0.0f); });
+            pt = p_t;
           } else {
-            store(dq_ws.block({a.batch_head(rows, h), m0 / a.BM, n_block, 0, 0}, {a.BM, a.D}, {3, 4}), dq_part);
+            auto qrows = (m0 + arange(0, a.BM))[row];
+            pt = where(a.visible(qrows, keys, S_q, S_k), exp2(e_t), 0.0f);
           }
+          // DROPOUT: the block is transposed (rows are keys, columns query rows): the forward's mask
+          // of (query rows m0.., keys n0..), transposed; s = 1 / keep probability is applied to dV
+          // once at the end
+          Tile pt_kept = pt;
+          Tile dpt = dot(v, trans(dout));  // dP^T (of the dropped P: times keep * s)
+          if (a.dropout) {
+            // Both uses of the mask before dV's MMA is issued: its 0 / ~0 words (one register per
+            // element) then die early instead of staying live across that MMA (spills). dP^T's MMA
+            // was issued at the top of the block, long done by the time the mask is ready.
+            Tile keep_t = trans(drop->keep_mask(bh, m0, a.BM, n0, a.BN));  // [BN, BM]
+            pt_kept = apply_keep_mask(pt, keep_t);
+            dpt = apply_keep_mask(dpt * drop->scale, keep_t);
+          }
+          dv = dot(cast(a.T, pt_kept), dout, dv);
+          Tile dst = pt * (dpt - delta);  // dS^T = P^T * (dP^T - Delta)
+          if (mod_grad_t.valid()) dst = dst * mod_grad_t;  // the gradient of the raw score
+          auto dst_t = cast(a.T, dst);
+          dk = dot(dst_t, q, dk);
+          // DQ_REDUCTION: this block's part of dQ, dS K = trans(dS^T) K [BM, D] (unscaled: the
+          // convert / reduce kernel multiplies by softmax_scale once, as the dQ kernel does). A is
+          // dS^T's registers transposed (the lowering moves them through shared memory into the A
+          // layout). B: the program's K window, the same shared-memory copy of K the S^T dots read,
+          // wherever wgmma can run this dot too: M = BLOCK_M a multiple of 64, and at 64 rows on two
+          // warpgroups each takes half of D's columns, which must be whole 64-column chunks (D 128).
+          // Elsewhere (e.g. D 64 on 8 warps) it falls to mma.sync, which takes B from registers; a use
+          // outside wgmma would also take the K window out of shared memory for the S^T dots, so that
+          // dot reads its own copy of K, loaded in the loop (LLVM at D 64: 700 B of spills -> 20 B).
+          if (reduction != DqReduction::recompute) {
+            const bool k_on_wgmma = a.BM % 64 == 0 && (a.BM >= a.BN || a.D % 128 == 0);
+            Tile k_b = k_on_wgmma ? k : load(rows(a.K, kv_h, n0, a.BN));
+            Tile dq_part = dot(trans(dst_t), k_b);
+            auto window = [&] { return dq_ws.block({rows.b, h, m0, 0}, {a.BM, a.D}, {2, 3}); };  // dQ_accum's
+            if (reduction == DqReduction::atomic) {
+              atomic_add(window(), dq_part);  // on Hopper: TMA adds the tile from shared memory
+            } else if (reduction == DqReduction::ordered) {
+              // Key blocks add into dQ tile m in increasing order: this one waits for the n_block
+              // before it (every earlier key block reaches m: full, or causal, whose query range only
+              // grows towards earlier keys). dQ_accum starts at zero. Waits are on lower block indices
+              // only: no deadlock whatever the residency. Each add is elementwise, so the order of the
+              // key blocks fixes every element's sum.
+              Tile sem_index = a.batch_head(rows, h) * cdiv(S_q, a.BM) + m0 / a.BM;
+              // PERSISTENT: the previous block's signal is given only now, one block of work after
+              // its add was issued: a signal first waits for the add's writes to complete in L2,
+              // which stalled the whole program when it came right after the add. Still before this
+              // block waits, so every wait's predecessor has been signalled: no new waits arise.
+              if (deferred) if_(*deferred >= 0, [&] { signal_add(dq_sem + *deferred, 1); });
+              // the add waits for its turn (on the TMA path only the issuing thread waits)
+              atomic_add(window(), dq_part, dq_sem + sem_index, wait_target.valid() ? wait_target : n_block);
+              if (deferred) *deferred = sem_index;
+              else signal_add(dq_sem + sem_index, 1);
+            } else {
+              store(dq_ws.block({a.batch_head(rows, h), m0 / a.BM, n_block, 0, 0}, {a.BM, a.D}, {3, 4}), dq_part);
+            }
+          }
+        };
+        if (slot) {  // PERSISTENT: the shift order; each add waits for its place in the fixed order
+          Var deferred = full(i32, {}, -1);  // the last add's semaphore, not signalled yet
+          for_range(0, sched.visit_count(n_block), [&](Tile t) {
+            Tile m = sched.visit_query_tile(*slot, stage, n_block, t);
+            block(m * a.BM, Tile(), sched.wait_target(*slot, stage, n_block, m), &deferred);
+          });
+          if_(deferred >= 0, [&] { signal_add(dq_sem + deferred, 1); });
+          return;
         }
-      };
-      if (slot) {  // PERSISTENT: the shift order; each add waits for its place in the fixed order
-        Var deferred = full(i32, {}, -1);  // the last add's semaphore, not signalled yet
-        for_range(0, sched.visit_count(n_block), [&](Tile t) {
-          Tile m = sched.visit_query_tile(*slot, stage, n_block, t);
-          block(m * a.BM, Tile(), sched.wait_target(*slot, stage, n_block, m), &deferred);
+        if (!seq) {
+          if (q_descending) {
+            Tile trips = cdiv(maximum(m_end - m_begin, 0), a.BM);
+            for_range(0, trips, [&](Tile j) { block(m_begin + (trips - 1 - j) * a.BM, Tile()); });
+          } else {
+            for_range(m_begin, m_end, a.BM, [&](Tile m0) { block(m0, Tile()); });
+          }
+          return;
+        }
+        // the query blocks that see this key block: the mask's intervals or the pre-pass's lists
+        auto is_full = [&](const Tile& m0) { return seq->tile_is_full(m0, a.BM, n0, a.BN); };
+        const MaskedTileWalk walk = a.lists ? list_walk(*a.lists, rows.b, h, n_block, a.BM)
+                                            : interval_walk(seq->query_tiles(n0, a.BN, a.BM), a.BM, is_full);
+        Tile keys_edge = n0 + a.BN > S_k;
+        for_range(0, walk.count, [&](Tile j) {
+          const MaskedTile t = walk.at(j);
+          block(t.start, t.partial | keys_edge);
         });
-        if_(deferred >= 0, [&] { signal_add(dq_sem + deferred, 1); });
-        return;
-      }
-      if (!seq) {
-        if (q_descending) {
-          Tile trips = cdiv(maximum(m_end - m_begin, 0), a.BM);
-          for_range(0, trips, [&](Tile j) { block(m_begin + (trips - 1 - j) * a.BM, Tile()); });
-        } else {
-          for_range(m_begin, m_end, a.BM, [&](Tile m0) { block(m0, Tile()); });
-        }
-        return;
-      }
-      // the query blocks that see this key block: the mask's intervals or the pre-pass's lists
-      auto is_full = [&](const Tile& m0) { return seq->tile_is_full(m0, a.BM, n0, a.BN); };
-      const MaskedTileWalk walk = a.lists ? list_walk(*a.lists, rows.b, h, n_block, a.BM)
-                                          : interval_walk(seq->query_tiles(n0, a.BN, a.BM), a.BM, is_full);
-      Tile keys_edge = n0 + a.BN > S_k;
-      for_range(0, walk.count, [&](Tile j) {
-        const MaskedTile t = walk.at(j);
-        block(t.start, t.partial | keys_edge);
       });
-    });
-    store(rows(dK_t, kv_h, n0, a.BN), cast(a.T, dk * softmax_scale));
-    Tile dv_out = dv;
-    if (a.dropout) dv_out = dv_out * drop->scale;
-    store(rows(dV_t, kv_h, n0, a.BN), cast(a.T, dv_out));
+      store(rows(dK_t, kv_h, n0, a.BN), cast(a.T, dk * softmax_scale));
+      Tile dv_out = dv;
+      if (a.dropout) dv_out = dv_out * drop->scale;
+      store(rows(dV_t, kv_h, n0, a.BN), cast(a.T, dv_out));
     };
     if (!persistent) {
       key_tile(rows0, program_id(0), program_id(1), nullptr, Tile());
