@@ -441,6 +441,14 @@ TEST_CASE("atomic / split kernels assemble for sm_90a without spills (the reduct
     builds.push_back({"attention_bwd_dkdv", d128, 4, false});
     builds.push_back({"attention_bwd_dkdv", {{"DQ_REDUCTION", red}}, 0, false});  // the registry's 64 x 128, 8 warps
   }
+  // the API's D 128 schedule for the reductions (64 x 128, 8 warps: the dQ dot's warpgroups split D)
+  // and ordered's persistent DASH schedule at both head dims (reported: D 128 spills ~250-300 B)
+  for (int red : {1, 3}) {
+    Meta m{{"DQ_REDUCTION", red}, {"HEAD_DIM", 128}};
+    if (red == 3) m.emplace_back("PERSISTENT", true);
+    builds.push_back({"attention_bwd_dkdv", m, 8, false});
+  }
+  builds.push_back({"attention_bwd_dkdv", {{"BLOCK_N", 64}, {"DQ_REDUCTION", 3}, {"PERSISTENT", true}}, 4, false});
   builds.push_back({"attention_bwd_dq_convert", {}});
   builds.push_back({"attention_bwd_dq_convert", {{"HEAD_DIM", 128}, {"BSHD", true}}});
   for (bool causal : {false, true}) builds.push_back({"attention_bwd_dq_reduce", {{"CAUSAL", causal}}});
@@ -477,6 +485,10 @@ TEST_CASE("atomic / split kernels assemble for sm_90a without spills (the reduct
       MESSAGE(fmt::format("{} via {}: {}; shared {} B; PTX: {} wgmma.mma_async, {} mma.sync, {} atom.global, {} bar.sync{}", label,
                           jit::to_string(backend), k.info.to_string(), k.smem_bytes, mma_async, mma_sync, count(k.ptx, "atom.global"),
                           count(k.ptx, "bar.sync"), bd.checked ? "" : " (reported, not checked)"));
+      if (bd.name == "attention_bwd_dkdv" && bd.warps == 8) {  // every dot on wgmma, dQ added by TMA
+        CHECK(mma_sync == 0);
+        CHECK(count(k.ptx, "cp.reduce.async.bulk.tensor") > 0);
+      }
       if (bd.name == "attention_bwd_dkdv" && bd.warps == 4 && bd.checked) {
         auto meta_of = [&](const std::string& name) {
           return std::find_if(bd.meta.begin(), bd.meta.end(), [&](const auto& m) { return m.first == name; })->second;
