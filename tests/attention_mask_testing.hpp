@@ -87,6 +87,35 @@ struct BlockMaskRun {
   }
 };
 
+// What the masked backward tests' problems share: a label, the mask and its data, the sizes and the
+// kernels' tiles. Each test derives its own Problem (adding layout, dropout, ...) and builds its list
+// with add_problem.
+struct MaskedProblemCore {
+  std::string label;
+  tilejit::kernels::MaskSpec spec = tilejit::kernels::MaskSpec::full();
+  int64_t B = 1, Hq = 2, Hkv = 1, Sq = 0, Sk = 0, bm = 16, bn = 16;
+  std::vector<int32_t> docs, prefix;
+  std::vector<int64_t> docs_shape, table_shape;
+  std::vector<uint8_t> table;
+
+  tilejit::kernels::MaskData data() const {
+    return {{docs, docs_shape}, {prefix, {static_cast<int64_t>(prefix.size())}}, {table, table_shape}};
+  }
+  tilejit::kernels::MaskProblem extent() const { return {B, Hq, Sq, Sk}; }
+  int64_t q_tiles() const { return (Sq + bm - 1) / bm; }
+  int64_t k_tiles() const { return (Sk + bn - 1) / bn; }
+};
+
+// Appends a problem with these fields to `ps` and returns it (for the fields the call leaves out).
+template <class P>
+P* add_problem(std::vector<P>& ps, std::string label, tilejit::kernels::MaskSpec spec, int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq,
+               int64_t Sk, int64_t bm, int64_t bn) {
+  P p;
+  p.label = std::move(label), p.spec = spec, p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.Sq = Sq, p.Sk = Sk, p.bm = bm, p.bn = bn;
+  ps.push_back(std::move(p));
+  return &ps.back();
+}
+
 // The sizes and layout of a masked attention problem: Q, dO, O [B, Hq, S_q, D], K, V [B, Hkv, S_k, D]
 // (BSHD: [B, S, H, D]).
 struct MaskedAttentionDims {

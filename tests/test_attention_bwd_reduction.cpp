@@ -51,26 +51,16 @@ namespace {
 
 constexpr int64_t D = 64;
 
-struct Problem {
-  std::string label;
-  MaskSpec spec = MaskSpec::full();
+struct Problem : testing::MaskedProblemCore {
   bool causal_meta = false;  // CAUSAL=true (spec stays full) instead of MASK=causal
   bool bshd = false;
-  int64_t B = 1, Hq = 2, Hkv = 1, Sq = 0, Sk = 0, bm = 16, bn = 16;
   double dropout_p = 0;
   bool dropout_bits = false;  // rng = precomputed (DROPOUT_BITS), BLOCK_N a multiple of 32
-  std::vector<int32_t> docs, prefix;
-  std::vector<int64_t> docs_shape, table_shape;
-  std::vector<uint8_t> table;
 
-  km::MaskData data() const { return {{docs, docs_shape}, {prefix, {static_cast<int64_t>(prefix.size())}}, {table, table_shape}}; }
-  km::MaskProblem extent() const { return {B, Hq, Sq, Sk}; }
   // the mask the reference applies (CAUSAL=true is the causal mask)
   MaskSpec effective() const { return causal_meta ? MaskSpec::causal() : spec; }
   bool library() const { return spec.kind != MaskKind::full && spec.kind != MaskKind::causal; }
   bool uses_lists() const { return library() && !km::mask_has_tile_intervals(spec.kind); }
-  int64_t q_tiles() const { return (Sq + bm - 1) / bm; }
-  int64_t k_tiles() const { return (Sk + bn - 1) / bn; }
   km::DropoutRngHost rng() const { return {0x0123456789abcdefULL, 0x0000000500000003ULL, km::dropout_keep_threshold(dropout_p)}; }
   std::string describe() const {
     return fmt::format("{}: B={} Hq={} Hkv={} Sq={} Sk={} tiles {}x{}{}{}", label, B, Hq, Hkv, Sq, Sk, bm, bn, bshd ? " BSHD" : "",
@@ -84,12 +74,7 @@ struct Problem {
 std::vector<Problem> problems() {
   std::mt19937 rng(81);
   std::vector<Problem> ps;
-  auto add = [&](std::string label, MaskSpec spec, int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Sk, int64_t bm, int64_t bn) {
-    Problem p;
-    p.label = std::move(label), p.spec = spec, p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.Sq = Sq, p.Sk = Sk, p.bm = bm, p.bn = bn;
-    ps.push_back(std::move(p));
-    return &ps.back();
-  };
+  auto add = [&](auto&&... a) { return testing::add_problem(ps, std::forward<decltype(a)>(a)...); };
   add("full, GQA, BSHD", MaskSpec::full(), 2, 4, 2, 45, 70, 16, 32)->bshd = true;
   add("CAUSAL=true, S_q > S_k (rows without keys)", MaskSpec::full(), 1, 2, 1, 70, 45, 32, 16)->causal_meta = true;
   Problem* c = add("MASK=causal, S_q < S_k, GQA, dropout", MaskSpec::causal(), 1, 4, 2, 50, 77, 16, 16);

@@ -43,26 +43,15 @@ using km::MaskKind, km::MaskSpec, rt::HostTensor;
 namespace {
 
 // One masked backward problem: [B, H, S, D] bf16 tensors, the mask and its data, the kernels' tiles.
-struct Problem {
-  std::string label;
-  MaskSpec spec;
-  int64_t B = 1, Hq = 2, Hkv = 2, Sq = 0, Sk = 0;
-  int64_t bm = 16, bn = 16;
+struct Problem : testing::MaskedProblemCore {
   double dropout_p = 0;  // 0: no dropout
-  std::vector<int32_t> docs, prefix;
-  std::vector<int64_t> docs_shape, table_shape;
-  std::vector<uint8_t> table;
   static constexpr int64_t D = 64;
 
-  km::MaskData data() const { return {{docs, docs_shape}, {prefix, {static_cast<int64_t>(prefix.size())}}, {table, table_shape}}; }
-  km::MaskProblem extent() const { return {B, Hq, Sq, Sk}; }
   std::string describe() const {
     return fmt::format("{}: B={} Hq={} Hkv={} Sq={} Sk={} tiles {}x{}{}", label, B, Hq, Hkv, Sq, Sk, bm, bn,
                        dropout_p > 0 ? fmt::format(" dropout {}", dropout_p) : "");
   }
   bool uses_lists() const { return !km::mask_has_tile_intervals(spec.kind); }
-  int64_t q_tiles() const { return (Sq + bm - 1) / bm; }
-  int64_t k_tiles() const { return (Sk + bn - 1) / bn; }
   int64_t group() const { return Hq / Hkv; }
   km::DropoutRngHost rng() const { return {0x5eed5eed12345678ULL, 0x0000000300000007ULL, km::dropout_keep_threshold(dropout_p)}; }
 };
@@ -78,12 +67,7 @@ void random_table(Problem& p, int64_t rows, int64_t heads, double density, std::
 std::vector<Problem> problems() {
   std::mt19937 rng(8);
   std::vector<Problem> ps;
-  auto add = [&](std::string label, MaskSpec spec, int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Sk, int64_t bm, int64_t bn) {
-    Problem p;
-    p.label = std::move(label), p.spec = spec, p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.Sq = Sq, p.Sk = Sk, p.bm = bm, p.bn = bn;
-    ps.push_back(std::move(p));
-    return &ps.back();
-  };
+  auto add = [&](auto&&... a) { return testing::add_problem(ps, std::forward<decltype(a)>(a)...); };
   add("full", MaskSpec::full(), 2, 2, 1, 45, 70, 16, 16);
   add("causal, S_q > S_k", MaskSpec::causal(), 1, 2, 2, 70, 45, 32, 16);
   add("sliding_window 21/35", MaskSpec::sliding_window(21, 35), 2, 2, 2, 70, 90, 16, 16);
