@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "ptxas_testing.hpp"
 #include "attention_reference.hpp"
 #include "jit/compile.hpp"
 #include "kernels/attention.hpp"
@@ -104,13 +105,7 @@ TEST_CASE("attention backward: the default schedules assemble for sm_90a through
     ir::Function fn = lk->kernel().build(meta);
     for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
       INFO(name << " causal=" << causal << " via " << jit::to_string(backend));
-      jit::CompileOptions o;
-      o.backend = backend;
-      o.num_warps = lk->num_warps;
-      o.ptx_tool = jit::PtxTool::Ptxas;
-      jit::CompiledKernel k = jit::compile(fn, o);
-      CHECK(k.ptx.find(".entry " + fn.name) != std::string::npos);
-      CHECK(k.cubin.size() > 1000);
+      const jit::CompiledKernel k = testing::assemble_sm90a(fn, backend, lk->num_warps);
       CHECK_MESSAGE(k.info.spill_store_bytes == 0, k.info.to_string());
       CHECK_MESSAGE(k.info.spill_load_bytes == 0, k.info.to_string());
       MESSAGE(fmt::format("{} causal={} via {}: {}", name, causal, jit::to_string(backend), k.info.to_string()));

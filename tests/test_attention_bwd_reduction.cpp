@@ -29,6 +29,7 @@
 #include <variant>
 #include <vector>
 
+#include "ptxas_testing.hpp"
 #include "attention_mask_testing.hpp"
 #include "jit/compile.hpp"
 #include "jit/ptx_compiler.hpp"
@@ -397,10 +398,7 @@ TEST_CASE("build errors: DQ_REDUCTION out of range, with VARLEN; the reducer's m
 // registry's defaults. Reported only (MESSAGE): the registry's dK/dV default 64 x 128 on 8 warps
 // (the dQ dot's M = 64 is half a warpgroup pair: mma.sync) and head dim 128.
 TEST_CASE("atomic / split kernels assemble for sm_90a without spills (the reduction schedule, the convert / reduce defaults)") {
-  if (jit::find_ptxas().empty()) {
-    MESSAGE("SKIPPED: no ptxas on TILEJIT_PTXAS, PATH or the CUDA root");
-    return;
-  }
+  if (testing::no_ptxas()) return;
   auto count = [](const std::string& text, const std::string& what) {
     size_t n = 0;
     for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
@@ -455,13 +453,7 @@ TEST_CASE("atomic / split kernels assemble for sm_90a without spills (the reduct
       std::string label = fmt::format("{} {} warps", bd.name, warps);
       for (const auto& [k, v] : bd.meta) label += fmt::format(" {}={}", k, ir::to_string(v));
       INFO(label << " via " << jit::to_string(backend));
-      jit::CompileOptions o;
-      o.backend = backend;
-      o.num_warps = warps;
-      o.pipeline.stages = lk->stages;
-      o.ptx_tool = jit::PtxTool::Ptxas;
-      const jit::CompiledKernel k = jit::compile(fn, o);
-      CHECK(k.cubin.size() > 1000);
+      const jit::CompiledKernel k = testing::assemble_sm90a(fn, backend, warps, lk->stages);
       if (bd.checked) {
         CHECK_MESSAGE(k.info.spill_store_bytes == 0, k.info.to_string());
         CHECK_MESSAGE(k.info.spill_load_bytes == 0, k.info.to_string());

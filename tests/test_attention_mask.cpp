@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "ptxas_testing.hpp"
 #include "dsl/lang.hpp"
 #include "jit/compile.hpp"
 #include "jit/ptx_compiler.hpp"
@@ -689,10 +690,7 @@ TEST_CASE("build errors: interval functions of data-dependent masks, bad MASK me
 }
 
 TEST_CASE("the pre-pass and a masked kernel lower to PTX that ptxas assembles for sm_90a") {
-  if (jit::find_ptxas().empty()) {
-    MESSAGE("SKIPPED: no ptxas on TILEJIT_PTXAS, PATH or the CUDA root");
-    return;
-  }
+  if (testing::no_ptxas()) return;
   struct Case {
     std::string label;
     ir::Function fn;
@@ -711,13 +709,7 @@ TEST_CASE("the pre-pass and a masked kernel lower to PTX that ptxas assembles fo
   for (const Case& c : cases)
     for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
       INFO(c.label << " via " << jit::to_string(backend));
-      jit::CompileOptions o;
-      o.backend = backend;
-      o.num_warps = c.num_warps;
-      o.ptx_tool = jit::PtxTool::Ptxas;
-      const jit::CompiledKernel k = jit::compile(c.fn, o);
-      CHECK(k.ptx.find(".entry " + c.fn.name) != std::string::npos);
-      CHECK(k.cubin.size() > 1000);
+      const jit::CompiledKernel k = testing::assemble_sm90a(c.fn, backend, c.num_warps);
       CHECK_MESSAGE(k.info.spill_store_bytes == 0, k.info.to_string());
       MESSAGE(fmt::format("{} via {}: {}", c.label, jit::to_string(backend), k.info.to_string()));
     }

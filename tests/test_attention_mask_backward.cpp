@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "ptxas_testing.hpp"
 #include "attention_mask_testing.hpp"
 #include "jit/compile.hpp"
 #include "jit/ptx_compiler.hpp"
@@ -426,10 +427,7 @@ TEST_CASE("build errors: library masks with CAUSAL or VARLEN, an unknown MASK") 
 // The registry's default schedules (kernels/registry.cpp) with an interval mask, a two-run one and a
 // list one, through both backends, without spills.
 TEST_CASE("masked dK/dV and dQ assemble for sm_90a at the default schedules without spills") {
-  if (jit::find_ptxas().empty()) {
-    MESSAGE("SKIPPED: no ptxas on TILEJIT_PTXAS, PATH or the CUDA root");
-    return;
-  }
+  if (testing::no_ptxas()) return;
   for (const std::string name : {"attention_bwd_dkdv", "attention_bwd_dq"})
     for (MaskKind kind : {MaskKind::sliding_window, MaskKind::global_sliding_window, MaskKind::causal_document}) {
       const km::LibraryKernel* lk = km::find(name);
@@ -439,13 +437,7 @@ TEST_CASE("masked dK/dV and dQ assemble for sm_90a at the default schedules with
       const ir::Function fn = lk->kernel().build(meta);
       for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
         INFO(name << " MASK=" << km::mask_kind_name(kind) << " via " << jit::to_string(backend));
-        jit::CompileOptions o;
-        o.backend = backend;
-        o.num_warps = lk->num_warps;
-        o.ptx_tool = jit::PtxTool::Ptxas;
-        const jit::CompiledKernel k = jit::compile(fn, o);
-        CHECK(k.ptx.find(".entry " + fn.name) != std::string::npos);
-        CHECK(k.cubin.size() > 1000);
+        const jit::CompiledKernel k = testing::assemble_sm90a(fn, backend, lk->num_warps);
         CHECK_MESSAGE(k.info.spill_store_bytes == 0, k.info.to_string());
         CHECK_MESSAGE(k.info.spill_load_bytes == 0, k.info.to_string());
         MESSAGE(fmt::format("{} MASK={} via {}: {}", name, km::mask_kind_name(kind), jit::to_string(backend), k.info.to_string()));

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ptxas_testing.hpp"
 #include "attention_mask_testing.hpp"
 #include "attention_score_mod_reference.hpp"
 #include "jit/compile.hpp"
@@ -138,10 +139,7 @@ TEST_CASE("SCORE_MOD: the mod's parameter comes last (after the mask's), and an 
 // forward and dQ do not spill; dK/dV, at 254 registers without a mod, spills 100-150 B with one
 // (the mod's terms over the transposed block): printed, bounded.
 TEST_CASE("SCORE_MOD kernels assemble for sm_90a at the default schedules") {
-  if (jit::find_ptxas().empty()) {
-    MESSAGE("SKIPPED: no ptxas on TILEJIT_PTXAS, PATH or the CUDA root");
-    return;
-  }
+  if (testing::no_ptxas()) return;
   for (const std::string name : {"attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq"})
     for (ScoreModKind mod : {ScoreModKind::alibi, ScoreModKind::softcap}) {
       const km::LibraryKernel* lk = km::find(name);
@@ -153,11 +151,7 @@ TEST_CASE("SCORE_MOD kernels assemble for sm_90a at the default schedules") {
       meta.emplace_back("HEAD_DIM", 128);
       const ir::Function fn = lk->kernel().build(meta);
       INFO(name << " SCORE_MOD=" << std::string(km::score_mod_kind_name(mod)));
-      jit::CompileOptions o;
-      o.num_warps = lk->num_warps;
-      o.ptx_tool = jit::PtxTool::Ptxas;
-      const jit::CompiledKernel k = jit::compile(fn, o);
-      CHECK(k.cubin.size() > 1000);
+      const jit::CompiledKernel k = testing::assemble_sm90a(fn, jit::Backend::Llvm, lk->num_warps);
       if (name != "attention_bwd_dkdv") CHECK_MESSAGE(k.info.spill_store_bytes == 0, k.info.to_string());
       CHECK_MESSAGE(k.info.spill_store_bytes <= 256, k.info.to_string());
       MESSAGE(fmt::format("{} SCORE_MOD={}: {}", name, km::score_mod_kind_name(mod), k.info.to_string()));
