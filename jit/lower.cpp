@@ -983,11 +983,7 @@ class Lowerer {
       V unit = bin(Op::bit_xor, bin(Op::shr, within, ci32(2)), bin(Op::bit_and, row, ci32(7)));
       V off = bin(Op::add, bin(Op::mul, chunk, ci32(red.chunk_bytes())),
                   bin(Op::add, bin(Op::mul, row, ci32(128)), bin(Op::add, bin(Op::mul, unit, ci32(16)), bin(Op::mul, bin(Op::bit_and, within, ci32(3)), ci32(4)))));
-      // an absolute offset (the staging tile lies below the scratch area): no emit0
-      pir::Inst st;
-      st.op = Op::store_shared;
-      st.args = {bin(Op::add, off, ci32(plan_.hopper.reduce_staging)), val[r]};
-      blocks_.back()->insts.push_back(std::move(st));
+      store_shared_at(bin(Op::add, off, ci32(plan_.hopper.reduce_staging)), val[r], std::nullopt);
     }
     emit0(Op::fence_proxy_async, {});
     emit0(Op::barrier, {});
@@ -1741,6 +1737,16 @@ class Lowerer {
     put(op.results[0], LC, acc);
   }
 
+  // A shared-memory store at an absolute byte offset (the staging tiles lie below the scratch area,
+  // whose base emit0 would add).
+  void store_shared_at(V offset, V value, std::optional<V> pred) {
+    pir::Inst st;
+    st.op = Op::store_shared;
+    st.args = {offset, value};
+    if (pred) st.args.push_back(*pred);
+    blocks_.back()->insts.push_back(std::move(st));
+  }
+
   // Writes x of A = trans(x) (x [K, M] 16-bit, in its own layout) into the A staging tile: element
   // (k, m) at chunk m / 64, row k (128 bytes), 16-byte unit (m % 64) / 8 XOR k % 8 (the 128-byte
   // swizzle), adjacent m pairs as one 32-bit store. The previous staged dot's MMAs must be done
@@ -1771,13 +1777,7 @@ class Lowerer {
       V unit = bin(Op::bit_xor, land(bin(Op::shr, m, ci32(3)), ci32(7)), land(k, ci32(7)));
       V off = bin(Op::add, bin(Op::mul, bin(Op::shr, m, ci32(6)), ci32(K * 128)),
                   bin(Op::add, bin(Op::mul, k, ci32(128)), bin(Op::add, bin(Op::mul, unit, ci32(16)), bin(Op::mul, land(m, ci32(7)), ci32(2)))));
-      off = bin(Op::add, off, ci32(plan_.hopper.a_staging));
-      V value = paired ? pack(xr[r], xr[pair->second]) : xr[r];
-      pir::Inst st;  // an absolute offset: not through emit0 (which adds the scratch base)
-      st.op = Op::store_shared;
-      st.args = {off, value};
-      if (own) st.args.push_back(*own);
-      blocks_.back()->insts.push_back(std::move(st));
+      store_shared_at(bin(Op::add, off, ci32(plan_.hopper.a_staging)), paired ? pack(xr[r], xr[pair->second]) : xr[r], own);
     }
     emit0(Op::fence_proxy_async, {});
     emit0(Op::barrier, {});

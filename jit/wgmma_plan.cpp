@@ -256,12 +256,10 @@ class Planner {
     // after them): down to 2, then a ring around another ring's loop down to 1 (its tiles are
     // reloaded once per run of the inner loop, e.g. K and V per key tile of a persistent program,
     // whose load latency the inner loop's work dwarfs).
-    int64_t staging = 0;
-    for (const auto& [op, r] : plan_.reduces) staging = std::max(staging, r.rows * r.cols * 4);
-    int64_t a_staging = 0;
+    for (const auto& [op, r] : plan_.reduces) plan_.reduce_staging_bytes = std::max(plan_.reduce_staging_bytes, r.rows * r.cols * 4);
     for (const auto& [op, w] : plan_.dots)
-      if (w.a_staged) a_staging = std::max(a_staging, f_.type(op->operands[0]).numel() * 2);
-    const int64_t fixed = align_up(staging, 1024) + align_up(a_staging, 1024) + 2048;
+      if (w.a_staged) plan_.a_staging_bytes = std::max(plan_.a_staging_bytes, f_.type(op->operands[0]).numel() * 2);
+    const int64_t fixed = align_up(plan_.reduce_staging_bytes, 1024) + align_up(plan_.a_staging_bytes, 1024) + 2048;
     auto over = [&] { return at + ring_bytes + barrier_bytes + fixed > kPersistentBudget; };
     auto encloses_ring = [&](const ir::Op* loop) {
       return std::any_of(rings.begin(), rings.end(), [&](const ir::Op* inner) {
@@ -298,13 +296,10 @@ class Planner {
       r.released = at + 8 * r.stages;
       at += 16 * r.stages;
     }
-    for (const auto& [op, r] : plan_.reduces) plan_.reduce_staging_bytes = std::max(plan_.reduce_staging_bytes, r.rows * r.cols * 4);
     if (plan_.reduce_staging_bytes) {
       plan_.reduce_staging = align_up(at, 1024);  // the 128-byte swizzle repeats every 1024 bytes
       at = plan_.reduce_staging + plan_.reduce_staging_bytes;
     }
-    for (const auto& [op, w] : plan_.dots)
-      if (w.a_staged) plan_.a_staging_bytes = std::max(plan_.a_staging_bytes, f_.type(op->operands[0]).numel() * 2);
     if (plan_.a_staging_bytes) {
       plan_.a_staging = align_up(at, 1024);
       at = plan_.a_staging + plan_.a_staging_bytes;

@@ -22,6 +22,7 @@
 #include "kernels/attention.hpp"
 #include "kernels/attention_backward.hpp"
 #include "kernels/attention_mask.hpp"
+#include "kernels/backward_schedule.hpp"
 #include "kernels/philox_host.hpp"
 #include "kernels/registry.hpp"
 #include "runtime/device_buffer.hpp"
@@ -883,10 +884,9 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
       if (!varlen) return {128, head_dim >= 256 ? 64 : 128, 8, 2};
       return {64, head_dim >= 256 ? 32 : 64, warps, 3};
     case Pass::bwd_preprocess: return {64, 64, 4, 1};
-    // dK/dV: 128 keys per program over two warpgroups, 64 query rows per step (all four dots on
-    // wgmma, no spills up to D = 128); D = 256 keeps two f32 [64, 256] accumulators and spills.
-    // Varlen windows are tensor slices, which never take the Hopper wgmma path: the generic
-    // path's schedules for both gradient passes.
+    // dK/dV and dQ: every dot on wgmma up to D = 128; D = 256 dK/dV keeps two f32 [64, 256]
+    // accumulators and spills. Varlen windows are tensor slices, which never take the Hopper wgmma
+    // path: the generic path's schedules for both gradient passes.
     // With a dQ reduction (dense only) the kernel's fifth dot, dS K, has M = BLOCK_M: at 64 x 128 on
     // 8 warps each warpgroup takes half of D's columns on wgmma, which needs D / 2 in whole 64-column
     // chunks (D 128); D 64 would run it on mma.sync with K loaded twice, so it takes 64 x 64 on 4
@@ -899,8 +899,8 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
     case Pass::bwd_dkdv:
       if (varlen) return {64, 64, 8, 2};
       if (head_dim >= 256) return {32, 64, 4, 2};
-      if ((reduction != DqReduction::recompute || dropout) && head_dim % 128 == 0) return {64, 128, 8, 2};
-      if (dropout && reduction == DqReduction::recompute) return {64, 128, 8, 2};
+      // recompute: 8 warps only with dropout; a reduction: at D 128, where the dQ dot's split fits
+      if (reduction == DqReduction::recompute ? dropout : head_dim % 128 == 0) return {64, 128, 8, 2};
       return {64, 64, 4, 2};
     case Pass::bwd_dq:
       if (varlen || head_dim >= 256 || !dropout) return {64, 64, 4, 2};
@@ -1216,7 +1216,9 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   if (persistent_ordered(static_cast<int>(d.reduction), d.q_descending) && declares(Pass::bwd_dkdv, "PERSISTENT")) {
     // PERSISTENT: as many programs as the GPU holds at once (all resident: the programs wait on
     // each other), no more than there are items (key tiles, or causal pairs of them)
-    const int64_t n = lang::cdiv(d.seq_k, kv.sch.block_n), items = d.batch * d.heads_kv * (d.causal ? (n + 1) / 2 : n);
+    const kernels::BwdProblem model{.seq_q = static_cast<int>(d.seq_q), .seq_k = static_cast<int>(d.seq_k), .block_m = kv.sch.block_m,
+                                    .block_n = kv.sch.block_n, .mask = d.causal ? kernels::BwdMask::causal : kernels::BwdMask::full};
+    const int64_t items = d.batch * d.heads_kv * kernels::items_per_head(model);
     auto& drv = runtime::Driver::get();
     int64_t resident = 1;  // (without a GPU: only the dry launches use the grid)
     if (drv.available()) resident = int64_t{drv.props(q.device).sm_count} * std::max(1, kv_fn.gpu_kernel().max_resident_per_sm());
