@@ -134,6 +134,13 @@ const Kernel& attention_forward() {
     // q . k * softmax_scale before masking and the softmax; its parameter comes last.
     const AttentionScoreMod score_mod(kb, score_mod_kind_meta(kb));
     const bool modded = score_mod.kind != ScoreModKind::none;
+    // POSITIVE_SCALE: the caller promises softmax_scale > 0, so the row max can be taken over the
+    // raw scores q . k and each probability is exp2(fma(s, scale log2 e, -max scale log2 e)): one
+    // FFMA an element instead of a multiply and a subtract (FlashAttention-3's softmax). A scale
+    // <= 0 breaks the promise (the max of raw scores is then the min of scaled ones): the kernel
+    // then writes NaN, never a silently wrong output. Not with a score mod (it needs scaled scores).
+    auto positive_scale = kb.meta<bool>("POSITIVE_SCALE", false);
+    if (positive_scale && modded) kb.fail(Loc::current(), "POSITIVE_SCALE takes no SCORE_MOD: the mod needs the scaled scores");
 
     const int seq_dim = varlen ? 0 : bshd ? 1 : 2, head_dim = varlen ? 1 : bshd ? 2 : 1;
     // Causal: the last query blocks see the most keys; start them first so that the light ones
@@ -163,14 +170,15 @@ const Kernel& attention_forward() {
       return bshd ? t.block({b, s0, hh, 0}, {n, D}, {1, 3}) : t.block({b, hh, s0, 0}, {n, D}, {2, 3});
     };
     auto rows = m0 + arange(0, BM);
-    auto qk_scale = softmax_scale * 1.4426950408889634;  // log2(e): exp(x) = exp2(x * log2 e)
+    Tile qk_scale = softmax_scale * 1.4426950408889634;  // log2(e): exp(x) = exp2(x * log2 e)
+    if (positive_scale) qk_scale = where(softmax_scale > 0.0f, qk_scale, NAN);  // the broken promise: NaN
     // Causal masks align the last query with the last key (FlashAttention's convention when
     // S_q != S_k): row i sees keys j <= i + (S_k - S_q).
     auto diag = S_k - S_q;
 
     auto q = load(rows_of(Qs, h, m0, BM));
     Var acc = zeros(f32, {BM, D});
-    Var m = full(f32, {BM}, -INFINITY);  // running row max (log2 units)
+    Var m = full(f32, {BM}, -INFINITY);  // running row max (log2 units; POSITIVE_SCALE: raw q . k units)
     Var l = zeros(f32, {BM});            // running row sum of exp2
     // DROPOUT: the mask's coordinates are (bh = b * heads_q + h, row within the sequence, key)
     Tile bh;
@@ -187,7 +195,7 @@ const Kernel& attention_forward() {
     // Returns P (of dtype T, dropped elements zeroed) and the rescale factor alpha of the output.
     auto softmax_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw) {
       Var s = modded ? score_mod.mod(s_raw * softmax_scale, mask_indices(b, h, rows, n0 + arange(0, BN), S_q, S_k)) * 1.4426950408889634
-                     : s_raw * qk_scale;
+                     : positive_scale ? s_raw : s_raw * qk_scale;
       if_(partial, [&] {
         auto cols = n0 + arange(0, BN);
         Tile valid = cols[row] < S_k;
@@ -198,8 +206,8 @@ const Kernel& attention_forward() {
       auto m_new = maximum(m, max(s, 1));
       // rows with no visible key so far keep m = -inf: exponentiate against 0 instead of -inf
       auto m_use = where(m_new == -INFINITY, 0.0f, m_new);
-      auto p = exp2(s - m_use[col]);
-      auto alpha = exp2(m - m_use);
+      Tile p = positive_scale ? exp2(fma(s, qk_scale, (-(m_use * qk_scale))[col])) : exp2(s - m_use[col]);
+      Tile alpha = positive_scale ? exp2((m - m_use) * qk_scale) : exp2(m - m_use);
       l = l * alpha + sum(p, 1);  // the undropped row sum: LSE is that of softmax(S)
       Tile pv = p;
       if (dropout) {
@@ -294,11 +302,14 @@ const Kernel& attention_forward() {
       });
     }
     // A row that sees no key (causal with S_q > S_k, or S_k = 0) outputs 0 and LSE = -inf.
-    auto seen = l > 0.0f;
+    // A NaN row sum (NaN or infinite inputs, or POSITIVE_SCALE's broken promise) stays NaN, as in
+    // PyTorch's attention: `seen` only tells key-less rows (l = 0) apart.
+    auto seen = (l > 0.0f) | (l != l);
     Tile out = exact_normalize ? acc / l[col] : acc * rcp(l)[col];
     if (dropout) out = out * drop->scale;
     store(rows_of(Os, h, m0, BM), cast(T, where(seen[col], out, 0.0f)));
-    store(rows_of(LSEs, h, m0, BM), where(seen, (m + log2(l)) * 0.6931471805599453, -INFINITY));  // natural log
+    Tile m_log2 = positive_scale ? m * qk_scale : Tile(m);
+    store(rows_of(LSEs, h, m0, BM), where(seen, (m_log2 + log2(l)) * 0.6931471805599453, -INFINITY));  // natural log
   });
   return k;
 }

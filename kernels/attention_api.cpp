@@ -691,9 +691,11 @@ struct Config {
   int reduction = 0;          // dK/dV's DQ_REDUCTION (DqReduction), 0 = recompute: the kernel without the meta
   bool q_descending = false;  // dK/dV's Q_DESCENDING
   int score_mod = 0;          // SCORE_MOD (kernels::ScoreModKind), 0 = none: the kernel without the meta
+  bool positive_scale = false;  // the forward's POSITIVE_SCALE (softmax_scale > 0, no score mod: the fma softmax)
   auto key() const {
     return std::tuple(static_cast<int>(pass), static_cast<int>(dtype), head_dim, causal, varlen, sch.block_m, sch.block_n,
-                      sch.num_warps, sch.stages, device, dropout, return_mask, read_bits, mask, reduction, q_descending, score_mod);
+                      sch.num_warps, sch.stages, device, dropout, return_mask, read_bits, mask, reduction, q_descending, score_mod,
+                      positive_scale);
   }
   bool operator<(const Config& o) const { return key() < o.key(); }
 };
@@ -721,6 +723,7 @@ lang::Meta meta_of(const Config& c) {
   if (c.q_descending) all.emplace_back("Q_DESCENDING", true);
   if (persistent_ordered(c.reduction, c.q_descending)) all.emplace_back("PERSISTENT", true);
   if (c.score_mod != 0) all.emplace_back("SCORE_MOD", c.score_mod);
+  if (c.positive_scale) all.emplace_back("POSITIVE_SCALE", true);
   lang::Meta used;
   for (auto& m : all)
     if (declares(c.pass, m.first.c_str())) used.push_back(std::move(m));
@@ -1113,7 +1116,10 @@ Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
                 library_mask(d.mask) && declares(p, "MASK") ? static_cast<int>(d.mask) : 0,
                 p == Pass::bwd_dkdv ? static_cast<int>(d.reduction) : 0,
                 p == Pass::bwd_dkdv && d.q_descending,
-                d.score_mod != kernels::ScoreModKind::none && declares(p, "SCORE_MOD") ? static_cast<int>(d.score_mod) : 0};
+                d.score_mod != kernels::ScoreModKind::none && declares(p, "SCORE_MOD") ? static_cast<int>(d.score_mod) : 0,
+                // the fma softmax where the scale allows it (the kernel with it is a separate
+                // specialisation: a negative scale keeps the general one)
+                p == Pass::forward && d.scale > 0 && d.score_mod == kernels::ScoreModKind::none && declares(p, "POSITIVE_SCALE")};
 }
 
 // Where the launches' scratch arrays point before the workspace exists (the dry launches check
@@ -1331,7 +1337,9 @@ void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen,
     const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen, dq_reduction, dropout);
     function_for(Config{p, dtype, head_dim, causal, varlen, s, device, dropout && declares(p, "DROPOUT"), false, false,
                         lib != 0 && declares(p, "MASK") ? lib : 0, p == Pass::bwd_dkdv ? static_cast<int>(dq_reduction) : 0,
-                        p == Pass::bwd_dkdv && q_descending})
+                        p == Pass::bwd_dkdv && q_descending, 0,
+                        // calls with a positive softmax_scale (the default 1/sqrt(head_dim) is)
+                        p == Pass::forward && declares(p, "POSITIVE_SCALE")})
         .compiled();
     // the pre-pass at this kernel's tiles (the preprocess, convert and reduce kernels read no lists)
     if (lib != 0 && !kernels::mask_has_tile_intervals(mask) &&

@@ -255,7 +255,8 @@ bool dq_reduction_supported(DqReduction reduction);
 
 // Compiles (or finds in the caches) every kernel a call with this configuration launches, without
 // a GPU; a framework calls it at start-up so the first step does not JIT. Thread-safe.
-// `dropout`: the kernels of calls with dropout_p > 0 (without a returned mask). `dq_reduction`,
+// Calls with a positive softmax_scale (the default) and no score mod; `dropout`: the kernels of
+// calls with dropout_p > 0 (without a returned mask). `dq_reduction`,
 // `q_descending`: the backward's (Options::dq_reduction, q_descending), checked as a call checks
 // them (std::invalid_argument before anything compiles).
 void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen = false, bool backward = true,

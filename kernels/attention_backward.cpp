@@ -456,8 +456,10 @@ const Kernel& attention_backward_dq() {
     HeadRows rows = a.sequence(kb, program_id(2), drop);
     a.declare_mask(kb, /*kv_major=*/false);
     a.declare_score_mod(kb);
-    Tile m_block = program_id(0), h = program_id(1);
-    if (a.mask) std::tie(m_block, h) = a.mask->program_order(a.BM, m_block, h);  // heavy query blocks first
+    // Heavy query blocks first (longest job first: the last programs launched are light, so the
+    // grid's tail is short): a causal block m sees m + 1 key blocks, so the walk is descending.
+    Tile m_block = a.causal ? num_programs(0) - 1 - program_id(0) : program_id(0), h = program_id(1);
+    if (a.mask) std::tie(m_block, h) = a.mask->program_order(a.BM, program_id(0), h);
     auto m0 = m_block * a.BM;
     dQ = rows.queries(dQ);
     auto S_q = rows.seq_len(a.Q), S_k = rows.seq_len(a.K);

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <optional>
 
 #include "attention_reference.hpp"
 #include "kernels/attention.hpp"
@@ -17,14 +18,14 @@ using Case = testing::AttentionCase;
 
 namespace {
 
-void check_case(const Case& c, lang::Meta extra = {}) {
+void check_case(const Case& c, lang::Meta extra = {}, std::optional<double> softmax_scale = {}) {
   INFO(c.describe() << " extra metas " << extra.size());
   HostTensor q(bf16, c.q_shape()), k(bf16, c.kv_shape()), v(bf16, c.kv_shape()), o(bf16, c.q_shape());
   HostTensor lse(f32, {c.B, c.Hq, c.Sq});
   q.fill_normal(11, 0, 1);
   k.fill_normal(12, 0, 1);
   v.fill_normal(13, 0, 1);
-  const double scale = c.default_scale();
+  const double scale = softmax_scale.value_or(c.default_scale());
   lang::Meta meta{{"HEAD_DIM", c.D}, {"CAUSAL", c.causal}, {"BSHD", c.bshd}};
   meta.insert(meta.end(), extra.begin(), extra.end());
   auto fn = kernels::attention_forward().build(meta);
@@ -113,4 +114,36 @@ TEST_CASE("attention forward: PIPELINE_QK and EXACT_NORMALIZE give the same resu
     check_case({2, 2, 1, 100, 45, 128, causal, true}, {{"PIPELINE_QK", true}, {"EXACT_NORMALIZE", true}});
     check_case({1, 2, 2, 33, 200, 64, causal, false}, {{"EXACT_NORMALIZE", false}});
   }
+}
+
+// POSITIVE_SCALE: the row max over raw scores and one fma per probability (FlashAttention-3's
+// softmax), for softmax_scale > 0: against the float64 reference on the shapes above (key-less
+// rows, GQA, D128, with the P V pipeline), and at a scale that is not 1/sqrt(D).
+TEST_CASE("attention forward: POSITIVE_SCALE (fma softmax) matches the reference") {
+  const lang::Meta pos{{"POSITIVE_SCALE", true}};
+  for (bool causal : {false, true}) {
+    check_case({1, 4, 2, 70, 130, 64, causal, false}, pos);
+    check_case({2, 2, 1, 100, 45, 128, causal, true}, {{"POSITIVE_SCALE", true}, {"PIPELINE_PV", true}});
+    check_case({1, 2, 2, 33, 200, 64, causal, false}, pos, 0.37);
+  }
+  check_case({1, 2, 2, 130, 50, 64, true, false}, pos);  // rows with no key: O = 0, LSE = -inf
+}
+
+// A negative scale is valid attention (the general kernel computes it); POSITIVE_SCALE's promise
+// is then broken, and the kernel writes NaN instead of a silently wrong output.
+TEST_CASE("attention forward: a negative softmax_scale -- general kernel right, POSITIVE_SCALE NaN") {
+  const Case c{1, 2, 2, 70, 90, 64, true, false};
+  check_case(c, {}, -0.2);
+  HostTensor q(bf16, c.q_shape()), k(bf16, c.kv_shape()), v(bf16, c.kv_shape()), o(bf16, c.q_shape());
+  HostTensor lse(f32, {c.B, c.Hq, c.Sq});
+  q.fill_normal(31, 0, 1);
+  k.fill_normal(32, 0, 1);
+  v.fill_normal(33, 0, 1);
+  runtime::interpret(kernels::attention_forward().build({{"HEAD_DIM", c.D}, {"CAUSAL", true}, {"POSITIVE_SCALE", true}}),
+                     {cdiv(c.Sq, 64), c.Hq, c.B}, {q, k, v, o, lse, -0.2f});
+  size_t nan = 0;
+  for (double x : o.to_f64()) nan += std::isnan(x) ? 1 : 0;
+  CHECK(nan == o.to_f64().size());
+  CHECK_THROWS_WITH_AS(kernels::attention_forward().build({{"POSITIVE_SCALE", true}, {"SCORE_MOD", 1}}),
+                       doctest::Contains("POSITIVE_SCALE takes no SCORE_MOD"), lang::BuildError);
 }
