@@ -564,7 +564,8 @@ int bench_masks(int max_reps) {
       spec.window_left = r.window_left, spec.window_right = r.window_right, spec.global_tokens = r.global;
       const kernels::MaskData data{{docs, {B, S}}, {prefix, {B}}, {}};
       const int64_t allowed = kernels::allowed_count(spec, data, {B, 1, S, S}) * H;  // no kind here depends on the head
-      lang::Meta meta{{"DTYPE", dt}, {"HEAD_DIM", D}, {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"BSHD", true}, {"MASK", static_cast<int>(r.kind)}};
+      lang::Meta meta{{"DTYPE", dt}, {"HEAD_DIM", D}, {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"BSHD", true}, {"MASK", static_cast<int>(r.kind)},
+                      {"POSITIVE_SCALE", true}};  // as the API launches it for softmax_scale > 0
       jit::CompileOptions o;
       o.num_warps = 8;
       o.pipeline.stages = 2;

@@ -48,6 +48,17 @@ Tile AttentionDropout::keep(const Tile& batch_head, const Tile& row0, int64_t nu
   return keep_mask(batch_head, row0, num_rows, col0, num_cols) != 0u;
 }
 
+std::optional<DropoutKeepCalls> AttentionDropout::keep_calls(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
+                                                             int64_t num_cols) const {
+  if (bits.descriptor().valid()) return std::nullopt;
+  return dropout_keep_calls(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold);
+}
+
+Tile AttentionDropout::keep_mask_of(const std::optional<DropoutKeepCalls>& calls, const Tile& batch_head, const Tile& row0,
+                                    int64_t num_rows, const Tile& col0, int64_t num_cols) const {
+  return calls ? dropout_keep_mask_of(*calls) : keep_mask(batch_head, row0, num_rows, col0, num_cols);
+}
+
 Tile AttentionDropout::keep_mask(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols) const {
   if (!bits.descriptor().valid())
     return dropout_keep_mask_block(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi,
@@ -193,7 +204,7 @@ const Kernel& attention_forward() {
     // One key block given its scores: masked only when `partial` (a uniform branch: blocks entirely
     // inside the mask skip the per-element compare and select), then the online softmax update.
     // Returns P (of dtype T, dropped elements zeroed) and the rescale factor alpha of the output.
-    auto softmax_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw) {
+    auto softmax_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw, const std::optional<DropoutKeepCalls>& calls) {
       Var s = modded ? score_mod.mod(s_raw * softmax_scale, mask_indices(b, h, rows, n0 + arange(0, BN), S_q, S_k)) * 1.4426950408889634
                      : positive_scale ? s_raw : s_raw * qk_scale;
       if_(partial, [&] {
@@ -213,7 +224,7 @@ const Kernel& attention_forward() {
       if (dropout) {
         // the 1 / keep probability scale is uniform: applied once to the output, not per element.
         // An AND with a 0 / ~0 mask, not where(): LLVM sinks a select past the bf16 conversion.
-        Tile keep = drop->keep_mask(bh, m0, BM, n0, BN);
+        Tile keep = drop->keep_mask_of(calls, bh, m0, BM, n0, BN);
         pv = apply_keep_mask(p, keep);
         if (return_mask) store(mask.block({bh, m0, n0}, {BM, BN}), cast(u8, keep & 1u));
       }
@@ -222,8 +233,13 @@ const Kernel& attention_forward() {
     };
     // ... then O = O * alpha + P V: rescaled, then accumulated onto by the MMA (its own
     // accumulator: no separate add).
-    auto key_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw) {
-      auto [p16, alpha] = softmax_block(n0, partial, s_raw);
+    // DROPOUT (fused): the block's Philox calls, issued right after the block's S = Q K^T and before
+    // anything waits for it, so that they run while the tensor cores compute S.
+    auto philox_calls = [&](const Tile& n0) {
+      return drop ? drop->keep_calls(bh, m0, BM, n0, BN) : std::nullopt;
+    };
+    auto key_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw, const std::optional<DropoutKeepCalls>& calls) {
+      auto [p16, alpha] = softmax_block(n0, partial, s_raw, calls);
       Tile v = load(rows_of(Vs, kv_h, n0, BN)), rescaled = acc * alpha[col];
       in_turn([&] { acc = dot(p16, v, rescaled); });
     };
@@ -269,7 +285,7 @@ const Kernel& attention_forward() {
         auto [n0, partial] = block_at(j);
         Tile s_raw = s_next;
         s_next = scores(block_at(minimum(j + 1, maximum(trips - 1, 0))).first);
-        key_block(n0, partial, s_raw);
+        key_block(n0, partial, s_raw, philox_calls(n0));
       });
     } else if (pipeline_pv) {
       // P_{-1} = 0: iteration 0's P V adds nothing (0 V, V being the first visited block). The
@@ -288,7 +304,7 @@ const Kernel& attention_forward() {
           s_raw = dot(q, trans(k_block));
           acc = dot(p_prev, v, acc);
         });
-        auto [p16, alpha] = softmax_block(n0, partial, s_raw);
+        auto [p16, alpha] = softmax_block(n0, partial, s_raw, philox_calls(n0));
         p_prev = p16;
         acc = acc * alpha[col];
       });
@@ -298,7 +314,7 @@ const Kernel& attention_forward() {
         auto [n0, partial] = block_at(j);
         Tile s_raw;
         in_turn([&] { s_raw = scores(n0); });
-        key_block(n0, partial, s_raw);
+        key_block(n0, partial, s_raw, philox_calls(n0));
       });
     }
     // A row that sees no key (causal with S_q > S_k, or S_k = 0) outputs 0 and LSE = -inf.

@@ -113,6 +113,38 @@ Tile dropout_keep_mask_block(const Operand& batch_head, const Tile& rows, const 
   return reshape(mask, {m, num_cols}, loc);
 }
 
+DropoutKeepCalls dropout_keep_calls(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols,
+                                    const Operand& seed_lo, const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi,
+                                    const Operand& keep_threshold, Loc loc) {
+  check_block_args("dropout_keep_calls", rows, num_cols, loc);
+  DropoutKeepCalls c;
+  c.num_rows = rows.shape()[0];
+  c.num_cols = num_cols;
+  if (num_cols % 64 != 0) {
+    auto tile = [&](const Operand& x) { return x + zeros(i32, {}, loc); };  // an Operand kept as a Tile
+    c.batch_head = tile(batch_head), c.rows = rows, c.col0 = tile(col0);
+    c.seed_lo = as_u32(seed_lo, loc), c.seed_hi = as_u32(seed_hi, loc), c.offset_lo = as_u32(offset_lo, loc);
+    c.offset_hi = as_u32(offset_hi, loc), c.keep_threshold = as_u32(keep_threshold, loc);
+    return c;
+  }
+  // The flags of every word now (3 ops a word), so that only the prmts wait for the use.
+  auto words = group_calls(batch_head, rows, as_u32(col0, loc) >> 6, num_cols / 64, seed_lo, seed_hi, offset_lo, offset_hi, loc);
+  for (int i = 0; i < 4; ++i) c.flags[i] = dropout_keep_flags(words[i], keep_threshold, loc);
+  return c;
+}
+
+Tile dropout_keep_mask_of(const DropoutKeepCalls& c, Loc loc) {
+  if (c.num_cols % 64 != 0)
+    return 0u - cast(u32, dropout_keep(c.batch_head, c.rows, c.col0 + arange(0, c.num_cols, loc), c.seed_lo, c.seed_hi, c.offset_lo,
+                                       c.offset_hi, c.keep_threshold, loc), loc);
+  std::array<Tile, 4> flags = c.flags;
+  for (Tile& f : flags) f = expand_dims(expand_dims(f, 2, loc), 4, loc);  // [M, Q, 1, 4, 1]
+  Tile k = reshape(arange(0, 8, loc), {1, 1, 8, 1, 1}, loc), e = reshape(arange(0, 2, loc), {1, 1, 1, 1, 2}, loc);
+  Tile position = (k << 1) | e;
+  Tile mask = byte_perm(word_of(flags, position, loc), 0u, as_u32((position & 3) | 8, loc) * 0x1111u, loc);
+  return reshape(mask, {c.num_rows, c.num_cols}, loc);
+}
+
 Tile dropout_keep_block(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const Operand& seed_lo,
                         const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi, const Operand& keep_threshold,
                         Loc loc) {

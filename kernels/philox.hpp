@@ -64,6 +64,24 @@ lang::Tile dropout_keep_mask_block(const lang::Operand& batch_head, const lang::
                                    const lang::Operand& offset_hi, const lang::Operand& keep_threshold,
                                    lang::Loc loc = lang::Loc::current());
 
+// dropout_keep_mask_block in two steps, so that a kernel can run the Philox calls (most of the
+// work) where it has nothing else to issue -- e.g. after issuing an MMA and before waiting for
+// it -- and the per-element expansion (one prmt each) where it uses the mask. `flags`: the SWAR
+// keep flags of the four Philox outputs of each call ([M, num_cols / 64, 4] each), 16 registers a
+// thread in a 128 x 128 block on 8 warps. Widths that are not whole 64-column groups keep their
+// arguments for the per-element form instead. Same bits as dropout_keep_mask_block.
+struct DropoutKeepCalls {
+  std::array<lang::Tile, 4> flags;
+  int64_t num_rows = 0, num_cols = 0;
+  // num_cols % 64 != 0: the per-element form's inputs
+  lang::Tile batch_head, rows, col0, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold;
+};
+DropoutKeepCalls dropout_keep_calls(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& col0, int64_t num_cols,
+                                    const lang::Operand& seed_lo, const lang::Operand& seed_hi, const lang::Operand& offset_lo,
+                                    const lang::Operand& offset_hi, const lang::Operand& keep_threshold,
+                                    lang::Loc loc = lang::Loc::current());
+lang::Tile dropout_keep_mask_of(const DropoutKeepCalls& calls, lang::Loc loc = lang::Loc::current());
+
 // x where mask is 0xFFFFFFFF, +0.0 where it is 0 (x f32, mask u32 of x's shape, e.g. from
 // dropout_keep_mask_block): bitcast(f32, bitcast(u32, x) & mask), the same bits as
 // where(mask != 0, x, 0.0f) in one AND per element.
