@@ -263,6 +263,12 @@ Tile bitcast(DType dtype, const Operand& x, Loc loc) {
   return b.emit1(OpKind::bitcast, {t.id()}, {{"dtype", dtype}}, loc);
 }
 
+Tile precompute(const Operand& x, Loc loc) {
+  Builder& b = builder_for({&x}, loc);
+  Tile t = detail::to_tile(b, x, loc);
+  return b.emit1(OpKind::precompute, {t.id()}, {}, loc);
+}
+
 Tile exp(const Operand& x, Loc loc) { return unary(OpKind::exp, x, loc); }
 Tile exp2(const Operand& x, Loc loc) { return unary(OpKind::exp2, x, loc); }
 Tile log(const Operand& x, Loc loc) { return unary(OpKind::log, x, loc); }

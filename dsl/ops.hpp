@@ -38,6 +38,13 @@ Tile byte_perm(const Operand& a, const Operand& b, const Operand& selector, Loc 
 Tile fma(const Operand& a, const Operand& b, const Operand& c, Loc loc = Loc::current());
 Tile cast(DType dtype, const Operand& x, Loc loc = Loc::current());   // value conversion (RNE for floats)
 Tile bitcast(DType dtype, const Operand& x, Loc loc = Loc::current());
+// x itself, computed here: a schedule hint. Values whose layout is decided by their uses (views,
+// aranges and the elementwise math on them, e.g. a Philox counter chain) are otherwise computed
+// at their first use; precompute computes them where it stands, in the layout that use asks for,
+// and keeps the compiler from sinking the work back down (an optimisation barrier on the
+// registers). E.g. work placed after issuing a dot and before reading its result runs while the
+// tensor cores do. Same value everywhere (the interpreter copies it).
+Tile precompute(const Operand& x, Loc loc = Loc::current());
 Tile exp(const Operand& x, Loc loc = Loc::current());
 Tile exp2(const Operand& x, Loc loc = Loc::current());
 Tile log(const Operand& x, Loc loc = Loc::current());

@@ -807,6 +807,25 @@ class Printer {
         return def(in.results[0], fmt::format("{}({}, {}, {})", dt(a(0)) == DType::f32 ? "__fmaf_rn" : "__fma_rn", n(a(0)), n(a(1)), n(a(2))));
       case Op::cast: check_args(in, 1, 1); check_results(in, 1); return def(in.results[0], cast(a(0), ty(in.results[0])));
       case Op::bitcast: check_args(in, 1, 1); check_results(in, 1); return def(in.results[0], bitcast(a(0), ty(in.results[0])));
+      case Op::opaque: {
+        // copies tied in/out of an empty volatile asm: computed before it, never sunk past it
+        if (in.args.size() != in.results.size()) fail("opaque takes as many values as it returns");
+        std::vector<std::string> tied;
+        for (size_t i = 0; i < in.args.size(); ++i) {
+          if (ty(in.results[i]) != ty(in.args[i])) fail("opaque returns its arguments' types");
+          def(in.results[i], n(in.args[i]));
+          const pir::Ty t = ty(in.results[i]);
+          const int w = ir::bit_width(t.dtype);
+          const char* c = t.ptr || t.dtype == DType::i1 ? nullptr  // pass through, as in the LLVM backend
+                          : w == 64                    ? (t.dtype == DType::f64 ? "+d" : "+l")
+                          : w == 32                    ? (t.dtype == DType::f32 ? "+f" : "+r")
+                          : t.dtype == DType::i16 || t.dtype == DType::u16 ? "+h"
+                                                                          : nullptr;
+          if (c) tied.push_back(fmt::format("\"{}\"(v{})", c, in.results[i]));
+        }
+        if (!tied.empty()) line(fmt::format("asm volatile(\"\" : {});", fmt::join(tied, ", ")));
+        return;
+      }
       case Op::pack2:
         check_args(in, 2, 2);
         check_results(in, 1);

@@ -626,6 +626,35 @@ class Emitter {
         for (unsigned i = 0; i < n; ++i) set(in.results[i], b_.CreateExtractValue(sv, {i}));
         return;
       }
+      case Op::opaque: {
+        // The values tied in and out of an empty volatile asm: LLVM must compute them before it
+        // and keeps it in order with the other volatile asm (a wgmma wait), so the work cannot be
+        // sunk to its uses. Types asm cannot name (i1) pass through.
+        std::vector<llvm::Value*> args;
+        std::vector<llvm::Type*> tys;
+        std::vector<size_t> at;
+        std::string outs, ins;
+        for (size_t i = 0; i < in.args.size(); ++i) {
+          llvm::Value* x = a(i);
+          llvm::Type* t = x->getType();
+          const char* c = t->isFloatTy() ? "f" : t->isDoubleTy() ? "d" : t->isIntegerTy(32) ? "r" : t->isIntegerTy(64) ? "l"
+                          : t->isIntegerTy(16) ? "h" : nullptr;
+          if (!c) {
+            set(in.results[i], x);
+            continue;
+          }
+          outs += fmt::format("{}={}", at.empty() ? "" : ",", c);
+          ins += fmt::format(",{}", at.size());
+          at.push_back(i);
+          args.push_back(x);
+          tys.push_back(t);
+        }
+        if (at.empty()) return;
+        llvm::Type* ret = tys.size() == 1 ? tys[0] : llvm::StructType::get(ctx_, tys);
+        llvm::Value* r = asm_call(ret, "", outs + ins, args, true);
+        for (unsigned k = 0; k < at.size(); ++k) set(in.results[at[k]], tys.size() == 1 ? r : b_.CreateExtractValue(r, {k}));
+        return;
+      }
       case Op::for_: return for_loop(in);
       case Op::if_: return if_op(in);
       case Op::yield: return;

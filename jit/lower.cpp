@@ -35,7 +35,12 @@ struct Frame {
 
 class Lowerer {
  public:
-  Lowerer(const ir::Function& f, const LayoutPlan& plan) : f_(f), plan_(plan) {}
+  // `precomputed`: for each flexible precompute result, the layout its first use asked for on an
+  // earlier run of the lowering (empty on the first run; see lower_to_threads).
+  Lowerer(const ir::Function& f, const LayoutPlan& plan, std::map<ir::ValueId, Layout> precomputed = {})
+      : f_(f), plan_(plan), precomputed_(std::move(precomputed)) {}
+  // The layouts the uses of flexible precompute results asked for (first request of each).
+  const std::map<ir::ValueId, Layout>& precompute_requests() const { return precompute_requests_; }
 
   pir::Func run() {
     out_.name = f_.name;
@@ -408,6 +413,11 @@ class Lowerer {
         return get(op.operands[0], S);
       }
       case OpKind::expand_dims: return get(op.operands[0], L.drop_dim(static_cast<int>(op.int_attr("axis"))));
+      case OpKind::precompute:
+        // A use asks for a flexible precompute result that was not computed ahead in this layout
+        // (first run, or another layout): recorded, and computed here.
+        precompute_requests_.try_emplace(op.results[0], L);
+        return get(op.operands[0], L);
       case OpKind::trans: {
         const auto& perm = op.ints_attr("perm");
         std::vector<int64_t> inv(perm.size());
@@ -599,6 +609,7 @@ class Lowerer {
       case OpKind::constant:
         if (all_scalar(op)) frames_.back().scalars[op.results[0]] = constant_value(f_.type(op.results[0]).dtype, op.attrs.at("value"));
         return;
+      case OpKind::precompute: return precompute(op);
       default: break;
     }
     if (all_scalar(op)) {
@@ -611,6 +622,26 @@ class Lowerer {
     if (!nat) return;  // flexible: materialised where used
     check_shape(&op, f_.type(op.results[0]));
     put(op.results[0], *nat, elementwise(op, *nat));
+  }
+
+  // precompute: the operand's registers now, in its natural layout or (flexible) in the layout its
+  // use asked for on the previous run, through an opaque op so that the backend cannot compute them
+  // later. A flexible result no use asked for is left to its uses.
+  void precompute(const ir::Op& op) {
+    const ir::ValueId x = op.operands[0], y = op.results[0];
+    if (f_.type(y).is_scalar()) {
+      frames_.back().scalars[y] = scalar(x);
+      return;
+    }
+    std::optional<Layout> L = plan_.natural[y];
+    if (!L) {
+      auto it = precomputed_.find(y);
+      if (it == precomputed_.end()) return;
+      L = it->second;
+    }
+    check_shape(&op, f_.type(y));
+    Regs r = get(x, *L);
+    put(y, *L, emit_multi(Op::opaque, r, r.size(), pir::scalar(f_.type(y).dtype), 0));
   }
 
   // ---------------------------------------------------------------- memory
@@ -1836,6 +1867,7 @@ class Lowerer {
 
   const ir::Function& f_;
   const LayoutPlan& plan_;
+  std::map<ir::ValueId, Layout> precomputed_, precompute_requests_;
   pir::Func out_;
   std::map<const ir::Op*, RingState> rings_;
   std::vector<PendingDot> pending_;
@@ -1871,6 +1903,13 @@ class Lowerer {
 
 }  // namespace
 
-pir::Func lower_to_threads(const ir::Function& f, const LayoutPlan& plan) { return Lowerer(f, plan).run(); }
+pir::Func lower_to_threads(const ir::Function& f, const LayoutPlan& plan) {
+  // A flexible precompute result's layout is that of its use, known only once the use is lowered:
+  // a first run records it, a second computes the value ahead in it.
+  Lowerer first(f, plan);
+  pir::Func out = first.run();
+  if (first.precompute_requests().empty()) return out;
+  return Lowerer(f, plan, first.precompute_requests()).run();
+}
 
 }  // namespace tilejit::jit

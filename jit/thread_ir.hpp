@@ -37,6 +37,10 @@ enum class Op : uint8_t {
   select,  // (i1, a, b)
   cast,    // value conversion to ty (same rules as the tile IR's cast)
   bitcast, // same width reinterpretation
+  // (x...) -> the same values, which the backend may not compute later than here: an empty
+  // volatile asm with each register tied in/out (the tile IR's precompute). Registers of types
+  // asm cannot name (i1) pass through untied.
+  opaque,
   pack2,   // (lo, hi) 16-bit values -> u32 (for mma operands and vector accesses)
   unpack2, // (u32) -> lo, hi as the results' 16-bit dtype
   load_vec,   // (ptr) imm = words (1, 2, 4) -> that many u32: one aligned, in-bounds global load

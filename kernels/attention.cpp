@@ -151,6 +151,7 @@ const Kernel& attention_forward() {
     // <= 0 breaks the promise (the max of raw scores is then the min of scaled ones): the kernel
     // then writes NaN, never a silently wrong output. Not with a score mod (it needs scaled scores).
     auto positive_scale = kb.meta<bool>("POSITIVE_SCALE", false);
+    const bool dropout_ahead = kb.meta<bool>("DROPOUT_AHEAD", true);
     if (positive_scale && modded) kb.fail(Loc::current(), "POSITIVE_SCALE takes no SCORE_MOD: the mod needs the scaled scores");
 
     const int seq_dim = varlen ? 0 : bshd ? 1 : 2, head_dim = varlen ? 1 : bshd ? 2 : 1;
@@ -234,9 +235,10 @@ const Kernel& attention_forward() {
     // ... then O = O * alpha + P V: rescaled, then accumulated onto by the MMA (its own
     // accumulator: no separate add).
     // DROPOUT (fused): the block's Philox calls, issued right after the block's S = Q K^T and before
-    // anything waits for it, so that they run while the tensor cores compute S.
+    // anything waits for it, so that they run while the tensor cores compute S (DROPOUT_AHEAD, the
+    // default; false: computed where the mask is used, after the softmax -- for A/B runs).
     auto philox_calls = [&](const Tile& n0) {
-      return drop ? drop->keep_calls(bh, m0, BM, n0, BN) : std::nullopt;
+      return drop && dropout_ahead ? drop->keep_calls(bh, m0, BM, n0, BN) : std::nullopt;
     };
     auto key_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw, const std::optional<DropoutKeepCalls>& calls) {
       auto [p16, alpha] = softmax_block(n0, partial, s_raw, calls);

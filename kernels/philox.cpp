@@ -127,9 +127,10 @@ DropoutKeepCalls dropout_keep_calls(const Operand& batch_head, const Tile& rows,
     c.offset_hi = as_u32(offset_hi, loc), c.keep_threshold = as_u32(keep_threshold, loc);
     return c;
   }
-  // The flags of every word now (3 ops a word), so that only the prmts wait for the use.
+  // The flags of every word (3 ops a word), computed here (precompute: otherwise the whole Philox
+  // chain, whose layout its use decides, would be computed at the use); only the prmts wait.
   auto words = group_calls(batch_head, rows, as_u32(col0, loc) >> 6, num_cols / 64, seed_lo, seed_hi, offset_lo, offset_hi, loc);
-  for (int i = 0; i < 4; ++i) c.flags[i] = dropout_keep_flags(words[i], keep_threshold, loc);
+  for (int i = 0; i < 4; ++i) c.flags[i] = precompute(dropout_keep_flags(words[i], keep_threshold, loc), loc);
   return c;
 }
 

@@ -443,6 +443,7 @@ class Machine {
       }
       case cast: return cast_op(op);
       case bitcast: return bitcast_op(op);
+      case precompute: S(op.results[0]) = S(op.operands[0]); return;  // the same value
       case reduce: return reduce_op(op);
       case dot: return dot_op(op);
       case program_id: S(op.results[0]).i.assign(1, pid_[op.int_attr("axis")]); return;

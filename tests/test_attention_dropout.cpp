@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attention_reference.hpp"
+#include "jit/compile.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/attention_backward.hpp"
 #include "kernels/philox_host.hpp"
@@ -462,4 +463,30 @@ TEST_CASE("attention dropout: reading the precomputed packed mask gives the fuse
     CHECK_THROWS_WITH_AS(kern->build({{"DROPOUT", true}, {"DROPOUT_BITS", true}, {"BLOCK_N", 16}}),
                          doctest::Contains("multiple of 32 (whole mask words), got 16"), BuildError);
   }
+}
+
+// The forward's Philox calls run while the tensor cores compute S = Q K^T (DROPOUT_AHEAD, the
+// default): in the PTX of the Hopper schedule they sit between an MMA group's commit and its wait
+// (up to 10 rounds x 2 high multiplies x 4 calls a block per thread at 128 x 128 on 8 warps). With
+// DROPOUT_AHEAD=false they follow the wait (computed at the mask's use).
+TEST_CASE("attention dropout: the forward computes its Philox calls while S = Q K^T is in flight (DROPOUT_AHEAD)") {
+  auto most_in_flight = [](bool ahead) {
+    const Meta meta{{"HEAD_DIM", 128}, {"BLOCK_M", 128}, {"BLOCK_N", 128}, {"BSHD", true}, {"DROPOUT", true},
+                    {"POSITIVE_SCALE", true}, {"DROPOUT_AHEAD", ahead}};
+    jit::CompileOptions o;
+    o.make_cubin = false;
+    o.num_warps = 8;
+    o.pipeline.stages = 2;
+    const std::string ptx = jit::compile(kernels::attention_forward().build(meta), o).ptx;
+    size_t most = 0;
+    for (size_t at = ptx.find("wgmma.commit_group"); at != std::string::npos; at = ptx.find("wgmma.commit_group", at + 1)) {
+      const size_t wait = ptx.find("wgmma.wait_group", at);
+      size_t n = 0;
+      for (size_t m = ptx.find("mul.hi.u32", at); m != std::string::npos && m < wait; m = ptx.find("mul.hi.u32", m + 1)) ++n;
+      most = std::max(most, n);
+    }
+    return most;
+  };
+  CHECK(most_in_flight(true) >= 40);  // 66 today: a few are shared between calls or hoisted out of the loop
+  CHECK(most_in_flight(false) == 0);
 }

@@ -302,3 +302,52 @@ TEST_CASE("JIT latency: the Hopper GEMM goes from tile IR to PTX through LLVM in
   MESSAGE(fmt::format("gemm tile IR -> PTX: {:.1f} ms (best of 3)", best));
   CHECK(best < 1000);  // a loose bound for loaded CI machines; the figure itself goes to BENCHMARKS.md
 }
+
+// precompute (a schedule hint): the value of a chain whose layout its use decides (aranges and the
+// math on them) is computed where precompute stands -- in the layout the use asks for, found by a
+// first lowering run -- through an opaque op the backends turn into an empty volatile asm. Same
+// values as without it (the interpreter copies), both backends.
+TEST_CASE("precompute computes a flexible chain ahead, in its use's layout, behind an optimisation barrier") {
+  auto build = [](bool ahead) {
+    return kernel(ahead ? "precompute_ahead" : "precompute_at_use", [ahead](Builder& kb) {
+      auto X = kb.pointer("X", u32), Y = kb.pointer("Y", u32);
+      auto n = kb.scalar<int>("n");
+      Tile idx = arange(0, 64)[col] * 64 + arange(0, 64)[row];
+      Tile hash = umulhi(cast(u32, idx) * 2654435769u, 0xD2511F53u) ^ 0x9E3779B9u;  // flexible: no load in it
+      if (ahead) hash = precompute(hash);
+      Tile x = load(X + idx);  // the use's layout: the load's
+      Var acc = x;
+      for_range(0, n, [&](Tile) { acc = acc + x; });
+      if_(n > 2, [&] { acc = acc ^ hash; });
+      store(Y + idx, acc);
+    });
+  };
+  std::vector<uint32_t> in(64 * 64);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint32_t>(i * 7919u);
+  std::vector<std::vector<uint32_t>> outs;
+  for (bool ahead : {false, true}) {
+    runtime::HostTensor x(u32, {64 * 64}), y(u32, {64 * 64});
+    for (size_t i = 0; i < in.size(); ++i) x.set_flat(static_cast<int64_t>(i), in[i]);
+    runtime::interpret(build(ahead).build(), {1, 1, 1}, {x, y, 3});
+    std::vector<uint32_t> o;
+    for (int64_t i = 0; i < y.numel(); ++i) o.push_back(static_cast<uint32_t>(y.get_flat(i)));
+    outs.push_back(o);
+  }
+  CHECK(outs[0] == outs[1]);
+  jit::CompileOptions o;
+  o.make_cubin = false;
+  o.num_warps = 4;
+  const auto lowered = jit::compile(build(true).build(), [&] { auto p = o; p.dump_after = "lower"; return p; }());
+  CHECK(lowered.dump.find("opaque") != std::string::npos);
+  // LLVM: the multiplies sit before the loop (ahead), not in the if's block after it
+  const auto ptx = jit::compile(build(true).build(), o).ptx, late = jit::compile(build(false).build(), o).ptx;
+  const size_t loop = ptx.find("$L__BB0_"), mul = ptx.find("mul.hi.u32");
+  REQUIRE(mul != std::string::npos);
+  CHECK(mul < loop);
+  CHECK(late.find("mul.hi.u32") > late.find("$L__BB0_"));
+  // nvrtc's backend prints the barrier as an empty asm with the values tied in and out
+  o.backend = jit::Backend::Nvrtc;
+  o.dump_after = "backend";
+  const auto cuda = jit::compile(build(true).build(), o);
+  CHECK(cuda.dump.find("asm volatile(\"\" : \"+r\"(") != std::string::npos);
+}

@@ -15,7 +15,7 @@ constexpr std::array<std::string_view, static_cast<size_t>(OpKind::yield) + 1> k
     "and", "or", "xor", "shl", "shr", "umulhi", "cmp", "byte_perm", "fma",
     "neg", "not", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "rcp", "floor", "ceil", "tanh", "sin",
     "cos", "erf",
-    "select", "cast", "bitcast", "reduce", "dot",
+    "select", "cast", "bitcast", "precompute", "reduce", "dot",
     "program_id", "num_programs",
     "tensor_ptr", "tensor_dim", "tensor_stride", "tensor_slice", "addptr", "load", "store", "atomic_add", "block_load",
     "block_store", "wait_ge", "signal_add", "turn_begin", "turn_end",
@@ -89,7 +89,7 @@ bool is_elementwise_unary(OpKind k) { return k >= OpKind::neg && k <= OpKind::er
 bool is_float_only_unary(OpKind k) { return k >= OpKind::exp && k <= OpKind::erf; }
 bool is_elementwise(OpKind k) {
   return is_elementwise_binary(k) || is_elementwise_unary(k) || k == OpKind::cmp || k == OpKind::byte_perm || k == OpKind::fma || k == OpKind::select ||
-         k == OpKind::cast || k == OpKind::bitcast || k == OpKind::addptr;
+         k == OpKind::cast || k == OpKind::bitcast || k == OpKind::precompute || k == OpKind::addptr;
 }
 
 std::string SourceLoc::str() const {
@@ -240,6 +240,11 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
       if (bit_width(to) != bit_width(in[0].dtype) || to == DType::i1 || in[0].dtype == DType::i1)
         fail(k, fmt::format("{} and {} differ in width", name(in[0].dtype), name(to)));
       return {in[0].with_dtype(to)};
+    }
+    case precompute: {
+      expect_count(k, in, 1);
+      expect_value(k, in[0], "operand");
+      return {in[0]};
     }
     case reduce: {
       expect_count(k, in, 1);

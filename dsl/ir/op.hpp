@@ -41,6 +41,9 @@ enum class OpKind : uint8_t {
   select,   // (cond i1, a, b)
   cast,     // (t) -> value converted to the result dtype (RNE for floats, truncation for float->int)
   bitcast,  // (t) -> same bits reinterpreted, same width
+  // (t) -> t, the same value: a schedule hint (lang::precompute): computed where this op stands
+  // rather than where its result is used
+  precompute,
   reduce,   // (t) {kind: sum max min, axis} -> t without axis
   dot,      // (a[M,K], b[K,N], acc[M,N]) -> acc + a@b, accumulated in acc's dtype
   // program geometry
@@ -76,7 +79,7 @@ std::string_view op_name(OpKind k);
 bool is_elementwise_binary(OpKind k);
 bool is_elementwise_unary(OpKind k);
 // Result element i depends only on element i of the operands, all of the result's shape: the
-// binary and unary ops, cmp, byte_perm, select, cast, bitcast and addptr (layouts pass through).
+// binary and unary ops, cmp, byte_perm, select, cast, bitcast, precompute and addptr (layouts pass through).
 bool is_elementwise(OpKind k);
 bool is_float_only_unary(OpKind k);
 
