@@ -998,7 +998,12 @@ class Printer {
       case Op::fence_mbar_init: line("asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");"); return;
       case Op::fence_proxy_async: line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");"); return;
       case Op::wgmma_fence: line("asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");"); return;
-      case Op::wgmma_commit: line("asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");"); return;
+      case Op::wgmma_commit:
+        // fenced (pir::kCommitFenced) as the LLVM backend does: no code hoisted into the group
+        line(fmt::format("asm volatile(\"{}\" ::: \"memory\");", in.imm & pir::kCommitFenced
+                                                                     ? ptxas_fence("wgmma.commit_group.sync.aligned;", "TJ_WGCOMMIT")
+                                                                     : std::string("wgmma.commit_group.sync.aligned;")));
+        return;
       case Op::wgmma_wait: case Op::wgmma: case Op::wgmma_rs: return wgmma(in);
       case Op::for_: return for_loop(in);
       case Op::if_: return if_op(in);

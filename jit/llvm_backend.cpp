@@ -573,7 +573,12 @@ class Emitter {
       case Op::fence_mbar_init: asm_call(b_.getVoidTy(), "fence.mbarrier_init.release.cluster;", "~{memory}", {}, true); return;
       case Op::fence_proxy_async: asm_call(b_.getVoidTy(), "fence.proxy.async.shared::cta;", "~{memory}", {}, true); return;
       case Op::wgmma_fence: asm_call(b_.getVoidTy(), "wgmma.fence.sync.aligned;", "~{memory}", {}, true); return;
-      case Op::wgmma_commit: asm_call(b_.getVoidTy(), "wgmma.commit_group.sync.aligned;", "~{memory}", {}, true); return;
+      case Op::wgmma_commit:
+        asm_call(b_.getVoidTy(),
+                 in.imm & pir::kCommitFenced ? ptxas_fence("wgmma.commit_group.sync.aligned;", "TILEJIT_WGCOMMIT")
+                                             : "wgmma.commit_group.sync.aligned;",
+                 "~{memory}", {}, true);
+        return;
       case Op::wgmma_wait:
       case Op::wgmma_rs:
       case Op::wgmma: {

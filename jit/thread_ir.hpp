@@ -103,6 +103,10 @@ enum class Pred : uint8_t { eq, ne, lt, le, gt, ge };
 // arithmetic across a wait, e.g. hoists it above a softmax that was meant to run while the MMA
 // is in flight; the backends then end a basic block at the wait.
 constexpr int64_t kWaitFenced = int64_t{1} << 8;
+// wgmma_commit imm flag: no code moves above the commit (into the group's wgmma sequence): set when
+// work is meant to run after the group's issue (precompute), which ptxas would otherwise hoist
+// between the wgmma instructions and so delay the MMAs.
+constexpr int64_t kCommitFenced = int64_t{1} << 8;
 
 constexpr int64_t kBulkWaitRead = int64_t{1} << 8;
 

@@ -478,6 +478,8 @@ TEST_CASE("attention dropout: the forward computes its Philox calls while S = Q 
     o.num_warps = 8;
     o.pipeline.stages = 2;
     const std::string ptx = jit::compile(kernels::attention_forward().build(meta), o).ptx;
+    // and the commit before them is fenced, so that ptxas does not hoist them between the wgmmas
+    CHECK((ptx.find("TILEJIT_WGCOMMIT") != std::string::npos) == ahead);
     size_t most = 0;
     for (size_t at = ptx.find("wgmma.commit_group"); at != std::string::npos; at = ptx.find("wgmma.commit_group", at + 1)) {
       const size_t wait = ptx.find("wgmma.wait_group", at);
