@@ -465,8 +465,8 @@ TEST_CASE("attention dropout: reading the precomputed packed mask gives the fuse
   }
 }
 
-// The forward's Philox calls run while the tensor cores compute S = Q K^T (DROPOUT_AHEAD, the
-// default): in the PTX of the Hopper schedule they sit between an MMA group's commit and its wait
+// The forward's Philox calls run while the tensor cores compute S = Q K^T with DROPOUT_AHEAD (a
+// schedule option, off by default: measured slower): in the PTX they sit between an MMA group's commit and its wait
 // (up to 10 rounds x 2 high multiplies x 4 calls a block per thread at 128 x 128 on 8 warps). With
 // DROPOUT_AHEAD=false they follow the wait (computed at the mask's use).
 TEST_CASE("attention dropout: the forward computes its Philox calls while S = Q K^T is in flight (DROPOUT_AHEAD)") {
