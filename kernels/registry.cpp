@@ -8,6 +8,9 @@
 
 namespace tilejit::kernels {
 
+// Default schedules: those of the attention API (attention::default_schedule) for dense shapes
+// without dropout or a dQ reduction; the API picks others per call (8 warps with dropout, 64 x 128
+// for a reduction at D 128, ...).
 const std::vector<LibraryKernel>& library() {
   static const std::vector<LibraryKernel> all{
       {"gemm", &gemm, "C = A @ B, bf16/f16 in, f32 accumulate (TMA + wgmma pipeline when K-major on sm_90a)",
@@ -16,8 +19,8 @@ const std::vector<LibraryKernel>& library() {
        {{"BLOCK_M", 128}, {"BLOCK_N", 128}}, 8, 2},
       {"attention_bwd_preprocess", &attention_backward_preprocess, "attention backward, step 1: Delta = rowsum(dO * O)", {}, 4, 3},
       {"attention_bwd_dkdv", &attention_backward_dkdv, "attention backward: dK, dV per key block, summed over the GQA group (DQ_REDUCTION: also dQ's parts, atomic or split)",
-       {{"BLOCK_M", 64}, {"BLOCK_N", 128}}, 8, 2},
-      {"attention_bwd_dq", &attention_backward_dq, "attention backward: dQ per query block (no atomics)", {{"BLOCK_M", 128}, {"BLOCK_N", 64}}, 8, 2},
+       {{"BLOCK_M", 64}, {"BLOCK_N", 64}}, 4, 2},
+      {"attention_bwd_dq", &attention_backward_dq, "attention backward: dQ per query block (no atomics)", {{"BLOCK_M", 64}, {"BLOCK_N", 64}}, 4, 2},
       {"attention_bwd_dq_convert", &attention_backward_dq_convert, "attention backward, DQ_REDUCTION=atomic: dQ = scale * dQ_accum (f32 workspace)", {{"BLOCK_M", 64}}, 4, 2},
       {"attention_bwd_dq_reduce", &attention_backward_dq_reduce, "attention backward, DQ_REDUCTION=split: dQ = scale * the parts in key tile order", {{"BLOCK_M", 64}, {"BLOCK_N", 128}}, 4, 2},
       {"dropout_mask", &dropout_mask, "packed attention dropout keep-mask (Philox4x32-10, 1 bit per element, u32 words along keys)",

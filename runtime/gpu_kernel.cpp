@@ -420,6 +420,8 @@ GpuKernel::GpuKernel(const ir::Function& signature, jit::CompiledKernel compiled
   smem_bytes_ = static_cast<unsigned>(compiled_.smem_bytes);
   // Once here rather than per launch: the limit is a property of the function and only grows.
   if (smem_bytes_ > 0) d.ensure_dynamic_smem(function_, smem_bytes_, device, name);
+  // Likewise the occupancy (after the shared-memory limit it depends on): persistent grids ask per call.
+  resident_per_sm_ = max_resident_blocks_per_sm(function_, static_cast<int>(block_threads_), smem_bytes_, device_);
 
   if (!compiled_.tensor_maps.empty()) {
     tma_ = std::make_unique<TmaCache>();

@@ -160,7 +160,8 @@ class GpuKernel {
   const LaunchPlan& plan() const { return plan_; }
   CUfunction function() const { return function_; }  // for benchmarks that launch it raw
   // Blocks of this kernel one multiprocessor holds at once (its threads and dynamic shared memory).
-  int max_resident_per_sm() const { return max_resident_blocks_per_sm(function_, static_cast<int>(block_threads_), smem_bytes_, device_); }
+  // Queried once, when the kernel is loaded.
+  int max_resident_per_sm() const { return resident_per_sm_; }
   int device() const { return device_; }
 
  private:
@@ -177,6 +178,7 @@ class GpuKernel {
   PFN_cuLaunchKernel_v4000 launch_kernel_ = nullptr;
   unsigned block_threads_ = 0;
   unsigned smem_bytes_ = 0;
+  int resident_per_sm_ = 0;
   int num_abi_ = 0;  // plan slots + one per tensor map
   // TMA descriptors (only for kernels that have them): encoded from the tensor arguments into
   // device memory, re-encoded only when a tensor's address, sizes or strides change.
