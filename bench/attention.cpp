@@ -326,7 +326,7 @@ int bench_dropout(double p, int max_reps) {
 // --masks: the forward with library masks (issue 8) at S = 8k and 16k, D128, bf16, B*S = 16k,
 // 16 heads; TFLOP/s count only the unmasked elements (4 * D per allowed (row, key)). Document
 // masks use bench_document_lengths (bench/flex_masks.py builds the same documents for
-// FlexAttention); data-dependent masks run the attention_block_mask pre-pass first (not timed:
+// FlexAttention); data-dependent masks run the block-mask pre-pass first (not timed:
 // FlexAttention's block mask is also built once and reused).
 // --schedule-ab META: the forward with a bool schedule meta (PINGPONG, PIPELINE_QK, ...) off and
 // on, D 64/128, S 4k, full and causal, without and with fused dropout (p = 0.1), alternated rounds;
@@ -594,12 +594,21 @@ int bench_masks(int max_reps) {
           classes{ir::DType::u8, cls_sizes, cls_strides, base + 2 * (n_bytes + i_bytes), 0};
       double prepass_ms = 0;  // kinds with tile intervals have no pre-pass
       if (!kernels::mask_has_tile_intervals(r.kind)) {
-        Function pre(kernels::attention_block_mask(), {{"BLOCK_M", BM}, {"BLOCK_N", BN}, {"MASK", static_cast<int>(r.kind)}}, o);
-        std::vector<runtime::DeviceArg> pargs{classes, num, idx, full_num, full_idx, static_cast<int32_t>(S), static_cast<int32_t>(S)};
-        pargs.insert(pargs.end(), args.begin() + 6, args.end());
-        pre.launch({nb, 1, B}, stream.handle(), pargs);
-        // what one pre-pass costs (the backward runs two per call, at its kernels' tiles)
-        prepass_ms = time_ms([&] { pre.launch({nb, 1, B}, stream.handle(), pargs); }, stream, max_reps);
+        // the pre-pass: classes (one program per tile), then the lists (one per query tile)
+        Function classify(kernels::attention_block_classes(), {{"BLOCK_M", BM}, {"BLOCK_N", BN}, {"MASK", static_cast<int>(r.kind)}}, o);
+        jit::CompileOptions lo;
+        lo.num_warps = 4;
+        Function build_lists(kernels::attention_block_lists(), {{"KV_MAJOR", false}}, lo);
+        std::vector<runtime::DeviceArg> cargs{classes, static_cast<int32_t>(S), static_cast<int32_t>(S)};
+        cargs.insert(cargs.end(), args.begin() + 6, args.end());
+        const std::vector<runtime::DeviceArg> largs{classes, num, idx, full_num, full_idx};
+        const auto pre = [&] {
+          classify.launch({nb, nb, B}, stream.handle(), cargs);
+          build_lists.launch({nb, 1, B}, stream.handle(), largs);
+        };
+        pre();
+        // what one pre-pass costs (the backward runs one more per call, at its kernels' tiles)
+        prepass_ms = time_ms(pre, stream, max_reps);
         for (const auto& t : {num, idx, full_num, full_idx}) args.emplace_back(t);
       }
       const runtime::Grid grid{nb, H, B};

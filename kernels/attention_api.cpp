@@ -97,7 +97,7 @@ class Checker {
   const char* fn_;
 };
 
-// The outputs of one attention_block_mask run (for one kernel's tiles and order) and where they
+// The outputs of one block-mask pre-pass run (for one kernel's tiles and order) and where they
 // sit in the workspace: five arrays, each starting on a 256-byte boundary. The views point into
 // this struct: keep it in place while they are used.
 struct PrePassLists {
@@ -402,6 +402,10 @@ PrePassLists plan_lists(const Checker& c, const Dims& d, const Schedule& s, bool
   if (static_cast<double>(bh) * static_cast<double>(l.outer) * static_cast<double>(inner) > 0x1p56)
     c.fail("options.mask: the block-mask lists at {}x{} tiles would hold {} x {} x {} entries, more than 2^56", s.block_m, s.block_n, bh,
            l.outer, inner);
+  // the classification's grid is (nQB, nKB, Bm * Hm): the driver's y and z limits
+  if (l.k_blocks > 65535 || bh > 65535)
+    c.fail("options.mask: the block-mask pre-pass at {}x{} tiles launches {} key tiles x {} mask batches*heads; at most 65535 each", s.block_m,
+           s.block_n, l.k_blocks, bh);
   l.cls_sizes = {d.mask_batch, d.mask_heads, l.q_blocks, l.k_blocks};
   l.cls_strides = {d.mask_heads * l.q_blocks * l.k_blocks, l.q_blocks * l.k_blocks, l.k_blocks, 1};
   l.idx_sizes = {d.mask_batch, d.mask_heads, l.outer, inner};
@@ -748,21 +752,34 @@ Function& function_for(const Config& c) {
   return *slot;
 }
 
-// The attention_block_mask pre-pass for one kernel's lists (its tiles and order) and mask kind,
-// per device, created once (the same documented cache as function_for). 8 warps for 128 x 128
-// tiles (each iteration evaluates a [128, 128] tile; 4 warps spill), 4 below.
-Function& block_mask_function(const PrePassLists& l, kernels::MaskKind kind) {
+// The pre-pass's kernels for one kernel's lists (its tiles, its order) and mask kind, per device,
+// created once (the same documented cache as function_for): the classification (8 warps for
+// 128 x 128 tiles, each program evaluates a [128, 128] tile and 4 warps spill; 4 below), then the
+// lists (4 warps).
+Function& block_classes_function(const PrePassLists& l, kernels::MaskKind kind) {
   static std::mutex mu;
-  static std::map<std::tuple<int64_t, int64_t, bool, int, int>, std::unique_ptr<Function>> cache;
+  static std::map<std::tuple<int64_t, int64_t, int, int>, std::unique_ptr<Function>> cache;
   std::lock_guard lock(mu);
-  auto& slot = cache[{l.block_m, l.block_n, l.kv_major, static_cast<int>(kind), l.device}];
+  auto& slot = cache[{l.block_m, l.block_n, static_cast<int>(kind), l.device}];
   if (!slot) {
     jit::CompileOptions o;
     o.num_warps = l.block_m * l.block_n >= 128 * 128 ? 8 : 4;
     o.pipeline.stages = 2;
-    const lang::Meta meta{
-        {"BLOCK_M", l.block_m}, {"BLOCK_N", l.block_n}, {"KV_MAJOR", l.kv_major}, {"MASK", static_cast<int>(kind)}};
-    slot = std::make_unique<Function>(kernels::attention_block_mask(), meta, o, l.device);
+    const lang::Meta meta{{"BLOCK_M", l.block_m}, {"BLOCK_N", l.block_n}, {"MASK", static_cast<int>(kind)}};
+    slot = std::make_unique<Function>(kernels::attention_block_classes(), meta, o, l.device);
+  }
+  return *slot;
+}
+Function& block_lists_function(const PrePassLists& l) {
+  static std::mutex mu;
+  static std::map<std::tuple<bool, int>, std::unique_ptr<Function>> cache;
+  std::lock_guard lock(mu);
+  auto& slot = cache[{l.kv_major, l.device}];
+  if (!slot) {
+    jit::CompileOptions o;
+    o.num_warps = 4;
+    o.pipeline.stages = 2;
+    slot = std::make_unique<Function>(kernels::attention_block_lists(), lang::Meta{{"KV_MAJOR", l.kv_major}}, o, l.device);
   }
   return *slot;
 }
@@ -1086,20 +1103,37 @@ void bind_lists(Bindings& b, const PrePassLists& l, uint64_t base) {
   b.add(fmt::format("full{}indices", prefix), l.full_indices(base));
 }
 
-// One attention_block_mask run: its Function, grid (nOuter, Hm, Bm) and arguments.
+// One pre-pass run: the classification (grid (nQB, nKB, Bm * Hm)) unless `classified` already
+// classified these tiles into its block_classes (the dK/dV lists' run, for dQ's at the same
+// tiles), then the lists (grid (nOuter, Hm, Bm)).
 struct PrePass {
-  Function* fn = nullptr;
-  runtime::Grid grid;
-  Bindings b;
+  struct Step {
+    Function* fn = nullptr;
+    runtime::Grid grid;
+    Bindings b;
+  };
+  std::vector<Step> steps;
 };
-PrePass pre_pass(const PrePassLists& l, const Options& opts, const Dims& d, uint64_t base) {
-  PrePass p{&block_mask_function(l, d.mask), runtime::Grid{l.outer, l.mask_heads, l.mask_batch}, {}};
-  p.b.add("blockclasses", l.classes(base));
-  bind_lists(p.b, l, base);
-  p.b.add("sq", static_cast<int32_t>(d.seq_q));
-  p.b.add("sk", static_cast<int32_t>(d.seq_k));
-  bind_mask(p.b, opts, d);
+PrePass pre_pass(const PrePassLists& l, const Options& opts, const Dims& d, uint64_t base, const PrePassLists* classified = nullptr) {
+  if (classified && (classified->block_m != l.block_m || classified->block_n != l.block_n)) classified = nullptr;
+  const PrePassLists& cls = classified ? *classified : l;
+  PrePass p;
+  if (!classified) {
+    PrePass::Step s{&block_classes_function(l, d.mask), runtime::Grid{l.q_blocks, l.k_blocks, l.mask_batch * l.mask_heads}, {}};
+    s.b.add("blockclasses", l.classes(base));
+    s.b.add("sq", static_cast<int32_t>(d.seq_q));
+    s.b.add("sk", static_cast<int32_t>(d.seq_k));
+    bind_mask(s.b, opts, d);
+    p.steps.push_back(std::move(s));
+  }
+  PrePass::Step s{&block_lists_function(l), runtime::Grid{l.outer, l.mask_heads, l.mask_batch}, {}};
+  s.b.add("blockclasses", cls.classes(base));
+  bind_lists(s.b, l, base);
+  p.steps.push_back(std::move(s));
   return p;
+}
+void launch(const PrePass& p, CUstream stream, bool dry) {
+  for (const PrePass::Step& s : p.steps) launch(*s.fn, s.grid, stream, s.b, dry);
 }
 
 Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
@@ -1159,7 +1193,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
   Bindings b = bind(workspace.data ? workspace.data : kPlaceholder);
   std::optional<PrePass> pre;
   if (d.lists) pre = pre_pass(d.fwd_lists, opts, d, workspace.data ? workspace.data : kPlaceholder);
-  if (pre) launch(*pre->fn, pre->grid, stream, pre->b, true);
+  if (pre) launch(*pre, stream, true);
   launch(fn, grid, stream, b, true);
   require_gpu("forward", q.device);
   runtime::DeviceBuffer owned;
@@ -1168,7 +1202,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
     b = bind(owned.ptr());
     pre = pre_pass(d.fwd_lists, opts, d, owned.ptr());
   }
-  if (pre) launch(*pre->fn, pre->grid, stream, pre->b, false);
+  if (pre) launch(*pre, stream, false);
   launch(fn, grid, stream, b, false);
   if (owned.bytes() != 0) synchronize(stream);
 }
@@ -1235,17 +1269,17 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     std::optional<PrePass> kv_lists, dq_lists;
     if (d.lists) {
       kv_lists = pre_pass(d.dkdv_lists, opts, d, base);
-      if (!reduce) dq_lists = pre_pass(d.dq_lists, opts, d, base);
+      if (!reduce) dq_lists = pre_pass(d.dq_lists, opts, d, base, &d.dkdv_lists);  // dK/dV's classes at the same tiles
     }
     launch(pre_fn, pre_grid, stream, b, dry);
-    if (kv_lists) launch(*kv_lists->fn, kv_lists->grid, stream, kv_lists->b, dry);
+    if (kv_lists) launch(*kv_lists, stream, dry);
     // what the dK/dV kernel needs zero: dQ_accum for atomic and ordered (both add into it), and
     // ordered's semaphores
     if (!dry && (d.reduction == DqReduction::atomic || d.reduction == DqReduction::ordered))
       zero_async(base + d.dq_ws.at, d.dq_ws.bytes, stream, q.device);
     if (!dry && d.reduction == DqReduction::ordered) zero_async(base + d.dq_sem.at, d.dq_sem.bytes, stream, q.device);
     launch(kv_fn, kv_grid, stream, b, dry);
-    if (dq_lists) launch(*dq_lists->fn, dq_lists->grid, stream, dq_lists->b, dry);
+    if (dq_lists) launch(*dq_lists, stream, dry);
     launch(dq_fn, dq_grid, stream, b, dry);
   };
   run(workspace.data ? workspace.data : kPlaceholder, true);
@@ -1349,7 +1383,8 @@ void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen,
       l.block_n = s.block_n;
       l.kv_major = p == Pass::bwd_dkdv;
       l.device = device;
-      block_mask_function(l, mask).compiled();
+      block_classes_function(l, mask).compiled();
+      block_lists_function(l).compiled();
     }
   }
 }

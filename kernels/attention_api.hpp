@@ -152,7 +152,7 @@ struct Options {
   std::optional<Tensor> dropout_bits;
   // A library mask (see Mask). Kinds whose allowed blocks are not intervals (document,
   // causal_document, share_question, causal_blockwise, block_sparse) first run the
-  // attention_block_mask pre-pass on the GPU, once per kernel that reads its lists (forward: 1,
+  // block-mask pre-pass on the GPU, once per kernel that reads its lists (forward: 1,
   // backward: 2, each at that kernel's tiles; 1 with a dQ reduction), into the workspace
   // (forward_workspace_bytes, backward_workspace_bytes); the other kinds classify tiles in the
   // kernels themselves.
@@ -202,7 +202,7 @@ struct Workspace {
 // and synchronizes `stream` before freeing them.
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
              const Options& opts = {}, CUstream stream = nullptr, Workspace workspace = {});
-// Bytes the forward's workspace needs: the attention_block_mask lists at the forward's tiles
+// Bytes the forward's workspace needs: the block-mask pre-pass's lists at the forward's tiles
 // (opts.mask of a kind without tile intervals: 4 * Bm * Hm * nQB * (2 + 2 * nKB) + Bm * Hm * nQB *
 // nKB, each of the five arrays rounded up to 256; Bm, Hm the mask tensor's batch and head extents,
 // nQB = cdiv(S_q, BLOCK_M), nKB = cdiv(S_k, BLOCK_N)), else 0. Checks opts.mask against q and k.

@@ -39,7 +39,7 @@ namespace tilejit::kernels {
 // mask_doc_ids i32 [B or 1, S_k], mask_prefix_lengths i32 [B], mask_block_table u8 [B or 1, Hq or 1,
 // ..]); then, for the kinds without tile intervals (document, causal_document, share_question,
 // causal_blockwise, block_sparse: !kernels::mask_has_tile_intervals), the lists of the
-// attention_block_mask pre-pass (kernels/attention_mask.hpp) run with THIS kernel's BLOCK_M and
+// block-mask pre-pass (kernels/attention_mask.hpp) run with THIS kernel's BLOCK_M and
 // BLOCK_N: dK/dV reads the KV_MAJOR=true lists (per key tile, its query tiles) q_num_blocks,
 // q_indices, full_q_num_blocks, full_q_indices; dQ the KV_MAJOR=false lists (per query tile, its key
 // tiles) kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices (i32, [Bm, Hm, nOuter(,
@@ -142,7 +142,7 @@ const lang::Kernel& attention_backward_dq_convert();
 // Params: dQ_parts (f32 [batch * heads_q, M, N, BLOCK_M, head_dim], as the dK/dV kernel wrote it),
 // dQ (DTYPE, the dQ layout), softmax_scale (f32), S_k (i32: seq_k), then with a library MASK the
 // mask's parameters (mask_parameter_names order, the dK/dV kernel's values) and, for the kinds
-// without tile intervals, block_classes (u8 [Bm, Hm, M, N]: the attention_block_mask pre-pass's
+// without tile intervals, block_classes (u8 [Bm, Hm, M, N]: the block-mask pre-pass (attention_block_classes, attention_block_lists)'s
 // classes at the dK/dV kernel's BLOCK_M x BLOCK_N -- the run whose KV_MAJOR=true lists the dK/dV
 // kernel reads writes them; Bm / Hm 1 broadcast).
 // Meta: DTYPE, BLOCK_M, BLOCK_N (both the dK/dV kernel's), HEAD_DIM, CAUSAL, BSHD, MASK (the dK/dV

@@ -158,7 +158,7 @@ Tile SequenceMask::allowed(const MaskIndices& i, Loc loc) const {
 void SequenceMask::require_intervals(const char* what, Loc loc) const {
   if (!mask_has_tile_intervals(mask_.kind()))
     Builder::current(loc).fail(loc, fmt::format("{}: mask '{}' has no interval form (its blocks depend on data): classify them with the "
-                                                "attention_block_mask pre-pass and read its lists (BlockMaskLists)",
+                                                "block-mask pre-pass and read its lists (BlockMaskLists)",
                                                 what, mask_kind_name(mask_.kind())));
 }
 
@@ -306,44 +306,61 @@ std::array<std::string, 4> list_names(bool kv_major) {
 
 }  // namespace
 
-Kernel block_mask_kernel(std::string name, std::function<MaskMod(Builder&)> declare_mask) {
+Kernel block_classes_kernel(std::string name, std::function<MaskMod(Builder&)> declare_mask) {
   return kernel(std::move(name), [declare_mask](Builder& kb) {
     const int64_t BM = kb.meta<int>("BLOCK_M", 128), BN = kb.meta<int>("BLOCK_N", 128);
+    auto Classes = kb.tensor("block_classes", u8, 4);
+    auto S_q = kb.scalar<int>("S_q"), S_k = kb.scalar<int>("S_k");
+    const MaskMod mask = declare_mask(kb);
+    Tile qb = program_id(0), kb_ = program_id(1), heads = Classes.size(1);
+    Tile b = program_id(2) / heads, h = program_id(2) % heads;
+    Tile rows = qb * BM + arange(0, BM), cols = kb_ * BN + arange(0, BN);
+    MaskIndices idx = mask_indices(b, h, rows, cols, S_q, S_k);
+    Tile in_bounds = (rows < S_q)[col] & (cols < S_k)[row];
+    Tile allowed = sum(cast(i32, evaluate_mask(mask, idx) & in_bounds));
+    Tile elements = minimum(S_q - qb * BM, BM) * minimum(S_k - kb_ * BN, BN);
+    Tile is_full = allowed == elements, is_partial = (allowed > 0) & (allowed < elements);
+    Tile cls = where(is_full, static_cast<int32_t>(BlockClass::full), where(is_partial, static_cast<int32_t>(BlockClass::partial), static_cast<int32_t>(BlockClass::empty)));
+    store(element(Classes, {b, h, qb, kb_}), cast(u8, cls));
+  });
+}
+
+const Kernel& attention_block_classes() {
+  static const Kernel k = block_classes_kernel("attention_block_classes", [](Builder& kb) {
+    const MaskKind kind = mask_kind_meta(kb);
+    return AttentionMask(kb, kind).mask_mod();
+  });
+  return k;
+}
+
+const Kernel& attention_block_lists() {
+  static const Kernel k = kernel("attention_block_lists", [](Builder& kb) {
     const bool kv_major = kb.meta<bool>("KV_MAJOR", false);
+    constexpr int64_t C = 64;  // classes per step
     const auto names = list_names(kv_major);
     auto Classes = kb.tensor("block_classes", u8, 4);
     auto Num = kb.tensor(names[0], i32, 3), Idx = kb.tensor(names[1], i32, 4);
     auto FullNum = kb.tensor(names[2], i32, 3), FullIdx = kb.tensor(names[3], i32, 4);
-    auto S_q = kb.scalar<int>("S_q"), S_k = kb.scalar<int>("S_k");
-    const MaskMod mask = declare_mask(kb);
     auto outer = program_id(0), h = program_id(1), b = program_id(2);
-    Tile n_inner = kv_major ? cdiv(S_q, BM) : cdiv(S_k, BN);
+    Tile n_inner = Classes.size(kv_major ? 2 : 3);
+    // before[i, j] = i < j: an exclusive prefix sum over a step is a masked column sum
+    Tile before = arange(0, C)[col] < arange(0, C)[row];
     Var partial_count = zeros(i32, {}), full_count = zeros(i32, {});
-    for_range(0, n_inner, [&](Tile inner) {
-      Tile qb = kv_major ? inner : outer, kb_ = kv_major ? outer : inner;
-      Tile rows = qb * BM + arange(0, BM), cols = kb_ * BN + arange(0, BN);
-      MaskIndices idx = mask_indices(b, h, rows, cols, S_q, S_k);
-      Tile in_bounds = (rows < S_q)[col] & (cols < S_k)[row];
-      Tile allowed = sum(cast(i32, evaluate_mask(mask, idx) & in_bounds));
-      Tile elements = minimum(S_q - qb * BM, BM) * minimum(S_k - kb_ * BN, BN);
-      Tile is_full = allowed == elements, is_partial = (allowed > 0) & (allowed < elements);
-      Tile cls = where(is_full, static_cast<int32_t>(BlockClass::full), where(is_partial, static_cast<int32_t>(BlockClass::partial), static_cast<int32_t>(BlockClass::empty)));
-      store(element(Classes, {b, h, qb, kb_}), cast(u8, cls));
-      // append to the lists: a masked store at the current count, then the count moves on
-      store(element(Idx, {b, h, outer, partial_count}), inner, is_partial);
-      store(element(FullIdx, {b, h, outer, full_count}), inner, is_full);
-      partial_count = partial_count + cast(i32, is_partial);
-      full_count = full_count + cast(i32, is_full);
+    for_range(0, n_inner, C, [&](Tile i0) {
+      Tile j = i0 + arange(0, C);
+      // classes (outer, i0 + 0..C) of the row (KV_MAJOR: the column); past the end: empty (0)
+      Tile cls = cast(i32, load(kv_major ? Classes.block({b, h, i0, outer}, {C}, {2}) : Classes.block({b, h, outer, i0}, {C}, {3})));
+      auto append = [&](Var& count, const Tensor& list, int32_t which) {
+        Tile hit = cls == which;
+        Tile at = sum(where(before, cast(i32, hit)[col], 0), 0);  // hits before each: its slot
+        store(element(list, {b, h, outer, count}) + at * list.stride(3), j, hit);
+        count = count + sum(cast(i32, hit));
+      };
+      append(partial_count, Idx, static_cast<int32_t>(BlockClass::partial));
+      append(full_count, FullIdx, static_cast<int32_t>(BlockClass::full));
     });
     store(element(Num, {b, h, outer}), partial_count.value());
     store(element(FullNum, {b, h, outer}), full_count.value());
-  });
-}
-
-const Kernel& attention_block_mask() {
-  static const Kernel k = block_mask_kernel("attention_block_mask", [](Builder& kb) {
-    const MaskKind kind = mask_kind_meta(kb);
-    return AttentionMask(kb, kind).mask_mod();
   });
   return k;
 }

@@ -1,7 +1,7 @@
 // Attention masks and score modifications as DSL library functions (issue 8 part 1): FlexAttention's
 // mask_mod / score_mod over tiles, the library masks (every pattern of kernels/attention_mask_host.hpp,
 // which defines them and is their bit-exact host twin), tile-level block skipping for interval
-// masks, and the attention_block_mask pre-pass kernel that classifies blocks of any mask.
+// masks, and the block-mask pre-pass kernels (attention_block_classes, attention_block_lists) that classify blocks of any mask.
 //
 // How an attention kernel uses a library mask (forward; names are this header's):
 //
@@ -104,7 +104,7 @@ class AttentionMask {
   AttentionMask(lang::Builder& kb, MaskKind kind, lang::Loc loc = lang::Loc::current());
   MaskKind kind() const { return kind_; }
   // Whether key_tiles / query_tiles / tile_is_full exist for this kind (mask_has_tile_intervals);
-  // the others need the attention_block_mask pre-pass.
+  // the others need the block-mask pre-pass (attention_block_classes, attention_block_lists).
   bool has_tile_intervals() const { return mask_has_tile_intervals(kind_); }
   // The mask of batch b, query head h and sequence lengths s_q, s_k (i32 scalars); loads the
   // per-batch scalars the kind needs (prefix length, the question's or the last segment's id) here.
@@ -173,24 +173,34 @@ struct AttentionScoreMod {
 
 // ---- the block-classification pre-pass (FlexAttention's create_block_mask, in the DSL) ----
 //
-// Parameters (in order): block_classes u8 [Bm, Hm, nQB, nKB] (BlockClass values); the partial
-// count i32 [Bm, Hm, nOuter] and indices i32 [Bm, Hm, nOuter, nInner]; the full count and indices
-// likewise (names below); S_q, S_k (i32); then the mask's own parameters. nQB = cdiv(S_q, BLOCK_M), nKB = cdiv(S_k, BLOCK_N) (the attention kernel's tiles);
-// Bm, Hm: the mask's batch and head extents (1 when it does not depend on them: a document mask
-// with a [1, S_k] id tensor has Bm = 1; only block_sparse tables with H > 1 need Hm = H).
-// Meta: BLOCK_M, BLOCK_N, KV_MAJOR (false: outer = query tiles, inner = key tiles, the lists are
-// named kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices; true: outer = key tiles,
-// inner = query tiles, named q_num_blocks, q_indices, full_q_num_blocks, full_q_indices, for the
-// dK/dV kernel), and the library kernel's MASK. Grid: (nOuter, Hm, Bm).
-// Each program classifies its outer tile against every inner tile by evaluating the mask over the
-// [BLOCK_M, BLOCK_N] tile (in-bounds elements only: BlockClass), writes block_classes[b, h, qb, kb],
-// and appends the partial inner tiles to indices[b, h, outer, 0..count) and the full ones to the
-// full indices, in increasing order; entries past the counts are not written.
-// Schedule: 8 warps at 128 x 128 tiles (each iteration holds a [128, 128] tile; 4 warps spill 8 B
-// with LLVM), 4 at 64 x 128 (tests/test_attention_mask.cpp assembles both without spills).
-lang::Kernel block_mask_kernel(std::string name, std::function<MaskMod(lang::Builder&)> declare_mask);
-// The library masks' pre-pass: meta MASK picks the kind (AttentionMask declares its parameters).
-const lang::Kernel& attention_block_mask();
+// Two kernels. attention_block_classes (block_classes_kernel for a mask of one's own) classifies
+// every (query tile, key tile) by evaluating the mask over the [BLOCK_M, BLOCK_N] tile (in-bounds
+// elements only: BlockClass) and writes block_classes[b, h, qb, kb]; one program per tile, grid
+// (nQB, nKB, Bm * Hm). attention_block_lists then turns one row (KV_MAJOR: one column) of classes
+// into FlexAttention's lists: the partial inner tiles in increasing order at indices[b, h, outer,
+// 0..count), the full ones likewise; entries past the counts are not written. One program per
+// outer tile, grid (nOuter, Hm, Bm), 64 classes at a time (a prefix sum as a [64, 64] compare and
+// reduce, then a scattered store). The classes do not depend on the order, so the dK/dV (KV_MAJOR)
+// and dQ lists at the same tiles share one classification.
+// (One kernel that walked each row's tiles in sequence took 0.24 ms for a 16k x 16k causal
+// document mask at 128 x 128 on an H100: 128 programs, a reduction and a store per tile.)
+//
+// Parameters: classes kernel -- block_classes u8 [Bm, Hm, nQB, nKB], S_q, S_k (i32), then the
+// mask's own parameters; metas BLOCK_M, BLOCK_N (the attention kernel's tiles; nQB = cdiv(S_q,
+// BLOCK_M), nKB = cdiv(S_k, BLOCK_N)) and, for the library kernel, MASK. Lists kernel --
+// block_classes, then the partial count i32 [Bm, Hm, nOuter] and indices i32 [Bm, Hm, nOuter,
+// nInner] and the full count and indices likewise; meta KV_MAJOR (false: outer = query tiles,
+// inner = key tiles, lists named kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices;
+// true: outer = key tiles, named q_num_blocks, q_indices, full_q_num_blocks, full_q_indices, for
+// dK/dV). Bm, Hm: the mask's batch and head extents (1 when it does not depend on them: a
+// document mask with a [1, S_k] id tensor has Bm = 1; only block_sparse tables with H > 1 need
+// Hm = H).
+// Schedule of the classes kernel: 8 warps at 128 x 128 tiles (4 spill 8 B with LLVM), 4 below.
+lang::Kernel block_classes_kernel(std::string name, std::function<MaskMod(lang::Builder&)> declare_mask);
+// The library masks' classification: meta MASK picks the kind (AttentionMask declares its parameters).
+const lang::Kernel& attention_block_classes();
+// The lists from the classes (any mask).
+const lang::Kernel& attention_block_lists();
 
 // What an attention kernel declares to read the pre-pass's lists (parameter names as above), and
 // reads per (b, h, outer tile). A list tensor whose batch or head extent is 1 broadcasts.

@@ -97,7 +97,7 @@ inline bool mask_uses_doc_ids(MaskKind k) {
          k == MaskKind::causal_blockwise;
 }
 // Whether the kernels can classify tiles with scalar arithmetic alone (AttentionMask's key_tiles,
-// query_tiles, tile_is_full); the other kinds need the attention_block_mask pre-pass.
+// query_tiles, tile_is_full); the other kinds need the block-mask pre-pass (attention_block_classes, attention_block_lists).
 inline bool mask_has_tile_intervals(MaskKind k) {
   return k == MaskKind::full || k == MaskKind::causal || k == MaskKind::sliding_window || k == MaskKind::causal_sliding_window ||
          k == MaskKind::global_sliding_window || k == MaskKind::prefix_lm;

@@ -1,5 +1,5 @@
 // Shared by the masked attention backward suites (test_attention_mask_backward,
-// test_attention_bwd_reduction): a library mask's kernel arguments, the attention_block_mask
+// test_attention_bwd_reduction): a library mask's kernel arguments, the block-mask
 // pre-pass in the interpreter, and the float64 backward of masked attention with dropout.
 #pragma once
 #include <algorithm>
@@ -57,7 +57,7 @@ struct MaskArgs {
   MaskArgs(const MaskArgs&) = delete;  // args point at the tensors
 };
 
-// The attention_block_mask pre-pass at BLOCK_M x BLOCK_N tiles, in the interpreter: the block classes
+// The block-mask pre-pass (attention_block_classes, then attention_block_lists) at BLOCK_M x BLOCK_N tiles, in the interpreter: the block classes
 // [Bm, Hm, nQB, nKB] and the four lists (num, indices, full num, full indices) a kernel reads,
 // poisoned where the pre-pass leaves them. Bm, Hm: the mask data's batch and head extents (1 where
 // it broadcasts: a [1, S_k] id tensor, a [1, 1, ..] block table).
@@ -77,10 +77,12 @@ struct BlockMaskRun {
     indices = tilejit::runtime::HostTensor(DType::i32, {Bm, Hm, outer, inner});
     full_indices = tilejit::runtime::HostTensor(DType::i32, {Bm, Hm, outer, inner});
     for (tilejit::runtime::HostTensor* t : {&classes, &num, &indices, &full_num, &full_indices}) t->poison();
-    std::vector<tilejit::runtime::Arg> args{classes, num, indices, full_num, full_indices, s_q, s_k};
+    std::vector<tilejit::runtime::Arg> args{classes, s_q, s_k};
     args.insert(args.end(), mask.args.begin(), mask.args.end());
-    const tilejit::lang::Meta meta{{"BLOCK_M", block_m}, {"BLOCK_N", block_n}, {"KV_MAJOR", kv_major}, {"MASK", static_cast<int>(spec.kind)}};
-    tilejit::runtime::interpret(tilejit::kernels::attention_block_mask().build(meta), {outer, Hm, Bm}, args);
+    const tilejit::lang::Meta meta{{"BLOCK_M", block_m}, {"BLOCK_N", block_n}, {"MASK", static_cast<int>(spec.kind)}};
+    tilejit::runtime::interpret(tilejit::kernels::attention_block_classes().build(meta), {q_tiles, k_tiles, Bm * Hm}, args);
+    tilejit::runtime::interpret(tilejit::kernels::attention_block_lists().build({{"KV_MAJOR", kv_major}}), {outer, Hm, Bm},
+                                {classes, num, indices, full_num, full_indices});
   }
   void append_to(std::vector<tilejit::runtime::Arg>& args) {
     for (tilejit::runtime::HostTensor* t : {&num, &indices, &full_num, &full_indices}) args.emplace_back(*t);

@@ -133,7 +133,7 @@ struct Tail {
   }
 };
 
-// The attention_block_mask pre-pass at the problem's tiles.
+// The block-mask pre-pass at the problem's tiles.
 testing::BlockMaskRun block_lists(const Problem& p, const Tail& tail, bool kv_major) {
   return testing::BlockMaskRun(p.spec, p.data(), tail.mask, p.B, p.Sq, p.Sk, p.bm, p.bn, kv_major);
 }

@@ -235,10 +235,12 @@ PrePass run_pre_pass(const MaskCase& c, int64_t bm, int64_t bn, bool kv_major) {
             HostTensor(i32, {B, H, outer}), HostTensor(i32, {B, H, outer, inner})};
   for (HostTensor* t : {&p.classes, &p.num, &p.indices, &p.full_num, &p.full_indices}) t->poison();
   MaskArgs mask(c);
-  std::vector<rt::Arg> args{p.classes, p.num, p.indices, p.full_num, p.full_indices, c.pr.s_q, c.pr.s_k};
+  std::vector<rt::Arg> args{p.classes, c.pr.s_q, c.pr.s_k};
   args.insert(args.end(), mask.args.begin(), mask.args.end());
-  rt::interpret(km::attention_block_mask().build({{"BLOCK_M", bm}, {"BLOCK_N", bn}, {"KV_MAJOR", kv_major}, {"MASK", static_cast<int>(c.spec.kind)}}),
-                {outer, H, B}, args);
+  rt::interpret(km::attention_block_classes().build({{"BLOCK_M", bm}, {"BLOCK_N", bn}, {"MASK", static_cast<int>(c.spec.kind)}}), {nq, nk, B * H},
+                args);
+  rt::interpret(km::attention_block_lists().build({{"KV_MAJOR", kv_major}}), {outer, H, B},
+                {p.classes, p.num, p.indices, p.full_num, p.full_indices});
   return p;
 }
 
@@ -408,7 +410,7 @@ TEST_CASE("DSL key_tiles / query_tiles / tile_is_full visit exactly the non-empt
   CHECK(checked > 400);
 }
 
-TEST_CASE("attention_block_mask pre-pass in the interpreter: classes and lists equal brute force, both orders") {
+TEST_CASE("block-mask pre-pass (attention_block_classes, attention_block_lists) in the interpreter: classes and lists equal brute force, both orders") {
   int checked = 0;
   for (const MaskCase& c : mask_cases())
     for (TileSize t : {TileSize{16, 16}, TileSize{8, 32}, TileSize{13, 7}})
@@ -479,13 +481,13 @@ TEST_CASE("user mask_mods: a custom mask and the and/or combinators through the 
   auto not_third = [](const km::MaskIndices& i) { return (i.kv % 3) != 0; };
   auto causal = [](const km::MaskIndices& i) { return i.kv <= i.position(); };
   auto stripe = [](const km::MaskIndices& i) { return i.kv == 5; };
-  const Kernel k = km::block_mask_kernel("custom_block_mask", [&](Builder&) { return km::mask_or(km::mask_and(causal, not_third), stripe); });
+  const Kernel k = km::block_classes_kernel("custom_block_classes", [&](Builder&) { return km::mask_or(km::mask_and(causal, not_third), stripe); });
   auto host = [](int64_t q, int64_t kk, int64_t s_q, int64_t s_k) { return (kk <= q + s_k - s_q && kk % 3 != 0) || kk == 5; };
   const km::MaskProblem pr{1, 1, 40, 45};
   const int64_t bm = 8, bn = 8, nq = 5, nk = 6;
-  HostTensor classes(u8, {1, 1, nq, nk}), num(i32, {1, 1, nq}), idx(i32, {1, 1, nq, nk}), fnum(i32, {1, 1, nq}), fidx(i32, {1, 1, nq, nk});
-  for (HostTensor* t : {&classes, &num, &idx, &fnum, &fidx}) t->poison();
-  rt::interpret(k.build({{"BLOCK_M", bm}, {"BLOCK_N", bn}}), {nq, 1, 1}, {classes, num, idx, fnum, fidx, pr.s_q, pr.s_k});
+  HostTensor classes(u8, {1, 1, nq, nk});
+  classes.poison();
+  rt::interpret(k.build({{"BLOCK_M", bm}, {"BLOCK_N", bn}}), {nq, nk, 1}, {classes, pr.s_q, pr.s_k});
   const auto got = ints_of(classes);
   int counts[3] = {0, 0, 0};
   for (int64_t qb = 0; qb < nq; ++qb)
@@ -500,7 +502,7 @@ TEST_CASE("user mask_mods: a custom mask and the and/or combinators through the 
   CHECK(counts[1] > 0);  // empty and partial tiles occur (no tile is full: every third key is masked)
   CHECK(counts[0] > 0);
   // a mask_mod that does not return i1 is a build error
-  const Kernel bad = km::block_mask_kernel("bad_mask", [](Builder&) { return [](const km::MaskIndices& i) { return i.kv + 1; }; });
+  const Kernel bad = km::block_classes_kernel("bad_mask", [](Builder&) { return [](const km::MaskIndices& i) { return i.kv + 1; }; });
   CHECK_THROWS_WITH_AS(bad.build(), doctest::Contains("mask_mod: must return an i1 tile, got i32"), BuildError);
 }
 
@@ -672,21 +674,28 @@ TEST_CASE("build errors: interval functions of data-dependent masks, bad MASK me
   });
   CHECK_THROWS_WITH_AS(tiles_of_documents.build(),
                        doctest::Contains("key_tiles: mask 'document' has no interval form (its blocks depend on data): classify them with "
-                                         "the attention_block_mask pre-pass"),
+                                         "the block-mask pre-pass"),
                        BuildError);
-  CHECK_THROWS_WITH_AS(km::attention_block_mask().build({{"MASK", 42}}),
+  CHECK_THROWS_WITH_AS(km::attention_block_classes().build({{"MASK", 42}}),
                        doctest::Contains("meta-parameter MASK = 42 is not a mask kind; valid: 0 full, 1 causal, 2 sliding_window"), BuildError);
   CHECK_THROWS_WITH_AS(masked_attention_kernel().build({{"SCORE_MOD", 7}}),
                        doctest::Contains("meta-parameter SCORE_MOD = 7 is not a score mod kind; valid: 0 none, 1 alibi, 2 softcap"), BuildError);
-  // the pre-pass declares its own parameters, then the mask's in mask_parameter_names order
-  for (int kind = 0; kind < km::kMaskKindCount; ++kind) {
-    const ir::Function fn = km::attention_block_mask().build({{"MASK", kind}});
+  // the classification declares its own parameters, then the mask's in mask_parameter_names order;
+  // the lists kernel the classes and the four lists of its order
+  auto names_of = [](const ir::Function& fn) {
     std::vector<std::string> names;
     for (const auto& p : fn.params) names.push_back(p.name);
-    std::vector<std::string> want{"block_classes", "kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "S_q", "S_k"};
+    return names;
+  };
+  for (int kind = 0; kind < km::kMaskKindCount; ++kind) {
+    std::vector<std::string> want{"block_classes", "S_q", "S_k"};
     for (const std::string& n : km::mask_parameter_names(static_cast<MaskKind>(kind))) want.push_back(n);
-    CHECK(names == want);
+    CHECK(names_of(km::attention_block_classes().build({{"MASK", kind}})) == want);
   }
+  CHECK(names_of(km::attention_block_lists().build()) ==
+        std::vector<std::string>{"block_classes", "kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"});
+  CHECK(names_of(km::attention_block_lists().build({{"KV_MAJOR", true}})) ==
+        std::vector<std::string>{"block_classes", "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"});
 }
 
 TEST_CASE("the pre-pass and a masked kernel lower to PTX that ptxas assembles for sm_90a") {
@@ -698,9 +707,10 @@ TEST_CASE("the pre-pass and a masked kernel lower to PTX that ptxas assembles fo
   };
   const std::vector<Case> cases = {
       // the attention forward's tiles and warps (a [128, 128] tile per iteration: 4 warps spill)
-      {"attention_block_mask causal_document 128x128", km::attention_block_mask().build({{"MASK", static_cast<int>(MaskKind::causal_document)}}), 8},
-      {"attention_block_mask block_sparse KV_MAJOR 64x128",
-       km::attention_block_mask().build({{"MASK", static_cast<int>(MaskKind::block_sparse)}, {"KV_MAJOR", true}, {"BLOCK_M", 64}})},
+      {"attention_block_classes causal_document 128x128", km::attention_block_classes().build({{"MASK", static_cast<int>(MaskKind::causal_document)}}), 8},
+      {"attention_block_classes block_sparse 64x128",
+       km::attention_block_classes().build({{"MASK", static_cast<int>(MaskKind::block_sparse)}, {"BLOCK_M", 64}})},
+      {"attention_block_lists KV_MAJOR", km::attention_block_lists().build({{"KV_MAJOR", true}})},
       {"mask_tiles share_question 64x64", mask_tiles_kernel().build({{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"MASK", static_cast<int>(MaskKind::share_question)}})},
       {"mask_tile_ranges global_sliding_window", tile_ranges_kernel().build({{"MASK", static_cast<int>(MaskKind::global_sliding_window)}})},
       {"masked_attention prefix_lm alibi 32x32",

@@ -1,6 +1,6 @@
 // Library masks in the attention backward (issue 8 part 1; kernels/attention_backward.hpp, MASK): for
 // every MaskKind, a float64 masked forward (O, LSE) on the host, then the preprocess, the
-// attention_block_mask pre-pass (both orders, for the kinds without tile intervals), dK/dV and dQ in
+// block-mask pre-pass (both orders, for the kinds without tile intervals), dK/dV and dQ in
 // the interpreter, against the float64 gradients with the host's dense mask (kernels/
 // attention_mask_host.hpp). Small ragged bf16 shapes (S_q != S_k both ways), 16x16 / 32x16 / 16x32
 // tiles, grouped-query heads, per-head block tables, per-batch documents and prefixes, two-run
@@ -105,7 +105,7 @@ std::vector<Problem> problems() {
   return ps;
 }
 
-// The attention_block_mask pre-pass at the problem's (backward kernels') tiles, in the interpreter.
+// The block-mask pre-pass at the problem's (backward kernels') tiles, in the interpreter.
 testing::BlockMaskRun block_lists(const Problem& p, const testing::MaskArgs& mask, bool kv_major) {
   return testing::BlockMaskRun(p.spec, p.data(), mask, p.B, p.Sq, p.Sk, p.bm, p.bn, kv_major);
 }

@@ -405,17 +405,22 @@ TEST_CASE("gpu: attention forward with library masks (interval skipping, pre-pas
       full_num = HostTensor(i32, {mb, mh, nb}), full_idx = HostTensor(i32, {mb, mh, nb, nb});
       for (HostTensor* t : {&classes, &num, &idx, &full_num, &full_idx})  // (entries past a count stay 0)
         for (int64_t e = 0; e < t->numel(); ++e) t->set_flat(e, 0);
-      std::vector<HostArg> pre{&classes, &num, &idx, &full_num, &full_idx, S, S};
+      // the pre-pass: classes, then lists; GPU == interpreter, bit for bit, then the interpreter's
+      // outputs feed the next step and the forward
+      auto step = [&](const ir::Function& fn, runtime::Grid grid, const std::vector<HostArg>& a) {
+        check_against_interpreter(fn, grid, a, 0.0, o);
+        std::vector<runtime::Arg> ref;
+        for (const HostArg& x : a) {
+          if (auto* t = std::get_if<HostTensor*>(&x)) ref.emplace_back(**t);
+          else ref.emplace_back(std::get<int64_t>(x));
+        }
+        runtime::interpret(fn, grid, ref);
+      };
+      std::vector<HostArg> pre{&classes, S, S};
       pre.insert(pre.end(), mask_args.begin(), mask_args.end());
-      const ir::Function pre_fn =
-          kernels::attention_block_mask().build({{"BLOCK_M", BM}, {"BLOCK_N", BN}, {"MASK", static_cast<int>(kind)}});
-      check_against_interpreter(pre_fn, {nb, mh, mb}, pre, 0.0, o);  // GPU == interpreter, bit for bit
-      std::vector<runtime::Arg> ref;  // the lists the forward reads: the interpreter's
-      for (const HostArg& a : pre) {
-        if (auto* t = std::get_if<HostTensor*>(&a)) ref.emplace_back(**t);
-        else ref.emplace_back(std::get<int64_t>(a));
-      }
-      runtime::interpret(pre_fn, {nb, mh, mb}, ref);
+      step(kernels::attention_block_classes().build({{"BLOCK_M", BM}, {"BLOCK_N", BN}, {"MASK", static_cast<int>(kind)}}),
+           {nb, nb, mb * mh}, pre);
+      step(kernels::attention_block_lists().build(), {nb, mh, mb}, {&classes, &num, &idx, &full_num, &full_idx});
       for (HostTensor* t : {&num, &idx, &full_num, &full_idx}) args.emplace_back(t);
     }
     check_against_interpreter(
