@@ -592,7 +592,7 @@ int bench_masks(int max_reps) {
           full_num{ir::DType::i32, num_sizes, num_strides, base + n_bytes + i_bytes, 0},
           full_idx{ir::DType::i32, cls_sizes, cls_strides, base + 2 * n_bytes + i_bytes, 0},
           classes{ir::DType::u8, cls_sizes, cls_strides, base + 2 * (n_bytes + i_bytes), 0};
-      double prepass_ms = 0;  // kinds with tile intervals have no pre-pass
+      double prepass_ms = 0, classes_ms = 0;  // kinds with tile intervals have no pre-pass
       if (!kernels::mask_has_tile_intervals(r.kind)) {
         // the pre-pass: classes (one program per tile), then the lists (one per query tile)
         Function classify(kernels::attention_block_classes(), {{"BLOCK_M", BM}, {"BLOCK_N", BN}, {"MASK", static_cast<int>(r.kind)}}, o);
@@ -607,8 +607,10 @@ int bench_masks(int max_reps) {
           build_lists.launch({nb, 1, B}, stream.handle(), largs);
         };
         pre();
-        // what one pre-pass costs (the backward runs one more per call, at its kernels' tiles)
+        // what one pre-pass costs (the backward runs one more per call, at its kernels' tiles), and
+        // its classification alone
         prepass_ms = time_ms(pre, stream, max_reps);
+        classes_ms = time_ms([&] { classify.launch({nb, nb, B}, stream.handle(), cargs); }, stream, max_reps);
         for (const auto& t : {num, idx, full_num, full_idx}) args.emplace_back(t);
       }
       const runtime::Grid grid{nb, H, B};
@@ -640,10 +642,10 @@ int bench_masks(int max_reps) {
                                            stream, max_reps);
       const double bwd_flop = 2.5 * 4.0 * static_cast<double>(D) * static_cast<double>(allowed);
       std::printf("MASK name=%s S=%ld B=%ld H=%ld D=%ld density=%.4f fwd_ms=%.4f fwd_tflops=%.1f bwd_ms=%.4f bwd_tflops=%.1f "
-                  "bwd_atomic_ms=%.4f bwd_atomic_tflops=%.1f fwd_prepass_ms=%.4f\n",
+                  "bwd_atomic_ms=%.4f bwd_atomic_tflops=%.1f fwd_prepass_ms=%.4f fwd_prepass_classes_ms=%.4f\n",
                   r.label, static_cast<long>(S), static_cast<long>(B), static_cast<long>(H), static_cast<long>(D),
                   static_cast<double>(allowed) / (static_cast<double>(B * H) * double(S) * double(S)), ms, tflops, bwd_ms,
-                  bwd_flop / (bwd_ms * 1e-3) / 1e12, bwd_atomic_ms, bwd_flop / (bwd_atomic_ms * 1e-3) / 1e12, prepass_ms);
+                  bwd_flop / (bwd_ms * 1e-3) / 1e12, bwd_atomic_ms, bwd_flop / (bwd_atomic_ms * 1e-3) / 1e12, prepass_ms, classes_ms);
       std::fflush(stdout);
     }
   }
