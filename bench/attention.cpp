@@ -611,6 +611,13 @@ int bench_masks(int max_reps) {
         // its classification alone
         prepass_ms = time_ms(pre, stream, max_reps);
         classes_ms = time_ms([&] { classify.launch({nb, nb, B}, stream.handle(), cargs); }, stream, max_reps);
+        for (int t : {4, 16}) {  // the classification with TILES key tiles per program
+          Function ct(kernels::attention_block_classes(), {{"BLOCK_M", BM}, {"BLOCK_N", BN}, {"MASK", static_cast<int>(r.kind)}, {"TILES", t}}, o);
+          const int64_t gy = (nb + t - 1) / t;
+          ct.launch({nb, gy, B}, stream.handle(), cargs);
+          std::printf("MASK_CLASSES name=%s S=%ld tiles=%d ms=%.4f\n", r.label, static_cast<long>(S), t,
+                      time_ms([&] { ct.launch({nb, gy, B}, stream.handle(), cargs); }, stream, max_reps));
+        }
         for (const auto& t : {num, idx, full_num, full_idx}) args.emplace_back(t);
       }
       const runtime::Grid grid{nb, H, B};

@@ -309,19 +309,27 @@ std::array<std::string, 4> list_names(bool kv_major) {
 Kernel block_classes_kernel(std::string name, std::function<MaskMod(Builder&)> declare_mask) {
   return kernel(std::move(name), [declare_mask](Builder& kb) {
     const int64_t BM = kb.meta<int>("BLOCK_M", 128), BN = kb.meta<int>("BLOCK_N", 128);
+    // TILES: key tiles per program, in sequence (grid (nQB, cdiv(nKB, TILES), Bm * Hm))
+    const int64_t tiles = kb.meta<int>("TILES", 1);
+    if (tiles < 1) kb.fail(Loc::current(), fmt::format("TILES = {} must be at least 1", tiles));
     auto Classes = kb.tensor("block_classes", u8, 4);
     auto S_q = kb.scalar<int>("S_q"), S_k = kb.scalar<int>("S_k");
     const MaskMod mask = declare_mask(kb);
-    Tile qb = program_id(0), kb_ = program_id(1), heads = Classes.size(1);
+    Tile qb = program_id(0), heads = Classes.size(1), n_kb = Classes.size(3);
     Tile b = program_id(2) / heads, h = program_id(2) % heads;
-    Tile rows = qb * BM + arange(0, BM), cols = kb_ * BN + arange(0, BN);
-    MaskIndices idx = mask_indices(b, h, rows, cols, S_q, S_k);
-    Tile in_bounds = (rows < S_q)[col] & (cols < S_k)[row];
-    Tile allowed = sum(cast(i32, evaluate_mask(mask, idx) & in_bounds));
-    Tile elements = minimum(S_q - qb * BM, BM) * minimum(S_k - kb_ * BN, BN);
-    Tile is_full = allowed == elements, is_partial = (allowed > 0) & (allowed < elements);
-    Tile cls = where(is_full, static_cast<int32_t>(BlockClass::full), where(is_partial, static_cast<int32_t>(BlockClass::partial), static_cast<int32_t>(BlockClass::empty)));
-    store(element(Classes, {b, h, qb, kb_}), cast(u8, cls));
+    Tile rows = qb * BM + arange(0, BM);
+    auto classify = [&](const Tile& kb_) {
+      Tile cols = kb_ * BN + arange(0, BN);
+      MaskIndices idx = mask_indices(b, h, rows, cols, S_q, S_k);
+      Tile in_bounds = (rows < S_q)[col] & (cols < S_k)[row];
+      Tile allowed = sum(cast(i32, evaluate_mask(mask, idx) & in_bounds));
+      Tile elements = minimum(S_q - qb * BM, BM) * minimum(S_k - kb_ * BN, BN);
+      Tile is_full = allowed == elements, is_partial = (allowed > 0) & (allowed < elements);
+      Tile cls = where(is_full, static_cast<int32_t>(BlockClass::full), where(is_partial, static_cast<int32_t>(BlockClass::partial), static_cast<int32_t>(BlockClass::empty)));
+      store(element(Classes, {b, h, qb, kb_}), cast(u8, cls));
+    };
+    if (tiles == 1) classify(program_id(1));
+    else for_range(program_id(1) * tiles, minimum(program_id(1) * tiles + tiles, n_kb), [&](Tile kb_) { classify(kb_); });
   });
 }
 

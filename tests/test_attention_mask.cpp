@@ -485,9 +485,11 @@ TEST_CASE("user mask_mods: a custom mask and the and/or combinators through the 
   auto host = [](int64_t q, int64_t kk, int64_t s_q, int64_t s_k) { return (kk <= q + s_k - s_q && kk % 3 != 0) || kk == 5; };
   const km::MaskProblem pr{1, 1, 40, 45};
   const int64_t bm = 8, bn = 8, nq = 5, nk = 6;
+  for (int64_t tiles : {1, 4}) {  // TILES = 4: key tiles 0-3 and 4-5 (a ragged last program)
+  INFO("TILES=" << tiles);
   HostTensor classes(u8, {1, 1, nq, nk});
   classes.poison();
-  rt::interpret(k.build({{"BLOCK_M", bm}, {"BLOCK_N", bn}}), {nq, nk, 1}, {classes, pr.s_q, pr.s_k});
+  rt::interpret(k.build({{"BLOCK_M", bm}, {"BLOCK_N", bn}, {"TILES", tiles}}), {nq, (nk + tiles - 1) / tiles, 1}, {classes, pr.s_q, pr.s_k});
   const auto got = ints_of(classes);
   int counts[3] = {0, 0, 0};
   for (int64_t qb = 0; qb < nq; ++qb)
@@ -501,6 +503,7 @@ TEST_CASE("user mask_mods: a custom mask and the and/or combinators through the 
     }
   CHECK(counts[1] > 0);  // empty and partial tiles occur (no tile is full: every third key is masked)
   CHECK(counts[0] > 0);
+  }
   // a mask_mod that does not return i1 is a build error
   const Kernel bad = km::block_classes_kernel("bad_mask", [](Builder&) { return [](const km::MaskIndices& i) { return i.kv + 1; }; });
   CHECK_THROWS_WITH_AS(bad.build(), doctest::Contains("mask_mod: must return an i1 tile, got i32"), BuildError);
