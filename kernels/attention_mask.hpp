@@ -175,8 +175,8 @@ struct AttentionScoreMod {
 //
 // Two kernels. attention_block_classes (block_classes_kernel for a mask of one's own) classifies
 // every (query tile, key tile) by evaluating the mask over the [BLOCK_M, BLOCK_N] tile (in-bounds
-// elements only: BlockClass) and writes block_classes[b, h, qb, kb]; one program per tile, grid
-// (nQB, nKB, Bm * Hm). attention_block_lists then turns one row (KV_MAJOR: one column) of classes
+// elements only: BlockClass) and writes block_classes[b, h, qb, kb]; one program per TILES (meta,
+// default 1) key tiles, grid (nQB, cdiv(nKB, TILES), Bm * Hm). attention_block_lists then turns one row (KV_MAJOR: one column) of classes
 // into FlexAttention's lists: the partial inner tiles in increasing order at indices[b, h, outer,
 // 0..count), the full ones likewise; entries past the counts are not written. One program per
 // outer tile, grid (nOuter, Hm, Bm), 64 classes at a time (a prefix sum as a [64, 64] compare and
