@@ -155,6 +155,7 @@ struct Dims {
   bool lists = false;           // the mask needs the pre-pass (no tile intervals)
   int64_t mask_batch = 1, mask_heads = 1;  // the pre-pass grid's Bm, Hm: the mask tensor's extents
   PrePassLists fwd_lists, dkdv_lists, dq_lists;  // when `lists` (the backward's after Delta)
+  uint64_t lists_base = 0;  // options.block_mask's storage, where the lists are (0: the workspace; pre-passes run)
   // backward: options.dq_reduction and q_descending (the forward leaves them off), dK/dV's tiles,
   // and the reduction's buffers in the workspace: dQ_accum (atomic, ordered) or dQ_parts (split),
   // and the semaphores (ordered)
@@ -428,17 +429,72 @@ size_t delta_bytes(const Dims& d) {
   return round_up_256(static_cast<size_t>(n) * 4);
 }
 
+// Where a block mask's lists sit in its storage: the forward's, then dK/dV's and (recompute) dQ's,
+// each at its kernel's tiles for these options.
+struct BlockMaskLayout {
+  PrePassLists fwd, dkdv, dq;
+  bool has_dq = false;
+  size_t end = 0;
+};
+BlockMaskLayout block_mask_layout(const Checker& c, const Tensor& q, const Dims& d, const Options& opts) {
+  BlockMaskLayout l;
+  l.fwd = plan_lists(c, d, schedule_for(Pass::forward, q, d, opts), false, 0, q.device);
+  l.dkdv = plan_lists(c, d, schedule_for(Pass::bwd_dkdv, q, d, opts), true, l.fwd.end, q.device);
+  l.end = l.dkdv.end;
+  if (d.reduction == DqReduction::recompute) {
+    l.dq = plan_lists(c, d, schedule_for(Pass::bwd_dq, q, d, opts), false, l.end, q.device);
+    l.has_dq = true;
+    l.end = l.dq.end;
+  }
+  return l;
+}
+
+// options.block_mask for a call whose mask needs lists: built for this call (else a clear error),
+// then its lists are read from its storage.
+void use_block_mask(const Checker& c, const Tensor& q, const Options& opts, Dims& d, bool backward) {
+  const BlockMask& bm = *opts.block_mask;
+  if (bm.storage.data == 0) c.fail("options.block_mask has no storage: make it with build_block_mask");
+  if (bm.kind != d.mask)
+    c.fail("options.block_mask was built for mask {}, this call's mask is {}", kernels::mask_kind_name(bm.kind), kernels::mask_kind_name(d.mask));
+  if (bm.seq_q != d.seq_q || bm.seq_k != d.seq_k)
+    c.fail("options.block_mask was built for S_q = {}, S_k = {}; this call has S_q = {}, S_k = {}", bm.seq_q, bm.seq_k, d.seq_q, d.seq_k);
+  if (bm.mask_batch != d.mask_batch || bm.mask_heads != d.mask_heads)
+    c.fail("options.block_mask was built for mask extents Bm = {}, Hm = {}; this call's mask data has Bm = {}, Hm = {}", bm.mask_batch,
+           bm.mask_heads, d.mask_batch, d.mask_heads);
+  if (bm.device != q.device) c.fail("options.block_mask is on device {}, this call's tensors on device {}", bm.device, q.device);
+  const BlockMaskLayout l = block_mask_layout(c, q, d, opts);
+  const auto same = [&](const int64_t (&t)[2], const PrePassLists& p, const char* kernel) {
+    if (t[0] != p.block_m || t[1] != p.block_n)
+      c.fail("options.block_mask holds the {} lists at {}x{} tiles, but this call's {} kernel runs at {}x{} (build it with the "
+             "options of the calls: dropout, dq_reduction and schedule change the tiles)",
+             kernel, t[0], t[1], kernel, p.block_m, p.block_n);
+  };
+  same(bm.forward_tiles, l.fwd, "forward");  // (its size places the backward's lists)
+  if (backward) {
+    same(bm.dkdv_tiles, l.dkdv, "dK/dV");
+    if (l.has_dq) same(bm.dq_tiles, l.dq, "dQ");
+  }
+  if (bm.storage.bytes < l.end)
+    c.fail("options.block_mask.storage has {} bytes, its lists need {} (block_mask_bytes)", bm.storage.bytes, l.end);
+  d.lists_base = bm.storage.data;
+  d.fwd_lists = l.fwd;
+  d.dkdv_lists = l.dkdv;
+  d.dq_lists = l.dq;
+}
+
 // The workspace of a checked call. Forward: the pre-pass lists (opts.mask of a kind without tile
-// intervals) at offset 0. Backward: Delta; the lists of dK/dV (and, with recompute, of dQ: the
+// intervals) at offset 0, unless options.block_mask holds them. Backward: Delta; the lists of dK/dV (and, with recompute, of dQ: the
 // reductions run no dQ kernel); then the reduction's dQ_accum or dQ_parts, and the semaphores.
 void plan_workspace(const Checker& c, const Tensor& q, const Options& opts, Dims& d, bool backward) {
+  if (d.lists && opts.block_mask) use_block_mask(c, q, opts, d, backward);
+  const bool lists_here = d.lists && d.lists_base == 0;  // in the workspace, written by this call's pre-passes
   if (!backward) {
-    if (d.lists) d.fwd_lists = plan_lists(c, d, schedule_for(Pass::forward, q, d, opts), false, 0, q.device);
+    if (lists_here) d.fwd_lists = plan_lists(c, d, schedule_for(Pass::forward, q, d, opts), false, 0, q.device);
     return;
   }
   d.dkdv = schedule_for(Pass::bwd_dkdv, q, d, opts);
   size_t at = delta_bytes(d);
-  if (d.lists) {
+  if (lists_here) {
     d.dkdv_lists = plan_lists(c, d, d.dkdv, true, at, q.device);
     at = d.dkdv_lists.end;
     if (d.reduction == DqReduction::recompute) {
@@ -469,7 +525,7 @@ void plan_workspace(const Checker& c, const Tensor& q, const Options& opts, Dims
   d.backward_end = at;
 }
 
-size_t forward_bytes(const Dims& d) { return d.lists ? d.fwd_lists.end : 0; }
+size_t forward_bytes(const Dims& d) { return d.lists && d.lists_base == 0 ? d.fwd_lists.end : 0; }
 size_t backward_bytes(const Dims& d) { return d.backward_end; }
 
 void check_workspace(const Checker& c, const Workspace& ws, size_t need, const char* sizer) {
@@ -1045,6 +1101,13 @@ size_t backward_workspace_bytes(const Tensor& q, const Tensor& k, const Options&
   return backward_bytes(workspace_dims("backward_workspace_bytes", q, &k, opts, true));
 }
 
+size_t block_mask_bytes(const Tensor& q, const Tensor& k, const Options& opts) {
+  Options o = opts;
+  o.block_mask = nullptr;  // (sizing a new one)
+  const Dims d = workspace_dims("block_mask_bytes", q, &k, o, true);
+  return d.lists ? block_mask_layout(Checker("block_mask_bytes"), q, d, o).end : 0;
+}
+
 namespace {
 
 // The tensors and scalars every kernel of a call may take (views point into the callers' Tensors).
@@ -1191,17 +1254,18 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
     bind_common(b, q, k, v, o, lse, d, opts);
     bind_mask(b, opts, d);
     bind_score_mod(b, opts, d);
-    if (d.lists) bind_lists(b, d.fwd_lists, base);
+    if (d.lists) bind_lists(b, d.fwd_lists, d.lists_base ? d.lists_base : base);
     return b;
   };
   Bindings b = bind(workspace.data ? workspace.data : kPlaceholder);
   std::optional<PrePass> pre;
-  if (d.lists) pre = pre_pass(d.fwd_lists, opts, d, workspace.data ? workspace.data : kPlaceholder);
+  const bool pre_passes = d.lists && d.lists_base == 0;  // (options.block_mask: built already)
+  if (pre_passes) pre = pre_pass(d.fwd_lists, opts, d, workspace.data ? workspace.data : kPlaceholder);
   if (pre) launch(*pre, stream, true);
   launch(fn, grid, stream, b, true);
   require_gpu("forward", q.device);
   runtime::DeviceBuffer owned;
-  if (d.lists && workspace.data == 0) {
+  if (pre_passes && workspace.data == 0) {
     owned = runtime::DeviceBuffer(forward_bytes(d), q.device);
     b = bind(owned.ptr());
     pre = pre_pass(d.fwd_lists, opts, d, owned.ptr());
@@ -1235,15 +1299,16 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                                        std::span<const int64_t>(dstrides.data(), drank), base, q.device});
     bind_mask(b, opts, d);
     bind_score_mod(b, opts, d);
+    const uint64_t lists_at = d.lists_base ? d.lists_base : base;
     if (d.lists) {
-      bind_lists(b, d.dkdv_lists, base);
-      if (!reduce) bind_lists(b, d.dq_lists, base);
+      bind_lists(b, d.dkdv_lists, lists_at);
+      if (!reduce) bind_lists(b, d.dq_lists, lists_at);
     }
     if (reduce) {
       b.add(d.reduction == DqReduction::split ? "dqparts" : "dqaccum", d.dq_ws.view(base, q.device));
       if (d.reduction == DqReduction::ordered) b.add("dqsemaphores", d.dq_sem.view(base, q.device));
       b.add("sk", static_cast<int32_t>(d.seq_k));  // the reduce kernel's S_k
-      if (d.lists) b.add("blockclasses", d.dkdv_lists.classes(base));  // (the reduce kernel's: dK/dV's pre-pass writes them)
+      if (d.lists) b.add("blockclasses", d.dkdv_lists.classes(lists_at));  // (the reduce kernel's: dK/dV's pre-pass writes them)
     }
     return b;
   };
@@ -1271,7 +1336,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   const auto run = [&](uint64_t base, bool dry) {
     const Bindings b = bind(base);
     std::optional<PrePass> kv_lists, dq_lists;
-    if (d.lists) {
+    if (d.lists && d.lists_base == 0) {
       kv_lists = pre_pass(d.dkdv_lists, opts, d, base);
       if (!reduce) dq_lists = pre_pass(d.dq_lists, opts, d, base, &d.dkdv_lists);  // dK/dV's classes at the same tiles
     }
@@ -1391,6 +1456,36 @@ void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen,
       block_lists_function(l).compiled();
     }
   }
+}
+
+BlockMask build_block_mask(const Tensor& q, const Tensor& k, const Options& opts, Workspace storage, CUstream stream) {
+  const Checker c("build_block_mask");
+  Options o = opts;
+  o.block_mask = nullptr;  // (building a new one)
+  const Dims d = workspace_dims("build_block_mask", q, &k, o, true);
+  BlockMask bm;
+  bm.storage = storage;
+  bm.kind = d.mask;
+  bm.seq_q = d.seq_q;
+  bm.seq_k = d.seq_k;
+  bm.mask_batch = d.mask_batch;
+  bm.mask_heads = d.mask_heads;
+  bm.device = q.device;
+  if (!d.lists) return bm;  // a mask with tile intervals (or none): the calls build nothing either
+  const BlockMaskLayout l = block_mask_layout(c, q, d, o);
+  if (storage.data == 0 || storage.bytes < l.end)
+    c.fail("storage has {} bytes at {:#x}; the lists need {} bytes of device memory (block_mask_bytes(q, k, opts))", storage.bytes,
+           storage.data, l.end);
+  if (storage.data % kAlign != 0) c.fail("storage address {:#x} is not a multiple of {} bytes", storage.data, kAlign);
+  bm.forward_tiles[0] = l.fwd.block_m, bm.forward_tiles[1] = l.fwd.block_n;
+  bm.dkdv_tiles[0] = l.dkdv.block_m, bm.dkdv_tiles[1] = l.dkdv.block_n;
+  if (l.has_dq) bm.dq_tiles[0] = l.dq.block_m, bm.dq_tiles[1] = l.dq.block_n;
+  std::vector<PrePass> passes{pre_pass(l.fwd, o, d, storage.data), pre_pass(l.dkdv, o, d, storage.data)};
+  if (l.has_dq) passes.push_back(pre_pass(l.dq, o, d, storage.data, &l.dkdv));  // dK/dV's classes when the tiles agree
+  for (const PrePass& p : passes) launch(p, stream, true);
+  require_gpu("build_block_mask", q.device);
+  for (const PrePass& p : passes) launch(p, stream, false);
+  return bm;
 }
 
 }  // namespace tilejit::attention

@@ -157,6 +157,9 @@ struct Options {
   // (forward_workspace_bytes, backward_workspace_bytes); the other kinds classify tiles in the
   // kernels themselves.
   std::optional<Mask> mask;
+  // A block mask built for these options (build_block_mask): the calls read its lists and run no
+  // pre-pass (nor need workspace for lists). Caller-owned; must outlive the calls' work.
+  const struct BlockMask* block_mask = nullptr;
   ScoreMod score_mod;  // none by default (see ScoreMod)
   // Backward only (the forward ignores both): how dQ is summed over key tiles (see DqReduction;
   // atomic, split and ordered need dense batches, ordered the full or causal mask). The
@@ -188,6 +191,33 @@ struct Workspace {
   uint64_t data = 0;  // 16-byte aligned device memory on q's device; 0: allocate per call
   size_t bytes = 0;
 };
+
+// A block mask built once and reused (what FlexAttention's create_block_mask returns): the
+// block-mask pre-pass's lists for a forward and a backward with these options (opts.mask of a
+// kind without tile intervals: document, causal_document, share_question, causal_blockwise,
+// block_sparse), in caller memory. Calls with opts.block_mask = &it launch no pre-pass and keep no
+// lists in their workspace -- e.g. build it once per step and use it in every layer's forward and
+// backward. The lists describe the mask's data (doc ids, prefix lengths, block table) as it was
+// when built: rebuild after changing it. A call checks that it was built for its mask kind,
+// sequence lengths, mask extents, device and kernel tiles (dropout, dq_reduction and a schedule
+// change the backward's tiles: build with the options the calls use) and throws
+// std::invalid_argument naming what differs.
+struct BlockMask {
+  Workspace storage;  // block_mask_bytes(q, k, opts) bytes
+  // what it was built for
+  kernels::MaskKind kind = kernels::MaskKind::full;
+  int64_t seq_q = 0, seq_k = 0, mask_batch = 0, mask_heads = 0;
+  int device = 0;
+  // the tiles (BLOCK_M x BLOCK_N) of the kernels whose lists it holds: the forward, dK/dV and,
+  // with dq_reduction = recompute, dQ (0 x 0: none)
+  int64_t forward_tiles[2] = {0, 0}, dkdv_tiles[2] = {0, 0}, dq_tiles[2] = {0, 0};
+};
+// Bytes build_block_mask needs (0 for masks with tile intervals: nothing to build).
+size_t block_mask_bytes(const Tensor& q, const Tensor& k, const Options& opts);
+// Runs the pre-passes of a forward and a backward with these options into `storage`, on `stream`
+// (asynchronous), and returns what the calls pass as opts.block_mask. Checks opts against q and k
+// as forward does (std::invalid_argument), and `storage` (size, alignment).
+BlockMask build_block_mask(const Tensor& q, const Tensor& k, const Options& opts, Workspace storage, CUstream stream = nullptr);
 
 // O = softmax(scale * Q K^T [masked]) V and LSE = logsumexp of each row (natural log), on `stream`
 // (asynchronous). q: [B, S_q, Hq, D], k, v: [B, S_k, Hkv, D] (Hq a multiple of Hkv: grouped- and

@@ -652,6 +652,79 @@ TEST_CASE("attention API: masks, valid calls and the workspace") {
             .find("k must be rank 4") != std::string::npos);
 }
 
+// A block mask built once (block_mask_bytes, build_block_mask) and passed as options.block_mask:
+// its size, the workspace the calls then need, and every mismatch a call refuses.
+TEST_CASE("attention API: a block mask built once (options.block_mask)") {
+  Call c = masked_call(MaskKind::document);  // S_q 100, S_k 300, doc ids [2, 300]: Bm = 2, Hm = 1
+  // the forward's lists at 128 x 128, then dK/dV's and dQ's at 64 x 64: 1280 bytes each (five
+  // arrays rounded up to 256)
+  const size_t bytes = block_mask_bytes(c.q, c.k, c.opts);
+  CHECK(bytes == 3 * 1280);
+  CHECK(block_mask_bytes(c.q, c.k, masked_call(MaskKind::sliding_window).opts) == 0);  // intervals: nothing to build
+  Options atomic = c.opts;
+  atomic.dq_reduction = DqReduction::atomic;
+  CHECK(block_mask_bytes(c.q, c.k, atomic) == 2 * 1280);  // no dQ kernel, no dQ lists
+  // what build_block_mask returns for these options
+  const BlockMask bm{Workspace{kBase + 0xa000000, bytes}, MaskKind::document, 100, 300, 2, 1, 0, {128, 128}, {64, 64}, {64, 64}};
+  c.opts.block_mask = &bm;
+  CHECK(forward_workspace_bytes(c.q, c.k, c.opts) == 0);     // no lists in the workspace
+  CHECK(backward_workspace_bytes(c.q, c.k, c.opts) == 6400);  // Delta alone
+  CHECK_NOTHROW(c.check_fwd());
+  if (backward_available()) CHECK_NOTHROW(c.check_bwd());
+  const auto refused = [&](BlockMask other, const std::string& what) {
+    Call x = c;
+    x.opts.block_mask = &other;
+    CHECK(error_of([&] { x.check_fwd(); }).find(what) != std::string::npos);
+  };
+  BlockMask other = bm;
+  other.kind = MaskKind::causal_document;
+  refused(other, "tilejit::attention::forward: options.block_mask was built for mask causal_document, this call's mask is document");
+  other = bm;
+  other.seq_k = 200;
+  refused(other, "options.block_mask was built for S_q = 100, S_k = 200; this call has S_q = 100, S_k = 300");
+  other = bm;
+  other.mask_batch = 1;
+  refused(other, "options.block_mask was built for mask extents Bm = 1, Hm = 1; this call's mask data has Bm = 2, Hm = 1");
+  other = bm;
+  other.forward_tiles[1] = 64;
+  refused(other, "options.block_mask holds the forward lists at 128x64 tiles, but this call's forward kernel runs at 128x128");
+  other = bm;
+  other.storage.bytes = bytes - 1;
+  refused(other, fmt::format("options.block_mask.storage has {} bytes, its lists need {} (block_mask_bytes)", bytes - 1, bytes));
+  other = bm;
+  other.storage = {};
+  refused(other, "options.block_mask has no storage: make it with build_block_mask");
+  if (backward_available()) {
+    // dropout keeps the 8-warp backward tiles (dK/dV 64 x 128): a block mask built without it does not fit
+    Call x = c;
+    x.opts.dropout_p = 0.1;
+    CHECK_NOTHROW(x.check_fwd());  // (the forward's tiles are the same)
+    CHECK_BWD_ERROR(x, "options.block_mask holds the dK/dV lists at 64x64 tiles, but this call's dK/dV kernel runs at 64x128 (build "
+                       "it with the options of the calls");
+  }
+  // build_block_mask: its storage checked first, then a GPU needed
+  Options plain = c.opts;
+  plain.block_mask = nullptr;
+  CHECK(error_of([&] { (void)build_block_mask(c.q, c.k, plain, Workspace{kBase + 0xa000000, 100}); })
+            .find(fmt::format("tilejit::attention::build_block_mask: storage has 100 bytes at 0x7f000a000000; the lists need {} bytes",
+                              bytes)) != std::string::npos);
+  CHECK(error_of([&] { (void)build_block_mask(c.q, c.k, plain, Workspace{kBase + 0xa000004, bytes + 16}); })
+            .find("storage address 0x7f000a000004 is not a multiple of 16 bytes") != std::string::npos);
+  if (!runtime::Driver::get().available()) {
+    CHECK_THROWS_AS((void)build_block_mask(c.q, c.k, plain, Workspace{kBase + 0xa000000, bytes}), runtime::DeviceError);
+    CHECK_THROWS_AS(forward(c.q, c.k, c.v, c.o, c.lse, c.opts), runtime::DeviceError);  // after the launch checks
+  }
+  // a mask with intervals: an empty block mask, which the calls ignore
+  Call w = masked_call(MaskKind::sliding_window);
+  Options wo = w.opts;
+  if (!runtime::Driver::get().available()) {
+    const BlockMask none = build_block_mask(w.q, w.k, wo, {});
+    CHECK(none.kind == MaskKind::sliding_window);
+    w.opts.block_mask = &none;
+    CHECK_NOTHROW(w.check_fwd());
+  }
+}
+
 TEST_CASE("attention API: mask errors") {
   // the kind
   Call c;

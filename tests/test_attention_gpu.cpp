@@ -912,6 +912,61 @@ TEST_CASE("gpu: attention API, mask kind causal equals options.causal bit for bi
   }
 }
 
+// options.block_mask: a block mask built once (build_block_mask) gives the same outputs, bit for
+// bit, as the calls' own pre-passes: forward, backward with dQ recomputed (dK/dV's and dQ's lists)
+// and with split (the reduce kernel reads the block mask's classes); causal document ids with
+// ragged documents, S_q != S_k, GQA; the same block mask serves two forward/backward rounds.
+TEST_CASE("gpu: attention API, a block mask built once equals the calls' own pre-passes bit for bit") {
+  if (const auto& drv = runtime::Driver::get(); !drv.available()) {
+    MESSAGE("SKIPPED: no GPU: " << drv.unavailable_reason());
+    return;
+  }
+  if (!attention::masks_supported() || !attention::backward_available()) {
+    MESSAGE("SKIPPED: the attention kernels have no MASK meta or no backward");
+    return;
+  }
+  const AttentionCase c{2, 4, 2, 300, 450, 64, false, true};
+  HostTensor q(ir::DType::bf16, c.shape(c.Hq, c.Sq)), kk(ir::DType::bf16, c.shape(c.Hkv, c.Sk)), v(ir::DType::bf16, c.shape(c.Hkv, c.Sk)),
+      dout(ir::DType::bf16, c.shape(c.Hq, c.Sq)), docs(ir::DType::i32, {c.B, c.Sk});
+  q.fill_normal(1, 0, 1);
+  kk.fill_normal(2, 0, 1);
+  v.fill_normal(3, 0, 1);
+  dout.fill_normal(4, 0, 1);
+  for (int64_t b = 0; b < c.B; ++b)  // documents of 70 + 37 b tokens
+    for (int64_t t = 0; t < c.Sk; ++t) docs.set({b, t}, static_cast<double>(t / (70 + 37 * b)));
+  auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v),
+       d_do = DeviceTensor::from_host(dout), d_docs = DeviceTensor::from_host(docs);
+  const auto Q = api_view(d_q, false), K = api_view(d_k, false), V = api_view(d_v, false), dO = api_view(d_do, false);
+  for (attention::DqReduction reduction : {attention::DqReduction::recompute, attention::DqReduction::split}) {
+    INFO("dq_reduction " << static_cast<int>(reduction));
+    attention::Options opts;
+    opts.mask = attention::Mask{kernels::MaskSpec::causal_document(), api_view(d_docs, false), {}, {}};
+    opts.dq_reduction = reduction;
+    runtime::DeviceBuffer storage(attention::block_mask_bytes(Q, K, opts));
+    runtime::Stream stream;
+    const attention::BlockMask bm = attention::build_block_mask(Q, K, opts, {storage.ptr(), storage.bytes()}, stream.handle());
+    std::vector<std::vector<double>> outputs[3];  // the calls' own pre-passes, then the block mask twice
+    for (int way = 0; way < 3; ++way) {
+      auto d_o = DeviceTensor::empty_like(q), d_dq = DeviceTensor::empty_like(q), d_dk = DeviceTensor::empty_like(kk),
+           d_dv = DeviceTensor::empty_like(v), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
+      attention::Options o = opts;
+      if (way > 0) o.block_mask = &bm;
+      attention::forward(Q, K, V, api_view(d_o, false), api_view(d_lse, false), o, stream.handle());
+      attention::backward(Q, K, V, api_view(d_o, false), dO, api_view(d_lse, false), api_view(d_dq, false), api_view(d_dk, false),
+                          api_view(d_dv, false), o, stream.handle());
+      stream.synchronize();
+      for (DeviceTensor* t : {&d_o, &d_lse, &d_dq, &d_dk, &d_dv}) outputs[way].push_back(t->to_host().to_f64());
+    }
+    for (size_t i = 0; i < outputs[0].size(); ++i) {
+      INFO("output " << i << " (o, lse, dq, dk, dv)");
+      CHECK(std::ranges::none_of(outputs[0][i], [](double x) { return std::isnan(x); }));
+      CHECK(std::ranges::any_of(outputs[0][i], [](double x) { return x != 0.0; }));
+      CHECK(outputs[1][i] == outputs[0][i]);
+      CHECK(outputs[2][i] == outputs[0][i]);
+    }
+  }
+}
+
 // Every masked case of the sweep passes the API's checks as the sweep calls it (tensors at fake
 // addresses in the case's layout, the mask's tensors, workspaces of the sizes the API asks for):
 // the GPU run then tests the kernels, not the case generator (no GPU needed).
