@@ -474,8 +474,10 @@ void use_block_mask(const Checker& c, const Tensor& q, const Options& opts, Dims
     same(bm.dkdv_tiles, l.dkdv, "dK/dV");
     if (l.has_dq) same(bm.dq_tiles, l.dq, "dQ");
   }
-  if (bm.storage.bytes < l.end)
-    c.fail("options.block_mask.storage has {} bytes, its lists need {} (block_mask_bytes)", bm.storage.bytes, l.end);
+  // (a forward knows no dq_reduction: it reads only the forward's lists, at the start)
+  const size_t need = backward ? l.end : l.fwd.end;
+  if (bm.storage.bytes < need)
+    c.fail("options.block_mask.storage has {} bytes, its lists need {} (block_mask_bytes)", bm.storage.bytes, need);
   d.lists_base = bm.storage.data;
   d.fwd_lists = l.fwd;
   d.dkdv_lists = l.dkdv;

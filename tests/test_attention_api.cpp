@@ -689,8 +689,22 @@ TEST_CASE("attention API: a block mask built once (options.block_mask)") {
   other.forward_tiles[1] = 64;
   refused(other, "options.block_mask holds the forward lists at 128x64 tiles, but this call's forward kernel runs at 128x128");
   other = bm;
-  other.storage.bytes = bytes - 1;
-  refused(other, fmt::format("options.block_mask.storage has {} bytes, its lists need {} (block_mask_bytes)", bytes - 1, bytes));
+  other.storage.bytes = 1279;  // the forward reads the first 1280
+  refused(other, "options.block_mask.storage has 1279 bytes, its lists need 1280 (block_mask_bytes)");
+  if (backward_available()) {
+    Call x = c;
+    other.storage.bytes = bytes - 1;
+    x.opts.block_mask = &other;
+    const std::string want = fmt::format("options.block_mask.storage has {} bytes, its lists need {} (block_mask_bytes)", bytes - 1, bytes);
+    CHECK_BWD_ERROR(x, want.c_str());
+    // built for split (no dQ lists): a forward takes it, a recompute backward does not
+    other = bm;
+    other.storage.bytes = 2 * 1280;
+    other.dq_tiles[0] = other.dq_tiles[1] = 0;
+    x.opts.block_mask = &other;
+    CHECK_NOTHROW(x.check_fwd());
+    CHECK_BWD_ERROR(x, "options.block_mask holds the dQ lists at 0x0 tiles, but this call's dQ kernel runs at 64x64");
+  }
   other = bm;
   other.storage = {};
   refused(other, "options.block_mask has no storage: make it with build_block_mask");
