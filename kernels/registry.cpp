@@ -3,6 +3,7 @@
 
 #include "kernels/attention.hpp"
 #include "kernels/attention_backward.hpp"
+#include "kernels/attention_mask.hpp"
 #include "kernels/dropout_mask.hpp"
 #include "kernels/gemm.hpp"
 
@@ -23,6 +24,13 @@ const std::vector<LibraryKernel>& library() {
       {"attention_bwd_dq", &attention_backward_dq, "attention backward: dQ per query block (no atomics)", {{"BLOCK_M", 64}, {"BLOCK_N", 64}}, 4, 2},
       {"attention_bwd_dq_convert", &attention_backward_dq_convert, "attention backward, DQ_REDUCTION=atomic: dQ = scale * dQ_accum (f32 workspace)", {{"BLOCK_M", 64}}, 4, 2},
       {"attention_bwd_dq_reduce", &attention_backward_dq_reduce, "attention backward, DQ_REDUCTION=split: dQ = scale * the parts in key tile order", {{"BLOCK_M", 64}, {"BLOCK_N", 128}}, 4, 2},
+      // the block-mask pre-pass at the API's schedules (forward tiles; the backward's: BLOCK_M=64,
+      // BLOCK_N=64, warps=4), so that bundles can ship it for masks without tile intervals
+      {"attention_block_classes", &attention_block_classes,
+       "block-mask pre-pass, step 1: every (query tile, key tile) of a library mask (MASK) classified empty/partial/full",
+       {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"TILES", 4}}, 8, 2},
+      {"attention_block_lists", &attention_block_lists, "block-mask pre-pass, step 2: FlexAttention-style block lists from the classes",
+       {{"KV_MAJOR", false}}, 4, 2},
       {"dropout_mask", &dropout_mask, "packed attention dropout keep-mask (Philox4x32-10, 1 bit per element, u32 words along keys)",
        {{"BLOCK_M", 64}, {"BLOCK_W", 4}}, 4, 3},
   };

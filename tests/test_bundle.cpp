@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "dsl/ir/sha256.hpp"
+#include "kernels/attention_mask.hpp"
 #include "runtime/bundle.hpp"
 #include "runtime/compile_cache.hpp"
 #include "runtime/driver.hpp"
@@ -192,6 +193,19 @@ TEST_CASE("bundle keys leave the compilers out and keep what changes the code") 
   CHECK(BundleEntrySpec::with_default_schedule("gemm", {{"BLOCK_N", 256}}).key() == k0);
   CHECK_THROWS_WITH_AS(BundleEntrySpec::with_default_schedule("no_such_kernel"),
                        doctest::Contains("'no_such_kernel' is not a library kernel (known: gemm"), std::invalid_argument);
+
+  // The block-mask pre-pass at its registry defaults is what the attention API compiles for a
+  // forward with a list mask (kernels/attention_api.cpp: 4 key tiles a program, 8 warps at
+  // 128 x 128, 2 stages; the lists on 4 warps), so a bundle entry `attention_block_classes:MASK=6`
+  // serves it with no compiler.
+  jit::CompileOptions api;
+  api.num_warps = 8;
+  api.pipeline.stages = 2;
+  CHECK(BundleEntrySpec::with_default_schedule("attention_block_classes", {{"MASK", 6}}).key() ==
+        runtime::bundle_key(kernels::attention_block_classes().build({{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"MASK", 6}, {"TILES", 4}}), api));
+  api.num_warps = 4;
+  CHECK(BundleEntrySpec::with_default_schedule("attention_block_lists", {{"KV_MAJOR", true}}).key() ==
+        runtime::bundle_key(kernels::attention_block_lists().build({{"KV_MAJOR", true}}), api));
 }
 
 TEST_CASE("write -> read -> verify: every field of every entry round-trips") {
