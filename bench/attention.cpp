@@ -345,6 +345,8 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps) {
         for (bool on : {false, true}) {
           lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D}, {"BLOCK_M", sch.block_m}, {"BLOCK_N", sch.block_n}, {"BSHD", true},
                           {"CAUSAL", causal}, {"DROPOUT", dropout}, {meta_name, on}};
+          // on top of the fma softmax, as the API launches it (softmax_scale > 0)
+          if (meta_name != "POSITIVE_SCALE") meta.emplace_back("POSITIVE_SCALE", true);
           jit::CompileOptions o;
           o.num_warps = sch.num_warps;
           o.pipeline.stages = sch.stages;
