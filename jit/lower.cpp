@@ -642,7 +642,7 @@ class Lowerer {
     check_shape(&op, f_.type(y));
     // Work meant to run while MMAs are in flight must not delay their issue: ptxas would otherwise
     // interleave it with the wgmma instructions of the group just committed (measured: 0.9x).
-    if (!pending_.empty()) blocks_.back()->insts[pending_.back().commit_at].imm |= pir::kCommitFenced;
+    if (!pending_.empty()) pending_.back().commit_block->insts[pending_.back().commit_at].imm |= pir::kCommitFenced;
     Regs r = get(x, *L);
     put(y, *L, emit_multi(Op::opaque, r, r.size(), pir::scalar(f_.type(y).dtype), 0));
   }
@@ -1766,7 +1766,7 @@ class Lowerer {
     // The group stays in flight until something reads the result (get() waits for it then), so
     // independent MMAs and the code between them overlap: e.g. dP^T = V dO^T runs while P^T's
     // exponentials are computed.
-    pending_.push_back({++committed_, op.results[0], LC, acc, ops_lowered_, blocks_.back()->insts.size() - 1});
+    pending_.push_back({++committed_, op.results[0], LC, acc, ops_lowered_, blocks_.back(), blocks_.back()->insts.size() - 1});
     if (w.a_staged) staged_a_group_ = committed_;
     put(op.results[0], LC, acc);
   }
@@ -1837,7 +1837,8 @@ class Lowerer {
     Layout layout;
     Regs regs;
     int64_t ops_at_issue = 0;  // ops_lowered_ when it was issued
-    size_t commit_at = 0;      // its wgmma_commit: index in the (current) block's instructions
+    pir::Block* commit_block = nullptr;  // its wgmma_commit: the block and the index there
+    size_t commit_at = 0;
   };
   // Waits until `v`'s group (if pending) is complete: wait_group(n) with n the groups committed
   // after it; every group it completes gets its registers redefined by the wait (the asm ties
