@@ -1008,15 +1008,10 @@ class Lowerer {
       emit0(Op::barrier, {});
     }
     reduce_staging_free_in_ = -1;
-    // Element (r, c) of chunk c / 32: row r's 128 bytes with 16-byte unit u stored at u ^ (r % 8)
-    // (the 128-byte swizzle TMA reads with).
+    // f32 element (r, c): 32 a swizzled row, the TMA add reads the chunks of 32 columns
     for (uint32_t r = 0; r < val.size(); ++r) {
       if (duplicate_reg(L, r)) continue;
-      V row = coord(L, r, 0), col = coord(L, r, 1);
-      V chunk = bin(Op::shr, col, ci32(5)), within = bin(Op::bit_and, col, ci32(31));
-      V unit = bin(Op::bit_xor, bin(Op::shr, within, ci32(2)), bin(Op::bit_and, row, ci32(7)));
-      V off = bin(Op::add, bin(Op::mul, chunk, ci32(red.chunk_bytes())),
-                  bin(Op::add, bin(Op::mul, row, ci32(128)), bin(Op::add, bin(Op::mul, unit, ci32(16)), bin(Op::mul, bin(Op::bit_and, within, ci32(3)), ci32(4)))));
+      V off = swizzled_offset(coord(L, r, 0), coord(L, r, 1), 4, red.chunk_bytes());
       store_shared_at(bin(Op::add, off, ci32(plan_.hopper.reduce_staging)), val[r], std::nullopt);
     }
     emit0(Op::fence_proxy_async, {});
@@ -1771,6 +1766,18 @@ class Lowerer {
     put(op.results[0], LC, acc);
   }
 
+  // The byte offset of element (row, col) of a staging tile in the 128-byte swizzle TMA and wgmma
+  // read (SWIZZLE_128B): columns in chunks of one 128-byte row each (chunk_bytes apart), row `row`
+  // at 128 * row inside its chunk, and the row's 16-byte unit u stored at u ^ (row % 8).
+  V swizzled_offset(V row, V col, int64_t elem_bytes, int64_t chunk_bytes) {
+    const int64_t per_row = 128 / elem_bytes, per_unit = 16 / elem_bytes;
+    V chunk = bin(Op::shr, col, ci32(std::countr_zero(static_cast<uint64_t>(per_row)))), within = land(col, ci32(per_row - 1));
+    V unit = bin(Op::bit_xor, bin(Op::shr, within, ci32(std::countr_zero(static_cast<uint64_t>(per_unit)))), land(row, ci32(7)));
+    return bin(Op::add, bin(Op::mul, chunk, ci32(chunk_bytes)),
+               bin(Op::add, bin(Op::mul, row, ci32(128)),
+                   bin(Op::add, bin(Op::mul, unit, ci32(16)), bin(Op::mul, land(within, ci32(per_unit - 1)), ci32(elem_bytes)))));
+  }
+
   // A shared-memory store at an absolute byte offset (the staging tiles lie below the scratch area,
   // whose base emit0 would add).
   void store_shared_at(V offset, V value, std::optional<V> pred) {
@@ -1807,10 +1814,7 @@ class Lowerer {
       // a pair when the thread's own column part is even and the next column is its next register
       const bool paired = c[1] % 2 == 0 && pair != reg_of.end() && additive(L);
       if (c[1] % 2 == 1 && reg_of.count({c[0], c[1] - 1}) && additive(L)) continue;  // stored with its pair
-      V k = coord(L, r, 0), m = coord(L, r, 1);
-      V unit = bin(Op::bit_xor, land(bin(Op::shr, m, ci32(3)), ci32(7)), land(k, ci32(7)));
-      V off = bin(Op::add, bin(Op::mul, bin(Op::shr, m, ci32(6)), ci32(K * 128)),
-                  bin(Op::add, bin(Op::mul, k, ci32(128)), bin(Op::add, bin(Op::mul, unit, ci32(16)), bin(Op::mul, land(m, ci32(7)), ci32(2)))));
+      V off = swizzled_offset(coord(L, r, 0), coord(L, r, 1), 2, K * 128);
       store_shared_at(bin(Op::add, off, ci32(plan_.hopper.a_staging)), paired ? pack(xr[r], xr[pair->second]) : xr[r], own);
     }
     emit0(Op::fence_proxy_async, {});
