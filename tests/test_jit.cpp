@@ -316,9 +316,11 @@ TEST_CASE("precompute computes a flexible chain ahead, in its use's layout, behi
       Tile hash = umulhi(cast(u32, idx) * 2654435769u, 0xD2511F53u) ^ 0x9E3779B9u;  // flexible: no load in it
       if (ahead) hash = precompute(hash);
       Tile x = load(X + idx);  // the use's layout: the load's
+      Tile scaled = x * 3u;    // a value with a layout of its own (the load's)
+      if (ahead) scaled = precompute(scaled);
       Var acc = x;
       for_range(0, n, [&](Tile) { acc = acc + x; });
-      if_(n > 2, [&] { acc = acc ^ hash; });
+      if_(n > 2, [&] { acc = (acc ^ hash) + scaled; });
       store(Y + idx, acc);
     });
   };
