@@ -505,7 +505,7 @@ int bench_forward_variants(int max_reps) {
     std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), 0.125f};
     for (const Variant& v : variants) {
       lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", 64}, {"BLOCK_M", v.bm}, {"BLOCK_N", v.bn}, {"BSHD", true},
-                      {"CAUSAL", causal}, {"EXACT_NORMALIZE", v.exact}};
+                      {"CAUSAL", causal}, {"EXACT_NORMALIZE", v.exact}, {"POSITIVE_SCALE", true}};  // (as the API launches it)
       jit::CompileOptions o;
       o.num_warps = v.warps;
       o.pipeline.stages = v.stages;
