@@ -50,7 +50,7 @@ Tile AttentionDropout::keep(const Tile& batch_head, const Tile& row0, int64_t nu
 
 std::optional<DropoutKeepCalls> AttentionDropout::keep_calls(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
                                                              int64_t num_cols) const {
-  if (bits.descriptor().valid()) return std::nullopt;
+  if (bits.descriptor().valid() || num_cols % 64 != 0) return std::nullopt;  // (read, or per element, at the use)
   return dropout_keep_calls(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold);
 }
 

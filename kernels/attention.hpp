@@ -68,9 +68,9 @@ struct AttentionDropout {
   // zeroing dropped values with one AND per element. Fused: dropout_keep_mask_block.
   lang::Tile keep_mask(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows, const lang::Tile& col0,
                        int64_t num_cols) const;
-  // keep_mask in two steps (fused only; see DropoutKeepCalls): the block's Philox calls, where
-  // the kernel has nothing else to issue, then the mask at its use. Precomputed: no calls (the
-  // words are read at the use), and keep_mask_of is keep_mask.
+  // keep_mask in two steps (fused, whole 64-column groups; see DropoutKeepCalls): the block's
+  // Philox calls, where the kernel has nothing else to issue, then the mask at its use. Otherwise
+  // no calls (precomputed words are read at the use), and keep_mask_of is keep_mask.
   std::optional<DropoutKeepCalls> keep_calls(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows,
                                              const lang::Tile& col0, int64_t num_cols) const;
   lang::Tile keep_mask_of(const std::optional<DropoutKeepCalls>& calls, const lang::Tile& batch_head, const lang::Tile& row0,

@@ -98,51 +98,46 @@ Tile dropout_keep_mask_block(const Operand& batch_head, const Tile& rows, const 
   if (num_cols % 64 != 0)
     return 0u - cast(u32, dropout_keep(batch_head, rows, col0 + arange(0, num_cols, loc), seed_lo, seed_hi, offset_lo, offset_hi,
                                        keep_threshold, loc), loc);
-  const int64_t m = rows.shape()[0];
-  // One Philox call per (row, 64-column group q, lane slot t): [M, Q, 4]; its 16 bytes serve the
-  // positions (k, e) of j = 64 q + 8 k + 2 t + e, laid out as [M, Q, 8, 4, 2] = [M, num_cols].
-  auto words = group_calls(batch_head, rows, as_u32(col0, loc) >> 6, num_cols / 64, seed_lo, seed_hi, offset_lo, offset_hi, loc);
-  for (Tile& w : words) w = expand_dims(expand_dims(w, 2, loc), 4, loc);                     // [M, Q, 1, 4, 1]
-  Tile k = reshape(arange(0, 8, loc), {1, 1, 8, 1, 1}, loc), e = reshape(arange(0, 2, loc), {1, 1, 1, 1, 2}, loc);
-  Tile position = (k << 1) | e;
-  // The word first, then its flags (3 ops per word; where the word's choice is not constant per
-  // register, as in dK/dV's transposed blocks, only the chosen word's), then one prmt per element:
-  // byte position % 4's flag (bit 7) replicated into all 32 bits.
-  Tile flags = dropout_keep_flags(word_of(words, position, loc), keep_threshold, loc);
-  Tile mask = byte_perm(flags, 0u, as_u32((position & 3) | 8, loc) * 0x1111u, loc);
-  return reshape(mask, {m, num_cols}, loc);
+  // One Philox call per (row, 64-column group q, lane slot t): [M, Q, 4]; the flags of only the
+  // word each element uses (where the word's choice is not constant per register, as in dK/dV's
+  // transposed blocks, that is fewer than all four).
+  DropoutKeepCalls c;
+  c.num_rows = rows.shape()[0];
+  c.num_cols = num_cols;
+  c.words = group_calls(batch_head, rows, as_u32(col0, loc) >> 6, num_cols / 64, seed_lo, seed_hi, offset_lo, offset_hi, loc);
+  c.keep_threshold = as_u32(keep_threshold, loc);
+  return dropout_keep_mask_of(c, loc);
 }
 
 DropoutKeepCalls dropout_keep_calls(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols,
                                     const Operand& seed_lo, const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi,
                                     const Operand& keep_threshold, Loc loc) {
   check_block_args("dropout_keep_calls", rows, num_cols, loc);
+  if (num_cols % 64 != 0)
+    Builder::current(loc).fail(loc, fmt::format("dropout_keep_calls: num_cols = {} is not a multiple of 64 (whole call groups; "
+                                                "dropout_keep_mask_block takes any width)", num_cols));
   DropoutKeepCalls c;
   c.num_rows = rows.shape()[0];
   c.num_cols = num_cols;
-  if (num_cols % 64 != 0) {
-    auto tile = [&](const Operand& x) { return x + zeros(i32, {}, loc); };  // an Operand kept as a Tile
-    c.batch_head = tile(batch_head), c.rows = rows, c.col0 = tile(col0);
-    c.seed_lo = as_u32(seed_lo, loc), c.seed_hi = as_u32(seed_hi, loc), c.offset_lo = as_u32(offset_lo, loc);
-    c.offset_hi = as_u32(offset_hi, loc), c.keep_threshold = as_u32(keep_threshold, loc);
-    return c;
-  }
   // The flags of every word (3 ops a word), computed here (precompute: otherwise the whole Philox
   // chain, whose layout its use decides, would be computed at the use); only the prmts wait.
   auto words = group_calls(batch_head, rows, as_u32(col0, loc) >> 6, num_cols / 64, seed_lo, seed_hi, offset_lo, offset_hi, loc);
-  for (int i = 0; i < 4; ++i) c.flags[i] = precompute(dropout_keep_flags(words[i], keep_threshold, loc), loc);
+  for (int i = 0; i < 4; ++i) c.words[i] = precompute(dropout_keep_flags(words[i], keep_threshold, loc), loc);
+  c.flags = true;
   return c;
 }
 
 Tile dropout_keep_mask_of(const DropoutKeepCalls& c, Loc loc) {
-  if (c.num_cols % 64 != 0)
-    return 0u - cast(u32, dropout_keep(c.batch_head, c.rows, c.col0 + arange(0, c.num_cols, loc), c.seed_lo, c.seed_hi, c.offset_lo,
-                                       c.offset_hi, c.keep_threshold, loc), loc);
-  std::array<Tile, 4> flags = c.flags;
-  for (Tile& f : flags) f = expand_dims(expand_dims(f, 2, loc), 4, loc);  // [M, Q, 1, 4, 1]
+  std::array<Tile, 4> words = c.words;
+  for (Tile& w : words) w = expand_dims(expand_dims(w, 2, loc), 4, loc);  // [M, Q, 1, 4, 1]
+  // Call j's 16 bytes serve the positions (k, e) of j = 64 q + 8 k + 2 t + e: [M, Q, 8, 4, 2] = [M, num_cols].
   Tile k = reshape(arange(0, 8, loc), {1, 1, 8, 1, 1}, loc), e = reshape(arange(0, 2, loc), {1, 1, 1, 1, 2}, loc);
   Tile position = (k << 1) | e;
-  Tile mask = byte_perm(word_of(flags, position, loc), 0u, as_u32((position & 3) | 8, loc) * 0x1111u, loc);
+  // The word, its flags unless already taken, then one prmt per element: byte position % 4's flag
+  // (bit 7) replicated into all 32 bits.
+  Tile word = word_of(words, position, loc);
+  Tile flags = c.flags ? word : dropout_keep_flags(word, c.keep_threshold, loc);
+  Tile mask = byte_perm(flags, 0u, as_u32((position & 3) | 8, loc) * 0x1111u, loc);
   return reshape(mask, {c.num_rows, c.num_cols}, loc);
 }
 

@@ -66,15 +66,16 @@ lang::Tile dropout_keep_mask_block(const lang::Operand& batch_head, const lang::
 
 // dropout_keep_mask_block in two steps, so that a kernel can run the Philox calls (most of the
 // work) where it has nothing else to issue -- e.g. after issuing an MMA and before waiting for
-// it -- and the per-element expansion (one prmt each) where it uses the mask. `flags`: the SWAR
-// keep flags of the four Philox outputs of each call ([M, num_cols / 64, 4] each), 16 registers a
-// thread in a 128 x 128 block on 8 warps. Widths that are not whole 64-column groups keep their
-// arguments for the per-element form instead. Same bits as dropout_keep_mask_block.
+// it -- and the per-element expansion (one prmt each) where it uses the mask (num_cols a multiple
+// of 64). dropout_keep_calls computes the SWAR keep flags of all four Philox outputs of each call
+// ([M, num_cols / 64, 4] each; 16 registers a thread in a 128 x 128 block on 8 warps) under
+// `precompute`; dropout_keep_mask_block builds the same struct with the raw outputs, whose flags
+// dropout_keep_mask_of then takes per element (fewer where a register's word varies). Same bits.
 struct DropoutKeepCalls {
-  std::array<lang::Tile, 4> flags;
+  std::array<lang::Tile, 4> words;
+  bool flags = false;         // words are already the keep flags
+  lang::Tile keep_threshold;  // (when not)
   int64_t num_rows = 0, num_cols = 0;
-  // num_cols % 64 != 0: the per-element form's inputs
-  lang::Tile batch_head, rows, col0, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold;
 };
 DropoutKeepCalls dropout_keep_calls(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& col0, int64_t num_cols,
                                     const lang::Operand& seed_lo, const lang::Operand& seed_hi, const lang::Operand& offset_lo,
