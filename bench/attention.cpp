@@ -597,7 +597,10 @@ int bench_masks(int max_reps) {
       double prepass_ms = 0, classes_ms = 0;  // kinds with tile intervals have no pre-pass
       if (!kernels::mask_has_tile_intervals(r.kind)) {
         // the pre-pass: classes (one program per tile), then the lists (one per query tile)
-        Function classify(kernels::attention_block_classes(), {{"BLOCK_M", BM}, {"BLOCK_N", BN}, {"MASK", static_cast<int>(r.kind)}}, o);
+        // at the API's TILES (kernels::kBlockClassTiles key tiles per program)
+        const int64_t tiles = kernels::kBlockClassTiles, gy = (nb + tiles - 1) / tiles;
+        Function classify(kernels::attention_block_classes(),
+                          {{"BLOCK_M", BM}, {"BLOCK_N", BN}, {"MASK", static_cast<int>(r.kind)}, {"TILES", tiles}}, o);
         jit::CompileOptions lo;
         lo.num_warps = 4;
         Function build_lists(kernels::attention_block_lists(), {{"KV_MAJOR", false}}, lo);
@@ -605,20 +608,20 @@ int bench_masks(int max_reps) {
         cargs.insert(cargs.end(), args.begin() + 6, args.end());
         const std::vector<runtime::DeviceArg> largs{classes, num, idx, full_num, full_idx};
         const auto pre = [&] {
-          classify.launch({nb, nb, B}, stream.handle(), cargs);
+          classify.launch({nb, gy, B}, stream.handle(), cargs);
           build_lists.launch({nb, 1, B}, stream.handle(), largs);
         };
         pre();
         // what one pre-pass costs (the backward runs one more per call, at its kernels' tiles), and
         // its classification alone
         prepass_ms = time_ms(pre, stream, max_reps);
-        classes_ms = time_ms([&] { classify.launch({nb, nb, B}, stream.handle(), cargs); }, stream, max_reps);
-        for (int t : {4, 16}) {  // the classification with TILES key tiles per program
+        classes_ms = time_ms([&] { classify.launch({nb, gy, B}, stream.handle(), cargs); }, stream, max_reps);
+        for (int t : {1, 16}) {  // the classification at other TILES, for comparison
           Function ct(kernels::attention_block_classes(), {{"BLOCK_M", BM}, {"BLOCK_N", BN}, {"MASK", static_cast<int>(r.kind)}, {"TILES", t}}, o);
-          const int64_t gy = (nb + t - 1) / t;
-          ct.launch({nb, gy, B}, stream.handle(), cargs);
+          const int64_t gt = (nb + t - 1) / t;
+          ct.launch({nb, gt, B}, stream.handle(), cargs);
           std::printf("MASK_CLASSES name=%s S=%ld tiles=%d ms=%.4f\n", r.label, static_cast<long>(S), t,
-                      time_ms([&] { ct.launch({nb, gy, B}, stream.handle(), cargs); }, stream, max_reps));
+                      time_ms([&] { ct.launch({nb, gt, B}, stream.handle(), cargs); }, stream, max_reps));
         }
         for (const auto& t : {num, idx, full_num, full_idx}) args.emplace_back(t);
       }

@@ -810,9 +810,7 @@ Function& function_for(const Config& c) {
   return *slot;
 }
 
-// Key tiles per classification program: 4 and 16 took 0.18 ms where 1 took 0.21 (causal document
-// mask, 16k x 16k at 128 x 128, H100; the work is the per-element mask, so more gains little).
-constexpr int64_t kClassTiles = 4;
+constexpr int64_t kClassTiles = kernels::kBlockClassTiles;  // key tiles per classification program
 
 // The pre-pass's kernels for one kernel's lists (its tiles, its order) and mask kind, per device,
 // created once (the same documented cache as function_for): the classification (8 warps for

@@ -28,7 +28,7 @@ const std::vector<LibraryKernel>& library() {
       // BLOCK_N=64, warps=4), so that bundles can ship it for masks without tile intervals
       {"attention_block_classes", &attention_block_classes,
        "block-mask pre-pass, step 1: every (query tile, key tile) of a library mask (MASK) classified empty/partial/full",
-       {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"TILES", 4}}, 8, 2},
+       {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"TILES", kBlockClassTiles}}, 8, 2},
       {"attention_block_lists", &attention_block_lists, "block-mask pre-pass, step 2: FlexAttention-style block lists from the classes",
        {{"KV_MAJOR", false}}, 4, 2},
       {"dropout_mask", &dropout_mask, "packed attention dropout keep-mask (Philox4x32-10, 1 bit per element, u32 words along keys)",
