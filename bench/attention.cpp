@@ -19,6 +19,10 @@
 //   attention_bench --schedule-ab META     a bool forward schedule meta off/on (D 64/128, S4k, +-causal,
 //     +-dropout), outputs compared bit for bit:
 //     SCHEDULE_AB PINGPONG D=128 causal=0 dropout=0 off_ms=.. on_ms=.. off_tflops=.. on_tflops=.. speedup=.. outputs_identical=1
+//   attention_bench --dropout P --schedule BM,BN,W,S   the same, the dropout backward at those tiles
+//   attention_bench --forward-variants [--head-dim D] [--dropout P]  the forward at other tiles/warps/
+//     stages than the default (S4k, +-causal, +-dropout), outputs checked against the default's:
+//     FWD_VARIANT D=128 causal=0 dropout=1 tile=64x64 warps=4 stages=2 exact=0 programs_per_sm=2 ms=.. vs_default=..
 //   attention_bench --capabilities         "backward=1 varlen_fwd=1 varlen_bwd=1 dropout=1"
 //   attention_bench --check DIR            reads DIR/cases.txt and the inputs, writes the outputs
 #include <fmt/format.h>
@@ -28,6 +32,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -75,6 +80,13 @@ DeviceBuffer random_buffer(size_t bytes, ir::DType dtype, uint64_t seed) {
   for (size_t off = 0; off < bytes; off += static_cast<size_t>(chunk * es))
     buf.upload(h.data(), std::min(bytes - off, static_cast<size_t>(chunk * es)), off);
   return buf;
+}
+
+float bf16_to_float(uint16_t b) {
+  const uint32_t bits = uint32_t{b} << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
 }
 
 double median(std::vector<double> v) {
@@ -180,8 +192,10 @@ int bench(bool quick, int max_reps) {
 // attention::generate_dropout_bits, read by forward and backward), plus the mask kernel alone.
 // Then issue 7's end-to-end case: the QKV projection GEMM (B*S x 2048 -> 3 x 2048) followed by
 // the attention forward on its output, for no dropout, fused dropout, and the mask generated on a
-// second stream concurrently with the GEMM (the attention stream waits for both).
-int bench_dropout(double p, int max_reps) {
+// second stream concurrently with the GEMM (the attention stream waits for both). With --schedule
+// BM,BN,W,S the backward with dropout (fused and precomputed) runs at those tiles (A/B of the
+// default's choice; the no-dropout backward keeps the default).
+int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd_schedule) {
   const ir::DType dt = ir::DType::bf16;
   const bool bwd = attention::backward_available();
   for (bool causal : {false, true})
@@ -216,7 +230,9 @@ int bench_dropout(double p, int max_reps) {
         fwd[rng].push_back(time_ms([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); }, stream, max_reps));
         if (bwd)
           bwd_ms[rng].push_back(time_ms([&] {
-            attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), {buf.ws.ptr(), buf.ws.bytes()});
+            attention::Options bo = opts;
+            if (rng && bwd_schedule) bo.schedule = bwd_schedule;  // --schedule: the dropout backward's tiles (A/B)
+            attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, bo, stream.handle(), {buf.ws.ptr(), buf.ws.bytes()});
           }, stream, max_reps));
       }
     const double f0 = median(fwd[0]), f1 = median(fwd[1]), f2 = median(fwd[2]), gen = median(mask_ms);
@@ -490,38 +506,66 @@ int bench_deterministic(int max_reps, int64_t only_d, int64_t only_s, std::optio
 
 // --forward-variants: the forward at D64 S4k (full and causal) under a few schedules, with the
 // output normalised by division (EXACT_NORMALIZE, which lets ptxas serialise the wgmma) or rcp.
-int bench_forward_variants(int max_reps) {
+int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p) {
   const Buffers buf;
   runtime::Stream stream;
   struct Variant {
     int bm, bn, warps, stages;
     bool exact;
   };
-  const Variant variants[] = {{128, 128, 8, 2, true}, {128, 128, 8, 2, false}, {128, 64, 8, 2, false}, {64, 128, 4, 2, false},
-                              {64, 128, 4, 2, true},   {64, 128, 4, 3, false},  {64, 64, 4, 2, false},  {64, 128, 4, 4, false}};
-  for (bool causal : {false, true}) {
-    const Config c{4096, 64, causal};
-    const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
-    std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), 0.125f};
-    for (const Variant& v : variants) {
-      lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", 64}, {"BLOCK_M", v.bm}, {"BLOCK_N", v.bn}, {"BSHD", true},
-                      {"CAUSAL", causal}, {"EXACT_NORMALIZE", v.exact}, {"POSITIVE_SCALE", true}};  // (as the API launches it)
-      jit::CompileOptions o;
-      o.num_warps = v.warps;
-      o.pipeline.stages = v.stages;
-      try {
-        Function fn(kernels::attention_forward(), meta, o);
-        const runtime::Grid grid{lang::cdiv(c.S, v.bm), c.H(), c.B()};
-        const double ms = time_ms([&] { fn.launch(grid, stream.handle(), args); }, stream, max_reps);
-        std::printf("FWD_VARIANT D=64 causal=%d tile=%dx%d warps=%d stages=%d exact=%d ms=%.4f tflops=%.1f\n", causal ? 1 : 0, v.bm, v.bn,
-                    v.warps, v.stages, v.exact ? 1 : 0, ms, c.fwd_flops() / (ms * 1e-3) / 1e12);
-      } catch (const std::exception& e) {
-        std::printf("FWD_VARIANT D=64 causal=%d tile=%dx%d warps=%d stages=%d exact=%d failed: %s\n", causal ? 1 : 0, v.bm, v.bn, v.warps,
-                    v.stages, v.exact ? 1 : 0, e.what());
+  // The first of each list is the API's default (attention::default_schedule); smaller tiles on 4
+  // warps fit several programs per multiprocessor (more warps per scheduler to hide latency).
+  const std::vector<Variant> d64{{128, 128, 8, 2, true}, {128, 128, 8, 2, false}, {128, 64, 8, 2, false}, {64, 128, 4, 2, false},
+                                 {64, 128, 4, 2, true},   {64, 128, 4, 3, false},  {64, 64, 4, 2, false},  {64, 32, 4, 2, false},
+                                 {64, 32, 4, 3, false}};
+  const std::vector<Variant> d128{{128, 128, 8, 2, false}, {128, 64, 8, 2, false}, {64, 128, 4, 2, false}, {64, 64, 4, 2, false},
+                                  {64, 64, 4, 3, false},   {64, 32, 4, 2, false},  {64, 32, 4, 3, false},  {64, 32, 4, 4, false}};
+  std::vector<int64_t> dims{64, 128};
+  if (only_d) dims = {only_d};
+  std::vector<bool> dropouts{false};
+  if (dropout_p > 0) dropouts.push_back(true);
+  for (int64_t D : dims)
+    for (bool dropout : dropouts)
+      for (bool causal : {false, true}) {
+        const Config c{4096, D, causal};
+        const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
+        std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), static_cast<float>(1 / std::sqrt(double(D)))};
+        if (dropout)
+          for (uint32_t v : {1234u, 0u, 7u, 0u, kernels::dropout_keep_threshold(dropout_p)}) args.emplace_back(v);
+        const size_t out_elems = static_cast<size_t>(c.B() * c.S * c.H() * D);
+        std::vector<uint16_t> reference, out(out_elems);
+        double default_ms = 0;
+        for (const Variant& v : D == 64 ? d64 : d128) {
+          lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D},        {"BLOCK_M", v.bm},      {"BLOCK_N", v.bn},
+                          {"BSHD", true},           {"CAUSAL", causal},     {"DROPOUT", dropout},   {"EXACT_NORMALIZE", v.exact},
+                          {"POSITIVE_SCALE", true}};  // (as the API launches it)
+          jit::CompileOptions o;
+          o.num_warps = v.warps;
+          o.pipeline.stages = v.stages;
+          const std::string name = fmt::format("D={} causal={} dropout={} tile={}x{} warps={} stages={} exact={}", D, causal ? 1 : 0,
+                                               dropout ? 1 : 0, v.bm, v.bn, v.warps, v.stages, v.exact ? 1 : 0);
+          try {
+            Function fn(kernels::attention_forward(), meta, o);
+            const runtime::Grid grid{lang::cdiv(c.S, v.bm), c.H(), c.B()};
+            fn.launch(grid, stream.handle(), args);
+            stream.synchronize();
+            buf.o.download(out.data(), out_elems * 2);
+            // every variant computes the same function (the dropout mask does not depend on tiles):
+            // outputs may differ by accumulation order only
+            double max_diff = 0;
+            if (reference.empty()) reference = out;
+            for (size_t i = 0; i < out_elems; i += 7)
+              max_diff = std::max(max_diff, std::abs(double(bf16_to_float(out[i])) - double(bf16_to_float(reference[i]))));
+            const double ms = time_ms([&] { fn.launch(grid, stream.handle(), args); }, stream, max_reps);
+            if (default_ms == 0) default_ms = ms;
+            std::printf("FWD_VARIANT %s programs_per_sm=%d ms=%.4f tflops=%.1f vs_default=%.3f max_diff=%.3g\n", name.c_str(),
+                        fn.gpu_kernel().max_resident_per_sm(), ms, c.fwd_flops() / (ms * 1e-3) / 1e12, default_ms / ms, max_diff);
+          } catch (const std::exception& e) {
+            std::printf("FWD_VARIANT %s failed: %s\n", name.c_str(), e.what());
+          }
+          std::fflush(stdout);
+        }
       }
-      std::fflush(stdout);
-    }
-  }
   return 0;
 }
 
@@ -854,7 +898,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] | --masks | --schedule-ab META | --deterministic [--head-dim D] [--seq S] [--schedule BM,BN,W,S] | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] [--schedule BM,BN,W,S] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --deterministic [--head-dim D] [--seq S] [--schedule BM,BN,W,S] | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -866,10 +910,11 @@ int main(int argc, char** argv) {
   }
   try {
     std::fprintf(stderr, "GPU: %s\n", driver.props(0).name.c_str());
-    if (dropout_p >= 0) return bench_dropout(dropout_p, reps);
+    if (forward_variants) return bench_forward_variants(reps, only_d, dropout_p);
+    if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps);
-    if (forward_variants) return bench_forward_variants(reps);
+    if (forward_variants) return bench_forward_variants(reps, only_d, dropout_p);
     if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule);
     return check_dir.empty() ? bench(quick, reps) : check(check_dir);
   } catch (const std::exception& e) {

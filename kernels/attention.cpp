@@ -64,7 +64,23 @@ Tile AttentionDropout::keep_mask(const Tile& batch_head, const Tile& row0, int64
     return dropout_keep_mask_block(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi,
                                    keep_threshold);
   // past the end: 0 (dropped). Read at the use, in the score block's layout: no shared-memory exchange.
-  auto words = load_at_use(bits.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32}));
+  return expand_keep_words(load_at_use(bits.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32})), num_rows, num_cols);
+}
+
+Tile AttentionDropout::keep_mask_transposed(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
+                                            int64_t num_cols) const {
+  if (bits.descriptor().valid() || num_cols % 64 != 0) return trans(keep_mask(batch_head, row0, num_rows, col0, num_cols));
+  // Fused: the packed words of the block, computed in their own layout (dropout_keep_words ends in
+  // a reduction, whose layout is a concrete one where each thread owns whole Philox calls), then
+  // moved through shared memory into the transposed block's layout and expanded there. Generated
+  // in the transposed layout instead, a thread would compute 16 calls a 64 x 64 block and use 2
+  // bytes of each (its keys are rows, and one call covers 16 keys of one query row).
+  Tile words = dropout_keep_words(batch_head, row0 + arange(0, num_rows), col0 / 32, num_cols / 32, seed_lo, seed_hi, offset_lo,
+                                  offset_hi, keep_threshold);
+  return trans(expand_keep_words(words, num_rows, num_cols));
+}
+
+Tile expand_keep_words(const Tile& words, int64_t num_rows, int64_t num_cols) {
   // Column 32 w + 8 k + b: the word shifted so that bit 8 k + b lands on bit 7 of byte k (one
   // shift serves the 4 columns of each b), then one prmt replicates that bit into all 32. (Shifts
   // alone -- to the sign, then arithmetically back -- make a value LLVM knows is 0 or ~0, and it

@@ -973,18 +973,17 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
     // warps (every dot on wgmma). D = 256 keeps its 32 x 64 tiles (the dot then on mma.sync).
     // Without a reduction (recompute) dK/dV and dQ take 64 x 64 tiles on 4 warps: measured on H100
     // (bf16, S 4k; `attention_bench --deterministic --schedule`), 1.29x faster at D 64 and 1.13x at D
-    // 128 than 64 x 128 / 128 x 64 on 8 warps (two programs per SM instead of one). Not with
-    // dropout: dK/dV then spills ~600 B at D 128 and the backward was 2.39x instead of 1.83x of no
-    // dropout, so the 8-warp tiles stay.
+    // 128 than 64 x 128 / 128 x 64 on 8 warps (two programs per SM instead of one). With dropout
+    // too since dK/dV builds its transposed mask from packed words (AttentionDropout::
+    // keep_mask_transposed; it had spilled ~600 B here): H100 D128 S4k p 0.1, the dropout backward
+    // 1.35x / 1.45x (full / causal) of no dropout at 64 x 64 on 4 warps vs 1.40x / 1.66x on 8 warps.
     case Pass::bwd_dkdv:
       if (varlen) return {64, 64, 8, 2};
       if (head_dim >= 256) return {32, 64, 4, 2};
-      // recompute: 8 warps only with dropout; a reduction: at D 128, where the dQ dot's split fits
-      if (reduction == DqReduction::recompute ? dropout : head_dim % 128 == 0) return {64, 128, 8, 2};
+      // a reduction: 8 warps at D 128, where the dQ dot's split fits
+      if (reduction != DqReduction::recompute && head_dim % 128 == 0) return {64, 128, 8, 2};
       return {64, 64, 4, 2};
-    case Pass::bwd_dq:
-      if (varlen || head_dim >= 256 || !dropout) return {64, 64, 4, 2};
-      return {128, 64, 8, 2};
+    case Pass::bwd_dq: return {64, 64, 4, 2};
     // Elementwise over dQ_accum: [BLOCK_M, D] f32 per program, 4 warps.
     case Pass::bwd_dq_convert: return {head_dim >= 256 ? 32 : 64, 64, 4, 2};
     // The parts are read at dK/dV's tiles: its BLOCK_M and BLOCK_N, an f32 [BLOCK_M, D] sum on 4 warps.

@@ -346,16 +346,18 @@ const Kernel& attention_backward_dkdv() {
           // once at the end
           Tile pt_kept = pt;
           Tile dpt = dot(v, trans(dout));  // dP^T (of the dropped P: times keep * s)
+          Tile dst;  // dS^T = P^T * (dP^T - Delta)
           if (a.dropout) {
-            // Both uses of the mask before dV's MMA is issued: its 0 / ~0 words (one register per
-            // element) then die early instead of staying live across that MMA (spills). dP^T's MMA
-            // was issued at the top of the block, long done by the time the mask is ready.
-            Tile keep_t = trans(drop->keep_mask(bh, m0, a.BM, n0, a.BN));  // [BN, BM]
+            // One use of the mask, before dV's MMA is issued (its 0 / ~0 words, one register per
+            // element, then die early instead of staying live across that MMA): dS^T = P^T (Z s dP^T
+            // - Delta) = (P^T Z) s dP^T - P^T Delta, Z the mask.
+            Tile keep_t = drop->keep_mask_transposed(bh, m0, a.BM, n0, a.BN);  // [BN, BM]
             pt_kept = apply_keep_mask(pt, keep_t);
-            dpt = apply_keep_mask(dpt * drop->scale, keep_t);
+            dst = pt_kept * (dpt * drop->scale) - pt * delta;
+          } else {
+            dst = pt * (dpt - delta);
           }
           dv = dot(cast(a.T, pt_kept), dout, dv);
-          Tile dst = pt * (dpt - delta);  // dS^T = P^T * (dP^T - Delta)
           if (mod_grad_t.valid()) dst = dst * mod_grad_t;  // the gradient of the raw score
           auto dst_t = cast(a.T, dst);
           dk = dot(dst_t, q, dk);

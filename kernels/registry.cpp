@@ -10,8 +10,8 @@
 namespace tilejit::kernels {
 
 // Default schedules: those of the attention API (attention::default_schedule) for dense shapes
-// without dropout or a dQ reduction; the API picks others per call (8 warps with dropout, 64 x 128
-// for a reduction at D 128, ...).
+// without a dQ reduction; the API picks others per call (64 x 128 on 8 warps for a reduction at
+// D 128, generic-path tiles for varlen, ...).
 const std::vector<LibraryKernel>& library() {
   static const std::vector<LibraryKernel> all{
       {"gemm", &gemm, "C = A @ B, bf16/f16 in, f32 accumulate (TMA + wgmma pipeline when K-major on sm_90a)",

@@ -514,10 +514,10 @@ TEST_CASE("attention API: the schedule table covers every dtype, head dim and ma
     }
   CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, 128, false) == Schedule{64, 64, 4, 2});  // (measured: 64 x 128 on 8 warps was slower)
   CHECK(default_schedule(Pass::bwd_dq, DType::bf16, 128, true) == Schedule{64, 64, 4, 2});
-  // with dropout the 8-warp tiles stay (64 x 64 on 4 warps spills in dK/dV there)
+  // with dropout too (dK/dV builds its transposed mask from packed words: no more spills of ~600 B)
   for (int d : {64, 128}) {
-    CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, d, false, false, DqReduction::recompute, true) == Schedule{64, 128, 8, 2});
-    CHECK(default_schedule(Pass::bwd_dq, DType::bf16, d, true, false, DqReduction::recompute, true) == Schedule{128, 64, 8, 2});
+    CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, d, false, false, DqReduction::recompute, true) == Schedule{64, 64, 4, 2});
+    CHECK(default_schedule(Pass::bwd_dq, DType::bf16, d, true, false, DqReduction::recompute, true) == Schedule{64, 64, 4, 2});
   }
 }
 
@@ -704,17 +704,25 @@ TEST_CASE("attention API: a block mask built once (options.block_mask)") {
     x.opts.block_mask = &other;
     CHECK_NOTHROW(x.check_fwd());
     CHECK_BWD_ERROR(x, "options.block_mask holds the dQ lists at 0x0 tiles, but this call's dQ kernel runs at 64x64");
+    other = bm;
+    other.dkdv_tiles[1] = 128;
+    CHECK_NOTHROW(x.check_fwd());
+    CHECK_BWD_ERROR(x, "options.block_mask holds the dK/dV lists at 64x128 tiles, but this call's dK/dV kernel runs at 64x64");
   }
   other = bm;
   other.storage = {};
   refused(other, "options.block_mask has no storage: make it with build_block_mask");
   if (backward_available()) {
-    // dropout keeps the 8-warp backward tiles (dK/dV 64 x 128): a block mask built without it does not fit
+    // dropout runs at the same tiles: a block mask built without it fits
     Call x = c;
     x.opts.dropout_p = 0.1;
-    CHECK_NOTHROW(x.check_fwd());  // (the forward's tiles are the same)
-    CHECK_BWD_ERROR(x, "options.block_mask holds the dK/dV lists at 64x64 tiles, but this call's dK/dV kernel runs at 64x128 (build "
-                       "it with the options of the calls");
+    CHECK_NOTHROW(x.check_fwd());
+    CHECK_NOTHROW(x.check_bwd());
+    // calls at other tiles (a schedule for every kernel: here 64 x 128) do not fit; the backward
+    // checks every list the block mask holds, the forward's included
+    x.opts.schedule = Schedule{64, 128, 8, 2};
+    CHECK_BWD_ERROR(x, "options.block_mask holds the forward lists at 128x128 tiles, but this call's forward kernel runs at 64x128 "
+                       "(build it with the options of the calls");
   }
   // build_block_mask: its storage checked first, then a GPU needed
   Options plain = c.opts;
