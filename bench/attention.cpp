@@ -20,8 +20,9 @@
 //     +-dropout), outputs compared bit for bit:
 //     SCHEDULE_AB PINGPONG D=128 causal=0 dropout=0 off_ms=.. on_ms=.. off_tflops=.. on_tflops=.. speedup=.. outputs_identical=1
 //   attention_bench --dropout P --schedule BM,BN,W,S   the same, the dropout backward at those tiles
-//   attention_bench --forward-variants [--head-dim D] [--dropout P]  the forward at other tiles/warps/
-//     stages than the default (S4k, +-causal, +-dropout), outputs checked against the default's:
+//   attention_bench --forward-variants [--head-dim D] [--dropout P] [--quick]  the forward at other
+//     tiles/warps/stages than the default (S4k, full and causal; with dropout p when given; --quick:
+//     the default alone, e.g. under a profiler), outputs checked against the default's:
 //     FWD_VARIANT D=128 causal=0 dropout=1 tile=64x64 warps=4 stages=2 exact=0 programs_per_sm=2 ms=.. vs_default=..
 //   attention_bench --capabilities         "backward=1 varlen_fwd=1 varlen_bwd=1 dropout=1"
 //   attention_bench --check DIR            reads DIR/cases.txt and the inputs, writes the outputs
@@ -506,7 +507,7 @@ int bench_deterministic(int max_reps, int64_t only_d, int64_t only_s, std::optio
 
 // --forward-variants: the forward at D64 S4k (full and causal) under a few schedules, with the
 // output normalised by division (EXACT_NORMALIZE, which lets ptxas serialise the wgmma) or rcp.
-int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p) {
+int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool only_default) {
   const Buffers buf;
   runtime::Stream stream;
   struct Variant {
@@ -522,8 +523,7 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p) {
                                   {64, 64, 4, 3, false},   {64, 32, 4, 2, false},  {64, 32, 4, 3, false},  {64, 32, 4, 4, false}};
   std::vector<int64_t> dims{64, 128};
   if (only_d) dims = {only_d};
-  std::vector<bool> dropouts{false};
-  if (dropout_p > 0) dropouts.push_back(true);
+  const std::vector<bool> dropouts{dropout_p > 0};
   for (int64_t D : dims)
     for (bool dropout : dropouts)
       for (bool causal : {false, true}) {
@@ -536,6 +536,7 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p) {
         std::vector<uint16_t> reference, out(out_elems);
         double default_ms = 0;
         for (const Variant& v : D == 64 ? d64 : d128) {
+          if (only_default && &v != &(D == 64 ? d64 : d128).front()) break;  // --quick: the default alone (profiling)
           lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D},        {"BLOCK_M", v.bm},      {"BLOCK_N", v.bn},
                           {"BSHD", true},           {"CAUSAL", causal},     {"DROPOUT", dropout},   {"EXACT_NORMALIZE", v.exact},
                           {"POSITIVE_SCALE", true}};  // (as the API launches it)
@@ -910,11 +911,10 @@ int main(int argc, char** argv) {
   }
   try {
     std::fprintf(stderr, "GPU: %s\n", driver.props(0).name.c_str());
-    if (forward_variants) return bench_forward_variants(reps, only_d, dropout_p);
+    if (forward_variants) return bench_forward_variants(reps, only_d, dropout_p, quick);
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps);
-    if (forward_variants) return bench_forward_variants(reps, only_d, dropout_p);
     if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule);
     return check_dir.empty() ? bench(quick, reps) : check(check_dir);
   } catch (const std::exception& e) {

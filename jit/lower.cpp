@@ -520,10 +520,12 @@ class Lowerer {
         if (counts) ++ops_lowered_;
         continue;
       }
-      // A region that reads an MMA result still in flight, or runs MMAs itself, waits for all of
-      // them first. Any other region (e.g. a mask applied under a branch) runs while they stay in
-      // flight: it cannot touch their registers, and they are not its to wait for.
-      if (region_needs_mma_results(op)) wait_pending();
+      // A region that runs MMAs itself waits for every MMA in flight first; one that reads MMA
+      // results still in flight waits for those (and the groups committed before them: waits
+      // count groups in order), so that later groups stay in flight through it (e.g. a mask
+      // applied under a branch to S_j while P_{j-1} V_{j-1} runs). Any other region runs while they
+      // all stay in flight: it cannot touch their registers, and they are not its to wait for.
+      if (const std::optional<int> upto = region_waits_for(op)) wait_groups(*upto);
       std::vector<PendingDot> outer = std::move(pending_);
       pending_.clear();
       lower(op);
@@ -1821,17 +1823,25 @@ class Lowerer {
     emit0(Op::barrier, {});
   }
 
-  bool region_needs_mma_results(const ir::Op& op) const {
-    if (pending_.empty()) return false;
-    auto pending = [&](ir::ValueId v) {
-      return std::any_of(pending_.begin(), pending_.end(), [&](const PendingDot& p) { return p.value == v; });
+  // The last wgmma group a region op must wait for before it runs (none: it may run with every
+  // group in flight): all of them if it runs dots, else the latest group among the in-flight
+  // results it reads.
+  std::optional<int> region_waits_for(const ir::Op& op) const {
+    if (pending_.empty()) return std::nullopt;
+    std::optional<int> upto;
+    auto note = [&](ir::ValueId v) {
+      for (const PendingDot& p : pending_)
+        if (p.value == v) upto = std::max(upto.value_or(p.group), p.group);
     };
-    bool needs = std::any_of(op.operands.begin(), op.operands.end(), pending);
+    bool runs_dots = false;
+    for (ir::ValueId v : op.operands) note(v);
     for (const ir::Block& r : op.regions)
       ir::walk(r, [&](const ir::Op& inner) {
-        if (inner.kind == OpKind::dot || std::any_of(inner.operands.begin(), inner.operands.end(), pending)) needs = true;
+        runs_dots = runs_dots || inner.kind == OpKind::dot;
+        for (ir::ValueId v : inner.operands) note(v);
       });
-    return needs;
+    if (runs_dots) return pending_.back().group;
+    return upto;
   }
 
   // wgmma groups committed in this straight-line block whose results nobody has read yet.
