@@ -35,8 +35,11 @@ std::array<Tile, 4> philox4x32_10(std::array<Tile, 4> c, std::array<Tile, 2> k, 
   for (Tile& t : k) t = as_u32(t, loc);
   for (int round = 0; round < 10; ++round) {
     if (round > 0) k = {k[0] + kPhiloxW0, k[1] + kPhiloxW1};
-    Tile hi0 = umulhi(c[0], kPhiloxM0, loc), lo0 = c[0] * kPhiloxM0;
-    Tile hi1 = umulhi(c[2], kPhiloxM1, loc), lo1 = c[2] * kPhiloxM1;
+    // Each (hi, lo) pair as one 32 x 32 -> 64-bit product: the backends emit mul.wide.u32, one
+    // IMAD.WIDE.U32 instead of an IMAD.HI and an IMAD (Philox is most of dropout's work).
+    Tile p0 = cast(u64, c[0], loc) * uint64_t{kPhiloxM0}, p1 = cast(u64, c[2], loc) * uint64_t{kPhiloxM1};
+    Tile hi0 = cast(u32, p0 >> uint64_t{32}, loc), lo0 = cast(u32, p0, loc);
+    Tile hi1 = cast(u32, p1 >> uint64_t{32}, loc), lo1 = cast(u32, p1, loc);
     c = {hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0};
   }
   // every output has the inputs' broadcast shape (after 10 rounds each depends on all inputs)

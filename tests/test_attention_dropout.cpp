@@ -467,7 +467,7 @@ TEST_CASE("attention dropout: reading the precomputed packed mask gives the fuse
 
 // The forward's Philox calls run while the tensor cores compute S = Q K^T with DROPOUT_AHEAD (a
 // schedule option, off by default: measured slower): in the PTX they sit between an MMA group's commit and its wait
-// (up to 10 rounds x 2 high multiplies x 4 calls a block per thread at 128 x 128 on 8 warps). With
+// (up to 10 rounds x 2 wide multiplies x 4 calls a block per thread at 128 x 128 on 8 warps). With
 // DROPOUT_AHEAD=false they follow the wait (computed at the mask's use).
 TEST_CASE("attention dropout: the forward computes its Philox calls while S = Q K^T is in flight (DROPOUT_AHEAD)") {
   auto most_in_flight = [](bool ahead) {
@@ -484,7 +484,7 @@ TEST_CASE("attention dropout: the forward computes its Philox calls while S = Q 
     for (size_t at = ptx.find("wgmma.commit_group"); at != std::string::npos; at = ptx.find("wgmma.commit_group", at + 1)) {
       const size_t wait = ptx.find("wgmma.wait_group", at);
       size_t n = 0;
-      for (size_t m = ptx.find("mul.hi.u32", at); m != std::string::npos && m < wait; m = ptx.find("mul.hi.u32", m + 1)) ++n;
+      for (size_t m = ptx.find("mul.wide.u32", at); m != std::string::npos && m < wait; m = ptx.find("mul.wide.u32", m + 1)) ++n;
       most = std::max(most, n);
     }
     return most;
