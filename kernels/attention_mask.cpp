@@ -273,6 +273,35 @@ Tile SequenceMask::tile_is_full(const Tile& m0, int64_t block_m, const Tile& n0,
   return scalar_constant(i1, false, loc);
 }
 
+std::optional<TileVerdict> SequenceMask::tile_verdict(const Tile& m0, int64_t block_m, const Tile& n0, int64_t block_n, Loc loc) const {
+  const MaskKind kind = mask_.kind();
+  if (kind != MaskKind::document && kind != MaskKind::causal_document) return std::nullopt;
+  // Rows are allowed keys only where their position p = q + S_k - S_q is a token (inside the key
+  // sequence) and only keys of their own segment: with the ids' ranges [qlo, qhi] over the in-bounds
+  // rows and [klo, khi] over the in-bounds keys, disjoint ranges mean no pair shares an id (empty);
+  // one id everywhere, and every in-bounds row a token, means every pair does (full). Counts, not
+  // the extremes, say whether any row or key is there (ids may be any i32).
+  Tile q = m0 + arange(0, block_m, loc), k = n0 + arange(0, block_n, loc);
+  Tile p = q + (s_k - s_q);
+  Tile q_in = q < s_q, row_ok = q_in & (p >= 0) & (p < s_k), k_in = k < s_k;
+  Tile dq = doc_at(p, loc), dk = doc_at(k, loc);
+  Tile qlo = min(where(row_ok, dq, INT32_MAX, loc), loc), qhi = max(where(row_ok, dq, INT32_MIN, loc), loc);
+  Tile klo = min(where(k_in, dk, INT32_MAX, loc), loc), khi = max(where(k_in, dk, INT32_MIN, loc), loc);
+  Tile rows = sum(cast(i32, row_ok, loc), loc), keys = sum(cast(i32, k_in, loc), loc);
+  Tile non_token_rows = sum(cast(i32, q_in & !row_ok, loc), loc);  // in-bounds rows that see nothing
+  Tile empty = (rows == 0) | (keys == 0) | (qhi < klo) | (khi < qlo);
+  Tile full = (non_token_rows == 0) & (rows > 0) & (keys > 0) & (qlo == qhi) & (klo == khi) & (qlo == klo);
+  if (kind == MaskKind::causal_document) {
+    // and key k only up to the row's position: every pair (all keys <= the first row's position),
+    // none (the first key past the last row's position)
+    Tile first_p = m0 + (s_k - s_q), last_p = minimum(m0 + block_m, s_q) - 1 + (s_k - s_q);
+    Tile last_key = minimum(n0 + block_n, s_k) - 1;
+    empty = empty | (n0 > last_p);
+    full = full & (last_key <= first_p);
+  }
+  return TileVerdict{empty, full};
+}
+
 // ---- score mods ----
 
 AttentionScoreMod::AttentionScoreMod(Builder& kb, ScoreModKind k, Loc loc) : kind(k) {
@@ -307,25 +336,45 @@ std::array<std::string, 4> list_names(bool kv_major) {
 }  // namespace
 
 Kernel block_classes_kernel(std::string name, std::function<MaskMod(Builder&)> declare_mask) {
-  return kernel(std::move(name), [declare_mask](Builder& kb) {
+  return block_classes_kernel(std::move(name), [declare_mask](Builder& kb) { return BlockClassifier{declare_mask(kb), {}}; });
+}
+
+Kernel block_classes_kernel(std::string name, std::function<BlockClassifier(Builder&)> declare) {
+  return kernel(std::move(name), [declare](Builder& kb) {
     const int64_t BM = kb.meta<int>("BLOCK_M", 128), BN = kb.meta<int>("BLOCK_N", 128);
     // TILES: key tiles per program, in sequence (grid (nQB, cdiv(nKB, TILES), Bm * Hm))
     const int64_t tiles = kb.meta<int>("TILES", 1);
     if (tiles < 1) kb.fail(Loc::current(), fmt::format("TILES = {} must be at least 1", tiles));
     auto Classes = kb.tensor("block_classes", u8, 4);
     auto S_q = kb.scalar<int>("S_q"), S_k = kb.scalar<int>("S_k");
-    const MaskMod mask = declare_mask(kb);
+    const BlockClassifier classifier = declare(kb);
     Tile qb = program_id(0), heads = Classes.size(1), n_kb = Classes.size(3);
     Tile b = program_id(2) / heads, h = program_id(2) % heads;
     Tile rows = qb * BM + arange(0, BM);
+    constexpr auto kFull = static_cast<int32_t>(BlockClass::full), kPartial = static_cast<int32_t>(BlockClass::partial),
+                   kEmpty = static_cast<int32_t>(BlockClass::empty);
     auto classify = [&](const Tile& kb_) {
-      Tile cols = kb_ * BN + arange(0, BN);
-      MaskIndices idx = mask_indices(b, h, rows, cols, S_q, S_k);
-      Tile in_bounds = (rows < S_q)[col] & (cols < S_k)[row];
-      Tile allowed = sum(cast(i32, evaluate_mask(mask, idx) & in_bounds));
-      Tile elements = minimum(S_q - qb * BM, BM) * minimum(S_k - kb_ * BN, BN);
-      Tile is_full = allowed == elements, is_partial = (allowed > 0) & (allowed < elements);
-      Tile cls = where(is_full, static_cast<int32_t>(BlockClass::full), where(is_partial, static_cast<int32_t>(BlockClass::partial), static_cast<int32_t>(BlockClass::empty)));
+      // every element: the mask over the tile, counted
+      auto exact = [&] {
+        Tile cols = kb_ * BN + arange(0, BN);
+        MaskIndices idx = mask_indices(b, h, rows, cols, S_q, S_k);
+        Tile in_bounds = (rows < S_q)[col] & (cols < S_k)[row];
+        Tile allowed = sum(cast(i32, evaluate_mask(classifier.mask, idx) & in_bounds));
+        Tile elements = minimum(S_q - qb * BM, BM) * minimum(S_k - kb_ * BN, BN);
+        Tile is_full = allowed == elements, is_partial = (allowed > 0) & (allowed < elements);
+        return where(is_full, kFull, where(is_partial, kPartial, kEmpty));
+      };
+      std::optional<TileVerdict> v;
+      if (classifier.verdict) v = classifier.verdict(b, h, S_q, S_k, qb * BM, BM, kb_ * BN, BN);
+      Tile cls;
+      if (v) {
+        // the elements only where the verdict does not decide (a uniform branch per tile)
+        Var c = where(v->empty, kEmpty, where(v->full, kFull, kPartial));
+        if_(!(v->empty | v->full), [&] { c = exact(); });
+        cls = c;
+      } else {
+        cls = exact();
+      }
       store(element(Classes, {b, h, qb, kb_}), cast(u8, cls));
     };
     if (tiles == 1) classify(program_id(1));
@@ -336,7 +385,12 @@ Kernel block_classes_kernel(std::string name, std::function<MaskMod(Builder&)> d
 const Kernel& attention_block_classes() {
   static const Kernel k = block_classes_kernel("attention_block_classes", [](Builder& kb) {
     const MaskKind kind = mask_kind_meta(kb);
-    return AttentionMask(kb, kind).mask_mod();
+    const AttentionMask mask(kb, kind);
+    TileVerdictFn verdict;
+    if (kind == MaskKind::document || kind == MaskKind::causal_document)
+      verdict = [mask](const Tile& b, const Tile& h, const Tile& s_q, const Tile& s_k, const Tile& m0, int64_t bm, const Tile& n0,
+                       int64_t bn) { return mask.bind(b, h, s_q, s_k).tile_verdict(m0, bm, n0, bn); };
+    return BlockClassifier{mask.mask_mod(), verdict};
   });
   return k;
 }

@@ -29,6 +29,7 @@
 #pragma once
 #include <array>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "dsl/lang.hpp"
@@ -129,6 +130,12 @@ class AttentionMask {
   MaskKind kind_;
 };
 
+// A cheap, conservative classification of one (query tile, key tile): `empty` (i1 scalar) implies
+// no in-bounds element is allowed, `full` that every one is; neither: evaluate the elements.
+struct TileVerdict {
+  lang::Tile empty, full;
+};
+
 // One (batch, head, sequence) of a library mask: element masks and tile-level block skipping.
 class SequenceMask {
  public:
@@ -150,6 +157,11 @@ class SequenceMask {
   // with at least one row < S_q and one key < S_k. A full tile crossing S_k still needs the bounds mask.
   lang::Tile tile_is_full(const lang::Tile& m0, int64_t block_m, const lang::Tile& n0, int64_t block_n,
                           lang::Loc loc = lang::Loc::current()) const;
+  // Segment kinds (document, causal_document): what the ranges of the tile's ids tell at the cost
+  // of BLOCK_M + BLOCK_N loads (TileVerdict), so that the pre-pass evaluates the mask per element
+  // only where they do not decide; nothing for the other kinds.
+  std::optional<TileVerdict> tile_verdict(const lang::Tile& m0, int64_t block_m, const lang::Tile& n0, int64_t block_n,
+                                          lang::Loc loc = lang::Loc::current()) const;
 
   lang::Tile b, h, s_q, s_k;
 
@@ -197,6 +209,16 @@ struct AttentionScoreMod {
 // Hm = H).
 // Schedule of the classes kernel: 8 warps at 128 x 128 tiles (4 spill 8 B with LLVM), 4 below.
 lang::Kernel block_classes_kernel(std::string name, std::function<MaskMod(lang::Builder&)> declare_mask);
+// The same with a quick classifier: where it returns a verdict that decides a tile (empty or
+// full), the tile is classified without evaluating its elements (the library's document masks:
+// SequenceMask::tile_verdict). Arguments: b, h, S_q, S_k, m0, BLOCK_M, n0, BLOCK_N.
+using TileVerdictFn = std::function<std::optional<TileVerdict>(const lang::Tile&, const lang::Tile&, const lang::Tile&, const lang::Tile&,
+                                                               const lang::Tile&, int64_t, const lang::Tile&, int64_t)>;
+struct BlockClassifier {
+  MaskMod mask;
+  TileVerdictFn verdict;  // may be empty
+};
+lang::Kernel block_classes_kernel(std::string name, std::function<BlockClassifier(lang::Builder&)> declare);
 // TILES of the library's classification (the API's, the registry's default): 4 and 16 took 0.18 ms
 // where 1 took 0.21 (causal document mask, 16k x 16k at 128 x 128, H100; the work is the
 // per-element mask, so more gains little).
