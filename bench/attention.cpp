@@ -22,7 +22,8 @@
 //   attention_bench --dropout P --schedule BM,BN,W,S   the same, the dropout backward at those tiles
 //   attention_bench --forward-variants [--head-dim D] [--dropout P] [--quick]  the forward at other
 //     tiles/warps/stages than the default (S4k, full and causal; with dropout p when given; --quick:
-//     the default alone, e.g. under a profiler), outputs checked against the default's:
+//     the default alone, e.g. under a profiler; --with META: a bool meta on in every variant), outputs
+//     checked against the default's:
 //     FWD_VARIANT D=128 causal=0 dropout=1 tile=64x64 warps=4 stages=2 exact=0 programs_per_sm=2 ms=.. vs_default=..
 //   attention_bench --capabilities         "backward=1 varlen_fwd=1 varlen_bwd=1 dropout=1"
 //   attention_bench --check DIR            reads DIR/cases.txt and the inputs, writes the outputs
@@ -507,7 +508,7 @@ int bench_deterministic(int max_reps, int64_t only_d, int64_t only_s, std::optio
 
 // --forward-variants: the forward at D64 S4k (full and causal) under a few schedules, with the
 // output normalised by division (EXACT_NORMALIZE, which lets ptxas serialise the wgmma) or rcp.
-int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool only_default) {
+int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool only_default, const std::string& extra_meta) {
   const Buffers buf;
   runtime::Stream stream;
   struct Variant {
@@ -540,6 +541,7 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
           lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D},        {"BLOCK_M", v.bm},      {"BLOCK_N", v.bn},
                           {"BSHD", true},           {"CAUSAL", causal},     {"DROPOUT", dropout},   {"EXACT_NORMALIZE", v.exact},
                           {"POSITIVE_SCALE", true}};  // (as the API launches it)
+          if (!extra_meta.empty()) meta.emplace_back(extra_meta, true);  // --with META
           jit::CompileOptions o;
           o.num_warps = v.warps;
           o.pipeline.stages = v.stages;
@@ -866,7 +868,7 @@ int main(int argc, char** argv) {
   std::string check_dir;
   double dropout_p = -1;
   bool masks = false, deterministic = false, forward_variants = false;
-  std::string schedule_ab;
+  std::string schedule_ab, with_meta;
   int64_t only_d = 0, only_s = 0;  // --deterministic: only this head dim / sequence length
   std::optional<attention::Schedule> schedule;  // --deterministic --schedule: recompute's kernels at these tiles
   for (int i = 1; i < argc; ++i) {
@@ -878,6 +880,7 @@ int main(int argc, char** argv) {
     else if (a == "--pipeline-ab") schedule_ab = "PIPELINE_QK";
     else if (a == "--schedule-ab" && i + 1 < argc) schedule_ab = argv[++i];
     else if (a == "--forward-variants") forward_variants = true;
+    else if (a == "--with" && i + 1 < argc) with_meta = argv[++i];
     else if (a == "--deterministic") deterministic = true;
     else if (a == "--head-dim" && i + 1 < argc) only_d = std::atoll(argv[++i]);
     else if (a == "--seq" && i + 1 < argc) only_s = std::atoll(argv[++i]);
@@ -911,7 +914,7 @@ int main(int argc, char** argv) {
   }
   try {
     std::fprintf(stderr, "GPU: %s\n", driver.props(0).name.c_str());
-    if (forward_variants) return bench_forward_variants(reps, only_d, dropout_p, quick);
+    if (forward_variants) return bench_forward_variants(reps, only_d, dropout_p, quick, with_meta);
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps);

@@ -28,6 +28,7 @@ struct TensorDesc {
 
 // Scoped caches: what was materialised inside a loop or if body is not visible after it.
 struct Frame {
+  bool loop_body = false;  // a for loop's body: conversions of values from outside move before the loop
   std::map<std::pair<ir::ValueId, std::string>, Regs> tiles;
   std::unordered_map<ir::ValueId, V> scalars;
   std::map<std::string, std::vector<V>> thread_coords;
@@ -213,10 +214,29 @@ class Lowerer {
       if (!n) fail(def_.count(v) ? def_.at(v) : nullptr, fmt::format("internal: value {} used before it was lowered", v));
       auto again = reloadable_.find(v);
       // load_at_use: read the window again in L (its first read is dead code if no use keeps it)
-      if (again != reloadable_.end() && again->second == std::pair{memory_epoch_, frames_.size()})
+      if (again != reloadable_.end() && again->second == std::pair{memory_epoch_, frames_.size()}) {
         regs = block_load_regs(*def_.at(v), L);
-      else
-        regs = convert(*n, *nat, L, f_.type(v));
+      } else {
+        // A value from outside the loops being lowered is converted before them: once, not at every
+        // iteration (e.g. the dQ kernel's row vectors LSE and Delta, loaded before its key loop and
+        // used in the MMA layout inside it). Not out of an if: that would run it when not taken.
+        size_t home = 0;
+        for (size_t i = frames_.size(); i-- > 0;)
+          if (frames_[i].tiles.count({v, nat->str()})) {
+            home = i;
+            break;
+          }
+        size_t at = frames_.size() - 1;
+        while (at > home && frames_[at].loop_body) --at;
+        const Regs natural = *n;
+        if (at + 1 == frames_.size()) {
+          regs = convert(natural, *nat, L, f_.type(v));
+        } else {
+          regs = at_level(at, [&] { return convert(natural, *nat, L, f_.type(v)); });
+          frames_[at].tiles[{v, key}] = regs;  // visible from there on (the loops are inside it)
+          return regs;
+        }
+      }
     } else {
       auto it = def_.find(v);
       if (it == def_.end()) fail(nullptr, fmt::format("internal: flexible value {} has no defining op", v));
@@ -227,6 +247,24 @@ class Lowerer {
   }
 
   void put(ir::ValueId v, const Layout& L, Regs regs) { frames_.back().tiles[{v, L.str()}] = std::move(regs); }
+
+  // Runs `emit_code` as if the lowering stood at frame `level` (an enclosing one): its code goes to
+  // the end of that level's block -- before the loop being lowered, whose instruction is appended
+  // to that block only once its body is done -- and what it caches to that frame.
+  Regs at_level(size_t level, const std::function<Regs()>& emit_code) {
+    std::vector<Frame> frames(std::make_move_iterator(frames_.begin() + static_cast<std::ptrdiff_t>(level + 1)),
+                              std::make_move_iterator(frames_.end()));
+    std::vector<pir::Block*> blocks(blocks_.begin() + static_cast<std::ptrdiff_t>(level + 1), blocks_.end());
+    std::vector<int64_t> ids(block_ids_.begin() + static_cast<std::ptrdiff_t>(level + 1), block_ids_.end());
+    frames_.resize(level + 1);
+    blocks_.resize(level + 1);
+    block_ids_.resize(level + 1);
+    Regs out = emit_code();
+    for (Frame& f : frames) frames_.push_back(std::move(f));
+    blocks_.insert(blocks_.end(), blocks.begin(), blocks.end());
+    block_ids_.insert(block_ids_.end(), ids.begin(), ids.end());
+    return out;
+  }
 
   // Per dim, the lane/warp part of each element's coordinate in this thread (i32).
   const std::vector<V>& thread_coords(const Layout& L) {
@@ -1279,6 +1317,7 @@ class Lowerer {
     }
     push_block(&pb);
     frames_.emplace_back();
+    frames_.back().loop_body = true;
     frames_.back().scalars[body.args[0]] = iv;
     for (size_t i = 0; i < op.results.size(); ++i) bind(body.args[i + 1], lay[i], arg_regs[i]);
     if (ring) ring_top(op, *ring, iv);

@@ -122,6 +122,11 @@ struct MaskedTile {
 };
 // The walk: ONE flat loop j in [0, count) per program (whatever the runs or lists), so that a
 // pipelined schedule sees a single stream of tiles to prefetch.
+// A query block's LSE and Delta ([BLOCK_M] f32 each), as loaded.
+struct RowVectors {
+  Tile lse, delta;
+};
+
 struct MaskedTileWalk {
   Tile count;
   std::function<MaskedTile(const Tile& j)> at;
@@ -231,9 +236,11 @@ struct BackwardParams {
   Tile group(const HeadRows& rows) const { return Q.size(rows.head_dim()) / K.size(rows.head_dim()); }
   // The LSE of rows [m0, m0 + BM) of head h in log2 units, +inf for a row that sees no key
   // (LSE = -inf) or lies past the end: its P = exp2(s - inf) = 0, never exp2(-inf - -inf) = NaN.
-  Tile lse_log2(const HeadRows& rows, const Tile& h, const Tile& m0) const {
-    auto lse = load(rows(LSE, h, m0, BM), /*padding=*/INFINITY);
-    return where(lse == -INFINITY, INFINITY, lse * kLog2e);
+  Tile lse_log2(const HeadRows& rows, const Tile& h, const Tile& m0) const { return lse_log2_of(load(rows(LSE, h, m0, BM), /*padding=*/INFINITY)); }
+  Tile lse_log2_of(const Tile& lse) const { return where(lse == -INFINITY, INFINITY, lse * kLog2e); }
+  // LSE (natural log, as stored; +inf past S_q) and Delta of the query block at m0, as loaded.
+  RowVectors row_vectors(const HeadRows& rows, const Tile& h, const Tile& m0) const {
+    return {load(rows(LSE, h, m0, BM), /*padding=*/INFINITY), load(rows(Delta, h, m0, BM))};
   }
   // Which (query row, key) pairs count: keys inside the sequence and, when causal, the forward's
   // bottom-right alignment (row i sees keys j <= i + S_k - S_q). Arguments broadcast to the block.
@@ -325,10 +332,12 @@ const Kernel& attention_backward_dkdv() {
         // partial block or keys past S_k; rows past S_q have P = 0 already: LSE = +inf there).
         // ordered: the semaphore count to wait for before adding (default: n_block), and `deferred`:
         // where to leave this add's semaphore index for the caller to signal later (see below).
-        auto block = [&](const Tile& m0, const Tile& needs_mask, const Tile& wait_target = Tile(), Var* deferred = nullptr) {
+        // `ahead`: the block's LSE and Delta, loaded one block earlier (walk_blocks).
+        auto block = [&](const Tile& m0, const RowVectors& ahead, const Tile& needs_mask, const Tile& wait_target = Tile(),
+                         Var* deferred = nullptr) {
           auto q = load(rows(a.Q, h, m0, a.BM)), dout = load(rows(a.dO, h, m0, a.BM));
-          auto lse = a.lse_log2(rows, h, m0)[row];  // [1, BM]
-          auto delta = load(rows(a.Delta, h, m0, a.BM))[row];
+          auto lse = a.lse_log2_of(ahead.lse)[row];  // [1, BM]
+          auto delta = ahead.delta[row];
           Tile pt;  // P^T
           Tile mod_grad_t;  // SCORE_MOD with a derivative: d mod / d score, transposed
           const Tile e_t =
@@ -398,22 +407,40 @@ const Kernel& attention_backward_dkdv() {
             }
           }
         };
+        // The query blocks j = 0 .. count - 1 at m0_at(j), each with its LSE and Delta loaded while
+        // the block before it runs: read at the block's top, those global loads stalled its
+        // exponent (their latency exceeds S^T's MMA; ~11% of the kernel's time at D128 S4k, H100).
+        // Blocks past the end read padding (rows past S_q), never outside the tensors.
+        auto walk_blocks = [&](const Tile& count, const std::function<Tile(const Tile&)>& m0_at,
+                               const std::function<void(const Tile& j, const Tile& m0, const RowVectors&)>& body) {
+          const RowVectors first = a.row_vectors(rows, h, where(count > 0, m0_at(zeros(i32, {})), 0));
+          Var lse = first.lse, delta = first.delta;
+          for_range(0, count, [&](Tile j) {
+            const RowVectors current{lse, delta};
+            const RowVectors next = a.row_vectors(rows, h, m0_at(minimum(j + 1, maximum(count - 1, 0))));
+            lse = next.lse;
+            delta = next.delta;
+            body(j, m0_at(j), current);
+          });
+        };
         if (slot) {  // PERSISTENT: the shift order; each add waits for its place in the fixed order
           Var deferred = full(i32, {}, -1);  // the last add's semaphore, not signalled yet
-          for_range(0, sched.visit_count(n_block), [&](Tile t) {
-            Tile m = sched.visit_query_tile(*slot, stage, n_block, t);
-            block(m * a.BM, Tile(), sched.wait_target(*slot, stage, n_block, m), &deferred);
-          });
+          auto query_tile = [&](const Tile& t) { return sched.visit_query_tile(*slot, stage, n_block, t); };
+          walk_blocks(sched.visit_count(n_block), [&](const Tile& t) { return query_tile(t) * a.BM; },
+                      [&](const Tile& t, const Tile& m0, const RowVectors& rv) {
+                        block(m0, rv, Tile(), sched.wait_target(*slot, stage, n_block, query_tile(t)), &deferred);
+                      });
           if_(deferred >= 0, [&] { signal_add(dq_sem + deferred, 1); });
           return;
         }
         if (!seq) {
-          if (q_descending) {
-            Tile trips = cdiv(maximum(m_end - m_begin, 0), a.BM);
-            for_range(0, trips, [&](Tile j) { block(m_begin + (trips - 1 - j) * a.BM, Tile()); });
-          } else {
-            for_range(m_begin, m_end, a.BM, [&](Tile m0) { block(m0, Tile()); });
-          }
+          Tile trips = cdiv(maximum(m_end - m_begin, 0), a.BM);
+          if (q_descending)
+            walk_blocks(trips, [&](const Tile& j) { return m_begin + (trips - 1 - j) * a.BM; },
+                        [&](const Tile&, const Tile& m0, const RowVectors& rv) { block(m0, rv, Tile()); });
+          else
+            walk_blocks(trips, [&](const Tile& j) { return m_begin + j * a.BM; },
+                        [&](const Tile&, const Tile& m0, const RowVectors& rv) { block(m0, rv, Tile()); });
           return;
         }
         // the query blocks that see this key block: the mask's intervals or the pre-pass's lists
@@ -421,10 +448,8 @@ const Kernel& attention_backward_dkdv() {
         const MaskedTileWalk walk = a.lists ? list_walk(*a.lists, rows.b, h, n_block, a.BM)
                                             : interval_walk(seq->query_tiles(n0, a.BN, a.BM), a.BM, is_full);
         Tile keys_edge = n0 + a.BN > S_k;
-        for_range(0, walk.count, [&](Tile j) {
-          const MaskedTile t = walk.at(j);
-          block(t.start, t.partial | keys_edge);
-        });
+        walk_blocks(walk.count, [&](const Tile& j) { return walk.at(j).start; },
+                    [&](const Tile& j, const Tile& m0, const RowVectors& rv) { block(m0, rv, walk.at(j).partial | keys_edge); });
       });
       store(rows(dK_t, kv_h, n0, a.BN), cast(a.T, dk * softmax_scale));
       Tile dv_out = dv;
