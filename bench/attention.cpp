@@ -25,6 +25,9 @@
 //     the default alone, e.g. under a profiler; --with META: a bool meta on in every variant), outputs
 //     checked against the default's:
 //     FWD_VARIANT D=128 causal=0 dropout=1 tile=64x64 warps=4 stages=2 exact=0 programs_per_sm=2 ms=.. vs_default=..
+//   attention_bench --backward-ab META     the dK/dV kernel with a bool meta off/on (D 64/128, S4k,
+//     +-causal), dK and dV compared bit for bit:
+//     BACKWARD_AB ROWS_AHEAD kernel=attention_bwd_dkdv D=128 causal=0 off_ms=.. on_ms=.. speedup=.. outputs_identical=1
 //   attention_bench --capabilities         "backward=1 varlen_fwd=1 varlen_bwd=1 dropout=1"
 //   attention_bench --check DIR            reads DIR/cases.txt and the inputs, writes the outputs
 #include <fmt/format.h>
@@ -45,6 +48,7 @@
 
 #include "kernels/attention.hpp"
 #include "kernels/attention_api.hpp"
+#include "kernels/attention_backward.hpp"
 #include "kernels/attention_mask.hpp"
 #include "kernels/dropout_mask.hpp"
 #include "jit/compile.hpp"
@@ -572,6 +576,60 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
   return 0;
 }
 
+// --backward-ab META: the dK/dV kernel alone (recompute, the API's default tiles) with a bool meta
+// off and on, D 64/128, S 4k, full and causal, alternated rounds; dK and dV compared bit for bit.
+// LSE from the forward; Delta from the preprocess kernel, as the API runs them.
+int bench_backward_ab(const std::string& meta_name, int max_reps) {
+  const Buffers buf;
+  runtime::Stream stream;
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true}) {
+      const Config c{4096, D, causal};
+      const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
+      attention::Options fo;
+      fo.causal = causal;
+      attention::forward(Q, K, V, O, L, fo, stream.handle());
+      const DeviceBuffer delta(static_cast<size_t>(c.B() * c.H() * c.S) * 4);
+      const attention::Schedule pre = attention::default_schedule(attention::Pass::bwd_preprocess, ir::DType::bf16, static_cast<int>(D), causal);
+      Function prep(kernels::attention_backward_preprocess(), {{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D}, {"BLOCK_M", pre.block_m}, {"BSHD", true}},
+                    [&] { jit::CompileOptions o; o.num_warps = pre.num_warps; return o; }());
+      const attention::Tensor delta_view = attention::contiguous(delta.ptr(), ir::DType::f32, {c.B(), c.H(), c.S});
+      const std::vector<runtime::DeviceArg> prep_args{O.view(), dO.view(), delta_view.view()};
+      prep.launch({lang::cdiv(c.S, pre.block_m), c.H(), c.B()}, stream.handle(), prep_args);
+      const attention::Schedule sch = attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, static_cast<int>(D), causal);
+      std::vector<Function> fns;
+      for (bool on : {false, true}) {
+        lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D}, {"BLOCK_M", sch.block_m}, {"BLOCK_N", sch.block_n},
+                        {"BSHD", true}, {"CAUSAL", causal}, {meta_name, on}};
+        jit::CompileOptions o;
+        o.num_warps = sch.num_warps;
+        o.pipeline.stages = sch.stages;
+        fns.emplace_back(kernels::attention_backward_dkdv(), meta, o);
+      }
+      std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dK.view(), dV.view(),
+                                           static_cast<float>(1 / std::sqrt(double(D)))};
+      const runtime::Grid grid{lang::cdiv(c.S, sch.block_n), c.H(), c.B()};
+      const size_t out_bytes = static_cast<size_t>(c.B() * c.S * c.H() * D * 2);
+      std::vector<char> out[2];
+      for (int on : {0, 1}) {
+        fns[static_cast<size_t>(on)].launch(grid, stream.handle(), args);
+        stream.synchronize();
+        out[on].resize(2 * out_bytes);
+        buf.dk.download(out[on].data(), out_bytes);
+        buf.dv.download(out[on].data() + out_bytes, out_bytes);
+      }
+      std::vector<double> ms[2];
+      for (int round = 0; round < 3; ++round)
+        for (int on : {0, 1})
+          ms[on].push_back(time_ms([&] { fns[static_cast<size_t>(on)].launch(grid, stream.handle(), args); }, stream, max_reps));
+      const double a = median(ms[0]), b = median(ms[1]);
+      std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv D=%ld causal=%d off_ms=%.4f on_ms=%.4f speedup=%.3f outputs_identical=%d\n",
+                  meta_name.c_str(), static_cast<long>(D), causal ? 1 : 0, a, b, a / b, out[0] == out[1] ? 1 : 0);
+      std::fflush(stdout);
+    }
+  return 0;
+}
+
 const int64_t kDocumentLengths[] = {1024, 3072, 512, 2560, 1536, 4096, 768, 2816};
 
 int bench_masks(int max_reps) {
@@ -868,7 +926,7 @@ int main(int argc, char** argv) {
   std::string check_dir;
   double dropout_p = -1;
   bool masks = false, deterministic = false, forward_variants = false;
-  std::string schedule_ab, with_meta;
+  std::string schedule_ab, with_meta, backward_ab;
   int64_t only_d = 0, only_s = 0;  // --deterministic: only this head dim / sequence length
   std::optional<attention::Schedule> schedule;  // --deterministic --schedule: recompute's kernels at these tiles
   for (int i = 1; i < argc; ++i) {
@@ -879,6 +937,7 @@ int main(int argc, char** argv) {
     else if (a == "--masks") masks = true;
     else if (a == "--pipeline-ab") schedule_ab = "PIPELINE_QK";
     else if (a == "--schedule-ab" && i + 1 < argc) schedule_ab = argv[++i];
+    else if (a == "--backward-ab" && i + 1 < argc) backward_ab = argv[++i];
     else if (a == "--forward-variants") forward_variants = true;
     else if (a == "--with" && i + 1 < argc) with_meta = argv[++i];
     else if (a == "--deterministic") deterministic = true;
@@ -918,6 +977,7 @@ int main(int argc, char** argv) {
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps);
+    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps);
     if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule);
     return check_dir.empty() ? bench(quick, reps) : check(check_dir);
   } catch (const std::exception& e) {

@@ -291,6 +291,9 @@ const Kernel& attention_backward_dkdv() {
     // turn; tiles of one wave visit query tiles in the shift orders, and each adds into dQ[m] when
     // the accumulation order says (wait_target), so no tile waits in the full case.
     const bool persistent = kb.meta<bool>("PERSISTENT", false);
+    // ROWS_AHEAD (schedule, default on): each query block's LSE and Delta are loaded while the block
+    // before it runs (walk_blocks), not at its top.
+    const bool rows_ahead = kb.meta<bool>("ROWS_AHEAD", true);
     auto softmax_scale = kb.scalar<float>("softmax_scale");
 
     std::optional<AttentionDropout> drop;
@@ -413,6 +416,13 @@ const Kernel& attention_backward_dkdv() {
         // Blocks past the end read padding (rows past S_q), never outside the tensors.
         auto walk_blocks = [&](const Tile& count, const std::function<Tile(const Tile&)>& m0_at,
                                const std::function<void(const Tile& j, const Tile& m0, const RowVectors&)>& body) {
+          if (!rows_ahead) {
+            for_range(0, count, [&](Tile j) {
+              const Tile m0 = m0_at(j);
+              body(j, m0, a.row_vectors(rows, h, m0));
+            });
+            return;
+          }
           const RowVectors first = a.row_vectors(rows, h, where(count > 0, m0_at(zeros(i32, {})), 0));
           Var lse = first.lse, delta = first.delta;
           for_range(0, count, [&](Tile j) {
