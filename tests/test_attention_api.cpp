@@ -514,6 +514,10 @@ TEST_CASE("attention API: the schedule table covers every dtype, head dim and ma
     }
   CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, 128, false) == Schedule{64, 64, 4, 2});  // (measured: 64 x 128 on 8 warps was slower)
   CHECK(default_schedule(Pass::bwd_dq, DType::bf16, 128, true) == Schedule{64, 64, 4, 2});
+  // the forward with dropout: 64 x 128 on 4 warps at D 64 only
+  CHECK(default_schedule(Pass::forward, DType::bf16, 64, false, false, DqReduction::recompute, true) == Schedule{64, 128, 4, 2});
+  CHECK(default_schedule(Pass::forward, DType::bf16, 128, true, false, DqReduction::recompute, true) == Schedule{128, 128, 8, 2});
+  CHECK(default_schedule(Pass::forward, DType::bf16, 64, true, false, DqReduction::recompute, false) == Schedule{128, 128, 8, 2});
   // with dropout too (dK/dV builds its transposed mask from packed words: no more spills of ~600 B)
   for (int d : {64, 128}) {
     CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, d, false, false, DqReduction::recompute, true) == Schedule{64, 64, 4, 2});
@@ -713,11 +717,13 @@ TEST_CASE("attention API: a block mask built once (options.block_mask)") {
   other.storage = {};
   refused(other, "options.block_mask has no storage: make it with build_block_mask");
   if (backward_available()) {
-    // dropout runs at the same tiles: a block mask built without it fits
+    // dropout at D 64 runs the forward at 64 x 128 (and the backward at the same tiles): a block
+    // mask built without it does not fit the forward
     Call x = c;
     x.opts.dropout_p = 0.1;
-    CHECK_NOTHROW(x.check_fwd());
-    CHECK_NOTHROW(x.check_bwd());
+    CHECK(error_of([&] { x.check_fwd(); }).find("options.block_mask holds the forward lists at 128x128 tiles, but this call's forward "
+                                                 "kernel runs at 64x128") != std::string::npos);
+    CHECK_BWD_ERROR(x, "options.block_mask holds the forward lists at 128x128 tiles, but this call's forward kernel runs at 64x128");
     // calls at other tiles (a schedule for every kernel: here 64 x 128) do not fit; the backward
     // checks every list the block mask holds, the forward's included
     x.opts.schedule = Schedule{64, 128, 8, 2};
