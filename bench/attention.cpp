@@ -124,6 +124,15 @@ double time_ms(F&& fn, const runtime::Stream& stream, int max_reps) {
   return median(ms);
 }
 
+// The rounds of an A/B: six, the variants' order swapped every round. (Three rounds in a fixed
+// order measured two identical kernels -- the same PTX -- at 0.91-1.00x of each other: clock drift
+// over seconds favours whichever runs first.)
+template <class F>
+void ab_rounds(F&& measure) {
+  for (int round = 0; round < 6; ++round)
+    for (int i : {0, 1}) measure(round % 2 == 0 ? i : 1 - i);
+}
+
 // Device buffers of the largest tensors of the grid (B * S = 16k tokens, H * D = 2048) and the
 // [B, S, H, D] views of one configuration on them.
 struct Buffers {
@@ -351,15 +360,20 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
 // FlexAttention); data-dependent masks run the block-mask pre-pass first (not timed:
 // FlexAttention's block mask is also built once and reused).
 // --schedule-ab META: the forward with a bool schedule meta (PINGPONG, PIPELINE_QK, ...) off and
-// on, D 64/128, S 4k, full and causal, without and with fused dropout (p = 0.1), alternated rounds;
+// on, D 64/128, S 4k, full and causal, without dropout, with fused dropout (p = 0.1; dropout=1) and
+// reading the packed mask (DROPOUT_BITS; dropout=2), alternated rounds;
 // direct launches at the API's default schedule. A schedule must not change values: the outputs
 // of both variants are compared bit for bit (outputs_identical=1).
 int bench_schedule_ab(const std::string& meta_name, int max_reps) {
   const Buffers buf;
   runtime::Stream stream;
+  // dropout 0: none, 1: fused, 2: reading the packed mask (DROPOUT_BITS), generated here first
+  const int64_t max_words = kTokens / 4096 * (kHidden / 64) * 4096 * (4096 / 32);  // B * H * S * S / 32 at S4k, D 64
+  const DeviceBuffer bits(static_cast<size_t>(max_words) * 4);
   for (int64_t D : {64, 128})
     for (bool causal : {false, true})
-      for (bool dropout : {false, true}) {
+      for (int dropout_mode : {0, 1, 2}) {
+        const bool dropout = dropout_mode > 0;
         const Config c{4096, D, causal};
         const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
         const attention::Schedule sch = attention::default_schedule(attention::Pass::forward, ir::DType::bf16, static_cast<int>(D), causal);
@@ -367,6 +381,7 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps) {
         for (bool on : {false, true}) {
           lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D}, {"BLOCK_M", sch.block_m}, {"BLOCK_N", sch.block_n}, {"BSHD", true},
                           {"CAUSAL", causal}, {"DROPOUT", dropout}, {meta_name, on}};
+          if (dropout_mode == 2) meta.emplace_back("DROPOUT_BITS", true);
           // on top of the fma softmax, as the API launches it (softmax_scale > 0)
           if (meta_name != "POSITIVE_SCALE") meta.emplace_back("POSITIVE_SCALE", true);
           jit::CompileOptions o;
@@ -377,6 +392,14 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps) {
         std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), static_cast<float>(1 / std::sqrt(double(D)))};
         if (dropout)
           for (uint32_t v : {1234u, 0u, 7u, 0u, kernels::dropout_keep_threshold(0.1)}) args.emplace_back(v);
+        // (outlives args: a DeviceArg views the tensor's shape and strides)
+        const attention::Tensor bits_view = attention::contiguous(bits.ptr(), ir::DType::u32, {c.B() * c.H(), c.S, c.S / 32});
+        if (dropout_mode == 2) {
+          attention::Options gen;
+          gen.dropout_p = 0.1, gen.seed = 1234, gen.offset = 7;
+          attention::generate_dropout_bits(bits_view, c.B(), c.H(), c.S, c.S, gen, stream.handle());
+          args.emplace_back(bits_view.view());
+        }
         const runtime::Grid grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()};
         const size_t out_bytes = static_cast<size_t>(c.B() * c.S * c.H() * D * 2);
         std::vector<char> out[2];
@@ -387,13 +410,11 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps) {
           buf.o.download(out[on].data(), out_bytes);
         }
         std::vector<double> ms[2];
-        for (int round = 0; round < 3; ++round)
-          for (int on : {0, 1})
-            ms[on].push_back(time_ms([&] { fns[static_cast<size_t>(on)].launch(grid, stream.handle(), args); }, stream, max_reps));
+        ab_rounds([&](int on) { ms[on].push_back(time_ms([&] { fns[static_cast<size_t>(on)].launch(grid, stream.handle(), args); }, stream, max_reps)); });
         const double f = c.fwd_flops(), a = median(ms[0]), b = median(ms[1]);
         std::printf("SCHEDULE_AB %s D=%ld causal=%d dropout=%d off_ms=%.4f on_ms=%.4f off_tflops=%.1f on_tflops=%.1f speedup=%.3f "
                     "outputs_identical=%d\n",
-                    meta_name.c_str(), static_cast<long>(D), causal ? 1 : 0, dropout ? 1 : 0, a, b, f / (a * 1e-3) / 1e12,
+                    meta_name.c_str(), static_cast<long>(D), causal ? 1 : 0, dropout_mode, a, b, f / (a * 1e-3) / 1e12,
                     f / (b * 1e-3) / 1e12, a / b, out[0] == out[1] ? 1 : 0);
         std::fflush(stdout);
       }
@@ -619,9 +640,7 @@ int bench_backward_ab(const std::string& meta_name, int max_reps) {
         buf.dv.download(out[on].data() + out_bytes, out_bytes);
       }
       std::vector<double> ms[2];
-      for (int round = 0; round < 3; ++round)
-        for (int on : {0, 1})
-          ms[on].push_back(time_ms([&] { fns[static_cast<size_t>(on)].launch(grid, stream.handle(), args); }, stream, max_reps));
+      ab_rounds([&](int on) { ms[on].push_back(time_ms([&] { fns[static_cast<size_t>(on)].launch(grid, stream.handle(), args); }, stream, max_reps)); });
       const double a = median(ms[0]), b = median(ms[1]);
       std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv D=%ld causal=%d off_ms=%.4f on_ms=%.4f speedup=%.3f outputs_identical=%d\n",
                   meta_name.c_str(), static_cast<long>(D), causal ? 1 : 0, a, b, a / b, out[0] == out[1] ? 1 : 0);

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <map>
 #include <set>
 
 namespace tilejit::jit {
@@ -20,6 +21,9 @@ class Assigner {
   }
 
   LayoutPlan run() {
+    ir::walk(f_.body, [&](const ir::Op& op) {
+      for (ir::ValueId r : op.results) def_[r] = &op;
+    });
     // Layouts are linear maps over bits: every tile dimension must be a power of two.
     ir::walk(f_.body, [&](const ir::Op& op) {
       for (const auto* vs : {&op.operands, &op.results})
@@ -48,6 +52,10 @@ class Assigner {
 
  private:
   const std::optional<Layout>& nat(ir::ValueId v) const { return plan_.natural[v]; }
+  const ir::Op* def_of(ir::ValueId v) const {
+    auto it = def_.find(v);
+    return it == def_.end() ? nullptr : it->second;
+  }
   Layout blocked(const ir::Type& t) const {
     return Layout::blocked(t.shape, plan_.num_warps, vector_width(t.dtype, t.shape.back()));
   }
@@ -137,6 +145,13 @@ class Assigner {
       case OpKind::constant: case OpKind::arange: case OpKind::splat: case OpKind::broadcast:
       case OpKind::expand_dims: case OpKind::reshape: case OpKind::trans:
         return;  // flexible
+      case OpKind::precompute: {
+        // of a load_at_use window: flexible too, so that the lowering reads the window where the
+        // precompute stands directly in the layout its use asks for (no exchange)
+        const ir::Op* src = def_of(op.operands[0]);
+        if (src && src->kind == OpKind::block_load && src->attrs.count("at_use")) return;
+        break;
+      }
       default:
         break;
     }
@@ -147,6 +162,7 @@ class Assigner {
   std::string arch_;
   PipelineOptions pipeline_;
   std::set<const ir::Op*> wgmma_dots_;  // dots that accumulate in the wgmma layout
+  std::map<ir::ValueId, const ir::Op*> def_;  // each value's defining op
   LayoutPlan plan_;
 };
 

@@ -48,15 +48,19 @@ Tile AttentionDropout::keep(const Tile& batch_head, const Tile& row0, int64_t nu
   return keep_mask(batch_head, row0, num_rows, col0, num_cols) != 0u;
 }
 
-std::optional<DropoutKeepCalls> AttentionDropout::keep_calls(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
-                                                             int64_t num_cols) const {
-  if (bits.descriptor().valid() || num_cols % 64 != 0) return std::nullopt;  // (read, or per element, at the use)
-  return dropout_keep_calls(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold);
+AttentionDropout::Ahead AttentionDropout::keep_ahead(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
+                                                    int64_t num_cols) const {
+  if (bits.descriptor().valid())
+    return {std::nullopt, precompute(load_at_use(bits.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32})))};
+  if (num_cols % 64 != 0) return {};  // (per element at the use)
+  return {dropout_keep_calls(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold),
+          Tile()};
 }
 
-Tile AttentionDropout::keep_mask_of(const std::optional<DropoutKeepCalls>& calls, const Tile& batch_head, const Tile& row0,
-                                    int64_t num_rows, const Tile& col0, int64_t num_cols) const {
-  return calls ? dropout_keep_mask_of(*calls) : keep_mask(batch_head, row0, num_rows, col0, num_cols);
+Tile AttentionDropout::keep_mask_of(const Ahead& ahead, const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
+                                    int64_t num_cols) const {
+  if (ahead.words.valid()) return expand_keep_words(ahead.words, num_rows, num_cols);
+  return ahead.calls ? dropout_keep_mask_of(*ahead.calls) : keep_mask(batch_head, row0, num_rows, col0, num_cols);
 }
 
 Tile AttentionDropout::keep_mask(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols) const {
@@ -167,7 +171,9 @@ const Kernel& attention_forward() {
     // <= 0 breaks the promise (the max of raw scores is then the min of scaled ones): the kernel
     // then writes NaN, never a silently wrong output. Not with a score mod (it needs scaled scores).
     auto positive_scale = kb.meta<bool>("POSITIVE_SCALE", false);
-    const bool dropout_ahead = kb.meta<bool>("DROPOUT_AHEAD", false);
+    // (default: on when reading the packed mask -- its word loads then overlap S's MMA: H100 S4k
+    // +1-10% -- off for fused Philox, measured 0.89-0.95x)
+    const bool dropout_ahead = kb.meta<bool>("DROPOUT_AHEAD", dropout_bits);
     if (positive_scale && modded) kb.fail(Loc::current(), "POSITIVE_SCALE takes no SCORE_MOD: the mod needs the scaled scores");
 
     const int seq_dim = varlen ? 0 : bshd ? 1 : 2, head_dim = varlen ? 1 : bshd ? 2 : 1;
@@ -221,7 +227,7 @@ const Kernel& attention_forward() {
     // One key block given its scores: masked only when `partial` (a uniform branch: blocks entirely
     // inside the mask skip the per-element compare and select), then the online softmax update.
     // Returns P (of dtype T, dropped elements zeroed) and the rescale factor alpha of the output.
-    auto softmax_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw, const std::optional<DropoutKeepCalls>& calls) {
+    auto softmax_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw, const AttentionDropout::Ahead& ahead) {
       Var s = modded ? score_mod.mod(s_raw * softmax_scale, mask_indices(b, h, rows, n0 + arange(0, BN), S_q, S_k)) * 1.4426950408889634
                      : positive_scale ? s_raw : s_raw * qk_scale;
       if_(partial, [&] {
@@ -241,7 +247,7 @@ const Kernel& attention_forward() {
       if (dropout) {
         // the 1 / keep probability scale is uniform: applied once to the output, not per element.
         // An AND with a 0 / ~0 mask, not where(): LLVM sinks a select past the bf16 conversion.
-        Tile keep = drop->keep_mask_of(calls, bh, m0, BM, n0, BN);
+        Tile keep = drop->keep_mask_of(ahead, bh, m0, BM, n0, BN);
         pv = apply_keep_mask(p, keep);
         if (return_mask) store(mask.block({bh, m0, n0}, {BM, BN}), cast(u8, keep & 1u));
       }
@@ -250,15 +256,16 @@ const Kernel& attention_forward() {
     };
     // ... then O = O * alpha + P V: rescaled, then accumulated onto by the MMA (its own
     // accumulator: no separate add).
-    // DROPOUT_AHEAD (fused dropout): the block's Philox calls right after issuing its S = Q K^T and
-    // before anything waits for it, to run while the tensor cores compute S. Measured slower on H100
-    // (D64/D128 S4k, bit-identical outputs: 0.89-0.92x, with the commit fenced so that they do not
-    // delay the wgmmas' issue), so off by default: the calls are computed at the mask's use.
+    // DROPOUT_AHEAD: the block's mask inputs right after issuing its S = Q K^T and before anything
+    // waits for it, to run while the tensor cores compute S: fused, its Philox calls (measured
+    // slower on H100, D64/D128 S4k, bit-identical outputs: 0.89-0.92x, with the commit fenced so
+    // that they do not delay the wgmmas' issue); DROPOUT_BITS, the loads of its packed words (their
+    // latency then overlaps the MMA instead of the softmax: the default there).
     auto philox_calls = [&](const Tile& n0) {
-      return drop && dropout_ahead ? drop->keep_calls(bh, m0, BM, n0, BN) : std::nullopt;
+      return drop && dropout_ahead ? drop->keep_ahead(bh, m0, BM, n0, BN) : AttentionDropout::Ahead{};
     };
-    auto key_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw, const std::optional<DropoutKeepCalls>& calls) {
-      auto [p16, alpha] = softmax_block(n0, partial, s_raw, calls);
+    auto key_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw, const AttentionDropout::Ahead& ahead) {
+      auto [p16, alpha] = softmax_block(n0, partial, s_raw, ahead);
       Tile v = load(rows_of(Vs, kv_h, n0, BN)), rescaled = acc * alpha[col];
       in_turn([&] { acc = dot(p16, v, rescaled); });
     };

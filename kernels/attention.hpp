@@ -68,18 +68,23 @@ struct AttentionDropout {
   // zeroing dropped values with one AND per element. Fused: dropout_keep_mask_block.
   lang::Tile keep_mask(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows, const lang::Tile& col0,
                        int64_t num_cols) const;
-  // keep_mask in two steps (fused, whole 64-column groups; see DropoutKeepCalls): the block's
-  // Philox calls, where the kernel has nothing else to issue, then the mask at its use. Otherwise
-  // no calls (precomputed words are read at the use), and keep_mask_of is keep_mask.
   // keep_mask transposed: u32 [num_cols, num_rows], for blocks whose rows are keys (dK/dV's S^T).
   // Fused with whole 64-column groups: the packed words (dropout_keep_words) where each thread owns
   // whole Philox calls, then a shared-memory exchange into the transposed layout.
   lang::Tile keep_mask_transposed(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows, const lang::Tile& col0,
                                   int64_t num_cols) const;
-  std::optional<DropoutKeepCalls> keep_calls(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows,
-                                             const lang::Tile& col0, int64_t num_cols) const;
-  lang::Tile keep_mask_of(const std::optional<DropoutKeepCalls>& calls, const lang::Tile& batch_head, const lang::Tile& row0,
-                          int64_t num_rows, const lang::Tile& col0, int64_t num_cols) const;
+  // keep_mask in two steps, for a kernel that prepares the mask's inputs where it has nothing else
+  // to issue (e.g. right after issuing an MMA) and builds the mask at its use. Fused (whole 64-column
+  // groups): the block's Philox calls (see DropoutKeepCalls); precomputed: the block's packed words,
+  // read under `precompute` directly in the layout of their use. Otherwise nothing ahead, and
+  // keep_mask_of is keep_mask.
+  struct Ahead {
+    std::optional<DropoutKeepCalls> calls;
+    lang::Tile words;  // rng = precomputed: u32 [num_rows, num_cols / 32]
+  };
+  Ahead keep_ahead(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows, const lang::Tile& col0, int64_t num_cols) const;
+  lang::Tile keep_mask_of(const Ahead& ahead, const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows,
+                          const lang::Tile& col0, int64_t num_cols) const;
 };
 
 // A packed keep-mask (u32 [num_rows, num_cols / 32], bit b of word w = column 32 w + b, 1 = keep)

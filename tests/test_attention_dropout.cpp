@@ -453,6 +453,16 @@ TEST_CASE("attention dropout: reading the precomputed packed mask gives the fuse
     int64_t differ = 0;
     for (int64_t e = 0; e < o1.numel(); ++e) differ += o1.get_flat(e) != o2.get_flat(e) ? 1 : 0;
     CHECK(differ == 0);
+    // with DROPOUT_AHEAD the words are read right after S = Q K^T is issued: the same outputs
+    Meta bits_ahead = with_bits;
+    bits_ahead.emplace_back("DROPOUT_AHEAD", true);
+    HostTensor o3(bf16, c.q_shape()), l3(f32, {c.B, c.Hq, c.Sq});
+    std::vector<runtime::Arg> args3 = concat({q, k, v, o3, l3, scale}, rng.args());
+    args3.emplace_back(bits);
+    runtime::interpret(kernels::attention_forward().build(bits_ahead), {cdiv(c.Sq, 64), c.Hq, c.B}, args3);
+    int64_t differ_ahead = 0;
+    for (int64_t e = 0; e < o1.numel(); ++e) differ_ahead += o1.get_flat(e) != o3.get_flat(e) ? 1 : 0;
+    CHECK(differ_ahead == 0);
     const DropoutRef ref = dropout_ref(c, q, k, v, nullptr, scale, rng);
     CHECK(testing::rel_error(c, o2, ref.o) < 1e-2);
   }
