@@ -275,12 +275,14 @@ Tile SequenceMask::tile_is_full(const Tile& m0, int64_t block_m, const Tile& n0,
 
 std::optional<TileVerdict> SequenceMask::tile_verdict(const Tile& m0, int64_t block_m, const Tile& n0, int64_t block_n, Loc loc) const {
   const MaskKind kind = mask_.kind();
-  if (kind != MaskKind::document && kind != MaskKind::causal_document) return std::nullopt;
+  if (kind != MaskKind::document && kind != MaskKind::causal_document && kind != MaskKind::share_question &&
+      kind != MaskKind::causal_blockwise)
+    return std::nullopt;
   // Rows are allowed keys only where their position p = q + S_k - S_q is a token (inside the key
-  // sequence) and only keys of their own segment: with the ids' ranges [qlo, qhi] over the in-bounds
-  // rows and [klo, khi] over the in-bounds keys, disjoint ranges mean no pair shares an id (empty);
-  // one id everywhere, and every in-bounds row a token, means every pair does (full). Counts, not
-  // the extremes, say whether any row or key is there (ids may be any i32).
+  // sequence). With the ids' ranges [qlo, qhi] over the in-bounds rows and [klo, khi] over the
+  // in-bounds keys: disjoint ranges mean no pair shares an id; one id everywhere, and every
+  // in-bounds row a token, means every pair does. Counts, not the extremes, say whether any row or
+  // key is there (ids may be any i32).
   Tile q = m0 + arange(0, block_m, loc), k = n0 + arange(0, block_n, loc);
   Tile p = q + (s_k - s_q);
   Tile q_in = q < s_q, row_ok = q_in & (p >= 0) & (p < s_k), k_in = k < s_k;
@@ -289,17 +291,31 @@ std::optional<TileVerdict> SequenceMask::tile_verdict(const Tile& m0, int64_t bl
   Tile klo = min(where(k_in, dk, INT32_MAX, loc), loc), khi = max(where(k_in, dk, INT32_MIN, loc), loc);
   Tile rows = sum(cast(i32, row_ok, loc), loc), keys = sum(cast(i32, k_in, loc), loc);
   Tile non_token_rows = sum(cast(i32, q_in & !row_ok, loc), loc);  // in-bounds rows that see nothing
-  Tile empty = (rows == 0) | (keys == 0) | (qhi < klo) | (khi < qlo);
-  Tile full = (non_token_rows == 0) & (rows > 0) & (keys > 0) & (qlo == qhi) & (klo == khi) & (qlo == klo);
-  if (kind == MaskKind::causal_document) {
-    // and key k only up to the row's position: every pair (all keys <= the first row's position),
-    // none (the first key past the last row's position)
-    Tile first_p = m0 + (s_k - s_q), last_p = minimum(m0 + block_m, s_q) - 1 + (s_k - s_q);
-    Tile last_key = minimum(n0 + block_n, s_k) - 1;
-    empty = empty | (n0 > last_p);
-    full = full & (last_key <= first_p);
+  Tile nothing = (rows == 0) | (keys == 0);
+  Tile every_row = (non_token_rows == 0) & (rows > 0) & (keys > 0);
+  Tile no_shared_id = (qhi < klo) | (khi < qlo);
+  Tile one_id = (qlo == qhi) & (klo == khi) & (qlo == klo);
+  // The causal kinds allow key k only up to the row's position: every pair when all keys are <=
+  // the first row's position, none when the first key is past the last row's.
+  Tile first_p = m0 + (s_k - s_q), last_p = minimum(m0 + block_m, s_q) - 1 + (s_k - s_q);
+  Tile last_key = minimum(n0 + block_n, s_k) - 1;
+  Tile causal_none = n0 > last_p, causal_all = last_key <= first_p;
+  switch (kind) {
+    case MaskKind::document: return TileVerdict{nothing | no_shared_id, every_row & one_id};
+    case MaskKind::causal_document: return TileVerdict{nothing | no_shared_id | causal_none, every_row & one_id & causal_all};
+    case MaskKind::share_question: {
+      // also every key of the question's segment (id of token 0): none of them when its id is
+      // outside the keys' range; all pairs when every key is in it
+      Tile no_question = (question_doc < klo) | (question_doc > khi);
+      Tile all_question = (klo == khi) & (klo == question_doc);
+      return TileVerdict{nothing | causal_none | (no_shared_id & no_question), every_row & causal_all & (one_id | all_question)};
+    }
+    default: {  // causal_blockwise: also every row of the last segment (id of token S_k - 1) sees every earlier key
+      Tile no_last = (last_doc < qlo) | (last_doc > qhi);
+      Tile all_last = (qlo == qhi) & (qlo == last_doc);
+      return TileVerdict{nothing | causal_none | (no_shared_id & no_last), every_row & causal_all & (one_id | all_last)};
+    }
   }
-  return TileVerdict{empty, full};
 }
 
 // ---- score mods ----
@@ -387,7 +403,8 @@ const Kernel& attention_block_classes() {
     const MaskKind kind = mask_kind_meta(kb);
     const AttentionMask mask(kb, kind);
     TileVerdictFn verdict;
-    if (kind == MaskKind::document || kind == MaskKind::causal_document)
+    if (kind == MaskKind::document || kind == MaskKind::causal_document || kind == MaskKind::share_question ||
+        kind == MaskKind::causal_blockwise)
       verdict = [mask](const Tile& b, const Tile& h, const Tile& s_q, const Tile& s_k, const Tile& m0, int64_t bm, const Tile& n0,
                        int64_t bn) { return mask.bind(b, h, s_q, s_k).tile_verdict(m0, bm, n0, bn); };
     return BlockClassifier{mask.mask_mod(), verdict};

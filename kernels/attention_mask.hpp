@@ -157,9 +157,9 @@ class SequenceMask {
   // with at least one row < S_q and one key < S_k. A full tile crossing S_k still needs the bounds mask.
   lang::Tile tile_is_full(const lang::Tile& m0, int64_t block_m, const lang::Tile& n0, int64_t block_n,
                           lang::Loc loc = lang::Loc::current()) const;
-  // Segment kinds (document, causal_document): what the ranges of the tile's ids tell at the cost
-  // of BLOCK_M + BLOCK_N loads (TileVerdict), so that the pre-pass evaluates the mask per element
-  // only where they do not decide; nothing for the other kinds.
+  // Segment kinds (document, causal_document, share_question, causal_blockwise): what the ranges of
+  // the tile's ids tell at the cost of BLOCK_M + BLOCK_N loads (TileVerdict), so that the pre-pass
+  // evaluates the mask per element only where they do not decide; nothing for the other kinds.
   std::optional<TileVerdict> tile_verdict(const lang::Tile& m0, int64_t block_m, const lang::Tile& n0, int64_t block_n,
                                           lang::Loc loc = lang::Loc::current()) const;
 

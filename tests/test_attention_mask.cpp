@@ -136,10 +136,10 @@ std::vector<MaskCase> mask_cases() {
         c->doc_shape = {rows, pr.s_k};
         c->doc_ids = segment_ids(rows, pr.s_k, 12, g);
       }
-    // the document kinds again with ids that make whole tiles full (long segments) and with ids in
+    // the segment kinds again with ids that make whole tiles full (long segments) and with ids in
     // no order, repeated apart and negative (the pre-pass's quick verdict from the ids' ranges must
     // stay exact: ranges that overlap decide nothing there)
-    for (MaskSpec spec : {MaskSpec::document(), MaskSpec::causal_document()}) {
+    for (MaskSpec spec : {MaskSpec::document(), MaskSpec::causal_document(), MaskSpec::share_question(), MaskSpec::causal_blockwise()}) {
       MaskCase* c = add(fmt::format("{} long segments", km::mask_kind_name(spec.kind)), spec);
       c->doc_shape = {pr.batch, pr.s_k};
       c->doc_ids = segment_ids(pr.batch, pr.s_k, 40, g);
