@@ -238,8 +238,11 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
     const Config c{S, D, causal};
     const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
     std::vector<double> fwd[3], bwd_ms[3], mask_ms;
-    for (int round = 0; round < 3; ++round)
-      for (int rng : {0, 1, 2}) {
+    // six rounds, the variants' order rotated each round (a fixed order biases the comparison by
+    // several %: see ab_rounds)
+    for (int round = 0; round < 6; ++round)
+      for (int slot : {0, 1, 2}) {
+        const int rng = (slot + round) % 3;
         const attention::Options opts = options(causal, rng, round);
         if (rng == 2) mask_ms.push_back(time_ms([&] { generate(opts, stream.handle()); }, stream, max_reps));
         fwd[rng].push_back(time_ms([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); }, stream, max_reps));
