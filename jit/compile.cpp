@@ -49,6 +49,9 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
                                    opts.dump_after, fmt::join(names, ", ")));
   if (opts.num_warps < 1 || opts.num_warps > 32 || (opts.num_warps & (opts.num_warps - 1)))
     throw CompileError(fmt::format("tilejit: kernel '{}': num_warps = {} (valid: 1, 2, 4, 8, 16, 32)", input.name, opts.num_warps));
+  if (opts.min_programs_per_sm < 0 || opts.min_programs_per_sm > 32)
+    throw CompileError(fmt::format("tilejit: kernel '{}': min_programs_per_sm = {} (valid: 0 = no bound, 1 to 32)", input.name,
+                                   opts.min_programs_per_sm));
   CompiledKernel out;
   out.name = input.name;
   out.arch = opts.arch;
@@ -75,6 +78,7 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
   dump("assign-layouts", print_with_layouts(f, plan));
 
   pir::Func threads = lower_to_threads(f, plan);
+  threads.min_programs_per_sm = opts.min_programs_per_sm;
   out.num_threads = threads.num_threads;
   out.smem_bytes = threads.smem_bytes;
   out.abi = threads.params;

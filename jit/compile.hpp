@@ -19,6 +19,9 @@ struct CompileOptions {
   std::string arch = "sm_90a";
   Backend backend = Backend::Llvm;
   int num_warps = 4;
+  // > 0: the programs per multiprocessor the registers must leave room for (PTX .minnctapersm;
+  // ptxas then caps each thread's registers, spilling if it must), e.g. 3 of 128 threads: <= 168.
+  int min_programs_per_sm = 0;
   PtxTool ptx_tool = PtxTool::Auto;
   PipelineOptions pipeline;  // TMA + wgmma K loops on sm_90a
   bool make_cubin = true;   // false: stop at PTX (no assembler needed)

@@ -322,8 +322,9 @@ class Printer {
                                 : fmt::format("{} {}", scalar_ctype(p.ty.dtype), param_name(i)));
     }
     out += fmt::format("// {} threads, {} bytes of dynamic shared memory\n", f_.num_threads, f_.smem_bytes);
-    out += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{\n", f_.num_threads, f_.name,
-                       fmt::join(params, ", "));
+    const std::string bounds = f_.min_programs_per_sm > 0 ? fmt::format("{}, {}", f_.num_threads, f_.min_programs_per_sm)
+                                                          : fmt::format("{}", f_.num_threads);
+    out += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{\n", bounds, f_.name, fmt::join(params, ", "));
     // Constants first: their values do not depend on where they stand, and lowering may reuse a
     // constant outside the region that first defined it (LLVM constants are not instructions).
     hoist_constants(f_.body);

@@ -66,6 +66,8 @@ class Emitter {
     auto i32 = [&](int v) { return llvm::ConstantAsMetadata::get(b_.getInt32(v)); };
     md->addOperand(llvm::MDNode::get(ctx_, {llvm::ValueAsMetadata::get(fn_), llvm::MDString::get(ctx_, "kernel"), i32(1)}));
     md->addOperand(llvm::MDNode::get(ctx_, {llvm::ValueAsMetadata::get(fn_), llvm::MDString::get(ctx_, "maxntidx"), i32(f_.num_threads)}));
+    if (f_.min_programs_per_sm > 0)  // .minnctapersm
+      md->addOperand(llvm::MDNode::get(ctx_, {llvm::ValueAsMetadata::get(fn_), llvm::MDString::get(ctx_, "minctasm"), i32(f_.min_programs_per_sm)}));
     smem_ = new llvm::GlobalVariable(m_, llvm::ArrayType::get(b_.getInt8Ty(), 0), false, llvm::GlobalValue::ExternalLinkage,
                                      nullptr, "tilejit_smem", nullptr, llvm::GlobalValue::NotThreadLocal, 3);
     smem_->setAlignment(llvm::Align(1024));  // 128-byte-swizzled TMA/wgmma tiles need 1024-byte alignment

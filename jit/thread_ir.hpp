@@ -144,6 +144,7 @@ struct Func {
   std::string name;
   std::vector<Param> params;  // the flattened kernel ABI, in order
   int num_threads = 128;
+  int min_programs_per_sm = 0;  // > 0: a launch bound for ptxas (CompileOptions::min_programs_per_sm)
   int64_t smem_bytes = 0;  // dynamic shared memory
   std::vector<TensorMapSpec> tensor_maps;
   std::vector<Ty> types;   // per value

@@ -42,12 +42,15 @@ Tensor strided(uint64_t data, ir::DType dtype, std::initializer_list<int64_t> si
 // tensor becomes the [B, S, H, D] view the API takes with permute(t, {0, 2, 1, 3})).
 Tensor permute(const Tensor& t, std::initializer_list<int> order);
 
-// The launch configuration of one kernel: tile sizes (powers of two), warps, pipeline stages.
+// The launch configuration of one kernel: tile sizes (powers of two), warps, pipeline stages, and
+// optionally the programs per multiprocessor its registers must leave room for (0: no bound;
+// jit::CompileOptions::min_programs_per_sm).
 struct Schedule {
   int block_m = 64;
   int block_n = 64;
   int num_warps = 4;
   int stages = 3;
+  int min_programs_per_sm = 0;
   bool operator==(const Schedule&) const = default;
 };
 // The kernels the API launches (the last two only with a dQ reduction, see DqReduction).

@@ -233,6 +233,7 @@ std::string cli_spec(const ir::Function& f, const jit::CompileOptions& opts) {
   for (const auto& m : f.meta) parts.push_back(fmt::format("{}={}", m.name, ir::to_string(m.value)));
   parts.push_back(fmt::format("warps={}", opts.num_warps));
   parts.push_back(fmt::format("stages={}", opts.pipeline.stages));
+  if (opts.min_programs_per_sm > 0) parts.push_back(fmt::format("min_programs_per_sm={}", opts.min_programs_per_sm));
   if (!opts.pipeline.enabled) parts.push_back("pipeline=off");
   return fmt::format("{}:{}", f.name, fmt::join(parts, ","));
 }
@@ -255,7 +256,7 @@ std::string c_string_literal(std::string_view s) {
 namespace {
 
 std::string key_text(std::string_view ir_hash, std::string_view kernel, const jit::CompileOptions& opts) {
-  return fmt::format(
+  std::string text = fmt::format(
       "tilejit-bundle-key v1\n"
       "tilejit={}\n"
       "ir={}\n"
@@ -265,6 +266,9 @@ std::string key_text(std::string_view ir_hash, std::string_view kernel, const ji
       "pipeline=enabled:{},stages:{}\n",
       codec::kTilejitVersion, ir_hash, kernel, opts.arch, opts.num_warps, opts.pipeline.enabled ? 1 : 0,
       opts.pipeline.stages);
+  // only when set: the keys of every kernel without the bound stay what they were
+  if (opts.min_programs_per_sm > 0) text += fmt::format("min_programs_per_sm={}\n", opts.min_programs_per_sm);
+  return text;
 }
 
 }  // namespace
@@ -321,7 +325,8 @@ std::string describe_meta(const std::vector<ir::MetaEntry>& meta) {
 }
 
 std::string describe_schedule(const jit::CompileOptions& opts) {
-  return fmt::format("warps={},stages={},pipeline={},backend={}", opts.num_warps, opts.pipeline.stages,
+  return fmt::format("warps={},stages={},{}pipeline={},backend={}", opts.num_warps, opts.pipeline.stages,
+                     opts.min_programs_per_sm > 0 ? fmt::format("min_programs_per_sm={},", opts.min_programs_per_sm) : std::string(),
                      opts.pipeline.enabled ? "on" : "off", jit::to_string(opts.backend));
 }
 

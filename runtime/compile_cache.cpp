@@ -171,6 +171,8 @@ std::string key_text(std::string_view ir_hash, const ir::Function& f, const jit:
       jit::llvm_version(), jit::ptx_tool_versions());
   // nvrtc is loaded only for its backend: asking its version otherwise would dlopen it for nothing.
   if (opts.backend == jit::Backend::Nvrtc) text += fmt::format("nvrtc={}\n", jit::nvrtc_version());
+  // only when set: the keys of every kernel without the bound stay what they were
+  if (opts.min_programs_per_sm > 0) text += fmt::format("min_programs_per_sm={}\n", opts.min_programs_per_sm);
   return text;
 }
 

@@ -186,6 +186,7 @@ TEST_CASE("the key moves with every component and only with them") {
       {"pipeline off", with([](auto& o) { o.pipeline.enabled = false; })},
       {"ptx tool", with([](auto& o) { o.ptx_tool = jit::PtxTool::Ptxas; })},
       {"no cubin", with([](auto& o) { o.make_cubin = false; })},
+      {"min_programs_per_sm", with([](auto& o) { o.min_programs_per_sm = 3; })},
   };
   std::set<std::string> seen{k0};
   for (const auto& [what, key] : variants) {

@@ -6,6 +6,7 @@
 #include "jit/compile.hpp"
 #include "jit/lower.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/attention_backward.hpp"
 #include "kernels/dropout_mask.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/registry.hpp"
@@ -82,6 +83,33 @@ TEST_CASE("every kernel lowers through both backends to PTX that ptxas assembles
     MESSAGE(fmt::format("{} via {}: {}; IR->PTX {:.1f} ms, PTX->cubin {:.1f} ms", c.label, jit::to_string(backend), k.info.to_string(),
                         k.timings.passes_ms + k.timings.backend_ms, k.timings.ptx_to_cubin_ms));
   }
+}
+
+// min_programs_per_sm: a launch bound both backends hand to ptxas (.minnctapersm), which then caps
+// the registers: the D64 dK/dV kernel (201 registers unbounded through LLVM) fits three programs of 128
+// threads per SM (<= 168); 0 emits nothing; a value past 32 is a clear error.
+TEST_CASE("min_programs_per_sm: .minnctapersm in the PTX, registers capped for that many programs per SM") {
+  const ir::Function f = kernels::attention_backward_dkdv().build({{"HEAD_DIM", 64}, {"BLOCK_M", 64}, {"BLOCK_N", 64}, {"CAUSAL", true}});
+  for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+    INFO(jit::to_string(backend));
+    jit::CompileOptions o;
+    o.backend = backend;
+    o.num_warps = 4;
+    o.pipeline.stages = 2;
+    o.ptx_tool = jit::PtxTool::Ptxas;
+    const jit::CompiledKernel free = jit::compile(f, o);
+    o.min_programs_per_sm = 3;
+    const jit::CompiledKernel bounded = jit::compile(f, o);
+    CHECK(free.ptx.find(".minnctapersm") == std::string::npos);
+    CHECK(bounded.ptx.find(".minnctapersm 3") != std::string::npos);
+    if (backend == jit::Backend::Llvm) CHECK(free.info.registers > 168);  // (the nvrtc build happens to need 164)
+    CHECK(bounded.info.registers <= 168);
+    MESSAGE(fmt::format("D64 causal dK/dV via {}: {} unbounded, {} for 3 programs per SM", jit::to_string(backend), free.info.to_string(),
+                        bounded.info.to_string()));
+  }
+  jit::CompileOptions bad;
+  bad.min_programs_per_sm = 33;
+  CHECK_THROWS_WITH_AS(jit::compile(f, bad), doctest::Contains("min_programs_per_sm = 33 (valid: 0 = no bound, 1 to 32)"), jit::CompileError);
 }
 
 TEST_CASE("the K-major GEMM on sm_90a is a TMA + wgmma pipeline: wgmma.mma_async, cp.async.bulk.tensor, mbarriers") {

@@ -37,6 +37,8 @@ runtime::BundleEntrySpec parse_spec(const std::string& text) {
       spec.options.num_warps = parse_int(fmt::format("{}: warps", text), value);
     } else if (name == "stages") {
       spec.options.pipeline.stages = parse_int(fmt::format("{}: stages", text), value);
+    } else if (name == "min_programs_per_sm") {
+      spec.options.min_programs_per_sm = parse_int(fmt::format("{}: min_programs_per_sm", text), value);
     } else if (name == "pipeline") {
       if (value == "on" || value == "true") spec.options.pipeline.enabled = true;
       else if (value == "off" || value == "false") spec.options.pipeline.enabled = false;
