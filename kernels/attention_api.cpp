@@ -188,6 +188,8 @@ void check_schedule(const Checker& c, const Options& opts) {
              sch->block_n);
     if (!is_pow2_in(sch->num_warps, 1, 16)) c.fail("options.schedule.num_warps = {}; valid: 1, 2, 4, 8, 16", sch->num_warps);
     if (sch->stages < 1 || sch->stages > 8) c.fail("options.schedule.stages = {}; valid: 1 to 8", sch->stages);
+    if (sch->min_programs_per_sm < 0 || sch->min_programs_per_sm > 32)
+      c.fail("options.schedule.min_programs_per_sm = {}; valid: 0 (no bound) to 32", sch->min_programs_per_sm);
   }
 }
 
@@ -848,7 +850,7 @@ Function& block_lists_function(const PrePassLists& l) {
 Schedule schedule_for(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
   return opts.schedule ? *opts.schedule
                        : default_schedule(p, q.dtype, static_cast<int>(d.head_dim), d.causal, opts.cu_seqlens_q.has_value(),
-                                          d.reduction, d.dropout);
+                                          d.reduction, d.dropout, library_mask(d.mask));
 }
 
 // The tensors and scalars of one call by normalised parameter name (lower case, no '_').
@@ -957,7 +959,8 @@ const char* name(DqReduction r) { return kernels::dq_reduction_name(static_cast<
 
 // The one place schedules are chosen: measured on the H100 for the Hopper (wgmma) path of dense
 // shapes; varlen (tensor slices) runs on the generic path with its own, smaller tiles.
-Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal, bool varlen, DqReduction reduction, bool dropout) {
+Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal, bool varlen, DqReduction reduction, bool dropout,
+                          bool library_mask) {
   const int warps = head_dim >= 256 ? 8 : 4;
   switch (pass) {
     // Measured on H100 (BENCHMARKS.md): 128x128 tiles and 8 warps beat 64-row blocks by 25%. D 64
@@ -987,8 +990,9 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
       // a reduction: 8 warps at D 128, where the dQ dot's split fits
       if (reduction != DqReduction::recompute && head_dim % 128 == 0) return {64, 128, 8, 2};
       // D 64 recompute: registers for three programs per SM (168 a thread; 170-201 unbounded, two
-      // fit): H100, S 4k/16k, the backward 1.09-1.11x full, 1.04-1.05x causal (0-32 B of spills)
-      if (reduction == DqReduction::recompute && head_dim == 64) return {64, 64, 4, 2, 3};
+      // fit): H100, S 4k/16k, the backward 1.09-1.11x full, 1.04-1.05x causal (0-32 B of spills).
+      // Not with dropout or a library mask: 168 registers spill 90-260 B there (not measured).
+      if (reduction == DqReduction::recompute && head_dim == 64 && !dropout && !library_mask) return {64, 64, 4, 2, 3};
       return {64, 64, 4, 2};
     case Pass::bwd_dq: return {64, 64, 4, 2};
     // Elementwise over dQ_accum: [BLOCK_M, D] f32 per program, 4 warps.
@@ -1443,7 +1447,7 @@ void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen,
   std::vector<Pass> passes{Pass::forward};
   if (backward) passes.insert(passes.end(), {Pass::bwd_preprocess, Pass::bwd_dkdv, dq_pass(dq_reduction)});
   for (Pass p : passes) {
-    const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen, dq_reduction, dropout);
+    const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen, dq_reduction, dropout, lib != 0);
     function_for(Config{p, dtype, head_dim, causal, varlen, s, device, dropout && declares(p, "DROPOUT"), false, false,
                         lib != 0 && declares(p, "MASK") ? lib : 0, p == Pass::bwd_dkdv ? static_cast<int>(dq_reduction) : 0,
                         p == Pass::bwd_dkdv && q_descending, 0,

@@ -84,10 +84,11 @@ const char* name(DqReduction r);  // "recompute", "atomic", "split", "ordered"
 // BLOCK_M) that wgmma only takes with BLOCK_M >= BLOCK_N: its tiles become 64 x 64 on 4 warps (the
 // kernel author's measurement: every dot on wgmma, no spills at D 64), and
 // attention_bwd_dq_reduce runs at the same tiles.
-// `dropout`: the backward keeps 8-warp dK/dV and dQ tiles with dropout (64 x 64 on 4 warps spills
-// ~600 B in dK/dV there and was 1.2x slower).
+// `dropout`: the D 64 forward runs 64 x 128 on 4 warps; the backward keeps its tiles. D 64 dK/dV
+// (recompute) has min_programs_per_sm = 3, except with dropout or a `library_mask` (spills there).
+// `library_mask`: a mask other than full and causal (Options::mask).
 Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal, bool varlen = false,
-                          DqReduction reduction = DqReduction::recompute, bool dropout = false);
+                          DqReduction reduction = DqReduction::recompute, bool dropout = false, bool library_mask = false);
 
 // A library attention mask (kernels/attention_mask_host.hpp defines every pattern, bottom-right
 // aligned when S_q != S_k like causal): the kind and its integers in `spec` (MaskSpec::

@@ -520,8 +520,9 @@ TEST_CASE("attention API: the schedule table covers every dtype, head dim and ma
   CHECK(default_schedule(Pass::forward, DType::bf16, 64, true, false, DqReduction::recompute, false) == Schedule{128, 128, 8, 2});
   // with dropout too (dK/dV builds its transposed mask from packed words: no more spills of ~600 B)
   for (int d : {64, 128}) {
-    CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, d, false, false, DqReduction::recompute, true) ==
-          Schedule{64, 64, 4, 2, d == 64 ? 3 : 0});
+    CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, d, false, false, DqReduction::recompute, true) == Schedule{64, 64, 4, 2});
+    // (a library mask: no register bound either)
+    CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, d, false, false, DqReduction::recompute, false, true) == Schedule{64, 64, 4, 2});
     CHECK(default_schedule(Pass::bwd_dq, DType::bf16, d, true, false, DqReduction::recompute, true) == Schedule{64, 64, 4, 2});
   }
 }
@@ -631,6 +632,9 @@ TEST_CASE("attention API: masks, valid calls and the workspace") {
     l.opts.schedule = Schedule{48, 64, 4, 2};
     CHECK(error_of([&] { (void)forward_workspace_bytes(l.q, l.k, l.opts); })
               .find("tilejit::attention::forward_workspace_bytes: options.schedule has block_m = 48") != std::string::npos);
+    l.opts.schedule = Schedule{64, 64, 4, 2, 40};
+    CHECK(error_of([&] { (void)forward_workspace_bytes(l.q, l.k, l.opts); })
+              .find("options.schedule.min_programs_per_sm = 40; valid: 0 (no bound) to 32") != std::string::npos);
   }
   c = masked_call(MaskKind::document);
   c.ws = Workspace{kBase + 0x9000000, 1280};
