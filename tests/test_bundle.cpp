@@ -179,12 +179,21 @@ TEST_CASE("bundle keys leave the compilers out and keep what changes the code") 
   for (const char* present : {"tilejit=0.1.0", "ir=", "kernel=gemm", "arch=sm_90a", "num_warps=8", "pipeline=enabled:1,stages:4"})
     CHECK_MESSAGE(text.find(present) != std::string::npos, present);
   CHECK(ir::sha256_hex(text) == k0);
+  // a register bound is named only when set (keys without one stay what they were), and in the
+  // schedule a bundle lists
+  CHECK(text.find("min_programs_per_sm") == std::string::npos);
+  jit::CompileOptions bounded = o;
+  bounded.min_programs_per_sm = 3;
+  CHECK(runtime::bundle_key_text(f, bounded).find("min_programs_per_sm=3\n") != std::string::npos);
+  CHECK(runtime::describe_schedule(bounded) == "warps=8,stages=4,min_programs_per_sm=3,pipeline=on,backend=llvm");
+  CHECK(runtime::describe_schedule(o) == "warps=8,stages=4,pipeline=on,backend=llvm");
 
   // What changes the code does.
   std::set<std::string> seen{k0};
   for (const std::string& k :
        {with([](auto& c) { c.arch = "sm_80"; }), with([](auto& c) { c.num_warps = 4; }),
         with([](auto& c) { c.pipeline.stages = 3; }), with([](auto& c) { c.pipeline.enabled = false; }),
+        with([](auto& c) { c.min_programs_per_sm = 3; }),
         runtime::bundle_key(BundleEntrySpec::with_default_schedule("gemm", {{"BLOCK_N", 128}}).build(), o),
         runtime::bundle_key(BundleEntrySpec::with_default_schedule("attention_fwd").build(), o)})
     CHECK(seen.insert(k).second);
