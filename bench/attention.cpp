@@ -133,6 +133,28 @@ void ab_rounds(F&& measure) {
     for (int i : {0, 1}) measure(round % 2 == 0 ? i : 1 - i);
 }
 
+// An A/B of two compiled variants on the same arguments: each launched once, the first `bytes` of
+// each of `outputs` read back and compared, then both timed in ab_rounds (medians).
+struct AbResult {
+  double off_ms = 0, on_ms = 0;
+  bool identical = false;
+};
+AbResult ab_measure(std::vector<Function>& fns, const runtime::Grid& grid, const runtime::Stream& stream,
+                    const std::vector<runtime::DeviceArg>& args, std::initializer_list<const DeviceBuffer*> outputs, size_t bytes,
+                    int max_reps) {
+  std::vector<char> out[2];
+  for (int on : {0, 1}) {
+    fns[static_cast<size_t>(on)].launch(grid, stream.handle(), args);
+    stream.synchronize();
+    out[on].resize(outputs.size() * bytes);
+    size_t at = 0;
+    for (const DeviceBuffer* b : outputs) b->download(out[on].data() + at, bytes), at += bytes;
+  }
+  std::vector<double> ms[2];
+  ab_rounds([&](int on) { ms[on].push_back(time_ms([&] { fns[static_cast<size_t>(on)].launch(grid, stream.handle(), args); }, stream, max_reps)); });
+  return {median(ms[0]), median(ms[1]), out[0] == out[1]};
+}
+
 // Device buffers of the largest tensors of the grid (B * S = 16k tokens, H * D = 2048) and the
 // [B, S, H, D] views of one configuration on them.
 struct Buffers {
@@ -404,21 +426,12 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps) {
           args.emplace_back(bits_view.view());
         }
         const runtime::Grid grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()};
-        const size_t out_bytes = static_cast<size_t>(c.B() * c.S * c.H() * D * 2);
-        std::vector<char> out[2];
-        for (int on : {0, 1}) {
-          fns[static_cast<size_t>(on)].launch(grid, stream.handle(), args);
-          stream.synchronize();
-          out[on].resize(out_bytes);
-          buf.o.download(out[on].data(), out_bytes);
-        }
-        std::vector<double> ms[2];
-        ab_rounds([&](int on) { ms[on].push_back(time_ms([&] { fns[static_cast<size_t>(on)].launch(grid, stream.handle(), args); }, stream, max_reps)); });
-        const double f = c.fwd_flops(), a = median(ms[0]), b = median(ms[1]);
+        const AbResult r = ab_measure(fns, grid, stream, args, {&buf.o}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
+        const double f = c.fwd_flops(), a = r.off_ms, b = r.on_ms;
         std::printf("SCHEDULE_AB %s D=%ld causal=%d dropout=%d off_ms=%.4f on_ms=%.4f off_tflops=%.1f on_tflops=%.1f speedup=%.3f "
                     "outputs_identical=%d\n",
                     meta_name.c_str(), static_cast<long>(D), causal ? 1 : 0, dropout_mode, a, b, f / (a * 1e-3) / 1e12,
-                    f / (b * 1e-3) / 1e12, a / b, out[0] == out[1] ? 1 : 0);
+                    f / (b * 1e-3) / 1e12, a / b, r.identical ? 1 : 0);
         std::fflush(stdout);
       }
   return 0;
@@ -633,20 +646,10 @@ int bench_backward_ab(const std::string& meta_name, int max_reps) {
       std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dK.view(), dV.view(),
                                            static_cast<float>(1 / std::sqrt(double(D)))};
       const runtime::Grid grid{lang::cdiv(c.S, sch.block_n), c.H(), c.B()};
-      const size_t out_bytes = static_cast<size_t>(c.B() * c.S * c.H() * D * 2);
-      std::vector<char> out[2];
-      for (int on : {0, 1}) {
-        fns[static_cast<size_t>(on)].launch(grid, stream.handle(), args);
-        stream.synchronize();
-        out[on].resize(2 * out_bytes);
-        buf.dk.download(out[on].data(), out_bytes);
-        buf.dv.download(out[on].data() + out_bytes, out_bytes);
-      }
-      std::vector<double> ms[2];
-      ab_rounds([&](int on) { ms[on].push_back(time_ms([&] { fns[static_cast<size_t>(on)].launch(grid, stream.handle(), args); }, stream, max_reps)); });
-      const double a = median(ms[0]), b = median(ms[1]);
+      const AbResult r =
+          ab_measure(fns, grid, stream, args, {&buf.dk, &buf.dv}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
       std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv D=%ld causal=%d off_ms=%.4f on_ms=%.4f speedup=%.3f outputs_identical=%d\n",
-                  meta_name.c_str(), static_cast<long>(D), causal ? 1 : 0, a, b, a / b, out[0] == out[1] ? 1 : 0);
+                  meta_name.c_str(), static_cast<long>(D), causal ? 1 : 0, r.off_ms, r.on_ms, r.off_ms / r.on_ms, r.identical ? 1 : 0);
       std::fflush(stdout);
     }
   return 0;

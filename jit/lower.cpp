@@ -187,12 +187,15 @@ class Lowerer {
     fail(def_.count(v) ? def_.at(v) : nullptr, fmt::format("internal: scalar value {} used before it was lowered", v));
   }
 
+  // The innermost frame holding `v` in the layout `key`, if any.
+  std::optional<size_t> frame_of(ir::ValueId v, const std::string& key) const {
+    for (size_t i = frames_.size(); i-- > 0;)
+      if (frames_[i].tiles.count({v, key})) return i;
+    return std::nullopt;
+  }
   const Regs* cached(ir::ValueId v, const std::string& key) const {
-    for (auto it = frames_.rbegin(); it != frames_.rend(); ++it) {
-      auto f = it->tiles.find({v, key});
-      if (f != it->tiles.end()) return &f->second;
-    }
-    return nullptr;
+    const std::optional<size_t> i = frame_of(v, key);
+    return i ? &frames_[*i].tiles.at({v, key}) : nullptr;
   }
 
   void check_shape(const ir::Op* op, const ir::Type& t) const {
@@ -220,12 +223,7 @@ class Lowerer {
         // A value from outside the loops being lowered is converted before them: once, not at every
         // iteration (e.g. the dQ kernel's row vectors LSE and Delta, loaded before its key loop and
         // used in the MMA layout inside it). Not out of an if: that would run it when not taken.
-        size_t home = 0;
-        for (size_t i = frames_.size(); i-- > 0;)
-          if (frames_[i].tiles.count({v, nat->str()})) {
-            home = i;
-            break;
-          }
+        const size_t home = frame_of(v, nat->str()).value_or(0);
         size_t at = frames_.size() - 1;
         while (at > home && frames_[at].loop_body) --at;
         const Regs natural = *n;

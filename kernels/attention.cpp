@@ -50,8 +50,7 @@ Tile AttentionDropout::keep(const Tile& batch_head, const Tile& row0, int64_t nu
 
 AttentionDropout::Ahead AttentionDropout::keep_ahead(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
                                                     int64_t num_cols) const {
-  if (bits.descriptor().valid())
-    return {std::nullopt, precompute(load_at_use(bits.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32})))};
+  if (bits.descriptor().valid()) return {std::nullopt, precompute(bits_words(batch_head, row0, num_rows, col0, num_cols))};
   if (num_cols % 64 != 0) return {};  // (per element at the use)
   return {dropout_keep_calls(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold),
           Tile()};
@@ -67,8 +66,12 @@ Tile AttentionDropout::keep_mask(const Tile& batch_head, const Tile& row0, int64
   if (!bits.descriptor().valid())
     return dropout_keep_mask_block(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi,
                                    keep_threshold);
+  return expand_keep_words(bits_words(batch_head, row0, num_rows, col0, num_cols), num_rows, num_cols);
+}
+
+Tile AttentionDropout::bits_words(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols) const {
   // past the end: 0 (dropped). Read at the use, in the score block's layout: no shared-memory exchange.
-  return expand_keep_words(load_at_use(bits.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32})), num_rows, num_cols);
+  return load_at_use(bits.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32}));
 }
 
 Tile AttentionDropout::keep_mask_transposed(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
@@ -261,7 +264,7 @@ const Kernel& attention_forward() {
     // slower on H100, D64/D128 S4k, bit-identical outputs: 0.89-0.92x, with the commit fenced so
     // that they do not delay the wgmmas' issue); DROPOUT_BITS, the loads of its packed words (their
     // latency then overlaps the MMA instead of the softmax: the default there).
-    auto philox_calls = [&](const Tile& n0) {
+    auto mask_ahead = [&](const Tile& n0) {
       return drop && dropout_ahead ? drop->keep_ahead(bh, m0, BM, n0, BN) : AttentionDropout::Ahead{};
     };
     auto key_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw, const AttentionDropout::Ahead& ahead) {
@@ -311,7 +314,7 @@ const Kernel& attention_forward() {
         auto [n0, partial] = block_at(j);
         Tile s_raw = s_next;
         s_next = scores(block_at(minimum(j + 1, maximum(trips - 1, 0))).first);
-        key_block(n0, partial, s_raw, philox_calls(n0));
+        key_block(n0, partial, s_raw, mask_ahead(n0));
       });
     } else if (pipeline_pv) {
       // P_{-1} = 0: iteration 0's P V adds nothing (0 V, V being the first visited block). The
@@ -330,7 +333,7 @@ const Kernel& attention_forward() {
           s_raw = dot(q, trans(k_block));
           acc = dot(p_prev, v, acc);
         });
-        auto [p16, alpha] = softmax_block(n0, partial, s_raw, philox_calls(n0));
+        auto [p16, alpha] = softmax_block(n0, partial, s_raw, mask_ahead(n0));
         p_prev = p16;
         acc = acc * alpha[col];
       });
@@ -340,7 +343,7 @@ const Kernel& attention_forward() {
         auto [n0, partial] = block_at(j);
         Tile s_raw;
         in_turn([&] { s_raw = scores(n0); });
-        key_block(n0, partial, s_raw, philox_calls(n0));
+        key_block(n0, partial, s_raw, mask_ahead(n0));
       });
     }
     // A row that sees no key (causal with S_q > S_k, or S_k = 0) outputs 0 and LSE = -inf.

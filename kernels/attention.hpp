@@ -85,6 +85,11 @@ struct AttentionDropout {
   Ahead keep_ahead(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows, const lang::Tile& col0, int64_t num_cols) const;
   lang::Tile keep_mask_of(const Ahead& ahead, const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows,
                           const lang::Tile& col0, int64_t num_cols) const;
+
+ private:
+  // rng = precomputed: the block's packed words, u32 [num_rows, num_cols / 32] (load_at_use)
+  lang::Tile bits_words(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows, const lang::Tile& col0,
+                        int64_t num_cols) const;
 };
 
 // A packed keep-mask (u32 [num_rows, num_cols / 32], bit b of word w = column 32 w + b, 1 = keep)

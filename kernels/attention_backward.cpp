@@ -120,13 +120,13 @@ Tile element_pointer(const Tensor& t, std::initializer_list<Tile> at) {
 struct MaskedTile {
   Tile start, partial;
 };
-// The walk: ONE flat loop j in [0, count) per program (whatever the runs or lists), so that a
-// pipelined schedule sees a single stream of tiles to prefetch.
 // A query block's LSE and Delta ([BLOCK_M] f32 each), as loaded.
 struct RowVectors {
   Tile lse, delta;
 };
 
+// The walk: ONE flat loop j in [0, count) per program (whatever the runs or lists), so that a
+// pipelined schedule sees a single stream of tiles to prefetch.
 struct MaskedTileWalk {
   Tile count;
   std::function<MaskedTile(const Tile& j)> at;
@@ -236,7 +236,6 @@ struct BackwardParams {
   Tile group(const HeadRows& rows) const { return Q.size(rows.head_dim()) / K.size(rows.head_dim()); }
   // The LSE of rows [m0, m0 + BM) of head h in log2 units, +inf for a row that sees no key
   // (LSE = -inf) or lies past the end: its P = exp2(s - inf) = 0, never exp2(-inf - -inf) = NaN.
-  Tile lse_log2(const HeadRows& rows, const Tile& h, const Tile& m0) const { return lse_log2_of(load(rows(LSE, h, m0, BM), /*padding=*/INFINITY)); }
   Tile lse_log2_of(const Tile& lse) const { return where(lse == -INFINITY, INFINITY, lse * kLog2e); }
   // LSE (natural log, as stored; +inf past S_q) and Delta of the query block at m0, as loaded.
   RowVectors row_vectors(const HeadRows& rows, const Tile& h, const Tile& m0) const {
@@ -446,12 +445,8 @@ const Kernel& attention_backward_dkdv() {
         }
         if (!seq) {
           Tile trips = cdiv(maximum(m_end - m_begin, 0), a.BM);
-          if (q_descending)
-            walk_blocks(trips, [&](const Tile& j) { return m_begin + (trips - 1 - j) * a.BM; },
-                        [&](const Tile&, const Tile& m0, const RowVectors& rv) { block(m0, rv, Tile()); });
-          else
-            walk_blocks(trips, [&](const Tile& j) { return m_begin + j * a.BM; },
-                        [&](const Tile&, const Tile& m0, const RowVectors& rv) { block(m0, rv, Tile()); });
+          walk_blocks(trips, [&](const Tile& j) { return m_begin + (q_descending ? trips - 1 - j : j) * a.BM; },
+                      [&](const Tile&, const Tile& m0, const RowVectors& rv) { block(m0, rv, Tile()); });
           return;
         }
         // the query blocks that see this key block: the mask's intervals or the pre-pass's lists
@@ -503,8 +498,9 @@ const Kernel& attention_backward_dq() {
     auto S_q = rows.seq_len(a.Q), S_k = rows.seq_len(a.K);
     auto kv_h = h / a.group(rows);
     auto q = load(rows(a.Q, h, m0, a.BM)), dout = load(rows(a.dO, h, m0, a.BM));
-    auto lse = a.lse_log2(rows, h, m0)[col];  // [BM, 1]
-    auto delta = load(rows(a.Delta, h, m0, a.BM))[col];
+    const RowVectors row_vectors = a.row_vectors(rows, h, m0);
+    auto lse = a.lse_log2_of(row_vectors.lse)[col];  // [BM, 1]
+    auto delta = row_vectors.delta[col];
     auto qrows = (m0 + arange(0, a.BM))[col];
     Var dq = zeros(f32, {a.BM, a.D});
     Tile bh;  // DROPOUT: the mask's batch*heads index

@@ -297,9 +297,8 @@ std::optional<TileVerdict> SequenceMask::tile_verdict(const Tile& m0, int64_t bl
   Tile one_id = (qlo == qhi) & (klo == khi) & (qlo == klo);
   // The causal kinds allow key k only up to the row's position: every pair when all keys are <=
   // the first row's position, none when the first key is past the last row's.
-  Tile first_p = m0 + (s_k - s_q), last_p = minimum(m0 + block_m, s_q) - 1 + (s_k - s_q);
-  Tile last_key = minimum(n0 + block_n, s_k) - 1;
-  Tile causal_none = n0 > last_p, causal_all = last_key <= first_p;
+  const RowSpan rs = row_span(m0, block_m, s_q, s_k);
+  Tile causal_none = n0 > rs.last, causal_all = minimum(n0 + block_n, s_k) - 1 <= rs.first;
   switch (kind) {
     case MaskKind::document: return TileVerdict{nothing | no_shared_id, every_row & one_id};
     case MaskKind::causal_document: return TileVerdict{nothing | no_shared_id | causal_none, every_row & one_id & causal_all};

@@ -442,29 +442,30 @@ TEST_CASE("attention dropout: reading the precomputed packed mask gives the fuse
     const std::vector<uint32_t> packed = kernels::dropout_mask_packed_host(rng.host(), c.B * c.Hq, c.Sq, c.Sk);
     HostTensor bits(u32, {c.B * c.Hq, c.Sq, words});
     for (int64_t e = 0; e < bits.numel(); ++e) bits.set_flat(e, packed[static_cast<size_t>(e)]);
-    const Meta base{{"HEAD_DIM", c.D}, {"CAUSAL", causal}, {"DROPOUT", true}};
-    HostTensor o1(bf16, c.q_shape()), l1(f32, {c.B, c.Hq, c.Sq}), o2(bf16, c.q_shape()), l2(f32, {c.B, c.Hq, c.Sq});
-    runtime::interpret(kernels::attention_forward().build(base), {cdiv(c.Sq, 64), c.Hq, c.B}, concat({q, k, v, o1, l1, scale}, rng.args()));
-    Meta with_bits = base;
-    with_bits.emplace_back("DROPOUT_BITS", true);
-    std::vector<runtime::Arg> args = concat({q, k, v, o2, l2, scale}, rng.args());
-    args.emplace_back(bits);
-    runtime::interpret(kernels::attention_forward().build(with_bits), {cdiv(c.Sq, 64), c.Hq, c.B}, args);
-    int64_t differ = 0;
-    for (int64_t e = 0; e < o1.numel(); ++e) differ += o1.get_flat(e) != o2.get_flat(e) ? 1 : 0;
-    CHECK(differ == 0);
-    // with DROPOUT_AHEAD the words are read right after S = Q K^T is issued: the same outputs
-    Meta bits_ahead = with_bits;
-    bits_ahead.emplace_back("DROPOUT_AHEAD", true);
-    HostTensor o3(bf16, c.q_shape()), l3(f32, {c.B, c.Hq, c.Sq});
-    std::vector<runtime::Arg> args3 = concat({q, k, v, o3, l3, scale}, rng.args());
-    args3.emplace_back(bits);
-    runtime::interpret(kernels::attention_forward().build(bits_ahead), {cdiv(c.Sq, 64), c.Hq, c.B}, args3);
-    int64_t differ_ahead = 0;
-    for (int64_t e = 0; e < o1.numel(); ++e) differ_ahead += o1.get_flat(e) != o3.get_flat(e) ? 1 : 0;
-    CHECK(differ_ahead == 0);
+    // the forward's O with these metas over {HEAD_DIM, CAUSAL, DROPOUT}; reading `bits` with DROPOUT_BITS
+    auto forward = [&](const Meta& extra) {
+      Meta meta{{"HEAD_DIM", c.D}, {"CAUSAL", causal}, {"DROPOUT", true}};
+      meta.insert(meta.end(), extra.begin(), extra.end());
+      HostTensor o(bf16, c.q_shape()), l(f32, {c.B, c.Hq, c.Sq});
+      std::vector<runtime::Arg> args = concat({q, k, v, o, l, scale}, rng.args());
+      if (!extra.empty()) args.emplace_back(bits);
+      runtime::interpret(kernels::attention_forward().build(meta), {cdiv(c.Sq, 64), c.Hq, c.B}, args);
+      return o;
+    };
+    auto differ = [](const HostTensor& a, const HostTensor& b) {
+      int64_t n = 0;
+      for (int64_t e = 0; e < a.numel(); ++e) n += a.get_flat(e) != b.get_flat(e) ? 1 : 0;
+      return n;
+    };
+    const HostTensor fused = forward({});
+    // the words read at the mask's use, and (DROPOUT_AHEAD, the default with bits) right after S =
+    // Q K^T is issued: the same outputs
+    const HostTensor at_use = forward({{"DROPOUT_BITS", true}, {"DROPOUT_AHEAD", false}});
+    const HostTensor ahead = forward({{"DROPOUT_BITS", true}});
+    CHECK(differ(fused, at_use) == 0);
+    CHECK(differ(fused, ahead) == 0);
     const DropoutRef ref = dropout_ref(c, q, k, v, nullptr, scale, rng);
-    CHECK(testing::rel_error(c, o2, ref.o) < 1e-2);
+    CHECK(testing::rel_error(c, ahead, ref.o) < 1e-2);
   }
   // DROPOUT_BITS without DROPOUT, or with VARLEN, or partial mask words, is a build error naming
   // what it needs (forward and backward)
