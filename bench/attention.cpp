@@ -10,8 +10,12 @@
 //     DROPOUT dtype=bf16 B=4 S=4096 H=16 D=128 causal=0 p=0.1 fwd_ms=.. fwd_dropout_ms=.. fwd_slowdown=..
 //       bwd_ms=.. bwd_dropout_ms=.. bwd_slowdown=..
 //     DROPOUT_PRECOMPUTED causal=0 p=0.1 fwd_ms=.. fwd_bits_ms=.. ... mask_kernel_ms=..   (rng = precomputed)
+//     GEMM_RNG MASK_BLOCK_M=64 MASK_BLOCK_W=4 MASK_TILES_PER_STEP=2 gemm_ms=.. gemm_rng_ms=.. slowdown=..
+//       bits_identical=1   (the QKV GEMM writing the mask in its K loop, gemm's DROPOUT_MASK)
 //     E2E causal=0 p=0.1 M=16384 N=6144 K=2048 gemm_ms=.. none_ms=.. fused_ms=.. overlapped_ms=..
-//       serial_bits_ms=.. (QKV projection GEMM then the attention forward; issue 7's table)
+//       serial_bits_ms=.. gemm_rng_ms=.. (QKV projection GEMM then the attention forward; issue 7's
+//       table; gemm_rng: the best GEMM_RNG, then the forward reading its bits)
+//   attention_bench --dropout [P] --e2e-only   only the GEMM_RNG and E2E lines
 //   attention_bench --deterministic [--head-dim D] [--seq S]  the backward per dQ reduction (recompute, atomic, split, ordered,
 //     causal also ordered with q_descending), D 64/128, S 1k-16k, full and causal, alternated rounds:
 //     DETERMINISTIC dtype=bf16 D=128 S=4096 causal=1 B=4 H=16 recompute_ms=.. recompute_tflops=.. atomic_ms=..
@@ -232,7 +236,7 @@ int bench(bool quick, int max_reps) {
 // second stream concurrently with the GEMM (the attention stream waits for both). With --schedule
 // BM,BN,W,S the backward with dropout (fused and precomputed) runs at those tiles (A/B of the
 // default's choice; the no-dropout backward keeps the default).
-int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd_schedule) {
+int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd_schedule, bool e2e_only) {
   const ir::DType dt = ir::DType::bf16;
   const bool bwd = attention::backward_available();
   for (bool causal : {false, true})
@@ -257,6 +261,7 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
     attention::generate_dropout_bits(bits_view, B, H, S, S, gen, s, programs);
   };
   for (bool causal : {false, true}) {
+    if (e2e_only) break;
     const Config c{S, D, causal};
     const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
     std::vector<double> fwd[3], bwd_ms[3], mask_ms;
@@ -320,8 +325,10 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
     bool mask_first;
   };
   const int sms = runtime::Driver::get().props(0).sm_count;
-  for (MaskRun r : {MaskRun{64, 4, 0, false}, MaskRun{64, 4, sms, true}, MaskRun{64, 4, 2 * sms, true}, MaskRun{64, 4, 4 * sms, true},
-                    MaskRun{128, 4, sms, true}, MaskRun{64, 4, sms, false}}) {
+  const std::vector<MaskRun> mask_runs = e2e_only ? std::vector<MaskRun>{}
+                                                  : std::vector<MaskRun>{{64, 4, 0, false}, {64, 4, sms, true}, {64, 4, 2 * sms, true},
+                                                                         {64, 4, 4 * sms, true}, {128, 4, sms, true}, {64, 4, sms, false}};
+  for (MaskRun r : mask_runs) {
     Function mask(kernels::dropout_mask(), {{"BLOCK_M", r.bm}, {"BLOCK_W", r.bw}, {"PERSISTENT", r.persistent > 0}}, {});
     runtime::set_shared_memory_carveout(mask.gpu_kernel().function(), 100);
     const runtime::Grid mgrid = r.persistent ? runtime::Grid{r.persistent}
@@ -345,8 +352,57 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
                 "hidden=%.2f\n", r.bm, r.bw, r.persistent, r.mask_first ? 1 : 0, alone, g, both, (alone + g - both) / alone);
     std::fflush(stdout);
   }
+  // The GEMM that writes the mask in its K loop's spare issue slots (gemm's DROPOUT_MASK): per
+  // mask tiling, its time against the plain GEMM's, and its bits against the mask kernel's.
+  struct GemmRng {
+    int bm, bw, per_step;
+  };
+  const auto gemm_rng = [&](GemmRng r) {
+    lang::Meta meta = gmeta;
+    for (auto [k, v] : {std::pair{"MASK_BLOCK_M", r.bm}, {"MASK_BLOCK_W", r.bw}, {"MASK_TILES_PER_STEP", r.per_step}})
+      meta.emplace_back(k, int64_t{v});
+    meta.emplace_back("DROPOUT_MASK", true);
+    return std::make_unique<Function>(kernels::gemm(), meta, gopts);
+  };
+  const runtime::TensorView bv = bits_view.view();
+  const auto proj_rng = [&](Function& g, const attention::Options& o) {
+    g(ggrid, stream.handle(), xv, wv, qkvv, bv, static_cast<int32_t>(S), static_cast<uint32_t>(o.seed), static_cast<uint32_t>(o.seed >> 32),
+      static_cast<uint32_t>(o.offset), static_cast<uint32_t>(o.offset >> 32), kernels::dropout_keep_threshold(o.dropout_p));
+  };
+  std::unique_ptr<Function> best_rng;
+  double best_rng_ms = 1e30;
+  {
+    const size_t bytes = static_cast<size_t>(B * H * S * words) * 4;
+    std::vector<uint32_t> want(bytes / 4), got(bytes / 4);
+    const attention::Options o = options(false, 2, 7);
+    generate(o, stream.handle());
+    stream.synchronize();
+    bits.download(want.data(), bytes);
+    for (GemmRng r : {GemmRng{64, 16, 1}, GemmRng{64, 8, 1}, GemmRng{128, 8, 1}, GemmRng{64, 4, 2}}) {
+      auto g = gemm_rng(r);
+      stream.synchronize();
+      bits.upload(std::vector<uint32_t>(bytes / 4, 0u).data(), bytes);
+      proj_rng(*g, o);
+      stream.synchronize();
+      bits.download(got.data(), bytes);
+      const bool same = got == want;
+      std::vector<double> plain, with;
+      for (int round = 0; round < 6; ++round) {
+        const auto a = [&] { plain.push_back(time_ms(proj, stream, max_reps)); };
+        const auto b = [&] { with.push_back(time_ms([&] { proj_rng(*g, o); }, stream, max_reps)); };
+        if (round % 2) b(), a();
+        else a(), b();
+      }
+      const double g0 = median(plain), g1 = median(with);
+      std::printf("GEMM_RNG MASK_BLOCK_M=%d MASK_BLOCK_W=%d MASK_TILES_PER_STEP=%d gemm_ms=%.4f gemm_rng_ms=%.4f slowdown=%.3f "
+                  "bits_identical=%d\n", r.bm, r.bw, r.per_step, g0, g1, g1 / g0, same ? 1 : 0);
+      std::fflush(stdout);
+      if (!same) return 1;
+      if (g1 < best_rng_ms) best_rng_ms = g1, best_rng = std::move(g);
+    }
+  }
   for (bool causal : {false, true}) {
-    std::vector<double> gemm_ms, none, fused, overlapped, serial;
+    std::vector<double> gemm_ms, none, fused, overlapped, serial, in_gemm;
     for (int round = 0; round < 3; ++round) {
       gemm_ms.push_back(time_ms(proj, stream, max_reps));
       const attention::Options o0 = options(causal, 0, round), o1 = options(causal, 1, round), o2 = options(causal, 2, round);
@@ -368,12 +424,17 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
         proj();
         attention::forward(Qp, Kp, Vp, O, L, o2, stream.handle());
       }, stream, max_reps));
+      in_gemm.push_back(time_ms([&] {
+        proj_rng(*best_rng, o2);
+        attention::forward(Qp, Kp, Vp, O, L, o2, stream.handle());
+      }, stream, max_reps));
     }
-    const double g = median(gemm_ms), n0 = median(none), f = median(fused), ov = median(overlapped), se = median(serial);
+    const double g = median(gemm_ms), n0 = median(none), f = median(fused), ov = median(overlapped), se = median(serial),
+                 ig = median(in_gemm);
     std::printf("E2E causal=%d p=%g M=%ld N=%ld K=%ld gemm_ms=%.4f none_ms=%.4f fused_ms=%.4f overlapped_ms=%.4f serial_bits_ms=%.4f "
-                "fused_vs_none=%.3f overlapped_vs_none=%.3f serial_vs_none=%.3f\n",
-                causal ? 1 : 0, p, static_cast<long>(M), static_cast<long>(N), static_cast<long>(Kd), g, n0, f, ov, se, f / n0, ov / n0,
-                se / n0);
+                "gemm_rng_ms=%.4f fused_vs_none=%.3f overlapped_vs_none=%.3f serial_vs_none=%.3f gemm_rng_vs_none=%.3f\n",
+                causal ? 1 : 0, p, static_cast<long>(M), static_cast<long>(N), static_cast<long>(Kd), g, n0, f, ov, se, ig, f / n0,
+                ov / n0, se / n0, ig / n0);
     std::fflush(stdout);
   }
   return 0;
@@ -950,7 +1011,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   std::string check_dir;
   double dropout_p = -1;
-  bool masks = false, deterministic = false, forward_variants = false;
+  bool masks = false, deterministic = false, forward_variants = false, e2e_only = false;
   std::string schedule_ab, with_meta, backward_ab;
   int64_t only_d = 0, only_s = 0;  // --deterministic: only this head dim / sequence length
   std::optional<attention::Schedule> schedule;  // --deterministic --schedule: recompute's kernels at these tiles
@@ -960,6 +1021,7 @@ int main(int argc, char** argv) {
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--check" && i + 1 < argc) check_dir = argv[++i];
     else if (a == "--masks") masks = true;
+    else if (a == "--e2e-only") e2e_only = true;
     else if (a == "--pipeline-ab") schedule_ab = "PIPELINE_QK";
     else if (a == "--schedule-ab" && i + 1 < argc) schedule_ab = argv[++i];
     else if (a == "--backward-ab" && i + 1 < argc) backward_ab = argv[++i];
@@ -999,7 +1061,7 @@ int main(int argc, char** argv) {
   try {
     std::fprintf(stderr, "GPU: %s\n", driver.props(0).name.c_str());
     if (forward_variants) return bench_forward_variants(reps, only_d, dropout_p, quick, with_meta);
-    if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule);
+    if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps);
     if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps);

@@ -1436,6 +1436,21 @@ class Lowerer {
     return r;
   }
 
+  // The K loop's side work (TmaDotLoop::side_ops), lowered where iteration `i`'s wgmmas run: the
+  // loop counter bound to its K offset, and any shared memory it needs (layout exchanges) placed
+  // past the pipeline's stages and barriers (`ring_bytes`).
+  void side_work(const ir::Op& op, const TmaDotLoop& m, V i, int64_t ring_bytes) {
+    if (m.side_ops.empty()) return;
+    const ir::Block& body = op.regions[0];
+    const DType t = f_.type(body.args[0]).dtype;
+    frames_.back().scalars[body.args[0]] =
+        bin(Op::add, scalar(op.operands[0]), bin(Op::mul, cast(i, t), scalar(op.operands[2])));
+    const int64_t outer_scratch = scratch_base_;
+    scratch_base_ += ring_bytes;
+    for (const ir::Op* side : m.side_ops) lower(*side);
+    scratch_base_ = outer_scratch;
+  }
+
   // A wgmma shared-memory matrix descriptor with 128-byte swizzle: 8-row groups 1024 B apart (the
   // stride byte offset). The leading byte offset matters only for MN-major operands: the distance
   // between 64-element column chunks.
@@ -1490,72 +1505,84 @@ class Lowerer {
 
     const Layout& LC = *plan_.natural[m.dot->results[0]];
     Regs acc0 = get(op.operands[3], LC);
-    const int64_t per = m.bn / 2;  // accumulator registers per wgmma
-    const int64_t reps = m.bm / (64 * WG);
-    pir::Inst loop;
-    loop.op = Op::for_;
-    loop.args = {ci32(0), nk, ci32(1)};
-    for (V x : acc0) loop.args.push_back(x);
-    pir::Block body;
-    V i = out_.new_value(pir::scalar(DType::i32));
-    body.args.push_back(i);
-    Regs acc;
-    for (size_t r = 0; r < acc0.size(); ++r) acc.push_back(out_.new_value(pir::scalar(DType::f32)));
-    body.args.insert(body.args.end(), acc.begin(), acc.end());
-    push_block(&body);
-    frames_.emplace_back();
-    {
-      V s = bin(Op::rem, i, ci32(S));
-      V parity = bin(Op::bit_and, bin(Op::div, i, ci32(S)), ci32(1));
-      emit0(Op::mbar_wait, {full(s), parity});
-      emit0(Op::wgmma_fence, {});
-      V stage_off = bin(Op::mul, s, ci32(stage));
-      V wg = bin(Op::shr, warp_, ci32(2));
-      // K-major B advances 32 bytes (16 elements) per k16 step inside its swizzled rows; MN-major
-      // B advances 16 rows of 128 bytes.
-      V desc_b = m.b_mn_major ? descriptor(addr(bin(Op::add, stage_off, ci32(a_bytes))), 64 * m.bk * 2)
-                              : descriptor(addr(bin(Op::add, stage_off, ci32(a_bytes))));
-      const int64_t b_step = m.b_mn_major ? 16 * 128 / 16 : 2;  // in descriptor units (16 bytes)
-      int64_t imm = m.bn | (static_cast<int64_t>(at.dtype) << 16) | (int64_t{m.b_mn_major} << 24);
-      for (int64_t r = 0; r < reps; ++r) {
-        V row0 = bin(Op::add, bin(Op::mul, wg, ci32(64)), ci32(r * 64 * WG));
-        V desc_a = descriptor(addr(bin(Op::add, stage_off, bin(Op::mul, row0, ci32(m.bk * 2)))));
-        for (int64_t kk = 0; kk < m.bk / 16; ++kk) {
-          std::vector<V> args{bin(Op::add, desc_a, cint(DType::u64, 2 * kk)), bin(Op::add, desc_b, cint(DType::u64, b_step * kk))};
-          for (int64_t j = 0; j < per; ++j) args.push_back(acc[static_cast<size_t>(r * per + j)]);
-          Regs out = emit_multi(Op::wgmma, args, static_cast<size_t>(per), pir::scalar(DType::f32), imm);
-          for (int64_t j = 0; j < per; ++j) acc[static_cast<size_t>(r * per + j)] = out[static_cast<size_t>(j)];
+    // The loop and its final wait only where it runs (nk > 0): when the path that skips it
+    // reached the wait too, LLVM could materialise the initial accumulators there in the wgmmas'
+    // own registers, which ptxas counts as non-wgmma code inside the pipeline stage and then
+    // serialises every wgmma (C7514/C7515, seen once the loop had side work).
+    const std::vector<pir::Ty> acc_types(acc0.size(), pir::scalar(DType::f32));
+    Regs res = pir_if_values(cmp(pir::Pred::gt, nk, ci32(0)), acc_types, [&]() -> Regs {
+      const int64_t per = m.bn / 2;  // accumulator registers per wgmma
+      const int64_t reps = m.bm / (64 * WG);
+      pir::Inst loop;
+      loop.op = Op::for_;
+      loop.args = {ci32(0), nk, ci32(1)};
+      for (V x : acc0) loop.args.push_back(x);
+      pir::Block body;
+      V i = out_.new_value(pir::scalar(DType::i32));
+      body.args.push_back(i);
+      Regs acc;
+      for (size_t r = 0; r < acc0.size(); ++r) acc.push_back(out_.new_value(pir::scalar(DType::f32)));
+      body.args.insert(body.args.end(), acc.begin(), acc.end());
+      push_block(&body);
+      frames_.emplace_back();
+      {
+        V s = bin(Op::rem, i, ci32(S));
+        V parity = bin(Op::bit_and, bin(Op::div, i, ci32(S)), ci32(1));
+        emit0(Op::mbar_wait, {full(s), parity});
+        emit0(Op::wgmma_fence, {});
+        V stage_off = bin(Op::mul, s, ci32(stage));
+        V wg = bin(Op::shr, warp_, ci32(2));
+        // K-major B advances 32 bytes (16 elements) per k16 step inside its swizzled rows; MN-major
+        // B advances 16 rows of 128 bytes.
+        V desc_b = m.b_mn_major ? descriptor(addr(bin(Op::add, stage_off, ci32(a_bytes))), 64 * m.bk * 2)
+                                : descriptor(addr(bin(Op::add, stage_off, ci32(a_bytes))));
+        const int64_t b_step = m.b_mn_major ? 16 * 128 / 16 : 2;  // in descriptor units (16 bytes)
+        int64_t imm = m.bn | (static_cast<int64_t>(at.dtype) << 16) | (int64_t{m.b_mn_major} << 24);
+        for (int64_t r = 0; r < reps; ++r) {
+          V row0 = bin(Op::add, bin(Op::mul, wg, ci32(64)), ci32(r * 64 * WG));
+          V desc_a = descriptor(addr(bin(Op::add, stage_off, bin(Op::mul, row0, ci32(m.bk * 2)))));
+          for (int64_t kk = 0; kk < m.bk / 16; ++kk) {
+            std::vector<V> args{bin(Op::add, desc_a, cint(DType::u64, 2 * kk)), bin(Op::add, desc_b, cint(DType::u64, b_step * kk))};
+            for (int64_t j = 0; j < per; ++j) args.push_back(acc[static_cast<size_t>(r * per + j)]);
+            Regs out = emit_multi(Op::wgmma, args, static_cast<size_t>(per), pir::scalar(DType::f32), imm);
+            for (int64_t j = 0; j < per; ++j) acc[static_cast<size_t>(r * per + j)] = out[static_cast<size_t>(j)];
+          }
         }
-      }
-      emit0(Op::wgmma_commit, {});
-      // Only the next iteration's wgmma (ordered after this asm) reads the accumulators inside the
-      // loop, so this wait needs no register ties; the one after the loop has them.
-      emit_multi(Op::wgmma_wait, {}, 0, pir::scalar(DType::f32), 1);
-      // The stage read by iteration i-1 is free: release it and refill it with iteration i-1+S.
-      pir_if(cmp(pir::Pred::ge, i, ci32(1)), [&] {
-        V prev = bin(Op::sub, i, ci32(1));
-        V ps = bin(Op::rem, prev, ci32(S));
-        pir_if(cmp(pir::Pred::eq, lane_, ci32(0)), [&] { emit0(Op::mbar_arrive, {empty(ps)}); });
-        V j = bin(Op::add, prev, ci32(S));
-        pir_if(land(is0, cmp(pir::Pred::lt, j, nk)), [&] {
-          V use = bin(Op::sub, bin(Op::div, j, ci32(S)), ci32(1));
-          emit0(Op::mbar_wait, {empty(ps), bin(Op::bit_and, use, ci32(1))});
-          issue(j, ps);
+        emit0(Op::wgmma_commit, {});
+        // Only the next iteration's wgmma (ordered after this asm) reads the accumulators inside the
+        // loop, so this wait needs no register ties; the one after the loop has them. With side
+        // work, two groups stay in flight (the tensor cores queue this step's and the last one's
+        // while the side work runs, instead of idling once this step's are done).
+        const int inflight = m.side_ops.empty() || S < 3 ? 1 : 2;
+        emit_multi(Op::wgmma_wait, {}, 0, pir::scalar(DType::f32), inflight);
+        // The stage read by iteration i-inflight is free: release it and refill it with that
+        // iteration + S.
+        pir_if(cmp(pir::Pred::ge, i, ci32(inflight)), [&] {
+          V prev = bin(Op::sub, i, ci32(inflight));
+          V ps = bin(Op::rem, prev, ci32(S));
+          pir_if(cmp(pir::Pred::eq, lane_, ci32(0)), [&] { emit0(Op::mbar_arrive, {empty(ps)}); });
+          V j = bin(Op::add, prev, ci32(S));
+          pir_if(land(is0, cmp(pir::Pred::lt, j, nk)), [&] {
+            V use = bin(Op::sub, bin(Op::div, j, ci32(S)), ci32(1));
+            emit0(Op::mbar_wait, {empty(ps), bin(Op::bit_and, use, ci32(1))});
+            issue(j, ps);
+          });
         });
-      });
-      pir::Inst y;
-      y.op = Op::yield;
-      y.args = acc;
-      body.insts.push_back(std::move(y));
-    }
-    frames_.pop_back();
-    pop_block();
-    Regs res;
-    for (size_t r = 0; r < acc0.size(); ++r) res.push_back(out_.new_value(pir::scalar(DType::f32)));
-    loop.results = res;
-    loop.regions.push_back(std::move(body));
-    blocks_.back()->insts.push_back(std::move(loop));
-    res = emit_multi(Op::wgmma_wait, res, res.size(), pir::scalar(DType::f32), 0);
+        side_work(op, m, i, bar0 + 16 * S);
+        pir::Inst y;
+        y.op = Op::yield;
+        y.args = acc;
+        body.insts.push_back(std::move(y));
+      }
+      frames_.pop_back();
+      pop_block();
+      Regs out;
+      for (size_t r = 0; r < acc0.size(); ++r) out.push_back(out_.new_value(pir::scalar(DType::f32)));
+      loop.results = out;
+      loop.regions.push_back(std::move(body));
+      blocks_.back()->insts.push_back(std::move(loop));
+      return emit_multi(Op::wgmma_wait, out, out.size(), pir::scalar(DType::f32), 0);
+    }, [&] { return acc0; });
     emit0(Op::barrier, {});  // no warp reuses the stages while another still reads them
     put(op.results[0], LC, res);
   }

@@ -1,6 +1,10 @@
 // The matcher for TMA + wgmma pipelined K loops; see tma_pipeline.hpp for the shape it accepts.
 #include "jit/tma_pipeline.hpp"
 
+#include <algorithm>
+#include <map>
+#include <set>
+
 namespace tilejit::jit {
 namespace {
 
@@ -39,33 +43,52 @@ std::optional<TmaDotLoop> match_tma_dot_loop(const ir::Function& f, const ir::Op
   const ir::Block& body = loop.regions[0];
   if (loop.results.size() != 1) return std::nullopt;
   ir::ValueId iv = body.args[0], acc_arg = body.args[1];
-  // The body: two windows, a trans, the dot, the yield (and nothing else with effects or tiles).
+  // The body: the dot of two windows (B through a trans or not), the yield, and side work that
+  // does not touch them (see TmaDotLoop::side_ops).
   TmaDotLoop m;
   m.loop = &loop;
   m.stages = opts.stages;
-  const ir::Op* trans = nullptr;
+  std::map<ir::ValueId, const ir::Op*> def;
   for (const ir::Op& op : body.ops) {
-    switch (op.kind) {
-      case OpKind::block_load: (m.load_a ? m.load_b : m.load_a) = &op; break;
-      case OpKind::trans: trans = &op; break;
-      case OpKind::dot: m.dot = &op; break;
-      case OpKind::yield: break;
-      default:
-        for (ir::ValueId r : op.results)
-          if (!f.type(r).is_scalar()) return std::nullopt;
-        if (op.kind == OpKind::store || op.kind == OpKind::atomic_add || op.kind == OpKind::load) return std::nullopt;
-    }
+    for (ir::ValueId r : op.results) def[r] = &op;
+    if (op.kind != OpKind::dot) continue;
+    if (m.dot) return std::nullopt;  // one dot per K loop
+    m.dot = &op;
   }
-  if (!m.load_a || !m.load_b || !m.dot) return std::nullopt;
-  // dot(a, trans(bt), acc) or dot(a, b, acc): which load is A is decided by the dot's operands
-  if (m.dot->operands[0] == m.load_b->results[0]) std::swap(m.load_a, m.load_b);
-  if (m.dot->operands[0] != m.load_a->results[0] || m.dot->operands[2] != acc_arg) return std::nullopt;
-  if (trans) {
-    if (trans->operands[0] != m.load_b->results[0] || m.dot->operands[1] != trans->results[0]) return std::nullopt;
-  } else {
-    if (m.dot->operands[1] != m.load_b->results[0]) return std::nullopt;
-    m.b_mn_major = true;
+  if (!m.dot || m.dot->operands[2] != acc_arg) return std::nullopt;
+  auto defined = [&](ir::ValueId v, OpKind kind) -> const ir::Op* {
+    auto it = def.find(v);
+    return it != def.end() && it->second->kind == kind ? it->second : nullptr;
+  };
+  m.load_a = defined(m.dot->operands[0], OpKind::block_load);
+  const ir::Op* trans = defined(m.dot->operands[1], OpKind::trans);
+  m.load_b = defined(trans ? trans->operands[0] : m.dot->operands[1], OpKind::block_load);
+  m.b_mn_major = !trans;
+  if (!m.load_a || !m.load_b || m.load_a == m.load_b) return std::nullopt;
+  // The pipeline's own values (registers it owns, or tiles that never exist outside shared
+  // memory): nothing else may read them.
+  const std::set<const ir::Op*> own{m.load_a, m.load_b, trans, m.dot};
+  std::set<ir::ValueId> owned{acc_arg, m.load_a->results[0], m.load_b->results[0], m.dot->results[0]};
+  if (trans) owned.insert(trans->results[0]);
+  bool reads_owned = false;
+  for (const ir::Op& op : body.ops) {
+    if (own.count(&op) || op.kind == OpKind::yield) continue;
+    const auto check = [&](const ir::Op& inner) {
+      for (ir::ValueId v : inner.operands) reads_owned |= owned.count(v) > 0;
+      if (inner.kind == OpKind::dot) reads_owned = true;  // side work runs no MMAs
+    };
+    check(op);
+    for (const ir::Block& region : op.regions) ir::walk(region, check);
+    m.side_ops.push_back(&op);
   }
+  if (reads_owned) return std::nullopt;
+  // Scalar arithmetic alone (the windows' offsets) is no side work; with side work it is lowered
+  // too, as the side work may read it.
+  const bool work = std::any_of(m.side_ops.begin(), m.side_ops.end(), [&](const ir::Op* op) {
+    if (!op->regions.empty() || op->kind == OpKind::store || op->kind == OpKind::atomic_add || op->kind == OpKind::load) return true;
+    return std::any_of(op->results.begin(), op->results.end(), [&](ir::ValueId r) { return !f.type(r).is_scalar(); });
+  });
+  if (!work) m.side_ops.clear();
   if (body.ops.back().operands.at(0) != m.dot->results[0]) return std::nullopt;
   const ir::Type& a = f.type(m.load_a->results[0]);
   const ir::Type& b = f.type(m.load_b->results[0]);

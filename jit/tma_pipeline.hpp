@@ -1,10 +1,11 @@
 // Recognises the loops the Hopper pipeline lowers (sm_90a): a K loop whose carried accumulator is
 // updated by dot(window of A, trans(window of B^T)) or dot(window of A, window of B), with A
-// K-major and B either way, all TMA-shaped. They become a ring of shared-memory stages filled by
+// K-major and B either way, all TMA-shaped, beside any side work that does not read them. They become a ring of shared-memory stages filled by
 // TMA behind mbarriers, consumed by wgmma.
 #pragma once
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dsl/ir/function.hpp"
 
@@ -23,6 +24,11 @@ struct TmaDotLoop {
   // (MN-major: offsets (iv, n), consumed directly; wgmma reads it transposed)
   const ir::Op* load_b = nullptr;
   bool b_mn_major = false;
+  // Side work: the body's other ops, which read none of the above (e.g. a dropout mask generated
+  // in the GEMM's spare issue slots, issue 7). Lowered in each iteration after its wgmmas are
+  // issued and the previous stage refilled, so it runs while they do. Empty when the body holds
+  // only the windows' scalar offsets.
+  std::vector<const ir::Op*> side_ops;
   size_t acc_index = 0;            // which carried value is the accumulator
   int64_t bm = 0, bn = 0, bk = 0;
   int stages = 3;

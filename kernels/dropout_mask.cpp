@@ -2,38 +2,54 @@
 // thread computing whole Philox calls (kernels::dropout_keep_words) and storing whole words.
 #include "kernels/dropout_mask.hpp"
 
+#include <fmt/format.h>
+
 #include "kernels/philox.hpp"
 
 namespace tilejit::kernels {
 
 using namespace lang;
 
+DropoutMaskTiles::DropoutMaskTiles(Builder& kb, int64_t block_m, int64_t block_w)
+    : block_m_(block_m),
+      block_w_(block_w),
+      mask_(kb.tensor("Mask", u32, 3, {.contiguous_last = true})),
+      s_k_(kb.scalar<int>("S_k")),
+      seed_lo_(kb.scalar("seed_lo", u32)),
+      seed_hi_(kb.scalar("seed_hi", u32)),
+      offset_lo_(kb.scalar("offset_lo", u32)),
+      offset_hi_(kb.scalar("offset_hi", u32)),
+      threshold_(kb.scalar("keep_threshold", u32)) {
+  if (block_w % 2 != 0)
+    kb.fail(Loc::current(), fmt::format("dropout mask tiles: BLOCK_W must be even (one Philox call group covers 64 key columns = "
+                                        "2 words), got {}", block_w));
+}
+
+Tile DropoutMaskTiles::count() const { return cdiv(mask_.size(1), block_m_) * cdiv(mask_.size(2), block_w_) * mask_.size(0); }
+
+void DropoutMaskTiles::write(const Tile& t) const {
+  const Tile row_tiles = cdiv(mask_.size(1), block_m_), word_tiles = cdiv(mask_.size(2), block_w_);
+  write(t % row_tiles * block_m_, t / row_tiles % word_tiles * block_w_, t / (row_tiles * word_tiles));
+}
+
+void DropoutMaskTiles::write(const Tile& m0, const Tile& w0, const Tile& bh) const {
+  Tile words = dropout_keep_words(bh, m0 + arange(0, block_m_), w0, block_w_, seed_lo_, seed_hi_, offset_lo_, offset_hi_, threshold_);
+  // the bits of columns >= S_k are 0: word w keeps its low clamp(S_k - 32 w, 0, 32) bits
+  Tile valid_bits = s_k_ - (w0 + arange(0, block_w_)) * 32;
+  Tile low = where(valid_bits >= 32, 0xFFFFFFFFu, (1u << cast(u32, maximum(valid_bits, 0))) - 1u);
+  store(mask_.block({bh, m0, w0}, {block_m_, block_w_}), words & low[row]);
+}
+
 const Kernel& dropout_mask() {
   static const Kernel k = kernel("dropout_mask", [](Builder& kb) {
-    auto BM = kb.meta<int>("BLOCK_M", 64), BW = kb.meta<int>("BLOCK_W", 4);
-    auto Mask = kb.tensor("Mask", u32, 3, {.contiguous_last = true});
-    auto S_k = kb.scalar<int>("S_k");
-    auto seed_lo = kb.scalar("seed_lo", u32), seed_hi = kb.scalar("seed_hi", u32);
-    auto offset_lo = kb.scalar("offset_lo", u32), offset_hi = kb.scalar("offset_hi", u32);
-    auto threshold = kb.scalar("keep_threshold", u32);
-    if (BW % 2 != 0) kb.fail(Loc::current(), "dropout_mask: BLOCK_W must be even (one Philox call group covers 64 key columns = 2 words)");
-    // One [BLOCK_M, BLOCK_W] tile of the mask: rows m0.., words w0.. of batch*head bh.
-    auto tile = [&](const Tile& m0, const Tile& w0, const Tile& bh) {
-      Tile words = dropout_keep_words(bh, m0 + arange(0, BM), w0, BW, seed_lo, seed_hi, offset_lo, offset_hi, threshold);
-      // the bits of columns >= S_k are 0: word w keeps its low clamp(S_k - 32 w, 0, 32) bits
-      Tile valid_bits = S_k - (w0 + arange(0, BW)) * 32;
-      Tile low = where(valid_bits >= 32, 0xFFFFFFFFu, (1u << cast(u32, maximum(valid_bits, 0))) - 1u);
-      store(Mask.block({bh, m0, w0}, {BM, BW}), words & low[row]);
-    };
+    const auto BM = kb.meta<int>("BLOCK_M", 64), BW = kb.meta<int>("BLOCK_W", 4);
+    const DropoutMaskTiles tiles(kb, BM, BW);
     // PERSISTENT: a 1-D grid of any size whose programs stride over all tiles -- a grid of one
     // program per SM leaves room on every SM for a concurrent kernel (the GEMM it hides behind).
     if (kb.meta<bool>("PERSISTENT", false)) {
-      auto row_tiles = cdiv(Mask.size(1), BM), word_tiles = cdiv(Mask.size(2), BW);
-      for_range(program_id(0), row_tiles * word_tiles * Mask.size(0), num_programs(0), [&](Tile t) {
-        tile(t % row_tiles * BM, t / row_tiles % word_tiles * BW, t / (row_tiles * word_tiles));
-      });
+      for_range(program_id(0), tiles.count(), num_programs(0), [&](Tile t) { tiles.write(t); });
     } else {
-      tile(program_id(0) * BM, program_id(1) * BW, program_id(2));
+      tiles.write(program_id(0) * BM, program_id(1) * BW, program_id(2));
     }
   });
   return k;

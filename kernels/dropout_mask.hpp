@@ -15,4 +15,22 @@ namespace tilejit::kernels {
 // batch * heads_q); PERSISTENT: (any P), program p doing tiles p, p + P, ... (rows fastest).
 const lang::Kernel& dropout_mask();
 
+// The mask's tiles of block_m rows x block_w words, numbered t = (bh * word_tiles + w) * row_tiles
+// + r (rows fastest), each written by whole Philox calls per thread (kernels::dropout_keep_words).
+// The constructor declares the parameters above (Mask, S_k, seed_lo, seed_hi, offset_lo,
+// offset_hi, keep_threshold), in that order, after the kernel's own: dropout_mask uses it, and so
+// does the GEMM that writes the mask in its K loop's spare issue slots (gemm.hpp, DROPOUT_MASK).
+class DropoutMaskTiles {
+ public:
+  DropoutMaskTiles(lang::Builder& kb, int64_t block_m, int64_t block_w);
+  lang::Tile count() const;                      // how many tiles the mask has
+  void write(const lang::Tile& t) const;         // tile t (0 <= t < count())
+  void write(const lang::Tile& row0, const lang::Tile& word0, const lang::Tile& batch_head) const;
+
+ private:
+  int64_t block_m_, block_w_;
+  lang::Tensor mask_;
+  lang::Tile s_k_, seed_lo_, seed_hi_, offset_lo_, offset_hi_, threshold_;
+};
+
 }  // namespace tilejit::kernels

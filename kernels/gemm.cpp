@@ -2,6 +2,12 @@
 // accumulator carried through the K loop, one rounding to the output dtype at the end.
 #include "kernels/gemm.hpp"
 
+#include <fmt/format.h>
+
+#include <optional>
+
+#include "kernels/dropout_mask.hpp"
+
 namespace tilejit::kernels {
 
 using namespace lang;
@@ -41,12 +47,28 @@ const Kernel& gemm() {
       pid_n = (pid % (group_m * tiles_n)) / rows;
     }
     auto m0 = pid_m * BM, n0 = pid_n * BN;
+    // DROPOUT_MASK (issue 7, RNG hidden with the GEMM): the program also writes tiles of an
+    // attention layer's packed dropout keep-mask (the dropout_mask kernel's parameters follow C),
+    // MASK_TILES_PER_STEP of them in each K step, where they run while the step's wgmmas do (the
+    // pipeline lowers them as side work: tma_pipeline.hpp). Program p writes tiles p, p + P, ...
+    // (P programs); those left after the K loop, after it.
+    std::optional<DropoutMaskTiles> mask;
+    if (b.meta<bool>("DROPOUT_MASK", false)) mask.emplace(b, b.meta<int>("MASK_BLOCK_M", 64), b.meta<int>("MASK_BLOCK_W", 4));
+    const int64_t per_step = mask ? b.meta<int>("MASK_TILES_PER_STEP", 1) : 0;
+    if (mask && per_step < 1) b.fail(Loc::current(), fmt::format("gemm: MASK_TILES_PER_STEP = {} must be at least 1", per_step));
+    Tile program = group_m == 0 ? program_id(0) + program_id(1) * num_programs(0) : program_id(0);
+    Tile programs = group_m == 0 ? num_programs(0) * num_programs(1) : num_programs(0);
     Var acc = zeros(f32, {BM, BN});
     for_range(0, K, BK, [&](Tile k0) {
       Tile a = a_kmajor ? load(A.block({m0, k0}, {BM, BK})) : trans(load(A.block({k0, m0}, {BK, BM})));
       Tile bt = b_kmajor ? trans(load(B.block({n0, k0}, {BN, BK}))) : load(B.block({k0, n0}, {BK, BN}));
       acc = dot(a, bt, acc);
+      for (int64_t r = 0; r < per_step; ++r) {
+        Tile t = program + (k0 / BK * per_step + r) * programs;
+        if_(t < mask->count(), [&] { mask->write(t); });
+      }
     });
+    if (mask) for_range(program + cdiv(K, BK) * per_step * programs, mask->count(), programs, [&](Tile t) { mask->write(t); });
     store(C.block({m0, n0}, {BM, BN}), cast(OUT, acc));
   });
   return k;

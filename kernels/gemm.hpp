@@ -12,7 +12,13 @@ namespace tilejit::kernels {
 // runs as a TMA + wgmma pipeline.
 // GROUP_M: 0 for a 2-D grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); g > 0 for a 1-D grid of
 // cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N) programs ordered g tile-rows at a time (L2 reuse).
-// Parameters: A, B, C (rank-2 tensors).
+// DROPOUT_MASK (default false): the GEMM also writes an attention layer's packed dropout keep-mask
+// (issue 7: the RNG hidden in the GEMM that precedes attention, e.g. the QKV projection), in
+// tiles of MASK_BLOCK_M rows x MASK_BLOCK_W words (default 64 x 4), MASK_TILES_PER_STEP (default 1)
+// per K step, run while that step's wgmmas do; the tiles left over after the K loop. The same bits
+// as the dropout_mask kernel (dropout_mask.hpp), whose parameters follow C.
+// Parameters: A, B, C (rank-2 tensors), then with DROPOUT_MASK: Mask, S_k, seed_lo, seed_hi,
+// offset_lo, offset_hi, keep_threshold.
 const lang::Kernel& gemm();
 
 }  // namespace tilejit::kernels

@@ -1,7 +1,8 @@
 // tilejit::Function on the GPU (ctest label "gpu"): vector add and the library GEMM (TMA + wgmma,
 // default schedule) against the interpreter, no recompile for a second Function, the TMA
 // descriptor cache across changing layouts (and its recycling), 8 threads calling one Function on
-// their own streams. Skips visibly without a GPU.
+// their own streams, the GEMM writing a dropout mask in its K loop (DROPOUT_MASK). Skips visibly
+// without a GPU.
 #include "runtime/function.hpp"
 
 #include <doctest/doctest.h>
@@ -11,12 +12,14 @@
 #include <cstdlib>
 #include <new>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "dsl/lang.hpp"
 #include "kernels/gemm.hpp"
+#include "kernels/philox_host.hpp"
 #include "kernels/registry.hpp"
 #include "runtime/compile_cache.hpp"
 #include "runtime/interpreter.hpp"
@@ -245,6 +248,38 @@ TEST_CASE("gpu: 8 threads call one Function concurrently on their own streams") 
     CHECK(gemm_err[static_cast<size_t>(t)] <= 1e-5);
   }
   CHECK(failures == 0);
+}
+
+TEST_CASE("gpu: the library GEMM with DROPOUT_MASK: C bit-identical to the plain GEMM, the mask the host's bit for bit") {
+  if (!have_gpu()) return;
+  const kernels::LibraryKernel* lk = kernels::find("gemm");
+  REQUIRE(lk);
+  jit::CompileOptions o;
+  o.num_warps = lk->num_warps;
+  o.pipeline.stages = lk->stages;
+  Meta meta = lk->default_meta;
+  meta.emplace_back("DROPOUT_MASK", true);
+  meta.emplace_back("MASK_BLOCK_W", 8);
+  Function plain = default_gemm(), with = tilejit::compile(kernels::gemm(), meta, o);
+  // 8 programs x 4 K steps = 32 mask tiles in the loop, 28 of the 60 (64 x 8 words) after it
+  const int M = 512, N = 512, K = 256, BH = 3, Sq = 300, Sk = 1000, words = (Sk + 31) / 32;
+  HostTensor a(bf16, {M, K}), b(bf16, {N, K}), poisoned(u32, {BH, Sq, words});
+  a.fill_uniform(71, -1, 1);
+  b.fill_uniform(72, -1, 1);
+  poisoned.poison();
+  DeviceTensor da = DeviceTensor::from_host(a), db = DeviceTensor::from_host(b), c0(f32, {M, N}), c1(f32, {M, N}),
+               mask = DeviceTensor::from_host(poisoned);
+  const kernels::DropoutRngHost r{0x0123456789abcdefull, 0x0000000500000007ull, 230};
+  plain(gemm_grid(M, N), nullptr, da, db, c0);
+  with(gemm_grid(M, N), nullptr, da, db, c1, mask, int32_t{Sk}, static_cast<uint32_t>(r.seed), static_cast<uint32_t>(r.seed >> 32),
+       static_cast<uint32_t>(r.offset), static_cast<uint32_t>(r.offset >> 32), r.keep_threshold);
+  REQUIRE(with.compiled().tensor_maps.size() == 2);  // still the TMA pipeline
+  const HostTensor h0 = c0.to_host(), h1 = c1.to_host(), hm = mask.to_host();
+  CHECK(std::memcmp(h0.data(), h1.data(), static_cast<size_t>(M * N) * 4) == 0);
+  const std::vector<uint32_t> want = kernels::dropout_mask_packed_host(r, BH, Sq, Sk);
+  size_t bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) bad += static_cast<const uint32_t*>(hm.data())[i] != want[i];
+  CHECK(bad == 0);
 }
 
 TEST_CASE("gpu: more distinct TMA layouts than descriptor sets: recycled sets never reach a pending launch") {

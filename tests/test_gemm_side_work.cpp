@@ -1,0 +1,161 @@
+// Side work in the GEMM's pipelined K loop (jit/tma_pipeline.hpp): the library GEMM's DROPOUT_MASK
+// (issue 7: the attention dropout mask written in the QKV projection's spare issue slots) in the
+// interpreter against the host mask and the plain GEMM, bit for bit; on sm_90a still the TMA +
+// wgmma pipeline with two MMA groups in flight and no wgmma serialisation; and the matcher's rule
+// that side work may not read the pipeline's tiles.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dsl/lang.hpp"
+#include "jit/compile.hpp"
+#include "jit/ptx_compiler.hpp"
+#include "jit/tma_pipeline.hpp"
+#include "kernels/gemm.hpp"
+#include "kernels/philox.hpp"
+#include "kernels/philox_host.hpp"
+#include "ptxas_testing.hpp"
+#include "runtime/interpreter.hpp"
+
+using namespace tilejit;
+using namespace tilejit::lang;
+namespace rt = tilejit::runtime;
+using rt::HostTensor;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+template <class T>
+std::vector<T> raw(const HostTensor& t) {
+  std::vector<T> v(static_cast<size_t>(t.numel()));
+  std::memcpy(v.data(), t.data(), v.size() * sizeof(T));
+  return v;
+}
+
+// One assembled kernel's ptxas log (-v: it names serialised wgmmas, C7514-C7520).
+std::string ptxas_log(const jit::CompiledKernel& k) {
+  return jit::ptx_to_cubin(k.ptx, "sm_90a", k.name, jit::PtxTool::Ptxas).log;
+}
+
+}  // namespace
+
+TEST_CASE("gemm DROPOUT_MASK: C bit-identical to the plain GEMM, the mask the host's bit for bit (tiles in and after the K loop)") {
+  const int M = 128, N = 64, K = 96;  // 2 programs of 64 x 64 (2-D grid) or 1-D with GROUP_M; 3 K steps of 32
+  HostTensor a(bf16, {M, K}), b(bf16, {N, K});
+  a.fill_uniform(5, -1, 1);
+  b.fill_uniform(6, -1, 1);
+  const Meta base{{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 32}, {"B_KMAJOR", true}};
+  HostTensor c0(f32, {M, N});
+  rt::interpret(kernels::gemm().build(base), {2, 1}, {a, b, c0});
+  struct Case {
+    int bh, s_q, s_k, block_m, block_w, per_step, group_m;
+  };
+  // 56 tiles for 2 x 3 in-loop slots (most after the loop); 8 per step (48 in the loop, 8 after);
+  // one tile and 12 slots; a 1-D grid (GROUP_M) with ragged rows and words.
+  const Case cases[] = {{2, 100, 200, 16, 2, 1, 0}, {2, 100, 200, 16, 2, 8, 0}, {1, 5, 1, 16, 2, 2, 0}, {3, 40, 70, 32, 4, 1, 8}};
+  const kernels::DropoutRngHost rngs[] = {{0x0123456789abcdefull, 0x0000000500000007ull, 230}, {42, 1ull << 40, 13}};
+  for (const Case& t : cases)
+    for (const auto& r : rngs) {
+      INFO(fmt::format("BH={} S_q={} S_k={} MASK_BLOCK_M={} MASK_BLOCK_W={} MASK_TILES_PER_STEP={} GROUP_M={} seed {:#x}", t.bh, t.s_q,
+                       t.s_k, t.block_m, t.block_w, t.per_step, t.group_m, r.seed));
+      Meta meta = base;
+      meta.emplace_back("GROUP_M", t.group_m);
+      meta.emplace_back("DROPOUT_MASK", true);
+      meta.emplace_back("MASK_BLOCK_M", t.block_m);
+      meta.emplace_back("MASK_BLOCK_W", t.block_w);
+      meta.emplace_back("MASK_TILES_PER_STEP", t.per_step);
+      const int words = static_cast<int>(cdiv(t.s_k, 32));
+      HostTensor c(f32, {M, N}), mask(u32, {t.bh, t.s_q, words});
+      c.poison();
+      mask.poison();  // a tile never written stays poisoned
+      const rt::Grid grid = t.group_m ? rt::Grid{2} : rt::Grid{2, 1};
+      rt::interpret(kernels::gemm().build(meta), grid,
+                    {a, b, c, mask, t.s_k, static_cast<uint32_t>(r.seed), static_cast<uint32_t>(r.seed >> 32),
+                     static_cast<uint32_t>(r.offset), static_cast<uint32_t>(r.offset >> 32), r.keep_threshold});
+      CHECK(raw<uint32_t>(c) == raw<uint32_t>(c0));
+      const std::vector<uint32_t> got = raw<uint32_t>(mask), want = kernels::dropout_mask_packed_host(r, t.bh, t.s_q, t.s_k);
+      REQUIRE(got.size() == want.size());
+      size_t bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) bad += got[i] != want[i];
+      CHECK(bad == 0);
+    }
+}
+
+TEST_CASE("gemm DROPOUT_MASK: a zero MASK_TILES_PER_STEP or an odd MASK_BLOCK_W is a build error naming the value") {
+  CHECK_THROWS_WITH(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_TILES_PER_STEP", 0}}),
+                    doctest::Contains("MASK_TILES_PER_STEP = 0 must be at least 1"));
+  CHECK_THROWS_WITH(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_BLOCK_W", 3}}), doctest::Contains("BLOCK_W must be even (one Philox call group covers 64 key columns = 2 words), got 3"));
+}
+
+TEST_CASE("gemm DROPOUT_MASK on sm_90a: the TMA + wgmma pipeline, two groups in flight, no serialised wgmma, no spills") {
+  if (testing::no_ptxas()) return;
+  const Meta plain{{"BLOCK_M", 128}, {"BLOCK_N", 256}, {"BLOCK_K", 64}, {"B_KMAJOR", true}, {"GROUP_M", 8}, {"OUT_DTYPE", bf16}};
+  Meta with = plain;
+  with.emplace_back("DROPOUT_MASK", true);
+  with.emplace_back("MASK_BLOCK_W", 8);
+  for (const bool side : {false, true}) {
+    const Meta* meta = side ? &with : &plain;
+    INFO("DROPOUT_MASK=" << side);
+    const jit::CompiledKernel k = testing::assemble_sm90a(kernels::gemm().build(*meta), jit::Backend::Llvm, 8, 4);
+    CHECK(contains(k.ptx, "cp.async.bulk.tensor"));
+    CHECK(contains(k.ptx, "wgmma.mma_async"));
+    // the side work runs with this step's and the previous step's MMAs queued
+    CHECK(contains(k.ptx, side ? "wgmma.wait_group.sync.aligned 2" : "wgmma.wait_group.sync.aligned 1"));
+    const std::string log = ptxas_log(k);
+    CHECK_MESSAGE(!contains(log, "serialized"), log);
+    CHECK_MESSAGE(k.info.spill_store_bytes == 0, k.info.to_string());
+  }
+}
+
+namespace {
+
+// A K loop of the pipeline's shape plus one store in its body: of the loaded A tile (which only
+// exists in shared memory when pipelined) or of a value that reads none of the pipeline's tiles.
+const Kernel& gemm_with_store() {
+  static const Kernel k = kernel("gemm_with_store", [](Builder& kb) {
+    const bool reads_a = kb.meta<bool>("READS_A", false);
+    const ParamSpec rm{.align_bytes = 16, .contiguous_last = true};
+    auto A = kb.tensor("A", bf16, 2, rm), B = kb.tensor("B", bf16, 2, rm), C = kb.tensor("C", f32, 2, rm), Out = kb.tensor("Out", bf16, 2, rm);
+    Tile m0 = program_id(0) * 64, n0 = program_id(1) * 64;  // (window offsets from outside the loop)
+    Var acc = zeros(f32, {64, 64});
+    for_range(0, A.size(1), 64, [&](Tile k0) {
+      Tile a = load(A.block({m0, k0}, {64, 64}));
+      acc = dot(a, trans(load(B.block({n0, k0}, {64, 64}))), acc);
+      store(Out.block({m0, k0}, {64, 64}), reads_a ? a : cast(bf16, k0 + arange(0, 64))[row] + zeros(bf16, {64, 64}));
+    });
+    store(C.block({m0, n0}, {64, 64}), acc);
+  });
+  return k;
+}
+
+}  // namespace
+
+TEST_CASE("TMA pipeline matcher: side work that reads a pipelined tile is refused; other side work is kept, scalar offsets are not") {
+  for (bool reads_a : {false, true}) {
+    INFO("READS_A=" << reads_a);
+    const ir::Function f = gemm_with_store().build({{"READS_A", reads_a}});
+    const ir::Op* loop = nullptr;
+    ir::walk(f.body, [&](const ir::Op& op) {
+      if (op.kind == ir::OpKind::for_) loop = &op;
+    });
+    REQUIRE(loop);
+    const auto m = jit::match_tma_dot_loop(f, *loop, 4, "sm_90a", {});
+    CHECK(m.has_value() == !reads_a);
+    if (m) CHECK(std::any_of(m->side_ops.begin(), m->side_ops.end(), [](const ir::Op* op) { return op->kind == ir::OpKind::block_store; }));
+  }
+  // the plain GEMM: a match without side work
+  const ir::Function g = kernels::gemm().build({{"BLOCK_N", 256}, {"B_KMAJOR", true}});
+  const ir::Op* loop = nullptr;
+  ir::walk(g.body, [&](const ir::Op& op) {
+    if (op.kind == ir::OpKind::for_) loop = &op;
+  });
+  REQUIRE(loop);
+  const auto m = jit::match_tma_dot_loop(g, *loop, 8, "sm_90a", {});
+  REQUIRE(m.has_value());
+  CHECK(m->side_ops.empty());
+}
