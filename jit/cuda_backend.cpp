@@ -814,6 +814,22 @@ class Printer {
         std::vector<std::string> tied;
         for (size_t i = 0; i < in.args.size(); ++i) {
           if (ty(in.results[i]) != ty(in.args[i])) fail("opaque returns its arguments' types");
+          if (in.imm & pir::kOpaqueCopy) {  // a copy of its own (not tied): see pir::kOpaqueCopy
+            const pir::Ty t = ty(in.results[i]);
+            const int w = ir::bit_width(t.dtype);
+            const char* c = t.ptr || t.dtype == DType::i1 ? nullptr
+                            : w == 64                    ? (t.dtype == DType::f64 ? "d" : "l")
+                            : w == 32                    ? (t.dtype == DType::f32 ? "f" : "r")
+                            : w == 16                    ? "h"
+                                                         : nullptr;
+            if (!c) {
+              def(in.results[i], n(in.args[i]));
+              continue;
+            }
+            declare(in.results[i]);
+            line(fmt::format("asm volatile(\"mov.b{} %0, %1;\" : \"={}\"(v{}) : \"{}\"({}));", w, c, in.results[i], c, n(in.args[i])));
+            continue;
+          }
           def(in.results[i], n(in.args[i]));
           const pir::Ty t = ty(in.results[i]);
           const int w = ir::bit_width(t.dtype);

@@ -657,6 +657,15 @@ class Emitter {
           tys.push_back(t);
         }
         if (at.empty()) return;
+        if (in.imm & pir::kOpaqueCopy) {
+          for (size_t k = 0; k < at.size(); ++k) {
+            const bool wide = tys[k]->isDoubleTy() || tys[k]->isIntegerTy(64);
+            const char* c = tys[k]->isFloatTy() ? "f" : tys[k]->isDoubleTy() ? "d" : wide ? "l" : tys[k]->isIntegerTy(16) ? "h" : "r";
+            const std::string text = tys[k]->isIntegerTy(16) ? "mov.b16 $0, $1;" : wide ? "mov.b64 $0, $1;" : "mov.b32 $0, $1;";
+            set(in.results[at[k]], asm_call(tys[k], text, fmt::format("={},{}", c, c), {args[k]}, true));
+          }
+          return;
+        }
         llvm::Type* ret = tys.size() == 1 ? tys[0] : llvm::StructType::get(ctx_, tys);
         llvm::Value* r = asm_call(ret, "", outs + ins, args, true);
         for (unsigned k = 0; k < at.size(); ++k) set(in.results[at[k]], tys.size() == 1 ? r : b_.CreateExtractValue(r, {k}));

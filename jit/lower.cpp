@@ -1324,8 +1324,18 @@ class Lowerer {
     pir::Inst y;
     y.op = Op::yield;
     const ir::Op& iy = body.ops.back();
-    for (size_t i = 0; i < op.results.size(); ++i)
-      for (V x : carried(iy.operands[i], lay[i])) y.args.push_back(x);
+    for (size_t i = 0; i < op.results.size(); ++i) {
+      Regs r = carried(iy.operands[i], lay[i]);
+      // A carried MMA result still in flight at the loop's end and double-buffered (the body
+      // reads the carried value after issuing the MMA that makes the next one: PIPELINE_QK's S)
+      // was just waited for. Its copy into the carried register must come after that wait: as
+      // copies of their own (pir::kOpaqueCopy), not as the wait's tied operands, which LLVM copies
+      // before the wait, where ptxas sees a read of an in-flight accumulator (C7514).
+      if (std::any_of(r.begin(), r.end(), [&](V x) { return wait_outputs_.count(x) > 0; }) &&
+          read_after_def(body, body.args[i + 1], iy.operands[i]))
+        r = emit_multi(Op::opaque, r, r.size(), pir::scalar(f_.type(iy.operands[i]).dtype), pir::kOpaqueCopy);
+      for (V x : r) y.args.push_back(x);
+    }
     pb.insts.push_back(std::move(y));
     frames_.pop_back();
     pop_block();
@@ -1338,6 +1348,22 @@ class Lowerer {
     blocks_.back()->insts.push_back(std::move(loop));
     if (ring && ring->rerun) reset_ring(*ring);
     for (size_t i = 0; i < op.results.size(); ++i) bind(op.results[i], lay[i], res[i]);
+  }
+
+  // Whether an op of `body` after the one defining `v` (at the body's top level) reads `x`.
+  static bool read_after_def(const ir::Block& body, ir::ValueId x, ir::ValueId v) {
+    bool after = false, reads = false;
+    for (const ir::Op& op : body.ops) {
+      if (after) {
+        const auto check = [&](const ir::Op& inner) {
+          reads |= std::find(inner.operands.begin(), inner.operands.end(), x) != inner.operands.end();
+        };
+        check(op);
+        for (const ir::Block& region : op.regions) ir::walk(region, check);
+      }
+      after |= std::find(op.results.begin(), op.results.end(), v) != op.results.end();
+    }
+    return reads;
   }
 
   void if_op(const ir::Op& op) {
@@ -1940,6 +1966,7 @@ class Lowerer {
     const bool overlapped = std::any_of(done.begin(), done.end(), [&](const PendingDot& p) { return ops_lowered_ > p.ops_at_issue; });
     Regs out = emit_multi(Op::wgmma_wait, tied, tied.size(), pir::scalar(DType::f32),
                           (committed_ - upto) | (overlapped ? pir::kWaitFenced : 0));
+    wait_outputs_.insert(out.begin(), out.end());
     pending_ = std::move(rest);  // before put(): get() must not see them pending again
     size_t at = 0;
     for (const PendingDot& p : done) {
@@ -1954,6 +1981,7 @@ class Lowerer {
   pir::Func out_;
   std::map<const ir::Op*, RingState> rings_;
   std::vector<PendingDot> pending_;
+  std::set<V> wait_outputs_;  // registers a wgmma wait redefined (wait_groups)
   int64_t ops_lowered_ = 0;  // ops of the tile IR lowered so far, dots excepted
   int committed_ = 0;
   int staged_a_group_ = 0;  // the wgmma group of the last dot that read the A staging tile

@@ -39,7 +39,8 @@ enum class Op : uint8_t {
   bitcast, // same width reinterpretation
   // (x...) -> the same values, which the backend may not compute later than here: an empty
   // volatile asm with each register tied in/out (the tile IR's precompute). Registers of types
-  // asm cannot name (i1) pass through untied.
+  // asm cannot name (i1) pass through untied. imm kOpaqueCopy: a volatile asm mov per register
+  // instead, its result a register of its own (not tied).
   opaque,
   pack2,   // (lo, hi) 16-bit values -> u32 (for mma operands and vector accesses)
   unpack2, // (u32) -> lo, hi as the results' 16-bit dtype
@@ -109,6 +110,12 @@ constexpr int64_t kWaitFenced = int64_t{1} << 8;
 constexpr int64_t kCommitFenced = int64_t{1} << 8;
 
 constexpr int64_t kBulkWaitRead = int64_t{1} << 8;
+
+// opaque imm flag: each value copied by its own volatile asm mov (out and in not tied), so that
+// LLVM keeps the copy at that point: a loop-carried MMA result's copy into the carried register
+// stays after the wait that completes it (tied, LLVM may place it before the wait, where ptxas
+// sees a read of an in-flight accumulator and serialises the wgmmas: C7514).
+constexpr int64_t kOpaqueCopy = 1;
 
 struct Block;
 

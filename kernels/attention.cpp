@@ -123,7 +123,9 @@ const Kernel& attention_forward() {
     auto dropout_bits = AttentionDropout::precomputed_meta(kb, dropout, varlen, BN);
     // PIPELINE_QK: issue the next block's S = Q K^T before this block's softmax, so that the
     // tensor cores work on it while the softmax (and dropout) run; one more S tile in registers.
-    // (Measured on H100, D128 S4k: 0.90x -- ptxas then serialises the wgmma, C7514 -- so off.)
+    // (Measured on H100 S4k once ptxas no longer serialised its wgmmas -- C7514, see
+    // jit/lower.cpp's carried copies: D128 1.04x full / 1.02x causal without dropout, 0.89x with
+    // fused dropout, 0.94-0.96x reading bits; D64 0.70x (1.01-1.02x with dropout). Off.)
     auto pipeline_qk = kb.meta<bool>("PIPELINE_QK", false);
     // PINGPONG: the two warpgroups of an 8-warp program take turns issuing their MMAs
     // (lang::warpgroup_turn, FlashAttention-3's schedule), so one's softmax (and dropout) runs
