@@ -121,12 +121,6 @@ const Kernel& attention_forward() {
     auto dropout = kb.meta<bool>("DROPOUT", false), return_mask = kb.meta<bool>("RETURN_MASK", false);
     if (return_mask && !dropout) kb.fail(Loc::current(), "RETURN_MASK returns the dropout mask: it needs DROPOUT=true");
     auto dropout_bits = AttentionDropout::precomputed_meta(kb, dropout, varlen, BN);
-    // PIPELINE_QK: issue the next block's S = Q K^T before this block's softmax, so that the
-    // tensor cores work on it while the softmax (and dropout) run; one more S tile in registers.
-    // (Measured on H100 S4k once ptxas no longer serialised its wgmmas -- C7514, see
-    // jit/lower.cpp's carried copies: D128 1.04x full / 1.02x causal without dropout, 0.89x with
-    // fused dropout, 0.94-0.96x reading bits; D64 0.70x (1.01-1.02x with dropout). Off.)
-    auto pipeline_qk = kb.meta<bool>("PIPELINE_QK", false);
     // PINGPONG: the two warpgroups of an 8-warp program take turns issuing their MMAs
     // (lang::warpgroup_turn, FlashAttention-3's schedule), so one's softmax (and dropout) runs
     // while the other's MMAs do; without it both wait for the same K block and run in step.
@@ -140,7 +134,6 @@ const Kernel& attention_forward() {
     // block j's softmax while the tensor cores work on P_{j-1} V_{j-1}; the last block's P V
     // follows the loop. Same arithmetic, in the same order, as without it.
     auto pipeline_pv = kb.meta<bool>("PIPELINE_PV", false);
-    if (pipeline_pv && pipeline_qk) kb.fail(Loc::current(), "PIPELINE_PV and PIPELINE_QK are two pipelines of the same loop: pick one");
     // EXACT_NORMALIZE: O = acc / l by IEEE division instead of acc * rcp(l). A division's slow path
     // is a subroutine call, and nvJitLink's ptxas then serialises every wgmma (C7509): measured on
     // H100 (S4k, bf16), that is slower at D128 (475 vs 547 TFLOP/s) and at D64 with dropout (223 vs
@@ -170,6 +163,15 @@ const Kernel& attention_forward() {
     // q . k * softmax_scale before masking and the softmax; its parameter comes last.
     const AttentionScoreMod score_mod(kb, score_mod_kind_meta(kb));
     const bool modded = score_mod.kind != ScoreModKind::none;
+    // PIPELINE_QK: issue the next block's S = Q K^T before this block's softmax, so that the
+    // tensor cores work on it while the softmax (and dropout) run; one more S tile in registers.
+    // Measured on H100 S4k (two runs) once ptxas no longer serialised its wgmmas (C7514, see
+    // jit/lower.cpp's carried copies): D128 1.04-1.05x full / 1.02x causal without dropout, 0.89x
+    // with fused dropout, 0.93-0.97x reading bits; D64 0.70x. So the default for D128 without
+    // dropout on dense full/causal blocks without a score mod (masks, varlen and mods unmeasured).
+    auto pipeline_qk = kb.meta<bool>("PIPELINE_QK", static_cast<int64_t>(D) == 128 && !dropout && !general_mask && !varlen && !modded &&
+                                                        !pipeline_pv);
+    if (pipeline_pv && pipeline_qk) kb.fail(Loc::current(), "PIPELINE_PV and PIPELINE_QK are two pipelines of the same loop: pick one");
     // POSITIVE_SCALE: the caller promises softmax_scale > 0, so the row max can be taken over the
     // raw scores q . k and each probability is exp2(fma(s, scale log2 e, -max scale log2 e)): one
     // FFMA an element instead of a multiply and a subtract (FlashAttention-3's softmax). A scale

@@ -39,9 +39,10 @@ TEST_CASE("wgmma pipelines of the library kernels: no serialised wgmma, no spill
     return m;
   };
   const std::vector<Case> cases{
-      {"forward D128", &kernels::attention_forward, fwd128, 8, 2},
-      {"forward D128 causal", &kernels::attention_forward, with(fwd128, "CAUSAL", true), 8, 2},
-      {"forward D128 PIPELINE_QK", &kernels::attention_forward, with(fwd128, "PIPELINE_QK", true), 8, 2},
+      {"forward D128 (PIPELINE_QK by default)", &kernels::attention_forward, fwd128, 8, 2},
+      {"forward D128 causal (PIPELINE_QK by default)", &kernels::attention_forward, with(fwd128, "CAUSAL", true), 8, 2},
+      {"forward D128 PIPELINE_QK=false", &kernels::attention_forward, with(fwd128, "PIPELINE_QK", false), 8, 2},
+      {"forward D128 fused dropout", &kernels::attention_forward, with(fwd128, "DROPOUT", true), 8, 2},
       {"forward D128 PIPELINE_PV", &kernels::attention_forward, with(fwd128, "PIPELINE_PV", true), 8, 2},
       {"forward D64 PIPELINE_QK", &kernels::attention_forward, {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"HEAD_DIM", 64}, {"PIPELINE_QK", true}}, 8, 2},
       {"dK/dV D128", &kernels::attention_backward_dkdv, {{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"HEAD_DIM", 128}}, 4, 2},
