@@ -129,11 +129,6 @@ const Kernel& attention_forward() {
       if (pingpong) warpgroup_turn(issue);
       else issue();
     };
-    // PIPELINE_PV: FlashAttention-3's intra-warpgroup overlap. Iteration j issues S_j = Q K_j^T and
-    // then P_{j-1} V_{j-1} (the previous block's probabilities, carried in registers), and runs
-    // block j's softmax while the tensor cores work on P_{j-1} V_{j-1}; the last block's P V
-    // follows the loop. Same arithmetic, in the same order, as without it.
-    auto pipeline_pv = kb.meta<bool>("PIPELINE_PV", false);
     // EXACT_NORMALIZE: O = acc / l by IEEE division instead of acc * rcp(l). A division's slow path
     // is a subroutine call, and nvJitLink's ptxas then serialises every wgmma (C7509): measured on
     // H100 (S4k, bf16), that is slower at D128 (475 vs 547 TFLOP/s) and at D64 with dropout (223 vs
@@ -167,11 +162,19 @@ const Kernel& attention_forward() {
     // tensor cores work on it while the softmax (and dropout) run; one more S tile in registers.
     // Measured on H100 S4k (two runs) once ptxas no longer serialised its wgmmas (C7514, see
     // jit/lower.cpp's carried copies): D128 1.04-1.05x full / 1.02x causal without dropout, 0.89x
-    // with fused dropout, 0.93-0.97x reading bits; D64 0.70x. So the default for D128 without
-    // dropout on dense full/causal blocks without a score mod (masks, varlen and mods unmeasured).
-    auto pipeline_qk = kb.meta<bool>("PIPELINE_QK", static_cast<int64_t>(D) == 128 && !dropout && !general_mask && !varlen && !modded &&
-                                                        !pipeline_pv);
-    if (pipeline_pv && pipeline_qk) kb.fail(Loc::current(), "PIPELINE_PV and PIPELINE_QK are two pipelines of the same loop: pick one");
+    // with fused dropout, 0.93-0.97x reading bits; D64 0.70x.
+    // PIPELINE_PV: FlashAttention-3's intra-warpgroup overlap. Iteration j issues S_j = Q K_j^T and
+    // then P_{j-1} V_{j-1} (the previous block's probabilities, carried in registers), and runs
+    // block j's softmax while the tensor cores work on P_{j-1} V_{j-1}; the last block's P V
+    // follows the loop. Same arithmetic, in the same order, as without it.
+    // Both (FlashAttention-3's full intra-warpgroup overlap): iteration j issues S_{j+1} and
+    // P_{j-1} V_{j-1}, then runs block j's softmax while both MMAs are in flight: over PIPELINE_QK
+    // alone 1.027-1.028x full, 1.036-1.040x causal at D128 (two runs), but 255 registers with
+    // 48-56 B of spills (136 B through nvrtc) and 224 KB of shared memory: not the default.
+    // PIPELINE_QK alone is the default at D128 without dropout on dense full/causal blocks without
+    // a score mod (masks, varlen and mods unmeasured; with dropout and at D64 it is slower).
+    auto pipeline_qk = kb.meta<bool>("PIPELINE_QK", static_cast<int64_t>(D) == 128 && !dropout && !general_mask && !varlen && !modded);
+    auto pipeline_pv = kb.meta<bool>("PIPELINE_PV", false);
     // POSITIVE_SCALE: the caller promises softmax_scale > 0, so the row max can be taken over the
     // raw scores q . k and each probability is exp2(fma(s, scale log2 e, -max scale log2 e)): one
     // FFMA an element instead of a multiply and a subtract (FlashAttention-3's softmax). A scale
@@ -310,7 +313,26 @@ const Kernel& attention_forward() {
         return std::pair{n0, (!seq->tile_is_full(m0, BM, n0, BN)) | (n0 + BN > S_k)};
       };
     }
-    if (pipeline_qk) {
+    if (pipeline_qk && pipeline_pv) {
+      // S_j carried from the previous iteration (the prologue issues S_0), P_{-1} = 0 (as in
+      // PIPELINE_PV); the last iteration issues a spare S of its own block (as in PIPELINE_QK).
+      Var s_cur = scores(block_at(zeros(i32, {})).first);
+      Var p_prev = zeros(T, {BM, BN});
+      for_range(0, trips, [&](Tile j) {
+        auto [n0, partial] = block_at(j);
+        Tile k_next = load(rows_of(Ks, kv_h, block_at(minimum(j + 1, maximum(trips - 1, 0))).first, BN));
+        Tile v_prev = load(rows_of(Vs, kv_h, block_at(maximum(j - 1, 0)).first, BN));
+        Tile s_raw = s_cur;
+        in_turn([&] {
+          s_cur = dot(q, trans(k_next));
+          acc = dot(p_prev, v_prev, acc);
+        });
+        auto [p16, alpha] = softmax_block(n0, partial, s_raw, mask_ahead(n0));
+        p_prev = p16;
+        acc = acc * alpha[col];
+      });
+      acc = dot(p_prev, load(rows_of(Vs, kv_h, block_at(maximum(trips - 1, 0)).first, BN)), acc);
+    } else if (pipeline_qk) {
       // S of block j + 1 is issued before block j's softmax (the last iteration recomputes its own
       // block's: one spare MMA instead of a branch, which would wait for every MMA in flight).
       Var s_next = scores(block_at(zeros(i32, {})).first);

@@ -45,9 +45,11 @@ std::vector<Case> all_kernels() {
   cases.push_back({"attention varlen causal", kernels::attention_forward().build({{"CAUSAL", true}, {"VARLEN", true}}), 4, false});
   // Hopper schedule options of the forward (8 warps: two warpgroups): warpgroup turns, P V pipelined
   const lang::Meta hopper_fwd{{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"HEAD_DIM", 128}};
+  // (PIPELINE_QK is the D128 default: PIPELINE_PV here alone, not the combination, which spills)
   for (const char* opt : {"PINGPONG", "PIPELINE_PV"}) {
     lang::Meta m = hopper_fwd;
     m.emplace_back(opt, true);
+    if (std::string_view(opt) == "PIPELINE_PV") m.emplace_back("PIPELINE_QK", false);
     cases.push_back({fmt::format("attention D128 {}", opt), kernels::attention_forward().build(m), 8});
   }
   cases.push_back({"segments (Tensor::slice)", test_kernels::segments.build()});
@@ -223,7 +225,7 @@ TEST_CASE("atomic_add on a window after a semaphore: the interpreter adds in the
 }
 
 TEST_CASE("warpgroup turns: named barriers with 8 warps (none with 4); a nested turn is a BuildError; PIPELINE_PV keeps one MMA in flight") {
-  const lang::Meta m{{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"HEAD_DIM", 128}, {"PINGPONG", true}, {"PIPELINE_PV", true}};
+  const lang::Meta m{{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"HEAD_DIM", 128}, {"PINGPONG", true}, {"PIPELINE_PV", true}, {"PIPELINE_QK", false}};
   const ir::Function fn = kernels::attention_forward().build(m);
   for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
     INFO(jit::to_string(backend));
