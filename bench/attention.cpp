@@ -616,12 +616,13 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
   struct Variant {
     int bm, bn, warps, stages;
     bool exact;
+    int min_programs_per_sm = 0;  // CompileOptions::min_programs_per_sm (ptxas caps the registers)
   };
   // The first of each list is the API's default (attention::default_schedule); smaller tiles on 4
   // warps fit several programs per multiprocessor (more warps per scheduler to hide latency).
   const std::vector<Variant> d64{{128, 128, 8, 2, true}, {128, 128, 8, 2, false}, {128, 64, 8, 2, false}, {64, 128, 4, 2, false},
                                  {64, 128, 4, 2, true},   {64, 128, 4, 3, false},  {64, 64, 4, 2, false},  {64, 32, 4, 2, false},
-                                 {64, 32, 4, 3, false}};
+                                 {64, 32, 4, 3, false},   {128, 128, 8, 2, false, 2}, {64, 128, 4, 2, false, 4}, {64, 64, 4, 2, false, 6}};
   const std::vector<Variant> d128{{128, 128, 8, 2, false}, {128, 64, 8, 2, false}, {64, 128, 4, 2, false}, {64, 64, 4, 2, false},
                                   {64, 64, 4, 3, false},   {64, 32, 4, 2, false},  {64, 32, 4, 3, false},  {64, 32, 4, 4, false}};
   std::vector<int64_t> dims{64, 128};
@@ -647,8 +648,10 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
           jit::CompileOptions o;
           o.num_warps = v.warps;
           o.pipeline.stages = v.stages;
-          const std::string name = fmt::format("D={} causal={} dropout={} tile={}x{} warps={} stages={} exact={}", D, causal ? 1 : 0,
-                                               dropout ? 1 : 0, v.bm, v.bn, v.warps, v.stages, v.exact ? 1 : 0);
+          o.min_programs_per_sm = v.min_programs_per_sm;
+          const std::string name = fmt::format("D={} causal={} dropout={} tile={}x{} warps={} stages={} exact={} min_programs_per_sm={}", D,
+                                               causal ? 1 : 0, dropout ? 1 : 0, v.bm, v.bn, v.warps, v.stages, v.exact ? 1 : 0,
+                                               v.min_programs_per_sm);
           try {
             Function fn(kernels::attention_forward(), meta, o);
             const runtime::Grid grid{lang::cdiv(c.S, v.bm), c.H(), c.B()};

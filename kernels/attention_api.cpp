@@ -788,6 +788,9 @@ lang::Meta meta_of(const Config& c) {
   if (persistent_ordered(c.reduction, c.q_descending)) all.emplace_back("PERSISTENT", true);
   if (c.score_mod != 0) all.emplace_back("SCORE_MOD", c.score_mod);
   if (c.positive_scale) all.emplace_back("POSITIVE_SCALE", true);
+  // A forward with a register bound normalises by rcp: the exact division's subroutine makes ptxas
+  // serialise every wgmma, which only paid (D 64) as a way to fit two programs per SM.
+  if (c.pass == Pass::forward && c.sch.min_programs_per_sm > 0) all.emplace_back("EXACT_NORMALIZE", false);
   lang::Meta used;
   for (auto& m : all)
     if (declares(c.pass, m.first.c_str())) used.push_back(std::move(m));
@@ -966,8 +969,15 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
     // Measured on H100 (BENCHMARKS.md): 128x128 tiles and 8 warps beat 64-row blocks by 25%. D 64
     // with dropout: 64 x 128 on 4 warps (three programs per SM, more warps to hide the RNG's
     // latency), 1.09x full / 1.13x causal at S4k (`attention_bench --forward-variants --dropout`).
+    // D 64 without dropout: 128 x 128 on 8 warps with registers bounded for two programs per SM
+    // and the rcp normalisation (meta_of: EXACT_NORMALIZE=false), 1.07-1.08x full / 1.08-1.10x
+    // causal at S4k over the unbounded kernel with the exact division (whose subroutine made ptxas
+    // serialise the wgmmas, which is how it had fitted two programs), two runs of `attention_bench
+    // --forward-variants --head-dim 64`. 127-128 registers, no spills (also with masks and score
+    // mods, which were not timed).
     case Pass::forward:
       if (!varlen && head_dim == 64 && dropout) return {64, 128, 4, 2};
+      if (!varlen && head_dim == 64) return {128, 128, 8, 2, 2};
       if (!varlen) return {128, head_dim >= 256 ? 64 : 128, 8, 2};
       return {64, head_dim >= 256 ? 32 : 64, warps, 3};
     case Pass::bwd_preprocess: return {64, 64, 4, 1};

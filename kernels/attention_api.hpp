@@ -84,8 +84,9 @@ const char* name(DqReduction r);  // "recompute", "atomic", "split", "ordered"
 // BLOCK_M) that wgmma only takes with BLOCK_M >= BLOCK_N: its tiles become 64 x 64 on 4 warps (the
 // kernel author's measurement: every dot on wgmma, no spills at D 64), and
 // attention_bwd_dq_reduce runs at the same tiles.
-// `dropout`: the D 64 forward runs 64 x 128 on 4 warps; the backward keeps its tiles. D 64 dK/dV
-// (recompute) has min_programs_per_sm = 3, except with dropout or a `library_mask` (spills there).
+// `dropout`: the D 64 forward runs 64 x 128 on 4 warps; the backward keeps its tiles. Without it the
+// D 64 forward has min_programs_per_sm = 2 (and then normalises by rcp: EXACT_NORMALIZE=false). D 64
+// dK/dV (recompute) has min_programs_per_sm = 3, except with dropout or a `library_mask` (spills there).
 // `library_mask`: a mask other than full and causal (Options::mask).
 Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal, bool varlen = false,
                           DqReduction reduction = DqReduction::recompute, bool dropout = false, bool library_mask = false);

@@ -28,6 +28,7 @@ struct Case {
   Meta meta;
   int warps, stages;
   int max_spill_bytes = 0;  // a measured, accepted spill (both forward pipelines at D128)
+  int min_programs_per_sm = 0;
 };
 
 }  // namespace
@@ -35,6 +36,7 @@ struct Case {
 TEST_CASE("wgmma pipelines of the library kernels: no serialised wgmma, no unexpected spills (forward variants, backward, GEMM)") {
   if (testing::no_ptxas()) return;
   const Meta fwd128{{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"HEAD_DIM", 128}};
+  const Meta fwd64{{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"HEAD_DIM", 64}, {"EXACT_NORMALIZE", false}, {"BSHD", true}};
   const auto with = [](Meta m, const char* name, ir::MetaValue v) {
     m.emplace_back(name, v);
     return m;
@@ -48,13 +50,25 @@ TEST_CASE("wgmma pipelines of the library kernels: no serialised wgmma, no unexp
       {"forward D128 no pipeline", &kernels::attention_forward, with(with(fwd128, "PIPELINE_QK", false), "PIPELINE_PV", false), 8, 2},
       {"forward D128 fused dropout", &kernels::attention_forward, with(fwd128, "DROPOUT", true), 8, 2},
       {"forward D64 PIPELINE_QK", &kernels::attention_forward, {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"HEAD_DIM", 64}, {"PIPELINE_QK", true}}, 8, 2},
+      // the API's D64 forward: rcp normalisation, registers bounded for two programs per SM
+      {"forward D64, two programs per SM", &kernels::attention_forward, fwd64, 8, 2, 0, 2},
+      {"forward D64 causal, two programs per SM", &kernels::attention_forward, with(fwd64, "CAUSAL", true), 8, 2, 0, 2},
+      {"forward D64 ALiBi, two programs per SM", &kernels::attention_forward, with(fwd64, "SCORE_MOD", int64_t{1}), 8, 2, 999, 2},
+      {"forward D64 soft-cap, two programs per SM", &kernels::attention_forward, with(fwd64, "SCORE_MOD", int64_t{2}), 8, 2, 999, 2},
+      {"forward D64 sliding window, two programs per SM", &kernels::attention_forward, with(fwd64, "MASK", int64_t{2}), 8, 2, 999, 2},
       {"dK/dV D128", &kernels::attention_backward_dkdv, {{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"HEAD_DIM", 128}}, 4, 2},
       {"dQ D128", &kernels::attention_backward_dq, {{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"HEAD_DIM", 128}}, 4, 2},
       {"GEMM 128x256", &kernels::gemm, {{"BLOCK_N", 256}, {"B_KMAJOR", true}, {"GROUP_M", 8}, {"OUT_DTYPE", ir::DType::bf16}}, 8, 4},
   };
   for (const Case& c : cases) {
     INFO(c.label);
-    const jit::CompiledKernel k = testing::assemble_sm90a(c.kernel().build(c.meta), jit::Backend::Llvm, c.warps, c.stages);
+    jit::CompileOptions o;
+    o.backend = jit::Backend::Llvm;
+    o.num_warps = c.warps;
+    o.pipeline.stages = c.stages;
+    o.min_programs_per_sm = c.min_programs_per_sm;
+    o.ptx_tool = jit::PtxTool::Ptxas;
+    const jit::CompiledKernel k = jit::compile(c.kernel().build(c.meta), o);
     CHECK(k.ptx.find("wgmma.mma_async") != std::string::npos);
     const std::string log = jit::ptx_to_cubin(k.ptx, "sm_90a", k.name, jit::PtxTool::Ptxas).log;
     CHECK_MESSAGE(log.find("serialized") == std::string::npos, log);
