@@ -56,8 +56,11 @@ const Kernel& gemm() {
     if (b.meta<bool>("DROPOUT_MASK", false)) mask.emplace(b, b.meta<int>("MASK_BLOCK_M", 64), b.meta<int>("MASK_BLOCK_W", 4));
     const int64_t per_step = mask ? b.meta<int>("MASK_TILES_PER_STEP", 1) : 0;
     if (mask && per_step < 1) b.fail(Loc::current(), fmt::format("gemm: MASK_TILES_PER_STEP = {} must be at least 1", per_step));
-    Tile program = group_m == 0 ? program_id(0) + program_id(1) * num_programs(0) : program_id(0);
-    Tile programs = group_m == 0 ? num_programs(0) * num_programs(1) : num_programs(0);
+    Tile program, programs;  // (linear program index and count: only the mask's tiles need them)
+    if (mask) {
+      program = group_m == 0 ? program_id(0) + program_id(1) * num_programs(0) : program_id(0);
+      programs = group_m == 0 ? num_programs(0) * num_programs(1) : num_programs(0);
+    }
     Var acc = zeros(f32, {BM, BN});
     for_range(0, K, BK, [&](Tile k0) {
       Tile a = a_kmajor ? load(A.block({m0, k0}, {BM, BK})) : trans(load(A.block({k0, m0}, {BK, BM})));
