@@ -28,7 +28,8 @@
 //     tiles/warps/stages than the default (S4k, full and causal; with dropout p when given; --quick:
 //     the default alone, e.g. under a profiler; --with META: a bool meta on in every variant), outputs
 //     checked against the default's:
-//     FWD_VARIANT D=128 causal=0 dropout=1 tile=64x64 warps=4 stages=2 exact=0 programs_per_sm=2 ms=.. vs_default=..
+//     FWD_VARIANT D=128 causal=0 dropout=1 tile=64x64 warps=4 stages=2 exact=0 min_programs_per_sm=0 programs_per_sm=2 ms=..
+//       vs_default=.. (min_programs_per_sm: the variant's register bound, CompileOptions::min_programs_per_sm)
 //   attention_bench --backward-ab META     the dK/dV kernel with a bool meta off/on (D 64/128, S4k,
 //     +-causal), dK and dV compared bit for bit:
 //     BACKWARD_AB ROWS_AHEAD kernel=attention_bwd_dkdv D=128 causal=0 off_ms=.. on_ms=.. speedup=.. outputs_identical=1
@@ -620,9 +621,13 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
   };
   // The first of each list is the API's default (attention::default_schedule); smaller tiles on 4
   // warps fit several programs per multiprocessor (more warps per scheduler to hide latency).
-  const std::vector<Variant> d64{{128, 128, 8, 2, true}, {128, 128, 8, 2, false}, {128, 64, 8, 2, false}, {64, 128, 4, 2, false},
-                                 {64, 128, 4, 2, true},   {64, 128, 4, 3, false},  {64, 64, 4, 2, false},  {64, 32, 4, 2, false},
-                                 {64, 32, 4, 3, false},   {128, 128, 8, 2, false, 2}, {64, 128, 4, 2, false, 4}, {64, 64, 4, 2, false, 6}};
+  // (D 64: without dropout the default is register-bound for two programs per SM, with dropout it
+  // is 64 x 128 on 4 warps)
+  const std::vector<Variant> d64{{128, 128, 8, 2, false, 2}, {128, 128, 8, 2, true},  {128, 128, 8, 2, false}, {128, 64, 8, 2, false},
+                                 {64, 128, 4, 2, false},     {64, 128, 4, 2, true},   {64, 128, 4, 3, false},  {64, 64, 4, 2, false},
+                                 {64, 32, 4, 2, false},      {64, 32, 4, 3, false},   {64, 128, 4, 2, false, 4}};
+  const std::vector<Variant> d64_dropout{{64, 128, 4, 2, false},  {128, 128, 8, 2, false},    {128, 128, 8, 2, false, 2},
+                                         {64, 128, 4, 2, false, 4}, {64, 64, 4, 2, false},     {64, 32, 4, 2, false}};
   const std::vector<Variant> d128{{128, 128, 8, 2, false}, {128, 64, 8, 2, false}, {64, 128, 4, 2, false}, {64, 64, 4, 2, false},
                                   {64, 64, 4, 3, false},   {64, 32, 4, 2, false},  {64, 32, 4, 3, false},  {64, 32, 4, 4, false}};
   std::vector<int64_t> dims{64, 128};
@@ -639,8 +644,9 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
         const size_t out_elems = static_cast<size_t>(c.B() * c.S * c.H() * D);
         std::vector<uint16_t> reference, out(out_elems);
         double default_ms = 0;
-        for (const Variant& v : D == 64 ? d64 : d128) {
-          if (only_default && &v != &(D == 64 ? d64 : d128).front()) break;  // --quick: the default alone (profiling)
+        const std::vector<Variant>& variants = D == 64 ? (dropout ? d64_dropout : d64) : d128;
+        for (const Variant& v : variants) {
+          if (only_default && &v != &variants.front()) break;  // --quick: the default alone (profiling)
           lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D},        {"BLOCK_M", v.bm},      {"BLOCK_N", v.bn},
                           {"BSHD", true},           {"CAUSAL", causal},     {"DROPOUT", dropout},   {"EXACT_NORMALIZE", v.exact},
                           {"POSITIVE_SCALE", true}};  // (as the API launches it)
