@@ -63,6 +63,7 @@ TEST_CASE("attention forward: [B, S, H, D] layout and multi-query heads") {
 TEST_CASE("attention forward: causal with S_q > S_k leaves the first rows with no key (O = 0, LSE = -inf)") {
   check_case({1, 2, 2, 130, 50, 64, true, false});
   check_case({1, 2, 1, 90, 40, 64, true, true});
+  check_case({1, 2, 2, 200, 40, 128, true, false});  // D128: PIPELINE_QK by default (a program with no key block at all)
 }
 
 TEST_CASE("attention forward: head dim 128") {
