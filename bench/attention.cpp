@@ -16,6 +16,9 @@
 //       serial_bits_ms=.. gemm_rng_ms=.. (QKV projection GEMM then the attention forward; issue 7's
 //       table; gemm_rng: the best GEMM_RNG, then the forward reading its bits)
 //   attention_bench --dropout [P] --e2e-only   only the GEMM_RNG and E2E lines
+//   attention_bench --mask-kernel          the dropout_mask kernel alone per tiling and warps (D128 S4k's
+//     mask), bits compared with the default's:
+//     MASK_KERNEL BLOCK_M=64 BLOCK_W=4 warps=4 registers=.. programs_per_sm=.. ms=.. bits_identical=1
 //   attention_bench --deterministic [--head-dim D] [--seq S]  the backward per dQ reduction (recompute, atomic, split, ordered,
 //     causal also ordered with q_descending), D 64/128, S 1k-16k, full and causal, alternated rounds:
 //     DETERMINISTIC dtype=bf16 D=128 S=4096 causal=1 B=4 H=16 recompute_ms=.. recompute_tflops=.. atomic_ms=..
@@ -686,6 +689,45 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
 // --backward-ab META: the dK/dV kernel alone (recompute, the API's default tiles) with a bool meta
 // off and on, D 64/128, S 4k, full and causal, alternated rounds; dK and dV compared bit for bit.
 // LSE from the forward; Delta from the preprocess kernel, as the API runs them.
+// --mask-kernel: the dropout_mask kernel alone (D128 S4k's mask: B 4 x H 16 x 4096 x 4096 bits) per
+// tiling and warp count, bits compared with the library default's.
+int bench_mask_kernel(double p, int max_reps) {
+  const int64_t BH = 64, S = 4096, words = S / 32;
+  const size_t bytes = static_cast<size_t>(BH * S * words) * 4;
+  DeviceBuffer bits(bytes);
+  runtime::Stream stream;
+  const attention::Tensor view = attention::contiguous(bits.ptr(), ir::DType::u32, {BH, S, words});
+  const runtime::TensorView bv = view.view();
+  std::vector<uint32_t> want(bytes / 4), got(bytes / 4);
+  struct Tiling {
+    int bm, bw, warps;
+  };
+  const kernels::LibraryKernel* lib = kernels::find("dropout_mask");
+  bool first = true;
+  for (Tiling t : {Tiling{64, 4, lib->num_warps}, Tiling{32, 4, 4}, Tiling{64, 2, 4}, Tiling{64, 8, 4}, Tiling{128, 4, 4}, Tiling{128, 4, 8},
+                   Tiling{64, 8, 8}, Tiling{128, 8, 8}, Tiling{32, 8, 4}, Tiling{16, 8, 4}}) {
+    jit::CompileOptions o;
+    o.num_warps = t.warps;
+    Function mask(kernels::dropout_mask(), {{"BLOCK_M", t.bm}, {"BLOCK_W", t.bw}}, o);
+    const runtime::Grid grid{lang::cdiv(S, t.bm), lang::cdiv(words, t.bw), BH};
+    const auto run = [&] {
+      mask(grid, stream.handle(), bv, static_cast<int32_t>(S), uint32_t{1234}, uint32_t{0}, uint32_t{3}, uint32_t{0},
+           kernels::dropout_keep_threshold(p));
+    };
+    run();
+    stream.synchronize();
+    bits.download((first ? want : got).data(), bytes);
+    const bool same = first || got == want;
+    first = false;
+    std::vector<double> ms;
+    for (int round = 0; round < 3; ++round) ms.push_back(time_ms(run, stream, max_reps));
+    std::printf("MASK_KERNEL BLOCK_M=%d BLOCK_W=%d warps=%d registers=%d programs_per_sm=%d ms=%.4f bits_identical=%d\n", t.bm, t.bw, t.warps,
+                mask.compiled().info.registers, mask.gpu_kernel().max_resident_per_sm(), median(ms), same ? 1 : 0);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int bench_backward_ab(const std::string& meta_name, int max_reps) {
   const Buffers buf;
   runtime::Stream stream;
@@ -1020,7 +1062,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   std::string check_dir;
   double dropout_p = -1;
-  bool masks = false, deterministic = false, forward_variants = false, e2e_only = false;
+  bool masks = false, deterministic = false, forward_variants = false, e2e_only = false, mask_kernel = false;
   std::string schedule_ab, with_meta, backward_ab;
   int64_t only_d = 0, only_s = 0;  // --deterministic: only this head dim / sequence length
   std::optional<attention::Schedule> schedule;  // --deterministic --schedule: recompute's kernels at these tiles
@@ -1031,6 +1073,7 @@ int main(int argc, char** argv) {
     else if (a == "--check" && i + 1 < argc) check_dir = argv[++i];
     else if (a == "--masks") masks = true;
     else if (a == "--e2e-only") e2e_only = true;
+    else if (a == "--mask-kernel") mask_kernel = true;
     else if (a == "--pipeline-ab") schedule_ab = "PIPELINE_QK";
     else if (a == "--schedule-ab" && i + 1 < argc) schedule_ab = argv[++i];
     else if (a == "--backward-ab" && i + 1 < argc) backward_ab = argv[++i];
@@ -1070,6 +1113,7 @@ int main(int argc, char** argv) {
   try {
     std::fprintf(stderr, "GPU: %s\n", driver.props(0).name.c_str());
     if (forward_variants) return bench_forward_variants(reps, only_d, dropout_p, quick, with_meta);
+    if (mask_kernel) return bench_mask_kernel(dropout_p >= 0 ? dropout_p : 0.1, reps);
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps);
