@@ -162,7 +162,8 @@ const Kernel& attention_forward() {
     // tensor cores work on it while the softmax (and dropout) run; one more S tile in registers.
     // Measured on H100 S4k (two runs) once ptxas no longer serialised its wgmmas (C7514, see
     // jit/lower.cpp's carried copies): D128 1.04-1.05x full / 1.02x causal without dropout, 0.89x
-    // with fused dropout, 0.93-0.97x reading bits; D64 0.70x.
+    // with fused dropout, 0.93-0.97x reading bits; D64 0.70x (214 registers: one program per SM
+    // instead of two).
     // PIPELINE_PV: FlashAttention-3's intra-warpgroup overlap. Iteration j issues S_j = Q K_j^T and
     // then P_{j-1} V_{j-1} (the previous block's probabilities, carried in registers), and runs
     // block j's softmax while the tensor cores work on P_{j-1} V_{j-1}; the last block's P V
