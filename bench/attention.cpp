@@ -16,6 +16,9 @@
 //       serial_bits_ms=.. gemm_rng_ms=.. (QKV projection GEMM then the attention forward; issue 7's
 //       table; gemm_rng: the best GEMM_RNG, then the forward reading its bits)
 //   attention_bench --dropout [P] --e2e-only   only the GEMM_RNG and E2E lines
+//   attention_bench --dq-variants          the recompute dQ kernel alone at other BLOCK_N / stages:
+//     DQ_VARIANT D=128 causal=0 default=64x64/4w/2s variant=64x32/4w/2s programs_per_sm=.. default_ms=..
+//       variant_ms=.. speedup=.. outputs_identical=..
 //   attention_bench --mask-kernel          the dropout_mask kernel alone per tiling and warps (D128 S4k's
 //     mask), bits compared with the default's:
 //     MASK_KERNEL BLOCK_M=64 BLOCK_W=4 warps=4 registers=.. programs_per_sm=.. ms=.. bits_identical=1
@@ -689,6 +692,66 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
 // --backward-ab META: the dK/dV kernel alone (recompute, the API's default tiles) with a bool meta
 // off and on, D 64/128, S 4k, full and causal, alternated rounds; dK and dV compared bit for bit.
 // LSE from the forward; Delta from the preprocess kernel, as the API runs them.
+// What a backward kernel alone reads besides Q, K, V, dO: the forward's O and LSE (into buf) and
+// Delta = rowsum(dO * O) from the preprocess kernel, f32 [B, H, S] (returned).
+DeviceBuffer forward_and_delta(const Buffers& buf, const Config& c, const runtime::Stream& stream) {
+  const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
+  attention::Options fo;
+  fo.causal = c.causal;
+  attention::forward(Q, K, V, O, L, fo, stream.handle());
+  DeviceBuffer delta(static_cast<size_t>(c.B() * c.H() * c.S) * 4);
+  const attention::Schedule pre = attention::default_schedule(attention::Pass::bwd_preprocess, ir::DType::bf16, static_cast<int>(c.D), c.causal);
+  jit::CompileOptions o;
+  o.num_warps = pre.num_warps;
+  Function prep(kernels::attention_backward_preprocess(), {{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", c.D}, {"BLOCK_M", pre.block_m}, {"BSHD", true}}, o);
+  const attention::Tensor delta_view = attention::contiguous(delta.ptr(), ir::DType::f32, {c.B(), c.H(), c.S});
+  const std::vector<runtime::DeviceArg> prep_args{O.view(), dO.view(), delta_view.view()};
+  prep.launch({lang::cdiv(c.S, pre.block_m), c.H(), c.B()}, stream.handle(), prep_args);
+  return delta;
+}
+
+// --dq-variants: the dQ kernel (recompute) alone at other BLOCK_N / stages than the default (same
+// BLOCK_M, so the same grid), D 64/128 S4k, full and causal; outputs compared bit for bit (a
+// different BLOCK_N sums in another order: expect differences there).
+int bench_dq_variants(int max_reps) {
+  const Buffers buf;
+  runtime::Stream stream;
+  struct Variant {
+    int bn, warps, stages;
+  };
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true}) {
+      const Config c{4096, D, causal};
+      const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
+      const DeviceBuffer delta = forward_and_delta(buf, c, stream);
+      const attention::Tensor delta_view = attention::contiguous(delta.ptr(), ir::DType::f32, {c.B(), c.H(), c.S});
+      const attention::Schedule sch = attention::default_schedule(attention::Pass::bwd_dq, ir::DType::bf16, static_cast<int>(D), causal);
+      const auto make = [&](Variant v) {
+        lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D}, {"BLOCK_M", sch.block_m}, {"BLOCK_N", v.bn}, {"BSHD", true}, {"CAUSAL", causal}};
+        jit::CompileOptions o;
+        o.num_warps = v.warps;
+        o.pipeline.stages = v.stages;
+        return Function(kernels::attention_backward_dq(), meta, o);
+      };
+      const std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dQ.view(),
+                                                 static_cast<float>(1 / std::sqrt(double(D)))};
+      const runtime::Grid grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()};
+      for (Variant v : {Variant{32, sch.num_warps, sch.stages}, Variant{sch.block_n, sch.num_warps, 1}, Variant{32, sch.num_warps, 3},
+                        Variant{128, sch.num_warps, sch.stages}}) {
+        std::vector<Function> fns;
+        fns.push_back(make({sch.block_n, sch.num_warps, sch.stages}));
+        fns.push_back(make(v));
+        const AbResult r = ab_measure(fns, grid, stream, args, {&buf.dq}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
+        std::printf("DQ_VARIANT D=%ld causal=%d default=%dx%d/%dw/%ds variant=%dx%d/%dw/%ds programs_per_sm=%d default_ms=%.4f variant_ms=%.4f "
+                    "speedup=%.3f outputs_identical=%d\n",
+                    static_cast<long>(D), causal ? 1 : 0, sch.block_m, sch.block_n, sch.num_warps, sch.stages, sch.block_m, v.bn, v.warps,
+                    v.stages, fns[1].gpu_kernel().max_resident_per_sm(), r.off_ms, r.on_ms, r.off_ms / r.on_ms, r.identical ? 1 : 0);
+        std::fflush(stdout);
+      }
+    }
+  return 0;
+}
+
 // --mask-kernel: the dropout_mask kernel alone (D128 S4k's mask: B 4 x H 16 x 4096 x 4096 bits) per
 // tiling and warp count, bits compared with the library default's.
 int bench_mask_kernel(double p, int max_reps) {
@@ -735,16 +798,8 @@ int bench_backward_ab(const std::string& meta_name, int max_reps) {
     for (bool causal : {false, true}) {
       const Config c{4096, D, causal};
       const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
-      attention::Options fo;
-      fo.causal = causal;
-      attention::forward(Q, K, V, O, L, fo, stream.handle());
-      const DeviceBuffer delta(static_cast<size_t>(c.B() * c.H() * c.S) * 4);
-      const attention::Schedule pre = attention::default_schedule(attention::Pass::bwd_preprocess, ir::DType::bf16, static_cast<int>(D), causal);
-      Function prep(kernels::attention_backward_preprocess(), {{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D}, {"BLOCK_M", pre.block_m}, {"BSHD", true}},
-                    [&] { jit::CompileOptions o; o.num_warps = pre.num_warps; return o; }());
+      const DeviceBuffer delta = forward_and_delta(buf, c, stream);
       const attention::Tensor delta_view = attention::contiguous(delta.ptr(), ir::DType::f32, {c.B(), c.H(), c.S});
-      const std::vector<runtime::DeviceArg> prep_args{O.view(), dO.view(), delta_view.view()};
-      prep.launch({lang::cdiv(c.S, pre.block_m), c.H(), c.B()}, stream.handle(), prep_args);
       const attention::Schedule sch = attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, static_cast<int>(D), causal);
       std::vector<Function> fns;
       for (bool on : {false, true}) {
@@ -1062,7 +1117,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   std::string check_dir;
   double dropout_p = -1;
-  bool masks = false, deterministic = false, forward_variants = false, e2e_only = false, mask_kernel = false;
+  bool masks = false, deterministic = false, forward_variants = false, e2e_only = false, mask_kernel = false, dq_variants = false;
   std::string schedule_ab, with_meta, backward_ab;
   int64_t only_d = 0, only_s = 0;  // --deterministic: only this head dim / sequence length
   std::optional<attention::Schedule> schedule;  // --deterministic --schedule: recompute's kernels at these tiles
@@ -1074,6 +1129,7 @@ int main(int argc, char** argv) {
     else if (a == "--masks") masks = true;
     else if (a == "--e2e-only") e2e_only = true;
     else if (a == "--mask-kernel") mask_kernel = true;
+    else if (a == "--dq-variants") dq_variants = true;
     else if (a == "--pipeline-ab") schedule_ab = "PIPELINE_QK";
     else if (a == "--schedule-ab" && i + 1 < argc) schedule_ab = argv[++i];
     else if (a == "--backward-ab" && i + 1 < argc) backward_ab = argv[++i];
@@ -1100,7 +1156,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] [--schedule BM,BN,W,S] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --deterministic [--head-dim D] [--seq S] [--schedule BM,BN,W,S] | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --deterministic [--head-dim D] [--seq S] [--schedule BM,BN,W,S] | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -1114,6 +1170,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "GPU: %s\n", driver.props(0).name.c_str());
     if (forward_variants) return bench_forward_variants(reps, only_d, dropout_p, quick, with_meta);
     if (mask_kernel) return bench_mask_kernel(dropout_p >= 0 ? dropout_p : 0.1, reps);
+    if (dq_variants) return bench_dq_variants(reps);
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps);
