@@ -314,19 +314,28 @@ const Kernel& attention_forward() {
         return std::pair{n0, (!seq->tile_is_full(m0, BM, n0, BN)) | (n0 + BN > S_k)};
       };
     }
-    if (pipeline_qk && pipeline_pv) {
-      // S_j carried from the previous iteration (the prologue issues S_0), P_{-1} = 0 (as in
-      // PIPELINE_PV); the last iteration issues a spare S of its own block (as in PIPELINE_QK).
-      Var s_cur = scores(block_at(zeros(i32, {})).first);
+    if (pipeline_pv) {
+      // P_{-1} = 0: iteration 0's P V adds nothing (0 V, V being the first visited block). The
+      // output is rescaled at the end of an iteration, once that iteration's P V has landed (as
+      // FlashAttention-3 does): rescaling at the next iteration's top, with S_j in flight, makes
+      // ptxas wait for every MMA there (C7517). With PIPELINE_QK too, S_j is carried from the
+      // previous iteration (the prologue issues S_0) and the iteration issues S_{j+1} (the last
+      // one a spare S of its own block, as PIPELINE_QK alone does).
+      Var s_cur = pipeline_qk ? scores(block_at(zeros(i32, {})).first) : zeros(f32, {});
       Var p_prev = zeros(T, {BM, BN});
       for_range(0, trips, [&](Tile j) {
         auto [n0, partial] = block_at(j);
-        Tile k_next = load(rows_of(Ks, kv_h, block_at(minimum(j + 1, maximum(trips - 1, 0))).first, BN));
-        Tile v_prev = load(rows_of(Vs, kv_h, block_at(maximum(j - 1, 0)).first, BN));
-        Tile s_raw = s_cur;
+        // The K block first: the dots are issued in their operands' order, and S must go first (a
+        // softmax waits for its S alone, while P_{j-1} V_{j-1} stays in flight). V_{j-1} from the
+        // counter (not a carried value): the ring then prefetches it like the K block.
+        Tile k_block = load(rows_of(Ks, kv_h, pipeline_qk ? block_at(minimum(j + 1, maximum(trips - 1, 0))).first : n0, BN));
+        Tile v = load(rows_of(Vs, kv_h, block_at(maximum(j - 1, 0)).first, BN));
+        Tile s_raw = pipeline_qk ? Tile(s_cur) : Tile();
         in_turn([&] {
-          s_cur = dot(q, trans(k_next));
-          acc = dot(p_prev, v_prev, acc);
+          Tile s = dot(q, trans(k_block));
+          if (pipeline_qk) s_cur = s;
+          else s_raw = s;
+          acc = dot(p_prev, v, acc);
         });
         auto [p16, alpha] = softmax_block(n0, partial, s_raw, mask_ahead(n0));
         p_prev = p16;
@@ -343,28 +352,6 @@ const Kernel& attention_forward() {
         s_next = scores(block_at(minimum(j + 1, maximum(trips - 1, 0))).first);
         key_block(n0, partial, s_raw, mask_ahead(n0));
       });
-    } else if (pipeline_pv) {
-      // P_{-1} = 0: iteration 0's P V adds nothing (0 V, V being the first visited block). The
-      // output is rescaled at the end of an iteration, once that iteration's P V has landed (as
-      // FlashAttention-3 does): rescaling at the next iteration's top, with S_j in flight, makes
-      // ptxas wait for every MMA there (C7517).
-      Var p_prev = zeros(T, {BM, BN});
-      for_range(0, trips, [&](Tile j) {
-        auto [n0, partial] = block_at(j);
-        // K_j first: the dots are issued in their operands' order, and S_j must go first (its
-        // softmax waits for it alone, while P_{j-1} V_{j-1} stays in flight). V_{j-1} from the
-        // counter (not a carried value): the ring then prefetches it like K_j.
-        Tile k_block = load(rows_of(Ks, kv_h, n0, BN));
-        Tile s_raw, v = load(rows_of(Vs, kv_h, block_at(maximum(j - 1, 0)).first, BN));
-        in_turn([&] {
-          s_raw = dot(q, trans(k_block));
-          acc = dot(p_prev, v, acc);
-        });
-        auto [p16, alpha] = softmax_block(n0, partial, s_raw, mask_ahead(n0));
-        p_prev = p16;
-        acc = acc * alpha[col];
-      });
-      acc = dot(p_prev, load(rows_of(Vs, kv_h, block_at(maximum(trips - 1, 0)).first, BN)), acc);
     } else {
       for_range(0, trips, [&](Tile j) {
         auto [n0, partial] = block_at(j);
