@@ -10,8 +10,9 @@
 //     DROPOUT dtype=bf16 B=4 S=4096 H=16 D=128 causal=0 p=0.1 fwd_ms=.. fwd_dropout_ms=.. fwd_slowdown=..
 //       bwd_ms=.. bwd_dropout_ms=.. bwd_slowdown=..
 //     DROPOUT_PRECOMPUTED causal=0 p=0.1 fwd_ms=.. fwd_bits_ms=.. ... mask_kernel_ms=..   (rng = precomputed)
-//     GEMM_RNG MASK_BLOCK_M=64 MASK_BLOCK_W=4 MASK_TILES_PER_STEP=2 gemm_ms=.. gemm_rng_ms=.. slowdown=..
-//       bits_identical=1   (the QKV GEMM writing the mask in its K loop, gemm's DROPOUT_MASK)
+//     GEMM_RNG MASK_BLOCK_M=64 MASK_BLOCK_W=4 MASK_TILES_PER_STEP=2 MASK_WARPS=0 MMA_REGISTERS=0 MASK_REGISTERS=0
+//       gemm_ms=.. gemm_rng_ms=.. slowdown=.. bits_identical=1   (the QKV GEMM writing the mask, gemm's
+//       DROPOUT_MASK: in its K loop, or with MASK_WARPS on warps of their own beside the GEMM's)
 //     E2E causal=0 p=0.1 M=16384 N=6144 K=2048 gemm_ms=.. none_ms=.. fused_ms=.. overlapped_ms=..
 //       serial_bits_ms=.. gemm_rng_ms=.. (QKV projection GEMM then the attention forward; issue 7's
 //       table; gemm_rng: the best GEMM_RNG, then the forward reading its bits)
@@ -361,15 +362,24 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
   }
   // The GEMM that writes the mask in its K loop's spare issue slots (gemm's DROPOUT_MASK): per
   // mask tiling, its time against the plain GEMM's, and its bits against the mask kernel's.
+  // mask_warps > 0: on warps of their own beside the GEMM's (warp roles), with setmaxnreg when
+  // mma_registers / mask_registers are given.
   struct GemmRng {
-    int bm, bw, per_step;
+    int bm, bw, per_step, mask_warps = 0, mma_registers = 0, mask_registers = 0;
   };
   const auto gemm_rng = [&](GemmRng r) {
     lang::Meta meta = gmeta;
     for (auto [k, v] : {std::pair{"MASK_BLOCK_M", r.bm}, {"MASK_BLOCK_W", r.bw}, {"MASK_TILES_PER_STEP", r.per_step}})
       meta.emplace_back(k, int64_t{v});
     meta.emplace_back("DROPOUT_MASK", true);
-    return std::make_unique<Function>(kernels::gemm(), meta, gopts);
+    jit::CompileOptions o = gopts;
+    if (r.mask_warps) {
+      o.num_warps += r.mask_warps;
+      meta.emplace_back("MASK_WARPS", int64_t{r.mask_warps});
+      meta.emplace_back("MMA_REGISTERS", int64_t{r.mma_registers});
+      meta.emplace_back("MASK_REGISTERS", int64_t{r.mask_registers});
+    }
+    return std::make_unique<Function>(kernels::gemm(), meta, o);
   };
   const runtime::TensorView bv = bits_view.view();
   const auto proj_rng = [&](Function& g, const attention::Options& o) {
@@ -385,7 +395,8 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
     generate(o, stream.handle());
     stream.synchronize();
     bits.download(want.data(), bytes);
-    for (GemmRng r : {GemmRng{64, 16, 1}, GemmRng{64, 8, 1}, GemmRng{128, 8, 1}, GemmRng{64, 4, 2}}) {
+    for (GemmRng r : {GemmRng{64, 16, 1}, GemmRng{64, 8, 1}, GemmRng{64, 4, 2}, GemmRng{64, 8, 1, 4}, GemmRng{64, 8, 1, 4, 224, 56},
+                      GemmRng{64, 4, 1, 4, 224, 56}, GemmRng{64, 8, 1, 8, 200, 56}, GemmRng{64, 4, 1, 8, 200, 56}}) {
       auto g = gemm_rng(r);
       stream.synchronize();
       bits.upload(std::vector<uint32_t>(bytes / 4, 0u).data(), bytes);
@@ -401,8 +412,9 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
         else a(), b();
       }
       const double g0 = median(plain), g1 = median(with);
-      std::printf("GEMM_RNG MASK_BLOCK_M=%d MASK_BLOCK_W=%d MASK_TILES_PER_STEP=%d gemm_ms=%.4f gemm_rng_ms=%.4f slowdown=%.3f "
-                  "bits_identical=%d\n", r.bm, r.bw, r.per_step, g0, g1, g1 / g0, same ? 1 : 0);
+      std::printf("GEMM_RNG MASK_BLOCK_M=%d MASK_BLOCK_W=%d MASK_TILES_PER_STEP=%d MASK_WARPS=%d MMA_REGISTERS=%d MASK_REGISTERS=%d "
+                  "gemm_ms=%.4f gemm_rng_ms=%.4f slowdown=%.3f bits_identical=%d\n", r.bm, r.bw, r.per_step, r.mask_warps, r.mma_registers,
+                  r.mask_registers, g0, g1, g1 / g0, same ? 1 : 0);
       std::fflush(stdout);
       if (!same) return 1;
       if (g1 < best_rng_ms) best_rng_ms = g1, best_rng = std::move(g);

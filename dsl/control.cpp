@@ -166,4 +166,50 @@ void warpgroup_turn(const std::function<void()>& body, Loc loc) {
   b.emit(OpKind::turn_end, {}, {}, loc);
 }
 
+void warp_roles(const std::vector<WarpRole>& roles, Loc loc) {
+  Builder& b = Builder::current(loc);
+  if (roles.size() < 2) b.fail(loc, fmt::format("warp_roles: needs two or more roles, got {}", roles.size()));
+  int rest = 0;
+  const bool registers = roles[0].max_registers != 0;
+  std::vector<int64_t> warps, regs;
+  for (size_t i = 0; i < roles.size(); ++i) {
+    const WarpRole& r = roles[i];
+    if (r.warps == 0) ++rest;
+    else if (r.warps < 4 || r.warps % 4 != 0 || (r.warps & (r.warps - 1)) != 0)
+      b.fail(loc, fmt::format("warp_roles: role {} has warps = {} (valid: 4, 8, 16 -- whole warpgroups, a power of two -- or 0 for the "
+                              "warps the other roles leave)", i, r.warps));
+    if ((r.max_registers != 0) != registers)
+      b.fail(loc, "warp_roles: give max_registers to every role or to none (setmaxnreg moves registers from some roles to others)");
+    if (registers && (r.max_registers < 24 || r.max_registers > 256 || r.max_registers % 8 != 0))
+      b.fail(loc, fmt::format("warp_roles: role {} has max_registers = {} (valid: a multiple of 8 in [24, 256], or 0 for every role)", i,
+                              r.max_registers));
+    if (!r.body) b.fail(loc, fmt::format("warp_roles: role {} has no body", i));
+    warps.push_back(r.warps);
+    regs.push_back(r.max_registers);
+  }
+  if (rest > 1) b.fail(loc, fmt::format("warp_roles: {} roles ask for the remaining warps (warps = 0); at most one may", rest));
+
+  std::vector<Var*> vars = b.live_vars();
+  std::vector<Tile> before;
+  for (Var* v : vars) before.push_back(v->value());
+  ir::Op op;
+  op.kind = OpKind::warp_roles;
+  op.loc = {loc.file_name(), loc.line(), loc.column()};
+  op.attrs["warps"] = warps;
+  op.attrs["max_registers"] = regs;
+  for (size_t i = 0; i < roles.size(); ++i) {
+    ir::Block region;
+    b.enter(region);
+    roles[i].body();
+    for (size_t j = 0; j < vars.size(); ++j)
+      if (vars[j]->value().id() != before[j].id())
+        b.fail(loc, fmt::format("warp_roles: role {} assigns the Var declared at {}: roles change no Var declared outside them "
+                                "(they run on different warps)", i, var_where(*vars[j])));
+    b.emit(OpKind::yield, {}, {}, loc);
+    b.leave();
+    op.regions.push_back(std::move(region));
+  }
+  b.append(std::move(op));
+}
+
 }  // namespace tilejit::lang

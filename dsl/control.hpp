@@ -2,6 +2,7 @@
 // The body lambdas run once, at build time, to record the loop/if body as an IR region.
 #pragma once
 #include <functional>
+#include <vector>
 #include <source_location>
 
 #include "dsl/builder.hpp"
@@ -32,5 +33,25 @@ void if_(const Operand& cond, const std::function<void()>& then_body, const std:
 // the same turns (not under a branch that differs between warpgroups); turns do not nest, and a
 // turn must not contain an exchange through shared memory (a barrier of all threads: deadlock).
 void warpgroup_turn(const std::function<void()>& body, std::source_location loc = std::source_location::current());
+
+// Warp specialisation: the program's warps split into roles, each running its own code at once --
+// e.g. a GEMM's MMA warpgroups beside warps that generate a dropout mask, so that neither waits
+// for the other's instructions. Roles take whole warpgroups, in order: role 0 the first `warps`
+// warps, role 1 the next, ...; `warps` is a power of two and a multiple of 4, or 0 for the warps
+// the others leave of the launch's num_warps (at most one role; num_warps may then be any multiple
+// of 4, e.g. 12 = 8 + 4). Each role's tiles are spread over its own warps. A role reads only
+// scalars, pointers and tensors from outside (no tiles), changes no Var declared outside, and
+// roles do not talk to each other (no shared values): they are independent programs that share
+// the program id. max_registers (0, or all roles: multiples of 8 in [24, 256]) rebalances the
+// register file between roles on sm_90a (setmaxnreg; the launch then caps registers at
+// 65536 / threads), e.g. 232 for MMA warps and 40 for a generator; the roles' total must fit in
+// 65536. warp_roles stands at the kernel's top level. The interpreter runs the roles one after
+// the other, which is the same result since they share nothing.
+struct WarpRole {
+  int warps = 0;
+  int max_registers = 0;
+  std::function<void()> body;
+};
+void warp_roles(const std::vector<WarpRole>& roles, std::source_location loc = std::source_location::current());
 
 }  // namespace tilejit::lang

@@ -3,7 +3,9 @@
 #include "jit/assign_layouts.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -16,7 +18,7 @@ class Assigner {
  public:
   Assigner(const ir::Function& f, int num_warps, const std::string& arch, const PipelineOptions& pipeline)
       : f_(f), arch_(arch), pipeline_(pipeline) {
-    plan_.num_warps = num_warps;
+    plan_.num_warps = warps_ = num_warps;
     plan_.natural.assign(f.values.size(), std::nullopt);
   }
 
@@ -34,17 +36,20 @@ class Assigner {
                                               "the GPU backend, got {}",
                                               f_.name, ir::op_name(op.kind), op.loc.str(), ir::to_string(f_.type(v))));
     });
+    ir::walk(f_.body, [&](const ir::Op& op) {
+      if (op.kind == OpKind::warp_roles) resolve_roles(op);
+    });
     // The GEMM K loops first (they own their dots), then every other dot that wgmma can run.
     std::set<const ir::Op*> gemm_loops;
     ir::walk(f_.body, [&](const ir::Op& op) {
       if (op.kind != OpKind::for_) return;
-      if (auto m = match_tma_dot_loop(f_, op, plan_.num_warps, arch_, pipeline_)) {
+      if (auto m = match_tma_dot_loop(f_, op, plan_.warps_at(&op), arch_, pipeline_)) {
         const TmaDotLoop& stored = plan_.tma_loops[&op] = *m;
         wgmma_dots_.insert(stored.dot);
         gemm_loops.insert(&op);
       }
     });
-    plan_.hopper = plan_hopper_dots(f_, plan_.num_warps, arch_, pipeline_, gemm_loops);
+    plan_.hopper = plan_hopper_dots(f_, plan_.num_warps, arch_, pipeline_, gemm_loops, plan_.op_warps);
     for (const auto& [dot, w] : plan_.hopper.dots) wgmma_dots_.insert(dot);
     block(f_.body);
     return std::move(plan_);
@@ -57,7 +62,49 @@ class Assigner {
     return it == def_.end() ? nullptr : it->second;
   }
   Layout blocked(const ir::Type& t) const {
-    return Layout::blocked(t.shape, plan_.num_warps, vector_width(t.dtype, t.shape.back()));
+    return Layout::blocked(t.shape, warps(), vector_width(t.dtype, t.shape.back()));
+  }
+  // The warps the op being assigned runs on: its warp role's, else the launch's (which must then
+  // be a power of two: layouts spread tiles over power-of-two warp counts).
+  int warps() const {
+    if (!is_power_of_two(warps_))
+      throw LoweringError(fmt::format("tilejit: kernel '{}': a tile outside the warp roles needs a power-of-two num_warps, got {} "
+                                      "(compute tiles inside the roles)", f_.name, warps_));
+    return warps_;
+  }
+
+  // lang::warp_roles: the roles' warps in order, 0 meaning the rest, checked against the launch.
+  void resolve_roles(const ir::Op& op) {
+    const auto& warps = op.ints_attr("warps");
+    const auto& regs = op.ints_attr("max_registers");
+    int64_t given = 0;
+    for (int64_t w : warps) given += w;
+    const int64_t rest = plan_.num_warps - given;
+    const bool has_rest = std::count(warps.begin(), warps.end(), int64_t{0}) > 0;
+    if (rest < 0 || (rest > 0 && !has_rest) || (has_rest && (rest < 4 || rest % 4 != 0 || !is_power_of_two(rest))))
+      throw LoweringError(fmt::format(
+          "tilejit: kernel '{}': warp_roles at {} asks for warps {} but the launch has num_warps = {} (valid: the roles' warps add "
+          "up to num_warps; a role with warps = 0 takes the rest, which must be 4, 8 or 16)",
+          f_.name, op.loc.str(), fmt::join(warps, " + "), plan_.num_warps));
+    std::vector<WarpRolePlan> roles;
+    int first = 0;
+    for (size_t i = 0; i < warps.size(); ++i) {
+      const int w = static_cast<int>(warps[i] ? warps[i] : rest);
+      roles.push_back({first, w, static_cast<int>(regs[i])});
+      ir::walk(op.regions[i], [&](const ir::Op& inner) { plan_.op_warps[&inner] = w; });
+      first += w;
+    }
+    if (regs[0] > 0) {
+      // what the launch gives every thread (setmaxnreg's cap at entry), and what the roles ask for
+      const int64_t cap = 65536 / (32 * plan_.num_warps) / 8 * 8;
+      int64_t total = 0;
+      for (const WarpRolePlan& r : roles) total += int64_t{32} * r.warps * r.max_registers;
+      if (total > 65536)
+        throw LoweringError(fmt::format("tilejit: kernel '{}': warp_roles at {} asks for {} registers in all (max_registers x threads "
+                                        "per role) but a multiprocessor has 65536: lower some role's max_registers (each thread "
+                                        "starts with {})", f_.name, op.loc.str(), total, cap));
+    }
+    plan_.roles[&op] = std::move(roles);
   }
   void set(ir::ValueId v, std::optional<Layout> l) {
     if (f_.type(v).is_scalar()) l.reset();
@@ -95,10 +142,10 @@ class Assigner {
       case OpKind::dot: {
         const ir::Type& r = f_.type(op.results[0]);
         if (wgmma_dots_.count(&op)) {
-          set(op.results[0], Layout::wgmma_acc(r.shape[0], r.shape[1], plan_.num_warps));
+          set(op.results[0], Layout::wgmma_acc(r.shape[0], r.shape[1], warps()));
           return;
         }
-        DotPlan d = plan_dot(f_.type(op.operands[0]), f_.type(op.operands[1]), plan_.num_warps);
+        DotPlan d = plan_dot(f_.type(op.operands[0]), f_.type(op.operands[1]), warps());
         set(op.results[0], d.mma ? Layout::mma_acc(r.shape[0], r.shape[1], d.warps_m, d.warps_n) : blocked(r));
         return;
       }
@@ -142,6 +189,15 @@ class Assigner {
         }
         return;
       }
+      case OpKind::warp_roles: {
+        const std::vector<WarpRolePlan>& roles = plan_.roles.at(&op);
+        for (size_t i = 0; i < roles.size(); ++i) {
+          warps_ = roles[i].warps;
+          block(op.regions[i]);
+        }
+        warps_ = plan_.num_warps;
+        return;
+      }
       case OpKind::constant: case OpKind::arange: case OpKind::splat: case OpKind::broadcast:
       case OpKind::expand_dims: case OpKind::reshape: case OpKind::trans:
         return;  // flexible
@@ -161,6 +217,7 @@ class Assigner {
   const ir::Function& f_;
   std::string arch_;
   PipelineOptions pipeline_;
+  int warps_ = 4;  // the warps of the code being assigned (a warp role's, else the launch's)
   std::set<const ir::Op*> wgmma_dots_;  // dots that accumulate in the wgmma layout
   std::map<ir::ValueId, const ir::Op*> def_;  // each value's defining op
   LayoutPlan plan_;

@@ -14,8 +14,20 @@
 
 namespace tilejit::jit {
 
+// One role of a warp_roles op (lang::warp_roles), resolved against the launch's warps.
+struct WarpRolePlan {
+  int first_warp = 0, warps = 0;
+  int max_registers = 0;  // 0: no setmaxnreg
+};
+
 struct LayoutPlan {
-  int num_warps = 4;
+  int num_warps = 4;  // the launch's; a warp role's code runs on the role's warps (op_warps)
+  std::map<const ir::Op*, std::vector<WarpRolePlan>> roles;  // by warp_roles op
+  std::map<const ir::Op*, int> op_warps;                     // ops inside a role: the role's warps
+  int warps_at(const ir::Op* op) const {
+    auto it = op_warps.find(op);
+    return it == op_warps.end() ? num_warps : it->second;
+  }
   // Per ValueId: the layout the value is computed in, or nullopt for scalars and for flexible
   // values (constants, aranges, splats, broadcasts, reshapes, trans, and elementwise ops on only
   // those), which lowering materialises directly in whatever layout each use asks for.

@@ -17,7 +17,7 @@ bool pure(const ir::Op& op) {
   switch (op.kind) {
     case OpKind::load: case OpKind::store: case OpKind::atomic_add: case OpKind::block_load: case OpKind::block_store:
     case OpKind::wait_ge: case OpKind::signal_add: case OpKind::turn_begin: case OpKind::turn_end:
-    case OpKind::for_: case OpKind::if_: case OpKind::yield:
+    case OpKind::for_: case OpKind::if_: case OpKind::yield: case OpKind::warp_roles:
       return false;
     default:
       return true;
@@ -65,29 +65,37 @@ class Cse {
         std::string key = fmt::format("{}|{}|", static_cast<int>(op.kind), fmt::join(op.operands, ","));
         for (const auto& [k, a] : op.attrs) key += k + "=" + attr_key(a) + ";";
         key += ir::to_string(f_.type(op.results[0]));
-        if (auto found = lookup(key)) {
+        if (auto found = lookup(key, !f_.type(op.results[0]).is_scalar())) {
           replace_[op.results[0]] = *found;
           continue;
         }
         scopes_.back()[key] = op.results[0];
       }
-      for (ir::Block& r : op.regions) block(r);
+      // A warp role sees no tile from outside (they live on other warps): only scalars merge
+      // across its boundary.
+      const size_t floor = tile_floor_;
+      for (ir::Block& r : op.regions) {
+        if (op.kind == OpKind::warp_roles) tile_floor_ = scopes_.size();
+        block(r);
+        tile_floor_ = floor;
+      }
       kept.push_back(std::move(op));
     }
     b.ops = std::move(kept);
     scopes_.pop_back();
   }
 
-  std::optional<ir::ValueId> lookup(const std::string& key) const {
-    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
-      auto f = it->find(key);
-      if (f != it->end()) return f->second;
+  std::optional<ir::ValueId> lookup(const std::string& key, bool tile) const {
+    for (size_t i = scopes_.size(); i-- > (tile ? tile_floor_ : 0);) {
+      auto f = scopes_[i].find(key);
+      if (f != scopes_[i].end()) return f->second;
     }
     return std::nullopt;
   }
 
   ir::Function& f_;
   std::vector<std::map<std::string, ir::ValueId>> scopes_;
+  size_t tile_floor_ = 0;  // the first scope whose tiles the current block may reuse
   std::unordered_map<ir::ValueId, ir::ValueId> replace_;
 };
 

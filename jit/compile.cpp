@@ -47,8 +47,14 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
   if (!opts.dump_after.empty() && std::find(names.begin(), names.end(), opts.dump_after) == names.end())
     throw CompileError(fmt::format("tilejit: kernel '{}': unknown pass '{}' for --dump-after (valid: {})", input.name,
                                    opts.dump_after, fmt::join(names, ", ")));
-  if (opts.num_warps < 1 || opts.num_warps > 32 || (opts.num_warps & (opts.num_warps - 1)))
-    throw CompileError(fmt::format("tilejit: kernel '{}': num_warps = {} (valid: 1, 2, 4, 8, 16, 32)", input.name, opts.num_warps));
+  // Warp roles (lang::warp_roles) may split any multiple of 4 warps (e.g. 12 = 8 MMA + 4 others);
+  // elsewhere tiles spread over a power-of-two number of warps.
+  bool roles = false;
+  ir::walk(input.body, [&](const ir::Op& op) { roles = roles || op.kind == ir::OpKind::warp_roles; });
+  const bool power_of_two = (opts.num_warps & (opts.num_warps - 1)) == 0;
+  if (opts.num_warps < 1 || opts.num_warps > 32 || !(power_of_two || (roles && opts.num_warps % 4 == 0)))
+    throw CompileError(fmt::format("tilejit: kernel '{}': num_warps = {} (valid: 1, 2, 4, 8, 16, 32{})", input.name, opts.num_warps,
+                                   roles ? ", or with warp roles any multiple of 4 up to 32" : ""));
   if (opts.min_programs_per_sm < 0 || opts.min_programs_per_sm > 32)
     throw CompileError(fmt::format("tilejit: kernel '{}': min_programs_per_sm = {} (valid: 0 = no bound, 1 to 32)", input.name,
                                    opts.min_programs_per_sm));
@@ -78,7 +84,8 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
   dump("assign-layouts", print_with_layouts(f, plan));
 
   pir::Func threads = lower_to_threads(f, plan);
-  threads.min_programs_per_sm = opts.min_programs_per_sm;
+  // (the lowering asks for 1 when warp roles rebalance registers: setmaxnreg needs a cap at entry)
+  threads.min_programs_per_sm = std::max(threads.min_programs_per_sm, opts.min_programs_per_sm);
   out.num_threads = threads.num_threads;
   out.smem_bytes = threads.smem_bytes;
   out.abi = threads.params;

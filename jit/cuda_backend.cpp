@@ -1012,6 +1012,10 @@ class Printer {
                          in.imm & 0xFF));
         return;
       case Op::fence_proxy_async_global: line("asm volatile(\"fence.proxy.async.global;\" ::: \"memory\");"); return;
+      case Op::set_max_registers:
+        line(fmt::format("asm volatile(\"setmaxnreg.{}.sync.aligned.u32 {};\" ::: \"memory\");", in.imm > 0 ? "inc" : "dec",
+                         std::abs(in.imm)));
+        return;
       case Op::fence_mbar_init: line("asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");"); return;
       case Op::fence_proxy_async: line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");"); return;
       case Op::wgmma_fence: line("asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");"); return;

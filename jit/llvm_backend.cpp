@@ -23,6 +23,7 @@
 #include <llvm/Target/TargetOptions.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
@@ -572,6 +573,10 @@ class Emitter {
                  "~{memory}", {}, true);
         return;
       case Op::fence_proxy_async_global: asm_call(b_.getVoidTy(), "fence.proxy.async.global;", "~{memory}", {}, true); return;
+      case Op::set_max_registers:
+        asm_call(b_.getVoidTy(), fmt::format("setmaxnreg.{}.sync.aligned.u32 {};", in.imm > 0 ? "inc" : "dec", std::abs(in.imm)), "~{memory}",
+                 {}, true);
+        return;
       case Op::fence_mbar_init: asm_call(b_.getVoidTy(), "fence.mbarrier_init.release.cluster;", "~{memory}", {}, true); return;
       case Op::fence_proxy_async: asm_call(b_.getVoidTy(), "fence.proxy.async.shared::cta;", "~{memory}", {}, true); return;
       case Op::wgmma_fence: asm_call(b_.getVoidTy(), "wgmma.fence.sync.aligned;", "~{memory}", {}, true); return;

@@ -29,6 +29,9 @@ struct TensorDesc {
 // Scoped caches: what was materialised inside a loop or if body is not visible after it.
 struct Frame {
   bool loop_body = false;  // a for loop's body: conversions of values from outside move before the loop
+  // a warp role's region: tiles and thread coordinates of the frames outside are another warp
+  // numbering's (lookups stop here); scalars are shared
+  bool role = false;
   std::map<std::pair<ir::ValueId, std::string>, Regs> tiles;
   std::unordered_map<ir::ValueId, V> scalars;
   std::map<std::string, std::vector<V>> thread_coords;
@@ -46,6 +49,7 @@ class Lowerer {
   pir::Func run() {
     out_.name = f_.name;
     out_.num_threads = 32 * plan_.num_warps;
+    warps_ = plan_.num_warps;
     ir::walk(f_.body, [&](const ir::Op& op) {
       for (ir::ValueId r : op.results) def_[r] = &op;
       if (op.kind == OpKind::for_) iv_loop_[op.regions[0].args[0]] = &op;
@@ -110,6 +114,12 @@ class Lowerer {
     if (op == Op::barrier && in_turn_)
       fail(in_turn_, "a warpgroup turn must not contain an exchange through shared memory or another barrier of all threads "
                      "(the other warpgroup is waiting for the turn to end); move that work out of the turn");
+    // In a warp role, a barrier of "all threads" is one of the role's threads: its named barrier.
+    if (op == Op::barrier && role_barrier_) {
+      op = Op::named_barrier_sync;
+      args = {ci32(role_barrier_)};
+      imm = 32 * warps_;
+    }
     pir::Inst in;
     in.op = op;
     in.args = std::move(args);
@@ -189,8 +199,10 @@ class Lowerer {
 
   // The innermost frame holding `v` in the layout `key`, if any.
   std::optional<size_t> frame_of(ir::ValueId v, const std::string& key) const {
-    for (size_t i = frames_.size(); i-- > 0;)
+    for (size_t i = frames_.size(); i-- > 0;) {
       if (frames_[i].tiles.count({v, key})) return i;
+      if (frames_[i].role) break;
+    }
     return std::nullopt;
   }
   const Regs* cached(ir::ValueId v, const std::string& key) const {
@@ -270,6 +282,7 @@ class Lowerer {
     for (auto it = frames_.rbegin(); it != frames_.rend(); ++it) {
       auto f = it->thread_coords.find(key);
       if (f != it->thread_coords.end()) return f->second;
+      if (it->role) break;
     }
     std::vector<V> c;
     for (size_t d = 0; d < L.shape.size(); ++d) {
@@ -331,6 +344,7 @@ class Lowerer {
       for (auto it = frames_.rbegin(); it != frames_.rend() && !found; ++it) {
         auto f = it->thread_coords.find(key);
         if (f != it->thread_coords.end()) found = &f->second;
+        if (it->role) break;
       }
       if (found) {
         base = (*found)[0];
@@ -471,6 +485,55 @@ class Lowerer {
     }
   }
 
+  // ---------------------------------------------------------------- warp roles
+  // lang::warp_roles: an if/else chain on the warp index, one branch per role (setmaxnreg needs
+  // each warpgroup's role to be one branch of a single if/else). Inside a branch the thread and
+  // warp indices count from the role's first warp, tiles spread over the role's warps, a barrier
+  // is the role's named barrier, and exchanges through shared memory use the role's own scratch.
+  static constexpr int kRoleBarrier = 3;  // ids 3.. (1 and 2: warpgroup turns; 0: all threads)
+
+  void warp_roles(const ir::Op& op) {
+    const std::vector<WarpRolePlan>& roles = plan_.roles.at(&op);
+    if (roles.size() > 16 - kRoleBarrier) fail(&op, fmt::format("{} warp roles; at most {} (one named barrier each)", roles.size(), 16 - kRoleBarrier));
+    const int cap = static_cast<int>(65536 / (32 * plan_.num_warps) / 8 * 8);  // each thread's registers at entry
+    if (roles[0].max_registers > 0) {
+      out_.min_programs_per_sm = 1;  // the cap setmaxnreg needs (ptxas ignores it without one: C7508)
+      for (const WarpRolePlan& r : roles)
+        if (r.max_registers > 0 && cap < 24)
+          fail(&op, fmt::format("num_warps = {} leaves {} registers a thread at entry; setmaxnreg needs at least 24", plan_.num_warps, cap));
+    }
+    const V tid = tid_, warp = warp_;
+    const int64_t scratch0 = scratch_base_;
+    std::function<void(size_t)> role_at = [&](size_t i) {
+      const WarpRolePlan& r = roles[i];
+      auto body = [&] {
+        if (r.max_registers > 0 && r.max_registers != cap)
+          emit0(Op::set_max_registers, {}, r.max_registers > cap ? r.max_registers : -r.max_registers);
+        tid_ = bin(Op::sub, tid, ci32(32 * r.first_warp));
+        warp_ = bin(Op::sub, warp, ci32(r.first_warp));
+        warps_ = r.warps;
+        role_barrier_ = kRoleBarrier + static_cast<int>(i);
+        frames_.emplace_back();
+        frames_.back().role = true;
+        block(op.regions[i]);
+        frames_.pop_back();
+        // the next role's exchanges run at the same time as this one's: their own scratch
+        scratch_base_ = (smem_bytes_ + 127) / 128 * 128;
+        tid_ = tid, warp_ = warp, warps_ = plan_.num_warps, role_barrier_ = 0;
+      };
+      if (i + 1 == roles.size()) return body();
+      pir_if_values(cmp(pir::Pred::lt, warp, ci32(r.first_warp + r.warps)), {}, [&] {
+        body();
+        return Regs{};
+      }, [&] {
+        role_at(i + 1);
+        return Regs{};
+      });
+    };
+    role_at(0);
+    scratch_base_ = scratch0;
+  }
+
   // ---------------------------------------------------------------- warpgroup turns
   // FlashAttention-3's ping-pong: named barrier 1 + w is warpgroup w's turn. A turn starts with
   // bar.sync on its own barrier (256 threads: its 128 and the 128 of the other warpgroup's
@@ -484,7 +547,7 @@ class Lowerer {
   void turns_init() {
     bool any = false;
     ir::walk(f_.body, [&](const ir::Op& op) { any = any || op.kind == OpKind::turn_begin; });
-    turns_ = any && plan_.num_warps == 8;
+    turns_ = any && plan_.num_warps == 8 && plan_.roles.empty();
     if (!turns_) return;
     // computed once, at the top level: every turn of the kernel uses the same two barriers
     V warpgroup = emit(Op::shr, pir::scalar(DType::i32), {warp_, ci32(2)});
@@ -614,6 +677,7 @@ class Lowerer {
         });
         return;
       }
+      case OpKind::warp_roles: return warp_roles(op);
       case OpKind::turn_begin: return turn_begin(op);
       case OpKind::turn_end: return turn_end();
       case OpKind::reduce: return reduce(op);
@@ -687,7 +751,7 @@ class Lowerer {
 
   // ---------------------------------------------------------------- memory
   Layout memory_layout(const ir::Type& t) const {
-    return Layout::blocked(t.shape, plan_.num_warps, vector_width(t.dtype, t.shape.back()));
+    return Layout::blocked(t.shape, warps_, vector_width(t.dtype, t.shape.back()));
   }
 
   void load(const ir::Op& op) {
@@ -1158,7 +1222,7 @@ class Lowerer {
       int64_t onumel = 1;
       for (int64_t d : O.shape) onumel *= d;
       int64_t es = ir::byte_size(acc_t);
-      reserve_smem(plan_.num_warps * onumel * es);
+      reserve_smem(warps_ * onumel * es);
       for (uint32_t r = 0; r < part.size(); ++r) {
         V off = bin(Op::mul, bin(Op::add, bin(Op::mul, warp_, ci32(onumel)), O.shape.empty() ? ci32(0) : tile_offset(O, r)), ci32(es));
         emit0(Op::store_shared, {off, part[r]});
@@ -1195,7 +1259,7 @@ class Lowerer {
     const ir::Type &A = f_.type(op.operands[0]), &B = f_.type(op.operands[1]), &C = f_.type(op.results[0]);
     for (const ir::Type* t : {&A, &B, &C}) check_shape(&op, *t);
     if (auto it = plan_.hopper.dots.find(&op); it != plan_.hopper.dots.end()) return wgmma_dot(op, it->second);
-    DotPlan dp = plan_dot(A, B, plan_.num_warps);
+    DotPlan dp = plan_dot(A, B, warps_);
     const Layout& LC = *plan_.natural[op.results[0]];
     if (dp.mma) return mma(op, dp, LC);
     fma_dot(op, LC);
@@ -1487,7 +1551,7 @@ class Lowerer {
   }
 
   void tma_loop(const ir::Op& op, const TmaDotLoop& m) {
-    const int S = m.stages, W = plan_.num_warps, WG = W / 4;
+    const int S = m.stages, W = warps_, WG = W / 4;
     const ir::Type& at = f_.type(m.load_a->results[0]);
     const int64_t a_bytes = m.bm * m.bk * 2, b_bytes = m.bn * m.bk * 2, stage = a_bytes + b_bytes;
     const int64_t bar0 = S * stage;
@@ -1752,7 +1816,7 @@ class Lowerer {
   // softmax overlaps the other's MMAs) within the ring's S iterations.
   void ring_bottom(const SmemRing& r) {
     const RingState& st = rings_.at(r.loop);
-    const int W = plan_.num_warps;
+    const int W = warps_;
     V counter = bin(Op::add, smem_at(r.released), cast(bin(Op::mul, st.stage, ci32(8)), DType::u32));
     pir_if(cmp(pir::Pred::eq, lane_, ci32(0)), [&] {
       V old = emit(Op::atom_shared, pir::scalar(DType::u32), {counter, cint(DType::u32, 1)}, 0);
@@ -1776,7 +1840,7 @@ class Lowerer {
   void wgmma_dot(const ir::Op& op, const WgmmaDot& w) {
     const ir::Type &A = f_.type(op.operands[0]), &B = f_.type(op.operands[1]);
     const int64_t M = A.shape[0], K = A.shape[1], N = B.shape[1];
-    const int W = plan_.num_warps;
+    const int W = warps_;
     // Warpgroup g takes row slab g % split.m and column slab g / split.m (Layout::wgmma_split).
     const Layout::WgmmaSplit split = Layout::wgmma_split(M, W);
     const int64_t reps = M / (64 * split.m), wn = N / split.n, per = wn / 2;
@@ -2008,7 +2072,9 @@ class Lowerer {
   V own_turn_ = 0, other_turn_ = 0;  // named barrier ids: this warpgroup's turn, the other's
   std::unordered_map<ir::ValueId, TensorDesc> tensors_;
   std::map<std::pair<DType, int64_t>, V> const_ints_;
-  V tid_ = 0, lane_ = 0, warp_ = 0;
+  V tid_ = 0, lane_ = 0, warp_ = 0;  // in a warp role, counted from the role's first warp
+  int warps_ = 0;                    // the warps of the code being lowered (a role's, else the launch's)
+  int role_barrier_ = 0;             // in a warp role: its named barrier
   int64_t smem_bytes_ = 0;
 };
 

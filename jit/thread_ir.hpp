@@ -59,6 +59,9 @@ enum class Op : uint8_t {
   // or arrive without waiting (bar.arrive id, n); e.g. warpgroups handing each other a turn
   named_barrier_sync,
   named_barrier_arrive,
+  // imm = n > 0: setmaxnreg.inc.sync.aligned.u32 n; imm = -n: setmaxnreg.dec (sm_90a; every warp of
+  // the warpgroup executes it; the kernel needs a register cap at entry: Func::min_programs_per_sm)
+  set_max_registers,
   shfl_xor,      // (value, imm = lane mask) -> value
   mma_16816,     // (a0..a3 u32, b0..b1 u32, c0..c3 f32), imm = operand dtype (DType) -> 4 x f32
   // Hopper: asynchronous copies, transaction barriers and warpgroup MMA (sm_90a)

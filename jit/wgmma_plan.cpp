@@ -20,8 +20,9 @@ bool sixteen_bit(ir::DType d) { return d == ir::DType::bf16 || d == ir::DType::f
 
 class Planner {
  public:
-  Planner(const ir::Function& f, int num_warps, const PipelineOptions& opts, const std::set<const ir::Op*>& skip)
-      : f_(f), warps_(num_warps), opts_(opts), skip_(skip) {}
+  Planner(const ir::Function& f, int num_warps, const PipelineOptions& opts, const std::set<const ir::Op*>& skip,
+          const std::map<const ir::Op*, int>& op_warps)
+      : f_(f), warps_(num_warps), opts_(opts), skip_(skip), op_warps_(op_warps) {}
 
   HopperPlan run() {
     index(f_.body, nullptr);
@@ -115,17 +116,18 @@ class Planner {
 
   bool shape_ok(const ir::Op& d) const {
     const ir::Type &a = f_.type(d.operands[0]), &b = f_.type(d.operands[1]);
-    if (warps_ % 4 != 0 || !sixteen_bit(a.dtype) || a.dtype != b.dtype) return false;
+    const int warps = warps_of(d);
+    if (warps % 4 != 0 || !is_power_of_two(warps) || !sixteen_bit(a.dtype) || a.dtype != b.dtype) return false;
     const int64_t m = a.shape[0], k = a.shape[1], n = b.shape[1];
     if (m % 64 != 0 || k % 16 != 0 || f_.type(d.results[0]).dtype != ir::DType::f32) return false;
-    const int64_t wn = n / Layout::wgmma_split(m, warps_).n;  // one warpgroup's columns
+    const int64_t wn = n / Layout::wgmma_split(m, warps).n;  // one warpgroup's columns
     return n % wn == 0 && wn % 8 == 0 && wn <= 256;
   }
   // With warpgroups splitting N (M = 64 on two warpgroups), each reads its own column slab of B:
   // an MN-major tile is stored in 64-column chunks, so a slab must be whole chunks.
   bool b_slab_ok(const ir::Op& d, bool mn_major) const {
     const ir::Type &a = f_.type(d.operands[0]), &b = f_.type(d.operands[1]);
-    const int splits = Layout::wgmma_split(a.shape[0], warps_).n;
+    const int splits = Layout::wgmma_split(a.shape[0], warps_of(d)).n;
     return !mn_major || splits == 1 || (b.shape[1] / splits) % 64 == 0;
   }
 
@@ -332,9 +334,15 @@ class Planner {
   }
 
   const ir::Function& f_;
+  int warps_of(const ir::Op& op) const {
+    auto it = op_warps_.find(&op);
+    return it == op_warps_.end() ? warps_ : it->second;
+  }
+
   int warps_;
   PipelineOptions opts_;
   const std::set<const ir::Op*>& skip_;
+  const std::map<const ir::Op*, int>& op_warps_;
   std::unordered_map<const ir::Op*, const ir::Op*> parent_;
   std::unordered_map<const ir::Op*, size_t> order_;
   std::unordered_map<ir::ValueId, const ir::Op*> def_, region_arg_;
@@ -345,9 +353,9 @@ class Planner {
 }  // namespace
 
 HopperPlan plan_hopper_dots(const ir::Function& f, int num_warps, const std::string& arch, const PipelineOptions& opts,
-                            const std::set<const ir::Op*>& skip) {
+                            const std::set<const ir::Op*>& skip, const std::map<const ir::Op*, int>& op_warps) {
   if (!opts.enabled || arch != "sm_90a" || num_warps % 4 != 0) return {};
-  return Planner(f, num_warps, opts, skip).run();
+  return Planner(f, num_warps, opts, skip, op_warps).run();
 }
 
 }  // namespace tilejit::jit

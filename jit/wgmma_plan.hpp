@@ -91,7 +91,8 @@ struct HopperPlan {
 };
 
 // `skip`: loops already lowered by the GEMM pipeline. An empty plan where nothing qualifies.
+// `op_warps`: ops inside warp roles, with their role's warps (others run on num_warps).
 HopperPlan plan_hopper_dots(const ir::Function& f, int num_warps, const std::string& arch, const PipelineOptions& opts,
-                            const std::set<const ir::Op*>& skip);
+                            const std::set<const ir::Op*>& skip, const std::map<const ir::Op*, int>& op_warps = {});
 
 }  // namespace tilejit::jit

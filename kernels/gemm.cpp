@@ -48,31 +48,49 @@ const Kernel& gemm() {
     }
     auto m0 = pid_m * BM, n0 = pid_n * BN;
     // DROPOUT_MASK (issue 7, RNG hidden with the GEMM): the program also writes tiles of an
-    // attention layer's packed dropout keep-mask (the dropout_mask kernel's parameters follow C),
-    // MASK_TILES_PER_STEP of them in each K step, where they run while the step's wgmmas do (the
-    // pipeline lowers them as side work: tma_pipeline.hpp). Program p writes tiles p, p + P, ...
-    // (P programs); those left after the K loop, after it.
+    // attention layer's packed dropout keep-mask (the dropout_mask kernel's parameters follow C).
+    // Program p writes tiles p, p + P, ... (P programs). Two schedules:
+    // - MASK_WARPS = 0: the MMA warps write MASK_TILES_PER_STEP tiles in each K step, where they
+    //   run while the step's wgmmas do (the pipeline lowers them as side work: tma_pipeline.hpp);
+    //   those left after the K loop, after it.
+    // - MASK_WARPS = w > 0: warp specialisation (lang::warp_roles): w more warps write the tiles
+    //   while the others run the GEMM, neither waiting for the other's instructions; the launch has
+    //   num_warps = the GEMM's warps + w (e.g. 12 = 8 + 4). MMA_REGISTERS / MASK_REGISTERS
+    //   (both or neither; 0 = off) move registers between them (setmaxnreg).
     std::optional<DropoutMaskTiles> mask;
     if (b.meta<bool>("DROPOUT_MASK", false)) mask.emplace(b, b.meta<int>("MASK_BLOCK_M", 64), b.meta<int>("MASK_BLOCK_W", 4));
     const int64_t per_step = mask ? b.meta<int>("MASK_TILES_PER_STEP", 1) : 0;
     if (mask && per_step < 1) b.fail(Loc::current(), fmt::format("gemm: MASK_TILES_PER_STEP = {} must be at least 1", per_step));
+    const int64_t mask_warps = mask ? b.meta<int>("MASK_WARPS", 0) : 0;
+    const int64_t mma_registers = mask_warps ? b.meta<int>("MMA_REGISTERS", 0) : 0;
+    const int64_t mask_registers = mask_warps ? b.meta<int>("MASK_REGISTERS", 0) : 0;
     Tile program, programs;  // (linear program index and count: only the mask's tiles need them)
     if (mask) {
       program = group_m == 0 ? program_id(0) + program_id(1) * num_programs(0) : program_id(0);
       programs = group_m == 0 ? num_programs(0) * num_programs(1) : num_programs(0);
     }
-    Var acc = zeros(f32, {BM, BN});
-    for_range(0, K, BK, [&](Tile k0) {
-      Tile a = a_kmajor ? load(A.block({m0, k0}, {BM, BK})) : trans(load(A.block({k0, m0}, {BK, BM})));
-      Tile bt = b_kmajor ? trans(load(B.block({n0, k0}, {BN, BK}))) : load(B.block({k0, n0}, {BK, BN}));
-      acc = dot(a, bt, acc);
-      for (int64_t r = 0; r < per_step; ++r) {
-        Tile t = program + (k0 / BK * per_step + r) * programs;
-        if_(t < mask->count(), [&] { mask->write(t); });
-      }
-    });
-    if (mask) for_range(program + cdiv(K, BK) * per_step * programs, mask->count(), programs, [&](Tile t) { mask->write(t); });
-    store(C.block({m0, n0}, {BM, BN}), cast(OUT, acc));
+    auto mask_tiles_from = [&](const Tile& first) { for_range(first, mask->count(), programs, [&](Tile t) { mask->write(t); }); };
+    auto gemm_tile = [&](int64_t tiles_per_step) {
+      Var acc = zeros(f32, {BM, BN});
+      for_range(0, K, BK, [&](Tile k0) {
+        Tile a = a_kmajor ? load(A.block({m0, k0}, {BM, BK})) : trans(load(A.block({k0, m0}, {BK, BM})));
+        Tile bt = b_kmajor ? trans(load(B.block({n0, k0}, {BN, BK}))) : load(B.block({k0, n0}, {BK, BN}));
+        acc = dot(a, bt, acc);
+        for (int64_t r = 0; r < tiles_per_step; ++r) {
+          Tile t = program + (k0 / BK * tiles_per_step + r) * programs;
+          if_(t < mask->count(), [&] { mask->write(t); });
+        }
+      });
+      if (tiles_per_step) mask_tiles_from(program + cdiv(K, BK) * tiles_per_step * programs);
+      store(C.block({m0, n0}, {BM, BN}), cast(OUT, acc));
+    };
+    if (mask_warps == 0) {
+      gemm_tile(per_step);
+    } else {
+      warp_roles({{.warps = 0, .max_registers = static_cast<int>(mma_registers), .body = [&] { gemm_tile(0); }},
+                  {.warps = static_cast<int>(mask_warps), .max_registers = static_cast<int>(mask_registers),
+                   .body = [&] { mask_tiles_from(program); }}});
+    }
   });
   return k;
 }

@@ -486,6 +486,10 @@ class Machine {
       }
       case for_: return for_op(op);
       case if_: return if_op(op);
+      case warp_roles:
+        // the roles share nothing (no tiles, no Vars): one after the other is the same program
+        for (const ir::Block& role : op.regions) run_block(role);
+        return;
       default: break;
     }
     fault(op, "the interpreter does not implement this op");

@@ -254,12 +254,17 @@ TEST_CASE("gpu: the library GEMM with DROPOUT_MASK: C bit-identical to the plain
   if (!have_gpu()) return;
   const kernels::LibraryKernel* lk = kernels::find("gemm");
   REQUIRE(lk);
+  // in the K loop, and on 4 warps of their own beside the GEMM's 8 (warp roles, with and without setmaxnreg)
+  for (const int schedule : {0, 1, 2}) {
+  INFO("schedule " << schedule << " (0: K loop, 1: MASK_WARPS=4, 2: MASK_WARPS=4 with setmaxnreg)");
   jit::CompileOptions o;
-  o.num_warps = lk->num_warps;
+  o.num_warps = lk->num_warps + (schedule ? 4 : 0);
   o.pipeline.stages = lk->stages;
   Meta meta = lk->default_meta;
   meta.emplace_back("DROPOUT_MASK", true);
   meta.emplace_back("MASK_BLOCK_W", 8);
+  if (schedule) meta.emplace_back("MASK_WARPS", 4);
+  if (schedule == 2) meta.insert(meta.end(), {{"MMA_REGISTERS", 224}, {"MASK_REGISTERS", 56}});
   Function plain = default_gemm(), with = tilejit::compile(kernels::gemm(), meta, o);
   // 8 programs x 4 K steps = 32 mask tiles in the loop, 28 of the 60 (64 x 8 words) after it
   const int M = 512, N = 512, K = 256, BH = 3, Sq = 300, Sk = 1000, words = (Sk + 31) / 32;
@@ -280,6 +285,7 @@ TEST_CASE("gpu: the library GEMM with DROPOUT_MASK: C bit-identical to the plain
   size_t bad = 0;
   for (size_t i = 0; i < want.size(); ++i) bad += static_cast<const uint32_t*>(hm.data())[i] != want[i];
   CHECK(bad == 0);
+  }
 }
 
 TEST_CASE("gpu: more distinct TMA layouts than descriptor sets: recycled sets never reach a pending launch") {

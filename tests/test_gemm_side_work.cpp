@@ -1,8 +1,9 @@
-// Side work in the GEMM's pipelined K loop (jit/tma_pipeline.hpp): the library GEMM's DROPOUT_MASK
-// (issue 7: the attention dropout mask written in the QKV projection's spare issue slots) in the
-// interpreter against the host mask and the plain GEMM, bit for bit; on sm_90a still the TMA +
-// wgmma pipeline with two MMA groups in flight and no wgmma serialisation; and the matcher's rule
-// that side work may not read the pipeline's tiles.
+// Side work in the GEMM's pipelined K loop (jit/tma_pipeline.hpp) and on warps of its own
+// (lang::warp_roles): the library GEMM's DROPOUT_MASK (issue 7: the attention dropout mask written
+// beside the QKV projection) in the interpreter against the host mask and the plain GEMM, bit for
+// bit; on sm_90a still the TMA + wgmma pipeline with two MMA groups in flight and no wgmma
+// serialisation, and with MASK_WARPS the roles' setmaxnreg; and the matcher's rule that side work
+// may not read the pipeline's tiles.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -53,22 +54,25 @@ TEST_CASE("gemm DROPOUT_MASK: C bit-identical to the plain GEMM, the mask the ho
   HostTensor c0(f32, {M, N});
   rt::interpret(kernels::gemm().build(base), {2, 1}, {a, b, c0});
   struct Case {
-    int bh, s_q, s_k, block_m, block_w, per_step, group_m;
+    int bh, s_q, s_k, block_m, block_w, per_step, group_m, mask_warps = 0;
   };
   // 56 tiles for 2 x 3 in-loop slots (most after the loop); 8 per step (48 in the loop, 8 after);
-  // one tile and 12 slots; a 1-D grid (GROUP_M) with ragged rows and words.
-  const Case cases[] = {{2, 100, 200, 16, 2, 1, 0}, {2, 100, 200, 16, 2, 8, 0}, {1, 5, 1, 16, 2, 2, 0}, {3, 40, 70, 32, 4, 1, 8}};
+  // one tile and 12 slots; a 1-D grid (GROUP_M) with ragged rows and words; the same on a warp
+  // role of their own (MASK_WARPS: every tile in the role's loop, none in the K loop).
+  const Case cases[] = {{2, 100, 200, 16, 2, 1, 0},    {2, 100, 200, 16, 2, 8, 0},   {1, 5, 1, 16, 2, 2, 0}, {3, 40, 70, 32, 4, 1, 8},
+                        {2, 100, 200, 16, 2, 1, 0, 4}, {3, 40, 70, 32, 4, 1, 8, 4}, {1, 5, 1, 16, 2, 1, 0, 8}};
   const kernels::DropoutRngHost rngs[] = {{0x0123456789abcdefull, 0x0000000500000007ull, 230}, {42, 1ull << 40, 13}};
   for (const Case& t : cases)
     for (const auto& r : rngs) {
-      INFO(fmt::format("BH={} S_q={} S_k={} MASK_BLOCK_M={} MASK_BLOCK_W={} MASK_TILES_PER_STEP={} GROUP_M={} seed {:#x}", t.bh, t.s_q,
-                       t.s_k, t.block_m, t.block_w, t.per_step, t.group_m, r.seed));
+      INFO(fmt::format("BH={} S_q={} S_k={} MASK_BLOCK_M={} MASK_BLOCK_W={} MASK_TILES_PER_STEP={} GROUP_M={} MASK_WARPS={} seed {:#x}", t.bh,
+                       t.s_q, t.s_k, t.block_m, t.block_w, t.per_step, t.group_m, t.mask_warps, r.seed));
       Meta meta = base;
       meta.emplace_back("GROUP_M", t.group_m);
       meta.emplace_back("DROPOUT_MASK", true);
       meta.emplace_back("MASK_BLOCK_M", t.block_m);
       meta.emplace_back("MASK_BLOCK_W", t.block_w);
       meta.emplace_back("MASK_TILES_PER_STEP", t.per_step);
+      meta.emplace_back("MASK_WARPS", t.mask_warps);
       const int words = static_cast<int>(cdiv(t.s_k, 32));
       HostTensor c(f32, {M, N}), mask(u32, {t.bh, t.s_q, words});
       c.poison();
@@ -110,6 +114,98 @@ TEST_CASE("gemm DROPOUT_MASK on sm_90a: the TMA + wgmma pipeline, two groups in 
     CHECK_MESSAGE(!contains(log, "serialized"), log);
     CHECK_MESSAGE(k.info.spill_store_bytes == 0, k.info.to_string());
   }
+}
+
+TEST_CASE("gemm MASK_WARPS on sm_90a: the GEMM on 8 warps beside 4 mask warps, registers moved by setmaxnreg, still the pipeline") {
+  if (testing::no_ptxas()) return;
+  const Meta base{{"BLOCK_M", 128}, {"BLOCK_N", 256},  {"BLOCK_K", 64},     {"B_KMAJOR", true}, {"GROUP_M", 8},
+                  {"OUT_DTYPE", bf16}, {"DROPOUT_MASK", true}, {"MASK_BLOCK_W", 8}, {"MASK_WARPS", 4}};
+  for (const bool registers : {false, true}) {
+    INFO("setmaxnreg: " << registers);
+    Meta meta = base;
+    if (registers) meta.insert(meta.end(), {{"MMA_REGISTERS", 224}, {"MASK_REGISTERS", 56}});
+    const jit::CompiledKernel k = testing::assemble_sm90a(kernels::gemm().build(meta), jit::Backend::Llvm, 12, 4);
+    CHECK(k.num_threads == 384);
+    CHECK(contains(k.ptx, "cp.async.bulk.tensor"));
+    CHECK(contains(k.ptx, "wgmma.mma_async"));
+    // no side work in the K loop: one group in flight, as in the plain GEMM
+    CHECK(contains(k.ptx, "wgmma.wait_group.sync.aligned 1"));
+    CHECK_FALSE(contains(k.ptx, "wgmma.wait_group.sync.aligned 2"));
+    // the roles' own barriers: the GEMM's 8 warps, the mask's 4 (never all 384 threads past the start)
+    CHECK(contains(k.ptx, ", 256;"));
+    CHECK(contains(k.ptx, ", 128;"));
+    CHECK(contains(k.ptx, "setmaxnreg.inc.sync.aligned.u32 224;") == registers);
+    CHECK(contains(k.ptx, "setmaxnreg.dec.sync.aligned.u32 56;") == registers);
+    CHECK(contains(k.ptx, ".minnctapersm 1") == registers);  // the cap at entry setmaxnreg needs
+    const std::string log = ptxas_log(k);
+    CHECK_MESSAGE(!contains(log, "serialized"), log);
+    CHECK_MESSAGE(!contains(log, "C7508"), log);  // setmaxnreg ignored
+    CHECK_MESSAGE(k.info.spill_store_bytes == 0, k.info.to_string());
+    CHECK(k.info.registers <= 168);  // 65536 / 384 threads at entry
+  }
+}
+
+TEST_CASE("warp_roles: bad splits and misuse are errors that name the value") {
+  const Meta mask{{"DROPOUT_MASK", true}, {"MASK_WARPS", 4}};
+  jit::CompileOptions o;
+  o.make_cubin = false;
+  o.num_warps = 4;  // nothing left for the GEMM's role
+  CHECK_THROWS_WITH(jit::compile(kernels::gemm().build(mask), o), doctest::Contains("asks for warps 0 + 4 but the launch has num_warps = 4"));
+  o.num_warps = 6;
+  CHECK_THROWS_WITH(jit::compile(kernels::gemm().build(mask), o), doctest::Contains("num_warps = 6 (valid: 1, 2, 4, 8, 16, 32, or with warp roles"));
+  o.num_warps = 16;  // the GEMM's role would get 12 warps: not a power of two
+  CHECK_THROWS_WITH(jit::compile(kernels::gemm().build(mask), o), doctest::Contains("asks for warps 0 + 4 but the launch has num_warps = 16"));
+  o.num_warps = 12;
+  CHECK_THROWS_WITH(jit::compile(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_WARPS", 4}, {"MMA_REGISTERS", 256}, {"MASK_REGISTERS", 256}}), o),
+                    doctest::Contains("registers in all"));
+  CHECK_THROWS_WITH(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_WARPS", 6}}), doctest::Contains("role 1 has warps = 6"));
+  CHECK_THROWS_WITH(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_WARPS", 4}, {"MMA_REGISTERS", 232}}),
+                    doctest::Contains("give max_registers to every role or to none"));
+  CHECK_THROWS_WITH(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_WARPS", 4}, {"MMA_REGISTERS", 230}, {"MASK_REGISTERS", 40}}),
+                    doctest::Contains("role 0 has max_registers = 230"));
+  // a tile from outside a role, a Var assigned inside one, and code after the roles
+  const Kernel shares_tile = kernel("shares_tile", [](Builder& kb) {
+    auto out = kb.pointer("out", f32);
+    Tile t = arange(0, 128);
+    warp_roles({{.warps = 4, .body = [&] { store(out + t, cast(f32, t) * 2.0f); }}, {.warps = 4, .body = [&] {}}});
+  });
+  CHECK_THROWS_WITH(shares_tile.build({}), doctest::Contains("a warp role reads the tile"));
+  const Kernel assigns = kernel("assigns", [](Builder& kb) {
+    auto out = kb.pointer("out", f32);
+    Var x = zeros(f32, {});
+    warp_roles({{.warps = 4, .body = [&] { x = x + 1.0f; }}, {.warps = 4, .body = [&] {}}});
+    store(out, x);
+  });
+  CHECK_THROWS_WITH(assigns.build({}), doctest::Contains("role 0 assigns the Var declared at"));
+  const Kernel after = kernel("after", [](Builder& kb) {
+    auto out = kb.pointer("out", f32);
+    warp_roles({{.warps = 4, .body = [&] {}}, {.warps = 4, .body = [&] {}}});
+    store(out, 1.0f);
+  });
+  CHECK_THROWS_WITH(after.build({}), doctest::Contains("warp roles end the kernel"));
+}
+
+TEST_CASE("warp_roles in the interpreter and on sm_90a: each role's tiles on its own warps, its own barriers and scratch") {
+  // Role 0 (8 warps) and role 1 (4 warps) each reduce a tile across warps (an exchange through
+  // shared memory) and store it: in the interpreter the values; on sm_90a the named barriers.
+  const Kernel k = kernel("two_roles", [](Builder& kb) {
+    auto out = kb.pointer("out", f32);
+    Tile pid = program_id(0);
+    warp_roles({{.warps = 8, .body = [&] { store(out + pid * 2, sum(cast(f32, arange(0, 1024)), 0)); }},
+                {.warps = 0, .body = [&] { store(out + (pid * 2 + 1), max(cast(f32, arange(0, 512)) * 3.0f, 0)); }}});
+  });
+  const ir::Function f = k.build({});
+  HostTensor out(f32, {4});
+  out.poison();
+  rt::interpret(f, {2}, {out});
+  const std::vector<float> got = raw<float>(out);
+  CHECK(got == std::vector<float>{523776.0f, 1533.0f, 523776.0f, 1533.0f});
+  if (testing::no_ptxas()) return;
+  const jit::CompiledKernel c = testing::assemble_sm90a(f, jit::Backend::Llvm, 12);
+  CHECK(contains(c.ptx, "bar.sync %r"));
+  CHECK(c.num_threads == 384);
+  const jit::CompiledKernel n = testing::assemble_sm90a(f, jit::Backend::Nvrtc, 12);
+  CHECK(n.num_threads == 384);
 }
 
 namespace {

@@ -9,7 +9,7 @@
 namespace tilejit::ir {
 namespace {
 
-constexpr std::array<std::string_view, static_cast<size_t>(OpKind::yield) + 1> kNames{
+constexpr std::array<std::string_view, static_cast<size_t>(OpKind::warp_roles) + 1> kNames{
     "constant", "arange", "splat", "broadcast", "expand_dims", "reshape", "trans",
     "add", "sub", "mul", "div", "rem", "minimum", "maximum",
     "and", "or", "xor", "shl", "shr", "umulhi", "cmp", "byte_perm", "fma",
@@ -19,7 +19,7 @@ constexpr std::array<std::string_view, static_cast<size_t>(OpKind::yield) + 1> k
     "program_id", "num_programs",
     "tensor_ptr", "tensor_dim", "tensor_stride", "tensor_slice", "addptr", "load", "store", "atomic_add", "block_load",
     "block_store", "wait_ge", "signal_add", "turn_begin", "turn_end",
-    "for", "if", "yield",
+    "for", "if", "yield", "warp_roles",
 };
 
 [[noreturn]] void fail(OpKind k, const std::string& msg) {
@@ -342,6 +342,13 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
     }
     case turn_begin:
     case turn_end: expect_count(k, in, 0); return {};
+    case warp_roles: {
+      expect_count(k, in, 0);
+      const auto& warps = ints_attr(k, a, "warps");
+      if (warps.size() < 2 || ints_attr(k, a, "max_registers").size() != warps.size())
+        fail(k, "needs two or more roles, each with warps and max_registers");
+      return {};
+    }
     case block_load:
     case block_store: {
       if (in.empty() || !in[0].is_tensor()) fail(k, "first operand must be a tensor descriptor");

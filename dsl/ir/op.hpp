@@ -73,6 +73,9 @@ enum class OpKind : uint8_t {
   for_,    // (lb, ub, step, init...) region(iv, carried...) -> carried results
   if_,     // (cond) region then, region else -> results
   yield,   // (values...) terminates a region
+  // warp specialisation (lang::warp_roles): region i runs on its own warps only (attrs: warps,
+  // max_registers, one entry per region); regions read only scalars from outside, yield nothing
+  warp_roles,
 };
 
 std::string_view op_name(OpKind k);

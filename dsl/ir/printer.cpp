@@ -108,6 +108,7 @@ class Printer {
     indent(depth);
     if (op.kind == OpKind::for_) return for_op(op, depth);
     if (op.kind == OpKind::if_) return if_op(op, depth);
+    if (op.kind == OpKind::warp_roles) return roles_op(op, depth);
     std::string line = results(op) + std::string(op_name(op.kind));
     if (op.kind == OpKind::constant) {
       const Attr& v = op.attrs.at("value");
@@ -149,6 +150,21 @@ class Printer {
     indent(depth);
     out_ += "} else {\n";
     block(op.regions.at(1), depth + 1);
+    indent(depth);
+    out_ += "}\n";
+  }
+
+  void roles_op(const Op& op, int depth) {
+    const auto& warps = op.ints_attr("warps");
+    const auto& regs = op.ints_attr("max_registers");
+    std::string line = "warp_roles";
+    if (opts_.locations) line += fmt::format("  loc({})", op.loc.str());
+    out_ += line + " {\n";
+    for (size_t i = 0; i < op.regions.size(); ++i) {
+      indent(depth);
+      out_ += fmt::format("role {} {{warps = {}, max_registers = {}}}:\n", i, warps.at(i), regs.at(i));
+      block(op.regions[i], depth + 1);
+    }
     indent(depth);
     out_ += "}\n";
   }

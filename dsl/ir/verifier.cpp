@@ -11,7 +11,8 @@ namespace {
 
 class Verifier {
  public:
-  explicit Verifier(const Function& f) : f_(f), visible_(f.values.size(), false), defined_(f.values.size(), false) {}
+  explicit Verifier(const Function& f)
+      : f_(f), visible_(f.values.size(), false), defined_(f.values.size(), false), role_of_(f.values.size(), 0) {}
 
   void run() {
     if (f_.body.args.size() != f_.params.size()) fail(nullptr, "body arguments do not match the parameter list");
@@ -36,6 +37,7 @@ class Verifier {
     if (v >= f_.values.size()) fail(op, fmt::format("value id {} is outside the value table", v));
     if (defined_[v]) fail(op, fmt::format("value id {} is defined twice", v));
     defined_[v] = visible_[v] = true;
+    role_of_[v] = role_;
   }
 
   // Verify `b`; if `yield_types` is given the block must end with a yield of exactly those types.
@@ -46,6 +48,9 @@ class Verifier {
       if (op.kind == OpKind::yield) {
         if (top_level || !last) fail(&op, "yield must be the last op of a loop or if region");
       }
+      top_level_op_ = top_level;
+      if (op.kind == OpKind::warp_roles && !last)
+        fail(&op, "warp roles end the kernel: no op may follow them (put that work inside a role)");
       check(op);
       for (ValueId r : op.results) {
         define(&op, r);
@@ -66,6 +71,11 @@ class Verifier {
     std::vector<Type> in;
     for (ValueId v : op.operands) {
       if (v >= f_.values.size() || !visible_[v]) fail(&op, fmt::format("uses value id {} that is not defined before it in scope", v));
+      // A warp role's tiles are spread over its own warps: a tile of another role's (or of the
+      // code before the roles) has no registers there. Scalars, pointers and tensors are uniform.
+      if (role_ && role_of_[v] != role_ && f_.type(v).is_value() && !f_.type(v).is_scalar())
+        fail(&op, fmt::format("a warp role reads the tile %{} ({}) defined outside it: roles share only scalars, pointers and "
+                              "tensors (compute the tile inside the role)", v, to_string(f_.type(v))));
       in.push_back(f_.type(v));
     }
     for (ValueId r : op.results)
@@ -79,6 +89,24 @@ class Verifier {
       for (const Block& r : op.regions) {
         if (!r.args.empty()) fail(&op, "if regions take no arguments");
         block(r, out);
+      }
+      return;
+    }
+    if (op.kind == OpKind::warp_roles) {
+      if (!top_level_op_) fail(&op, "warp roles split the whole program: they must stand at the kernel's top level (not in a loop, an "
+                                    "if or another role)");
+      if (!op.results.empty()) fail(&op, "warp roles yield no values");
+      try {
+        infer_result_types(op.kind, in, op.attrs);
+      } catch (const TypeError& e) {
+        fail(&op, e.what());
+      }
+      if (op.regions.size() != op.ints_attr("warps").size()) fail(&op, "needs one region per role");
+      for (size_t i = 0; i < op.regions.size(); ++i) {
+        if (!op.regions[i].args.empty()) fail(&op, "role regions take no arguments");
+        role_ = static_cast<int>(i) + 1;
+        block(op.regions[i], std::vector<Type>{});
+        role_ = 0;
       }
       return;
     }
@@ -107,6 +135,9 @@ class Verifier {
   const Function& f_;
   std::vector<bool> visible_;
   std::vector<bool> defined_;
+  std::vector<int> role_of_;  // per value: the warp role (1-based) it was defined in, 0 outside any
+  int role_ = 0;              // the role being verified
+  bool top_level_op_ = false; // the op being checked stands in the function's own body
 };
 
 }  // namespace
