@@ -912,13 +912,15 @@ class Printer {
       case Op::barrier: line("__syncthreads();"); return;
       case Op::named_barrier_sync:
       case Op::named_barrier_arrive:
-        // fenced as in the LLVM backend: ptxas would sink the arithmetic computed before a turn (the
-        // softmax) past the bar.sync, into the turn
+      {
+        // fenced as in the LLVM backend (unless pir::kBarrierUnfenced): ptxas would sink the
+        // arithmetic computed before a turn (the softmax) past the bar.sync, into the turn
         check_args(in, 1, 1);
+        const std::string op = in.op == Op::named_barrier_sync ? "bar.sync %0, %1;" : "bar.arrive %0, %1;";
         line(fmt::format("asm volatile(\"{}\" :: \"r\"({}), \"r\"({}) : \"memory\");",
-                         ptxas_fence(in.op == Op::named_barrier_sync ? "bar.sync %0, %1;" : "bar.arrive %0, %1;", "TJ_TURN"), u32(a(0)),
-                         in.imm));
+                         in.imm & pir::kBarrierUnfenced ? op : ptxas_fence(op, "TJ_TURN"), u32(a(0)), in.imm & (pir::kBarrierUnfenced - 1)));
         return;
+      }
       case Op::shfl_xor: {
         check_args(in, 1, 1);
         check_results(in, 1);

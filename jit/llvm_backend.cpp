@@ -109,12 +109,18 @@ class Emitter {
   llvm::Value* intrinsic(llvm::Intrinsic::ID id, llvm::ArrayRef<llvm::Type*> tys, llvm::ArrayRef<llvm::Value*> args) {
     return b_.CreateCall(llvm::Intrinsic::getDeclaration(&m_, id, tys), args);
   }
+  // `convergent`: an instruction every thread of a warp (bar.sync: of the barrier) must reach
+  // together, which LLVM may then not duplicate into divergent paths. Without it LLVM tail-
+  // duplicated a named barrier after `if (tid == 0) {...}` into both branches: thread 0 and its
+  // warp's others then waited at different bar.sync instructions, and the program hung.
   llvm::Value* asm_call(llvm::Type* ret, const std::string& text, const std::string& constraints,
-                        llvm::ArrayRef<llvm::Value*> args, bool side_effects) {
+                        llvm::ArrayRef<llvm::Value*> args, bool side_effects, bool convergent = false) {
     std::vector<llvm::Type*> arg_types;
     for (llvm::Value* a : args) arg_types.push_back(a->getType());
     auto* ft = llvm::FunctionType::get(ret, arg_types, false);
-    return b_.CreateCall(llvm::InlineAsm::get(ft, text, constraints, side_effects), args);
+    llvm::CallInst* call = b_.CreateCall(llvm::InlineAsm::get(ft, text, constraints, side_effects), args);
+    if (convergent) call->addFnAttr(llvm::Attribute::Convergent);
+    return call;
   }
 
   // `ptx` inside a loop whose branch is never taken (no SM id reaches 2^31, which ptxas cannot
@@ -491,9 +497,10 @@ class Emitter {
         // memory clobber: no load or store moves across a hand-over between warps; fenced, or
         // ptxas sinks the arithmetic computed before a turn (the softmax) past the bar.sync, into
         // the turn, and the warpgroups no longer overlap
-        const std::string text =
-            ptxas_fence(fmt::format("{} $0, $1;", in.op == Op::named_barrier_sync ? "bar.sync" : "bar.arrive"), "TILEJIT_TURN");
-        asm_call(b_.getVoidTy(), text, "r,r,~{memory}", {a(0), b_.getInt32(static_cast<uint32_t>(in.imm))}, true);
+        const std::string op = fmt::format("{} $0, $1;", in.op == Op::named_barrier_sync ? "bar.sync" : "bar.arrive");
+        const std::string text = in.imm & pir::kBarrierUnfenced ? op : ptxas_fence(op, "TILEJIT_TURN");
+        const auto threads = static_cast<uint32_t>(in.imm & (pir::kBarrierUnfenced - 1));
+        asm_call(b_.getVoidTy(), text, "r,r,~{memory}", {a(0), b_.getInt32(threads)}, true, /*convergent=*/true);
         return;
       }
       case Op::shfl_xor: {
@@ -575,7 +582,7 @@ class Emitter {
       case Op::fence_proxy_async_global: asm_call(b_.getVoidTy(), "fence.proxy.async.global;", "~{memory}", {}, true); return;
       case Op::set_max_registers:
         asm_call(b_.getVoidTy(), fmt::format("setmaxnreg.{}.sync.aligned.u32 {};", in.imm > 0 ? "inc" : "dec", std::abs(in.imm)), "~{memory}",
-                 {}, true);
+                 {}, true, /*convergent=*/true);
         return;
       case Op::fence_mbar_init: asm_call(b_.getVoidTy(), "fence.mbarrier_init.release.cluster;", "~{memory}", {}, true); return;
       case Op::fence_proxy_async: asm_call(b_.getVoidTy(), "fence.proxy.async.shared::cta;", "~{memory}", {}, true); return;

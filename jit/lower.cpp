@@ -118,7 +118,7 @@ class Lowerer {
     if (op == Op::barrier && role_barrier_) {
       op = Op::named_barrier_sync;
       args = {ci32(role_barrier_)};
-      imm = 32 * warps_;
+      imm = 32 * warps_ | pir::kBarrierUnfenced;
     }
     pir::Inst in;
     in.op = op;

@@ -114,6 +114,11 @@ constexpr int64_t kCommitFenced = int64_t{1} << 8;
 
 constexpr int64_t kBulkWaitRead = int64_t{1} << 8;
 
+// named_barrier_sync/arrive imm flag (above the thread count): a plain bar.sync, without the
+// fence that keeps ptxas from moving arithmetic across a warpgroup turn -- a warp role's barrier
+// of its own threads, which needs no more than bar.sync 0 does.
+constexpr int64_t kBarrierUnfenced = int64_t{1} << 16;
+
 // opaque imm flag: each value copied by its own volatile asm mov (out and in not tied), so that
 // LLVM keeps the copy at that point: a loop-carried MMA result's copy into the carried register
 // stays after the wait that completes it (tied, LLVM may place it before the wait, where ptxas
