@@ -1,7 +1,7 @@
 // tilejit::Function on the GPU (ctest label "gpu"): vector add and the library GEMM (TMA + wgmma,
 // default schedule) against the interpreter, no recompile for a second Function, the TMA
 // descriptor cache across changing layouts (and its recycling), 8 threads calling one Function on
-// their own streams, the GEMM writing a dropout mask in its K loop (DROPOUT_MASK). Skips visibly
+// their own streams, the GEMM writing a dropout mask in its K loop or on warps of its own (DROPOUT_MASK, MASK_WARPS). Skips visibly
 // without a GPU.
 #include "runtime/function.hpp"
 
