@@ -263,6 +263,24 @@ Tile bitcast(DType dtype, const Operand& x, Loc loc) {
   return b.emit1(OpKind::bitcast, {t.id()}, {{"dtype", dtype}}, loc);
 }
 
+Tile pack_pairs(const Tile& x, Loc loc) {
+  Builder& b = Builder::current(loc);
+  const ir::Type& t = b.type(x.id());
+  if (!t.is_value() || ir::bit_width(t.dtype) != 16 || t.shape.empty() || t.shape.back() % 2 != 0)
+    b.fail(loc, fmt::format("pack_pairs: needs a tile of a 16-bit dtype (bf16, f16, i16, u16) whose last dimension is even, got {}",
+                            ir::to_string(t)));
+  return b.emit1(OpKind::pack_pairs, {x.id()}, {}, loc);
+}
+
+Tile unpack_pairs(DType dtype, const Tile& words, Loc loc) {
+  Builder& b = Builder::current(loc);
+  const ir::Type& t = b.type(words.id());
+  if (!t.is_value() || t.dtype != DType::u32 || t.shape.empty())
+    b.fail(loc, fmt::format("unpack_pairs: needs a u32 tile, got {}", ir::to_string(t)));
+  if (ir::bit_width(dtype) != 16) b.fail(loc, fmt::format("unpack_pairs: unpacks into a 16-bit dtype, got {}", ir::name(dtype)));
+  return b.emit1(OpKind::unpack_pairs, {words.id()}, {{"dtype", dtype}}, loc);
+}
+
 Tile precompute(const Operand& x, Loc loc) {
   Builder& b = builder_for({&x}, loc);
   Tile t = detail::to_tile(b, x, loc);

@@ -38,6 +38,11 @@ Tile byte_perm(const Operand& a, const Operand& b, const Operand& selector, Loc 
 Tile fma(const Operand& a, const Operand& b, const Operand& c, Loc loc = Loc::current());
 Tile cast(DType dtype, const Operand& x, Loc loc = Loc::current());   // value conversion (RNE for floats)
 Tile bitcast(DType dtype, const Operand& x, Loc loc = Loc::current());
+// A 16-bit tile [..., 2n] as u32 [..., n], each word two neighbours (t[2j] in the low half), and
+// back: bitwise work on packed pairs, e.g. zeroing dropped bf16 probabilities with one AND per two
+// (on the GPU, where a thread holds both of a pair -- as in MMA layouts -- no data moves).
+Tile pack_pairs(const Tile& x, Loc loc = Loc::current());
+Tile unpack_pairs(DType dtype, const Tile& words, Loc loc = Loc::current());
 // x itself, computed here: a schedule hint. Values whose layout is decided by their uses (views,
 // aranges and the elementwise math on them, e.g. a Philox counter chain) are otherwise computed
 // at their first use; precompute computes them where it stands, in the layout that use asks for,

@@ -198,6 +198,20 @@ class Assigner {
         warps_ = plan_.num_warps;
         return;
       }
+      case OpKind::pack_pairs: {
+        // in the operand's layout with each pair in one thread's registers where it has them (an
+        // MMA accumulator does: no data moves), else from the blocked layout
+        const ir::Type& in = f_.type(op.operands[0]);
+        std::optional<Layout> p = nat(op.operands[0]) ? nat(op.operands[0])->pack_pairs() : std::nullopt;
+        if (!p) p = blocked(in).pack_pairs();
+        if (!p) throw LoweringError(fmt::format("tilejit: kernel '{}': pack_pairs at {}: no layout holds the pairs of {}", f_.name,
+                                                op.loc.str(), ir::to_string(in)));
+        set(op.results[0], p);
+        return;
+      }
+      case OpKind::unpack_pairs:
+        set(op.results[0], (nat(op.operands[0]) ? *nat(op.operands[0]) : blocked(f_.type(op.operands[0]))).unpack_pairs());
+        return;
       case OpKind::constant: case OpKind::arange: case OpKind::splat: case OpKind::broadcast:
       case OpKind::expand_dims: case OpKind::reshape: case OpKind::trans:
         return;  // flexible

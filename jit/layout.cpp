@@ -248,6 +248,35 @@ std::optional<Layout> Layout::reshape(const ir::Shape& to) const {
   return L;
 }
 
+std::optional<Layout> Layout::pack_pairs() const {
+  const size_t last = shape.size() - 1;
+  Coord unit(shape.size(), 0);
+  unit[last] = 1;
+  auto it = std::find(reg.begin(), reg.end(), unit);
+  if (shape.empty() || it == reg.end()) return std::nullopt;
+  Layout L = *this;
+  L.reg.erase(L.reg.begin() + (it - reg.begin()));
+  L.shape[last] /= 2;
+  for (auto* bs : {&L.reg, &L.lane, &L.warp})
+    for (Coord& c : *bs) {
+      if (c[last] % 2 != 0) return std::nullopt;
+      c[last] /= 2;
+    }
+  return L;
+}
+
+Layout Layout::unpack_pairs() const {
+  const size_t last = shape.size() - 1;
+  Layout L = *this;
+  L.shape[last] *= 2;
+  for (auto* bs : {&L.reg, &L.lane, &L.warp})
+    for (Coord& c : *bs) c[last] *= 2;
+  Coord unit(shape.size(), 0);
+  unit[last] = 1;
+  L.reg.insert(L.reg.begin(), unit);
+  return L;
+}
+
 Layout Layout::without_zero_regs() const {
   Layout L = *this;
   L.reg.clear();

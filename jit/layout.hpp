@@ -63,6 +63,13 @@ struct Layout {
   // `axis` must look like for the broadcast to be a register copy.
   Layout collapse(int axis) const;
   std::optional<Layout> reshape(const ir::Shape& to) const;
+  // The layout of pack_pairs' result ([..., 2n] 16-bit -> [..., n] 32-bit): the register basis
+  // that is last-dim coordinate 1 removed (each thread then holds both of a pair) and every
+  // last-dim coordinate halved; nullopt where no register basis is that unit, or another basis
+  // has an odd last-dim coordinate (a pair would straddle threads).
+  std::optional<Layout> pack_pairs() const;
+  // The inverse ([..., n] -> [..., 2n]): register 2r + h holds half h of packed register r.
+  Layout unpack_pairs() const;
   bool has_replication() const;  // some zero basis: several threads or registers hold one element
   // Layout equality up to registers that replicate (zero register bases are dropped).
   Layout without_zero_regs() const;

@@ -678,6 +678,31 @@ class Lowerer {
         return;
       }
       case OpKind::warp_roles: return warp_roles(op);
+      case OpKind::pack_pairs: {
+        // the result's layout unpacked has the pair bit as register bit 0: registers 2r, 2r + 1
+        const Layout& L = *plan_.natural[op.results[0]];
+        const Regs halves = get(op.operands[0], L.unpack_pairs());
+        Regs words;
+        for (size_t r = 0; r + 1 < halves.size(); r += 2) words.push_back(pack(halves[r], halves[r + 1]));
+        put(op.results[0], L, words);
+        return;
+      }
+      case OpKind::unpack_pairs: {
+        const Layout& L = *plan_.natural[op.results[0]];
+        const std::optional<Layout> packed = L.pack_pairs();
+        if (!packed) fail(&op, "internal: unpack_pairs' layout holds no pairs");
+        const Regs words = get(op.operands[0], *packed);
+        const DType d = f_.type(op.results[0]).dtype;
+        Regs halves;
+        for (V w : words) {
+          Regs two = emit_multi(Op::unpack2, {w}, 2, pir::scalar(d), 0);
+          unpacked_[two[0]] = {w, 0};
+          unpacked_[two[1]] = {w, 1};
+          halves.insert(halves.end(), two.begin(), two.end());
+        }
+        put(op.results[0], L, halves);
+        return;
+      }
       case OpKind::turn_begin: return turn_begin(op);
       case OpKind::turn_end: return turn_end();
       case OpKind::reduce: return reduce(op);
@@ -1265,7 +1290,13 @@ class Lowerer {
     fma_dot(op, LC);
   }
 
-  V pack(V lo, V hi) { return emit(Op::pack2, pir::scalar(DType::u32), {lo, hi}); }
+  // (the two halves of one unpacked word, in order: that word)
+  V pack(V lo, V hi) {
+    auto l = unpacked_.find(lo), h = unpacked_.find(hi);
+    if (l != unpacked_.end() && h != unpacked_.end() && l->second.first == h->second.first && l->second.second == 0 && h->second.second == 1)
+      return l->second.first;
+    return emit(Op::pack2, pir::scalar(DType::u32), {lo, hi});
+  }
 
   void mma(const ir::Op& op, const DotPlan& dp, const Layout& LC) {
     const ir::Type &A = f_.type(op.operands[0]), &B = f_.type(op.operands[1]);
@@ -2075,6 +2106,7 @@ class Lowerer {
   V tid_ = 0, lane_ = 0, warp_ = 0;  // in a warp role, counted from the role's first warp
   int warps_ = 0;                    // the warps of the code being lowered (a role's, else the launch's)
   int role_barrier_ = 0;             // in a warp role: its named barrier
+  std::unordered_map<V, std::pair<V, int>> unpacked_;  // unpack_pairs' halves: (word, half)
   int64_t smem_bytes_ = 0;
 };
 

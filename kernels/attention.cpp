@@ -62,6 +62,15 @@ Tile AttentionDropout::keep_mask_of(const Ahead& ahead, const Tile& batch_head, 
   return ahead.calls ? dropout_keep_mask_of(*ahead.calls) : keep_mask(batch_head, row0, num_rows, col0, num_cols);
 }
 
+Tile AttentionDropout::keep_pairs_of(const Ahead& ahead, const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
+                                     int64_t num_cols) const {
+  if (ahead.words.valid()) return expand_keep_word_pairs(ahead.words, num_rows, num_cols);
+  if (ahead.calls) return dropout_keep_pairs_of(*ahead.calls);
+  if (bits.descriptor().valid()) return expand_keep_word_pairs(bits_words(batch_head, row0, num_rows, col0, num_cols), num_rows, num_cols);
+  return dropout_keep_pairs_block(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi,
+                                  keep_threshold);
+}
+
 Tile AttentionDropout::keep_mask(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols) const {
   if (!bits.descriptor().valid())
     return dropout_keep_mask_block(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi,
@@ -95,6 +104,16 @@ Tile expand_keep_words(const Tile& words, int64_t num_rows, int64_t num_cols) {
   auto b = reshape(cast(u32, arange(0, 8)), {1, 1, 1, 8}), k = reshape(cast(u32, arange(0, 4)), {1, 1, 4, 1});
   auto up = reshape(words, {num_rows, num_cols / 32, 1, 1}) << (7u - b);
   return reshape(byte_perm(up, 0u, (k | 8u) * 0x1111u), {num_rows, num_cols});
+}
+
+Tile expand_keep_word_pairs(const Tile& words, int64_t num_rows, int64_t num_cols) {
+  // Pair 16 w + 4 k + t = columns 32 w + 8 k + 2 t + {0, 1}: the word shifted so that bit 8 k + 2 t
+  // lands on bit 7 of byte k (one shift serves the 4 pairs of each t), and shifted once more for
+  // bit 8 k + 2 t + 1; one prmt replicates the first into bytes 0-1 and the second into bytes 2-3.
+  auto t = reshape(cast(u32, arange(0, 4)), {1, 1, 1, 4}), k = reshape(cast(u32, arange(0, 4)), {1, 1, 4, 1});
+  auto w = reshape(words, {num_rows, num_cols / 32, 1, 1});
+  auto low = w << (7u - 2u * t), high = w << (6u - 2u * t);
+  return reshape(byte_perm(low, high, (k | 8u) * 0x11u + ((k + 4u) | 8u) * 0x1100u), {num_rows, num_cols / 2});
 }
 
 const Kernel& attention_forward() {
@@ -185,6 +204,10 @@ const Kernel& attention_forward() {
     // (default: on when reading the packed mask -- its word loads then overlap S's MMA: H100 S4k
     // +1-10% -- off for fused Philox, measured 0.89-0.95x)
     const bool dropout_ahead = kb.meta<bool>("DROPOUT_AHEAD", dropout_bits);
+    // DROPOUT_PAIRS (default): the keep-mask applied to the rounded 16-bit probabilities two at a
+    // time (AttentionDropout::keep_pairs_of, apply_keep_pairs); false: per element on the f32
+    // ones. The same bits either way; pairs take half the mask instructions.
+    const bool dropout_pairs = kb.meta<bool>("DROPOUT_PAIRS", true);
     if (positive_scale && modded) kb.fail(Loc::current(), "POSITIVE_SCALE takes no SCORE_MOD: the mod needs the scaled scores");
 
     const int seq_dim = varlen ? 0 : bshd ? 1 : 2, head_dim = varlen ? 1 : bshd ? 2 : 1;
@@ -254,16 +277,25 @@ const Kernel& attention_forward() {
       Tile p = positive_scale ? exp2(fma(s, qk_scale, (-(m_use * qk_scale))[col])) : exp2(s - m_use[col]);
       Tile alpha = positive_scale ? exp2((m - m_use) * qk_scale) : exp2(m - m_use);
       l = l * alpha + sum(p, 1);  // the undropped row sum: LSE is that of softmax(S)
-      Tile pv = p;
-      if (dropout) {
+      Tile p16;
+      if (dropout && dropout_pairs) {
         // the 1 / keep probability scale is uniform: applied once to the output, not per element.
-        // An AND with a 0 / ~0 mask, not where(): LLVM sinks a select past the bf16 conversion.
+        // Dropped probabilities zeroed after rounding, a pair at a time: one prmt and one AND per
+        // two elements (the same bits as zeroing the f32 values: +0 either way).
+        Tile pairs = drop->keep_pairs_of(ahead, bh, m0, BM, n0, BN);
+        p16 = apply_keep_pairs(cast(T, p), pairs);
+        if (return_mask) store(mask.block({bh, m0, n0}, {BM, BN}), cast(u8, unpack_pairs(u16, pairs) & 1));
+      } else if (dropout) {
+        // per element: an AND with a 0 / ~0 mask, not where() (LLVM sinks a select past the bf16
+        // conversion)
         Tile keep = drop->keep_mask_of(ahead, bh, m0, BM, n0, BN);
-        pv = apply_keep_mask(p, keep);
+        p16 = cast(T, apply_keep_mask(p, keep));
         if (return_mask) store(mask.block({bh, m0, n0}, {BM, BN}), cast(u8, keep & 1u));
+      } else {
+        p16 = cast(T, p);
       }
       m = m_new;
-      return std::pair{cast(T, pv), alpha};
+      return std::pair{p16, alpha};
     };
     // ... then O = O * alpha + P V: rescaled, then accumulated onto by the MMA (its own
     // accumulator: no separate add).

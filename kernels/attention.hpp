@@ -85,6 +85,11 @@ struct AttentionDropout {
   Ahead keep_ahead(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows, const lang::Tile& col0, int64_t num_cols) const;
   lang::Tile keep_mask_of(const Ahead& ahead, const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows,
                           const lang::Tile& col0, int64_t num_cols) const;
+  // The same mask for packed pairs of columns, u32 [num_rows, num_cols / 2] (half h of word j:
+  // column 2 j + h, 0xFFFF keep / 0 drop), for apply_keep_pairs on the rounded 16-bit
+  // probabilities: one prmt and one AND per two elements instead of per element. num_cols even.
+  lang::Tile keep_pairs_of(const Ahead& ahead, const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows,
+                           const lang::Tile& col0, int64_t num_cols) const;
 
  private:
   // rng = precomputed: the block's packed words, u32 [num_rows, num_cols / 32] (load_at_use)
@@ -96,5 +101,8 @@ struct AttentionDropout {
 // as u32 [num_rows, num_cols] 0xFFFFFFFF (keep) / 0 (drop), for apply_keep_mask: one shift per 4
 // columns and one prmt per element.
 lang::Tile expand_keep_words(const lang::Tile& words, int64_t num_rows, int64_t num_cols);
+// The same as u32 [num_rows, num_cols / 2] pair masks (see AttentionDropout::keep_pairs_of): two
+// shifts per 8 columns and one prmt per pair.
+lang::Tile expand_keep_word_pairs(const lang::Tile& words, int64_t num_rows, int64_t num_cols);
 
 }  // namespace tilejit::kernels

@@ -144,6 +144,49 @@ Tile dropout_keep_mask_of(const DropoutKeepCalls& c, Loc loc) {
   return reshape(mask, {c.num_rows, c.num_cols}, loc);
 }
 
+Tile dropout_keep_pairs_of(const DropoutKeepCalls& c, Loc loc) {
+  std::array<Tile, 4> words = c.words;
+  for (Tile& w : words) w = expand_dims(w, 2, loc);  // [M, Q, 1, 4]
+  // Pair (k, t) of call group q is columns 64 q + 8 k + 2 t + {0, 1}: bytes 2 k and 2 k + 1 of call
+  // t's output, in word k / 2. [M, Q, 8, 4] = [M, num_cols / 2].
+  Tile position = reshape(arange(0, 8, loc), {1, 1, 8, 1}, loc) << 1;
+  Tile word = word_of(words, position, loc);
+  Tile flags = c.flags ? word : dropout_keep_flags(word, c.keep_threshold, loc);
+  // the low byte's flag replicated into bytes 0-1, the high byte's into bytes 2-3
+  Tile low = as_u32(position & 3, loc) | 8u;
+  Tile pairs = byte_perm(flags, 0u, low * 0x11u + (low + 1u) * 0x1100u, loc);
+  return reshape(pairs, {c.num_rows, c.num_cols / 2}, loc);
+}
+
+Tile dropout_keep_pairs_block(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const Operand& seed_lo,
+                              const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi, const Operand& keep_threshold,
+                              Loc loc) {
+  check_block_args("dropout_keep_pairs_block", rows, num_cols, loc);
+  if (num_cols % 2 != 0)
+    Builder::current(loc).fail(loc, fmt::format("dropout_keep_pairs_block: num_cols = {} is odd (whole pairs)", num_cols));
+  // Fewer than whole 64-column groups: the per-element mask (the same bits), packed.
+  if (num_cols % 64 != 0)
+    return pack_pairs(cast(u16, dropout_keep_mask_block(batch_head, rows, col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi,
+                                                        keep_threshold, loc), loc), loc);
+  DropoutKeepCalls c;
+  c.num_rows = rows.shape()[0];
+  c.num_cols = num_cols;
+  c.words = group_calls(batch_head, rows, as_u32(col0, loc) >> 6, num_cols / 64, seed_lo, seed_hi, offset_lo, offset_hi, loc);
+  c.keep_threshold = as_u32(keep_threshold, loc);
+  return dropout_keep_pairs_of(c, loc);
+}
+
+Tile apply_keep_pairs(const Tile& x, const Tile& pairs, Loc loc) {
+  Builder& b = Builder::current(loc);
+  const ir::Type& xt = b.type(x.id());
+  const ir::Type& pt = b.type(pairs.id());
+  if (ir::bit_width(xt.dtype) != 16 || pt.dtype != u32 || xt.shape.size() != 2 || pt.shape.size() != 2 || pt.shape[0] != xt.shape[0] ||
+      2 * pt.shape[1] != xt.shape[1])
+    b.fail(loc, fmt::format("apply_keep_pairs: needs a 16-bit [M, N] tile and a u32 [M, N / 2] pair mask, got {} and {}",
+                            ir::to_string(xt), ir::to_string(pt)));
+  return unpack_pairs(xt.dtype, pack_pairs(x, loc) & pairs, loc);
+}
+
 Tile dropout_keep_block(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const Operand& seed_lo,
                         const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi, const Operand& keep_threshold,
                         Loc loc) {

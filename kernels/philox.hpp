@@ -83,6 +83,22 @@ DropoutKeepCalls dropout_keep_calls(const lang::Operand& batch_head, const lang:
                                     lang::Loc loc = lang::Loc::current());
 lang::Tile dropout_keep_mask_of(const DropoutKeepCalls& calls, lang::Loc loc = lang::Loc::current());
 
+// The same mask for packed pairs of neighbouring columns: u32 [M, num_cols / 2], half h of word j
+// 0xFFFF (keep) or 0 (drop) for column 2 j + h. The two flags of a pair sit in neighbouring bytes of
+// one Philox output, so one prmt makes a pair's mask (dropout_keep_mask_of takes one per element);
+// apply_keep_pairs then zeroes dropped 16-bit values with one AND per pair.
+lang::Tile dropout_keep_pairs_of(const DropoutKeepCalls& calls, lang::Loc loc = lang::Loc::current());
+// dropout_keep_mask_block's mask as pairs (arguments as there; num_cols even): u32 [M, num_cols / 2].
+lang::Tile dropout_keep_pairs_block(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& col0, int64_t num_cols,
+                                    const lang::Operand& seed_lo, const lang::Operand& seed_hi, const lang::Operand& offset_lo,
+                                    const lang::Operand& offset_hi, const lang::Operand& keep_threshold,
+                                    lang::Loc loc = lang::Loc::current());
+
+// x (a 16-bit tile [M, N], e.g. probabilities rounded to bf16) with every element whose half of
+// `pairs` (u32 [M, N / 2], from dropout_keep_pairs_of or expand_keep_word_pairs) is 0 set to +0:
+// unpack_pairs(pack_pairs(x) & pairs). The same bits as zeroing the f32 values before rounding.
+lang::Tile apply_keep_pairs(const lang::Tile& x, const lang::Tile& pairs, lang::Loc loc = lang::Loc::current());
+
 // x where mask is 0xFFFFFFFF, +0.0 where it is 0 (x f32, mask u32 of x's shape, e.g. from
 // dropout_keep_mask_block): bitcast(f32, bitcast(u32, x) & mask), the same bits as
 // where(mask != 0, x, 0.0f) in one AND per element.

@@ -443,6 +443,8 @@ class Machine {
       }
       case cast: return cast_op(op);
       case bitcast: return bitcast_op(op);
+      case pack_pairs:
+      case unpack_pairs: return pairs_op(op);
       case precompute: S(op.results[0]) = S(op.operands[0]); return;  // the same value
       case reduce: return reduce_op(op);
       case dot: return dot_op(op);
@@ -724,6 +726,27 @@ class Machine {
     int64_t i = 0;
     for (size_t k = 0; k < n; ++k) {
       element::from_bits(to, element::to_bits(from, ff ? A.f[k] : 0.0, ff ? 0 : A.i[k]), f, i);
+      if (tf) R.f[k] = f;
+      else R.i[k] = i;
+    }
+  }
+
+  // pack_pairs: word j = bits of elements 2j, 2j + 1 (low, high); unpack_pairs: the inverse.
+  void pairs_op(const Op& op) {
+    const DType from = T(op.operands[0]).dtype, to = T(op.results[0]).dtype;
+    const Slot& A = S(op.operands[0]);
+    Slot& R = S(op.results[0]);
+    const bool ff = ir::is_float(from), tf = ir::is_float(to);
+    const size_t n = N(op.results[0]);
+    if (tf) R.f.resize(n);
+    else R.i.resize(n);
+    auto bits = [&](size_t k) { return element::to_bits(from, ff ? A.f[k] : 0.0, ff ? 0 : A.i[k]); };
+    double f = 0;
+    int64_t i = 0;
+    for (size_t k = 0; k < n; ++k) {
+      const uint64_t v = op.kind == OpKind::pack_pairs ? (bits(2 * k) & 0xFFFF) | (bits(2 * k + 1) & 0xFFFF) << 16
+                                                       : bits(k / 2) >> (16 * (k % 2)) & 0xFFFF;
+      element::from_bits(to, v, f, i);
       if (tf) R.f[k] = f;
       else R.i[k] = i;
     }

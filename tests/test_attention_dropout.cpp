@@ -448,7 +448,7 @@ TEST_CASE("attention dropout: reading the precomputed packed mask gives the fuse
       meta.insert(meta.end(), extra.begin(), extra.end());
       HostTensor o(bf16, c.q_shape()), l(f32, {c.B, c.Hq, c.Sq});
       std::vector<runtime::Arg> args = concat({q, k, v, o, l, scale}, rng.args());
-      if (!extra.empty()) args.emplace_back(bits);
+      if (std::any_of(extra.begin(), extra.end(), [](const auto& m) { return m.first == "DROPOUT_BITS"; })) args.emplace_back(bits);
       runtime::interpret(kernels::attention_forward().build(meta), {cdiv(c.Sq, 64), c.Hq, c.B}, args);
       return o;
     };
@@ -464,6 +464,12 @@ TEST_CASE("attention dropout: reading the precomputed packed mask gives the fuse
     const HostTensor ahead = forward({{"DROPOUT_BITS", true}});
     CHECK(differ(fused, at_use) == 0);
     CHECK(differ(fused, ahead) == 0);
+    // the mask applied per element to the f32 probabilities (DROPOUT_PAIRS=false) instead of a pair
+    // at a time to the rounded ones: the same bits, fused and read, whole 64-column call groups or not
+    CHECK(differ(fused, forward({{"DROPOUT_PAIRS", false}})) == 0);
+    CHECK(differ(fused, forward({{"DROPOUT_BITS", true}, {"DROPOUT_PAIRS", false}})) == 0);
+    // (another BLOCK_N sums in another order: compared with itself)
+    CHECK(differ(forward({{"BLOCK_N", 32}}), forward({{"BLOCK_N", 32}, {"DROPOUT_PAIRS", false}})) == 0);
     const DropoutRef ref = dropout_ref(c, q, k, v, nullptr, scale, rng);
     CHECK(testing::rel_error(c, ahead, ref.o) < 1e-2);
   }

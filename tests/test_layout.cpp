@@ -5,6 +5,7 @@
 
 #include <array>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "jit/layout.hpp"
@@ -160,4 +161,32 @@ TEST_CASE("slice, expand_dims, permute, reshape and collapse agree with element 
   Layout C = L.collapse(1);
   CHECK(C.num_regs() == L.num_regs());
   CHECK(C.coords(2, 4, 1) == Coord{L.coords(2, 4, 1)[0], 0});
+}
+
+TEST_CASE("pack_pairs / unpack_pairs layouts: a thread holds both of each pair; unpacking restores the layout") {
+  // the wgmma accumulator (8 warps, 128 x 128): register bit 0 is column bit 0, so pairs stay in
+  // their thread and unpacking gives the accumulator layout back, register for register
+  const Layout acc = Layout::wgmma_acc(128, 128, 8);
+  const std::optional<Layout> packed = acc.pack_pairs();
+  REQUIRE(packed);
+  CHECK(packed->shape == tilejit::ir::Shape{128, 64});
+  CHECK(packed->num_regs() * 2 == acc.num_regs());
+  CHECK(packed->unpack_pairs() == acc);
+  for (const auto& [c, n] : coverage(*packed)) CHECK(n == 1);
+  CHECK(coverage(*packed).size() == 128 * 64);
+  // packed register r of a thread holds the pair whose low half is unpacked register 2r
+  const Layout un = packed->unpack_pairs();
+  for (uint32_t l = 0; l < 32; ++l)
+    for (uint32_t r = 0; r < static_cast<uint32_t>(packed->num_regs()); ++r) {
+      const Coord p = packed->coords(r, l, 3), lo = un.coords(2 * r, l, 3), hi = un.coords(2 * r + 1, l, 3);
+      CHECK(lo[0] == p[0]);
+      CHECK(lo[1] == 2 * p[1]);
+      CHECK(hi[1] == 2 * p[1] + 1);
+    }
+  // blocked 16-bit layouts hold 8 neighbours per thread: packable
+  const Layout blocked = Layout::blocked({64, 64}, 4, 8);
+  REQUIRE(blocked.pack_pairs());
+  CHECK(blocked.pack_pairs()->unpack_pairs().pack_pairs() == blocked.pack_pairs());
+  // one element per thread along the last dim: a pair straddles lanes, no packed layout
+  CHECK_FALSE(Layout::blocked({64, 64}, 4, 1).pack_pairs());
 }

@@ -995,6 +995,37 @@ TEST_CASE("bitcast f32 <-> u32 reinterprets the bits, including NaN payloads") {
               "u32 -> f32 -> u32 round trip");
 }
 
+TEST_CASE("pack_pairs / unpack_pairs: neighbours of the last dim as one u32 (low half first), and back") {
+  HostTensor x(bf16, {64});
+  x.fill_normal(173, 0, 3);
+  x.set_flat(0, -0.0);
+  x.set_flat(1, INFINITY);
+  const std::vector<uint16_t> xs = raw<uint16_t>(x);
+  // [2, 32] bf16 -> [2, 16] u32, stored flat, and the round trip
+  HostTensor w(u32, {32}), back(bf16, {64});
+  run("pairs", [&](Builder& k) {
+    auto X = k.pointer("X", bf16);
+    auto W = k.pointer("W", u32);
+    auto Back = k.pointer("Back", bf16);
+    Tile words = pack_pairs(reshape(load(X + arange(0, 64)), {2, 32}));
+    store(W + arange(0, 32), reshape(words, {32}));
+    store(Back + arange(0, 64), reshape(unpack_pairs(bf16, words), {64}));
+  }, {x, w, back});
+  const std::vector<uint32_t> ws = raw<uint32_t>(w);
+  for (size_t j = 0; j < 32; ++j) CHECK(ws[j] == (uint32_t{xs[2 * j]} | uint32_t{xs[2 * j + 1]} << 16));
+  CHECK(raw<uint16_t>(back) == xs);
+  // an AND on the packed words zeroes halves: what apply_keep_pairs does to dropped probabilities
+  HostTensor masked(bf16, {64});
+  run("masked", [&](Builder& k) {
+    auto X = k.pointer("X", bf16);
+    auto Out = k.pointer("Out", bf16);
+    Tile words = pack_pairs(load(X + arange(0, 64)));
+    store(Out + arange(0, 64), unpack_pairs(bf16, words & 0x0000FFFFu));
+  }, {x, masked});
+  const std::vector<uint16_t> ms = raw<uint16_t>(masked);
+  for (size_t e = 0; e < 64; ++e) CHECK(ms[e] == (e % 2 ? 0 : xs[e]));
+}
+
 // ======================================================================= math functions
 
 TEST_CASE("f32 math functions match std:: in double to 1e-6 relative") {

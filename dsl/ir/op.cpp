@@ -15,7 +15,7 @@ constexpr std::array<std::string_view, static_cast<size_t>(OpKind::warp_roles) +
     "and", "or", "xor", "shl", "shr", "umulhi", "cmp", "byte_perm", "fma",
     "neg", "not", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "rcp", "floor", "ceil", "tanh", "sin",
     "cos", "erf",
-    "select", "cast", "bitcast", "precompute", "reduce", "dot",
+    "select", "cast", "bitcast", "pack_pairs", "unpack_pairs", "precompute", "reduce", "dot",
     "program_id", "num_programs",
     "tensor_ptr", "tensor_dim", "tensor_stride", "tensor_slice", "addptr", "load", "store", "atomic_add", "block_load",
     "block_store", "wait_ge", "signal_add", "turn_begin", "turn_end",
@@ -240,6 +240,25 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
       if (bit_width(to) != bit_width(in[0].dtype) || to == DType::i1 || in[0].dtype == DType::i1)
         fail(k, fmt::format("{} and {} differ in width", name(in[0].dtype), name(to)));
       return {in[0].with_dtype(to)};
+    }
+    case pack_pairs: {
+      expect_count(k, in, 1);
+      expect_value(k, in[0], "operand");
+      if (bit_width(in[0].dtype) != 16 || in[0].shape.empty() || in[0].shape.back() % 2 != 0)
+        fail(k, fmt::format("needs a tile of a 16-bit dtype whose last dimension is even, got {}", to_string(in[0])));
+      Shape s = in[0].shape;
+      s.back() /= 2;
+      return {Type::tile(DType::u32, s)};
+    }
+    case unpack_pairs: {
+      expect_count(k, in, 1);
+      DType to = dtype_attr(k, a);
+      if (!in[0].is_value() || in[0].dtype != DType::u32 || in[0].shape.empty())
+        fail(k, fmt::format("needs a u32 tile, got {}", to_string(in[0])));
+      if (bit_width(to) != 16) fail(k, fmt::format("unpacks into a 16-bit dtype, got {}", name(to)));
+      Shape s = in[0].shape;
+      s.back() *= 2;
+      return {Type::tile(to, s)};
     }
     case precompute: {
       expect_count(k, in, 1);

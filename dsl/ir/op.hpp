@@ -41,6 +41,10 @@ enum class OpKind : uint8_t {
   select,   // (cond i1, a, b)
   cast,     // (t) -> value converted to the result dtype (RNE for floats, truncation for float->int)
   bitcast,  // (t) -> same bits reinterpreted, same width
+  // (16-bit t[..., 2n]) -> u32[..., n]: element j = bits of t[..., 2j] | bits of t[..., 2j + 1] << 16
+  pack_pairs,
+  // (u32 w[..., n]) {dtype: 16-bit} -> dtype[..., 2n]: the inverse of pack_pairs
+  unpack_pairs,
   // (t) -> t, the same value: a schedule hint (lang::precompute): computed where this op stands
   // rather than where its result is used
   precompute,

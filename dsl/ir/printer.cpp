@@ -43,7 +43,7 @@ bool implied_by_result(OpKind k, const std::string& key) {
   switch (k) {
     case OpKind::constant: return key == "dtype" || key == "shape" || key == "value";
     case OpKind::splat: case OpKind::broadcast: case OpKind::reshape: case OpKind::block_load: return key == "shape";
-    case OpKind::cast: case OpKind::bitcast: return key == "dtype";
+    case OpKind::cast: case OpKind::bitcast: case OpKind::unpack_pairs: return key == "dtype";
     default: return false;
   }
 }
