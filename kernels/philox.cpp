@@ -91,6 +91,19 @@ std::array<Tile, 4> group_calls(const Operand& batch_head, const Tile& rows, con
                        {as_u32(seed_lo, loc), as_u32(seed_hi, loc) ^ as_u32(offset_hi, loc)}, loc);
 }
 
+// One Philox call per (row, 64-column group q, lane slot t) of the block's columns [col0, col0 +
+// num_cols) (a multiple of 64): the raw outputs, their flags taken at the use.
+DropoutKeepCalls raw_calls(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const Operand& seed_lo,
+                           const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi, const Operand& keep_threshold,
+                           Loc loc) {
+  DropoutKeepCalls c;
+  c.num_rows = rows.shape()[0];
+  c.num_cols = num_cols;
+  c.words = group_calls(batch_head, rows, as_u32(col0, loc) >> 6, num_cols / 64, seed_lo, seed_hi, offset_lo, offset_hi, loc);
+  c.keep_threshold = as_u32(keep_threshold, loc);
+  return c;
+}
+
 }  // namespace
 
 Tile dropout_keep_mask_block(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const Operand& seed_lo,
@@ -101,15 +114,9 @@ Tile dropout_keep_mask_block(const Operand& batch_head, const Tile& rows, const 
   if (num_cols % 64 != 0)
     return 0u - cast(u32, dropout_keep(batch_head, rows, col0 + arange(0, num_cols, loc), seed_lo, seed_hi, offset_lo, offset_hi,
                                        keep_threshold, loc), loc);
-  // One Philox call per (row, 64-column group q, lane slot t): [M, Q, 4]; the flags of only the
-  // word each element uses (where the word's choice is not constant per register, as in dK/dV's
-  // transposed blocks, that is fewer than all four).
-  DropoutKeepCalls c;
-  c.num_rows = rows.shape()[0];
-  c.num_cols = num_cols;
-  c.words = group_calls(batch_head, rows, as_u32(col0, loc) >> 6, num_cols / 64, seed_lo, seed_hi, offset_lo, offset_hi, loc);
-  c.keep_threshold = as_u32(keep_threshold, loc);
-  return dropout_keep_mask_of(c, loc);
+  // the flags of only the word each element uses (where the word's choice is not constant per
+  // register, as in dK/dV's transposed blocks, that is fewer than all four)
+  return dropout_keep_mask_of(raw_calls(batch_head, rows, col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold, loc), loc);
 }
 
 DropoutKeepCalls dropout_keep_calls(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols,
@@ -168,12 +175,8 @@ Tile dropout_keep_pairs_block(const Operand& batch_head, const Tile& rows, const
   if (num_cols % 64 != 0)
     return pack_pairs(cast(u16, dropout_keep_mask_block(batch_head, rows, col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi,
                                                         keep_threshold, loc), loc), loc);
-  DropoutKeepCalls c;
-  c.num_rows = rows.shape()[0];
-  c.num_cols = num_cols;
-  c.words = group_calls(batch_head, rows, as_u32(col0, loc) >> 6, num_cols / 64, seed_lo, seed_hi, offset_lo, offset_hi, loc);
-  c.keep_threshold = as_u32(keep_threshold, loc);
-  return dropout_keep_pairs_of(c, loc);
+  return dropout_keep_pairs_of(raw_calls(batch_head, rows, col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold, loc),
+                               loc);
 }
 
 Tile apply_keep_pairs(const Tile& x, const Tile& pairs, Loc loc) {
