@@ -653,6 +653,9 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
     int bm, bn, warps, stages;
     bool exact;
     int min_programs_per_sm = 0;  // CompileOptions::min_programs_per_sm (ptxas caps the registers)
+    // RNG_WARPS (fused dropout on warps of their own: `warps` + rng_warps in all) and the roles'
+    // setmaxnreg (MMA_REGISTERS / RNG_REGISTERS)
+    int rng_warps = 0, mma_registers = 0, rng_registers = 0;
   };
   // The first of each list is the API's default (attention::default_schedule); smaller tiles on 4
   // warps fit several programs per multiprocessor (more warps per scheduler to hide latency).
@@ -661,10 +664,13 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
   const std::vector<Variant> d64{{128, 128, 8, 2, false, 2}, {128, 128, 8, 2, true},  {128, 128, 8, 2, false}, {128, 64, 8, 2, false},
                                  {64, 128, 4, 2, false},     {64, 128, 4, 2, true},   {64, 128, 4, 3, false},  {64, 64, 4, 2, false},
                                  {64, 32, 4, 2, false},      {64, 32, 4, 3, false},   {64, 128, 4, 2, false, 4}};
-  const std::vector<Variant> d64_dropout{{64, 128, 4, 2, false},  {128, 128, 8, 2, false},    {128, 128, 8, 2, false, 2},
-                                         {64, 128, 4, 2, false, 4}, {64, 64, 4, 2, false},     {64, 32, 4, 2, false}};
+  const std::vector<Variant> d64_dropout{{64, 128, 4, 2, false},        {128, 128, 8, 2, false},          {128, 128, 8, 2, false, 2},
+                                         {64, 128, 4, 2, false, 4},       {64, 64, 4, 2, false},            {64, 32, 4, 2, false},
+                                         {64, 128, 4, 2, false, 0, 4},    {128, 128, 8, 2, false, 0, 4, 216, 72}};
   const std::vector<Variant> d128{{128, 128, 8, 2, false}, {128, 64, 8, 2, false}, {64, 128, 4, 2, false}, {64, 64, 4, 2, false},
                                   {64, 64, 4, 3, false},   {64, 32, 4, 2, false},  {64, 32, 4, 3, false},  {64, 32, 4, 4, false}};
+  const std::vector<Variant> d128_dropout{{128, 128, 8, 2, false}, {128, 128, 8, 2, false, 0, 4, 216, 72}, {128, 128, 8, 2, false, 0, 4, 232, 40},
+                                          {64, 128, 4, 2, false, 0, 4}};
   std::vector<int64_t> dims{64, 128};
   if (only_d) dims = {only_d};
   const std::vector<bool> dropouts{dropout_p > 0};
@@ -679,20 +685,22 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
         const size_t out_elems = static_cast<size_t>(c.B() * c.S * c.H() * D);
         std::vector<uint16_t> reference, out(out_elems);
         double default_ms = 0;
-        const std::vector<Variant>& variants = D == 64 ? (dropout ? d64_dropout : d64) : d128;
+        const std::vector<Variant>& variants = D == 64 ? (dropout ? d64_dropout : d64) : (dropout ? d128_dropout : d128);
         for (const Variant& v : variants) {
           if (only_default && &v != &variants.front()) break;  // --quick: the default alone (profiling)
           lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D},        {"BLOCK_M", v.bm},      {"BLOCK_N", v.bn},
                           {"BSHD", true},           {"CAUSAL", causal},     {"DROPOUT", dropout},   {"EXACT_NORMALIZE", v.exact},
                           {"POSITIVE_SCALE", true}};  // (as the API launches it)
           if (!extra_meta.empty()) meta.emplace_back(extra_meta, true);  // --with META
+          if (v.rng_warps)
+            meta.insert(meta.end(), {{"RNG_WARPS", v.rng_warps}, {"MMA_REGISTERS", v.mma_registers}, {"RNG_REGISTERS", v.rng_registers}});
           jit::CompileOptions o;
-          o.num_warps = v.warps;
+          o.num_warps = v.warps + v.rng_warps;
           o.pipeline.stages = v.stages;
           o.min_programs_per_sm = v.min_programs_per_sm;
-          const std::string name = fmt::format("D={} causal={} dropout={} tile={}x{} warps={} stages={} exact={} min_programs_per_sm={}", D,
-                                               causal ? 1 : 0, dropout ? 1 : 0, v.bm, v.bn, v.warps, v.stages, v.exact ? 1 : 0,
-                                               v.min_programs_per_sm);
+          const std::string name = fmt::format("D={} causal={} dropout={} tile={}x{} warps={} stages={} exact={} min_programs_per_sm={} "
+                                               "rng_warps={} registers={}/{}", D, causal ? 1 : 0, dropout ? 1 : 0, v.bm, v.bn, v.warps,
+                                               v.stages, v.exact ? 1 : 0, v.min_programs_per_sm, v.rng_warps, v.mma_registers, v.rng_registers);
           try {
             Function fn(kernels::attention_forward(), meta, o);
             const runtime::Grid grid{lang::cdiv(c.S, v.bm), c.H(), c.B()};

@@ -90,6 +90,7 @@ class Builder {
   static void set_var(Var& v, Tile t) { v.value_ = t; }
 
   void register_var(Var* v) { vars_.push_back(v); }
+  int64_t new_channel_id() { return next_channel_++; }  // lang::Channel: one id per channel of the kernel
   void unregister_var(Var* v);
 
   // Finish: every meta binding used, the IR verified. Called by Kernel::build.
@@ -110,6 +111,7 @@ class Builder {
   std::vector<Scope> scopes_;
   std::vector<bool> visible_;
   std::vector<Var*> vars_;
+  int64_t next_channel_ = 0;
   Loc last_loc_{};
 };
 

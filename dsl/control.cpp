@@ -212,4 +212,36 @@ void warp_roles(const std::vector<WarpRole>& roles, Loc loc) {
   b.append(std::move(op));
 }
 
+Channel::Channel(DType dtype, const ir::Shape& shape, int stages, Loc loc)
+    : id_(Builder::current(loc).new_channel_id()), dtype_(dtype), shape_(shape), stages_(stages) {
+  Builder& b = Builder::current(loc);
+  if (stages < 1 || stages > 16) b.fail(loc, fmt::format("Channel: stages = {} (valid: 1 to 16)", stages));
+  if (shape.empty()) b.fail(loc, "Channel: carries tiles; give a shape");
+  for (int64_t d : shape)
+    if (d <= 0) b.fail(loc, fmt::format("Channel: tile dimensions must be positive, got {}", ir::shape_string(shape)));
+}
+
+ir::AttrMap Channel::attrs() const {
+  return {{"channel", id_}, {"stages", int64_t{stages_}}, {"shape", shape_}, {"dtype", dtype_}};
+}
+
+void Channel::push(const Operand& index, const Tile& value, Loc loc) const {
+  Builder& b = Builder::current(loc);
+  const ir::Type want = ir::Type::tile(dtype_, shape_);
+  if (b.type(value.id()) != want)
+    b.fail(loc, fmt::format("Channel::push: the channel carries {}, got {}", ir::to_string(want), ir::to_string(b.type(value.id()))));
+  Tile i = detail::materialize(b, index, DType::i32, {}, loc, "Channel::push");
+  if (b.type(i.id()) != ir::Type::scalar(DType::i32))
+    b.fail(loc, fmt::format("Channel::push: the index must be an i32 scalar, got {}", ir::to_string(b.type(i.id()))));
+  b.emit(OpKind::channel_push, {i.id(), value.id()}, attrs(), loc);
+}
+
+Tile Channel::pop(const Operand& index, Loc loc) const {
+  Builder& b = Builder::current(loc);
+  Tile i = detail::materialize(b, index, DType::i32, {}, loc, "Channel::pop");
+  if (b.type(i.id()) != ir::Type::scalar(DType::i32))
+    b.fail(loc, fmt::format("Channel::pop: the index must be an i32 scalar, got {}", ir::to_string(b.type(i.id()))));
+  return b.emit1(OpKind::channel_pop, {i.id()}, attrs(), loc);
+}
+
 }  // namespace tilejit::lang

@@ -54,4 +54,28 @@ struct WarpRole {
 };
 void warp_roles(const std::vector<WarpRole>& roles, std::source_location loc = std::source_location::current());
 
+// A channel from one warp role to another: a ring of `stages` shared-memory slots of one tile
+// type, each with a full and an empty barrier. Declared before the roles; one role pushes, another
+// pops, each with the same running index (0, 1, 2, ...: slot index % stages, phase index / stages):
+//   Channel words(u32, {128, 4}, 2);
+//   warp_roles({{.warps = 8, .body = [&] { for_range(0, n, [&](Tile j) { use(words.pop(j)); }); }},
+//               {.warps = 4, .body = [&] { for_range(0, n, [&](Tile j) { words.push(j, make(j)); }); }}});
+// push waits until the slot's previous tile was popped, stores the tile and marks the slot full;
+// pop waits until it is full and reads it -- in the layout its use asks for, like a load_at_use
+// window (wrap it in `precompute` to read it early) -- then marks it empty. Every index is pushed
+// once and popped once, in order. The interpreter runs the pushing role first.
+class Channel {
+ public:
+  Channel(DType dtype, const ir::Shape& shape, int stages, std::source_location loc = std::source_location::current());
+  void push(const Operand& index, const Tile& value, std::source_location loc = std::source_location::current()) const;
+  Tile pop(const Operand& index, std::source_location loc = std::source_location::current()) const;
+
+ private:
+  ir::AttrMap attrs() const;
+  int64_t id_;
+  DType dtype_;
+  ir::Shape shape_;
+  int stages_;
+};
+
 }  // namespace tilejit::lang

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 namespace tilejit::jit {
@@ -63,6 +64,7 @@ class Lowerer {
     warp_ = emit(Op::shr, pir::scalar(DType::i32), {tid_, ci32(5)});
     turns_init();
     hopper_init();
+    channels_init();
     block(f_.body);
     // TMA reduces still reading the staging tile when the program ends: shared memory must outlive them.
     if (!plan_.hopper.reduces.empty())
@@ -463,6 +465,11 @@ class Lowerer {
         return get(op.operands[0], S);
       }
       case OpKind::expand_dims: return get(op.operands[0], L.drop_dim(static_cast<int>(op.int_attr("axis"))));
+      case OpKind::channel_pop:
+        // first run: read at its first use, and the layout recorded; the second reads it at the
+        // pop itself (channel_pop below), once
+        precompute_requests_.try_emplace(op.results[0], L);
+        return channel_read(op, L);
       case OpKind::precompute:
         // A use asks for a flexible precompute result that was not computed ahead in this layout
         // (first run, or another layout): recorded, and computed here.
@@ -483,6 +490,104 @@ class Lowerer {
         if (ir::is_elementwise(op.kind)) return elementwise(op, L);
         fail(&op, "internal: not a flexible op");
     }
+  }
+
+  // ---------------------------------------------------------------- channels between warp roles
+  // lang::Channel: `stages` slots of the tile (row-major) after the Hopper plan's shared memory,
+  // then a full and an empty mbarrier per slot. Full counts the pushing role's threads, empty the
+  // popping role's: every thread arrives once it has written (mbarrier.arrive releases its
+  // st.shared) or read its part. The pusher waits for the empty phase before the slot's previous
+  // use (a fresh barrier passes a wait on the phase before its first), the popper for the full one.
+  struct ChannelPlan {
+    int64_t slots = 0, bytes = 0, full = 0, empty = 0;
+    int stages = 1;
+  };
+
+  void channels_init() {
+    std::map<int64_t, int> pushers, poppers;  // channel -> threads of its pushing / popping role
+    ir::walk(f_.body, [&](const ir::Op& op) {
+      for (ir::ValueId v : op.operands) used_.insert(v);
+      if (op.kind != OpKind::channel_push && op.kind != OpKind::channel_pop) return;
+      const int64_t id = op.int_attr("channel");
+      if (!plan_.op_warps.count(&op)) fail(&op, "a channel's push and pop stand inside warp roles");
+      (op.kind == OpKind::channel_push ? pushers : poppers)[id] = 32 * plan_.op_warps.at(&op);
+      ChannelPlan& c = channels_[id];
+      c.stages = static_cast<int>(op.int_attr("stages"));
+      const ir::Shape& shape = op.ints_attr("shape");
+      c.bytes = ir::byte_size(std::get<ir::DType>(op.attrs.at("dtype")));
+      for (int64_t d : shape) c.bytes *= d;
+    });
+    if (channels_.empty()) return;
+    int64_t at = (scratch_base_ + 127) / 128 * 128;
+    for (auto& [id, c] : channels_) {
+      if (!pushers.count(id) || !poppers.count(id)) fail(nullptr, fmt::format("channel {} is {}: it needs a push and a pop", id, pushers.count(id) ? "never popped" : "never pushed"));
+      c.slots = at;
+      at += (c.stages * c.bytes + 15) / 16 * 16;
+      c.full = at;
+      c.empty = at + 8 * c.stages;
+      at += 16 * c.stages;
+    }
+    scratch_base_ = (at + 127) / 128 * 128;
+    smem_bytes_ = std::max(smem_bytes_, scratch_base_);
+    pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
+      for (const auto& [id, c] : channels_)
+        for (int s = 0; s < c.stages; ++s) {
+          emit0(Op::mbar_init, {smem_at(c.full + 8 * s), ci32(pushers.at(id))});
+          emit0(Op::mbar_init, {smem_at(c.empty + 8 * s), ci32(poppers.at(id))});
+        }
+      emit0(Op::fence_mbar_init, {});
+    });
+    emit0(Op::barrier, {});
+  }
+
+  // The slot of `index` (i32) and the parity of its use: slot index % stages, use index / stages.
+  std::pair<V, V> channel_slot(const ChannelPlan& c, V index) {
+    V stage = bin(Op::rem, index, ci32(c.stages));
+    return {stage, bin(Op::bit_and, bin(Op::div, index, ci32(c.stages)), ci32(1))};
+  }
+  V channel_bar(int64_t base, V stage) { return bin(Op::add, smem_at(base), cast(bin(Op::mul, stage, ci32(8)), DType::u32)); }
+  // Byte offset (absolute, not scratch-relative) of register r's element of layout L in the slot.
+  V channel_offset(const ChannelPlan& c, V stage, const Layout& L, uint32_t r, DType d) {
+    V slot = bin(Op::add, ci32(c.slots), bin(Op::mul, stage, ci32(c.bytes)));
+    return bin(Op::add, slot, bin(Op::mul, tile_offset(L, r), ci32(ir::byte_size(d))));
+  }
+
+  void channel_push(const ir::Op& op) {
+    const ChannelPlan& c = channels_.at(op.int_attr("channel"));
+    const ir::Type& t = f_.type(op.operands[1]);
+    const Layout L = plan_.natural[op.operands[1]] ? *plan_.natural[op.operands[1]] : memory_layout(t);
+    const Regs v = get(op.operands[1], L);
+    auto [stage, parity] = channel_slot(c, cast(scalar(op.operands[0]), DType::i32));
+    emit0(Op::mbar_wait, {channel_bar(c.empty, stage), bin(Op::bit_xor, parity, ci32(1))});
+    for (uint32_t r = 0; r < v.size(); ++r) raw_shared(Op::store_shared, {channel_offset(c, stage, L, r, t.dtype), v[r]});
+    emit0(Op::mbar_arrive, {channel_bar(c.full, stage)});
+  }
+
+  Regs channel_read(const ir::Op& op, const Layout& L) {
+    if (!read_pops_.insert(op.results[0]).second)
+      fail(&op, "a channel pop is read once: its tile is used in two layouts (compute one from the other, or pop into one use)");
+    const ChannelPlan& c = channels_.at(op.int_attr("channel"));
+    const DType d = f_.type(op.results[0]).dtype;
+    auto [stage, parity] = channel_slot(c, cast(scalar(op.operands[0]), DType::i32));
+    emit0(Op::mbar_wait, {channel_bar(c.full, stage), parity});
+    Regs out;
+    for (uint32_t r = 0; r < static_cast<uint32_t>(L.num_regs()); ++r) {
+      pir::Inst in;
+      in.op = Op::load_shared;
+      in.args = {channel_offset(c, stage, L, r, d)};
+      in.results.push_back(out_.new_value(pir::scalar(d)));
+      out.push_back(in.results[0]);
+      blocks_.back()->insts.push_back(std::move(in));
+    }
+    emit0(Op::mbar_arrive, {channel_bar(c.empty, stage)});
+    return out;
+  }
+  // A shared-memory access at an absolute byte offset (emit/emit0 add the scratch base).
+  void raw_shared(Op op, std::vector<V> args) {
+    pir::Inst in;
+    in.op = op;
+    in.args = std::move(args);
+    blocks_.back()->insts.push_back(std::move(in));
   }
 
   // ---------------------------------------------------------------- warp roles
@@ -513,10 +618,10 @@ class Lowerer {
         warp_ = bin(Op::sub, warp, ci32(r.first_warp));
         warps_ = r.warps;
         role_barrier_ = kRoleBarrier + static_cast<int>(i);
-        frames_.emplace_back();
+        // the branch's own frame (pir_if_values pushed it with its block: frames and blocks stay
+        // paired, which at_level relies on) marks the role's boundary
         frames_.back().role = true;
         block(op.regions[i]);
-        frames_.pop_back();
         // the next role's exchanges run at the same time as this one's: their own scratch
         scratch_base_ = (smem_bytes_ + 127) / 128 * 128;
         tid_ = tid, warp_ = warp, warps_ = plan_.num_warps, role_barrier_ = 0;
@@ -678,6 +783,14 @@ class Lowerer {
         return;
       }
       case OpKind::warp_roles: return warp_roles(op);
+      case OpKind::channel_push: return channel_push(op);
+      case OpKind::channel_pop: {
+        auto it = precomputed_.find(op.results[0]);
+        if (it != precomputed_.end()) return put(op.results[0], it->second, channel_read(op, it->second));
+        // never used: read (and freed) here all the same, or the pushing role would wait for the slot
+        if (!used_.count(op.results[0])) channel_read(op, Layout::blocked(f_.type(op.results[0]).shape, warps_, 1));
+        return;
+      }
       case OpKind::pack_pairs: {
         // the result's layout unpacked has the pair bit as register bit 0: registers 2r, 2r + 1
         const Layout& L = *plan_.natural[op.results[0]];
@@ -2107,6 +2220,8 @@ class Lowerer {
   int warps_ = 0;                    // the warps of the code being lowered (a role's, else the launch's)
   int role_barrier_ = 0;             // in a warp role: its named barrier
   std::unordered_map<V, std::pair<V, int>> unpacked_;  // unpack_pairs' halves: (word, half)
+  std::map<int64_t, ChannelPlan> channels_;            // lang::Channel, by id
+  std::set<ir::ValueId> used_, read_pops_;             // values with a use; channel pops already read
   int64_t smem_bytes_ = 0;
 };
 

@@ -237,170 +237,200 @@ const Kernel& attention_forward() {
       if (varlen) return t.block({s0, hh, 0}, {n, D}, {0, 2});
       return bshd ? t.block({b, s0, hh, 0}, {n, D}, {1, 3}) : t.block({b, hh, s0, 0}, {n, D}, {2, 3});
     };
-    auto rows = m0 + arange(0, BM);
     Tile qk_scale = softmax_scale * 1.4426950408889634;  // log2(e): exp(x) = exp2(x * log2 e)
     if (positive_scale) qk_scale = where(softmax_scale > 0.0f, qk_scale, NAN);  // the broken promise: NaN
     // Causal masks align the last query with the last key (FlashAttention's convention when
     // S_q != S_k): row i sees keys j <= i + (S_k - S_q).
     auto diag = S_k - S_q;
-
-    auto q = load(rows_of(Qs, h, m0, BM));
-    Var acc = zeros(f32, {BM, D});
-    Var m = full(f32, {BM}, -INFINITY);  // running row max (log2 units; POSITIVE_SCALE: raw q . k units)
-    Var l = zeros(f32, {BM});            // running row sum of exp2
     // DROPOUT: the mask's coordinates are (bh = b * heads_q + h, row within the sequence, key)
     Tile bh;
     if (dropout) bh = b * Q.size(head_dim) + h;
     Tile n_end = causal ? minimum(S_k, m0 + BM + diag) : S_k;
     // a program past its (shorter) sequence's end reads no key; its stores fall outside the view
     if (varlen) n_end = where(m0 < S_q, n_end, 0);
-    std::optional<SequenceMask> seq;
-    if (general_mask) seq = amask->bind(b, h, S_q, S_k);
-    // S = Q K^T of the key block at n0 (unscaled).
-    auto scores = [&](const Tile& n0) { return dot(q, trans(load(rows_of(Ks, kv_h, n0, BN)))); };
-    // One key block given its scores: masked only when `partial` (a uniform branch: blocks entirely
-    // inside the mask skip the per-element compare and select), then the online softmax update.
-    // Returns P (of dtype T, dropped elements zeroed) and the rescale factor alpha of the output.
-    auto softmax_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw, const AttentionDropout::Ahead& ahead) {
-      Var s = modded ? score_mod.mod(s_raw * softmax_scale, mask_indices(b, h, rows, n0 + arange(0, BN), S_q, S_k)) * 1.4426950408889634
-                     : positive_scale ? s_raw : s_raw * qk_scale;
-      if_(partial, [&] {
-        auto cols = n0 + arange(0, BN);
-        Tile valid = cols[row] < S_k;
-        if (causal) valid = valid & (cols[row] <= rows[col] + diag);
-        if (general_mask) valid = valid & seq->allowed(rows, cols);
-        s = where(valid, s, -INFINITY);
-      });
-      auto m_new = maximum(m, max(s, 1));
-      // rows with no visible key so far keep m = -inf: exponentiate against 0 instead of -inf
-      auto m_use = where(m_new == -INFINITY, 0.0f, m_new);
-      Tile p = positive_scale ? exp2(fma(s, qk_scale, (-(m_use * qk_scale))[col])) : exp2(s - m_use[col]);
-      Tile alpha = positive_scale ? exp2((m - m_use) * qk_scale) : exp2(m - m_use);
-      l = l * alpha + sum(p, 1);  // the undropped row sum: LSE is that of softmax(S)
-      Tile p16;
-      if (dropout && dropout_pairs) {
-        // the 1 / keep probability scale is uniform: applied once to the output, not per element.
-        // Dropped probabilities zeroed after rounding, a pair at a time: one prmt and one AND per
-        // two elements (the same bits as zeroing the f32 values: +0 either way).
-        Tile pairs = drop->keep_pairs_of(ahead, bh, m0, BM, n0, BN);
-        p16 = apply_keep_pairs(cast(T, p), pairs);
-        if (return_mask) store(mask.block({bh, m0, n0}, {BM, BN}), cast(u8, unpack_pairs(u16, pairs) & 1));
-      } else if (dropout) {
-        // per element: an AND with a 0 / ~0 mask, not where() (LLVM sinks a select past the bf16
-        // conversion)
-        Tile keep = drop->keep_mask_of(ahead, bh, m0, BM, n0, BN);
-        p16 = cast(T, apply_keep_mask(p, keep));
-        if (return_mask) store(mask.block({bh, m0, n0}, {BM, BN}), cast(u8, keep & 1u));
-      } else {
-        p16 = cast(T, p);
-      }
-      m = m_new;
-      return std::pair{p16, alpha};
-    };
-    // ... then O = O * alpha + P V: rescaled, then accumulated onto by the MMA (its own
-    // accumulator: no separate add).
-    // DROPOUT_AHEAD: the block's mask inputs right after issuing its S = Q K^T and before anything
-    // waits for it, to run while the tensor cores compute S: fused, its Philox calls (measured
-    // slower on H100, D64/D128 S4k, bit-identical outputs: 0.89-0.92x, with the commit fenced so
-    // that they do not delay the wgmmas' issue); DROPOUT_BITS, the loads of its packed words (their
-    // latency then overlaps the MMA instead of the softmax: the default there).
-    auto mask_ahead = [&](const Tile& n0) {
-      return drop && dropout_ahead ? drop->keep_ahead(bh, m0, BM, n0, BN) : AttentionDropout::Ahead{};
-    };
-    auto key_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw, const AttentionDropout::Ahead& ahead) {
-      auto [p16, alpha] = softmax_block(n0, partial, s_raw, ahead);
-      Tile v = load(rows_of(Vs, kv_h, n0, BN)), rescaled = acc * alpha[col];
-      in_turn([&] { acc = dot(p16, v, rescaled); });
-    };
-    // The key blocks this query block visits, as one flat loop j = 0 .. trips - 1 (one loop, so the
-    // K/V ring prefetches across all of them: block j's start is a function of j alone):
-    // block_at(j) = (n0, partial).
-    Tile trips;
-    std::function<std::pair<Tile, Tile>(const Tile&)> block_at;
-    if (!general_mask) {
-      // Only a block that crosses the last key or (causal) the first row's diagonal needs a mask.
-      trips = cdiv(n_end, BN);
-      block_at = [&](const Tile& j) {
-        Tile n0 = j * BN, edge = n0 + BN > S_k;
-        if (causal) edge = edge | (n0 + BN - 1 > m0 + diag);
-        return std::pair{n0, edge};
-      };
-    } else if (lists) {
-      // From the pre-pass's lists: the partial blocks, then the full ones.
-      Tile pc = lists->partial_count(b, h, m_block), fc = lists->full_count(b, h, m_block);
-      trips = pc + fc;
-      block_at = [&, pc](const Tile& j) {
-        Tile partial = j < pc;
-        Tile index = where(partial, lists->partial_block(b, h, m_block, minimum(j, maximum(pc - 1, 0))),
-                           lists->full_block(b, h, m_block, maximum(j - pc, 0)));
-        Tile n0 = index * BN;
-        return std::pair{n0, partial | (n0 + BN > S_k)};
-      };
-    } else {
-      // From the mask's key-tile intervals (scalar arithmetic): one or two runs of blocks.
-      const TileRanges r = seq->key_tiles(m0, BM, BN);
-      Tile trips0 = cdiv(maximum(r.end[0] - r.begin[0], 0), BN);
-      trips = r.runs == 2 ? trips0 + cdiv(maximum(r.end[1] - r.begin[1], 0), BN) : trips0;
-      block_at = [&, r, trips0](const Tile& j) {
-        Tile n0 = r.runs == 2 ? where(j < trips0, r.begin[0] + j * BN, r.begin[1] + (j - trips0) * BN) : r.begin[0] + j * BN;
-        return std::pair{n0, (!seq->tile_is_full(m0, BM, n0, BN)) | (n0 + BN > S_k)};
-      };
-    }
-    if (pipeline_pv) {
-      // P_{-1} = 0: iteration 0's P V adds nothing (0 V, V being the first visited block). The
-      // output is rescaled at the end of an iteration, once that iteration's P V has landed (as
-      // FlashAttention-3 does): rescaling at the next iteration's top, with S_j in flight, makes
-      // ptxas wait for every MMA there (C7517). With PIPELINE_QK too, S_j is carried from the
-      // previous iteration (the prologue issues S_0) and the iteration issues S_{j+1} (the last
-      // one a spare S of its own block, as PIPELINE_QK alone does).
-      Var s_cur = pipeline_qk ? scores(block_at(zeros(i32, {})).first) : zeros(f32, {});
-      Var p_prev = zeros(T, {BM, BN});
-      for_range(0, trips, [&](Tile j) {
-        auto [n0, partial] = block_at(j);
-        // The K block first: the dots are issued in their operands' order, and S must go first (a
-        // softmax waits for its S alone, while P_{j-1} V_{j-1} stays in flight). V_{j-1} from the
-        // counter (not a carried value): the ring then prefetches it like the K block.
-        Tile k_block = load(rows_of(Ks, kv_h, pipeline_qk ? block_at(minimum(j + 1, maximum(trips - 1, 0))).first : n0, BN));
-        Tile v = load(rows_of(Vs, kv_h, block_at(maximum(j - 1, 0)).first, BN));
-        Tile s_raw = pipeline_qk ? Tile(s_cur) : Tile();
-        in_turn([&] {
-          Tile s = dot(q, trans(k_block));
-          if (pipeline_qk) s_cur = s;
-          else s_raw = s;
-          acc = dot(p_prev, v, acc);
+    // RNG_WARPS = w > 0 (fused dropout, full or causal, dense): warp specialisation. w more warps
+    // (a warp role, lang::warp_roles) run the Philox calls of each key block's keep-mask, as the
+    // packed words the dropout_mask kernel writes, and pass them through a two-slot shared-memory
+    // channel; the MMA warps read them as with DROPOUT_BITS. The same bits. The launch has
+    // num_warps = the MMA warps + w; MMA_REGISTERS / RNG_REGISTERS (both or neither) move registers
+    // between the roles (setmaxnreg: 12 warps start with 168 a thread).
+    const int64_t rng_warps = kb.meta<int>("RNG_WARPS", 0);
+    const int64_t mma_registers = rng_warps ? kb.meta<int>("MMA_REGISTERS", 0) : 0, rng_registers = rng_warps ? kb.meta<int>("RNG_REGISTERS", 0) : 0;
+    if (rng_warps && (!dropout || dropout_bits || general_mask || varlen || pingpong || BN % 64 != 0))
+      kb.fail(Loc::current(), fmt::format("RNG_WARPS = {} generates the fused dropout mask on warps of its own: it needs DROPOUT=true "
+                                          "without DROPOUT_BITS, a full or causal mask, dense tensors, no PINGPONG and BLOCK_N a multiple "
+                                          "of 64 (got BLOCK_N = {})", rng_warps, BN));
+    std::optional<Channel> keep_words;  // u32 [BM, BN / 32] per key block
+    if (rng_warps) keep_words.emplace(u32, ir::Shape{BM, BN / 32}, 2);
+    auto mma_role = [&] {
+      auto rows = m0 + arange(0, BM);
+
+      auto q = load(rows_of(Qs, h, m0, BM));
+      Var acc = zeros(f32, {BM, D});
+      Var m = full(f32, {BM}, -INFINITY);  // running row max (log2 units; POSITIVE_SCALE: raw q . k units)
+      Var l = zeros(f32, {BM});            // running row sum of exp2
+      std::optional<SequenceMask> seq;
+      if (general_mask) seq = amask->bind(b, h, S_q, S_k);
+      // S = Q K^T of the key block at n0 (unscaled).
+      auto scores = [&](const Tile& n0) { return dot(q, trans(load(rows_of(Ks, kv_h, n0, BN)))); };
+      // One key block given its scores: masked only when `partial` (a uniform branch: blocks entirely
+      // inside the mask skip the per-element compare and select), then the online softmax update.
+      // Returns P (of dtype T, dropped elements zeroed) and the rescale factor alpha of the output.
+      auto softmax_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw, const AttentionDropout::Ahead& ahead) {
+        Var s = modded ? score_mod.mod(s_raw * softmax_scale, mask_indices(b, h, rows, n0 + arange(0, BN), S_q, S_k)) * 1.4426950408889634
+                       : positive_scale ? s_raw : s_raw * qk_scale;
+        if_(partial, [&] {
+          auto cols = n0 + arange(0, BN);
+          Tile valid = cols[row] < S_k;
+          if (causal) valid = valid & (cols[row] <= rows[col] + diag);
+          if (general_mask) valid = valid & seq->allowed(rows, cols);
+          s = where(valid, s, -INFINITY);
         });
-        auto [p16, alpha] = softmax_block(n0, partial, s_raw, mask_ahead(n0));
-        p_prev = p16;
-        acc = acc * alpha[col];
-      });
-      acc = dot(p_prev, load(rows_of(Vs, kv_h, block_at(maximum(trips - 1, 0)).first, BN)), acc);
-    } else if (pipeline_qk) {
-      // S of block j + 1 is issued before block j's softmax (the last iteration recomputes its own
-      // block's: one spare MMA instead of a branch, which would wait for every MMA in flight).
-      Var s_next = scores(block_at(zeros(i32, {})).first);
-      for_range(0, trips, [&](Tile j) {
-        auto [n0, partial] = block_at(j);
-        Tile s_raw = s_next;
-        s_next = scores(block_at(minimum(j + 1, maximum(trips - 1, 0))).first);
-        key_block(n0, partial, s_raw, mask_ahead(n0));
-      });
+        auto m_new = maximum(m, max(s, 1));
+        // rows with no visible key so far keep m = -inf: exponentiate against 0 instead of -inf
+        auto m_use = where(m_new == -INFINITY, 0.0f, m_new);
+        Tile p = positive_scale ? exp2(fma(s, qk_scale, (-(m_use * qk_scale))[col])) : exp2(s - m_use[col]);
+        Tile alpha = positive_scale ? exp2((m - m_use) * qk_scale) : exp2(m - m_use);
+        l = l * alpha + sum(p, 1);  // the undropped row sum: LSE is that of softmax(S)
+        Tile p16;
+        if (dropout && dropout_pairs) {
+          // the 1 / keep probability scale is uniform: applied once to the output, not per element.
+          // Dropped probabilities zeroed after rounding, a pair at a time: one prmt and one AND per
+          // two elements (the same bits as zeroing the f32 values: +0 either way).
+          Tile pairs = drop->keep_pairs_of(ahead, bh, m0, BM, n0, BN);
+          p16 = apply_keep_pairs(cast(T, p), pairs);
+          if (return_mask) store(mask.block({bh, m0, n0}, {BM, BN}), cast(u8, unpack_pairs(u16, pairs) & 1));
+        } else if (dropout) {
+          // per element: an AND with a 0 / ~0 mask, not where() (LLVM sinks a select past the bf16
+          // conversion)
+          Tile keep = drop->keep_mask_of(ahead, bh, m0, BM, n0, BN);
+          p16 = cast(T, apply_keep_mask(p, keep));
+          if (return_mask) store(mask.block({bh, m0, n0}, {BM, BN}), cast(u8, keep & 1u));
+        } else {
+          p16 = cast(T, p);
+        }
+        m = m_new;
+        return std::pair{p16, alpha};
+      };
+      // ... then O = O * alpha + P V: rescaled, then accumulated onto by the MMA (its own
+      // accumulator: no separate add).
+      // DROPOUT_AHEAD: the block's mask inputs right after issuing its S = Q K^T and before anything
+      // waits for it, to run while the tensor cores compute S: fused, its Philox calls (measured
+      // slower on H100, D64/D128 S4k, bit-identical outputs: 0.89-0.92x, with the commit fenced so
+      // that they do not delay the wgmmas' issue); DROPOUT_BITS, the loads of its packed words (their
+      // latency then overlaps the MMA instead of the softmax: the default there).
+      // RNG_WARPS: the block's words from the RNG role, read here (a channel pop reads where it
+      // stands, in the layout of its use).
+      auto mask_ahead = [&](const Tile& n0, const Tile& j) {
+        if (keep_words) return AttentionDropout::Ahead{std::nullopt, keep_words->pop(j)};
+        return drop && dropout_ahead ? drop->keep_ahead(bh, m0, BM, n0, BN) : AttentionDropout::Ahead{};
+      };
+      auto key_block = [&](const Tile& n0, const Tile& partial, const Tile& s_raw, const AttentionDropout::Ahead& ahead) {
+        auto [p16, alpha] = softmax_block(n0, partial, s_raw, ahead);
+        Tile v = load(rows_of(Vs, kv_h, n0, BN)), rescaled = acc * alpha[col];
+        in_turn([&] { acc = dot(p16, v, rescaled); });
+      };
+      // The key blocks this query block visits, as one flat loop j = 0 .. trips - 1 (one loop, so the
+      // K/V ring prefetches across all of them: block j's start is a function of j alone):
+      // block_at(j) = (n0, partial).
+      Tile trips;
+      std::function<std::pair<Tile, Tile>(const Tile&)> block_at;
+      if (!general_mask) {
+        // Only a block that crosses the last key or (causal) the first row's diagonal needs a mask.
+        trips = cdiv(n_end, BN);
+        block_at = [&](const Tile& j) {
+          Tile n0 = j * BN, edge = n0 + BN > S_k;
+          if (causal) edge = edge | (n0 + BN - 1 > m0 + diag);
+          return std::pair{n0, edge};
+        };
+      } else if (lists) {
+        // From the pre-pass's lists: the partial blocks, then the full ones.
+        Tile pc = lists->partial_count(b, h, m_block), fc = lists->full_count(b, h, m_block);
+        trips = pc + fc;
+        block_at = [&, pc](const Tile& j) {
+          Tile partial = j < pc;
+          Tile index = where(partial, lists->partial_block(b, h, m_block, minimum(j, maximum(pc - 1, 0))),
+                             lists->full_block(b, h, m_block, maximum(j - pc, 0)));
+          Tile n0 = index * BN;
+          return std::pair{n0, partial | (n0 + BN > S_k)};
+        };
+      } else {
+        // From the mask's key-tile intervals (scalar arithmetic): one or two runs of blocks.
+        const TileRanges r = seq->key_tiles(m0, BM, BN);
+        Tile trips0 = cdiv(maximum(r.end[0] - r.begin[0], 0), BN);
+        trips = r.runs == 2 ? trips0 + cdiv(maximum(r.end[1] - r.begin[1], 0), BN) : trips0;
+        block_at = [&, r, trips0](const Tile& j) {
+          Tile n0 = r.runs == 2 ? where(j < trips0, r.begin[0] + j * BN, r.begin[1] + (j - trips0) * BN) : r.begin[0] + j * BN;
+          return std::pair{n0, (!seq->tile_is_full(m0, BM, n0, BN)) | (n0 + BN > S_k)};
+        };
+      }
+      if (pipeline_pv) {
+        // P_{-1} = 0: iteration 0's P V adds nothing (0 V, V being the first visited block). The
+        // output is rescaled at the end of an iteration, once that iteration's P V has landed (as
+        // FlashAttention-3 does): rescaling at the next iteration's top, with S_j in flight, makes
+        // ptxas wait for every MMA there (C7517). With PIPELINE_QK too, S_j is carried from the
+        // previous iteration (the prologue issues S_0) and the iteration issues S_{j+1} (the last
+        // one a spare S of its own block, as PIPELINE_QK alone does).
+        Var s_cur = pipeline_qk ? scores(block_at(zeros(i32, {})).first) : zeros(f32, {});
+        Var p_prev = zeros(T, {BM, BN});
+        for_range(0, trips, [&](Tile j) {
+          auto [n0, partial] = block_at(j);
+          // The K block first: the dots are issued in their operands' order, and S must go first (a
+          // softmax waits for its S alone, while P_{j-1} V_{j-1} stays in flight). V_{j-1} from the
+          // counter (not a carried value): the ring then prefetches it like the K block.
+          Tile k_block = load(rows_of(Ks, kv_h, pipeline_qk ? block_at(minimum(j + 1, maximum(trips - 1, 0))).first : n0, BN));
+          Tile v = load(rows_of(Vs, kv_h, block_at(maximum(j - 1, 0)).first, BN));
+          Tile s_raw = pipeline_qk ? Tile(s_cur) : Tile();
+          in_turn([&] {
+            Tile s = dot(q, trans(k_block));
+            if (pipeline_qk) s_cur = s;
+            else s_raw = s;
+            acc = dot(p_prev, v, acc);
+          });
+          auto [p16, alpha] = softmax_block(n0, partial, s_raw, mask_ahead(n0, j));
+          p_prev = p16;
+          acc = acc * alpha[col];
+        });
+        acc = dot(p_prev, load(rows_of(Vs, kv_h, block_at(maximum(trips - 1, 0)).first, BN)), acc);
+      } else if (pipeline_qk) {
+        // S of block j + 1 is issued before block j's softmax (the last iteration recomputes its own
+        // block's: one spare MMA instead of a branch, which would wait for every MMA in flight).
+        Var s_next = scores(block_at(zeros(i32, {})).first);
+        for_range(0, trips, [&](Tile j) {
+          auto [n0, partial] = block_at(j);
+          Tile s_raw = s_next;
+          s_next = scores(block_at(minimum(j + 1, maximum(trips - 1, 0))).first);
+          key_block(n0, partial, s_raw, mask_ahead(n0, j));
+        });
+      } else {
+        for_range(0, trips, [&](Tile j) {
+          auto [n0, partial] = block_at(j);
+          Tile s_raw;
+          in_turn([&] { s_raw = scores(n0); });
+          key_block(n0, partial, s_raw, mask_ahead(n0, j));
+        });
+      }
+      // A row that sees no key (causal with S_q > S_k, or S_k = 0) outputs 0 and LSE = -inf.
+      // A NaN row sum (NaN or infinite inputs, or POSITIVE_SCALE's broken promise) stays NaN, as in
+      // PyTorch's attention: `seen` only tells key-less rows (l = 0) apart.
+      auto seen = (l > 0.0f) | (l != l);
+      Tile out = exact_normalize ? acc / l[col] : acc * rcp(l)[col];
+      if (dropout) out = out * drop->scale;
+      store(rows_of(Os, h, m0, BM), cast(T, where(seen[col], out, 0.0f)));
+      Tile m_log2 = positive_scale ? m * qk_scale : Tile(m);
+      store(rows_of(LSEs, h, m0, BM), where(seen, (m_log2 + log2(l)) * 0.6931471805599453, -INFINITY));  // natural log
+    };
+    if (!rng_warps) {
+      mma_role();
     } else {
-      for_range(0, trips, [&](Tile j) {
-        auto [n0, partial] = block_at(j);
-        Tile s_raw;
-        in_turn([&] { s_raw = scores(n0); });
-        key_block(n0, partial, s_raw, mask_ahead(n0));
-      });
+      warp_roles({{.warps = 0, .max_registers = static_cast<int>(mma_registers), .body = mma_role},
+                  {.warps = static_cast<int>(rng_warps), .max_registers = static_cast<int>(rng_registers), .body = [&] {
+                     for_range(0, cdiv(n_end, BN), [&](Tile j) {
+                       keep_words->push(j, dropout_keep_words(bh, m0 + arange(0, BM), j * (BN / 32), BN / 32, drop->seed_lo, drop->seed_hi,
+                                                              drop->offset_lo, drop->offset_hi, drop->keep_threshold));
+                     });
+                   }}});
     }
-    // A row that sees no key (causal with S_q > S_k, or S_k = 0) outputs 0 and LSE = -inf.
-    // A NaN row sum (NaN or infinite inputs, or POSITIVE_SCALE's broken promise) stays NaN, as in
-    // PyTorch's attention: `seen` only tells key-less rows (l = 0) apart.
-    auto seen = (l > 0.0f) | (l != l);
-    Tile out = exact_normalize ? acc / l[col] : acc * rcp(l)[col];
-    if (dropout) out = out * drop->scale;
-    store(rows_of(Os, h, m0, BM), cast(T, where(seen[col], out, 0.0f)));
-    Tile m_log2 = positive_scale ? m * qk_scale : Tile(m);
-    store(rows_of(LSEs, h, m0, BM), where(seen, (m_log2 + log2(l)) * 0.6931471805599453, -INFINITY));  // natural log
   });
   return k;
 }

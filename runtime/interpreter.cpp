@@ -11,6 +11,7 @@
 #include <exception>
 #include <limits>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -488,10 +489,33 @@ class Machine {
       }
       case for_: return for_op(op);
       case if_: return if_op(op);
-      case warp_roles:
-        // the roles share nothing (no tiles, no Vars): one after the other is the same program
-        for (const ir::Block& role : op.regions) run_block(role);
+      case warp_roles: {
+        // the roles share no tiles or Vars, only channels: one after the other, the pushing roles
+        // first (a role that pops and pushes runs after the roles it pops from)
+        std::vector<const ir::Block*> order;
+        for (bool pushing : {true, false})
+          for (const ir::Block& role : op.regions) {
+            bool pushes = false;
+            ir::walk(role, [&](const Op& o) { pushes = pushes || o.kind == channel_push; });
+            if (pushes == pushing) order.push_back(&role);
+          }
+        for (const ir::Block* role : order) run_block(*role);
         return;
+      }
+      case channel_push: {
+        auto key = std::pair{op.int_attr("channel"), S(op.operands[0]).i[0]};
+        if (channel_.count(key)) fault(op, fmt::format("channel index {} is pushed twice", key.second));
+        channel_[key] = S(op.operands[1]);
+        return;
+      }
+      case channel_pop: {
+        auto key = std::pair{op.int_attr("channel"), S(op.operands[0]).i[0]};
+        auto it = channel_.find(key);
+        if (it == channel_.end()) fault(op, fmt::format("channel index {} is popped before it was pushed (or twice)", key.second));
+        S(op.results[0]) = std::move(it->second);
+        channel_.erase(it);
+        return;
+      }
       default: break;
     }
     fault(op, "the interpreter does not implement this op");
@@ -1100,6 +1124,7 @@ class Machine {
   std::vector<double> row_f_;  // dot's row accumulators, kept to avoid a per-dot allocation
   std::vector<int64_t> row_i_;
   Concurrency* sync_ = nullptr;  // concurrent mode (kernels that wait on semaphores)
+  std::map<std::pair<int64_t, int64_t>, Slot> channel_;  // lang::Channel tiles pushed, not yet popped: (channel, index)
 };
 
 bool waits_on_semaphores(const ir::Block& b) {

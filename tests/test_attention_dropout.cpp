@@ -468,6 +468,10 @@ TEST_CASE("attention dropout: reading the precomputed packed mask gives the fuse
     // at a time to the rounded ones: the same bits, fused and read, whole 64-column call groups or not
     CHECK(differ(fused, forward({{"DROPOUT_PAIRS", false}})) == 0);
     CHECK(differ(fused, forward({{"DROPOUT_BITS", true}, {"DROPOUT_PAIRS", false}})) == 0);
+    // the words generated on warps of their own and passed through a shared-memory channel
+    // (RNG_WARPS: warp roles; the interpreter runs the generating role first)
+    CHECK(differ(fused, forward({{"RNG_WARPS", 4}})) == 0);
+    CHECK(differ(fused, forward({{"RNG_WARPS", 4}, {"DROPOUT_PAIRS", false}})) == 0);
     // (another BLOCK_N sums in another order: compared with itself)
     CHECK(differ(forward({{"BLOCK_N", 32}}), forward({{"BLOCK_N", 32}, {"DROPOUT_PAIRS", false}})) == 0);
     const DropoutRef ref = dropout_ref(c, q, k, v, nullptr, scale, rng);
@@ -480,6 +484,9 @@ TEST_CASE("attention dropout: reading the precomputed packed mask gives the fuse
     CHECK_THROWS_WITH_AS(kern->build({{"DROPOUT", true}, {"DROPOUT_BITS", true}, {"BLOCK_N", 16}}),
                          doctest::Contains("multiple of 32 (whole mask words), got 16"), BuildError);
   }
+  CHECK_THROWS_WITH_AS(kernels::attention_forward().build({{"DROPOUT", true}, {"RNG_WARPS", 4}, {"BLOCK_N", 32}}),
+                       doctest::Contains("BLOCK_N a multiple of 64 (got BLOCK_N = 32)"), BuildError);
+  CHECK_THROWS_WITH_AS(kernels::attention_forward().build({{"RNG_WARPS", 4}}), doctest::Contains("it needs DROPOUT=true"), BuildError);
 }
 
 // The forward's Philox calls run while the tensor cores compute S = Q K^T with DROPOUT_AHEAD (a

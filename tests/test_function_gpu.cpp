@@ -288,6 +288,24 @@ TEST_CASE("gpu: the library GEMM with DROPOUT_MASK: C bit-identical to the plain
   }
 }
 
+TEST_CASE("gpu: a channel between warp roles carries every tile, in order, through 1 to 3 slots") {
+  if (!have_gpu()) return;
+  for (int stages : {1, 2, 3}) {
+    INFO("stages " << stages);
+    jit::CompileOptions o;
+    o.num_warps = 12;
+    Function f = tilejit::compile(test_kernels::channel_kernel(), {{"STAGES", stages}}, o);
+    const int programs = 264, n = 40;  // two programs per SM at once on an H100, 40 tiles each
+    DeviceTensor out(u32, {programs, n, 8});
+    f(Grid{programs}, nullptr, out, int32_t{n});
+    const HostTensor h = out.to_host();
+    const std::vector<uint32_t> want = test_kernels::channel_expected(programs, n);
+    size_t bad = 0;
+    for (size_t i = 0; i < want.size(); ++i) bad += static_cast<const uint32_t*>(h.data())[i] != want[i];
+    CHECK(bad == 0);
+  }
+}
+
 TEST_CASE("gpu: more distinct TMA layouts than descriptor sets: recycled sets never reach a pending launch") {
   if (!have_gpu()) return;
   Function gemm = default_gemm();

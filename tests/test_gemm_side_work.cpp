@@ -145,69 +145,6 @@ TEST_CASE("gemm MASK_WARPS on sm_90a: the GEMM on 8 warps beside 4 mask warps, r
   }
 }
 
-TEST_CASE("warp_roles: bad splits and misuse are errors that name the value") {
-  const Meta mask{{"DROPOUT_MASK", true}, {"MASK_WARPS", 4}};
-  jit::CompileOptions o;
-  o.make_cubin = false;
-  o.num_warps = 4;  // nothing left for the GEMM's role
-  CHECK_THROWS_WITH(jit::compile(kernels::gemm().build(mask), o), doctest::Contains("asks for warps 0 + 4 but the launch has num_warps = 4"));
-  o.num_warps = 6;
-  CHECK_THROWS_WITH(jit::compile(kernels::gemm().build(mask), o), doctest::Contains("num_warps = 6 (valid: 1, 2, 4, 8, 16, 32, or with warp roles"));
-  o.num_warps = 16;  // the GEMM's role would get 12 warps: not a power of two
-  CHECK_THROWS_WITH(jit::compile(kernels::gemm().build(mask), o), doctest::Contains("asks for warps 0 + 4 but the launch has num_warps = 16"));
-  o.num_warps = 12;
-  CHECK_THROWS_WITH(jit::compile(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_WARPS", 4}, {"MMA_REGISTERS", 256}, {"MASK_REGISTERS", 256}}), o),
-                    doctest::Contains("registers in all"));
-  CHECK_THROWS_WITH(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_WARPS", 6}}), doctest::Contains("role 1 has warps = 6"));
-  CHECK_THROWS_WITH(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_WARPS", 4}, {"MMA_REGISTERS", 232}}),
-                    doctest::Contains("give max_registers to every role or to none"));
-  CHECK_THROWS_WITH(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_WARPS", 4}, {"MMA_REGISTERS", 230}, {"MASK_REGISTERS", 40}}),
-                    doctest::Contains("role 0 has max_registers = 230"));
-  // a tile from outside a role, a Var assigned inside one, and code after the roles
-  const Kernel shares_tile = kernel("shares_tile", [](Builder& kb) {
-    auto out = kb.pointer("out", f32);
-    Tile t = arange(0, 128);
-    warp_roles({{.warps = 4, .body = [&] { store(out + t, cast(f32, t) * 2.0f); }}, {.warps = 4, .body = [&] {}}});
-  });
-  CHECK_THROWS_WITH(shares_tile.build({}), doctest::Contains("a warp role reads the tile"));
-  const Kernel assigns = kernel("assigns", [](Builder& kb) {
-    auto out = kb.pointer("out", f32);
-    Var x = zeros(f32, {});
-    warp_roles({{.warps = 4, .body = [&] { x = x + 1.0f; }}, {.warps = 4, .body = [&] {}}});
-    store(out, x);
-  });
-  CHECK_THROWS_WITH(assigns.build({}), doctest::Contains("role 0 assigns the Var declared at"));
-  const Kernel after = kernel("after", [](Builder& kb) {
-    auto out = kb.pointer("out", f32);
-    warp_roles({{.warps = 4, .body = [&] {}}, {.warps = 4, .body = [&] {}}});
-    store(out, 1.0f);
-  });
-  CHECK_THROWS_WITH(after.build({}), doctest::Contains("warp roles end the kernel"));
-}
-
-TEST_CASE("warp_roles in the interpreter and on sm_90a: each role's tiles on its own warps, its own barriers and scratch") {
-  // Role 0 (8 warps) and role 1 (4 warps) each reduce a tile across warps (an exchange through
-  // shared memory) and store it: in the interpreter the values; on sm_90a the named barriers.
-  const Kernel k = kernel("two_roles", [](Builder& kb) {
-    auto out = kb.pointer("out", f32);
-    Tile pid = program_id(0);
-    warp_roles({{.warps = 8, .body = [&] { store(out + pid * 2, sum(cast(f32, arange(0, 1024)), 0)); }},
-                {.warps = 0, .body = [&] { store(out + (pid * 2 + 1), max(cast(f32, arange(0, 512)) * 3.0f, 0)); }}});
-  });
-  const ir::Function f = k.build({});
-  HostTensor out(f32, {4});
-  out.poison();
-  rt::interpret(f, {2}, {out});
-  const std::vector<float> got = raw<float>(out);
-  CHECK(got == std::vector<float>{523776.0f, 1533.0f, 523776.0f, 1533.0f});
-  if (testing::no_ptxas()) return;
-  const jit::CompiledKernel c = testing::assemble_sm90a(f, jit::Backend::Llvm, 12);
-  CHECK(contains(c.ptx, "bar.sync %r"));
-  CHECK(c.num_threads == 384);
-  const jit::CompiledKernel n = testing::assemble_sm90a(f, jit::Backend::Nvrtc, 12);
-  CHECK(n.num_threads == 384);
-}
-
 namespace {
 
 // A K loop of the pipeline's shape plus one store in its body: of the loaded A tile (which only

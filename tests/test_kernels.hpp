@@ -145,4 +145,40 @@ inline Kernel segments = kernel("segments", [](Builder& k) {
   store(W.block({b, 0}, {64}), load(x.slice(1, shift, x.size(1) - shift).block({0, 0}, {64}), 5.0));
 });
 
+// Role 1 (4 warps) pushes, for j = 0 .. n-1, the tile words[r, c] = 1000 j + 10 r + c + pid; role
+// 0 (8 warps) pops each and stores its column sums into out[pid, j, c] (a reduction: the pop is
+// read in the reduction's layout). STAGES slots.
+inline const Kernel& channel_kernel() {
+  static const Kernel k = kernel("channel_kernel", [](Builder& kb) {
+    const int stages = static_cast<int>(kb.meta<int>("STAGES", 2));
+    auto out = kb.tensor("out", u32, 3, {.contiguous_last = true});
+    auto n = kb.scalar<int>("n");
+    Tile pid = program_id(0);
+    Channel ring(u32, {64, 8}, stages);
+    warp_roles({{.warps = 8, .body = [&] {
+                   for_range(0, n, [&](Tile j) { store(out.block({pid, j, 0}, {1, 8}, {1, 2}), reshape(sum(ring.pop(j), 0), {1, 8})); });
+                 }},
+                {.warps = 4, .body = [&] {
+                   for_range(0, n, [&](Tile j) {
+                     Tile v = cast(u32, j * 1000 + pid) + cast(u32, arange(0, 64) * 10)[col] + cast(u32, arange(0, 8))[row];
+                     ring.push(j, v);
+                   });
+                 }}});
+  });
+  return k;
+}
+
+inline std::vector<uint32_t> channel_expected(int programs, int n) {
+  std::vector<uint32_t> want;
+  for (int p = 0; p < programs; ++p)
+    for (int j = 0; j < n; ++j)
+      for (int c = 0; c < 8; ++c) {
+        uint32_t s = 0;
+        for (int r = 0; r < 64; ++r) s += static_cast<uint32_t>(1000 * j + p + 10 * r + c);
+        want.push_back(s);
+      }
+  return want;
+}
+
+
 }  // namespace test_kernels

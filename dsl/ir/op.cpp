@@ -9,7 +9,7 @@
 namespace tilejit::ir {
 namespace {
 
-constexpr std::array<std::string_view, static_cast<size_t>(OpKind::warp_roles) + 1> kNames{
+constexpr std::array<std::string_view, static_cast<size_t>(OpKind::channel_pop) + 1> kNames{
     "constant", "arange", "splat", "broadcast", "expand_dims", "reshape", "trans",
     "add", "sub", "mul", "div", "rem", "minimum", "maximum",
     "and", "or", "xor", "shl", "shr", "umulhi", "cmp", "byte_perm", "fma",
@@ -19,7 +19,7 @@ constexpr std::array<std::string_view, static_cast<size_t>(OpKind::warp_roles) +
     "program_id", "num_programs",
     "tensor_ptr", "tensor_dim", "tensor_stride", "tensor_slice", "addptr", "load", "store", "atomic_add", "block_load",
     "block_store", "wait_ge", "signal_add", "turn_begin", "turn_end",
-    "for", "if", "yield", "warp_roles",
+    "for", "if", "yield", "warp_roles", "channel_push", "channel_pop",
 };
 
 [[noreturn]] void fail(OpKind k, const std::string& msg) {
@@ -361,6 +361,18 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
     }
     case turn_begin:
     case turn_end: expect_count(k, in, 0); return {};
+    case channel_push:
+    case channel_pop: {
+      expect_count(k, in, k == channel_push ? 2 : 1);
+      if (in[0] != Type::scalar(DType::i32)) fail(k, fmt::format("the index must be an i32 scalar, got {}", to_string(in[0])));
+      axis_attr(k, a, "channel", 0, 1 << 20);
+      axis_attr(k, a, "stages", 1, 16);
+      const Type t = Type::tile(dtype_attr(k, a), ints_attr(k, a, "shape"));
+      expect_valid_shape(k, t.shape);
+      if (k == channel_pop) return {t};
+      if (in[1] != t) fail(k, fmt::format("the channel carries {}, got {}", to_string(t), to_string(in[1])));
+      return {};
+    }
     case warp_roles: {
       expect_count(k, in, 0);
       const auto& warps = ints_attr(k, a, "warps");

@@ -80,6 +80,11 @@ enum class OpKind : uint8_t {
   // warp specialisation (lang::warp_roles): region i runs on its own warps only (attrs: warps,
   // max_registers, one entry per region); regions read only scalars from outside, yield nothing
   warp_roles,
+  // a ring of shared-memory tiles between two warp roles (lang::Channel), attrs {channel, stages,
+  // shape, dtype} on both ends: (index i32, value) -> (): into slot index % stages once the slot's
+  // previous tile was popped; (index i32) -> tile: the tile pushed with that index, then the slot is free
+  channel_push,
+  channel_pop,
 };
 
 std::string_view op_name(OpKind k);

@@ -2,6 +2,7 @@
 // equal to its type rule, loop/if regions well formed and terminated by a matching yield.
 #include <fmt/format.h>
 
+#include <map>
 #include <optional>
 
 #include "dsl/ir/function.hpp"
@@ -110,6 +111,16 @@ class Verifier {
       }
       return;
     }
+    if (op.kind == OpKind::channel_push || op.kind == OpKind::channel_pop) {
+      const bool push = op.kind == OpKind::channel_push;
+      if (!role_) fail(&op, "a channel is pushed and popped inside warp roles (lang::warp_roles), one role each");
+      ChannelEnds& c = channels_[op.int_attr("channel")];
+      int& end = push ? c.pusher : c.popper;
+      if (end && end != role_) fail(&op, fmt::format("channel {} is {} by two roles ({} and {}): one role each", op.int_attr("channel"),
+                                                     push ? "pushed" : "popped", end - 1, role_ - 1));
+      end = role_;
+      if (c.pusher && c.pusher == c.popper) fail(&op, fmt::format("channel {} is pushed and popped by the same role ({})", op.int_attr("channel"), role_ - 1));
+    }
     std::vector<Type> want;
     try {
       want = infer_result_types(op.kind, in, op.attrs);
@@ -135,6 +146,10 @@ class Verifier {
   const Function& f_;
   std::vector<bool> visible_;
   std::vector<bool> defined_;
+  struct ChannelEnds {
+    int pusher = 0, popper = 0;  // 1-based roles
+  };
+  std::map<int64_t, ChannelEnds> channels_;
   std::vector<int> role_of_;  // per value: the warp role (1-based) it was defined in, 0 outside any
   int role_ = 0;              // the role being verified
   bool top_level_op_ = false; // the op being checked stands in the function's own body

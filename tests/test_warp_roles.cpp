@@ -1,0 +1,147 @@
+// Warp roles (lang::warp_roles) and channels between them (lang::Channel): splits and misuse are
+// errors that name the value; roles compute on their own warps (in the interpreter, and on sm_90a
+// with their own named barriers); a channel carries tiles from one role to another in order
+// through shared-memory slots behind full/empty mbarriers, read in the layout of their use.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dsl/lang.hpp"
+#include "jit/compile.hpp"
+#include "kernels/gemm.hpp"
+#include "ptxas_testing.hpp"
+#include "runtime/interpreter.hpp"
+#include "test_kernels.hpp"
+
+using namespace tilejit;
+using namespace tilejit::lang;
+namespace rt = tilejit::runtime;
+using rt::HostTensor;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+template <class T>
+std::vector<T> raw(const HostTensor& t) {
+  std::vector<T> v(static_cast<size_t>(t.numel()));
+  std::memcpy(v.data(), t.data(), v.size() * sizeof(T));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("warp_roles: bad splits and misuse are errors that name the value") {
+  const Meta mask{{"DROPOUT_MASK", true}, {"MASK_WARPS", 4}};
+  jit::CompileOptions o;
+  o.make_cubin = false;
+  o.num_warps = 4;  // nothing left for the GEMM's role
+  CHECK_THROWS_WITH(jit::compile(kernels::gemm().build(mask), o), doctest::Contains("asks for warps 0 + 4 but the launch has num_warps = 4"));
+  o.num_warps = 6;
+  CHECK_THROWS_WITH(jit::compile(kernels::gemm().build(mask), o), doctest::Contains("num_warps = 6 (valid: 1, 2, 4, 8, 16, 32, or with warp roles"));
+  o.num_warps = 16;  // the GEMM's role would get 12 warps: not a power of two
+  CHECK_THROWS_WITH(jit::compile(kernels::gemm().build(mask), o), doctest::Contains("asks for warps 0 + 4 but the launch has num_warps = 16"));
+  o.num_warps = 12;
+  CHECK_THROWS_WITH(jit::compile(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_WARPS", 4}, {"MMA_REGISTERS", 256}, {"MASK_REGISTERS", 256}}), o),
+                    doctest::Contains("registers in all"));
+  CHECK_THROWS_WITH(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_WARPS", 6}}), doctest::Contains("role 1 has warps = 6"));
+  CHECK_THROWS_WITH(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_WARPS", 4}, {"MMA_REGISTERS", 232}}),
+                    doctest::Contains("give max_registers to every role or to none"));
+  CHECK_THROWS_WITH(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_WARPS", 4}, {"MMA_REGISTERS", 230}, {"MASK_REGISTERS", 40}}),
+                    doctest::Contains("role 0 has max_registers = 230"));
+  // a tile from outside a role, a Var assigned inside one, and code after the roles
+  const Kernel shares_tile = kernel("shares_tile", [](Builder& kb) {
+    auto out = kb.pointer("out", f32);
+    Tile t = arange(0, 128);
+    warp_roles({{.warps = 4, .body = [&] { store(out + t, cast(f32, t) * 2.0f); }}, {.warps = 4, .body = [&] {}}});
+  });
+  CHECK_THROWS_WITH(shares_tile.build({}), doctest::Contains("a warp role reads the tile"));
+  const Kernel assigns = kernel("assigns", [](Builder& kb) {
+    auto out = kb.pointer("out", f32);
+    Var x = zeros(f32, {});
+    warp_roles({{.warps = 4, .body = [&] { x = x + 1.0f; }}, {.warps = 4, .body = [&] {}}});
+    store(out, x);
+  });
+  CHECK_THROWS_WITH(assigns.build({}), doctest::Contains("role 0 assigns the Var declared at"));
+  const Kernel after = kernel("after", [](Builder& kb) {
+    auto out = kb.pointer("out", f32);
+    warp_roles({{.warps = 4, .body = [&] {}}, {.warps = 4, .body = [&] {}}});
+    store(out, 1.0f);
+  });
+  CHECK_THROWS_WITH(after.build({}), doctest::Contains("warp roles end the kernel"));
+}
+
+TEST_CASE("warp_roles in the interpreter and on sm_90a: each role's tiles on its own warps, its own barriers and scratch") {
+  // Role 0 (8 warps) and role 1 (4 warps) each reduce a tile across warps (an exchange through
+  // shared memory) and store it: in the interpreter the values; on sm_90a the named barriers.
+  const Kernel k = kernel("two_roles", [](Builder& kb) {
+    auto out = kb.pointer("out", f32);
+    Tile pid = program_id(0);
+    warp_roles({{.warps = 8, .body = [&] { store(out + pid * 2, sum(cast(f32, arange(0, 1024)), 0)); }},
+                {.warps = 0, .body = [&] { store(out + (pid * 2 + 1), max(cast(f32, arange(0, 512)) * 3.0f, 0)); }}});
+  });
+  const ir::Function f = k.build({});
+  HostTensor out(f32, {4});
+  out.poison();
+  rt::interpret(f, {2}, {out});
+  const std::vector<float> got = raw<float>(out);
+  CHECK(got == std::vector<float>{523776.0f, 1533.0f, 523776.0f, 1533.0f});
+  if (testing::no_ptxas()) return;
+  const jit::CompiledKernel c = testing::assemble_sm90a(f, jit::Backend::Llvm, 12);
+  CHECK(contains(c.ptx, "bar.sync %r"));
+  CHECK(c.num_threads == 384);
+  const jit::CompiledKernel n = testing::assemble_sm90a(f, jit::Backend::Nvrtc, 12);
+  CHECK(n.num_threads == 384);
+}
+
+
+TEST_CASE("Channel: tiles pushed by one role arrive in the other, in order, in the interpreter") {
+  for (int stages : {1, 2, 3}) {
+    INFO("stages " << stages);
+    const int programs = 2, n = 7;
+    HostTensor out(u32, {programs, n, 8});
+    out.poison();
+    rt::interpret(test_kernels::channel_kernel().build({{"STAGES", stages}}), {programs}, {out, n});
+    CHECK(raw<uint32_t>(out) == test_kernels::channel_expected(programs, n));
+  }
+}
+
+TEST_CASE("Channel on sm_90a: slots behind full/empty mbarriers, the pop read in its use's layout, the roles' own barriers") {
+  if (testing::no_ptxas()) return;
+  const jit::CompiledKernel k = testing::assemble_sm90a(test_kernels::channel_kernel().build({{"STAGES", 2}}), jit::Backend::Llvm, 12);
+  CHECK(k.num_threads == 384);
+  CHECK(contains(k.ptx, "mbarrier.try_wait.parity"));
+  CHECK(contains(k.ptx, "mbarrier.arrive"));
+  CHECK(k.info.spill_store_bytes == 0);
+  const jit::CompiledKernel n = testing::assemble_sm90a(test_kernels::channel_kernel().build({{"STAGES", 2}}), jit::Backend::Nvrtc, 12);
+  CHECK(contains(n.ptx, "mbarrier"));
+}
+
+TEST_CASE("Channel misuse: a push or pop outside the roles, two roles pushing, a push of the wrong tile") {
+  const Kernel outside = kernel("outside", [](Builder& kb) {
+    auto out = kb.pointer("out", u32);
+    Channel ring(u32, {4}, 2);
+    ring.push(0, cast(u32, arange(0, 4)));
+    store(out + arange(0, 4), ring.pop(0));
+  });
+  CHECK_THROWS_WITH(outside.build({}), doctest::Contains("inside warp roles"));
+  const Kernel same_role = kernel("same_role", [](Builder& kb) {
+    auto out = kb.pointer("out", u32);
+    Channel ring(u32, {4}, 2);
+    warp_roles({{.warps = 4, .body = [&] {
+                   ring.push(0, cast(u32, arange(0, 4)));
+                   store(out + arange(0, 4), ring.pop(0));
+                 }},
+                {.warps = 4, .body = [&] {}}});
+  });
+  CHECK_THROWS_WITH(same_role.build({}), doctest::Contains("pushed and popped by the same role"));
+  const Kernel wrong = kernel("wrong", [](Builder&) {
+    Channel ring(u32, {4}, 2);
+    warp_roles({{.warps = 4, .body = [&] { ring.push(0, cast(u32, arange(0, 8))); }}, {.warps = 4, .body = [&] {}}});
+  });
+  CHECK_THROWS_WITH(wrong.build({}), doctest::Contains("the channel carries u32[4], got u32[8]"));
+  CHECK_THROWS_WITH(kernel("stages", [](Builder&) { Channel ring(u32, {4}, 0); }).build({}), doctest::Contains("stages = 0 (valid: 1 to 16)"));
+}
