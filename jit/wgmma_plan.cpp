@@ -154,7 +154,9 @@ class Planner {
     if (rank > 5 || dims.size() != 2 || dims[1] != rank - 1 || load.float_attr("padding") != 0.0) return false;
     if (shape[0] > 256 || shape[0] % 8 != 0 || shape[1] % 64 != 0) return false;
     const ir::Op* parent = parent_.at(&load);
-    if (!parent) return true;
+    // loaded once: at the kernel's top level, or at a warp role's (the role is the whole program
+    // of its warps)
+    if (!parent || parent->kind == OpKind::warp_roles) return true;
     if (parent->kind != OpKind::for_ || skip_.count(parent)) return false;
     std::vector<const ir::Op*> ops;
     for (size_t i = 1; i < load.operands.size(); ++i)
@@ -236,7 +238,8 @@ class Planner {
       if (t.ring) {
         SmemRing& r = plan_.rings[t.ring];
         r.loop = t.ring;
-        r.rerun = parent_.at(t.ring) != nullptr;
+        const ir::Op* outer = parent_.at(t.ring);
+        r.rerun = outer && outer->kind != OpKind::warp_roles;  // (a role's loop runs once, like the kernel's)
         t.offset = r.stage_bytes;
         r.stage_bytes += align_up(t.bytes(), 1024);
         r.loads.push_back(op);
@@ -325,7 +328,7 @@ class Planner {
     t.box[0] = 64;
     t.box[static_cast<size_t>(rank - 1 - t.row_dim)] = t.rows;
     const ir::Op* parent = parent_.at(&load);
-    if (parent) {
+    if (parent && parent->kind != OpKind::warp_roles) {  // (in a role's own block: loaded once)
       t.ring = parent;
       for (size_t i = 1; i < load.operands.size(); ++i) counter_function(load.operands[i], parent, t.offset_ops);
       std::sort(t.offset_ops.begin(), t.offset_ops.end(), [&](const ir::Op* a, const ir::Op* b) { return order_.at(a) < order_.at(b); });

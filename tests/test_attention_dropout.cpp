@@ -429,9 +429,10 @@ TEST_CASE("attention dropout: RETURN_MASK needs DROPOUT; the backward kernels de
 // Issue 7's precomputed RNG: the forward reading the packed mask (DROPOUT_BITS, the bits the
 // dropout_mask kernel writes) computes exactly what the fused forward computes, bit for bit.
 TEST_CASE("attention dropout: reading the precomputed packed mask gives the fused forward's outputs bit for bit") {
-  for (bool causal : {false, true}) {
-    INFO("causal=" << causal);
-    const Case c{2, 4, 2, 100, 200, 64, causal, false};  // ragged: S_k is not a multiple of 32 or 64
+  for (bool causal : {false, true})
+  for (int head_dim : {64, 128}) {
+    INFO("causal=" << causal << " D=" << head_dim);
+    const Case c{2, 4, 2, 100, 200, head_dim, causal, false};  // ragged: S_k is not a multiple of 32 or 64
     const Rng rng{.seed = 7, .offset = 99, .p = 0.2};
     HostTensor q(bf16, c.q_shape()), k(bf16, c.kv_shape()), v(bf16, c.kv_shape());
     q.fill_normal(11, 0, 1);
