@@ -306,6 +306,26 @@ TEST_CASE("gpu: a channel between warp roles carries every tile, in order, throu
   }
 }
 
+TEST_CASE("gpu: wgmma with A from registers (a Q block without TMA) at K = 64 and 128, alone and in a warp role, against the interpreter") {
+  if (!have_gpu()) return;
+  for (const int64_t d : {64, 128})
+    for (const bool role : {false, true}) {
+      INFO("HEAD_DIM " << d << " role " << role);
+      jit::CompileOptions o;
+      o.num_warps = role ? 8 : 4;
+      const lang::Meta meta{{"HEAD_DIM", d}, {"ROLE", role}};
+      Function f = tilejit::compile(test_kernels::qk_registers(), meta, o);
+      const int64_t M = 256, N = 512;
+      HostTensor q(bf16, {M, d}), k(bf16, {N, d}), ref(f32, {M, N});
+      q.fill_uniform(81, -1, 1);
+      k.fill_uniform(82, -1, 1);
+      runtime::interpret(test_kernels::qk_registers().build(meta), {M / 64}, {q, k, ref});
+      DeviceTensor dq = DeviceTensor::from_host(q), dk = DeviceTensor::from_host(k), s(f32, {M, N});
+      f(Grid{M / 64}, nullptr, dq, dk, s);
+      CHECK(runtime::max_abs_error(s.to_host().to_f64(), ref.to_f64()) < 1e-3);
+    }
+}
+
 TEST_CASE("gpu: more distinct TMA layouts than descriptor sets: recycled sets never reach a pending launch") {
   if (!have_gpu()) return;
   Function gemm = default_gemm();

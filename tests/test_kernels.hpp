@@ -181,4 +181,25 @@ inline std::vector<uint32_t> channel_expected(int programs, int n) {
 }
 
 
+
+// S = Q K^T for a [BM, D] block of Q whose tensor promises only 4-byte alignment (no TMA: the
+// wgmma takes A from registers, converted from the load's layout through shared memory) and K by
+// TMA, in a loop over key blocks; ROLE: the same inside a warp role of 4 warps beside an idle one.
+inline const Kernel& qk_registers() {
+  static const Kernel k = kernel("qk_registers", [](Builder& kb) {
+    const int64_t D = kb.meta<int>("HEAD_DIM", 128), BM = 64, BN = 128;
+    const bool role = kb.meta<bool>("ROLE", false);
+    auto Q = kb.tensor("Q", bf16, 2, {.align_bytes = 4, .contiguous_last = true});
+    auto K = kb.tensor("K", bf16, 2, {.align_bytes = 16, .contiguous_last = true});
+    auto S = kb.tensor("S", f32, 2, {.contiguous_last = true});
+    Tile m0 = program_id(0) * BM;
+    auto body = [&] {
+      Tile q = load(Q.block({m0, 0}, {BM, D}));
+      for_range(0, K.size(0), BN, [&](Tile n0) { store(S.block({m0, n0}, {BM, BN}), dot(q, trans(load(K.block({n0, 0}, {BN, D}))))); });
+    };
+    if (!role) body();
+    else warp_roles({{.warps = 4, .body = body}, {.warps = 4, .body = [] {}}});
+  });
+  return k;
+}
 }  // namespace test_kernels

@@ -145,3 +145,15 @@ TEST_CASE("Channel misuse: a push or pop outside the roles, two roles pushing, a
   CHECK_THROWS_WITH(wrong.build({}), doctest::Contains("the channel carries u32[4], got u32[8]"));
   CHECK_THROWS_WITH(kernel("stages", [](Builder&) { Channel ring(u32, {4}, 0); }).build({}), doctest::Contains("stages = 0 (valid: 1 to 16)"));
 }
+
+TEST_CASE("qk_registers on sm_90a: A from registers (Q without TMA), K by TMA, alone and in a warp role") {
+  if (testing::no_ptxas()) return;
+  for (const bool role : {false, true}) {
+    INFO("role " << role);
+    const jit::CompiledKernel k =
+        testing::assemble_sm90a(test_kernels::qk_registers().build({{"HEAD_DIM", 128}, {"ROLE", role}}), jit::Backend::Llvm, role ? 8 : 4);
+    CHECK(k.tensor_maps.size() == 1);  // K only
+    CHECK(contains(k.ptx, "wgmma.mma_async"));
+    CHECK(contains(k.ptx, "st.shared"));  // Q's exchange into the A fragment layout
+  }
+}
