@@ -10,9 +10,10 @@ namespace tilejit::kernels {
 
 using namespace lang;
 
-DropoutMaskTiles::DropoutMaskTiles(Builder& kb, int64_t block_m, int64_t block_w)
+DropoutMaskTiles::DropoutMaskTiles(Builder& kb, int64_t block_m, int64_t block_w, bool causal)
     : block_m_(block_m),
       block_w_(block_w),
+      causal_(causal),
       mask_(kb.tensor("Mask", u32, 3, {.contiguous_last = true})),
       s_k_(kb.scalar<int>("S_k")),
       seed_lo_(kb.scalar("seed_lo", u32)),
@@ -33,6 +34,15 @@ void DropoutMaskTiles::write(const Tile& t) const {
 }
 
 void DropoutMaskTiles::write(const Tile& m0, const Tile& w0, const Tile& bh) const {
+  if (causal_) {
+    // row i sees keys j <= i + (S_k - S_q): the tile matters unless its first column is past that for its last row
+    if_(w0 * 32 <= m0 + (block_m_ - 1) + (s_k_ - mask_.size(1)), [&] { write_words(m0, w0, bh); });
+  } else {
+    write_words(m0, w0, bh);
+  }
+}
+
+void DropoutMaskTiles::write_words(const Tile& m0, const Tile& w0, const Tile& bh) const {
   Tile words = dropout_keep_words(bh, m0 + arange(0, block_m_), w0, block_w_, seed_lo_, seed_hi_, offset_lo_, offset_hi_, threshold_);
   // the bits of columns >= S_k are 0: word w keeps its low clamp(S_k - 32 w, 0, 32) bits
   Tile valid_bits = s_k_ - (w0 + arange(0, block_w_)) * 32;
@@ -43,7 +53,8 @@ void DropoutMaskTiles::write(const Tile& m0, const Tile& w0, const Tile& bh) con
 const Kernel& dropout_mask() {
   static const Kernel k = kernel("dropout_mask", [](Builder& kb) {
     const auto BM = kb.meta<int>("BLOCK_M", 64), BW = kb.meta<int>("BLOCK_W", 4);
-    const DropoutMaskTiles tiles(kb, BM, BW);
+    // CAUSAL: only the tiles a causal layer reads (DropoutMaskTiles)
+    const DropoutMaskTiles tiles(kb, BM, BW, kb.meta<bool>("CAUSAL", false));
     // PERSISTENT: a 1-D grid of any size whose programs stride over all tiles -- a grid of one
     // program per SM leaves room on every SM for a concurrent kernel (the GEMM it hides behind).
     if (kb.meta<bool>("PERSISTENT", false)) {

@@ -22,13 +22,19 @@ const lang::Kernel& dropout_mask();
 // does the GEMM that writes the mask in its K loop's spare issue slots (gemm.hpp, DROPOUT_MASK).
 class DropoutMaskTiles {
  public:
-  DropoutMaskTiles(lang::Builder& kb, int64_t block_m, int64_t block_w);
+  // causal: tiles whose every word lies above the causal diagonal (first column > last row +
+  // S_k - S_q, FlashAttention's bottom-right alignment) are not written -- a causal attention
+  // layer never reads them with a nonzero probability -- which halves the Philox work at S_q = S_k.
+  DropoutMaskTiles(lang::Builder& kb, int64_t block_m, int64_t block_w, bool causal = false);
   lang::Tile count() const;                      // how many tiles the mask has
   void write(const lang::Tile& t) const;         // tile t (0 <= t < count())
   void write(const lang::Tile& row0, const lang::Tile& word0, const lang::Tile& batch_head) const;
 
  private:
+  void write_words(const lang::Tile& row0, const lang::Tile& word0, const lang::Tile& batch_head) const;
+
   int64_t block_m_, block_w_;
+  bool causal_;
   lang::Tensor mask_;
   lang::Tile s_k_, seed_lo_, seed_hi_, offset_lo_, offset_hi_, threshold_;
 };

@@ -137,14 +137,15 @@ size_t count_differences(const std::vector<uint8_t>& a, const std::vector<uint8_
 // The packed mask through the dropout_mask kernel in the interpreter (output poisoned first).
 // persistent > 0: the PERSISTENT form on a grid of that many programs.
 std::vector<uint32_t> interpret_packed(const kernels::DropoutRngHost& r, int bh_count, int s_q, int s_k, int bm = 64, int bw = 4,
-                                       int persistent = 0) {
+                                       int persistent = 0, bool causal = false) {
   const int words = static_cast<int>(cdiv(s_k, 32));
   HostTensor mask(u32, {bh_count, s_q, words});
   mask.poison();
   std::vector<rt::Arg> args{mask, s_k};
   for (const rt::Arg& a : rng_args(r)) args.push_back(a);
   const runtime::Grid grid = persistent ? runtime::Grid{persistent} : runtime::Grid{cdiv(s_q, bm), cdiv(words, bw), bh_count};
-  rt::interpret(kernels::dropout_mask().build({{"BLOCK_M", bm}, {"BLOCK_W", bw}, {"PERSISTENT", persistent > 0}}), grid, args);
+  rt::interpret(kernels::dropout_mask().build({{"BLOCK_M", bm}, {"BLOCK_W", bw}, {"PERSISTENT", persistent > 0}, {"CAUSAL", causal}}), grid,
+                args);
   return raw<uint32_t>(mask);
 }
 
@@ -425,6 +426,30 @@ TEST_CASE("dropout_mask kernel: packed bits == host bit for bit, ragged S_k (tai
           for (size_t row = 0; row < static_cast<size_t>(s.bh * s.s_q); ++row)
             CHECK((got[row * static_cast<size_t>(words) + static_cast<size_t>(words - 1)] >> (s.s_k % 32)) == 0);
       }
+}
+
+TEST_CASE("dropout_mask CAUSAL: every word a causal layer reads is the host's; tiles wholly above the diagonal are not written") {
+  const kernels::DropoutRngHost r = kRngs[0];
+  struct Shape {
+    int bh, s_q, s_k;
+  };
+  for (Shape s : {Shape{2, 300, 300}, Shape{1, 100, 260}, Shape{2, 260, 100}})
+    for (int bm : {16, 64}) {
+      INFO(fmt::format("BH={} S_q={} S_k={} BLOCK_M={}", s.bh, s.s_q, s.s_k, bm));
+      const auto got = interpret_packed(r, s.bh, s.s_q, s.s_k, bm, 2, 0, true);
+      const auto want = kernels::dropout_mask_packed_host(r, s.bh, s.s_q, s.s_k);
+      const int words = static_cast<int>(cdiv(s.s_k, 32)), diag = s.s_k - s.s_q;
+      size_t bad = 0, skipped = 0;
+      for (int bh = 0; bh < s.bh; ++bh)
+        for (int row = 0; row < s.s_q; ++row)
+          for (int w = 0; w < words; ++w) {
+            const size_t i = (static_cast<size_t>(bh) * s.s_q + row) * words + w;
+            if (32 * w <= row + diag) bad += got[i] != want[i];  // some key of the word is visible to the row
+            else skipped += got[i] != want[i];                   // above the diagonal: may be left unwritten
+          }
+      CHECK(bad == 0);
+      if (s.s_q == s.s_k) CHECK(skipped > 0);  // the work was skipped somewhere
+    }
 }
 
 TEST_CASE("keep-rate statistics: bytes uniform (chi-square), keep rate within a binomial bound over 1M elements") {
