@@ -50,6 +50,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -459,32 +460,39 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
     if (bad) return 1;
   }
   for (bool causal : {false, true}) {
-    std::vector<double> gemm_ms, none, fused, overlapped, serial, in_gemm;
-    for (int round = 0; round < 3; ++round) {
+    // six rounds, the five variants' order rotated each round (a fixed order biases the comparison)
+    std::vector<double> gemm_ms, t[5];
+    std::vector<double>&none = t[0], &fused = t[1], &overlapped = t[2], &serial = t[3], &in_gemm = t[4];
+    for (int round = 0; round < 6; ++round) {
       gemm_ms.push_back(time_ms(proj, stream, max_reps));
       const attention::Options o0 = options(causal, 0, round), o1 = options(causal, 1, round), o2 = options(causal, 2, round);
-      none.push_back(time_ms([&] { proj(); attention::forward(Qp, Kp, Vp, O, L, o0, stream.handle()); }, stream, max_reps));
-      fused.push_back(time_ms([&] { proj(); attention::forward(Qp, Kp, Vp, O, L, o1, stream.handle()); }, stream, max_reps));
-      overlapped.push_back(time_ms([&] {
-        // the best arrangement MASK_OVERLAP found: a persistent mask kernel of one program per SM,
-        // queued just before the GEMM (each SM keeps room for a GEMM program)
-        started.record(stream);
-        side.wait(started);
-        generate(o2, side.handle(), sms);
-        proj();
-        mask_done.record(side);
-        stream.wait(mask_done);
-        attention::forward(Qp, Kp, Vp, O, L, o2, stream.handle());
-      }, stream, max_reps));
-      serial.push_back(time_ms([&] {
-        generate(o2, stream.handle());
-        proj();
-        attention::forward(Qp, Kp, Vp, O, L, o2, stream.handle());
-      }, stream, max_reps));
-      in_gemm.push_back(time_ms([&] {
-        proj_rng(causal ? *best_rng_causal : *best_rng, o2);
-        attention::forward(Qp, Kp, Vp, O, L, o2, stream.handle());
-      }, stream, max_reps));
+      const std::function<void()> variants[5] = {
+          [&] { proj(); attention::forward(Qp, Kp, Vp, O, L, o0, stream.handle()); },
+          [&] { proj(); attention::forward(Qp, Kp, Vp, O, L, o1, stream.handle()); },
+          [&] {
+            // the best arrangement MASK_OVERLAP found: a persistent mask kernel of one program per
+            // SM, queued just before the GEMM (each SM keeps room for a GEMM program)
+            started.record(stream);
+            side.wait(started);
+            generate(o2, side.handle(), sms);
+            proj();
+            mask_done.record(side);
+            stream.wait(mask_done);
+            attention::forward(Qp, Kp, Vp, O, L, o2, stream.handle());
+          },
+          [&] {
+            generate(o2, stream.handle());
+            proj();
+            attention::forward(Qp, Kp, Vp, O, L, o2, stream.handle());
+          },
+          [&] {
+            proj_rng(causal ? *best_rng_causal : *best_rng, o2);
+            attention::forward(Qp, Kp, Vp, O, L, o2, stream.handle());
+          }};
+      for (int k = 0; k < 5; ++k) {
+        const int v = (k + round) % 5;
+        t[v].push_back(time_ms(variants[v], stream, max_reps));
+      }
     }
     const double g = median(gemm_ms), n0 = median(none), f = median(fused), ov = median(overlapped), se = median(serial),
                  ig = median(in_gemm);
