@@ -17,7 +17,8 @@
 //       serial_bits_ms=.. gemm_rng_ms=.. (QKV projection GEMM then the attention forward; issue 7's
 //       table; gemm_rng: the best GEMM_RNG, then the forward reading its bits; for causal=1 the
 //       best variant with MASK_CAUSAL, checked first: GEMM_RNG_CAUSAL visible_words_identical=1)
-//   attention_bench --dropout [P] --e2e-only   only the GEMM_RNG and E2E lines
+//   attention_bench --dropout [P] --e2e-only   only the GEMM_RNG and E2E lines (and E2E_PARTS: each
+//     E2E kernel timed alone)
 //   attention_bench --dq-variants          the recompute dQ kernel alone at other BLOCK_N / stages:
 //     DQ_VARIANT D=128 causal=0 default=64x64/4w/2s variant=64x32/4w/2s programs_per_sm=.. default_ms=..
 //       variant_ms=.. speedup=.. outputs_identical=..
@@ -493,6 +494,16 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
         const int v = (k + round) % 5;
         t[v].push_back(time_ms(variants[v], stream, max_reps));
       }
+    }
+    // the parts alone: the forward on the projection's views without dropout and reading bits, and
+    // the mask-writing GEMM (does the sequence cost its parts' sum?)
+    {
+      const attention::Options o0 = options(causal, 0, 0), o2 = options(causal, 2, 0);
+      const double fwd_none = time_ms([&] { attention::forward(Qp, Kp, Vp, O, L, o0, stream.handle()); }, stream, max_reps);
+      const double fwd_bits = time_ms([&] { attention::forward(Qp, Kp, Vp, O, L, o2, stream.handle()); }, stream, max_reps);
+      const double rng_gemm = time_ms([&] { proj_rng(causal ? *best_rng_causal : *best_rng, o2); }, stream, max_reps);
+      std::printf("E2E_PARTS causal=%d gemm_ms=%.4f gemm_rng_ms=%.4f fwd_none_ms=%.4f fwd_bits_ms=%.4f\n", causal ? 1 : 0,
+                  median(gemm_ms), rng_gemm, fwd_none, fwd_bits);
     }
     const double g = median(gemm_ms), n0 = median(none), f = median(fused), ov = median(overlapped), se = median(serial),
                  ig = median(in_gemm);
