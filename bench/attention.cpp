@@ -322,6 +322,10 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
                           QKV = attention::contiguous(qkv.ptr(), dt, {M, N});
   const runtime::TensorView xv = X.view(), wv = W.view(), qkvv = QKV.view();
   const auto proj = [&] { gemm(ggrid, stream.handle(), xv, wv, qkvv); };
+  lang::Meta meta128 = gmeta;  // the plain GEMM at 128 x 128 tiles (E2E_PARTS: the tiles of the 8 + 8 warp-role variant)
+  for (auto& [k, v] : meta128)
+    if (k == "BLOCK_N") v = int64_t{128};
+  Function gemm128(kernels::gemm(), meta128, gopts);
   const auto head_view = [&](int which) {  // which: 0 Q, 1 K, 2 V
     return attention::strided(qkv.ptr() + static_cast<uint64_t>(which * kHidden * 2), dt, {B, S, H, D}, {S * N, N, D, 1});
   };
@@ -392,8 +396,13 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
     return std::make_unique<Function>(kernels::gemm(), meta, o);
   };
   const runtime::TensorView bv = bits_view.view();
+  // (the grid from the variant's own tiles: a 1-D GROUP_M grid of cdiv(M, BM) * cdiv(N, BN) programs)
+  const auto grid_of = [&](const Function& g) {
+    return runtime::Grid{lang::cdiv(M, std::get<int64_t>(g.signature().find_meta("BLOCK_M")->value)) *
+                         lang::cdiv(N, std::get<int64_t>(g.signature().find_meta("BLOCK_N")->value))};
+  };
   const auto proj_rng = [&](Function& g, const attention::Options& o) {
-    g(ggrid, stream.handle(), xv, wv, qkvv, bv, static_cast<int32_t>(S), static_cast<uint32_t>(o.seed), static_cast<uint32_t>(o.seed >> 32),
+    g(grid_of(g), stream.handle(), xv, wv, qkvv, bv, static_cast<int32_t>(S), static_cast<uint32_t>(o.seed), static_cast<uint32_t>(o.seed >> 32),
       static_cast<uint32_t>(o.offset), static_cast<uint32_t>(o.offset >> 32), kernels::dropout_keep_threshold(o.dropout_p));
   };
   std::unique_ptr<Function> best_rng, best_rng_causal;
@@ -406,6 +415,13 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
     generate(o, stream.handle());
     stream.synchronize();
     bits.download(want.data(), bytes);
+    // C of the plain GEMM, which every variant must reproduce (all of it: a variant launched on
+    // another variant's grid would compute only part of C)
+    const size_t c_bytes = static_cast<size_t>(M * N) * 2;
+    std::vector<uint16_t> c_want(c_bytes / 2), c_got(c_bytes / 2);
+    proj();
+    stream.synchronize();
+    qkv.download(c_want.data(), c_bytes);
     // (8 mask warps do not fit beside a 128 x 256 GEMM tile: 16 warps leave 128 registers a thread
     // at entry, and ptxas needs 154 for the GEMM's wgmma whatever setmaxnreg asks later)
     // TILEJIT_GEMM_RNG_ONLY=i: variant i alone, launched once, then exit (one kernel to profile)
@@ -423,10 +439,12 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
       }
       stream.synchronize();
       bits.upload(std::vector<uint32_t>(bytes / 4, 0u).data(), bytes);
+      qkv.upload(std::vector<uint16_t>(c_bytes / 2, 0).data(), c_bytes);
       proj_rng(*g, o);
       stream.synchronize();
       bits.download(got.data(), bytes);
-      const bool same = got == want;
+      qkv.download(c_got.data(), c_bytes);
+      const bool same = got == want, c_same = c_got == c_want;
       std::vector<double> plain, with;
       for (int round = 0; round < 6; ++round) {
         const auto a = [&] { plain.push_back(time_ms(proj, stream, max_reps)); };
@@ -436,10 +454,10 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
       }
       const double g0 = median(plain), g1 = median(with);
       std::printf("GEMM_RNG MASK_BLOCK_M=%d MASK_BLOCK_W=%d MASK_TILES_PER_STEP=%d MASK_WARPS=%d MMA_REGISTERS=%d MASK_REGISTERS=%d "
-                  "BLOCK_N=%d gemm_ms=%.4f gemm_rng_ms=%.4f slowdown=%.3f bits_identical=%d\n", r.bm, r.bw, r.per_step, r.mask_warps,
-                  r.mma_registers, r.mask_registers, r.block_n ? r.block_n : 256, g0, g1, g1 / g0, same ? 1 : 0);
+                  "BLOCK_N=%d gemm_ms=%.4f gemm_rng_ms=%.4f slowdown=%.3f bits_identical=%d c_identical=%d\n", r.bm, r.bw, r.per_step,
+                  r.mask_warps, r.mma_registers, r.mask_registers, r.block_n ? r.block_n : 256, g0, g1, g1 / g0, same ? 1 : 0, c_same ? 1 : 0);
       std::fflush(stdout);
-      if (!same) return 1;
+      if (!same || !c_same) return 1;
       if (g1 < best_rng_ms) best_rng_ms = g1, best_rng = std::move(g), best_r = r;
     }
     // The best variant writing only the tiles a causal layer reads (MASK_CAUSAL), for the causal
@@ -502,8 +520,9 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
       const double fwd_none = time_ms([&] { attention::forward(Qp, Kp, Vp, O, L, o0, stream.handle()); }, stream, max_reps);
       const double fwd_bits = time_ms([&] { attention::forward(Qp, Kp, Vp, O, L, o2, stream.handle()); }, stream, max_reps);
       const double rng_gemm = time_ms([&] { proj_rng(causal ? *best_rng_causal : *best_rng, o2); }, stream, max_reps);
-      std::printf("E2E_PARTS causal=%d gemm_ms=%.4f gemm_rng_ms=%.4f fwd_none_ms=%.4f fwd_bits_ms=%.4f\n", causal ? 1 : 0,
-                  median(gemm_ms), rng_gemm, fwd_none, fwd_bits);
+      std::printf("E2E_PARTS causal=%d gemm_ms=%.4f gemm_128x128_ms=%.4f gemm_rng_ms=%.4f fwd_none_ms=%.4f fwd_bits_ms=%.4f\n",
+                  causal ? 1 : 0, median(gemm_ms), time_ms([&] { gemm128(grid_of(gemm128), stream.handle(), xv, wv, qkvv); }, stream, max_reps),
+                  rng_gemm, fwd_none, fwd_bits);
     }
     const double g = median(gemm_ms), n0 = median(none), f = median(fused), ov = median(overlapped), se = median(serial),
                  ig = median(in_gemm);
