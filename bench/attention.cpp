@@ -376,6 +376,7 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
   struct GemmRng {
     int bm, bw, per_step, mask_warps = 0, mma_registers = 0, mask_registers = 0, block_n = 0;
     bool causal = false;  // MASK_CAUSAL: only the tiles a causal layer reads
+    int align = 4;        // MASK_ALIGN (16: vector stores; S4k's rows are 128 words)
   };
   const auto gemm_rng = [&](GemmRng r) {
     lang::Meta meta = gmeta;
@@ -383,6 +384,7 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
       meta.emplace_back(k, int64_t{v});
     meta.emplace_back("DROPOUT_MASK", true);
     meta.emplace_back("MASK_CAUSAL", r.causal);
+    meta.emplace_back("MASK_ALIGN", int64_t{r.align});
     if (r.block_n)
       for (auto& [k, v] : meta)
         if (k == "BLOCK_N") v = int64_t{r.block_n};
@@ -429,9 +431,9 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
     int index = -1;
     // (more words per mask tile = more independent Philox calls a thread, for the latency-bound
     // mask warps; setmaxnreg gives them the registers: 256 x 176 + 128 x 152 <= 65536)
-    for (GemmRng r : {GemmRng{64, 16, 1}, GemmRng{64, 8, 1}, GemmRng{64, 16, 1, 4}, GemmRng{64, 16, 1, 4, 200, 104},
-                      GemmRng{64, 16, 1, 4, 176, 152}, GemmRng{64, 32, 1, 4, 176, 152}, GemmRng{128, 16, 1, 4, 176, 152},
-                      GemmRng{64, 32, 1, 4}, GemmRng{64, 16, 1, 8, 0, 0, 128}}) {
+    for (GemmRng r : {GemmRng{64, 16, 1}, GemmRng{64, 16, 1, 0, 0, 0, 0, false, 16}, GemmRng{64, 16, 1, 4, 200, 104},
+                      GemmRng{64, 16, 1, 4, 200, 104, 0, false, 16}, GemmRng{64, 32, 1, 4, 176, 152},
+                      GemmRng{64, 32, 1, 4, 176, 152, 0, false, 16}, GemmRng{64, 16, 1, 8, 0, 0, 128, false, 16}}) {
       if (only && ++index != std::atoi(only)) continue;
       auto g = gemm_rng(r);
       if (only) {
@@ -455,8 +457,8 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
         else a(), b();
       }
       const double g0 = median(plain), g1 = median(with);
-      std::printf("GEMM_RNG MASK_BLOCK_M=%d MASK_BLOCK_W=%d MASK_TILES_PER_STEP=%d MASK_WARPS=%d MMA_REGISTERS=%d MASK_REGISTERS=%d "
-                  "BLOCK_N=%d gemm_ms=%.4f gemm_rng_ms=%.4f slowdown=%.3f bits_identical=%d c_identical=%d\n", r.bm, r.bw, r.per_step,
+      std::printf("GEMM_RNG MASK_ALIGN=%d MASK_BLOCK_M=%d MASK_BLOCK_W=%d MASK_TILES_PER_STEP=%d MASK_WARPS=%d MMA_REGISTERS=%d MASK_REGISTERS=%d "
+                  "BLOCK_N=%d gemm_ms=%.4f gemm_rng_ms=%.4f slowdown=%.3f bits_identical=%d c_identical=%d\n", r.align, r.bm, r.bw, r.per_step,
                   r.mask_warps, r.mma_registers, r.mask_registers, r.block_n ? r.block_n : 256, g0, g1, g1 / g0, same ? 1 : 0, c_same ? 1 : 0);
       std::fflush(stdout);
       if (!same || !c_same) return 1;

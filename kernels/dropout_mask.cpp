@@ -10,17 +10,20 @@ namespace tilejit::kernels {
 
 using namespace lang;
 
-DropoutMaskTiles::DropoutMaskTiles(Builder& kb, int64_t block_m, int64_t block_w, bool causal)
+DropoutMaskTiles::DropoutMaskTiles(Builder& kb, int64_t block_m, int64_t block_w, bool causal, int align_bytes)
     : block_m_(block_m),
       block_w_(block_w),
       causal_(causal),
-      mask_(kb.tensor("Mask", u32, 3, {.contiguous_last = true})),
+      mask_(kb.tensor("Mask", u32, 3, {.align_bytes = align_bytes, .contiguous_last = true})),
       s_k_(kb.scalar<int>("S_k")),
       seed_lo_(kb.scalar("seed_lo", u32)),
       seed_hi_(kb.scalar("seed_hi", u32)),
       offset_lo_(kb.scalar("offset_lo", u32)),
       offset_hi_(kb.scalar("offset_hi", u32)),
       threshold_(kb.scalar("keep_threshold", u32)) {
+  if (align_bytes != 4 && align_bytes != 16)
+    kb.fail(Loc::current(), fmt::format("dropout mask tiles: MASK_ALIGN / ALIGN = {} (valid: 4, or 16 when every mask row is a "
+                                        "multiple of 4 words)", align_bytes));
   if (block_w % 2 != 0)
     kb.fail(Loc::current(), fmt::format("dropout mask tiles: BLOCK_W must be even (one Philox call group covers 64 key columns = "
                                         "2 words), got {}", block_w));
@@ -54,7 +57,8 @@ const Kernel& dropout_mask() {
   static const Kernel k = kernel("dropout_mask", [](Builder& kb) {
     const auto BM = kb.meta<int>("BLOCK_M", 64), BW = kb.meta<int>("BLOCK_W", 4);
     // CAUSAL: only the tiles a causal layer reads (DropoutMaskTiles)
-    const DropoutMaskTiles tiles(kb, BM, BW, kb.meta<bool>("CAUSAL", false));
+    // ALIGN 16: the mask's base and rows 16-byte aligned (16-byte stores)
+    const DropoutMaskTiles tiles(kb, BM, BW, kb.meta<bool>("CAUSAL", false), static_cast<int>(kb.meta<int>("ALIGN", 4)));
     // PERSISTENT: a 1-D grid of any size whose programs stride over all tiles -- a grid of one
     // program per SM leaves room on every SM for a concurrent kernel (the GEMM it hides behind).
     if (kb.meta<bool>("PERSISTENT", false)) {

@@ -25,7 +25,9 @@ class DropoutMaskTiles {
   // causal: tiles whose every word lies above the causal diagonal (first column > last row +
   // S_k - S_q, FlashAttention's bottom-right alignment) are not written -- a causal attention
   // layer never reads them with a nonzero probability -- which halves the Philox work at S_q = S_k.
-  DropoutMaskTiles(lang::Builder& kb, int64_t block_m, int64_t block_w, bool causal = false);
+  // align_bytes: what the Mask tensor's base and row pitch are multiples of (4: any; 16 lets the
+  // stores be 16-byte vectors, and needs cdiv(S_k, 32) to be a multiple of 4).
+  DropoutMaskTiles(lang::Builder& kb, int64_t block_m, int64_t block_w, bool causal = false, int align_bytes = 4);
   lang::Tile count() const;                      // how many tiles the mask has
   void write(const lang::Tile& t) const;         // tile t (0 <= t < count())
   void write(const lang::Tile& row0, const lang::Tile& word0, const lang::Tile& batch_head) const;

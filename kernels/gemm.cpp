@@ -57,10 +57,12 @@ const Kernel& gemm() {
     //   while the others run the GEMM, neither waiting for the other's instructions; the launch has
     //   num_warps = the GEMM's warps + w (e.g. 12 = 8 + 4). MMA_REGISTERS / MASK_REGISTERS
     //   (both or neither; 0 = off) move registers between them (setmaxnreg).
-    // MASK_CAUSAL: only the tiles a causal layer reads (kernels::DropoutMaskTiles).
+    // MASK_CAUSAL: only the tiles a causal layer reads (kernels::DropoutMaskTiles); MASK_ALIGN 16:
+    // the mask 16-byte aligned (vector stores).
     std::optional<DropoutMaskTiles> mask;
     if (b.meta<bool>("DROPOUT_MASK", false))
-      mask.emplace(b, b.meta<int>("MASK_BLOCK_M", 64), b.meta<int>("MASK_BLOCK_W", 4), b.meta<bool>("MASK_CAUSAL", false));
+      mask.emplace(b, b.meta<int>("MASK_BLOCK_M", 64), b.meta<int>("MASK_BLOCK_W", 4), b.meta<bool>("MASK_CAUSAL", false),
+                   static_cast<int>(b.meta<int>("MASK_ALIGN", 4)));
     const int64_t per_step = mask ? b.meta<int>("MASK_TILES_PER_STEP", 1) : 0;
     if (mask && per_step < 1) b.fail(Loc::current(), fmt::format("gemm: MASK_TILES_PER_STEP = {} must be at least 1", per_step));
     const int64_t mask_warps = mask ? b.meta<int>("MASK_WARPS", 0) : 0;

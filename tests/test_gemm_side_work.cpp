@@ -54,13 +54,14 @@ TEST_CASE("gemm DROPOUT_MASK: C bit-identical to the plain GEMM, the mask the ho
   HostTensor c0(f32, {M, N});
   rt::interpret(kernels::gemm().build(base), {2, 1}, {a, b, c0});
   struct Case {
-    int bh, s_q, s_k, block_m, block_w, per_step, group_m, mask_warps = 0;
+    int bh, s_q, s_k, block_m, block_w, per_step, group_m, mask_warps = 0, mask_align = 4;
   };
   // 56 tiles for 2 x 3 in-loop slots (most after the loop); 8 per step (48 in the loop, 8 after);
   // one tile and 12 slots; a 1-D grid (GROUP_M) with ragged rows and words; the same on a warp
   // role of their own (MASK_WARPS: every tile in the role's loop, none in the K loop).
   const Case cases[] = {{2, 100, 200, 16, 2, 1, 0},    {2, 100, 200, 16, 2, 8, 0},   {1, 5, 1, 16, 2, 2, 0}, {3, 40, 70, 32, 4, 1, 8},
-                        {2, 100, 200, 16, 2, 1, 0, 4}, {3, 40, 70, 32, 4, 1, 8, 4}, {1, 5, 1, 16, 2, 1, 0, 8}};
+                        {2, 100, 200, 16, 2, 1, 0, 4}, {3, 40, 70, 32, 4, 1, 8, 4}, {1, 5, 1, 16, 2, 1, 0, 8},
+                        {2, 100, 256, 16, 4, 1, 0, 4, 16}};  // (MASK_ALIGN 16: rows of 8 words)
   const kernels::DropoutRngHost rngs[] = {{0x0123456789abcdefull, 0x0000000500000007ull, 230}, {42, 1ull << 40, 13}};
   for (const Case& t : cases)
     for (const auto& r : rngs) {
@@ -73,6 +74,7 @@ TEST_CASE("gemm DROPOUT_MASK: C bit-identical to the plain GEMM, the mask the ho
       meta.emplace_back("MASK_BLOCK_W", t.block_w);
       meta.emplace_back("MASK_TILES_PER_STEP", t.per_step);
       meta.emplace_back("MASK_WARPS", t.mask_warps);
+      meta.emplace_back("MASK_ALIGN", t.mask_align);
       const int words = static_cast<int>(cdiv(t.s_k, 32));
       HostTensor c(f32, {M, N}), mask(u32, {t.bh, t.s_q, words});
       c.poison();
@@ -88,6 +90,15 @@ TEST_CASE("gemm DROPOUT_MASK: C bit-identical to the plain GEMM, the mask the ho
       for (size_t i = 0; i < got.size(); ++i) bad += got[i] != want[i];
       CHECK(bad == 0);
     }
+}
+
+TEST_CASE("gemm DROPOUT_MASK: MASK_ALIGN 16 stores 16-byte vectors; other alignments are a build error") {
+  CHECK_THROWS_WITH(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_ALIGN", 8}}), doctest::Contains("MASK_ALIGN / ALIGN = 8 (valid: 4, or 16"));
+  if (testing::no_ptxas()) return;
+  const Meta meta{{"BLOCK_M", 128}, {"BLOCK_N", 256},     {"BLOCK_K", 64},     {"B_KMAJOR", true}, {"GROUP_M", 8},      {"OUT_DTYPE", bf16},
+                  {"DROPOUT_MASK", true}, {"MASK_BLOCK_W", 16}, {"MASK_WARPS", 4}, {"MASK_ALIGN", 16}};
+  const jit::CompiledKernel k = testing::assemble_sm90a(kernels::gemm().build(meta), jit::Backend::Llvm, 12, 4);
+  CHECK(contains(k.ptx, "st.global.v4"));
 }
 
 TEST_CASE("gemm DROPOUT_MASK: a zero MASK_TILES_PER_STEP or an odd MASK_BLOCK_W is a build error naming the value") {
