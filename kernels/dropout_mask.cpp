@@ -14,7 +14,8 @@ DropoutMaskTiles::DropoutMaskTiles(Builder& kb, int64_t block_m, int64_t block_w
     : block_m_(block_m),
       block_w_(block_w),
       causal_(causal),
-      mask_(kb.tensor("Mask", u32, 3, {.align_bytes = align_bytes, .contiguous_last = true})),
+      // (4 is the element size: spelled 0, the default, so the default kernels are unchanged)
+      mask_(kb.tensor("Mask", u32, 3, {.align_bytes = align_bytes == 4 ? 0 : align_bytes, .contiguous_last = true})),
       s_k_(kb.scalar<int>("S_k")),
       seed_lo_(kb.scalar("seed_lo", u32)),
       seed_hi_(kb.scalar("seed_hi", u32)),
