@@ -96,7 +96,7 @@ class Assigner {
     }
     if (regs[0] > 0) {
       // what the launch gives every thread (setmaxnreg's cap at entry), and what the roles ask for
-      const int64_t cap = 65536 / (32 * plan_.num_warps) / 8 * 8;
+      const int cap = entry_register_cap(plan_.num_warps);
       int64_t total = 0;
       for (const WarpRolePlan& r : roles) total += int64_t{32} * r.warps * r.max_registers;
       if (total > 65536)

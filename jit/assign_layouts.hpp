@@ -14,6 +14,10 @@
 
 namespace tilejit::jit {
 
+// The registers a thread starts with when a launch of `num_warps` warps is capped to fill a
+// multiprocessor's 65536 (what setmaxnreg moves from one warp role to another).
+inline int entry_register_cap(int num_warps) { return 65536 / (32 * num_warps) / 8 * 8; }
+
 // One role of a warp_roles op (lang::warp_roles), resolved against the launch's warps.
 struct WarpRolePlan {
   int first_warp = 0, warps = 0;

@@ -559,7 +559,7 @@ class Lowerer {
     const Regs v = get(op.operands[1], L);
     auto [stage, parity] = channel_slot(c, cast(scalar(op.operands[0]), DType::i32));
     emit0(Op::mbar_wait, {channel_bar(c.empty, stage), bin(Op::bit_xor, parity, ci32(1))});
-    for (uint32_t r = 0; r < v.size(); ++r) raw_shared(Op::store_shared, {channel_offset(c, stage, L, r, t.dtype), v[r]});
+    for (uint32_t r = 0; r < v.size(); ++r) store_shared_at(channel_offset(c, stage, L, r, t.dtype), v[r], std::nullopt);
     emit0(Op::mbar_arrive, {channel_bar(c.full, stage)});
   }
 
@@ -571,23 +571,9 @@ class Lowerer {
     auto [stage, parity] = channel_slot(c, cast(scalar(op.operands[0]), DType::i32));
     emit0(Op::mbar_wait, {channel_bar(c.full, stage), parity});
     Regs out;
-    for (uint32_t r = 0; r < static_cast<uint32_t>(L.num_regs()); ++r) {
-      pir::Inst in;
-      in.op = Op::load_shared;
-      in.args = {channel_offset(c, stage, L, r, d)};
-      in.results.push_back(out_.new_value(pir::scalar(d)));
-      out.push_back(in.results[0]);
-      blocks_.back()->insts.push_back(std::move(in));
-    }
+    for (uint32_t r = 0; r < static_cast<uint32_t>(L.num_regs()); ++r) out.push_back(load_shared_at(channel_offset(c, stage, L, r, d), d));
     emit0(Op::mbar_arrive, {channel_bar(c.empty, stage)});
     return out;
-  }
-  // A shared-memory access at an absolute byte offset (emit/emit0 add the scratch base).
-  void raw_shared(Op op, std::vector<V> args) {
-    pir::Inst in;
-    in.op = op;
-    in.args = std::move(args);
-    blocks_.back()->insts.push_back(std::move(in));
   }
 
   // ---------------------------------------------------------------- warp roles
@@ -600,12 +586,11 @@ class Lowerer {
   void warp_roles(const ir::Op& op) {
     const std::vector<WarpRolePlan>& roles = plan_.roles.at(&op);
     if (roles.size() > 16 - kRoleBarrier) fail(&op, fmt::format("{} warp roles; at most {} (one named barrier each)", roles.size(), 16 - kRoleBarrier));
-    const int cap = static_cast<int>(65536 / (32 * plan_.num_warps) / 8 * 8);  // each thread's registers at entry
-    if (roles[0].max_registers > 0) {
-      out_.min_programs_per_sm = 1;  // the cap setmaxnreg needs (ptxas ignores it without one: C7508)
-      for (const WarpRolePlan& r : roles)
-        if (r.max_registers > 0 && cap < 24)
-          fail(&op, fmt::format("num_warps = {} leaves {} registers a thread at entry; setmaxnreg needs at least 24", plan_.num_warps, cap));
+    const int cap = entry_register_cap(plan_.num_warps);
+    if (roles[0].max_registers > 0) {  // (then every role has one)
+      out_.min_programs_per_sm = 1;    // the cap setmaxnreg needs (ptxas ignores it without one: C7508)
+      if (cap < 24)
+        fail(&op, fmt::format("num_warps = {} leaves {} registers a thread at entry; setmaxnreg needs at least 24", plan_.num_warps, cap));
     }
     const V tid = tid_, warp = warp_;
     const int64_t scratch0 = scratch_base_;
@@ -2080,12 +2065,22 @@ class Lowerer {
 
   // A shared-memory store at an absolute byte offset (the staging tiles lie below the scratch area,
   // whose base emit0 would add).
+  // Shared-memory accesses at an absolute byte offset (emit/emit0 add the scratch base to theirs).
   void store_shared_at(V offset, V value, std::optional<V> pred) {
     pir::Inst st;
     st.op = Op::store_shared;
     st.args = {offset, value};
     if (pred) st.args.push_back(*pred);
     blocks_.back()->insts.push_back(std::move(st));
+  }
+  V load_shared_at(V offset, DType d) {
+    pir::Inst ld;
+    ld.op = Op::load_shared;
+    ld.args = {offset};
+    ld.results.push_back(out_.new_value(pir::scalar(d)));
+    const V r = ld.results[0];
+    blocks_.back()->insts.push_back(std::move(ld));
+    return r;
   }
 
   // Writes x of A = trans(x) (x [K, M] 16-bit, in its own layout) into the A staging tile: element

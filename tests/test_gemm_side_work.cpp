@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dsl/lang.hpp"
+#include "host_bits.hpp"
 #include "jit/compile.hpp"
 #include "jit/ptx_compiler.hpp"
 #include "jit/tma_pipeline.hpp"
@@ -26,17 +27,10 @@ using namespace tilejit;
 using namespace tilejit::lang;
 namespace rt = tilejit::runtime;
 using rt::HostTensor;
+using testing::raw;
+using testing::contains;
 
 namespace {
-
-bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
-
-template <class T>
-std::vector<T> raw(const HostTensor& t) {
-  std::vector<T> v(static_cast<size_t>(t.numel()));
-  std::memcpy(v.data(), t.data(), v.size() * sizeof(T));
-  return v;
-}
 
 // One assembled kernel's ptxas log (-v: it names serialised wgmmas, C7514-C7520).
 std::string ptxas_log(const jit::CompiledKernel& k) {

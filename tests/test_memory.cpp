@@ -13,11 +13,13 @@
 #include <vector>
 
 #include "dsl/lang.hpp"
+#include "host_bits.hpp"
 #include "runtime/interpreter.hpp"
 
 using namespace tilejit::lang;
 namespace rt = tilejit::runtime;
 using rt::HostTensor;
+using testing::raw;
 
 namespace {
 
@@ -70,13 +72,6 @@ bool is_poison(const HostTensor& t, int64_t flat_index) {
   return std::all_of(p, p + es, [](unsigned char c) { return c == 0xFF; });
 }
 
-template <class T>
-std::vector<T> raw(const HostTensor& t) {
-  REQUIRE(sizeof(T) == static_cast<size_t>(tilejit::ir::byte_size(t.dtype())));
-  std::vector<T> v(t.bytes() / sizeof(T));
-  std::memcpy(v.data(), t.data(), t.bytes());
-  return v;
-}
 template <class T>
 void set_raw(HostTensor& t, int64_t i, T v) {
   std::memcpy(static_cast<std::byte*>(t.data()) + i * static_cast<int64_t>(sizeof(T)), &v, sizeof(T));

@@ -14,11 +14,13 @@
 #include <vector>
 
 #include "dsl/lang.hpp"
+#include "host_bits.hpp"
 #include "runtime/interpreter.hpp"
 
 using namespace tilejit::lang;
 namespace rt = tilejit::runtime;
 using rt::HostTensor;
+using testing::raw;
 using tilejit::ir::round_to;
 __extension__ typedef unsigned __int128 u128;  // only for the u64 umulhi reference
 
@@ -89,13 +91,6 @@ HostTensor tensor_of(DType d, const std::vector<double>& values) {
 }
 
 // Raw elements of a contiguous tensor (for 64-bit integers and bit patterns, which doubles cannot hold).
-template <class T>
-std::vector<T> raw(const HostTensor& t) {
-  REQUIRE(sizeof(T) == static_cast<size_t>(tilejit::ir::byte_size(t.dtype())));
-  std::vector<T> v(static_cast<size_t>(t.numel()));
-  std::memcpy(v.data(), t.data(), v.size() * sizeof(T));
-  return v;
-}
 template <class T>
 void set_raw(HostTensor& t, int64_t i, T v) {
   REQUIRE(sizeof(T) == static_cast<size_t>(tilejit::ir::byte_size(t.dtype())));

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dsl/lang.hpp"
+#include "host_bits.hpp"
 #include "kernels/dropout_mask.hpp"
 #include "kernels/philox.hpp"
 #include "kernels/philox_host.hpp"
@@ -23,6 +24,7 @@ using namespace tilejit;
 using namespace tilejit::lang;
 namespace rt = tilejit::runtime;
 using rt::HostTensor;
+using testing::raw;
 using U4 = std::array<uint32_t, 4>;
 using U2 = std::array<uint32_t, 2>;
 
@@ -40,13 +42,6 @@ const Kat kKats[] = {
     {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}, {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
 };
 
-template <class T>
-std::vector<T> raw(const HostTensor& t) {
-  REQUIRE(sizeof(T) == static_cast<size_t>(ir::byte_size(t.dtype())));
-  std::vector<T> v(static_cast<size_t>(t.numel()));
-  std::memcpy(v.data(), t.data(), v.size() * sizeof(T));
-  return v;
-}
 template <class T>
 HostTensor tensor_of(DType d, ir::Shape shape, const std::vector<T>& v) {
   HostTensor t(d, std::move(shape));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dsl/lang.hpp"
+#include "host_bits.hpp"
 #include "jit/compile.hpp"
 #include "kernels/gemm.hpp"
 #include "ptxas_testing.hpp"
@@ -20,19 +21,8 @@ using namespace tilejit;
 using namespace tilejit::lang;
 namespace rt = tilejit::runtime;
 using rt::HostTensor;
-
-namespace {
-
-bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
-
-template <class T>
-std::vector<T> raw(const HostTensor& t) {
-  std::vector<T> v(static_cast<size_t>(t.numel()));
-  std::memcpy(v.data(), t.data(), v.size() * sizeof(T));
-  return v;
-}
-
-}  // namespace
+using testing::raw;
+using testing::contains;
 
 TEST_CASE("warp_roles: bad splits and misuse are errors that name the value") {
   const Meta mask{{"DROPOUT_MASK", true}, {"MASK_WARPS", 4}};
