@@ -450,6 +450,18 @@ bool nvjitlink_available(std::string* why) {
   return api.error.empty();
 }
 
+PtxTool resolve_ptx_tool(PtxTool tool) {
+  if (tool != PtxTool::Auto) return tool;
+  const std::string v = env_or_empty("TILEJIT_PTX_TOOL");
+  if (v.empty()) return PtxTool::Auto;  // (ptx_to_cubin picks; cache keys keep saying "auto")
+  std::string lower(v);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "ptxas") return PtxTool::Ptxas;
+  if (lower == "nvjitlink") return PtxTool::NvJitLink;
+  throw CompileError(fmt::format("tilejit: TILEJIT_PTX_TOOL='{}' is not a PTX assembler; valid: ptxas, nvjitlink (or unset: "
+                                 "nvJitLink when it loads, else ptxas)", v));
+}
+
 std::string ptx_tool_versions() {
   const NvJitLinkApi& api = nvjitlink_api();
   std::string ptxas = find_ptxas();
@@ -568,6 +580,7 @@ CubinResult ptx_to_cubin(const std::string& ptx, const std::string& arch, const 
     throw CompileError(fmt::format("tilejit: kernel '{}': the PTX to assemble for {} is empty", kernel, arch));
 
   std::string why;
+  tool = resolve_ptx_tool(tool);
   if (tool == PtxTool::Auto) {
     if (nvjitlink_available(&why)) {
       tool = PtxTool::NvJitLink;

@@ -57,6 +57,13 @@ CubinResult ptx_to_cubin(const std::string& ptx, const std::string& arch,
                          const std::string& kernel_name_for_errors, PtxTool tool = PtxTool::Auto,
                          const std::vector<std::string>& extra_options = {});
 
+// What PtxTool::Auto means in this process: $TILEJIT_PTX_TOOL ("ptxas" or "nvjitlink", e.g. to
+// compare the two: nvJitLink assembles relocatable code, ptxas whole-program code, and the SASS
+// differs); Auto itself when it is unset (ptx_to_cubin then takes nvJitLink when it loads, else
+// ptxas). Other tools are returned as given. Any other value of the variable is a CompileError
+// that names it. Compile-cache keys hold the result.
+PtxTool resolve_ptx_tool(PtxTool tool);
+
 // The versions of both tools, e.g. "nvJitLink 13.0; ptxas 13.0.88" ("none" for a missing one).
 // Different assemblers may produce different code, so this belongs in compile-cache keys.
 std::string ptx_tool_versions();

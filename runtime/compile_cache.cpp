@@ -167,7 +167,7 @@ std::string key_text(std::string_view ir_hash, const ir::Function& f, const jit:
       "llvm={}\n"
       "ptx_tools={}\n",
       kFormatVersion, kTilejitVersion, ir_hash, f.name, opts.arch, jit::to_string(opts.backend), opts.num_warps,
-      opts.pipeline.enabled ? 1 : 0, opts.pipeline.stages, jit::to_string(opts.ptx_tool), opts.make_cubin ? 1 : 0,
+      opts.pipeline.enabled ? 1 : 0, opts.pipeline.stages, jit::to_string(jit::resolve_ptx_tool(opts.ptx_tool)), opts.make_cubin ? 1 : 0,
       jit::llvm_version(), jit::ptx_tool_versions());
   // nvrtc is loaded only for its backend: asking its version otherwise would dlopen it for nothing.
   if (opts.backend == jit::Backend::Nvrtc) text += fmt::format("nvrtc={}\n", jit::nvrtc_version());

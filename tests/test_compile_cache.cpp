@@ -194,6 +194,16 @@ TEST_CASE("the key moves with every component and only with them") {
     CHECK(key != k0);
     CHECK(seen.insert(key).second);  // also distinct from each other
   }
+  // TILEJIT_PTX_TOOL changes what Auto assembles with, so it moves Auto's key (to the explicit
+  // tool's); unset, the key says "auto" as before.
+  {
+    ::setenv("TILEJIT_PTX_TOOL", "ptxas", 1);
+    const std::string via_env = runtime::cache_key(f, base);
+    ::unsetenv("TILEJIT_PTX_TOOL");
+    CHECK(via_env != k0);
+    CHECK(via_env == with([](auto& o) { o.ptx_tool = jit::PtxTool::Ptxas; }));
+    CHECK(runtime::cache_key(f, base) == k0);
+  }
   // Asking for a pass dump changes what is reported, not the code.
   CHECK(with([](auto& o) { o.dump_after = "lower"; }) == k0);
 

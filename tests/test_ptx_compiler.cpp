@@ -344,6 +344,41 @@ TEST_CASE("ptx_to_cubin: Auto prefers nvJitLink, and versions are reported") {
   CHECK(r.tool.rfind(nvjitlink_available() ? "nvJitLink" : "ptxas", 0) == 0);
 }
 
+TEST_CASE("TILEJIT_PTX_TOOL picks the tool that Auto means; other values are errors naming it") {
+  {
+    ScopedEnv unset("TILEJIT_PTX_TOOL", "");
+    ::unsetenv("TILEJIT_PTX_TOOL");
+    CHECK(resolve_ptx_tool(PtxTool::Auto) == PtxTool::Auto);  // ptx_to_cubin's own choice
+    CHECK(resolve_ptx_tool(PtxTool::Ptxas) == PtxTool::Ptxas);
+  }
+  {
+    ScopedEnv env("TILEJIT_PTX_TOOL", "ptxas");
+    CHECK(resolve_ptx_tool(PtxTool::Auto) == PtxTool::Ptxas);
+    CHECK(resolve_ptx_tool(PtxTool::NvJitLink) == PtxTool::NvJitLink);  // an explicit tool wins
+    if (!find_ptxas().empty()) {
+      // whole-program ptxas, not nvJitLink's relocatable compile (their SASS differs)
+      CubinResult r = ptx_to_cubin(kVaddPtx, "sm_90a", "vadd");
+      CHECK(r.tool.rfind("ptxas ", 0) == 0);
+    }
+  }
+  {
+    ScopedEnv env("TILEJIT_PTX_TOOL", "NvJitLink");  // case does not matter
+    CHECK(resolve_ptx_tool(PtxTool::Auto) == PtxTool::NvJitLink);
+  }
+  {
+    ScopedEnv env("TILEJIT_PTX_TOOL", "nvcc");
+    try {
+      resolve_ptx_tool(PtxTool::Auto);
+      FAIL("no error for TILEJIT_PTX_TOOL=nvcc");
+    } catch (const CompileError& e) {
+      const std::string what = e.what();
+      CHECK(what.find("TILEJIT_PTX_TOOL='nvcc'") != std::string::npos);
+      CHECK(what.find("ptxas, nvjitlink") != std::string::npos);
+    }
+    CHECK_THROWS_AS(ptx_to_cubin(kVaddPtx, "sm_90a", "vadd"), CompileError);
+  }
+}
+
 TEST_CASE("ptx_to_cubin: kernels in declaration order, with static shared memory") {
   for (PtxTool tool : {PtxTool::NvJitLink, PtxTool::Ptxas}) {
     CAPTURE(to_string(tool));
