@@ -19,13 +19,17 @@
 //       best variant with MASK_CAUSAL, checked first: GEMM_RNG_CAUSAL visible_words_identical=1)
 //   attention_bench --dropout [P] --e2e-only   only the GEMM_RNG and E2E lines (and E2E_PARTS: each
 //     E2E kernel timed alone)
+//   attention_bench --tool-ab              the API's forward, dK/dV and dQ kernels assembled by nvJitLink and by
+//     ptxas (whole-program), alternated rounds, S 4k/8k, D 64/128, full/causal:
+//     TOOL_AB kernel=attention_bwd_dkdv S=4096 D=128 causal=0 nvjitlink_ms=.. ptxas_ms=.. speedup=.. registers=../.. outputs_identical=1
 //   attention_bench --dq-variants          the recompute dQ kernel alone at other BLOCK_N / stages:
 //     DQ_VARIANT D=128 causal=0 default=64x64/4w/2s variant=64x32/4w/2s programs_per_sm=.. default_ms=..
 //       variant_ms=.. speedup=.. outputs_identical=..
 //   attention_bench --mask-kernel          the dropout_mask kernel alone per tiling and warps (D128 S4k's
 //     mask), bits compared with the default's:
 //     MASK_KERNEL BLOCK_M=64 BLOCK_W=4 warps=4 registers=.. programs_per_sm=.. ms=.. bits_identical=1
-//   attention_bench --deterministic [--head-dim D] [--seq S]  the backward per dQ reduction (recompute, atomic, split, ordered,
+//   attention_bench --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1]  the backward per dQ reduction
+//     (--mode: only that one, e.g. atomic, to profile one kernel; --causal: only full / causal) (recompute, atomic, split, ordered,
 //     causal also ordered with q_descending), D 64/128, S 1k-16k, full and causal, alternated rounds:
 //     DETERMINISTIC dtype=bf16 D=128 S=4096 causal=1 B=4 H=16 recompute_ms=.. recompute_tflops=.. atomic_ms=..
 //       ... split_ms=.. (or skipped(workspace=..GB>16GB)) ordered_ms=.. ordered_desc_ms=.. ordered_vs_atomic=..
@@ -603,7 +607,8 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps) {
 // rounds; every mode at its default schedule, with a caller workspace (Delta and the reduction's
 // buffers; the API zeroes atomic's dQ_accum and ordered's semaphores inside the timed call).
 // Split is skipped where its dQ_parts would exceed 16 GB (S >= 8k at these shapes).
-int bench_deterministic(int max_reps, int64_t only_d, int64_t only_s, std::optional<attention::Schedule> recompute_schedule) {
+int bench_deterministic(int max_reps, int64_t only_d, int64_t only_s, std::optional<attention::Schedule> recompute_schedule,
+                        const std::string& only_mode, int only_causal) {
   using attention::DqReduction;
   const ir::DType dt = ir::DType::bf16;
   struct Mode {
@@ -628,7 +633,8 @@ int bench_deterministic(int max_reps, int64_t only_d, int64_t only_s, std::optio
   for (int64_t D : {64, 128})
     for (bool causal : {false, true})
       for (int64_t S : {1024, 2048, 4096, 8192, 16384})
-        if ((!only_d || D == only_d) && (!only_s || S == only_s)) configs.push_back({S, D, causal});
+        if ((!only_d || D == only_d) && (!only_s || S == only_s) && (only_causal < 0 || causal == (only_causal == 1)))
+          configs.push_back({S, D, causal});
   const auto options = [&](const Config& c, const Mode& m) {
     attention::Options o;
     o.causal = c.causal;
@@ -674,7 +680,7 @@ int bench_deterministic(int max_reps, int64_t only_d, int64_t only_s, std::optio
       attention::forward(Q, K, V, O, L, fwd, stream.handle());
       for (size_t i = 0; i < kModes; ++i) {
         const size_t need = attention::backward_workspace_bytes(Q, K, options(c, modes[i]));
-        if (!runs(c, modes[i])) note[i] = "-";
+        if (!runs(c, modes[i]) || (!only_mode.empty() && only_mode != modes[i].key)) note[i] = "-";
         else if (modes[i].reduction == DqReduction::split && static_cast<double>(need) > kSplitLimit)
           note[i] = fmt::format("skipped(workspace={:.1f}GB>16GB)", static_cast<double>(need) / 1e9);
       }
@@ -919,6 +925,62 @@ int bench_backward_ab(const std::string& meta_name, int max_reps) {
                   meta_name.c_str(), static_cast<long>(D), causal ? 1 : 0, r.off_ms, r.on_ms, r.off_ms / r.on_ms, r.identical ? 1 : 0);
       std::fflush(stdout);
     }
+  return 0;
+}
+
+// --tool-ab: each kernel of the API's default attention (forward, dK/dV, dQ) assembled by nvJitLink
+// (relocatable code, the default) and by ptxas (whole-program code; TILEJIT_PTX_TOOL=ptxas), timed
+// in alternated rounds, outputs compared bit for bit (the PTX is the same). S 4k and 8k, D 64/128.
+int bench_tool_ab(int max_reps) {
+  const Buffers buf;
+  runtime::Stream stream;
+  const ir::DType dt = ir::DType::bf16;
+  for (int64_t S : {4096, 8192})
+    for (int64_t D : {64, 128})
+      for (bool causal : {false, true}) {
+        const Config c{S, D, causal};
+        const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
+        const DeviceBuffer delta = forward_and_delta(buf, c, stream);
+        const attention::Tensor delta_view = attention::contiguous(delta.ptr(), ir::DType::f32, {c.B(), c.H(), c.S});
+        const float scale = static_cast<float>(1 / std::sqrt(double(D)));
+        const size_t bytes = static_cast<size_t>(c.B() * c.S * c.H() * D * 2);
+        for (attention::Pass pass : {attention::Pass::forward, attention::Pass::bwd_dkdv, attention::Pass::bwd_dq}) {
+          const attention::Schedule sch = attention::default_schedule(pass, dt, static_cast<int>(D), causal);
+          lang::Meta meta{{"DTYPE", dt}, {"HEAD_DIM", D}, {"BLOCK_M", sch.block_m}, {"BLOCK_N", sch.block_n}, {"BSHD", true}, {"CAUSAL", causal}};
+          if (pass == attention::Pass::forward) meta.emplace_back("POSITIVE_SCALE", true);  // as the API launches it
+          if (pass == attention::Pass::forward && sch.min_programs_per_sm > 0) meta.emplace_back("EXACT_NORMALIZE", false);
+          const auto& kernel = pass == attention::Pass::forward    ? kernels::attention_forward()
+                               : pass == attention::Pass::bwd_dkdv ? kernels::attention_backward_dkdv()
+                                                                   : kernels::attention_backward_dq();
+          std::vector<Function> fns;
+          for (jit::PtxTool tool : {jit::PtxTool::NvJitLink, jit::PtxTool::Ptxas}) {
+            jit::CompileOptions o;
+            o.num_warps = sch.num_warps;
+            o.pipeline.stages = sch.stages;
+            o.min_programs_per_sm = sch.min_programs_per_sm;
+            o.ptx_tool = tool;
+            fns.emplace_back(kernel, meta, o);
+          }
+          // (the forward rewrites O and LSE, which the backward kernels read, with the same values)
+          AbResult r;
+          if (pass == attention::Pass::forward)
+            r = ab_measure(fns, {lang::cdiv(c.S, sch.block_m), c.H(), c.B()}, stream, {Q.view(), K.view(), V.view(), O.view(), L.view(), scale},
+                           {&buf.o}, bytes, max_reps);
+          else if (pass == attention::Pass::bwd_dkdv)
+            r = ab_measure(fns, {lang::cdiv(c.S, sch.block_n), c.H(), c.B()}, stream,
+                           {Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dK.view(), dV.view(), scale},
+                           {&buf.dk, &buf.dv}, bytes, max_reps);
+          else
+            r = ab_measure(fns, {lang::cdiv(c.S, sch.block_m), c.H(), c.B()}, stream,
+                           {Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dQ.view(), scale}, {&buf.dq}, bytes,
+                           max_reps);
+          const auto regs = [](Function& f) { return f.compiled().info.registers; };
+          std::printf("TOOL_AB kernel=%s S=%ld D=%ld causal=%d nvjitlink_ms=%.4f ptxas_ms=%.4f speedup=%.3f registers=%d/%d outputs_identical=%d\n",
+                      attention::name(pass), static_cast<long>(S), static_cast<long>(D), causal ? 1 : 0, r.off_ms, r.on_ms, r.off_ms / r.on_ms,
+                      regs(fns[0]), regs(fns[1]), r.identical ? 1 : 0);
+          std::fflush(stdout);
+        }
+      }
   return 0;
 }
 
@@ -1220,6 +1282,9 @@ int main(int argc, char** argv) {
   bool masks = false, deterministic = false, forward_variants = false, e2e_only = false, mask_kernel = false, dq_variants = false;
   std::string schedule_ab, with_meta, backward_ab;
   int64_t only_d = 0, only_s = 0;  // --deterministic: only this head dim / sequence length
+  std::string only_mode;            // --deterministic --mode KEY: only that reduction (recompute, atomic, ...; e.g. for ncu)
+  int only_causal = -1;             // --deterministic --causal 0|1: only full / causal
+  bool tool_ab = false;
   std::optional<attention::Schedule> schedule;  // --deterministic --schedule: recompute's kernels at these tiles
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -1238,6 +1303,9 @@ int main(int argc, char** argv) {
     else if (a == "--deterministic") deterministic = true;
     else if (a == "--head-dim" && i + 1 < argc) only_d = std::atoll(argv[++i]);
     else if (a == "--seq" && i + 1 < argc) only_s = std::atoll(argv[++i]);
+    else if (a == "--mode" && i + 1 < argc) only_mode = argv[++i];
+    else if (a == "--tool-ab") tool_ab = true;
+    else if (a == "--causal" && i + 1 < argc) only_causal = std::atoi(argv[++i]);
     else if (a == "--schedule" && i + 1 < argc) {
       attention::Schedule s;
       if (std::sscanf(argv[++i], "%d,%d,%d,%d", &s.block_m, &s.block_n, &s.num_warps, &s.stages) != 4) {
@@ -1256,7 +1324,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --deterministic [--head-dim D] [--seq S] [--schedule BM,BN,W,S] | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants | --tool-ab | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -1275,7 +1343,8 @@ int main(int argc, char** argv) {
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps);
     if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps);
-    if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule);
+    if (tool_ab) return bench_tool_ab(reps);
+    if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule, only_mode, only_causal);
     return check_dir.empty() ? bench(quick, reps) : check(check_dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench/attention: %s\n", e.what());
