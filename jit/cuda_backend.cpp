@@ -843,6 +843,22 @@ class Printer {
         if (!tied.empty()) line(fmt::format("asm volatile(\"\" : {});", fmt::join(tied, ", ")));
         return;
       }
+      case Op::keep_alive: {
+        // (thread_ir.hpp) predicated-off shared stores of each register
+        std::string text = "{\\n\\t.reg .pred P1;\\n\\t.reg .b32 S1;\\n\\tmov.u32 S1, %%smid;\\n\\tsetp.gt.u32 P1, S1, 2147483647;\\n";
+        std::vector<std::string> ins;
+        for (size_t k = 0; k < in.args.size(); ++k) {
+          const pir::Ty t = ty(in.args[k]);
+          const bool wide = ir::bit_width(t.dtype) == 64 || t.ptr;
+          text += fmt::format("\\t@P1 st.shared.b{} [S1], %{};\\n", wide ? 64 : 32, ins.size());
+          ins.push_back(wide ? fmt::format("\"l\"((unsigned long long){})", n(in.args[k]))
+                             : t.dtype == DType::f32 ? fmt::format("\"r\"(__float_as_uint({}))", n(in.args[k]))
+                                                     : fmt::format("\"r\"((unsigned){})", n(in.args[k])));
+        }
+        text += "}";
+        line(fmt::format("asm volatile(\"{}\" :: {});", text, fmt::join(ins, ", ")));
+        return;
+      }
       case Op::pack2:
         check_args(in, 2, 2);
         check_results(in, 1);

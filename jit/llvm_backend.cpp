@@ -683,6 +683,29 @@ class Emitter {
         for (unsigned k = 0; k < at.size(); ++k) set(in.results[at[k]], tys.size() == 1 ? r : b_.CreateExtractValue(r, {k}));
         return;
       }
+      case Op::keep_alive: {
+        // (thread_ir.hpp) predicated-off shared stores of each register, 16 registers an asm
+        for (size_t first = 0; first < in.args.size(); first += 16) {
+          const size_t count = std::min<size_t>(16, in.args.size() - first);
+          std::string text = "{\n\t.reg .pred P1;\n\t.reg .b32 S1;\n\tmov.u32 S1, %smid;\n\tsetp.gt.u32 P1, S1, 2147483647;\n";
+          std::string constraints;
+          std::vector<llvm::Value*> args;
+          for (size_t k = 0; k < count; ++k) {
+            llvm::Value* x = a(first + k);
+            llvm::Type* t = x->getType();
+            const bool wide = t->isIntegerTy(64) || t->isDoubleTy();
+            if (t->isFloatTy()) x = b_.CreateBitCast(x, b_.getInt32Ty());
+            if (t->isDoubleTy()) x = b_.CreateBitCast(x, b_.getInt64Ty());
+            if (t->isIntegerTy(16) || t->isIntegerTy(8) || t->isIntegerTy(1)) x = b_.CreateZExt(x, b_.getInt32Ty());
+            text += fmt::format("\t@P1 st.shared.b{} [S1], ${};\n", wide ? 64 : 32, args.size());
+            constraints += fmt::format("{}{}", args.empty() ? "" : ",", wide ? "l" : "r");
+            args.push_back(x);
+          }
+          text += "}";
+          asm_call(b_.getVoidTy(), text, constraints, args, true);
+        }
+        return;
+      }
       case Op::for_: return for_loop(in);
       case Op::if_: return if_op(in);
       case Op::yield: return;

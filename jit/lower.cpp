@@ -7,6 +7,8 @@
 
 #include <bit>
 #include <cmath>
+#include <memory>
+#include <unordered_set>
 #include <functional>
 #include <map>
 #include <set>
@@ -30,6 +32,10 @@ struct TensorDesc {
 // Scoped caches: what was materialised inside a loop or if body is not visible after it.
 struct Frame {
   bool loop_body = false;  // a for loop's body: conversions of values from outside move before the loop
+  // (loop bodies) the values defined inside the body, and the wgmma A registers of values from
+  // outside it, kept alive at the body's end (pir::Op::keep_alive says why)
+  std::shared_ptr<const std::unordered_set<ir::ValueId>> defined;
+  std::vector<V> keep_alive;
   // a warp role's region: tiles and thread coordinates of the frames outside are another warp
   // numbering's (lookups stop here); scalars are shared
   bool role = false;
@@ -1509,11 +1515,20 @@ class Lowerer {
     push_block(&pb);
     frames_.emplace_back();
     frames_.back().loop_body = true;
+    {
+      auto defined = std::make_shared<std::unordered_set<ir::ValueId>>(body.args.begin(), body.args.end());
+      ir::walk(body, [&](const ir::Op& inner) {
+        defined->insert(inner.results.begin(), inner.results.end());
+        for (const ir::Block& region : inner.regions) defined->insert(region.args.begin(), region.args.end());
+      });
+      frames_.back().defined = std::move(defined);
+    }
     frames_.back().scalars[body.args[0]] = iv;
     for (size_t i = 0; i < op.results.size(); ++i) bind(body.args[i + 1], lay[i], arg_regs[i]);
     if (ring) ring_top(op, *ring, iv);
     block(body);
     if (ring) ring_bottom(*ring);
+    if (!frames_.back().keep_alive.empty()) emit0(Op::keep_alive, frames_.back().keep_alive);
     pir::Inst y;
     y.op = Op::yield;
     const ir::Op& iy = body.ops.back();
@@ -2013,6 +2028,13 @@ class Lowerer {
               int64_t row = r * 64 * split.m + h, col = 16 * kk + c;
               a.push_back(pack(by_coord.at({row, col}), by_coord.at({row, col + 1})));
             }
+      // A value from outside the innermost loop around this dot: its registers are the same in
+      // every iteration, and ptxas must be shown that they live across the loop's back edge.
+      for (auto f = frames_.rbegin(); f != frames_.rend(); ++f)
+        if (f->loop_body) {
+          if (!f->defined->count(op.operands[0])) f->keep_alive.insert(f->keep_alive.end(), a.begin(), a.end());
+          break;
+        }
     }
     const int64_t imm = wn | (static_cast<int64_t>(A.dtype) << 16) | (int64_t{w.b_mn_major} << 24) | (int64_t{w.a_staged != nullptr} << 26);
     // dot(a, b) (a zero accumulator): the first k-step overwrites instead of reading zeros, so no

@@ -42,6 +42,13 @@ enum class Op : uint8_t {
   // asm cannot name (i1) pass through untied. imm kOpaqueCopy: a volatile asm mov per register
   // instead, its result a register of its own (not tied).
   opaque,
+  // (x...) -> nothing: a use of each register at this point that the assembler cannot remove (a
+  // store predicated on an SM id >= 2^31, which never holds but ptxas cannot know). Lowered at the
+  // end of a loop body for the A registers of a wgmma in it that come from outside the loop:
+  // ptxas (CUDA 13.0) treats a register read only by wgmma as dead after the loop's last wgmma
+  // that reads it and reuses it in the same iteration, so the next iteration's wgmma read other
+  // values (tests/test_function_gpu.cpp, "A from registers"); a later use keeps it live.
+  keep_alive,
   pack2,   // (lo, hi) 16-bit values -> u32 (for mma operands and vector accesses)
   unpack2, // (u32) -> lo, hi as the results' 16-bit dtype
   load_vec,   // (ptr) imm = words (1, 2, 4) -> that many u32: one aligned, in-bounds global load

@@ -309,21 +309,30 @@ TEST_CASE("gpu: a channel between warp roles carries every tile, in order, throu
 TEST_CASE("gpu: wgmma with A from registers (a Q block without TMA) at K = 64 and 128, alone and in a warp role, against the interpreter") {
   if (!have_gpu()) return;
   for (const int64_t d : {64, 128})
-    for (const bool role : {false, true}) {
-      INFO("HEAD_DIM " << d << " role " << role);
-      jit::CompileOptions o;
-      o.num_warps = role ? 8 : 4;
-      const lang::Meta meta{{"HEAD_DIM", d}, {"ROLE", role}};
-      Function f = tilejit::compile(test_kernels::qk_registers(), meta, o);
-      const int64_t M = 256, N = 512;
-      HostTensor q(bf16, {M, d}), k(bf16, {N, d}), ref(f32, {M, N});
-      q.fill_uniform(81, -1, 1);
-      k.fill_uniform(82, -1, 1);
-      runtime::interpret(test_kernels::qk_registers().build(meta), {M / 64}, {q, k, ref});
-      DeviceTensor dq = DeviceTensor::from_host(q), dk = DeviceTensor::from_host(k), s(f32, {M, N});
-      f(Grid{M / 64}, nullptr, dq, dk, s);
-      CHECK(runtime::max_abs_error(s.to_host().to_f64(), ref.to_f64()) < 1e-3);
-    }
+    for (const bool role : {false, true})
+      for (const int variant : {0, 1, 2, 3, 4, 5}) {  // 1: the key loop's TMA ring re-entered by an outer loop; 2: words
+                                                      // through a channel; 3: two Q blocks through registers; 4: dQ's
+                                                      // shape; 5: the same with Q by TMA
+        const bool outer = variant == 1, channel = variant == 2, two = variant == 3, acc = variant >= 4, q_tma = variant == 5;
+        if (channel && !role) continue;
+        INFO("HEAD_DIM " << d << " role " << role << " outer " << outer << " channel " << channel << " two " << two << " acc " << acc << " q_tma " << q_tma);
+        jit::CompileOptions o;
+        o.num_warps = role ? 8 : 4;
+        const lang::Meta meta{{"HEAD_DIM", d}, {"ROLE", role}, {"OUTER", outer}, {"CHANNEL", channel}, {"TWO", two}, {"ACC", acc}, {"Q_TMA", q_tma}};
+        Function f = tilejit::compile(test_kernels::qk_registers(), meta, o);
+        const int64_t M = 256, N = 512;
+        HostTensor q(bf16, {M, d}), k(bf16, {N, d}), ref(f32, {M, N});
+        q.fill_uniform(81, -1, 1);
+        k.fill_uniform(82, -1, 1);
+        runtime::interpret(test_kernels::qk_registers().build(meta), {M / 64}, {q, k, ref});
+        DeviceTensor dq = DeviceTensor::from_host(q), dk = DeviceTensor::from_host(k), s(f32, {M, N});
+        f(Grid{M / 64}, nullptr, dq, dk, s);
+        // (relative to the largest value: ACC's bf16 rounding of S may differ in the last bit)
+        const std::vector<double> want = ref.to_f64();
+        double largest = 1;
+        for (double x : want) largest = std::max(largest, std::abs(x));
+        CHECK(runtime::max_abs_error(s.to_host().to_f64(), want) < 1e-3 * largest);
+      }
 }
 
 TEST_CASE("gpu: more distinct TMA layouts than descriptor sets: recycled sets never reach a pending launch") {

@@ -189,15 +189,66 @@ inline const Kernel& qk_registers() {
   static const Kernel k = kernel("qk_registers", [](Builder& kb) {
     const int64_t D = kb.meta<int>("HEAD_DIM", 128), BM = 64, BN = 128;
     const bool role = kb.meta<bool>("ROLE", false);
-    auto Q = kb.tensor("Q", bf16, 2, {.align_bytes = 4, .contiguous_last = true});
+    // OUTER: the key loop runs inside an outer loop of two passes (its TMA ring is re-entered: the
+    // planner's "rerun" ring), the second pass storing 2 Q K^T over the first's
+    const bool outer = kb.meta<bool>("OUTER", false);
+    // CHANNEL (with ROLE): the other role pushes a u32 [BM, BN / 32] tile of bits per key block
+    // through a two-slot channel, and the Q K^T role adds bit (r, c) of each to S[r, c], reading
+    // the words in the accumulator's layout (as the forward's RNG_WARPS reads its dropout words)
+    const bool channel = kb.meta<bool>("CHANNEL", false);
+    // TWO: a second Q block (the next one, cyclically), also through registers: S = Q K^T + Q' K^T
+    const bool two = kb.meta<bool>("TWO", false);
+    // ACC: the dQ kernel's shape: per key block S = Q K^T, then acc += bf16(S / 16) K (A from the
+    // block's registers, B the same K tile read MN-major), acc stored once after the loop into
+    // S's first D columns
+    const bool acc_mode = kb.meta<bool>("ACC", false);
+    // Q_TMA: Q promises 16-byte alignment, so it is loaded once by TMA (the reference for the rest)
+    const bool q_tma = kb.meta<bool>("Q_TMA", false);
+    auto Q = kb.tensor("Q", bf16, 2, {.align_bytes = q_tma ? 16 : 4, .contiguous_last = true});
     auto K = kb.tensor("K", bf16, 2, {.align_bytes = 16, .contiguous_last = true});
     auto S = kb.tensor("S", f32, 2, {.contiguous_last = true});
     Tile m0 = program_id(0) * BM;
+    std::optional<Channel> words;
+    if (channel) words.emplace(u32, tilejit::ir::Shape{BM, BN / 32}, 2);
     auto body = [&] {
       Tile q = load(Q.block({m0, 0}, {BM, D}));
-      for_range(0, K.size(0), BN, [&](Tile n0) { store(S.block({m0, n0}, {BM, BN}), dot(q, trans(load(K.block({n0, 0}, {BN, D}))))); });
+      Tile q2 = two ? load(Q.block({(m0 + BM) % Q.size(0), 0}, {BM, D})) : Tile();
+      if (acc_mode) {
+        Var acc = zeros(f32, {BM, D});
+        for_range(0, K.size(0), BN, [&](Tile n0) {
+          Tile kt = load(K.block({n0, 0}, {BN, D}));
+          Tile s = dot(q, trans(kt)) * 0.0625f;
+          acc = dot(cast(bf16, s), kt, acc);
+        });
+        store(S.block({m0, 0}, {BM, D}), acc);
+        for_range(D, S.size(1), D, [&](Tile c0) { store(S.block({m0, c0}, {BM, D}), zeros(f32, {BM, D})); });  // (the rest of S)
+        return;
+      }
+      auto keys = [&](const Tile& times) {
+        for_range(0, K.size(0), BN, [&](Tile n0) {
+          Tile kt = load(K.block({n0, 0}, {BN, D}));
+          Tile s = dot(q, trans(kt)) * cast(f32, times);
+          if (two) s = s + dot(q2, trans(kt));
+          if (words) {
+            Tile w = reshape(broadcast_to(expand_dims(words->pop(n0 / BN), 2), {BM, BN / 32, 32}), {BM, BN});
+            s = s + cast(f32, (w >> cast(u32, arange(0, BN) % 32)[row]) & 1u);
+          }
+          store(S.block({m0, n0}, {BM, BN}), s);
+        });
+      };
+      if (outer) for_range(1, 3, [&](Tile pass) { keys(pass); });
+      else keys(full(i32, {}, 1));
+    };
+    // the bits of key block j: a pattern of the program, the block, the row and the word
+    auto pusher = [&] {
+      for_range(0, cdiv(K.size(0), BN), [&](Tile j) {
+        Tile v = (cast(u32, j) * 2654435761u + cast(u32, program_id(0)) * 40503u) * 2246822519u +
+                 cast(u32, arange(0, BM))[col] * 3266489917u + cast(u32, arange(0, BN / 32))[row] * 668265263u;
+        words->push(j, v);
+      });
     };
     if (!role) body();
+    else if (words) warp_roles({{.warps = 4, .body = body}, {.warps = 4, .body = pusher}});
     else warp_roles({{.warps = 4, .body = body}, {.warps = 4, .body = [] {}}});
   });
   return k;

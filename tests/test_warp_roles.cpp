@@ -3,9 +3,13 @@
 // with their own named barriers); a channel carries tiles from one role to another in order
 // through shared-memory slots behind full/empty mbarriers, read in the layout of their use.
 #include <doctest/doctest.h>
+#include <unistd.h>
 #include <fmt/format.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -138,12 +142,64 @@ TEST_CASE("Channel misuse: a push or pop outside the roles, two roles pushing, a
 
 TEST_CASE("qk_registers on sm_90a: A from registers (Q without TMA), K by TMA, alone and in a warp role") {
   if (testing::no_ptxas()) return;
-  for (const bool role : {false, true}) {
-    INFO("role " << role);
-    const jit::CompiledKernel k =
-        testing::assemble_sm90a(test_kernels::qk_registers().build({{"HEAD_DIM", 128}, {"ROLE", role}}), jit::Backend::Llvm, role ? 8 : 4);
-    CHECK(k.tensor_maps.size() == 1);  // K only
-    CHECK(contains(k.ptx, "wgmma.mma_async"));
-    CHECK(contains(k.ptx, "st.shared"));  // Q's exchange into the A fragment layout
+  for (const bool role : {false, true})
+    for (const int variant : {0, 1, 2}) {  // plain, OUTER, CHANNEL (roles only)
+      const bool outer = variant == 1, channel = variant == 2;
+      if (channel && !role) continue;
+      INFO("role " << role << " outer " << outer << " channel " << channel);
+      const jit::CompiledKernel k = testing::assemble_sm90a(
+          test_kernels::qk_registers().build({{"HEAD_DIM", 128}, {"ROLE", role}, {"OUTER", outer}, {"CHANNEL", channel}}),
+          jit::Backend::Llvm, role ? 8 : 4);
+      CHECK(k.tensor_maps.size() == 1);  // K only
+      CHECK(contains(k.ptx, "wgmma.mma_async"));
+      CHECK(contains(k.ptx, "st.shared"));  // Q's exchange into the A fragment layout
+    }
+}
+
+// ptxas (CUDA 13.0) takes a register that only wgmma reads as dead after the loop's last wgmma
+// that reads it, and reuses it within the iteration: a loop-invariant A operand (Q loaded once
+// without TMA) was overwritten by the next dot's A fragments, and the next iteration multiplied
+// those (the GPU test "A from registers" with ACC; the attention backward with K, V through
+// registers). The lowering keeps such registers alive at the loop body's end (pir keep_alive).
+TEST_CASE("a loop-invariant wgmma A operand in registers is kept alive across the loop's back edge") {
+  if (testing::no_ptxas()) return;
+  const lang::Meta meta{{"HEAD_DIM", 128}, {"ACC", true}};
+  const jit::CompiledKernel k = testing::assemble_sm90a(test_kernels::qk_registers().build(meta), jit::Backend::Llvm, 4);
+  // Q's A fragments (8 k16 steps x 4 registers), not those of bf16(S), which the loop defines
+  size_t uses = 0;
+  for (size_t at = k.ptx.find("st.shared.b32 [S1]"); at != std::string::npos; at = k.ptx.find("st.shared.b32 [S1]", at + 1)) ++uses;
+  CHECK(uses == 32);
+  const jit::CompiledKernel n = testing::assemble_sm90a(test_kernels::qk_registers().build(meta), jit::Backend::Nvrtc, 4);
+  CHECK(contains(n.ptx, "st.shared.b32 [S1]"));
+  // Where cuobjdump is installed: the two dots' HGMMAs read different A registers.
+  if (std::system("command -v cuobjdump > /dev/null 2>&1") != 0) {
+    MESSAGE("cuobjdump not installed: the SASS check is skipped");
+    return;
   }
+  const std::string base = (std::filesystem::temp_directory_path() / fmt::format("tilejit-keepalive-{}", ::getpid())).string();
+  const std::string cubin = base + ".cubin", sass = base + ".sass";
+  struct Cleanup {
+    std::string a, b;
+    ~Cleanup() { std::remove(a.c_str()), std::remove(b.c_str()); }
+  } cleanup{cubin, sass};
+  FILE* f = std::fopen(cubin.c_str(), "wb");
+  REQUIRE(f);
+  std::fwrite(k.cubin.data(), 1, k.cubin.size(), f);
+  std::fclose(f);
+  REQUIRE(std::system(fmt::format("cuobjdump -sass '{}' > '{}'", cubin, sass).c_str()) == 0);
+  std::vector<std::string> a_regs;  // HGMMA.64x128x16.F32.BF16 Rd, Ra, gdesc[..]: Ra of each
+  FILE* in = std::fopen(sass.c_str(), "r");
+  REQUIRE(in);
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, in)) {
+    const char* h = std::strstr(buf, "HGMMA.");
+    if (!h) continue;
+    const char* comma = std::strchr(h, ',');
+    if (!comma) continue;
+    a_regs.push_back(std::string(comma + 2, std::strcspn(comma + 2, ",")));
+  }
+  std::fclose(in);
+  REQUIRE(a_regs.size() == 16);  // S = Q K^T, then acc += bf16(S) K: 8 k16 steps each
+  for (size_t i = 0; i < 8; ++i)
+    for (size_t j = 8; j < 16; ++j) CHECK_MESSAGE(a_regs[i] != a_regs[j], "HGMMA " << i << " and " << j << " both read " << a_regs[i]);
 }
