@@ -22,7 +22,7 @@
 //   attention_bench --tool-ab              the API's forward, dK/dV and dQ kernels assembled by nvJitLink and by
 //     ptxas (whole-program), alternated rounds, S 4k/8k, D 64/128, full/causal:
 //     TOOL_AB kernel=attention_bwd_dkdv S=4096 D=128 causal=0 nvjitlink_ms=.. ptxas_ms=.. speedup=.. registers=../.. outputs_identical=1
-//   attention_bench --dq-variants          the recompute dQ kernel alone at other BLOCK_N / stages:
+//   attention_bench --dq-variants          the recompute dQ kernel alone at other BLOCK_M / BLOCK_N / warps / stages:
 //     DQ_VARIANT D=128 causal=0 default=64x64/4w/2s variant=64x32/4w/2s programs_per_sm=.. default_ms=..
 //       variant_ms=.. speedup=.. outputs_identical=..
 //   attention_bench --mask-kernel          the dropout_mask kernel alone per tiling and warps (D128 S4k's
@@ -158,20 +158,29 @@ struct AbResult {
   double off_ms = 0, on_ms = 0;
   bool identical = false;
 };
-AbResult ab_measure(std::vector<Function>& fns, const runtime::Grid& grid, const runtime::Stream& stream,
-                    const std::vector<runtime::DeviceArg>& args, std::initializer_list<const DeviceBuffer*> outputs, size_t bytes,
-                    int max_reps) {
+// (each function on its own grid: variants with other tiles)
+AbResult ab_measure_grids(std::vector<Function>& fns, const std::array<runtime::Grid, 2>& grids, const runtime::Stream& stream,
+                          const std::vector<runtime::DeviceArg>& args, std::initializer_list<const DeviceBuffer*> outputs, size_t bytes,
+                          int max_reps) {
   std::vector<char> out[2];
   for (int on : {0, 1}) {
-    fns[static_cast<size_t>(on)].launch(grid, stream.handle(), args);
+    fns[static_cast<size_t>(on)].launch(grids[static_cast<size_t>(on)], stream.handle(), args);
     stream.synchronize();
     out[on].resize(outputs.size() * bytes);
     size_t at = 0;
     for (const DeviceBuffer* b : outputs) b->download(out[on].data() + at, bytes), at += bytes;
   }
   std::vector<double> ms[2];
-  ab_rounds([&](int on) { ms[on].push_back(time_ms([&] { fns[static_cast<size_t>(on)].launch(grid, stream.handle(), args); }, stream, max_reps)); });
+  ab_rounds([&](int on) {
+    ms[on].push_back(time_ms([&] { fns[static_cast<size_t>(on)].launch(grids[static_cast<size_t>(on)], stream.handle(), args); }, stream,
+                             max_reps));
+  });
   return {median(ms[0]), median(ms[1]), out[0] == out[1]};
+}
+AbResult ab_measure(std::vector<Function>& fns, const runtime::Grid& grid, const runtime::Stream& stream,
+                    const std::vector<runtime::DeviceArg>& args, std::initializer_list<const DeviceBuffer*> outputs, size_t bytes,
+                    int max_reps) {
+  return ab_measure_grids(fns, {grid, grid}, stream, args, outputs, bytes, max_reps);
 }
 
 // Device buffers of the largest tensors of the grid (B * S = 16k tokens, H * D = 2048) and the
@@ -823,7 +832,7 @@ int bench_dq_variants(int max_reps) {
   const Buffers buf;
   runtime::Stream stream;
   struct Variant {
-    int bn, warps, stages;
+    int bn, warps, stages, bm = 0;  // bm 0: the default's BLOCK_M
   };
   for (int64_t D : {64, 128})
     for (bool causal : {false, true}) {
@@ -833,7 +842,8 @@ int bench_dq_variants(int max_reps) {
       const attention::Tensor delta_view = attention::contiguous(delta.ptr(), ir::DType::f32, {c.B(), c.H(), c.S});
       const attention::Schedule sch = attention::default_schedule(attention::Pass::bwd_dq, ir::DType::bf16, static_cast<int>(D), causal);
       const auto make = [&](Variant v) {
-        lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D}, {"BLOCK_M", sch.block_m}, {"BLOCK_N", v.bn}, {"BSHD", true}, {"CAUSAL", causal}};
+        lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D},      {"BLOCK_M", v.bm ? v.bm : sch.block_m},
+                        {"BLOCK_N", v.bn},          {"BSHD", true},       {"CAUSAL", causal}};
         jit::CompileOptions o;
         o.num_warps = v.warps;
         o.pipeline.stages = v.stages;
@@ -841,16 +851,20 @@ int bench_dq_variants(int max_reps) {
       };
       const std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dQ.view(),
                                                  static_cast<float>(1 / std::sqrt(double(D)))};
-      const runtime::Grid grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()};
       for (Variant v : {Variant{32, sch.num_warps, sch.stages}, Variant{sch.block_n, sch.num_warps, 1}, Variant{32, sch.num_warps, 3},
-                        Variant{128, sch.num_warps, sch.stages}}) {
+                        Variant{128, sch.num_warps, sch.stages}, Variant{sch.block_n, 8, sch.stages, 128},
+                        Variant{sch.block_n, 8, 3, 128}}) {
         std::vector<Function> fns;
         fns.push_back(make({sch.block_n, sch.num_warps, sch.stages}));
         fns.push_back(make(v));
-        const AbResult r = ab_measure(fns, grid, stream, args, {&buf.dq}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
+        // (each variant on its own grid: BLOCK_M sets the programs)
+        const int vbm = v.bm ? v.bm : sch.block_m;
+        const AbResult r = ab_measure_grids(fns, {runtime::Grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()},
+                                                  runtime::Grid{lang::cdiv(c.S, vbm), c.H(), c.B()}},
+                                            stream, args, {&buf.dq}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
         std::printf("DQ_VARIANT D=%ld causal=%d default=%dx%d/%dw/%ds variant=%dx%d/%dw/%ds programs_per_sm=%d default_ms=%.4f variant_ms=%.4f "
                     "speedup=%.3f outputs_identical=%d\n",
-                    static_cast<long>(D), causal ? 1 : 0, sch.block_m, sch.block_n, sch.num_warps, sch.stages, sch.block_m, v.bn, v.warps,
+                    static_cast<long>(D), causal ? 1 : 0, sch.block_m, sch.block_n, sch.num_warps, sch.stages, vbm, v.bn, v.warps,
                     v.stages, fns[1].gpu_kernel().max_resident_per_sm(), r.off_ms, r.on_ms, r.off_ms / r.on_ms, r.identical ? 1 : 0);
         std::fflush(stdout);
       }
