@@ -928,6 +928,7 @@ int bench_backward_ab(const std::string& meta_name, int max_reps) {
         jit::CompileOptions o;
         o.num_warps = sch.num_warps;
         o.pipeline.stages = sch.stages;
+        o.min_programs_per_sm = sch.min_programs_per_sm;  // (as the API compiles it: D64's dK/dV has 3)
         fns.emplace_back(kernels::attention_backward_dkdv(), meta, o);
       }
       std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dK.view(), dV.view(),
