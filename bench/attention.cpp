@@ -809,7 +809,11 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
 // LSE from the forward; Delta from the preprocess kernel, as the API runs them.
 // What a backward kernel alone reads besides Q, K, V, dO: the forward's O and LSE (into buf) and
 // Delta = rowsum(dO * O) from the preprocess kernel, f32 [B, H, S] (returned).
-DeviceBuffer forward_and_delta(const Buffers& buf, const Config& c, const runtime::Stream& stream) {
+struct DeltaBuffer {
+  DeviceBuffer buffer;
+  attention::Tensor view;  // f32 [B, H, S] on `buffer`
+};
+DeltaBuffer forward_and_delta(const Buffers& buf, const Config& c, const runtime::Stream& stream) {
   const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
   attention::Options fo;
   fo.causal = c.causal;
@@ -822,11 +826,11 @@ DeviceBuffer forward_and_delta(const Buffers& buf, const Config& c, const runtim
   const attention::Tensor delta_view = attention::contiguous(delta.ptr(), ir::DType::f32, {c.B(), c.H(), c.S});
   const std::vector<runtime::DeviceArg> prep_args{O.view(), dO.view(), delta_view.view()};
   prep.launch({lang::cdiv(c.S, pre.block_m), c.H(), c.B()}, stream.handle(), prep_args);
-  return delta;
+  return {std::move(delta), delta_view};
 }
 
-// --dq-variants: the dQ kernel (recompute) alone at other BLOCK_N / stages than the default (same
-// BLOCK_M, so the same grid), D 64/128 S4k, full and causal; outputs compared bit for bit (a
+// --dq-variants: the dQ kernel (recompute) alone at other BLOCK_M / BLOCK_N / warps / stages than
+// the default (each on its own grid), D 64/128 S4k, full and causal; outputs compared bit for bit (a
 // different BLOCK_N sums in another order: expect differences there).
 int bench_dq_variants(int max_reps) {
   const Buffers buf;
@@ -838,8 +842,8 @@ int bench_dq_variants(int max_reps) {
     for (bool causal : {false, true}) {
       const Config c{4096, D, causal};
       const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
-      const DeviceBuffer delta = forward_and_delta(buf, c, stream);
-      const attention::Tensor delta_view = attention::contiguous(delta.ptr(), ir::DType::f32, {c.B(), c.H(), c.S});
+      const DeltaBuffer delta = forward_and_delta(buf, c, stream);
+      const attention::Tensor& delta_view = delta.view;
       const attention::Schedule sch = attention::default_schedule(attention::Pass::bwd_dq, ir::DType::bf16, static_cast<int>(D), causal);
       const auto make = [&](Variant v) {
         lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D},      {"BLOCK_M", v.bm ? v.bm : sch.block_m},
@@ -918,8 +922,8 @@ int bench_backward_ab(const std::string& meta_name, int max_reps) {
     for (bool causal : {false, true}) {
       const Config c{4096, D, causal};
       const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
-      const DeviceBuffer delta = forward_and_delta(buf, c, stream);
-      const attention::Tensor delta_view = attention::contiguous(delta.ptr(), ir::DType::f32, {c.B(), c.H(), c.S});
+      const DeltaBuffer delta = forward_and_delta(buf, c, stream);
+      const attention::Tensor& delta_view = delta.view;
       const attention::Schedule sch = attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, static_cast<int>(D), causal);
       std::vector<Function> fns;
       for (bool on : {false, true}) {
@@ -955,8 +959,8 @@ int bench_tool_ab(int max_reps) {
       for (bool causal : {false, true}) {
         const Config c{S, D, causal};
         const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
-        const DeviceBuffer delta = forward_and_delta(buf, c, stream);
-        const attention::Tensor delta_view = attention::contiguous(delta.ptr(), ir::DType::f32, {c.B(), c.H(), c.S});
+        const DeltaBuffer delta = forward_and_delta(buf, c, stream);
+        const attention::Tensor& delta_view = delta.view;
         const float scale = static_cast<float>(1 / std::sqrt(double(D)));
         const size_t bytes = static_cast<size_t>(c.B() * c.S * c.H() * D * 2);
         for (attention::Pass pass : {attention::Pass::forward, attention::Pass::bwd_dkdv, attention::Pass::bwd_dq}) {

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/host_tensor.hpp"
@@ -20,6 +21,6 @@ std::vector<T> raw(const tilejit::runtime::HostTensor& t) {
   return v;
 }
 
-inline bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+inline bool contains(const std::string& s, std::string_view what) { return s.find(what) != std::string::npos; }
 
 }  // namespace testing

@@ -13,6 +13,7 @@
 
 #include "dsl/lang.hpp"
 #include "runtime/interpreter.hpp"
+#include "host_bits.hpp"
 
 using namespace tilejit::lang;
 namespace ir = tilejit::ir;
@@ -57,7 +58,7 @@ std::string build_error(const Kernel& k) {
 // "test_control.cpp:<line>", as the error messages print a location of this file.
 std::string here(int line) { return fmt::format("test_control.cpp:{}", line); }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using ::testing::contains;
 
 }  // namespace
 

@@ -28,6 +28,7 @@
 #include "kernels/gemm.hpp"
 #include "runtime/device_buffer.hpp"
 #include "runtime/driver.hpp"
+#include "host_bits.hpp"
 
 using namespace tilejit::jit;
 using tilejit::ir::DType;
@@ -36,7 +37,7 @@ using pir::V;
 
 namespace {
 
-bool contains(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
+using ::testing::contains;
 
 bool have_nvrtc() {
   std::string why;

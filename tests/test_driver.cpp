@@ -11,6 +11,7 @@
 
 #include "runtime/device_buffer.hpp"
 #include "runtime/driver.hpp"
+#include "host_bits.hpp"
 
 namespace rt = tilejit::runtime;
 using rt::DeviceError;
@@ -18,7 +19,7 @@ using rt::Driver;
 
 namespace {
 
-bool contains(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
+using ::testing::contains;
 
 // The message of the DeviceError `f` throws, or a marker that fails the checks when it throws none.
 template <class F>

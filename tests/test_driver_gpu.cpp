@@ -21,6 +21,7 @@
 
 #include "runtime/device_buffer.hpp"
 #include "runtime/driver.hpp"
+#include "host_bits.hpp"
 
 namespace rt = tilejit::runtime;
 namespace fs = std::filesystem;
@@ -115,7 +116,7 @@ $L_done:
 
 constexpr uint32_t kPoisonBits = 0xFFFFFFFFu;  // what fill_bytes(0xFF) leaves in an f32
 
-bool contains(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
+using ::testing::contains;
 
 template <class F>
 std::string device_error_of(F&& f) {

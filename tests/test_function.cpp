@@ -18,6 +18,7 @@
 #include "kernels/registry.hpp"
 #include "runtime/compile_cache.hpp"
 #include "test_kernels.hpp"
+#include "host_bits.hpp"
 
 using namespace tilejit;
 using namespace tilejit::lang;
@@ -84,7 +85,7 @@ std::string invalid(Fn&& fn) {
   return {};
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using ::testing::contains;
 #define CHECK_HAS(msg, part) CHECK_MESSAGE(contains(msg, part), "message: " << msg << "\nexpected: " << part)
 
 uint64_t total(const runtime::CompileCacheStats& s) { return s.memory_hits + s.disk_hits + s.compiles; }

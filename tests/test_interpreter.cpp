@@ -14,6 +14,7 @@
 
 #include "dsl/lang.hpp"
 #include "runtime/interpreter.hpp"
+#include "host_bits.hpp"
 
 using namespace tilejit::lang;
 namespace ir = tilejit::ir;
@@ -34,7 +35,7 @@ std::string interpret_error(const ir::Function& f, rt::Grid grid, const std::vec
   return {};
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using ::testing::contains;
 std::string here(int line) { return fmt::format("test_interpreter.cpp:{}", line); }
 
 bool all_poison(const HostTensor& t, size_t from_byte, size_t to_byte) {

@@ -13,6 +13,7 @@
 #include "jit/compile.hpp"
 #include "runtime/interpreter.hpp"
 #include "test_kernels.hpp"
+#include "host_bits.hpp"
 
 using namespace tilejit::lang;
 namespace ir = tilejit::ir;
@@ -21,7 +22,7 @@ using rt::HostTensor;
 
 namespace {
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using ::testing::contains;
 std::string here(int line) { return fmt::format("test_slice.cpp:{}", line); }
 
 // Rows [s, s + n) of X, copied to the first rows of Y through an 8x8 window of the view.
