@@ -19,7 +19,7 @@
 //       best variant with MASK_CAUSAL, checked first: GEMM_RNG_CAUSAL visible_words_identical=1)
 //   attention_bench --dropout [P] --e2e-only   only the GEMM_RNG and E2E lines (and E2E_PARTS: each
 //     E2E kernel timed alone)
-//   attention_bench --tool-ab              the API's forward, dK/dV and dQ kernels assembled by nvJitLink and by
+//   attention_bench --tool-ab              the API's forward (also with fused dropout p 0.1), dK/dV and dQ kernels assembled by nvJitLink and by
 //     ptxas (whole-program), alternated rounds, S 4k/8k, D 64/128, full/causal:
 //     TOOL_AB kernel=attention_bwd_dkdv S=4096 D=128 causal=0 nvjitlink_ms=.. ptxas_ms=.. speedup=.. registers=../.. outputs_identical=1
 //   attention_bench --dq-variants          the recompute dQ kernel alone at other BLOCK_M / BLOCK_N / warps / stages:
@@ -963,9 +963,14 @@ int bench_tool_ab(int max_reps) {
         const attention::Tensor& delta_view = delta.view;
         const float scale = static_cast<float>(1 / std::sqrt(double(D)));
         const size_t bytes = static_cast<size_t>(c.B() * c.S * c.H() * D * 2);
-        for (attention::Pass pass : {attention::Pass::forward, attention::Pass::bwd_dkdv, attention::Pass::bwd_dq}) {
-          const attention::Schedule sch = attention::default_schedule(pass, dt, static_cast<int>(D), causal);
+        // (the forward twice: without and with fused dropout, p = 0.1)
+        for (int row = 0; row < 4; ++row) {
+          const attention::Pass pass = row == 2 ? attention::Pass::bwd_dkdv : row == 3 ? attention::Pass::bwd_dq : attention::Pass::forward;
+          const bool dropout = row == 1;
+          const attention::Schedule sch =
+              attention::default_schedule(pass, dt, static_cast<int>(D), causal, false, attention::DqReduction::recompute, dropout);
           lang::Meta meta{{"DTYPE", dt}, {"HEAD_DIM", D}, {"BLOCK_M", sch.block_m}, {"BLOCK_N", sch.block_n}, {"BSHD", true}, {"CAUSAL", causal}};
+          if (dropout) meta.emplace_back("DROPOUT", true);
           if (pass == attention::Pass::forward) meta.emplace_back("POSITIVE_SCALE", true);  // as the API launches it
           if (pass == attention::Pass::forward && sch.min_programs_per_sm > 0) meta.emplace_back("EXACT_NORMALIZE", false);
           const auto& kernel = pass == attention::Pass::forward    ? kernels::attention_forward()
@@ -982,9 +987,13 @@ int bench_tool_ab(int max_reps) {
           }
           // (the forward rewrites O and LSE, which the backward kernels read, with the same values)
           AbResult r;
-          if (pass == attention::Pass::forward)
-            r = ab_measure(fns, {lang::cdiv(c.S, sch.block_m), c.H(), c.B()}, stream, {Q.view(), K.view(), V.view(), O.view(), L.view(), scale},
-                           {&buf.o}, bytes, max_reps);
+          if (pass == attention::Pass::forward) {
+            std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), scale};
+            if (dropout)
+              for (uint32_t v : {1234u, 0u, 7u, 0u, kernels::dropout_keep_threshold(0.1)}) args.emplace_back(v);
+            r = ab_measure(fns, {lang::cdiv(c.S, sch.block_m), c.H(), c.B()}, stream, args, {&buf.o}, bytes, max_reps);
+            if (dropout) forward_and_delta(buf, c, stream);  // (O and LSE without dropout again, for the backward rows)
+          }
           else if (pass == attention::Pass::bwd_dkdv)
             r = ab_measure(fns, {lang::cdiv(c.S, sch.block_n), c.H(), c.B()}, stream,
                            {Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dK.view(), dV.view(), scale},
@@ -994,8 +1003,9 @@ int bench_tool_ab(int max_reps) {
                            {Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dQ.view(), scale}, {&buf.dq}, bytes,
                            max_reps);
           const auto regs = [](Function& f) { return f.compiled().info.registers; };
-          std::printf("TOOL_AB kernel=%s S=%ld D=%ld causal=%d nvjitlink_ms=%.4f ptxas_ms=%.4f speedup=%.3f registers=%d/%d outputs_identical=%d\n",
-                      attention::name(pass), static_cast<long>(S), static_cast<long>(D), causal ? 1 : 0, r.off_ms, r.on_ms, r.off_ms / r.on_ms,
+          std::printf("TOOL_AB kernel=%s%s S=%ld D=%ld causal=%d nvjitlink_ms=%.4f ptxas_ms=%.4f speedup=%.3f registers=%d/%d outputs_identical=%d\n",
+                      attention::name(pass), dropout ? "+dropout" : "", static_cast<long>(S), static_cast<long>(D), causal ? 1 : 0, r.off_ms,
+                      r.on_ms, r.off_ms / r.on_ms,
                       regs(fns[0]), regs(fns[1]), r.identical ? 1 : 0);
           std::fflush(stdout);
         }
