@@ -2028,11 +2028,13 @@ class Lowerer {
               int64_t row = r * 64 * split.m + h, col = 16 * kk + c;
               a.push_back(pack(by_coord.at({row, col}), by_coord.at({row, col + 1})));
             }
-      // A value from outside the innermost loop around this dot: its registers are the same in
-      // every iteration, and ptxas must be shown that they live across the loop's back edge.
+      // A value the same in every iteration of the innermost loop around this dot (from outside
+      // it, or computed in it from such values alone, which LLVM hoists): ptxas must be shown that
+      // its registers live across the loop's back edge.
       for (auto f = frames_.rbegin(); f != frames_.rend(); ++f)
         if (f->loop_body) {
-          if (!f->defined->count(op.operands[0])) f->keep_alive.insert(f->keep_alive.end(), a.begin(), a.end());
+          std::unordered_map<ir::ValueId, bool> memo;
+          if (loop_invariant(op.operands[0], *f->defined, memo)) f->keep_alive.insert(f->keep_alive.end(), a.begin(), a.end());
           break;
         }
     }
@@ -2071,6 +2073,28 @@ class Lowerer {
     pending_.push_back({++committed_, op.results[0], LC, acc, ops_lowered_, blocks_.back(), blocks_.back()->insts.size() - 1});
     if (w.a_staged) staged_a_group_ = committed_;
     put(op.results[0], LC, acc);
+  }
+
+  // Whether x is the same in every iteration of the loop whose body defines `inside`: defined
+  // outside it, or inside by register-only ops (no memory, no asm: nothing LLVM keeps in the loop)
+  // from such values. Block arguments (the counter, carried values) and everything else vary.
+  bool loop_invariant(ir::ValueId x, const std::unordered_set<ir::ValueId>& inside, std::unordered_map<ir::ValueId, bool>& memo) const {
+    if (!inside.count(x)) return true;
+    if (auto it = memo.find(x); it != memo.end()) return it->second;
+    memo[x] = false;  // (cycles cannot occur in SSA; a block argument has no def)
+    auto d = def_.find(x);
+    if (d == def_.end()) return false;
+    const ir::Op& op = *d->second;
+    const OpKind k = op.kind;
+    const bool register_only = ir::is_elementwise(k) || k == OpKind::constant || k == OpKind::arange || k == OpKind::splat ||
+                               k == OpKind::broadcast || k == OpKind::expand_dims || k == OpKind::reshape || k == OpKind::trans ||
+                               k == OpKind::cast || k == OpKind::bitcast || k == OpKind::select || k == OpKind::pack_pairs ||
+                               k == OpKind::unpack_pairs || k == OpKind::program_id || k == OpKind::num_programs ||
+                               k == OpKind::tensor_dim || k == OpKind::tensor_stride || k == OpKind::tensor_ptr;
+    if (!register_only) return false;
+    for (ir::ValueId o : op.operands)
+      if (!loop_invariant(o, inside, memo)) return false;
+    return memo[x] = true;
   }
 
   // The byte offset of element (row, col) of a staging tile in the 128-byte swizzle TMA and wgmma

@@ -310,15 +310,17 @@ TEST_CASE("gpu: wgmma with A from registers (a Q block without TMA) at K = 64 an
   if (!have_gpu()) return;
   for (const int64_t d : {64, 128})
     for (const bool role : {false, true})
-      for (const int variant : {0, 1, 2, 3, 4, 5}) {  // 1: the key loop's TMA ring re-entered by an outer loop; 2: words
-                                                      // through a channel; 3: two Q blocks through registers; 4: dQ's
-                                                      // shape; 5: the same with Q by TMA
-        const bool outer = variant == 1, channel = variant == 2, two = variant == 3, acc = variant >= 4, q_tma = variant == 5;
+      for (const int variant : {0, 1, 2, 3, 4, 5, 6}) {  // 1: the key loop's TMA ring re-entered by an outer loop; 2:
+                                                         // words through a channel; 3: two Q blocks through registers;
+                                                         // 4: dQ's shape; 5: the same with Q by TMA; 6: with S's A
+                                                         // operand computed in the loop from Q (hoisted by LLVM)
+        const bool outer = variant == 1, channel = variant == 2, two = variant == 3, acc = variant >= 4, q_tma = variant == 5,
+                   inner = variant == 6;
         if (channel && !role) continue;
-        INFO("HEAD_DIM " << d << " role " << role << " outer " << outer << " channel " << channel << " two " << two << " acc " << acc << " q_tma " << q_tma);
+        INFO("HEAD_DIM " << d << " role " << role << " outer " << outer << " channel " << channel << " two " << two << " acc " << acc << " q_tma " << q_tma << " inner " << inner);
         jit::CompileOptions o;
         o.num_warps = role ? 8 : 4;
-        const lang::Meta meta{{"HEAD_DIM", d}, {"ROLE", role}, {"OUTER", outer}, {"CHANNEL", channel}, {"TWO", two}, {"ACC", acc}, {"Q_TMA", q_tma}};
+        const lang::Meta meta{{"HEAD_DIM", d}, {"ROLE", role}, {"OUTER", outer}, {"CHANNEL", channel}, {"TWO", two}, {"ACC", acc}, {"Q_TMA", q_tma}, {"INNER", inner}};
         Function f = tilejit::compile(test_kernels::qk_registers(), meta, o);
         const int64_t M = 256, N = 512;
         HostTensor q(bf16, {M, d}), k(bf16, {N, d}), ref(f32, {M, N});

@@ -163,7 +163,9 @@ TEST_CASE("qk_registers on sm_90a: A from registers (Q without TMA), K by TMA, a
 // registers). The lowering keeps such registers alive at the loop body's end (pir keep_alive).
 TEST_CASE("a loop-invariant wgmma A operand in registers is kept alive across the loop's back edge") {
   if (testing::no_ptxas()) return;
-  const lang::Meta meta{{"HEAD_DIM", 128}, {"ACC", true}};
+  for (const bool inner : {false, true}) {  // inner: the A operand computed in the loop from loop-invariant values
+  INFO("inner " << inner);
+  const lang::Meta meta{{"HEAD_DIM", 128}, {"ACC", true}, {"INNER", inner}};
   const jit::CompiledKernel k = testing::assemble_sm90a(test_kernels::qk_registers().build(meta), jit::Backend::Llvm, 4);
   // Q's A fragments (8 k16 steps x 4 registers), not those of bf16(S), which the loop defines
   size_t uses = 0;
@@ -174,7 +176,7 @@ TEST_CASE("a loop-invariant wgmma A operand in registers is kept alive across th
   // Where cuobjdump is installed: the two dots' HGMMAs read different A registers.
   if (std::system("command -v cuobjdump > /dev/null 2>&1") != 0) {
     MESSAGE("cuobjdump not installed: the SASS check is skipped");
-    return;
+    continue;
   }
   const std::string base = (std::filesystem::temp_directory_path() / fmt::format("tilejit-keepalive-{}", ::getpid())).string();
   const std::string cubin = base + ".cubin", sass = base + ".sass";
@@ -202,4 +204,5 @@ TEST_CASE("a loop-invariant wgmma A operand in registers is kept alive across th
   REQUIRE(a_regs.size() == 16);  // S = Q K^T, then acc += bf16(S) K: 8 k16 steps each
   for (size_t i = 0; i < 8; ++i)
     for (size_t j = 8; j < 16; ++j) CHECK_MESSAGE(a_regs[i] != a_regs[j], "HGMMA " << i << " and " << j << " both read " << a_regs[i]);
+  }
 }
