@@ -14,6 +14,10 @@ namespace tilejit::jit {
 struct PipelineOptions {
   bool enabled = true;  // only on sm_90a
   int stages = 3;
+  // false: windows loaded once (outside loops) that feed a wgmma as A go through registers, not
+  // TMA (what a tensor without a 16-byte alignment promise gets); for testing that path on every
+  // kernel. Part of the cache and bundle keys when false.
+  bool once_by_tma = true;
 };
 
 struct TmaDotLoop {

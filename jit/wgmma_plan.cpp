@@ -156,7 +156,7 @@ class Planner {
     const ir::Op* parent = parent_.at(&load);
     // loaded once: at the kernel's top level, or at a warp role's (the role is the whole program
     // of its warps)
-    if (!parent || parent->kind == OpKind::warp_roles) return true;
+    if (!parent || parent->kind == OpKind::warp_roles) return opts_.once_by_tma;
     if (parent->kind != OpKind::for_ || skip_.count(parent)) return false;
     std::vector<const ir::Op*> ops;
     for (size_t i = 1; i < load.operands.size(); ++i)

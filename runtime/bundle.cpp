@@ -235,6 +235,7 @@ std::string cli_spec(const ir::Function& f, const jit::CompileOptions& opts) {
   parts.push_back(fmt::format("stages={}", opts.pipeline.stages));
   if (opts.min_programs_per_sm > 0) parts.push_back(fmt::format("min_programs_per_sm={}", opts.min_programs_per_sm));
   if (!opts.pipeline.enabled) parts.push_back("pipeline=off");
+  if (!opts.pipeline.once_by_tma) parts.push_back("once_by_tma=off");
   return fmt::format("{}:{}", f.name, fmt::join(parts, ","));
 }
 
@@ -268,6 +269,7 @@ std::string key_text(std::string_view ir_hash, std::string_view kernel, const ji
       opts.pipeline.stages);
   // only when set: the keys of every kernel without the bound stay what they were
   if (opts.min_programs_per_sm > 0) text += fmt::format("min_programs_per_sm={}\n", opts.min_programs_per_sm);
+  if (!opts.pipeline.once_by_tma) text += "once_by_tma=0\n";
   return text;
 }
 
@@ -325,9 +327,9 @@ std::string describe_meta(const std::vector<ir::MetaEntry>& meta) {
 }
 
 std::string describe_schedule(const jit::CompileOptions& opts) {
-  return fmt::format("warps={},stages={},{}pipeline={},backend={}", opts.num_warps, opts.pipeline.stages,
+  return fmt::format("warps={},stages={},{}pipeline={},{}backend={}", opts.num_warps, opts.pipeline.stages,
                      opts.min_programs_per_sm > 0 ? fmt::format("min_programs_per_sm={},", opts.min_programs_per_sm) : std::string(),
-                     opts.pipeline.enabled ? "on" : "off", jit::to_string(opts.backend));
+                     opts.pipeline.enabled ? "on" : "off", opts.pipeline.once_by_tma ? "" : "once_by_tma=off,", jit::to_string(opts.backend));
 }
 
 // ---- writing ---------------------------------------------------------------------------------

@@ -173,6 +173,7 @@ std::string key_text(std::string_view ir_hash, const ir::Function& f, const jit:
   if (opts.backend == jit::Backend::Nvrtc) text += fmt::format("nvrtc={}\n", jit::nvrtc_version());
   // only when set: the keys of every kernel without the bound stay what they were
   if (opts.min_programs_per_sm > 0) text += fmt::format("min_programs_per_sm={}\n", opts.min_programs_per_sm);
+  if (!opts.pipeline.once_by_tma) text += "once_by_tma=0\n";
   return text;
 }
 

@@ -187,13 +187,18 @@ TEST_CASE("bundle keys leave the compilers out and keep what changes the code") 
   CHECK(runtime::bundle_key_text(f, bounded).find("min_programs_per_sm=3\n") != std::string::npos);
   CHECK(runtime::describe_schedule(bounded) == "warps=8,stages=4,min_programs_per_sm=3,pipeline=on,backend=llvm");
   CHECK(runtime::describe_schedule(o) == "warps=8,stages=4,pipeline=on,backend=llvm");
+  jit::CompileOptions registers = o;  // once-loaded A windows through registers: also named only when set
+  registers.pipeline.once_by_tma = false;
+  CHECK(text.find("once_by_tma") == std::string::npos);
+  CHECK(runtime::bundle_key_text(f, registers).find("once_by_tma=0\n") != std::string::npos);
+  CHECK(runtime::describe_schedule(registers) == "warps=8,stages=4,pipeline=on,once_by_tma=off,backend=llvm");
 
   // What changes the code does.
   std::set<std::string> seen{k0};
   for (const std::string& k :
        {with([](auto& c) { c.arch = "sm_80"; }), with([](auto& c) { c.num_warps = 4; }),
         with([](auto& c) { c.pipeline.stages = 3; }), with([](auto& c) { c.pipeline.enabled = false; }),
-        with([](auto& c) { c.min_programs_per_sm = 3; }),
+        with([](auto& c) { c.min_programs_per_sm = 3; }), with([](auto& c) { c.pipeline.once_by_tma = false; }),
         runtime::bundle_key(BundleEntrySpec::with_default_schedule("gemm", {{"BLOCK_N", 128}}).build(), o),
         runtime::bundle_key(BundleEntrySpec::with_default_schedule("attention_fwd").build(), o)})
     CHECK(seen.insert(k).second);

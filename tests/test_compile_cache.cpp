@@ -187,6 +187,7 @@ TEST_CASE("the key moves with every component and only with them") {
       {"ptx tool", with([](auto& o) { o.ptx_tool = jit::PtxTool::Ptxas; })},
       {"no cubin", with([](auto& o) { o.make_cubin = false; })},
       {"min_programs_per_sm", with([](auto& o) { o.min_programs_per_sm = 3; })},
+      {"once-loaded windows through registers", with([](auto& o) { o.pipeline.once_by_tma = false; })},
   };
   std::set<std::string> seen{k0};
   for (const auto& [what, key] : variants) {

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "dsl/lang.hpp"
+#include "kernels/attention.hpp"
+#include "kernels/attention_backward.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/philox_host.hpp"
 #include "kernels/registry.hpp"
@@ -335,6 +337,66 @@ TEST_CASE("gpu: wgmma with A from registers (a Q block without TMA) at K = 64 an
         for (double x : want) largest = std::max(largest, std::abs(x));
         CHECK(runtime::max_abs_error(s.to_host().to_f64(), want) < 1e-3 * largest);
       }
+}
+
+// The register path for A operands loaded once (what a tensor without a 16-byte alignment promise
+// gets) on the real attention kernels, bit for bit against the TMA path: every once-loaded window that feeds a wgmma as A (Q in the
+// forward and dQ, K and V in dK/dV, dO in dQ) through registers instead of TMA. Before the
+// keep_alive fix this path gave wrong dK, dV and dQ (166 failed checks of the attention suite).
+TEST_CASE("gpu: attention kernels with once-loaded windows through registers give the TMA path's outputs") {
+  if (!have_gpu()) return;
+  const int64_t B = 1, H = 2, S = 320;
+  for (const int64_t D : {64, 128})
+    for (const bool causal : {false, true}) {
+      INFO("D " << D << " causal " << causal);
+      HostTensor q(bf16, {B, S, H, D}), k(bf16, {B, S, H, D}), v(bf16, {B, S, H, D}), dout(bf16, {B, S, H, D});
+      q.fill_uniform(31, -1, 1), k.fill_uniform(32, -1, 1), v.fill_uniform(33, -1, 1), dout.fill_uniform(34, -1, 1);
+      auto dq_in = DeviceTensor::from_host(q), dk_in = DeviceTensor::from_host(k), dv_in = DeviceTensor::from_host(v),
+           ddo = DeviceTensor::from_host(dout);
+      const float scale = static_cast<float>(1 / std::sqrt(double(D)));
+      const lang::Meta base{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"BSHD", true}, {"CAUSAL", causal}};
+      auto meta = [&](int64_t bm, int64_t bn) {
+        lang::Meta m = base;
+        m.insert(m.end(), {{"BLOCK_M", bm}, {"BLOCK_N", bn}});
+        return m;
+      };
+      auto options = [](int warps, bool once_by_tma) {
+        jit::CompileOptions o;
+        o.num_warps = warps;
+        o.pipeline.stages = 2;
+        o.pipeline.once_by_tma = once_by_tma;
+        return o;
+      };
+      std::vector<double> outs[2][6];  // O, LSE, Delta, dK, dV, dQ per path
+      for (const int registers : {0, 1}) {
+        const bool tma = registers == 0;
+        Function fwd = tilejit::compile(kernels::attention_forward(), meta(128, 128), options(8, tma));
+        Function pre = tilejit::compile(kernels::attention_backward_preprocess(), {{"DTYPE", bf16}, {"HEAD_DIM", D}, {"BLOCK_M", 64}, {"BSHD", true}},
+                                        options(4, true));
+        Function dkdv = tilejit::compile(kernels::attention_backward_dkdv(), meta(64, 64), options(4, tma));
+        Function dqk = tilejit::compile(kernels::attention_backward_dq(), meta(64, 64), options(4, tma));
+        if (registers) {  // the path taken: fewer tensor maps; dK/dV keeps its K and V fragments alive
+          CHECK(fwd.compiled().tensor_maps.size() < tilejit::compile(kernels::attention_forward(), meta(128, 128), options(8, true)).compiled().tensor_maps.size());
+          CHECK(dkdv.compiled().ptx.find("st.shared.b32 [S1]") != std::string::npos);
+        }
+        DeviceTensor o(bf16, {B, S, H, D}), lse(f32, {B, H, S}), delta(f32, {B, H, S}), dk(bf16, {B, S, H, D}), dv(bf16, {B, S, H, D}),
+            dq(bf16, {B, S, H, D});
+        fwd(Grid{lang::cdiv(S, 128), H, B}, nullptr, dq_in, dk_in, dv_in, o, lse, scale);
+        pre(Grid{lang::cdiv(S, 64), H, B}, nullptr, o, ddo, delta);
+        dkdv(Grid{lang::cdiv(S, 64), H, B}, nullptr, dq_in, dk_in, dv_in, ddo, lse, delta, dk, dv, scale);
+        dqk(Grid{lang::cdiv(S, 64), H, B}, nullptr, dq_in, dk_in, dv_in, ddo, lse, delta, dq, scale);
+        int i = 0;
+        for (DeviceTensor* t : {&o, &lse, &delta, &dk, &dv, &dq}) outs[registers][i++] = t->to_host().to_f64();
+      }
+      const char* names[6] = {"O", "LSE", "Delta", "dK", "dV", "dQ"};
+      for (int i = 0; i < 6; ++i) {
+        INFO(names[i]);
+        double largest = 0;
+        for (double x : outs[0][i]) largest = std::max(largest, std::abs(x));
+        CHECK(largest > 0);
+        CHECK(outs[1][i] == outs[0][i]);  // bit for bit: the same MMAs, only A's source differs
+      }
+    }
 }
 
 TEST_CASE("gpu: more distinct TMA layouts than descriptor sets: recycled sets never reach a pending launch") {

@@ -16,6 +16,8 @@
 #include "dsl/lang.hpp"
 #include "host_bits.hpp"
 #include "jit/compile.hpp"
+#include "kernels/attention.hpp"
+#include "kernels/attention_backward.hpp"
 #include "kernels/gemm.hpp"
 #include "ptxas_testing.hpp"
 #include "runtime/interpreter.hpp"
@@ -204,5 +206,26 @@ TEST_CASE("a loop-invariant wgmma A operand in registers is kept alive across th
   REQUIRE(a_regs.size() == 16);  // S = Q K^T, then acc += bf16(S) K: 8 k16 steps each
   for (size_t i = 0; i < 8; ++i)
     for (size_t j = 8; j < 16; ++j) CHECK_MESSAGE(a_regs[i] != a_regs[j], "HGMMA " << i << " and " << j << " both read " << a_regs[i]);
+  }
+}
+
+// The attention kernels with every once-loaded A window through registers (PipelineOptions::
+// once_by_tma = false; the GPU suite compares their outputs with the TMA path's): they assemble,
+// and the backward's loop-invariant A fragments (K, V in dK/dV; Q, dO in dQ) are kept alive.
+TEST_CASE("attention kernels with once-loaded windows through registers assemble, with keep-alives in the backward") {
+  if (testing::no_ptxas()) return;
+  for (const int64_t d : {64, 128}) {
+    INFO("HEAD_DIM " << d);
+    const lang::Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", d}, {"BSHD", true}, {"CAUSAL", true}, {"BLOCK_M", 64}, {"BLOCK_N", 64}};
+    for (const Kernel* kernel : {&kernels::attention_backward_dkdv(), &kernels::attention_backward_dq()}) {
+      jit::CompileOptions o;
+      o.num_warps = 4;
+      o.pipeline.stages = 2;
+      o.pipeline.once_by_tma = false;
+      o.ptx_tool = jit::PtxTool::Ptxas;
+      const jit::CompiledKernel k = jit::compile(kernel->build(meta), o);
+      CHECK(k.cubin.size() > 1000);
+      CHECK(contains(k.ptx, "st.shared.b32 [S1]"));
+    }
   }
 }

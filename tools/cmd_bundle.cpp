@@ -43,6 +43,10 @@ runtime::BundleEntrySpec parse_spec(const std::string& text) {
       if (value == "on" || value == "true") spec.options.pipeline.enabled = true;
       else if (value == "off" || value == "false") spec.options.pipeline.enabled = false;
       else throw UsageError(fmt::format("{}: pipeline={}: valid: on, off", text, value));
+    } else if (name == "once_by_tma") {
+      if (value == "on" || value == "true") spec.options.pipeline.once_by_tma = true;
+      else if (value == "off" || value == "false") spec.options.pipeline.once_by_tma = false;
+      else throw UsageError(fmt::format("{}: once_by_tma={}: valid: on, off", text, value));
     } else if (name == "backend") {
       if (value == "llvm") spec.options.backend = jit::Backend::Llvm;
       else if (value == "nvrtc") spec.options.backend = jit::Backend::Nvrtc;

@@ -49,7 +49,7 @@ const Command kCommands[] = {
      "  and writes one checked file that tilejit::load_bundle(FILE) loads; --emit-cpp also writes a C++\n"
      "  source embedding it that loads it at start-up when linked into an application. NAME=VALUE:\n"
      "  a meta-parameter (an integer, true/false or a dtype), or the schedule: warps=N, stages=N,\n"
-     "  min_programs_per_sm=N, pipeline=on|off, backend=llvm|nvrtc. Examples: gemm  gemm:BLOCK_N=128,OUT_DTYPE=f32\n"
+     "  min_programs_per_sm=N, pipeline=on|off, once_by_tma=on|off, backend=llvm|nvrtc. Examples: gemm  gemm:BLOCK_N=128,OUT_DTYPE=f32\n"
      "  attention_fwd:CAUSAL=true,warps=8. --list prints a bundle's entries.\n",
      &cmd_bundle},
     {"tune", "autotune a library kernel for shapes: model ranking, parallel compiles, GPU timing, persisted",
