@@ -845,7 +845,7 @@ class Printer {
       }
       case Op::keep_alive: {
         // (thread_ir.hpp) predicated-off shared stores of each register
-        std::string text = "{\\n\\t.reg .pred P1;\\n\\t.reg .b32 S1;\\n\\tmov.u32 S1, %%smid;\\n\\tsetp.gt.u32 P1, S1, 2147483647;\\n";
+        std::string text = kNeverTrueP1;
         std::vector<std::string> ins;
         for (size_t k = 0; k < in.args.size(); ++k) {
           const pir::Ty t = ty(in.args[k]);
@@ -1133,10 +1133,12 @@ class Printer {
   // ptxas_fence): ptxas moves no code across it. As C++ string-literal text, with a fresh label.
   std::string ptxas_fence(const std::string& ptx, const char* label) {
     const int id = asm_labels_++;
-    return fmt::format("{{\\n\\t.reg .pred P1;\\n\\t.reg .b32 S1;\\n\\tmov.u32 S1, %%smid;\\n\\tsetp.gt.u32 P1, S1, 2147483647;\\n\\t"
-                       "{}_{}:\\n\\t{}\\n\\t@P1 bra.uni {}_{};\\n\\t}}",
-                       label, id, ptx, label, id);
+    return fmt::format("{}\\t{}_{}:\\n\\t{}\\n\\t@P1 bra.uni {}_{};\\n\\t}}", kNeverTrueP1, label, id, ptx, label, id);
   }
+  // The LLVM backend's kNeverTrueP1 as C++ string-literal text of an asm with operands: opens a
+  // scope with P1 never true (ptxas cannot know; S1 holds the SM id); the caller closes it.
+  static constexpr const char* kNeverTrueP1 =
+      "{\\n\\t.reg .pred P1;\\n\\t.reg .b32 S1;\\n\\tmov.u32 S1, %%smid;\\n\\tsetp.gt.u32 P1, S1, 2147483647;\\n";
 
   void wgmma(const pir::Inst& in) {
     const bool is_wait = in.op == Op::wgmma_wait, rs = in.op == Op::wgmma_rs;

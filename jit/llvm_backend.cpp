@@ -128,10 +128,11 @@ class Emitter {
   // ptxas neither merges nor predicates away, so it moves no code across `ptx`. `label` must be
   // unique per use site; ${:uid} makes it unique per inline asm.
   static std::string ptxas_fence(const std::string& ptx, const char* label) {
-    return fmt::format("{{\n\t.reg .pred P1;\n\t.reg .b32 S1;\n\tmov.u32 S1, %smid;\n\tsetp.gt.u32 P1, S1, 2147483647;\n\t"
-                       "{}_${{:uid}}:\n\t{}\n\t@P1 bra.uni {}_${{:uid}};\n\t}}",
-                       label, ptx, label);
+    return fmt::format("{}\t{}_${{:uid}}:\n\t{}\n\t@P1 bra.uni {}_${{:uid}};\n\t}}", kNeverTrueP1, label, ptx, label);
   }
+  // Opens an asm scope with predicate P1 = (SM id > 2^31 - 1): never true, which ptxas cannot know
+  // (S1 holds the SM id). ptxas_fence and keep_alive build on it; the caller closes the scope.
+  static constexpr const char* kNeverTrueP1 = "{\n\t.reg .pred P1;\n\t.reg .b32 S1;\n\tmov.u32 S1, %smid;\n\tsetp.gt.u32 P1, S1, 2147483647;\n";
 
   // f16/bf16 math runs in f32 and rounds once.
   llvm::Value* to_f32(llvm::Value* x) { return x->getType()->isFloatTy() ? x : b_.CreateFPExt(x, b_.getFloatTy()); }
@@ -687,8 +688,7 @@ class Emitter {
         // (thread_ir.hpp) predicated-off shared stores of each register, 16 registers an asm
         for (size_t first = 0; first < in.args.size(); first += 16) {
           const size_t count = std::min<size_t>(16, in.args.size() - first);
-          std::string text = "{\n\t.reg .pred P1;\n\t.reg .b32 S1;\n\tmov.u32 S1, %smid;\n\tsetp.gt.u32 P1, S1, 2147483647;\n";
-          std::string constraints;
+          std::string text = kNeverTrueP1, constraints;
           std::vector<llvm::Value*> args;
           for (size_t k = 0; k < count; ++k) {
             llvm::Value* x = a(first + k);

@@ -7,7 +7,6 @@
 
 #include <bit>
 #include <cmath>
-#include <memory>
 #include <unordered_set>
 #include <functional>
 #include <map>
@@ -32,9 +31,9 @@ struct TensorDesc {
 // Scoped caches: what was materialised inside a loop or if body is not visible after it.
 struct Frame {
   bool loop_body = false;  // a for loop's body: conversions of values from outside move before the loop
-  // (loop bodies) the values defined inside the body, and the wgmma A registers of values from
-  // outside it, kept alive at the body's end (pir::Op::keep_alive says why)
-  std::shared_ptr<const std::unordered_set<ir::ValueId>> defined;
+  // (loop bodies) the body, and the wgmma A registers that are the same in every iteration, kept
+  // alive at the body's end (pir::Op::keep_alive says why)
+  const ir::Block* body = nullptr;
   std::vector<V> keep_alive;
   // a warp role's region: tiles and thread coordinates of the frames outside are another warp
   // numbering's (lookups stop here); scalars are shared
@@ -1515,14 +1514,7 @@ class Lowerer {
     push_block(&pb);
     frames_.emplace_back();
     frames_.back().loop_body = true;
-    {
-      auto defined = std::make_shared<std::unordered_set<ir::ValueId>>(body.args.begin(), body.args.end());
-      ir::walk(body, [&](const ir::Op& inner) {
-        defined->insert(inner.results.begin(), inner.results.end());
-        for (const ir::Block& region : inner.regions) defined->insert(region.args.begin(), region.args.end());
-      });
-      frames_.back().defined = std::move(defined);
-    }
+    frames_.back().body = &body;
     frames_.back().scalars[body.args[0]] = iv;
     for (size_t i = 0; i < op.results.size(); ++i) bind(body.args[i + 1], lay[i], arg_regs[i]);
     if (ring) ring_top(op, *ring, iv);
@@ -2033,8 +2025,7 @@ class Lowerer {
       // its registers live across the loop's back edge.
       for (auto f = frames_.rbegin(); f != frames_.rend(); ++f)
         if (f->loop_body) {
-          std::unordered_map<ir::ValueId, bool> memo;
-          if (loop_invariant(op.operands[0], *f->defined, memo)) f->keep_alive.insert(f->keep_alive.end(), a.begin(), a.end());
+          if (loop_invariant(op.operands[0], *f->body)) f->keep_alive.insert(f->keep_alive.end(), a.begin(), a.end());
           break;
         }
     }
@@ -2075,26 +2066,32 @@ class Lowerer {
     put(op.results[0], LC, acc);
   }
 
-  // Whether x is the same in every iteration of the loop whose body defines `inside`: defined
-  // outside it, or inside by register-only ops (no memory, no asm: nothing LLVM keeps in the loop)
-  // from such values. Block arguments (the counter, carried values) and everything else vary.
-  bool loop_invariant(ir::ValueId x, const std::unordered_set<ir::ValueId>& inside, std::unordered_map<ir::ValueId, bool>& memo) const {
-    if (!inside.count(x)) return true;
-    if (auto it = memo.find(x); it != memo.end()) return it->second;
-    memo[x] = false;  // (cycles cannot occur in SSA; a block argument has no def)
-    auto d = def_.find(x);
-    if (d == def_.end()) return false;
-    const ir::Op& op = *d->second;
-    const OpKind k = op.kind;
-    const bool register_only = ir::is_elementwise(k) || k == OpKind::constant || k == OpKind::arange || k == OpKind::splat ||
-                               k == OpKind::broadcast || k == OpKind::expand_dims || k == OpKind::reshape || k == OpKind::trans ||
-                               k == OpKind::cast || k == OpKind::bitcast || k == OpKind::select || k == OpKind::pack_pairs ||
-                               k == OpKind::unpack_pairs || k == OpKind::program_id || k == OpKind::num_programs ||
-                               k == OpKind::tensor_dim || k == OpKind::tensor_stride || k == OpKind::tensor_ptr;
-    if (!register_only) return false;
-    for (ir::ValueId o : op.operands)
-      if (!loop_invariant(o, inside, memo)) return false;
-    return memo[x] = true;
+  // Whether x is the same in every iteration of the loop with this body: defined outside it, or
+  // inside by register-only ops (no memory, no asm barrier: nothing LLVM keeps in the loop) from
+  // such values. Block arguments (the counter, carried values) and everything else vary.
+  bool loop_invariant(ir::ValueId x, const ir::Block& body) const {
+    std::unordered_set<ir::ValueId> inside(body.args.begin(), body.args.end());
+    ir::walk(body, [&](const ir::Op& inner) {
+      inside.insert(inner.results.begin(), inner.results.end());
+      for (const ir::Block& region : inner.regions) inside.insert(region.args.begin(), region.args.end());
+    });
+    std::unordered_map<ir::ValueId, bool> memo;
+    std::function<bool(ir::ValueId)> invariant = [&](ir::ValueId v) {
+      if (!inside.count(v)) return true;
+      if (auto it = memo.find(v); it != memo.end()) return it->second;
+      auto d = def_.find(v);
+      if (d == def_.end()) return memo[v] = false;  // a block argument
+      const ir::Op& op = *d->second;
+      const OpKind k = op.kind;
+      const bool register_only = ir::is_elementwise(k) || k == OpKind::constant || k == OpKind::arange || k == OpKind::splat ||
+                                 k == OpKind::broadcast || k == OpKind::expand_dims || k == OpKind::reshape || k == OpKind::trans ||
+                                 k == OpKind::pack_pairs || k == OpKind::unpack_pairs || k == OpKind::program_id ||
+                                 k == OpKind::num_programs || k == OpKind::tensor_dim || k == OpKind::tensor_stride || k == OpKind::tensor_ptr;
+      bool r = register_only;
+      for (size_t i = 0; r && i < op.operands.size(); ++i) r = invariant(op.operands[i]);
+      return memo[v] = r;
+    };
+    return invariant(x);
   }
 
   // The byte offset of element (row, col) of a staging tile in the 128-byte swizzle TMA and wgmma

@@ -14,8 +14,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// KERNEL[:NAME=VALUE,...]: upper-case names (any name but the four below) are meta-parameters;
-// warps, stages, pipeline and backend set the schedule.
+// A schedule switch's value: on/true or off/false.
+bool parse_on_off(const std::string& text, const std::string& name, const std::string& value) {
+  if (value == "on" || value == "true") return true;
+  if (value == "off" || value == "false") return false;
+  throw UsageError(fmt::format("{}: {}={}: valid: on, off", text, name, value));
+}
+
+// KERNEL[:NAME=VALUE,...]: upper-case names (any name but the schedule's below) are
+// meta-parameters; warps, stages, min_programs_per_sm, pipeline, once_by_tma and backend set the
+// schedule.
 runtime::BundleEntrySpec parse_spec(const std::string& text) {
   const size_t colon = text.find(':');
   const std::string kernel = text.substr(0, colon);
@@ -40,13 +48,9 @@ runtime::BundleEntrySpec parse_spec(const std::string& text) {
     } else if (name == "min_programs_per_sm") {
       spec.options.min_programs_per_sm = parse_int(fmt::format("{}: min_programs_per_sm", text), value);
     } else if (name == "pipeline") {
-      if (value == "on" || value == "true") spec.options.pipeline.enabled = true;
-      else if (value == "off" || value == "false") spec.options.pipeline.enabled = false;
-      else throw UsageError(fmt::format("{}: pipeline={}: valid: on, off", text, value));
+      spec.options.pipeline.enabled = parse_on_off(text, name, value);
     } else if (name == "once_by_tma") {
-      if (value == "on" || value == "true") spec.options.pipeline.once_by_tma = true;
-      else if (value == "off" || value == "false") spec.options.pipeline.once_by_tma = false;
-      else throw UsageError(fmt::format("{}: once_by_tma={}: valid: on, off", text, value));
+      spec.options.pipeline.once_by_tma = parse_on_off(text, name, value);
     } else if (name == "backend") {
       if (value == "llvm") spec.options.backend = jit::Backend::Llvm;
       else if (value == "nvrtc") spec.options.backend = jit::Backend::Nvrtc;
