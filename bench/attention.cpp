@@ -46,6 +46,10 @@
 //   attention_bench --backward-ab META     the dK/dV kernel with a bool meta off/on (D 64/128, S4k,
 //     +-causal), dK and dV compared bit for bit:
 //     BACKWARD_AB ROWS_AHEAD kernel=attention_bwd_dkdv D=128 causal=0 off_ms=.. on_ms=.. speedup=.. outputs_identical=1
+//   attention_bench --meta-ab META [--kernels fwd,dkdv,dq]  each listed kernel (API default schedules)
+//     with a bool meta off/on (S 4k-16k, D 64/128, +-causal, and B 1 x 8 heads at S 8k), outputs
+//     compared bit for bit:
+//     META_AB HEAVY_FIRST_SECTIONS kernel=dq S=8192 D=128 B=2 H=16 causal=1 off_ms=.. on_ms=.. speedup=.. outputs_identical=1
 //   attention_bench --capabilities         "backward=1 varlen_fwd=1 varlen_bwd=1 dropout=1"
 //   attention_bench --check DIR            reads DIR/cases.txt and the inputs, writes the outputs
 #include <fmt/format.h>
@@ -89,8 +93,9 @@ constexpr int64_t kTokens = 16384, kHidden = 2048;  // B * S and H * D of the is
 struct Config {
   int64_t S, D;
   bool causal;
+  int64_t heads = 0;  // 0: kHidden / D (else fewer heads than the grid's: B * S * heads * D <= the buffers)
   int64_t B() const { return kTokens / S; }
-  int64_t H() const { return kHidden / D; }
+  int64_t H() const { return heads ? heads : kHidden / D; }
   double fwd_flops() const { return 4.0 * static_cast<double>(B() * H()) * double(S) * double(S) * double(D) / (causal ? 2 : 1); }
 };
 
@@ -947,6 +952,65 @@ int bench_backward_ab(const std::string& meta_name, int max_reps) {
   return 0;
 }
 
+// --meta-ab META [--kernels fwd,dkdv,dq]: each listed kernel (the API's default schedules: the
+// forward, the recompute dK/dV and dQ) with a bool meta off and on, in alternated rounds, outputs
+// compared bit for bit. S 4k/8k/16k, D 64/128, full and causal, and the few-heads grid (B 1, 8 heads,
+// S 8k, D 128) where a causal grid's tail matters most.
+int bench_meta_ab(const std::string& meta_name, const std::string& kernels_list, int max_reps) {
+  const Buffers buf;
+  runtime::Stream stream;
+  const ir::DType dt = ir::DType::bf16;
+  std::vector<Config> configs;
+  for (int64_t S : {4096, 8192, 16384})
+    for (int64_t D : {64, 128})
+      for (bool causal : {false, true}) configs.push_back({S, D, causal});
+  for (bool causal : {false, true}) configs.push_back({8192, 128, causal, 8});
+  for (const Config& c : configs) {
+    // (the few-heads grid: B 2 at S 8k by default; one sequence here)
+    const Config cc = c.heads ? Config{c.S, c.D, c.causal, c.heads} : c;
+    const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(cc);
+    const DeltaBuffer delta = forward_and_delta(buf, cc, stream);
+    const float scale = static_cast<float>(1 / std::sqrt(double(c.D)));
+    const size_t bytes = static_cast<size_t>(cc.B() * cc.S * cc.H() * c.D * 2);
+    for (const attention::Pass pass : {attention::Pass::forward, attention::Pass::bwd_dkdv, attention::Pass::bwd_dq}) {
+      const char* key = pass == attention::Pass::forward ? "fwd" : pass == attention::Pass::bwd_dkdv ? "dkdv" : "dq";
+      if (kernels_list.find(key) == std::string::npos) continue;
+      const attention::Schedule sch = attention::default_schedule(pass, dt, static_cast<int>(c.D), c.causal);
+      std::vector<Function> fns;
+      for (bool on : {false, true}) {
+        lang::Meta meta{{"DTYPE", dt}, {"HEAD_DIM", c.D}, {"BLOCK_M", sch.block_m}, {"BLOCK_N", sch.block_n},
+                        {"BSHD", true}, {"CAUSAL", c.causal}, {meta_name, on}};
+        if (pass == attention::Pass::forward) meta.emplace_back("POSITIVE_SCALE", true);  // as the API launches it
+        if (pass == attention::Pass::forward && sch.min_programs_per_sm > 0) meta.emplace_back("EXACT_NORMALIZE", false);
+        jit::CompileOptions o;
+        o.num_warps = sch.num_warps;
+        o.pipeline.stages = sch.stages;
+        o.min_programs_per_sm = sch.min_programs_per_sm;
+        const auto& kernel = pass == attention::Pass::forward    ? kernels::attention_forward()
+                             : pass == attention::Pass::bwd_dkdv ? kernels::attention_backward_dkdv()
+                                                                 : kernels::attention_backward_dq();
+        fns.emplace_back(kernel, meta, o);
+      }
+      AbResult r;
+      if (pass == attention::Pass::forward)
+        r = ab_measure(fns, {lang::cdiv(c.S, sch.block_m), cc.H(), cc.B()}, stream, {Q.view(), K.view(), V.view(), O.view(), L.view(), scale},
+                       {&buf.o}, bytes, max_reps);
+      else if (pass == attention::Pass::bwd_dkdv)
+        r = ab_measure(fns, {lang::cdiv(c.S, sch.block_n), cc.H(), cc.B()}, stream,
+                       {Q.view(), K.view(), V.view(), dO.view(), L.view(), delta.view.view(), dK.view(), dV.view(), scale},
+                       {&buf.dk, &buf.dv}, bytes, max_reps);
+      else
+        r = ab_measure(fns, {lang::cdiv(c.S, sch.block_m), cc.H(), cc.B()}, stream,
+                       {Q.view(), K.view(), V.view(), dO.view(), L.view(), delta.view.view(), dQ.view(), scale}, {&buf.dq}, bytes, max_reps);
+      std::printf("META_AB %s kernel=%s S=%ld D=%ld B=%ld H=%ld causal=%d off_ms=%.4f on_ms=%.4f speedup=%.3f outputs_identical=%d\n",
+                  meta_name.c_str(), key, static_cast<long>(c.S), static_cast<long>(c.D), static_cast<long>(cc.B()), static_cast<long>(cc.H()),
+                  c.causal ? 1 : 0, r.off_ms, r.on_ms, r.off_ms / r.on_ms, r.identical ? 1 : 0);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 // --tool-ab: each kernel of the API's default attention (forward, dK/dV, dQ) assembled by nvJitLink
 // (relocatable code, the default) and by ptxas (whole-program code; TILEJIT_PTX_TOOL=ptxas), timed
 // in alternated rounds, outputs compared bit for bit (the PTX is the same). S 4k and 8k, D 64/128.
@@ -1309,7 +1373,7 @@ int main(int argc, char** argv) {
   std::string check_dir;
   double dropout_p = -1;
   bool masks = false, deterministic = false, forward_variants = false, e2e_only = false, mask_kernel = false, dq_variants = false;
-  std::string schedule_ab, with_meta, backward_ab;
+  std::string schedule_ab, with_meta, backward_ab, meta_ab, meta_ab_kernels = "fwd,dkdv,dq";
   int64_t only_d = 0, only_s = 0;  // --deterministic: only this head dim / sequence length
   std::string only_mode;            // --deterministic --mode KEY: only that reduction (recompute, atomic, ...; e.g. for ncu)
   int only_causal = -1;             // --deterministic --causal 0|1: only full / causal
@@ -1334,6 +1398,8 @@ int main(int argc, char** argv) {
     else if (a == "--seq" && i + 1 < argc) only_s = std::atoll(argv[++i]);
     else if (a == "--mode" && i + 1 < argc) only_mode = argv[++i];
     else if (a == "--tool-ab") tool_ab = true;
+    else if (a == "--meta-ab" && i + 1 < argc) meta_ab = argv[++i];
+    else if (a == "--kernels" && i + 1 < argc) meta_ab_kernels = argv[++i];
     else if (a == "--causal" && i + 1 < argc) only_causal = std::atoi(argv[++i]);
     else if (a == "--schedule" && i + 1 < argc) {
       attention::Schedule s;
@@ -1353,7 +1419,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants | --tool-ab | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants | --tool-ab | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -1373,6 +1439,7 @@ int main(int argc, char** argv) {
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps);
     if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps);
     if (tool_ab) return bench_tool_ab(reps);
+    if (!meta_ab.empty()) return bench_meta_ab(meta_ab, meta_ab_kernels, reps);
     if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule, only_mode, only_causal);
     return check_dir.empty() ? bench(quick, reps) : check(check_dir);
   } catch (const std::exception& e) {

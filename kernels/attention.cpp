@@ -14,6 +14,7 @@
 
 #include "kernels/attention_mask.hpp"
 #include "kernels/philox.hpp"
+#include "kernels/program_order.hpp"
 
 namespace tilejit::kernels {
 
@@ -212,11 +213,19 @@ const Kernel& attention_forward() {
 
     const int seq_dim = varlen ? 0 : bshd ? 1 : 2, head_dim = varlen ? 1 : bshd ? 2 : 1;
     // Causal: the last query blocks see the most keys; start them first so that the light ones
-    // fill the tail of the grid instead of the heavy ones.
+    // fill the tail of the grid instead of the heavy ones. HEAVY_FIRST_SECTIONS (default, dense
+    // causal): across heads too, in L2-sized sections of heads (kernels/program_order.hpp); else
+    // within each head only. H100, one process, alternated rounds: 1.05-1.09x at S 4k / 8k (D 64 /
+    // 128), 1.01-1.05x at S 16k.
+    const bool sections = kb.meta<bool>("HEAVY_FIRST_SECTIONS", true) && causal && !varlen;
     Tile m_block = causal ? num_programs(0) - 1 - program_id(0) : program_id(0);
-    Tile h = program_id(1);
+    Tile h = program_id(1), b = program_id(2);
+    if (sections) {
+      const GridSlot slot = heavy_first_sections(/*heavy_at_end=*/true, K.size(seq_dim), 2 * D * ir::byte_size(T));  // K and V rows
+      m_block = slot.tile, h = slot.head, b = slot.batch;
+    }
     if (amask) std::tie(m_block, h) = amask->program_order(BM, m_block, h);  // heavy query blocks first
-    auto m0 = m_block * BM, b = program_id(2);
+    auto m0 = m_block * BM;
     // Sequence b of each tensor: the tensor itself, or with VARLEN the view of its tokens
     // [cu[b], cu[b + 1]) along `dim` (i32 offsets, B + 1 of them).
     auto sequence_of = [&](const Tile& cu) {

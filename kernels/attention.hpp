@@ -41,6 +41,9 @@ namespace tilejit::kernels {
 // more parameter last, dropout_bits: u32 [batch * heads_q, seq_q, cdiv(seq_k, 32)], bit j % 32 of
 // word j / 32 (the dropout_mask kernel's output for the same seed/offset/threshold); the forward
 // reads it instead of running Philox. The same bits, so outputs are identical to the fused ones.
+// HEAVY_FIRST_SECTIONS (default true; dense causal only): the programs take their query tiles
+// heaviest (last) first across heads, in L2-sized sections of heads (kernels/program_order.hpp);
+// false: heaviest first within each head only. Same grid, same values.
 const lang::Kernel& attention_forward();
 
 // The dropout parameters of the attention kernels (forward, dK/dV, dQ): declares seed_lo,

@@ -24,6 +24,7 @@
 #include "kernels/attention_mask.hpp"
 #include "kernels/backward_schedule_lang.hpp"
 #include "kernels/philox.hpp"
+#include "kernels/program_order.hpp"
 
 namespace tilejit::kernels {
 
@@ -165,6 +166,7 @@ struct BackwardParams {
   MaskKind mask_kind;  // MASK: full / causal (folded into `causal`) or a library mask (library_mask())
   bool dropout;  // DROPOUT: trailing seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold
   bool dropout_bits;  // DROPOUT_BITS: then the precomputed packed mask `dropout_bits` (rng = precomputed)
+  bool partial_tiles_only;  // PARTIAL_TILES_ONLY (full / causal): the element mask on partial tiles only (mask_partial)
   int rank;  // of Q, K, V, dO and the gradients (LSE, Delta: rank - 1)
   Tensor Q, K, V, dO, LSE, Delta;
 
@@ -179,6 +181,7 @@ struct BackwardParams {
         mask_kind(backward_mask_meta(kb, causal, varlen)),
         dropout(kb.meta<bool>("DROPOUT", false)),
         dropout_bits(AttentionDropout::precomputed_meta(kb, dropout, varlen, BN)),
+        partial_tiles_only(kb.meta<bool>("PARTIAL_TILES_ONLY", true)),
         rank(varlen ? 3 : 4),
         Q(kb.tensor("Q", T, rank, kRowMajor)),
         K(kb.tensor("K", T, rank, kRowMajor)),
@@ -248,6 +251,26 @@ struct BackwardParams {
     if (causal) v = v & (keys <= qrows + (S_k - S_q));
     return v;
   }
+  // Whether the tile of query block m0 and key block n0 needs visible() element by element: keys
+  // past S_k, or (causal) a key after some row's diagonal. Every other tile runs without the
+  // per-element compare and select (a uniform branch, as in the forward). Rows past S_q need no
+  // mask: their LSE is +inf, so P = 0 there.
+  Tile partial_tile(const Tile& m0, const Tile& n0, const Tile& S_q, const Tile& S_k) const {
+    Tile partial = n0 + BN > S_k;
+    if (causal) partial = partial | (n0 + (BN - 1) > m0 + (S_k - S_q));
+    return partial;
+  }
+  // P (or P^T) zeroed where `allowed()` is false: on partial tiles only (PARTIAL_TILES_ONLY, the
+  // default), or on every tile (the A/B baseline: `attention_bench --meta-ab PARTIAL_TILES_ONLY`).
+  // Call after declare_score_mod.
+  Tile mask_partial(const Tile& p, const Tile& partial, const std::function<Tile()>& allowed) const {
+    // (not with a score mod: the branch then costs registers the mod's terms need; D128 dK/dV with
+    // soft-capping spilled 32 -> 280 B under ptxas)
+    if (!partial_tiles_only || (smod && smod->kind != ScoreModKind::none)) return where(allowed(), p, 0.0f);
+    Var masked = p;
+    if_(partial, [&] { masked = where(allowed(), masked, 0.0f); });
+    return masked;
+  }
 };
 
 }  // namespace
@@ -296,8 +319,20 @@ const Kernel& attention_backward_dkdv() {
     const bool rows_ahead = kb.meta<bool>("ROWS_AHEAD", !(a.causal && a.D >= 128));
     auto softmax_scale = kb.scalar<float>("softmax_scale");
 
+    // HEAVY_FIRST_SECTIONS (dense causal; not PERSISTENT, which has its own order): the key tiles
+    // heaviest first (tile 0 sees every query) across heads too, in L2-sized sections of heads
+    // (kernels/program_order.hpp); else in launch order (heaviest first within each head). Off by
+    // default here: H100, recompute's dK/dV, one process, alternated rounds: 0.94-1.04x (S 4k-16k, D
+    // 64/128; the forward and dQ gain 1-12% from it). The ordered reduction stays deadlock-free
+    // with it: a head's lower key tiles still start first.
+    const bool sections = kb.meta<bool>("HEAVY_FIRST_SECTIONS", false) && !persistent && a.causal && !a.varlen;
+    Tile first_n = program_id(0), first_kv_h = program_id(1), first_b = program_id(2);
+    if (sections) {
+      const GridSlot slot = heavy_first_sections(/*heavy_at_end=*/false, a.Q.size(a.bshd ? 1 : 2), 2 * a.D * ir::byte_size(a.T));
+      first_n = slot.tile, first_kv_h = slot.head, first_b = slot.batch;  // (Q and dO rows)
+    }
     std::optional<AttentionDropout> drop;
-    HeadRows rows0 = a.sequence(kb, persistent ? zeros(i32, {}) : program_id(2), drop);
+    HeadRows rows0 = a.sequence(kb, persistent ? zeros(i32, {}) : first_b, drop);
     a.declare_mask(kb, /*kv_major=*/true);
     a.declare_score_mod(kb);
     if (reduction == DqReduction::ordered && a.mask)
@@ -350,8 +385,8 @@ const Kernel& attention_backward_dkdv() {
             if_(needs_mask, [&] { p_t = where(trans(seq->allowed(m0 + arange(0, a.BM), n0 + arange(0, a.BN))), p_t, 0.0f); });
             pt = p_t;
           } else {
-            auto qrows = (m0 + arange(0, a.BM))[row];
-            pt = where(a.visible(qrows, keys, S_q, S_k), exp2(e_t), 0.0f);
+            pt = a.mask_partial(exp2(e_t), a.partial_tile(m0, n0, S_q, S_k),
+                                [&] { return a.visible((m0 + arange(0, a.BM))[row], keys, S_q, S_k); });
           }
           // DROPOUT: the block is transposed (rows are keys, columns query rows): the forward's mask
           // of (query rows m0.., keys n0..), transposed; s = 1 / keep probability is applied to dV
@@ -463,7 +498,7 @@ const Kernel& attention_backward_dkdv() {
       store(rows(dV_t, kv_h, n0, a.BN), cast(a.T, dv_out));
     };
     if (!persistent) {
-      key_tile(rows0, program_id(0), program_id(1), nullptr, Tile());
+      key_tile(rows0, first_n, first_kv_h, nullptr, Tile());
       return;
     }
     // item L = (batch * KV heads + KV head) * items + i: the model's heads are the KV heads (a
@@ -485,13 +520,21 @@ const Kernel& attention_backward_dq() {
     auto dQ = kb.tensor("dQ", a.T, a.rank, kRowMajor);
     auto softmax_scale = kb.scalar<float>("softmax_scale");
 
-    std::optional<AttentionDropout> drop;
-    HeadRows rows = a.sequence(kb, program_id(2), drop);
-    a.declare_mask(kb, /*kv_major=*/false);
-    a.declare_score_mod(kb);
     // Heavy query blocks first (longest job first: the last programs launched are light, so the
     // grid's tail is short): a causal block m sees m + 1 key blocks, so the walk is descending.
-    Tile m_block = a.causal ? num_programs(0) - 1 - program_id(0) : program_id(0), h = program_id(1);
+    // HEAVY_FIRST_SECTIONS (default, dense causal): across heads too, in L2-sized sections of heads
+    // (kernels/program_order.hpp); else within each head only. H100, one process, alternated rounds:
+    // 1.00-1.12x (S 4k-16k, D 64/128; 1.07x at S 8k D 128, 1.12x with 16 heads).
+    const bool sections = kb.meta<bool>("HEAVY_FIRST_SECTIONS", true) && a.causal && !a.varlen;
+    Tile m_block = a.causal ? num_programs(0) - 1 - program_id(0) : program_id(0), h = program_id(1), b = program_id(2);
+    if (sections) {
+      const GridSlot slot = heavy_first_sections(/*heavy_at_end=*/true, a.K.size(a.bshd ? 1 : 2), 2 * a.D * ir::byte_size(a.T));
+      m_block = slot.tile, h = slot.head, b = slot.batch;  // (K and V rows)
+    }
+    std::optional<AttentionDropout> drop;
+    HeadRows rows = a.sequence(kb, b, drop);
+    a.declare_mask(kb, /*kv_major=*/false);
+    a.declare_score_mod(kb);
     if (a.mask) std::tie(m_block, h) = a.mask->program_order(a.BM, program_id(0), h);
     auto m0 = m_block * a.BM;
     dQ = rows.queries(dQ);
@@ -519,8 +562,7 @@ const Kernel& attention_backward_dq() {
         if_(needs_mask, [&] { pm = where(seq->allowed(m0 + arange(0, a.BM), n0 + arange(0, a.BN)), pm, 0.0f); });
         p = pm;
       } else {
-        auto keys = (n0 + arange(0, a.BN))[row];
-        p = where(a.visible(qrows, keys, S_q, S_k), exp2(e), 0.0f);
+        p = a.mask_partial(exp2(e), a.partial_tile(m0, n0, S_q, S_k), [&] { return a.visible(qrows, (n0 + arange(0, a.BN))[row], S_q, S_k); });
       }
       Tile dp = dot(dout, trans(v));  // dP (of the dropped P: times keep * s)
       if (a.dropout) dp = apply_keep_mask(dp * drop->scale, drop->keep_mask(bh, m0, a.BM, n0, a.BN));

@@ -70,6 +70,13 @@ namespace tilejit::kernels {
 //   dK and dV are computed as with 0 (the same values). attention_bwd_dq is not run.
 // Q_DESCENDING (dK/dV, full/causal walks, not split): a key block visits its query tiles from the
 // last to the first (DASH's descending order for causal masks).
+// PARTIAL_TILES_ONLY (dK/dV and dQ, full/causal walks; default true): the element mask (keys past
+// seq_k, the causal diagonal) only in the tiles that need it (one uniform branch per tile), as the
+// forward and the library masks do; false masks every tile (the A/B baseline). Not with a
+// SCORE_MOD (the branch costs the registers the mod needs: every tile is masked then).
+// HEAVY_FIRST_SECTIONS (dK/dV: default false; dQ: default true; dense causal only, not PERSISTENT):
+// the programs take their tiles heaviest first across heads, in L2-sized sections of heads
+// (kernels/program_order.hpp); otherwise in launch order. Same grid, same values.
 // PERSISTENT (dK/dV, DQ_REDUCTION=3, dense, not Q_DESCENDING): DASH's schedule on a persistent grid
 // (kernels/backward_schedule.hpp): launch (P, 1, 1) programs, all resident at once (P <= SM count
 // times the blocks one SM holds);
@@ -121,7 +128,7 @@ const lang::Kernel& attention_backward_preprocess();
 // keep_threshold) (DROPOUT_BITS: dropout_bits) (MASK: the mask's parameters, then without tile
 // intervals q_num_blocks, q_indices, full_q_num_blocks, full_q_indices).
 // Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, MASK, DROPOUT, DROPOUT_BITS,
-// DQ_REDUCTION, Q_DESCENDING. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch).
+// DQ_REDUCTION, Q_DESCENDING, PARTIAL_TILES_ONLY, HEAVY_FIRST_SECTIONS. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch).
 const lang::Kernel& attention_backward_dkdv();
 
 // dQ = scale * sum dS K for one query block.
@@ -129,7 +136,8 @@ const lang::Kernel& attention_backward_dkdv();
 // (DROPOUT: seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold) (DROPOUT_BITS: dropout_bits)
 // (MASK: the mask's parameters, then without tile intervals kv_num_blocks, kv_indices,
 // full_kv_num_blocks, full_kv_indices).
-// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, MASK, DROPOUT, DROPOUT_BITS. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
+// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, MASK, DROPOUT, DROPOUT_BITS,
+// PARTIAL_TILES_ONLY, HEAVY_FIRST_SECTIONS. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
 const lang::Kernel& attention_backward_dq();
 
 // DQ_REDUCTION=1 (atomic), after the dK/dV kernel: dQ = DTYPE(dQ_accum * softmax_scale).
