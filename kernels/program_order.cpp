@@ -17,7 +17,11 @@ GridSlot heavy_first_sections(bool heavy_at_end, const Tile& seq_len, int64_t by
   const Tile within = p - first_unit * tiles;
   const Tile rank = within / in_section;  // 0: the heaviest tile
   const Tile unit = first_unit + within % in_section;
-  return {heavy_at_end ? tiles - 1 - rank : rank, unit % heads, unit / heads};
+  // short sequences keep the launch order (heaviest first within each head)
+  const Tile sectioned = seq_len >= kSectionsMinSeqLen;
+  const Tile tile = where(sectioned, rank, program_id(0, loc)), head = where(sectioned, unit % heads, program_id(1, loc)),
+             batch = where(sectioned, unit / heads, program_id(2, loc));
+  return {heavy_at_end ? tiles - 1 - tile : tile, head, batch};
 }
 
 }  // namespace tilejit::kernels

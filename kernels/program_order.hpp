@@ -19,6 +19,11 @@ namespace tilejit::kernels {
 
 // The L2 budget of one section: 32 MB of the H100's 50 MB (FlashAttention-3's figure).
 inline constexpr int64_t kSectionL2Bytes = int64_t{32} << 20;
+// Sections only from this sequence length on; shorter ones keep the launch order (heaviest first
+// within each head). At S 1k / 2k a section spans 32-64 heads, so only a few programs of a head run
+// at once, and the H100 forward ran 0.86-0.92x of the launch order there (bench/attention.py at S
+// 1k / 2k, D128 causal, against five earlier runs); from S 4k on it gained 1-9%.
+inline constexpr int64_t kSectionsMinSeqLen = 4096;
 
 struct GridSlot {
   lang::Tile tile, head, batch;  // i32 scalars
@@ -29,6 +34,7 @@ struct GridSlot {
 // forward and dQ: query tile m sees m + 1 key tiles) -- else the first (causal dK/dV).
 // `seq_len` (i32 scalar) and `bytes_per_row` (the bytes a program streams per sequence row of its
 // head, e.g. K and V: 2 * D * 2) size the sections: G = max(1, budget / (seq_len * bytes_per_row)).
+// Below kSectionsMinSeqLen: (heavy_at_end ? tiles - 1 - x : x, y, z) of the launch index.
 GridSlot heavy_first_sections(bool heavy_at_end, const lang::Tile& seq_len, int64_t bytes_per_row, lang::Loc loc = lang::Loc::current());
 
 }  // namespace tilejit::kernels

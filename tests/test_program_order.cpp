@@ -44,12 +44,14 @@ struct Grid {
 TEST_CASE("heavy_first_sections: a permutation of the grid, in sections of heads, heaviest tiles first") {
   int cases = 0;
   for (Grid g : {Grid{8, 4, 2}, Grid{5, 3, 3}, Grid{1, 7, 1}, Grid{16, 1, 1}, Grid{3, 2, 5}})
-    for (int64_t seq_len : {int64_t{1} << 20, int64_t{1} << 17, int64_t{40000}, int64_t{1} << 14, int64_t{0}})
+    for (int64_t seq_len : {int64_t{1} << 20, int64_t{1} << 17, int64_t{40000}, int64_t{1} << 14, int64_t{4096}, int64_t{4095}, int64_t{0}})
       for (bool heavy_at_end : {true, false}) {
         const int64_t bytes_per_row = 512;  // (K and V rows of D 128, bf16)
         const int64_t units = g.heads * g.batches, n = g.tiles * units;
         // the section size the budget gives: 32 MB / 512 B = 65536 rows of budget
-        const int64_t G = std::clamp<int64_t>(km::kSectionL2Bytes / bytes_per_row / std::max<int64_t>(seq_len, 1), 1, units);
+        // (below kSectionsMinSeqLen: launch order, i.e. one head after another, G = 1)
+        const bool sectioned = seq_len >= km::kSectionsMinSeqLen;
+        const int64_t G = sectioned ? std::clamp<int64_t>(km::kSectionL2Bytes / bytes_per_row / std::max<int64_t>(seq_len, 1), 1, units) : 1;
         INFO(fmt::format("grid {}x{}x{} seq_len {} heavy_at_end {} (section {} heads)", g.tiles, g.heads, g.batches, seq_len, heavy_at_end, G));
         rt::HostTensor out(ir::DType::i32, {n, 3});
         out.fill(-1);
@@ -79,20 +81,23 @@ TEST_CASE("heavy_first_sections: a permutation of the grid, in sections of heads
         CHECK(not_heavy_first == 0);
         ++cases;
       }
-  CHECK(cases == 50);
+  CHECK(cases == 70);
 }
 
-TEST_CASE("heavy_first_sections: sections follow the L2 budget (one head per section at long sequences, all heads at short)") {
+TEST_CASE("heavy_first_sections: sections follow the L2 budget; short sequences keep the launch order") {
   // 4 tiles x 6 heads: at seq_len 2^20 (512 MB of rows a head) each head is its own section: the
-  // launch order's first 4 programs are head 0's tiles, heaviest first.
+  // launch order's first 4 programs are head 0's tiles, heaviest first; at 8k (4 MB) all six heads
+  // share one section: the first 4 programs are heads 0-3's heaviest tile; at 2k (below
+  // kSectionsMinSeqLen) the launch order: head 0's tiles, heaviest first.
   for (auto [seq_len, first_heads] : {std::pair<int64_t, std::vector<int64_t>>{int64_t{1} << 20, {0, 0, 0, 0}},
-                                      std::pair<int64_t, std::vector<int64_t>>{int64_t{1} << 10, {0, 1, 2, 3}}}) {
+                                      std::pair<int64_t, std::vector<int64_t>>{int64_t{8192}, {0, 1, 2, 3}},
+                                      std::pair<int64_t, std::vector<int64_t>>{int64_t{2048}, {0, 0, 0, 0}}}) {
     rt::HostTensor out(ir::DType::i32, {24, 3});
     out.fill(-1);
     rt::interpret(order_probe().build({{"HEAVY_AT_END", true}, {"BYTES_PER_ROW", int64_t{512}}}), {4, 6, 1}, {out, static_cast<int32_t>(seq_len)});
     for (int64_t p = 0; p < 4; ++p) {
       CHECK(static_cast<int64_t>(out.get_flat(p * 3 + 1)) == first_heads[static_cast<size_t>(p)]);
-      CHECK(static_cast<int64_t>(out.get_flat(p * 3)) == (seq_len > 4096 ? 3 - p : 3));  // heaviest (last) tile first
+      CHECK(static_cast<int64_t>(out.get_flat(p * 3)) == (seq_len == 8192 ? 3 : 3 - p));  // heaviest (last) tile first
     }
   }
 }
