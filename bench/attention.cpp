@@ -954,8 +954,8 @@ int bench_backward_ab(const std::string& meta_name, int max_reps) {
 
 // --meta-ab META [--kernels fwd,dkdv,dq]: each listed kernel (the API's default schedules: the
 // forward, the recompute dK/dV and dQ) with a bool meta off and on, in alternated rounds, outputs
-// compared bit for bit. S 4k/8k/16k, D 64/128, full and causal, and the few-heads grid (B 1, 8 heads,
-// S 8k, D 128) where a causal grid's tail matters most.
+// compared bit for bit. S 4k/8k/16k, D 64/128, full and causal, and a grid of few heads (B 2 x 8
+// heads, S 8k, D 128) where a causal grid's tail matters most.
 int bench_meta_ab(const std::string& meta_name, const std::string& kernels_list, int max_reps) {
   const Buffers buf;
   runtime::Stream stream;
@@ -966,12 +966,10 @@ int bench_meta_ab(const std::string& meta_name, const std::string& kernels_list,
       for (bool causal : {false, true}) configs.push_back({S, D, causal});
   for (bool causal : {false, true}) configs.push_back({8192, 128, causal, 8});
   for (const Config& c : configs) {
-    // (the few-heads grid: B 2 at S 8k by default; one sequence here)
-    const Config cc = c.heads ? Config{c.S, c.D, c.causal, c.heads} : c;
-    const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(cc);
-    const DeltaBuffer delta = forward_and_delta(buf, cc, stream);
+    const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
+    const DeltaBuffer delta = forward_and_delta(buf, c, stream);
     const float scale = static_cast<float>(1 / std::sqrt(double(c.D)));
-    const size_t bytes = static_cast<size_t>(cc.B() * cc.S * cc.H() * c.D * 2);
+    const size_t bytes = static_cast<size_t>(c.B() * c.S * c.H() * c.D * 2);
     for (const attention::Pass pass : {attention::Pass::forward, attention::Pass::bwd_dkdv, attention::Pass::bwd_dq}) {
       const char* key = pass == attention::Pass::forward ? "fwd" : pass == attention::Pass::bwd_dkdv ? "dkdv" : "dq";
       if (kernels_list.find(key) == std::string::npos) continue;
@@ -993,17 +991,17 @@ int bench_meta_ab(const std::string& meta_name, const std::string& kernels_list,
       }
       AbResult r;
       if (pass == attention::Pass::forward)
-        r = ab_measure(fns, {lang::cdiv(c.S, sch.block_m), cc.H(), cc.B()}, stream, {Q.view(), K.view(), V.view(), O.view(), L.view(), scale},
+        r = ab_measure(fns, {lang::cdiv(c.S, sch.block_m), c.H(), c.B()}, stream, {Q.view(), K.view(), V.view(), O.view(), L.view(), scale},
                        {&buf.o}, bytes, max_reps);
       else if (pass == attention::Pass::bwd_dkdv)
-        r = ab_measure(fns, {lang::cdiv(c.S, sch.block_n), cc.H(), cc.B()}, stream,
+        r = ab_measure(fns, {lang::cdiv(c.S, sch.block_n), c.H(), c.B()}, stream,
                        {Q.view(), K.view(), V.view(), dO.view(), L.view(), delta.view.view(), dK.view(), dV.view(), scale},
                        {&buf.dk, &buf.dv}, bytes, max_reps);
       else
-        r = ab_measure(fns, {lang::cdiv(c.S, sch.block_m), cc.H(), cc.B()}, stream,
+        r = ab_measure(fns, {lang::cdiv(c.S, sch.block_m), c.H(), c.B()}, stream,
                        {Q.view(), K.view(), V.view(), dO.view(), L.view(), delta.view.view(), dQ.view(), scale}, {&buf.dq}, bytes, max_reps);
       std::printf("META_AB %s kernel=%s S=%ld D=%ld B=%ld H=%ld causal=%d off_ms=%.4f on_ms=%.4f speedup=%.3f outputs_identical=%d\n",
-                  meta_name.c_str(), key, static_cast<long>(c.S), static_cast<long>(c.D), static_cast<long>(cc.B()), static_cast<long>(cc.H()),
+                  meta_name.c_str(), key, static_cast<long>(c.S), static_cast<long>(c.D), static_cast<long>(c.B()), static_cast<long>(c.H()),
                   c.causal ? 1 : 0, r.off_ms, r.on_ms, r.off_ms / r.on_ms, r.identical ? 1 : 0);
       std::fflush(stdout);
     }
