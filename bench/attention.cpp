@@ -69,14 +69,14 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/attention.hpp"
-#include "kernels/attention_api.hpp"
-#include "kernels/attention_backward.hpp"
-#include "kernels/attention_mask.hpp"
+#include "kernels/attention/forward.hpp"
+#include "api/attention.hpp"
+#include "kernels/attention/backward.hpp"
+#include "kernels/attention/mask.hpp"
 #include "kernels/dropout_mask.hpp"
 #include "jit/compile.hpp"
 #include "kernels/gemm.hpp"
-#include "kernels/registry.hpp"
+#include "api/registry.hpp"
 #include "kernels/philox_host.hpp"
 #include "runtime/function.hpp"
 #include "runtime/device_buffer.hpp"
@@ -326,7 +326,7 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
   const int64_t M = B * S, N = 3 * kHidden, Kd = kHidden;
   const DeviceBuffer x = random_buffer(static_cast<size_t>(M * Kd) * 2, dt, 11), w = random_buffer(static_cast<size_t>(N * Kd) * 2, dt, 12);
   DeviceBuffer qkv(static_cast<size_t>(M * N) * 2);
-  const kernels::LibraryKernel* gk = kernels::find("gemm");
+  const library::LibraryKernel* gk = library::find("gemm");
   lang::Meta gmeta = gk->default_meta;
   gmeta.emplace_back("OUT_DTYPE", dt);
   jit::CompileOptions gopts;
@@ -894,7 +894,7 @@ int bench_mask_kernel(double p, int max_reps) {
   struct Tiling {
     int bm, bw, warps;
   };
-  const kernels::LibraryKernel* lib = kernels::find("dropout_mask");
+  const library::LibraryKernel* lib = library::find("dropout_mask");
   bool first = true;
   for (Tiling t : {Tiling{64, 4, lib->num_warps}, Tiling{32, 4, 4}, Tiling{64, 2, 4}, Tiling{64, 8, 4}, Tiling{128, 4, 4}, Tiling{128, 4, 8},
                    Tiling{64, 8, 8}, Tiling{128, 8, 8}, Tiling{32, 8, 4}, Tiling{16, 8, 4}}) {

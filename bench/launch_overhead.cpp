@@ -20,7 +20,7 @@
 
 #include "dsl/lang.hpp"
 #include "kernels/gemm.hpp"
-#include "kernels/registry.hpp"
+#include "api/registry.hpp"
 #include "runtime/function.hpp"
 
 using namespace tilejit;
@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
   // ---- GEMM through TMA descriptors (the locked path): 128x256x64, one program ------------------
   double gemm_over = 0;
   if (o.gemm) {
-    const kernels::LibraryKernel* lk = kernels::find("gemm");
+    const library::LibraryKernel* lk = library::find("gemm");
     jit::CompileOptions opts;
     opts.num_warps = lk->num_warps;
     opts.pipeline.stages = lk->stages;

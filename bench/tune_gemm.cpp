@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "kernels/tuning.hpp"
+#include "api/tuning.hpp"
 #include "runtime/autotuner.hpp"
 #include "runtime/compile_cache.hpp"
 
@@ -33,8 +33,8 @@ int main(int argc, char** argv) {
   fs::remove_all(dir);
   ::setenv("TILEJIT_CACHE_DIR", (dir / "cache").c_str(), 1);
   TuningStore pruned_store(dir / "pruned"), exhaustive_store(dir / "exhaustive");
-  const TuningSpace& space = kernels::gemm_tuning_space();
-  const lang::Meta fixed = kernels::library_fixed_meta("gemm", {{"OUT_DTYPE", ir::DType::bf16}});
+  const TuningSpace& space = library::gemm_tuning_space();
+  const lang::Meta fixed = library::library_fixed_meta("gemm", {{"OUT_DTYPE", ir::DType::bf16}});
   std::printf("GPU: %s, %d SMs, driver %d\n", drv.props(0).name.c_str(), drv.props(0).sm_count, drv.driver_version());
   std::printf("| M x N x K | configs (valid) | compiled | timed | cold s | warm ms | pruned best TFLOP/s (own run) | exhaustive best TFLOP/s (head to head) | pruned choice (head to head) | ratio | pruned best config |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");

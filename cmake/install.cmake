@@ -7,7 +7,7 @@ install(TARGETS tilejit EXPORT tilejitTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # Headers keep their source-tree paths under include/tilejit (dsl/ holds dsl/ir/).
-foreach(dir dsl jit runtime kernels)
+foreach(dir dsl jit runtime kernels api)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tilejit/${dir}
     FILES_MATCHING PATTERN "*.hpp")
 endforeach()

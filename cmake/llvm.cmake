@@ -25,4 +25,3 @@ set_source_files_properties(${PROJECT_SOURCE_DIR}/jit/llvm_backend.cpp PROPERTIE
   COMPILE_OPTIONS "${_tilejit_llvm_flags};${_tilejit_llvm_defs}")
 target_link_libraries(tilejit PRIVATE ${TILEJIT_LLVM_LIBS})
 target_link_options(tilejit PRIVATE -Wl,--gc-sections -Wl,--as-needed -Wl,--exclude-libs,ALL)
-target_compile_options(tilejit PRIVATE -ffunction-sections -fdata-sections)

@@ -9,7 +9,7 @@
 #include "compile_check.hpp"
 
 #include "jit/compile.hpp"
-#include "kernels/attention.hpp"
+#include "kernels/attention/forward.hpp"
 #include "runtime/gpu_kernel.hpp"
 #include "runtime/run.hpp"
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <tilejit/tilejit.hpp>
 
+#include "api/registry.hpp"
 #include "runtime/bundle.hpp"
 #include "runtime/compile_cache.hpp"
 #include "runtime/driver.hpp"
@@ -52,7 +53,7 @@ int run(const fs::path& bundle_path) {
 
   // The kernel and schedule the bundle was built for (`tilejit bundle gemm`): the library GEMM with
   // its default schedule. Building it makes tile IR only; the bundle supplies the compiled code.
-  const rt::BundleEntrySpec spec = rt::BundleEntrySpec::with_default_schedule("gemm");
+  const rt::BundleEntrySpec spec = tilejit::library::bundle_spec("gemm");
   const tilejit::ir::Function fn = spec.build();
 
   rt::Driver& driver = rt::Driver::get();

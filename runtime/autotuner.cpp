@@ -971,7 +971,8 @@ void add_to_bundle_content(TunedBundleContent& content, const TuningSpace& space
                            const lang::Meta& fixed, const jit::CompileOptions& base) {
   BundleEntrySpec spec;
   spec.kernel = space.kernel_name();
-  // The full specialisation, so that the library's default meta (which BundleEntrySpec layers
+  spec.source = space.kernel_source();
+  // The full specialisation, so that a default meta (which BundleEntrySpec layers
   // under it) cannot change the kernel.
   for (const ir::MetaEntry& m : space.build_ir(r.best, fixed).meta) spec.meta.push_back({m.name, m.value});
   spec.options = r.best.options(base);

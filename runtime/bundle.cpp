@@ -1,4 +1,4 @@
-// Bundles: keys, building from the library registry, the file format (bundle.hpp documents it),
+// Bundles: keys, building from specs, the file format (bundle.hpp documents it),
 // defensive reading, the process-wide registry of loaded kernels, and the embedding source.
 #include "runtime/bundle.hpp"
 
@@ -23,7 +23,6 @@
 #include <unordered_map>
 
 #include "dsl/ir/sha256.hpp"
-#include "kernels/registry.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/kernel_codec.hpp"
 
@@ -289,35 +288,15 @@ std::string bundle_key(const ir::Function& f, const jit::CompileOptions& opts) {
 
 // ---- specs -----------------------------------------------------------------------------------
 
-namespace {
-
-const kernels::LibraryKernel& library_kernel(const std::string& name) {
-  if (const kernels::LibraryKernel* k = kernels::find(name)) return *k;
-  std::vector<std::string> known;
-  for (const auto& k : kernels::library()) known.push_back(k.name);
-  throw std::invalid_argument(
-      fmt::format("tilejit: '{}' is not a library kernel (known: {})", name, fmt::join(known, ", ")));
-}
-
-}  // namespace
-
-BundleEntrySpec BundleEntrySpec::with_default_schedule(const std::string& kernel, lang::Meta meta) {
-  const kernels::LibraryKernel& k = library_kernel(kernel);
-  BundleEntrySpec s;
-  s.kernel = kernel;
-  s.meta = std::move(meta);
-  s.options.num_warps = k.num_warps;
-  s.options.pipeline.stages = k.stages;
-  return s;
-}
-
 ir::Function BundleEntrySpec::build() const {
-  const kernels::LibraryKernel& k = library_kernel(kernel);
+  if (!source)
+    throw std::invalid_argument(fmt::format("tilejit: bundle entry '{}' has no kernel to build (library kernels: "
+                                            "tilejit::library::bundle_spec)", kernel));
   lang::Meta full = meta;
-  for (const auto& [name, value] : k.default_meta)
+  for (const auto& [name, value] : default_meta)
     if (std::none_of(meta.begin(), meta.end(), [&](const auto& m) { return m.first == name; }))
       full.push_back({name, value});
-  return k.kernel().build(full);
+  return source().build(full);
 }
 
 std::string describe_meta(const std::vector<ir::MetaEntry>& meta) {
@@ -516,8 +495,7 @@ void throw_not_bundled(const ir::Function& f, const jit::CompileOptions& opts, c
     }
     for (const std::string& failure : r.failures) msg += fmt::format("; failed to load: {}", failure);
   }
-  if (kernels::find(f.name))
-    msg += fmt::format("; a bundle holding it: tilejit bundle -o FILE --arch {} {}", opts.arch, cli_spec(f, opts));
+  msg += fmt::format("; for a library kernel, a bundle holding it: tilejit bundle -o FILE --arch {} {}", opts.arch, cli_spec(f, opts));
   throw jit::CompileError(msg);
 }
 

@@ -28,18 +28,17 @@ std::string bundle_key_text(const ir::Function& f, const jit::CompileOptions& op
 // The same from an already computed ir::structural_hash(f) (compile_cached hashes the IR once).
 std::string bundle_key_from_hash(std::string_view ir_hash, std::string_view kernel, const jit::CompileOptions& opts);
 
-// One kernel of the library (kernels/registry.hpp) to put in a bundle.
+// One kernel to put in a bundle. For a library kernel by name, tilejit::library::bundle_spec
+// (api/registry.hpp) fills it with the library's default schedule; the runtime knows no library.
 struct BundleEntrySpec {
-  std::string kernel;           // a library kernel name: "gemm", "attention_fwd"
-  lang::Meta meta;              // layered over the library's default meta (names not given keep the default)
-  jit::CompileOptions options;  // arch, warps, pipeline, backend; make_cubin is forced on
+  std::string kernel;                          // its name: "gemm", "attention_fwd"
+  const lang::Kernel& (*source)() = nullptr;   // the DSL kernel (built on demand)
+  lang::Meta meta;                             // layered over default_meta (names not given keep it)
+  lang::Meta default_meta;
+  jit::CompileOptions options;                 // arch, warps, pipeline, backend; make_cubin is forced on
 
-  // The library's default schedule for `kernel` (its warps and pipeline stages) with `meta` over
-  // its default meta: what `tilejit bundle KERNEL[:NAME=VALUE,...]` writes, and what an
-  // application builds to find the same entry. Throws std::invalid_argument for an unknown kernel.
-  static BundleEntrySpec with_default_schedule(const std::string& kernel, lang::Meta meta = {});
-  // The specialised tile IR (default meta under `meta`); throws std::invalid_argument for an
-  // unknown kernel and lang::BuildError for bad meta values.
+  // The specialised tile IR (default meta under `meta`); throws std::invalid_argument without a
+  // source and lang::BuildError for bad meta values.
   ir::Function build() const;
   std::string key() const { return bundle_key(build(), options); }
 };

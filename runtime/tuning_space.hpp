@@ -140,6 +140,7 @@ class TuningSpace {
   // ---- use ----
   const std::string& kernel_name() const { return kernel_; }
   const lang::Kernel& kernel() const { return build_(); }
+  auto kernel_source() const { return build_; }  // (for a bundle entry of the tuned kernel)
   const std::vector<std::pair<std::string, std::vector<int64_t>>>& params() const { return params_; }
   const std::vector<Constraint>& constraints() const { return constraints_; }
   const std::vector<KeyArg>& key_args() const { return key_; }

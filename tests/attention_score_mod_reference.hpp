@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention_mask.hpp"
-#include "kernels/attention_mask_host.hpp"
+#include "kernels/attention/mask.hpp"
+#include "kernels/attention/mask_host.hpp"
 #include "runtime/host_tensor.hpp"
 
 namespace score_mod_testing {

@@ -8,7 +8,7 @@
 #include <optional>
 
 #include "attention_reference.hpp"
-#include "kernels/attention.hpp"
+#include "kernels/attention/forward.hpp"
 #include "runtime/interpreter.hpp"
 
 using namespace tilejit;

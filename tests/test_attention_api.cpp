@@ -1,7 +1,7 @@
 // tilejit::attention argument checks, without a GPU: every rejected argument gives one
 // std::invalid_argument naming the function, the argument, the value and what is valid, before
 // anything compiles or launches; a valid call without a GPU stops at the driver, not earlier.
-#include "kernels/attention_api.hpp"
+#include "api/attention.hpp"
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>

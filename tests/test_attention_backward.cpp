@@ -12,9 +12,9 @@
 #include "ptxas_testing.hpp"
 #include "attention_reference.hpp"
 #include "jit/compile.hpp"
-#include "kernels/attention.hpp"
-#include "kernels/attention_backward.hpp"
-#include "kernels/registry.hpp"
+#include "kernels/attention/forward.hpp"
+#include "kernels/attention/backward.hpp"
+#include "api/registry.hpp"
 #include "runtime/interpreter.hpp"
 
 using namespace tilejit;
@@ -92,12 +92,12 @@ TEST_CASE("attention backward: f16 with head dim 128; bf16 with head dim 256") {
   check_backward({1, 2, 2, 40, 24, 256, false, true}, bf16, {32, 16});
 }
 
-// The library's default schedules (kernels/registry.cpp) without spills, causal or not. (Head dim
+// The library's default schedules (api/registry.cpp) without spills, causal or not. (Head dim
 // 128 and up spills on the generic mma.sync path, as the forward does.)
 TEST_CASE("attention backward: the default schedules assemble for sm_90a through both backends without spills") {
   for (const std::string name : {"attention_bwd_preprocess", "attention_bwd_dkdv", "attention_bwd_dq"})
   for (bool causal : {false, true}) {
-    const kernels::LibraryKernel* lk = kernels::find(name);
+    const library::LibraryKernel* lk = library::find(name);
     REQUIRE(lk != nullptr);
     if (causal && name == "attention_bwd_preprocess") continue;  // no mask there
     Meta meta = lk->default_meta;

@@ -1,5 +1,5 @@
 // dQ's reduction as a schedule option of the attention backward (issue 8 part 2; DQ_REDUCTION on
-// attention_bwd_dkdv, kernels/attention_backward.hpp): recompute (the dQ kernel), atomic (dQ_accum +
+// attention_bwd_dkdv, kernels/attention/backward.hpp): recompute (the dQ kernel), atomic (dQ_accum +
 // attention_bwd_dq_convert) and split (dQ_parts + attention_bwd_dq_reduce), in the interpreter
 // against float64 over GQA, both layouts, causal both ways (rows that see no key), ragged shapes,
 // interval and list masks, dropout fused and precomputed. dK, dV do not depend on the reduction (bit
@@ -33,13 +33,13 @@
 #include "attention_mask_testing.hpp"
 #include "jit/compile.hpp"
 #include "jit/ptx_compiler.hpp"
-#include "kernels/attention_backward.hpp"
-#include "kernels/attention_mask.hpp"
-#include "kernels/attention_mask_host.hpp"
-#include "kernels/backward_schedule.hpp"
-#include "kernels/backward_schedule_lang.hpp"
+#include "kernels/attention/backward.hpp"
+#include "kernels/attention/mask.hpp"
+#include "kernels/attention/mask_host.hpp"
+#include "kernels/attention/backward_schedule.hpp"
+#include "kernels/attention/backward_schedule_lang.hpp"
 #include "kernels/philox_host.hpp"
-#include "kernels/registry.hpp"
+#include "api/registry.hpp"
 #include "runtime/interpreter.hpp"
 
 using namespace tilejit;
@@ -392,7 +392,7 @@ TEST_CASE("build errors: DQ_REDUCTION out of range, with VARLEN; the reducer's m
 }
 
 // The new kernels through both backends for sm_90a. Checked without spills: the dK/dV kernel with
-// DQ_REDUCTION at the reduction schedule kernels/attention_backward.hpp recommends (64 x 64, 4 warps,
+// DQ_REDUCTION at the reduction schedule kernels/attention/backward.hpp recommends (64 x 64, 4 warps,
 // head dim 64; every dot on wgmma, the dQ dot included: more wgmma instructions than DQ_REDUCTION=0
 // at the same schedule, no mma.sync), full and causal, and the convert / reduce kernels at the
 // registry's defaults. Reported only (MESSAGE): the registry's dK/dV default 64 x 128 on 8 warps
@@ -439,7 +439,7 @@ TEST_CASE("atomic / split kernels assemble for sm_90a without spills (the reduct
   builds.push_back({"attention_bwd_dq_reduce", {{"MASK", static_cast<int>(MaskKind::causal_document)}, {"HEAD_DIM", 128}}});
   std::map<std::string, size_t> wgmma;  // by backend and causal, at the reduction schedule
   for (const Build& bd : builds) {
-    const km::LibraryKernel* lk = km::find(bd.name);
+    const tilejit::library::LibraryKernel* lk = tilejit::library::find(bd.name);
     REQUIRE(lk != nullptr);
     Meta meta = lk->default_meta;  // then bd.meta's values, replacing the defaults' of the same name
     for (const auto& [name, value] : bd.meta) {
@@ -523,7 +523,7 @@ TEST_CASE("ordered dQ: semaphore-ordered accumulation matches float64 and is the
 
 namespace {
 
-// The persistent dK/dV kernel's schedule arithmetic (kernels/backward_schedule_lang.hpp) as a DSL
+// The persistent dK/dV kernel's schedule arithmetic (kernels/attention/backward_schedule_lang.hpp) as a DSL
 // kernel of its own: for every item, stage and step it writes the query tile visited and the
 // ordered wait target, [items * heads, 2 stages, M steps, 2] (-1 where nothing runs).
 const Kernel& schedule_probe() {
@@ -552,7 +552,7 @@ const Kernel& schedule_probe() {
 
 }  // namespace
 
-// The kernel's DSL arithmetic against the host model (kernels/backward_schedule.hpp), which
+// The kernel's DSL arithmetic against the host model (kernels/attention/backward_schedule.hpp), which
 // tests/test_backward_schedule.cpp checks against DASH's rules and the simulator.
 TEST_CASE("PERSISTENT schedule: the DSL's visit orders and wait targets are the host model's (shift order)") {
   int compared = 0;

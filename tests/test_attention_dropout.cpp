@@ -15,8 +15,8 @@
 
 #include "attention_reference.hpp"
 #include "jit/compile.hpp"
-#include "kernels/attention.hpp"
-#include "kernels/attention_backward.hpp"
+#include "kernels/attention/forward.hpp"
+#include "kernels/attention/backward.hpp"
 #include "kernels/philox_host.hpp"
 #include "runtime/interpreter.hpp"
 

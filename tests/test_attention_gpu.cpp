@@ -33,8 +33,8 @@
 
 #include "attention_reference.hpp"
 #include "attention_score_mod_reference.hpp"
-#include "kernels/attention_api.hpp"
-#include "kernels/attention_mask_host.hpp"
+#include "api/attention.hpp"
+#include "kernels/attention/mask_host.hpp"
 #include "kernels/philox_host.hpp"
 #include "runtime/device_buffer.hpp"
 #include "runtime/driver.hpp"

@@ -1,4 +1,4 @@
-// The attention mask library (kernels/attention_mask.hpp, kernels/attention_mask_host.hpp): the host
+// The attention mask library (kernels/attention/mask.hpp, kernels/attention/mask_host.hpp): the host
 // definitions on hand-written examples, the interval form and block classification against brute
 // force, every library mask in the interpreter against the host's dense mask bit for bit, the DSL's
 // per-tile ranges and full tests against brute-force classes, the block-mask pre-pass (classes and
@@ -18,9 +18,9 @@
 #include "dsl/lang.hpp"
 #include "jit/compile.hpp"
 #include "jit/ptx_compiler.hpp"
-#include "kernels/attention.hpp"
-#include "kernels/attention_mask.hpp"
-#include "kernels/attention_mask_host.hpp"
+#include "kernels/attention/forward.hpp"
+#include "kernels/attention/mask.hpp"
+#include "kernels/attention/mask_host.hpp"
 #include "runtime/interpreter.hpp"
 
 using namespace tilejit;

@@ -1,4 +1,4 @@
-// Library masks in the attention backward (issue 8 part 1; kernels/attention_backward.hpp, MASK): for
+// Library masks in the attention backward (issue 8 part 1; kernels/attention/backward.hpp, MASK): for
 // every MaskKind, a float64 masked forward (O, LSE) on the host, then the preprocess, the
 // block-mask pre-pass (both orders, for the kinds without tile intervals), dK/dV and dQ in
 // the interpreter, against the float64 gradients with the host's dense mask (kernels/
@@ -27,12 +27,12 @@
 #include "attention_mask_testing.hpp"
 #include "jit/compile.hpp"
 #include "jit/ptx_compiler.hpp"
-#include "kernels/attention.hpp"
-#include "kernels/attention_backward.hpp"
-#include "kernels/attention_mask.hpp"
-#include "kernels/attention_mask_host.hpp"
+#include "kernels/attention/forward.hpp"
+#include "kernels/attention/backward.hpp"
+#include "kernels/attention/mask.hpp"
+#include "kernels/attention/mask_host.hpp"
 #include "kernels/philox_host.hpp"
-#include "kernels/registry.hpp"
+#include "api/registry.hpp"
 #include "runtime/interpreter.hpp"
 
 using namespace tilejit;
@@ -424,13 +424,13 @@ TEST_CASE("build errors: library masks with CAUSAL or VARLEN, an unknown MASK") 
   }
 }
 
-// The registry's default schedules (kernels/registry.cpp) with an interval mask, a two-run one and a
+// The registry's default schedules (api/registry.cpp) with an interval mask, a two-run one and a
 // list one, through both backends, without spills.
 TEST_CASE("masked dK/dV and dQ assemble for sm_90a at the default schedules without spills") {
   if (testing::no_ptxas()) return;
   for (const std::string name : {"attention_bwd_dkdv", "attention_bwd_dq"})
     for (MaskKind kind : {MaskKind::sliding_window, MaskKind::global_sliding_window, MaskKind::causal_document}) {
-      const km::LibraryKernel* lk = km::find(name);
+      const tilejit::library::LibraryKernel* lk = tilejit::library::find(name);
       REQUIRE(lk != nullptr);
       Meta meta = lk->default_meta;
       meta.emplace_back("MASK", static_cast<int>(kind));

@@ -15,10 +15,10 @@
 #include "attention_score_mod_reference.hpp"
 #include "jit/compile.hpp"
 #include "jit/ptx_compiler.hpp"
-#include "kernels/attention.hpp"
-#include "kernels/attention_backward.hpp"
-#include "kernels/attention_mask.hpp"
-#include "kernels/registry.hpp"
+#include "kernels/attention/forward.hpp"
+#include "kernels/attention/backward.hpp"
+#include "kernels/attention/mask.hpp"
+#include "api/registry.hpp"
 #include "runtime/interpreter.hpp"
 
 using namespace tilejit;
@@ -142,7 +142,7 @@ TEST_CASE("SCORE_MOD kernels assemble for sm_90a at the default schedules") {
   if (testing::no_ptxas()) return;
   for (const std::string name : {"attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq"})
     for (ScoreModKind mod : {ScoreModKind::alibi, ScoreModKind::softcap}) {
-      const km::LibraryKernel* lk = km::find(name);
+      const tilejit::library::LibraryKernel* lk = tilejit::library::find(name);
       REQUIRE(lk != nullptr);
       Meta meta;
       for (const auto& m : lk->default_meta)

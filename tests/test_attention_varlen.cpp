@@ -11,7 +11,7 @@
 #include <numeric>
 
 #include "attention_reference.hpp"
-#include "kernels/attention.hpp"
+#include "kernels/attention/forward.hpp"
 #include "runtime/interpreter.hpp"
 
 using namespace tilejit;

@@ -18,9 +18,9 @@
 #include "ptxas_testing.hpp"
 #include "attention_reference.hpp"
 #include "jit/compile.hpp"
-#include "kernels/attention.hpp"
-#include "kernels/attention_api.hpp"
-#include "kernels/attention_backward.hpp"
+#include "kernels/attention/forward.hpp"
+#include "api/attention.hpp"
+#include "kernels/attention/backward.hpp"
 #include "runtime/interpreter.hpp"
 
 using namespace tilejit;

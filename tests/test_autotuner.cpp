@@ -13,7 +13,7 @@
 #include <map>
 #include <set>
 
-#include "kernels/tuning.hpp"
+#include "api/tuning.hpp"
 #include "test_kernels.hpp"
 
 using namespace tilejit;
@@ -141,11 +141,11 @@ TEST_CASE("spaces: enumeration in declaration order under constraints, with reas
 }
 
 TEST_CASE("spaces: the GEMM space's constraints") {
-  const TuningSpace& s = kernels::gemm_tuning_space();
+  const TuningSpace& s = library::gemm_tuning_space();
   CHECK(s.size() == 3 * 3 * 2 * 2 * 2 * 4);
   TuningContext ctx;
   ctx.shape = {{"M", 4096}, {"N", 4096}, {"K", 4096}};
-  ctx.fixed = kernels::library_fixed_meta("gemm", {});
+  ctx.fixed = library::library_fixed_meta("gemm", {});
   std::vector<TuningConfig> tma = s.enumerate(ctx);
   REQUIRE(!tma.empty());
   for (const TuningConfig& c : tma) {
@@ -156,12 +156,12 @@ TEST_CASE("spaces: the GEMM space's constraints") {
   }
   CHECK(std::find(tma.begin(), tma.end(), s.default_config()) != tma.end());
   // B given as B[K,N] (MN-major) also takes the TMA path: the same constraints.
-  ctx.fixed = kernels::library_fixed_meta("gemm", {{"B_KMAJOR", false}});
+  ctx.fixed = library::library_fixed_meta("gemm", {{"B_KMAJOR", false}});
   std::vector<TuningConfig> mn = s.enumerate(ctx);
   CHECK(mn.size() == tma.size());
   for (const TuningConfig& c : mn) CHECK(c.get("BLOCK_K") == 64);
   // The generic path (A given as A^T[K,M]): BLOCK_K 32 allowed, stages do not vary.
-  ctx.fixed = kernels::library_fixed_meta("gemm", {{"A_KMAJOR", false}});
+  ctx.fixed = library::library_fixed_meta("gemm", {{"A_KMAJOR", false}});
   std::vector<TuningConfig> generic = s.enumerate(ctx);
   CHECK(std::any_of(generic.begin(), generic.end(), [](const TuningConfig& c) { return c.get("BLOCK_K") == 32; }));
   for (const TuningConfig& c : generic) CHECK(c.get("stages") == 2);
@@ -172,13 +172,13 @@ TEST_CASE("spaces: the GEMM space's constraints") {
     CHECK(c.get("BLOCK_N") <= 128);
     CHECK(c.get("GROUP_M") == 0);
   }
-  CHECK_THROWS_WITH_AS(kernels::library_fixed_meta("gemm", {{"BLOCK_M", 64}}), doctest::Contains("BLOCK_M is tuned"),
+  CHECK_THROWS_WITH_AS(library::library_fixed_meta("gemm", {{"BLOCK_M", 64}}), doctest::Contains("BLOCK_M is tuned"),
                        std::invalid_argument);
   // The attention space.
   TuningContext actx;
   actx.shape = {{"B", 2}, {"H", 8}, {"S", 1024}, {"D", 64}};
-  actx.fixed = kernels::library_fixed_meta("attention_fwd", {{"HEAD_DIM", 64}});
-  for (const TuningConfig& c : kernels::attention_fwd_tuning_space().enumerate(actx)) CHECK(c.get("BLOCK_N") <= 64);
+  actx.fixed = library::library_fixed_meta("attention_fwd", {{"HEAD_DIM", 64}});
+  for (const TuningConfig& c : library::attention_fwd_tuning_space().enumerate(actx)) CHECK(c.get("BLOCK_N") <= 64);
 }
 
 TEST_CASE("keys: bucketing per argument") {
@@ -194,7 +194,7 @@ TEST_CASE("keys: bucketing per argument") {
   CHECK(Bucketing::exact().apply(4097) == 4097);
   CHECK(Bucketing::exact().apply(-3) == -3);
   CHECK(p.describe() == "pow2, at least 16");
-  const TuningSpace& g = kernels::gemm_tuning_space();
+  const TuningSpace& g = library::gemm_tuning_space();
   CHECK(g.bucket({{"M", 3000}, {"N", 4096}, {"K", 70}}) == "M=4096,N=4096,K=128");
   CHECK(g.bucket({{"M", 3000}, {"N", 4096}, {"K", 70}}) == g.bucket({{"M", 4000}, {"N", 4000}, {"K", 100}}));
   CHECK_THROWS_WITH_AS(g.bucket({{"M", 1}, {"N", 1}}), doctest::Contains("kernel 'gemm': the tuning key needs dimension K"),
@@ -203,7 +203,7 @@ TEST_CASE("keys: bucketing per argument") {
   int64_t a_sizes[] = {300, 70}, b_sizes[] = {500, 70}, c_sizes[] = {300, 500}, strides[] = {70, 1}, cs[] = {500, 1};
   TensorView a{ir::DType::bf16, a_sizes, strides, 0, 0}, b{ir::DType::bf16, b_sizes, strides, 0, 0}, c{ir::DType::f32, c_sizes, cs, 0, 0};
   DeviceArg args[] = {a, b, c};
-  Shape sh = g.shape_of(args, kernels::library_fixed_meta("gemm", {}));
+  Shape sh = g.shape_of(args, library::library_fixed_meta("gemm", {}));
   CHECK(describe_shape(sh) == "M=300,N=500,K=70");
   CHECK(g.bucket(sh) == "M=512,N=512,K=128");
 }
@@ -274,10 +274,10 @@ TEST_CASE("cost model: ranking on synthetic KernelInfo") {
   CHECK(rank_correlation({1, 2, 3, 4}, {1, 2, 3, 4}) == doctest::Approx(1.0));
   CHECK(rank_correlation({1, 2, 3, 4}, {4, 3, 2, 1}) == doctest::Approx(-1.0));
   // The GEMM workload ranks the default's tile shape above a tiny-tile config for a large problem.
-  const TuningSpace& g = kernels::gemm_tuning_space();
+  const TuningSpace& g = library::gemm_tuning_space();
   TuningContext ctx;
   ctx.shape = {{"M", 8192}, {"N", 8192}, {"K", 8192}};
-  ctx.fixed = kernels::library_fixed_meta("gemm", {});
+  ctx.fixed = library::library_fixed_meta("gemm", {});
   TuningConfig tiny{{{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 64}, {"GROUP_M", 8}, {"warps", 4}, {"stages", 2}}};
   CHECK(estimate(g.workload_of(g.default_config(), ctx), d).ms < estimate(g.workload_of(tiny, ctx), d).ms);
 }

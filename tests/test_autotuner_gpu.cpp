@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "kernels/tuning.hpp"
+#include "api/tuning.hpp"
 #include "runtime/compile_cache.hpp"
 #include "runtime/interpreter.hpp"
 
@@ -46,8 +46,8 @@ TEST_CASE("GEMM: pruned tuning reaches 97% of the exhaustive best; a warm run is
   const fs::path base = fs::temp_directory_path() / fmt::format("tilejit_autotuner_gpu_{}", ::getpid());
   fs::remove_all(base);
   TuningStore pruned_store(base / "pruned"), exhaustive_store(base / "exhaustive");
-  const TuningSpace& space = kernels::gemm_tuning_space();
-  const lang::Meta fixed = kernels::library_fixed_meta("gemm", {{"OUT_DTYPE", ir::DType::bf16}});
+  const TuningSpace& space = library::gemm_tuning_space();
+  const lang::Meta fixed = library::library_fixed_meta("gemm", {{"OUT_DTYPE", ir::DType::bf16}});
   const Shape shape{{"M", 4096}, {"N", 4096}, {"K", 4096}};
 
   AutotuneOptions po;
@@ -89,8 +89,8 @@ TEST_CASE("GEMM: pruned tuning reaches 97% of the exhaustive best; a warm run is
 
 TEST_CASE("TunedKernel: the chosen GEMM config's output matches the interpreter") {
   if (!have_gpu()) return;
-  const TuningSpace& space = kernels::gemm_tuning_space();
-  const lang::Meta fixed = kernels::library_fixed_meta("gemm", {{"OUT_DTYPE", ir::DType::f32}});
+  const TuningSpace& space = library::gemm_tuning_space();
+  const lang::Meta fixed = library::library_fixed_meta("gemm", {{"OUT_DTYPE", ir::DType::f32}});
   AutotuneOptions o;
   o.persist = false;
   o.top_k = 3;

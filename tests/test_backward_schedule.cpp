@@ -1,5 +1,5 @@
-// Deterministic attention backward schedules (kernels/backward_schedule.hpp) and their simulator
-// (kernels/backward_schedule_sim.hpp): every needed block visited once, wait targets equal to the
+// Deterministic attention backward schedules (kernels/attention/backward_schedule.hpp) and their simulator
+// (kernels/attention/backward_schedule_sim.hpp): every needed block visited once, wait targets equal to the
 // reference accumulation order, no deadlock, the same add order whatever the block costs, DASH's
 // rules reproduced, and the makespans that motivate descending and shift orders.
 #include <doctest/doctest.h>
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/backward_schedule.hpp"
-#include "kernels/backward_schedule_sim.hpp"
+#include "kernels/attention/backward_schedule.hpp"
+#include "kernels/attention/backward_schedule_sim.hpp"
 
 namespace {
 

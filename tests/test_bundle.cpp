@@ -23,7 +23,8 @@
 #include <thread>
 
 #include "dsl/ir/sha256.hpp"
-#include "kernels/attention_mask.hpp"
+#include "kernels/attention/mask.hpp"
+#include "api/registry.hpp"
 #include "runtime/bundle.hpp"
 #include "runtime/compile_cache.hpp"
 #include "runtime/driver.hpp"
@@ -134,8 +135,8 @@ Bundle synthetic_bundle(const std::vector<std::string>& archs = {"sm_90a"}) {
 }
 
 std::vector<BundleEntrySpec> two_gemms() {
-  return {BundleEntrySpec::with_default_schedule("gemm"),
-          BundleEntrySpec::with_default_schedule("gemm", {{"BLOCK_N", 128}, {"OUT_DTYPE", ir::DType::bf16}})};
+  return {library::bundle_spec("gemm"),
+          library::bundle_spec("gemm", {{"BLOCK_N", 128}, {"OUT_DTYPE", ir::DType::bf16}})};
 }
 
 // The real bundle of the suite (two GEMM specialisations), made once.
@@ -150,7 +151,7 @@ const Bundle& gemm_bundle() {
 }  // namespace
 
 TEST_CASE("bundle keys leave the compilers out and keep what changes the code") {
-  const BundleEntrySpec spec = BundleEntrySpec::with_default_schedule("gemm");
+  const BundleEntrySpec spec = library::bundle_spec("gemm");
   CHECK(spec.options.num_warps == 8);
   CHECK(spec.options.pipeline.stages == 4);
   const ir::Function f = spec.build();
@@ -199,26 +200,26 @@ TEST_CASE("bundle keys leave the compilers out and keep what changes the code") 
        {with([](auto& c) { c.arch = "sm_80"; }), with([](auto& c) { c.num_warps = 4; }),
         with([](auto& c) { c.pipeline.stages = 3; }), with([](auto& c) { c.pipeline.enabled = false; }),
         with([](auto& c) { c.min_programs_per_sm = 3; }), with([](auto& c) { c.pipeline.once_by_tma = false; }),
-        runtime::bundle_key(BundleEntrySpec::with_default_schedule("gemm", {{"BLOCK_N", 128}}).build(), o),
-        runtime::bundle_key(BundleEntrySpec::with_default_schedule("attention_fwd").build(), o)})
+        runtime::bundle_key(library::bundle_spec("gemm", {{"BLOCK_N", 128}}).build(), o),
+        runtime::bundle_key(library::bundle_spec("attention_fwd").build(), o)})
     CHECK(seen.insert(k).second);
 
   // The user's meta lies over the library defaults; unknown kernels are named.
-  CHECK(BundleEntrySpec::with_default_schedule("gemm", {{"BLOCK_N", 256}}).key() == k0);
-  CHECK_THROWS_WITH_AS(BundleEntrySpec::with_default_schedule("no_such_kernel"),
+  CHECK(library::bundle_spec("gemm", {{"BLOCK_N", 256}}).key() == k0);
+  CHECK_THROWS_WITH_AS(library::bundle_spec("no_such_kernel"),
                        doctest::Contains("'no_such_kernel' is not a library kernel (known: gemm"), std::invalid_argument);
 
   // The block-mask pre-pass at its registry defaults is what the attention API compiles for a
-  // forward with a list mask (kernels/attention_api.cpp: 4 key tiles a program, 8 warps at
+  // forward with a list mask (api/attention/attention.cpp: 4 key tiles a program, 8 warps at
   // 128 x 128, 2 stages; the lists on 4 warps), so a bundle entry `attention_block_classes:MASK=6`
   // serves it with no compiler.
   jit::CompileOptions api;
   api.num_warps = 8;
   api.pipeline.stages = 2;
-  CHECK(BundleEntrySpec::with_default_schedule("attention_block_classes", {{"MASK", 6}}).key() ==
+  CHECK(library::bundle_spec("attention_block_classes", {{"MASK", 6}}).key() ==
         runtime::bundle_key(kernels::attention_block_classes().build({{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"MASK", 6}, {"TILES", 4}}), api));
   api.num_warps = 4;
-  CHECK(BundleEntrySpec::with_default_schedule("attention_block_lists", {{"KV_MAJOR", true}}).key() ==
+  CHECK(library::bundle_spec("attention_block_lists", {{"KV_MAJOR", true}}).key() ==
         runtime::bundle_key(kernels::attention_block_lists().build({{"KV_MAJOR", true}}), api));
 }
 
@@ -366,7 +367,7 @@ TEST_CASE("a kernel no loaded bundle holds, with compilers disabled, is a clear 
   TempDir tmp;
   runtime::CompileCache disk(tmp.path / "cache");
   ScopedEnv off("TILEJIT_DISABLE_COMPILERS", "1");
-  const BundleEntrySpec missing = BundleEntrySpec::with_default_schedule("gemm", {{"BLOCK_N", 64}});
+  const BundleEntrySpec missing = library::bundle_spec("gemm", {{"BLOCK_N", 64}});
   const ir::Function f = missing.build();
 
   // jit::compile refuses at once, before any compiler.
@@ -624,7 +625,7 @@ TEST_CASE("a linked --emit-cpp source registers its bundle before main(); its ke
   CHECK(loaded[0].name == "embedded.tjb (embedded)");
   CHECK(loaded[0].entries == 1);
   ScopedEnv off("TILEJIT_DISABLE_COMPILERS", "1");
-  const BundleEntrySpec spec = BundleEntrySpec::with_default_schedule("gemm", {{"BLOCK_N", 128}});
+  const BundleEntrySpec spec = library::bundle_spec("gemm", {{"BLOCK_N", 128}});
   runtime::reset_memory_cache();
   jit::CompiledKernel k = runtime::compile_cached(spec.build(), spec.options);
   CHECK(!k.cubin.empty());

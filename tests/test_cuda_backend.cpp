@@ -24,7 +24,7 @@
 #include "jit/lower.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/ptx_compiler.hpp"
-#include "kernels/attention.hpp"
+#include "kernels/attention/forward.hpp"
 #include "kernels/gemm.hpp"
 #include "runtime/device_buffer.hpp"
 #include "runtime/driver.hpp"

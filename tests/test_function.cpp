@@ -15,7 +15,7 @@
 
 #include "dsl/lang.hpp"
 #include "kernels/gemm.hpp"
-#include "kernels/registry.hpp"
+#include "api/registry.hpp"
 #include "runtime/compile_cache.hpp"
 #include "test_kernels.hpp"
 #include "host_bits.hpp"
@@ -260,7 +260,7 @@ TEST_CASE("LaunchPlan: the compiled ABI must be the flattening of the signature"
 }
 
 TEST_CASE("Function: tensors read through TMA are checked for the layout TMA needs once compiled") {
-  const kernels::LibraryKernel* lk = kernels::find("gemm");
+  const library::LibraryKernel* lk = library::find("gemm");
   REQUIRE(lk);
   jit::CompileOptions o;
   o.num_warps = lk->num_warps;

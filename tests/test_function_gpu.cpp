@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "dsl/lang.hpp"
-#include "kernels/attention.hpp"
-#include "kernels/attention_backward.hpp"
+#include "kernels/attention/forward.hpp"
+#include "kernels/attention/backward.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/philox_host.hpp"
-#include "kernels/registry.hpp"
+#include "api/registry.hpp"
 #include "runtime/compile_cache.hpp"
 #include "runtime/interpreter.hpp"
 #include "test_kernels.hpp"
@@ -60,7 +60,7 @@ bool have_gpu() {
 
 // The library GEMM under its default schedule (what `tilejit compile gemm` builds).
 Function default_gemm() {
-  const kernels::LibraryKernel* lk = kernels::find("gemm");
+  const library::LibraryKernel* lk = library::find("gemm");
   REQUIRE(lk);
   jit::CompileOptions o;
   o.num_warps = lk->num_warps;
@@ -69,7 +69,7 @@ Function default_gemm() {
 }
 
 Grid gemm_grid(int64_t m, int64_t n) {
-  const kernels::LibraryKernel* lk = kernels::find("gemm");
+  const library::LibraryKernel* lk = library::find("gemm");
   int64_t bm = 0, bn = 0;
   for (const auto& [name, v] : lk->default_meta) {
     if (name == "BLOCK_M") bm = std::get<int64_t>(v);
@@ -254,7 +254,7 @@ TEST_CASE("gpu: 8 threads call one Function concurrently on their own streams") 
 
 TEST_CASE("gpu: the library GEMM with DROPOUT_MASK: C bit-identical to the plain GEMM, the mask the host's bit for bit") {
   if (!have_gpu()) return;
-  const kernels::LibraryKernel* lk = kernels::find("gemm");
+  const library::LibraryKernel* lk = library::find("gemm");
   REQUIRE(lk);
   // in the K loop, and on 4 warps of their own beside the GEMM's 8 (warp roles, with and without setmaxnreg)
   for (const int schedule : {0, 1, 2}) {

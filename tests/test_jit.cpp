@@ -5,11 +5,11 @@
 
 #include "jit/compile.hpp"
 #include "jit/lower.hpp"
-#include "kernels/attention.hpp"
-#include "kernels/attention_backward.hpp"
+#include "kernels/attention/forward.hpp"
+#include "kernels/attention/backward.hpp"
 #include "kernels/dropout_mask.hpp"
 #include "kernels/gemm.hpp"
-#include "kernels/registry.hpp"
+#include "api/registry.hpp"
 #include "runtime/interpreter.hpp"
 #include "test_kernels.hpp"
 
@@ -36,7 +36,7 @@ std::vector<Case> all_kernels() {
     cases.push_back({fmt::format("gemm 128x128x32 -> {}", ir::name(out)), kernels::gemm().build({{"OUT_DTYPE", out}}), 8});
   cases.push_back({"gemm 64x64x32", kernels::gemm().build({{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 32}})});
   // the library's default GEMM schedule (TMA + wgmma on sm_90a), as `tilejit compile gemm` uses it
-  const kernels::LibraryKernel* g = kernels::find("gemm");
+  const library::LibraryKernel* g = library::find("gemm");
   cases.push_back({"gemm default schedule", kernels::gemm().build(g->default_meta), g->num_warps});
   // The generic (mma.sync) attention path is register-heavy; issue #6 brings its Hopper schedule.
   for (bool causal : {false, true})
@@ -57,7 +57,7 @@ std::vector<Case> all_kernels() {
   cases.push_back({"ordered_tile_add (atomic_add after a semaphore, TMA)", test_kernels::ordered_tile_add.build()});
   // the packed dropout keep-mask (Philox4x32-10 per 16 elements): the default schedule, and a wider
   // one (reported: nvrtc spills 8 B there, 2026-11)
-  const kernels::LibraryKernel* dm = kernels::find("dropout_mask");
+  const library::LibraryKernel* dm = library::find("dropout_mask");
   cases.push_back({"dropout_mask default schedule", kernels::dropout_mask().build(dm->default_meta), dm->num_warps});
   cases.push_back({"dropout_mask 32x8 words", kernels::dropout_mask().build({{"BLOCK_M", 32}, {"BLOCK_W", 8}}), 4, false});
   return cases;

@@ -9,9 +9,9 @@
 
 #include "dsl/lang.hpp"
 #include "jit/compile.hpp"
-#include "kernels/attention.hpp"
-#include "kernels/attention_backward.hpp"
-#include "kernels/attention_mask.hpp"
+#include "kernels/attention/forward.hpp"
+#include "kernels/attention/backward.hpp"
+#include "kernels/attention/mask.hpp"
 #include "kernels/dropout_mask.hpp"
 #include "kernels/gemm.hpp"
 #include "runtime/gpu_kernel.hpp"

@@ -1,4 +1,4 @@
-// Heavy-first program order in L2-sized head sections (kernels/program_order.hpp), run in the
+// Heavy-first program order in L2-sized head sections (kernels/attention/program_order.hpp), run in the
 // interpreter: every (tile, head, batch) taken by exactly one program, heads grouped in sections of
 // the size the L2 budget gives, and inside a section the heaviest tiles first, heads fastest.
 #include <doctest/doctest.h>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "dsl/lang.hpp"
-#include "kernels/program_order.hpp"
+#include "kernels/attention/program_order.hpp"
 #include "runtime/interpreter.hpp"
 
 using namespace tilejit;

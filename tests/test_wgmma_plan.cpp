@@ -17,8 +17,8 @@
 #include "jit/compile.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/ptx_compiler.hpp"
-#include "kernels/attention.hpp"
-#include "kernels/attention_backward.hpp"
+#include "kernels/attention/forward.hpp"
+#include "kernels/attention/backward.hpp"
 
 using namespace tilejit;
 using namespace tilejit::lang;

@@ -12,8 +12,8 @@
 
 #include "jit/compile.hpp"
 #include "jit/ptx_compiler.hpp"
-#include "kernels/attention.hpp"
-#include "kernels/attention_backward.hpp"
+#include "kernels/attention/forward.hpp"
+#include "kernels/attention/backward.hpp"
 #include "kernels/gemm.hpp"
 #include "ptxas_testing.hpp"
 

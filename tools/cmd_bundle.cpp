@@ -28,8 +28,8 @@ runtime::BundleEntrySpec parse_spec(const std::string& text) {
   const size_t colon = text.find(':');
   const std::string kernel = text.substr(0, colon);
   if (kernel.empty()) throw UsageError(fmt::format("'{}': expected KERNEL[:NAME=VALUE,...]", text));
-  if (!kernels::find(kernel)) throw UsageError(fmt::format("unknown kernel '{}' (see `tilejit kernels`)", kernel));
-  runtime::BundleEntrySpec spec = runtime::BundleEntrySpec::with_default_schedule(kernel);
+  if (!library::find(kernel)) throw UsageError(fmt::format("unknown kernel '{}' (see `tilejit kernels`)", kernel));
+  runtime::BundleEntrySpec spec = library::bundle_spec(kernel);
   if (colon == std::string::npos) return spec;
   std::string rest = text.substr(colon + 1);
   size_t start = 0;

@@ -50,7 +50,7 @@ const std::string& option_value(const Args& args, size_t& i) {
 
 KernelSelection select_kernel(const std::string& name) {
   KernelSelection sel;
-  sel.kernel = kernels::find(name);
+  sel.kernel = library::find(name);
   if (!sel.kernel) throw UsageError(fmt::format("unknown kernel '{}' (see `tilejit kernels`)", name));
   sel.options.num_warps = sel.kernel->num_warps;
   sel.options.pipeline.stages = sel.kernel->stages;
@@ -93,7 +93,7 @@ bool parse_kernel_option(const Args& args, size_t& i, KernelSelection& sel) {
 }
 
 int cmd_kernels(const Args&) {
-  for (const auto& k : kernels::library()) std::printf("%-16s %s\n", k.name.c_str(), k.summary.c_str());
+  for (const auto& k : library::all()) std::printf("%-16s %s\n", k.name.c_str(), k.summary.c_str());
   return 0;
 }
 

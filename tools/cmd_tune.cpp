@@ -9,7 +9,7 @@
 #include <mutex>
 
 #include "commands.hpp"
-#include "kernels/tuning.hpp"
+#include "api/tuning.hpp"
 #include "runtime/autotuner.hpp"
 #include "runtime/bundle.hpp"
 
@@ -90,7 +90,7 @@ void print_table(const runtime::TuneResult& r, bool all, bool measured) {
 int cmd_tune(const Args& args) {
   if (args.empty()) throw UsageError("tune needs a kernel name (tunable: gemm, attention_fwd)");
   const std::string kernel = args[0];
-  const runtime::TuningSpace* space = kernels::find_tuning_space(kernel);
+  const runtime::TuningSpace* space = library::find_tuning_space(kernel);
   if (!space) throw UsageError(fmt::format("kernel '{}' has no tuning space (tunable: gemm, attention_fwd)", kernel));
   KernelSelection sel = select_kernel(kernel);
   runtime::AutotuneOptions opts;
@@ -128,7 +128,7 @@ int cmd_tune(const Args& args) {
   for (const std::vector<int64_t>& values : shapes) {
     runtime::Shape shape;
     try {
-      shape = kernels::library_shape(kernel, values);
+      shape = library::library_shape(kernel, values);
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
@@ -137,7 +137,7 @@ int cmd_tune(const Args& args) {
       user.push_back({"HEAD_DIM", runtime::shape_get(shape, "D")});
     lang::Meta fixed;
     try {
-      fixed = kernels::library_fixed_meta(kernel, user);
+      fixed = library::library_fixed_meta(kernel, user);
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }

@@ -6,7 +6,7 @@
 
 #include "dsl/lang.hpp"
 #include "jit/compile.hpp"
-#include "kernels/registry.hpp"
+#include "api/registry.hpp"
 
 namespace tilejit::cli {
 
@@ -36,7 +36,7 @@ int cmd_tune(const Args& args);
 // --backend, --arch, --num-warps, --stages, --no-pipeline. Returns false for options it does
 // not know (the caller handles those); `i` is advanced past consumed values.
 struct KernelSelection {
-  const kernels::LibraryKernel* kernel = nullptr;
+  const library::LibraryKernel* kernel = nullptr;
   lang::Meta meta;                 // the user's values
   jit::CompileOptions options;     // starts from the library's default schedule
   ir::Function build() const;      // the default meta under the user's

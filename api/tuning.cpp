@@ -1,7 +1,7 @@
 // The library kernels' tuning spaces. Constraints encode what the compiler does (the wgmma
 // pipeline's shape rules, the accumulator's register budget) so that configs that would fall off
 // the fast path or spill are never compiled; the workloads feed the cost model.
-#include "kernels/tuning.hpp"
+#include "api/tuning.hpp"
 
 #include <fmt/format.h>
 
@@ -9,11 +9,13 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "kernels/attention.hpp"
+#include "kernels/attention/forward.hpp"
 #include "kernels/gemm.hpp"
-#include "kernels/registry.hpp"
+#include "api/registry.hpp"
 
-namespace tilejit::kernels {
+namespace tilejit::library {
+
+using namespace kernels;
 
 using runtime::Bucketing;
 using runtime::DeviceArg;
@@ -304,4 +306,4 @@ runtime::Shape library_shape(const std::string& kernel, const std::vector<int64_
   throw std::invalid_argument(fmt::format("tilejit: kernel '{}' has no tuning space", kernel));
 }
 
-}  // namespace tilejit::kernels
+}  // namespace tilejit::library

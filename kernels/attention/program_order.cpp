@@ -1,5 +1,5 @@
-// Heavy-first program order in L2-sized head sections (kernels/program_order.hpp).
-#include "kernels/program_order.hpp"
+// Heavy-first program order in L2-sized head sections (kernels/attention/program_order.hpp).
+#include "kernels/attention/program_order.hpp"
 
 namespace tilejit::kernels {
 

@@ -4,12 +4,12 @@
 // Both recompute P = exp2(S * scale * log2 e - LSE * log2 e) from the forward's LSE.
 // Variable-length batches (VARLEN) run the same code on per-sequence views (HeadRows).
 // Dropout (DROPOUT) regenerates the forward's keep-mask from the same logical coordinates
-// (AttentionDropout, kernels/attention.hpp): dV = sum (P * keep * s)^T dO, dP = (dO V^T) * keep * s,
+// (AttentionDropout, kernels/attention/forward.hpp): dV = sum (P * keep * s)^T dO, dP = (dO V^T) * keep * s,
 // dS = P * (dP - Delta), s = 1 / keep probability; Delta = rowsum(dO * O) is unchanged (O includes
 // the dropout).
-// Library masks (MASK, kernels/attention_mask.hpp) other than full and causal visit only the
+// Library masks (MASK, kernels/attention/mask.hpp) other than full and causal visit only the
 // non-empty blocks, in one flat loop per program, and mask only the partial ones (P = 0 there).
-#include "kernels/attention_backward.hpp"
+#include "kernels/attention/backward.hpp"
 
 #include <fmt/format.h>
 
@@ -20,11 +20,11 @@
 #include <tuple>
 #include <utility>
 
-#include "kernels/attention.hpp"
-#include "kernels/attention_mask.hpp"
-#include "kernels/backward_schedule_lang.hpp"
+#include "kernels/attention/forward.hpp"
+#include "kernels/attention/mask.hpp"
+#include "kernels/attention/backward_schedule_lang.hpp"
 #include "kernels/philox.hpp"
-#include "kernels/program_order.hpp"
+#include "kernels/attention/program_order.hpp"
 
 namespace tilejit::kernels {
 
@@ -308,7 +308,7 @@ const Kernel& attention_backward_dkdv() {
     if (reduction == DqReduction::ordered) dq_sem = kb.pointer("dQ_semaphores", i32);
     // Q_DESCENDING (causal): a key block visits its query blocks from the last to the first.
     const bool q_descending = kb.meta<bool>("Q_DESCENDING", false);
-    // PERSISTENT (ordered): DASH's schedule (kernels/backward_schedule.hpp): num_programs(0) programs,
+    // PERSISTENT (ordered): DASH's schedule (kernels/attention/backward_schedule.hpp): num_programs(0) programs,
     // all resident, take the items (key tiles; causal: pairs n, N-1-n) of every (batch, KV head) in
     // turn; tiles of one wave visit query tiles in the shift orders, and each adds into dQ[m] when
     // the accumulation order says (wait_target), so no tile waits in the full case.
@@ -321,7 +321,7 @@ const Kernel& attention_backward_dkdv() {
 
     // HEAVY_FIRST_SECTIONS (dense causal; not PERSISTENT, which has its own order): the key tiles
     // heaviest first (tile 0 sees every query) across heads too, in L2-sized sections of heads
-    // (kernels/program_order.hpp); else in launch order (heaviest first within each head). Off by
+    // (kernels/attention/program_order.hpp); else in launch order (heaviest first within each head). Off by
     // default here: H100, recompute's dK/dV, one process, alternated rounds: 0.94-1.04x (S 4k-16k, D
     // 64/128; the forward and dQ gain 1-12% from it). The ordered reduction stays deadlock-free
     // with it: a head's lower key tiles still start first.
@@ -523,7 +523,7 @@ const Kernel& attention_backward_dq() {
     // Heavy query blocks first (longest job first: the last programs launched are light, so the
     // grid's tail is short): a causal block m sees m + 1 key blocks, so the walk is descending.
     // HEAVY_FIRST_SECTIONS (default, dense causal): across heads too, in L2-sized sections of heads
-    // (kernels/program_order.hpp); else within each head only. H100, one process, alternated rounds:
+    // (kernels/attention/program_order.hpp); else within each head only. H100, one process, alternated rounds:
     // 1.00-1.12x (S 4k-16k, D 64/128; 1.07x at S 8k D 128, 1.12x with 16 heads).
     const bool sections = kb.meta<bool>("HEAVY_FIRST_SECTIONS", true) && a.causal && !a.varlen;
     Tile m_block = a.causal ? num_programs(0) - 1 - program_id(0) : program_id(0), h = program_id(1), b = program_id(2);

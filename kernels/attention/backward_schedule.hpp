@@ -1,7 +1,7 @@
 // The deterministic attention backward's schedule (issue 8 part 2, DASH, arXiv 2601.21824): which
 // program runs which key tile, the order in which a key tile visits query tiles, and the fixed order
 // in which key tiles add into each dQ tile. Plain C++ so that the tests, the simulator
-// (kernels/backward_schedule_sim.hpp) and the GPU kernels share one definition; no tilejit dependency.
+// (kernels/attention/backward_schedule_sim.hpp) and the GPU kernels share one definition; no tilejit dependency.
 //
 // Model. A dK/dV program holds one key tile n (keys [n*BN, n*BN + BN)) of one dQ head bh (batch *
 // query head) at a time, visits query tiles m, keeps dK[n], dV[n] in registers and adds a part

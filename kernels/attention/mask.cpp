@@ -1,6 +1,6 @@
 // Attention masks in the DSL: the library patterns element by element (the host twin's formulas on
 // i32 tiles), their tile-level intervals, score mods and the block-classification pre-pass.
-#include "kernels/attention_mask.hpp"
+#include "kernels/attention/mask.hpp"
 
 #include <fmt/format.h>
 

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "dsl/ir/type.hpp"
-#include "kernels/attention_mask_host.hpp"
+#include "kernels/attention/mask_host.hpp"
 #include "runtime/gpu_kernel.hpp"
 
 namespace tilejit::attention {
@@ -58,7 +58,7 @@ enum class Pass { forward, bwd_preprocess, bwd_dkdv, bwd_dq, bwd_dq_convert, bwd
 const char* name(Pass p);  // the kernel's name: "attention_fwd", "attention_bwd_dq", ...
 
 // How the backward sums dQ over the key tiles (Options::dq_reduction; the values are the dK/dV
-// kernel's DQ_REDUCTION meta, kernels/attention_backward.hpp):
+// kernel's DQ_REDUCTION meta, kernels/attention/backward.hpp):
 //   recompute  a separate dQ kernel recomputes S and P per query tile (7 matmuls; no extra memory;
 //              deterministic). The default.
 //   atomic     the dK/dV kernel adds each block's dS K into an f32 dQ_accum [B, Hq, S_q, D] with
@@ -91,7 +91,7 @@ const char* name(DqReduction r);  // "recompute", "atomic", "split", "ordered"
 Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal, bool varlen = false,
                           DqReduction reduction = DqReduction::recompute, bool dropout = false, bool library_mask = false);
 
-// A library attention mask (kernels/attention_mask_host.hpp defines every pattern, bottom-right
+// A library attention mask (kernels/attention/mask_host.hpp defines every pattern, bottom-right
 // aligned when S_q != S_k like causal): the kind and its integers in `spec` (MaskSpec::
 // sliding_window(w), ::document(), ::block_sparse(bq, bk), ...; fields a kind does not use are
 // ignored) and the device tensors the kind reads (a tensor its kind does not read is an error):

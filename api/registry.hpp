@@ -5,8 +5,9 @@
 #include <vector>
 
 #include "dsl/lang.hpp"
+#include "runtime/bundle.hpp"
 
-namespace tilejit::kernels {
+namespace tilejit::library {
 
 struct LibraryKernel {
   std::string name;
@@ -18,7 +19,13 @@ struct LibraryKernel {
   int stages = 3;
 };
 
-const std::vector<LibraryKernel>& library();
+const std::vector<LibraryKernel>& all();
 const LibraryKernel* find(const std::string& name);  // nullptr when unknown
 
-}  // namespace tilejit::kernels
+// A bundle entry for library kernel `kernel` at its default schedule (its warps and pipeline
+// stages) with `meta` over its default meta: what `tilejit bundle KERNEL[:NAME=VALUE,...]` writes,
+// and what an application builds to find the same entry. Throws std::invalid_argument for an
+// unknown kernel.
+runtime::BundleEntrySpec bundle_spec(const std::string& kernel, lang::Meta meta = {});
+
+}  // namespace tilejit::library

@@ -1,5 +1,5 @@
 // Attention masks and score modifications as DSL library functions (issue 8 part 1): FlexAttention's
-// mask_mod / score_mod over tiles, the library masks (every pattern of kernels/attention_mask_host.hpp,
+// mask_mod / score_mod over tiles, the library masks (every pattern of kernels/attention/mask_host.hpp,
 // which defines them and is their bit-exact host twin), tile-level block skipping for interval
 // masks, and the block-mask pre-pass kernels (attention_block_classes, attention_block_lists) that classify blocks of any mask.
 //
@@ -33,7 +33,7 @@
 #include <string>
 
 #include "dsl/lang.hpp"
-#include "kernels/attention_mask_host.hpp"
+#include "kernels/attention/mask_host.hpp"
 
 namespace tilejit::kernels {
 

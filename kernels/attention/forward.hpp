@@ -42,7 +42,7 @@ namespace tilejit::kernels {
 // word j / 32 (the dropout_mask kernel's output for the same seed/offset/threshold); the forward
 // reads it instead of running Philox. The same bits, so outputs are identical to the fused ones.
 // HEAVY_FIRST_SECTIONS (default true; dense causal only): the programs take their query tiles
-// heaviest (last) first across heads, in L2-sized sections of heads (kernels/program_order.hpp);
+// heaviest (last) first across heads, in L2-sized sections of heads (kernels/attention/program_order.hpp);
 // false: heaviest first within each head only. Same grid, same values.
 const lang::Kernel& attention_forward();
 

@@ -2,7 +2,7 @@
 // max m, row sum l and output accumulator, rescaling by exp2(m_old - m_new) as the max grows.
 // Variable-length batches (VARLEN) run the same code on views: sequence b is the slice of the
 // packed tokens [cu_seqlens[b], cu_seqlens[b + 1]), and windows are bounds-checked against it.
-#include "kernels/attention.hpp"
+#include "kernels/attention/forward.hpp"
 
 #include <cmath>
 #include <fmt/format.h>
@@ -12,9 +12,9 @@
 #include <tuple>
 #include <utility>
 
-#include "kernels/attention_mask.hpp"
+#include "kernels/attention/mask.hpp"
 #include "kernels/philox.hpp"
-#include "kernels/program_order.hpp"
+#include "kernels/attention/program_order.hpp"
 
 namespace tilejit::kernels {
 
@@ -122,7 +122,7 @@ const Kernel& attention_forward() {
     auto T = kb.meta_dtype("DTYPE", bf16);
     auto BM = kb.meta<int>("BLOCK_M", 64), BN = kb.meta<int>("BLOCK_N", 64), D = kb.meta<int>("HEAD_DIM", 64);
     auto causal = kb.meta<bool>("CAUSAL", false);
-    // MASK (issue 8): a library mask (kernels/attention_mask.hpp); causal is the CAUSAL path.
+    // MASK (issue 8): a library mask (kernels/attention/mask.hpp); causal is the CAUSAL path.
     const MaskKind mask_kind = mask_kind_meta(kb);
     if (mask_kind == MaskKind::causal) causal = true;
     const bool general_mask = mask_kind != MaskKind::full && mask_kind != MaskKind::causal;
@@ -214,7 +214,7 @@ const Kernel& attention_forward() {
     const int seq_dim = varlen ? 0 : bshd ? 1 : 2, head_dim = varlen ? 1 : bshd ? 2 : 1;
     // Causal: the last query blocks see the most keys; start them first so that the light ones
     // fill the tail of the grid instead of the heavy ones. HEAVY_FIRST_SECTIONS (default, dense
-    // causal): across heads too, in L2-sized sections of heads (kernels/program_order.hpp); else
+    // causal): across heads too, in L2-sized sections of heads (kernels/attention/program_order.hpp); else
     // within each head only. H100, one process, alternated rounds: 1.05-1.09x at S 4k / 8k (D 64 /
     // 128), 1.01-1.05x at S 16k.
     const bool sections = kb.meta<bool>("HEAVY_FIRST_SECTIONS", true) && causal && !varlen;

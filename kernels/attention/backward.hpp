@@ -1,5 +1,5 @@
 // FlashAttention-2 backward in the DSL: three kernels run in order after the forward
-// (kernels/attention.hpp), whose LSE they reuse to recompute P; dQ's reduction (DQ_REDUCTION) is a
+// (kernels/attention/forward.hpp), whose LSE they reuse to recompute P; dQ's reduction (DQ_REDUCTION) is a
 // schedule option: a separate dQ kernel (deterministic), atomics or split parts (deterministic).
 #pragma once
 #include "dsl/lang.hpp"
@@ -19,7 +19,7 @@ namespace tilejit::kernels {
 // the number of sequences for batch; programs past their sequence's end do nothing; tokens
 // outside [cu[0], cu[batch]) are neither read nor written. BSHD with VARLEN is a BuildError.
 //
-// DROPOUT (dK/dV and dQ; the forward's, kernels/attention.hpp): five more scalars after all the
+// DROPOUT (dK/dV and dQ; the forward's, kernels/attention/forward.hpp): five more scalars after all the
 // other parameters, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold (the forward's values);
 // the kernels regenerate the forward's keep-mask from the same logical coordinates (bh = b *
 // heads_q + h, query row, key) and differentiate O = dropout(P) V: dV = sum (P * keep * s)^T dO,
@@ -31,7 +31,7 @@ namespace tilejit::kernels {
 // kernels read the mask instead of regenerating it (the same bits).
 //
 // MASK (dK/dV and dQ; an int, kernels::MaskKind, the forward's meta; default full): a library mask
-// (kernels/attention_mask_host.hpp defines each pattern). MASK=causal is exactly CAUSAL=true (the same
+// (kernels/attention/mask_host.hpp defines each pattern). MASK=causal is exactly CAUSAL=true (the same
 // code, no parameters). Any other kind with CAUSAL=true or VARLEN=true is a BuildError (not
 // supported together yet). Its parameters come after all the others (after the dropout scalars
 // and dropout_bits): the mask's own, in kernels::mask_parameter_names(kind) order (i32 scalars
@@ -39,7 +39,7 @@ namespace tilejit::kernels {
 // mask_doc_ids i32 [B or 1, S_k], mask_prefix_lengths i32 [B], mask_block_table u8 [B or 1, Hq or 1,
 // ..]); then, for the kinds without tile intervals (document, causal_document, share_question,
 // causal_blockwise, block_sparse: !kernels::mask_has_tile_intervals), the lists of the
-// block-mask pre-pass (kernels/attention_mask.hpp) run with THIS kernel's BLOCK_M and
+// block-mask pre-pass (kernels/attention/mask.hpp) run with THIS kernel's BLOCK_M and
 // BLOCK_N: dK/dV reads the KV_MAJOR=true lists (per key tile, its query tiles) q_num_blocks,
 // q_indices, full_q_num_blocks, full_q_indices; dQ the KV_MAJOR=false lists (per query tile, its key
 // tiles) kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices (i32, [Bm, Hm, nOuter(,
@@ -76,19 +76,19 @@ namespace tilejit::kernels {
 // SCORE_MOD (the branch costs the registers the mod needs: every tile is masked then).
 // HEAVY_FIRST_SECTIONS (dK/dV: default false; dQ: default true; dense causal only, not PERSISTENT):
 // the programs take their tiles heaviest first across heads, in L2-sized sections of heads
-// (kernels/program_order.hpp); otherwise in launch order. Same grid, same values.
+// (kernels/attention/program_order.hpp); otherwise in launch order. Same grid, same values.
 // PERSISTENT (dK/dV, DQ_REDUCTION=3, dense, not Q_DESCENDING): DASH's schedule on a persistent grid
-// (kernels/backward_schedule.hpp): launch (P, 1, 1) programs, all resident at once (P <= SM count
+// (kernels/attention/backward_schedule.hpp): launch (P, 1, 1) programs, all resident at once (P <= SM count
 // times the blocks one SM holds);
 // program p takes items L = p, p + P, ... (key tiles, causal pairs n / N-1-n, of each (batch, KV
 // head)), visits query tiles in the shift orders and waits for each add's place in the fixed
-// accumulation order (kernels/backward_schedule_lang.hpp). dK, dV sum the query tiles in that visit
+// accumulation order (kernels/attention/backward_schedule_lang.hpp). dK, dV sum the query tiles in that visit
 // order, so their last bits differ from the other walks'; every run gives the same bits for one P.
 // Workspaces (f32, contiguous, 16-byte aligned; parameter after dV, before softmax_scale):
 //   dQ_accum [batch, heads_q, seq_q, head_dim] (always this order, even with BSHD); must be ZERO
 //     before the dK/dV kernel (atomic and ordered add into it; rows it never adds into stay 0).
 //   dQ_parts [batch * heads_q, M, N, BLOCK_M, head_dim], M = cdiv(seq_q, BLOCK_M), N = cdiv(seq_k,
-//     BLOCK_N) at the dK/dV kernel's tiles (kernels/backward_schedule.hpp's split layout: part (n,
+//     BLOCK_N) at the dK/dV kernel's tiles (kernels/attention/backward_schedule.hpp's split layout: part (n,
 //     m) of head bh = b * heads_q + h is slot (bh * M + m) * N + n). The dK/dV kernel writes exactly
 //     the parts of non-empty blocks (full: all; causal: n <= the last key tile query tile m sees;
 //     library masks: the blocks its walk visits); the reducer reads exactly those (the same

@@ -6,7 +6,7 @@
 
 #include "runtime/tuning_space.hpp"
 
-namespace tilejit::kernels {
+namespace tilejit::library {
 
 // GEMM: BLOCK_M/N in {64,128,256}, BLOCK_K in {32,64} (32 only off the TMA path), GROUP_M in {0,8},
 // warps {4,8}, stages {2..5}; key M, N, K rounded up to powers of two (at least 16).
@@ -26,4 +26,4 @@ lang::Meta library_fixed_meta(const std::string& kernel, const lang::Meta& user)
 // A library kernel's shape from `--shape` values: gemm M,N,K; attention_fwd B,H,S,D.
 runtime::Shape library_shape(const std::string& kernel, const std::vector<int64_t>& values);
 
-}  // namespace tilejit::kernels
+}  // namespace tilejit::library

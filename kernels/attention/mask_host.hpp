@@ -1,4 +1,4 @@
-// The host (plain C++) twin of the attention mask library (kernels/attention_mask.hpp): what every
+// The host (plain C++) twin of the attention mask library (kernels/attention/mask.hpp): what every
 // mask pattern allows, element by element, its interval description, block classification and the
 // count of unmasked elements. Tests and reference implementations use it; no tilejit dependency.
 //

@@ -1,6 +1,6 @@
 // tilejit::attention: argument checks (host only), the schedule table, a cache of compiled
 // kernels per configuration, and the launches of the forward and the three backward kernels.
-#include "kernels/attention_api.hpp"
+#include "api/attention.hpp"
 
 #include <fmt/format.h>
 
@@ -19,12 +19,12 @@
 #include <vector>
 
 #include "dsl/builder.hpp"
-#include "kernels/attention.hpp"
-#include "kernels/attention_backward.hpp"
-#include "kernels/attention_mask.hpp"
-#include "kernels/backward_schedule.hpp"
+#include "kernels/attention/forward.hpp"
+#include "kernels/attention/backward.hpp"
+#include "kernels/attention/mask.hpp"
+#include "kernels/attention/backward_schedule.hpp"
 #include "kernels/philox_host.hpp"
-#include "kernels/registry.hpp"
+#include "api/registry.hpp"
 #include "runtime/device_buffer.hpp"
 #include "runtime/function.hpp"
 
@@ -330,7 +330,7 @@ std::string supported_reductions() {
 }
 
 // The backward's dQ reduction and query-tile order against the call (varlen, the mask kind) and
-// what the dK/dV kernel refuses (kernels/attention_backward.hpp: the reductions with VARLEN,
+// what the dK/dV kernel refuses (kernels/attention/backward.hpp: the reductions with VARLEN,
 // ordered with a library MASK, Q_DESCENDING with split or a library MASK), before anything runs.
 void check_dq_reduction(const Checker& c, DqReduction reduction, bool q_descending, bool varlen, kernels::MaskKind mask,
                         const ReductionArgs& a = {}) {
@@ -709,7 +709,7 @@ Dims check_backward_dims(const Tensor& q, const Tensor& k, const Tensor& v, cons
 
 const lang::Kernel* kernel_of(Pass p) {
   if (p == Pass::forward) return &kernels::attention_forward();
-  const kernels::LibraryKernel* lk = kernels::find(name(p));
+  const library::LibraryKernel* lk = library::find(name(p));
   return lk ? &lk->kernel() : nullptr;
 }
 
@@ -1392,7 +1392,7 @@ void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, i
   if (bits.size(0) != want[0] || bits.size(1) != want[1] || bits.size(2) != want[2])
     c.fail("bits has sizes {} but must be [B * Hq, S_q, cdiv(S_k, 32)] = {}", list(sizes_of(bits)), list(want));
   if (want[0] > kGridYZMax) c.fail("batch * heads_q = {} exceeds the grid limit {}", want[0], kGridYZMax);
-  const kernels::LibraryKernel* lib = kernels::find("dropout_mask");
+  const library::LibraryKernel* lib = library::find("dropout_mask");
   if (!lib) throw std::logic_error("tilejit::attention: kernel 'dropout_mask' is not in the library");
   if (programs < 0 || programs > kI32Max) c.fail("programs = {} is not in [0, {}] (0: one program per tile)", programs, kI32Max);
   const bool persistent = programs > 0;

@@ -1,4 +1,4 @@
-// The DSL twin of kernels/backward_schedule.hpp for the dK/dV kernel's persistent grid (PERSISTENT):
+// The DSL twin of kernels/attention/backward_schedule.hpp for the dK/dV kernel's persistent grid (PERSISTENT):
 // the same formulas (items, concurrency groups, DASH shift visit orders, ordered wait targets)
 // written over scalar i32 tiles, so that the kernel evaluates per (item, step) what the host model
 // enumerates. Read backward_schedule.hpp for what each quantity means; the function names match.

@@ -1,18 +1,25 @@
 // The table of library kernels.
-#include "kernels/registry.hpp"
+#include "api/registry.hpp"
 
-#include "kernels/attention.hpp"
-#include "kernels/attention_backward.hpp"
-#include "kernels/attention_mask.hpp"
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <stdexcept>
+
+#include "kernels/attention/forward.hpp"
+#include "kernels/attention/backward.hpp"
+#include "kernels/attention/mask.hpp"
 #include "kernels/dropout_mask.hpp"
 #include "kernels/gemm.hpp"
 
-namespace tilejit::kernels {
+namespace tilejit::library {
+
+using namespace kernels;
 
 // Default schedules: those of the attention API (attention::default_schedule) for dense shapes
 // without a dQ reduction; the API picks others per call (64 x 128 on 8 warps for a reduction at
 // D 128, generic-path tiles for varlen, ...).
-const std::vector<LibraryKernel>& library() {
+const std::vector<LibraryKernel>& all() {
   static const std::vector<LibraryKernel> all{
       {"gemm", &gemm, "C = A @ B, bf16/f16 in, f32 accumulate (TMA + wgmma pipeline when K-major on sm_90a)",
        {{"BLOCK_M", 128}, {"BLOCK_N", 256}, {"BLOCK_K", 64}, {"B_KMAJOR", true}, {"GROUP_M", 8}}, 8, 4},
@@ -38,9 +45,26 @@ const std::vector<LibraryKernel>& library() {
 }
 
 const LibraryKernel* find(const std::string& name) {
-  for (const LibraryKernel& k : library())
+  for (const LibraryKernel& k : all())
     if (k.name == name) return &k;
   return nullptr;
 }
 
-}  // namespace tilejit::kernels
+runtime::BundleEntrySpec bundle_spec(const std::string& kernel, lang::Meta meta) {
+  const LibraryKernel* k = find(kernel);
+  if (!k) {
+    std::vector<std::string> known;
+    for (const auto& e : all()) known.push_back(e.name);
+    throw std::invalid_argument(fmt::format("tilejit: '{}' is not a library kernel (known: {})", kernel, fmt::join(known, ", ")));
+  }
+  runtime::BundleEntrySpec s;
+  s.kernel = kernel;
+  s.source = k->kernel;
+  s.meta = std::move(meta);
+  s.default_meta = k->default_meta;
+  s.options.num_warps = k->num_warps;
+  s.options.pipeline.stages = k->stages;
+  return s;
+}
+
+}  // namespace tilejit::library

@@ -1,5 +1,5 @@
 // A discrete-event simulator of the attention backward's dK/dV programs under a schedule of
-// kernels/backward_schedule.hpp: makespan, time spent waiting on dQ semaphores, deadlock detection,
+// kernels/attention/backward_schedule.hpp: makespan, time spent waiting on dQ semaphores, deadlock detection,
 // and the order in which parts actually reached each dQ tile. Host-only; tests and design notes use it.
 //
 // Time model: a program runs its blocks one after another. Block (n, m) computes for
@@ -15,7 +15,7 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/backward_schedule.hpp"
+#include "kernels/attention/backward_schedule.hpp"
 
 namespace tilejit::kernels {
 
