@@ -82,6 +82,8 @@ bool parse_kernel_option(const Args& args, size_t& i, KernelSelection& sel) {
     sel.options.num_warps = parse_int(a, option_value(args, i));
   } else if (a == "--stages") {
     sel.options.pipeline.stages = parse_int(a, option_value(args, i));
+  } else if (a == "--min-programs-per-sm") {
+    sel.options.min_programs_per_sm = parse_int(a, option_value(args, i));
   } else if (a == "--no-pipeline") {
     sel.options.pipeline.enabled = false;
   } else {

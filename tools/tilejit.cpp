@@ -14,7 +14,7 @@ const Command kCommands[] = {
     {"kernels", "list the library kernels", "tilejit kernels\n", &cmd_kernels},
     {"compile", "compile a library kernel and write its IR, source, PTX or cubin",
      "tilejit compile KERNEL [--meta NAME=VALUE ...] [--backend llvm|nvrtc] [--arch sm_90a]\n"
-     "                [--num-warps N] [--stages N] [--no-pipeline] [--emit ir|source|ptx|cubin|all ...]\n"
+     "                [--num-warps N] [--stages N] [--min-programs-per-sm N] [--no-pipeline] [--emit ir|source|ptx|cubin|all ...]\n"
      "                [--dump-after PASS] [-o DIR]\n"
      "  Compiles a library kernel (its default schedule under your --meta values and options) and\n"
      "  writes DIR/KERNEL.{tir,ll|cu,ptx,cubin} for each --emit (default: ptx and cubin); prints\n"
