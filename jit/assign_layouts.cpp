@@ -16,9 +16,11 @@ using ir::OpKind;
 
 class Assigner {
  public:
-  Assigner(const ir::Function& f, int num_warps, const std::string& arch, const PipelineOptions& pipeline)
-      : f_(f), arch_(arch), pipeline_(pipeline) {
-    plan_.num_warps = warps_ = num_warps;
+  Assigner(const ir::Function& f, WarpRoles roles, TmaPlan tma, HopperPlan hopper) : f_(f) {
+    static_cast<WarpRoles&>(plan_) = std::move(roles);
+    plan_.tma_loops = std::move(tma.loops);
+    plan_.hopper = std::move(hopper);
+    warps_ = plan_.num_warps;
     plan_.natural.assign(f.values.size(), std::nullopt);
   }
 
@@ -26,30 +28,8 @@ class Assigner {
     ir::walk(f_.body, [&](const ir::Op& op) {
       for (ir::ValueId r : op.results) def_[r] = &op;
     });
-    // Layouts are linear maps over bits: every tile dimension must be a power of two.
-    ir::walk(f_.body, [&](const ir::Op& op) {
-      for (const auto* vs : {&op.operands, &op.results})
-        for (ir::ValueId v : *vs)
-          for (int64_t d : f_.type(v).shape)
-            if (!is_power_of_two(d))
-              throw LoweringError(fmt::format("tilejit: kernel '{}': {} at {}: tile dimensions must be powers of two for "
-                                              "the GPU backend, got {}",
-                                              f_.name, ir::op_name(op.kind), op.loc.str(), ir::to_string(f_.type(v))));
-    });
-    ir::walk(f_.body, [&](const ir::Op& op) {
-      if (op.kind == OpKind::warp_roles) resolve_roles(op);
-    });
-    // The GEMM K loops first (they own their dots), then every other dot that wgmma can run.
-    std::set<const ir::Op*> gemm_loops;
-    ir::walk(f_.body, [&](const ir::Op& op) {
-      if (op.kind != OpKind::for_) return;
-      if (auto m = match_tma_dot_loop(f_, op, plan_.warps_at(&op), arch_, pipeline_)) {
-        const TmaDotLoop& stored = plan_.tma_loops[&op] = *m;
-        wgmma_dots_.insert(stored.dot);
-        gemm_loops.insert(&op);
-      }
-    });
-    plan_.hopper = plan_hopper_dots(f_, plan_.num_warps, arch_, pipeline_, gemm_loops, plan_.op_warps);
+    // The GEMM K loops' dots and every other dot that wgmma runs accumulate in the wgmma layout.
+    for (const auto& [loop, m] : plan_.tma_loops) wgmma_dots_.insert(m.dot);
     for (const auto& [dot, w] : plan_.hopper.dots) wgmma_dots_.insert(dot);
     block(f_.body);
     return std::move(plan_);
@@ -73,39 +53,6 @@ class Assigner {
     return warps_;
   }
 
-  // lang::warp_roles: the roles' warps in order, 0 meaning the rest, checked against the launch.
-  void resolve_roles(const ir::Op& op) {
-    const auto& warps = op.ints_attr("warps");
-    const auto& regs = op.ints_attr("max_registers");
-    int64_t given = 0;
-    for (int64_t w : warps) given += w;
-    const int64_t rest = plan_.num_warps - given;
-    const bool has_rest = std::count(warps.begin(), warps.end(), int64_t{0}) > 0;
-    if (rest < 0 || (rest > 0 && !has_rest) || (has_rest && (rest < 4 || rest % 4 != 0 || !is_power_of_two(rest))))
-      throw LoweringError(fmt::format(
-          "tilejit: kernel '{}': warp_roles at {} asks for warps {} but the launch has num_warps = {} (valid: the roles' warps add "
-          "up to num_warps; a role with warps = 0 takes the rest, which must be 4, 8 or 16)",
-          f_.name, op.loc.str(), fmt::join(warps, " + "), plan_.num_warps));
-    std::vector<WarpRolePlan> roles;
-    int first = 0;
-    for (size_t i = 0; i < warps.size(); ++i) {
-      const int w = static_cast<int>(warps[i] ? warps[i] : rest);
-      roles.push_back({first, w, static_cast<int>(regs[i])});
-      ir::walk(op.regions[i], [&](const ir::Op& inner) { plan_.op_warps[&inner] = w; });
-      first += w;
-    }
-    if (regs[0] > 0) {
-      // what the launch gives every thread (setmaxnreg's cap at entry), and what the roles ask for
-      const int cap = entry_register_cap(plan_.num_warps);
-      int64_t total = 0;
-      for (const WarpRolePlan& r : roles) total += int64_t{32} * r.warps * r.max_registers;
-      if (total > 65536)
-        throw LoweringError(fmt::format("tilejit: kernel '{}': warp_roles at {} asks for {} registers in all (max_registers x threads "
-                                        "per role) but a multiprocessor has 65536: lower some role's max_registers (each thread "
-                                        "starts with {})", f_.name, op.loc.str(), total, cap));
-    }
-    plan_.roles[&op] = std::move(roles);
-  }
   void set(ir::ValueId v, std::optional<Layout> l) {
     if (f_.type(v).is_scalar()) l.reset();
     plan_.natural[v] = std::move(l);
@@ -229,8 +176,6 @@ class Assigner {
   }
 
   const ir::Function& f_;
-  std::string arch_;
-  PipelineOptions pipeline_;
   int warps_ = 4;  // the warps of the code being assigned (a warp role's, else the launch's)
   std::set<const ir::Op*> wgmma_dots_;  // dots that accumulate in the wgmma layout
   std::map<ir::ValueId, const ir::Op*> def_;  // each value's defining op
@@ -261,8 +206,68 @@ DotPlan plan_dot(const ir::Type& a, const ir::Type& b, int num_warps) {
   return p;
 }
 
+void check_tile_shapes(const ir::Function& f) {
+  ir::walk(f.body, [&](const ir::Op& op) {
+    for (const auto* vs : {&op.operands, &op.results})
+      for (ir::ValueId v : *vs)
+        for (int64_t d : f.type(v).shape)
+          if (!is_power_of_two(d))
+            throw LoweringError(fmt::format("tilejit: kernel '{}': {} at {}: tile dimensions must be powers of two for "
+                                            "the GPU backend, got {}",
+                                            f.name, ir::op_name(op.kind), op.loc.str(), ir::to_string(f.type(v))));
+  });
+}
+
+// lang::warp_roles: the roles' warps in order, 0 meaning the rest, checked against the launch.
+WarpRoles resolve_warp_roles(const ir::Function& f, int num_warps) {
+  WarpRoles plan;
+  plan.num_warps = num_warps;
+  ir::walk(f.body, [&](const ir::Op& op) {
+    if (op.kind != OpKind::warp_roles) return;
+    const auto& warps = op.ints_attr("warps");
+    const auto& regs = op.ints_attr("max_registers");
+    int64_t given = 0;
+    for (int64_t w : warps) given += w;
+    const int64_t rest = plan.num_warps - given;
+    const bool has_rest = std::count(warps.begin(), warps.end(), int64_t{0}) > 0;
+    if (rest < 0 || (rest > 0 && !has_rest) || (has_rest && (rest < 4 || rest % 4 != 0 || !is_power_of_two(rest))))
+      throw LoweringError(fmt::format(
+          "tilejit: kernel '{}': warp_roles at {} asks for warps {} but the launch has num_warps = {} (valid: the roles' warps add "
+          "up to num_warps; a role with warps = 0 takes the rest, which must be 4, 8 or 16)",
+          f.name, op.loc.str(), fmt::join(warps, " + "), plan.num_warps));
+    std::vector<WarpRolePlan> roles;
+    int first = 0;
+    for (size_t i = 0; i < warps.size(); ++i) {
+      const int w = static_cast<int>(warps[i] ? warps[i] : rest);
+      roles.push_back({first, w, static_cast<int>(regs[i])});
+      ir::walk(op.regions[i], [&](const ir::Op& inner) { plan.op_warps[&inner] = w; });
+      first += w;
+    }
+    if (regs[0] > 0) {
+      // what the launch gives every thread (setmaxnreg's cap at entry), and what the roles ask for
+      const int cap = entry_register_cap(plan.num_warps);
+      int64_t total = 0;
+      for (const WarpRolePlan& r : roles) total += int64_t{32} * r.warps * r.max_registers;
+      if (total > 65536)
+        throw LoweringError(fmt::format("tilejit: kernel '{}': warp_roles at {} asks for {} registers in all (max_registers x threads "
+                                        "per role) but a multiprocessor has 65536: lower some role's max_registers (each thread "
+                                        "starts with {})", f.name, op.loc.str(), total, cap));
+    }
+    plan.roles[&op] = std::move(roles);
+  });
+  return plan;
+}
+
+LayoutPlan assign_layouts(const ir::Function& f, WarpRoles roles, TmaPlan tma, HopperPlan hopper) {
+  return Assigner(f, std::move(roles), std::move(tma), std::move(hopper)).run();
+}
+
 LayoutPlan assign_layouts(const ir::Function& f, int num_warps, const std::string& arch, const PipelineOptions& pipeline) {
-  return Assigner(f, num_warps, arch, pipeline).run();
+  check_tile_shapes(f);
+  WarpRoles roles = resolve_warp_roles(f, num_warps);
+  TmaPlan tma = match_tma_loops(f, roles.num_warps, roles.op_warps, arch, pipeline);
+  HopperPlan hopper = plan_wgmma(f, roles.num_warps, roles.op_warps, arch, pipeline, tma);
+  return assign_layouts(f, std::move(roles), std::move(tma), std::move(hopper));
 }
 
 std::string print_with_layouts(const ir::Function& f, const LayoutPlan& plan) {

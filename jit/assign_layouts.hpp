@@ -24,7 +24,8 @@ struct WarpRolePlan {
   int max_registers = 0;  // 0: no setmaxnreg
 };
 
-struct LayoutPlan {
+// The warps each op's code runs on: lang::warp_roles resolved against the launch (resolve_warp_roles).
+struct WarpRoles {
   int num_warps = 4;  // the launch's; a warp role's code runs on the role's warps (op_warps)
   std::map<const ir::Op*, std::vector<WarpRolePlan>> roles;  // by warp_roles op
   std::map<const ir::Op*, int> op_warps;                     // ops inside a role: the role's warps
@@ -32,6 +33,10 @@ struct LayoutPlan {
     auto it = op_warps.find(op);
     return it == op_warps.end() ? num_warps : it->second;
   }
+};
+
+// What the lowering follows: the warp roles, the Hopper plans, and a layout per tile value.
+struct LayoutPlan : WarpRoles {
   // Per ValueId: the layout the value is computed in, or nullopt for scalars and for flexible
   // values (constants, aranges, splats, broadcasts, reshapes, trans, and elementwise ops on only
   // those), which lowering materialises directly in whatever layout each use asks for.
@@ -52,6 +57,16 @@ DotPlan plan_dot(const ir::Type& a, const ir::Type& b, int num_warps);
 // Elements per thread along the fastest dim for 16-byte accesses.
 int vector_width(ir::DType d, int64_t last_dim);
 
+// Layout assignment runs in steps, which jit/compile.cpp calls in this order:
+//   check_tile_shapes: layouts are linear maps over bits, so every tile dimension is a power of two;
+//   resolve_warp_roles: the warps each op runs on;
+//   match_tma_loops (tma_pipeline.hpp): the GEMM K loops the TMA + wgmma pipeline lowers (sm_90a);
+//   plan_wgmma (wgmma_plan.hpp): the other dots wgmma runs, with shared-memory tiles (sm_90a);
+//   assign_layouts: the layout each tile value is computed in, given those plans.
+void check_tile_shapes(const ir::Function& f);
+WarpRoles resolve_warp_roles(const ir::Function& f, int num_warps);
+LayoutPlan assign_layouts(const ir::Function& f, WarpRoles roles, TmaPlan tma, HopperPlan hopper);
+// All the steps at once (for callers that want only the plan).
 LayoutPlan assign_layouts(const ir::Function& f, int num_warps, const std::string& arch = "sm_90a",
                           const PipelineOptions& pipeline = {});
 std::string print_with_layouts(const ir::Function& f, const LayoutPlan& plan);

@@ -31,7 +31,8 @@ bool compilers_disabled() {
 std::string_view to_string(Backend b) { return b == Backend::Llvm ? "llvm" : "nvrtc"; }
 
 const std::vector<std::string>& pass_names() {
-  static const std::vector<std::string> names{"verify", "canonicalize", "schedule", "assign-layouts", "lower", "backend", "ptx-to-cubin"};
+  static const std::vector<std::string> names{"verify",         "canonicalize", "schedule", "match-tma", "plan-wgmma",
+                                              "assign-layouts", "lower",        "backend",  "ptx-to-cubin"};
   return names;
 }
 
@@ -80,7 +81,16 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
   if (opts.arch == "sm_90a" && opts.pipeline.enabled) hoist_dots(f);
   dump("schedule", ir::print(f));
 
-  LayoutPlan plan = assign_layouts(f, opts.num_warps, opts.arch, opts.pipeline);
+  // Layouts, in steps (assign_layouts.hpp): the warps each op runs on; on sm_90a, the GEMM K loops
+  // the TMA + wgmma pipeline lowers, then the other dots wgmma runs from shared-memory tiles; then
+  // the layout of every tile value.
+  check_tile_shapes(f);
+  WarpRoles warps = resolve_warp_roles(f, opts.num_warps);
+  TmaPlan tma = match_tma_loops(f, warps.num_warps, warps.op_warps, opts.arch, opts.pipeline);
+  dump("match-tma", print_tma_plan(f, tma));
+  HopperPlan hopper = plan_wgmma(f, warps.num_warps, warps.op_warps, opts.arch, opts.pipeline, tma);
+  dump("plan-wgmma", print_hopper_plan(f, hopper));
+  LayoutPlan plan = assign_layouts(f, std::move(warps), std::move(tma), std::move(hopper));
   dump("assign-layouts", print_with_layouts(f, plan));
 
   pir::Func threads = lower_to_threads(f, plan);

@@ -1,6 +1,8 @@
 // The matcher for TMA + wgmma pipelined K loops; see tma_pipeline.hpp for the shape it accepts.
 #include "jit/tma_pipeline.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -104,6 +106,30 @@ std::optional<TmaDotLoop> match_tma_dot_loop(const ir::Function& f, const ir::Op
     return std::nullopt;
   // the step must be the constant BK
   return m;
+}
+
+TmaPlan match_tma_loops(const ir::Function& f, int num_warps, const std::map<const ir::Op*, int>& op_warps,
+                        const std::string& arch, const PipelineOptions& opts) {
+  TmaPlan plan;
+  ir::walk(f.body, [&](const ir::Op& op) {
+    if (op.kind != OpKind::for_) return;
+    auto w = op_warps.find(&op);
+    if (auto m = match_tma_dot_loop(f, op, w == op_warps.end() ? num_warps : w->second, arch, opts)) plan.loops[&op] = *m;
+  });
+  return plan;
+}
+
+std::string print_tma_plan(const ir::Function& f, const TmaPlan& plan) {
+  std::string out = ir::print(f);
+  out += plan.loops.empty() ? "// TMA + wgmma K loops: none\n" : "// TMA + wgmma K loops, in program order:\n";
+  ir::walk(f.body, [&](const ir::Op& op) {
+    auto it = plan.loops.find(&op);
+    if (it == plan.loops.end()) return;
+    const TmaDotLoop& m = it->second;
+    out += fmt::format("//   for at {}: dot at {}, BM = {}, BN = {}, BK = {}, B {}, {} stages, {} side ops\n", op.loc.str(), m.dot->loc.str(),
+                       m.bm, m.bn, m.bk, m.b_mn_major ? "MN-major" : "K-major", m.stages, m.side_ops.size());
+  });
+  return out;
 }
 
 }  // namespace tilejit::jit

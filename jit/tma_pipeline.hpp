@@ -3,6 +3,7 @@
 // K-major and B either way, all TMA-shaped, beside any side work that does not read them. They become a ring of shared-memory stages filled by
 // TMA behind mbarriers, consumed by wgmma.
 #pragma once
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,5 +42,18 @@ struct TmaDotLoop {
 // Why a loop is not pipelined is not an error: it is lowered by the generic path instead.
 std::optional<TmaDotLoop> match_tma_dot_loop(const ir::Function& f, const ir::Op& loop, int num_warps,
                                              const std::string& arch, const PipelineOptions& opts);
+
+// The K loops the pipeline lowers, by for op: the first Hopper step of layout assignment
+// (assign_layouts.hpp).
+struct TmaPlan {
+  std::map<const ir::Op*, TmaDotLoop> loops;
+};
+
+// match_tma_dot_loop on every for loop of `f`. `op_warps`: ops inside warp roles, with their
+// role's warps (others run on num_warps).
+TmaPlan match_tma_loops(const ir::Function& f, int num_warps, const std::map<const ir::Op*, int>& op_warps,
+                        const std::string& arch, const PipelineOptions& opts);
+// `f`'s text, then the matched loops in program order (--dump-after match-tma).
+std::string print_tma_plan(const ir::Function& f, const TmaPlan& plan);
 
 }  // namespace tilejit::jit

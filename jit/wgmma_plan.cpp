@@ -1,6 +1,8 @@
 // The planner for wgmma dots with shared-memory tiles; see wgmma_plan.hpp for what qualifies.
 #include "jit/wgmma_plan.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <optional>
 #include <unordered_map>
@@ -355,10 +357,38 @@ class Planner {
 
 }  // namespace
 
-HopperPlan plan_hopper_dots(const ir::Function& f, int num_warps, const std::string& arch, const PipelineOptions& opts,
-                            const std::set<const ir::Op*>& skip, const std::map<const ir::Op*, int>& op_warps) {
+HopperPlan plan_wgmma(const ir::Function& f, int num_warps, const std::map<const ir::Op*, int>& op_warps,
+                      const std::string& arch, const PipelineOptions& opts, const TmaPlan& tma) {
   if (!opts.enabled || arch != "sm_90a" || num_warps % 4 != 0) return {};
+  std::set<const ir::Op*> skip;  // the GEMM loops (they own their dots)
+  for (const auto& [loop, m] : tma.loops) skip.insert(loop);
   return Planner(f, num_warps, opts, skip, op_warps).run();
+}
+
+std::string print_hopper_plan(const ir::Function& f, const HopperPlan& plan) {
+  std::string out = ir::print(f);
+  if (plan.empty()) return out + "// wgmma dots with shared-memory tiles: none\n";
+  out += fmt::format("// wgmma dots with shared-memory tiles ({} B of shared memory for tiles, rings and barriers), in program order:\n",
+                     plan.persistent_bytes);
+  ir::walk(f.body, [&](const ir::Op& op) {
+    if (auto d = plan.dots.find(&op); d != plan.dots.end()) {
+      const WgmmaDot& w = d->second;
+      const std::string a = w.a_tile ? fmt::format("tile at {}", w.a_tile->loc.str())
+                            : w.a_staged ? fmt::format("staged (trans at {})", w.a_staged->loc.str())
+                                         : std::string("registers");
+      out += fmt::format("//   dot at {}: A {}, B tile at {} ({})\n", op.loc.str(), a, w.b_tile->loc.str(),
+                         w.b_mn_major ? "MN-major" : "K-major");
+    }
+    if (auto t = plan.tiles.find(&op); t != plan.tiles.end())
+      out += fmt::format("//   tile at {}: [{} x {}] at {} B, {}\n", op.loc.str(), t->second.rows, t->second.cols, t->second.offset,
+                         t->second.ring ? fmt::format("in the ring of the for at {}", t->second.ring->loc.str()) : "loaded once");
+    if (auto r = plan.rings.find(&op); r != plan.rings.end())
+      out += fmt::format("//   ring of the for at {}: {} stages of {} B at {} B{}\n", op.loc.str(), r->second.stages,
+                         r->second.stage_bytes, r->second.base, r->second.rerun ? ", reset after each run" : "");
+    if (auto r = plan.reduces.find(&op); r != plan.reduces.end())
+      out += fmt::format("//   TMA reduce at {}: [{} x {}]\n", op.loc.str(), r->second.rows, r->second.cols);
+  });
+  return out;
 }
 
 }  // namespace tilejit::jit

@@ -90,9 +90,14 @@ struct HopperPlan {
   bool empty() const { return dots.empty() && reduces.empty(); }
 };
 
-// `skip`: loops already lowered by the GEMM pipeline. An empty plan where nothing qualifies.
-// `op_warps`: ops inside warp roles, with their role's warps (others run on num_warps).
-HopperPlan plan_hopper_dots(const ir::Function& f, int num_warps, const std::string& arch, const PipelineOptions& opts,
-                            const std::set<const ir::Op*>& skip, const std::map<const ir::Op*, int>& op_warps = {});
+// The second Hopper step of layout assignment (assign_layouts.hpp), after match_tma_loops: the
+// loops of `tma` are the GEMM pipeline's, and their dots are not planned again. An empty plan where
+// nothing qualifies. `op_warps`: ops inside warp roles, with their role's warps (others run on
+// num_warps).
+HopperPlan plan_wgmma(const ir::Function& f, int num_warps, const std::map<const ir::Op*, int>& op_warps,
+                      const std::string& arch, const PipelineOptions& opts, const TmaPlan& tma);
+// `f`'s text, then the plan's dots, tiles, rings and TMA reduces in program order
+// (--dump-after plan-wgmma).
+std::string print_hopper_plan(const ir::Function& f, const HopperPlan& plan);
 
 }  // namespace tilejit::jit

@@ -19,7 +19,7 @@ const Command kCommands[] = {
      "  Compiles a library kernel (its default schedule under your --meta values and options) and\n"
      "  writes DIR/KERNEL.{tir,ll|cu,ptx,cubin} for each --emit (default: ptx and cubin); prints\n"
      "  registers, shared memory, spills and timings. VALUE: an integer, true/false or a dtype.\n"
-     "  PASS: verify canonicalize schedule assign-layouts lower backend ptx-to-cubin\n",
+     "  PASS: verify canonicalize schedule match-tma plan-wgmma assign-layouts lower backend ptx-to-cubin\n",
      &cmd_compile},
     {"cache", "list, verify or clear the on-disk compile cache",
      "tilejit cache ls|verify|clear|dir\n"

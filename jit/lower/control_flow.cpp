@@ -1,0 +1,131 @@
+// for and if: carried values flattened to registers, each body lowered in its own frame (its
+// scoped caches) as a pir region; K loops the plan pipelines go to lower/tma_pipeline.cpp.
+#include "jit/lower/lowerer.hpp"
+
+#include <algorithm>
+
+namespace tilejit::jit::lower {
+
+Regs Lowerer::carried(ir::ValueId v, const std::optional<Layout>& L) { return L ? get(v, *L) : Regs{scalar(v)}; }
+
+Regs Lowerer::fresh(ir::ValueId v, const std::optional<Layout>& L) {
+  size_t n = L ? static_cast<size_t>(L->num_regs()) : 1;
+  Regs r;
+  for (size_t i = 0; i < n; ++i) r.push_back(out_.new_value(value_ty(f_.type(v))));
+  return r;
+}
+
+void Lowerer::bind(ir::ValueId v, const std::optional<Layout>& L, const Regs& regs) {
+  if (L) put(v, *L, regs);
+  else frames_.back().scalars[v] = regs.at(0);
+}
+
+void Lowerer::for_loop(const ir::Op& op) {
+  ++memory_epoch_;  // load_at_use windows read before this may have changed
+  if (auto it = plan_.tma_loops.find(&op); it != plan_.tma_loops.end()) return tma_loop(op, it->second);
+  const ir::Block& body = op.regions[0];
+  pir::Inst loop;
+  loop.op = Op::for_;
+  loop.args = {scalar(op.operands[0]), scalar(op.operands[1]), scalar(op.operands[2])};
+  std::vector<std::optional<Layout>> lay;
+  for (size_t i = 0; i < op.results.size(); ++i) {
+    lay.push_back(plan_.natural[op.results[i]]);
+    for (V x : carried(op.operands[3 + i], lay.back())) loop.args.push_back(x);
+  }
+  const SmemRing* ring = nullptr;
+  if (auto it = plan_.hopper.rings.find(&op); it != plan_.hopper.rings.end()) ring = &it->second;
+  if (ring) ring_prologue(op, *ring);
+  pir::Block pb;
+  V iv = out_.new_value(pir::scalar(f_.type(body.args[0]).dtype));
+  pb.args.push_back(iv);
+  std::vector<Regs> arg_regs;
+  for (size_t i = 0; i < op.results.size(); ++i) {
+    arg_regs.push_back(fresh(body.args[i + 1], lay[i]));
+    for (V x : arg_regs.back()) pb.args.push_back(x);
+  }
+  push_block(&pb);
+  frames_.emplace_back();
+  frames_.back().loop_body = true;
+  frames_.back().body = &body;
+  frames_.back().scalars[body.args[0]] = iv;
+  for (size_t i = 0; i < op.results.size(); ++i) bind(body.args[i + 1], lay[i], arg_regs[i]);
+  if (ring) ring_top(op, *ring, iv);
+  block(body);
+  if (ring) ring_bottom(*ring);
+  if (!frames_.back().keep_alive.empty()) emit0(Op::keep_alive, frames_.back().keep_alive);
+  pir::Inst y;
+  y.op = Op::yield;
+  const ir::Op& iy = body.ops.back();
+  for (size_t i = 0; i < op.results.size(); ++i) {
+    Regs r = carried(iy.operands[i], lay[i]);
+    // A carried MMA result still in flight at the loop's end and double-buffered (the body
+    // reads the carried value after issuing the MMA that makes the next one: PIPELINE_QK's S)
+    // was just waited for. Its copy into the carried register must come after that wait: as
+    // copies of their own (pir::kOpaqueCopy), not as the wait's tied operands, which LLVM copies
+    // before the wait, where ptxas sees a read of an in-flight accumulator (C7514).
+    if (std::any_of(r.begin(), r.end(), [&](V x) { return wait_outputs_.count(x) > 0; }) &&
+        read_after_def(body, body.args[i + 1], iy.operands[i]))
+      r = emit_multi(Op::opaque, r, r.size(), pir::scalar(f_.type(iy.operands[i]).dtype), pir::kOpaqueCopy);
+    for (V x : r) y.args.push_back(x);
+  }
+  pb.insts.push_back(std::move(y));
+  frames_.pop_back();
+  pop_block();
+  std::vector<Regs> res;
+  for (size_t i = 0; i < op.results.size(); ++i) {
+    res.push_back(fresh(op.results[i], lay[i]));
+    for (V x : res.back()) loop.results.push_back(x);
+  }
+  loop.regions.push_back(std::move(pb));
+  blocks_.back()->insts.push_back(std::move(loop));
+  if (ring && ring->rerun) reset_ring(*ring);
+  for (size_t i = 0; i < op.results.size(); ++i) bind(op.results[i], lay[i], res[i]);
+}
+
+bool Lowerer::read_after_def(const ir::Block& body, ir::ValueId x, ir::ValueId v) {
+  bool after = false, reads = false;
+  for (const ir::Op& op : body.ops) {
+    if (after) {
+      const auto check = [&](const ir::Op& inner) {
+        reads |= std::find(inner.operands.begin(), inner.operands.end(), x) != inner.operands.end();
+      };
+      check(op);
+      for (const ir::Block& region : op.regions) ir::walk(region, check);
+    }
+    after |= std::find(op.results.begin(), op.results.end(), v) != op.results.end();
+  }
+  return reads;
+}
+
+void Lowerer::if_op(const ir::Op& op) {
+  ++memory_epoch_;  // load_at_use windows read before this may have changed
+  pir::Inst in;
+  in.op = Op::if_;
+  in.args = {scalar(op.operands[0])};
+  std::vector<std::optional<Layout>> lay;
+  for (ir::ValueId r : op.results) lay.push_back(plan_.natural[r]);
+  for (int side = 0; side < 2; ++side) {
+    const ir::Block& region = op.regions[static_cast<size_t>(side)];
+    pir::Block pb;
+    push_block(&pb);
+    frames_.emplace_back();
+    block(region);
+    pir::Inst y;
+    y.op = Op::yield;
+    for (size_t i = 0; i < op.results.size(); ++i)
+      for (V x : carried(region.ops.back().operands[i], lay[i])) y.args.push_back(x);
+    pb.insts.push_back(std::move(y));
+    frames_.pop_back();
+    pop_block();
+    in.regions.push_back(std::move(pb));
+  }
+  std::vector<Regs> res;
+  for (size_t i = 0; i < op.results.size(); ++i) {
+    res.push_back(fresh(op.results[i], lay[i]));
+    for (V x : res.back()) in.results.push_back(x);
+  }
+  blocks_.back()->insts.push_back(std::move(in));
+  for (size_t i = 0; i < op.results.size(); ++i) bind(op.results[i], lay[i], res[i]);
+}
+
+}  // namespace tilejit::jit::lower

@@ -1,0 +1,434 @@
+// The Lowerer: one object that lowers a tile IR function to the per-thread IR (jit/lower.hpp).
+// Its members are grouped by concern, each group defined in the jit/lower/*.cpp file named at its
+// section comment; this header is shared by those files only (internal to jit/).
+#pragma once
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "jit/lower.hpp"
+
+namespace tilejit::jit::lower {
+
+using ir::DType;
+using ir::OpKind;
+using pir::Op;
+using pir::V;
+using Regs = std::vector<V>;
+
+struct TensorDesc {
+  V ptr;
+  std::vector<V> sizes, strides;  // i32, i64
+  ir::ParamSpec spec;             // what the parameter promises, as it holds for this view
+};
+
+// Scoped caches: what was materialised inside a loop or if body is not visible after it.
+struct Frame {
+  bool loop_body = false;  // a for loop's body: conversions of values from outside move before the loop
+  // (loop bodies) the body, and the wgmma A registers that are the same in every iteration, kept
+  // alive at the body's end (pir::Op::keep_alive says why)
+  const ir::Block* body = nullptr;
+  std::vector<V> keep_alive;
+  // a warp role's region: tiles and thread coordinates of the frames outside are another warp
+  // numbering's (lookups stop here); scalars are shared
+  bool role = false;
+  std::map<std::pair<ir::ValueId, std::string>, Regs> tiles;
+  std::unordered_map<ir::ValueId, V> scalars;
+  std::map<std::string, std::vector<V>> thread_coords;
+};
+
+class Lowerer {
+ public:
+  // `precomputed`: for each flexible precompute result, the layout its first use asked for on an
+  // earlier run of the lowering (empty on the first run; see lower_to_threads).
+  Lowerer(const ir::Function& f, const LayoutPlan& plan, std::map<ir::ValueId, Layout> precomputed = {})
+      : f_(f), plan_(plan), precomputed_(std::move(precomputed)) {}
+  // The layouts the uses of flexible precompute results asked for (first request of each).
+  const std::map<ir::ValueId, Layout>& precompute_requests() const { return precompute_requests_; }
+
+  // The function's per-thread IR (lower/lower.cpp); one run per Lowerer.
+  pir::Func run();
+
+ private:
+  // ---------------------------------------------------------------- emission helpers (lower/emit.cpp)
+  // The pir block being emitted into; each gets a fresh id (straight-line facts are keyed by it).
+  void push_block(pir::Block* b);
+  void pop_block();
+  [[noreturn]] void fail(const ir::Op* op, const std::string& msg) const;
+
+  V emit(Op op, pir::Ty ty, std::vector<V> args, int64_t imm = 0, double fimm = 0);
+  void emit0(Op op, std::vector<V> args, int64_t imm = 0);
+  pir::Ty ty_of(ir::DType d) const { return pir::scalar(d); }
+  pir::Ty value_ty(const ir::Type& t) const { return t.is_pointer() ? pir::pointer(t.dtype) : pir::scalar(t.dtype); }
+
+  V cint(DType d, int64_t v);
+  V ci32(int64_t v) { return cint(DType::i32, v); }
+  V cfloat(DType d, double v) { return emit(Op::constant, pir::scalar(d), {}, 0, v); }
+  V bin(Op op, V a, V b) { return emit(op, out_.types[a], {a, b}); }
+  V cmp(pir::Pred p, V a, V b) { return emit(Op::cmp, pir::scalar(DType::i1), {a, b}, static_cast<int64_t>(p)); }
+  V cast(V v, DType to);
+  V land(V a, V b) { return bin(Op::bit_and, a, b); }
+
+  V constant_value(DType d, const ir::Attr& a);
+
+  // Scratch exchanges (load_shared/store_shared offsets) live above the persistent shared-memory
+  // tiles, rings and barriers of the Hopper plan.
+  V scratch(V offset);
+  int64_t reserve_smem(int64_t bytes);
+
+  // ---------------------------------------------------------------- parameters (lower/emit.cpp)
+  void params();
+
+  // ---------------------------------------------------------------- values (lower/emit.cpp)
+  V scalar(ir::ValueId v);
+
+  // The innermost frame holding `v` in the layout `key`, if any.
+  std::optional<size_t> frame_of(ir::ValueId v, const std::string& key) const;
+  const Regs* cached(ir::ValueId v, const std::string& key) const;
+
+  void check_shape(const ir::Op* op, const ir::Type& t) const;
+
+  // The registers of tile value `v` in layout `L`.
+  Regs get(ir::ValueId v, const Layout& L);
+
+  void put(ir::ValueId v, const Layout& L, Regs regs);
+
+  // Runs `emit_code` as if the lowering stood at frame `level` (an enclosing one): its code goes to
+  // the end of that level's block -- before the loop being lowered, whose instruction is appended
+  // to that block only once its body is done -- and what it caches to that frame.
+  Regs at_level(size_t level, const std::function<Regs()>& emit_code);
+
+  // Per dim, the lane/warp part of each element's coordinate in this thread (i32).
+  const std::vector<V>& thread_coords(const Layout& L);
+
+  // Coordinate d of register r in this thread. When the register bits and the lane/warp bits of
+  // dim d are disjoint (always, for blocked and mma layouts) XOR is an add, which LLVM folds into
+  // address immediates.
+  V coord(const Layout& L, uint32_t r, size_t d);
+
+  // Whether register bits and lane/warp bits never overlap within a dim: coordinates then add.
+  static bool additive(const Layout& L);
+
+  // Element offset (row-major over the tile) of register r in this thread: one per-thread base
+  // plus a compile-time constant per register where the layout is additive, so that the backend
+  // folds the constants into address immediates and keeps a single base register live.
+  V tile_offset(const Layout& L, uint32_t r);
+
+  // Registers that replicate an earlier register of the same thread (skipped by stores).
+  bool duplicate_reg(const Layout& L, uint32_t r) const;
+
+  // i1 true in the one thread of each replica group that owns the element (nullopt: all own).
+  std::optional<V> owner(const Layout& L);
+
+  // ---------------------------------------------------------------- layout conversion (lower/layout_conversion.cpp)
+  Regs convert(const Regs& regs, const Layout& from, const Layout& to, const ir::Type& t);
+
+  // Storage type of a tile element in shared memory.
+  pir::Ty smem_ty(const ir::Type& t) const;
+  V to_smem(V v, const ir::Type& t);
+  V from_smem(V v, const ir::Type& t);
+
+  Regs through_smem(const Regs& regs, const Layout& from, const Layout& to, const ir::Type& t);
+
+  // ---------------------------------------------------------------- flexible values (lower/layout_conversion.cpp)
+  Regs materialize(const ir::Op& op, const Layout& L);
+
+  // ---------------------------------------------------------------- channels between warp roles (lower/warp_roles.cpp)
+  // lang::Channel: `stages` slots of the tile (row-major) after the Hopper plan's shared memory,
+  // then a full and an empty mbarrier per slot. Full counts the pushing role's threads, empty the
+  // popping role's: every thread arrives once it has written (mbarrier.arrive releases its
+  // st.shared) or read its part. The pusher waits for the empty phase before the slot's previous
+  // use (a fresh barrier passes a wait on the phase before its first), the popper for the full one.
+  struct ChannelPlan {
+    int64_t slots = 0, bytes = 0, full = 0, empty = 0;
+    int stages = 1;
+  };
+
+  void channels_init();
+
+  // The slot of `index` (i32) and the parity of its use: slot index % stages, use index / stages.
+  std::pair<V, V> channel_slot(const ChannelPlan& c, V index);
+  V channel_bar(int64_t base, V stage);
+  // Byte offset (absolute, not scratch-relative) of register r's element of layout L in the slot.
+  V channel_offset(const ChannelPlan& c, V stage, const Layout& L, uint32_t r, DType d);
+
+  void channel_push(const ir::Op& op);
+
+  Regs channel_read(const ir::Op& op, const Layout& L);
+
+  // ---------------------------------------------------------------- warp roles (lower/warp_roles.cpp)
+  // lang::warp_roles: an if/else chain on the warp index, one branch per role (setmaxnreg needs
+  // each warpgroup's role to be one branch of a single if/else). Inside a branch the thread and
+  // warp indices count from the role's first warp, tiles spread over the role's warps, a barrier
+  // is the role's named barrier, and exchanges through shared memory use the role's own scratch.
+  static constexpr int kRoleBarrier = 3;  // ids 3.. (1 and 2: warpgroup turns; 0: all threads)
+
+  void warp_roles(const ir::Op& op);
+
+  // ---------------------------------------------------------------- warpgroup turns (lower/warp_roles.cpp)
+  // FlashAttention-3's ping-pong: named barrier 1 + w is warpgroup w's turn. A turn starts with
+  // bar.sync on its own barrier (256 threads: its 128 and the 128 of the other warpgroup's
+  // arrive) and ends with bar.arrive on the other's, without waiting for the MMAs issued inside.
+  // Warpgroup 1 hands warpgroup 0 the first turn. Both run the same turns (uniform control flow),
+  // so the only arrival left at exit is that first one's counterpart, which the hardware discards.
+  // With another number of warpgroups the turns are no-ops.
+  static constexpr int kTurnBarrier = 1;  // ids 1 and 2; 0 is bar.sync 0 (all threads)
+  static constexpr int kWarpgroupThreads = 128;
+
+  void turns_init();
+  void turn_begin(const ir::Op& op);
+  void turn_end();
+
+  // ---------------------------------------------------------------- elementwise (lower/elementwise.cpp)
+  V scalar_op(const ir::Op& op, const std::vector<V>& a);
+
+  Regs elementwise(const ir::Op& op, const Layout& L);
+
+  // ---------------------------------------------------------------- program order (lower/lower.cpp)
+  void block(const ir::Block& b);
+
+  bool all_scalar(const ir::Op& op) const;
+
+  void lower(const ir::Op& op);
+
+  // precompute: the operand's registers now, in its natural layout or (flexible) in the layout its
+  // use asked for on the previous run, through an opaque op so that the backend cannot compute them
+  // later. A flexible result no use asked for is left to its uses.
+  void precompute(const ir::Op& op);
+
+  // ---------------------------------------------------------------- memory (lower/memory.cpp)
+  Layout memory_layout(const ir::Type& t) const;
+
+  void load(const ir::Op& op);
+
+  // Combine an optional owner predicate and an optional mask.
+  std::optional<V> and_pred(std::optional<V> a, std::optional<V> b);
+
+  void store(const ir::Op& op);
+
+  void atomic_add(const ir::Op& op);
+
+  // Address and in-bounds predicate of each register of a tensor window.
+  void window(const ir::Op& op, size_t first_offset, const Layout& L, Regs& addr, Regs& inb, V* all_ok = nullptr);
+
+  // Largest power of two known to divide a scalar integer (alignment of window offsets).
+  int64_t divisor(ir::ValueId v);
+
+  // How many consecutive registers of a window can move as one vector access: they must be
+  // consecutive along the tensor's unit-stride innermost dim, aligned as the parameter promises.
+  int vector_group(const ir::Op& op, size_t first_offset, const Layout& L, DType d);
+
+  // if (cond) then_body() else else_body(), both yielding registers of the given types.
+  Regs pir_if_values(V cond, const std::vector<pir::Ty>& types, const std::function<Regs()>& then_body,
+                     const std::function<Regs()>& else_body);
+
+  // Registers <-> 32-bit words of one vector group.
+  Regs to_words(const Regs& vals, size_t head, int g, DType d);
+  Regs from_words(const Regs& words, DType d);
+
+  void block_load(const ir::Op& op);
+
+  // The registers of a block load's window in layout L. Registers that replicate (zero register
+  // bases: e.g. a word tile read in the layout of the score block it masks) load once and copy.
+  Regs block_load_regs(const ir::Op& op, const Layout& L);
+
+  // atomic_add on a window: by TMA from a staging tile in shared memory (jit/wgmma_plan.hpp,
+  // TmaReduce) or one atomic add per element.
+  void block_atomic_add(const ir::Op& op);
+
+  void block_store(const ir::Op& op);
+
+  // ---------------------------------------------------------------- reductions (lower/reductions.cpp)
+  V combine(const std::string& kind, V a, V b);
+
+  void reduce(const ir::Op& op);
+
+  // ---------------------------------------------------------------- dot (lower/dot.cpp)
+  void dot(const ir::Op& op);
+
+  // (the two halves of one unpacked word, in order: that word)
+  V pack(V lo, V hi);
+
+  void mma(const ir::Op& op, const DotPlan& dp, const Layout& LC);
+
+  // CUDA-core fallback: operands in shared memory, each thread accumulates its outputs over K.
+  void fma_dot(const ir::Op& op, const Layout& LC);
+
+  // ---------------------------------------------------------------- control flow (lower/control_flow.cpp)
+  // Flatten a carried value to registers (scalars: one register).
+  Regs carried(ir::ValueId v, const std::optional<Layout>& L);
+  Regs fresh(ir::ValueId v, const std::optional<Layout>& L);
+  void bind(ir::ValueId v, const std::optional<Layout>& L, const Regs& regs);
+
+  void for_loop(const ir::Op& op);
+
+  // Whether an op of `body` after the one defining `v` (at the body's top level) reads `x`.
+  static bool read_after_def(const ir::Block& body, ir::ValueId x, ir::ValueId v);
+
+  void if_op(const ir::Op& op);
+
+  // ---------------------------------------------------------------- Hopper TMA + wgmma pipeline (lower/tma_pipeline.cpp)
+  // One tensor map per (tensor parameter, box): trailing ABI parameters the launcher fills.
+  void tensor_map_params();
+  // The GEMM pipeline's boxes: K-major tiles are one box of 64 K-elements per row; an MN-major B
+  // is loaded in 64-column chunks (a 128-byte swizzled row holds 64 elements), each BK rows tall.
+  static std::vector<int64_t> gemm_box(const TmaDotLoop& m, bool b);
+  int param_index(ir::ValueId tensor) const;
+  // One tensor map per (tensor parameter, box): a trailing ABI parameter the launcher fills
+  // (named <param>_tensor_map, then <param>_tensor_map1, ... for further boxes of that parameter).
+  V tensor_map(int param, const std::vector<int64_t>& box);
+  // ceil((ub - lb) / step), 0 when ub <= lb (i32)
+  V trip_count(V lb, V ub, V step);
+
+  // Structured helpers for code the pipeline emits directly: an if without results.
+  void pir_if(V cond, const std::function<void()>& then_body);
+  Regs emit_multi(Op op, std::vector<V> args, size_t n, pir::Ty ty, int64_t imm);
+
+  // The K loop's side work (TmaDotLoop::side_ops), lowered where iteration `i`'s wgmmas run: the
+  // loop counter bound to its K offset, and any shared memory it needs (layout exchanges) placed
+  // past the pipeline's stages and barriers (`ring_bytes`).
+  void side_work(const ir::Op& op, const TmaDotLoop& m, V i, int64_t ring_bytes);
+
+  // A wgmma shared-memory matrix descriptor with 128-byte swizzle: 8-row groups 1024 B apart (the
+  // stride byte offset). The leading byte offset matters only for MN-major operands: the distance
+  // between 64-element column chunks.
+  V descriptor(V addr, int64_t leading_bytes = 16);
+
+  void tma_loop(const ir::Op& op, const TmaDotLoop& m);
+
+  // ---------------------------------------------------------------- wgmma with shared-memory tiles (lower/wgmma.cpp)
+  // (jit/wgmma_plan.hpp: tiles copied by TMA once or through a ring of stages ahead of a loop)
+  V smem_at(int64_t offset);
+
+  void hopper_init();
+  void init_ring_barriers(const SmemRing& r, bool counters = true);
+  // After a run of a ring loop that may run again: every copy has landed and every warp is past
+  // the loop, so the barriers are reset to phase 0 for the next run.
+  void reset_ring(const SmemRing& r);
+
+  // The TMA copies of one tile into shared memory at `dst` (u32 address), completing on `bar`:
+  // one box per 64-column chunk. `row_offset` replaces the loop counter's offset (rings).
+  void issue_tile(const SmemTile& t, V dst, V bar, const ir::Op* loop = nullptr, V counter_value = 0);
+
+  void smem_tile_load(const ir::Op& op);
+
+  struct RingState {
+    V lb, step, trips;
+    V iter = 0, stage = 0;  // inside the body: the iteration (from 0) and its stage
+  };
+
+  V ring_stage_addr(const SmemRing& r, V stage, int64_t offset);
+
+  // Thread 0 fills stage `s` with iteration j's tiles.
+  void ring_issue(const ir::Op& loop, const SmemRing& r, const RingState& st, V j, V s);
+
+  void ring_prologue(const ir::Op& loop, const SmemRing& r);
+
+  // Top of iteration i: wait for its tiles.
+  void ring_top(const ir::Op& loop, const SmemRing& r, V iv);
+
+  // End of iteration i: every wgmma that read the stage has completed (each dot waits for its own
+  // group). Lane 0 of each warp counts the warp out; the last warp refills the stage with
+  // iteration i + S. Nobody waits for another warp, so warpgroups drift apart freely (one's
+  // softmax overlaps the other's MMAs) within the ring's S iterations.
+  void ring_bottom(const SmemRing& r);
+
+  // The u32 shared address of a tile in the current iteration (ring) or its fixed place (once);
+  // waits for a once-loaded tile's copy to land.
+  V tile_addr(const SmemTile& t);
+
+  void wgmma_dot(const ir::Op& op, const WgmmaDot& w);
+
+  // Whether x is the same in every iteration of the loop with this body: defined outside it, or
+  // inside by register-only ops (no memory, no asm barrier: nothing LLVM keeps in the loop) from
+  // such values. Block arguments (the counter, carried values) and everything else vary.
+  bool loop_invariant(ir::ValueId x, const ir::Block& body) const;
+
+  // The byte offset of element (row, col) of a staging tile in the 128-byte swizzle TMA and wgmma
+  // read (SWIZZLE_128B): columns in chunks of one 128-byte row each (chunk_bytes apart), row `row`
+  // at 128 * row inside its chunk, and the row's 16-byte unit u stored at u ^ (row % 8).
+  V swizzled_offset(V row, V col, int64_t elem_bytes, int64_t chunk_bytes);
+
+  // A shared-memory store at an absolute byte offset (the staging tiles lie below the scratch area,
+  // whose base emit0 would add).
+  // Shared-memory accesses at an absolute byte offset (emit/emit0 add the scratch base to theirs).
+  void store_shared_at(V offset, V value, std::optional<V> pred);
+  V load_shared_at(V offset, DType d);
+
+  // Writes x of A = trans(x) (x [K, M] 16-bit, in its own layout) into the A staging tile: element
+  // (k, m) at chunk m / 64, row k (128 bytes), 16-byte unit (m % 64) / 8 XOR k % 8 (the 128-byte
+  // swizzle), adjacent m pairs as one 32-bit store. The previous staged dot's MMAs must be done
+  // reading it, in every warpgroup: this thread waits for its group, then all meet at a barrier.
+  void stage_a(const ir::Op& trans);
+
+  // The last wgmma group a region op must wait for before it runs (none: it may run with every
+  // group in flight): all of them if it runs dots, else the latest group among the in-flight
+  // results it reads.
+  std::optional<int> region_waits_for(const ir::Op& op) const;
+
+  // wgmma groups committed in this straight-line block whose results nobody has read yet.
+  struct PendingDot {
+    int group;
+    ir::ValueId value;
+    Layout layout;
+    Regs regs;
+    int64_t ops_at_issue = 0;  // ops_lowered_ when it was issued
+    pir::Block* commit_block = nullptr;  // its wgmma_commit: the block and the index there
+    size_t commit_at = 0;
+  };
+  // Waits until `v`'s group (if pending) is complete: wait_group(n) with n the groups committed
+  // after it; every group it completes gets its registers redefined by the wait (the asm ties
+  // them), so nothing reads an accumulator before the MMA wrote it.
+  void wait_for(ir::ValueId v);
+  void wait_pending();
+  void wait_groups(int upto);
+
+  // ---------------------------------------------------------------- state
+  const ir::Function& f_;
+  const LayoutPlan& plan_;
+  std::map<ir::ValueId, Layout> precomputed_, precompute_requests_;
+  pir::Func out_;
+  std::map<const ir::Op*, RingState> rings_;
+  std::vector<PendingDot> pending_;
+  std::set<V> wait_outputs_;  // registers a wgmma wait redefined (wait_groups)
+  int64_t ops_lowered_ = 0;  // ops of the tile IR lowered so far, dots excepted
+  int committed_ = 0;
+  int staged_a_group_ = 0;  // the wgmma group of the last dot that read the A staging tile
+  int64_t scratch_base_ = 0;
+  std::map<std::pair<int, std::vector<int64_t>>, V> tensor_maps_;  // by (tensor parameter, box)
+  std::unordered_map<ir::ValueId, int64_t> divisors_;
+  std::unordered_map<ir::ValueId, const ir::Op*> iv_loop_;
+  std::vector<pir::Block*> blocks_;
+  std::vector<int64_t> block_ids_;
+  int64_t block_serial_ = 0;
+  // The block (id) in which, since the last TMA reduce was issued, thread 0 waited for every earlier
+  // reduce to read its staging tile and all threads then met at a barrier: a reduce issued later in
+  // that block finds the staging tile free without another wait and barrier. -1: none.
+  int64_t reduce_staging_free_in_ = -1;
+  std::vector<Frame> frames_;
+  std::unordered_map<ir::ValueId, const ir::Op*> def_;
+  // load_at_use results: the memory epoch (stores, atomics and regions lowered so far) and frame
+  // depth of their load; a use that finds both unchanged may read the window again.
+  std::unordered_map<ir::ValueId, std::pair<int64_t, size_t>> reloadable_;
+  int64_t memory_epoch_ = 0;
+  // Warpgroup turns (lang::warpgroup_turn): on with exactly two warpgroups; the turn_begin being lowered.
+  bool turns_ = false;
+  const ir::Op* in_turn_ = nullptr;
+  V own_turn_ = 0, other_turn_ = 0;  // named barrier ids: this warpgroup's turn, the other's
+  std::unordered_map<ir::ValueId, TensorDesc> tensors_;
+  std::map<std::pair<DType, int64_t>, V> const_ints_;
+  V tid_ = 0, lane_ = 0, warp_ = 0;  // in a warp role, counted from the role's first warp
+  int warps_ = 0;                    // the warps of the code being lowered (a role's, else the launch's)
+  int role_barrier_ = 0;             // in a warp role: its named barrier
+  std::unordered_map<V, std::pair<V, int>> unpacked_;  // unpack_pairs' halves: (word, half)
+  std::map<int64_t, ChannelPlan> channels_;            // lang::Channel, by id
+  std::set<ir::ValueId> used_, read_pops_;             // values with a use; channel pops already read
+  int64_t smem_bytes_ = 0;
+};
+
+}  // namespace tilejit::jit::lower

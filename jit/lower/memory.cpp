@@ -1,0 +1,428 @@
+// Global memory: pointer loads, stores and atomics, and tensor windows (block_load/store/
+// atomic_add) with their bounds predicates, vector accesses and TMA reduces.
+#include "jit/lower/lowerer.hpp"
+
+#include <algorithm>
+#include <map>
+
+namespace tilejit::jit::lower {
+
+Layout Lowerer::memory_layout(const ir::Type& t) const {
+  return Layout::blocked(t.shape, warps_, vector_width(t.dtype, t.shape.back()));
+}
+
+void Lowerer::load(const ir::Op& op) {
+  const ir::Type& t = f_.type(op.results[0]);
+  pir::Ty ty = pir::scalar(t.dtype);
+  if (t.is_scalar()) {
+    std::vector<V> a{scalar(op.operands[0])};
+    if (op.operands.size() == 3) a = {a[0], scalar(op.operands[1]), scalar(op.operands[2])};
+    frames_.back().scalars[op.results[0]] = emit(Op::load, ty, a);
+    return;
+  }
+  check_shape(&op, t);
+  const Layout& L = *plan_.natural[op.results[0]];
+  Regs ptr = get(op.operands[0], L), mask, other;
+  if (op.operands.size() == 3) {
+    mask = get(op.operands[1], L);
+    other = get(op.operands[2], L);
+  }
+  Regs outr;
+  for (size_t r = 0; r < ptr.size(); ++r)
+    outr.push_back(mask.empty() ? emit(Op::load, ty, {ptr[r]}) : emit(Op::load, ty, {ptr[r], mask[r], other[r]}));
+  put(op.results[0], L, outr);
+}
+
+std::optional<V> Lowerer::and_pred(std::optional<V> a, std::optional<V> b) {
+  if (!a) return b;
+  if (!b) return a;
+  return land(*a, *b);
+}
+
+void Lowerer::store(const ir::Op& op) {
+  ++memory_epoch_;  // load_at_use windows read before this may have changed
+  const ir::Type& t = f_.type(op.operands[1]);
+  if (t.is_scalar()) {
+    std::optional<V> pred = cmp(pir::Pred::eq, tid_, ci32(0));
+    if (op.operands.size() == 3) pred = land(*pred, scalar(op.operands[2]));
+    emit0(Op::store, {scalar(op.operands[0]), scalar(op.operands[1]), *pred});
+    return;
+  }
+  check_shape(&op, t);
+  Layout L = memory_layout(t);
+  Regs ptr = get(op.operands[0], L), val = get(op.operands[1], L), mask;
+  if (op.operands.size() == 3) mask = get(op.operands[2], L);
+  std::optional<V> own = owner(L);
+  for (uint32_t r = 0; r < ptr.size(); ++r) {
+    if (duplicate_reg(L, r)) continue;
+    std::optional<V> pred = and_pred(own, mask.empty() ? std::nullopt : std::optional<V>(mask[r]));
+    if (pred) emit0(Op::store, {ptr[r], val[r], *pred});
+    else emit0(Op::store, {ptr[r], val[r]});
+  }
+}
+
+void Lowerer::atomic_add(const ir::Op& op) {
+  ++memory_epoch_;  // load_at_use windows read before this may have changed
+  const ir::Type& t = f_.type(op.results[0]);
+  pir::Ty ty = pir::scalar(t.dtype);
+  if (t.is_scalar()) {
+    V pred = cmp(pir::Pred::eq, tid_, ci32(0));
+    if (op.operands.size() == 3) pred = land(pred, scalar(op.operands[2]));
+    V old = emit(Op::atomic_add, ty, {scalar(op.operands[0]), scalar(op.operands[1]), pred});
+    // thread 0 holds the previous value; every thread needs it (scalars are uniform)
+    reserve_smem(8);
+    emit0(Op::store_shared, {ci32(0), old, cmp(pir::Pred::eq, tid_, ci32(0))});
+    emit0(Op::barrier, {});
+    frames_.back().scalars[op.results[0]] = emit(Op::load_shared, ty, {ci32(0)});
+    emit0(Op::barrier, {});
+    return;
+  }
+  check_shape(&op, t);
+  const Layout& L = *plan_.natural[op.results[0]];
+  Regs ptr = get(op.operands[0], L), val = get(op.operands[1], L), mask;
+  if (op.operands.size() == 3) mask = get(op.operands[2], L);
+  std::optional<V> own = owner(L);
+  Regs old(ptr.size());
+  for (uint32_t r = 0; r < ptr.size(); ++r) {
+    if (duplicate_reg(L, r)) continue;
+    std::optional<V> pred = and_pred(own, mask.empty() ? std::nullopt : std::optional<V>(mask[r]));
+    old[r] = pred ? emit(Op::atomic_add, ty, {ptr[r], val[r], *pred}) : emit(Op::atomic_add, ty, {ptr[r], val[r]});
+  }
+  if (L.has_replication()) {
+    // Only owners performed the add: share the previous values with the replicas.
+    int64_t es = ir::byte_size(t.dtype);
+    reserve_smem(t.numel() * es);
+    for (uint32_t r = 0; r < ptr.size(); ++r) {
+      if (duplicate_reg(L, r)) continue;
+      V off = bin(Op::mul, tile_offset(L, r), ci32(es));
+      if (own) emit0(Op::store_shared, {off, old[r], *own});
+      else emit0(Op::store_shared, {off, old[r]});
+    }
+    emit0(Op::barrier, {});
+    for (uint32_t r = 0; r < ptr.size(); ++r) old[r] = emit(Op::load_shared, ty, {bin(Op::mul, tile_offset(L, r), ci32(es))});
+    emit0(Op::barrier, {});
+  }
+  put(op.results[0], L, old);
+}
+
+void Lowerer::window(const ir::Op& op, size_t first_offset, const Layout& L, Regs& addr, Regs& inb, V* all_ok) {
+  const TensorDesc& td = tensors_.at(op.operands[0]);
+  const auto& dims = op.ints_attr("dims");
+  size_t rank = td.sizes.size();
+  std::vector<V> off;
+  for (size_t d = 0; d < rank; ++d) off.push_back(cast(scalar(op.operands[first_offset + d]), DType::i32));
+  // Fixed (non-tile) dims: one uniform check and one address term.
+  V base_ok = emit(Op::constant, pir::scalar(DType::i1), {}, 1);
+  V base_off = cint(DType::i64, 0);
+  for (size_t d = 0; d < rank; ++d) {
+    if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) != dims.end()) continue;
+    base_ok = land(base_ok, land(cmp(pir::Pred::ge, off[d], ci32(0)), cmp(pir::Pred::lt, off[d], td.sizes[d])));
+    base_off = bin(Op::add, base_off, bin(Op::mul, cast(off[d], DType::i64), td.strides[d]));
+  }
+  // Per tile dim, the in-bounds test and the address term of each distinct coordinate a
+  // register can have, computed once: registers differ by compile-time steps, and a declared
+  // unit innermost stride turns the innermost term into a constant (an address immediate).
+  bool unit_last = td.spec.contiguous_last;
+  std::vector<std::map<int64_t, std::pair<V, V>>> per_dim(dims.size());  // coord const -> (ok, i64 term)
+  auto term = [&](size_t i, uint32_t r) -> std::pair<V, V> {
+    auto d = static_cast<size_t>(dims[i]);
+    int64_t rc = L.reg_coords(r)[i];
+    auto it = per_dim[i].find(rc);
+    if (it != per_dim[i].end()) return it->second;
+    V x = bin(Op::add, off[d], rc == 0 ? thread_coords(L)[i] : bin(Op::add, thread_coords(L)[i], ci32(rc)));
+    V ok = land(cmp(pir::Pred::ge, x, ci32(0)), cmp(pir::Pred::lt, x, td.sizes[d]));
+    V t = (unit_last && d == rank - 1) ? cast(x, DType::i64) : bin(Op::mul, cast(x, DType::i64), td.strides[d]);
+    return per_dim[i][rc] = {ok, t};
+  };
+  bool add_ok = additive(L);
+  pir::Ty pty = pir::pointer(f_.type(op.operands[0]).dtype);
+  V thread_ptr = 0;
+  std::vector<std::pair<V, V>> base_terms;
+  if (add_ok) {
+    // one per-thread pointer; each register adds (rc * stride) for its register coordinates
+    V o = base_off;
+    for (size_t i = 0; i < dims.size(); ++i) o = bin(Op::add, o, term(i, 0).second);
+    thread_ptr = emit(Op::gep, pty, {td.ptr, o});
+  }
+  for (uint32_t r = 0; r < static_cast<uint32_t>(L.num_regs()); ++r) {
+    V ok = base_ok;
+    V extra = 0;
+    bool has_extra = false;
+    for (size_t i = 0; i < dims.size(); ++i) {
+      auto [okd, t] = term(i, r);
+      ok = land(ok, okd);
+      if (!add_ok) continue;
+      auto d = static_cast<size_t>(dims[i]);
+      int64_t rc = L.reg_coords(r)[i];
+      if (rc == 0) continue;
+      V step = (unit_last && d == rank - 1) ? cint(DType::i64, rc) : bin(Op::mul, cint(DType::i64, rc), td.strides[d]);
+      extra = has_extra ? bin(Op::add, extra, step) : step;
+      has_extra = true;
+    }
+    if (add_ok) {
+      addr.push_back(has_extra ? emit(Op::gep, pty, {thread_ptr, extra}) : thread_ptr);
+    } else {
+      V o = base_off;
+      for (size_t i = 0; i < dims.size(); ++i) o = bin(Op::add, o, term(i, r).second);
+      addr.push_back(emit(Op::gep, pty, {td.ptr, o}));
+    }
+    inb.push_back(ok);
+  }
+  if (all_ok) {
+    // every element in bounds = every distinct per-dim test holds (short, unlike a chain over
+    // all registers, which also makes LLVM's implied-condition analysis quadratic)
+    V all = base_ok;
+    for (const auto& terms : per_dim)
+      for (const auto& [rc, t] : terms) all = land(all, t.first);
+    *all_ok = all;
+  }
+}
+
+int64_t Lowerer::divisor(ir::ValueId v) {
+  constexpr int64_t kCap = int64_t{1} << 20;
+  if (auto it = divisors_.find(v); it != divisors_.end()) return it->second;
+  int64_t d = 1;
+  if (auto loop = iv_loop_.find(v); loop != iv_loop_.end()) {
+    d = std::min(divisor(loop->second->operands[0]), divisor(loop->second->operands[2]));
+  } else if (auto it = def_.find(v); it != def_.end()) {
+    const ir::Op& op = *it->second;
+    auto low_bit = [&](int64_t x) { return x == 0 ? kCap : std::min(kCap, x & -x); };
+    switch (op.kind) {
+      case OpKind::constant:
+        if (auto* i = std::get_if<int64_t>(&op.attrs.at("value"))) d = low_bit(*i < 0 ? -*i : *i);
+        break;
+      case OpKind::mul: d = std::min(kCap, divisor(op.operands[0]) * divisor(op.operands[1])); break;
+      case OpKind::add: case OpKind::sub: case OpKind::minimum: case OpKind::maximum:
+        d = std::min(divisor(op.operands[0]), divisor(op.operands[1]));
+        break;
+      case OpKind::select: d = std::min(divisor(op.operands[1]), divisor(op.operands[2])); break;
+      case OpKind::cast:
+        if (ir::is_int(f_.type(op.operands[0]).dtype)) d = divisor(op.operands[0]);
+        break;
+      default: break;
+    }
+  }
+  return divisors_[v] = d;
+}
+
+int Lowerer::vector_group(const ir::Op& op, size_t first_offset, const Layout& L, DType d) {
+  int es = ir::byte_size(d);
+  if (es != 2 && es != 4) return 1;
+  const TensorDesc& td = tensors_.at(op.operands[0]);
+  const auto& dims = op.ints_attr("dims");
+  auto rank = static_cast<int64_t>(td.sizes.size());
+  if (!td.spec.contiguous_last || dims.back() != rank - 1) return 1;
+  int max_bytes = std::min(16, td.spec.align_bytes);
+  size_t last = dims.size() - 1;
+  int g = 1;
+  for (size_t k = 0; k < L.reg.size() && g * es * 2 <= max_bytes; ++k) {
+    Coord want(L.shape.size(), 0);
+    want[last] = g;
+    if (L.reg[k] != want) break;
+    g *= 2;
+  }
+  for (const auto* bs : {&L.lane, &L.warp})
+    for (const Coord& c : *bs)
+      if (c[last] % g != 0) return 1;
+  if (g * es < 4 || divisor(op.operands[first_offset + static_cast<size_t>(rank - 1)]) % g != 0) return 1;
+  return g;
+}
+
+Regs Lowerer::pir_if_values(V cond, const std::vector<pir::Ty>& types, const std::function<Regs()>& then_body,
+                            const std::function<Regs()>& else_body) {
+  pir::Inst in;
+  in.op = Op::if_;
+  in.args = {cond};
+  for (int side = 0; side < 2; ++side) {
+    pir::Block pb;
+    push_block(&pb);
+    frames_.emplace_back();
+    Regs ys = side == 0 ? then_body() : else_body();
+    pir::Inst y;
+    y.op = Op::yield;
+    y.args = ys;
+    pb.insts.push_back(std::move(y));
+    frames_.pop_back();
+    pop_block();
+    in.regions.push_back(std::move(pb));
+  }
+  for (const pir::Ty& t : types) in.results.push_back(out_.new_value(t));
+  Regs r = in.results;
+  blocks_.back()->insts.push_back(std::move(in));
+  return r;
+}
+
+Regs Lowerer::to_words(const Regs& vals, size_t head, int g, DType d) {
+  Regs w;
+  for (int j = 0; j < g; j += ir::byte_size(d) == 2 ? 2 : 1) {
+    size_t r = head + static_cast<size_t>(j);
+    if (ir::byte_size(d) == 2) w.push_back(pack(vals[r], vals[r + 1]));
+    else w.push_back(emit(Op::bitcast, pir::scalar(DType::u32), {vals[r]}));
+  }
+  return w;
+}
+
+Regs Lowerer::from_words(const Regs& words, DType d) {
+  Regs v;
+  for (V w : words) {
+    if (ir::byte_size(d) == 2) {
+      Regs two = emit_multi(Op::unpack2, {w}, 2, pir::scalar(d), 0);
+      v.insert(v.end(), two.begin(), two.end());
+    } else {
+      v.push_back(emit(Op::bitcast, pir::scalar(d), {w}));
+    }
+  }
+  return v;
+}
+
+void Lowerer::block_load(const ir::Op& op) {
+  if (plan_.hopper.tiles.count(&op)) return smem_tile_load(op);
+  check_shape(&op, f_.type(op.results[0]));
+  const Layout& L = *plan_.natural[op.results[0]];
+  put(op.results[0], L, block_load_regs(op, L));
+  if (op.attrs.count("at_use")) reloadable_[op.results[0]] = {memory_epoch_, frames_.size()};
+}
+
+Regs Lowerer::block_load_regs(const ir::Op& op, const Layout& L) {
+  if (L.without_zero_regs().reg.size() != L.reg.size()) {
+    const Regs compact = block_load_regs(op, L.without_zero_regs());
+    Regs out;
+    for (uint32_t r = 0; r < static_cast<uint32_t>(L.num_regs()); ++r) {
+      uint32_t c = 0, bit = 0;  // r's bits at the non-zero bases, in order
+      for (size_t i = 0; i < L.reg.size(); ++i) {
+        if (std::all_of(L.reg[i].begin(), L.reg[i].end(), [](int64_t x) { return x == 0; })) continue;
+        c |= ((r >> i) & 1u) << bit++;
+      }
+      out.push_back(compact[c]);
+    }
+    return out;
+  }
+  const ir::Type& t = f_.type(op.results[0]);
+  Regs addr, inb;
+  V all_ok = 0;
+  window(op, 1, L, addr, inb, &all_ok);
+  V pad = cfloat(DType::f64, op.float_attr("padding"));
+  V other = ir::is_float(t.dtype) ? cast(pad, t.dtype) : cint(t.dtype, static_cast<int64_t>(op.float_attr("padding")));
+  pir::Ty ty = pir::scalar(t.dtype);
+  auto scalar_path = [&] {
+    Regs r;
+    for (size_t i = 0; i < addr.size(); ++i) r.push_back(emit(Op::load, ty, {addr[i], inb[i], other}));
+    return r;
+  };
+  int g = vector_group(op, 1, L, t.dtype);
+  if (g == 1) return scalar_path();
+  // Interior windows take one vector load per group; windows that cross an edge, the scalar path.
+  size_t words = static_cast<size_t>(g * ir::byte_size(t.dtype) / 4);
+  return pir_if_values(all_ok, std::vector<pir::Ty>(addr.size(), ty), [&] {
+    Regs r;
+    for (size_t h = 0; h < addr.size(); h += static_cast<size_t>(g)) {
+      Regs w = emit_multi(Op::load_vec, {addr[h]}, words, pir::scalar(DType::u32), static_cast<int64_t>(words));
+      Regs v = from_words(w, t.dtype);
+      r.insert(r.end(), v.begin(), v.end());
+    }
+    return r;
+  }, scalar_path);
+}
+
+void Lowerer::block_atomic_add(const ir::Op& op) {
+  ++memory_epoch_;
+  const ir::Type& t = f_.type(op.operands[1]);
+  check_shape(&op, t);
+  Layout L = plan_.natural[op.operands[1]] ? *plan_.natural[op.operands[1]] : memory_layout(t);
+  Regs val = get(op.operands[1], L);
+  std::optional<V> own = owner(L);
+  // ordered (after_semaphore): the add waits until *semaphore >= target
+  const bool ordered = op.attrs.count("after_semaphore") != 0;
+  V sem = ordered ? scalar(op.operands[op.operands.size() - 2]) : 0, target = ordered ? scalar(op.operands.back()) : 0;
+  auto it = plan_.hopper.reduces.find(&op);
+  if (it == plan_.hopper.reduces.end()) {
+    if (ordered) {  // every thread adds: thread 0 waits, the barrier hands the acquired view on
+      pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::sem_wait, {sem, target}); });
+      emit0(Op::barrier, {});
+    }
+    Regs addr, inb;
+    window(op, 2, L, addr, inb);
+    for (uint32_t r = 0; r < addr.size(); ++r) {
+      if (duplicate_reg(L, r)) continue;
+      emit(Op::atomic_add, pir::scalar(t.dtype), {addr[r], val[r], *and_pred(own, inb[r])});
+    }
+    return;
+  }
+  const TmaReduce& red = it->second;
+  V is0 = cmp(pir::Pred::eq, tid_, ci32(0));
+  // The staging tile is free once the previous reduce has read it (thread 0 issued it), unless a
+  // barrier after such a wait was already met in this block (e.g. staging dQ's A operand).
+  if (reduce_staging_free_in_ != block_ids_.back()) {
+    pir_if(is0, [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
+    emit0(Op::barrier, {});
+  }
+  reduce_staging_free_in_ = -1;
+  // f32 element (r, c): 32 a swizzled row, the TMA add reads the chunks of 32 columns
+  for (uint32_t r = 0; r < val.size(); ++r) {
+    if (duplicate_reg(L, r)) continue;
+    V off = swizzled_offset(coord(L, r, 0), coord(L, r, 1), 4, red.chunk_bytes());
+    store_shared_at(bin(Op::add, off, ci32(plan_.hopper.reduce_staging)), val[r], std::nullopt);
+  }
+  emit0(Op::fence_proxy_async, {});
+  emit0(Op::barrier, {});
+  V base = smem_at(plan_.hopper.reduce_staging);
+  pir_if(is0, [&] {
+    // ordered: only this thread issues the add, so only it waits (no barrier for the others)
+    if (ordered) {
+      emit0(Op::sem_wait, {sem, target});
+      emit0(Op::fence_proxy_async_global, {});  // the TMA add comes after what the signals released
+    }
+    const size_t rank = tensors_.at(op.operands[0]).sizes.size();
+    V map = tensor_map(red.param_index, red.box);
+    for (int64_t k = 0; k < red.cols / 32; ++k) {
+      std::vector<V> args{bin(Op::add, base, cint(DType::u32, k * red.chunk_bytes())), map};
+      for (size_t i = 0; i < rank; ++i) {  // innermost first
+        V x = cast(scalar(op.operands[2 + rank - 1 - i]), DType::i32);
+        args.push_back(i == 0 && k ? bin(Op::add, x, ci32(32 * k)) : x);
+      }
+      emit0(Op::tma_reduce_add, args, static_cast<int64_t>(rank));
+    }
+    emit0(Op::bulk_commit, {});
+  });
+}
+
+void Lowerer::block_store(const ir::Op& op) {
+  if (op.attrs.count("reduce")) return block_atomic_add(op);
+  ++memory_epoch_;  // load_at_use windows read before this may have changed
+  const ir::Type& t = f_.type(op.operands[1]);
+  check_shape(&op, t);
+  // Store from the value's own layout when it has one: no exchange through shared memory.
+  Layout L = plan_.natural[op.operands[1]] ? *plan_.natural[op.operands[1]] : memory_layout(t);
+  Regs val = get(op.operands[1], L), addr, inb;
+  V all_ok = 0;
+  window(op, 2, L, addr, inb, &all_ok);
+  std::optional<V> own = owner(L);
+  auto scalar_path = [&] {
+    for (uint32_t r = 0; r < addr.size(); ++r) {
+      if (duplicate_reg(L, r)) continue;
+      emit0(Op::store, {addr[r], val[r], *and_pred(own, inb[r])});
+    }
+    return Regs{};
+  };
+  int g = vector_group(op, 2, L, t.dtype);
+  if (g == 1) {
+    scalar_path();
+    return;
+  }
+  pir_if_values(all_ok, {}, [&] {
+    auto stores = [&] {
+      for (size_t h = 0; h < addr.size(); h += static_cast<size_t>(g)) {
+        if (duplicate_reg(L, static_cast<uint32_t>(h))) continue;
+        Regs args{addr[h]};
+        Regs w = to_words(val, h, g, t.dtype);
+        args.insert(args.end(), w.begin(), w.end());
+        emit0(Op::store_vec, args);
+      }
+    };
+    if (own) pir_if(*own, stores);
+    else stores();
+    return Regs{};
+  }, scalar_path);
+}
+
+}  // namespace tilejit::jit::lower
