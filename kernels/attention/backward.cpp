@@ -20,7 +20,8 @@
 #include <tuple>
 #include <utility>
 
-#include "kernels/attention/forward.hpp"
+#include "kernels/attention/config.hpp"
+#include "kernels/attention/dropout.hpp"
 #include "kernels/attention/mask.hpp"
 #include "kernels/attention/backward_schedule_lang.hpp"
 #include "kernels/philox.hpp"
@@ -180,7 +181,7 @@ struct BackwardParams {
         varlen(varlen_meta(kb, bshd)),
         mask_kind(backward_mask_meta(kb, causal, varlen)),
         dropout(kb.meta<bool>("DROPOUT", false)),
-        dropout_bits(AttentionDropout::precomputed_meta(kb, dropout, varlen, BN)),
+        dropout_bits(read_dropout_bits(kb, dropout, varlen, BN)),
         partial_tiles_only(kb.meta<bool>("PARTIAL_TILES_ONLY", true)),
         rank(varlen ? 3 : 4),
         Q(kb.tensor("Q", T, rank, kRowMajor)),

@@ -3,6 +3,7 @@
 // schedule option: a separate dQ kernel (deterministic), atomics or split parts (deterministic).
 #pragma once
 #include "dsl/lang.hpp"
+#include "kernels/attention/config.hpp"
 
 namespace tilejit::kernels {
 
@@ -104,16 +105,6 @@ namespace tilejit::kernels {
 // 64 x 64 on 4 warps. A = trans(dS^T registers) goes through shared memory into the A layout. The
 // [BLOCK_M, D] part is added by atomic_add on the dQ_accum window: on sm_90a written to a swizzled
 // staging tile in shared memory and added by TMA (cp.reduce.async.bulk.tensor, f32 add in L2).
-enum class DqReduction : int { recompute = 0, atomic = 1, split = 2, ordered = 3 };
-inline const char* dq_reduction_name(DqReduction r) {
-  switch (r) {
-    case DqReduction::recompute: return "recompute";
-    case DqReduction::atomic: return "atomic";
-    case DqReduction::split: return "split";
-    case DqReduction::ordered: return "ordered";
-  }
-  return "?";
-}
 
 // Delta[b, h, i] = sum_d dO[b, h, i, d] * O[b, h, i, d] (f32).
 // Params: O, dO, Delta (VARLEN: cu_seqlens_q). Meta: DTYPE, BLOCK_M, HEAD_DIM, BSHD, VARLEN. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).

@@ -1,0 +1,95 @@
+// The attention kernels' dropout (dropout.hpp): parameters, keep-masks fused or precomputed, and
+// the expansion of packed mask words into per-element and per-pair masks.
+#include "kernels/attention/dropout.hpp"
+
+namespace tilejit::kernels {
+
+using namespace lang;
+
+AttentionDropout::AttentionDropout(Builder& kb)
+    : seed_lo(kb.scalar<uint32_t>("seed_lo")),
+      seed_hi(kb.scalar<uint32_t>("seed_hi")),
+      offset_lo(kb.scalar<uint32_t>("offset_lo")),
+      offset_hi(kb.scalar<uint32_t>("offset_hi")),
+      keep_threshold(kb.scalar<uint32_t>("keep_threshold")),
+      // threshold 0 (everything dropped) gives inf here, but it only scales kept values. rcp, not
+      // '/': a division's slow path is a subroutine call, and ptxas then serialises every wgmma
+      scale(256.0f * rcp(cast(f32, keep_threshold))) {}
+
+void AttentionDropout::declare_bits(Builder& kb) {
+  bits = kb.tensor("dropout_bits", u32, 3, {.align_bytes = 4, .contiguous_last = true});
+}
+
+Tile AttentionDropout::keep(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols) const {
+  return keep_mask(batch_head, row0, num_rows, col0, num_cols) != 0u;
+}
+
+AttentionDropout::Ahead AttentionDropout::keep_ahead(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
+                                                    int64_t num_cols) const {
+  if (bits.descriptor().valid()) return {std::nullopt, precompute(bits_words(batch_head, row0, num_rows, col0, num_cols))};
+  if (num_cols % 64 != 0) return {};  // (per element at the use)
+  return {dropout_keep_calls(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold),
+          Tile()};
+}
+
+Tile AttentionDropout::keep_mask_of(const Ahead& ahead, const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
+                                    int64_t num_cols) const {
+  if (ahead.words.valid()) return expand_keep_words(ahead.words, num_rows, num_cols);
+  return ahead.calls ? dropout_keep_mask_of(*ahead.calls) : keep_mask(batch_head, row0, num_rows, col0, num_cols);
+}
+
+Tile AttentionDropout::keep_pairs_of(const Ahead& ahead, const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
+                                     int64_t num_cols) const {
+  if (ahead.words.valid()) return expand_keep_word_pairs(ahead.words, num_rows, num_cols);
+  if (ahead.calls) return dropout_keep_pairs_of(*ahead.calls);
+  if (bits.descriptor().valid()) return expand_keep_word_pairs(bits_words(batch_head, row0, num_rows, col0, num_cols), num_rows, num_cols);
+  return dropout_keep_pairs_block(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi,
+                                  keep_threshold);
+}
+
+Tile AttentionDropout::keep_mask(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols) const {
+  if (!bits.descriptor().valid())
+    return dropout_keep_mask_block(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi,
+                                   keep_threshold);
+  return expand_keep_words(bits_words(batch_head, row0, num_rows, col0, num_cols), num_rows, num_cols);
+}
+
+Tile AttentionDropout::bits_words(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols) const {
+  // past the end: 0 (dropped). Read at the use, in the score block's layout: no shared-memory exchange.
+  return load_at_use(bits.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32}));
+}
+
+Tile AttentionDropout::keep_mask_transposed(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
+                                            int64_t num_cols) const {
+  if (bits.descriptor().valid() || num_cols % 64 != 0) return trans(keep_mask(batch_head, row0, num_rows, col0, num_cols));
+  // Fused: the packed words of the block, computed in their own layout (dropout_keep_words ends in
+  // a reduction, whose layout is a concrete one where each thread owns whole Philox calls), then
+  // moved through shared memory into the transposed block's layout and expanded there. Generated
+  // in the transposed layout instead, a thread would compute 16 calls a 64 x 64 block and use 2
+  // bytes of each (its keys are rows, and one call covers 16 keys of one query row).
+  Tile words = dropout_keep_words(batch_head, row0 + arange(0, num_rows), col0 / 32, num_cols / 32, seed_lo, seed_hi, offset_lo,
+                                  offset_hi, keep_threshold);
+  return trans(expand_keep_words(words, num_rows, num_cols));
+}
+
+Tile expand_keep_words(const Tile& words, int64_t num_rows, int64_t num_cols) {
+  // Column 32 w + 8 k + b: the word shifted so that bit 8 k + b lands on bit 7 of byte k (one
+  // shift serves the 4 columns of each b), then one prmt replicates that bit into all 32. (Shifts
+  // alone -- to the sign, then arithmetically back -- make a value LLVM knows is 0 or ~0, and it
+  // turns the AND with it back into a select, which it then sinks past the bf16 conversion.)
+  auto b = reshape(cast(u32, arange(0, 8)), {1, 1, 1, 8}), k = reshape(cast(u32, arange(0, 4)), {1, 1, 4, 1});
+  auto up = reshape(words, {num_rows, num_cols / 32, 1, 1}) << (7u - b);
+  return reshape(byte_perm(up, 0u, (k | 8u) * 0x1111u), {num_rows, num_cols});
+}
+
+Tile expand_keep_word_pairs(const Tile& words, int64_t num_rows, int64_t num_cols) {
+  // Pair 16 w + 4 k + t = columns 32 w + 8 k + 2 t + {0, 1}: the word shifted so that bit 8 k + 2 t
+  // lands on bit 7 of byte k (one shift serves the 4 pairs of each t), and shifted once more for
+  // bit 8 k + 2 t + 1; one prmt replicates the first into bytes 0-1 and the second into bytes 2-3.
+  auto t = reshape(cast(u32, arange(0, 4)), {1, 1, 1, 4}), k = reshape(cast(u32, arange(0, 4)), {1, 1, 4, 1});
+  auto w = reshape(words, {num_rows, num_cols / 32, 1, 1});
+  auto low = w << (7u - 2u * t), high = w << (6u - 2u * t);
+  return reshape(byte_perm(low, high, (k | 8u) * 0x11u + ((k + 4u) | 8u) * 0x1100u), {num_rows, num_cols / 2});
+}
+
+}  // namespace tilejit::kernels
