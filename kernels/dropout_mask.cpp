@@ -2,6 +2,8 @@
 // thread computing whole Philox calls (kernels::dropout_keep_words) and storing whole words.
 #include "kernels/dropout_mask.hpp"
 
+#include "kernels/meta_names.hpp"
+
 #include <fmt/format.h>
 
 #include "kernels/philox.hpp"
@@ -54,18 +56,39 @@ void DropoutMaskTiles::write_words(const Tile& m0, const Tile& w0, const Tile& b
   store(mask_.block({bh, m0, w0}, {block_m_, block_w_}), words & low[row]);
 }
 
+namespace mn = meta_name;
+
+Meta DropoutMaskConfig::to_meta() const {
+  const DropoutMaskConfig d;
+  Meta m;
+  if (block_m != d.block_m) m.emplace_back(mn::kBlockM, block_m);
+  if (block_w != d.block_w) m.emplace_back(mn::kBlockW, block_w);
+  if (align != d.align) m.emplace_back(mn::kAlign, align);
+  if (causal != d.causal) m.emplace_back(mn::kCausal, causal);
+  if (persistent != d.persistent) m.emplace_back(mn::kPersistent, persistent);
+  return m;
+}
+
+DropoutMaskConfig DropoutMaskConfig::read(Builder& kb) {
+  DropoutMaskConfig c;
+  c.block_m = kb.meta<int>(mn::kBlockM, 64);
+  c.block_w = kb.meta<int>(mn::kBlockW, 4);
+  c.align = kb.meta<int>(mn::kAlign, 4);
+  c.causal = kb.meta<bool>(mn::kCausal, false);
+  c.persistent = kb.meta<bool>(mn::kPersistent, false);
+  return c;
+}
+
 const Kernel& dropout_mask() {
   static const Kernel k = kernel("dropout_mask", [](Builder& kb) {
-    const auto BM = kb.meta<int>("BLOCK_M", 64), BW = kb.meta<int>("BLOCK_W", 4);
-    // CAUSAL: only the tiles a causal layer reads (DropoutMaskTiles)
-    // ALIGN 16: the mask's base and rows 16-byte aligned (16-byte stores)
-    const DropoutMaskTiles tiles(kb, BM, BW, kb.meta<bool>("CAUSAL", false), static_cast<int>(kb.meta<int>("ALIGN", 4)));
-    // PERSISTENT: a 1-D grid of any size whose programs stride over all tiles -- a grid of one
-    // program per SM leaves room on every SM for a concurrent kernel (the GEMM it hides behind).
-    if (kb.meta<bool>("PERSISTENT", false)) {
+    const DropoutMaskConfig c = DropoutMaskConfig::read(kb);
+    const DropoutMaskTiles tiles(kb, c.block_m, c.block_w, c.causal, static_cast<int>(c.align));
+    if (c.persistent) {
+      // programs stride over all tiles: a grid of one program per SM leaves room on every SM for
+      // a concurrent kernel (the GEMM it hides behind)
       for_range(program_id(0), tiles.count(), num_programs(0), [&](Tile t) { tiles.write(t); });
     } else {
-      tiles.write(program_id(0) * BM, program_id(1) * BW, program_id(2));
+      tiles.write(program_id(0) * c.block_m, program_id(1) * c.block_w, program_id(2));
     }
   });
   return k;

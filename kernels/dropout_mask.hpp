@@ -2,6 +2,8 @@
 // the RNG moved out of attention, e.g. run concurrently with the QKV projection GEMM); attention
 // then reads bits instead of running Philox. Bits are those of kernels::dropout_keep (philox.hpp).
 #pragma once
+#include <cstdint>
+
 #include "dsl/lang.hpp"
 
 namespace tilejit::kernels {
@@ -14,6 +16,17 @@ namespace tilejit::kernels {
 // columns), PERSISTENT (default false). Grid: (cdiv(S_q, BLOCK_M), cdiv(cdiv(S_k, 32), BLOCK_W),
 // batch * heads_q); PERSISTENT: (any P), program p doing tiles p, p + P, ... (rows fastest).
 const lang::Kernel& dropout_mask();
+
+// dropout_mask's compile-time choices with their defaults.
+struct DropoutMaskConfig {
+  int64_t block_m = 64, block_w = 4;
+  int64_t align = 4;        // 16: the mask's base and rows 16-byte aligned (16-byte stores)
+  bool causal = false;      // only the tiles a causal layer reads (DropoutMaskTiles)
+  bool persistent = false;  // a 1-D grid of any size striding over the tiles
+
+  lang::Meta to_meta() const;  // the metas that differ from the defaults
+  static DropoutMaskConfig read(lang::Builder& kb);
+};
 
 // The mask's tiles of block_m rows x block_w words, numbered t = (bh * word_tiles + w) * row_tiles
 // + r (rows fastest), each written by whole Philox calls per thread (kernels::dropout_keep_words).

@@ -7,23 +7,82 @@
 #include <optional>
 
 #include "kernels/dropout_mask.hpp"
+#include "kernels/meta_names.hpp"
 
 namespace tilejit::kernels {
 
 using namespace lang;
 
+namespace mn = meta_name;
+
+Meta GemmConfig::to_meta() const {
+  const GemmConfig d;
+  Meta m;
+  auto put = [&](const char* name, auto value, auto def) {
+    if (value != def) m.emplace_back(name, value);
+  };
+  put(mn::kDtype, dtype, d.dtype);
+  put(mn::kOutDtype, out_dtype, d.out_dtype);
+  put(mn::kBlockM, block_m, d.block_m);
+  put(mn::kBlockN, block_n, d.block_n);
+  put(mn::kBlockK, block_k, d.block_k);
+  put(mn::kAKmajor, a_kmajor, d.a_kmajor);
+  put(mn::kBKmajor, b_kmajor, d.b_kmajor);
+  put(mn::kAlign, align, d.align);
+  put(mn::kGroupM, group_m, d.group_m);
+  if (!dropout_mask) return m;
+  m.emplace_back(mn::kDropoutMask, true);
+  put(mn::kMaskBlockM, mask_block_m, d.mask_block_m);
+  put(mn::kMaskBlockW, mask_block_w, d.mask_block_w);
+  put(mn::kMaskCausal, mask_causal, d.mask_causal);
+  put(mn::kMaskAlign, mask_align, d.mask_align);
+  put(mn::kMaskTilesPerStep, mask_tiles_per_step, d.mask_tiles_per_step);
+  put(mn::kMaskWarps, mask_warps, d.mask_warps);
+  if (mask_warps == 0) return m;
+  put(mn::kMmaRegisters, mma_registers, d.mma_registers);
+  put(mn::kMaskRegisters, mask_registers, d.mask_registers);
+  return m;
+}
+
+GemmConfig GemmConfig::read(Builder& b) {
+  GemmConfig c;
+  c.dtype = b.meta_dtype(mn::kDtype, c.dtype);
+  c.out_dtype = b.meta_dtype(mn::kOutDtype, c.out_dtype);
+  c.block_m = b.meta<int>(mn::kBlockM, 128);
+  c.block_n = b.meta<int>(mn::kBlockN, 128);
+  c.block_k = b.meta<int>(mn::kBlockK, 64);
+  c.a_kmajor = b.meta<bool>(mn::kAKmajor, true);
+  c.b_kmajor = b.meta<bool>(mn::kBKmajor, false);
+  c.align = b.meta<int>(mn::kAlign, 16);
+  c.group_m = b.meta<int>(mn::kGroupM, 0);
+  c.dropout_mask = b.meta<bool>(mn::kDropoutMask, false);
+  if (!c.dropout_mask) return c;
+  // (this order -- align, causal, words, rows -- is the one the metas have always been declared in)
+  c.mask_align = b.meta<int>(mn::kMaskAlign, 4);
+  c.mask_causal = b.meta<bool>(mn::kMaskCausal, false);
+  c.mask_block_w = b.meta<int>(mn::kMaskBlockW, 4);
+  c.mask_block_m = b.meta<int>(mn::kMaskBlockM, 64);
+  c.mask_tiles_per_step = b.meta<int>(mn::kMaskTilesPerStep, 1);
+  if (c.mask_tiles_per_step < 1)
+    b.fail(Loc::current(), fmt::format("gemm: MASK_TILES_PER_STEP = {} must be at least 1", c.mask_tiles_per_step));
+  c.mask_warps = b.meta<int>(mn::kMaskWarps, 0);
+  if (c.mask_warps == 0) return c;
+  c.mma_registers = b.meta<int>(mn::kMmaRegisters, 0);
+  c.mask_registers = b.meta<int>(mn::kMaskRegisters, 0);
+  return c;
+}
+
 const Kernel& gemm() {
   static const Kernel k = kernel("gemm", [](Builder& b) {
-    auto T = b.meta_dtype("DTYPE", bf16);
-    auto OUT = b.meta_dtype("OUT_DTYPE", f32);
-    auto BM = b.meta<int>("BLOCK_M", 128), BN = b.meta<int>("BLOCK_N", 128), BK = b.meta<int>("BLOCK_K", 64);
+    const GemmConfig c = GemmConfig::read(b);
+    const DType T = c.dtype, OUT = c.out_dtype;
+    const int64_t BM = c.block_m, BN = c.block_n, BK = c.block_k;
+    const bool a_kmajor = c.a_kmajor, b_kmajor = c.b_kmajor;
     // Operand storage: K-major means K is the contiguous dim. A K-major is A[M,K] row-major; A not
     // K-major is passed as A^T[K,M] row-major. Likewise B K-major is B^T[N,K], else B[K,N].
-    auto a_kmajor = b.meta<bool>("A_KMAJOR", true), b_kmajor = b.meta<bool>("B_KMAJOR", false);
     // ALIGN: the bytes the base addresses and row pitches are multiples of (16 enables vector
     // accesses and TMA; 2 accepts any bf16/f16 layout, e.g. K = 70).
-    auto align = b.meta<int>("ALIGN", 16);
-    const ParamSpec row_major{.align_bytes = static_cast<int>(align), .contiguous_last = true};
+    const ParamSpec row_major{.align_bytes = static_cast<int>(c.align), .contiguous_last = true};
     auto A = b.tensor("A", T, 2, row_major);
     auto B = b.tensor("B", T, 2, row_major);
     auto C = b.tensor("C", OUT, 2, row_major);
@@ -32,7 +91,7 @@ const Kernel& gemm() {
 
     // GROUP_M = 0: a 2-D grid, program (i, j) computes tile (i, j). GROUP_M = g > 0: a 1-D grid
     // walked g tile-rows at a time, so that consecutive programs share A and B tiles in L2.
-    auto group_m = b.meta<int>("GROUP_M", 0);
+    const int64_t group_m = c.group_m;
     Tile pid_m, pid_n;
     if (group_m == 0) {
       pid_m = program_id(0);
@@ -60,14 +119,9 @@ const Kernel& gemm() {
     // MASK_CAUSAL: only the tiles a causal layer reads (kernels::DropoutMaskTiles); MASK_ALIGN 16:
     // the mask 16-byte aligned (vector stores).
     std::optional<DropoutMaskTiles> mask;
-    if (b.meta<bool>("DROPOUT_MASK", false))
-      mask.emplace(b, b.meta<int>("MASK_BLOCK_M", 64), b.meta<int>("MASK_BLOCK_W", 4), b.meta<bool>("MASK_CAUSAL", false),
-                   static_cast<int>(b.meta<int>("MASK_ALIGN", 4)));
-    const int64_t per_step = mask ? b.meta<int>("MASK_TILES_PER_STEP", 1) : 0;
-    if (mask && per_step < 1) b.fail(Loc::current(), fmt::format("gemm: MASK_TILES_PER_STEP = {} must be at least 1", per_step));
-    const int64_t mask_warps = mask ? b.meta<int>("MASK_WARPS", 0) : 0;
-    const int64_t mma_registers = mask_warps ? b.meta<int>("MMA_REGISTERS", 0) : 0;
-    const int64_t mask_registers = mask_warps ? b.meta<int>("MASK_REGISTERS", 0) : 0;
+    if (c.dropout_mask) mask.emplace(b, c.mask_block_m, c.mask_block_w, c.mask_causal, static_cast<int>(c.mask_align));
+    const int64_t per_step = mask ? c.mask_tiles_per_step : 0;
+    const int64_t mask_warps = c.mask_warps, mma_registers = c.mma_registers, mask_registers = c.mask_registers;
     Tile program, programs;  // (linear program index and count: only the mask's tiles need them)
     if (mask) {
       program = group_m == 0 ? program_id(0) + program_id(1) * num_programs(0) : program_id(0);

@@ -1,6 +1,8 @@
 // GEMM in the DSL: C[M,N] = A[M,K] @ B[K,N] with f32 accumulation, any M/N/K (masked edges),
 // any operand strides (row- or column-major), bf16/f16 inputs, bf16/f16/f32 output.
 #pragma once
+#include <cstdint>
+
 #include "dsl/lang.hpp"
 
 namespace tilejit::kernels {
@@ -20,5 +22,26 @@ namespace tilejit::kernels {
 // Parameters: A, B, C (rank-2 tensors), then with DROPOUT_MASK: Mask, S_k, seed_lo, seed_hi,
 // offset_lo, offset_hi, keep_threshold.
 const lang::Kernel& gemm();
+
+// gemm's compile-time choices (the metas above) with their defaults.
+struct GemmConfig {
+  ir::DType dtype = ir::DType::bf16, out_dtype = ir::DType::f32;
+  int64_t block_m = 128, block_n = 128, block_k = 64;
+  bool a_kmajor = true, b_kmajor = false;
+  int64_t align = 16;
+  int64_t group_m = 0;
+  // DROPOUT_MASK: the packed dropout keep-mask written beside the GEMM (docs/decisions/015)
+  bool dropout_mask = false;
+  int64_t mask_block_m = 64, mask_block_w = 4;
+  bool mask_causal = false;
+  int64_t mask_align = 4;
+  int64_t mask_tiles_per_step = 1;
+  int64_t mask_warps = 0, mma_registers = 0, mask_registers = 0;  // warp roles (MASK_WARPS > 0)
+
+  // The metas that differ from the defaults (and only those the kernel reads).
+  lang::Meta to_meta() const;
+  // In gemm's body: reads (declares) the metas in the kernel's order and checks them.
+  static GemmConfig read(lang::Builder& kb);
+};
 
 }  // namespace tilejit::kernels
