@@ -1,0 +1,62 @@
+// The compiled-Function caches: one Function per attention kernel configuration and per pre-pass
+// kernel, created once and kept for the life of the process (thread-safe).
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "api/attention/internal.hpp"
+
+namespace tilejit::attention::detail {
+
+// One Function per configuration, created once and kept for the life of the process (the
+// documented cache of this module); Function itself compiles once under concurrent first calls.
+Function& function_for(const Config& c) {
+  static std::mutex mu;
+  static std::map<Config, std::unique_ptr<Function>> cache;
+  std::lock_guard lock(mu);
+  auto& slot = cache[c];
+  if (!slot) {
+    const KernelInfo& ki = info(c.pass);
+    if (!ki.kernel) throw std::logic_error(fmt::format("tilejit::attention: kernel '{}' is not in the library", name(c.pass)));
+    jit::CompileOptions o;
+    o.num_warps = c.sch.num_warps;
+    o.pipeline.stages = c.sch.stages;
+    o.min_programs_per_sm = c.sch.min_programs_per_sm;
+    slot = std::make_unique<Function>(*ki.kernel, meta_of(c), o, c.device);
+  }
+  return *slot;
+}
+
+// The pre-pass's kernels for one kernel's lists (its tiles, its order) and mask kind, per device,
+// created once (the same documented cache as function_for): the classification (8 warps for
+// 128 x 128 tiles, where 4 warps spill: decision 039; 4 below), then the lists (4 warps).
+Function& block_classes_function(const PrePassLists& l, kernels::MaskKind kind) {
+  static std::mutex mu;
+  static std::map<std::tuple<int64_t, int64_t, int, int>, std::unique_ptr<Function>> cache;
+  std::lock_guard lock(mu);
+  auto& slot = cache[{l.block_m, l.block_n, static_cast<int>(kind), l.device}];
+  if (!slot) {
+    jit::CompileOptions o;
+    o.num_warps = l.block_m * l.block_n >= 128 * 128 ? 8 : 4;
+    o.pipeline.stages = 2;
+    const lang::Meta meta{{"BLOCK_M", l.block_m}, {"BLOCK_N", l.block_n}, {"MASK", static_cast<int>(kind)}, {"TILES", kClassTiles}};
+    slot = std::make_unique<Function>(kernels::attention_block_classes(), meta, o, l.device);
+  }
+  return *slot;
+}
+Function& block_lists_function(const PrePassLists& l) {
+  static std::mutex mu;
+  static std::map<std::tuple<bool, int>, std::unique_ptr<Function>> cache;
+  std::lock_guard lock(mu);
+  auto& slot = cache[{l.kv_major, l.device}];
+  if (!slot) {
+    jit::CompileOptions o;
+    o.num_warps = 4;
+    o.pipeline.stages = 2;
+    slot = std::make_unique<Function>(kernels::attention_block_lists(), lang::Meta{{"KV_MAJOR", l.kv_major}}, o, l.device);
+  }
+  return *slot;
+}
+
+}  // namespace tilejit::attention::detail

@@ -1,0 +1,201 @@
+// The launches: forward and backward (check, compile or find, launch on the stream), prepare (compile
+// ahead of the first call), and the workspace's stream helpers they use.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <vector>
+
+#include "api/attention/internal.hpp"
+#include "kernels/attention/backward_schedule.hpp"
+#include "runtime/device_buffer.hpp"
+
+namespace tilejit::attention {
+using namespace detail;
+
+namespace {
+
+// Where the launches' scratch arrays point before the workspace exists (the dry launches check
+// layouts, never memory): any aligned non-null address.
+constexpr uint64_t kPlaceholder = 256;
+
+void synchronize(CUstream stream) {
+  runtime::check_cu(runtime::Driver::get().api().StreamSynchronize(stream), "cuStreamSynchronize");
+}
+
+// Zeroes `bytes` at `address` on `stream` (asynchronous, in order with the launches around it).
+void zero_async(uint64_t address, size_t bytes, CUstream stream, int device) {
+  auto& drv = runtime::Driver::get();
+  drv.context(device).make_current();
+  runtime::check_cu(drv.api().MemsetD8Async(static_cast<CUdeviceptr>(address), 0, bytes, stream), "cuMemsetD8Async");
+}
+
+}  // namespace
+
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts,
+             CUstream stream, Workspace workspace) {
+  const Checker ch("forward");
+  const Dims d = check_common(ch, q, k, v, o, lse, opts, false);
+  check_workspace(ch, workspace, forward_bytes(d), "forward_workspace_bytes");
+  const Config c = config(Pass::forward, q, d, opts);
+  Function& fn = function_for(c);
+  const runtime::Grid grid{lang::cdiv(d.seq_q, c.sch.block_m), d.heads_q, d.batch};
+  // The launches at a workspace base: the pre-pass (masks without tile intervals), the forward.
+  const auto bind = [&](uint64_t base) {
+    Bindings b;
+    bind_common(b, q, k, v, o, lse, d, opts);
+    bind_mask(b, opts, d);
+    bind_score_mod(b, opts, d);
+    if (d.lists) bind_lists(b, d.fwd_lists, d.lists_base ? d.lists_base : base);
+    return b;
+  };
+  Bindings b = bind(workspace.data ? workspace.data : kPlaceholder);
+  std::optional<PrePass> pre;
+  const bool pre_passes = d.lists && d.lists_base == 0;  // (options.block_mask: built already)
+  if (pre_passes) pre = pre_pass(d.fwd_lists, opts, d, workspace.data ? workspace.data : kPlaceholder);
+  if (pre) launch(*pre, stream, true);
+  launch(fn, grid, stream, b, true);
+  require_gpu("forward", q.device);
+  runtime::DeviceBuffer owned;
+  if (pre_passes && workspace.data == 0) {
+    owned = runtime::DeviceBuffer(forward_bytes(d), q.device);
+    b = bind(owned.ptr());
+    pre = pre_pass(d.fwd_lists, opts, d, owned.ptr());
+  }
+  if (pre) launch(*pre, stream, false);
+  launch(fn, grid, stream, b, false);
+  if (owned.bytes() != 0) synchronize(stream);
+}
+
+void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
+              const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts, CUstream stream, Workspace workspace) {
+  const Dims d = check_backward_dims(q, k, v, o, do_, lse, dq, dk, dv, opts, workspace);
+  // Delta: f32 [B, Hq, S_q] (varlen [Hq, total_q]), contiguous, at the start of the workspace.
+  const std::array<int64_t, 3> dsizes = d.varlen ? std::array<int64_t, 3>{d.heads_q, d.total_q, 0}
+                                                 : std::array<int64_t, 3>{d.batch, d.heads_q, d.seq_q};
+  const std::array<int64_t, 3> dstrides = d.varlen ? std::array<int64_t, 3>{d.total_q, 1, 0}
+                                                   : std::array<int64_t, 3>{d.heads_q * d.seq_q, d.seq_q, 1};
+  const size_t drank = d.varlen ? 2 : 3;
+  // The launches at a workspace base: preprocess, [pre-pass at dK/dV's tiles], [zeroing], dK/dV,
+  // then [pre-pass at dQ's tiles] and dQ (recompute), the convert kernel (atomic, ordered) or the
+  // reduce kernel (split).
+  const bool reduce = d.reduction != DqReduction::recompute;
+  const auto bind = [&](uint64_t base) {
+    Bindings b;
+    bind_common(b, q, k, v, o, lse, d, opts);
+    b.add("do", do_.view());
+    b.add("dq", dq.view());
+    b.add("dk", dk.view());
+    b.add("dv", dv.view());
+    b.add("delta", runtime::TensorView{ir::DType::f32, std::span<const int64_t>(dsizes.data(), drank),
+                                       std::span<const int64_t>(dstrides.data(), drank), base, q.device});
+    bind_mask(b, opts, d);
+    bind_score_mod(b, opts, d);
+    const uint64_t lists_at = d.lists_base ? d.lists_base : base;
+    if (d.lists) {
+      bind_lists(b, d.dkdv_lists, lists_at);
+      if (!reduce) bind_lists(b, d.dq_lists, lists_at);
+    }
+    if (reduce) {
+      b.add(d.reduction == DqReduction::split ? "dqparts" : "dqaccum", d.dq_ws.view(base, q.device));
+      if (d.reduction == DqReduction::ordered) b.add("dqsemaphores", d.dq_sem.view(base, q.device));
+      b.add("sk", static_cast<int32_t>(d.seq_k));  // the reduce kernel's S_k
+      if (d.lists) b.add("blockclasses", d.dkdv_lists.classes(lists_at));  // (the reduce kernel's: dK/dV's pre-pass writes them)
+    }
+    return b;
+  };
+  const Config pre = config(Pass::bwd_preprocess, q, d, opts), kv = config(Pass::bwd_dkdv, q, d, opts),
+               dqc = config(dq_pass(d.reduction), q, d, opts);
+  // the reduce kernel reads dK/dV's parts at dK/dV's tiles (the schedule table and an
+  // options.schedule give both the same tiles)
+  if (d.reduction == DqReduction::split && (dqc.sch.block_m != kv.sch.block_m || dqc.sch.block_n != kv.sch.block_n))
+    throw std::logic_error(fmt::format("tilejit::attention: attention_bwd_dq_reduce at {}x{} tiles but dK/dV at {}x{}", dqc.sch.block_m,
+                                       dqc.sch.block_n, kv.sch.block_m, kv.sch.block_n));
+  Function &pre_fn = function_for(pre), &kv_fn = function_for(kv), &dq_fn = function_for(dqc);
+  runtime::Grid pre_grid{lang::cdiv(d.seq_q, pre.sch.block_m), d.heads_q, d.batch},
+      kv_grid{lang::cdiv(d.seq_k, kv.sch.block_n), d.heads_kv, d.batch}, dq_grid{lang::cdiv(d.seq_q, dqc.sch.block_m), d.heads_q, d.batch};
+  if (persistent_ordered(static_cast<int>(d.reduction), d.q_descending) && declares(Pass::bwd_dkdv, "PERSISTENT")) {
+    // PERSISTENT: as many programs as the GPU holds at once (all resident: the programs wait on
+    // each other), no more than there are items (key tiles, or causal pairs of them)
+    const kernels::BwdProblem model{.seq_q = static_cast<int>(d.seq_q), .seq_k = static_cast<int>(d.seq_k), .block_m = kv.sch.block_m,
+                                    .block_n = kv.sch.block_n, .mask = d.causal ? kernels::BwdMask::causal : kernels::BwdMask::full};
+    const int64_t items = d.batch * d.heads_kv * kernels::items_per_head(model);
+    auto& drv = runtime::Driver::get();
+    int64_t resident = 1;  // (without a GPU: only the dry launches use the grid)
+    if (drv.available()) resident = int64_t{drv.props(q.device).sm_count} * std::max(1, kv_fn.gpu_kernel().max_resident_per_sm());
+    kv_grid = {std::max<int64_t>(1, std::min(resident, items)), 1, 1};
+  }
+  const auto run = [&](uint64_t base, bool dry) {
+    const Bindings b = bind(base);
+    std::optional<PrePass> kv_lists, dq_lists;
+    if (d.lists && d.lists_base == 0) {
+      kv_lists = pre_pass(d.dkdv_lists, opts, d, base);
+      if (!reduce) dq_lists = pre_pass(d.dq_lists, opts, d, base, &d.dkdv_lists);  // dK/dV's classes at the same tiles
+    }
+    launch(pre_fn, pre_grid, stream, b, dry);
+    if (kv_lists) launch(*kv_lists, stream, dry);
+    // what the dK/dV kernel needs zero: dQ_accum for atomic and ordered (both add into it), and
+    // ordered's semaphores
+    if (!dry && (d.reduction == DqReduction::atomic || d.reduction == DqReduction::ordered))
+      zero_async(base + d.dq_ws.at, d.dq_ws.bytes, stream, q.device);
+    if (!dry && d.reduction == DqReduction::ordered) zero_async(base + d.dq_sem.at, d.dq_sem.bytes, stream, q.device);
+    launch(kv_fn, kv_grid, stream, b, dry);
+    if (dq_lists) launch(*dq_lists, stream, dry);
+    launch(dq_fn, dq_grid, stream, b, dry);
+  };
+  run(workspace.data ? workspace.data : kPlaceholder, true);
+  require_gpu("backward", q.device);
+  runtime::DeviceBuffer owned;
+  if (workspace.data == 0) owned = runtime::DeviceBuffer(backward_bytes(d), q.device);
+  run(workspace.data ? workspace.data : owned.ptr(), false);
+  if (owned.bytes() != 0) synchronize(stream);
+}
+
+void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen, bool backward, std::optional<Schedule> schedule,
+             int device, bool dropout, DqReduction dq_reduction, bool q_descending) {
+  prepare(dtype, head_dim, causal ? kernels::MaskKind::causal : kernels::MaskKind::full, varlen, backward, schedule, device, dropout,
+          dq_reduction, q_descending);
+}
+
+void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen, bool backward, std::optional<Schedule> schedule,
+             int device, bool dropout, DqReduction dq_reduction, bool q_descending) {
+  const Checker c("prepare");
+  if (static_cast<int>(mask) < 0 || static_cast<int>(mask) >= kernels::kMaskKindCount)
+    c.fail("mask = {} is not a mask kind; valid: {}", static_cast<int>(mask), kernels::mask_kind_list());
+  if (library_mask(mask) && varlen)
+    c.fail("mask {} with varlen = true: library masks take dense batches only", kernels::mask_kind_name(mask));
+  if (backward)
+    check_dq_reduction(c, dq_reduction, q_descending, varlen, mask, {"dq_reduction", "q_descending", "varlen = true", "mask"});
+  else {
+    dq_reduction = DqReduction::recompute;  // (the forward has neither)
+    q_descending = false;
+  }
+  const bool causal = mask == kernels::MaskKind::causal;
+  const int lib = library_mask(mask) ? static_cast<int>(mask) : 0;
+  std::vector<Pass> passes{Pass::forward};
+  if (backward) passes.insert(passes.end(), {Pass::bwd_preprocess, Pass::bwd_dkdv, dq_pass(dq_reduction)});
+  for (Pass p : passes) {
+    const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen, dq_reduction, dropout, lib != 0);
+    function_for(Config{p, dtype, head_dim, causal, varlen, s, device, dropout && declares(p, "DROPOUT"), false, false,
+                        lib != 0 && declares(p, "MASK") ? lib : 0, p == Pass::bwd_dkdv ? static_cast<int>(dq_reduction) : 0,
+                        p == Pass::bwd_dkdv && q_descending, 0,
+                        // calls with a positive softmax_scale (the default 1/sqrt(head_dim) is)
+                        p == Pass::forward && declares(p, "POSITIVE_SCALE")})
+        .compiled();
+    // the pre-pass at this kernel's tiles (the preprocess, convert and reduce kernels read no lists)
+    if (lib != 0 && !kernels::mask_has_tile_intervals(mask) &&
+        (p == Pass::forward || p == Pass::bwd_dkdv || p == Pass::bwd_dq)) {
+      PrePassLists l;
+      l.block_m = s.block_m;
+      l.block_n = s.block_n;
+      l.kv_major = p == Pass::bwd_dkdv;
+      l.device = device;
+      block_classes_function(l, mask).compiled();
+      block_lists_function(l).compiled();
+    }
+  }
+}
+
+}  // namespace tilejit::attention

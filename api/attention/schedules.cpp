@@ -1,0 +1,217 @@
+// The configuration of the attention kernels: THE table of default schedules (default_schedule, where
+// every pass's schedule is chosen), the metas each kernel declares, and Config with its metas.
+#include <cstddef>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "api/attention/internal.hpp"
+#include "api/registry.hpp"
+#include "kernels/attention/backward.hpp"
+#include "kernels/attention/forward.hpp"
+
+namespace tilejit::attention {
+
+// Options::dq_reduction's values are the dK/dV kernel's DQ_REDUCTION meta.
+static_assert(static_cast<int>(DqReduction::recompute) == static_cast<int>(kernels::DqReduction::recompute) &&
+              static_cast<int>(DqReduction::atomic) == static_cast<int>(kernels::DqReduction::atomic) &&
+              static_cast<int>(DqReduction::split) == static_cast<int>(kernels::DqReduction::split) &&
+              static_cast<int>(DqReduction::ordered) == static_cast<int>(kernels::DqReduction::ordered));
+
+// ---------------------------------------------------------------------------------------------
+// THE TABLE OF DEFAULT SCHEDULES: the one place schedules are chosen, for the dense shapes of the
+// Hopper (wgmma) path; varlen (tensor slices) runs on the generic path with its own, smaller tiles.
+// The measurements behind each rule are in the decision records, docs/decisions/NNN-*.md.
+Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal, bool varlen, DqReduction reduction, bool dropout,
+                          bool library_mask) {
+  const int warps = head_dim >= 256 ? 8 : 4;
+  switch (pass) {
+    // 128 x 128 tiles (BLOCK_N 64 at D 256) on 8 warps, 2 stages (decision 001). D 64 with
+    // dropout: 64 x 128 on 4 warps, three programs per SM and more warps to hide the RNG's latency
+    // (decision 005). D 64 without dropout: 128 x 128 on 8 warps with registers bounded for two
+    // programs per SM and the rcp normalisation (meta_of: EXACT_NORMALIZE=false) (decision 004).
+    case Pass::forward:
+      if (!varlen && head_dim == 64 && dropout) return {64, 128, 4, 2};
+      if (!varlen && head_dim == 64) return {128, 128, 8, 2, 2};
+      if (!varlen) return {128, head_dim >= 256 ? 64 : 128, 8, 2};
+      return {64, head_dim >= 256 ? 32 : 64, warps, 3};
+    case Pass::bwd_preprocess: return {64, 64, 4, 1};
+    // dK/dV and dQ: every dot on wgmma up to D = 128; D = 256 dK/dV keeps two f32 [64, 256]
+    // accumulators and spills. Varlen windows are tensor slices, which never take the Hopper wgmma
+    // path: the generic path's schedules for both gradient passes.
+    // With a dQ reduction (dense only) the kernel's fifth dot, dS K, has M = BLOCK_M: at 64 x 128 on
+    // 8 warps each warpgroup takes half of D's columns on wgmma, which needs D / 2 in whole 64-column
+    // chunks (D 128); D 64 would run it on mma.sync with K loaded twice, so it takes 64 x 64 on 4
+    // warps (every dot on wgmma). D = 256 keeps its 32 x 64 tiles (the dot then on mma.sync).
+    // Without a reduction (recompute) dK/dV and dQ take 64 x 64 tiles on 4 warps, two programs per SM
+    // instead of one (decision 021); with dropout too since dK/dV builds its transposed mask from
+    // packed words (decision 017).
+    case Pass::bwd_dkdv:
+      if (varlen) return {64, 64, 8, 2};
+      if (head_dim >= 256) return {32, 64, 4, 2};
+      // a reduction: 8 warps at D 128, where the dQ dot's split fits
+      if (reduction != DqReduction::recompute && head_dim % 128 == 0) return {64, 128, 8, 2};
+      // D 64 recompute: registers bounded for three programs per SM (decision 022). Not with dropout
+      // or a library mask: the bound spills there.
+      if (reduction == DqReduction::recompute && head_dim == 64 && !dropout && !library_mask) return {64, 64, 4, 2, 3};
+      return {64, 64, 4, 2};
+    case Pass::bwd_dq: return {64, 64, 4, 2};
+    // Elementwise over dQ_accum: [BLOCK_M, D] f32 per program, 4 warps.
+    case Pass::bwd_dq_convert: return {head_dim >= 256 ? 32 : 64, 64, 4, 2};
+    // The parts are read at dK/dV's tiles: its BLOCK_M and BLOCK_N, an f32 [BLOCK_M, D] sum on 4 warps.
+    case Pass::bwd_dq_reduce: {
+      Schedule s = default_schedule(Pass::bwd_dkdv, dtype, head_dim, causal, varlen, reduction, dropout);
+      s.num_warps = 4;
+      s.stages = 2;
+      return s;
+    }
+  }
+  return {};
+}
+
+namespace detail {
+namespace {
+
+const lang::Kernel* kernel_of(Pass p) {
+  if (p == Pass::forward) return &kernels::attention_forward();
+  const library::LibraryKernel* lk = library::find(name(p));
+  return lk ? &lk->kernel() : nullptr;
+}
+
+constexpr size_t kPasses = 6;
+
+}  // namespace
+
+const KernelInfo& info(Pass p) {
+  static std::once_flag once[kPasses];
+  static KernelInfo infos[kPasses];
+  const auto i = static_cast<size_t>(p);
+  std::call_once(once[i], [&] {
+    KernelInfo& ki = infos[i];
+    ki.kernel = kernel_of(p);
+    if (!ki.kernel) return;
+    try {
+      const ir::Function fn = ki.kernel->build({});
+      ki.metas.emplace();
+      for (const ir::MetaEntry& m : fn.meta) ki.metas->insert(m.name);
+    } catch (const std::exception&) {
+    }
+  });
+  return infos[i];
+}
+
+bool declares(Pass p, const char* meta) {
+  const KernelInfo& ki = info(p);
+  return ki.kernel && (!ki.metas || ki.metas->contains(meta));
+}
+
+// Whether dK/dV runs ordered on a persistent grid with DASH's shift schedule (PERSISTENT): ordered
+// without the descending walk. The grid holds as many programs as are resident at once (sized by
+// occupancy, not one per SM: decision 025).
+bool persistent_ordered(int reduction, bool q_descending) {
+  return reduction == static_cast<int>(DqReduction::ordered) && !q_descending;
+}
+
+lang::Meta meta_of(const Config& c) {
+  lang::Meta all{{"DTYPE", c.dtype},    {"BLOCK_M", c.sch.block_m}, {"BLOCK_N", c.sch.block_n},
+                 {"HEAD_DIM", c.head_dim}, {"CAUSAL", c.causal},       {"BSHD", !c.varlen}};
+  // Packed varlen tensors are [total, H, D] whatever BSHD says; the kernels refuse both at once.
+  if (c.varlen) all.emplace_back("VARLEN", true);
+  // Dropout only when asked for: without it the kernels are the ones without dropout.
+  if (c.dropout) all.emplace_back("DROPOUT", true);
+  if (c.return_mask) all.emplace_back("RETURN_MASK", true);
+  if (c.read_bits) all.emplace_back("DROPOUT_BITS", true);
+  // MASK only for library masks: full and causal keep the kernels (and cache entries) without it
+  if (c.mask != 0) all.emplace_back("MASK", c.mask);
+  // likewise the reduction and the descending walk: recompute's dK/dV is the kernel without them
+  if (c.reduction != 0) all.emplace_back("DQ_REDUCTION", c.reduction);
+  if (c.q_descending) all.emplace_back("Q_DESCENDING", true);
+  if (persistent_ordered(c.reduction, c.q_descending)) all.emplace_back("PERSISTENT", true);
+  if (c.score_mod != 0) all.emplace_back("SCORE_MOD", c.score_mod);
+  if (c.positive_scale) all.emplace_back("POSITIVE_SCALE", true);
+  // A forward with a register bound normalises by rcp: the exact division's subroutine makes ptxas
+  // serialise every wgmma, which only paid (D 64) as a way to fit two programs per SM (decisions
+  // 003, 004).
+  if (c.pass == Pass::forward && c.sch.min_programs_per_sm > 0) all.emplace_back("EXACT_NORMALIZE", false);
+  lang::Meta used;
+  for (auto& m : all)
+    if (declares(c.pass, m.first.c_str())) used.push_back(std::move(m));
+  return used;
+}
+
+Schedule schedule_for(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
+  return opts.schedule ? *opts.schedule
+                       : default_schedule(p, q.dtype, static_cast<int>(d.head_dim), d.causal, opts.cu_seqlens_q.has_value(),
+                                          d.reduction, d.dropout, library_mask(d.mask));
+}
+
+Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
+  return Config{p,
+                q.dtype,
+                static_cast<int>(d.head_dim),
+                d.causal,
+                d.varlen,
+                schedule_for(p, q, d, opts),
+                q.device,
+                d.dropout && declares(p, "DROPOUT"),
+                p == Pass::forward && d.return_mask,
+                d.read_bits && declares(p, "DROPOUT_BITS"),
+                library_mask(d.mask) && declares(p, "MASK") ? static_cast<int>(d.mask) : 0,
+                p == Pass::bwd_dkdv ? static_cast<int>(d.reduction) : 0,
+                p == Pass::bwd_dkdv && d.q_descending,
+                d.score_mod != kernels::ScoreModKind::none && declares(p, "SCORE_MOD") ? static_cast<int>(d.score_mod) : 0,
+                // the fma softmax where the scale allows it (the kernel with it is a separate
+                // specialisation: a negative scale keeps the general one)
+                p == Pass::forward && d.scale > 0 && d.score_mod == kernels::ScoreModKind::none && declares(p, "POSITIVE_SCALE")};
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+bool backward_available() {
+  return info(Pass::bwd_preprocess).kernel && info(Pass::bwd_dkdv).kernel && info(Pass::bwd_dq).kernel;
+}
+
+bool varlen_supported(bool backward) {
+  auto has = [](Pass p) {
+    const KernelInfo& ki = info(p);
+    return ki.kernel && ki.metas && ki.metas->contains("VARLEN");
+  };
+  if (!has(Pass::forward)) return false;
+  return !backward || (has(Pass::bwd_preprocess) && has(Pass::bwd_dkdv) && has(Pass::bwd_dq));
+}
+
+bool dropout_supported() {
+  if (!declares(Pass::forward, "DROPOUT")) return false;
+  return !backward_available() || (declares(Pass::bwd_dkdv, "DROPOUT") && declares(Pass::bwd_dq, "DROPOUT"));
+}
+
+bool masks_supported() {
+  if (!declares(Pass::forward, "MASK")) return false;
+  return !backward_available() || (declares(Pass::bwd_dkdv, "MASK") && declares(Pass::bwd_dq, "MASK"));
+}
+
+bool dq_reduction_supported(DqReduction reduction) {
+  const int r = static_cast<int>(reduction);
+  if (r < 0 || r > 3 || !backward_available()) return false;
+  if (reduction == DqReduction::recompute) return true;
+  if (!info(dq_pass(reduction)).kernel || !declares(Pass::bwd_dkdv, "DQ_REDUCTION")) return false;
+  // the values the dK/dV kernel takes: one build with each (its other metas at their defaults)
+  static std::once_flag once[4];
+  static bool builds[4];
+  std::call_once(once[r], [&] {
+    try {
+      (void)info(Pass::bwd_dkdv).kernel->build({{"DQ_REDUCTION", r}});
+      builds[r] = true;
+    } catch (const std::exception&) {
+      builds[r] = false;
+    }
+  });
+  return builds[r];
+}
+
+}  // namespace tilejit::attention
