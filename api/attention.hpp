@@ -11,6 +11,7 @@
 #include <string>
 
 #include "dsl/ir/type.hpp"
+#include "kernels/attention/config.hpp"
 #include "kernels/attention/mask_host.hpp"
 #include "runtime/gpu_kernel.hpp"
 
@@ -74,7 +75,7 @@ const char* name(Pass p);  // the kernel's name: "attention_fwd", "attention_bwd
 //              enforced by i32 semaphores [B * Hq, M] (zeroed by the call; dQ_accum needs no
 //              zeroing): bit-identical run to run with atomic's memory. Full and causal masks only.
 // atomic, split and ordered take dense batches only (no cu_seqlens).
-enum class DqReduction { recompute = 0, atomic = 1, split = 2, ordered = 3 };
+using DqReduction = kernels::DqReduction;  // (the dK/dV kernel's DQ_REDUCTION meta)
 const char* name(DqReduction r);  // "recompute", "atomic", "split", "ordered"
 
 // The one table of default schedules, per pass, dtype, head dim, mask, varlen and dQ reduction.

@@ -6,42 +6,89 @@
 
 #include <stdexcept>
 
+#include "api/attention.hpp"
+#include "kernels/attention/config.hpp"
 #include "kernels/attention/forward.hpp"
 #include "kernels/attention/backward.hpp"
 #include "kernels/attention/mask.hpp"
 #include "kernels/dropout_mask.hpp"
 #include "kernels/gemm.hpp"
+#include "kernels/meta_names.hpp"
 
 namespace tilejit::library {
 
 using namespace kernels;
 
-// Default schedules: those of the attention API (attention::default_schedule) for dense shapes
-// without a dQ reduction; the API picks others per call (64 x 128 on 8 warps for a reduction at
-// D 128, generic-path tiles for varlen, ...).
-const std::vector<LibraryKernel>& all() {
-  static const std::vector<LibraryKernel> all{
-      {"gemm", &gemm, "C = A @ B, bf16/f16 in, f32 accumulate (TMA + wgmma pipeline when K-major on sm_90a)",
-       {{"BLOCK_M", 128}, {"BLOCK_N", 256}, {"BLOCK_K", 64}, {"B_KMAJOR", true}, {"GROUP_M", 8}}, 8, 4},
-      {"attention_fwd", &attention_forward, "FlashAttention forward with online softmax, optional causal mask",
-       {{"BLOCK_M", 128}, {"BLOCK_N", 128}}, 8, 2},
-      {"attention_bwd_preprocess", &attention_backward_preprocess, "attention backward, step 1: Delta = rowsum(dO * O)", {}, 4, 3},
-      {"attention_bwd_dkdv", &attention_backward_dkdv, "attention backward: dK, dV per key block, summed over the GQA group (DQ_REDUCTION: also dQ's parts, atomic or split)",
-       {{"BLOCK_M", 64}, {"BLOCK_N", 64}}, 4, 2},
-      {"attention_bwd_dq", &attention_backward_dq, "attention backward: dQ per query block (no atomics)", {{"BLOCK_M", 64}, {"BLOCK_N", 64}}, 4, 2},
-      {"attention_bwd_dq_convert", &attention_backward_dq_convert, "attention backward, DQ_REDUCTION=atomic: dQ = scale * dQ_accum (f32 workspace)", {{"BLOCK_M", 64}}, 4, 2},
-      {"attention_bwd_dq_reduce", &attention_backward_dq_reduce, "attention backward, DQ_REDUCTION=split: dQ = scale * the parts in key tile order", {{"BLOCK_M", 64}, {"BLOCK_N", 128}}, 4, 2},
-      // the block-mask pre-pass at the API's schedules (forward tiles; the backward's: BLOCK_M=64,
-      // BLOCK_N=64, warps=4), so that bundles can ship it for masks without tile intervals
+namespace {
+
+namespace mn = meta_name;
+
+// The attention kernels' rows take the API's own schedule (attention::default_schedule, the one
+// table: api/attention/) at bf16, D 128, dense, full, so that `tilejit compile` and `tilejit
+// bundle` make the kernels the API launches for that shape (HEAD_DIM stays the kernel's default
+// unless --meta sets it). The API picks other tiles per call (D 64, a dQ reduction, varlen, ...).
+attention::Schedule api_schedule(attention::Pass pass) {
+  return attention::default_schedule(pass, ir::DType::bf16, 128, /*causal=*/false, /*varlen=*/false,
+                                     pass == attention::Pass::bwd_dq_reduce ? attention::DqReduction::split
+                                                                              : attention::DqReduction::recompute);
+}
+lang::Meta tiles(const attention::Schedule& s, bool block_n = true) {
+  lang::Meta m{{mn::kBlockM, s.block_m}};
+  if (block_n) m.emplace_back(mn::kBlockN, s.block_n);
+  return m;
+}
+LibraryKernel attention_row(std::string name, const lang::Kernel& (*kernel)(), std::string summary, attention::Pass pass,
+                            lang::Meta meta) {
+  const attention::Schedule s = api_schedule(pass);
+  return {std::move(name), kernel, std::move(summary), std::move(meta), s.num_warps, s.stages};
+}
+
+std::vector<LibraryKernel> make_library() {
+  using attention::Pass;
+  GemmConfig gemm_default;  // the best of the GEMM schedules measured on the H100 (docs/decisions/034)
+  gemm_default.block_n = 256;
+  gemm_default.b_kmajor = true;
+  gemm_default.group_m = 8;
+  ForwardConfig fwd;
+  fwd.block_m = api_schedule(Pass::forward).block_m;
+  fwd.block_n = api_schedule(Pass::forward).block_n;
+  const attention::Schedule fwd_tiles = api_schedule(Pass::forward);
+  return {
+      {"gemm", &gemm, "C = A @ B, bf16/f16 in, f32 accumulate (TMA + wgmma pipeline when K-major on sm_90a)", gemm_default.to_meta(),
+       8, 4},
+      attention_row("attention_fwd", &attention_forward, "FlashAttention forward with online softmax, optional causal mask",
+                    Pass::forward, fwd.to_meta()),
+      attention_row("attention_bwd_preprocess", &attention_backward_preprocess, "attention backward, step 1: Delta = rowsum(dO * O)",
+                    Pass::bwd_preprocess, tiles(api_schedule(Pass::bwd_preprocess), false)),
+      attention_row("attention_bwd_dkdv", &attention_backward_dkdv,
+                    "attention backward: dK, dV per key block, summed over the GQA group (DQ_REDUCTION: also dQ's parts, atomic or split)",
+                    Pass::bwd_dkdv, tiles(api_schedule(Pass::bwd_dkdv))),
+      attention_row("attention_bwd_dq", &attention_backward_dq, "attention backward: dQ per query block (no atomics)", Pass::bwd_dq,
+                    tiles(api_schedule(Pass::bwd_dq))),
+      attention_row("attention_bwd_dq_convert", &attention_backward_dq_convert,
+                    "attention backward, DQ_REDUCTION=atomic: dQ = scale * dQ_accum (f32 workspace)", Pass::bwd_dq_convert,
+                    tiles(api_schedule(Pass::bwd_dq_convert), false)),
+      attention_row("attention_bwd_dq_reduce", &attention_backward_dq_reduce,
+                    "attention backward, DQ_REDUCTION=split: dQ = scale * the parts in key tile order", Pass::bwd_dq_reduce,
+                    tiles(api_schedule(Pass::bwd_dq_reduce))),
+      // the block-mask pre-pass at the forward's tiles (the API's block_classes_function; the
+      // backward's run at 64 x 64 on 4 warps), so that bundles can ship it for masks without tile
+      // intervals
       {"attention_block_classes", &attention_block_classes,
        "block-mask pre-pass, step 1: every (query tile, key tile) of a library mask (MASK) classified empty/partial/full",
-       {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"TILES", kBlockClassTiles}}, 8, 2},
+       {{mn::kBlockM, fwd_tiles.block_m}, {mn::kBlockN, fwd_tiles.block_n}, {mn::kTiles, kBlockClassTiles}}, 8, 2},
       {"attention_block_lists", &attention_block_lists, "block-mask pre-pass, step 2: FlexAttention-style block lists from the classes",
-       {{"KV_MAJOR", false}}, 4, 2},
+       {{mn::kKvMajor, false}}, 4, 2},
       {"dropout_mask", &dropout_mask, "packed attention dropout keep-mask (Philox4x32-10, 1 bit per element, u32 words along keys)",
-       {{"BLOCK_M", 64}, {"BLOCK_W", 4}}, 4, 3},
+       DropoutMaskConfig{}.to_meta(), 4, 3},
   };
-  return all;
+}
+
+}  // namespace
+
+const std::vector<LibraryKernel>& all() {
+  static const std::vector<LibraryKernel> library = make_library();
+  return library;
 }
 
 const LibraryKernel* find(const std::string& name) {

@@ -15,12 +15,6 @@
 
 namespace tilejit::attention {
 
-// Options::dq_reduction's values are the dK/dV kernel's DQ_REDUCTION meta.
-static_assert(static_cast<int>(DqReduction::recompute) == static_cast<int>(kernels::DqReduction::recompute) &&
-              static_cast<int>(DqReduction::atomic) == static_cast<int>(kernels::DqReduction::atomic) &&
-              static_cast<int>(DqReduction::split) == static_cast<int>(kernels::DqReduction::split) &&
-              static_cast<int>(DqReduction::ordered) == static_cast<int>(kernels::DqReduction::ordered));
-
 // ---------------------------------------------------------------------------------------------
 // THE TABLE OF DEFAULT SCHEDULES: the one place schedules are chosen, for the dense shapes of the
 // Hopper (wgmma) path; varlen (tensor slices) runs on the generic path with its own, smaller tiles.
