@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "kernels/meta_names.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -14,6 +16,8 @@
 #include "api/registry.hpp"
 
 namespace tilejit::library {
+
+namespace mn = kernels::meta_name;
 
 using namespace kernels;
 
@@ -51,27 +55,27 @@ int64_t arg_size(std::span<const DeviceArg> args, size_t i, int dim, std::string
 // and BLOCK_M a multiple of 64 per warpgroup).
 // The TMA + wgmma pipeline takes A K-major and B either way (MN-major B in 64-column chunks).
 bool gemm_tma_layout(const TuningContext& ctx) {
-  return ctx.arch == "sm_90a" && ctx.meta_bool("A_KMAJOR", true) && ctx.meta_int("ALIGN", 16) >= 16;
+  return ctx.arch == "sm_90a" && ctx.meta_bool(mn::kAKmajor, true) && ctx.meta_int(mn::kAlign, 16) >= 16;
 }
 
 bool gemm_wgmma(const TuningConfig& c, const TuningContext& ctx) {
-  return gemm_tma_layout(ctx) && c.get("BLOCK_K") == 64 && c.get("BLOCK_M") % (64 * (c.get("warps") / 4)) == 0 &&
-         c.get("warps") % 4 == 0 && (ctx.meta_bool("B_KMAJOR", false) || c.get("BLOCK_N") % 64 == 0);
+  return gemm_tma_layout(ctx) && c.get(mn::kBlockK) == 64 && c.get(mn::kBlockM) % (64 * (c.get("warps") / 4)) == 0 &&
+         c.get("warps") % 4 == 0 && (ctx.meta_bool(mn::kBKmajor, false) || c.get(mn::kBlockN) % 64 == 0);
 }
 
 int64_t gemm_smem_estimate(const TuningConfig& c, const TuningContext& ctx) {
-  const int64_t bm = c.get("BLOCK_M"), bn = c.get("BLOCK_N"), bk = c.get("BLOCK_K");
-  const int64_t in = ir::byte_size(meta_dtype(ctx, "DTYPE", ir::DType::bf16));
+  const int64_t bm = c.get(mn::kBlockM), bn = c.get(mn::kBlockN), bk = c.get(mn::kBlockK);
+  const int64_t in = ir::byte_size(meta_dtype(ctx, mn::kDtype, ir::DType::bf16));
   if (gemm_wgmma(c, ctx)) return c.get("stages") * (bm + bn) * bk * in + 1024;  // ring + mbarriers
   return 2 * (bm + bn) * bk * in;  // generic path: operands staged through shared memory
 }
 
 Workload gemm_workload(const TuningConfig& c, const TuningContext& ctx) {
   const int64_t M = runtime::shape_get(ctx.shape, "M"), N = runtime::shape_get(ctx.shape, "N"), K = runtime::shape_get(ctx.shape, "K");
-  const int64_t bm = c.get("BLOCK_M"), bn = c.get("BLOCK_N"), bk = c.get("BLOCK_K"), g = c.get("GROUP_M");
+  const int64_t bm = c.get(mn::kBlockM), bn = c.get(mn::kBlockN), bk = c.get(mn::kBlockK), g = c.get(mn::kGroupM);
   const int64_t warps = c.get("warps"), stages = c.get("stages");
-  const double in = static_cast<double>(ir::byte_size(meta_dtype(ctx, "DTYPE", ir::DType::bf16)));
-  const double out = static_cast<double>(ir::byte_size(meta_dtype(ctx, "OUT_DTYPE", ir::DType::f32)));
+  const double in = static_cast<double>(ir::byte_size(meta_dtype(ctx, mn::kDtype, ir::DType::bf16)));
+  const double out = static_cast<double>(ir::byte_size(meta_dtype(ctx, mn::kOutDtype, ir::DType::f32)));
   const int64_t tm = cdiv(M, bm), tn = cdiv(N, bn), kit = cdiv(K, bk);
   Workload w;
   w.wgmma = gemm_wgmma(c, ctx);
@@ -112,8 +116,8 @@ Workload gemm_workload(const TuningConfig& c, const TuningContext& ctx) {
 
 runtime::ProblemData gemm_problem(const TuningContext& ctx) {
   const int64_t M = runtime::shape_get(ctx.shape, "M"), N = runtime::shape_get(ctx.shape, "N"), K = runtime::shape_get(ctx.shape, "K");
-  const ir::DType in = meta_dtype(ctx, "DTYPE", ir::DType::bf16), out = meta_dtype(ctx, "OUT_DTYPE", ir::DType::f32);
-  const bool ak = ctx.meta_bool("A_KMAJOR", true), bk = ctx.meta_bool("B_KMAJOR", false);
+  const ir::DType in = meta_dtype(ctx, mn::kDtype, ir::DType::bf16), out = meta_dtype(ctx, mn::kOutDtype, ir::DType::f32);
+  const bool ak = ctx.meta_bool(mn::kAKmajor, true), bk = ctx.meta_bool(mn::kBKmajor, false);
   runtime::ProblemData d;
   d.tensors.push_back(std::make_unique<runtime::HostTensor>(in, ak ? ir::Shape{M, K} : ir::Shape{K, M}));
   d.tensors.push_back(std::make_unique<runtime::HostTensor>(in, bk ? ir::Shape{N, K} : ir::Shape{K, N}));
@@ -128,9 +132,9 @@ runtime::ProblemData gemm_problem(const TuningContext& ctx) {
 }
 
 runtime::Grid gemm_grid(const TuningConfig& c, const TuningContext& ctx) {
-  const int64_t tm = cdiv(runtime::shape_get(ctx.shape, "M"), c.get("BLOCK_M"));
-  const int64_t tn = cdiv(runtime::shape_get(ctx.shape, "N"), c.get("BLOCK_N"));
-  if (c.get("GROUP_M") > 0) return {tm * tn};
+  const int64_t tm = cdiv(runtime::shape_get(ctx.shape, "M"), c.get(mn::kBlockM));
+  const int64_t tn = cdiv(runtime::shape_get(ctx.shape, "N"), c.get(mn::kBlockN));
+  if (c.get(mn::kGroupM) > 0) return {tm * tn};
   return {tm, tn};
 }
 
@@ -143,40 +147,40 @@ bool meta_bool_of(const lang::Meta& m, std::string_view name, bool fallback) {
 
 runtime::TuningSpace make_gemm_space() {
   runtime::TuningSpace s("gemm", &gemm);
-  s.param("BLOCK_M", {64, 128, 256})
-      .param("BLOCK_N", {64, 128, 256})
-      .param("BLOCK_K", {32, 64})
-      .param("GROUP_M", {0, 8})
+  s.param(mn::kBlockM, {64, 128, 256})
+      .param(mn::kBlockN, {64, 128, 256})
+      .param(mn::kBlockK, {32, 64})
+      .param(mn::kGroupM, {0, 8})
       .param("warps", {4, 8})
       .param("stages", {2, 3, 4, 5})
       .constrain("BLOCK_K = 64 on the TMA + wgmma path (128-byte swizzled K rows)",
-                 [](const TuningConfig& c, const TuningContext& ctx) { return !gemm_tma_layout(ctx) || c.get("BLOCK_K") == 64; })
+                 [](const TuningConfig& c, const TuningContext& ctx) { return !gemm_tma_layout(ctx) || c.get(mn::kBlockK) == 64; })
       .constrain("BLOCK_M divisible by 64 x warpgroups (wgmma path)",
                  [](const TuningConfig& c, const TuningContext& ctx) {
-                   return !gemm_tma_layout(ctx) || c.get("BLOCK_M") % (64 * (c.get("warps") / 4)) == 0;
+                   return !gemm_tma_layout(ctx) || c.get(mn::kBlockM) % (64 * (c.get("warps") / 4)) == 0;
                  })
       .constrain("stages only vary on the TMA path (the generic path does not pipeline): stages = 2 there",
                  [](const TuningConfig& c, const TuningContext& ctx) { return gemm_tma_layout(ctx) || c.get("stages") == 2; })
       .constrain("the f32 accumulator fits in registers: BLOCK_M x BLOCK_N / threads <= 128",
-                 [](const TuningConfig& c, const TuningContext&) { return c.get("BLOCK_M") * c.get("BLOCK_N") / (32 * c.get("warps")) <= 128; })
+                 [](const TuningConfig& c, const TuningContext&) { return c.get(mn::kBlockM) * c.get(mn::kBlockN) / (32 * c.get("warps")) <= 128; })
       .constrain("shared memory fits: stages x (BLOCK_M + BLOCK_N) x BLOCK_K x element size within the device limit",
                  [](const TuningConfig& c, const TuningContext& ctx) { return gemm_smem_estimate(c, ctx) <= ctx.smem_limit; })
       .constrain("tiles no larger than the problem rounded up to a power of two",
                  [](const TuningConfig& c, const TuningContext& ctx) {
-                   return c.get("BLOCK_M") <= std::max<int64_t>(64, pow2_at_least(runtime::shape_get(ctx.shape, "M"))) &&
-                          c.get("BLOCK_N") <= std::max<int64_t>(64, pow2_at_least(runtime::shape_get(ctx.shape, "N")));
+                   return c.get(mn::kBlockM) <= std::max<int64_t>(64, pow2_at_least(runtime::shape_get(ctx.shape, "M"))) &&
+                          c.get(mn::kBlockN) <= std::max<int64_t>(64, pow2_at_least(runtime::shape_get(ctx.shape, "N")));
                  })
       .constrain("GROUP_M > 0 only with several tile rows",
                  [](const TuningConfig& c, const TuningContext& ctx) {
-                   return c.get("GROUP_M") == 0 || cdiv(runtime::shape_get(ctx.shape, "M"), c.get("BLOCK_M")) > 1;
+                   return c.get(mn::kGroupM) == 0 || cdiv(runtime::shape_get(ctx.shape, "M"), c.get(mn::kBlockM)) > 1;
                  })
       .key("M", Bucketing::pow2(16), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 2, 0, "gemm"); })
       .key("N", Bucketing::pow2(16), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 2, 1, "gemm"); })
       .key("K", Bucketing::pow2(16),
            [](std::span<const DeviceArg> a, const lang::Meta& fixed) {
-             return arg_size(a, 0, meta_bool_of(fixed, "A_KMAJOR", true) ? 1 : 0, "gemm");
+             return arg_size(a, 0, meta_bool_of(fixed, mn::kAKmajor, true) ? 1 : 0, "gemm");
            })
-      .default_config({{{"BLOCK_M", 128}, {"BLOCK_N", 256}, {"BLOCK_K", 64}, {"GROUP_M", 8}, {"warps", 8}, {"stages", 4}}})
+      .default_config({{{mn::kBlockM, 128}, {mn::kBlockN, 256}, {mn::kBlockK, 64}, {mn::kGroupM, 8}, {"warps", 8}, {"stages", 4}}})
       .workload(gemm_workload)
       .problem(gemm_problem)
       .grid(gemm_grid);
@@ -188,9 +192,9 @@ runtime::TuningSpace make_gemm_space() {
 Workload attention_workload(const TuningConfig& c, const TuningContext& ctx) {
   const int64_t B = runtime::shape_get(ctx.shape, "B"), H = runtime::shape_get(ctx.shape, "H");
   const int64_t S = runtime::shape_get(ctx.shape, "S"), D = runtime::shape_get(ctx.shape, "D");
-  const int64_t bm = c.get("BLOCK_M"), bn = c.get("BLOCK_N"), warps = c.get("warps");
-  const bool causal = ctx.meta_bool("CAUSAL", false);
-  const double e = static_cast<double>(ir::byte_size(meta_dtype(ctx, "DTYPE", ir::DType::bf16)));
+  const int64_t bm = c.get(mn::kBlockM), bn = c.get(mn::kBlockN), warps = c.get("warps");
+  const bool causal = ctx.meta_bool(mn::kCausal, false);
+  const double e = static_cast<double>(ir::byte_size(meta_dtype(ctx, mn::kDtype, ir::DType::bf16)));
   Workload w;
   w.flops = 4.0 * B * H * static_cast<double>(S) * S * D / (causal ? 2.0 : 1.0);
   w.programs = cdiv(S, bm) * H * B;
@@ -215,7 +219,7 @@ Workload attention_workload(const TuningConfig& c, const TuningContext& ctx) {
 runtime::ProblemData attention_problem(const TuningContext& ctx) {
   const int64_t B = runtime::shape_get(ctx.shape, "B"), H = runtime::shape_get(ctx.shape, "H");
   const int64_t S = runtime::shape_get(ctx.shape, "S"), D = runtime::shape_get(ctx.shape, "D");
-  const ir::DType t = meta_dtype(ctx, "DTYPE", ir::DType::bf16);
+  const ir::DType t = meta_dtype(ctx, mn::kDtype, ir::DType::bf16);
   runtime::ProblemData d;
   for (int i = 0; i < 4; ++i) d.tensors.push_back(std::make_unique<runtime::HostTensor>(t, ir::Shape{B, H, S, D}));
   d.tensors.push_back(std::make_unique<runtime::HostTensor>(ir::DType::f32, ir::Shape{B, H, S}));
@@ -229,30 +233,30 @@ runtime::ProblemData attention_problem(const TuningContext& ctx) {
 
 runtime::TuningSpace make_attention_space() {
   runtime::TuningSpace s("attention_fwd", &attention_forward);
-  s.param("BLOCK_M", {64, 128})
-      .param("BLOCK_N", {32, 64, 128})
+  s.param(mn::kBlockM, {64, 128})
+      .param(mn::kBlockN, {32, 64, 128})
       .param("warps", {4, 8})
       .param("stages", {2, 3})
       .constrain("BLOCK_N <= HEAD_DIM",
-                 [](const TuningConfig& c, const TuningContext& ctx) { return c.get("BLOCK_N") <= runtime::shape_get(ctx.shape, "D"); })
+                 [](const TuningConfig& c, const TuningContext& ctx) { return c.get(mn::kBlockN) <= runtime::shape_get(ctx.shape, "D"); })
       .constrain("the f32 output accumulator fits in registers: BLOCK_M x HEAD_DIM / threads <= 128",
                  [](const TuningConfig& c, const TuningContext& ctx) {
-                   return c.get("BLOCK_M") * runtime::shape_get(ctx.shape, "D") / (32 * c.get("warps")) <= 128;
+                   return c.get(mn::kBlockM) * runtime::shape_get(ctx.shape, "D") / (32 * c.get("warps")) <= 128;
                  })
       .constrain("shared memory fits: Q once + stages x (K and V blocks) on the wgmma path",
                  [](const TuningConfig& c, const TuningContext& ctx) {
-                   const int64_t D = runtime::shape_get(ctx.shape, "D"), bm = c.get("BLOCK_M"), bn = c.get("BLOCK_N");
+                   const int64_t D = runtime::shape_get(ctx.shape, "D"), bm = c.get(mn::kBlockM), bn = c.get(mn::kBlockN);
                    return (bm * D + c.get("stages") * 2 * bn * D) * 2 + 1024 <= ctx.smem_limit;
                  })
       .key("B", Bucketing::pow2(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 0, "attention_fwd"); })
       .key("H", Bucketing::pow2(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 1, "attention_fwd"); })
       .key("S", Bucketing::pow2(64), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 2, "attention_fwd"); })
       .key("D", Bucketing::exact(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 3, "attention_fwd"); })
-      .default_config({{{"BLOCK_M", 128}, {"BLOCK_N", 64}, {"warps", 8}, {"stages", 2}}})
+      .default_config({{{mn::kBlockM, 128}, {mn::kBlockN, 64}, {"warps", 8}, {"stages", 2}}})
       .workload(attention_workload)
       .problem(attention_problem)
       .grid([](const TuningConfig& c, const TuningContext& ctx) {
-        return runtime::Grid{cdiv(runtime::shape_get(ctx.shape, "S"), c.get("BLOCK_M")), runtime::shape_get(ctx.shape, "H"),
+        return runtime::Grid{cdiv(runtime::shape_get(ctx.shape, "S"), c.get(mn::kBlockM)), runtime::shape_get(ctx.shape, "H"),
                              runtime::shape_get(ctx.shape, "B")};
       });
   return s;

@@ -82,11 +82,14 @@
 #include "runtime/device_buffer.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/host_tensor.hpp"
+#include "kernels/meta_names.hpp"
 
 using namespace tilejit;
 using runtime::DeviceBuffer;
 
 namespace {
+
+namespace mn = tilejit::kernels::meta_name;
 
 constexpr int64_t kTokens = 16384, kHidden = 2048;  // B * S and H * D of the grid
 
@@ -328,13 +331,13 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
   DeviceBuffer qkv(static_cast<size_t>(M * N) * 2);
   const library::LibraryKernel* gk = library::find("gemm");
   lang::Meta gmeta = gk->default_meta;
-  gmeta.emplace_back("OUT_DTYPE", dt);
+  gmeta.emplace_back(mn::kOutDtype, dt);
   jit::CompileOptions gopts;
   gopts.num_warps = gk->num_warps;
   gopts.pipeline.stages = gk->stages;
   Function gemm(kernels::gemm(), gmeta, gopts);
-  const int64_t gbm = std::get<int64_t>(gemm.signature().find_meta("BLOCK_M")->value),
-                gbn = std::get<int64_t>(gemm.signature().find_meta("BLOCK_N")->value);
+  const int64_t gbm = std::get<int64_t>(gemm.signature().find_meta(mn::kBlockM)->value),
+                gbn = std::get<int64_t>(gemm.signature().find_meta(mn::kBlockN)->value);
   const runtime::Grid ggrid{lang::cdiv(M, gbm) * lang::cdiv(N, gbn)};
   const attention::Tensor X = attention::contiguous(x.ptr(), dt, {M, Kd}), W = attention::contiguous(w.ptr(), dt, {N, Kd}),
                           QKV = attention::contiguous(qkv.ptr(), dt, {M, N});
@@ -342,7 +345,7 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
   const auto proj = [&] { gemm(ggrid, stream.handle(), xv, wv, qkvv); };
   lang::Meta meta128 = gmeta;  // the plain GEMM at 128 x 128 tiles (E2E_PARTS: the tiles of the 8 + 8 warp-role variant)
   for (auto& [k, v] : meta128)
-    if (k == "BLOCK_N") v = int64_t{128};
+    if (k == mn::kBlockN) v = int64_t{128};
   Function gemm128(kernels::gemm(), meta128, gopts);
   const auto head_view = [&](int which) {  // which: 0 Q, 1 K, 2 V
     return attention::strided(qkv.ptr() + static_cast<uint64_t>(which * kHidden * 2), dt, {B, S, H, D}, {S * N, N, D, 1});
@@ -362,7 +365,7 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
                                                   : std::vector<MaskRun>{{64, 4, 0, false}, {64, 4, sms, true}, {64, 4, 2 * sms, true},
                                                                          {64, 4, 4 * sms, true}, {128, 4, sms, true}, {64, 4, sms, false}};
   for (MaskRun r : mask_runs) {
-    Function mask(kernels::dropout_mask(), {{"BLOCK_M", r.bm}, {"BLOCK_W", r.bw}, {"PERSISTENT", r.persistent > 0}}, {});
+    Function mask(kernels::dropout_mask(), {{mn::kBlockM, r.bm}, {mn::kBlockW, r.bw}, {mn::kPersistent, r.persistent > 0}}, {});
     runtime::set_shared_memory_carveout(mask.gpu_kernel().function(), 100);
     const runtime::Grid mgrid = r.persistent ? runtime::Grid{r.persistent}
                                              : runtime::Grid{lang::cdiv(S, r.bm), lang::cdiv(words, r.bw), B * H};
@@ -398,28 +401,28 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
   };
   const auto gemm_rng = [&](GemmRng r) {
     lang::Meta meta = gmeta;
-    for (auto [k, v] : {std::pair{"MASK_BLOCK_M", r.bm}, {"MASK_BLOCK_W", r.bw}, {"MASK_TILES_PER_STEP", r.per_step}})
+    for (auto [k, v] : {std::pair{mn::kMaskBlockM, r.bm}, {mn::kMaskBlockW, r.bw}, {mn::kMaskTilesPerStep, r.per_step}})
       meta.emplace_back(k, int64_t{v});
-    meta.emplace_back("DROPOUT_MASK", true);
-    meta.emplace_back("MASK_CAUSAL", r.causal);
-    meta.emplace_back("MASK_ALIGN", int64_t{r.align});
+    meta.emplace_back(mn::kDropoutMask, true);
+    meta.emplace_back(mn::kMaskCausal, r.causal);
+    meta.emplace_back(mn::kMaskAlign, int64_t{r.align});
     if (r.block_n)
       for (auto& [k, v] : meta)
-        if (k == "BLOCK_N") v = int64_t{r.block_n};
+        if (k == mn::kBlockN) v = int64_t{r.block_n};
     jit::CompileOptions o = gopts;
     if (r.mask_warps) {
       o.num_warps += r.mask_warps;
-      meta.emplace_back("MASK_WARPS", int64_t{r.mask_warps});
-      meta.emplace_back("MMA_REGISTERS", int64_t{r.mma_registers});
-      meta.emplace_back("MASK_REGISTERS", int64_t{r.mask_registers});
+      meta.emplace_back(mn::kMaskWarps, int64_t{r.mask_warps});
+      meta.emplace_back(mn::kMmaRegisters, int64_t{r.mma_registers});
+      meta.emplace_back(mn::kMaskRegisters, int64_t{r.mask_registers});
     }
     return std::make_unique<Function>(kernels::gemm(), meta, o);
   };
   const runtime::TensorView bv = bits_view.view();
   // (the grid from the variant's own tiles: a 1-D GROUP_M grid of cdiv(M, BM) * cdiv(N, BN) programs)
   const auto grid_of = [&](const Function& g) {
-    return runtime::Grid{lang::cdiv(M, std::get<int64_t>(g.signature().find_meta("BLOCK_M")->value)) *
-                         lang::cdiv(N, std::get<int64_t>(g.signature().find_meta("BLOCK_N")->value))};
+    return runtime::Grid{lang::cdiv(M, std::get<int64_t>(g.signature().find_meta(mn::kBlockM)->value)) *
+                         lang::cdiv(N, std::get<int64_t>(g.signature().find_meta(mn::kBlockN)->value))};
   };
   const auto proj_rng = [&](Function& g, const attention::Options& o) {
     g(grid_of(g), stream.handle(), xv, wv, qkvv, bv, static_cast<int32_t>(S), static_cast<uint32_t>(o.seed), static_cast<uint32_t>(o.seed >> 32),
@@ -582,11 +585,11 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps) {
         const attention::Schedule sch = attention::default_schedule(attention::Pass::forward, ir::DType::bf16, static_cast<int>(D), causal);
         std::vector<Function> fns;
         for (bool on : {false, true}) {
-          lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D}, {"BLOCK_M", sch.block_m}, {"BLOCK_N", sch.block_n}, {"BSHD", true},
-                          {"CAUSAL", causal}, {"DROPOUT", dropout}, {meta_name, on}};
-          if (dropout_mode == 2) meta.emplace_back("DROPOUT_BITS", true);
+          lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D}, {mn::kBlockM, sch.block_m}, {mn::kBlockN, sch.block_n}, {mn::kBshd, true},
+                          {mn::kCausal, causal}, {mn::kDropout, dropout}, {meta_name, on}};
+          if (dropout_mode == 2) meta.emplace_back(mn::kDropoutBits, true);
           // on top of the fma softmax, as the API launches it (softmax_scale > 0)
-          if (meta_name != "POSITIVE_SCALE") meta.emplace_back("POSITIVE_SCALE", true);
+          if (meta_name != mn::kPositiveScale) meta.emplace_back(mn::kPositiveScale, true);
           jit::CompileOptions o;
           o.num_warps = sch.num_warps;
           o.pipeline.stages = sch.stages;
@@ -771,12 +774,12 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
         const std::vector<Variant>& variants = D == 64 ? (dropout ? d64_dropout : d64) : (dropout ? d128_dropout : d128);
         for (const Variant& v : variants) {
           if (only_default && &v != &variants.front()) break;  // --quick: the default alone (profiling)
-          lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D},        {"BLOCK_M", v.bm},      {"BLOCK_N", v.bn},
-                          {"BSHD", true},           {"CAUSAL", causal},     {"DROPOUT", dropout},   {"EXACT_NORMALIZE", v.exact},
-                          {"POSITIVE_SCALE", true}};  // (as the API launches it)
+          lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D},        {mn::kBlockM, v.bm},      {mn::kBlockN, v.bn},
+                          {mn::kBshd, true},           {mn::kCausal, causal},     {mn::kDropout, dropout},   {mn::kExactNormalize, v.exact},
+                          {mn::kPositiveScale, true}};  // (as the API launches it)
           if (!extra_meta.empty()) meta.emplace_back(extra_meta, true);  // --with META
           if (v.rng_warps)
-            meta.insert(meta.end(), {{"RNG_WARPS", v.rng_warps}, {"MMA_REGISTERS", v.mma_registers}, {"RNG_REGISTERS", v.rng_registers}});
+            meta.insert(meta.end(), {{mn::kRngWarps, v.rng_warps}, {mn::kMmaRegisters, v.mma_registers}, {mn::kRngRegisters, v.rng_registers}});
           jit::CompileOptions o;
           o.num_warps = v.warps + v.rng_warps;
           o.pipeline.stages = v.stages;
@@ -827,7 +830,7 @@ DeltaBuffer forward_and_delta(const Buffers& buf, const Config& c, const runtime
   const attention::Schedule pre = attention::default_schedule(attention::Pass::bwd_preprocess, ir::DType::bf16, static_cast<int>(c.D), c.causal);
   jit::CompileOptions o;
   o.num_warps = pre.num_warps;
-  Function prep(kernels::attention_backward_preprocess(), {{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", c.D}, {"BLOCK_M", pre.block_m}, {"BSHD", true}}, o);
+  Function prep(kernels::attention_backward_preprocess(), {{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, c.D}, {mn::kBlockM, pre.block_m}, {mn::kBshd, true}}, o);
   const attention::Tensor delta_view = attention::contiguous(delta.ptr(), ir::DType::f32, {c.B(), c.H(), c.S});
   const std::vector<runtime::DeviceArg> prep_args{O.view(), dO.view(), delta_view.view()};
   prep.launch({lang::cdiv(c.S, pre.block_m), c.H(), c.B()}, stream.handle(), prep_args);
@@ -851,8 +854,8 @@ int bench_dq_variants(int max_reps) {
       const attention::Tensor& delta_view = delta.view;
       const attention::Schedule sch = attention::default_schedule(attention::Pass::bwd_dq, ir::DType::bf16, static_cast<int>(D), causal);
       const auto make = [&](Variant v) {
-        lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D},      {"BLOCK_M", v.bm ? v.bm : sch.block_m},
-                        {"BLOCK_N", v.bn},          {"BSHD", true},       {"CAUSAL", causal}};
+        lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D},      {mn::kBlockM, v.bm ? v.bm : sch.block_m},
+                        {mn::kBlockN, v.bn},          {mn::kBshd, true},       {mn::kCausal, causal}};
         jit::CompileOptions o;
         o.num_warps = v.warps;
         o.pipeline.stages = v.stages;
@@ -900,7 +903,7 @@ int bench_mask_kernel(double p, int max_reps) {
                    Tiling{64, 8, 8}, Tiling{128, 8, 8}, Tiling{32, 8, 4}, Tiling{16, 8, 4}}) {
     jit::CompileOptions o;
     o.num_warps = t.warps;
-    Function mask(kernels::dropout_mask(), {{"BLOCK_M", t.bm}, {"BLOCK_W", t.bw}}, o);
+    Function mask(kernels::dropout_mask(), {{mn::kBlockM, t.bm}, {mn::kBlockW, t.bw}}, o);
     const runtime::Grid grid{lang::cdiv(S, t.bm), lang::cdiv(words, t.bw), BH};
     const auto run = [&] {
       mask(grid, stream.handle(), bv, static_cast<int32_t>(S), uint32_t{1234}, uint32_t{0}, uint32_t{3}, uint32_t{0},
@@ -932,8 +935,8 @@ int bench_backward_ab(const std::string& meta_name, int max_reps) {
       const attention::Schedule sch = attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, static_cast<int>(D), causal);
       std::vector<Function> fns;
       for (bool on : {false, true}) {
-        lang::Meta meta{{"DTYPE", ir::DType::bf16}, {"HEAD_DIM", D}, {"BLOCK_M", sch.block_m}, {"BLOCK_N", sch.block_n},
-                        {"BSHD", true}, {"CAUSAL", causal}, {meta_name, on}};
+        lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D}, {mn::kBlockM, sch.block_m}, {mn::kBlockN, sch.block_n},
+                        {mn::kBshd, true}, {mn::kCausal, causal}, {meta_name, on}};
         jit::CompileOptions o;
         o.num_warps = sch.num_warps;
         o.pipeline.stages = sch.stages;
@@ -976,10 +979,10 @@ int bench_meta_ab(const std::string& meta_name, const std::string& kernels_list,
       const attention::Schedule sch = attention::default_schedule(pass, dt, static_cast<int>(c.D), c.causal);
       std::vector<Function> fns;
       for (bool on : {false, true}) {
-        lang::Meta meta{{"DTYPE", dt}, {"HEAD_DIM", c.D}, {"BLOCK_M", sch.block_m}, {"BLOCK_N", sch.block_n},
-                        {"BSHD", true}, {"CAUSAL", c.causal}, {meta_name, on}};
-        if (pass == attention::Pass::forward) meta.emplace_back("POSITIVE_SCALE", true);  // as the API launches it
-        if (pass == attention::Pass::forward && sch.min_programs_per_sm > 0) meta.emplace_back("EXACT_NORMALIZE", false);
+        lang::Meta meta{{mn::kDtype, dt}, {mn::kHeadDim, c.D}, {mn::kBlockM, sch.block_m}, {mn::kBlockN, sch.block_n},
+                        {mn::kBshd, true}, {mn::kCausal, c.causal}, {meta_name, on}};
+        if (pass == attention::Pass::forward) meta.emplace_back(mn::kPositiveScale, true);  // as the API launches it
+        if (pass == attention::Pass::forward && sch.min_programs_per_sm > 0) meta.emplace_back(mn::kExactNormalize, false);
         jit::CompileOptions o;
         o.num_warps = sch.num_warps;
         o.pipeline.stages = sch.stages;
@@ -1031,10 +1034,10 @@ int bench_tool_ab(int max_reps) {
           const bool dropout = row == 1;
           const attention::Schedule sch =
               attention::default_schedule(pass, dt, static_cast<int>(D), causal, false, attention::DqReduction::recompute, dropout);
-          lang::Meta meta{{"DTYPE", dt}, {"HEAD_DIM", D}, {"BLOCK_M", sch.block_m}, {"BLOCK_N", sch.block_n}, {"BSHD", true}, {"CAUSAL", causal}};
-          if (dropout) meta.emplace_back("DROPOUT", true);
-          if (pass == attention::Pass::forward) meta.emplace_back("POSITIVE_SCALE", true);  // as the API launches it
-          if (pass == attention::Pass::forward && sch.min_programs_per_sm > 0) meta.emplace_back("EXACT_NORMALIZE", false);
+          lang::Meta meta{{mn::kDtype, dt}, {mn::kHeadDim, D}, {mn::kBlockM, sch.block_m}, {mn::kBlockN, sch.block_n}, {mn::kBshd, true}, {mn::kCausal, causal}};
+          if (dropout) meta.emplace_back(mn::kDropout, true);
+          if (pass == attention::Pass::forward) meta.emplace_back(mn::kPositiveScale, true);  // as the API launches it
+          if (pass == attention::Pass::forward && sch.min_programs_per_sm > 0) meta.emplace_back(mn::kExactNormalize, false);
           const auto& kernel = pass == attention::Pass::forward    ? kernels::attention_forward()
                                : pass == attention::Pass::bwd_dkdv ? kernels::attention_backward_dkdv()
                                                                    : kernels::attention_backward_dq();
@@ -1116,8 +1119,8 @@ int bench_masks(int max_reps) {
       spec.window_left = r.window_left, spec.window_right = r.window_right, spec.global_tokens = r.global;
       const kernels::MaskData data{{docs, {B, S}}, {prefix, {B}}, {}};
       const int64_t allowed = kernels::allowed_count(spec, data, {B, 1, S, S}) * H;  // no kind here depends on the head
-      lang::Meta meta{{"DTYPE", dt}, {"HEAD_DIM", D}, {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"BSHD", true}, {"MASK", static_cast<int>(r.kind)},
-                      {"POSITIVE_SCALE", true}};  // as the API launches it for softmax_scale > 0
+      lang::Meta meta{{mn::kDtype, dt}, {mn::kHeadDim, D}, {mn::kBlockM, BM}, {mn::kBlockN, BN}, {mn::kBshd, true}, {mn::kMask, static_cast<int>(r.kind)},
+                      {mn::kPositiveScale, true}};  // as the API launches it for softmax_scale > 0
       jit::CompileOptions o;
       o.num_warps = 8;
       o.pipeline.stages = 2;
@@ -1150,10 +1153,10 @@ int bench_masks(int max_reps) {
         // at the API's TILES (kernels::kBlockClassTiles key tiles per program)
         const int64_t tiles = kernels::kBlockClassTiles, gy = (nb + tiles - 1) / tiles;
         Function classify(kernels::attention_block_classes(),
-                          {{"BLOCK_M", BM}, {"BLOCK_N", BN}, {"MASK", static_cast<int>(r.kind)}, {"TILES", tiles}}, o);
+                          {{mn::kBlockM, BM}, {mn::kBlockN, BN}, {mn::kMask, static_cast<int>(r.kind)}, {mn::kTiles, tiles}}, o);
         jit::CompileOptions lo;
         lo.num_warps = 4;
-        Function build_lists(kernels::attention_block_lists(), {{"KV_MAJOR", false}}, lo);
+        Function build_lists(kernels::attention_block_lists(), {{mn::kKvMajor, false}}, lo);
         std::vector<runtime::DeviceArg> cargs{classes, static_cast<int32_t>(S), static_cast<int32_t>(S)};
         cargs.insert(cargs.end(), args.begin() + 6, args.end());
         const std::vector<runtime::DeviceArg> largs{classes, num, idx, full_num, full_idx};
@@ -1167,7 +1170,7 @@ int bench_masks(int max_reps) {
         prepass_ms = time_ms(pre, stream, max_reps);
         classes_ms = time_ms([&] { classify.launch({nb, gy, B}, stream.handle(), cargs); }, stream, max_reps);
         for (int t : {1, 16}) {  // the classification at other TILES, for comparison
-          Function ct(kernels::attention_block_classes(), {{"BLOCK_M", BM}, {"BLOCK_N", BN}, {"MASK", static_cast<int>(r.kind)}, {"TILES", t}}, o);
+          Function ct(kernels::attention_block_classes(), {{mn::kBlockM, BM}, {mn::kBlockN, BN}, {mn::kMask, static_cast<int>(r.kind)}, {mn::kTiles, t}}, o);
           const int64_t gt = (nb + t - 1) / t;
           ct.launch({nb, gt, B}, stream.handle(), cargs);
           std::printf("MASK_CLASSES name=%s S=%ld tiles=%d ms=%.4f\n", r.label, static_cast<long>(S), t,
@@ -1386,7 +1389,7 @@ int main(int argc, char** argv) {
     else if (a == "--e2e-only") e2e_only = true;
     else if (a == "--mask-kernel") mask_kernel = true;
     else if (a == "--dq-variants") dq_variants = true;
-    else if (a == "--pipeline-ab") schedule_ab = "PIPELINE_QK";
+    else if (a == "--pipeline-ab") schedule_ab = mn::kPipelineQk;
     else if (a == "--schedule-ab" && i + 1 < argc) schedule_ab = argv[++i];
     else if (a == "--backward-ab" && i + 1 < argc) backward_ab = argv[++i];
     else if (a == "--forward-variants") forward_variants = true;

@@ -13,6 +13,9 @@
 #include "jit/compile.hpp"
 #include "kernels/gemm.hpp"
 #include "runtime/gpu_kernel.hpp"
+#include "kernels/meta_names.hpp"
+
+namespace mn = tilejit::kernels::meta_name;
 
 using namespace tilejit;
 using lang::bf16;
@@ -45,8 +48,8 @@ int main(int argc, char** argv) {
     std::string best_cfg;
     double best_err = NAN;
     for (Config c : configs) {
-      lang::Meta meta{{"BLOCK_M", c.bm}, {"BLOCK_N", c.bn}, {"BLOCK_K", 64}, {"B_KMAJOR", !b_mn}, {"OUT_DTYPE", bf16},
-                      {"GROUP_M", 8}};
+      lang::Meta meta{{mn::kBlockM, c.bm}, {mn::kBlockN, c.bn}, {mn::kBlockK, 64}, {mn::kBKmajor, !b_mn}, {mn::kOutDtype, bf16},
+                      {mn::kGroupM, 8}};
       auto fn = kernels::gemm().build(meta);
       jit::CompileOptions o;
       o.num_warps = c.warps;

@@ -13,6 +13,9 @@
 #include "api/tuning.hpp"
 #include "runtime/autotuner.hpp"
 #include "runtime/compile_cache.hpp"
+#include "kernels/meta_names.hpp"
+
+namespace mn = tilejit::kernels::meta_name;
 
 using namespace tilejit;
 using namespace tilejit::runtime;
@@ -34,7 +37,7 @@ int main(int argc, char** argv) {
   ::setenv("TILEJIT_CACHE_DIR", (dir / "cache").c_str(), 1);
   TuningStore pruned_store(dir / "pruned"), exhaustive_store(dir / "exhaustive");
   const TuningSpace& space = library::gemm_tuning_space();
-  const lang::Meta fixed = library::library_fixed_meta("gemm", {{"OUT_DTYPE", ir::DType::bf16}});
+  const lang::Meta fixed = library::library_fixed_meta("gemm", {{mn::kOutDtype, ir::DType::bf16}});
   std::printf("GPU: %s, %d SMs, driver %d\n", drv.props(0).name.c_str(), drv.props(0).sm_count, drv.driver_version());
   std::printf("| M x N x K | configs (valid) | compiled | timed | cold s | warm ms | pruned best TFLOP/s (own run) | exhaustive best TFLOP/s (head to head) | pruned choice (head to head) | ratio | pruned best config |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");

@@ -2,6 +2,8 @@
 // against float64 on sampled outputs, timed on the GPU.
 #include <fmt/format.h>
 
+#include "kernels/meta_names.hpp"
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +15,8 @@
 #include "runtime/interpreter.hpp"
 
 namespace tilejit::cli {
+
+namespace mn = kernels::meta_name;
 namespace {
 
 using runtime::HostTensor;
@@ -93,9 +97,9 @@ int run_gemm(const KernelSelection& sel, std::vector<int64_t> shape, bool gpu, i
   if (shape.size() != 3) throw UsageError("gemm needs --shape M,N,K");
   int64_t M = shape[0], N = shape[1], K = shape[2];
   ir::Function fn = sel.build();
-  bool ak = meta_of<bool>(fn, "A_KMAJOR"), bk = meta_of<bool>(fn, "B_KMAJOR");
-  DType in_t = meta_of<DType>(fn, "DTYPE"), out_t = meta_of<DType>(fn, "OUT_DTYPE");
-  int64_t bm = meta_of<int64_t>(fn, "BLOCK_M"), bn = meta_of<int64_t>(fn, "BLOCK_N"), group = meta_of<int64_t>(fn, "GROUP_M");
+  bool ak = meta_of<bool>(fn, mn::kAKmajor), bk = meta_of<bool>(fn, mn::kBKmajor);
+  DType in_t = meta_of<DType>(fn, mn::kDtype), out_t = meta_of<DType>(fn, mn::kOutDtype);
+  int64_t bm = meta_of<int64_t>(fn, mn::kBlockM), bn = meta_of<int64_t>(fn, mn::kBlockN), group = meta_of<int64_t>(fn, mn::kGroupM);
   HostTensor a(in_t, ak ? ir::Shape{M, K} : ir::Shape{K, M}), b(in_t, bk ? ir::Shape{N, K} : ir::Shape{K, N}), c(out_t, {M, N});
   a.fill_uniform(1, -1, 1);
   b.fill_uniform(2, -1, 1);
@@ -120,12 +124,12 @@ int run_attention(KernelSelection sel, std::vector<int64_t> shape, bool gpu, int
   if (shape.empty()) shape = gpu ? std::vector<int64_t>{2, 8, 1024, 64} : std::vector<int64_t>{1, 2, 128, 64};
   if (shape.size() != 4) throw UsageError("attention_fwd needs --shape B,H,S,D");
   int64_t B = shape[0], H = shape[1], S = shape[2], D = shape[3];
-  if (std::none_of(sel.meta.begin(), sel.meta.end(), [](const auto& m) { return m.first == "HEAD_DIM"; }))
-    sel.meta.push_back({"HEAD_DIM", D});
+  if (std::none_of(sel.meta.begin(), sel.meta.end(), [](const auto& m) { return m.first == mn::kHeadDim; }))
+    sel.meta.push_back({mn::kHeadDim, D});
   ir::Function fn = sel.build();
-  bool causal = meta_of<bool>(fn, "CAUSAL");
-  DType t = meta_of<DType>(fn, "DTYPE");
-  int64_t bm = meta_of<int64_t>(fn, "BLOCK_M");
+  bool causal = meta_of<bool>(fn, mn::kCausal);
+  DType t = meta_of<DType>(fn, mn::kDtype);
+  int64_t bm = meta_of<int64_t>(fn, mn::kBlockM);
   HostTensor q(t, {B, H, S, D}), k(t, {B, H, S, D}), v(t, {B, H, S, D}), o(t, {B, H, S, D}), lse(DType::f32, {B, H, S});
   q.fill_normal(1, 0, 1);
   k.fill_normal(2, 0, 1);

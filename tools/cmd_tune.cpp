@@ -2,6 +2,8 @@
 // compiles, GPU timing, persisted results), prints the model's and the measured ranking side by
 // side, and optionally writes the chosen kernels and tuning table into a bundle.
 #include <fmt/format.h>
+
+#include "kernels/meta_names.hpp"
 #include <unistd.h>
 
 #include <chrono>
@@ -14,6 +16,8 @@
 #include "runtime/bundle.hpp"
 
 namespace tilejit::cli {
+
+namespace mn = kernels::meta_name;
 namespace {
 
 std::vector<int64_t> parse_ints(const std::string& what, const std::string& s) {
@@ -133,8 +137,8 @@ int cmd_tune(const Args& args) {
       throw UsageError(e.what());
     }
     lang::Meta user = sel.meta;
-    if (kernel == "attention_fwd" && std::none_of(user.begin(), user.end(), [](const auto& m) { return m.first == "HEAD_DIM"; }))
-      user.push_back({"HEAD_DIM", runtime::shape_get(shape, "D")});
+    if (kernel == "attention_fwd" && std::none_of(user.begin(), user.end(), [](const auto& m) { return m.first == mn::kHeadDim; }))
+      user.push_back({mn::kHeadDim, runtime::shape_get(shape, "D")});
     lang::Meta fixed;
     try {
       fixed = library::library_fixed_meta(kernel, user);
