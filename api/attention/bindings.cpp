@@ -1,8 +1,7 @@
-// Argument binding: the tensors and scalars of a call by kernel parameter name, and the launch of
-// one Function with them (or, dry, only its argument checks: no GPU needed).
-#include <algorithm>
-#include <cctype>
+// Argument binding: the tensors and scalars of a call by kernels::Arg, and the launch of one
+// Function with them in its signature's order (or, dry, only its argument checks: no GPU needed).
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -12,25 +11,19 @@
 
 namespace tilejit::attention::detail {
 
-std::string normalise(std::string_view s) {
-  std::string out;
-  for (char ch : s)
-    if (ch != '_') out += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return out;
-}
+using kernels::Arg;
 
 // Launches `fn` with the bound arguments in its parameter order, or (dry) only runs the launch's
 // argument checks, which need no GPU: a missing binding or a signature the API does not expect
-// shows up in CI, before any driver call.
-void launch(Function& fn, runtime::Grid grid, CUstream stream, const Bindings& b, bool dry) {
+// shows up in CI, before any driver call. Each parameter's slot is its name's kernels::Arg.
+void launch(Function& fn, runtime::Grid grid, CUstream stream, const KernelArgs& a, bool dry) {
   std::vector<runtime::DeviceArg> args;
   for (const ir::Param& p : fn.signature().params) {
-    const std::string n = normalise(p.name);
-    auto it = std::ranges::find_if(b.named, [&](const auto& e) { return e.first == n; });
-    if (it == b.named.end())
+    const std::optional<Arg> slot = kernels::argument_of(p.name);
+    if (!slot || !a[*slot])
       throw std::logic_error(fmt::format("tilejit::attention: kernel '{}' has a parameter '{}' the API does not bind", fn.name(),
                                          p.name));
-    args.push_back(it->second);
+    args.push_back(*a[*slot]);
   }
   if (dry) fn.check(grid, std::span<const runtime::DeviceArg>(args));
   else fn.launch(grid, stream, args);
@@ -45,63 +38,60 @@ void require_gpu(const char* fn, int device) {
 }
 
 // The tensors and scalars every kernel of a call may take (views point into the callers' Tensors).
-void bind_common(Bindings& b, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+void bind_common(KernelArgs& a, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                  const Dims& d, const Options& opts) {
-  b.add("q", q.view());
-  b.add("k", k.view());
-  b.add("v", v.view());
-  b.add("o", o.view());
-  b.add("lse", lse.view());
-  b.add("softmaxscale", d.scale);
+  a.set(Arg::Q, q.view());
+  a.set(Arg::K, k.view());
+  a.set(Arg::V, v.view());
+  a.set(Arg::O, o.view());
+  a.set(Arg::LSE, lse.view());
+  a.set(Arg::softmax_scale, d.scale);
   if (d.varlen) {
-    b.add("cuseqlensq", opts.cu_seqlens_q->view());
-    b.add("cuseqlensk", opts.cu_seqlens_k->view());
-    b.add("maxseqlenq", d.seq_q);
-    b.add("maxseqlenk", d.seq_k);
+    a.set(Arg::cu_seqlens_q, opts.cu_seqlens_q->view());
+    a.set(Arg::cu_seqlens_k, opts.cu_seqlens_k->view());
   }
-  if (d.dropout) {
-    b.add("seedlo", static_cast<uint32_t>(opts.seed));
-    b.add("seedhi", static_cast<uint32_t>(opts.seed >> 32));
-    b.add("offsetlo", static_cast<uint32_t>(opts.offset));
-    b.add("offsethi", static_cast<uint32_t>(opts.offset >> 32));
-    b.add("keepthreshold", d.keep_threshold);
-  }
-  if (d.return_mask) b.add("dropoutmask", opts.dropout_mask->view());
-  if (d.read_bits) b.add("dropoutbits", opts.dropout_bits->view());
+  if (d.dropout) a.set(d.philox);
+  if (d.return_mask) a.set(Arg::dropout_mask, opts.dropout_mask->view());
+  if (d.read_bits) a.set(Arg::dropout_bits, opts.dropout_bits->view());
 }
 
-// A library mask's own parameters (kernels::mask_parameter_names), for the attention kernels and
-// the pre-pass alike; the integers were checked to fit (<= 2^29).
-void bind_mask(Bindings& b, const Options& opts, const Dims& d) {
+// A library mask's own parameters (kernels::mask_parameter_names, through the kernels' table), for
+// the attention kernels and the pre-pass alike; the integers were checked to fit (<= 2^29).
+void bind_mask(KernelArgs& a, const Options& opts, const Dims& d) {
   if (!library_mask(d.mask)) return;
   const Mask& m = *opts.mask;
   for (const std::string& n : kernels::mask_parameter_names(d.mask)) {
-    const std::string key = normalise(n);
-    if (n == "mask_window_left") b.add(key, static_cast<int32_t>(m.spec.window_left));
-    else if (n == "mask_window_right") b.add(key, static_cast<int32_t>(m.spec.window_right));
-    else if (n == "mask_global_tokens") b.add(key, static_cast<int32_t>(m.spec.global_tokens));
-    else if (n == "mask_block_q") b.add(key, static_cast<int32_t>(m.spec.block_q));
-    else if (n == "mask_block_k") b.add(key, static_cast<int32_t>(m.spec.block_k));
-    else if (n == "mask_doc_ids") b.add(key, m.doc_ids->view());
-    else if (n == "mask_prefix_lengths") b.add(key, m.prefix_lengths->view());
-    else if (n == "mask_block_table") b.add(key, m.block_table->view());
-    else throw std::logic_error(fmt::format("tilejit::attention: mask parameter '{}' the API does not bind", n));
+    const auto unbound = [&] {
+      return std::logic_error(fmt::format("tilejit::attention: mask parameter '{}' the API does not bind", n));
+    };
+    const std::optional<Arg> slot = kernels::argument_of(n);
+    if (!slot) throw unbound();
+    switch (*slot) {
+      case Arg::mask_window_left: a.set(*slot, static_cast<int32_t>(m.spec.window_left)); break;
+      case Arg::mask_window_right: a.set(*slot, static_cast<int32_t>(m.spec.window_right)); break;
+      case Arg::mask_global_tokens: a.set(*slot, static_cast<int32_t>(m.spec.global_tokens)); break;
+      case Arg::mask_block_q: a.set(*slot, static_cast<int32_t>(m.spec.block_q)); break;
+      case Arg::mask_block_k: a.set(*slot, static_cast<int32_t>(m.spec.block_k)); break;
+      case Arg::mask_doc_ids: a.set(*slot, m.doc_ids->view()); break;
+      case Arg::mask_prefix_lengths: a.set(*slot, m.prefix_lengths->view()); break;
+      case Arg::mask_block_table: a.set(*slot, m.block_table->view()); break;
+      default: throw unbound();
+    }
   }
 }
 
 // The score mod's parameter (kernels::score_mod_parameter_names).
-void bind_score_mod(Bindings& b, const Options& opts, const Dims& d) {
-  if (d.score_mod == kernels::ScoreModKind::alibi) b.add("scorealibislopes", opts.score_mod.alibi_slopes->view());
-  if (d.score_mod == kernels::ScoreModKind::softcap) b.add("scoresoftcap", opts.score_mod.softcap);
+void bind_score_mod(KernelArgs& a, const Options& opts, const Dims& d) {
+  if (d.score_mod == kernels::ScoreModKind::alibi) a.set(Arg::score_alibi_slopes, opts.score_mod.alibi_slopes->view());
+  if (d.score_mod == kernels::ScoreModKind::softcap) a.set(Arg::score_softcap, opts.score_mod.softcap);
 }
 
 // The four lists a kernel reads (kv_* per query tile, KV_MAJOR q_* per key tile), at `base`.
-void bind_lists(Bindings& b, const PrePassLists& l, uint64_t base) {
-  const char* prefix = l.kv_major ? "q" : "kv";
-  b.add(fmt::format("{}numblocks", prefix), l.num(base));
-  b.add(fmt::format("{}indices", prefix), l.indices(base));
-  b.add(fmt::format("full{}numblocks", prefix), l.full_num(base));
-  b.add(fmt::format("full{}indices", prefix), l.full_indices(base));
+void bind_lists(KernelArgs& a, const PrePassLists& l, uint64_t base) {
+  a.set(l.kv_major ? Arg::q_num_blocks : Arg::kv_num_blocks, l.num(base));
+  a.set(l.kv_major ? Arg::q_indices : Arg::kv_indices, l.indices(base));
+  a.set(l.kv_major ? Arg::full_q_num_blocks : Arg::full_kv_num_blocks, l.full_num(base));
+  a.set(l.kv_major ? Arg::full_q_indices : Arg::full_kv_indices, l.full_indices(base));
 }
 
 }  // namespace tilejit::attention::detail

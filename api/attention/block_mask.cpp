@@ -7,26 +7,28 @@
 
 namespace tilejit::attention::detail {
 
+using kernels::Arg;
+
 PrePass pre_pass(const PrePassLists& l, const Options& opts, const Dims& d, uint64_t base, const PrePassLists* classified) {
   if (classified && (classified->block_m != l.block_m || classified->block_n != l.block_n)) classified = nullptr;
   const PrePassLists& cls = classified ? *classified : l;
   PrePass p;
   if (!classified) {
     PrePass::Step s{&block_classes_function(l, d.mask), runtime::Grid{l.q_blocks, lang::cdiv(l.k_blocks, kClassTiles), l.mask_batch * l.mask_heads}, {}};
-    s.b.add("blockclasses", l.classes(base));
-    s.b.add("sq", static_cast<int32_t>(d.seq_q));
-    s.b.add("sk", static_cast<int32_t>(d.seq_k));
-    bind_mask(s.b, opts, d);
+    s.args.set(Arg::block_classes, l.classes(base));
+    s.args.set(Arg::S_q, static_cast<int32_t>(d.seq_q));
+    s.args.set(Arg::S_k, static_cast<int32_t>(d.seq_k));
+    bind_mask(s.args, opts, d);
     p.steps.push_back(std::move(s));
   }
   PrePass::Step s{&block_lists_function(l), runtime::Grid{l.outer, l.mask_heads, l.mask_batch}, {}};
-  s.b.add("blockclasses", cls.classes(base));
-  bind_lists(s.b, l, base);
+  s.args.set(Arg::block_classes, cls.classes(base));
+  bind_lists(s.args, l, base);
   p.steps.push_back(std::move(s));
   return p;
 }
 void launch(const PrePass& p, CUstream stream, bool dry) {
-  for (const PrePass::Step& s : p.steps) launch(*s.fn, s.grid, stream, s.b, dry);
+  for (const PrePass::Step& s : p.steps) launch(*s.fn, s.grid, stream, s.args, dry);
 }
 
 }  // namespace tilejit::attention::detail

@@ -111,7 +111,7 @@ void check_lse(const Checker& c, const Tensor& q, const Tensor& lse, const Dims&
 }
 
 // Dropout: p in [0, 1); the mask for tests (forward); the precomputed bits (fills d.dropout,
-// d.keep_threshold, d.return_mask, d.read_bits).
+// d.philox, d.return_mask, d.read_bits).
 void check_dropout_options(const Checker& c, const Tensor& q, const Options& opts, Dims& d, bool backward) {
   if (!(opts.dropout_p >= 0.0 && opts.dropout_p < 1.0))
     c.fail("options.dropout_p = {} is not in [0, 1) (0: no dropout)", opts.dropout_p);
@@ -120,7 +120,7 @@ void check_dropout_options(const Checker& c, const Tensor& q, const Options& opt
     for (Pass p : {Pass::forward, Pass::bwd_dkdv, Pass::bwd_dq})
       if ((p == Pass::forward || backward) && !declares(p, "DROPOUT"))
         c.fail("options.dropout_p = {}: this build's {} kernel has no DROPOUT meta (dropout is not supported)", opts.dropout_p, name(p));
-    d.keep_threshold = kernels::dropout_keep_threshold(opts.dropout_p);
+    d.philox = kernels::PhiloxKey::dropout(opts.seed, opts.offset, opts.dropout_p);
   }
   if (opts.dropout_mask && !backward) {
     if (!d.dropout) c.fail("options.dropout_mask is set but options.dropout_p = 0 (the mask is dropout's; set dropout_p > 0)");

@@ -48,23 +48,19 @@ void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, i
   }
   const int64_t block_m = std::get<int64_t>(fn->signature().find_meta("BLOCK_M")->value),
                 block_w = std::get<int64_t>(fn->signature().find_meta("BLOCK_W")->value);
-  Bindings b;
-  b.add("mask", bits.view());
-  b.add("sk", static_cast<int32_t>(seq_k));
-  b.add("seedlo", static_cast<uint32_t>(opts.seed));
-  b.add("seedhi", static_cast<uint32_t>(opts.seed >> 32));
-  b.add("offsetlo", static_cast<uint32_t>(opts.offset));
-  b.add("offsethi", static_cast<uint32_t>(opts.offset >> 32));
-  b.add("keepthreshold", kernels::dropout_keep_threshold(opts.dropout_p));
+  KernelArgs args;
+  args.set(kernels::Arg::Mask, bits.view());
+  args.set(kernels::Arg::S_k, static_cast<int32_t>(seq_k));
+  args.set(kernels::PhiloxKey::dropout(opts.seed, opts.offset, opts.dropout_p));
   const runtime::Grid grid = persistent ? runtime::Grid{programs}
                                         : runtime::Grid{lang::cdiv(seq_q, block_m), lang::cdiv(want[2], block_w), want[0]};
-  launch(*fn, grid, stream, b, true);
+  launch(*fn, grid, stream, args, true);
   require_gpu("generate_dropout_bits", bits.device);
   // all shared memory: only then do its programs fit beside a GEMM's (the overlap it exists for)
   static std::once_flag carveout_set[2][64];
   std::call_once(carveout_set[persistent ? 1 : 0][bits.device % 64],
                  [&] { runtime::set_shared_memory_carveout(fn->gpu_kernel().function(), 100, bits.device); });
-  launch(*fn, grid, stream, b, false);
+  launch(*fn, grid, stream, args, false);
 }
 
 }  // namespace tilejit::attention

@@ -14,13 +14,13 @@
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "api/attention.hpp"
 #include "dsl/builder.hpp"
+#include "kernels/attention/arguments.hpp"
 #include "kernels/attention/mask.hpp"
 #include "runtime/function.hpp"
 
@@ -131,7 +131,7 @@ struct Dims {
   int64_t heads_q = 0, heads_kv = 0, head_dim = 0;
   float scale = 0;
   bool dropout = false;         // options.dropout_p > 0
-  uint32_t keep_threshold = 256;  // kernels::dropout_keep_threshold(dropout_p)
+  kernels::PhiloxKey philox;    // when `dropout`: options.seed, offset and dropout_p's keep threshold
   bool return_mask = false;     // forward: options.dropout_mask
   bool read_bits = false;       // options.dropout_bits (forward, dK/dV, dQ)
   // options.mask: full and causal fold into `causal`; `mask` is a library kind (MASK meta) or full
@@ -265,34 +265,38 @@ Function& block_classes_function(const PrePassLists& l, kernels::MaskKind kind);
 Function& block_lists_function(const PrePassLists& l);
 
 // ---------------------------------------------------------------------------------------------
-// bindings.cpp: arguments by parameter name, and the launches of one Function
+// bindings.cpp: the arguments of a call by kernels::Arg, and the launches of one Function
 
-// The tensors and scalars of one call by normalised parameter name (lower case, no '_').
-struct Bindings {
-  std::vector<std::pair<std::string, runtime::DeviceArg>> named;
-  void add(std::string name, runtime::DeviceArg a) { named.emplace_back(std::move(name), a); }
-  void set(const std::string& name, runtime::DeviceArg a) {
-    for (auto& e : named)
-      if (e.first == name) e.second = a;
+// The tensors and scalars of one call, one slot per kernels::Arg (views point into the callers'
+// Tensors). A launch takes the slots its kernel's signature names (kernels::argument_of).
+class KernelArgs {
+ public:
+  void set(kernels::Arg a, runtime::DeviceArg v) { slots_[kernels::arg_index(a)] = v; }
+  // The five dropout scalars: seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold.
+  void set(const kernels::PhiloxKey& key) {
+    for (const auto& [a, v] : key.arguments()) set(a, v);
   }
+  const std::optional<runtime::DeviceArg>& operator[](kernels::Arg a) const { return slots_[kernels::arg_index(a)]; }
+
+ private:
+  std::array<std::optional<runtime::DeviceArg>, kernels::kArgCount> slots_;
 };
-std::string normalise(std::string_view s);
 // Launches `fn` with the bound arguments in its parameter order, or (dry) only runs the launch's
 // argument checks, which need no GPU: a missing binding or a signature the API does not expect
 // shows up in CI, before any driver call.
-void launch(Function& fn, runtime::Grid grid, CUstream stream, const Bindings& b, bool dry);
+void launch(Function& fn, runtime::Grid grid, CUstream stream, const KernelArgs& args, bool dry);
 // Throws without a driver or when `device` is not on this machine.
 void require_gpu(const char* fn, int device);
 
 // The tensors and scalars every kernel of a call may take (views point into the callers' Tensors).
-void bind_common(Bindings& b, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+void bind_common(KernelArgs& a, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                  const Dims& d, const Options& opts);
 // A library mask's own parameters, for the attention kernels and the pre-pass alike.
-void bind_mask(Bindings& b, const Options& opts, const Dims& d);
+void bind_mask(KernelArgs& a, const Options& opts, const Dims& d);
 // The score mod's parameter.
-void bind_score_mod(Bindings& b, const Options& opts, const Dims& d);
+void bind_score_mod(KernelArgs& a, const Options& opts, const Dims& d);
 // The four lists a kernel reads (kv_* per query tile, KV_MAJOR q_* per key tile), at `base`.
-void bind_lists(Bindings& b, const PrePassLists& l, uint64_t base);
+void bind_lists(KernelArgs& a, const PrePassLists& l, uint64_t base);
 
 // ---------------------------------------------------------------------------------------------
 // block_mask.cpp: the block-mask pre-pass
@@ -304,7 +308,7 @@ struct PrePass {
   struct Step {
     Function* fn = nullptr;
     runtime::Grid grid;
-    Bindings b;
+    KernelArgs args;
   };
   std::vector<Step> steps;
 };

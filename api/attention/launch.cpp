@@ -14,6 +14,7 @@
 
 namespace tilejit::attention {
 using namespace detail;
+using kernels::Arg;
 
 namespace {
 
@@ -44,28 +45,28 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
   const runtime::Grid grid{lang::cdiv(d.seq_q, c.sch.block_m), d.heads_q, d.batch};
   // The launches at a workspace base: the pre-pass (masks without tile intervals), the forward.
   const auto bind = [&](uint64_t base) {
-    Bindings b;
-    bind_common(b, q, k, v, o, lse, d, opts);
-    bind_mask(b, opts, d);
-    bind_score_mod(b, opts, d);
-    if (d.lists) bind_lists(b, d.fwd_lists, d.lists_base ? d.lists_base : base);
-    return b;
+    KernelArgs a;
+    bind_common(a, q, k, v, o, lse, d, opts);
+    bind_mask(a, opts, d);
+    bind_score_mod(a, opts, d);
+    if (d.lists) bind_lists(a, d.fwd_lists, d.lists_base ? d.lists_base : base);
+    return a;
   };
-  Bindings b = bind(workspace.data ? workspace.data : kPlaceholder);
+  KernelArgs args = bind(workspace.data ? workspace.data : kPlaceholder);
   std::optional<PrePass> pre;
   const bool pre_passes = d.lists && d.lists_base == 0;  // (options.block_mask: built already)
   if (pre_passes) pre = pre_pass(d.fwd_lists, opts, d, workspace.data ? workspace.data : kPlaceholder);
   if (pre) launch(*pre, stream, true);
-  launch(fn, grid, stream, b, true);
+  launch(fn, grid, stream, args, true);
   require_gpu("forward", q.device);
   runtime::DeviceBuffer owned;
   if (pre_passes && workspace.data == 0) {
     owned = runtime::DeviceBuffer(forward_bytes(d), q.device);
-    b = bind(owned.ptr());
+    args = bind(owned.ptr());
     pre = pre_pass(d.fwd_lists, opts, d, owned.ptr());
   }
   if (pre) launch(*pre, stream, false);
-  launch(fn, grid, stream, b, false);
+  launch(fn, grid, stream, args, false);
   if (owned.bytes() != 0) synchronize(stream);
 }
 
@@ -83,28 +84,28 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   // reduce kernel (split).
   const bool reduce = d.reduction != DqReduction::recompute;
   const auto bind = [&](uint64_t base) {
-    Bindings b;
-    bind_common(b, q, k, v, o, lse, d, opts);
-    b.add("do", do_.view());
-    b.add("dq", dq.view());
-    b.add("dk", dk.view());
-    b.add("dv", dv.view());
-    b.add("delta", runtime::TensorView{ir::DType::f32, std::span<const int64_t>(dsizes.data(), drank),
-                                       std::span<const int64_t>(dstrides.data(), drank), base, q.device});
-    bind_mask(b, opts, d);
-    bind_score_mod(b, opts, d);
+    KernelArgs a;
+    bind_common(a, q, k, v, o, lse, d, opts);
+    a.set(Arg::dO, do_.view());
+    a.set(Arg::dQ, dq.view());
+    a.set(Arg::dK, dk.view());
+    a.set(Arg::dV, dv.view());
+    a.set(Arg::Delta, runtime::TensorView{ir::DType::f32, std::span<const int64_t>(dsizes.data(), drank),
+                                          std::span<const int64_t>(dstrides.data(), drank), base, q.device});
+    bind_mask(a, opts, d);
+    bind_score_mod(a, opts, d);
     const uint64_t lists_at = d.lists_base ? d.lists_base : base;
     if (d.lists) {
-      bind_lists(b, d.dkdv_lists, lists_at);
-      if (!reduce) bind_lists(b, d.dq_lists, lists_at);
+      bind_lists(a, d.dkdv_lists, lists_at);
+      if (!reduce) bind_lists(a, d.dq_lists, lists_at);
     }
     if (reduce) {
-      b.add(d.reduction == DqReduction::split ? "dqparts" : "dqaccum", d.dq_ws.view(base, q.device));
-      if (d.reduction == DqReduction::ordered) b.add("dqsemaphores", d.dq_sem.view(base, q.device));
-      b.add("sk", static_cast<int32_t>(d.seq_k));  // the reduce kernel's S_k
-      if (d.lists) b.add("blockclasses", d.dkdv_lists.classes(lists_at));  // (the reduce kernel's: dK/dV's pre-pass writes them)
+      a.set(d.reduction == DqReduction::split ? Arg::dQ_parts : Arg::dQ_accum, d.dq_ws.view(base, q.device));
+      if (d.reduction == DqReduction::ordered) a.set(Arg::dQ_semaphores, d.dq_sem.view(base, q.device));
+      a.set(Arg::S_k, static_cast<int32_t>(d.seq_k));  // the reduce kernel's S_k
+      if (d.lists) a.set(Arg::block_classes, d.dkdv_lists.classes(lists_at));  // (the reduce kernel's: dK/dV's pre-pass writes them)
     }
-    return b;
+    return a;
   };
   const Config pre = config(Pass::bwd_preprocess, q, d, opts), kv = config(Pass::bwd_dkdv, q, d, opts),
                dqc = config(dq_pass(d.reduction), q, d, opts);
@@ -128,22 +129,22 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     kv_grid = {std::max<int64_t>(1, std::min(resident, items)), 1, 1};
   }
   const auto run = [&](uint64_t base, bool dry) {
-    const Bindings b = bind(base);
+    const KernelArgs args = bind(base);
     std::optional<PrePass> kv_lists, dq_lists;
     if (d.lists && d.lists_base == 0) {
       kv_lists = pre_pass(d.dkdv_lists, opts, d, base);
       if (!reduce) dq_lists = pre_pass(d.dq_lists, opts, d, base, &d.dkdv_lists);  // dK/dV's classes at the same tiles
     }
-    launch(pre_fn, pre_grid, stream, b, dry);
+    launch(pre_fn, pre_grid, stream, args, dry);
     if (kv_lists) launch(*kv_lists, stream, dry);
     // what the dK/dV kernel needs zero: dQ_accum for atomic and ordered (both add into it), and
     // ordered's semaphores
     if (!dry && (d.reduction == DqReduction::atomic || d.reduction == DqReduction::ordered))
       zero_async(base + d.dq_ws.at, d.dq_ws.bytes, stream, q.device);
     if (!dry && d.reduction == DqReduction::ordered) zero_async(base + d.dq_sem.at, d.dq_sem.bytes, stream, q.device);
-    launch(kv_fn, kv_grid, stream, b, dry);
+    launch(kv_fn, kv_grid, stream, args, dry);
     if (dq_lists) launch(*dq_lists, stream, dry);
-    launch(dq_fn, dq_grid, stream, b, dry);
+    launch(dq_fn, dq_grid, stream, args, dry);
   };
   run(workspace.data ? workspace.data : kPlaceholder, true);
   require_gpu("backward", q.device);
