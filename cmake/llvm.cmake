@@ -14,14 +14,14 @@ set_property(TARGET LLVMSupport PROPERTY INTERFACE_LINK_LIBRARIES
 llvm_map_components_to_libnames(TILEJIT_LLVM_LIBS
   core passes ipo nvptxcodegen nvptxdesc nvptxinfo mc support target)
 
-# Only the LLVM translation unit sees LLVM's headers (and their flags).
+# Only the two LLVM translation units (jit/llvm_backend/) see LLVM's headers (and their flags).
 # (-isystem: LLVM's headers are not held to our warning flags.)
 set(_tilejit_llvm_flags)
 foreach(dir ${LLVM_INCLUDE_DIRS})
   list(APPEND _tilejit_llvm_flags -isystem ${dir})
 endforeach()
 separate_arguments(_tilejit_llvm_defs UNIX_COMMAND "${LLVM_DEFINITIONS}")
-set_source_files_properties(${PROJECT_SOURCE_DIR}/jit/llvm_backend.cpp PROPERTIES
+set_source_files_properties(${PROJECT_SOURCE_DIR}/jit/llvm_backend/emitter.cpp ${PROJECT_SOURCE_DIR}/jit/llvm_backend/gpu_ops.cpp PROPERTIES
   COMPILE_OPTIONS "${_tilejit_llvm_flags};${_tilejit_llvm_defs}")
 target_link_libraries(tilejit PRIVATE ${TILEJIT_LLVM_LIBS})
 target_link_options(tilejit PRIVATE -Wl,--gc-sections -Wl,--as-needed -Wl,--exclude-libs,ALL)
