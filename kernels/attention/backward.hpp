@@ -1,6 +1,13 @@
 // FlashAttention-2 backward in the DSL: three kernels run in order after the forward
 // (kernels/attention/forward.hpp), whose LSE they reuse to recompute P; dQ's reduction (DQ_REDUCTION) is a
 // schedule option: a separate dQ kernel (deterministic), atomics or split parts (deterministic).
+//
+// Where they live: kernels/attention/dkdv.cpp (attention_bwd_dkdv), dq.cpp (attention_bwd_dq),
+// backward_small.cpp (attention_bwd_preprocess, attention_bwd_dq_convert, attention_bwd_dq_reduce),
+// backward_common.hpp (what they share: HeadRows, BackwardParams, the masked walks). Each kernel's
+// metas are a typed configuration in kernels/attention/config.hpp (DkdvConfig, DqConfig,
+// PreprocessConfig, DqConvertConfig, DqReduceConfig): the kernel's body reads it first, callers
+// pass its to_meta(). Why each default is what it is: docs/decisions/ (numbers in brackets).
 #pragma once
 #include "dsl/lang.hpp"
 #include "kernels/attention/config.hpp"
@@ -51,7 +58,7 @@ namespace tilejit::kernels {
 // the group). Rows with no allowed key (forward LSE = -inf) get zero gradients. Dropout and masks
 // are independent.
 
-// DQ_REDUCTION (dK/dV only; an int, DqReduction; default 0): how dQ is summed over key tiles.
+// DQ_REDUCTION (dK/dV only; an int, DqReduction; default 0): how dQ is summed over key tiles [023].
 //   0 recompute: attention_bwd_dq recomputes S and P per query tile (7 matmuls in all; no
 //     workspace). The dK/dV kernel is exactly the one without the meta.
 //   1 atomic: the dK/dV kernel also computes each block's part dS K [BLOCK_M, D] (f32, unscaled)
@@ -65,19 +72,21 @@ namespace tilejit::kernels {
 //     each key block waits until n_block earlier ones have added, adds, signals); then
 //     attention_bwd_dq_convert as for atomic. 5 matmuls, bit-reproducible (each add is elementwise
 //     and their order is fixed). Waits only on lower block indices (no deadlock whatever the
-//     residency). Full and causal only.
+//     residency). Full and causal only [025].
 //   1-3: dense tensors only (VARLEN is a BuildError), either layout (BSHD), GQA (each query head of
 //   the group writes its own slots), CAUSAL, DROPOUT, DROPOUT_BITS and (atomic, split) every MASK.
 //   dK and dV are computed as with 0 (the same values). attention_bwd_dq is not run.
 // Q_DESCENDING (dK/dV, full/causal walks, not split): a key block visits its query tiles from the
-// last to the first (DASH's descending order for causal masks).
+// last to the first (DASH's descending order for causal masks) [025].
 // PARTIAL_TILES_ONLY (dK/dV and dQ, full/causal walks; default true): the element mask (keys past
 // seq_k, the causal diagonal) only in the tiles that need it (one uniform branch per tile), as the
 // forward and the library masks do; false masks every tile (the A/B baseline). Not with a
-// SCORE_MOD (the branch costs the registers the mod needs: every tile is masked then).
+// SCORE_MOD (the branch costs the registers the mod needs: every tile is masked then) [020].
+// ROWS_AHEAD (dK/dV; default true except causal at HEAD_DIM >= 128): each query tile's LSE and
+// Delta are loaded while the tile before it runs, not at its top [026]. Same values.
 // HEAVY_FIRST_SECTIONS (dK/dV: default false; dQ: default true; dense causal only, not PERSISTENT):
 // the programs take their tiles heaviest first across heads, in L2-sized sections of heads
-// (kernels/attention/program_order.hpp); otherwise in launch order. Same grid, same values.
+// (kernels/attention/program_order.hpp); otherwise in launch order. Same grid, same values [018].
 // PERSISTENT (dK/dV, DQ_REDUCTION=3, dense, not Q_DESCENDING): DASH's schedule on a persistent grid
 // (kernels/attention/backward_schedule.hpp): launch (P, 1, 1) programs, all resident at once (P <= SM count
 // times the blocks one SM holds);
@@ -104,10 +113,12 @@ namespace tilejit::kernels {
 // K; D 64 on 8 warps runs the dQ dot on mma.sync (K loaded again in the loop for it), so D 64 uses
 // 64 x 64 on 4 warps. A = trans(dS^T registers) goes through shared memory into the A layout. The
 // [BLOCK_M, D] part is added by atomic_add on the dQ_accum window: on sm_90a written to a swizzled
-// staging tile in shared memory and added by TMA (cp.reduce.async.bulk.tensor, f32 add in L2).
+// staging tile in shared memory and added by TMA (cp.reduce.async.bulk.tensor, f32 add in L2)
+// [021, 024].
 
 // Delta[b, h, i] = sum_d dO[b, h, i, d] * O[b, h, i, d] (f32).
-// Params: O, dO, Delta (VARLEN: cu_seqlens_q). Meta: DTYPE, BLOCK_M, HEAD_DIM, BSHD, VARLEN. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
+// Params: O, dO, Delta (VARLEN: cu_seqlens_q). Meta (kernels::PreprocessConfig): DTYPE, BLOCK_M,
+// HEAD_DIM, BSHD, VARLEN. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
 const lang::Kernel& attention_backward_preprocess();
 
 // dK, dV for one key block of one key/value head, summed over the query heads of its group:
@@ -118,8 +129,9 @@ const lang::Kernel& attention_backward_preprocess();
 // (f32) (VARLEN: cu_seqlens_q, cu_seqlens_k) (DROPOUT: seed_lo, seed_hi, offset_lo, offset_hi,
 // keep_threshold) (DROPOUT_BITS: dropout_bits) (MASK: the mask's parameters, then without tile
 // intervals q_num_blocks, q_indices, full_q_num_blocks, full_q_indices).
-// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, MASK, DROPOUT, DROPOUT_BITS,
-// DQ_REDUCTION, Q_DESCENDING, PARTIAL_TILES_ONLY, HEAVY_FIRST_SECTIONS. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch).
+// Meta (kernels::DkdvConfig): DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, MASK, DROPOUT,
+// DROPOUT_BITS, PARTIAL_TILES_ONLY, DQ_REDUCTION, Q_DESCENDING, PERSISTENT, ROWS_AHEAD,
+// HEAVY_FIRST_SECTIONS, SCORE_MOD. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch); PERSISTENT: (P, 1, 1).
 const lang::Kernel& attention_backward_dkdv();
 
 // dQ = scale * sum dS K for one query block.
@@ -127,13 +139,13 @@ const lang::Kernel& attention_backward_dkdv();
 // (DROPOUT: seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold) (DROPOUT_BITS: dropout_bits)
 // (MASK: the mask's parameters, then without tile intervals kv_num_blocks, kv_indices,
 // full_kv_num_blocks, full_kv_indices).
-// Meta: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, MASK, DROPOUT, DROPOUT_BITS,
-// PARTIAL_TILES_ONLY, HEAVY_FIRST_SECTIONS. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
+// Meta (kernels::DqConfig): DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, MASK, DROPOUT,
+// DROPOUT_BITS, PARTIAL_TILES_ONLY, HEAVY_FIRST_SECTIONS, SCORE_MOD. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
 const lang::Kernel& attention_backward_dq();
 
 // DQ_REDUCTION=1 (atomic), after the dK/dV kernel: dQ = DTYPE(dQ_accum * softmax_scale).
 // Params: dQ_accum (f32 [batch, heads_q, seq_q, head_dim]), dQ (DTYPE, the dQ layout: BSHD or not),
-// softmax_scale (f32). Meta: DTYPE, BLOCK_M (any), HEAD_DIM, BSHD. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
+// softmax_scale (f32). Meta (kernels::DqConvertConfig): DTYPE, BLOCK_M (any), HEAD_DIM, BSHD. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
 const lang::Kernel& attention_backward_dq_convert();
 
 // DQ_REDUCTION=2 (split), after the dK/dV kernel: dQ[b, h, tile m] = DTYPE(softmax_scale * sum of the
@@ -144,8 +156,8 @@ const lang::Kernel& attention_backward_dq_convert();
 // without tile intervals, block_classes (u8 [Bm, Hm, M, N]: the block-mask pre-pass (attention_block_classes, attention_block_lists)'s
 // classes at the dK/dV kernel's BLOCK_M x BLOCK_N -- the run whose KV_MAJOR=true lists the dK/dV
 // kernel reads writes them; Bm / Hm 1 broadcast).
-// Meta: DTYPE, BLOCK_M, BLOCK_N (both the dK/dV kernel's), HEAD_DIM, CAUSAL, BSHD, MASK (the dK/dV
-// kernel's). Grid: (M = cdiv(seq_q, BLOCK_M), heads_q, batch).
+// Meta (kernels::DqReduceConfig): DTYPE, BLOCK_M, BLOCK_N (both the dK/dV kernel's), HEAD_DIM,
+// CAUSAL, BSHD, MASK (the dK/dV kernel's). Grid: (M = cdiv(seq_q, BLOCK_M), heads_q, batch).
 const lang::Kernel& attention_backward_dq_reduce();
 
 }  // namespace tilejit::kernels

@@ -115,4 +115,194 @@ ForwardConfig ForwardConfig::read(Builder& kb) {
   return c;
 }
 
+// ---- the backward ----
+
+namespace {
+
+// VARLEN, refused with BSHD (as in the forward).
+bool read_varlen(Builder& kb, bool bshd) {
+  const bool varlen = kb.meta<bool>(mn::kVarlen, false);
+  if (varlen && bshd)
+    kb.fail(Loc::current(), "VARLEN tensors are [total_tokens, heads, head_dim]; BSHD does not apply to them");
+  return varlen;
+}
+
+// MASK (the forward's): full and causal run the CAUSAL code path (MASK=causal is CAUSAL=true);
+// the other kinds are library masks, on dense batches without CAUSAL for now. `causal` as read.
+MaskKind read_backward_mask(Builder& kb, bool causal, bool varlen) {
+  const MaskKind kind = mask_kind_meta(kb, mn::kMask);
+  if (kind != MaskKind::full && kind != MaskKind::causal && (causal || varlen))
+    kb.fail(Loc::current(), fmt::format("MASK={} ({}) does not combine with {} yet (use the mask alone: the causal kinds cover causal "
+                                        "patterns, document masks packed sequences)",
+                                        static_cast<int>(kind), mask_kind_name(kind), causal ? "CAUSAL=true" : "VARLEN=true"));
+  return kind;
+}
+
+// DQ_REDUCTION (dense batches only for the atomic, split and ordered forms).
+DqReduction read_dq_reduction(Builder& kb, bool varlen) {
+  const int64_t value = kb.meta<int>(mn::kDqReduction, 0);
+  if (value < 0 || value > 3)
+    kb.fail(Loc::current(), fmt::format("meta-parameter DQ_REDUCTION = {} is not a dQ reduction; valid: 0 recompute (the "
+                                        "attention_bwd_dq kernel), 1 atomic, 2 split, 3 ordered",
+                                        value));
+  const auto reduction = static_cast<DqReduction>(value);
+  if (reduction != DqReduction::recompute && varlen)
+    kb.fail(Loc::current(), fmt::format("DQ_REDUCTION={} ({}) does not combine with VARLEN=true yet (its workspaces are laid out "
+                                        "per dense [batch, heads_q, seq_q]); use DQ_REDUCTION=0 (recompute)",
+                                        value, dq_reduction_name(reduction)));
+  return reduction;
+}
+
+// The spec and tiles of the dK/dV and dQ kernels: DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD,
+// VARLEN, MASK, DROPOUT, DROPOUT_BITS (SCORE_MOD comes after the kernel's own metas).
+void read_gradient_spec(Builder& kb, AttentionSpec& s, int64_t& block_m, int64_t& block_n) {
+  s.dtype = kb.meta_dtype(mn::kDtype, ir::DType::bf16);
+  block_m = kb.meta<int>(mn::kBlockM, 64);
+  block_n = kb.meta<int>(mn::kBlockN, 64);
+  s.head_dim = kb.meta<int>(mn::kHeadDim, 64);
+  s.causal = kb.meta<bool>(mn::kCausal, false);
+  s.bshd = kb.meta<bool>(mn::kBshd, false);
+  s.varlen = read_varlen(kb, s.bshd);
+  s.mask = read_backward_mask(kb, s.causal, s.varlen);
+  if (s.mask == MaskKind::causal) s.causal = true;
+  s.dropout = kb.meta<bool>(mn::kDropout, false);
+  s.dropout_bits = read_dropout_bits(kb, s.dropout, s.varlen, block_n);
+}
+
+}  // namespace
+
+Meta DkdvConfig::to_meta() const {
+  Meta m;
+  put_core(m, spec, block_m, block_n);
+  put_spec(m, spec);
+  put_if(m, mn::kPartialTilesOnly, partial_tiles_only, true);
+  if (dq_reduction != DqReduction::recompute) m.emplace_back(mn::kDqReduction, static_cast<int64_t>(dq_reduction));
+  put_if(m, mn::kQDescending, q_descending, false);
+  put_if(m, mn::kPersistent, persistent, false);
+  put_if(m, mn::kRowsAhead, rows_ahead);
+  put_if(m, mn::kHeavyFirstSections, heavy_first_sections, false);
+  return m;
+}
+
+DkdvConfig DkdvConfig::read(Builder& kb) {
+  DkdvConfig c;
+  AttentionSpec& s = c.spec;
+  read_gradient_spec(kb, s, c.block_m, c.block_n);
+  c.partial_tiles_only = kb.meta<bool>(mn::kPartialTilesOnly, true);
+  c.dq_reduction = read_dq_reduction(kb, s.varlen);
+  c.q_descending = kb.meta<bool>(mn::kQDescending, false);
+  c.persistent = kb.meta<bool>(mn::kPersistent, false);
+  // on except causal at D >= 128, where the registers it takes cost more than the latency it hides [026]
+  c.rows_ahead = kb.meta<bool>(mn::kRowsAhead, !(s.causal && s.head_dim >= 128));
+  // off: dK/dV's launch order is heaviest first within a head already; sections do not pay here [018]
+  c.heavy_first_sections = kb.meta<bool>(mn::kHeavyFirstSections, false);
+  s.score_mod = score_mod_kind_meta(kb, mn::kScoreMod);
+  const DqReduction r = c.dq_reduction;
+  if (r == DqReduction::ordered && s.library_mask())
+    kb.fail(Loc::current(), "DQ_REDUCTION=3 (ordered) takes the full and causal masks only (its wait targets count every earlier "
+                            "key block); use atomic or split with library masks");
+  if (c.q_descending && (s.library_mask() || r == DqReduction::split))
+    kb.fail(Loc::current(), "Q_DESCENDING applies to the full and causal walks without the split reduction");
+  if (c.persistent && (r != DqReduction::ordered || c.q_descending || s.varlen))
+    kb.fail(Loc::current(), fmt::format("PERSISTENT takes DQ_REDUCTION=3 (ordered) on dense batches without Q_DESCENDING (its "
+                                        "visit order is DASH's shift order); got DQ_REDUCTION={}{}{}",
+                                        static_cast<int>(r), c.q_descending ? ", Q_DESCENDING" : "", s.varlen ? ", VARLEN" : ""));
+  return c;
+}
+
+Meta DqConfig::to_meta() const {
+  Meta m;
+  put_core(m, spec, block_m, block_n);
+  put_spec(m, spec);
+  put_if(m, mn::kPartialTilesOnly, partial_tiles_only, true);
+  put_if(m, mn::kHeavyFirstSections, heavy_first_sections, true);
+  return m;
+}
+
+DqConfig DqConfig::read(Builder& kb) {
+  DqConfig c;
+  AttentionSpec& s = c.spec;
+  read_gradient_spec(kb, s, c.block_m, c.block_n);
+  c.partial_tiles_only = kb.meta<bool>(mn::kPartialTilesOnly, true);
+  c.heavy_first_sections = kb.meta<bool>(mn::kHeavyFirstSections, true);
+  s.score_mod = score_mod_kind_meta(kb, mn::kScoreMod);
+  return c;
+}
+
+Meta PreprocessConfig::to_meta() const {
+  Meta m{{mn::kDtype, spec.dtype}, {mn::kBlockM, block_m}, {mn::kHeadDim, spec.head_dim}, {mn::kBshd, spec.bshd}};
+  if (spec.varlen) m.emplace_back(mn::kVarlen, true);
+  return m;
+}
+
+PreprocessConfig PreprocessConfig::read(Builder& kb) {
+  PreprocessConfig c;
+  AttentionSpec& s = c.spec;
+  s.dtype = kb.meta_dtype(mn::kDtype, ir::DType::bf16);
+  c.block_m = kb.meta<int>(mn::kBlockM, 64);
+  s.head_dim = kb.meta<int>(mn::kHeadDim, 64);
+  s.bshd = kb.meta<bool>(mn::kBshd, false);
+  s.varlen = read_varlen(kb, s.bshd);
+  return c;
+}
+
+Meta DqConvertConfig::to_meta() const {
+  return Meta{{mn::kDtype, spec.dtype}, {mn::kBlockM, block_m}, {mn::kHeadDim, spec.head_dim}, {mn::kBshd, spec.bshd}};
+}
+
+DqConvertConfig DqConvertConfig::read(Builder& kb) {
+  DqConvertConfig c;
+  AttentionSpec& s = c.spec;
+  s.dtype = kb.meta_dtype(mn::kDtype, ir::DType::bf16);
+  c.block_m = kb.meta<int>(mn::kBlockM, 64);
+  s.head_dim = kb.meta<int>(mn::kHeadDim, 64);
+  s.bshd = kb.meta<bool>(mn::kBshd, false);
+  return c;
+}
+
+Meta DqReduceConfig::to_meta() const {
+  Meta m;
+  put_core(m, spec, block_m, block_n);
+  if (spec.library_mask()) m.emplace_back(mn::kMask, static_cast<int64_t>(spec.mask));
+  return m;
+}
+
+DqReduceConfig DqReduceConfig::read(Builder& kb) {
+  DqReduceConfig c;
+  AttentionSpec& s = c.spec;
+  s.dtype = kb.meta_dtype(mn::kDtype, ir::DType::bf16);
+  c.block_m = kb.meta<int>(mn::kBlockM, 64);
+  c.block_n = kb.meta<int>(mn::kBlockN, 64);
+  s.head_dim = kb.meta<int>(mn::kHeadDim, 64);
+  s.causal = kb.meta<bool>(mn::kCausal, false);
+  s.bshd = kb.meta<bool>(mn::kBshd, false);
+  s.mask = read_backward_mask(kb, s.causal, /*varlen=*/false);
+  if (s.mask == MaskKind::causal) s.causal = true;
+  return c;
+}
+
+// ---- the block-mask pre-pass ----
+
+Meta BlockClassesConfig::to_meta() const {
+  return Meta{{mn::kBlockM, block_m}, {mn::kBlockN, block_n}, {mn::kMask, static_cast<int64_t>(mask)}, {mn::kTiles, tiles}};
+}
+
+BlockClassesConfig BlockClassesConfig::read(Builder& kb, bool library_mask) {
+  BlockClassesConfig c;
+  c.block_m = kb.meta<int>(mn::kBlockM, 128);
+  c.block_n = kb.meta<int>(mn::kBlockN, 128);
+  c.tiles = kb.meta<int>(mn::kTiles, 1);
+  if (c.tiles < 1) kb.fail(Loc::current(), fmt::format("TILES = {} must be at least 1", c.tiles));
+  if (library_mask) c.mask = mask_kind_meta(kb, mn::kMask);
+  return c;
+}
+
+Meta BlockListsConfig::to_meta() const { return Meta{{mn::kKvMajor, kv_major}}; }
+
+BlockListsConfig BlockListsConfig::read(Builder& kb) {
+  BlockListsConfig c;
+  c.kv_major = kb.meta<bool>(mn::kKvMajor, false);
+  return c;
+}
+
 }  // namespace tilejit::kernels

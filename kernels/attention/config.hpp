@@ -73,4 +73,94 @@ struct ForwardConfig {
 // The DROPOUT_BITS meta (read by the forward, dK/dV and dQ), checked against their other metas.
 bool read_dropout_bits(lang::Builder& kb, bool dropout, bool varlen, int64_t block_n);
 
+// ---- the backward (kernels/attention/backward.hpp documents each kernel and meta) ----
+//
+// The backward kernels read the spec's metas in the order DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM,
+// CAUSAL, BSHD, VARLEN, MASK, DROPOUT, DROPOUT_BITS (each kernel the ones it has), their own
+// choices after them and SCORE_MOD last. Library masks there do not combine with CAUSAL or VARLEN.
+
+// attention_bwd_dkdv (kernels/attention/dkdv.cpp): dK, dV per key tile and, with a dQ reduction,
+// dQ's parts.
+struct DkdvConfig {
+  AttentionSpec spec;
+  int64_t block_m = 64, block_n = 64;  // the query and key tile [021]
+  bool partial_tiles_only = true;      // the element mask on partial tiles only (not with a score mod) [020]
+  DqReduction dq_reduction = DqReduction::recompute;  // [023]; atomic [024]; ordered [025]
+  bool q_descending = false;           // full / causal walks, not split: query tiles last to first [025]
+  bool persistent = false;             // ordered, dense, not q_descending: DASH's persistent grid [025]
+  std::optional<bool> rows_ahead;      // LSE / Delta a query block ahead; unset: not causal at D >= 128 [026]
+  bool heavy_first_sections = false;   // dense causal, not persistent: heavy key tiles first across heads [018]
+
+  // The metas: the tiles and the spec's dtype, head dim, causal and layout always, everything else
+  // where it differs from its default.
+  lang::Meta to_meta() const;
+  // In attention_bwd_dkdv's body: reads every meta, refuses bad combinations, resolves the defaults.
+  static DkdvConfig read(lang::Builder& kb);
+};
+
+// attention_bwd_dq (kernels/attention/dq.cpp): dQ per query tile, recomputing S and P (the
+// recompute reduction's second kernel).
+struct DqConfig {
+  AttentionSpec spec;
+  int64_t block_m = 64, block_n = 64;  // [021, 028]
+  bool partial_tiles_only = true;      // [020]
+  bool heavy_first_sections = true;    // dense causal: heavy query tiles first across heads [018]
+
+  lang::Meta to_meta() const;  // as DkdvConfig's
+  static DqConfig read(lang::Builder& kb);
+};
+
+// attention_bwd_preprocess (kernels/attention/backward_small.cpp): Delta = rowsum(dO * O). Of the
+// spec it reads the dtype, head dim, layout and varlen.
+struct PreprocessConfig {
+  AttentionSpec spec;
+  int64_t block_m = 64;
+
+  lang::Meta to_meta() const;  // DTYPE, BLOCK_M, HEAD_DIM, BSHD; VARLEN when set
+  static PreprocessConfig read(lang::Builder& kb);
+};
+
+// attention_bwd_dq_convert (backward_small.cpp): dQ = dQ_accum * scale after the atomic and
+// ordered reductions. Of the spec: the dtype, head dim and layout (dense only).
+struct DqConvertConfig {
+  AttentionSpec spec;
+  int64_t block_m = 64;  // any: the convert is elementwise
+
+  lang::Meta to_meta() const;  // DTYPE, BLOCK_M, HEAD_DIM, BSHD
+  static DqConvertConfig read(lang::Builder& kb);
+};
+
+// attention_bwd_dq_reduce (backward_small.cpp): dQ from the split reduction's parts. The tiles and
+// the mask are the dK/dV kernel's (they say which parts exist). Of the spec: the dtype, head dim,
+// causal, layout and mask (dense only).
+struct DqReduceConfig {
+  AttentionSpec spec;
+  int64_t block_m = 64, block_n = 64;
+
+  lang::Meta to_meta() const;  // DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD; MASK for a library mask
+  static DqReduceConfig read(lang::Builder& kb);
+};
+
+// ---- the block-mask pre-pass (kernels/attention/mask.hpp) ----
+
+// attention_block_classes: the class of every (query tile, key tile) at the attention kernel's
+// tiles. block_classes_kernel (a mask of one's own) reads the same metas but MASK.
+struct BlockClassesConfig {
+  int64_t block_m = 128, block_n = 128;
+  int64_t tiles = 1;  // key tiles per program, in sequence: grid (nQB, cdiv(nKB, TILES), Bm * Hm); the API's: kBlockClassTiles
+  MaskKind mask = MaskKind::full;
+
+  lang::Meta to_meta() const;  // all four
+  // library_mask: the library kernel's MASK too (after the others).
+  static BlockClassesConfig read(lang::Builder& kb, bool library_mask = true);
+};
+
+// attention_block_lists: the lists from the classes.
+struct BlockListsConfig {
+  bool kv_major = false;  // per key tile its query tiles (dK/dV's lists), else per query tile its key tiles
+
+  lang::Meta to_meta() const;  // KV_MAJOR
+  static BlockListsConfig read(lang::Builder& kb);
+};
+
 }  // namespace tilejit::kernels

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "kernels/attention/config.hpp"
+
 namespace tilejit::kernels {
 
 using namespace lang;
@@ -348,6 +350,46 @@ std::array<std::string, 4> list_names(bool kv_major) {
   return {"kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"};
 }
 
+// The classes kernel's body after its metas: its parameters (then the mask's, from `declare`) and
+// the classification of TILES key tiles.
+void classify_blocks(Builder& kb, const BlockClassesConfig& cfg, const std::function<BlockClassifier(Builder&)>& declare) {
+  const int64_t BM = cfg.block_m, BN = cfg.block_n, tiles = cfg.tiles;
+  auto Classes = kb.tensor("block_classes", u8, 4);
+  auto S_q = kb.scalar<int>("S_q"), S_k = kb.scalar<int>("S_k");
+  const BlockClassifier classifier = declare(kb);
+  Tile qb = program_id(0), heads = Classes.size(1), n_kb = Classes.size(3);
+  Tile b = program_id(2) / heads, h = program_id(2) % heads;
+  Tile rows = qb * BM + arange(0, BM);
+  constexpr auto kFull = static_cast<int32_t>(BlockClass::full), kPartial = static_cast<int32_t>(BlockClass::partial),
+                 kEmpty = static_cast<int32_t>(BlockClass::empty);
+  auto classify = [&](const Tile& kb_) {
+    // every element: the mask over the tile, counted
+    auto exact = [&] {
+      Tile cols = kb_ * BN + arange(0, BN);
+      MaskIndices idx = mask_indices(b, h, rows, cols, S_q, S_k);
+      Tile in_bounds = (rows < S_q)[col] & (cols < S_k)[row];
+      Tile allowed = sum(cast(i32, evaluate_mask(classifier.mask, idx) & in_bounds));
+      Tile elements = minimum(S_q - qb * BM, BM) * minimum(S_k - kb_ * BN, BN);
+      Tile is_full = allowed == elements, is_partial = (allowed > 0) & (allowed < elements);
+      return where(is_full, kFull, where(is_partial, kPartial, kEmpty));
+    };
+    std::optional<TileVerdict> v;
+    if (classifier.verdict) v = classifier.verdict(b, h, S_q, S_k, qb * BM, BM, kb_ * BN, BN);
+    Tile cls;
+    if (v) {
+      // the elements only where the verdict does not decide (a uniform branch per tile)
+      Var c = where(v->empty, kEmpty, where(v->full, kFull, kPartial));
+      if_(!(v->empty | v->full), [&] { c = exact(); });
+      cls = c;
+    } else {
+      cls = exact();
+    }
+    store(element(Classes, {b, h, qb, kb_}), cast(u8, cls));
+  };
+  if (tiles == 1) classify(program_id(1));
+  else for_range(program_id(1) * tiles, minimum(program_id(1) * tiles + tiles, n_kb), [&](Tile kb_) { classify(kb_); });
+}
+
 }  // namespace
 
 Kernel block_classes_kernel(std::string name, std::function<MaskMod(Builder&)> declare_mask) {
@@ -356,64 +398,29 @@ Kernel block_classes_kernel(std::string name, std::function<MaskMod(Builder&)> d
 
 Kernel block_classes_kernel(std::string name, std::function<BlockClassifier(Builder&)> declare) {
   return kernel(std::move(name), [declare](Builder& kb) {
-    const int64_t BM = kb.meta<int>("BLOCK_M", 128), BN = kb.meta<int>("BLOCK_N", 128);
-    // TILES: key tiles per program, in sequence (grid (nQB, cdiv(nKB, TILES), Bm * Hm))
-    const int64_t tiles = kb.meta<int>("TILES", 1);
-    if (tiles < 1) kb.fail(Loc::current(), fmt::format("TILES = {} must be at least 1", tiles));
-    auto Classes = kb.tensor("block_classes", u8, 4);
-    auto S_q = kb.scalar<int>("S_q"), S_k = kb.scalar<int>("S_k");
-    const BlockClassifier classifier = declare(kb);
-    Tile qb = program_id(0), heads = Classes.size(1), n_kb = Classes.size(3);
-    Tile b = program_id(2) / heads, h = program_id(2) % heads;
-    Tile rows = qb * BM + arange(0, BM);
-    constexpr auto kFull = static_cast<int32_t>(BlockClass::full), kPartial = static_cast<int32_t>(BlockClass::partial),
-                   kEmpty = static_cast<int32_t>(BlockClass::empty);
-    auto classify = [&](const Tile& kb_) {
-      // every element: the mask over the tile, counted
-      auto exact = [&] {
-        Tile cols = kb_ * BN + arange(0, BN);
-        MaskIndices idx = mask_indices(b, h, rows, cols, S_q, S_k);
-        Tile in_bounds = (rows < S_q)[col] & (cols < S_k)[row];
-        Tile allowed = sum(cast(i32, evaluate_mask(classifier.mask, idx) & in_bounds));
-        Tile elements = minimum(S_q - qb * BM, BM) * minimum(S_k - kb_ * BN, BN);
-        Tile is_full = allowed == elements, is_partial = (allowed > 0) & (allowed < elements);
-        return where(is_full, kFull, where(is_partial, kPartial, kEmpty));
-      };
-      std::optional<TileVerdict> v;
-      if (classifier.verdict) v = classifier.verdict(b, h, S_q, S_k, qb * BM, BM, kb_ * BN, BN);
-      Tile cls;
-      if (v) {
-        // the elements only where the verdict does not decide (a uniform branch per tile)
-        Var c = where(v->empty, kEmpty, where(v->full, kFull, kPartial));
-        if_(!(v->empty | v->full), [&] { c = exact(); });
-        cls = c;
-      } else {
-        cls = exact();
-      }
-      store(element(Classes, {b, h, qb, kb_}), cast(u8, cls));
-    };
-    if (tiles == 1) classify(program_id(1));
-    else for_range(program_id(1) * tiles, minimum(program_id(1) * tiles + tiles, n_kb), [&](Tile kb_) { classify(kb_); });
+    classify_blocks(kb, BlockClassesConfig::read(kb, /*library_mask=*/false), declare);
   });
 }
 
 const Kernel& attention_block_classes() {
-  static const Kernel k = block_classes_kernel("attention_block_classes", [](Builder& kb) {
-    const MaskKind kind = mask_kind_meta(kb);
-    const AttentionMask mask(kb, kind);
-    TileVerdictFn verdict;
-    if (kind == MaskKind::document || kind == MaskKind::causal_document || kind == MaskKind::share_question ||
-        kind == MaskKind::causal_blockwise)
-      verdict = [mask](const Tile& b, const Tile& h, const Tile& s_q, const Tile& s_k, const Tile& m0, int64_t bm, const Tile& n0,
-                       int64_t bn) { return mask.bind(b, h, s_q, s_k).tile_verdict(m0, bm, n0, bn); };
-    return BlockClassifier{mask.mask_mod(), verdict};
+  static const Kernel k = kernel("attention_block_classes", [](Builder& kb) {
+    const BlockClassesConfig cfg = BlockClassesConfig::read(kb);
+    classify_blocks(kb, cfg, [kind = cfg.mask](Builder& builder) {
+      const AttentionMask mask(builder, kind);
+      TileVerdictFn verdict;
+      if (kind == MaskKind::document || kind == MaskKind::causal_document || kind == MaskKind::share_question ||
+          kind == MaskKind::causal_blockwise)
+        verdict = [mask](const Tile& b, const Tile& h, const Tile& s_q, const Tile& s_k, const Tile& m0, int64_t bm, const Tile& n0,
+                         int64_t bn) { return mask.bind(b, h, s_q, s_k).tile_verdict(m0, bm, n0, bn); };
+      return BlockClassifier{mask.mask_mod(), verdict};
+    });
   });
   return k;
 }
 
 const Kernel& attention_block_lists() {
   static const Kernel k = kernel("attention_block_lists", [](Builder& kb) {
-    const bool kv_major = kb.meta<bool>("KV_MAJOR", false);
+    const bool kv_major = BlockListsConfig::read(kb).kv_major;
     constexpr int64_t C = 64;  // classes per step
     const auto names = list_names(kv_major);
     auto Classes = kb.tensor("block_classes", u8, 4);

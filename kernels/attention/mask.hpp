@@ -193,21 +193,21 @@ struct AttentionScoreMod {
 // 0..count), the full ones likewise; entries past the counts are not written. One program per
 // outer tile, grid (nOuter, Hm, Bm), 64 classes at a time (a prefix sum as a [64, 64] compare and
 // reduce, then a scattered store). The classes do not depend on the order, so the dK/dV (KV_MAJOR)
-// and dQ lists at the same tiles share one classification.
-// (One kernel that walked each row's tiles in sequence took 0.24 ms for a 16k x 16k causal
-// document mask at 128 x 128 on an H100: 128 programs, a reduction and a store per tile.)
+// and dQ lists at the same tiles share one classification. (Two kernels, not one that walks each
+// row's tiles in sequence: that one ran too few programs [039].)
 //
 // Parameters: classes kernel -- block_classes u8 [Bm, Hm, nQB, nKB], S_q, S_k (i32), then the
 // mask's own parameters; metas BLOCK_M, BLOCK_N (the attention kernel's tiles; nQB = cdiv(S_q,
-// BLOCK_M), nKB = cdiv(S_k, BLOCK_N)) and, for the library kernel, MASK. Lists kernel --
+// BLOCK_M), nKB = cdiv(S_k, BLOCK_N)), TILES and, for the library kernel, MASK
+// (kernels::BlockClassesConfig). Lists kernel --
 // block_classes, then the partial count i32 [Bm, Hm, nOuter] and indices i32 [Bm, Hm, nOuter,
 // nInner] and the full count and indices likewise; meta KV_MAJOR (false: outer = query tiles,
 // inner = key tiles, lists named kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices;
 // true: outer = key tiles, named q_num_blocks, q_indices, full_q_num_blocks, full_q_indices, for
-// dK/dV). Bm, Hm: the mask's batch and head extents (1 when it does not depend on them: a
+// dK/dV; kernels::BlockListsConfig). Bm, Hm: the mask's batch and head extents (1 when it does not depend on them: a
 // document mask with a [1, S_k] id tensor has Bm = 1; only block_sparse tables with H > 1 need
 // Hm = H).
-// Schedule of the classes kernel: 8 warps at 128 x 128 tiles (4 spill 8 B with LLVM), 4 below.
+// Schedule of the classes kernel: 8 warps at 128 x 128 tiles (4 spill there), 4 below [039].
 lang::Kernel block_classes_kernel(std::string name, std::function<MaskMod(lang::Builder&)> declare_mask);
 // The same with a quick classifier: where it returns a verdict that decides a tile (empty or
 // full), the tile is classified without evaluating its elements (the library's document masks:
@@ -219,9 +219,8 @@ struct BlockClassifier {
   TileVerdictFn verdict;  // may be empty
 };
 lang::Kernel block_classes_kernel(std::string name, std::function<BlockClassifier(lang::Builder&)> declare);
-// TILES of the library's classification (the API's, the registry's default): 4 and 16 took 0.18 ms
-// where 1 took 0.21 (causal document mask, 16k x 16k at 128 x 128, H100; the work is the
-// per-element mask, so more gains little).
+// TILES of the library's classification (the API's, the registry's default): a few key tiles per
+// program beat one; the work is the per-element mask, so more gains little [039].
 inline constexpr int64_t kBlockClassTiles = 4;
 // The library masks' classification: meta MASK picks the kind (AttentionMask declares its parameters).
 const lang::Kernel& attention_block_classes();
