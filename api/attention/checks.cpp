@@ -13,8 +13,11 @@
 
 #include "api/attention/internal.hpp"
 #include "kernels/philox_host.hpp"
+#include "kernels/meta_names.hpp"
 
 namespace tilejit::attention::detail {
+
+namespace mn = kernels::meta_name;
 namespace {
 
 bool is_pow2_in(int v, int lo, int hi) { return v >= lo && v <= hi && std::has_single_bit(static_cast<unsigned>(v)); }
@@ -118,7 +121,7 @@ void check_dropout_options(const Checker& c, const Tensor& q, const Options& opt
   d.dropout = opts.dropout_p > 0.0;
   if (d.dropout) {
     for (Pass p : {Pass::forward, Pass::bwd_dkdv, Pass::bwd_dq})
-      if ((p == Pass::forward || backward) && !declares(p, "DROPOUT"))
+      if ((p == Pass::forward || backward) && !declares(p, mn::kDropout))
         c.fail("options.dropout_p = {}: this build's {} kernel has no DROPOUT meta (dropout is not supported)", opts.dropout_p, name(p));
     d.philox = kernels::PhiloxKey::dropout(opts.seed, opts.offset, opts.dropout_p);
   }
@@ -138,7 +141,7 @@ void check_dropout_options(const Checker& c, const Tensor& q, const Options& opt
     if (!d.dropout) c.fail("options.dropout_bits is set but options.dropout_p = 0 (the bits are dropout's; set dropout_p > 0)");
     if (d.varlen) c.fail("options.dropout_bits: the precomputed mask is for dense batches (not with cu_seqlens)");
     for (Pass p : {Pass::forward, Pass::bwd_dkdv, Pass::bwd_dq})
-      if ((p == Pass::forward || backward) && !declares(p, "DROPOUT_BITS"))
+      if ((p == Pass::forward || backward) && !declares(p, mn::kDropoutBits))
         c.fail("options.dropout_bits: this build's {} kernel cannot read a precomputed mask (no DROPOUT_BITS meta)", name(p));
     if (opts.schedule && opts.schedule->block_n % 32 != 0)
       c.fail("options.schedule.block_n = {} with options.dropout_bits: the kernels read whole 32-column mask words, so block_n "
@@ -215,7 +218,7 @@ void check_mask_option(const Checker& c, const Tensor& q, const Options& opts, D
            "(packed sequences are a document mask: options.mask.doc_ids)",
            kname);
   for (Pass p : {Pass::forward, Pass::bwd_dkdv, Pass::bwd_dq})
-    if ((p == Pass::forward || backward) && !declares(p, "MASK"))
+    if ((p == Pass::forward || backward) && !declares(p, mn::kMask))
       c.fail("options.mask has kind {}: this build's {} kernel has no MASK meta (library masks are not supported)", kname, name(p));
   // kernels::check_mask's rules: all of them for the kinds without tensors; the others' tensor
   // rules need host values, so their shapes are checked below and their integers here.
@@ -272,7 +275,7 @@ void check_score_mod_option(const Checker& c, const Tensor& q, const Options& op
   if (kind < 0 || kind >= kernels::kScoreModKindCount)
     c.fail("options.score_mod.kind = {} is not a score mod; valid: 0 none, 1 alibi, 2 softcap", kind);
   if (s.kind == kernels::ScoreModKind::none) return;
-  if (!declares(Pass::forward, "SCORE_MOD"))
+  if (!declares(Pass::forward, mn::kScoreMod))
     c.fail("options.score_mod.kind = {}: this build's attention kernels have no SCORE_MOD meta", kernels::score_mod_kind_name(s.kind));
   if (s.kind == kernels::ScoreModKind::alibi) {
     if (!s.alibi_slopes) c.fail("options.score_mod.kind = alibi needs options.score_mod.alibi_slopes (f32 [Hq] = [{}])", d.heads_q);
@@ -317,7 +320,7 @@ void check_dq_reduction(const Checker& c, DqReduction reduction, bool q_descendi
   if (library_mask(mask))
     c.fail("{} = true with {} {}; the descending walk is for the full and causal masks only", a.descending, a.mask,
            kernels::mask_kind_name(mask));
-  if (!declares(Pass::bwd_dkdv, "Q_DESCENDING"))
+  if (!declares(Pass::bwd_dkdv, mn::kQDescending))
     c.fail("{} = true: this build's attention_bwd_dkdv kernel has no Q_DESCENDING meta", a.descending);
 }
 

@@ -9,8 +9,11 @@
 #include "api/attention/internal.hpp"
 #include "api/registry.hpp"
 #include "kernels/philox_host.hpp"
+#include "kernels/meta_names.hpp"
 
 namespace tilejit::attention {
+
+namespace mn = kernels::meta_name;
 using namespace detail;
 
 void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k, const Options& opts,
@@ -41,13 +44,13 @@ void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, i
       o.num_warps = lib->num_warps;
       o.pipeline.stages = lib->stages;
       lang::Meta meta = lib->default_meta;
-      meta.emplace_back("PERSISTENT", persistent);
+      meta.emplace_back(mn::kPersistent, persistent);
       slot = std::make_unique<Function>(lib->kernel(), meta, o, bits.device);
     }
     fn = slot.get();
   }
-  const int64_t block_m = std::get<int64_t>(fn->signature().find_meta("BLOCK_M")->value),
-                block_w = std::get<int64_t>(fn->signature().find_meta("BLOCK_W")->value);
+  const int64_t block_m = std::get<int64_t>(fn->signature().find_meta(mn::kBlockM)->value),
+                block_w = std::get<int64_t>(fn->signature().find_meta(mn::kBlockW)->value);
   KernelArgs args;
   args.set(kernels::Arg::Mask, bits.view());
   args.set(kernels::Arg::S_k, static_cast<int32_t>(seq_k));

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "api/attention/internal.hpp"
+#include "kernels/attention/config.hpp"
 
 namespace tilejit::attention::detail {
 
@@ -40,8 +41,9 @@ Function& block_classes_function(const PrePassLists& l, kernels::MaskKind kind) 
     jit::CompileOptions o;
     o.num_warps = l.block_m * l.block_n >= 128 * 128 ? 8 : 4;
     o.pipeline.stages = 2;
-    const lang::Meta meta{{"BLOCK_M", l.block_m}, {"BLOCK_N", l.block_n}, {"MASK", static_cast<int>(kind)}, {"TILES", kClassTiles}};
-    slot = std::make_unique<Function>(kernels::attention_block_classes(), meta, o, l.device);
+    kernels::BlockClassesConfig c;
+    c.block_m = l.block_m, c.block_n = l.block_n, c.tiles = kClassTiles, c.mask = kind;
+    slot = std::make_unique<Function>(kernels::attention_block_classes(), c.to_meta(), o, l.device);
   }
   return *slot;
 }
@@ -54,7 +56,9 @@ Function& block_lists_function(const PrePassLists& l) {
     jit::CompileOptions o;
     o.num_warps = 4;
     o.pipeline.stages = 2;
-    slot = std::make_unique<Function>(kernels::attention_block_lists(), lang::Meta{{"KV_MAJOR", l.kv_major}}, o, l.device);
+    kernels::BlockListsConfig c;
+    c.kv_major = l.kv_major;
+    slot = std::make_unique<Function>(kernels::attention_block_lists(), c.to_meta(), o, l.device);
   }
   return *slot;
 }

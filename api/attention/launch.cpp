@@ -11,8 +11,11 @@
 #include "api/attention/internal.hpp"
 #include "kernels/attention/backward_schedule.hpp"
 #include "runtime/device_buffer.hpp"
+#include "kernels/meta_names.hpp"
 
 namespace tilejit::attention {
+
+namespace mn = kernels::meta_name;
 using namespace detail;
 using kernels::Arg;
 
@@ -117,7 +120,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   Function &pre_fn = function_for(pre), &kv_fn = function_for(kv), &dq_fn = function_for(dqc);
   runtime::Grid pre_grid{lang::cdiv(d.seq_q, pre.sch.block_m), d.heads_q, d.batch},
       kv_grid{lang::cdiv(d.seq_k, kv.sch.block_n), d.heads_kv, d.batch}, dq_grid{lang::cdiv(d.seq_q, dqc.sch.block_m), d.heads_q, d.batch};
-  if (persistent_ordered(static_cast<int>(d.reduction), d.q_descending) && declares(Pass::bwd_dkdv, "PERSISTENT")) {
+  if (persistent_ordered(static_cast<int>(d.reduction), d.q_descending) && declares(Pass::bwd_dkdv, mn::kPersistent)) {
     // PERSISTENT: as many programs as the GPU holds at once (all resident: the programs wait on
     // each other), no more than there are items (key tiles, or causal pairs of them)
     const kernels::BwdProblem model{.seq_q = static_cast<int>(d.seq_q), .seq_k = static_cast<int>(d.seq_k), .block_m = kv.sch.block_m,
@@ -179,11 +182,11 @@ void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen,
   if (backward) passes.insert(passes.end(), {Pass::bwd_preprocess, Pass::bwd_dkdv, dq_pass(dq_reduction)});
   for (Pass p : passes) {
     const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen, dq_reduction, dropout, lib != 0);
-    function_for(Config{p, dtype, head_dim, causal, varlen, s, device, dropout && declares(p, "DROPOUT"), false, false,
-                        lib != 0 && declares(p, "MASK") ? lib : 0, p == Pass::bwd_dkdv ? static_cast<int>(dq_reduction) : 0,
+    function_for(Config{p, dtype, head_dim, causal, varlen, s, device, dropout && declares(p, mn::kDropout), false, false,
+                        lib != 0 && declares(p, mn::kMask) ? lib : 0, p == Pass::bwd_dkdv ? static_cast<int>(dq_reduction) : 0,
                         p == Pass::bwd_dkdv && q_descending, 0,
                         // calls with a positive softmax_scale (the default 1/sqrt(head_dim) is)
-                        p == Pass::forward && declares(p, "POSITIVE_SCALE")})
+                        p == Pass::forward && declares(p, mn::kPositiveScale)})
         .compiled();
     // the pre-pass at this kernel's tiles (the preprocess, convert and reduce kernels read no lists)
     if (lib != 0 && !kernels::mask_has_tile_intervals(mask) &&

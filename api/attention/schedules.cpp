@@ -11,9 +11,13 @@
 #include "api/attention/internal.hpp"
 #include "api/registry.hpp"
 #include "kernels/attention/backward.hpp"
+#include "kernels/attention/config.hpp"
 #include "kernels/attention/forward.hpp"
+#include "kernels/meta_names.hpp"
 
 namespace tilejit::attention {
+
+namespace mn = kernels::meta_name;
 
 // ---------------------------------------------------------------------------------------------
 // THE TABLE OF DEFAULT SCHEDULES: the one place schedules are chosen, for the dense shapes of the
@@ -109,27 +113,73 @@ bool persistent_ordered(int reduction, bool q_descending) {
   return reduction == static_cast<int>(DqReduction::ordered) && !q_descending;
 }
 
+// The call's configuration as the pass's typed kernel configuration (kernels/attention/config.hpp),
+// written as metas; only those its kernel declares are kept (a library build may lack some: the
+// API then passes what it has, and the checks refuse options that need the missing ones).
 lang::Meta meta_of(const Config& c) {
-  lang::Meta all{{"DTYPE", c.dtype},    {"BLOCK_M", c.sch.block_m}, {"BLOCK_N", c.sch.block_n},
-                 {"HEAD_DIM", c.head_dim}, {"CAUSAL", c.causal},       {"BSHD", !c.varlen}};
-  // Packed varlen tensors are [total, H, D] whatever BSHD says; the kernels refuse both at once.
-  if (c.varlen) all.emplace_back("VARLEN", true);
-  // Dropout only when asked for: without it the kernels are the ones without dropout.
-  if (c.dropout) all.emplace_back("DROPOUT", true);
-  if (c.return_mask) all.emplace_back("RETURN_MASK", true);
-  if (c.read_bits) all.emplace_back("DROPOUT_BITS", true);
-  // MASK only for library masks: full and causal keep the kernels (and cache entries) without it
-  if (c.mask != 0) all.emplace_back("MASK", c.mask);
-  // likewise the reduction and the descending walk: recompute's dK/dV is the kernel without them
-  if (c.reduction != 0) all.emplace_back("DQ_REDUCTION", c.reduction);
-  if (c.q_descending) all.emplace_back("Q_DESCENDING", true);
-  if (persistent_ordered(c.reduction, c.q_descending)) all.emplace_back("PERSISTENT", true);
-  if (c.score_mod != 0) all.emplace_back("SCORE_MOD", c.score_mod);
-  if (c.positive_scale) all.emplace_back("POSITIVE_SCALE", true);
-  // A forward with a register bound normalises by rcp: the exact division's subroutine makes ptxas
-  // serialise every wgmma, which only paid (D 64) as a way to fit two programs per SM (decisions
-  // 003, 004).
-  if (c.pass == Pass::forward && c.sch.min_programs_per_sm > 0) all.emplace_back("EXACT_NORMALIZE", false);
+  kernels::AttentionSpec spec;
+  spec.dtype = c.dtype;
+  spec.head_dim = c.head_dim;
+  spec.bshd = !c.varlen;  // (packed varlen tensors are [total, H, D])
+  spec.varlen = c.varlen;
+  spec.causal = c.causal;
+  spec.mask = c.mask != 0 ? static_cast<kernels::MaskKind>(c.mask) : kernels::MaskKind::full;
+  spec.score_mod = static_cast<kernels::ScoreModKind>(c.score_mod);
+  spec.dropout = c.dropout;
+  spec.dropout_bits = c.read_bits;
+  lang::Meta all;
+  switch (c.pass) {
+    case Pass::forward: {
+      kernels::ForwardConfig f;
+      f.spec = spec;
+      f.block_m = c.sch.block_m, f.block_n = c.sch.block_n;
+      f.return_mask = c.return_mask;
+      f.positive_scale = c.positive_scale;
+      // a register bound normalises by rcp: the division's subroutine makes ptxas serialise every
+      // wgmma, which only paid (D 64) as a way to fit two programs per SM (decisions 003, 004)
+      if (c.sch.min_programs_per_sm > 0) f.exact_normalize = false;
+      all = f.to_meta();
+      break;
+    }
+    case Pass::bwd_preprocess: {
+      kernels::PreprocessConfig k;
+      k.spec = spec;
+      k.block_m = c.sch.block_m;
+      all = k.to_meta();
+      break;
+    }
+    case Pass::bwd_dkdv: {
+      kernels::DkdvConfig k;
+      k.spec = spec;
+      k.block_m = c.sch.block_m, k.block_n = c.sch.block_n;
+      k.dq_reduction = static_cast<DqReduction>(c.reduction);
+      k.q_descending = c.q_descending;
+      k.persistent = persistent_ordered(c.reduction, c.q_descending);
+      all = k.to_meta();
+      break;
+    }
+    case Pass::bwd_dq: {
+      kernels::DqConfig k;
+      k.spec = spec;
+      k.block_m = c.sch.block_m, k.block_n = c.sch.block_n;
+      all = k.to_meta();
+      break;
+    }
+    case Pass::bwd_dq_convert: {
+      kernels::DqConvertConfig k;
+      k.spec = spec;
+      k.block_m = c.sch.block_m;
+      all = k.to_meta();
+      break;
+    }
+    case Pass::bwd_dq_reduce: {
+      kernels::DqReduceConfig k;
+      k.spec = spec;
+      k.block_m = c.sch.block_m, k.block_n = c.sch.block_n;
+      all = k.to_meta();
+      break;
+    }
+  }
   lang::Meta used;
   for (auto& m : all)
     if (declares(c.pass, m.first.c_str())) used.push_back(std::move(m));
@@ -150,16 +200,16 @@ Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
                 d.varlen,
                 schedule_for(p, q, d, opts),
                 q.device,
-                d.dropout && declares(p, "DROPOUT"),
+                d.dropout && declares(p, mn::kDropout),
                 p == Pass::forward && d.return_mask,
-                d.read_bits && declares(p, "DROPOUT_BITS"),
-                library_mask(d.mask) && declares(p, "MASK") ? static_cast<int>(d.mask) : 0,
+                d.read_bits && declares(p, mn::kDropoutBits),
+                library_mask(d.mask) && declares(p, mn::kMask) ? static_cast<int>(d.mask) : 0,
                 p == Pass::bwd_dkdv ? static_cast<int>(d.reduction) : 0,
                 p == Pass::bwd_dkdv && d.q_descending,
-                d.score_mod != kernels::ScoreModKind::none && declares(p, "SCORE_MOD") ? static_cast<int>(d.score_mod) : 0,
+                d.score_mod != kernels::ScoreModKind::none && declares(p, mn::kScoreMod) ? static_cast<int>(d.score_mod) : 0,
                 // the fma softmax where the scale allows it (the kernel with it is a separate
                 // specialisation: a negative scale keeps the general one)
-                p == Pass::forward && d.scale > 0 && d.score_mod == kernels::ScoreModKind::none && declares(p, "POSITIVE_SCALE")};
+                p == Pass::forward && d.scale > 0 && d.score_mod == kernels::ScoreModKind::none && declares(p, mn::kPositiveScale)};
 }
 
 }  // namespace detail
@@ -173,33 +223,33 @@ bool backward_available() {
 bool varlen_supported(bool backward) {
   auto has = [](Pass p) {
     const KernelInfo& ki = info(p);
-    return ki.kernel && ki.metas && ki.metas->contains("VARLEN");
+    return ki.kernel && ki.metas && ki.metas->contains(mn::kVarlen);
   };
   if (!has(Pass::forward)) return false;
   return !backward || (has(Pass::bwd_preprocess) && has(Pass::bwd_dkdv) && has(Pass::bwd_dq));
 }
 
 bool dropout_supported() {
-  if (!declares(Pass::forward, "DROPOUT")) return false;
-  return !backward_available() || (declares(Pass::bwd_dkdv, "DROPOUT") && declares(Pass::bwd_dq, "DROPOUT"));
+  if (!declares(Pass::forward, mn::kDropout)) return false;
+  return !backward_available() || (declares(Pass::bwd_dkdv, mn::kDropout) && declares(Pass::bwd_dq, mn::kDropout));
 }
 
 bool masks_supported() {
-  if (!declares(Pass::forward, "MASK")) return false;
-  return !backward_available() || (declares(Pass::bwd_dkdv, "MASK") && declares(Pass::bwd_dq, "MASK"));
+  if (!declares(Pass::forward, mn::kMask)) return false;
+  return !backward_available() || (declares(Pass::bwd_dkdv, mn::kMask) && declares(Pass::bwd_dq, mn::kMask));
 }
 
 bool dq_reduction_supported(DqReduction reduction) {
   const int r = static_cast<int>(reduction);
   if (r < 0 || r > 3 || !backward_available()) return false;
   if (reduction == DqReduction::recompute) return true;
-  if (!info(dq_pass(reduction)).kernel || !declares(Pass::bwd_dkdv, "DQ_REDUCTION")) return false;
+  if (!info(dq_pass(reduction)).kernel || !declares(Pass::bwd_dkdv, mn::kDqReduction)) return false;
   // the values the dK/dV kernel takes: one build with each (its other metas at their defaults)
   static std::once_flag once[4];
   static bool builds[4];
   std::call_once(once[r], [&] {
     try {
-      (void)info(Pass::bwd_dkdv).kernel->build({{"DQ_REDUCTION", r}});
+      (void)info(Pass::bwd_dkdv).kernel->build({{mn::kDqReduction, r}});
       builds[r] = true;
     } catch (const std::exception&) {
       builds[r] = false;
