@@ -231,6 +231,7 @@ class Autotuner {
   TuneResult choose(const Shape& shape, const lang::Meta& fixed);
 
  private:
+  class Sweep;  // one run()'s state and named steps (runtime/autotuner_run.cpp)
   TuneResult run(const Shape& shape, const lang::Meta& fixed);
   Bench& bench();
 

@@ -108,7 +108,10 @@ const std::vector<int64_t>& Op::ints_attr(const std::string& key) const {
   return std::get<std::vector<int64_t>>(attrs.at(key));
 }
 
-std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, const AttrMap& a) {
+namespace {
+
+// Elementwise arithmetic, comparisons, byte_perm, fma and select: operands of one type.
+std::vector<Type> elementwise_types(OpKind k, const std::vector<Type>& in, const AttrMap& a) {
   using enum OpKind;
   if (is_elementwise_binary(k)) {
     expect_count(k, in, 2);
@@ -131,6 +134,50 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
     if (k == bit_not && !is_int(in[0].dtype)) fail(k, fmt::format("needs an integer operand, got {}", to_string(in[0])));
     return {in[0]};
   }
+  switch (k) {
+    case cmp: {
+      expect_count(k, in, 2);
+      expect_value(k, in[0], "lhs");
+      if (in[0] != in[1]) fail(k, fmt::format("operand types differ: {} vs {}", to_string(in[0]), to_string(in[1])));
+      const std::string& p = str_attr(k, a, "pred");
+      if (p != "eq" && p != "ne" && p != "lt" && p != "le" && p != "gt" && p != "ge")
+        fail(k, fmt::format("unknown predicate '{}' (valid: eq ne lt le gt ge)", p));
+      return {Type::tile(DType::i1, in[0].shape)};
+    }
+    case byte_perm: {
+      expect_count(k, in, 3);
+      expect_value(k, in[0], "a");
+      if (in[0] != in[1] || in[0] != in[2])
+        fail(k, fmt::format("operand types differ: {}, {}, {}", to_string(in[0]), to_string(in[1]), to_string(in[2])));
+      if (in[0].dtype != DType::u32 && in[0].dtype != DType::i32)
+        fail(k, fmt::format("needs u32 or i32 operands (it permutes the bytes of 32-bit words), got {}", to_string(in[0])));
+      return {in[0]};
+    }
+    case fma: {
+      expect_count(k, in, 3);
+      expect_value(k, in[0], "a");
+      if (in[0] != in[1] || in[0] != in[2])
+        fail(k, fmt::format("operand types differ: {}, {}, {}", to_string(in[0]), to_string(in[1]), to_string(in[2])));
+      if (in[0].dtype != DType::f32 && in[0].dtype != DType::f64) fail(k, fmt::format("needs f32 or f64 operands, got {}", to_string(in[0])));
+      return {in[0]};
+    }
+    case select: {
+      expect_count(k, in, 3);
+      if (!in[0].is_value() || in[0].dtype != DType::i1) fail(k, fmt::format("condition must be i1, got {}", to_string(in[0])));
+      if (in[1] != in[2]) fail(k, fmt::format("branch types differ: {} vs {}", to_string(in[1]), to_string(in[2])));
+      if (in[0].shape != in[1].shape)
+        fail(k, fmt::format("condition shape {} differs from value shape {}", shape_string(in[0].shape), shape_string(in[1].shape)));
+      return {in[1]};
+    }
+    default:
+      break;
+  }
+  fail(k, "no type rule");
+}
+
+// Constants, aranges and the ops that only reshape a tile.
+std::vector<Type> shape_types(OpKind k, const std::vector<Type>& in, const AttrMap& a) {
+  using enum OpKind;
   switch (k) {
     case constant: {
       expect_count(k, in, 0);
@@ -194,40 +241,16 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
       for (size_t i = 0; i < perm.size(); ++i) s[i] = in[0].shape[static_cast<size_t>(perm[i])];
       return {in[0].with_shape(s)};
     }
-    case cmp: {
-      expect_count(k, in, 2);
-      expect_value(k, in[0], "lhs");
-      if (in[0] != in[1]) fail(k, fmt::format("operand types differ: {} vs {}", to_string(in[0]), to_string(in[1])));
-      const std::string& p = str_attr(k, a, "pred");
-      if (p != "eq" && p != "ne" && p != "lt" && p != "le" && p != "gt" && p != "ge")
-        fail(k, fmt::format("unknown predicate '{}' (valid: eq ne lt le gt ge)", p));
-      return {Type::tile(DType::i1, in[0].shape)};
-    }
-    case byte_perm: {
-      expect_count(k, in, 3);
-      expect_value(k, in[0], "a");
-      if (in[0] != in[1] || in[0] != in[2])
-        fail(k, fmt::format("operand types differ: {}, {}, {}", to_string(in[0]), to_string(in[1]), to_string(in[2])));
-      if (in[0].dtype != DType::u32 && in[0].dtype != DType::i32)
-        fail(k, fmt::format("needs u32 or i32 operands (it permutes the bytes of 32-bit words), got {}", to_string(in[0])));
-      return {in[0]};
-    }
-    case fma: {
-      expect_count(k, in, 3);
-      expect_value(k, in[0], "a");
-      if (in[0] != in[1] || in[0] != in[2])
-        fail(k, fmt::format("operand types differ: {}, {}, {}", to_string(in[0]), to_string(in[1]), to_string(in[2])));
-      if (in[0].dtype != DType::f32 && in[0].dtype != DType::f64) fail(k, fmt::format("needs f32 or f64 operands, got {}", to_string(in[0])));
-      return {in[0]};
-    }
-    case select: {
-      expect_count(k, in, 3);
-      if (!in[0].is_value() || in[0].dtype != DType::i1) fail(k, fmt::format("condition must be i1, got {}", to_string(in[0])));
-      if (in[1] != in[2]) fail(k, fmt::format("branch types differ: {} vs {}", to_string(in[1]), to_string(in[2])));
-      if (in[0].shape != in[1].shape)
-        fail(k, fmt::format("condition shape {} differs from value shape {}", shape_string(in[0].shape), shape_string(in[1].shape)));
-      return {in[1]};
-    }
+    default:
+      break;
+  }
+  fail(k, "no type rule");
+}
+
+// Conversions: cast, bitcast, 16-bit pairs, and precompute (the value itself).
+std::vector<Type> conversion_types(OpKind k, const std::vector<Type>& in, const AttrMap& a) {
+  using enum OpKind;
+  switch (k) {
     case cast: {
       expect_count(k, in, 1);
       expect_value(k, in[0], "operand");
@@ -265,6 +288,16 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
       expect_value(k, in[0], "operand");
       return {in[0]};
     }
+    default:
+      break;
+  }
+  fail(k, "no type rule");
+}
+
+// Reductions along an axis and dot.
+std::vector<Type> reduction_types(OpKind k, const std::vector<Type>& in, const AttrMap& a) {
+  using enum OpKind;
+  switch (k) {
     case reduce: {
       expect_count(k, in, 1);
       expect_value(k, in[0], "operand");
@@ -294,6 +327,16 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
         fail(k, fmt::format("accumulator must be {}[{},{}], got {}", name(want), A.shape[0], B.shape[1], to_string(C)));
       return {C};
     }
+    default:
+      break;
+  }
+  fail(k, "no type rule");
+}
+
+// Program ids, tensor descriptors and pointer memory (addptr, load, store, atomic_add).
+std::vector<Type> memory_types(OpKind k, const std::vector<Type>& in, const AttrMap& a) {
+  using enum OpKind;
+  switch (k) {
     case program_id:
     case num_programs:
       expect_count(k, in, 0);
@@ -350,36 +393,16 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
         fail(k, fmt::format("unsupported dtype {} (valid: f32 f64 f16 bf16 i32 u32 i64 u64)", name(d)));
       return {v};
     }
-    case wait_ge:
-    case signal_add: {
-      expect_count(k, in, 2);
-      if (!in[0].is_pointer() || !in[0].is_scalar() || in[0].dtype != DType::i32)
-        fail(k, fmt::format("the semaphore must be a scalar pointer to i32, got {}", to_string(in[0])));
-      if (in[1] != Type::scalar(DType::i32))
-        fail(k, fmt::format("the {} must be an i32 scalar, got {}", k == wait_ge ? "target" : "value", to_string(in[1])));
-      return {};
-    }
-    case turn_begin:
-    case turn_end: expect_count(k, in, 0); return {};
-    case channel_push:
-    case channel_pop: {
-      expect_count(k, in, k == channel_push ? 2 : 1);
-      if (in[0] != Type::scalar(DType::i32)) fail(k, fmt::format("the index must be an i32 scalar, got {}", to_string(in[0])));
-      axis_attr(k, a, "channel", 0, 1 << 20);
-      axis_attr(k, a, "stages", 1, 16);
-      const Type t = Type::tile(dtype_attr(k, a), ints_attr(k, a, "shape"));
-      expect_valid_shape(k, t.shape);
-      if (k == channel_pop) return {t};
-      if (in[1] != t) fail(k, fmt::format("the channel carries {}, got {}", to_string(t), to_string(in[1])));
-      return {};
-    }
-    case warp_roles: {
-      expect_count(k, in, 0);
-      const auto& warps = ints_attr(k, a, "warps");
-      if (warps.size() < 2 || ints_attr(k, a, "max_registers").size() != warps.size())
-        fail(k, "needs two or more roles, each with warps and max_registers");
-      return {};
-    }
+    default:
+      break;
+  }
+  fail(k, "no type rule");
+}
+
+// Tensor windows: block_load and block_store (optionally a reduce ordered by a semaphore).
+std::vector<Type> window_types(OpKind k, const std::vector<Type>& in, const AttrMap& a) {
+  using enum OpKind;
+  switch (k) {
     case block_load:
     case block_store: {
       if (in.empty() || !in[0].is_tensor()) fail(k, "first operand must be a tensor descriptor");
@@ -419,6 +442,46 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
       }
       return {};
     }
+    default:
+      break;
+  }
+  fail(k, "no type rule");
+}
+
+// Control flow and synchronisation: semaphores, turns, channels, warp roles, loops, ifs.
+std::vector<Type> control_types(OpKind k, const std::vector<Type>& in, const AttrMap& a) {
+  using enum OpKind;
+  switch (k) {
+    case wait_ge:
+    case signal_add: {
+      expect_count(k, in, 2);
+      if (!in[0].is_pointer() || !in[0].is_scalar() || in[0].dtype != DType::i32)
+        fail(k, fmt::format("the semaphore must be a scalar pointer to i32, got {}", to_string(in[0])));
+      if (in[1] != Type::scalar(DType::i32))
+        fail(k, fmt::format("the {} must be an i32 scalar, got {}", k == wait_ge ? "target" : "value", to_string(in[1])));
+      return {};
+    }
+    case turn_begin:
+    case turn_end: expect_count(k, in, 0); return {};
+    case channel_push:
+    case channel_pop: {
+      expect_count(k, in, k == channel_push ? 2 : 1);
+      if (in[0] != Type::scalar(DType::i32)) fail(k, fmt::format("the index must be an i32 scalar, got {}", to_string(in[0])));
+      axis_attr(k, a, "channel", 0, 1 << 20);
+      axis_attr(k, a, "stages", 1, 16);
+      const Type t = Type::tile(dtype_attr(k, a), ints_attr(k, a, "shape"));
+      expect_valid_shape(k, t.shape);
+      if (k == channel_pop) return {t};
+      if (in[1] != t) fail(k, fmt::format("the channel carries {}, got {}", to_string(t), to_string(in[1])));
+      return {};
+    }
+    case warp_roles: {
+      expect_count(k, in, 0);
+      const auto& warps = ints_attr(k, a, "warps");
+      if (warps.size() < 2 || ints_attr(k, a, "max_registers").size() != warps.size())
+        fail(k, "needs two or more roles, each with warps and max_registers");
+      return {};
+    }
     case for_: {
       if (in.size() < 3) fail(k, "needs lower bound, upper bound and step");
       for (int i = 0; i < 3; ++i) expect_scalar_int(k, in[static_cast<size_t>(i)], "loop bound");
@@ -429,6 +492,58 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
       return {};
     case if_:
       throw std::logic_error("infer_result_types: the results of 'if' come from its regions");
+    default:
+      break;
+  }
+  fail(k, "no type rule");
+}
+
+}  // namespace
+
+std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, const AttrMap& a) {
+  using enum OpKind;
+  if (is_elementwise_binary(k) || is_elementwise_unary(k)) return elementwise_types(k, in, a);
+  switch (k) {
+    case cmp:
+    case byte_perm:
+    case fma:
+    case select: return elementwise_types(k, in, a);
+    case constant:
+    case arange:
+    case splat:
+    case broadcast:
+    case expand_dims:
+    case reshape:
+    case trans: return shape_types(k, in, a);
+    case cast:
+    case bitcast:
+    case pack_pairs:
+    case unpack_pairs:
+    case precompute: return conversion_types(k, in, a);
+    case reduce:
+    case dot: return reduction_types(k, in, a);
+    case program_id:
+    case num_programs:
+    case tensor_ptr:
+    case tensor_dim:
+    case tensor_stride:
+    case tensor_slice:
+    case addptr:
+    case load:
+    case store:
+    case atomic_add: return memory_types(k, in, a);
+    case block_load:
+    case block_store: return window_types(k, in, a);
+    case wait_ge:
+    case signal_add:
+    case turn_begin:
+    case turn_end:
+    case channel_push:
+    case channel_pop:
+    case warp_roles:
+    case for_:
+    case yield:
+    case if_: return control_types(k, in, a);
     default:
       break;
   }
