@@ -49,15 +49,12 @@ std::vector<LibraryKernel> make_library() {
   gemm_default.block_n = 256;
   gemm_default.b_kmajor = true;
   gemm_default.group_m = 8;
-  ForwardConfig fwd;
-  fwd.block_m = api_schedule(Pass::forward).block_m;
-  fwd.block_n = api_schedule(Pass::forward).block_n;
   const attention::Schedule fwd_tiles = api_schedule(Pass::forward);
   return {
       {"gemm", &gemm, "C = A @ B, bf16/f16 in, f32 accumulate (TMA + wgmma pipeline when K-major on sm_90a)", gemm_default.to_meta(),
        8, 4},
       attention_row("attention_fwd", &attention_forward, "FlashAttention forward with online softmax, optional causal mask",
-                    Pass::forward, fwd.to_meta()),
+                    Pass::forward, tiles(fwd_tiles)),
       attention_row("attention_bwd_preprocess", &attention_backward_preprocess, "attention backward, step 1: Delta = rowsum(dO * O)",
                     Pass::bwd_preprocess, tiles(api_schedule(Pass::bwd_preprocess), false)),
       attention_row("attention_bwd_dkdv", &attention_backward_dkdv,

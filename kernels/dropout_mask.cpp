@@ -61,8 +61,8 @@ namespace mn = meta_name;
 Meta DropoutMaskConfig::to_meta() const {
   const DropoutMaskConfig d;
   Meta m;
-  if (block_m != d.block_m) m.emplace_back(mn::kBlockM, block_m);
-  if (block_w != d.block_w) m.emplace_back(mn::kBlockW, block_w);
+  m.emplace_back(mn::kBlockM, block_m);  // (the tiles always: callers read them back)
+  m.emplace_back(mn::kBlockW, block_w);
   if (align != d.align) m.emplace_back(mn::kAlign, align);
   if (causal != d.causal) m.emplace_back(mn::kCausal, causal);
   if (persistent != d.persistent) m.emplace_back(mn::kPersistent, persistent);

@@ -24,7 +24,7 @@ struct DropoutMaskConfig {
   bool causal = false;      // only the tiles a causal layer reads (DropoutMaskTiles)
   bool persistent = false;  // a 1-D grid of any size striding over the tiles
 
-  lang::Meta to_meta() const;  // the metas that differ from the defaults
+  lang::Meta to_meta() const;  // the tiles, and the other metas that differ from their defaults
   static DropoutMaskConfig read(lang::Builder& kb);
 };
 

@@ -23,9 +23,9 @@ Meta GemmConfig::to_meta() const {
   };
   put(mn::kDtype, dtype, d.dtype);
   put(mn::kOutDtype, out_dtype, d.out_dtype);
-  put(mn::kBlockM, block_m, d.block_m);
-  put(mn::kBlockN, block_n, d.block_n);
-  put(mn::kBlockK, block_k, d.block_k);
+  m.emplace_back(mn::kBlockM, block_m);  // (the tiles always: callers read them back)
+  m.emplace_back(mn::kBlockN, block_n);
+  m.emplace_back(mn::kBlockK, block_k);
   put(mn::kAKmajor, a_kmajor, d.a_kmajor);
   put(mn::kBKmajor, b_kmajor, d.b_kmajor);
   put(mn::kAlign, align, d.align);

@@ -38,7 +38,7 @@ struct GemmConfig {
   int64_t mask_tiles_per_step = 1;
   int64_t mask_warps = 0, mma_registers = 0, mask_registers = 0;  // warp roles (MASK_WARPS > 0)
 
-  // The metas that differ from the defaults (and only those the kernel reads).
+  // The tiles, and the other metas that differ from their defaults (only those the kernel reads).
   lang::Meta to_meta() const;
   // In gemm's body: reads (declares) the metas in the kernel's order and checks them.
   static GemmConfig read(lang::Builder& kb);

@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <set>
+
 #include "jit/compile.hpp"
 #include "jit/lower.hpp"
 #include "kernels/attention/forward.hpp"
@@ -382,4 +384,19 @@ TEST_CASE("precompute computes a flexible chain ahead, in its use's layout, behi
   o.dump_after = "backend";
   const auto cuda = jit::compile(build(true).build(), o);
   CHECK(cuda.dump.find("asm volatile(\"\" : \"+r\"(") != std::string::npos);
+}
+
+// Callers read a library row's tiles back from its default meta (to size a grid, to layer their
+// own values over it): every row states the tiles it runs at, each meta once, and builds.
+TEST_CASE("library rows state their tiles once and build") {
+  for (const library::LibraryKernel& k : library::all()) {
+    INFO(k.name);
+    std::set<std::string> seen;
+    for (const auto& [name, value] : k.default_meta) CHECK_MESSAGE(seen.insert(name).second, name << " twice");
+    const bool tiled = k.name != "attention_block_lists";
+    if (tiled) CHECK(seen.contains("BLOCK_M"));
+    if (k.name == "gemm") CHECK((seen.contains("BLOCK_N") && seen.contains("BLOCK_K")));
+    if (k.name == "dropout_mask") CHECK(seen.contains("BLOCK_W"));
+    CHECK_NOTHROW((void)k.kernel().build(k.default_meta));
+  }
 }
