@@ -210,7 +210,7 @@ TEST_CASE("bundle keys leave the compilers out and keep what changes the code") 
                        doctest::Contains("'no_such_kernel' is not a library kernel (known: gemm"), std::invalid_argument);
 
   // The block-mask pre-pass at its registry defaults is what the attention API compiles for a
-  // forward with a list mask (api/attention/attention.cpp: 4 key tiles a program, 8 warps at
+  // forward with a list mask (api/attention/functions.cpp: 4 key tiles a program, 8 warps at
   // 128 x 128, 2 stages; the lists on 4 warps), so a bundle entry `attention_block_classes:MASK=6`
   // serves it with no compiler.
   jit::CompileOptions api;

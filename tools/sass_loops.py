@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Loops of a kernel's SASS and the opcode histogram of one: how NOTES.md counts "main-loop SASS".
+"""Loops of a kernel's SASS and the opcode histogram of one: how the decision records (docs/decisions/) count "main-loop SASS".
 
 A loop is a backward branch and the instructions from its target up to it (the branch itself not
 counted). Reads `cuobjdump -sass` text on stdin -- e.g. `tilejit inspect KERNEL ... --pass verify`,

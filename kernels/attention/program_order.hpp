@@ -4,8 +4,8 @@
 //
 // Why: the hardware starts programs in launch order (x fastest). With one head after another, the
 // last head's heaviest tile starts when ~all the work but its own is done and finishes alone: at
-// 2-4 waves of work per SM (e.g. S 8k, 32 heads, one program per SM) that tail costs ~5%, with few
-// heads (8 x 8k) ~20% (list-scheduling simulation, NOTES.md). Longest-first over the whole grid
+// 2-4 waves of work per SM the tail costs a few percent, with few heads far more (a list-scheduling
+// simulation: docs/decisions/018-heavy-first-sections.md). Longest-first over the whole grid
 // removes the tail but runs every head at once, so each head's K/V (or Q/dO) is read from HBM by
 // a few programs instead of being shared in L2 by many. So, as FlashAttention-3's LPT scheduler
 // does: sections of G heads whose per-head inputs fit in a fixed L2 budget; within a section the
@@ -20,9 +20,8 @@ namespace tilejit::kernels {
 // The L2 budget of one section: 32 MB of the H100's 50 MB (FlashAttention-3's figure).
 inline constexpr int64_t kSectionL2Bytes = int64_t{32} << 20;
 // Sections only from this sequence length on; shorter ones keep the launch order (heaviest first
-// within each head). At S 1k / 2k a section spans 32-64 heads, so only a few programs of a head run
-// at once, and the H100 forward ran 0.86-0.92x of the launch order there (bench/attention.py at S
-// 1k / 2k, D128 causal, against five earlier runs); from S 4k on it gained 1-9%.
+// within each head): at S 1k / 2k a section spans 32-64 heads, so only a few programs of a head run
+// at once, and sections measured slower there (decision 018).
 inline constexpr int64_t kSectionsMinSeqLen = 4096;
 
 struct GridSlot {
