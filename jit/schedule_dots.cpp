@@ -52,6 +52,8 @@ int hoist_in(ir::Block& b, const std::unordered_map<ir::ValueId, int>& uses) {
       if ((d.kind == OpKind::trans && uses.at(v) == 1) || d.kind == OpKind::constant) carried.push_back(it->second);
     }
     std::sort(carried.rbegin(), carried.rend());
+    // (a dot may read one constant twice, e.g. two equal tiles merged by CSE: move it once)
+    carried.erase(std::unique(carried.begin(), carried.end()), carried.end());
     std::vector<ir::Op> travellers;
     for (size_t i : carried) {
       travellers.insert(travellers.begin(), std::move(out[i]));

@@ -122,8 +122,10 @@ class Planner {
     if (warps % 4 != 0 || !is_power_of_two(warps) || !sixteen_bit(a.dtype) || a.dtype != b.dtype) return false;
     const int64_t m = a.shape[0], k = a.shape[1], n = b.shape[1];
     if (m % 64 != 0 || k % 16 != 0 || f_.type(d.results[0]).dtype != ir::DType::f32) return false;
-    const int64_t wn = n / Layout::wgmma_split(m, warps).n;  // one warpgroup's columns
-    return n % wn == 0 && wn % 8 == 0 && wn <= 256;
+    const int64_t split = Layout::wgmma_split(m, warps).n;  // warpgroups side by side along N
+    if (n % split != 0) return false;                        // (N = 1 on two warpgroups: no slab)
+    const int64_t wn = n / split;                            // one warpgroup's columns
+    return wn % 8 == 0 && wn <= 256;
   }
   // With warpgroups splitting N (M = 64 on two warpgroups), each reads its own column slab of B:
   // an MN-major tile is stored in 64-column chunks, so a slab must be whole chunks.

@@ -19,6 +19,8 @@
 #include "jit/ptx_compiler.hpp"
 #include "kernels/attention/forward.hpp"
 #include "kernels/attention/backward.hpp"
+#include "runtime/host_tensor.hpp"
+#include "runtime/interpreter.hpp"
 
 using namespace tilejit;
 using namespace tilejit::lang;
@@ -528,4 +530,40 @@ TEST_CASE("schedule: independent dots issue early and stay in flight until their
   o.arch = "sm_80";
   jit::CompiledKernel g = jit::compile(dkdv, o);
   CHECK(g.dump == g.tile_ir);
+}
+
+// Issue 28, found by random programs: the planner divided by zero on a 16-bit dot with one output
+// column on two warpgroups (SIGFPE), and dot hoisting moved a constant twice when a dot read it as
+// both operands (two equal tiles merged by CSE): heap corruption. Both compile now, and the second
+// computes what the interpreter does.
+const Kernel one_column_dot = kernel("one_column_dot", [](Builder& k) {
+  auto A = k.tensor("A", bf16, 2, kRowMajor), B = k.tensor("B", bf16, 2, kRowMajor), C = k.tensor("C", f32, 2, kRowMajor);
+  store(C.block({0, 0}, {64, 1}), dot(load(A.block({0, 0}, {64, 16})), load(B.block({0, 0}, {16, 1}))));
+});
+const Kernel same_constant_dot = kernel("same_constant_dot", [](Builder& k) {
+  auto C = k.tensor("C", f32, 2, kRowMajor);
+  auto n = k.scalar<int>("n");
+  Var acc = zeros(f32, {64, 64});
+  for_range(0, n, [&](Tile) { acc = dot(full(bf16, {64, 64}, 1.0), full(bf16, {64, 64}, 1.0), acc); });
+  store(C.block({0, 0}, {64, 64}), acc);
+});
+
+TEST_CASE("issue 28: a one-column dot on 8 warps and a dot of one constant with itself compile") {
+  for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+    if (backend == jit::Backend::Nvrtc && !jit::nvrtc_available()) continue;
+    jit::CompileOptions o;
+    o.backend = backend;
+    o.make_cubin = false;
+    o.num_warps = 8;
+    INFO(jit::to_string(backend));
+    const jit::CompiledKernel a = jit::compile(one_column_dot.build(), o);
+    CHECK(a.ptx.find(".entry one_column_dot") != std::string::npos);
+    o.num_warps = 4;
+    const jit::CompiledKernel b = jit::compile(same_constant_dot.build(), o);
+    CHECK(b.ptx.find(".entry same_constant_dot") != std::string::npos);
+  }
+  // what it computes: n steps of 64 ones times ones
+  runtime::HostTensor c(f32, {64, 64});
+  runtime::interpret(same_constant_dot.build(), {1}, {c, int32_t{3}});
+  for (int64_t i = 0; i < 64 * 64; ++i) REQUIRE(c.get_flat(i) == 192.0);
 }
