@@ -13,6 +13,8 @@
 #include "kernels/gemm.hpp"
 #include "api/registry.hpp"
 #include "runtime/interpreter.hpp"
+#include "jit/nvrtc.hpp"
+#include "ptxas_testing.hpp"
 #include "test_kernels.hpp"
 
 using namespace tilejit;
@@ -398,5 +400,29 @@ TEST_CASE("library rows state their tiles once and build") {
     if (k.name == "gemm") CHECK((seen.contains("BLOCK_N") && seen.contains("BLOCK_K")));
     if (k.name == "dropout_mask") CHECK(seen.contains("BLOCK_W"));
     CHECK_NOTHROW((void)k.kernel().build(k.default_meta));
+  }
+}
+
+// Issue 28, item 6: the LLVM backend aborted the process on a bitcast between bf16 and f16 of a
+// computed tile ("LLVM ERROR: Cannot select: f16 = bitcast"); nvrtc compiled it. Both directions,
+// used in arithmetic, now compile through both backends and assemble.
+const lang::Kernel mixed_half_bitcast = lang::kernel("mixed_half_bitcast", [](lang::Builder& k) {
+  auto X = k.pointer("X", bf16), Y = k.pointer("Y", f16), Out = k.pointer("Out", f16), Out2 = k.pointer("Out2", bf16);
+  auto i = lang::arange(0, 64);
+  auto x = lang::load(X + i), y = lang::load(Y + i);
+  lang::store(Out + i, lang::bitcast(f16, x * x) + y);
+  lang::store(Out2 + i, lang::bitcast(bf16, y * y) + x);
+});
+
+TEST_CASE("issue 28: a bf16 <-> f16 bitcast of computed tiles compiles through both backends") {
+  const ir::Function fn = mixed_half_bitcast.build();
+  for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+    INFO(jit::to_string(backend));
+    if (backend == jit::Backend::Nvrtc && !jit::nvrtc_available()) continue;
+    jit::CompileOptions o;
+    o.backend = backend;
+    o.make_cubin = !testing::no_ptxas();
+    const jit::CompiledKernel c = jit::compile(fn, o);
+    CHECK(c.ptx.find(".entry mixed_half_bitcast") != std::string::npos);
   }
 }

@@ -278,6 +278,11 @@ void Emitter::arith_inst(const pir::Inst& in) {
       pir::Ty to = f_.types[r0], from = f_.types[in.args[0]];
       if (to.ptr && !from.ptr) set(r0, b_.CreateIntToPtr(a(0), type(to)));
       else if (!to.ptr && from.ptr) set(r0, b_.CreatePtrToInt(a(0), type(to)));
+      else if (type(to)->isHalfTy() != type(from)->isHalfTy() && type(to)->is16bitFPTy() && type(from)->is16bitFPTy())
+        // bf16 <-> f16: NVPTX cannot select that bitcast (an abort: "Cannot select: f16 = bitcast"),
+        // and LLVM folds a pair of bitcasts through i16 back into it, so the i16 goes through a mov
+        set(r0, b_.CreateBitCast(asm_call(b_.getInt16Ty(), "mov.b16 $0, $1;", "=h,h", {b_.CreateBitCast(a(0), b_.getInt16Ty())}, false),
+                                 type(to)));
       else set(r0, b_.CreateBitCast(a(0), type(to)));
       return;
     }
