@@ -929,3 +929,20 @@ TEST_CASE("GPU: library kernels give bit-identical outputs through both backends
     run_both_backends(softmax.build(), {{"X", {bf16, {37, 96}}}, {"Y", {bf16, {37, 96}, true}}}, {}, {37, 1, 1});
   }
 }
+
+// Issue 28, item 9: with the wgmma commit fenced (work issued ahead of MMAs in flight: the forward
+// reading precomputed dropout bits), nvrtc printed the fence's %smid as "%%smid" in an asm without
+// operands, which ptxas rejects. The library forward with DROPOUT_BITS goes through nvrtc and ptxas.
+TEST_CASE("nvrtc: a fenced wgmma commit assembles (attention forward reading dropout bits)") {
+  if (!have_nvrtc()) return;
+  tilejit::jit::CompileOptions o;
+  o.backend = tilejit::jit::Backend::Nvrtc;
+  o.num_warps = 8;
+  o.pipeline.stages = 2;
+  const tilejit::ir::Function fn = tilejit::kernels::attention_forward().build(
+      {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"HEAD_DIM", 128}, {"BSHD", true}, {"DROPOUT", true}, {"DROPOUT_BITS", true}});
+  const tilejit::jit::CompiledKernel k = tilejit::jit::compile(fn, o);
+  CHECK(!contains(k.ptx, "%%smid"));
+  CHECK(contains(k.ptx, "wgmma.commit_group"));
+  CHECK(!k.cubin.empty());
+}

@@ -13,6 +13,11 @@ std::string Printer::ptxas_fence(const std::string& ptx, const char* label) {
   return fmt::format("{}\\t{}_{}:\\n\\t{}\\n\\t@P1 bra.uni {}_{};\\n\\t}}", kNeverTrueP1, label, id, ptx, label, id);
 }
 
+std::string Printer::without_operands(std::string text) {
+  for (size_t at = text.find("%%"); at != std::string::npos; at = text.find("%%", at + 1)) text.erase(at, 1);
+  return text;
+}
+
 void Printer::sync_inst(const pir::Inst& in) {
   auto a = [&](size_t i) { return in.args.at(i); };
   switch (in.op) {
