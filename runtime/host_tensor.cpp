@@ -150,22 +150,7 @@ double int_to_float(DType t, int64_t v, DType src) {
   return round_float(t, int_to_double_odd(v, is_unsigned));
 }
 
-int64_t float_to_int(DType t, double x) {
-  if (t == DType::i1) return x != 0 ? 1 : 0;
-  if (std::isnan(x)) return 0;
-  double tr = std::trunc(x);
-  int w = ir::bit_width(t);
-  if (ir::is_signed(t)) {
-    double lim = std::ldexp(1.0, w - 1);  // 2^(w-1): first value above the range
-    if (tr >= lim) return w == 64 ? std::numeric_limits<int64_t>::max() : (int64_t{1} << (w - 1)) - 1;
-    if (tr < -lim) return w == 64 ? std::numeric_limits<int64_t>::min() : -(int64_t{1} << (w - 1));
-    return static_cast<int64_t>(tr);
-  }
-  if (tr <= 0) return 0;
-  double lim = std::ldexp(1.0, w);
-  if (tr >= lim) return w == 64 ? -1 : static_cast<int64_t>((uint64_t{1} << w) - 1);  // u64 max as its bits
-  return static_cast<int64_t>(static_cast<uint64_t>(tr));
-}
+int64_t float_to_int(DType t, double x) { return ir::float_to_int(t, x); }
 
 int64_t int_to_int(DType t, int64_t v) {
   if (t == DType::i1) return v != 0 ? 1 : 0;

@@ -14,6 +14,7 @@
 
 #include "dsl/lang.hpp"
 #include "runtime/interpreter.hpp"
+#include "test_kernels.hpp"
 #include "host_bits.hpp"
 
 using namespace tilejit::lang;
@@ -322,4 +323,14 @@ TEST_CASE("outputs the kernel does not write keep HostTensor's poison") {
   CHECK(std::isnan(out.get_flat(n - 1)));  // f32 poison reads as NaN
   CHECK(iout.get_flat(n - 1) == -1);       // i32 poison reads as -1
   for (int64_t i = 0; i < n / 2; ++i) CHECK(out.get_flat(i) == x.get_flat(i));
+}
+
+TEST_CASE("issue 28: integer padding converts like a cast") {
+  HostTensor u(u8, {16}), i(i8, {16}), ou(u8, {16}), oi(i8, {16});
+  for (int64_t k = 0; k < 16; ++k) u.set({k}, 100 + static_cast<double>(k)), i.set({k}, -static_cast<double>(k));
+  rt::interpret(test_kernels::int_padding().build(), {1}, {u, i, ou, oi, 10});  // 6 elements in range, 10 padded
+  for (int64_t k = 0; k < 16; ++k) {
+    CHECK(ou.get({k}) == (k < 6 ? 110.0 + static_cast<double>(k) : 0.0));
+    CHECK(oi.get({k}) == (k < 6 ? -10.0 - static_cast<double>(k) : 127.0));
+  }
 }

@@ -475,3 +475,12 @@ TEST_CASE("gpu: score mods (ALiBi, soft-capping) in the attention forward, dK/dV
                                 {&q, &k, &v, &dout, &lse, &delta, &dq, scale, mod_arg}, 1e-2, opts(8));
     }
 }
+
+TEST_CASE("gpu: integer padding converts like a cast, as in the interpreter (issue 28, item 2)") {
+  if (!have_gpu()) return;
+  HostTensor u(u8, {16}), i(i8, {16}), ou(u8, {16}), oi(i8, {16});
+  u.fill_uniform(61, 0, 255);
+  i.fill_uniform(62, -128, 127);
+  for (int64_t off : {0, 10, 16, -20})
+    check_against_interpreter(test_kernels::int_padding().build(), {1}, {&u, &i, &ou, &oi, off}, 0.0, {}, true);
+}

@@ -256,4 +256,16 @@ inline const Kernel& qk_registers() {
   });
   return k;
 }
+
+// Issue 28, item 2: integer padding converts like a cast (truncate, saturate, NaN -> 0): a u8
+// window padded with -2.0 reads 0 past the end, an i8 window padded with 300.0 reads 127.
+inline const Kernel& int_padding() {
+  static const Kernel k = kernel("int_padding", [](Builder& b) {
+    auto U = b.tensor("U", u8, 1), I = b.tensor("I", i8, 1), OU = b.tensor("OU", u8, 1), OI = b.tensor("OI", i8, 1);
+    auto off = b.scalar<int>("off");
+    store(OU.block({0}, {16}), load(U.block({off}, {16}), -2.0));
+    store(OI.block({0}, {16}), load(I.block({off}, {16}), 300.0));
+  });
+  return k;
+}
 }  // namespace test_kernels

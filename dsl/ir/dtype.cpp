@@ -4,6 +4,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 namespace tilejit::ir {
@@ -154,6 +155,23 @@ double round_to(DType t, double x) {
   if (std::fabs(static_cast<double>(f)) > std::fabs(x)) f = std::nextafter(f, 0.0f);
   f = std::bit_cast<float>(std::bit_cast<uint32_t>(f) | 1u);
   return round_to(t, f);
+}
+
+int64_t float_to_int(DType t, double x) {
+  if (t == DType::i1) return x != 0 ? 1 : 0;
+  if (std::isnan(x)) return 0;
+  double tr = std::trunc(x);
+  int w = bit_width(t);
+  if (is_signed(t)) {
+    double lim = std::ldexp(1.0, w - 1);  // 2^(w-1): first value above the range
+    if (tr >= lim) return w == 64 ? std::numeric_limits<int64_t>::max() : (int64_t{1} << (w - 1)) - 1;
+    if (tr < -lim) return w == 64 ? std::numeric_limits<int64_t>::min() : -(int64_t{1} << (w - 1));
+    return static_cast<int64_t>(tr);
+  }
+  if (tr <= 0) return 0;
+  double lim = std::ldexp(1.0, w);
+  if (tr >= lim) return w == 64 ? -1 : static_cast<int64_t>((uint64_t{1} << w) - 1);  // u64 max as its bits
+  return static_cast<int64_t>(static_cast<uint64_t>(tr));
 }
 
 int64_t wrap_int(DType t, int64_t v) {

@@ -44,5 +44,9 @@ double round_to(DType t, double x);
 
 // Wrap an integer to the width and signedness of `t` (two's complement), as the GPU does.
 int64_t wrap_int(DType t, int64_t v);
+// A float value converted to integer dtype `t` by the README's cast rule: truncation toward zero,
+// saturation at the range, NaN -> 0 (PTX cvt.rzi.sat); i1: x != 0. Unsigned results are returned
+// as their bits (u64 max: -1). The interpreter's casts and the lowering's constants both use it.
+int64_t float_to_int(DType t, double x);
 
 }  // namespace tilejit::ir

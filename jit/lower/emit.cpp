@@ -74,8 +74,9 @@ V Lowerer::constant_value(DType d, const ir::Attr& a) {
     double v = std::holds_alternative<double>(a) ? std::get<double>(a) : static_cast<double>(std::get<int64_t>(a));
     return cfloat(d, v);
   }
-  int64_t v = std::holds_alternative<int64_t>(a) ? std::get<int64_t>(a) : static_cast<int64_t>(std::get<double>(a));
-  return cint(d, ir::wrap_int(d, v));
+  // a float value converts like a cast (saturating, NaN -> 0), as the interpreter does
+  if (const double* f = std::get_if<double>(&a)) return cint(d, ir::wrap_int(d, ir::float_to_int(d, *f)));
+  return cint(d, ir::wrap_int(d, std::get<int64_t>(a)));
 }
 
 V Lowerer::scratch(V offset) { return scratch_base_ ? bin(Op::add, offset, ci32(scratch_base_)) : offset; }

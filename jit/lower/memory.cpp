@@ -302,7 +302,8 @@ Regs Lowerer::block_load_regs(const ir::Op& op, const Layout& L) {
   V all_ok = 0;
   window(op, 1, L, addr, inb, &all_ok);
   V pad = cfloat(DType::f64, op.float_attr("padding"));
-  V other = ir::is_float(t.dtype) ? cast(pad, t.dtype) : cint(t.dtype, static_cast<int64_t>(op.float_attr("padding")));
+  // (integer padding converts like a cast, as the interpreter does: -2.0 pads a u8 window with 0)
+  V other = ir::is_float(t.dtype) ? cast(pad, t.dtype) : cint(t.dtype, ir::wrap_int(t.dtype, ir::float_to_int(t.dtype, op.float_attr("padding"))));
   pir::Ty ty = pir::scalar(t.dtype);
   auto scalar_path = [&] {
     Regs r;
