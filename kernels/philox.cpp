@@ -96,10 +96,16 @@ std::array<Tile, 4> group_calls(const Operand& batch_head, const Tile& rows, con
                        {as_u32(key.seed_lo, loc), as_u32(key.seed_hi, loc) ^ as_u32(key.offset_hi, loc)}, loc);
 }
 
-// One Philox call per (row, 64-column group q, lane slot t) of the block's columns [col0, col0 +
-// num_cols) (a multiple of 64): the raw outputs, their flags taken at the use.
-DropoutKeepCalls raw_calls(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const DropoutKey& key,
-                           Loc loc) {
+}  // namespace
+
+DropoutKeepCalls dropout_calls(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const DropoutKey& key,
+                               Loc loc) {
+  check_block_args("dropout_calls", rows, num_cols, loc);
+  if (num_cols % 64 != 0)
+    Builder::current(loc).fail(loc, fmt::format("dropout_calls: num_cols = {} is not a multiple of 64 (whole call groups; "
+                                                "dropout_keep_mask_block takes any width)",
+                                                num_cols));
+  // one call per (row, 64-column group q, lane slot t): the raw outputs, their flags taken at the use
   DropoutKeepCalls c;
   c.num_rows = rows.shape()[0];
   c.num_cols = num_cols;
@@ -107,8 +113,6 @@ DropoutKeepCalls raw_calls(const Operand& batch_head, const Tile& rows, const Op
   c.keep_threshold = as_u32(key.keep_threshold, loc);
   return c;
 }
-
-}  // namespace
 
 Tile dropout_keep_mask_block(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const DropoutKey& key,
                              Loc loc) {
@@ -118,24 +122,7 @@ Tile dropout_keep_mask_block(const Operand& batch_head, const Tile& rows, const 
     return 0u - cast(u32, dropout_keep(batch_head, rows, col0 + arange(0, num_cols, loc), key, loc), loc);
   // the flags of only the word each element uses (where the word's choice is not constant per
   // register, as in dK/dV's transposed blocks, that is fewer than all four)
-  return dropout_keep_mask_of(raw_calls(batch_head, rows, col0, num_cols, key, loc), loc);
-}
-
-DropoutKeepCalls dropout_keep_calls(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols,
-                                    const DropoutKey& key, Loc loc) {
-  check_block_args("dropout_keep_calls", rows, num_cols, loc);
-  if (num_cols % 64 != 0)
-    Builder::current(loc).fail(loc, fmt::format("dropout_keep_calls: num_cols = {} is not a multiple of 64 (whole call groups; "
-                                                "dropout_keep_mask_block takes any width)", num_cols));
-  DropoutKeepCalls c;
-  c.num_rows = rows.shape()[0];
-  c.num_cols = num_cols;
-  // The flags of every word (3 ops a word), computed here (precompute: otherwise the whole Philox
-  // chain, whose layout its use decides, would be computed at the use); only the prmts wait.
-  auto words = group_calls(batch_head, rows, as_u32(col0, loc) >> 6, num_cols / 64, key, loc);
-  for (int i = 0; i < 4; ++i) c.words[i] = precompute(dropout_keep_flags(words[i], key.keep_threshold, loc), loc);
-  c.flags = true;
-  return c;
+  return dropout_keep_mask_of(dropout_calls(batch_head, rows, col0, num_cols, key, loc), loc);
 }
 
 Tile dropout_keep_mask_of(const DropoutKeepCalls& c, Loc loc) {
@@ -164,17 +151,6 @@ Tile dropout_keep_pairs_of(const DropoutKeepCalls& c, Loc loc) {
   Tile low = as_u32(position & 3, loc) | 8u;
   Tile pairs = byte_perm(flags, 0u, low * 0x11u + (low + 1u) * 0x1100u, loc);
   return reshape(pairs, {c.num_rows, c.num_cols / 2}, loc);
-}
-
-Tile dropout_keep_pairs_block(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const DropoutKey& key,
-                              Loc loc) {
-  check_block_args("dropout_keep_pairs_block", rows, num_cols, loc);
-  if (num_cols % 2 != 0)
-    Builder::current(loc).fail(loc, fmt::format("dropout_keep_pairs_block: num_cols = {} is odd (whole pairs)", num_cols));
-  // Fewer than whole 64-column groups: the per-element mask (the same bits), packed.
-  if (num_cols % 64 != 0)
-    return pack_pairs(cast(u16, dropout_keep_mask_block(batch_head, rows, col0, num_cols, key, loc), loc), loc);
-  return dropout_keep_pairs_of(raw_calls(batch_head, rows, col0, num_cols, key, loc), loc);
 }
 
 Tile apply_keep_pairs(const Tile& x, const Tile& pairs, Loc loc) {

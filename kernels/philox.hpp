@@ -72,21 +72,22 @@ lang::Tile dropout_keep_block(const lang::Operand& batch_head, const lang::Tile&
 lang::Tile dropout_keep_mask_block(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& col0, int64_t num_cols,
                                    const DropoutKey& key, lang::Loc loc = lang::Loc::current());
 
-// dropout_keep_mask_block in two steps, so that a kernel can run the Philox calls (most of the
-// work) where it has nothing else to issue -- e.g. after issuing an MMA and before waiting for
-// it -- and the per-element expansion (one prmt each) where it uses the mask (num_cols a multiple
-// of 64). dropout_keep_calls computes the SWAR keep flags of all four Philox outputs of each call
-// ([M, num_cols / 64, 4] each; 16 registers a thread in a 128 x 128 block on 8 warps) under
-// `precompute`; dropout_keep_mask_block builds the same struct with the raw outputs, whose flags
-// dropout_keep_mask_of then takes per element (fewer where a register's word varies). Same bits.
+// The Philox calls of such a block, for consumers that take the mask in steps (num_cols a
+// multiple of 64, col0 too): one call per (row, 64-column group q, lane slot t), the four outputs
+// [M, num_cols / 64, 4] each. dropout_calls returns the raw outputs (flags = false), whose keep
+// flags dropout_keep_mask_of / dropout_keep_pairs_of take at the use (only of the words they use);
+// a caller may instead replace the words by their flags first (dropout_keep_flags, flags = true),
+// e.g. under `precompute` where it has nothing else to issue (AttentionDropout::keep_ahead).
+// dropout_keep_mask_block is dropout_keep_mask_of(dropout_calls(...)) for such blocks.
 struct DropoutKeepCalls {
   std::array<lang::Tile, 4> words;
   bool flags = false;         // words are already the keep flags
   lang::Tile keep_threshold;  // (when not)
   int64_t num_rows = 0, num_cols = 0;
 };
-DropoutKeepCalls dropout_keep_calls(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& col0, int64_t num_cols,
-                                    const DropoutKey& key, lang::Loc loc = lang::Loc::current());
+DropoutKeepCalls dropout_calls(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& col0, int64_t num_cols,
+                               const DropoutKey& key, lang::Loc loc = lang::Loc::current());
+// The per-element mask of the calls' block, as dropout_keep_mask_block: u32 [M, num_cols].
 lang::Tile dropout_keep_mask_of(const DropoutKeepCalls& calls, lang::Loc loc = lang::Loc::current());
 
 // The same mask for packed pairs of neighbouring columns: u32 [M, num_cols / 2], half h of word j
@@ -94,9 +95,6 @@ lang::Tile dropout_keep_mask_of(const DropoutKeepCalls& calls, lang::Loc loc = l
 // one Philox output, so one prmt makes a pair's mask (dropout_keep_mask_of takes one per element);
 // apply_keep_pairs then zeroes dropped 16-bit values with one AND per pair.
 lang::Tile dropout_keep_pairs_of(const DropoutKeepCalls& calls, lang::Loc loc = lang::Loc::current());
-// dropout_keep_mask_block's mask as pairs (arguments as there; num_cols even): u32 [M, num_cols / 2].
-lang::Tile dropout_keep_pairs_block(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& col0, int64_t num_cols,
-                                    const DropoutKey& key, lang::Loc loc = lang::Loc::current());
 
 // x (a 16-bit tile [M, N], e.g. probabilities rounded to bf16) with every element whose half of
 // `pairs` (u32 [M, N / 2], from dropout_keep_pairs_of or expand_keep_word_pairs) is 0 set to +0:

@@ -24,8 +24,13 @@ AttentionDropout::Ahead AttentionDropout::keep_ahead(const Tile& batch_head, con
                                                     int64_t num_cols) const {
   if (bits.descriptor().valid()) return {std::nullopt, precompute(bits_words(batch_head, row0, num_rows, col0, num_cols))};
   if (num_cols % 64 != 0) return {};  // (per element at the use)
-  return {dropout_keep_calls(batch_head, row0 + arange(0, num_rows), col0, num_cols, key),
-          Tile()};
+  // The block's Philox calls and the keep flags of all four outputs (3 ops a word; 16 registers a
+  // thread in a 128 x 128 block on 8 warps), computed here under precompute -- otherwise the whole
+  // Philox chain, whose layout its use decides, would be computed at the use; only the prmts wait.
+  DropoutKeepCalls calls = dropout_calls(batch_head, row0 + arange(0, num_rows), col0, num_cols, key);
+  for (Tile& w : calls.words) w = precompute(dropout_keep_flags(w, key.keep_threshold));
+  calls.flags = true;
+  return {calls, Tile()};
 }
 
 Tile AttentionDropout::keep_mask_of(const Ahead& ahead, const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
@@ -39,7 +44,10 @@ Tile AttentionDropout::keep_pairs_of(const Ahead& ahead, const Tile& batch_head,
   if (ahead.words.valid()) return expand_keep_word_pairs(ahead.words, num_rows, num_cols);
   if (ahead.calls) return dropout_keep_pairs_of(*ahead.calls);
   if (bits.descriptor().valid()) return expand_keep_word_pairs(bits_words(batch_head, row0, num_rows, col0, num_cols), num_rows, num_cols);
-  return dropout_keep_pairs_block(batch_head, row0 + arange(0, num_rows), col0, num_cols, key);
+  // Fused: pairs of the Philox outputs; fewer than whole 64-column groups: the per-element mask (the
+  // same bits), packed.
+  if (num_cols % 64 != 0) return pack_pairs(cast(u16, keep_mask(batch_head, row0, num_rows, col0, num_cols)));
+  return dropout_keep_pairs_of(dropout_calls(batch_head, row0 + arange(0, num_rows), col0, num_cols, key));
 }
 
 Tile AttentionDropout::keep_mask(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols) const {
