@@ -19,11 +19,7 @@ DropoutMaskTiles::DropoutMaskTiles(Builder& kb, int64_t block_m, int64_t block_w
       // (4 is the element size: spelled 0, the default, so the default kernels are unchanged)
       mask_(kb.tensor("Mask", u32, 3, {.align_bytes = align_bytes == 4 ? 0 : align_bytes, .contiguous_last = true})),
       s_k_(kb.scalar<int>("S_k")),
-      seed_lo_(kb.scalar("seed_lo", u32)),
-      seed_hi_(kb.scalar("seed_hi", u32)),
-      offset_lo_(kb.scalar("offset_lo", u32)),
-      offset_hi_(kb.scalar("offset_hi", u32)),
-      threshold_(kb.scalar("keep_threshold", u32)) {
+      key_(DropoutKey::declare(kb)) {
   if (align_bytes != 4 && align_bytes != 16)
     kb.fail(Loc::current(), fmt::format("dropout mask tiles: MASK_ALIGN / ALIGN = {} (valid: 4, or 16 when every mask row is a "
                                         "multiple of 4 words)", align_bytes));
@@ -49,7 +45,7 @@ void DropoutMaskTiles::write(const Tile& m0, const Tile& w0, const Tile& bh) con
 }
 
 void DropoutMaskTiles::write_words(const Tile& m0, const Tile& w0, const Tile& bh) const {
-  Tile words = dropout_keep_words(bh, m0 + arange(0, block_m_), w0, block_w_, seed_lo_, seed_hi_, offset_lo_, offset_hi_, threshold_);
+  Tile words = dropout_keep_words(bh, m0 + arange(0, block_m_), w0, block_w_, key_);
   // the bits of columns >= S_k are 0: word w keeps its low clamp(S_k - 32 w, 0, 32) bits
   Tile valid_bits = s_k_ - (w0 + arange(0, block_w_)) * 32;
   Tile low = where(valid_bits >= 32, 0xFFFFFFFFu, (1u << cast(u32, maximum(valid_bits, 0))) - 1u);

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "dsl/lang.hpp"
+#include "kernels/philox.hpp"
 
 namespace tilejit::kernels {
 
@@ -51,7 +52,8 @@ class DropoutMaskTiles {
   int64_t block_m_, block_w_;
   bool causal_;
   lang::Tensor mask_;
-  lang::Tile s_k_, seed_lo_, seed_hi_, offset_lo_, offset_hi_, threshold_;
+  lang::Tile s_k_;
+  DropoutKey key_;  // seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold
 };
 
 }  // namespace tilejit::kernels

@@ -48,16 +48,21 @@ std::array<Tile, 4> philox4x32_10(std::array<Tile, 4> c, std::array<Tile, 2> k, 
 
 Tile uniform_f32(const Operand& x, Loc loc) { return cast(f32, as_u32(x, loc) >> 8, loc) * 0x1p-24f; }
 
-Tile dropout_keep(const Operand& batch_head, const Tile& rows, const Tile& cols, const Operand& seed_lo, const Operand& seed_hi,
-                  const Operand& offset_lo, const Operand& offset_hi, const Operand& keep_threshold, Loc loc) {
+DropoutKey DropoutKey::declare(Builder& kb) {
+  // (braced: the parameters are declared in the order written)
+  return DropoutKey{kb.scalar<uint32_t>("seed_lo"), kb.scalar<uint32_t>("seed_hi"), kb.scalar<uint32_t>("offset_lo"),
+                    kb.scalar<uint32_t>("offset_hi"), kb.scalar<uint32_t>("keep_threshold")};
+}
+
+Tile dropout_keep(const Operand& batch_head, const Tile& rows, const Tile& cols, const DropoutKey& key, Loc loc) {
   Builder& b = Builder::current(loc);
   if (rows.rank() != 1 || cols.rank() != 1)
     b.fail(loc, fmt::format("dropout_keep: rows and cols must be 1-D tiles, got ranks {} and {}", rows.rank(), cols.rank()));
   Tile j = as_u32(cols, loc)[row];  // [1, N]
   Tile call = ((j >> 6) << 2) | ((j >> 1) & 3u), position = (((j >> 3) & 7u) << 1) | (j & 1u);
-  auto words = philox4x32_10({call, as_u32(rows, loc)[col], as_u32(batch_head, loc), as_u32(offset_lo, loc)},
-                             {as_u32(seed_lo, loc), as_u32(seed_hi, loc) ^ as_u32(offset_hi, loc)}, loc);
-  return keep_of(words, cast(i32, position, loc), as_u32(keep_threshold, loc), loc);
+  auto words = philox4x32_10({call, as_u32(rows, loc)[col], as_u32(batch_head, loc), as_u32(key.offset_lo, loc)},
+                             {as_u32(key.seed_lo, loc), as_u32(key.seed_hi, loc) ^ as_u32(key.offset_hi, loc)}, loc);
+  return keep_of(words, cast(i32, position, loc), as_u32(key.keep_threshold, loc), loc);
 }
 
 Tile dropout_keep_flags(const Operand& words, const Operand& keep_threshold, Loc loc) {
@@ -82,59 +87,42 @@ void check_block_args(const char* what, const Tile& rows, int64_t num_cols, Loc 
 
 // The Philox outputs of the calls of rows `rows` and the 64-column groups q0 + 0..groups-1 (q0:
 // u32 scalar): [M, groups, 4] each, call t of group q being counter word 4 q + t.
-std::array<Tile, 4> group_calls(const Operand& batch_head, const Tile& rows, const Tile& q0, int64_t groups, const Operand& seed_lo,
-                                const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi, Loc loc) {
+std::array<Tile, 4> group_calls(const Operand& batch_head, const Tile& rows, const Tile& q0, int64_t groups, const DropoutKey& key,
+                                Loc loc) {
   Tile q = q0 + as_u32(arange(0, groups, loc), loc);
   Tile call = expand_dims((q[col] << 2) | as_u32(arange(0, 4, loc), loc)[row], 0, loc);  // [1, Q, 4]
   Tile r = expand_dims(as_u32(rows, loc)[col], 2, loc);                                   // [M, 1, 1]
-  return philox4x32_10({call, r, as_u32(batch_head, loc), as_u32(offset_lo, loc)},
-                       {as_u32(seed_lo, loc), as_u32(seed_hi, loc) ^ as_u32(offset_hi, loc)}, loc);
-}
-
-// One Philox call per (row, 64-column group q, lane slot t) of the block's columns [col0, col0 +
-// num_cols) (a multiple of 64): the raw outputs, their flags taken at the use.
-DropoutKeepCalls raw_calls(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const Operand& seed_lo,
-                           const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi, const Operand& keep_threshold,
-                           Loc loc) {
-  DropoutKeepCalls c;
-  c.num_rows = rows.shape()[0];
-  c.num_cols = num_cols;
-  c.words = group_calls(batch_head, rows, as_u32(col0, loc) >> 6, num_cols / 64, seed_lo, seed_hi, offset_lo, offset_hi, loc);
-  c.keep_threshold = as_u32(keep_threshold, loc);
-  return c;
+  return philox4x32_10({call, r, as_u32(batch_head, loc), as_u32(key.offset_lo, loc)},
+                       {as_u32(key.seed_lo, loc), as_u32(key.seed_hi, loc) ^ as_u32(key.offset_hi, loc)}, loc);
 }
 
 }  // namespace
 
-Tile dropout_keep_mask_block(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const Operand& seed_lo,
-                             const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi, const Operand& keep_threshold,
+DropoutKeepCalls dropout_calls(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const DropoutKey& key,
+                               Loc loc) {
+  check_block_args("dropout_calls", rows, num_cols, loc);
+  if (num_cols % 64 != 0)
+    Builder::current(loc).fail(loc, fmt::format("dropout_calls: num_cols = {} is not a multiple of 64 (whole call groups; "
+                                                "dropout_keep_mask_block takes any width)",
+                                                num_cols));
+  // one call per (row, 64-column group q, lane slot t): the raw outputs, their flags taken at the use
+  DropoutKeepCalls c;
+  c.num_rows = rows.shape()[0];
+  c.num_cols = num_cols;
+  c.words = group_calls(batch_head, rows, as_u32(col0, loc) >> 6, num_cols / 64, key, loc);
+  c.keep_threshold = as_u32(key.keep_threshold, loc);
+  return c;
+}
+
+Tile dropout_keep_mask_block(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const DropoutKey& key,
                              Loc loc) {
   check_block_args("dropout_keep_mask_block", rows, num_cols, loc);
   // Fewer than whole 64-column groups: the per-element form (the same bits), widened.
   if (num_cols % 64 != 0)
-    return 0u - cast(u32, dropout_keep(batch_head, rows, col0 + arange(0, num_cols, loc), seed_lo, seed_hi, offset_lo, offset_hi,
-                                       keep_threshold, loc), loc);
+    return 0u - cast(u32, dropout_keep(batch_head, rows, col0 + arange(0, num_cols, loc), key, loc), loc);
   // the flags of only the word each element uses (where the word's choice is not constant per
   // register, as in dK/dV's transposed blocks, that is fewer than all four)
-  return dropout_keep_mask_of(raw_calls(batch_head, rows, col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold, loc), loc);
-}
-
-DropoutKeepCalls dropout_keep_calls(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols,
-                                    const Operand& seed_lo, const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi,
-                                    const Operand& keep_threshold, Loc loc) {
-  check_block_args("dropout_keep_calls", rows, num_cols, loc);
-  if (num_cols % 64 != 0)
-    Builder::current(loc).fail(loc, fmt::format("dropout_keep_calls: num_cols = {} is not a multiple of 64 (whole call groups; "
-                                                "dropout_keep_mask_block takes any width)", num_cols));
-  DropoutKeepCalls c;
-  c.num_rows = rows.shape()[0];
-  c.num_cols = num_cols;
-  // The flags of every word (3 ops a word), computed here (precompute: otherwise the whole Philox
-  // chain, whose layout its use decides, would be computed at the use); only the prmts wait.
-  auto words = group_calls(batch_head, rows, as_u32(col0, loc) >> 6, num_cols / 64, seed_lo, seed_hi, offset_lo, offset_hi, loc);
-  for (int i = 0; i < 4; ++i) c.words[i] = precompute(dropout_keep_flags(words[i], keep_threshold, loc), loc);
-  c.flags = true;
-  return c;
+  return dropout_keep_mask_of(dropout_calls(batch_head, rows, col0, num_cols, key, loc), loc);
 }
 
 Tile dropout_keep_mask_of(const DropoutKeepCalls& c, Loc loc) {
@@ -165,20 +153,6 @@ Tile dropout_keep_pairs_of(const DropoutKeepCalls& c, Loc loc) {
   return reshape(pairs, {c.num_rows, c.num_cols / 2}, loc);
 }
 
-Tile dropout_keep_pairs_block(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const Operand& seed_lo,
-                              const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi, const Operand& keep_threshold,
-                              Loc loc) {
-  check_block_args("dropout_keep_pairs_block", rows, num_cols, loc);
-  if (num_cols % 2 != 0)
-    Builder::current(loc).fail(loc, fmt::format("dropout_keep_pairs_block: num_cols = {} is odd (whole pairs)", num_cols));
-  // Fewer than whole 64-column groups: the per-element mask (the same bits), packed.
-  if (num_cols % 64 != 0)
-    return pack_pairs(cast(u16, dropout_keep_mask_block(batch_head, rows, col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi,
-                                                        keep_threshold, loc), loc), loc);
-  return dropout_keep_pairs_of(raw_calls(batch_head, rows, col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold, loc),
-                               loc);
-}
-
 Tile apply_keep_pairs(const Tile& x, const Tile& pairs, Loc loc) {
   Builder& b = Builder::current(loc);
   const ir::Type& xt = b.type(x.id());
@@ -190,13 +164,12 @@ Tile apply_keep_pairs(const Tile& x, const Tile& pairs, Loc loc) {
   return unpack_pairs(xt.dtype, pack_pairs(x, loc) & pairs, loc);
 }
 
-Tile dropout_keep_block(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const Operand& seed_lo,
-                        const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi, const Operand& keep_threshold,
+Tile dropout_keep_block(const Operand& batch_head, const Tile& rows, const Operand& col0, int64_t num_cols, const DropoutKey& key,
                         Loc loc) {
   check_block_args("dropout_keep_block", rows, num_cols, loc);
   if (num_cols % 64 != 0)
-    return dropout_keep(batch_head, rows, col0 + arange(0, num_cols, loc), seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold, loc);
-  return dropout_keep_mask_block(batch_head, rows, col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold, loc) != 0u;
+    return dropout_keep(batch_head, rows, col0 + arange(0, num_cols, loc), key, loc);
+  return dropout_keep_mask_block(batch_head, rows, col0, num_cols, key, loc) != 0u;
 }
 
 Tile apply_keep_mask(const Tile& x, const Tile& mask, Loc loc) {
@@ -207,8 +180,7 @@ Tile apply_keep_mask(const Tile& x, const Tile& mask, Loc loc) {
   return bitcast(f32, bitcast(u32, x, loc) & mask, loc);
 }
 
-Tile dropout_keep_words(const Operand& batch_head, const Tile& rows, const Operand& word0, int64_t num_words, const Operand& seed_lo,
-                        const Operand& seed_hi, const Operand& offset_lo, const Operand& offset_hi, const Operand& keep_threshold,
+Tile dropout_keep_words(const Operand& batch_head, const Tile& rows, const Operand& word0, int64_t num_words, const DropoutKey& key,
                         Loc loc) {
   Builder& b = Builder::current(loc);
   if (rows.rank() != 1) b.fail(loc, fmt::format("dropout_keep_words: rows must be a 1-D tile, got rank {}", rows.rank()));
@@ -216,9 +188,9 @@ Tile dropout_keep_words(const Operand& batch_head, const Tile& rows, const Opera
     b.fail(loc, fmt::format("dropout_keep_words: num_words = {} must be a positive even number (whole 64-column call groups)", num_words));
   const int64_t m = rows.shape()[0];
   // [M, Q, 4]
-  auto words = group_calls(batch_head, rows, as_u32(word0, loc) >> 1, num_words / 2, seed_lo, seed_hi, offset_lo, offset_hi, loc);
+  auto words = group_calls(batch_head, rows, as_u32(word0, loc) >> 1, num_words / 2, key, loc);
   std::array<Tile, 4> flags;
-  for (int i = 0; i < 4; ++i) flags[i] = dropout_keep_flags(words[i], keep_threshold, loc);
+  for (int i = 0; i < 4; ++i) flags[i] = dropout_keep_flags(words[i], key.keep_threshold, loc);
   Tile lane_shift = reshape(as_u32(arange(0, 4, loc), loc) << 1u, {1, 1, 4}, loc);  // call t's bits sit at 2 t + ...
   std::array<Tile, 2> half;  // word 2 q (k < 4) and word 2 q + 1 (k >= 4)
   for (int h = 0; h < 2; ++h) {

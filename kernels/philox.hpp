@@ -35,13 +35,25 @@ std::array<lang::Tile, 4> philox4x32_10(std::array<lang::Tile, 4> counter, std::
 // largest value 1 - 2^-24). Same shape as x.
 lang::Tile uniform_f32(const lang::Operand& x, lang::Loc loc = lang::Loc::current());
 
+// The Philox key and keep threshold of a dropout keep-mask as a kernel sees them: the u32 halves of
+// the 64-bit seed and offset, and keep_threshold = round((1 - p) * 256) (the scheme above). The
+// DSL twin of the host's kernels::PhiloxKey (kernels/attention/arguments.hpp), which fills these
+// five parameters; every keep-mask function below takes one. Plain tiles: passing a key creates
+// no ops.
+struct DropoutKey {
+  lang::Tile seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold;
+
+  // Declares the five u32 scalar parameters seed_lo, seed_hi, offset_lo, offset_hi,
+  // keep_threshold, in that order, at this point of the kernel's parameter list.
+  static DropoutKey declare(lang::Builder& kb);
+};
+
 // The dropout keep-mask (i1 [M, N], true = keep) of query rows `rows` (i32 [M]) and key columns
-// `cols` (i32 [N], any values >= 0) of batch*heads index `batch_head` (i32 scalar). seed_*,
-// offset_*, keep_threshold: u32 (or integer) scalars. General form: one Philox call per element
-// (16x the work of dropout_keep_block, whose bits it reproduces exactly); for tests and ragged uses.
-lang::Tile dropout_keep(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Tile& cols, const lang::Operand& seed_lo,
-                        const lang::Operand& seed_hi, const lang::Operand& offset_lo, const lang::Operand& offset_hi,
-                        const lang::Operand& keep_threshold, lang::Loc loc = lang::Loc::current());
+// `cols` (i32 [N], any values >= 0) of batch*heads index `batch_head` (i32 scalar) under `key`.
+// General form: one Philox call per element (16x the work of dropout_keep_block, whose bits it
+// reproduces exactly); for tests and ragged uses.
+lang::Tile dropout_keep(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Tile& cols, const DropoutKey& key,
+                        lang::Loc loc = lang::Loc::current());
 
 // The same mask for the contiguous key columns [col0, col0 + num_cols): i1 [M, num_cols]. One
 // Philox call per 16 elements (on an [M, num_cols / 64, 4] tile) when num_cols is a multiple of
@@ -49,9 +61,7 @@ lang::Tile dropout_keep(const lang::Operand& batch_head, const lang::Tile& rows,
 // n0 = k * BLOCK_N with BLOCK_N >= 64); other widths take the per-element form (same bits).
 // `dropout_keep_mask_block(...) != 0`: consumers that zero dropped values want that mask instead.
 lang::Tile dropout_keep_block(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& col0, int64_t num_cols,
-                              const lang::Operand& seed_lo, const lang::Operand& seed_hi, const lang::Operand& offset_lo,
-                              const lang::Operand& offset_hi, const lang::Operand& keep_threshold,
-                              lang::Loc loc = lang::Loc::current());
+                              const DropoutKey& key, lang::Loc loc = lang::Loc::current());
 
 // The same mask as u32 [M, num_cols]: 0xFFFFFFFF = keep, 0 = drop (arguments as
 // dropout_keep_block). Built to be cheap per element: the SWAR keep flags of each Philox word (3
@@ -60,27 +70,24 @@ lang::Tile dropout_keep_block(const lang::Operand& batch_head, const lang::Tile&
 // compare + select costs more, and LLVM sinks a select of floats past a bf16 conversion into
 // 16-bit selects and repacking.)
 lang::Tile dropout_keep_mask_block(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& col0, int64_t num_cols,
-                                   const lang::Operand& seed_lo, const lang::Operand& seed_hi, const lang::Operand& offset_lo,
-                                   const lang::Operand& offset_hi, const lang::Operand& keep_threshold,
-                                   lang::Loc loc = lang::Loc::current());
+                                   const DropoutKey& key, lang::Loc loc = lang::Loc::current());
 
-// dropout_keep_mask_block in two steps, so that a kernel can run the Philox calls (most of the
-// work) where it has nothing else to issue -- e.g. after issuing an MMA and before waiting for
-// it -- and the per-element expansion (one prmt each) where it uses the mask (num_cols a multiple
-// of 64). dropout_keep_calls computes the SWAR keep flags of all four Philox outputs of each call
-// ([M, num_cols / 64, 4] each; 16 registers a thread in a 128 x 128 block on 8 warps) under
-// `precompute`; dropout_keep_mask_block builds the same struct with the raw outputs, whose flags
-// dropout_keep_mask_of then takes per element (fewer where a register's word varies). Same bits.
+// The Philox calls of such a block, for consumers that take the mask in steps (num_cols a
+// multiple of 64, col0 too): one call per (row, 64-column group q, lane slot t), the four outputs
+// [M, num_cols / 64, 4] each. dropout_calls returns the raw outputs (flags = false), whose keep
+// flags dropout_keep_mask_of / dropout_keep_pairs_of take at the use (only of the words they use);
+// a caller may instead replace the words by their flags first (dropout_keep_flags, flags = true),
+// e.g. under `precompute` where it has nothing else to issue (AttentionDropout::keep_ahead).
+// dropout_keep_mask_block is dropout_keep_mask_of(dropout_calls(...)) for such blocks.
 struct DropoutKeepCalls {
   std::array<lang::Tile, 4> words;
   bool flags = false;         // words are already the keep flags
   lang::Tile keep_threshold;  // (when not)
   int64_t num_rows = 0, num_cols = 0;
 };
-DropoutKeepCalls dropout_keep_calls(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& col0, int64_t num_cols,
-                                    const lang::Operand& seed_lo, const lang::Operand& seed_hi, const lang::Operand& offset_lo,
-                                    const lang::Operand& offset_hi, const lang::Operand& keep_threshold,
-                                    lang::Loc loc = lang::Loc::current());
+DropoutKeepCalls dropout_calls(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& col0, int64_t num_cols,
+                               const DropoutKey& key, lang::Loc loc = lang::Loc::current());
+// The per-element mask of the calls' block, as dropout_keep_mask_block: u32 [M, num_cols].
 lang::Tile dropout_keep_mask_of(const DropoutKeepCalls& calls, lang::Loc loc = lang::Loc::current());
 
 // The same mask for packed pairs of neighbouring columns: u32 [M, num_cols / 2], half h of word j
@@ -88,11 +95,6 @@ lang::Tile dropout_keep_mask_of(const DropoutKeepCalls& calls, lang::Loc loc = l
 // one Philox output, so one prmt makes a pair's mask (dropout_keep_mask_of takes one per element);
 // apply_keep_pairs then zeroes dropped 16-bit values with one AND per pair.
 lang::Tile dropout_keep_pairs_of(const DropoutKeepCalls& calls, lang::Loc loc = lang::Loc::current());
-// dropout_keep_mask_block's mask as pairs (arguments as there; num_cols even): u32 [M, num_cols / 2].
-lang::Tile dropout_keep_pairs_block(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& col0, int64_t num_cols,
-                                    const lang::Operand& seed_lo, const lang::Operand& seed_hi, const lang::Operand& offset_lo,
-                                    const lang::Operand& offset_hi, const lang::Operand& keep_threshold,
-                                    lang::Loc loc = lang::Loc::current());
 
 // x (a 16-bit tile [M, N], e.g. probabilities rounded to bf16) with every element whose half of
 // `pairs` (u32 [M, N / 2], from dropout_keep_pairs_of or expand_keep_word_pairs) is 0 set to +0:
@@ -118,8 +120,6 @@ lang::Tile dropout_keep_flags(const lang::Operand& words, const lang::Operand& k
 // reduction over t that stays in one thread's registers (the blocked layout's innermost 4). This
 // is what the dropout_mask kernel runs; the [M, num_cols] forms above suit MMA-layout consumers.
 lang::Tile dropout_keep_words(const lang::Operand& batch_head, const lang::Tile& rows, const lang::Operand& word0, int64_t num_words,
-                              const lang::Operand& seed_lo, const lang::Operand& seed_hi, const lang::Operand& offset_lo,
-                              const lang::Operand& offset_hi, const lang::Operand& keep_threshold,
-                              lang::Loc loc = lang::Loc::current());
+                              const DropoutKey& key, lang::Loc loc = lang::Loc::current());
 
 }  // namespace tilejit::kernels

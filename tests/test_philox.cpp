@@ -66,12 +66,11 @@ const Kernel& keep_kernel() {
     auto general = kb.meta<bool>("GENERAL", false);
     auto Out = kb.tensor("Out", u8, 3);
     auto row0 = kb.scalar<int>("row0"), col0 = kb.scalar<int>("col0");
-    auto sl = kb.scalar("seed_lo", u32), sh = kb.scalar("seed_hi", u32), ol = kb.scalar("offset_lo", u32),
-         oh = kb.scalar("offset_hi", u32), thr = kb.scalar("keep_threshold", u32);
+    auto key = kernels::DropoutKey::declare(kb);
     auto r0 = program_id(0) * BM, c0 = program_id(1) * BN, bh = program_id(2);
     auto rows = row0 + r0 + arange(0, BM);
-    Tile keep = general ? kernels::dropout_keep(bh, rows, col0 + c0 + arange(0, BN), sl, sh, ol, oh, thr)
-                        : kernels::dropout_keep_block(bh, rows, col0 + c0, BN, sl, sh, ol, oh, thr);
+    Tile keep = general ? kernels::dropout_keep(bh, rows, col0 + c0 + arange(0, BN), key)
+                        : kernels::dropout_keep_block(bh, rows, col0 + c0, BN, key);
     store(Out.block({bh, r0, c0}, {BM, BN}), cast(u8, keep));
   });
   return k;
@@ -85,10 +84,9 @@ const Kernel& keep_mask_kernel() {
     auto BM = kb.meta<int>("BLOCK_M", 64), BN = kb.meta<int>("BLOCK_N", 128);
     auto Out = kb.tensor("Out", u32, 3), X = kb.tensor("X", f32, 3), Applied = kb.tensor("Applied", f32, 3);
     auto row0 = kb.scalar<int>("row0"), col0 = kb.scalar<int>("col0");
-    auto sl = kb.scalar("seed_lo", u32), sh = kb.scalar("seed_hi", u32), ol = kb.scalar("offset_lo", u32),
-         oh = kb.scalar("offset_hi", u32), thr = kb.scalar("keep_threshold", u32);
+    auto key = kernels::DropoutKey::declare(kb);
     auto r0 = program_id(0) * BM, c0 = program_id(1) * BN, bh = program_id(2);
-    Tile mask = kernels::dropout_keep_mask_block(bh, row0 + r0 + arange(0, BM), col0 + c0, BN, sl, sh, ol, oh, thr);
+    Tile mask = kernels::dropout_keep_mask_block(bh, row0 + r0 + arange(0, BM), col0 + c0, BN, key);
     store(Out.block({bh, r0, c0}, {BM, BN}), mask);
     store(Applied.block({bh, r0, c0}, {BM, BN}), kernels::apply_keep_mask(load(X.block({bh, r0, c0}, {BM, BN})), mask));
   });
@@ -364,7 +362,7 @@ TEST_CASE("dropout_keep_mask_block: 0 / 0xFFFFFFFF exactly where the host keeps,
 TEST_CASE("dropout_keep_block: a non-positive column count is a build error") {
   Kernel k = kernel("bad_keep", [](Builder& kb) {
     auto Out = kb.tensor("Out", u8, 2);
-    auto keep = kernels::dropout_keep_block(0, arange(0, 16), 0, 0, 1, 2, 3, 4, 128);
+    auto keep = kernels::dropout_keep_block(0, arange(0, 16), 0, 0, kernels::DropoutKey::declare(kb));
     store(Out.block({0, 0}, {16, 1}), cast(u8, keep));
   });
   CHECK_THROWS_WITH_AS(k.build(), doctest::Contains("num_cols = 0 is not positive"), BuildError);
@@ -373,7 +371,7 @@ TEST_CASE("dropout_keep_block: a non-positive column count is a build error") {
 TEST_CASE("dropout_keep_words / dropout_mask: an odd word count is a build error naming the value") {
   Kernel k = kernel("bad_words", [](Builder& kb) {
     auto Out = kb.tensor("Out", u32, 2);
-    store(Out.block({0, 0}, {16, 3}), kernels::dropout_keep_words(0, arange(0, 16), 0, 3, 1, 2, 3, 4, 128));
+    store(Out.block({0, 0}, {16, 3}), kernels::dropout_keep_words(0, arange(0, 16), 0, 3, kernels::DropoutKey::declare(kb)));
   });
   CHECK_THROWS_WITH_AS(k.build(), doctest::Contains("num_words = 3 must be a positive even number"), BuildError);
   CHECK_THROWS_WITH_AS(kernels::dropout_mask().build({{"BLOCK_M", 16}, {"BLOCK_W", 1}}), doctest::Contains("BLOCK_W must be even"),

@@ -7,14 +7,10 @@ namespace tilejit::kernels {
 using namespace lang;
 
 AttentionDropout::AttentionDropout(Builder& kb)
-    : seed_lo(kb.scalar<uint32_t>("seed_lo")),
-      seed_hi(kb.scalar<uint32_t>("seed_hi")),
-      offset_lo(kb.scalar<uint32_t>("offset_lo")),
-      offset_hi(kb.scalar<uint32_t>("offset_hi")),
-      keep_threshold(kb.scalar<uint32_t>("keep_threshold")),
+    : key(DropoutKey::declare(kb)),
       // threshold 0 (everything dropped) gives inf here, but it only scales kept values. rcp, not
       // '/': a division's slow path is a subroutine call, and ptxas then serialises every wgmma
-      scale(256.0f * rcp(cast(f32, keep_threshold))) {}
+      scale(256.0f * rcp(cast(f32, key.keep_threshold))) {}
 
 void AttentionDropout::declare_bits(Builder& kb) {
   bits = kb.tensor("dropout_bits", u32, 3, {.align_bytes = 4, .contiguous_last = true});
@@ -28,8 +24,13 @@ AttentionDropout::Ahead AttentionDropout::keep_ahead(const Tile& batch_head, con
                                                     int64_t num_cols) const {
   if (bits.descriptor().valid()) return {std::nullopt, precompute(bits_words(batch_head, row0, num_rows, col0, num_cols))};
   if (num_cols % 64 != 0) return {};  // (per element at the use)
-  return {dropout_keep_calls(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold),
-          Tile()};
+  // The block's Philox calls and the keep flags of all four outputs (3 ops a word; 16 registers a
+  // thread in a 128 x 128 block on 8 warps), computed here under precompute -- otherwise the whole
+  // Philox chain, whose layout its use decides, would be computed at the use; only the prmts wait.
+  DropoutKeepCalls calls = dropout_calls(batch_head, row0 + arange(0, num_rows), col0, num_cols, key);
+  for (Tile& w : calls.words) w = precompute(dropout_keep_flags(w, key.keep_threshold));
+  calls.flags = true;
+  return {calls, Tile()};
 }
 
 Tile AttentionDropout::keep_mask_of(const Ahead& ahead, const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
@@ -43,14 +44,15 @@ Tile AttentionDropout::keep_pairs_of(const Ahead& ahead, const Tile& batch_head,
   if (ahead.words.valid()) return expand_keep_word_pairs(ahead.words, num_rows, num_cols);
   if (ahead.calls) return dropout_keep_pairs_of(*ahead.calls);
   if (bits.descriptor().valid()) return expand_keep_word_pairs(bits_words(batch_head, row0, num_rows, col0, num_cols), num_rows, num_cols);
-  return dropout_keep_pairs_block(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi,
-                                  keep_threshold);
+  // Fused: pairs of the Philox outputs; fewer than whole 64-column groups: the per-element mask (the
+  // same bits), packed.
+  if (num_cols % 64 != 0) return pack_pairs(cast(u16, keep_mask(batch_head, row0, num_rows, col0, num_cols)));
+  return dropout_keep_pairs_of(dropout_calls(batch_head, row0 + arange(0, num_rows), col0, num_cols, key));
 }
 
 Tile AttentionDropout::keep_mask(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols) const {
   if (!bits.descriptor().valid())
-    return dropout_keep_mask_block(batch_head, row0 + arange(0, num_rows), col0, num_cols, seed_lo, seed_hi, offset_lo, offset_hi,
-                                   keep_threshold);
+    return dropout_keep_mask_block(batch_head, row0 + arange(0, num_rows), col0, num_cols, key);
   return expand_keep_words(bits_words(batch_head, row0, num_rows, col0, num_cols), num_rows, num_cols);
 }
 
@@ -67,9 +69,12 @@ Tile AttentionDropout::keep_mask_transposed(const Tile& batch_head, const Tile& 
   // moved through shared memory into the transposed block's layout and expanded there. Generated
   // in the transposed layout instead, a thread would compute 16 calls a 64 x 64 block and use 2
   // bytes of each (its keys are rows, and one call covers 16 keys of one query row).
-  Tile words = dropout_keep_words(batch_head, row0 + arange(0, num_rows), col0 / 32, num_cols / 32, seed_lo, seed_hi, offset_lo,
-                                  offset_hi, keep_threshold);
+  Tile words = keep_words(batch_head, row0 + arange(0, num_rows), col0 / 32, num_cols / 32);
   return trans(expand_keep_words(words, num_rows, num_cols));
+}
+
+Tile AttentionDropout::keep_words(const Tile& batch_head, const Tile& rows, const Tile& word0, int64_t num_words) const {
+  return dropout_keep_words(batch_head, rows, word0, num_words, key);
 }
 
 Tile expand_keep_words(const Tile& words, int64_t num_rows, int64_t num_cols) {

@@ -10,13 +10,16 @@
 
 namespace tilejit::kernels {
 
-// The dropout parameters of the attention kernels (forward, dK/dV, dQ): declares seed_lo,
-// seed_hi, offset_lo, offset_hi, keep_threshold (call after the kernel's other parameters).
-// The keep-mask either comes from Philox in the kernel (rng = fused) or, once `bits` is set
-// (meta DROPOUT_BITS: rng = precomputed), from the packed mask the dropout_mask kernel wrote:
-// u32 [batch * heads_q, seq_q, cdiv(seq_k, 32)], bit j % 32 of word j / 32 -- the same bits.
+// Dropout in the attention kernels (forward, dK/dV, dQ), and the one owner of "the keep-mask of a
+// block" there: kernels ask it for a block's mask in the form they consume (i1, u32 per element,
+// transposed, packed pairs, or prepared ahead) and never build one from Philox or mask words
+// themselves. The constructor declares the Philox key (DropoutKey::declare: seed_lo, seed_hi,
+// offset_lo, offset_hi, keep_threshold; call after the kernel's other parameters). The mask
+// either comes from Philox in the kernel under `key` (rng = fused) or, once `bits` is set (meta
+// DROPOUT_BITS: rng = precomputed), from the packed mask the dropout_mask kernel wrote: u32
+// [batch * heads_q, seq_q, cdiv(seq_k, 32)], bit j % 32 of word j / 32 -- the same bits.
 struct AttentionDropout {
-  lang::Tile seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold;
+  DropoutKey key;    // the Philox key and keep threshold (kernels/philox.hpp)
   lang::Tile scale;  // f32 256 / keep_threshold: what kept probabilities are multiplied by
   lang::Tensor bits;  // rng = precomputed: the packed keep-mask (invalid: fused)
 
@@ -38,6 +41,11 @@ struct AttentionDropout {
   // whole Philox calls, then a shared-memory exchange into the transposed layout.
   lang::Tile keep_mask_transposed(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows, const lang::Tile& col0,
                                   int64_t num_cols) const;
+  // Fused: the packed words (u32 [rows, num_words], bit b of word w = column 32 (word0 + w) + b,
+  // 1 = keep; num_words and word0 even) of query rows `rows` (i32 [M]) -- dropout_keep_words, what
+  // the dropout_mask kernel writes: for warps that compute the mask for others (RNG_WARPS), whose
+  // consumers then read it as precomputed words (Ahead::words).
+  lang::Tile keep_words(const lang::Tile& batch_head, const lang::Tile& rows, const lang::Tile& word0, int64_t num_words) const;
   // keep_mask in two steps, for a kernel that prepares the mask's inputs where it has nothing else
   // to issue (e.g. right after issuing an MMA) and builds the mask at its use. Fused (whole 64-column
   // groups): the block's Philox calls (see DropoutKeepCalls); precomputed: the block's packed words,

@@ -50,8 +50,7 @@ void with_rng_warps(ForwardProgram& p, const Channel& keep_words, const std::fun
   warp_roles({{.warps = 0, .max_registers = static_cast<int>(p.cfg.mma_registers), .body = mma},
               {.warps = static_cast<int>(p.cfg.rng_warps), .max_registers = static_cast<int>(p.cfg.rng_registers), .body = [&] {
                  for_range(0, cdiv(p.n_end, p.BN), [&](Tile j) {
-                   keep_words.push(j, dropout_keep_words(p.bh, p.m0 + arange(0, p.BM), j * (p.BN / 32), p.BN / 32, drop.seed_lo,
-                                                         drop.seed_hi, drop.offset_lo, drop.offset_hi, drop.keep_threshold));
+                   keep_words.push(j, drop.keep_words(p.bh, p.m0 + arange(0, p.BM), j * (p.BN / 32), p.BN / 32));
                  });
                }}});
 }
