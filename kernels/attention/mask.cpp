@@ -1,5 +1,6 @@
-// Attention masks in the DSL: the library patterns element by element (the host twin's formulas on
-// i32 tiles), their tile-level intervals, score mods and the block-classification pre-pass.
+// Attention masks in the DSL: the library patterns element by element (mask_patterns.hpp's
+// predicates, the host twin's, on i32 tiles), their tile-level intervals, score mods and the
+// block-classification pre-pass.
 #include "kernels/attention/mask.hpp"
 
 #include <fmt/format.h>
@@ -117,45 +118,41 @@ Tile SequenceMask::doc_at(const Tile& tokens, Loc loc) const {
   return load(d.ptr(loc) + row_of_b * d.stride(0, loc) + tokens * d.stride(1, loc), inside, -1, loc);
 }
 
+// What mask_patterns' predicates read in the DSL (see mask_patterns.hpp): the bound scalars and loads.
+struct SequenceMask::Element {
+  const SequenceMask& m;
+  Loc loc;
+  const Tile &always, &p_is_token;  // always: the in-bounds mask
+  const Tile &window_left, &window_right, &global_tokens;
+  Tile doc(const Tile& tokens) const { return m.doc_at(tokens, loc); }
+  const Tile& question_doc() const { return m.question_doc; }
+  const Tile& last_doc() const { return m.last_doc; }
+  const Tile& prefix() const { return m.prefix; }
+  Tile block_table(const Tile& q, const Tile& k) const {
+    const Tensor& t = m.mask_.block_table;
+    const AttentionMask& mask = m.mask_;
+    Tile tb = where(t.size(0, loc) == 1, 0, m.b, loc), th = where(t.size(1, loc) == 1, 0, m.h, loc);
+    Tile ptr = t.ptr(loc) + tb * t.stride(0, loc) + th * t.stride(1, loc) + (q / mask.block_q) * t.stride(2, loc) +
+               (k / mask.block_k) * t.stride(3, loc);
+    return load(ptr, always, 0, loc);
+  }
+};
+
 Tile SequenceMask::allowed(const MaskIndices& i, Loc loc) const {
   const Tile p = i.position(), k = i.kv;
   const Tile in_bounds = (i.q >= 0) & (i.q < s_q) & (k >= 0) & (k < s_k);
   // positions inside the key sequence: the segment patterns read the id of the query's own token
   const Tile p_is_token = (p >= 0) & (p < s_k);
-  auto window = [&] { return (k >= p - mask_.window_left) & (k <= p + mask_.window_right); };
-  Tile m;
-  switch (mask_.kind()) {
-    case MaskKind::full: m = in_bounds; break;
-    case MaskKind::causal: m = k <= p; break;
-    case MaskKind::sliding_window: m = window(); break;
-    case MaskKind::causal_sliding_window: m = (k >= p - mask_.window_left) & (k <= p); break;
-    case MaskKind::global_sliding_window: m = (k < mask_.global_tokens) | (p < mask_.global_tokens) | window(); break;
-    case MaskKind::prefix_lm: m = (k <= p) | (k < prefix); break;
-    case MaskKind::document: m = p_is_token & (doc_at(p, loc) == doc_at(k, loc)); break;
-    case MaskKind::causal_document: m = p_is_token & (k <= p) & (doc_at(p, loc) == doc_at(k, loc)); break;
-    case MaskKind::share_question: {
-      Tile dk = doc_at(k, loc);
-      m = p_is_token & (k <= p) & ((dk == doc_at(p, loc)) | (dk == question_doc));
-      break;
-    }
-    case MaskKind::causal_blockwise: {
-      Tile dp = doc_at(p, loc);
-      m = p_is_token & (k <= p) & ((doc_at(k, loc) == dp) | (dp == last_doc));
-      break;
-    }
-    case MaskKind::block_sparse: {
-      const Tensor& t = mask_.block_table;
-      Tile tb = where(t.size(0, loc) == 1, 0, b, loc), th = where(t.size(1, loc) == 1, 0, h, loc);
-      Tile ptr = t.ptr(loc) + tb * t.stride(0, loc) + th * t.stride(1, loc) + (i.q / mask_.block_q) * t.stride(2, loc) +
-                 (k / mask_.block_k) * t.stride(3, loc);
-      m = load(ptr, in_bounds, 0, loc) != 0;
-      break;
-    }
-  }
+  const Element x{*this, loc, in_bounds, p_is_token, mask_.window_left, mask_.window_right, mask_.global_tokens};
+  const Tile m = visit_mask_pattern(mask_.kind(), [&](auto pattern) -> Tile { return pattern.allowed(i.q, p, k, x); }, Tile());
   return broadcast_to(m & in_bounds, i.shape(), loc);
 }
 
 // ---- SequenceMask: tiles ----
+//
+// The tile arithmetic (key_tiles, query_tiles, tile_is_full, tile_verdict) stays here, per kind:
+// the host has no per-tile form of it (MaskIntervals works per row, the host classifies blocks by
+// counting), so there is no second copy to share it with.
 
 void SequenceMask::require_intervals(const char* what, Loc loc) const {
   if (!mask_has_tile_intervals(mask_.kind()))
@@ -277,9 +274,7 @@ Tile SequenceMask::tile_is_full(const Tile& m0, int64_t block_m, const Tile& n0,
 
 std::optional<TileVerdict> SequenceMask::tile_verdict(const Tile& m0, int64_t block_m, const Tile& n0, int64_t block_n, Loc loc) const {
   const MaskKind kind = mask_.kind();
-  if (kind != MaskKind::document && kind != MaskKind::causal_document && kind != MaskKind::share_question &&
-      kind != MaskKind::causal_blockwise)
-    return std::nullopt;
+  if (!mask_uses_doc_ids(kind)) return std::nullopt;
   // Rows are allowed keys only where their position p = q + S_k - S_q is a token (inside the key
   // sequence). With the ids' ranges [qlo, qhi] over the in-bounds rows and [klo, khi] over the
   // in-bounds keys: disjoint ranges mean no pair shares an id; one id everywhere, and every
@@ -408,8 +403,7 @@ const Kernel& attention_block_classes() {
     classify_blocks(kb, cfg, [kind = cfg.mask](Builder& builder) {
       const AttentionMask mask(builder, kind);
       TileVerdictFn verdict;
-      if (kind == MaskKind::document || kind == MaskKind::causal_document || kind == MaskKind::share_question ||
-          kind == MaskKind::causal_blockwise)
+      if (mask_uses_doc_ids(kind))
         verdict = [mask](const Tile& b, const Tile& h, const Tile& s_q, const Tile& s_k, const Tile& m0, int64_t bm, const Tile& n0,
                          int64_t bn) { return mask.bind(b, h, s_q, s_k).tile_verdict(m0, bm, n0, bn); };
       return BlockClassifier{mask.mask_mod(), verdict};

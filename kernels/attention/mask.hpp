@@ -167,6 +167,7 @@ class SequenceMask {
 
  private:
   friend class AttentionMask;
+  struct Element;  // what mask_patterns' predicates read (mask.cpp)
   explicit SequenceMask(const AttentionMask& mask) : mask_(mask) {}
   lang::Tile doc_at(const lang::Tile& tokens, lang::Loc loc) const;  // doc ids of key positions (i32; -1 outside [0, S_k))
   void require_intervals(const char* what, lang::Loc loc) const;

@@ -1,6 +1,8 @@
 // The host (plain C++) twin of the attention mask library (kernels/attention/mask.hpp): what every
 // mask pattern allows, element by element, its interval description, block classification and the
 // count of unmasked elements. Tests and reference implementations use it; no tilejit dependency.
+// Each pattern is one struct in mask_patterns.hpp (its name, parameters and element predicate, the
+// predicate shared with the DSL's SequenceMask::allowed); this header evaluates it on host values.
 //
 // Coordinates. A mask is a function of (b, h, q, k): batch b, query head h, query row q in
 // [0, S_q), key k in [0, S_k). Query row q sits at key position p = q + (S_k - S_q): the last query
@@ -50,39 +52,12 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention/mask_patterns.hpp"
+
 namespace tilejit::kernels {
 
-// The value of the attention kernels' compile-time MASK meta-parameter.
-enum class MaskKind : int {
-  full = 0,
-  causal = 1,
-  sliding_window = 2,
-  causal_sliding_window = 3,
-  global_sliding_window = 4,
-  document = 5,
-  causal_document = 6,
-  prefix_lm = 7,
-  share_question = 8,
-  causal_blockwise = 9,
-  block_sparse = 10,
-};
-inline constexpr int kMaskKindCount = 11;
-
 inline const char* mask_kind_name(MaskKind k) {
-  switch (k) {
-    case MaskKind::full: return "full";
-    case MaskKind::causal: return "causal";
-    case MaskKind::sliding_window: return "sliding_window";
-    case MaskKind::causal_sliding_window: return "causal_sliding_window";
-    case MaskKind::global_sliding_window: return "global_sliding_window";
-    case MaskKind::document: return "document";
-    case MaskKind::causal_document: return "causal_document";
-    case MaskKind::prefix_lm: return "prefix_lm";
-    case MaskKind::share_question: return "share_question";
-    case MaskKind::causal_blockwise: return "causal_blockwise";
-    case MaskKind::block_sparse: return "block_sparse";
-  }
-  return "unknown";
+  return visit_mask_pattern(k, [](auto p) { return decltype(p)::name; }, "unknown");
 }
 
 inline std::string mask_kind_list() {
@@ -93,34 +68,21 @@ inline std::string mask_kind_list() {
 
 // Which per-token data a kind reads: document ids (the segment patterns), prefix lengths, a block table.
 inline bool mask_uses_doc_ids(MaskKind k) {
-  return k == MaskKind::document || k == MaskKind::causal_document || k == MaskKind::share_question ||
-         k == MaskKind::causal_blockwise;
+  return visit_mask_pattern(k, [](auto p) { return decltype(p)::uses_doc_ids; }, false);
 }
 // Whether the kernels can classify tiles with scalar arithmetic alone (AttentionMask's key_tiles,
 // query_tiles, tile_is_full); the other kinds need the block-mask pre-pass (attention_block_classes, attention_block_lists).
 inline bool mask_has_tile_intervals(MaskKind k) {
-  return k == MaskKind::full || k == MaskKind::causal || k == MaskKind::sliding_window || k == MaskKind::causal_sliding_window ||
-         k == MaskKind::global_sliding_window || k == MaskKind::prefix_lm;
+  return visit_mask_pattern(k, [](auto p) { return decltype(p)::has_tile_intervals; }, false);
 }
 
 // The runtime parameters a kind adds to a kernel, in declaration order (after the kernel's own):
 // scalars are i32, mask_doc_ids an i32 [B or 1, S_k] tensor, mask_prefix_lengths an i32 [B]
 // tensor, mask_block_table a u8 [B or 1, H or 1, nQB, nKB] tensor.
 inline std::vector<std::string> mask_parameter_names(MaskKind k) {
-  switch (k) {
-    case MaskKind::full:
-    case MaskKind::causal: return {};
-    case MaskKind::sliding_window: return {"mask_window_left", "mask_window_right"};
-    case MaskKind::causal_sliding_window: return {"mask_window_left"};
-    case MaskKind::global_sliding_window: return {"mask_global_tokens", "mask_window_left", "mask_window_right"};
-    case MaskKind::document:
-    case MaskKind::causal_document:
-    case MaskKind::share_question:
-    case MaskKind::causal_blockwise: return {"mask_doc_ids"};
-    case MaskKind::prefix_lm: return {"mask_prefix_lengths"};
-    case MaskKind::block_sparse: return {"mask_block_q", "mask_block_k", "mask_block_table"};
-  }
-  return {};
+  return visit_mask_pattern(
+      k, [](auto p) { return std::vector<std::string>(decltype(p)::parameters.begin(), decltype(p)::parameters.end()); },
+      std::vector<std::string>{});
 }
 
 // A mask pattern and its integer parameters (the fields a kind does not use are ignored).
@@ -214,70 +176,65 @@ inline void check_mask(const MaskSpec& spec, const MaskData& data, const MaskPro
   check_extent(spec, "S_q", pr.s_q, 0, "a sequence length");
   check_extent(spec, "S_k", pr.s_k, 0, "a sequence length");
   const std::string B = std::to_string(pr.batch), H = std::to_string(pr.heads);
-  switch (spec.kind) {
-    case MaskKind::sliding_window:
-    case MaskKind::global_sliding_window:
-      check_extent(spec, "window_right", spec.window_right, 0, "windows count keys after the query");
-      [[fallthrough]];
-    case MaskKind::causal_sliding_window:
+  // the rules of each parameter the kind reads (mask_parameter_names order)
+  for (const std::string& name : mask_parameter_names(spec.kind)) {
+    if (name == "mask_window_left") {
       check_extent(spec, "window_left", spec.window_left, 0, "windows count keys before the query");
-      if (spec.kind == MaskKind::global_sliding_window) check_extent(spec, "global_tokens", spec.global_tokens, 0, "a token count");
-      break;
-    case MaskKind::prefix_lm: {
+    } else if (name == "mask_window_right") {
+      check_extent(spec, "window_right", spec.window_right, 0, "windows count keys after the query");
+    } else if (name == "mask_global_tokens") {
+      check_extent(spec, "global_tokens", spec.global_tokens, 0, "a token count");
+    } else if (name == "mask_doc_ids") {
+      check_array(spec, "doc_ids", data.doc_ids, {-pr.batch, pr.s_k},
+                  "[B or 1, S_k] = [" + B + " or 1, " + std::to_string(pr.s_k) + "] (a document id per key token)");
+    } else if (name == "mask_prefix_lengths") {
       check_array(spec, "prefix_lengths", data.prefix_lengths, {pr.batch}, "[B] = [" + B + "] (one prefix length per batch row)");
       for (size_t b = 0; b < data.prefix_lengths.values.size(); ++b)
         if (data.prefix_lengths.values[b] < 0)
           fail(spec, "prefix_lengths[" + std::to_string(b) + "] = " + std::to_string(data.prefix_lengths.values[b]) +
                          " is negative (a prefix is a count of tokens >= 0)");
-      break;
-    }
-    case MaskKind::block_sparse: {
+    } else if (name == "mask_block_q") {
       check_extent(spec, "block_q", spec.block_q, 1, "the table's query rows per block");
+    } else if (name == "mask_block_k") {
       check_extent(spec, "block_k", spec.block_k, 1, "the table's keys per block");
+    } else if (name == "mask_block_table") {
       const int64_t nq = cdiv(pr.s_q, spec.block_q), nk = cdiv(pr.s_k, spec.block_k);
       check_array(spec, "block_table", data.block_table, {-pr.batch, -pr.heads, nq, nk},
                   "[B or 1, H or 1, cdiv(S_q, block_q), cdiv(S_k, block_k)] = [" + B + " or 1, " + H + " or 1, " + std::to_string(nq) + ", " +
                       std::to_string(nk) + "] (block_q = " + std::to_string(spec.block_q) + ", block_k = " + std::to_string(spec.block_k) +
                       ", S_q = " + std::to_string(pr.s_q) + ", S_k = " + std::to_string(pr.s_k) + ")");
-      break;
     }
-    default:
-      if (mask_uses_doc_ids(spec.kind))
-        check_array(spec, "doc_ids", data.doc_ids, {-pr.batch, pr.s_k},
-                    "[B or 1, S_k] = [" + B + " or 1, " + std::to_string(pr.s_k) + "] (a document id per key token)");
-      break;
   }
 }
+
+// What mask_patterns' predicates read on the host (see mask_patterns.hpp): plain values and array reads.
+struct MaskHostElement {
+  const MaskSpec& spec;
+  const MaskData& data;
+  int64_t b, h, s_k;
+  bool always, p_is_token;
+  int64_t window_left, window_right, global_tokens;
+  int32_t doc(int64_t t) const {  // -1 outside [0, S_k), as the kernels' masked load
+    if (t < 0 || t >= s_k) return -1;
+    const int64_t row = data.doc_ids.shape.at(0) == 1 ? 0 : b;
+    return data.doc_ids.values[static_cast<size_t>(row * s_k + t)];
+  }
+  int32_t question_doc() const { return doc(0); }
+  int32_t last_doc() const { return doc(s_k - 1); }
+  int32_t prefix() const { return data.prefix_lengths.values[static_cast<size_t>(b)]; }
+  uint8_t block_table(int64_t q, int64_t k) const {
+    const auto& t = data.block_table;
+    const int64_t tb = t.shape[0] == 1 ? 0 : b, th = t.shape[1] == 1 ? 0 : h;
+    return t.values[static_cast<size_t>(((tb * t.shape[1] + th) * t.shape[2] + q / spec.block_q) * t.shape[3] + k / spec.block_k)];
+  }
+};
 
 // Whether (b, h, q, k) is allowed (true = attend). Out-of-range q or k: false.
 inline bool mask_allowed(const MaskSpec& spec, const MaskData& data, int64_t b, int64_t h, int64_t q, int64_t k, int64_t s_q, int64_t s_k) {
   if (q < 0 || q >= s_q || k < 0 || k >= s_k) return false;
   const int64_t p = q + (s_k - s_q);
-  auto doc = [&](int64_t t) {
-    const int64_t row = data.doc_ids.shape.at(0) == 1 ? 0 : b;
-    return data.doc_ids.values[static_cast<size_t>(row * s_k + t)];
-  };
-  const bool p_is_token = p >= 0 && p < s_k;
-  const bool window = p - spec.window_left <= k && k <= p + spec.window_right;
-  switch (spec.kind) {
-    case MaskKind::full: return true;
-    case MaskKind::causal: return k <= p;
-    case MaskKind::sliding_window: return window;
-    case MaskKind::causal_sliding_window: return p - spec.window_left <= k && k <= p;
-    case MaskKind::global_sliding_window: return k < spec.global_tokens || p < spec.global_tokens || window;
-    case MaskKind::document: return p_is_token && doc(p) == doc(k);
-    case MaskKind::causal_document: return p_is_token && k <= p && doc(p) == doc(k);
-    case MaskKind::prefix_lm: return k <= p || k < data.prefix_lengths.values[static_cast<size_t>(b)];
-    case MaskKind::share_question: return p_is_token && k <= p && (doc(k) == doc(p) || doc(k) == doc(0));
-    case MaskKind::causal_blockwise: return p_is_token && k <= p && (doc(k) == doc(p) || doc(p) == doc(s_k - 1));
-    case MaskKind::block_sparse: {
-      const auto& t = data.block_table;
-      const int64_t tb = t.shape[0] == 1 ? 0 : b, th = t.shape[1] == 1 ? 0 : h;
-      const int64_t i = ((tb * t.shape[1] + th) * t.shape[2] + q / spec.block_q) * t.shape[3] + k / spec.block_k;
-      return t.values[static_cast<size_t>(i)] != 0;
-    }
-  }
-  return false;
+  const MaskHostElement x{spec, data, b, h, s_k, true, p >= 0 && p < s_k, spec.window_left, spec.window_right, spec.global_tokens};
+  return visit_mask_pattern(spec.kind, [&](auto pattern) { return static_cast<bool>(pattern.allowed(q, p, k, x)); }, false);
 }
 
 // The whole mask as u8 [B][H][S_q][S_k] (1 = allowed), row-major.
@@ -302,7 +259,8 @@ struct KeyIntervals {
   std::array<KeyInterval, 2> at{};
 };
 
-// The per-row interval form of a mask: every kind but block_sparse, provided each document id
+// The per-row interval form of a mask (host only: the DSL's interval arithmetic, key_tiles /
+// query_tiles / tile_is_full in mask.cpp, works per tile and differs in form, so each side keeps its own): every kind but block_sparse, provided each document id
 // forms one contiguous run per batch row (packed sequences; segment patterns are defined for any
 // ids, but the interval form needs runs). build() returns nullopt otherwise.
 class MaskIntervals {
