@@ -127,12 +127,17 @@ lang::Meta meta_of(const Config& c) {
   spec.score_mod = static_cast<kernels::ScoreModKind>(c.score_mod);
   spec.dropout = c.dropout;
   spec.dropout_bits = c.read_bits;
+  // the pass's config with the call's spec and tiles
+  auto tiled = [&](auto k) {
+    k.spec = spec;
+    k.block_m = c.sch.block_m;
+    if constexpr (requires { k.block_n; }) k.block_n = c.sch.block_n;
+    return k;
+  };
   lang::Meta all;
   switch (c.pass) {
     case Pass::forward: {
-      kernels::ForwardConfig f;
-      f.spec = spec;
-      f.block_m = c.sch.block_m, f.block_n = c.sch.block_n;
+      kernels::ForwardConfig f = tiled(kernels::ForwardConfig{});
       f.return_mask = c.return_mask;
       f.positive_scale = c.positive_scale;
       // a register bound normalises by rcp: the division's subroutine makes ptxas serialise every
@@ -141,44 +146,18 @@ lang::Meta meta_of(const Config& c) {
       all = f.to_meta();
       break;
     }
-    case Pass::bwd_preprocess: {
-      kernels::PreprocessConfig k;
-      k.spec = spec;
-      k.block_m = c.sch.block_m;
-      all = k.to_meta();
-      break;
-    }
     case Pass::bwd_dkdv: {
-      kernels::DkdvConfig k;
-      k.spec = spec;
-      k.block_m = c.sch.block_m, k.block_n = c.sch.block_n;
+      kernels::DkdvConfig k = tiled(kernels::DkdvConfig{});
       k.dq_reduction = static_cast<DqReduction>(c.reduction);
       k.q_descending = c.q_descending;
       k.persistent = persistent_ordered(c.reduction, c.q_descending);
       all = k.to_meta();
       break;
     }
-    case Pass::bwd_dq: {
-      kernels::DqConfig k;
-      k.spec = spec;
-      k.block_m = c.sch.block_m, k.block_n = c.sch.block_n;
-      all = k.to_meta();
-      break;
-    }
-    case Pass::bwd_dq_convert: {
-      kernels::DqConvertConfig k;
-      k.spec = spec;
-      k.block_m = c.sch.block_m;
-      all = k.to_meta();
-      break;
-    }
-    case Pass::bwd_dq_reduce: {
-      kernels::DqReduceConfig k;
-      k.spec = spec;
-      k.block_m = c.sch.block_m, k.block_n = c.sch.block_n;
-      all = k.to_meta();
-      break;
-    }
+    case Pass::bwd_preprocess: all = tiled(kernels::PreprocessConfig{}).to_meta(); break;
+    case Pass::bwd_dq: all = tiled(kernels::DqConfig{}).to_meta(); break;
+    case Pass::bwd_dq_convert: all = tiled(kernels::DqConvertConfig{}).to_meta(); break;
+    case Pass::bwd_dq_reduce: all = tiled(kernels::DqReduceConfig{}).to_meta(); break;
   }
   lang::Meta used;
   for (auto& m : all)

@@ -14,6 +14,16 @@ namespace mn = meta_name;
 
 namespace {
 
+// DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM and CAUSAL: the first metas of the forward, dK/dV, dQ and dQ
+// reduce kernels, in this order.
+void read_core(Builder& kb, AttentionSpec& s, int64_t& block_m, int64_t& block_n) {
+  s.dtype = kb.meta_dtype(mn::kDtype, ir::DType::bf16);
+  block_m = kb.meta<int>(mn::kBlockM, 64);
+  block_n = kb.meta<int>(mn::kBlockN, 64);
+  s.head_dim = kb.meta<int>(mn::kHeadDim, 64);
+  s.causal = kb.meta<bool>(mn::kCausal, false);
+}
+
 // The metas every attention kernel's caller passes: tiles, dtype, head dim, causal, layout.
 void put_core(Meta& m, const AttentionSpec& s, int64_t block_m, int64_t block_n) {
   m.emplace_back(mn::kDtype, s.dtype);
@@ -75,11 +85,7 @@ Meta ForwardConfig::to_meta() const {
 ForwardConfig ForwardConfig::read(Builder& kb) {
   ForwardConfig c;
   AttentionSpec& s = c.spec;
-  s.dtype = kb.meta_dtype(mn::kDtype, ir::DType::bf16);
-  c.block_m = kb.meta<int>(mn::kBlockM, 64);
-  c.block_n = kb.meta<int>(mn::kBlockN, 64);
-  s.head_dim = kb.meta<int>(mn::kHeadDim, 64);
-  s.causal = kb.meta<bool>(mn::kCausal, false);
+  read_core(kb, s, c.block_m, c.block_n);
   s.mask = mask_kind_meta(kb, mn::kMask);
   if (s.mask == MaskKind::causal) s.causal = true;
   s.bshd = kb.meta<bool>(mn::kBshd, false);
@@ -270,11 +276,7 @@ Meta DqReduceConfig::to_meta() const {
 DqReduceConfig DqReduceConfig::read(Builder& kb) {
   DqReduceConfig c;
   AttentionSpec& s = c.spec;
-  s.dtype = kb.meta_dtype(mn::kDtype, ir::DType::bf16);
-  c.block_m = kb.meta<int>(mn::kBlockM, 64);
-  c.block_n = kb.meta<int>(mn::kBlockN, 64);
-  s.head_dim = kb.meta<int>(mn::kHeadDim, 64);
-  s.causal = kb.meta<bool>(mn::kCausal, false);
+  read_core(kb, s, c.block_m, c.block_n);
   s.bshd = kb.meta<bool>(mn::kBshd, false);
   s.mask = read_backward_mask(kb, s.causal, /*varlen=*/false);
   if (s.mask == MaskKind::causal) s.causal = true;
