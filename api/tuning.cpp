@@ -49,6 +49,20 @@ int64_t arg_size(std::span<const DeviceArg> args, size_t i, int dim, std::string
   return args[i].tensor()->sizes[static_cast<size_t>(dim)];
 }
 
+// The config a space starts from: the registry's row of `kernel` (api/registry.cpp): its values of
+// the tuned metas `names` (in this order, the id's), its warps and stages.
+TuningConfig registry_default(const std::string& kernel, std::initializer_list<const char*> names) {
+  const LibraryKernel* k = find(kernel);
+  if (!k) throw std::logic_error(fmt::format("tilejit: kernel '{}' has a tuning space but no registry row", kernel));
+  TuningConfig c;
+  for (const char* name : names)
+    for (const auto& [n, v] : k->default_meta)
+      if (n == name) c.values.emplace_back(n, std::get<int64_t>(v));
+  c.values.emplace_back("warps", k->num_warps);
+  c.values.emplace_back("stages", k->stages);
+  return c;
+}
+
 // ---- GEMM ------------------------------------------------------------------------------------
 
 // Both operands K-major on sm_90a: the layout the TMA + wgmma pipeline takes (given BLOCK_K = 64
@@ -180,7 +194,7 @@ runtime::TuningSpace make_gemm_space() {
            [](std::span<const DeviceArg> a, const lang::Meta& fixed) {
              return arg_size(a, 0, meta_bool_of(fixed, mn::kAKmajor, true) ? 1 : 0, "gemm");
            })
-      .default_config({{{mn::kBlockM, 128}, {mn::kBlockN, 256}, {mn::kBlockK, 64}, {mn::kGroupM, 8}, {"warps", 8}, {"stages", 4}}})
+      .default_config(registry_default("gemm", {mn::kBlockM, mn::kBlockN, mn::kBlockK, mn::kGroupM}))
       .workload(gemm_workload)
       .problem(gemm_problem)
       .grid(gemm_grid);
