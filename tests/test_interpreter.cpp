@@ -334,3 +334,19 @@ TEST_CASE("issue 28: integer padding converts like a cast") {
     CHECK(oi.get({k}) == (k < 6 ? -10.0 - static_cast<double>(k) : 127.0));
   }
 }
+
+TEST_CASE("issue 28: f32 atomic_add flushes subnormal inputs and results to zero, as the GPU's atom.add.f32 does") {
+  HostTensor x(f32, {64}), acc(f32, {64}), old(f32, {64}), acc2(f32, {64});
+  for (int64_t k = 0; k < 64; ++k) {
+    x.set({k}, k % 2 ? 1e-39 : 1.0);          // subnormal / normal addends
+    acc.set({k}, k % 4 < 2 ? 2e-39 : -1e-39);  // subnormal memory
+    acc2.set({k}, acc.get({k}));
+  }
+  rt::interpret(test_kernels::atomic_subnormals().build(), {1}, {x, acc, old, acc2});
+  for (int64_t k = 0; k < 64; ++k) {
+    const double want = k % 2 ? 0.0 : 1.0;  // flushed memory + flushed or normal addend
+    CHECK(acc.get({k}) == want);
+    CHECK(acc2.get({k}) == want);
+    CHECK(old.get({k}) == (k % 4 < 2 ? static_cast<double>(2e-39f) : static_cast<double>(-1e-39f)));  // the old value as stored
+  }
+}

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
 #include <random>
 #include <variant>
@@ -483,4 +484,18 @@ TEST_CASE("gpu: integer padding converts like a cast, as in the interpreter (iss
   i.fill_uniform(62, -128, 127);
   for (int64_t off : {0, 10, 16, -20})
     check_against_interpreter(test_kernels::int_padding().build(), {1}, {&u, &i, &ou, &oi, off}, 0.0, {}, true);
+}
+
+TEST_CASE("gpu: f32 atomic_add with subnormal inputs, memory and results (issue 28, item 4)") {
+  if (!have_gpu()) return;
+  HostTensor x(f32, {64}), acc(f32, {64}), old(f32, {64}), acc2(f32, {64});
+  const float tiny = 1e-39f, small = 1.5e-38f;  // subnormal; normal (min normal 1.18e-38)
+  const std::array<float, 8> xs{tiny, -tiny, small, -small, 0.0f, 1.0f, tiny, -2 * tiny};
+  const std::array<float, 8> accs{0.0f, tiny, -small, small, tiny, -tiny, 2e-38f, -1e-38f};
+  for (int64_t k = 0; k < 64; ++k) {
+    x.set({k}, xs[static_cast<size_t>(k) % 8] * static_cast<float>(1 + k / 8));
+    acc.set({k}, accs[static_cast<size_t>(k / 8) % 8]);
+    acc2.set({k}, accs[static_cast<size_t>(k / 8) % 8]);
+  }
+  check_against_interpreter(test_kernels::atomic_subnormals().build(), {1}, {&x, &acc, &old, &acc2}, 0.0, {}, true);
 }

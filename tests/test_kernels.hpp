@@ -268,4 +268,19 @@ inline const Kernel& int_padding() {
   });
   return k;
 }
+
+// Issue 28, item 4: f32 atomic_add flushes subnormal inputs and results to zero (PTX atom/red.add.f32
+// does; the interpreter follows): one program adds X into Acc through pointers (returning the old
+// values into Old) and into Acc2 through a window.
+inline const Kernel& atomic_subnormals() {
+  static const Kernel k = kernel("atomic_subnormals", [](Builder& b) {
+    auto X = b.pointer("X", f32), Acc = b.pointer("Acc", f32), Old = b.pointer("Old", f32);
+    auto Acc2 = b.tensor("Acc2", f32, 1, {.contiguous_last = true});
+    auto offs = arange(0, 64);
+    auto x = load(X + offs);
+    store(Old + offs, atomic_add(Acc + offs, x));
+    atomic_add(Acc2.block({0}, {64}), x);
+  });
+  return k;
+}
 }  // namespace test_kernels

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "runtime/interpreter/machine.hpp"
 
@@ -113,6 +114,14 @@ void Machine::store_op(const Op& op) {
   }
 }
 
+// An atomic float add as the GPU computes it: f32 (PTX atom/red.add.f32 and the TMA reduce-add)
+// flushes subnormal inputs and results to sign-preserving zero; other float types round only.
+static double atomic_float_add(DType d, double old, double x) {
+  if (d != DType::f32) return element::round_float(d, old + x);
+  auto ftz = [](double v) { return v != 0 && std::fabs(v) < 0x1p-126 ? std::copysign(0.0, v) : v; };
+  return ftz(element::round_float(d, ftz(old) + ftz(x)));
+}
+
 void Machine::atomic_add_op(const Op& op) {
   const ir::Type& pt = T(op.operands[0]);
   const DType d = pt.dtype;
@@ -128,7 +137,7 @@ void Machine::atomic_add_op(const Op& op) {
       if (mask && !(*mask)[k]) continue;
       std::byte* q = access(op, static_cast<uint64_t>(p[k]), es, "atomically updates", static_cast<int64_t>(k), pt.shape);
       const double old = element::read_float(d, q);
-      element::write_float(d, q, element::round_float(d, old + V.f[k]));
+      element::write_float(d, q, atomic_float_add(d, old, V.f[k]));
       R.f[k] = old;
     }
   } else {
@@ -230,7 +239,7 @@ void Machine::block_op(const Op& op) {
       }
     } else if (in && add) {
       std::byte* q = access(op, base + static_cast<uint64_t>(elem_off) * es, es, "atomically updates", e, tile);
-      if (fl) element::write_float(d, q, element::round_float(d, element::read_float(d, q) + V->f[ue]));
+      if (fl) element::write_float(d, q, atomic_float_add(d, element::read_float(d, q), V->f[ue]));
       else element::write_int(d, q, wrap(static_cast<uint64_t>(element::read_int(d, q)) + static_cast<uint64_t>(V->i[ue])));
     } else if (in) {
       std::byte* q = access(op, base + static_cast<uint64_t>(elem_off) * es, es, "writes", e, tile);
