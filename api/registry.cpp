@@ -32,14 +32,13 @@ attention::Schedule api_schedule(attention::Pass pass) {
                                      pass == attention::Pass::bwd_dq_reduce ? attention::DqReduction::split
                                                                               : attention::DqReduction::recompute);
 }
-lang::Meta tiles(const attention::Schedule& s, bool block_n = true) {
-  lang::Meta m{{mn::kBlockM, s.block_m}};
-  if (block_n) m.emplace_back(mn::kBlockN, s.block_n);
-  return m;
-}
+// A row at the API's schedule for `pass`: its tiles (BLOCK_N only for kernels that tile keys),
+// warps and stages.
 LibraryKernel attention_row(std::string name, const lang::Kernel& (*kernel)(), std::string summary, attention::Pass pass,
-                            lang::Meta meta) {
+                            bool block_n = true) {
   const attention::Schedule s = api_schedule(pass);
+  lang::Meta meta{{mn::kBlockM, s.block_m}};
+  if (block_n) meta.emplace_back(mn::kBlockN, s.block_n);
   return {std::move(name), kernel, std::move(summary), std::move(meta), s.num_warps, s.stages};
 }
 
@@ -54,20 +53,17 @@ std::vector<LibraryKernel> make_library() {
       {"gemm", &gemm, "C = A @ B, bf16/f16 in, f32 accumulate (TMA + wgmma pipeline when K-major on sm_90a)", gemm_default.to_meta(),
        8, 4},
       attention_row("attention_fwd", &attention_forward, "FlashAttention forward with online softmax, optional causal mask",
-                    Pass::forward, tiles(fwd_tiles)),
+                    Pass::forward),
       attention_row("attention_bwd_preprocess", &attention_backward_preprocess, "attention backward, step 1: Delta = rowsum(dO * O)",
-                    Pass::bwd_preprocess, tiles(api_schedule(Pass::bwd_preprocess), false)),
+                    Pass::bwd_preprocess, /*block_n=*/false),
       attention_row("attention_bwd_dkdv", &attention_backward_dkdv,
                     "attention backward: dK, dV per key block, summed over the GQA group (DQ_REDUCTION: also dQ's parts, atomic or split)",
-                    Pass::bwd_dkdv, tiles(api_schedule(Pass::bwd_dkdv))),
-      attention_row("attention_bwd_dq", &attention_backward_dq, "attention backward: dQ per query block (no atomics)", Pass::bwd_dq,
-                    tiles(api_schedule(Pass::bwd_dq))),
+                    Pass::bwd_dkdv),
+      attention_row("attention_bwd_dq", &attention_backward_dq, "attention backward: dQ per query block (no atomics)", Pass::bwd_dq),
       attention_row("attention_bwd_dq_convert", &attention_backward_dq_convert,
-                    "attention backward, DQ_REDUCTION=atomic: dQ = scale * dQ_accum (f32 workspace)", Pass::bwd_dq_convert,
-                    tiles(api_schedule(Pass::bwd_dq_convert), false)),
+                    "attention backward, DQ_REDUCTION=atomic: dQ = scale * dQ_accum (f32 workspace)", Pass::bwd_dq_convert, /*block_n=*/false),
       attention_row("attention_bwd_dq_reduce", &attention_backward_dq_reduce,
-                    "attention backward, DQ_REDUCTION=split: dQ = scale * the parts in key tile order", Pass::bwd_dq_reduce,
-                    tiles(api_schedule(Pass::bwd_dq_reduce))),
+                    "attention backward, DQ_REDUCTION=split: dQ = scale * the parts in key tile order", Pass::bwd_dq_reduce),
       // the block-mask pre-pass at the forward's tiles (the API's block_classes_function; the
       // backward's run at 64 x 64 on 4 warps), so that bundles can ship it for masks without tile
       // intervals

@@ -279,9 +279,8 @@ void Machine::unary(const Op& op) {
         case rcp:  // rcp.approx.ftz below f64: subnormal inputs read as zero, subnormal results flush
           for (size_t k = 0; k < n; ++k) {
             const bool ftz = d != DType::f64;
-            const double x = ftz && std::fabs(a[k]) < 0x1p-126 ? std::copysign(0.0, a[k]) : a[k];
-            const double v = rnd(1.0 / x);
-            r[k] = ftz && std::fabs(v) < 0x1p-126 ? std::copysign(0.0, v) : v;
+            const double v = rnd(1.0 / (ftz ? flush_subnormal(a[k]) : a[k]));
+            r[k] = ftz ? flush_subnormal(v) : v;
           }
           return;
         case floor: for (size_t k = 0; k < n; ++k) r[k] = std::floor(a[k]); return;

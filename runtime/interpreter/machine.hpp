@@ -76,6 +76,9 @@ inline double max_nan(double a, double b) {
   return a > b ? a : b;
 }
 
+// The GPU's .ftz: a subnormal (below 2^-126 in magnitude) becomes a zero of the same sign.
+inline double flush_subnormal(double v) { return v != 0 && std::fabs(v) < 0x1p-126 ? std::copysign(0.0, v) : v; }
+
 // A numeric attribute (int64 or double) converted to dtype `t` the way a cast would
 // (interpreter/elementwise.cpp).
 void convert_attr(const ir::Attr& a, DType t, double& f, int64_t& i);

@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 
 #include "runtime/interpreter/machine.hpp"
 
@@ -118,8 +117,7 @@ void Machine::store_op(const Op& op) {
 // flushes subnormal inputs and results to sign-preserving zero; other float types round only.
 static double atomic_float_add(DType d, double old, double x) {
   if (d != DType::f32) return element::round_float(d, old + x);
-  auto ftz = [](double v) { return v != 0 && std::fabs(v) < 0x1p-126 ? std::copysign(0.0, v) : v; };
-  return ftz(element::round_float(d, ftz(old) + ftz(x)));
+  return flush_subnormal(element::round_float(d, flush_subnormal(old) + flush_subnormal(x)));
 }
 
 void Machine::atomic_add_op(const Op& op) {
