@@ -1,0 +1,46 @@
+// One fuzz program run end to end in this process: built, run in the interpreter, compiled by
+// each backend (and, with a GPU, launched and compared element by element). It may crash or hang
+// on a compiler bug: the pool runs it in a child process (pool.hpp).
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "jit/compile.hpp"
+#include "tools/fuzz/program.hpp"
+
+namespace tilejit::fuzz {
+
+enum class Status : uint8_t {
+  Ok,
+  GeneratorError,  // the program is not well-typed or faults in the interpreter: a fuzzer bug
+  Refused,         // a backend refused the program with an error (LoweringError, CompileError...)
+  Mismatch,        // the GPU computed something else than the interpreter
+  Fault,           // the GPU reported an error running it (illegal instruction, address...)
+  Crash,           // the process died (signal or abort) -- set by the pool
+  Hang,            // past the time limit -- set by the pool
+};
+std::string_view to_string(Status s);
+bool parse_status(std::string_view s, Status& out);
+
+struct Outcome {
+  Status status = Status::Ok;
+  std::string backend;  // the backend that failed ("" when none or before compiling)
+  std::string detail;   // the error message or the first mismatches
+  std::string phase;    // what was running (the pool fills it in for crashes and hangs)
+
+  // A failure is the "same" while reducing when status, backend and the message's kind agree.
+  std::string signature() const;
+};
+
+struct EvalOptions {
+  std::vector<jit::Backend> backends{jit::Backend::Llvm, jit::Backend::Nvrtc};
+  bool gpu = false;       // launch and compare (needs a GPU)
+  bool assemble = true;   // compile-only: also assemble the PTX (ptxas or nvJitLink) when one is found
+};
+
+// `progress` is told each phase before it starts ("build", "interpret", "compile llvm", "run
+// nvrtc"...), so that the pool can name what a crash or hang interrupted.
+Outcome evaluate(Program& p, const EvalOptions& o, const std::function<void(const std::string&)>& progress = {});
+
+}  // namespace tilejit::fuzz
