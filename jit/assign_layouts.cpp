@@ -151,6 +151,12 @@ class Assigner {
         const ir::Type& in = f_.type(op.operands[0]);
         std::optional<Layout> p = nat(op.operands[0]) ? nat(op.operands[0])->pack_pairs() : std::nullopt;
         if (!p) p = blocked(in).pack_pairs();
+        if (!p) {  // a small tile spread one element per thread: lay the words out, pairs follow
+          ir::Type words = in;
+          words.dtype = ir::DType::u32;
+          words.shape.back() /= 2;
+          p = blocked(words);
+        }
         if (!p) throw LoweringError(fmt::format("tilejit: kernel '{}': pack_pairs at {}: no layout holds the pairs of {}", f_.name,
                                                 op.loc.str(), ir::to_string(in)));
         set(op.results[0], p);

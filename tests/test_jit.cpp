@@ -426,3 +426,24 @@ TEST_CASE("issue 28: a bf16 <-> f16 bitcast of computed tiles compiles through b
     CHECK(c.ptx.find(".entry mixed_half_bitcast") != std::string::npos);
   }
 }
+
+// Issue 28, item 10: reductions of 64-bit tiles and of 8/16-bit integer tiles across lanes were
+// refused ("cross-lane reductions of 64-bit values are not supported yet"; narrow integers now
+// accumulate in 32 bits, 64-bit values shuffle as two halves), and pack_pairs of a tile spread one
+// element per thread found no layout (kernels in test_kernels.hpp). All compile through both
+// backends and assemble; the GPU suite compares them with the interpreter.
+TEST_CASE("issue 28: 64-bit and narrow integer reductions across lanes and warps, pack_pairs of a thin tile: both backends") {
+  std::vector<ir::Function> fns{test_kernels::small_pack_pairs.build()};
+  for (DType d : {DType::i64, DType::u64, DType::f64, DType::i8, DType::u8, DType::i16, DType::u16})
+    fns.push_back(test_kernels::wide_and_narrow_reductions.build({{"DTYPE", d}}));
+  for (const ir::Function& fn : fns)
+    for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+      INFO(fn.name << " " << jit::to_string(backend));
+      if (backend == jit::Backend::Nvrtc && !jit::nvrtc_available()) continue;
+      jit::CompileOptions o;
+      o.backend = backend;
+      o.make_cubin = !testing::no_ptxas();
+      const jit::CompiledKernel c = jit::compile(fn, o);
+      CHECK(c.ptx.find(".entry " + fn.name) != std::string::npos);
+    }
+}

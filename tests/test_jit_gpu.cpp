@@ -499,3 +499,19 @@ TEST_CASE("gpu: f32 atomic_add with subnormal inputs, memory and results (issue 
   }
   check_against_interpreter(test_kernels::atomic_subnormals().build(), {1}, {&x, &acc, &old, &acc2}, 0.0, {}, true);
 }
+
+TEST_CASE("gpu: 64-bit and narrow integer reductions across lanes and warps; pack_pairs of a thin tile (issue 28, item 10)") {
+  if (!have_gpu()) return;
+  for (DType d : {i64, u64, f64, i8, u8, i16, u16}) {
+    INFO(ir::name(d));
+    HostTensor x(d, {32, 64}), rows(d, {32}), cols(d, {64}), all(d, {1});
+    if (ir::is_signed(d) || d == f64) x.fill_uniform(70, -100, 100);
+    else x.fill_uniform(71, 0, 200);  // sums wrap for 8/16 bits, as in the interpreter
+    // f64 sums add in another order on the GPU (lanes, then warps): rounding differences only
+    check_against_interpreter(test_kernels::wide_and_narrow_reductions.build({{"DTYPE", d}}), {1}, {&x, &rows, &cols, &all},
+                              d == f64 ? 1e-14 : 0.0, {}, true);
+  }
+  HostTensor h(f16, {128}), w(u32, {64});
+  h.fill_normal(72, 0, 2);
+  check_against_interpreter(test_kernels::small_pack_pairs.build(), {1}, {&h, &w}, 0.0, {}, true);
+}

@@ -283,4 +283,23 @@ inline const Kernel& atomic_subnormals() {
   });
   return k;
 }
+// Issue 28, item 10: reductions across lanes of 64-bit and 8/16-bit integer tiles; pack_pairs of a
+// tile spread one element per thread.
+inline Kernel wide_and_narrow_reductions = kernel("wide_and_narrow_reductions", [](Builder& k) {
+  auto D = k.meta_dtype("DTYPE");
+  auto X = k.tensor("X", D, 2);
+  auto Rows = k.pointer("Rows", D), Cols = k.pointer("Cols", D), All = k.pointer("All", D);
+  auto x = load(X.block({0, 0}, {32, 64}));
+  store(Rows + arange(0, 32), sum(x, 1));
+  store(Cols + arange(0, 64), max(x, 0));
+  store(All, min(x));
+});
+
+inline Kernel small_pack_pairs = kernel("small_pack_pairs", [](Builder& k) {
+  auto X = k.pointer("X", f16), Out = k.pointer("Out", u32);
+  auto r = arange(0, 64);
+  auto x = load(X + r[col] * 2 + arange(0, 2)[row]);  // f16[64, 2]
+  store(Out + r[col], pack_pairs(x));                   // u32[64, 1]
+});
+
 }  // namespace test_kernels

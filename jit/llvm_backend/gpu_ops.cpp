@@ -133,9 +133,21 @@ void Emitter::sync_inst(const pir::Inst& in) {
       return;
     }
     case Op::shfl_xor: {
-      bool f = a(0)->getType()->isFloatTy();
-      auto id = f ? llvm::Intrinsic::nvvm_shfl_sync_bfly_f32 : llvm::Intrinsic::nvvm_shfl_sync_bfly_i32;
-      set(r0, intrinsic(id, {}, {b_.getInt32(0xFFFFFFFFu), a(0), b_.getInt32(static_cast<uint32_t>(in.imm)), b_.getInt32(31)}));
+      llvm::Type* t = a(0)->getType();
+      auto shuffle = [&](llvm::Value* x) {
+        auto id = x->getType()->isFloatTy() ? llvm::Intrinsic::nvvm_shfl_sync_bfly_f32 : llvm::Intrinsic::nvvm_shfl_sync_bfly_i32;
+        return intrinsic(id, {}, {b_.getInt32(0xFFFFFFFFu), x, b_.getInt32(static_cast<uint32_t>(in.imm)), b_.getInt32(31)});
+      };
+      if (t->getPrimitiveSizeInBits() != 64) {
+        set(r0, shuffle(a(0)));
+        return;
+      }
+      // 64 bits: the two 32-bit halves, each shuffled (shfl moves one 32-bit register).
+      llvm::Value* bits = b_.CreateBitCast(a(0), b_.getInt64Ty());
+      llvm::Value* lo = shuffle(b_.CreateTrunc(bits, b_.getInt32Ty()));
+      llvm::Value* hi = shuffle(b_.CreateTrunc(b_.CreateLShr(bits, 32), b_.getInt32Ty()));
+      llvm::Value* both = b_.CreateOr(b_.CreateZExt(lo, b_.getInt64Ty()), b_.CreateShl(b_.CreateZExt(hi, b_.getInt64Ty()), 32));
+      set(r0, b_.CreateBitCast(both, t));
       return;
     }
     case Op::mbar_init: asm_call(b_.getVoidTy(), "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r,~{memory}", {a(0), a(1)}, true); return;

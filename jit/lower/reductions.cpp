@@ -21,8 +21,11 @@ void Lowerer::reduce(const ir::Op& op) {
   int axis = static_cast<int>(op.int_attr("axis"));
   Layout L = plan_.natural[op.operands[0]] ? *plan_.natural[op.operands[0]] : memory_layout(in_t);
   Regs in = get(op.operands[0], L);
-  // Narrow floats accumulate in f32 and round once.
-  DType acc_t = (in_t.dtype == DType::f16 || in_t.dtype == DType::bf16) ? DType::f32 : in_t.dtype;
+  // Narrow floats accumulate in f32 and round once; narrow integers in 32 bits, then wrap (the same
+  // sum modulo 2^width; extension keeps the order for max/min): shuffles move 32 or 64 bits.
+  DType acc_t = in_t.dtype;
+  if (acc_t == DType::f16 || acc_t == DType::bf16) acc_t = DType::f32;
+  else if (ir::is_int(acc_t) && ir::bit_width(acc_t) < 32) acc_t = ir::is_signed(acc_t) ? DType::i32 : DType::u32;
   Layout D = L.drop_dim(axis);  // registers kept
   Layout O = D.without_zero_regs();
   std::map<Coord, uint32_t> out_index;
@@ -36,10 +39,8 @@ void Lowerer::reduce(const ir::Op& op) {
   Regs part;
   for (auto& a : acc) part.push_back(*a);
   // across lanes
-  bool word = ir::bit_width(acc_t) == 32;
   for (size_t i = 0; i < L.lane.size(); ++i) {
     if (L.lane[i][static_cast<size_t>(axis)] == 0) continue;
-    if (!word) fail(&op, "cross-lane reductions of 64-bit values are not supported yet");
     for (V& p : part) p = combine(kind, p, emit(Op::shfl_xor, pir::scalar(acc_t), {p}, int64_t{1} << i));
   }
   // across warps, through shared memory in a fixed order (deterministic)

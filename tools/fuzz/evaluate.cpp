@@ -51,7 +51,10 @@ std::string Outcome::signature() const {
     if (c >= '0' && c <= '9') break;
     kind += c;
   }
-  if (status == Status::Mismatch) kind.clear();
+  if (status == Status::Mismatch) {  // "T3 i16[2,32,64]: ..." -> the output's dtype
+    size_t sp = detail.find(' '), br = detail.find('[');
+    kind = sp < br && br != std::string::npos ? detail.substr(sp + 1, br - sp - 1) : "";
+  }
   return fmt::format("{} {} {}", to_string(status), backend, kind);
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <stdexcept>
 
 #include "tools/fuzz/emitter.hpp"
 
@@ -26,7 +27,10 @@ class Rng {
   }
   bool chance(double p) { return static_cast<double>(g_() >> 11) * 0x1p-53 < p; }
   template <class T>
-  const T& pick(const std::vector<T>& v) { return v[static_cast<size_t>(range(0, static_cast<int64_t>(v.size()) - 1))]; }
+  const T& pick(const std::vector<T>& v) {
+    if (v.empty()) throw std::logic_error("fuzz: picking from an empty list");
+    return v[static_cast<size_t>(range(0, static_cast<int64_t>(v.size()) - 1))];
+  }
 
  private:
   std::mt19937_64 g_;
@@ -72,7 +76,9 @@ class Generator {
     if (dot_a_ >= 0 && rng_.chance(0.6)) gemm_loop();
     body(o_.max_nodes);
     for (size_t t = 0; t < p_.tensors.size(); ++t)
-      if (p_.tensors[t].output && !p_.tensors[t].accumulator && !written_[t]) store_into(static_cast<int>(t), rng_.pick(scopes_.back()));
+      if (p_.tensors[t].output && !p_.tensors[t].accumulator && !written_[t])
+        store_into(static_cast<int>(t), scopes_.back().empty() ? constant(p_.tensors[t].dtype, {p_.R, p_.C})
+                                                               : rng_.pick(scopes_.back()));
   }
 
  private:
@@ -483,9 +489,7 @@ class Generator {
     int a = find([&](const Node& n) { return broadcastable(n.shape, node(cond).shape); });
     if (a < 0) return;
     int b = operand_like(node(a).dtype, node(a).shape, false);
-    Shape s = broadcast_shape(node(cond).shape, broadcast_shape(node(a).shape, node(b).shape));
-    // where needs the value shape to be reachable from the condition's
-    if (!broadcastable(node(cond).shape, s)) return;
+    if (!broadcastable(node(cond).shape, node(b).shape) || !broadcastable(node(a).shape, node(b).shape)) return;
     Node n;
     n.kind = NodeKind::Select;
     n.args = {cond, a, b};

@@ -38,7 +38,7 @@ constexpr const char* kUsage = R"(usage: tilejit_fuzz [options]
   --no-pack-pairs    do not generate pack_pairs / unpack_pairs
   --no-narrow-reductions  do not reduce 8- and 16-bit integer tiles
   --print SEED       print the program of SEED as C++ and exit
-  --out DIR          write every failure (program and outcome) under DIR
+  --out DIR          write every failure to DIR/failures.txt, reduced programs to DIR/reduced_SEED.cpp
   --quiet            only the summary
 Exit status: 0 when every program passed, 1 when any failed, 2 for bad usage.
 )";
@@ -152,6 +152,8 @@ int main(int argc, char** argv) {
     }
   }
 
+  std::ofstream failures;
+  if (!out_dir.empty()) failures.open(out_dir + "/failures.txt");
   const auto t0 = std::chrono::steady_clock::now();
   std::map<Status, int64_t> counts;
   std::map<std::string, std::vector<uint64_t>> by_signature;
@@ -167,10 +169,9 @@ int main(int argc, char** argv) {
     if (!example.count(sig)) example[sig] = r.outcome;
     if (!quiet)
       fmt::print("seed {}: {} {} {}\n", r.seed, to_string(r.outcome.status), r.outcome.backend, r.outcome.detail.substr(0, 600));
-    if (!out_dir.empty()) {
-      std::ofstream f(fmt::format("{}/seed_{}.txt", out_dir, r.seed));
-      f << fmt::format("{} {} {}\n", to_string(r.outcome.status), r.outcome.backend, r.outcome.detail);
-    }
+    if (failures.is_open())
+      failures << fmt::format("seed {}: {} {} {}\n", r.seed, to_string(r.outcome.status), r.outcome.backend, r.outcome.detail)
+               << std::flush;
     std::fflush(stdout);
   });
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -178,20 +179,6 @@ int main(int argc, char** argv) {
   for (auto& [s, n] : counts) {
     total += n;
     if (s != Status::Ok) failed += n;
-  }
-
-  int reduced = 0;
-  for (auto& [sig, seeds] : by_signature) {
-    if (reduced >= reduce_n) break;
-    ++reduced;
-    Program p = generate(seeds.front(), o.gen);
-    int evals = 0;
-    Program small = reduce(p, example[sig], o.eval, o.timeout_s, reduce_time, &evals);
-    Outcome again = run_isolated(small, o.eval, o.timeout_s);
-    std::string text = fmt::format("// {}: {} {}\n// {}\n{}", sig, to_string(again.status), again.backend, again.detail,
-                                   to_cpp(small));
-    fmt::print("\n==== reduced seed {} ({} evaluations) ====\n{}", seeds.front(), evals, text);
-    if (!out_dir.empty()) std::ofstream(fmt::format("{}/reduced_{}.cpp", out_dir, seeds.front())) << text;
   }
 
   fmt::print("\n==== tilejit_fuzz summary ====\n");
@@ -204,6 +191,31 @@ int main(int argc, char** argv) {
     std::string list;
     for (size_t i = 0; i < std::min<size_t>(seeds.size(), 8); ++i) list += fmt::format(" {}", seeds[i]);
     fmt::print("  {} x{}: seeds{}{}\n", sig, seeds.size(), list, seeds.size() > 8 ? " ..." : "");
+  }
+  // Each reduction runs in a child of its own: regenerating a program that crashed the generator
+  // must not end this process.
+  int reduced = 0;
+  for (auto& [sig, seeds] : by_signature) {
+    if (reduced >= reduce_n) break;
+    if (example[sig].status == Status::GeneratorError) continue;  // the fuzzer's own bug: nothing to reduce
+    ++reduced;
+    std::fflush(stdout);
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      Program p = generate(seeds.front(), o.gen);
+      int evals = 0;
+      Program small = reduce(p, example[sig], o.eval, o.timeout_s, reduce_time, &evals);
+      Outcome again = run_isolated(small, o.eval, o.timeout_s);
+      std::string text = fmt::format("// {}: {} {}\n// {}\n{}", sig, to_string(again.status), again.backend, again.detail,
+                                     to_cpp(small));
+      fmt::print("\n==== reduced seed {} ({} evaluations) ====\n{}", seeds.front(), evals, text);
+      if (!out_dir.empty()) std::ofstream(fmt::format("{}/reduced_{}.cpp", out_dir, seeds.front())) << text;
+      std::fflush(stdout);
+      _exit(0);
+    }
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fmt::print("\nseed {}: the reduction ended abnormally\n", seeds.front());
   }
   return failed ? 1 : 0;
 }
