@@ -313,7 +313,9 @@ class Generator {
       m.approx_depth = std::max(m.approx_depth, node(a).approx_depth);
     }
     if (!is_marker(m.kind)) e_.emit(i);
-    if (!is_marker(m.kind) && m.kind != NodeKind::Store && m.kind != NodeKind::AtomicBlock) scopes_.back().push_back(static_cast<int>(i));
+    // fp8 values are storage only (no arithmetic): only the cast or dot that follows uses them
+    if (!is_marker(m.kind) && m.kind != NodeKind::Store && m.kind != NodeKind::AtomicBlock && !ir::is_fp8(m.dtype))
+      scopes_.back().push_back(static_cast<int>(i));
     return static_cast<int>(i);
   }
 

@@ -107,7 +107,8 @@ std::vector<Program> candidates(const Program& p) {
   for (size_t i = p.nodes.size(); i-- > 0;) {
     const Node& n = p.nodes[i];
     if (n.removed) continue;
-    if (has_effect(n.kind) && effects > 1) edit([&](Program& q) { return q.nodes[i].removed = true; });
+    if ((has_effect(n.kind) && effects > 1) || n.kind == NodeKind::VarAssign)
+      edit([&](Program& q) { return q.nodes[i].removed = true; });
     if (n.kind == NodeKind::LoopBegin) {
       edit([&](Program& q) {  // the body once, at the lower bound
         size_t e = matching(q, i, NodeKind::LoopEnd);
