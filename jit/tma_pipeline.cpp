@@ -30,6 +30,8 @@ bool tma_window(const ir::Function& f, const ir::Op& load, ir::ValueId iv, const
   if (load.ints_attr("shape") != shape) return false;
   ir::ValueId k_off = load.operands[1 + static_cast<size_t>(k_dim)], other = load.operands[2 - static_cast<size_t>(k_dim)];
   if (k_off != iv || other == iv) return false;
+  // TMA coordinates are i32: wider offsets (i64 / u32 / u64) take the generic, 64-bit checked path
+  if (!ir::fits_i32(f.type(k_off).dtype) || !ir::fits_i32(f.type(other).dtype)) return false;
   for (const ir::Op& op : body.ops)  // the other offset must be loop-invariant
     for (ir::ValueId r : op.results)
       if (r == other) return false;

@@ -157,6 +157,7 @@ class Planner {
     const auto& shape = f_.type(load.results[0]).shape;
     if (rank > 5 || dims.size() != 2 || dims[1] != rank - 1 || load.float_attr("padding") != 0.0) return false;
     if (shape[0] > 256 || shape[0] % 8 != 0 || shape[1] % 64 != 0) return false;
+    if (!offsets_fit_i32(load, 1, rank)) return false;
     const ir::Op* parent = parent_.at(&load);
     // loaded once: at the kernel's top level, or at a warp role's (the role is the whole program
     // of its warps)
@@ -209,6 +210,14 @@ class Planner {
     return true;
   }
 
+  // TMA coordinates are i32: a window with an i64 / u32 / u64 offset takes the generic path, which
+  // bounds-checks it in 64 bits (clamping it into TMA's range would need a check of its own).
+  bool offsets_fit_i32(const ir::Op& op, size_t first, int rank) const {
+    for (size_t d = 0; d < static_cast<size_t>(rank); ++d)
+      if (!ir::fits_i32(f_.type(op.operands.at(first + d)).dtype)) return false;
+    return true;
+  }
+
   // An atomic_add on a window that TMA can add (TmaReduce): rows along another dim than the
   // contiguous one, which the cols run along in whole 128-byte chunks.
   std::optional<TmaReduce> tma_reduce(const ir::Op& op) const {
@@ -220,7 +229,7 @@ class Planner {
     const int rank = p->type.rank;
     const auto& dims = op.ints_attr("dims");
     const auto& shape = f_.type(op.operands[1]).shape;
-    if (rank > 5 || dims.size() != 2 || dims[1] != rank - 1) return std::nullopt;
+    if (rank > 5 || dims.size() != 2 || dims[1] != rank - 1 || !offsets_fit_i32(op, 2, rank)) return std::nullopt;
     r.rows = shape[0];
     r.cols = shape[1];
     if (r.rows > 256 || r.rows % 8 != 0 || r.cols % 32 != 0) return std::nullopt;

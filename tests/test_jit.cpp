@@ -414,14 +414,25 @@ const lang::Kernel mixed_half_bitcast = lang::kernel("mixed_half_bitcast", [](la
   lang::store(Out2 + i, lang::bitcast(bf16, y * y) + x);
 });
 
-TEST_CASE("issue 28: a bf16 <-> f16 bitcast of computed tiles compiles through both backends") {
-  const ir::Function fn = mixed_half_bitcast.build();
+namespace {
+// Compile options for each backend there is here (nvrtc may be missing), with a cubin where ptxas is.
+std::vector<jit::CompileOptions> backends_here() {
+  std::vector<jit::CompileOptions> v;
   for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
-    INFO(jit::to_string(backend));
     if (backend == jit::Backend::Nvrtc && !jit::nvrtc_available()) continue;
     jit::CompileOptions o;
     o.backend = backend;
     o.make_cubin = !testing::no_ptxas();
+    v.push_back(o);
+  }
+  return v;
+}
+}  // namespace
+
+TEST_CASE("issue 28: a bf16 <-> f16 bitcast of computed tiles compiles through both backends") {
+  const ir::Function fn = mixed_half_bitcast.build();
+  for (const jit::CompileOptions& o : backends_here()) {
+    INFO(jit::to_string(o.backend));
     const jit::CompiledKernel c = jit::compile(fn, o);
     CHECK(c.ptx.find(".entry mixed_half_bitcast") != std::string::npos);
   }
@@ -446,4 +457,31 @@ TEST_CASE("issue 28: 64-bit and narrow integer reductions across lanes and warps
       const jit::CompiledKernel c = jit::compile(fn, o);
       CHECK(c.ptx.find(".entry " + fn.name) != std::string::npos);
     }
+}
+
+// Issue 28, item 1: window offsets of every integer type compile through both backends and
+// assemble (the GPU suite compares what they compute with the interpreter); TMA (copies, reduce,
+// the K-loop pipeline) takes only offsets that fit in i32, as its coordinates are 32-bit.
+TEST_CASE("issue 28: window offsets of every integer type compile through both backends; TMA only for offsets that fit in i32") {
+  for (jit::CompileOptions o : backends_here()) {
+    INFO(jit::to_string(o.backend));
+    o.ptx_tool = jit::PtxTool::Ptxas;
+    const jit::CompiledKernel w = jit::compile(test_kernels::wide_offsets().build(), o);
+    CHECK(w.ptx.find(".entry wide_offsets") != std::string::npos);
+    for (DType t : {i32, i16, u16, u8, i64, u32, u64}) {
+      INFO("OFFSET_DTYPE " << ir::name(t));
+      const jit::CompiledKernel k = jit::compile(test_kernels::wide_offset_tma().build({{"OFFSET_DTYPE", t}, {"COUNTER_DTYPE", i64}}), o);
+      const bool tma = ir::fits_i32(t);
+      CHECK((k.ptx.find("cp.async.bulk.tensor.2d") != std::string::npos) == tma);
+      CHECK((k.ptx.find("cp.reduce.async.bulk.tensor") != std::string::npos) == tma);
+      if (o.make_cubin) CHECK(k.cubin.size() > 1000);
+    }
+    // the K loop: a TMA + wgmma pipeline with an i32 counter, the generic path with an i64 one
+    // (offsets of the once-loaded windows are i64 here, so the loop's are the only TMA copies)
+    for (DType c : {i32, i64}) {
+      INFO("COUNTER_DTYPE " << ir::name(c));
+      const jit::CompiledKernel k = jit::compile(test_kernels::wide_offset_tma().build({{"OFFSET_DTYPE", i64}, {"COUNTER_DTYPE", c}}), o);
+      CHECK((k.ptx.find("cp.async.bulk.tensor.2d") != std::string::npos) == (c == i32));
+    }
+  }
 }

@@ -5,6 +5,8 @@
 
 #include <array>
 #include <cmath>
+#include <iterator>
+#include <limits>
 #include <random>
 #include <variant>
 
@@ -514,4 +516,34 @@ TEST_CASE("gpu: 64-bit and narrow integer reductions across lanes and warps; pac
   HostTensor h(f16, {128}), w(u32, {64});
   h.fill_normal(72, 0, 2);
   check_against_interpreter(test_kernels::small_pack_pairs.build(), {1}, {&h, &w}, 0.0, {}, true);
+}
+
+TEST_CASE("gpu: window offsets of every integer type, as in the interpreter (issue 28, item 1)") {
+  if (!have_gpu()) return;
+  const auto n = static_cast<int64_t>(std::size(test_kernels::kWideOffsetTypes));
+  HostTensor x(f32, {40, 48}), o(f32, {n, 16, 32}), p(f32, {n, 16, 32}), r(f32, {n, 32}), s(f32, {n, 40, 48}), a(f32, {n, 40, 64});
+  x.fill_uniform(63, -3, 3);
+  a.fill_uniform(64, -1, 1);
+  const int64_t max64 = std::numeric_limits<int64_t>::max(), min64 = std::numeric_limits<int64_t>::min();
+  // i64 2^32 (row 0 on the GPU before), u32 0xFFFFFFFF (-1 before), negative i64, u64 >= 2^63, i16 / u8 wraps
+  for (int64_t off : {int64_t{0}, int64_t{5}, int64_t{-3}, int64_t{30}, int64_t{1} << 32, (int64_t{1} << 32) + 3, int64_t{0xFFFFFFFF},
+                      int64_t{-1}, int64_t{-20}, (int64_t{1} << 16) + 2, (int64_t{1} << 31) - 2, max64 - 2, min64, -(int64_t{1} << 32) + 7}) {
+    INFO("off = " << off);
+    check_against_interpreter(test_kernels::wide_offsets().build(), {1}, {&x, &o, &p, &r, &s, &a, off}, 0.0, {}, true);
+  }
+}
+
+TEST_CASE("gpu: TMA copies, TMA reduce and the TMA pipeline with offsets wider than i32 take the generic paths (issue 28, item 1)") {
+  if (!have_gpu()) return;
+  HostTensor a(bf16, {100, 256}), b(bf16, {64, 256}), c(f32, {100, 64}), d(f32, {64, 64});
+  // small integers: every product and sum is exact in f32, so the check is exact
+  for (int64_t i = 0; i < a.numel(); ++i) a.set_flat(i, static_cast<double>(i * 7 % 5) - 2);
+  for (int64_t i = 0; i < b.numel(); ++i) b.set_flat(i, static_cast<double>(i * 3 % 7) - 3);
+  for (int64_t i = 0; i < c.numel(); ++i) c.set_flat(i, static_cast<double>(i % 11));
+  for (DType t : {i32, i64, u32, u64, i16})
+    for (int64_t off : {int64_t{0}, int64_t{40}, (int64_t{1} << 32) + 40, int64_t{0xFFFFFFFF}, int64_t{-10}}) {
+      INFO("OFFSET_DTYPE " << ir::name(t) << ", off = " << off);
+      const ir::Function fn = test_kernels::wide_offset_tma().build({{"OFFSET_DTYPE", t}, {"COUNTER_DTYPE", t == i32 ? i32 : i64}});
+      check_against_interpreter(fn, {1}, {&a, &b, &c, &d, off}, 0.0, {}, true);
+    }
 }

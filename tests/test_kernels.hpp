@@ -302,4 +302,55 @@ inline Kernel small_pack_pairs = kernel("small_pack_pairs", [](Builder& k) {
   store(Out + r[col], pack_pairs(x));                   // u32[64, 1]
 });
 
+// Issue 28, item 1: window offsets of every integer type are taken at their value (the GPU had cut
+// i64 / u32 / u64 offsets to 32 bits: 2^32 read row 0, 0xFFFFFFFF read as -1). The i64 `off`,
+// converted (wrapping) to each of kWideOffsetTypes (index t): X[o:o+16, 0:32] into O[t] (offset of
+// a tile dim, 16-byte vector loads inside), X[0:16, o:o+32] into P[t] (the unit-stride dim),
+// X[o, 0:32] into R[t] (a fixed dim), X's corner stored into S[t] at row o (clipped) and added
+// into A[t] at (o, o) (by TMA on sm_90a when o fits in i32).
+inline constexpr DType kWideOffsetTypes[] = {i64, u32, u64, i16, u8, i32, u16, i8};
+inline const Kernel& wide_offsets() {
+  static const Kernel k = kernel("wide_offsets", [](Builder& b) {
+    const ParamSpec rows{.align_bytes = 16, .contiguous_last = true};
+    auto X = b.tensor("X", f32, 2, rows), O = b.tensor("O", f32, 3, rows), P = b.tensor("P", f32, 3, rows);
+    auto R = b.tensor("R", f32, 2, rows), S = b.tensor("S", f32, 3, rows), A = b.tensor("A", f32, 3, rows);
+    auto off = b.scalar<int64_t>("off");
+    auto corner = load(X.block({0, 0}, {16, 32}));
+    int t = 0;
+    for (DType d : kWideOffsetTypes) {
+      Tile o = cast(d, off);
+      store(O.block({t, 0, 0}, {16, 32}), load(X.block({o, 0}, {16, 32}), -1.0));
+      store(P.block({t, 0, 0}, {16, 32}), load(X.block({0, o}, {16, 32}), -3.0));
+      store(R.block({t, 0}, {32}), load(X.block({o, 0}, {32}, {1}), -2.0));
+      store(S.block({t, o, 0}, {16, 32}), corner);
+      atomic_add(A.block({t, o, o}, {16, 32}), corner);
+      ++t;
+    }
+  });
+  return k;
+}
+
+// Issue 28, item 1, the TMA paths: a bf16 dot of two windows loaded once (TMA copies + wgmma on
+// sm_90a) added into a window of C (a TMA reduce), all at offsets of type OFFSET_DTYPE; and a K
+// loop (a TMA + wgmma pipeline) whose counter is of type COUNTER_DTYPE (i32 or i64). TMA
+// coordinates are 32-bit: wider offsets must take the generic paths.
+inline const Kernel& wide_offset_tma() {
+  static const Kernel k = kernel("wide_offset_tma", [](Builder& b) {
+    auto T = b.meta_dtype("OFFSET_DTYPE", i32), CT = b.meta_dtype("COUNTER_DTYPE", i32);
+    const ParamSpec rows{.align_bytes = 16, .contiguous_last = true};
+    auto A = b.tensor("A", bf16, 2, rows), B = b.tensor("B", bf16, 2, rows), C = b.tensor("C", f32, 2, rows);
+    auto D = b.tensor("D", f32, 2, rows);
+    auto off = b.scalar<int64_t>("off");
+    Tile o = cast(T, off);
+    atomic_add(C.block({o, 0}, {64, 64}), dot(load(A.block({o, 0}, {64, 64})), load(B.block({0, o}, {64, 64}))));
+    auto m0 = program_id(0) * 64;  // (0: one program; loop-invariant offsets)
+    Var acc = zeros(f32, {64, 64});
+    for_range(cast(CT, 0), cast(CT, A.size(1)), 64, [&](Tile kk) {
+      acc = dot(load(A.block({m0, kk}, {64, 64})), trans(load(B.block({m0, kk}, {64, 64}))), acc);
+    });
+    store(D.block({m0, 0}, {64, 64}), acc);
+  });
+  return k;
+}
+
 }  // namespace test_kernels

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iterator>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "dsl/lang.hpp"
 #include "host_bits.hpp"
 #include "runtime/interpreter.hpp"
+#include "test_kernels.hpp"
 
 using namespace tilejit::lang;
 namespace rt = tilejit::runtime;
@@ -260,6 +263,54 @@ TEST_CASE("block load of a window at negative offsets of a strided tensor") {
       want.push_back(r >= 0 && r < 20 && c < 30 ? x.get({r, c}) : 7.0);
     }
   expect_same(o.to_f64(), want, "window at (-5, 25)");
+}
+
+// Issue 28, item 1: an offset is an integer of its own type, taken at its value: an i64 2^32 + 3
+// is past the end (the GPU had cut it to 3), a u32 0xFFFFFFFF is past the end (not -1), a u64 of
+// 2^64 - 1 is past the end with every tile coordinate added to it (the interpreter had read it as
+// -1: a window from row -1), and tile coordinates added to INT64_MAX - 2 do not wrap.
+TEST_CASE("issue 28: window offsets of every integer type are taken at their value (loads, stores, atomic adds)") {
+  using tilejit::ir::DType;
+  const auto& types = test_kernels::kWideOffsetTypes;
+  const auto n = static_cast<int64_t>(std::size(types));
+  HostTensor x(f32, {40, 48});
+  x.fill_uniform(23, -3, 3);
+  const int64_t max64 = std::numeric_limits<int64_t>::max(), min64 = std::numeric_limits<int64_t>::min();
+  for (int64_t off : {int64_t{0}, int64_t{5}, int64_t{-3}, int64_t{30}, (int64_t{1} << 32) + 3, int64_t{0xFFFFFFFF}, int64_t{-1},
+                      (int64_t{1} << 16) + 2, (int64_t{1} << 31) - 2, max64 - 2, min64, -(int64_t{1} << 32) + 7}) {
+    INFO("off = " << off);
+    HostTensor o(f32, {n, 16, 32}), p(f32, {n, 16, 32}), r(f32, {n, 32}), s(f32, {n, 40, 48}), a(f32, {n, 40, 64});
+    a.fill_uniform(24, -1, 1);
+    const HostTensor a0 = a;
+    rt::interpret(test_kernels::wide_offsets().build(), {1}, {x, o, p, r, s, a, off});
+    std::vector<double> wo, wp, wr, ws, wa;
+    for (int64_t t = 0; t < n; ++t) {
+      const DType d = types[static_cast<size_t>(t)];
+      const int64_t w = tilejit::ir::wrap_int(d, off);  // the offset's bits (u64: as int64)
+      // every window is within 64 of the offset: far values (u64 >= 2^63 included) touch nothing
+      const bool near = !(d == DType::u64 && w < 0) && w > -64 && w < 64;
+      auto in = [&](int64_t i, int64_t size) { return near && w + i >= 0 && w + i < size; };
+      for (int64_t i = 0; i < 16; ++i)
+        for (int64_t j = 0; j < 32; ++j) {
+          wo.push_back(in(i, 40) ? x.get({w + i, j}) : -1.0);
+          wp.push_back(in(j, 48) ? x.get({i, w + j}) : -3.0);
+        }
+      for (int64_t j = 0; j < 32; ++j) wr.push_back(in(0, 40) ? x.get({w, j}) : -2.0);
+      for (int64_t i = 0; i < 40; ++i)
+        for (int64_t j = 0; j < 48; ++j) ws.push_back(near && i - w >= 0 && i - w < 16 && j < 32 ? x.get({i - w, j}) : NAN);
+      for (int64_t i = 0; i < 40; ++i)
+        for (int64_t j = 0; j < 64; ++j) {
+          const bool hit = near && i - w >= 0 && i - w < 16 && j - w >= 0 && j - w < 32;
+          const double old = a0.get({t, i, j});
+          wa.push_back(hit ? static_cast<double>(static_cast<float>(old) + static_cast<float>(x.get({i - w, j - w}))) : old);
+        }
+    }
+    expect_same(o.to_f64(), wo, "rows [o, o + 16)");
+    expect_same(p.to_f64(), wp, "cols [o, o + 32)");
+    expect_same(r.to_f64(), wr, "row o (a fixed dim)");
+    expect_same(s.to_f64(), ws, "store at row o");
+    expect_same(a.to_f64(), wa, "atomic_add at (o, o)");
+  }
 }
 
 TEST_CASE("block windows over non-trailing dims: a [B,S,H,D] tensor read and written with dims {1,3}") {

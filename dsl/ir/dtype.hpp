@@ -23,6 +23,11 @@ bool is_float(DType t);
 bool is_int(DType t);  // i1 counts as an integer (0/1)
 bool is_signed(DType t);
 bool is_fp8(DType t);
+// An integer type every value of which is an i32 value (i1, i8, i16, i32, u8, u16): window offsets
+// of these types are computed in 32 bits and may be TMA coordinates; i64, u32 and u64 are not.
+inline bool fits_i32(DType t) {
+  return t == DType::i1 || t == DType::i8 || t == DType::i16 || t == DType::i32 || t == DType::u8 || t == DType::u16;
+}
 
 // IEEE/bfloat narrow conversions, round-to-nearest-even. f16/bf16: overflow to infinity; NaN
 // payloads are not preserved (a quiet NaN results). fp8 (e4m3 and e5m2): saturate to the largest

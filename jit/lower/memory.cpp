@@ -3,6 +3,7 @@
 #include "jit/lower/lowerer.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 
 namespace tilejit::jit::lower {
@@ -109,14 +110,38 @@ void Lowerer::window(const ir::Op& op, size_t first_offset, const Layout& L, Reg
   const TensorDesc& td = tensors_.at(op.operands[0]);
   const auto& dims = op.ints_attr("dims");
   size_t rank = td.sizes.size();
-  std::vector<V> off;
-  for (size_t d = 0; d < rank; ++d) off.push_back(cast(scalar(op.operands[first_offset + d]), DType::i32));
+  // Offsets are taken at their value, as the interpreter does. Types that fit in i32 are computed
+  // in 32 bits (a tile coordinate added to an offset near 2^31 wraps negative: out of range, as the
+  // sum is). i64 / u32 / u64 offsets in 64 bits, tested unsigned against the size (negative values
+  // are out of range); u64 values >= 2^63 become 2^63 - 1, which coordinates cannot wrap below 2^63.
+  std::vector<V> off, size64(rank, 0);
+  std::vector<bool> wide(rank, false);
+  for (size_t d = 0; d < rank; ++d) {
+    const ir::ValueId o = op.operands[first_offset + d];
+    const DType od = f_.type(o).dtype;
+    if (ir::fits_i32(od)) {
+      off.push_back(cast(scalar(o), DType::i32));
+      continue;
+    }
+    wide[d] = true;
+    V x = cast(scalar(o), DType::i64);
+    if (od == DType::u64) {
+      V big = cmp(pir::Pred::lt, x, cint(DType::i64, 0));
+      x = emit(Op::select, pir::scalar(DType::i64), {big, cint(DType::i64, std::numeric_limits<int64_t>::max()), x});
+    }
+    off.push_back(x);
+    size64[d] = cast(td.sizes[d], DType::u64);
+  }
+  auto in_range = [&](size_t d, V x) {  // x in [0, size of dim d)
+    if (wide[d]) return cmp(pir::Pred::lt, cast(x, DType::u64), size64[d]);
+    return land(cmp(pir::Pred::ge, x, ci32(0)), cmp(pir::Pred::lt, x, td.sizes[d]));
+  };
   // Fixed (non-tile) dims: one uniform check and one address term.
   V base_ok = emit(Op::constant, pir::scalar(DType::i1), {}, 1);
   V base_off = cint(DType::i64, 0);
   for (size_t d = 0; d < rank; ++d) {
     if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) != dims.end()) continue;
-    base_ok = land(base_ok, land(cmp(pir::Pred::ge, off[d], ci32(0)), cmp(pir::Pred::lt, off[d], td.sizes[d])));
+    base_ok = land(base_ok, in_range(d, off[d]));
     base_off = bin(Op::add, base_off, bin(Op::mul, cast(off[d], DType::i64), td.strides[d]));
   }
   // Per tile dim, the in-bounds test and the address term of each distinct coordinate a
@@ -129,8 +154,9 @@ void Lowerer::window(const ir::Op& op, size_t first_offset, const Layout& L, Reg
     int64_t rc = L.reg_coords(r)[i];
     auto it = per_dim[i].find(rc);
     if (it != per_dim[i].end()) return it->second;
-    V x = bin(Op::add, off[d], rc == 0 ? thread_coords(L)[i] : bin(Op::add, thread_coords(L)[i], ci32(rc)));
-    V ok = land(cmp(pir::Pred::ge, x, ci32(0)), cmp(pir::Pred::lt, x, td.sizes[d]));
+    V c = rc == 0 ? thread_coords(L)[i] : bin(Op::add, thread_coords(L)[i], ci32(rc));
+    V x = bin(Op::add, off[d], wide[d] ? cast(c, DType::i64) : c);
+    V ok = in_range(d, x);
     V t = (unit_last && d == rank - 1) ? cast(x, DType::i64) : bin(Op::mul, cast(x, DType::i64), td.strides[d]);
     return per_dim[i][rc] = {ok, t};
   };

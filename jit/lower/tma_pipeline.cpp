@@ -15,6 +15,11 @@ void Lowerer::tensor_map_params() {
     tensor_map(param_index(m.load_a->operands[0]), gemm_box(m, false));
     tensor_map(param_index(m.load_b->operands[0]), gemm_box(m, true));
   }
+  // TMA reduces' maps too, in program order: a map first met inside a region (thread 0's issue)
+  // and reused after it was a value out of scope (nvrtc refused two reduces into one tensor)
+  ir::walk(f_.body, [&](const ir::Op& op) {
+    if (auto it = plan_.hopper.reduces.find(&op); it != plan_.hopper.reduces.end()) tensor_map(it->second.param_index, it->second.box);
+  });
 }
 
 std::vector<int64_t> Lowerer::gemm_box(const TmaDotLoop& m, bool b) {

@@ -184,8 +184,13 @@ void Machine::block_op(const Op& op) {
   const int64_t* size = desc.data() + 1;
   const int64_t* stride = desc.data() + 1 + rank;
   const size_t first_off = is_load ? 1 : 2;
+  // Offsets are integers of any type, taken at their value: a u64 offset >= 2^63 (held as a
+  // negative int64) is out of range like any other value >= the size, and so is every element.
   std::vector<int64_t> off(rank);
-  for (size_t j = 0; j < rank; ++j) off[j] = S(op.operands[first_off + j]).i[0];
+  for (size_t j = 0; j < rank; ++j) {
+    off[j] = S(op.operands[first_off + j]).i[0];
+    if (off[j] < 0 && T(op.operands[first_off + j]).dtype == DType::u64) off[j] = std::numeric_limits<int64_t>::max();
+  }
   const auto& dims = op.ints_attr("dims");
   const ir::Shape& tile = is_load ? op.ints_attr("shape") : T(op.operands[1]).shape;
   const size_t k = dims.size();
