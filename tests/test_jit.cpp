@@ -412,6 +412,8 @@ const lang::Kernel mixed_half_bitcast = lang::kernel("mixed_half_bitcast", [](la
   auto x = lang::load(X + i), y = lang::load(Y + i);
   lang::store(Out + i, lang::bitcast(f16, x * x) + y);
   lang::store(Out2 + i, lang::bitcast(bf16, y * y) + x);
+  // the same through pairs: f16 halves packed into words and read back as bf16 (found by the fuzzer)
+  lang::store(Out2 + i, lang::unpack_pairs(bf16, lang::pack_pairs(y / y)) * x);
 });
 
 namespace {
@@ -429,7 +431,7 @@ std::vector<jit::CompileOptions> backends_here() {
 }
 }  // namespace
 
-TEST_CASE("issue 28: a bf16 <-> f16 bitcast of computed tiles compiles through both backends") {
+TEST_CASE("issue 28: a bf16 <-> f16 bitcast of computed tiles, direct or through pairs, compiles through both backends") {
   const ir::Function fn = mixed_half_bitcast.build();
   for (const jit::CompileOptions& o : backends_here()) {
     INFO(jit::to_string(o.backend));

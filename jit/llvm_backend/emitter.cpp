@@ -291,13 +291,18 @@ void Emitter::arith_inst(const pir::Inst& in) {
       auto* vt = llvm::FixedVectorType::get(a(0)->getType(), 2);
       llvm::Value* vec = b_.CreateInsertElement(b_.CreateInsertElement(llvm::PoisonValue::get(vt), a(0), uint64_t{0}), a(1), uint64_t{1});
       set(r0, b_.CreateBitCast(vec, b_.getInt32Ty()));
+      packed_halves_[vals_[r0]] = a(0)->getType();
       return;
     }
     case Op::unpack2: {
       llvm::Value* w = a(0);
+      auto packed = packed_halves_.find(w);
       for (unsigned h = 0; h < 2; ++h) {
         llvm::Value* half = b_.CreateTrunc(h ? b_.CreateLShr(w, 16) : w, b_.getInt16Ty());
-        set(in.results[h], b_.CreateBitCast(half, type(f_.types[in.results[h]])));
+        llvm::Type* t = type(f_.types[in.results[h]]);
+        if (packed != packed_halves_.end() && t->is16bitFPTy() && packed->second->is16bitFPTy() && packed->second != t)
+          half = asm_call(b_.getInt16Ty(), "mov.b16 $0, $1;", "=h,h", {half}, false);  // f16 halves read as bf16, or back
+        set(in.results[h], b_.CreateBitCast(half, t));
       }
       return;
     }

@@ -13,6 +13,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "jit/thread_ir.hpp"
@@ -167,6 +168,9 @@ class Emitter {
   llvm::Function* fn_ = nullptr;
   llvm::GlobalVariable* smem_ = nullptr;
   std::vector<llvm::Value*> vals_;
+  // pack2 results -> their halves' type: an unpack2 into the other 16-bit float type must not let
+  // LLVM fold the pair into a bf16 <-> f16 bitcast, which NVPTX cannot select (see bitcast).
+  std::unordered_map<llvm::Value*, llvm::Type*> packed_halves_;
 };
 
 }  // namespace tilejit::jit::llvm_backend

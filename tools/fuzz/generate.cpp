@@ -463,9 +463,28 @@ class Generator {
     if (ir::is_fp8(d)) cast_to(rng_.pick(std::vector<DType>{DType::f32, DType::bf16, DType::f16}), c);
   }
 
+  // x with every NaN replaced by 0: a NaN's sign and payload are not promised (the GPU returns its
+  // canonical NaN), so its bits must not reach an output through a bitcast or pack_pairs.
+  int without_nan(int x) {
+    if (!ir::is_float(node(x).dtype)) return x;
+    Node c;
+    c.kind = NodeKind::Binary;
+    c.sub = static_cast<int>(OpKind::cmp);
+    c.ivalue = 0;  // x == x
+    c.args = {x, x};
+    Node z;
+    z.kind = NodeKind::Constant;
+    z.dtype = node(x).dtype;
+    Node w;
+    w.kind = NodeKind::Select;
+    w.args = {add(c), x, add(z)};
+    return add(w);
+  }
+
   void bitcast() {
     int x = find([&](const Node& n) { return n.exact && n.dtype != DType::i1; });
     if (x < 0) return;
+    x = without_nan(x);
     std::vector<DType> same;
     for (DType d : {DType::i8, DType::u8, DType::i16, DType::u16, DType::f16, DType::bf16, DType::i32, DType::u32,
                     DType::f32, DType::i64, DType::u64, DType::f64})
@@ -536,7 +555,7 @@ class Generator {
     if (x >= 0) {
       Node n;
       n.kind = NodeKind::PackPairs;
-      n.args = {x};
+      n.args = {without_nan(x)};
       int w = add(n);
       if (rng_.chance(0.6)) {
         Node u;
