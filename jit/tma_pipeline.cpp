@@ -7,6 +7,8 @@
 #include <map>
 #include <set>
 
+#include "jit/scalar_facts.hpp"
+
 namespace tilejit::jit {
 namespace {
 
@@ -35,7 +37,8 @@ bool tma_window(const ir::Function& f, const ir::Op& load, ir::ValueId iv, const
   for (const ir::Op& op : body.ops)  // the other offset must be loop-invariant
     for (ir::ValueId r : op.results)
       if (r == other) return false;
-  return true;
+  // the box must start on 16 bytes of the contiguous dim in every iteration
+  return tma_inner_offset_aligned(ScalarFacts(f), load.operands[2], p->type.dtype);
 }
 
 }  // namespace

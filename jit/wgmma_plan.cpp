@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "jit/scalar_facts.hpp"
 #include "jit/layout.hpp"
 
 namespace tilejit::jit {
@@ -24,7 +25,7 @@ class Planner {
  public:
   Planner(const ir::Function& f, int num_warps, const PipelineOptions& opts, const std::set<const ir::Op*>& skip,
           const std::map<const ir::Op*, int>& op_warps)
-      : f_(f), warps_(num_warps), opts_(opts), skip_(skip), op_warps_(op_warps) {}
+      : f_(f), warps_(num_warps), opts_(opts), skip_(skip), op_warps_(op_warps), facts_(f) {}
 
   HopperPlan run() {
     index(f_.body, nullptr);
@@ -158,6 +159,7 @@ class Planner {
     if (rank > 5 || dims.size() != 2 || dims[1] != rank - 1 || load.float_attr("padding") != 0.0) return false;
     if (shape[0] > 256 || shape[0] % 8 != 0 || shape[1] % 64 != 0) return false;
     if (!offsets_fit_i32(load, 1, rank)) return false;
+    if (!tma_inner_offset_aligned(facts_, load.operands[static_cast<size_t>(rank)], p->type.dtype)) return false;
     const ir::Op* parent = parent_.at(&load);
     // loaded once: at the kernel's top level, or at a warp role's (the role is the whole program
     // of its warps)
@@ -230,6 +232,9 @@ class Planner {
     const auto& dims = op.ints_attr("dims");
     const auto& shape = f_.type(op.operands[1]).shape;
     if (rank > 5 || dims.size() != 2 || dims[1] != rank - 1 || !offsets_fit_i32(op, 2, rank)) return std::nullopt;
+    if (!tma_inner_offset_aligned(facts_, op.operands[static_cast<size_t>(rank) + 1], p->type.dtype)) return std::nullopt;
+    for (int d = 0; d < rank; ++d)  // a reduce at a negative coordinate faults, even where clipping would do
+      if (!facts_.non_negative(op.operands[static_cast<size_t>(d) + 2])) return std::nullopt;
     r.rows = shape[0];
     r.cols = shape[1];
     if (r.rows > 256 || r.rows % 8 != 0 || r.cols % 32 != 0) return std::nullopt;
@@ -359,6 +364,7 @@ class Planner {
   PipelineOptions opts_;
   const std::set<const ir::Op*>& skip_;
   const std::map<const ir::Op*, int>& op_warps_;
+  ScalarFacts facts_;  // what TMA boxes need: 16-byte starts, non-negative reduce coordinates
   std::unordered_map<const ir::Op*, const ir::Op*> parent_;
   std::unordered_map<const ir::Op*, size_t> order_;
   std::unordered_map<ir::ValueId, const ir::Op*> def_, region_arg_;

@@ -487,3 +487,19 @@ TEST_CASE("issue 28: window offsets of every integer type compile through both b
     }
   }
 }
+
+// Found by the fuzzer (a dot of windows at K offset 3: CUDA_ERROR_ILLEGAL_INSTRUCTION): TMA boxes
+// are planned only where the offset on the contiguous dim is known to start on 16 bytes
+// (jit/divisibility.hpp: constants, products, loop counters from their bounds and step).
+TEST_CASE("issue 28: TMA copies and reduces only for windows whose contiguous offset is a known multiple of 16 bytes") {
+  for (jit::CompileOptions o : backends_here()) {
+    INFO(jit::to_string(o.backend));
+    o.ptx_tool = jit::PtxTool::Ptxas;
+    for (int step : {1, 8}) {
+      INFO("STEP " << step);
+      const jit::CompiledKernel k = jit::compile(test_kernels::unaligned_tma_windows().build({{"STEP", step}}), o);
+      CHECK((k.ptx.find("cp.async.bulk.tensor.2d") != std::string::npos) == (step == 8));
+      CHECK((k.ptx.find("cp.reduce.async.bulk.tensor") != std::string::npos) == (step == 8));
+    }
+  }
+}

@@ -342,7 +342,7 @@ inline const Kernel& wide_offset_tma() {
     auto D = b.tensor("D", f32, 2, rows);
     auto off = b.scalar<int64_t>("off");
     Tile o = cast(T, off);
-    atomic_add(C.block({o, 0}, {64, 64}), dot(load(A.block({o, 0}, {64, 64})), load(B.block({0, o}, {64, 64}))));
+    atomic_add(C.block({o, 0}, {64, 64}), dot(load(A.block({o, 0}, {64, 64})), load(B.block({o, 0}, {64, 64}))));
     auto m0 = program_id(0) * 64;  // (0: one program; loop-invariant offsets)
     Var acc = zeros(f32, {64, 64});
     for_range(cast(CT, 0), cast(CT, A.size(1)), 64, [&](Tile kk) {
@@ -351,6 +351,23 @@ inline const Kernel& wide_offset_tma() {
     store(D.block({m0, 0}, {64, 64}), acc);
   });
   return k;
+}
+
+// Found by the fuzzer: a TMA box whose innermost coordinate does not start on 16 bytes is an
+// illegal instruction on the H100. The windows' offsets on the contiguous dim are STEP * k for a
+// run-time k: with STEP 1 nothing says they are aligned (generic loads and red.global adds), with
+// STEP 8 (bf16) and 4 (f32) they are (TMA copies, wgmma and a TMA reduce, whose coordinates must
+// also be non-negative: k is a u16).
+inline const Kernel& unaligned_tma_windows() {
+  static const Kernel kern = kernel("unaligned_tma_windows", [](Builder& b) {
+    auto STEP = b.meta<int>("STEP", 1);
+    const ParamSpec rows{.align_bytes = 16, .contiguous_last = true};
+    auto A = b.tensor("A", bf16, 2, rows), B = b.tensor("B", bf16, 2, rows), O = b.tensor("O", f32, 2, rows);
+    auto k = cast(u16, b.scalar<int32_t>("k"));  // unsigned: never a negative coordinate
+    auto d = dot(load(A.block({0, k * STEP}, {64, 64})), load(B.block({0, k * STEP}, {64, 64})));
+    atomic_add(O.block({0, k * (STEP == 1 ? 1 : STEP / 2)}, {64, 64}), d);
+  });
+  return kern;
 }
 
 }  // namespace test_kernels

@@ -1,0 +1,38 @@
+// What the planners may assume about an integer scalar of the tile IR on every execution, from
+// the ops that compute it: the largest power of two (at most kMaxDivisor) dividing its value, and
+// whether it is never negative. TMA needs both: on the H100 a box whose innermost coordinate does
+// not start on 16 bytes, or a reduce at a negative coordinate, is an illegal instruction (found by
+// the fuzzer: a dot of windows at K offset 3).
+#pragma once
+#include <cstdint>
+#include <map>
+
+#include "dsl/ir/function.hpp"
+
+namespace tilejit::jit {
+
+class ScalarFacts {
+ public:
+  static constexpr int64_t kMaxDivisor = 1 << 12;
+  explicit ScalarFacts(const ir::Function& f);
+  // Constants, + - *, << by a constant, integer casts, a loop counter from its lower bound and
+  // step; 1 for what is unknown (parameters, loads, program ids).
+  int64_t divisor(ir::ValueId v) const;
+  // u8/u16 values, constants >= 0, program ids and counts, tensor sizes, + and * of such values,
+  // widening casts of them, a loop counter whose lower bound is one (steps are positive).
+  bool non_negative(ir::ValueId v) const;
+
+ private:
+  void index(const ir::Block& b);
+  const ir::Op* def(ir::ValueId v) const;
+  const ir::Function& f_;
+  std::map<ir::ValueId, const ir::Op*> def_;   // value -> the op that defines it
+  std::map<ir::ValueId, const ir::Op*> loop_;  // a for_ counter -> its loop
+  mutable std::map<ir::ValueId, int64_t> divisor_;
+};
+
+// Whether a TMA box at `inner_offset` (the window's offset on the tensor's contiguous dim) starts
+// on a 16-byte boundary for elements of `dtype` whatever the offset's run-time value.
+bool tma_inner_offset_aligned(const ScalarFacts& facts, ir::ValueId inner_offset, ir::DType dtype);
+
+}  // namespace tilejit::jit
