@@ -288,8 +288,9 @@ inline const Kernel& atomic_subnormals() {
 // i64 / u32 / u64 offsets to 32 bits: 2^32 read row 0, 0xFFFFFFFF read as -1). The i64 `off`,
 // converted (wrapping) to each of kWideOffsetTypes (index t): X[o:o+16, 0:32] into O[t] (offset of
 // a tile dim, 16-byte vector loads inside), X[0:16, o:o+32] into P[t] (the unit-stride dim),
-// X[o, 0:32] into R[t] (a fixed dim), X's corner stored into S[t] at row o (clipped) and added
-// into A[t] at (o, o) (by TMA on sm_90a when o fits in i32).
+// X[o, 0:32] into R[t] (a fixed dim), X's corner stored into S[t] at row o (clipped) and its
+// [16, 16] corner added into A[t] at (o, o) (16 columns: never a TMA reduce, which faults on the
+// H100 at such coordinates: see wide_offset_tma).
 inline constexpr DType kWideOffsetTypes[] = {i64, u32, u64, i16, u8, i32, u16, i8};
 inline const Kernel& wide_offsets() {
   static const Kernel k = kernel("wide_offsets", [](Builder& b) {
@@ -297,7 +298,7 @@ inline const Kernel& wide_offsets() {
     auto X = b.tensor("X", f32, 2, rows), O = b.tensor("O", f32, 3, rows), P = b.tensor("P", f32, 3, rows);
     auto R = b.tensor("R", f32, 2, rows), S = b.tensor("S", f32, 3, rows), A = b.tensor("A", f32, 3, rows);
     auto off = b.scalar<int64_t>("off");
-    auto corner = load(X.block({0, 0}, {16, 32}));
+    auto corner = load(X.block({0, 0}, {16, 32})), corner16 = load(X.block({0, 0}, {16, 16}));
     int t = 0;
     for (DType d : kWideOffsetTypes) {
       Tile o = cast(d, off);
@@ -305,7 +306,7 @@ inline const Kernel& wide_offsets() {
       store(P.block({t, 0, 0}, {16, 32}), load(X.block({0, o}, {16, 32}), -3.0));
       store(R.block({t, 0}, {32}), load(X.block({o, 0}, {32}, {1}), -2.0));
       store(S.block({t, o, 0}, {16, 32}), corner);
-      atomic_add(A.block({t, o, o}, {16, 32}), corner);
+      atomic_add(A.block({t, o, o}, {16, 16}), corner16);
       ++t;
     }
   });
@@ -315,7 +316,9 @@ inline const Kernel& wide_offsets() {
 // Issue 28, item 1, the TMA paths: a bf16 dot of two windows loaded once (TMA copies + wgmma on
 // sm_90a) added into a window of C (a TMA reduce), all at offsets of type OFFSET_DTYPE; and a K
 // loop (a TMA + wgmma pipeline) whose counter is of type COUNTER_DTYPE (i32 or i64). TMA
-// coordinates are 32-bit: wider offsets must take the generic paths.
+// coordinates are 32-bit: wider offsets must take the generic paths. (Where TMA does take a window,
+// an H100 raises CUDA_ERROR_ILLEGAL_INSTRUCTION for an innermost coordinate that is not a
+// multiple of 16 bytes, and for a reduce at a negative coordinate: an open bug, not tested here.)
 inline const Kernel& wide_offset_tma() {
   static const Kernel k = kernel("wide_offset_tma", [](Builder& b) {
     auto T = b.meta_dtype("OFFSET_DTYPE", i32), CT = b.meta_dtype("COUNTER_DTYPE", i32);
