@@ -534,3 +534,16 @@ TEST_CASE("gpu: TMA copies, TMA reduce and the TMA pipeline with offsets wider t
       check_against_interpreter(fn, {1}, {&a, &b, &c, &d, off}, 0.0, {}, true);
     }
 }
+
+TEST_CASE("gpu: float % is the exact remainder, as fmod in the interpreter, bit for bit (issue 28, item 3)") {
+  if (!have_gpu()) return;
+  for (DType d : {f32, f64, f16, bf16}) {
+    INFO(ir::name(d));
+    const std::vector<std::pair<double, double>> xy = test_kernels::float_rem_inputs(d, 65);
+    const auto n = static_cast<int64_t>(xy.size());
+    HostTensor x(d, {n}), y(d, {n}), r(d, {n}), bits(u32, {2 * n});
+    for (int64_t i = 0; i < n; ++i) x.set_flat(i, xy[static_cast<size_t>(i)].first), y.set_flat(i, xy[static_cast<size_t>(i)].second);
+    check_against_interpreter(test_kernels::float_rem().build({{"DTYPE", d}}), {cdiv(n, 256)}, {&x, &y, &r, &bits, n}, 0.0, {},
+                              true);
+  }
+}

@@ -1,7 +1,12 @@
 // Kernels shared by the JIT suites: compiled and assembled in CI (test_jit.cpp) and run on the
 // GPU against the interpreter (test_jit_gpu.cpp). Each exercises a different part of lowering.
 #pragma once
+#include <bit>
+#include <cfloat>
 #include <cmath>
+#include <cstdint>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "dsl/lang.hpp"
@@ -338,4 +343,62 @@ inline const Kernel& wide_offset_tma() {
   return k;
 }
 
+// Issue 28, item 3: float % is fmod, exactly (the GPU had computed x - trunc(x / y) * y: 256 where
+// fmod gives 4). R = X % Y in DTYPE, and Bits its bits as two u32 words per element (low, high;
+// NaN as one pattern): the value check cannot see -0 against +0 or f64 subnormal differences.
+inline const Kernel& float_rem() {
+  static const Kernel k = kernel("float_rem", [](Builder& b) {
+    const DType T = b.meta_dtype("DTYPE", f32);
+    auto X = b.pointer("X", T), Y = b.pointer("Y", T), R = b.pointer("R", T), Bits = b.pointer("Bits", u32);
+    auto n = b.scalar<int>("n");
+    auto i = program_id(0) * 256 + arange(0, 256);
+    auto m = i < n;
+    auto r = load(X + i, m, 0.0) % load(Y + i, m, 1.0);
+    store(R + i, r, m);
+    auto c = where(r != r, NAN, r);
+    Tile lo = T == f64 ? cast(u32, bitcast(u64, c)) : T == f32 ? bitcast(u32, c) : cast(u32, bitcast(u16, c));
+    Tile hi = T == f64 ? cast(u32, bitcast(u64, c) >> 32) : full(u32, {256}, 0);
+    store(Bits + 2 * i, lo, m);
+    store(Bits + 2 * i + 1, hi, m);
+  });
+  return k;
+}
+
+// Operands for float_rem in dtype d (f32 f64 f16 bf16), as doubles: the issue's large quotients,
+// signs of zero results, inf / NaN / zero operands, subnormals and extremes; random bit patterns
+// (mostly far-apart exponents: the long reduction); near multiples (x = y * m * 2^s, one ulp off:
+// the rounded quotient's correction).
+inline std::vector<std::pair<double, double>> float_rem_inputs(DType d, uint64_t seed) {
+  const bool dbl = d == f64;
+  const double sub = std::ldexp(1.0, dbl ? -1074 : d == f32 ? -149 : d == f16 ? -24 : -133);
+  const double big = dbl ? DBL_MAX : d == f32 ? FLT_MAX : d == f16 ? 65504.0 : 0x1.fep127;
+  std::vector<std::pair<double, double>> v{
+      {1e30, 3.7}, {1e10, 0.1}, {-1e10, 0.1}, {5.5, 2}, {-5.5, 2}, {5.5, -2}, {-6, 3}, {6, -3}, {0.0, 1}, {-0.0, 1},
+      {-0.0, INFINITY}, {1, 0}, {1, -0.0}, {0.0, 0.0}, {INFINITY, 1}, {-INFINITY, 2}, {INFINITY, INFINITY}, {NAN, 1},
+      {1, NAN}, {7.25, INFINITY}, {-7.25, -INFINITY}, {3 * sub, 2 * sub}, {1e-39, 3 * sub}, {big, sub}, {-big, 3 * sub},
+      {big, 1.5}, {16777218, 3}, {8388609, 2}, {std::ldexp(1.0, 53) + 2, 3}, {1e300, 3.7}, {1e-300, 1e-310}, {sub, 1e-39}};
+  std::mt19937_64 g(seed);
+  auto any = [&] {  // a random bit pattern of d
+    const uint64_t b = g();
+    if (dbl) return std::bit_cast<double>(b);
+    if (d == f32) return static_cast<double>(std::bit_cast<float>(static_cast<uint32_t>(b)));
+    const auto h = static_cast<uint16_t>(b);
+    return static_cast<double>(d == f16 ? tilejit::ir::f16_bits_to_f32(h) : tilejit::ir::bf16_bits_to_f32(h));
+  };
+  for (int k = 0; k < 2000; ++k) v.emplace_back(any(), any());
+  auto next = [&](double x, bool up) {  // x rounded to d, then one ulp of d up or down
+    using namespace tilejit::ir;
+    const auto f = static_cast<float>(x);
+    if (dbl) return std::nextafter(x, up ? INFINITY : 0.0);
+    if (d == f32) return static_cast<double>(std::nextafter(f, up ? INFINITY : 0.0f));
+    const int step = up ? 1 : -1;
+    if (d == f16) return static_cast<double>(f16_bits_to_f32(static_cast<uint16_t>(f32_to_f16_bits(f) + step)));
+    return static_cast<double>(bf16_bits_to_f32(static_cast<uint16_t>(f32_to_bf16_bits(f) + step)));
+  };
+  for (int k = 0; k < 2000; ++k) {
+    const double y = std::fabs(any());
+    v.emplace_back(next(std::ldexp(y, static_cast<int>(g() % (dbl ? 60 : 30))) * static_cast<double>(1 + g() % 9), g() % 2), y);
+  }
+  return v;
+}
 }  // namespace test_kernels
