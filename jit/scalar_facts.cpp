@@ -77,7 +77,17 @@ bool ScalarFacts::non_negative(ir::ValueId v) const {
       return c && *c >= 0;
     }
     case ir::OpKind::program_id: case ir::OpKind::num_programs: case ir::OpKind::tensor_dim: return true;
-    case ir::OpKind::add: case ir::OpKind::mul: return non_negative(op->operands[0]) && non_negative(op->operands[1]);
+    case ir::OpKind::add: case ir::OpKind::mul: case ir::OpKind::maximum: case ir::OpKind::minimum:
+      return non_negative(op->operands[0]) && non_negative(op->operands[1]);
+    case ir::OpKind::select: return non_negative(op->operands[1]) && non_negative(op->operands[2]);
+    case ir::OpKind::div: case ir::OpKind::rem: {
+      // x / 0 is all bits set (-1): only divisors that are positive constants or tensor sizes (a
+      // zero size is an empty tensor, which no window of a launched kernel indexes by)
+      const ir::Op* d = def(op->operands[1]);
+      const int64_t* c = int_constant(d);
+      const bool divisor_ok = (c && *c > 0) || (d && d->kind == ir::OpKind::tensor_dim);
+      return divisor_ok && non_negative(op->operands[0]);
+    }
     case ir::OpKind::cast: {  // into a signed type wide enough that the value cannot wrap negative
       const ir::DType s = f_.type(op->operands[0]).dtype;
       if (!ir::is_int(s) || s == ir::DType::i1 || !ir::is_signed(t.dtype)) return false;

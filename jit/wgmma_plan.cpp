@@ -233,8 +233,8 @@ class Planner {
     const auto& shape = f_.type(op.operands[1]).shape;
     if (rank > 5 || dims.size() != 2 || dims[1] != rank - 1 || !offsets_fit_i32(op, 2, rank)) return std::nullopt;
     if (!tma_inner_offset_aligned(facts_, op.operands[static_cast<size_t>(rank) + 1], p->type.dtype)) return std::nullopt;
-    for (int d = 0; d < rank; ++d)  // a reduce at a negative coordinate faults, even where clipping would do
-      if (!facts_.non_negative(op.operands[static_cast<size_t>(d) + 2])) return std::nullopt;
+    for (int d = 0; d < rank; ++d)
+      if (!facts_.non_negative(op.operands[static_cast<size_t>(d) + 2])) r.check_negative = true;
     r.rows = shape[0];
     r.cols = shape[1];
     if (r.rows > 256 || r.rows % 8 != 0 || r.cols % 32 != 0) return std::nullopt;

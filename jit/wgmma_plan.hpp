@@ -75,6 +75,10 @@ struct TmaReduce {
   int param_index = 0;
   int64_t rows = 0, cols = 0;
   std::vector<int64_t> box;  // innermost first: 32, rows along the row dim, 1 elsewhere
+  // A TMA reduce at a negative coordinate faults on the H100: where the offsets are not known to
+  // be non-negative (jit/scalar_facts.hpp), the lowering tests them and adds element by element
+  // when one is negative.
+  bool check_negative = false;
   int64_t chunk_bytes() const { return rows * 128; }
 };
 

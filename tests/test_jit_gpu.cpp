@@ -541,7 +541,7 @@ TEST_CASE("gpu: TMA copies, TMA reduce and the TMA pipeline with offsets wider t
   for (int64_t i = 0; i < b.numel(); ++i) b.set_flat(i, static_cast<double>(i * 3 % 7) - 3);
   for (int64_t i = 0; i < c.numel(); ++i) c.set_flat(i, static_cast<double>(i % 11));
   for (DType t : {i32, i64, u32, u64, i16})
-    for (int64_t off : {int64_t{0}, int64_t{40}, (int64_t{1} << 32) + 40, int64_t{0xFFFFFFFF}, int64_t{-10}}) {
+    for (int64_t off : {int64_t{0}, int64_t{40}, (int64_t{1} << 32) + 40, -(int64_t{1} << 32) + 8, int64_t{0xFFFFFFFF}, int64_t{-10}}) {
       INFO("OFFSET_DTYPE " << ir::name(t) << ", off = " << off);
       const ir::Function fn = test_kernels::wide_offset_tma().build({{"OFFSET_DTYPE", t}, {"COUNTER_DTYPE", t == i32 ? i32 : i64}});
       check_against_interpreter(fn, {1}, {&a, &b, &c, &d, off}, 0.0, {}, true);
@@ -560,4 +560,17 @@ TEST_CASE("gpu: windows at contiguous offsets that are not 16-byte multiples tak
       INFO("STEP " << step << ", k = " << k);
       check_against_interpreter(test_kernels::unaligned_tma_windows().build({{"STEP", step}}), {1}, {&a, &b, &o, k}, 0.0, {}, true);
     }
+}
+
+TEST_CASE("gpu: float % is the exact remainder, as fmod in the interpreter, bit for bit (issue 28, item 3)") {
+  if (!have_gpu()) return;
+  for (DType d : {f32, f64, f16, bf16}) {
+    INFO(ir::name(d));
+    const std::vector<std::pair<double, double>> xy = test_kernels::float_rem_inputs(d, 65);
+    const auto n = static_cast<int64_t>(xy.size());
+    HostTensor x(d, {n}), y(d, {n}), r(d, {n}), bits(u32, {2 * n});
+    for (int64_t i = 0; i < n; ++i) x.set_flat(i, xy[static_cast<size_t>(i)].first), y.set_flat(i, xy[static_cast<size_t>(i)].second);
+    check_against_interpreter(test_kernels::float_rem().build({{"DTYPE", d}}), {cdiv(n, 256)}, {&x, &y, &r, &bits, n}, 0.0, {},
+                              true);
+  }
 }

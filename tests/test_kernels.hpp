@@ -1,7 +1,12 @@
 // Kernels shared by the JIT suites: compiled and assembled in CI (test_jit.cpp) and run on the
 // GPU against the interpreter (test_jit_gpu.cpp). Each exercises a different part of lowering.
 #pragma once
+#include <bit>
+#include <cfloat>
 #include <cmath>
+#include <cstdint>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "dsl/lang.hpp"
@@ -306,8 +311,8 @@ inline Kernel small_pack_pairs = kernel("small_pack_pairs", [](Builder& k) {
 // i64 / u32 / u64 offsets to 32 bits: 2^32 read row 0, 0xFFFFFFFF read as -1). The i64 `off`,
 // converted (wrapping) to each of kWideOffsetTypes (index t): X[o:o+16, 0:32] into O[t] (offset of
 // a tile dim, 16-byte vector loads inside), X[0:16, o:o+32] into P[t] (the unit-stride dim),
-// X[o, 0:32] into R[t] (a fixed dim), X's corner stored into S[t] at row o (clipped) and added
-// into A[t] at (o, o) (by TMA on sm_90a when o fits in i32).
+// X[o, 0:32] into R[t] (a fixed dim), X's corner stored into S[t] at row o (clipped) and its
+// [16, 16] corner added into A[t] at (o, o).
 inline constexpr DType kWideOffsetTypes[] = {i64, u32, u64, i16, u8, i32, u16, i8};
 inline const Kernel& wide_offsets() {
   static const Kernel k = kernel("wide_offsets", [](Builder& b) {
@@ -315,7 +320,7 @@ inline const Kernel& wide_offsets() {
     auto X = b.tensor("X", f32, 2, rows), O = b.tensor("O", f32, 3, rows), P = b.tensor("P", f32, 3, rows);
     auto R = b.tensor("R", f32, 2, rows), S = b.tensor("S", f32, 3, rows), A = b.tensor("A", f32, 3, rows);
     auto off = b.scalar<int64_t>("off");
-    auto corner = load(X.block({0, 0}, {16, 32}));
+    auto corner = load(X.block({0, 0}, {16, 32})), corner16 = load(X.block({0, 0}, {16, 16}));
     int t = 0;
     for (DType d : kWideOffsetTypes) {
       Tile o = cast(d, off);
@@ -323,7 +328,7 @@ inline const Kernel& wide_offsets() {
       store(P.block({t, 0, 0}, {16, 32}), load(X.block({0, o}, {16, 32}), -3.0));
       store(R.block({t, 0}, {32}), load(X.block({o, 0}, {32}, {1}), -2.0));
       store(S.block({t, o, 0}, {16, 32}), corner);
-      atomic_add(A.block({t, o, o}, {16, 32}), corner);
+      atomic_add(A.block({t, o, o}, {16, 16}), corner16);
       ++t;
     }
   });
@@ -333,7 +338,10 @@ inline const Kernel& wide_offsets() {
 // Issue 28, item 1, the TMA paths: a bf16 dot of two windows loaded once (TMA copies + wgmma on
 // sm_90a) added into a window of C (a TMA reduce), all at offsets of type OFFSET_DTYPE; and a K
 // loop (a TMA + wgmma pipeline) whose counter is of type COUNTER_DTYPE (i32 or i64). TMA
-// coordinates are 32-bit: wider offsets must take the generic paths.
+// coordinates are 32-bit: wider offsets must take the generic paths. (An H100 also faults on a box
+// whose innermost coordinate is not a multiple of 16 bytes and on a reduce at a negative
+// coordinate: the planners take TMA only where jit/scalar_facts.hpp proves neither can happen, so
+// here the copies at inner offset 0, never the reduce at row o.)
 inline const Kernel& wide_offset_tma() {
   static const Kernel k = kernel("wide_offset_tma", [](Builder& b) {
     auto T = b.meta_dtype("OFFSET_DTYPE", i32), CT = b.meta_dtype("COUNTER_DTYPE", i32);
@@ -370,4 +378,62 @@ inline const Kernel& unaligned_tma_windows() {
   return kern;
 }
 
+// Issue 28, item 3: float % is fmod, exactly (the GPU had computed x - trunc(x / y) * y: 256 where
+// fmod gives 4). R = X % Y in DTYPE, and Bits its bits as two u32 words per element (low, high;
+// NaN as one pattern): the value check cannot see -0 against +0 or f64 subnormal differences.
+inline const Kernel& float_rem() {
+  static const Kernel k = kernel("float_rem", [](Builder& b) {
+    const DType T = b.meta_dtype("DTYPE", f32);
+    auto X = b.pointer("X", T), Y = b.pointer("Y", T), R = b.pointer("R", T), Bits = b.pointer("Bits", u32);
+    auto n = b.scalar<int>("n");
+    auto i = program_id(0) * 256 + arange(0, 256);
+    auto m = i < n;
+    auto r = load(X + i, m, 0.0) % load(Y + i, m, 1.0);
+    store(R + i, r, m);
+    auto c = where(r != r, NAN, r);
+    Tile lo = T == f64 ? cast(u32, bitcast(u64, c)) : T == f32 ? bitcast(u32, c) : cast(u32, bitcast(u16, c));
+    Tile hi = T == f64 ? cast(u32, bitcast(u64, c) >> 32) : full(u32, {256}, 0);
+    store(Bits + 2 * i, lo, m);
+    store(Bits + 2 * i + 1, hi, m);
+  });
+  return k;
+}
+
+// Operands for float_rem in dtype d (f32 f64 f16 bf16), as doubles: the issue's large quotients,
+// signs of zero results, inf / NaN / zero operands, subnormals and extremes; random bit patterns
+// (mostly far-apart exponents: the long reduction); near multiples (x = y * m * 2^s, one ulp off:
+// the rounded quotient's correction).
+inline std::vector<std::pair<double, double>> float_rem_inputs(DType d, uint64_t seed) {
+  const bool dbl = d == f64;
+  const double sub = std::ldexp(1.0, dbl ? -1074 : d == f32 ? -149 : d == f16 ? -24 : -133);
+  const double big = dbl ? DBL_MAX : d == f32 ? FLT_MAX : d == f16 ? 65504.0 : 0x1.fep127;
+  std::vector<std::pair<double, double>> v{
+      {1e30, 3.7}, {1e10, 0.1}, {-1e10, 0.1}, {5.5, 2}, {-5.5, 2}, {5.5, -2}, {-6, 3}, {6, -3}, {0.0, 1}, {-0.0, 1},
+      {-0.0, INFINITY}, {1, 0}, {1, -0.0}, {0.0, 0.0}, {INFINITY, 1}, {-INFINITY, 2}, {INFINITY, INFINITY}, {NAN, 1},
+      {1, NAN}, {7.25, INFINITY}, {-7.25, -INFINITY}, {3 * sub, 2 * sub}, {1e-39, 3 * sub}, {big, sub}, {-big, 3 * sub},
+      {big, 1.5}, {16777218, 3}, {8388609, 2}, {std::ldexp(1.0, 53) + 2, 3}, {1e300, 3.7}, {1e-300, 1e-310}, {sub, 1e-39}};
+  std::mt19937_64 g(seed);
+  auto any = [&] {  // a random bit pattern of d
+    const uint64_t b = g();
+    if (dbl) return std::bit_cast<double>(b);
+    if (d == f32) return static_cast<double>(std::bit_cast<float>(static_cast<uint32_t>(b)));
+    const auto h = static_cast<uint16_t>(b);
+    return static_cast<double>(d == f16 ? tilejit::ir::f16_bits_to_f32(h) : tilejit::ir::bf16_bits_to_f32(h));
+  };
+  for (int k = 0; k < 2000; ++k) v.emplace_back(any(), any());
+  auto next = [&](double x, bool up) {  // x rounded to d, then one ulp of d up or down
+    using namespace tilejit::ir;
+    const auto f = static_cast<float>(x);
+    if (dbl) return std::nextafter(x, up ? INFINITY : 0.0);
+    if (d == f32) return static_cast<double>(std::nextafter(f, up ? INFINITY : 0.0f));
+    const int step = up ? 1 : -1;
+    if (d == f16) return static_cast<double>(f16_bits_to_f32(static_cast<uint16_t>(f32_to_f16_bits(f) + step)));
+    return static_cast<double>(bf16_bits_to_f32(static_cast<uint16_t>(f32_to_bf16_bits(f) + step)));
+  };
+  for (int k = 0; k < 2000; ++k) {
+    const double y = std::fabs(any());
+    v.emplace_back(next(std::ldexp(y, static_cast<int>(g() % (dbl ? 60 : 30))) * static_cast<double>(1 + g() % 9), g() % 2), y);
+  }
+  return v;
+}
 }  // namespace test_kernels

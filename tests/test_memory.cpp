@@ -300,7 +300,7 @@ TEST_CASE("issue 28: window offsets of every integer type are taken at their val
         for (int64_t j = 0; j < 48; ++j) ws.push_back(near && i - w >= 0 && i - w < 16 && j < 32 ? x.get({i - w, j}) : NAN);
       for (int64_t i = 0; i < 40; ++i)
         for (int64_t j = 0; j < 64; ++j) {
-          const bool hit = near && i - w >= 0 && i - w < 16 && j - w >= 0 && j - w < 32;
+          const bool hit = near && i - w >= 0 && i - w < 16 && j - w >= 0 && j - w < 16;
           const double old = a0.get({t, i, j});
           wa.push_back(hit ? static_cast<double>(static_cast<float>(old) + static_cast<float>(x.get({i - w, j - w}))) : old);
         }

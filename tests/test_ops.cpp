@@ -10,12 +10,14 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "dsl/lang.hpp"
 #include "host_bits.hpp"
 #include "runtime/interpreter.hpp"
+#include "test_kernels.hpp"
 
 using namespace tilejit::lang;
 namespace rt = tilejit::runtime;
@@ -371,6 +373,49 @@ TEST_CASE("bf16 and f16 + - * / % round each result once to the dtype (RNE)") {
                   fmt::format("{} {}", tilejit::ir::name(d), c.name));
     }
   }
+}
+
+namespace {
+
+// The remainder of x / y, exactly, from the integer significands (IEEE fmod; not computed with
+// std::fmod): NaN for x infinite, y zero or a NaN; x for |x| < |y| (y infinite, x = +-0); x's sign.
+template <class F>
+F exact_remainder(F x, F y) {
+  if (std::isnan(x) || std::isnan(y) || std::isinf(x) || y == 0) return std::numeric_limits<F>::quiet_NaN();
+  if (std::fabs(x) < std::fabs(y)) return x;
+  const int digits = std::numeric_limits<F>::digits;
+  int ex = 0, ey = 0;
+  const auto mx = static_cast<uint64_t>(std::ldexp(std::frexp(std::fabs(x), &ex), digits));
+  const auto my = static_cast<uint64_t>(std::ldexp(std::frexp(std::fabs(y), &ey), digits));
+  u128 r = mx % my;  // mx * 2^(ex - ey) mod my (ex >= ey as |x| >= |y|)
+  for (int k = ex - ey; k > 0; --k) r = r * 2 % my;
+  return std::copysign(std::ldexp(static_cast<F>(static_cast<uint64_t>(r)), ey - digits), x);
+}
+
+}  // namespace
+
+TEST_CASE("issue 28: float % is the exact remainder (fmod): signs, zeros, inf, NaN, subnormals, large quotients") {
+  for (DType d : {f32, f64, f16, bf16}) {
+    INFO(tilejit::ir::name(d));
+    const std::vector<std::pair<double, double>> xy = test_kernels::float_rem_inputs(d, 7);
+    const auto n = static_cast<int64_t>(xy.size());
+    HostTensor x(d, {n}), y(d, {n}), r(d, {n}), bits(u32, {2 * n});
+    for (int64_t i = 0; i < n; ++i) x.set_flat(i, xy[static_cast<size_t>(i)].first), y.set_flat(i, xy[static_cast<size_t>(i)].second);
+    rt::interpret(test_kernels::float_rem().build({{"DTYPE", d}}), {(n + 255) / 256}, {x, y, r, bits, n});
+    std::vector<double> want;
+    for (int64_t i = 0; i < n; ++i) {
+      const double a = x.get_flat(i), b = y.get_flat(i);  // the operands as stored (rounded to d)
+      want.push_back(d == f32 ? static_cast<double>(exact_remainder(static_cast<float>(a), static_cast<float>(b))) : exact_remainder(a, b));
+    }
+    expect_same(r.to_f64(), want, fmt::format("{} %", tilejit::ir::name(d)));
+  }
+  // large quotients, by value
+  HostTensor x(f32, {2}), y(f32, {2}), r(f32, {2}), bits(u32, {4});
+  x.set_flat(0, 1e30), y.set_flat(0, 3.7), x.set_flat(1, 1e10), y.set_flat(1, 0.1);
+  rt::interpret(test_kernels::float_rem().build(), {1}, {x, y, r, bits, int64_t{2}});
+  CHECK(r.get_flat(0) == 0x1.814f88p+1);  // 3.0102396 (x - trunc(x / y) * y: 0 in f32)
+  CHECK(r.get_flat(1) == 0x1.6a0beep-4);  // 0.0883902833
+  CHECK(bits.get_flat(0) == 0x4040a7c4);
 }
 
 // ======================================================================= integer arithmetic

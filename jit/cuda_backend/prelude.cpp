@@ -121,19 +121,37 @@ TJ_INLINE double tj_to_f64(__nv_bfloat16 x) {
 #endif
 }
 
-// Floating-point remainder as LLVM's NVPTX backend expands frem: x - trunc(x / y) * y, x where y is infinite.
-TJ_INLINE float tj_frem(float x, float y) {
-  float r;
-  asm("{\n\t.reg .f32 q, t, m, s;\n\t.reg .pred p;\n\tdiv.rn.f32 q, %1, %2;\n\tcvt.rzi.f32.f32 t, q;\n\tmul.f32 m, t, %2;\n\t"
-      "sub.f32 s, %1, m;\n\ttestp.infinite.f32 p, %2;\n\tselp.f32 %0, %1, s, p;\n\t}" : "=f"(r) : "f"(x), "f"(y));
-  return r;
+// Floating-point remainder, exact (std::fmod, the interpreter's): the LLVM backend's
+// tilejit_fmod_f32 / _f64 step for step (llvm_backend/emitter.cpp says why each step is exact).
+// F with P significand bits, U its bits. No product feeds a sum (nvrtc contracts those), and nvrtc's
+// defaults (IEEE division, no flush to zero) keep every step exact on subnormals.
+TJ_INLINE unsigned tj_bits(float x) { return __float_as_uint(x); }
+TJ_INLINE unsigned long long tj_bits(double x) { return (unsigned long long)__double_as_longlong(x); }
+TJ_INLINE float tj_from_bits(unsigned b) { return __uint_as_float(b); }
+TJ_INLINE double tj_from_bits(unsigned long long b) { return __longlong_as_double((long long)b); }
+template <class F>
+TJ_INLINE F tj_frem_step(F a, F d) {  // a mod d, for a / d < 2^P
+  F q = trunc(a / d), r = fma(-q, d, a);
+  return r < F(0) ? r + d : r;
 }
-TJ_INLINE double tj_frem(double x, double y) {
-  double r;
-  asm("{\n\t.reg .f64 q, t, m, s;\n\t.reg .pred p;\n\tdiv.rn.f64 q, %1, %2;\n\tcvt.rzi.f64.f64 t, q;\n\tmul.f64 m, t, %2;\n\t"
-      "sub.f64 s, %1, m;\n\ttestp.infinite.f64 p, %2;\n\tselp.f64 %0, %1, s, p;\n\t}" : "=d"(r) : "d"(x), "d"(y));
-  return r;
+template <class F, class U, int P>
+TJ_INLINE F tj_frem_exact(F x, F y) {
+  const U mant = (U(1) << P) - 1, inf = (~U(0) >> 1) & ~mant;
+  const F two_p = F(U(1) << P);
+  F ax = fabs(x), ay = fabs(y);
+  if (!(ay > F(0)) || !(ax < tj_from_bits(inf))) return (x * y) / (x * y);
+  if (ax < ay) return x;
+  F ay_p = ay * two_p;
+  if (ax >= ay_p) {
+    F b = ay < tj_from_bits(U(1) << P) ? ay_p : ay, b_p = b * two_p;  // b: normal
+    U b_mant = tj_bits(b) & mant;
+    while (ax >= b_p) ax = tj_frem_step(ax, tj_from_bits(b_mant | (((tj_bits(ax) >> P) - U(P - 1)) << P)));
+    ax = tj_frem_step(ax, b);
+  }
+  return copysign(tj_frem_step(ax, ay), x);
 }
+TJ_INLINE float tj_frem(float x, float y) { return tj_frem_exact<float, unsigned, 23>(x, y); }
+TJ_INLINE double tj_frem(double x, double y) { return tj_frem_exact<double, unsigned long long, 52>(x, y); }
 
 // NaN-propagating minimum and maximum (PTX min/max return the other operand for one NaN): the
 // sum is NaN exactly when an operand is. f16/bf16 run in f32, as in the LLVM backend.
@@ -242,8 +260,8 @@ extern __shared__ __align__(1024) unsigned char tilejit_smem[];
 }  // namespace
 
 // Helpers shared by every kernel. The transcendental helpers are the PTX instructions the LLVM
-// backend's NVVM intrinsics select; tj_frem is LLVM's NVPTX expansion of frem, instruction for
-// instruction, so that ptxas treats both backends' code alike.
+// backend's NVVM intrinsics select; tj_frem is the LLVM backend's exact remainder, step for step,
+// so that ptxas treats both backends' code alike.
 std::string prelude() { return prelude_arithmetic() + prelude_memory(); }
 
 }  // namespace tilejit::jit::cuda_backend

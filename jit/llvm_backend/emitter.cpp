@@ -26,6 +26,7 @@
 #include <llvm/Target/TargetOptions.h>
 
 #include <chrono>
+#include <cmath>
 #include <mutex>
 #include <stdexcept>
 
@@ -143,6 +144,84 @@ llvm::Value* Emitter::min_max(bool is_max, V a, V b) {
   return t->isDoubleTy() ? m : from_f32(m, t);
 }
 
+// Floating-point remainder, exact: std::fmod, as the interpreter computes it (LLVM's frem becomes
+// x - trunc(x / y) * y on NVPTX, far off for large quotients). f16/bf16 run in f32, which is exact:
+// the remainder of two f16 values is an f16 value.
+llvm::Value* Emitter::frem(llvm::Value* x, llvm::Value* y) {
+  llvm::Type* t = x->getType();
+  const bool f64 = t->isDoubleTy();
+  llvm::Value* r = b_.CreateCall(fmod_function(f64), {f64 ? x : to_f32(x), f64 ? y : to_f32(y)});
+  return f64 ? r : from_f32(r, t);
+}
+
+// tilejit_fmod_f32 / _f64, internal and always inlined (cuda_backend/prelude.cpp's tj_frem is the
+// same). NaN where x is infinite, y zero or either NaN; x where |x| < |y|; else, with a = |x| and
+// b = |y|: while a / b >= 2^p (p = 23 / 52), a is reduced modulo d = b's significand at a's
+// exponent - (p - 1) (a multiple of b, a / d < 2^p; b * 2^p instead of b if b is subnormal, a
+// normal multiple), then modulo b. A step a mod d (a / d < 2^p): q = trunc(a / d) is the quotient
+// or one more (the division rounds to nearest), r = fma(-q, d, a) is exact (a multiple of d's ulp
+// no larger than d), plus d if negative. The result takes x's sign.
+llvm::Function* Emitter::fmod_function(bool f64) {
+  const char* name = f64 ? "tilejit_fmod_f64" : "tilejit_fmod_f32";
+  if (llvm::Function* f = m_.getFunction(name)) return f;
+  llvm::Type* F = f64 ? b_.getDoubleTy() : b_.getFloatTy();
+  llvm::IntegerType* I = f64 ? b_.getInt64Ty() : b_.getInt32Ty();
+  const int p = f64 ? 52 : 23;
+  auto* fn = llvm::Function::Create(llvm::FunctionType::get(F, {F, F}, false), llvm::Function::InternalLinkage, name, m_);
+  fn->addFnAttr(llvm::Attribute::AlwaysInline);
+  llvm::IRBuilder<> b(ctx_);
+  auto block = [&](const char* n) { return llvm::BasicBlock::Create(ctx_, n, fn); };
+  auto fc = [&](double v) { return llvm::ConstantFP::get(F, v); };
+  auto call = [&](llvm::Intrinsic::ID id, llvm::ArrayRef<llvm::Value*> args) {
+    return b.CreateCall(llvm::Intrinsic::getDeclaration(&m_, id, {F}), args);
+  };
+  auto step = [&](llvm::Value* a, llvm::Value* d) {  // a mod d, for a / d < 2^p
+    llvm::Value* q = call(llvm::Intrinsic::trunc, {b.CreateFDiv(a, d)});
+    llvm::Value* r = call(llvm::Intrinsic::fma, {b.CreateFNeg(q), d, a});
+    return b.CreateSelect(b.CreateFCmpOLT(r, fc(0.0)), b.CreateFAdd(r, d), r);
+  };
+  llvm::BasicBlock *entry = block("entry"), *nan = block("nan"), *finite = block("finite"), *small = block("small");
+  llvm::BasicBlock *big = block("big"), *reduce = block("reduce"), *head = block("head"), *body = block("body");
+  llvm::BasicBlock *last = block("last"), *tail = block("tail");
+  llvm::Value *x = fn->getArg(0), *y = fn->getArg(1);
+  b.SetInsertPoint(entry);
+  llvm::Value *ax = call(llvm::Intrinsic::fabs, {x}), *ay = call(llvm::Intrinsic::fabs, {y});
+  b.CreateCondBr(b.CreateOr(b.CreateFCmpULE(ay, fc(0.0)), b.CreateFCmpUGE(ax, fc(INFINITY))), nan, finite);
+  b.SetInsertPoint(nan);
+  llvm::Value* xy = b.CreateFMul(x, y);
+  b.CreateRet(b.CreateFDiv(xy, xy));
+  b.SetInsertPoint(finite);
+  b.CreateCondBr(b.CreateFCmpOLT(ax, ay), small, big);
+  b.SetInsertPoint(small);
+  b.CreateRet(x);
+  b.SetInsertPoint(big);
+  llvm::Value* ay_p = b.CreateFMul(ay, fc(std::ldexp(1.0, p)));
+  b.CreateCondBr(b.CreateFCmpOGE(ax, ay_p), reduce, tail);
+  b.SetInsertPoint(reduce);
+  llvm::Value* bn = b.CreateSelect(b.CreateFCmpOLT(ay, fc(std::ldexp(1.0, f64 ? -1022 : -126))), ay_p, ay);
+  llvm::Value* bn_p = b.CreateFMul(bn, fc(std::ldexp(1.0, p)));
+  llvm::Value* mant = b.CreateAnd(b.CreateBitCast(bn, I), llvm::ConstantInt::get(I, (uint64_t{1} << p) - 1));
+  b.CreateBr(head);
+  b.SetInsertPoint(head);
+  llvm::PHINode* a = b.CreatePHI(F, 2);
+  a->addIncoming(ax, reduce);
+  b.CreateCondBr(b.CreateFCmpOGE(a, bn_p), body, last);
+  b.SetInsertPoint(body);
+  llvm::Value* e = b.CreateLShr(b.CreateBitCast(a, I), p);
+  llvm::Value* d = b.CreateBitCast(b.CreateOr(mant, b.CreateShl(b.CreateSub(e, llvm::ConstantInt::get(I, p - 1)), p)), F);
+  a->addIncoming(step(a, d), body);
+  b.CreateBr(head);
+  b.SetInsertPoint(last);
+  llvm::Value* reduced = step(a, bn);
+  b.CreateBr(tail);
+  b.SetInsertPoint(tail);
+  llvm::PHINode* a2 = b.CreatePHI(F, 2);
+  a2->addIncoming(ax, big);
+  a2->addIncoming(reduced, last);
+  b.CreateRet(call(llvm::Intrinsic::copysign, {step(a2, ay), x}));
+  return fn;
+}
+
 // Shift amounts >= the width give 0 (or the sign) rather than LLVM's poison.
 llvm::Value* Emitter::shift(bool left, V a, V b) {
   llvm::Value *x = v(a), *s = v(b);
@@ -226,7 +305,7 @@ void Emitter::arith_inst(const pir::Inst& in) {
     case Op::sub: set(r0, is_fp(in.args[0]) ? b_.CreateFSub(a(0), a(1)) : b_.CreateSub(a(0), a(1))); return;
     case Op::mul: set(r0, is_fp(in.args[0]) ? b_.CreateFMul(a(0), a(1)) : b_.CreateMul(a(0), a(1))); return;
     case Op::div: set(r0, is_fp(in.args[0]) ? b_.CreateFDiv(a(0), a(1)) : int_divrem(true, in.args[0], in.args[1])); return;
-    case Op::rem: set(r0, is_fp(in.args[0]) ? b_.CreateFRem(a(0), a(1)) : int_divrem(false, in.args[0], in.args[1])); return;
+    case Op::rem: set(r0, is_fp(in.args[0]) ? frem(a(0), a(1)) : int_divrem(false, in.args[0], in.args[1])); return;
     case Op::minimum: set(r0, min_max(false, in.args[0], in.args[1])); return;
     case Op::maximum: set(r0, min_max(true, in.args[0], in.args[1])); return;
     case Op::bit_and: set(r0, b_.CreateAnd(a(0), a(1))); return;

@@ -123,6 +123,8 @@ class Emitter {
   llvm::Value* min_max(bool is_max, V a, V b);
   llvm::Value* shift(bool left, V a, V b);
   llvm::Value* int_divrem(bool div, V a, V b);
+  llvm::Value* frem(llvm::Value* x, llvm::Value* y);
+  llvm::Function* fmod_function(bool f64);
   llvm::Value* cast(V a, pir::Ty to);
   // constants, parameters, special registers, arithmetic, comparisons, conversions, pack2/unpack2
   void arith_inst(const pir::Inst& in);

@@ -361,8 +361,7 @@ void Lowerer::block_atomic_add(const ir::Op& op) {
   // ordered (after_semaphore): the add waits until *semaphore >= target
   const bool ordered = op.attrs.count("after_semaphore") != 0;
   V sem = ordered ? scalar(op.operands[op.operands.size() - 2]) : 0, target = ordered ? scalar(op.operands.back()) : 0;
-  auto it = plan_.hopper.reduces.find(&op);
-  if (it == plan_.hopper.reduces.end()) {
+  auto element_adds = [&] {
     if (ordered) {  // every thread adds: thread 0 waits, the barrier hands the acquired view on
       pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::sem_wait, {sem, target}); });
       emit0(Op::barrier, {});
@@ -373,10 +372,22 @@ void Lowerer::block_atomic_add(const ir::Op& op) {
       if (duplicate_reg(L, r)) continue;
       emit(Op::atomic_add, pir::scalar(t.dtype), {addr[r], val[r], *and_pred(own, inb[r])});
     }
+  };
+  auto it = plan_.hopper.reduces.find(&op);
+  if (it == plan_.hopper.reduces.end()) {
+    element_adds();
     return;
   }
   const TmaReduce& red = it->second;
   V is0 = cmp(pir::Pred::eq, tid_, ci32(0));
+  // offsets not known to be non-negative: TMA only when they are (it faults otherwise); else every
+  // thread adds its elements, clipped at the tensor's edges, as the generic path does
+  V tma_ok = 0;
+  if (red.check_negative) {
+    tma_ok = emit(Op::constant, pir::scalar(DType::i1), {}, 1);
+    for (size_t d = 2; d < op.operands.size() - (ordered ? 2 : 0); ++d)
+      tma_ok = land(tma_ok, cmp(pir::Pred::ge, cast(scalar(op.operands[d]), DType::i32), ci32(0)));
+  }
   // The staging tile is free once the previous reduce has read it (thread 0 issued it), unless a
   // barrier after such a wait was already met in this block (e.g. staging dQ's A operand).
   if (reduce_staging_free_in_ != block_ids_.back()) {
@@ -393,7 +404,8 @@ void Lowerer::block_atomic_add(const ir::Op& op) {
   emit0(Op::fence_proxy_async, {});
   emit0(Op::barrier, {});
   V base = smem_at(plan_.hopper.reduce_staging);
-  pir_if(is0, [&] {
+  if (red.check_negative) pir_if(bin(Op::bit_xor, tma_ok, emit(Op::constant, pir::scalar(DType::i1), {}, 1)), element_adds);
+  pir_if(red.check_negative ? land(is0, tma_ok) : is0, [&] {
     // ordered: only this thread issues the add, so only it waits (no barrier for the others)
     if (ordered) {
       emit0(Op::sem_wait, {sem, target});
