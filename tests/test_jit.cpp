@@ -414,6 +414,8 @@ const lang::Kernel mixed_half_bitcast = lang::kernel("mixed_half_bitcast", [](la
   lang::store(Out2 + i, lang::bitcast(bf16, y * y) + x);
   // the same through pairs: f16 halves packed into words and read back as bf16 (found by the fuzzer)
   lang::store(Out2 + i, lang::unpack_pairs(bf16, lang::pack_pairs(y / y)) * x);
+  // and through i16 pairs, then a bitcast
+  lang::store(Out2 + i, lang::bitcast(bf16, lang::unpack_pairs(i16, lang::pack_pairs(y / y))) - x);
 });
 
 namespace {
@@ -523,5 +525,23 @@ TEST_CASE("issue 28: float % compiles to the exact remainder through both backen
       CHECK(k.ptx.find(d == f64 ? "div.rn.f64" : "div.rn.f32") != std::string::npos);
       if (o.make_cubin) CHECK(k.cubin.size() > 1000);
     }
+  }
+}
+
+// Found by the fuzzer: LLVM 19's simplification of float min/max crashed the process (SIGSEGV in
+// getInverseMinMaxIntrinsic) when an operand was another intrinsic's result sharing an operand with
+// it, as minimum(fma(a, b, a), minimum(a, b)) here; such operands now reach it through an opaque mov.
+TEST_CASE("issue 28: minimum of an fma and a minimum sharing its operands compiles (LLVM 19 crash)") {
+  const lang::Kernel k = lang::kernel("min_of_fma", [](lang::Builder& b) {
+    auto X = b.pointer("X", f32), Y = b.pointer("Y", f32), Out = b.pointer("Out", f32);
+    auto i = lang::arange(0, 64);
+    auto x = lang::load(X + i), y = lang::load(Y + i);
+    lang::store(Out + i, lang::minimum(lang::fma(x, y, x), lang::minimum(x, y)));
+    lang::store(Out + i + 64, lang::maximum(lang::fma(x, y, x), lang::maximum(x, y)));
+  });
+  for (jit::CompileOptions o : backends_here()) {
+    INFO(jit::to_string(o.backend));
+    const jit::CompiledKernel c = jit::compile(k.build(), o);
+    CHECK(c.ptx.find("min.NaN.f32") != std::string::npos);
   }
 }

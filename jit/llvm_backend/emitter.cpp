@@ -27,6 +27,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 
@@ -132,9 +133,27 @@ llvm::Value* Emitter::min_max(bool is_max, V a, V b) {
     auto id = is_max ? (sgn(a) ? llvm::Intrinsic::smax : llvm::Intrinsic::umax) : (sgn(a) ? llvm::Intrinsic::smin : llvm::Intrinsic::umin);
     return intrinsic(id, {x->getType()}, {x, y});
   }
+  // LLVM 19's min/max simplification crashes (SIGSEGV in getInverseMinMaxIntrinsic, fixed upstream
+  // by llvm-project#173705) on an operand that is another intrinsic's result, e.g. minimum(fma(a,
+  // b, a), minimum(a, b)), found by the fuzzer: such operands go through an opaque mov.
+  auto opaque = [&](llvm::Value* o) -> llvm::Value* {
+    auto* ii = llvm::dyn_cast<llvm::IntrinsicInst>(o);
+    if (!ii || ii->getCalledFunction()->getName().starts_with("llvm.nvvm.")) return o;  // (shuffles: the row max)
+    switch (ii->getIntrinsicID()) {
+      case llvm::Intrinsic::minimum: case llvm::Intrinsic::maximum: case llvm::Intrinsic::minnum: case llvm::Intrinsic::maxnum:
+        return o;
+      default: break;
+    }
+    const bool f64 = o->getType()->isDoubleTy();
+    return asm_call(o->getType(), f64 ? "mov.b64 $0, $1;" : "mov.b32 $0, $1;", f64 ? "=d,d" : "=f,f", {o}, false);
+  };
   // NaN-propagating, -0 below +0 (the interpreter's and PTX max.NaN's semantics), computed in
   // >= f32; f32 is one max.NaN/min.NaN instruction.
   llvm::Type* t = x->getType();
+  if (t->isFloatTy() || t->isDoubleTy()) {
+    x = opaque(x);
+    y = opaque(y);
+  }
   if (!t->isDoubleTy())
     return from_f32(intrinsic(is_max ? llvm::Intrinsic::maximum : llvm::Intrinsic::minimum, {b_.getFloatTy()}, {to_f32(x), to_f32(y)}), t);
   llvm::Value *fx = t->isDoubleTy() ? x : to_f32(x), *fy = t->isDoubleTy() ? y : to_f32(y);
@@ -357,11 +376,7 @@ void Emitter::arith_inst(const pir::Inst& in) {
       pir::Ty to = f_.types[r0], from = f_.types[in.args[0]];
       if (to.ptr && !from.ptr) set(r0, b_.CreateIntToPtr(a(0), type(to)));
       else if (!to.ptr && from.ptr) set(r0, b_.CreatePtrToInt(a(0), type(to)));
-      else if (type(to)->isHalfTy() != type(from)->isHalfTy() && type(to)->is16bitFPTy() && type(from)->is16bitFPTy())
-        // bf16 <-> f16: NVPTX cannot select that bitcast (an abort: "Cannot select: f16 = bitcast"),
-        // and LLVM folds a pair of bitcasts through i16 back into it, so the i16 goes through a mov
-        set(r0, b_.CreateBitCast(asm_call(b_.getInt16Ty(), "mov.b16 $0, $1;", "=h,h", {b_.CreateBitCast(a(0), b_.getInt16Ty())}, false),
-                                 type(to)));
+      else if (type(to)->is16bitFPTy()) set(r0, half_from_bits(b_.CreateBitCast(a(0), b_.getInt16Ty()), type(to)));
       else set(r0, b_.CreateBitCast(a(0), type(to)));
       return;
     }
@@ -370,24 +385,37 @@ void Emitter::arith_inst(const pir::Inst& in) {
       auto* vt = llvm::FixedVectorType::get(a(0)->getType(), 2);
       llvm::Value* vec = b_.CreateInsertElement(b_.CreateInsertElement(llvm::PoisonValue::get(vt), a(0), uint64_t{0}), a(1), uint64_t{1});
       set(r0, b_.CreateBitCast(vec, b_.getInt32Ty()));
-      packed_halves_[vals_[r0]] = a(0)->getType();
       return;
     }
     case Op::unpack2: {
       llvm::Value* w = a(0);
-      auto packed = packed_halves_.find(w);
       for (unsigned h = 0; h < 2; ++h) {
         llvm::Value* half = b_.CreateTrunc(h ? b_.CreateLShr(w, 16) : w, b_.getInt16Ty());
         llvm::Type* t = type(f_.types[in.results[h]]);
-        if (packed != packed_halves_.end() && t->is16bitFPTy() && packed->second->is16bitFPTy() && packed->second != t)
-          half = asm_call(b_.getInt16Ty(), "mov.b16 $0, $1;", "=h,h", {half}, false);  // f16 halves read as bf16, or back
-        set(in.results[h], b_.CreateBitCast(half, t));
+        set(in.results[h], t->is16bitFPTy() ? half_from_bits(half, t) : b_.CreateBitCast(half, t));
       }
       return;
     }
     default: break;
   }
   fail(fmt::format("unhandled op {}", pir::op_name(in.op)));
+}
+
+llvm::Value* Emitter::half_from_bits(llvm::Value* bits, llvm::Type* to) {
+  // Whether v's bits come from a 16-bit float of the other type, looking through the integer,
+  // vector and select instructions LLVM's combines see through (a few levels: pairs, masks).
+  std::function<bool(llvm::Value*, int)> other_half = [&](llvm::Value* v, int depth) {
+    llvm::Type* t = v->getType()->getScalarType();
+    if (t->is16bitFPTy()) return t != to;
+    auto* inst = llvm::dyn_cast<llvm::Instruction>(v);
+    if (!inst || depth == 0 || llvm::isa<llvm::PHINode>(inst) || llvm::isa<llvm::CallBase>(inst) || llvm::isa<llvm::LoadInst>(inst))
+      return false;
+    for (llvm::Value* o : inst->operands())
+      if (other_half(o, depth - 1)) return true;
+    return false;
+  };
+  if (other_half(bits, 6)) bits = asm_call(b_.getInt16Ty(), "mov.b16 $0, $1;", "=h,h", {bits}, false);
+  return b_.CreateBitCast(bits, to);
 }
 
 // ---------------------------------------------------------------- instructions and control flow

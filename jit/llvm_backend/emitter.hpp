@@ -13,7 +13,6 @@
 
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "jit/thread_ir.hpp"
@@ -50,6 +49,10 @@ class Emitter {
     }
     fail("unknown dtype");
   }
+  // 16 bits `bits` as the 16-bit float type `to`. Where they come (through integer ops, vectors
+  // or selects) from the other 16-bit float type, through an opaque mov: LLVM would fold the chain
+  // into a bf16 <-> f16 bitcast, which NVPTX cannot select ("LLVM ERROR: Cannot select", an abort).
+  llvm::Value* half_from_bits(llvm::Value* bits, llvm::Type* to);
   llvm::Type* type(pir::Ty t) { return t.ptr ? llvm::PointerType::get(ctx_, 1) : scalar_type(t.dtype); }
   llvm::Value* v(V id) {
     if (!vals_[id]) fail(fmt::format("value %{} used before definition", id));
@@ -170,9 +173,6 @@ class Emitter {
   llvm::Function* fn_ = nullptr;
   llvm::GlobalVariable* smem_ = nullptr;
   std::vector<llvm::Value*> vals_;
-  // pack2 results -> their halves' type: an unpack2 into the other 16-bit float type must not let
-  // LLVM fold the pair into a bf16 <-> f16 bitcast, which NVPTX cannot select (see bitcast).
-  std::unordered_map<llvm::Value*, llvm::Type*> packed_halves_;
 };
 
 }  // namespace tilejit::jit::llvm_backend
