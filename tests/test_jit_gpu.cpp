@@ -574,3 +574,20 @@ TEST_CASE("gpu: float % is the exact remainder, as fmod in the interpreter, bit 
                               true);
   }
 }
+
+TEST_CASE("gpu: abs of the smallest i8 / i16 wraps, as in the interpreter (issue 28, fuzzer)") {
+  if (!have_gpu()) return;
+  for (DType d : {i8, i16}) {
+    INFO(ir::name(d));
+    const Kernel k = kernel("abs_wrap", [&](Builder& b) {
+      auto X = b.pointer("X", d), Out = b.pointer("Out", i32);
+      auto i = arange(0, 64);
+      store(Out + i, cast(i32, abs(load(X + i))));
+    });
+    HostTensor x(d, {64}), out(i32, {64});
+    x.fill_uniform(80, d == i8 ? -128 : -32768, d == i8 ? 127 : 32767);
+    x.set({0}, d == i8 ? -128 : -32768);
+    x.set({1}, d == i8 ? -127 : -32767);
+    check_against_interpreter(k.build(), {1}, {&x, &out}, 0.0, {}, true);
+  }
+}

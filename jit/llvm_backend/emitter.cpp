@@ -346,10 +346,17 @@ void Emitter::arith_inst(const pir::Inst& in) {
     case Op::fma: set(r0, intrinsic(llvm::Intrinsic::fma, {a(0)->getType()}, {a(0), a(1), a(2)})); return;
     case Op::neg: set(r0, is_fp(in.args[0]) ? b_.CreateFNeg(a(0)) : b_.CreateNeg(a(0))); return;
     case Op::bit_not: set(r0, b_.CreateNot(a(0))); return;
-    case Op::abs:
-      set(r0, is_fp(in.args[0]) ? intrinsic(llvm::Intrinsic::fabs, {a(0)->getType()}, {a(0)})
-                                : (sgn(in.args[0]) ? intrinsic(llvm::Intrinsic::abs, {a(0)->getType()}, {a(0), b_.getFalse()}) : a(0)));
+    case Op::abs: {
+      llvm::Value* x = a(0);
+      if (is_fp(in.args[0])) set(r0, intrinsic(llvm::Intrinsic::fabs, {x->getType()}, {x}));
+      else if (!sgn(in.args[0])) set(r0, x);
+      else if (x->getType()->getIntegerBitWidth() < 32)
+        // NVPTX promotes an i8/i16 abs to 32 bits and then skips the sign extension of its result:
+        // abs(-32768) became +32768 where it wraps to -32768 (found by the fuzzer)
+        set(r0, b_.CreateSelect(b_.CreateICmpSLT(x, llvm::ConstantInt::get(x->getType(), 0)), b_.CreateNeg(x), x));
+      else set(r0, intrinsic(llvm::Intrinsic::abs, {x->getType()}, {x, b_.getFalse()}));
       return;
+    }
     case Op::exp2: case Op::log2: case Op::exp: case Op::log: case Op::sqrt: case Op::rsqrt: case Op::rcp: case Op::floor:
     case Op::ceil: case Op::tanh: case Op::sin: case Op::cos: case Op::erf:
       set(r0, math(in.op, a(0)));

@@ -209,10 +209,11 @@ class Generator {
   }
 
   // An i32/other integer scalar offset around [-R, 2R], sometimes huge (window bounds).
-  int offset_node(bool i32_or_i64_only, int64_t around) {
+  int offset_node(bool i32_or_i64_only, int64_t around, bool constant_only = false) {
     std::vector<int> cand;
     for (int v : visible())
-      if (is_int_scalar(v) && (!i32_or_i64_only || node(v).dtype == DType::i32 || node(v).dtype == DType::i64)) cand.push_back(v);
+      if (is_int_scalar(v) && (!i32_or_i64_only || node(v).dtype == DType::i32 || node(v).dtype == DType::i64) && !constant_only)
+        cand.push_back(v);
     if (!cand.empty() && rng_.chance(0.35)) return rng_.pick(cand);
     Node n;
     n.kind = NodeKind::Constant;
@@ -830,8 +831,10 @@ class Generator {
     n.sub = static_cast<int>(rng_.range(0, 2));
     n.args = {x};
     if (n.sub == 1) {
-      n.args.push_back(offset_node(false, p_.R / 2 + 1));
-      n.args.push_back(offset_node(false, p_.C / 2 + 1));
+      // Inside a loop, offsets that do not move between iterations: a window that moves would have
+      // other threads store an element again, which the GPU orders only across a barrier (README).
+      n.args.push_back(offset_node(false, p_.R / 2 + 1, depth_ > 0));
+      n.args.push_back(offset_node(false, p_.C / 2 + 1, depth_ > 0));
     } else if (n.sub == 2) {
       int m = find([&](const Node& c) {
         return c.dtype == DType::i1 && c.exact && broadcastable(c.shape, {p_.R, p_.C}) &&
