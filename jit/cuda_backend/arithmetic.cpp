@@ -185,6 +185,8 @@ std::string Printer::unary(Op op, V a) const {
       case Op::neg: return wrap(d, fmt::format("0u - ({}){}", uwide(d), x));
       case Op::bit_not: return d == DType::i1 ? fmt::format("!{}", x) : fmt::format("({})~{}", scalar_ctype(d), x);
       case Op::abs:
+        // 8/16-bit: the 32-bit abs wrapped back (abs.s16 gave +32768 for -32768, found by the fuzzer)
+        if (ir::is_signed(d) && ir::bit_width(d) < 32) return fmt::format("({})abs((int){})", scalar_ctype(d), x);
         if (ir::is_signed(d)) return fmt::format("{} < 0 ? {} : {}", x, wrap(d, fmt::format("0u - ({}){}", uwide(d), x)), x);
         return x;
       default: fail(fmt::format("{} is not defined for integer operands", pir::op_name(op)));

@@ -350,10 +350,12 @@ void Emitter::arith_inst(const pir::Inst& in) {
       llvm::Value* x = a(0);
       if (is_fp(in.args[0])) set(r0, intrinsic(llvm::Intrinsic::fabs, {x->getType()}, {x}));
       else if (!sgn(in.args[0])) set(r0, x);
-      else if (x->getType()->getIntegerBitWidth() < 32)
-        // NVPTX promotes an i8/i16 abs to 32 bits and then skips the sign extension of its result:
-        // abs(-32768) became +32768 where it wraps to -32768 (found by the fuzzer)
-        set(r0, b_.CreateSelect(b_.CreateICmpSLT(x, llvm::ConstantInt::get(x->getType(), 0)), b_.CreateNeg(x), x));
+      else if (x->getType()->getIntegerBitWidth() < 32) {
+        // A 16-bit abs (and ptxas's fold of abs.s16 with a widening) gave +32768 for -32768 where
+        // it wraps to -32768 (found by the fuzzer): the abs of the 32-bit value, then wrapped.
+        llvm::Value* w = intrinsic(llvm::Intrinsic::abs, {b_.getInt32Ty()}, {b_.CreateSExt(x, b_.getInt32Ty()), b_.getFalse()});
+        set(r0, b_.CreateTrunc(w, x->getType()));
+      }
       else set(r0, intrinsic(llvm::Intrinsic::abs, {x->getType()}, {x, b_.getFalse()}));
       return;
     }
