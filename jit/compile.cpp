@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdlib>
@@ -17,6 +18,30 @@
 
 namespace tilejit::jit {
 namespace {
+
+// ptxas's C7602 ("Insufficient registers (N) ... register target of M") names neither the launch
+// bound that set the cap nor what to change: say both, keeping ptxas's text below.
+[[noreturn]] void explain_register_cap(const CompileError& e, const std::string& kernel, int threads,
+                                       int min_programs, int user_min_programs) {
+  const std::string what = e.what();
+  const int cap = std::min(255, 65536 / std::max(1, threads * min_programs) / 8 * 8);
+  std::string needs;
+  if (auto at = what.find("register target of "); at != std::string::npos) {
+    size_t i = at + 19;
+    while (i < what.size() && std::isdigit(static_cast<unsigned char>(what[i]))) needs += what[i++];
+  }
+  const std::string why =
+      user_min_programs >= min_programs
+          ? fmt::format("min_programs_per_sm = {} caps registers at {} per thread (65536 / ({} threads x {}))",
+                        min_programs, cap, threads, min_programs)
+          : fmt::format("its warp roles cap registers at {} per thread at entry (65536 / {} threads)", cap, threads);
+  throw CompileError(fmt::format(
+      "tilejit: kernel '{}': {}, and one of its instructions (a wgmma's accumulator) needs {} registers: "
+      "lower min_programs_per_sm{}, use fewer warps or a smaller tile\n{}",
+      kernel, why, needs.empty() ? "more" : needs,
+      user_min_programs > 1 ? fmt::format(" (1 allows {})", std::min(255, 65536 / std::max(1, threads) / 8 * 8)) : "",
+      what));
+}
 
 }  // namespace
 
@@ -117,7 +142,14 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
   dump("backend", out.backend_source);
 
   if (opts.make_cubin) {
-    CubinResult c = ptx_to_cubin(out.ptx, opts.arch, f.name, opts.ptx_tool);
+    CubinResult c;
+    try {
+      c = ptx_to_cubin(out.ptx, opts.arch, f.name, opts.ptx_tool);
+    } catch (const CompileError& e) {
+      if (threads.min_programs_per_sm > 0 && std::string_view(e.what()).find("(C7602)") != std::string_view::npos)
+        explain_register_cap(e, f.name, threads.num_threads, threads.min_programs_per_sm, opts.min_programs_per_sm);
+      throw;
+    }
     out.cubin = std::move(c.cubin);
     out.ptx_tool = c.tool;
     for (const KernelInfo& k : c.kernels)

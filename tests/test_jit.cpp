@@ -143,6 +143,27 @@ TEST_CASE("the K-major GEMM on sm_90a is a TMA + wgmma pipeline: wgmma.mma_async
   CHECK(g.ptx.find("mma.sync.aligned.m16n8k16") != std::string::npos);
 }
 
+TEST_CASE("min_programs_per_sm too high for a wgmma tile: a tilejit error naming the bound, the cap and the need") {
+  if (testing::no_ptxas()) return;
+  jit::CompileOptions o;
+  o.num_warps = 8;
+  o.ptx_tool = jit::PtxTool::Ptxas;
+  o.min_programs_per_sm = 2;  // 65536 / (256 threads x 2) = 128 registers; a 128 x 256 tile's wgmma needs more
+  const ir::Function f = kernels::gemm().build({{"BLOCK_N", 256}, {"B_KMAJOR", true}});
+  try {
+    jit::compile(f, o);
+    FAIL("compiled with a register cap of 128");
+  } catch (const jit::CompileError& e) {
+    const std::string what = e.what();
+    CHECK_MESSAGE(what.find("tilejit: kernel 'gemm': min_programs_per_sm = 2 caps registers at 128 per thread") == 0, what);
+    CHECK_MESSAGE(what.find("needs 1") != std::string::npos, what);  // ptxas's number (154 with ptxas 13)
+    CHECK_MESSAGE(what.find("lower min_programs_per_sm") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("C7602") != std::string::npos, what);  // ptxas's own text kept below
+  }
+  o.min_programs_per_sm = 1;  // the same tile under the bound that allows 255
+  CHECK(jit::compile(f, o).cubin.size() > 1000);
+}
+
 TEST_CASE("load_at_use: the window is read again in its consumer's layout, unless something was stored in between") {
   jit::CompileOptions o;
   o.make_cubin = false;
