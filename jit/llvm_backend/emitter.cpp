@@ -351,9 +351,11 @@ void Emitter::arith_inst(const pir::Inst& in) {
       if (is_fp(in.args[0])) set(r0, intrinsic(llvm::Intrinsic::fabs, {x->getType()}, {x}));
       else if (!sgn(in.args[0])) set(r0, x);
       else if (x->getType()->getIntegerBitWidth() < 32) {
-        // A 16-bit abs (and ptxas's fold of abs.s16 with a widening) gave +32768 for -32768 where
-        // it wraps to -32768 (found by the fuzzer): the abs of the 32-bit value, then wrapped.
-        llvm::Value* w = intrinsic(llvm::Intrinsic::abs, {b_.getInt32Ty()}, {b_.CreateSExt(x, b_.getInt32Ty()), b_.getFalse()});
+        // abs.s16 then cvt.s32.s16 gives +32768 for -32768 on the H100 where it wraps to -32768
+        // (found by the fuzzer): abs.s32 of the widened value, then wrapped. The opaque mov hides
+        // the widening, so LLVM cannot narrow the abs back to abs.s16.
+        llvm::Value* wide = asm_call(b_.getInt32Ty(), "mov.b32 $0, $1;", "=r,r", {b_.CreateSExt(x, b_.getInt32Ty())}, false);
+        llvm::Value* w = intrinsic(llvm::Intrinsic::abs, {b_.getInt32Ty()}, {wide, b_.getFalse()});
         set(r0, b_.CreateTrunc(w, x->getType()));
       }
       else set(r0, intrinsic(llvm::Intrinsic::abs, {x->getType()}, {x, b_.getFalse()}));
