@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <map>
 #include <set>
 
 #include "jit/compile.hpp"
@@ -162,6 +163,60 @@ TEST_CASE("min_programs_per_sm too high for a wgmma tile: a tilejit error naming
   }
   o.min_programs_per_sm = 1;  // the same tile under the bound that allows 255
   CHECK(jit::compile(f, o).cubin.size() > 1000);
+}
+
+namespace {
+
+// The warp-collective asm calls (mma.sync, wgmma.*) in a kernel's LLVM IR and whether each carries
+// the convergent attribute (a call's trailing "#N" and the module's "attributes #N = { ... }").
+std::vector<std::pair<std::string, bool>> collective_asm_calls(const std::string& ir) {
+  std::map<std::string, std::string> groups;
+  std::vector<std::string> lines;
+  for (size_t at = 0; at < ir.size();) {
+    size_t end = ir.find('\n', at);
+    if (end == std::string::npos) end = ir.size();
+    lines.push_back(ir.substr(at, end - at));
+    at = end + 1;
+  }
+  for (const std::string& l : lines)
+    if (l.rfind("attributes #", 0) == 0) groups[l.substr(11, l.find(' ', 11) - 11)] = l;
+  std::vector<std::pair<std::string, bool>> calls;
+  for (const std::string& l : lines) {
+    if (l.find(" asm ") == std::string::npos && l.find(" asm sideeffect ") == std::string::npos) continue;
+    if (l.find("mma.sync") == std::string::npos && l.find("wgmma.") == std::string::npos) continue;
+    const size_t hash = l.rfind(" #");
+    const std::string group = hash == std::string::npos ? "" : l.substr(hash + 1);
+    calls.push_back({l.substr(0, 120), groups.count(group) && groups[group].find("convergent") != std::string::npos});
+  }
+  return calls;
+}
+
+}  // namespace
+
+TEST_CASE("LLVM: mma.sync and wgmma asm are convergent, so LLVM cannot sink them into a divergent branch") {
+  // Found by the fuzzer (issue 28): an mma.sync whose result only an atomic's element-add fallback
+  // read was sunk into that per-element branch; the .aligned instruction then hung the warp.
+  const Kernel k = kernel("mma_beside_atomic", [](Builder& b) {
+    auto A = b.tensor("A", bf16, 2, {.align_bytes = 16, .contiguous_last = true});
+    auto B = b.tensor("B", bf16, 2, {.align_bytes = 16, .contiguous_last = true});
+    auto Acc = b.tensor("Acc", i64, 2);
+    auto row0 = b.scalar("row0", i64);
+    Tile d = dot(load(A.block({0, 0}, {128, 16})), load(B.block({0, 0}, {16, 16})));
+    atomic_add(Acc.block({row0, 1}, {128, 16}), cast(i64, d));
+  });
+  jit::CompileOptions o;
+  o.make_cubin = false;
+  o.num_warps = 8;
+  const std::string mma_ir = jit::compile(k.build(), o).backend_source;
+  o.num_warps = 8;
+  const std::string wgmma_ir = jit::compile(kernels::gemm().build({{"BLOCK_N", 256}, {"B_KMAJOR", true}}), o).backend_source;
+  for (const std::string* ir : {&mma_ir, &wgmma_ir}) {
+    const auto calls = collective_asm_calls(*ir);
+    CHECK(calls.size() >= 2);
+    for (const auto& [call, convergent] : calls) CHECK_MESSAGE(convergent, call);
+  }
+  CHECK(mma_ir.find("mma.sync") != std::string::npos);
+  CHECK(wgmma_ir.find("wgmma.mma_async") != std::string::npos);
 }
 
 TEST_CASE("load_at_use: the window is read again in its consumer's layout, unless something was stored in between") {

@@ -258,7 +258,9 @@ llvm::Value* Emitter::mma(const pir::Inst& in) {
   auto* ret = llvm::StructType::get(ctx_, {F, F, F, F});
   std::vector<llvm::Value*> args;
   for (V a : in.args) args.push_back(v(a));
-  return asm_call(ret, text, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", args, false);
+  // convergent: LLVM sank an mma.sync whose result only an atomic's element-add fallback read into
+  // that branch, where lanes diverge: the .aligned instruction then hung the warp (fuzzer, issue 28)
+  return asm_call(ret, text, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", args, false, /*convergent=*/true);
 }
 
 void Emitter::tensor_inst(const pir::Inst& in) {
@@ -307,12 +309,12 @@ void Emitter::tensor_inst(const pir::Inst& in) {
       return;
     case Op::fence_proxy_async_global: asm_call(b_.getVoidTy(), "fence.proxy.async.global;", "~{memory}", {}, true); return;
     case Op::fence_proxy_async: asm_call(b_.getVoidTy(), "fence.proxy.async.shared::cta;", "~{memory}", {}, true); return;
-    case Op::wgmma_fence: asm_call(b_.getVoidTy(), "wgmma.fence.sync.aligned;", "~{memory}", {}, true); return;
+    case Op::wgmma_fence: asm_call(b_.getVoidTy(), "wgmma.fence.sync.aligned;", "~{memory}", {}, true, true); return;
     case Op::wgmma_commit:
       asm_call(b_.getVoidTy(),
                in.imm & pir::kCommitFenced ? ptxas_fence("wgmma.commit_group.sync.aligned;", "TILEJIT_WGCOMMIT")
                                            : "wgmma.commit_group.sync.aligned;",
-               "~{memory}", {}, true);
+               "~{memory}", {}, true, /*convergent=*/true);
       return;
     default: break;
   }
@@ -360,13 +362,13 @@ void Emitter::wgmma(const pir::Inst& in) {
     args.push_back(a(first_acc + i));
   }
   if (n == 0) {  // a wait that orders only through memory and other asm
-    asm_call(b_.getVoidTy(), text, "~{memory}", {}, true);
+    asm_call(b_.getVoidTy(), text, "~{memory}", {}, true, /*convergent=*/true);
     return;
   }
   cons += ",~{memory}";
   std::vector<llvm::Type*> fs(n, b_.getFloatTy());
   auto* ret = llvm::StructType::get(ctx_, fs);
-  llvm::Value* sv = asm_call(ret, text, cons, args, true);
+  llvm::Value* sv = asm_call(ret, text, cons, args, true, /*convergent=*/true);  // .sync.aligned: the warpgroup
   for (unsigned i = 0; i < n; ++i) set(in.results[i], b_.CreateExtractValue(sv, {i}));
 }
 
