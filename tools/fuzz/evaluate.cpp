@@ -186,6 +186,18 @@ std::string compare(const HostTensor& got, const HostTensor& ref, bool exact) {
 
 }  // namespace
 
+std::string compiled_ptx(Program& p, jit::Backend b) {
+  try {
+    jit::CompileOptions co;
+    co.backend = b;
+    co.num_warps = p.num_warps;
+    co.make_cubin = false;
+    return jit::compile(build(p), co).ptx;
+  } catch (const std::exception& e) {
+    return fmt::format("// no PTX: {}\n", e.what());
+  }
+}
+
 Outcome evaluate(Program& p, const EvalOptions& o, const std::function<void(const std::string&)>& progress) {
   auto phase = [&](const std::string& s) {
     if (progress) progress(s);

@@ -62,7 +62,16 @@ bool is_approx_unary(OpKind k) {
 
 struct VarInfo {
   bool exact = true;
+  bool bounded = false;  // updates keep it bounded (no products, bounded operands)
 };
+
+bool magnitude_ok(double v) { return !std::isfinite(v) || std::fabs(v) <= 0x1p20; }
+
+bool magnitude_ok(DType d, int64_t v) {
+  if (ir::is_float(d)) return true;  // (callers pass floats as doubles)
+  if (ir::is_signed(d)) return v >= -(int64_t{1} << 20) && v <= (int64_t{1} << 20);
+  return static_cast<uint64_t>(v) <= (uint64_t{1} << 20);
+}
 
 class Generator {
  public:
@@ -314,10 +323,49 @@ class Generator {
       m.approx_depth = std::max(m.approx_depth, node(a).approx_depth);
     }
     if (!is_marker(m.kind)) e_.emit(i);
+    if (is_value(static_cast<int>(i))) m.bounded = bounded_result(m);
     // fp8 values are storage only (no arithmetic): only the cast or dot that follows uses them
     if (!is_marker(m.kind) && m.kind != NodeKind::Store && m.kind != NodeKind::AtomicBlock && !ir::is_fp8(m.dtype))
       scopes_.back().push_back(static_cast<int>(i));
     return static_cast<int>(i);
+  }
+
+  // Node::bounded for a new node (its dtype known, its arguments' flags set).
+  bool bounded_result(const Node& m) {
+    if (m.dtype == DType::i1 || m.dtype == DType::f16 || (ir::is_int(m.dtype) && ir::bit_width(m.dtype) <= 16)) return true;
+    auto arg = [&](size_t k) { return node(m.args[k]).bounded; };
+    auto fill_ok = [&](int t) {
+      const Fill f = p_.tensors[static_cast<size_t>(t)].fill;
+      return f == Fill::SmallInts || f == Fill::Normal;
+    };
+    switch (m.kind) {
+      case NodeKind::Scalar: {
+        const ScalarParam& sp = p_.scalars[static_cast<size_t>(m.ivalue)];
+        return ir::is_float(sp.dtype) ? magnitude_ok(sp.fvalue) : magnitude_ok(sp.dtype, sp.ivalue);
+      }
+      case NodeKind::Constant: return ir::is_float(m.dtype) ? magnitude_ok(m.value) : magnitude_ok(m.dtype, m.ivalue);
+      case NodeKind::Arange: case NodeKind::ProgramId: case NodeKind::LoopBegin: case NodeKind::Dot: return true;
+      case NodeKind::LoadPtr:
+        return fill_ok(m.tensor) && (ir::is_float(m.dtype) ? magnitude_ok(m.value) : magnitude_ok(m.dtype, m.ivalue));
+      case NodeKind::LoadBlock: return fill_ok(m.tensor) && magnitude_ok(m.value);
+      case NodeKind::AtomicAdd: return fill_ok(m.tensor) && arg(0);
+      case NodeKind::Unary: {
+        const auto k = static_cast<OpKind>(m.sub);
+        return (k == OpKind::neg || k == OpKind::abs || k == OpKind::floor || k == OpKind::ceil || k == OpKind::sqrt ||
+                k == OpKind::precompute) && arg(0);
+      }
+      case NodeKind::Binary: {
+        const auto k = static_cast<OpKind>(m.sub);
+        if (k == OpKind::add || k == OpKind::sub || k == OpKind::minimum || k == OpKind::maximum) return arg(0) && arg(1);
+        if (k == OpKind::mul) return arg(0) && arg(1) && (node(m.args[0]).small || node(m.args[1]).small);
+        if (k == OpKind::rem) return arg(0);
+        return false;
+      }
+      case NodeKind::Select: return arg(1) && arg(2);
+      case NodeKind::Cast: case NodeKind::Broadcast: case NodeKind::Trans: case NodeKind::Reduce: return arg(0);
+      case NodeKind::VarRead: return vars_[static_cast<size_t>(m.var)].bounded;
+      default: return false;
+    }
   }
 
   // A random visible value satisfying `ok` (-1 if none).
@@ -327,6 +375,17 @@ class Generator {
     for (int v : visible())
       if (is_value(v) && ok(node(v))) c.push_back(v);
     return c.empty() ? -1 : rng_.pick(c);
+  }
+
+  int constant_of(DType d, Shape s, double v) {
+    Node n;
+    n.kind = NodeKind::Constant;
+    n.dtype = d;
+    n.shape = std::move(s);
+    n.value = v;
+    n.ivalue = static_cast<int64_t>(v);
+    n.small = v == std::floor(v) && std::fabs(v) <= 3;
+    return add(n);
   }
 
   int constant(DType d, Shape s) {
@@ -529,6 +588,8 @@ class Generator {
     n.sub = static_cast<int>(rng_.range(0, 2));
     n.ivalue = rng_.chance(0.3) ? -1 : rng_.range(0, static_cast<int64_t>(node(x).shape.size()) - 1);
     n.args = {x};
+    // A float sum over values that may be huge overflows in one order and not in another.
+    if (n.sub == 0 && ir::is_float(node(x).dtype) && !node(x).bounded) n.sub = static_cast<int>(rng_.range(1, 2));
     int i = add(n);
     if (n.sub == 0 && ir::is_float(node(x).dtype) && !node(x).small) {
       node(i).exact = false;
@@ -611,7 +672,7 @@ class Generator {
     n.var = var_count_++;
     n.args = {x};
     add(n);
-    vars_.push_back({node(x).exact});
+    vars_.push_back({node(x).exact, node(x).bounded});
   }
 
   void var_update() {
@@ -632,6 +693,11 @@ class Generator {
              (n.exact || !vars_[static_cast<size_t>(v)].exact);
     });
     if (y < 0) y = constant(d, {});
+    VarInfo& info = vars_[static_cast<size_t>(v)];
+    if (info.bounded && (k == OpKind::mul || !node(y).bounded)) {  // keep it bounded: sums of it stay comparable
+      if (!node(y).bounded) y = constant_of(d, {}, 1.0);
+      if (k == OpKind::mul) k = OpKind::add;
+    }
     Node b;
     b.kind = NodeKind::Binary;
     b.sub = static_cast<int>(k);

@@ -37,8 +37,10 @@ constexpr const char* kUsage = R"(usage: tilejit_fuzz [options]
   --fp8              also generate fp8 casts and fp8 dot inputs
   --no-pack-pairs    do not generate pack_pairs / unpack_pairs
   --no-narrow-reductions  do not reduce 8- and 16-bit integer tiles
-  --print SEED       print the program of SEED as C++ and exit
+  --print SEED       print the program of SEED as C++ and exit (after --out DIR: also its PTX from
+                     both backends in DIR/seed_SEED.{llvm,nvrtc}.ptx)
   --out DIR          write every failure to DIR/failures.txt, reduced programs to DIR/reduced_SEED.cpp
+                     and their PTX to DIR/reduced_SEED.{llvm,nvrtc}.ptx
   --quiet            only the summary
 Exit status: 0 when every program passed, 1 when any failed, 2 for bad usage.
 )";
@@ -57,6 +59,12 @@ uint64_t number(const std::string& flag, const std::string& s) {
   } catch (const std::exception&) {
     usage_error(fmt::format("{}: '{}' is not a non-negative integer", flag, s));
   }
+}
+
+void write_ptx(Program& p, const std::string& dir, const std::string& stem) {
+  std::system(fmt::format("mkdir -p '{}'", dir).c_str());
+  for (jit::Backend b : {jit::Backend::Llvm, jit::Backend::Nvrtc})
+    std::ofstream(fmt::format("{}/{}.{}.ptx", dir, stem, jit::to_string(b))) << compiled_ptx(p, b);
 }
 
 // "" when a GPU is usable, else why not (found out in a child process).
@@ -135,6 +143,7 @@ int main(int argc, char** argv) {
       uint64_t seed = number(a, value());
       Program p = generate(seed, o.gen);
       fmt::print("{}", to_cpp(p));
+      if (!out_dir.empty()) write_ptx(p, out_dir, fmt::format("seed_{}", seed));
       return 0;
     } else if (a == "--help" || a == "-h") {
       fmt::print("{}", kUsage);
@@ -209,7 +218,10 @@ int main(int argc, char** argv) {
       std::string text = fmt::format("// {}: {} {}\n// {}\n{}", sig, to_string(again.status), again.backend, again.detail,
                                      to_cpp(small));
       fmt::print("\n==== reduced seed {} ({} evaluations) ====\n{}", seeds.front(), evals, text);
-      if (!out_dir.empty()) std::ofstream(fmt::format("{}/reduced_{}.cpp", out_dir, seeds.front())) << text;
+      if (!out_dir.empty()) {
+        std::ofstream(fmt::format("{}/reduced_{}.cpp", out_dir, seeds.front())) << text;
+        write_ptx(small, out_dir, fmt::format("reduced_{}", seeds.front()));
+      }
       std::fflush(stdout);
       _exit(0);
     }

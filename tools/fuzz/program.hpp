@@ -80,6 +80,9 @@ struct Node {
   bool exact = true;   // the README promises this value bit for bit on the GPU
   bool small = false;  // holds small integers exactly (sums and dots of such values are exact)
   int approx_depth = 0;  // approximate operations on the way to this value
+  // |value| <= 2^20 where finite (or any 16-bit value): a float sum of it cannot overflow in one
+  // order and not in another (the GPU's order differs from the interpreter's)
+  bool bounded = false;
   bool removed = false;  // set by the reducer: the node is skipped (its uses were replaced first)
 };
 
