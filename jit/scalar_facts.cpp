@@ -20,6 +20,11 @@ const int64_t* int_constant(const ir::Op* op) {
 
 ScalarFacts::ScalarFacts(const ir::Function& f) : f_(f) { index(f.body); }
 
+std::optional<int64_t> ScalarFacts::constant(ir::ValueId v) const {
+  const int64_t* c = int_constant(def(v));
+  return c ? std::optional<int64_t>(*c) : std::nullopt;
+}
+
 void ScalarFacts::index(const ir::Block& b) {
   for (const ir::Op& op : b.ops) {
     for (ir::ValueId r : op.results) def_[r] = &op;

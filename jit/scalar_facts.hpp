@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 
 #include "dsl/ir/function.hpp"
 
@@ -21,6 +22,8 @@ class ScalarFacts {
   // u8/u16 values, constants >= 0, program ids and counts, tensor sizes, + and * of such values,
   // widening casts of them, a loop counter whose lower bound is one (steps are positive).
   bool non_negative(ir::ValueId v) const;
+  // The value of an integer constant op (nothing for what is computed).
+  std::optional<int64_t> constant(ir::ValueId v) const;
 
  private:
   void index(const ir::Block& b);

@@ -193,6 +193,17 @@ std::vector<std::pair<std::string, bool>> collective_asm_calls(const std::string
 
 }  // namespace
 
+TEST_CASE("constant i32 window offsets near 2^31 are computed in 64 bits: nvrtc cannot rebuild an index from a wrapping sum") {
+  jit::CompileOptions o;
+  o.make_cubin = false;
+  o.backend = jit::Backend::Nvrtc;
+  const std::string ptx = jit::compile(test_kernels::wrapping_window_offset().build(), o).ptx;
+  // the miscompile's signature (fuzzer seed 407120): a column rebuilt as sext(2^31 - 1 + x) - (2^31 - 1)
+  CHECK_MESSAGE(ptx.find(", -2147483647;") == std::string::npos, ptx);
+  o.backend = jit::Backend::Llvm;
+  CHECK(jit::compile(test_kernels::wrapping_window_offset().build(), o).ptx.find(".entry wrapping_window_offset") != std::string::npos);
+}
+
 TEST_CASE("LLVM: mma.sync and wgmma asm are convergent, so LLVM cannot sink them into a divergent branch") {
   // Found by the fuzzer (issue 28): an mma.sync whose result only an atomic's element-add fallback
   // read was sunk into that per-element branch; the .aligned instruction then hung the warp.

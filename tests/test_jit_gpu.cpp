@@ -548,6 +548,14 @@ TEST_CASE("gpu: TMA copies, TMA reduce and the TMA pipeline with offsets wider t
     }
 }
 
+TEST_CASE("gpu: constant i32 window offsets whose coordinates wrap past 2^31 (issue 28, fuzzer)") {
+  if (!have_gpu()) return;
+  HostTensor src(i32, {128, 16}), ones(f32, {1, 64, 16}), masked(f32, {1, 64, 16}), acc(i64, {66, 16});
+  src.fill_uniform(5, -1000, 1000);
+  for (int64_t i = 0; i < acc.numel(); ++i) acc.set_flat(i, static_cast<double>(i % 7));
+  check_against_interpreter(test_kernels::wrapping_window_offset().build(), {1}, {&src, &ones, &masked, &acc}, 0.0, {}, true);
+}
+
 TEST_CASE("gpu: windows at contiguous offsets that are not 16-byte multiples take the generic path (issue 28, fuzzer)") {
   if (!have_gpu()) return;
   HostTensor a(bf16, {64, 256}), b(bf16, {64, 256}), o(f32, {64, 256});

@@ -314,6 +314,31 @@ inline Kernel small_pack_pairs = kernel("small_pack_pairs", [](Builder& k) {
 // X[o, 0:32] into R[t] (a fixed dim), X's corner stored into S[t] at row o (clipped) and its
 // [16, 16] corner added into A[t] at (o, o).
 inline constexpr DType kWideOffsetTypes[] = {i64, u32, u64, i16, u8, i32, u16, i8};
+// Constant i32 window offsets whose columns wrap past 2^31 (fuzzer seed 407120, issue 28): from the
+// wrapping sum nvrtc's optimizer rebuilt the Ones store's column as sext(C + x) - C, 2^32 elements
+// off, and the kernel faulted. Every Acc element the second atomic names is outside Acc.
+inline const Kernel& wrapping_window_offset() {
+  static const Kernel k = kernel("wrapping_window_offset", [](Builder& b) {
+    auto Src = b.tensor("Src", i32, 2);
+    auto Ones = b.tensor("Ones", f32, 3);
+    auto Masked = b.tensor("Masked", f32, 3, {.align_bytes = 0, .contiguous_last = true});
+    auto Acc = b.tensor("Acc", i64, 2);
+    auto pointers = [](const Tensor& o) {
+      Tile r = arange(0, 64), c = arange(0, 16);
+      return o.ptr() + program_id(0) * o.stride(0) + r[col] * o.stride(1) + c[row] * o.stride(2);
+    };
+    Tile near_max = scalar_constant(i32, int64_t{2147483647});
+    Tile nineteen = scalar_constant(i32, int64_t{19});
+    Tile far = load(Src.block({nineteen, near_max}, {64, 16}), -23.5);  // padding only
+    store(pointers(Ones), full(f32, {64, 16}, 1.0));
+    Tile minus2 = scalar_constant(i32, int64_t{-2});
+    atomic_add(Acc.block({minus2, nineteen}, {64, 16}), full(i64, {64, 16}, int64_t{1}));
+    store(pointers(Masked), full(f32, {64, 16}, 1.0), full(i1, {64, 16}, true));
+    atomic_add(Acc.block({minus2, near_max}, {64, 16}), cast(i64, far));
+  });
+  return k;
+}
+
 inline const Kernel& wide_offsets() {
   static const Kernel k = kernel("wide_offsets", [](Builder& b) {
     const ParamSpec rows{.align_bytes = 16, .contiguous_last = true};

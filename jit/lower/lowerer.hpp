@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "jit/lower.hpp"
+#include "jit/scalar_facts.hpp"
 
 namespace tilejit::jit::lower {
 
@@ -47,7 +48,7 @@ class Lowerer {
   // `precomputed`: for each flexible precompute result, the layout its first use asked for on an
   // earlier run of the lowering (empty on the first run; see lower_to_threads).
   Lowerer(const ir::Function& f, const LayoutPlan& plan, std::map<ir::ValueId, Layout> precomputed = {})
-      : f_(f), plan_(plan), precomputed_(std::move(precomputed)) {}
+      : f_(f), plan_(plan), facts_(f), precomputed_(std::move(precomputed)) {}
   // The layouts the uses of flexible precompute results asked for (first request of each).
   const std::map<ir::ValueId, Layout>& precompute_requests() const { return precompute_requests_; }
 
@@ -391,6 +392,7 @@ class Lowerer {
   // ---------------------------------------------------------------- state
   const ir::Function& f_;
   const LayoutPlan& plan_;
+  ScalarFacts facts_;  // constants and ranges of the tile IR's integer scalars
   std::map<ir::ValueId, Layout> precomputed_, precompute_requests_;
   pir::Func out_;
   std::map<const ir::Op*, RingState> rings_;

@@ -114,12 +114,16 @@ void Lowerer::window(const ir::Op& op, size_t first_offset, const Layout& L, Reg
   // in 32 bits (a tile coordinate added to an offset near 2^31 wraps negative: out of range, as the
   // sum is). i64 / u32 / u64 offsets in 64 bits, tested unsigned against the size (negative values
   // are out of range); u64 values >= 2^63 become 2^63 - 1, which coordinates cannot wrap below 2^63.
+  // So are constant i32 offsets whose coordinates would wrap: nvrtc's optimizer rewrote another
+  // index as sext(C + x) - C from such a wrapping sum, an address 2^32 elements off (fuzzer).
   std::vector<V> off, size64(rank, 0);
   std::vector<bool> wide(rank, false);
   for (size_t d = 0; d < rank; ++d) {
     const ir::ValueId o = op.operands[first_offset + d];
     const DType od = f_.type(o).dtype;
-    if (ir::fits_i32(od)) {
+    const std::optional<int64_t> c = facts_.constant(o);
+    constexpr int64_t kTileExtentBound = int64_t{1} << 20;  // more than any tile dimension
+    if (ir::fits_i32(od) && !(c && *c > std::numeric_limits<int32_t>::max() - kTileExtentBound)) {
       off.push_back(cast(scalar(o), DType::i32));
       continue;
     }
