@@ -186,15 +186,17 @@ std::string compare(const HostTensor& got, const HostTensor& ref, bool exact) {
 
 }  // namespace
 
-std::string compiled_ptx(Program& p, jit::Backend b) {
+CompiledText compiled_text(Program& p, jit::Backend b) {
   try {
     jit::CompileOptions co;
     co.backend = b;
     co.num_warps = p.num_warps;
     co.make_cubin = false;
-    return jit::compile(build(p), co).ptx;
+    jit::CompiledKernel k = jit::compile(build(p), co);
+    return {std::move(k.backend_source), std::move(k.ptx)};
   } catch (const std::exception& e) {
-    return fmt::format("// no PTX: {}\n", e.what());
+    const std::string why = fmt::format("// not compiled: {}\n", e.what());
+    return {why, why};
   }
 }
 

@@ -43,8 +43,11 @@ struct EvalOptions {
 // nvrtc"...), so that the pool can name what a crash or hang interrupted.
 Outcome evaluate(Program& p, const EvalOptions& o, const std::function<void(const std::string&)>& progress = {});
 
-// The program's PTX from one backend (no cubin, no GPU), or the error that stopped it: for reading
-// what a GPU-only failure ran.
-std::string compiled_ptx(Program& p, jit::Backend b);
+// The program's backend source (LLVM IR or CUDA C++) and PTX from one backend (no cubin, no GPU),
+// or the error that stopped it in both: for reading what a GPU-only failure ran.
+struct CompiledText {
+  std::string source, ptx;
+};
+CompiledText compiled_text(Program& p, jit::Backend b);
 
 }  // namespace tilejit::fuzz

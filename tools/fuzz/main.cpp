@@ -37,10 +37,10 @@ constexpr const char* kUsage = R"(usage: tilejit_fuzz [options]
   --fp8              also generate fp8 casts and fp8 dot inputs
   --no-pack-pairs    do not generate pack_pairs / unpack_pairs
   --no-narrow-reductions  do not reduce 8- and 16-bit integer tiles
-  --print SEED       print the program of SEED as C++ and exit (after --out DIR: also its PTX from
-                     both backends in DIR/seed_SEED.{llvm,nvrtc}.ptx)
+  --print SEED       print the program of SEED as C++ and exit (after --out DIR: also what both
+                     backends made of it, DIR/seed_SEED.{ll,cu,llvm.ptx,nvrtc.ptx})
   --out DIR          write every failure to DIR/failures.txt, reduced programs to DIR/reduced_SEED.cpp
-                     and their PTX to DIR/reduced_SEED.{llvm,nvrtc}.ptx
+                     and what the backends made of them (DIR/reduced_SEED.{ll,cu,llvm.ptx,nvrtc.ptx})
   --quiet            only the summary
 Exit status: 0 when every program passed, 1 when any failed, 2 for bad usage.
 )";
@@ -63,8 +63,11 @@ uint64_t number(const std::string& flag, const std::string& s) {
 
 void write_ptx(Program& p, const std::string& dir, const std::string& stem) {
   std::system(fmt::format("mkdir -p '{}'", dir).c_str());
-  for (jit::Backend b : {jit::Backend::Llvm, jit::Backend::Nvrtc})
-    std::ofstream(fmt::format("{}/{}.{}.ptx", dir, stem, jit::to_string(b))) << compiled_ptx(p, b);
+  for (jit::Backend b : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+    CompiledText t = compiled_text(p, b);
+    std::ofstream(fmt::format("{}/{}.{}.ptx", dir, stem, jit::to_string(b))) << t.ptx;
+    std::ofstream(fmt::format("{}/{}.{}", dir, stem, b == jit::Backend::Llvm ? "ll" : "cu")) << t.source;
+  }
 }
 
 // "" when a GPU is usable, else why not (found out in a child process).
