@@ -583,6 +583,20 @@ TEST_CASE("gpu: float % is the exact remainder, as fmod in the interpreter, bit 
   }
 }
 
+TEST_CASE("gpu: neg, 0 - x, x * -1 and abs of the smallest i8 / i16 wrap, as in the interpreter (issue 28, fuzzer)") {
+  if (!have_gpu()) return;
+  for (DType d : {i8, i16}) {
+    INFO(ir::name(d));
+    HostTensor x(d, {64}), out(i32, {320});
+    x.fill_uniform(81, d == i8 ? -128 : -32768, d == i8 ? 127 : 32767);
+    x.set({0}, d == i8 ? -128 : -32768);
+    x.set({1}, d == i8 ? -127 : -32767);
+    x.set({2}, -128);
+    x.set({3}, d == i16 ? 128 : 127);
+    check_against_interpreter(test_kernels::narrow_int_negation().build({{"DTYPE", d}}), {1}, {&x, &out}, 0.0, {}, true);
+  }
+}
+
 TEST_CASE("gpu: abs of the smallest i8 / i16 wraps, as in the interpreter (issue 28, fuzzer)") {
   if (!have_gpu()) return;
   for (DType d : {i8, i16}) {

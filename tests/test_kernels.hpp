@@ -317,6 +317,25 @@ inline constexpr DType kWideOffsetTypes[] = {i64, u32, u64, i16, u8, i32, u16, i
 // Constant i32 window offsets whose columns wrap past 2^31 (fuzzer seed 407120, issue 28): from the
 // wrapping sum nvrtc's optimizer rebuilt the Ones store's column as sext(C + x) - C, 2^32 elements
 // off, and the kernel faulted. Every Acc element the second atomic names is outside Acc.
+// abs, neg, 0 - x and x * -1 of 8/16-bit integers (meta DTYPE), each widened to i32 and stored: at
+// the type's minimum they wrap to the minimum. ptxas gives abs.s16 / neg.s16 of -32768 as +32768
+// read back unconverted, so the backends compute them in 32 bits (issue 28, fuzzer).
+inline const Kernel& narrow_int_negation() {
+  static const Kernel k = kernel("narrow_int_negation", [](Builder& b) {
+    const DType d = b.meta<DType>("DTYPE", i16);
+    auto X = b.pointer("X", d), Out = b.pointer("Out", i32);
+    auto i = arange(0, 64);
+    Tile x = load(X + i);
+    Tile zero = full(d, {64}, 0.0), minus1 = full(d, {64}, -1.0);
+    store(Out + i, cast(i32, abs(x)));
+    store(Out + 64 + i, cast(i32, -x));
+    store(Out + 128 + i, cast(i32, zero - x));
+    store(Out + 192 + i, cast(i32, x * minus1));
+    store(Out + 256 + i, cast(i32, cast(i16, -cast(i8, x))));  // an i8 negation read as i16
+  });
+  return k;
+}
+
 inline const Kernel& wrapping_window_offset() {
   static const Kernel k = kernel("wrapping_window_offset", [](Builder& b) {
     auto Src = b.tensor("Src", i32, 2);

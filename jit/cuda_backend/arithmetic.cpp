@@ -137,6 +137,10 @@ std::string Printer::binary_int(Op op, V a, V b) const {
   const char* T = scalar_ctype(d);
   const bool s = ir::is_signed(d);
   const int w = ir::bit_width(d);
+  // 8/16-bit sub and mul in 32 bits behind opaque movs (the LLVM backend's reason, emitter.hpp
+  // in_32_bits: NVVM turns them into neg.s16, which ptxas gets wrong at -32768)
+  if (w < 32 && (op == Op::sub || op == Op::mul))
+    return wrap(d, fmt::format("tj_opaque32(tj_opaque32((unsigned){}) {} tj_opaque32((unsigned){}))", x, op == Op::sub ? '-' : '*', y));
   switch (op) {
     case Op::add: return wrap(d, fmt::format("({0}){1} + ({0}){2}", U, x, y));
     case Op::sub: return wrap(d, fmt::format("({0}){1} - ({0}){2}", U, x, y));
@@ -182,11 +186,15 @@ std::string Printer::unary(Op op, V a) const {
   const std::string x = n(a);
   if (!ir::is_float(d)) {
     switch (op) {
-      case Op::neg: return wrap(d, fmt::format("0u - ({}){}", uwide(d), x));
+      case Op::neg:
+        // 8/16-bit: in 32 bits behind opaque movs (neg.s16 of -32768 reads back as +32768: fuzzer)
+        if (ir::bit_width(d) < 32) return wrap(d, fmt::format("tj_opaque32(0u - tj_opaque32((unsigned){}))", x));
+        return wrap(d, fmt::format("0u - ({}){}", uwide(d), x));
       case Op::bit_not: return d == DType::i1 ? fmt::format("!{}", x) : fmt::format("({})~{}", scalar_ctype(d), x);
       case Op::abs:
         // 8/16-bit: the 32-bit abs wrapped back (abs.s16 gave +32768 for -32768, found by the fuzzer)
-        if (ir::is_signed(d) && ir::bit_width(d) < 32) return fmt::format("({})abs((int){})", scalar_ctype(d), x);
+        if (ir::is_signed(d) && ir::bit_width(d) < 32)
+          return wrap(d, fmt::format("tj_opaque32((unsigned)abs((int)tj_opaque32((unsigned){})))", x));
         if (ir::is_signed(d)) return fmt::format("{} < 0 ? {} : {}", x, wrap(d, fmt::format("0u - ({}){}", uwide(d), x)), x);
         return x;
       default: fail(fmt::format("{} is not defined for integer operands", pir::op_name(op)));

@@ -160,6 +160,10 @@ TJ_INLINE float tj_max(float x, float y) { float r; asm("max.NaN.f32 %0, %1, %2;
 TJ_INLINE double tj_min(double x, double y) { return ((x != x) | (y != y)) ? __dadd_rn(x, y) : fmin(x, y); }
 TJ_INLINE double tj_max(double x, double y) { return ((x != x) | (y != y)) ? __dadd_rn(x, y) : fmax(x, y); }
 
+// A 32-bit value the optimizer cannot see through: keeps 8/16-bit neg, sub, mul and abs in 32 bits
+// (NVVM narrows them to neg.s16 / abs.s16, which ptxas gets wrong at -32768).
+TJ_INLINE unsigned tj_opaque32(unsigned x) { unsigned r; asm("mov.b32 %0, %1;" : "=r"(r) : "r"(x)); return r; }
+
 // Saturating float -> integer conversion, NaN -> 0 (LLVM's fptosi.sat / fptoui.sat). lo is the
 // type's minimum and hi_excl its maximum + 1, both exact in F.
 template <class T, class F>

@@ -321,8 +321,14 @@ void Emitter::arith_inst(const pir::Inst& in) {
       return;
     }
     case Op::add: set(r0, is_fp(in.args[0]) ? b_.CreateFAdd(a(0), a(1)) : b_.CreateAdd(a(0), a(1))); return;
-    case Op::sub: set(r0, is_fp(in.args[0]) ? b_.CreateFSub(a(0), a(1)) : b_.CreateSub(a(0), a(1))); return;
-    case Op::mul: set(r0, is_fp(in.args[0]) ? b_.CreateFMul(a(0), a(1)) : b_.CreateMul(a(0), a(1))); return;
+    case Op::sub:
+      if (!is_fp(in.args[0]) && narrow_int(in.args[0])) set(r0, in_32_bits(in, [&](auto w) { return b_.CreateSub(w(0), w(1)); }));
+      else set(r0, is_fp(in.args[0]) ? b_.CreateFSub(a(0), a(1)) : b_.CreateSub(a(0), a(1)));
+      return;
+    case Op::mul:
+      if (!is_fp(in.args[0]) && narrow_int(in.args[0])) set(r0, in_32_bits(in, [&](auto w) { return b_.CreateMul(w(0), w(1)); }));
+      else set(r0, is_fp(in.args[0]) ? b_.CreateFMul(a(0), a(1)) : b_.CreateMul(a(0), a(1)));
+      return;
     case Op::div: set(r0, is_fp(in.args[0]) ? b_.CreateFDiv(a(0), a(1)) : int_divrem(true, in.args[0], in.args[1])); return;
     case Op::rem: set(r0, is_fp(in.args[0]) ? frem(a(0), a(1)) : int_divrem(false, in.args[0], in.args[1])); return;
     case Op::minimum: set(r0, min_max(false, in.args[0], in.args[1])); return;
@@ -344,7 +350,10 @@ void Emitter::arith_inst(const pir::Inst& in) {
       set(r0, intrinsic(llvm::Intrinsic::nvvm_prmt, {}, {a(0), a(1), a(2)}));
       return;
     case Op::fma: set(r0, intrinsic(llvm::Intrinsic::fma, {a(0)->getType()}, {a(0), a(1), a(2)})); return;
-    case Op::neg: set(r0, is_fp(in.args[0]) ? b_.CreateFNeg(a(0)) : b_.CreateNeg(a(0))); return;
+    case Op::neg:
+      if (!is_fp(in.args[0]) && narrow_int(in.args[0])) set(r0, in_32_bits(in, [&](auto w) { return b_.CreateNeg(w(0)); }));
+      else set(r0, is_fp(in.args[0]) ? b_.CreateFNeg(a(0)) : b_.CreateNeg(a(0)));
+      return;
     case Op::bit_not: set(r0, b_.CreateNot(a(0))); return;
     case Op::abs: {
       llvm::Value* x = a(0);

@@ -69,6 +69,21 @@ class Emitter {
   // together, which LLVM may then not duplicate into divergent paths. Without it LLVM tail-
   // duplicated a named barrier after `if (tid == 0) {...}` into both branches: thread 0 and its
   // warp's others then waited at different bar.sync instructions, and the program hung.
+  // 8- and 16-bit integer neg, sub and mul, computed in 32 bits: ptxas gives neg.s16 (and abs.s16)
+  // of -32768 as +32768 in a register later read as 16 bits unconverted (an i8 -(-128) cast to i16
+  // came out 128; found by the fuzzer). Opaque movs around the 32-bit op keep LLVM from narrowing
+  // it back (it turns mul by -1 and 0 - x into neg).
+  bool narrow_int(V id) const { return !f_.types[id].ptr && ir::is_int(dt(id)) && ir::bit_width(dt(id)) < 32 && dt(id) != DType::i1; }
+  template <class F>
+  llvm::Value* in_32_bits(const pir::Inst& in, F op) {
+    llvm::Type* narrow = v(in.args[0])->getType();
+    auto opaque32 = [&](llvm::Value* x) { return asm_call(b_.getInt32Ty(), "mov.b32 $0, $1;", "=r,r", {x}, false); };
+    auto w = [&](size_t k) {
+      llvm::Value* x = v(in.args[k]);
+      return opaque32(sgn(in.args[k]) ? b_.CreateSExt(x, b_.getInt32Ty()) : b_.CreateZExt(x, b_.getInt32Ty()));
+    };
+    return b_.CreateTrunc(opaque32(op(w)), narrow);
+  }
   llvm::Value* asm_call(llvm::Type* ret, const std::string& text, const std::string& constraints,
                         llvm::ArrayRef<llvm::Value*> args, bool side_effects, bool convergent = false) {
     std::vector<llvm::Type*> arg_types;
