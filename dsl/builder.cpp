@@ -117,6 +117,11 @@ int64_t Builder::meta_int(const std::string& name, std::optional<int64_t> def, L
   return x;
 }
 
+void Builder::meta_out_of_range(const std::string& name, int64_t value, int64_t lo, int64_t hi, const Loc& loc) {
+  fail(loc, fmt::format("meta-parameter '{}' = {} does not fit the type the kernel reads it as (valid: {} to {})", name,
+                        value, lo, hi));
+}
+
 bool Builder::meta_bool(const std::string& name, std::optional<bool> def, Loc loc) {
   const ir::MetaValue* v = lookup_meta(name, loc);
   if (v && !std::holds_alternative<bool>(*v))

@@ -2,6 +2,7 @@
 // its meta-parameters, declares the signature and builds the tile IR (one ir::Function).
 #pragma once
 #include <functional>
+#include <limits>
 #include <optional>
 #include <source_location>
 #include <stdexcept>
@@ -65,7 +66,18 @@ class Builder {
   T meta(const std::string& name, std::optional<T> def = {}, Loc loc = Loc::current()) {
     if constexpr (std::is_same_v<T, bool>) return meta_bool(name, def, loc);
     else if constexpr (std::is_same_v<T, DType>) return meta_dtype(name, def, loc);
-    else return static_cast<T>(meta_int(name, def ? std::optional<int64_t>(*def) : std::nullopt, loc));
+    else {
+      // a value the declared type cannot hold is an error, never a truncated (and differently keyed) kernel
+      const int64_t x = meta_int(name, def ? std::optional<int64_t>(*def) : std::nullopt, loc);
+      if constexpr (std::is_integral_v<T> && sizeof(T) < sizeof(int64_t)) {
+        if (x < static_cast<int64_t>(std::numeric_limits<T>::min()) || x > static_cast<int64_t>(std::numeric_limits<T>::max()))
+          meta_out_of_range(name, x, static_cast<int64_t>(std::numeric_limits<T>::min()),
+                            static_cast<int64_t>(std::numeric_limits<T>::max()), loc);
+      } else if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T>) {
+        if (x < 0) meta_out_of_range(name, x, 0, std::numeric_limits<int64_t>::max(), loc);
+      }
+      return static_cast<T>(x);
+    }
   }
 
   Tile program_id(int axis, Loc loc = Loc::current());
@@ -104,6 +116,7 @@ class Builder {
   void define(ir::ValueId v);
   void add_param(const std::string& name, ir::ParamKind kind, const ir::Type& t, ParamSpec spec, const Loc& loc);
   const ir::MetaValue* lookup_meta(const std::string& name, const Loc& loc);
+  [[noreturn]] void meta_out_of_range(const std::string& name, int64_t value, int64_t lo, int64_t hi, const Loc& loc);
 
   ir::Function fn_;
   const Meta& meta_;

@@ -15,6 +15,7 @@
 #include "jit/cuda_backend.hpp"
 #include "jit/llvm_backend.hpp"
 #include "jit/lower.hpp"
+#include "jit/ptx_compiler.hpp"
 
 namespace tilejit::jit {
 namespace {
@@ -69,6 +70,7 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
         "load a bundle that holds it (tilejit::load_bundle; `tilejit bundle` writes one) and run it through "
         "runtime::compile_cached, or unset TILEJIT_DISABLE_COMPILERS",
         input.name, std::getenv("TILEJIT_DISABLE_COMPILERS")));
+  detail::check_arch(opts.arch, input.name, false);  // before LLVM prints its own lines about it
   const auto& names = pass_names();
   if (!opts.dump_after.empty() && std::find(names.begin(), names.end(), opts.dump_after) == names.end())
     throw CompileError(fmt::format("tilejit: kernel '{}': unknown pass '{}' for --dump-after (valid: {})", input.name,
@@ -81,6 +83,10 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
   if (opts.num_warps < 1 || opts.num_warps > 32 || !(power_of_two || (roles && opts.num_warps % 4 == 0)))
     throw CompileError(fmt::format("tilejit: kernel '{}': num_warps = {} (valid: 1, 2, 4, 8, 16, 32{})", input.name, opts.num_warps,
                                    roles ? ", or with warp roles any multiple of 4 up to 32" : ""));
+  // (the TMA pipeline takes 2 to 8; 1 is a valid "no ring" choice, as pipeline.enabled = false)
+  if (opts.pipeline.stages < 1 || opts.pipeline.stages > 8)
+    throw CompileError(fmt::format("tilejit: kernel '{}': pipeline stages = {} (valid: 1 to 8; 1 or a disabled pipeline: no "
+                                   "TMA ring)", input.name, opts.pipeline.stages));
   if (opts.min_programs_per_sm < 0 || opts.min_programs_per_sm > 32)
     throw CompileError(fmt::format("tilejit: kernel '{}': min_programs_per_sm = {} (valid: 0 = no bound, 1 to 32)", input.name,
                                    opts.min_programs_per_sm));

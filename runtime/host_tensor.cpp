@@ -296,17 +296,26 @@ void HostTensor::allocate() {
   for (size_t d = 0; d < sizes_.size(); ++d) {
     if (sizes_[d] < 0) throw std::invalid_argument(fmt::format("HostTensor: sizes must be non-negative, got {}", ir::shape_string(sizes_)));
     if (sizes_[d] > kMaxElements || (sizes_[d] > 0 && numel_ > kMaxElements / sizes_[d]))
-      throw std::length_error(fmt::format("HostTensor: {} elements is too many", ir::shape_string(sizes_)));
+      throw std::length_error(fmt::format("HostTensor: {} {} has more than 2^40 elements (valid: at most 2^40)",
+                                          ir::name(dtype_), ir::shape_string(sizes_)));
     numel_ *= sizes_[d];
     if (sizes_[d] > 0) {
-      if (strides_[d] > kMaxElements) throw std::length_error(fmt::format("HostTensor: stride {} is too large", strides_[d]));
+      if (strides_[d] > kMaxElements)
+        throw std::length_error(fmt::format("HostTensor: stride {} is larger than 2^40 elements", strides_[d]));
       max_offset += (sizes_[d] - 1) * strides_[d];
-      if (max_offset > kMaxElements) throw std::length_error("HostTensor: strided extent is too large");
+      if (max_offset > kMaxElements)
+        throw std::length_error(fmt::format("HostTensor: {} {} with strides {} spans more than 2^40 elements (valid: at most 2^40)",
+                                            ir::name(dtype_), ir::shape_string(sizes_), ir::shape_string(strides_)));
     }
   }
   int64_t elements = numel_ == 0 ? 0 : max_offset + 1;
   bytes_ = static_cast<size_t>(elements) * static_cast<size_t>(ir::byte_size(dtype_));
-  data_.reset(static_cast<std::byte*>(::operator new(bytes_, std::align_val_t{kAlignment})));
+  try {
+    data_.reset(static_cast<std::byte*>(::operator new(bytes_, std::align_val_t{kAlignment})));
+  } catch (const std::bad_alloc&) {  // name the tensor and the size, not just "std::bad_alloc"
+    throw std::length_error(fmt::format("HostTensor: {} {} needs {:.1f} GiB of host memory, which could not be allocated",
+                                        ir::name(dtype_), ir::shape_string(sizes_), static_cast<double>(bytes_) / (1 << 30)));
+  }
   poison();
 }
 

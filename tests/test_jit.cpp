@@ -117,6 +117,12 @@ TEST_CASE("min_programs_per_sm: .minnctapersm in the PTX, registers capped for t
   jit::CompileOptions bad;
   bad.min_programs_per_sm = 33;
   CHECK_THROWS_WITH_AS(jit::compile(f, bad), doctest::Contains("min_programs_per_sm = 33 (valid: 0 = no bound, 1 to 32)"), jit::CompileError);
+  for (int stages : {0, -1, 9, 1000}) {  // issue 27: accepted before (the pipeline silently off)
+    jit::CompileOptions s;
+    s.pipeline.stages = stages;
+    CHECK_THROWS_WITH_AS(jit::compile(f, s), doctest::Contains(fmt::format("pipeline stages = {} (valid: 1 to 8", stages).c_str()),
+                         jit::CompileError);
+  }
 }
 
 TEST_CASE("the K-major GEMM on sm_90a is a TMA + wgmma pipeline: wgmma.mma_async, cp.async.bulk.tensor, mbarriers") {

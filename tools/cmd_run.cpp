@@ -29,9 +29,11 @@ std::vector<int64_t> parse_shape(const std::string& s) {
     size_t comma = s.find(',', pos);
     std::string part = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     try {
-      v.push_back(std::stoll(part));
+      size_t used = 0;
+      v.push_back(std::stoll(part, &used));
+      if (used != part.size() || v.back() <= 0) throw std::invalid_argument(part);  // "64x" is not 64
     } catch (const std::exception&) {
-      throw UsageError(fmt::format("--shape {}: expected comma-separated integers", s));
+      throw UsageError(fmt::format("--shape {}: expected comma-separated positive integers", s));
     }
     if (comma == std::string::npos) break;
     pos = comma + 1;
@@ -176,7 +178,10 @@ int cmd_run(const Args& args) {
     if (parse_kernel_option(args, i, sel)) continue;
     if (args[i] == "--shape") shape = parse_shape(option_value(args, i));
     else if (args[i] == "--device") device = option_value(args, i);
-    else if (args[i] == "--reps") reps = std::max(1, std::stoi(option_value(args, i)));
+    else if (args[i] == "--reps") {
+      reps = parse_int("--reps", option_value(args, i));
+      if (reps < 1 || reps > 1000000) throw UsageError(fmt::format("--reps {}: valid: 1 to 1000000", reps));
+    }
     else throw UsageError(fmt::format("unknown option '{}'", args[i]));
   }
   auto& driver = runtime::Driver::get();
