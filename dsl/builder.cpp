@@ -117,6 +117,20 @@ int64_t Builder::meta_int(const std::string& name, std::optional<int64_t> def, L
   return x;
 }
 
+size_t Builder::tensor_param_index(const Tensor& t, const char* what, const Loc& loc) const {
+  for (size_t i = 0; i < fn_.params.size(); ++i)
+    if (fn_.params[i].kind == ir::ParamKind::Tensor && fn_.params[i].value == t.descriptor().id()) return i;
+  fail(loc, fmt::format("same_size: {} is not a tensor parameter of this kernel (a slice or another kernel's tensor)", what));
+}
+
+void Builder::same_size(const Tensor& a, int a_dim, const Tensor& b, int b_dim, std::string why, Loc loc) {
+  const size_t ia = tensor_param_index(a, "the first tensor", loc), ib = tensor_param_index(b, "the second tensor", loc);
+  for (auto [t, d] : {std::pair{ia, a_dim}, std::pair{ib, b_dim}})
+    if (d < 0 || d >= fn_.params[t].type.rank)
+      fail(loc, fmt::format("same_size: dim {} of tensor '{}' (valid: 0 to {})", d, fn_.params[t].name, fn_.params[t].type.rank - 1));
+  fn_.size_relations.push_back({ia, a_dim, ib, b_dim, std::move(why)});
+}
+
 void Builder::meta_out_of_range(const std::string& name, int64_t value, int64_t lo, int64_t hi, const Loc& loc) {
   fail(loc, fmt::format("meta-parameter '{}' = {} does not fit the type the kernel reads it as (valid: {} to {})", name,
                         value, lo, hi));

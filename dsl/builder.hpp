@@ -57,6 +57,9 @@ class Builder {
   Tile scalar(const std::string& name, Loc loc = Loc::current()) {
     return scalar(name, dtype_of<T>(), loc);
   }
+  // A launch requirement: a.size(a_dim) == b.size(b_dim) (e.g. a GEMM's K in A and in B). The
+  // launcher and the interpreter refuse arguments that break it, naming both tensors and `why`.
+  void same_size(const Tensor& a, int a_dim, const Tensor& b, int b_dim, std::string why = {}, Loc loc = Loc::current());
 
   // ---- compile-time meta-parameters: plain C++ values while the body runs ----
   int64_t meta_int(const std::string& name, std::optional<int64_t> def = {}, Loc loc = Loc::current());
@@ -116,6 +119,7 @@ class Builder {
   void define(ir::ValueId v);
   void add_param(const std::string& name, ir::ParamKind kind, const ir::Type& t, ParamSpec spec, const Loc& loc);
   const ir::MetaValue* lookup_meta(const std::string& name, const Loc& loc);
+  size_t tensor_param_index(const Tensor& t, const char* what, const Loc& loc) const;
   [[noreturn]] void meta_out_of_range(const std::string& name, int64_t value, int64_t lo, int64_t hi, const Loc& loc);
 
   ir::Function fn_;

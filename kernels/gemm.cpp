@@ -88,6 +88,10 @@ const Kernel& gemm() {
     auto C = b.tensor("C", OUT, 2, row_major);
     auto K = a_kmajor ? A.size(1) : A.size(0);
     auto M = C.size(0), N = C.size(1);
+    // Launch requirements: mismatched operands are an error, not a K read as zeros past B's end
+    b.same_size(A, a_kmajor ? 1 : 0, B, b_kmajor ? 1 : 0, "A's K and B's K");
+    b.same_size(C, 0, A, a_kmajor ? 0 : 1, "C's rows and A's M");
+    b.same_size(C, 1, B, b_kmajor ? 0 : 1, "C's columns and B's N");
 
     // GROUP_M = 0: a 2-D grid, program (i, j) computes tile (i, j). GROUP_M = g > 0: a 1-D grid
     // walked g tile-rows at a time, so that consecutive programs share A and B tiles in L2.

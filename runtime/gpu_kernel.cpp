@@ -60,7 +60,7 @@ std::string DeviceArg::describe() const {
 // LaunchPlan
 
 LaunchPlan::LaunchPlan(const ir::Function& signature, int device)
-    : name_(signature.name), params_(signature.params), device_(device) {
+    : name_(signature.name), params_(signature.params), relations_(signature.size_relations), device_(device) {
   int slot = 0;
   plan_.reserve(params_.size());
   for (const ir::Param& ip : params_) {
@@ -171,6 +171,18 @@ void LaunchPlan::pack(Grid grid, std::span<const DeviceArg> args, uint64_t* slot
     if (p.kind == ir::ParamKind::Scalar) pack_scalar(i, p, args[i], slots);
     else pack_tensor(i, p, args[i], slots);
   }
+  for (const ir::SizeRelation& r : relations_) {
+    const int64_t a = args[r.a].tensor()->sizes[static_cast<size_t>(r.a_dim)], b = args[r.b].tensor()->sizes[static_cast<size_t>(r.b_dim)];
+    if (a != b) [[unlikely]]
+      bad_relation(r, a, b);
+  }
+}
+
+void LaunchPlan::bad_relation(const ir::SizeRelation& r, int64_t a, int64_t b) const {
+  ir::Function f;  // the message names the kernel and its parameters
+  f.name = name_;
+  f.params = params_;
+  throw std::invalid_argument("tilejit: " + ir::size_relation_error(f, r, a, b));
 }
 
 void LaunchPlan::pack_scalar(size_t i, const Param& p, const DeviceArg& a, uint64_t* slots) const {

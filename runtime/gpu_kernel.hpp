@@ -126,11 +126,13 @@ class LaunchPlan {
   void pack_tensor(size_t i, const Param& p, const DeviceArg& a, uint64_t* slots) const;
   void check_tma(size_t i, const TensorView& t) const;
   [[noreturn]] void bad(size_t i, const std::string& msg) const;
+  [[noreturn]] void bad_relation(const ir::SizeRelation& r, int64_t a, int64_t b) const;
   [[noreturn]] void bad_count(size_t got) const;
   [[noreturn]] void bad_grid(Grid grid) const;
 
   std::string name_;
   std::vector<ir::Param> params_;
+  std::vector<ir::SizeRelation> relations_;
   std::vector<Param> plan_;
   int num_slots_ = 0;
   int device_ = 0;

@@ -17,6 +17,7 @@
 #include "kernels/gemm.hpp"
 #include "api/registry.hpp"
 #include "runtime/compile_cache.hpp"
+#include "runtime/interpreter.hpp"
 #include "test_kernels.hpp"
 #include "host_bits.hpp"
 
@@ -206,6 +207,53 @@ TEST_CASE("Function: scalar types and ranges") {
   FakeTensor ph(f16, {16}, {1}, 0x10000);
   m = invalid([&] { h.check({1}, ph, 1.0); });
   CHECK_HAS(m, "kernel 'half_scalar', argument 1 'h': f16 scalars are not supported by the GPU launcher yet");
+}
+
+TEST_CASE("Function: a kernel's size relations (the GEMM's K, M and N) are checked at launch and in the interpreter") {
+  // Before (issue 27): A [256,128] with B^T [64,256] ran and read the missing K as zeros.
+  Function f = tilejit::compile(kernels::gemm(), {{"B_KMAJOR", true}, {"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 32}});
+  FakeTensor a(bf16, {256, 128}, {128, 1}, 0x10000), b_ok(bf16, {64, 128}, {128, 1}, 0x20000), c(f32, {256, 64}, {64, 1}, 0x30000);
+  CHECK_NOTHROW(f.check({4, 1}, a, b_ok, c));
+  FakeTensor b_bad(bf16, {64, 256}, {256, 1}, 0x20000);
+  const std::string k = invalid([&] { f.check({4, 1}, a, b_bad, c); });
+  CHECK_HAS(k, "kernel 'gemm': argument 1 'B' has size 256 in dim 1 but argument 0 'A' has size 128 in dim 1");
+  CHECK_HAS(k, "the kernel requires them equal (A's K and B's K)");
+  FakeTensor c_bad(f32, {200, 64}, {64, 1}, 0x30000);
+  CHECK_HAS(invalid([&] { f.check({4, 1}, a, b_ok, c_bad); }), "(C's rows and A's M)");
+  FakeTensor c_bad_n(f32, {256, 48}, {48, 1}, 0x30000);
+  CHECK_HAS(invalid([&] { f.check({4, 1}, a, b_ok, c_bad_n); }), "(C's columns and B's N)");
+
+  // the interpreter refuses the same arguments with the same words
+  const ir::Function fn = kernels::gemm().build({{"B_KMAJOR", true}, {"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 32}});
+  runtime::HostTensor ha(bf16, {64, 32}), hb(bf16, {64, 64}), hc(f32, {64, 64});
+  ha.fill_uniform(1, -1, 1);
+  hb.fill_uniform(2, -1, 1);
+  try {
+    runtime::interpret(fn, {1, 1}, {runtime::Arg(ha), runtime::Arg(hb), runtime::Arg(hc)});
+    FAIL("the interpreter ran a GEMM whose A has K 32 and B has K 64");
+  } catch (const runtime::InterpretError& e) {
+    CHECK_HAS(std::string(e.what()), "argument 1 'B' has size 64 in dim 1 but argument 0 'A' has size 32 in dim 1");
+  }
+}
+
+TEST_CASE("same_size: only tensor parameters and dims they have") {
+  auto build = [](int dim) {
+    return kernel("rel", [dim](Builder& k) {
+      auto A = k.tensor("A", f32, 2);
+      auto B = k.tensor("B", f32, 2);
+      k.same_size(A, dim, B, 0);
+      store(B.ptr() + arange(0, 16), load(A.ptr() + arange(0, 16)));
+    }).build();
+  };
+  CHECK(build(1).size_relations.size() == 1);
+  CHECK_THROWS_WITH(build(2), doctest::Contains("same_size: dim 2 of tensor 'A' (valid: 0 to 1)"));
+  CHECK_THROWS_WITH(kernel("rel2", [](Builder& k) {
+                      auto A = k.tensor("A", f32, 2);
+                      auto B = k.tensor("B", f32, 2);
+                      k.same_size(A.slice(0, 0, 4), 0, B, 0);
+                      store(B.ptr() + arange(0, 16), load(A.ptr() + arange(0, 16)));
+                    }).build(),
+                    doctest::Contains("same_size: the first tensor is not a tensor parameter"));
 }
 
 TEST_CASE("Function: grid dimensions") {

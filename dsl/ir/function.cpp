@@ -16,6 +16,14 @@ ValueId Function::new_value(Type t, std::string name_hint) {
   return static_cast<ValueId>(values.size() - 1);
 }
 
+std::string size_relation_error(const Function& f, const SizeRelation& r, int64_t a_size, int64_t b_size) {
+  if (a_size == b_size) return {};
+  return fmt::format("kernel '{}': argument {} '{}' has size {} in dim {} but argument {} '{}' has size {} in dim {}: the kernel "
+                     "requires them equal{}",
+                     f.name, r.b, f.params.at(r.b).name, b_size, r.b_dim, r.a, f.params.at(r.a).name, a_size, r.a_dim,
+                     r.why.empty() ? "" : fmt::format(" ({})", r.why));
+}
+
 const Param* Function::find_param(std::string_view n) const {
   for (const auto& p : params)
     if (p.name == n) return &p;

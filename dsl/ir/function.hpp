@@ -44,9 +44,26 @@ struct ValueInfo {
   std::string name;  // hint for printing (parameters); empty for temporaries
 };
 
+// A launch requirement a kernel states about its tensor arguments: dim `a_dim` of parameter `a`
+// has the size of dim `b_dim` of parameter `b` (a GEMM's K in A and in B). Checked by the launcher
+// and the interpreter; not part of the code, the printed IR or the cache key.
+struct SizeRelation {
+  size_t a = 0;
+  int a_dim = 0;
+  size_t b = 0;
+  int b_dim = 0;
+  std::string why;  // what the sizes are ("A's K and B's K")
+};
+
+struct Function;
+// "" when the sizes agree, else the error the launcher and the interpreter give, naming both
+// arguments, their sizes and the relation's `why`.
+std::string size_relation_error(const Function& f, const SizeRelation& r, int64_t a_size, int64_t b_size);
+
 struct Function {
   std::string name;
   std::vector<Param> params;
+  std::vector<SizeRelation> size_relations;
   std::vector<MetaEntry> meta;  // the specialisation this body was built for, in declaration order
   std::vector<ValueInfo> values;
   Block body;  // args: one per parameter

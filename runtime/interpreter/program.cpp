@@ -61,6 +61,11 @@ void Machine::bind(const std::vector<Arg>& args) {
     if (p.kind == ir::ParamKind::Scalar) bind_scalar(i, args[i], s);
     else bind_buffer(i, args[i], s);
   }
+  for (const ir::SizeRelation& r : f_.size_relations) {
+    const std::string e = ir::size_relation_error(f_, r, args[r.a].tensor()->sizes()[static_cast<size_t>(r.a_dim)],
+                                                  args[r.b].tensor()->sizes()[static_cast<size_t>(r.b_dim)]);
+    if (!e.empty()) throw InterpretError(e);
+  }
 }
 
 void Machine::bind_scalar(size_t i, const Arg& a, Slot& s) const {
