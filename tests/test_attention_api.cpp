@@ -882,6 +882,16 @@ TEST_CASE("attention API: mask errors") {
   CHECK(error_of([] { prepare(DType::bf16, 64, MaskKind::document, /*varlen=*/true); })
             .find("tilejit::attention::prepare: mask document with varlen = true: library masks take dense batches only") !=
         std::string::npos);
+  // prepare refuses what forward refuses, before compiling anything (issue 27: f32 and stages 0
+  // compiled; D 96 failed deep in the lowering)
+  CHECK(error_of([] { prepare(DType::f32, 64, false); }).find("tilejit::attention::prepare: dtype f32; supported: bf16, f16") !=
+        std::string::npos);
+  CHECK(error_of([] { prepare(DType::bf16, 96, false); })
+            .find("tilejit::attention::prepare: head dim D = 96 is not supported; supported: 64, 128, 256") != std::string::npos);
+  Schedule zero_stages;
+  zero_stages.stages = 0;
+  CHECK(error_of([&] { prepare(DType::bf16, 64, false, false, true, zero_stages); })
+            .find("tilejit::attention::prepare: options.schedule.stages = 0; valid: 1 to 8") != std::string::npos);
 }
 
 // Without a GPU a valid masked call gets as far as the driver: the pre-pass (at the forward's,

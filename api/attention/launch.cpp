@@ -166,6 +166,16 @@ void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen, bool backw
 void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen, bool backward, std::optional<Schedule> schedule,
              int device, bool dropout, DqReduction dq_reduction, bool q_descending) {
   const Checker c("prepare");
+  // what forward/backward refuse, refused here in the same words (issue 27: prepare compiled
+  // f32 and stages 0, and failed deep in lowering at D 96)
+  if (dtype != ir::DType::bf16 && dtype != ir::DType::f16) c.fail("dtype {}; supported: bf16, f16", ir::name(dtype));
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+    c.fail("head dim D = {} is not supported; supported: 64, 128, 256", head_dim);
+  {
+    Options o;
+    o.schedule = schedule;
+    check_schedule(c, o);
+  }
   if (static_cast<int>(mask) < 0 || static_cast<int>(mask) >= kernels::kMaskKindCount)
     c.fail("mask = {} is not a mask kind; valid: {}", static_cast<int>(mask), kernels::mask_kind_list());
   if (library_mask(mask) && varlen)
