@@ -11,6 +11,7 @@
 
 #include "jit/assign_layouts.hpp"
 #include "jit/canonicalize.hpp"
+#include "jit/compile_budget.hpp"
 #include "jit/schedule_dots.hpp"
 #include "jit/cuda_backend.hpp"
 #include "jit/llvm_backend.hpp"
@@ -83,6 +84,7 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
   if (opts.num_warps < 1 || opts.num_warps > 32 || !(power_of_two || (roles && opts.num_warps % 4 == 0)))
     throw CompileError(fmt::format("tilejit: kernel '{}': num_warps = {} (valid: 1, 2, 4, 8, 16, 32{})", input.name, opts.num_warps,
                                    roles ? ", or with warp roles any multiple of 4 up to 32" : ""));
+  check_compile_budget(input, opts.num_warps);  // milliseconds here, not minutes in ptxas
   // (the TMA pipeline takes 2 to 8; 1 is a valid "no ring" choice, as pipeline.enabled = false)
   if (opts.pipeline.stages < 1 || opts.pipeline.stages > 8)
     throw CompileError(fmt::format("tilejit: kernel '{}': pipeline stages = {} (valid: 1 to 8; 1 or a disabled pipeline: no "

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 
@@ -94,6 +95,14 @@ LaunchPlan::LaunchPlan(const ir::Function& signature, int device)
     }
     plan_.push_back(p);
   }
+  // Tensors a window store writes (through slices too): two elements at one address would race.
+  std::map<ir::ValueId, size_t> param_of;
+  for (size_t i = 0; i < params_.size(); ++i) param_of[params_[i].value] = i;
+  ir::walk(signature.body, [&](const ir::Op& op) {
+    if (op.kind == ir::OpKind::tensor_slice && param_of.count(op.operands[0])) param_of[op.results[0]] = param_of[op.operands[0]];
+    const bool adds = op.has_attr("reduce");
+    if (op.kind == ir::OpKind::block_store && !adds && param_of.count(op.operands[0])) plan_[param_of[op.operands[0]]].stored = true;
+  });
   num_slots_ = slot;
   if (num_slots_ > kMaxSlots)
     throw std::invalid_argument(fmt::format("tilejit: kernel '{}' has {} ABI parameters, more than the {} the launcher supports",
@@ -281,6 +290,11 @@ void LaunchPlan::pack_tensor(size_t i, const Param& p, const DeviceArg& a, uint6
     bad(i, fmt::format("base address {:#x} is not a multiple of {} bytes, the alignment the parameter requires", t->address,
                        p.align));
   slots[p.slot] = t->address;
+  if (t->address == 0) [[unlikely]] {
+    bool empty = false;
+    for (int64_t sz : t->sizes) empty = empty || sz == 0;
+    if (!empty) bad(i, fmt::format("the base address is null ({})", a.describe()));
+  }
   if (p.kind == ir::ParamKind::Pointer) return;
 
   const int rank = p.rank;
@@ -305,6 +319,9 @@ void LaunchPlan::pack_tensor(size_t i, const Param& p, const DeviceArg& a, uint6
       bad(i, fmt::format("size {} of dim {} is outside the i32 range of tensor sizes (valid: 0 to {})", sizes[d], d, kI32Max));
     out[d] = static_cast<uint32_t>(sizes[d]);
     out[rank + d] = static_cast<uint64_t>(strides[d]);
+    if (p.stored && strides[d] == 0 && sizes[d] > 1) [[unlikely]]
+      bad(i, fmt::format("stride 0 in dim {} of size {}: the kernel stores windows into this tensor, and its {} elements "
+                         "along that dim would share one address (valid: a non-zero stride)", d, sizes[d], sizes[d]));
   }
   if (p.tma) check_tma(i, *t);
 }

@@ -114,6 +114,7 @@ class LaunchPlan {
     Scalar scalar = Scalar::None;
     bool contiguous_last = false;
     bool tma = false;
+    bool stored = false;    // a window store (not an atomic add) writes it: no stride-0 dims of size > 1
     int rank = 0;
     int slot = 0;
     uint64_t align = 1;     // bytes: base address and every outer stride

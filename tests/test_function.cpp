@@ -236,6 +236,22 @@ TEST_CASE("Function: a kernel's size relations (the GEMM's K, M and N) are check
   }
 }
 
+TEST_CASE("Function: null bases and stride-0 dims of stored tensors are errors (issue 27)") {
+  Function f = tilejit::compile(checks);
+  FakeTensor t(f32, {64, 32}, {32, 1}, 0x10000), p(f32, {100}, {1}, 0x20000);
+  FakeTensor null_t(f32, {64, 32}, {32, 1}, 0), null_p(f32, {100}, {1}, 0), empty_null(f32, {0, 32}, {32, 1}, 0);
+  CHECK_HAS(invalid([&] { f.check({1}, null_t, p, 5, 7u, 1.5f, true, 0.25); }), "argument 0 'T': the base address is null");
+  CHECK_HAS(invalid([&] { f.check({1}, t, null_p, 5, 7u, 1.5f, true, 0.25); }), "argument 1 'P': the base address is null");
+  CHECK_NOTHROW(f.check({1}, empty_null, p, 5, 7u, 1.5f, true, 0.25));  // nothing to read: any address
+  // C of the GEMM is stored through windows: a broadcast (stride-0) C would race; A read with a
+  // stride-0 dim is fine
+  Function g = tilejit::compile(kernels::gemm(), {{"B_KMAJOR", true}, {"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 32}});
+  FakeTensor a(bf16, {256, 128}, {128, 1}, 0x10000), b(bf16, {64, 128}, {128, 1}, 0x20000);
+  FakeTensor c_bcast(f32, {256, 64}, {0, 1}, 0x30000), a_bcast(bf16, {256, 128}, {0, 1}, 0x10000), c(f32, {256, 64}, {64, 1}, 0x30000);
+  CHECK_HAS(invalid([&] { g.check({4, 1}, a, b, c_bcast); }), "argument 2 'C': stride 0 in dim 0 of size 256");
+  CHECK_NOTHROW(g.check({4, 1}, a_bcast, b, c));
+}
+
 TEST_CASE("same_size: only tensor parameters and dims they have") {
   auto build = [](int dim) {
     return kernel("rel", [dim](Builder& k) {

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <map>
 #include <set>
 
@@ -123,6 +124,46 @@ TEST_CASE("min_programs_per_sm: .minnctapersm in the PTX, registers capped for t
     CHECK_THROWS_WITH_AS(jit::compile(f, s), doctest::Contains(fmt::format("pipeline stages = {} (valid: 1 to 8", stages).c_str()),
                          jit::CompileError);
   }
+}
+
+TEST_CASE("compile budget: tiles far past the register file are refused in milliseconds, not minutes in ptxas") {
+  // issue 27: an f32 [256, 1024] softmax on 4 warps (2048 elements per thread) took ptxas 232 s
+  // and 2.5 GB; [128, 512] (512 per thread) 10 s
+  auto softmax = [](int64_t r, int64_t c) {
+    return kernel("big_softmax", [r, c](Builder& b) {
+      auto X = b.tensor("X", f32, 2), Y = b.tensor("Y", f32, 2);
+      Tile x = load(X.block({0, 0}, {r, c}));
+      Tile e = exp(x - max(x, 1)[col]);
+      store(Y.block({0, 0}, {r, c}), e / sum(e, 1)[col]);
+    }).build();
+  };
+  jit::CompileOptions o;
+  o.make_cubin = false;
+  o.num_warps = 4;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    jit::compile(softmax(256, 1024), o);
+    FAIL("compiled a tile of 2048 elements per thread");
+  } catch (const jit::CompileError& e) {
+    const std::string what = e.what();
+    CHECK_MESSAGE(what.find("kernel 'big_softmax': the tile f32[256,1024] at ") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("holds 2048 elements per thread on 4 warps (valid: at most 1024") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("test_jit.cpp:") != std::string::npos, what);  // the user's line
+  }
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 1.0);
+  o.num_warps = 16;  // the same tile on 16 warps: 512 per thread, compiled
+  CHECK(jit::compile(softmax(256, 1024), o).ptx.find(".entry big_softmax") != std::string::npos);
+
+  // many ops on moderate tiles: the unrolled code past the budget
+  const ir::Function chain = kernel("long_chain", [](Builder& b) {
+    auto X = b.tensor("X", f32, 2), Y = b.tensor("Y", f32, 2);
+    Tile x = load(X.block({0, 0}, {128, 128}));
+    for (int i = 0; i < 1100; ++i) x = x * 1.0001f + float(i);  // 2 ops of 128 per thread each
+    store(Y.block({0, 0}, {128, 128}), x);
+  }).build();
+  o.num_warps = 4;
+  CHECK_THROWS_WITH_AS(jit::compile(chain, o), doctest::Contains("tile elements per thread on 4 warps (valid: at most 131072"),
+                       jit::CompileError);
 }
 
 TEST_CASE("the K-major GEMM on sm_90a is a TMA + wgmma pipeline: wgmma.mma_async, cp.async.bulk.tensor, mbarriers") {
