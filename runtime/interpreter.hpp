@@ -66,6 +66,11 @@ struct InterpretError : std::runtime_error {
 // Runs every program of `grid` sequentially (z outer, then y, then x). Verifies `f` first
 // (ir::VerifyError on malformed IR), then checks the arguments against the parameters and their
 // ParamSpecs.
-void interpret(const ir::Function& f, Grid grid, const std::vector<Arg>& args);
+struct InterpretOptions {
+  // Refuse what the GPU backends refuse (tile dims that are not powers of two), so a kernel that
+  // runs here also compiles; false runs such kernels on the CPU anyway.
+  bool gpu_rules = true;
+};
+void interpret(const ir::Function& f, Grid grid, const std::vector<Arg>& args, InterpretOptions opts = {});
 
 }  // namespace tilejit::runtime

@@ -61,6 +61,24 @@ ir::Function scale_kernel(ParamSpec x_spec = {}, ParamSpec t_spec = {}) {
 
 // ======================================================================= launch checks
 
+TEST_CASE("by default the interpreter refuses what the GPU backends refuse: tile dims that are not powers of two") {
+  // issue 26, item 5: a kernel that passed on the CPU failed at compile time
+  const ir::Function fn = kernel("odd_tile", [](Builder& b) {
+    auto X = b.pointer("X", f32), Y = b.pointer("Y", f32);
+    auto i = arange(0, 96);
+    store(Y + i, load(X + i) * 2.0f);
+  }).build();
+  HostTensor x(f32, {96}), y(f32, {96});
+  x.fill_uniform(3, -1, 1);
+  const std::string msg = interpret_error(fn, {1}, {x, y});
+  INFO(msg);
+  CHECK(contains(msg, "kernel 'odd_tile': arange at "));
+  CHECK(contains(msg, here(__LINE__ - 8)));
+  CHECK(contains(msg, "tile dimensions must be powers of two for the GPU backend, got i32[96]"));
+  rt::interpret(fn, {1}, {x, y}, {.gpu_rules = false});  // on request, the CPU runs it anyway
+  for (int64_t i = 0; i < 96; ++i) CHECK(y.get({i}) == 2.0 * x.get({i}));
+}
+
 TEST_CASE("a wrong number of arguments names the kernel, the parameters and the count") {
   auto fn = scale_kernel();
   HostTensor x(f32, {16}), t(f32, {4, 4});

@@ -16,6 +16,24 @@ ValueId Function::new_value(Type t, std::string name_hint) {
   return static_cast<ValueId>(values.size() - 1);
 }
 
+std::string gpu_shape_violation(const Function& f) {
+  std::string found;
+  walk(f.body, [&](const Op& op) {
+    if (!found.empty()) return;
+    for (ValueId r : op.results) {
+      const Type& t = f.type(r);
+      if (t.kind != TypeKind::Value) continue;
+      for (int64_t d : t.shape)
+        if (d < 1 || (d & (d - 1)) != 0) {
+          found = fmt::format("{} at {}: tile dimensions must be powers of two for the GPU backend, got {}", op_name(op.kind),
+                              op.loc.str(), to_string(t));
+          return;
+        }
+    }
+  });
+  return found;
+}
+
 std::string size_relation_error(const Function& f, const SizeRelation& r, int64_t a_size, int64_t b_size) {
   if (a_size == b_size) return {};
   return fmt::format("kernel '{}': argument {} '{}' has size {} in dim {} but argument {} '{}' has size {} in dim {}: the kernel "

@@ -88,6 +88,11 @@ struct TypeError : std::runtime_error {
 };
 std::vector<Type> infer_result_types(OpKind kind, const std::vector<Type>& operands, const AttrMap& attrs);
 
+// The first tile value whose dims are not all powers of two, as the GPU backends refuse it
+// ("arange at f.cpp:10: tile dimensions must be powers of two for the GPU backend, got i32[96]"),
+// or "" when there is none. The interpreter applies it by default, so CPU runs fail as compiles do.
+std::string gpu_shape_violation(const Function& f);
+
 // Text form, stable across processes and builds (see printer.cpp for the grammar).
 struct PrintOptions {
   bool locations = false;  // append "loc(file:line)" to each op

@@ -271,8 +271,11 @@ std::string Arg::describe() const {
   return "?";
 }
 
-void interpret(const ir::Function& f, Grid grid, const std::vector<Arg>& args) {
+void interpret(const ir::Function& f, Grid grid, const std::vector<Arg>& args, InterpretOptions opts) {
   ir::verify(f);
+  if (opts.gpu_rules)
+    if (const std::string why = ir::gpu_shape_violation(f); !why.empty())
+      throw InterpretError(fmt::format("kernel '{}': {} (InterpretOptions::gpu_rules = false runs it on the CPU anyway)", f.name, why));
   if (waits_on_semaphores(f.body)) return run_concurrently(f, grid, args);
   Machine m(f, grid, args);
   m.run();
