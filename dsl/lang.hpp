@@ -3,6 +3,7 @@
 #pragma once
 #include "dsl/builder.hpp"
 #include "dsl/control.hpp"
+#include "dsl/math.hpp"
 #include "dsl/memory.hpp"
 #include "dsl/ops.hpp"
 #include "dsl/tile.hpp"

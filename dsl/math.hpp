@@ -1,0 +1,30 @@
+// Math functions composed from the DSL's primitive ops (no new IR): the interpreter and both GPU
+// backends compute them from the same primitives, so each is exactly as exact as its parts. Float
+// tiles only unless said; 16-bit floats are computed in f32 and rounded once at the end.
+#pragma once
+#include "dsl/ops.hpp"
+
+namespace tilejit::lang {
+
+// i1 tiles; integers are never NaN or infinite (all false / all true for isfinite).
+Tile isnan(const Operand& x, Loc loc = Loc::current());
+Tile isinf(const Operand& x, Loc loc = Loc::current());
+Tile isfinite(const Operand& x, Loc loc = Loc::current());
+// True where the sign bit is set (-0.0 and negative NaNs included); integers: x < 0.
+Tile signbit(const Operand& x, Loc loc = Loc::current());
+// minimum(maximum(x, lo), hi): NaN in x, lo or hi gives NaN (the NaN-propagating min/max). Any dtype.
+Tile clamp(const Operand& x, const Operand& lo, const Operand& hi, Loc loc = Loc::current());
+// Toward zero, keeping -0.0 (trunc(-0.5) = -0.0). Exact.
+Tile trunc(const Operand& x, Loc loc = Loc::current());
+// To the nearest integer, ties to even (C's rint / nearbyint: round(2.5) = 2, round(-0.5) = -0.0).
+// Exact: (|x| + 2^23) - 2^23 in round-to-nearest-even arithmetic (2^52 for f64).
+Tile round(const Operand& x, Loc loc = Loc::current());
+// 1 / (1 + exp(-x)): 0 at -inf, 1 at +inf; as approximate as exp.
+Tile sigmoid(const Operand& x, Loc loc = Loc::current());
+// log(1 + x) and exp(x) - 1, accurate near 0 (Goldberg's and Kahan's corrections of the
+// approximate log / exp: relative error a few ulp of f32 beyond theirs); inf, -1, -inf and NaN
+// give what C's log1p / expm1 give.
+Tile log1p(const Operand& x, Loc loc = Loc::current());
+Tile expm1(const Operand& x, Loc loc = Loc::current());
+
+}  // namespace tilejit::lang

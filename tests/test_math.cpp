@@ -1,0 +1,152 @@
+// dsl/math.hpp: each function in the interpreter against the C library on edge values (NaN, +-inf,
+// +-0, subnormals, ties, values near 0 and near the magic 2^23), in every float dtype; and each
+// lowered through both backends and assembled for sm_90a.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dsl/lang.hpp"
+#include "jit/compile.hpp"
+#include "ptxas_testing.hpp"
+#include "runtime/interpreter.hpp"
+
+using namespace tilejit;
+using namespace tilejit::lang;
+namespace rt = tilejit::runtime;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+
+std::vector<double> edge_values() {
+  std::vector<double> v{0.0,    -0.0,   kInf,     -kInf,    kNan,    0.5,      -0.5,    1.5,    2.5,      -2.5,
+                        0.49999997, 1e-8, -1e-8,   1e-30,    0x1p-140, -0x1p-140, 0x1p23,  0x1p23 + 1, 0x1p23 - 0.5, -0x1p23 + 0.5,
+                        3.0e38, -3.0e38, 1e5,      -1e5,     88.0,    -88.0,    100.0,   -100.0, 0.999,    -0.999,
+                        -1.0,   1.0,    -1.5,     0.1,      -0.1,    7.25,     -7.75,   1e-4,   -1e-4,    20.0};
+  while (v.size() < 64) v.push_back(static_cast<double>(v.size()) * 0.37 - 9.0);
+  return v;
+}
+
+// Runs y = fn(x) over the edge values in dtype d in the interpreter; returns y as doubles.
+std::vector<double> run(DType d, const std::function<Tile(const Tile&)>& fn) {
+  const Kernel k = kernel("math_fn", [&](Builder& b) {
+    auto X = b.pointer("X", d), Y = b.pointer("Y", d);
+    auto i = arange(0, 64);
+    store(Y + i, fn(load(X + i)));
+  });
+  rt::HostTensor x(d, {64}), y(d, {64});
+  const auto v = edge_values();
+  for (int64_t i = 0; i < 64; ++i) x.set({i}, v[static_cast<size_t>(i)]);
+  rt::interpret(k.build(), {1}, {rt::Arg(x), rt::Arg(y)});
+  std::vector<double> out;
+  for (int64_t i = 0; i < 64; ++i) out.push_back(y.get({i}));
+  return out;
+}
+
+std::vector<double> inputs(DType d) {  // the edge values as the dtype holds them
+  const Kernel k = kernel("math_in", [&](Builder& b) {
+    auto X = b.pointer("X", d), Y = b.pointer("Y", d);
+    store(Y + arange(0, 64), load(X + arange(0, 64)));
+  });
+  rt::HostTensor x(d, {64});
+  const auto v = edge_values();
+  std::vector<double> out;
+  for (int64_t i = 0; i < 64; ++i) {
+    x.set({i}, v[static_cast<size_t>(i)]);
+    out.push_back(x.get({i}));
+  }
+  return out;
+}
+
+bool same(double a, double b) {  // NaN equals NaN; -0 differs from +0
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return a == b && std::signbit(a) == std::signbit(b);
+}
+
+}  // namespace
+
+TEST_CASE("math: trunc and round (ties to even) are exact, keep -0.0, pass NaN and inf, in every float dtype") {
+  for (DType d : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    INFO(ir::name(d));
+    const auto x = inputs(d);
+    const auto t = run(d, [](const Tile& v) { return trunc(v); });
+    const auto r = run(d, [](const Tile& v) { return round(v); });
+    for (size_t i = 0; i < x.size(); ++i) {
+      INFO("x = " << x[i]);
+      CHECK(same(t[i], ir::round_to(d, std::trunc(x[i]))));
+      CHECK(same(r[i], ir::round_to(d, std::nearbyint(x[i]))));  // the host rounds ties to even
+    }
+  }
+}
+
+TEST_CASE("math: isnan, isinf, isfinite, signbit, clamp; sums of booleans count") {
+  const Kernel k = kernel("predicates", [](Builder& b) {
+    auto X = b.pointer("X", f32), Out = b.pointer("Out", i32), Cl = b.pointer("Cl", f32), Cnt = b.pointer("Cnt", i32);
+    auto i = arange(0, 64);
+    Tile x = load(X + i);
+    store(Out + i, cast(i32, isnan(x)) + cast(i32, isinf(x)) * 2 + cast(i32, isfinite(x)) * 4 + cast(i32, signbit(x)) * 8);
+    store(Cl + i, clamp(x, -1.0f, 2.0f));
+    store(Cnt + arange(0, 1), broadcast_to(sum(isnan(x)), {1}));
+  });
+  rt::HostTensor x(f32, {64}), out(i32, {64}), cl(f32, {64}), cnt(i32, {1});
+  const auto v = edge_values();
+  for (int64_t i = 0; i < 64; ++i) x.set({i}, v[static_cast<size_t>(i)]);
+  rt::interpret(k.build(), {1}, {rt::Arg(x), rt::Arg(out), rt::Arg(cl), rt::Arg(cnt)});
+  int nans = 0;
+  for (int64_t i = 0; i < 64; ++i) {
+    const double xi = x.get({i});
+    INFO("x = " << xi);
+    const int want = int(std::isnan(xi)) + 2 * int(std::isinf(xi)) + 4 * int(std::isfinite(xi)) + 8 * int(std::signbit(xi));
+    CHECK(out.get({i}) == want);
+    CHECK(same(cl.get({i}), std::isnan(xi) ? kNan : std::min(std::max(xi, -1.0), 2.0)));
+    nans += std::isnan(xi);
+  }
+  CHECK(nans == 1);
+  CHECK(cnt.get({0}) == nans);
+}
+
+TEST_CASE("math: sigmoid, log1p and expm1 against the C library (approximate exp/log: relative 2^-18)") {
+  for (DType d : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    INFO(ir::name(d));
+    const auto x = inputs(d);
+    const auto s = run(d, [](const Tile& v) { return sigmoid(v); });
+    const auto l = run(d, [](const Tile& v) { return log1p(v); });
+    const auto e = run(d, [](const Tile& v) { return expm1(v); });
+    const double tol = d == DType::f16 ? 0x1p-10 : d == DType::bf16 ? 0x1p-7 : 0x1p-18;
+    auto close = [&](double got, double want) {
+      want = ir::round_to(d, want);
+      if (std::isnan(want) || std::isinf(want) || want == 0) return same(got, want) || (want == 0 && got == 0);
+      return std::abs(got - want) <= tol * std::abs(want) + (d == DType::f64 ? 0 : 1e-38);
+    };
+    for (size_t i = 0; i < x.size(); ++i) {
+      INFO("x = " << x[i] << " sigmoid " << s[i] << " log1p " << l[i] << " expm1 " << e[i]);
+      CHECK(close(s[i], 1.0 / (1.0 + std::exp(-x[i]))));
+      CHECK(close(l[i], std::log1p(x[i])));
+      CHECK(close(e[i], std::expm1(x[i])));
+    }
+  }
+}
+
+TEST_CASE("math: every function lowers through both backends and assembles for sm_90a") {
+  if (testing::no_ptxas()) return;
+  for (DType d : {DType::f32, DType::bf16}) {
+    const Kernel k = kernel("math_all", [d](Builder& b) {
+      auto X = b.pointer("X", d), Y = b.pointer("Y", d), P = b.pointer("P", i32);
+      auto i = arange(0, 128);
+      Tile x = load(X + i);
+      Tile y = trunc(x) + round(x) + sigmoid(x) + log1p(x) + expm1(x) + clamp(x, -1.0f, 1.0f);
+      store(Y + i, y);
+      store(P + i, cast(i32, isnan(x)) + cast(i32, isinf(x)) + cast(i32, isfinite(x)) + cast(i32, signbit(x)) +
+                       broadcast_to(sum(isnan(x)), {128}));
+    });
+    for (jit::Backend be : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+      INFO(ir::name(d) << " " << jit::to_string(be));
+      testing::assemble_sm90a(k.build(), be, 4);
+    }
+  }
+}
