@@ -597,6 +597,38 @@ TEST_CASE("gpu: neg, 0 - x, x * -1 and abs of the smallest i8 / i16 wrap, as in 
   }
 }
 
+TEST_CASE("gpu: dsl/math functions equal the interpreter (exact ones bit for bit), both backends (issue 26)") {
+  if (!have_gpu()) return;
+  for (DType d : {f32, bf16, f64}) {
+    INFO(ir::name(d));
+    const Kernel exact = kernel("math_exact", [d](Builder& b) {
+      auto X = b.pointer("X", d), Y = b.pointer("Y", d), P = b.pointer("P", i32);
+      auto i = arange(0, 256);
+      Tile x = load(X + i);
+      store(Y + i, trunc(x));
+      store(Y + 256 + i, round(x));
+      store(Y + 512 + i, clamp(x, -1.0f, 2.0f));
+      store(P + i, cast(i32, isnan(x)) + cast(i32, isinf(x)) * 2 + cast(i32, isfinite(x)) * 4 + cast(i32, signbit(x)) * 8 +
+                       broadcast_to(sum(isnan(x)), {256}) * 16);
+    });
+    HostTensor x(d, {256}), y(d, {768}), p(i32, {256});
+    x.fill_uniform(91, -1e4, 1e4);
+    const double special[] = {0.0, -0.0, INFINITY, -INFINITY, NAN, 0.5, -0.5, 1.5, 2.5, -2.5, 0x1p23 - 0.5, 1e-30, -0.3};
+    for (int64_t i = 0; i < 13; ++i) x.set({i}, special[i]);
+    check_against_interpreter(exact.build(), {1}, {&x, &y, &p}, 0.0, {}, true);
+    if (d == f64) continue;  // (f64 exp/log are refused on the GPU: README)
+    const Kernel approx = kernel("math_approx", [d](Builder& b) {
+      auto X = b.pointer("X", d), Y = b.pointer("Y", d);
+      auto i = arange(0, 256);
+      Tile x = load(X + i) * 0.001f;
+      store(Y + i, sigmoid(x));
+      store(Y + 256 + i, log1p(x));
+      store(Y + 512 + i, expm1(x));
+    });
+    check_against_interpreter(approx.build(), {1}, {&x, &y}, d == bf16 ? 1e-2 : 1e-5, {}, true);
+  }
+}
+
 TEST_CASE("gpu: abs of the smallest i8 / i16 wraps, as in the interpreter (issue 28, fuzzer)") {
   if (!have_gpu()) return;
   for (DType d : {i8, i16}) {
