@@ -620,10 +620,10 @@ TEST_CASE("gpu: dsl/math functions equal the interpreter (exact ones bit for bit
     const Kernel approx = kernel("math_approx", [d](Builder& b) {
       auto X = b.pointer("X", d), Y = b.pointer("Y", d);
       auto i = arange(0, 256);
-      Tile x = load(X + i) * 0.001f;
-      store(Y + i, sigmoid(x));
-      store(Y + 256 + i, log1p(x));
-      store(Y + 512 + i, expm1(x));
+      Tile v = load(X + i) * 0.001f;
+      store(Y + i, sigmoid(v));
+      store(Y + 256 + i, log1p(v));
+      store(Y + 512 + i, expm1(v));
     });
     check_against_interpreter(approx.build(), {1}, {&x, &y}, d == bf16 ? 1e-2 : 1e-5, {}, true);
   }
