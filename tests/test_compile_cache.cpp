@@ -68,6 +68,14 @@ std::vector<std::string> file_names(const fs::path& dir) {
 
 std::string key_of(std::string_view seed) { return ir::sha256_hex(seed); }
 
+// The pid of a process that has exited and been reaped: nothing runs under it (until reused).
+pid_t dead_pid() {
+  pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  ::waitpid(pid, nullptr, 0);
+  return pid;
+}
+
 // Small, with every field set to something other than its default (tensor maps, every dtype
 // position, 64-bit values, NUL bytes in the cubin): cheap enough to damage at every byte.
 jit::CompiledKernel synthetic() {
@@ -519,7 +527,14 @@ TEST_CASE("list and clear") {
   std::string truncated = read_bytes(cache.entry_path(b));
   write_bytes(cache.entry_path(d), truncated.substr(0, truncated.size() / 2));
   write_bytes(tmp.path / "notes.txt", "not ours");
-  write_bytes(tmp.path / (a + ".tjk.tmp-Ab12Cd"), "an interrupted write");
+  // Temporaries: of a dead writer (its pid is gone), of a live one (this process), and one without
+  // a pid (an older tilejit) that is two hours old.
+  const std::string orphan = fmt::format("{}.tjk.tmp-{}-Ab12Cd", a, dead_pid());
+  const std::string live = fmt::format("{}.tjk.tmp-{}-Xy34Zw", b, ::getpid());
+  write_bytes(tmp.path / orphan, "an interrupted write");
+  write_bytes(tmp.path / live, "a write in progress");
+  write_bytes(tmp.path / (c + ".tjk.tmp-Ab12Cd"), "an old interrupted write");
+  fs::last_write_time(tmp.path / (c + ".tjk.tmp-Ab12Cd"), fs::file_time_type::clock::now() - std::chrono::hours(2));
 
   auto entries = cache.list();
   REQUIRE(entries.size() == 4);
@@ -544,12 +559,28 @@ TEST_CASE("list and clear") {
   CHECK(fs::exists(cache.entry_path(c)));
   CHECK(fs::exists(cache.entry_path(d)));
 
-  CHECK(cache.clear() == 4);
-  CHECK(file_names(tmp.path) == std::vector<std::string>{"notes.txt"});  // other files are left alone
+  auto temps = cache.temporaries();
+  REQUIRE(temps.size() == 3);
+  std::map<std::string, bool> orphaned;
+  for (const auto& t : temps) orphaned[t.path.filename().string()] = t.orphaned;
+  CHECK(orphaned.at(orphan));
+  CHECK(!orphaned.at(live));
+  CHECK(orphaned.at(c + ".tjk.tmp-Ab12Cd"));
+
+  CompileCache::Cleared cleared = cache.clear();
+  CHECK(cleared.entries == 4);
+  CHECK(cleared.temporaries == 2);
+  CHECK(cleared.live_temporaries == 1);
+  CHECK(cleared.failures.empty());
+  // other files, and the live writer's temporary, are left alone
+  CHECK(file_names(tmp.path) == std::vector<std::string>{live, "notes.txt"});
   CHECK(cache.list().empty());
-  CHECK(cache.clear() == 0);
-  CHECK(CompileCache(tmp.path / "missing").clear() == 0);
+  CHECK(cache.clear().entries == 0);
+  CHECK(CompileCache(tmp.path / "missing").clear().entries == 0);
+  CHECK(CompileCache(tmp.path / "missing").clear().failures.empty());
   CHECK(CompileCache(tmp.path / "missing").list().empty());
+  // a file where the directory should be cannot be listed: an error naming it, not "no entries"
+  CHECK_THROWS_WITH_AS(CompileCache(tmp.path / "notes.txt").list(), doctest::Contains("notes.txt"), std::runtime_error);
 }
 
 TEST_CASE("compile_cached: memory, then disk, then compile") {
