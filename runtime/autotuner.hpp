@@ -80,7 +80,7 @@ class TuningStore {
   bool store_measurement(const TuningIdentity& id, const Measurement& m) const;
   std::optional<Choice> load_choice(const TuningIdentity& id, std::string* problem = nullptr) const;
   bool store_choice(const TuningIdentity& id, const Choice& c) const;
-  // Removes every tuning entry (and unfinished temporary files); returns how many entries.
+  // Removes every tuning entry (and temporary files of dead writers); returns how many entries.
   size_t clear() const;
   size_t count() const;  // tuning entries in the directory
 

@@ -145,40 +145,14 @@ Bundle decode(std::string_view d, const std::string& name) {
   return b;
 }
 
+// Through entry_file::read: a non-blocking open (a FIFO is refused at once, never waited on) and
+// the size checked before a byte is read.
 std::string read_whole_file(const fs::path& path) {
   const std::string name = path.string();
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(name, fmt::format("cannot open: {}", std::strerror(errno)));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    fail(name, fmt::format("cannot stat: {}", std::strerror(err)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(name, "not a regular file");
-  }
-  if (static_cast<uint64_t>(st.st_size) > kMaxBundleBytes) {
-    ::close(fd);
-    fail(name, fmt::format("{} bytes, larger than any bundle tilejit writes", st.st_size));
-  }
-  std::string data(static_cast<size_t>(st.st_size), '\0');
-  size_t got = 0;
-  while (got < data.size()) {
-    ssize_t r = ::read(fd, data.data() + got, data.size() - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      int err = errno;
-      ::close(fd);
-      fail(name, fmt::format("cannot read: {}", std::strerror(err)));
-    }
-    if (r == 0) break;  // shrank since fstat: decode reports it as truncated
-    got += static_cast<size_t>(r);
-  }
-  data.resize(got);
-  ::close(fd);
-  return data;
+  std::string error;
+  std::optional<entry_file::Bytes> file = entry_file::read(path, kMaxBundleBytes, error);
+  if (!file) fail(name, error.empty() ? fmt::format("cannot open: {}", std::strerror(ENOENT)) : error);
+  return std::move(file->data);
 }
 
 // ---- the registry of loaded kernels ----------------------------------------------------------
@@ -242,7 +216,7 @@ std::string c_string_literal(std::string_view s) {
   std::string out = "\"";
   for (char c : s) {
     auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') out += fmt::format("\\{}", c);
+    if (c == '"' || c == '\\' || c == '?') out += fmt::format("\\{}", c);  // '?': no trigraphs
     else if (u < 0x20 || u >= 0x7f) out += fmt::format("\\{:03o}", u);
     else out += c;
   }
@@ -518,7 +492,7 @@ std::string bundle_cpp_source(std::string_view bytes, std::string_view name) {
       "namespace {{\n"
       "\n"
       "alignas(16) const unsigned char tilejit_bundle_data[{}] = {{\n",
-      name, bytes.size(), std::max<size_t>(bytes.size(), 1));
+      c_string_literal(name), bytes.size(), std::max<size_t>(bytes.size(), 1));  // escaped: a newline would end the comment
   out.reserve(out.size() + bytes.size() * 5 + 4096);
   for (size_t i = 0; i < bytes.size(); ++i) {
     out += fmt::format("0x{:02x},", static_cast<uint8_t>(bytes[i]));

@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -228,6 +229,27 @@ void CompileCache::warn_once(const std::string& message) const {
 
 std::optional<jit::CompiledKernel> CompileCache::load(const std::string& key, std::string* problem) const {
   check_key(key, "load");
+  return load_checked(key, nullptr, problem);
+}
+
+std::optional<jit::CompiledKernel> CompileCache::load_expected(const std::string& key, std::string_view kernel,
+                                                               std::string_view arch, jit::Backend backend,
+                                                               std::string* problem) const {
+  check_key(key, "load_expected");
+  // The key is a hash of what was asked, but the file could be anything sealed with a valid
+  // checksum: what it holds is compared with the request before it is served.
+  auto expect = [&](const jit::CompiledKernel& k) -> std::string {
+    if (k.name != kernel || k.arch != arch || k.backend != backend)
+      return fmt::format("holds kernel '{}' for {} ({}), not the '{}' for {} ({}) its key was asked for", k.name, k.arch,
+                         jit::to_string(k.backend), kernel, arch, jit::to_string(backend));
+    return {};
+  };
+  return load_checked(key, expect, problem);
+}
+
+std::optional<jit::CompiledKernel> CompileCache::load_checked(
+    const std::string& key, const std::function<std::string(const jit::CompiledKernel&)>& expect,
+    std::string* problem) const {
   if (problem) problem->clear();
   if (!enabled_) return std::nullopt;
   const fs::path path = entry_path(key);
@@ -245,6 +267,8 @@ std::optional<jit::CompiledKernel> CompileCache::load(const std::string& key, st
     Decoded d = decode(file->data);
     if (d.key != key)
       throw BadEntry{fmt::format("holds the entry for key {} (a foreign entry copied or renamed here)", d.key)};
+    if (expect)
+      if (std::string wrong = expect(d.kernel); !wrong.empty()) throw BadEntry{std::move(wrong)};
     return std::move(d.kernel);
   } catch (const BadEntry& bad) {
     entry_file::remove_if_same(path, *file);
@@ -284,11 +308,28 @@ bool CompileCache::store(const std::string& key, const jit::CompiledKernel& k) c
   return true;
 }
 
+namespace {
+
+// The directory's files; none for a missing directory, an error naming it for anything else.
+std::vector<fs::path> files_in(const fs::path& dir, std::string_view what) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec == std::errc::no_such_file_or_directory) return out;
+  for (fs::directory_iterator end; !ec && it != end; it.increment(ec)) out.push_back(it->path());
+  if (ec)
+    throw std::runtime_error(
+        fmt::format("tilejit: CompileCache::{}: cannot read the cache directory {}: {}", what, dir.string(), ec.message()));
+  return out;
+}
+
+bool is_temporary(const fs::path& p) { return p.filename().string().find(kTempMarker) != std::string::npos; }
+
+}  // namespace
+
 std::vector<CompileCache::Entry> CompileCache::list() const {
   std::vector<Entry> out;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
-    const fs::path& p = it->path();
+  for (const fs::path& p : files_in(dir_, "list")) {
     if (p.extension() != kEntrySuffix) continue;
     Entry e;
     e.key = p.stem().string();
@@ -323,20 +364,41 @@ std::vector<CompileCache::Entry> CompileCache::list() const {
   return out;
 }
 
-size_t CompileCache::clear() const {
-  size_t removed = 0;
-  std::error_code ec;
-  std::vector<fs::path> doomed;
-  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
-    std::string name = it->path().filename().string();
-    bool entry = it->path().extension() == kEntrySuffix;
-    if (entry || name.find(kTempMarker) != std::string::npos) doomed.push_back(it->path());
+std::vector<CompileCache::Temporary> CompileCache::temporaries() const {
+  std::vector<Temporary> out;
+  for (const fs::path& p : files_in(dir_, "temporaries")) {
+    if (!is_temporary(p)) continue;
+    std::error_code ec;
+    uintmax_t bytes = fs::file_size(p, ec);
+    out.push_back({p, ec ? 0 : static_cast<size_t>(bytes), entry_file::is_orphaned_temporary(p, kTempMarker)});
   }
-  for (const fs::path& p : doomed) {
-    std::error_code rec;
-    if (fs::remove(p, rec) && p.extension() == kEntrySuffix) ++removed;
+  std::sort(out.begin(), out.end(), [](const Temporary& a, const Temporary& b) { return a.path < b.path; });
+  return out;
+}
+
+CompileCache::Cleared CompileCache::clear() const {
+  Cleared out;
+  std::vector<fs::path> files;
+  try {
+    files = files_in(dir_, "clear");
+  } catch (const std::exception& e) {
+    out.failures.push_back(e.what());
+    return out;
   }
-  return removed;
+  for (const fs::path& p : files) {
+    const bool entry = p.extension() == kEntrySuffix;
+    if (!entry && !is_temporary(p)) continue;
+    if (!entry && !entry_file::is_orphaned_temporary(p, kTempMarker)) {
+      ++out.live_temporaries;
+      continue;
+    }
+    if (::unlink(p.c_str()) != 0) {
+      if (errno != ENOENT) out.failures.push_back(fmt::format("{}: {}", p.string(), std::strerror(errno)));
+      continue;
+    }
+    ++(entry ? out.entries : out.temporaries);
+  }
+  return out;
 }
 
 // ---- compile_cached --------------------------------------------------------------------------
@@ -384,7 +446,8 @@ jit::CompiledKernel compile_cached(const ir::Function& f, const jit::CompileOpti
   const bool disabled = jit::compilers_disabled();
   if (disabled || bundles_loaded()) {
     const std::string bkey = bundle_key_from_hash(ir_hash, f.name, opts);
-    if (std::optional<jit::CompiledKernel> k = find_bundled(bkey)) {
+    // A bundle entry is served only if it holds what was asked (its key could be crafted).
+    if (std::optional<jit::CompiledKernel> k = find_bundled(bkey); k && k->name == f.name && k->arch == opts.arch) {
       ++m.bundle_hits;
       return std::move(*k);
     }
@@ -407,7 +470,7 @@ jit::CompiledKernel compile_cached(const ir::Function& f, const jit::CompileOpti
   }
   try {
     KernelPtr k;
-    if (std::optional<jit::CompiledKernel> hit = disk.load(key)) {
+    if (std::optional<jit::CompiledKernel> hit = disk.load_expected(key, f.name, opts.arch, opts.backend)) {
       ++m.disk_hits;
       k = std::make_shared<const jit::CompiledKernel>(std::move(*hit));
     } else {

@@ -5,8 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dsl/ir/function.hpp"
@@ -55,6 +57,11 @@ class CompileCache {
   // and, when `problem` is given, what was wrong with it is written there (empty for a plain
   // miss). Never throws for a bad file; throws std::invalid_argument for a malformed key.
   std::optional<jit::CompiledKernel> load(const std::string& key, std::string* problem = nullptr) const;
+  // load() that also requires the entry to hold kernel `kernel` for `arch` and `backend`: an intact
+  // entry of this key holding anything else (copied or crafted) is treated as damaged, removed and
+  // reported. compile_cached serves disk entries only through this.
+  std::optional<jit::CompiledKernel> load_expected(const std::string& key, std::string_view kernel, std::string_view arch,
+                                                   jit::Backend backend, std::string* problem = nullptr) const;
   // Writes the entry atomically. Returns whether it was written; failures are warned about once
   // per cache on stderr (naming the file and the reason) and are never fatal. The fields kept are
   // those a launch and `tilejit inspect` need: not backend_source, dump or timings.
@@ -69,14 +76,37 @@ class CompileCache {
     bool valid = false;
     std::string problem;  // why it is not valid
   };
-  // Every entry file, sorted by key; nothing is changed (`tilejit cache ls` and `verify`).
+  // Every entry file, sorted by key; nothing is changed (`tilejit cache ls` and `verify`). Empty
+  // for a missing directory; throws std::runtime_error naming the directory when it cannot be read.
   std::vector<Entry> list() const;
-  // Removes every entry and every temporary file of an unfinished or interrupted write; returns
-  // how many entries were removed. Other files in the directory are left alone.
-  size_t clear() const;
+
+  // A temporary file of a write (<key>.tjk.tmp-<pid>-XXXXXX): in progress, or left by a writer
+  // that was killed (orphaned: see entry_file::is_orphaned_temporary for how that is decided).
+  struct Temporary {
+    std::filesystem::path path;
+    size_t bytes = 0;
+    bool orphaned = false;
+  };
+  // Every temporary file, sorted by name; nothing is changed. Throws like list().
+  std::vector<Temporary> temporaries() const;
+
+  struct Cleared {
+    size_t entries = 0;                 // entry files removed
+    size_t temporaries = 0;             // orphaned temporaries removed
+    size_t live_temporaries = 0;        // temporaries of running writers, kept
+    std::vector<std::string> failures;  // "<path>: <reason>" for each file or directory that stayed
+  };
+  // Removes every entry and every orphaned temporary file; temporaries of writers still running
+  // are kept (removing one would fail that write). Other files in the directory are left alone. A
+  // missing directory is nothing to clear; whatever could not be removed is in `failures`.
+  Cleared clear() const;
 
  private:
   void warn_once(const std::string& message) const;
+  // load() with an extra check of the decoded kernel (non-empty result: why it is refused).
+  std::optional<jit::CompiledKernel> load_checked(const std::string& key,
+                                                  const std::function<std::string(const jit::CompiledKernel&)>& expect,
+                                                  std::string* problem) const;
 
   std::filesystem::path dir_;
   bool enabled_;

@@ -257,7 +257,10 @@ size_t TuningStore::clear() const {
   std::vector<fs::path> doomed;
   for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
     std::string name = it->path().filename().string();
-    if (it->path().extension() == kSuffix || name.find(kTempMarker) != std::string::npos) doomed.push_back(it->path());
+    // a temporary of a running writer is kept: removing it would fail that write
+    if (it->path().extension() == kSuffix ||
+        (name.find(kTempMarker) != std::string::npos && entry_file::is_orphaned_temporary(it->path(), kTempMarker)))
+      doomed.push_back(it->path());
   }
   for (const fs::path& p : doomed) {
     std::error_code rec;

@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <set>
 
 #include "api/tuning.hpp"
+#include "child_process.hpp"
 #include "test_kernels.hpp"
 
 using namespace tilejit;
@@ -431,6 +433,27 @@ TEST_CASE("persistence: damaged, foreign and truncated tuning entries are ignore
   CHECK_FALSE(h.store->load_choice(id, &problem).has_value());
   CHECK(problem.find("checksum mismatch") != std::string::npos);
   CHECK_FALSE(fs::exists(choice));
+}
+
+TEST_CASE("a FIFO where a tuning entry is expected: an error at once, never a hang; re-tuned over it") {
+  Harness h("fifo");
+  fs::create_directories(h.dir);
+  TuningIdentity id;
+  id.kernel = "vector_add";
+  const fs::path path = h.store->choice_path(id);
+  REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+  // In a child with a deadline: a blocking open() would hang the suite instead of failing it.
+  tilejit::testing::ChildResult r = tilejit::testing::probe_in_child([&] {
+    std::string problem;
+    return h.store->load_choice(id, &problem) ? std::string("loaded") : problem;
+  });
+  REQUIRE(r.finished);
+  CHECK(r.seconds < 1.0);
+  CHECK(r.output == "not a regular file but a FIFO (named pipe)");
+  CHECK(h.store->store_choice(id, Choice{"BLOCK=128,warps=1", 1.5, "fp", true, 0}));  // replaces the FIFO
+  std::optional<Choice> c = h.store->load_choice(id);
+  REQUIRE(c);
+  CHECK(c->config == "BLOCK=128,warps=1");
 }
 
 namespace {

@@ -7,12 +7,15 @@
 // kernels before main() runs.
 #include <doctest/doctest.h>
 
+#include "child_process.hpp"
 #include "compiled_kernel_checks.hpp"
 #include "temp_dir.hpp"
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -615,6 +618,79 @@ TEST_CASE("--emit-cpp source: embeds the bytes and compiles") {
                                       cpp.string());
   INFO(cmd);
   CHECK(std::system(cmd.c_str()) == 0);
+}
+
+TEST_CASE("a FIFO where a bundle is expected: an error at once naming it, never a hang") {
+  CleanRegistry clean;
+  TempDir tmp;
+  const fs::path fifo = tmp.path / "app.tjb";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // In a child with a deadline: a blocking open() would hang the suite instead of failing it.
+  tilejit::testing::ChildResult r = tilejit::testing::probe_in_child([&] {
+    try {
+      runtime::load_bundle(fifo);
+    } catch (const BundleError& e) {
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  });
+  INFO(r.output);
+  REQUIRE(r.finished);
+  CHECK(r.seconds < 1.0);
+  CHECK(r.output == fmt::format("tilejit: bundle {}: not a regular file but a FIFO (named pipe)", fifo.string()));
+}
+
+TEST_CASE("a huge (sparse) bundle is refused at once, with its size and the limit, unread") {
+  CleanRegistry clean;
+  TempDir tmp;
+  const fs::path huge = tmp.path / "huge.tjb";
+  write_bytes(huge, runtime::encode_bundle(synthetic_bundle()));
+  const uint64_t size = (uint64_t{4} << 30) + 1;
+  fs::resize_file(huge, size);  // sparse: no disk space, but reading it would take 4 GiB of memory
+  REQUIRE(fs::file_size(huge) == size);
+  auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    runtime::load_bundle(huge);
+  } catch (const BundleError& e) {
+    error = e.what();
+  }
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 1.0);
+  CHECK(error == fmt::format("tilejit: bundle {}: 4294967297 bytes, more than the limit of 4294967296 bytes (larger "
+                             "than any file tilejit writes; not read)",
+                             huge.string()));
+  CHECK(runtime::loaded_bundles().empty());
+}
+
+TEST_CASE("--emit-cpp: a bundle name with a newline, quotes, */ and a trigraph appears only escaped") {
+  TempDir tmp;
+  const std::string bytes = runtime::encode_bundle(synthetic_bundle());
+  const std::string name = "evil\n#error injected */ \"quoted\" ?\?/\n\\ /* end";
+  const std::string src = runtime::bundle_cpp_source(bytes, name);
+  // No line of the source starts (after blanks) with the injected directive.
+  size_t lines = 0, injected = 0;
+  for (size_t pos = 0; pos < src.size();) {
+    size_t eol = src.find('\n', pos);
+    std::string line = src.substr(pos, eol == std::string::npos ? std::string::npos : eol - pos);
+    pos = eol == std::string::npos ? src.size() : eol + 1;
+    ++lines;
+    size_t first = line.find_first_not_of(" \t");
+    CHECK_MESSAGE((first == std::string::npos || line.compare(first, 6, "#error") != 0), line);
+    if (line.find("#error injected") != std::string::npos) {
+      ++injected;
+      CHECK(line.find("\\012#error injected") != std::string::npos);  // only after an escaped newline
+    }
+  }
+  CHECK(lines > 10);
+  CHECK(injected == 2);  // the leading comment and the registration's name, both escaped
+  // The compiler agrees: the source compiles (no #error), with the name intact in the literal.
+  const fs::path cpp = tmp.path / "evil.cpp";
+  write_bytes(cpp, src);
+  const std::string cmd =
+      fmt::format("{} -std=c++20 -fsyntax-only -Wall -Wextra -Werror -Wtrigraphs '{}' 2>&1", TILEJIT_TEST_CXX, cpp.string());
+  INFO(cmd);
+  CHECK(std::system(cmd.c_str()) == 0);
+  CHECK(src.find(R"x("evil\012#error injected */ \"quoted\" \?\?/\012\\ /* end (embedded)")x") != std::string::npos);
 }
 
 #else  // TILEJIT_TEST_EMBEDDED_BUNDLE: linked with the source `tilejit bundle --emit-cpp` wrote

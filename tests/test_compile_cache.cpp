@@ -2,9 +2,12 @@
 // damaged or foreign entries are refused and removed, concurrent writers leave one good entry.
 #include <doctest/doctest.h>
 
+#include "child_process.hpp"
 #include "compiled_kernel_checks.hpp"
 #include "temp_dir.hpp"
 #include <fmt/format.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,11 +28,15 @@
 #include "dsl/ir/sha256.hpp"
 #include "kernels/gemm.hpp"
 #include "runtime/compile_cache.hpp"
+#include "runtime/entry_file.hpp"
 #include "test_kernels.hpp"
 
 using namespace tilejit;
 using runtime::CompileCache;
 using tilejit::testing::check_same;
+using tilejit::testing::ChildResult;
+using tilejit::testing::run_child;
+using tilejit::testing::run_program;
 
 namespace fs = std::filesystem;
 
@@ -67,6 +74,14 @@ std::vector<std::string> file_names(const fs::path& dir) {
 }
 
 std::string key_of(std::string_view seed) { return ir::sha256_hex(seed); }
+
+// The pid of a process that has exited and been reaped: nothing runs under it (until reused).
+pid_t dead_pid() {
+  pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  ::waitpid(pid, nullptr, 0);
+  return pid;
+}
 
 // Small, with every field set to something other than its default (tensor maps, every dtype
 // position, 64-bit values, NUL bytes in the cubin): cheap enough to damage at every byte.
@@ -519,7 +534,14 @@ TEST_CASE("list and clear") {
   std::string truncated = read_bytes(cache.entry_path(b));
   write_bytes(cache.entry_path(d), truncated.substr(0, truncated.size() / 2));
   write_bytes(tmp.path / "notes.txt", "not ours");
-  write_bytes(tmp.path / (a + ".tjk.tmp-Ab12Cd"), "an interrupted write");
+  // Temporaries: of a dead writer (its pid is gone), of a live one (this process), and one without
+  // a pid (an older tilejit) that is two hours old.
+  const std::string orphan = fmt::format("{}.tjk.tmp-{}-Ab12Cd", a, dead_pid());
+  const std::string live = fmt::format("{}.tjk.tmp-{}-Xy34Zw", b, ::getpid());
+  write_bytes(tmp.path / orphan, "an interrupted write");
+  write_bytes(tmp.path / live, "a write in progress");
+  write_bytes(tmp.path / (c + ".tjk.tmp-Ab12Cd"), "an old interrupted write");
+  fs::last_write_time(tmp.path / (c + ".tjk.tmp-Ab12Cd"), fs::file_time_type::clock::now() - std::chrono::hours(2));
 
   auto entries = cache.list();
   REQUIRE(entries.size() == 4);
@@ -544,12 +566,32 @@ TEST_CASE("list and clear") {
   CHECK(fs::exists(cache.entry_path(c)));
   CHECK(fs::exists(cache.entry_path(d)));
 
-  CHECK(cache.clear() == 4);
-  CHECK(file_names(tmp.path) == std::vector<std::string>{"notes.txt"});  // other files are left alone
+  auto temps = cache.temporaries();
+  REQUIRE(temps.size() == 3);
+  std::map<std::string, bool> orphaned;
+  for (const auto& t : temps) orphaned[t.path.filename().string()] = t.orphaned;
+  CHECK(orphaned.at(orphan));
+  CHECK(!orphaned.at(live));
+  CHECK(orphaned.at(c + ".tjk.tmp-Ab12Cd"));
+
+  CompileCache::Cleared cleared = cache.clear();
+  CHECK(cleared.entries == 4);
+  CHECK(cleared.temporaries == 2);
+  CHECK(cleared.live_temporaries == 1);
+  CHECK(cleared.failures.empty());
+  // other files, and the live writer's temporary, are left alone
+  CHECK(file_names(tmp.path) == std::vector<std::string>{live, "notes.txt"});
   CHECK(cache.list().empty());
-  CHECK(cache.clear() == 0);
-  CHECK(CompileCache(tmp.path / "missing").clear() == 0);
+  CHECK(cache.clear().entries == 0);
+  CHECK(CompileCache(tmp.path / "missing").clear().entries == 0);
+  CHECK(CompileCache(tmp.path / "missing").clear().failures.empty());
   CHECK(CompileCache(tmp.path / "missing").list().empty());
+  // a file where the directory should be cannot be listed: an error naming it, not "no entries"
+  CHECK_THROWS_WITH_AS(CompileCache(tmp.path / "notes.txt").list(), doctest::Contains("notes.txt"), std::runtime_error);
+}
+
+static std::optional<pid_t> entry_file_writer(const fs::path& p) {
+  return runtime::entry_file::temporary_writer(p.filename().string(), ".tjk.tmp-");
 }
 
 TEST_CASE("compile_cached: memory, then disk, then compile") {
@@ -646,4 +688,254 @@ TEST_CASE("the global cache is built from the environment") {
   CompileCache& g = CompileCache::global();
   CHECK(&g == &CompileCache::global());
   if (g.enabled()) CHECK(!g.dir().empty());
+}
+
+// ---- issue 27: no hang, no silent wrong answer, no lost file ----------------------------------
+
+TEST_CASE("a FIFO where an entry is expected: an error at once, never a hang; the kernel is rebuilt") {
+  TempDir tmp;
+  runtime::reset_memory_cache();
+  CompileCache cache(tmp.path);
+  const ir::Function f = test_kernels::vector_add.build({{"BLOCK", 256}});
+  const jit::CompileOptions o;  // no cubin: cheap
+  const std::string key = runtime::cache_key(f, o);
+  REQUIRE(::mkfifo(cache.entry_path(key).c_str(), 0600) == 0);
+
+  // In a child first, with a deadline: a blocking open() would hang the suite, not fail it.
+  ChildResult r = tilejit::testing::probe_in_child([&] {
+    std::string problem;
+    if (cache.load(key, &problem)) return std::string("loaded");
+    auto entries = cache.list();
+    return problem + "\n" + (entries.size() == 1 ? entries[0].problem : "no entry listed");
+  });
+  INFO(r.output);
+  REQUIRE(r.finished);
+  CHECK(r.seconds < 1.0);
+  CHECK(r.output.find("not a regular file but a FIFO") != std::string::npos);
+  CHECK(r.output.find("\nnot a regular file but a FIFO") != std::string::npos);  // list() too
+
+  // The miss is rebuilt and the entry replaces the FIFO (rename over it).
+  jit::CompiledKernel k = runtime::compile_cached(f, o, cache);
+  CHECK(k.name == "vector_add");
+  CHECK(runtime::compile_cache_stats().compiles == 1);
+  CHECK(fs::is_regular_file(cache.entry_path(key)));
+  CHECK(cache.load(key));
+  runtime::reset_memory_cache();
+}
+
+TEST_CASE("an entry bigger than any entry is refused without being read") {
+  TempDir tmp;
+  CompileCache cache(tmp.path);
+  const std::string key = key_of("huge");
+  {
+    std::ofstream touch(cache.entry_path(key));
+  }
+  fs::resize_file(cache.entry_path(key), (uint64_t{1} << 30) + 1);  // sparse: no disk space used
+  auto t0 = std::chrono::steady_clock::now();
+  std::string problem;
+  CHECK(!cache.load(key, &problem));
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 1.0);
+  CHECK_MESSAGE(problem.find("1073741825 bytes, more than the limit of 1073741824 bytes") != std::string::npos, problem);
+}
+
+TEST_CASE("a writer killed mid-write leaves the old entry intact and an orphan that clear removes") {
+  TempDir tmp;
+  CompileCache cache(tmp.path);
+  const std::string key = key_of("killed");
+  REQUIRE(cache.store(key, synthetic()));
+  const std::string old_bytes = read_bytes(cache.entry_path(key));
+  jit::CompiledKernel big = synthetic();
+  big.cubin.assign(size_t{8} << 20, 0x5a);
+
+  SUBCASE("killed at a known point: the file size limit (SIGXFSZ) stops it after 1 MiB") {
+    ChildResult r = run_child(
+        [&](int) {
+          struct rlimit lim {1 << 20, 1 << 20};
+          ::setrlimit(RLIMIT_FSIZE, &lim);
+          ::signal(SIGXFSZ, SIG_DFL);
+          cache.store(key, big);
+          return 0;  // not reached
+        },
+        30);
+    REQUIRE(r.finished);
+    CHECK(r.signal == SIGXFSZ);
+    CHECK(read_bytes(cache.entry_path(key)) == old_bytes);  // the old entry, byte for byte
+    auto temps = cache.temporaries();
+    REQUIRE(temps.size() == 1);
+    CHECK(temps[0].bytes == (size_t{1} << 20));  // it really died mid-write
+    CHECK(temps[0].orphaned);
+    CHECK(entry_file_writer(temps[0].path) == r.pid);
+  }
+  SUBCASE("killed at a random point (SIGKILL while the temporary grows)") {
+    ChildResult r = run_child(
+        [&](int) {
+          for (;;) cache.store(key, big);
+          return 0;
+        },
+        30, false, [&] {
+          // the kill comes as soon as a temporary has data in it
+          for (const auto& e : fs::directory_iterator(tmp.path))
+            if (e.path().filename().string().find(".tmp-") != std::string::npos && fs::file_size(e.path()) > 0) return true;
+          return false;
+        });
+    CHECK(r.signal == SIGKILL);
+    std::string problem;
+    std::optional<jit::CompiledKernel> k = cache.load(key, &problem);
+    REQUIRE_MESSAGE(k, problem);  // never a truncated entry: the old one or the new one, complete
+    CHECK((k->cubin.size() == 256 || k->cubin == big.cubin));
+  }
+  // The dead writer's temporary is an orphan: listed, and removed by clear.
+  auto temps = cache.temporaries();
+  for (const auto& t : temps) CHECK(t.orphaned);
+  CompileCache::Cleared c = cache.clear();
+  CHECK(c.temporaries == temps.size());
+  CHECK(c.failures.empty());
+  CHECK(file_names(tmp.path).empty());
+}
+
+TEST_CASE("write_atomically into a read-only directory: the reason, and the old file intact") {
+  TempDir tmp;
+  const fs::path dir = tmp.path / "ro";
+  fs::create_directories(dir);
+  write_bytes(dir / "out.bin", "old content");
+  fs::permissions(dir, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read | fs::perms::group_exec |
+                           fs::perms::others_read | fs::perms::others_exec);
+  // As nobody when the tests run as root: root ignores directory permissions.
+  ChildResult r = run_child(
+      [&](int fd) {
+        tilejit::testing::report(fd, runtime::entry_file::write_atomically(dir / "out.bin", ".bin.tmp-", "new content"));
+        return 0;
+      },
+      10, true);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output == fmt::format("cannot create a temporary file in {}: Permission denied", dir.string()));
+  CHECK(read_bytes(dir / "out.bin") == "old content");
+  CHECK(file_names(dir) == std::vector<std::string>{"out.bin"});
+}
+
+TEST_CASE("compile_cached serves an intact entry only if it holds the kernel asked for") {
+  TempDir tmp;
+  runtime::reset_memory_cache();
+  CompileCache cache(tmp.path);
+  const ir::Function f = test_kernels::vector_add.build({{"BLOCK", 128}});
+  const jit::CompileOptions o;
+  const std::string key = runtime::cache_key(f, o);
+  const jit::CompiledKernel good = jit::compile(f, o);
+
+  auto rebuilt = [&](std::string_view why) {
+    runtime::reset_memory_cache();
+    jit::CompiledKernel k = runtime::compile_cached(f, o, cache);
+    CHECK(runtime::compile_cache_stats().compiles == 1);  // refused and rebuilt, not served
+    CHECK(runtime::compile_cache_stats().disk_hits == 0);
+    CHECK(k.name == "vector_add");
+    CHECK(k.arch == o.arch);
+    CHECK(k.ptx == good.ptx);
+    std::optional<jit::CompiledKernel> now = cache.load(key);  // the rebuilt entry replaced it
+    REQUIRE(now);
+    CHECK(now->ptx == good.ptx);
+    std::string problem;
+    jit::CompiledKernel other = good;
+    other.name = "other";
+    cache.store(key, other);
+    CHECK(!cache.load_expected(key, f.name, o.arch, o.backend, &problem));
+    CHECK_MESSAGE(problem.find(why) != std::string::npos, problem);
+    CHECK(!fs::exists(cache.entry_path(key)));  // treated as damaged: removed
+  };
+  SUBCASE("another kernel sealed under this key (checksum and inner key valid)") {
+    REQUIRE(cache.store(key, synthetic()));
+    rebuilt("holds kernel 'other'");
+  }
+  SUBCASE("the same kernel for another arch") {
+    jit::CompiledKernel k = good;
+    k.arch = "sm_80";
+    REQUIRE(cache.store(key, k));
+    rebuilt("not the 'vector_add' for sm_90a");
+  }
+  SUBCASE("another key's entry file copied over this key's") {
+    jit::CompileOptions w8 = o;
+    w8.num_warps = 8;
+    runtime::compile_cached(f, w8, cache);
+    fs::copy_file(cache.entry_path(runtime::cache_key(f, w8)), cache.entry_path(key));
+    rebuilt("holds kernel 'other'");
+  }
+  runtime::reset_memory_cache();
+}
+
+TEST_CASE("tilejit cache: a missing or wrong directory, orphans, and a clear that fails exit non-zero") {
+  TempDir tmp;
+  const std::string cli = TILEJIT_CLI_PATH;
+  auto cache_cmd = [&](const std::string& what, const fs::path& dir, bool unprivileged = false) {
+    return run_program({cli, "cache", what}, {{"TILEJIT_CACHE_DIR", dir.string()}, {"TILEJIT_CACHE", "1"}}, 60, unprivileged);
+  };
+  for (const char* what : {"ls", "verify", "clear"}) {
+    INFO(what);
+    ChildResult r = cache_cmd(what, tmp.path / "missing");
+    CHECK(r.exit_code == 1);
+    CHECK(r.output.find("no such directory") != std::string::npos);
+    CHECK(r.output.find("0 entries") == std::string::npos);
+    write_bytes(tmp.path / "a-file", "x");
+    r = cache_cmd(what, tmp.path / "a-file");
+    CHECK(r.exit_code == 1);
+    CHECK(r.output.find("not a directory") != std::string::npos);
+  }
+
+  const fs::path dir = tmp.path / "cache";
+  CompileCache cache(dir);
+  REQUIRE(cache.store(key_of("x"), synthetic()));
+  const std::string orphan = fmt::format("{}.tjk.tmp-{}-AAAAAA", key_of("y"), dead_pid());
+  write_bytes(dir / orphan, "left by a killed writer");
+  ChildResult ls = cache_cmd("ls", dir);
+  INFO(ls.output);
+  CHECK(ls.exit_code == 0);
+  CHECK(ls.output.find("orphaned temporary: " + (dir / orphan).string()) != std::string::npos);
+  CHECK(ls.output.find("1 entries, ") != std::string::npos);
+  CHECK(ls.output.find("1 orphaned temporaries") != std::string::npos);
+  ChildResult verify = cache_cmd("verify", dir);
+  CHECK(verify.exit_code == 0);  // an orphan is reported, but is no damage
+  CHECK(verify.output.find("orphaned temporary") != std::string::npos);
+
+  // Read-only: the files stay, so the command must fail and say why.
+  fs::permissions(dir, fs::perms::owner_write | fs::perms::group_write | fs::perms::others_write, fs::perm_options::remove);
+  ChildResult ro = cache_cmd("clear", dir, true);
+  INFO(ro.output);
+  CHECK(ro.exit_code == 1);
+  CHECK(ro.output.find("Permission denied") != std::string::npos);
+  CHECK(ro.output.find("the cache is not clear") != std::string::npos);
+  CHECK(file_names(dir).size() == 2);
+  fs::permissions(dir, fs::perms::owner_write, fs::perm_options::add);
+  ChildResult ok = cache_cmd("clear", dir);
+  CHECK(ok.exit_code == 0);
+  CHECK(ok.output.find("removed 1 entries and 1 orphaned temporaries") != std::string::npos);
+  CHECK(file_names(dir).empty());
+}
+
+TEST_CASE("tilejit compile -o and bundle --emit-cpp into a read-only directory: the reason, old files intact") {
+  TempDir tmp;
+  const std::string cli = TILEJIT_CLI_PATH;
+  const fs::path dir = tmp.path / "out";
+  fs::create_directories(dir);
+  write_bytes(dir / "gemm.tir", "old ir");
+  write_bytes(dir / "app.cpp", "old source");
+  fs::permissions(dir, fs::perms::owner_write | fs::perms::group_write | fs::perms::others_write, fs::perm_options::remove);
+  // As nobody when the tests run as root: root ignores directory permissions.
+  ChildResult c = run_program({cli, "compile", "gemm", "--emit", "ir", "-o", dir.string()}, {}, 120, true);
+  INFO(c.output);
+  CHECK(c.exit_code == 1);
+  CHECK(c.output.find(fmt::format("tilejit compile: cannot write {}: cannot create a temporary file in {}: Permission denied",
+                                  (dir / "gemm.tir").string(), dir.string())) != std::string::npos);
+  ChildResult b = run_program({cli, "bundle", "--emit-cpp", (dir / "app.cpp").string(), "gemm"}, {}, 120, true);
+  INFO(b.output);
+  CHECK(b.exit_code == 1);
+  CHECK(b.output.find(fmt::format("tilejit bundle: cannot write {}: cannot create a temporary file in {}: Permission denied",
+                                  (dir / "app.cpp").string(), dir.string())) != std::string::npos);
+  CHECK(read_bytes(dir / "gemm.tir") == "old ir");
+  CHECK(read_bytes(dir / "app.cpp") == "old source");
+  CHECK(file_names(dir) == std::vector<std::string>{"app.cpp", "gemm.tir"});
+  // Writable again: the outputs are replaced whole.
+  fs::permissions(dir, fs::perms::owner_write, fs::perm_options::add);
+  ChildResult ok = run_program({cli, "compile", "gemm", "--emit", "ir", "-o", dir.string()}, {}, 120);
+  CHECK(ok.exit_code == 0);
+  CHECK(read_bytes(dir / "gemm.tir").find("gemm") != std::string::npos);
+  CHECK(file_names(dir) == std::vector<std::string>{"app.cpp", "gemm.tir"});
 }

@@ -4,9 +4,9 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 
 #include "commands.hpp"
+#include "output_file.hpp"
 #include "runtime/bundle.hpp"
 
 namespace tilejit::cli {
@@ -88,14 +88,6 @@ int list(const fs::path& file) {
   return 0;
 }
 
-void write_text(const fs::path& p, const std::string& text) {
-  if (p.has_parent_path()) fs::create_directories(p.parent_path());
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  out.close();
-  if (!out) throw std::runtime_error(fmt::format("tilejit: cannot write {}", p.string()));
-}
-
 }  // namespace
 
 int cmd_bundle(const Args& args) {
@@ -146,7 +138,7 @@ int cmd_bundle(const Args& args) {
                 fmt::format("{}", fmt::join(b.archs, ", ")).c_str(), human_bytes(bytes.size()).c_str());
   }
   if (!cpp.empty()) {
-    write_text(cpp, runtime::bundle_cpp_source(bytes, name));
+    write_output("bundle", cpp, runtime::bundle_cpp_source(bytes, name));  // atomic, like the bundle
     std::printf("wrote %s: embeds %s (%s); link it into the application to load the kernels at start-up\n",
                 cpp.c_str(), name.c_str(), human_bytes(bytes.size()).c_str());
   }

@@ -5,17 +5,16 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <string_view>
 
 #include "commands.hpp"
+#include "output_file.hpp"
 
 namespace tilejit::cli {
 namespace {
 
 void write_file(const std::filesystem::path& p, const void* data, size_t n) {
-  std::ofstream out(p, std::ios::binary);
-  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
-  if (!out) throw std::runtime_error(fmt::format("tilejit: cannot write {}", p.string()));
+  write_output("compile", p, std::string_view(static_cast<const char*>(data), n));  // atomic: never truncated
 }
 
 }  // namespace

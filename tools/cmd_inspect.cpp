@@ -5,10 +5,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
+#include <string_view>
 #include <unistd.h>
 
 #include "commands.hpp"
+#include "output_file.hpp"
 
 namespace tilejit::cli {
 
@@ -42,10 +43,8 @@ int cmd_inspect(const Args& args) {
     return 0;
   }
   auto path = std::filesystem::temp_directory_path() / fmt::format("tilejit-inspect-{}.cubin", ::getpid());
-  {
-    std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(last.cubin.data()), static_cast<std::streamsize>(last.cubin.size()));
-  }
+  write_output("inspect", path,
+               std::string_view(reinterpret_cast<const char*>(last.cubin.data()), last.cubin.size()));
   std::printf("==== SASS ====\n");
   std::fflush(stdout);
   int rc = std::system(fmt::format("cuobjdump -sass '{}'", path.string()).c_str());
