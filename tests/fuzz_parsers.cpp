@@ -1,21 +1,28 @@
-// A mutation fuzzer of the parsers of stored kernels (runtime/kernel_codec) and bundles
-// (runtime/bundle), built with AddressSanitizer and UndefinedBehaviorSanitizer: this executable
-// compiles its own instrumented copies of those two files (its symbols take precedence over the
-// shared library's), so any out-of-bounds read, overflow or bad cast in them aborts the run.
+// A mutation fuzzer of the parsers of stored kernels (runtime/kernel_codec), bundles
+// (runtime/bundle) and compile-cache entries (runtime/compile_cache, read from files through
+// runtime/entry_file), built with AddressSanitizer and UndefinedBehaviorSanitizer: this executable
+// compiles its own instrumented copies of those files (its symbols take precedence over the shared
+// library's), so any out-of-bounds read, overflow or bad cast in them aborts the run.
 // Mutations keep the bundle's checksum and size fields right more often than not, so the parser
 // gets past them into every field. Usage: fuzz_parsers [SECONDS (default 30)] [SEED].
 #include <fmt/format.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "dsl/ir/sha256.hpp"
 #include "dsl/lang.hpp"
 #include "jit/compile.hpp"
 #include "runtime/bundle.hpp"
+#include "runtime/compile_cache.hpp"
 #include "runtime/kernel_codec.hpp"
 
 using namespace tilejit;
@@ -71,6 +78,14 @@ class Mutator {
   std::mt19937_64 rng_;
 };
 
+// A cache entry's SHA-256 trailer recomputed for `s` (its header carries no size).
+void reseal_entry(std::string& s) {
+  if (s.size() < 48) return;
+  s.resize(s.size() - 32);
+  const auto h = ir::sha256(s);
+  s.append(reinterpret_cast<const char*>(h.data()), h.size());
+}
+
 // The bundle's header size field (bytes 16..23) and SHA-256 trailer recomputed for `s`.
 void reseal(std::string& s) {
   if (s.size() < 56) return;
@@ -102,6 +117,20 @@ int main(int argc, char** argv) {
     std::span<const uint8_t> data(reinterpret_cast<const uint8_t*>(bundle_bytes.data()), bundle_bytes.size());
     if (runtime::read_bundle_bytes(data, "fuzz").entries.size() != 2) return fmt::print("bundle round trip failed\n"), 1;
   }
+  // a cache entry written by the cache itself, in a directory of this run
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / fmt::format("tilejit_fuzz_parsers_{}", ::getpid());
+  fs::create_directories(dir);
+  runtime::CompileCache cache(dir);
+  const std::string key = ir::sha256_hex("fuzz entry");
+  if (!cache.store(key, k)) return fmt::print("cache store failed\n"), 1;
+  std::string entry_bytes;
+  {
+    std::ifstream f(cache.entry_path(key), std::ios::binary);
+    entry_bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  if (!cache.load(key)) return fmt::print("cache round trip failed\n"), 1;
+  uint64_t entry_runs = 0, entry_ok = 0;
   Mutator m(seed);
   const auto t0 = std::chrono::steady_clock::now();
   uint64_t runs = 0, kernel_ok = 0, bundle_ok = 0, rejected = 0;
@@ -128,10 +157,21 @@ int main(int argc, char** argv) {
       } catch (const runtime::BundleError&) {
         ++rejected;
       }
+      if (batch % 8 == 0) {  // (a file write and read each: fewer of them)
+        std::string e = entry_bytes;
+        m.mutate(e, m.chance(0.2) ? 0 : 16, e.size() - (m.chance(0.2) ? 0 : 32));
+        if (m.chance(0.85)) reseal_entry(e);
+        std::ofstream(cache.entry_path(key), std::ios::binary | std::ios::trunc) << e;
+        std::string problem;
+        if (cache.load(key, &problem)) ++entry_ok;  // load never throws for a bad file
+        else ++rejected;
+        ++entry_runs;
+      }
     }
   }
-  fmt::print("fuzz_parsers: {} kernel and {} bundle inputs in {:.0f} s (seed {}): {} rejected with a clear error, {} kernels and "
-             "{} bundles still parsed; no crash, no sanitizer report\n",
-             runs, runs, seconds, seed, rejected, kernel_ok, bundle_ok);
+  fs::remove_all(dir);
+  fmt::print("fuzz_parsers: {} kernel, {} bundle and {} cache-entry inputs in {:.0f} s (seed {}): {} rejected with a clear "
+             "error, {} kernels, {} bundles and {} entries still parsed; no crash, no sanitizer report\n",
+             runs, runs, entry_runs, seconds, seed, rejected, kernel_ok, bundle_ok, entry_ok);
   return 0;
 }
