@@ -47,13 +47,34 @@ namespace {
 
 }  // namespace
 
-bool compilers_disabled() {
-  const char* v = std::getenv("TILEJIT_DISABLE_COMPILERS");
+namespace {
+
+bool env_true(const char* name) {
+  const char* v = std::getenv(name);
   if (!v) return false;
   std::string s(v);
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s == "1" || s == "true" || s == "yes" || s == "on";
 }
+
+// Spills and registers at the cap: a kernel that compiles but will be slow says so (issue 26).
+void note_resources(CompiledKernel& out, int min_programs_per_sm) {
+  const KernelInfo& i = out.info;
+  const int cap = min_programs_per_sm > 0 ? std::min(255, 65536 / std::max(1, out.num_threads * min_programs_per_sm) / 8 * 8) : 255;
+  if (i.spill_store_bytes > 0 || i.spill_load_bytes > 0)
+    out.warnings.push_back(fmt::format(
+        "kernel '{}' spills {} B of stores and {} B of loads per thread at {} registers (cap {}): smaller tiles or more warps "
+        "keep it in registers", out.name, i.spill_store_bytes, i.spill_load_bytes, i.registers, cap));
+  else if (i.registers >= cap && cap < 255)
+    out.warnings.push_back(fmt::format("kernel '{}' uses all {} registers its cap allows (min_programs_per_sm = {})", out.name,
+                                       i.registers, min_programs_per_sm));
+  if (env_true("TILEJIT_QUIET")) return;
+  for (const std::string& w : out.warnings) fmt::print(stderr, "tilejit: warning: {} (TILEJIT_QUIET=1 silences this)\n", w);
+}
+
+}  // namespace
+
+bool compilers_disabled() { return env_true("TILEJIT_DISABLE_COMPILERS"); }
 
 std::string_view to_string(Backend b) { return b == Backend::Llvm ? "llvm" : "nvrtc"; }
 
@@ -163,6 +184,7 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
     for (const KernelInfo& k : c.kernels)
       if (k.name == f.name) out.info = k;
     out.timings.ptx_to_cubin_ms = c.milliseconds;
+    note_resources(out, opts.min_programs_per_sm);  // (the cap a user set; warp roles set their own)
     dump("ptx-to-cubin", out.info.to_string());
   }
   return out;

@@ -49,6 +49,9 @@ struct CompiledKernel {
   KernelInfo info;                   // registers, shared memory, spills (when a cubin was made)
   std::string ptx_tool;
   std::string dump;                  // the --dump-after output
+  // What the user should know about the result (spills, registers at the cap); also printed on
+  // stderr by compile() unless TILEJIT_QUIET is 1/true/yes/on. Not stored in caches or bundles.
+  std::vector<std::string> warnings;
   CompileTimings timings;
 };
 

@@ -166,6 +166,27 @@ TEST_CASE("compile budget: tiles far past the register file are refused in milli
                        jit::CompileError);
 }
 
+TEST_CASE("a kernel that spills says so: CompiledKernel::warnings and stderr (issue 26)") {
+  if (testing::no_ptxas()) return;
+  const ir::Function f = kernel("spilling_softmax", [](Builder& b) {
+    auto X = b.tensor("X", f32, 2), Y = b.tensor("Y", f32, 2);
+    Tile x = load(X.block({0, 0}, {64, 512}));  // 256 f32 per thread on 4 warps, twice over
+    Tile e = exp(x - max(x, 1)[col]);
+    store(Y.block({0, 0}, {64, 512}), e / sum(e, 1)[col]);
+  }).build();
+  jit::CompileOptions o;
+  o.num_warps = 4;
+  o.ptx_tool = jit::PtxTool::Ptxas;
+  const jit::CompiledKernel k = jit::compile(f, o);
+  REQUIRE(k.info.spill_store_bytes > 0);
+  REQUIRE(k.warnings.size() == 1);
+  CHECK_MESSAGE(k.warnings[0].find("kernel 'spilling_softmax' spills ") != std::string::npos, k.warnings[0]);
+  CHECK_MESSAGE(k.warnings[0].find("smaller tiles or more warps") != std::string::npos, k.warnings[0]);
+  // the library GEMM does not spill: no warning
+  o.num_warps = 8;
+  CHECK(jit::compile(kernels::gemm().build({{"BLOCK_N", 256}, {"B_KMAJOR", true}}), o).warnings.empty());
+}
+
 TEST_CASE("the K-major GEMM on sm_90a is a TMA + wgmma pipeline: wgmma.mma_async, cp.async.bulk.tensor, mbarriers") {
   jit::CompileOptions o;
   o.num_warps = 8;
