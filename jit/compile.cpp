@@ -45,10 +45,6 @@ namespace {
       what));
 }
 
-}  // namespace
-
-namespace {
-
 bool env_true(const char* name) {
   const char* v = std::getenv(name);
   if (!v) return false;
