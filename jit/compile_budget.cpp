@@ -29,10 +29,12 @@ BudgetUse measure_budget(const ir::Function& f, int num_warps) {
 
 void check_compile_budget(const ir::Function& f, int num_warps) {
   const int64_t threads = int64_t{32} * std::max(1, num_warps);
+  int64_t unrolled = 0;  // one walk: the per-value limit and the sum
   ir::walk(f.body, [&](const ir::Op& op) {
     for (ir::ValueId r : op.results) {
       const ir::Type& t = f.type(r);
       const int64_t n = per_thread(t, threads);
+      unrolled += n;
       if (n > CompileBudget::kMaxElementsPerThread)
         throw CompileError(fmt::format(
             "tilejit: kernel '{}': the tile {} at {} holds {} elements per thread on {} warps (valid: at most {}; ptxas "
@@ -40,12 +42,11 @@ void check_compile_budget(const ir::Function& f, int num_warps) {
             f.name, ir::to_string(t), op.loc.str(), n, num_warps, CompileBudget::kMaxElementsPerThread));
     }
   });
-  const BudgetUse u = measure_budget(f, num_warps);
-  if (u.unrolled > CompileBudget::kMaxUnrolledElements)
+  if (unrolled > CompileBudget::kMaxUnrolledElements)
     throw CompileError(fmt::format(
         "tilejit: kernel '{}': its ops produce {} tile elements per thread on {} warps (valid: at most {}; the unrolled "
         "code would take ptxas minutes): use more warps, smaller tiles or loops over smaller tiles",
-        f.name, u.unrolled, num_warps, CompileBudget::kMaxUnrolledElements));
+        f.name, unrolled, num_warps, CompileBudget::kMaxUnrolledElements));
 }
 
 }  // namespace tilejit::jit

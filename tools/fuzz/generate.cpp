@@ -368,6 +368,18 @@ class Generator {
     }
   }
 
+  // Runs `f` one scope and one nesting level deeper (a loop or if body); `visible`: a node the
+  // body sees first (the loop's induction variable).
+  template <class F>
+  void nested(F&& f, int visible = -1) {
+    scopes_.emplace_back();
+    if (visible >= 0) scopes_.back().push_back(visible);
+    ++depth_;
+    f();
+    --depth_;
+    scopes_.pop_back();
+  }
+
   // A random visible value satisfying `ok` (-1 if none).
   template <class F>
   int find(F ok) {
@@ -745,12 +757,7 @@ class Generator {
     const int64_t step = bn.ivalue;
     for_range(lbv, ubv, step, [&](Tile iv) {
       e_.set_value(static_cast<size_t>(begin), iv);
-      scopes_.emplace_back();
-      scopes_.back().push_back(begin);
-      ++depth_;
-      inner();
-      --depth_;
-      scopes_.pop_back();
+      nested(inner, begin);
     });
     node(begin).dtype = e_.value(begin).dtype();
     Node end;
@@ -776,21 +783,13 @@ class Generator {
     if_(
         e_.value(cond),
         [&] {
-          scopes_.emplace_back();
-          ++depth_;
-          body(static_cast<int>(rng_.range(1, 5)));
-          --depth_;
-          scopes_.pop_back();
+          nested([&] { body(static_cast<int>(rng_.range(1, 5))); });
           Node m;
           m.kind = NodeKind::IfElse;
           add(m);
         },
         [&] {
-          scopes_.emplace_back();
-          ++depth_;
-          body(static_cast<int>(rng_.range(0, 4)));
-          --depth_;
-          scopes_.pop_back();
+          nested([&] { body(static_cast<int>(rng_.range(0, 4))); });
         });
     Node end;
     end.kind = NodeKind::IfEnd;
