@@ -166,6 +166,14 @@ void warpgroup_turn(const std::function<void()>& body, Loc loc) {
   b.emit(OpKind::turn_end, {}, {}, loc);
 }
 
+void ring_producer(RingProducer r, Loc loc) {
+  Builder& b = Builder::current(loc);
+  for (auto [name, v] : {std::pair{"producer_registers", r.producer_registers}, std::pair{"consumer_registers", r.consumer_registers}})
+    if (v < 24 || v > 256 || v % 8 != 0) b.fail(loc, fmt::format("ring_producer: {} = {} (valid: a multiple of 8 in [24, 256])", name, v));
+  b.emit(OpKind::ring_producer, {}, {{"producer_registers", int64_t{r.producer_registers}}, {"consumer_registers", int64_t{r.consumer_registers}}},
+         loc);
+}
+
 void warp_roles(const std::vector<WarpRole>& roles, Loc loc) {
   Builder& b = Builder::current(loc);
   if (roles.size() < 2) b.fail(loc, fmt::format("warp_roles: needs two or more roles, got {}", roles.size()));

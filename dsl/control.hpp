@@ -54,6 +54,23 @@ struct WarpRole {
 };
 void warp_roles(const std::vector<WarpRole>& roles, std::source_location loc = std::source_location::current());
 
+// The kernel's TMA rings (window loads in a loop that feed wgmma from shared memory, on sm_90a:
+// jit/wgmma_plan.hpp) are filled by a producer warpgroup of their own -- 4 warps more at launch,
+// one thread of which issues every copy ahead of the consumers -- instead of by the consumers
+// between their MMAs. Each ring tile then has its own full and empty barriers: the consumers wait
+// for a tile where a dot first reads it and free its stage right after the wgmma wait that
+// retires its last reader (K of attention before V), and the first stages are in flight from the
+// kernel's first instruction. setmaxnreg moves registers to the consumers (their total with the
+// producer's must fit 65536). A schedule with no effect on values (the interpreter ignores it);
+// first at the kernel's top level, not with warp_roles. Rings must stand at the top level too
+// (not inside another loop or branch), and their loops' bounds and the tiles' offsets must be
+// scalar arithmetic the producer can compute alone (program ids, parameters, scalar loads).
+struct RingProducer {
+  int producer_registers = 24;
+  int consumer_registers = 240;
+};
+void ring_producer(RingProducer r = {}, std::source_location loc = std::source_location::current());
+
 // A channel from one warp role to another: a ring of `stages` shared-memory slots of one tile
 // type, each with a full and an empty barrier. Declared before the roles; one role pushes, another
 // pops, each with the same running index (0, 1, 2, ...: slot index % stages, phase index / stages):

@@ -224,10 +224,39 @@ void check_tile_shapes(const ir::Function& f) {
   });
 }
 
+// lang::ring_producer: first at the top level, beside no warp roles, with registers that fit.
+static void resolve_ring_producer(const ir::Function& f, WarpRoles& plan) {
+  const ir::Op* found = nullptr;
+  bool roles = false;
+  ir::walk(f.body, [&](const ir::Op& op) {
+    roles = roles || op.kind == OpKind::warp_roles;
+    if (op.kind != OpKind::ring_producer) return;
+    const bool top = std::any_of(f.body.ops.begin(), f.body.ops.end(), [&](const ir::Op& o) { return &o == &op; });
+    if (!top || found)
+      throw LoweringError(fmt::format("tilejit: kernel '{}': ring_producer at {} {}: it stands once, at the kernel's top level", f.name,
+                                      op.loc.str(), found ? "is the second one" : "stands inside a loop, branch or warp role"));
+    found = &op;
+  });
+  if (!found) return;
+  const std::string where = fmt::format("tilejit: kernel '{}': ring_producer at {}", f.name, found->loc.str());
+  if (roles) throw LoweringError(where + ": the kernel has warp_roles too; a ring producer is a warp role of its own (use one or the other)");
+  if (plan.num_warps % 4 != 0)
+    throw LoweringError(fmt::format("{}: num_warps = {} (valid with a ring producer: a multiple of 4, whole warpgroups)", where, plan.num_warps));
+  RingProducerPlan p{static_cast<int>(found->int_attr("producer_registers")), static_cast<int>(found->int_attr("consumer_registers"))};
+  const int64_t total = int64_t{32} * plan.num_warps * p.consumer_registers + int64_t{32} * RingProducerPlan::kWarps * p.producer_registers;
+  if (total > 65536)
+    throw LoweringError(fmt::format("{}: {} consumer warps x 32 x {} registers + {} producer warps x 32 x {} = {} registers; a "
+                                    "multiprocessor has 65536: lower consumer_registers (at most {} here)",
+                                    where, plan.num_warps, p.consumer_registers, RingProducerPlan::kWarps, p.producer_registers, total,
+                                    (65536 - 32 * RingProducerPlan::kWarps * p.producer_registers) / (32 * plan.num_warps) / 8 * 8));
+  plan.ring_producer = p;
+}
+
 // lang::warp_roles: the roles' warps in order, 0 meaning the rest, checked against the launch.
 WarpRoles resolve_warp_roles(const ir::Function& f, int num_warps) {
   WarpRoles plan;
   plan.num_warps = num_warps;
+  resolve_ring_producer(f, plan);
   ir::walk(f.body, [&](const ir::Op& op) {
     if (op.kind != OpKind::warp_roles) return;
     const auto& warps = op.ints_attr("warps");

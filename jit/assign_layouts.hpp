@@ -24,9 +24,17 @@ struct WarpRolePlan {
   int max_registers = 0;  // 0: no setmaxnreg
 };
 
+// lang::ring_producer: a warpgroup beyond num_warps that fills the TMA rings.
+struct RingProducerPlan {
+  static constexpr int kWarps = 4;  // setmaxnreg acts on whole warpgroups
+  int producer_registers = 24, consumer_registers = 240;
+};
+
 // The warps each op's code runs on: lang::warp_roles resolved against the launch (resolve_warp_roles).
 struct WarpRoles {
   int num_warps = 4;  // the launch's; a warp role's code runs on the role's warps (op_warps)
+  // lang::ring_producer: num_warps run the kernel, RingProducerPlan::kWarps more fill its rings
+  std::optional<RingProducerPlan> ring_producer;
   std::map<const ir::Op*, std::vector<WarpRolePlan>> roles;  // by warp_roles op
   std::map<const ir::Op*, int> op_warps;                     // ops inside a role: the role's warps
   int warps_at(const ir::Op* op) const {

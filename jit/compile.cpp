@@ -54,8 +54,13 @@ bool env_true(const char* name) {
 }
 
 // Spills and registers at the cap: a kernel that compiles but will be slow says so (issue 26).
-void note_resources(CompiledKernel& out, int min_programs_per_sm) {
+void note_resources(CompiledKernel& out, int min_programs_per_sm, const std::string& assembler_log) {
   const KernelInfo& i = out.info;
+  // ptxas's C7512: the wgmma of one warpgroup wait for each other (a 2-4x slower kernel)
+  if (assembler_log.find("(C7512)") != std::string::npos)
+    out.warnings.push_back(fmt::format("kernel '{}': {} serialises its wgmma instructions for want of registers: smaller tiles, fewer "
+                                       "values live across the MMAs, or more registers (ring_producer / warp_roles registers)",
+                                       out.name, out.ptx_tool));
   const int cap = min_programs_per_sm > 0 ? std::min(255, 65536 / std::max(1, out.num_threads * min_programs_per_sm) / 8 * 8) : 255;
   if (i.spill_store_bytes > 0 || i.spill_load_bytes > 0)
     out.warnings.push_back(fmt::format(
@@ -180,7 +185,7 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
     for (const KernelInfo& k : c.kernels)
       if (k.name == f.name) out.info = k;
     out.timings.ptx_to_cubin_ms = c.milliseconds;
-    note_resources(out, opts.min_programs_per_sm);  // (the cap a user set; warp roles set their own)
+    note_resources(out, opts.min_programs_per_sm, c.log);  // (the cap a user set; warp roles set their own)
     dump("ptx-to-cubin", out.info.to_string());
   }
   return out;

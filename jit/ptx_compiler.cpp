@@ -582,7 +582,12 @@ CubinResult ptx_to_cubin(const std::string& ptx, const std::string& arch, const 
   std::string why;
   tool = resolve_ptx_tool(tool);
   if (tool == PtxTool::Auto) {
-    if (nvjitlink_available(&why)) {
+    // setmaxnreg (warp roles, a ring producer): nvJitLink's relocatable code keeps every role at
+    // the register count at entry (the consumers' wgmma serialised: C7512, 3.7x slower on the
+    // attention forward); ptxas's whole program gives each role its own
+    if (ptx.find("setmaxnreg.") != std::string::npos && !find_ptxas().empty()) {
+      tool = PtxTool::Ptxas;
+    } else if (nvjitlink_available(&why)) {
       tool = PtxTool::NvJitLink;
     } else if (!find_ptxas().empty()) {
       tool = PtxTool::Ptxas;

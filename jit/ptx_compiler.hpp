@@ -38,7 +38,7 @@ struct CubinResult {
 };
 
 enum class PtxTool {
-  Auto,       // nvJitLink when its library loads, else ptxas
+  Auto,       // nvJitLink when its library loads, else ptxas; ptxas first for PTX with setmaxnreg
   NvJitLink,  // in process, no temporary files
   Ptxas,      // subprocess; the reference tool that DESIGN's CI figures come from
 };

@@ -69,6 +69,10 @@ enum class Op : uint8_t {
   // imm = n > 0: setmaxnreg.inc.sync.aligned.u32 n; imm = -n: setmaxnreg.dec (sm_90a; every warp of
   // the warpgroup executes it; the kernel needs a register cap at entry: Func::min_programs_per_sm)
   set_max_registers,
+  // the thread ends here (PTX exit): a warp role under setmaxnreg must not reach the kernel's end
+  // through the blocks of a role with another register count, or ptxas allocates every role's
+  // code for the count at entry (C7512: serialised wgmma)
+  exit_thread,
   shfl_xor,      // (value, imm = lane mask) -> value
   mma_16816,     // (a0..a3 u32, b0..b1 u32, c0..c3 f32), imm = operand dtype (DType) -> 4 x f32
   // Hopper: asynchronous copies, transaction barriers and warpgroup MMA (sm_90a)

@@ -29,6 +29,7 @@ class Planner {
 
   HopperPlan run() {
     index(f_.body, nullptr);
+    for (const ir::Op& op : f_.body.ops) producer_ = producer_ || op.kind == OpKind::ring_producer;
     std::vector<const ir::Op*> candidates;
     for (const ir::Op* op : in_order(parent_))
       if (op->kind == OpKind::dot && shape_ok(*op) && !inside_skipped(op)) candidates.push_back(op);
@@ -258,6 +259,11 @@ class Planner {
         r.loop = t.ring;
         const ir::Op* outer = parent_.at(t.ring);
         r.rerun = outer && outer->kind != OpKind::warp_roles;  // (a role's loop runs once, like the kernel's)
+        r.producer = producer_;
+        if (producer_ && outer)
+          throw LoweringError(fmt::format("tilejit: kernel '{}': ring_producer: the ring of the {} at {} stands inside the {} at {}; a "
+                                          "producer fills only rings of loops at the kernel's top level",
+                                          f_.name, ir::op_name(t.ring->kind), t.ring->loc.str(), ir::op_name(outer->kind), outer->loc.str()));
         t.offset = r.stage_bytes;
         r.stage_bytes += align_up(t.bytes(), 1024);
         r.loads.push_back(op);
@@ -273,7 +279,7 @@ class Planner {
       SmemRing& r = plan_.rings.at(loop);
       r.stages = std::clamp(opts_.stages, 2, 8);
       ring_bytes += r.stages * r.stage_bytes;
-      barrier_bytes += 16 * r.stages;
+      barrier_bytes += 16 * r.stages * barrier_sets(r);
     }
     // Fewer stages where the rings would not leave room for the rest (and the staging tiles, placed
     // after them): down to 2, then a ring around another ring's loop down to 1 (its tiles are
@@ -298,7 +304,7 @@ class Planner {
         while (r.stages > floor && over()) {
           --r.stages;
           ring_bytes -= r.stage_bytes;
-          barrier_bytes -= 16;
+          barrier_bytes -= 16 * barrier_sets(r);
         }
       }
     for (const ir::Op* loop : rings) {
@@ -315,6 +321,15 @@ class Planner {
     }
     for (const ir::Op* loop : rings) {
       SmemRing& r = plan_.rings.at(loop);
+      if (r.producer) {
+        for (const ir::Op* op : r.loads) {
+          SmemTile& t = plan_.tiles.at(op);
+          t.full = at;
+          t.empty = at + 8 * r.stages;
+          at += 16 * r.stages;
+        }
+        continue;
+      }
       r.full = at;
       r.released = at + 8 * r.stages;
       at += 16 * r.stages;
@@ -328,9 +343,13 @@ class Planner {
       at = plan_.a_staging + plan_.a_staging_bytes;
     }
     plan_.persistent_bytes = align_up(at, 128);
+    plan_.ring_producer = producer_;
     plan_.tile_order = tiles;
     plan_.ring_order = rings;
   }
+
+  // Barrier pairs per stage: one per ring, or one per tile under a producer.
+  static int64_t barrier_sets(const SmemRing& r) { return r.producer ? static_cast<int64_t>(r.loads.size()) : 1; }
 
   SmemTile describe(const ir::Op& load) const {
     SmemTile t;
@@ -361,6 +380,7 @@ class Planner {
   }
 
   int warps_;
+  bool producer_ = false;  // lang::ring_producer
   PipelineOptions opts_;
   const std::set<const ir::Op*>& skip_;
   const std::map<const ir::Op*, int>& op_warps_;

@@ -37,6 +37,9 @@ struct SmemTile {
   std::vector<const ir::Op*> offset_ops;
   int64_t offset = 0;           // bytes: from the start of shared memory (once) or of a stage (ring)
   int64_t barrier = 0;          // once: its mbarrier
+  // A ring tile under lang::ring_producer: its own barriers, stages of each, 8 bytes apart: full
+  // (the producer's copy landed) and empty (every consumer warp is done with the stage).
+  int64_t full = 0, empty = 0;
   int64_t bytes() const { return rows * cols * 2; }
   int64_t chunk_bytes() const { return rows * 128; }
 };
@@ -50,6 +53,9 @@ struct SmemRing {
   // The loop sits inside another loop (or an if): its barriers are reset after each run, so that
   // every run starts at phase 0 (the counters end each run at a multiple of the warp count).
   bool rerun = false;
+  // lang::ring_producer: a producer warpgroup fills the stages; each tile has its own barriers
+  // (SmemTile::full / empty) instead of the ring's full / released.
+  bool producer = false;
   std::vector<const ir::Op*> loads;
 };
 
@@ -91,6 +97,7 @@ struct HopperPlan {
   std::map<const ir::Op*, SmemRing> rings;  // by for loop
   std::vector<const ir::Op*> tile_order, ring_order;  // program order (ABI and code order)
   int64_t persistent_bytes = 0;  // tiles, rings and barriers; scratch exchanges go above
+  bool ring_producer = false;    // lang::ring_producer: rings filled by a producer warpgroup
   bool empty() const { return dots.empty() && reduces.empty(); }
 };
 

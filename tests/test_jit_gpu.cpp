@@ -645,3 +645,40 @@ TEST_CASE("gpu: abs of the smallest i8 / i16 wraps, as in the interpreter (issue
     check_against_interpreter(k.build(), {1}, {&x, &out}, 0.0, {}, true);
   }
 }
+
+// lang::ring_producer (issue 22): a producer warpgroup fills the K / V rings; the consumers wait
+// per tile and free each stage after its last reader. The values are the interpreter's (ragged key
+// counts: TMA's zero fill), on both backends, for a small kernel and the attention forward.
+TEST_CASE("gpu: ring_producer: rings filled by a producer warpgroup give the interpreter's values") {
+  if (!have_gpu()) return;
+  HostTensor q(bf16, {128, 64}), k(bf16, {200, 64}), v(bf16, {200, 64}), o(f32, {128, 64});
+  q.fill_normal(1, 0, 1);
+  k.fill_normal(2, 0, 1);
+  v.fill_normal(3, 0, 1);
+  for (int stages : {2, 3}) {
+    INFO("stages " << stages);
+    jit::CompileOptions opts;
+    opts.pipeline.stages = stages;
+    check_against_interpreter(test_kernels::ring_kernel().build({{"PRODUCER", true}}), {2}, {&q, &k, &v, &o}, 1e-2, opts, true);
+  }
+  struct Case {
+    int64_t D, block;
+    int warps;
+    bool causal;
+    int Hq, Hkv, Sq, Sk;
+  };
+  for (Case c : {Case{128, 128, 8, true, 4, 2, 300, 300}, Case{128, 128, 8, false, 2, 2, 200, 333}, Case{64, 64, 4, true, 2, 1, 190, 130}}) {
+    INFO(fmt::format("D={} block={} warps={} causal={} Hq={} Hkv={} Sq={} Sk={}", c.D, c.block, c.warps, c.causal, c.Hq, c.Hkv, c.Sq, c.Sk));
+    HostTensor aq(bf16, {1, c.Sq, c.Hq, c.D}), ak(bf16, {1, c.Sk, c.Hkv, c.D}), av(bf16, {1, c.Sk, c.Hkv, c.D}), ao(bf16, {1, c.Sq, c.Hq, c.D});
+    HostTensor lse(f32, {1, c.Hq, c.Sq});
+    aq.fill_normal(4, 0, 1);
+    ak.fill_normal(5, 0, 1);
+    av.fill_normal(6, 0, 1);
+    auto fn = kernels::attention_forward().build({{"HEAD_DIM", c.D}, {"BLOCK_M", c.block}, {"BLOCK_N", c.block}, {"CAUSAL", c.causal},
+                                                  {"BSHD", true}, {"RING_PRODUCER", true}});
+    jit::CompileOptions opts;
+    opts.num_warps = c.warps;
+    opts.pipeline.stages = 2;
+    check_against_interpreter(fn, {cdiv(c.Sq, c.block), c.Hq, 1}, {&aq, &ak, &av, &ao, &lse, 1.0 / std::sqrt(double(c.D))}, 1e-2, opts, true);
+  }
+}

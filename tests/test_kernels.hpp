@@ -187,6 +187,40 @@ inline std::vector<uint32_t> channel_expected(int programs, int n) {
 
 
 
+// O[BM, 64] = sum over key blocks of bf16(Q K_j^T / 16) V_j, K and V streamed through TMA rings
+// (attention's shape without the softmax). PRODUCER: lang::ring_producer fills the rings. Misuse,
+// for the error tests: NESTED (the key loop inside another loop), ROLES (beside warp_roles),
+// TILE_OFFSET (K's offset shifted by a scalar reduced from a tile, which the producer cannot compute).
+inline const Kernel& ring_kernel() {
+  static const Kernel k = kernel("ring_kernel", [](Builder& kb) {
+    const int64_t D = 64, BM = 64, BN = 64;
+    const bool producer = kb.meta<bool>("PRODUCER", false), nested = kb.meta<bool>("NESTED", false);
+    const bool roles = kb.meta<bool>("ROLES", false), tile_offset = kb.meta<bool>("TILE_OFFSET", false);
+    const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
+    auto Q = kb.tensor("Q", bf16, 2, row_major), K = kb.tensor("K", bf16, 2, row_major), V = kb.tensor("V", bf16, 2, row_major);
+    auto O = kb.tensor("O", f32, 2, {.contiguous_last = true});
+    if (producer) ring_producer();
+    auto body = [&] {
+      Tile m0 = program_id(0) * BM;
+      Tile q = load(Q.block({m0, 0}, {BM, D}));
+      Tile shift = tile_offset ? cast(i32, max(cast(f32, arange(0, 64)) * 0.0f, 0)) : Tile(zeros(i32, {}));
+      Var acc = zeros(f32, {BM, D});
+      auto keys = [&] {
+        for_range(0, K.size(0), BN, [&](Tile n0) {
+          Tile s = dot(q, trans(load(K.block({n0 + shift, 0}, {BN, D}))));
+          acc = dot(cast(bf16, s * 0.0625f), load(V.block({n0, 0}, {BN, D})), acc);
+        });
+      };
+      if (nested) for_range(0, 1, [&](Tile) { keys(); });
+      else keys();
+      store(O.block({m0, 0}, {BM, D}), acc);
+    };
+    if (roles) warp_roles({{.warps = 4, .body = body}, {.warps = 0, .body = [] {}}});
+    else body();
+  });
+  return k;
+}
+
 // S = Q K^T for a [BM, D] block of Q whose tensor promises only 4-byte alignment (no TMA: the
 // wgmma takes A from registers, converted from the load's layout through shared memory) and K by
 // TMA, in a loop over key blocks; ROLE: the same inside a warp role of 4 warps beside an idle one.

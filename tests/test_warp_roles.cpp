@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -228,4 +229,61 @@ TEST_CASE("attention kernels with once-loaded windows through registers assemble
       CHECK(contains(k.ptx, "st.shared.b32 [S1]"));
     }
   }
+}
+
+// lang::ring_producer: the rings are filled by a warpgroup of their own; the interpreter ignores
+// it (the same values as without), the GPU suite compares the outputs (test_jit_gpu.cpp).
+TEST_CASE("ring_producer: the interpreter ignores it; on sm_90a a producer warpgroup, per-tile barriers, setmaxnreg honoured") {
+  const ir::Function plain = test_kernels::ring_kernel().build({}), with = test_kernels::ring_kernel().build({{"PRODUCER", true}});
+  auto run = [](const ir::Function& f) {
+    HostTensor q(bf16, {128, 64}), k(bf16, {200, 64}), v(bf16, {200, 64}), o(f32, {128, 64});
+    q.fill_normal(1, 0, 1), k.fill_normal(2, 0, 1), v.fill_normal(3, 0, 1);
+    o.poison();
+    rt::interpret(f, {2}, {q, k, v, o});
+    return raw<float>(o);
+  };
+  const std::vector<float> a = run(plain), b = run(with);
+  CHECK(a == b);
+  CHECK(std::any_of(a.begin(), a.end(), [](float x) { return x != 0.0f; }));
+  if (testing::no_ptxas()) return;
+  for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+    INFO("backend " << jit::to_string(backend));
+    const jit::CompiledKernel c = testing::assemble_sm90a(with, backend, 4, 3);
+    CHECK(c.num_threads == 256);  // 4 consumer warps + the producer warpgroup
+    CHECK(contains(c.ptx, "setmaxnreg.dec.sync.aligned.u32 24"));  // (256 threads start with 256 registers)
+    CHECK(contains(c.ptx, "exit;"));  // the producer does not reach the consumers' blocks
+    CHECK(c.info.spill_store_bytes == 0);
+    for (const std::string& w : c.warnings) CHECK_MESSAGE(!contains(w, "serialises"), w);
+  }
+  // The library's D128 forward with a producer: ptxas gives the consumers their 240 registers
+  // (with the count at entry, 168, ptxas serialises the wgmma: C7512)
+  const ir::Function fwd = kernels::attention_forward().build(
+      {{"HEAD_DIM", 128}, {"BLOCK_M", 128}, {"BLOCK_N", 128}, {"BSHD", true}, {"POSITIVE_SCALE", true}, {"RING_PRODUCER", true}});
+  const jit::CompiledKernel f = testing::assemble_sm90a(fwd, jit::Backend::Llvm, 8, 2);
+  CHECK(f.num_threads == 384);
+  CHECK(contains(f.ptx, "setmaxnreg.inc.sync.aligned.u32 240"));
+  CHECK(f.info.spill_store_bytes == 0);
+  for (const std::string& w : f.warnings) CHECK_MESSAGE(!contains(w, "serialises"), w);
+}
+
+TEST_CASE("ring_producer misuse: bad registers, nested rings, warp roles, offsets from tiles, too many registers") {
+  auto error_of = [](const lang::Meta& meta, int num_warps = 4) -> std::string {
+    try {
+      jit::CompileOptions o;
+      o.num_warps = num_warps;
+      o.make_cubin = false;
+      (void)jit::compile(test_kernels::ring_kernel().build(meta), o);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CHECK_THROWS_WITH(kernel("bad_registers", [](Builder&) { ring_producer({.producer_registers = 20}); }).build({}),
+                    doctest::Contains("ring_producer: producer_registers = 20 (valid: a multiple of 8 in [24, 256])"));
+  CHECK(contains(error_of({{"PRODUCER", true}, {"NESTED", true}}), "stands inside the for at"));
+  CHECK(contains(error_of({{"PRODUCER", true}, {"ROLES", true}}, 8), "the kernel has warp_roles too"));
+  CHECK(contains(error_of({{"PRODUCER", true}, {"TILE_OFFSET", true}}), "ring_producer: the producer warp computes the rings' loop bounds"));
+  CHECK(contains(error_of({{"PRODUCER", true}}, 16), "16 consumer warps x 32 x 240 registers + 4 producer warps x 32 x 24"));
+  CHECK(contains(error_of({{"PRODUCER", true}}, 16), "at most 120 here"));
+  CHECK(error_of({{"PRODUCER", true}}) == "");
 }

@@ -9,7 +9,7 @@
 namespace tilejit::ir {
 namespace {
 
-constexpr std::array<std::string_view, static_cast<size_t>(OpKind::channel_pop) + 1> kNames{
+constexpr std::array<std::string_view, static_cast<size_t>(OpKind::ring_producer) + 1> kNames{
     "constant", "arange", "splat", "broadcast", "expand_dims", "reshape", "trans",
     "add", "sub", "mul", "div", "rem", "minimum", "maximum",
     "and", "or", "xor", "shl", "shr", "umulhi", "cmp", "byte_perm", "fma",
@@ -19,7 +19,7 @@ constexpr std::array<std::string_view, static_cast<size_t>(OpKind::channel_pop) 
     "program_id", "num_programs",
     "tensor_ptr", "tensor_dim", "tensor_stride", "tensor_slice", "addptr", "load", "store", "atomic_add", "block_load",
     "block_store", "wait_ge", "signal_add", "turn_begin", "turn_end",
-    "for", "if", "yield", "warp_roles", "channel_push", "channel_pop",
+    "for", "if", "yield", "warp_roles", "channel_push", "channel_pop", "ring_producer",
 };
 
 [[noreturn]] void fail(OpKind k, const std::string& msg) {
@@ -463,6 +463,16 @@ std::vector<Type> control_types(OpKind k, const std::vector<Type>& in, const Att
     }
     case turn_begin:
     case turn_end: expect_count(k, in, 0); return {};
+    case ring_producer: {
+      expect_count(k, in, 0);
+      for (const char* name : {"producer_registers", "consumer_registers"}) {
+        auto it = a.find(name);
+        const int64_t* v = it == a.end() ? nullptr : std::get_if<int64_t>(&it->second);
+        if (!v || *v < 24 || *v > 256 || *v % 8 != 0)
+          fail(k, fmt::format("{} must be a multiple of 8 in [24, 256]{}", name, v ? fmt::format(", got {}", *v) : ""));
+      }
+      return {};
+    }
     case channel_push:
     case channel_pop: {
       expect_count(k, in, k == channel_push ? 2 : 1);
@@ -538,6 +548,7 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
     case signal_add:
     case turn_begin:
     case turn_end:
+    case ring_producer:
     case channel_push:
     case channel_pop:
     case warp_roles:

@@ -85,6 +85,10 @@ enum class OpKind : uint8_t {
   // previous tile was popped; (index i32) -> tile: the tile pushed with that index, then the slot is free
   channel_push,
   channel_pop,
+  // (lang::ring_producer, first at the kernel's top level) the kernel's TMA rings are filled by a
+  // producer warpgroup of their own; attrs {producer_registers, consumer_registers} (setmaxnreg).
+  // A schedule: no effect on values.
+  ring_producer,
 };
 
 std::string_view op_name(OpKind k);

@@ -88,6 +88,7 @@ void Printer::sync_inst(const pir::Inst& in) {
                        std::abs(in.imm)));
       return;
     case Op::fence_mbar_init: line("asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");"); return;
+    case Op::exit_thread: line("asm volatile(\"exit;\" ::: \"memory\");"); return;
     default: break;
   }
   fail(fmt::format("unhandled op {}", pir::op_name(in.op)));

@@ -181,6 +181,7 @@ void Emitter::sync_inst(const pir::Inst& in) {
                {}, true, /*convergent=*/true);
       return;
     case Op::fence_mbar_init: asm_call(b_.getVoidTy(), "fence.mbarrier_init.release.cluster;", "~{memory}", {}, true); return;
+    case Op::exit_thread: asm_call(b_.getVoidTy(), "exit;", "~{memory}", {}, true, /*convergent=*/true); return;
     default: break;
   }
   fail(fmt::format("unhandled op {}", pir::op_name(in.op)));

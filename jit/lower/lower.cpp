@@ -25,10 +25,8 @@ pir::Func Lowerer::run() {
   turns_init();
   hopper_init();
   channels_init();
-  block(f_.body);
-  // TMA reduces still reading the staging tile when the program ends: shared memory must outlive them.
-  if (!plan_.hopper.reduces.empty())
-    pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
+  if (plan_.ring_producer) run_with_ring_producer();
+  else kernel_body();
   out_.smem_bytes = smem_bytes_;
   // The largest dynamic shared memory a block may have on sm_80/sm_90 (227 KB): a larger kernel
   // would only fail at launch.
@@ -40,6 +38,13 @@ pir::Func Lowerer::run() {
                               smem_bytes_, h.persistent_bytes, kMaxSmem));
   }
   return std::move(out_);
+}
+
+void Lowerer::kernel_body() {
+  block(f_.body);
+  // TMA reduces still reading the staging tile when the program ends: shared memory must outlive them.
+  if (!plan_.hopper.reduces.empty())
+    pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
 }
 
 void Lowerer::block(const ir::Block& b) {
@@ -144,6 +149,7 @@ void Lowerer::lower(const ir::Op& op) {
       return;
     }
     case OpKind::turn_begin: return turn_begin(op);
+    case OpKind::ring_producer: return;  // (run_with_ring_producer)
     case OpKind::turn_end: return turn_end();
     case OpKind::reduce: return reduce(op);
     case OpKind::dot: return dot(op);

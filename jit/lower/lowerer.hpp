@@ -191,6 +191,8 @@ class Lowerer {
   Regs elementwise(const ir::Op& op, const Layout& L);
 
   // ---------------------------------------------------------------- program order (lower/lower.cpp)
+  // The kernel's body and what must follow it.
+  void kernel_body();
   void block(const ir::Block& b);
 
   bool all_scalar(const ir::Op& op) const;
@@ -321,6 +323,12 @@ class Lowerer {
   struct RingState {
     V lb, step, trips;
     V iter = 0, stage = 0;  // inside the body: the iteration (from 0) and its stage
+    // Under a ring producer, per iteration: the body's pir block, each tile's wgmma reads issued,
+    // the tiles already freed, and the block (id) where the consumer waited for each tile.
+    pir::Block* body = nullptr;
+    std::map<const ir::Op*, int> reads;
+    std::set<const ir::Op*> released;
+    std::map<const ir::Op*, int64_t> waited_in;
   };
 
   V ring_stage_addr(const SmemRing& r, V stage, int64_t offset);
@@ -340,8 +348,26 @@ class Lowerer {
   void ring_bottom(const SmemRing& r);
 
   // The u32 shared address of a tile in the current iteration (ring) or its fixed place (once);
-  // waits for a once-loaded tile's copy to land.
+  // waits for a once-loaded tile's copy to land (and, under a ring producer, a ring tile's).
   V tile_addr(const SmemTile& t);
+
+  // ---------------------------------------------------------------- ring producer (lower/ring_producer.cpp)
+  // lang::ring_producer: warps [0, num_warps) run the kernel (setmaxnreg up, barriers of all
+  // threads become a named barrier of theirs); the warpgroup after them (setmaxnreg down) has one
+  // thread compute each top-level ring loop's bounds and offsets and fill its stages, waiting on
+  // each tile's empty barrier. The consumers wait on a tile's full barrier at its first read in
+  // the iteration and arrive (lane 0 of each warp) on its empty barrier once the wgmma wait that
+  // retires its last reader has run -- at the iteration's end where that wait is in a branch.
+  void run_with_ring_producer();
+  void produce_rings();
+  // A scalar the producer needs, lowered in its frame with what it reads (nothing but scalar
+  // arithmetic, program ids, tensor shapes and scalar loads).
+  V producer_value(ir::ValueId v);
+  // After a wgmma wait retired `tiles`' readers: frees each whose reads in this iteration are all
+  // issued and retired, if the wait stands in the loop body itself.
+  void release_retired(const std::vector<const ir::Op*>& tiles);
+  void release_ring_tile(const SmemTile& t, RingState& st);
+  int ring_readers(const ir::Op* tile);
 
   void wgmma_dot(const ir::Op& op, const WgmmaDot& w);
 
@@ -381,6 +407,7 @@ class Lowerer {
     int64_t ops_at_issue = 0;  // ops_lowered_ when it was issued
     pir::Block* commit_block = nullptr;  // its wgmma_commit: the block and the index there
     size_t commit_at = 0;
+    std::vector<const ir::Op*> ring_tiles;  // the ring tiles (block_loads) it reads
   };
   // Waits until `v`'s group (if pending) is complete: wait_group(n) with n the groups committed
   // after it; every group it completes gets its registers redefined by the wait (the asm ties
@@ -396,6 +423,7 @@ class Lowerer {
   std::map<ir::ValueId, Layout> precomputed_, precompute_requests_;
   pir::Func out_;
   std::map<const ir::Op*, RingState> rings_;
+  std::map<const ir::Op*, int> ring_readers_;  // ring tile -> the dots that read it
   std::vector<PendingDot> pending_;
   std::set<V> wait_outputs_;  // registers a wgmma wait redefined (wait_groups)
   int64_t ops_lowered_ = 0;  // ops of the tile IR lowered so far, dots excepted

@@ -106,6 +106,8 @@ void Lowerer::warp_roles(const ir::Op& op) {
       // paired, which at_level relies on) marks the role's boundary
       frames_.back().role = true;
       block(op.regions[i]);
+      // roles end the kernel; under setmaxnreg each ends on its own (pir::Op::exit_thread says why)
+      if (r.max_registers > 0) emit0(Op::exit_thread, {});
       // the next role's exchanges run at the same time as this one's: their own scratch
       scratch_base_ = (smem_bytes_ + 127) / 128 * 128;
       tid_ = tid, warp_ = warp, warps_ = plan_.num_warps, role_barrier_ = 0;

@@ -26,6 +26,15 @@ void Lowerer::hopper_init() {
 }
 
 void Lowerer::init_ring_barriers(const SmemRing& r, bool counters) {
+  if (r.producer) {  // per tile: full (the producer's copy, 1 arrival + bytes), empty (every consumer warp)
+    for (const ir::Op* l : r.loads)
+      for (int s = 0; s < r.stages; ++s) {
+        const SmemTile& t = plan_.hopper.tiles.at(l);
+        emit0(Op::mbar_init, {smem_at(t.full + 8 * s), ci32(1)});
+        emit0(Op::mbar_init, {smem_at(t.empty + 8 * s), ci32(plan_.num_warps)});
+      }
+    return;
+  }
   for (int s = 0; s < r.stages; ++s) {
     emit0(Op::mbar_init, {smem_at(r.full + 8 * s), ci32(1)});
     if (counters) emit(Op::atom_shared, pir::scalar(DType::u32), {smem_at(r.released + 8 * s), cint(DType::u32, 0)}, 1);
@@ -115,6 +124,10 @@ void Lowerer::ring_prologue(const ir::Op& loop, const SmemRing& r) {
   st.lb = cast(scalar(loop.operands[0]), DType::i32);
   st.step = cast(scalar(loop.operands[2]), DType::i32);
   st.trips = trip_count(st.lb, cast(scalar(loop.operands[1]), DType::i32), st.step);
+  if (r.producer) {  // the producer warpgroup fills the stages
+    rings_[&loop] = st;
+    return;
+  }
   pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
     for (int j = 0; j < r.stages; ++j)
       pir_if(cmp(pir::Pred::lt, ci32(j), st.trips), [&] { ring_issue(loop, r, st, ci32(j), ci32(j)); });
@@ -127,11 +140,24 @@ void Lowerer::ring_top(const ir::Op& loop, const SmemRing& r, V iv) {
   const int S = r.stages;
   st.iter = bin(Op::div, bin(Op::sub, cast(iv, DType::i32), st.lb), st.step);
   st.stage = bin(Op::rem, st.iter, ci32(S));
+  if (r.producer) {  // each tile is waited for where it is first read, and freed after its last
+    st.body = blocks_.back();
+    st.reads.clear();
+    st.released.clear();
+    st.waited_in.clear();
+    return;
+  }
   V full = bin(Op::add, smem_at(r.full), cast(bin(Op::mul, st.stage, ci32(8)), DType::u32));
   emit0(Op::mbar_wait, {full, bin(Op::bit_and, bin(Op::div, st.iter, ci32(S)), ci32(1))});
 }
 
 void Lowerer::ring_bottom(const SmemRing& r) {
+  if (r.producer) {  // tiles whose last reader's wait stood in a branch (all waited by now)
+    RingState& st = rings_.at(r.loop);
+    for (const ir::Op* l : r.loads)
+      if (!st.released.count(l)) release_ring_tile(plan_.hopper.tiles.at(l), st);
+    return;
+  }
   const RingState& st = rings_.at(r.loop);
   const int W = warps_;
   V counter = bin(Op::add, smem_at(r.released), cast(bin(Op::mul, st.stage, ci32(8)), DType::u32));
@@ -149,7 +175,17 @@ V Lowerer::tile_addr(const SmemTile& t) {
     return smem_at(t.offset);
   }
   const SmemRing& r = plan_.hopper.rings.at(t.ring);
-  return ring_stage_addr(r, rings_.at(t.ring).stage, t.offset);
+  RingState& st = rings_.at(t.ring);
+  if (r.producer) {
+    // once per iteration, unless the earlier wait stood in a block that has ended (a branch)
+    auto w = st.waited_in.find(t.load);
+    if (w == st.waited_in.end() || std::find(block_ids_.begin(), block_ids_.end(), w->second) == block_ids_.end()) {
+      V full = bin(Op::add, smem_at(t.full), cast(bin(Op::mul, st.stage, ci32(8)), DType::u32));
+      emit0(Op::mbar_wait, {full, bin(Op::bit_and, bin(Op::div, st.iter, ci32(r.stages)), ci32(1))});
+      st.waited_in[t.load] = block_ids_.back();
+    }
+  }
+  return ring_stage_addr(r, st.stage, t.offset);
 }
 
 void Lowerer::wgmma_dot(const ir::Op& op, const WgmmaDot& w) {
@@ -240,7 +276,13 @@ void Lowerer::wgmma_dot(const ir::Op& op, const WgmmaDot& w) {
   // The group stays in flight until something reads the result (get() waits for it then), so
   // independent MMAs and the code between them overlap: e.g. dP^T = V dO^T runs while P^T's
   // exponentials are computed.
-  pending_.push_back({++committed_, op.results[0], LC, acc, ops_lowered_, blocks_.back(), blocks_.back()->insts.size() - 1});
+  std::vector<const ir::Op*> ring_tiles;
+  for (const SmemTile* t : {ta, &tb})
+    if (t && t->ring && plan_.hopper.rings.at(t->ring).producer) {
+      ring_tiles.push_back(t->load);
+      ++rings_.at(t->ring).reads[t->load];
+    }
+  pending_.push_back({++committed_, op.results[0], LC, acc, ops_lowered_, blocks_.back(), blocks_.back()->insts.size() - 1, ring_tiles});
   if (w.a_staged) staged_a_group_ = committed_;
   put(op.results[0], LC, acc);
 }
@@ -372,6 +414,9 @@ void Lowerer::wait_groups(int upto) {
     put(p.value, p.layout, Regs(out.begin() + static_cast<std::ptrdiff_t>(at), out.begin() + static_cast<std::ptrdiff_t>(at + p.regs.size())));
     at += p.regs.size();
   }
+  std::vector<const ir::Op*> retired;
+  for (const PendingDot& p : done) retired.insert(retired.end(), p.ring_tiles.begin(), p.ring_tiles.end());
+  if (!retired.empty()) release_retired(retired);
 }
 
 }  // namespace tilejit::jit::lower

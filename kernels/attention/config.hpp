@@ -57,6 +57,7 @@ struct ForwardConfig {
   std::optional<bool> dropout_ahead;    // the mask's inputs issued beside S's MMA; unset: with dropout_bits [012, 013]
   bool dropout_pairs = true;            // the keep-mask on rounded 16-bit pairs [011]
   bool heavy_first_sections = true;     // dense causal: heaviest query tiles first across heads [018]
+  std::optional<bool> ring_producer;    // K / V rings filled by a producer warpgroup; unset: as PIPELINE_QK [044]
   // Variants that measured slower (kernels/attention/forward_experimental.cpp):
   bool pingpong = false;     // warpgroups take turns issuing MMAs [008]
   bool pipeline_pv = false;  // P_{j-1} V_{j-1} in flight during softmax_j [007]

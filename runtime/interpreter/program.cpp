@@ -190,7 +190,8 @@ void Machine::exec(const Op& op) {
     case wait_ge: return wait_op(op);
     case signal_add: return signal_op(op);
     case turn_begin:
-    case turn_end: return;  // a schedule of warpgroups: no effect on values
+    case turn_end:
+    case ring_producer: return;  // a schedule of warpgroups: no effect on values
     case block_load: return block_op(op);
     case block_store: {
       if (op.attrs.count("after_semaphore")) wait_until(op, op.operands[op.operands.size() - 2], op.operands.back());

@@ -1,0 +1,133 @@
+// lang::ring_producer: a warpgroup of its own fills the kernel's TMA rings (FlashAttention-3's
+// producer warp), and the consumers free each ring tile right after its last reader retires.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "jit/lower/lowerer.hpp"
+
+namespace tilejit::jit::lower {
+
+void Lowerer::run_with_ring_producer() {
+  const RingProducerPlan& p = *plan_.ring_producer;
+  const int W = plan_.num_warps;
+  out_.num_threads = 32 * (W + RingProducerPlan::kWarps);
+  out_.min_programs_per_sm = 1;  // the cap setmaxnreg needs (ptxas ignores it without one: C7508)
+  const int cap = entry_register_cap(W + RingProducerPlan::kWarps);
+  auto set_registers = [&](int want) {
+    if (want != cap) emit0(Op::set_max_registers, {}, want > cap ? want : -want);
+  };
+  // setmaxnreg: the producer's registers go back to the pool first, the consumers' increase waits
+  // for them. One if/else, so that each warpgroup runs one setmaxnreg (it is .sync.aligned).
+  pir_if_values(cmp(pir::Pred::lt, warp_, ci32(W)), {}, [&] {
+    set_registers(p.consumer_registers);
+    role_barrier_ = kRoleBarrier;  // a barrier of "all threads" is one of the consumers'
+    kernel_body();
+    role_barrier_ = 0;
+    return Regs{};
+  }, [&] {
+    set_registers(p.producer_registers);
+    pir_if(land(cmp(pir::Pred::eq, warp_, ci32(W)), cmp(pir::Pred::eq, lane_, ci32(0))), [&] { produce_rings(); });
+    emit0(Op::exit_thread, {});  // not through the consumers' last blocks (pir::Op::exit_thread says why)
+    return Regs{};
+  });
+}
+
+V Lowerer::producer_value(ir::ValueId v) {
+  for (auto f = frames_.rbegin(); f != frames_.rend(); ++f)
+    if (auto it = f->scalars.find(v); it != f->scalars.end()) return it->second;
+  auto d = def_.find(v);
+  if (d == def_.end()) fail(nullptr, fmt::format("internal: ring_producer: scalar {} has no definition", v));
+  const ir::Op& op = *d->second;
+  const OpKind k = op.kind;
+  const bool effect = k == OpKind::store || k == OpKind::atomic_add || k == OpKind::block_store || k == OpKind::block_load ||
+                      k == OpKind::wait_ge || k == OpKind::signal_add || k == OpKind::channel_push || k == OpKind::channel_pop ||
+                      k == OpKind::dot || k == OpKind::reduce || k == OpKind::tensor_slice || k == OpKind::precompute;
+  if (effect || !op.regions.empty() || !all_scalar(op))
+    fail(&op, "ring_producer: the producer warp computes the rings' loop bounds and tile offsets on its own, from scalar "
+              "arithmetic, program ids, parameters, tensor shapes and scalar loads; this value needs more (compute it from those, "
+              "or drop ring_producer)");
+  for (ir::ValueId o : op.operands)
+    if (!f_.type(o).is_tensor()) producer_value(o);
+  lower(op);
+  return scalar(v);
+}
+
+void Lowerer::produce_rings() {
+  for (const ir::Op* loop : plan_.hopper.ring_order) {
+    const SmemRing& r = plan_.hopper.rings.at(loop);
+    const ir::Block& body = loop->regions[0];
+    std::unordered_set<ir::ValueId> inside(body.args.begin(), body.args.end());
+    ir::walk(body, [&](const ir::Op& op) { inside.insert(op.results.begin(), op.results.end()); });
+    // everything from outside the loop that its bounds and its tiles' offsets read
+    auto outside = [&](ir::ValueId v) {
+      if (!inside.count(v) && !f_.type(v).is_tensor()) producer_value(v);
+    };
+    for (size_t i = 0; i < 3; ++i) outside(loop->operands[i]);
+    for (const ir::Op* l : r.loads) {
+      for (size_t i = 1; i < l->operands.size(); ++i) outside(l->operands[i]);
+      for (const ir::Op* op : plan_.hopper.tiles.at(l).offset_ops)
+        for (ir::ValueId o : op->operands) outside(o);
+    }
+    RingState st;
+    st.lb = cast(scalar(loop->operands[0]), DType::i32);
+    st.step = cast(scalar(loop->operands[2]), DType::i32);
+    st.trips = trip_count(st.lb, cast(scalar(loop->operands[1]), DType::i32), st.step);
+    pir::Inst for_op;
+    for_op.op = Op::for_;
+    for_op.args = {ci32(0), st.trips, ci32(1)};
+    pir::Block pb;
+    const V j = out_.new_value(pir::scalar(DType::i32));
+    pb.args.push_back(j);
+    push_block(&pb);
+    frames_.emplace_back();
+    const V s = bin(Op::rem, j, ci32(r.stages)), parity = bin(Op::bit_and, bin(Op::div, j, ci32(r.stages)), ci32(1));
+    const V counter = bin(Op::add, st.lb, bin(Op::mul, j, st.step));
+    for (const ir::Op* l : r.loads) {  // in program order: K before V
+      const SmemTile& t = plan_.hopper.tiles.at(l);
+      const V offset = cast(bin(Op::mul, s, ci32(8)), DType::u32);
+      const V full = bin(Op::add, smem_at(t.full), offset), empty = bin(Op::add, smem_at(t.empty), offset);
+      // the stage's previous tile freed (a fresh barrier's "previous phase" counts as complete)
+      emit0(Op::mbar_wait, {empty, bin(Op::bit_xor, parity, ci32(1))});
+      emit0(Op::mbar_expect_tx, {full, ci32(t.bytes())});
+      issue_tile(t, ring_stage_addr(r, s, t.offset), full, loop, counter);
+    }
+    pir::Inst y;
+    y.op = Op::yield;
+    pb.insts.push_back(std::move(y));
+    frames_.pop_back();
+    pop_block();
+    for_op.regions.push_back(std::move(pb));
+    blocks_.back()->insts.push_back(std::move(for_op));
+  }
+}
+
+int Lowerer::ring_readers(const ir::Op* tile) {
+  if (ring_readers_.empty())
+    for (const auto& [d, w] : plan_.hopper.dots)
+      for (const ir::Op* t : {w.a_tile, w.b_tile})
+        if (t) ++ring_readers_[t];
+  return ring_readers_.at(tile);
+}
+
+void Lowerer::release_retired(const std::vector<const ir::Op*>& tiles) {
+  for (const ir::Op* l : tiles) {
+    const SmemTile& t = plan_.hopper.tiles.at(l);
+    RingState& st = rings_.at(t.ring);
+    if (st.released.count(l) || blocks_.back() != st.body || st.reads[l] < ring_readers(l)) continue;
+    const bool in_flight = std::any_of(pending_.begin(), pending_.end(), [&](const PendingDot& p) {
+      return std::find(p.ring_tiles.begin(), p.ring_tiles.end(), l) != p.ring_tiles.end();
+    });
+    if (!in_flight) release_ring_tile(t, st);
+  }
+}
+
+void Lowerer::release_ring_tile(const SmemTile& t, RingState& st) {
+  st.released.insert(t.load);
+  // each consumer warp once (the barrier counts num_warps arrivals), after its own wgmma wait
+  V empty = bin(Op::add, smem_at(t.empty), cast(bin(Op::mul, st.stage, ci32(8)), DType::u32));
+  pir_if(cmp(pir::Pred::eq, lane_, ci32(0)), [&] { emit0(Op::mbar_arrive, {empty}); });
+}
+
+}  // namespace tilejit::jit::lower
