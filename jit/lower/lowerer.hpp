@@ -154,7 +154,8 @@ class Lowerer {
 
   // The slot of `index` (i32) and the parity of its use: slot index % stages, use index / stages.
   std::pair<V, V> channel_slot(const ChannelPlan& c, V index);
-  V channel_bar(int64_t base, V stage);
+  // The mbarrier of `stage` in an array of them 8 bytes apart from `base` (channels, producer rings).
+  V stage_barrier(int64_t base, V stage);
   // Byte offset (absolute, not scratch-relative) of register r's element of layout L in the slot.
   V channel_offset(const ChannelPlan& c, V stage, const Layout& L, uint32_t r, DType d);
 

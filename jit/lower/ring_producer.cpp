@@ -86,8 +86,7 @@ void Lowerer::produce_rings() {
     const V counter = bin(Op::add, st.lb, bin(Op::mul, j, st.step));
     for (const ir::Op* l : r.loads) {  // in program order: K before V
       const SmemTile& t = plan_.hopper.tiles.at(l);
-      const V offset = cast(bin(Op::mul, s, ci32(8)), DType::u32);
-      const V full = bin(Op::add, smem_at(t.full), offset), empty = bin(Op::add, smem_at(t.empty), offset);
+      const V full = stage_barrier(t.full, s), empty = stage_barrier(t.empty, s);
       // the stage's previous tile freed (a fresh barrier's "previous phase" counts as complete)
       emit0(Op::mbar_wait, {empty, bin(Op::bit_xor, parity, ci32(1))});
       emit0(Op::mbar_expect_tx, {full, ci32(t.bytes())});
@@ -126,8 +125,7 @@ void Lowerer::release_retired(const std::vector<const ir::Op*>& tiles) {
 void Lowerer::release_ring_tile(const SmemTile& t, RingState& st) {
   st.released.insert(t.load);
   // each consumer warp once (the barrier counts num_warps arrivals), after its own wgmma wait
-  V empty = bin(Op::add, smem_at(t.empty), cast(bin(Op::mul, st.stage, ci32(8)), DType::u32));
-  pir_if(cmp(pir::Pred::eq, lane_, ci32(0)), [&] { emit0(Op::mbar_arrive, {empty}); });
+  pir_if(cmp(pir::Pred::eq, lane_, ci32(0)), [&] { emit0(Op::mbar_arrive, {stage_barrier(t.empty, st.stage)}); });
 }
 
 }  // namespace tilejit::jit::lower

@@ -51,7 +51,7 @@ std::pair<V, V> Lowerer::channel_slot(const ChannelPlan& c, V index) {
   return {stage, bin(Op::bit_and, bin(Op::div, index, ci32(c.stages)), ci32(1))};
 }
 
-V Lowerer::channel_bar(int64_t base, V stage) { return bin(Op::add, smem_at(base), cast(bin(Op::mul, stage, ci32(8)), DType::u32)); }
+V Lowerer::stage_barrier(int64_t base, V stage) { return bin(Op::add, smem_at(base), cast(bin(Op::mul, stage, ci32(8)), DType::u32)); }
 
 V Lowerer::channel_offset(const ChannelPlan& c, V stage, const Layout& L, uint32_t r, DType d) {
   V slot = bin(Op::add, ci32(c.slots), bin(Op::mul, stage, ci32(c.bytes)));
@@ -64,9 +64,9 @@ void Lowerer::channel_push(const ir::Op& op) {
   const Layout L = plan_.natural[op.operands[1]] ? *plan_.natural[op.operands[1]] : memory_layout(t);
   const Regs v = get(op.operands[1], L);
   auto [stage, parity] = channel_slot(c, cast(scalar(op.operands[0]), DType::i32));
-  emit0(Op::mbar_wait, {channel_bar(c.empty, stage), bin(Op::bit_xor, parity, ci32(1))});
+  emit0(Op::mbar_wait, {stage_barrier(c.empty, stage), bin(Op::bit_xor, parity, ci32(1))});
   for (uint32_t r = 0; r < v.size(); ++r) store_shared_at(channel_offset(c, stage, L, r, t.dtype), v[r], std::nullopt);
-  emit0(Op::mbar_arrive, {channel_bar(c.full, stage)});
+  emit0(Op::mbar_arrive, {stage_barrier(c.full, stage)});
 }
 
 Regs Lowerer::channel_read(const ir::Op& op, const Layout& L) {
@@ -75,10 +75,10 @@ Regs Lowerer::channel_read(const ir::Op& op, const Layout& L) {
   const ChannelPlan& c = channels_.at(op.int_attr("channel"));
   const DType d = f_.type(op.results[0]).dtype;
   auto [stage, parity] = channel_slot(c, cast(scalar(op.operands[0]), DType::i32));
-  emit0(Op::mbar_wait, {channel_bar(c.full, stage), parity});
+  emit0(Op::mbar_wait, {stage_barrier(c.full, stage), parity});
   Regs out;
   for (uint32_t r = 0; r < static_cast<uint32_t>(L.num_regs()); ++r) out.push_back(load_shared_at(channel_offset(c, stage, L, r, d), d));
-  emit0(Op::mbar_arrive, {channel_bar(c.empty, stage)});
+  emit0(Op::mbar_arrive, {stage_barrier(c.empty, stage)});
   return out;
 }
 

@@ -180,8 +180,7 @@ V Lowerer::tile_addr(const SmemTile& t) {
     // once per iteration, unless the earlier wait stood in a block that has ended (a branch)
     auto w = st.waited_in.find(t.load);
     if (w == st.waited_in.end() || std::find(block_ids_.begin(), block_ids_.end(), w->second) == block_ids_.end()) {
-      V full = bin(Op::add, smem_at(t.full), cast(bin(Op::mul, st.stage, ci32(8)), DType::u32));
-      emit0(Op::mbar_wait, {full, bin(Op::bit_and, bin(Op::div, st.iter, ci32(r.stages)), ci32(1))});
+      emit0(Op::mbar_wait, {stage_barrier(t.full, st.stage), bin(Op::bit_and, bin(Op::div, st.iter, ci32(r.stages)), ci32(1))});
       st.waited_in[t.load] = block_ids_.back();
     }
   }
