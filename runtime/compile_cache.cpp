@@ -39,6 +39,7 @@
 #include "jit/nvrtc.hpp"
 #include "jit/ptx_compiler.hpp"
 #include "runtime/bundle.hpp"
+#include "runtime/gpu_kernel.hpp"
 #include "runtime/kernel_codec.hpp"
 
 namespace tilejit::runtime {
@@ -232,17 +233,17 @@ std::optional<jit::CompiledKernel> CompileCache::load(const std::string& key, st
   return load_checked(key, nullptr, problem);
 }
 
-std::optional<jit::CompiledKernel> CompileCache::load_expected(const std::string& key, std::string_view kernel,
+std::optional<jit::CompiledKernel> CompileCache::load_expected(const std::string& key, const ir::Function& signature,
                                                                std::string_view arch, jit::Backend backend,
                                                                std::string* problem) const {
   check_key(key, "load_expected");
   // The key is a hash of what was asked, but the file could be anything sealed with a valid
   // checksum: what it holds is compared with the request before it is served.
   auto expect = [&](const jit::CompiledKernel& k) -> std::string {
-    if (k.name != kernel || k.arch != arch || k.backend != backend)
+    if (k.name != signature.name || k.arch != arch || k.backend != backend)
       return fmt::format("holds kernel '{}' for {} ({}), not the '{}' for {} ({}) its key was asked for", k.name, k.arch,
-                         jit::to_string(k.backend), kernel, arch, jit::to_string(backend));
-    return {};
+                         jit::to_string(k.backend), signature.name, arch, jit::to_string(backend));
+    return abi_mismatch(signature, k);
   };
   return load_checked(key, expect, problem);
 }
@@ -447,7 +448,8 @@ jit::CompiledKernel compile_cached(const ir::Function& f, const jit::CompileOpti
   if (disabled || bundles_loaded()) {
     const std::string bkey = bundle_key_from_hash(ir_hash, f.name, opts);
     // A bundle entry is served only if it holds what was asked (its key could be crafted).
-    if (std::optional<jit::CompiledKernel> k = find_bundled(bkey); k && k->name == f.name && k->arch == opts.arch) {
+    std::optional<jit::CompiledKernel> k = find_bundled(bkey);
+    if (k && k->name == f.name && k->arch == opts.arch && abi_mismatch(f, *k).empty()) {
       ++m.bundle_hits;
       return std::move(*k);
     }
@@ -470,7 +472,7 @@ jit::CompiledKernel compile_cached(const ir::Function& f, const jit::CompileOpti
   }
   try {
     KernelPtr k;
-    if (std::optional<jit::CompiledKernel> hit = disk.load_expected(key, f.name, opts.arch, opts.backend)) {
+    if (std::optional<jit::CompiledKernel> hit = disk.load_expected(key, f, opts.arch, opts.backend)) {
       ++m.disk_hits;
       k = std::make_shared<const jit::CompiledKernel>(std::move(*hit));
     } else {

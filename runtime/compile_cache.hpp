@@ -57,10 +57,10 @@ class CompileCache {
   // and, when `problem` is given, what was wrong with it is written there (empty for a plain
   // miss). Never throws for a bad file; throws std::invalid_argument for a malformed key.
   std::optional<jit::CompiledKernel> load(const std::string& key, std::string* problem = nullptr) const;
-  // load() that also requires the entry to hold kernel `kernel` for `arch` and `backend`: an intact
-  // entry of this key holding anything else (copied or crafted) is treated as damaged, removed and
-  // reported. compile_cached serves disk entries only through this.
-  std::optional<jit::CompiledKernel> load_expected(const std::string& key, std::string_view kernel, std::string_view arch,
+  // load() that also requires the entry to hold the kernel of `signature` (its name and ABI) for
+  // `arch` and `backend`: an intact entry of this key holding anything else (copied or crafted) is
+  // treated as damaged, removed and reported. compile_cached serves disk entries only through this.
+  std::optional<jit::CompiledKernel> load_expected(const std::string& key, const ir::Function& signature, std::string_view arch,
                                                    jit::Backend backend, std::string* problem = nullptr) const;
   // Writes the entry atomically. Returns whether it was written; failures are warned about once
   // per cache on stderr (naming the file and the reason) and are never fatal. The fields kept are

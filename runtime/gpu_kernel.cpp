@@ -2,6 +2,8 @@
 // allocation (GpuKernel), and the TMA descriptors kept in device memory per tensor layout.
 #include "runtime/gpu_kernel.hpp"
 
+#include "runtime/argument_aliasing.hpp"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -103,6 +105,11 @@ LaunchPlan::LaunchPlan(const ir::Function& signature, int device)
     const bool adds = op.has_attr("reduce");
     if (op.kind == ir::OpKind::block_store && !adds && param_of.count(op.operands[0])) plan_[param_of[op.operands[0]]].stored = true;
   });
+  const std::vector<bool> written = written_params(signature);
+  for (size_t i = 0; i < plan_.size(); ++i) {
+    plan_[i].written = written[i] && plan_[i].kind != ir::ParamKind::Scalar;
+    any_written_ = any_written_ || plan_[i].written;
+  }
   num_slots_ = slot;
   if (num_slots_ > kMaxSlots)
     throw std::invalid_argument(fmt::format("tilejit: kernel '{}' has {} ABI parameters, more than the {} the launcher supports",
@@ -148,6 +155,17 @@ void LaunchPlan::check_abi(const jit::CompiledKernel& k) const {
     if (k.tensor_maps[m].abi_slot != num_slots_ + static_cast<int>(m)) fail(fmt::format("tensor map {} is not a trailing parameter", m));
 }
 
+std::string abi_mismatch(const ir::Function& signature, const jit::CompiledKernel& k) {
+  try {
+    LaunchPlan plan(signature);
+    plan.require_tma(k.tensor_maps);
+    plan.check_abi(k);
+    return {};
+  } catch (const std::logic_error& e) {
+    return e.what();
+  }
+}
+
 void LaunchPlan::bad(size_t i, const std::string& msg) const {
   throw std::invalid_argument(fmt::format("tilejit: kernel '{}', argument {} '{}': {}", name_, i, params_[i].name, msg));
 }
@@ -184,6 +202,24 @@ void LaunchPlan::pack(Grid grid, std::span<const DeviceArg> args, uint64_t* slot
     const int64_t a = args[r.a].tensor()->sizes[static_cast<size_t>(r.a_dim)], b = args[r.b].tensor()->sizes[static_cast<size_t>(r.b_dim)];
     if (a != b) [[unlikely]]
       bad_relation(r, a, b);
+  }
+  if (any_written_) check_aliasing(args);
+}
+
+void LaunchPlan::check_aliasing(std::span<const DeviceArg> args) const {
+  for (size_t i = 0; i < plan_.size(); ++i) {
+    if (!plan_[i].written) continue;
+    const TensorView& w = *args[i].tensor();
+    for (size_t j = 0; j < plan_.size(); ++j) {
+      if (j == i || plan_[j].kind == ir::ParamKind::Scalar || (plan_[j].written && j < i)) continue;
+      const TensorView& o = *args[j].tensor();
+      if (!views_overlap(w, o) || (!plan_[j].written && same_view(w, o))) [[likely]]
+        continue;
+      bad(i, fmt::format("the kernel writes {}, whose memory overlaps argument {} '{}' ({}, which the kernel {}): its "
+                         "programs would race (valid: disjoint memory, or {})",
+                         w.describe(), j, params_[j].name, o.describe(), plan_[j].written ? "also writes" : "reads",
+                         plan_[j].written ? "one output per buffer" : "exactly the same view, for an in-place update"));
+    }
   }
 }
 

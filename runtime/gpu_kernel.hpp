@@ -115,6 +115,7 @@ class LaunchPlan {
     bool contiguous_last = false;
     bool tma = false;
     bool stored = false;    // a window store (not an atomic add) writes it: no stride-0 dims of size > 1
+    bool written = false;   // anything writes through it: its memory must not overlap another argument's
     int rank = 0;
     int slot = 0;
     uint64_t align = 1;     // bytes: base address and every outer stride
@@ -126,6 +127,7 @@ class LaunchPlan {
   void pack_scalar(size_t i, const Param& p, const DeviceArg& a, uint64_t* slots) const;
   void pack_tensor(size_t i, const Param& p, const DeviceArg& a, uint64_t* slots) const;
   void check_tma(size_t i, const TensorView& t) const;
+  void check_aliasing(std::span<const DeviceArg> args) const;
   [[noreturn]] void bad(size_t i, const std::string& msg) const;
   [[noreturn]] void bad_relation(const ir::SizeRelation& r, int64_t a, int64_t b) const;
   [[noreturn]] void bad_count(size_t got) const;
@@ -137,7 +139,12 @@ class LaunchPlan {
   std::vector<Param> plan_;
   int num_slots_ = 0;
   int device_ = 0;
+  bool any_written_ = false;
 };
+
+// "" when `k` is the compiled form of `signature` (name, ABI parameters, tensor maps), else what
+// differs: a cache entry or bundle kernel is checked with this before it is served.
+std::string abi_mismatch(const ir::Function& signature, const jit::CompiledKernel& k);
 
 class GpuKernel {
  public:

@@ -1,6 +1,7 @@
 // A mutation fuzzer of the parsers of stored kernels (runtime/kernel_codec), bundles
-// (runtime/bundle) and compile-cache entries (runtime/compile_cache, read from files through
-// runtime/entry_file), built with AddressSanitizer and UndefinedBehaviorSanitizer: this executable
+// (runtime/bundle), compile-cache entries (runtime/compile_cache, read from files through
+// runtime/entry_file), tuning-store entries (runtime/tuning_store), bundles' tuning tables
+// (runtime/tuning_table) and tuning config ids (runtime/tuning_space), built with AddressSanitizer and UndefinedBehaviorSanitizer: this executable
 // compiles its own instrumented copies of those files (its symbols take precedence over the shared
 // library's), so any out-of-bounds read, overflow or bad cast in them aborts the run.
 // Mutations keep the bundle's checksum and size fields right more often than not, so the parser
@@ -21,6 +22,7 @@
 #include "dsl/ir/sha256.hpp"
 #include "dsl/lang.hpp"
 #include "jit/compile.hpp"
+#include "runtime/autotuner.hpp"
 #include "runtime/bundle.hpp"
 #include "runtime/compile_cache.hpp"
 #include "runtime/kernel_codec.hpp"
@@ -130,6 +132,25 @@ int main(int argc, char** argv) {
     entry_bytes.assign(std::istreambuf_iterator<char>(f), {});
   }
   if (!cache.load(key)) return fmt::print("cache round trip failed\n"), 1;
+  // tuning entries (a measurement and a choice) written by the store itself, and a tuning table
+  runtime::TuningStore tuning(dir);
+  const runtime::TuningIdentity tid{"fuzz_sample", "BLOCK=64", "S=4096", "NVIDIA H100", "sm_90a", "llvm", 132, 13000};
+  const runtime::Measurement meas{"BLOCK_M=128,stages=2,warps=8", 0.5, true, "a note", {128, 65536, 0, 256}};
+  const runtime::Choice choice{"BLOCK_M=128,stages=2,warps=8", 0.5, "fingerprint", true, 3};
+  if (!tuning.store_measurement(tid, meas) || !tuning.store_choice(tid, choice)) return fmt::print("tuning store failed\n"), 1;
+  auto file_bytes = [](const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const fs::path meas_path = tuning.measurement_path(tid, meas.config), choice_path = tuning.choice_path(tid);
+  const std::string meas_bytes = file_bytes(meas_path), choice_bytes = file_bytes(choice_path);
+  if (!tuning.load_measurement(tid, meas.config) || !tuning.load_choice(tid)) return fmt::print("tuning round trip failed\n"), 1;
+  std::vector<runtime::TuningTableEntry> table(2, {tid, meas.config, 0.5});
+  table[1].identity.bucket = "S=8192";
+  const std::string table_bytes = runtime::encode_tuning_table(table);
+  if (runtime::decode_tuning_table(table_bytes).size() != 2) return fmt::print("tuning table round trip failed\n"), 1;
+  uint64_t tuning_runs = 0, tuning_ok = 0;
+
   uint64_t entry_runs = 0, entry_ok = 0;
   Mutator m(seed);
   const auto t0 = std::chrono::steady_clock::now();
@@ -166,12 +187,39 @@ int main(int argc, char** argv) {
         if (cache.load(key, &problem)) ++entry_ok;  // load never throws for a bad file
         else ++rejected;
         ++entry_runs;
+        // tuning entries: each kind through its file, resealed most of the time
+        const bool is_choice = m.chance(0.5);
+        std::string te = is_choice ? choice_bytes : meas_bytes;
+        m.mutate(te, m.chance(0.2) ? 0 : 16, te.size() - (m.chance(0.2) ? 0 : 32));
+        if (m.chance(0.85)) reseal_entry(te);
+        std::ofstream(is_choice ? choice_path : meas_path, std::ios::binary | std::ios::trunc) << te;
+        const bool loaded = is_choice ? tuning.load_choice(tid, &problem).has_value()
+                                      : tuning.load_measurement(tid, meas.config, &problem).has_value();
+        if (loaded) ++tuning_ok;  // loads never throw for a bad file either
+        else ++rejected;
+        ++tuning_runs;
+      }
+      std::string tt = table_bytes;
+      m.mutate(tt, 0, tt.size());
+      try {
+        runtime::decode_tuning_table(tt);
+        ++tuning_ok;
+      } catch (const std::runtime_error&) {
+        ++rejected;
+      }
+      std::string config = meas.config;
+      m.mutate(config, 0, config.size());
+      try {
+        runtime::parse_config(config);
+      } catch (const std::invalid_argument&) {
+        ++rejected;
       }
     }
   }
   fs::remove_all(dir);
-  fmt::print("fuzz_parsers: {} kernel, {} bundle and {} cache-entry inputs in {:.0f} s (seed {}): {} rejected with a clear "
-             "error, {} kernels, {} bundles and {} entries still parsed; no crash, no sanitizer report\n",
-             runs, runs, entry_runs, seconds, seed, rejected, kernel_ok, bundle_ok, entry_ok);
+  fmt::print("fuzz_parsers: {} kernel, {} bundle, {} tuning-table, {} config, {} cache-entry and {} tuning-entry inputs in "
+             "{:.0f} s (seed {}): {} rejected with a clear error, {} kernels, {} bundles, {} cache entries and {} tuning "
+             "entries or tables still parsed; no crash, no sanitizer report\n",
+             runs, runs, runs, runs, entry_runs, tuning_runs, seconds, seed, rejected, kernel_ok, bundle_ok, entry_ok, tuning_ok);
   return 0;
 }

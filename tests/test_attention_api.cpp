@@ -59,15 +59,17 @@ Call packed_call() {
 }
 
 // The Call shapes in [B, H, S, D] memory, passed as their permuted [B, S, H, D] views, head dim d
-// (the gradients alias the inputs: the calls here never run).
+// (the calls here never run).
 Call bhsd_call(int64_t d) {
   Call c;
   c.q = permute(contiguous(kBase, DType::bf16, {2, 8, 100, d}), {0, 2, 1, 3});
   c.o = permute(contiguous(kBase + 0x3000000, DType::bf16, {2, 8, 100, d}), {0, 2, 1, 3});
   c.k = permute(contiguous(kBase + 0x1000000, DType::bf16, {2, 2, 300, d}), {0, 2, 1, 3});
   c.v = permute(contiguous(kBase + 0x2000000, DType::bf16, {2, 2, 300, d}), {0, 2, 1, 3});
-  c.dout = c.dq = c.o;
-  c.dk = c.dv = c.k;
+  c.dout = permute(contiguous(kBase + 0x5000000, DType::bf16, {2, 8, 100, d}), {0, 2, 1, 3});
+  c.dq = permute(contiguous(kBase + 0x6000000, DType::bf16, {2, 8, 100, d}), {0, 2, 1, 3});
+  c.dk = permute(contiguous(kBase + 0x7000000, DType::bf16, {2, 2, 300, d}), {0, 2, 1, 3});
+  c.dv = permute(contiguous(kBase + 0x8000000, DType::bf16, {2, 2, 300, d}), {0, 2, 1, 3});
   return c;
 }
 
@@ -227,6 +229,35 @@ TEST_CASE("attention API: strides, pointers and alignment") {
     CHECK_BWD_ERROR(c, "workspace address 0x7f0009000008 is not a multiple of 16 bytes");
     c.ws = Workspace{0, 4096};
     CHECK_BWD_ERROR(c, "workspace has 4096 bytes but a null pointer");
+  }
+}
+
+TEST_CASE("attention API: outputs share no memory with inputs, each other or the workspace (issue 27)") {
+  Call c;
+  c.o = c.q;  // in place: every program reads all of k and v, but other launches read q again
+  CHECK_FWD_ERROR(c, "the output o (bf16[2,100,8,64] at 0x7f0000000000 on device 0) shares memory with q",
+                  "attention writes no output in place");
+  c = Call{};
+  c.lse.data = c.v.data + 64 * 2;  // inside v
+  CHECK_FWD_ERROR(c, "the output lse", "shares memory with v");
+  c = Call{};
+  c.lse.data = c.o.data + 16;  // o and lse overlap each other
+  CHECK_FWD_ERROR(c, "the output lse", "shares memory with o");
+  if (backward_available()) {
+    c = Call{};
+    c.dk = c.dv;
+    CHECK_BWD_ERROR(c, "the output dv", "shares memory with dk");
+    c = Call{};
+    c.dq = c.dout;
+    CHECK_BWD_ERROR(c, "the output dq", "shares memory with do");
+    c = Call{};
+    c.ws = Workspace{c.dv.data - 4096, 1 << 20};
+    CHECK_BWD_ERROR(c, "the output dv", "overlaps the workspace (1048576 bytes at 0x7f0007fff000)");
+    // the interleaved halves of one [.., 2, D] buffer are separate memory: dk and dv in one tensor
+    c = Call{};
+    c.dk = strided(kBase + 0xd000000, DType::bf16, {2, 300, 2, 64}, {300 * 2 * 128, 2 * 128, 128, 1});
+    c.dv = strided(kBase + 0xd000000 + 128, DType::bf16, {2, 300, 2, 64}, {300 * 2 * 128, 2 * 128, 128, 1});
+    CHECK_NOTHROW(check_backward(c.q, c.k, c.v, c.o, c.dout, c.lse, c.dq, c.dk, c.dv, c.opts, c.ws));
   }
 }
 

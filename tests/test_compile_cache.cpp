@@ -838,7 +838,7 @@ TEST_CASE("compile_cached serves an intact entry only if it holds the kernel ask
     jit::CompiledKernel other = good;
     other.name = "other";
     cache.store(key, other);
-    CHECK(!cache.load_expected(key, f.name, o.arch, o.backend, &problem));
+    CHECK(!cache.load_expected(key, f, o.arch, o.backend, &problem));
     CHECK_MESSAGE(problem.find(why) != std::string::npos, problem);
     CHECK(!fs::exists(cache.entry_path(key)));  // treated as damaged: removed
   };
@@ -851,6 +851,25 @@ TEST_CASE("compile_cached serves an intact entry only if it holds the kernel ask
     k.arch = "sm_80";
     REQUIRE(cache.store(key, k));
     rebuilt("not the 'vector_add' for sm_90a");
+  }
+  SUBCASE("a kernel of the same name and arch compiled from another signature") {
+    using namespace tilejit::lang;
+    const Kernel other_signature = kernel("vector_add", [](Builder& k) {
+      auto X = k.pointer("X", f32, {.align_bytes = 16});
+      auto n = k.scalar<int64_t>("n");
+      auto offs = arange(0, 128);
+      store(X + offs, load(X + offs, offs < n) * 2.0f, offs < n);
+    });
+    REQUIRE(cache.store(key, jit::compile(other_signature.build(), o)));
+    std::string why;
+    CHECK(!cache.load_expected(key, f, o.arch, o.backend, &why));
+    CHECK_MESSAGE(why.find("the compiled kernel's ABI does not match the signature") != std::string::npos, why);
+    CHECK(!fs::exists(cache.entry_path(key)));
+    REQUIRE(cache.store(key, jit::compile(other_signature.build(), o)));
+    runtime::reset_memory_cache();
+    jit::CompiledKernel k = runtime::compile_cached(f, o, cache);
+    CHECK(runtime::compile_cache_stats().compiles == 1);
+    CHECK(k.ptx == good.ptx);
   }
   SUBCASE("another key's entry file copied over this key's") {
     jit::CompileOptions w8 = o;

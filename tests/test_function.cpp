@@ -16,6 +16,7 @@
 #include "dsl/lang.hpp"
 #include "kernels/gemm.hpp"
 #include "api/registry.hpp"
+#include "runtime/argument_aliasing.hpp"
 #include "runtime/compile_cache.hpp"
 #include "runtime/interpreter.hpp"
 #include "test_kernels.hpp"
@@ -87,7 +88,12 @@ std::string invalid(Fn&& fn) {
 }
 
 using ::testing::contains;
-#define CHECK_HAS(msg, part) CHECK_MESSAGE(contains(msg, part), "message: " << msg << "\nexpected: " << part)
+// `msg` is evaluated once (a failing message must not re-run the call that produced it).
+#define CHECK_HAS(msg, part)                                                                        \
+  do {                                                                                              \
+    const std::string check_has_message = (msg);                                                    \
+    CHECK_MESSAGE(contains(check_has_message, part), "message: " << check_has_message << "\nexpected: " << part); \
+  } while (0)
 
 uint64_t total(const runtime::CompileCacheStats& s) { return s.memory_hits + s.disk_hits + s.compiles; }
 
@@ -250,6 +256,82 @@ TEST_CASE("Function: null bases and stride-0 dims of stored tensors are errors (
   FakeTensor c_bcast(f32, {256, 64}, {0, 1}, 0x30000), a_bcast(bf16, {256, 128}, {0, 1}, 0x10000), c(f32, {256, 64}, {64, 1}, 0x30000);
   CHECK_HAS(invalid([&] { g.check({4, 1}, a, b, c_bcast); }), "argument 2 'C': stride 0 in dim 0 of size 256");
   CHECK_NOTHROW(g.check({4, 1}, a_bcast, b, c));
+}
+
+TEST_CASE("Function: an output overlapping another argument is an error; the same view is in place (issue 27)") {
+  Function f = tilejit::compile(test_kernels::vector_add, {{"BLOCK", 128}});
+  // 1000 floats each: X at 0x10000, Y at 0x20000, Out at 0x30000
+  FakeTensor x(f32, {1000}, {1}, 0x10000), y(f32, {1000}, {1}, 0x20000), out(f32, {1000}, {1}, 0x30000);
+  CHECK_NOTHROW(f.check({8}, x, y, out, 1000));
+  CHECK_NOTHROW(f.check({8}, x, y, x, 1000));  // Out = X + Y in place: the same view
+  CHECK_NOTHROW(f.check({8}, x, x, out, 1000));  // two inputs may share memory
+  // Out shifted by four elements into X: program 0 writes what program 0 reads four elements later
+  FakeTensor shifted(f32, {1000}, {1}, 0x10010);
+  const std::string m = invalid([&] { f.check({8}, x, y, shifted, 1000); });
+  CHECK_HAS(m, "argument 2 'Out': the kernel writes f32[1000] at 0x10010 on device 0, whose memory overlaps argument 0 'X'");
+  CHECK_HAS(m, "which the kernel reads");
+  CHECK_HAS(m, "exactly the same view, for an in-place update");
+  // the same address but another view (a reshape) is not the in-place case either
+  FakeTensor two_rows(f32, {2, 500}, {500, 1}, 0x10000);
+  CHECK_HAS(invalid([&] { f.check({8}, x, y, two_rows, 1000); }), "overlaps argument 0 'X'");
+  // element granularity, with a kernel that asks no alignment: Out = 2 X
+  const Kernel twice = kernel("twice", [](Builder& k) {
+    auto X = k.pointer("X", f32), Out = k.pointer("Out", f32);
+    auto offs = arange(0, 128);
+    store(Out + offs, load(X + offs) * 2.0f);
+  });
+  Function t = tilejit::compile(twice);
+  FakeTensor x128(f32, {128}, {1}, 0x10000), next_to_x(f32, {128}, {1}, 0x10000 + 128 * 4);
+  FakeTensor one_in(f32, {128}, {1}, 0x10000 + 127 * 4);
+  CHECK_NOTHROW(t.check({1}, x128, next_to_x));
+  CHECK_HAS(invalid([&] { t.check({1}, x128, one_in); }), "overlaps argument 0 'X'");
+  // interleaved views (the real and the imaginary parts of complex data) do not overlap
+  FakeTensor re(f32, {128}, {2}, 0x40000), im(f32, {128}, {2}, 0x40004);
+  CHECK_NOTHROW(t.check({1}, re, im));
+  FakeTensor re_shifted(f32, {128}, {2}, 0x40008);  // the real parts shifted by one complex number
+  CHECK_HAS(invalid([&] { t.check({1}, re, re_shifted); }), "overlaps argument 0 'X'");
+  // negative strides: the extent runs below the base address
+  FakeTensor reversed(f32, {128}, {-1}, 0x20000 + 127 * 4), reversed_x(f32, {128}, {-1}, 0x10000 + 127 * 4);
+  CHECK_NOTHROW(t.check({1}, x128, reversed));
+  CHECK_HAS(invalid([&] { t.check({1}, x128, reversed_x); }), "overlaps argument 0 'X'");
+  // empty views overlap nothing
+  FakeTensor empty(f32, {0}, {1}, 0x10000);
+  CHECK_NOTHROW(f.check({8}, x, y, empty, 0));
+
+  // atomics write too; two outputs of one kernel must not share memory
+  Function a = tilejit::compile(test_kernels::atomics);
+  FakeTensor ax(f32, {64}, {1}, 0x10000), acc(f32, {64}, {1}, 0x20000), cnt(i32, {4}, {1}, 0x30000);
+  FakeTensor cnt_in_acc(i32, {4}, {1}, 0x20000 + 60 * 4);
+  CHECK_NOTHROW(a.check({1}, ax, acc, cnt));
+  CHECK_HAS(invalid([&] { a.check({1}, ax, acc, cnt_in_acc); }), "argument 2 'Cnt' (i32[4] at 0x200f0 on device 0, which the kernel also writes)");
+  CHECK_NOTHROW(a.check({1}, acc, acc, cnt));  // Acc += Acc read first: the in-place case
+
+  // tensors written through windows, with the GEMM: C inside A
+  Function g = tilejit::compile(kernels::gemm(), {{"B_KMAJOR", true}, {"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 32}});
+  FakeTensor ga(bf16, {256, 128}, {128, 1}, 0x100000), gb(bf16, {64, 128}, {128, 1}, 0x200000);
+  FakeTensor c_in_a(f32, {256, 64}, {64, 1}, 0x100000 + 128 * 2 * 64);
+  CHECK_HAS(invalid([&] { g.check({4, 1}, ga, gb, c_in_a); }), "argument 2 'C': the kernel writes f32[256,64]");
+}
+
+TEST_CASE("written_params follows pointers through arithmetic, loops and branches") {
+  const Kernel k = kernel("flows", [](Builder& b) {
+    auto A = b.pointer("A", f32), B = b.pointer("B", f32), C = b.pointer("C", f32);
+    auto T = b.tensor("T", f32, 2), U = b.tensor("U", f32, 2);
+    auto n = b.scalar<int>("n");
+    auto offs = arange(0, 16);
+    auto x = load(A + offs);
+    // C is written through a pointer carried by a loop and reassigned in a branch
+    Var p = C;
+    for_range(0, n, [&](Tile) { p = p + 16; });
+    if_(n > 4, [&] { p = p + 1; });
+    store(p + offs, x);
+    // U through a slice; T only read
+    auto tile = load(T.block({0, 0}, {16, 16}));
+    store(U.slice(0, program_id(0), 16).block({0, 0}, {16, 16}), tile);
+    (void)B;
+  });
+  const std::vector<bool> w = runtime::written_params(k.build());
+  CHECK(w == std::vector<bool>{false, false, true, false, true, false});
 }
 
 TEST_CASE("same_size: only tensor parameters and dims they have") {

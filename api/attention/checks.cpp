@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "api/attention/internal.hpp"
+#include "runtime/argument_aliasing.hpp"
 #include "kernels/philox_host.hpp"
 #include "kernels/meta_names.hpp"
 
@@ -364,6 +365,39 @@ Dims check_common(const Checker& c, const Tensor& q, const Tensor& k, const Tens
   return d;
 }
 
+// Outputs share no byte with an input, another output or the workspace: attention reads every row
+// of k and v (and, backward, of q, o and do) from every program and over several launches, so no
+// output can be written in place.
+void check_disjoint(const Checker& c, std::initializer_list<std::pair<const char*, const Tensor*>> outputs,
+                    std::initializer_list<std::pair<const char*, const Tensor*>> inputs, const Workspace& ws) {
+  std::vector<std::pair<const char*, const Tensor*>> seen(inputs);
+  for (const auto& [name, t] : outputs) {
+    const runtime::TensorView out = t->view();
+    for (const auto& [other_name, other] : seen)
+      if (runtime::views_overlap(out, other->view()))
+        c.fail("the output {} ({}) shares memory with {} ({}); attention writes no output in place (valid: separate "
+               "buffers)",
+               name, t->describe(), other_name, other->describe());
+    if (ws.data != 0 && ws.bytes != 0) {
+      const int64_t bytes = static_cast<int64_t>(ws.bytes), unit = 1;
+      const runtime::TensorView w{ir::DType::u8, std::span(&bytes, 1), std::span(&unit, 1), ws.data, t->device};
+      if (runtime::views_overlap(out, w))
+        c.fail("the output {} ({}) overlaps the workspace ({} bytes at {:#x}) (valid: separate buffers)", name,
+               t->describe(), ws.bytes, ws.data);
+    }
+    seen.emplace_back(name, t);
+  }
+}
+
+Dims check_forward_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                        const Options& opts, Workspace ws) {
+  const Checker c("forward");
+  const Dims d = check_common(c, q, k, v, o, lse, opts, false);
+  check_workspace(c, ws, forward_bytes(d), "forward_workspace_bytes");
+  check_disjoint(c, {{"o", &o}, {"lse", &lse}}, {{"q", &q}, {"k", &k}, {"v", &v}}, ws);
+  return d;
+}
+
 Dims check_backward_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_,
                          const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts,
                          Workspace ws) {
@@ -385,6 +419,8 @@ Dims check_backward_dims(const Tensor& q, const Tensor& k, const Tensor& v, cons
     c.same_sizes(name, *t, ref_name, *ref);
   }
   check_workspace(c, ws, backward_bytes(d), "backward_workspace_bytes");
+  check_disjoint(c, {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}},
+                 {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"do", &do_}, {"lse", &lse}}, ws);
   return d;
 }
 
@@ -395,9 +431,7 @@ using namespace detail;
 
 void check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts,
                    Workspace workspace) {
-  const Checker c("forward");
-  const Dims d = check_common(c, q, k, v, o, lse, opts, false);
-  check_workspace(c, workspace, forward_bytes(d), "forward_workspace_bytes");
+  check_forward_dims(q, k, v, o, lse, opts, workspace);
 }
 
 void check_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,

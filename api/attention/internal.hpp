@@ -187,7 +187,11 @@ void check_reduction_option(const Checker& c, const Options& opts, Dims& d, bool
 // call's shape, its options, and the workspace plan): what forward and backward share.
 Dims check_common(const Checker& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                   const Options& opts, bool backward);
-// check_common plus do, dq, dk, dv and the workspace of a backward call.
+// check_common plus the workspace of a forward call, and its outputs disjoint from the rest.
+Dims check_forward_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                        const Options& opts, Workspace ws);
+// check_common plus do, dq, dk, dv and the workspace of a backward call, and its outputs disjoint
+// from the rest.
 Dims check_backward_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_,
                          const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts,
                          Workspace ws);

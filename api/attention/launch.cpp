@@ -40,9 +40,7 @@ void zero_async(uint64_t address, size_t bytes, CUstream stream, int device) {
 
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts,
              CUstream stream, Workspace workspace) {
-  const Checker ch("forward");
-  const Dims d = check_common(ch, q, k, v, o, lse, opts, false);
-  check_workspace(ch, workspace, forward_bytes(d), "forward_workspace_bytes");
+  const Dims d = check_forward_dims(q, k, v, o, lse, opts, workspace);
   const Config c = config(Pass::forward, q, d, opts);
   Function& fn = function_for(c);
   const runtime::Grid grid{lang::cdiv(d.seq_q, c.sch.block_m), d.heads_q, d.batch};

@@ -1,0 +1,121 @@
+#include "runtime/argument_aliasing.hpp"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "runtime/gpu_kernel.hpp"
+
+namespace tilejit::runtime {
+
+namespace {
+
+using Sources = std::set<size_t>;  // the parameters a pointer or tensor value may point into
+
+bool carries_address(const ir::Type& t) { return t.is_pointer() || t.is_tensor(); }
+
+// Adds `from` to `into`; returns whether `into` grew.
+bool merge(Sources& into, const Sources& from) {
+  const size_t before = into.size();
+  into.insert(from.begin(), from.end());
+  return into.size() != before;
+}
+
+void collect_yields(const ir::Op& op, std::vector<ir::ValueId>& out) {
+  for (const ir::Block& b : op.regions)
+    for (const ir::Op& inner : b.ops)
+      if (inner.kind == ir::OpKind::yield) out.insert(out.end(), inner.operands.begin(), inner.operands.end());
+}
+
+}  // namespace
+
+std::vector<bool> written_params(const ir::Function& f) {
+  std::map<ir::ValueId, Sources> sources;
+  for (size_t i = 0; i < f.params.size(); ++i)
+    if (carries_address(f.params[i].type)) sources[f.params[i].value].insert(i);
+  auto of = [&](ir::ValueId v) -> const Sources* {
+    auto it = sources.find(v);
+    return it == sources.end() ? nullptr : &it->second;
+  };
+  // A value's sources flow to every address-carrying result of an op that reads it, and through
+  // region ops to their block arguments and results (loop-carried pointers, branch results). A
+  // fixpoint, because a loop's yield feeds its own block arguments.
+  for (bool changed = true; changed;) {
+    changed = false;
+    ir::walk(f.body, [&](const ir::Op& op) {
+      Sources in;
+      for (ir::ValueId v : op.operands)
+        if (const Sources* s = of(v)) in.insert(s->begin(), s->end());
+      std::vector<ir::ValueId> targets = op.results;
+      if (!op.regions.empty()) {
+        std::vector<ir::ValueId> yielded;
+        collect_yields(op, yielded);
+        for (ir::ValueId v : yielded)
+          if (const Sources* s = of(v)) in.insert(s->begin(), s->end());
+        for (const ir::Block& b : op.regions) targets.insert(targets.end(), b.args.begin(), b.args.end());
+      }
+      if (in.empty()) return;
+      for (ir::ValueId r : targets)
+        if (carries_address(f.type(r))) changed = merge(sources[r], in) || changed;
+    });
+  }
+  std::vector<bool> written(f.params.size(), false);
+  ir::walk(f.body, [&](const ir::Op& op) {
+    const bool writes = op.kind == ir::OpKind::store || op.kind == ir::OpKind::atomic_add ||
+                        op.kind == ir::OpKind::block_store || op.kind == ir::OpKind::signal_add;
+    if (!writes || op.operands.empty()) return;
+    if (const Sources* s = of(op.operands[0]))
+      for (size_t i : *s) written[i] = true;
+  });
+  return written;
+}
+
+bool same_view(const TensorView& a, const TensorView& b) {
+  return a.address == b.address && a.dtype == b.dtype && std::ranges::equal(a.sizes, b.sizes) &&
+         std::ranges::equal(a.strides, b.strides);
+}
+
+bool views_overlap(const TensorView& a, const TensorView& b) {
+  __extension__ typedef __int128 I128;  // sizes times strides of two i64s, without overflow
+  // A view is a set of contiguous runs of `run` bytes (its unit-stride dim, else one element) whose
+  // starts are the base plus multiples of `step`, within [lo, hi).
+  struct Extent {
+    I128 lo = 0, hi = 0, run = 0;
+    bool empty = false;
+  };
+  uint64_t step = 0;  // gcd of both views' byte strides along their other dims of size > 1
+  auto extent = [&](const TensorView& t) {
+    const int64_t es = ir::byte_size(t.dtype);
+    Extent e{t.address, t.address, es, false};
+    const size_t rank = std::min(t.sizes.size(), t.strides.size());
+    size_t unit = rank;  // the dim whose elements are contiguous
+    for (size_t d = 0; d < rank; ++d)
+      if (t.sizes[d] > 1 && t.strides[d] == 1) unit = d;
+    for (size_t d = 0; d < rank; ++d) {
+      if (t.sizes[d] <= 0) return Extent{0, 0, 0, true};
+      if (t.sizes[d] == 1) continue;
+      const I128 span = I128{t.sizes[d] - 1} * t.strides[d] * es;
+      (span < 0 ? e.lo : e.hi) += span;
+      if (d == unit) {
+        e.run = I128{t.sizes[d]} * es;
+        continue;
+      }
+      const I128 s = I128{t.strides[d]} * es;
+      step = std::gcd(step, static_cast<uint64_t>(s < 0 ? -s : s));
+    }
+    e.hi += es;
+    return e;
+  };
+  const Extent ea = extent(a), eb = extent(b);
+  if (ea.empty || eb.empty || ea.hi <= eb.lo || eb.hi <= ea.lo) return false;
+  if (step == 0) return true;  // one run each, and their extents overlap
+  // A run of a starts at a.address + k * step and one of b at b.address + m * step: they can meet
+  // only if b's start minus a's, modulo step, falls within (-run_b, run_a).
+  const I128 g = step;
+  const I128 diff = (I128{b.address} - I128{a.address}) % g;
+  const I128 r = diff < 0 ? diff + g : diff;
+  return r < ea.run || r > g - eb.run;
+}
+
+}  // namespace tilejit::runtime
