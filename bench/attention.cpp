@@ -33,8 +33,9 @@
 //     causal also ordered with q_descending), D 64/128, S 1k-16k, full and causal, alternated rounds:
 //     DETERMINISTIC dtype=bf16 D=128 S=4096 causal=1 B=4 H=16 recompute_ms=.. recompute_tflops=.. atomic_ms=..
 //       ... split_ms=.. (or skipped(workspace=..GB>16GB)) ordered_ms=.. ordered_desc_ms=.. ordered_vs_atomic=..
-//   attention_bench --schedule-ab META     a bool forward schedule meta off/on (D 64/128, S4k, +-causal,
-//     +-dropout), outputs compared bit for bit:
+//   attention_bench --schedule-ab META [--with M=0|1,..] [--head-dim D] [--causal 0|1] [--no-dropout]
+//     a bool forward schedule meta off/on (D 64/128, S4k, +-causal, +-dropout; --with: other bool
+//     metas set in both variants), outputs compared bit for bit:
 //     SCHEDULE_AB PINGPONG D=128 causal=0 dropout=0 off_ms=.. on_ms=.. off_tflops=.. on_tflops=.. speedup=.. outputs_identical=1
 //   attention_bench --dropout P --schedule BM,BN,W,S   the same, the dropout backward at those tiles
 //   attention_bench --forward-variants [--head-dim D] [--dropout P] [--quick]  the forward at other
@@ -570,7 +571,23 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
 // reading the packed mask (DROPOUT_BITS; dropout=2), alternated rounds;
 // direct launches at the API's default schedule. A schedule must not change values: the outputs
 // of both variants are compared bit for bit (outputs_identical=1).
-int bench_schedule_ab(const std::string& meta_name, int max_reps) {
+// "A,B=0,C=1" -> {A: true, B: false, C: true}: the bool metas of --with.
+std::vector<std::pair<std::string, bool>> parse_with(const std::string& with) {
+  std::vector<std::pair<std::string, bool>> out;
+  size_t start = 0;
+  while (start < with.size()) {
+    const size_t comma = std::min(with.find(',', start), with.size());
+    const std::string item = with.substr(start, comma - start);
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) out.emplace_back(item, true);
+    else out.emplace_back(item.substr(0, eq), item.substr(eq + 1) != "0");
+    start = comma + 1;
+  }
+  return out;
+}
+
+int bench_schedule_ab(const std::string& meta_name, int max_reps, const std::string& with, int64_t only_d, int only_causal,
+                      bool no_dropout) {
   const Buffers buf;
   runtime::Stream stream;
   // dropout 0: none, 1: fused, 2: reading the packed mask (DROPOUT_BITS), generated here first
@@ -579,6 +596,8 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps) {
   for (int64_t D : {64, 128})
     for (bool causal : {false, true})
       for (int dropout_mode : {0, 1, 2}) {
+        if ((only_d && D != only_d) || (only_causal >= 0 && causal != (only_causal != 0)) || (no_dropout && dropout_mode))
+          continue;
         const bool dropout = dropout_mode > 0;
         const Config c{4096, D, causal};
         const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
@@ -586,8 +605,16 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps) {
         std::vector<Function> fns;
         for (bool on : {false, true}) {
           lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D}, {mn::kBlockM, sch.block_m}, {mn::kBlockN, sch.block_n}, {mn::kBshd, true},
-                          {mn::kCausal, causal}, {mn::kDropout, dropout}, {meta_name, on}};
+                          {mn::kCausal, causal}, {mn::kDropout, dropout}};
+          // META, or "A=1,B=0:A=0,B=1" (the metas of the off and the on variant)
+          if (const size_t colon = meta_name.find(':'); colon != std::string::npos) {
+            for (const auto& [name, value] : parse_with(on ? meta_name.substr(colon + 1) : meta_name.substr(0, colon)))
+              meta.emplace_back(name, value);
+          } else {
+            meta.emplace_back(meta_name, on);
+          }
           if (dropout_mode == 2) meta.emplace_back(mn::kDropoutBits, true);
+          for (const auto& [name, value] : parse_with(with)) meta.emplace_back(name, value);
           // on top of the fma softmax, as the API launches it (softmax_scale > 0)
           if (meta_name != mn::kPositiveScale) meta.emplace_back(mn::kPositiveScale, true);
           jit::CompileOptions o;
@@ -1378,7 +1405,7 @@ int main(int argc, char** argv) {
   int64_t only_d = 0, only_s = 0;  // --deterministic: only this head dim / sequence length
   std::string only_mode;            // --deterministic --mode KEY: only that reduction (recompute, atomic, ...; e.g. for ncu)
   int only_causal = -1;             // --deterministic --causal 0|1: only full / causal
-  bool tool_ab = false;
+  bool tool_ab = false, no_dropout = false;  // --schedule-ab --no-dropout: only the runs without dropout
   std::optional<attention::Schedule> schedule;  // --deterministic --schedule: recompute's kernels at these tiles
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -1395,6 +1422,7 @@ int main(int argc, char** argv) {
     else if (a == "--forward-variants") forward_variants = true;
     else if (a == "--with" && i + 1 < argc) with_meta = argv[++i];
     else if (a == "--deterministic") deterministic = true;
+    else if (a == "--no-dropout") no_dropout = true;
     else if (a == "--head-dim" && i + 1 < argc) only_d = std::atoll(argv[++i]);
     else if (a == "--seq" && i + 1 < argc) only_s = std::atoll(argv[++i]);
     else if (a == "--mode" && i + 1 < argc) only_mode = argv[++i];
@@ -1437,7 +1465,7 @@ int main(int argc, char** argv) {
     if (dq_variants) return bench_dq_variants(reps);
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only);
     if (masks) return bench_masks(reps);
-    if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps);
+    if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout);
     if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps);
     if (tool_ab) return bench_tool_ab(reps);
     if (!meta_ab.empty()) return bench_meta_ab(meta_ab, meta_ab_kernels, reps);
