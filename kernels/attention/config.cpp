@@ -72,8 +72,8 @@ Meta ForwardConfig::to_meta() const {
   put_if(m, mn::kDropoutAhead, dropout_ahead);
   put_if(m, mn::kDropoutPairs, dropout_pairs, true);
   put_if(m, mn::kHeavyFirstSections, heavy_first_sections, true);
-  put_if(m, mn::kPingpong, pingpong, false);
-  put_if(m, mn::kPipelinePv, pipeline_pv, false);
+  put_if(m, mn::kPingpong, pingpong);
+  put_if(m, mn::kPipelinePv, pipeline_pv);
   if (rng_warps != 0) {
     m.emplace_back(mn::kRngWarps, rng_warps);
     m.emplace_back(mn::kMmaRegisters, mma_registers);
@@ -100,30 +100,35 @@ ForwardConfig ForwardConfig::read(Builder& kb) {
   c.return_mask = kb.meta<bool>(mn::kReturnMask, false);
   if (c.return_mask && !s.dropout) kb.fail(Loc::current(), "RETURN_MASK returns the dropout mask: it needs DROPOUT=true");
   s.dropout_bits = read_dropout_bits(kb, s.dropout, s.varlen, c.block_n);
-  c.pingpong = kb.meta<bool>(mn::kPingpong, false);
   c.exact_normalize = kb.meta<bool>(mn::kExactNormalize, s.head_dim == 64 && !s.dropout);
   s.score_mod = score_mod_kind_meta(kb, mn::kScoreMod);
-  c.pipeline_qk = kb.meta<bool>(mn::kPipelineQk, s.head_dim == 128 && !s.dropout && !s.library_mask() && !s.varlen && !s.modded());
-  c.pipeline_pv = kb.meta<bool>(mn::kPipelinePv, false);
-  c.positive_scale = kb.meta<bool>(mn::kPositiveScale, false);
-  c.dropout_ahead = kb.meta<bool>(mn::kDropoutAhead, s.dropout_bits);
-  c.dropout_pairs = kb.meta<bool>(mn::kDropoutPairs, true);
-  if (c.positive_scale && s.modded()) kb.fail(Loc::current(), "POSITIVE_SCALE takes no SCORE_MOD: the mod needs the scaled scores");
-  c.heavy_first_sections = kb.meta<bool>(mn::kHeavyFirstSections, true);
   c.rng_warps = kb.meta<int>(mn::kRngWarps, 0);
   if (c.rng_warps) {
     c.mma_registers = kb.meta<int>(mn::kMmaRegisters, 0);
     c.rng_registers = kb.meta<int>(mn::kRngRegisters, 0);
   }
-  if (c.rng_warps && (!s.dropout || s.dropout_bits || s.library_mask() || s.varlen || c.pingpong || c.block_n % 64 != 0))
+  // The loop's schedule (decisions 006, 044, 045). At D 128 on dense tensors (no library mask,
+  // varlen or score mod): a producer warpgroup fills the K / V rings, and P_{j-1} V_{j-1} stays in
+  // flight during softmax_j (+5-8% over PIPELINE_QK with the producer; PIPELINE_QK beside them
+  // does not fit the consumers' 240 registers); the warpgroups take turns issuing their MMAs when
+  // causal (+3-4%). Without the producer, PIPELINE_QK without dropout. D 64 keeps the plain loop:
+  // its two programs per multiprocessor do not fit beside a producer [044].
+  const bool dense128 = s.head_dim == 128 && !s.library_mask() && !s.varlen && !s.modded();
+  c.ring_producer = kb.meta<bool>(mn::kRingProducer, dense128 && !c.rng_warps);
+  if (*c.ring_producer && c.rng_warps)
+    kb.fail(Loc::current(), "RING_PRODUCER and RNG_WARPS each add a warp role; use one of them");
+  c.pipeline_pv = kb.meta<bool>(mn::kPipelinePv, *c.ring_producer);
+  c.pipeline_qk = kb.meta<bool>(mn::kPipelineQk, dense128 && !s.dropout && !*c.pipeline_pv);
+  c.pingpong = kb.meta<bool>(mn::kPingpong, *c.ring_producer && *c.pipeline_pv && s.causal && !s.dropout);
+  c.positive_scale = kb.meta<bool>(mn::kPositiveScale, false);
+  c.dropout_ahead = kb.meta<bool>(mn::kDropoutAhead, s.dropout_bits);
+  c.dropout_pairs = kb.meta<bool>(mn::kDropoutPairs, true);
+  if (c.positive_scale && s.modded()) kb.fail(Loc::current(), "POSITIVE_SCALE takes no SCORE_MOD: the mod needs the scaled scores");
+  c.heavy_first_sections = kb.meta<bool>(mn::kHeavyFirstSections, true);
+  if (c.rng_warps && (!s.dropout || s.dropout_bits || s.library_mask() || s.varlen || *c.pingpong || c.block_n % 64 != 0))
     kb.fail(Loc::current(), fmt::format("RNG_WARPS = {} generates the fused dropout mask on warps of its own: it needs DROPOUT=true "
                                         "without DROPOUT_BITS, a full or causal mask, dense tensors, no PINGPONG and BLOCK_N a "
                                         "multiple of 64 (got BLOCK_N = {})", c.rng_warps, c.block_n));
-  // measured faster at D 128 dense without dropout (+6% full, +10% causal); slower at D 64 [044]
-  c.ring_producer = kb.meta<bool>(mn::kRingProducer, s.head_dim == 128 && !s.dropout && !s.library_mask() && !s.varlen && !s.modded() &&
-                                                         !c.rng_warps);
-  if (*c.ring_producer && c.rng_warps)
-    kb.fail(Loc::current(), "RING_PRODUCER and RNG_WARPS each add a warp role; use one of them");
   return c;
 }
 

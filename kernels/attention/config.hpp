@@ -52,15 +52,16 @@ struct ForwardConfig {
   bool return_mask = false;  // tests: also write the keep bits of every visited block (needs dropout)
 
   std::optional<bool> exact_normalize;  // O = acc / l by division; unset: D 64 without dropout [002, 003]
-  std::optional<bool> pipeline_qk;      // S_{j+1} issued before softmax_j; unset: D 128 dense, no dropout/mod [006]
+  std::optional<bool> pipeline_qk;      // S_{j+1} issued before softmax_j; unset: D 128 dense, no dropout, no PV [006]
   bool positive_scale = false;          // the caller promises softmax_scale > 0: the fma softmax [009]
   std::optional<bool> dropout_ahead;    // the mask's inputs issued beside S's MMA; unset: with dropout_bits [012, 013]
   bool dropout_pairs = true;            // the keep-mask on rounded 16-bit pairs [011]
   bool heavy_first_sections = true;     // dense causal: heaviest query tiles first across heads [018]
-  std::optional<bool> ring_producer;    // K / V rings filled by a producer warpgroup; unset: as PIPELINE_QK [044]
+  // K / V rings filled by a producer warpgroup; unset: D 128 dense (no library mask, varlen or mod) [044]
+  std::optional<bool> ring_producer;
+  std::optional<bool> pipeline_pv;  // P_{j-1} V_{j-1} in flight during softmax_j; unset: with the producer [007, 045]
+  std::optional<bool> pingpong;     // warpgroups take turns issuing MMAs; unset: the producer's causal without dropout [008, 045]
   // Variants that measured slower (kernels/attention/forward_experimental.cpp):
-  bool pingpong = false;     // warpgroups take turns issuing MMAs [008]
-  bool pipeline_pv = false;  // P_{j-1} V_{j-1} in flight during softmax_j [007]
   int64_t rng_warps = 0, mma_registers = 0, rng_registers = 0;  // Philox on warps of its own [014]
 
   // The metas: the tiles and the spec's dtype, head dim, causal and layout always, everything else

@@ -157,7 +157,7 @@ void ForwardTile::key_block(const Tile& n0, const Tile& partial, const Tile& s_r
 }
 
 void ForwardTile::in_turn(const std::function<void()>& issue) const {
-  if (p.cfg.pingpong) warpgroup_turn(issue);
+  if (*p.cfg.pingpong) warpgroup_turn(issue);
   else issue();
 }
 
@@ -223,7 +223,7 @@ const lang::Kernel& attention_forward() {
     auto attend = [&] {
       ForwardTile t(p, keep_words ? &*keep_words : nullptr);
       const KeyBlocks blocks = t.key_blocks();
-      if (p.cfg.pipeline_pv) key_block_loop_pipeline_pv(t, blocks);
+      if (*p.cfg.pipeline_pv) key_block_loop_pipeline_pv(t, blocks);
       else key_block_loop(t, blocks);
       t.finish();
     };

@@ -93,7 +93,8 @@ struct ForwardTile {
 // The key-block loop, by schedule (forward_schedules.cpp): the plain loop, or with PIPELINE_QK the
 // next block's S issued before this block's softmax.
 void key_block_loop(ForwardTile& t, const KeyBlocks& blocks);
-// PIPELINE_PV (forward_experimental.cpp, measured slower): P_{j-1} V_{j-1} in flight during softmax_j.
+// PIPELINE_PV (forward_schedules.cpp; the default with the ring producer): P_{j-1} V_{j-1} in flight
+// during softmax_j.
 void key_block_loop_pipeline_pv(ForwardTile& t, const KeyBlocks& blocks);
 // RNG_WARPS (forward_experimental.cpp, measured slower): the MMA role `mma` beside warps that run
 // the keep-mask's Philox calls and pass the words through `keep_words`.
