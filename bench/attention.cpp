@@ -33,9 +33,9 @@
 //     causal also ordered with q_descending), D 64/128, S 1k-16k, full and causal, alternated rounds:
 //     DETERMINISTIC dtype=bf16 D=128 S=4096 causal=1 B=4 H=16 recompute_ms=.. recompute_tflops=.. atomic_ms=..
 //       ... split_ms=.. (or skipped(workspace=..GB>16GB)) ordered_ms=.. ordered_desc_ms=.. ordered_vs_atomic=..
-//   attention_bench --schedule-ab META [--with M=0|1,..] [--head-dim D] [--causal 0|1] [--no-dropout]
-//     a bool forward schedule meta off/on (D 64/128, S4k, +-causal, +-dropout; --with: other bool
-//     metas set in both variants), outputs compared bit for bit:
+//   attention_bench --schedule-ab META [--with M=0|1,..] [--head-dim D] [--causal 0|1] [--no-dropout] [--seq S]
+//     a bool forward schedule meta off/on (D 64/128, S4k or S (B*S = 16k; dropout only at S <= 4k),
+//     +-causal, +-dropout; --with: other bool metas set in both variants), outputs compared bit for bit:
 //     SCHEDULE_AB PINGPONG D=128 causal=0 dropout=0 off_ms=.. on_ms=.. off_tflops=.. on_tflops=.. speedup=.. outputs_identical=1
 //   attention_bench --dropout P --schedule BM,BN,W,S   the same, the dropout backward at those tiles
 //   attention_bench --forward-variants [--head-dim D] [--dropout P] [--quick]  the forward at other
@@ -587,7 +587,7 @@ std::vector<std::pair<std::string, bool>> parse_with(const std::string& with) {
 }
 
 int bench_schedule_ab(const std::string& meta_name, int max_reps, const std::string& with, int64_t only_d, int only_causal,
-                      bool no_dropout) {
+                      bool no_dropout, int64_t seq) {
   const Buffers buf;
   runtime::Stream stream;
   // dropout 0: none, 1: fused, 2: reading the packed mask (DROPOUT_BITS), generated here first
@@ -596,10 +596,12 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps, const std::str
   for (int64_t D : {64, 128})
     for (bool causal : {false, true})
       for (int dropout_mode : {0, 1, 2}) {
-        if ((only_d && D != only_d) || (only_causal >= 0 && causal != (only_causal != 0)) || (no_dropout && dropout_mode))
+        // (the packed mask's buffer holds S <= 4k)
+        if ((only_d && D != only_d) || (only_causal >= 0 && causal != (only_causal != 0)) ||
+            ((no_dropout || seq > 4096) && dropout_mode))
           continue;
         const bool dropout = dropout_mode > 0;
-        const Config c{4096, D, causal};
+        const Config c{seq, D, causal};
         const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
         const attention::Schedule sch = attention::default_schedule(attention::Pass::forward, ir::DType::bf16, static_cast<int>(D), causal);
         std::vector<Function> fns;
@@ -636,9 +638,9 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps, const std::str
         const runtime::Grid grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()};
         const AbResult r = ab_measure(fns, grid, stream, args, {&buf.o}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
         const double f = c.fwd_flops(), a = r.off_ms, b = r.on_ms;
-        std::printf("SCHEDULE_AB %s D=%ld causal=%d dropout=%d off_ms=%.4f on_ms=%.4f off_tflops=%.1f on_tflops=%.1f speedup=%.3f "
+        std::printf("SCHEDULE_AB %s S=%ld D=%ld causal=%d dropout=%d off_ms=%.4f on_ms=%.4f off_tflops=%.1f on_tflops=%.1f speedup=%.3f "
                     "outputs_identical=%d\n",
-                    meta_name.c_str(), static_cast<long>(D), causal ? 1 : 0, dropout_mode, a, b, f / (a * 1e-3) / 1e12,
+                    meta_name.c_str(), static_cast<long>(c.S), static_cast<long>(D), causal ? 1 : 0, dropout_mode, a, b, f / (a * 1e-3) / 1e12,
                     f / (b * 1e-3) / 1e12, a / b, r.identical ? 1 : 0);
         std::fflush(stdout);
       }
@@ -780,7 +782,8 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
   const std::vector<Variant> d64_dropout{{64, 128, 4, 2, false},        {128, 128, 8, 2, false},          {128, 128, 8, 2, false, 2},
                                          {64, 128, 4, 2, false, 4},       {64, 64, 4, 2, false},            {64, 32, 4, 2, false},
                                          {64, 128, 4, 2, false, 0, 4},    {128, 128, 8, 2, false, 0, 4, 216, 72}};
-  const std::vector<Variant> d128{{128, 128, 8, 2, false}, {128, 64, 8, 2, false}, {64, 128, 4, 2, false}, {64, 64, 4, 2, false},
+  const std::vector<Variant> d128{{128, 128, 8, 2, false}, {128, 128, 8, 3, false}, {128, 64, 8, 2, false}, {128, 64, 8, 3, false},
+                                  {64, 128, 4, 2, false}, {64, 64, 4, 2, false},
                                   {64, 64, 4, 3, false},   {64, 32, 4, 2, false},  {64, 32, 4, 3, false},  {64, 32, 4, 4, false}};
   const std::vector<Variant> d128_dropout{{128, 128, 8, 2, false}, {128, 128, 8, 2, false, 0, 4, 216, 72}, {128, 128, 8, 2, false, 0, 4, 232, 40},
                                           {64, 128, 4, 2, false, 0, 4}};
@@ -1465,7 +1468,7 @@ int main(int argc, char** argv) {
     if (dq_variants) return bench_dq_variants(reps);
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only);
     if (masks) return bench_masks(reps);
-    if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout);
+    if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout, only_s ? only_s : 4096);
     if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps);
     if (tool_ab) return bench_tool_ab(reps);
     if (!meta_ab.empty()) return bench_meta_ab(meta_ab, meta_ab_kernels, reps);

@@ -35,6 +35,7 @@ inline constexpr const char* kHeavyFirstSections = "HEAVY_FIRST_SECTIONS";
 inline constexpr const char* kRngWarps = "RNG_WARPS";
 inline constexpr const char* kRngRegisters = "RNG_REGISTERS";
 inline constexpr const char* kRingProducer = "RING_PRODUCER";
+inline constexpr const char* kPvPeel = "PV_PEEL";
 inline constexpr const char* kPartialTilesOnly = "PARTIAL_TILES_ONLY";
 inline constexpr const char* kDqReduction = "DQ_REDUCTION";
 inline constexpr const char* kQDescending = "Q_DESCENDING";

@@ -73,8 +73,9 @@ TEST_CASE("attention forward: head dim 128") {
 // Schedule options of the same algorithm: the next block's S issued before this block's softmax
 // (PIPELINE_QK), and the output normalised by an IEEE division instead of rcp (EXACT_NORMALIZE).
 // PIPELINE_QK, PIPELINE_PV (P_{j-1} V_{j-1} issued after S_j, the output rescaled at the end of
-// an iteration), both together, and PINGPONG (warpgroup turns, a no-op in the interpreter) do the
-// same arithmetic in the same order: the outputs are bit-identical to no pipeline's.
+// an iteration; PV_PEEL: block 0 before the loop), both together, and PINGPONG (warpgroup turns, a
+// no-op in the interpreter) do the same arithmetic in the same order: the outputs are
+// bit-identical to no pipeline's.
 TEST_CASE("attention forward: PIPELINE_QK, PIPELINE_PV, both, and PINGPONG give bit-identical results") {
   for (bool causal : {false, true})
     for (const Case& c : {Case{1, 4, 2, 70, 130, 64, causal, false}, Case{2, 2, 1, 100, 45, 128, causal, true}}) {
@@ -94,19 +95,22 @@ TEST_CASE("attention forward: PIPELINE_QK, PIPELINE_PV, both, and PINGPONG give 
         return out;
       };
       const std::vector<double> want = run({{"PIPELINE_QK", false}, {"PIPELINE_PV", false}});
-      const auto both = [](bool qk, bool pv, bool pingpong) {
-        return lang::Meta{{"PIPELINE_QK", qk}, {"PIPELINE_PV", pv}, {"PINGPONG", pingpong}};
+      const auto both = [](bool qk, bool pv, bool pingpong, bool peel = true) {
+        return lang::Meta{{"PIPELINE_QK", qk}, {"PIPELINE_PV", pv}, {"PINGPONG", pingpong}, {"PV_PEEL", peel}};
       };
-      // each pipeline alone, both (FlashAttention-3's full overlap), and with PINGPONG
-      for (const lang::Meta& extra : {both(true, false, false), both(false, true, false), both(true, true, false),
-                                      both(false, false, true), both(false, true, true), both(true, true, true)}) {
+      // each pipeline alone (PIPELINE_PV with and without PV_PEEL), both (FlashAttention-3's full
+      // overlap), and with PINGPONG; the S_q > S_k causal case has rows that see no key
+      for (const lang::Meta& extra : {both(true, false, false), both(false, true, false), both(false, true, false, false),
+                                      both(true, true, false), both(false, false, true), both(false, true, true),
+                                      both(true, true, true)}) {
         const std::vector<double> got = run(extra);
         REQUIRE(got.size() == want.size());
         size_t differ = 0;
         for (size_t i = 0; i < got.size(); ++i)
           if (!(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])))) ++differ;
-        CHECK_MESSAGE(differ == 0, fmt::format("PIPELINE_QK={} PIPELINE_PV={} PINGPONG={}: {} values differ", std::get<bool>(extra[0].second),
-                                               std::get<bool>(extra[1].second), std::get<bool>(extra[2].second), differ));
+        CHECK_MESSAGE(differ == 0, fmt::format("PIPELINE_QK={} PIPELINE_PV={} PINGPONG={} PV_PEEL={}: {} values differ",
+                                               std::get<bool>(extra[0].second), std::get<bool>(extra[1].second),
+                                               std::get<bool>(extra[2].second), std::get<bool>(extra[3].second), differ));
       }
       check_case(c, {{"PIPELINE_PV", true}});  // and against the float64 reference
       check_case(c, {{"PIPELINE_PV", true}, {"PIPELINE_QK", true}});

@@ -51,12 +51,14 @@ std::vector<Case> all_kernels() {
   cases.push_back({"attention varlen causal", kernels::attention_forward().build({{"CAUSAL", true}, {"VARLEN", true}}), 4, false});
   // Hopper schedule options of the forward (8 warps: two warpgroups): warpgroup turns, P V pipelined
   const lang::Meta hopper_fwd{{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"HEAD_DIM", 128}};
-  // (PIPELINE_QK is the D128 default: PIPELINE_PV here alone, not the combination, which spills)
-  for (const char* opt : {"PINGPONG", "PIPELINE_PV"}) {
+  // (the D128 default is PIPELINE_PV with the ring producer and PV_PEEL [045]: here with PINGPONG,
+  // without PV_PEEL, and the previous default, PIPELINE_QK without the producer)
+  for (const lang::Meta& opt : {lang::Meta{{"PINGPONG", true}}, lang::Meta{{"PV_PEEL", false}},
+                                lang::Meta{{"RING_PRODUCER", false}, {"PIPELINE_PV", false}}}) {
     lang::Meta m = hopper_fwd;
-    m.emplace_back(opt, true);
-    if (std::string_view(opt) == "PIPELINE_PV") m.emplace_back("PIPELINE_QK", false);
-    cases.push_back({fmt::format("attention D128 {}", opt), kernels::attention_forward().build(m), 8});
+    m.insert(m.end(), opt.begin(), opt.end());
+    cases.push_back({fmt::format("attention D128 {}={}", opt[0].first, std::get<bool>(opt[0].second)),
+                     kernels::attention_forward().build(m), 8});
   }
   cases.push_back({"segments (Tensor::slice)", test_kernels::segments.build()});
   cases.push_back({"ordered_sum (semaphores)", test_kernels::ordered_sum.build()});

@@ -41,9 +41,24 @@ void key_block_loop_pipeline_pv(ForwardTile& t, const KeyBlocks& blocks) {
   // rescaling at the next iteration's top, with S_j in flight, makes ptxas wait for every MMA
   // there (C7517). With PIPELINE_QK too, S_j is carried from the previous iteration (the prologue
   // issues S_0) and the iteration issues S_{j+1}.
+  // PV_PEEL: block 0's S and softmax come first (K_0 a one-off tile), and the loop starts at
+  // block 1, so that no iteration multiplies P_{-1} = 0 by V_0 (1 / trips of the P V work).
+  const bool peel = *p.cfg.pv_peel;
+  // With PV_PEEL, the last block's V (for the P V after the loop) is copied in the prologue: a
+  // one-off tile whose copy runs during the loop instead of after it.
+  auto last_v = [&] { return load(p.rows_of(p.Vs, p.kv_h, blocks.at(maximum(blocks.trips - 1, 0)).first, p.BN)); };
+  std::optional<Tile> v_last;
+  if (peel) v_last = last_v();
   Var s_cur = pipeline_qk ? t.scores(blocks.at(zeros(i32, {})).first) : zeros(f32, {});
   Var p_prev = zeros(p.cfg.spec.dtype, {p.BM, p.BN});
-  for_range(0, blocks.trips, [&](Tile j) {
+  if (peel) {
+    const Tile j0 = zeros(i32, {});
+    auto [n0, partial] = blocks.at(j0);
+    Tile s0;
+    t.in_turn([&] { s0 = t.scores(n0); });
+    p_prev = t.softmax_block(n0, partial, s0, t.mask_ahead(n0, j0)).first;  // (acc = 0: no rescale)
+  }
+  for_range(peel ? 1 : 0, blocks.trips, [&](Tile j) {
     auto [n0, partial] = blocks.at(j);
     // The K block first: the dots are issued in their operands' order, and S must go first (a
     // softmax waits for its S alone, while P_{j-1} V_{j-1} stays in flight). V_{j-1} from the
@@ -61,7 +76,7 @@ void key_block_loop_pipeline_pv(ForwardTile& t, const KeyBlocks& blocks) {
     p_prev = p16;
     t.acc = t.acc * alpha[col];
   });
-  t.acc = dot(p_prev, load(p.rows_of(p.Vs, p.kv_h, blocks.at(maximum(blocks.trips - 1, 0)).first, p.BN)), t.acc);
+  t.acc = dot(p_prev, v_last ? *v_last : last_v(), t.acc);
 }
 
 }  // namespace tilejit::kernels::forward_detail
