@@ -93,6 +93,88 @@ Tile atomic_add(const Operand& ptr, const Operand& value, const Operand& mask, L
 
 namespace {
 
+// atomic_rmw (rmw set) and atomic_cas (compare set) through pointer tiles.
+Tile rmw_op(std::optional<ir::AtomicRmw> rmw, const Operand& ptr, const Operand* compare, const Operand& value,
+            const Operand* mask, AtomicOptions o, const Loc& loc) {
+  const std::string what = rmw ? fmt::format("atomic_{}", ir::name(*rmw)) : "atomic_cas";
+  Builder& b = builder_for({&ptr, &value}, loc);
+  Tile p = pointer_tile(b, ptr, loc, what.c_str());
+  const DType pointee = b.type(p.id()).dtype;
+  if (std::string valid = ir::atomic_dtype_error(rmw, pointee); !valid.empty())
+    b.fail(loc, fmt::format("{}: the pointer points to {}; {} takes {}", what, ir::name(pointee), what, valid));
+  Shape s = b.type(p.id()).shape;
+  for (const Operand* v : {compare, &value}) {
+    if (!v) continue;
+    check_value_dtype(b, *v, pointee, loc, what.c_str());
+    if (!v->is_literal()) s = detail::broadcast_shapes(b, s, b.type(v->tile().id()).shape, loc, what.c_str());
+  }
+  Tile m;
+  if (mask) {
+    m = mask_tile(b, *mask, loc, what.c_str());
+    s = detail::broadcast_shapes(b, s, b.type(m.id()).shape, loc, what.c_str());
+  }
+  std::vector<ir::ValueId> ops{detail::broadcast_to(b, p, s, loc).id()};
+  if (compare) ops.push_back(detail::materialize(b, *compare, pointee, s, loc, what.c_str()).id());
+  ops.push_back(detail::materialize(b, value, pointee, s, loc, what.c_str()).id());
+  if (mask) ops.push_back(detail::broadcast_to(b, m, s, loc).id());
+  ir::AttrMap attrs{{"sem", std::string(ir::name(o.sem))}, {"scope", std::string(ir::name(o.scope))}};
+  if (rmw) attrs.emplace("rmw", std::string(ir::name(*rmw)));
+  return b.emit1(rmw ? OpKind::atomic_rmw : OpKind::atomic_cas, std::move(ops), std::move(attrs), loc);
+}
+
+}  // namespace
+
+Tile atomic_add(const Operand& ptr, const Operand& value, AtomicOptions o, Loc loc) {
+  return rmw_op(ir::AtomicRmw::add, ptr, nullptr, value, nullptr, o, loc);
+}
+Tile atomic_add(const Operand& ptr, const Operand& value, const Operand& mask, AtomicOptions o, Loc loc) {
+  return rmw_op(ir::AtomicRmw::add, ptr, nullptr, value, &mask, o, loc);
+}
+Tile atomic_max(const Operand& ptr, const Operand& value, AtomicOptions o, Loc loc) {
+  return rmw_op(ir::AtomicRmw::max, ptr, nullptr, value, nullptr, o, loc);
+}
+Tile atomic_max(const Operand& ptr, const Operand& value, const Operand& mask, AtomicOptions o, Loc loc) {
+  return rmw_op(ir::AtomicRmw::max, ptr, nullptr, value, &mask, o, loc);
+}
+Tile atomic_min(const Operand& ptr, const Operand& value, AtomicOptions o, Loc loc) {
+  return rmw_op(ir::AtomicRmw::min, ptr, nullptr, value, nullptr, o, loc);
+}
+Tile atomic_min(const Operand& ptr, const Operand& value, const Operand& mask, AtomicOptions o, Loc loc) {
+  return rmw_op(ir::AtomicRmw::min, ptr, nullptr, value, &mask, o, loc);
+}
+Tile atomic_and(const Operand& ptr, const Operand& value, AtomicOptions o, Loc loc) {
+  return rmw_op(ir::AtomicRmw::and_, ptr, nullptr, value, nullptr, o, loc);
+}
+Tile atomic_and(const Operand& ptr, const Operand& value, const Operand& mask, AtomicOptions o, Loc loc) {
+  return rmw_op(ir::AtomicRmw::and_, ptr, nullptr, value, &mask, o, loc);
+}
+Tile atomic_or(const Operand& ptr, const Operand& value, AtomicOptions o, Loc loc) {
+  return rmw_op(ir::AtomicRmw::or_, ptr, nullptr, value, nullptr, o, loc);
+}
+Tile atomic_or(const Operand& ptr, const Operand& value, const Operand& mask, AtomicOptions o, Loc loc) {
+  return rmw_op(ir::AtomicRmw::or_, ptr, nullptr, value, &mask, o, loc);
+}
+Tile atomic_xor(const Operand& ptr, const Operand& value, AtomicOptions o, Loc loc) {
+  return rmw_op(ir::AtomicRmw::xor_, ptr, nullptr, value, nullptr, o, loc);
+}
+Tile atomic_xor(const Operand& ptr, const Operand& value, const Operand& mask, AtomicOptions o, Loc loc) {
+  return rmw_op(ir::AtomicRmw::xor_, ptr, nullptr, value, &mask, o, loc);
+}
+Tile atomic_xchg(const Operand& ptr, const Operand& value, AtomicOptions o, Loc loc) {
+  return rmw_op(ir::AtomicRmw::xchg, ptr, nullptr, value, nullptr, o, loc);
+}
+Tile atomic_xchg(const Operand& ptr, const Operand& value, const Operand& mask, AtomicOptions o, Loc loc) {
+  return rmw_op(ir::AtomicRmw::xchg, ptr, nullptr, value, &mask, o, loc);
+}
+Tile atomic_cas(const Operand& ptr, const Operand& compare, const Operand& value, AtomicOptions o, Loc loc) {
+  return rmw_op(std::nullopt, ptr, &compare, value, nullptr, o, loc);
+}
+Tile atomic_cas(const Operand& ptr, const Operand& compare, const Operand& value, const Operand& mask, AtomicOptions o, Loc loc) {
+  return rmw_op(std::nullopt, ptr, &compare, value, &mask, o, loc);
+}
+
+namespace {
+
 // wait_at_least / signal_add: a scalar pointer to i32 and an i32 scalar (numbers adapt).
 void semaphore_op(OpKind kind, const Operand& semaphore, const Operand& value, const Loc& loc) {
   const char* what = kind == OpKind::wait_ge ? "wait_at_least" : "signal_add";

@@ -1,9 +1,10 @@
 // Memory operations of the DSL: loads and stores through pointer tiles (with masks and a padding
-// value), block loads/stores of a window of a strided tensor, and atomic adds.
+// value), block loads/stores of a window of a strided tensor, and atomics.
 #pragma once
 #include <source_location>
 
 #include "dsl/builder.hpp"
+#include "dsl/ir/atomic.hpp"
 
 namespace tilejit::lang {
 
@@ -19,6 +20,56 @@ void store(const Operand& ptr, const Operand& value, const Operand& mask,
 // Returns the previous values. Supported: f32 f64 f16 bf16 i32 u32 i64 u64.
 Tile atomic_add(const Operand& ptr, const Operand& value, std::source_location loc = std::source_location::current());
 Tile atomic_add(const Operand& ptr, const Operand& value, const Operand& mask,
+                std::source_location loc = std::source_location::current());
+
+// Read-modify-write atomics through pointer tiles, element by element (ptr, values and mask
+// broadcast together); each returns the previous values (masked-off elements are not updated and
+// return 0). Order and scope as in PTX and Triton (default acq_rel at GPU scope): sem relaxed,
+// acquire (later accesses stay after it), release (earlier ones stay before it) or acq_rel;
+// scope cta (this program), gpu or sys (the host and other GPUs too). Types: add, max, min and
+// xchg take i32 u32 i64 u64 f32 f64 (float max / min ignore a NaN operand, as fmaxf does: on the
+// GPU a compare-and-swap loop); and, or, xor and atomic_cas take i32 u32 i64 u64. The elements of
+// one call are independent atomics: two elements at one address both apply, in some order.
+// e.g. a spin lock: while (atomic_cas(lock, 0, 1, {.sem = acquire}) != 0) {} ...
+// atomic_xchg(lock, 0, {.sem = release}); an amax: atomic_max(amax_ptr, max(abs(x), 0)).
+using ir::MemScope;
+using ir::MemSem;
+struct AtomicOptions {
+  MemSem sem = MemSem::acq_rel;
+  MemScope scope = MemScope::gpu;
+};
+Tile atomic_add(const Operand& ptr, const Operand& value, AtomicOptions o,
+                std::source_location loc = std::source_location::current());
+Tile atomic_add(const Operand& ptr, const Operand& value, const Operand& mask, AtomicOptions o,
+                std::source_location loc = std::source_location::current());
+Tile atomic_max(const Operand& ptr, const Operand& value, AtomicOptions o = {},
+                std::source_location loc = std::source_location::current());
+Tile atomic_max(const Operand& ptr, const Operand& value, const Operand& mask, AtomicOptions o = {},
+                std::source_location loc = std::source_location::current());
+Tile atomic_min(const Operand& ptr, const Operand& value, AtomicOptions o = {},
+                std::source_location loc = std::source_location::current());
+Tile atomic_min(const Operand& ptr, const Operand& value, const Operand& mask, AtomicOptions o = {},
+                std::source_location loc = std::source_location::current());
+Tile atomic_and(const Operand& ptr, const Operand& value, AtomicOptions o = {},
+                std::source_location loc = std::source_location::current());
+Tile atomic_and(const Operand& ptr, const Operand& value, const Operand& mask, AtomicOptions o = {},
+                std::source_location loc = std::source_location::current());
+Tile atomic_or(const Operand& ptr, const Operand& value, AtomicOptions o = {},
+               std::source_location loc = std::source_location::current());
+Tile atomic_or(const Operand& ptr, const Operand& value, const Operand& mask, AtomicOptions o = {},
+               std::source_location loc = std::source_location::current());
+Tile atomic_xor(const Operand& ptr, const Operand& value, AtomicOptions o = {},
+                std::source_location loc = std::source_location::current());
+Tile atomic_xor(const Operand& ptr, const Operand& value, const Operand& mask, AtomicOptions o = {},
+                std::source_location loc = std::source_location::current());
+Tile atomic_xchg(const Operand& ptr, const Operand& value, AtomicOptions o = {},
+                 std::source_location loc = std::source_location::current());
+Tile atomic_xchg(const Operand& ptr, const Operand& value, const Operand& mask, AtomicOptions o = {},
+                 std::source_location loc = std::source_location::current());
+// *ptr = value where *ptr == compare (bit for bit); returns the previous values.
+Tile atomic_cas(const Operand& ptr, const Operand& compare, const Operand& value, AtomicOptions o = {},
+                std::source_location loc = std::source_location::current());
+Tile atomic_cas(const Operand& ptr, const Operand& compare, const Operand& value, const Operand& mask, AtomicOptions o = {},
                 std::source_location loc = std::source_location::current());
 
 // Ordering between programs through i32 semaphores in global memory (e.g. a fixed order in which

@@ -75,6 +75,8 @@ class Assigner {
         if (!f_.type(op.results[0]).is_scalar()) set(op.results[0], blocked(f_.type(op.results[0])));  // scalars: no layout
         return;
       case OpKind::atomic_add:
+      case OpKind::atomic_rmw:
+      case OpKind::atomic_cas:
         // in the added value's own layout when it has one (e.g. an MMA accumulator: no exchange
         // through shared memory; the pointers are usually computed, hence materialised, in it)
         if (!f_.type(op.results[0]).is_scalar())

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "dsl/ir/atomic.hpp"
 #include "dsl/ir/dtype.hpp"
 
 namespace tilejit::jit::pir {
@@ -57,6 +58,10 @@ enum class Op : uint8_t {
   load,    // (ptr[, pred, other]) -> ty          global memory
   store,   // (ptr, value[, pred])
   atomic_add,  // (ptr, value[, pred]) -> old
+  // (ptr, value[, pred]) imm = atomic_imm(rmw, sem, scope) -> old
+  atomic_rmw,
+  // (ptr, compare, value[, pred]) imm = atomic_imm(add, sem, scope) -> old
+  atomic_cas,
   sem_wait,    // (ptr i32, target i32): spin until ld.acquire.gpu [ptr] >= target
   sem_signal,  // (ptr i32, value i32): fence.acq_rel.gpu; red.release.gpu.add [ptr], value
   load_shared,   // (i32 byte offset) -> ty
@@ -185,5 +190,16 @@ struct Func {
 std::string op_name(Op op);
 std::string type_name(Ty t);
 std::string print(const Func& f);  // text form for --dump-after=lower
+
+// The imm of atomic_rmw / atomic_cas: what it computes, its order and its scope.
+struct AtomicImm {
+  ir::AtomicRmw rmw = ir::AtomicRmw::add;
+  ir::MemSem sem = ir::MemSem::relaxed;
+  ir::MemScope scope = ir::MemScope::gpu;
+  int64_t encode() const { return static_cast<int64_t>(rmw) | static_cast<int64_t>(sem) << 4 | static_cast<int64_t>(scope) << 8; }
+  static AtomicImm decode(int64_t imm) {
+    return {static_cast<ir::AtomicRmw>(imm & 15), static_cast<ir::MemSem>(imm >> 4 & 15), static_cast<ir::MemScope>(imm >> 8 & 15)};
+  }
+};
 
 }  // namespace tilejit::jit::pir

@@ -92,7 +92,9 @@ std::optional<TmaDotLoop> match_tma_dot_loop(const ir::Function& f, const ir::Op
   // Scalar arithmetic alone (the windows' offsets) is no side work; with side work it is lowered
   // too, as the side work may read it.
   const bool work = std::any_of(m.side_ops.begin(), m.side_ops.end(), [&](const ir::Op* op) {
-    if (!op->regions.empty() || op->kind == OpKind::store || op->kind == OpKind::atomic_add || op->kind == OpKind::load) return true;
+    if (!op->regions.empty() || op->kind == OpKind::store || op->kind == OpKind::atomic_add || op->kind == OpKind::atomic_rmw ||
+        op->kind == OpKind::atomic_cas || op->kind == OpKind::load)
+      return true;
     return std::any_of(op->results.begin(), op->results.end(), [&](ir::ValueId r) { return !f.type(r).is_scalar(); });
   });
   if (!work) m.side_ops.clear();

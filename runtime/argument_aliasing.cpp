@@ -62,7 +62,8 @@ std::vector<bool> written_params(const ir::Function& f) {
   }
   std::vector<bool> written(f.params.size(), false);
   ir::walk(f.body, [&](const ir::Op& op) {
-    const bool writes = op.kind == ir::OpKind::store || op.kind == ir::OpKind::atomic_add ||
+    const bool writes = op.kind == ir::OpKind::store || op.kind == ir::OpKind::atomic_add || op.kind == ir::OpKind::atomic_rmw ||
+                        op.kind == ir::OpKind::atomic_cas ||
                         op.kind == ir::OpKind::block_store || op.kind == ir::OpKind::signal_add;
     if (!writes || op.operands.empty()) return;
     if (const Sources* s = of(op.operands[0]))

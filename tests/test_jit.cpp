@@ -38,6 +38,7 @@ std::vector<Case> all_kernels() {
   for (int w : {1, 4, 8}) cases.push_back({fmt::format("reductions w{}", w), test_kernels::reductions.build(), w, w > 1});
   cases.push_back({"elementwise", test_kernels::elementwise.build()});
   cases.push_back({"atomics", test_kernels::atomics.build()});
+  cases.push_back({"atomic_ops (rmw, cas, orders, scopes)", test_kernels::atomic_ops().build()});
   for (DType out : {f32, bf16, f16})
     cases.push_back({fmt::format("gemm 128x128x32 -> {}", ir::name(out)), kernels::gemm().build({{"OUT_DTYPE", out}}), 8});
   cases.push_back({"gemm 64x64x32", kernels::gemm().build({{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 32}})});
@@ -99,6 +100,29 @@ TEST_CASE("every kernel lowers through both backends to PTX that ptxas assembles
 // min_programs_per_sm: a launch bound both backends hand to ptxas (.minnctapersm), which then caps
 // the registers: the D64 dK/dV kernel (201 registers unbounded through LLVM) fits three programs of 128
 // threads per SM (<= 168); 0 emits nothing; a value past 32 is a clear error.
+TEST_CASE("atomics in PTX: order and scope on every atom; float max at sys scope refused by the llvm backend") {
+  for (jit::Backend b : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+    INFO(jit::to_string(b));
+    jit::CompileOptions o;
+    o.backend = b;
+    o.make_cubin = false;
+    const std::string ptx = jit::compile(test_kernels::atomic_ops().build(), o).ptx;
+    for (const char* want : {"atom.relaxed.gpu.global.add", "atom.acquire.gpu.global.and.b32", "atom.acq_rel.sys.global.xor.b32",
+                             "atom.acq_rel.gpu.global.max.s64", "atom.acquire.gpu.global.cas.b32", "atom.acq_rel.cta.global.exch.b64",
+                             "fence.acq_rel.gpu"})
+      CHECK_MESSAGE(ptx.find(want) != std::string::npos, want);
+  }
+  const Kernel sys_max = kernel("sys_max", [](Builder& k) {
+    atomic_max(k.pointer("P", f32), load(k.pointer("X", f32) + arange(0, 32)), {.scope = MemScope::sys});
+  });
+  jit::CompileOptions o;
+  o.make_cubin = false;
+  CHECK_THROWS_WITH(jit::compile(sys_max.build(), o),
+                    doctest::Contains("atomic_max on f32 at scope sys is not supported by the llvm backend"));
+  o.backend = jit::Backend::Nvrtc;
+  CHECK(jit::compile(sys_max.build(), o).ptx.find("atom.relaxed.sys.global.cas.b32") != std::string::npos);
+}
+
 TEST_CASE("min_programs_per_sm: .minnctapersm in the PTX, registers capped for that many programs per SM") {
   const ir::Function f = kernels::attention_backward_dkdv().build({{"HEAD_DIM", 64}, {"BLOCK_M", 64}, {"BLOCK_N", 64}, {"CAUSAL", true}});
   for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {

@@ -262,6 +262,14 @@ TEST_CASE("gpu: atomic_add from many programs into shared locations") {
   check_against_interpreter(test_kernels::atomics.build(), {32}, {&x, &acc, &cnt}, 1e-5);
 }
 
+TEST_CASE("gpu: atomic max/min/add/and/or/xor/xchg/cas with orders and scopes match the interpreter (issue 26)") {
+  if (!have_gpu()) return;
+  test_kernels::AtomicOpsArgs a(64);
+  // the final memory does not depend on the programs' order: exact, both backends
+  check_against_interpreter(test_kernels::atomic_ops().build(), {64},
+                            {&a.x, &a.amax, &a.hist, &a.bits, &a.ext, &a.slot, &a.swap, &a.old}, 0.0, {}, true);
+}
+
 TEST_CASE("gpu: GEMM through the TMA + wgmma pipeline (B K-major and MN-major, ragged M and N)") {
   if (!have_gpu()) return;
   struct Shape3 {

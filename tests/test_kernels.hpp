@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dsl/lang.hpp"
+#include "runtime/host_tensor.hpp"
 
 namespace test_kernels {
 
@@ -322,6 +323,52 @@ inline const Kernel& atomic_subnormals() {
   });
   return k;
 }
+// Issue 26: the read-modify-write atomics, with every order and scope, from every program:
+// Amax = {max, min} of X (a NaN in X is ignored), Hist += 1 at even lanes' bins (masked),
+// Bits = {or, and, xor} of per-program words, Ext = {max, min} of signed 64-bit values, Slot[0]
+// claimed once by compare-and-swap (Slot[1] counts the winners: 1), Swap[pid] exchanged (the old
+// values to Old). The final memory does not depend on the programs' order.
+inline const Kernel& atomic_ops() {
+  static const Kernel k = kernel("atomic_ops", [](Builder& b) {
+    auto X = b.pointer("X", f32), Amax = b.pointer("Amax", f32), Hist = b.pointer("Hist", i32);
+    auto Bits = b.pointer("Bits", u32), Ext = b.pointer("Ext", i64), Slot = b.pointer("Slot", i32);
+    auto Swap = b.pointer("Swap", u64), Old = b.pointer("Old", u64);
+    auto pid = program_id(0);
+    auto offs = arange(0, 64);
+    auto x = load(X + pid * 64 + offs);
+    atomic_max(Amax, x, {.sem = MemSem::relaxed});
+    atomic_min(Amax + 1, x, {.sem = MemSem::release});
+    atomic_add(Hist + (pid * 7 + offs * 3) % 16, 1, offs % 2 == 0, {.sem = MemSem::relaxed});
+    auto word = cast(u32, pid * 40503 + 17);
+    atomic_or(Bits, word);
+    atomic_and(Bits + 1, word | cast(u32, 0xFF00), {.sem = MemSem::acquire});
+    atomic_xor(Bits + 2, word, {.sem = MemSem::acq_rel, .scope = MemScope::sys});
+    auto v = cast(i64, offs - 32 + pid) * int64_t{3000000000};
+    atomic_max(Ext, v);
+    atomic_min(Ext + 1, v, offs < 48);
+    auto won = atomic_cas(Slot, 0, 1, {.sem = MemSem::acquire});
+    atomic_add(Slot + 1, cast(i32, won == 0), {.sem = MemSem::relaxed});
+    store(Old + pid, atomic_xchg(Swap + pid, cast(u64, pid) * 3, {.scope = MemScope::cta}));
+  });
+  return k;
+}
+// atomic_ops' arguments for `programs` programs (a NaN in X, which max and min ignore).
+struct AtomicOpsArgs {
+  tilejit::runtime::HostTensor x, amax, hist, bits, ext, slot, swap, old;
+  explicit AtomicOpsArgs(int64_t programs)
+      : x(f32, {programs * 64}), amax(f32, {2}), hist(i32, {16}), bits(u32, {3}), ext(i64, {2}), slot(i32, {2}),
+        swap(u64, {programs}), old(u64, {programs}) {
+    x.fill_uniform(41, -3, 3);
+    x.set_flat(77, std::nan(""));
+    amax.set_flat(0, -100), amax.set_flat(1, 100);
+    hist.fill(0);
+    bits.set_flat(0, 0), bits.set_flat(1, 0xFFFFFFFFu), bits.set_flat(2, 0x5A5A5A5Au);
+    ext.set_flat(0, -1e15), ext.set_flat(1, 1e15);
+    slot.fill(0);
+    old.fill(0);
+    for (int64_t p = 0; p < programs; ++p) swap.set_flat(p, static_cast<double>(1000 + p));
+  }
+};
 // Issue 28, item 10: reductions across lanes of 64-bit and 8/16-bit integer tiles; pack_pairs of a
 // tile spread one element per thread.
 inline Kernel wide_and_narrow_reductions = kernel("wide_and_narrow_reductions", [](Builder& k) {

@@ -445,6 +445,58 @@ TEST_CASE("atomic_add from many programs onto the same f32 and i32 locations sum
   check_atomic_history(init_i, inc_i, prev_i, fin_i, "i32 atomic_add returned values");
 }
 
+TEST_CASE("atomic max/min/add/and/or/xor/xchg/cas from many programs, every order and scope (issue 26)") {
+  const int64_t P = 8;
+  test_kernels::AtomicOpsArgs args(P);
+  auto& [x, amax, hist, bits, ext, slot, swap, old] = args;
+  rt::interpret(test_kernels::atomic_ops().build(), {P}, {x, amax, hist, bits, ext, slot, swap, old});
+
+  double mx = -100, mn = 100;
+  for (int64_t i = 0; i < P * 64; ++i)
+    if (!std::isnan(x.get_flat(i))) mx = std::max(mx, x.get_flat(i)), mn = std::min(mn, x.get_flat(i));
+  std::vector<double> want_hist(16, 0);
+  uint32_t o = 0, a = 0xFFFFFFFFu, xr = 0x5A5A5A5Au;
+  double emax = -1e15, emin = 1e15;
+  for (int64_t p = 0; p < P; ++p) {
+    for (int64_t l = 0; l < 64; l += 2) want_hist[static_cast<size_t>((p * 7 + l * 3) % 16)] += 1;
+    const uint32_t w = static_cast<uint32_t>(p * 40503 + 17);
+    o |= w, a &= w | 0xFF00u, xr ^= w;
+    for (int64_t l = 0; l < 64; ++l) {
+      const double v = static_cast<double>(l - 32 + p) * 3000000000.0;
+      emax = std::max(emax, v);
+      if (l < 48) emin = std::min(emin, v);
+    }
+  }
+  expect_same(amax.to_f64(), {mx, mn}, "Amax (max, min; NaN ignored)");
+  expect_same(hist.to_f64(), want_hist, "Hist (masked adds)");
+  expect_same(bits.to_f64(), {double(o), double(a), double(xr)}, "Bits (or, and, xor)");
+  expect_same(ext.to_f64(), {emax, emin}, "Ext (i64 max, masked min)");
+  expect_same(slot.to_f64(), {1, 1}, "Slot (claimed once, one winner)");
+  std::vector<double> want_swap, want_old;
+  for (int64_t p = 0; p < P; ++p) want_swap.push_back(double(p * 3)), want_old.push_back(double(1000 + p));
+  expect_same(swap.to_f64(), want_swap, "Swap (exchanged)");
+  expect_same(old.to_f64(), want_old, "Old (the exchanged values)");
+}
+
+TEST_CASE("atomic rmw and cas: dtype errors name the op and the valid types") {
+  auto error = [](const std::function<void(Builder&)>& body) {
+    try {
+      kernel("bad_atomic", body).build();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  std::string m = error([](Builder& k) { atomic_and(k.pointer("P", f32), 1.0f); });
+  CHECK_MESSAGE(m.find("atomic_and: the pointer points to f32; atomic_and takes i32 u32 i64 u64") != std::string::npos, m);
+  m = error([](Builder& k) { atomic_max(k.pointer("P", bf16) + arange(0, 16), cast(bf16, arange(0, 16))); });
+  CHECK_MESSAGE(m.find("atomic_max: the pointer points to bf16; atomic_max takes i32 u32 i64 u64 f32 f64") != std::string::npos, m);
+  m = error([](Builder& k) { atomic_cas(k.pointer("P", f32), 0.0f, 1.0f); });
+  CHECK_MESSAGE(m.find("atomic_cas: the pointer points to f32; atomic_cas takes i32 u32 i64 u64") != std::string::npos, m);
+  m = error([](Builder& k) { atomic_xchg(k.pointer("P", i32), cast(i64, arange(0, 16))); });
+  CHECK_MESSAGE(m.find("atomic_xchg: the value is i64[16] but the pointer points to i32") != std::string::npos, m);
+}
+
 TEST_CASE("atomic_add on a scalar counter hands out distinct tickets; masked lanes are untouched") {
   const int64_t P = 12;
   HostTensor counter(i32, {1}), tickets(i32, {P});

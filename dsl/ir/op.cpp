@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 
+#include "dsl/ir/atomic.hpp"
 #include "dsl/ir/function.hpp"
 
 namespace tilejit::ir {
@@ -17,7 +18,7 @@ constexpr std::array<std::string_view, static_cast<size_t>(OpKind::ring_producer
     "cos", "erf",
     "select", "cast", "bitcast", "pack_pairs", "unpack_pairs", "precompute", "reduce", "dot",
     "program_id", "num_programs",
-    "tensor_ptr", "tensor_dim", "tensor_stride", "tensor_slice", "addptr", "load", "store", "atomic_add", "block_load",
+    "tensor_ptr", "tensor_dim", "tensor_stride", "tensor_slice", "addptr", "load", "store", "atomic_add", "atomic_rmw", "atomic_cas", "block_load",
     "block_store", "wait_ge", "signal_add", "turn_begin", "turn_end",
     "for", "if", "yield", "warp_roles", "channel_push", "channel_pop", "ring_producer",
 };
@@ -393,6 +394,35 @@ std::vector<Type> memory_types(OpKind k, const std::vector<Type>& in, const Attr
         fail(k, fmt::format("unsupported dtype {} (valid: f32 f64 f16 bf16 i32 u32 i64 u64)", name(d)));
       return {v};
     }
+    case atomic_rmw:
+    case atomic_cas: {
+      const size_t values = k == atomic_cas ? 2 : 1;  // (compare,) value
+      if (in.size() != 1 + values && in.size() != 2 + values)
+        fail(k, fmt::format("expects {} or {} operands, got {}", 1 + values, 2 + values, in.size()));
+      if (!in[0].is_pointer()) fail(k, fmt::format("address must be a pointer, got {}", to_string(in[0])));
+      Type v = Type::tile(in[0].dtype, in[0].shape);
+      for (size_t i = 1; i <= values; ++i)
+        if (in[i] != v) fail(k, fmt::format("operand {} must be {} to match the address, got {}", i, to_string(v), to_string(in[i])));
+      if (in.size() == 2 + values && in.back() != Type::tile(DType::i1, in[0].shape))
+        fail(k, fmt::format("mask must be i1{}, got {}", shape_string(in[0].shape), to_string(in.back())));
+      std::optional<AtomicRmw> rmw;
+      if (k == atomic_rmw) {
+        auto it = a.find("rmw");
+        const std::string* s = it == a.end() ? nullptr : std::get_if<std::string>(&it->second);
+        rmw = s ? parse_atomic_rmw(*s) : std::nullopt;
+        if (!rmw) fail(k, "the attribute rmw must be one of add max min and or xor xchg");
+      }
+      auto it = a.find("sem");
+      const std::string* sem = it == a.end() ? nullptr : std::get_if<std::string>(&it->second);
+      if (!sem || !parse_mem_sem(*sem)) fail(k, "the attribute sem must be one of relaxed acquire release acq_rel");
+      it = a.find("scope");
+      const std::string* scope = it == a.end() ? nullptr : std::get_if<std::string>(&it->second);
+      if (!scope || !parse_mem_scope(*scope)) fail(k, "the attribute scope must be one of cta gpu sys");
+      if (std::string valid = atomic_dtype_error(rmw, v.dtype); !valid.empty())
+        fail(k, fmt::format("{} does not take {} (valid: {})", rmw ? fmt::format("rmw {}", name(*rmw)) : std::string("compare-and-swap"),
+                            name(v.dtype), valid));
+      return {v};
+    }
     default:
       break;
   }
@@ -541,7 +571,9 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
     case addptr:
     case load:
     case store:
-    case atomic_add: return memory_types(k, in, a);
+    case atomic_add:
+    case atomic_rmw:
+    case atomic_cas: return memory_types(k, in, a);
     case block_load:
     case block_store: return window_types(k, in, a);
     case wait_ge:

@@ -62,6 +62,10 @@ enum class OpKind : uint8_t {
   load,           // (ptr[, mask, other]) -> T
   store,          // (ptr, value[, mask])
   atomic_add,     // (ptr, value[, mask]) -> previous values
+  // (ptr, value[, mask]) {rmw: add max min and or xor xchg, sem, scope (dsl/ir/atomic.hpp)} -> previous values
+  atomic_rmw,
+  // (ptr, compare, value[, mask]) {sem, scope}: *ptr = value where *ptr == compare -> previous values
+  atomic_cas,
   block_load,     // (tensor, offset per tensor dim...) {shape, dims, padding} -> window (bounds-checked)
   // (tensor, value, offset per tensor dim...[, semaphore, target]) {dims[, reduce = "add": atomic +=
   // [, after_semaphore: once *semaphore >= target]]}

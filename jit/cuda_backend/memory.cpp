@@ -71,6 +71,69 @@ void Printer::atomic_add(const pir::Inst& in) {
   line(fmt::format("if ({}) v{} = {};", n(in.args[2]), r, e));
 }
 
+void Printer::atomic_rmw(const pir::Inst& in) {
+  const bool cas = in.op == Op::atomic_cas;
+  const size_t values = cas ? 2 : 1;
+  check_args(in, 1 + values, 2 + values);
+  check_results(in, 1);
+  const V p = in.args[0], x = in.args[values], r = in.results[0];
+  const DType d = dt(x);
+  if (!ty(p).ptr || ty(x).ptr) fail("atomic_rmw / atomic_cas take a pointer and values");
+  const pir::AtomicImm a = pir::AtomicImm::decode(in.imm);
+  const bool wide = ir::bit_width(d) == 64, fl = ir::is_float(d);
+  const std::string bt = wide ? "b64" : "b32", rc = wide ? "l" : "r", ut = wide ? "unsigned long long" : "unsigned";
+  const std::string order = fmt::format("{}.{}", ir::name(a.sem), ir::name(a.scope));
+  def(r, zero(d));  // masked-off elements return 0
+  if (in.args.size() == 2 + values) line(fmt::format("if ({}) {{", n(in.args.back())));
+  else line("{");
+  if (cas) {
+    line(fmt::format("{} tj_old; asm volatile(\"atom.{}.global.cas.{} %0, [%1], %2, %3;\" : \"={}\"(tj_old) : \"l\"({}), \"{}\"({}), "
+                     "\"{}\"({}) : \"memory\");",
+                     ut, order, bt, rc, n(p), rc, bits(in.args[1]), rc, bits(x)));
+    line(fmt::format("v{} = {};", r, from_bits(d, "tj_old")));
+  } else if (fl && (a.rmw == ir::AtomicRmw::max || a.rmw == ir::AtomicRmw::min)) {
+    // no atom.max/min on floats: a compare-and-swap loop (fmax / fmin: a NaN operand is ignored),
+    // relaxed, with the order's fences around it
+    const std::string fn = fmt::format("{}{}", a.rmw == ir::AtomicRmw::max ? "fmax" : "fmin", wide ? "" : "f");
+    const std::string fence = fmt::format("asm volatile(\"fence.acq_rel.{};\" ::: \"memory\");", ir::name(a.scope));
+    if (a.sem == ir::MemSem::release || a.sem == ir::MemSem::acq_rel) line(fence);
+    line(fmt::format("{} tj_old = *reinterpret_cast<volatile {}*>({}), tj_seen;", ut, ut, n(p)));
+    line(fmt::format("do {{ tj_seen = tj_old; const {} tj_new = {}({}, {});", scalar_ctype(d), fn, from_bits(d, "tj_seen"), n(x)));
+    line(fmt::format("  asm volatile(\"atom.relaxed.{}.global.cas.{} %0, [%1], %2, %3;\" : \"={}\"(tj_old) : \"l\"({}), \"{}\"(tj_seen), "
+                     "\"{}\"({}) : \"memory\");",
+                     ir::name(a.scope), bt, rc, n(p), rc, rc, fl && wide ? "(unsigned long long)__double_as_longlong(tj_new)" : "__float_as_uint(tj_new)"));
+    line("} while (tj_old != tj_seen);");
+    if (a.sem == ir::MemSem::acquire || a.sem == ir::MemSem::acq_rel) line(fence);
+    line(fmt::format("v{} = {};", r, from_bits(d, "tj_old")));
+  } else {
+    // PTX atom: add/max/min typed (floats by value), the bitwise ops and exchange on bits
+    std::string op, type = bt;
+    switch (a.rmw) {
+      case ir::AtomicRmw::add: op = "add"; break;
+      case ir::AtomicRmw::max: op = "max"; break;
+      case ir::AtomicRmw::min: op = "min"; break;
+      case ir::AtomicRmw::and_: op = "and"; break;
+      case ir::AtomicRmw::or_: op = "or"; break;
+      case ir::AtomicRmw::xor_: op = "xor"; break;
+      case ir::AtomicRmw::xchg: op = "exch"; break;
+    }
+    const bool arith = a.rmw == ir::AtomicRmw::add || a.rmw == ir::AtomicRmw::max || a.rmw == ir::AtomicRmw::min;
+    if (arith && fl) {
+      const std::string fc = wide ? "d" : "f";
+      line(fmt::format("asm volatile(\"atom.{}.global.{}.{} %0, [%1], %2;\" : \"={}\"(v{}) : \"l\"({}), \"{}\"({}) : \"memory\");",
+                       order, op, wide ? "f64" : "f32", fc, r, n(p), fc, n(x)));
+    } else {
+      // (no atom.add.s64: the unsigned add has the same bits)
+      if (arith) type = fmt::format("{}{}", ir::is_signed(d) && !(a.rmw == ir::AtomicRmw::add && wide) ? "s" : "u", wide ? 64 : 32);
+      line(fmt::format("{} tj_old; asm volatile(\"atom.{}.global.{}.{} %0, [%1], %2;\" : \"={}\"(tj_old) : \"l\"({}), \"{}\"({}) : "
+                       "\"memory\");",
+                       ut, order, op, type, rc, n(p), rc, bits(x)));
+      line(fmt::format("v{} = {};", r, from_bits(d, "tj_old")));
+    }
+  }
+  line("}");
+}
+
 void Printer::memory_inst(const pir::Inst& in) {
   auto a = [&](size_t i) { return in.args.at(i); };
   switch (in.op) {
@@ -112,6 +175,8 @@ void Printer::memory_inst(const pir::Inst& in) {
     case Op::load: return load(in);
     case Op::store: return store(in);
     case Op::atomic_add: return atomic_add(in);
+    case Op::atomic_rmw:
+    case Op::atomic_cas: return atomic_rmw(in);
     case Op::load_shared: {
       check_args(in, 1, 1);
       check_results(in, 1);

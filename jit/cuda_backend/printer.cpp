@@ -80,6 +80,8 @@ void Printer::inst(const pir::Inst& in) {
     case Op::load: return load(in);
     case Op::store: return store(in);
     case Op::atomic_add: return atomic_add(in);
+    case Op::atomic_rmw:
+    case Op::atomic_cas: return atomic_rmw(in);
     case Op::load_vec: case Op::store_vec: case Op::gep: case Op::load_shared: case Op::store_shared: case Op::smem_addr:
       return memory_inst(in);
     case Op::opaque: return opaque(in);

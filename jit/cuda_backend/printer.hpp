@@ -198,6 +198,7 @@ class Printer {
   void load(const pir::Inst& in);
   void store(const pir::Inst& in);
   void atomic_add(const pir::Inst& in);
+  void atomic_rmw(const pir::Inst& in);  // and atomic_cas: inline PTX atom with its order and scope
   // vector accesses, gep, shared-memory loads, stores and addresses
   void memory_inst(const pir::Inst& in);
 

@@ -451,6 +451,7 @@ void Emitter::inst(const pir::Inst& in) {
     case Op::cmp: case Op::select: case Op::cast: case Op::bitcast: case Op::pack2: case Op::unpack2:
       return arith_inst(in);
     case Op::load_vec: case Op::store_vec: case Op::gep: case Op::load: case Op::store: case Op::atomic_add:
+    case Op::atomic_rmw: case Op::atomic_cas:
     case Op::load_shared: case Op::store_shared: case Op::smem_addr:
       return memory_inst(in);
     case Op::barrier: case Op::named_barrier_sync: case Op::named_barrier_arrive: case Op::shfl_xor: case Op::mbar_init:

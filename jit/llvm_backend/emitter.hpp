@@ -166,6 +166,7 @@ class Emitter {
   llvm::Value* load(const pir::Inst& in);
   void store(const pir::Inst& in);
   llvm::Value* atomic_add(const pir::Inst& in);
+  llvm::Value* atomic_rmw(const pir::Inst& in);  // and atomic_cas
   // vector accesses, gep, global and shared loads, stores and atomics, shared addresses
   void memory_inst(const pir::Inst& in);
 

@@ -68,6 +68,67 @@ llvm::Value* Emitter::atomic_add(const pir::Inst& in) {
   return guarded(v(in.args[2]), scalar_type(d), body);
 }
 
+// LLVM 19's NVPTX drops atomics' orders and scopes (a plain atom: relaxed, GPU scope), so the
+// PTX is written here: atom.{sem}.{scope}.global.{op}.{type}, on bits for the bitwise ops,
+// exchange and compare-and-swap. Float max / min have no atom: LLVM's compare-and-swap loop
+// (maxnum / minnum: a NaN operand is ignored), relaxed at GPU scope, with the order's fences.
+llvm::Value* Emitter::atomic_rmw(const pir::Inst& in) {
+  const bool cas = in.op == Op::atomic_cas;
+  const size_t values = cas ? 2 : 1;
+  const DType d = f_.types[in.args[values]].dtype;
+  const pir::AtomicImm a = pir::AtomicImm::decode(in.imm);
+  const bool wide = ir::bit_width(d) == 64, fl = ir::is_float(d);
+  const bool float_minmax = fl && (a.rmw == ir::AtomicRmw::max || a.rmw == ir::AtomicRmw::min);
+  if (float_minmax && a.scope == ir::MemScope::sys)
+    fail(fmt::format("atomic_{} on {} at scope sys is not supported by the llvm backend (its compare-and-swap loop is "
+                     "GPU-scoped); use scope gpu, or the nvrtc backend",
+                     ir::name(a.rmw), ir::name(d)));
+  const std::string order = fmt::format("{}.{}", ir::name(a.sem), ir::name(a.scope));
+  auto body = [&]() -> llvm::Value* {
+    if (float_minmax) {
+      const std::string fence = fmt::format("fence.acq_rel.{};", ir::name(a.scope));
+      if (a.sem == ir::MemSem::release || a.sem == ir::MemSem::acq_rel) asm_call(b_.getVoidTy(), fence, "~{memory}", {}, true);
+      using B = llvm::AtomicRMWInst::BinOp;
+      llvm::Value* old = b_.CreateAtomicRMW(a.rmw == ir::AtomicRmw::max ? B::FMax : B::FMin, v(in.args[0]), v(in.args[1]),
+                                            llvm::MaybeAlign(), llvm::AtomicOrdering::Monotonic,
+                                            a.scope == ir::MemScope::cta ? ctx_.getOrInsertSyncScopeID("block")
+                                                                         : ctx_.getOrInsertSyncScopeID("device"));
+      if (a.sem == ir::MemSem::acquire || a.sem == ir::MemSem::acq_rel) asm_call(b_.getVoidTy(), fence, "~{memory}", {}, true);
+      return old;
+    }
+    const std::string rc = wide ? "l" : "r";
+    llvm::Type* bits_ty = wide ? b_.getInt64Ty() : b_.getInt32Ty();
+    if (cas) {
+      llvm::Value* old = asm_call(bits_ty, fmt::format("atom.{}.global.cas.b{} $0, [$1], $2, $3;", order, wide ? 64 : 32),
+                                  fmt::format("={},l,{},{},~{{memory}}", rc, rc, rc),
+                                  {v(in.args[0]), to_bits(v(in.args[1]), d, bits_ty), to_bits(v(in.args[2]), d, bits_ty)}, true);
+      return from_bits(old, d);
+    }
+    const bool arith = a.rmw == ir::AtomicRmw::add || a.rmw == ir::AtomicRmw::max || a.rmw == ir::AtomicRmw::min;
+    const char* op = a.rmw == ir::AtomicRmw::add   ? "add"
+                     : a.rmw == ir::AtomicRmw::max ? "max"
+                     : a.rmw == ir::AtomicRmw::min ? "min"
+                     : a.rmw == ir::AtomicRmw::and_ ? "and"
+                     : a.rmw == ir::AtomicRmw::or_  ? "or"
+                     : a.rmw == ir::AtomicRmw::xor_ ? "xor"
+                                                    : "exch";
+    if (arith && fl) {  // add on f32 / f64, by value
+      const std::string fc = wide ? "d" : "f";
+      return asm_call(scalar_type(d), fmt::format("atom.{}.global.{}.f{} $0, [$1], $2;", order, op, wide ? 64 : 32),
+                      fmt::format("={},l,{},~{{memory}}", fc, fc), {v(in.args[0]), v(in.args[1])}, true);
+    }
+    // (no atom.add.s64: the unsigned add has the same bits)
+    const std::string type = arith ? fmt::format("{}{}", ir::is_signed(d) && !(a.rmw == ir::AtomicRmw::add && wide) ? "s" : "u",
+                                                 wide ? 64 : 32)
+                                   : fmt::format("b{}", wide ? 64 : 32);
+    llvm::Value* old = asm_call(bits_ty, fmt::format("atom.{}.global.{}.{} $0, [$1], $2;", order, op, type),
+                                fmt::format("={},l,{},~{{memory}}", rc, rc), {v(in.args[0]), to_bits(v(in.args[1]), d, bits_ty)}, true);
+    return from_bits(old, d);
+  };
+  if (in.args.size() == 1 + values) return body();
+  return guarded(v(in.args.back()), scalar_type(d), body);
+}
+
 void Emitter::memory_inst(const pir::Inst& in) {
   auto a = [&](size_t i) { return v(in.args[i]); };
   V r0 = in.results.empty() ? 0 : in.results[0];
@@ -95,6 +156,8 @@ void Emitter::memory_inst(const pir::Inst& in) {
     case Op::load: set(r0, load(in)); return;
     case Op::store: store(in); return;
     case Op::atomic_add: set(r0, atomic_add(in)); return;
+    case Op::atomic_rmw:
+    case Op::atomic_cas: set(r0, atomic_rmw(in)); return;
     case Op::load_shared: set(r0, b_.CreateLoad(type(f_.types[r0]), smem_ptr(in.args[0]))); return;
     case Op::store_shared:
       if (in.args.size() == 3) {

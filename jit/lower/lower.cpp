@@ -86,7 +86,9 @@ void Lowerer::lower(const ir::Op& op) {
     case OpKind::block_store: return block_store(op);
     case OpKind::load: return load(op);
     case OpKind::block_load: return block_load(op);
-    case OpKind::atomic_add: return atomic_add(op);
+    case OpKind::atomic_add:
+    case OpKind::atomic_rmw:
+    case OpKind::atomic_cas: return pointer_atomic(op);
     case OpKind::wait_ge: {
       // thread 0 spins with acquire loads, then the barrier hands the acquired view to the CTA
       ++memory_epoch_;

@@ -215,7 +215,7 @@ class Lowerer {
 
   void store(const ir::Op& op);
 
-  void atomic_add(const ir::Op& op);
+  void pointer_atomic(const ir::Op& op);  // atomic_add, atomic_rmw and atomic_cas on pointers
 
   // Address and in-bounds predicate of each register of a tensor window.
   void window(const ir::Op& op, size_t first_offset, const Layout& L, Regs& addr, Regs& inb, V* all_ok = nullptr);

@@ -62,14 +62,31 @@ void Lowerer::store(const ir::Op& op) {
   }
 }
 
-void Lowerer::atomic_add(const ir::Op& op) {
+void Lowerer::pointer_atomic(const ir::Op& op) {
+  // atomic_add, atomic_rmw and atomic_cas on pointers: (ptr, [compare,] value[, mask])
   ++memory_epoch_;  // load_at_use windows read before this may have changed
   const ir::Type& t = f_.type(op.results[0]);
   pir::Ty ty = pir::scalar(t.dtype);
+  const bool cas = op.kind == OpKind::atomic_cas;
+  const size_t values = cas ? 2 : 1;
+  const bool masked = op.operands.size() == 2 + values;
+  Op pop = Op::atomic_add;
+  int64_t imm = 0;
+  if (op.kind != OpKind::atomic_add) {
+    pir::AtomicImm a;
+    if (!cas) a.rmw = *ir::parse_atomic_rmw(op.str_attr("rmw"));
+    a.sem = *ir::parse_mem_sem(op.str_attr("sem"));
+    a.scope = *ir::parse_mem_scope(op.str_attr("scope"));
+    pop = cas ? Op::atomic_cas : Op::atomic_rmw;
+    imm = a.encode();
+  }
   if (t.is_scalar()) {
     V pred = cmp(pir::Pred::eq, tid_, ci32(0));
-    if (op.operands.size() == 3) pred = land(pred, scalar(op.operands[2]));
-    V old = emit(Op::atomic_add, ty, {scalar(op.operands[0]), scalar(op.operands[1]), pred});
+    if (masked) pred = land(pred, scalar(op.operands.back()));
+    std::vector<V> args{scalar(op.operands[0])};
+    for (size_t i = 1; i <= values; ++i) args.push_back(scalar(op.operands[i]));
+    args.push_back(pred);
+    V old = emit(pop, ty, std::move(args), imm);
     // thread 0 holds the previous value; every thread needs it (scalars are uniform)
     reserve_smem(8);
     emit0(Op::store_shared, {ci32(0), old, cmp(pir::Pred::eq, tid_, ci32(0))});
@@ -80,17 +97,22 @@ void Lowerer::atomic_add(const ir::Op& op) {
   }
   check_shape(&op, t);
   const Layout& L = *plan_.natural[op.results[0]];
-  Regs ptr = get(op.operands[0], L), val = get(op.operands[1], L), mask;
-  if (op.operands.size() == 3) mask = get(op.operands[2], L);
+  Regs ptr = get(op.operands[0], L), mask;
+  std::vector<Regs> val;
+  for (size_t i = 1; i <= values; ++i) val.push_back(get(op.operands[i], L));
+  if (masked) mask = get(op.operands.back(), L);
   std::optional<V> own = owner(L);
   Regs old(ptr.size());
   for (uint32_t r = 0; r < ptr.size(); ++r) {
     if (duplicate_reg(L, r)) continue;
     std::optional<V> pred = and_pred(own, mask.empty() ? std::nullopt : std::optional<V>(mask[r]));
-    old[r] = pred ? emit(Op::atomic_add, ty, {ptr[r], val[r], *pred}) : emit(Op::atomic_add, ty, {ptr[r], val[r]});
+    std::vector<V> args{ptr[r]};
+    for (const Regs& v : val) args.push_back(v[r]);
+    if (pred) args.push_back(*pred);
+    old[r] = emit(pop, ty, std::move(args), imm);
   }
   if (L.has_replication()) {
-    // Only owners performed the add: share the previous values with the replicas.
+    // Only owners performed the update: share the previous values with the replicas.
     int64_t es = ir::byte_size(t.dtype);
     reserve_smem(t.numel() * es);
     for (uint32_t r = 0; r < ptr.size(); ++r) {

@@ -41,7 +41,7 @@ V Lowerer::producer_value(ir::ValueId v) {
   if (d == def_.end()) fail(nullptr, fmt::format("internal: ring_producer: scalar {} has no definition", v));
   const ir::Op& op = *d->second;
   const OpKind k = op.kind;
-  const bool effect = k == OpKind::store || k == OpKind::atomic_add || k == OpKind::block_store || k == OpKind::block_load ||
+  const bool effect = k == OpKind::store || k == OpKind::atomic_add || k == OpKind::atomic_rmw || k == OpKind::atomic_cas || k == OpKind::block_store || k == OpKind::block_load ||
                       k == OpKind::wait_ge || k == OpKind::signal_add || k == OpKind::channel_push || k == OpKind::channel_pop ||
                       k == OpKind::dot || k == OpKind::reduce || k == OpKind::tensor_slice || k == OpKind::precompute;
   if (effect || !op.regions.empty() || !all_scalar(op))

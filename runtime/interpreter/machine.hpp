@@ -163,6 +163,7 @@ class Machine {
   void load_op(const Op& op);
   void store_op(const Op& op);
   void atomic_add_op(const Op& op);
+  void atomic_rmw_op(const Op& op);  // and atomic_cas
   void slice_op(const Op& op);
   void block_op(const Op& op);  // block_load, block_store
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "dsl/ir/atomic.hpp"
 #include "runtime/interpreter/machine.hpp"
 
 namespace tilejit::runtime::interp {
@@ -148,6 +149,59 @@ void Machine::atomic_add_op(const Op& op) {
       element::write_int(d, q, wrap(static_cast<uint64_t>(old) + static_cast<uint64_t>(V.i[k])));
       R.i[k] = old;
     }
+  }
+}
+
+// atomic_rmw / atomic_cas, element by element (the elements of one op are independent updates).
+// Float max / min ignore a NaN operand as the GPU's do (fmax / fmin).
+void Machine::atomic_rmw_op(const Op& op) {
+  const bool cas = op.kind == OpKind::atomic_cas;
+  const size_t values = cas ? 2 : 1;
+  const ir::Type& pt = T(op.operands[0]);
+  const DType d = pt.dtype;
+  const auto es = static_cast<uint64_t>(ir::byte_size(d));
+  const auto& p = S(op.operands[0]).i;
+  const Slot& V = S(op.operands[values]);
+  const Slot* C = cas ? &S(op.operands[1]) : nullptr;
+  const std::vector<int64_t>* mask = op.operands.size() == 2 + values ? &S(op.operands.back()).i : nullptr;
+  const ir::AtomicRmw rmw = cas ? ir::AtomicRmw::xchg : *ir::parse_atomic_rmw(op.str_attr("rmw"));
+  Slot& R = S(op.results[0]);
+  const size_t n = p.size();
+  const bool fl = ir::is_float(d);
+  if (fl) R.f.assign(n, 0.0);  // masked-off elements return 0
+  else R.i.assign(n, 0);
+  const Wrap wrap(d);
+  for (size_t k = 0; k < n; ++k) {
+    if (mask && !(*mask)[k]) continue;
+    std::byte* q = access(op, static_cast<uint64_t>(p[k]), es, "atomically updates", static_cast<int64_t>(k), pt.shape);
+    if (fl) {
+      const double old = element::read_float(d, q), x = V.f[k];
+      double now = x;  // xchg (floats take no bitwise op or compare-and-swap)
+      if (rmw == ir::AtomicRmw::add) now = atomic_float_add(d, old, x);
+      else if (rmw == ir::AtomicRmw::max) now = std::fmax(old, x);
+      else if (rmw == ir::AtomicRmw::min) now = std::fmin(old, x);
+      element::write_float(d, q, now);
+      R.f[k] = old;
+      continue;
+    }
+    const int64_t old = element::read_int(d, q), x = V.i[k];
+    const auto uo = static_cast<uint64_t>(old), ux = static_cast<uint64_t>(x);
+    // values are held sign- or zero-extended to 64 bits by dtype, so the comparisons below are the
+    // dtype's own (signed or unsigned)
+    const bool sg = ir::is_signed(d);
+    int64_t now = x;
+    if (cas) now = old == C->i[k] ? x : old;
+    else switch (rmw) {
+      case ir::AtomicRmw::add: now = wrap(uo + ux); break;
+      case ir::AtomicRmw::max: now = sg ? std::max(old, x) : static_cast<int64_t>(std::max(uo, ux)); break;
+      case ir::AtomicRmw::min: now = sg ? std::min(old, x) : static_cast<int64_t>(std::min(uo, ux)); break;
+      case ir::AtomicRmw::and_: now = wrap(uo & ux); break;
+      case ir::AtomicRmw::or_: now = wrap(uo | ux); break;
+      case ir::AtomicRmw::xor_: now = wrap(uo ^ ux); break;
+      case ir::AtomicRmw::xchg: now = x; break;
+    }
+    element::write_int(d, q, now);
+    R.i[k] = old;
   }
 }
 

@@ -187,6 +187,12 @@ void Machine::exec(const Op& op) {
       if (sync_) lock = std::unique_lock(sync_->mu);
       return atomic_add_op(op);
     }
+    case atomic_rmw:
+    case atomic_cas: {
+      std::unique_lock<std::mutex> lock;  // one update at a time: any order is sequentially consistent
+      if (sync_) lock = std::unique_lock(sync_->mu);
+      return atomic_rmw_op(op);
+    }
     case wait_ge: return wait_op(op);
     case signal_add: return signal_op(op);
     case turn_begin:
