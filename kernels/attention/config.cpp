@@ -111,16 +111,17 @@ ForwardConfig ForwardConfig::read(Builder& kb) {
   // The loop's schedule (decisions 006, 044, 045). At D 128 on dense tensors (no library mask,
   // varlen or score mod): a producer warpgroup fills the K / V rings, and P_{j-1} V_{j-1} stays in
   // flight during softmax_j (+5-8% over PIPELINE_QK with the producer; PIPELINE_QK beside them
-  // does not fit the consumers' 240 registers); the warpgroups take turns issuing their MMAs when
-  // causal (+3-4%). Without the producer, PIPELINE_QK without dropout. D 64 keeps the plain loop:
-  // its two programs per multiprocessor do not fit beside a producer [044].
+  // does not fit the consumers' 240 registers). PINGPONG stays off: +3.0% then 0.996 causal, and a
+  // Q loaded through registers (once_by_tma off) converts inside the turn. Without the producer,
+  // PIPELINE_QK without dropout. D 64 keeps the plain loop: its two programs per multiprocessor do
+  // not fit beside a producer [044].
   const bool dense128 = s.head_dim == 128 && !s.library_mask() && !s.varlen && !s.modded();
   c.ring_producer = kb.meta<bool>(mn::kRingProducer, dense128 && !c.rng_warps);
   if (*c.ring_producer && c.rng_warps)
     kb.fail(Loc::current(), "RING_PRODUCER and RNG_WARPS each add a warp role; use one of them");
   c.pipeline_pv = kb.meta<bool>(mn::kPipelinePv, *c.ring_producer);
   c.pipeline_qk = kb.meta<bool>(mn::kPipelineQk, dense128 && !s.dropout && !*c.pipeline_pv);
-  c.pingpong = kb.meta<bool>(mn::kPingpong, *c.ring_producer && *c.pipeline_pv && s.causal && !s.dropout);
+  c.pingpong = kb.meta<bool>(mn::kPingpong, false);
   c.positive_scale = kb.meta<bool>(mn::kPositiveScale, false);
   c.dropout_ahead = kb.meta<bool>(mn::kDropoutAhead, s.dropout_bits);
   c.dropout_pairs = kb.meta<bool>(mn::kDropoutPairs, true);

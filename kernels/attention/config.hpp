@@ -60,7 +60,7 @@ struct ForwardConfig {
   // K / V rings filled by a producer warpgroup; unset: D 128 dense (no library mask, varlen or mod) [044]
   std::optional<bool> ring_producer;
   std::optional<bool> pipeline_pv;  // P_{j-1} V_{j-1} in flight during softmax_j; unset: with the producer [007, 045]
-  std::optional<bool> pingpong;     // warpgroups take turns issuing MMAs; unset: the producer's causal without dropout [008, 045]
+  std::optional<bool> pingpong;     // warpgroups take turns issuing MMAs; unset: off [008, 045]
   // PIPELINE_PV without PIPELINE_QK: block 0's S and softmax before the loop (K_0 a one-off tile), so
   // no iteration multiplies P_{-1} = 0 by V_0, and the last V copied in the prologue; unset: no dropout [045]
   std::optional<bool> pv_peel;

@@ -54,8 +54,10 @@ void key_block_loop_pipeline_pv(ForwardTile& t, const KeyBlocks& blocks) {
   if (peel) {
     const Tile j0 = zeros(i32, {});
     auto [n0, partial] = blocks.at(j0);
-    Tile s0;
-    t.in_turn([&] { s0 = t.scores(n0); });
+    // (K_0 loaded outside the turn: a once-loaded window may go through registers and shared
+    // memory, an exchange a turn must not contain)
+    Tile k0 = load(p.rows_of(p.Ks, p.kv_h, n0, p.BN)), s0;
+    t.in_turn([&] { s0 = dot(t.q, trans(k0)); });
     p_prev = t.softmax_block(n0, partial, s0, t.mask_ahead(n0, j0)).first;  // (acc = 0: no rescale)
   }
   for_range(peel ? 1 : 0, blocks.trips, [&](Tile j) {
