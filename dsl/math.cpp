@@ -105,4 +105,31 @@ Tile expm1(const Operand& x, Loc loc) {
   return narrow(i, where(u == kInf, u, r, loc), loc);
 }
 
+namespace {
+
+Tile arg_extreme(const Operand& x, int axis, bool largest, const char* fn, const Loc& loc) {
+  In i = in(x, loc);
+  const Shape shape = i.b.type(i.t.id()).shape;
+  const int rank = static_cast<int>(shape.size());
+  if (rank == 0 || axis < 0 || axis >= rank)
+    i.b.fail(loc, fmt::format("{}: axis {} is out of range for a rank-{} tile (valid: 0 to {})", fn, axis, rank, rank - 1));
+  const int64_t n = shape[static_cast<size_t>(axis)];
+  if (n > std::numeric_limits<int32_t>::max())
+    i.b.fail(loc, fmt::format("{}: {} elements along axis {} do not fit the i32 index", fn, n, axis));
+  // the extreme back in x's shape (NaN when the row has one: reductions propagate NaN)
+  Tile m = broadcast_to(expand_dims(largest ? max(i.t, axis, loc) : min(i.t, axis, loc), axis, loc), shape, loc);
+  Tile hit = where(isnan(m, loc), isnan(i.t, loc), i.t == m, loc);
+  // each element's index along the axis
+  Tile index = arange(0, n, loc);
+  for (int d = 0; d < rank; ++d)
+    if (d != axis) index = expand_dims(index, d, loc);
+  index = broadcast_to(index, shape, loc);
+  return min(where(hit, index, full(DType::i32, shape, static_cast<int32_t>(n), loc), loc), axis, loc);
+}
+
+}  // namespace
+
+Tile argmax(const Operand& x, int axis, Loc loc) { return arg_extreme(x, axis, true, "argmax", loc); }
+Tile argmin(const Operand& x, int axis, Loc loc) { return arg_extreme(x, axis, false, "argmin", loc); }
+
 }  // namespace tilejit::lang

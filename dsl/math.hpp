@@ -27,4 +27,11 @@ Tile sigmoid(const Operand& x, Loc loc = Loc::current());
 Tile log1p(const Operand& x, Loc loc = Loc::current());
 Tile expm1(const Operand& x, Loc loc = Loc::current());
 
+// The i32 index along `axis` of the largest (smallest) element, as PyTorch's argmax / argmin: the
+// first index among equal values (-0.0 equals +0.0), and a NaN counts as larger (smaller) than
+// everything, so a row with a NaN gives its first NaN's index. Any dtype; the axis disappears.
+// Two reductions (the value, then the first index holding it).
+Tile argmax(const Operand& x, int axis, Loc loc = Loc::current());
+Tile argmin(const Operand& x, int axis, Loc loc = Loc::current());
+
 }  // namespace tilejit::lang

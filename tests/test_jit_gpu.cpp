@@ -618,8 +618,11 @@ TEST_CASE("gpu: dsl/math functions equal the interpreter (exact ones bit for bit
       store(Y + 512 + i, clamp(x, -1.0f, 2.0f));
       store(P + i, cast(i32, isnan(x)) + cast(i32, isinf(x)) * 2 + cast(i32, isfinite(x)) * 4 + cast(i32, signbit(x)) * 8 +
                        broadcast_to(sum(isnan(x)), {256}) * 16);
+      Tile m = reshape(x, {16, 16});  // argmax / argmin along both axes (the NaN row and the zeros)
+      store(P + 256 + arange(0, 16), argmax(m, 1) + argmin(m, 1) * 32);
+      store(P + 272 + arange(0, 16), argmax(m, 0) + argmin(m, 0) * 32);
     });
-    HostTensor x(d, {256}), y(d, {768}), p(i32, {256});
+    HostTensor x(d, {256}), y(d, {768}), p(i32, {288});
     x.fill_uniform(91, -1e4, 1e4);
     const double special[] = {0.0, -0.0, INFINITY, -INFINITY, NAN, 0.5, -0.5, 1.5, 2.5, -2.5, 0x1p23 - 0.5, 1e-30, -0.3};
     for (int64_t i = 0; i < 13; ++i) x.set({i}, special[i]);

@@ -123,6 +123,65 @@ TEST_CASE("math: sigmoid, log1p and expm1 against the C library (approximate exp
   }
 }
 
+// PyTorch's rules, computed here on the host: the first index of the extreme; a NaN is the extreme.
+int64_t host_arg(const std::vector<double>& v, bool largest) {
+  for (size_t k = 0; k < v.size(); ++k)
+    if (std::isnan(v[k])) return static_cast<int64_t>(k);
+  size_t best = 0;
+  for (size_t k = 1; k < v.size(); ++k)
+    if (largest ? v[k] > v[best] : v[k] < v[best]) best = k;
+  return static_cast<int64_t>(best);
+}
+
+TEST_CASE("math: argmax and argmin along either axis: first index of ties, NaN first, -0 equals +0, ints") {
+  for (DType d : {DType::f32, DType::bf16, DType::i32}) {
+    INFO(ir::name(d));
+    const int64_t R = 8, C = 16;
+    rt::HostTensor x(d, {R, C}), rows_max(i32, {R}), rows_min(i32, {R}), cols_max(i32, {C}), cols_min(i32, {C});
+    x.fill_uniform(7, -4, 4);
+    for (int64_t c = 0; c < C; ++c) x.set({0, c}, std::round(x.get({0, c})));  // many ties in row 0
+    if (ir::is_float(d)) {
+      x.set({1, 5}, kNan), x.set({1, 9}, kNan);  // the first NaN wins both
+      x.set({2, 3}, -0.0), x.set({2, 4}, 0.0);
+      for (int64_t c = 0; c < C; ++c)
+        if (c != 3 && c != 4) x.set({2, c}, -1.0 - static_cast<double>(c));  // max: the zeros, first at 3
+      x.set({3, 7}, kInf), x.set({3, 8}, -kInf);
+    } else {
+      x.set({1, 2}, 2147483647), x.set({1, 11}, -2147483647 - 1);
+    }
+    const Kernel k = kernel("arg", [&](Builder& b) {
+      auto X = b.pointer("X", d), RM = b.pointer("RM", i32), RN = b.pointer("RN", i32), CM = b.pointer("CM", i32),
+           CN = b.pointer("CN", i32);
+      Tile t = load(X + expand_dims(arange(0, R), 1) * C + expand_dims(arange(0, C), 0));
+      store(RM + arange(0, R), argmax(t, 1));
+      store(RN + arange(0, R), argmin(t, 1));
+      store(CM + arange(0, C), argmax(t, 0));
+      store(CN + arange(0, C), argmin(t, 0));
+    });
+    rt::interpret(k.build(), {1}, {rt::Arg(x), rt::Arg(rows_max), rt::Arg(rows_min), rt::Arg(cols_max), rt::Arg(cols_min)});
+    for (int64_t r = 0; r < R; ++r) {
+      std::vector<double> row;
+      for (int64_t c = 0; c < C; ++c) row.push_back(x.get({r, c}));
+      CHECK_MESSAGE(rows_max.get({r}) == host_arg(row, true), "row " << r);
+      CHECK_MESSAGE(rows_min.get({r}) == host_arg(row, false), "row " << r);
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      std::vector<double> col;
+      for (int64_t r = 0; r < R; ++r) col.push_back(x.get({r, c}));
+      CHECK_MESSAGE(cols_max.get({c}) == host_arg(col, true), "col " << c);
+      CHECK_MESSAGE(cols_min.get({c}) == host_arg(col, false), "col " << c);
+    }
+    if (ir::is_float(d)) {
+      CHECK(rows_max.get({1}) == 5);
+      CHECK(rows_max.get({2}) == 3);
+      CHECK(rows_max.get({3}) == 7);
+      CHECK(rows_min.get({3}) == 8);
+    }
+  }
+  CHECK_THROWS_WITH(kernel("bad", [](Builder&) { argmax(arange(0, 16), 1); }).build(),
+                    doctest::Contains("argmax: axis 1 is out of range for a rank-1 tile (valid: 0 to 0)"));
+}
+
 TEST_CASE("math: every function lowers through both backends and assembles for sm_90a") {
   if (testing::no_ptxas()) return;
   for (DType d : {DType::f32, DType::bf16}) {
@@ -134,6 +193,9 @@ TEST_CASE("math: every function lowers through both backends and assembles for s
       store(Y + i, y);
       store(P + i, cast(i32, isnan(x)) + cast(i32, isinf(x)) + cast(i32, isfinite(x)) + cast(i32, signbit(x)) +
                        broadcast_to(sum(isnan(x)), {128}));
+      Tile m = reshape(x, {8, 16});  // argmax / argmin along both axes
+      store(P + 128 + arange(0, 8), argmax(m, 1) + argmin(m, 1));
+      store(P + 136 + arange(0, 16), argmax(m, 0) + argmin(m, 0));
     });
     for (jit::Backend be : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
       INFO(ir::name(d) << " " << jit::to_string(be));
