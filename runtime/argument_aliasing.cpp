@@ -79,44 +79,61 @@ bool same_view(const TensorView& a, const TensorView& b) {
 
 bool views_overlap(const TensorView& a, const TensorView& b) {
   __extension__ typedef __int128 I128;  // sizes times strides of two i64s, without overflow
-  // A view is a set of contiguous runs of `run` bytes (its unit-stride dim, else one element) whose
-  // starts are the base plus multiples of `step`, within [lo, hi).
+  // This runs on every launch: the byte extents first (disjoint buffers stop here), the
+  // interleaving test only for views whose extents meet.
   struct Extent {
-    I128 lo = 0, hi = 0, run = 0;
+    I128 lo = 0, hi = 0;  // bytes [lo, hi)
     bool empty = false;
   };
-  uint64_t step = 0;  // gcd of both views' byte strides along their other dims of size > 1
-  auto extent = [&](const TensorView& t) {
+  auto extent = [](const TensorView& t) {
     const int64_t es = ir::byte_size(t.dtype);
-    Extent e{t.address, t.address, es, false};
+    Extent e{t.address, t.address, false};
     const size_t rank = std::min(t.sizes.size(), t.strides.size());
-    size_t unit = rank;  // the dim whose elements are contiguous
-    for (size_t d = 0; d < rank; ++d)
-      if (t.sizes[d] > 1 && t.strides[d] == 1) unit = d;
     for (size_t d = 0; d < rank; ++d) {
-      if (t.sizes[d] <= 0) return Extent{0, 0, 0, true};
-      if (t.sizes[d] == 1) continue;
-      const I128 span = I128{t.sizes[d] - 1} * t.strides[d] * es;
+      if (t.sizes[d] <= 0) return Extent{0, 0, true};
+      int64_t span64;  // 64-bit arithmetic unless it overflows
+      I128 span;
+      if (__builtin_mul_overflow(t.sizes[d] - 1, t.strides[d], &span64) || __builtin_mul_overflow(span64, es, &span64))
+        span = I128{t.sizes[d] - 1} * t.strides[d] * es;
+      else
+        span = span64;
       (span < 0 ? e.lo : e.hi) += span;
-      if (d == unit) {
-        e.run = I128{t.sizes[d]} * es;
-        continue;
-      }
-      const I128 s = I128{t.strides[d]} * es;
-      step = std::gcd(step, static_cast<uint64_t>(s < 0 ? -s : s));
     }
     e.hi += es;
     return e;
   };
   const Extent ea = extent(a), eb = extent(b);
   if (ea.empty || eb.empty || ea.hi <= eb.lo || eb.hi <= ea.lo) return false;
+  // A view is a set of contiguous runs of `run` bytes (its unit-stride dim, else one element)
+  // whose starts are the base plus multiples of `step`, the gcd of both views' byte strides along
+  // their other dims of size > 1.
+  uint64_t step = 0;
+  auto run_bytes = [&step](const TensorView& t) {
+    const int64_t es = ir::byte_size(t.dtype);
+    const size_t rank = std::min(t.sizes.size(), t.strides.size());
+    size_t unit = rank;
+    for (size_t d = 0; d < rank; ++d)
+      if (t.sizes[d] > 1 && t.strides[d] == 1) unit = d;
+    I128 run = es;
+    for (size_t d = 0; d < rank; ++d) {
+      if (t.sizes[d] == 1) continue;
+      if (d == unit) {
+        run = I128{t.sizes[d]} * es;
+        continue;
+      }
+      const I128 s = I128{t.strides[d]} * es;
+      step = std::gcd(step, static_cast<uint64_t>(s < 0 ? -s : s));
+    }
+    return run;
+  };
+  const I128 run_a = run_bytes(a), run_b = run_bytes(b);
   if (step == 0) return true;  // one run each, and their extents overlap
   // A run of a starts at a.address + k * step and one of b at b.address + m * step: they can meet
   // only if b's start minus a's, modulo step, falls within (-run_b, run_a).
   const I128 g = step;
   const I128 diff = (I128{b.address} - I128{a.address}) % g;
   const I128 r = diff < 0 ? diff + g : diff;
-  return r < ea.run || r > g - eb.run;
+  return r < run_a || r > g - run_b;
 }
 
 }  // namespace tilejit::runtime
