@@ -807,7 +807,7 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
           lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D},        {mn::kBlockM, v.bm},      {mn::kBlockN, v.bn},
                           {mn::kBshd, true},           {mn::kCausal, causal},     {mn::kDropout, dropout},   {mn::kExactNormalize, v.exact},
                           {mn::kPositiveScale, true}};  // (as the API launches it)
-          if (!extra_meta.empty()) meta.emplace_back(extra_meta, true);  // --with META
+          for (const auto& [name, value] : parse_with(extra_meta)) meta.emplace_back(name, value);  // --with M[=0|1],..
           if (v.rng_warps)
             meta.insert(meta.end(), {{mn::kRngWarps, v.rng_warps}, {mn::kMmaRegisters, v.mma_registers}, {mn::kRngRegisters, v.rng_registers}});
           jit::CompileOptions o;

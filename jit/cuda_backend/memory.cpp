@@ -172,11 +172,6 @@ void Printer::memory_inst(const pir::Inst& in) {
       const bool s = ir::is_signed(dt(a(1)));
       return def(in.results[0], fmt::format("{} + ({}){}", n(a(0)), s ? "long long" : "unsigned long long", n(a(1))));
     }
-    case Op::load: return load(in);
-    case Op::store: return store(in);
-    case Op::atomic_add: return atomic_add(in);
-    case Op::atomic_rmw:
-    case Op::atomic_cas: return atomic_rmw(in);
     case Op::load_shared: {
       check_args(in, 1, 1);
       check_results(in, 1);
