@@ -103,6 +103,8 @@ inline void check_cu_kernel(CUresult result, std::string_view call, std::string_
   X(MemcpyDtoHAsync, "cuMemcpyDtoHAsync", PFN_cuMemcpyDtoHAsync_v3020)        \
   X(MemsetD8, "cuMemsetD8", PFN_cuMemsetD8_v3020)                             \
   X(MemsetD8Async, "cuMemsetD8Async", PFN_cuMemsetD8Async_v3020)              \
+  X(MemcpyDtoDAsync, "cuMemcpyDtoDAsync", PFN_cuMemcpyDtoDAsync_v3020)        \
+  X(Memcpy2DAsync, "cuMemcpy2DAsync", PFN_cuMemcpy2DAsync_v3020)              \
   X(TensorMapEncodeTiled, "cuTensorMapEncodeTiled", PFN_cuTensorMapEncodeTiled_v12000)
 
 struct DriverApi {

@@ -1,0 +1,66 @@
+// The attention calls each rank of a context-parallel group makes, for the modes that cut the
+// work at chunk granularity (ring, allgather): a plan is the same for the forward and the
+// backward, and is what both the GPU runner and the CI simulation (every rank's steps in float64,
+// tests/test_context_parallel.cpp) execute. Every call is one single-GPU attention call on a run of
+// local query rows and a run of key rows, unmasked or bottom-right causal, and together a rank's
+// calls see exactly the keys global causality gives each of its queries (the planner checks each
+// call against the chunk-level truth, tokens counted, before accepting it).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "api/context_parallel/layout.hpp"
+
+namespace tilejit::cp {
+
+// How a call's keys reach a rank:
+//   ulysses    all-to-all from sequence shards to head shards, the single-GPU call on the whole
+//              sequence for Hq / W heads, all-to-all back (any mask; bit-identical to one GPU)
+//   allgather  every rank gathers K and V; each local query chunk attends to the key prefix its
+//              causality allows (Llama 3)
+//   ring       K and V travel around the ring, one shard per step; partial outputs merged by LSE
+enum class Mode { ulysses, allgather, ring };
+const char* name(Mode mode);  // "ulysses", "allgather", "ring"
+
+struct AttentionCall {
+  int64_t q_begin = 0, q_end = 0;  // local query rows
+  int64_t k_begin = 0, k_end = 0;  // rows of the step's key buffer
+  bool causal = false;             // bottom-right causal inside the call (else unmasked)
+  bool first = false;              // the first call on these rows: writes O and LSE instead of merging
+  int64_t q_len() const { return q_end - q_begin; }
+  int64_t k_len() const { return k_end - k_begin; }
+};
+
+// One step: the key buffer holds the shard of rank `kv_rank` (ring; its chunks in local order) or
+// the whole sequence in global order (allgather, kv_rank = -1).
+struct PlanStep {
+  int kv_rank = -1;
+  std::vector<AttentionCall> calls;
+};
+
+struct Plan {
+  Mode mode = Mode::ring;
+  int rank = 0;
+  std::vector<PlanStep> steps;
+  // local rows no call covers (they see no key): O = 0, LSE = -inf
+  std::vector<std::pair<int64_t, int64_t>> unvisited_rows;
+  int send_to = 0, recv_from = 0;  // ring neighbours
+  std::string describe() const;
+};
+
+// The plan of `rank` for a full (causal = false) or causal mask. Throws std::invalid_argument for
+// Mode::ulysses (no chunk plan: see UlyssesHeads).
+Plan make_plan(Mode mode, const ShardLayout& layout, bool causal, int rank);
+
+// Ulysses: the query and key/value heads rank `rank` computes on the whole sequence. Needs Hq % W
+// == 0, and either whole GQA groups per rank (Hkv / W heads each) or every rank's query heads in
+// one group (that key/value head replicated on the ranks that share it). std::invalid_argument
+// otherwise, naming the heads and what is valid.
+struct UlyssesHeads {
+  int q_begin = 0, q_count = 0;
+  int kv_begin = 0, kv_count = 0;
+};
+UlyssesHeads ulysses_heads(int heads_q, int heads_kv, int world, int rank);
+
+}  // namespace tilejit::cp

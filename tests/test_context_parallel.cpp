@@ -1,0 +1,311 @@
+// Context parallelism on the host (issue 24): shard layouts and their index maps, Ulysses' head
+// split, and the planner simulation: every rank's plan executed in float64 (each call a small
+// attention of local queries against a run of key rows, partials merged by LSE, gradients
+// accumulated by global position), compared with global attention, forward and backward, for
+// ring and allgather, contiguous and zigzag layouts, W in {1, 2, 3, 4}, full and causal, GQA, and
+// lengths not divisible by the chunk count.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+#include "api/context_parallel/layout.hpp"
+#include "api/context_parallel/plan.hpp"
+
+using namespace tilejit::cp;
+
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// [S, H, D] float64 tensors, one sequence
+struct Seq {
+  int S = 0, H = 0, D = 0;
+  std::vector<double> v;
+  Seq(int s, int h, int d) : S(s), H(h), D(d), v(static_cast<size_t>(s * h * d), 0.0) {}
+  double& at(int64_t s, int h, int d) { return v[static_cast<size_t>((s * H + h) * D + d)]; }
+  double at(int64_t s, int h, int d) const { return v[static_cast<size_t>((s * H + h) * D + d)]; }
+};
+
+Seq random_seq(int S, int H, int D, std::mt19937& rng) {
+  std::normal_distribution<double> n(0.0, 1.0);
+  Seq t(S, H, D);
+  for (double& x : t.v) x = n(rng);
+  return t;
+}
+
+struct Problem {
+  int S, Hq, Hkv, D;
+  bool causal;
+  double scale;
+  Seq q, k, v, dout;
+  int kv_head(int h) const { return h / (Hq / Hkv); }
+};
+
+// Attention of query positions `qp` against key positions `kp` (global positions, any order), with
+// the call's own mask: bottom-right causal in call coordinates when `call_causal`. Rows that see no
+// key: O = 0, LSE = -inf. Returns O [rows, Hq, D] and LSE [Hq][rows].
+struct Partial {
+  std::vector<double> o, lse;
+};
+Partial attend(const Problem& p, const std::vector<int64_t>& qp, const std::vector<int64_t>& kp, bool call_causal) {
+  const size_t nq = qp.size(), nk = kp.size();
+  Partial out{std::vector<double>(nq * p.Hq * p.D, 0.0), std::vector<double>(p.Hq * nq, kNegInf)};
+  const int64_t shift = static_cast<int64_t>(nk) - static_cast<int64_t>(nq);
+  for (int h = 0; h < p.Hq; ++h)
+    for (size_t i = 0; i < nq; ++i) {
+      std::vector<double> s;
+      std::vector<size_t> keys;
+      for (size_t j = 0; j < nk; ++j) {
+        if (call_causal && static_cast<int64_t>(j) > static_cast<int64_t>(i) + shift) continue;
+        double dot = 0;
+        for (int d = 0; d < p.D; ++d) dot += p.q.at(qp[i], h, d) * p.k.at(kp[j], p.kv_head(h), d);
+        s.push_back(dot * p.scale);
+        keys.push_back(j);
+      }
+      if (s.empty()) continue;
+      const double m = *std::max_element(s.begin(), s.end());
+      double sum = 0;
+      for (double x : s) sum += std::exp(x - m);
+      const double lse = m + std::log(sum);
+      out.lse[h * nq + i] = lse;
+      for (size_t t = 0; t < keys.size(); ++t)
+        for (int d = 0; d < p.D; ++d) out.o[(i * p.Hq + h) * p.D + d] += std::exp(s[t] - lse) * p.v.at(kp[keys[t]], p.kv_head(h), d);
+    }
+  return out;
+}
+
+// Global attention: every query sees every key (causal: keys at positions <= its own).
+std::vector<int64_t> iota(int64_t n) {
+  std::vector<int64_t> x(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = i;
+  return x;
+}
+
+struct Grads {
+  Seq dq, dk, dv;
+};
+
+// Backward of one call with the final O and LSE (global): adds its dQ to dq at the query positions
+// and dK, dV at the key positions.
+void attend_backward(const Problem& p, const std::vector<int64_t>& qp, const std::vector<int64_t>& kp, bool call_causal, const Seq& o,
+                     const std::vector<double>& lse_global, Grads& g) {
+  const int64_t shift = static_cast<int64_t>(kp.size()) - static_cast<int64_t>(qp.size());
+  for (int h = 0; h < p.Hq; ++h) {
+    const int kh = p.kv_head(h);
+    for (size_t i = 0; i < qp.size(); ++i) {
+      const int64_t qi = qp[i];
+      const double lse = lse_global[static_cast<size_t>(h * p.S + qi)];
+      if (lse == kNegInf) continue;
+      double delta = 0;
+      for (int d = 0; d < p.D; ++d) delta += p.dout.at(qi, h, d) * o.at(qi, h, d);
+      for (size_t j = 0; j < kp.size(); ++j) {
+        if (call_causal && static_cast<int64_t>(j) > static_cast<int64_t>(i) + shift) continue;
+        const int64_t kj = kp[j];
+        double dot = 0, dp = 0;
+        for (int d = 0; d < p.D; ++d) {
+          dot += p.q.at(qi, h, d) * p.k.at(kj, kh, d);
+          dp += p.dout.at(qi, h, d) * p.v.at(kj, kh, d);
+        }
+        const double prob = std::exp(dot * p.scale - lse), ds = prob * (dp - delta);
+        for (int d = 0; d < p.D; ++d) {
+          g.dv.at(kj, kh, d) += prob * p.dout.at(qi, h, d);
+          g.dq.at(qi, h, d) += ds * p.k.at(kj, kh, d) * p.scale;
+          g.dk.at(kj, kh, d) += ds * p.q.at(qi, h, d) * p.scale;
+        }
+      }
+    }
+  }
+}
+
+// The global positions of a step's key buffer rows.
+std::vector<int64_t> key_positions(const ShardLayout& layout, const PlanStep& step) {
+  return step.kv_rank >= 0 ? layout.positions(step.kv_rank) : iota(layout.seq_len());
+}
+
+std::vector<int64_t> slice(const std::vector<int64_t>& x, int64_t begin, int64_t end) {
+  return {x.begin() + begin, x.begin() + end};
+}
+
+// Merges a call's partial into the rank's accumulators (rows [q_begin, q_end) of the shard).
+void merge(const Problem& p, const AttentionCall& call, const Partial& part, std::vector<double>& o_acc, std::vector<double>& lse_acc,
+           int64_t local_len) {
+  const size_t nq = static_cast<size_t>(call.q_len());
+  for (int h = 0; h < p.Hq; ++h)
+    for (size_t i = 0; i < nq; ++i) {
+      const size_t row = static_cast<size_t>(call.q_begin) + i;
+      double& la = lse_acc[static_cast<size_t>(h) * static_cast<size_t>(local_len) + row];
+      const double lp = part.lse[h * nq + i];
+      double wa = 0, wp = 1, lse = lp;
+      if (!call.first) {
+        const double m = std::max(la, lp);
+        if (m == kNegInf) continue;
+        lse = m + std::log(std::exp(la - m) + std::exp(lp - m));
+        wa = std::exp(la - lse);
+        wp = std::exp(lp - lse);
+      }
+      for (int d = 0; d < p.D; ++d) {
+        double& oa = o_acc[(row * p.Hq + h) * p.D + d];
+        oa = (call.first ? 0.0 : wa * oa) + wp * part.o[(i * p.Hq + h) * p.D + d];
+      }
+      la = lse;
+    }
+}
+
+void check_mode(Mode mode, Layout kind, int W, int S, bool causal) {
+  CAPTURE(name(mode));
+  CAPTURE(name(kind));
+  CAPTURE(W);
+  CAPTURE(S);
+  CAPTURE(causal);
+  std::mt19937 rng(static_cast<unsigned>(W * 1000 + S * 10 + causal));
+  const int Hq = 4, Hkv = 2, D = 4;
+  Problem p{S, Hq, Hkv, D, causal, 0.7, random_seq(S, Hq, D, rng), random_seq(S, Hkv, D, rng), random_seq(S, Hkv, D, rng),
+            random_seq(S, Hq, D, rng)};
+  const Partial global = attend(p, iota(S), iota(S), causal);
+  Seq o_global(S, Hq, D);
+  o_global.v = global.o;
+  Grads want{Seq(S, Hq, D), Seq(S, Hkv, D), Seq(S, Hkv, D)};
+  attend_backward(p, iota(S), iota(S), causal, o_global, global.lse, want);
+
+  const ShardLayout layout(kind, W, S);
+  Grads got{Seq(S, Hq, D), Seq(S, Hkv, D), Seq(S, Hkv, D)};
+  for (int r = 0; r < W; ++r) {
+    const Plan plan = make_plan(mode, layout, causal, r);
+    CAPTURE(plan.describe());
+    const std::vector<int64_t> qpos = layout.positions(r);
+    const int64_t n = layout.local_len(r);
+    std::vector<double> o_acc(static_cast<size_t>(n * Hq * D), 0.0), lse_acc(static_cast<size_t>(Hq * n), kNegInf);
+    std::vector<bool> written(static_cast<size_t>(n), false);
+    for (const PlanStep& step : plan.steps) {
+      const std::vector<int64_t> kpos = key_positions(layout, step);
+      for (const AttentionCall& call : step.calls) {
+        const std::vector<int64_t> qs = slice(qpos, call.q_begin, call.q_end), ks = slice(kpos, call.k_begin, call.k_end);
+        for (int64_t i = call.q_begin; i < call.q_end; ++i) {
+          CHECK(written[static_cast<size_t>(i)] == !call.first);  // `first` exactly on a row's first call
+          written[static_cast<size_t>(i)] = true;
+        }
+        merge(p, call, attend(p, qs, ks, call.causal), o_acc, lse_acc, n);
+        attend_backward(p, qs, ks, call.causal, o_global, global.lse, got);
+      }
+    }
+    for (auto [begin, end] : plan.unvisited_rows)
+      for (int64_t i = begin; i < end; ++i) CHECK_FALSE(written[static_cast<size_t>(i)]);
+    // forward: every local row equals the global row at its position
+    double err = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int h = 0; h < Hq; ++h) {
+        const double lg = global.lse[static_cast<size_t>(h * S + qpos[static_cast<size_t>(i)])];
+        const double lr = lse_acc[static_cast<size_t>(h * n + i)];
+        if (lg == kNegInf) CHECK(lr == kNegInf);
+        else err = std::max(err, std::abs(lg - lr));
+        for (int d = 0; d < D; ++d) err = std::max(err, std::abs(o_acc[static_cast<size_t>((i * Hq + h) * D + d)] - o_global.at(qpos[static_cast<size_t>(i)], h, d)));
+      }
+    CHECK(err < 1e-12);
+  }
+  double gerr = 0;
+  for (size_t i = 0; i < want.dq.v.size(); ++i) gerr = std::max(gerr, std::abs(want.dq.v[i] - got.dq.v[i]));
+  for (size_t i = 0; i < want.dk.v.size(); ++i)
+    gerr = std::max({gerr, std::abs(want.dk.v[i] - got.dk.v[i]), std::abs(want.dv.v[i] - got.dv.v[i])});
+  CHECK(gerr < 1e-12);
+  // the gradients are not all zero (the comparison means something)
+  CHECK(*std::max_element(want.dk.v.begin(), want.dk.v.end()) > 1e-3);
+}
+
+}  // namespace
+
+TEST_CASE("cp/layout: chunks, owners, positions and index maps") {
+  for (Layout kind : {Layout::contiguous, Layout::zigzag})
+    for (int W : {1, 2, 3, 4})
+      for (int S : {W * 2 * 5, W * 2 * 5 + 3}) {
+        const ShardLayout layout(kind, W, S);
+        CAPTURE(layout.describe());
+        std::set<int64_t> seen;
+        int64_t total = 0;
+        for (int r = 0; r < W; ++r) {
+          const std::vector<int64_t> p = layout.positions(r);
+          CHECK(static_cast<int64_t>(p.size()) == layout.local_len(r));
+          CHECK(layout.max_local_len() - layout.local_len(r) <= 2);
+          for (int c : layout.chunks_of(r)) {
+            CHECK(layout.owner(c) == r);
+            CHECK(p[static_cast<size_t>(layout.local_offset(c))] == layout.chunk(c).begin);
+          }
+          seen.insert(p.begin(), p.end());
+          total += static_cast<int64_t>(p.size());
+        }
+        CHECK(total == S);
+        CHECK(static_cast<int64_t>(seen.size()) == S);  // every token once
+        const std::vector<ShardSlot> back = unshard_index(layout);
+        for (int64_t g = 0; g < S; ++g)
+          CHECK(layout.positions(back[static_cast<size_t>(g)].rank)[static_cast<size_t>(back[static_cast<size_t>(g)].index)] == g);
+      }
+  const ShardLayout z(Layout::zigzag, 2, 16);
+  CHECK(z.positions(0) == std::vector<int64_t>{0, 1, 2, 3, 12, 13, 14, 15});
+  CHECK(z.positions(1) == std::vector<int64_t>{4, 5, 6, 7, 8, 9, 10, 11});
+  const std::vector<int64_t> tokens = iota(16);
+  CHECK(shard(z, 1, tokens) == std::vector<int64_t>{4, 5, 6, 7, 8, 9, 10, 11});
+  CHECK_THROWS_WITH_AS(ShardLayout(Layout::zigzag, 4, 7), doctest::Contains("needs at least 8 tokens"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(ShardLayout(Layout::zigzag, 0, 7), doctest::Contains("world is 0"), std::invalid_argument);
+}
+
+TEST_CASE("cp/layout: packed documents are sharded one by one") {
+  // documents of 8, 13 and 4 tokens over 2 ranks, zigzag (4 chunks each)
+  const std::vector<int32_t> cu{0, 8, 21, 25};
+  CHECK(shard_cu_seqlens(Layout::zigzag, 2, 0, cu) == std::vector<int32_t>{0, 4, 11, 13});
+  CHECK(shard_cu_seqlens(Layout::zigzag, 2, 1, cu) == std::vector<int32_t>{0, 4, 10, 12});
+  CHECK_THROWS_WITH_AS(shard_cu_seqlens(Layout::zigzag, 4, 0, cu), doctest::Contains("document 2 has 4 tokens"), std::invalid_argument);
+}
+
+TEST_CASE("cp/plan: zigzag causal ring is the balanced schedule") {
+  // rank 1 of 4 (chunks 1 and 6 of 8, 4 tokens each): step 0 causal on its shard; step 1 (rank 0's
+  // chunks 0, 7): all queries against the first half; steps 2, 3 (ranks 3, 2): the second half of
+  // the queries against everything
+  const Plan plan = make_plan(Mode::ring, ShardLayout(Layout::zigzag, 4, 32), true, 1);
+  INFO(plan.describe());
+  REQUIRE(plan.steps.size() == 4);
+  CHECK(plan.steps[0].calls.size() == 1);
+  CHECK(plan.steps[0].calls[0].causal);
+  CHECK(plan.steps[0].calls[0].first);
+  CHECK(plan.steps[1].kv_rank == 0);
+  CHECK((plan.steps[1].calls[0].q_begin == 0 && plan.steps[1].calls[0].q_end == 8 && plan.steps[1].calls[0].k_end == 4));
+  for (int s : {2, 3}) {
+    REQUIRE(plan.steps[s].calls.size() == 1);
+    const AttentionCall& c = plan.steps[s].calls[0];
+    CHECK((c.q_begin == 4 && c.q_end == 8 && c.k_begin == 0 && c.k_end == 8 && !c.causal && !c.first));
+  }
+  // every rank does the same work: W * (chunk^2 / 2 ... ) per step pattern
+  for (int r = 0; r < 4; ++r) {
+    int64_t area = 0;
+    for (const PlanStep& st : make_plan(Mode::ring, ShardLayout(Layout::zigzag, 4, 32), true, r).steps)
+      for (const AttentionCall& c : st.calls) area += c.q_len() * c.k_len();
+    CHECK(area == 8 * 8 + 3 * 32);
+  }
+  // allgather: each query chunk against its prefix
+  const Plan ag = make_plan(Mode::allgather, ShardLayout(Layout::zigzag, 4, 32), true, 1);
+  REQUIRE(ag.steps[0].calls.size() == 2);
+  CHECK((ag.steps[0].calls[0].k_end == 8 && ag.steps[0].calls[1].k_end == 28 && ag.steps[0].calls[1].q_begin == 4));
+}
+
+TEST_CASE("cp/plan: simulated ranks equal global attention, forward and backward") {
+  for (Mode mode : {Mode::ring, Mode::allgather})
+    for (Layout kind : {Layout::contiguous, Layout::zigzag})
+      for (int W : {1, 2, 3, 4})
+        for (bool causal : {false, true})
+          for (int S : {W * 2 * 3, W * 2 * 3 + 5}) check_mode(mode, kind, W, S, causal);
+}
+
+TEST_CASE("cp/ulysses: heads per rank, GQA groups whole or replicated") {
+  const UlyssesHeads a = ulysses_heads(16, 4, 2, 1);  // whole groups
+  CHECK((a.q_begin == 8 && a.q_count == 8 && a.kv_begin == 2 && a.kv_count == 2));
+  const UlyssesHeads b = ulysses_heads(16, 2, 4, 3);  // inside one group: replicated
+  CHECK((b.q_begin == 12 && b.q_count == 4 && b.kv_begin == 1 && b.kv_count == 1));
+  CHECK_THROWS_WITH_AS(ulysses_heads(12, 4, 8, 0), doctest::Contains("12 query heads over 8 ranks"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(ulysses_heads(24, 4, 6, 0), doctest::Contains("4 query heads per rank and GQA groups of 6"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(make_plan(Mode::ulysses, ShardLayout(Layout::zigzag, 2, 8), true, 0), doctest::Contains("no chunk plan"),
+                       std::invalid_argument);
+}
