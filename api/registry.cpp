@@ -11,6 +11,7 @@
 #include "kernels/attention/forward.hpp"
 #include "kernels/attention/backward.hpp"
 #include "kernels/attention/mask.hpp"
+#include "kernels/context_parallel.hpp"
 #include "kernels/dropout_mask.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/meta_names.hpp"
@@ -74,6 +75,12 @@ std::vector<LibraryKernel> make_library() {
        {{mn::kKvMajor, false}}, 4, 2},
       {"dropout_mask", &dropout_mask, "packed attention dropout keep-mask (Philox4x32-10, 1 bit per element, u32 words along keys)",
        DropoutMaskConfig{}.to_meta(), 4, 3},
+      {"attention_cp_merge", &attention_cp_merge, "context parallelism: merge a partial O, LSE into f32 accumulators (log-sum-exp weights)",
+       CpPartialConfig{}.to_meta(), 4, 3},
+      {"attention_cp_accumulate", &attention_cp_accumulate, "context parallelism: f32 acc += a gradient partial (FIRST: acc = part)",
+       CpPartialConfig{}.to_meta(), 4, 3},
+      {"attention_cp_convert", &attention_cp_convert, "context parallelism: dst = an f32 accumulator rounded to DTYPE",
+       CpConvertConfig{}.to_meta(), 4, 3},
   };
 }
 

@@ -51,6 +51,7 @@
 //     with a bool meta off/on (S 4k-16k, D 64/128, +-causal, and B 1 x 8 heads at S 8k), outputs
 //     compared bit for bit:
 //     META_AB HEAVY_FIRST_SECTIONS kernel=dq S=8192 D=128 B=2 H=16 causal=1 off_ms=.. on_ms=.. speedup=.. outputs_identical=1
+//   attention_bench --cp [...]             context parallelism on every GPU (bench/attention_cp.cpp)
 //   attention_bench --capabilities         "backward=1 varlen_fwd=1 varlen_bwd=1 dropout=1"
 //   attention_bench --check DIR            reads DIR/cases.txt and the inputs, writes the outputs
 #include <fmt/format.h>
@@ -1398,7 +1399,11 @@ int check(const std::string& dir) {
 
 }  // namespace
 
+int run_cp_bench(int argc, char** argv);  // attention_cp.cpp
+
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--cp") return run_cp_bench(argc, argv);
   bool quick = false;
   int reps = 20;
   std::string check_dir;

@@ -60,4 +60,7 @@ inline constexpr const char* kMaskRegisters = "MASK_REGISTERS";
 // the packed dropout-mask kernel (kernels/dropout_mask.hpp)
 inline constexpr const char* kBlockW = "BLOCK_W";
 
+// context parallelism's merge / accumulate kernels (kernels/context_parallel.hpp)
+inline constexpr const char* kFirst = "FIRST";  // the first partial: acc = part, the accumulator not read
+
 }  // namespace tilejit::kernels::meta_name

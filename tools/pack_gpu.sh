@@ -9,14 +9,14 @@ cp "$BUILD_DIR"/libtilejit.so.0.* .gpu/libtilejit.so.0
 for t in test_jit_gpu test_driver_gpu test_jit test_cuda_backend; do cp "$BUILD_DIR/tests/$t" .gpu/; done
 for e in attention gemm vector_add softmax bundle_app; do cp "$BUILD_DIR/examples/$e" .gpu/; done
 cp "$BUILD_DIR"/examples/bundle_app.tjb .gpu/ 2>/dev/null || true
-for t in test_bundle test_function_gpu test_autotuner test_autotuner_gpu test_attention_gpu test_attention_api test_attention_backward; do cp "$BUILD_DIR/tests/$t" .gpu/ 2>/dev/null || true; done
+for t in test_bundle test_function_gpu test_autotuner test_autotuner_gpu test_attention_gpu test_attention_api test_attention_backward test_nccl test_nccl_gpu test_context_parallel_gpu test_context_parallel_kernels; do cp "$BUILD_DIR/tests/$t" .gpu/ 2>/dev/null || true; done
 cp "$BUILD_DIR"/bench/tune_gemm .gpu/bench/ 2>/dev/null || true
 cp "$BUILD_DIR"/bench/launch_overhead .gpu/bench/ 2>/dev/null || true
 cp "$BUILD_DIR"/bench/gemm_bench .gpu/bench/
 cp "$BUILD_DIR"/bench/attention_bench .gpu/bench/ 2>/dev/null || true
 cp "$BUILD_DIR"/tools/tilejit "$BUILD_DIR"/tools/tilejit_fuzz .gpu/
 strip --strip-unneeded .gpu/libtilejit.so.0 .gpu/test_* .gpu/attention .gpu/gemm .gpu/vector_add .gpu/softmax .gpu/bundle_app .gpu/tilejit .gpu/tilejit_fuzz .gpu/bench/*
-cp bench/attention.py bench/gemm.py .gpu/bench/  # after strip: scripts next to the binaries
+cp bench/attention.py bench/gemm.py bench/cp_torch.py .gpu/bench/  # after strip: scripts next to the binaries
 # The commit these binaries were built from (the GPU machine's copy has no .git); "-dirty" when
 # the tree had uncommitted changes.
 { git rev-parse --short HEAD 2>/dev/null || echo unknown; } | tr -d '\n' > .gpu/COMMIT

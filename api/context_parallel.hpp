@@ -1,0 +1,72 @@
+// Context parallelism: one attention over a sequence sharded across the GPUs of an NCCL
+// communicator. Each rank passes its local shard (the tokens cp::ShardLayout gives it, back to back)
+// and gets its shard of O, LSE (forward) and dQ, dK, dV (backward); the result equals the
+// single-GPU call on the gathered sequence (ulysses: bit for bit; ring, allgather: partial results
+// merged in f32). Asynchronous on the caller's stream: communication runs on a stream of the
+// runner's own, joined to the caller's with events; nothing synchronises the host inside a call.
+//
+//   auto comm = runtime::nccl::Communicator::create(id, rank, world, device);
+//   cp::ContextParallel cp(comm);
+//   cp::Options opts;  opts.mode = cp::Mode::ring;  opts.attention.causal = true;
+//   cp.forward(q, k, v, o, lse, seq_len, opts, stream);        // q: [B, S_local, Hq, D] ...
+//   cp.backward(q, k, v, o, do_, lse, dq, dk, dv, seq_len, opts, stream);
+#pragma once
+#include <cuda.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "api/attention.hpp"
+#include "api/context_parallel/layout.hpp"
+#include "api/context_parallel/plan.hpp"
+
+namespace tilejit::runtime::nccl {
+class Communicator;
+}
+
+namespace tilejit::cp {
+
+struct Options {
+  Mode mode = Mode::ring;
+  // Which tokens each rank holds (ShardLayout(layout, world, seq_len)): zigzag balances causal work.
+  Layout layout = Layout::zigzag;
+  // The single-GPU options: causal, softmax_scale, schedule, mask, score mod. Ring and allgather
+  // take the full and causal masks; ulysses every mask and score mod, with the mask's tensors
+  // (doc_ids, prefix_lengths, block_table) given for the whole sequence, on this rank's device.
+  // Not yet (std::invalid_argument): dropout, varlen, dQ reductions other than recompute.
+  attention::Options attention;
+};
+
+// The runner of one rank: the communicator (not owned: it must outlive the runner), a
+// communication stream, events, and the scratch memory calls need (grown on demand, kept between
+// calls; growing it waits for the previous call's work). One runner per communicator and thread:
+// calls are not thread-safe.
+class ContextParallel {
+ public:
+  explicit ContextParallel(runtime::nccl::Communicator& comm);
+  ~ContextParallel();
+  ContextParallel(const ContextParallel&) = delete;
+  ContextParallel& operator=(const ContextParallel&) = delete;
+
+  int rank() const;
+  int world() const;
+
+  // q: [B, S_local, Hq, D], k, v: [B, S_local, Hkv, D] (rows contiguous: strides [any, H*D, D, 1]),
+  // o like q, lse f32 [B, Hq, S_local] (unit stride on S_local), where S_local =
+  // ShardLayout(opts.layout, world, seq_len).local_len(rank) and seq_len is the global length.
+  // Every rank calls it with the same seq_len and options (NCCL collectives inside).
+  void forward(const attention::Tensor& q, const attention::Tensor& k, const attention::Tensor& v, const attention::Tensor& o,
+               const attention::Tensor& lse, int64_t seq_len, const Options& opts, CUstream stream = nullptr);
+  // dq like q, dk and dv like k; o and lse the forward's.
+  void backward(const attention::Tensor& q, const attention::Tensor& k, const attention::Tensor& v, const attention::Tensor& o,
+                const attention::Tensor& do_, const attention::Tensor& lse, const attention::Tensor& dq,
+                const attention::Tensor& dk, const attention::Tensor& dv, int64_t seq_len, const Options& opts,
+                CUstream stream = nullptr);
+
+  struct State;  // streams, events, scratch (api/context_parallel/runner.cpp)
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace tilejit::cp

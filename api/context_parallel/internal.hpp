@@ -1,0 +1,102 @@
+// What the context-parallel runner's files share (api/context_parallel/*.cpp): the call's
+// dimensions, views of rows, the runner's state (communication stream, events, scratch) and the
+// NCCL transfers of row blocks.
+#pragma once
+#include <cuda.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "api/attention.hpp"
+#include "api/context_parallel.hpp"
+#include "runtime/device_buffer.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/nccl.hpp"
+
+namespace tilejit::cp::detail {
+
+using attention::Tensor;
+
+// The call's shape: local shard of `rank`, the layout over the group.
+struct Dims {
+  int64_t B = 0, Hq = 0, Hkv = 0, D = 0;
+  ir::DType dtype = ir::DType::bf16;
+  int64_t local = 0;  // this rank's rows
+  int rank = 0, world = 1;
+  ShardLayout layout{Layout::contiguous, 1, 1};
+  int64_t es() const { return ir::byte_size(dtype); }
+};
+
+// Rows [begin, end) of a [B, S, H, D] tensor; of an LSE [B, H, S].
+Tensor rows(const Tensor& t, int64_t begin, int64_t end);
+Tensor lse_rows(const Tensor& lse, int64_t begin, int64_t end);
+// A [B, rows, H, D] tensor of `dtype` at `data` whose batches are `batch_rows` rows apart.
+Tensor bshd(uint64_t data, ir::DType dtype, int64_t B, int64_t rows, int64_t H, int64_t D, int64_t batch_rows, int device);
+// An f32 LSE [B, H, rows] whose heads are `head_rows` apart.
+Tensor bhs(uint64_t data, int64_t B, int64_t H, int64_t rows, int64_t head_rows, int device);
+
+runtime::nccl::DataType nccl_type(ir::DType t);
+// The single-GPU options of one planned call: its own mask (unmasked or bottom-right causal).
+attention::Options call_options(const attention::Options& opts, const AttentionCall& call);
+
+// Scratch carved from the runner's buffer: take() hands out 256-byte aligned pieces.
+class Scratch {
+ public:
+  explicit Scratch(uint64_t base) : base_(base) {}
+  uint64_t take(size_t bytes) {
+    const uint64_t at = base_ + used_;
+    used_ += (bytes + 255) / 256 * 256;
+    return at;
+  }
+  size_t used() const { return used_; }
+
+ private:
+  uint64_t base_;
+  size_t used_ = 0;
+};
+
+}  // namespace tilejit::cp::detail
+
+namespace tilejit::cp {
+
+struct ContextParallel::State {
+  runtime::nccl::Communicator* comm = nullptr;
+  int device = 0;
+  runtime::Stream comm_stream;
+  std::vector<CUevent> events;  // a pool, reused call after call (timing off)
+  runtime::DeviceBuffer scratch;
+
+  State(runtime::nccl::Communicator& c);
+  ~State();
+  // Event i of the pool (created on first use).
+  CUevent event(size_t i);
+  // `waiter` waits for the work queued so far on `stream` (through event i).
+  void join(CUstream waiter, CUstream stream, size_t i);
+  // At least `bytes` of scratch; growing it first waits for the work queued on `stream` and on
+  // the communication stream (the old buffer may still be in use).
+  uint64_t scratch_base(size_t bytes, CUstream stream);
+  // Sends / receives the rows of a [B, n, H, D] tensor whose rows are contiguous (one message per
+  // batch) on the communication stream.
+  void send_rows(const attention::Tensor& t, int peer);
+  void recv_rows(const attention::Tensor& t, int peer);
+};
+
+namespace detail {
+void ring_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                  const Tensor& lse, const attention::Options& opts, CUstream stream);
+void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                   const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                   const attention::Options& opts, CUstream stream);
+void allgather_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& o, const Tensor& lse, const attention::Options& opts, CUstream stream);
+void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& o, const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                        const Tensor& dv, const attention::Options& opts, CUstream stream);
+void ulysses_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                     const Tensor& lse, const attention::Options& opts, CUstream stream);
+void ulysses_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                      const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                      const attention::Options& opts, CUstream stream);
+}  // namespace detail
+
+}  // namespace tilejit::cp

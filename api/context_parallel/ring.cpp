@@ -1,0 +1,205 @@
+// Ring mode: K and V travel around the ring, one shard per step (step s holds the shard of rank
+// r - s), while each step's calls (make_plan) run on the caller's stream. Forward: partials
+// merged into f32 O and the caller's LSE. Backward: dQ summed locally in f32; dK and dV summed in
+// f32 travel with their shard, each rank adding its part to what arrives, so every shard's sum is
+// taken in the same ring order each run (deterministic), and the last hop returns it to its owner.
+//
+// Streams: the communication stream prefetches step s + 1's shard while step s computes; a receive
+// into a buffer waits for the step that last read it (events).
+#include <fmt/format.h>
+
+#include "api/context_parallel/internal.hpp"
+#include "api/context_parallel/partials.hpp"
+
+namespace tilejit::cp::detail {
+
+namespace {
+
+// Device buffers of one ring call, carved from the runner's scratch.
+struct KvSlots {
+  Tensor k[2], v[2];  // [B, max_local, Hkv, D] each
+};
+
+KvSlots carve_kv(Scratch& s, const Dims& d, int device, ir::DType dtype, int64_t heads) {
+  const int64_t n = d.layout.max_local_len();
+  const size_t bytes = static_cast<size_t>(d.B * n * heads * d.D * ir::byte_size(dtype));
+  KvSlots slots;
+  for (int i = 0; i < 2; ++i) {
+    slots.k[i] = bshd(s.take(bytes), dtype, d.B, n, heads, d.D, n, device);
+    slots.v[i] = bshd(s.take(bytes), dtype, d.B, n, heads, d.D, n, device);
+  }
+  return slots;
+}
+
+// Rank r's shard at step s: its own at step 0, else a slot holding rank r - s's rows.
+struct ShardAt {
+  Tensor k, v;
+};
+
+class RingSteps {
+ public:
+  RingSteps(ContextParallel::State& st, const Dims& d, const Plan& plan, CUstream stream)
+      : st_(st), d_(d), plan_(plan), stream_(stream) {}
+
+  // Queues on the communication stream: send step s's shard on, receive step s + 1's into the other
+  // slot (after the step that last read that slot).
+  void prefetch(int s, const ShardAt& cur, const KvSlots& slots) {
+    if (s + 1 >= d_.world) return;
+    if (s >= 1) wait_compute(s - 1);
+    const int64_t n = d_.layout.local_len(plan_.steps[static_cast<size_t>(s + 1)].kv_rank);
+    const int i = (s + 1) % 2;
+    runtime::nccl::Group group;
+    st_.send_rows(cur.k, plan_.send_to);
+    st_.send_rows(cur.v, plan_.send_to);
+    st_.recv_rows(rows(slots.k[i], 0, n), plan_.recv_from);
+    st_.recv_rows(rows(slots.v[i], 0, n), plan_.recv_from);
+    group.end();
+  }
+  ShardAt shard(int s, const Tensor& k, const Tensor& v, const KvSlots& slots) const {
+    if (s == 0) return {k, v};
+    const int64_t n = d_.layout.local_len(plan_.steps[static_cast<size_t>(s)].kv_rank);
+    return {rows(slots.k[s % 2], 0, n), rows(slots.v[s % 2], 0, n)};
+  }
+  // The caller's stream waits for what the communication stream queued so far.
+  void wait_comm() { st_.join(stream_, st_.comm_stream.handle(), next_event()); }
+  // The communication stream waits for step s's compute (recorded by compute_done).
+  void compute_done(int s) {
+    const size_t e = next_event();
+    compute_events_.resize(static_cast<size_t>(s + 1));
+    compute_events_[static_cast<size_t>(s)] = e;
+    runtime::check_cu(runtime::Driver::get().api().EventRecord(st_.event(e), stream_), "cuEventRecord");
+  }
+  void wait_compute(int s) {
+    runtime::check_cu(runtime::Driver::get().api().StreamWaitEvent(st_.comm_stream.handle(),
+                                                                   st_.event(compute_events_[static_cast<size_t>(s)]), 0),
+                      "cuStreamWaitEvent");
+  }
+  // The communication stream starts after the caller's earlier work (the inputs).
+  void start() { st_.join(st_.comm_stream.handle(), stream_, next_event()); }
+  size_t next_event() { return event_++; }
+
+ private:
+  ContextParallel::State& st_;
+  const Dims& d_;
+  const Plan& plan_;
+  CUstream stream_;
+  size_t event_ = 0;
+  std::vector<size_t> compute_events_;
+};
+
+}  // namespace
+
+void ring_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                  const Tensor& lse, const attention::Options& opts, CUstream stream) {
+  const Plan plan = make_plan(Mode::ring, d.layout, opts.causal, d.rank);
+  if (!plan.unvisited_rows.empty()) throw std::logic_error("cp::forward: a row sees no key under a full or causal mask");
+  const int64_t nmax = d.layout.max_local_len();
+  // the buffer: two K/V slots, a partial O and LSE, the f32 O accumulator
+  auto carve = [&](uint64_t base) {
+    Scratch s(base);
+    KvSlots slots = carve_kv(s, d, st.device, d.dtype, d.Hkv);
+    Tensor o_part = bshd(s.take(static_cast<size_t>(d.B * nmax * d.Hq * d.D * d.es())), d.dtype, d.B, nmax, d.Hq, d.D, nmax, st.device);
+    Tensor lse_part = bhs(s.take(static_cast<size_t>(d.B * d.Hq * nmax * 4)), d.B, d.Hq, nmax, nmax, st.device);
+    Tensor o_acc = bshd(s.take(static_cast<size_t>(d.B * d.local * d.Hq * d.D * 4)), ir::DType::f32, d.B, d.local, d.Hq, d.D, d.local,
+                        st.device);
+    return std::tuple{slots, o_part, lse_part, o_acc, s.used()};
+  };
+  const size_t need = std::get<4>(carve(0));
+  auto [slots, o_part, lse_part, o_acc, used] = carve(st.scratch_base(need, stream));
+  RingSteps ring(st, d, plan, stream);
+  ring.start();
+  for (int s = 0; s < d.world; ++s) {
+    const ShardAt cur = ring.shard(s, k, v, slots);
+    if (s > 0) ring.wait_comm();  // this step's shard (before the next prefetch is queued)
+    ring.prefetch(s, cur, slots);
+    for (const AttentionCall& call : plan.steps[static_cast<size_t>(s)].calls) {
+      const Tensor op = rows(o_part, 0, call.q_len()), lp = lse_rows(lse_part, 0, call.q_len());
+      attention::forward(rows(q, call.q_begin, call.q_end), rows(cur.k, call.k_begin, call.k_end), rows(cur.v, call.k_begin, call.k_end),
+                         op, lp, call_options(opts, call), stream);
+      merge_partial(rows(o_acc, call.q_begin, call.q_end), lse_rows(lse, call.q_begin, call.q_end), op, lp, call.first, stream);
+    }
+    ring.compute_done(s);
+  }
+  convert(o_acc, o, stream);
+  ring.wait_comm();  // the last sends read buffers the next call may reuse
+}
+
+void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                   const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                   const attention::Options& opts, CUstream stream) {
+  const Plan plan = make_plan(Mode::ring, d.layout, opts.causal, d.rank);
+  const int64_t nmax = d.layout.max_local_len();
+  const size_t ws_bytes = attention::backward_workspace_bytes(q, k, opts);
+  auto carve = [&](uint64_t base) {
+    Scratch s(base);
+    KvSlots kv = carve_kv(s, d, st.device, d.dtype, d.Hkv);
+    KvSlots dkv_local = carve_kv(s, d, st.device, ir::DType::f32, d.Hkv);  // this step's sums, sent on
+    KvSlots dkv_in = carve_kv(s, d, st.device, ir::DType::f32, d.Hkv);     // the sums that arrive
+    const size_t kv_bytes = static_cast<size_t>(d.B * nmax * d.Hkv * d.D * d.es());
+    Tensor dk_part = bshd(s.take(kv_bytes), d.dtype, d.B, nmax, d.Hkv, d.D, nmax, st.device);
+    Tensor dv_part = bshd(s.take(kv_bytes), d.dtype, d.B, nmax, d.Hkv, d.D, nmax, st.device);
+    Tensor dq_part = bshd(s.take(static_cast<size_t>(d.B * nmax * d.Hq * d.D * d.es())), d.dtype, d.B, nmax, d.Hq, d.D, nmax, st.device);
+    Tensor dq_acc = bshd(s.take(static_cast<size_t>(d.B * d.local * d.Hq * d.D * 4)), ir::DType::f32, d.B, d.local, d.Hq, d.D, d.local,
+                         st.device);
+    attention::Workspace ws{s.take(ws_bytes), ws_bytes};
+    return std::tuple{kv, dkv_local, dkv_in, dk_part, dv_part, dq_part, dq_acc, ws, s.used()};
+  };
+  const size_t need = std::get<8>(carve(0));
+  auto [kv, dkv_local, dkv_in, dk_part, dv_part, dq_part, dq_acc, ws, used] = carve(st.scratch_base(need, stream));
+  const runtime::DriverApi& api = runtime::Driver::get().api();
+  auto zero = [&](const Tensor& t) {
+    runtime::check_cu(api.MemsetD8Async(t.data, 0, static_cast<size_t>(t.size(0) * t.stride(0) * 4), stream), "cuMemsetD8Async");
+  };
+  RingSteps ring(st, d, plan, stream);
+  ring.start();
+  zero(dq_acc);
+  std::vector<size_t> dkv_sent(static_cast<size_t>(d.world), 0);
+  for (int s = 0; s < d.world; ++s) {
+    const ShardAt cur = ring.shard(s, k, v, kv);
+    // this step's K, V and the sums from the rank before (before the next prefetch is queued)
+    if (s > 0) ring.wait_comm();
+    ring.prefetch(s, cur, kv);
+    const int i = s % 2;
+    const int64_t n = cur.k.size(1);
+    const Tensor dk_sum = rows(dkv_local.k[i], 0, n), dv_sum = rows(dkv_local.v[i], 0, n);
+    zero(dkv_local.k[i]);
+    zero(dkv_local.v[i]);
+    for (const AttentionCall& call : plan.steps[static_cast<size_t>(s)].calls) {
+      const Tensor dqp = rows(dq_part, 0, call.q_len()), dkp = rows(dk_part, 0, call.k_len()), dvp = rows(dv_part, 0, call.k_len());
+      attention::backward(rows(q, call.q_begin, call.q_end), rows(cur.k, call.k_begin, call.k_end),
+                          rows(cur.v, call.k_begin, call.k_end), rows(o, call.q_begin, call.q_end),
+                          rows(do_, call.q_begin, call.q_end), lse_rows(lse, call.q_begin, call.q_end), dqp, dkp, dvp,
+                          call_options(opts, call), stream, ws);
+      accumulate(rows(dq_acc, call.q_begin, call.q_end), dqp, false, stream);
+      accumulate(rows(dk_sum, call.k_begin, call.k_end), dkp, false, stream);
+      accumulate(rows(dv_sum, call.k_begin, call.k_end), dvp, false, stream);
+    }
+    if (s > 0) {  // what the ranks before added to this shard, in ring order
+      accumulate(dk_sum, rows(dkv_in.k[i], 0, n), false, stream);
+      accumulate(dv_sum, rows(dkv_in.v[i], 0, n), false, stream);
+    }
+    ring.compute_done(s);
+    if (d.world == 1) break;
+    // the sums go on to the next rank (after step W - 1: back to their owner)
+    ring.wait_compute(s);
+    const int64_t n_next = d.layout.local_len(s + 1 < d.world ? plan.steps[static_cast<size_t>(s + 1)].kv_rank : d.rank);
+    runtime::nccl::Group group;
+    st.send_rows(dk_sum, plan.send_to);
+    st.send_rows(dv_sum, plan.send_to);
+    st.recv_rows(rows(dkv_in.k[(s + 1) % 2], 0, n_next), plan.recv_from);
+    st.recv_rows(rows(dkv_in.v[(s + 1) % 2], 0, n_next), plan.recv_from);
+    group.end();
+  }
+  convert(dq_acc, dq, stream);
+  if (d.world == 1) {
+    convert(rows(dkv_local.k[0], 0, d.local), dk, stream);
+    convert(rows(dkv_local.v[0], 0, d.local), dv, stream);
+  } else {
+    ring.wait_comm();
+    convert(rows(dkv_in.k[d.world % 2], 0, d.local), dk, stream);
+    convert(rows(dkv_in.v[d.world % 2], 0, d.local), dv, stream);
+  }
+  ring.wait_comm();
+}
+
+}  // namespace tilejit::cp::detail

@@ -1,0 +1,227 @@
+// ContextParallel: the checks every call makes first, the runner's state, and the dispatch to the
+// modes (ring.cpp, allgather.cpp, ulysses.cpp).
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "api/context_parallel/internal.hpp"
+
+namespace tilejit::cp {
+
+using detail::Dims;
+using detail::Tensor;
+
+namespace detail {
+
+Tensor rows(const Tensor& t, int64_t begin, int64_t end) {
+  Tensor r = t;
+  r.data += static_cast<uint64_t>(begin * t.stride(1) * ir::byte_size(t.dtype));
+  r.sizes[1] = end - begin;
+  return r;
+}
+
+Tensor lse_rows(const Tensor& lse, int64_t begin, int64_t end) {
+  Tensor r = lse;
+  r.data += static_cast<uint64_t>(begin * 4);
+  r.sizes[2] = end - begin;
+  return r;
+}
+
+Tensor bshd(uint64_t data, ir::DType dtype, int64_t B, int64_t n, int64_t H, int64_t D, int64_t batch_rows, int device) {
+  return attention::strided(data, dtype, {B, n, H, D}, {batch_rows * H * D, H * D, D, 1}, device);
+}
+
+Tensor bhs(uint64_t data, int64_t B, int64_t H, int64_t n, int64_t head_rows, int device) {
+  return attention::strided(data, ir::DType::f32, {B, H, n}, {H * head_rows, head_rows, 1}, device);
+}
+
+runtime::nccl::DataType nccl_type(ir::DType t) {
+  switch (t) {
+    case ir::DType::bf16: return runtime::nccl::DataType::bf16;
+    case ir::DType::f16: return runtime::nccl::DataType::f16;
+    case ir::DType::f32: return runtime::nccl::DataType::f32;
+    default: throw std::logic_error("cp: no NCCL type for " + std::string(ir::name(t)));
+  }
+}
+
+attention::Options call_options(const attention::Options& opts, const AttentionCall& call) {
+  attention::Options a = opts;
+  a.causal = call.causal;
+  return a;
+}
+
+}  // namespace detail
+
+ContextParallel::State::State(runtime::nccl::Communicator& c)
+    : comm(&c), device(c.device()), comm_stream(c.device(), runtime::Stream::Priority::high) {}
+
+ContextParallel::State::~State() {
+  if (events.empty()) return;
+  const runtime::DriverApi& api = runtime::Driver::get().api();
+  for (CUevent e : events)
+    if (e) api.EventDestroy(e);
+}
+
+CUevent ContextParallel::State::event(size_t i) {
+  if (i >= events.size()) events.resize(i + 1, nullptr);
+  if (!events[i]) {
+    runtime::Driver::get().context(device).make_current();
+    runtime::check_cu(runtime::Driver::get().api().EventCreate(&events[i], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  }
+  return events[i];
+}
+
+void ContextParallel::State::join(CUstream waiter, CUstream stream, size_t i) {
+  const runtime::DriverApi& api = runtime::Driver::get().api();
+  CUevent e = event(i);
+  runtime::check_cu(api.EventRecord(e, stream), "cuEventRecord");
+  runtime::check_cu(api.StreamWaitEvent(waiter, e, 0), "cuStreamWaitEvent");
+}
+
+uint64_t ContextParallel::State::scratch_base(size_t bytes, CUstream stream) {
+  if (scratch.bytes() < bytes) {
+    const runtime::DriverApi& api = runtime::Driver::get().api();
+    runtime::check_cu(api.StreamSynchronize(stream), "cuStreamSynchronize");
+    comm_stream.synchronize();
+    scratch = runtime::DeviceBuffer(bytes, device);
+  }
+  return scratch.ptr();
+}
+
+void ContextParallel::State::send_rows(const Tensor& t, int peer) {
+  const int64_t n = t.size(1) * t.size(2) * t.size(3);
+  for (int64_t b = 0; b < t.size(0); ++b)
+    comm->send(t.data + static_cast<uint64_t>(b * t.stride(0) * ir::byte_size(t.dtype)), static_cast<size_t>(n),
+               detail::nccl_type(t.dtype), peer, comm_stream.handle());
+}
+
+void ContextParallel::State::recv_rows(const Tensor& t, int peer) {
+  const int64_t n = t.size(1) * t.size(2) * t.size(3);
+  for (int64_t b = 0; b < t.size(0); ++b)
+    comm->recv(t.data + static_cast<uint64_t>(b * t.stride(0) * ir::byte_size(t.dtype)), static_cast<size_t>(n),
+               detail::nccl_type(t.dtype), peer, comm_stream.handle());
+}
+
+namespace {
+
+template <class... A>
+[[noreturn]] void fail(const char* fn, fmt::format_string<A...> f, A&&... args) {
+  throw std::invalid_argument(fmt::format("tilejit::cp::{}: {}", fn, fmt::format(f, std::forward<A>(args)...)));
+}
+
+// Rows contiguous ([any, H*D, D, 1]): one NCCL message per batch carries a run of rows.
+void check_rows(const char* fn, const char* name, const Tensor& t, const Tensor& q) {
+  if (t.rank != 4) fail(fn, "{} must be rank 4 [B, S_local, H, D], got {}", name, t.describe());
+  if (t.stride(3) != 1 || t.stride(2) != t.size(3) || t.stride(1) != t.size(2) * t.size(3))
+    fail(fn, "{} must have contiguous rows (strides [any, H*D, D, 1]) so that runs of rows travel as one message: {}", name,
+         t.describe());
+  if (t.dtype != q.dtype) fail(fn, "{} has dtype {} but q has {}", name, ir::name(t.dtype), ir::name(q.dtype));
+  if (t.device != q.device) fail(fn, "{} is on device {} but q is on device {}", name, t.device, q.device);
+  if (t.size(0) != q.size(0) || t.size(1) != q.size(1) || t.size(3) != q.size(3))
+    fail(fn, "{} has sizes [{}, {}, {}, {}] but q has [{}, {}, {}, {}] (B, S_local and D must match)", name, t.size(0), t.size(1),
+         t.size(2), t.size(3), q.size(0), q.size(1), q.size(2), q.size(3));
+}
+
+Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                const Tensor& lse, int64_t seq_len, const Options& opts) {
+  const attention::Options& a = opts.attention;
+  if (opts.mode != Mode::ulysses) {
+    if (a.mask && a.mask->spec.kind != kernels::MaskKind::full && a.mask->spec.kind != kernels::MaskKind::causal)
+      fail(fn, "options.attention.mask of kind {}: mode {} takes the full and causal masks only (ulysses takes every mask)",
+           kernels::mask_kind_name(a.mask->spec.kind), name(opts.mode));
+    if (a.score_mod.kind != kernels::ScoreModKind::none)
+      fail(fn, "options.attention.score_mod: mode {} takes none (ulysses takes every score mod)", name(opts.mode));
+  }
+  if (a.dropout_p != 0) fail(fn, "options.attention.dropout_p is {}; context parallelism has no dropout yet (0 only)", a.dropout_p);
+  if (a.dropout_mask || a.dropout_bits) fail(fn, "options.attention.dropout_mask / dropout_bits: no dropout with context parallelism yet");
+  if (a.cu_seqlens_q || a.cu_seqlens_k) fail(fn, "options.attention.cu_seqlens: context parallelism takes dense batches only yet");
+  if (a.block_mask) fail(fn, "options.attention.block_mask: a block mask is built for one GPU's call; not with context parallelism");
+  if (a.dq_reduction != attention::DqReduction::recompute)
+    fail(fn, "options.attention.dq_reduction {}: context parallelism runs the default (recompute) backward", attention::name(a.dq_reduction));
+  check_rows(fn, "q", q, q);
+  check_rows(fn, "k", k, q);
+  check_rows(fn, "v", v, q);
+  check_rows(fn, "o", o, q);
+  if (k.size(2) != v.size(2)) fail(fn, "k has {} heads but v has {}", k.size(2), v.size(2));
+  if (o.size(2) != q.size(2)) fail(fn, "o has {} heads but q has {}", o.size(2), q.size(2));
+  Dims d;
+  d.B = q.size(0);
+  d.Hq = q.size(2);
+  d.Hkv = k.size(2);
+  d.D = q.size(3);
+  d.dtype = q.dtype;
+  d.rank = st.comm->rank();
+  d.world = st.comm->world();
+  if (q.device != st.device) fail(fn, "q is on device {} but the communicator's device is {}", q.device, st.device);
+  try {
+    d.layout = ShardLayout(opts.layout, d.world, seq_len);
+  } catch (const std::invalid_argument& e) {
+    fail(fn, "seq_len {}: {}", seq_len, e.what());
+  }
+  d.local = d.layout.local_len(d.rank);
+  if (opts.mode == Mode::ulysses) {
+    try {
+      ulysses_heads(static_cast<int>(d.Hq), static_cast<int>(d.Hkv), d.world, d.rank);
+    } catch (const std::invalid_argument& e) {
+      fail(fn, "{}", e.what());
+    }
+  }
+  if (q.size(1) != d.local)
+    fail(fn, "q has {} rows but rank {} of a {} layout holds {} tokens of seq_len {}", q.size(1), d.rank, name(opts.layout), d.local,
+         seq_len);
+  if (lse.rank != 3 || lse.dtype != ir::DType::f32 || lse.size(0) != d.B || lse.size(1) != d.Hq || lse.size(2) != d.local ||
+      lse.stride(2) != 1)
+    fail(fn, "lse must be f32 [B, Hq, S_local] = [{}, {}, {}] with unit stride on S_local, got {}", d.B, d.Hq, d.local,
+         lse.describe());
+  return d;
+}
+
+bool causal_of(const attention::Options& a) {
+  return a.causal || (a.mask && a.mask->spec.kind == kernels::MaskKind::causal);
+}
+
+}  // namespace
+
+ContextParallel::ContextParallel(runtime::nccl::Communicator& comm) : state_(std::make_unique<State>(comm)) {}
+ContextParallel::~ContextParallel() = default;
+int ContextParallel::rank() const { return state_->comm->rank(); }
+int ContextParallel::world() const { return state_->comm->world(); }
+
+void ContextParallel::forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, int64_t seq_len,
+                              const Options& opts, CUstream stream) {
+  const Dims d = check_call("forward", *state_, q, k, v, o, lse, seq_len, opts);
+  runtime::Driver::get().context(state_->device).make_current();
+  if (opts.mode == Mode::ulysses) return detail::ulysses_forward(*state_, d, q, k, v, o, lse, opts.attention, stream);
+  attention::Options a = opts.attention;
+  a.causal = causal_of(a);
+  a.mask.reset();
+  if (opts.mode == Mode::ring)
+    detail::ring_forward(*state_, d, q, k, v, o, lse, a, stream);
+  else
+    detail::allgather_forward(*state_, d, q, k, v, o, lse, a, stream);
+}
+
+void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
+                               const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t seq_len, const Options& opts,
+                               CUstream stream) {
+  const Dims d = check_call("backward", *state_, q, k, v, o, lse, seq_len, opts);
+  check_rows("backward", "do", do_, q);
+  check_rows("backward", "dq", dq, q);
+  check_rows("backward", "dk", dk, q);
+  check_rows("backward", "dv", dv, q);
+  if (dq.size(2) != d.Hq || do_.size(2) != d.Hq || dk.size(2) != d.Hkv || dv.size(2) != d.Hkv)
+    fail("backward", "heads: do and dq need {} (q's), dk and dv {} (k's); got {}, {}, {}, {}", d.Hq, d.Hkv, do_.size(2), dq.size(2),
+         dk.size(2), dv.size(2));
+  runtime::Driver::get().context(state_->device).make_current();
+  if (opts.mode == Mode::ulysses)
+    return detail::ulysses_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, opts.attention, stream);
+  attention::Options a = opts.attention;
+  a.causal = causal_of(a);
+  a.mask.reset();
+  if (opts.mode == Mode::ring)
+    detail::ring_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, stream);
+  else
+    detail::allgather_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, stream);
+}
+
+}  // namespace tilejit::cp

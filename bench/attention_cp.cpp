@@ -1,0 +1,226 @@
+// attention_bench --cp: context-parallel attention (api/context_parallel.hpp) on every GPU of this
+// machine, one thread and NCCL communicator per GPU, next to the single-GPU call on the same global
+// sequence. Per-GPU TFLOP/s with the Long-Context Attention Benchmark's formula: 4 x allowed area x
+// Hq x D (backward 2.5x) over the slowest rank's time, divided by W; efficiency = that over the
+// single-GPU call's TFLOP/s at the same global length (same formula).
+//
+//   attention_bench --cp [--world W] [--tokens N] [--heads Hq] [--kv-heads Hkv] [--modes ring,allgather,ulysses]
+//                        [--causal 0|1] [--reps R]
+//   default: W = every GPU, the benchmark's 8K tokens per GPU with 64 / 8 heads and 16 / 16 heads at
+//   8K and 16K per GPU; full and causal; D 128 bf16, zigzag layout. One line per run:
+//     CP mode=ring W=2 tokens_per_gpu=8192 S=16384 Hq=16 Hkv=16 D=128 causal=1 fwd_ms=.. bwd_ms=..
+//       fwd_tflops_per_gpu=.. bwd_tflops_per_gpu=.. single_fwd_tflops=.. single_bwd_tflops=.. fwd_eff=.. bwd_eff=..
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "api/attention.hpp"
+#include "api/context_parallel.hpp"
+#include "runtime/device_buffer.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/host_tensor.hpp"
+#include "runtime/nccl.hpp"
+
+using namespace tilejit;
+
+namespace {
+
+struct CpConfig {
+  int64_t tokens = 8192, Hq = 16, Hkv = 16, D = 128;
+  bool causal = true;
+  double area(int64_t S) const { return causal ? double(S) * double(S + 1) / 2 : double(S) * double(S); }
+  double fwd_flops(int64_t S) const { return 4.0 * area(S) * double(Hq) * double(D); }
+};
+
+runtime::DeviceBuffer random_on(int device, size_t elems, uint64_t seed) {
+  runtime::DeviceBuffer buf(elems * 2, device);
+  const size_t chunk = std::min<size_t>(size_t{1} << 22, elems);
+  runtime::HostTensor h(ir::DType::bf16, {static_cast<int64_t>(chunk)});
+  h.fill_normal(seed, 0, 1);
+  for (size_t off = 0; off < elems * 2; off += chunk * 2) buf.upload(h.data(), std::min(elems * 2 - off, chunk * 2), off);
+  return buf;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Milliseconds of `fn` on `stream`: `reps` runs after two warm-ups, each between events, median;
+// every rank passes `sync` before each run so that all start together.
+template <class F>
+double time_rank(F&& fn, runtime::Stream& stream, int reps, std::barrier<>& sync) {
+  for (int i = 0; i < 2; ++i) {
+    fn();
+    stream.synchronize();
+  }
+  runtime::Event a(stream.device()), b(stream.device());
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    sync.arrive_and_wait();
+    a.record(stream);
+    fn();
+    b.record(stream);
+    b.synchronize();
+    ms.push_back(b.elapsed_ms(a));
+  }
+  return median(ms);
+}
+
+struct Timing {
+  double fwd_ms = 0, bwd_ms = 0;
+};
+
+// The single-GPU call on the whole sequence (device 0).
+Timing single_gpu(const CpConfig& c, int64_t S, int reps) {
+  runtime::Driver::get().context(0).make_current();
+  runtime::Stream stream(0);
+  const size_t nq = static_cast<size_t>(S * c.Hq * c.D), nkv = static_cast<size_t>(S * c.Hkv * c.D);
+  runtime::DeviceBuffer q = random_on(0, nq, 1), k = random_on(0, nkv, 2), v = random_on(0, nkv, 3), dout = random_on(0, nq, 4);
+  runtime::DeviceBuffer o(nq * 2), lse(static_cast<size_t>(c.Hq * S) * 4), dq(nq * 2), dk(nkv * 2), dv(nkv * 2);
+  using attention::contiguous;
+  const auto T = ir::DType::bf16;
+  const attention::Tensor Q = contiguous(q.ptr(), T, {1, S, c.Hq, c.D}), K = contiguous(k.ptr(), T, {1, S, c.Hkv, c.D}),
+                          V = contiguous(v.ptr(), T, {1, S, c.Hkv, c.D}), O = contiguous(o.ptr(), T, {1, S, c.Hq, c.D}),
+                          dO = contiguous(dout.ptr(), T, {1, S, c.Hq, c.D}), L = contiguous(lse.ptr(), ir::DType::f32, {1, c.Hq, S}),
+                          dQ = contiguous(dq.ptr(), T, {1, S, c.Hq, c.D}), dK = contiguous(dk.ptr(), T, {1, S, c.Hkv, c.D}),
+                          dV = contiguous(dv.ptr(), T, {1, S, c.Hkv, c.D});
+  attention::Options opts;
+  opts.causal = c.causal;
+  runtime::DeviceBuffer ws(attention::backward_workspace_bytes(Q, K, opts));
+  std::barrier<> one(1);
+  Timing t;
+  t.fwd_ms = time_rank([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); }, stream, reps, one);
+  t.bwd_ms = time_rank([&] { attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), {ws.ptr(), ws.bytes()}); },
+                       stream, reps, one);
+  return t;
+}
+
+// Every rank of a W-GPU group on its own thread; the slowest rank's median times.
+Timing context_parallel(const CpConfig& c, cp::Mode mode, int W, int reps) {
+  const runtime::nccl::UniqueId id = runtime::nccl::make_unique_id();
+  const int64_t S = c.tokens * W;
+  std::barrier<> sync(W);
+  std::mutex m;
+  Timing worst;
+  std::vector<std::string> errors;
+  auto rank_main = [&](int r) {
+    try {
+      runtime::Driver::get().context(r).make_current();
+      runtime::nccl::Communicator comm = runtime::nccl::Communicator::create(id, r, W, r);
+      cp::ContextParallel runner(comm);
+      cp::Options opts;
+      opts.mode = mode;
+      opts.attention.causal = c.causal;
+      const int64_t n = cp::ShardLayout(opts.layout, W, S).local_len(r);
+      const size_t nq = static_cast<size_t>(n * c.Hq * c.D), nkv = static_cast<size_t>(n * c.Hkv * c.D);
+      const uint64_t seed = 100 * static_cast<uint64_t>(r);
+      runtime::DeviceBuffer q = random_on(r, nq, seed + 1), k = random_on(r, nkv, seed + 2), v = random_on(r, nkv, seed + 3),
+                            dout = random_on(r, nq, seed + 4);
+      runtime::DeviceBuffer o(nq * 2, r), lse(static_cast<size_t>(c.Hq * n) * 4, r), dq(nq * 2, r), dk(nkv * 2, r), dv(nkv * 2, r);
+      const auto T = ir::DType::bf16;
+      using attention::contiguous;
+      const attention::Tensor Q = contiguous(q.ptr(), T, {1, n, c.Hq, c.D}, r), K = contiguous(k.ptr(), T, {1, n, c.Hkv, c.D}, r),
+                              V = contiguous(v.ptr(), T, {1, n, c.Hkv, c.D}, r), O = contiguous(o.ptr(), T, {1, n, c.Hq, c.D}, r),
+                              dO = contiguous(dout.ptr(), T, {1, n, c.Hq, c.D}, r),
+                              L = contiguous(lse.ptr(), ir::DType::f32, {1, c.Hq, n}, r),
+                              dQ = contiguous(dq.ptr(), T, {1, n, c.Hq, c.D}, r), dK = contiguous(dk.ptr(), T, {1, n, c.Hkv, c.D}, r),
+                              dV = contiguous(dv.ptr(), T, {1, n, c.Hkv, c.D}, r);
+      runtime::Stream stream(r);
+      const double f = time_rank([&] { runner.forward(Q, K, V, O, L, S, opts, stream.handle()); }, stream, reps, sync);
+      const double b = time_rank([&] { runner.backward(Q, K, V, O, dO, L, dQ, dK, dV, S, opts, stream.handle()); }, stream, reps, sync);
+      std::lock_guard lock(m);
+      worst.fwd_ms = std::max(worst.fwd_ms, f);
+      worst.bwd_ms = std::max(worst.bwd_ms, b);
+    } catch (const std::exception& e) {
+      std::lock_guard lock(m);
+      errors.push_back(fmt::format("rank {}: {}", r, e.what()));
+      std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+      std::abort();  // the other ranks would wait in NCCL forever
+    }
+  };
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < W; ++r) ranks.emplace_back(rank_main, r);
+  for (std::thread& t : ranks) t.join();
+  return worst;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');) out.push_back(x);
+  return out;
+}
+
+}  // namespace
+
+int run_cp_bench(int argc, char** argv) {
+  runtime::Driver& drv = runtime::Driver::get();
+  if (!drv.available()) {
+    std::fprintf(stderr, "attention_bench --cp: no GPU: %s\n", drv.unavailable_reason().c_str());
+    return 1;
+  }
+  if (!runtime::nccl::available()) {
+    std::fprintf(stderr, "attention_bench --cp: %s\n", runtime::nccl::unavailable_reason().c_str());
+    return 1;
+  }
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  int world = drv.device_count(), reps = 10, only_causal = -1;
+  std::vector<CpConfig> configs;
+  CpConfig custom;
+  bool has_custom = false;
+  std::vector<std::string> modes{"ring", "allgather", "ulysses"};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--cp") continue;
+    if (a == "--world") world = std::atoi(next().c_str());
+    else if (a == "--tokens") custom.tokens = std::atoll(next().c_str()), has_custom = true;
+    else if (a == "--heads") custom.Hq = std::atoll(next().c_str()), has_custom = true;
+    else if (a == "--kv-heads") custom.Hkv = std::atoll(next().c_str()), has_custom = true;
+    else if (a == "--modes") modes = split(next());
+    else if (a == "--causal") only_causal = std::atoi(next().c_str());
+    else if (a == "--reps") reps = std::max(1, std::atoi(next().c_str()));
+    else {
+      std::fprintf(stderr, "attention_bench --cp: unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (world < 1 || world > drv.device_count()) {
+    std::fprintf(stderr, "attention_bench --cp: --world %d but %d GPUs\n", world, drv.device_count());
+    return 2;
+  }
+  if (has_custom) {
+    if (custom.Hkv > custom.Hq || custom.Hq % custom.Hkv) custom.Hkv = custom.Hq;
+    configs.push_back(custom);
+  } else {
+    configs = {CpConfig{8192, 64, 8, 128, true}, CpConfig{8192, 16, 16, 128, true}, CpConfig{16384, 16, 16, 128, true}};
+  }
+  for (CpConfig base : configs)
+    for (int causal : {0, 1}) {
+      if (only_causal >= 0 && causal != only_causal) continue;
+      CpConfig c = base;
+      c.causal = causal != 0;
+      const int64_t S = c.tokens * world;
+      const Timing one = single_gpu(c, S, reps);
+      const double f1 = c.fwd_flops(S) / one.fwd_ms * 1e-9, b1 = 2.5 * c.fwd_flops(S) / one.bwd_ms * 1e-9;
+      for (const std::string& mode_name : modes) {
+        cp::Mode mode = mode_name == "ring" ? cp::Mode::ring : mode_name == "allgather" ? cp::Mode::allgather : cp::Mode::ulysses;
+        const Timing t = context_parallel(c, mode, world, reps);
+        const double f = c.fwd_flops(S) / t.fwd_ms * 1e-9 / world, b = 2.5 * c.fwd_flops(S) / t.bwd_ms * 1e-9 / world;
+        fmt::print(
+            "CP mode={} W={} tokens_per_gpu={} S={} Hq={} Hkv={} D={} causal={} fwd_ms={:.3f} bwd_ms={:.3f} fwd_tflops_per_gpu={:.1f} "
+            "bwd_tflops_per_gpu={:.1f} single_fwd_tflops={:.1f} single_bwd_tflops={:.1f} fwd_eff={:.3f} bwd_eff={:.3f}\n",
+            mode_name, world, c.tokens, S, c.Hq, c.Hkv, c.D, causal, t.fwd_ms, t.bwd_ms, f, b, f1, b1, f / f1, b / b1);
+        std::fflush(stdout);
+      }
+    }
+  return 0;
+}

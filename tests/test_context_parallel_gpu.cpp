@@ -1,0 +1,253 @@
+// Context parallelism on 2-4 GPUs (issue 24; labels gpu, multi_gpu): ring and allgather, forward
+// and backward, full and causal, GQA, zigzag and contiguous layouts, lengths not divisible by the
+// chunk count, against the single-GPU call on the gathered sequence: each output's error against
+// float64 within 2.5x the single-GPU call's plus 2e-3, and two backward runs bit-identical. One
+// thread per GPU, each with its own communicator; a watchdog aborts a hung test. Skips visibly
+// with fewer than two GPUs or without NCCL. NCCL_NVLS_ENABLE=0 (no NVLink multicast here).
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "api/attention.hpp"
+#include "api/context_parallel.hpp"
+#include "attention_reference.hpp"
+#include "runtime/device_buffer.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/host_tensor.hpp"
+#include "runtime/nccl.hpp"
+#include "hang_guard.hpp"
+
+using namespace tilejit;
+using runtime::HostTensor;
+using runtime::DeviceBuffer;
+
+using testing::HangGuard;
+
+namespace {
+
+HostTensor random_bf16(ir::Shape shape, std::mt19937& rng) {
+  std::normal_distribution<double> n(0.0, 1.0);
+  HostTensor t(ir::DType::bf16, std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t.set_flat(i, n(rng));
+  return t;
+}
+
+// The rows at `positions` of a [B, S, H, D] host tensor.
+HostTensor gather_rows(const HostTensor& t, const std::vector<int64_t>& positions) {
+  const int64_t B = t.sizes()[0], S = t.sizes()[1], HD = t.sizes()[2] * t.sizes()[3];
+  const int64_t n = static_cast<int64_t>(positions.size());
+  HostTensor out(t.dtype(), {B, n, t.sizes()[2], t.sizes()[3]});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t e = 0; e < HD; ++e) out.set_flat((b * n + i) * HD + e, t.get_flat((b * S + positions[static_cast<size_t>(i)]) * HD + e));
+  return out;
+}
+
+struct Device {
+  DeviceBuffer buf;
+  attention::Tensor t;
+};
+Device upload(const HostTensor& h, int device) {
+  Device d{DeviceBuffer(h.bytes(), device), {}};
+  d.buf.upload(h.data(), h.bytes());
+  std::vector<int64_t> sizes(h.sizes().begin(), h.sizes().end());
+  d.t.data = d.buf.ptr();
+  d.t.dtype = h.dtype();
+  d.t.rank = static_cast<int>(sizes.size());
+  int64_t stride = 1;
+  for (int i = d.t.rank - 1; i >= 0; --i) {
+    d.t.sizes[static_cast<size_t>(i)] = sizes[static_cast<size_t>(i)];
+    d.t.strides[static_cast<size_t>(i)] = stride;
+    stride *= sizes[static_cast<size_t>(i)];
+  }
+  d.t.device = device;
+  return d;
+}
+Device empty_like(ir::DType dtype, ir::Shape shape, int device) { return upload(HostTensor(dtype, std::move(shape)), device); }
+HostTensor download(const Device& d, ir::DType dtype, ir::Shape shape) {
+  HostTensor h(dtype, std::move(shape));
+  d.buf.download(h.data(), h.bytes());
+  return h;
+}
+
+struct Outputs {
+  std::vector<double> o, lse, dq, dk, dv;  // global order, row-major like the inputs
+};
+
+struct Problem {
+  int B, Hq, Hkv, S, D;
+  bool causal;
+  HostTensor q, k, v, dout;
+};
+
+// The single-GPU call on the whole sequence (device 0).
+Outputs single_gpu(const Problem& p) {
+  attention::Options opts;
+  opts.causal = p.causal;
+  Device q = upload(p.q, 0), k = upload(p.k, 0), v = upload(p.v, 0), dout = upload(p.dout, 0);
+  Device o = empty_like(ir::DType::bf16, {p.B, p.S, p.Hq, p.D}, 0), lse = empty_like(ir::DType::f32, {p.B, p.Hq, p.S}, 0);
+  Device dq = empty_like(ir::DType::bf16, {p.B, p.S, p.Hq, p.D}, 0), dk = empty_like(ir::DType::bf16, {p.B, p.S, p.Hkv, p.D}, 0),
+         dv = empty_like(ir::DType::bf16, {p.B, p.S, p.Hkv, p.D}, 0);
+  attention::forward(q.t, k.t, v.t, o.t, lse.t, opts);
+  attention::backward(q.t, k.t, v.t, o.t, dout.t, lse.t, dq.t, dk.t, dv.t, opts);
+  runtime::check_cu(runtime::Driver::get().api().CtxSynchronize(), "cuCtxSynchronize");
+  return {download(o, ir::DType::bf16, {p.B, p.S, p.Hq, p.D}).to_f64(), download(lse, ir::DType::f32, {p.B, p.Hq, p.S}).to_f64(),
+          download(dq, ir::DType::bf16, {p.B, p.S, p.Hq, p.D}).to_f64(), download(dk, ir::DType::bf16, {p.B, p.S, p.Hkv, p.D}).to_f64(),
+          download(dv, ir::DType::bf16, {p.B, p.S, p.Hkv, p.D}).to_f64()};
+}
+
+// Scatters a rank's [B, n, H, D] (or LSE [B, H, n]) rows back to their global positions.
+void scatter_rows(const std::vector<double>& local, const std::vector<int64_t>& pos, int64_t B, int64_t S, int64_t HD,
+                  std::vector<double>& global) {
+  const int64_t n = static_cast<int64_t>(pos.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t e = 0; e < HD; ++e)
+        global[static_cast<size_t>((b * S + pos[static_cast<size_t>(i)]) * HD + e)] = local[static_cast<size_t>((b * n + i) * HD + e)];
+}
+void scatter_lse(const std::vector<double>& local, const std::vector<int64_t>& pos, int64_t BH, int64_t S, std::vector<double>& global) {
+  const int64_t n = static_cast<int64_t>(pos.size());
+  for (int64_t bh = 0; bh < BH; ++bh)
+    for (int64_t i = 0; i < n; ++i)
+      global[static_cast<size_t>(bh * S + pos[static_cast<size_t>(i)])] = local[static_cast<size_t>(bh * n + i)];
+}
+
+// Every rank on its own thread and GPU; the backward twice (the second's gradients must equal the
+// first's bit for bit).
+Outputs context_parallel(const Problem& p, int W, cp::Mode mode, cp::Layout layout, bool& deterministic) {
+  const runtime::nccl::UniqueId id = runtime::nccl::make_unique_id();
+  const cp::ShardLayout shards(layout, W, p.S);
+  Outputs out{std::vector<double>(static_cast<size_t>(p.B * p.S * p.Hq * p.D)), std::vector<double>(static_cast<size_t>(p.B * p.Hq * p.S)),
+              std::vector<double>(static_cast<size_t>(p.B * p.S * p.Hq * p.D)), std::vector<double>(static_cast<size_t>(p.B * p.S * p.Hkv * p.D)),
+              std::vector<double>(static_cast<size_t>(p.B * p.S * p.Hkv * p.D))};
+  std::mutex m;
+  std::vector<std::string> errors;
+  std::atomic<bool> same{true};
+  auto rank_main = [&](int r) {
+    try {
+      runtime::Driver::get().context(r).make_current();
+      runtime::nccl::Communicator comm = runtime::nccl::Communicator::create(id, r, W, r);
+      cp::ContextParallel runner(comm);
+      cp::Options opts;
+      opts.mode = mode;
+      opts.layout = layout;
+      opts.attention.causal = p.causal;
+      const std::vector<int64_t> pos = shards.positions(r);
+      const int64_t n = static_cast<int64_t>(pos.size());
+      Device q = upload(gather_rows(p.q, pos), r), k = upload(gather_rows(p.k, pos), r), v = upload(gather_rows(p.v, pos), r),
+             dout = upload(gather_rows(p.dout, pos), r);
+      Device o = empty_like(ir::DType::bf16, {p.B, n, p.Hq, p.D}, r), lse = empty_like(ir::DType::f32, {p.B, p.Hq, n}, r);
+      Device dq = empty_like(ir::DType::bf16, {p.B, n, p.Hq, p.D}, r), dk = empty_like(ir::DType::bf16, {p.B, n, p.Hkv, p.D}, r),
+             dv = empty_like(ir::DType::bf16, {p.B, n, p.Hkv, p.D}, r);
+      runtime::Stream stream(r);
+      runner.forward(q.t, k.t, v.t, o.t, lse.t, p.S, opts, stream.handle());
+      runner.backward(q.t, k.t, v.t, o.t, dout.t, lse.t, dq.t, dk.t, dv.t, p.S, opts, stream.handle());
+      stream.synchronize();
+      const HostTensor hdq = download(dq, ir::DType::bf16, {p.B, n, p.Hq, p.D}), hdk = download(dk, ir::DType::bf16, {p.B, n, p.Hkv, p.D}),
+                       hdv = download(dv, ir::DType::bf16, {p.B, n, p.Hkv, p.D});
+      runner.backward(q.t, k.t, v.t, o.t, dout.t, lse.t, dq.t, dk.t, dv.t, p.S, opts, stream.handle());
+      stream.synchronize();
+      for (auto [a, dev, heads] : {std::tuple{&hdq, &dq, p.Hq}, std::tuple{&hdk, &dk, p.Hkv}, std::tuple{&hdv, &dv, p.Hkv}}) {
+        const HostTensor again = download(*dev, ir::DType::bf16, {p.B, n, heads, p.D});
+        if (std::memcmp(again.data(), a->data(), a->bytes()) != 0) same = false;
+      }
+      std::lock_guard lock(m);
+      scatter_rows(download(o, ir::DType::bf16, {p.B, n, p.Hq, p.D}).to_f64(), pos, p.B, p.S, p.Hq * p.D, out.o);
+      scatter_lse(download(lse, ir::DType::f32, {p.B, p.Hq, n}).to_f64(), pos, p.B * p.Hq, p.S, out.lse);
+      scatter_rows(hdq.to_f64(), pos, p.B, p.S, p.Hq * p.D, out.dq);
+      scatter_rows(hdk.to_f64(), pos, p.B, p.S, p.Hkv * p.D, out.dk);
+      scatter_rows(hdv.to_f64(), pos, p.B, p.S, p.Hkv * p.D, out.dv);
+    } catch (const std::exception& e) {
+      std::lock_guard lock(m);
+      errors.push_back(fmt::format("rank {}: {}", r, e.what()));
+    }
+  };
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < W; ++r) ranks.emplace_back(rank_main, r);
+  for (std::thread& t : ranks) t.join();
+  for (const std::string& e : errors) FAIL(e);
+  deterministic = same;
+  return out;
+}
+
+double max_abs(const std::vector<double>& a, const std::vector<double>& b) {
+  double e = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::isfinite(b[i]) || std::isfinite(a[i])) e = std::max(e, std::abs(a[i] - b[i]));
+  return e;
+}
+
+void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int S) {
+  const std::string what = fmt::format("{} {} W={} causal={} B={} S={}", cp::name(mode), cp::name(layout), W, causal, B, S);
+  CAPTURE(what);
+  HangGuard guard(what, std::chrono::seconds(180));
+  std::mt19937 rng(static_cast<unsigned>(S * 31 + W * 7 + causal));
+  const int Hq = 4, Hkv = 2, D = 128;
+  Problem p{B, Hq, Hkv, S, D, causal, random_bf16({B, S, Hq, D}, rng), random_bf16({B, S, Hkv, D}, rng), random_bf16({B, S, Hkv, D}, rng),
+            random_bf16({B, S, Hq, D}, rng)};
+  const testing::AttentionCase c{B, Hq, Hkv, S, S, D, causal, true};
+  const double scale = c.default_scale();
+  const testing::AttentionForwardRef fref = testing::attention_forward_ref(c, p.q, p.k, p.v, scale);
+  const testing::AttentionBackwardRef bref = testing::attention_backward_ref(c, p.q, p.k, p.v, p.dout, scale);
+  const Outputs one = single_gpu(p);
+  bool deterministic = false;
+  const Outputs many = context_parallel(p, W, mode, layout, deterministic);
+  CHECK(deterministic);
+  const std::vector<std::tuple<const char*, const std::vector<double>*, const std::vector<double>*, const std::vector<double>*>> outs{
+      {"o", &one.o, &many.o, &fref.o},     {"lse", &one.lse, &many.lse, &fref.lse}, {"dq", &one.dq, &many.dq, &bref.dq},
+      {"dk", &one.dk, &many.dk, &bref.dk}, {"dv", &one.dv, &many.dv, &bref.dv}};
+  // Ulysses with whole GQA groups per rank runs the single-GPU kernel on the same rows: bit for bit
+  const bool exact = mode == cp::Mode::ulysses && (Hq / W) % (Hq / Hkv) == 0;
+  for (auto [name, single, cpv, ref] : outs) {
+    if (exact) CHECK_MESSAGE(*single == *cpv, name, " differs from the single-GPU call (ulysses must be bit-identical)");
+    const double e1 = max_abs(*single, *ref), ecp = max_abs(*cpv, *ref);
+    INFO(fmt::format("{}: context parallel {:.3g} vs single GPU {:.3g} (max abs error against float64)", name, ecp, e1));
+    CHECK(ecp <= 2.5 * e1 + 2e-3);
+  }
+}
+
+bool ready(int want) {
+  runtime::Driver& drv = runtime::Driver::get();
+  if (!drv.available()) {
+    MESSAGE("SKIPPED: no GPU: " << drv.unavailable_reason());
+    return false;
+  }
+  if (drv.device_count() < want) {
+    MESSAGE("SKIPPED: " << want << " GPUs needed, " << drv.device_count() << " found");
+    return false;
+  }
+  if (!runtime::nccl::available()) {
+    MESSAGE("SKIPPED: NCCL: " << runtime::nccl::unavailable_reason());
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("cp/gpu: ring and allgather on 2 GPUs equal one GPU") {
+  if (!ready(2)) return;
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  for (cp::Mode mode : {cp::Mode::ring, cp::Mode::allgather, cp::Mode::ulysses})
+    for (bool causal : {false, true}) check_case(2, mode, cp::Layout::zigzag, causal, 1, 1000);
+  check_case(2, cp::Mode::ring, cp::Layout::contiguous, true, 2, 512);
+  check_case(2, cp::Mode::allgather, cp::Layout::zigzag, true, 2, 515);
+  check_case(2, cp::Mode::ulysses, cp::Layout::contiguous, true, 2, 515);
+}
+
+TEST_CASE("cp/gpu: ring and allgather on 4 GPUs equal one GPU") {
+  if (!ready(4)) return;
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  for (cp::Mode mode : {cp::Mode::ring, cp::Mode::allgather, cp::Mode::ulysses})
+    for (bool causal : {false, true}) check_case(4, mode, cp::Layout::zigzag, causal, 1, 1000);
+}
