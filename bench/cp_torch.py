@@ -36,11 +36,12 @@ def main():
     S, H, D = a.tokens * world, a.heads, a.head_dim
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(1, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
-    q.requires_grad_(True)
-    k.requires_grad_(True)
-    v.requires_grad_(True)
     fwd_ms, bwd_ms = [], []
+    # context_parallel shards its buffers in place (a resize), which tensors that require grad refuse:
+    # gradients are asked for inside
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION), context_parallel(mesh, buffers=[q, k, v, do], buffer_seq_dims=[2, 2, 2, 2]):
+        for t in (q, k, v):
+            t.requires_grad_(True)
         for i in range(a.reps + 2):
             s0, s1, s2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
             dist.barrier()

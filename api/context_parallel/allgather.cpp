@@ -15,6 +15,7 @@ namespace {
 // Every rank's chunks of `local` ([B, S_local, H, D]) into `global` ([B, S, H, D], global order),
 // on the communication stream: own chunks copied, the others received.
 void gather(ContextParallel::State& st, const Dims& d, const Tensor& local, const Tensor& global) {
+  st.log("gather {} local rows into {}", local.size(1), global.size(1));
   const runtime::DriverApi& api = runtime::Driver::get().api();
   const int64_t es = ir::byte_size(local.dtype), row = local.size(2) * local.size(3) * es;
   for (int c : d.layout.chunks_of(d.rank)) {
@@ -96,6 +97,7 @@ void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor&
                 st.device);
   };
   st.join(st.comm_stream.handle(), stream, 2);
+  st.log("dK/dV sums to their owners");
   {
     runtime::nccl::Group group;
     for (int p = 0; p < d.world; ++p) {

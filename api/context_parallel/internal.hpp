@@ -4,7 +4,11 @@
 #pragma once
 #include <cuda.h>
 
+#include <fmt/format.h>
+
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "api/attention.hpp"
@@ -65,8 +69,16 @@ struct ContextParallel::State {
   runtime::Stream comm_stream;
   std::vector<CUevent> events;  // a pool, reused call after call (timing off)
   runtime::DeviceBuffer scratch;
+  // TILEJIT_CP_TRACE=1: one stderr line per communication group, wait and attention call (host
+  // side, in queueing order), to find where a hung rank stopped.
+  bool trace = false;
 
   State(runtime::nccl::Communicator& c);
+  template <class... A>
+  void log(fmt::format_string<A...> f, A&&... args) const {
+    if (trace) log_line(fmt::format(f, std::forward<A>(args)...));
+  }
+  void log_line(const std::string& line) const;
   ~State();
   // Event i of the pool (created on first use).
   CUevent event(size_t i);

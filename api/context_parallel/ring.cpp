@@ -48,6 +48,7 @@ class RingSteps {
     if (s >= 1) wait_compute(s - 1);
     const int64_t n = d_.layout.local_len(plan_.steps[static_cast<size_t>(s + 1)].kv_rank);
     const int i = (s + 1) % 2;
+    st_.log("step {}: send K/V ({} rows) to {}, receive {} rows from {}", s, cur.k.size(1), plan_.send_to, n, plan_.recv_from);
     runtime::nccl::Group group;
     st_.send_rows(cur.k, plan_.send_to);
     st_.send_rows(cur.v, plan_.send_to);
@@ -61,7 +62,10 @@ class RingSteps {
     return {rows(slots.k[s % 2], 0, n), rows(slots.v[s % 2], 0, n)};
   }
   // The caller's stream waits for what the communication stream queued so far.
-  void wait_comm() { st_.join(stream_, st_.comm_stream.handle(), next_event()); }
+  void wait_comm() {
+    st_.log("compute waits for communication");
+    st_.join(stream_, st_.comm_stream.handle(), next_event());
+  }
   // The communication stream waits for step s's compute (recorded by compute_done).
   void compute_done(int s) {
     const size_t e = next_event();
@@ -113,6 +117,7 @@ void ring_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, co
     if (s > 0) ring.wait_comm();  // this step's shard (before the next prefetch is queued)
     ring.prefetch(s, cur, slots);
     for (const AttentionCall& call : plan.steps[static_cast<size_t>(s)].calls) {
+      st.log("step {}: forward q {}-{} k {}-{}{}", s, call.q_begin, call.q_end, call.k_begin, call.k_end, call.causal ? " causal" : "");
       const Tensor op = rows(o_part, 0, call.q_len()), lp = lse_rows(lse_part, 0, call.q_len());
       attention::forward(rows(q, call.q_begin, call.q_end), rows(cur.k, call.k_begin, call.k_end), rows(cur.v, call.k_begin, call.k_end),
                          op, lp, call_options(opts, call), stream);
@@ -165,6 +170,7 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
     zero(dkv_local.k[i]);
     zero(dkv_local.v[i]);
     for (const AttentionCall& call : plan.steps[static_cast<size_t>(s)].calls) {
+      st.log("step {}: backward q {}-{} k {}-{}{}", s, call.q_begin, call.q_end, call.k_begin, call.k_end, call.causal ? " causal" : "");
       const Tensor dqp = rows(dq_part, 0, call.q_len()), dkp = rows(dk_part, 0, call.k_len()), dvp = rows(dv_part, 0, call.k_len());
       attention::backward(rows(q, call.q_begin, call.q_end), rows(cur.k, call.k_begin, call.k_end),
                           rows(cur.v, call.k_begin, call.k_end), rows(o, call.q_begin, call.q_end),
@@ -183,6 +189,7 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
     // the sums go on to the next rank (after step W - 1: back to their owner)
     ring.wait_compute(s);
     const int64_t n_next = d.layout.local_len(s + 1 < d.world ? plan.steps[static_cast<size_t>(s + 1)].kv_rank : d.rank);
+    st.log("step {}: send dK/dV sums ({} rows) to {}, receive {} rows from {}", s, n, plan.send_to, n_next, plan.recv_from);
     runtime::nccl::Group group;
     st.send_rows(dk_sum, plan.send_to);
     st.send_rows(dv_sum, plan.send_to);

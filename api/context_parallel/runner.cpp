@@ -2,7 +2,11 @@
 // modes (ring.cpp, allgather.cpp, ulysses.cpp).
 #include <fmt/format.h>
 
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
 
 #include "api/context_parallel/internal.hpp"
 
@@ -53,7 +57,15 @@ attention::Options call_options(const attention::Options& opts, const AttentionC
 }  // namespace detail
 
 ContextParallel::State::State(runtime::nccl::Communicator& c)
-    : comm(&c), device(c.device()), comm_stream(c.device(), runtime::Stream::Priority::high) {}
+    : comm(&c), device(c.device()), comm_stream(c.device(), runtime::Stream::Priority::high) {
+  const char* t = std::getenv("TILEJIT_CP_TRACE");
+  trace = t && *t && std::string(t) != "0";
+}
+
+void ContextParallel::State::log_line(const std::string& line) const {
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  fmt::print(stderr, "[cp rank {} {:.3f} ms] {}\n", comm->rank(), std::fmod(ms, 1e6), line);
+}
 
 ContextParallel::State::~State() {
   if (events.empty()) return;
@@ -83,6 +95,7 @@ uint64_t ContextParallel::State::scratch_base(size_t bytes, CUstream stream) {
     const runtime::DriverApi& api = runtime::Driver::get().api();
     runtime::check_cu(api.StreamSynchronize(stream), "cuStreamSynchronize");
     comm_stream.synchronize();
+    log("scratch grows to {} bytes", bytes);
     scratch = runtime::DeviceBuffer(bytes, device);
   }
   return scratch.ptr();

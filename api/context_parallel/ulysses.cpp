@@ -78,6 +78,7 @@ class Ulysses {
   template <class Heads>
   void to_heads(const Tensor& local, const Tensor& shard, Heads heads_of, Scratch& s) {
     const int r = d_.rank;
+    st_.log("all-to-all to heads: {} local rows of {} heads", local.size(1), local.size(2));
     std::vector<Tensor> stage(static_cast<size_t>(d_.world));
     for (int j = 0; j < d_.world; ++j) {
       const HeadRange h = heads_of(j);
@@ -110,6 +111,7 @@ class Ulysses {
   template <class Heads>
   void to_sequence(const Tensor& shard, const Tensor& local, Heads heads_of, Scratch& s, CUstream stream, const Tensor* sum = nullptr) {
     const int r = d_.rank;
+    st_.log("all-to-all to sequence: {} rows of {} heads", shard.size(1), shard.size(2));
     std::vector<Tensor> stage(static_cast<size_t>(d_.world));
     for (int j = 0; j < d_.world; ++j) stage[static_cast<size_t>(j)] = packed(s, shard.dtype, d_.local, heads_of(j).count);
     {
