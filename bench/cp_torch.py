@@ -39,7 +39,8 @@ def main():
     fwd_ms, bwd_ms = [], []
     # context_parallel shards its buffers in place (a resize), which tensors that require grad refuse:
     # gradients are asked for inside
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION), context_parallel(mesh, buffers=[q, k, v, do], buffer_seq_dims=[2, 2, 2, 2]):
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION), context_parallel(
+            mesh, buffers=[q, k, v, do], buffer_seq_dims=[2, 2, 2, 2], no_restore_buffers={q, k, v, do}):
         for t in (q, k, v):
             t.requires_grad_(True)
         for i in range(a.reps + 2):

@@ -76,9 +76,14 @@ const Kernel& attention_cp_merge() {
     m = where(m == -INFINITY, 0.0f, m);
     Tile w_acc = exp2((lse_acc - m) * kLog2e), w_part = exp2((lse_part - m) * kLog2e);
     Tile total = w_acc + w_part;  // in [1, 2], or 0 when both are -inf (log2: the row stays -inf)
-    store(at.lse(LSE_acc), m + log2(total) * kLn2);
     Tile inv = rcp(maximum(total, 1.0f));  // within 1 ulp; 0 / 1 = 0 weights for an empty row
     store(at.o(O_acc), load(at.o(O_acc)) * (w_acc * inv)[col] + o_part * (w_part * inv)[col]);
+    // The LSE last: its [BM] row vector is held (and loaded) by several warps, and nothing orders
+    // one warp's store before another warp's load of the same row -- stored first, the GPU merged
+    // some rows with their new LSE (different bits each run; the ring at W = 4 measured 10x the
+    // single-GPU error). After the O store, it follows the broadcast's exchange (a CTA barrier
+    // that every warp reaches after its loads). The lowering should order this itself (NOTES).
+    store(at.lse(LSE_acc), m + log2(total) * kLn2);
   });
   return kern;
 }
