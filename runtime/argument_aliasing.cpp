@@ -5,68 +5,24 @@
 #include <numeric>
 #include <set>
 
+#include "dsl/ir/address_sources.hpp"
 #include "runtime/gpu_kernel.hpp"
 
 namespace tilejit::runtime {
 
-namespace {
-
-using Sources = std::set<size_t>;  // the parameters a pointer or tensor value may point into
-
-bool carries_address(const ir::Type& t) { return t.is_pointer() || t.is_tensor(); }
-
-// Adds `from` to `into`; returns whether `into` grew.
-bool merge(Sources& into, const Sources& from) {
-  const size_t before = into.size();
-  into.insert(from.begin(), from.end());
-  return into.size() != before;
-}
-
-void collect_yields(const ir::Op& op, std::vector<ir::ValueId>& out) {
-  for (const ir::Block& b : op.regions)
-    for (const ir::Op& inner : b.ops)
-      if (inner.kind == ir::OpKind::yield) out.insert(out.end(), inner.operands.begin(), inner.operands.end());
-}
-
-}  // namespace
-
 std::vector<bool> written_params(const ir::Function& f) {
-  std::map<ir::ValueId, Sources> sources;
-  for (size_t i = 0; i < f.params.size(); ++i)
-    if (carries_address(f.params[i].type)) sources[f.params[i].value].insert(i);
-  auto of = [&](ir::ValueId v) -> const Sources* {
+  const ir::AddressSources sources = ir::address_sources(f);
+  auto of = [&](ir::ValueId v) -> const std::set<size_t>* {
     auto it = sources.find(v);
     return it == sources.end() ? nullptr : &it->second;
   };
-  // A value's sources flow to every address-carrying result of an op that reads it, and through
-  // region ops to their block arguments and results (loop-carried pointers, branch results). A
-  // fixpoint, because a loop's yield feeds its own block arguments.
-  for (bool changed = true; changed;) {
-    changed = false;
-    ir::walk(f.body, [&](const ir::Op& op) {
-      Sources in;
-      for (ir::ValueId v : op.operands)
-        if (const Sources* s = of(v)) in.insert(s->begin(), s->end());
-      std::vector<ir::ValueId> targets = op.results;
-      if (!op.regions.empty()) {
-        std::vector<ir::ValueId> yielded;
-        collect_yields(op, yielded);
-        for (ir::ValueId v : yielded)
-          if (const Sources* s = of(v)) in.insert(s->begin(), s->end());
-        for (const ir::Block& b : op.regions) targets.insert(targets.end(), b.args.begin(), b.args.end());
-      }
-      if (in.empty()) return;
-      for (ir::ValueId r : targets)
-        if (carries_address(f.type(r))) changed = merge(sources[r], in) || changed;
-    });
-  }
   std::vector<bool> written(f.params.size(), false);
   ir::walk(f.body, [&](const ir::Op& op) {
     const bool writes = op.kind == ir::OpKind::store || op.kind == ir::OpKind::atomic_add || op.kind == ir::OpKind::atomic_rmw ||
                         op.kind == ir::OpKind::atomic_cas ||
                         op.kind == ir::OpKind::block_store || op.kind == ir::OpKind::signal_add;
     if (!writes || op.operands.empty()) return;
-    if (const Sources* s = of(op.operands[0]))
+    if (const std::set<size_t>* s = of(op.operands[0]))
       for (size_t i : *s) written[i] = true;
   });
   return written;

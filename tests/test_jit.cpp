@@ -744,3 +744,55 @@ TEST_CASE("issue 28: minimum of an fma and a minimum sharing its operands compil
     CHECK(c.ptx.find("min.NaN.f32") != std::string::npos);
   }
 }
+
+// A program's global accesses are ordered between its threads where they could race: a [32] row
+// vector is held by every warp of 4 (replicated), so storing it back in place after loading it
+// needs a barrier between (else a late warp may load what an early warp already stored: the CP merge
+// kernel's LSE, d6c0b4a). Accesses to other tensors, or in one unreplicated layout, need none.
+TEST_CASE("global memory between threads: a barrier where an in-place update could race, none elsewhere") {
+  const auto count = [](const std::string& ptx) {
+    size_t n = 0;
+    for (size_t at = ptx.find("bar.sync"); at != std::string::npos; at = ptx.find("bar.sync", at + 1)) ++n;
+    return n;
+  };
+  const Kernel inplace = kernel("inplace_row", [](Builder& k) {
+    auto X = k.tensor("X", f32, 1);
+    store(X.block({0}, {32}), load(X.block({0}, {32})) * 2.0f);
+  });
+  const Kernel other = kernel("other_row", [](Builder& k) {
+    auto X = k.tensor("X", f32, 1), Y = k.tensor("Y", f32, 1);
+    store(Y.block({0}, {32}), load(X.block({0}, {32})) * 2.0f);
+  });
+  const Kernel own = kernel("own_elements", [](Builder& k) {  // [1024] over 128 threads: no replica
+    auto X = k.tensor("X", f32, 1);
+    store(X.block({0}, {1024}), load(X.block({0}, {1024})) * 2.0f);
+  });
+  const Kernel looped = kernel("inplace_loop", [](Builder& k) {
+    auto X = k.tensor("X", f32, 1);
+    auto n = k.scalar<int>("n");
+    for_range(0, n, [&](Tile) { store(X.block({0}, {32}), load(X.block({0}, {32})) + 1.0f); });
+  });
+  for (jit::Backend b : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+    INFO(jit::to_string(b));
+    jit::CompileOptions o;
+    o.backend = b;
+    o.make_cubin = false;
+    o.num_warps = 4;
+    const std::string in_place = jit::compile(inplace.build(), o).ptx;
+    CHECK(count(in_place) == 1);
+    CHECK(in_place.find("bar.sync") > in_place.find("ld.global"));
+    CHECK(in_place.find("bar.sync") < in_place.find("st.global"));
+    CHECK(count(jit::compile(other.build(), o).ptx) == 0);
+    CHECK(count(jit::compile(own.build(), o).ptx) == 0);
+    // before the store, and at the body's end (the next iteration's load after this one's store);
+    // nvrtc unrolls the loop, copying both
+    const size_t loop_barriers = count(jit::compile(looped.build(), o).ptx);
+    CHECK(loop_barriers >= 2);
+    CHECK(loop_barriers % 2 == 0);
+  }
+  // the interpreter's sequential semantics are what the barrier keeps: 2 x each element
+  runtime::HostTensor x(f32, {32});
+  for (int64_t i = 0; i < 32; ++i) x.set_flat(i, static_cast<double>(i + 1));
+  runtime::interpret(inplace.build(), {1}, {x});
+  CHECK(x.get_flat(31) == 64.0);
+}

@@ -49,9 +49,15 @@ void Lowerer::for_loop(const ir::Op& op) {
   frames_.back().body = &body;
   frames_.back().scalars[body.args[0]] = iv;
   for (size_t i = 0; i < op.results.size(); ++i) bind(body.args[i + 1], lay[i], arg_regs[i]);
+  // global accesses before the loop stay unordered after it (it may run no trip)
+  const std::vector<GlobalAccess> before = unordered_;
+  loop_heads_.emplace_back();
   if (ring) ring_top(op, *ring, iv);
   block(body);
   if (ring) ring_bottom(*ring);
+  LoopHead head = std::move(loop_heads_.back());
+  loop_heads_.pop_back();
+  order_loop_back_edge(std::move(head));
   if (!frames_.back().keep_alive.empty()) emit0(Op::keep_alive, frames_.back().keep_alive);
   pir::Inst y;
   y.op = Op::yield;
@@ -78,6 +84,7 @@ void Lowerer::for_loop(const ir::Op& op) {
   }
   loop.regions.push_back(std::move(pb));
   blocks_.back()->insts.push_back(std::move(loop));
+  add_unordered(before);
   if (ring && ring->rerun) reset_ring(*ring);
   for (size_t i = 0; i < op.results.size(); ++i) bind(op.results[i], lay[i], res[i]);
 }
@@ -104,12 +111,20 @@ void Lowerer::if_op(const ir::Op& op) {
   in.args = {scalar(op.operands[0])};
   std::vector<std::optional<Layout>> lay;
   for (ir::ValueId r : op.results) lay.push_back(plan_.natural[r]);
+  // each side starts from the accesses before the if; after it, any side's may be unordered (a
+  // barrier on one side orders nothing on the other, nor for the enclosing loop's next iteration)
+  const std::vector<GlobalAccess> before = unordered_;
+  const bool head_barrier = !loop_heads_.empty() && loop_heads_.back().barrier_seen;
+  std::vector<GlobalAccess> after;
   for (int side = 0; side < 2; ++side) {
     const ir::Block& region = op.regions[static_cast<size_t>(side)];
     pir::Block pb;
     push_block(&pb);
     frames_.emplace_back();
+    unordered_ = before;
     block(region);
+    after.insert(after.end(), unordered_.begin(), unordered_.end());  // (each side's includes `before`)
+    if (!loop_heads_.empty()) loop_heads_.back().barrier_seen = head_barrier;
     pir::Inst y;
     y.op = Op::yield;
     for (size_t i = 0; i < op.results.size(); ++i)
@@ -119,6 +134,8 @@ void Lowerer::if_op(const ir::Op& op) {
     pop_block();
     in.regions.push_back(std::move(pb));
   }
+  unordered_.clear();
+  add_unordered(after);
   std::vector<Regs> res;
   for (size_t i = 0; i < op.results.size(); ++i) {
     res.push_back(fresh(op.results[i], lay[i]));

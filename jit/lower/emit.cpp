@@ -48,6 +48,11 @@ void Lowerer::emit0(Op op, std::vector<V> args, int64_t imm) {
     args = {ci32(role_barrier_)};
     imm = 32 * warps_ | pir::kBarrierUnfenced;
   }
+  if (op == Op::barrier || op == Op::named_barrier_sync) {
+    // a barrier of all threads (a role's own, in a role) orders their global accesses; a turn's
+    // named barriers join two warpgroups' turns, not every thread
+    if (op == Op::barrier || role_barrier_) global_barrier_emitted();
+  }
   pir::Inst in;
   in.op = op;
   in.args = std::move(args);

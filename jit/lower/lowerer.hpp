@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "dsl/ir/address_sources.hpp"
 #include "jit/lower.hpp"
 #include "jit/scalar_facts.hpp"
 
@@ -48,7 +49,7 @@ class Lowerer {
   // `precomputed`: for each flexible precompute result, the layout its first use asked for on an
   // earlier run of the lowering (empty on the first run; see lower_to_threads).
   Lowerer(const ir::Function& f, const LayoutPlan& plan, std::map<ir::ValueId, Layout> precomputed = {})
-      : f_(f), plan_(plan), facts_(f), precomputed_(std::move(precomputed)) {}
+      : f_(f), plan_(plan), facts_(f), precomputed_(std::move(precomputed)), sources_(ir::address_sources(f)) {}
   // The layouts the uses of flexible precompute results asked for (first request of each).
   const std::map<ir::ValueId, Layout>& precompute_requests() const { return precompute_requests_; }
 
@@ -246,6 +247,33 @@ class Lowerer {
   void block_atomic_add(const ir::Op& op);
 
   void block_store(const ir::Op& op);
+
+  // ---------------------------------------------------------------- global memory between threads (lower/memory_order.cpp)
+  // The GPU orders a program's global accesses only per thread: a tile loaded by one warp and
+  // stored in place by another (a replicated row vector, a layout change) races. Each tile access
+  // is recorded until the next barrier of all threads; an access that may touch an element another
+  // thread touched since then, one of the two writing, gets a barrier first (bar.sync orders memory
+  // between the threads it joins). Loop bodies are checked against their own next iteration, if
+  // branches merged conservatively. Not inside a warpgroup turn (a barrier there deadlocks).
+  struct GlobalAccess {
+    std::set<size_t> params;       // the parameters it may touch (empty: unknown, so any)
+    bool write = false;
+    bool atomic = false;           // atomics need no order among themselves, only against plain accesses
+    std::optional<Layout> layout;  // which thread touches which element; nullopt: not one per element
+    bool operator==(const GlobalAccess&) const = default;
+  };
+  struct LoopHead {
+    std::vector<GlobalAccess> accesses;  // the body's accesses before its first barrier
+    bool barrier_seen = false;
+  };
+  // Records an access through `address` (a pointer tile or tensor) in `layout`, after a barrier
+  // when it conflicts with an unordered earlier one.
+  void order_global(ir::ValueId address, bool write, std::optional<Layout> layout, bool atomic = false);
+  static bool conflicts(const GlobalAccess& a, const GlobalAccess& b);
+  void global_barrier_emitted();  // emit0's hook: every recorded access is ordered now
+  void add_unordered(const std::vector<GlobalAccess>& accesses);  // (without duplicates)
+  // A loop body's end: a barrier when its last accesses conflict with the next iteration's first.
+  void order_loop_back_edge(LoopHead head);
 
   // ---------------------------------------------------------------- reductions (lower/reductions.cpp)
   V combine(const std::string& kind, V a, V b);
@@ -447,6 +475,9 @@ class Lowerer {
   // depth of their load; a use that finds both unchanged may read the window again.
   std::unordered_map<ir::ValueId, std::pair<int64_t, size_t>> reloadable_;
   int64_t memory_epoch_ = 0;
+  ir::AddressSources sources_;              // which parameters each pointer or tensor may point into
+  std::vector<GlobalAccess> unordered_;     // global accesses since the last barrier of all threads
+  std::vector<LoopHead> loop_heads_;        // enclosing loop bodies, innermost last
   // Warpgroup turns (lang::warpgroup_turn): on with exactly two warpgroups; the turn_begin being lowered.
   bool turns_ = false;
   const ir::Op* in_turn_ = nullptr;
