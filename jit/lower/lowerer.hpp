@@ -257,9 +257,11 @@ class Lowerer {
   // branches merged conservatively. Not inside a warpgroup turn (a barrier there deadlocks).
   struct GlobalAccess {
     std::set<size_t> params;       // the parameters it may touch (empty: unknown, so any)
-    bool write = false;
-    bool atomic = false;           // atomics need no order among themselves, only against plain accesses
+    bool read = false, write = false;  // (an atomic whose old value is used does both)
     std::optional<Layout> layout;  // which thread touches which element; nullopt: not one per element
+    // the address operands (pointer tile; tensor, offsets, dims and shape of a window): equal keys
+    // and one unreplicated layout touch each element from one thread (empty: never assumed equal)
+    std::vector<int64_t> address;
     bool operator==(const GlobalAccess&) const = default;
   };
   struct LoopHead {
@@ -268,8 +270,12 @@ class Lowerer {
   };
   // Records an access through `address` (a pointer tile or tensor) in `layout`, after a barrier
   // when it conflicts with an unordered earlier one.
-  void order_global(ir::ValueId address, bool write, std::optional<Layout> layout, bool atomic = false);
-  static bool conflicts(const GlobalAccess& a, const GlobalAccess& b);
+  enum class Access { read, write, read_write };
+  void order_global(ir::ValueId address, Access access, std::optional<Layout> layout, std::vector<int64_t> address_key = {});
+  // `same_iteration`: both in one pass of the code (a loop's back edge compares this iteration's
+  // accesses with the next one's, whose loop-varying addresses differ even when the operands match)
+  static bool conflicts(const GlobalAccess& a, const GlobalAccess& b, bool same_iteration = true);
+  std::vector<int64_t> window_key(const ir::Op& op, size_t first_offset) const;
   void global_barrier_emitted();  // emit0's hook: every recorded access is ordered now
   void add_unordered(const std::vector<GlobalAccess>& accesses);  // (without duplicates)
   // A loop body's end: a barrier when its last accesses conflict with the next iteration's first.

@@ -16,7 +16,7 @@ void Lowerer::load(const ir::Op& op) {
   const ir::Type& t = f_.type(op.results[0]);
   pir::Ty ty = pir::scalar(t.dtype);
   if (t.is_scalar()) {
-    order_global(op.operands[0], /*write=*/false, std::nullopt);
+    order_global(op.operands[0], Access::read, std::nullopt);
     std::vector<V> a{scalar(op.operands[0])};
     if (op.operands.size() == 3) a = {a[0], scalar(op.operands[1]), scalar(op.operands[2])};
     frames_.back().scalars[op.results[0]] = emit(Op::load, ty, a);
@@ -24,7 +24,7 @@ void Lowerer::load(const ir::Op& op) {
   }
   check_shape(&op, t);
   const Layout& L = *plan_.natural[op.results[0]];
-  order_global(op.operands[0], /*write=*/false, L);
+  order_global(op.operands[0], Access::read, L, {static_cast<int64_t>(op.operands[0])});
   Regs ptr = get(op.operands[0], L), mask, other;
   if (op.operands.size() == 3) {
     mask = get(op.operands[1], L);
@@ -46,7 +46,7 @@ void Lowerer::store(const ir::Op& op) {
   ++memory_epoch_;  // load_at_use windows read before this may have changed
   const ir::Type& t = f_.type(op.operands[1]);
   if (t.is_scalar()) {
-    order_global(op.operands[0], /*write=*/true, std::nullopt);
+    order_global(op.operands[0], Access::write, std::nullopt);
     std::optional<V> pred = cmp(pir::Pred::eq, tid_, ci32(0));
     if (op.operands.size() == 3) pred = land(*pred, scalar(op.operands[2]));
     emit0(Op::store, {scalar(op.operands[0]), scalar(op.operands[1]), *pred});
@@ -54,7 +54,7 @@ void Lowerer::store(const ir::Op& op) {
   }
   check_shape(&op, t);
   Layout L = memory_layout(t);
-  order_global(op.operands[0], /*write=*/true, L);
+  order_global(op.operands[0], Access::write, L, {static_cast<int64_t>(op.operands[0])});
   Regs ptr = get(op.operands[0], L), val = get(op.operands[1], L), mask;
   if (op.operands.size() == 3) mask = get(op.operands[2], L);
   std::optional<V> own = owner(L);
@@ -85,7 +85,7 @@ void Lowerer::pointer_atomic(const ir::Op& op) {
     imm = a.encode();
   }
   if (t.is_scalar()) {
-    order_global(op.operands[0], /*write=*/true, std::nullopt, /*atomic=*/true);
+    order_global(op.operands[0], used_.count(op.results[0]) ? Access::read_write : Access::write, std::nullopt);
     V pred = cmp(pir::Pred::eq, tid_, ci32(0));
     if (masked) pred = land(pred, scalar(op.operands.back()));
     std::vector<V> args{scalar(op.operands[0])};
@@ -102,7 +102,8 @@ void Lowerer::pointer_atomic(const ir::Op& op) {
   }
   check_shape(&op, t);
   const Layout& L = *plan_.natural[op.results[0]];
-  order_global(op.operands[0], /*write=*/true, L, /*atomic=*/true);
+  order_global(op.operands[0], used_.count(op.results[0]) ? Access::read_write : Access::write, L,
+               {static_cast<int64_t>(op.operands[0])});
   Regs ptr = get(op.operands[0], L), mask;
   std::vector<Regs> val;
   for (size_t i = 1; i <= values; ++i) val.push_back(get(op.operands[i], L));
@@ -337,7 +338,7 @@ void Lowerer::block_load(const ir::Op& op) {
   if (plan_.hopper.tiles.count(&op)) return smem_tile_load(op);
   check_shape(&op, f_.type(op.results[0]));
   const Layout& L = *plan_.natural[op.results[0]];
-  order_global(op.operands[0], /*write=*/false, L);
+  order_global(op.operands[0], Access::read, L, window_key(op, 1));
   put(op.results[0], L, block_load_regs(op, L));
   if (op.attrs.count("at_use")) reloadable_[op.results[0]] = {memory_epoch_, frames_.size()};
 }
@@ -389,7 +390,7 @@ void Lowerer::block_atomic_add(const ir::Op& op) {
   const ir::Type& t = f_.type(op.operands[1]);
   check_shape(&op, t);
   Layout L = plan_.natural[op.operands[1]] ? *plan_.natural[op.operands[1]] : memory_layout(t);
-  order_global(op.operands[0], /*write=*/true, L, /*atomic=*/true);
+  order_global(op.operands[0], Access::write, L, window_key(op, 2));
   Regs val = get(op.operands[1], L);
   std::optional<V> own = owner(L);
   // ordered (after_semaphore): the add waits until *semaphore >= target
@@ -466,7 +467,7 @@ void Lowerer::block_store(const ir::Op& op) {
   check_shape(&op, t);
   // Store from the value's own layout when it has one: no exchange through shared memory.
   Layout L = plan_.natural[op.operands[1]] ? *plan_.natural[op.operands[1]] : memory_layout(t);
-  order_global(op.operands[0], /*write=*/true, L);
+  order_global(op.operands[0], Access::write, L, window_key(op, 2));
   Regs val = get(op.operands[1], L), addr, inb;
   V all_ok = 0;
   window(op, 2, L, addr, inb, &all_ok);

@@ -7,22 +7,39 @@
 
 namespace tilejit::jit::lower {
 
-bool Lowerer::conflicts(const GlobalAccess& a, const GlobalAccess& b) {
-  if (!a.write && !b.write) return false;
-  if (a.atomic && b.atomic) return false;
+bool Lowerer::conflicts(const GlobalAccess& a, const GlobalAccess& b, bool same_iteration) {
+  // a read against a write: two reads never race, and an element written twice by different
+  // threads with no barrier between is undefined on both sides (README)
+  if (!(a.read && b.write) && !(a.write && b.read)) return false;
   if (!a.params.empty() && !b.params.empty() &&
       std::none_of(a.params.begin(), a.params.end(), [&](size_t p) { return b.params.count(p) > 0; }))
     return false;
-  // each element touched by the same one thread both times: that thread's program order suffices
-  if (a.layout && b.layout && *a.layout == *b.layout && !a.layout->has_replication()) return false;
+  // the same addresses in one unreplicated layout: each element touched by the same one thread
+  // both times, whose program order suffices
+  if (same_iteration && !a.address.empty() && a.address == b.address && a.layout && b.layout && *a.layout == *b.layout &&
+      !a.layout->has_replication())
+    return false;
   return true;
 }
 
-void Lowerer::order_global(ir::ValueId address, bool write, std::optional<Layout> layout, bool atomic) {
+std::vector<int64_t> Lowerer::window_key(const ir::Op& op, size_t first_offset) const {
+  const size_t rank = tensors_.at(op.operands[0]).sizes.size();
+  std::vector<int64_t> key{static_cast<int64_t>(op.operands[0])};
+  for (size_t d = 0; d < rank; ++d) key.push_back(static_cast<int64_t>(op.operands[first_offset + d]));
+  key.push_back(-1);
+  for (int64_t d : op.ints_attr("dims")) key.push_back(d);
+  key.push_back(-2);
+  const ir::Type& t = f_.type(op.kind == ir::OpKind::block_load ? op.results[0] : op.operands[1]);
+  for (int64_t n : t.shape) key.push_back(n);
+  return key;
+}
+
+void Lowerer::order_global(ir::ValueId address, Access access, std::optional<Layout> layout, std::vector<int64_t> address_key) {
   GlobalAccess now;
-  now.atomic = atomic;
+  now.read = access != Access::write;
+  now.write = access != Access::read;
+  now.address = std::move(address_key);
   if (auto it = sources_.find(address); it != sources_.end()) now.params = it->second;
-  now.write = write;
   // registers that repeat an element inside one thread do not make another thread touch it
   if (layout) now.layout = layout->without_zero_regs();
   const bool hazard = std::any_of(unordered_.begin(), unordered_.end(), [&](const GlobalAccess& a) { return conflicts(a, now); });
@@ -45,7 +62,8 @@ void Lowerer::global_barrier_emitted() {
 
 void Lowerer::order_loop_back_edge(LoopHead head) {
   const bool hazard = std::any_of(unordered_.begin(), unordered_.end(), [&](const GlobalAccess& tail) {
-    return std::any_of(head.accesses.begin(), head.accesses.end(), [&](const GlobalAccess& top) { return conflicts(tail, top); });
+    return std::any_of(head.accesses.begin(), head.accesses.end(),
+                       [&](const GlobalAccess& top) { return conflicts(tail, top, /*same_iteration=*/false); });
   });
   if (hazard && !in_turn_) emit0(Op::barrier, {});
 }
