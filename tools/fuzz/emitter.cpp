@@ -63,6 +63,11 @@ void Emitter::emit(size_t i) {
     case NodeKind::LoadBlock:
       r = load(tensors_.at(static_cast<size_t>(n.tensor)).block({a(0), a(1)}, n.shape), n.value);
       break;
+    case NodeKind::LoadOutput: {
+      const Tensor& o = tensors_.at(static_cast<size_t>(n.tensor));
+      r = load(o.block({program_id(0), a(0), a(1)}, n.shape, {1, 2}), 0.0);
+      break;
+    }
     case NodeKind::Unary:
       switch (static_cast<OpKind>(n.sub)) {
         case OpKind::neg: r = -a(0); break;

@@ -152,6 +152,7 @@ class Generator {
       p_.tensors.push_back(t);
     }
     written_.assign(p_.tensors.size(), false);
+    stored_exact_.assign(p_.tensors.size(), true);
     int n_scalars = static_cast<int>(rng_.range(0, 3));
     for (int i = 0; i < n_scalars; ++i) p_.scalars.push_back(scalar_param());
   }
@@ -272,6 +273,26 @@ class Generator {
     add(n);
   }
 
+  // Reads back part of an output this program stores (before or after the store, in a loop both):
+  // a full tile, a row or a column, so the load's layout differs from the store's (a row over every
+  // warp is replicated). Exact where the GPU must match bit for bit: outside loops, before the
+  // store (poison) or after an exact one.
+  void load_output() {
+    std::vector<int> outs;
+    for (size_t t = 0; t < p_.tensors.size(); ++t)
+      if (p_.tensors[t].output && !p_.tensors[t].accumulator) outs.push_back(static_cast<int>(t));
+    if (outs.empty()) return;
+    const int t = rng_.pick(outs);
+    Node n;
+    n.kind = NodeKind::LoadOutput;
+    n.tensor = t;
+    const int pick = static_cast<int>(rng_.range(0, 2));
+    n.shape = pick == 0 ? Shape{p_.R, p_.C} : pick == 1 ? Shape{1, p_.C} : Shape{p_.R, 1};
+    n.args = {offset_node(false, p_.R / 2 + 1, depth_ > 0), offset_node(false, p_.C / 2 + 1, depth_ > 0)};
+    const int i = add(n);
+    node(i).exact = depth_ == 0 && (!written_[static_cast<size_t>(t)] || stored_exact_[static_cast<size_t>(t)]);
+  }
+
   void body(int budget) {
     for (int i = 0; i < budget; ++i) step();
   }
@@ -292,7 +313,8 @@ class Generator {
     else if (r < 80) var_update();
     else if (r < 84 && depth_ < 2) loop();
     else if (r < 88 && depth_ < 2) branch();
-    else if (r < 92) store_some();
+    else if (r < 90) store_some();
+    else if (r < 92) load_output();
     else if (r < 96) atomics();
     else if (r < 98 && dot_a_ >= 0) dot_node(-1);
     else broadcast_some();
@@ -911,6 +933,7 @@ class Generator {
     written_[static_cast<size_t>(t)] = true;
     int i = add(n);
     node(i).exact = node(x).exact;
+    stored_exact_[static_cast<size_t>(t)] = node(x).exact;
   }
 
   void atomics() {
@@ -947,7 +970,7 @@ class Generator {
   GenerateOptions o_;
   Emitter e_;
   std::vector<std::vector<int>> scopes_;
-  std::vector<bool> written_;
+  std::vector<bool> written_, stored_exact_;  // per tensor: stored yet; that store exact
   int depth_ = 0;
   int dot_a_ = -1, dot_b_ = -1;
   int64_t dot_k_ = 16;

@@ -57,6 +57,9 @@ std::string expression(const Program& p, const Node& n) {
     case NodeKind::LoadBlock:
       return fmt::format("load(T{}.block({{{}, {}}}, {}), /*padding=*/{})", n.tensor, a(0), a(1), shape(n.shape),
                          float_literal(n.value));
+    case NodeKind::LoadOutput:
+      return fmt::format("load(T{}.block({{program_id(0), {}, {}}}, {}, {{1, 2}}), /*padding=*/0)", n.tensor, a(0), a(1),
+                         shape(n.shape));
     case NodeKind::Unary:
       if (static_cast<ir::OpKind>(n.sub) == ir::OpKind::neg) return fmt::format("-{}", a(0));
       if (static_cast<ir::OpKind>(n.sub) == ir::OpKind::bit_not) return fmt::format("~{}", a(0));

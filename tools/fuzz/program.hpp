@@ -65,6 +65,9 @@ enum class NodeKind : uint8_t {
                // rows/cols offsets args[1], args[2]
   AtomicAdd,   // old = atomic_add(output `tensor` [pid] pointers, args[0]) (no two programs collide)
   AtomicBlock, // atomic_add(accumulator `tensor`.block({args[1], args[2]}, [R, C]), args[0]) (all programs)
+  LoadOutput,  // load(output `tensor`.block({pid, args[0], args[1]}, shape, dims {1, 2}), padding 0): what
+               // this program stored so far (poison before), read back in another layout (in-place
+               // updates: the lowering must order them between threads, decision 047)
 };
 
 struct Node {
