@@ -14,8 +14,11 @@
 #include <stdexcept>
 #include <vector>
 
+#include "api/context_parallel.hpp"
 #include "api/context_parallel/layout.hpp"
 #include "api/context_parallel/plan.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/nccl.hpp"
 
 using namespace tilejit::cp;
 
@@ -308,4 +311,51 @@ TEST_CASE("cp/ulysses: heads per rank, GQA groups whole or replicated") {
   CHECK_THROWS_WITH_AS(ulysses_heads(24, 4, 6, 0), doctest::Contains("4 query heads per rank and GQA groups of 6"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(make_plan(Mode::ulysses, ShardLayout(Layout::zigzag, 2, 8), true, 0), doctest::Contains("no chunk plan"),
                        std::invalid_argument);
+}
+
+// ContextParallel's argument checks need neither a GPU nor NCCL (the communicator is a wrapped fake
+// handle, never called): every rejected argument is one std::invalid_argument naming the function,
+// the argument, its value and what is valid.
+TEST_CASE("cp/runner: bad arguments are refused before anything runs") {
+  using tilejit::attention::contiguous;
+  using tilejit::ir::DType;
+  namespace nccl = tilejit::runtime::nccl;
+  nccl::Communicator comm = nccl::Communicator::wrap(reinterpret_cast<void*>(0x10), 0, 2, 0);
+  ContextParallel cp(comm);
+  const uint64_t base = 0x7f0000000000;
+  // rank 0 of 2, zigzag over 16 tokens: 8 local rows; 4 query heads, 2 key/value heads, D 64
+  auto q = contiguous(base, DType::bf16, {1, 8, 4, 64}), k = contiguous(base + 0x100000, DType::bf16, {1, 8, 2, 64});
+  auto v = contiguous(base + 0x200000, DType::bf16, {1, 8, 2, 64}), o = contiguous(base + 0x300000, DType::bf16, {1, 8, 4, 64});
+  auto lse = contiguous(base + 0x400000, DType::f32, {1, 4, 8});
+  Options opts;
+  opts.attention.causal = true;
+  const auto fwd = [&](const Options& op, int64_t S = 16) { cp.forward(q, k, v, o, lse, S, op); };
+  const auto refused = [&](const Options& op, const char* want, int64_t S = 16) {
+    CHECK_THROWS_WITH_AS(fwd(op, S), doctest::Contains(want), std::invalid_argument);
+  };
+  refused(opts, "seq_len 3", 3);
+  refused(opts, "q has 8 rows but rank 0 of a zigzag layout holds 9 tokens of seq_len 18", 18);
+  Options sw = opts;
+  sw.attention.causal = false;
+  sw.attention.mask = tilejit::attention::Mask{tilejit::kernels::MaskSpec::sliding_window(4), {}, {}, {}};
+  refused(sw, "mode ring takes the full and causal masks only");
+  Options drop = opts;
+  drop.attention.dropout_p = 0.1;
+  refused(drop, "no dropout yet");
+  Options uly = opts;
+  uly.mode = Mode::ulysses;
+  const auto q3 = contiguous(base, DType::bf16, {1, 8, 3, 64}), o3 = contiguous(base + 0x300000, DType::bf16, {1, 8, 3, 64});
+  CHECK_THROWS_WITH_AS(cp.forward(q3, k, v, o3, contiguous(base + 0x400000, DType::f32, {1, 3, 8}), 16, uly),
+                       doctest::Contains("3 query heads over 2 ranks"), std::invalid_argument);
+  // a [B, H, S, D] tensor seen as [B, S, H, D]: rows are not contiguous
+  const auto k_bhsd = tilejit::attention::permute(contiguous(base + 0x100000, DType::bf16, {1, 2, 8, 64}), {0, 2, 1, 3});
+  CHECK_THROWS_WITH_AS(cp.forward(q, k_bhsd, v, o, lse, 16, opts), doctest::Contains("k must have contiguous rows"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(cp.forward(q, k, v, o, contiguous(base + 0x400000, DType::f32, {1, 4, 7}), 16, opts),
+                       doctest::Contains("lse must be f32 [B, Hq, S_local] = [1, 4, 8]"), std::invalid_argument);
+  const auto dk_bad = contiguous(base + 0x500000, DType::bf16, {1, 8, 4, 64});
+  CHECK_THROWS_WITH_AS(cp.backward(q, k, v, o, o, lse, q, dk_bad, v, 16, opts), doctest::Contains("dk and dv 2 (k's)"),
+                       std::invalid_argument);
+  // a valid call gets past every check: without a GPU it stops at the driver
+  if (!tilejit::runtime::Driver::get().available()) CHECK_THROWS_AS(fwd(opts), tilejit::runtime::DeviceError);
 }

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,10 +64,28 @@ class Scratch {
 
 namespace tilejit::cp {
 
+// The communication stream: high priority (NCCL's kernels start before queued attention kernels
+// take every SM), created on first use so that a call's argument checks need no GPU.
+class CommStream {
+ public:
+  explicit CommStream(int device) : device_(device) {}
+  CUstream handle() {
+    if (!stream_) stream_.emplace(device_, runtime::Stream::Priority::high);
+    return stream_->handle();
+  }
+  void synchronize() const {
+    if (stream_) stream_->synchronize();
+  }
+
+ private:
+  int device_;
+  std::optional<runtime::Stream> stream_;
+};
+
 struct ContextParallel::State {
   runtime::nccl::Communicator* comm = nullptr;
   int device = 0;
-  runtime::Stream comm_stream;
+  CommStream comm_stream;
   std::vector<CUevent> events;  // a pool, reused call after call (timing off)
   runtime::DeviceBuffer scratch;
   // TILEJIT_CP_TRACE=1: one stderr line per communication group, wait and attention call (host

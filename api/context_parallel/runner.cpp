@@ -57,7 +57,7 @@ attention::Options call_options(const attention::Options& opts, const AttentionC
 }  // namespace detail
 
 ContextParallel::State::State(runtime::nccl::Communicator& c)
-    : comm(&c), device(c.device()), comm_stream(c.device(), runtime::Stream::Priority::high) {
+    : comm(&c), device(c.device()), comm_stream(c.device()) {
   const char* t = std::getenv("TILEJIT_CP_TRACE");
   trace = t && *t && std::string(t) != "0";
 }
