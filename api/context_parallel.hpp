@@ -30,9 +30,10 @@ struct Options {
   Mode mode = Mode::ring;
   // Which tokens each rank holds (ShardLayout(layout, world, seq_len)): zigzag balances causal work.
   Layout layout = Layout::zigzag;
-  // The single-GPU options: causal, softmax_scale, schedule, mask, score mod. Ring and allgather
-  // take the full and causal masks; ulysses every mask and score mod, with the mask's tensors
-  // (doc_ids, prefix_lengths, block_table) given for the whole sequence, on this rank's device.
+  // The single-GPU options: causal, softmax_scale, schedule, mask, score mod. Ring takes the full
+  // and causal masks; allgather also those that never look past the query (causal_sliding_window,
+  // causal_document: prefix_mask); ulysses every mask and score mod. A mask's tensors (doc_ids,
+  // prefix_lengths, block_table) are given for the whole sequence, on this rank's device.
   // Not yet (std::invalid_argument): dropout, varlen, dQ reductions other than recompute.
   attention::Options attention;
 };

@@ -5,15 +5,17 @@
 // single-GPU call's TFLOP/s at the same global length (same formula).
 //
 //   attention_bench --cp [--world W] [--tokens N] [--heads Hq] [--kv-heads Hkv] [--modes ring,allgather,ulysses]
-//                        [--causal 0|1] [--reps R]
+//                        [--causal 0|1 | --documents] [--reps R]
 //   default: W = every GPU, the benchmark's 8K tokens per GPU with 64 / 8 heads and 16 / 16 heads at
-//   8K and 16K per GPU; full and causal; D 128 bf16, zigzag layout. One line per run:
-//     CP mode=ring W=2 tokens_per_gpu=8192 S=16384 Hq=16 Hkv=16 D=128 causal=1 fwd_ms=.. bwd_ms=..
+//   8K and 16K per GPU; full and causal, and the benchmark's causal documents (lengths log-uniform in
+//   1K-32K; allgather and ulysses; --documents: only those); D 128 bf16, zigzag layout. One line per run:
+//     CP mode=ring W=2 tokens_per_gpu=8192 S=16384 Hq=16 Hkv=16 D=128 mask=causal fwd_ms=.. bwd_ms=..
 //       fwd_tflops_per_gpu=.. bwd_tflops_per_gpu=.. single_fwd_tflops=.. single_bwd_tflops=.. fwd_eff=.. bwd_eff=..
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <barrier>
+#include <cmath>
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
@@ -35,9 +37,53 @@ namespace {
 struct CpConfig {
   int64_t tokens = 8192, Hq = 16, Hkv = 16, D = 128;
   bool causal = true;
-  double area(int64_t S) const { return causal ? double(S) * double(S + 1) / 2 : double(S) * double(S); }
+  bool documents = false;  // causal documents (the benchmark's causal_document; allgather and ulysses)
+  double area(int64_t S) const {
+    if (documents) {
+      double a = 0;
+      for (int64_t len : document_lengths(S)) a += double(len) * double(len + 1) / 2;
+      return a;
+    }
+    return causal ? double(S) * double(S + 1) / 2 : double(S) * double(S);
+  }
   double fwd_flops(int64_t S) const { return 4.0 * area(S) * double(Hq) * double(D); }
+  // Packed documents of a long-context training batch: lengths drawn log-uniformly between 1K and
+  // 32K tokens (seeded), the last one cut at S.
+  static std::vector<int64_t> document_lengths(int64_t S) {
+    std::vector<int64_t> out;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int64_t at = 0; at < S;) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const double u = static_cast<double>(x >> 11) / 9007199254740992.0;
+      const int64_t len = std::min<int64_t>(S - at, static_cast<int64_t>(1024.0 * std::pow(32.0, u)));
+      out.push_back(len);
+      at += len;
+    }
+    return out;
+  }
+  std::string mask_name() const { return documents ? "causal_document" : causal ? "causal" : "full"; }
 };
+
+// The document id of every token (i32 [1, S]) on `device`.
+runtime::DeviceBuffer document_ids(int64_t S, int device) {
+  std::vector<int32_t> ids;
+  int32_t d = 0;
+  for (int64_t len : CpConfig::document_lengths(S)) {
+    ids.insert(ids.end(), static_cast<size_t>(len), d);
+    ++d;
+  }
+  runtime::DeviceBuffer buf(ids.size() * 4, device);
+  buf.upload(ids.data(), ids.size() * 4);
+  return buf;
+}
+
+// The call's mask: causal, or causal documents over `ids`.
+void set_mask(attention::Options& a, const CpConfig& c, const runtime::DeviceBuffer& ids, int64_t S, int device) {
+  a.causal = c.causal && !c.documents;
+  if (c.documents)
+    a.mask = attention::Mask{kernels::MaskSpec::causal_document(),
+                             attention::contiguous(ids.ptr(), ir::DType::i32, {1, S}, device), {}, {}};
+}
 
 runtime::DeviceBuffer random_on(int device, size_t elems, uint64_t seed) {
   runtime::DeviceBuffer buf(elems * 2, device);
@@ -93,11 +139,12 @@ Timing single_gpu(const CpConfig& c, int64_t S, int reps) {
                           dQ = contiguous(dq.ptr(), T, {1, S, c.Hq, c.D}), dK = contiguous(dk.ptr(), T, {1, S, c.Hkv, c.D}),
                           dV = contiguous(dv.ptr(), T, {1, S, c.Hkv, c.D});
   attention::Options opts;
-  opts.causal = c.causal;
-  runtime::DeviceBuffer ws(attention::backward_workspace_bytes(Q, K, opts));
+  const runtime::DeviceBuffer ids = document_ids(S, 0);
+  set_mask(opts, c, ids, S, 0);
+  runtime::DeviceBuffer ws(std::max(attention::backward_workspace_bytes(Q, K, opts), attention::forward_workspace_bytes(Q, K, opts)));
   std::barrier<> one(1);
   Timing t;
-  t.fwd_ms = time_rank([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); }, stream, reps, one);
+  t.fwd_ms = time_rank([&] { attention::forward(Q, K, V, O, L, opts, stream.handle(), {ws.ptr(), ws.bytes()}); }, stream, reps, one);
   t.bwd_ms = time_rank([&] { attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), {ws.ptr(), ws.bytes()}); },
                        stream, reps, one);
   return t;
@@ -118,7 +165,8 @@ Timing context_parallel(const CpConfig& c, cp::Mode mode, int W, int reps) {
       cp::ContextParallel runner(comm);
       cp::Options opts;
       opts.mode = mode;
-      opts.attention.causal = c.causal;
+      const runtime::DeviceBuffer ids = document_ids(S, r);
+      set_mask(opts.attention, c, ids, S, r);
       const int64_t n = cp::ShardLayout(opts.layout, W, S).local_len(r);
       const size_t nq = static_cast<size_t>(n * c.Hq * c.D), nkv = static_cast<size_t>(n * c.Hkv * c.D);
       const uint64_t seed = 100 * static_cast<uint64_t>(r);
@@ -173,6 +221,7 @@ int run_cp_bench(int argc, char** argv) {
   }
   setenv("NCCL_NVLS_ENABLE", "0", 0);
   int world = drv.device_count(), reps = 10, only_causal = -1;
+  bool documents_only = false;  // --documents: only the causal-document runs
   std::vector<CpConfig> configs;
   CpConfig custom;
   bool has_custom = false;
@@ -187,6 +236,7 @@ int run_cp_bench(int argc, char** argv) {
     else if (a == "--kv-heads") custom.Hkv = std::atoll(next().c_str()), has_custom = true;
     else if (a == "--modes") modes = split(next());
     else if (a == "--causal") only_causal = std::atoi(next().c_str());
+    else if (a == "--documents") documents_only = true;
     else if (a == "--reps") reps = std::max(1, std::atoi(next().c_str()));
     else {
       std::fprintf(stderr, "attention_bench --cp: unknown argument %s\n", a.c_str());
@@ -204,21 +254,29 @@ int run_cp_bench(int argc, char** argv) {
     configs = {CpConfig{8192, 64, 8, 128, true}, CpConfig{8192, 16, 16, 128, true}, CpConfig{16384, 16, 16, 128, true}};
   }
   for (CpConfig base : configs)
-    for (int causal : {0, 1}) {
-      if (only_causal >= 0 && causal != only_causal) continue;
+    for (int variant : {0, 1, 2}) {  // full, causal, causal documents (the benchmark's configuration only)
+      const bool docs = variant == 2;
+      if (docs && !(base.Hq == 64 && base.Hkv == 8) && !documents_only) continue;
+      if (documents_only != docs) continue;
+      if (!docs && only_causal >= 0 && variant != only_causal) continue;
       CpConfig c = base;
-      c.causal = causal != 0;
+      c.causal = variant != 0;
+      c.documents = docs;
       const int64_t S = c.tokens * world;
       const Timing one = single_gpu(c, S, reps);
       const double f1 = c.fwd_flops(S) / one.fwd_ms * 1e-9, b1 = 2.5 * c.fwd_flops(S) / one.bwd_ms * 1e-9;
       for (const std::string& mode_name : modes) {
         cp::Mode mode = mode_name == "ring" ? cp::Mode::ring : mode_name == "allgather" ? cp::Mode::allgather : cp::Mode::ulysses;
+        if (docs && mode == cp::Mode::ring) {  // ring takes full and causal masks only
+          fmt::print("CP mode=ring W={} tokens_per_gpu={} mask=causal_document skipped=unsupported\n", world, c.tokens);
+          continue;
+        }
         const Timing t = context_parallel(c, mode, world, reps);
         const double f = c.fwd_flops(S) / t.fwd_ms * 1e-9 / world, b = 2.5 * c.fwd_flops(S) / t.bwd_ms * 1e-9 / world;
         fmt::print(
-            "CP mode={} W={} tokens_per_gpu={} S={} Hq={} Hkv={} D={} causal={} fwd_ms={:.3f} bwd_ms={:.3f} fwd_tflops_per_gpu={:.1f} "
+            "CP mode={} W={} tokens_per_gpu={} S={} Hq={} Hkv={} D={} mask={} fwd_ms={:.3f} bwd_ms={:.3f} fwd_tflops_per_gpu={:.1f} "
             "bwd_tflops_per_gpu={:.1f} single_fwd_tflops={:.1f} single_bwd_tflops={:.1f} fwd_eff={:.3f} bwd_eff={:.3f}\n",
-            mode_name, world, c.tokens, S, c.Hq, c.Hkv, c.D, causal, t.fwd_ms, t.bwd_ms, f, b, f1, b1, f / f1, b / b1);
+            mode_name, world, c.tokens, S, c.Hq, c.Hkv, c.D, c.mask_name(), t.fwd_ms, t.bwd_ms, f, b, f1, b1, f / f1, b / b1);
         std::fflush(stdout);
       }
     }

@@ -52,7 +52,7 @@ def main():
             for _ in range(a.rounds):
                 for line in run([a.bin, "--cp", "--world", str(W), "--tokens", str(tokens), "--heads", str(hq), "--kv-heads", str(hkv),
                                  "--causal", "1", "--reps", str(a.reps)]):
-                    if line.startswith("CP "):
+                    if line.startswith("CP ") and "mask=causal " in line:
                         f = fields(line)
                         key = f["mode"]
                         cur = (float(f["fwd_tflops_per_gpu"]), float(f["bwd_tflops_per_gpu"]), float(f["fwd_eff"]), float(f["bwd_eff"]))

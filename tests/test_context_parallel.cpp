@@ -11,12 +11,14 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
 #include "api/context_parallel.hpp"
 #include "api/context_parallel/layout.hpp"
 #include "api/context_parallel/plan.hpp"
+#include "kernels/attention/mask_host.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/nccl.hpp"
 
@@ -358,4 +360,56 @@ TEST_CASE("cp/runner: bad arguments are refused before anything runs") {
                        std::invalid_argument);
   // a valid call gets past every check: without a GPU it stops at the driver
   if (!tilejit::runtime::Driver::get().available()) CHECK_THROWS_AS(fwd(opts), tilejit::runtime::DeviceError);
+}
+
+// Allgather with masks that never look past the query (causal sliding windows, causal documents):
+// every call, evaluated as the kernels do (bottom-right aligned in the call, document ids of the
+// call's key prefix), allows exactly the global mask's keys, and no allowed key is left out.
+TEST_CASE("cp/plan: allgather's causal prefixes are exact for causal windows and documents") {
+  using tilejit::kernels::MaskData;
+  using tilejit::kernels::MaskKind;
+  using tilejit::kernels::MaskSpec;
+  CHECK(prefix_mask(MaskKind::causal_document));
+  CHECK_FALSE(prefix_mask(MaskKind::sliding_window));  // symmetric windows look ahead
+  CHECK_FALSE(prefix_mask(MaskKind::prefix_lm));
+  std::mt19937 rng(11);
+  for (Layout kind : {Layout::contiguous, Layout::zigzag})
+    for (int W : {1, 2, 3, 4})
+      for (int S : {W * 2 * 4, W * 2 * 4 + 5}) {
+        std::vector<int32_t> docs(static_cast<size_t>(S));
+        for (int t = 0, d = 0; t < S; ++t) {
+          if (rng() % 5 == 0) ++d;  // documents of ~5 tokens
+          docs[static_cast<size_t>(t)] = d;
+        }
+        for (const MaskSpec& spec : {MaskSpec::causal_sliding_window(3), MaskSpec::causal_sliding_window(11), MaskSpec::causal_document()}) {
+          CAPTURE(name(kind));
+          CAPTURE(W);
+          CAPTURE(S);
+          CAPTURE(tilejit::kernels::mask_kind_name(spec.kind));
+          const ShardLayout layout(kind, W, S);
+          MaskData global;
+          global.doc_ids = {docs, {1, S}};
+          for (int r = 0; r < W; ++r) {
+            const Plan plan = make_plan(Mode::allgather, layout, true, r);
+            const std::vector<int64_t> qpos = layout.positions(r);
+            std::vector<int> seen(static_cast<size_t>(layout.local_len(r)) * static_cast<size_t>(S), 0);
+            for (const AttentionCall& c : plan.steps[0].calls) {
+              MaskData view;  // the call's keys: rows [k_begin, k_end) of the gathered sequence
+              view.doc_ids = {std::span<const int32_t>(docs).subspan(static_cast<size_t>(c.k_begin), static_cast<size_t>(c.k_len())),
+                              {1, c.k_len()}};
+              for (int64_t t = 0; t < c.q_len(); ++t)
+                for (int64_t j = 0; j < c.k_len(); ++j)
+                  if (tilejit::kernels::mask_allowed(spec, view, 0, 0, t, j, c.q_len(), c.k_len()))
+                    ++seen[static_cast<size_t>((c.q_begin + t) * S + c.k_begin + j)];
+            }
+            int bad = 0;
+            for (int64_t i = 0; i < layout.local_len(r); ++i)
+              for (int64_t j = 0; j < S; ++j) {
+                const bool want = tilejit::kernels::mask_allowed(spec, global, 0, 0, qpos[static_cast<size_t>(i)], j, S, S);
+                bad += seen[static_cast<size_t>(i * S + j)] != (want ? 1 : 0);
+              }
+            CHECK(bad == 0);
+          }
+        }
+      }
 }

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "runtime/driver.hpp"
 #include "runtime/host_tensor.hpp"
 #include "runtime/nccl.hpp"
+#include "kernels/attention/mask_host.hpp"
 #include "hang_guard.hpp"
 
 using namespace tilejit;
@@ -88,6 +90,14 @@ struct Problem {
   int B, Hq, Hkv, S, D;
   bool causal;
   HostTensor q, k, v, dout;
+  std::optional<kernels::MaskSpec> mask;  // a library mask instead (document ids in `docs`, for every batch)
+  std::vector<int32_t> docs;
+  bool allowed(int64_t i, int64_t j) const {
+    if (!mask) return !causal || j <= i;
+    kernels::MaskData data;
+    data.doc_ids = {docs, {1, S}};
+    return kernels::mask_allowed(*mask, data, 0, 0, i, j, S, S);
+  }
 };
 
 // Attention in float64 on the host, forward and backward, one thread per (batch, query head);
@@ -111,21 +121,25 @@ Outputs reference(const Problem& p) {
     dvp.assign(static_cast<size_t>(S * D), 0.0);
     std::vector<double> prob(static_cast<size_t>(S)), o(static_cast<size_t>(D));
     for (int64_t i = 0; i < S; ++i) {
-      const int64_t n = p.causal ? i + 1 : S;
+      const int64_t n = S;
+      std::vector<char> ok(static_cast<size_t>(S));
+      for (int64_t j = 0; j < S; ++j) ok[static_cast<size_t>(j)] = p.allowed(i, j);
       double m = -INFINITY;
       for (int64_t j = 0; j < n; ++j) {
+        if (!ok[static_cast<size_t>(j)]) continue;
         double dot = 0;
         for (int64_t d = 0; d < D; ++d) dot += qi(i, d) * ki(k, j, d);
         prob[static_cast<size_t>(j)] = dot * scale;
         m = std::max(m, dot * scale);
       }
       double sum = 0;
-      for (int64_t j = 0; j < n; ++j) sum += std::exp(prob[static_cast<size_t>(j)] - m);
+      for (int64_t j = 0; j < n; ++j)
+        if (ok[static_cast<size_t>(j)]) sum += std::exp(prob[static_cast<size_t>(j)] - m);
       const double lse = m + std::log(sum);
       r.lse[static_cast<size_t>((b * Hq + h) * S + i)] = lse;
       std::fill(o.begin(), o.end(), 0.0);
       for (int64_t j = 0; j < n; ++j) {
-        prob[static_cast<size_t>(j)] = std::exp(prob[static_cast<size_t>(j)] - lse);
+        prob[static_cast<size_t>(j)] = ok[static_cast<size_t>(j)] ? std::exp(prob[static_cast<size_t>(j)] - lse) : 0.0;
         for (int64_t d = 0; d < D; ++d) o[static_cast<size_t>(d)] += prob[static_cast<size_t>(j)] * ki(v, j, d);
       }
       double delta = 0;
@@ -134,6 +148,7 @@ Outputs reference(const Problem& p) {
         delta += o[static_cast<size_t>(d)] * gi(i, d);
       }
       for (int64_t j = 0; j < n; ++j) {
+        if (!ok[static_cast<size_t>(j)]) continue;
         double dp = 0;
         for (int64_t d = 0; d < D; ++d) dp += gi(i, d) * ki(v, j, d);
         const double pj = prob[static_cast<size_t>(j)], ds = pj * (dp - delta) * scale;
@@ -160,11 +175,21 @@ Outputs reference(const Problem& p) {
   return r;
 }
 
+// The document ids as an i32 [1, S] host tensor (a mask that reads none gets none).
+HostTensor doc_tensor(const Problem& p) {
+  HostTensor t(ir::DType::i32, {1, p.S});
+  for (int64_t i = 0; i < p.S; ++i) t.set_flat(i, p.docs.empty() ? 0 : p.docs[static_cast<size_t>(i)]);
+  return t;
+}
+
 // The single-GPU call on the whole sequence (device 0).
 Outputs single_gpu(const Problem& p) {
   attention::Options opts;
   opts.causal = p.causal;
   Device q = upload(p.q, 0), k = upload(p.k, 0), v = upload(p.v, 0), dout = upload(p.dout, 0);
+  Device docs = upload(doc_tensor(p), 0);
+  if (p.mask) opts.mask = attention::Mask{*p.mask, {}, {}, {}};
+  if (p.mask && kernels::mask_uses_doc_ids(p.mask->kind)) opts.mask->doc_ids = docs.t;
   Device o = empty_like(ir::DType::bf16, {p.B, p.S, p.Hq, p.D}, 0), lse = empty_like(ir::DType::f32, {p.B, p.Hq, p.S}, 0);
   Device dq = empty_like(ir::DType::bf16, {p.B, p.S, p.Hq, p.D}, 0), dk = empty_like(ir::DType::bf16, {p.B, p.S, p.Hkv, p.D}, 0),
          dv = empty_like(ir::DType::bf16, {p.B, p.S, p.Hkv, p.D}, 0);
@@ -219,6 +244,9 @@ Outputs context_parallel(const Problem& p, int W, cp::Mode mode, cp::Layout layo
       opts.mode = mode;
       opts.layout = layout;
       opts.attention.causal = p.causal;
+      Device docs = upload(doc_tensor(p), r);  // the whole sequence's ids, on every rank
+      if (p.mask) opts.attention.mask = attention::Mask{*p.mask, {}, {}, {}};
+      if (p.mask && kernels::mask_uses_doc_ids(p.mask->kind)) opts.attention.mask->doc_ids = docs.t;
       const std::vector<int64_t> pos = shards.positions(r);
       const int64_t n = static_cast<int64_t>(pos.size());
       Device q = upload(gather_rows(p.q, pos), r), k = upload(gather_rows(p.k, pos), r), v = upload(gather_rows(p.v, pos), r),
@@ -279,14 +307,19 @@ double max_abs(const std::vector<double>& a, const std::vector<double>& b) {
   return e;
 }
 
-void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int S) {
-  const std::string what = fmt::format("{} {} W={} causal={} B={} S={}", cp::name(mode), cp::name(layout), W, causal, B, S);
+void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int S, std::optional<kernels::MaskSpec> mask = {}) {
+  const std::string what = fmt::format("{} {} W={} causal={} B={} S={}{}", cp::name(mode), cp::name(layout), W, causal, B, S,
+                                       mask ? std::string(" mask ") + kernels::mask_kind_name(mask->kind) : "");
   CAPTURE(what);
   HangGuard guard(what, std::chrono::seconds(300));
   std::mt19937 rng(static_cast<unsigned>(S * 31 + W * 7 + causal));
   const int Hq = 4, Hkv = 2, D = 128;
   Problem p{B, Hq, Hkv, S, D, causal, random_bf16({B, S, Hq, D}, rng), random_bf16({B, S, Hkv, D}, rng), random_bf16({B, S, Hkv, D}, rng),
-            random_bf16({B, S, Hq, D}, rng)};
+            random_bf16({B, S, Hq, D}, rng), mask, {}};
+  for (int i = 0, doc = 0; i < S; ++i) {  // documents of ~S / 8 tokens
+    if (rng() % static_cast<unsigned>(S / 8) == 0) ++doc;
+    p.docs.push_back(doc);
+  }
   progress(what + ": float64 reference");
   const Outputs f64 = reference(p);
   progress(what + ": single GPU");
@@ -421,6 +454,11 @@ TEST_CASE("cp/gpu: ring and allgather on 2 GPUs equal one GPU") {
   check_case(2, cp::Mode::ring, cp::Layout::contiguous, true, 2, 512);
   check_case(2, cp::Mode::allgather, cp::Layout::zigzag, true, 2, 515);
   check_case(2, cp::Mode::ulysses, cp::Layout::contiguous, true, 2, 515);
+  // masks that never look past the query in allgather (causal prefixes); every mask in ulysses
+  for (cp::Mode mode : {cp::Mode::allgather, cp::Mode::ulysses})
+    for (const kernels::MaskSpec& m : {kernels::MaskSpec::causal_document(), kernels::MaskSpec::causal_sliding_window(100)})
+      check_case(2, mode, cp::Layout::zigzag, false, 1, 1000, m);
+  check_case(2, cp::Mode::ulysses, cp::Layout::zigzag, false, 1, 1000, kernels::MaskSpec::sliding_window(60));
 }
 
 TEST_CASE("cp/gpu: ring and allgather on 4 GPUs equal one GPU") {
@@ -429,4 +467,5 @@ TEST_CASE("cp/gpu: ring and allgather on 4 GPUs equal one GPU") {
   prepare_kernels();
   for (cp::Mode mode : {cp::Mode::ring, cp::Mode::allgather, cp::Mode::ulysses})
     for (bool causal : {false, true}) check_case(4, mode, cp::Layout::zigzag, causal, 1, 1000);
+  check_case(4, cp::Mode::allgather, cp::Layout::zigzag, false, 1, 1000, kernels::MaskSpec::causal_document());
 }

@@ -39,31 +39,41 @@ void gather(ContextParallel::State& st, const Dims& d, const Tensor& local, cons
   group.end();
 }
 
+// A tensor shaped like the gathered keys ([B, S, Hkv, D]; never read): what workspace sizes of
+// calls against key prefixes up to the whole sequence are computed from.
+Tensor gathered_shape(const Dims& d, const Tensor& k) {
+  Tensor g = bshd(k.data, k.dtype, d.B, d.layout.seq_len(), d.Hkv, d.D, d.layout.seq_len(), k.device);
+  return g;
+}
+
 }  // namespace
 
 void allgather_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                        const Tensor& lse, const attention::Options& opts, CUstream stream) {
-  const Plan plan = make_plan(Mode::allgather, d.layout, opts.causal, d.rank);
+  const Plan plan = make_plan(Mode::allgather, d.layout, opts.causal || opts.mask.has_value(), d.rank);
   const int64_t S = d.layout.seq_len();
   const size_t kv_bytes = static_cast<size_t>(d.B * S * d.Hkv * d.D * d.es());
-  Scratch s(st.scratch_base(2 * (kv_bytes + 256), stream));
+  const size_t ws_bytes = attention::forward_workspace_bytes(q, gathered_shape(d, k), opts);  // (a mask's block lists)
+  Scratch s(st.scratch_base(2 * (kv_bytes + 256) + ws_bytes + 256, stream));
   const Tensor kg = bshd(s.take(kv_bytes), d.dtype, d.B, S, d.Hkv, d.D, S, st.device);
   const Tensor vg = bshd(s.take(kv_bytes), d.dtype, d.B, S, d.Hkv, d.D, S, st.device);
+  const attention::Workspace ws{ws_bytes ? s.take(ws_bytes) : 0, ws_bytes};
   st.join(st.comm_stream.handle(), stream, 0);
   gather(st, d, k, kg);
   gather(st, d, v, vg);
   st.join(stream, st.comm_stream.handle(), 1);
   for (const AttentionCall& call : plan.steps[0].calls)
     attention::forward(rows(q, call.q_begin, call.q_end), rows(kg, call.k_begin, call.k_end), rows(vg, call.k_begin, call.k_end),
-                       rows(o, call.q_begin, call.q_end), lse_rows(lse, call.q_begin, call.q_end), call_options(opts, call), stream);
+                       rows(o, call.q_begin, call.q_end), lse_rows(lse, call.q_begin, call.q_end), call_options(opts, call), stream,
+                       ws);
 }
 
 void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& o, const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk,
                         const Tensor& dv, const attention::Options& opts, CUstream stream) {
-  const Plan plan = make_plan(Mode::allgather, d.layout, opts.causal, d.rank);
+  const Plan plan = make_plan(Mode::allgather, d.layout, opts.causal || opts.mask.has_value(), d.rank);
   const int64_t S = d.layout.seq_len(), W = d.world;
-  const size_t ws_bytes = attention::backward_workspace_bytes(q, k, opts);
+  const size_t ws_bytes = attention::backward_workspace_bytes(q, gathered_shape(d, k), opts);
   const size_t kv_bytes = static_cast<size_t>(d.B * S * d.Hkv * d.D * d.es()), kv32 = static_cast<size_t>(d.B * S * d.Hkv * d.D * 4);
   const size_t in32 = static_cast<size_t>(W * d.B * d.local * d.Hkv * d.D * 4);
   Scratch s(st.scratch_base(4 * (kv_bytes + 256) + 2 * (kv32 + 256) + 2 * (in32 + 256) + ws_bytes + 256, stream));

@@ -175,6 +175,11 @@ std::string Plan::describe() const {
   return s;
 }
 
+bool prefix_mask(kernels::MaskKind kind) {
+  return kind == kernels::MaskKind::causal || kind == kernels::MaskKind::causal_sliding_window ||
+         kind == kernels::MaskKind::causal_document;
+}
+
 UlyssesHeads ulysses_heads(int heads_q, int heads_kv, int world, int rank) {
   if (heads_q % world != 0)
     throw std::invalid_argument(fmt::format("cp::ulysses: {} query heads over {} ranks; ulysses needs heads_q divisible by the world size",

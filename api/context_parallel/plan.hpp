@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "api/context_parallel/layout.hpp"
+#include "kernels/attention/mask_patterns.hpp"
 
 namespace tilejit::cp {
 
@@ -52,6 +53,11 @@ struct Plan {
 // The plan of `rank` for a full (causal = false) or causal mask. Throws std::invalid_argument for
 // Mode::ulysses (no chunk plan: see UlyssesHeads).
 Plan make_plan(Mode mode, const ShardLayout& layout, bool causal, int rank);
+
+// Masks under which no query sees a key after its own position (causal, causal_sliding_window,
+// causal_document): allgather's plan for them is the causal one, each query chunk against the key
+// prefix that ends with it, and the mask applied bottom-right aligned inside each call is exact.
+bool prefix_mask(kernels::MaskKind kind);
 
 // Ulysses: the query and key/value heads rank `rank` computes on the whole sequence. Needs Hq % W
 // == 0, and either whole GQA groups per rank (Hkv / W heads each) or every rank's query heads in

@@ -50,7 +50,14 @@ runtime::nccl::DataType nccl_type(ir::DType t) {
 
 attention::Options call_options(const attention::Options& opts, const AttentionCall& call) {
   attention::Options a = opts;
-  a.causal = call.causal;
+  if (!a.mask) {
+    a.causal = call.causal;
+    return a;
+  }
+  // a prefix mask (allgather): causal itself, applied bottom-right aligned on the call's key
+  // prefix, whose document ids are the prefix of the sequence's
+  if (call.k_begin != 0) throw std::logic_error("cp: a masked call's keys do not start at the sequence's first token");
+  if (a.mask->doc_ids) a.mask->doc_ids->sizes[static_cast<size_t>(a.mask->doc_ids->rank - 1)] = call.k_end;
   return a;
 }
 
@@ -138,10 +145,17 @@ void check_rows(const char* fn, const char* name, const Tensor& t, const Tensor&
 Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                 const Tensor& lse, int64_t seq_len, const Options& opts) {
   const attention::Options& a = opts.attention;
+  const kernels::MaskKind kind = a.mask ? a.mask->spec.kind : kernels::MaskKind::full;
+  if (opts.mode == Mode::ring && kind != kernels::MaskKind::full && kind != kernels::MaskKind::causal)
+    fail(fn, "options.attention.mask of kind {}: mode ring takes the full and causal masks only (allgather also causal "
+         "windows and causal documents; ulysses every mask)", kernels::mask_kind_name(kind));
+  if (opts.mode == Mode::allgather && kind != kernels::MaskKind::full && !prefix_mask(kind))
+    fail(fn, "options.attention.mask of kind {}: mode allgather takes masks that never look past the query (full, causal, "
+         "causal_sliding_window, causal_document; ulysses every mask)", kernels::mask_kind_name(kind));
+  if (opts.mode != Mode::ulysses && a.mask && a.mask->doc_ids && a.mask->doc_ids->size(a.mask->doc_ids->rank - 1) != seq_len)
+    fail(fn, "options.attention.mask.doc_ids has {} keys; give the whole sequence's ({}, seq_len): {}",
+         a.mask->doc_ids->size(a.mask->doc_ids->rank - 1), seq_len, a.mask->doc_ids->describe());
   if (opts.mode != Mode::ulysses) {
-    if (a.mask && a.mask->spec.kind != kernels::MaskKind::full && a.mask->spec.kind != kernels::MaskKind::causal)
-      fail(fn, "options.attention.mask of kind {}: mode {} takes the full and causal masks only (ulysses takes every mask)",
-           kernels::mask_kind_name(a.mask->spec.kind), name(opts.mode));
     if (a.score_mod.kind != kernels::ScoreModKind::none)
       fail(fn, "options.attention.score_mod: mode {} takes none (ulysses takes every score mod)", name(opts.mode));
   }
@@ -189,8 +203,14 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
   return d;
 }
 
-bool causal_of(const attention::Options& a) {
-  return a.causal || (a.mask && a.mask->spec.kind == kernels::MaskKind::causal);
+// The options ring and allgather plan with: a causal mask as options.causal (the plan's calls set
+// it per call); any other library mask kept (allgather's prefix masks, applied inside each call).
+attention::Options chunk_options(attention::Options a) {
+  if (a.mask && (a.mask->spec.kind == kernels::MaskKind::causal || a.mask->spec.kind == kernels::MaskKind::full)) {
+    a.causal = a.causal || a.mask->spec.kind == kernels::MaskKind::causal;
+    a.mask.reset();
+  }
+  return a;
 }
 
 }  // namespace
@@ -205,9 +225,7 @@ void ContextParallel::forward(const Tensor& q, const Tensor& k, const Tensor& v,
   const Dims d = check_call("forward", *state_, q, k, v, o, lse, seq_len, opts);
   runtime::Driver::get().context(state_->device).make_current();
   if (opts.mode == Mode::ulysses) return detail::ulysses_forward(*state_, d, q, k, v, o, lse, opts.attention, stream);
-  attention::Options a = opts.attention;
-  a.causal = causal_of(a);
-  a.mask.reset();
+  const attention::Options a = chunk_options(opts.attention);
   if (opts.mode == Mode::ring)
     detail::ring_forward(*state_, d, q, k, v, o, lse, a, stream);
   else
@@ -228,9 +246,7 @@ void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v
   runtime::Driver::get().context(state_->device).make_current();
   if (opts.mode == Mode::ulysses)
     return detail::ulysses_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, opts.attention, stream);
-  attention::Options a = opts.attention;
-  a.causal = causal_of(a);
-  a.mask.reset();
+  const attention::Options a = chunk_options(opts.attention);
   if (opts.mode == Mode::ring)
     detail::ring_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, stream);
   else
