@@ -1,0 +1,182 @@
+// The C ABI over api/attention.hpp (tilejit_c.h): plain structs to the C++ types, every exception
+// to a status and this thread's last-error message.
+#include "bindings/c/tilejit_c.h"
+
+#include <fmt/format.h>
+
+#include <exception>
+#include <stdexcept>
+#include <string>
+
+#include "api/attention.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/kernel_codec.hpp"
+
+namespace {
+
+using namespace tilejit;
+
+static_assert(TILEJIT_I32 == static_cast<int>(ir::DType::i32) && TILEJIT_U8 == static_cast<int>(ir::DType::u8) &&
+              TILEJIT_U32 == static_cast<int>(ir::DType::u32) && TILEJIT_F16 == static_cast<int>(ir::DType::f16) &&
+              TILEJIT_BF16 == static_cast<int>(ir::DType::bf16) && TILEJIT_F32 == static_cast<int>(ir::DType::f32));
+static_assert(TILEJIT_MASK_BLOCK_SPARSE == static_cast<int>(kernels::MaskKind::block_sparse) &&
+              TILEJIT_MASK_CAUSAL_DOCUMENT == static_cast<int>(kernels::MaskKind::causal_document));
+static_assert(TILEJIT_DQ_ORDERED == static_cast<int>(attention::DqReduction::ordered) &&
+              TILEJIT_DQ_SPLIT == static_cast<int>(attention::DqReduction::split));
+
+thread_local std::string last_error;
+
+[[noreturn]] void bad(const char* fn, const std::string& what) {
+  throw std::invalid_argument(fmt::format("{}: {}", fn, what));
+}
+
+attention::Tensor tensor(const char* fn, const char* name, const tilejit_tensor* t) {
+  if (!t) bad(fn, fmt::format("{} is NULL", name));
+  const int d = t->dtype;
+  if (d != TILEJIT_I32 && d != TILEJIT_U8 && d != TILEJIT_U32 && d != TILEJIT_F16 && d != TILEJIT_BF16 && d != TILEJIT_F32)
+    bad(fn, fmt::format("{} has dtype code {}; valid: {} i32, {} u8, {} u32, {} f16, {} bf16, {} f32", name, d, int(TILEJIT_I32),
+                        int(TILEJIT_U8), int(TILEJIT_U32), int(TILEJIT_F16), int(TILEJIT_BF16), int(TILEJIT_F32)));
+  if (t->rank < 1 || t->rank > 4) bad(fn, fmt::format("{} has rank {}; valid: 1 to 4", name, t->rank));
+  attention::Tensor out;
+  out.data = t->data;
+  out.dtype = static_cast<ir::DType>(d);
+  out.rank = t->rank;
+  for (int i = 0; i < t->rank; ++i) {
+    out.sizes[static_cast<size_t>(i)] = t->sizes[i];
+    out.strides[static_cast<size_t>(i)] = t->strides[i];
+  }
+  out.device = t->device;
+  return out;
+}
+
+std::optional<attention::Tensor> optional_tensor(const char* fn, const char* name, const tilejit_tensor* t) {
+  if (!t) return std::nullopt;
+  return tensor(fn, name, t);
+}
+
+attention::Options options(const char* fn, const tilejit_attention_options* c) {
+  attention::Options o;
+  if (!c) return o;
+  if (c->has_softmax_scale) o.softmax_scale = c->softmax_scale;
+  o.causal = c->causal != 0;
+  o.cu_seqlens_q = optional_tensor(fn, "options.cu_seqlens_q", c->cu_seqlens_q);
+  o.cu_seqlens_k = optional_tensor(fn, "options.cu_seqlens_k", c->cu_seqlens_k);
+  o.max_seqlen_q = c->max_seqlen_q;
+  o.max_seqlen_k = c->max_seqlen_k;
+  o.dropout_p = c->dropout_p;
+  o.seed = c->seed;
+  o.offset = c->offset;
+  o.dropout_mask = optional_tensor(fn, "options.dropout_mask", c->dropout_mask);
+  o.dropout_bits = optional_tensor(fn, "options.dropout_bits", c->dropout_bits);
+  if (c->mask_kind < 0 || c->mask_kind >= kernels::kMaskKindCount)
+    bad(fn, fmt::format("options.mask_kind is {}; valid: 0 to {} (tilejit_mask_kind)", c->mask_kind, kernels::kMaskKindCount - 1));
+  if (c->mask_kind != TILEJIT_MASK_FULL) {
+    kernels::MaskSpec spec{static_cast<kernels::MaskKind>(c->mask_kind), c->mask_window_left, c->mask_window_right,
+                           c->mask_global_tokens, c->mask_block_q, c->mask_block_k};
+    o.mask = attention::Mask{spec, optional_tensor(fn, "options.mask_doc_ids", c->mask_doc_ids),
+                             optional_tensor(fn, "options.mask_prefix_lengths", c->mask_prefix_lengths),
+                             optional_tensor(fn, "options.mask_block_table", c->mask_block_table)};
+  }
+  if (c->score_mod < 0 || c->score_mod >= kernels::kScoreModKindCount)
+    bad(fn, fmt::format("options.score_mod is {}; valid: 0 none, 1 alibi, 2 softcap", c->score_mod));
+  o.score_mod.kind = static_cast<kernels::ScoreModKind>(c->score_mod);
+  o.score_mod.alibi_slopes = optional_tensor(fn, "options.alibi_slopes", c->alibi_slopes);
+  o.score_mod.softcap = c->softcap;
+  if (c->dq_reduction < 0 || c->dq_reduction > TILEJIT_DQ_ORDERED)
+    bad(fn, fmt::format("options.dq_reduction is {}; valid: 0 recompute, 1 atomic, 2 split, 3 ordered", c->dq_reduction));
+  o.dq_reduction = static_cast<attention::DqReduction>(c->dq_reduction);
+  o.q_descending = c->q_descending != 0;
+  return o;
+}
+
+// Runs `body`, mapping what it throws to a status and the last-error message.
+template <class F>
+tilejit_status guarded(F&& body) {
+  try {
+    body();
+    last_error.clear();
+    return TILEJIT_OK;
+  } catch (const std::invalid_argument& e) {
+    last_error = e.what();
+    return TILEJIT_INVALID_ARGUMENT;
+  } catch (const runtime::DeviceError& e) {
+    last_error = e.what();
+    return TILEJIT_DEVICE_ERROR;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return TILEJIT_ERROR;
+  } catch (...) {
+    last_error = "tilejit: an unknown exception";
+    return TILEJIT_ERROR;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+void tilejit_attention_options_init(tilejit_attention_options* opts) {
+  if (opts) *opts = tilejit_attention_options{};
+}
+
+const char* tilejit_version(void) {
+  static const std::string v(runtime::codec::kTilejitVersion);
+  return v.c_str();
+}
+
+int tilejit_c_abi_version(void) { return TILEJIT_C_ABI_VERSION; }
+
+const char* tilejit_last_error(void) { return last_error.c_str(); }
+
+tilejit_status tilejit_attention_forward(const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_tensor* v,
+                                         const tilejit_tensor* o, const tilejit_tensor* lse, const tilejit_attention_options* opts,
+                                         uint64_t stream, uint64_t workspace, size_t workspace_bytes) {
+  const char* fn = "tilejit_attention_forward";
+  return guarded([&] {
+    attention::forward(tensor(fn, "q", q), tensor(fn, "k", k), tensor(fn, "v", v), tensor(fn, "o", o), tensor(fn, "lse", lse),
+                       options(fn, opts), reinterpret_cast<CUstream>(stream), {workspace, workspace_bytes});
+  });
+}
+
+tilejit_status tilejit_attention_backward(const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_tensor* v,
+                                          const tilejit_tensor* o, const tilejit_tensor* dout, const tilejit_tensor* lse,
+                                          const tilejit_tensor* dq, const tilejit_tensor* dk, const tilejit_tensor* dv,
+                                          const tilejit_attention_options* opts, uint64_t stream, uint64_t workspace,
+                                          size_t workspace_bytes) {
+  const char* fn = "tilejit_attention_backward";
+  return guarded([&] {
+    attention::backward(tensor(fn, "q", q), tensor(fn, "k", k), tensor(fn, "v", v), tensor(fn, "o", o), tensor(fn, "dout", dout),
+                        tensor(fn, "lse", lse), tensor(fn, "dq", dq), tensor(fn, "dk", dk), tensor(fn, "dv", dv), options(fn, opts),
+                        reinterpret_cast<CUstream>(stream), {workspace, workspace_bytes});
+  });
+}
+
+tilejit_status tilejit_attention_forward_workspace_bytes(const tilejit_tensor* q, const tilejit_tensor* k,
+                                                         const tilejit_attention_options* opts, size_t* bytes) {
+  const char* fn = "tilejit_attention_forward_workspace_bytes";
+  return guarded([&] {
+    if (!bytes) bad(fn, "bytes is NULL");
+    *bytes = attention::forward_workspace_bytes(tensor(fn, "q", q), tensor(fn, "k", k), options(fn, opts));
+  });
+}
+
+tilejit_status tilejit_attention_backward_workspace_bytes(const tilejit_tensor* q, const tilejit_tensor* k,
+                                                          const tilejit_attention_options* opts, size_t* bytes) {
+  const char* fn = "tilejit_attention_backward_workspace_bytes";
+  return guarded([&] {
+    if (!bytes) bad(fn, "bytes is NULL");
+    *bytes = attention::backward_workspace_bytes(tensor(fn, "q", q), tensor(fn, "k", k), options(fn, opts));
+  });
+}
+
+tilejit_status tilejit_attention_check_forward(const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_tensor* v,
+                                               const tilejit_tensor* o, const tilejit_tensor* lse,
+                                               const tilejit_attention_options* opts) {
+  const char* fn = "tilejit_attention_check_forward";
+  return guarded([&] {
+    attention::check_forward(tensor(fn, "q", q), tensor(fn, "k", k), tensor(fn, "v", v), tensor(fn, "o", o), tensor(fn, "lse", lse),
+                             options(fn, opts));
+  });
+}
+
+}  // extern "C"

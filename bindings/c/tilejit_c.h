@@ -1,0 +1,125 @@
+/* tilejit's C ABI (issue 25): FlashAttention forward and backward, their workspace sizes and
+ * prepare, over plain structs, for bindings that must not link C++ (the PyTorch package, ctypes,
+ * other languages). Every call returns a status; on failure tilejit_last_error() holds the
+ * library's one-line message (the function, the argument, its value and what is valid), per
+ * thread until the next call. Semantics are those of api/attention.hpp (README "The attention
+ * API"): this header only restates its inputs in C. */
+#ifndef TILEJIT_C_H
+#define TILEJIT_C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TILEJIT_C_ABI_VERSION 1 /* bumped with any change to these structs or signatures */
+
+typedef enum tilejit_status {
+  TILEJIT_OK = 0,
+  TILEJIT_INVALID_ARGUMENT = 1, /* a bad argument (nothing ran) */
+  TILEJIT_DEVICE_ERROR = 2,     /* no GPU, or a CUDA driver / launch failure */
+  TILEJIT_ERROR = 3             /* anything else (a compile failure, an internal error) */
+} tilejit_status;
+
+typedef enum tilejit_dtype { /* ir::DType's values */
+  TILEJIT_I32 = 3,
+  TILEJIT_U8 = 5,
+  TILEJIT_U32 = 7,
+  TILEJIT_F16 = 9,
+  TILEJIT_BF16 = 10,
+  TILEJIT_F32 = 11
+} tilejit_dtype;
+
+/* A device tensor view, not owned: element [0, ...] at `data`; sizes and strides in elements. */
+typedef struct tilejit_tensor {
+  uint64_t data;
+  int32_t dtype; /* tilejit_dtype */
+  int32_t rank;  /* 1..4 */
+  int64_t sizes[4];
+  int64_t strides[4];
+  int32_t device;
+} tilejit_tensor;
+
+typedef enum tilejit_mask_kind { /* kernels::MaskKind's values */
+  TILEJIT_MASK_FULL = 0,
+  TILEJIT_MASK_CAUSAL = 1,
+  TILEJIT_MASK_SLIDING_WINDOW = 2,
+  TILEJIT_MASK_CAUSAL_SLIDING_WINDOW = 3,
+  TILEJIT_MASK_GLOBAL_SLIDING_WINDOW = 4,
+  TILEJIT_MASK_DOCUMENT = 5,
+  TILEJIT_MASK_CAUSAL_DOCUMENT = 6,
+  TILEJIT_MASK_PREFIX_LM = 7,
+  TILEJIT_MASK_SHARE_QUESTION = 8,
+  TILEJIT_MASK_CAUSAL_BLOCKWISE = 9,
+  TILEJIT_MASK_BLOCK_SPARSE = 10
+} tilejit_mask_kind;
+
+typedef enum tilejit_dq_reduction { /* attention::DqReduction's values */
+  TILEJIT_DQ_RECOMPUTE = 0,
+  TILEJIT_DQ_ATOMIC = 1,
+  TILEJIT_DQ_SPLIT = 2,
+  TILEJIT_DQ_ORDERED = 3
+} tilejit_dq_reduction;
+
+/* attention::Options. Zero-initialise (tilejit_attention_options_init) and set what differs;
+ * pointers to tensors are optional (NULL: unset). */
+typedef struct tilejit_attention_options {
+  int32_t has_softmax_scale; /* 0: 1 / sqrt(head_dim) */
+  float softmax_scale;
+  int32_t causal;
+  const tilejit_tensor* cu_seqlens_q; /* varlen: both or neither */
+  const tilejit_tensor* cu_seqlens_k;
+  int64_t max_seqlen_q, max_seqlen_k;
+  double dropout_p;
+  uint64_t seed, offset;
+  const tilejit_tensor* dropout_mask; /* forward only, for tests */
+  const tilejit_tensor* dropout_bits; /* precomputed keep-mask */
+  int32_t mask_kind;                  /* tilejit_mask_kind; FULL: no library mask */
+  int64_t mask_window_left, mask_window_right, mask_global_tokens, mask_block_q, mask_block_k;
+  const tilejit_tensor* mask_doc_ids;
+  const tilejit_tensor* mask_prefix_lengths;
+  const tilejit_tensor* mask_block_table;
+  int32_t score_mod; /* 0 none, 1 alibi, 2 softcap */
+  const tilejit_tensor* alibi_slopes;
+  float softcap;
+  int32_t dq_reduction; /* tilejit_dq_reduction (backward) */
+  int32_t q_descending;
+} tilejit_attention_options;
+
+void tilejit_attention_options_init(tilejit_attention_options* opts);
+
+/* The library's version string ("0.1.3") and this ABI's version (TILEJIT_C_ABI_VERSION): a binding
+ * refuses a library whose ABI version differs from the header it was built with. */
+const char* tilejit_version(void);
+int tilejit_c_abi_version(void);
+/* The message of this thread's last failed call ("" after a success). */
+const char* tilejit_last_error(void);
+
+/* attention::forward / backward on `stream` (a CUstream as an integer; 0: the legacy default
+ * stream), with `workspace` of `workspace_bytes` (0 / 0: the call allocates and synchronises). */
+tilejit_status tilejit_attention_forward(const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_tensor* v,
+                                         const tilejit_tensor* o, const tilejit_tensor* lse,
+                                         const tilejit_attention_options* opts, uint64_t stream, uint64_t workspace,
+                                         size_t workspace_bytes);
+tilejit_status tilejit_attention_backward(const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_tensor* v,
+                                          const tilejit_tensor* o, const tilejit_tensor* dout, const tilejit_tensor* lse,
+                                          const tilejit_tensor* dq, const tilejit_tensor* dk, const tilejit_tensor* dv,
+                                          const tilejit_attention_options* opts, uint64_t stream, uint64_t workspace,
+                                          size_t workspace_bytes);
+/* Workspace sizes (attention::forward_workspace_bytes, backward_workspace_bytes with k). */
+tilejit_status tilejit_attention_forward_workspace_bytes(const tilejit_tensor* q, const tilejit_tensor* k,
+                                                         const tilejit_attention_options* opts, size_t* bytes);
+tilejit_status tilejit_attention_backward_workspace_bytes(const tilejit_tensor* q, const tilejit_tensor* k,
+                                                          const tilejit_attention_options* opts, size_t* bytes);
+/* The argument checks alone (no GPU, nothing compiled). */
+tilejit_status tilejit_attention_check_forward(const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_tensor* v,
+                                               const tilejit_tensor* o, const tilejit_tensor* lse,
+                                               const tilejit_attention_options* opts);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TILEJIT_C_H */

@@ -1,0 +1,89 @@
+/* The C ABI (bindings/c/tilejit_c.h), compiled as C: versions, a valid call's checks, workspace
+ * sizes, and bad arguments as TILEJIT_INVALID_ARGUMENT with the library's message. No GPU needed
+ * (nothing launches: every call here stops at the checks or computes sizes). */
+#include <stdio.h>
+#include <string.h>
+
+#include "bindings/c/tilejit_c.h"
+
+static int failures = 0;
+#define EXPECT(cond, ...)                                        \
+  do {                                                           \
+    if (!(cond)) {                                               \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                              \
+      fprintf(stderr, "\n");                                     \
+      ++failures;                                                \
+    }                                                            \
+  } while (0)
+
+static tilejit_tensor contiguous(uint64_t data, int dtype, int rank, const int64_t* sizes) {
+  tilejit_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.dtype = dtype;
+  t.rank = rank;
+  int64_t stride = 1;
+  for (int i = rank - 1; i >= 0; --i) {
+    t.sizes[i] = sizes[i];
+    t.strides[i] = stride;
+    stride *= sizes[i];
+  }
+  return t;
+}
+
+/* a call that fails with `status` and a message containing `want` */
+#define EXPECT_FAILS(call, status, want)                                                             \
+  do {                                                                                               \
+    tilejit_status s_ = (call);                                                                      \
+    EXPECT(s_ == (status), "status %d, message '%s'", (int)s_, tilejit_last_error());                \
+    EXPECT(strstr(tilejit_last_error(), (want)) != NULL, "message '%s' lacks '%s'", tilejit_last_error(), (want)); \
+  } while (0)
+
+int main(void) {
+  EXPECT(tilejit_c_abi_version() == TILEJIT_C_ABI_VERSION, "abi %d", tilejit_c_abi_version());
+  EXPECT(strlen(tilejit_version()) > 0, "empty version");
+
+  const uint64_t base = 0x7f0000000000ull; /* fake, aligned addresses: never dereferenced */
+  const int64_t qs[4] = {2, 100, 8, 64}, ks[4] = {2, 300, 2, 64}, ls[3] = {2, 8, 100};
+  tilejit_tensor q = contiguous(base, TILEJIT_BF16, 4, qs), k = contiguous(base + 0x1000000, TILEJIT_BF16, 4, ks);
+  tilejit_tensor v = contiguous(base + 0x2000000, TILEJIT_BF16, 4, ks), o = contiguous(base + 0x3000000, TILEJIT_BF16, 4, qs);
+  tilejit_tensor lse = contiguous(base + 0x4000000, TILEJIT_F32, 3, ls);
+  tilejit_attention_options opts;
+  tilejit_attention_options_init(&opts);
+  opts.causal = 1;
+
+  EXPECT(tilejit_attention_check_forward(&q, &k, &v, &o, &lse, &opts) == TILEJIT_OK, "%s", tilejit_last_error());
+  EXPECT(strcmp(tilejit_last_error(), "") == 0, "'%s' after a success", tilejit_last_error());
+  EXPECT(tilejit_attention_check_forward(&q, &k, &v, &o, &lse, NULL) == TILEJIT_OK, "NULL options: %s", tilejit_last_error());
+
+  size_t bytes = 0;
+  EXPECT(tilejit_attention_backward_workspace_bytes(&q, &k, &opts, &bytes) == TILEJIT_OK, "%s", tilejit_last_error());
+  EXPECT(bytes >= (size_t)(4 * 2 * 8 * 100), "Delta needs 6400 bytes, got %zu", bytes); /* Delta: f32 [B, Hq, S_q] */
+  EXPECT(tilejit_attention_forward_workspace_bytes(&q, &k, &opts, &bytes) == TILEJIT_OK && bytes == 0, "forward %zu", bytes);
+
+  /* the C side's own checks */
+  tilejit_tensor bad = q;
+  bad.dtype = 99;
+  EXPECT_FAILS(tilejit_attention_check_forward(&bad, &k, &v, &o, &lse, &opts), TILEJIT_INVALID_ARGUMENT, "q has dtype code 99");
+  EXPECT_FAILS(tilejit_attention_check_forward(&q, NULL, &v, &o, &lse, &opts), TILEJIT_INVALID_ARGUMENT, "k is NULL");
+  bad = q;
+  bad.rank = 5;
+  EXPECT_FAILS(tilejit_attention_check_forward(&bad, &k, &v, &o, &lse, &opts), TILEJIT_INVALID_ARGUMENT, "q has rank 5");
+  tilejit_attention_options m = opts;
+  m.mask_kind = 42;
+  EXPECT_FAILS(tilejit_attention_check_forward(&q, &k, &v, &o, &lse, &m), TILEJIT_INVALID_ARGUMENT, "options.mask_kind is 42");
+  EXPECT_FAILS(tilejit_attention_backward_workspace_bytes(&q, &k, &opts, NULL), TILEJIT_INVALID_ARGUMENT, "bytes is NULL");
+
+  /* the library's checks, message passed through */
+  const int64_t q7[4] = {2, 100, 7, 64};
+  tilejit_tensor q_odd = contiguous(base, TILEJIT_BF16, 4, q7), o_odd = contiguous(base + 0x3000000, TILEJIT_BF16, 4, q7);
+  EXPECT_FAILS(tilejit_attention_check_forward(&q_odd, &k, &v, &o_odd, &lse, &opts), TILEJIT_INVALID_ARGUMENT, "tilejit::attention");
+  tilejit_attention_options d = opts;
+  d.dropout_p = 1.5;
+  EXPECT_FAILS(tilejit_attention_forward(&q, &k, &v, &o, &lse, &d, 0, 0, 0), TILEJIT_INVALID_ARGUMENT, "dropout_p");
+
+  if (failures) fprintf(stderr, "%d failures\n", failures);
+  else printf("test_c_abi: all checks passed\n");
+  return failures ? 1 : 0;
+}
