@@ -83,6 +83,11 @@ int main(void) {
   d.dropout_p = 1.5;
   EXPECT_FAILS(tilejit_attention_forward(&q, &k, &v, &o, &lse, &d, 0, 0, 0), TILEJIT_INVALID_ARGUMENT, "dropout_p");
 
+  EXPECT_FAILS(tilejit_attention_prepare(TILEJIT_F32, 128, TILEJIT_MASK_CAUSAL, 0, 1, 0, 0, 0, 0), TILEJIT_INVALID_ARGUMENT,
+               "dtype code 11");
+  EXPECT_FAILS(tilejit_attention_prepare(TILEJIT_BF16, 100, TILEJIT_MASK_CAUSAL, 0, 0, 0, 0, 0, 0), TILEJIT_INVALID_ARGUMENT,
+               "100");
+
   if (failures) fprintf(stderr, "%d failures\n", failures);
   else printf("test_c_abi: all checks passed\n");
   return failures ? 1 : 0;

@@ -6,10 +6,11 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 rm -rf .gpu && mkdir -p .gpu/bench
 cp "$BUILD_DIR"/libtilejit.so.0.* .gpu/libtilejit.so.0
+cp "$BUILD_DIR"/bindings/libtilejit_c.so .gpu/ 2>/dev/null || true  # the C ABI (bindings/c)
 for t in test_jit_gpu test_driver_gpu test_jit test_cuda_backend; do cp "$BUILD_DIR/tests/$t" .gpu/; done
 for e in attention gemm vector_add softmax bundle_app; do cp "$BUILD_DIR/examples/$e" .gpu/; done
 cp "$BUILD_DIR"/examples/bundle_app.tjb .gpu/ 2>/dev/null || true
-for t in test_bundle test_function_gpu test_autotuner test_autotuner_gpu test_attention_gpu test_attention_api test_attention_backward test_nccl test_nccl_gpu test_context_parallel_gpu test_context_parallel_kernels; do cp "$BUILD_DIR/tests/$t" .gpu/ 2>/dev/null || true; done
+for t in test_bundle test_function_gpu test_autotuner test_autotuner_gpu test_attention_gpu test_attention_api test_attention_backward test_nccl test_nccl_gpu test_context_parallel_gpu test_context_parallel_kernels test_c_abi; do cp "$BUILD_DIR/tests/$t" .gpu/ 2>/dev/null || true; done
 cp "$BUILD_DIR"/bench/tune_gemm .gpu/bench/ 2>/dev/null || true
 cp "$BUILD_DIR"/bench/launch_overhead .gpu/bench/ 2>/dev/null || true
 cp "$BUILD_DIR"/bench/gemm_bench .gpu/bench/

@@ -169,6 +169,21 @@ tilejit_status tilejit_attention_backward_workspace_bytes(const tilejit_tensor* 
   });
 }
 
+tilejit_status tilejit_attention_prepare(int32_t dtype, int32_t head_dim, int32_t mask_kind, int32_t varlen, int32_t backward,
+                                         int32_t device, int32_t dropout, int32_t dq_reduction, int32_t q_descending) {
+  const char* fn = "tilejit_attention_prepare";
+  return guarded([&] {
+    if (dtype != TILEJIT_BF16 && dtype != TILEJIT_F16)
+      bad(fn, fmt::format("dtype code {}; valid: {} f16, {} bf16", dtype, int(TILEJIT_F16), int(TILEJIT_BF16)));
+    if (mask_kind < 0 || mask_kind >= kernels::kMaskKindCount)
+      bad(fn, fmt::format("mask_kind is {}; valid: 0 to {} (tilejit_mask_kind)", mask_kind, kernels::kMaskKindCount - 1));
+    if (dq_reduction < 0 || dq_reduction > TILEJIT_DQ_ORDERED)
+      bad(fn, fmt::format("dq_reduction is {}; valid: 0 recompute, 1 atomic, 2 split, 3 ordered", dq_reduction));
+    attention::prepare(static_cast<ir::DType>(dtype), head_dim, static_cast<kernels::MaskKind>(mask_kind), varlen != 0, backward != 0,
+                       std::nullopt, device, dropout != 0, static_cast<attention::DqReduction>(dq_reduction), q_descending != 0);
+  });
+}
+
 tilejit_status tilejit_attention_check_forward(const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_tensor* v,
                                                const tilejit_tensor* o, const tilejit_tensor* lse,
                                                const tilejit_attention_options* opts) {

@@ -113,6 +113,12 @@ tilejit_status tilejit_attention_forward_workspace_bytes(const tilejit_tensor* q
                                                          const tilejit_attention_options* opts, size_t* bytes);
 tilejit_status tilejit_attention_backward_workspace_bytes(const tilejit_tensor* q, const tilejit_tensor* k,
                                                           const tilejit_attention_options* opts, size_t* bytes);
+/* Compiles (or finds in the caches) every kernel a call with this configuration launches, without
+ * a GPU (attention::prepare with a mask kind): call at start-up so the first step does not JIT.
+ * backward, dropout, q_descending: 0 / 1; mask_kind: tilejit_mask_kind (CAUSAL = causal). */
+tilejit_status tilejit_attention_prepare(int32_t dtype, int32_t head_dim, int32_t mask_kind, int32_t varlen, int32_t backward,
+                                         int32_t device, int32_t dropout, int32_t dq_reduction, int32_t q_descending);
+
 /* The argument checks alone (no GPU, nothing compiled). */
 tilejit_status tilejit_attention_check_forward(const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_tensor* v,
                                                const tilejit_tensor* o, const tilejit_tensor* lse,
