@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 rm -rf .gpu && mkdir -p .gpu/bench
-cp "$BUILD_DIR"/libtilejit.so.0.* .gpu/libtilejit.so.0
+# the newest build of the library (a build directory keeps the files of earlier versions)
+cp "$(ls -t "$BUILD_DIR"/libtilejit.so.0.* | head -1)" .gpu/libtilejit.so.0
 cp "$BUILD_DIR"/bindings/libtilejit_c.so .gpu/ 2>/dev/null || true  # the C ABI (bindings/c)
 for t in test_jit_gpu test_driver_gpu test_jit test_cuda_backend; do cp "$BUILD_DIR/tests/$t" .gpu/; done
 for e in attention gemm vector_add softmax bundle_app; do cp "$BUILD_DIR/examples/$e" .gpu/; done
