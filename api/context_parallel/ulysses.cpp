@@ -257,9 +257,14 @@ void ulysses_forward(ContextParallel::State& st, const Dims& d, const Tensor& q,
   Ulysses u(st, d);
   const int r = d.rank;
   const int64_t S = d.layout.seq_len(), hq = u.q_heads(r).count, hkv = u.kv_heads(r).count;
-  Scratch s(st.scratch_base(ulysses_bytes(d, u.mine(), false, 0), stream));
+  // a mask's block lists (document kinds) in the scratch too: the call then allocates nothing
+  const attention::Options a = head_options(opts, u.q_heads(r), d.Hq);
+  const size_t ws_bytes = attention::forward_workspace_bytes(bshd(1 << 8, d.dtype, d.B, S, hq, d.D, S, st.device),
+                                                             bshd(1 << 8, d.dtype, d.B, S, hkv, d.D, S, st.device), a);
+  Scratch s(st.scratch_base(ulysses_bytes(d, u.mine(), false, ws_bytes), stream));
   const Tensor qh = u.packed(s, d.dtype, S, hq), kh = u.packed(s, d.dtype, S, hkv), vh = u.packed(s, d.dtype, S, hkv);
   const Tensor oh = u.packed(s, d.dtype, S, hq), lseh = u.packed_lse(s, hq, S);
+  const attention::Workspace ws{ws_bytes ? s.take(ws_bytes) : 0, ws_bytes};
   const CUstream comm = st.comm_stream.handle();
   st.join(comm, stream, 0);
   auto qs = [&](int j) { return u.q_heads(j); };
@@ -268,7 +273,7 @@ void ulysses_forward(ContextParallel::State& st, const Dims& d, const Tensor& q,
   u.to_heads(k, kh, kvs, s);
   u.to_heads(v, vh, kvs, s);
   st.join(stream, comm, 1);
-  attention::forward(qh, kh, vh, oh, lseh, head_options(opts, u.q_heads(r), d.Hq), stream);
+  attention::forward(qh, kh, vh, oh, lseh, a, stream, ws);
   st.join(comm, stream, 2);
   u.to_sequence(oh, o, qs, s, stream);
   u.lse_to_sequence(lseh, lse, s);
