@@ -88,6 +88,22 @@ int main(void) {
   EXPECT_FAILS(tilejit_attention_prepare(TILEJIT_BF16, 100, TILEJIT_MASK_CAUSAL, 0, 0, 0, 0, 0, 0), TILEJIT_INVALID_ARGUMENT,
                "100");
 
+  /* context parallelism over a wrapped (fake, never called) communicator: argument errors */
+  tilejit_cp* cp = NULL;
+  EXPECT(tilejit_cp_wrap((void*)0x10, 0, 2, 0, &cp) == TILEJIT_OK && cp != NULL, "%s", tilejit_last_error());
+  const int64_t cq[4] = {1, 8, 4, 64}, ckv[4] = {1, 8, 2, 64}, cl[3] = {1, 4, 8};
+  tilejit_tensor sq = contiguous(base, TILEJIT_BF16, 4, cq), sk = contiguous(base + 0x100000, TILEJIT_BF16, 4, ckv);
+  tilejit_tensor sv = contiguous(base + 0x200000, TILEJIT_BF16, 4, ckv), so = contiguous(base + 0x300000, TILEJIT_BF16, 4, cq);
+  tilejit_tensor sl = contiguous(base + 0x400000, TILEJIT_F32, 3, cl);
+  EXPECT_FAILS(tilejit_cp_forward(cp, &sq, &sk, &sv, &so, &sl, 16, 7, TILEJIT_CP_ZIGZAG, &opts, 0), TILEJIT_INVALID_ARGUMENT,
+               "mode is 7");
+  EXPECT_FAILS(tilejit_cp_forward(cp, &sq, &sk, &sv, &so, &sl, 18, TILEJIT_CP_RING, TILEJIT_CP_ZIGZAG, &opts, 0),
+               TILEJIT_INVALID_ARGUMENT, "holds 9 tokens of seq_len 18");
+  EXPECT_FAILS(tilejit_cp_forward(NULL, &sq, &sk, &sv, &so, &sl, 16, TILEJIT_CP_RING, TILEJIT_CP_ZIGZAG, &opts, 0),
+               TILEJIT_INVALID_ARGUMENT, "cp is NULL");
+  tilejit_cp_destroy(cp);
+  EXPECT_FAILS(tilejit_cp_wrap(NULL, 0, 2, 0, &cp), TILEJIT_INVALID_ARGUMENT, "");
+
   if (failures) fprintf(stderr, "%d failures\n", failures);
   else printf("test_c_abi: all checks passed\n");
   return failures ? 1 : 0;

@@ -4,13 +4,17 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <exception>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
 #include "api/attention.hpp"
+#include "api/context_parallel.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/kernel_codec.hpp"
+#include "runtime/nccl.hpp"
 
 namespace {
 
@@ -111,7 +115,29 @@ tilejit_status guarded(F&& body) {
   }
 }
 
+cp::Options cp_options(const char* fn, int32_t mode, int32_t layout, const tilejit_attention_options* opts) {
+  if (mode < TILEJIT_CP_ULYSSES || mode > TILEJIT_CP_RING)
+    bad(fn, fmt::format("mode is {}; valid: 0 ulysses, 1 allgather, 2 ring", mode));
+  if (layout != TILEJIT_CP_CONTIGUOUS && layout != TILEJIT_CP_ZIGZAG)
+    bad(fn, fmt::format("layout is {}; valid: 0 contiguous, 1 zigzag", layout));
+  cp::Options o;
+  o.mode = static_cast<cp::Mode>(mode);
+  o.layout = layout == TILEJIT_CP_ZIGZAG ? cp::Layout::zigzag : cp::Layout::contiguous;
+  o.attention = options(fn, opts);
+  return o;
+}
+
 }  // namespace
+
+// The communicator first: the runner refers to it.
+struct tilejit_cp {
+  runtime::nccl::Communicator comm;
+  std::unique_ptr<cp::ContextParallel> runner;
+  explicit tilejit_cp(runtime::nccl::Communicator c) : comm(std::move(c)), runner(std::make_unique<cp::ContextParallel>(comm)) {}
+};
+
+static_assert(TILEJIT_CP_ULYSSES == static_cast<int>(cp::Mode::ulysses) && TILEJIT_CP_ALLGATHER == static_cast<int>(cp::Mode::allgather) &&
+              TILEJIT_CP_RING == static_cast<int>(cp::Mode::ring));
 
 extern "C" {
 
@@ -191,6 +217,59 @@ tilejit_status tilejit_attention_check_forward(const tilejit_tensor* q, const ti
   return guarded([&] {
     attention::check_forward(tensor(fn, "q", q), tensor(fn, "k", k), tensor(fn, "v", v), tensor(fn, "o", o), tensor(fn, "lse", lse),
                              options(fn, opts));
+  });
+}
+
+tilejit_status tilejit_nccl_unique_id(uint8_t id[128]) {
+  return guarded([&] {
+    if (!id) bad("tilejit_nccl_unique_id", "id is NULL");
+    const runtime::nccl::UniqueId u = runtime::nccl::make_unique_id();
+    std::memcpy(id, u.bytes.data(), u.bytes.size());
+  });
+}
+
+tilejit_status tilejit_cp_create(const uint8_t id[128], int32_t rank, int32_t world, int32_t device, tilejit_cp** out) {
+  const char* fn = "tilejit_cp_create";
+  return guarded([&] {
+    if (!id || !out) bad(fn, "id and out must not be NULL");
+    *out = nullptr;
+    runtime::nccl::UniqueId u;
+    std::memcpy(u.bytes.data(), id, u.bytes.size());
+    *out = new tilejit_cp(runtime::nccl::Communicator::create(u, rank, world, device));
+  });
+}
+
+tilejit_status tilejit_cp_wrap(void* nccl_comm, int32_t rank, int32_t world, int32_t device, tilejit_cp** out) {
+  return guarded([&] {
+    if (!out) bad("tilejit_cp_wrap", "out is NULL");
+    *out = nullptr;
+    *out = new tilejit_cp(runtime::nccl::Communicator::wrap(nccl_comm, rank, world, device));
+  });
+}
+
+void tilejit_cp_destroy(tilejit_cp* cp) { delete cp; }
+
+tilejit_status tilejit_cp_forward(tilejit_cp* cp, const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_tensor* v,
+                                  const tilejit_tensor* o, const tilejit_tensor* lse, int64_t seq_len, int32_t mode, int32_t layout,
+                                  const tilejit_attention_options* opts, uint64_t stream) {
+  const char* fn = "tilejit_cp_forward";
+  return guarded([&] {
+    if (!cp) bad(fn, "cp is NULL");
+    cp->runner->forward(tensor(fn, "q", q), tensor(fn, "k", k), tensor(fn, "v", v), tensor(fn, "o", o), tensor(fn, "lse", lse), seq_len,
+                        cp_options(fn, mode, layout, opts), reinterpret_cast<CUstream>(stream));
+  });
+}
+
+tilejit_status tilejit_cp_backward(tilejit_cp* cp, const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_tensor* v,
+                                   const tilejit_tensor* o, const tilejit_tensor* dout, const tilejit_tensor* lse,
+                                   const tilejit_tensor* dq, const tilejit_tensor* dk, const tilejit_tensor* dv, int64_t seq_len,
+                                   int32_t mode, int32_t layout, const tilejit_attention_options* opts, uint64_t stream) {
+  const char* fn = "tilejit_cp_backward";
+  return guarded([&] {
+    if (!cp) bad(fn, "cp is NULL");
+    cp->runner->backward(tensor(fn, "q", q), tensor(fn, "k", k), tensor(fn, "v", v), tensor(fn, "o", o), tensor(fn, "dout", dout),
+                         tensor(fn, "lse", lse), tensor(fn, "dq", dq), tensor(fn, "dk", dk), tensor(fn, "dv", dv), seq_len,
+                         cp_options(fn, mode, layout, opts), reinterpret_cast<CUstream>(stream));
   });
 }
 

@@ -124,6 +124,29 @@ tilejit_status tilejit_attention_check_forward(const tilejit_tensor* q, const ti
                                                const tilejit_tensor* o, const tilejit_tensor* lse,
                                                const tilejit_attention_options* opts);
 
+/* ---- context parallelism (api/context_parallel.hpp): one runner per rank ---- */
+
+typedef struct tilejit_cp tilejit_cp; /* a communicator and its runner; opaque */
+
+typedef enum tilejit_cp_mode { TILEJIT_CP_ULYSSES = 0, TILEJIT_CP_ALLGATHER = 1, TILEJIT_CP_RING = 2 } tilejit_cp_mode;
+typedef enum tilejit_cp_layout { TILEJIT_CP_CONTIGUOUS = 0, TILEJIT_CP_ZIGZAG = 1 } tilejit_cp_layout;
+
+/* NCCL's 128-byte unique id (rank 0 makes it and shares it). */
+tilejit_status tilejit_nccl_unique_id(uint8_t id[128]);
+/* A runner over a new communicator (collective: every rank calls it with the same id), or over an
+ * ncclComm_t the caller owns and keeps alive (e.g. PyTorch's process group's). */
+tilejit_status tilejit_cp_create(const uint8_t id[128], int32_t rank, int32_t world, int32_t device, tilejit_cp** out);
+tilejit_status tilejit_cp_wrap(void* nccl_comm, int32_t rank, int32_t world, int32_t device, tilejit_cp** out);
+void tilejit_cp_destroy(tilejit_cp* cp);
+/* ContextParallel::forward / backward: this rank's shard of a sequence of seq_len tokens. */
+tilejit_status tilejit_cp_forward(tilejit_cp* cp, const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_tensor* v,
+                                  const tilejit_tensor* o, const tilejit_tensor* lse, int64_t seq_len, int32_t mode, int32_t layout,
+                                  const tilejit_attention_options* opts, uint64_t stream);
+tilejit_status tilejit_cp_backward(tilejit_cp* cp, const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_tensor* v,
+                                   const tilejit_tensor* o, const tilejit_tensor* dout, const tilejit_tensor* lse,
+                                   const tilejit_tensor* dq, const tilejit_tensor* dk, const tilejit_tensor* dv, int64_t seq_len,
+                                   int32_t mode, int32_t layout, const tilejit_attention_options* opts, uint64_t stream);
+
 #ifdef __cplusplus
 }
 #endif
