@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root, after tools/pack_gpu.sh (carry .gpu): every GPU
+# check in one command, each log under OUT (default $OUT, else /tmp/gpu-suites), one summary line
+# per step on stdout. Multi-GPU steps run when there are 2+ GPUs (on an x4 machine they also cover
+# W = 2). Steps (all by default; or name some): suites bundle fuzz cp cpbench
+#   tools/gpu_suites.sh [STEP ...]          FUZZ_SEEDS=A:B (default 700000:720000), FUZZ_TIME=seconds
+set -u
+OUT=${OUT:-/tmp/gpu-suites}
+mkdir -p "$OUT"
+cd .gpu || exit 2
+export LD_LIBRARY_PATH=$PWD TILEJIT_CACHE_DIR=${TILEJIT_CACHE_DIR:-/tmp/tilejit-gpu-suites} TILEJIT_QUIET=1 NCCL_NVLS_ENABLE=0
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(suites bundle fuzz cp cpbench)
+gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+echo "commit $(cat COMMIT); $gpus x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+summary() { grep -E "test cases:|Status:" "$1" | tail -2 | tr '\n' ' '; }
+for step in "${steps[@]}"; do
+  start=$(date +%s)
+  case $step in
+    suites)
+      for t in test_jit_gpu test_attention_gpu test_attention_api test_driver_gpu test_function_gpu test_autotuner_gpu \
+               test_bundle test_cuda_backend test_attention_backward test_c_abi test_context_parallel_kernels; do
+        s=$(date +%s); timeout 600 ./$t > "$OUT/$t.log" 2>&1
+        echo "$t rc=$? $(( $(date +%s) - s ))s $(summary "$OUT/$t.log")"
+      done ;;
+    bundle) bash ../tools/gpu_check_bundle.sh . > "$OUT/bundle.log" 2>&1; echo "bundle rc=$? $(tail -1 "$OUT/bundle.log")" ;;
+    fuzz)
+      timeout "${FUZZ_TIME:-420}" ./tilejit_fuzz --gpu --seeds "${FUZZ_SEEDS:-700000:720000}" --jobs 16 --quiet > "$OUT/fuzz.log" 2>&1
+      echo "fuzz rc=$? $(( $(date +%s) - start ))s"; grep -A6 "summary" "$OUT/fuzz.log" | head -8 ;;
+    cp)
+      if [ "$gpus" -lt 2 ]; then echo "cp: skipped ($gpus GPU)"; continue; fi
+      timeout 300 ./test_nccl_gpu > "$OUT/nccl_gpu.log" 2>&1; echo "test_nccl_gpu rc=$? $(summary "$OUT/nccl_gpu.log")"
+      timeout 600 ./test_context_parallel_gpu > "$OUT/cp_gpu.log" 2>&1
+      echo "test_context_parallel_gpu rc=$? $(( $(date +%s) - start ))s $(summary "$OUT/cp_gpu.log")"
+      grep -v "^\[" "$OUT/cp_gpu.log" | grep -E "ERROR|HANG|logged|what" | head -10 ;;
+    cpbench)
+      if [ "$gpus" -lt 2 ]; then echo "cpbench: skipped ($gpus GPU)"; continue; fi
+      (cd bench && timeout 900 python3 cp.py ./attention_bench --reps 5 > "$OUT/cp_table.md" 2> "$OUT/cp_table.err")
+      echo "cp.py rc=$? $(( $(date +%s) - start ))s"; cat "$OUT/cp_table.md"
+      timeout 300 bench/attention_bench --cp --documents --reps 5 > "$OUT/cp_documents.log" 2>&1
+      echo "--documents rc=$?"; grep "^CP" "$OUT/cp_documents.log" ;;
+    *) echo "unknown step $step (valid: suites bundle fuzz cp cpbench)"; exit 2 ;;
+  esac
+done
