@@ -85,8 +85,11 @@
 #include "runtime/driver.hpp"
 #include "runtime/host_tensor.hpp"
 #include "kernels/meta_names.hpp"
+#include "bench/bench_util.hpp"
 
 using namespace tilejit;
+using bench_util::median;
+using bench_util::random_buffer;
 using runtime::DeviceBuffer;
 
 namespace {
@@ -104,29 +107,11 @@ struct Config {
   double fwd_flops() const { return 4.0 * static_cast<double>(B() * H()) * double(S) * double(S) * double(D) / (causal ? 2 : 1); }
 };
 
-// A device buffer filled with normal random values of `dtype` (uploaded in chunks of one host
-// tensor with a per-buffer seed: cheap for 64 MB buffers).
-DeviceBuffer random_buffer(size_t bytes, ir::DType dtype, uint64_t seed) {
-  DeviceBuffer buf(bytes);
-  const int64_t es = ir::byte_size(dtype);
-  const int64_t chunk = std::min<int64_t>(int64_t{1} << 22, static_cast<int64_t>(bytes) / es);
-  runtime::HostTensor h(dtype, {chunk});
-  h.fill_normal(seed, 0, 1);
-  for (size_t off = 0; off < bytes; off += static_cast<size_t>(chunk * es))
-    buf.upload(h.data(), std::min(bytes - off, static_cast<size_t>(chunk * es)), off);
-  return buf;
-}
-
 float bf16_to_float(uint16_t b) {
   const uint32_t bits = uint32_t{b} << 16;
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Times `fn` on `stream`: one warm-up call (compiles on the first config), then repeats until

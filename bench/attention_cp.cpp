@@ -29,6 +29,7 @@
 #include "runtime/driver.hpp"
 #include "runtime/host_tensor.hpp"
 #include "runtime/nccl.hpp"
+#include "bench/bench_util.hpp"
 
 using namespace tilejit;
 
@@ -85,18 +86,9 @@ void set_mask(attention::Options& a, const CpConfig& c, const runtime::DeviceBuf
                              attention::contiguous(ids.ptr(), ir::DType::i32, {1, S}, device), {}, {}};
 }
 
+// `elems` random bf16 values on `device`.
 runtime::DeviceBuffer random_on(int device, size_t elems, uint64_t seed) {
-  runtime::DeviceBuffer buf(elems * 2, device);
-  const size_t chunk = std::min<size_t>(size_t{1} << 22, elems);
-  runtime::HostTensor h(ir::DType::bf16, {static_cast<int64_t>(chunk)});
-  h.fill_normal(seed, 0, 1);
-  for (size_t off = 0; off < elems * 2; off += chunk * 2) buf.upload(h.data(), std::min(elems * 2 - off, chunk * 2), off);
-  return buf;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  return bench_util::random_buffer(elems * 2, ir::DType::bf16, seed, device);
 }
 
 // Milliseconds of `fn` on `stream`: `reps` runs after two warm-ups, each between events, median;
@@ -117,7 +109,7 @@ double time_rank(F&& fn, runtime::Stream& stream, int reps, std::barrier<>& sync
     b.synchronize();
     ms.push_back(b.elapsed_ms(a));
   }
-  return median(ms);
+  return bench_util::median(ms);
 }
 
 struct Timing {

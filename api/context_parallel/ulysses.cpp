@@ -192,6 +192,11 @@ class Ulysses {
   Tensor packed(Scratch& s, ir::DType dtype, int64_t n, int64_t h) const {
     return bshd(s.take(static_cast<size_t>(d_.B * n * h * d_.D * ir::byte_size(dtype))), dtype, d_.B, n, h, d_.D, n, st_.device);
   }
+  // A tensor shaped like this rank's head shard of `heads` heads (never read): what the
+  // single-GPU call's workspace sizes are computed from.
+  Tensor shard_shape(int64_t heads) const {
+    return bshd(1 << 8, d_.dtype, d_.B, d_.layout.seq_len(), heads, d_.D, d_.layout.seq_len(), st_.device);
+  }
   Tensor packed_lse(Scratch& s, int64_t h, int64_t n) const {
     return bhs(s.take(static_cast<size_t>(d_.B * h * n * 4)), d_.B, h, n, n, st_.device);
   }
@@ -259,16 +264,15 @@ void ulysses_forward(ContextParallel::State& st, const Dims& d, const Tensor& q,
   const int64_t S = d.layout.seq_len(), hq = u.q_heads(r).count, hkv = u.kv_heads(r).count;
   // a mask's block lists (document kinds) in the scratch too: the call then allocates nothing
   const attention::Options a = head_options(opts, u.q_heads(r), d.Hq);
-  const size_t ws_bytes = attention::forward_workspace_bytes(bshd(1 << 8, d.dtype, d.B, S, hq, d.D, S, st.device),
-                                                             bshd(1 << 8, d.dtype, d.B, S, hkv, d.D, S, st.device), a);
+  const size_t ws_bytes = attention::forward_workspace_bytes(u.shard_shape(hq), u.shard_shape(hkv), a);
   Scratch s(st.scratch_base(ulysses_bytes(d, u.mine(), false, ws_bytes), stream));
   const Tensor qh = u.packed(s, d.dtype, S, hq), kh = u.packed(s, d.dtype, S, hkv), vh = u.packed(s, d.dtype, S, hkv);
   const Tensor oh = u.packed(s, d.dtype, S, hq), lseh = u.packed_lse(s, hq, S);
   const attention::Workspace ws{ws_bytes ? s.take(ws_bytes) : 0, ws_bytes};
   const CUstream comm = st.comm_stream.handle();
   st.join(comm, stream, 0);
-  auto qs = [&](int j) { return u.q_heads(j); };
-  auto kvs = [&](int j) { return u.kv_heads(j); };
+  const auto qs = [&](int j) { return u.q_heads(j); };
+  const auto kvs = [&](int j) { return u.kv_heads(j); };
   u.to_heads(q, qh, qs, s);
   u.to_heads(k, kh, kvs, s);
   u.to_heads(v, vh, kvs, s);
@@ -286,10 +290,8 @@ void ulysses_backward(ContextParallel::State& st, const Dims& d, const Tensor& q
   Ulysses u(st, d);
   const int r = d.rank;
   const int64_t S = d.layout.seq_len(), hq = u.q_heads(r).count, hkv = u.kv_heads(r).count;
-  const Tensor q_shard_shape = bshd(1 << 8, d.dtype, d.B, S, hq, d.D, S, st.device);
-  const Tensor kv_shard_shape = bshd(1 << 8, d.dtype, d.B, S, hkv, d.D, S, st.device);
   const attention::Options a = head_options(opts, u.q_heads(r), d.Hq);
-  const size_t ws_bytes = attention::backward_workspace_bytes(q_shard_shape, kv_shard_shape, a);
+  const size_t ws_bytes = attention::backward_workspace_bytes(u.shard_shape(hq), u.shard_shape(hkv), a);
   Scratch s(st.scratch_base(ulysses_bytes(d, u.mine(), true, ws_bytes), stream));
   const Tensor qh = u.packed(s, d.dtype, S, hq), kh = u.packed(s, d.dtype, S, hkv), vh = u.packed(s, d.dtype, S, hkv);
   const Tensor oh = u.packed(s, d.dtype, S, hq), doh = u.packed(s, d.dtype, S, hq), lseh = u.packed_lse(s, hq, S);
@@ -297,8 +299,8 @@ void ulysses_backward(ContextParallel::State& st, const Dims& d, const Tensor& q
   const attention::Workspace ws{s.take(ws_bytes), ws_bytes};
   const CUstream comm = st.comm_stream.handle();
   st.join(comm, stream, 0);
-  auto qs = [&](int j) { return u.q_heads(j); };
-  auto kvs = [&](int j) { return u.kv_heads(j); };
+  const auto qs = [&](int j) { return u.q_heads(j); };
+  const auto kvs = [&](int j) { return u.kv_heads(j); };
   u.to_heads(q, qh, qs, s);
   u.to_heads(k, kh, kvs, s);
   u.to_heads(v, vh, kvs, s);
