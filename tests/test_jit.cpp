@@ -790,6 +790,28 @@ TEST_CASE("global memory between threads: a barrier where an in-place update cou
     CHECK(loop_barriers >= 2);
     CHECK(loop_barriers % 2 == 0);
   }
+  // the fuzzer's seeds 706338 / 718605: a pointer store whose value first changes layout through
+  // shared memory (f64 loads hold 2 per vector, f32 stores 4); the exchange's own barriers come
+  // before the store and must not count as ordering it against the column read after it
+  const Kernel converted = kernel("store_converted_then_read", [](Builder& k) {
+    auto A = k.tensor("A", f64, 2), X = k.tensor("X", f32, 2), Y = k.tensor("Y", f32, 2);
+    Tile r = arange(0, 16), c = arange(0, 128);
+    Tile a = load(A.ptr() + r[col] * A.stride(0) + c[row] * A.stride(1));
+    store(X.ptr() + r[col] * X.stride(0) + c[row] * X.stride(1), cast(f32, a));
+    store(Y.block({0, 0}, {16, 1}), load(X.block({0, 104}, {16, 1})));
+  });
+  for (jit::Backend b : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+    INFO(jit::to_string(b));
+    jit::CompileOptions o;
+    o.backend = b;
+    o.make_cubin = false;
+    o.num_warps = 8;
+    const std::string ptx = jit::compile(converted.build(), o).ptx;
+    const size_t column_load = ptx.find("ld.global", ptx.find("st.global"));
+    REQUIRE(column_load != std::string::npos);
+    const size_t last_store_x = ptx.rfind("st.global", column_load);
+    CHECK(ptx.find("bar.sync", last_store_x) < column_load);
+  }
   // the interpreter's sequential semantics are what the barrier keeps: 2 x each element
   runtime::HostTensor x(f32, {32});
   for (int64_t i = 0; i < 32; ++i) x.set_flat(i, static_cast<double>(i + 1));

@@ -24,12 +24,13 @@ void Lowerer::load(const ir::Op& op) {
   }
   check_shape(&op, t);
   const Layout& L = *plan_.natural[op.results[0]];
-  order_global(op.operands[0], Access::read, L, {static_cast<int64_t>(op.operands[0])});
   Regs ptr = get(op.operands[0], L), mask, other;
   if (op.operands.size() == 3) {
     mask = get(op.operands[1], L);
     other = get(op.operands[2], L);
   }
+  // after the operands: a conversion's barrier clears the record of unordered accesses
+  order_global(op.operands[0], Access::read, L, {static_cast<int64_t>(op.operands[0])});
   Regs outr;
   for (size_t r = 0; r < ptr.size(); ++r)
     outr.push_back(mask.empty() ? emit(Op::load, ty, {ptr[r]}) : emit(Op::load, ty, {ptr[r], mask[r], other[r]}));
@@ -54,9 +55,10 @@ void Lowerer::store(const ir::Op& op) {
   }
   check_shape(&op, t);
   Layout L = memory_layout(t);
-  order_global(op.operands[0], Access::write, L, {static_cast<int64_t>(op.operands[0])});
   Regs ptr = get(op.operands[0], L), val = get(op.operands[1], L), mask;
   if (op.operands.size() == 3) mask = get(op.operands[2], L);
+  // after the operands: a conversion's barrier clears the record of unordered accesses
+  order_global(op.operands[0], Access::write, L, {static_cast<int64_t>(op.operands[0])});
   std::optional<V> own = owner(L);
   for (uint32_t r = 0; r < ptr.size(); ++r) {
     if (duplicate_reg(L, r)) continue;
@@ -102,12 +104,13 @@ void Lowerer::pointer_atomic(const ir::Op& op) {
   }
   check_shape(&op, t);
   const Layout& L = *plan_.natural[op.results[0]];
-  order_global(op.operands[0], used_.count(op.results[0]) ? Access::read_write : Access::write, L,
-               {static_cast<int64_t>(op.operands[0])});
   Regs ptr = get(op.operands[0], L), mask;
   std::vector<Regs> val;
   for (size_t i = 1; i <= values; ++i) val.push_back(get(op.operands[i], L));
   if (masked) mask = get(op.operands.back(), L);
+  // after the operands: a conversion's barrier clears the record of unordered accesses
+  order_global(op.operands[0], used_.count(op.results[0]) ? Access::read_write : Access::write, L,
+               {static_cast<int64_t>(op.operands[0])});
   std::optional<V> own = owner(L);
   Regs old(ptr.size());
   for (uint32_t r = 0; r < ptr.size(); ++r) {
@@ -390,8 +393,9 @@ void Lowerer::block_atomic_add(const ir::Op& op) {
   const ir::Type& t = f_.type(op.operands[1]);
   check_shape(&op, t);
   Layout L = plan_.natural[op.operands[1]] ? *plan_.natural[op.operands[1]] : memory_layout(t);
-  order_global(op.operands[0], Access::write, L, window_key(op, 2));
   Regs val = get(op.operands[1], L);
+  // after the operands: a conversion's barrier clears the record of unordered accesses
+  order_global(op.operands[0], Access::write, L, window_key(op, 2));
   std::optional<V> own = owner(L);
   // ordered (after_semaphore): the add waits until *semaphore >= target
   const bool ordered = op.attrs.count("after_semaphore") != 0;
@@ -467,10 +471,11 @@ void Lowerer::block_store(const ir::Op& op) {
   check_shape(&op, t);
   // Store from the value's own layout when it has one: no exchange through shared memory.
   Layout L = plan_.natural[op.operands[1]] ? *plan_.natural[op.operands[1]] : memory_layout(t);
-  order_global(op.operands[0], Access::write, L, window_key(op, 2));
   Regs val = get(op.operands[1], L), addr, inb;
   V all_ok = 0;
   window(op, 2, L, addr, inb, &all_ok);
+  // after the operands: a conversion's barrier clears the record of unordered accesses
+  order_global(op.operands[0], Access::write, L, window_key(op, 2));
   std::optional<V> own = owner(L);
   auto scalar_path = [&] {
     for (uint32_t r = 0; r < addr.size(); ++r) {
