@@ -2,6 +2,7 @@
 // kernel(), Tile, Var, the tile operations, memory operations and structured control flow.
 #pragma once
 #include "dsl/builder.hpp"
+#include "dsl/combine.hpp"
 #include "dsl/control.hpp"
 #include "dsl/math.hpp"
 #include "dsl/memory.hpp"

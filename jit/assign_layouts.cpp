@@ -88,6 +88,12 @@ class Assigner {
         set(op.results[0], src.slice(static_cast<int>(op.int_attr("axis"))));
         return;
       }
+      case OpKind::scan:
+      case OpKind::reduce_with: {
+        const Layout L = combine_layout(op, plan_, blocked(f_.type(op.operands[0])));
+        for (ir::ValueId r : op.results) set(r, op.kind == OpKind::scan ? L : L.slice(static_cast<int>(op.int_attr("axis"))));
+        return;
+      }
       case OpKind::dot: {
         const ir::Type& r = f_.type(op.results[0]);
         if (wgmma_dots_.count(&op)) {
@@ -191,6 +197,13 @@ class Assigner {
 };
 
 }  // namespace
+
+Layout combine_layout(const ir::Op& op, const LayoutPlan& plan, const Layout& blocked) {
+  const int axis = static_cast<int>(op.int_attr("axis"));
+  for (ir::ValueId v : op.operands)
+    if (const std::optional<Layout>& l = plan.natural[v]; l && l->axis_bits_separate(axis)) return *l;
+  return blocked;
+}
 
 int vector_width(ir::DType d, int64_t last_dim) {
   int v = 16 / ir::byte_size(d);

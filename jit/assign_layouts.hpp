@@ -64,6 +64,9 @@ DotPlan plan_dot(const ir::Type& a, const ir::Type& b, int num_warps);
 
 // Elements per thread along the fastest dim for 16-byte accesses.
 int vector_width(ir::DType d, int64_t last_dim);
+// The layout a scan or reduce_with combines in: its first operand layout whose axis bits are
+// separate (Layout::axis_bits_separate), else `blocked` (the operands are converted to it).
+Layout combine_layout(const ir::Op& op, const LayoutPlan& plan, const Layout& blocked);
 
 // Layout assignment runs in steps, which jit/compile.cpp calls in this order:
 //   check_tile_shapes: layouts are linear maps over bits, so every tile dimension is a power of two;

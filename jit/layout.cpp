@@ -172,6 +172,20 @@ bool Layout::has_replication() const {
   return false;
 }
 
+bool Layout::axis_bits_separate(int axis) const {
+  const auto a = static_cast<size_t>(axis);
+  int64_t seen = 0;
+  for (const auto* bs : {&reg, &lane, &warp})
+    for (const Coord& c : *bs) {
+      if (c[a] == 0) continue;
+      for (size_t d = 0; d < c.size(); ++d)
+        if (d != a && c[d] != 0) return false;
+      if (!is_power_of_two(c[a]) || (seen & c[a]) != 0) return false;
+      seen |= c[a];
+    }
+  return seen + 1 == shape[a];
+}
+
 Layout Layout::drop_dim(int axis) const {
   Layout L;
   L.shape = shape;

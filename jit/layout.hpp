@@ -71,6 +71,10 @@ struct Layout {
   // The inverse ([..., n] -> [..., 2n]): register 2r + h holds half h of packed register r.
   Layout unpack_pairs() const;
   bool has_replication() const;  // some zero basis: several threads or registers hold one element
+  // Each basis moving along `axis` moves along it only, by a distinct power of two: the bits of an
+  // element's axis coordinate are then register, lane or warp bits, which a scan combines bit by
+  // bit (jit/lower/scans.cpp). Blocked and MMA layouts have this form.
+  bool axis_bits_separate(int axis) const;
   // Layout equality up to registers that replicate (zero register bases are dropped).
   Layout without_zero_regs() const;
 };

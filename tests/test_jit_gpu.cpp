@@ -640,6 +640,79 @@ TEST_CASE("gpu: dsl/math functions equal the interpreter (exact ones bit for bit
   }
 }
 
+// dsl/combine.hpp (issue 26): scans and reductions with a combine, the axis carried by registers,
+// lanes and warps (and an MMA accumulator's layout), against the interpreter: integers bit for bit
+// (an order-sensitive combine included), floats within the tree order's rounding.
+TEST_CASE("gpu: associative_scan, reduce with a combine, cumsum equal the interpreter, both backends") {
+  if (!have_gpu()) return;
+  struct Case {
+    ir::Shape shape;
+    int axis, warps;
+    DType dtype;
+  };
+  const Case cases[] = {{{4, 64}, 1, 4, i32}, {{4, 64}, 0, 4, i32}, {{1024}, 0, 8, i32},  {{64, 64}, 0, 4, i64},
+                        {{16, 128}, 1, 8, i8},  {{32, 32}, 1, 4, f32}, {{128, 16}, 0, 8, f32}, {{256}, 0, 4, bf16}};
+  for (const Case& c : cases)
+    for (bool reverse : {false, true}) {
+      INFO(ir::shape_string(c.shape) << " axis " << c.axis << " warps " << c.warps << " " << ir::name(c.dtype) << " reverse " << reverse);
+      const int rank = static_cast<int>(c.shape.size());
+      const bool integer = !ir::is_float(c.dtype);
+      const Kernel k = kernel("combine_gpu", [&](Builder& kb) {
+        auto X = kb.tensor("X", c.dtype, rank), S = kb.tensor("S", integer ? i64 : f32, rank), A = kb.tensor("A", i32, rank);
+        auto M = kb.tensor("M", i32, rank);
+        const std::vector<Operand> zero(c.shape.size(), Operand(0));
+        Tile x = load(X.block(zero, c.shape));
+        store(S.block(zero, c.shape), cast(integer ? i64 : f32, cumsum(x, c.axis, reverse)));
+        // affine maps (a, b) composed along the axis: order-sensitive
+        Tile xi = cast(i32, x);
+        std::vector<Tile> h = associative_scan({(xi % 3) - 1, xi}, c.axis, [reverse](const std::vector<Tile>& p, const std::vector<Tile>& q) {
+          if (!reverse) return std::vector<Tile>{p[0] * q[0], q[0] * p[1] + q[1]};
+          return std::vector<Tile>{q[0] * p[0], p[0] * q[1] + p[1]};
+        }, reverse);
+        store(A.block(zero, c.shape), h[1] * 7 + h[0]);
+        // argmax with its index (first among equals, NaN first) in one reduce
+        Tile idx = cast(i32, x) * 0;
+        for (int d = 0; d < rank; ++d) {
+          Tile ar = arange(0, c.shape[static_cast<size_t>(d)]);
+          if (rank == 2) ar = d == 0 ? ar[col] : ar[row];
+          if (d == c.axis) idx = idx + broadcast_to(ar, c.shape);
+        }
+        std::vector<Tile> m = reduce({x, idx}, c.axis, [](const std::vector<Tile>& p, const std::vector<Tile>& q) {
+          Tile p_nan = p[0] != p[0], q_nan = q[0] != q[0];
+          Tile take_p = p_nan | ((!q_nan) & ((p[0] > q[0]) | ((p[0] == q[0]) & (p[1] < q[1]))));
+          return std::vector<Tile>{where(take_p, p[0], q[0]), where(take_p, p[1], q[1])};
+        });
+        Tile back = expand_dims(m[1], c.axis);
+        store(M.block(zero, back.shape()), back);
+      });
+      ir::Shape reduced = c.shape;
+      reduced[static_cast<size_t>(c.axis)] = 1;
+      HostTensor x(c.dtype, c.shape), s(integer ? i64 : f32, c.shape), a(i32, c.shape), m(i32, reduced);
+      if (integer) x.fill_uniform(5, c.dtype == i8 ? -100 : -1000, c.dtype == i8 ? 100 : 1000);
+      else x.fill_uniform(5, -1, 1);
+      if (!integer) x.set(std::vector<int64_t>(c.shape.size(), 1), NAN);
+      jit::CompileOptions o;
+      o.num_warps = c.warps;
+      check_against_interpreter(k.build(), {1}, {&x, &s, &a, &m}, integer ? 0.0 : 1e-5, o, true);
+    }
+  // the axis in an MMA accumulator's layout (a dot's result), not a blocked one
+  const Kernel mma = kernel("scan_of_dot", [](Builder& kb) {
+    auto Aa = kb.tensor("A", bf16, 2), Bb = kb.tensor("B", bf16, 2), S = kb.tensor("S", f32, 2), T = kb.tensor("T", f32, 2);
+    Tile acc = dot(load(Aa.block({0, 0}, {64, 32})), load(Bb.block({0, 0}, {32, 64})), zeros(f32, {64, 64}));
+    store(S.block({0, 0}, {64, 64}), cumsum(acc, 1));
+    store(T.block({0, 0}, {64, 64}), cumsum(acc, 0, true));
+  });
+  HostTensor a(bf16, {64, 32}), b(bf16, {32, 64}), s(f32, {64, 64}), t(f32, {64, 64});
+  a.fill_uniform(8, -2, 2);
+  b.fill_uniform(9, -2, 2);
+  for (int64_t i = 0; i < 64; ++i)
+    for (int64_t j = 0; j < 32; ++j) {  // small integers: every product and sum exact, any order
+      a.set({i, j}, std::round(a.get({i, j})));
+      b.set({j, i}, std::round(b.get({j, i})));
+    }
+  check_against_interpreter(mma.build(), {1}, {&a, &b, &s, &t}, 0.0, {}, true);
+}
+
 TEST_CASE("gpu: abs of the smallest i8 / i16 wraps, as in the interpreter (issue 28, fuzzer)") {
   if (!have_gpu()) return;
   for (DType d : {i8, i16}) {

@@ -10,7 +10,7 @@
 namespace tilejit::ir {
 namespace {
 
-constexpr std::array<std::string_view, static_cast<size_t>(OpKind::ring_producer) + 1> kNames{
+constexpr std::array<std::string_view, static_cast<size_t>(OpKind::reduce_with) + 1> kNames{
     "constant", "arange", "splat", "broadcast", "expand_dims", "reshape", "trans",
     "add", "sub", "mul", "div", "rem", "minimum", "maximum",
     "and", "or", "xor", "shl", "shr", "umulhi", "cmp", "byte_perm", "fma",
@@ -21,6 +21,7 @@ constexpr std::array<std::string_view, static_cast<size_t>(OpKind::ring_producer
     "tensor_ptr", "tensor_dim", "tensor_stride", "tensor_slice", "addptr", "load", "store", "atomic_add", "atomic_rmw", "atomic_cas", "block_load",
     "block_store", "wait_ge", "signal_add", "turn_begin", "turn_end",
     "for", "if", "yield", "warp_roles", "channel_push", "channel_pop", "ring_producer",
+    "scan", "reduce_with",
 };
 
 [[noreturn]] void fail(OpKind k, const std::string& msg) {
@@ -311,6 +312,28 @@ std::vector<Type> reduction_types(OpKind k, const std::vector<Type>& in, const A
       s.erase(s.begin() + axis);
       return {in[0].with_shape(s)};
     }
+    case scan:
+    case reduce_with: {
+      if (in.empty()) fail(k, "needs one or more operands");
+      for (const Type& t : in) {
+        expect_value(k, t, "operand");
+        if (t.is_scalar()) fail(k, "an operand is a scalar");
+        if (t.shape != in[0].shape) fail(k, fmt::format("operands differ in shape: {} and {}", to_string(in[0]), to_string(t)));
+        if (is_fp8(t.dtype)) fail(k, fmt::format("cannot combine {} (cast to f16 or f32 first)", name(t.dtype)));
+      }
+      int64_t axis = axis_attr(k, a, "axis", 0, static_cast<int64_t>(in[0].shape.size()) - 1);
+      if (k == scan) {
+        axis_attr(k, a, "reverse", 0, 1);
+        return in;
+      }
+      std::vector<Type> out;
+      for (const Type& t : in) {
+        Shape s = t.shape;
+        s.erase(s.begin() + axis);
+        out.push_back(t.with_shape(s));
+      }
+      return out;
+    }
     case dot: {
       expect_count(k, in, 3);
       const Type &A = in[0], &B = in[1], &C = in[2];
@@ -561,6 +584,8 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
     case unpack_pairs:
     case precompute: return conversion_types(k, in, a);
     case reduce:
+    case scan:
+    case reduce_with:
     case dot: return reduction_types(k, in, a);
     case program_id:
     case num_programs:

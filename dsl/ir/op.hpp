@@ -93,6 +93,11 @@ enum class OpKind : uint8_t {
   // producer warpgroup of their own; attrs {producer_registers, consumer_registers} (setmaxnreg).
   // A schedule: no effect on values.
   ring_producer,
+  // with a user combine function (lang::associative_scan, lang::reduce): operands n tiles of one
+  // shape, region combine(a_0..a_{n-1}, b_0..b_{n-1}) over scalars of their dtypes yielding n
+  // (a before b along the axis; associative): only constants and elementwise ops, no outer tiles
+  scan,         // (t...) {axis, reverse} -> t...: inclusive prefix (suffix when reverse = 1) along axis
+  reduce_with,  // (t...) {axis} -> t... without axis
 };
 
 std::string_view op_name(OpKind k);

@@ -121,7 +121,18 @@ class Printer {
     if (!attrs.empty()) line += fmt::format(" {{{}}}", fmt::join(attrs, ", "));
     if (!op.results.empty()) line += " : " + types(op.results);
     if (opts_.locations) line += fmt::format("  loc({})", op.loc.str());
+    if (op.kind == OpKind::scan || op.kind == OpKind::reduce_with) return combine_region(op, line, depth);
     out_ += line + "\n";
+  }
+
+  void combine_region(const Op& op, const std::string& line, int depth) {
+    const Block& body = op.regions.at(0);
+    std::vector<std::string> args;
+    for (ValueId a : body.args) args.push_back(def(a));
+    out_ += fmt::format("{} combine({}) {{\n", line, fmt::join(args, ", "));
+    block(body, depth + 1);
+    indent(depth);
+    out_ += "}\n";
   }
 
   void for_op(const Op& op, int depth) {

@@ -138,9 +138,41 @@ class Verifier {
       for (ValueId a : body.args) define(&op, a);
       block(body, out);
       for (ValueId a : body.args) visible_[a] = false;
+    } else if (op.kind == OpKind::scan || op.kind == OpKind::reduce_with) {
+      combine_region(op, in);
     } else if (!op.regions.empty()) {
       fail(&op, "has regions but takes none");
     }
+  }
+
+  // A scan's or reduce_with's combine: arguments a_0..a_{n-1}, b_0..b_{n-1}, scalars of the
+  // operands' dtypes; constants and elementwise ops on scalars only (it runs per element pair, in
+  // registers), yielding n scalars of those dtypes.
+  void combine_region(const Op& op, const std::vector<Type>& in) {
+    if (op.regions.size() != 1) fail(&op, "needs one combine region");
+    const Block& body = op.regions[0];
+    if (body.args.size() != 2 * in.size()) fail(&op, fmt::format("the combine region needs {} arguments, has {}", 2 * in.size(), body.args.size()));
+    std::vector<Type> scalars;
+    for (const Type& t : in) scalars.push_back(Type::scalar(t.dtype));
+    for (size_t i = 0; i < body.args.size(); ++i)
+      if (f_.type(body.args[i]) != scalars[i % in.size()])
+        fail(&op, fmt::format("combine argument {} is {}, expected {}", i, to_string(f_.type(body.args[i])), to_string(scalars[i % in.size()])));
+    for (const Op& inner : body.ops) {
+      const bool allowed = inner.kind == OpKind::yield || inner.kind == OpKind::constant ||
+                           (is_elementwise(inner.kind) && inner.kind != OpKind::addptr && inner.kind != OpKind::precompute);
+      if (!allowed)
+        fail(&inner, fmt::format("a combine function may use only constants and elementwise operations on scalars, not '{}'",
+                                 op_name(inner.kind)));
+      for (ValueId v : inner.operands)
+        if (v < f_.values.size() && !f_.type(v).is_scalar())
+          fail(&inner, fmt::format("a combine function reads the tile %{} ({}): it sees only scalars (its arguments, constants, "
+                                   "scalars from outside)", v, to_string(f_.type(v))));
+      for (ValueId r : inner.results)
+        if (r < f_.values.size() && !f_.type(r).is_scalar()) fail(&inner, "a combine function makes only scalars");
+    }
+    for (ValueId a : body.args) define(&op, a);
+    block(body, scalars);
+    for (ValueId a : body.args) visible_[a] = false;
   }
 
   const Function& f_;

@@ -154,6 +154,8 @@ void Lowerer::lower(const ir::Op& op) {
     case OpKind::ring_producer: return;  // (run_with_ring_producer)
     case OpKind::turn_end: return turn_end();
     case OpKind::reduce: return reduce(op);
+    case OpKind::scan:
+    case OpKind::reduce_with: return combine_along(op);
     case OpKind::dot: return dot(op);
     case OpKind::program_id:
       frames_.back().scalars[op.results[0]] = emit(Op::block_id, pir::scalar(DType::i32), {}, op.int_attr("axis"));

@@ -286,6 +286,13 @@ class Lowerer {
 
   void reduce(const ir::Op& op);
 
+  // ---------------------------------------------------------------- scans, reduce_with (lower/scans.cpp)
+  void combine_along(const ir::Op& op);  // scan, reduce_with
+  // The op's combine region on one pair of element tuples (a before b along the axis).
+  std::vector<V> combine_region(const ir::Op& op, const std::vector<V>& a, const std::vector<V>& b);
+  // shfl.xor of a value of dtype d (narrower than 32 bits: widened for the shuffle).
+  V shuffle_xor(V x, DType d, int64_t lane_mask);
+
   // ---------------------------------------------------------------- dot (lower/dot.cpp)
   void dot(const ir::Op& op);
 

@@ -150,6 +150,11 @@ class Machine {
   // ------------------------------------------------------------ reductions (interpreter/reductions.cpp)
   void reduce_op(const Op& op);
 
+  // ------------------------------------------------------------ scans and reductions with a combine region (interpreter/combine.cpp)
+  void combine_op(const Op& op);  // scan, reduce_with
+  void combine_pair(const Op& op, const std::vector<const Slot*>& a, const std::vector<size_t>& ai, const std::vector<const Slot*>& b,
+                    const std::vector<size_t>& bi, std::vector<Slot>& out);
+
   // ------------------------------------------------------------ dot (interpreter/dot.cpp)
   void dot_op(const Op& op);
 

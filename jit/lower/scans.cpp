@@ -1,0 +1,167 @@
+// scan and reduce_with: a user combine along an axis, in a layout whose axis-coordinate bits are
+// each one register, lane or warp bit (Layout::axis_bits_separate). The bits are combined from
+// the least significant up, as in a hypercube scan: after bit j every element holds the combine of
+// its aligned block of 2^(j+1) elements (`total`) and its inclusive prefix within it (`prefix`).
+// Merging two blocks: the second's prefix and both totals gain the first's total on their left.
+// Register bits pair registers of a thread, lane bits shuffle, warp bits go through shared memory.
+// Any associative combine works (order is kept, commutativity is not assumed).
+#include <algorithm>
+#include <map>
+
+#include "jit/assign_layouts.hpp"
+#include "jit/lower/lowerer.hpp"
+
+namespace tilejit::jit::lower {
+namespace {
+
+// The dtype a value crosses lanes or shared memory in: 32 or 64 bits (shuffles move no less).
+DType exchange_dtype(DType d) {
+  if (d != DType::i1 && ir::bit_width(d) >= 32) return d;
+  if (ir::is_float(d)) return DType::f32;
+  return d == DType::i1 || ir::is_signed(d) ? DType::i32 : DType::u32;
+}
+
+// One bit of the axis coordinate: which register, lane or warp bit carries it, and its weight.
+struct AxisBit {
+  enum class Where { reg, lane, warp } where;
+  int index;
+  int64_t weight;
+};
+
+std::vector<AxisBit> axis_bits(const Layout& L, size_t axis) {
+  std::vector<AxisBit> bits;
+  const auto add = [&](const std::vector<Coord>& bases, AxisBit::Where w) {
+    for (size_t i = 0; i < bases.size(); ++i)
+      if (bases[i][axis] != 0) bits.push_back({w, static_cast<int>(i), bases[i][axis]});
+  };
+  add(L.reg, AxisBit::Where::reg);
+  add(L.lane, AxisBit::Where::lane);
+  add(L.warp, AxisBit::Where::warp);
+  std::sort(bits.begin(), bits.end(), [](const AxisBit& a, const AxisBit& b) { return a.weight < b.weight; });
+  return bits;
+}
+
+}  // namespace
+
+V Lowerer::shuffle_xor(V x, DType d, int64_t lane_mask) {
+  const DType w = exchange_dtype(d);
+  return cast(emit(Op::shfl_xor, pir::scalar(w), {cast(x, w)}, lane_mask), d);
+}
+
+std::vector<V> Lowerer::combine_region(const ir::Op& op, const std::vector<V>& a, const std::vector<V>& b) {
+  const ir::Block& body = op.regions[0];
+  const size_t n = a.size();
+  frames_.emplace_back();
+  for (size_t k = 0; k < n; ++k) {
+    frames_.back().scalars[body.args[k]] = a[k];
+    frames_.back().scalars[body.args[n + k]] = b[k];
+  }
+  std::vector<V> out;
+  for (const ir::Op& inner : body.ops) {
+    if (inner.kind == OpKind::yield) {
+      for (ir::ValueId v : inner.operands) out.push_back(scalar(v));
+      break;
+    }
+    lower(inner);  // constants and scalar elementwise ops (the verifier allows nothing else)
+  }
+  frames_.pop_back();
+  return out;
+}
+
+void Lowerer::combine_along(const ir::Op& op) {
+  const size_t n = op.operands.size();
+  const ir::Type& in_t = f_.type(op.operands[0]);
+  check_shape(&op, in_t);
+  const auto axis = static_cast<size_t>(op.int_attr("axis"));
+  const bool scan = op.kind == OpKind::scan;
+  const bool reverse = scan && op.int_attr("reverse") != 0;
+  const Layout L = combine_layout(op, plan_, memory_layout(in_t));
+  if (!L.axis_bits_separate(static_cast<int>(axis))) fail(&op, "internal: the combine layout mixes axis bits: " + L.str());
+  const auto R = static_cast<uint32_t>(L.num_regs());
+  std::vector<DType> dt;
+  std::vector<Regs> total, prefix;  // [operand][register]
+  for (ir::ValueId v : op.operands) {
+    dt.push_back(f_.type(v).dtype);
+    total.push_back(get(v, L));
+  }
+  if (scan) prefix = total;
+  const auto at = [&](const std::vector<Regs>& x, uint32_t r) {
+    std::vector<V> t;
+    for (size_t k = 0; k < n; ++k) t.push_back(x[k][r]);
+    return t;
+  };
+  const auto set = [&](std::vector<Regs>& x, uint32_t r, const std::vector<V>& t) {
+    for (size_t k = 0; k < n; ++k) x[k][r] = t[k];
+  };
+  const auto pick = [&](V cond, V x, V y) { return emit(Op::select, out_.types[x], {cond, x, y}); };
+
+  for (const AxisBit& bit : axis_bits(L, axis)) {
+    if (bit.where == AxisBit::Where::reg) {
+      const uint32_t m = 1u << bit.index;
+      for (uint32_t r = 0; r < R; ++r) {
+        if (r & m) continue;
+        const uint32_t first = reverse ? (r | m) : r, second = reverse ? r : (r | m);
+        const std::vector<V> t = combine_region(op, at(total, first), at(total, second));
+        if (scan) set(prefix, second, combine_region(op, at(total, first), at(prefix, second)));
+        set(total, first, t);
+        set(total, second, t);
+      }
+      continue;
+    }
+    // the partner block's totals: another lane's (shuffle) or another warp's (shared memory)
+    std::vector<Regs> other(n, Regs(R));
+    V mine_second = 0;  // i1: this thread's block comes second in scan order
+    const pir::Pred second_when = reverse ? pir::Pred::eq : pir::Pred::ne;
+    if (bit.where == AxisBit::Where::lane) {
+      for (size_t k = 0; k < n; ++k)
+        for (uint32_t r = 0; r < R; ++r) other[k][r] = shuffle_xor(total[k][r], dt[k], int64_t{1} << bit.index);
+      mine_second = cmp(second_when, land(lane_, ci32(int64_t{1} << bit.index)), ci32(0));
+    } else {
+      constexpr int64_t kSlot = 8;  // bytes per exchanged value (32- and 64-bit ones alike)
+      const int64_t per_thread = static_cast<int64_t>(R * n);
+      reserve_smem(int64_t{warps_} * 32 * per_thread * kSlot);
+      const auto offset = [&](V thread, uint32_t r, size_t k) {
+        return bin(Op::mul, bin(Op::add, bin(Op::mul, thread, ci32(per_thread)), ci32(static_cast<int64_t>(r * n + k))), ci32(kSlot));
+      };
+      for (size_t k = 0; k < n; ++k)
+        for (uint32_t r = 0; r < R; ++r) emit0(Op::store_shared, {offset(tid_, r, k), cast(total[k][r], exchange_dtype(dt[k]))});
+      emit0(Op::barrier, {});
+      const V partner = bin(Op::bit_xor, tid_, ci32(int64_t{32} << bit.index));
+      for (size_t k = 0; k < n; ++k)
+        for (uint32_t r = 0; r < R; ++r)
+          other[k][r] = cast(emit(Op::load_shared, pir::scalar(exchange_dtype(dt[k])), {offset(partner, r, k)}), dt[k]);
+      emit0(Op::barrier, {});
+      mine_second = cmp(second_when, land(warp_, ci32(int64_t{1} << bit.index)), ci32(0));
+    }
+    for (uint32_t r = 0; r < R; ++r) {
+      const std::vector<V> mine = at(total, r), theirs = at(other, r);
+      std::vector<V> a(n), b(n);
+      for (size_t k = 0; k < n; ++k) {
+        a[k] = pick(mine_second, theirs[k], mine[k]);
+        b[k] = pick(mine_second, mine[k], theirs[k]);
+      }
+      if (scan) {
+        const std::vector<V> extended = combine_region(op, theirs, at(prefix, r));
+        for (size_t k = 0; k < n; ++k) prefix[k][r] = pick(mine_second, extended[k], prefix[k][r]);
+      }
+      set(total, r, combine_region(op, a, b));
+    }
+  }
+
+  if (scan) {
+    for (size_t k = 0; k < n; ++k) put(op.results[k], L, prefix[k]);
+    return;
+  }
+  // every element of an axis line now holds the line's total: one register per result element
+  const Layout D = L.drop_dim(static_cast<int>(axis)), O = D.without_zero_regs();
+  std::map<Coord, uint32_t> out_index;
+  for (uint32_t r = 0; r < static_cast<uint32_t>(O.num_regs()); ++r) out_index.emplace(O.reg_coords(r), r);
+  for (size_t k = 0; k < n; ++k) {
+    Regs part(static_cast<size_t>(O.num_regs()));
+    for (uint32_t r = 0; r < R; ++r) part[out_index.at(D.reg_coords(r))] = total[k][r];
+    if (f_.type(op.results[k]).is_scalar()) frames_.back().scalars[op.results[k]] = part[0];
+    else put(op.results[k], *plan_.natural[op.results[k]], part);
+  }
+}
+
+}  // namespace tilejit::jit::lower
