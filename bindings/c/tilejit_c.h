@@ -90,7 +90,7 @@ typedef struct tilejit_attention_options {
 
 void tilejit_attention_options_init(tilejit_attention_options* opts);
 
-/* The library's version string ("0.1.3") and this ABI's version (TILEJIT_C_ABI_VERSION): a binding
+/* The library's version string ("0.1.4") and this ABI's version (TILEJIT_C_ABI_VERSION): a binding
  * refuses a library whose ABI version differs from the header it was built with. */
 const char* tilejit_version(void);
 int tilejit_c_abi_version(void);
