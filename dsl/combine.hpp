@@ -1,6 +1,6 @@
 // Scans and reductions with a combine function of the user's (Triton's tl.associative_scan and
 // tl.reduce): the function runs on scalars, once per pair of elements, and must be associative
-// (it need not be commutative: `a` always precedes `b` along the axis). Several tiles of one
+// (it need not be commutative: `a` always comes before `b` in the scan's direction). Several tiles of one
 // shape travel together, so argmax with its index, or a (count, mean, M2) Welford triple, is one
 // call. Float results may differ from the interpreter's left-to-right order in rounding (the GPU
 // combines in a tree); integer and selection combines (max, argmax) agree exactly.
@@ -18,7 +18,8 @@ using Combine = std::function<std::vector<Tile>(const std::vector<Tile>& a, cons
 using Combine1 = std::function<Tile(const Tile& a, const Tile& b)>;
 
 // Inclusive scan along `axis`: out[i] = x[0] (+) x[1] (+) ... (+) x[i]; with `reverse`, from the
-// end: out[i] = x[i] (+) ... (+) x[n-1].
+// end, `a` still the earlier in the scan's direction (as Triton's reverse scan):
+// out[i] = x[n-1] (+) x[n-2] (+) ... (+) x[i].
 std::vector<Tile> associative_scan(const std::vector<Tile>& xs, int axis, const Combine& combine, bool reverse = false,
                                    Loc loc = Loc::current());
 Tile associative_scan(const Operand& x, int axis, const Combine1& combine, bool reverse = false, Loc loc = Loc::current());

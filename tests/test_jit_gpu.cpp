@@ -665,9 +665,8 @@ TEST_CASE("gpu: associative_scan, reduce with a combine, cumsum equal the interp
         store(S.block(zero, c.shape), cast(integer ? i64 : f32, cumsum(x, c.axis, reverse)));
         // affine maps (a, b) composed along the axis: order-sensitive
         Tile xi = cast(i32, x);
-        std::vector<Tile> h = associative_scan({(xi % 3) - 1, xi}, c.axis, [reverse](const std::vector<Tile>& p, const std::vector<Tile>& q) {
-          if (!reverse) return std::vector<Tile>{p[0] * q[0], q[0] * p[1] + q[1]};
-          return std::vector<Tile>{q[0] * p[0], p[0] * q[1] + p[1]};
+        std::vector<Tile> h = associative_scan({(xi % 3) - 1, xi}, c.axis, [](const std::vector<Tile>& p, const std::vector<Tile>& q) {
+          return std::vector<Tile>{p[0] * q[0], q[0] * p[1] + q[1]};
         }, reverse);
         store(A.block(zero, c.shape), h[1] * 7 + h[0]);
         // argmax with its index (first among equals, NaN first) in one reduce

@@ -117,10 +117,9 @@ TEST_CASE("scan: an order-sensitive combine over two tiles (affine maps) matches
     const Kernel k = rows_kernel(i32, [reverse](Builder& b, const Tile& x) {
       auto Y = b.tensor("Y", i32, 2), A = b.tensor("A", i32, 2);
       Tile a = (x % 3) - 1, bias = x;
-      std::vector<Tile> h = associative_scan({a, bias}, 1, [reverse](const std::vector<Tile>& p, const std::vector<Tile>& q) {
-        // p precedes q along the axis: forwards q applies after p; backwards p applies after q
-        if (!reverse) return std::vector<Tile>{p[0] * q[0], q[0] * p[1] + q[1]};
-        return std::vector<Tile>{q[0] * p[0], p[0] * q[1] + p[1]};
+      // p comes first in the scan's direction (backwards too): the map q applies after p
+      std::vector<Tile> h = associative_scan({a, bias}, 1, [](const std::vector<Tile>& p, const std::vector<Tile>& q) {
+        return std::vector<Tile>{p[0] * q[0], q[0] * p[1] + q[1]};
       }, reverse);
       store_rc(Y, h[1]);
       store_rc(A, h[0]);

@@ -1,5 +1,5 @@
 // scan and reduce_with: the combine region run on one pair of elements at a time, left to right
-// along the axis (right to left for a reverse scan). The GPU combines in a tree (jit/lower/
+// along the axis (right to left for a reverse scan, the running value still on the left). The GPU combines in a tree (jit/lower/
 // scans.cpp): the same result for an associative combine, up to rounding for float arithmetic.
 #include "runtime/interpreter/machine.hpp"
 
@@ -61,9 +61,8 @@ void Machine::combine_op(const Op& op) {
       if (scan) store(at(o, first, in));
       for (int64_t j = first + step; j >= 0 && j < len; j += step) {
         const std::vector<size_t> xi(n, at(o, j, in));
-        // a precedes b along the axis: the running value first, unless the scan runs backwards
-        if (reverse) combine_pair(op, xs, xi, acc_slots, zero, next);
-        else combine_pair(op, acc_slots, zero, xs, xi, next);
+        // a precedes b in the scan's direction: the running value first (Triton's reverse scan)
+        combine_pair(op, acc_slots, zero, xs, xi, next);
         std::swap(acc, next);
         for (size_t k = 0; k < n; ++k) acc_slots[k] = &acc[k];
         if (scan) store(at(o, j, in));
