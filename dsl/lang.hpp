@@ -7,4 +7,5 @@
 #include "dsl/math.hpp"
 #include "dsl/memory.hpp"
 #include "dsl/ops.hpp"
+#include "dsl/sort.hpp"
 #include "dsl/tile.hpp"

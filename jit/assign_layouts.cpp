@@ -89,9 +89,10 @@ class Assigner {
         return;
       }
       case OpKind::scan:
-      case OpKind::reduce_with: {
+      case OpKind::reduce_with:
+      case OpKind::xor_permute: {
         const Layout L = combine_layout(op, plan_, blocked(f_.type(op.operands[0])));
-        for (ir::ValueId r : op.results) set(r, op.kind == OpKind::scan ? L : L.slice(static_cast<int>(op.int_attr("axis"))));
+        for (ir::ValueId r : op.results) set(r, op.kind == OpKind::reduce_with ? L.slice(static_cast<int>(op.int_attr("axis"))) : L);
         return;
       }
       case OpKind::dot: {

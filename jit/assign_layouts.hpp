@@ -64,7 +64,7 @@ DotPlan plan_dot(const ir::Type& a, const ir::Type& b, int num_warps);
 
 // Elements per thread along the fastest dim for 16-byte accesses.
 int vector_width(ir::DType d, int64_t last_dim);
-// The layout a scan or reduce_with combines in: its first operand layout whose axis bits are
+// The layout a scan, reduce_with or xor_permute runs in: its first operand layout whose axis bits are
 // separate (Layout::axis_bits_separate), else `blocked` (the operands are converted to it).
 Layout combine_layout(const ir::Op& op, const LayoutPlan& plan, const Layout& blocked);
 

@@ -712,6 +712,48 @@ TEST_CASE("gpu: associative_scan, reduce with a combine, cumsum equal the interp
   check_against_interpreter(mma.build(), {1}, {&a, &b, &s, &t}, 0.0, {}, true);
 }
 
+// dsl/sort.hpp (issue 26): xor_permute across register, lane and warp bits, and the bitonic
+// network over it (sort, argsort, topk, flip), bit for bit against the interpreter.
+TEST_CASE("gpu: sort, argsort, topk and flip equal the interpreter bit for bit, both backends") {
+  if (!have_gpu()) return;
+  struct Case {
+    ir::Shape shape;
+    int axis, warps;
+    DType dtype;
+  };
+  const Case cases[] = {{{4, 64}, 1, 4, f32}, {{1024}, 0, 8, f32}, {{64, 16}, 0, 4, i32}, {{16, 128}, 1, 8, bf16}, {{256}, 0, 4, u8}};
+  for (const Case& c : cases)
+    for (bool descending : {false, true}) {
+      INFO(ir::shape_string(c.shape) << " axis " << c.axis << " warps " << c.warps << " " << ir::name(c.dtype) << " descending " << descending);
+      const int rank = static_cast<int>(c.shape.size());
+      ir::Shape top_shape = c.shape;
+      top_shape[static_cast<size_t>(c.axis)] = 4;
+      const Kernel k = kernel("sort_gpu", [&](Builder& kb) {
+        auto X = kb.tensor("X", c.dtype, rank), S = kb.tensor("S", c.dtype, rank), A = kb.tensor("A", i32, rank);
+        auto F = kb.tensor("F", c.dtype, rank), TV = kb.tensor("TV", c.dtype, rank), TI = kb.tensor("TI", i32, rank);
+        const std::vector<Operand> zero(c.shape.size(), Operand(0));
+        Tile x = load(X.block(zero, c.shape));
+        store(S.block(zero, c.shape), sort(x, c.axis, descending));
+        store(A.block(zero, c.shape), argsort(x, c.axis, descending));
+        store(F.block(zero, c.shape), descending ? flip(x, c.axis) : xor_permute(x, c.axis, 5));
+        TopK top = topk(x, 4, c.axis);
+        store(TV.block(zero, top_shape), top.values);
+        store(TI.block(zero, top_shape), top.indices);
+      });
+      HostTensor x(c.dtype, c.shape), s(c.dtype, c.shape), a(i32, c.shape), f(c.dtype, c.shape), tv(c.dtype, top_shape), ti(i32, top_shape);
+      if (ir::is_float(c.dtype)) {
+        x.fill_uniform(12, -4, 4);
+        const double special[] = {NAN, -0.0, 0.0, INFINITY, -INFINITY, 1.0, 1.0, NAN};
+        for (int64_t i = 0; i < 8; ++i) x.set_flat(i * 37 % x.numel(), special[i]);
+      } else {
+        x.fill_uniform(12, 0, c.dtype == u8 ? 20 : 50);  // many ties: argsort's stability shows
+      }
+      jit::CompileOptions o;
+      o.num_warps = c.warps;
+      check_against_interpreter(k.build(), {1}, {&x, &s, &a, &f, &tv, &ti}, 0.0, o, true);
+    }
+}
+
 TEST_CASE("gpu: abs of the smallest i8 / i16 wraps, as in the interpreter (issue 28, fuzzer)") {
   if (!have_gpu()) return;
   for (DType d : {i8, i16}) {

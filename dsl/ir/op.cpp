@@ -10,7 +10,7 @@
 namespace tilejit::ir {
 namespace {
 
-constexpr std::array<std::string_view, static_cast<size_t>(OpKind::reduce_with) + 1> kNames{
+constexpr std::array<std::string_view, static_cast<size_t>(OpKind::xor_permute) + 1> kNames{
     "constant", "arange", "splat", "broadcast", "expand_dims", "reshape", "trans",
     "add", "sub", "mul", "div", "rem", "minimum", "maximum",
     "and", "or", "xor", "shl", "shr", "umulhi", "cmp", "byte_perm", "fma",
@@ -21,7 +21,7 @@ constexpr std::array<std::string_view, static_cast<size_t>(OpKind::reduce_with) 
     "tensor_ptr", "tensor_dim", "tensor_stride", "tensor_slice", "addptr", "load", "store", "atomic_add", "atomic_rmw", "atomic_cas", "block_load",
     "block_store", "wait_ge", "signal_add", "turn_begin", "turn_end",
     "for", "if", "yield", "warp_roles", "channel_push", "channel_pop", "ring_producer",
-    "scan", "reduce_with",
+    "scan", "reduce_with", "xor_permute",
 };
 
 [[noreturn]] void fail(OpKind k, const std::string& msg) {
@@ -312,6 +312,16 @@ std::vector<Type> reduction_types(OpKind k, const std::vector<Type>& in, const A
       s.erase(s.begin() + axis);
       return {in[0].with_shape(s)};
     }
+    case xor_permute: {
+      expect_count(k, in, 1);
+      expect_value(k, in[0], "operand");
+      if (in[0].is_scalar()) fail(k, "operand is a scalar");
+      const int64_t axis = axis_attr(k, a, "axis", 0, static_cast<int64_t>(in[0].shape.size()) - 1);
+      const int64_t n = in[0].shape[static_cast<size_t>(axis)];
+      if (n & (n - 1)) fail(k, fmt::format("the axis has {} elements (valid: a power of two)", n));
+      axis_attr(k, a, "mask", 0, n - 1);
+      return {in[0]};
+    }
     case scan:
     case reduce_with: {
       if (in.empty()) fail(k, "needs one or more operands");
@@ -586,6 +596,7 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
     case reduce:
     case scan:
     case reduce_with:
+    case xor_permute:
     case dot: return reduction_types(k, in, a);
     case program_id:
     case num_programs:

@@ -98,6 +98,9 @@ enum class OpKind : uint8_t {
   // (a before b along the axis; associative): only constants and elementwise ops, no outer tiles
   scan,         // (t...) {axis, reverse} -> t...: inclusive prefix (suffix when reverse = 1) along axis
   reduce_with,  // (t...) {axis} -> t... without axis
+  // (t) {axis, mask} -> t: element i along axis is t's element i ^ mask (the axis a power of two,
+  // mask below it): butterflies, bitonic sorting networks (lang::sort), flip (mask = n - 1)
+  xor_permute,
 };
 
 std::string_view op_name(OpKind k);

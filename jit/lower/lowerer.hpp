@@ -286,12 +286,15 @@ class Lowerer {
 
   void reduce(const ir::Op& op);
 
-  // ---------------------------------------------------------------- scans, reduce_with (lower/scans.cpp)
+  // ---------------------------------------------------------------- scans, reduce_with, xor_permute (lower/scans.cpp)
   void combine_along(const ir::Op& op);  // scan, reduce_with
   // The op's combine region on one pair of element tuples (a before b along the axis).
   std::vector<V> combine_region(const ir::Op& op, const std::vector<V>& a, const std::vector<V>& b);
   // shfl.xor of a value of dtype d (narrower than 32 bits: widened for the shuffle).
   V shuffle_xor(V x, DType d, int64_t lane_mask);
+  // Each register's value in the thread whose lane (or warp) differs in `bit`: [tile][register].
+  std::vector<Regs> partner_values(bool across_warps, int bit, const std::vector<Regs>& values, const std::vector<DType>& dt);
+  void xor_permute(const ir::Op& op);
 
   // ---------------------------------------------------------------- dot (lower/dot.cpp)
   void dot(const ir::Op& op);

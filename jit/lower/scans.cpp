@@ -4,7 +4,8 @@
 // its aligned block of 2^(j+1) elements (`total`) and its inclusive prefix within it (`prefix`).
 // Merging two blocks: the second's prefix and both totals gain the first's total on their left.
 // Register bits pair registers of a thread, lane bits shuffle, warp bits go through shared memory.
-// Any associative combine works (order is kept, commutativity is not assumed).
+// Any associative combine works (order is kept, commutativity is not assumed). xor_permute moves
+// elements across the same bits.
 #include <algorithm>
 #include <map>
 
@@ -68,6 +69,52 @@ std::vector<V> Lowerer::combine_region(const ir::Op& op, const std::vector<V>& a
   return out;
 }
 
+std::vector<Regs> Lowerer::partner_values(bool across_warps, int bit, const std::vector<Regs>& values, const std::vector<DType>& dt) {
+  std::vector<Regs> other(values.size(), Regs(values.empty() ? 0 : values[0].size()));
+  if (!across_warps) {
+    for (size_t k = 0; k < values.size(); ++k)
+      for (size_t r = 0; r < values[k].size(); ++r) other[k][r] = shuffle_xor(values[k][r], dt[k], int64_t{1} << bit);
+    return other;
+  }
+  constexpr int64_t kSlot = 8;  // bytes per exchanged value (32- and 64-bit ones alike)
+  const auto n = static_cast<int64_t>(values.size()), regs = static_cast<int64_t>(values[0].size());
+  reserve_smem(int64_t{warps_} * 32 * n * regs * kSlot);
+  const auto offset = [&](V thread, size_t r, size_t k) {
+    return bin(Op::mul, bin(Op::add, bin(Op::mul, thread, ci32(n * regs)), ci32(static_cast<int64_t>(r) * n + static_cast<int64_t>(k))),
+               ci32(kSlot));
+  };
+  for (size_t k = 0; k < values.size(); ++k)
+    for (size_t r = 0; r < values[k].size(); ++r) emit0(Op::store_shared, {offset(tid_, r, k), cast(values[k][r], exchange_dtype(dt[k]))});
+  emit0(Op::barrier, {});
+  const V partner = bin(Op::bit_xor, tid_, ci32(int64_t{32} << bit));
+  for (size_t k = 0; k < values.size(); ++k)
+    for (size_t r = 0; r < values[k].size(); ++r)
+      other[k][r] = cast(emit(Op::load_shared, pir::scalar(exchange_dtype(dt[k])), {offset(partner, r, k)}), dt[k]);
+  emit0(Op::barrier, {});
+  return other;
+}
+
+void Lowerer::xor_permute(const ir::Op& op) {
+  const ir::Type& t = f_.type(op.operands[0]);
+  check_shape(&op, t);
+  const auto axis = static_cast<size_t>(op.int_attr("axis"));
+  const int64_t mask = op.int_attr("mask");
+  const Layout L = combine_layout(op, plan_, memory_layout(t));
+  if (!L.axis_bits_separate(static_cast<int>(axis))) fail(&op, "internal: the exchange layout mixes axis bits: " + L.str());
+  std::vector<Regs> v{get(op.operands[0], L)};
+  for (const AxisBit& bit : axis_bits(L, axis)) {
+    if ((mask & bit.weight) == 0) continue;
+    if (bit.where == AxisBit::Where::reg) {
+      const uint32_t m = 1u << bit.index;
+      for (uint32_t r = 0; r < v[0].size(); ++r)
+        if ((r & m) == 0) std::swap(v[0][r], v[0][r | m]);
+    } else {
+      v = partner_values(bit.where == AxisBit::Where::warp, bit.index, v, {t.dtype});
+    }
+  }
+  put(op.results[0], L, v[0]);
+}
+
 void Lowerer::combine_along(const ir::Op& op) {
   const size_t n = op.operands.size();
   const ir::Type& in_t = f_.type(op.operands[0]);
@@ -109,30 +156,10 @@ void Lowerer::combine_along(const ir::Op& op) {
       continue;
     }
     // the partner block's totals: another lane's (shuffle) or another warp's (shared memory)
-    std::vector<Regs> other(n, Regs(R));
-    V mine_second = 0;  // i1: this thread's block comes second in scan order
-    const pir::Pred second_when = reverse ? pir::Pred::eq : pir::Pred::ne;
-    if (bit.where == AxisBit::Where::lane) {
-      for (size_t k = 0; k < n; ++k)
-        for (uint32_t r = 0; r < R; ++r) other[k][r] = shuffle_xor(total[k][r], dt[k], int64_t{1} << bit.index);
-      mine_second = cmp(second_when, land(lane_, ci32(int64_t{1} << bit.index)), ci32(0));
-    } else {
-      constexpr int64_t kSlot = 8;  // bytes per exchanged value (32- and 64-bit ones alike)
-      const int64_t per_thread = static_cast<int64_t>(R * n);
-      reserve_smem(int64_t{warps_} * 32 * per_thread * kSlot);
-      const auto offset = [&](V thread, uint32_t r, size_t k) {
-        return bin(Op::mul, bin(Op::add, bin(Op::mul, thread, ci32(per_thread)), ci32(static_cast<int64_t>(r * n + k))), ci32(kSlot));
-      };
-      for (size_t k = 0; k < n; ++k)
-        for (uint32_t r = 0; r < R; ++r) emit0(Op::store_shared, {offset(tid_, r, k), cast(total[k][r], exchange_dtype(dt[k]))});
-      emit0(Op::barrier, {});
-      const V partner = bin(Op::bit_xor, tid_, ci32(int64_t{32} << bit.index));
-      for (size_t k = 0; k < n; ++k)
-        for (uint32_t r = 0; r < R; ++r)
-          other[k][r] = cast(emit(Op::load_shared, pir::scalar(exchange_dtype(dt[k])), {offset(partner, r, k)}), dt[k]);
-      emit0(Op::barrier, {});
-      mine_second = cmp(second_when, land(warp_, ci32(int64_t{1} << bit.index)), ci32(0));
-    }
+    const std::vector<Regs> other = partner_values(bit.where == AxisBit::Where::warp, bit.index, total, dt);
+    // i1: this thread's block comes second in the scan's direction
+    const V mine_second = cmp(reverse ? pir::Pred::eq : pir::Pred::ne,
+                              land(bit.where == AxisBit::Where::lane ? lane_ : warp_, ci32(int64_t{1} << bit.index)), ci32(0));
     for (uint32_t r = 0; r < R; ++r) {
       const std::vector<V> mine = at(total, r), theirs = at(other, r);
       std::vector<V> a(n), b(n);

@@ -1,4 +1,4 @@
-// scan and reduce_with: the combine region run on one pair of elements at a time, left to right
+// scan and reduce_with (and xor_permute, the element exchange along an axis): the combine region run on one pair of elements at a time, left to right
 // along the axis (right to left for a reverse scan, the running value still on the left). The GPU combines in a tree (jit/lower/
 // scans.cpp): the same result for an associative combine, up to rounding for float arithmetic.
 #include "runtime/interpreter/machine.hpp"
@@ -70,6 +70,28 @@ void Machine::combine_op(const Op& op) {
       if (!scan) store(static_cast<size_t>(o * inner + in));
     }
   for (size_t k = 0; k < n; ++k) std::swap(S(op.results[k]), results[k]);
+}
+
+void Machine::xor_permute_op(const Op& op) {
+  const ir::Type& t = T(op.operands[0]);
+  const auto axis = static_cast<size_t>(op.int_attr("axis"));
+  const int64_t mask = op.int_attr("mask");
+  int64_t outer = 1, inner = 1;
+  for (size_t d = 0; d < axis; ++d) outer *= t.shape[d];
+  for (size_t d = axis + 1; d < t.shape.size(); ++d) inner *= t.shape[d];
+  const int64_t len = t.shape[axis];
+  const Slot& x = S(op.operands[0]);
+  Slot y;
+  y.f.resize(x.f.size());
+  y.i.resize(x.i.size());
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < len; ++j)
+      for (int64_t in = 0; in < inner; ++in) {
+        const auto to = static_cast<size_t>((o * len + j) * inner + in), from = static_cast<size_t>((o * len + (j ^ mask)) * inner + in);
+        if (!x.f.empty()) y.f[to] = x.f[from];
+        if (!x.i.empty()) y.i[to] = x.i[from];
+      }
+  std::swap(S(op.results[0]), y);
 }
 
 }  // namespace tilejit::runtime::interp
