@@ -4,6 +4,7 @@
 #include "api/tuning.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "kernels/meta_names.hpp"
 
@@ -289,17 +290,40 @@ const runtime::TuningSpace& attention_fwd_tuning_space() {
 }
 
 const runtime::TuningSpace* find_tuning_space(const std::string& kernel) {
-  if (kernel == "gemm") return &gemm_tuning_space();
-  if (kernel == "attention_fwd") return &attention_fwd_tuning_space();
-  return nullptr;
+  const LibraryKernel* k = find(kernel);
+  return k && k->tuning_space ? &k->tuning_space() : nullptr;
 }
 
-std::vector<std::string> tunable_kernels() { return {"gemm", "attention_fwd"}; }
+std::vector<std::string> tunable_kernels() {
+  std::vector<std::string> names;
+  for (const LibraryKernel& k : all())
+    if (k.tuning_space) names.push_back(k.name);
+  for (const RegisteredKernel& r : registered())
+    if (r.kernel->tuning_space) names.push_back(r.kernel->name);
+  return names;
+}
+
+namespace {
+
+std::string no_space_error(const std::string& kernel) {
+  return fmt::format("tilejit: kernel '{}' has no tuning space (tunable: {})", kernel, fmt::join(tunable_kernels(), ", "));
+}
+
+// The space's key dimensions in declaration order: what --shape gives.
+std::vector<std::string> key_names(const std::string& kernel) {
+  const runtime::TuningSpace* space = find_tuning_space(kernel);
+  if (!space) throw std::invalid_argument(no_space_error(kernel));
+  std::vector<std::string> names;
+  for (const runtime::KeyArg& k : space->key_args()) names.push_back(k.name);
+  return names;
+}
+
+}  // namespace
 
 lang::Meta library_fixed_meta(const std::string& kernel, const lang::Meta& user) {
   const runtime::TuningSpace* space = find_tuning_space(kernel);
   const LibraryKernel* lk = find(kernel);
-  if (!space || !lk) throw std::invalid_argument(fmt::format("tilejit: kernel '{}' has no tuning space (tunable: gemm, attention_fwd)", kernel));
+  if (!space || !lk) throw std::invalid_argument(no_space_error(kernel));
   lang::Meta defaults;
   for (const auto& [n, v] : lk->default_meta)
     if (!space->default_config().find(n)) defaults.push_back({n, v});
@@ -313,15 +337,14 @@ lang::Meta library_fixed_meta(const std::string& kernel, const lang::Meta& user)
 }
 
 runtime::Shape library_shape(const std::string& kernel, const std::vector<int64_t>& v) {
-  if (kernel == "gemm") {
-    if (v.size() != 3) throw std::invalid_argument("tilejit: kernel 'gemm': --shape takes M,N,K");
-    return {{"M", v[0]}, {"N", v[1]}, {"K", v[2]}};
-  }
-  if (kernel == "attention_fwd") {
-    if (v.size() != 4) throw std::invalid_argument("tilejit: kernel 'attention_fwd': --shape takes B,H,S,D");
-    return {{"B", v[0]}, {"H", v[1]}, {"S", v[2]}, {"D", v[3]}};
-  }
-  throw std::invalid_argument(fmt::format("tilejit: kernel '{}' has no tuning space", kernel));
+  const std::vector<std::string> names = key_names(kernel);
+  if (v.size() != names.size())
+    throw std::invalid_argument(fmt::format("tilejit: kernel '{}': --shape takes {}", kernel, fmt::join(names, ",")));
+  runtime::Shape shape;
+  for (size_t i = 0; i < names.size(); ++i) shape.emplace_back(names[i], v[i]);
+  return shape;
 }
+
+std::string shape_names(const std::string& kernel) { return fmt::format("{}", fmt::join(key_names(kernel), ",")); }
 
 }  // namespace tilejit::library

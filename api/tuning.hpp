@@ -1,5 +1,6 @@
 // Tuning spaces of the library kernels (GEMM, attention forward): their parameters, constraints,
-// keys, cost-model workloads and timing inputs, found by kernel name for `tilejit tune`.
+// keys, cost-model workloads and timing inputs, found by kernel name for `tilejit tune` (with the
+// spaces of registered plugin kernels: a registry row's tuning_space).
 #pragma once
 #include <string>
 #include <vector>
@@ -15,15 +16,18 @@ const runtime::TuningSpace& gemm_tuning_space();
 // sequence length (powers of two), head dim exact.
 const runtime::TuningSpace& attention_fwd_tuning_space();
 
-// The space of a library kernel, or nullptr.
+// The space of a library or registered kernel, or nullptr.
 const runtime::TuningSpace* find_tuning_space(const std::string& kernel);
-std::vector<std::string> tunable_kernels();
+std::vector<std::string> tunable_kernels();  // the library's, then registered ones
 
 // The fixed meta `tilejit tune` and bundles use for a library kernel: the user's values over the
 // library's default meta (runtime/registry), without the tuned parameters.
 lang::Meta library_fixed_meta(const std::string& kernel, const lang::Meta& user);
 
-// A library kernel's shape from `--shape` values: gemm M,N,K; attention_fwd B,H,S,D.
+// A kernel's shape from `--shape` values: its space's key dimensions in declaration order (gemm
+// M,N,K; attention_fwd B,H,S,D). std::invalid_argument naming the dimensions on a wrong count.
 runtime::Shape library_shape(const std::string& kernel, const std::vector<int64_t>& values);
+// Those dimensions, as --shape takes them: "M,N,K".
+std::string shape_names(const std::string& kernel);
 
 }  // namespace tilejit::library

@@ -12,6 +12,23 @@ foreach(dir dsl jit runtime kernels api)
     FILES_MATCHING PATTERN "*.hpp")
 endforeach()
 install(FILES ${PROJECT_BINARY_DIR}/include/tilejit/tilejit.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tilejit)
+
+# Installed programs find libtilejit through a relative RPATH ($ORIGIN, then the way from their
+# folder to the library's): no LD_LIBRARY_PATH or ldconfig, and the prefix can be moved.
+function(tilejit_install_program target destination)
+  file(RELATIVE_PATH to_lib ${CMAKE_INSTALL_PREFIX}/${destination} ${CMAKE_INSTALL_FULL_LIBDIR})
+  set_target_properties(${target} PROPERTIES INSTALL_RPATH "$ORIGIN/${to_lib}")
+  install(TARGETS ${target} RUNTIME DESTINATION ${destination})
+endfunction()
+tilejit_install_program(tilejit_cli ${CMAKE_INSTALL_BINDIR})
+# The examples (README "Examples") under libexec/tilejit/examples, bundle_app with its bundle.
+if(TILEJIT_BUILD_EXAMPLES)
+  set(_tilejit_examples ${CMAKE_INSTALL_LIBEXECDIR}/tilejit/examples)
+  foreach(example vector_add softmax gemm attention bundle_app)
+    tilejit_install_program(example_${example} ${_tilejit_examples})
+  endforeach()
+  install(FILES ${PROJECT_BINARY_DIR}/examples/bundle_app.tjb DESTINATION ${_tilejit_examples})
+endif()
 install(EXPORT tilejitTargets NAMESPACE tilejit:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tilejit)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/tilejitConfig.cmake.in
   ${PROJECT_BINARY_DIR}/tilejitConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tilejit)

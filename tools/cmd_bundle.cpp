@@ -1,5 +1,5 @@
-// `tilejit bundle`: build library kernels into a bundle file (and/or a C++ source embedding it);
-// `tilejit bundle --list FILE`: what a bundle holds.
+// `tilejit bundle`: build library or plugin kernels into a bundle file (and/or a C++ source
+// embedding it); `tilejit bundle --list FILE`: what a bundle holds.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -28,7 +28,7 @@ runtime::BundleEntrySpec parse_spec(const std::string& text) {
   const size_t colon = text.find(':');
   const std::string kernel = text.substr(0, colon);
   if (kernel.empty()) throw UsageError(fmt::format("'{}': expected KERNEL[:NAME=VALUE,...]", text));
-  if (!library::find(kernel)) throw UsageError(fmt::format("unknown kernel '{}' (see `tilejit kernels`)", kernel));
+  (void)select_kernel(kernel);  // a usage error for an unknown name
   runtime::BundleEntrySpec spec = library::bundle_spec(kernel);
   if (colon == std::string::npos) return spec;
   std::string rest = text.substr(colon + 1);

@@ -1,5 +1,5 @@
-// `tilejit kernels` and `tilejit compile`: list the library; compile one kernel and write the
-// artefacts of the chosen stages.
+// `tilejit kernels` and `tilejit compile`: list the library and the plugins' kernels; compile one
+// kernel and write the artefacts of the chosen stages.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -50,7 +50,8 @@ const std::string& option_value(const Args& args, size_t& i) {
 KernelSelection select_kernel(const std::string& name) {
   KernelSelection sel;
   sel.kernel = library::find(name);
-  if (!sel.kernel) throw UsageError(fmt::format("unknown kernel '{}' (see `tilejit kernels`)", name));
+  if (!sel.kernel)
+    throw UsageError(fmt::format("unknown kernel '{}' (see `tilejit kernels`; a plugin's kernels need --plugin PATH)", name));
   sel.options.num_warps = sel.kernel->num_warps;
   sel.options.pipeline.stages = sel.kernel->stages;
   return sel;
@@ -91,8 +92,11 @@ bool parse_kernel_option(const Args& args, size_t& i, KernelSelection& sel) {
   return true;
 }
 
-int cmd_kernels(const Args&) {
+int cmd_kernels(const Args& args) {
+  if (!args.empty()) throw UsageError(fmt::format("kernels takes no arguments, got '{}'", args[0]));
   for (const auto& k : library::all()) std::printf("%-16s %s\n", k.name.c_str(), k.summary.c_str());
+  for (const library::RegisteredKernel& r : library::registered())
+    std::printf("%-16s %s  [from %s]\n", r.kernel->name.c_str(), r.kernel->summary.c_str(), r.origin.c_str());
   return 0;
 }
 

@@ -191,6 +191,11 @@ int cmd_run(const Args& args) {
   if (gpu) driver.require("tilejit run --device gpu");
   if (sel.kernel->name == "gemm") return run_gemm(sel, shape, gpu, reps);
   if (sel.kernel->name == "attention_fwd") return run_attention(sel, shape, gpu, reps);
+  if (const std::string origin = library::origin_of(sel.kernel->name); !origin.empty())
+    throw UsageError(fmt::format("`tilejit run` has inputs and a float64 reference only for gemm and attention_fwd; kernel '{}' "
+                                 "(from {}) has neither here: compile, inspect, tune or bundle it with this tool, and check its "
+                                 "values against your reference in the interpreter (runtime::interpret) from your own tests",
+                                 sel.kernel->name, origin));
   throw UsageError(fmt::format("`tilejit run` does not know inputs for kernel '{}' yet", sel.kernel->name));
 }
 

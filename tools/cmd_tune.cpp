@@ -1,7 +1,8 @@
-// `tilejit tune`: tunes a library kernel ahead of time for given shapes (model ranking, parallel
-// compiles, GPU timing, persisted results), prints the model's and the measured ranking side by
-// side, and optionally writes the chosen kernels and tuning table into a bundle.
+// `tilejit tune`: tunes a library or plugin kernel ahead of time for given shapes (model ranking,
+// parallel compiles, GPU timing, persisted results), prints the model's and the measured ranking
+// side by side, and optionally writes the chosen kernels and tuning table into a bundle.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "kernels/meta_names.hpp"
 #include <unistd.h>
@@ -92,11 +93,12 @@ void print_table(const runtime::TuneResult& r, bool all, bool measured) {
 }  // namespace
 
 int cmd_tune(const Args& args) {
-  if (args.empty()) throw UsageError("tune needs a kernel name (tunable: gemm, attention_fwd)");
+  const std::string tunable = fmt::format("{}", fmt::join(library::tunable_kernels(), ", "));
+  if (args.empty()) throw UsageError(fmt::format("tune needs a kernel name (tunable: {})", tunable));
   const std::string kernel = args[0];
-  const runtime::TuningSpace* space = library::find_tuning_space(kernel);
-  if (!space) throw UsageError(fmt::format("kernel '{}' has no tuning space (tunable: gemm, attention_fwd)", kernel));
   KernelSelection sel = select_kernel(kernel);
+  const runtime::TuningSpace* space = library::find_tuning_space(kernel);
+  if (!space) throw UsageError(fmt::format("kernel '{}' has no tuning space (tunable: {})", kernel, tunable));
   runtime::AutotuneOptions opts;
   std::vector<std::vector<int64_t>> shapes;
   std::string bundle;
@@ -116,7 +118,7 @@ int cmd_tune(const Args& args) {
     else if (a == "--bundle") bundle = option_value(args, i);
     else throw UsageError(fmt::format("unknown option '{}'", a));
   }
-  if (shapes.empty()) throw UsageError("give at least one --shape (gemm: M,N,K; attention_fwd: B,H,S,D)");
+  if (shapes.empty()) throw UsageError(fmt::format("give at least one --shape {}", library::shape_names(kernel)));
   opts.base = sel.options;
   opts.base.num_warps = 4;  // set per config
   ProgressBar bar;

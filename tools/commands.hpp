@@ -32,7 +32,12 @@ int cmd_inspect(const Args& args);
 int cmd_bundle(const Args& args);
 int cmd_tune(const Args& args);
 
-// Shared option parsing for commands that build a library kernel: --meta NAME=VALUE,
+// Loads $TILEJIT_PLUGINS, then every `--plugin PATH` (or --plugin=PATH) of a command's arguments,
+// and returns the arguments without them. Throws plugin::PluginError, or UsageError for a
+// --plugin without a path.
+Args load_plugins(const Args& args);
+
+// Shared option parsing for commands that build a library or plugin kernel: --meta NAME=VALUE,
 // --backend, --arch, --num-warps, --stages, --no-pipeline. Returns false for options it does
 // not know (the caller handles those); `i` is advanced past consumed values.
 struct KernelSelection {

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "api/plugin_loader.hpp"
 #include "commands.hpp"
 
 using namespace tilejit::cli;
@@ -11,12 +12,16 @@ using namespace tilejit::cli;
 namespace {
 
 const Command kCommands[] = {
-    {"kernels", "list the library kernels", "tilejit kernels\n", &cmd_kernels},
-    {"compile", "compile a library kernel and write its IR, source, PTX or cubin",
+    {"kernels", "list the library kernels and those of loaded plugins",
+     "tilejit kernels\n"
+     "  Every kernel the other commands take by name: the library's, then each plugin's with the\n"
+     "  option or variable and the path it came from.\n",
+     &cmd_kernels},
+    {"compile", "compile a library or plugin kernel and write its IR, source, PTX or cubin",
      "tilejit compile KERNEL [--meta NAME=VALUE ...] [--backend llvm|nvrtc] [--arch sm_90a]\n"
      "                [--num-warps N] [--stages N] [--min-programs-per-sm N] [--no-pipeline] [--emit ir|source|ptx|cubin|all ...]\n"
      "                [--dump-after PASS] [-o DIR]\n"
-     "  Compiles a library kernel (its default schedule under your --meta values and options) and\n"
+     "  Compiles a kernel (its default schedule under your --meta values and options) and\n"
      "  writes DIR/KERNEL.{tir,ll|cu,ptx,cubin} for each --emit (default: ptx and cubin); prints\n"
      "  registers, shared memory, spills and timings. VALUE: an integer, true/false or a dtype.\n"
      "  PASS: verify canonicalize schedule match-tma plan-wgmma assign-layouts lower backend ptx-to-cubin\n",
@@ -34,7 +39,8 @@ const Command kCommands[] = {
      "  gemm: --shape M,N,K (default 1024,1024,1024 on the GPU, 96,80,64 on the CPU);\n"
      "  attention_fwd: --shape B,H,S,D (default 2,8,1024,64 on the GPU, 1,2,128,64 on the CPU).\n"
      "  --device defaults to gpu when there is one. Prints the relative error against float64\n"
-     "  (sampled rows for large shapes) and, on the GPU, the time and TFLOP/s.\n",
+     "  (sampled rows for large shapes) and, on the GPU, the time and TFLOP/s. Plugin kernels have\n"
+     "  no inputs or reference here: check them in the interpreter from your own tests.\n",
      &cmd_run},
     {"inspect", "show the IR after each pass, the PTX, registers/shared memory/spills and SASS",
      "tilejit inspect KERNEL [--meta NAME=VALUE ...] [--backend llvm|nvrtc] [--num-warps N] [--stages N]\n"
@@ -42,7 +48,7 @@ const Command kCommands[] = {
      "  Prints the IR after each pass (or only the --pass ones), the PTX, what the assembler\n"
      "  reports, and the SASS when cuobjdump is on PATH.\n",
      &cmd_inspect},
-    {"bundle", "build library kernels into a bundle an application loads with no compiler; list one",
+    {"bundle", "build library or plugin kernels into a bundle an application loads with no compiler; list one",
      "tilejit bundle -o FILE [--emit-cpp FILE.cpp] [--arch ARCH ...] KERNEL[:NAME=VALUE,...] ...\n"
      "tilejit bundle --list FILE\n"
      "  Compiles each KERNEL (its default schedule under your values) for each --arch (default sm_90a)\n"
@@ -52,10 +58,10 @@ const Command kCommands[] = {
      "  min_programs_per_sm=N, pipeline=on|off, once_by_tma=on|off, backend=llvm|nvrtc. Examples: gemm  gemm:BLOCK_N=128,OUT_DTYPE=f32\n"
      "  attention_fwd:CAUSAL=true,warps=8. --list prints a bundle's entries.\n",
      &cmd_bundle},
-    {"tune", "autotune a library kernel for shapes: model ranking, parallel compiles, GPU timing, persisted",
+    {"tune", "autotune a kernel for shapes: model ranking, parallel compiles, GPU timing, persisted",
      "tilejit tune KERNEL --shape DIMS [--shape DIMS ...] [--top-k N] [--compile-k N] [--budget-s S] [--exhaustive]\n"
      "             [--force] [--model-only] [--all] [--meta NAME=VALUE ...] [--backend llvm|nvrtc] [--bundle FILE]\n"
-     "  DIMS: gemm M,N,K; attention_fwd B,H,S,D. Ranks the kernel's tuning space with the cost model,\n"
+     "  DIMS: gemm M,N,K; attention_fwd B,H,S,D; a plugin kernel its space's key dimensions. Ranks the kernel's tuning space with the cost model,\n"
      "  compiles the best --compile-k (default 2 x top-k) in parallel, times the best --top-k (default 6)\n"
      "  and the default config on the GPU (outputs checked against the default's) and stores every\n"
      "  measurement and the choice next to the compile cache; a later run is a lookup. --exhaustive\n"
@@ -67,17 +73,35 @@ const Command kCommands[] = {
 };
 
 void print_usage(FILE* out) {
-  std::fprintf(out, "usage: tilejit COMMAND [ARGS...]   (tilejit COMMAND --help for details)\n\ncommands:\n");
+  std::fprintf(out, "usage: tilejit COMMAND [ARGS...] [--plugin PATH ...]   (tilejit COMMAND --help for details)\n\ncommands:\n");
   for (const Command& c : kCommands) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
+  std::fprintf(out,
+               "\n--plugin PATH (any command, repeatable) loads the kernels of a shared library built with\n"
+               "TILEJIT_PLUGIN (api/plugin.hpp), after those of $TILEJIT_PLUGINS (paths separated by ':').\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args args(argv + 1, argv + argc);
-  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    print_usage(args.empty() ? stderr : stdout);
-    return args.empty() ? 2 : 0;
+  const Args given(argv + 1, argv + argc);
+  if (given.empty() || given[0] == "--help" || given[0] == "-h") {
+    print_usage(given.empty() ? stderr : stdout);
+    return given.empty() ? 2 : 0;
+  }
+  // Plugins load before the command is looked up, so --plugin may stand anywhere.
+  Args args;
+  try {
+    args = load_plugins(given);
+  } catch (const tilejit::plugin::PluginError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "tilejit: %s\n", e.what());
+    return 2;
+  }
+  if (args.empty()) {
+    print_usage(stderr);
+    return 2;
   }
   for (const Command& c : kCommands) {
     if (args[0] != c.name) continue;
