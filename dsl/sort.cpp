@@ -72,6 +72,16 @@ Tile flip(const Operand& x, int axis, Loc loc) {
   return xor_permute(t, axis, b.type(t.id()).shape[static_cast<size_t>(axis)] - 1, loc);
 }
 
+Tile gather(const Operand& x, const Operand& index, int axis, Loc loc) {
+  Builder& b = detail::builder_for({&x, &index}, loc);
+  Tile t = detail::to_tile(b, x, loc), i = detail::to_tile(b, index, loc);
+  axis = check_axis(b, "gather", b.type(t.id()), axis, loc);
+  const ir::Type& it = b.type(i.id());
+  if (!ir::is_int(it.dtype) || it.dtype == DType::i1)
+    b.fail(loc, fmt::format("gather: the index must be an integer tile, got {}", ir::to_string(it)));
+  return b.emit1(ir::OpKind::gather, {t.id(), i.id()}, {{"axis", int64_t{axis}}}, loc);
+}
+
 std::vector<Tile> sort(const std::vector<Tile>& tiles, int axis, bool descending, Loc loc) {
   if (tiles.empty()) Builder::current(loc).fail(loc, "sort: needs one or more tiles");
   Builder& b = Builder::current(loc);

@@ -1,5 +1,5 @@
-// Moving elements along an axis: xor_permute (the one new IR op: element i takes element
-// i ^ mask), and what is composed from it and elementwise ops, exactly alike in the interpreter
+// Moving elements along an axis: gather, xor_permute (element i takes element i ^ mask), and what
+// is composed from the latter and elementwise ops, exactly alike in the interpreter
 // and on the GPU: flip, and a bitonic sorting network (sort, argsort, topk). Axes of a power-of-two
 // length (as every tile dimension is).
 #pragma once
@@ -13,6 +13,11 @@ namespace tilejit::lang {
 Tile xor_permute(const Operand& x, int axis, int64_t mask, Loc loc = Loc::current());
 // The axis reversed (xor_permute with mask n - 1).
 Tile flip(const Operand& x, int axis, Loc loc = Loc::current());
+// Triton's tl.gather / numpy's take_along_axis: out has index's shape (x's, but for the axis) and
+// out[..., i, ...] = x[..., index[..., i, ...], ...]. An index outside the axis is an error in the
+// interpreter; on the GPU it wraps modulo the axis length (never a read outside the tile). Through
+// shared memory: one exchange.
+Tile gather(const Operand& x, const Operand& index, int axis, Loc loc = Loc::current());
 
 // The order: integers by value; floats by value with -0.0 before +0.0 and NaN after everything
 // (torch.sort's place for NaN), so any two elements compare and the result is one permutation.

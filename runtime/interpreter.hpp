@@ -67,8 +67,8 @@ struct InterpretError : std::runtime_error {
 // (ir::VerifyError on malformed IR), then checks the arguments against the parameters and their
 // ParamSpecs.
 struct InterpretOptions {
-  // Refuse what the GPU backends refuse (tile dims that are not powers of two), so a kernel that
-  // runs here also compiles; false runs such kernels on the CPU anyway.
+  // Refuse what the GPU refuses (tile dims that are not powers of two, grid y or z above 65535), so
+  // a kernel that runs here also compiles and launches; false runs such kernels on the CPU anyway.
   bool gpu_rules = true;
 };
 void interpret(const ir::Function& f, Grid grid, const std::vector<Arg>& args, InterpretOptions opts = {});

@@ -79,6 +79,21 @@ TEST_CASE("by default the interpreter refuses what the GPU backends refuse: tile
   for (int64_t i = 0; i < 96; ++i) CHECK(y.get({i}) == 2.0 * x.get({i}));
 }
 
+TEST_CASE("gpu_rules: a grid the GPU cannot launch (y or z above 65535) is refused, as the launcher does") {
+  const ir::Function fn = kernel("tall_grid", [](Builder& b) {
+    auto Y = b.pointer("Y", i32);
+    store(Y + program_id(1), program_id(1));
+  }).build();
+  HostTensor y(i32, {65536});
+  const std::string msg = interpret_error(fn, {1, 65536, 1}, {y});
+  INFO(msg);
+  CHECK(contains(msg, "kernel 'tall_grid': grid (1,65536,1) cannot launch on the GPU: y and z must be in [1, 65535]"));
+  CHECK(contains(interpret_error(fn, {1, 1, 70000}, {y}), "grid (1,1,70000) cannot launch on the GPU"));
+  rt::interpret(fn, {1, 65536, 1}, {y}, {.gpu_rules = false});  // the CPU runs it on request
+  CHECK(y.get({65535}) == 65535);
+  CHECK(y.get({1234}) == 1234);
+}
+
 TEST_CASE("a wrong number of arguments names the kernel, the parameters and the count") {
   auto fn = scale_kernel();
   HostTensor x(f32, {16}), t(f32, {4, 4});

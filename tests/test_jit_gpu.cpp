@@ -754,6 +754,27 @@ TEST_CASE("gpu: sort, argsort, topk and flip equal the interpreter bit for bit, 
     }
 }
 
+TEST_CASE("gpu: gather along either axis equals the interpreter bit for bit, both backends") {
+  if (!have_gpu()) return;
+  for (int warps : {4, 8}) {
+    INFO("warps " << warps);
+    const Kernel k = kernel("gather_gpu", [](Builder& kb) {
+      auto X = kb.tensor("X", bf16, 2), I0 = kb.tensor("I0", i32, 2), I1 = kb.tensor("I1", i64, 2);
+      auto Y0 = kb.tensor("Y0", bf16, 2), Y1 = kb.tensor("Y1", bf16, 2);
+      Tile x = load(X.block({0, 0}, {32, 128}));
+      store(Y0.block({0, 0}, {64, 128}), gather(x, load(I0.block({0, 0}, {64, 128})), 0));
+      store(Y1.block({0, 0}, {32, 32}), gather(x, load(I1.block({0, 0}, {32, 32})), 1));
+    });
+    HostTensor x(bf16, {32, 128}), i0(i32, {64, 128}), i1(i64, {32, 32}), y0(bf16, {64, 128}), y1(bf16, {32, 32});
+    x.fill_uniform(31, -8, 8);
+    i0.fill_uniform(32, 0, 31);
+    i1.fill_uniform(33, 0, 127);
+    jit::CompileOptions o;
+    o.num_warps = warps;
+    check_against_interpreter(k.build(), {1}, {&x, &i0, &i1, &y0, &y1}, 0.0, o, true);
+  }
+}
+
 TEST_CASE("gpu: abs of the smallest i8 / i16 wraps, as in the interpreter (issue 28, fuzzer)") {
   if (!have_gpu()) return;
   for (DType d : {i8, i16}) {

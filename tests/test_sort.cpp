@@ -162,3 +162,36 @@ TEST_CASE("sort: sort, topk and flip lower through both backends and assemble fo
     }
   }
 }
+
+TEST_CASE("gather: take_along_axis along either axis, another length along the axis, errors") {
+  const Kernel k = kernel("gather_case", [](Builder& b) {
+    auto X = b.tensor("X", f32, 2), I0 = b.tensor("I0", i32, 2), I1 = b.tensor("I1", i64, 2);
+    auto Y0 = b.tensor("Y0", f32, 2), Y1 = b.tensor("Y1", f32, 2);
+    Tile x = load(X.block({0, 0}, {R, C}));
+    store(Y0.block({0, 0}, {8, C}), gather(x, load(I0.block({0, 0}, {8, C})), 0));   // 8 picks from 4 rows
+    store(Y1.block({0, 0}, {R, 16}), gather(x, load(I1.block({0, 0}, {R, 16})), 1));  // 16 of 64 columns
+  });
+  rt::HostTensor x(f32, {R, C}), i0(i32, {8, C}), i1(i64, {R, 16}), y0(f32, {8, C}), y1(f32, {R, 16});
+  x.fill_uniform(21, -5, 5);
+  x.set({2, 3}, NAN);
+  i0.fill_uniform(22, 0, R - 1);
+  i1.fill_uniform(23, 0, C - 1);
+  rt::interpret(k.build(), {1}, {rt::Arg(x), rt::Arg(i0), rt::Arg(i1), rt::Arg(y0), rt::Arg(y1)});
+  for (int64_t r = 0; r < 8; ++r)
+    for (int64_t c = 0; c < C; ++c) REQUIRE(same_bits(y0.get({r, c}), x.get({static_cast<int64_t>(i0.get({r, c})), c})));
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < 16; ++c) REQUIRE(same_bits(y1.get({r, c}), x.get({r, static_cast<int64_t>(i1.get({r, c}))})));
+  // an index outside the axis: the interpreter names it
+  i1.set({1, 2}, 64);
+  CHECK_THROWS_WITH(rt::interpret(k.build(), {1}, {rt::Arg(x), rt::Arg(i0), rt::Arg(i1), rt::Arg(y0), rt::Arg(y1)}),
+                    doctest::Contains("gather: index 64 is outside the axis of 64 elements (valid: 0..63)"));
+  CHECK_THROWS_WITH(kernel("bad", [](Builder&) { gather(arange(0, 16), arange(0, 16) > 3, 0); }).build(),
+                    doctest::Contains("gather: the index must be an integer tile, got i1[16]"));
+  CHECK_THROWS_WITH(kernel("bad", [](Builder&) { gather(reshape(arange(0, 16), {4, 4}), reshape(arange(0, 8), {2, 4}), 1); }).build(),
+                    doctest::Contains("differ in dimension 0 (only the axis 1 may)"));
+  if (testing::no_ptxas()) return;
+  for (jit::Backend be : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+    INFO(jit::to_string(be));
+    testing::assemble_sm90a(k.build(), be, 4);
+  }
+}

@@ -10,7 +10,7 @@
 namespace tilejit::ir {
 namespace {
 
-constexpr std::array<std::string_view, static_cast<size_t>(OpKind::xor_permute) + 1> kNames{
+constexpr std::array<std::string_view, static_cast<size_t>(OpKind::gather) + 1> kNames{
     "constant", "arange", "splat", "broadcast", "expand_dims", "reshape", "trans",
     "add", "sub", "mul", "div", "rem", "minimum", "maximum",
     "and", "or", "xor", "shl", "shr", "umulhi", "cmp", "byte_perm", "fma",
@@ -21,7 +21,7 @@ constexpr std::array<std::string_view, static_cast<size_t>(OpKind::xor_permute) 
     "tensor_ptr", "tensor_dim", "tensor_stride", "tensor_slice", "addptr", "load", "store", "atomic_add", "atomic_rmw", "atomic_cas", "block_load",
     "block_store", "wait_ge", "signal_add", "turn_begin", "turn_end",
     "for", "if", "yield", "warp_roles", "channel_push", "channel_pop", "ring_producer",
-    "scan", "reduce_with", "xor_permute",
+    "scan", "reduce_with", "xor_permute", "gather",
 };
 
 [[noreturn]] void fail(OpKind k, const std::string& msg) {
@@ -312,6 +312,21 @@ std::vector<Type> reduction_types(OpKind k, const std::vector<Type>& in, const A
       s.erase(s.begin() + axis);
       return {in[0].with_shape(s)};
     }
+    case gather: {
+      expect_count(k, in, 2);
+      expect_value(k, in[0], "source");
+      expect_value(k, in[1], "index");
+      if (in[0].is_scalar()) fail(k, "the source is a scalar");
+      if (!is_int(in[1].dtype) || in[1].dtype == DType::i1) fail(k, fmt::format("the index must be an integer tile, got {}", to_string(in[1])));
+      if (in[1].shape.size() != in[0].shape.size())
+        fail(k, fmt::format("the index {} and the source {} differ in rank", to_string(in[1]), to_string(in[0])));
+      const int64_t axis = axis_attr(k, a, "axis", 0, static_cast<int64_t>(in[0].shape.size()) - 1);
+      for (size_t d = 0; d < in[0].shape.size(); ++d)
+        if (static_cast<int64_t>(d) != axis && in[0].shape[d] != in[1].shape[d])
+          fail(k, fmt::format("the index {} and the source {} differ in dimension {} (only the axis {} may)", to_string(in[1]),
+                              to_string(in[0]), d, axis));
+      return {in[0].with_shape(in[1].shape)};
+    }
     case xor_permute: {
       expect_count(k, in, 1);
       expect_value(k, in[0], "operand");
@@ -597,6 +612,7 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
     case scan:
     case reduce_with:
     case xor_permute:
+    case gather:
     case dot: return reduction_types(k, in, a);
     case program_id:
     case num_programs:

@@ -101,6 +101,9 @@ enum class OpKind : uint8_t {
   // (t) {axis, mask} -> t: element i along axis is t's element i ^ mask (the axis a power of two,
   // mask below it): butterflies, bitonic sorting networks (lang::sort), flip (mask = n - 1)
   xor_permute,
+  // (x, index) {axis} -> x's dtype in index's shape: element at position p takes x at p with its
+  // axis coordinate replaced by index[p] (Triton's tl.gather, numpy's take_along_axis)
+  gather,
 };
 
 std::string_view op_name(OpKind k);

@@ -1,5 +1,6 @@
-// Moving a tile between layouts (a register renaming, else an exchange through shared memory), and
-// flexible values, materialised directly in whatever layout a use asks for.
+// Moving a tile between layouts (a register renaming, else an exchange through shared memory),
+// gathers along an axis (through shared memory too), and flexible values, materialised directly in
+// whatever layout a use asks for.
 #include "jit/lower/lowerer.hpp"
 
 #include <map>
@@ -61,6 +62,39 @@ Regs Lowerer::through_smem(const Regs& regs, const Layout& from, const Layout& t
   }
   emit0(Op::barrier, {});
   return outr;
+}
+
+void Lowerer::gather(const ir::Op& op) {
+  const ir::Type& xt = f_.type(op.operands[0]);
+  const ir::Type& rt = f_.type(op.results[0]);
+  check_shape(&op, xt);
+  check_shape(&op, rt);
+  const auto axis = static_cast<size_t>(op.int_attr("axis"));
+  const Layout Lx = plan_.natural[op.operands[0]] ? *plan_.natural[op.operands[0]] : memory_layout(xt);
+  const Layout& Lr = *plan_.natural[op.results[0]];
+  const Regs x = get(op.operands[0], Lx), index = get(op.operands[1], Lr);
+  // the source tile row-major in shared memory, then each result element read at its index
+  const pir::Ty st = smem_ty(xt);
+  const int64_t esize = ir::byte_size(st.dtype);
+  int64_t numel = 1;
+  for (int64_t d : xt.shape) numel *= d;
+  reserve_smem(numel * esize);
+  for (uint32_t r = 0; r < x.size(); ++r)
+    if (!duplicate_reg(Lx, r)) emit0(Op::store_shared, {bin(Op::mul, tile_offset(Lx, r), ci32(esize)), to_smem(x[r], xt)});
+  emit0(Op::barrier, {});
+  // an index outside the axis wraps (the interpreter reports it): never a read outside the tile
+  const int64_t n = xt.shape[axis];
+  Regs out;
+  for (uint32_t r = 0; r < static_cast<uint32_t>(Lr.num_regs()); ++r) {
+    V off = ci32(0);
+    for (size_t d = 0; d < xt.shape.size(); ++d) {
+      V c = d == axis ? land(cast(index[r], DType::i32), ci32(n - 1)) : coord(Lr, r, d);
+      off = bin(Op::add, bin(Op::mul, off, ci32(xt.shape[d])), c);
+    }
+    out.push_back(from_smem(emit(Op::load_shared, st, {bin(Op::mul, off, ci32(esize))}), xt));
+  }
+  emit0(Op::barrier, {});
+  put(op.results[0], Lr, out);
 }
 
 Regs Lowerer::materialize(const ir::Op& op, const Layout& L) {

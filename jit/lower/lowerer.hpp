@@ -136,6 +136,7 @@ class Lowerer {
   V from_smem(V v, const ir::Type& t);
 
   Regs through_smem(const Regs& regs, const Layout& from, const Layout& to, const ir::Type& t);
+  void gather(const ir::Op& op);  // the source through shared memory, read at the indices
 
   // ---------------------------------------------------------------- flexible values (lower/layout_conversion.cpp)
   Regs materialize(const ir::Op& op, const Layout& L);

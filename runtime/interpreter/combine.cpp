@@ -1,6 +1,8 @@
 // scan and reduce_with (and xor_permute, the element exchange along an axis): the combine region run on one pair of elements at a time, left to right
 // along the axis (right to left for a reverse scan, the running value still on the left). The GPU combines in a tree (jit/lower/
 // scans.cpp): the same result for an associative combine, up to rounding for float arithmetic.
+#include <fmt/format.h>
+
 #include "runtime/interpreter/machine.hpp"
 
 namespace tilejit::runtime::interp {
@@ -91,6 +93,33 @@ void Machine::xor_permute_op(const Op& op) {
         if (!x.f.empty()) y.f[to] = x.f[from];
         if (!x.i.empty()) y.i[to] = x.i[from];
       }
+  std::swap(S(op.results[0]), y);
+}
+
+void Machine::gather_op(const Op& op) {
+  const ir::Type& xt = T(op.operands[0]);
+  const ir::Type& it = T(op.operands[1]);
+  const auto axis = static_cast<size_t>(op.int_attr("axis"));
+  const Slot& x = S(op.operands[0]);
+  const Slot& index = S(op.operands[1]);
+  const int64_t n = xt.shape[axis];
+  int64_t inner = 1;
+  for (size_t d = axis + 1; d < xt.shape.size(); ++d) inner *= xt.shape[d];
+  const int64_t m = it.shape[axis];
+  Slot y;
+  const size_t count = N(op.operands[1]);
+  if (!x.f.empty()) y.f.resize(count);
+  else y.i.resize(count);
+  for (size_t e = 0; e < count; ++e) {
+    const auto p = static_cast<int64_t>(e);
+    const int64_t in = p % inner, o = p / inner / m;  // e = (o * m + j) * inner + in
+    const int64_t j = index.i[e];
+    if (j < 0 || j >= n)
+      fault(op, fmt::format("gather: index {} is outside the axis of {} elements (valid: 0..{})", j, n, n - 1), p, &it.shape);
+    const auto from = static_cast<size_t>((o * n + j) * inner + in);
+    if (!x.f.empty()) y.f[e] = x.f[from];
+    else y.i[e] = x.i[from];
+  }
   std::swap(S(op.results[0]), y);
 }
 

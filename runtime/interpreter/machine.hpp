@@ -153,6 +153,7 @@ class Machine {
   // ------------------------------------------------------------ scans and reductions with a combine region (interpreter/combine.cpp)
   void combine_op(const Op& op);  // scan, reduce_with
   void xor_permute_op(const Op& op);
+  void gather_op(const Op& op);
   void combine_pair(const Op& op, const std::vector<const Slot*>& a, const std::vector<size_t>& ai, const std::vector<const Slot*>& b,
                     const std::vector<size_t>& bi, std::vector<Slot>& out);
 

@@ -171,6 +171,7 @@ void Machine::exec(const Op& op) {
     case scan:
     case reduce_with: return combine_op(op);
     case xor_permute: return xor_permute_op(op);
+    case gather: return gather_op(op);
     case dot: return dot_op(op);
     case program_id: S(op.results[0]).i.assign(1, pid_[op.int_attr("axis")]); return;
     case num_programs: S(op.results[0]).i.assign(1, grid_[op.int_attr("axis")]); return;
@@ -237,6 +238,7 @@ bool waits_on_semaphores(const ir::Block& b) {
 }
 
 constexpr int64_t kMaxConcurrentPrograms = 4096;
+constexpr int64_t kGridYZMax = 65535;
 
 // Every program on its own thread; the first error any program raised is rethrown.
 void run_concurrently(const ir::Function& f, Grid grid, const std::vector<Arg>& args) {
@@ -283,9 +285,15 @@ std::string Arg::describe() const {
 
 void interpret(const ir::Function& f, Grid grid, const std::vector<Arg>& args, InterpretOptions opts) {
   ir::verify(f);
-  if (opts.gpu_rules)
+  if (opts.gpu_rules) {
     if (const std::string why = ir::gpu_shape_violation(f); !why.empty())
       throw InterpretError(fmt::format("kernel '{}': {} (InterpretOptions::gpu_rules = false runs it on the CPU anyway)", f.name, why));
+    // the launcher's limits (runtime/gpu_kernel.cpp): CUDA grids take y and z up to 65535
+    if (grid.y > kGridYZMax || grid.z > kGridYZMax)
+      throw InterpretError(fmt::format("kernel '{}': grid ({},{},{}) cannot launch on the GPU: y and z must be in [1, {}] (x up to {}) "
+                                       "(InterpretOptions::gpu_rules = false runs it on the CPU anyway)",
+                                       f.name, grid.x, grid.y, grid.z, kGridYZMax, interp::kI32Max));
+  }
   if (waits_on_semaphores(f.body)) return run_concurrently(f, grid, args);
   Machine m(f, grid, args);
   m.run();
