@@ -30,8 +30,9 @@ Tile atomic_add(const Operand& ptr, const Operand& value, const Operand& mask,
 // xchg take i32 u32 i64 u64 f32 f64 (float max / min ignore a NaN operand, as fmaxf does: on the
 // GPU a compare-and-swap loop); and, or, xor and atomic_cas take i32 u32 i64 u64. The elements of
 // one call are independent atomics: two elements at one address both apply, in some order.
-// e.g. a spin lock: while (atomic_cas(lock, 0, 1, {.sem = acquire}) != 0) {} ...
-// atomic_xchg(lock, 0, {.sem = release}); an amax: atomic_max(amax_ptr, max(abs(x), 0)).
+// e.g. a try-lock: if_(atomic_cas(lock, 0, 1, {.sem = acquire}) == 0, [&] { ...;
+// atomic_xchg(lock, 0, {.sem = release}); }) (the DSL has no data-dependent loop to spin in; to wait
+// for other programs use wait_ge / signal_add); an amax: atomic_max(amax_ptr, max(abs(x), 0)).
 using ir::MemScope;
 using ir::MemSem;
 struct AtomicOptions {
