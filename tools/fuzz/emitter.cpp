@@ -136,6 +136,28 @@ void Emitter::emit(size_t i) {
       else r = n.sub == 0 ? sum(a(0), axis) : n.sub == 1 ? max(a(0), axis) : min(a(0), axis);
       break;
     }
+    case NodeKind::Scan:
+    case NodeKind::ReduceWith: {
+      const int sub = n.sub;
+      const Combine1 combine = [sub](const Tile& p, const Tile& q) {
+        switch (sub) {
+          case 0: return p + q;
+          case 1: return maximum(p, q);
+          case 2: return minimum(p, q);
+          case 3: return p;
+          default: return q;
+        }
+      };
+      const int axis = static_cast<int>(n.ivalue);
+      r = n.kind == NodeKind::Scan ? associative_scan(a(0), axis, combine, n.value != 0) : reduce(a(0), axis, combine);
+      break;
+    }
+    case NodeKind::XorPermute: r = xor_permute(a(0), static_cast<int>(n.ivalue), n.sub); break;
+    case NodeKind::Gather: {
+      const int axis = static_cast<int>(n.ivalue);
+      r = gather(a(0), cast(DType::i32, a(1)) & (a(0).shape()[static_cast<size_t>(axis)] - 1), axis);
+      break;
+    }
     case NodeKind::Dot: r = n.args.size() == 3 ? dot(a(0), a(1), a(2)) : dot(a(0), a(1)); break;
     case NodeKind::PackPairs: r = pack_pairs(a(0)); break;
     case NodeKind::UnpackPairs: r = unpack_pairs(n.dtype, a(0)); break;

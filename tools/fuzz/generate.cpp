@@ -303,7 +303,7 @@ class Generator {
     else if (r < 34) unary();
     else if (r < 42) cast();
     else if (r < 47) compare_select();
-    else if (r < 52) reduce();
+    else if (r < 52) { if (o_.axis_ops && rng_.chance(0.4)) axis_op(); else reduce(); }
     else if (r < 56) constant_leaf();
     else if (r < 60) { for (size_t t = 0; t < p_.tensors.size(); ++t) if (!p_.tensors[t].output && rng_.chance(0.5)) { load_input(static_cast<int>(t)); break; } }
     else if (r < 64) bitcast();
@@ -385,6 +385,8 @@ class Generator {
       }
       case NodeKind::Select: return arg(1) && arg(2);
       case NodeKind::Cast: case NodeKind::Broadcast: case NodeKind::Trans: case NodeKind::Reduce: return arg(0);
+      case NodeKind::XorPermute: case NodeKind::Gather: return arg(0);
+      case NodeKind::Scan: case NodeKind::ReduceWith: return m.sub != 0 && arg(0);  // selections keep the bound
       case NodeKind::VarRead: return vars_[static_cast<size_t>(m.var)].bounded;
       default: return false;
     }
@@ -626,6 +628,43 @@ class Generator {
     if (n.sub == 0 && ir::is_float(node(x).dtype) && !node(x).bounded) n.sub = static_cast<int>(rng_.range(1, 2));
     int i = add(n);
     if (n.sub == 0 && ir::is_float(node(x).dtype) && !node(x).small) {
+      node(i).exact = false;
+      node(i).approx_depth += 1;
+    }
+  }
+
+  // a scan, a reduction with a combine, an xor_permute or a gather along one axis of a tile
+  void axis_op() {
+    int x = find([&](const Node& n) { return !n.shape.empty() && n.dtype != DType::i1 && !ir::is_fp8(n.dtype); });
+    if (x < 0) return;
+    const Shape shape = node(x).shape;
+    const DType d = node(x).dtype;
+    Node n;
+    n.args = {x};
+    n.ivalue = rng_.range(0, static_cast<int64_t>(shape.size()) - 1);
+    const int64_t len = shape[static_cast<size_t>(n.ivalue)];
+    switch (rng_.range(0, 3)) {
+      case 0: n.kind = NodeKind::Scan; n.value = rng_.chance(0.5) ? 1 : 0; break;
+      case 1: n.kind = NodeKind::ReduceWith; break;
+      case 2:
+        if (len < 2) return;
+        n.kind = NodeKind::XorPermute;
+        n.sub = static_cast<int>(rng_.range(1, len - 1));
+        break;
+      default: {
+        int y = find([&](const Node& m) { return m.shape == shape && ir::is_int(m.dtype) && m.dtype != DType::i1; });
+        if (y < 0) return;
+        n.kind = NodeKind::Gather;
+        n.args.push_back(y);
+        break;
+      }
+    }
+    const bool combines = n.kind == NodeKind::Scan || n.kind == NodeKind::ReduceWith;
+    if (combines) n.sub = static_cast<int>(rng_.range(0, 4));
+    // a float sum over values that may be huge overflows in one order and not in another
+    if (combines && n.sub == 0 && ir::is_float(d) && !node(x).bounded) n.sub = 1;
+    int i = add(n);
+    if (combines && n.sub == 0 && ir::is_float(d) && !node(x).small) {  // rounding in another order
       node(i).exact = false;
       node(i).approx_depth += 1;
     }

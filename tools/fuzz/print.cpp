@@ -93,6 +93,16 @@ std::string expression(const Program& p, const Node& n) {
       const char* k = n.sub == 0 ? "sum" : n.sub == 1 ? "max" : "min";
       return n.ivalue < 0 ? fmt::format("{}({})", k, a(0)) : fmt::format("{}({}, {})", k, a(0), n.ivalue);
     }
+    case NodeKind::Scan:
+    case NodeKind::ReduceWith: {
+      static const char* const combines[] = {"a + b", "maximum(a, b)", "minimum(a, b)", "a", "b"};
+      const std::string fn = fmt::format("[](const Tile& a, const Tile& b) {{ return {}; }}", combines[n.sub]);
+      if (n.kind == NodeKind::Scan) return fmt::format("associative_scan({}, {}, {}, {})", a(0), n.ivalue, fn, n.value != 0);
+      return fmt::format("reduce({}, {}, {})", a(0), n.ivalue, fn);
+    }
+    case NodeKind::XorPermute: return fmt::format("xor_permute({}, {}, {})", a(0), n.ivalue, n.sub);
+    case NodeKind::Gather:
+      return fmt::format("gather({0}, cast(i32, {1}) & ({0}.shape()[{2}] - 1), {2})", a(0), a(1), n.ivalue);
     case NodeKind::Dot: return n.args.size() == 3 ? fmt::format("dot({}, {}, {})", a(0), a(1), a(2)) : fmt::format("dot({}, {})", a(0), a(1));
     case NodeKind::PackPairs: return fmt::format("pack_pairs({})", a(0));
     case NodeKind::UnpackPairs: return fmt::format("unpack_pairs({}, {})", ir::name(n.dtype), a(0));

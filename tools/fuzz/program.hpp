@@ -68,6 +68,12 @@ enum class NodeKind : uint8_t {
   LoadOutput,  // load(output `tensor`.block({pid, args[0], args[1]}, shape, dims {1, 2}), padding 0): what
                // this program stored so far (poison before), read back in another layout (in-place
                // updates: the lowering must order them between threads, decision 047)
+  // along an axis (`ivalue`) with a combine `sub`: 0 a + b, 1 maximum, 2 minimum, 3 a (the first),
+  // 4 b (the last: order-sensitive)
+  Scan,        // associative_scan(args[0], axis, combine, reverse = `value` != 0)
+  ReduceWith,  // reduce(args[0], axis, combine)
+  XorPermute,  // xor_permute(args[0], axis, mask `sub`)
+  Gather,      // gather(args[0], cast(i32, args[1]) & (axis length - 1), axis)
 };
 
 struct Node {
@@ -113,6 +119,7 @@ struct GenerateOptions {
   bool pack_pairs = true;
   bool narrow_reductions = true;  // reductions over i8/i16/u8/u16 tiles
   bool fp8 = false;         // fp8 casts and dot inputs
+  bool axis_ops = true;     // scans, reductions with a combine, xor_permute, gather (since 0.1.4)
 };
 
 Program generate(uint64_t seed, const GenerateOptions& opts = {});
