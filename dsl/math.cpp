@@ -132,4 +132,20 @@ Tile arg_extreme(const Operand& x, int axis, bool largest, const char* fn, const
 Tile argmax(const Operand& x, int axis, Loc loc) { return arg_extreme(x, axis, true, "argmax", loc); }
 Tile argmin(const Operand& x, int axis, Loc loc) { return arg_extreme(x, axis, false, "argmin", loc); }
 
+Tile histogram(const Operand& x, int64_t num_bins, Loc loc) {
+  Builder& b = detail::builder_for({&x}, loc);
+  Tile t = detail::to_tile(b, x, loc);
+  const ir::Type type = b.type(t.id());
+  if (!ir::is_int(type.dtype) || type.dtype == DType::i1 || type.shape.empty())
+    b.fail(loc, fmt::format("histogram: needs an integer tile, got {}", ir::to_string(type)));
+  if (num_bins < 1 || num_bins > (int64_t{1} << 16) || (num_bins & (num_bins - 1)))
+    b.fail(loc, fmt::format("histogram: num_bins = {} (valid: a power of two from 1 to 65536)", num_bins));
+  int64_t n = 1;
+  for (int64_t d : type.shape) n *= d;
+  Tile flat = type.shape.size() == 1 ? t : reshape(t, {n}, loc);
+  // compared in i64 so that no value wraps onto a bin
+  Tile hits = cast(DType::i64, flat, loc)[col] == cast(DType::i64, arange(0, num_bins, loc), loc)[row];
+  return sum(hits, 0, loc);
+}
+
 }  // namespace tilejit::lang

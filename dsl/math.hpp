@@ -34,4 +34,10 @@ Tile expm1(const Operand& x, Loc loc = Loc::current());
 Tile argmax(const Operand& x, int axis, Loc loc = Loc::current());
 Tile argmin(const Operand& x, int axis, Loc loc = Loc::current());
 
+// Triton's tl.histogram: i32[num_bins], bin b counting the elements of the integer tile x (any
+// shape) equal to b; values outside [0, num_bins) are not counted. A one-hot compare and a sum:
+// numel(x) x num_bins work, for up to some 64K per program; across programs, atomic_add the result
+// into a bins tensor (docs/from-triton.md).
+Tile histogram(const Operand& x, int64_t num_bins, Loc loc = Loc::current());
+
 }  // namespace tilejit::lang

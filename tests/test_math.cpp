@@ -203,3 +203,40 @@ TEST_CASE("math: every function lowers through both backends and assembles for s
     }
   }
 }
+
+TEST_CASE("math: histogram counts each bin, skips values outside, any integer dtype and shape") {
+  const Kernel k = kernel("histogram_case", [](Builder& b) {
+    auto X = b.pointer("X", i32), U = b.pointer("U", u8), H = b.pointer("H", i32), G = b.pointer("G", i32);
+    Tile i = arange(0, 256);
+    store(H + arange(0, 16), histogram(load(X + i), 16));
+    store(G + arange(0, 64), histogram(reshape(load(U + i), {16, 16}), 64));
+  });
+  rt::HostTensor x(i32, {256}), u(u8, {256}), h(i32, {16}), g(i32, {64});
+  x.fill_uniform(5, -4, 20);  // some below 0 and some past the last bin
+  x.set({0}, -2147483648.0);
+  u.fill_uniform(6, 0, 255);
+  rt::interpret(k.build(), {1}, {rt::Arg(x), rt::Arg(u), rt::Arg(h), rt::Arg(g)});
+  std::vector<double> hx(16, 0), hu(64, 0);
+  for (int64_t j = 0; j < 256; ++j) {
+    const auto v = static_cast<int64_t>(x.get({j})), w = static_cast<int64_t>(u.get({j}));
+    if (v >= 0 && v < 16) ++hx[static_cast<size_t>(v)];
+    if (w < 64) ++hu[static_cast<size_t>(w)];
+  }
+  double counted = 0;
+  for (int64_t bin = 0; bin < 16; ++bin) {
+    CHECK(h.get({bin}) == hx[static_cast<size_t>(bin)]);
+    counted += hx[static_cast<size_t>(bin)];
+  }
+  for (int64_t bin = 0; bin < 64; ++bin) CHECK(g.get({bin}) == hu[static_cast<size_t>(bin)]);
+  CHECK(counted > 100);
+  CHECK(counted < 256);
+  CHECK_THROWS_WITH(kernel("bad", [](Builder&) { histogram(arange(0, 16), 10); }).build(),
+                    doctest::Contains("histogram: num_bins = 10 (valid: a power of two from 1 to 65536)"));
+  CHECK_THROWS_WITH(kernel("bad", [](Builder&) { histogram(cast(f32, arange(0, 16)), 16); }).build(),
+                    doctest::Contains("histogram: needs an integer tile, got f32[16]"));
+  if (testing::no_ptxas()) return;
+  for (jit::Backend be : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+    INFO(jit::to_string(be));
+    testing::assemble_sm90a(k.build(), be, 4);
+  }
+}
