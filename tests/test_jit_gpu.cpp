@@ -775,6 +775,18 @@ TEST_CASE("gpu: gather along either axis equals the interpreter bit for bit, bot
   }
 }
 
+TEST_CASE("gpu: histogram equals the interpreter, both backends") {
+  if (!have_gpu()) return;
+  const Kernel k = kernel("histogram_gpu", [](Builder& kb) {
+    auto X = kb.pointer("X", i32), H = kb.pointer("H", i32);
+    Tile x = load(X + program_id(0) * 512 + arange(0, 512));
+    atomic_add(H + arange(0, 64), histogram(x, 64));  // the programs' histograms summed
+  });
+  HostTensor x(i32, {8 * 512}), h(i32, {64});
+  x.fill_uniform(41, -10, 70);
+  check_against_interpreter(k.build(), {8}, {&x, &h}, 0.0, {}, true);
+}
+
 TEST_CASE("gpu: abs of the smallest i8 / i16 wraps, as in the interpreter (issue 28, fuzzer)") {
   if (!have_gpu()) return;
   for (DType d : {i8, i16}) {
