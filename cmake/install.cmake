@@ -29,6 +29,11 @@ if(TILEJIT_BUILD_EXAMPLES)
   endforeach()
   install(FILES ${PROJECT_BINARY_DIR}/examples/bundle_app.tjb DESTINATION ${_tilejit_examples})
 endif()
+# The C ABI (bindings/c, issue 25): libtilejit_c beside libtilejit, which it finds through
+# $ORIGIN, and its C header; a binding (ctypes, torch) loads it by path.
+set_target_properties(tilejit_c PROPERTIES INSTALL_RPATH "$ORIGIN")
+install(TARGETS tilejit_c LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(FILES ${PROJECT_SOURCE_DIR}/bindings/c/tilejit_c.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tilejit/bindings/c)
 install(EXPORT tilejitTargets NAMESPACE tilejit:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tilejit)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/tilejitConfig.cmake.in
   ${PROJECT_BINARY_DIR}/tilejitConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tilejit)
