@@ -62,6 +62,23 @@ int main(void) {
   EXPECT(bytes >= (size_t)(4 * 2 * 8 * 100), "Delta needs 6400 bytes, got %zu", bytes); /* Delta: f32 [B, Hq, S_q] */
   EXPECT(tilejit_attention_forward_workspace_bytes(&q, &k, &opts, &bytes) == TILEJIT_OK && bytes == 0, "forward %zu", bytes);
 
+  /* block masks: nothing to build for a mask with tile intervals; document masks need lists */
+  EXPECT(tilejit_block_mask_bytes(&q, &k, &opts, &bytes) == TILEJIT_OK && bytes == 0, "causal: %zu (%s)", bytes, tilejit_last_error());
+  const int64_t ds[2] = {2, 300};
+  tilejit_tensor doc_ids = contiguous(base + 0x5000000, TILEJIT_I32, 2, ds);
+  tilejit_attention_options docs = opts;
+  docs.causal = 0;
+  docs.mask_kind = TILEJIT_MASK_DOCUMENT;
+  docs.mask_doc_ids = &doc_ids;
+  EXPECT(tilejit_block_mask_bytes(&q, &k, &docs, &bytes) == TILEJIT_OK && bytes > 0, "document: %zu (%s)", bytes, tilejit_last_error());
+  tilejit_block_mask* mask = (tilejit_block_mask*)0x1;
+  EXPECT_FAILS(tilejit_block_mask_build(&q, &k, &docs, base + 0x6000000, 16, 0, &mask), TILEJIT_INVALID_ARGUMENT,
+               "storage has 16 bytes");
+  EXPECT(mask == NULL, "a failed build leaves no handle");
+  EXPECT_FAILS(tilejit_block_mask_build(&q, &k, &docs, base + 0x6000000, bytes, 0, NULL), TILEJIT_INVALID_ARGUMENT, "mask is NULL");
+  EXPECT_FAILS(tilejit_block_mask_bytes(&q, &k, &docs, NULL), TILEJIT_INVALID_ARGUMENT, "bytes is NULL");
+  tilejit_block_mask_free(NULL);
+
   /* the C side's own checks */
   tilejit_tensor bad = q;
   bad.dtype = 99;

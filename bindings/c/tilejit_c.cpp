@@ -30,6 +30,14 @@ static_assert(TILEJIT_DQ_ORDERED == static_cast<int>(attention::DqReduction::ord
 
 thread_local std::string last_error;
 
+}  // namespace
+
+struct tilejit_block_mask {
+  tilejit::attention::BlockMask mask;
+};
+
+namespace {
+
 [[noreturn]] void bad(const char* fn, const std::string& what) {
   throw std::invalid_argument(fmt::format("{}: {}", fn, what));
 }
@@ -90,6 +98,7 @@ attention::Options options(const char* fn, const tilejit_attention_options* c) {
     bad(fn, fmt::format("options.dq_reduction is {}; valid: 0 recompute, 1 atomic, 2 split, 3 ordered", c->dq_reduction));
   o.dq_reduction = static_cast<attention::DqReduction>(c->dq_reduction);
   o.q_descending = c->q_descending != 0;
+  o.block_mask = c->block_mask ? &c->block_mask->mask : nullptr;
   return o;
 }
 
@@ -176,6 +185,30 @@ tilejit_status tilejit_attention_backward(const tilejit_tensor* q, const tilejit
                         reinterpret_cast<CUstream>(stream), {workspace, workspace_bytes});
   });
 }
+
+tilejit_status tilejit_block_mask_bytes(const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_attention_options* opts,
+                                        size_t* bytes) {
+  const char* fn = "tilejit_block_mask_bytes";
+  return guarded([&] {
+    if (!bytes) bad(fn, "bytes is NULL");
+    *bytes = attention::block_mask_bytes(tensor(fn, "q", q), tensor(fn, "k", k), options(fn, opts));
+  });
+}
+
+tilejit_status tilejit_block_mask_build(const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_attention_options* opts,
+                                        uint64_t storage, size_t storage_bytes, uint64_t stream, tilejit_block_mask** mask) {
+  const char* fn = "tilejit_block_mask_build";
+  return guarded([&] {
+    if (!mask) bad(fn, "mask is NULL (where the handle goes)");
+    *mask = nullptr;
+    auto built = std::make_unique<tilejit_block_mask>();
+    built->mask = attention::build_block_mask(tensor(fn, "q", q), tensor(fn, "k", k), options(fn, opts),
+                                              attention::Workspace{storage, storage_bytes}, reinterpret_cast<CUstream>(stream));
+    *mask = built.release();
+  });
+}
+
+void tilejit_block_mask_free(tilejit_block_mask* mask) { delete mask; }
 
 tilejit_status tilejit_attention_forward_workspace_bytes(const tilejit_tensor* q, const tilejit_tensor* k,
                                                          const tilejit_attention_options* opts, size_t* bytes) {

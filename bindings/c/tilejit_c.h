@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define TILEJIT_C_ABI_VERSION 1 /* bumped with any change to these structs or signatures */
+#define TILEJIT_C_ABI_VERSION 2 /* bumped with any change to these structs or signatures */
 
 typedef enum tilejit_status {
   TILEJIT_OK = 0,
@@ -86,7 +86,16 @@ typedef struct tilejit_attention_options {
   float softcap;
   int32_t dq_reduction; /* tilejit_dq_reduction (backward) */
   int32_t q_descending;
+  /* a block mask built once for these options (tilejit_block_mask_build): the calls read its lists
+   * and run no pre-pass (FlexAttention's create_block_mask). NULL: none. */
+  const struct tilejit_block_mask* block_mask;
 } tilejit_attention_options;
+
+/* attention::BlockMask behind a handle: the pre-pass lists of a forward and a backward with some
+ * options, in caller memory (`storage` of tilejit_block_mask_bytes bytes, 16-byte aligned device
+ * memory on q's device), built asynchronously on `stream`. Free the handle (not the storage) with
+ * tilejit_block_mask_free; rebuild after changing the mask's data (doc ids, block table...). */
+typedef struct tilejit_block_mask tilejit_block_mask;
 
 void tilejit_attention_options_init(tilejit_attention_options* opts);
 
@@ -108,6 +117,12 @@ tilejit_status tilejit_attention_backward(const tilejit_tensor* q, const tilejit
                                           const tilejit_tensor* dq, const tilejit_tensor* dk, const tilejit_tensor* dv,
                                           const tilejit_attention_options* opts, uint64_t stream, uint64_t workspace,
                                           size_t workspace_bytes);
+/* Bytes a block mask for these options needs (0: a mask kind with tile intervals, nothing to build). */
+tilejit_status tilejit_block_mask_bytes(const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_attention_options* opts,
+                                        size_t* bytes);
+tilejit_status tilejit_block_mask_build(const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_attention_options* opts,
+                                        uint64_t storage, size_t storage_bytes, uint64_t stream, tilejit_block_mask** mask);
+void tilejit_block_mask_free(tilejit_block_mask* mask); /* NULL: nothing */
 /* Workspace sizes (attention::forward_workspace_bytes, backward_workspace_bytes with k). */
 tilejit_status tilejit_attention_forward_workspace_bytes(const tilejit_tensor* q, const tilejit_tensor* k,
                                                          const tilejit_attention_options* opts, size_t* bytes);
