@@ -37,6 +37,25 @@ Tile Emitter::store_pointers(const Tensor& o) const {
   return o.ptr() + program_id(0) * o.stride(0) + r[col] * o.stride(1) + c[row] * o.stride(2);
 }
 
+// scans, combine reductions, xor_permute and gather (program.hpp's NodeKind::Scan ...)
+Tile Emitter::along_axis(const Node& n) {
+  const int axis = static_cast<int>(n.ivalue);
+  const auto a = [&](size_t k) { return value(n.args[k]); };
+  if (n.kind == NodeKind::XorPermute) return xor_permute(a(0), axis, n.sub);
+  if (n.kind == NodeKind::Gather) return gather(a(0), cast(DType::i32, a(1)) & (a(0).shape()[static_cast<size_t>(axis)] - 1), axis);
+  const int sub = n.sub;
+  const Combine1 combine = [sub](const Tile& p, const Tile& q) {
+    switch (sub) {
+      case 0: return p + q;
+      case 1: return maximum(p, q);
+      case 2: return minimum(p, q);
+      case 3: return p;
+      default: return q;
+    }
+  };
+  return n.kind == NodeKind::Scan ? associative_scan(a(0), axis, combine, n.value != 0) : reduce(a(0), axis, combine);
+}
+
 void Emitter::emit(size_t i) {
   Node& n = p_.nodes[i];
   auto a = [&](size_t k) -> const Tile& { return values_.at(static_cast<size_t>(n.args.at(k))); };
@@ -137,27 +156,9 @@ void Emitter::emit(size_t i) {
       break;
     }
     case NodeKind::Scan:
-    case NodeKind::ReduceWith: {
-      const int sub = n.sub;
-      const Combine1 combine = [sub](const Tile& p, const Tile& q) {
-        switch (sub) {
-          case 0: return p + q;
-          case 1: return maximum(p, q);
-          case 2: return minimum(p, q);
-          case 3: return p;
-          default: return q;
-        }
-      };
-      const int axis = static_cast<int>(n.ivalue);
-      r = n.kind == NodeKind::Scan ? associative_scan(a(0), axis, combine, n.value != 0) : reduce(a(0), axis, combine);
-      break;
-    }
-    case NodeKind::XorPermute: r = xor_permute(a(0), static_cast<int>(n.ivalue), n.sub); break;
-    case NodeKind::Gather: {
-      const int axis = static_cast<int>(n.ivalue);
-      r = gather(a(0), cast(DType::i32, a(1)) & (a(0).shape()[static_cast<size_t>(axis)] - 1), axis);
-      break;
-    }
+    case NodeKind::ReduceWith:
+    case NodeKind::XorPermute:
+    case NodeKind::Gather: r = along_axis(n); break;
     case NodeKind::Dot: r = n.args.size() == 3 ? dot(a(0), a(1), a(2)) : dot(a(0), a(1)); break;
     case NodeKind::PackPairs: r = pack_pairs(a(0)); break;
     case NodeKind::UnpackPairs: r = unpack_pairs(n.dtype, a(0)); break;

@@ -28,6 +28,7 @@ class Emitter {
   size_t replay_block(size_t i);  // until the marker that ends the block; returns its index
   lang::Operand literal(DType d, double v, int64_t iv) const;
   lang::Tile store_pointers(const lang::Tensor& o) const;  // output [pid] as a [R, C] pointer tile
+  lang::Tile along_axis(const Node& n);  // scans, combine reductions, xor_permute, gather
 
   lang::Builder& b_;
   Program& p_;
