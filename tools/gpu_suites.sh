@@ -2,7 +2,7 @@
 # On the GPU machine, from the repository root, after tools/pack_gpu.sh (carry .gpu): every GPU
 # check in one command, each log under OUT (default $OUT, else /tmp/gpu-suites), one summary line
 # per step on stdout. Multi-GPU steps run when there are 2+ GPUs (on an x4 machine they also cover
-# W = 2). Steps (all by default; or name some): suites bundle fuzz cp cpbench
+# W = 2). Steps (all by default; or name some): suites bundle fuzz examples cp cpbench
 #   tools/gpu_suites.sh [STEP ...]          FUZZ_SEEDS=A:B (default 700000:720000), FUZZ_TIME=seconds
 set -u
 OUT=${OUT:-/tmp/gpu-suites}
@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 cd .gpu || exit 2
 export LD_LIBRARY_PATH=$PWD TILEJIT_CACHE_DIR=${TILEJIT_CACHE_DIR:-/tmp/tilejit-gpu-suites} TILEJIT_QUIET=1 NCCL_NVLS_ENABLE=0
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(suites bundle fuzz cp cpbench)
+[ ${#steps[@]} -eq 0 ] && steps=(suites bundle fuzz examples cp cpbench)
 gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 echo "commit $(cat COMMIT); $gpus x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 summary() { grep -E "test cases:|Status:" "$1" | tail -2 | tr '\n' ' '; }
@@ -27,6 +27,10 @@ for step in "${steps[@]}"; do
     fuzz)
       timeout "${FUZZ_TIME:-420}" ./tilejit_fuzz --gpu --seeds "${FUZZ_SEEDS:-700000:720000}" --jobs 16 --quiet > "$OUT/fuzz.log" 2>&1
       echo "fuzz rc=$? $(( $(date +%s) - start ))s"; grep -A6 "summary" "$OUT/fuzz.log" | head -8 ;;
+    examples)  # users' kernels: checked against host references, then GB/s at a large shape
+      for e in cumsum_row topk_logits argmax_rows histogram_atomic layernorm softmax_xent; do
+        timeout 120 ./$e > "$OUT/example_$e.log" 2>&1; echo "$e rc=$?: $(tr '\n' ' ' < "$OUT/example_$e.log" | tail -c 400)"
+      done ;;
     cp)
       if [ "$gpus" -lt 2 ]; then echo "cp: skipped ($gpus GPU)"; continue; fi
       timeout 300 ./test_nccl_gpu > "$OUT/nccl_gpu.log" 2>&1; echo "test_nccl_gpu rc=$? $(summary "$OUT/nccl_gpu.log")"
@@ -39,6 +43,6 @@ for step in "${steps[@]}"; do
       echo "cp.py rc=$? $(( $(date +%s) - start ))s"; cat "$OUT/cp_table.md"
       timeout 300 bench/attention_bench --cp --documents --reps 5 > "$OUT/cp_documents.log" 2>&1
       echo "--documents rc=$?"; grep "^CP" "$OUT/cp_documents.log" ;;
-    *) echo "unknown step $step (valid: suites bundle fuzz cp cpbench)"; exit 2 ;;
+    *) echo "unknown step $step (valid: suites bundle fuzz examples cp cpbench)"; exit 2 ;;
   esac
 done

@@ -9,7 +9,8 @@ rm -rf .gpu && mkdir -p .gpu/bench
 cp "$(ls -t "$BUILD_DIR"/libtilejit.so.0.* | head -1)" .gpu/libtilejit.so.0
 cp "$BUILD_DIR"/bindings/libtilejit_c.so .gpu/ 2>/dev/null || true  # the C ABI (bindings/c)
 for t in test_jit_gpu test_driver_gpu test_jit test_cuda_backend; do cp "$BUILD_DIR/tests/$t" .gpu/; done
-for e in attention gemm vector_add softmax bundle_app; do cp "$BUILD_DIR/examples/$e" .gpu/; done
+USER_EXAMPLES="cumsum_row topk_logits argmax_rows histogram_atomic layernorm softmax_xent"
+for e in attention gemm vector_add softmax bundle_app $USER_EXAMPLES; do cp "$BUILD_DIR/examples/$e" .gpu/; done
 cp "$BUILD_DIR"/examples/bundle_app.tjb .gpu/ 2>/dev/null || true
 for t in test_bundle test_function_gpu test_autotuner test_autotuner_gpu test_attention_gpu test_attention_api test_attention_backward test_nccl test_nccl_gpu test_context_parallel_gpu test_context_parallel_kernels test_c_abi; do cp "$BUILD_DIR/tests/$t" .gpu/ 2>/dev/null || true; done
 cp "$BUILD_DIR"/bench/tune_gemm .gpu/bench/ 2>/dev/null || true
@@ -17,7 +18,7 @@ cp "$BUILD_DIR"/bench/launch_overhead .gpu/bench/ 2>/dev/null || true
 cp "$BUILD_DIR"/bench/gemm_bench .gpu/bench/
 cp "$BUILD_DIR"/bench/attention_bench .gpu/bench/ 2>/dev/null || true
 cp "$BUILD_DIR"/tools/tilejit "$BUILD_DIR"/tools/tilejit_fuzz .gpu/
-strip --strip-unneeded .gpu/libtilejit.so.0 .gpu/test_* .gpu/attention .gpu/gemm .gpu/vector_add .gpu/softmax .gpu/bundle_app .gpu/tilejit .gpu/tilejit_fuzz .gpu/bench/*
+strip --strip-unneeded .gpu/libtilejit.so.0 .gpu/test_* .gpu/attention .gpu/gemm .gpu/vector_add .gpu/softmax .gpu/bundle_app .gpu/tilejit .gpu/tilejit_fuzz .gpu/bench/* $(for e in $USER_EXAMPLES; do echo .gpu/$e; done)
 cp bench/attention.py bench/gemm.py bench/cp_torch.py bench/cp.py .gpu/bench/  # after strip: scripts next to the binaries
 # The commit these binaries were built from (the GPU machine's copy has no .git); "-dirty" when
 # the tree had uncommitted changes.
