@@ -21,10 +21,7 @@ std::vector<Tile> combine_op(OpKind kind, const char* what, const std::vector<Ti
   const ir::Type first = b.type(xs[0].id());  // a copy: new values below grow the value table
   const int rank = static_cast<int>(first.shape.size());
   if (rank == 0) b.fail(loc, fmt::format("{}: cannot combine along an axis of a scalar ({})", what, ir::to_string(first)));
-  if (axis < 0) axis += rank;
-  if (axis < 0 || axis >= rank)
-    b.fail(loc, fmt::format("{}: axis {} is out of range for {} (valid: 0..{} or negative from the end)", what, axis,
-                            ir::to_string(first), rank - 1));
+  axis = detail::normalize_axis(b, what, first, axis, loc);
   std::vector<ir::ValueId> operands;
   std::vector<DType> dtypes;
   for (size_t i = 0; i < xs.size(); ++i) {

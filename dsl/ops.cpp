@@ -66,10 +66,7 @@ Tile reduce(const char* kind, const Operand& x, int axis, const Loc& loc) {
   Tile t = detail::to_tile(b, x, loc);
   int rank = static_cast<int>(b.type(t.id()).shape.size());
   if (rank == 0) b.fail(loc, fmt::format("{}: cannot reduce a scalar", kind));
-  if (axis < 0) axis += rank;
-  if (axis < 0 || axis >= rank)
-    b.fail(loc, fmt::format("{}: axis {} is out of range for {} (valid: 0..{} or negative from the end)", kind, axis,
-                            ir::to_string(b.type(t.id())), rank - 1));
+  axis = detail::normalize_axis(b, kind, b.type(t.id()), axis, loc);
   // a sum of booleans counts them (in i32, as Triton does)
   if (std::string_view(kind) == "sum" && b.type(t.id()).dtype == DType::i1) t = cast(DType::i32, t, loc);
   return b.emit1(OpKind::reduce, {t.id()}, {{"kind", std::string(kind)}, {"axis", int64_t{axis}}}, loc);

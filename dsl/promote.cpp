@@ -163,6 +163,15 @@ Tile materialize(Builder& b, const Operand& o, DType dtype, const Shape& shape, 
   return b.emit1(ir::OpKind::constant, {}, {{"value", value}, {"dtype", dtype}, {"shape", shape}}, loc);
 }
 
+int normalize_axis(Builder& b, std::string_view what, const ir::Type& t, int axis, const Loc& loc) {
+  const int rank = static_cast<int>(t.shape.size());
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank)
+    b.fail(loc, fmt::format("{}: axis {} is out of range for {} (valid: 0..{} or negative from the end)", what, axis, ir::to_string(t),
+                            rank - 1));
+  return axis;
+}
+
 Tile to_tile(Builder& b, const Operand& o, const Loc& loc) {
   if (!o.is_literal()) return o.tile();
   return materialize(b, o, default_literal_dtype(o), {}, loc, "literal");

@@ -22,5 +22,8 @@ Tile materialize(Builder& b, const Operand& o, DType dtype, const Shape& shape, 
 // The operand as-is if it is a tile, or a literal in its default dtype (f32, i32/i64, i1).
 Tile to_tile(Builder& b, const Operand& o, const Loc& loc);
 DType default_literal_dtype(const Operand& o);
+// `axis` of a tile of type t (rank >= 1) counted from 0, negative from the end; an error naming
+// `what` and the valid range when out of range.
+int normalize_axis(Builder& b, std::string_view what, const ir::Type& t, int axis, const Loc& loc);
 
 }  // namespace tilejit::lang::detail

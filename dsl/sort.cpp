@@ -24,11 +24,7 @@ Tile positions(const Shape& shape, int axis, const Loc& loc) {
 int check_axis(Builder& b, const char* what, const ir::Type& t, int axis, const Loc& loc) {
   const int rank = static_cast<int>(t.shape.size());
   if (rank == 0) b.fail(loc, fmt::format("{}: needs a tile, got the scalar {}", what, ir::to_string(t)));
-  if (axis < 0) axis += rank;
-  if (axis < 0 || axis >= rank)
-    b.fail(loc, fmt::format("{}: axis {} is out of range for {} (valid: 0..{} or negative from the end)", what, axis, ir::to_string(t),
-                            rank - 1));
-  return axis;
+  return detail::normalize_axis(b, what, t, axis, loc);
 }
 
 // a < b and a == b in the sort's order (floats: -0 before +0, NaN last and equal to NaN).

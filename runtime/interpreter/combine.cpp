@@ -34,7 +34,7 @@ void Machine::combine_op(const Op& op) {
   for (size_t d = 0; d < axis; ++d) outer *= t.shape[d];
   for (size_t d = axis + 1; d < t.shape.size(); ++d) inner *= t.shape[d];
   const int64_t len = t.shape[axis];
-  std::vector<Slot> results(n);  // staged: the region may reuse no operand slot, but keep them apart anyway
+  std::vector<Slot> results(n);  // built aside, swapped into the result slots at the end
   for (size_t k = 0; k < n; ++k) {
     const size_t count = static_cast<size_t>(scan ? outer * len * inner : outer * inner);
     if (is_float_slot(op.operands[k])) results[k].f.assign(count, 0.0);
