@@ -621,8 +621,18 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps, const std::str
           attention::generate_dropout_bits(bits_view, c.B(), c.H(), c.S, c.S, gen, stream.handle());
           args.emplace_back(bits_view.view());
         }
-        const runtime::Grid grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()};
-        const AbResult r = ab_measure(fns, grid, stream, args, {&buf.o}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
+        // PERSISTENT: as many programs as are resident at once (at most one per tile), on a 1-D grid
+        std::array<runtime::Grid, 2> grids;
+        for (size_t i = 0; i < 2; ++i) {
+          const int64_t tiles = lang::cdiv(c.S, sch.block_m) * c.H() * c.B();
+          bool persistent = false;
+          for (const auto& [name, value] : fns[i].meta())
+            if (name == mn::kPersistent) persistent = std::get<bool>(value);
+          grids[i] = persistent ? runtime::Grid{std::min<int64_t>(tiles, int64_t{runtime::Driver::get().props(0).sm_count} *
+                                                                             std::max(1, fns[i].gpu_kernel().max_resident_per_sm()))}
+                                : runtime::Grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()};
+        }
+        const AbResult r = ab_measure_grids(fns, grids, stream, args, {&buf.o}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
         const double f = c.fwd_flops(), a = r.off_ms, b = r.on_ms;
         std::printf("SCHEDULE_AB %s S=%ld D=%ld causal=%d dropout=%d off_ms=%.4f on_ms=%.4f off_tflops=%.1f on_tflops=%.1f speedup=%.3f "
                     "outputs_identical=%d\n",

@@ -258,12 +258,17 @@ class Planner {
         SmemRing& r = plan_.rings[t.ring];
         r.loop = t.ring;
         const ir::Op* outer = parent_.at(t.ring);
-        r.rerun = outer && outer->kind != OpKind::warp_roles;  // (a role's loop runs once, like the kernel's)
         r.producer = producer_;
-        if (producer_ && outer)
-          throw LoweringError(fmt::format("tilejit: kernel '{}': ring_producer: the ring of the {} at {} stands inside the {} at {}; a "
-                                          "producer fills only rings of loops at the kernel's top level",
-                                          f_.name, ir::op_name(t.ring->kind), t.ring->loc.str(), ir::op_name(outer->kind), outer->loc.str()));
+        // Under a producer, a ring inside loops (a persistent grid's tile loop) keeps counting its
+        // stages across their iterations, so the producer prefetches the next run's tiles while
+        // this one's are consumed; without one it is reset after each run.
+        r.rerun = !producer_ && outer && outer->kind != OpKind::warp_roles;  // (a role's loop runs once, like the kernel's)
+        for (const ir::Op* p = outer; producer_ && p; p = parent_.at(p))
+          if (p->kind != OpKind::for_)
+            throw LoweringError(fmt::format("tilejit: kernel '{}': ring_producer: the ring of the {} at {} stands inside the {} at {}; a "
+                                            "producer fills rings of loops at the kernel's top level or nested directly in other "
+                                            "loops (no branch or warp role around them)",
+                                            f_.name, ir::op_name(t.ring->kind), t.ring->loc.str(), ir::op_name(p->kind), p->loc.str()));
         t.offset = r.stage_bytes;
         r.stage_bytes += align_up(t.bytes(), 1024);
         r.loads.push_back(op);

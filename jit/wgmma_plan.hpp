@@ -52,6 +52,8 @@ struct SmemRing {
   int64_t released = 0;  // stages u32 counters, 8 bytes apart: warps done with the stage, ever
   // The loop sits inside another loop (or an if): its barriers are reset after each run, so that
   // every run starts at phase 0 (the counters end each run at a multiple of the warp count).
+  // Never under a producer: there a nested ring's iterations are counted across runs (the
+  // enclosing loops carry the count) and the producer fills the next run's stages early.
   bool rerun = false;
   // lang::ring_producer: a producer warpgroup fills the stages; each tile has its own barriers
   // (SmemTile::full / empty) instead of the ring's full / released.

@@ -118,6 +118,45 @@ TEST_CASE("attention forward: PIPELINE_QK, PIPELINE_PV, both, and PINGPONG give 
     }
 }
 
+// PERSISTENT: a 1-D grid of any size walks the tiles (causal: heaviest query tiles first); every
+// tile is computed once and exactly as on the one-program-per-tile grid, with the D128 schedule
+// (ring producer, PIPELINE_PV, PV_PEEL; the interpreter runs its arithmetic) and without it.
+TEST_CASE("attention forward: PERSISTENT on grids of any size gives bit-identical results") {
+  for (bool causal : {false, true})
+    for (const Case& c : {Case{2, 4, 2, 300, 200, 128, causal, true}, Case{1, 3, 1, 70, 130, 64, causal, false}}) {
+      INFO(c.describe());
+      HostTensor q(bf16, c.q_shape()), k(bf16, c.kv_shape()), v(bf16, c.kv_shape());
+      q.fill_normal(41, 0, 1);
+      k.fill_normal(42, 0, 1);
+      v.fill_normal(43, 0, 1);
+      const int64_t BM = c.D == 128 ? 128 : 64;
+      auto run = [&](bool persistent, int64_t programs) {
+        HostTensor o(bf16, c.q_shape()), lse(f32, {c.B, c.Hq, c.Sq});
+        o.fill_normal(44, 0, 1);  // (every element must be written)
+        lse.fill_normal(45, 0, 1);
+        const lang::Meta meta{{"HEAD_DIM", c.D}, {"BLOCK_M", BM}, {"BLOCK_N", BM}, {"CAUSAL", c.causal}, {"BSHD", c.bshd},
+                              {"PERSISTENT", persistent}};
+        const runtime::Grid grid = persistent ? runtime::Grid{programs} : runtime::Grid{cdiv(c.Sq, BM), c.Hq, c.B};
+        runtime::interpret(kernels::attention_forward().build(meta), grid, {q, k, v, o, lse, static_cast<float>(c.default_scale())});
+        std::vector<double> out = o.to_f64(), l = lse.to_f64();
+        out.insert(out.end(), l.begin(), l.end());
+        return out;
+      };
+      const std::vector<double> want = run(false, 0);
+      const int64_t tiles = cdiv(c.Sq, BM) * c.Hq * c.B;
+      for (int64_t programs : {int64_t{1}, int64_t{3}, tiles - 1, tiles + 5}) {
+        const std::vector<double> got = run(true, programs);
+        REQUIRE(got.size() == want.size());
+        size_t differ = 0;
+        for (size_t i = 0; i < got.size(); ++i)
+          if (!(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])))) ++differ;
+        CHECK_MESSAGE(differ == 0, fmt::format("PERSISTENT on {} programs ({} tiles): {} values differ", programs, tiles, differ));
+      }
+    }
+  CHECK_THROWS_WITH_AS(kernels::attention_forward().build({{"PERSISTENT", true}, {"VARLEN", true}}),
+                       doctest::Contains("PERSISTENT walks the tiles of dense batches"), lang::BuildError);
+}
+
 TEST_CASE("attention forward: PIPELINE_QK and EXACT_NORMALIZE give the same results") {
   for (bool causal : {false, true}) {
     check_case({1, 4, 2, 70, 130, 64, causal, false}, {{"PIPELINE_QK", true}});

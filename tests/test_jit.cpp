@@ -55,7 +55,8 @@ std::vector<Case> all_kernels() {
   // (the D128 default is PIPELINE_PV with the ring producer and PV_PEEL [045]: here with PINGPONG,
   // without PV_PEEL, and the previous default, PIPELINE_QK without the producer)
   for (const lang::Meta& opt : {lang::Meta{{"PINGPONG", true}}, lang::Meta{{"PV_PEEL", false}},
-                                lang::Meta{{"RING_PRODUCER", false}, {"PIPELINE_PV", false}}}) {
+                                lang::Meta{{"RING_PRODUCER", false}, {"PIPELINE_PV", false}}, lang::Meta{{"PERSISTENT", true}},
+                                lang::Meta{{"PERSISTENT", true}, {"CAUSAL", true}}}) {
     lang::Meta m = hopper_fwd;
     m.insert(m.end(), opt.begin(), opt.end());
     cases.push_back({fmt::format("attention D128 {}={}", opt[0].first, std::get<bool>(opt[0].second)),

@@ -838,5 +838,11 @@ TEST_CASE("gpu: ring_producer: rings filled by a producer warpgroup give the int
     opts.num_warps = c.warps;
     opts.pipeline.stages = 2;
     check_against_interpreter(fn, {cdiv(c.Sq, c.block), c.Hq, 1}, {&aq, &ak, &av, &ao, &lse, 1.0 / std::sqrt(double(c.D))}, 1e-2, opts, true);
+    // PERSISTENT: the rings count on across a program's tiles (the producer copies the next tile's
+    // Q and first blocks early) -- on grids that leave programs with different tile counts
+    auto persistent = kernels::attention_forward().build({{"HEAD_DIM", c.D}, {"BLOCK_M", c.block}, {"BLOCK_N", c.block},
+                                                          {"CAUSAL", c.causal}, {"BSHD", true}, {"RING_PRODUCER", true}, {"PERSISTENT", true}});
+    for (int64_t programs : {int64_t{1}, int64_t{2}, int64_t{3}})
+      check_against_interpreter(persistent, {programs}, {&aq, &ak, &av, &ao, &lse, 1.0 / std::sqrt(double(c.D))}, 1e-2, opts, true);
   }
 }

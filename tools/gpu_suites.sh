@@ -25,7 +25,9 @@ for step in "${steps[@]}"; do
       done ;;
     bundle) bash ../tools/gpu_check_bundle.sh . > "$OUT/bundle.log" 2>&1; echo "bundle rc=$? $(tail -1 "$OUT/bundle.log")" ;;
     fuzz)
-      timeout "${FUZZ_TIME:-420}" ./tilejit_fuzz --gpu --seeds "${FUZZ_SEEDS:-700000:720000}" --jobs 16 --quiet > "$OUT/fuzz.log" 2>&1
+      # --time stops starting seeds and still prints the summary (a timeout kill prints nothing)
+      t=${FUZZ_TIME:-420}
+      timeout $((t + 120)) ./tilejit_fuzz --gpu --seeds "${FUZZ_SEEDS:-700000:720000}" --time "$t" --jobs 16 --quiet > "$OUT/fuzz.log" 2>&1
       echo "fuzz rc=$? $(( $(date +%s) - start ))s"; grep -A6 "summary" "$OUT/fuzz.log" | head -8 ;;
     examples)  # users' kernels: checked against host references, then GB/s at a large shape
       for e in cumsum_row topk_logits argmax_rows histogram_atomic layernorm softmax_xent; do

@@ -35,6 +35,9 @@ void Lowerer::for_loop(const ir::Op& op) {
   const SmemRing* ring = nullptr;
   if (auto it = plan_.hopper.rings.find(&op); it != plan_.hopper.rings.end()) ring = &it->second;
   if (ring) ring_prologue(op, *ring);
+  // producer rings inside: their iteration counts travel with the loop (after its own values)
+  const std::vector<const ir::Op*> counted = plan_.hopper.ring_producer ? nested_producer_rings(op) : std::vector<const ir::Op*>{};
+  for (const ir::Op* r : counted) loop.args.push_back(ring_counts_.count(r) ? ring_counts_.at(r) : ci32(0));
   pir::Block pb;
   V iv = out_.new_value(pir::scalar(f_.type(body.args[0]).dtype));
   pb.args.push_back(iv);
@@ -43,6 +46,7 @@ void Lowerer::for_loop(const ir::Op& op) {
     arg_regs.push_back(fresh(body.args[i + 1], lay[i]));
     for (V x : arg_regs.back()) pb.args.push_back(x);
   }
+  for (const ir::Op* r : counted) pb.args.push_back(ring_counts_[r] = out_.new_value(pir::scalar(DType::i32)));
   push_block(&pb);
   frames_.emplace_back();
   frames_.back().loop_body = true;
@@ -52,9 +56,15 @@ void Lowerer::for_loop(const ir::Op& op) {
   // global accesses before the loop stay unordered after it (it may run no trip)
   const std::vector<GlobalAccess> before = unordered_;
   loop_heads_.emplace_back();
-  if (ring) ring_top(op, *ring, iv);
+  if (ring) {
+    ring_top(op, *ring, iv);
+    active_rings_.push_back(&op);
+  }
   block(body);
-  if (ring) ring_bottom(*ring);
+  if (ring) {
+    active_rings_.pop_back();
+    ring_bottom(*ring);
+  }
   LoopHead head = std::move(loop_heads_.back());
   loop_heads_.pop_back();
   order_loop_back_edge(std::move(head));
@@ -74,6 +84,7 @@ void Lowerer::for_loop(const ir::Op& op) {
       r = emit_multi(Op::opaque, r, r.size(), pir::scalar(f_.type(iy.operands[i]).dtype), pir::kOpaqueCopy);
     for (V x : r) y.args.push_back(x);
   }
+  for (const ir::Op* r : counted) y.args.push_back(ring_counts_.at(r));
   pb.insts.push_back(std::move(y));
   frames_.pop_back();
   pop_block();
@@ -82,10 +93,16 @@ void Lowerer::for_loop(const ir::Op& op) {
     res.push_back(fresh(op.results[i], lay[i]));
     for (V x : res.back()) loop.results.push_back(x);
   }
+  for (const ir::Op* r : counted) loop.results.push_back(ring_counts_[r] = out_.new_value(pir::scalar(DType::i32)));
   loop.regions.push_back(std::move(pb));
   blocks_.back()->insts.push_back(std::move(loop));
   add_unordered(before);
   if (ring && ring->rerun) reset_ring(*ring);
+  if (ring && ring->producer) ring_counts_[&op] = bin(Op::add, rings_.at(&op).base, rings_.at(&op).trips);
+  // the enclosing ring's tiles this loop read last (e.g. a persistent tile's Q after its key loop)
+  if (!active_rings_.empty() && plan_.hopper.rings.at(active_rings_.back()).producer &&
+      rings_.at(active_rings_.back()).body == blocks_.back())
+    release_retired(plan_.hopper.rings.at(active_rings_.back()).loads);
   for (size_t i = 0; i < op.results.size(); ++i) bind(op.results[i], lay[i], res[i]);
 }
 

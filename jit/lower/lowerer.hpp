@@ -368,6 +368,7 @@ class Lowerer {
 
   struct RingState {
     V lb, step, trips;
+    V base = 0;  // under a producer: the ring's iterations before this run (runs inside loops)
     V iter = 0, stage = 0;  // inside the body: the iteration (from 0) and its stage
     // Under a ring producer, per iteration: the body's pir block, each tile's wgmma reads issued,
     // the tiles already freed, and the block (id) where the consumer waited for each tile.
@@ -406,6 +407,13 @@ class Lowerer {
   // retires its last reader has run -- at the iteration's end where that wait is in a branch.
   void run_with_ring_producer();
   void produce_rings();
+  // The producer's copy of `loop` (a ring's loop, or one with rings inside): its trips, each
+  // iteration's tiles, and the loops with rings in its body, recursively. `counts`: each nested
+  // ring's iterations so far (the stage and phase of its next tile), updated.
+  void produce_loop(const ir::Op& loop, std::map<const ir::Op*, V>& counts);
+  // The rings whose loops are being lowered, innermost last (a tile of the innermost may be freed
+  // after a nested loop that read it last).
+  std::vector<const ir::Op*> active_rings_;
   // A scalar the producer needs, lowered in its frame with what it reads (nothing but scalar
   // arithmetic, program ids, tensor shapes and scalar loads).
   V producer_value(ir::ValueId v);
@@ -469,6 +477,11 @@ class Lowerer {
   std::map<ir::ValueId, Layout> precomputed_, precompute_requests_;
   pir::Func out_;
   std::map<const ir::Op*, RingState> rings_;
+  // Under a producer, each ring loop nested in other loops: its iterations so far in this program,
+  // carried by the enclosing loops (the stage and phase continue across runs).
+  std::map<const ir::Op*, V> ring_counts_;
+  // The producer rings nested (at any depth) in `loop`'s body.
+  std::vector<const ir::Op*> nested_producer_rings(const ir::Op& loop) const;
   std::map<const ir::Op*, int> ring_readers_;  // ring tile -> the dots that read it
   std::vector<PendingDot> pending_;
   std::set<V> wait_outputs_;  // registers a wgmma wait redefined (wait_groups)

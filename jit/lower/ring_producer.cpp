@@ -55,51 +55,80 @@ V Lowerer::producer_value(ir::ValueId v) {
 }
 
 void Lowerer::produce_rings() {
-  for (const ir::Op* loop : plan_.hopper.ring_order) {
-    const SmemRing& r = plan_.hopper.rings.at(loop);
-    const ir::Block& body = loop->regions[0];
-    std::unordered_set<ir::ValueId> inside(body.args.begin(), body.args.end());
-    ir::walk(body, [&](const ir::Op& op) { inside.insert(op.results.begin(), op.results.end()); });
-    // everything from outside the loop that its bounds and its tiles' offsets read
-    auto outside = [&](ir::ValueId v) {
-      if (!inside.count(v) && !f_.type(v).is_tensor()) producer_value(v);
-    };
-    for (size_t i = 0; i < 3; ++i) outside(loop->operands[i]);
-    for (const ir::Op* l : r.loads) {
+  std::map<const ir::Op*, V> counts;
+  for (const ir::Op& op : f_.body.ops)
+    if (op.kind == OpKind::for_ && (plan_.hopper.rings.count(&op) || !nested_producer_rings(op).empty())) produce_loop(op, counts);
+}
+
+std::vector<const ir::Op*> Lowerer::nested_producer_rings(const ir::Op& loop) const {
+  std::vector<const ir::Op*> out;
+  for (const ir::Block& region : loop.regions)
+    ir::walk(region, [&](const ir::Op& op) {
+      if (auto it = plan_.hopper.rings.find(&op); it != plan_.hopper.rings.end() && it->second.producer) out.push_back(&op);
+    });
+  return out;
+}
+
+void Lowerer::produce_loop(const ir::Op& loop, std::map<const ir::Op*, V>& counts) {
+  const ir::Block& body = loop.regions[0];
+  const auto ring_it = plan_.hopper.rings.find(&loop);
+  const SmemRing* r = ring_it == plan_.hopper.rings.end() ? nullptr : &ring_it->second;
+  std::unordered_set<ir::ValueId> inside(body.args.begin(), body.args.end());
+  ir::walk(body, [&](const ir::Op& op) { inside.insert(op.results.begin(), op.results.end()); });
+  // everything from outside the loop that its bounds and its tiles' offsets read, computed in the
+  // enclosing iteration's frame (an enclosing loop's counter is bound there)
+  auto outside = [&](ir::ValueId v) {
+    if (!inside.count(v) && !f_.type(v).is_tensor()) producer_value(v);
+  };
+  for (size_t i = 0; i < 3; ++i) outside(loop.operands[i]);
+  if (r)
+    for (const ir::Op* l : r->loads) {
       for (size_t i = 1; i < l->operands.size(); ++i) outside(l->operands[i]);
       for (const ir::Op* op : plan_.hopper.tiles.at(l).offset_ops)
         for (ir::ValueId o : op->operands) outside(o);
     }
-    RingState st;
-    st.lb = cast(scalar(loop->operands[0]), DType::i32);
-    st.step = cast(scalar(loop->operands[2]), DType::i32);
-    st.trips = trip_count(st.lb, cast(scalar(loop->operands[1]), DType::i32), st.step);
-    pir::Inst for_op;
-    for_op.op = Op::for_;
-    for_op.args = {ci32(0), st.trips, ci32(1)};
-    pir::Block pb;
-    const V j = out_.new_value(pir::scalar(DType::i32));
-    pb.args.push_back(j);
-    push_block(&pb);
-    frames_.emplace_back();
-    const V s = bin(Op::rem, j, ci32(r.stages)), parity = bin(Op::bit_and, bin(Op::div, j, ci32(r.stages)), ci32(1));
-    const V counter = bin(Op::add, st.lb, bin(Op::mul, j, st.step));
-    for (const ir::Op* l : r.loads) {  // in program order: K before V
+  const V lb = cast(scalar(loop.operands[0]), DType::i32), step = cast(scalar(loop.operands[2]), DType::i32);
+  const V trips = trip_count(lb, cast(scalar(loop.operands[1]), DType::i32), step);
+  const V base = counts.count(&loop) ? counts.at(&loop) : ci32(0);  // this ring's iterations before this run
+  const std::vector<const ir::Op*> nested = nested_producer_rings(loop);
+  pir::Inst for_op;
+  for_op.op = Op::for_;
+  for_op.args = {ci32(0), trips, ci32(1)};
+  pir::Block pb;
+  const V j = out_.new_value(pir::scalar(DType::i32));
+  pb.args.push_back(j);
+  for (const ir::Op* n : nested) {
+    for_op.args.push_back(counts.count(n) ? counts.at(n) : ci32(0));
+    pb.args.push_back(counts[n] = out_.new_value(pir::scalar(DType::i32)));
+  }
+  push_block(&pb);
+  frames_.emplace_back();
+  const V counter = bin(Op::add, lb, bin(Op::mul, j, step));
+  frames_.back().scalars[body.args[0]] = cast(counter, f_.type(body.args[0]).dtype);
+  if (r) {
+    const V g = bin(Op::add, base, j);  // the ring's iteration, counted across runs
+    const V s = bin(Op::rem, g, ci32(r->stages)), parity = bin(Op::bit_and, bin(Op::div, g, ci32(r->stages)), ci32(1));
+    for (const ir::Op* l : r->loads) {  // in program order: K before V
       const SmemTile& t = plan_.hopper.tiles.at(l);
       const V full = stage_barrier(t.full, s), empty = stage_barrier(t.empty, s);
       // the stage's previous tile freed (a fresh barrier's "previous phase" counts as complete)
       emit0(Op::mbar_wait, {empty, bin(Op::bit_xor, parity, ci32(1))});
       emit0(Op::mbar_expect_tx, {full, ci32(t.bytes())});
-      issue_tile(t, ring_stage_addr(r, s, t.offset), full, loop, counter);
+      issue_tile(t, ring_stage_addr(*r, s, t.offset), full, &loop, counter);
     }
-    pir::Inst y;
-    y.op = Op::yield;
-    pb.insts.push_back(std::move(y));
-    frames_.pop_back();
-    pop_block();
-    for_op.regions.push_back(std::move(pb));
-    blocks_.back()->insts.push_back(std::move(for_op));
   }
+  for (const ir::Op& op : body.ops)  // the rings' loops in the body, in program order (the planner allows no branch around them)
+    if (op.kind == OpKind::for_ && (plan_.hopper.rings.count(&op) || !nested_producer_rings(op).empty())) produce_loop(op, counts);
+  pir::Inst y;
+  y.op = Op::yield;
+  for (const ir::Op* n : nested) y.args.push_back(counts.at(n));
+  pb.insts.push_back(std::move(y));
+  frames_.pop_back();
+  pop_block();
+  for_op.regions.push_back(std::move(pb));
+  for (const ir::Op* n : nested) for_op.results.push_back(counts[n] = out_.new_value(pir::scalar(DType::i32)));
+  blocks_.back()->insts.push_back(std::move(for_op));
+  if (r) counts[&loop] = bin(Op::add, base, trips);
 }
 
 int Lowerer::ring_readers(const ir::Op* tile) {

@@ -124,6 +124,7 @@ void Lowerer::ring_prologue(const ir::Op& loop, const SmemRing& r) {
   st.lb = cast(scalar(loop.operands[0]), DType::i32);
   st.step = cast(scalar(loop.operands[2]), DType::i32);
   st.trips = trip_count(st.lb, cast(scalar(loop.operands[1]), DType::i32), st.step);
+  st.base = ring_counts_.count(&loop) ? ring_counts_.at(&loop) : ci32(0);
   if (r.producer) {  // the producer warpgroup fills the stages
     rings_[&loop] = st;
     return;
@@ -139,6 +140,7 @@ void Lowerer::ring_top(const ir::Op& loop, const SmemRing& r, V iv) {
   RingState& st = rings_.at(&loop);
   const int S = r.stages;
   st.iter = bin(Op::div, bin(Op::sub, cast(iv, DType::i32), st.lb), st.step);
+  if (r.producer) st.iter = bin(Op::add, st.base, st.iter);  // (continues across runs of a nested ring)
   st.stage = bin(Op::rem, st.iter, ci32(S));
   if (r.producer) {  // each tile is waited for where it is first read, and freed after its last
     st.body = blocks_.back();

@@ -81,6 +81,7 @@ Meta ForwardConfig::to_meta() const {
   }
   put_if(m, mn::kRingProducer, ring_producer);
   put_if(m, mn::kPvPeel, pv_peel);
+  put_if(m, mn::kPersistent, persistent);
   return m;
 }
 
@@ -134,6 +135,10 @@ ForwardConfig ForwardConfig::read(Builder& kb) {
   // +7% at S1k, +1-3% at S2k-16k; with fused dropout 0.83-0.88 (the Philox softmax twice) [045]
   // (with RNG_WARPS the keep words come through a channel popped in the loop)
   c.pv_peel = kb.meta<bool>(mn::kPvPeel, !s.dropout) && *c.pipeline_pv && !*c.pipeline_qk && !c.rng_warps;
+  c.persistent = kb.meta<bool>(mn::kPersistent, false);
+  if (*c.persistent && (s.varlen || c.rng_warps))
+    kb.fail(Loc::current(), fmt::format("PERSISTENT walks the tiles of dense batches without warp roles of its own; it does not combine "
+                                        "with {}", s.varlen ? "VARLEN=true" : "RNG_WARPS"));
   return c;
 }
 

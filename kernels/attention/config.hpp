@@ -64,6 +64,9 @@ struct ForwardConfig {
   // PIPELINE_PV without PIPELINE_QK: block 0's S and softmax before the loop (K_0 a one-off tile), so
   // no iteration multiplies P_{-1} = 0 by V_0, and the last V copied in the prologue; unset: no dropout [045]
   std::optional<bool> pv_peel;
+  // A persistent 1-D grid walks the tiles (the launch gives it one program per multiprocessor);
+  // the ring producer then copies the next tile's blocks during this one's end; unset: off
+  std::optional<bool> persistent;
   // Variants that measured slower (kernels/attention/forward_experimental.cpp):
   int64_t rng_warps = 0, mma_registers = 0, rng_registers = 0;  // Philox on warps of its own [014]
 

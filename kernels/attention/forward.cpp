@@ -44,17 +44,37 @@ ForwardProgram::ForwardProgram(Builder& kb)
     if (!amask->has_tile_intervals()) lists.emplace(kb, /*kv_major=*/false);
   }
   score_mod.emplace(kb, cfg.spec.score_mod);  // (its parameter comes last)
+}
 
+void ForwardProgram::for_each_tile(const std::function<void()>& attend) {
+  if (*cfg.persistent) {
+    // PERSISTENT: a 1-D grid of any size (one program per multiprocessor) walks the tiles t =
+    // program_id, + num_programs, ...: with the ring producer the next tile's Q and first K / V
+    // blocks are copied while this one finishes. Causal: heaviest query tiles first (all heads),
+    // so that light ones fill the end; full: a head's query tiles side by side (its K / V in L2).
+    const Tile num_m = cdiv(Q.size(seq_dim), BM), heads = Q.size(head_dim), bh_count = heads * Q.size(0);
+    for_range(program_id(0), num_m * bh_count, num_programs(0), [&](Tile t) {
+      const Tile mb = causal ? num_m - 1 - t / bh_count : t % num_m, head_batch = causal ? t % bh_count : t / num_m;
+      place(mb, head_batch % heads, head_batch / heads);
+      attend();
+    });
+    return;
+  }
   // Causal: the last query blocks see the most keys; they start first, so that light ones fill
   // the grid's tail -- across heads too in L2-sized sections (program_order.hpp) [decision 018].
   const bool sections = cfg.heavy_first_sections && causal && !varlen;
-  m_block = causal ? num_programs(0) - 1 - program_id(0) : program_id(0);
-  h = program_id(1), b = program_id(2);
+  Tile mb = causal ? num_programs(0) - 1 - program_id(0) : program_id(0), hh = program_id(1), bb = program_id(2);
   if (sections) {
-    const GridSlot slot = heavy_first_sections(/*heavy_at_end=*/true, K.size(seq_dim), 2 * D * ir::byte_size(T));  // K and V rows
-    m_block = slot.tile, h = slot.head, b = slot.batch;
+    const GridSlot slot = heavy_first_sections(/*heavy_at_end=*/true, K.size(seq_dim), 2 * D * ir::byte_size(cfg.spec.dtype));  // K and V rows
+    mb = slot.tile, hh = slot.head, bb = slot.batch;
   }
-  if (amask) std::tie(m_block, h) = amask->program_order(BM, m_block, h);  // heavy query blocks first
+  if (amask) std::tie(mb, hh) = amask->program_order(BM, mb, hh);  // heavy query blocks first
+  place(mb, hh, bb);
+  attend();
+}
+
+void ForwardProgram::place(const Tile& query_block, const Tile& head, const Tile& batch) {
+  m_block = query_block, h = head, b = batch;
   m0 = m_block * BM;
   // Sequence b of each tensor: the tensor itself, or with VARLEN the view of its tokens
   // [cu[b], cu[b + 1]) along `dim` (i32 offsets, B + 1 of them).
@@ -227,8 +247,8 @@ const lang::Kernel& attention_forward() {
       else key_block_loop(t, blocks);
       t.finish();
     };
-    if (!keep_words) attend();
-    else with_rng_warps(p, *keep_words, attend);
+    if (!keep_words) p.for_each_tile(attend);
+    else with_rng_warps(p, *keep_words, [&] { p.for_each_tile(attend); });
   });
   return k;
 }

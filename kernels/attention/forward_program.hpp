@@ -17,8 +17,9 @@ using lang::Tensor;
 using lang::Tile;
 using lang::Var;
 
-// One program: the configuration, the kernel's parameters and the program's place in the grid,
-// rows [m0, m0 + BLOCK_M) of query head h in batch (or sequence) b.
+// One program: the configuration, the kernel's parameters and the program's place (one tile, or
+// with PERSISTENT each of its tiles in turn), rows [m0, m0 + BLOCK_M) of query head h in batch (or
+// sequence) b.
 struct ForwardProgram {
   explicit ForwardProgram(lang::Builder& kb);
 
@@ -37,6 +38,13 @@ struct ForwardProgram {
   std::optional<AttentionMask> amask;      // a library mask's parameters
   std::optional<BlockMaskLists> lists;     // its pre-pass lists (masks without tile intervals)
   std::optional<AttentionScoreMod> score_mod;
+
+  // Runs `attend` for each of the program's tiles (place() set): its grid slot, or with PERSISTENT
+  // every num_programs-th tile.
+  void for_each_tile(const std::function<void()>& attend);
+  // Sets the program's place (and what follows from it) to query block `query_block` of head
+  // `head` in batch (or sequence) `batch`.
+  void place(const Tile& query_block, const Tile& head, const Tile& batch);
 
   // the program's place
   Tile m_block, h, b, m0;
