@@ -50,12 +50,18 @@ void ForwardProgram::for_each_tile(const std::function<void()>& attend) {
   if (*cfg.persistent) {
     // PERSISTENT: a 1-D grid of any size (one program per multiprocessor) walks the tiles t =
     // program_id, + num_programs, ...: with the ring producer the next tile's Q and first K / V
-    // blocks are copied while this one finishes. Causal: heaviest query tiles first (all heads),
-    // so that light ones fill the end; full: a head's query tiles side by side (its K / V in L2).
-    const Tile num_m = cdiv(Q.size(seq_dim), BM), heads = Q.size(head_dim), bh_count = heads * Q.size(0);
-    for_range(program_id(0), num_m * bh_count, num_programs(0), [&](Tile t) {
-      const Tile mb = causal ? num_m - 1 - t / bh_count : t % num_m, head_batch = causal ? t % bh_count : t / num_m;
-      place(mb, head_batch % heads, head_batch / heads);
+    // blocks are copied while this one finishes. Full: a head's query tiles side by side (its K / V
+    // shared in L2). Causal: the non-persistent grid's order (heavy tiles first, heads in L2-sized
+    // sections), odd rounds backwards so that each program gets heavy and light tiles alike.
+    const Tile num_m = cdiv(Q.size(seq_dim), BM), heads = Q.size(head_dim), units = heads * Q.size(0), total = num_m * units;
+    for_range(program_id(0), total, num_programs(0), [&](Tile t) {
+      if (causal) {
+        const GridSlot slot = heavy_first_order(/*heavy_at_end=*/true, serpentine(t, total), num_m, heads, units, K.size(seq_dim),
+                                                2 * D * ir::byte_size(cfg.spec.dtype));
+        place(slot.tile, slot.head, slot.batch);
+      } else {
+        place(t % num_m, (t / num_m) % heads, t / num_m / heads);
+      }
       attend();
     });
     return;
