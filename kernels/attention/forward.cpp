@@ -47,25 +47,33 @@ ForwardProgram::ForwardProgram(Builder& kb)
 }
 
 void ForwardProgram::for_each_tile(const std::function<void()>& attend) {
-  if (*cfg.persistent) {
-    // PERSISTENT: a 1-D grid of any size (one program per multiprocessor) walks the tiles t =
-    // program_id, + num_programs, ...: with the ring producer the next tile's Q and first K / V
-    // blocks are copied while this one finishes. Full: a head's query tiles side by side (its K / V
-    // shared in L2). Causal: the non-persistent grid's order (heavy tiles first, heads in L2-sized
-    // sections), odd rounds backwards so that each program gets heavy and light tiles alike.
-    const Tile num_m = cdiv(Q.size(seq_dim), BM), heads = Q.size(head_dim), units = heads * Q.size(0), total = num_m * units;
-    for_range(program_id(0), total, num_programs(0), [&](Tile t) {
-      if (causal) {
-        const GridSlot slot = heavy_first_order(/*heavy_at_end=*/true, serpentine(t, total), num_m, heads, units, K.size(seq_dim),
-                                                2 * D * ir::byte_size(cfg.spec.dtype));
-        place(slot.tile, slot.head, slot.batch);
-      } else {
-        place(t % num_m, (t / num_m) % heads, t / num_m / heads);
-      }
+  // PERSISTENT: a 1-D grid of any size (one program per multiprocessor) walks the tiles: with
+  // the ring producer the next tile's Q and first K / V blocks are copied while this one
+  // finishes. Full: tiles t = program_id, + num_programs, ..., a head's query tiles side by side
+  // (its K / V shared in L2). Causal: query tile m carries m + 1 key blocks, so a program takes
+  // tiles in pairs (num_m - 1 - k, k) of one head, num_m + 1 blocks each: equal work per pair, so
+  // a static order balances (the hardware's greedy start does that for the non-persistent grid).
+  const Tile num_m = cdiv(Q.size(seq_dim), BM), heads = Q.size(head_dim), total = num_m * heads * Q.size(0);
+  const Tile P = num_programs(0), q = program_id(0);
+  if (!causal) {
+    for_range(q, total, P, [&](Tile t) {
+      place(t % num_m, (t / num_m) % heads, t / num_m / heads);
       attend();
     });
     return;
   }
+  // positions 2j, 2j + 1 of a head's order num_m - 1, 0, num_m - 2, 1, ... form pair j; program
+  // q takes pairs q, q + P, ... (and, for an odd total, the lone last position if it is its turn)
+  const Tile pairs = total / 2, mine = where(pairs > q, (pairs - q + P - 1) / P, 0);
+  const Tile lone = ((total % 2) == 1) & (pairs >= q) & (((pairs - q) % P) == 0);
+  for_range(0, 2 * mine + where(lone, 1, 0), [&](Tile i) {
+    const Tile pos = 2 * ((i / 2) * P + q) + i % 2, unit = pos / num_m, within = pos % num_m;
+    place(where(within % 2 == 0, num_m - 1 - within / 2, within / 2), unit % heads, unit / heads);
+    attend();
+  });
+}
+
+void ForwardProgram::place_from_grid() {
   // Causal: the last query blocks see the most keys; they start first, so that light ones fill
   // the grid's tail -- across heads too in L2-sized sections (program_order.hpp) [decision 018].
   const bool sections = cfg.heavy_first_sections && causal && !varlen;
@@ -76,7 +84,6 @@ void ForwardProgram::for_each_tile(const std::function<void()>& attend) {
   }
   if (amask) std::tie(mb, hh) = amask->program_order(BM, mb, hh);  // heavy query blocks first
   place(mb, hh, bb);
-  attend();
 }
 
 void ForwardProgram::place(const Tile& query_block, const Tile& head, const Tile& batch) {
@@ -253,8 +260,13 @@ const lang::Kernel& attention_forward() {
       else key_block_loop(t, blocks);
       t.finish();
     };
-    if (!keep_words) p.for_each_tile(attend);
-    else with_rng_warps(p, *keep_words, [&] { p.for_each_tile(attend); });
+    if (*p.cfg.persistent) {
+      p.for_each_tile(attend);
+    } else {
+      p.place_from_grid();  // (at the top level: RNG_WARPS' roles both read it)
+      if (!keep_words) attend();
+      else with_rng_warps(p, *keep_words, attend);
+    }
   });
   return k;
 }

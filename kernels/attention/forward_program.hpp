@@ -39,9 +39,10 @@ struct ForwardProgram {
   std::optional<BlockMaskLists> lists;     // its pre-pass lists (masks without tile intervals)
   std::optional<AttentionScoreMod> score_mod;
 
-  // Runs `attend` for each of the program's tiles (place() set): its grid slot, or with PERSISTENT
-  // every num_programs-th tile.
+  // PERSISTENT: runs `attend` for each of the program's tiles, place() set to it.
   void for_each_tile(const std::function<void()>& attend);
+  // Not PERSISTENT: place() at the program's grid slot (heavy tiles first where causal).
+  void place_from_grid();
   // Sets the program's place (and what follows from it) to query block `query_block` of head
   // `head` in batch (or sequence) `batch`.
   void place(const Tile& query_block, const Tile& head, const Tile& batch);

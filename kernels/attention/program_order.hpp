@@ -35,14 +35,5 @@ struct GridSlot {
 // head, e.g. K and V: 2 * D * 2) size the sections: G = max(1, budget / (seq_len * bytes_per_row)).
 // Below kSectionsMinSeqLen: (heavy_at_end ? tiles - 1 - x : x, y, z) of the launch index.
 GridSlot heavy_first_sections(bool heavy_at_end, const lang::Tile& seq_len, int64_t bytes_per_row, lang::Loc loc = lang::Loc::current());
-// The same order for an index p in [0, tiles * units) of `tiles` tiles per unit (a head of a batch
-// row; `heads` per batch row): a persistent program's t-th tile.
-GridSlot heavy_first_order(bool heavy_at_end, const lang::Tile& p, const lang::Tile& tiles, const lang::Tile& heads, const lang::Tile& units,
-                           const lang::Tile& seq_len, int64_t bytes_per_row, lang::Loc loc = lang::Loc::current());
-// A persistent grid's tile index t (t = program_id + r * num_programs in round r) reordered so that
-// odd whole rounds run backwards: tiles ordered by falling work then pair a heavy one with a light
-// one per program over two rounds (a partial last round keeps its order: its indices must stay
-// below `total`).
-lang::Tile serpentine(const lang::Tile& t, const lang::Tile& total);
 
 }  // namespace tilejit::kernels
