@@ -33,7 +33,8 @@ namespace mn = meta_name;
 // The attention kernels' rows take the API's own schedule (attention::default_schedule, the one
 // table: api/attention/) at bf16, D 128, dense, full, so that `tilejit compile` and `tilejit
 // bundle` make the kernels the API launches for that shape (HEAD_DIM stays the kernel's default
-// unless --meta sets it). The API picks other tiles per call (D 64, a dQ reduction, varlen, ...).
+// unless --meta sets it). The API picks other tiles per call (D 64, a dQ reduction, varlen, ...) and
+// at D 128 runs the forward PERSISTENT (a 1-D grid; this row keeps the one-tile-per-program grid).
 attention::Schedule api_schedule(attention::Pass pass) {
   return attention::default_schedule(pass, ir::DType::bf16, 128, /*causal=*/false, /*varlen=*/false,
                                      pass == attention::Pass::bwd_dq_reduce ? attention::DqReduction::split

@@ -245,16 +245,20 @@ struct Config {
   bool q_descending = false;  // dK/dV's Q_DESCENDING
   int score_mod = 0;          // SCORE_MOD (kernels::ScoreModKind), 0 = none: the kernel without the meta
   bool positive_scale = false;  // the forward's POSITIVE_SCALE (softmax_scale > 0, no score mod: the fma softmax)
+  bool persistent = false;      // the forward's PERSISTENT (forward_persistent): a 1-D grid of resident programs
   auto key() const {
     return std::tuple(static_cast<int>(pass), static_cast<int>(dtype), head_dim, causal, varlen, sch.block_m, sch.block_n,
                       sch.num_warps, sch.stages, sch.min_programs_per_sm, device, dropout, return_mask, read_bits, mask, reduction, q_descending, score_mod,
-                      positive_scale);
+                      positive_scale, persistent);
   }
   bool operator<(const Config& o) const { return key() < o.key(); }
 };
 
 // Whether dK/dV runs ordered on a persistent grid (PERSISTENT): ordered without the descending walk.
 bool persistent_ordered(int reduction, bool q_descending);
+// Whether the forward runs on a persistent grid (PERSISTENT): where its ring producer fills the
+// rings (D 128, dense, no library mask or score mod), which then prefetches across tiles.
+bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod);
 // The metas of a configuration that its kernel declares.
 lang::Meta meta_of(const Config& c);
 // The configuration of pass `p` in a checked call.

@@ -43,7 +43,13 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
   const Dims d = check_forward_dims(q, k, v, o, lse, opts, workspace);
   const Config c = config(Pass::forward, q, d, opts);
   Function& fn = function_for(c);
-  const runtime::Grid grid{lang::cdiv(d.seq_q, c.sch.block_m), d.heads_q, d.batch};
+  runtime::Grid grid{lang::cdiv(d.seq_q, c.sch.block_m), d.heads_q, d.batch};
+  if (c.persistent) {  // PERSISTENT: as many programs as are resident at once, no more than tiles
+    auto& drv = runtime::Driver::get();
+    int64_t resident = 1;  // (without a GPU: only the dry launches use the grid)
+    if (drv.available()) resident = int64_t{drv.props(q.device).sm_count} * std::max(1, fn.gpu_kernel().max_resident_per_sm());
+    grid = {std::max<int64_t>(1, std::min(resident, grid.x * grid.y * grid.z)), 1, 1};
+  }
   // The launches at a workspace base: the pre-pass (masks without tile intervals), the forward.
   const auto bind = [&](uint64_t base) {
     KernelArgs a;
@@ -190,12 +196,13 @@ void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen,
   if (backward) passes.insert(passes.end(), {Pass::bwd_preprocess, Pass::bwd_dkdv, dq_pass(dq_reduction)});
   for (Pass p : passes) {
     const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen, dq_reduction, dropout, lib != 0);
-    function_for(Config{p, dtype, head_dim, causal, varlen, s, device, dropout && declares(p, mn::kDropout), false, false,
-                        lib != 0 && declares(p, mn::kMask) ? lib : 0, p == Pass::bwd_dkdv ? static_cast<int>(dq_reduction) : 0,
-                        p == Pass::bwd_dkdv && q_descending, 0,
-                        // calls with a positive softmax_scale (the default 1/sqrt(head_dim) is)
-                        p == Pass::forward && declares(p, mn::kPositiveScale)})
-        .compiled();
+    Config c{p, dtype, head_dim, causal, varlen, s, device, dropout && declares(p, mn::kDropout), false, false,
+             lib != 0 && declares(p, mn::kMask) ? lib : 0, p == Pass::bwd_dkdv ? static_cast<int>(dq_reduction) : 0,
+             p == Pass::bwd_dkdv && q_descending, 0,
+             // calls with a positive softmax_scale (the default 1/sqrt(head_dim) is)
+             p == Pass::forward && declares(p, mn::kPositiveScale)};
+    c.persistent = p == Pass::forward && forward_persistent(head_dim, varlen, c.mask, 0);
+    function_for(c).compiled();
     // the pre-pass at this kernel's tiles (the preprocess, convert and reduce kernels read no lists)
     if (lib != 0 && !kernels::mask_has_tile_intervals(mask) &&
         (p == Pass::forward || p == Pass::bwd_dkdv || p == Pass::bwd_dq)) {
