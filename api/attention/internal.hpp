@@ -257,8 +257,9 @@ struct Config {
 // Whether dK/dV runs ordered on a persistent grid (PERSISTENT): ordered without the descending walk.
 bool persistent_ordered(int reduction, bool q_descending);
 // Whether the forward runs on a persistent grid (PERSISTENT): where its ring producer fills the
-// rings (D 128, dense, no library mask or score mod), which then prefetches across tiles.
-bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod);
+// rings (D 128, dense, no library mask or score mod), which then prefetches across tiles; not
+// with dropout (slower there).
+bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod, bool dropout);
 // The metas of a configuration that its kernel declares.
 lang::Meta meta_of(const Config& c);
 // The configuration of pass `p` in a checked call.

@@ -197,11 +197,11 @@ void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen,
   for (Pass p : passes) {
     const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen, dq_reduction, dropout, lib != 0);
     Config cfg{p, dtype, head_dim, causal, varlen, s, device, dropout && declares(p, mn::kDropout), false, false,
-             lib != 0 && declares(p, mn::kMask) ? lib : 0, p == Pass::bwd_dkdv ? static_cast<int>(dq_reduction) : 0,
-             p == Pass::bwd_dkdv && q_descending, 0,
-             // calls with a positive softmax_scale (the default 1/sqrt(head_dim) is)
-             p == Pass::forward && declares(p, mn::kPositiveScale)};
-    cfg.persistent = p == Pass::forward && forward_persistent(head_dim, varlen, cfg.mask, 0);
+               lib != 0 && declares(p, mn::kMask) ? lib : 0, p == Pass::bwd_dkdv ? static_cast<int>(dq_reduction) : 0,
+               p == Pass::bwd_dkdv && q_descending, 0,
+               // calls with a positive softmax_scale (the default 1/sqrt(head_dim) is)
+               p == Pass::forward && declares(p, mn::kPositiveScale)};
+    cfg.persistent = p == Pass::forward && forward_persistent(head_dim, varlen, cfg.mask, 0, cfg.dropout);
     function_for(cfg).compiled();
     // the pre-pass at this kernel's tiles (the preprocess, convert and reduce kernels read no lists)
     if (lib != 0 && !kernels::mask_has_tile_intervals(mask) &&

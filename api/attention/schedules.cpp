@@ -114,9 +114,10 @@ bool persistent_ordered(int reduction, bool q_descending) {
 }
 
 // The ring producer's kernels (ForwardConfig::read: D 128 dense, no library mask or score mod) run
-// persistent: +2-11% at S 1k-8k, 0.99-1.00 at S 16k (decision 050).
-bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod) {
-  return head_dim == 128 && !varlen && mask == 0 && score_mod == 0 && declares(Pass::forward, mn::kPersistent);
+// persistent without dropout: +2-11% at S 1k-8k, 0.99-1.00 at S 16k; with fused dropout 0.86-0.91
+// (decision 050).
+bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod, bool dropout) {
+  return head_dim == 128 && !varlen && mask == 0 && score_mod == 0 && !dropout && declares(Pass::forward, mn::kPersistent);
 }
 
 // The call's configuration as the pass's typed kernel configuration (kernels/attention/config.hpp),
@@ -196,7 +197,7 @@ Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
                 // the fma softmax where the scale allows it (the kernel with it is a separate
                 // specialisation: a negative scale keeps the general one)
                 p == Pass::forward && d.scale > 0 && d.score_mod == kernels::ScoreModKind::none && declares(p, mn::kPositiveScale)};
-  c.persistent = p == Pass::forward && forward_persistent(c.head_dim, c.varlen, c.mask, c.score_mod);
+  c.persistent = p == Pass::forward && forward_persistent(c.head_dim, c.varlen, c.mask, c.score_mod, c.dropout);
   return c;
 }
 

@@ -153,6 +153,15 @@ void Lowerer::release_retired(const std::vector<const ir::Op*>& tiles) {
 
 void Lowerer::release_ring_tile(const SmemTile& t, RingState& st) {
   st.released.insert(t.load);
+  // The tile's copy is waited for before its stage goes back, also on paths that skipped its reads
+  // (a loop of no trips, a branch): else the producer could refill a stage whose copy still lands,
+  // and a later wait on the full barrier would see the wrong phase (seen: a persistent program's
+  // Q whose key loop ran no trip -> CUDA_ERROR_LAUNCH_FAILED). A wait already passed is cheap.
+  auto w = st.waited_in.find(t.load);
+  if (w == st.waited_in.end() || std::find(block_ids_.begin(), block_ids_.end(), w->second) == block_ids_.end()) {
+    const SmemRing& r = plan_.hopper.rings.at(t.ring);
+    emit0(Op::mbar_wait, {stage_barrier(t.full, st.stage), bin(Op::bit_and, bin(Op::div, st.iter, ci32(r.stages)), ci32(1))});
+  }
   // each consumer warp once (the barrier counts num_warps arrivals), after its own wgmma wait
   pir_if(cmp(pir::Pred::eq, lane_, ci32(0)), [&] { emit0(Op::mbar_arrive, {stage_barrier(t.empty, st.stage)}); });
 }
