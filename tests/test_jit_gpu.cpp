@@ -818,6 +818,9 @@ TEST_CASE("gpu: ring_producer: rings filled by a producer warpgroup give the int
     jit::CompileOptions opts;
     opts.pipeline.stages = stages;
     check_against_interpreter(test_kernels::ring_kernel().build({{"PRODUCER", true}}), {2}, {&q, &k, &v, &o}, 1e-2, opts, true);
+    // the key loop run twice inside another loop: the ring's stages and phases continue across runs
+    check_against_interpreter(test_kernels::ring_kernel().build({{"PRODUCER", true}, {"NESTED", true}}), {2}, {&q, &k, &v, &o}, 1e-2, opts,
+                              true);
   }
   struct Case {
     int64_t D, block;

@@ -189,14 +189,16 @@ inline std::vector<uint32_t> channel_expected(int programs, int n) {
 
 
 // O[BM, 64] = sum over key blocks of bf16(Q K_j^T / 16) V_j, K and V streamed through TMA rings
-// (attention's shape without the softmax). PRODUCER: lang::ring_producer fills the rings. Misuse,
-// for the error tests: NESTED (the key loop inside another loop), ROLES (beside warp_roles),
+// (attention's shape without the softmax). PRODUCER: lang::ring_producer fills the rings. NESTED:
+// the key loop runs twice, inside another loop (the producer's ring counts on across the runs).
+// Misuse, for the error tests: IN_BRANCH (the key loop inside an if), ROLES (beside warp_roles),
 // TILE_OFFSET (K's offset shifted by a scalar reduced from a tile, which the producer cannot compute).
 inline const Kernel& ring_kernel() {
   static const Kernel k = kernel("ring_kernel", [](Builder& kb) {
     const int64_t D = 64, BM = 64, BN = 64;
     const bool producer = kb.meta<bool>("PRODUCER", false), nested = kb.meta<bool>("NESTED", false);
     const bool roles = kb.meta<bool>("ROLES", false), tile_offset = kb.meta<bool>("TILE_OFFSET", false);
+    const bool in_branch = kb.meta<bool>("IN_BRANCH", false);
     const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
     auto Q = kb.tensor("Q", bf16, 2, row_major), K = kb.tensor("K", bf16, 2, row_major), V = kb.tensor("V", bf16, 2, row_major);
     auto O = kb.tensor("O", f32, 2, {.contiguous_last = true});
@@ -212,7 +214,8 @@ inline const Kernel& ring_kernel() {
           acc = dot(cast(bf16, s * 0.0625f), load(V.block({n0, 0}, {BN, D})), acc);
         });
       };
-      if (nested) for_range(0, 1, [&](Tile) { keys(); });
+      if (nested) for_range(0, 2, [&](Tile) { keys(); });
+      else if (in_branch) if_(program_id(0) >= 0, keys);
       else keys();
       store(O.block({m0, 0}, {BM, D}), acc);
     };
