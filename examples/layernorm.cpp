@@ -1,6 +1,7 @@
 // LayerNorm over the last dim, forward and backward: one program per row, the whole row (up to
 // BLOCK = 1024 f32) in one tile. The forward saves each row's mean and 1/std for the backward;
-// the backward's dW and dB sum over rows, so each program atomically adds its row's part.
+// the backward's dW and dB sum over rows: each program sums its ROWS rows' parts, then adds them
+// atomically.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -33,29 +34,39 @@ Kernel layernorm_fwd = kernel("layernorm_fwd", [](Builder& k) {
 });
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w; dW += dy * xhat, dB += dy.
+// A program takes ROWS rows and sums its dW / dB parts in registers first, then adds them with one
+// atomic per column: ROWS times fewer atomics on the same 2 x n addresses (one atomic add per row
+// and column serialised on them: 218 GB/s at 65536 x 1024 on the H100).
 Kernel layernorm_bwd = kernel("layernorm_bwd", [](Builder& k) {
-  auto BLOCK = k.meta<int>("BLOCK", 1024);
+  auto BLOCK = k.meta<int>("BLOCK", 1024), ROWS = k.meta<int>("ROWS", 64);
   auto X = k.pointer("X", f32), W = k.pointer("W", f32), DY = k.pointer("DY", f32);
   auto Mean = k.pointer("Mean", f32), Rstd = k.pointer("Rstd", f32);
   auto DX = k.pointer("DX", f32), DW = k.pointer("DW", f32), DB = k.pointer("DB", f32);
-  auto n = k.scalar<int>("n");
+  auto m = k.scalar<int>("m"), n = k.scalar<int>("n");
 
-  auto r = program_id(0);
   auto cols = arange(0, BLOCK);
-  auto mask = cols < n;
-  auto rstd = load(Rstd + r);
-  auto xhat = where(mask, (load(X + r * n + cols, mask, 0.0f) - load(Mean + r)) * rstd, 0.0f);
-  auto dy = load(DY + r * n + cols, mask, 0.0f);
-  auto g = dy * load(W + cols, mask, 0.0f);
-  auto dx = rstd * (g - sum(g) / cast(f32, n) - xhat * (sum(g * xhat) / cast(f32, n)));
-  store(DX + r * n + cols, dx, mask);
-  atomic_add(DW + cols, dy * xhat, mask);
-  atomic_add(DB + cols, dy, mask);
+  auto w = load(W + cols, cols < n, 0.0f);
+  Var dw = zeros(f32, {BLOCK}), db = zeros(f32, {BLOCK});
+  for_range(0, ROWS, [&](Tile i) {
+    auto r = program_id(0) * ROWS + i;
+    auto row_ok = r < m;
+    auto mask = (cols < n) & row_ok;
+    auto rstd = load(Rstd + r, row_ok, 0.0f);
+    auto xhat = where(mask, (load(X + r * n + cols, mask, 0.0f) - load(Mean + r, row_ok, 0.0f)) * rstd, 0.0f);
+    auto dy = load(DY + r * n + cols, mask, 0.0f);
+    auto g = dy * w;
+    auto dx = rstd * (g - sum(g) / cast(f32, n) - xhat * (sum(g * xhat) / cast(f32, n)));
+    store(DX + r * n + cols, dx, mask);
+    dw = dw + dy * xhat;  // (zero on masked columns and rows)
+    db = db + dy;
+  });
+  atomic_add(DW + cols, dw, cols < n);
+  atomic_add(DB + cols, db, cols < n);
 });
 
 int main(int argc, char** argv) {
   auto fwd = layernorm_fwd.build({{"BLOCK", 1024}});
-  auto bwd = layernorm_bwd.build({{"BLOCK", 1024}});
+  auto bwd = layernorm_bwd.build({{"BLOCK", 1024}, {"ROWS", 4}});
   if (argc > 1 && std::strcmp(argv[1], "--compile") == 0) return compile_both_backends(fwd) | compile_both_backends(bwd);
   if (argc > 1 && std::strcmp(argv[1], "--ir") == 0) {
     std::fputs((tilejit::ir::print(fwd) + tilejit::ir::print(bwd)).c_str(), stdout);
@@ -69,7 +80,7 @@ int main(int argc, char** argv) {
   x.fill_normal(1, 0.5, 2), w.fill_normal(2, 1, 0.2), b.fill_normal(3, 0, 0.2), dy.fill_normal(4, 0, 1);
   dw.fill(0), db.fill(0);
   auto report = tilejit::runtime::run(fwd, {rows}, {x, w, b, y, mean, rstd, n, eps});
-  tilejit::runtime::run(bwd, {rows}, {x, w, dy, mean, rstd, dx, dw, db, n});
+  tilejit::runtime::run(bwd, {(rows + 3) / 4}, {x, w, dy, mean, rstd, dx, dw, db, rows, n});  // (7 rows: the last program's 4th row is past the end)
 
   // float64 reference, forward and backward
   std::vector<double> ry(static_cast<size_t>(rows * n)), rdx(ry.size()), rdw(static_cast<size_t>(n), 0), rdb(rdw);
@@ -104,11 +115,11 @@ int main(int argc, char** argv) {
     auto dX = DeviceTensor::from_host(hx), dW = DeviceTensor::from_host(hw), dB = DeviceTensor::from_host(hw);
     DeviceTensor dY(f32, {R, N}), dMean(f32, {R}), dRstd(f32, {R}), dDX(f32, {R, N}), dDW(f32, {N}), dDB(f32, {N});
     auto f = tilejit::compile(layernorm_fwd, {{"BLOCK", 1024}});
-    auto g = tilejit::compile(layernorm_bwd, {{"BLOCK", 1024}});
+    auto g = tilejit::compile(layernorm_bwd, {{"BLOCK", 1024}, {"ROWS", 64}});
     report_bandwidth("layernorm_fwd 65536x1024 f32", 2.0 * R * N * 4,
                      [&](const tilejit::runtime::Stream& s) { f({R}, s, dX, dW, dB, dY, dMean, dRstd, N, eps); });
     report_bandwidth("layernorm_bwd 65536x1024 f32", 3.0 * R * N * 4,  // X and dY read, dX written
-                     [&](const tilejit::runtime::Stream& s) { g({R}, s, dX, dW, dY, dMean, dRstd, dDX, dDW, dDB, N); });
+                     [&](const tilejit::runtime::Stream& s) { g({R / 64}, s, dX, dW, dY, dMean, dRstd, dDX, dDW, dDB, R, N); });
   }
   return 0;
 }
