@@ -1,7 +1,8 @@
 // Bitonic sorting network over xor_permute: for each merge size s = 2, 4, ..., n and each stride
 // t = s/2, ..., 1, element i meets element i ^ t and keeps the smaller of the two where
 // (i & t) == 0 and i's block of s runs ascending ((i & s) == 0), else the larger. log2(n) (log2(n)
-// + 1) / 2 exchanges, each an xor_permute per tile plus elementwise compares and selects.
+// + 1) / 2 exchanges, each an xor_permute per tile plus elementwise compares and selects. topk
+// sorts blocks of k and then halves the axis round by round (bitonic top-k).
 #include "dsl/sort.hpp"
 
 #include <fmt/format.h>
@@ -78,6 +79,28 @@ Tile gather(const Operand& x, const Operand& index, int axis, Loc loc) {
   return b.emit1(ir::OpKind::gather, {t.id(), i.id()}, {{"axis", int64_t{axis}}}, loc);
 }
 
+namespace {
+
+// The exchanges of the bitonic network for block sizes first_size, 2 first_size, ..., last_size
+// (each with strides size / 2 .. 1): a block of `size` ends sorted in the order (reversed where
+// (pos & size) != 0), given that its halves were sorted in opposite directions (or single elements).
+void bitonic_stages(std::vector<Tile>& x, int axis, bool descending, int64_t first_size, int64_t last_size, const Loc& loc) {
+  Builder& b = Builder::current(loc);
+  const Shape shape = b.type(x[0].id()).shape;  // (a copy: new values may move the value table)
+  const Tile pos = positions(shape, axis, loc);
+  for (int64_t size = first_size; size <= last_size; size *= 2)
+    for (int64_t stride = size / 2; stride >= 1; stride /= 2) {
+      std::vector<Tile> other;
+      for (const Tile& t : x) other.push_back(xor_permute(t, axis, stride, loc));
+      // the lower element of an ascending block (or the upper of a descending one) keeps the smaller
+      Tile keeps_smaller = ((pos & stride) == 0) == ((pos & size) == 0);
+      Tile take_other = where(keeps_smaller, before(other, x, descending, loc), before(x, other, descending, loc), loc);
+      for (size_t k = 0; k < x.size(); ++k) x[k] = where(take_other, other[k], x[k], loc);
+    }
+}
+
+}  // namespace
+
 std::vector<Tile> sort(const std::vector<Tile>& tiles, int axis, bool descending, Loc loc) {
   if (tiles.empty()) Builder::current(loc).fail(loc, "sort: needs one or more tiles");
   Builder& b = Builder::current(loc);
@@ -90,16 +113,7 @@ std::vector<Tile> sort(const std::vector<Tile>& tiles, int axis, bool descending
   const int64_t n = first.shape[static_cast<size_t>(axis)];
   if (n & (n - 1)) b.fail(loc, fmt::format("sort: the axis has {} elements (valid: a power of two)", n));
   std::vector<Tile> x = tiles;
-  const Tile pos = positions(first.shape, axis, loc);
-  for (int64_t size = 2; size <= n; size *= 2)
-    for (int64_t stride = size / 2; stride >= 1; stride /= 2) {
-      std::vector<Tile> other;
-      for (const Tile& t : x) other.push_back(xor_permute(t, axis, stride, loc));
-      // the lower element of an ascending block (or the upper of a descending one) keeps the smaller
-      Tile keeps_smaller = ((pos & stride) == 0) == ((pos & size) == 0);
-      Tile take_other = where(keeps_smaller, before(other, x, descending, loc), before(x, other, descending, loc), loc);
-      for (size_t k = 0; k < x.size(); ++k) x[k] = where(take_other, other[k], x[k], loc);
-    }
+  bitonic_stages(x, axis, descending, 2, n, loc);
   return x;
 }
 
@@ -123,15 +137,33 @@ TopK topk(const Operand& x, int64_t k, int axis, Loc loc) {
   const int64_t n = type.shape[static_cast<size_t>(axis)];
   if (k < 1 || k > n || (k & (k - 1)))
     b.fail(loc, fmt::format("topk: k = {} for an axis of {} (valid: a power of two from 1 to {})", k, n, n));
-  std::vector<Tile> sorted = sort({t, positions(type.shape, axis, loc)}, axis, /*descending=*/true, loc);
-  if (k == n) return {sorted[0], sorted[1]};
-  // the axis split into [n / k, k]: the first of the n / k groups is the top k
-  Shape split = type.shape;
-  split[static_cast<size_t>(axis)] = k;
-  split.insert(split.begin() + axis, n / k);
-  std::vector<Tile> groups{reshape(sorted[0], split, loc), reshape(sorted[1], split, loc)};
-  std::vector<Tile> first = reduce(groups, axis, [](const std::vector<Tile>& p, const std::vector<Tile>&) { return p; }, loc);
-  return {first[0], first[1]};
+  // Bitonic top-k: blocks of k sorted in alternating directions (the network's first log2 k
+  // sizes), then rounds that halve the axis: two neighbouring blocks (one each way) form a bitonic
+  // sequence whose element-wise better halves are its top k, itself bitonic, which log2 k
+  // exchanges sort. log2 k (log2 k + 1) / 2 exchanges on n elements, then log2 k on n / 2, n / 4,
+  // ... k: about 3.5x fewer element exchanges than sorting all n at n = 1024, k = 16.
+  std::vector<Tile> v{t, positions(type.shape, axis, loc)};
+  bitonic_stages(v, axis, /*descending=*/true, 2, k, loc);
+  for (int64_t m = n; m > k; m /= 2) {
+    // [.., m, ..] -> [.., m / 2k, 2, k, ..]: the pair of blocks on the new axis + 1
+    Shape pairs = b.type(v[0].id()).shape;
+    pairs[static_cast<size_t>(axis)] = k;
+    pairs.insert(pairs.begin() + axis, 2);
+    pairs.insert(pairs.begin() + axis, m / (2 * k));
+    std::vector<Tile> grouped;
+    for (const Tile& g : v) grouped.push_back(reshape(g, pairs, loc));
+    std::vector<Tile> better = reduce(grouped, axis + 1, [&](const std::vector<Tile>& p, const std::vector<Tile>& q) {
+      const Tile take_p = before(p, q, /*descending=*/true, loc);
+      std::vector<Tile> out;
+      for (size_t i = 0; i < p.size(); ++i) out.push_back(where(take_p, p[i], q[i], loc));
+      return out;
+    }, loc);
+    Shape halved = b.type(v[0].id()).shape;
+    halved[static_cast<size_t>(axis)] = m / 2;
+    for (size_t i = 0; i < v.size(); ++i) v[i] = reshape(better[i], halved, loc);
+    bitonic_stages(v, axis, /*descending=*/true, k, k, loc);  // (only the last size: the merge)
+  }
+  return {v[0], v[1]};
 }
 
 }  // namespace tilejit::lang

@@ -43,6 +43,19 @@ std::vector<double> line_of(const rt::HostTensor& t, int axis, int64_t line) {
   return v;
 }
 
+// topk's k values and positions of line `line` of the input `v`: the largest first (NaN largest),
+// the first position among equals first.
+void check_topk_line(const std::vector<double>& v, const rt::HostTensor& tv, const rt::HostTensor& ti, int axis, int64_t line, int64_t k) {
+  std::vector<int64_t> top(v.size());
+  std::iota(top.begin(), top.end(), 0);
+  std::stable_sort(top.begin(), top.end(), [&](int64_t p, int64_t q) { return order_less(v[static_cast<size_t>(q)], v[static_cast<size_t>(p)]); });
+  for (int64_t j = 0; j < k; ++j) {
+    const std::vector<int64_t> at = axis == 0 ? std::vector<int64_t>{j, line} : std::vector<int64_t>{line, j};
+    REQUIRE(ti.get(at) == static_cast<double>(top[static_cast<size_t>(j)]));
+    REQUIRE(same_bits(tv.get(at), v[static_cast<size_t>(top[static_cast<size_t>(j)])]));
+  }
+}
+
 rt::HostTensor awkward_floats() {
   rt::HostTensor x(f32, {R, C});
   x.fill_uniform(11, -3, 3);
@@ -86,17 +99,34 @@ TEST_CASE("sort: values, stable argsort and topk along either axis, both directi
           REQUIRE(same_bits(got[u], v[static_cast<size_t>(idx[u])]));
           REQUIRE(got_idx[u] == static_cast<double>(idx[u]));
         }
-        // topk: the largest first, the first position among equals first
-        std::vector<int64_t> top(static_cast<size_t>(len));
-        std::iota(top.begin(), top.end(), 0);
-        std::stable_sort(top.begin(), top.end(), [&](int64_t p, int64_t q) { return order_less(v[static_cast<size_t>(q)], v[static_cast<size_t>(p)]); });
-        for (int64_t j = 0; j < k; ++j) {
-          const std::vector<int64_t> at = axis == 0 ? std::vector<int64_t>{j, line} : std::vector<int64_t>{line, j};
-          REQUIRE(ti.get(at) == static_cast<double>(top[static_cast<size_t>(j)]));
-          REQUIRE(same_bits(tv.get(at), v[static_cast<size_t>(top[static_cast<size_t>(j)])]));
-        }
+        check_topk_line(v, tv, ti, axis, line, k);
       }
     }
+}
+
+// topk's rounds (blocks of k sorted, then the axis halved by pairs of blocks): every k from 1 to
+// the axis, along both axes, ties, NaN and signed zeros, against a stable host sort.
+TEST_CASE("sort: topk for every power-of-two k along both axes") {
+  rt::HostTensor x = awkward_floats();
+  for (int axis : {0, 1}) {
+    const int64_t len = axis == 0 ? R : C, lines = axis == 0 ? C : R;
+    for (int64_t k = 1; k <= len; k *= 2) {
+      INFO("axis " << axis << " k " << k);
+      const Kernel kern = kernel("topk_case", [=](Builder& b) {
+        auto X = b.tensor("X", f32, 2), TV = b.tensor("TV", f32, 2), TI = b.tensor("TI", i32, 2);
+        TopK top = topk(load(X.block({0, 0}, {R, C})), k, axis);
+        const Shape ts = axis == 0 ? Shape{k, C} : Shape{R, k};
+        store(TV.block({0, 0}, ts), top.values);
+        store(TI.block({0, 0}, ts), top.indices);
+      });
+      const ir::Shape ts = axis == 0 ? ir::Shape{k, C} : ir::Shape{R, k};
+      rt::HostTensor tv(f32, ts), ti(i32, ts);
+      rt::interpret(kern.build(), {1}, {rt::Arg(x), rt::Arg(tv), rt::Arg(ti)});
+      for (int64_t line = 0; line < lines; ++line) {
+        check_topk_line(line_of(x, axis, line), tv, ti, axis, line, k);
+      }
+    }
+  }
 }
 
 TEST_CASE("sort: integers and booleans; several tiles move together; flip and xor_permute") {
