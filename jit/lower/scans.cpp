@@ -72,8 +72,16 @@ std::vector<V> Lowerer::combine_region(const ir::Op& op, const std::vector<V>& a
 std::vector<Regs> Lowerer::partner_values(bool across_warps, int bit, const std::vector<Regs>& values, const std::vector<DType>& dt) {
   std::vector<Regs> other(values.size(), Regs(values.empty() ? 0 : values[0].size()));
   if (!across_warps) {
-    for (size_t k = 0; k < values.size(); ++k)
-      for (size_t r = 0; r < values[k].size(); ++r) other[k][r] = shuffle_xor(values[k][r], dt[k], int64_t{1} << bit);
+    // one shuffle per distinct value: after the register bits below this one, the registers of a
+    // block hold the same total (the same V), and a shuffle is not deduplicated downstream
+    for (size_t k = 0; k < values.size(); ++k) {
+      std::map<V, V> shuffled;
+      for (size_t r = 0; r < values[k].size(); ++r) {
+        auto [it, fresh] = shuffled.try_emplace(values[k][r], 0);
+        if (fresh) it->second = shuffle_xor(values[k][r], dt[k], int64_t{1} << bit);
+        other[k][r] = it->second;
+      }
+    }
     return other;
   }
   constexpr int64_t kSlot = 8;  // bytes per exchanged value (32- and 64-bit ones alike)
