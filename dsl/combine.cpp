@@ -91,12 +91,11 @@ Combine from_one(const Combine1& combine) {
   return [combine](const std::vector<Tile>& a, const std::vector<Tile>& b) { return std::vector<Tile>{combine(a[0], b[0])}; };
 }
 
-// The dtype a running sum or product accumulates in (Triton's sum rule).
+// The dtype a running sum or product accumulates in: small integers as `sum` counts them
+// (detail::widened_integer), 16-bit floats in f32.
 DType accumulation_dtype(DType d) {
-  if (d == DType::i1 || d == DType::i8 || d == DType::i16) return DType::i32;
-  if (d == DType::u8 || d == DType::u16) return DType::u32;
   if (d == DType::f16 || d == DType::bf16) return DType::f32;
-  return d;
+  return detail::widened_integer(d);
 }
 
 Tile running(const char* what, const Operand& x, int axis, bool reverse, bool product, const Loc& loc) {

@@ -67,8 +67,10 @@ Tile reduce(const char* kind, const Operand& x, int axis, const Loc& loc) {
   int rank = static_cast<int>(b.type(t.id()).shape.size());
   if (rank == 0) b.fail(loc, fmt::format("{}: cannot reduce a scalar", kind));
   axis = detail::normalize_axis(b, kind, b.type(t.id()), axis, loc);
-  // a sum of booleans counts them (in i32, as Triton does)
-  if (std::string_view(kind) == "sum" && b.type(t.id()).dtype == DType::i1) t = cast(DType::i32, t, loc);
+  // a sum of booleans counts them, and small integers sum in 32 bits (i32 / u32, as Triton does and
+  // as cumsum accumulates)
+  if (std::string_view(kind) == "sum" && detail::widened_integer(b.type(t.id()).dtype) != b.type(t.id()).dtype)
+    t = cast(detail::widened_integer(b.type(t.id()).dtype), t, loc);
   return b.emit1(OpKind::reduce, {t.id()}, {{"kind", std::string(kind)}, {"axis", int64_t{axis}}}, loc);
 }
 

@@ -69,6 +69,8 @@ Tile cos(const Operand& x, Loc loc = Loc::current());
 Tile erf(const Operand& x, Loc loc = Loc::current());
 
 // ---- reductions along one axis (the axis disappears), or over all axes (a scalar) ----
+// sum: i1 (a count), i8 and i16 tiles sum in i32, u8 and u16 in u32 (Triton's rule, as cumsum);
+// floats keep their dtype, accumulated in f32 and rounded once.
 Tile sum(const Operand& x, int axis, Loc loc = Loc::current());
 Tile max(const Operand& x, int axis, Loc loc = Loc::current());
 Tile min(const Operand& x, int axis, Loc loc = Loc::current());

@@ -163,6 +163,12 @@ Tile materialize(Builder& b, const Operand& o, DType dtype, const Shape& shape, 
   return b.emit1(ir::OpKind::constant, {}, {{"value", value}, {"dtype", dtype}, {"shape", shape}}, loc);
 }
 
+DType widened_integer(DType d) {
+  if (d == DType::i1 || d == DType::i8 || d == DType::i16) return DType::i32;
+  if (d == DType::u8 || d == DType::u16) return DType::u32;
+  return d;
+}
+
 int normalize_axis(Builder& b, std::string_view what, const ir::Type& t, int axis, const Loc& loc) {
   const int rank = static_cast<int>(t.shape.size());
   if (axis < 0) axis += rank;

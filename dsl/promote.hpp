@@ -25,5 +25,8 @@ DType default_literal_dtype(const Operand& o);
 // `axis` of a tile of type t (rank >= 1) counted from 0, negative from the end; an error naming
 // `what` and the valid range when out of range.
 int normalize_axis(Builder& b, std::string_view what, const ir::Type& t, int axis, const Loc& loc);
+// The integer dtype sums and running sums / products count in (Triton's rule): i1, i8, i16 -> i32,
+// u8, u16 -> u32; every other dtype as it is.
+DType widened_integer(DType d);
 
 }  // namespace tilejit::lang::detail

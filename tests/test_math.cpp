@@ -101,6 +101,28 @@ TEST_CASE("math: isnan, isinf, isfinite, signbit, clamp; sums of booleans count"
   CHECK(cnt.get({0}) == nans);
 }
 
+// Small integers sum in 32 bits (Triton's rule, as cumsum accumulates): 64 x 100 does not wrap.
+TEST_CASE("math: sums of i8 / i16 / u8 / u16 tiles count in i32 / u32") {
+  for (DType d : {DType::i8, DType::i16, DType::u8, DType::u16}) {
+    INFO(ir::name(d));
+    const DType want_type = ir::is_signed(d) ? DType::i32 : DType::u32;
+    const Kernel k = kernel("small_sums", [&](Builder& b) {
+      auto X = b.pointer("X", d), Out = b.pointer("Out", want_type), Rows = b.pointer("Rows", want_type);
+      Tile x = load(X + arange(0, 64));
+      Tile total = sum(x), rows = sum(reshape(x, {8, 8}), 1);
+      CHECK(total.dtype() == want_type);
+      CHECK(rows.dtype() == want_type);
+      store(Out + arange(0, 1), broadcast_to(total, {1}));
+      store(Rows + arange(0, 8), rows);
+    });
+    rt::HostTensor x(d, {64}), out(want_type, {1}), rows(want_type, {8});
+    for (int64_t i = 0; i < 64; ++i) x.set({i}, 100);
+    rt::interpret(k.build(), {1}, {rt::Arg(x), rt::Arg(out), rt::Arg(rows)});
+    CHECK(out.get({0}) == 6400);
+    for (int64_t r = 0; r < 8; ++r) CHECK(rows.get({r}) == 800);
+  }
+}
+
 TEST_CASE("math: sigmoid, log1p and expm1 against the C library (approximate exp/log: relative 2^-18)") {
   for (DType d : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
     INFO(ir::name(d));
