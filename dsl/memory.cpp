@@ -278,16 +278,22 @@ void store(const BlockRef& blk, const Operand& value, Loc loc) {
 }
 
 namespace {
-void window_atomic_add(const BlockRef& blk, const Operand& value, const Operand* semaphore, const Operand* target, Loc loc) {
+// atomic_add / _max / _min / _and / _or / _xor on a window: a block_store with reduce = the op.
+void window_atomic(ir::AtomicRmw rmw, const BlockRef& blk, const Operand& value, const Operand* semaphore, const Operand* target, Loc loc) {
   Builder& b = builder_for({&value}, loc);
+  const std::string what = fmt::format("atomic_{}", ir::name(rmw));
   DType d = blk.tensor.dtype();
-  check_value_dtype(b, value, d, loc, "atomic_add");
-  if (d == DType::i1 || d == DType::bf16 || d == DType::f16 || d == DType::f64 || ir::bit_width(d) < 32)
-    b.fail(loc, fmt::format("atomic_add on a window of {} elements: atomic adds take f32, i32, u32, i64 or u64 tensors", ir::name(d)));
-  Tile v = detail::materialize(b, value, d, blk.shape, loc, "atomic_add");
+  check_value_dtype(b, value, d, loc, what.c_str());
+  if (rmw == ir::AtomicRmw::add) {
+    if (d == DType::i1 || d == DType::bf16 || d == DType::f16 || d == DType::f64 || ir::bit_width(d) < 32)
+      b.fail(loc, fmt::format("atomic_add on a window of {} elements: atomic adds take f32, i32, u32, i64 or u64 tensors", ir::name(d)));
+  } else if (std::string valid = ir::atomic_dtype_error(rmw, d); !valid.empty()) {
+    b.fail(loc, fmt::format("{} on a window of {} elements: {} takes {} tensors", what, ir::name(d), what, valid));
+  }
+  Tile v = detail::materialize(b, value, d, blk.shape, loc, what.c_str());
   std::vector<ir::ValueId> ops{blk.tensor.descriptor().id(), v.id()};
   for (const Tile& t : blk.offsets) ops.push_back(t.id());
-  ir::AttrMap attrs{{"dims", blk.dims}, {"reduce", std::string("add")}};
+  ir::AttrMap attrs{{"dims", blk.dims}, {"reduce", std::string(ir::name(rmw))}};
   if (semaphore) {  // ordered: the semaphore and its target follow the offsets
     Tile p = pointer_tile(b, *semaphore, loc, "atomic_add");
     const ir::Type& pt = b.type(p.id());
@@ -302,11 +308,14 @@ void window_atomic_add(const BlockRef& blk, const Operand& value, const Operand*
 }
 }  // namespace
 
-void atomic_add(const BlockRef& blk, const Operand& value, Loc loc) { window_atomic_add(blk, value, nullptr, nullptr, loc); }
+void atomic_add(const BlockRef& blk, const Operand& value, Loc loc) { window_atomic(ir::AtomicRmw::add, blk, value, nullptr, nullptr, loc); }
 void atomic_add(const BlockRef& blk, const Operand& value, const Operand& semaphore, const Operand& target, Loc loc) {
-  window_atomic_add(blk, value, &semaphore, &target, loc);
+  window_atomic(ir::AtomicRmw::add, blk, value, &semaphore, &target, loc);
 }
-
-
+void atomic_max(const BlockRef& blk, const Operand& value, Loc loc) { window_atomic(ir::AtomicRmw::max, blk, value, nullptr, nullptr, loc); }
+void atomic_min(const BlockRef& blk, const Operand& value, Loc loc) { window_atomic(ir::AtomicRmw::min, blk, value, nullptr, nullptr, loc); }
+void atomic_and(const BlockRef& blk, const Operand& value, Loc loc) { window_atomic(ir::AtomicRmw::and_, blk, value, nullptr, nullptr, loc); }
+void atomic_or(const BlockRef& blk, const Operand& value, Loc loc) { window_atomic(ir::AtomicRmw::or_, blk, value, nullptr, nullptr, loc); }
+void atomic_xor(const BlockRef& blk, const Operand& value, Loc loc) { window_atomic(ir::AtomicRmw::xor_, blk, value, nullptr, nullptr, loc); }
 
 }  // namespace tilejit::lang

@@ -99,6 +99,15 @@ void atomic_add(const BlockRef& block, const Operand& value, std::source_locatio
 // path only the thread that issues the add waits, so the program does not stop at a barrier for it.
 void atomic_add(const BlockRef& block, const Operand& value, const Operand& semaphore, const Operand& target,
                 std::source_location loc = std::source_location::current());
+// block[...] = max / min / and / or / xor (block[...], value), element by element and atomically
+// (relaxed, GPU scope; elements outside the tensor are skipped; no previous values returned): one
+// atom.global per element (an amax or a bitmask over a window). max and min take i32 u32 i64 u64
+// f32 f64 (float max / min ignore a NaN operand, as for pointers), the bitwise ones the integers.
+void atomic_max(const BlockRef& block, const Operand& value, std::source_location loc = std::source_location::current());
+void atomic_min(const BlockRef& block, const Operand& value, std::source_location loc = std::source_location::current());
+void atomic_and(const BlockRef& block, const Operand& value, std::source_location loc = std::source_location::current());
+void atomic_or(const BlockRef& block, const Operand& value, std::source_location loc = std::source_location::current());
+void atomic_xor(const BlockRef& block, const Operand& value, std::source_location loc = std::source_location::current());
 // load(block), with leave for the GPU backend to read the window again at each use, directly in
 // the register layout that use needs (when nothing was stored in between), instead of loading it
 // once and exchanging it through shared memory. Same values everywhere; meant for small read-only

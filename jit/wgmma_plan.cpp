@@ -224,7 +224,7 @@ class Planner {
   // An atomic_add on a window that TMA can add (TmaReduce): rows along another dim than the
   // contiguous one, which the cols run along in whole 128-byte chunks.
   std::optional<TmaReduce> tma_reduce(const ir::Op& op) const {
-    if (op.kind != OpKind::block_store || !op.attrs.count("reduce")) return std::nullopt;
+    if (op.kind != OpKind::block_store || !op.attrs.count("reduce") || op.str_attr("reduce") != "add") return std::nullopt;
     TmaReduce r;
     r.store = &op;
     const ir::Param* p = tensor_param(op.operands[0], &r.param_index);

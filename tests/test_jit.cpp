@@ -39,6 +39,7 @@ std::vector<Case> all_kernels() {
   cases.push_back({"elementwise", test_kernels::elementwise.build()});
   cases.push_back({"atomics", test_kernels::atomics.build()});
   cases.push_back({"atomic_ops (rmw, cas, orders, scopes)", test_kernels::atomic_ops().build()});
+  cases.push_back({"window_atomics (max, min, and, or, xor on windows)", test_kernels::window_atomics().build()});
   for (DType out : {f32, bf16, f16})
     cases.push_back({fmt::format("gemm 128x128x32 -> {}", ir::name(out)), kernels::gemm().build({{"OUT_DTYPE", out}}), 8});
   cases.push_back({"gemm 64x64x32", kernels::gemm().build({{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 32}})});

@@ -270,6 +270,15 @@ TEST_CASE("gpu: atomic max/min/add/and/or/xor/xchg/cas with orders and scopes ma
                             {&a.x, &a.amax, &a.hist, &a.bits, &a.ext, &a.slot, &a.swap, &a.old}, 0.0, {}, true);
 }
 
+TEST_CASE("gpu: max/min/and/or/xor on windows match the interpreter (issue 26)") {
+  if (!have_gpu()) return;
+  HostTensor x(f32, {6 * 8, 64}), f(f32, {64, 48}), i(i32, {64, 48}), u(u32, {64, 48}), l(i64, {64, 48});
+  x.fill_uniform(51, -5, 5);
+  f.fill_uniform(52, -1, 1), i.fill_uniform(53, -2000, 2000), u.fill_uniform(54, 0, 4e9), l.fill_uniform(55, -1e12, 1e12);
+  // order-independent updates: exact, both backends
+  check_against_interpreter(test_kernels::window_atomics().build(), {6}, {&x, &f, &i, &u, &l}, 0.0, {}, true);
+}
+
 TEST_CASE("gpu: GEMM through the TMA + wgmma pipeline (B K-major and MN-major, ragged M and N)") {
   if (!have_gpu()) return;
   struct Shape3 {

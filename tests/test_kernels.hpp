@@ -355,6 +355,30 @@ inline const Kernel& atomic_ops() {
   });
   return k;
 }
+// Window atomics beyond add (issue 26): every program applies max / min to an f32 [8, 64] window
+// and max / min / and / or / xor to i32 / u32 / i64 windows at offsets that overlap its
+// neighbours' and cross the tensors' edges (elements outside are skipped). Order-independent
+// results, so the GPU must equal the interpreter exactly.
+inline const Kernel& window_atomics() {
+  static const Kernel k = kernel("window_atomics", [](Builder& b) {
+    auto X = b.tensor("X", f32, 2), F = b.tensor("F", f32, 2), I = b.tensor("I", i32, 2), U = b.tensor("U", u32, 2);
+    auto L = b.tensor("L", i64, 2);
+    auto pid = program_id(0);
+    auto r0 = pid * 3 - 2, c0 = pid * 5 - 8;  // overlapping, partly outside at both ends
+    Tile x = load(X.block({pid * 8, 0}, {8, 64}));
+    atomic_max(F.block({r0, c0}, {8, 64}), x);
+    atomic_min(F.block({r0 + 20, c0}, {8, 64}), x);
+    Tile xi = cast(i32, x * 1000.0f);
+    atomic_max(I.block({r0, c0}, {8, 64}), xi);
+    atomic_min(I.block({r0 + 20, c0}, {8, 64}), xi);
+    Tile w = cast(u32, xi) * cast(u32, 2654435761u) + cast(u32, pid);
+    atomic_and(U.block({r0, c0}, {8, 64}), w | cast(u32, 0x0F0F0F0Fu));
+    atomic_or(U.block({r0 + 20, c0}, {8, 64}), w & cast(u32, 0x00FF00FFu));
+    atomic_xor(U.block({r0 + 40, c0}, {8, 64}), w);
+    atomic_max(L.block({r0, c0}, {8, 64}), cast(i64, xi) * int64_t{5000000000});
+  });
+  return k;
+}
 // atomic_ops' arguments for `programs` programs (a NaN in X, which max and min ignore).
 struct AtomicOpsArgs {
   tilejit::runtime::HostTensor x, amax, hist, bits, ext, slot, swap, old;
@@ -379,7 +403,7 @@ inline Kernel wide_and_narrow_reductions = kernel("wide_and_narrow_reductions", 
   auto X = k.tensor("X", D, 2);
   auto Rows = k.pointer("Rows", D), Cols = k.pointer("Cols", D), All = k.pointer("All", D);
   auto x = load(X.block({0, 0}, {32, 64}));
-  store(Rows + arange(0, 32), sum(x, 1));
+  store(Rows + arange(0, 32), cast(D, sum(x, 1)));  // (8/16-bit sums count in 32 bits: wrapped back here)
   store(Cols + arange(0, 64), max(x, 0));
   store(All, min(x));
 });

@@ -12,6 +12,7 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dsl/lang.hpp"
@@ -476,6 +477,54 @@ TEST_CASE("atomic max/min/add/and/or/xor/xchg/cas from many programs, every orde
   for (int64_t p = 0; p < P; ++p) want_swap.push_back(double(p * 3)), want_old.push_back(double(1000 + p));
   expect_same(swap.to_f64(), want_swap, "Swap (exchanged)");
   expect_same(old.to_f64(), want_old, "Old (the exchanged values)");
+}
+
+// Window atomics beyond add against a host replay (the ops commute, so any program order gives
+// the same result); elements outside the tensors are skipped.
+TEST_CASE("atomic max/min/and/or/xor on windows from many programs, clipped at the edges (issue 26)") {
+  const int64_t P = 6, R = 64, C = 48;
+  HostTensor x(f32, {P * 8, 64}), f(f32, {R, C}), i(i32, {R, C}), u(u32, {R, C}), l(i64, {R, C});
+  x.fill_uniform(51, -5, 5);
+  f.fill_uniform(52, -1, 1), i.fill_uniform(53, -2000, 2000), u.fill_uniform(54, 0, 4e9), l.fill_uniform(55, -1e12, 1e12);
+  HostTensor wf = f, wi = i, wu = u, wl = l;  // the host replay
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t r0 = p * 3 - 2, c0 = p * 5 - 8;
+    for (int64_t a = 0; a < 8; ++a)
+      for (int64_t c = 0; c < 64; ++c) {
+        const double xv = x.get({p * 8 + a, c});
+        const auto xi = static_cast<int32_t>(static_cast<float>(xv) * 1000.0f);
+        const uint32_t w = static_cast<uint32_t>(xi) * 2654435761u + static_cast<uint32_t>(p);
+        const auto at = [&](HostTensor& t, int64_t row, const std::function<double(double)>& update) {
+          if (row >= 0 && row < R && c0 + c >= 0 && c0 + c < C) t.set({row, c0 + c}, update(t.get({row, c0 + c})));
+        };
+        at(wf, r0 + a, [&](double old) { return std::fmax(old, xv); });
+        at(wf, r0 + 20 + a, [&](double old) { return std::fmin(old, xv); });
+        at(wi, r0 + a, [&](double old) { return std::max<double>(old, xi); });
+        at(wi, r0 + 20 + a, [&](double old) { return std::min<double>(old, xi); });
+        at(wu, r0 + a, [&](double old) { return static_cast<uint32_t>(old) & (w | 0x0F0F0F0Fu); });
+        at(wu, r0 + 20 + a, [&](double old) { return static_cast<uint32_t>(old) | (w & 0x00FF00FFu); });
+        at(wu, r0 + 40 + a, [&](double old) { return static_cast<uint32_t>(old) ^ w; });
+        at(wl, r0 + a, [&](double old) { return std::max<double>(old, static_cast<double>(int64_t{xi} * 5000000000)); });
+      }
+  }
+  const HostTensor f0 = f, u0 = u;
+  rt::interpret(test_kernels::window_atomics().build(), {P}, {rt::Arg(x), rt::Arg(f), rt::Arg(i), rt::Arg(u), rt::Arg(l)});
+  for (const auto& [got, want, what] : {std::tuple{&f, &wf, "f32 max / min"}, std::tuple{&i, &wi, "i32 max / min"},
+                                         std::tuple{&u, &wu, "u32 and / or / xor"}, std::tuple{&l, &wl, "i64 max"}}) {
+    size_t bad = 0;
+    for (int64_t e = 0; e < R * C; ++e) bad += got->get_flat(e) == want->get_flat(e) ? 0 : 1;
+    CHECK_MESSAGE(bad == 0, what << ": " << bad << " elements differ from the host replay");
+  }
+  // the windows reached into the tensors: many elements changed
+  size_t changed_f = 0, changed_u = 0;
+  for (int64_t e = 0; e < R * C; ++e) changed_f += f.get_flat(e) != f0.get_flat(e), changed_u += u.get_flat(e) != u0.get_flat(e);
+  CHECK(changed_f > 500);
+  CHECK(changed_u > 500);
+  CHECK_THROWS_WITH_AS(kernel("bad", [](Builder& b) {
+                         auto T = b.tensor("T", f32, 2);
+                         atomic_and(T.block({0, 0}, {8, 8}), zeros(f32, {8, 8}));
+                       }).build(),
+                       doctest::Contains("atomic_and on a window of f32 elements: atomic_and takes i32 u32 i64 u64 tensors"), tilejit::lang::BuildError);
 }
 
 TEST_CASE("atomic rmw and cas: dtype errors name the op and the valid types") {

@@ -491,7 +491,7 @@ std::vector<Type> window_types(OpKind k, const std::vector<Type>& in, const Attr
       for (size_t i = first_off; i < first_off + static_cast<size_t>(t.rank); ++i) expect_scalar_int(k, in[i], "offset");
       if (ordered) {
         const Type& sem = in[in.size() - 2];
-        if (!a.count("reduce")) fail(k, "'after_semaphore' needs reduce = \"add\"");
+        if (!a.count("reduce") || a.at("reduce") != Attr(std::string("add"))) fail(k, "'after_semaphore' needs reduce = \"add\"");
         if (!sem.is_pointer() || !sem.is_scalar() || sem.dtype != DType::i32)
           fail(k, fmt::format("the semaphore must be a scalar pointer to i32, got {}", to_string(sem)));
         if (in.back() != Type::scalar(DType::i32)) fail(k, fmt::format("the target must be an i32 scalar, got {}", to_string(in.back())));
@@ -516,7 +516,10 @@ std::vector<Type> window_types(OpKind k, const std::vector<Type>& in, const Attr
         fail(k, fmt::format("value must be a {}-D tile of {}, got {}", dims.size(), name(t.dtype), to_string(v)));
       if (auto it = a.find("reduce"); it != a.end()) {
         const auto* r = std::get_if<std::string>(&it->second);
-        if (!r || *r != "add") fail(k, "attribute 'reduce' must be \"add\"");
+        const std::optional<AtomicRmw> rmw = r ? parse_atomic_rmw(*r) : std::nullopt;
+        if (!rmw || *rmw == AtomicRmw::xchg) fail(k, "attribute 'reduce' must be \"add\", \"max\", \"min\", \"and\", \"or\" or \"xor\"");
+        if (*rmw != AtomicRmw::add && !atomic_dtype_error(rmw, t.dtype).empty())
+          fail(k, fmt::format("reduce = \"{}\" takes {} tensors, got {}", *r, atomic_dtype_error(rmw, t.dtype), name(t.dtype)));
       }
       return {};
     }

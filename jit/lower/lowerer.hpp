@@ -245,7 +245,7 @@ class Lowerer {
 
   // atomic_add on a window: by TMA from a staging tile in shared memory (jit/wgmma_plan.hpp,
   // TmaReduce) or one atomic add per element.
-  void block_atomic_add(const ir::Op& op);
+  void block_atomic_add(const ir::Op& op);  // a window atomic: add (TMA reduce or red.add per element), max / min / and / or / xor
 
   void block_store(const ir::Op& op);
 

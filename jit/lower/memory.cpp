@@ -400,6 +400,12 @@ void Lowerer::block_atomic_add(const ir::Op& op) {
   // ordered (after_semaphore): the add waits until *semaphore >= target
   const bool ordered = op.attrs.count("after_semaphore") != 0;
   V sem = ordered ? scalar(op.operands[op.operands.size() - 2]) : 0, target = ordered ? scalar(op.operands.back()) : 0;
+  // max / min / and / or / xor: one relaxed GPU-scope atom per element (no TMA path)
+  const ir::AtomicRmw rmw = *ir::parse_atomic_rmw(op.str_attr("reduce"));
+  pir::AtomicImm imm;
+  imm.rmw = rmw;
+  imm.sem = ir::MemSem::relaxed;
+  imm.scope = ir::MemScope::gpu;
   auto element_adds = [&] {
     if (ordered) {  // every thread adds: thread 0 waits, the barrier hands the acquired view on
       pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::sem_wait, {sem, target}); });
@@ -409,7 +415,8 @@ void Lowerer::block_atomic_add(const ir::Op& op) {
     window(op, 2, L, addr, inb);
     for (uint32_t r = 0; r < addr.size(); ++r) {
       if (duplicate_reg(L, r)) continue;
-      emit(Op::atomic_add, pir::scalar(t.dtype), {addr[r], val[r], *and_pred(own, inb[r])});
+      if (rmw == ir::AtomicRmw::add) emit(Op::atomic_add, pir::scalar(t.dtype), {addr[r], val[r], *and_pred(own, inb[r])});
+      else emit(Op::atomic_rmw, pir::scalar(t.dtype), {addr[r], val[r], *and_pred(own, inb[r])}, imm.encode());
     }
   };
   auto it = plan_.hopper.reduces.find(&op);

@@ -152,6 +152,38 @@ void Machine::atomic_add_op(const Op& op) {
   }
 }
 
+namespace {
+
+// One element's update by `rmw` (not compare-and-swap): the new value of a float element.
+double rmw_float(ir::AtomicRmw rmw, DType d, double old, double x) {
+  switch (rmw) {
+    case ir::AtomicRmw::add: return atomic_float_add(d, old, x);
+    case ir::AtomicRmw::max: return std::fmax(old, x);
+    case ir::AtomicRmw::min: return std::fmin(old, x);
+    default: return x;  // xchg (floats take no bitwise op)
+  }
+}
+
+// ... and of an integer element (values held sign- or zero-extended to 64 bits by dtype, so the
+// comparisons are the dtype's own).
+int64_t rmw_int(ir::AtomicRmw rmw, DType d, int64_t old, int64_t x) {
+  const Wrap wrap(d);
+  const auto uo = static_cast<uint64_t>(old), ux = static_cast<uint64_t>(x);
+  const bool sg = ir::is_signed(d);
+  switch (rmw) {
+    case ir::AtomicRmw::add: return wrap(uo + ux);
+    case ir::AtomicRmw::max: return sg ? std::max(old, x) : static_cast<int64_t>(std::max(uo, ux));
+    case ir::AtomicRmw::min: return sg ? std::min(old, x) : static_cast<int64_t>(std::min(uo, ux));
+    case ir::AtomicRmw::and_: return wrap(uo & ux);
+    case ir::AtomicRmw::or_: return wrap(uo | ux);
+    case ir::AtomicRmw::xor_: return wrap(uo ^ ux);
+    case ir::AtomicRmw::xchg: return x;
+  }
+  return x;
+}
+
+}  // namespace
+
 // atomic_rmw / atomic_cas, element by element (the elements of one op are independent updates).
 // Float max / min ignore a NaN operand as the GPU's do (fmax / fmin).
 void Machine::atomic_rmw_op(const Op& op) {
@@ -175,32 +207,13 @@ void Machine::atomic_rmw_op(const Op& op) {
     if (mask && !(*mask)[k]) continue;
     std::byte* q = access(op, static_cast<uint64_t>(p[k]), es, "atomically updates", static_cast<int64_t>(k), pt.shape);
     if (fl) {
-      const double old = element::read_float(d, q), x = V.f[k];
-      double now = x;  // xchg (floats take no bitwise op or compare-and-swap)
-      if (rmw == ir::AtomicRmw::add) now = atomic_float_add(d, old, x);
-      else if (rmw == ir::AtomicRmw::max) now = std::fmax(old, x);
-      else if (rmw == ir::AtomicRmw::min) now = std::fmin(old, x);
-      element::write_float(d, q, now);
+      const double old = element::read_float(d, q);
+      element::write_float(d, q, rmw_float(rmw, d, old, V.f[k]));
       R.f[k] = old;
       continue;
     }
     const int64_t old = element::read_int(d, q), x = V.i[k];
-    const auto uo = static_cast<uint64_t>(old), ux = static_cast<uint64_t>(x);
-    // values are held sign- or zero-extended to 64 bits by dtype, so the comparisons below are the
-    // dtype's own (signed or unsigned)
-    const bool sg = ir::is_signed(d);
-    int64_t now = x;
-    if (cas) now = old == C->i[k] ? x : old;
-    else switch (rmw) {
-      case ir::AtomicRmw::add: now = wrap(uo + ux); break;
-      case ir::AtomicRmw::max: now = sg ? std::max(old, x) : static_cast<int64_t>(std::max(uo, ux)); break;
-      case ir::AtomicRmw::min: now = sg ? std::min(old, x) : static_cast<int64_t>(std::min(uo, ux)); break;
-      case ir::AtomicRmw::and_: now = wrap(uo & ux); break;
-      case ir::AtomicRmw::or_: now = wrap(uo | ux); break;
-      case ir::AtomicRmw::xor_: now = wrap(uo ^ ux); break;
-      case ir::AtomicRmw::xchg: now = x; break;
-    }
-    element::write_int(d, q, now);
+    element::write_int(d, q, cas ? (old == C->i[k] ? x : old) : rmw_int(rmw, d, old, x));
     R.i[k] = old;
   }
 }
@@ -227,7 +240,9 @@ void Machine::slice_op(const Op& op) {
 // (load) or skipped (store).
 void Machine::block_op(const Op& op) {
   const bool is_load = op.kind == OpKind::block_load;
-  const bool add = !is_load && op.attrs.count("reduce");  // atomic_add on a window
+  // atomic_add / _max / ... on a window
+  const bool atomic = !is_load && op.attrs.count("reduce");
+  const ir::AtomicRmw rmw = atomic ? ir::parse_atomic_rmw(op.str_attr("reduce")).value_or(ir::AtomicRmw::add) : ir::AtomicRmw::add;
   const ir::Type& tt = T(op.operands[0]);
   const DType d = tt.dtype;
   const Wrap wrap(d);
@@ -294,10 +309,10 @@ void Machine::block_op(const Op& op) {
         if (fl) R->f[ue] = element::read_float(d, q);
         else R->i[ue] = element::read_int(d, q);
       }
-    } else if (in && add) {
+    } else if (in && atomic) {
       std::byte* q = access(op, base + static_cast<uint64_t>(elem_off) * es, es, "atomically updates", e, tile);
-      if (fl) element::write_float(d, q, atomic_float_add(d, element::read_float(d, q), V->f[ue]));
-      else element::write_int(d, q, wrap(static_cast<uint64_t>(element::read_int(d, q)) + static_cast<uint64_t>(V->i[ue])));
+      if (fl) element::write_float(d, q, rmw_float(rmw, d, element::read_float(d, q), V->f[ue]));
+      else element::write_int(d, q, rmw_int(rmw, d, element::read_int(d, q), V->i[ue]));
     } else if (in) {
       std::byte* q = access(op, base + static_cast<uint64_t>(elem_off) * es, es, "writes", e, tile);
       if (fl) element::write_float(d, q, V->f[ue]);

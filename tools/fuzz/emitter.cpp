@@ -180,9 +180,18 @@ void Emitter::emit(size_t i) {
       return;
     }
     case NodeKind::AtomicAdd: r = atomic_add(store_pointers(tensors_.at(static_cast<size_t>(n.tensor))), a(0)); break;
-    case NodeKind::AtomicBlock:
-      atomic_add(tensors_.at(static_cast<size_t>(n.tensor)).block({a(1), a(2)}, {p_.R, p_.C}), a(0));
+    case NodeKind::AtomicBlock: {
+      const BlockRef blk = tensors_.at(static_cast<size_t>(n.tensor)).block({a(1), a(2)}, {p_.R, p_.C});
+      switch (n.sub) {
+        case 1: atomic_max(blk, a(0)); break;
+        case 2: atomic_min(blk, a(0)); break;
+        case 3: atomic_and(blk, a(0)); break;
+        case 4: atomic_or(blk, a(0)); break;
+        case 5: atomic_xor(blk, a(0)); break;
+        default: atomic_add(blk, a(0));
+      }
       return;
+    }
     default: throw std::logic_error("fuzz: emit called on a marker");
   }
   values_[i] = r;

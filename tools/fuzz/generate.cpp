@@ -149,6 +149,9 @@ class Generator {
       t.seed = rng_.bits();
       t.contiguous = rng_.chance(0.5);
       atomic_block_ = static_cast<int>(p_.tensors.size());
+      // one update for every window atomic of the program: mixing two would make the result depend
+      // on the programs' order (add, max, min, and, or, xor)
+      block_rmw_ = static_cast<int>(rng_.range(0, 5));
       p_.tensors.push_back(t);
     }
     written_.assign(p_.tensors.size(), false);
@@ -998,6 +1001,7 @@ class Generator {
       if (node(x).dtype != d) x = cast_to(d, x);
       Node n;
       n.kind = NodeKind::AtomicBlock;
+      n.sub = block_rmw_;
       n.tensor = atomic_block_;
       n.args = {x, offset_node(false, 2), offset_node(false, 2)};
       add(n);
@@ -1013,7 +1017,7 @@ class Generator {
   int depth_ = 0;
   int dot_a_ = -1, dot_b_ = -1;
   int64_t dot_k_ = 16;
-  int atomic_ptr_ = -1, atomic_block_ = -1;
+  int atomic_ptr_ = -1, atomic_block_ = -1, block_rmw_ = 0;
 };
 
 }  // namespace

@@ -2,6 +2,8 @@
 // a test case.
 #include <fmt/format.h>
 
+#include <array>
+
 #include <cmath>
 
 #include "dsl/ir/op.hpp"
@@ -162,7 +164,8 @@ std::string to_cpp(const Program& p) {
         else s += fmt::format("{}store(rows_cols_of_program(T{}), {});\n", indent, n.tensor, a(0));
         break;
       case NodeKind::AtomicBlock:
-        s += fmt::format("{}atomic_add(T{}.block({{{}, {}}}, {{{}, {}}}), {});\n", indent, n.tensor, a(1), a(2), p.R, p.C, a(0));
+        s += fmt::format("{}atomic_{}(T{}.block({{{}, {}}}, {{{}, {}}}), {});\n", indent,
+                         std::array{"add", "max", "min", "and", "or", "xor"}.at(static_cast<size_t>(n.sub)), n.tensor, a(1), a(2), p.R, p.C, a(0));
         break;
       default:
         s += fmt::format("{}Tile v{} = {};  // {}{}{}\n", indent, i, expression(p, n), ir::name(n.dtype), shape(n.shape),

@@ -64,7 +64,8 @@ enum class NodeKind : uint8_t {
   Store,       // output `tensor` [pid] <- args[0] (a [R, C] tile): sub 0 masked pointers, 1 window at
                // rows/cols offsets args[1], args[2]
   AtomicAdd,   // old = atomic_add(output `tensor` [pid] pointers, args[0]) (no two programs collide)
-  AtomicBlock, // atomic_add(accumulator `tensor`.block({args[1], args[2]}, [R, C]), args[0]) (all programs)
+  AtomicBlock, // atomic_{add, max, min, and, or, xor}[sub](accumulator `tensor`.block({args[1], args[2]}, [R, C]), args[0])
+               // (all programs; one sub per program, so the result does not depend on their order)
   LoadOutput,  // load(output `tensor`.block({pid, args[0], args[1]}, shape, dims {1, 2}), padding 0): what
                // this program stored so far (poison before), read back in another layout (in-place
                // updates: the lowering must order them between threads, decision 047)
