@@ -143,8 +143,10 @@ Tile histogram(const Operand& x, int64_t num_bins, Loc loc) {
   int64_t n = 1;
   for (int64_t d : type.shape) n *= d;
   Tile flat = type.shape.size() == 1 ? t : reshape(t, {n}, loc);
-  // compared in i64 so that no value wraps onto a bin
-  Tile hits = cast(DType::i64, flat, loc)[col] == cast(DType::i64, arange(0, num_bins, loc), loc)[row];
+  // 64-bit values compared in i64 so that none wraps onto a bin; up to 32 bits in i32 (a u32 above
+  // 2^31 reads as a negative i32: on no bin either), half the compare work
+  const DType cmp_t = ir::bit_width(type.dtype) > 32 ? DType::i64 : DType::i32;
+  Tile hits = cast(cmp_t, flat, loc)[col] == cast(cmp_t, arange(0, num_bins, loc), loc)[row];
   return sum(hits, 0, loc);
 }
 

@@ -229,15 +229,26 @@ TEST_CASE("math: every function lowers through both backends and assembles for s
 TEST_CASE("math: histogram counts each bin, skips values outside, any integer dtype and shape") {
   const Kernel k = kernel("histogram_case", [](Builder& b) {
     auto X = b.pointer("X", i32), U = b.pointer("U", u8), H = b.pointer("H", i32), G = b.pointer("G", i32);
+    auto V = b.pointer("V", u32), L = b.pointer("L", i64), HV = b.pointer("HV", i32), HL = b.pointer("HL", i32);
     Tile i = arange(0, 256);
     store(H + arange(0, 16), histogram(load(X + i), 16));
     store(G + arange(0, 64), histogram(reshape(load(U + i), {16, 16}), 64));
+    // u32 above 2^31 (compared in i32: negative, on no bin) and i64 past 2^32 (compared in i64)
+    store(HV + arange(0, 8), histogram(load(V + arange(0, 8)), 8));
+    store(HL + arange(0, 8), histogram(load(L + arange(0, 8)), 8));
   });
+  rt::HostTensor vu(u32, {8}), l(i64, {8}), hv(i32, {8}), hl(i32, {8});
+  const double v_values[] = {4294967295.0, 2147483651.0, 3, 3, 7, 0, 2147483648.0, 5};
+  const double l_values[] = {4294967299.0, -4294967293.0, 3, 1, 7, 0, 9223372036854775807.0, 5};
+  for (int64_t j = 0; j < 8; ++j) vu.set({j}, v_values[j]), l.set({j}, l_values[j]);
   rt::HostTensor x(i32, {256}), u(u8, {256}), h(i32, {16}), g(i32, {64});
   x.fill_uniform(5, -4, 20);  // some below 0 and some past the last bin
   x.set({0}, -2147483648.0);
   u.fill_uniform(6, 0, 255);
-  rt::interpret(k.build(), {1}, {rt::Arg(x), rt::Arg(u), rt::Arg(h), rt::Arg(g)});
+  rt::interpret(k.build(), {1}, {rt::Arg(x), rt::Arg(u), rt::Arg(h), rt::Arg(g), rt::Arg(vu), rt::Arg(l), rt::Arg(hv), rt::Arg(hl)});
+  const std::vector<double> want_v{1, 0, 0, 2, 0, 1, 0, 1}, want_l{1, 1, 0, 1, 0, 1, 0, 1};
+  CHECK(hv.to_f64() == want_v);
+  CHECK(hl.to_f64() == want_l);
   std::vector<double> hx(16, 0), hu(64, 0);
   for (int64_t j = 0; j < 256; ++j) {
     const auto v = static_cast<int64_t>(x.get({j})), w = static_cast<int64_t>(u.get({j}));
