@@ -3,8 +3,9 @@
 // prints one table. A second mode runs cases written by the script (--check) for its comparison
 // against PyTorch's float32 math.
 //
-//   attention_bench [--quick] [--reps N]   one line per config:
-//     RESULT dtype=bf16 B=4 S=4096 H=16 D=128 causal=0 fwd_ms=.. fwd_tflops=.. bwd_ms=.. bwd_tflops=..
+//   attention_bench [--quick] [--reps N] [--dtype bf16|f16] [--gqa G]   one line per config (--gqa:
+//     K / V with H / G heads, grouped-query attention):
+//     RESULT dtype=bf16 B=4 S=4096 H=16 Hkv=16 D=128 causal=0 fwd_ms=.. fwd_tflops=.. bwd_ms=.. bwd_tflops=..
 //   attention_bench --dropout [P]          fused dropout's cost (issue 7): D128 S4k bf16, full and
 //     causal, forward and backward with dropout_p = P (default 0.1) against without, alternated:
 //     DROPOUT dtype=bf16 B=4 S=4096 H=16 D=128 causal=0 p=0.1 fwd_ms=.. fwd_dropout_ms=.. fwd_slowdown=..
@@ -181,25 +182,31 @@ AbResult ab_measure(std::vector<Function>& fns, const runtime::Grid& grid, const
 // Device buffers of the largest tensors of the grid (B * S = 16k tokens, H * D = 2048) and the
 // [B, S, H, D] views of one configuration on them.
 struct Buffers {
-  static constexpr ir::DType dt = ir::DType::bf16;
   static constexpr size_t bytes = static_cast<size_t>(kTokens * kHidden * 2);
   static constexpr size_t lse_bytes = static_cast<size_t>(kTokens * (kHidden / 64)) * 4;  // B * H * S for the smallest D
-  DeviceBuffer q = random_buffer(bytes, dt, 1), k = random_buffer(bytes, dt, 2), v = random_buffer(bytes, dt, 3),
-               dout = random_buffer(bytes, dt, 4);
+  ir::DType dt;  // bf16 or f16 (16-bit elements: the sizes above hold either)
+  DeviceBuffer q, k, v, dout;
   DeviceBuffer o{bytes}, dq{bytes}, dk{bytes}, dv{bytes}, lse{lse_bytes}, ws{lse_bytes + 256};
+  explicit Buffers(ir::DType dtype = ir::DType::bf16)
+      : dt(dtype), q(random_buffer(bytes, dtype, 1)), k(random_buffer(bytes, dtype, 2)), v(random_buffer(bytes, dtype, 3)),
+        dout(random_buffer(bytes, dtype, 4)) {}
 
   struct Views {
     attention::Tensor Q, K, V, O, dO, dQ, dK, dV, L;
   };
-  Views views(const Config& c) const {
+  // kv_heads: the K / V heads (grouped-query attention), 0 = as many as Q's
+  Views views(const Config& c, int64_t kv_heads = 0) const {
     using attention::contiguous;
-    const int64_t B = c.B(), S = c.S, H = c.H(), D = c.D;
-    auto t = [&](const DeviceBuffer& b) { return contiguous(b.ptr(), dt, {B, S, H, D}); };
-    return {t(q), t(k), t(v), t(o), t(dout), t(dq), t(dk), t(dv), contiguous(lse.ptr(), ir::DType::f32, {B, H, S})};
+    const int64_t B = c.B(), S = c.S, H = c.H(), D = c.D, Hkv = kv_heads ? kv_heads : H;
+    auto t = [&](const DeviceBuffer& b, int64_t heads) { return contiguous(b.ptr(), dt, {B, S, heads, D}); };
+    return {t(q, H), t(k, Hkv), t(v, Hkv), t(o, H), t(dout, H), t(dq, H), t(dk, Hkv), t(dv, Hkv),
+            contiguous(lse.ptr(), ir::DType::f32, {B, H, S})};
   }
 };
 
-int bench(bool quick, int max_reps) {
+// The main grid (bench/attention.py's table). `dt` bf16 or f16; `gqa` > 1: K / V with H / gqa heads
+// (grouped-query attention, e.g. 4: Hq 32 / Hkv 8 at D64, 16 / 4 at D128).
+int bench(bool quick, int max_reps, ir::DType dt, int64_t gqa) {
   std::vector<Config> configs;
   if (quick) {
     configs = {{1024, 128, false}, {4096, 128, false}, {4096, 128, true}, {4096, 64, false}, {16384, 128, true}};
@@ -208,7 +215,6 @@ int bench(bool quick, int max_reps) {
       for (bool causal : {false, true})
         for (int64_t S : {1024, 2048, 4096, 8192, 16384}) configs.push_back({S, D, causal});
   }
-  const ir::DType dt = ir::DType::bf16;
   const bool bwd = attention::backward_available();
   // Compile every kernel up front, in parallel (JIT and caches need no GPU).
   {
@@ -220,11 +226,11 @@ int bench(bool quick, int max_reps) {
     for (auto& t : pool) t.join();
     std::fprintf(stderr, "compiled in %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  const Buffers buf;
+  const Buffers buf(dt);
   runtime::Stream stream;
   for (const Config& c : configs) {
-    const int64_t B = c.B(), S = c.S, H = c.H(), D = c.D;
-    const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
+    const int64_t B = c.B(), S = c.S, H = c.H(), D = c.D, Hkv = H / std::max<int64_t>(gqa, 1);
+    const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c, Hkv);
     attention::Options opts;
     opts.causal = c.causal;
     double fwd_ms = NAN, bwd_ms = NAN;
@@ -238,9 +244,9 @@ int bench(bool quick, int max_reps) {
       std::fprintf(stderr, "S=%ld D=%ld causal=%d: %s\n", static_cast<long>(S), static_cast<long>(D), c.causal, e.what());
     }
     const double f = c.fwd_flops();
-    std::printf("RESULT dtype=bf16 B=%ld S=%ld H=%ld D=%ld causal=%d fwd_ms=%.4f fwd_tflops=%.1f bwd_ms=%.4f bwd_tflops=%.1f\n",
-                static_cast<long>(B), static_cast<long>(S), static_cast<long>(H), static_cast<long>(D), c.causal ? 1 : 0, fwd_ms,
-                f / (fwd_ms * 1e-3) / 1e12, bwd_ms, 2.5 * f / (bwd_ms * 1e-3) / 1e12);
+    std::printf("RESULT dtype=%s B=%ld S=%ld H=%ld Hkv=%ld D=%ld causal=%d fwd_ms=%.4f fwd_tflops=%.1f bwd_ms=%.4f bwd_tflops=%.1f\n",
+                std::string(ir::name(dt)).c_str(), static_cast<long>(B), static_cast<long>(S), static_cast<long>(H), static_cast<long>(Hkv),
+                static_cast<long>(D), c.causal ? 1 : 0, fwd_ms, f / (fwd_ms * 1e-3) / 1e12, bwd_ms, 2.5 * f / (bwd_ms * 1e-3) / 1e12);
     std::fflush(stdout);
   }
   return 0;
@@ -1401,6 +1407,8 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--cp") return run_cp_bench(argc, argv);
   bool quick = false;
   int reps = 20;
+  ir::DType grid_dtype = ir::DType::bf16;  // the main grid: --dtype f16, --gqa G (K / V heads = H / G)
+  int64_t gqa = 1;
   std::string check_dir;
   double dropout_p = -1;
   bool masks = false, deterministic = false, forward_variants = false, e2e_only = false, mask_kernel = false, dq_variants = false;
@@ -1414,6 +1422,11 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--dtype" && i + 1 < argc && (std::string(argv[i + 1]) == "f16" || std::string(argv[i + 1]) == "bf16"))
+      grid_dtype = std::string(argv[++i]) == "f16" ? ir::DType::f16 : ir::DType::bf16;
+    else if (a == "--gqa" && i + 1 < argc && (std::atoi(argv[i + 1]) == 1 || std::atoi(argv[i + 1]) == 2 || std::atoi(argv[i + 1]) == 4 ||
+                                               std::atoi(argv[i + 1]) == 8))
+      gqa = std::atoi(argv[++i]);
     else if (a == "--check" && i + 1 < argc) check_dir = argv[++i];
     else if (a == "--masks") masks = true;
     else if (a == "--e2e-only") e2e_only = true;
@@ -1451,7 +1464,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants | --tool-ab | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants | --tool-ab | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -1473,7 +1486,7 @@ int main(int argc, char** argv) {
     if (tool_ab) return bench_tool_ab(reps);
     if (!meta_ab.empty()) return bench_meta_ab(meta_ab, meta_ab_kernels, reps);
     if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule, only_mode, only_causal);
-    return check_dir.empty() ? bench(quick, reps) : check(check_dir);
+    return check_dir.empty() ? bench(quick, reps, grid_dtype, gqa) : check(check_dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench/attention: %s\n", e.what());
     return 1;

@@ -1,7 +1,7 @@
 """bench/attention.py: tilejit attention (through its C++ API) next to PyTorch SDPA, one table.
 
 Usage (on the GPU machine):
-    python3 bench/attention.py BIN [--quick] [--check-only | --no-check | --dropout-only] [--out DIR]
+    python3 bench/attention.py BIN [--quick] [--check-only | --no-check | --dropout-only] [--out DIR] [--dtype f16] [--gqa G]
 BIN is the attention_bench binary (build/bench/attention_bench, or .gpu/bench/attention_bench).
 
 1. Cross-check (unless --no-check): ~20 cases (GQA/MQA, ragged S_q != S_k, causal, custom scales,
@@ -9,7 +9,8 @@ BIN is the attention_bench binary (build/bench/attention_bench, or .gpu/bench/at
    --check runs forward + backward through tilejit::attention and writes O, LSE, dQ, dK, dV; they
    are compared with PyTorch's float32 math (SDPA's MATH backend; rows that see no key, which it
    turns into NaN, by the same math by hand). Pass: relative error < 1e-2 for every output.
-2. Timing (unless --check-only): bf16, B*S = 16k tokens, H*D = 2048, D in {64, 128},
+2. Timing (unless --check-only): bf16 (--dtype f16), B*S = 16k tokens, H*D = 2048, D in {64, 128},
+   K/V heads H / G with --gqa G (SDPA's enable_gqa),
    S in {1k .. 16k}, causal and not (--quick: 5 configs); tilejit from BIN, PyTorch SDPA with the
    FLASH_ATTENTION and CUDNN_ATTENTION backends, forward and backward (FLOPs 4*B*H*S^2*D, halved
    for causal, x2.5 for backward), CUDA events, median of repeats. Prints one table, writes
@@ -297,15 +298,19 @@ def time_ms(fn, min_total_ms=300.0, max_reps=20):
     return sorted(ms)[len(ms) // 2]
 
 
-def torch_tflops(backend, S, D, causal):
+def torch_tflops(backend, S, D, causal, dtype="bf16", gqa=1):
     B, H = TOKENS // S, HIDDEN // D
-    # [B, S, H, D] memory seen as [B, H, S, D]: the layout frameworks (and the tilejit bench) use
-    q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_() for _ in range(3))
-    do = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    tdt = torch.float16 if dtype == "f16" else torch.bfloat16
+    # [B, S, H, D] memory seen as [B, H, S, D]: the layout frameworks (and the tilejit bench) use;
+    # gqa > 1: K and V with H / gqa heads (SDPA's enable_gqa)
+    q = torch.randn(B, S, H, D, device="cuda", dtype=tdt).transpose(1, 2).requires_grad_()
+    k, v = (torch.randn(B, S, H // gqa, D, device="cuda", dtype=tdt).transpose(1, 2).requires_grad_() for _ in range(2))
+    do = torch.randn(B, S, H, D, device="cuda", dtype=tdt).transpose(1, 2)
+    extra = {"enable_gqa": True} if gqa > 1 else {}
     try:
         with sdpa_kernel(backend):
-            f_ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            f_ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **extra))
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, **extra)
             b_ms = time_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
     except RuntimeError as e:
         print(f"  {backend.name} S={S} D={D} causal={causal}: {str(e).splitlines()[0]}", file=sys.stderr)
@@ -314,8 +319,8 @@ def torch_tflops(backend, S, D, causal):
     return f / (f_ms * 1e-3) / 1e12, 2.5 * f / (b_ms * 1e-3) / 1e12
 
 
-def run_bench(bin_path, out_dir, quick):
-    cmd = [bin_path] + (["--quick"] if quick else [])
+def run_bench(bin_path, out_dir, quick, dtype="bf16", gqa=1):
+    cmd = [bin_path] + (["--quick"] if quick else []) + ["--dtype", dtype, "--gqa", str(gqa)]
     out = subprocess.run(cmd, capture_output=True, text=True)
     sys.stderr.write(out.stderr)
     ours = {}
@@ -327,8 +332,8 @@ def run_bench(bin_path, out_dir, quick):
         print(f"{bin_path} exited with {out.returncode}", file=sys.stderr)
     rows = []
     for S, D, causal in configs(quick):
-        fl = torch_tflops(SDPBackend.FLASH_ATTENTION, S, D, causal)
-        cu = torch_tflops(SDPBackend.CUDNN_ATTENTION, S, D, causal)
+        fl = torch_tflops(SDPBackend.FLASH_ATTENTION, S, D, causal, dtype, gqa)
+        cu = torch_tflops(SDPBackend.CUDNN_ATTENTION, S, D, causal, dtype, gqa)
         tj = ours.get((S, D, causal), (float("nan"), float("nan")))
         rows.append((S, D, causal, tj, fl, cu))
     gpu = torch.cuda.get_device_name()
@@ -341,7 +346,8 @@ def run_bench(bin_path, out_dir, quick):
             commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "?"
         except OSError:
             commit = "?"
-    head = (f"Attention, bf16, B*S = {TOKENS} tokens, H*D = {HIDDEN}; TFLOP/s (fwd 4*B*H*S^2*D, /2 causal; bwd x2.5); "
+    kv = f", K/V heads H/{gqa} (GQA)" if gqa > 1 else ""
+    head = (f"Attention, {dtype}{kv}, B*S = {TOKENS} tokens, H*D = {HIDDEN}; TFLOP/s (fwd 4*B*H*S^2*D, /2 causal; bwd x2.5); "
             f"{gpu}, torch {torch.__version__}, {datetime.date.today()}, commit {commit}")
     md = [head, "",
           "| D | S | B x H | mask | tilejit fwd | flash fwd | cuDNN fwd | tilejit bwd | flash bwd | cuDNN bwd "
@@ -368,7 +374,7 @@ def run_bench(bin_path, out_dir, quick):
             for j, (name, col) in enumerate((("tilejit", 3), ("SDPA flash", 4), ("SDPA cuDNN", 5))):
                 ax.bar([x + (j - 1) * w for x in xs], [row[col][i] for row in rows], w, label=name)
             ax.set_ylabel("TFLOP/s")
-            ax.set_title(f"attention {title}, bf16, {gpu}")
+            ax.set_title(f"attention {title}, {dtype}{kv}, {gpu}")
             ax.legend()
         axes[1].set_xticks(list(range(len(rows))))
         axes[1].set_xticklabels(labels, rotation=45, ha="right")
@@ -425,6 +431,8 @@ def main():
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--dropout-only", action="store_true", help="only the dropout slowdown table (no check, no grid)")
     ap.add_argument("--out", default="bench_out", help="directory for the check files, the PNG and the table")
+    ap.add_argument("--dtype", choices=("bf16", "f16"), default="bf16", help="the timing grid's dtype")
+    ap.add_argument("--gqa", type=int, choices=(1, 2, 4, 8), default=1, help="timing grid: K/V heads = H / GQA")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     caps_line = subprocess.run([args.bin, "--capabilities"], capture_output=True, text=True).stdout.split()
@@ -438,7 +446,7 @@ def main():
     if not args.no_check:
         ok = run_check(args.bin, args.out, caps)
     if not args.check_only:
-        run_bench(args.bin, args.out, args.quick)
+        run_bench(args.bin, args.out, args.quick, args.dtype, args.gqa)
         if caps.get("dropout"):
             run_dropout_bench(args.bin)
     sys.exit(0 if ok else 1)
