@@ -58,6 +58,10 @@ TEST_CASE("wgmma pipelines of the library kernels: no serialised wgmma, no unexp
       {"forward D64 soft-cap, two programs per SM", &kernels::attention_forward, with(fwd64, "SCORE_MOD", int64_t{2}), 8, 2, 999, 2},
       {"forward D64 sliding window, two programs per SM", &kernels::attention_forward, with(fwd64, "MASK", int64_t{2}), 8, 2, 999, 2},
       {"dK/dV D128", &kernels::attention_backward_dkdv, {{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"HEAD_DIM", 128}}, 4, 2},
+      // the atomic 5-matmul dK/dV with a producer warpgroup (an experiment for issue 23, off by
+      // default): its ~180 B of spills are the kernel's own (184 B without the producer)
+      {"dK/dV D128 atomic, RING_PRODUCER", &kernels::attention_backward_dkdv,
+       {{"BLOCK_M", 64}, {"BLOCK_N", 128}, {"HEAD_DIM", 128}, {"BSHD", true}, {"DQ_REDUCTION", int64_t{1}}, {"RING_PRODUCER", true}}, 8, 2, 256},
       {"dQ D128", &kernels::attention_backward_dq, {{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"HEAD_DIM", 128}}, 4, 2},
       {"GEMM 128x256", &kernels::gemm, {{"BLOCK_N", 256}, {"B_KMAJOR", true}, {"GROUP_M", 8}, {"OUT_DTYPE", ir::DType::bf16}}, 8, 4},
   };

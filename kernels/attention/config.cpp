@@ -208,6 +208,7 @@ Meta DkdvConfig::to_meta() const {
   put_if(m, mn::kPersistent, persistent, false);
   put_if(m, mn::kRowsAhead, rows_ahead);
   put_if(m, mn::kHeavyFirstSections, heavy_first_sections, false);
+  put_if(m, mn::kRingProducer, ring_producer);
   return m;
 }
 
@@ -234,6 +235,7 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
     kb.fail(Loc::current(), fmt::format("PERSISTENT takes DQ_REDUCTION=3 (ordered) on dense batches without Q_DESCENDING (its "
                                         "visit order is DASH's shift order); got DQ_REDUCTION={}{}{}",
                                         static_cast<int>(r), c.q_descending ? ", Q_DESCENDING" : "", s.varlen ? ", VARLEN" : ""));
+  c.ring_producer = kb.meta<bool>(mn::kRingProducer, false);
   return c;
 }
 

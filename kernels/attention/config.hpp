@@ -98,6 +98,9 @@ struct DkdvConfig {
   bool persistent = false;             // ordered, dense, not q_descending: DASH's persistent grid [025]
   std::optional<bool> rows_ahead;      // LSE / Delta a query block ahead; unset: not causal at D >= 128 [026]
   bool heavy_first_sections = false;   // dense causal, not persistent: heavy key tiles first across heads [018]
+  // Q / dO rings filled by a producer warpgroup (lang::ring_producer; setmaxnreg 240 for the
+  // consumers); unset: off (not yet measured on the GPU: issue 23)
+  std::optional<bool> ring_producer;
 
   // The metas: the tiles and the spec's dtype, head dim, causal and layout always, everything else
   // where it differs from its default.
