@@ -45,9 +45,11 @@
 //     checked against the default's:
 //     FWD_VARIANT D=128 causal=0 dropout=1 tile=64x64 warps=4 stages=2 exact=0 min_programs_per_sm=0 programs_per_sm=2 ms=..
 //       vs_default=.. (min_programs_per_sm: the variant's register bound, CompileOptions::min_programs_per_sm)
-//   attention_bench --backward-ab META     the dK/dV kernel with a bool meta off/on (D 64/128, S4k,
+//   attention_bench --backward-ab META [--reduction atomic]   the dK/dV kernel (recompute, or the
+//     5-matmul one adding dQ's parts atomically) with a bool meta off/on (D 64/128, S4k,
 //     +-causal), dK and dV compared bit for bit:
-//     BACKWARD_AB ROWS_AHEAD kernel=attention_bwd_dkdv D=128 causal=0 off_ms=.. on_ms=.. speedup=.. outputs_identical=1
+//     BACKWARD_AB ROWS_AHEAD kernel=attention_bwd_dkdv reduction=recompute D=128 causal=0 off_ms=.. on_ms=.. speedup=..
+//       outputs_identical=1
 //   attention_bench --meta-ab META [--kernels fwd,dkdv,dq]  each listed kernel (API default schedules)
 //     with a bool meta off/on (S 4k-16k, D 64/128, +-causal, and B 1 x 8 heads at S 8k), outputs
 //     compared bit for bit:
@@ -844,7 +846,8 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
   return 0;
 }
 
-// --backward-ab META: the dK/dV kernel alone (recompute, the API's default tiles) with a bool meta
+// --backward-ab META: the dK/dV kernel alone (recompute, or --reduction atomic; the API's default
+// tiles for it) with a bool meta
 // off and on, D 64/128, S 4k, full and causal, alternated rounds; dK and dV compared bit for bit.
 // LSE from the forward; Delta from the preprocess kernel, as the API runs them.
 // What a backward kernel alone reads besides Q, K, V, dO: the forward's O and LSE (into buf) and
@@ -955,33 +958,43 @@ int bench_mask_kernel(double p, int max_reps) {
   return 0;
 }
 
-int bench_backward_ab(const std::string& meta_name, int max_reps) {
+int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic) {
   const Buffers buf;
   runtime::Stream stream;
+  // --reduction atomic: the 5-matmul dK/dV adding dQ's parts into an f32 [B, H, S, D] accumulator
+  // (not zeroed between launches: only dK and dV are compared and timed)
+  const DeviceBuffer dq_accum(atomic ? Buffers::bytes * 2 : 16);
+  const attention::DqReduction reduction = atomic ? attention::DqReduction::atomic : attention::DqReduction::recompute;
   for (int64_t D : {64, 128})
     for (bool causal : {false, true}) {
       const Config c{4096, D, causal};
       const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
       const DeltaBuffer delta = forward_and_delta(buf, c, stream);
       const attention::Tensor& delta_view = delta.view;
-      const attention::Schedule sch = attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, static_cast<int>(D), causal);
+      const attention::Schedule sch =
+          attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, static_cast<int>(D), causal, false, reduction);
       std::vector<Function> fns;
       for (bool on : {false, true}) {
         lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D}, {mn::kBlockM, sch.block_m}, {mn::kBlockN, sch.block_n},
                         {mn::kBshd, true}, {mn::kCausal, causal}, {meta_name, on}};
+        if (atomic) meta.emplace_back(mn::kDqReduction, static_cast<int64_t>(reduction));
         jit::CompileOptions o;
         o.num_warps = sch.num_warps;
         o.pipeline.stages = sch.stages;
         o.min_programs_per_sm = sch.min_programs_per_sm;  // (as the API compiles it: D64's dK/dV has 3)
         fns.emplace_back(kernels::attention_backward_dkdv(), meta, o);
       }
-      std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dK.view(), dV.view(),
-                                           static_cast<float>(1 / std::sqrt(double(D)))};
+      const attention::Tensor accum = attention::contiguous(dq_accum.ptr(), ir::DType::f32, {c.B(), c.H(), c.S, D});
+      std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dK.view(), dV.view()};
+      if (atomic) args.emplace_back(accum.view());
+      args.emplace_back(static_cast<float>(1 / std::sqrt(double(D))));
       const runtime::Grid grid{lang::cdiv(c.S, sch.block_n), c.H(), c.B()};
       const AbResult r =
           ab_measure(fns, grid, stream, args, {&buf.dk, &buf.dv}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
-      std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv D=%ld causal=%d off_ms=%.4f on_ms=%.4f speedup=%.3f outputs_identical=%d\n",
-                  meta_name.c_str(), static_cast<long>(D), causal ? 1 : 0, r.off_ms, r.on_ms, r.off_ms / r.on_ms, r.identical ? 1 : 0);
+      std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv reduction=%s D=%ld causal=%d off_ms=%.4f on_ms=%.4f speedup=%.3f "
+                  "outputs_identical=%d\n",
+                  meta_name.c_str(), atomic ? "atomic" : "recompute", static_cast<long>(D), causal ? 1 : 0, r.off_ms, r.on_ms,
+                  r.off_ms / r.on_ms, r.identical ? 1 : 0);
       std::fflush(stdout);
     }
   return 0;
@@ -1409,6 +1422,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   ir::DType grid_dtype = ir::DType::bf16;  // the main grid: --dtype f16, --gqa G (K / V heads = H / G)
   int64_t gqa = 1;
+  bool ab_atomic = false;  // --backward-ab ... --reduction atomic
   std::string check_dir;
   double dropout_p = -1;
   bool masks = false, deterministic = false, forward_variants = false, e2e_only = false, mask_kernel = false, dq_variants = false;
@@ -1442,6 +1456,10 @@ int main(int argc, char** argv) {
     else if (a == "--head-dim" && i + 1 < argc) only_d = std::atoll(argv[++i]);
     else if (a == "--seq" && i + 1 < argc) only_s = std::atoll(argv[++i]);
     else if (a == "--mode" && i + 1 < argc) only_mode = argv[++i];
+    else if (a == "--reduction" && i + 1 < argc && std::string(argv[i + 1]) == "atomic") {
+      ab_atomic = true;
+      ++i;
+    }
     else if (a == "--tool-ab") tool_ab = true;
     else if (a == "--meta-ab" && i + 1 < argc) meta_ab = argv[++i];
     else if (a == "--kernels" && i + 1 < argc) meta_ab_kernels = argv[++i];
@@ -1482,7 +1500,7 @@ int main(int argc, char** argv) {
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout, only_s ? only_s : 4096);
-    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps);
+    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_atomic);
     if (tool_ab) return bench_tool_ab(reps);
     if (!meta_ab.empty()) return bench_meta_ab(meta_ab, meta_ab_kernels, reps);
     if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule, only_mode, only_causal);
