@@ -2,7 +2,8 @@
 # On the GPU machine, from the repository root, after tools/pack_gpu.sh (carry .gpu): every GPU
 # check in one command, each log under OUT (default $OUT, else /tmp/gpu-suites), one summary line
 # per step on stdout. Multi-GPU steps run when there are 2+ GPUs (on an x4 machine they also cover
-# W = 2). Steps (all by default; or name some): suites bundle fuzz examples cp cpbench
+# W = 2). Steps (all by default but `tables`; or name some): suites bundle fuzz examples cp cpbench
+# tables (bench/attention.py beside SDPA: bf16, --gqa 4, --dtype f16; ~4 min each; TABLES= to pick)
 #   tools/gpu_suites.sh [STEP ...]          FUZZ_SEEDS=A:B (default 700000:720000), FUZZ_TIME=seconds
 set -u
 OUT=${OUT:-/tmp/gpu-suites}
@@ -45,6 +46,13 @@ for step in "${steps[@]}"; do
       echo "cp.py rc=$? $(( $(date +%s) - start ))s"; cat "$OUT/cp_table.md"
       timeout 300 bench/attention_bench --cp --documents --reps 5 > "$OUT/cp_documents.log" 2>&1
       echo "--documents rc=$?"; grep "^CP" "$OUT/cp_documents.log" ;;
-    *) echo "unknown step $step (valid: suites bundle fuzz examples cp cpbench)"; exit 2 ;;
+    tables)  # issue 22's bars: one run per variant, each its own table (ratios only within a run)
+      for v in ${TABLES:-bf16 gqa4 f16}; do
+        case $v in bf16) args=() ;; gqa4) args=(--gqa 4) ;; f16) args=(--dtype f16) ;; *) echo "unknown table $v"; continue ;; esac
+        (cd .. && timeout 560 python3 bench/attention.py .gpu/bench/attention_bench --no-check --out "$OUT/table_$v" "${args[@]}" \
+           > "$OUT/table_$v.log" 2>&1)
+        echo "table $v rc=$? $(( $(date +%s) - start ))s"; grep "^|" "$OUT/table_$v.log" | tail -20
+      done ;;
+    *) echo "unknown step $step (valid: suites bundle fuzz examples cp cpbench tables)"; exit 2 ;;
   esac
 done
