@@ -3,7 +3,7 @@
 # check in one command, each log under OUT (default $OUT, else /tmp/gpu-suites), one summary line
 # per step on stdout. Multi-GPU steps run when there are 2+ GPUs (on an x4 machine they also cover
 # W = 2). Steps (all by default but `tables`; or name some): suites bundle fuzz examples cp cpbench
-# tables (bench/attention.py beside SDPA: bf16, --gqa 4, --dtype f16; ~4 min each; TABLES= to pick)
+# tables (bench/attention.py beside SDPA: bf16, --gqa 4, --dtype f16; ~100 s each; TABLES= to pick)
 #   tools/gpu_suites.sh [STEP ...]          FUZZ_SEEDS=A:B (default 700000:720000), FUZZ_TIME=seconds
 set -u
 OUT=${OUT:-/tmp/gpu-suites}
