@@ -135,6 +135,11 @@ struct Options {
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
   // Replaces default_schedule for every kernel of the call (tests, tuning).
   std::optional<Schedule> schedule;
+  // The forward on a persistent grid (one program per SM walking the tiles: decision 050). Unset:
+  // the library's choice (D 128 dense without dropout, library masks or score mods); false: one
+  // program per tile (e.g. to leave SMs free at tile boundaries for a kernel on another stream);
+  // true: persistent where the kernel allows it (not with varlen).
+  std::optional<bool> persistent;
   // Dropout on the attention probabilities (FlashAttention's convention: O = dropout(softmax(S)) V,
   // lse that of the undropped softmax(S)); 0 <= dropout_p < 1, 0 = off (the kernels without
   // dropout run, nothing costs more). The keep-mask is Philox4x32-10 of the logical coordinates

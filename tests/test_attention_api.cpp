@@ -515,6 +515,13 @@ TEST_CASE("attention API: without a GPU a valid call stops at the driver, after 
                   "tilejit::attention::backward needs a GPU");
       }
     }
+  // options.persistent either way (the forward's grid: one program per tile, or resident programs)
+  for (bool persistent : {false, true}) {
+    Call c;
+    for (Tensor* x : {&c.q, &c.k, &c.v, &c.o, &c.dout, &c.dq, &c.dk, &c.dv}) x->dtype = DType::bf16;
+    c.opts.persistent = persistent;
+    needs_gpu([&] { forward(c.q, c.k, c.v, c.o, c.lse, c.opts); }, "tilejit::attention::forward needs a GPU");
+  }
   // D = 256 and [B, H, S, D] memory as permuted views.
   Call c = bhsd_call(256);
   needs_gpu([&] { forward(c.q, c.k, c.v, c.o, c.lse, c.opts); }, "needs a GPU");

@@ -912,6 +912,43 @@ TEST_CASE("gpu: attention API, mask kind causal equals options.causal bit for bi
   }
 }
 
+// options.persistent (decision 050): the forward on a persistent grid computes every tile exactly
+// as one program per tile does -- D 128 (the ring producer) and D 64, full and causal (S_q > S_k:
+// tiles with no key), GQA, a tile count that does not divide the grid.
+TEST_CASE("gpu: attention API, the persistent forward equals one program per tile bit for bit") {
+  if (const auto& drv = runtime::Driver::get(); !drv.available()) {
+    MESSAGE("SKIPPED: no GPU: " << drv.unavailable_reason());
+    return;
+  }
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true}) {
+      const AttentionCase c{3, 8, 2, 1000, 700, static_cast<int>(D), causal, true};
+      INFO("D " << D << " causal " << causal);
+      HostTensor q(ir::DType::bf16, c.shape(c.Hq, c.Sq)), kk(ir::DType::bf16, c.shape(c.Hkv, c.Sk)), v(ir::DType::bf16, c.shape(c.Hkv, c.Sk));
+      q.fill_normal(11, 0, 1);
+      kk.fill_normal(12, 0, 1);
+      v.fill_normal(13, 0, 1);
+      std::vector<std::vector<double>> outputs[2];
+      for (int way = 0; way < 2; ++way) {
+        runtime::Stream stream;
+        auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v);
+        auto d_o = DeviceTensor::empty_like(q), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
+        attention::Options opts;
+        opts.causal = causal;
+        opts.persistent = way == 1;
+        attention::forward(api_view(d_q, false), api_view(d_k, false), api_view(d_v, false), api_view(d_o, false), api_view(d_lse, false),
+                           opts, stream.handle());
+        stream.synchronize();
+        for (DeviceTensor* t : {&d_o, &d_lse}) outputs[way].push_back(t->to_host().to_f64());
+      }
+      for (size_t i = 0; i < 2; ++i) {
+        INFO("output " << i << " (o, lse)");
+        CHECK(std::ranges::none_of(outputs[0][i], [](double x) { return std::isnan(x); }));
+        CHECK(outputs[0][i] == outputs[1][i]);
+      }
+    }
+}
+
 // options.block_mask: a block mask built once (build_block_mask) gives the same outputs, bit for
 // bit, as the calls' own pre-passes: forward, backward with dQ recomputed (dK/dV's and dQ's lists)
 // and with split (the reduce kernel reads the block mask's classes); causal document ids with

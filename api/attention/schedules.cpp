@@ -197,7 +197,8 @@ Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
                 // the fma softmax where the scale allows it (the kernel with it is a separate
                 // specialisation: a negative scale keeps the general one)
                 p == Pass::forward && d.scale > 0 && d.score_mod == kernels::ScoreModKind::none && declares(p, mn::kPositiveScale)};
-  c.persistent = p == Pass::forward && forward_persistent(c.head_dim, c.varlen, c.mask, c.score_mod, c.dropout);
+  c.persistent = p == Pass::forward && declares(p, mn::kPersistent) && !c.varlen &&
+                 opts.persistent.value_or(forward_persistent(c.head_dim, c.varlen, c.mask, c.score_mod, c.dropout));
   return c;
 }
 

@@ -119,8 +119,13 @@ void ring_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, co
     for (const AttentionCall& call : plan.steps[static_cast<size_t>(s)].calls) {
       st.log("step {}: forward q {}-{} k {}-{}{}", s, call.q_begin, call.q_end, call.k_begin, call.k_end, call.causal ? " causal" : "");
       const Tensor op = rows(o_part, 0, call.q_len()), lp = lse_rows(lse_part, 0, call.q_len());
+      // one program per tile: the next shard's send / recv kernels on the comm stream get SMs at
+      // tile boundaries (a persistent grid would hold every SM until the call ends; not measured
+      // beside NCCL yet: decision 050)
+      attention::Options fo = call_options(opts, call);
+      if (!fo.persistent) fo.persistent = false;
       attention::forward(rows(q, call.q_begin, call.q_end), rows(cur.k, call.k_begin, call.k_end), rows(cur.v, call.k_begin, call.k_end),
-                         op, lp, call_options(opts, call), stream);
+                         op, lp, fo, stream);
       merge_partial(rows(o_acc, call.q_begin, call.q_end), lse_rows(lse, call.q_begin, call.q_end), op, lp, call.first, stream);
     }
     ring.compute_done(s);
