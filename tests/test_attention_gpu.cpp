@@ -666,6 +666,13 @@ Result run_case(const Case& k, std::mutex& gpu) {
   return r;
 }
 
+// A bf16 tensor of `shape` with N(0, 1) entries from `seed`.
+HostTensor normal_bf16(const ir::Shape& shape, uint64_t seed) {
+  HostTensor t(ir::DType::bf16, shape);
+  t.fill_normal(seed, 0, 1);
+  return t;
+}
+
 }  // namespace
 
 TEST_CASE("gpu: attention API sweep (forward + backward) against float64") {
@@ -875,12 +882,8 @@ TEST_CASE("gpu: attention API, mask kind causal equals options.causal bit for bi
   }
   const bool bwd = attention::backward_available();
   const AttentionCase c{2, 4, 2, 200, 300, 64, true, true};
-  HostTensor q(ir::DType::bf16, c.shape(c.Hq, c.Sq)), kk(ir::DType::bf16, c.shape(c.Hkv, c.Sk)), v(ir::DType::bf16, c.shape(c.Hkv, c.Sk)),
-      dout(ir::DType::bf16, c.shape(c.Hq, c.Sq));
-  q.fill_normal(1, 0, 1);
-  kk.fill_normal(2, 0, 1);
-  v.fill_normal(3, 0, 1);
-  dout.fill_normal(4, 0, 1);
+  const HostTensor q = normal_bf16(c.shape(c.Hq, c.Sq), 1), kk = normal_bf16(c.shape(c.Hkv, c.Sk), 2),
+                   v = normal_bf16(c.shape(c.Hkv, c.Sk), 3), dout = normal_bf16(c.shape(c.Hq, c.Sq), 4);
   std::vector<std::vector<double>> outputs[2];
   for (int way = 0; way < 2; ++way) {
     runtime::Stream stream;
@@ -924,10 +927,8 @@ TEST_CASE("gpu: attention API, the persistent forward equals one program per til
     for (bool causal : {false, true}) {
       const AttentionCase c{3, 8, 2, 1000, 700, static_cast<int>(D), causal, true};
       INFO("D " << D << " causal " << causal);
-      HostTensor q(ir::DType::bf16, c.shape(c.Hq, c.Sq)), kk(ir::DType::bf16, c.shape(c.Hkv, c.Sk)), v(ir::DType::bf16, c.shape(c.Hkv, c.Sk));
-      q.fill_normal(11, 0, 1);
-      kk.fill_normal(12, 0, 1);
-      v.fill_normal(13, 0, 1);
+      const HostTensor q = normal_bf16(c.shape(c.Hq, c.Sq), 11), kk = normal_bf16(c.shape(c.Hkv, c.Sk), 12),
+                       v = normal_bf16(c.shape(c.Hkv, c.Sk), 13);
       std::vector<std::vector<double>> outputs[2];
       for (int way = 0; way < 2; ++way) {
         runtime::Stream stream;
