@@ -51,6 +51,39 @@ void check_case(const Case& c, lang::Meta extra = {}, std::optional<double> soft
   if (c.causal && c.Sq > c.Sk) CHECK(masked_rows == c.B * c.Hq * (c.Sq - c.Sk));
 }
 
+// Q, K and V of case c, N(0, 1) from seeds seed, seed + 1, seed + 2.
+struct ForwardInputs {
+  HostTensor q, k, v;
+};
+ForwardInputs random_forward_inputs(const Case& c, uint64_t seed) {
+  ForwardInputs in{HostTensor(bf16, c.q_shape()), HostTensor(bf16, c.kv_shape()), HostTensor(bf16, c.kv_shape())};
+  in.q.fill_normal(seed, 0, 1);
+  in.k.fill_normal(seed + 1, 0, 1);
+  in.v.fill_normal(seed + 2, 0, 1);
+  return in;
+}
+
+// attention_fwd with `meta` on `grid` in the interpreter: O then LSE, as doubles. The outputs start
+// as noise, so an element nobody writes shows.
+std::vector<double> interpret_forward(const Case& c, ForwardInputs& in, const lang::Meta& meta, runtime::Grid grid) {
+  HostTensor o(bf16, c.q_shape()), lse(f32, {c.B, c.Hq, c.Sq});
+  o.fill_normal(44, 0, 1);
+  lse.fill_normal(45, 0, 1);
+  runtime::interpret(kernels::attention_forward().build(meta), grid, {in.q, in.k, in.v, o, lse, static_cast<float>(c.default_scale())});
+  std::vector<double> out = o.to_f64(), l = lse.to_f64();
+  out.insert(out.end(), l.begin(), l.end());
+  return out;
+}
+
+// The elements of got that differ from want's (NaN equals NaN).
+size_t values_differ(const std::vector<double>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])))) ++differ;
+  return differ;
+}
+
 }  // namespace
 
 TEST_CASE("attention forward: grouped-query heads, S_q != S_k, full and causal (bottom-right)") {
@@ -81,19 +114,11 @@ TEST_CASE("attention forward: PIPELINE_QK, PIPELINE_PV, both, and PINGPONG give 
   for (bool causal : {false, true})
     for (const Case& c : {Case{1, 4, 2, 70, 130, 64, causal, false}, Case{2, 2, 1, 100, 45, 128, causal, true}}) {
       INFO(c.describe());
-      HostTensor q(bf16, c.q_shape()), k(bf16, c.kv_shape()), v(bf16, c.kv_shape());
-      q.fill_normal(21, 0, 1);
-      k.fill_normal(22, 0, 1);
-      v.fill_normal(23, 0, 1);
+      ForwardInputs in = random_forward_inputs(c, 21);
       auto run = [&](lang::Meta extra) {
-        HostTensor o(bf16, c.q_shape()), lse(f32, {c.B, c.Hq, c.Sq});
         lang::Meta meta{{"HEAD_DIM", c.D}, {"CAUSAL", c.causal}, {"BSHD", c.bshd}};
         meta.insert(meta.end(), extra.begin(), extra.end());
-        runtime::interpret(kernels::attention_forward().build(meta), {cdiv(c.Sq, 64), c.Hq, c.B},
-                           {q, k, v, o, lse, static_cast<float>(c.default_scale())});
-        std::vector<double> out = o.to_f64(), l = lse.to_f64();
-        out.insert(out.end(), l.begin(), l.end());
-        return out;
+        return interpret_forward(c, in, meta, {cdiv(c.Sq, 64), c.Hq, c.B});
       };
       const std::vector<double> want = run({{"PIPELINE_QK", false}, {"PIPELINE_PV", false}});
       const auto both = [](bool qk, bool pv, bool pingpong, bool peel = true) {
@@ -104,11 +129,7 @@ TEST_CASE("attention forward: PIPELINE_QK, PIPELINE_PV, both, and PINGPONG give 
       for (const lang::Meta& extra : {both(true, false, false), both(false, true, false), both(false, true, false, false),
                                       both(true, true, false), both(false, false, true), both(false, true, true),
                                       both(true, true, true)}) {
-        const std::vector<double> got = run(extra);
-        REQUIRE(got.size() == want.size());
-        size_t differ = 0;
-        for (size_t i = 0; i < got.size(); ++i)
-          if (!(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])))) ++differ;
+        const size_t differ = values_differ(run(extra), want);
         CHECK_MESSAGE(differ == 0, fmt::format("PIPELINE_QK={} PIPELINE_PV={} PINGPONG={} PV_PEEL={}: {} values differ",
                                                std::get<bool>(extra[0].second), std::get<bool>(extra[1].second),
                                                std::get<bool>(extra[2].second), std::get<bool>(extra[3].second), differ));
@@ -125,31 +146,17 @@ TEST_CASE("attention forward: PERSISTENT on grids of any size gives bit-identica
   for (bool causal : {false, true})
     for (const Case& c : {Case{2, 4, 2, 300, 200, 128, causal, true}, Case{1, 3, 1, 70, 130, 64, causal, false}}) {
       INFO(c.describe());
-      HostTensor q(bf16, c.q_shape()), k(bf16, c.kv_shape()), v(bf16, c.kv_shape());
-      q.fill_normal(41, 0, 1);
-      k.fill_normal(42, 0, 1);
-      v.fill_normal(43, 0, 1);
+      ForwardInputs in = random_forward_inputs(c, 41);
       const int64_t BM = c.D == 128 ? 128 : 64;
       auto run = [&](bool persistent, int64_t programs) {
-        HostTensor o(bf16, c.q_shape()), lse(f32, {c.B, c.Hq, c.Sq});
-        o.fill_normal(44, 0, 1);  // (every element must be written)
-        lse.fill_normal(45, 0, 1);
         const lang::Meta meta{{"HEAD_DIM", c.D}, {"BLOCK_M", BM}, {"BLOCK_N", BM}, {"CAUSAL", c.causal}, {"BSHD", c.bshd},
                               {"PERSISTENT", persistent}};
-        const runtime::Grid grid = persistent ? runtime::Grid{programs} : runtime::Grid{cdiv(c.Sq, BM), c.Hq, c.B};
-        runtime::interpret(kernels::attention_forward().build(meta), grid, {q, k, v, o, lse, static_cast<float>(c.default_scale())});
-        std::vector<double> out = o.to_f64(), l = lse.to_f64();
-        out.insert(out.end(), l.begin(), l.end());
-        return out;
+        return interpret_forward(c, in, meta, persistent ? runtime::Grid{programs} : runtime::Grid{cdiv(c.Sq, BM), c.Hq, c.B});
       };
       const std::vector<double> want = run(false, 0);
       const int64_t tiles = cdiv(c.Sq, BM) * c.Hq * c.B;
       for (int64_t programs : {int64_t{1}, int64_t{3}, tiles - 1, tiles + 5}) {
-        const std::vector<double> got = run(true, programs);
-        REQUIRE(got.size() == want.size());
-        size_t differ = 0;
-        for (size_t i = 0; i < got.size(); ++i)
-          if (!(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])))) ++differ;
+        const size_t differ = values_differ(run(true, programs), want);
         CHECK_MESSAGE(differ == 0, fmt::format("PERSISTENT on {} programs ({} tiles): {} values differ", programs, tiles, differ));
       }
     }

@@ -245,7 +245,7 @@ class Lowerer {
 
   // atomic_add on a window: by TMA from a staging tile in shared memory (jit/wgmma_plan.hpp,
   // TmaReduce) or one atomic add per element.
-  void block_atomic_add(const ir::Op& op);  // a window atomic: add (TMA reduce or red.add per element), max / min / and / or / xor
+  void block_atomic(const ir::Op& op);  // a window atomic: add (TMA reduce or red.add per element), max / min / and / or / xor
 
   void block_store(const ir::Op& op);
 
@@ -397,6 +397,9 @@ class Lowerer {
   // The u32 shared address of a tile in the current iteration (ring) or its fixed place (once);
   // waits for a once-loaded tile's copy to land (and, under a ring producer, a ring tile's).
   V tile_addr(const SmemTile& t);
+  // Under a producer: waits for ring tile t's copy in this iteration, unless a wait in an
+  // enclosing block of this iteration already did.
+  void wait_ring_tile(const SmemTile& t, RingState& st);
 
   // ---------------------------------------------------------------- ring producer (lower/ring_producer.cpp)
   // lang::ring_producer: warps [0, num_warps) run the kernel (setmaxnreg up, barriers of all
@@ -482,6 +485,8 @@ class Lowerer {
   std::map<const ir::Op*, V> ring_counts_;
   // The producer rings nested (at any depth) in `loop`'s body.
   std::vector<const ir::Op*> nested_producer_rings(const ir::Op& loop) const;
+  // Whether `op` is a loop the producer copies: a ring's, or one with producer rings inside.
+  bool fills_rings(const ir::Op& op) const;
   std::map<const ir::Op*, int> ring_readers_;  // ring tile -> the dots that read it
   std::vector<PendingDot> pending_;
   std::set<V> wait_outputs_;  // registers a wgmma wait redefined (wait_groups)

@@ -388,7 +388,7 @@ Regs Lowerer::block_load_regs(const ir::Op& op, const Layout& L) {
   }, scalar_path);
 }
 
-void Lowerer::block_atomic_add(const ir::Op& op) {
+void Lowerer::block_atomic(const ir::Op& op) {
   ++memory_epoch_;
   const ir::Type& t = f_.type(op.operands[1]);
   check_shape(&op, t);
@@ -406,7 +406,7 @@ void Lowerer::block_atomic_add(const ir::Op& op) {
   imm.rmw = rmw;
   imm.sem = ir::MemSem::relaxed;
   imm.scope = ir::MemScope::gpu;
-  auto element_adds = [&] {
+  auto element_updates = [&] {
     if (ordered) {  // every thread adds: thread 0 waits, the barrier hands the acquired view on
       pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::sem_wait, {sem, target}); });
       emit0(Op::barrier, {});
@@ -421,7 +421,7 @@ void Lowerer::block_atomic_add(const ir::Op& op) {
   };
   auto it = plan_.hopper.reduces.find(&op);
   if (it == plan_.hopper.reduces.end()) {
-    element_adds();
+    element_updates();
     return;
   }
   const TmaReduce& red = it->second;
@@ -450,7 +450,7 @@ void Lowerer::block_atomic_add(const ir::Op& op) {
   emit0(Op::fence_proxy_async, {});
   emit0(Op::barrier, {});
   V base = smem_at(plan_.hopper.reduce_staging);
-  if (red.check_negative) pir_if(bin(Op::bit_xor, tma_ok, emit(Op::constant, pir::scalar(DType::i1), {}, 1)), element_adds);
+  if (red.check_negative) pir_if(bin(Op::bit_xor, tma_ok, emit(Op::constant, pir::scalar(DType::i1), {}, 1)), element_updates);
   pir_if(red.check_negative ? land(is0, tma_ok) : is0, [&] {
     // ordered: only this thread issues the add, so only it waits (no barrier for the others)
     if (ordered) {
@@ -472,7 +472,7 @@ void Lowerer::block_atomic_add(const ir::Op& op) {
 }
 
 void Lowerer::block_store(const ir::Op& op) {
-  if (op.attrs.count("reduce")) return block_atomic_add(op);
+  if (op.attrs.count("reduce")) return block_atomic(op);
   ++memory_epoch_;  // load_at_use windows read before this may have changed
   const ir::Type& t = f_.type(op.operands[1]);
   check_shape(&op, t);

@@ -57,7 +57,11 @@ V Lowerer::producer_value(ir::ValueId v) {
 void Lowerer::produce_rings() {
   std::map<const ir::Op*, V> counts;
   for (const ir::Op& op : f_.body.ops)
-    if (op.kind == OpKind::for_ && (plan_.hopper.rings.count(&op) || !nested_producer_rings(op).empty())) produce_loop(op, counts);
+    if (fills_rings(op)) produce_loop(op, counts);
+}
+
+bool Lowerer::fills_rings(const ir::Op& op) const {
+  return op.kind == OpKind::for_ && (plan_.hopper.rings.count(&op) || !nested_producer_rings(op).empty());
 }
 
 std::vector<const ir::Op*> Lowerer::nested_producer_rings(const ir::Op& loop) const {
@@ -118,7 +122,7 @@ void Lowerer::produce_loop(const ir::Op& loop, std::map<const ir::Op*, V>& count
     }
   }
   for (const ir::Op& op : body.ops)  // the rings' loops in the body, in program order (the planner allows no branch around them)
-    if (op.kind == OpKind::for_ && (plan_.hopper.rings.count(&op) || !nested_producer_rings(op).empty())) produce_loop(op, counts);
+    if (fills_rings(op)) produce_loop(op, counts);
   pir::Inst y;
   y.op = Op::yield;
   for (const ir::Op* n : nested) y.args.push_back(counts.at(n));
@@ -157,11 +161,7 @@ void Lowerer::release_ring_tile(const SmemTile& t, RingState& st) {
   // (a loop of no trips, a branch): else the producer could refill a stage whose copy still lands,
   // and a later wait on the full barrier would see the wrong phase (seen: a persistent program's
   // Q whose key loop ran no trip -> CUDA_ERROR_LAUNCH_FAILED). A wait already passed is cheap.
-  auto w = st.waited_in.find(t.load);
-  if (w == st.waited_in.end() || std::find(block_ids_.begin(), block_ids_.end(), w->second) == block_ids_.end()) {
-    const SmemRing& r = plan_.hopper.rings.at(t.ring);
-    emit0(Op::mbar_wait, {stage_barrier(t.full, st.stage), bin(Op::bit_and, bin(Op::div, st.iter, ci32(r.stages)), ci32(1))});
-  }
+  wait_ring_tile(t, st);
   // each consumer warp once (the barrier counts num_warps arrivals), after its own wgmma wait
   pir_if(cmp(pir::Pred::eq, lane_, ci32(0)), [&] { emit0(Op::mbar_arrive, {stage_barrier(t.empty, st.stage)}); });
 }

@@ -178,15 +178,17 @@ V Lowerer::tile_addr(const SmemTile& t) {
   }
   const SmemRing& r = plan_.hopper.rings.at(t.ring);
   RingState& st = rings_.at(t.ring);
-  if (r.producer) {
-    // once per iteration, unless the earlier wait stood in a block that has ended (a branch)
-    auto w = st.waited_in.find(t.load);
-    if (w == st.waited_in.end() || std::find(block_ids_.begin(), block_ids_.end(), w->second) == block_ids_.end()) {
-      emit0(Op::mbar_wait, {stage_barrier(t.full, st.stage), bin(Op::bit_and, bin(Op::div, st.iter, ci32(r.stages)), ci32(1))});
-      st.waited_in[t.load] = block_ids_.back();
-    }
-  }
+  if (r.producer) wait_ring_tile(t, st);
   return ring_stage_addr(r, st.stage, t.offset);
+}
+
+void Lowerer::wait_ring_tile(const SmemTile& t, RingState& st) {
+  // once per iteration, unless the earlier wait stood in a block that has ended (a branch)
+  auto w = st.waited_in.find(t.load);
+  if (w != st.waited_in.end() && std::find(block_ids_.begin(), block_ids_.end(), w->second) != block_ids_.end()) return;
+  const SmemRing& r = plan_.hopper.rings.at(t.ring);
+  emit0(Op::mbar_wait, {stage_barrier(t.full, st.stage), bin(Op::bit_and, bin(Op::div, st.iter, ci32(r.stages)), ci32(1))});
+  st.waited_in[t.load] = block_ids_.back();
 }
 
 void Lowerer::wgmma_dot(const ir::Op& op, const WgmmaDot& w) {
