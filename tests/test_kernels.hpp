@@ -365,16 +365,18 @@ inline const Kernel& window_atomics() {
     auto L = b.tensor("L", i64, 2);
     auto pid = program_id(0);
     auto r0 = pid * 3 - 2, c0 = pid * 5 - 8;  // overlapping, partly outside at both ends
+    // Each op owns rows of its own (r0 spans [-2, 21) over 6 programs): max and min, or and and or, on
+    // one element would not commute, and the GPU runs the programs in no fixed order.
     Tile x = load(X.block({pid * 8, 0}, {8, 64}));
     atomic_max(F.block({r0, c0}, {8, 64}), x);
-    atomic_min(F.block({r0 + 20, c0}, {8, 64}), x);
+    atomic_min(F.block({r0 + 24, c0}, {8, 64}), x);
     Tile xi = cast(i32, x * 1000.0f);
     atomic_max(I.block({r0, c0}, {8, 64}), xi);
-    atomic_min(I.block({r0 + 20, c0}, {8, 64}), xi);
+    atomic_min(I.block({r0 + 24, c0}, {8, 64}), xi);
     Tile w = cast(u32, xi) * cast(u32, 2654435761u) + cast(u32, pid);
     atomic_and(U.block({r0, c0}, {8, 64}), w | cast(u32, 0x0F0F0F0Fu));
-    atomic_or(U.block({r0 + 20, c0}, {8, 64}), w & cast(u32, 0x00FF00FFu));
-    atomic_xor(U.block({r0 + 40, c0}, {8, 64}), w);
+    atomic_or(U.block({r0 + 24, c0}, {8, 64}), w & cast(u32, 0x00FF00FFu));
+    atomic_xor(U.block({r0 + 48, c0}, {8, 64}), w);
     atomic_max(L.block({r0, c0}, {8, 64}), cast(i64, xi) * int64_t{5000000000});
   });
   return k;
