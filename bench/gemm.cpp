@@ -4,10 +4,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "jit/compile.hpp"
@@ -22,6 +24,11 @@ using lang::bf16;
 
 struct Config {
   int bm, bn, warps, stages;
+  bool producer = false, persistent = false;  // RING_PRODUCER, PERSISTENT (one program per SM)
+
+  std::string name() const {
+    return fmt::format("{}x{}x64/w{}/s{}{}{}", bm, bn, warps, stages, producer ? "/producer" : "", persistent ? "/persistent" : "");
+  }
 };
 
 int main(int argc, char** argv) {
@@ -37,7 +44,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::vector<Config> configs{{128, 128, 4, 3}, {128, 128, 4, 4}, {128, 256, 8, 3}, {128, 256, 8, 4},
-                                    {256, 128, 8, 3}, {128, 128, 8, 4}};
+                                    {256, 128, 8, 3}, {128, 128, 8, 4}, {128, 256, 8, 4, true},
+                                    {128, 256, 8, 4, true, true}, {128, 256, 8, 3, true, true}};
   for (auto [M, N, K] : shapes) {
     runtime::HostTensor a(bf16, {M, K}), bt(bf16, b_mn ? ir::Shape{K, N} : ir::Shape{N, K});
     a.fill_uniform(1, -1, 1);
@@ -49,7 +57,7 @@ int main(int argc, char** argv) {
     double best_err = NAN;
     for (Config c : configs) {
       lang::Meta meta{{mn::kBlockM, c.bm}, {mn::kBlockN, c.bn}, {mn::kBlockK, 64}, {mn::kBKmajor, !b_mn}, {mn::kOutDtype, bf16},
-                      {mn::kGroupM, 8}};
+                      {mn::kGroupM, 8}, {mn::kRingProducer, c.producer}, {mn::kPersistent, c.persistent}};
       auto fn = kernels::gemm().build(meta);
       jit::CompileOptions o;
       o.num_warps = c.warps;
@@ -58,12 +66,13 @@ int main(int argc, char** argv) {
       try {
         ck = jit::compile(fn, o);
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "config %dx%d w%d s%d: %s\n", c.bm, c.bn, c.warps, c.stages, e.what());
+        std::fprintf(stderr, "config %s: %s\n", c.name().c_str(), e.what());
         continue;
       }
       if (ck.smem_bytes > static_cast<int64_t>(driver.props(0).smem_per_block_optin)) continue;
       runtime::GpuKernel k(fn, std::move(ck));
-      runtime::Grid grid{lang::cdiv(M, c.bm) * lang::cdiv(N, c.bn)};
+      const int64_t tiles = lang::cdiv(M, c.bm) * lang::cdiv(N, c.bn);
+      runtime::Grid grid{c.persistent ? std::min<int64_t>(tiles, driver.props(0).sm_count) : tiles};
       k(grid, {da, db, dc});
       runtime::Event e0, e1;
       for (int i = 0; i < 3; ++i) k(grid, {da, db, dc});
@@ -87,11 +96,11 @@ int main(int argc, char** argv) {
         den += ref * ref;
       }
       double err = std::sqrt(num / den);
-      std::fprintf(stderr, "  %dx%dx%d config %dx%d w%d s%d: %.1f TFLOP/s (%.3f ms), rel err %.2e, %s\n", M, N, K, c.bm, c.bn,
-                   c.warps, c.stages, tflops, ms, err, k.compiled().info.to_string().c_str());
+      std::fprintf(stderr, "  %dx%dx%d config %s: %.1f TFLOP/s (%.3f ms), rel err %.2e, %s\n", M, N, K, c.name().c_str(), tflops,
+                   ms, err, k.compiled().info.to_string().c_str());
       if (err < 1e-2 && tflops > best) {
         best = tflops;
-        best_cfg = fmt::format("{}x{}x64/w{}/s{}", c.bm, c.bn, c.warps, c.stages);
+        best_cfg = c.name();
         best_err = err;
       }
     }

@@ -62,9 +62,10 @@ void warp_roles(const std::vector<WarpRole>& roles, std::source_location loc = s
 // retires its last reader (K of attention before V), and the first stages are in flight from the
 // kernel's first instruction. setmaxnreg moves registers to the consumers (their total with the
 // producer's must fit 65536). A schedule with no effect on values (the interpreter ignores it);
-// first at the kernel's top level, not with warp_roles. Rings must stand at the top level too
-// (not inside another loop or branch), and their loops' bounds and the tiles' offsets must be
-// scalar arithmetic the producer can compute alone (program ids, parameters, scalar loads).
+// first at the kernel's top level, not with warp_roles. A ring may stand inside other loops (a
+// persistent grid's tile loop: its stages count on across their iterations) but not in a branch,
+// and its loops' bounds and the tiles' offsets must be scalar arithmetic the producer can compute
+// alone (loop counters, program ids, parameters, scalar loads).
 struct RingProducer {
   int producer_registers = 24;
   int consumer_registers = 240;

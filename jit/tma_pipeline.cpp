@@ -118,6 +118,11 @@ std::optional<TmaDotLoop> match_tma_dot_loop(const ir::Function& f, const ir::Op
 TmaPlan match_tma_loops(const ir::Function& f, int num_warps, const std::map<const ir::Op*, int>& op_warps,
                         const std::string& arch, const PipelineOptions& opts) {
   TmaPlan plan;
+  // Under lang::ring_producer every K loop is a ring of the general planner (wgmma_plan.hpp),
+  // which a producer warpgroup fills; this pipeline's consumers fill their own ring.
+  bool producer = false;
+  ir::walk(f.body, [&](const ir::Op& op) { producer = producer || op.kind == OpKind::ring_producer; });
+  if (producer) return plan;
   ir::walk(f.body, [&](const ir::Op& op) {
     if (op.kind != OpKind::for_) return;
     auto w = op_warps.find(&op);

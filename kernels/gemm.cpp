@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <optional>
+#include <utility>
 
 #include "kernels/dropout_mask.hpp"
 #include "kernels/meta_names.hpp"
@@ -30,6 +31,8 @@ Meta GemmConfig::to_meta() const {
   put(mn::kBKmajor, b_kmajor, d.b_kmajor);
   put(mn::kAlign, align, d.align);
   put(mn::kGroupM, group_m, d.group_m);
+  put(mn::kRingProducer, ring_producer, d.ring_producer);
+  put(mn::kPersistent, persistent, d.persistent);
   if (!dropout_mask) return m;
   m.emplace_back(mn::kDropoutMask, true);
   put(mn::kMaskBlockM, mask_block_m, d.mask_block_m);
@@ -56,7 +59,11 @@ GemmConfig GemmConfig::read(Builder& b) {
   c.align = b.meta<int>(mn::kAlign, 16);
   c.group_m = b.meta<int>(mn::kGroupM, 0);
   c.dropout_mask = b.meta<bool>(mn::kDropoutMask, false);
-  if (!c.dropout_mask) return c;
+  if (!c.dropout_mask) {
+    c.ring_producer = b.meta<bool>(mn::kRingProducer, false);
+    c.persistent = b.meta<bool>(mn::kPersistent, false);
+    return c;
+  }
   // (this order -- align, causal, words, rows -- is the one the metas have always been declared in)
   c.mask_align = b.meta<int>(mn::kMaskAlign, 4);
   c.mask_causal = b.meta<bool>(mn::kMaskCausal, false);
@@ -95,21 +102,20 @@ const Kernel& gemm() {
 
     // GROUP_M = 0: a 2-D grid, program (i, j) computes tile (i, j). GROUP_M = g > 0: a 1-D grid
     // walked g tile-rows at a time, so that consecutive programs share A and B tiles in L2.
+    // PERSISTENT: the same order, each program taking every num_programs-th tile.
     const int64_t group_m = c.group_m;
-    Tile pid_m, pid_n;
-    if (group_m == 0) {
-      pid_m = program_id(0);
-      pid_n = program_id(1);
-    } else {
-      auto pid = program_id(0);
-      auto tiles_m = cdiv(M, BM), tiles_n = cdiv(N, BN);
-      auto group = pid / (group_m * tiles_n);
+    auto tile_of = [&](const Tile& t) -> std::pair<Tile, Tile> {  // tile t's (row, column) of tiles
+      const Tile tiles_m = cdiv(M, BM), tiles_n = cdiv(N, BN);
+      if (group_m == 0) return {t / tiles_n, t % tiles_n};
+      auto group = t / (group_m * tiles_n);
       auto first_m = group * group_m;
       auto rows = minimum(tiles_m - first_m, group_m);
-      pid_m = first_m + pid % rows;
-      pid_n = (pid % (group_m * tiles_n)) / rows;
-    }
-    auto m0 = pid_m * BM, n0 = pid_n * BN;
+      return {first_m + t % rows, (t % (group_m * tiles_n)) / rows};
+    };
+    if (c.ring_producer) ring_producer();
+    // not persistent: the program's own tile (GROUP_M = 0: program (i, j) takes tile (i, j))
+    std::pair<Tile, Tile> own;
+    if (!c.persistent) own = group_m == 0 ? std::pair<Tile, Tile>{program_id(0), program_id(1)} : tile_of(program_id(0));
     // DROPOUT_MASK (issue 7, RNG hidden with the GEMM): the program also writes tiles of an
     // attention layer's packed dropout keep-mask (the dropout_mask kernel's parameters follow C).
     // Program p writes tiles p, p + P, ... (P programs). Two schedules:
@@ -132,7 +138,8 @@ const Kernel& gemm() {
       programs = group_m == 0 ? num_programs(0) * num_programs(1) : num_programs(0);
     }
     auto mask_tiles_from = [&](const Tile& first) { for_range(first, mask->count(), programs, [&](Tile t) { mask->write(t); }); };
-    auto gemm_tile = [&](int64_t tiles_per_step) {
+    auto gemm_tile = [&](const Tile& pid_m, const Tile& pid_n, int64_t tiles_per_step) {
+      const Tile m0 = pid_m * BM, n0 = pid_n * BN;
       Var acc = zeros(f32, {BM, BN});
       for_range(0, K, BK, [&](Tile k0) {
         Tile a = a_kmajor ? load(A.block({m0, k0}, {BM, BK})) : trans(load(A.block({k0, m0}, {BK, BM})));
@@ -146,10 +153,18 @@ const Kernel& gemm() {
       if (tiles_per_step) mask_tiles_from(program + cdiv(K, BK) * tiles_per_step * programs);
       store(C.block({m0, n0}, {BM, BN}), cast(OUT, acc));
     };
+    if (c.persistent) {
+      for_range(program_id(0), cdiv(M, BM) * cdiv(N, BN), num_programs(0), [&](Tile t) {
+        auto [pm, pn] = tile_of(t);
+        gemm_tile(pm, pn, 0);
+      });
+      return;
+    }
+    const auto& [pid_m, pid_n] = own;
     if (mask_warps == 0) {
-      gemm_tile(per_step);
+      gemm_tile(pid_m, pid_n, per_step);
     } else {
-      warp_roles({{.warps = 0, .max_registers = static_cast<int>(mma_registers), .body = [&] { gemm_tile(0); }},
+      warp_roles({{.warps = 0, .max_registers = static_cast<int>(mma_registers), .body = [&] { gemm_tile(pid_m, pid_n, 0); }},
                   {.warps = static_cast<int>(mask_warps), .max_registers = static_cast<int>(mask_registers),
                    .body = [&] { mask_tiles_from(program); }}});
     }

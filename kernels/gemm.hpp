@@ -19,6 +19,11 @@ namespace tilejit::kernels {
 // tiles of MASK_BLOCK_M rows x MASK_BLOCK_W words (default 64 x 4), MASK_TILES_PER_STEP (default 1)
 // per K step, run while that step's wgmmas do; the tiles left over after the K loop. The same bits
 // as the dropout_mask kernel (dropout_mask.hpp), whose parameters follow C.
+// RING_PRODUCER (default false): a producer warpgroup fills the TMA ring (lang::ring_producer: 4
+// warps more at launch, setmaxnreg 24 / 240). PERSISTENT (default false): a 1-D grid of any size
+// (one program per multiprocessor) walks the tiles t = program_id, + num_programs, ... in the
+// GROUP_M order; with the producer, the next tile's first K blocks are copied during this tile's
+// epilogue. Neither with DROPOUT_MASK.
 // Parameters: A, B, C (rank-2 tensors), then with DROPOUT_MASK: Mask, S_k, seed_lo, seed_hi,
 // offset_lo, offset_hi, keep_threshold.
 const lang::Kernel& gemm();
@@ -37,6 +42,7 @@ struct GemmConfig {
   int64_t mask_align = 4;
   int64_t mask_tiles_per_step = 1;
   int64_t mask_warps = 0, mma_registers = 0, mask_registers = 0;  // warp roles (MASK_WARPS > 0)
+  bool ring_producer = false, persistent = false;
 
   // The tiles, and the other metas that differ from their defaults (only those the kernel reads).
   lang::Meta to_meta() const;

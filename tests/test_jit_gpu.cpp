@@ -286,16 +286,20 @@ TEST_CASE("gpu: GEMM through the TMA + wgmma pipeline (B K-major and MN-major, r
   };
   struct Config {
     int bm, bn, warps, stages;
+    bool producer = false;   // RING_PRODUCER: the general rings, a producer warpgroup
+    int persistent = 0;      // PERSISTENT with this many programs (fewer than the tiles: each walks several)
   };
   for (bool b_kmajor : {true, false})
-  for (Config cfg : {Config{128, 128, 4, 3}, Config{128, 256, 8, 3}, Config{64, 64, 4, 2}, Config{256, 128, 8, 4}})
+  for (Config cfg : {Config{128, 128, 4, 3}, Config{128, 256, 8, 3}, Config{64, 64, 4, 2}, Config{256, 128, 8, 4},
+                     Config{128, 256, 8, 4, true}, Config{128, 256, 8, 4, true, 2}, Config{128, 128, 8, 3, false, 3}})
     for (Shape3 s : {Shape3{256, 256, 128}, Shape3{200, 136, 192}, Shape3{130, 296, 64}, Shape3{64, 64, 1024}}) {  // N * 2 bytes: 16-byte row pitches
-      INFO(fmt::format("{}x{}x{} with {}x{} tiles, {} warps, {} stages, B {}", s.m, s.n, s.k, cfg.bm, cfg.bn, cfg.warps,
-                       cfg.stages, b_kmajor ? "K-major" : "MN-major"));
+      INFO(fmt::format("{}x{}x{} with {}x{} tiles, {} warps, {} stages, B {}, producer {}, persistent {}", s.m, s.n, s.k, cfg.bm,
+                       cfg.bn, cfg.warps, cfg.stages, b_kmajor ? "K-major" : "MN-major", cfg.producer, cfg.persistent));
       HostTensor a(bf16, {s.m, s.k}), bt(bf16, b_kmajor ? ir::Shape{s.n, s.k} : ir::Shape{s.k, s.n}), c(f32, {s.m, s.n});
       a.fill_uniform(31, -1, 1);
       bt.fill_uniform(32, -1, 1);
-      Meta meta{{"BLOCK_M", cfg.bm}, {"BLOCK_N", cfg.bn}, {"BLOCK_K", 64}, {"B_KMAJOR", b_kmajor}, {"GROUP_M", cfg.bm == 64 ? 4 : 0}};
+      Meta meta{{"BLOCK_M", cfg.bm}, {"BLOCK_N", cfg.bn}, {"BLOCK_K", 64}, {"B_KMAJOR", b_kmajor}, {"GROUP_M", cfg.bm == 64 ? 4 : 0},
+                {"RING_PRODUCER", cfg.producer}, {"PERSISTENT", cfg.persistent > 0}};
       jit::CompileOptions o;
       o.num_warps = cfg.warps;
       o.pipeline.stages = cfg.stages;
@@ -303,8 +307,9 @@ TEST_CASE("gpu: GEMM through the TMA + wgmma pipeline (B K-major and MN-major, r
       jit::CompileOptions ptx_only = o;
       ptx_only.make_cubin = false;
       REQUIRE(!jit::compile(fn, ptx_only).tensor_maps.empty());  // the pipeline was chosen
-      runtime::Grid grid = cfg.bm == 64 ? runtime::Grid{cdiv(s.m, cfg.bm) * cdiv(s.n, cfg.bn)}
-                                        : runtime::Grid{cdiv(s.m, cfg.bm), cdiv(s.n, cfg.bn)};
+      runtime::Grid grid = cfg.persistent ? runtime::Grid{cfg.persistent}
+                           : cfg.bm == 64 ? runtime::Grid{cdiv(s.m, cfg.bm) * cdiv(s.n, cfg.bn)}
+                                          : runtime::Grid{cdiv(s.m, cfg.bm), cdiv(s.n, cfg.bn)};
       check_against_interpreter(fn, grid, {&a, &bt, &c}, 1e-5, o, true);
     }
 }

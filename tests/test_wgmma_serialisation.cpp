@@ -64,6 +64,13 @@ TEST_CASE("wgmma pipelines of the library kernels: no serialised wgmma, no unexp
        {{"BLOCK_M", 64}, {"BLOCK_N", 128}, {"HEAD_DIM", 128}, {"BSHD", true}, {"DQ_REDUCTION", int64_t{1}}, {"RING_PRODUCER", true}}, 8, 2, 256},
       {"dQ D128", &kernels::attention_backward_dq, {{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"HEAD_DIM", 128}}, 4, 2},
       {"GEMM 128x256", &kernels::gemm, {{"BLOCK_N", 256}, {"B_KMAJOR", true}, {"GROUP_M", 8}, {"OUT_DTYPE", ir::DType::bf16}}, 8, 4},
+      // the GEMM on the general rings with a producer warpgroup, and on a persistent grid
+      {"GEMM 128x256 RING_PRODUCER", &kernels::gemm,
+       {{"BLOCK_N", 256}, {"B_KMAJOR", true}, {"GROUP_M", 8}, {"OUT_DTYPE", ir::DType::bf16}, {"RING_PRODUCER", true}}, 8, 4},
+      {"GEMM 128x256 RING_PRODUCER + PERSISTENT", &kernels::gemm,
+       {{"BLOCK_N", 256}, {"B_KMAJOR", true}, {"GROUP_M", 8}, {"OUT_DTYPE", ir::DType::bf16}, {"RING_PRODUCER", true}, {"PERSISTENT", true}}, 8, 4},
+      {"GEMM 128x256 MN-major B, RING_PRODUCER + PERSISTENT", &kernels::gemm,
+       {{"BLOCK_N", 256}, {"GROUP_M", 8}, {"OUT_DTYPE", ir::DType::bf16}, {"RING_PRODUCER", true}, {"PERSISTENT", true}}, 8, 4},
   };
   for (const Case& c : cases) {
     INFO(c.label);
