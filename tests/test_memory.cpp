@@ -498,12 +498,12 @@ TEST_CASE("atomic max/min/and/or/xor on windows from many programs, clipped at t
           if (row >= 0 && row < R && c0 + c >= 0 && c0 + c < C) t.set({row, c0 + c}, update(t.get({row, c0 + c})));
         };
         at(wf, r0 + a, [&](double old) { return std::fmax(old, xv); });
-        at(wf, r0 + 20 + a, [&](double old) { return std::fmin(old, xv); });
+        at(wf, r0 + 24 + a, [&](double old) { return std::fmin(old, xv); });
         at(wi, r0 + a, [&](double old) { return std::max<double>(old, xi); });
-        at(wi, r0 + 20 + a, [&](double old) { return std::min<double>(old, xi); });
+        at(wi, r0 + 24 + a, [&](double old) { return std::min<double>(old, xi); });
         at(wu, r0 + a, [&](double old) { return static_cast<uint32_t>(old) & (w | 0x0F0F0F0Fu); });
-        at(wu, r0 + 20 + a, [&](double old) { return static_cast<uint32_t>(old) | (w & 0x00FF00FFu); });
-        at(wu, r0 + 40 + a, [&](double old) { return static_cast<uint32_t>(old) ^ w; });
+        at(wu, r0 + 24 + a, [&](double old) { return static_cast<uint32_t>(old) | (w & 0x00FF00FFu); });
+        at(wu, r0 + 48 + a, [&](double old) { return static_cast<uint32_t>(old) ^ w; });
         at(wl, r0 + a, [&](double old) { return std::max<double>(old, static_cast<double>(int64_t{xi} * 5000000000)); });
       }
   }
@@ -513,7 +513,7 @@ TEST_CASE("atomic max/min/and/or/xor on windows from many programs, clipped at t
                                          std::tuple{&u, &wu, "u32 and / or / xor"}, std::tuple{&l, &wl, "i64 max"}}) {
     size_t bad = 0;
     for (int64_t e = 0; e < R * C; ++e) bad += got->get_flat(e) == want->get_flat(e) ? 0 : 1;
-    CHECK_MESSAGE(bad == 0, what << ": " << bad << " elements differ from the host replay");
+    CHECK_MESSAGE(bad == 0, std::string(what) << ": " << bad << " elements differ from the host replay");
   }
   // the windows reached into the tensors: many elements changed
   size_t changed_f = 0, changed_u = 0;
