@@ -160,10 +160,15 @@ struct Block {
 struct Param {
   std::string name;
   Ty ty;
+  // > 0: a blob of this many bytes passed by value (a TMA tensor map: `.param .align 64 .b8
+  // name[128]`, __grid_constant__); the kernel sees a generic pointer to it (ty, a u8 pointer).
+  int byval_bytes = 0;
 };
 
-// A TMA tensor map the launcher encodes from a tensor argument and passes (in global memory) as
-// the trailing ABI parameter `abi_slot`: box sizes innermost first, 128-byte swizzle.
+// A TMA tensor map the launcher encodes from a tensor argument and passes by value (a 128-byte
+// kernel parameter, so a captured CUDA graph carries it) as the trailing ABI parameter `abi_slot`:
+// box sizes innermost first, 128-byte swizzle.
+inline constexpr int kTensorMapBytes = 128;  // sizeof(CUtensorMap)
 struct TensorMapSpec {
   int abi_slot = 0;
   int param_index = 0;  // the tile-IR parameter (a rank-2 tensor, unit innermost stride)

@@ -33,7 +33,7 @@ namespace fs = std::filesystem;
 
 constexpr char kMagic[8] = {'T', 'I', 'L', 'E', 'J', 'I', 'T', 'B'};
 constexpr char kCacheMagic[8] = {'T', 'I', 'L', 'E', 'J', 'I', 'T', 'K'};
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;  // 2: TMA descriptors by value (kernel parameters changed)
 constexpr uint32_t kHeaderSize = 24;  // magic, version, header size, file size
 constexpr size_t kChecksumSize = 32;
 // Far above any real bundle; a bigger file is not ours, and reading it whole could exhaust memory.

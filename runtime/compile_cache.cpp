@@ -49,7 +49,7 @@ namespace fs = std::filesystem;
 
 using codec::kTilejitVersion;
 constexpr char kMagic[8] = {'T', 'I', 'L', 'E', 'J', 'I', 'T', 'K'};
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;  // 2: TMA descriptors by value (kernel parameters changed)
 constexpr uint32_t kHeaderSize = 16;
 constexpr size_t kChecksumSize = 32;
 constexpr std::string_view kEntrySuffix = ".tjk";

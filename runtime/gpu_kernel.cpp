@@ -393,33 +393,27 @@ void LaunchPlan::check_tma(size_t i, const TensorView& t) const {
 // ---------------------------------------------------------------------------------------------
 // TMA descriptors
 
-// Descriptors live in device memory (the kernel takes a pointer to each). A set (one descriptor
-// per TensorMapSpec) is encoded for each distinct layout of the TMA tensors (address, sizes, row
-// pitch) and never changed while kernels may read it, so launches on any stream can share it; the
-// last layout is compared first, so a kernel called again on the same tensors does no encoding.
-// When all kSets sets are taken the device is synchronised once and the sets are reused. One mutex
-// guards the sets and is held until the launch is enqueued, so that a recycle never overwrites a
-// set that a launch in another thread has chosen but not yet enqueued.
+// Descriptors travel by value: each is a 128-byte kernel parameter (__grid_constant__), which
+// cuLaunchKernel copies at the launch -- a captured CUDA graph carries its own copy, and nothing
+// in device memory can change under it. Encoding costs ~1 us per descriptor, so the sets for the
+// last kSets layouts of the TMA tensors (address, sizes, row pitch) are kept on the host, the last
+// one compared first (a kernel called again on the same tensors encodes nothing); a new layout
+// takes the least recently used set. The mutex covers the lookup and the launch (which reads the
+// set), so a set is never rewritten while a launch in another thread still reads it.
 struct GpuKernel::TmaCache {
-  static constexpr int kSets = 128;
+  static constexpr int kSets = 16;
   static constexpr int kMaxMaps = 16;
   static constexpr int kKeyWords = 10;  // address, 5 sizes, 4 outer strides (elements; unused ones 0)
-  static constexpr size_t kMapBytes = sizeof(CUtensorMap);
-  static_assert(kMapBytes == 128);
+  static_assert(sizeof(CUtensorMap) == jit::pir::kTensorMapBytes && alignof(CUtensorMap) >= 64);
 
   std::vector<jit::pir::TensorMapSpec> specs;
   size_t words = 0;
   std::mutex mutex;
-  bool have_last = false;
-  uint64_t last_key[kKeyWords * kMaxMaps] = {};
-  CUdeviceptr last_maps = 0;
-  std::vector<uint64_t> keys;  // kSets * words
-  int used = 0;
-  DeviceBuffer arena;          // kSets sets, allocated on first use
-  std::unique_ptr<Stream> upload;
-  std::vector<unsigned char> staging;
-
-  size_t set_bytes() const { return kMapBytes * specs.size(); }
+  std::vector<uint64_t> keys;      // kSets * words
+  std::vector<CUtensorMap> maps;   // kSets * specs.size()
+  std::vector<uint64_t> last_use;  // per set: the launch that last used it (0: empty)
+  uint64_t launches = 0;
+  int last = -1;                   // the set of the previous launch
 };
 
 namespace {
@@ -493,7 +487,8 @@ GpuKernel::GpuKernel(const ir::Function& signature, jit::CompiledKernel compiled
     tma_->specs = compiled_.tensor_maps;
     tma_->words = TmaCache::kKeyWords * tma_->specs.size();
     tma_->keys.resize(TmaCache::kSets * tma_->words);
-    tma_->staging.resize(tma_->set_bytes());
+    tma_->maps.resize(TmaCache::kSets * tma_->specs.size());
+    tma_->last_use.assign(TmaCache::kSets, 0);
   }
 }
 
@@ -515,13 +510,13 @@ void GpuKernel::launch(Grid grid, std::span<const DeviceArg> args, CUstream stre
   for (int i = 0; i < num_abi_; ++i) ptrs[i] = &slots[i];
   context_->make_current();
   if (tma_) [[unlikely]] {
-    launch_with_tma(grid, args, stream, slots, ptrs);
+    launch_with_tma(grid, args, stream, ptrs);
     return;
   }
   enqueue(grid, stream, ptrs);
 }
 
-void GpuKernel::launch_with_tma(Grid grid, std::span<const DeviceArg> args, CUstream stream, uint64_t* slots,
+void GpuKernel::launch_with_tma(Grid grid, std::span<const DeviceArg> args, CUstream stream,
                                 void** ptrs) const {
   TmaCache& c = *tma_;
   const std::string& name = plan_.kernel_name();
@@ -537,65 +532,41 @@ void GpuKernel::launch_with_tma(Grid grid, std::span<const DeviceArg> args, CUst
   const size_t key_bytes = c.words * sizeof(uint64_t);
 
   std::lock_guard lock(c.mutex);
-  CUdeviceptr maps = 0;
-  if (c.have_last && std::memcmp(key, c.last_key, key_bytes) == 0) {
-    maps = c.last_maps;
-  } else {
-    for (int s = 0; s < c.used && !maps; ++s)
-      if (std::memcmp(key, c.keys.data() + static_cast<size_t>(s) * c.words, key_bytes) == 0)
-        maps = c.arena.ptr() + static_cast<CUdeviceptr>(s) * c.set_bytes();
-    if (!maps) {
-      const DriverApi& api = Driver::get().api();
-      for (size_t m = 0; m < c.specs.size(); ++m) {
-        const jit::pir::TensorMapSpec& spec = c.specs[m];
-        const TensorView& t = *args[static_cast<size_t>(spec.param_index)].tensor();
-        const auto es = static_cast<cuuint64_t>(ir::byte_size(t.dtype));
-        // innermost first; a size-1 dim's stride may be anything: give it a valid one
-        const auto rank = static_cast<size_t>(t.rank());
-        cuuint64_t dims[5], strides[4];
-        cuuint32_t box[5], unit[5];
-        for (size_t d = 0; d < rank; ++d) {
-          dims[d] = static_cast<cuuint64_t>(t.sizes[rank - 1 - d]);
-          box[d] = static_cast<cuuint32_t>(spec.box[d]);
-          unit[d] = 1;
-        }
-        for (size_t d = 0; d + 1 < rank; ++d) {
-          const size_t td = rank - 2 - d;
-          strides[d] = t.sizes[td] > 1 ? static_cast<cuuint64_t>(t.strides[td]) * es : 16;
-        }
-        CUtensorMap map;
-        check_cu_kernel(api.TensorMapEncodeTiled(&map, tensor_map_dtype(t.dtype, name), static_cast<cuuint32_t>(rank),
-                                                 reinterpret_cast<void*>(t.address),
-                                                 dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                                 tensor_map_swizzle(spec.swizzle_bytes, name),
-                                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-                        "cuTensorMapEncodeTiled", name);
-        std::memcpy(c.staging.data() + TmaCache::kMapBytes * m, &map, TmaCache::kMapBytes);
+  auto set_key = [&](int s) { return c.keys.data() + static_cast<size_t>(s) * c.words; };
+  int set = c.last >= 0 && std::memcmp(key, set_key(c.last), key_bytes) == 0 ? c.last : -1;
+  for (int s = 0; s < TmaCache::kSets && set < 0; ++s)
+    if (c.last_use[static_cast<size_t>(s)] && std::memcmp(key, set_key(s), key_bytes) == 0) set = s;
+  if (set < 0) {
+    set = static_cast<int>(std::min_element(c.last_use.begin(), c.last_use.end()) - c.last_use.begin());
+    const DriverApi& api = Driver::get().api();
+    for (size_t m = 0; m < c.specs.size(); ++m) {
+      const jit::pir::TensorMapSpec& spec = c.specs[m];
+      const TensorView& t = *args[static_cast<size_t>(spec.param_index)].tensor();
+      const auto es = static_cast<cuuint64_t>(ir::byte_size(t.dtype));
+      // innermost first; a size-1 dim's stride may be anything: give it a valid one
+      const auto rank = static_cast<size_t>(t.rank());
+      cuuint64_t dims[5], strides[4];
+      cuuint32_t box[5], unit[5];
+      for (size_t d = 0; d < rank; ++d) {
+        dims[d] = static_cast<cuuint64_t>(t.sizes[rank - 1 - d]);
+        box[d] = static_cast<cuuint32_t>(spec.box[d]);
+        unit[d] = 1;
       }
-      if (c.arena.bytes() == 0) c.arena = DeviceBuffer(TmaCache::kSets * c.set_bytes(), device_);
-      if (!c.upload) c.upload = std::make_unique<Stream>(device_);
-      if (c.used == TmaCache::kSets) {
-        // Every launch that could read a set was enqueued under this lock: once the device is idle
-        // no kernel reads any of them.
-        check_cu_kernel(api.CtxSynchronize(), "cuCtxSynchronize (recycling TMA descriptors)", name);
-        c.used = 0;
-        c.have_last = false;
+      for (size_t d = 0; d + 1 < rank; ++d) {
+        const size_t td = rank - 2 - d;
+        strides[d] = t.sizes[td] > 1 ? static_cast<cuuint64_t>(t.strides[td]) * es : 16;
       }
-      const int s = c.used;
-      maps = c.arena.ptr() + static_cast<CUdeviceptr>(s) * c.set_bytes();
-      // A private stream, waited for: the descriptors are in device memory before any launch on
-      // any stream can name them, and no user stream is waited for.
-      check_cu_kernel(api.MemcpyHtoDAsync(maps, c.staging.data(), c.set_bytes(), c.upload->handle()), "cuMemcpyHtoDAsync", name);
-      check_cu_kernel(api.StreamSynchronize(c.upload->handle()), "cuStreamSynchronize", name);
-      std::memcpy(c.keys.data() + static_cast<size_t>(s) * c.words, key, key_bytes);
-      ++c.used;
+      check_cu_kernel(api.TensorMapEncodeTiled(&c.maps[static_cast<size_t>(set) * c.specs.size() + m], tensor_map_dtype(t.dtype, name),
+                                               static_cast<cuuint32_t>(rank), reinterpret_cast<void*>(t.address), dims, strides, box,
+                                               unit, CU_TENSOR_MAP_INTERLEAVE_NONE, tensor_map_swizzle(spec.swizzle_bytes, name),
+                                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                      "cuTensorMapEncodeTiled", name);
     }
-    std::memcpy(c.last_key, key, key_bytes);
-    c.last_maps = maps;
-    c.have_last = true;
+    std::memcpy(set_key(set), key, key_bytes);
   }
-  for (size_t m = 0; m < c.specs.size(); ++m)
-    slots[plan_.num_slots() + static_cast<int>(m)] = maps + static_cast<CUdeviceptr>(TmaCache::kMapBytes * m);
+  c.last = set;
+  c.last_use[static_cast<size_t>(set)] = ++c.launches;
+  for (size_t m = 0; m < c.specs.size(); ++m) ptrs[plan_.num_slots() + static_cast<int>(m)] = &c.maps[static_cast<size_t>(set) * c.specs.size() + m];
   enqueue(grid, stream, ptrs);
 }
 

@@ -176,7 +176,7 @@ class GpuKernel {
 
  private:
   struct TmaCache;
-  void launch_with_tma(Grid grid, std::span<const DeviceArg> args, CUstream stream, uint64_t* slots, void** ptrs) const;
+  void launch_with_tma(Grid grid, std::span<const DeviceArg> args, CUstream stream, void** ptrs) const;
   void enqueue(Grid grid, CUstream stream, void** ptrs) const;
 
   LaunchPlan plan_;
@@ -190,8 +190,8 @@ class GpuKernel {
   unsigned smem_bytes_ = 0;
   int resident_per_sm_ = 0;
   int num_abi_ = 0;  // plan slots + one per tensor map
-  // TMA descriptors (only for kernels that have them): encoded from the tensor arguments into
-  // device memory, re-encoded only when a tensor's address, sizes or strides change.
+  // TMA descriptors (only for kernels that have them): encoded from the tensor arguments and
+  // passed by value, re-encoded only for a layout (address, sizes, strides) not among the last few.
   std::unique_ptr<TmaCache> tma_;
 };
 

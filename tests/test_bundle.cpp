@@ -238,7 +238,7 @@ TEST_CASE("write -> read -> verify: every field of every entry round-trips") {
 
   const Bundle read = runtime::read_bundle(path);
   CHECK(read.name == path.string());
-  CHECK(read.format_version == 1);
+  CHECK(read.format_version == 2);  // 2: TMA descriptors by value
   CHECK(read.tilejit_version == "0.1.4");
   CHECK(read.archs == std::vector<std::string>{"sm_90a"});
   CHECK(read.bytes == fs::file_size(path));
@@ -471,8 +471,8 @@ TEST_CASE("damaged bundles are refused with errors naming the file and the probl
   }
   SUBCASE("wrong format version and header size (checksum intact)") {
     std::string bad = good;
-    bad[8] = 2;
-    CHECK(read_error(reseal(bad)).find("format version 2 (this tilejit reads version 1, so a newer tilejit wrote it)") !=
+    bad[8] = 3;
+    CHECK(read_error(reseal(bad)).find("format version 3 (this tilejit reads version 2, so a newer tilejit wrote it)") !=
           std::string::npos);
     bad = good;
     bad[12] = 4;

@@ -336,6 +336,8 @@ void Printer::arith_inst(const pir::Inst& in) {
       if (!(f_.params[static_cast<size_t>(in.imm)].ty == ty(in.results[0])))
         fail(fmt::format("param #{} is {} but its value is {}", in.imm, pir::type_name(f_.params[static_cast<size_t>(in.imm)].ty),
                          pir::type_name(ty(in.results[0]))));
+      if (f_.params[static_cast<size_t>(in.imm)].byval_bytes)  // a generic pointer into the parameter space
+        return def(in.results[0], fmt::format("(unsigned char*)&{}", param_name(static_cast<size_t>(in.imm))));
       return def(in.results[0], param_name(static_cast<size_t>(in.imm)));
     }
     case Op::thread_id: check_results(in, 1); return def(in.results[0], "(int)threadIdx.x");

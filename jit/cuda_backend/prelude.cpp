@@ -177,6 +177,9 @@ TJ_INLINE T tj_f2i(F x, F lo, F hi_excl, T tmin, T tmax) {
 
 std::string prelude_memory() {
   std::string s;
+  s += R"(// A TMA tensor map passed by value (CUtensorMap's size and alignment), read in place.
+struct __align__(64) tilejit_tensor_map { unsigned char bytes[128]; };
+)";
   s += R"(// Predicated global accesses: the element's bits travel in a 16/32/64-bit register (u8 into a
 // 16-bit one), the predicate is rebuilt from the bool inside the asm block.
 TJ_INLINE unsigned short tj_ld_u8(const void* p, bool pred, unsigned short other) {

@@ -31,6 +31,11 @@ std::string Printer::run() {
   std::vector<std::string> params;
   for (size_t i = 0; i < f_.params.size(); ++i) {
     const pir::Param& p = f_.params[i];
+    if (p.byval_bytes) {  // a TMA tensor map by value, read in place (its address: arith_inst's param)
+      if (p.byval_bytes != pir::kTensorMapBytes) fail(fmt::format("a by-value parameter of {} bytes (only 128: a tensor map)", p.byval_bytes));
+      params.push_back(fmt::format("const __grid_constant__ tilejit_tensor_map {}", param_name(i)));
+      continue;
+    }
     params.push_back(p.ty.ptr ? fmt::format("{}* __restrict__ {}", storage_ctype(p.ty.dtype), param_name(i))
                               : fmt::format("{} {}", scalar_ctype(p.ty.dtype), param_name(i)));
   }

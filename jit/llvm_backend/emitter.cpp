@@ -53,19 +53,34 @@ namespace llvm_backend {
 
 void Emitter::run() {
   std::vector<llvm::Type*> params;
-  for (const pir::Param& p : f_.params) params.push_back(type(p.ty));
+  // (a by-value blob is a generic pointer to the parameter: byval + grid_constant below)
+  for (const pir::Param& p : f_.params) params.push_back(p.byval_bytes ? llvm::PointerType::get(ctx_, 0) : type(p.ty));
   auto* fty = llvm::FunctionType::get(llvm::Type::getVoidTy(ctx_), params, false);
   fn_ = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, f_.name, m_);
   fn_->setCallingConv(llvm::CallingConv::PTX_Kernel);
   for (size_t i = 0; i < f_.params.size(); ++i) {
     fn_->getArg(static_cast<unsigned>(i))->setName(f_.params[i].name);
-    if (f_.params[i].ty.ptr) fn_->addParamAttr(static_cast<unsigned>(i), llvm::Attribute::NoAlias);
+    if (f_.params[i].byval_bytes) {
+      auto* blob = llvm::ArrayType::get(b_.getInt8Ty(), static_cast<uint64_t>(f_.params[i].byval_bytes));
+      fn_->addParamAttr(static_cast<unsigned>(i), llvm::Attribute::getWithByValType(ctx_, blob));
+      fn_->addParamAttr(static_cast<unsigned>(i), llvm::Attribute::getWithAlignment(ctx_, llvm::Align(64)));
+    } else if (f_.params[i].ty.ptr) {
+      fn_->addParamAttr(static_cast<unsigned>(i), llvm::Attribute::NoAlias);
+    }
   }
   // Kernel and launch-bound annotations (kept for LLVMs that still read them).
   auto* md = m_.getOrInsertNamedMetadata("nvvm.annotations");
   auto i32 = [&](int v) { return llvm::ConstantAsMetadata::get(b_.getInt32(v)); };
   md->addOperand(llvm::MDNode::get(ctx_, {llvm::ValueAsMetadata::get(fn_), llvm::MDString::get(ctx_, "kernel"), i32(1)}));
   md->addOperand(llvm::MDNode::get(ctx_, {llvm::ValueAsMetadata::get(fn_), llvm::MDString::get(ctx_, "maxntidx"), i32(f_.num_threads)}));
+  // By-value blobs are read in place in the parameter space (grid_constant: NVPTX takes their
+  // address with cvta.param instead of copying them to local memory, where TMA cannot read them).
+  std::vector<llvm::Metadata*> grid_constant;
+  for (size_t i = 0; i < f_.params.size(); ++i)
+    if (f_.params[i].byval_bytes) grid_constant.push_back(i32(static_cast<int>(i) + 1));  // 1-based
+  if (!grid_constant.empty())
+    md->addOperand(llvm::MDNode::get(ctx_, {llvm::ValueAsMetadata::get(fn_), llvm::MDString::get(ctx_, "grid_constant"),
+                                            llvm::MDNode::get(ctx_, grid_constant)}));
   if (f_.min_programs_per_sm > 0)  // .minnctapersm
     md->addOperand(llvm::MDNode::get(ctx_, {llvm::ValueAsMetadata::get(fn_), llvm::MDString::get(ctx_, "minctasm"), i32(f_.min_programs_per_sm)}));
   smem_ = new llvm::GlobalVariable(m_, llvm::ArrayType::get(b_.getInt8Ty(), 0), false, llvm::GlobalValue::ExternalLinkage,
@@ -306,7 +321,10 @@ void Emitter::arith_inst(const pir::Inst& in) {
                                                             : static_cast<llvm::Value*>(llvm::ConstantInt::get(T, static_cast<uint64_t>(in.imm), true)));
       return;
     }
-    case Op::param: set(r0, fn_->getArg(static_cast<unsigned>(in.imm))); return;
+    case Op::param:
+      set(r0, fn_->getArg(static_cast<unsigned>(in.imm)));
+      if (f_.params[static_cast<size_t>(in.imm)].byval_bytes) byval_symbol_[r0] = fmt::format("{}_param_{}", f_.name, in.imm);
+      return;
     case Op::thread_id: set(r0, intrinsic(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x, {}, {})); return;
     case Op::block_id: {
       static const llvm::Intrinsic::ID ids[3] = {llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x, llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_y,

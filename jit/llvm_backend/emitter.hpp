@@ -12,6 +12,7 @@
 #include <llvm/IR/Module.h>
 
 #include <stdexcept>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -189,6 +190,14 @@ class Emitter {
   llvm::Function* fn_ = nullptr;
   llvm::GlobalVariable* smem_ = nullptr;
   std::vector<llvm::Value*> vals_;
+  // Values of by-value blob parameters (TMA tensor maps), by value id: their PTX parameter symbol.
+  // A TMA instruction takes the map's generic address right where it is used (cvta.param inside
+  // its asm) instead of from a register live across the kernel: the producer warpgroup, at 24
+  // registers, spilled the hoisted addresses.
+  std::map<V, std::string> byval_symbol_;
+  // `text` (an asm body naming the map operand `$N`), with that operand replaced by the map's
+  // address computed in place when `map` is a by-value parameter; `arg` then becomes an unused 0.
+  std::string with_tensor_map(V map, int operand, const std::string& text, llvm::Value*& arg);
 };
 
 }  // namespace tilejit::jit::llvm_backend

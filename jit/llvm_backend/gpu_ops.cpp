@@ -327,6 +327,18 @@ llvm::Value* Emitter::mma(const pir::Inst& in) {
   return asm_call(ret, text, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", args, false, /*convergent=*/true);
 }
 
+std::string Emitter::with_tensor_map(V map, int operand, const std::string& text, llvm::Value*& arg) {
+  auto it = byval_symbol_.find(map);
+  if (it == byval_symbol_.end()) return text;
+  const std::string from = fmt::format("[${},", operand);
+  const size_t at = text.find(from);
+  if (at == std::string::npos) fail(fmt::format("internal: no tensor map operand ${} in '{}'", operand, text));
+  std::string body = text;
+  body.replace(at, from.size(), "[tj_map,");
+  arg = b_.getInt64(0);
+  return fmt::format("{{\n\t.reg .b64 tj_map;\n\tmov.b64 tj_map, {};\n\tcvta.param.u64 tj_map, tj_map;\n\t{}\n\t}}", it->second, body);
+}
+
 void Emitter::tensor_inst(const pir::Inst& in) {
   auto a = [&](size_t i) { return v(in.args[i]); };
   switch (in.op) {
@@ -335,11 +347,13 @@ void Emitter::tensor_inst(const pir::Inst& in) {
       for (unsigned i = 0; i < 4; ++i) set(in.results[i], b_.CreateExtractValue(s, {i}));
       return;
     }
-    case Op::tma_load_2d:
-      asm_call(b_.getVoidTy(),
-               "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1, {$2, $3}], [$4];",
-               "r,l,r,r,r,~{memory}", {a(0), a(1), a(2), a(3), a(4)}, true);
+    case Op::tma_load_2d: {
+      llvm::Value* map = a(1);
+      const std::string text = with_tensor_map(
+          in.args[1], 1, "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1, {$2, $3}], [$4];", map);
+      asm_call(b_.getVoidTy(), text, "r,l,r,r,r,~{memory}", {a(0), map, a(2), a(3), a(4)}, true);
       return;
+    }
     case Op::tma_load:
     case Op::tma_reduce_add: {
       // (shared addr, map, coordinates[, mbarrier]): the copy's operands, then "{c0, c1, ...}"
@@ -347,22 +361,27 @@ void Emitter::tensor_inst(const pir::Inst& in) {
       const auto rank = static_cast<size_t>(in.imm);
       std::string coords, cons = load ? "r,l" : "l,r";
       std::vector<llvm::Value*> args{load ? a(0) : a(1), load ? a(1) : a(0)};
+      const int map_operand = load ? 1 : 0;  // (the map is in.args[1] either way)
       for (size_t i = 0; i < rank; ++i) {
         coords += fmt::format("{}${}", i ? ", " : "", i + 2);
         cons += ",r";
         args.push_back(a(2 + i));
       }
       if (!load) {
-        asm_call(b_.getVoidTy(),
-                 fmt::format("cp.reduce.async.bulk.tensor.{}d.global.shared::cta.add.tile.bulk_group [$0, {{{}}}], [$1];", rank, coords),
-                 cons + ",~{memory}", args, true);
+        const std::string text = with_tensor_map(
+            in.args[1], map_operand,
+            fmt::format("cp.reduce.async.bulk.tensor.{}d.global.shared::cta.add.tile.bulk_group [$0, {{{}}}], [$1];", rank, coords),
+            args[static_cast<size_t>(map_operand)]);
+        asm_call(b_.getVoidTy(), text, cons + ",~{memory}", args, true);
         return;
       }
       args.push_back(a(2 + rank));
-      asm_call(b_.getVoidTy(),
-               fmt::format("cp.async.bulk.tensor.{}d.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1, {{{}}}], [${}];",
-                           rank, coords, rank + 2),
-               cons + ",r,~{memory}", args, true);
+      const std::string text = with_tensor_map(
+          in.args[1], map_operand,
+          fmt::format("cp.async.bulk.tensor.{}d.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1, {{{}}}], [${}];", rank,
+                      coords, rank + 2),
+          args[static_cast<size_t>(map_operand)]);
+      asm_call(b_.getVoidTy(), text, cons + ",r,~{memory}", args, true);
       return;
     }
     case Op::bulk_commit: asm_call(b_.getVoidTy(), "cp.async.bulk.commit_group;", "~{memory}", {}, true); return;

@@ -45,7 +45,7 @@ V Lowerer::tensor_map(int param, const std::vector<int64_t>& box) {
   for (const auto& [k, v] : tensor_maps_) earlier += k.first == param ? 1 : 0;
   const std::string& name = f_.params[static_cast<size_t>(param)].name;
   pir::Ty ty = pir::pointer(DType::u8);
-  out_.params.push_back({earlier ? fmt::format("{}_tensor_map{}", name, earlier) : name + "_tensor_map", ty});
+  out_.params.push_back({earlier ? fmt::format("{}_tensor_map{}", name, earlier) : name + "_tensor_map", ty, pir::kTensorMapBytes});
   return tensor_maps_[key] = emit(Op::param, ty, {}, spec.abi_slot);
 }
 

@@ -1,5 +1,5 @@
 """tilejit_torch on a GPU with torch: values and gradients against a float32 reference, the ops'
-registrations (torch.library.opcheck), torch.compile(fullgraph=True), streams, CUDA-graph refusal.
+registrations (torch.library.opcheck), torch.compile(fullgraph=True), streams, CUDA-graph capture and replay.
 
     TILEJIT_C_LIBRARY=.../libtilejit_c.so python3 bindings/torch/tests/test_torch_gpu.py [-v]
 
@@ -179,13 +179,42 @@ class Integration(unittest.TestCase):
         torch.cuda.current_stream().wait_stream(s)
         self.assertTrue(torch.equal(got, want))
 
-    def test_cuda_graph_capture_is_refused_clearly(self):
-        q, k, v = (rand(1, 128, 2, 64).detach() for _ in range(3))
-        tj.flash_attn_func(q, k, v)  # warm-up (compiles)
+    def test_cuda_graph_capture_and_replay(self):
+        # forward and backward captured once, replayed on new data in the same buffers: each replay
+        # equals an eager call (the TMA descriptors travel in the kernel parameters)
+        q, k, v, dout = (torch.randn(2, 384, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        seed = torch.zeros((), dtype=torch.int64)
+
+        def step():
+            out, lse = torch.ops.tilejit.attention_forward(q, k, v, None, None, 0, 0, 0.0883883, True, -1, -1, None, 0.0, seed, True)
+            grads = torch.ops.tilejit.attention_backward(dout, q, k, v, out, lse, None, None, 0, 0, 0.0883883, True, -1, -1, None, 0.0,
+                                                         seed, True)
+            return (out, lse) + tuple(grads)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step()  # warm-up: compiles, sets function attributes
+        torch.cuda.current_stream().wait_stream(side)
         g = torch.cuda.CUDAGraph()
-        with self.assertRaisesRegex(Exception, "CUDA graph capture is not supported"):
+        with torch.cuda.graph(g):
+            captured = step()
+        for trial in range(3):
+            for x in (q, k, v, dout):
+                x.copy_(torch.randn_like(x))
+            g.replay()
+            want = step()
+            for got, exp in zip(captured, want):
+                self.assertTrue(torch.equal(got, exp), f"replay {trial}")
+
+    def test_dropout_inside_capture_is_refused_clearly(self):
+        q, k, v = (rand(1, 128, 2, 64).detach() for _ in range(3))
+        tj.flash_attn_func(q, k, v, dropout_p=0.1)  # warm-up (compiles)
+        g = torch.cuda.CUDAGraph()
+        with self.assertRaisesRegex(Exception, "dropout inside a CUDA graph"):
             with torch.cuda.graph(g):
-                tj.flash_attn_func(q, k, v)
+                tj.flash_attn_func(q, k, v, dropout_p=0.1)
 
     def test_bad_arguments_name_the_problem(self):
         q = rand(1, 128, 3, 64).detach()

@@ -32,12 +32,13 @@ def _unit_last(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _no_capture(op: str) -> None:
-    # The TMA descriptors of a launch live in a device cache that recycles its slots: a captured
-    # graph could replay a descriptor rewritten for other tensors. Refuse rather than be wrong.
-    if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(f"tilejit_torch.{op}: CUDA graph capture is not supported yet (TMA descriptors live in a "
-                           "recycled device cache, not in the kernel parameters); run this op outside the captured region")
+def _check_capture(op: str, dropout_p: float) -> None:
+    # Capture is safe (the kernels' TMA descriptors are kernel parameters, copied into the graph),
+    # but a dropout seed read on the host would be baked into the graph: every replay would drop
+    # the same elements. Refuse that rather than train on one mask.
+    if dropout_p > 0.0 and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"tilejit_torch.{op}: dropout inside a CUDA graph capture is not supported yet (the seed is a "
+                           "host value, so every replay would reuse one mask); capture without dropout")
 
 
 def _options(q: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
@@ -98,7 +99,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Te
                       window_right: int, document_ids: Optional[Tensor], dropout_p: float, seed: Tensor,
                       deterministic: bool) -> Tuple[Tensor, Tensor]:
     # (deterministic: the backward's dQ reduction, kept for autograd; the forward is deterministic)
-    _no_capture("attention_forward")
+    _check_capture("attention_forward", dropout_p)
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
     varlen = cu_seqlens_q is not None
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -124,7 +125,7 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
                        cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
                        window_left: int, window_right: int, document_ids: Optional[Tensor], dropout_p: float, seed: Tensor,
                        deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    _no_capture("attention_backward")
+    _check_capture("attention_backward", dropout_p)
     q, k, v, out, dout = _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(out), _unit_last(dout)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
