@@ -105,7 +105,13 @@ inline void check_cu_kernel(CUresult result, std::string_view call, std::string_
   X(MemsetD8Async, "cuMemsetD8Async", PFN_cuMemsetD8Async_v3020)              \
   X(MemcpyDtoDAsync, "cuMemcpyDtoDAsync", PFN_cuMemcpyDtoDAsync_v3020)        \
   X(Memcpy2DAsync, "cuMemcpy2DAsync", PFN_cuMemcpy2DAsync_v3020)              \
-  X(TensorMapEncodeTiled, "cuTensorMapEncodeTiled", PFN_cuTensorMapEncodeTiled_v12000)
+  X(TensorMapEncodeTiled, "cuTensorMapEncodeTiled", PFN_cuTensorMapEncodeTiled_v12000) \
+  X(StreamBeginCapture, "cuStreamBeginCapture", PFN_cuStreamBeginCapture_v10010)      \
+  X(StreamEndCapture, "cuStreamEndCapture", PFN_cuStreamEndCapture_v10000)            \
+  X(GraphInstantiate, "cuGraphInstantiateWithFlags", PFN_cuGraphInstantiateWithFlags_v11040) \
+  X(GraphLaunch, "cuGraphLaunch", PFN_cuGraphLaunch_v10000)                           \
+  X(GraphExecDestroy, "cuGraphExecDestroy", PFN_cuGraphExecDestroy_v10000)            \
+  X(GraphDestroy, "cuGraphDestroy", PFN_cuGraphDestroy_v10000)
 
 struct DriverApi {
 #define TILEJIT_DECLARE_ENTRY_POINT(member, symbol, type) type member = nullptr;

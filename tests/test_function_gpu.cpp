@@ -252,6 +252,67 @@ TEST_CASE("gpu: 8 threads call one Function concurrently on their own streams") 
   CHECK(failures == 0);
 }
 
+TEST_CASE("gpu: TMA GEMMs captured in a CUDA graph replay with their own descriptors after 20 other layouts") {
+  if (!have_gpu()) return;
+  // The descriptors are kernel parameters (decision 052): the graph holds copies, so launches on
+  // other tensors in between (more layouts than the launcher's 16 host sets) cannot change them.
+  Function gemm = default_gemm();
+  const runtime::DriverApi& api = runtime::Driver::get().api();
+  runtime::Stream stream(0);
+  struct Shape3 {
+    int m, n, k;
+  };
+  const std::vector<Shape3> shapes{{256, 256, 128}, {200, 136, 192}, {128, 512, 64}};
+  std::vector<HostTensor> as, bs;
+  std::vector<DeviceTensor> das, dbs, dcs;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Shape3 sh = shapes[i];
+    as.emplace_back(bf16, ir::Shape{sh.m, sh.k});
+    bs.emplace_back(bf16, ir::Shape{sh.n, sh.k});
+    das.push_back(DeviceTensor::empty_like(as.back()));
+    dbs.push_back(DeviceTensor::empty_like(bs.back()));
+    dcs.emplace_back(f32, ir::Shape{sh.m, sh.n});
+    gemm(gemm_grid(sh.m, sh.n), stream.handle(), das[i], dbs[i], dcs[i]);  // warm-up: compiles, loads
+  }
+  stream.synchronize();
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  REQUIRE(api.StreamBeginCapture(stream.handle(), CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  for (size_t i = 0; i < shapes.size(); ++i) gemm(gemm_grid(shapes[i].m, shapes[i].n), stream.handle(), das[i], dbs[i], dcs[i]);
+  REQUIRE(api.StreamEndCapture(stream.handle(), &graph) == CUDA_SUCCESS);
+  REQUIRE(api.GraphInstantiate(&exec, graph, 0) == CUDA_SUCCESS);
+  {  // 20 other layouts through the same kernel
+    std::vector<DeviceTensor> keep;
+    for (int i = 0; i < 20; ++i) {
+      const int m = 64 * (i % 4 + 1), n = 64 * (i % 3 + 1), k = 64 * (i % 5 + 1);
+      keep.emplace_back(bf16, ir::Shape{m, k});
+      keep.emplace_back(bf16, ir::Shape{n, k});
+      keep.emplace_back(f32, ir::Shape{m, n});
+      gemm(gemm_grid(m, n), stream.handle(), keep[keep.size() - 3], keep[keep.size() - 2], keep.back());
+    }
+    stream.synchronize();
+  }
+  for (int replay = 0; replay < 2; ++replay) {
+    for (size_t i = 0; i < shapes.size(); ++i) {  // new inputs in the captured buffers
+      as[i].fill_uniform(100 + 10 * replay + static_cast<int>(i), -1, 1);
+      bs[i].fill_uniform(200 + 10 * replay + static_cast<int>(i), -1, 1);
+      das[i].buffer().upload(as[i].data(), as[i].bytes());
+      dbs[i].buffer().upload(bs[i].data(), bs[i].bytes());
+      dcs[i].poison();
+    }
+    REQUIRE(api.GraphLaunch(exec, stream.handle()) == CUDA_SUCCESS);
+    stream.synchronize();
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      INFO(fmt::format("replay {}, {}x{}x{}", replay, shapes[i].m, shapes[i].n, shapes[i].k));
+      HostTensor ref(f32, {shapes[i].m, shapes[i].n});
+      runtime::interpret(gemm.signature(), gemm_grid(shapes[i].m, shapes[i].n), {as[i], bs[i], ref});
+      CHECK(runtime::rel_error(dcs[i].to_host().to_f64(), ref.to_f64()) <= 1e-5);
+    }
+  }
+  api.GraphExecDestroy(exec);
+  api.GraphDestroy(graph);
+}
+
 TEST_CASE("gpu: the library GEMM with DROPOUT_MASK: C bit-identical to the plain GEMM, the mask the host's bit for bit") {
   if (!have_gpu()) return;
   const library::LibraryKernel* lk = library::find("gemm");

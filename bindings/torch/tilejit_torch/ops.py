@@ -8,6 +8,7 @@ k / v [total_k, H_kv, D] with int32 cu_seqlens, lse [H_q, total_q].
 """
 from __future__ import annotations
 
+import contextlib
 from typing import List, Optional, Tuple
 
 import torch
@@ -82,6 +83,11 @@ def _seed(seed: Tensor) -> int:
     return int(seed.item())
 
 
+def _on(device: torch.device):
+    # (entering torch.cuda.device costs more than the call when it is already current)
+    return contextlib.nullcontext() if torch.cuda.current_device() == device.index else torch.cuda.device(device)
+
+
 def _workspace(nbytes: int, device: torch.device) -> Tuple[Optional[Tensor], int]:
     if nbytes == 0:
         return None, 0
@@ -107,7 +113,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Te
     opts = _options(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
                     document_ids, dropout_p, _seed(seed), True)
     tq, tk, tv, to, tl = _view(q, "q"), _view(k, "k"), _view(v, "v"), _view(out, "out"), _view(lse, "lse")
-    with torch.cuda.device(q.device):
+    with _on(q.device):
         ws, ws_ptr = _workspace(_c.forward_workspace_bytes(tq, tk, opts), q.device)
         _c.forward(tq, tk, tv, to, tl, opts, torch.cuda.current_stream(q.device).cuda_stream, ws_ptr, 0 if ws is None else ws.numel())
     return out, lse
@@ -134,7 +140,7 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
                     document_ids, dropout_p, _seed(seed), deterministic)
     t = {n: _view(x, n) for n, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse), ("dq", dq),
                                      ("dk", dk), ("dv", dv))}
-    with torch.cuda.device(q.device):
+    with _on(q.device):
         ws, ws_ptr = _workspace(_c.backward_workspace_bytes(t["q"], t["k"], opts), q.device)
         _c.backward(t["q"], t["k"], t["v"], t["out"], t["dout"], t["lse"], t["dq"], t["dk"], t["dv"], opts,
                     torch.cuda.current_stream(q.device).cuda_stream, ws_ptr, 0 if ws is None else ws.numel())
