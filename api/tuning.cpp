@@ -64,6 +64,12 @@ TuningConfig registry_default(const std::string& kernel, std::initializer_list<c
   return c;
 }
 
+// `c` with the bool parameters `names` appended, off (they follow warps / stages in the spaces).
+TuningConfig with_flags(TuningConfig c, std::initializer_list<const char*> names) {
+  for (const char* n : names) c.values.emplace_back(n, 0);
+  return c;
+}
+
 // ---- GEMM ------------------------------------------------------------------------------------
 
 // Both operands K-major on sm_90a: the layout the TMA + wgmma pipeline takes (given BLOCK_K = 64
@@ -77,6 +83,9 @@ bool gemm_wgmma(const TuningConfig& c, const TuningContext& ctx) {
   return gemm_tma_layout(ctx) && c.get(mn::kBlockK) == 64 && c.get(mn::kBlockM) % (64 * (c.get("warps") / 4)) == 0 &&
          c.get("warps") % 4 == 0 && (ctx.meta_bool(mn::kBKmajor, false) || c.get(mn::kBlockN) % 64 == 0);
 }
+
+// A bool parameter's value in `c` (configs persisted before the parameter existed lack it: false).
+bool flag(const TuningConfig& c, const char* name) { return c.find(name).value_or(0) != 0; }
 
 int64_t gemm_smem_estimate(const TuningConfig& c, const TuningContext& ctx) {
   const int64_t bm = c.get(mn::kBlockM), bn = c.get(mn::kBlockN), bk = c.get(mn::kBlockK);
@@ -96,7 +105,7 @@ Workload gemm_workload(const TuningConfig& c, const TuningContext& ctx) {
   w.wgmma = gemm_wgmma(c, ctx);
   w.flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   w.programs = tm * tn;
-  w.threads = static_cast<int>(32 * warps);
+  w.threads = static_cast<int>(32 * (warps + (flag(c, mn::kRingProducer) ? 4 : 0)));  // (the producer warpgroup)
   w.mma_flops = 2.0 * static_cast<double>(w.programs) * bm * bn * static_cast<double>(kit * bk);
   w.k_iterations = static_cast<double>(kit);
   w.stages = w.wgmma ? static_cast<int>(stages) : 1;
@@ -149,6 +158,8 @@ runtime::ProblemData gemm_problem(const TuningContext& ctx) {
 runtime::Grid gemm_grid(const TuningConfig& c, const TuningContext& ctx) {
   const int64_t tm = cdiv(runtime::shape_get(ctx.shape, "M"), c.get(mn::kBlockM));
   const int64_t tn = cdiv(runtime::shape_get(ctx.shape, "N"), c.get(mn::kBlockN));
+  // PERSISTENT: one program per multiprocessor (the constraint keeps it to tiles that fit once)
+  if (flag(c, mn::kPersistent)) return {std::min<int64_t>(tm * tn, ctx.sm_count)};
   if (c.get(mn::kGroupM) > 0) return {tm * tn};
   return {tm, tn};
 }
@@ -168,6 +179,15 @@ runtime::TuningSpace make_gemm_space() {
       .param(mn::kGroupM, {0, 8})
       .param("warps", {4, 8})
       .param("stages", {2, 3, 4, 5})
+      .param_bool(mn::kRingProducer)
+      .param_bool(mn::kPersistent)
+      .constrain("RING_PRODUCER only on the TMA + wgmma path (its producer fills that ring)",
+                 [](const TuningConfig& c, const TuningContext& ctx) { return !flag(c, mn::kRingProducer) || gemm_wgmma(c, ctx); })
+      .constrain("PERSISTENT only for tiles of which one program fits a multiprocessor (shared memory above half the limit): "
+                 "its grid has one program per multiprocessor",
+                 [](const TuningConfig& c, const TuningContext& ctx) {
+                   return !flag(c, mn::kPersistent) || 2 * gemm_smem_estimate(c, ctx) > ctx.smem_limit;
+                 })
       .constrain("BLOCK_K = 64 on the TMA + wgmma path (128-byte swizzled K rows)",
                  [](const TuningConfig& c, const TuningContext& ctx) { return !gemm_tma_layout(ctx) || c.get(mn::kBlockK) == 64; })
       .constrain("BLOCK_M divisible by 64 x warpgroups (wgmma path)",
@@ -195,7 +215,8 @@ runtime::TuningSpace make_gemm_space() {
            [](std::span<const DeviceArg> a, const lang::Meta& fixed) {
              return arg_size(a, 0, meta_bool_of(fixed, mn::kAKmajor, true) ? 1 : 0, "gemm");
            })
-      .default_config(registry_default("gemm", {mn::kBlockM, mn::kBlockN, mn::kBlockK, mn::kGroupM}))
+      .default_config(with_flags(registry_default("gemm", {mn::kBlockM, mn::kBlockN, mn::kBlockK, mn::kGroupM}),
+                                 {mn::kRingProducer, mn::kPersistent}))
       .workload(gemm_workload)
       .problem(gemm_problem)
       .grid(gemm_grid);

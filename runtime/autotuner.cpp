@@ -228,7 +228,7 @@ TunedKernel::Entry& TunedKernel::entry_for(std::span<const DeviceArg> args, Shap
   TuneResult r = tuner.choose(shape, fixed_);
   auto e = std::make_unique<Entry>();
   e->config = r.best;
-  e->fn = std::make_unique<Function>(space_.kernel(), layer_meta(r.best.meta(), fixed_), r.best.options(opts_.base), device_);
+  e->fn = std::make_unique<Function>(space_.kernel(), layer_meta(space_.meta_of(r.best), fixed_), r.best.options(opts_.base), device_);
   entries_.push_back({bucket, std::move(e)});
   return *entries_.back().second;
 }

@@ -149,6 +149,19 @@ TuningSpace& TuningSpace::param(std::string name, std::vector<int64_t> values) {
   return *this;
 }
 
+TuningSpace& TuningSpace::param_bool(std::string name) {
+  bool_params_.push_back(name);
+  return param(std::move(name), {0, 1});
+}
+
+lang::Meta TuningSpace::meta_of(const TuningConfig& c) const {
+  lang::Meta m = c.meta();
+  for (auto& [name, value] : m)
+    if (std::find(bool_params_.begin(), bool_params_.end(), name) != bool_params_.end())
+      if (const int64_t* v = std::get_if<int64_t>(&value)) value = *v != 0;
+  return m;
+}
+
 TuningSpace& TuningSpace::constrain(std::string description, std::function<bool(const TuningConfig&, const TuningContext&)> holds) {
   constraints_.push_back({std::move(description), std::move(holds)});
   return *this;
@@ -253,7 +266,7 @@ Grid TuningSpace::grid_of(const TuningConfig& c, const TuningContext& ctx) const
 }
 
 ir::Function TuningSpace::build_ir(const TuningConfig& c, const lang::Meta& fixed) const {
-  return kernel().build(layer_meta(c.meta(), fixed));
+  return kernel().build(layer_meta(meta_of(c), fixed));
 }
 
 }  // namespace tilejit::runtime

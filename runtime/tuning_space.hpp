@@ -127,6 +127,8 @@ class TuningSpace {
 
   // ---- declaration (chainable) ----
   TuningSpace& param(std::string name, std::vector<int64_t> values);  // meta, or "warps"/"stages"
+  // A bool meta-parameter (values 0 and 1 in configs and their ids; a bool in the kernel's meta).
+  TuningSpace& param_bool(std::string name);
   TuningSpace& constrain(std::string description, std::function<bool(const TuningConfig&, const TuningContext&)> holds);
   TuningSpace& key(std::string name, Bucketing b,
                    std::function<int64_t(std::span<const DeviceArg>, const lang::Meta&)> extract = {});
@@ -166,11 +168,14 @@ class TuningSpace {
   Grid grid_of(const TuningConfig& c, const TuningContext& ctx) const;
   // The specialised tile IR for `c` (the fixed meta under the config's).
   ir::Function build_ir(const TuningConfig& c, const lang::Meta& fixed) const;
+  // `c`'s meta-parameters as the kernel reads them (bool parameters as bools).
+  lang::Meta meta_of(const TuningConfig& c) const;
 
  private:
   std::string kernel_;
   const lang::Kernel& (*build_)();
   std::vector<std::pair<std::string, std::vector<int64_t>>> params_;
+  std::vector<std::string> bool_params_;
   std::vector<Constraint> constraints_;
   std::vector<KeyArg> key_;
   TuningConfig default_;

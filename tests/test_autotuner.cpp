@@ -144,7 +144,7 @@ TEST_CASE("spaces: enumeration in declaration order under constraints, with reas
 
 TEST_CASE("spaces: the GEMM space's constraints") {
   const TuningSpace& s = library::gemm_tuning_space();
-  CHECK(s.size() == 3 * 3 * 2 * 2 * 2 * 4);
+  CHECK(s.size() == 3 * 3 * 2 * 2 * 2 * 4 * 2 * 2);  // (tiles, BLOCK_K, GROUP_M, warps, stages, RING_PRODUCER, PERSISTENT)
   TuningContext ctx;
   ctx.shape = {{"M", 4096}, {"N", 4096}, {"K", 4096}};
   ctx.fixed = library::library_fixed_meta("gemm", {});
@@ -157,6 +157,32 @@ TEST_CASE("spaces: the GEMM space's constraints") {
     CHECK(c.get("BLOCK_M") * c.get("BLOCK_N") / (32 * c.get("warps")) <= 128);
   }
   CHECK(std::find(tma.begin(), tma.end(), s.default_config()) != tma.end());
+  // The producer and persistent variants (decision 051) are in the space, producer only on the TMA
+  // path, persistent only for tiles of one program per SM (its grid: min(tiles, SMs)); their
+  // meta reaches the kernel as bools.
+  const auto has = [&](const char* name) {
+    return std::any_of(tma.begin(), tma.end(), [&](const TuningConfig& c) { return c.get(name) == 1; });
+  };
+  CHECK(has("RING_PRODUCER"));
+  CHECK(has("PERSISTENT"));
+  CHECK(s.default_config().get("RING_PRODUCER") == 0);
+  CHECK(s.default_config().get("PERSISTENT") == 0);
+  for (const TuningConfig& c : tma)
+    if (c.get("PERSISTENT") == 1) {
+      CHECK(2 * (c.get("stages") * (c.get("BLOCK_M") + c.get("BLOCK_N")) * 64 * 2 + 1024) > ctx.smem_limit);
+      CHECK(s.grid_of(c, ctx).x == std::min<int64_t>(ctx.sm_count, (4096 / c.get("BLOCK_M")) * (4096 / c.get("BLOCK_N"))));
+    }
+  TuningConfig both = s.default_config();
+  for (auto& [name, value] : both.values)
+    if (name == "RING_PRODUCER" || name == "PERSISTENT") value = 1;
+  const lang::Meta meta = s.meta_of(both);
+  for (const auto& [name, value] : meta)
+    if (name == "RING_PRODUCER" || name == "PERSISTENT") CHECK(std::get<bool>(value));
+  const ir::Function built = s.build_ir(both, ctx.fixed);  // the kernel reads them as bools (a type error otherwise)
+  CHECK(std::any_of(built.meta.begin(), built.meta.end(), [](const ir::MetaEntry& m) { return m.name == "PERSISTENT"; }));
+  ctx.fixed = library::library_fixed_meta("gemm", {{"A_KMAJOR", false}});
+  for (const TuningConfig& c : s.enumerate(ctx)) CHECK(c.get("RING_PRODUCER") == 0);  // the generic path has no ring
+  ctx.fixed = library::library_fixed_meta("gemm", {});
   // B given as B[K,N] (MN-major) also takes the TMA path: the same constraints.
   ctx.fixed = library::library_fixed_meta("gemm", {{"B_KMAJOR", false}});
   std::vector<TuningConfig> mn = s.enumerate(ctx);
