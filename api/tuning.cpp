@@ -273,8 +273,24 @@ runtime::TuningSpace make_attention_space() {
       .param(mn::kBlockN, {32, 64, 128})
       .param("warps", {4, 8})
       .param("stages", {2, 3})
-      .constrain("BLOCK_N <= HEAD_DIM",
-                 [](const TuningConfig& c, const TuningContext& ctx) { return c.get(mn::kBlockN) <= runtime::shape_get(ctx.shape, "D"); })
+      // the API's own schedule choices (attention::default_schedule, ForwardConfig): D 64 caps
+      // registers for two programs per SM and normalises by rcp; D 128 walks the tiles on a
+      // persistent grid (decisions 004, 050)
+      .param(std::string(runtime::kMinProgramsParam), {0, 2})
+      .param_bool(mn::kExactNormalize)
+      .param_bool(mn::kPersistent)
+      .constrain("min_programs = 2 only with 8 warps (two programs of 256 threads per SM)",
+                 [](const TuningConfig& c, const TuningContext&) { return c.get(runtime::kMinProgramsParam) == 0 || c.get("warps") == 8; })
+      .constrain("PERSISTENT only where the kernel has its ring producer: HEAD_DIM 128, 128 x 128 tiles on 8 warps, no cap",
+                 [](const TuningConfig& c, const TuningContext& ctx) {
+                   return !flag(c, mn::kPersistent) ||
+                          (runtime::shape_get(ctx.shape, "D") == 128 && c.get(mn::kBlockM) == 128 && c.get(mn::kBlockN) == 128 &&
+                           c.get("warps") == 8 && c.get(runtime::kMinProgramsParam) == 0);
+                 })
+      // (D 64 runs 128 x 128 in the API: BLOCK_N may exceed HEAD_DIM; at D 256, S and O beside each
+      // other leave room for 64 keys per block, as the API's D 256 schedule)
+      .constrain("BLOCK_N <= 64 at HEAD_DIM 256",
+                 [](const TuningConfig& c, const TuningContext& ctx) { return runtime::shape_get(ctx.shape, "D") < 256 || c.get(mn::kBlockN) <= 64; })
       .constrain("the f32 output accumulator fits in registers: BLOCK_M x HEAD_DIM / threads <= 128",
                  [](const TuningConfig& c, const TuningContext& ctx) {
                    return c.get(mn::kBlockM) * runtime::shape_get(ctx.shape, "D") / (32 * c.get("warps")) <= 128;
@@ -288,12 +304,21 @@ runtime::TuningSpace make_attention_space() {
       .key("H", Bucketing::pow2(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 1, "attention_fwd"); })
       .key("S", Bucketing::pow2(64), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 2, "attention_fwd"); })
       .key("D", Bucketing::exact(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 3, "attention_fwd"); })
-      .default_config({{{mn::kBlockM, 128}, {mn::kBlockN, 64}, {"warps", 8}, {"stages", 2}}})
+      .default_config({{{mn::kBlockM, 128},
+                        {mn::kBlockN, 64},
+                        {"warps", 8},
+                        {"stages", 2},
+                        {std::string(runtime::kMinProgramsParam), 0},
+                        {mn::kExactNormalize, 1},
+                        {mn::kPersistent, 0}}})
       .workload(attention_workload)
       .problem(attention_problem)
       .grid([](const TuningConfig& c, const TuningContext& ctx) {
-        return runtime::Grid{cdiv(runtime::shape_get(ctx.shape, "S"), c.get(mn::kBlockM)), runtime::shape_get(ctx.shape, "H"),
-                             runtime::shape_get(ctx.shape, "B")};
+        const int64_t tiles_m = cdiv(runtime::shape_get(ctx.shape, "S"), c.get(mn::kBlockM));
+        const int64_t H = runtime::shape_get(ctx.shape, "H"), B = runtime::shape_get(ctx.shape, "B");
+        // PERSISTENT: one program per SM walks the tiles (the producer kernel fits once per SM)
+        if (flag(c, mn::kPersistent)) return runtime::Grid{std::min<int64_t>(tiles_m * H * B, ctx.sm_count)};
+        return runtime::Grid{tiles_m, H, B};
       });
   return s;
 }

@@ -30,13 +30,14 @@ std::string TuningConfig::id() const {
 lang::Meta TuningConfig::meta() const {
   lang::Meta m;
   for (const auto& [n, v] : values)
-    if (n != kWarpsParam && n != kStagesParam) m.push_back({n, v});
+    if (n != kWarpsParam && n != kStagesParam && n != kMinProgramsParam) m.push_back({n, v});
   return m;
 }
 
 jit::CompileOptions TuningConfig::options(jit::CompileOptions base) const {
   if (auto w = find(kWarpsParam)) base.num_warps = static_cast<int>(*w);
   if (auto s = find(kStagesParam)) base.pipeline.stages = static_cast<int>(*s);
+  if (auto p = find(kMinProgramsParam)) base.min_programs_per_sm = static_cast<int>(*p);
   return base;
 }
 

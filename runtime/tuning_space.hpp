@@ -22,6 +22,8 @@ namespace tilejit::runtime {
 // meta-parameter of the kernel).
 inline constexpr std::string_view kWarpsParam = "warps";
 inline constexpr std::string_view kStagesParam = "stages";
+// CompileOptions::min_programs_per_sm (0: no bound): registers capped for that many programs per SM.
+inline constexpr std::string_view kMinProgramsParam = "min_programs";
 
 // One point of a space: a value for every tuned parameter, in the space's declaration order.
 struct TuningConfig {
@@ -33,9 +35,9 @@ struct TuningConfig {
   // "BLOCK_M=128,BLOCK_N=256,warps=8,stages=4": the identity persisted per config, stable for a
   // given set of values (declaration order).
   std::string id() const;
-  // The meta-parameters (every value but warps/stages), to layer over the call's fixed meta.
+  // The meta-parameters (every value but warps / stages / min_programs), to layer over the call's fixed meta.
   lang::Meta meta() const;
-  // `base` with warps/stages set from the config where it has them.
+  // `base` with warps / stages / min_programs set from the config where it has them.
   jit::CompileOptions options(jit::CompileOptions base = {}) const;
   bool operator==(const TuningConfig&) const = default;
 };

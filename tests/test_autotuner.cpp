@@ -15,6 +15,7 @@
 #include <set>
 
 #include "api/tuning.hpp"
+#include "jit/compile.hpp"
 #include "child_process.hpp"
 #include "test_kernels.hpp"
 
@@ -206,7 +207,51 @@ TEST_CASE("spaces: the GEMM space's constraints") {
   TuningContext actx;
   actx.shape = {{"B", 2}, {"H", 8}, {"S", 1024}, {"D", 64}};
   actx.fixed = library::library_fixed_meta("attention_fwd", {{"HEAD_DIM", 64}});
+  std::vector<TuningConfig> a64 = library::attention_fwd_tuning_space().enumerate(actx);
+  CHECK(std::any_of(a64.begin(), a64.end(), [](const TuningConfig& c) { return c.get("BLOCK_N") == 128; }));  // the API's D 64 tile
+  actx.shape = {{"B", 1}, {"H", 8}, {"S", 1024}, {"D", 256}};
+  actx.fixed = library::library_fixed_meta("attention_fwd", {{"HEAD_DIM", 256}});
   for (const TuningConfig& c : library::attention_fwd_tuning_space().enumerate(actx)) CHECK(c.get("BLOCK_N") <= 64);
+}
+
+TEST_CASE("spaces: the attention space reaches the API's own schedules (issue 29)") {
+  const TuningSpace& s = library::attention_fwd_tuning_space();
+  const auto config = [&](int64_t bn, int64_t min_programs, bool exact, bool persistent) {
+    TuningConfig c = s.default_config();
+    for (auto& [name, value] : c.values) {
+      if (name == "BLOCK_N") value = bn;
+      if (name == "min_programs") value = min_programs;
+      if (name == "EXACT_NORMALIZE") value = exact;
+      if (name == "PERSISTENT") value = persistent;
+    }
+    return c;
+  };
+  TuningContext ctx;
+  // D 64: 128 x 128 on 8 warps, two programs per SM, rcp normalisation (attention::default_schedule)
+  ctx.shape = {{"B", 2}, {"H", 32}, {"S", 8192}, {"D", 64}};
+  ctx.fixed = library::library_fixed_meta("attention_fwd", {{"HEAD_DIM", 64}});
+  std::vector<TuningConfig> d64 = s.enumerate(ctx);
+  const TuningConfig api64 = config(128, 2, false, false);
+  CHECK(std::find(d64.begin(), d64.end(), api64) != d64.end());
+  CHECK(api64.options().min_programs_per_sm == 2);
+  CHECK(api64.meta().size() == 4);  // BLOCK_M, BLOCK_N, EXACT_NORMALIZE, PERSISTENT (not min_programs)
+  for (const TuningConfig& c : d64) CHECK(c.get("PERSISTENT") == 0);  // no producer at D 64
+  // D 128: 128 x 128 on 8 warps, the ring producer's kernel on a persistent grid
+  ctx.shape = {{"B", 4}, {"H", 16}, {"S", 4096}, {"D", 128}};
+  ctx.fixed = library::library_fixed_meta("attention_fwd", {{"HEAD_DIM", 128}});
+  std::vector<TuningConfig> d128 = s.enumerate(ctx);
+  const TuningConfig api128 = config(128, 0, true, true);
+  REQUIRE(std::find(d128.begin(), d128.end(), api128) != d128.end());
+  CHECK(s.grid_of(api128, ctx).x == ctx.sm_count);  // 32 x 16 x 4 tiles, one program per SM
+  CHECK(s.grid_of(config(128, 0, true, false), ctx).x == 32);
+  for (const TuningConfig& c : d128)
+    if (c.get("PERSISTENT") == 1) CHECK((c.get("BLOCK_M") == 128 && c.get("BLOCK_N") == 128 && c.get("warps") == 8));
+  // the persistent config lowers (the kernel reads PERSISTENT / EXACT_NORMALIZE as bools)
+  jit::CompileOptions o = api128.options();
+  o.make_cubin = false;
+  const jit::CompiledKernel k = jit::compile(s.build_ir(api128, ctx.fixed), o);
+  CHECK(k.num_threads == 384);  // 8 consumer warps + the ring producer
+  CHECK(k.ptx.find("setmaxnreg") != std::string::npos);
 }
 
 TEST_CASE("keys: bucketing per argument") {
