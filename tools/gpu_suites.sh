@@ -2,8 +2,9 @@
 # On the GPU machine, from the repository root, after tools/pack_gpu.sh (carry .gpu): every GPU
 # check in one command, each log under OUT (default $OUT, else /tmp/gpu-suites), one summary line
 # per step on stdout. Multi-GPU steps run when there are 2+ GPUs (on an x4 machine they also cover
-# W = 2). Steps (all by default but `tables`; or name some): suites bundle fuzz examples cp cpbench
-# tables (bench/attention.py beside SDPA: bf16, --gqa 4, --dtype f16; ~100 s each; TABLES= to pick)
+# W = 2). Steps (all by default but `tables`; or name some): suites bundle fuzz examples torch cp
+# cpbench tables (bench/attention.py beside SDPA: bf16, --gqa 4, --dtype f16; ~100 s each; TABLES= to
+# pick). torch: bindings/torch's GPU tests and its per-call cost (needs PyTorch on the machine).
 #   tools/gpu_suites.sh [STEP ...]          FUZZ_SEEDS=A:B (default 700000:720000), FUZZ_TIME=seconds
 set -u
 OUT=${OUT:-/tmp/gpu-suites}
@@ -11,7 +12,7 @@ mkdir -p "$OUT"
 cd .gpu || exit 2
 export LD_LIBRARY_PATH=$PWD TILEJIT_CACHE_DIR=${TILEJIT_CACHE_DIR:-/tmp/tilejit-gpu-suites} TILEJIT_QUIET=1 NCCL_NVLS_ENABLE=0
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(suites bundle fuzz examples cp cpbench)
+[ ${#steps[@]} -eq 0 ] && steps=(suites bundle fuzz examples torch cp cpbench)
 gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 echo "commit $(cat COMMIT); $gpus x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 summary() { grep -E "test cases:|Status:" "$1" | tail -2 | tr '\n' ' '; }
@@ -34,6 +35,11 @@ for step in "${steps[@]}"; do
       for e in cumsum_row topk_logits argmax_rows histogram_atomic layernorm softmax_xent; do
         timeout 120 ./$e > "$OUT/example_$e.log" 2>&1; echo "$e rc=$?: $(tr '\n' ' ' < "$OUT/example_$e.log" | tail -c 400)"
       done ;;
+    torch)  # tilejit_torch (bindings/torch) over this build's libtilejit_c
+      (cd .. && TILEJIT_C_LIBRARY=$PWD/.gpu/libtilejit_c.so timeout 400 python3 bindings/torch/tests/test_torch_gpu.py > "$OUT/torch.log" 2>&1)
+      echo "torch tests rc=$? $(( $(date +%s) - start ))s: $(grep -E '^(Ran|OK|FAILED|SKIPPED)' "$OUT/torch.log" | tr '\n' ' ')"
+      (cd .. && TILEJIT_C_LIBRARY=$PWD/.gpu/libtilejit_c.so timeout 300 python3 bench/torch_overhead.py > "$OUT/torch_overhead.md" 2>&1)
+      echo "torch_overhead rc=$?"; grep "^|" "$OUT/torch_overhead.md" ;;
     cp)
       if [ "$gpus" -lt 2 ]; then echo "cp: skipped ($gpus GPU)"; continue; fi
       timeout 300 ./test_nccl_gpu > "$OUT/nccl_gpu.log" 2>&1; echo "test_nccl_gpu rc=$? $(summary "$OUT/nccl_gpu.log")"
@@ -53,6 +59,6 @@ for step in "${steps[@]}"; do
            > "$OUT/table_$v.log" 2>&1)
         echo "table $v rc=$? $(( $(date +%s) - start ))s"; grep "^|" "$OUT/table_$v.log" | tail -20
       done ;;
-    *) echo "unknown step $step (valid: suites bundle fuzz examples cp cpbench tables)"; exit 2 ;;
+    *) echo "unknown step $step (valid: suites bundle fuzz examples torch cp cpbench tables)"; exit 2 ;;
   esac
 done
