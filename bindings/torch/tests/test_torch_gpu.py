@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import tilejit_torch as tj  # noqa: E402
 
 
-def reference(q, k, v, causal=False, scale=None, window=(-1, -1), doc=None, cu_q=None, cu_k=None):
+def reference(q, k, v, causal=False, scale=None, window=(-1, -1), doc=None, cu_q=None, cu_k=None, alibi=None, softcap=0.0):
     """float32 attention on [B, S, H, D] (or packed varlen) tensors, GQA by repeating K/V heads."""
     if cu_q is not None:
         outs = []
@@ -39,6 +39,10 @@ def reference(q, k, v, causal=False, scale=None, window=(-1, -1), doc=None, cu_q
     sq, sk = q.shape[2], k.shape[2]
     i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
     j = torch.arange(sk, device=q.device)[None, :]
+    if softcap > 0.0:
+        s = softcap * torch.tanh(s / softcap)
+    if alibi is not None:  # slope[h] * (key - query position)
+        s = s + alibi.float()[None, :, None, None] * (j - i).float()[None, None]
     allowed = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
     if causal:
         allowed &= j <= i
@@ -64,7 +68,9 @@ def rel(a, b):
 
 class Values(unittest.TestCase):
     def check(self, q, k, v, tol=2e-2, **kw):
-        ref_kw = {key: kw[key] for key in ("causal", "window") if key in kw}
+        ref_kw = {key: kw[key] for key in ("causal", "window", "softcap") if key in kw}
+        if "alibi_slopes" in kw:
+            ref_kw["alibi"] = kw["alibi_slopes"]
         if "document_ids" in kw:
             ref_kw["doc"] = kw["document_ids"]
         fn_kw = dict(kw)
@@ -100,6 +106,17 @@ class Values(unittest.TestCase):
                                       device="cuda"))[None]
         q, k, v = rand(1, 256, 2, 64), rand(1, 256, 2, 64), rand(1, 256, 2, 64)
         self.check(q, k, v, document_ids=doc, causal=True)
+
+    def test_score_mods(self):
+        q, k, v = rand(2, 256, 4, 64), rand(2, 256, 4, 64), rand(2, 256, 4, 64)
+        slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device="cuda", dtype=torch.float32)
+        self.check(q, k, v, causal=True, alibi_slopes=slopes)
+        q, k, v = rand(2, 256, 4, 128), rand(2, 256, 4, 128), rand(2, 256, 4, 128)
+        with torch.no_grad():
+            q.mul_(4.0)  # scores large enough that the cap bends them
+        self.check(q, k, v, softcap=5.0)
+        with self.assertRaisesRegex(ValueError, "alibi_slopes and softcap"):
+            tj.flash_attn_func(q, k, v, alibi_slopes=torch.ones(4, device="cuda"), softcap=5.0)
 
     def test_varlen(self):
         lens = [70, 129, 33]

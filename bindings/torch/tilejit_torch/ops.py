@@ -44,8 +44,18 @@ def _check_capture(op: str, dropout_p: float) -> None:
 
 def _options(q: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
              softmax_scale: float, causal: bool, window_left: int, window_right: int, document_ids: Optional[Tensor],
-             dropout_p: float, seed: int, deterministic: bool) -> _c.Options:
+             dropout_p: float, seed: int, deterministic: bool, alibi_slopes: Optional[Tensor] = None,
+             softcap: float = 0.0) -> _c.Options:
     o = _c.Options()
+    # score mods (the library's: ALiBi adds slope[h] * (key - query position); soft-capping
+    # cap * tanh(score / cap)), on q . k * scale before the mask and the softmax
+    if alibi_slopes is not None and softcap > 0.0:
+        raise _c.TilejitArgumentError("tilejit_torch: alibi_slopes and softcap together are not supported; use one")
+    if alibi_slopes is not None:
+        o.score_mod = 1
+        o.set_tensor("alibi_slopes", _view(alibi_slopes, "alibi_slopes"))
+    elif softcap > 0.0:
+        o.score_mod, o.softcap = 2, softcap
     o.has_softmax_scale, o.softmax_scale = 1, softmax_scale
     if cu_seqlens_q is not None:
         o.set_tensor("cu_seqlens_q", _view(cu_seqlens_q, "cu_seqlens_q"))
@@ -103,7 +113,7 @@ def _lse_shape(q: Tensor, varlen: bool) -> List[int]:
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                       max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
                       window_right: int, document_ids: Optional[Tensor], dropout_p: float, seed: Tensor,
-                      deterministic: bool) -> Tuple[Tensor, Tensor]:
+                      deterministic: bool, alibi_slopes: Optional[Tensor] = None, softcap: float = 0.0) -> Tuple[Tensor, Tensor]:
     # (deterministic: the backward's dQ reduction, kept for autograd; the forward is deterministic)
     _check_capture("attention_forward", dropout_p)
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
@@ -111,7 +121,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Te
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q, varlen), dtype=torch.float32, device=q.device)
     opts = _options(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-                    document_ids, dropout_p, _seed(seed), True)
+                    document_ids, dropout_p, _seed(seed), True, alibi_slopes, softcap)
     tq, tk, tv, to, tl = _view(q, "q"), _view(k, "k"), _view(v, "v"), _view(out, "out"), _view(lse, "lse")
     with _on(q.device):
         ws, ws_ptr = _workspace(_c.forward_workspace_bytes(tq, tk, opts), q.device)
@@ -121,7 +131,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Te
 
 @attention_forward.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-      document_ids, dropout_p, seed, deterministic):
+      document_ids, dropout_p, seed, deterministic, alibi_slopes=None, softcap=0.0):
     varlen = cu_seqlens_q is not None
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
 
@@ -130,14 +140,15 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_s
 def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
                        cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
                        window_left: int, window_right: int, document_ids: Optional[Tensor], dropout_p: float, seed: Tensor,
-                       deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                       deterministic: bool, alibi_slopes: Optional[Tensor] = None,
+                       softcap: float = 0.0) -> Tuple[Tensor, Tensor, Tensor]:
     _check_capture("attention_backward", dropout_p)
     q, k, v, out, dout = _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(out), _unit_last(dout)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     opts = _options(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-                    document_ids, dropout_p, _seed(seed), deterministic)
+                    document_ids, dropout_p, _seed(seed), deterministic, alibi_slopes, softcap)
     t = {n: _view(x, n) for n, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse), ("dq", dq),
                                      ("dk", dk), ("dv", dv))}
     with _on(q.device):
@@ -149,29 +160,29 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
 
 @attention_backward.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-      window_right, document_ids, dropout_p, seed, deterministic):
+      window_right, document_ids, dropout_p, seed, deterministic, alibi_slopes=None, softcap=0.0):
     def like(x):
         return torch.empty_like(x, memory_format=torch.contiguous_format)
     return like(q), like(k), like(v)
 
 
-# Autograd: the forward's inputs after q, k, v (cu_seqlens ... deterministic) get no gradient.
-_FORWARD_EXTRA = 12
+# Autograd: the forward's inputs after q, k, v (cu_seqlens ... softcap) get no gradient.
+_FORWARD_EXTRA = 14
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, doc, p, seed, deterministic = inputs
+    q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, doc, p, seed, deterministic, slopes, softcap = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, doc, seed)
-    ctx.params = (max_q, max_k, scale, causal, wl, wr, p)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, doc, seed, slopes)
+    ctx.params = (max_q, max_k, scale, causal, wl, wr, p, softcap)
     ctx.deterministic = deterministic
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_q, cu_k, doc, seed = ctx.saved_tensors
-    max_q, max_k, scale, causal, wl, wr, p = ctx.params
+    q, k, v, out, lse, cu_q, cu_k, doc, seed, slopes = ctx.saved_tensors
+    max_q, max_k, scale, causal, wl, wr, p, softcap = ctx.params
     dq, dk, dv = attention_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, doc, p, seed,
-                                    ctx.deterministic)
+                                    ctx.deterministic, slopes, softcap)
     return (dq, dk, dv) + (None,) * _FORWARD_EXTRA
 
 
