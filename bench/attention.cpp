@@ -636,9 +636,7 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps, const std::str
           bool persistent = false;
           for (const auto& [name, value] : fns[i].meta())
             if (name == mn::kPersistent) persistent = std::get<bool>(value);
-          grids[i] = persistent ? runtime::Grid{std::min<int64_t>(tiles, int64_t{runtime::Driver::get().props(0).sm_count} *
-                                                                             std::max(1, fns[i].gpu_kernel().max_resident_per_sm()))}
-                                : runtime::Grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()};
+          grids[i] = persistent ? fns[i].gpu_kernel().persistent_grid(tiles) : runtime::Grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()};
         }
         const AbResult r = ab_measure_grids(fns, grids, stream, args, {&buf.o}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
         const double f = c.fwd_flops(), a = r.off_ms, b = r.on_ms;

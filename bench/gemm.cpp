@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
       if (ck.smem_bytes > static_cast<int64_t>(driver.props(0).smem_per_block_optin)) continue;
       runtime::GpuKernel k(fn, std::move(ck));
       const int64_t tiles = lang::cdiv(M, c.bm) * lang::cdiv(N, c.bn);
-      runtime::Grid grid{c.persistent ? std::min<int64_t>(tiles, driver.props(0).sm_count) : tiles};
+      const runtime::Grid grid = c.persistent ? k.persistent_grid(tiles) : runtime::Grid{tiles};
       k(grid, {da, db, dc});
       runtime::Event e0, e1;
       for (int i = 0; i < 3; ++i) k(grid, {da, db, dc});

@@ -492,6 +492,11 @@ GpuKernel::GpuKernel(const ir::Function& signature, jit::CompiledKernel compiled
   }
 }
 
+Grid GpuKernel::persistent_grid(int64_t items) const {
+  const int64_t resident = int64_t{Driver::get().props(device_).sm_count} * std::max(1, resident_per_sm_);
+  return Grid{std::max<int64_t>(1, std::min(resident, items))};
+}
+
 GpuKernel::GpuKernel(GpuKernel&&) noexcept = default;
 GpuKernel& GpuKernel::operator=(GpuKernel&&) noexcept = default;
 GpuKernel::~GpuKernel() = default;

@@ -172,6 +172,9 @@ class GpuKernel {
   // Blocks of this kernel one multiprocessor holds at once (its threads and dynamic shared memory).
   // Queried once, when the kernel is loaded.
   int max_resident_per_sm() const { return resident_per_sm_; }
+  // A persistent grid of this kernel (1-D): as many programs as the device holds at once (SMs x
+  // resident blocks per SM), no more than `items`, at least one.
+  Grid persistent_grid(int64_t items) const;
   int device() const { return device_; }
 
  private:

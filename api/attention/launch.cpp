@@ -44,12 +44,9 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
   const Config c = config(Pass::forward, q, d, opts);
   Function& fn = function_for(c);
   runtime::Grid grid{lang::cdiv(d.seq_q, c.sch.block_m), d.heads_q, d.batch};
-  if (c.persistent) {  // PERSISTENT: as many programs as are resident at once, no more than tiles
-    auto& drv = runtime::Driver::get();
-    int64_t resident = 1;  // (without a GPU: only the dry launches use the grid)
-    if (drv.available()) resident = int64_t{drv.props(q.device).sm_count} * std::max(1, fn.gpu_kernel().max_resident_per_sm());
-    grid = {std::max<int64_t>(1, std::min(resident, grid.x * grid.y * grid.z)), 1, 1};
-  }
+  // PERSISTENT: as many programs as are resident at once, no more than tiles (without a GPU one:
+  // only the dry launches use the grid)
+  if (c.persistent) grid = runtime::Driver::get().available() ? fn.gpu_kernel().persistent_grid(grid.x * grid.y * grid.z) : runtime::Grid{1};
   // The launches at a workspace base: the pre-pass (masks without tile intervals), the forward.
   const auto bind = [&](uint64_t base) {
     KernelArgs a;
@@ -130,10 +127,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     const kernels::BwdProblem model{.seq_q = static_cast<int>(d.seq_q), .seq_k = static_cast<int>(d.seq_k), .block_m = kv.sch.block_m,
                                     .block_n = kv.sch.block_n, .mask = d.causal ? kernels::BwdMask::causal : kernels::BwdMask::full};
     const int64_t items = d.batch * d.heads_kv * kernels::items_per_head(model);
-    auto& drv = runtime::Driver::get();
-    int64_t resident = 1;  // (without a GPU: only the dry launches use the grid)
-    if (drv.available()) resident = int64_t{drv.props(q.device).sm_count} * std::max(1, kv_fn.gpu_kernel().max_resident_per_sm());
-    kv_grid = {std::max<int64_t>(1, std::min(resident, items)), 1, 1};
+    kv_grid = runtime::Driver::get().available() ? kv_fn.gpu_kernel().persistent_grid(items) : runtime::Grid{1};  // (dry: one)
   }
   const auto run = [&](uint64_t base, bool dry) {
     const KernelArgs args = bind(base);
