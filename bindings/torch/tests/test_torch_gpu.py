@@ -140,6 +140,25 @@ class Values(unittest.TestCase):
         self.assertTrue(torch.equal(grads[0], grads[1]))  # deterministic: bit-identical
         self.assertLess(rel(grads[2], grads[0]), 1e-2)
 
+    def test_randomized_sweep(self):
+        # 100 cases: dtypes, D 64 / 128, GQA groups, ragged S_q != S_k, causal, windows (S_q == S_k)
+        g = torch.Generator().manual_seed(1234)
+
+        def pick(options):
+            return options[int(torch.randint(len(options), (1,), generator=g))]
+
+        for case in range(100):
+            dtype, d = pick([torch.bfloat16, torch.float16]), pick([64, 128])
+            b, h_kv, group = pick([1, 2]), pick([1, 2]), pick([1, 2, 4])
+            sq = int(torch.randint(1, 300, (1,), generator=g))
+            sk = sq if case % 3 == 0 else int(torch.randint(1, 300, (1,), generator=g))
+            kw = {"causal": bool(case % 2)}
+            if sq == sk and case % 5 == 0:
+                kw["window"] = (int(torch.randint(0, 64, (1,), generator=g)), -1 if kw["causal"] else 16)
+            with self.subTest(case=case, dtype=dtype, d=d, b=b, h_kv=h_kv, group=group, sq=sq, sk=sk, **kw):
+                self.check(rand(b, sq, h_kv * group, d, dtype=dtype), rand(b, sk, h_kv, d, dtype=dtype),
+                           rand(b, sk, h_kv, d, dtype=dtype), **kw)
+
     def test_dropout_seeds(self):
         q, k, v = (rand(1, 256, 2, 64).detach() for _ in range(3))
         a = tj.flash_attn_func(q, k, v, dropout_p=0.2, seed=7)
@@ -167,6 +186,22 @@ class Integration(unittest.TestCase):
         bargs = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), None, None, 0, 0, 0.125, True, -1,
                  -1, None, 0.0, seed, True)
         torch.library.opcheck(torch.ops.tilejit.attention_backward.default, bargs)
+
+    def test_opcheck_varlen_gqa_masks(self):
+        seed = torch.zeros((), dtype=torch.int64)
+        # GQA with a window
+        q, k, v = rand(1, 128, 4, 64), rand(1, 128, 2, 64), rand(1, 128, 2, 64)
+        torch.library.opcheck(torch.ops.tilejit.attention_forward.default,
+                              (q, k, v, None, None, 0, 0, 0.125, False, 32, 8, None, 0.0, seed, True))
+        # document ids (a mask with block lists: the forward's workspace)
+        doc = torch.tensor([[0] * 50 + [1] * 78], device="cuda", dtype=torch.int32)
+        torch.library.opcheck(torch.ops.tilejit.attention_forward.default,
+                              (q, k, v, None, None, 0, 0, 0.125, True, -1, -1, doc, 0.0, seed, True))
+        # varlen
+        cu = torch.tensor([0, 40, 100], device="cuda", dtype=torch.int32)
+        qv, kv, vv = rand(100, 4, 64), rand(100, 2, 64), rand(100, 2, 64)
+        torch.library.opcheck(torch.ops.tilejit.attention_forward.default,
+                              (qv, kv, vv, cu, cu, 60, 60, 0.125, True, -1, -1, None, 0.0, seed, True))
 
     def test_compile_fullgraph(self):
         def step(q, k, v):
@@ -215,8 +250,13 @@ class Integration(unittest.TestCase):
                 step()  # warm-up: compiles, sets function attributes
         torch.cuda.current_stream().wait_stream(side)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            captured = step()
+        torch.cuda.set_sync_debug_mode("error")  # any synchronising call inside raises
+        try:
+            with torch.cuda.graph(g):
+                captured = step()
+            step()  # and an eager call after warm-up synchronises nothing either
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
         for trial in range(3):
             for x in (q, k, v, dout):
                 x.copy_(torch.randn_like(x))
