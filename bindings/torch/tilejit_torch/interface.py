@@ -30,21 +30,15 @@ class _Attention(torch.autograd.Function):
     backward per call on the H100 host (bench/torch_overhead.py)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, doc, p, seed, deterministic, slopes, softcap):
-        out, lse = ops.attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, doc, p, seed, deterministic,
-                                         slopes, softcap)
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, doc, seed, slopes)
-        ctx.params = (max_q, max_k, scale, causal, wl, wr, p, deterministic, softcap)
+    def forward(ctx, *inputs):
+        out, lse = ops.attention_forward(*inputs)
+        ops.setup_context(ctx, inputs, (out, lse))  # what the ops' own autograd saves
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, cu_q, cu_k, doc, seed, slopes = ctx.saved_tensors
-        max_q, max_k, scale, causal, wl, wr, p, deterministic, softcap = ctx.params
-        dq, dk, dv = ops.attention_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, doc, p, seed,
-                                            deterministic, slopes, softcap)
-        return (dq, dk, dv) + (None,) * 14
+        return ops.backward(ctx, dout, dlse)
 
 
 def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,

@@ -166,11 +166,12 @@ def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     return like(q), like(k), like(v)
 
 
-# Autograd: the forward's inputs after q, k, v (cu_seqlens ... softcap) get no gradient.
+# Autograd (also interface._Attention's): the forward's inputs after q, k, v (cu_seqlens ... softcap)
+# get no gradient.
 _FORWARD_EXTRA = 14
 
 
-def _setup_context(ctx, inputs, output):
+def setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, doc, p, seed, deterministic, slopes, softcap = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, doc, seed, slopes)
@@ -178,7 +179,7 @@ def _setup_context(ctx, inputs, output):
     ctx.deterministic = deterministic
 
 
-def _backward(ctx, dout, dlse):
+def backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k, doc, seed, slopes = ctx.saved_tensors
     max_q, max_k, scale, causal, wl, wr, p, softcap = ctx.params
     dq, dk, dv = attention_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, doc, p, seed,
@@ -186,4 +187,4 @@ def _backward(ctx, dout, dlse):
     return (dq, dk, dv) + (None,) * _FORWARD_EXTRA
 
 
-attention_forward.register_autograd(_backward, setup_context=_setup_context)
+attention_forward.register_autograd(backward, setup_context=setup_context)
