@@ -149,6 +149,12 @@ struct Options {
   // 1 - round((1 - p) * 256) / 256 (p = 0.1: 0.1015625), and kept values are scaled by its inverse.
   double dropout_p = 0;
   uint64_t seed = 0, offset = 0;
+  // The same seed and offset in device memory, read by the kernels when they run (then `seed` and
+  // `offset` are ignored): i64 or u64 [2] = [seed, offset] on q's device, unit stride, 8-byte
+  // aligned. For CUDA graphs: a replay re-reads it, so a graph that refreshes it before the call
+  // (e.g. torch.randint on the device, drawn from torch's graph-safe generator) draws a new mask
+  // per replay; the backward reads the forward's (keep the tensor unchanged until it has run).
+  std::optional<Tensor> rng_state;
   // Forward only, for tests: u8 [B * Hq, S_q, S_k] (varlen: [B * Hq, max_seqlen_q, max_seqlen_k])
   // with unit stride on the last dim receives the keep bits (1 = kept) of every block the forward
   // visits (every (row, key) the row sees, and more; causal blocks past the diagonal are not
@@ -183,7 +189,7 @@ struct Options {
 };
 
 // Writes the packed dropout keep-mask of an attention call with these options (opts.dropout_p,
-// seed, offset; > 0) into `bits`: u32 [batch * heads_q, seq_q, cdiv(seq_k, 32)], unit stride on
+// seed and offset or rng_state; > 0) into `bits`: u32 [batch * heads_q, seq_q, cdiv(seq_k, 32)], unit stride on
 // the last dim, 4-byte aligned; bits of columns >= seq_k are 0. Asynchronous on `stream`: run it
 // on a second stream while the GEMM before attention runs, then pass `bits` as
 // opts.dropout_bits (rng = precomputed). 2 MB of mask per (batch*head) at S = 4096.

@@ -101,6 +101,17 @@ namespace mn = tilejit::kernels::meta_name;
 
 constexpr int64_t kTokens = 16384, kHidden = 2048;  // B * S and H * D of the grid
 
+// The dropout key's rng_state argument when seed and offset are scalars: a null u32 view (device 0).
+constexpr int64_t kEmptyDims[1] = {0}, kUnitStride[1] = {1};
+const runtime::TensorView no_rng_state{ir::DType::u32, kEmptyDims, kUnitStride, 0, 0};
+
+// The dropout key (seed 1234, offset 7, probability p) appended to a kernel's arguments.
+void add_dropout_key(std::vector<runtime::DeviceArg>& args, double p) {
+  for (uint32_t v : {1234u, 0u, 7u, 0u, kernels::dropout_keep_threshold(p)}) args.emplace_back(v);
+  args.emplace_back(no_rng_state);
+  args.emplace_back(0u);
+}
+
 struct Config {
   int64_t S, D;
   bool causal;
@@ -421,7 +432,8 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
   };
   const auto proj_rng = [&](Function& g, const attention::Options& o) {
     g(grid_of(g), stream.handle(), xv, wv, qkvv, bv, static_cast<int32_t>(S), static_cast<uint32_t>(o.seed), static_cast<uint32_t>(o.seed >> 32),
-      static_cast<uint32_t>(o.offset), static_cast<uint32_t>(o.offset >> 32), kernels::dropout_keep_threshold(o.dropout_p));
+      static_cast<uint32_t>(o.offset), static_cast<uint32_t>(o.offset >> 32), kernels::dropout_keep_threshold(o.dropout_p), no_rng_state,
+      0u);
   };
   std::unique_ptr<Function> best_rng, best_rng_causal;
   double best_rng_ms = 1e30;
@@ -620,7 +632,7 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps, const std::str
         }
         std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), static_cast<float>(1 / std::sqrt(double(D)))};
         if (dropout)
-          for (uint32_t v : {1234u, 0u, 7u, 0u, kernels::dropout_keep_threshold(0.1)}) args.emplace_back(v);
+          add_dropout_key(args, 0.1);
         // (outlives args: a DeviceArg views the tensor's shape and strides)
         const attention::Tensor bits_view = attention::contiguous(bits.ptr(), ir::DType::u32, {c.B() * c.H(), c.S, c.S / 32});
         if (dropout_mode == 2) {
@@ -799,7 +811,7 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
         const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
         std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), static_cast<float>(1 / std::sqrt(double(D)))};
         if (dropout)
-          for (uint32_t v : {1234u, 0u, 7u, 0u, kernels::dropout_keep_threshold(dropout_p)}) args.emplace_back(v);
+          add_dropout_key(args, dropout_p);
         const size_t out_elems = static_cast<size_t>(c.B() * c.S * c.H() * D);
         std::vector<uint16_t> reference, out(out_elems);
         double default_ms = 0;
@@ -1098,7 +1110,7 @@ int bench_tool_ab(int max_reps) {
           if (pass == attention::Pass::forward) {
             std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), scale};
             if (dropout)
-              for (uint32_t v : {1234u, 0u, 7u, 0u, kernels::dropout_keep_threshold(0.1)}) args.emplace_back(v);
+              add_dropout_key(args, 0.1);
             r = ab_measure(fns, {lang::cdiv(c.S, sch.block_m), c.H(), c.B()}, stream, args, {&buf.o}, bytes, max_reps);
             if (dropout) forward_and_delta(buf, c, stream);  // (O and LSE without dropout again, for the backward rows)
           }

@@ -50,8 +50,17 @@ Tile uniform_f32(const Operand& x, Loc loc) { return cast(f32, as_u32(x, loc) >>
 
 DropoutKey DropoutKey::declare(Builder& kb) {
   // (braced: the parameters are declared in the order written)
-  return DropoutKey{kb.scalar<uint32_t>("seed_lo"), kb.scalar<uint32_t>("seed_hi"), kb.scalar<uint32_t>("offset_lo"),
-                    kb.scalar<uint32_t>("offset_hi"), kb.scalar<uint32_t>("keep_threshold")};
+  DropoutKey key{kb.scalar<uint32_t>("seed_lo"), kb.scalar<uint32_t>("seed_hi"), kb.scalar<uint32_t>("offset_lo"),
+                 kb.scalar<uint32_t>("offset_hi"), kb.scalar<uint32_t>("keep_threshold")};
+  // Seed and offset from device memory when rng_state_in_memory != 0: a CUDA graph replays the
+  // launch with its scalars frozen, but reads the state afresh (masked off: no access, the scalars).
+  Tile state = kb.pointer("rng_state", u32);
+  Tile in_memory = kb.scalar<uint32_t>("rng_state_in_memory") != 0u;
+  key.seed_lo = load(state, in_memory, key.seed_lo);
+  key.seed_hi = load(state + 1, in_memory, key.seed_hi);
+  key.offset_lo = load(state + 2, in_memory, key.offset_lo);
+  key.offset_hi = load(state + 3, in_memory, key.offset_hi);
+  return key;
 }
 
 Tile dropout_keep(const Operand& batch_head, const Tile& rows, const Tile& cols, const DropoutKey& key, Loc loc) {

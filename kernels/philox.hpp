@@ -44,7 +44,10 @@ struct DropoutKey {
   lang::Tile seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold;
 
   // Declares the five u32 scalar parameters seed_lo, seed_hi, offset_lo, offset_hi,
-  // keep_threshold, in that order, at this point of the kernel's parameter list.
+  // keep_threshold, then `rng_state` (u32 pointer: seed_lo, seed_hi, offset_lo, offset_hi, i.e. a
+  // little-endian u64 [seed, offset]) and the u32 scalar `rng_state_in_memory`, in that order, at this
+  // point of the kernel's parameter list. rng_state_in_memory != 0: seed and offset are read from
+  // rng_state when the kernel runs (CUDA graphs), else they are the scalars (rng_state may be null).
   static DropoutKey declare(lang::Builder& kb);
 };
 

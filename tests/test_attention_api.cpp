@@ -328,6 +328,27 @@ TEST_CASE("attention API: dropout options") {
   c.opts.schedule = Schedule{.block_m = 64, .block_n = 16, .num_warps = 4, .stages = 2};
   CHECK_FWD_ERROR(c, "options.schedule.block_n = 16 with options.dropout_bits", "multiple of 32");
 
+  // seed and offset in device memory (CUDA graphs): i64 / u64 [2], 8-byte aligned, only with dropout
+  c = Call{};
+  c.opts.rng_state = contiguous(kBase + 0xe000000, DType::i64, {2});
+  CHECK_FWD_ERROR(c, "options.rng_state is set but options.dropout_p = 0");
+  c.opts.dropout_p = 0.1;
+  CHECK_NOTHROW(c.check_fwd());
+  if (backward_available()) CHECK_NOTHROW(c.check_bwd());
+  c.opts.rng_state = contiguous(kBase + 0xe000000, DType::u64, {2});
+  CHECK_NOTHROW(c.check_fwd());
+  c.opts.rng_state = contiguous(kBase + 0xe000000, DType::i32, {4});
+  CHECK_FWD_ERROR(c, "options.rng_state has dtype i32; it must be i64 or u64");
+  c.opts.rng_state = contiguous(kBase + 0xe000000, DType::i64, {3});
+  CHECK_FWD_ERROR(c, "options.rng_state has sizes [3] but must be [2] = [seed, offset]");
+  c.opts.rng_state = contiguous(kBase + 0xe000004, DType::i64, {2});
+  CHECK_FWD_ERROR(c, "options.rng_state's base address", "is not a multiple of 8 bytes");
+  if (backward_available()) CHECK_BWD_ERROR(c, "options.rng_state's base address", "is not a multiple of 8 bytes");
+  c.opts.rng_state = contiguous(kBase + 0xe000000, DType::i64, {2}, 1);
+  CHECK_FWD_ERROR(c, "options.rng_state is on device 1 but q is on device 0");
+  c.opts.rng_state = strided(kBase + 0xe000000, DType::i64, {2}, {2});
+  CHECK_FWD_ERROR(c, "options.rng_state has stride 2 on its last dim");
+
   // generate_dropout_bits: the mask for those options; every argument checked before a launch
   const auto gen_error = [](const Tensor& bits, int64_t b, int64_t h, int64_t sq, int64_t sk, double p) {
     Options o;
@@ -346,6 +367,8 @@ TEST_CASE("attention API: dropout options") {
     o.dropout_p = 0.1;
     CHECK(error_of([&] { generate_dropout_bits(good, 2, 8, 100, 300, o, nullptr, -1); }).find("programs = -1 is not in [0, ") !=
           std::string::npos);
+    o.rng_state = contiguous(kBase + 0xe000000, DType::f32, {2});
+    CHECK(error_of([&] { generate_dropout_bits(good, 2, 8, 100, 300, o); }).find("options.rng_state has dtype f32") != std::string::npos);
   }
   if (!runtime::Driver::get().available()) {
     Options o;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attention_reference.hpp"
+#include "dropout_key_args.hpp"
 #include "jit/compile.hpp"
 #include "kernels/attention/forward.hpp"
 #include "kernels/attention/backward.hpp"
@@ -37,8 +38,7 @@ struct Rng {
   double scale() const { return 256.0 / threshold(); }
   // the kernels' trailing scalar parameters
   std::vector<runtime::Arg> args() const {
-    return {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(offset),
-            static_cast<uint32_t>(offset >> 32), threshold()};
+    return testing::dropout_key_args(host());
   }
 };
 
@@ -420,9 +420,9 @@ TEST_CASE("attention dropout: RETURN_MASK needs DROPOUT; the backward kernels de
     const ir::Function fn = kern->build({{"DROPOUT", true}});
     std::vector<std::string> names;
     for (const ir::Param& p : fn.params) names.push_back(p.name);
-    CHECK(names.size() >= 5);
-    CHECK(std::vector<std::string>(names.end() - 5, names.end()) ==
-          std::vector<std::string>{"seed_lo", "seed_hi", "offset_lo", "offset_hi", "keep_threshold"});
+    CHECK(names.size() >= 7);
+    CHECK(std::vector<std::string>(names.end() - 7, names.end()) ==
+          std::vector<std::string>{"seed_lo", "seed_hi", "offset_lo", "offset_hi", "keep_threshold", "rng_state", "rng_state_in_memory"});
   }
 }
 

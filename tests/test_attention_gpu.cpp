@@ -33,6 +33,8 @@
 
 #include "attention_reference.hpp"
 #include "attention_score_mod_reference.hpp"
+#include "dropout_key_args.hpp"
+#include "host_bits.hpp"
 #include "api/attention.hpp"
 #include "kernels/attention/mask_host.hpp"
 #include "kernels/philox_host.hpp"
@@ -913,6 +915,65 @@ TEST_CASE("gpu: attention API, mask kind causal equals options.causal bit for bi
     CHECK(std::ranges::none_of(outputs[0][i], [](double x) { return std::isnan(x); }));
     CHECK(outputs[0][i] == outputs[1][i]);  // (-inf LSE rows included; NaN would differ)
   }
+}
+
+// options.rng_state (issue 25, CUDA graphs): seed and offset read from device memory give the
+// outputs of the same values passed as scalars, bit for bit -- forward, backward (every kernel
+// that regenerates the keep-mask) and generate_dropout_bits -- and the kernels really read the
+// memory at run time (other contents there, other outputs; the scalars are ignored).
+TEST_CASE("gpu: attention API, dropout's seed and offset from device memory equal the scalars bit for bit") {
+  if (const auto& drv = runtime::Driver::get(); !drv.available()) {
+    MESSAGE("SKIPPED: no GPU: " << drv.unavailable_reason());
+    return;
+  }
+  if (!attention::dropout_supported()) {
+    MESSAGE("SKIPPED: the attention kernels have no DROPOUT meta");
+    return;
+  }
+  const bool bwd = attention::backward_available();
+  const uint64_t seed = 0x89abcdef01234567ull, offset = 0x0000000500000003ull;
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true}) {
+      const AttentionCase c{2, 4, 2, 200, 300, static_cast<int>(D), causal, true};
+      INFO("D " << D << " causal " << causal);
+      const HostTensor q = normal_bf16(c.shape(c.Hq, c.Sq), 21), kk = normal_bf16(c.shape(c.Hkv, c.Sk), 22),
+                       v = normal_bf16(c.shape(c.Hkv, c.Sk), 23), dout = normal_bf16(c.shape(c.Hq, c.Sq), 24);
+      std::vector<std::vector<double>> outputs[3];
+      std::vector<uint32_t> bits[2];
+      for (int way = 0; way < 3; ++way) {  // scalars; memory (scalars wrong); memory with other contents
+        runtime::Stream stream;
+        auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v),
+             d_do = DeviceTensor::from_host(dout);
+        auto d_o = DeviceTensor::empty_like(q), d_dq = DeviceTensor::empty_like(q), d_dk = DeviceTensor::empty_like(kk),
+             d_dv = DeviceTensor::empty_like(v), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
+        auto d_state = DeviceTensor::from_host(testing::rng_state_tensor(way == 2 ? seed + 1 : seed, offset));
+        auto d_bits = DeviceTensor::empty_like(HostTensor(ir::DType::u32, {c.B * c.Hq, c.Sq, (c.Sk + 31) / 32}));
+        attention::Options opts;
+        opts.causal = causal;
+        opts.dropout_p = 0.2;
+        opts.seed = way == 0 ? seed : 99, opts.offset = way == 0 ? offset : 98;
+        if (way > 0) opts.rng_state = attention::contiguous(d_state.ptr(), ir::DType::i64, {2});
+        attention::forward(api_view(d_q, false), api_view(d_k, false), api_view(d_v, false), api_view(d_o, false),
+                           api_view(d_lse, false), opts, stream.handle());
+        if (bwd)
+          attention::backward(api_view(d_q, false), api_view(d_k, false), api_view(d_v, false), api_view(d_o, false),
+                              api_view(d_do, false), api_view(d_lse, false), api_view(d_dq, false), api_view(d_dk, false),
+                              api_view(d_dv, false), opts, stream.handle());
+        if (way < 2) attention::generate_dropout_bits(api_view(d_bits, false), c.B, c.Hq, c.Sq, c.Sk, opts, stream.handle());
+        stream.synchronize();
+        for (DeviceTensor* t : {&d_o, &d_lse, &d_dq, &d_dk, &d_dv}) outputs[way].push_back(t->to_host().to_f64());
+        if (!bwd) outputs[way].resize(2);
+        if (way < 2) bits[way] = testing::raw<uint32_t>(d_bits.to_host());
+      }
+      for (size_t i = 0; i < outputs[0].size(); ++i) {
+        INFO("output " << i << " (o, lse, dq, dk, dv)");
+        CHECK(std::ranges::none_of(outputs[0][i], [](double x) { return std::isnan(x); }));
+        CHECK(outputs[0][i] == outputs[1][i]);
+      }
+      CHECK(outputs[0][0] != outputs[2][0]);  // another seed in memory: another mask, another O
+      CHECK(bits[0] == bits[1]);
+      CHECK(bits[0] == kernels::dropout_mask_packed_host({seed, offset, kernels::dropout_keep_threshold(0.2)}, c.B * c.Hq, c.Sq, c.Sk));
+    }
 }
 
 // options.persistent (decision 050): the forward on a persistent grid computes every tile exactly

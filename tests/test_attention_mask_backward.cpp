@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "dropout_key_args.hpp"
 #include "ptxas_testing.hpp"
 #include "attention_mask_testing.hpp"
 #include "jit/compile.hpp"
@@ -178,8 +179,7 @@ struct Gradients {
 std::vector<rt::Arg> dropout_args(const Problem& p) {
   if (p.dropout_p == 0) return {};
   const km::DropoutRngHost rng = p.rng();
-  return {static_cast<uint32_t>(rng.seed), static_cast<uint32_t>(rng.seed >> 32), static_cast<uint32_t>(rng.offset),
-          static_cast<uint32_t>(rng.offset >> 32), rng.keep_threshold};
+  return testing::dropout_key_args(rng);
 }
 
 // Preprocess, pre-pass (when the kind needs it), dK/dV and dQ in the interpreter; `meta` adds to
@@ -395,7 +395,8 @@ TEST_CASE("MASK=causal is CAUSAL=true bit for bit; MASK=full is the default") {
 TEST_CASE("parameter order: the kernel's, dropout's, dropout_bits, the mask's, then the pre-pass's lists") {
   const std::vector<std::string> dkdv_own{"Q", "K", "V", "dO", "LSE", "Delta", "dK", "dV", "softmax_scale"};
   const std::vector<std::string> dq_own{"Q", "K", "V", "dO", "LSE", "Delta", "dQ", "softmax_scale"};
-  const std::vector<std::string> dropout{"seed_lo", "seed_hi", "offset_lo", "offset_hi", "keep_threshold", "dropout_bits"};
+  const std::vector<std::string> dropout{"seed_lo",   "seed_hi",           "offset_lo", "offset_hi", "keep_threshold",
+                                             "rng_state", "rng_state_in_memory", "dropout_bits"};
   for (int kind = 0; kind < km::kMaskKindCount; ++kind)
     for (bool kv_major : {true, false}) {
       const MaskKind mk = static_cast<MaskKind>(kind);

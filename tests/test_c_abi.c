@@ -99,6 +99,21 @@ int main(void) {
   tilejit_attention_options d = opts;
   d.dropout_p = 1.5;
   EXPECT_FAILS(tilejit_attention_forward(&q, &k, &v, &o, &lse, &d, 0, 0, 0), TILEJIT_INVALID_ARGUMENT, "dropout_p");
+  /* dropout's seed and offset in device memory: i64 [2] passes the checks, other shapes do not */
+  const int64_t two[1] = {2}, three[1] = {3};
+  tilejit_tensor state = contiguous(base + 0x7000000, TILEJIT_I64, 1, two);
+  d.dropout_p = 0.1;
+  d.rng_state = &state;
+  EXPECT(tilejit_attention_check_forward(&q, &k, &v, &o, &lse, &d) == TILEJIT_OK, "%s", tilejit_last_error());
+  state = contiguous(base + 0x7000000, TILEJIT_I64, 1, three);
+  EXPECT_FAILS(tilejit_attention_check_forward(&q, &k, &v, &o, &lse, &d), TILEJIT_INVALID_ARGUMENT,
+               "options.rng_state has sizes [3] but must be [2]");
+  /* the packed keep-mask: its checks run before any launch */
+  const int64_t bs[3] = {16, 100, 9};
+  tilejit_tensor bits = contiguous(base + 0x8000000, TILEJIT_U32, 3, bs);
+  EXPECT_FAILS(tilejit_generate_dropout_bits(&bits, 2, 8, 100, 300, &d, 0, 0), TILEJIT_INVALID_ARGUMENT,
+               "bits has sizes [16,100,9] but must be [B * Hq, S_q, cdiv(S_k, 32)] = [16,100,10]");
+  EXPECT_FAILS(tilejit_generate_dropout_bits(NULL, 2, 8, 100, 300, &d, 0, 0), TILEJIT_INVALID_ARGUMENT, "bits is NULL");
 
   EXPECT_FAILS(tilejit_attention_prepare(TILEJIT_F32, 128, TILEJIT_MASK_CAUSAL, 0, 1, 0, 0, 0, 0), TILEJIT_INVALID_ARGUMENT,
                "dtype code 11");

@@ -339,8 +339,11 @@ TEST_CASE("gpu: the library GEMM with DROPOUT_MASK: C bit-identical to the plain
                mask = DeviceTensor::from_host(poisoned);
   const kernels::DropoutRngHost r{0x0123456789abcdefull, 0x0000000500000007ull, 230};
   plain(gemm_grid(M, N), nullptr, da, db, c0);
+  // the key as scalars; rng_state unused (a null u32 view), rng_state_in_memory 0
+  static constexpr int64_t kEmpty[1] = {0}, kUnit[1] = {1};
+  const runtime::TensorView no_state{u32, kEmpty, kUnit, 0, 0};
   with(gemm_grid(M, N), nullptr, da, db, c1, mask, int32_t{Sk}, static_cast<uint32_t>(r.seed), static_cast<uint32_t>(r.seed >> 32),
-       static_cast<uint32_t>(r.offset), static_cast<uint32_t>(r.offset >> 32), r.keep_threshold);
+       static_cast<uint32_t>(r.offset), static_cast<uint32_t>(r.offset >> 32), r.keep_threshold, no_state, 0u);
   REQUIRE(with.compiled().tensor_maps.size() == 2);  // still the TMA pipeline
   const HostTensor h0 = c0.to_host(), h1 = c1.to_host(), hm = mask.to_host();
   CHECK(std::memcmp(h0.data(), h1.data(), static_cast<size_t>(M * N) * 4) == 0);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "dropout_key_args.hpp"
 #include "dsl/lang.hpp"
 #include "host_bits.hpp"
 #include "jit/compile.hpp"
@@ -74,9 +75,9 @@ TEST_CASE("gemm DROPOUT_MASK: C bit-identical to the plain GEMM, the mask the ho
       c.poison();
       mask.poison();  // a tile never written stays poisoned
       const rt::Grid grid = t.group_m ? rt::Grid{2} : rt::Grid{2, 1};
-      rt::interpret(kernels::gemm().build(meta), grid,
-                    {a, b, c, mask, t.s_k, static_cast<uint32_t>(r.seed), static_cast<uint32_t>(r.seed >> 32),
-                     static_cast<uint32_t>(r.offset), static_cast<uint32_t>(r.offset >> 32), r.keep_threshold});
+      std::vector<rt::Arg> args{a, b, c, mask, t.s_k};
+      for (const rt::Arg& x : testing::dropout_key_args(r)) args.push_back(x);
+      rt::interpret(kernels::gemm().build(meta), grid, args);
       CHECK(raw<uint32_t>(c) == raw<uint32_t>(c0));
       const std::vector<uint32_t> got = raw<uint32_t>(mask), want = kernels::dropout_mask_packed_host(r, t.bh, t.s_q, t.s_k);
       REQUIRE(got.size() == want.size());

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "dropout_key_args.hpp"
 #include "dsl/lang.hpp"
 #include "host_bits.hpp"
 #include "kernels/dropout_mask.hpp"
@@ -100,8 +101,7 @@ const Kernel& keep_mask_kernel() {
 }
 
 std::vector<rt::Arg> rng_args(const kernels::DropoutRngHost& r) {
-  return {static_cast<uint32_t>(r.seed), static_cast<uint32_t>(r.seed >> 32), static_cast<uint32_t>(r.offset),
-          static_cast<uint32_t>(r.offset >> 32), r.keep_threshold};
+  return testing::dropout_key_args(r);
 }
 
 // The keep-mask of rows [row0, row0 + R) x columns [col0, col0 + C) for bh = 0..BH-1 through the
@@ -134,14 +134,15 @@ size_t count_differences(const std::vector<uint8_t>& a, const std::vector<uint8_
 }
 
 // The packed mask through the dropout_mask kernel in the interpreter (output poisoned first).
-// persistent > 0: the PERSISTENT form on a grid of that many programs.
+// persistent > 0: the PERSISTENT form on a grid of that many programs. `state`: seed and offset
+// read from that rng_state tensor (r's scalars then unused).
 std::vector<uint32_t> interpret_packed(const kernels::DropoutRngHost& r, int bh_count, int s_q, int s_k, int bm = 64, int bw = 4,
-                                       int persistent = 0, bool causal = false) {
+                                       int persistent = 0, bool causal = false, HostTensor* state = nullptr) {
   const int words = static_cast<int>(cdiv(s_k, 32));
   HostTensor mask(u32, {bh_count, s_q, words});
   mask.poison();
   std::vector<rt::Arg> args{mask, s_k};
-  for (const rt::Arg& a : rng_args(r)) args.push_back(a);
+  for (const rt::Arg& a : testing::dropout_key_args(r, state)) args.push_back(a);
   const runtime::Grid grid = persistent ? runtime::Grid{persistent} : runtime::Grid{cdiv(s_q, bm), cdiv(words, bw), bh_count};
   interpret_any_shape(kernels::dropout_mask().build({{"BLOCK_M", bm}, {"BLOCK_W", bw}, {"PERSISTENT", persistent > 0}, {"CAUSAL", causal}}), grid,
                 args);
@@ -149,6 +150,21 @@ std::vector<uint32_t> interpret_packed(const kernels::DropoutRngHost& r, int bh_
 }
 
 }  // namespace
+
+TEST_CASE("dropout key from device memory (rng_state): the same mask as the scalars, which it overrides") {
+  // CUDA graphs freeze scalar arguments; rng_state_in_memory = 1 makes the kernels read seed and
+  // offset from rng_state instead. 64-bit values with both halves non-zero, so a swapped or
+  // dropped word shows.
+  const kernels::DropoutRngHost r{0x89abcdef01234567ull, 0x00000003fedcba98ull, kernels::dropout_keep_threshold(0.3)};
+  const kernels::DropoutRngHost garbage{0x1111111122222222ull, 0x3333333344444444ull, r.keep_threshold};
+  HostTensor state = testing::rng_state_tensor(r.seed, r.offset), wrong = testing::rng_state_tensor(garbage.seed, garbage.offset);
+  const std::vector<uint32_t> want = kernels::dropout_mask_packed_host(r, 3, 70, 200);
+  CHECK(interpret_packed(r, 3, 70, 200) == want);                                // scalars (the flag off)
+  CHECK(interpret_packed(garbage, 3, 70, 200, 64, 4, 0, false, &state) == want);  // memory wins over the scalars
+  CHECK(interpret_packed(garbage, 3, 70, 200, 64, 4, 3, true, &state) ==
+        interpret_packed(r, 3, 70, 200, 64, 4, 3, true));                         // persistent, causal: the same
+  CHECK(interpret_packed(r, 3, 70, 200, 64, 4, 0, false, &wrong) != want);      // (the state is really read)
+}
 
 TEST_CASE("host Philox4x32-10 matches Random123's known-answer vectors") {
   for (const Kat& k : kKats) {

@@ -50,7 +50,7 @@ void bind_common(KernelArgs& a, const Tensor& q, const Tensor& k, const Tensor& 
     a.set(Arg::cu_seqlens_q, opts.cu_seqlens_q->view());
     a.set(Arg::cu_seqlens_k, opts.cu_seqlens_k->view());
   }
-  if (d.dropout) a.set(d.philox);
+  if (d.dropout) a.set_dropout(d.philox, d.rng_state, q.device);
   if (d.return_mask) a.set(Arg::dropout_mask, opts.dropout_mask->view());
   if (d.read_bits) a.set(Arg::dropout_bits, opts.dropout_bits->view());
 }

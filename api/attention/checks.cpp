@@ -115,7 +115,7 @@ void check_lse(const Checker& c, const Tensor& q, const Tensor& lse, const Dims&
 }
 
 // Dropout: p in [0, 1); the mask for tests (forward); the precomputed bits (fills d.dropout,
-// d.philox, d.return_mask, d.read_bits).
+// d.philox, d.rng_state, d.return_mask, d.read_bits).
 void check_dropout_options(const Checker& c, const Tensor& q, const Options& opts, Dims& d, bool backward) {
   if (!(opts.dropout_p >= 0.0 && opts.dropout_p < 1.0))
     c.fail("options.dropout_p = {} is not in [0, 1) (0: no dropout)", opts.dropout_p);
@@ -125,6 +125,10 @@ void check_dropout_options(const Checker& c, const Tensor& q, const Options& opt
       if ((p == Pass::forward || backward) && !declares(p, mn::kDropout))
         c.fail("options.dropout_p = {}: this build's {} kernel has no DROPOUT meta (dropout is not supported)", opts.dropout_p, name(p));
     d.philox = kernels::PhiloxKey::dropout(opts.seed, opts.offset, opts.dropout_p);
+  }
+  if (opts.rng_state) {
+    if (!d.dropout) c.fail("options.rng_state is set but options.dropout_p = 0 (the state is dropout's; set dropout_p > 0)");
+    d.rng_state = check_rng_state(c, *opts.rng_state, q.device);
   }
   if (opts.dropout_mask && !backward) {
     if (!d.dropout) c.fail("options.dropout_mask is set but options.dropout_p = 0 (the mask is dropout's; set dropout_p > 0)");
@@ -159,6 +163,17 @@ void check_dropout_options(const Checker& c, const Tensor& q, const Options& opt
 }
 
 }  // namespace
+
+// options.rng_state: i64 / u64 [2] = [seed, offset], unit stride, 8-byte aligned, on `device`.
+// Returns its address.
+uint64_t check_rng_state(const Checker& c, const Tensor& s, int device) {
+  if (s.dtype != ir::DType::i64 && s.dtype != ir::DType::u64)
+    c.fail("options.rng_state has dtype {}; it must be i64 or u64 (the 64-bit [seed, offset])", ir::name(s.dtype));
+  c.tensor("options.rng_state", s, 1, "[2] = [seed, offset]", 8);
+  if (s.size(0) != 2) c.fail("options.rng_state has sizes {} but must be [2] = [seed, offset]", list(sizes_of(s)));
+  if (s.device != device) c.fail("options.rng_state is on device {} but q is on device {} (all tensors must be on one device)", s.device, device);
+  return s.data;
+}
 
 void check_schedule(const Checker& c, const Options& opts) {
   if (const auto& sch = opts.schedule) {

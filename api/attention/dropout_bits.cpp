@@ -54,7 +54,8 @@ void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, i
   KernelArgs args;
   args.set(kernels::Arg::Mask, bits.view());
   args.set(kernels::Arg::S_k, static_cast<int32_t>(seq_k));
-  args.set(kernels::PhiloxKey::dropout(opts.seed, opts.offset, opts.dropout_p));
+  args.set_dropout(kernels::PhiloxKey::dropout(opts.seed, opts.offset, opts.dropout_p),
+                   opts.rng_state ? check_rng_state(c, *opts.rng_state, bits.device) : 0, bits.device);
   const runtime::Grid grid = persistent ? runtime::Grid{programs}
                                         : runtime::Grid{lang::cdiv(seq_q, block_m), lang::cdiv(want[2], block_w), want[0]};
   launch(*fn, grid, stream, args, true);

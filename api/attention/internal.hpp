@@ -132,6 +132,7 @@ struct Dims {
   float scale = 0;
   bool dropout = false;         // options.dropout_p > 0
   kernels::PhiloxKey philox;    // when `dropout`: options.seed, offset and dropout_p's keep threshold
+  uint64_t rng_state = 0;       // options.rng_state's address: seed and offset in device memory (0: philox's)
   bool return_mask = false;     // forward: options.dropout_mask
   bool read_bits = false;       // options.dropout_bits (forward, dK/dV, dQ)
   // options.mask: full and causal fold into `causal`; `mask` is a library kind (MASK meta) or full
@@ -273,6 +274,10 @@ inline constexpr int64_t kClassTiles = kernels::kBlockClassTiles;  // key tiles 
 Function& block_classes_function(const PrePassLists& l, kernels::MaskKind kind);
 Function& block_lists_function(const PrePassLists& l);
 
+// options.rng_state: i64 / u64 [2] = [seed, offset], unit stride, 8-byte aligned, on `device`
+// (checks.cpp). Returns its address.
+uint64_t check_rng_state(const Checker& c, const Tensor& s, int device);
+
 // ---------------------------------------------------------------------------------------------
 // bindings.cpp: the arguments of a call by kernels::Arg, and the launches of one Function
 
@@ -281,9 +286,13 @@ Function& block_lists_function(const PrePassLists& l);
 class KernelArgs {
  public:
   void set(kernels::Arg a, runtime::DeviceArg v) { slots_[kernels::arg_index(a)] = v; }
-  // The five dropout scalars: seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold.
-  void set(const kernels::PhiloxKey& key) {
+  // The dropout key: the five scalars (seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold) and,
+  // when rng_state != 0, that device address of [seed, offset] (read instead; else a null pointer).
+  void set_dropout(const kernels::PhiloxKey& key, uint64_t rng_state, int device) {
+    static constexpr int64_t kWords[1] = {4}, kEmpty[1] = {0}, kUnit[1] = {1};
     for (const auto& [a, v] : key.arguments()) set(a, v);
+    set(kernels::Arg::rng_state, runtime::TensorView{ir::DType::u32, rng_state ? kWords : kEmpty, kUnit, rng_state, device});
+    set(kernels::Arg::rng_state_in_memory, static_cast<uint32_t>(rng_state != 0));
   }
   const std::optional<runtime::DeviceArg>& operator[](kernels::Arg a) const { return slots_[kernels::arg_index(a)]; }
 

@@ -22,7 +22,8 @@ using namespace tilejit;
 
 static_assert(TILEJIT_I32 == static_cast<int>(ir::DType::i32) && TILEJIT_U8 == static_cast<int>(ir::DType::u8) &&
               TILEJIT_U32 == static_cast<int>(ir::DType::u32) && TILEJIT_F16 == static_cast<int>(ir::DType::f16) &&
-              TILEJIT_BF16 == static_cast<int>(ir::DType::bf16) && TILEJIT_F32 == static_cast<int>(ir::DType::f32));
+              TILEJIT_BF16 == static_cast<int>(ir::DType::bf16) && TILEJIT_F32 == static_cast<int>(ir::DType::f32) &&
+              TILEJIT_I64 == static_cast<int>(ir::DType::i64) && TILEJIT_U64 == static_cast<int>(ir::DType::u64));
 static_assert(TILEJIT_MASK_BLOCK_SPARSE == static_cast<int>(kernels::MaskKind::block_sparse) &&
               TILEJIT_MASK_CAUSAL_DOCUMENT == static_cast<int>(kernels::MaskKind::causal_document));
 static_assert(TILEJIT_DQ_ORDERED == static_cast<int>(attention::DqReduction::ordered) &&
@@ -45,9 +46,11 @@ namespace {
 attention::Tensor tensor(const char* fn, const char* name, const tilejit_tensor* t) {
   if (!t) bad(fn, fmt::format("{} is NULL", name));
   const int d = t->dtype;
-  if (d != TILEJIT_I32 && d != TILEJIT_U8 && d != TILEJIT_U32 && d != TILEJIT_F16 && d != TILEJIT_BF16 && d != TILEJIT_F32)
-    bad(fn, fmt::format("{} has dtype code {}; valid: {} i32, {} u8, {} u32, {} f16, {} bf16, {} f32", name, d, int(TILEJIT_I32),
-                        int(TILEJIT_U8), int(TILEJIT_U32), int(TILEJIT_F16), int(TILEJIT_BF16), int(TILEJIT_F32)));
+  if (d != TILEJIT_I32 && d != TILEJIT_I64 && d != TILEJIT_U8 && d != TILEJIT_U32 && d != TILEJIT_U64 && d != TILEJIT_F16 &&
+      d != TILEJIT_BF16 && d != TILEJIT_F32)
+    bad(fn, fmt::format("{} has dtype code {}; valid: {} i32, {} i64, {} u8, {} u32, {} u64, {} f16, {} bf16, {} f32", name, d,
+                        int(TILEJIT_I32), int(TILEJIT_I64), int(TILEJIT_U8), int(TILEJIT_U32), int(TILEJIT_U64), int(TILEJIT_F16),
+                        int(TILEJIT_BF16), int(TILEJIT_F32)));
   if (t->rank < 1 || t->rank > 4) bad(fn, fmt::format("{} has rank {}; valid: 1 to 4", name, t->rank));
   attention::Tensor out;
   out.data = t->data;
@@ -80,6 +83,7 @@ attention::Options options(const char* fn, const tilejit_attention_options* c) {
   o.offset = c->offset;
   o.dropout_mask = optional_tensor(fn, "options.dropout_mask", c->dropout_mask);
   o.dropout_bits = optional_tensor(fn, "options.dropout_bits", c->dropout_bits);
+  o.rng_state = optional_tensor(fn, "options.rng_state", c->rng_state);
   if (c->mask_kind < 0 || c->mask_kind >= kernels::kMaskKindCount)
     bad(fn, fmt::format("options.mask_kind is {}; valid: 0 to {} (tilejit_mask_kind)", c->mask_kind, kernels::kMaskKindCount - 1));
   if (c->mask_kind != TILEJIT_MASK_FULL) {
@@ -183,6 +187,15 @@ tilejit_status tilejit_attention_backward(const tilejit_tensor* q, const tilejit
     attention::backward(tensor(fn, "q", q), tensor(fn, "k", k), tensor(fn, "v", v), tensor(fn, "o", o), tensor(fn, "dout", dout),
                         tensor(fn, "lse", lse), tensor(fn, "dq", dq), tensor(fn, "dk", dk), tensor(fn, "dv", dv), options(fn, opts),
                         reinterpret_cast<CUstream>(stream), {workspace, workspace_bytes});
+  });
+}
+
+tilejit_status tilejit_generate_dropout_bits(const tilejit_tensor* bits, int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k,
+                                             const tilejit_attention_options* opts, uint64_t stream, int32_t programs) {
+  const char* fn = "tilejit_generate_dropout_bits";
+  return guarded([&] {
+    attention::generate_dropout_bits(tensor(fn, "bits", bits), batch, heads_q, seq_q, seq_k, options(fn, opts),
+                                     reinterpret_cast<CUstream>(stream), programs);
   });
 }
 

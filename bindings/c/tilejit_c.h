@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define TILEJIT_C_ABI_VERSION 2 /* bumped with any change to these structs or signatures */
+#define TILEJIT_C_ABI_VERSION 3 /* bumped with any change to these structs or signatures */
 
 typedef enum tilejit_status {
   TILEJIT_OK = 0,
@@ -25,8 +25,10 @@ typedef enum tilejit_status {
 
 typedef enum tilejit_dtype { /* ir::DType's values */
   TILEJIT_I32 = 3,
+  TILEJIT_I64 = 4,
   TILEJIT_U8 = 5,
   TILEJIT_U32 = 7,
+  TILEJIT_U64 = 8,
   TILEJIT_F16 = 9,
   TILEJIT_BF16 = 10,
   TILEJIT_F32 = 11
@@ -89,6 +91,10 @@ typedef struct tilejit_attention_options {
   /* a block mask built once for these options (tilejit_block_mask_build): the calls read its lists
    * and run no pre-pass (FlexAttention's create_block_mask). NULL: none. */
   const struct tilejit_block_mask* block_mask;
+  /* dropout's seed and offset in device memory, read when the kernels run (i64 / u64 [2] =
+   * [seed, offset]; then `seed` and `offset` are ignored): a CUDA graph that refreshes it before
+   * each replay draws a new mask per replay. NULL: the scalars. */
+  const tilejit_tensor* rng_state;
 } tilejit_attention_options;
 
 /* attention::BlockMask behind a handle: the pre-pass lists of a forward and a backward with some
@@ -117,6 +123,13 @@ tilejit_status tilejit_attention_backward(const tilejit_tensor* q, const tilejit
                                           const tilejit_tensor* dq, const tilejit_tensor* dk, const tilejit_tensor* dv,
                                           const tilejit_attention_options* opts, uint64_t stream, uint64_t workspace,
                                           size_t workspace_bytes);
+/* attention::generate_dropout_bits: the packed keep-mask of a call with these options (dropout_p > 0,
+ * seed / offset or rng_state) into `bits`, u32 [batch * heads_q, seq_q, cdiv(seq_k, 32)], bit j % 32 of
+ * word j / 32 = key column j kept; a varlen call's mask is that of batch = its sequence count and
+ * seq_q / seq_k = max_seqlen_q / k, rows and columns inside each sequence. programs: 0 (one per tile)
+ * or a persistent grid's size. Asynchronous on `stream`. */
+tilejit_status tilejit_generate_dropout_bits(const tilejit_tensor* bits, int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k,
+                                             const tilejit_attention_options* opts, uint64_t stream, int32_t programs);
 /* Bytes a block mask for these options needs (0: a mask kind with tile intervals, nothing to build). */
 tilejit_status tilejit_block_mask_bytes(const tilejit_tensor* q, const tilejit_tensor* k, const tilejit_attention_options* opts,
                                         size_t* bytes);

@@ -32,6 +32,8 @@ constexpr std::array<Row, kArgCount> kArguments{{
     {"offset_lo", Arg::offset_lo},
     {"offset_hi", Arg::offset_hi},
     {"keep_threshold", Arg::keep_threshold},
+    {"rng_state", Arg::rng_state},
+    {"rng_state_in_memory", Arg::rng_state_in_memory},
     {"dropout_mask", Arg::dropout_mask},
     {"dropout_bits", Arg::dropout_bits},
     {"Mask", Arg::Mask},

@@ -36,6 +36,7 @@ enum class Arg : uint8_t {
   // forward's returned u8 mask, the precomputed packed bits an attention kernel reads (DROPOUT_BITS)
   // and the packed bits the dropout_mask kernel writes (its Mask)
   seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold,
+  rng_state, rng_state_in_memory,  // (seed, offset) in device memory instead, when the flag is set
   dropout_mask, dropout_bits, Mask,
   // the dK/dV kernel's dQ reduction buffers (DQ_REDUCTION)
   dQ_accum, dQ_parts, dQ_semaphores,

@@ -42,7 +42,7 @@ class CLayer(unittest.TestCase):
         o = c.Options()
         self.assertEqual((o.has_softmax_scale, o.causal, o.mask_kind, o.score_mod, o.dq_reduction, o.q_descending), (0, 0, 0, 0, 0, 0))
         self.assertEqual((o.dropout_p, o.seed, o.offset, o.max_seqlen_q), (0.0, 0, 0, 0))
-        self.assertFalse(o.cu_seqlens_q or o.mask_doc_ids or o.block_mask)
+        self.assertFalse(o.cu_seqlens_q or o.mask_doc_ids or o.block_mask or o.rng_state)
         self.assertEqual(ctypes.sizeof(c.Tensor), 8 + 4 + 4 + 32 + 32 + 4 + 4)  # (padded to 8)
 
     def test_valid_checks_and_workspace(self):
@@ -56,6 +56,11 @@ class CLayer(unittest.TestCase):
         o2.mask_kind = c.MASK_DOCUMENT
         o2.set_tensor("mask_doc_ids", docs)
         self.assertGreater(c.forward_workspace_bytes(self.q, self.k, o2), 0)  # the block lists
+        # dropout's seed and offset in device memory (i64 [2]): the checks take it
+        o3 = c.Options()
+        o3.dropout_p = 0.1
+        o3.set_tensor("rng_state", contiguous(0x6000000, c.I64, [2]))
+        c.check_forward(self.q, self.k, self.v, self.o, self.lse, o3)
 
     def test_bad_arguments(self):
         o = c.Options()
@@ -66,6 +71,12 @@ class CLayer(unittest.TestCase):
         self.assertIsInstance(e.exception, ValueError)
         with self.assertRaises(c.TilejitArgumentError):
             c.Tensor.make(BASE, c.BF16, [1] * 5, [1] * 5, 0)
+        o.dropout_p = 0.1
+        o.set_tensor("rng_state", contiguous(0x6000000, c.I64, [3]))
+        with self.assertRaisesRegex(c.TilejitArgumentError, r"options.rng_state has sizes \[3\] but must be \[2\]"):
+            c.check_forward(self.q, self.k, self.v, self.o, self.lse, o)
+        with self.assertRaisesRegex(c.TilejitArgumentError, "bits has sizes"):  # checked before any launch
+            c.generate_dropout_bits(contiguous(0x7000000, c.U32, [16, 100, 9]), 2, 8, 100, 300, o, 0)
 
     def test_missing_library_is_a_clear_error(self):
         saved, saved_lib = os.environ.get("TILEJIT_C_LIBRARY"), c._lib

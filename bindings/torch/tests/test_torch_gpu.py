@@ -23,13 +23,22 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import tilejit_torch as tj  # noqa: E402
 
 
-def reference(q, k, v, causal=False, scale=None, window=(-1, -1), doc=None, cu_q=None, cu_k=None, alibi=None, softcap=0.0):
-    """float32 attention on [B, S, H, D] (or packed varlen) tensors, GQA by repeating K/V heads."""
+def keep_scale(p):
+    """What kept probabilities are multiplied by: 256 / round((1 - p) * 256) (8-bit thresholds)."""
+    return 256.0 / round((1.0 - p) * 256.0) if p > 0 else 1.0
+
+
+def reference(q, k, v, causal=False, scale=None, window=(-1, -1), doc=None, cu_q=None, cu_k=None, alibi=None, softcap=0.0,
+              prefix=None, table=None, block=(128, 128), keep=None, dropout_p=0.0):
+    """float32 attention on [B, S, H, D] (or packed varlen) tensors, GQA by repeating K/V heads;
+    `keep` (bool [B, H, S_q, S_k], varlen [batch, H, max_q, max_k]) drops probabilities, scaling the
+    kept ones by keep_scale(dropout_p)."""
     if cu_q is not None:
         outs = []
         for i in range(len(cu_q) - 1):
             qs, ks = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
-            outs.append(reference(q[qs][None], k[ks][None], v[ks][None], causal, scale, window)[0])
+            kp = None if keep is None else keep[i:i + 1, :, :qs.stop - qs.start, :ks.stop - ks.start]
+            outs.append(reference(q[qs][None], k[ks][None], v[ks][None], causal, scale, window, keep=kp, dropout_p=dropout_p)[0])
         return torch.cat(outs)
     q, k, v = (x.float().transpose(1, 2) for x in (q, k, v))  # [B, H, S, D]
     g = q.shape[1] // k.shape[1]
@@ -53,8 +62,16 @@ def reference(q, k, v, causal=False, scale=None, window=(-1, -1), doc=None, cu_q
     allowed = allowed[None, None]
     if doc is not None:
         allowed = allowed & (doc[:, None, :, None] == doc[:, None, None, :])
+    if prefix is not None:  # prefix LM: causal, and every key inside the sequence's prefix
+        allowed = (j <= i)[None, None] | (j[None, None] < prefix.long()[:, None, None, None])
+    if table is not None:  # block-sparse, indexed by the query row (not the aligned position)
+        rows = torch.arange(sq, device=q.device) // block[0]
+        cols = torch.arange(sk, device=q.device) // block[1]
+        allowed = table.bool()[:, :, rows][:, :, :, cols]
     s = s.masked_fill(~allowed, float("-inf"))
     p = torch.softmax(s, -1).nan_to_num(0.0)
+    if keep is not None:
+        p = p * keep.float() * keep_scale(dropout_p)
     return (p @ v).transpose(1, 2)
 
 
@@ -67,16 +84,22 @@ def rel(a, b):
 
 
 class Values(unittest.TestCase):
-    def check(self, q, k, v, tol=2e-2, **kw):
-        ref_kw = {key: kw[key] for key in ("causal", "window", "softcap") if key in kw}
-        if "alibi_slopes" in kw:
-            ref_kw["alibi"] = kw["alibi_slopes"]
-        if "document_ids" in kw:
-            ref_kw["doc"] = kw["document_ids"]
+    def check(self, q, k, v, tol=1e-2, **kw):
+        """Output and gradients through autograd against the float32 reference: rel. error < tol
+        (the issue's bar, 1e-2). With dropout_p the call returns its keep-mask, which the reference
+        applies."""
+        ref_kw = {key: kw[key] for key in ("causal", "window", "softcap", "dropout_p") if key in kw}
+        for name, ref_name in (("alibi_slopes", "alibi"), ("document_ids", "doc"), ("prefix_lengths", "prefix"),
+                               ("block_table", "table"), ("block_size", "block")):
+            if name in kw:
+                ref_kw[ref_name] = kw[name]
         fn_kw = dict(kw)
         if "window" in fn_kw:
             fn_kw["window_size"] = fn_kw.pop("window")
-        out = tj.flash_attn_func(q, k, v, **fn_kw)
+        if kw.get("dropout_p", 0.0) > 0.0:
+            out, ref_kw["keep"] = tj.flash_attn_func(q, k, v, return_dropout_mask=True, **fn_kw)
+        else:
+            out = tj.flash_attn_func(q, k, v, **fn_kw)
         qr, kr, vr = (x.detach().clone().requires_grad_() for x in (q, k, v))
         ref = reference(qr, kr, vr, **ref_kw)
         self.assertLess(rel(out, ref), tol)
@@ -118,16 +141,34 @@ class Values(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "alibi_slopes and softcap"):
             tj.flash_attn_func(q, k, v, alibi_slopes=torch.ones(4, device="cuda"), softcap=5.0)
 
+    def test_prefix_lm_and_block_sparse(self):
+        q, k, v = rand(2, 256, 2, 64), rand(2, 256, 2, 64), rand(2, 256, 2, 64)
+        self.check(q, k, v, prefix_lengths=torch.tensor([40, 200], device="cuda", dtype=torch.int32))
+        q, k, v = rand(2, 200, 4, 128), rand(2, 300, 2, 128), rand(2, 300, 2, 128)
+        table = (torch.rand(1, 4, 4, 5, device="cuda") < 0.5).to(torch.uint8)
+        table[..., 0] = 1  # (every row sees a block: an empty row's gradient is zero, also in the reference)
+        self.check(q, k, v, block_table=table, block_size=(64, 64))
+
     def test_varlen(self):
-        lens = [70, 129, 33]
-        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
-        q, k, v = rand(sum(lens), 4, 64), rand(sum(lens), 4, 64), rand(sum(lens), 4, 64)
-        out, lse = tj.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True, return_lse=True)
-        self.assertEqual(tuple(lse.shape), (4, sum(lens)))
-        ref = reference(q.detach(), k.detach(), v.detach(), causal=True, cu_q=cu.tolist(), cu_k=cu.tolist())
-        self.assertLess(rel(out, ref), 2e-2)
-        out.sum().backward()
-        self.assertTrue(torch.isfinite(q.grad).all() and q.grad.abs().sum() > 0)
+        lens_q, lens_k = [70, 129, 33], [90, 129, 20]
+        cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device="cuda")
+        cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device="cuda")
+        for p in (0.0, 0.25):
+            with self.subTest(dropout_p=p):
+                q, k, v = rand(sum(lens_q), 4, 64), rand(sum(lens_k), 2, 64), rand(sum(lens_k), 2, 64)
+                res = tj.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, dropout_p=p,
+                                                return_lse=True, return_dropout_mask=p > 0)
+                out, lse = res[0], res[1]
+                self.assertEqual(tuple(lse.shape), (4, sum(lens_q)))
+                qr, kr, vr = (x.detach().clone().requires_grad_() for x in (q, k, v))
+                ref = reference(qr, kr, vr, causal=True, cu_q=cu_q.tolist(), cu_k=cu_k.tolist(),
+                                keep=res[2] if p > 0 else None, dropout_p=p)
+                self.assertLess(rel(out, ref), 1e-2)
+                dout = torch.randn_like(out)
+                out.backward(dout)
+                ref.backward(dout.float())
+                for got, want, name in ((q.grad, qr.grad, "dq"), (k.grad, kr.grad, "dk"), (v.grad, vr.grad, "dv")):
+                    self.assertLess(rel(got, want), 1e-2, name)
 
     def test_deterministic_and_atomic_backward(self):
         q, k, v = rand(2, 512, 4, 128), rand(2, 512, 4, 128), rand(2, 512, 4, 128)
@@ -141,7 +182,8 @@ class Values(unittest.TestCase):
         self.assertLess(rel(grads[2], grads[0]), 1e-2)
 
     def test_randomized_sweep(self):
-        # 100 cases: dtypes, D 64 / 128, GQA groups, ragged S_q != S_k, causal, windows (S_q == S_k)
+        # 100 cases: dtypes, D 64 / 128, GQA groups, ragged S_q != S_k, causal, windows (S_q == S_k),
+        # dropout (every fourth case, checked with the keep-mask the call returns)
         g = torch.Generator().manual_seed(1234)
 
         def pick(options):
@@ -155,19 +197,27 @@ class Values(unittest.TestCase):
             kw = {"causal": bool(case % 2)}
             if sq == sk and case % 5 == 0:
                 kw["window"] = (int(torch.randint(0, 64, (1,), generator=g)), -1 if kw["causal"] else 16)
+            if case % 4 == 1:
+                kw["dropout_p"] = pick([0.1, 0.3])
             with self.subTest(case=case, dtype=dtype, d=d, b=b, h_kv=h_kv, group=group, sq=sq, sk=sk, **kw):
                 self.check(rand(b, sq, h_kv * group, d, dtype=dtype), rand(b, sk, h_kv, d, dtype=dtype),
                            rand(b, sk, h_kv, d, dtype=dtype), **kw)
 
     def test_dropout_seeds(self):
         q, k, v = (rand(1, 256, 2, 64).detach() for _ in range(3))
-        a = tj.flash_attn_func(q, k, v, dropout_p=0.2, seed=7)
-        b = tj.flash_attn_func(q, k, v, dropout_p=0.2, seed=7)
-        c = tj.flash_attn_func(q, k, v, dropout_p=0.2)
-        d = tj.flash_attn_func(q, k, v, dropout_p=0.2)
-        self.assertTrue(torch.equal(a, b))
-        self.assertFalse(torch.equal(c, d))  # a fresh seed per call
+        a, mask_a = tj.flash_attn_func(q, k, v, dropout_p=0.2, seed=7, return_dropout_mask=True)
+        b, mask_b = tj.flash_attn_func(q, k, v, dropout_p=0.2, seed=7, return_dropout_mask=True)
+        c, mask_c = tj.flash_attn_func(q, k, v, dropout_p=0.2, return_dropout_mask=True)
+        d, mask_d = tj.flash_attn_func(q, k, v, dropout_p=0.2, return_dropout_mask=True)
+        self.assertTrue(torch.equal(a, b) and torch.equal(mask_a, mask_b))
+        self.assertFalse(torch.equal(c, d) or torch.equal(mask_c, mask_d))  # a fresh seed per call
         self.assertFalse(torch.equal(a, tj.flash_attn_func(q, k, v)))
+        kept = mask_c.float().mean().item()  # 8-bit threshold: keep probability 205 / 256
+        self.assertLess(abs(kept - 205 / 256), 0.01)
+        torch.manual_seed(5)  # device seeds come from torch's generator: reproducible
+        e = tj.flash_attn_func(q, k, v, dropout_p=0.2)
+        torch.manual_seed(5)
+        self.assertTrue(torch.equal(e, tj.flash_attn_func(q, k, v, dropout_p=0.2)))
 
     def test_lse(self):
         q, k, v = (rand(1, 128, 2, 64).detach() for _ in range(3))
@@ -202,6 +252,19 @@ class Integration(unittest.TestCase):
         qv, kv, vv = rand(100, 4, 64), rand(100, 2, 64), rand(100, 2, 64)
         torch.library.opcheck(torch.ops.tilejit.attention_forward.default,
                               (qv, kv, vv, cu, cu, 60, 60, 0.125, True, -1, -1, None, 0.0, seed, True))
+        # prefix LM, block-sparse, and dropout with a device seed; their backward; the keep-mask op
+        prefix = torch.tensor([30], device="cuda", dtype=torch.int32)
+        table = torch.tensor([[[[1, 0], [1, 1]]]], device="cuda", dtype=torch.uint8)
+        dev_seed = torch.tensor([1234, 5], device="cuda", dtype=torch.int64)
+        for extra in ((0.0, seed, True, None, 0.0, prefix), (0.0, seed, True, None, 0.0, None, table, 64, 64),
+                      (0.2, dev_seed, True)):
+            args = (q, k, v, None, None, 0, 0, 0.125, False, -1, -1, None) + extra
+            with self.subTest(extra=len(extra), dropout=extra[0]):
+                torch.library.opcheck(torch.ops.tilejit.attention_forward.default, args)
+                out, lse = torch.ops.tilejit.attention_forward(*args)
+                bargs = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach()) + args[3:]
+                torch.library.opcheck(torch.ops.tilejit.attention_backward.default, bargs)
+        torch.library.opcheck(torch.ops.tilejit.dropout_keep_mask.default, (q.detach(), dev_seed, 0.2, 1, 4, 128, 100))
 
     def test_compile_fullgraph(self):
         def step(q, k, v):
@@ -220,8 +283,13 @@ class Integration(unittest.TestCase):
         torch.testing.assert_close(got, eager, rtol=1e-5, atol=0)
         for a, b in zip((q.grad, k.grad, v.grad), g_eager):
             torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+        # dropout: the device seed drawn inside the compiled program, a new mask per call
+        drop = torch.compile(lambda q, k, v: tj.flash_attn_func(q, k, v, dropout_p=0.1, causal=True), fullgraph=True)
+        with torch.no_grad():
+            a, b = drop(q, k, v), drop(q, k, v)
+        self.assertTrue(torch.isfinite(a).all() and not torch.equal(a, b))
 
-    def test_side_stream_and_other_device_index(self):
+    def test_side_stream(self):
         q, k, v = (rand(1, 256, 2, 128).detach() for _ in range(3))
         want = tj.flash_attn_func(q, k, v)
         s = torch.cuda.Stream()
@@ -230,6 +298,26 @@ class Integration(unittest.TestCase):
             got = tj.flash_attn_func(q, k, v)
         torch.cuda.current_stream().wait_stream(s)
         self.assertTrue(torch.equal(got, want))
+
+    def test_inputs_on_a_non_current_device(self):
+        if torch.cuda.device_count() < 2:
+            self.skipTest("needs 2 GPUs (inputs on cuda:1 while cuda:0 is current)")
+        torch.cuda.set_device(0)
+        q, k, v = (torch.randn(2, 300, 4, 64, device="cuda:1", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        out = tj.flash_attn_func(q, k, v, causal=True, dropout_p=0.1, seed=3)
+        out.square().sum().backward()
+        self.assertEqual(torch.cuda.current_device(), 0)  # (the call leaves the current device alone)
+        self.assertEqual(out.device, torch.device("cuda:1"))
+        with torch.cuda.device(1):  # the same call with cuda:1 current: the same bits
+            q2, k2, v2 = (x.detach().clone().requires_grad_() for x in (q, k, v))
+            out2 = tj.flash_attn_func(q2, k2, v2, causal=True, dropout_p=0.1, seed=3)
+            out2.square().sum().backward()
+        self.assertTrue(torch.equal(out, out2))
+        for a, b in ((q.grad, q2.grad), (k.grad, k2.grad), (v.grad, v2.grad)):
+            self.assertTrue(torch.equal(a, b))
+        ref = reference(q.detach(), k.detach(), v.detach(), causal=True,
+                        keep=tj.ops.dropout_keep_mask(q.detach(), torch.tensor(3), 0.1, 2, 4, 300, 300), dropout_p=0.1)
+        self.assertLess(rel(out, ref), 1e-2)
 
     def test_cuda_graph_capture_and_replay(self):
         # forward and backward captured once, replayed on new data in the same buffers: each replay
@@ -265,13 +353,64 @@ class Integration(unittest.TestCase):
             for got, exp in zip(captured, want):
                 self.assertTrue(torch.equal(got, exp), f"replay {trial}")
 
-    def test_dropout_inside_capture_is_refused_clearly(self):
-        q, k, v = (rand(1, 128, 2, 64).detach() for _ in range(3))
-        tj.flash_attn_func(q, k, v, dropout_p=0.1)  # warm-up (compiles)
+    def test_cuda_graph_with_dropout_draws_a_new_mask_per_replay(self):
+        # the seed is drawn on the device inside the graph (torch's graph-safe generator) and read
+        # by the kernels when they run: each replay drops other elements, and equals an eager call
+        # given the [seed, offset] that replay drew, forward and backward, bit for bit
+        q, k, v, dout = (torch.randn(2, 256, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+
+        def step(seed=None):
+            s = torch.randint(0, 2**62, (2,), dtype=torch.int64, device="cuda") if seed is None else seed
+            out, lse = torch.ops.tilejit.attention_forward(q, k, v, None, None, 0, 0, 0.125, True, -1, -1, None, 0.1, s, True)
+            grads = torch.ops.tilejit.attention_backward(dout, q, k, v, out, lse, None, None, 0, 0, 0.125, True, -1, -1, None, 0.1,
+                                                         s, True)
+            return (s, out) + tuple(grads)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
         g = torch.cuda.CUDAGraph()
-        with self.assertRaisesRegex(Exception, "dropout inside a CUDA graph"):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
             with torch.cuda.graph(g):
-                tj.flash_attn_func(q, k, v, dropout_p=0.1)
+                captured = step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        outs = []
+        for trial in range(3):
+            g.replay()
+            seed = captured[0].clone()
+            want = step(seed)
+            for got, exp in zip(captured[1:], want[1:]):
+                self.assertTrue(torch.equal(got, exp), f"replay {trial}")
+            outs.append(captured[1].clone())
+        self.assertFalse(torch.equal(outs[0], outs[1]) or torch.equal(outs[1], outs[2]))
+
+        # the same through flash_attn_func and autograd (a training step captured whole)
+        qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+
+        def train_step():
+            for x in (qg, kg, vg):
+                x.grad = None
+            out = tj.flash_attn_func(qg, kg, vg, dropout_p=0.1, causal=True)
+            out.backward(dout)
+            return out
+
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                train_step()
+        torch.cuda.current_stream().wait_stream(side)
+        g2 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g2):
+            out_g = train_step()
+        g2.replay()
+        first = (out_g.clone(), qg.grad.clone())
+        g2.replay()
+        self.assertFalse(torch.equal(first[0], out_g) or torch.equal(first[1], qg.grad))
+        self.assertTrue(torch.isfinite(out_g).all() and torch.isfinite(qg.grad).all())
 
     def test_bad_arguments_name_the_problem(self):
         q = rand(1, 128, 3, 64).detach()

@@ -11,15 +11,15 @@ import os
 import threading
 from typing import Optional, Sequence
 
-ABI_VERSION = 2  # TILEJIT_C_ABI_VERSION of the header these structs restate
+ABI_VERSION = 3  # TILEJIT_C_ABI_VERSION of the header these structs restate
 
 # tilejit_status
 OK, INVALID_ARGUMENT, DEVICE_ERROR, ERROR = 0, 1, 2, 3
 # tilejit_dtype (ir::DType's values)
-I32, U8, U32, F16, BF16, F32 = 3, 5, 7, 9, 10, 11
+I32, I64, U8, U32, U64, F16, BF16, F32 = 3, 4, 5, 7, 8, 9, 10, 11
 # tilejit_mask_kind
 MASK_FULL, MASK_CAUSAL, MASK_SLIDING_WINDOW, MASK_CAUSAL_SLIDING_WINDOW = 0, 1, 2, 3
-MASK_DOCUMENT, MASK_CAUSAL_DOCUMENT = 5, 6
+MASK_DOCUMENT, MASK_CAUSAL_DOCUMENT, MASK_PREFIX_LM, MASK_BLOCK_SPARSE = 5, 6, 7, 10
 # tilejit_dq_reduction
 DQ_RECOMPUTE, DQ_ATOMIC, DQ_SPLIT, DQ_ORDERED = 0, 1, 2, 3
 
@@ -93,6 +93,7 @@ class Options(ctypes.Structure):
         ("dq_reduction", ctypes.c_int32),
         ("q_descending", ctypes.c_int32),
         ("block_mask", ctypes.c_void_p),
+        ("rng_state", _TensorP),
     ]
 
     def __init__(self) -> None:
@@ -161,8 +162,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tilejit_attention_backward_workspace_bytes.argtypes = [T, T, O, c.POINTER(c.c_size_t)]
     lib.tilejit_attention_check_forward.argtypes = [T, T, T, T, T, O]
     lib.tilejit_attention_prepare.argtypes = [c.c_int32] * 9
+    lib.tilejit_generate_dropout_bits.argtypes = [T, c.c_int64, c.c_int64, c.c_int64, c.c_int64, O, c.c_uint64, c.c_int32]
     for f in ("tilejit_attention_forward", "tilejit_attention_backward", "tilejit_attention_forward_workspace_bytes",
-              "tilejit_attention_backward_workspace_bytes", "tilejit_attention_check_forward", "tilejit_attention_prepare"):
+              "tilejit_attention_backward_workspace_bytes", "tilejit_attention_check_forward", "tilejit_attention_prepare",
+              "tilejit_generate_dropout_bits"):
         getattr(lib, f).restype = c.c_int
 
 
@@ -207,3 +210,8 @@ def forward(q, k, v, o, lse, opts: Options, stream: int, workspace: int, workspa
 def backward(q, k, v, o, dout, lse, dq, dk, dv, opts: Options, stream: int, workspace: int, workspace_bytes: int) -> None:
     check(library().tilejit_attention_backward(_p(q), _p(k), _p(v), _p(o), _p(dout), _p(lse), _p(dq), _p(dk), _p(dv),
                                                ctypes.byref(opts), stream, workspace, workspace_bytes))
+
+
+def generate_dropout_bits(bits: Tensor, batch: int, heads_q: int, seq_q: int, seq_k: int, opts: Options, stream: int) -> None:
+    """The packed keep-mask (u32 [batch * heads_q, seq_q, cdiv(seq_k, 32)]) of calls with these options."""
+    check(library().tilejit_generate_dropout_bits(_p(bits), batch, heads_q, seq_q, seq_k, ctypes.byref(opts), stream, 0))

@@ -1,10 +1,16 @@
 """The torch.library ops: tilejit::attention_forward / attention_backward, with fake (meta)
-implementations for dense and varlen shapes and autograd (saving q, k, v, out, lse).
+implementations for dense and varlen shapes and autograd (saving q, k, v, out, lse), and
+tilejit::dropout_keep_mask (the keep-mask a call with some seed draws).
 
 Each op runs on torch's current stream of the inputs' device, takes its outputs and workspace
 from torch's caching allocator, and never synchronises. Layouts are flash-attn's: dense q / out
 [B, S_q, H_q, D], k / v [B, S_k, H_kv, D], lse f32 [B, H_q, S_q]; varlen q [total_q, H_q, D],
 k / v [total_k, H_kv, D] with int32 cu_seqlens, lse [H_q, total_q].
+
+Dropout's `seed` is either a CPU int64 scalar (a fixed seed, offset 0) or an int64 [2] tensor
+[seed, offset] on the inputs' device, which the kernels read when they run: CUDA graphs replay it
+afresh, so a graph that draws it (torch.randint on the device, from torch's graph-safe generator)
+drops other elements on every replay.
 """
 from __future__ import annotations
 
@@ -16,13 +22,15 @@ from torch import Tensor
 
 from . import _c
 
-_DTYPES = {torch.bfloat16: _c.BF16, torch.float16: _c.F16, torch.float32: _c.F32, torch.int32: _c.I32, torch.uint8: _c.U8}
+_DTYPES = {torch.bfloat16: _c.BF16, torch.float16: _c.F16, torch.float32: _c.F32, torch.int32: _c.I32, torch.uint8: _c.U8,
+           torch.int64: _c.I64}
 
 
 def _view(t: Tensor, name: str) -> _c.Tensor:
     if t.dtype not in _DTYPES:
         raise _c.TilejitArgumentError(f"tilejit_torch: {name} has dtype {t.dtype}; valid: bfloat16 / float16 for q, k, v, "
-                                      f"float32 for lse, int32 for cu_seqlens and document ids")
+                                      f"float32 for lse, int32 for cu_seqlens, document ids and prefix lengths, uint8 for "
+                                      f"block tables, int64 for seeds")
     if not t.is_cuda:
         raise _c.TilejitArgumentError(f"tilejit_torch: {name} is on {t.device}; tilejit runs on CUDA tensors")
     return _c.Tensor.make(t.data_ptr(), _DTYPES[t.dtype], list(t.shape), list(t.stride()), t.device.index)
@@ -33,19 +41,11 @@ def _unit_last(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _check_capture(op: str, dropout_p: float) -> None:
-    # Capture is safe (the kernels' TMA descriptors are kernel parameters, copied into the graph),
-    # but a dropout seed read on the host would be baked into the graph: every replay would drop
-    # the same elements. Refuse that rather than train on one mask.
-    if dropout_p > 0.0 and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(f"tilejit_torch.{op}: dropout inside a CUDA graph capture is not supported yet (the seed is a "
-                           "host value, so every replay would reuse one mask); capture without dropout")
-
-
 def _options(q: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
              softmax_scale: float, causal: bool, window_left: int, window_right: int, document_ids: Optional[Tensor],
-             dropout_p: float, seed: int, deterministic: bool, alibi_slopes: Optional[Tensor] = None,
-             softcap: float = 0.0) -> _c.Options:
+             dropout_p: float, seed: Tensor, deterministic: bool, alibi_slopes: Optional[Tensor] = None,
+             softcap: float = 0.0, prefix_lengths: Optional[Tensor] = None, block_table: Optional[Tensor] = None,
+             block_q: int = 0, block_k: int = 0) -> _c.Options:
     o = _c.Options()
     # score mods (the library's: ALiBi adds slope[h] * (key - query position); soft-capping
     # cap * tanh(score / cap)), on q . k * scale before the mask and the softmax
@@ -62,11 +62,22 @@ def _options(q: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[T
         o.set_tensor("cu_seqlens_k", _view(cu_seqlens_k, "cu_seqlens_k"))
         o.max_seqlen_q, o.max_seqlen_k = max_seqlen_q, max_seqlen_k
     windowed = window_left >= 0 or window_right >= 0
+    masks = [n for n, x in (("window_size", windowed), ("document_ids", document_ids is not None),
+                            ("prefix_lengths", prefix_lengths is not None), ("block_table", block_table is not None)) if x]
+    if len(masks) > 1:
+        raise _c.TilejitArgumentError(f"tilejit_torch: {' and '.join(masks)} together are not supported; use one mask")
+    if causal and block_table is not None:
+        raise _c.TilejitArgumentError("tilejit_torch: causal with block_table is not supported (a block-sparse mask is "
+                                      "the table alone; zero the blocks above the diagonal instead)")
     if document_ids is not None:
-        if windowed:
-            raise _c.TilejitArgumentError("tilejit_torch: window_size and document_ids together are not supported; use one")
         o.mask_kind = _c.MASK_CAUSAL_DOCUMENT if causal else _c.MASK_DOCUMENT
         o.set_tensor("mask_doc_ids", _view(document_ids, "document_ids"))
+    elif prefix_lengths is not None:  # prefix LM: bidirectional inside each sequence's prefix, causal after it
+        o.mask_kind = _c.MASK_PREFIX_LM
+        o.set_tensor("mask_prefix_lengths", _view(prefix_lengths, "prefix_lengths"))
+    elif block_table is not None:  # the table tiles the [S_q, S_k] scores in block_q x block_k blocks
+        o.mask_kind, o.mask_block_q, o.mask_block_k = _c.MASK_BLOCK_SPARSE, block_q, block_k
+        o.set_tensor("mask_block_table", _view(block_table, "block_table"))
     elif windowed:
         # flash-attn's window_size = (left, right), -1 = unbounded on that side
         left = window_left if window_left >= 0 else (1 << 40)
@@ -78,18 +89,22 @@ def _options(q: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[T
     else:
         o.causal = int(causal)
     o.dropout_p = dropout_p
-    o.seed = seed & ((1 << 64) - 1)
+    if seed.is_cuda:
+        if dropout_p > 0.0:  # (without dropout the library refuses a state it would not read)
+            o.set_tensor("rng_state", _view(seed, "seed"))
+    else:
+        o.seed = _host_seed(seed) & ((1 << 64) - 1)
     # deterministic: dQ recomputed in its own kernel (the library's default); else atomics
     o.dq_reduction = _c.DQ_RECOMPUTE if deterministic else _c.DQ_ATOMIC
     return o
 
 
-def _seed(seed: Tensor) -> int:
-    # a CPU int64 scalar (drawn with torch.randint in the traced program, so every compiled step
-    # draws its own): reading it does not touch the GPU
-    if seed.device.type != "cpu" or seed.numel() != 1:
-        raise _c.TilejitArgumentError(f"tilejit_torch: seed must be a one-element CPU int64 tensor, got {tuple(seed.shape)} "
-                                      f"on {seed.device}")
+def _host_seed(seed: Tensor) -> int:
+    # a CPU int64 scalar: reading it does not touch the GPU (a device seed is [2] on the inputs'
+    # device, which the library checks)
+    if seed.numel() != 1:
+        raise _c.TilejitArgumentError(f"tilejit_torch: seed must be a one-element CPU int64 tensor or an int64 [2] "
+                                      f"[seed, offset] on the inputs' device, got {tuple(seed.shape)} on {seed.device}")
     return int(seed.item())
 
 
@@ -113,15 +128,16 @@ def _lse_shape(q: Tensor, varlen: bool) -> List[int]:
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                       max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
                       window_right: int, document_ids: Optional[Tensor], dropout_p: float, seed: Tensor,
-                      deterministic: bool, alibi_slopes: Optional[Tensor] = None, softcap: float = 0.0) -> Tuple[Tensor, Tensor]:
+                      deterministic: bool, alibi_slopes: Optional[Tensor] = None, softcap: float = 0.0,
+                      prefix_lengths: Optional[Tensor] = None, block_table: Optional[Tensor] = None, block_q: int = 0,
+                      block_k: int = 0) -> Tuple[Tensor, Tensor]:
     # (deterministic: the backward's dQ reduction, kept for autograd; the forward is deterministic)
-    _check_capture("attention_forward", dropout_p)
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
     varlen = cu_seqlens_q is not None
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q, varlen), dtype=torch.float32, device=q.device)
     opts = _options(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-                    document_ids, dropout_p, _seed(seed), True, alibi_slopes, softcap)
+                    document_ids, dropout_p, seed, True, alibi_slopes, softcap, prefix_lengths, block_table, block_q, block_k)
     tq, tk, tv, to, tl = _view(q, "q"), _view(k, "k"), _view(v, "v"), _view(out, "out"), _view(lse, "lse")
     with _on(q.device):
         ws, ws_ptr = _workspace(_c.forward_workspace_bytes(tq, tk, opts), q.device)
@@ -131,7 +147,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Te
 
 @attention_forward.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-      document_ids, dropout_p, seed, deterministic, alibi_slopes=None, softcap=0.0):
+      document_ids, dropout_p, seed, deterministic, alibi_slopes=None, softcap=0.0, prefix_lengths=None, block_table=None,
+      block_q=0, block_k=0):
     varlen = cu_seqlens_q is not None
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
 
@@ -140,15 +157,16 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_s
 def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
                        cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
                        window_left: int, window_right: int, document_ids: Optional[Tensor], dropout_p: float, seed: Tensor,
-                       deterministic: bool, alibi_slopes: Optional[Tensor] = None,
-                       softcap: float = 0.0) -> Tuple[Tensor, Tensor, Tensor]:
-    _check_capture("attention_backward", dropout_p)
+                       deterministic: bool, alibi_slopes: Optional[Tensor] = None, softcap: float = 0.0,
+                       prefix_lengths: Optional[Tensor] = None, block_table: Optional[Tensor] = None, block_q: int = 0,
+                       block_k: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     q, k, v, out, dout = _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(out), _unit_last(dout)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     opts = _options(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-                    document_ids, dropout_p, _seed(seed), deterministic, alibi_slopes, softcap)
+                    document_ids, dropout_p, seed, deterministic, alibi_slopes, softcap, prefix_lengths, block_table, block_q,
+                    block_k)
     t = {n: _view(x, n) for n, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse), ("dq", dq),
                                      ("dk", dk), ("dv", dv))}
     with _on(q.device):
@@ -160,31 +178,60 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
 
 @attention_backward.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-      window_right, document_ids, dropout_p, seed, deterministic, alibi_slopes=None, softcap=0.0):
+      window_right, document_ids, dropout_p, seed, deterministic, alibi_slopes=None, softcap=0.0, prefix_lengths=None,
+      block_table=None, block_q=0, block_k=0):
     def like(x):
         return torch.empty_like(x, memory_format=torch.contiguous_format)
     return like(q), like(k), like(v)
 
 
-# Autograd (also interface._Attention's): the forward's inputs after q, k, v (cu_seqlens ... softcap)
+# Autograd (also interface._Attention's): the forward's inputs after q, k, v (cu_seqlens ... block_k)
 # get no gradient.
-_FORWARD_EXTRA = 14
+_FORWARD_EXTRA = 18
 
 
 def setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, doc, p, seed, deterministic, slopes, softcap = inputs
+    (q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, doc, p, seed, deterministic, slopes, softcap, prefix, table, bq,
+     bk) = (tuple(inputs) + (None, 0.0, None, None, 0, 0)[len(inputs) - 15:])
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, doc, seed, slopes)
-    ctx.params = (max_q, max_k, scale, causal, wl, wr, p, softcap)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, doc, seed, slopes, prefix, table)
+    ctx.params = (max_q, max_k, scale, causal, wl, wr, p, softcap, bq, bk)
     ctx.deterministic = deterministic
 
 
 def backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_q, cu_k, doc, seed, slopes = ctx.saved_tensors
-    max_q, max_k, scale, causal, wl, wr, p, softcap = ctx.params
+    q, k, v, out, lse, cu_q, cu_k, doc, seed, slopes, prefix, table = ctx.saved_tensors
+    max_q, max_k, scale, causal, wl, wr, p, softcap, bq, bk = ctx.params
     dq, dk, dv = attention_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, doc, p, seed,
-                                    ctx.deterministic, slopes, softcap)
+                                    ctx.deterministic, slopes, softcap, prefix, table, bq, bk)
     return (dq, dk, dv) + (None,) * _FORWARD_EXTRA
 
 
 attention_forward.register_autograd(backward, setup_context=setup_context)
+
+
+@torch.library.custom_op("tilejit::dropout_keep_mask", mutates_args=(), device_types="cuda")
+def dropout_keep_mask(q: Tensor, seed: Tensor, dropout_p: float, batch: int, heads_q: int, seq_q: int, seq_k: int) -> Tensor:
+    """bool [batch, heads_q, seq_q, seq_k]: which attention probabilities a call with this seed and
+    dropout_p keeps (the library's generate_dropout_bits, unpacked; q gives the device). Varlen
+    calls: batch = the sequence count, seq_q / seq_k = the max_seqlen's, rows and columns inside
+    each sequence."""
+    opts = _c.Options()
+    opts.dropout_p = dropout_p
+    if seed.is_cuda:
+        opts.set_tensor("rng_state", _view(seed, "seed"))
+    else:
+        opts.seed = _host_seed(seed) & ((1 << 64) - 1)
+    words = (seq_k + 31) // 32
+    bits = torch.empty(batch * heads_q, seq_q, words, dtype=torch.int32, device=q.device)  # (u32 bits)
+    tb = _c.Tensor.make(bits.data_ptr(), _c.U32, list(bits.shape), list(bits.stride()), q.device.index)
+    with _on(q.device):
+        _c.generate_dropout_bits(tb, batch, heads_q, seq_q, seq_k, opts, torch.cuda.current_stream(q.device).cuda_stream)
+    shifts = torch.arange(32, dtype=torch.int32, device=q.device)
+    keep = ((bits.unsqueeze(-1) >> shifts) & 1).bool().reshape(batch * heads_q, seq_q, words * 32)[..., :seq_k]
+    return keep.reshape(batch, heads_q, seq_q, seq_k).contiguous()
+
+
+@dropout_keep_mask.register_fake
+def _(q, seed, dropout_p, batch, heads_q, seq_q, seq_k):
+    return q.new_empty((batch, heads_q, seq_q, seq_k), dtype=torch.bool)
