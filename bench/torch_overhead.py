@@ -61,7 +61,7 @@ def main():
         print(f"| {b}, {s}, {h}, {d} | {med[0]:.1f} | {med[1]:.1f} | {med[2]:.1f} | {med[3]:.1f} |")
 
 
-if __name__ == "__main__" and "--breakdown" not in sys.argv:
+if __name__ == "__main__" and "--breakdown" not in sys.argv and "--profile" not in sys.argv:
     main()
 
 
@@ -73,7 +73,7 @@ def breakdown():
     seed = torch.zeros((), dtype=torch.int64)
     out, lse = torch.ops.tilejit.attention_forward(q, k, v, None, None, 0, 0, 0.088, True, -1, -1, None, 0.0, seed, True)
     dq, dk, dv = torch.ops.tilejit.attention_backward(dout, q, k, v, out, lse, None, None, 0, 0, 0.088, True, -1, -1, None, 0.0, seed, True)
-    opts = ops._options(q, None, None, 0, 0, 0.088, True, -1, -1, None, 0.0, 0, True)
+    opts = ops._options(q, None, None, 0, 0, 0.088, True, -1, -1, None, 0.0, seed, True)
     t = {n: ops._view(x, n) for n, x in (("q", q), ("k", k), ("v", v), ("o", out), ("do", dout), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))}
     stream = torch.cuda.current_stream().cuda_stream
     wsb = _c.backward_workspace_bytes(t["q"], t["k"], opts)
@@ -93,7 +93,7 @@ def breakdown():
         "C backward": lambda: _c.backward(t["q"], t["k"], t["v"], t["o"], t["do"], t["lse"], t["dq"], t["dk"], t["dv"], opts, stream,
                                           ws.data_ptr(), wsb),
         "backward workspace query": lambda: _c.backward_workspace_bytes(t["q"], t["k"], opts),
-        "options": lambda: ops._options(q, None, None, 0, 0, 0.088, True, -1, -1, None, 0.0, 0, True),
+        "options": lambda: ops._options(q, None, None, 0, 0, 0.088, True, -1, -1, None, 0.0, seed, True),
         "5 views": lambda: [ops._view(x, "x") for x in (q, k, v, out, lse)],
         "op forward": lambda: torch.ops.tilejit.attention_forward(q, k, v, None, None, 0, 0, 0.088, True, -1, -1, None, 0.0, seed, True),
         "op backward": lambda: torch.ops.tilejit.attention_backward(dout, q, k, v, out, lse, None, None, 0, 0, 0.088, True, -1, -1, None,
@@ -106,3 +106,53 @@ def breakdown():
 
 if __name__ == "__main__" and "--breakdown" in sys.argv:
     breakdown()
+
+
+def profile():
+    """torch.profiler over forward + backward through autograd (B 1, S 128, H 1, D 64, causal): host
+    time per call split by operator and Python function, tilejit beside SDPA, and the time from
+    entering backward() to the first kernel of the backward (what the autograd engine costs)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    q, k, v = (torch.randn(1, 128, 1, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
+
+    def tj_both():
+        tj.flash_attn_func(q, k, v, causal=True).sum().backward()
+
+    def sdpa_both():
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+            F.scaled_dot_product_attention(qt, kt, vt, is_causal=True).sum().backward()
+
+    for name, fn in (("tilejit", tj_both), ("sdpa", sdpa_both)):
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        # the pieces with synchronisation between them: host-bound or device-bound?
+        t = {"forward": [], "backward": []}
+        for _ in range(50):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = (tj.flash_attn_func(q, k, v, causal=True) if fn is tj_both else
+                   F.scaled_dot_product_attention(qt, kt, vt, is_causal=True))
+            loss = out.sum()
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            torch.cuda.synchronize()
+            t["forward"].append((t1 - t0) * 1e6)
+            t["backward"].append((t2 - t1) * 1e6)
+        print(f"{name}: forward (+sync) {statistics.median(t['forward']):.1f} us, backward() host "
+              f"{statistics.median(t['backward']):.1f} us (median of 50)")
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+        print(f"== {name}: 20 calls, by self CPU time ==")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70))
+        print(f"== {name}: by Python stack (5 frames), CPU total ==")
+        print(prof.key_averages(group_by_stack_n=5).table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=70))
+
+
+if __name__ == "__main__" and "--profile" in sys.argv:
+    profile()
