@@ -52,14 +52,12 @@ class Tensor(ctypes.Structure):
     def make(cls, data: int, dtype: int, sizes: Sequence[int], strides: Sequence[int], device: int) -> "Tensor":
         if not 1 <= len(sizes) <= 4 or len(strides) != len(sizes):
             raise TilejitArgumentError(f"tilejit_torch: a tensor of rank {len(sizes)} (sizes {list(sizes)}); valid ranks are 1..4")
-        t = cls()
-        t.data, t.dtype, t.rank, t.device = data, dtype, len(sizes), device
-        for i, (s, st) in enumerate(zip(sizes, strides)):
-            t.sizes[i], t.strides[i] = s, st
-        return t
+        # (one constructor call: setting the fields one by one cost ~2.5 us a tensor)
+        return cls(data, dtype, len(sizes), _Dims(*sizes), _Dims(*strides), device)
 
 
 _TensorP = ctypes.POINTER(Tensor)
+_Dims = ctypes.c_int64 * 4
 
 
 class Options(ctypes.Structure):

@@ -10,11 +10,14 @@ from torch import Tensor
 from . import ops
 
 
+_NO_SEED = torch.zeros((), dtype=torch.int64)  # (read only: the calls without dropout share it)
+
+
 def _seed(dropout_p: float, seed: Optional[int], device: torch.device) -> Tensor:
     if seed is not None:
         return torch.tensor(seed, dtype=torch.int64)  # a fixed mask, also in every replay of a CUDA graph
     if dropout_p == 0.0:
-        return torch.zeros((), dtype=torch.int64)
+        return _NO_SEED
     # [seed, offset] drawn on the device from torch's CUDA generator: a new mask each call, each
     # compiled step and each CUDA-graph replay (torch's generator is graph-safe; the kernels read the
     # pair when they run), reproducible under torch.manual_seed, and no host synchronisation
@@ -29,13 +32,16 @@ class _Attention(torch.autograd.Function):
     """Autograd over the two ops. The ops also carry register_autograd (for callers of
     torch.ops.tilejit directly); this Function is the lighter path the functions below take:
     torch.library's Python autograd wrapper cost ~0.2 ms in the forward and ~0.6 ms in the
-    backward per call on the H100 host (bench/torch_overhead.py)."""
+    backward per call on the H100 host (bench/torch_overhead.py). Eager calls run the ops'
+    implementations directly (ops.forward / ops.backward_call); torch.compile traces the ops."""
 
     @staticmethod
     def forward(ctx, *inputs):
-        out, lse = ops.attention_forward(*inputs)
+        out, lse = ops.forward(*inputs)
         ops.setup_context(ctx, inputs, (out, lse))  # what the ops' own autograd saves
         ctx.mark_non_differentiable(lse)
+        if not torch.compiler.is_compiling():
+            ctx.set_materialize_grads(False)  # (no zero-filled gradient for lse per call)
         return out, lse
 
     @staticmethod

@@ -120,17 +120,25 @@ def _workspace(nbytes: int, device: torch.device) -> Tuple[Optional[Tensor], int
     return ws, ws.data_ptr()
 
 
+# torch's current stream of a device as a CUstream integer: the raw getter inductor's generated code
+# calls (no Stream object per call), else the public API
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream(device: torch.device) -> int:
+    return _raw_stream(device.index) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
+
+
 def _lse_shape(q: Tensor, varlen: bool) -> List[int]:
     return [q.shape[1], q.shape[0]] if varlen else [q.shape[0], q.shape[2], q.shape[1]]
 
 
-@torch.library.custom_op("tilejit::attention_forward", mutates_args=(), device_types="cuda")
-def attention_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-                      max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
-                      window_right: int, document_ids: Optional[Tensor], dropout_p: float, seed: Tensor,
-                      deterministic: bool, alibi_slopes: Optional[Tensor] = None, softcap: float = 0.0,
-                      prefix_lengths: Optional[Tensor] = None, block_table: Optional[Tensor] = None, block_q: int = 0,
-                      block_k: int = 0) -> Tuple[Tensor, Tensor]:
+def _forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                  max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
+                  window_right: int, document_ids: Optional[Tensor], dropout_p: float, seed: Tensor,
+                  deterministic: bool, alibi_slopes: Optional[Tensor] = None, softcap: float = 0.0,
+                  prefix_lengths: Optional[Tensor] = None, block_table: Optional[Tensor] = None, block_q: int = 0,
+                  block_k: int = 0) -> Tuple[Tensor, Tensor]:
     # (deterministic: the backward's dQ reduction, kept for autograd; the forward is deterministic)
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
     varlen = cu_seqlens_q is not None
@@ -141,8 +149,20 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Te
     tq, tk, tv, to, tl = _view(q, "q"), _view(k, "k"), _view(v, "v"), _view(out, "out"), _view(lse, "lse")
     with _on(q.device):
         ws, ws_ptr = _workspace(_c.forward_workspace_bytes(tq, tk, opts), q.device)
-        _c.forward(tq, tk, tv, to, tl, opts, torch.cuda.current_stream(q.device).cuda_stream, ws_ptr, 0 if ws is None else ws.numel())
+        _c.forward(tq, tk, tv, to, tl, opts, _stream(q.device), ws_ptr, 0 if ws is None else ws.numel())
     return out, lse
+
+
+@torch.library.custom_op("tilejit::attention_forward", mutates_args=(), device_types="cuda")
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                      max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
+                      window_right: int, document_ids: Optional[Tensor], dropout_p: float, seed: Tensor,
+                      deterministic: bool, alibi_slopes: Optional[Tensor] = None, softcap: float = 0.0,
+                      prefix_lengths: Optional[Tensor] = None, block_table: Optional[Tensor] = None, block_q: int = 0,
+                      block_k: int = 0) -> Tuple[Tensor, Tensor]:
+    return _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                         window_right, document_ids, dropout_p, seed, deterministic, alibi_slopes, softcap, prefix_lengths,
+                         block_table, block_q, block_k)
 
 
 @attention_forward.register_fake
@@ -153,13 +173,12 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_s
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
 
 
-@torch.library.custom_op("tilejit::attention_backward", mutates_args=(), device_types="cuda")
-def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
-                       cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
-                       window_left: int, window_right: int, document_ids: Optional[Tensor], dropout_p: float, seed: Tensor,
-                       deterministic: bool, alibi_slopes: Optional[Tensor] = None, softcap: float = 0.0,
-                       prefix_lengths: Optional[Tensor] = None, block_table: Optional[Tensor] = None, block_q: int = 0,
-                       block_k: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
+def _backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
+                   cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+                   window_left: int, window_right: int, document_ids: Optional[Tensor], dropout_p: float, seed: Tensor,
+                   deterministic: bool, alibi_slopes: Optional[Tensor] = None, softcap: float = 0.0,
+                   prefix_lengths: Optional[Tensor] = None, block_table: Optional[Tensor] = None, block_q: int = 0,
+                   block_k: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     q, k, v, out, dout = _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(out), _unit_last(dout)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -172,8 +191,20 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
     with _on(q.device):
         ws, ws_ptr = _workspace(_c.backward_workspace_bytes(t["q"], t["k"], opts), q.device)
         _c.backward(t["q"], t["k"], t["v"], t["out"], t["dout"], t["lse"], t["dq"], t["dk"], t["dv"], opts,
-                    torch.cuda.current_stream(q.device).cuda_stream, ws_ptr, 0 if ws is None else ws.numel())
+                    _stream(q.device), ws_ptr, 0 if ws is None else ws.numel())
     return dq, dk, dv
+
+
+@torch.library.custom_op("tilejit::attention_backward", mutates_args=(), device_types="cuda")
+def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
+                       cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+                       window_left: int, window_right: int, document_ids: Optional[Tensor], dropout_p: float, seed: Tensor,
+                       deterministic: bool, alibi_slopes: Optional[Tensor] = None, softcap: float = 0.0,
+                       prefix_lengths: Optional[Tensor] = None, block_table: Optional[Tensor] = None, block_q: int = 0,
+                       block_k: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
+    return _backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                          window_left, window_right, document_ids, dropout_p, seed, deterministic, alibi_slopes, softcap,
+                          prefix_lengths, block_table, block_q, block_k)
 
 
 @attention_backward.register_fake
@@ -183,6 +214,32 @@ def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     def like(x):
         return torch.empty_like(x, memory_format=torch.contiguous_format)
     return like(q), like(k), like(v)
+
+
+try:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+except ImportError:  # (then every call takes the registered ops)
+    _get_current_dispatch_mode = None
+
+
+def _eager(t: Tensor) -> bool:
+    """Whether a call on t runs now on real tensors: not traced by torch.compile, make_fx / export or
+    AOT autograd (fake, functional or proxied tensors, a dispatch mode active). Only then may it
+    skip the registered op."""
+    return (_get_current_dispatch_mode is not None and type(t) is torch.Tensor and not torch.compiler.is_compiling()
+            and _get_current_dispatch_mode() is None)
+
+
+def forward(*args) -> Tuple[Tensor, Tensor]:
+    """attention_forward's arguments: an eager call runs the implementation directly, skipping
+    torch.library's Python dispatch and the op's autograd wrapper (bench/torch_overhead.py:
+    decision 053); a traced one records the registered op, which the graph then holds."""
+    return _forward_impl(*args) if _eager(args[0]) else attention_forward(*args)
+
+
+def backward_call(*args) -> Tuple[Tensor, Tensor, Tensor]:
+    """attention_backward's arguments, as forward() does it."""
+    return _backward_impl(*args) if _eager(args[0]) else attention_backward(*args)
 
 
 # Autograd (also interface._Attention's): the forward's inputs after q, k, v (cu_seqlens ... block_k)
@@ -200,10 +257,12 @@ def setup_context(ctx, inputs, output):
 
 
 def backward(ctx, dout, dlse):
+    if dout is None:  # (interface._Attention does not materialise gradients: out unused)
+        return (None,) * (3 + _FORWARD_EXTRA)
     q, k, v, out, lse, cu_q, cu_k, doc, seed, slopes, prefix, table = ctx.saved_tensors
     max_q, max_k, scale, causal, wl, wr, p, softcap, bq, bk = ctx.params
-    dq, dk, dv = attention_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, doc, p, seed,
-                                    ctx.deterministic, slopes, softcap, prefix, table, bq, bk)
+    dq, dk, dv = backward_call(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, doc, p, seed,
+                               ctx.deterministic, slopes, softcap, prefix, table, bq, bk)
     return (dq, dk, dv) + (None,) * _FORWARD_EXTRA
 
 
@@ -226,7 +285,7 @@ def dropout_keep_mask(q: Tensor, seed: Tensor, dropout_p: float, batch: int, hea
     bits = torch.empty(batch * heads_q, seq_q, words, dtype=torch.int32, device=q.device)  # (u32 bits)
     tb = _c.Tensor.make(bits.data_ptr(), _c.U32, list(bits.shape), list(bits.stride()), q.device.index)
     with _on(q.device):
-        _c.generate_dropout_bits(tb, batch, heads_q, seq_q, seq_k, opts, torch.cuda.current_stream(q.device).cuda_stream)
+        _c.generate_dropout_bits(tb, batch, heads_q, seq_q, seq_k, opts, _stream(q.device))
     shifts = torch.arange(32, dtype=torch.int32, device=q.device)
     keep = ((bits.unsqueeze(-1) >> shifts) & 1).bool().reshape(batch * heads_q, seq_q, words * 32)[..., :seq_k]
     return keep.reshape(batch, heads_q, seq_q, seq_k).contiguous()
