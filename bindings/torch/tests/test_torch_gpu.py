@@ -243,33 +243,59 @@ class Integration(unittest.TestCase):
         torch.library.opcheck(torch.ops.tilejit.attention_backward.default, bargs)
 
     def test_opcheck_varlen_gqa_masks(self):
+        # every forward case and its backward: GQA with windows (sliding and causal sliding), causal
+        # and non-causal documents (block lists: the forward's workspace), prefix LM, block-sparse,
+        # varlen, dropout with a device seed, ALiBi, soft-capping; then the keep-mask op
         seed = torch.zeros((), dtype=torch.int64)
-        # GQA with a window
         q, k, v = rand(1, 128, 4, 64), rand(1, 128, 2, 64), rand(1, 128, 2, 64)
-        torch.library.opcheck(torch.ops.tilejit.attention_forward.default,
-                              (q, k, v, None, None, 0, 0, 0.125, False, 32, 8, None, 0.0, seed, True))
-        # document ids (a mask with block lists: the forward's workspace)
         doc = torch.tensor([[0] * 50 + [1] * 78], device="cuda", dtype=torch.int32)
-        torch.library.opcheck(torch.ops.tilejit.attention_forward.default,
-                              (q, k, v, None, None, 0, 0, 0.125, True, -1, -1, doc, 0.0, seed, True))
-        # varlen
-        cu = torch.tensor([0, 40, 100], device="cuda", dtype=torch.int32)
-        qv, kv, vv = rand(100, 4, 64), rand(100, 2, 64), rand(100, 2, 64)
-        torch.library.opcheck(torch.ops.tilejit.attention_forward.default,
-                              (qv, kv, vv, cu, cu, 60, 60, 0.125, True, -1, -1, None, 0.0, seed, True))
-        # prefix LM, block-sparse, and dropout with a device seed; their backward; the keep-mask op
         prefix = torch.tensor([30], device="cuda", dtype=torch.int32)
         table = torch.tensor([[[[1, 0], [1, 1]]]], device="cuda", dtype=torch.uint8)
         dev_seed = torch.tensor([1234, 5], device="cuda", dtype=torch.int64)
-        for extra in ((0.0, seed, True, None, 0.0, prefix), (0.0, seed, True, None, 0.0, None, table, 64, 64),
-                      (0.2, dev_seed, True)):
-            args = (q, k, v, None, None, 0, 0, 0.125, False, -1, -1, None) + extra
-            with self.subTest(extra=len(extra), dropout=extra[0]):
+        slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device="cuda", dtype=torch.float32)
+        cu = torch.tensor([0, 40, 100], device="cuda", dtype=torch.int32)
+        qv, kv, vv = rand(100, 4, 64), rand(100, 2, 64), rand(100, 2, 64)
+        dense = (None, None, 0, 0, 0.125)
+        cases = {
+            "sliding window": (q, k, v) + dense + (False, 32, 8, None, 0.0, seed, True),
+            "causal sliding window": (q, k, v) + dense + (True, 32, -1, None, 0.0, seed, True),
+            "document": (q, k, v) + dense + (False, -1, -1, doc, 0.0, seed, True),
+            "causal document": (q, k, v) + dense + (True, -1, -1, doc, 0.0, seed, True),
+            "prefix LM": (q, k, v) + dense + (False, -1, -1, None, 0.0, seed, True, None, 0.0, prefix),
+            "block-sparse": (q, k, v) + dense + (False, -1, -1, None, 0.0, seed, True, None, 0.0, None, table, 64, 64),
+            "varlen causal": (qv, kv, vv, cu, cu, 60, 60, 0.125, True, -1, -1, None, 0.0, seed, True),
+            "dropout, device seed": (q, k, v) + dense + (True, -1, -1, None, 0.2, dev_seed, True),
+            "varlen dropout": (qv, kv, vv, cu, cu, 60, 60, 0.125, False, -1, -1, None, 0.2, dev_seed, True),
+            "alibi": (q, k, v) + dense + (True, -1, -1, None, 0.0, seed, True, slopes),
+            "softcap, atomic dQ": (q, k, v) + dense + (False, -1, -1, None, 0.0, seed, False, None, 5.0),
+        }
+        for name, args in cases.items():
+            with self.subTest(case=name):
                 torch.library.opcheck(torch.ops.tilejit.attention_forward.default, args)
                 out, lse = torch.ops.tilejit.attention_forward(*args)
-                bargs = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach()) + args[3:]
+                bargs = (torch.randn_like(out), args[0].detach(), args[1].detach(), args[2].detach(), out.detach(),
+                         lse.detach()) + args[3:]
                 torch.library.opcheck(torch.ops.tilejit.attention_backward.default, bargs)
         torch.library.opcheck(torch.ops.tilejit.dropout_keep_mask.default, (q.detach(), dev_seed, 0.2, 1, 4, 128, 100))
+
+    def test_create_block_table(self):
+        # FlexAttention's create_block_mask for whole blocks: a block-causal mask's table, used as
+        # a block-sparse mask, equals the reference with the element mask; partial blocks refuse
+        def block_causal(b, h, q_idx, kv_idx):
+            return (kv_idx // 64) <= (q_idx // 64)
+
+        table = tj.create_block_table(block_causal, 1, 1, 256, 256, block_size=(64, 64))
+        self.assertEqual(tuple(table.shape), (1, 1, 4, 4))
+        self.assertTrue(torch.equal(table.cpu(), torch.tril(torch.ones(4, 4, dtype=torch.uint8))[None, None]))
+        q, k, v = rand(2, 256, 2, 64), rand(2, 256, 2, 64), rand(2, 256, 2, 64)
+        self.check_block_table(q, k, v, table)
+        with self.assertRaisesRegex(ValueError, "partly allowed"):
+            tj.create_block_table(lambda b, h, qi, ki: ki <= qi, 1, 1, 256, 256, block_size=(64, 64))
+
+    def check_block_table(self, q, k, v, table):
+        out = tj.flash_attn_func(q, k, v, block_table=table, block_size=(64, 64))
+        ref = reference(q.detach(), k.detach(), v.detach(), table=table, block=(64, 64))
+        self.assertLess(rel(out, ref), 1e-2)
 
     def test_compile_fullgraph(self):
         def step(q, k, v):

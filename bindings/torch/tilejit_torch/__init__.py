@@ -5,8 +5,9 @@ compiled extension, no libtorch ABI dependence.
 """
 from ._c import TilejitArgumentError, TilejitDeviceError, TilejitError, version
 from .interface import flash_attn_func, flash_attn_varlen_func
+from .masks import create_block_table
 from . import ops
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "ops", "version", "TilejitError", "TilejitArgumentError",
-           "TilejitDeviceError"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "create_block_table", "ops", "version", "TilejitError",
+           "TilejitArgumentError", "TilejitDeviceError"]
 __version__ = "0.1.0"
