@@ -1,13 +1,17 @@
 // scan and reduce_with: a user combine along an axis, in a layout whose axis-coordinate bits are
-// each one register, lane or warp bit (Layout::axis_bits_separate). The bits are combined from
-// the least significant up, as in a hypercube scan: after bit j every element holds the combine of
-// its aligned block of 2^(j+1) elements (`total`) and its inclusive prefix within it (`prefix`).
-// Merging two blocks: the second's prefix and both totals gain the first's total on their left.
-// Register bits pair registers of a thread, lane bits shuffle, warp bits go through shared memory.
-// Any associative combine works (order is kept, commutativity is not assumed). xor_permute moves
-// elements across the same bits.
+// each one register, lane or warp bit (Layout::axis_bits_separate). The lowest axis bits that are
+// register bits make runs of consecutive elements in a thread, scanned in order (one combine per
+// element). The other bits are combined from the least significant up, as in a hypercube scan, on
+// one value per run: after each bit a run knows the total of its aligned block and its exclusive
+// prefix inside it (the blocks before it, in scan order); merging two blocks, both totals become
+// their combine and the second's runs gain the first's total on the left of their prefix. Register
+// bits pair runs of a thread, lane bits shuffle, warp bits go through shared memory. Last, each
+// element combines its run's exclusive prefix with its prefix inside the run. Any associative
+// combine works (order is kept, commutativity is not assumed). xor_permute moves elements across
+// the same bits.
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "jit/assign_layouts.hpp"
 #include "jit/lower/lowerer.hpp"
@@ -123,6 +127,18 @@ void Lowerer::xor_permute(const ir::Op& op) {
   put(op.results[0], L, v[0]);
 }
 
+namespace {
+
+// Whether a run has an exclusive prefix yet (the combine of everything before it in its block, in
+// scan order): known at compile time while only register bits merged it, a per-thread i1 once a
+// lane or warp bit decided it.
+struct HasPrefix {
+  enum class Known { no, yes, runtime } known = Known::no;
+  V value = 0;  // when runtime
+};
+
+}  // namespace
+
 void Lowerer::combine_along(const ir::Op& op) {
   const size_t n = op.operands.size();
   const ir::Type& in_t = f_.type(op.operands[0]);
@@ -134,32 +150,95 @@ void Lowerer::combine_along(const ir::Op& op) {
   if (!L.axis_bits_separate(static_cast<int>(axis))) fail(&op, "internal: the combine layout mixes axis bits: " + L.str());
   const auto R = static_cast<uint32_t>(L.num_regs());
   std::vector<DType> dt;
-  std::vector<Regs> total, prefix;  // [operand][register]
+  std::vector<Regs> x;  // [operand][register]
   for (ir::ValueId v : op.operands) {
     dt.push_back(f_.type(v).dtype);
-    total.push_back(get(v, L));
+    x.push_back(get(v, L));
   }
-  if (scan) prefix = total;
-  const auto at = [&](const std::vector<Regs>& x, uint32_t r) {
-    std::vector<V> t;
-    for (size_t k = 0; k < n; ++k) t.push_back(x[k][r]);
-    return t;
+  const auto at = [&](const std::vector<Regs>& t, uint32_t r) {
+    std::vector<V> out;
+    for (size_t k = 0; k < n; ++k) out.push_back(t[k][r]);
+    return out;
   };
-  const auto set = [&](std::vector<Regs>& x, uint32_t r, const std::vector<V>& t) {
-    for (size_t k = 0; k < n; ++k) x[k][r] = t[k];
+  const auto set = [&](std::vector<Regs>& t, uint32_t r, const std::vector<V>& v) {
+    for (size_t k = 0; k < n; ++k) t[k][r] = v[k];
   };
-  const auto pick = [&](V cond, V x, V y) { return emit(Op::select, out_.types[x], {cond, x, y}); };
+  const auto pick = [&](V cond, V a, V b) { return emit(Op::select, out_.types[a], {cond, a, b}); };
+  const auto pick_all = [&](V cond, const std::vector<V>& a, const std::vector<V>& b) {
+    std::vector<V> out;
+    for (size_t k = 0; k < n; ++k) out.push_back(pick(cond, a[k], b[k]));
+    return out;
+  };
 
-  for (const AxisBit& bit : axis_bits(L, axis)) {
+  // 1. Runs: the axis bits of lowest weight that are register bits make each thread hold runs of
+  // consecutive elements; each run is scanned in order, one combine per element (a hypercube over
+  // those bits costs log2(run) times more, and every later bit would again touch each register).
+  const std::vector<AxisBit> bits = axis_bits(L, axis);
+  size_t run_bits = 0;
+  uint32_t run_mask = 0;
+  while (run_bits < bits.size() && bits[run_bits].where == AxisBit::Where::reg) run_mask |= 1u << bits[run_bits++].index;
+  std::vector<uint32_t> bases;  // a run's first register (its run bits clear)
+  std::map<uint32_t, size_t> run_of;
+  for (uint32_t r = 0; r < R; ++r)
+    if ((r & run_mask) == 0) run_of.emplace(r, bases.size()), bases.push_back(r);
+  const auto members = [&](uint32_t base) {  // a run's registers in scan order
+    std::vector<uint32_t> m;
+    for (uint32_t j = 0; j < (1u << run_bits); ++j) {
+      uint32_t r = base;
+      for (size_t b = 0; b < run_bits; ++b)
+        if ((j >> b) & 1u) r |= 1u << bits[b].index;
+      m.push_back(r);
+    }
+    if (reverse) std::reverse(m.begin(), m.end());
+    return m;
+  };
+  const auto runs = bases.size();
+  std::vector<Regs> prefix(n, Regs(R)), total(n, Regs(runs)), before(n, Regs(runs));  // before: the exclusive prefix
+  std::vector<HasPrefix> has(runs);
+  for (size_t q = 0; q < runs; ++q) {
+    const std::vector<uint32_t> m = members(bases[q]);
+    std::vector<V> acc = at(x, m[0]);
+    if (scan) set(prefix, m[0], acc);
+    for (size_t j = 1; j < m.size(); ++j) {
+      acc = combine_region(op, acc, at(x, m[j]));
+      if (scan) set(prefix, m[j], acc);
+    }
+    set(total, static_cast<uint32_t>(q), acc);
+  }
+
+  // 2. The other bits, from the least significant up, on one value per run: merging a block that
+  // comes first in scan order (total `first`) with one that comes second gives both the combined
+  // total, and the second's runs gain `first` on the left of their exclusive prefix.
+  const auto prepend = [&](size_t q, const std::vector<V>& first, std::optional<V> when) {
+    const auto r = static_cast<uint32_t>(q);
+    HasPrefix& h = has[q];
+    std::vector<V> extended;
+    switch (h.known) {
+      case HasPrefix::Known::no: extended = first; break;
+      case HasPrefix::Known::yes: extended = combine_region(op, first, at(before, r)); break;
+      case HasPrefix::Known::runtime: extended = pick_all(h.value, combine_region(op, first, at(before, r)), first); break;
+    }
+    if (!when) {
+      set(before, r, extended);
+      h = {HasPrefix::Known::yes, 0};
+      return;
+    }
+    // (no prefix yet: `extended` is only read where `when` made one)
+    set(before, r, h.known == HasPrefix::Known::no ? extended : pick_all(*when, extended, at(before, r)));
+    if (h.known == HasPrefix::Known::no) h = {HasPrefix::Known::runtime, *when};
+    else if (h.known == HasPrefix::Known::runtime) h.value = pick(*when, cint(DType::i1, 1), h.value);
+  };
+  for (size_t bi = run_bits; bi < bits.size(); ++bi) {
+    const AxisBit& bit = bits[bi];
     if (bit.where == AxisBit::Where::reg) {
       const uint32_t m = 1u << bit.index;
-      for (uint32_t r = 0; r < R; ++r) {
-        if (r & m) continue;
-        const uint32_t first = reverse ? (r | m) : r, second = reverse ? r : (r | m);
-        const std::vector<V> t = combine_region(op, at(total, first), at(total, second));
-        if (scan) set(prefix, second, combine_region(op, at(total, first), at(prefix, second)));
-        set(total, first, t);
-        set(total, second, t);
+      for (size_t q = 0; q < runs; ++q) {
+        if (bases[q] & m) continue;
+        const size_t q2 = run_of.at(bases[q] | m), first = reverse ? q2 : q, second = reverse ? q : q2;
+        const std::vector<V> t = combine_region(op, at(total, static_cast<uint32_t>(first)), at(total, static_cast<uint32_t>(second)));
+        if (scan) prepend(second, at(total, static_cast<uint32_t>(first)), std::nullopt);
+        set(total, static_cast<uint32_t>(first), t);
+        set(total, static_cast<uint32_t>(second), t);
       }
       continue;
     }
@@ -168,32 +247,41 @@ void Lowerer::combine_along(const ir::Op& op) {
     // i1: this thread's block comes second in the scan's direction
     const V mine_second = cmp(reverse ? pir::Pred::eq : pir::Pred::ne,
                               land(bit.where == AxisBit::Where::lane ? lane_ : warp_, ci32(int64_t{1} << bit.index)), ci32(0));
-    for (uint32_t r = 0; r < R; ++r) {
+    for (size_t q = 0; q < runs; ++q) {
+      const auto r = static_cast<uint32_t>(q);
       const std::vector<V> mine = at(total, r), theirs = at(other, r);
-      std::vector<V> a(n), b(n);
-      for (size_t k = 0; k < n; ++k) {
-        a[k] = pick(mine_second, theirs[k], mine[k]);
-        b[k] = pick(mine_second, mine[k], theirs[k]);
-      }
-      if (scan) {
-        const std::vector<V> extended = combine_region(op, theirs, at(prefix, r));
-        for (size_t k = 0; k < n; ++k) prefix[k][r] = pick(mine_second, extended[k], prefix[k][r]);
-      }
-      set(total, r, combine_region(op, a, b));
+      if (scan) prepend(q, theirs, mine_second);
+      set(total, r, combine_region(op, pick_all(mine_second, theirs, mine), pick_all(mine_second, mine, theirs)));
     }
   }
 
   if (scan) {
+    // 3. Each element: its run's exclusive prefix, then its prefix inside the run
+    for (size_t q = 0; q < runs; ++q) {
+      const auto rq = static_cast<uint32_t>(q);
+      for (uint32_t r : members(bases[q])) {
+        switch (has[q].known) {
+          case HasPrefix::Known::no: break;
+          case HasPrefix::Known::yes: set(prefix, r, combine_region(op, at(before, rq), at(prefix, r))); break;
+          case HasPrefix::Known::runtime:
+            set(prefix, r, pick_all(has[q].value, combine_region(op, at(before, rq), at(prefix, r)), at(prefix, r)));
+            break;
+        }
+      }
+    }
     for (size_t k = 0; k < n; ++k) put(op.results[k], L, prefix[k]);
     return;
   }
   // every element of an axis line now holds the line's total: one register per result element
+  std::vector<Regs> line(n, Regs(R));
+  for (size_t q = 0; q < runs; ++q)
+    for (uint32_t r : members(bases[q])) set(line, r, at(total, static_cast<uint32_t>(q)));
   const Layout D = L.drop_dim(static_cast<int>(axis)), O = D.without_zero_regs();
   std::map<Coord, uint32_t> out_index;
   for (uint32_t r = 0; r < static_cast<uint32_t>(O.num_regs()); ++r) out_index.emplace(O.reg_coords(r), r);
   for (size_t k = 0; k < n; ++k) {
     Regs part(static_cast<size_t>(O.num_regs()));
-    for (uint32_t r = 0; r < R; ++r) part[out_index.at(D.reg_coords(r))] = total[k][r];
+    for (uint32_t r = 0; r < R; ++r) part[out_index.at(D.reg_coords(r))] = line[k][r];
     if (f_.type(op.results[k]).is_scalar()) frames_.back().scalars[op.results[k]] = part[0];
     else put(op.results[k], *plan_.natural[op.results[k]], part);
   }
