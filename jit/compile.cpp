@@ -8,6 +8,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 
 #include "jit/assign_layouts.hpp"
 #include "jit/canonicalize.hpp"
@@ -85,19 +86,12 @@ const std::vector<std::string>& pass_names() {
   return names;
 }
 
-CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
-  // First, before any compiler is loaded or run: the switch that proves bundles need none.
-  if (compilers_disabled())
-    throw CompileError(fmt::format(
-        "tilejit: kernel '{}' is not in a loaded bundle and compilers are disabled (TILEJIT_DISABLE_COMPILERS={}): "
-        "load a bundle that holds it (tilejit::load_bundle; `tilejit bundle` writes one) and run it through "
-        "runtime::compile_cached, or unset TILEJIT_DISABLE_COMPILERS",
-        input.name, std::getenv("TILEJIT_DISABLE_COMPILERS")));
-  detail::check_arch(opts.arch, input.name, false);  // before LLVM prints its own lines about it
-  const auto& names = pass_names();
-  if (!opts.dump_after.empty() && std::find(names.begin(), names.end(), opts.dump_after) == names.end())
-    throw CompileError(fmt::format("tilejit: kernel '{}': unknown pass '{}' for --dump-after (valid: {})", input.name,
-                                   opts.dump_after, fmt::join(names, ", ")));
+namespace {
+
+// The tile-IR passes and the lowering: compile() hands the result to a backend, lower() returns it.
+// `dump(pass, text)` receives each pass's output; `tile_ir` the tile IR after canonicalisation.
+pir::Func run_passes(const ir::Function& input, const CompileOptions& opts,
+                     const std::function<void(const std::string&, const std::string&)>& dump, std::string* tile_ir) {
   // Warp roles (lang::warp_roles) may split any multiple of 4 warps (e.g. 12 = 8 MMA + 4 others);
   // elsewhere tiles spread over a power-of-two number of warps.
   bool roles = false;
@@ -114,23 +108,15 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
   if (opts.min_programs_per_sm < 0 || opts.min_programs_per_sm > 32)
     throw CompileError(fmt::format("tilejit: kernel '{}': min_programs_per_sm = {} (valid: 0 = no bound, 1 to 32)", input.name,
                                    opts.min_programs_per_sm));
-  CompiledKernel out;
-  out.name = input.name;
-  out.arch = opts.arch;
-  out.backend = opts.backend;
-  auto dump = [&](const std::string& pass, const std::string& text) {
-    if (opts.dump_after == pass) out.dump = text;
-  };
-  auto t0 = std::chrono::steady_clock::now();
-
   ir::Function f = input;
   ir::verify(f);
   dump("verify", ir::print(f));
 
   canonicalize(f);
   ir::verify(f);
-  out.tile_ir = ir::print(f);
-  dump("canonicalize", out.tile_ir);
+  std::string canonical = ir::print(f);
+  dump("canonicalize", canonical);
+  if (tile_ir) *tile_ir = std::move(canonical);
 
   // Hopper: dots issue as early as their operands allow (the lowering overlaps MMAs in flight).
   if (opts.arch == "sm_90a" && opts.pipeline.enabled) hoist_dots(f);
@@ -151,11 +137,44 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
   pir::Func threads = lower_to_threads(f, plan);
   // (the lowering asks for 1 when warp roles rebalance registers: setmaxnreg needs a cap at entry)
   threads.min_programs_per_sm = std::max(threads.min_programs_per_sm, opts.min_programs_per_sm);
+  dump("lower", pir::print(threads));
+  return threads;
+}
+
+}  // namespace
+
+pir::Func lower(const ir::Function& f, const CompileOptions& opts) {
+  detail::check_arch(opts.arch, f.name, false);
+  return run_passes(f, opts, [](const std::string&, const std::string&) {}, nullptr);
+}
+
+CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
+  // First, before any compiler is loaded or run: the switch that proves bundles need none.
+  if (compilers_disabled())
+    throw CompileError(fmt::format(
+        "tilejit: kernel '{}' is not in a loaded bundle and compilers are disabled (TILEJIT_DISABLE_COMPILERS={}): "
+        "load a bundle that holds it (tilejit::load_bundle; `tilejit bundle` writes one) and run it through "
+        "runtime::compile_cached, or unset TILEJIT_DISABLE_COMPILERS",
+        input.name, std::getenv("TILEJIT_DISABLE_COMPILERS")));
+  detail::check_arch(opts.arch, input.name, false);  // before LLVM prints its own lines about it
+  const auto& names = pass_names();
+  if (!opts.dump_after.empty() && std::find(names.begin(), names.end(), opts.dump_after) == names.end())
+    throw CompileError(fmt::format("tilejit: kernel '{}': unknown pass '{}' for --dump-after (valid: {})", input.name,
+                                   opts.dump_after, fmt::join(names, ", ")));
+  CompiledKernel out;
+  out.name = input.name;
+  out.arch = opts.arch;
+  out.backend = opts.backend;
+  auto dump = [&](const std::string& pass, const std::string& text) {
+    if (opts.dump_after == pass) out.dump = text;
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  pir::Func threads = run_passes(input, opts, dump, &out.tile_ir);
+  const ir::Function& f = input;
   out.num_threads = threads.num_threads;
   out.smem_bytes = threads.smem_bytes;
   out.abi = threads.params;
   out.tensor_maps = threads.tensor_maps;
-  dump("lower", pir::print(threads));
   out.timings.passes_ms = ms_since(t0);
 
   auto t1 = std::chrono::steady_clock::now();

@@ -62,6 +62,10 @@ const std::vector<std::string>& pass_names();
 // With compilers_disabled() it throws CompileError at once, touching no compiler.
 CompiledKernel compile(const ir::Function& f, const CompileOptions& opts = {});
 
+// The per-thread program compile() hands to a backend (verification, the tile-IR passes, layouts,
+// lowering), for tools that execute it on the host (runtime/emulator.hpp). Throws as compile().
+pir::Func lower(const ir::Function& f, const CompileOptions& opts = {});
+
 // True when the environment variable TILEJIT_DISABLE_COMPILERS is 1, true, yes or on (any case),
 // read on every call: a shipped application (or a test) proving that its kernels come from loaded
 // bundles (runtime/bundle.hpp) and never from LLVM, nvrtc, nvJitLink or ptxas.

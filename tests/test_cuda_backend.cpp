@@ -368,8 +368,8 @@ pir::Func hopper_kernel(std::vector<int64_t> widths) {
   return std::move(b.f);
 }
 
-// Tile IR -> per-thread IR, as jit::compile does it.
-pir::Func lower(const tilejit::ir::Function& input, int num_warps = 4) {
+// Tile IR -> per-thread IR without the Hopper planners (jit::lower runs them all).
+pir::Func lower_plain(const tilejit::ir::Function& input, int num_warps = 4) {
   tilejit::ir::Function f = input;
   canonicalize(f);
   LayoutPlan plan = assign_layouts(f, num_warps);
@@ -520,7 +520,7 @@ TEST_CASE("library kernels through the pipeline compile with nvrtc and assemble 
   kernels.emplace_back("attention f16", tilejit::kernels::attention_forward().build({{"DTYPE", f16}}));
   for (auto& [label, fn] : kernels) {
     CAPTURE(label);
-    pir::Func f = lower(fn);
+    pir::Func f = lower_plain(fn);
     std::string src = print_cuda(f);
     CHECK(contains(src, fmt::format("__launch_bounds__({})", f.num_threads)));
     // Tensor cores either way: wgmma where an operand is a TMA-shaped window (sm_90a), mma.sync else.
@@ -809,7 +809,7 @@ struct TensorArg {
 void run_both_backends(const tilejit::ir::Function& fn, const std::map<std::string, TensorArg>& tensors,
                        const std::map<std::string, float>& scalars, std::array<unsigned, 3> grid) {
   namespace rt = tilejit::runtime;
-  pir::Func f = lower(fn);
+  pir::Func f = lower_plain(fn);
   if (!f.tensor_maps.empty()) {
     MESSAGE("skipped " << f.name << ": it uses TMA tensor maps, which this test does not encode");
     return;

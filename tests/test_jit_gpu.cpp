@@ -10,6 +10,7 @@
 #include <random>
 #include <variant>
 
+#include "axis_op_kernels.hpp"
 #include "dsl/lang.hpp"
 #include "jit/compile.hpp"
 #include "kernels/attention/forward.hpp"
@@ -659,54 +660,16 @@ TEST_CASE("gpu: dsl/math functions equal the interpreter (exact ones bit for bit
 // (an order-sensitive combine included), floats within the tree order's rounding.
 TEST_CASE("gpu: associative_scan, reduce with a combine, cumsum equal the interpreter, both backends") {
   if (!have_gpu()) return;
-  struct Case {
-    ir::Shape shape;
-    int axis, warps;
-    DType dtype;
-  };
-  const Case cases[] = {{{4, 64}, 1, 4, i32}, {{4, 64}, 0, 4, i32}, {{1024}, 0, 8, i32},  {{64, 64}, 0, 4, i64},
-                        {{16, 128}, 1, 8, i8},  {{32, 32}, 1, 4, f32}, {{128, 16}, 0, 8, f32}, {{256}, 0, 4, bf16}};
-  for (const Case& c : cases)
+  const axis_ops::Case cases[] = {{{4, 64}, 1, 4, i32},  {{4, 64}, 0, 4, i32},  {{1024}, 0, 8, i32},    {{64, 64}, 0, 4, i64},
+                                  {{16, 128}, 1, 8, i8}, {{32, 32}, 1, 4, f32}, {{128, 16}, 0, 8, f32}, {{256}, 0, 4, bf16}};
+  for (const axis_ops::Case& c : cases)
     for (bool reverse : {false, true}) {
       INFO(ir::shape_string(c.shape) << " axis " << c.axis << " warps " << c.warps << " " << ir::name(c.dtype) << " reverse " << reverse);
-      const int rank = static_cast<int>(c.shape.size());
-      const bool integer = !ir::is_float(c.dtype);
-      const Kernel k = kernel("combine_gpu", [&](Builder& kb) {
-        auto X = kb.tensor("X", c.dtype, rank), S = kb.tensor("S", integer ? i64 : f32, rank), A = kb.tensor("A", i32, rank);
-        auto M = kb.tensor("M", i32, rank);
-        const std::vector<Operand> zero(c.shape.size(), Operand(0));
-        Tile x = load(X.block(zero, c.shape));
-        store(S.block(zero, c.shape), cast(integer ? i64 : f32, cumsum(x, c.axis, reverse)));
-        // affine maps (a, b) composed along the axis: order-sensitive
-        Tile xi = cast(i32, x);
-        std::vector<Tile> h = associative_scan({(xi % 3) - 1, xi}, c.axis, [](const std::vector<Tile>& p, const std::vector<Tile>& q) {
-          return std::vector<Tile>{p[0] * q[0], q[0] * p[1] + q[1]};
-        }, reverse);
-        store(A.block(zero, c.shape), h[1] * 7 + h[0]);
-        // argmax with its index (first among equals, NaN first) in one reduce
-        Tile idx = cast(i32, x) * 0;
-        for (int d = 0; d < rank; ++d) {
-          Tile ar = arange(0, c.shape[static_cast<size_t>(d)]);
-          if (rank == 2) ar = d == 0 ? ar[col] : ar[row];
-          if (d == c.axis) idx = idx + broadcast_to(ar, c.shape);
-        }
-        std::vector<Tile> m = reduce({x, idx}, c.axis, [](const std::vector<Tile>& p, const std::vector<Tile>& q) {
-          Tile p_nan = p[0] != p[0], q_nan = q[0] != q[0];
-          Tile take_p = p_nan | ((!q_nan) & ((p[0] > q[0]) | ((p[0] == q[0]) & (p[1] < q[1]))));
-          return std::vector<Tile>{where(take_p, p[0], q[0]), where(take_p, p[1], q[1])};
-        });
-        Tile back = expand_dims(m[1], c.axis);
-        store(M.block(zero, back.shape()), back);
-      });
-      ir::Shape reduced = c.shape;
-      reduced[static_cast<size_t>(c.axis)] = 1;
-      HostTensor x(c.dtype, c.shape), s(integer ? i64 : f32, c.shape), a(i32, c.shape), m(i32, reduced);
-      if (integer) x.fill_uniform(5, c.dtype == i8 ? -100 : -1000, c.dtype == i8 ? 100 : 1000);
-      else x.fill_uniform(5, -1, 1);
-      if (!integer) x.set(std::vector<int64_t>(c.shape.size(), 1), NAN);
+      std::vector<HostTensor> t = axis_ops::combine_tensors(c);
       jit::CompileOptions o;
       o.num_warps = c.warps;
-      check_against_interpreter(k.build(), {1}, {&x, &s, &a, &m}, integer ? 0.0 : 1e-5, o, true);
+      check_against_interpreter(axis_ops::combine_kernel(c, reverse).build(), {1}, {&t[0], &t[1], &t[2], &t[3]},
+                                ir::is_float(c.dtype) ? 1e-5 : 0.0, o, true);
     }
   // the axis in an MMA accumulator's layout (a dot's result), not a blocked one
   const Kernel mma = kernel("scan_of_dot", [](Builder& kb) {
@@ -730,41 +693,15 @@ TEST_CASE("gpu: associative_scan, reduce with a combine, cumsum equal the interp
 // network over it (sort, argsort, topk, flip), bit for bit against the interpreter.
 TEST_CASE("gpu: sort, argsort, topk and flip equal the interpreter bit for bit, both backends") {
   if (!have_gpu()) return;
-  struct Case {
-    ir::Shape shape;
-    int axis, warps;
-    DType dtype;
-  };
-  const Case cases[] = {{{4, 64}, 1, 4, f32}, {{1024}, 0, 8, f32}, {{64, 16}, 0, 4, i32}, {{16, 128}, 1, 8, bf16}, {{256}, 0, 4, u8}};
-  for (const Case& c : cases)
+  const axis_ops::Case cases[] = {{{4, 64}, 1, 4, f32}, {{1024}, 0, 8, f32}, {{64, 16}, 0, 4, i32}, {{16, 128}, 1, 8, bf16}, {{256}, 0, 4, u8}};
+  for (const axis_ops::Case& c : cases)
     for (bool descending : {false, true}) {
       INFO(ir::shape_string(c.shape) << " axis " << c.axis << " warps " << c.warps << " " << ir::name(c.dtype) << " descending " << descending);
-      const int rank = static_cast<int>(c.shape.size());
-      ir::Shape top_shape = c.shape;
-      top_shape[static_cast<size_t>(c.axis)] = 4;
-      const Kernel k = kernel("sort_gpu", [&](Builder& kb) {
-        auto X = kb.tensor("X", c.dtype, rank), S = kb.tensor("S", c.dtype, rank), A = kb.tensor("A", i32, rank);
-        auto F = kb.tensor("F", c.dtype, rank), TV = kb.tensor("TV", c.dtype, rank), TI = kb.tensor("TI", i32, rank);
-        const std::vector<Operand> zero(c.shape.size(), Operand(0));
-        Tile x = load(X.block(zero, c.shape));
-        store(S.block(zero, c.shape), sort(x, c.axis, descending));
-        store(A.block(zero, c.shape), argsort(x, c.axis, descending));
-        store(F.block(zero, c.shape), descending ? flip(x, c.axis) : xor_permute(x, c.axis, 5));
-        TopK top = topk(x, 4, c.axis);
-        store(TV.block(zero, top_shape), top.values);
-        store(TI.block(zero, top_shape), top.indices);
-      });
-      HostTensor x(c.dtype, c.shape), s(c.dtype, c.shape), a(i32, c.shape), f(c.dtype, c.shape), tv(c.dtype, top_shape), ti(i32, top_shape);
-      if (ir::is_float(c.dtype)) {
-        x.fill_uniform(12, -4, 4);
-        const double special[] = {NAN, -0.0, 0.0, INFINITY, -INFINITY, 1.0, 1.0, NAN};
-        for (int64_t i = 0; i < 8; ++i) x.set_flat(i * 37 % x.numel(), special[i]);
-      } else {
-        x.fill_uniform(12, 0, c.dtype == u8 ? 20 : 50);  // many ties: argsort's stability shows
-      }
+      std::vector<HostTensor> t = axis_ops::sort_tensors(c);
       jit::CompileOptions o;
       o.num_warps = c.warps;
-      check_against_interpreter(k.build(), {1}, {&x, &s, &a, &f, &tv, &ti}, 0.0, o, true);
+      check_against_interpreter(axis_ops::sort_kernel(c, descending).build(), {1}, {&t[0], &t[1], &t[2], &t[3], &t[4], &t[5]}, 0.0,
+                                o, true);
     }
 }
 

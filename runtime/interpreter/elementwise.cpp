@@ -15,28 +15,6 @@ namespace {
 // exp and exp2 below f64 run as ex2.approx.ftz on the GPU: results under 2^-126 are zero.
 inline double flush_exp(ir::DType d, double v) { return d != ir::DType::f64 && v < 0x1p-126 ? 0.0 : v; }
 
-inline uint64_t umulhi64(uint64_t a, uint64_t b) {
-  // Schoolbook on 32-bit halves (no __int128, which -Wpedantic rejects).
-  uint64_t al = a & 0xFFFFFFFFu, ah = a >> 32, bl = b & 0xFFFFFFFFu, bh = b >> 32;
-  uint64_t ll = al * bl, lh = al * bh, hl = ah * bl, hh = ah * bh;
-  uint64_t mid = (ll >> 32) + (lh & 0xFFFFFFFFu) + (hl & 0xFFFFFFFFu);
-  return hh + (lh >> 32) + (hl >> 32) + (mid >> 32);
-}
-
-// PTX prmt.b32, default mode: result byte i is byte (nibble i of s) & 7 of the 8 bytes {b:a}, or,
-// when the nibble's bit 3 is set, that byte's bit 7 in all 8 bits.
-inline uint32_t byte_perm32(uint32_t a, uint32_t b, uint32_t s) {
-  const uint64_t src = uint64_t{b} << 32 | a;
-  uint32_t r = 0;
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t nibble = (s >> (4 * i)) & 0xFu;
-    uint32_t byte = static_cast<uint32_t>(src >> (8 * (nibble & 7u))) & 0xFFu;
-    if (nibble & 8u) byte = (byte & 0x80u) ? 0xFFu : 0u;
-    r |= byte << (8 * i);
-  }
-  return r;
-}
-
 // dst[flat] = src[offset] over `shape` in row-major order, offset = sum idx[d] * strides[d].
 template <class T>
 void gather(const std::vector<T>& src, std::vector<T>& dst, const ir::Shape& shape, const std::vector<int64_t>& strides) {

@@ -79,6 +79,29 @@ inline double max_nan(double a, double b) {
 // The GPU's .ftz: a subnormal (below 2^-126 in magnitude) becomes a zero of the same sign.
 inline double flush_subnormal(double v) { return v != 0 && std::fabs(v) < 0x1p-126 ? std::copysign(0.0, v) : v; }
 
+// The high 64 bits of a 64 x 64-bit product (mul.hi.u64).
+inline uint64_t umulhi64(uint64_t a, uint64_t b) {
+  // Schoolbook on 32-bit halves (no __int128, which -Wpedantic rejects).
+  uint64_t al = a & 0xFFFFFFFFu, ah = a >> 32, bl = b & 0xFFFFFFFFu, bh = b >> 32;
+  uint64_t ll = al * bl, lh = al * bh, hl = ah * bl, hh = ah * bh;
+  uint64_t mid = (ll >> 32) + (lh & 0xFFFFFFFFu) + (hl & 0xFFFFFFFFu);
+  return hh + (lh >> 32) + (hl >> 32) + (mid >> 32);
+}
+
+// PTX prmt.b32, default mode: result byte i is byte (nibble i of s) & 7 of the 8 bytes {b:a}, or,
+// when the nibble's bit 3 is set, that byte's bit 7 in all 8 bits.
+inline uint32_t byte_perm32(uint32_t a, uint32_t b, uint32_t s) {
+  const uint64_t src = uint64_t{b} << 32 | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t nibble = (s >> (4 * i)) & 0xFu;
+    uint32_t byte = static_cast<uint32_t>(src >> (8 * (nibble & 7u))) & 0xFFu;
+    if (nibble & 8u) byte = (byte & 0x80u) ? 0xFFu : 0u;
+    r |= byte << (8 * i);
+  }
+  return r;
+}
+
 // A numeric attribute (int64 or double) converted to dtype `t` the way a cast would
 // (interpreter/elementwise.cpp).
 void convert_attr(const ir::Attr& a, DType t, double& f, int64_t& i);

@@ -1,0 +1,649 @@
+// The per-thread program on the host (emulator.hpp): values held per thread, instructions applied
+// to the threads a mask lets through, structured loops and branches by masks. Arithmetic follows
+// the interpreter's element rules (runtime/interpreter/elementwise.cpp), which model the PTX the
+// backends emit.
+#include "runtime/emulator.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "runtime/host_tensor.hpp"
+#include "runtime/interpreter/machine.hpp"  // (the interpreter's element rules: min/max NaN, flushes, prmt)
+
+namespace tilejit::runtime {
+namespace {
+
+namespace pir = jit::pir;
+using interp::byte_perm32;
+using interp::flush_subnormal;
+using interp::max_nan;
+using interp::min_nan;
+using interp::umulhi64;
+using ir::DType;
+using pir::Op;
+
+// One thread's value: floats in f (exactly representable in their dtype), integers, i1 and
+// pointers (host addresses) in i.
+struct Val {
+  double f = 0;
+  int64_t i = 0;
+};
+
+bool is_float(pir::Ty t) { return !t.ptr && ir::is_float(t.dtype); }
+
+double emu_round(DType d, double x) {
+  if (d == DType::f64) return x;
+  if (d == DType::f32) return static_cast<double>(static_cast<float>(x));
+  return element::round_float(d, x);
+}
+
+int64_t wrap(DType d, uint64_t v) {
+  const int w = ir::bit_width(d);
+  if (w >= 64) return static_cast<int64_t>(v);
+  const int s = 64 - w;
+  return ir::is_signed(d) ? static_cast<int64_t>(v << s) >> s : static_cast<int64_t>((v << s) >> s);
+}
+
+// The memory a program may touch: the arguments' allocations.
+struct Region {
+  uint64_t start = 0, bytes = 0;
+  std::string name;
+};
+
+class Emulator {
+ public:
+  Emulator(const pir::Func& p, const ir::Function& f, const std::vector<Arg>& args) : p_(p), n_(p.num_threads) {
+    if (!p.tensor_maps.empty())
+      throw EmulatorUnsupported(fmt::format("tilejit emulator: kernel '{}' takes TMA tensor maps (Hopper)", p.name));
+    if (args.size() != f.params.size())
+      throw std::invalid_argument(fmt::format("tilejit emulator: kernel '{}' takes {} arguments, got {}", f.name, f.params.size(),
+                                              args.size()));
+    for (size_t a = 0; a < args.size(); ++a) bind(f.params[a], args[a]);
+    if (params_.size() != p.params.size())
+      throw std::logic_error(fmt::format("tilejit emulator: kernel '{}': {} ABI slots bound for {} parameters", f.name,
+                                         params_.size(), p.params.size()));
+    vals_.resize(p.types.size());
+    smem_.resize(static_cast<size_t>(std::max<int64_t>(p.smem_bytes, 0)));
+  }
+
+  void run(Grid grid) {
+    grid_ = {grid.x, grid.y, grid.z};
+    for (int64_t z = 0; z < grid.z; ++z)
+      for (int64_t y = 0; y < grid.y; ++y)
+        for (int64_t x = 0; x < grid.x; ++x) {
+          block_ = {x, y, z};
+          std::fill(smem_.begin(), smem_.end(), std::byte{0xCD});  // (unwritten shared memory reads as poison)
+          exited_.assign(static_cast<size_t>(n_), 0);
+          exec(p_.body, Mask(static_cast<size_t>(n_), 1));
+        }
+  }
+
+ private:
+  using Mask = std::vector<char>;
+
+  void bind(const ir::Param& prm, const Arg& a) {
+    const auto push_int = [&](int64_t v) { params_.push_back(Val{0, v}); };
+    if (prm.kind == ir::ParamKind::Scalar) {
+      const DType d = prm.type.dtype;
+      Val v;
+      switch (a.kind()) {
+        case Arg::Kind::Float:
+          if (ir::is_float(d)) v.f = emu_round(d, a.as_double());
+          else v.i = element::float_to_int(d, a.as_double());
+          break;
+        case Arg::Kind::Int:
+        case Arg::Kind::Bool:
+          if (ir::is_float(d)) v.f = element::int_to_float(d, a.as_int(), DType::i64);
+          else v.i = wrap(d, static_cast<uint64_t>(a.kind() == Arg::Kind::Bool ? int64_t{a.as_bool()} : a.as_int()));
+          break;
+        case Arg::Kind::UInt:
+          if (ir::is_float(d)) v.f = element::int_to_float(d, static_cast<int64_t>(a.as_uint()), DType::u64);
+          else v.i = wrap(d, a.as_uint());
+          break;
+        case Arg::Kind::Buffer:
+          throw std::invalid_argument(fmt::format("tilejit emulator: parameter '{}' is a scalar, got a buffer", prm.name));
+      }
+      params_.push_back(v);
+      return;
+    }
+    HostTensor* t = a.tensor();
+    if (!t) throw std::invalid_argument(fmt::format("tilejit emulator: parameter '{}' needs a HostTensor", prm.name));
+    const auto base = reinterpret_cast<uint64_t>(t->data());
+    regions_.push_back({base, static_cast<uint64_t>(t->bytes()), prm.name});
+    push_int(static_cast<int64_t>(base));
+    if (prm.kind == ir::ParamKind::Tensor) {
+      for (int64_t s : t->sizes()) push_int(s);
+      for (int64_t s : t->strides()) push_int(s);
+    }
+  }
+
+  std::vector<Val>& vals(pir::V v) {
+    std::vector<Val>& x = vals_[v];
+    if (x.empty()) x.resize(static_cast<size_t>(n_));
+    return x;
+  }
+  pir::Ty ty(pir::V v) const { return p_.types[v]; }
+
+  [[noreturn]] void fault(const pir::Inst& in, int t, const std::string& what) const {
+    throw EmulatorFault(fmt::format("tilejit emulator: kernel '{}': {} in program ({}, {}, {}), thread {}: {}", p_.name,
+                                    pir::op_name(in.op), block_[0], block_[1], block_[2], t, what));
+  }
+
+  std::byte* global(const pir::Inst& in, int t, uint64_t addr, uint64_t bytes, uint64_t align) {
+    if (align > 1 && addr % align != 0) fault(in, t, fmt::format("address {:#x} is not {}-byte aligned", addr, align));
+    for (const Region& r : regions_)
+      if (addr >= r.start && addr + bytes <= r.start + r.bytes) return reinterpret_cast<std::byte*>(addr);
+    fault(in, t, fmt::format("{} bytes at {:#x} lie outside every argument's memory", bytes, addr));
+  }
+  std::byte* shared(const pir::Inst& in, int t, int64_t offset, int64_t bytes) {
+    if (offset < 0 || offset + bytes > static_cast<int64_t>(smem_.size()))
+      fault(in, t, fmt::format("shared-memory bytes [{}, {}) outside the program's {} bytes", offset, offset + bytes, smem_.size()));
+    return smem_.data() + offset;
+  }
+
+  Val read(DType d, const std::byte* p) const {
+    Val v;
+    if (ir::is_float(d)) v.f = element::read_float(d, p);
+    else v.i = element::read_int(d, p);
+    return v;
+  }
+  void write(DType d, std::byte* p, const Val& v) const {
+    if (ir::is_float(d)) element::write_float(d, p, v.f);
+    else element::write_int(d, p, v.i);
+  }
+
+  // Runs a block for the threads of `m`; returns its yield (nullptr without one).
+  const pir::Inst* exec(const pir::Block& b, const Mask& m) {
+    for (const pir::Inst& in : b.insts) {
+      if (in.op == Op::yield) return &in;
+      inst(in, m);
+    }
+    return nullptr;
+  }
+
+  template <class F>
+  void each(const Mask& m, F&& body) {
+    for (int t = 0; t < n_; ++t)
+      if (m[static_cast<size_t>(t)] && !exited_[static_cast<size_t>(t)]) body(t);
+  }
+
+  Val binary(const pir::Inst& in, pir::Ty type, const Val& a, const Val& b, int t) const {
+    const DType d = type.dtype;
+    Val r;
+    if (is_float(type)) {
+      switch (in.op) {
+        case Op::add: r.f = emu_round(d, a.f + b.f); break;
+        case Op::sub: r.f = emu_round(d, a.f - b.f); break;
+        case Op::mul: r.f = emu_round(d, a.f * b.f); break;
+        case Op::div: r.f = emu_round(d, a.f / b.f); break;
+        case Op::rem: r.f = emu_round(d, std::fmod(a.f, b.f)); break;
+        case Op::minimum: r.f = min_nan(a.f, b.f); break;
+        case Op::maximum: r.f = max_nan(a.f, b.f); break;
+        default: fault(in, t, "not defined for floating-point operands");
+      }
+      return r;
+    }
+    const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
+    const bool sgn = ir::is_signed(d);
+    const int w = ir::bit_width(d);
+    const uint64_t wmask = w >= 64 ? ~uint64_t{0} : (uint64_t{1} << w) - 1;
+    switch (in.op) {
+      case Op::add: r.i = wrap(d, u(a.i) + u(b.i)); break;
+      case Op::sub: r.i = wrap(d, u(a.i) - u(b.i)); break;
+      case Op::mul: r.i = wrap(d, u(a.i) * u(b.i)); break;
+      case Op::div:
+        if (b.i == 0) r.i = wrap(d, ~uint64_t{0});
+        else if (sgn) r.i = b.i == -1 ? wrap(d, 0 - u(a.i)) : a.i / b.i;
+        else r.i = wrap(d, u(a.i) / u(b.i));
+        break;
+      case Op::rem:
+        if (b.i == 0) r.i = a.i;
+        else if (sgn) r.i = b.i == -1 ? 0 : a.i % b.i;
+        else r.i = wrap(d, u(a.i) % u(b.i));
+        break;
+      case Op::minimum: r.i = sgn ? std::min(a.i, b.i) : static_cast<int64_t>(std::min(u(a.i), u(b.i))); break;
+      case Op::maximum: r.i = sgn ? std::max(a.i, b.i) : static_cast<int64_t>(std::max(u(a.i), u(b.i))); break;
+      case Op::bit_and: r.i = a.i & b.i; break;
+      case Op::bit_or: r.i = a.i | b.i; break;
+      case Op::bit_xor: r.i = a.i ^ b.i; break;
+      case Op::shl: {
+        const uint64_t s = u(b.i) & wmask;
+        r.i = s >= static_cast<uint64_t>(w) ? 0 : wrap(d, u(a.i) << s);
+        break;
+      }
+      case Op::shr: {
+        const uint64_t s = u(b.i) & wmask;
+        if (sgn) r.i = s >= static_cast<uint64_t>(w) ? (a.i < 0 ? -1 : 0) : a.i >> s;
+        else r.i = s >= static_cast<uint64_t>(w) ? 0 : static_cast<int64_t>((u(a.i) & wmask) >> s);
+        break;
+      }
+      case Op::umulhi:
+        r.i = w == 32 ? wrap(d, ((u(a.i) & 0xFFFFFFFFu) * (u(b.i) & 0xFFFFFFFFu)) >> 32) : static_cast<int64_t>(umulhi64(u(a.i), u(b.i)));
+        break;
+      default: fault(in, t, "not defined for integer operands");
+    }
+    return r;
+  }
+
+  Val unary(const pir::Inst& in, pir::Ty type, const Val& a, int t) const {
+    const DType d = type.dtype;
+    Val r;
+    if (is_float(type)) {
+      const double x = a.f;
+      const auto flush_exp = [&](double v) { return d != DType::f64 && v < 0x1p-126 ? 0.0 : v; };
+      switch (in.op) {
+        case Op::neg: r.f = -x; break;
+        case Op::abs: r.f = std::fabs(x); break;
+        case Op::exp: r.f = emu_round(d, flush_exp(std::exp(x))); break;
+        case Op::exp2: r.f = emu_round(d, flush_exp(std::exp2(x))); break;
+        case Op::log: r.f = emu_round(d, std::log(x)); break;
+        case Op::log2: r.f = emu_round(d, std::log2(x)); break;
+        case Op::sqrt: r.f = emu_round(d, std::sqrt(x)); break;
+        case Op::rsqrt: r.f = emu_round(d, 1.0 / std::sqrt(x)); break;
+        case Op::rcp: {
+          const bool ftz = d != DType::f64;
+          const double v = emu_round(d, 1.0 / (ftz ? flush_subnormal(x) : x));
+          r.f = ftz ? flush_subnormal(v) : v;
+          break;
+        }
+        case Op::floor: r.f = std::floor(x); break;
+        case Op::ceil: r.f = std::ceil(x); break;
+        case Op::tanh: r.f = emu_round(d, std::tanh(x)); break;
+        case Op::sin: r.f = emu_round(d, std::sin(x)); break;
+        case Op::cos: r.f = emu_round(d, std::cos(x)); break;
+        case Op::erf: r.f = emu_round(d, std::erf(x)); break;
+        default: fault(in, t, "not defined for floating-point operands");
+      }
+      return r;
+    }
+    const auto u = static_cast<uint64_t>(a.i);
+    switch (in.op) {
+      case Op::neg: r.i = wrap(d, 0 - u); break;
+      case Op::bit_not: r.i = wrap(d, ~u); break;
+      case Op::abs: r.i = ir::is_signed(d) && a.i < 0 ? wrap(d, 0 - u) : a.i; break;
+      default: fault(in, t, "not defined for integer operands");
+    }
+    return r;
+  }
+
+  static bool compare(pir::Pred p, auto a, auto b) {
+    switch (p) {
+      case pir::Pred::eq: return a == b;
+      case pir::Pred::ne: return a != b;
+      case pir::Pred::lt: return a < b;
+      case pir::Pred::le: return a <= b;
+      case pir::Pred::gt: return a > b;
+      case pir::Pred::ge: return a >= b;
+    }
+    return false;
+  }
+
+  Val convert(pir::Ty from, pir::Ty to, const Val& a) const {
+    Val r;
+    if (from.ptr || to.ptr) {  // pointers and their u64 / i64 images
+      r.i = a.i;
+      return r;
+    }
+    const bool ff = ir::is_float(from.dtype), tf = ir::is_float(to.dtype);
+    if (from.dtype == to.dtype) return a;
+    if (ff && tf) r.f = emu_round(to.dtype, a.f);
+    else if (!ff && tf) r.f = element::int_to_float(to.dtype, a.i, from.dtype);
+    else if (ff) r.i = element::float_to_int(to.dtype, a.f);
+    else r.i = element::int_to_int(to.dtype, a.i);
+    return r;
+  }
+  Val reinterpret(pir::Ty from, pir::Ty to, const Val& a) const {
+    Val r;
+    if (from.ptr || to.ptr) {
+      r.i = a.i;
+      return r;
+    }
+    element::from_bits(to.dtype, element::to_bits(from.dtype, a.f, a.i), r.f, r.i);
+    return r;
+  }
+
+  // Every thread's value of each argument, copied first (a result may be written over an argument
+  // of another thread, e.g. a shuffle's).
+  void inst(const pir::Inst& in, const Mask& m) {
+    const auto arg = [&](size_t k, int t) -> const Val& { return vals(in.args[k])[static_cast<size_t>(t)]; };
+    const auto set = [&](size_t k, int t, const Val& v) { vals(in.results[k])[static_cast<size_t>(t)] = v; };
+    const auto out_ty = [&](size_t k = 0) { return ty(in.results[k]); };
+    switch (in.op) {
+      case Op::constant:
+        each(m, [&](int t) {
+          Val v;
+          if (is_float(out_ty())) v.f = emu_round(out_ty().dtype, in.fimm);
+          else v.i = out_ty().ptr ? in.imm : wrap(out_ty().dtype, static_cast<uint64_t>(in.imm));
+          set(0, t, v);
+        });
+        return;
+      case Op::param: each(m, [&](int t) { set(0, t, params_.at(static_cast<size_t>(in.imm))); }); return;
+      case Op::thread_id: each(m, [&](int t) { set(0, t, Val{0, t}); }); return;
+      case Op::block_id: each(m, [&](int t) { set(0, t, Val{0, block_.at(static_cast<size_t>(in.imm))}); }); return;
+      case Op::grid_dim: each(m, [&](int t) { set(0, t, Val{0, grid_.at(static_cast<size_t>(in.imm))}); }); return;
+      case Op::add: case Op::sub: case Op::mul: case Op::div: case Op::rem: case Op::minimum: case Op::maximum:
+      case Op::bit_and: case Op::bit_or: case Op::bit_xor: case Op::shl: case Op::shr: case Op::umulhi:
+        each(m, [&](int t) { set(0, t, binary(in, out_ty(), arg(0, t), arg(1, t), t)); });
+        return;
+      case Op::byte_perm:
+        each(m, [&](int t) {
+          const uint32_t r = byte_perm32(static_cast<uint32_t>(arg(0, t).i), static_cast<uint32_t>(arg(1, t).i),
+                                         static_cast<uint32_t>(arg(2, t).i));
+          set(0, t, Val{0, wrap(out_ty().dtype, r)});
+        });
+        return;
+      case Op::fma:
+        each(m, [&](int t) {
+          const double a = arg(0, t).f, b = arg(1, t).f, c = arg(2, t).f;
+          const double r = out_ty().dtype == DType::f32
+                               ? static_cast<double>(std::fma(static_cast<float>(a), static_cast<float>(b), static_cast<float>(c)))
+                               : std::fma(a, b, c);
+          set(0, t, Val{r, 0});
+        });
+        return;
+      case Op::neg: case Op::bit_not: case Op::abs: case Op::exp2: case Op::log2: case Op::exp: case Op::log:
+      case Op::sqrt: case Op::rsqrt: case Op::rcp: case Op::floor: case Op::ceil: case Op::tanh: case Op::sin: case Op::cos:
+      case Op::erf:
+        each(m, [&](int t) { set(0, t, unary(in, out_ty(), arg(0, t), t)); });
+        return;
+      case Op::cmp: {
+        const pir::Ty a_ty = ty(in.args[0]);
+        const auto p = static_cast<pir::Pred>(in.imm);
+        each(m, [&](int t) {
+          const Val &a = arg(0, t), &b = arg(1, t);
+          bool r;
+          if (is_float(a_ty)) r = compare(p, a.f, b.f);
+          else if (!a_ty.ptr && ir::is_signed(a_ty.dtype)) r = compare(p, a.i, b.i);
+          else r = compare(p, static_cast<uint64_t>(a.i), static_cast<uint64_t>(b.i));
+          set(0, t, Val{0, r ? 1 : 0});
+        });
+        return;
+      }
+      case Op::select: each(m, [&](int t) { set(0, t, arg(0, t).i ? arg(1, t) : arg(2, t)); }); return;
+      case Op::cast: each(m, [&](int t) { set(0, t, convert(ty(in.args[0]), out_ty(), arg(0, t))); }); return;
+      case Op::bitcast: each(m, [&](int t) { set(0, t, reinterpret(ty(in.args[0]), out_ty(), arg(0, t))); }); return;
+      case Op::opaque:
+        for (size_t k = 0; k < in.results.size(); ++k) each(m, [&](int t) { set(k, t, arg(k, t)); });
+        return;
+      case Op::keep_alive:
+      case Op::barrier:
+      case Op::named_barrier_sync:
+      case Op::named_barrier_arrive:
+      case Op::set_max_registers:  // (lockstep: every barrier's threads are already together)
+        return;
+      case Op::exit_thread: each(m, [&](int t) { exited_[static_cast<size_t>(t)] = 1; }); return;
+      case Op::pack2: {
+        const DType d = ty(in.args[0]).dtype;
+        each(m, [&](int t) {
+          const uint64_t lo = element::to_bits(d, arg(0, t).f, arg(0, t).i) & 0xFFFFu;
+          const uint64_t hi = element::to_bits(ty(in.args[1]).dtype, arg(1, t).f, arg(1, t).i) & 0xFFFFu;
+          set(0, t, Val{0, wrap(out_ty().dtype, lo | hi << 16)});
+        });
+        return;
+      }
+      case Op::unpack2:
+        each(m, [&](int t) {
+          const auto w = static_cast<uint64_t>(arg(0, t).i);
+          for (size_t k = 0; k < 2; ++k) {
+            Val v;
+            element::from_bits(out_ty(k).dtype, (w >> (16 * k)) & 0xFFFFu, v.f, v.i);
+            set(k, t, v);
+          }
+        });
+        return;
+      case Op::gep: {
+        const DType d = ty(in.args[0]).dtype;
+        const int64_t es = ir::byte_size(d);
+        each(m, [&](int t) { set(0, t, Val{0, static_cast<int64_t>(static_cast<uint64_t>(arg(0, t).i) + static_cast<uint64_t>(arg(1, t).i * es))}); });
+        return;
+      }
+      case Op::load: {
+        const DType d = out_ty().dtype;
+        each(m, [&](int t) {
+          if (in.args.size() > 1 && !arg(1, t).i) {
+            set(0, t, arg(2, t));
+            return;
+          }
+          const auto es = static_cast<uint64_t>(ir::byte_size(d));
+          set(0, t, read(d, global(in, t, static_cast<uint64_t>(arg(0, t).i), es, es)));
+        });
+        return;
+      }
+      case Op::store: {
+        const DType d = ty(in.args[1]).dtype;
+        each(m, [&](int t) {
+          if (in.args.size() > 2 && !arg(2, t).i) return;
+          const auto es = static_cast<uint64_t>(ir::byte_size(d));
+          write(d, global(in, t, static_cast<uint64_t>(arg(0, t).i), es, es), arg(1, t));
+        });
+        return;
+      }
+      case Op::load_vec:
+        each(m, [&](int t) {
+          const auto words = static_cast<uint64_t>(in.imm);
+          std::byte* p = global(in, t, static_cast<uint64_t>(arg(0, t).i), 4 * words, 4 * words);
+          for (uint64_t k = 0; k < words; ++k) {
+            uint32_t w;
+            std::memcpy(&w, p + 4 * k, 4);
+            set(k, t, Val{0, wrap(out_ty(k).dtype, w)});
+          }
+        });
+        return;
+      case Op::store_vec:
+        each(m, [&](int t) {
+          const uint64_t words = in.args.size() - 1;
+          std::byte* p = global(in, t, static_cast<uint64_t>(arg(0, t).i), 4 * words, 4 * words);
+          for (uint64_t k = 0; k < words; ++k) {
+            const auto w = static_cast<uint32_t>(arg(1 + k, t).i);
+            std::memcpy(p + 4 * k, &w, 4);
+          }
+        });
+        return;
+      case Op::atomic_add:
+      case Op::atomic_rmw:
+      case Op::atomic_cas: atomic(in, m); return;
+      case Op::load_shared: {
+        const DType d = out_ty().dtype;
+        each(m, [&](int t) { set(0, t, read(d, shared(in, t, arg(0, t).i, ir::byte_size(d)))); });
+        return;
+      }
+      case Op::store_shared: {
+        const DType d = ty(in.args[1]).dtype;
+        each(m, [&](int t) { write(d, shared(in, t, arg(0, t).i, ir::byte_size(d)), arg(1, t)); });
+        return;
+      }
+      case Op::shfl_xor: {
+        const std::vector<Val> before = vals(in.args[0]);  // (every lane reads the others' values before any write)
+        each(m, [&](int t) { set(0, t, before[static_cast<size_t>((t & ~31) | ((t & 31) ^ static_cast<int>(in.imm & 31)))]); });
+        return;
+      }
+      case Op::mma_16816: mma(in, m); return;
+      case Op::for_: loop(in, m); return;
+      case Op::if_: branch(in, m); return;
+      default:
+        throw EmulatorUnsupported(fmt::format("tilejit emulator: kernel '{}' uses {} (not emulated: Hopper asynchronous copies, "
+                                              "barriers and wgmma, and cross-program semaphores)", p_.name, pir::op_name(in.op)));
+    }
+  }
+
+  void atomic(const pir::Inst& in, const Mask& m) {
+    const DType d = ty(in.args[1]).dtype;
+    const bool cas = in.op == Op::atomic_cas;
+    const size_t pred = cas ? 3 : 2;
+    const ir::AtomicRmw rmw = in.op == Op::atomic_add ? ir::AtomicRmw::add : pir::AtomicImm::decode(in.imm).rmw;
+    // one thread after another (program order among threads is one legal order)
+    each(m, [&](int t) {
+      const auto& args = in.args;
+      if (args.size() > pred && !vals(args[pred])[static_cast<size_t>(t)].i) {
+        if (!in.results.empty()) vals(in.results[0])[static_cast<size_t>(t)] = Val{};
+        return;
+      }
+      const auto es = static_cast<uint64_t>(ir::byte_size(d));
+      std::byte* p = global(in, t, static_cast<uint64_t>(vals(args[0])[static_cast<size_t>(t)].i), es, es);
+      const Val old = read(d, p);
+      const Val& v = vals(args[cas ? 2 : 1])[static_cast<size_t>(t)];
+      Val now = old;
+      if (cas) {
+        const Val& cmpv = vals(args[1])[static_cast<size_t>(t)];
+        if (element::to_bits(d, old.f, old.i) == element::to_bits(d, cmpv.f, cmpv.i)) now = v;
+      } else if (ir::is_float(d)) {
+        switch (rmw) {
+          case ir::AtomicRmw::add: now.f = emu_round(d, old.f + v.f); break;
+          case ir::AtomicRmw::max: now.f = std::isnan(v.f) ? old.f : std::isnan(old.f) ? v.f : std::max(old.f, v.f); break;
+          case ir::AtomicRmw::min: now.f = std::isnan(v.f) ? old.f : std::isnan(old.f) ? v.f : std::min(old.f, v.f); break;
+          case ir::AtomicRmw::xchg: now = v; break;
+          default: fault(in, t, "a bitwise atomic on floats");
+        }
+      } else {
+        const bool sgn = ir::is_signed(d);
+        const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
+        switch (rmw) {
+          case ir::AtomicRmw::add: now.i = wrap(d, u(old.i) + u(v.i)); break;
+          case ir::AtomicRmw::max: now.i = sgn ? std::max(old.i, v.i) : static_cast<int64_t>(std::max(u(old.i), u(v.i))); break;
+          case ir::AtomicRmw::min: now.i = sgn ? std::min(old.i, v.i) : static_cast<int64_t>(std::min(u(old.i), u(v.i))); break;
+          case ir::AtomicRmw::and_: now.i = old.i & v.i; break;
+          case ir::AtomicRmw::or_: now.i = old.i | v.i; break;
+          case ir::AtomicRmw::xor_: now.i = old.i ^ v.i; break;
+          case ir::AtomicRmw::xchg: now = v; break;
+        }
+      }
+      write(d, p, now);
+      if (!in.results.empty()) vals(in.results[0])[static_cast<size_t>(t)] = old;
+    });
+  }
+
+  // mma.sync.m16n8k16 (f16 / bf16 inputs, f32 accumulators), per warp from its lanes' fragments:
+  // lane l, g = l / 4, q = l % 4 holds A (g, 2q..2q+1), (g+8, ..), (g, 2q+8..), (g+8, 2q+8..); B
+  // (2q..2q+1, g), (2q+8..2q+9, g); C and D (g, 2q..2q+1), (g+8, 2q..2q+1). Products summed in
+  // double and rounded to f32 once (the tensor cores' order differs: compare with a tolerance).
+  void mma(const pir::Inst& in, const Mask& m) {
+    const auto d = static_cast<DType>(in.imm);
+    if (d != DType::f16 && d != DType::bf16)
+      throw EmulatorUnsupported(fmt::format("tilejit emulator: mma_16816 with {} operands", ir::name(d)));
+    const auto half = [&](int64_t word, int k) {
+      Val v;
+      element::from_bits(d, (static_cast<uint64_t>(word) >> (16 * k)) & 0xFFFFu, v.f, v.i);
+      return v.f;
+    };
+    for (int w0 = 0; w0 < n_; w0 += 32) {
+      bool any = false;
+      for (int l = 0; l < 32; ++l) any = any || (m[static_cast<size_t>(w0 + l)] && !exited_[static_cast<size_t>(w0 + l)]);
+      if (!any) continue;
+      double A[16][16], B[16][8], C[16][8];
+      for (int l = 0; l < 32; ++l) {
+        const int t = w0 + l, g = l / 4, q = l % 4;
+        const auto a = [&](size_t k) { return vals(in.args[k])[static_cast<size_t>(t)].i; };
+        for (int k = 0; k < 2; ++k) {
+          A[g][2 * q + k] = half(a(0), k);
+          A[g + 8][2 * q + k] = half(a(1), k);
+          A[g][2 * q + 8 + k] = half(a(2), k);
+          A[g + 8][2 * q + 8 + k] = half(a(3), k);
+          B[2 * q + k][g] = half(a(4), k);
+          B[2 * q + 8 + k][g] = half(a(5), k);
+        }
+        C[g][2 * q] = vals(in.args[6])[static_cast<size_t>(t)].f;
+        C[g][2 * q + 1] = vals(in.args[7])[static_cast<size_t>(t)].f;
+        C[g + 8][2 * q] = vals(in.args[8])[static_cast<size_t>(t)].f;
+        C[g + 8][2 * q + 1] = vals(in.args[9])[static_cast<size_t>(t)].f;
+      }
+      for (int l = 0; l < 32; ++l) {
+        const int t = w0 + l, g = l / 4, q = l % 4;
+        const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * q, 2 * q + 1, 2 * q, 2 * q + 1};
+        for (size_t k = 0; k < 4; ++k) {
+          double s = C[rows[k]][cols[k]];
+          for (int j = 0; j < 16; ++j) s += A[rows[k]][j] * B[j][cols[k]];
+          vals(in.results[k])[static_cast<size_t>(t)] = Val{static_cast<double>(static_cast<float>(s)), 0};
+        }
+      }
+    }
+  }
+
+  void loop(const pir::Inst& in, const Mask& m) {
+    const pir::Block& body = in.regions.at(0);
+    const size_t carried = in.args.size() - 3;
+    const pir::Ty iv_ty = ty(in.args[0]);
+    std::vector<Val> iv(static_cast<size_t>(n_)), ub(static_cast<size_t>(n_)), step(static_cast<size_t>(n_));
+    std::vector<std::vector<Val>> state(carried, std::vector<Val>(static_cast<size_t>(n_)));
+    Mask active(static_cast<size_t>(n_), 0);
+    each(m, [&](int t) {
+      const auto s = static_cast<size_t>(t);
+      iv[s] = vals(in.args[0])[s], ub[s] = vals(in.args[1])[s], step[s] = vals(in.args[2])[s];
+      if (step[s].i <= 0) fault(in, t, fmt::format("a loop step of {} (must be positive)", step[s].i));
+      for (size_t k = 0; k < carried; ++k) state[k][s] = vals(in.args[3 + k])[s];
+      active[s] = 1;
+    });
+    const bool sgn = ir::is_signed(iv_ty.dtype);
+    for (;;) {
+      bool any = false;
+      for (int t = 0; t < n_; ++t) {
+        const auto s = static_cast<size_t>(t);
+        if (!active[s] || exited_[s]) continue;
+        active[s] = sgn ? iv[s].i < ub[s].i : static_cast<uint64_t>(iv[s].i) < static_cast<uint64_t>(ub[s].i);
+        any = any || active[s];
+      }
+      if (!any) break;
+      each(active, [&](int t) {
+        const auto s = static_cast<size_t>(t);
+        vals(body.args[0])[s] = iv[s];
+        for (size_t k = 0; k < carried; ++k) vals(body.args[1 + k])[s] = state[k][s];
+      });
+      const pir::Inst* y = exec(body, active);
+      each(active, [&](int t) {
+        const auto s = static_cast<size_t>(t);
+        for (size_t k = 0; k < carried; ++k) state[k][s] = vals(y->args.at(k))[s];
+        iv[s].i = wrap(iv_ty.dtype, static_cast<uint64_t>(iv[s].i) + static_cast<uint64_t>(step[s].i));
+      });
+    }
+    each(m, [&](int t) {
+      for (size_t k = 0; k < carried; ++k) vals(in.results[k])[static_cast<size_t>(t)] = state[k][static_cast<size_t>(t)];
+    });
+  }
+
+  void branch(const pir::Inst& in, const Mask& m) {
+    Mask taken(static_cast<size_t>(n_), 0), other(static_cast<size_t>(n_), 0);
+    bool any_taken = false, any_other = false;
+    each(m, [&](int t) {
+      const bool c = vals(in.args[0])[static_cast<size_t>(t)].i != 0;
+      (c ? taken : other)[static_cast<size_t>(t)] = 1;
+      (c ? any_taken : any_other) = true;
+    });
+    const auto run = [&](size_t region, const Mask& mask) {
+      if (region >= in.regions.size()) return;
+      const pir::Inst* y = exec(in.regions[region], mask);
+      if (in.results.empty()) return;
+      each(mask, [&](int t) {
+        for (size_t k = 0; k < in.results.size(); ++k)
+          vals(in.results[k])[static_cast<size_t>(t)] = vals(y->args.at(k))[static_cast<size_t>(t)];
+      });
+    };
+    if (any_taken) run(0, taken);
+    if (any_other) run(1, other);
+  }
+
+  const pir::Func& p_;
+  int n_;
+  std::vector<Val> params_;
+  std::vector<Region> regions_;
+  std::vector<std::vector<Val>> vals_;  // [value][thread]
+  std::vector<std::byte> smem_;
+  std::vector<char> exited_;
+  std::array<int64_t, 3> block_{}, grid_{};
+};
+
+}  // namespace
+
+void emulate(const jit::pir::Func& program, const ir::Function& f, Grid grid, const std::vector<Arg>& args) {
+  Emulator(program, f, args).run(grid);
+}
+
+void emulate(const ir::Function& f, Grid grid, const std::vector<Arg>& args, const jit::CompileOptions& opts) {
+  const jit::pir::Func program = jit::lower(f, opts);
+  emulate(program, f, grid, args);
+}
+
+}  // namespace tilejit::runtime

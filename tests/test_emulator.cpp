@@ -1,0 +1,158 @@
+// The lowering checked without a GPU (runtime/emulator.hpp): kernels lowered to the per-thread
+// program and run on the host agree with the interpreter -- scans and combine reductions over
+// register, lane and warp bits (both directions, several warps), sorts over xor_permute, a scan
+// of an mma.sync accumulator, plain reductions and a transpose through shared memory. Integer
+// results bit for bit; floats within a tolerance where the order of additions differs.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "axis_op_kernels.hpp"
+#include "dsl/lang.hpp"
+#include "jit/compile.hpp"
+#include "runtime/emulator.hpp"
+#include "runtime/host_tensor.hpp"
+#include "runtime/interpreter.hpp"
+
+using namespace tilejit;
+using namespace tilejit::lang;
+using runtime::HostTensor;
+
+namespace {
+
+// The interpreter and the emulator on copies of `tensors` (scalars none); every tensor must agree:
+// tol 0 bit for bit, else |a - b| <= tol * (1 + |a|) per element with NaNs in the same places.
+void check_emulator(const ir::Function& fn, runtime::Grid grid, const std::vector<HostTensor*>& tensors, double tol,
+                    const jit::CompileOptions& opts = {}) {
+  std::vector<HostTensor> ref, emu;
+  for (HostTensor* t : tensors) ref.push_back(*t), emu.push_back(*t);
+  std::vector<runtime::Arg> ref_args, emu_args;
+  for (size_t i = 0; i < tensors.size(); ++i) ref_args.emplace_back(ref[i]), emu_args.emplace_back(emu[i]);
+  runtime::interpret(fn, grid, ref_args);
+  runtime::emulate(fn, grid, emu_args, opts);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    INFO(fmt::format("kernel {} tensor #{} ({})", fn.name, i, ref[i].describe()));
+    if (tol == 0) {
+      CHECK(std::memcmp(ref[i].data(), emu[i].data(), ref[i].bytes()) == 0);
+      continue;
+    }
+    const std::vector<double> a = ref[i].to_f64(), b = emu[i].to_f64();
+    size_t bad = 0;
+    for (size_t k = 0; k < a.size(); ++k) {
+      const bool ok = std::isnan(a[k]) ? std::isnan(b[k]) : std::fabs(a[k] - b[k]) <= tol * (1 + std::fabs(a[k]));
+      if (!ok && bad++ < 4) MESSAGE(fmt::format("element {}: interpreter {} emulator {}", k, a[k], b[k]));
+    }
+    CHECK(bad == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("emulator: associative_scan, cumsum and a combine reduce equal the interpreter") {
+  // blocked layouts whose axis has register, lane and warp bits in several orders: short rows,
+  // columns, long rows (runs of 4 in registers, then lanes, warps, more registers), 1-D
+  const axis_ops::Case cases[] = {{{4, 64}, 1, 4, i32},   {{4, 64}, 0, 4, i32},   {{1024}, 0, 8, i32},    {{64, 64}, 0, 4, i64},
+                                  {{16, 128}, 1, 8, i8},  {{32, 32}, 1, 4, f32},  {{128, 16}, 0, 8, f32}, {{256}, 0, 4, bf16},
+                                  {{1, 4096}, 1, 4, i32}, {{2, 2048}, 1, 2, i32}, {{8, 256}, 1, 1, i32},  {{512, 2}, 0, 4, i32}};
+  for (const axis_ops::Case& c : cases)
+    for (bool reverse : {false, true}) {
+      INFO(ir::shape_string(c.shape) << " axis " << c.axis << " warps " << c.warps << " " << ir::name(c.dtype) << " reverse " << reverse);
+      std::vector<HostTensor> t = axis_ops::combine_tensors(c);
+      jit::CompileOptions o;
+      o.num_warps = c.warps;
+      check_emulator(axis_ops::combine_kernel(c, reverse).build(), {1}, {&t[0], &t[1], &t[2], &t[3]}, ir::is_float(c.dtype) ? 1e-5 : 0.0,
+                     o);
+    }
+}
+
+TEST_CASE("emulator: sort, argsort, topk, flip and xor_permute equal the interpreter bit for bit") {
+  const axis_ops::Case cases[] = {{{4, 64}, 1, 4, f32},   {{1024}, 0, 8, f32}, {{64, 16}, 0, 4, i32}, {{16, 128}, 1, 8, bf16},
+                                  {{256}, 0, 4, u8},      {{1, 2048}, 1, 4, f32}};
+  for (const axis_ops::Case& c : cases)
+    for (bool descending : {false, true}) {
+      INFO(ir::shape_string(c.shape) << " axis " << c.axis << " warps " << c.warps << " " << ir::name(c.dtype) << " descending " << descending);
+      std::vector<HostTensor> t = axis_ops::sort_tensors(c);
+      jit::CompileOptions o;
+      o.num_warps = c.warps;
+      check_emulator(axis_ops::sort_kernel(c, descending).build(), {1}, {&t[0], &t[1], &t[2], &t[3], &t[4], &t[5]}, 0.0, o);
+    }
+}
+
+TEST_CASE("emulator: a dot on mma.sync, scans of its accumulator, reductions and a transpose") {
+  // sm_80: the dot takes mma.sync m16n8k16 (on sm_90a it would take wgmma, not emulated); small
+  // integers make every product and sum exact in any order
+  const Kernel k = kernel("mma_emu", [](Builder& kb) {
+    auto Aa = kb.tensor("A", bf16, 2), Bb = kb.tensor("B", bf16, 2), S = kb.tensor("S", f32, 2), T = kb.tensor("T", f32, 2);
+    auto R = kb.tensor("R", f32, 2), Q = kb.tensor("Q", f32, 2);
+    Tile acc = dot(load(Aa.block({0, 0}, {64, 32})), load(Bb.block({0, 0}, {32, 64})), zeros(f32, {64, 64}));
+    store(S.block({0, 0}, {64, 64}), cumsum(acc, 1));
+    store(T.block({0, 0}, {64, 64}), cumsum(acc, 0, true));
+    store(R.block({0, 0}, {64, 1}), expand_dims(max(acc, 1), 1) + expand_dims(sum(acc, 1), 1));
+    store(Q.block({0, 0}, {64, 64}), trans(acc));
+  });
+  HostTensor a(bf16, {64, 32}), b(bf16, {32, 64}), s(f32, {64, 64}), t(f32, {64, 64}), r(f32, {64, 1}), q(f32, {64, 64});
+  a.fill_uniform(8, -2, 2);
+  b.fill_uniform(9, -2, 2);
+  for (int64_t i = 0; i < 64; ++i)
+    for (int64_t j = 0; j < 32; ++j) {
+      a.set({i, j}, std::round(a.get({i, j})));
+      b.set({j, i}, std::round(b.get({j, i})));
+    }
+  for (int warps : {4, 8}) {
+    INFO("warps " << warps);
+    jit::CompileOptions o;
+    o.arch = "sm_80";
+    o.num_warps = warps;
+    check_emulator(k.build(), {1}, {&a, &b, &s, &t, &r, &q}, 0.0, o);
+  }
+}
+
+TEST_CASE("emulator: row softmax over several programs, masked loads and stores past the end") {
+  const Kernel k = kernel("softmax_emu", [](Builder& kb) {
+    auto X = kb.tensor("X", f32, 2), Y = kb.tensor("Y", f32, 2);
+    auto r = program_id(0);
+    Tile x = load(X.block({r, 0}, {1, 128}), -INFINITY);
+    Tile e = exp(x - expand_dims(max(x, 1), 1));
+    store(Y.block({r, 0}, {1, 128}), e / expand_dims(sum(e, 1), 1));
+  });
+  HostTensor x(f32, {5, 100}), y(f32, {5, 100});
+  x.fill_normal(4, 0, 2);
+  for (int warps : {1, 4}) {
+    jit::CompileOptions o;
+    o.num_warps = warps;
+    check_emulator(k.build(), {5}, {&x, &y}, 1e-6, o);
+  }
+}
+
+TEST_CASE("emulator: faults name the access; Hopper programs are refused as not emulated") {
+  // a pointer load past the end of its buffer (the interpreter refuses it too)
+  const Kernel oob = kernel("oob_emu", [](Builder& kb) {
+    auto P = kb.pointer("P", f32), Q = kb.pointer("Q", f32);
+    store(Q + arange(0, 64), load(P + arange(0, 64)));
+  });
+  HostTensor p(f32, {32}), q(f32, {64});
+  std::vector<runtime::Arg> args{p, q};
+  try {
+    runtime::emulate(oob.build(), {1}, args);
+    FAIL("no fault");
+  } catch (const runtime::EmulatorFault& e) {
+    CHECK(std::string(e.what()).find("outside every argument's memory") != std::string::npos);
+    CHECK(std::string(e.what()).find("oob_emu") != std::string::npos);
+  }
+  // a GEMM K loop on sm_90a takes TMA and wgmma
+  const Kernel gemm = kernel("gemm_emu", [](Builder& kb) {
+    const ParamSpec rm{.align_bytes = 16, .contiguous_last = true};
+    auto A = kb.tensor("A", bf16, 2, rm), B = kb.tensor("B", bf16, 2, rm), C = kb.tensor("C", f32, 2, rm);
+    Var acc = zeros(f32, {128, 128});
+    for_range(0, A.size(1), 64, [&](Tile k0) { acc = dot(load(A.block({0, k0}, {128, 64})), trans(load(B.block({0, k0}, {128, 64}))), acc); });
+    store(C.block({0, 0}, {128, 128}), acc);
+  });
+  HostTensor a(bf16, {128, 256}), b(bf16, {128, 256}), c(f32, {128, 128});
+  std::vector<runtime::Arg> gargs{a, b, c};
+  jit::CompileOptions o;
+  o.num_warps = 8;
+  CHECK_THROWS_AS(runtime::emulate(gemm.build(), {1}, gargs, o), runtime::EmulatorUnsupported);
+}
