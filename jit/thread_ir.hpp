@@ -65,7 +65,7 @@ enum class Op : uint8_t {
   sem_wait,    // (ptr i32, target i32): spin until ld.acquire.gpu [ptr] >= target
   sem_signal,  // (ptr i32, value i32): fence.acq_rel.gpu; red.release.gpu.add [ptr], value
   load_shared,   // (i32 byte offset) -> ty
-  store_shared,  // (i32 byte offset, value)
+  store_shared,  // (i32 byte offset, value[, pred])
   barrier,       // bar.sync 0
   // (i32 barrier id 1..15), imm = threads taking part: wait until that many arrived (bar.sync id, n),
   // or arrive without waiting (bar.arrive id, n); e.g. warpgroups handing each other a turn

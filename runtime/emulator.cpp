@@ -452,9 +452,12 @@ class Emulator {
         each(m, [&](int t) { set(0, t, read(d, shared(in, t, arg(0, t).i, ir::byte_size(d)))); });
         return;
       }
-      case Op::store_shared: {
+      case Op::store_shared: {  // (offset, value[, pred])
         const DType d = ty(in.args[1]).dtype;
-        each(m, [&](int t) { write(d, shared(in, t, arg(0, t).i, ir::byte_size(d)), arg(1, t)); });
+        each(m, [&](int t) {
+          if (in.args.size() > 2 && !arg(2, t).i) return;
+          write(d, shared(in, t, arg(0, t).i, ir::byte_size(d)), arg(1, t));
+        });
         return;
       }
       case Op::shfl_xor: {
@@ -492,25 +495,11 @@ class Emulator {
         const Val& cmpv = vals(args[1])[static_cast<size_t>(t)];
         if (element::to_bits(d, old.f, old.i) == element::to_bits(d, cmpv.f, cmpv.i)) now = v;
       } else if (ir::is_float(d)) {
-        switch (rmw) {
-          case ir::AtomicRmw::add: now.f = emu_round(d, old.f + v.f); break;
-          case ir::AtomicRmw::max: now.f = std::isnan(v.f) ? old.f : std::isnan(old.f) ? v.f : std::max(old.f, v.f); break;
-          case ir::AtomicRmw::min: now.f = std::isnan(v.f) ? old.f : std::isnan(old.f) ? v.f : std::min(old.f, v.f); break;
-          case ir::AtomicRmw::xchg: now = v; break;
-          default: fault(in, t, "a bitwise atomic on floats");
-        }
+        if (rmw != ir::AtomicRmw::add && rmw != ir::AtomicRmw::max && rmw != ir::AtomicRmw::min && rmw != ir::AtomicRmw::xchg)
+          fault(in, t, "a bitwise atomic on floats");
+        now.f = interp::rmw_float(rmw, d, old.f, v.f);
       } else {
-        const bool sgn = ir::is_signed(d);
-        const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
-        switch (rmw) {
-          case ir::AtomicRmw::add: now.i = wrap(d, u(old.i) + u(v.i)); break;
-          case ir::AtomicRmw::max: now.i = sgn ? std::max(old.i, v.i) : static_cast<int64_t>(std::max(u(old.i), u(v.i))); break;
-          case ir::AtomicRmw::min: now.i = sgn ? std::min(old.i, v.i) : static_cast<int64_t>(std::min(u(old.i), u(v.i))); break;
-          case ir::AtomicRmw::and_: now.i = old.i & v.i; break;
-          case ir::AtomicRmw::or_: now.i = old.i | v.i; break;
-          case ir::AtomicRmw::xor_: now.i = old.i ^ v.i; break;
-          case ir::AtomicRmw::xchg: now = v; break;
-        }
+        now.i = interp::rmw_int(rmw, d, old.i, v.i);
       }
       write(d, p, now);
       if (!in.results.empty()) vals(in.results[0])[static_cast<size_t>(t)] = old;

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "dsl/ir/atomic.hpp"
 #include "runtime/interpreter.hpp"
 
 namespace tilejit::runtime::interp {
@@ -78,6 +79,41 @@ inline double max_nan(double a, double b) {
 
 // The GPU's .ftz: a subnormal (below 2^-126 in magnitude) becomes a zero of the same sign.
 inline double flush_subnormal(double v) { return v != 0 && std::fabs(v) < 0x1p-126 ? std::copysign(0.0, v) : v; }
+
+// An atomic float add as the GPU computes it: f32 (PTX atom/red.add.f32 and the TMA reduce-add)
+// flushes subnormal inputs and results to sign-preserving zero; other float types round only.
+inline double atomic_float_add(DType d, double old, double x) {
+  if (d != DType::f32) return element::round_float(d, old + x);
+  return flush_subnormal(element::round_float(d, flush_subnormal(old) + flush_subnormal(x)));
+}
+
+// One element's update by `rmw` (not compare-and-swap): the new value of a float element.
+inline double rmw_float(ir::AtomicRmw rmw, DType d, double old, double x) {
+  switch (rmw) {
+    case ir::AtomicRmw::add: return atomic_float_add(d, old, x);
+    case ir::AtomicRmw::max: return std::fmax(old, x);
+    case ir::AtomicRmw::min: return std::fmin(old, x);
+    default: return x;  // xchg (floats take no bitwise op)
+  }
+}
+
+// ... and of an integer element (values held sign- or zero-extended to 64 bits by dtype, so the
+// comparisons are the dtype's own).
+inline int64_t rmw_int(ir::AtomicRmw rmw, DType d, int64_t old, int64_t x) {
+  const Wrap wrap(d);
+  const auto uo = static_cast<uint64_t>(old), ux = static_cast<uint64_t>(x);
+  const bool sg = ir::is_signed(d);
+  switch (rmw) {
+    case ir::AtomicRmw::add: return wrap(uo + ux);
+    case ir::AtomicRmw::max: return sg ? std::max(old, x) : static_cast<int64_t>(std::max(uo, ux));
+    case ir::AtomicRmw::min: return sg ? std::min(old, x) : static_cast<int64_t>(std::min(uo, ux));
+    case ir::AtomicRmw::and_: return wrap(uo & ux);
+    case ir::AtomicRmw::or_: return wrap(uo | ux);
+    case ir::AtomicRmw::xor_: return wrap(uo ^ ux);
+    case ir::AtomicRmw::xchg: return x;
+  }
+  return x;
+}
 
 // The high 64 bits of a 64 x 64-bit product (mul.hi.u64).
 inline uint64_t umulhi64(uint64_t a, uint64_t b) {

@@ -114,13 +114,6 @@ void Machine::store_op(const Op& op) {
   }
 }
 
-// An atomic float add as the GPU computes it: f32 (PTX atom/red.add.f32 and the TMA reduce-add)
-// flushes subnormal inputs and results to sign-preserving zero; other float types round only.
-static double atomic_float_add(DType d, double old, double x) {
-  if (d != DType::f32) return element::round_float(d, old + x);
-  return flush_subnormal(element::round_float(d, flush_subnormal(old) + flush_subnormal(x)));
-}
-
 void Machine::atomic_add_op(const Op& op) {
   const ir::Type& pt = T(op.operands[0]);
   const DType d = pt.dtype;
@@ -152,37 +145,6 @@ void Machine::atomic_add_op(const Op& op) {
   }
 }
 
-namespace {
-
-// One element's update by `rmw` (not compare-and-swap): the new value of a float element.
-double rmw_float(ir::AtomicRmw rmw, DType d, double old, double x) {
-  switch (rmw) {
-    case ir::AtomicRmw::add: return atomic_float_add(d, old, x);
-    case ir::AtomicRmw::max: return std::fmax(old, x);
-    case ir::AtomicRmw::min: return std::fmin(old, x);
-    default: return x;  // xchg (floats take no bitwise op)
-  }
-}
-
-// ... and of an integer element (values held sign- or zero-extended to 64 bits by dtype, so the
-// comparisons are the dtype's own).
-int64_t rmw_int(ir::AtomicRmw rmw, DType d, int64_t old, int64_t x) {
-  const Wrap wrap(d);
-  const auto uo = static_cast<uint64_t>(old), ux = static_cast<uint64_t>(x);
-  const bool sg = ir::is_signed(d);
-  switch (rmw) {
-    case ir::AtomicRmw::add: return wrap(uo + ux);
-    case ir::AtomicRmw::max: return sg ? std::max(old, x) : static_cast<int64_t>(std::max(uo, ux));
-    case ir::AtomicRmw::min: return sg ? std::min(old, x) : static_cast<int64_t>(std::min(uo, ux));
-    case ir::AtomicRmw::and_: return wrap(uo & ux);
-    case ir::AtomicRmw::or_: return wrap(uo | ux);
-    case ir::AtomicRmw::xor_: return wrap(uo ^ ux);
-    case ir::AtomicRmw::xchg: return x;
-  }
-  return x;
-}
-
-}  // namespace
 
 // atomic_rmw / atomic_cas, element by element (the elements of one op are independent updates).
 // Float max / min ignore a NaN operand as the GPU's do (fmax / fmin).

@@ -12,6 +12,7 @@
 #include "jit/ptx_compiler.hpp"
 #include "runtime/device_buffer.hpp"
 #include "runtime/driver.hpp"
+#include "runtime/emulator.hpp"
 #include "runtime/gpu_kernel.hpp"
 #include "runtime/host_tensor.hpp"
 #include "runtime/interpreter.hpp"
@@ -30,13 +31,14 @@ std::string_view to_string(Status s) {
     case Status::Fault: return "fault";
     case Status::Crash: return "crash";
     case Status::Hang: return "hang";
+    case Status::NotEmulated: return "not-emulated";
   }
   return "?";
 }
 
 bool parse_status(std::string_view s, Status& out) {
   for (Status x : {Status::Ok, Status::GeneratorError, Status::Refused, Status::Mismatch, Status::Fault, Status::Crash,
-                   Status::Hang})
+                   Status::Hang, Status::NotEmulated})
     if (to_string(x) == s) {
       out = x;
       return true;
@@ -178,7 +180,7 @@ std::string compare(const HostTensor& got, const HostTensor& ref, bool exact) {
       uint64_t gb = 0, rb = 0;
       std::memcpy(&gb, g + static_cast<size_t>(i) * es, es);
       std::memcpy(&rb, r + static_cast<size_t>(i) * es, es);
-      out += fmt::format(" [{}] gpu 0x{:x} ({}) interpreter 0x{:x} ({});", i, gb, got.get_flat(i), rb, ref.get_flat(i));
+      out += fmt::format(" [{}] got 0x{:x} ({}) interpreter 0x{:x} ({});", i, gb, got.get_flat(i), rb, ref.get_flat(i));
     }
   }
   if (bad == 0) return "";
@@ -231,7 +233,48 @@ Outcome evaluate(Program& p, const EvalOptions& o, const std::function<void(cons
     out.detail = fmt::format("interpreter: {}", e.what());
     return out;
   }
+  if (o.emulate) {
+    out.backend = "emulator";
+    phase("lower");
+    jit::CompileOptions co;
+    co.num_warps = p.num_warps;
+    jit::pir::Func program;
+    try {
+      program = jit::lower(fn, co);
+    } catch (const std::exception& e) {
+      out.status = Status::Refused;
+      out.detail = e.what();
+      return out;
+    }
+    phase("emulate");
+    std::vector<HostTensor> emu = make_tensors(p);
+    std::vector<runtime::Arg> eargs;
+    for (auto& t : emu) eargs.emplace_back(t);
+    for (size_t s = ref.size(); s < iargs.size(); ++s) eargs.push_back(iargs[s]);
+    try {
+      runtime::emulate(program, fn, {p.programs}, eargs);
+    } catch (const runtime::EmulatorUnsupported& e) {
+      out.status = Status::NotEmulated;
+      out.detail = e.what();
+      return out;
+    } catch (const runtime::EmulatorFault& e) {
+      out.status = Status::Fault;
+      out.detail = e.what();
+      return out;
+    }
+    phase("compare emulator");
+    for (size_t t = 0; t < emu.size(); ++t) {
+      if (!p.tensors[t].output) continue;
+      std::string diff = compare(emu[t], ref[t], exact_output(p, t));
+      if (!diff.empty()) {
+        out.status = Status::Mismatch;
+        out.detail = fmt::format("T{} {}: {}", t, ref[t].describe(), diff);
+        return out;
+      }
+    }
+  }
   for (jit::Backend b : o.backends) {
+    if (!o.compile_backends) break;
     out.backend = std::string(jit::to_string(b));
     phase("compile " + out.backend);
     jit::CompileOptions co;

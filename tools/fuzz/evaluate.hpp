@@ -19,6 +19,7 @@ enum class Status : uint8_t {
   Fault,           // the GPU reported an error running it (illegal instruction, address...)
   Crash,           // the process died (signal or abort) -- set by the pool
   Hang,            // past the time limit -- set by the pool
+  NotEmulated,     // --emulate: the lowered program uses Hopper instructions the emulator does not model
 };
 std::string_view to_string(Status s);
 bool parse_status(std::string_view s, Status& out);
@@ -36,6 +37,10 @@ struct Outcome {
 struct EvalOptions {
   std::vector<jit::Backend> backends{jit::Backend::Llvm, jit::Backend::Nvrtc};
   bool gpu = false;       // launch and compare (needs a GPU)
+  // run the lowered program in the host emulator (runtime/emulator.hpp) and compare: the lowering
+  // checked without a GPU; the backends then only compile when asked for (compile_backends)
+  bool emulate = false;
+  bool compile_backends = true;
   bool assemble = true;   // compile-only: also assemble the PTX (ptxas or nvJitLink) when one is found
 };
 

@@ -29,6 +29,8 @@ constexpr const char* kUsage = R"(usage: tilejit_fuzz [options]
   --time S           stop starting new seeds after S seconds
   --jobs N           worker processes (default: the CPU count)
   --gpu              launch on the GPU and compare (default: compile only, PTX assembled by ptxas)
+  --emulate          run each lowered program in the host emulator and compare (no GPU, no backend;
+                     programs with Hopper instructions count as not-emulated)
   --backends L       llvm,nvrtc (default both)
   --timeout S        seconds per program before it counts as a hang (default 60)
   --reduce N         reduce up to N distinct failures (default 3) ...
@@ -125,6 +127,7 @@ int main(int argc, char** argv) {
     } else if (a == "--time") time_limit = static_cast<double>(number(a, value()));
     else if (a == "--jobs") o.jobs = static_cast<int>(std::max<uint64_t>(1, number(a, value())));
     else if (a == "--gpu") o.eval.gpu = true;
+    else if (a == "--emulate") o.eval.emulate = true, o.eval.compile_backends = false;
     else if (a == "--timeout") o.timeout_s = static_cast<double>(number(a, value()));
     else if (a == "--reduce") reduce_n = static_cast<int>(number(a, value()));
     else if (a == "--reduce-time") reduce_time = static_cast<double>(number(a, value()));
@@ -180,7 +183,7 @@ int main(int argc, char** argv) {
     ++counts[r.outcome.status];
     lowest = std::min(lowest, r.seed);
     highest = std::max(highest, r.seed);
-    if (r.outcome.status == Status::Ok) return;
+    if (r.outcome.status == Status::Ok || r.outcome.status == Status::NotEmulated) return;
     const std::string sig = r.outcome.signature();
     by_signature[sig].push_back(r.seed);
     if (!example.count(sig)) example[sig] = r.outcome;
@@ -195,11 +198,13 @@ int main(int argc, char** argv) {
   int64_t total = 0, failed = 0;
   for (auto& [s, n] : counts) {
     total += n;
-    if (s != Status::Ok) failed += n;
+    if (s != Status::Ok && s != Status::NotEmulated) failed += n;
   }
 
   fmt::print("\n==== tilejit_fuzz summary ====\n");
-  fmt::print("mode {}, backends", o.eval.gpu ? "gpu (launched and compared)" : "compile-only");
+  fmt::print("mode {}, backends", o.eval.gpu        ? "gpu (launched and compared)"
+                                  : o.eval.emulate ? "emulate (lowered programs run on the host and compared)"
+                                                   : "compile-only");
   for (auto b : o.eval.backends) fmt::print(" {}", jit::to_string(b));
   fmt::print(", seeds {}..{}, {} programs in {:.0f} s ({:.1f}/s), {} jobs\n", total ? lowest : 0, total ? highest : 0, total,
              secs, static_cast<double>(total) / std::max(secs, 1e-9), o.jobs);
