@@ -11,8 +11,12 @@
 #include <vector>
 
 #include "axis_op_kernels.hpp"
+#include "dropout_key_args.hpp"
 #include "dsl/lang.hpp"
 #include "jit/compile.hpp"
+#include "kernels/attention/backward.hpp"
+#include "kernels/attention/forward.hpp"
+#include "kernels/philox_host.hpp"
 #include "runtime/emulator.hpp"
 #include "runtime/host_tensor.hpp"
 #include "runtime/interpreter.hpp"
@@ -155,4 +159,89 @@ TEST_CASE("emulator: faults name the access; Hopper programs are refused as not 
   jit::CompileOptions o;
   o.num_warps = 8;
   CHECK_THROWS_AS(runtime::emulate(gemm.build(), {1}, gargs, o), runtime::EmulatorUnsupported);
+}
+
+// The library's attention kernels lowered for sm_80 (mma.sync, no TMA / wgmma: the generic path
+// the emulator models), forward and backward, with and without causal masking and dropout (its key
+// from device memory, decision 054), against the interpreter: GQA, S_q != S_k, ragged tiles.
+TEST_CASE("emulator: the attention forward and backward kernels on the mma.sync path equal the interpreter") {
+  const int64_t B = 1, Hq = 2, Hkv = 1, Sq = 100, Sk = 130, D = 64, BM = 64, BN = 64;
+  for (bool causal : {false, true})
+    for (bool dropout : {false, true}) {
+      INFO("causal " << causal << " dropout " << dropout);
+      HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D}), dout(bf16, {B, Sq, Hq, D});
+      HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq}), delta(f32, {B, Hq, Sq});
+      HostTensor dq(bf16, {B, Sq, Hq, D}), dk(bf16, {B, Sk, Hkv, D}), dv(bf16, {B, Sk, Hkv, D});
+      q.fill_normal(41, 0, 1);
+      k.fill_normal(42, 0, 1);
+      v.fill_normal(43, 0, 1);
+      dout.fill_normal(44, 0, 1);
+      const float scale = 0.125f;
+      const kernels::DropoutRngHost rng{0x0123456789abcdefull, 0x0000000200000001ull, kernels::dropout_keep_threshold(0.2)};
+      HostTensor state = testing::rng_state_tensor(rng.seed, rng.offset);
+      const kernels::DropoutRngHost wrong{1, 2, rng.keep_threshold};  // (the scalars the state overrides)
+      const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", causal}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN},
+                      {"DROPOUT", dropout}};
+      jit::CompileOptions o80;
+      o80.arch = "sm_80";
+      o80.num_warps = 4;
+      const int64_t q_blocks = cdiv(Sq, BM), k_blocks = cdiv(Sk, BN);
+      const auto with_key = [&](std::vector<HostTensor*> tensors) {
+        std::vector<runtime::Arg> a;
+        for (HostTensor* t : tensors) a.emplace_back(*t);
+        return a;
+      };
+      // forward: o, lse
+      {
+        std::vector<HostTensor> ref{q, k, v, o, lse}, emu{q, k, v, o, lse};
+        std::vector<runtime::Arg> ra, ea;
+        for (auto& t : ref) ra.emplace_back(t);
+        for (auto& t : emu) ea.emplace_back(t);
+        ra.emplace_back(scale), ea.emplace_back(scale);
+        if (dropout) {
+          for (const runtime::Arg& a : testing::dropout_key_args(rng)) ra.push_back(a);
+          for (const runtime::Arg& a : testing::dropout_key_args(wrong, &state)) ea.push_back(a);
+        }
+        const ir::Function fn = kernels::attention_forward().build(meta);
+        runtime::interpret(fn, {q_blocks, Hq, B}, ra);
+        runtime::emulate(fn, {q_blocks, Hq, B}, ea, o80);
+        for (size_t i : {size_t{3}, size_t{4}}) {
+          INFO("forward output " << i);
+          const std::vector<double> a = ref[i].to_f64(), b = emu[i].to_f64();
+          size_t bad = 0;
+          for (size_t e = 0; e < a.size(); ++e) bad += !(std::fabs(a[e] - b[e]) <= 1e-2 * (1 + std::fabs(a[e])));
+          CHECK(bad == 0);
+        }
+        o = ref[3], lse = ref[4];
+      }
+      // backward: Delta, then dK / dV and dQ from the interpreter's forward outputs
+      runtime::interpret(kernels::attention_backward_preprocess().build({{"DTYPE", bf16}, {"BLOCK_M", BM}, {"HEAD_DIM", D}, {"BSHD", true}}),
+                         {q_blocks, Hq, B}, with_key({&o, &dout, &delta}));
+      for (int pass = 0; pass < 2; ++pass) {
+        INFO((pass == 0 ? "dK/dV" : "dQ"));
+        std::vector<HostTensor> ref, emu;
+        if (pass == 0) ref = {q, k, v, dout, lse, delta, dk, dv};
+        else ref = {q, k, v, dout, lse, delta, dq};
+        emu = ref;
+        std::vector<runtime::Arg> ra, ea;
+        for (auto& t : ref) ra.emplace_back(t);
+        for (auto& t : emu) ea.emplace_back(t);
+        ra.emplace_back(scale), ea.emplace_back(scale);
+        if (dropout) {
+          for (const runtime::Arg& a : testing::dropout_key_args(rng)) ra.push_back(a);
+          for (const runtime::Arg& a : testing::dropout_key_args(wrong, &state)) ea.push_back(a);
+        }
+        const ir::Function fn = (pass == 0 ? kernels::attention_backward_dkdv() : kernels::attention_backward_dq()).build(meta);
+        const runtime::Grid grid = pass == 0 ? runtime::Grid{k_blocks, Hkv, B} : runtime::Grid{q_blocks, Hq, B};
+        runtime::interpret(fn, grid, ra);
+        runtime::emulate(fn, grid, ea, o80);
+        for (size_t i = 6; i < ref.size(); ++i) {
+          INFO("output " << i);
+          const std::vector<double> a = ref[i].to_f64(), b = emu[i].to_f64();
+          double worst = 0, norm = 0;
+          for (size_t e = 0; e < a.size(); ++e) worst = std::max(worst, std::fabs(a[e] - b[e])), norm = std::max(norm, std::fabs(a[e]));
+          CHECK(worst <= 2e-2 * (1 + norm));
+        }
+      }
+    }
 }
