@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 
 #include "runtime/host_tensor.hpp"
 #include "runtime/interpreter/machine.hpp"  // (the interpreter's element rules: min/max NaN, flushes, prmt)
@@ -58,12 +59,18 @@ struct Region {
 class Emulator {
  public:
   Emulator(const pir::Func& p, const ir::Function& f, const std::vector<Arg>& args) : p_(p), n_(p.num_threads) {
-    if (!p.tensor_maps.empty())
-      throw EmulatorUnsupported(fmt::format("tilejit emulator: kernel '{}' takes TMA tensor maps (Hopper)", p.name));
     if (args.size() != f.params.size())
       throw std::invalid_argument(fmt::format("tilejit emulator: kernel '{}' takes {} arguments, got {}", f.name, f.params.size(),
                                               args.size()));
-    for (size_t a = 0; a < args.size(); ++a) bind(f.params[a], args[a]);
+    tensors_.resize(f.params.size());
+    for (size_t a = 0; a < args.size(); ++a) bind(a, f.params[a], args[a]);
+    // TMA tensor maps: trailing ABI slots whose value names the map (kMapTag + its index)
+    for (size_t m = 0; m < p.tensor_maps.size(); ++m) {
+      if (static_cast<size_t>(p.tensor_maps[m].abi_slot) != params_.size())
+        throw std::logic_error(fmt::format("tilejit emulator: kernel '{}': tensor map {} at ABI slot {}, expected {}", f.name, m,
+                                           p.tensor_maps[m].abi_slot, params_.size()));
+      params_.push_back(Val{0, kMapTag + static_cast<int64_t>(m)});
+    }
     if (params_.size() != p.params.size())
       throw std::logic_error(fmt::format("tilejit emulator: kernel '{}': {} ABI slots bound for {} parameters", f.name,
                                          params_.size(), p.params.size()));
@@ -78,6 +85,7 @@ class Emulator {
         for (int64_t x = 0; x < grid.x; ++x) {
           block_ = {x, y, z};
           std::fill(smem_.begin(), smem_.end(), std::byte{0xCD});  // (unwritten shared memory reads as poison)
+          mbarriers_.clear();
           exited_.assign(static_cast<size_t>(n_), 0);
           exec(p_.body, Mask(static_cast<size_t>(n_), 1));
         }
@@ -85,8 +93,19 @@ class Emulator {
 
  private:
   using Mask = std::vector<char>;
+  // an argument tensor as TMA sees it, and the tensor maps' parameter values
+  struct TensorArg {
+    uint64_t base = 0;
+    DType dtype = DType::f32;
+    ir::Shape sizes, strides;
+  };
+  static constexpr int64_t kMapTag = int64_t{0x7A3A} << 32;
+  // an mbarrier: arrivals still expected in the current phase, transaction bytes, the phase
+  struct Mbarrier {
+    int64_t count = 0, pending = 0, tx = 0, phase = 0;
+  };
 
-  void bind(const ir::Param& prm, const Arg& a) {
+  void bind(size_t index, const ir::Param& prm, const Arg& a) {
     const auto push_int = [&](int64_t v) { params_.push_back(Val{0, v}); };
     if (prm.kind == ir::ParamKind::Scalar) {
       const DType d = prm.type.dtype;
@@ -114,6 +133,7 @@ class Emulator {
     HostTensor* t = a.tensor();
     if (!t) throw std::invalid_argument(fmt::format("tilejit emulator: parameter '{}' needs a HostTensor", prm.name));
     const auto base = reinterpret_cast<uint64_t>(t->data());
+    tensors_[index] = TensorArg{base, t->dtype(), t->sizes(), t->strides()};
     regions_.push_back({base, static_cast<uint64_t>(t->bytes()), prm.name});
     push_int(static_cast<int64_t>(base));
     if (prm.kind == ir::ParamKind::Tensor) {
@@ -466,11 +486,211 @@ class Emulator {
         return;
       }
       case Op::mma_16816: mma(in, m); return;
+      case Op::smem_addr: each(m, [&](int t) { set(0, t, Val{0, arg(0, t).i}); }); return;  // (the window starts at 0)
+      case Op::fence_mbar_init:
+      case Op::fence_proxy_async:
+      case Op::fence_proxy_async_global:
+      case Op::wgmma_fence:
+      case Op::wgmma_commit:
+      case Op::bulk_commit:
+      case Op::bulk_wait:  // (asynchronous copies and MMAs complete when issued here)
+        return;
+      case Op::wgmma_wait:
+        for (size_t k = 0; k < in.results.size(); ++k) each(m, [&](int t) { set(k, t, arg(k, t)); });
+        return;
+      case Op::mbar_init:
+        each(m, [&](int t) {
+          const int64_t count = arg(1, t).i;
+          mbarriers_[arg(0, t).i] = Mbarrier{count, count, 0, 0};
+        });
+        return;
+      case Op::mbar_inval: each(m, [&](int t) { mbarriers_.erase(arg(0, t).i); }); return;
+      case Op::mbar_expect_tx: each(m, [&](int t) { mbar_update(in, t, arg(0, t).i, 1, arg(1, t).i); }); return;
+      case Op::mbar_arrive: each(m, [&](int t) { mbar_update(in, t, arg(0, t).i, 1, 0); }); return;
+      case Op::mbar_wait:
+        each(m, [&](int t) {
+          const Mbarrier& b = mbarrier(in, t, arg(0, t).i);
+          if ((b.phase & 1) == (arg(1, t).i & 1))
+            throw EmulatorUnsupported(fmt::format(
+                "tilejit emulator: kernel '{}': thread {} waits on an mbarrier phase that has not completed; in lockstep only "
+                "programs whose waits follow their arrivals run (warp-specialised roles need warps that run concurrently)",
+                p_.name, t));
+        });
+        return;
+      case Op::atom_shared:
+        each(m, [&](int t) {
+          std::byte* q = shared(in, t, arg(0, t).i, 4);
+          const Val old = read(DType::u32, q);
+          write(DType::u32, q, Val{0, in.imm == 0 ? wrap(DType::u32, static_cast<uint64_t>(old.i + arg(1, t).i)) : arg(1, t).i});
+          set(0, t, old);
+        });
+        return;
+      case Op::tma_load:
+      case Op::tma_load_2d: tma(in, m, false); return;
+      case Op::tma_reduce_add: tma(in, m, true); return;
+      case Op::wgmma:
+      case Op::wgmma_rs: wgmma(in, m); return;
       case Op::for_: loop(in, m); return;
       case Op::if_: branch(in, m); return;
       default:
         throw EmulatorUnsupported(fmt::format("tilejit emulator: kernel '{}' uses {} (not emulated: Hopper asynchronous copies, "
                                               "barriers and wgmma, and cross-program semaphores)", p_.name, pir::op_name(in.op)));
+    }
+  }
+
+  Mbarrier& mbarrier(const pir::Inst& in, int t, int64_t addr) {
+    auto it = mbarriers_.find(addr);
+    if (it == mbarriers_.end()) fault(in, t, fmt::format("no mbarrier was initialised at shared address {}", addr));
+    return it->second;
+  }
+  // arrivals and transaction bytes (positive: expected; negative: completed by a copy)
+  void mbar_update(const pir::Inst& in, int t, int64_t addr, int64_t arrivals, int64_t tx) {
+    Mbarrier& b = mbarrier(in, t, addr);
+    b.pending -= arrivals;
+    b.tx += tx;
+    if (b.pending < 0) fault(in, t, fmt::format("more arrivals than the mbarrier at {} expects ({})", addr, b.count));
+    if (b.pending == 0 && b.tx == 0) {
+      ++b.phase;
+      b.pending = b.count;
+    }
+  }
+
+  // The byte of a swizzled shared tile: 16-byte units XOR-ed with the row of 128 bytes (128-byte
+  // mode), as TMA stores and wgmma descriptors read them (absolute shared addresses).
+  static int64_t swizzle(int64_t addr, int64_t span) {
+    switch (span) {
+      case 128: return addr ^ (((addr >> 7) & 7) << 4);
+      case 64: return addr ^ (((addr >> 7) & 3) << 4);
+      case 32: return addr ^ (((addr >> 7) & 1) << 4);
+      default: return addr;
+    }
+  }
+
+  // tma_load (dst, map, coordinates innermost first, mbar) / tma_load_2d / tma_reduce_add (src, map,
+  // coordinates): the map's box between the tensor and shared memory, out-of-bounds elements zero
+  // (loads) or skipped (reduces); a load completes its bytes on the mbarrier at once.
+  void tma(const pir::Inst& in, const Mask& m, bool reduce) {
+    each(m, [&](int t) {
+      const int64_t tag = vals(in.args[1])[static_cast<size_t>(t)].i - kMapTag;
+      if (tag < 0 || tag >= static_cast<int64_t>(p_.tensor_maps.size())) fault(in, t, "the tensor-map argument names no map");
+      const pir::TensorMapSpec& spec = p_.tensor_maps[static_cast<size_t>(tag)];
+      const TensorArg& ta = tensors_.at(static_cast<size_t>(spec.param_index));
+      const size_t rank = ta.sizes.size();
+      const size_t coords = in.op == Op::tma_load_2d ? 2 : static_cast<size_t>(in.imm);
+      if (coords != rank || spec.box.size() != rank) fault(in, t, "a box whose rank is not the tensor's");
+      const int64_t es = ir::byte_size(ta.dtype);
+      std::vector<int64_t> c(rank);  // innermost first
+      for (size_t d = 0; d < rank; ++d) c[d] = vals(in.args[2 + d])[static_cast<size_t>(t)].i;
+      const int64_t smem0 = vals(in.args[0])[static_cast<size_t>(t)].i;
+      int64_t elems = 1;
+      for (int64_t b : spec.box) elems *= b;
+      std::vector<int64_t> idx(rank, 0);
+      for (int64_t e = 0; e < elems; ++e) {
+        bool inside = true;
+        int64_t offset = 0;
+        for (size_t d = 0; d < rank; ++d) {
+          const int64_t g = c[d] + idx[d];
+          const size_t td = rank - 1 - d;
+          inside = inside && g >= 0 && g < ta.sizes[td];
+          offset += g * ta.strides[td];
+        }
+        std::byte* sm = shared(in, t, swizzle(smem0 + e * es, spec.swizzle_bytes), es);
+        if (reduce) {
+          if (inside) {
+            std::byte* gm = global(in, t, ta.base + static_cast<uint64_t>(offset * es), static_cast<uint64_t>(es), static_cast<uint64_t>(es));
+            const Val add = read(ta.dtype, sm), old = read(ta.dtype, gm);
+            Val now;
+            if (ir::is_float(ta.dtype)) now.f = interp::atomic_float_add(ta.dtype, old.f, add.f);
+            else now.i = wrap(ta.dtype, static_cast<uint64_t>(old.i + add.i));
+            write(ta.dtype, gm, now);
+          }
+        } else if (inside) {
+          const std::byte* gm = global(in, t, ta.base + static_cast<uint64_t>(offset * es), static_cast<uint64_t>(es), static_cast<uint64_t>(es));
+          std::memcpy(sm, gm, static_cast<size_t>(es));
+        } else {
+          std::memset(sm, 0, static_cast<size_t>(es));
+        }
+        for (size_t d = 0; d < rank; ++d) {  // next box element, innermost fastest
+          if (++idx[d] < spec.box[d]) break;
+          idx[d] = 0;
+        }
+      }
+      if (!reduce) mbar_update(in, t, vals(in.args[2 + rank])[static_cast<size_t>(t)].i, 0, -elems * es);
+    });
+  }
+
+  // wgmma m64nNk16 per warpgroup: A from a shared-memory descriptor (K-major, or MN-major with
+  // imm bit 26) or, wgmma_rs, from registers (each warp's 16 rows as mma.sync's A fragment); B
+  // from a descriptor (K-major, or MN-major with bit 24); descriptors of 128-byte swizzled tiles:
+  // start (bits 0-13), leading byte offset (16-29, the step between 64-element MN chunks), stride
+  // byte offset (32-45, the step between groups of 8 rows), all in 16-byte units. The accumulator:
+  // thread l of warp w holds, in register j, row 16 w + l / 4 + 8 ((j / 2) % 2), column
+  // 8 (j / 4) + 2 (l % 4) + j % 2. Sums in double, rounded to f32 once.
+  void wgmma(const pir::Inst& in, const Mask& m) {
+    const int64_t n = in.imm & 0xFFFF;
+    const auto d = static_cast<DType>((in.imm >> 16) & 0xFF);
+    const bool b_mn = (in.imm >> 24) & 1, overwrite = (in.imm >> 25) & 1, a_mn = (in.imm >> 26) & 1;
+    const bool rs = in.op == Op::wgmma_rs;
+    if (d != DType::f16 && d != DType::bf16)
+      throw EmulatorUnsupported(fmt::format("tilejit emulator: wgmma with {} operands", ir::name(d)));
+    const int64_t es = 2;
+    const size_t first_acc = rs ? 5 : 2;
+    const auto elem = [&](const pir::Inst& i, int t, int64_t addr) {
+      return read(d, shared(i, t, swizzle(addr, 128), es)).f;
+    };
+    struct Desc {
+      int64_t start, lbo, sbo;
+    };
+    const auto decode = [](int64_t desc) {
+      const auto u = static_cast<uint64_t>(desc);
+      return Desc{static_cast<int64_t>((u & 0x3FFF) << 4), static_cast<int64_t>(((u >> 16) & 0x3FFF) << 4),
+                  static_cast<int64_t>(((u >> 32) & 0x3FFF) << 4)};
+    };
+    // K-major: row r (M or N), column k; MN-major: the tile's rows are k, 64-element chunks of r
+    const auto at = [&](const Desc& ds, bool mn_major, int64_t r, int64_t k) {
+      return mn_major ? ds.start + (k / 8) * ds.sbo + (k % 8) * 128 + (r % 64) * es + (r / 64) * ds.lbo
+                      : ds.start + (r / 8) * ds.sbo + (r % 8) * 128 + k * es;
+    };
+    for (int g0 = 0; g0 < n_; g0 += 128) {
+      int lead = -1;
+      for (int t = g0; t < std::min(g0 + 128, n_) && lead < 0; ++t)
+        if (m[static_cast<size_t>(t)] && !exited_[static_cast<size_t>(t)]) lead = t;
+      if (lead < 0) continue;
+      std::vector<double> A(64 * 16), B(16 * static_cast<size_t>(n));
+      const Desc db = decode(vals(in.args[rs ? 4 : 1])[static_cast<size_t>(lead)].i);
+      for (int64_t k = 0; k < 16; ++k)
+        for (int64_t c = 0; c < n; ++c) B[static_cast<size_t>(k * n + c)] = elem(in, lead, at(db, b_mn, c, k));
+      if (rs) {
+        for (int l = 0; l < 128 && g0 + l < n_; ++l) {
+          const int t = g0 + l, w = l / 32, g = (l % 32) / 4, q = l % 4;
+          for (int k = 0; k < 2; ++k) {
+            const auto half = [&](size_t arg_index) {
+              Val v;
+              element::from_bits(d, (static_cast<uint64_t>(vals(in.args[arg_index])[static_cast<size_t>(t)].i) >> (16 * k)) & 0xFFFFu,
+                                 v.f, v.i);
+              return v.f;
+            };
+            const int r0 = 16 * w + g;
+            A[static_cast<size_t>(r0 * 16 + 2 * q + k)] = half(0);
+            A[static_cast<size_t>((r0 + 8) * 16 + 2 * q + k)] = half(1);
+            A[static_cast<size_t>(r0 * 16 + 2 * q + 8 + k)] = half(2);
+            A[static_cast<size_t>((r0 + 8) * 16 + 2 * q + 8 + k)] = half(3);
+          }
+        }
+      } else {
+        const Desc da = decode(vals(in.args[0])[static_cast<size_t>(lead)].i);
+        for (int64_t r = 0; r < 64; ++r)
+          for (int64_t k = 0; k < 16; ++k) A[static_cast<size_t>(r * 16 + k)] = elem(in, lead, at(da, a_mn, r, k));
+      }
+      for (int l = 0; l < 128 && g0 + l < n_; ++l) {
+        const int t = g0 + l, w = l / 32, lane = l % 32;
+        for (int64_t j = 0; j < n / 2; ++j) {
+          const int64_t row = 16 * w + lane / 4 + 8 * ((j / 2) % 2), col = 8 * (j / 4) + 2 * (lane % 4) + (j % 2);
+          double s = overwrite ? 0.0 : vals(in.args[first_acc + static_cast<size_t>(j)])[static_cast<size_t>(t)].f;
+          for (int64_t k = 0; k < 16; ++k) s += A[static_cast<size_t>(row * 16 + k)] * B[static_cast<size_t>(k * n + col)];
+          vals(in.results[static_cast<size_t>(j)])[static_cast<size_t>(t)] = Val{static_cast<double>(static_cast<float>(s)), 0};
+        }
+      }
     }
   }
 
@@ -616,6 +836,8 @@ class Emulator {
 
   const pir::Func& p_;
   int n_;
+  std::vector<TensorArg> tensors_;  // by tile-IR parameter (pointers and scalars: empty)
+  std::map<int64_t, Mbarrier> mbarriers_;  // by shared address
   std::vector<Val> params_;
   std::vector<Region> regions_;
   std::vector<std::vector<Val>> vals_;  // [value][thread]

@@ -3,10 +3,13 @@
 // them before the next, with masks for divergent branches and loops, warp shuffles between the
 // threads of a warp, shared memory per program and host memory for the arguments. CI has no GPU:
 // comparing this with the interpreter (which runs the tile IR) checks layouts, scans, reductions,
-// layout conversions, masks and mma.sync fragments without one. Lockstep execution is one legal
-// schedule, so a missing barrier goes unnoticed here; the GPU suites still judge timing and races.
-// Hopper-only instructions (TMA, mbarriers, wgmma, setmaxnreg roles) and cross-program semaphores
-// are not emulated: such programs raise EmulatorUnsupported (tests skip them).
+// layout conversions, masks, mma.sync fragments and the Hopper pipelines (TMA boxes into 128-byte
+// swizzled tiles, mbarrier phases, wgmma from shared-memory descriptors or registers) without one.
+// Asynchronous copies and MMAs complete when issued; lockstep execution is one legal schedule, so
+// a missing barrier or fence goes unnoticed here (the GPU suites judge timing and races). Not
+// modelled: cross-program semaphores, and warp-specialised roles whose waits come before the other
+// role's arrivals in program order (they would need warps that run concurrently): such programs
+// raise EmulatorUnsupported.
 #pragma once
 #include <stdexcept>
 #include <vector>

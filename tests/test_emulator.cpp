@@ -8,6 +8,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "axis_op_kernels.hpp"
@@ -51,6 +54,19 @@ void check_emulator(const ir::Function& fn, runtime::Grid grid, const std::vecto
     }
     CHECK(bad == 0);
   }
+}
+
+// How many instructions of each kind a lowered program holds (regions included).
+std::map<jit::pir::Op, int> count_ops(const jit::pir::Func& program) {
+  std::map<jit::pir::Op, int> ops;
+  std::function<void(const jit::pir::Block&)> walk = [&](const jit::pir::Block& blk) {
+    for (const jit::pir::Inst& in : blk.insts) {
+      ++ops[in.op];
+      for (const jit::pir::Block& r : in.regions) walk(r);
+    }
+  };
+  walk(program.body);
+  return ops;
 }
 
 }  // namespace
@@ -131,7 +147,7 @@ TEST_CASE("emulator: row softmax over several programs, masked loads and stores 
   }
 }
 
-TEST_CASE("emulator: faults name the access; Hopper programs are refused as not emulated") {
+TEST_CASE("emulator: faults name the access") {
   // a pointer load past the end of its buffer (the interpreter refuses it too)
   const Kernel oob = kernel("oob_emu", [](Builder& kb) {
     auto P = kb.pointer("P", f32), Q = kb.pointer("Q", f32);
@@ -146,29 +162,54 @@ TEST_CASE("emulator: faults name the access; Hopper programs are refused as not 
     CHECK(std::string(e.what()).find("outside every argument's memory") != std::string::npos);
     CHECK(std::string(e.what()).find("oob_emu") != std::string::npos);
   }
-  // a GEMM K loop on sm_90a takes TMA and wgmma
-  const Kernel gemm = kernel("gemm_emu", [](Builder& kb) {
-    const ParamSpec rm{.align_bytes = 16, .contiguous_last = true};
-    auto A = kb.tensor("A", bf16, 2, rm), B = kb.tensor("B", bf16, 2, rm), C = kb.tensor("C", f32, 2, rm);
-    Var acc = zeros(f32, {128, 128});
-    for_range(0, A.size(1), 64, [&](Tile k0) { acc = dot(load(A.block({0, k0}, {128, 64})), trans(load(B.block({0, k0}, {128, 64}))), acc); });
-    store(C.block({0, 0}, {128, 128}), acc);
-  });
-  HostTensor a(bf16, {128, 256}), b(bf16, {128, 256}), c(f32, {128, 128});
-  std::vector<runtime::Arg> gargs{a, b, c};
-  jit::CompileOptions o;
-  o.num_warps = 8;
-  CHECK_THROWS_AS(runtime::emulate(gemm.build(), {1}, gargs, o), runtime::EmulatorUnsupported);
 }
 
-// The library's attention kernels lowered for sm_80 (mma.sync, no TMA / wgmma: the generic path
-// the emulator models), forward and backward, with and without causal masking and dropout (its key
-// from device memory, decision 054), against the interpreter: GQA, S_q != S_k, ragged tiles.
-TEST_CASE("emulator: the attention forward and backward kernels on the mma.sync path equal the interpreter") {
+// sm_90a: a GEMM K loop on the TMA ring (128-byte swizzled tiles, mbarriers) and wgmma from shared
+// descriptors, 8 warps = two warpgroups; B K-major (trans) and MN-major; small integers so that
+// every sum is exact in any order.
+TEST_CASE("emulator: the TMA + wgmma GEMM pipeline equals the interpreter") {
+  for (bool b_kmajor : {true, false}) {
+    const std::string b_major = b_kmajor ? "B K-major" : "B MN-major";
+    INFO(b_major);
+    const Kernel gemm = kernel("gemm_emu", [b_kmajor](Builder& kb) {
+      const ParamSpec rm{.align_bytes = 16, .contiguous_last = true};
+      auto A = kb.tensor("A", bf16, 2, rm), B = kb.tensor("B", bf16, 2, rm), C = kb.tensor("C", f32, 2, rm);
+      Tile m0 = program_id(0) * 128, n0 = program_id(1) * 128;
+      Var acc = zeros(f32, {128, 128});
+      for_range(0, A.size(1), 64, [&](Tile k0) {
+        Tile b = b_kmajor ? trans(load(B.block({n0, k0}, {128, 64}))) : load(B.block({k0, n0}, {64, 128}));
+        acc = dot(load(A.block({m0, k0}, {128, 64})), b, acc);
+      });
+      store(C.block({m0, n0}, {128, 128}), acc);
+    });
+    const int64_t M = 256, N = 256, K = 320;
+    HostTensor a(bf16, {M, K}), b(bf16, b_kmajor ? ir::Shape{N, K} : ir::Shape{K, N}), c(f32, {M, N});
+    a.fill_uniform(21, -3, 3);
+    b.fill_uniform(22, -3, 3);
+    for (HostTensor* t : {&a, &b})
+      for (int64_t e = 0; e < t->numel(); ++e) t->set_flat(e, std::round(t->get_flat(e)));
+    jit::CompileOptions o;
+    o.num_warps = 8;
+    const ir::Function fn = gemm.build();
+    const jit::pir::Func program = jit::lower(fn, o);
+    // (the Hopper path, not the generic one: tensor maps, TMA loads and wgmma in the program)
+    std::map<jit::pir::Op, int> ops = count_ops(program);
+    CHECK(!program.tensor_maps.empty());
+    CHECK(ops[jit::pir::Op::tma_load] + ops[jit::pir::Op::tma_load_2d] > 0);
+    CHECK(ops[jit::pir::Op::wgmma] > 0);
+    check_emulator(fn, {M / 128, N / 128}, {&a, &b, &c}, 0.0, o);
+  }
+}
+
+// The library's attention kernels lowered for sm_80 (mma.sync) and sm_90a (TMA tiles, wgmma), forward
+// and backward, with and without causal masking and dropout (its key from device memory, decision
+// 054), against the interpreter: GQA, S_q != S_k, ragged tiles.
+TEST_CASE("emulator: the attention forward and backward kernels equal the interpreter (mma.sync and wgmma paths)") {
   const int64_t B = 1, Hq = 2, Hkv = 1, Sq = 100, Sk = 130, D = 64, BM = 64, BN = 64;
+  for (const char* arch : {"sm_80", "sm_90a"})
   for (bool causal : {false, true})
     for (bool dropout : {false, true}) {
-      INFO("causal " << causal << " dropout " << dropout);
+      INFO(arch << " causal " << causal << " dropout " << dropout);
       HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D}), dout(bf16, {B, Sq, Hq, D});
       HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq}), delta(f32, {B, Hq, Sq});
       HostTensor dq(bf16, {B, Sq, Hq, D}), dk(bf16, {B, Sk, Hkv, D}), dv(bf16, {B, Sk, Hkv, D});
@@ -183,7 +224,7 @@ TEST_CASE("emulator: the attention forward and backward kernels on the mma.sync 
       const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", causal}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN},
                       {"DROPOUT", dropout}};
       jit::CompileOptions o80;
-      o80.arch = "sm_80";
+      o80.arch = arch;
       o80.num_warps = 4;
       const int64_t q_blocks = cdiv(Sq, BM), k_blocks = cdiv(Sk, BN);
       const auto with_key = [&](std::vector<HostTensor*> tensors) {
@@ -203,6 +244,8 @@ TEST_CASE("emulator: the attention forward and backward kernels on the mma.sync 
           for (const runtime::Arg& a : testing::dropout_key_args(wrong, &state)) ea.push_back(a);
         }
         const ir::Function fn = kernels::attention_forward().build(meta);
+        std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o80));
+        CHECK((ops[jit::pir::Op::wgmma] + ops[jit::pir::Op::wgmma_rs] > 0) == (std::string(arch) == "sm_90a"));
         runtime::interpret(fn, {q_blocks, Hq, B}, ra);
         runtime::emulate(fn, {q_blocks, Hq, B}, ea, o80);
         for (size_t i : {size_t{3}, size_t{4}}) {
