@@ -10,8 +10,12 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <condition_variable>
+#include <exception>
 #include <limits>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "runtime/host_tensor.hpp"
 #include "runtime/interpreter/machine.hpp"  // (the interpreter's element rules: min/max NaN, flushes, prmt)
@@ -80,14 +84,20 @@ class Emulator {
 
   void run(Grid grid) {
     grid_ = {grid.x, grid.y, grid.z};
+    // Warp roles (exit, setmaxnreg, named barriers) wait for each other: each warp then runs on a
+    // thread of its own, one at a time, handing over at waits; otherwise the whole program in lockstep.
+    per_warp_ = uses_warp_roles(p_.body);
     for (int64_t z = 0; z < grid.z; ++z)
       for (int64_t y = 0; y < grid.y; ++y)
         for (int64_t x = 0; x < grid.x; ++x) {
           block_ = {x, y, z};
           std::fill(smem_.begin(), smem_.end(), std::byte{0xCD});  // (unwritten shared memory reads as poison)
           mbarriers_.clear();
+          barriers_.clear();
+          rendezvous_.clear();
           exited_.assign(static_cast<size_t>(n_), 0);
-          exec(p_.body, Mask(static_cast<size_t>(n_), 1));
+          if (per_warp_) run_warps();
+          else exec(p_.body, Mask(static_cast<size_t>(n_), 1));
         }
   }
 
@@ -190,6 +200,168 @@ class Emulator {
   void each(const Mask& m, F&& body) {
     for (int t = 0; t < n_; ++t)
       if (m[static_cast<size_t>(t)] && !exited_[static_cast<size_t>(t)]) body(t);
+  }
+
+  static bool uses_warp_roles(const pir::Block& b) {
+    for (const pir::Inst& in : b.insts) {
+      if (in.op == Op::exit_thread || in.op == Op::set_max_registers || in.op == Op::named_barrier_sync ||
+          in.op == Op::named_barrier_arrive)
+        return true;
+      for (const pir::Block& r : in.regions)
+        if (uses_warp_roles(r)) return true;
+    }
+    return false;
+  }
+
+  // ---- per-warp execution: one OS thread per warp, exactly one running (it holds the baton) ----
+  struct Aborted {};  // another warp failed: unwind
+
+  void run_warps() {
+    const int warps = (n_ + 31) / 32;
+    warp_done_.assign(static_cast<size_t>(warps), 0);
+    running_ = 0;
+    abort_ = false;
+    stalls_ = 0;
+    error_ = nullptr;
+    std::vector<std::thread> threads;
+    for (int w = 0; w < warps; ++w) threads.emplace_back([this, w] { warp_main(w); });
+    for (std::thread& t : threads) t.join();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  void warp_main(int w) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return running_ == w || abort_; });
+    }
+    try {
+      if (!abort_) {
+        Mask mine(static_cast<size_t>(n_), 0);
+        for (int t = 32 * w; t < std::min(n_, 32 * w + 32); ++t) mine[static_cast<size_t>(t)] = 1;
+        exec(p_.body, mine);
+      }
+    } catch (const Aborted&) {
+    } catch (...) {
+      std::lock_guard lock(mu_);
+      if (!error_) error_ = std::current_exception();
+      abort_ = true;
+    }
+    std::lock_guard lock(mu_);
+    warp_done_[static_cast<size_t>(w)] = 1;
+    for (int t = 32 * w; t < std::min(n_, 32 * w + 32); ++t) exited_[static_cast<size_t>(t)] = 1;  // (counts as arrived)
+    stalls_ = 0;
+    running_ = next_warp(w);
+    cv_.notify_all();
+  }
+
+  // The next warp after w (round robin) that has not finished; w itself when none other is left.
+  int next_warp(int w) const {
+    const int warps = static_cast<int>(warp_done_.size());
+    for (int k = 1; k <= warps; ++k) {
+      const int c = (w + k) % warps;
+      if (!warp_done_[static_cast<size_t>(c)]) return c;
+    }
+    return w;
+  }
+
+  // The running warp waits for `ready` (checked with the baton held), handing the baton round. When
+  // every unfinished warp has waited a full round twice with nothing ready: a deadlock.
+  template <class Ready>
+  void wait_until(int w, const pir::Inst& in, Ready&& ready) {
+    std::unique_lock lock(mu_);
+    while (!ready()) {
+      if (abort_) throw Aborted{};
+      int live = 0;
+      for (char d : warp_done_) live += d ? 0 : 1;
+      if (++stalls_ > 2 * live)
+        throw EmulatorFault(fmt::format("tilejit emulator: kernel '{}': deadlock in program ({}, {}, {}): every warp waits ({} in "
+                                        "warp {})", p_.name, block_[0], block_[1], block_[2], pir::op_name(in.op), w));
+      running_ = next_warp(w);
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return running_ == w || abort_; });
+      if (abort_) throw Aborted{};
+    }
+    stalls_ = 0;
+  }
+
+  // The running warp hands the baton round once even though it could go on: warps interleave at
+  // every mbarrier wait, so a wait the lowering forgot shows as a read of a tile not yet written.
+  void yield_turn(int w) {
+    std::unique_lock lock(mu_);
+    if (abort_) throw Aborted{};
+    const int next = next_warp(w);
+    if (next == w) return;
+    running_ = next;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return running_ == w || abort_; });
+    if (abort_) throw Aborted{};
+  }
+
+  static int first_thread(const Mask& m) {
+    for (size_t t = 0; t < m.size(); ++t)
+      if (m[t]) return static_cast<int>(t);
+    return -1;
+  }
+  int live_threads() const {
+    int n = 0;
+    for (char e : exited_) n += e ? 0 : 1;
+    return n;
+  }
+  int active_count(const Mask& m) const {
+    int n = 0;
+    for (size_t t = 0; t < m.size(); ++t) n += m[t] && !exited_[t] ? 1 : 0;
+    return n;
+  }
+
+  // bar.sync 0 (expected: every live thread), bar.sync / bar.arrive id, n: a warp's active threads
+  // arrive; the barrier completes when the expected count has.
+  void barrier(const pir::Inst& in, const Mask& m) {
+    const int t0 = first_thread(m);
+    if (t0 < 0) return;
+    const int w = t0 / 32;
+    const bool all = in.op == Op::barrier;
+    const int64_t id = all ? 0 : vals(in.args[0])[static_cast<size_t>(t0)].i;
+    const int64_t expected = all ? -1 : (in.imm & 0xFFFF);
+    Barrier& b = barriers_[id];
+    const int64_t gen = b.generation;
+    b.arrived += active_count(m);
+    const auto complete = [&] {
+      if (b.generation != gen) return true;
+      if (b.arrived >= (expected < 0 ? live_threads() : expected)) {
+        b.arrived = 0;
+        ++b.generation;
+        return true;
+      }
+      return false;
+    };
+    if (in.op == Op::named_barrier_arrive) {
+      complete();
+      return;
+    }
+    wait_until(w, in, complete);
+  }
+
+  // wgmma is warpgroup-collective: the last of a warpgroup's warps to reach it computes it for all.
+  void wgmma_collective(const pir::Inst& in, const Mask& m) {
+    const int t0 = first_thread(m);
+    if (t0 < 0) return;
+    const int w = t0 / 32, g = w / 4;
+    Rendezvous& r = rendezvous_[g];
+    if (r.warps == 0) r.inst = &in, r.mask.assign(static_cast<size_t>(n_), 0);
+    if (r.inst != &in) throw EmulatorFault(fmt::format("tilejit emulator: kernel '{}': the warps of warpgroup {} reach different wgmma "
+                                                       "instructions", p_.name, g));
+    for (size_t t = 0; t < m.size(); ++t) r.mask[t] = r.mask[t] || m[t];
+    ++r.warps;
+    const int64_t gen = r.generation;
+    int live = 0;
+    for (int k = 4 * g; k < 4 * g + 4 && 32 * k < n_; ++k) live += exited_[static_cast<size_t>(32 * k)] ? 0 : 1;
+    if (r.warps >= live) {
+      wgmma(in, r.mask);
+      r.warps = 0;
+      ++r.generation;
+      return;
+    }
+    wait_until(w, in, [&] { return r.generation != gen; });
   }
 
   Val binary(const pir::Inst& in, pir::Ty type, const Val& a, const Val& b, int t) const {
@@ -390,11 +562,13 @@ class Emulator {
       case Op::opaque:
         for (size_t k = 0; k < in.results.size(); ++k) each(m, [&](int t) { set(k, t, arg(k, t)); });
         return;
-      case Op::keep_alive:
       case Op::barrier:
       case Op::named_barrier_sync:
       case Op::named_barrier_arrive:
-      case Op::set_max_registers:  // (lockstep: every barrier's threads are already together)
+        if (per_warp_) barrier(in, m);  // (lockstep: every barrier's threads are already together)
+        return;
+      case Op::keep_alive:
+      case Op::set_max_registers:
         return;
       case Op::exit_thread: each(m, [&](int t) { exited_[static_cast<size_t>(t)] = 1; }); return;
       case Op::pack2: {
@@ -508,6 +682,14 @@ class Emulator {
       case Op::mbar_expect_tx: each(m, [&](int t) { mbar_update(in, t, arg(0, t).i, 1, arg(1, t).i); }); return;
       case Op::mbar_arrive: each(m, [&](int t) { mbar_update(in, t, arg(0, t).i, 1, 0); }); return;
       case Op::mbar_wait:
+        if (per_warp_) {
+          const int t0 = first_thread(m);
+          if (t0 < 0) return;
+          const int64_t addr = arg(0, t0).i, parity = arg(1, t0).i & 1;
+          yield_turn(t0 / 32);
+          wait_until(t0 / 32, in, [&] { return (mbarrier(in, t0, addr).phase & 1) != parity; });
+          return;
+        }
         each(m, [&](int t) {
           const Mbarrier& b = mbarrier(in, t, arg(0, t).i);
           if ((b.phase & 1) == (arg(1, t).i & 1))
@@ -529,7 +711,10 @@ class Emulator {
       case Op::tma_load_2d: tma(in, m, false); return;
       case Op::tma_reduce_add: tma(in, m, true); return;
       case Op::wgmma:
-      case Op::wgmma_rs: wgmma(in, m); return;
+      case Op::wgmma_rs:
+        if (per_warp_) wgmma_collective(in, m);
+        else wgmma(in, m);
+        return;
       case Op::for_: loop(in, m); return;
       case Op::if_: branch(in, m); return;
       default:
@@ -837,6 +1022,26 @@ class Emulator {
   const pir::Func& p_;
   int n_;
   std::vector<TensorArg> tensors_;  // by tile-IR parameter (pointers and scalars: empty)
+  // per-warp execution
+  struct Barrier {
+    int64_t arrived = 0, generation = 0;
+  };
+  struct Rendezvous {
+    const pir::Inst* inst = nullptr;
+    Mask mask;
+    int warps = 0;
+    int64_t generation = 0;
+  };
+  bool per_warp_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int running_ = -1;
+  bool abort_ = false;
+  int stalls_ = 0;
+  std::exception_ptr error_;
+  std::vector<char> warp_done_;
+  std::map<int64_t, Barrier> barriers_;
+  std::map<int, Rendezvous> rendezvous_;
   std::map<int64_t, Mbarrier> mbarriers_;  // by shared address
   std::vector<Val> params_;
   std::vector<Region> regions_;

@@ -1,15 +1,17 @@
 // Runs a kernel's per-thread program -- what the lowering hands to the LLVM and CUDA backends
 // (jit::lower) -- on the host: every thread of a program in lockstep, one instruction for all of
 // them before the next, with masks for divergent branches and loops, warp shuffles between the
-// threads of a warp, shared memory per program and host memory for the arguments. CI has no GPU:
-// comparing this with the interpreter (which runs the tile IR) checks layouts, scans, reductions,
-// layout conversions, masks, mma.sync fragments and the Hopper pipelines (TMA boxes into 128-byte
-// swizzled tiles, mbarrier phases, wgmma from shared-memory descriptors or registers) without one.
-// Asynchronous copies and MMAs complete when issued; lockstep execution is one legal schedule, so
-// a missing barrier or fence goes unnoticed here (the GPU suites judge timing and races). Not
-// modelled: cross-program semaphores, and warp-specialised roles whose waits come before the other
-// role's arrivals in program order (they would need warps that run concurrently): such programs
-// raise EmulatorUnsupported.
+// threads of a warp, shared memory per program and host memory for the arguments. Programs with
+// warp roles (setmaxnreg, exits, named barriers: producer and consumer warpgroups that wait for
+// each other) run each warp on a thread of its own, one at a time, handing over at waits and
+// barriers; wgmma is then a rendezvous of its warpgroup. CI has no GPU: comparing this with the
+// interpreter (which runs the tile IR) checks layouts, scans, reductions, layout conversions,
+// masks, mma.sync fragments and the Hopper pipelines (TMA boxes into 128-byte swizzled tiles,
+// mbarrier phases, wgmma from shared-memory descriptors or registers) without one. Asynchronous
+// copies and MMAs complete when issued, and the schedule is one legal one, so a missing barrier,
+// fence or wait may go unnoticed here (the GPU suites judge timing and races). Cross-program
+// semaphores are not modelled (EmulatorUnsupported); a wait nothing can satisfy is a deadlock
+// (EmulatorFault).
 #pragma once
 #include <stdexcept>
 #include <vector>
