@@ -19,6 +19,7 @@
 #include "jit/compile.hpp"
 #include "kernels/attention/backward.hpp"
 #include "kernels/attention/forward.hpp"
+#include "kernels/gemm.hpp"
 #include "kernels/philox_host.hpp"
 #include "runtime/emulator.hpp"
 #include "runtime/host_tensor.hpp"
@@ -323,6 +324,74 @@ TEST_CASE("emulator: the D 128 ring-producer forward (warp roles) equals the int
       size_t bad = 0;
       for (size_t e = 0; e < a.size(); ++e) bad += !(std::fabs(a[e] - b[e]) <= 1e-2 * (1 + std::fabs(a[e])));
       CHECK(bad == 0);
+    }
+  }
+}
+
+// The library GEMM as it runs on the H100 (sm_90a, 8 warps, 4 stages, BLOCK_N 256): the TMA +
+// wgmma pipeline, and RING_PRODUCER / PERSISTENT (a producer warpgroup, a 1-D grid walking the
+// tiles in GROUP_M order), B K-major and MN-major, ragged M and N; small integers, so bit for bit.
+TEST_CASE("emulator: the library GEMM (pipeline, ring producer, persistent) equals the interpreter") {
+  const int64_t M = 200, N = 296, K = 192;
+  for (bool b_kmajor : {true, false})
+    for (int variant = 0; variant < 3; ++variant) {  // plain, ring producer, ring producer + persistent
+      INFO("B K-major " << b_kmajor << " variant " << variant);
+      HostTensor a(bf16, {M, K}), b(bf16, b_kmajor ? ir::Shape{N, K} : ir::Shape{K, N}), c(f32, {M, N});
+      a.fill_uniform(61, -3, 3);
+      b.fill_uniform(62, -3, 3);
+      for (HostTensor* t : {&a, &b})
+        for (int64_t e = 0; e < t->numel(); ++e) t->set_flat(e, std::round(t->get_flat(e)));
+      Meta meta{{"BLOCK_N", 256}, {"B_KMAJOR", b_kmajor}, {"GROUP_M", 8}};
+      if (variant >= 1) meta.emplace_back("RING_PRODUCER", true);
+      if (variant == 2) meta.emplace_back("PERSISTENT", true);
+      jit::CompileOptions o;
+      o.num_warps = 8;
+      o.pipeline.stages = 4;
+      const ir::Function fn = kernels::gemm().build(meta);
+      const int64_t tiles = cdiv(M, 128) * cdiv(N, 256);
+      check_emulator(fn, variant == 2 ? runtime::Grid{3} : runtime::Grid{tiles}, {&a, &b, &c}, 0.0, o);
+    }
+}
+
+// The backward at D 128 on sm_90a (dK/dV and dQ recomputed, wgmma), causal, GQA, ragged.
+TEST_CASE("emulator: the D 128 backward kernels on sm_90a equal the interpreter") {
+  const int64_t B = 1, Hq = 2, Hkv = 1, Sq = 150, Sk = 150, D = 128, BM = 64, BN = 64;
+  HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D}), dout(bf16, {B, Sq, Hq, D});
+  HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq}), delta(f32, {B, Hq, Sq});
+  HostTensor dq(bf16, {B, Sq, Hq, D}), dk(bf16, {B, Sk, Hkv, D}), dv(bf16, {B, Sk, Hkv, D});
+  q.fill_normal(71, 0, 1);
+  k.fill_normal(72, 0, 1);
+  v.fill_normal(73, 0, 1);
+  dout.fill_normal(74, 0, 1);
+  const float scale = 0.088f;
+  const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", true}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN}};
+  std::vector<runtime::Arg> fa{q, k, v, o, lse, scale};
+  runtime::interpret(kernels::attention_forward().build(meta), {cdiv(Sq, BM), Hq, B}, fa);
+  runtime::interpret(kernels::attention_backward_preprocess().build({{"DTYPE", bf16}, {"BLOCK_M", BM}, {"HEAD_DIM", D}, {"BSHD", true}}),
+                     {cdiv(Sq, BM), Hq, B}, {o, dout, delta});
+  jit::CompileOptions o4;
+  o4.num_warps = 4;
+  for (int pass = 0; pass < 2; ++pass) {
+    INFO((pass == 0 ? "dK/dV" : "dQ"));
+    const ir::Function fn = (pass == 0 ? kernels::attention_backward_dkdv() : kernels::attention_backward_dq()).build(meta);
+    std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o4));
+    CHECK(ops[jit::pir::Op::wgmma] + ops[jit::pir::Op::wgmma_rs] > 0);
+    std::vector<HostTensor> ref = pass == 0 ? std::vector<HostTensor>{q, k, v, dout, lse, delta, dk, dv}
+                                            : std::vector<HostTensor>{q, k, v, dout, lse, delta, dq};
+    std::vector<HostTensor> emu = ref;
+    std::vector<runtime::Arg> ra, ea;
+    for (auto& t : ref) ra.emplace_back(t);
+    for (auto& t : emu) ea.emplace_back(t);
+    ra.emplace_back(scale), ea.emplace_back(scale);
+    const runtime::Grid grid = pass == 0 ? runtime::Grid{cdiv(Sk, BN), Hkv, B} : runtime::Grid{cdiv(Sq, BM), Hq, B};
+    runtime::interpret(fn, grid, ra);
+    runtime::emulate(fn, grid, ea, o4);
+    for (size_t i = 6; i < ref.size(); ++i) {
+      INFO("output " << i);
+      const std::vector<double> a = ref[i].to_f64(), b = emu[i].to_f64();
+      double worst = 0, norm = 0;
+      for (size_t e = 0; e < a.size(); ++e) worst = std::max(worst, std::fabs(a[e] - b[e])), norm = std::max(norm, std::fabs(a[e]));
+      CHECK(worst <= 2e-2 * (1 + norm));
     }
   }
 }
