@@ -62,7 +62,8 @@ struct Region {
 
 class Emulator {
  public:
-  Emulator(const pir::Func& p, const ir::Function& f, const std::vector<Arg>& args) : p_(p), n_(p.num_threads) {
+  Emulator(const pir::Func& p, const ir::Function& f, const std::vector<Arg>& args, EmulatorSchedule schedule)
+      : p_(p), n_(p.num_threads), schedule_(schedule), rng_(schedule.seed * 0x9E3779B97F4A7C15ull + 1) {
     if (args.size() != f.params.size())
       throw std::invalid_argument(fmt::format("tilejit emulator: kernel '{}' takes {} arguments, got {}", f.name, f.params.size(),
                                               args.size()));
@@ -86,7 +87,7 @@ class Emulator {
     grid_ = {grid.x, grid.y, grid.z};
     // Warp roles (exit, setmaxnreg, named barriers) wait for each other: each warp then runs on a
     // thread of its own, one at a time, handing over at waits; otherwise the whole program in lockstep.
-    per_warp_ = uses_warp_roles(p_.body);
+    per_warp_ = schedule_.warp_by_warp || schedule_.seed != 0 || uses_warp_roles(p_.body);
     for (int64_t z = 0; z < grid.z; ++z)
       for (int64_t y = 0; y < grid.y; ++y)
         for (int64_t x = 0; x < grid.x; ++x) {
@@ -295,6 +296,16 @@ class Emulator {
     cv_.notify_all();
     cv_.wait(lock, [&] { return running_ == w || abort_; });
     if (abort_) throw Aborted{};
+    stalls_ = 0;  // (this warp goes on running: progress)
+  }
+
+  // With a schedule seed: hand over now with probability 1/4 (warp-by-warp execution only).
+  void maybe_yield(const Mask& m) {
+    if (!per_warp_ || schedule_.seed == 0) return;
+    rng_ ^= rng_ << 13, rng_ ^= rng_ >> 7, rng_ ^= rng_ << 17;  // xorshift64
+    if ((rng_ & 3) != 0) return;
+    const int t0 = first_thread(m);
+    if (t0 >= 0) yield_turn(t0 / 32);
   }
 
   static int first_thread(const Mask& m) {
@@ -325,6 +336,7 @@ class Emulator {
     Barrier& b = barriers_[id];
     const int64_t gen = b.generation;
     b.arrived += active_count(m);
+    stalls_ = 0;
     const auto complete = [&] {
       if (b.generation != gen) return true;
       if (b.arrived >= (expected < 0 ? live_threads() : expected)) {
@@ -565,6 +577,7 @@ class Emulator {
       case Op::barrier:
       case Op::named_barrier_sync:
       case Op::named_barrier_arrive:
+        maybe_yield(m);
         if (per_warp_) barrier(in, m);  // (lockstep: every barrier's threads are already together)
         return;
       case Op::keep_alive:
@@ -642,11 +655,13 @@ class Emulator {
       case Op::atomic_rmw:
       case Op::atomic_cas: atomic(in, m); return;
       case Op::load_shared: {
+        maybe_yield(m);
         const DType d = out_ty().dtype;
         each(m, [&](int t) { set(0, t, read(d, shared(in, t, arg(0, t).i, ir::byte_size(d)))); });
         return;
       }
       case Op::store_shared: {  // (offset, value[, pred])
+        maybe_yield(m);
         const DType d = ty(in.args[1]).dtype;
         each(m, [&](int t) {
           if (in.args.size() > 2 && !arg(2, t).i) return;
@@ -680,7 +695,10 @@ class Emulator {
         return;
       case Op::mbar_inval: each(m, [&](int t) { mbarriers_.erase(arg(0, t).i); }); return;
       case Op::mbar_expect_tx: each(m, [&](int t) { mbar_update(in, t, arg(0, t).i, 1, arg(1, t).i); }); return;
-      case Op::mbar_arrive: each(m, [&](int t) { mbar_update(in, t, arg(0, t).i, 1, 0); }); return;
+      case Op::mbar_arrive:
+        maybe_yield(m);
+        each(m, [&](int t) { mbar_update(in, t, arg(0, t).i, 1, 0); });
+        return;
       case Op::mbar_wait:
         if (per_warp_) {
           const int t0 = first_thread(m);
@@ -708,7 +726,10 @@ class Emulator {
         });
         return;
       case Op::tma_load:
-      case Op::tma_load_2d: tma(in, m, false); return;
+      case Op::tma_load_2d:
+        maybe_yield(m);
+        tma(in, m, false);
+        return;
       case Op::tma_reduce_add: tma(in, m, true); return;
       case Op::wgmma:
       case Op::wgmma_rs:
@@ -731,6 +752,7 @@ class Emulator {
   // arrivals and transaction bytes (positive: expected; negative: completed by a copy)
   void mbar_update(const pir::Inst& in, int t, int64_t addr, int64_t arrivals, int64_t tx) {
     Mbarrier& b = mbarrier(in, t, addr);
+    stalls_ = 0;
     b.pending -= arrivals;
     b.tx += tx;
     if (b.pending < 0) fault(in, t, fmt::format("more arrivals than the mbarrier at {} expects ({})", addr, b.count));
@@ -1033,6 +1055,8 @@ class Emulator {
     int64_t generation = 0;
   };
   bool per_warp_ = false;
+  EmulatorSchedule schedule_;
+  uint64_t rng_ = 1;
   std::mutex mu_;
   std::condition_variable cv_;
   int running_ = -1;
@@ -1053,13 +1077,13 @@ class Emulator {
 
 }  // namespace
 
-void emulate(const jit::pir::Func& program, const ir::Function& f, Grid grid, const std::vector<Arg>& args) {
-  Emulator(program, f, args).run(grid);
+void emulate(const jit::pir::Func& program, const ir::Function& f, Grid grid, const std::vector<Arg>& args, EmulatorSchedule schedule) {
+  Emulator(program, f, args, schedule).run(grid);
 }
 
-void emulate(const ir::Function& f, Grid grid, const std::vector<Arg>& args, const jit::CompileOptions& opts) {
+void emulate(const ir::Function& f, Grid grid, const std::vector<Arg>& args, const jit::CompileOptions& opts, EmulatorSchedule schedule) {
   const jit::pir::Func program = jit::lower(f, opts);
-  emulate(program, f, grid, args);
+  emulate(program, f, grid, args, schedule);
 }
 
 }  // namespace tilejit::runtime

@@ -33,12 +33,24 @@ struct EmulatorFault : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// How the threads of a program take turns. By default, lockstep unless the program has warp roles.
+// warp_by_warp: every program warp by warp, barriers real (a missing one can show); seed != 0:
+// besides at waits, the running warp hands over at random shared-memory accesses, barrier
+// arrivals, TMA issues and mbarrier arrivals (one schedule per seed), so that a wait or barrier the
+// lowering forgot shows as a read of data not yet written.
+struct EmulatorSchedule {
+  bool warp_by_warp = false;
+  uint64_t seed = 0;
+};
+
 // Lowers `f` with `opts` (jit::lower: arch, warps, pipeline) and runs every program of `grid` on
 // the host with `args` as interpret() takes them (HostTensors for pointers and tensors, numbers
 // for scalars; outputs written in place).
-void emulate(const ir::Function& f, Grid grid, const std::vector<Arg>& args, const jit::CompileOptions& opts = {});
+void emulate(const ir::Function& f, Grid grid, const std::vector<Arg>& args, const jit::CompileOptions& opts = {},
+             EmulatorSchedule schedule = {});
 
 // The same for a per-thread program lowered already (its parameters are `f`'s, flattened).
-void emulate(const jit::pir::Func& program, const ir::Function& f, Grid grid, const std::vector<Arg>& args);
+void emulate(const jit::pir::Func& program, const ir::Function& f, Grid grid, const std::vector<Arg>& args,
+             EmulatorSchedule schedule = {});
 
 }  // namespace tilejit::runtime

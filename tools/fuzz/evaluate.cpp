@@ -252,7 +252,9 @@ Outcome evaluate(Program& p, const EvalOptions& o, const std::function<void(cons
     for (auto& t : emu) eargs.emplace_back(t);
     for (size_t s = ref.size(); s < iargs.size(); ++s) eargs.push_back(iargs[s]);
     try {
-      runtime::emulate(program, fn, {p.programs}, eargs);
+      runtime::EmulatorSchedule schedule;
+      if (o.emulate_races) schedule = {true, p.seed + 1};
+      runtime::emulate(program, fn, {p.programs}, eargs, schedule);
     } catch (const runtime::EmulatorUnsupported& e) {
       out.status = Status::NotEmulated;
       out.detail = e.what();

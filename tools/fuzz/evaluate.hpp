@@ -41,6 +41,9 @@ struct EvalOptions {
   // checked without a GPU; the backends then only compile when asked for (compile_backends)
   bool emulate = false;
   bool compile_backends = true;
+  // --emulate-races: warp by warp with random hand-overs (one schedule per program seed), every
+  // barrier real: a missing barrier or wait in the lowering shows as a mismatch
+  bool emulate_races = false;
   bool assemble = true;   // compile-only: also assemble the PTX (ptxas or nvJitLink) when one is found
 };
 

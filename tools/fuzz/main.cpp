@@ -30,7 +30,9 @@ constexpr const char* kUsage = R"(usage: tilejit_fuzz [options]
   --jobs N           worker processes (default: the CPU count)
   --gpu              launch on the GPU and compare (default: compile only, PTX assembled by ptxas)
   --emulate          run each lowered program in the host emulator and compare (no GPU, no backend;
-                     programs with Hopper instructions count as not-emulated)
+                     programs the emulator cannot run count as not-emulated)
+  --emulate-races    the same, warp by warp with a random schedule per seed (missing barriers and
+                     waits show as mismatches)
   --backends L       llvm,nvrtc (default both)
   --timeout S        seconds per program before it counts as a hang (default 60)
   --reduce N         reduce up to N distinct failures (default 3) ...
@@ -128,6 +130,7 @@ int main(int argc, char** argv) {
     else if (a == "--jobs") o.jobs = static_cast<int>(std::max<uint64_t>(1, number(a, value())));
     else if (a == "--gpu") o.eval.gpu = true;
     else if (a == "--emulate") o.eval.emulate = true, o.eval.compile_backends = false;
+    else if (a == "--emulate-races") o.eval.emulate = o.eval.emulate_races = true, o.eval.compile_backends = false;
     else if (a == "--timeout") o.timeout_s = static_cast<double>(number(a, value()));
     else if (a == "--reduce") reduce_n = static_cast<int>(number(a, value()));
     else if (a == "--reduce-time") reduce_time = static_cast<double>(number(a, value()));
