@@ -20,6 +20,7 @@
 #include "kernels/context_parallel.hpp"
 #include "ptxas_testing.hpp"
 #include "runtime/driver.hpp"
+#include "runtime/emulator.hpp"
 #include "runtime/interpreter.hpp"
 
 using namespace tilejit;
@@ -119,12 +120,17 @@ void check_merge(DType part_t, const Rows& s, int parts) {
   std::vector<Partial> p;
   for (int j = 0; j < parts; ++j) p.push_back(make_partial(part_t, s, j, parts));
   HostTensor o_acc = o_view(f32, s), lse_acc = lse_view(s);  // inside the view NaN: FIRST must not read it
+  HostTensor o_emu = o_acc, lse_emu = lse_acc;
   const auto o_before = bytes_of(o_acc), lse_before = bytes_of(lse_acc);
   for (int j = 0; j < parts; ++j) {
     kernels::CpPartialConfig c;
     c.dtype = part_t, c.head_dim = s.D, c.block_m = s.bm(), c.first = j == 0;
     runtime::interpret(kernels::attention_cp_merge().build(c.to_meta()), s.grid(), {o_acc, lse_acc, p[j].o, p[j].lse});
+    // the lowered kernel on the host (runtime/emulator.hpp): the same bits as the interpreter
+    runtime::emulate(kernels::attention_cp_merge().build(c.to_meta()), s.grid(), {o_emu, lse_emu, p[j].o, p[j].lse});
   }
+  CHECK(bytes_of(o_emu) == bytes_of(o_acc));
+  CHECK(bytes_of(lse_emu) == bytes_of(lse_acc));
   check_outside_unchanged(o_acc, o_before, "O_acc");
   check_outside_unchanged(lse_acc, lse_before, "LSE_acc");
   double worst_o = 0, worst_lse = 0;

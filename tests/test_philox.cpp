@@ -19,6 +19,7 @@
 #include "kernels/dropout_mask.hpp"
 #include "kernels/philox.hpp"
 #include "kernels/philox_host.hpp"
+#include "runtime/emulator.hpp"
 #include "runtime/interpreter.hpp"
 
 using namespace tilejit;
@@ -150,6 +151,24 @@ std::vector<uint32_t> interpret_packed(const kernels::DropoutRngHost& r, int bh_
 }
 
 }  // namespace
+
+TEST_CASE("the dropout_mask kernel lowered and run on the host (runtime/emulator.hpp) writes the interpreter's bits") {
+  const kernels::DropoutRngHost r{0x0123456789abcdefull, 0x0000000500000007ull, kernels::dropout_keep_threshold(0.3)};
+  for (int persistent : {0, 3})
+    for (bool causal : {false, true}) {
+      INFO("persistent " << persistent << " causal " << causal);
+      const int bh = 3, s_q = 70, s_k = 200, words = static_cast<int>(cdiv(s_k, 32));
+      HostTensor state = testing::rng_state_tensor(r.seed, r.offset);
+      HostTensor mask(u32, {bh, s_q, words});
+      mask.poison();
+      std::vector<rt::Arg> args{mask, s_k};
+      for (const rt::Arg& a : testing::dropout_key_args(r, &state)) args.push_back(a);
+      const runtime::Grid grid = persistent ? runtime::Grid{persistent} : runtime::Grid{cdiv(s_q, 64), cdiv(words, 4), bh};
+      runtime::emulate(kernels::dropout_mask().build({{"BLOCK_M", 64}, {"BLOCK_W", 4}, {"PERSISTENT", persistent > 0}, {"CAUSAL", causal}}),
+                       grid, args);
+      CHECK(raw<uint32_t>(mask) == interpret_packed(r, bh, s_q, s_k, 64, 4, persistent, causal));
+    }
+}
 
 TEST_CASE("dropout key from device memory (rng_state): the same mask as the scalars, which it overrides") {
   // CUDA graphs freeze scalar arguments; rng_state_in_memory = 1 makes the kernels read seed and
