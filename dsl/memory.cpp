@@ -267,14 +267,18 @@ Tile load_at_use(const BlockRef& blk, double padding, Loc loc) {
                  {{"shape", blk.shape}, {"dims", blk.dims}, {"padding", padding}, {"at_use", int64_t{1}}}, loc);
 }
 
-void store(const BlockRef& blk, const Operand& value, Loc loc) {
+void store(const BlockRef& blk, const Operand& value, Loc loc) { store(blk, value, StoreOptions{}, loc); }
+
+void store(const BlockRef& blk, const Operand& value, StoreOptions opts, Loc loc) {
   Builder& b = builder_for({&value}, loc);
   DType d = blk.tensor.dtype();
   check_value_dtype(b, value, d, loc, "store");
   Tile v = detail::materialize(b, value, d, blk.shape, loc, "store");
   std::vector<ir::ValueId> ops{blk.tensor.descriptor().id(), v.id()};
   for (const Tile& t : blk.offsets) ops.push_back(t.id());
-  b.emit(OpKind::block_store, std::move(ops), {{"dims", blk.dims}}, loc);
+  ir::AttrMap attrs{{"dims", blk.dims}};
+  if (opts.tma) attrs.emplace("tma", int64_t{1});
+  b.emit(OpKind::block_store, std::move(ops), std::move(attrs), loc);
 }
 
 namespace {

@@ -88,6 +88,15 @@ void signal_add(const Operand& semaphore, const Operand& value, std::source_loca
 // A window of a tensor (Tensor::block); elements outside the tensor read as `padding`.
 Tile load(const BlockRef& block, double padding = 0.0, std::source_location loc = std::source_location::current());
 void store(const BlockRef& block, const Operand& value, std::source_location loc = std::source_location::current());
+// tma: on sm_90a, where the window allows (a 16-byte aligned tensor with unit innermost stride, rows
+// a multiple of 8 up to 256, 128-byte column chunks), the tile goes through a shared-memory staging
+// tile and one TMA bulk store per chunk, so its global writes leave the SMs asynchronously (the
+// next work overlaps them); elsewhere the same values by ordinary stores.
+struct StoreOptions {
+  bool tma = false;
+};
+void store(const BlockRef& block, const Operand& value, StoreOptions opts,
+           std::source_location loc = std::source_location::current());
 // block[...] += value, element by element and atomically (elements outside the tensor are
 // skipped); no previous values are returned. Several programs may add into one window at once (e.g.
 // dQ's parts in an attention backward). On Hopper an f32 window whose rows run along the tensor's

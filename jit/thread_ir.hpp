@@ -107,6 +107,10 @@ enum class Op : uint8_t {
   // (src addr, tensor-map pointer, i32 coordinates innermost first x imm), imm = rank 1..5: global
   // box += shared tile (f32 add in L2; cp.reduce.async.bulk.tensor, bulk async-group completion)
   tma_reduce_add,
+  // (src addr, tensor-map pointer, i32 coordinates innermost first x imm), imm = rank 1..5: global
+  // box = shared tile (cp.async.bulk.tensor store; out-of-bounds elements are not written; bulk
+  // async-group completion)
+  tma_store,
   bulk_commit,  // cp.async.bulk.commit_group: the bulk operations issued since form a group
   // cp.async.bulk.wait_group: imm = groups left pending | kBulkWaitRead (only until their shared
   // memory has been read, not until their global writes are done)

@@ -224,11 +224,17 @@ class Planner {
   // An atomic_add on a window that TMA can add (TmaReduce): rows along another dim than the
   // contiguous one, which the cols run along in whole 128-byte chunks.
   std::optional<TmaReduce> tma_reduce(const ir::Op& op) const {
-    if (op.kind != OpKind::block_store || !op.attrs.count("reduce") || op.str_attr("reduce") != "add") return std::nullopt;
+    if (op.kind != OpKind::block_store) return std::nullopt;
+    const bool add = op.attrs.count("reduce") && op.str_attr("reduce") == "add";
+    const bool store = !op.attrs.count("reduce") && op.attrs.count("tma") && op.int_attr("tma") != 0;  // (StoreOptions::tma)
+    if (!add && !store) return std::nullopt;
     TmaReduce r;
     r.store = &op;
+    r.store_only = store;
     const ir::Param* p = tensor_param(op.operands[0], &r.param_index);
-    if (!p || p->type.dtype != ir::DType::f32 || !p->spec.contiguous_last || p->spec.align_bytes < 16) return std::nullopt;
+    if (!p || !p->spec.contiguous_last || p->spec.align_bytes < 16) return std::nullopt;
+    r.elem_bytes = ir::byte_size(p->type.dtype);
+    if (add ? p->type.dtype != ir::DType::f32 : (r.elem_bytes != 2 && r.elem_bytes != 4)) return std::nullopt;
     const int rank = p->type.rank;
     const auto& dims = op.ints_attr("dims");
     const auto& shape = f_.type(op.operands[1]).shape;
@@ -238,9 +244,10 @@ class Planner {
       if (!facts_.non_negative(op.operands[static_cast<size_t>(d) + 2])) r.check_negative = true;
     r.rows = shape[0];
     r.cols = shape[1];
-    if (r.rows > 256 || r.rows % 8 != 0 || r.cols % 32 != 0) return std::nullopt;
+    const int64_t per_chunk = 128 / r.elem_bytes;
+    if (r.rows > 256 || r.rows % 8 != 0 || r.cols % per_chunk != 0) return std::nullopt;
     r.box.assign(static_cast<size_t>(rank), 1);
-    r.box[0] = 32;
+    r.box[0] = per_chunk;
     r.box[static_cast<size_t>(rank - 1 - dims[0])] = r.rows;
     return r;
   }
@@ -290,7 +297,7 @@ class Planner {
     // after them): down to 2, then a ring around another ring's loop down to 1 (its tiles are
     // reloaded once per run of the inner loop, e.g. K and V per key tile of a persistent program,
     // whose load latency the inner loop's work dwarfs).
-    for (const auto& [op, r] : plan_.reduces) plan_.reduce_staging_bytes = std::max(plan_.reduce_staging_bytes, r.rows * r.cols * 4);
+    for (const auto& [op, r] : plan_.reduces) plan_.reduce_staging_bytes = std::max(plan_.reduce_staging_bytes, r.rows * r.cols * r.elem_bytes);
     for (const auto& [op, w] : plan_.dots)
       if (w.a_staged) plan_.a_staging_bytes = std::max(plan_.a_staging_bytes, f_.type(op->operands[0]).numel() * 2);
     const int64_t fixed = align_up(plan_.reduce_staging_bytes, 1024) + align_up(plan_.a_staging_bytes, 1024) + 2048;

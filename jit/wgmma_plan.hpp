@@ -82,11 +82,15 @@ struct TmaReduce {
   const ir::Op* store = nullptr;
   int param_index = 0;
   int64_t rows = 0, cols = 0;
-  std::vector<int64_t> box;  // innermost first: 32, rows along the row dim, 1 elsewhere
+  std::vector<int64_t> box;  // innermost first: 128 / elem_bytes, rows along the row dim, 1 elsewhere
   // A TMA reduce at a negative coordinate faults on the H100: where the offsets are not known to
   // be non-negative (jit/scalar_facts.hpp), the lowering tests them and adds element by element
   // when one is negative.
   bool check_negative = false;
+  // a plain store (StoreOptions::tma: cp.async.bulk.tensor) rather than an add; the element size
+  // (4 for adds: f32; 2 or 4 for stores), so 128 / elem_bytes columns a chunk
+  bool store_only = false;
+  int64_t elem_bytes = 4;
   int64_t chunk_bytes() const { return rows * 128; }
 };
 

@@ -728,9 +728,10 @@ class Emulator {
       case Op::tma_load:
       case Op::tma_load_2d:
         maybe_yield(m);
-        tma(in, m, false);
+        tma(in, m, Tma::load);
         return;
-      case Op::tma_reduce_add: tma(in, m, true); return;
+      case Op::tma_reduce_add: tma(in, m, Tma::reduce_add); return;
+      case Op::tma_store: tma(in, m, Tma::store); return;
       case Op::wgmma:
       case Op::wgmma_rs:
         if (per_warp_) wgmma_collective(in, m);
@@ -773,10 +774,13 @@ class Emulator {
     }
   }
 
-  // tma_load (dst, map, coordinates innermost first, mbar) / tma_load_2d / tma_reduce_add (src, map,
-  // coordinates): the map's box between the tensor and shared memory, out-of-bounds elements zero
-  // (loads) or skipped (reduces); a load completes its bytes on the mbarrier at once.
-  void tma(const pir::Inst& in, const Mask& m, bool reduce) {
+  // tma_load (dst, map, coordinates innermost first, mbar) / tma_load_2d / tma_reduce_add and
+  // tma_store (src, map, coordinates): the map's box between the tensor and shared memory,
+  // out-of-bounds elements zero (loads) or skipped (reduces, stores); a load completes its bytes on
+  // the mbarrier at once.
+  enum class Tma { load, reduce_add, store };
+  void tma(const pir::Inst& in, const Mask& m, Tma mode) {
+    const bool reduce = mode != Tma::load;  // (reduce_add and store: shared -> global)
     each(m, [&](int t) {
       const int64_t tag = vals(in.args[1])[static_cast<size_t>(t)].i - kMapTag;
       if (tag < 0 || tag >= static_cast<int64_t>(p_.tensor_maps.size())) fault(in, t, "the tensor-map argument names no map");
@@ -806,9 +810,11 @@ class Emulator {
           if (inside) {
             std::byte* gm = global(in, t, ta.base + static_cast<uint64_t>(offset * es), static_cast<uint64_t>(es), static_cast<uint64_t>(es));
             const Val add = read(ta.dtype, sm), old = read(ta.dtype, gm);
-            Val now;
-            if (ir::is_float(ta.dtype)) now.f = interp::atomic_float_add(ta.dtype, old.f, add.f);
-            else now.i = wrap(ta.dtype, static_cast<uint64_t>(old.i + add.i));
+            Val now = add;
+            if (mode == Tma::reduce_add) {
+              if (ir::is_float(ta.dtype)) now.f = interp::atomic_float_add(ta.dtype, old.f, add.f);
+              else now.i = wrap(ta.dtype, static_cast<uint64_t>(old.i + add.i));
+            }
             write(ta.dtype, gm, now);
           }
         } else if (inside) {

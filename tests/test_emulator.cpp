@@ -224,6 +224,9 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
       const kernels::DropoutRngHost wrong{1, 2, rng.keep_threshold};  // (the scalars the state overrides)
       const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", causal}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN},
                       {"DROPOUT", dropout}};
+      Meta fwd_meta = meta;  // on sm_90a O leaves by TMA stores (TMA_STORE) when dropout is off
+      const bool tma_store = std::string(arch) == "sm_90a" && !dropout;
+      fwd_meta.emplace_back("TMA_STORE", tma_store);
       jit::CompileOptions o80;
       o80.arch = arch;
       o80.num_warps = 4;
@@ -244,9 +247,10 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
           for (const runtime::Arg& a : testing::dropout_key_args(rng)) ra.push_back(a);
           for (const runtime::Arg& a : testing::dropout_key_args(wrong, &state)) ea.push_back(a);
         }
-        const ir::Function fn = kernels::attention_forward().build(meta);
+        const ir::Function fn = kernels::attention_forward().build(fwd_meta);
         std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o80));
         CHECK((ops[jit::pir::Op::wgmma] + ops[jit::pir::Op::wgmma_rs] > 0) == (std::string(arch) == "sm_90a"));
+        CHECK((ops[jit::pir::Op::tma_store] > 0) == tma_store);
         runtime::interpret(fn, {q_blocks, Hq, B}, ra);
         runtime::emulate(fn, {q_blocks, Hq, B}, ea, o80);
         for (size_t i : {size_t{3}, size_t{4}}) {
@@ -440,5 +444,41 @@ TEST_CASE("emulator: random warp schedules give the same results (barriers and w
       for (size_t e = 0; e < a.size(); ++e) bad += !(std::fabs(a[e] - b[e]) <= 1e-2 * (1 + std::fabs(a[e])));
       CHECK(bad == 0);
     }
+  }
+}
+
+// StoreOptions::tma (issue 22's epilogue through shared memory and a TMA store): bf16 and f32
+// windows at program offsets into ragged tensors (the edges clipped by TMA), several programs, a
+// store inside a loop (the staging tile reused after the previous copy read it); the same bits as
+// the interpreter, through tma_store; both backends assemble it.
+TEST_CASE("emulator: TMA stores (StoreOptions::tma) equal the interpreter and assemble") {
+  const Kernel k = kernel("tma_store_emu", [](Builder& kb) {
+    const ParamSpec rm{.align_bytes = 16, .contiguous_last = true};
+    auto X = kb.tensor("X", f32, 2, rm), Y = kb.tensor("Y", bf16, 2, rm), Z = kb.tensor("Z", f32, 2, rm);
+    Tile r0 = program_id(0) * 64;
+    Tile x = load(X.block({r0, 0}, {64, 128}));
+    store(Y.block({r0, 0}, {64, 128}), cast(bf16, x * 2.0f), {.tma = true});
+    for_range(0, 2, [&](Tile j) {
+      store(Z.block({r0 / 2 + j * 16, 32 * j}, {32, 64}), load(X.block({r0, 32 * j}, {32, 64})) + cast(f32, j), {.tma = true});
+    });
+  });
+  const ir::Function fn = k.build();
+  jit::CompileOptions o;
+  o.num_warps = 4;
+  std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o));
+  CHECK(ops[jit::pir::Op::tma_store] > 0);
+  HostTensor x(f32, {150, 120}), y(bf16, {150, 120}), z(f32, {100, 100});
+  x.fill_uniform(91, -4, 4);
+  y.poison();
+  z.poison();
+  check_emulator(fn, {3}, {&x, &y, &z}, 0.0, o);
+  for (jit::Backend b : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+    INFO("backend " << jit::to_string(b));
+    jit::CompileOptions c = o;
+    c.backend = b;
+    c.make_cubin = !jit::find_ptxas().empty();
+    c.ptx_tool = jit::PtxTool::Ptxas;
+    const jit::CompiledKernel ck = jit::compile(fn, c);
+    CHECK(ck.ptx.find("cp.async.bulk.tensor.2d.global.shared::cta") != std::string::npos);
   }
 }

@@ -97,7 +97,7 @@ void Printer::inst(const pir::Inst& in) {
       return sync_inst(in);
     case Op::mma_16816: return mma(in);
     case Op::wgmma_wait: case Op::wgmma: case Op::wgmma_rs: return wgmma(in);
-    case Op::tma_load_2d: case Op::tma_load: case Op::tma_reduce_add: case Op::bulk_commit: case Op::bulk_wait:
+    case Op::tma_load_2d: case Op::tma_load: case Op::tma_reduce_add: case Op::tma_store: case Op::bulk_commit: case Op::bulk_wait:
     case Op::fence_proxy_async_global: case Op::fence_proxy_async: case Op::wgmma_fence: case Op::wgmma_commit:
       return tensor_inst(in);
     case Op::for_: return for_loop(in);

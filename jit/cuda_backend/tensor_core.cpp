@@ -97,10 +97,11 @@ void Printer::tensor_inst(const pir::Inst& in) {
                        indent(), u32(a(0)), n(a(1)), u32(a(2)), u32(a(3)), u32(a(4))));
       return;
     case Op::tma_load:
-    case Op::tma_reduce_add: {
+    case Op::tma_reduce_add:
+    case Op::tma_store: {
       // (shared addr, map, coordinates[, mbarrier]): the copy's operands, then "{c0, c1, ...}"
       const bool load = in.op == Op::tma_load;
-      const char* what = load ? "tma_load" : "tma_reduce_add";
+      const char* what = load ? "tma_load" : in.op == Op::tma_store ? "tma_store" : "tma_reduce_add";
       const auto rank = static_cast<size_t>(in.imm);
       if (rank < 1 || rank > 5) fail(fmt::format("{}: rank {} is not in [1, 5]", what, rank));
       check_args(in, rank + (load ? 3 : 2), rank + (load ? 3 : 2));
@@ -111,8 +112,9 @@ void Printer::tensor_inst(const pir::Inst& in) {
         ins += fmt::format(", \"r\"({})", u32(a(2 + i)));
       }
       if (!load) {
-        line(fmt::format("asm volatile(\"cp.reduce.async.bulk.tensor.{}d.global.shared::cta.add.tile.bulk_group [%0, {{{}}}], [%1];\"\n{}    :: {} : \"memory\");",
-                         rank, coords, indent(), ins));
+        line(fmt::format("asm volatile(\"{}.{}d.global.shared::cta.{}tile.bulk_group [%0, {{{}}}], [%1];\"\n{}    :: {} : \"memory\");",
+                         in.op == Op::tma_store ? "cp.async.bulk.tensor" : "cp.reduce.async.bulk.tensor", rank,
+                         in.op == Op::tma_store ? "" : "add.", coords, indent(), ins));
         return;
       }
       ins += fmt::format(", \"r\"({})", u32(a(2 + rank)));

@@ -355,7 +355,8 @@ void Emitter::tensor_inst(const pir::Inst& in) {
       return;
     }
     case Op::tma_load:
-    case Op::tma_reduce_add: {
+    case Op::tma_reduce_add:
+    case Op::tma_store: {
       // (shared addr, map, coordinates[, mbarrier]): the copy's operands, then "{c0, c1, ...}"
       const bool load = in.op == Op::tma_load;
       const auto rank = static_cast<size_t>(in.imm);
@@ -370,7 +371,9 @@ void Emitter::tensor_inst(const pir::Inst& in) {
       if (!load) {
         const std::string text = with_tensor_map(
             in.args[1], map_operand,
-            fmt::format("cp.reduce.async.bulk.tensor.{}d.global.shared::cta.add.tile.bulk_group [$0, {{{}}}], [$1];", rank, coords),
+            in.op == Op::tma_store
+                ? fmt::format("cp.async.bulk.tensor.{}d.global.shared::cta.tile.bulk_group [$0, {{{}}}], [$1];", rank, coords)
+                : fmt::format("cp.reduce.async.bulk.tensor.{}d.global.shared::cta.add.tile.bulk_group [$0, {{{}}}], [$1];", rank, coords),
             args[static_cast<size_t>(map_operand)]);
         asm_call(b_.getVoidTy(), text, cons + ",~{memory}", args, true);
         return;

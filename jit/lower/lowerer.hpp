@@ -246,6 +246,9 @@ class Lowerer {
   // atomic_add on a window: by TMA from a staging tile in shared memory (jit/wgmma_plan.hpp,
   // TmaReduce) or one atomic add per element.
   void block_atomic(const ir::Op& op);  // a window atomic: add (TMA reduce or red.add per element), max / min / and / or / xor
+  // A block store or add planned for TMA (HopperPlan::reduces) through the staging tile.
+  void tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layout& L, const Regs& val, const std::function<void()>& fallback,
+                      bool ordered, V sem, V target);
 
   void block_store(const ir::Op& op);
 

@@ -424,7 +424,16 @@ void Lowerer::block_atomic(const ir::Op& op) {
     element_updates();
     return;
   }
-  const TmaReduce& red = it->second;
+  tma_bulk_write(op, it->second, L, val, element_updates, ordered, sem, target);
+}
+
+// A block store or add-reduce planned for TMA (HopperPlan::reduces): the tile goes into the
+// swizzled staging tile (rows of 128 bytes per column chunk), then thread 0 issues one bulk tensor
+// store / add per chunk; `fallback` writes element by element where an offset may be negative.
+void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layout& L, const Regs& val,
+                             const std::function<void()>& fallback, bool ordered, V sem, V target) {
+  const auto element_updates = fallback;
+  const int64_t es = red.elem_bytes, per_chunk = 128 / es;
   V is0 = cmp(pir::Pred::eq, tid_, ci32(0));
   // offsets not known to be non-negative: TMA only when they are (it faults otherwise); else every
   // thread adds its elements, clipped at the tensor's edges, as the generic path does
@@ -441,10 +450,10 @@ void Lowerer::block_atomic(const ir::Op& op) {
     emit0(Op::barrier, {});
   }
   reduce_staging_free_in_ = -1;
-  // f32 element (r, c): 32 a swizzled row, the TMA add reads the chunks of 32 columns
+  // element (r, c): 128 / es a swizzled row, the TMA copy reads the chunks of 128 / es columns
   for (uint32_t r = 0; r < val.size(); ++r) {
     if (duplicate_reg(L, r)) continue;
-    V off = swizzled_offset(coord(L, r, 0), coord(L, r, 1), 4, red.chunk_bytes());
+    V off = swizzled_offset(coord(L, r, 0), coord(L, r, 1), es, red.chunk_bytes());
     store_shared_at(bin(Op::add, off, ci32(plan_.hopper.reduce_staging)), val[r], std::nullopt);
   }
   emit0(Op::fence_proxy_async, {});
@@ -459,13 +468,13 @@ void Lowerer::block_atomic(const ir::Op& op) {
     }
     const size_t rank = tensors_.at(op.operands[0]).sizes.size();
     V map = tensor_map(red.param_index, red.box);
-    for (int64_t k = 0; k < red.cols / 32; ++k) {
+    for (int64_t k = 0; k < red.cols / per_chunk; ++k) {
       std::vector<V> args{bin(Op::add, base, cint(DType::u32, k * red.chunk_bytes())), map};
       for (size_t i = 0; i < rank; ++i) {  // innermost first
         V x = cast(scalar(op.operands[2 + rank - 1 - i]), DType::i32);
-        args.push_back(i == 0 && k ? bin(Op::add, x, ci32(32 * k)) : x);
+        args.push_back(i == 0 && k ? bin(Op::add, x, ci32(per_chunk * k)) : x);
       }
-      emit0(Op::tma_reduce_add, args, static_cast<int64_t>(rank));
+      emit0(red.store_only ? Op::tma_store : Op::tma_reduce_add, args, static_cast<int64_t>(rank));
     }
     emit0(Op::bulk_commit, {});
   });
@@ -473,6 +482,23 @@ void Lowerer::block_atomic(const ir::Op& op) {
 
 void Lowerer::block_store(const ir::Op& op) {
   if (op.attrs.count("reduce")) return block_atomic(op);
+  if (auto it = plan_.hopper.reduces.find(&op); it != plan_.hopper.reduces.end()) {  // a TMA store (StoreOptions::tma)
+    ++memory_epoch_;
+    const ir::Type& t = f_.type(op.operands[1]);
+    check_shape(&op, t);
+    const Layout L = plan_.natural[op.operands[1]] ? *plan_.natural[op.operands[1]] : memory_layout(t);
+    const Regs val = get(op.operands[1], L);
+    order_global(op.operands[0], Access::write, L, window_key(op, 2));
+    const auto element_stores = [&] {
+      Regs addr, inb;
+      window(op, 2, L, addr, inb);
+      std::optional<V> own = owner(L);
+      for (uint32_t r = 0; r < addr.size(); ++r)
+        if (!duplicate_reg(L, r)) emit0(Op::store, {addr[r], val[r], *and_pred(own, inb[r])});
+    };
+    tma_bulk_write(op, it->second, L, val, element_stores, false, 0, 0);
+    return;
+  }
   ++memory_epoch_;  // load_at_use windows read before this may have changed
   const ir::Type& t = f_.type(op.operands[1]);
   check_shape(&op, t);

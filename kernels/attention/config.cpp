@@ -82,6 +82,7 @@ Meta ForwardConfig::to_meta() const {
   put_if(m, mn::kRingProducer, ring_producer);
   put_if(m, mn::kPvPeel, pv_peel);
   put_if(m, mn::kPersistent, persistent);
+  put_if(m, mn::kTmaStore, tma_store);
   return m;
 }
 
@@ -139,6 +140,7 @@ ForwardConfig ForwardConfig::read(Builder& kb) {
   if (*c.persistent && (s.varlen || c.rng_warps))
     kb.fail(Loc::current(), fmt::format("PERSISTENT walks the tiles of dense batches without warp roles of its own; it does not combine "
                                         "with {}", s.varlen ? "VARLEN=true" : "RNG_WARPS"));
+  c.tma_store = kb.meta<bool>(mn::kTmaStore, false);
   return c;
 }
 

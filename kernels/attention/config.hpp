@@ -67,6 +67,10 @@ struct ForwardConfig {
   // A persistent 1-D grid walks the tiles (the launch gives it one program per multiprocessor);
   // the ring producer then copies the next tile's blocks during this one's end; unset: off
   std::optional<bool> persistent;
+  // O leaves through a shared staging tile and TMA bulk stores (lang::StoreOptions::tma: issue
+  // 22's epilogue), so the next tile's work overlaps its global writes; unset: off (not yet
+  // measured on the GPU)
+  std::optional<bool> tma_store;
   // Variants that measured slower (kernels/attention/forward_experimental.cpp):
   int64_t rng_warps = 0, mma_registers = 0, rng_registers = 0;  // Philox on warps of its own [014]
 

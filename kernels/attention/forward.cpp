@@ -239,7 +239,7 @@ void ForwardTile::finish() {
   // serialises every wgmma [002]
   Tile out = *p.cfg.exact_normalize ? acc / l[col] : acc * rcp(l)[col];
   if (p.cfg.spec.dropout) out = out * p.drop->scale;
-  store(p.rows_of(p.Os, p.h, p.m0, p.BM), cast(p.cfg.spec.dtype, where(seen[col], out, 0.0f)));
+  store(p.rows_of(p.Os, p.h, p.m0, p.BM), cast(p.cfg.spec.dtype, where(seen[col], out, 0.0f)), {.tma = *p.cfg.tma_store});
   Tile m_log2 = p.cfg.positive_scale ? m * p.qk_scale : Tile(m);
   store(p.rows_of(p.LSEs, p.h, p.m0, p.BM), where(seen, (m_log2 + log2(l)) * 0.6931471805599453, -INFINITY));  // natural log
 }
