@@ -1025,6 +1025,7 @@ class Generator {
 Program generate(uint64_t seed, const GenerateOptions& opts) {
   Program p;
   p.seed = seed;
+  p.tma_stores = opts.tma_stores;
   kernel("fuzz", [&](Builder& b) { Generator(p, b, opts).run(); }).build();
   return p;
 }

@@ -41,6 +41,7 @@ constexpr const char* kUsage = R"(usage: tilejit_fuzz [options]
   --fp8              also generate fp8 casts and fp8 dot inputs
   --no-pack-pairs    do not generate pack_pairs / unpack_pairs
   --no-axis-ops      do not generate scans, combine reductions, xor_permute or gather (as before 0.1.4)
+  --tma-stores       window stores ask for TMA (StoreOptions::tma); the programs are otherwise the seeds' own
   --no-narrow-reductions  do not reduce 8- and 16-bit integer tiles
   --print SEED       print the program of SEED as C++ and exit (after --out DIR: also what both
                      backends made of it, DIR/seed_SEED.{ll,cu,llvm.ptx,nvrtc.ptx})
@@ -138,6 +139,7 @@ int main(int argc, char** argv) {
     else if (a == "--fp8") o.gen.fp8 = true;
     else if (a == "--no-pack-pairs") o.gen.pack_pairs = false;
     else if (a == "--no-axis-ops") o.gen.axis_ops = false;
+    else if (a == "--tma-stores") o.gen.tma_stores = true;
     else if (a == "--no-narrow-reductions") o.gen.narrow_reductions = false;
     else if (a == "--out") out_dir = value();
     else if (a == "--quiet") quiet = true;

@@ -107,6 +107,7 @@ struct Program {
   int num_warps = 4;
   int64_t programs = 1;  // grid x
   int64_t R = 16, C = 16;  // the main tile shape
+  bool tma_stores = false;  // window stores ask for TMA (StoreOptions::tma; GenerateOptions::tma_stores)
   std::vector<TensorSpec> tensors;
   std::vector<ScalarParam> scalars;
   std::vector<Node> nodes;
@@ -121,6 +122,7 @@ struct GenerateOptions {
   bool narrow_reductions = true;  // reductions over i8/i16/u8/u16 tiles
   bool fp8 = false;         // fp8 casts and dot inputs
   bool axis_ops = true;     // scans, reductions with a combine, xor_permute, gather (since 0.1.4)
+  bool tma_stores = false;  // window stores with StoreOptions::tma (draws nothing: a seed's program is otherwise the same)
 };
 
 Program generate(uint64_t seed, const GenerateOptions& opts = {});
