@@ -511,8 +511,8 @@ class Emulator {
     return r;
   }
 
-  // Every thread's value of each argument, copied first (a result may be written over an argument
-  // of another thread, e.g. a shuffle's).
+  // One instruction for the threads of `m`: values and control flow here, memory and
+  // synchronisation in memory_inst, tensor cores and asynchronous copies in hopper_inst.
   void inst(const pir::Inst& in, const Mask& m) {
     const auto arg = [&](size_t k, int t) -> const Val& { return vals(in.args[k])[static_cast<size_t>(t)]; };
     const auto set = [&](size_t k, int t, const Val& v) { vals(in.results[k])[static_cast<size_t>(t)] = v; };
@@ -603,6 +603,18 @@ class Emulator {
           }
         });
         return;
+      case Op::for_: loop(in, m); return;
+      case Op::if_: branch(in, m); return;
+      default: memory_inst(in, m); return;
+    }
+  }
+
+  // Global and shared memory, atomics, shuffles, barriers.
+  void memory_inst(const pir::Inst& in, const Mask& m) {
+    const auto arg = [&](size_t k, int t) -> const Val& { return vals(in.args[k])[static_cast<size_t>(t)]; };
+    const auto set = [&](size_t k, int t, const Val& v) { vals(in.results[k])[static_cast<size_t>(t)] = v; };
+    const auto out_ty = [&](size_t k = 0) { return ty(in.results[k]); };
+    switch (in.op) {
       case Op::gep: {
         const DType d = ty(in.args[0]).dtype;
         const int64_t es = ir::byte_size(d);
@@ -674,6 +686,15 @@ class Emulator {
         each(m, [&](int t) { set(0, t, before[static_cast<size_t>((t & ~31) | ((t & 31) ^ static_cast<int>(in.imm & 31)))]); });
         return;
       }
+      default: hopper_inst(in, m); return;
+    }
+  }
+
+  // mma.sync, TMA, mbarriers, wgmma.
+  void hopper_inst(const pir::Inst& in, const Mask& m) {
+    const auto arg = [&](size_t k, int t) -> const Val& { return vals(in.args[k])[static_cast<size_t>(t)]; };
+    const auto set = [&](size_t k, int t, const Val& v) { vals(in.results[k])[static_cast<size_t>(t)] = v; };
+    switch (in.op) {
       case Op::mma_16816: mma(in, m); return;
       case Op::smem_addr: each(m, [&](int t) { set(0, t, Val{0, arg(0, t).i}); }); return;  // (the window starts at 0)
       case Op::fence_mbar_init:
@@ -737,11 +758,9 @@ class Emulator {
         if (per_warp_) wgmma_collective(in, m);
         else wgmma(in, m);
         return;
-      case Op::for_: loop(in, m); return;
-      case Op::if_: branch(in, m); return;
       default:
-        throw EmulatorUnsupported(fmt::format("tilejit emulator: kernel '{}' uses {} (not emulated: Hopper asynchronous copies, "
-                                              "barriers and wgmma, and cross-program semaphores)", p_.name, pir::op_name(in.op)));
+        throw EmulatorUnsupported(fmt::format("tilejit emulator: kernel '{}' uses {} (not emulated: cross-program semaphores)",
+                                              p_.name, pir::op_name(in.op)));
     }
   }
 
