@@ -31,29 +31,55 @@ using runtime::HostTensor;
 
 namespace {
 
+// Copies of `tensors` run in the interpreter (with `ref_tail` after them) and in the emulator (with
+// `emu_tail`: e.g. the dropout key from memory where the interpreter takes it as scalars).
+struct Runs {
+  std::vector<HostTensor> ref, emu;
+};
+Runs run_both(const ir::Function& fn, runtime::Grid grid, const std::vector<HostTensor>& tensors, const std::vector<runtime::Arg>& ref_tail,
+              const std::vector<runtime::Arg>& emu_tail, const jit::CompileOptions& opts, runtime::EmulatorSchedule schedule = {}) {
+  Runs r{tensors, tensors};
+  std::vector<runtime::Arg> ra, ea;
+  for (HostTensor& t : r.ref) ra.emplace_back(t);
+  for (HostTensor& t : r.emu) ea.emplace_back(t);
+  ra.insert(ra.end(), ref_tail.begin(), ref_tail.end());
+  ea.insert(ea.end(), emu_tail.begin(), emu_tail.end());
+  runtime::interpret(fn, grid, ra);
+  runtime::emulate(fn, grid, ea, opts, schedule);
+  return r;
+}
+
+// Elements of `b` (the emulator's) farther than tol * (1 + |a|) from `a` (the interpreter's), NaNs
+// in the same places; the first few are reported.
+size_t count_apart(const HostTensor& ref, const HostTensor& emu, double tol) {
+  const std::vector<double> a = ref.to_f64(), b = emu.to_f64();
+  size_t bad = 0;
+  for (size_t k = 0; k < a.size(); ++k) {
+    const bool ok = std::isnan(a[k]) ? std::isnan(b[k]) : std::fabs(a[k] - b[k]) <= tol * (1 + std::fabs(a[k]));
+    if (!ok && bad++ < 4) MESSAGE(fmt::format("element {}: interpreter {} emulator {}", k, a[k], b[k]));
+  }
+  return bad;
+}
+
+// max |a - b| <= tol * (1 + max |a|): sums whose order differs (gradients over many keys).
+bool close_in_max_norm(const HostTensor& ref, const HostTensor& emu, double tol) {
+  const std::vector<double> a = ref.to_f64(), b = emu.to_f64();
+  double worst = 0, norm = 0;
+  for (size_t e = 0; e < a.size(); ++e) worst = std::max(worst, std::fabs(a[e] - b[e])), norm = std::max(norm, std::fabs(a[e]));
+  return worst <= tol * (1 + norm);
+}
+
 // The interpreter and the emulator on copies of `tensors` (scalars none); every tensor must agree:
-// tol 0 bit for bit, else |a - b| <= tol * (1 + |a|) per element with NaNs in the same places.
+// tol 0 bit for bit, else count_apart's rule.
 void check_emulator(const ir::Function& fn, runtime::Grid grid, const std::vector<HostTensor*>& tensors, double tol,
                     const jit::CompileOptions& opts = {}) {
-  std::vector<HostTensor> ref, emu;
-  for (HostTensor* t : tensors) ref.push_back(*t), emu.push_back(*t);
-  std::vector<runtime::Arg> ref_args, emu_args;
-  for (size_t i = 0; i < tensors.size(); ++i) ref_args.emplace_back(ref[i]), emu_args.emplace_back(emu[i]);
-  runtime::interpret(fn, grid, ref_args);
-  runtime::emulate(fn, grid, emu_args, opts);
+  std::vector<HostTensor> copies;
+  for (HostTensor* t : tensors) copies.push_back(*t);
+  const Runs r = run_both(fn, grid, copies, {}, {}, opts);
   for (size_t i = 0; i < tensors.size(); ++i) {
-    INFO(fmt::format("kernel {} tensor #{} ({})", fn.name, i, ref[i].describe()));
-    if (tol == 0) {
-      CHECK(std::memcmp(ref[i].data(), emu[i].data(), ref[i].bytes()) == 0);
-      continue;
-    }
-    const std::vector<double> a = ref[i].to_f64(), b = emu[i].to_f64();
-    size_t bad = 0;
-    for (size_t k = 0; k < a.size(); ++k) {
-      const bool ok = std::isnan(a[k]) ? std::isnan(b[k]) : std::fabs(a[k] - b[k]) <= tol * (1 + std::fabs(a[k]));
-      if (!ok && bad++ < 4) MESSAGE(fmt::format("element {}: interpreter {} emulator {}", k, a[k], b[k]));
-    }
-    CHECK(bad == 0);
+    INFO(fmt::format("kernel {} tensor #{} ({})", fn.name, i, r.ref[i].describe()));
+    if (tol == 0) CHECK(std::memcmp(r.ref[i].data(), r.emu[i].data(), r.ref[i].bytes()) == 0);
+    else CHECK(count_apart(r.ref[i], r.emu[i], tol) == 0);
   }
 }
 
@@ -231,64 +257,38 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
       o80.arch = arch;
       o80.num_warps = 4;
       const int64_t q_blocks = cdiv(Sq, BM), k_blocks = cdiv(Sk, BN);
-      const auto with_key = [&](std::vector<HostTensor*> tensors) {
-        std::vector<runtime::Arg> a;
-        for (HostTensor* t : tensors) a.emplace_back(*t);
-        return a;
-      };
+      // the key as scalars for the interpreter, from memory (wrong scalars beside it) for the emulator
+      std::vector<runtime::Arg> ref_tail{scale}, emu_tail{scale};
+      if (dropout) {
+        for (const runtime::Arg& a : testing::dropout_key_args(rng)) ref_tail.push_back(a);
+        for (const runtime::Arg& a : testing::dropout_key_args(wrong, &state)) emu_tail.push_back(a);
+      }
       // forward: o, lse
       {
-        std::vector<HostTensor> ref{q, k, v, o, lse}, emu{q, k, v, o, lse};
-        std::vector<runtime::Arg> ra, ea;
-        for (auto& t : ref) ra.emplace_back(t);
-        for (auto& t : emu) ea.emplace_back(t);
-        ra.emplace_back(scale), ea.emplace_back(scale);
-        if (dropout) {
-          for (const runtime::Arg& a : testing::dropout_key_args(rng)) ra.push_back(a);
-          for (const runtime::Arg& a : testing::dropout_key_args(wrong, &state)) ea.push_back(a);
-        }
         const ir::Function fn = kernels::attention_forward().build(fwd_meta);
         std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o80));
         CHECK((ops[jit::pir::Op::wgmma] + ops[jit::pir::Op::wgmma_rs] > 0) == (std::string(arch) == "sm_90a"));
         CHECK((ops[jit::pir::Op::tma_store] > 0) == tma_store);
-        runtime::interpret(fn, {q_blocks, Hq, B}, ra);
-        runtime::emulate(fn, {q_blocks, Hq, B}, ea, o80);
+        const Runs r = run_both(fn, {q_blocks, Hq, B}, {q, k, v, o, lse}, ref_tail, emu_tail, o80);
         for (size_t i : {size_t{3}, size_t{4}}) {
           INFO("forward output " << i);
-          const std::vector<double> a = ref[i].to_f64(), b = emu[i].to_f64();
-          size_t bad = 0;
-          for (size_t e = 0; e < a.size(); ++e) bad += !(std::fabs(a[e] - b[e]) <= 1e-2 * (1 + std::fabs(a[e])));
-          CHECK(bad == 0);
+          CHECK(count_apart(r.ref[i], r.emu[i], 1e-2) == 0);
         }
-        o = ref[3], lse = ref[4];
+        o = r.ref[3], lse = r.ref[4];
       }
       // backward: Delta, then dK / dV and dQ from the interpreter's forward outputs
       runtime::interpret(kernels::attention_backward_preprocess().build({{"DTYPE", bf16}, {"BLOCK_M", BM}, {"HEAD_DIM", D}, {"BSHD", true}}),
-                         {q_blocks, Hq, B}, with_key({&o, &dout, &delta}));
+                         {q_blocks, Hq, B}, {o, dout, delta});
       for (int pass = 0; pass < 2; ++pass) {
         INFO((pass == 0 ? "dK/dV" : "dQ"));
-        std::vector<HostTensor> ref, emu;
-        if (pass == 0) ref = {q, k, v, dout, lse, delta, dk, dv};
-        else ref = {q, k, v, dout, lse, delta, dq};
-        emu = ref;
-        std::vector<runtime::Arg> ra, ea;
-        for (auto& t : ref) ra.emplace_back(t);
-        for (auto& t : emu) ea.emplace_back(t);
-        ra.emplace_back(scale), ea.emplace_back(scale);
-        if (dropout) {
-          for (const runtime::Arg& a : testing::dropout_key_args(rng)) ra.push_back(a);
-          for (const runtime::Arg& a : testing::dropout_key_args(wrong, &state)) ea.push_back(a);
-        }
+        const std::vector<HostTensor> tensors = pass == 0 ? std::vector<HostTensor>{q, k, v, dout, lse, delta, dk, dv}
+                                                          : std::vector<HostTensor>{q, k, v, dout, lse, delta, dq};
         const ir::Function fn = (pass == 0 ? kernels::attention_backward_dkdv() : kernels::attention_backward_dq()).build(meta);
         const runtime::Grid grid = pass == 0 ? runtime::Grid{k_blocks, Hkv, B} : runtime::Grid{q_blocks, Hq, B};
-        runtime::interpret(fn, grid, ra);
-        runtime::emulate(fn, grid, ea, o80);
-        for (size_t i = 6; i < ref.size(); ++i) {
+        const Runs r = run_both(fn, grid, tensors, ref_tail, emu_tail, o80);
+        for (size_t i = 6; i < tensors.size(); ++i) {
           INFO("output " << i);
-          const std::vector<double> a = ref[i].to_f64(), b = emu[i].to_f64();
-          double worst = 0, norm = 0;
-          for (size_t e = 0; e < a.size(); ++e) worst = std::max(worst, std::fabs(a[e] - b[e])), norm = std::max(norm, std::fabs(a[e]));
-          CHECK(worst <= 2e-2 * (1 + norm));
+          CHECK(close_in_max_norm(r.ref[i], r.emu[i], 2e-2));
         }
       }
     }
@@ -315,19 +315,10 @@ TEST_CASE("emulator: the D 128 ring-producer forward (warp roles) equals the int
     std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o8));
     CHECK(ops[jit::pir::Op::set_max_registers] > 0);  // (the producer's role)
     CHECK(ops[jit::pir::Op::wgmma] + ops[jit::pir::Op::wgmma_rs] > 0);
-    std::vector<HostTensor> ref{q, k, v, o, lse}, emu{q, k, v, o, lse};
-    std::vector<runtime::Arg> ra, ea;
-    for (auto& t : ref) ra.emplace_back(t);
-    for (auto& t : emu) ea.emplace_back(t);
-    ra.emplace_back(0.088f), ea.emplace_back(0.088f);
-    runtime::interpret(fn, {cdiv(Sq, BM), Hq, B}, ra);
-    runtime::emulate(fn, {cdiv(Sq, BM), Hq, B}, ea, o8);
+    const Runs r = run_both(fn, {cdiv(Sq, BM), Hq, B}, {q, k, v, o, lse}, {0.088f}, {0.088f}, o8);
     for (size_t i : {size_t{3}, size_t{4}}) {
       INFO("output " << i);
-      const std::vector<double> a = ref[i].to_f64(), b = emu[i].to_f64();
-      size_t bad = 0;
-      for (size_t e = 0; e < a.size(); ++e) bad += !(std::fabs(a[e] - b[e]) <= 1e-2 * (1 + std::fabs(a[e])));
-      CHECK(bad == 0);
+      CHECK(count_apart(r.ref[i], r.emu[i], 1e-2) == 0);
     }
   }
 }
@@ -380,22 +371,13 @@ TEST_CASE("emulator: the D 128 backward kernels on sm_90a equal the interpreter"
     const ir::Function fn = (pass == 0 ? kernels::attention_backward_dkdv() : kernels::attention_backward_dq()).build(meta);
     std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o4));
     CHECK(ops[jit::pir::Op::wgmma] + ops[jit::pir::Op::wgmma_rs] > 0);
-    std::vector<HostTensor> ref = pass == 0 ? std::vector<HostTensor>{q, k, v, dout, lse, delta, dk, dv}
-                                            : std::vector<HostTensor>{q, k, v, dout, lse, delta, dq};
-    std::vector<HostTensor> emu = ref;
-    std::vector<runtime::Arg> ra, ea;
-    for (auto& t : ref) ra.emplace_back(t);
-    for (auto& t : emu) ea.emplace_back(t);
-    ra.emplace_back(scale), ea.emplace_back(scale);
+    const std::vector<HostTensor> tensors = pass == 0 ? std::vector<HostTensor>{q, k, v, dout, lse, delta, dk, dv}
+                                                      : std::vector<HostTensor>{q, k, v, dout, lse, delta, dq};
     const runtime::Grid grid = pass == 0 ? runtime::Grid{cdiv(Sk, BN), Hkv, B} : runtime::Grid{cdiv(Sq, BM), Hq, B};
-    runtime::interpret(fn, grid, ra);
-    runtime::emulate(fn, grid, ea, o4);
-    for (size_t i = 6; i < ref.size(); ++i) {
+    const Runs r = run_both(fn, grid, tensors, {scale}, {scale}, o4);
+    for (size_t i = 6; i < tensors.size(); ++i) {
       INFO("output " << i);
-      const std::vector<double> a = ref[i].to_f64(), b = emu[i].to_f64();
-      double worst = 0, norm = 0;
-      for (size_t e = 0; e < a.size(); ++e) worst = std::max(worst, std::fabs(a[e] - b[e])), norm = std::max(norm, std::fabs(a[e]));
-      CHECK(worst <= 2e-2 * (1 + norm));
+      CHECK(close_in_max_norm(r.ref[i], r.emu[i], 2e-2));
     }
   }
 }
@@ -410,16 +392,10 @@ TEST_CASE("emulator: random warp schedules give the same results (barriers and w
     const runtime::EmulatorSchedule sched{true, seed};
     {
       const axis_ops::Case c{{1024}, 0, 8, i32};
-      std::vector<HostTensor> ref = axis_ops::combine_tensors(c), emu = ref;
       jit::CompileOptions o;
       o.num_warps = c.warps;
-      const ir::Function fn = axis_ops::combine_kernel(c, false).build();
-      std::vector<runtime::Arg> ra, ea;
-      for (auto& t : ref) ra.emplace_back(t);
-      for (auto& t : emu) ea.emplace_back(t);
-      runtime::interpret(fn, {1}, ra);
-      runtime::emulate(fn, {1}, ea, o, sched);
-      for (size_t i = 1; i < ref.size(); ++i) CHECK(std::memcmp(ref[i].data(), emu[i].data(), ref[i].bytes()) == 0);
+      const Runs r = run_both(axis_ops::combine_kernel(c, false).build(), {1}, axis_ops::combine_tensors(c), {}, {}, o, sched);
+      for (size_t i = 1; i < r.ref.size(); ++i) CHECK(std::memcmp(r.ref[i].data(), r.emu[i].data(), r.ref[i].bytes()) == 0);
     }
     {
       const int64_t B = 1, H = 2, S = 200, D = 128;
@@ -432,17 +408,8 @@ TEST_CASE("emulator: random warp schedules give the same results (barriers and w
       jit::CompileOptions o8;
       o8.num_warps = 8;
       o8.pipeline.stages = 2;
-      std::vector<HostTensor> ref{q, k, v, o, lse}, emu{q, k, v, o, lse};
-      std::vector<runtime::Arg> ra, ea;
-      for (auto& t : ref) ra.emplace_back(t);
-      for (auto& t : emu) ea.emplace_back(t);
-      ra.emplace_back(0.088f), ea.emplace_back(0.088f);
-      runtime::interpret(fn, {cdiv(S, 128), H, B}, ra);
-      runtime::emulate(fn, {cdiv(S, 128), H, B}, ea, o8, sched);
-      const std::vector<double> a = ref[3].to_f64(), b = emu[3].to_f64();
-      size_t bad = 0;
-      for (size_t e = 0; e < a.size(); ++e) bad += !(std::fabs(a[e] - b[e]) <= 1e-2 * (1 + std::fabs(a[e])));
-      CHECK(bad == 0);
+      const Runs r = run_both(fn, {cdiv(S, 128), H, B}, {q, k, v, o, lse}, {0.088f}, {0.088f}, o8, sched);
+      CHECK(count_apart(r.ref[3], r.emu[3], 1e-2) == 0);
     }
   }
 }
@@ -508,20 +475,12 @@ TEST_CASE("emulator: dK/dV with the atomic dQ reduction (TMA add-reduces) equals
   o8.num_warps = 8;
   std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o8));
   CHECK(ops[jit::pir::Op::tma_reduce_add] > 0);
-  std::vector<HostTensor> ref{q, k, v, dout, lse, delta, dk, dv, acc}, emu = ref;
-  std::vector<runtime::Arg> ra, ea;
-  for (auto& t : ref) ra.emplace_back(t);
-  for (auto& t : emu) ea.emplace_back(t);
-  ra.emplace_back(scale), ea.emplace_back(scale);
-  const runtime::Grid grid{cdiv(Sk, BN), Hkv, B};
-  runtime::interpret(fn, grid, ra);
-  runtime::emulate(fn, grid, ea, o8);
-  for (size_t i = 6; i < ref.size(); ++i) {
+  const Runs r = run_both(fn, {cdiv(Sk, BN), Hkv, B}, {q, k, v, dout, lse, delta, dk, dv, acc}, {scale}, {scale}, o8);
+  for (size_t i = 6; i < r.ref.size(); ++i) {
     INFO("output " << i << " (dK, dV, dQ_accum)");
-    const std::vector<double> a = ref[i].to_f64(), b = emu[i].to_f64();
-    double worst = 0, norm = 0;
-    for (size_t e = 0; e < a.size(); ++e) worst = std::max(worst, std::fabs(a[e] - b[e])), norm = std::max(norm, std::fabs(a[e]));
+    double norm = 0;
+    for (double x : r.ref[i].to_f64()) norm = std::max(norm, std::fabs(x));
     CHECK(norm > 0.1);  // (a real gradient)
-    CHECK(worst <= 2e-2 * (1 + norm));
+    CHECK(close_in_max_norm(r.ref[i], r.emu[i], 2e-2));
   }
 }

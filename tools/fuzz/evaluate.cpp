@@ -187,6 +187,17 @@ std::string compare(const HostTensor& got, const HostTensor& ref, bool exact) {
   return fmt::format("{} of {} elements differ ({}):{}", bad, ref.numel(), exact ? "bit-exact promised" : "tolerance 2^-6", out);
 }
 
+// The first output tensor whose values (got(t), t an output's index) differ from the interpreter's
+// ("T3 i16[2,32,64]: ..."), or "" when every output agrees.
+std::string output_mismatch(const Program& p, const std::vector<HostTensor>& ref, const std::function<HostTensor(size_t)>& got) {
+  for (size_t t = 0; t < ref.size(); ++t) {
+    if (!p.tensors[t].output) continue;
+    const std::string diff = compare(got(t), ref[t], exact_output(p, t));
+    if (!diff.empty()) return fmt::format("T{} {}: {}", t, ref[t].describe(), diff);
+  }
+  return "";
+}
+
 }  // namespace
 
 CompiledText compiled_text(Program& p, jit::Backend b) {
@@ -265,14 +276,10 @@ Outcome evaluate(Program& p, const EvalOptions& o, const std::function<void(cons
       return out;
     }
     phase("compare emulator");
-    for (size_t t = 0; t < emu.size(); ++t) {
-      if (!p.tensors[t].output) continue;
-      std::string diff = compare(emu[t], ref[t], exact_output(p, t));
-      if (!diff.empty()) {
-        out.status = Status::Mismatch;
-        out.detail = fmt::format("T{} {}: {}", t, ref[t].describe(), diff);
-        return out;
-      }
+    out.detail = output_mismatch(p, ref, [&](size_t t) { return emu[t]; });
+    if (!out.detail.empty()) {
+      out.status = Status::Mismatch;
+      return out;
     }
   }
   for (jit::Backend b : o.backends) {
@@ -313,15 +320,10 @@ Outcome evaluate(Program& p, const EvalOptions& o, const std::function<void(cons
       }
       k(runtime::Grid{p.programs}, dargs);
       phase("compare " + out.backend);
-      for (size_t t = 0; t < dev.size(); ++t) {
-        if (!p.tensors[t].output) continue;
-        HostTensor got = dev[t].to_host();
-        std::string diff = compare(got, ref[t], exact_output(p, t));
-        if (!diff.empty()) {
-          out.status = Status::Mismatch;
-          out.detail = fmt::format("T{} {}: {}", t, ref[t].describe(), diff);
-          return out;
-        }
+      out.detail = output_mismatch(p, ref, [&](size_t t) { return dev[t].to_host(); });
+      if (!out.detail.empty()) {
+        out.status = Status::Mismatch;
+        return out;
       }
     } catch (const runtime::DeviceError& e) {
       out.status = Status::Fault;
