@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -297,7 +298,9 @@ class Planner {
     // after them): down to 2, then a ring around another ring's loop down to 1 (its tiles are
     // reloaded once per run of the inner loop, e.g. K and V per key tile of a persistent program,
     // whose load latency the inner loop's work dwarfs).
-    for (const auto& [op, r] : plan_.reduces) plan_.reduce_staging_bytes = std::max(plan_.reduce_staging_bytes, r.rows * r.cols * r.elem_bytes);
+    borrow_staging();
+    for (const auto& [op, r] : plan_.reduces)
+      if (!r.staging_tile) plan_.reduce_staging_bytes = std::max(plan_.reduce_staging_bytes, r.rows * r.cols * r.elem_bytes);
     for (const auto& [op, w] : plan_.dots)
       if (w.a_staged) plan_.a_staging_bytes = std::max(plan_.a_staging_bytes, f_.type(op->operands[0]).numel() * 2);
     const int64_t fixed = align_up(plan_.reduce_staging_bytes, 1024) + align_up(plan_.a_staging_bytes, 1024) + 2048;
@@ -358,6 +361,46 @@ class Planner {
     plan_.ring_producer = producer_;
     plan_.tile_order = tiles;
     plan_.ring_order = rings;
+  }
+
+  // TMA stores under a producer that can stage in a ring tile (TmaReduce::staging_tile): the store
+  // stands in the body of the ring's loop, after every reader of the tile, which is large enough.
+  // Of several such tiles the one first read latest in the body: its next copy, which now waits
+  // for the store, is needed last (the forward's O over the last V block, not over Q).
+  // Outside every loop, a tile loaded once serves the same way (no stage to free).
+  void borrow_staging() {
+    for (const ir::Op* store : in_order(plan_.reduces)) {
+      TmaReduce& red = plan_.reduces.at(store);
+      if (!red.store_only) continue;
+      const ir::Op* loop = parent_.at(store);
+      std::vector<const ir::Op*> lenders;
+      if (loop && producer_ && plan_.rings.count(loop)) {
+        lenders = plan_.rings.at(loop).loads;
+      } else if (!inside_loop(store)) {
+        for (const auto& [l, t] : plan_.tiles)
+          if (!t.ring) lenders.push_back(l);
+      }
+      const ir::Op* best = nullptr;
+      size_t best_first = 0;
+      for (const ir::Op* l : lenders) {
+        const SmemTile& t = plan_.tiles.at(l);
+        if (t.lends_staging_to || t.bytes() < red.rows * red.cols * red.elem_bytes) continue;
+        size_t first = SIZE_MAX, last = 0;
+        for (const auto& [d, w] : plan_.dots)
+          if (w.a_tile == l || w.b_tile == l) first = std::min(first, order_.at(d)), last = std::max(last, order_.at(d));
+        if (first == SIZE_MAX || last > order_.at(store)) continue;
+        if (!best || first > best_first) best = l, best_first = first;
+      }
+      if (!best) continue;
+      red.staging_tile = best;
+      plan_.tiles.at(best).lends_staging_to = store;
+    }
+  }
+
+  bool inside_loop(const ir::Op* op) const {
+    for (const ir::Op* p = parent_.at(op); p; p = parent_.at(p))
+      if (p->kind == OpKind::for_) return true;
+    return false;
   }
 
   // Barrier pairs per stage: one per ring, or one per tile under a producer.
@@ -435,7 +478,8 @@ std::string print_hopper_plan(const ir::Function& f, const HopperPlan& plan) {
       out += fmt::format("//   ring of the for at {}: {} stages of {} B at {} B{}\n", op.loc.str(), r->second.stages,
                          r->second.stage_bytes, r->second.base, r->second.rerun ? ", reset after each run" : "");
     if (auto r = plan.reduces.find(&op); r != plan.reduces.end())
-      out += fmt::format("//   TMA reduce at {}: [{} x {}]\n", op.loc.str(), r->second.rows, r->second.cols);
+      out += fmt::format("//   TMA {} at {}: [{} x {}]{}\n", r->second.store_only ? "store" : "reduce", op.loc.str(), r->second.rows,
+                         r->second.cols, r->second.staging_tile ? fmt::format(", staged in the tile at {}", r->second.staging_tile->loc.str()) : "");
   });
   return out;
 }

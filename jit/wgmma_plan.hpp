@@ -40,6 +40,10 @@ struct SmemTile {
   // A ring tile under lang::ring_producer: its own barriers, stages of each, 8 bytes apart: full
   // (the producer's copy landed) and empty (every consumer warp is done with the stage).
   int64_t full = 0, empty = 0;
+  // A TMA store whose staging tile is this tile's shared memory once its readers are done
+  // (TmaReduce::staging_tile): the store is the tile's last reader, and the producer issues
+  // the tile's next copy last in its iteration, after the other tiles of the ring.
+  const ir::Op* lends_staging_to = nullptr;
   int64_t bytes() const { return rows * cols * 2; }
   int64_t chunk_bytes() const { return rows * 128; }
 };
@@ -91,6 +95,10 @@ struct TmaReduce {
   // (4 for adds: f32; 2 or 4 for stores), so 128 / elem_bytes columns a chunk
   bool store_only = false;
   int64_t elem_bytes = 4;
+  // A store under lang::ring_producer, in the body of a ring's loop, after every reader of one of
+  // that ring's tiles: it stages in that tile (FlashAttention-3's O over V) instead of a tile of
+  // its own, and frees the tile's stage once TMA has read it. nullptr: the shared staging tile.
+  const ir::Op* staging_tile = nullptr;
   int64_t chunk_bytes() const { return rows * 128; }
 };
 

@@ -50,12 +50,12 @@ Runs run_both(const ir::Function& fn, runtime::Grid grid, const std::vector<Host
 }
 
 // Elements of `b` (the emulator's) farther than tol * (1 + |a|) from `a` (the interpreter's), NaNs
-// in the same places; the first few are reported.
+// and infinities in the same places; the first few are reported.
 size_t count_apart(const HostTensor& ref, const HostTensor& emu, double tol) {
   const std::vector<double> a = ref.to_f64(), b = emu.to_f64();
   size_t bad = 0;
   for (size_t k = 0; k < a.size(); ++k) {
-    const bool ok = std::isnan(a[k]) ? std::isnan(b[k]) : std::fabs(a[k] - b[k]) <= tol * (1 + std::fabs(a[k]));
+    const bool ok = std::isnan(a[k]) ? std::isnan(b[k]) : a[k] == b[k] || std::fabs(a[k] - b[k]) <= tol * (1 + std::fabs(a[k]));
     if (!ok && bad++ < 4) MESSAGE(fmt::format("element {}: interpreter {} emulator {}", k, a[k], b[k]));
   }
   return bad;
@@ -297,30 +297,41 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
 // The D 128 forward's default schedule on sm_90a: FlashAttention-3's loop under a ring producer (a
 // warpgroup issuing TMA, setmaxnreg, the consumers' P V pipelined) -- warp roles that wait for each
 // other, so the emulator runs each warp on its own, handing over at waits. Full and causal,
-// S_q != S_k, ragged tiles.
-TEST_CASE("emulator: the D 128 ring-producer forward (warp roles) equals the interpreter") {
-  const int64_t B = 1, Hq = 2, Hkv = 2, Sq = 200, Sk = 300, D = 128, BM = 128, BN = 128;
-  for (bool causal : {false, true}) {
-    INFO("causal " << causal);
-    HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D});
-    HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq});
-    q.fill_normal(51, 0, 1);
-    k.fill_normal(52, 0, 1);
-    v.fill_normal(53, 0, 1);
-    const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", causal}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN}};
-    const ir::Function fn = kernels::attention_forward().build(meta);
-    jit::CompileOptions o8;
-    o8.num_warps = 8;
-    o8.pipeline.stages = 2;
-    std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o8));
-    CHECK(ops[jit::pir::Op::set_max_registers] > 0);  // (the producer's role)
-    CHECK(ops[jit::pir::Op::wgmma] + ops[jit::pir::Op::wgmma_rs] > 0);
-    const Runs r = run_both(fn, {cdiv(Sq, BM), Hq, B}, {q, k, v, o, lse}, {0.088f}, {0.088f}, o8);
-    for (size_t i : {size_t{3}, size_t{4}}) {
-      INFO("output " << i);
-      CHECK(count_apart(r.ref[i], r.emu[i], 1e-2) == 0);
+// S_q != S_k, ragged tiles; PERSISTENT (a 1-D grid of 3 programs walking 8 tiles: rings counted
+// across tiles) and TMA_STORE (O staged in the last V block's tile, which the producer refills
+// only after TMA has read it), also with random hand-overs between warps.
+TEST_CASE("emulator: the D 128 ring-producer forward (warp roles, persistent, TMA stores) equals the interpreter") {
+  const int64_t B = 1, Hq = 2, Hkv = 2, Sq = 500, Sk = 300, D = 128, BM = 128, BN = 128;
+  for (int variant = 0; variant < 4; ++variant)
+    for (bool causal : {false, true}) {
+      const bool persistent = variant & 1, tma_store = variant & 2;
+      INFO("causal " << causal << " persistent " << persistent << " TMA_STORE " << tma_store);
+      HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D});
+      HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq});
+      q.fill_normal(51, 0, 1);
+      k.fill_normal(52, 0, 1);
+      v.fill_normal(53, 0, 1);
+      const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D},   {"CAUSAL", causal},        {"BSHD", true},
+                      {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"PERSISTENT", persistent}, {"TMA_STORE", tma_store}};
+      const ir::Function fn = kernels::attention_forward().build(meta);
+      jit::CompileOptions o8;
+      o8.num_warps = 8;
+      o8.pipeline.stages = 2;
+      std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o8));
+      CHECK(ops[jit::pir::Op::set_max_registers] > 0);  // (the producer's role)
+      CHECK(ops[jit::pir::Op::wgmma] + ops[jit::pir::Op::wgmma_rs] > 0);
+      CHECK((ops[jit::pir::Op::tma_store] > 0) == tma_store);
+      const runtime::Grid grid = persistent ? runtime::Grid{3, 1, 1} : runtime::Grid{cdiv(Sq, BM), Hq, B};
+      for (uint64_t seed : {uint64_t{0}, uint64_t{7}}) {
+        if (seed && !tma_store) continue;
+        INFO("schedule seed " << seed);
+        const Runs r = run_both(fn, grid, {q, k, v, o, lse}, {0.088f}, {0.088f}, o8, runtime::EmulatorSchedule{seed != 0, seed});
+        for (size_t i : {size_t{3}, size_t{4}}) {
+          INFO("output " << i);
+          CHECK(count_apart(r.ref[i], r.emu[i], 1e-2) == 0);
+        }
+      }
     }
-  }
 }
 
 // The library GEMM as it runs on the H100 (sm_90a, 8 warps, 4 stages, BLOCK_N 256): the TMA +

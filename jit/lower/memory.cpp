@@ -443,9 +443,25 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
     for (size_t d = 2; d < op.operands.size() - (ordered ? 2 : 0); ++d)
       tma_ok = land(tma_ok, cmp(pir::Pred::ge, cast(scalar(op.operands[d]), DType::i32), ci32(0)));
   }
-  // The staging tile is free once the previous reduce has read it (thread 0 issued it), unless a
-  // barrier after such a wait was already met in this block (e.g. staging dQ's A operand).
-  if (reduce_staging_free_in_ != block_ids_.back()) {
+  V staging = ci32(plan_.hopper.reduce_staging);  // (offset in shared memory)
+  if (red.staging_tile) {
+    // Staged in a tile (TmaReduce::staging_tile): its copy has landed, and every warp's MMAs
+    // reading it have retired (each warp waits for its own; the barrier for the others).
+    const SmemTile& t = plan_.hopper.tiles.at(red.staging_tile);
+    wait_pending();  // (the value stored came from them: normally nothing is left in flight)
+    if (t.ring) {
+      const SmemRing& ring = plan_.hopper.rings.at(t.ring);
+      RingState& st = rings_.at(t.ring);
+      wait_ring_tile(t, st);
+      staging = bin(Op::add, ci32(ring.base + t.offset), bin(Op::mul, st.stage, ci32(ring.stage_bytes)));
+    } else {
+      emit0(Op::mbar_wait, {smem_at(t.barrier), ci32(0)});
+      staging = ci32(t.offset);
+    }
+    emit0(Op::barrier, {});
+  } else if (reduce_staging_free_in_ != block_ids_.back()) {
+    // The staging tile is free once the previous reduce has read it (thread 0 issued it), unless a
+    // barrier after such a wait was already met in this block (e.g. staging dQ's A operand).
     pir_if(is0, [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
     emit0(Op::barrier, {});
   }
@@ -454,11 +470,11 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
   for (uint32_t r = 0; r < val.size(); ++r) {
     if (duplicate_reg(L, r)) continue;
     V off = swizzled_offset(coord(L, r, 0), coord(L, r, 1), es, red.chunk_bytes());
-    store_shared_at(bin(Op::add, off, ci32(plan_.hopper.reduce_staging)), val[r], std::nullopt);
+    store_shared_at(bin(Op::add, off, staging), val[r], std::nullopt);
   }
   emit0(Op::fence_proxy_async, {});
   emit0(Op::barrier, {});
-  V base = smem_at(plan_.hopper.reduce_staging);
+  V base = emit(Op::smem_addr, pir::scalar(DType::u32), {staging});
   if (red.check_negative) pir_if(bin(Op::bit_xor, tma_ok, emit(Op::constant, pir::scalar(DType::i1), {}, 1)), element_updates);
   pir_if(red.check_negative ? land(is0, tma_ok) : is0, [&] {
     // ordered: only this thread issues the add, so only it waits (no barrier for the others)
@@ -478,6 +494,17 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
     }
     emit0(Op::bulk_commit, {});
   });
+  if (red.staging_tile && plan_.hopper.tiles.at(red.staging_tile).ring) {
+    // the tile's stage goes back once TMA has read the staging: the issuing thread waits for that
+    // before its warp's arrival; the other warps are done with it already
+    const SmemTile& t = plan_.hopper.tiles.at(red.staging_tile);
+    RingState& st = rings_.at(t.ring);
+    st.released.insert(t.load);
+    pir_if(cmp(pir::Pred::eq, lane_, ci32(0)), [&] {
+      pir_if(is0, [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
+      emit0(Op::mbar_arrive, {stage_barrier(t.empty, st.stage)});
+    });
+  }
 }
 
 void Lowerer::block_store(const ir::Op& op) {

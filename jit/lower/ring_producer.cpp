@@ -112,7 +112,11 @@ void Lowerer::produce_loop(const ir::Op& loop, std::map<const ir::Op*, V>& count
   if (r) {
     const V g = bin(Op::add, base, j);  // the ring's iteration, counted across runs
     const V s = bin(Op::rem, g, ci32(r->stages)), parity = bin(Op::bit_and, bin(Op::div, g, ci32(r->stages)), ci32(1));
-    for (const ir::Op* l : r->loads) {  // in program order: K before V
+    // in program order (K before V), a tile lending its memory to a TMA store's staging last:
+    // its stage comes back only after that store, which should hold up no other copy
+    std::vector<const ir::Op*> loads = r->loads;
+    std::stable_partition(loads.begin(), loads.end(), [&](const ir::Op* l) { return !plan_.hopper.tiles.at(l).lends_staging_to; });
+    for (const ir::Op* l : loads) {
       const SmemTile& t = plan_.hopper.tiles.at(l);
       const V full = stage_barrier(t.full, s), empty = stage_barrier(t.empty, s);
       // the stage's previous tile freed (a fresh barrier's "previous phase" counts as complete)
@@ -140,7 +144,8 @@ int Lowerer::ring_readers(const ir::Op* tile) {
     for (const auto& [d, w] : plan_.hopper.dots)
       for (const ir::Op* t : {w.a_tile, w.b_tile})
         if (t) ++ring_readers_[t];
-  return ring_readers_.at(tile);
+  // a TMA store staged in the tile reads it last, and frees it itself (tma_bulk_write)
+  return ring_readers_.at(tile) + (plan_.hopper.tiles.at(tile).lends_staging_to ? 1 : 0);
 }
 
 void Lowerer::release_retired(const std::vector<const ir::Op*>& tiles) {
