@@ -25,9 +25,11 @@ using lang::bf16;
 struct Config {
   int bm, bn, warps, stages;
   bool producer = false, persistent = false;  // RING_PRODUCER, PERSISTENT (one program per SM)
+  bool tma_store = false;                       // TMA_STORE (C through shared memory and TMA stores)
 
   std::string name() const {
-    return fmt::format("{}x{}x64/w{}/s{}{}{}", bm, bn, warps, stages, producer ? "/producer" : "", persistent ? "/persistent" : "");
+    return fmt::format("{}x{}x64/w{}/s{}{}{}{}", bm, bn, warps, stages, producer ? "/producer" : "", persistent ? "/persistent" : "",
+                       tma_store ? "/tma_store" : "");
   }
 };
 
@@ -45,7 +47,9 @@ int main(int argc, char** argv) {
   }
   const std::vector<Config> configs{{128, 128, 4, 3}, {128, 128, 4, 4}, {128, 256, 8, 3}, {128, 256, 8, 4},
                                     {256, 128, 8, 3}, {128, 128, 8, 4}, {128, 256, 8, 4, true},
-                                    {128, 256, 8, 4, true, true}, {128, 256, 8, 3, true, true}};
+                                    {128, 256, 8, 4, true, true}, {128, 256, 8, 3, true, true},
+                                    {128, 256, 8, 3, false, false, true}, {128, 128, 8, 4, true, true, true},
+                                    {128, 128, 8, 4, true, true}};
   for (auto [M, N, K] : shapes) {
     runtime::HostTensor a(bf16, {M, K}), bt(bf16, b_mn ? ir::Shape{K, N} : ir::Shape{N, K});
     a.fill_uniform(1, -1, 1);
@@ -57,7 +61,8 @@ int main(int argc, char** argv) {
     double best_err = NAN;
     for (Config c : configs) {
       lang::Meta meta{{mn::kBlockM, c.bm}, {mn::kBlockN, c.bn}, {mn::kBlockK, 64}, {mn::kBKmajor, !b_mn}, {mn::kOutDtype, bf16},
-                      {mn::kGroupM, 8}, {mn::kRingProducer, c.producer}, {mn::kPersistent, c.persistent}};
+                      {mn::kGroupM, 8}, {mn::kRingProducer, c.producer}, {mn::kPersistent, c.persistent},
+                      {mn::kTmaStore, c.tma_store}};
       auto fn = kernels::gemm().build(meta);
       jit::CompileOptions o;
       o.num_warps = c.warps;

@@ -33,7 +33,10 @@ Meta GemmConfig::to_meta() const {
   put(mn::kGroupM, group_m, d.group_m);
   put(mn::kRingProducer, ring_producer, d.ring_producer);
   put(mn::kPersistent, persistent, d.persistent);
-  if (!dropout_mask) return m;
+  if (!dropout_mask) {
+    put(mn::kTmaStore, tma_store, d.tma_store);
+    return m;
+  }
   m.emplace_back(mn::kDropoutMask, true);
   put(mn::kMaskBlockM, mask_block_m, d.mask_block_m);
   put(mn::kMaskBlockW, mask_block_w, d.mask_block_w);
@@ -62,6 +65,7 @@ GemmConfig GemmConfig::read(Builder& b) {
   if (!c.dropout_mask) {
     c.ring_producer = b.meta<bool>(mn::kRingProducer, false);
     c.persistent = b.meta<bool>(mn::kPersistent, false);
+    c.tma_store = b.meta<bool>(mn::kTmaStore, false);
     return c;
   }
   // (this order -- align, causal, words, rows -- is the one the metas have always been declared in)
@@ -151,7 +155,7 @@ const Kernel& gemm() {
         }
       });
       if (tiles_per_step) mask_tiles_from(program + cdiv(K, BK) * tiles_per_step * programs);
-      store(C.block({m0, n0}, {BM, BN}), cast(OUT, acc));
+      store(C.block({m0, n0}, {BM, BN}), cast(OUT, acc), {.tma = c.tma_store});
     };
     if (c.persistent) {
       for_range(program_id(0), cdiv(M, BM) * cdiv(N, BN), num_programs(0), [&](Tile t) {

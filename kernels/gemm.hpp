@@ -23,7 +23,8 @@ namespace tilejit::kernels {
 // warps more at launch, setmaxnreg 24 / 240). PERSISTENT (default false): a 1-D grid of any size
 // (one program per multiprocessor) walks the tiles t = program_id, + num_programs, ... in the
 // GROUP_M order; with the producer, the next tile's first K blocks are copied during this tile's
-// epilogue. Neither with DROPOUT_MASK.
+// epilogue. Neither with DROPOUT_MASK. TMA_STORE (default false): C leaves through a staging tile
+// in shared memory and TMA stores (StoreOptions::tma), where C's rows are 16-byte aligned.
 // Parameters: A, B, C (rank-2 tensors), then with DROPOUT_MASK: Mask, S_k, seed_lo, seed_hi,
 // offset_lo, offset_hi, keep_threshold.
 const lang::Kernel& gemm();
@@ -43,6 +44,7 @@ struct GemmConfig {
   int64_t mask_tiles_per_step = 1;
   int64_t mask_warps = 0, mma_registers = 0, mask_registers = 0;  // warp roles (MASK_WARPS > 0)
   bool ring_producer = false, persistent = false;
+  bool tma_store = false;
 
   // The tiles, and the other metas that differ from their defaults (only those the kernel reads).
   lang::Meta to_meta() const;

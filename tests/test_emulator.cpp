@@ -337,25 +337,31 @@ TEST_CASE("emulator: the D 128 ring-producer forward (warp roles, persistent, TM
 // The library GEMM as it runs on the H100 (sm_90a, 8 warps, 4 stages, BLOCK_N 256): the TMA +
 // wgmma pipeline, and RING_PRODUCER / PERSISTENT (a producer warpgroup, a 1-D grid walking the
 // tiles in GROUP_M order), B K-major and MN-major, ragged M and N; small integers, so bit for bit.
-TEST_CASE("emulator: the library GEMM (pipeline, ring producer, persistent) equals the interpreter") {
+// TMA_STORE (C bf16 by TMA stores from a staging tile of its own) on the pipeline (3 stages) and
+// on the persistent ring producer.
+TEST_CASE("emulator: the library GEMM (pipeline, ring producer, persistent, TMA stores) equals the interpreter") {
   const int64_t M = 200, N = 296, K = 192;
   for (bool b_kmajor : {true, false})
-    for (int variant = 0; variant < 3; ++variant) {  // plain, ring producer, ring producer + persistent
+    for (int variant = 0; variant < 5; ++variant) {  // plain, ring producer, + persistent; TMA_STORE: plain, persistent
       INFO("B K-major " << b_kmajor << " variant " << variant);
-      HostTensor a(bf16, {M, K}), b(bf16, b_kmajor ? ir::Shape{N, K} : ir::Shape{K, N}), c(f32, {M, N});
+      const bool tma_store = variant >= 3;
+      HostTensor a(bf16, {M, K}), b(bf16, b_kmajor ? ir::Shape{N, K} : ir::Shape{K, N}), c(tma_store ? bf16 : f32, {M, N});
       a.fill_uniform(61, -3, 3);
       b.fill_uniform(62, -3, 3);
       for (HostTensor* t : {&a, &b})
         for (int64_t e = 0; e < t->numel(); ++e) t->set_flat(e, std::round(t->get_flat(e)));
       Meta meta{{"BLOCK_N", 256}, {"B_KMAJOR", b_kmajor}, {"GROUP_M", 8}};
-      if (variant >= 1) meta.emplace_back("RING_PRODUCER", true);
-      if (variant == 2) meta.emplace_back("PERSISTENT", true);
+      const bool persistent = variant == 2 || variant == 4;
+      if (variant == 1 || persistent) meta.emplace_back("RING_PRODUCER", true);
+      if (persistent) meta.emplace_back("PERSISTENT", true);
+      if (tma_store) meta.emplace_back("OUT_DTYPE", bf16), meta.emplace_back("TMA_STORE", true);
       jit::CompileOptions o;
       o.num_warps = 8;
-      o.pipeline.stages = 4;
+      o.pipeline.stages = variant == 3 ? 3 : 4;
       const ir::Function fn = kernels::gemm().build(meta);
+      CHECK((count_ops(jit::lower(fn, o))[jit::pir::Op::tma_store] > 0) == tma_store);
       const int64_t tiles = cdiv(M, 128) * cdiv(N, 256);
-      check_emulator(fn, variant == 2 ? runtime::Grid{3} : runtime::Grid{tiles}, {&a, &b, &c}, 0.0, o);
+      check_emulator(fn, persistent ? runtime::Grid{3} : runtime::Grid{tiles}, {&a, &b, &c}, 0.0, o);
     }
 }
 
