@@ -90,7 +90,9 @@ bool flag(const TuningConfig& c, const char* name) { return c.find(name).value_o
 int64_t gemm_smem_estimate(const TuningConfig& c, const TuningContext& ctx) {
   const int64_t bm = c.get(mn::kBlockM), bn = c.get(mn::kBlockN), bk = c.get(mn::kBlockK);
   const int64_t in = ir::byte_size(meta_dtype(ctx, mn::kDtype, ir::DType::bf16));
-  if (gemm_wgmma(c, ctx)) return c.get("stages") * (bm + bn) * bk * in + 1024;  // ring + mbarriers
+  // ring + mbarriers, and TMA_STORE's staging tile (C's tile in the output dtype)
+  const int64_t staging = flag(c, mn::kTmaStore) ? bm * bn * ir::byte_size(meta_dtype(ctx, mn::kOutDtype, ir::DType::f32)) + 1024 : 0;
+  if (gemm_wgmma(c, ctx)) return c.get("stages") * (bm + bn) * bk * in + 1024 + staging;
   return 2 * (bm + bn) * bk * in;  // generic path: operands staged through shared memory
 }
 
@@ -181,8 +183,11 @@ runtime::TuningSpace make_gemm_space() {
       .param("stages", {2, 3, 4, 5})
       .param_bool(mn::kRingProducer)
       .param_bool(mn::kPersistent)
+      .param_bool(mn::kTmaStore)
       .constrain("RING_PRODUCER only on the TMA + wgmma path (its producer fills that ring)",
                  [](const TuningConfig& c, const TuningContext& ctx) { return !flag(c, mn::kRingProducer) || gemm_wgmma(c, ctx); })
+      .constrain("TMA_STORE only on the TMA + wgmma path (elsewhere C's stores stay element-wise: the same kernel)",
+                 [](const TuningConfig& c, const TuningContext& ctx) { return !flag(c, mn::kTmaStore) || gemm_wgmma(c, ctx); })
       .constrain("PERSISTENT only for tiles of which one program fits a multiprocessor (shared memory above half the limit): "
                  "its grid has one program per multiprocessor",
                  [](const TuningConfig& c, const TuningContext& ctx) {
@@ -216,7 +221,7 @@ runtime::TuningSpace make_gemm_space() {
              return arg_size(a, 0, meta_bool_of(fixed, mn::kAKmajor, true) ? 1 : 0, "gemm");
            })
       .default_config(with_flags(registry_default("gemm", {mn::kBlockM, mn::kBlockN, mn::kBlockK, mn::kGroupM}),
-                                 {mn::kRingProducer, mn::kPersistent}))
+                                 {mn::kRingProducer, mn::kPersistent, mn::kTmaStore}))
       .workload(gemm_workload)
       .problem(gemm_problem)
       .grid(gemm_grid);

@@ -145,7 +145,7 @@ TEST_CASE("spaces: enumeration in declaration order under constraints, with reas
 
 TEST_CASE("spaces: the GEMM space's constraints") {
   const TuningSpace& s = library::gemm_tuning_space();
-  CHECK(s.size() == 3 * 3 * 2 * 2 * 2 * 4 * 2 * 2);  // (tiles, BLOCK_K, GROUP_M, warps, stages, RING_PRODUCER, PERSISTENT)
+  CHECK(s.size() == 3 * 3 * 2 * 2 * 2 * 4 * 2 * 2 * 2);  // (tiles, BLOCK_K, GROUP_M, warps, stages, RING_PRODUCER, PERSISTENT, TMA_STORE)
   TuningContext ctx;
   ctx.shape = {{"M", 4096}, {"N", 4096}, {"K", 4096}};
   ctx.fixed = library::library_fixed_meta("gemm", {});
@@ -170,7 +170,9 @@ TEST_CASE("spaces: the GEMM space's constraints") {
   CHECK(s.default_config().get("PERSISTENT") == 0);
   for (const TuningConfig& c : tma)
     if (c.get("PERSISTENT") == 1) {
-      CHECK(2 * (c.get("stages") * (c.get("BLOCK_M") + c.get("BLOCK_N")) * 64 * 2 + 1024) > ctx.smem_limit);
+      // (TMA_STORE: C's f32 staging tile too)
+      const int64_t staging = c.get("TMA_STORE") ? c.get("BLOCK_M") * c.get("BLOCK_N") * 4 + 1024 : 0;
+      CHECK(2 * (c.get("stages") * (c.get("BLOCK_M") + c.get("BLOCK_N")) * 64 * 2 + 1024 + staging) > ctx.smem_limit);
       CHECK(s.grid_of(c, ctx).x == std::min<int64_t>(ctx.sm_count, (4096 / c.get("BLOCK_M")) * (4096 / c.get("BLOCK_N"))));
     }
   TuningConfig both = s.default_config();

@@ -10,6 +10,7 @@
 #include <random>
 #include <variant>
 
+#include "dropout_key_args.hpp"
 #include "axis_op_kernels.hpp"
 #include "dsl/lang.hpp"
 #include "jit/compile.hpp"
@@ -369,14 +370,22 @@ TEST_CASE("gpu: packed dropout keep-mask (Philox4x32-10) matches the interpreter
     mask.poison();
     jit::CompileOptions o;
     o.num_warps = c.warps;
-    // seed 0x0123456789abcdef, offset 0x0000000500000007, p = 0.1 (threshold 230)
+    // seed 0x0123456789abcdef, offset 0x0000000500000007, p = 0.1 (threshold 230); rng_state holds
+    // the same key: read with rng_state_in_memory = 1 (the scalars then wrong), ignored with 0
+    HostTensor state = testing::rng_state_tensor(0x0123456789abcdefull, 0x0000000500000007ull);
     check_against_interpreter(kernels::dropout_mask().build({{"BLOCK_M", c.bm}, {"BLOCK_W", c.bw}}),
                               {cdiv(c.s_q, c.bm), cdiv(words, c.bw), c.bh},
-                              {&mask, int64_t{c.s_k}, int64_t{0x89abcdef}, int64_t{0x01234567}, int64_t{7}, int64_t{5}, int64_t{230}}, 0.0, o,
-                              true);
+                              {&mask, int64_t{c.s_k}, int64_t{0x89abcdef}, int64_t{0x01234567}, int64_t{7}, int64_t{5}, int64_t{230}, &state,
+                               int64_t{0}},
+                              0.0, o, true);
+    check_against_interpreter(kernels::dropout_mask().build({{"BLOCK_M", c.bm}, {"BLOCK_W", c.bw}}),
+                              {cdiv(c.s_q, c.bm), cdiv(words, c.bw), c.bh},
+                              {&mask, int64_t{c.s_k}, int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{230}, &state, int64_t{1}}, 0.0, o);
     // the persistent form: a grid of 5 programs striding over the same tiles
     check_against_interpreter(kernels::dropout_mask().build({{"BLOCK_M", c.bm}, {"BLOCK_W", c.bw}, {"PERSISTENT", true}}), {5},
-                              {&mask, int64_t{c.s_k}, int64_t{0x89abcdef}, int64_t{0x01234567}, int64_t{7}, int64_t{5}, int64_t{230}}, 0.0, o);
+                              {&mask, int64_t{c.s_k}, int64_t{0x89abcdef}, int64_t{0x01234567}, int64_t{7}, int64_t{5}, int64_t{230}, &state,
+                               int64_t{0}},
+                              0.0, o);
   }
 }
 

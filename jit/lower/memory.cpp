@@ -453,7 +453,8 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
       const SmemRing& ring = plan_.hopper.rings.at(t.ring);
       RingState& st = rings_.at(t.ring);
       wait_ring_tile(t, st);
-      staging = bin(Op::add, ci32(ring.base + t.offset), bin(Op::mul, st.stage, ci32(ring.stage_bytes)));
+      staging = ring.stages == 1 ? ci32(ring.base + t.offset)
+                                 : bin(Op::add, ci32(ring.base + t.offset), bin(Op::mul, st.stage, ci32(ring.stage_bytes)));
     } else {
       emit0(Op::mbar_wait, {smem_at(t.barrier), ci32(0)});
       staging = ci32(t.offset);
@@ -466,11 +467,21 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
     emit0(Op::barrier, {});
   }
   reduce_staging_free_in_ = -1;
-  // element (r, c): 128 / es a swizzled row, the TMA copy reads the chunks of 128 / es columns
+  // element (r, c): 128 / es a swizzled row, the TMA copy reads the chunks of 128 / es columns;
+  // 16-bit elements two at a time where a thread holds columns c, c + 1 (c even) of a row
+  std::map<Coord, uint32_t> reg_of;
+  if (es == 2 && additive(L))
+    for (uint32_t r = 0; r < val.size(); ++r) reg_of.emplace(L.reg_coords(r), r);
   for (uint32_t r = 0; r < val.size(); ++r) {
     if (duplicate_reg(L, r)) continue;
+    V value = val[r];
+    if (!reg_of.empty()) {
+      const Coord c = L.reg_coords(r);
+      if (c[1] % 2 == 1 && reg_of.count({c[0], c[1] - 1})) continue;  // stored with its pair
+      if (auto pair = reg_of.find({c[0], c[1] + 1}); c[1] % 2 == 0 && pair != reg_of.end()) value = pack(val[r], val[pair->second]);
+    }
     V off = swizzled_offset(coord(L, r, 0), coord(L, r, 1), es, red.chunk_bytes());
-    store_shared_at(bin(Op::add, off, staging), val[r], std::nullopt);
+    store_shared_at(bin(Op::add, off, staging), value, std::nullopt);
   }
   emit0(Op::fence_proxy_async, {});
   emit0(Op::barrier, {});

@@ -140,7 +140,11 @@ ForwardConfig ForwardConfig::read(Builder& kb) {
   if (*c.persistent && (s.varlen || c.rng_warps))
     kb.fail(Loc::current(), fmt::format("PERSISTENT walks the tiles of dense batches without warp roles of its own; it does not combine "
                                         "with {}", s.varlen ? "VARLEN=true" : "RNG_WARPS"));
-  c.tma_store = kb.meta<bool>(mn::kTmaStore, false);
+  // O by TMA stores, staged in the last V block's tile (the persistent grid) or Q's (decision 056):
+  // causal +1-12% (S 1k-16k), full +3% at S <= 2k but 0.98 at S 16k, so causal only. (BLOCK_N >=
+  // BLOCK_M: a tile to stage in, so that no staging tile of its own has to fit beside the rings;
+  // not persistent with dropout, which then spills 312 B.)
+  c.tma_store = kb.meta<bool>(mn::kTmaStore, *c.ring_producer && s.causal && c.block_n >= c.block_m && !(s.dropout && *c.persistent));
   return c;
 }
 
