@@ -378,7 +378,7 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
     const runtime::TensorView bv = bits_view.view();
     const auto run_mask = [&](CUstream s) {
       mask(mgrid, s, bv, static_cast<int32_t>(S), uint32_t{1234}, uint32_t{0}, uint32_t{0}, uint32_t{0},
-           kernels::dropout_keep_threshold(p));
+           kernels::dropout_keep_threshold(p), no_rng_state, 0u);
     };
     const double alone = time_ms([&] { run_mask(stream.handle()); }, stream, max_reps), g = time_ms(proj, stream, max_reps);
     const double both = time_ms([&] {
@@ -952,7 +952,7 @@ int bench_mask_kernel(double p, int max_reps) {
     const runtime::Grid grid{lang::cdiv(S, t.bm), lang::cdiv(words, t.bw), BH};
     const auto run = [&] {
       mask(grid, stream.handle(), bv, static_cast<int32_t>(S), uint32_t{1234}, uint32_t{0}, uint32_t{3}, uint32_t{0},
-           kernels::dropout_keep_threshold(p));
+           kernels::dropout_keep_threshold(p), no_rng_state, 0u);
     };
     run();
     stream.synchronize();
