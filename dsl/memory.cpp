@@ -196,6 +196,15 @@ void semaphore_op(OpKind kind, const Operand& semaphore, const Operand& value, c
 }  // namespace
 
 void wait_at_least(const Operand& semaphore, const Operand& target, Loc loc) { semaphore_op(OpKind::wait_ge, semaphore, target, loc); }
+
+void timestamp(const Operand& slot, Loc loc) {
+  Builder& b = builder_for({&slot}, loc);
+  Tile p = pointer_tile(b, slot, loc, "timestamp");
+  const ir::Type& pt = b.type(p.id());
+  if (!pt.is_scalar() || pt.dtype != DType::u64)
+    b.fail(loc, fmt::format("timestamp: the slot must be one u64 (a scalar pointer to u64), got {}", ir::to_string(pt)));
+  b.emit(OpKind::timestamp, {p.id()}, {}, loc);
+}
 void signal_add(const Operand& semaphore, const Operand& value, Loc loc) { semaphore_op(OpKind::signal_add, semaphore, value, loc); }
 
 // ---- tensors ----

@@ -85,6 +85,13 @@ void wait_at_least(const Operand& semaphore, const Operand& target, std::source_
 // (release, GPU scope).
 void signal_add(const Operand& semaphore, const Operand& value, std::source_location loc = std::source_location::current());
 
+// Instrumentation: lane 0 of every warp that runs this stores the multiprocessor's cycle counter
+// (%clock64) at slot + (the warp's index in the program), `slot` a scalar pointer to u64 -- e.g. a
+// u64 buffer [programs, stamps, 32] and slot = buf + (program * stamps + stamp) * 32, to see when
+// each warp reached each point. Cycles of one multiprocessor compare only with each other. The
+// interpreter stores nothing; the host emulator a count of the stamps taken (monotonic).
+void timestamp(const Operand& slot, std::source_location loc = std::source_location::current());
+
 // A window of a tensor (Tensor::block); elements outside the tensor read as `padding`.
 Tile load(const BlockRef& block, double padding = 0.0, std::source_location loc = std::source_location::current());
 void store(const BlockRef& block, const Operand& value, std::source_location loc = std::source_location::current());

@@ -16,7 +16,7 @@ using ir::OpKind;
 bool pure(const ir::Op& op) {
   switch (op.kind) {
     case OpKind::load: case OpKind::store: case OpKind::atomic_add: case OpKind::atomic_rmw: case OpKind::atomic_cas: case OpKind::block_load: case OpKind::block_store:
-    case OpKind::wait_ge: case OpKind::signal_add: case OpKind::turn_begin: case OpKind::turn_end: case OpKind::ring_producer:
+    case OpKind::wait_ge: case OpKind::signal_add: case OpKind::timestamp: case OpKind::turn_begin: case OpKind::turn_end: case OpKind::ring_producer:
     case OpKind::for_: case OpKind::if_: case OpKind::yield: case OpKind::warp_roles: case OpKind::channel_push: case OpKind::channel_pop:
       return false;
     default:

@@ -17,7 +17,7 @@ constexpr std::array<const char*, static_cast<size_t>(Op::yield) + 1> kNames{
     "store_shared", "barrier", "named_barrier_sync", "named_barrier_arrive", "set_max_registers", "exit_thread", "shfl_xor", "mma_16816",
     "smem_addr", "mbar_init", "mbar_expect_tx", "mbar_arrive", "mbar_wait", "mbar_inval", "atom_shared", "tma_load_2d", "fence_mbar_init",
     "fence_proxy_async", "wgmma_fence", "wgmma_commit", "wgmma_wait", "wgmma", "wgmma_rs", "tma_load",
-    "tma_reduce_add", "tma_store", "bulk_commit", "bulk_wait", "fence_proxy_async_global", "for", "if", "yield"};
+    "tma_reduce_add", "tma_store", "bulk_commit", "bulk_wait", "fence_proxy_async_global", "read_clock", "for", "if", "yield"};
 
 void print_block(const Func& f, const Block& b, int depth, std::string& out) {
   for (const Inst& in : b.insts) {

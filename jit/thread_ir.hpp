@@ -116,6 +116,7 @@ enum class Op : uint8_t {
   // memory has been read, not until their global writes are done)
   bulk_wait,
   fence_proxy_async_global,  // order the async proxy's global writes with the generic proxy's accesses
+  read_clock,  // -> u64: the multiprocessor's cycle counter (%clock64), read where it stands (volatile)
   for_,    // (lb, ub, step, init...) region(iv, carried...) -> results
   if_,     // (cond) regions then/else -> results
   yield,

@@ -20,7 +20,8 @@ std::vector<bool> written_params(const ir::Function& f) {
   ir::walk(f.body, [&](const ir::Op& op) {
     const bool writes = op.kind == ir::OpKind::store || op.kind == ir::OpKind::atomic_add || op.kind == ir::OpKind::atomic_rmw ||
                         op.kind == ir::OpKind::atomic_cas ||
-                        op.kind == ir::OpKind::block_store || op.kind == ir::OpKind::signal_add;
+                        op.kind == ir::OpKind::block_store || op.kind == ir::OpKind::signal_add ||
+                        op.kind == ir::OpKind::timestamp;
     if (!writes || op.operands.empty()) return;
     if (const std::set<size_t>* s = of(op.operands[0]))
       for (size_t i : *s) written[i] = true;

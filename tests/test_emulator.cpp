@@ -17,7 +17,9 @@
 #include "dropout_key_args.hpp"
 #include "dsl/lang.hpp"
 #include "jit/compile.hpp"
+#include "jit/nvrtc.hpp"
 #include "kernels/attention/backward.hpp"
+#include "kernels/attention/config.hpp"
 #include "kernels/attention/forward.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/philox_host.hpp"
@@ -500,4 +502,75 @@ TEST_CASE("emulator: dK/dV with the atomic dQ reduction (TMA add-reduces) equals
     CHECK(norm > 0.1);  // (a real gradient)
     CHECK(close_in_max_norm(r.ref[i], r.emu[i], 2e-2));
   }
+}
+
+// lang::timestamp: lane 0 of each warp stores its clock at slot + warp. The emulator's clock is a
+// count of the stamps taken (monotonic per warp), the interpreter stores nothing; both backends'
+// PTX assembles. The D 128 forward's TIMELINE stamps every consumer warp and leaves O as it was.
+TEST_CASE("timestamp: each warp's clock at slot + warp; the forward's TIMELINE stamps its warps") {
+  const Kernel k = kernel("stamps", [](Builder& kb) {
+    Tile buf = kb.pointer("buf", u64);
+    for_range(0, 3, [&](Tile i) { timestamp(buf + (cast(i64, program_id(0)) * 3 + cast(i64, i)) * 32); });
+  });
+  const ir::Function fn = k.build();
+  jit::CompileOptions o;
+  o.num_warps = 4;
+  CHECK(count_ops(jit::lower(fn, o))[jit::pir::Op::read_clock] == 1);
+  HostTensor emu(u64, {2 * 3 * 32}), ref(u64, {2 * 3 * 32});
+  emu.fill(0);
+  ref.fill(0);
+  runtime::interpret(fn, {2}, {ref});
+  runtime::emulate(fn, {2}, {emu}, o);
+  for (int64_t e = 0; e < ref.numel(); ++e) CHECK(ref.get_flat(e) == 0);
+  for (int64_t p = 0; p < 2; ++p)
+    for (int64_t w = 0; w < 32; ++w)
+      for (int64_t i = 0; i < 3; ++i) {
+        INFO("program " << p << " warp " << w << " stamp " << i);
+        const double t = emu.get_flat((p * 3 + i) * 32 + w);
+        if (w >= 4) {
+          CHECK(t == 0);  // no such warp
+        } else {
+          CHECK(t > 0);
+          if (i > 0) CHECK(t > emu.get_flat((p * 3 + i - 1) * 32 + w));
+        }
+      }
+  if (!jit::find_ptxas().empty())
+    for (jit::Backend b : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+      if (b == jit::Backend::Nvrtc && !jit::nvrtc_available()) continue;
+      jit::CompileOptions c = o;
+      c.backend = b;
+      c.ptx_tool = jit::PtxTool::Ptxas;
+      CHECK(jit::compile(fn, c).ptx.find("%clock64") != std::string::npos);
+    }
+
+  // the forward (D 128, ring producer: 8 consumer warps stamp, the producer's 4 do not)
+  const int64_t S = 300, D = 128;
+  HostTensor q(bf16, {1, S, 1, D}), kk(bf16, {1, S, 1, D}), v(bf16, {1, S, 1, D}), out(bf16, {1, S, 1, D}), lse(f32, {1, 1, S});
+  q.fill_normal(81, 0, 1);
+  kk.fill_normal(82, 0, 1);
+  v.fill_normal(83, 0, 1);
+  const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"BSHD", true}, {"BLOCK_M", 128}, {"BLOCK_N", 128}};
+  Meta timed = meta;
+  timed.emplace_back("TIMELINE", true);
+  jit::CompileOptions o8;
+  o8.num_warps = 8;
+  o8.pipeline.stages = 2;
+  const int64_t programs = cdiv(S, 128), stamps = kernels::ForwardConfig::kTimelineStamps;
+  HostTensor ref_o = out, ref_lse = lse, emu_o = out, emu_lse = lse, tl(u64, {programs * stamps * 32});
+  tl.fill(0);
+  runtime::interpret(kernels::attention_forward().build(meta), {programs, 1, 1}, {q, kk, v, ref_o, ref_lse, 0.088f});
+  runtime::emulate(kernels::attention_forward().build(timed), {programs, 1, 1}, {q, kk, v, emu_o, emu_lse, 0.088f, tl}, o8);
+  CHECK(count_apart(ref_o, emu_o, 1e-2) == 0);
+  CHECK(count_apart(ref_lse, emu_lse, 1e-2) == 0);
+  for (int64_t p = 0; p < programs; ++p)
+    for (int64_t w = 0; w < 12; ++w) {
+      INFO("program " << p << " warp " << w);
+      const double start = tl.get_flat((p * stamps) * 32 + w), end = tl.get_flat((p * stamps + stamps - 1) * 32 + w);
+      if (w < 8) {
+        CHECK(start > 0);
+        CHECK(end > start);
+      } else {
+        CHECK(start == 0);  // (the producer warpgroup)
+      }
+    }
 }

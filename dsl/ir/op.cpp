@@ -10,7 +10,7 @@
 namespace tilejit::ir {
 namespace {
 
-constexpr std::array<std::string_view, static_cast<size_t>(OpKind::gather) + 1> kNames{
+constexpr std::array<std::string_view, static_cast<size_t>(OpKind::timestamp) + 1> kNames{
     "constant", "arange", "splat", "broadcast", "expand_dims", "reshape", "trans",
     "add", "sub", "mul", "div", "rem", "minimum", "maximum",
     "and", "or", "xor", "shl", "shr", "umulhi", "cmp", "byte_perm", "fma",
@@ -21,7 +21,7 @@ constexpr std::array<std::string_view, static_cast<size_t>(OpKind::gather) + 1> 
     "tensor_ptr", "tensor_dim", "tensor_stride", "tensor_slice", "addptr", "load", "store", "atomic_add", "atomic_rmw", "atomic_cas", "block_load",
     "block_store", "wait_ge", "signal_add", "turn_begin", "turn_end",
     "for", "if", "yield", "warp_roles", "channel_push", "channel_pop", "ring_producer",
-    "scan", "reduce_with", "xor_permute", "gather",
+    "scan", "reduce_with", "xor_permute", "gather", "timestamp",
 };
 
 [[noreturn]] void fail(OpKind k, const std::string& msg) {
@@ -533,6 +533,11 @@ std::vector<Type> window_types(OpKind k, const std::vector<Type>& in, const Attr
 std::vector<Type> control_types(OpKind k, const std::vector<Type>& in, const AttrMap& a) {
   using enum OpKind;
   switch (k) {
+    case timestamp:
+      expect_count(k, in, 1);
+      if (!in[0].is_pointer() || !in[0].is_scalar() || in[0].dtype != DType::u64)
+        fail(k, fmt::format("the destination must be a scalar pointer to u64, got {}", to_string(in[0])));
+      return {};
     case wait_ge:
     case signal_add: {
       expect_count(k, in, 2);
@@ -633,6 +638,7 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
     case block_store: return window_types(k, in, a);
     case wait_ge:
     case signal_add:
+    case timestamp:
     case turn_begin:
     case turn_end:
     case ring_producer:

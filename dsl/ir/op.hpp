@@ -104,6 +104,10 @@ enum class OpKind : uint8_t {
   // (x, index) {axis} -> x's dtype in index's shape: element at position p takes x at p with its
   // axis coordinate replaced by index[p] (Triton's tl.gather, numpy's take_along_axis)
   gather,
+  // (ptr<u64> scalar): lane 0 of every warp that runs it stores the multiprocessor's cycle counter
+  // at ptr + (the warp's index in the program): instrumentation (lang::timestamp); the interpreter
+  // and the emulator write a count instead, the GPU cycles
+  timestamp,
 };
 
 std::string_view op_name(OpKind k);

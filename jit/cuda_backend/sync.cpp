@@ -68,6 +68,10 @@ void Printer::sync_inst(const pir::Inst& in) {
       check_args(in, 2, 2);
       line(fmt::format("tj_sem_wait((const int*){}, (int){});", n(a(0)), n(a(1))));
       return;
+    case Op::read_clock:
+      check_args(in, 0, 0);
+      check_results(in, 1);
+      return def(in.results[0], "(unsigned long long)clock64()");
     case Op::sem_signal:
       check_args(in, 2, 2);
       line(fmt::format("tj_sem_signal((int*){}, (int){});", n(a(0)), n(a(1))));

@@ -475,6 +475,7 @@ void Emitter::inst(const pir::Inst& in) {
     case Op::barrier: case Op::named_barrier_sync: case Op::named_barrier_arrive: case Op::shfl_xor: case Op::mbar_init:
     case Op::mbar_expect_tx: case Op::mbar_arrive: case Op::sem_wait: case Op::sem_signal: case Op::mbar_wait:
     case Op::atom_shared: case Op::mbar_inval: case Op::set_max_registers: case Op::exit_thread: case Op::fence_mbar_init:
+    case Op::read_clock:
       return sync_inst(in);
     case Op::opaque: return opaque(in);
     case Op::keep_alive: return keep_alive(in);

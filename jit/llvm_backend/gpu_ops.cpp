@@ -224,6 +224,7 @@ void Emitter::sync_inst(const pir::Inst& in) {
                "setp.ge.s32 P1, V1, $1;\n\t@!P1 nanosleep.u32 32;\n\t@!P1 bra TILEJIT_SEM_${:uid};\n\t}",
                "l,r,~{memory}", {a(0), a(1)}, true);
       return;
+    case Op::read_clock: set(r0, asm_call(b_.getInt64Ty(), "mov.u64 $0, %clock64;", "=l", {}, true)); return;
     case Op::sem_signal:
       asm_call(b_.getVoidTy(), "fence.acq_rel.gpu;\n\tred.release.gpu.global.add.s32 [$0], $1;", "l,r,~{memory}", {a(0), a(1)}, true);
       return;

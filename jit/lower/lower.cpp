@@ -150,6 +150,13 @@ void Lowerer::lower(const ir::Op& op) {
       put(op.results[0], L, halves);
       return;
     }
+    case OpKind::timestamp: {
+      // lane 0 of each warp: the cycle counter at slot + warp (instrumentation, no ordering)
+      V at = emit(Op::gep, pir::pointer(DType::u64), {scalar(op.operands[0]), cast(warp_, DType::i64)});
+      V now = emit(Op::read_clock, pir::scalar(DType::u64), {});
+      emit0(Op::store, {at, now, cmp(pir::Pred::eq, lane_, ci32(0))});
+      return;
+    }
     case OpKind::turn_begin: return turn_begin(op);
     case OpKind::ring_producer: return;  // (run_with_ring_producer)
     case OpKind::turn_end: return turn_end();

@@ -83,6 +83,7 @@ Meta ForwardConfig::to_meta() const {
   put_if(m, mn::kPvPeel, pv_peel);
   put_if(m, mn::kPersistent, persistent);
   put_if(m, mn::kTmaStore, tma_store);
+  if (timeline) m.emplace_back(mn::kTimeline, true);
   return m;
 }
 
@@ -145,6 +146,9 @@ ForwardConfig ForwardConfig::read(Builder& kb) {
   // BLOCK_M: a tile to stage in, so that no staging tile of its own has to fit beside the rings;
   // not persistent with dropout, which then spills 312 B.)
   c.tma_store = kb.meta<bool>(mn::kTmaStore, *c.ring_producer && s.causal && c.block_n >= c.block_m && !(s.dropout && *c.persistent));
+  c.timeline = kb.meta<bool>(mn::kTimeline, false);
+  if (c.timeline && (*c.persistent || c.rng_warps))
+    kb.fail(Loc::current(), "TIMELINE stamps one tile per program: not with PERSISTENT or RNG_WARPS");
   return c;
 }
 

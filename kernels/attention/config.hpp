@@ -71,6 +71,11 @@ struct ForwardConfig {
   // 22's epilogue), so the next tile's work overlaps its global writes; unset: off (not yet
   // measured on the GPU)
   std::optional<bool> tma_store;
+  // Instrumentation: a last parameter `timeline` (u64 [programs, kTimelineStamps, 32]) takes each
+  // warp's cycle counter at the tile's start, around every key block's phases and at its end
+  // (lang::timestamp; attention_bench --timeline reads it). Off: no parameter, no code.
+  bool timeline = false;
+  static constexpr int64_t kTimelineStamps = 324;
   // Variants that measured slower (kernels/attention/forward_experimental.cpp):
   int64_t rng_warps = 0, mma_registers = 0, rng_registers = 0;  // Philox on warps of its own [014]
 

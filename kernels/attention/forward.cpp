@@ -43,7 +43,15 @@ ForwardProgram::ForwardProgram(Builder& kb)
     amask.emplace(kb, cfg.spec.mask);
     if (!amask->has_tile_intervals()) lists.emplace(kb, /*kv_major=*/false);
   }
-  score_mod.emplace(kb, cfg.spec.score_mod);  // (its parameter comes last)
+  score_mod.emplace(kb, cfg.spec.score_mod);  // (its parameter comes last, but for TIMELINE's)
+  if (cfg.timeline) timeline = kb.pointer("timeline", u64);
+}
+
+void ForwardProgram::stamp(const Tile& index) const {
+  if (!cfg.timeline) return;
+  const Tile program = program_id(0) + program_id(1) * num_programs(0) + program_id(2) * num_programs(0) * num_programs(1);
+  const Tile at = minimum(maximum(index, 0), ForwardConfig::kTimelineStamps - 1);
+  timestamp(timeline + (cast(i64, program) * ForwardConfig::kTimelineStamps + cast(i64, at)) * 32);
 }
 
 void ForwardProgram::for_each_tile(const std::function<void()>& attend) {
@@ -148,6 +156,7 @@ std::pair<Tile, Tile> ForwardTile::softmax_block(const Tile& n0, const Tile& par
     s = where(valid, s, -INFINITY);
   });
   auto m_new = maximum(m, max(s, 1));
+  if (row_max_stamp) p.stamp(*row_max_stamp);  // TIMELINE: S has landed
   // rows with no visible key so far keep m = -inf: exponentiate against 0 instead of -inf
   auto m_use = where(m_new == -INFINITY, 0.0f, m_new);
   Tile prob = c.positive_scale ? exp2(fma(s, qk_scale, (-(m_use * qk_scale))[col])) : exp2(s - m_use[col]);
@@ -242,6 +251,7 @@ void ForwardTile::finish() {
   store(p.rows_of(p.Os, p.h, p.m0, p.BM), cast(p.cfg.spec.dtype, where(seen[col], out, 0.0f)), {.tma = *p.cfg.tma_store});
   Tile m_log2 = p.cfg.positive_scale ? m * p.qk_scale : Tile(m);
   store(p.rows_of(p.LSEs, p.h, p.m0, p.BM), where(seen, (m_log2 + log2(l)) * 0.6931471805599453, -INFINITY));  // natural log
+  p.stamp(ForwardConfig::kTimelineStamps - 1);
 }
 
 }  // namespace forward_detail

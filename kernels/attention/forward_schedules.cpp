@@ -49,6 +49,7 @@ void key_block_loop_pipeline_pv(ForwardTile& t, const KeyBlocks& blocks) {
   auto last_v = [&] { return load(p.rows_of(p.Vs, p.kv_h, blocks.at(maximum(blocks.trips - 1, 0)).first, p.BN)); };
   std::optional<Tile> v_last;
   if (peel) v_last = last_v();
+  p.stamp(0);
   Var s_cur = pipeline_qk ? t.scores(blocks.at(zeros(i32, {})).first) : zeros(f32, {});
   Var p_prev = zeros(p.cfg.spec.dtype, {p.BM, p.BN});
   if (peel) {
@@ -59,8 +60,11 @@ void key_block_loop_pipeline_pv(ForwardTile& t, const KeyBlocks& blocks) {
     Tile k0 = load(p.rows_of(p.Ks, p.kv_h, n0, p.BN)), s0;
     t.in_turn([&] { s0 = dot(t.q, trans(k0)); });
     p_prev = t.softmax_block(n0, partial, s0, t.mask_ahead(n0, j0)).first;  // (acc = 0: no rescale)
+    p.stamp(1);
   }
   for_range(peel ? 1 : 0, blocks.trips, [&](Tile j) {
+    const Tile slot = 2 + 5 * j;
+    p.stamp(slot);
     auto [n0, partial] = blocks.at(j);
     // The K block first: the dots are issued in their operands' order, and S must go first (a
     // softmax waits for its S alone, while P_{j-1} V_{j-1} stays in flight). V_{j-1} from the
@@ -74,9 +78,13 @@ void key_block_loop_pipeline_pv(ForwardTile& t, const KeyBlocks& blocks) {
       else s_raw = s;
       t.acc = dot(p_prev, v, t.acc);
     });
+    p.stamp(slot + 1);
+    if (p.cfg.timeline) t.row_max_stamp = slot + 2;
     auto [p16, alpha] = t.softmax_block(n0, partial, s_raw, t.mask_ahead(n0, j));
     p_prev = p16;
+    p.stamp(slot + 3);
     t.acc = t.acc * alpha[col];
+    p.stamp(slot + 4);
   });
   t.acc = dot(p_prev, v_last ? *v_last : last_v(), t.acc);
 }

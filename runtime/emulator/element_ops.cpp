@@ -143,6 +143,11 @@ void Emulator::inst(const pir::Inst& in, const Mask& m) {
       return;
     case Op::param: each(m, [&](int t) { set(0, t, params_.at(static_cast<size_t>(in.imm))); }); return;
     case Op::thread_id: each(m, [&](int t) { set(0, t, Val{0, t}); }); return;
+    case Op::read_clock: {
+      const int64_t now = ++clock_;
+      each(m, [&](int t) { set(0, t, Val{0, now}); });
+      return;
+    }
     case Op::block_id: each(m, [&](int t) { set(0, t, Val{0, block_.at(static_cast<size_t>(in.imm))}); }); return;
     case Op::grid_dim: each(m, [&](int t) { set(0, t, Val{0, grid_.at(static_cast<size_t>(in.imm))}); }); return;
     case Op::add: case Op::sub: case Op::mul: case Op::div: case Op::rem: case Op::minimum: case Op::maximum:

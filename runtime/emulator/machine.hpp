@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -522,6 +523,7 @@ class Emulator {
   bool per_warp_ = false;
   EmulatorSchedule schedule_;
   uint64_t rng_ = 1;
+  std::atomic<int64_t> clock_{0};  // read_clock: a count of the reads so far (monotonic, not cycles)
   std::mutex mu_;
   std::condition_variable cv_;
   int running_ = -1;

@@ -199,6 +199,7 @@ void Machine::exec(const Op& op) {
     }
     case wait_ge: return wait_op(op);
     case signal_add: return signal_op(op);
+    case timestamp:  // (cycles: the GPU's; the interpreter stores nothing)
     case turn_begin:
     case turn_end:
     case ring_producer: return;  // a schedule of warpgroups: no effect on values

@@ -1,0 +1,166 @@
+// bench/attention_timeline: where each consumer warpgroup of the forward spends a key block, from
+// the kernel's own cycle stamps (attention_fwd's TIMELINE meta, lang::timestamp). One launch at
+// the default D128 schedule (not persistent: one tile per program), then per warpgroup the median
+// cycles of each phase of a key block over the first wave's programs, and how often the two
+// warpgroups' softmaxes run at once (FlashAttention-3's ping-pong wants never).
+//
+//   attention_timeline [--seq S] [--causal] [--dropout P] [--with A=1,B=0]
+//
+// Phases of key block j (forward_schedules.cpp): issue (top -> S_j and P_{j-1} V_{j-1} issued),
+// S wait (-> S_j landed and its row max taken), softmax (-> P_j ready), rescale (-> O rescaled,
+// after P_{j-1} V_{j-1} landed). Cycles are one multiprocessor's clock: programs are compared only
+// with themselves.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "api/attention.hpp"
+#include "bench/bench_util.hpp"
+#include "kernels/attention/config.hpp"
+#include "kernels/attention/forward.hpp"
+#include "kernels/meta_names.hpp"
+#include "kernels/philox_host.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/device_buffer.hpp"
+#include "runtime/function.hpp"
+
+using namespace tilejit;
+namespace mn = kernels::meta_name;
+
+namespace {
+
+constexpr int64_t kStamps = kernels::ForwardConfig::kTimelineStamps, kWarpSlots = 32;
+
+struct Options {
+  int64_t seq = 4096, head_dim = 128, tokens = 16384, hidden = 2048;
+  bool causal = false;
+  double dropout = 0;
+  std::string with;  // "A=1,B=0": bool metas on top of the default schedule
+};
+
+lang::Meta with_metas(const std::string& with) {
+  lang::Meta out;
+  size_t start = 0;
+  while (start < with.size()) {
+    const size_t comma = std::min(with.find(',', start), with.size());
+    const std::string item = with.substr(start, comma - start);
+    const size_t eq = item.find('=');
+    out.emplace_back(item.substr(0, eq), eq == std::string::npos || item.substr(eq + 1) != "0");
+    start = comma + 1;
+  }
+  return out;
+}
+
+double median(std::vector<double> v) { return v.empty() ? NAN : bench_util::median(std::move(v)); }
+
+int run(const Options& o) {
+  const int64_t S = o.seq, D = o.head_dim, H = o.hidden / D, B = std::max<int64_t>(1, o.tokens / S);
+  const attention::Schedule sch = attention::default_schedule(attention::Pass::forward, ir::DType::bf16, static_cast<int>(D), o.causal);
+  lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D},     {mn::kBlockM, sch.block_m}, {mn::kBlockN, sch.block_n},
+                  {mn::kBshd, true},             {mn::kCausal, o.causal}, {mn::kDropout, o.dropout > 0}, {mn::kPositiveScale, true},
+                  {mn::kPersistent, false},      {mn::kTimeline, true}};
+  for (const auto& m : with_metas(o.with)) meta.push_back(m);
+  jit::CompileOptions co;
+  co.num_warps = sch.num_warps;
+  co.pipeline.stages = sch.stages;
+  Function fwd(kernels::attention_forward(), meta, co);
+
+  const size_t bytes = static_cast<size_t>(B * S * H * D * 2);
+  runtime::DeviceBuffer q = bench_util::random_buffer(bytes, ir::DType::bf16, 1), k = bench_util::random_buffer(bytes, ir::DType::bf16, 2),
+                        v = bench_util::random_buffer(bytes, ir::DType::bf16, 3), out(bytes), lse(static_cast<size_t>(B * H * S * 4));
+  const int64_t tiles = lang::cdiv(S, sch.block_m), programs = tiles * H * B;
+  runtime::DeviceBuffer stamps(static_cast<size_t>(programs * kStamps * kWarpSlots * 8));
+  const auto t4 = [&](const runtime::DeviceBuffer& b) { return attention::contiguous(b.ptr(), ir::DType::bf16, {B, S, H, D}); };
+  const attention::Tensor Q = t4(q), K = t4(k), V = t4(v), O = t4(out), L = attention::contiguous(lse.ptr(), ir::DType::f32, {B, H, S});
+  const attention::Tensor T = attention::contiguous(stamps.ptr(), ir::DType::u64, {programs * kStamps * kWarpSlots});
+  std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), static_cast<float>(1 / std::sqrt(double(D)))};
+  // (the empty rng_state view outlives args)
+  const int64_t no_dims[1] = {0}, unit[1] = {1};
+  const runtime::TensorView no_state{ir::DType::u32, no_dims, unit, 0, 0};
+  if (o.dropout > 0) {
+    for (uint32_t x : {1234u, 0u, 7u, 0u, kernels::dropout_keep_threshold(o.dropout)}) args.emplace_back(x);
+    args.emplace_back(no_state);
+    args.emplace_back(0u);
+  }
+  args.emplace_back(T.view());
+  const runtime::Grid grid{tiles, H, B};
+  runtime::Stream stream;
+  for (int i = 0; i < 3; ++i) fwd.launch(grid, stream.handle(), args);  // (the last launch's stamps are read)
+  stream.synchronize();
+  // the first wave: programs 0 .. SMs - 1 start together
+  const int64_t wave = std::min<int64_t>(programs, runtime::Driver::get().props(0).sm_count);
+  std::vector<uint64_t> h(static_cast<size_t>(wave * kStamps * kWarpSlots));
+  stamps.download(h.data(), h.size() * 8, 0);
+  const auto at = [&](int64_t p, int64_t s, int w) { return static_cast<double>(h[static_cast<size_t>((p * kStamps + s) * kWarpSlots + w)]); };
+
+  // per warpgroup g (warp 4 g stands for it): phases of blocks 2 .. trips - 2 (steady state)
+  const int64_t trips = S / sch.block_n;
+  std::vector<double> phase[2][5], both_softmax, one_softmax, lag, tile;
+  for (int64_t p = 0; p < wave; ++p) {
+    const int64_t last = o.causal ? std::min<int64_t>(trips, ((p % tiles) + 1) * sch.block_m / sch.block_n) : trips;
+    if (last < 5) continue;
+    tile.push_back(at(p, kStamps - 1, 0) - at(p, 0, 0));
+    double both = 0, one = 0;
+    for (int64_t j = 2; j + 2 < last; ++j) {
+      const int64_t s0 = 2 + 5 * j;
+      for (int g = 0; g < 2; ++g) {
+        const int w = 4 * g;
+        for (int ph = 0; ph < 4; ++ph) phase[g][ph].push_back(at(p, s0 + ph + 1, w) - at(p, s0 + ph, w));
+        phase[g][4].push_back(at(p, s0 + 5, w) - at(p, s0, w));
+      }
+      lag.push_back(at(p, s0, 4) - at(p, s0, 0));
+      // softmax windows [S landed, P ready] of block j in each warpgroup: the cycles both are in one
+      const double a0 = at(p, s0 + 2, 0), a1 = at(p, s0 + 3, 0), b0 = at(p, s0 + 2, 4), b1 = at(p, s0 + 3, 4);
+      const double overlap = std::max(0.0, std::min(a1, b1) - std::max(a0, b0));
+      both += overlap;
+      one += (a1 - a0) + (b1 - b0) - 2 * overlap;
+    }
+    if (both + one > 0) both_softmax.push_back(both / (both + one)), one_softmax.push_back(one / (both + one));
+  }
+  std::printf("attention_fwd timeline: D %ld S %ld B %ld H %ld %s%s%s, %ld x %ld tiles, %d warps; first wave %ld programs\n",
+              static_cast<long>(D), static_cast<long>(S), static_cast<long>(B), static_cast<long>(H), o.causal ? "causal" : "full",
+              o.dropout > 0 ? fmt::format(", dropout {}", o.dropout).c_str() : "", o.with.empty() ? "" : (", " + o.with).c_str(),
+              static_cast<long>(sch.block_m), static_cast<long>(sch.block_n), sch.num_warps, static_cast<long>(wave));
+  const char* names[5] = {"issue", "S wait", "softmax", "rescale", "block"};
+  for (int g = 0; g < 2; ++g) {
+    std::printf("TIMELINE warpgroup %d median cycles:", g);
+    for (int ph = 0; ph < 5; ++ph) std::printf(" %s %.0f", names[ph], median(phase[g][ph]));
+    std::printf("\n");
+  }
+  std::printf("TIMELINE warpgroup 1 behind 0 at a block's top: median %.0f cycles; softmax time with both warpgroups in it: "
+              "%.2f (median per program); tile %.0f cycles\n",
+              median(lag), median(both_softmax), median(tile));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--seq" && i + 1 < argc) o.seq = std::atol(argv[++i]);
+    else if (a == "--causal") o.causal = true;
+    else if (a == "--dropout" && i + 1 < argc) o.dropout = std::atof(argv[++i]);
+    else if (a == "--with" && i + 1 < argc) o.with = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--seq S] [--causal] [--dropout P] [--with A=1,B=0]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (!runtime::Driver::get().available()) {
+    std::fprintf(stderr, "attention_timeline needs a GPU: %s\n", runtime::Driver::get().unavailable_reason().c_str());
+    return 2;
+  }
+  try {
+    return run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attention_timeline: %s\n", e.what());
+    return 1;
+  }
+}
