@@ -1,10 +1,12 @@
 // bench/attention_timeline: where each consumer warpgroup of the forward spends a key block, from
 // the kernel's own cycle stamps (attention_fwd's TIMELINE meta, lang::timestamp). One launch at
-// the default D128 schedule (not persistent: one tile per program), then per warpgroup the median
-// cycles of each phase of a key block over the first wave's programs, and how often the two
-// warpgroups' softmaxes run at once (FlashAttention-3's ping-pong wants never).
+// the default D128 schedule (persistent as the API launches it: without dropout), then per
+// warpgroup the median cycles of each phase of a key block over every tile, how often the two
+// warpgroups' softmaxes run at once (FlashAttention-3's ping-pong wants never), and a tile's
+// prologue (to its first loop block), epilogue (after its last) and, persistent, the gap before the
+// program's next tile.
 //
-//   attention_timeline [--seq S] [--causal] [--dropout P] [--with A=1,B=0]
+//   attention_timeline [--seq S] [--causal] [--dropout P] [--persistent 0|1] [--with A=1,B=0]
 //
 // Phases of key block j (forward_schedules.cpp): issue (top -> S_j and P_{j-1} V_{j-1} issued),
 // S wait (-> S_j landed and its row max taken), softmax (-> P_j ready), rescale (-> O rescaled,
@@ -40,6 +42,7 @@ struct Options {
   int64_t seq = 4096, head_dim = 128, tokens = 16384, hidden = 2048;
   bool causal = false;
   double dropout = 0;
+  int persistent = -1;  // -1: as the API (without dropout)
   std::string with;  // "A=1,B=0": bool metas on top of the default schedule
 };
 
@@ -63,7 +66,9 @@ int run(const Options& o) {
   const attention::Schedule sch = attention::default_schedule(attention::Pass::forward, ir::DType::bf16, static_cast<int>(D), o.causal);
   lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D},     {mn::kBlockM, sch.block_m}, {mn::kBlockN, sch.block_n},
                   {mn::kBshd, true},             {mn::kCausal, o.causal}, {mn::kDropout, o.dropout > 0}, {mn::kPositiveScale, true},
-                  {mn::kPersistent, false},      {mn::kTimeline, true}};
+                  {mn::kTimeline, true}};
+  const bool persistent = o.persistent < 0 ? o.dropout == 0 : o.persistent == 1;
+  meta.emplace_back(mn::kPersistent, persistent);
   for (const auto& m : with_metas(o.with)) meta.push_back(m);
   jit::CompileOptions co;
   co.num_warps = sch.num_warps;
@@ -73,7 +78,7 @@ int run(const Options& o) {
   const size_t bytes = static_cast<size_t>(B * S * H * D * 2);
   runtime::DeviceBuffer q = bench_util::random_buffer(bytes, ir::DType::bf16, 1), k = bench_util::random_buffer(bytes, ir::DType::bf16, 2),
                         v = bench_util::random_buffer(bytes, ir::DType::bf16, 3), out(bytes), lse(static_cast<size_t>(B * H * S * 4));
-  const int64_t tiles = lang::cdiv(S, sch.block_m), programs = tiles * H * B;
+  const int64_t tiles = lang::cdiv(S, sch.block_m), programs = tiles * H * B;  // (programs = tiles when not persistent)
   runtime::DeviceBuffer stamps(static_cast<size_t>(programs * kStamps * kWarpSlots * 8));
   const auto t4 = [&](const runtime::DeviceBuffer& b) { return attention::contiguous(b.ptr(), ir::DType::bf16, {B, S, H, D}); };
   const attention::Tensor Q = t4(q), K = t4(k), V = t4(v), O = t4(out), L = attention::contiguous(lse.ptr(), ir::DType::f32, {B, H, S});
@@ -88,23 +93,28 @@ int run(const Options& o) {
     args.emplace_back(0u);
   }
   args.emplace_back(T.view());
-  const runtime::Grid grid{tiles, H, B};
   runtime::Stream stream;
+  // (gpu_kernel() compiles: the persistent grid is as many programs as are resident)
+  const runtime::Grid grid = persistent ? fwd.gpu_kernel().persistent_grid(programs) : runtime::Grid{tiles, H, B};
   for (int i = 0; i < 3; ++i) fwd.launch(grid, stream.handle(), args);  // (the last launch's stamps are read)
   stream.synchronize();
-  // the first wave: programs 0 .. SMs - 1 start together
-  const int64_t wave = std::min<int64_t>(programs, runtime::Driver::get().props(0).sm_count);
+  const int64_t wave = programs;  // every tile
   std::vector<uint64_t> h(static_cast<size_t>(wave * kStamps * kWarpSlots));
   stamps.download(h.data(), h.size() * 8, 0);
   const auto at = [&](int64_t p, int64_t s, int w) { return static_cast<double>(h[static_cast<size_t>((p * kStamps + s) * kWarpSlots + w)]); };
 
   // per warpgroup g (warp 4 g stands for it): phases of blocks 2 .. trips - 2 (steady state)
   const int64_t trips = S / sch.block_n;
-  std::vector<double> phase[2][5], both_softmax, one_softmax, lag, tile;
+  std::vector<double> phase[2][5], both_softmax, one_softmax, lag, tile, prologue, epilogue, gap;
+  const int64_t P = grid.x * grid.y * grid.z;
   for (int64_t p = 0; p < wave; ++p) {
     const int64_t last = o.causal ? std::min<int64_t>(trips, ((p % tiles) + 1) * sch.block_m / sch.block_n) : trips;
     if (last < 5) continue;
     tile.push_back(at(p, kStamps - 1, 0) - at(p, 0, 0));
+    prologue.push_back(at(p, 2 + 5 * 1, 0) - at(p, 0, 0));  // (block 0 is peeled: the loop starts at block 1)
+    epilogue.push_back(at(p, kStamps - 1, 0) - at(p, 2 + 5 * (last - 1) + 4, 0));
+    // full, persistent: the program's next tile is p + P (tiles t = program, + P, ...)
+    if (persistent && !o.causal && p + P < wave) gap.push_back(at(p + P, 0, 0) - at(p, kStamps - 1, 0));
     double both = 0, one = 0;
     for (int64_t j = 2; j + 2 < last; ++j) {
       const int64_t s0 = 2 + 5 * j;
@@ -122,10 +132,11 @@ int run(const Options& o) {
     }
     if (both + one > 0) both_softmax.push_back(both / (both + one)), one_softmax.push_back(one / (both + one));
   }
-  std::printf("attention_fwd timeline: D %ld S %ld B %ld H %ld %s%s%s, %ld x %ld tiles, %d warps; first wave %ld programs\n",
+  std::printf("attention_fwd timeline: D %ld S %ld B %ld H %ld %s%s%s, %ld x %ld tiles, %d warps, %s (%ld programs)\n",
               static_cast<long>(D), static_cast<long>(S), static_cast<long>(B), static_cast<long>(H), o.causal ? "causal" : "full",
               o.dropout > 0 ? fmt::format(", dropout {}", o.dropout).c_str() : "", o.with.empty() ? "" : (", " + o.with).c_str(),
-              static_cast<long>(sch.block_m), static_cast<long>(sch.block_n), sch.num_warps, static_cast<long>(wave));
+              static_cast<long>(sch.block_m), static_cast<long>(sch.block_n), sch.num_warps, persistent ? "persistent" : "one tile a program",
+              static_cast<long>(P));
   const char* names[5] = {"issue", "S wait", "softmax", "rescale", "block"};
   for (int g = 0; g < 2; ++g) {
     std::printf("TIMELINE warpgroup %d median cycles:", g);
@@ -133,8 +144,11 @@ int run(const Options& o) {
     std::printf("\n");
   }
   std::printf("TIMELINE warpgroup 1 behind 0 at a block's top: median %.0f cycles; softmax time with both warpgroups in it: "
-              "%.2f (median per program); tile %.0f cycles\n",
-              median(lag), median(both_softmax), median(tile));
+              "%.2f (median per tile)\n",
+              median(lag), median(both_softmax));
+  std::printf("TIMELINE tile %.0f cycles: prologue %.0f (to block 1's top), epilogue %.0f (after the last block), gap to the "
+              "program's next tile %.0f\n",
+              median(tile), median(prologue), median(epilogue), median(gap));
   return 0;
 }
 
@@ -148,8 +162,9 @@ int main(int argc, char** argv) {
     else if (a == "--causal") o.causal = true;
     else if (a == "--dropout" && i + 1 < argc) o.dropout = std::atof(argv[++i]);
     else if (a == "--with" && i + 1 < argc) o.with = argv[++i];
+    else if (a == "--persistent" && i + 1 < argc) o.persistent = std::atoi(argv[++i]) != 0;
     else {
-      std::fprintf(stderr, "usage: %s [--seq S] [--causal] [--dropout P] [--with A=1,B=0]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--seq S] [--causal] [--dropout P] [--persistent 0|1] [--with A=1,B=0]\n", argv[0]);
       return 2;
     }
   }

@@ -550,27 +550,33 @@ TEST_CASE("timestamp: each warp's clock at slot + warp; the forward's TIMELINE s
   kk.fill_normal(82, 0, 1);
   v.fill_normal(83, 0, 1);
   const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"BSHD", true}, {"BLOCK_M", 128}, {"BLOCK_N", 128}};
-  Meta timed = meta;
-  timed.emplace_back("TIMELINE", true);
   jit::CompileOptions o8;
   o8.num_warps = 8;
   o8.pipeline.stages = 2;
-  const int64_t programs = cdiv(S, 128), stamps = kernels::ForwardConfig::kTimelineStamps;
-  HostTensor ref_o = out, ref_lse = lse, emu_o = out, emu_lse = lse, tl(u64, {programs * stamps * 32});
-  tl.fill(0);
-  runtime::interpret(kernels::attention_forward().build(meta), {programs, 1, 1}, {q, kk, v, ref_o, ref_lse, 0.088f});
-  runtime::emulate(kernels::attention_forward().build(timed), {programs, 1, 1}, {q, kk, v, emu_o, emu_lse, 0.088f, tl}, o8);
-  CHECK(count_apart(ref_o, emu_o, 1e-2) == 0);
-  CHECK(count_apart(ref_lse, emu_lse, 1e-2) == 0);
-  for (int64_t p = 0; p < programs; ++p)
-    for (int64_t w = 0; w < 12; ++w) {
-      INFO("program " << p << " warp " << w);
-      const double start = tl.get_flat((p * stamps) * 32 + w), end = tl.get_flat((p * stamps + stamps - 1) * 32 + w);
-      if (w < 8) {
-        CHECK(start > 0);
-        CHECK(end > start);
-      } else {
-        CHECK(start == 0);  // (the producer warpgroup)
+  const int64_t tiles = cdiv(S, 128), stamps = kernels::ForwardConfig::kTimelineStamps;
+  HostTensor ref_o = out, ref_lse = lse;
+  runtime::interpret(kernels::attention_forward().build(meta), {tiles, 1, 1}, {q, kk, v, ref_o, ref_lse, 0.088f});
+  for (bool persistent : {false, true}) {  // (stamps by tile: persistent, 2 programs walk the 3 tiles)
+    INFO("persistent " << persistent);
+    Meta timed = meta;
+    timed.emplace_back("TIMELINE", true);
+    timed.emplace_back("PERSISTENT", persistent);
+    HostTensor emu_o = out, emu_lse = lse, tl(u64, {tiles * stamps * 32});
+    tl.fill(0);
+    runtime::emulate(kernels::attention_forward().build(timed), persistent ? runtime::Grid{2} : runtime::Grid{tiles, 1, 1},
+                     {q, kk, v, emu_o, emu_lse, 0.088f, tl}, o8);
+    CHECK(count_apart(ref_o, emu_o, 1e-2) == 0);
+    CHECK(count_apart(ref_lse, emu_lse, 1e-2) == 0);
+    for (int64_t t = 0; t < tiles; ++t)
+      for (int64_t w = 0; w < 12; ++w) {
+        INFO("tile " << t << " warp " << w);
+        const double start = tl.get_flat((t * stamps) * 32 + w), end = tl.get_flat((t * stamps + stamps - 1) * 32 + w);
+        if (w < 8) {
+          CHECK(start > 0);
+          CHECK(end > start);
+        } else {
+          CHECK(start == 0);  // (the producer warpgroup)
+        }
       }
-    }
+  }
 }

@@ -147,8 +147,8 @@ ForwardConfig ForwardConfig::read(Builder& kb) {
   // not persistent with dropout, which then spills 312 B.)
   c.tma_store = kb.meta<bool>(mn::kTmaStore, *c.ring_producer && s.causal && c.block_n >= c.block_m && !(s.dropout && *c.persistent));
   c.timeline = kb.meta<bool>(mn::kTimeline, false);
-  if (c.timeline && (*c.persistent || c.rng_warps))
-    kb.fail(Loc::current(), "TIMELINE stamps one tile per program: not with PERSISTENT or RNG_WARPS");
+  if (c.timeline && (c.rng_warps || s.varlen))
+    kb.fail(Loc::current(), "TIMELINE stamps dense tiles on the consumer warps: not with RNG_WARPS or VARLEN");
   return c;
 }
 

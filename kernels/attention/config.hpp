@@ -71,7 +71,8 @@ struct ForwardConfig {
   // 22's epilogue), so the next tile's work overlaps its global writes; unset: off (not yet
   // measured on the GPU)
   std::optional<bool> tma_store;
-  // Instrumentation: a last parameter `timeline` (u64 [programs, kTimelineStamps, 32]) takes each
+  // Instrumentation: a last parameter `timeline` (u64 [tiles, kTimelineStamps, 32]; tile (b, h, m) =
+  // (b * heads + h) * query blocks + m) takes each
   // warp's cycle counter at the tile's start, around every key block's phases and at its end
   // (lang::timestamp; attention_bench --timeline reads it). Off: no parameter, no code.
   bool timeline = false;

@@ -49,9 +49,10 @@ ForwardProgram::ForwardProgram(Builder& kb)
 
 void ForwardProgram::stamp(const Tile& index) const {
   if (!cfg.timeline) return;
-  const Tile program = program_id(0) + program_id(1) * num_programs(0) + program_id(2) * num_programs(0) * num_programs(1);
+  // by tile (batch, head, query block), whichever program takes it
+  const Tile tile = (b * Q.size(head_dim) + h) * cdiv(Q.size(seq_dim), BM) + m_block;
   const Tile at = minimum(maximum(index, 0), ForwardConfig::kTimelineStamps - 1);
-  timestamp(timeline + (cast(i64, program) * ForwardConfig::kTimelineStamps + cast(i64, at)) * 32);
+  timestamp(timeline + (cast(i64, tile) * ForwardConfig::kTimelineStamps + cast(i64, at)) * 32);
 }
 
 void ForwardProgram::for_each_tile(const std::function<void()>& attend) {

@@ -38,7 +38,7 @@ struct ForwardProgram {
   std::optional<AttentionMask> amask;      // a library mask's parameters
   std::optional<BlockMaskLists> lists;     // its pre-pass lists (masks without tile intervals)
   std::optional<AttentionScoreMod> score_mod;
-  Tile timeline;                           // TIMELINE: u64 [programs, kTimelineStamps, 32]
+  Tile timeline;                           // TIMELINE: u64 [tiles, kTimelineStamps, 32]
 
   // PERSISTENT: runs `attend` for each of the program's tiles, place() set to it.
   void for_each_tile(const std::function<void()>& attend);
@@ -60,7 +60,7 @@ struct ForwardProgram {
 
   // Rows [s0, s0 + n) of head hh of `t` (LSE: a vector of n).
   lang::BlockRef rows_of(const Tensor& t, const Tile& hh, const lang::Operand& s0, int64_t n) const;
-  // TIMELINE: each warp's cycle counter into stamp `index` of this program (clamped to the last);
+  // TIMELINE: each warp's cycle counter into stamp `index` of this tile (clamped to the last);
   // 0 the tile's start, 1 after block 0's softmax (PV_PEEL), 2 + 5 j + {0 top, 1 MMAs issued,
   // 2 S landed (its row max taken), 3 softmax done, 4 rescaled} for key block j, the last one the
   // tile's end.
