@@ -76,7 +76,7 @@ struct ForwardConfig {
   // warp's cycle counter at the tile's start, around every key block's phases and at its end
   // (lang::timestamp; attention_bench --timeline reads it). Off: no parameter, no code.
   bool timeline = false;
-  static constexpr int64_t kTimelineStamps = 324;
+  static constexpr int64_t kTimelineStamps = 648;  // 2 + 5 x 129 blocks + the end: S 16k at BLOCK_N 128
   // Variants that measured slower (kernels/attention/forward_experimental.cpp):
   int64_t rng_warps = 0, mma_registers = 0, rng_registers = 0;  // Philox on warps of its own [014]
 
