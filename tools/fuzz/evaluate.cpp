@@ -198,6 +198,15 @@ std::string output_mismatch(const Program& p, const std::vector<HostTensor>& ref
   return "";
 }
 
+bool has_op(const jit::pir::Block& b, jit::pir::Op op) {
+  for (const jit::pir::Inst& in : b.insts) {
+    if (in.op == op) return true;
+    for (const jit::pir::Block& r : in.regions)
+      if (has_op(r, op)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 CompiledText compiled_text(Program& p, jit::Backend b) {
@@ -257,6 +266,7 @@ Outcome evaluate(Program& p, const EvalOptions& o, const std::function<void(cons
       out.detail = e.what();
       return out;
     }
+    out.tma_store = p.tma_stores && has_op(program.body, jit::pir::Op::tma_store);
     phase("emulate");
     std::vector<HostTensor> emu = make_tensors(p);
     std::vector<runtime::Arg> eargs;
@@ -280,6 +290,15 @@ Outcome evaluate(Program& p, const EvalOptions& o, const std::function<void(cons
     if (!out.detail.empty()) {
       out.status = Status::Mismatch;
       return out;
+    }
+  }
+  if (p.tma_stores && !o.emulate && o.compile_backends) {  // (a program the lowering refuses: the backends say why)
+    phase("lower");
+    try {
+      jit::CompileOptions co;
+      co.num_warps = p.num_warps;
+      out.tma_store = has_op(jit::lower(fn, co).body, jit::pir::Op::tma_store);
+    } catch (const std::exception&) {
     }
   }
   for (jit::Backend b : o.backends) {

@@ -29,6 +29,9 @@ struct Outcome {
   std::string backend;  // the backend that failed ("" when none or before compiling)
   std::string detail;   // the error message or the first mismatches
   std::string phase;    // what was running (the pool fills it in for crashes and hangs)
+  // --tma-stores: the lowered program (jit::lower, what the backends receive) has a TMA store
+  // (pir::Op::tma_store), i.e. a window store took the TMA store path
+  bool tma_store = false;
 
   // A failure is the "same" while reducing when status, backend and the message's kind agree.
   std::string signature() const;

@@ -84,6 +84,7 @@ class Generator {
     add_leaves();
     if (dot_a_ >= 0 && rng_.chance(0.6)) gemm_loop();
     body(o_.max_nodes);
+    if (epilogue_ >= 0) tma_epilogue();
     for (size_t t = 0; t < p_.tensors.size(); ++t)
       if (p_.tensors[t].output && !p_.tensors[t].accumulator && !written_[t])
         store_into(static_cast<int>(t), scopes_.back().empty() ? constant(p_.tensors[t].dtype, {p_.R, p_.C})
@@ -95,23 +96,36 @@ class Generator {
   void plan() {
     p_.num_warps = static_cast<int>(rng_.pick(std::vector<int64_t>{1, 2, 4, 4, 4, 8}));
     p_.programs = rng_.range(1, 3);
+    // --tma-stores: most programs get a main tile and outputs that a TMA store can take (GenerateOptions::tma_stores;
+    // without the flag nothing is drawn here, so the seeds' programs stay as they were)
+    tma_ = o_.tma_stores && rng_.chance(0.7);
     const std::vector<int64_t> sizes{1, 2, 4, 8, 16, 32, 64, 128};
     do {
       p_.R = rng_.pick(sizes);
       p_.C = rng_.pick(sizes);
     } while (p_.R * p_.C > 4096);
+    if (tma_) tma_shape();
     const bool dot = rng_.chance(0.3);
+    // --tma-stores: half the dot programs end in an epilogue (tma_epilogue), mostly shaped so that
+    // its TMA store can stage in a tile of the dot (wgmma, 16-bit, C 64, K 64)
+    const bool epilogue = dot && tma_ && rng_.chance(0.5);
+    const bool staged = epilogue && rng_.chance(0.7);
     if (dot) {  // shapes a tensor-core dot can take (wgmma: M a multiple of 64 on 4 or 8 warps)
-      bool wg = o_.wgmma && rng_.chance(0.6);
+      bool wg = o_.wgmma && (staged || rng_.chance(0.6));
       p_.R = wg ? rng_.pick(std::vector<int64_t>{64, 128}) : rng_.pick(std::vector<int64_t>{16, 32, 64});
-      p_.C = rng_.pick(std::vector<int64_t>{8, 16, 32, 64});
+      p_.C = staged ? 64 : rng_.pick(tma_ ? std::vector<int64_t>{32, 64, 64} : std::vector<int64_t>{8, 16, 32, 64});
       if (wg) p_.num_warps = p_.R == 128 ? 8 : 4;
-      dot_k_ = rng_.pick(std::vector<int64_t>{16, 32, 64});
+      dot_k_ = staged ? 64 : rng_.pick(std::vector<int64_t>{16, 32, 64});
       std::vector<DType> dts{DType::bf16, DType::f16, DType::bf16, DType::i8, DType::f32};
       if (o_.fp8) dts.push_back(DType::f8e4m3);
-      DType d = rng_.pick(dts);
+      DType d = staged ? rng_.pick(std::vector<DType>{DType::bf16, DType::f16}) : rng_.pick(dts);
       dot_a_ = input(d, {p_.R * rng_.range(1, 2), dot_k_ * rng_.range(1, 3)}, Fill::SmallInts, true);
       dot_b_ = input(d, {p_.tensors[static_cast<size_t>(dot_a_)].shape[1], p_.C}, Fill::SmallInts, true);
+      if (tma_)  // (--tma-stores: TMA tiles where the shapes allow, for a TMA store to stage in)
+        for (int t : {dot_a_, dot_b_}) {
+          TensorSpec& ts = p_.tensors[static_cast<size_t>(t)];
+          if ((ts.shape[1] * ir::byte_size(ts.dtype)) % 16 == 0) ts.align = 16;
+        }
     }
     int n_inputs = static_cast<int>(rng_.range(1, 3));
     for (int i = 0; i < n_inputs; ++i) {
@@ -127,6 +141,12 @@ class Generator {
       t.shape = {p_.programs, p_.R, p_.C};
       t.output = true;
       t.contiguous = rng_.chance(0.5);
+      if (i == 0 && epilogue) {  // kept for tma_epilogue (2-byte elements: staged in a dot's tile)
+        epilogue_ = static_cast<int>(p_.tensors.size());
+        tma_output(t, staged);
+      } else if (tma_ && (i == 0 || rng_.chance(0.5))) {
+        tma_output(t, false);
+      }
       p_.tensors.push_back(t);
     }
     if (rng_.chance(0.3)) {  // pointer atomics: each program its own slice, old values returned
@@ -164,6 +184,96 @@ class Generator {
     return rng_.pick(std::vector<DType>{DType::f32, DType::f32, DType::f32, DType::bf16, DType::f16, DType::f64,
                                         DType::i32, DType::i32, DType::i64, DType::u32, DType::u64, DType::i8,
                                         DType::u8, DType::i16, DType::u16});
+  }
+
+  // ---- --tma-stores: windows that jit/wgmma_plan.cpp's tma_reduce() plans as TMA stores ----
+  // (sm_90a, 4 or 8 warps; a 16-byte aligned tensor parameter with contiguous_last, 2- or 4-byte
+  // elements; rows a multiple of 8 up to 256, cols whole 128-byte chunks; i32-sized offsets, the
+  // inner one provably a multiple of 16 bytes)
+  void tma_shape() {
+    p_.C = rng_.pick(std::vector<int64_t>{32, 64, 64, 128});
+    std::vector<int64_t> rows;
+    for (int64_t r : {8, 16, 32, 64, 128})
+      if (r * p_.C <= 4096) rows.push_back(r);
+    p_.R = rng_.pick(rows);
+    if (p_.C == 32 && rng_.chance(0.1)) p_.R = 256;  // the most rows a TMA box takes
+    p_.num_warps = static_cast<int>(rng_.pick(std::vector<int64_t>{4, 4, 8}));
+  }
+
+  // An output that only window stores write, as a TMA store wants it: its dtype's 128-byte chunks
+  // divide C, declared contiguous_last and 16-byte aligned, and often not [R, C] per program (rows
+  // and cols cut or added, strides kept multiples of 16 bytes), so that windows are ragged.
+  void tma_output(TensorSpec& t, bool narrow) {
+    std::vector<DType> ds;
+    for (DType d : {DType::bf16, DType::f16, DType::i16, DType::u16, DType::f32, DType::f32, DType::i32, DType::u32})
+      if (p_.C % (128 / ir::byte_size(d)) == 0 && (!narrow || ir::byte_size(d) == 2)) ds.push_back(d);
+    t.dtype = rng_.pick(ds);
+    t.contiguous = true;
+    t.align = 16;
+    const int64_t unit = 16 / ir::byte_size(t.dtype);
+    if (rng_.chance(0.5)) t.shape[1] = std::max<int64_t>(1, p_.R + rng_.range(-p_.R / 2, p_.R / 2));
+    if (rng_.chance(0.5)) t.shape[2] = std::max<int64_t>(unit, p_.C + unit * rng_.range(-p_.C / unit / 2, p_.C / unit / 2));
+    tma_outs_.push_back(static_cast<int>(p_.tensors.size()));
+  }
+
+  // A dot of windows loaded once, stored into an output for TMA stores (a 16-bit one first): the
+  // store may stage in one of the dot's tiles (jit/wgmma_plan.cpp borrow_staging: outside loops, a
+  // tile loaded once whose readers all come before the store).
+  void tma_epilogue() {
+    const int d = dot_node(-1);
+    store_into(epilogue_, d);
+  }
+
+  bool is_tma_output(int t) const { return std::find(tma_outs_.begin(), tma_outs_.end(), t) != tma_outs_.end(); }
+
+  // A window offset of a TMA-store output along a dim of `extent` elements: an integer scalar of a
+  // type that fits i32, a multiple of `unit` elements that the scalar facts (jit/scalar_facts.hpp)
+  // prove -- a constant, program_id times a constant, a value shifted left or multiplied -- from
+  // before the tile to past its end; provably non-negative or not (the lowering then tests the sign
+  // at run time). Now and then any offset (offset_node), which may not qualify. Loop-invariant.
+  int tma_offset(int64_t extent, int64_t unit) {
+    auto make_constant = [&](DType d, int64_t v) {
+      Node n;
+      n.kind = NodeKind::Constant;
+      n.dtype = d;
+      n.ivalue = ir::wrap_int(d, v);
+      return add(n);
+    };
+    auto binary = [&](OpKind k, int x, int y) {
+      Node n;
+      n.kind = NodeKind::Binary;
+      n.sub = static_cast<int>(k);
+      n.args = {x, y};
+      return add(n);
+    };
+    const int64_t steps = std::max<int64_t>(1, extent / unit);
+    const int r = static_cast<int>(rng_.range(0, 9));
+    if (r < 4) {  // (u8 wraps a negative value to a large one: still a multiple of unit, which divides 256)
+      const DType d = rng_.pick(std::vector<DType>{DType::i32, DType::i32, DType::i32, DType::i16, DType::u8});
+      const bool far = rng_.chance(0.2);  // also windows wholly outside the tensor
+      return make_constant(d, unit * (far ? rng_.range(-steps - 1, 2 * steps + 1) : rng_.range(-steps / 2, steps - 1)));
+    }
+    if (r < 6) {  // program_id(0) * k unit (+ c unit): never negative
+      Node pid;
+      pid.kind = NodeKind::ProgramId;
+      int x = binary(OpKind::mul, add(pid), make_constant(DType::i32, unit * rng_.range(0, steps / 2)));
+      if (rng_.chance(0.4)) x = binary(OpKind::add, x, make_constant(DType::i32, unit * rng_.range(-1, 1)));
+      return x;
+    }
+    if (r < 8) {  // a value computed before (top level: the same in every iteration), times unit
+      std::vector<int> cand;
+      for (int v : scopes_.front())
+        if (is_int_scalar(v) && ir::fits_i32(node(v).dtype) && node(v).dtype != DType::i1 && node(v).exact) cand.push_back(v);
+      if (!cand.empty()) {
+        const int x = rng_.pick(cand);
+        const DType d = node(x).dtype;
+        if (unit == 1) return x;
+        if (rng_.chance(0.5)) return binary(OpKind::shl, x, make_constant(d, static_cast<int64_t>(std::log2(unit))));
+        return binary(OpKind::mul, x, make_constant(d, unit * rng_.range(-2, 3)));
+      }
+      return make_constant(DType::i32, unit * rng_.range(0, steps));
+    }
+    return offset_node(false, extent / 2 + 1, depth_ > 0);
   }
 
   int input(DType d, Shape shape, Fill f, bool contiguous) {
@@ -912,6 +1022,13 @@ class Generator {
     z.dtype = DType::i32;
     z.ivalue = 0;
     int zero = add(z);
+    if (k0 < 0 && tma_ && rng_.chance(0.5)) {  // a K offset of whole 16 bytes: A's window may be a TMA tile
+      Node c;
+      c.kind = NodeKind::Constant;
+      c.dtype = DType::i32;
+      c.ivalue = 8 * rng_.range(0, dot_k_ / 8);
+      k0 = add(c);
+    }
     if (k0 < 0) k0 = offset_node(true, dot_k_);
     if (node(k0).dtype != DType::i32) k0 = cast_to(DType::i32, k0);
     Node a;
@@ -942,7 +1059,8 @@ class Generator {
   void store_some() {
     std::vector<int> free;
     for (size_t t = 0; t < p_.tensors.size(); ++t)
-      if (p_.tensors[t].output && !p_.tensors[t].accumulator && !written_[t]) free.push_back(static_cast<int>(t));
+      if (p_.tensors[t].output && !p_.tensors[t].accumulator && !written_[t] && static_cast<int>(t) != epilogue_)
+        free.push_back(static_cast<int>(t));
     int x = find([](const Node&) { return true; });
     if (free.empty() || x < 0) return;
     store_into(rng_.pick(free), x);
@@ -957,9 +1075,13 @@ class Generator {
     Node n;
     n.kind = NodeKind::Store;
     n.tensor = t;
-    n.sub = static_cast<int>(rng_.range(0, 2));
+    // (an output for TMA stores: only window stores, which may be ragged or outside it)
+    n.sub = is_tma_output(t) ? 1 : static_cast<int>(rng_.range(0, 2));
     n.args = {x};
-    if (n.sub == 1) {
+    if (n.sub == 1 && is_tma_output(t)) {
+      n.args.push_back(tma_offset(p_.R, 1));
+      n.args.push_back(tma_offset(p_.C, 16 / ir::byte_size(ts.dtype)));
+    } else if (n.sub == 1) {
       // Inside a loop, offsets that do not move between iterations: a window that moves would have
       // other threads store an element again, which the GPU orders only across a barrier (README).
       n.args.push_back(offset_node(false, p_.R / 2 + 1, depth_ > 0));
@@ -1018,6 +1140,9 @@ class Generator {
   int dot_a_ = -1, dot_b_ = -1;
   int64_t dot_k_ = 16;
   int atomic_ptr_ = -1, atomic_block_ = -1, block_rmw_ = 0;
+  bool tma_ = false;           // --tma-stores: this program's shapes and some outputs suit TMA stores
+  std::vector<int> tma_outs_;  // those outputs (only window stores write them: tma_output)
+  int epilogue_ = -1;          // the one of them that tma_epilogue stores a dot into (-1: none)
 };
 
 }  // namespace

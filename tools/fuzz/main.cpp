@@ -41,7 +41,13 @@ constexpr const char* kUsage = R"(usage: tilejit_fuzz [options]
   --fp8              also generate fp8 casts and fp8 dot inputs
   --no-pack-pairs    do not generate pack_pairs / unpack_pairs
   --no-axis-ops      do not generate scans, combine reductions, xor_permute or gather (as before 0.1.4)
-  --tma-stores       window stores ask for TMA (StoreOptions::tma); the programs are otherwise the seeds' own
+  --tma-stores       window stores ask for TMA (StoreOptions::tma), and ~70% of the programs are drawn
+                     so that some of them qualify (sm_90a, 4/8 warps, 16-byte aligned contiguous
+                     outputs of 2- or 4-byte elements, rows a multiple of 8, 128-byte column chunks,
+                     aligned inner offsets; ragged and possibly negative windows); the summary counts
+                     the programs whose lowering has a TMA store (other seeds' programs than without)
+  --expect-tma-stores P  with --tma-stores: fail (exit 1) when fewer than P% of the programs were
+                     lowered with a TMA store (the generator no longer reaches the path)
   --no-narrow-reductions  do not reduce 8- and 16-bit integer tiles
   --print SEED       print the program of SEED as C++ and exit (after --out DIR: also what both
                      backends made of it, DIR/seed_SEED.{ll,cu,llvm.ptx,nvrtc.ptx})
@@ -111,6 +117,7 @@ int main(int argc, char** argv) {
   uint64_t first = 0, last = 200;
   double time_limit = 0, reduce_time = 120;
   int reduce_n = 3;
+  double expect_tma_pct = -1;  // --expect-tma-stores
   bool quiet = false;
   std::string out_dir;
   std::vector<std::string> args(argv + 1, argv + argc);
@@ -140,6 +147,7 @@ int main(int argc, char** argv) {
     else if (a == "--no-pack-pairs") o.gen.pack_pairs = false;
     else if (a == "--no-axis-ops") o.gen.axis_ops = false;
     else if (a == "--tma-stores") o.gen.tma_stores = true;
+    else if (a == "--expect-tma-stores") expect_tma_pct = static_cast<double>(number(a, value()));
     else if (a == "--no-narrow-reductions") o.gen.narrow_reductions = false;
     else if (a == "--out") out_dir = value();
     else if (a == "--quiet") quiet = true;
@@ -168,6 +176,8 @@ int main(int argc, char** argv) {
       usage_error(fmt::format("unknown option '{}'", a));
     }
   }
+  if (expect_tma_pct >= 0 && !o.gen.tma_stores) usage_error("--expect-tma-stores needs --tma-stores");
+  if (expect_tma_pct >= 0 && !o.eval.emulate && !o.eval.compile_backends) usage_error("--expect-tma-stores: nothing is lowered");
   if (!out_dir.empty()) std::system(fmt::format("mkdir -p '{}'", out_dir).c_str());
   if (o.eval.gpu) {  // asked in a child: this process must not touch CUDA before it forks workers
     std::string why = gpu_unavailable_reason();
@@ -181,11 +191,13 @@ int main(int argc, char** argv) {
   if (!out_dir.empty()) failures.open(out_dir + "/failures.txt");
   const auto t0 = std::chrono::steady_clock::now();
   std::map<Status, int64_t> counts;
+  int64_t tma_store_programs = 0;  // --tma-stores: programs lowered with a TMA store (Outcome::tma_store)
   std::map<std::string, std::vector<uint64_t>> by_signature;
   std::map<std::string, Outcome> example;
   uint64_t lowest = UINT64_MAX, highest = 0;
   run_seeds(o, first, last, time_limit, [&](const SeedResult& r) {
     ++counts[r.outcome.status];
+    tma_store_programs += r.outcome.tma_store;
     lowest = std::min(lowest, r.seed);
     highest = std::max(highest, r.seed);
     if (r.outcome.status == Status::Ok || r.outcome.status == Status::NotEmulated) return;
@@ -214,6 +226,13 @@ int main(int argc, char** argv) {
   fmt::print(", seeds {}..{}, {} programs in {:.0f} s ({:.1f}/s), {} jobs\n", total ? lowest : 0, total ? highest : 0, total,
              secs, static_cast<double>(total) / std::max(secs, 1e-9), o.jobs);
   for (auto& [s, n] : counts) fmt::print("  {:16} {}\n", to_string(s), n);
+  const double tma_pct = 100.0 * static_cast<double>(tma_store_programs) / static_cast<double>(std::max<int64_t>(total, 1));
+  if (o.gen.tma_stores && (o.eval.emulate || o.eval.compile_backends))
+    fmt::print("  TMA stores: {} of {} programs ({:.0f}%) lowered with pir tma_store\n", tma_store_programs, total, tma_pct);
+  const bool too_few_tma = expect_tma_pct >= 0 && tma_pct < expect_tma_pct;
+  if (too_few_tma)
+    fmt::print("  FAILED: fewer TMA stores than --expect-tma-stores {}% (the generator no longer meets jit/wgmma_plan.cpp "
+               "tma_reduce()'s conditions?)\n", expect_tma_pct);
   for (auto& [sig, seeds] : by_signature) {
     std::string list;
     for (size_t i = 0; i < std::min<size_t>(seeds.size(), 8); ++i) list += fmt::format(" {}", seeds[i]);
@@ -247,5 +266,5 @@ int main(int argc, char** argv) {
     ::waitpid(pid, &st, 0);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fmt::print("\nseed {}: the reduction ended abnormally\n", seeds.front());
   }
-  return failed ? 1 : 0;
+  return failed || too_few_tma ? 1 : 0;
 }

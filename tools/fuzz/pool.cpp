@@ -32,10 +32,11 @@ void write_all(int fd, const std::string& s) {
 }
 
 void report(int fd, const Outcome& o) {
-  write_all(fd, fmt::format("R\t{}\t{}\t{}\n", to_string(o.status), o.backend, one_line(o.detail)));
+  write_all(fd, fmt::format("R\t{}\t{}\t{}\t{}\n", to_string(o.status), o.backend, o.tma_store ? "tma_store" : "-",
+                            one_line(o.detail)));
 }
 
-// Parses "R\tstatus\tbackend\tdetail" or "P\tphase"; returns true for an R line.
+// Parses "R\tstatus\tbackend\tflags\tdetail" or "P\tphase"; returns true for an R line.
 bool parse_line(const std::string& line, Outcome& o, std::string& phase) {
   if (line.rfind("P\t", 0) == 0) {
     phase = line.substr(2);
@@ -43,10 +44,12 @@ bool parse_line(const std::string& line, Outcome& o, std::string& phase) {
   }
   if (line.rfind("R\t", 0) != 0) return false;
   size_t a = line.find('\t', 2), b = a == std::string::npos ? a : line.find('\t', a + 1);
-  if (b == std::string::npos) return false;
+  size_t c = b == std::string::npos ? b : line.find('\t', b + 1);
+  if (c == std::string::npos) return false;
   parse_status(line.substr(2, a - 2), o.status);
   o.backend = line.substr(a + 1, b - a - 1);
-  o.detail = line.substr(b + 1);
+  o.tma_store = line.substr(b + 1, c - b - 1) == "tma_store";
+  o.detail = line.substr(c + 1);
   o.phase = phase;
   return true;
 }

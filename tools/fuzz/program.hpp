@@ -122,7 +122,10 @@ struct GenerateOptions {
   bool narrow_reductions = true;  // reductions over i8/i16/u8/u16 tiles
   bool fp8 = false;         // fp8 casts and dot inputs
   bool axis_ops = true;     // scans, reductions with a combine, xor_permute, gather (since 0.1.4)
-  bool tma_stores = false;  // window stores with StoreOptions::tma (draws nothing: a seed's program is otherwise the same)
+  // window stores with StoreOptions::tma, and most programs drawn so that some window stores meet
+  // the TMA store path's conditions (generate.cpp tma_shape / tma_output / tma_offset / tma_epilogue;
+  // other programs than without for the same seed, which stay as they were)
+  bool tma_stores = false;
 };
 
 Program generate(uint64_t seed, const GenerateOptions& opts = {});

@@ -86,13 +86,14 @@ void redirect(Program& p, size_t from, int to) {
       if (a == static_cast<int>(from)) a = to;
 }
 
-// Candidate edits of `p`, smallest-effect last; each is a whole program.
-std::vector<Program> candidates(const Program& p) {
+// Candidate edits of `p`, smallest-effect last; each is a whole program (without what nothing
+// uses when `prune`).
+std::vector<Program> candidates(const Program& p, bool prune) {
   std::vector<Program> out;
   auto edit = [&](auto f) {
     Program q = p;
     if (f(q)) {
-      dead_code(q);
+      if (prune) dead_code(q);
       out.push_back(std::move(q));
     }
   };
@@ -161,10 +162,15 @@ Program reduce(const Program& failing, const Outcome& failure, const EvalOptions
   const std::string want = failure.signature();
   Program best = failing;
   dead_code(best);
-  int tries = 0;
+  int tries = 1;
+  // Values nothing uses can matter (seed 14438 of --tma-stores: the compiler keeps a dot in a loop
+  // whose result nothing uses, and its tiles' ring makes the program refused for shared memory):
+  // then the reduction keeps them.
+  const bool prune = run_isolated(best, eval, timeout_s).signature() == want;
+  if (!prune) best = failing;
   for (bool progress = true; progress && left() > 0;) {
     progress = false;
-    for (Program& c : candidates(best)) {
+    for (Program& c : candidates(best, prune)) {
       if (left() <= 0) break;
       ++tries;
       if (run_isolated(c, eval, timeout_s).signature() == want) {
