@@ -469,6 +469,53 @@ TEST_CASE("emulator: TMA stores (StoreOptions::tma) equal the interpreter and as
   }
 }
 
+// A TMA store's global writes land when its bulk group completes, not in any thread's program
+// order: a later read of the tensor (or a later write of it) waits -- thread 0
+// cp.async.bulk.wait_group 0 and fence.proxy.async.global, then a barrier -- between the store
+// and the read (found by reading the lowering: the fuzzer's --tma-stores programs do this).
+// The emulator completes TMA stores at once, so the check is on the lowered program.
+TEST_CASE("TMA stores: a later read of the stored tensor waits for the bulk writes") {
+  for (bool read_back : {false, true}) {
+    INFO("read back " << read_back);
+    const Kernel k = kernel("tma_store_read_back", [&](Builder& kb) {
+      const ParamSpec rm{.align_bytes = 16, .contiguous_last = true};
+      auto X = kb.tensor("X", bf16, 2, rm), O = kb.tensor("O", bf16, 2, rm), P = kb.tensor("P", bf16, 2, rm);
+      store(O.block({0, 0}, {16, 64}), load(X.block({0, 0}, {16, 64})), {.tma = true});
+      if (read_back) store(P.block({0, 0}, {16, 64}), load(O.block({8, 0}, {16, 64})));
+      else store(P.block({0, 0}, {16, 64}), load(X.block({8, 0}, {16, 64})));
+    });
+    const ir::Function fn = k.build();
+    jit::CompileOptions o;
+    o.num_warps = 4;
+    const jit::pir::Func prog = jit::lower(fn, o);
+    // the instructions after the tma_store, in order (regions flattened)
+    std::vector<const jit::pir::Inst*> flat;
+    std::function<void(const jit::pir::Block&)> walk = [&](const jit::pir::Block& blk) {
+      for (const jit::pir::Inst& in : blk.insts) {
+        flat.push_back(&in);
+        for (const jit::pir::Block& r : in.regions) walk(r);
+      }
+    };
+    walk(prog.body);
+    size_t store_at = flat.size(), full_wait = flat.size(), first_load_after = flat.size();
+    for (size_t i = 0; i < flat.size(); ++i) {
+      if (flat[i]->op == jit::pir::Op::tma_store && store_at == flat.size()) store_at = i;
+      if (i > store_at && flat[i]->op == jit::pir::Op::bulk_wait && flat[i]->imm == 0 && full_wait == flat.size()) full_wait = i;
+      if (i > store_at && (flat[i]->op == jit::pir::Op::load || flat[i]->op == jit::pir::Op::load_vec) && first_load_after == flat.size())
+        first_load_after = i;
+    }
+    REQUIRE(store_at < flat.size());
+    REQUIRE(first_load_after < flat.size());
+    if (read_back) CHECK(full_wait < first_load_after);  // waited for before O is read
+    else CHECK(full_wait > first_load_after);            // X's read needs no wait
+    HostTensor x(bf16, {40, 64}), out(bf16, {40, 64}), p(bf16, {40, 64});
+    x.fill_uniform(5, -4, 4);
+    out.poison();
+    p.poison();
+    check_emulator(fn, {1}, {&x, &out, &p}, 0.0, o);
+  }
+}
+
 // dK/dV with the atomic dQ reduction at D 128 on sm_90a (64 x 128 on 8 warps, five dots): its dQ
 // parts go into dQ_accum by TMA add-reduces from the swizzled staging tile (tma_bulk_write, shared
 // with TMA stores since 5465c24). Equal to the interpreter within the add order's rounding.

@@ -266,6 +266,11 @@ class Lowerer {
     // the address operands (pointer tile; tensor, offsets, dims and shape of a window): equal keys
     // and one unreplicated layout touch each element from one thread (empty: never assumed equal)
     std::vector<int64_t> address;
+    // written by TMA (a bulk store or add-reduce issued by thread 0): no thread's program order
+    // covers it and a barrier alone does not either -- the issuing thread must first wait for the
+    // bulk group's writes (cp.async.bulk.wait_group 0) and fence the async proxy
+    bool async = false;
+    bool add = false;  // an atomic add (element-wise or TMA's reduce): adds commute with each other
     bool operator==(const GlobalAccess&) const = default;
   };
   struct LoopHead {
@@ -275,12 +280,17 @@ class Lowerer {
   // Records an access through `address` (a pointer tile or tensor) in `layout`, after a barrier
   // when it conflicts with an unordered earlier one.
   enum class Access { read, write, read_write };
-  void order_global(ir::ValueId address, Access access, std::optional<Layout> layout, std::vector<int64_t> address_key = {});
+  void order_global(ir::ValueId address, Access access, std::optional<Layout> layout, std::vector<int64_t> address_key = {},
+                    bool add = false);
   // `same_iteration`: both in one pass of the code (a loop's back edge compares this iteration's
   // accesses with the next one's, whose loop-varying addresses differ even when the operands match)
   static bool conflicts(const GlobalAccess& a, const GlobalAccess& b, bool same_iteration = true);
   std::vector<int64_t> window_key(const ir::Op& op, size_t first_offset) const;
-  void global_barrier_emitted();  // emit0's hook: every recorded access is ordered now
+  void global_barrier_emitted();  // emit0's hook: every recorded access is ordered now (but TMA's writes)
+  // The TMA writes recorded since: thread 0 waits for them and fences, then a barrier hands them on.
+  void complete_async_writes();
+  // Marks the access order_global recorded last as TMA's (a bulk store or add issued after it).
+  void mark_last_access_async();
   void add_unordered(const std::vector<GlobalAccess>& accesses);  // (without duplicates)
   // A loop body's end: a barrier when its last accesses conflict with the next iteration's first.
   void order_loop_back_edge(LoopHead head);

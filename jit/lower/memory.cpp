@@ -395,13 +395,13 @@ void Lowerer::block_atomic(const ir::Op& op) {
   Layout L = plan_.natural[op.operands[1]] ? *plan_.natural[op.operands[1]] : memory_layout(t);
   Regs val = get(op.operands[1], L);
   // after the operands: a conversion's barrier clears the record of unordered accesses
-  order_global(op.operands[0], Access::write, L, window_key(op, 2));
+  const ir::AtomicRmw rmw = *ir::parse_atomic_rmw(op.str_attr("reduce"));
+  order_global(op.operands[0], Access::write, L, window_key(op, 2), rmw == ir::AtomicRmw::add);
   std::optional<V> own = owner(L);
   // ordered (after_semaphore): the add waits until *semaphore >= target
   const bool ordered = op.attrs.count("after_semaphore") != 0;
   V sem = ordered ? scalar(op.operands[op.operands.size() - 2]) : 0, target = ordered ? scalar(op.operands.back()) : 0;
   // max / min / and / or / xor: one relaxed GPU-scope atom per element (no TMA path)
-  const ir::AtomicRmw rmw = *ir::parse_atomic_rmw(op.str_attr("reduce"));
   pir::AtomicImm imm;
   imm.rmw = rmw;
   imm.sem = ir::MemSem::relaxed;
@@ -435,6 +435,7 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
   const auto element_updates = fallback;
   const int64_t es = red.elem_bytes, per_chunk = 128 / es;
   V is0 = cmp(pir::Pred::eq, tid_, ci32(0));
+  mark_last_access_async();  // (order_global recorded it: thread 0's bulk operation writes it, later)
   // offsets not known to be non-negative: TMA only when they are (it faults otherwise); else every
   // thread adds its elements, clipped at the tensor's edges, as the generic path does
   V tma_ok = 0;

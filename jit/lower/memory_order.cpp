@@ -9,14 +9,16 @@ namespace tilejit::jit::lower {
 
 bool Lowerer::conflicts(const GlobalAccess& a, const GlobalAccess& b, bool same_iteration) {
   // a read against a write: two reads never race, and an element written twice by different
-  // threads with no barrier between is undefined on both sides (README)
-  if (!(a.read && b.write) && !(a.write && b.read)) return false;
+  // threads with no barrier between is undefined on both sides (README) -- but a TMA write lands
+  // whenever its bulk group completes, so a later write of the element must wait for it
+  const bool after_tma_write = a.write && b.write && (a.async || b.async) && !(a.add && b.add);
+  if (!(a.read && b.write) && !(a.write && b.read) && !after_tma_write) return false;
   if (!a.params.empty() && !b.params.empty() &&
       std::none_of(a.params.begin(), a.params.end(), [&](size_t p) { return b.params.count(p) > 0; }))
     return false;
   // the same addresses in one unreplicated layout: each element touched by the same one thread
-  // both times, whose program order suffices
-  if (same_iteration && !a.address.empty() && a.address == b.address && a.layout && b.layout && *a.layout == *b.layout &&
+  // both times, whose program order suffices (not when TMA wrote it: no thread did)
+  if (same_iteration && !a.async && !b.async && !a.address.empty() && a.address == b.address && a.layout && b.layout && *a.layout == *b.layout &&
       !a.layout->has_replication())
     return false;
   return true;
@@ -34,8 +36,10 @@ std::vector<int64_t> Lowerer::window_key(const ir::Op& op, size_t first_offset) 
   return key;
 }
 
-void Lowerer::order_global(ir::ValueId address, Access access, std::optional<Layout> layout, std::vector<int64_t> address_key) {
+void Lowerer::order_global(ir::ValueId address, Access access, std::optional<Layout> layout, std::vector<int64_t> address_key,
+                           bool add) {
   GlobalAccess now;
+  now.add = add;
   now.read = access != Access::write;
   now.write = access != Access::read;
   now.address = std::move(address_key);
@@ -43,7 +47,10 @@ void Lowerer::order_global(ir::ValueId address, Access access, std::optional<Lay
   // registers that repeat an element inside one thread do not make another thread touch it
   if (layout) now.layout = layout->without_zero_regs();
   const bool hazard = std::any_of(unordered_.begin(), unordered_.end(), [&](const GlobalAccess& a) { return conflicts(a, now); });
-  if (hazard && !in_turn_) emit0(Op::barrier, {});  // (records nothing: clears unordered_)
+  const bool async_hazard =
+      std::any_of(unordered_.begin(), unordered_.end(), [&](const GlobalAccess& a) { return a.async && conflicts(a, now); });
+  if (async_hazard && !in_turn_) complete_async_writes();
+  else if (hazard && !in_turn_) emit0(Op::barrier, {});  // (records nothing: clears unordered_)
   add_unordered({now});
   for (LoopHead& h : loop_heads_)
     if (!h.barrier_seen) h.accesses.push_back(now);
@@ -55,17 +62,37 @@ void Lowerer::add_unordered(const std::vector<GlobalAccess>& accesses) {
 }
 
 void Lowerer::global_barrier_emitted() {
-  unordered_.clear();
+  // a barrier orders the threads' own accesses, not TMA's writes still in flight
+  std::erase_if(unordered_, [](const GlobalAccess& a) { return !a.async; });
   // only the innermost body surely passes it every iteration (an inner loop may run no trip)
   if (!loop_heads_.empty()) loop_heads_.back().barrier_seen = true;
 }
 
 void Lowerer::order_loop_back_edge(LoopHead head) {
-  const bool hazard = std::any_of(unordered_.begin(), unordered_.end(), [&](const GlobalAccess& tail) {
-    return std::any_of(head.accesses.begin(), head.accesses.end(),
-                       [&](const GlobalAccess& top) { return conflicts(tail, top, /*same_iteration=*/false); });
+  bool hazard = false, async_hazard = false;
+  for (const GlobalAccess& tail : unordered_)
+    for (const GlobalAccess& top : head.accesses)
+      if (conflicts(tail, top, /*same_iteration=*/false)) hazard = true, async_hazard = async_hazard || tail.async;
+  if (async_hazard && !in_turn_) complete_async_writes();
+  else if (hazard && !in_turn_) emit0(Op::barrier, {});
+}
+
+void Lowerer::complete_async_writes() {
+  pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
+    emit0(Op::bulk_wait, {}, 0);  // the bulk groups' global writes done (not only their reads)
+    emit0(Op::fence_proxy_async_global, {});
   });
-  if (hazard && !in_turn_) emit0(Op::barrier, {});
+  emit0(Op::barrier, {});
+  unordered_.clear();
+}
+
+void Lowerer::mark_last_access_async() {
+  if (unordered_.empty()) return;
+  GlobalAccess& a = unordered_.back();
+  a.async = true;
+  a.layout.reset();  // (thread 0's bulk operation, not the value's layout)
+  for (LoopHead& h : loop_heads_)
+    if (!h.barrier_seen && !h.accesses.empty()) h.accesses.back() = a;
 }
 
 }  // namespace tilejit::jit::lower
