@@ -100,6 +100,8 @@ class Emulator {
           exited_.assign(static_cast<size_t>(n_), 0);
           if (per_warp_) run_warps();
           else exec(p_.body, Mask(static_cast<size_t>(n_), 1));
+          for (auto& [t, q] : tma_writes_) land_tma_writes(q, 0, true);  // (the GPU completes them by the kernel's end)
+          tma_writes_.clear();
         }
   }
 
@@ -427,6 +429,22 @@ class Emulator {
   // the mbarrier at once.
   enum class Tma { load, reduce_add, store };
   void tma(const pir::Inst& in, const Mask& m, Tma mode);
+  // TMA stores and add-reduces: the shared tile is read when issued, but the global writes land
+  // only at the issuing thread's cp.async.bulk.wait_group (not .read) that covers their bulk group,
+  // or at the program's end -- so a read the lowering did not order after that wait sees the old
+  // value, as it may on the GPU.
+  struct TmaWrite {
+    std::byte* global = nullptr;
+    DType dtype = DType::f32;
+    Val value;
+    bool add = false;
+  };
+  struct TmaWrites {
+    std::vector<std::vector<TmaWrite>> committed;  // oldest first
+    std::vector<TmaWrite> open;                    // since the last bulk_commit
+  };
+  std::map<int, TmaWrites> tma_writes_;  // by issuing thread
+  void land_tma_writes(TmaWrites& q, size_t keep, bool open_too);
 
   // wgmma m64nNk16 per warpgroup: A from a shared-memory descriptor (K-major, or MN-major with
   // imm bit 26) or, wgmma_rs, from registers (each warp's 16 rows as mma.sync's A fragment); B

@@ -15,8 +15,20 @@ void Emulator::hopper_inst(const pir::Inst& in, const Mask& m) {
     case Op::fence_proxy_async_global:
     case Op::wgmma_fence:
     case Op::wgmma_commit:
+      return;  // (asynchronous copies and MMAs complete when issued here, but TMA's global writes)
     case Op::bulk_commit:
-    case Op::bulk_wait:  // (asynchronous copies and MMAs complete when issued here)
+      each(m, [&](int t) {
+        if (auto it = tma_writes_.find(t); it != tma_writes_.end()) {
+          it->second.committed.push_back(std::move(it->second.open));
+          it->second.open.clear();
+        }
+      });
+      return;
+    case Op::bulk_wait:  // (.read: the shared tile was read at the issue)
+      if (in.imm & pir::kBulkWaitRead) return;
+      each(m, [&](int t) {
+        if (auto it = tma_writes_.find(t); it != tma_writes_.end()) land_tma_writes(it->second, static_cast<size_t>(in.imm & 0xFF), false);
+      });
       return;
     case Op::wgmma_wait:
       for (size_t k = 0; k < in.results.size(); ++k) each(m, [&](int t) { set(k, t, arg(k, t)); });
@@ -95,6 +107,28 @@ void Emulator::mbar_update(const pir::Inst& in, int t, int64_t addr, int64_t arr
   }
 }
 
+void Emulator::land_tma_writes(TmaWrites& q, size_t keep, bool open_too) {
+  const auto land = [&](const std::vector<TmaWrite>& group) {
+    for (const TmaWrite& w : group) {
+      Val now = w.value;
+      if (w.add) {
+        const Val old = read(w.dtype, w.global);
+        if (ir::is_float(w.dtype)) now.f = interp::atomic_float_add(w.dtype, old.f, w.value.f);
+        else now.i = wrap(w.dtype, static_cast<uint64_t>(old.i + w.value.i));
+      }
+      write(w.dtype, w.global, now);
+    }
+  };
+  while (q.committed.size() > keep) {
+    land(q.committed.front());
+    q.committed.erase(q.committed.begin());
+  }
+  if (open_too) {
+    land(q.open);
+    q.open.clear();
+  }
+}
+
 void Emulator::tma(const pir::Inst& in, const Mask& m, Tma mode) {
   const bool reduce = mode != Tma::load;  // (reduce_add and store: shared -> global)
   each(m, [&](int t) {
@@ -123,15 +157,9 @@ void Emulator::tma(const pir::Inst& in, const Mask& m, Tma mode) {
       }
       std::byte* sm = shared(in, t, swizzle(smem0 + e * es, spec.swizzle_bytes), es);
       if (reduce) {
-        if (inside) {
+        if (inside) {  // (lands later: land_tma_writes)
           std::byte* gm = global(in, t, ta.base + static_cast<uint64_t>(offset * es), static_cast<uint64_t>(es), static_cast<uint64_t>(es));
-          const Val add = read(ta.dtype, sm), old = read(ta.dtype, gm);
-          Val now = add;
-          if (mode == Tma::reduce_add) {
-            if (ir::is_float(ta.dtype)) now.f = interp::atomic_float_add(ta.dtype, old.f, add.f);
-            else now.i = wrap(ta.dtype, static_cast<uint64_t>(old.i + add.i));
-          }
-          write(ta.dtype, gm, now);
+          tma_writes_[t].open.push_back({gm, ta.dtype, read(ta.dtype, sm), mode == Tma::reduce_add});
         }
       } else if (inside) {
         const std::byte* gm = global(in, t, ta.base + static_cast<uint64_t>(offset * es), static_cast<uint64_t>(es), static_cast<uint64_t>(es));
