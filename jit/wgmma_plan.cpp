@@ -367,7 +367,9 @@ class Planner {
   // stands in the body of the ring's loop, after every reader of the tile, which is large enough.
   // Of several such tiles the one first read latest in the body: its next copy, which now waits
   // for the store, is needed last (the forward's O over the last V block, not over Q).
-  // Outside every loop, a tile loaded once serves the same way (no stage to free).
+  // At the kernel's top level, a tile loaded once serves the same way (no stage to free). (Not in
+  // a branch: MMAs in flight stay in flight through a region that does not read their results, and
+  // the staging writes must come after every MMA reading the tile has retired.)
   void borrow_staging() {
     for (const ir::Op* store : in_order(plan_.reduces)) {
       TmaReduce& red = plan_.reduces.at(store);
@@ -376,7 +378,7 @@ class Planner {
       std::vector<const ir::Op*> lenders;
       if (loop && producer_ && plan_.rings.count(loop)) {
         lenders = plan_.rings.at(loop).loads;
-      } else if (!inside_loop(store)) {
+      } else if (!loop) {
         for (const auto& [l, t] : plan_.tiles)
           if (!t.ring) lenders.push_back(l);
       }
@@ -395,12 +397,6 @@ class Planner {
       red.staging_tile = best;
       plan_.tiles.at(best).lends_staging_to = store;
     }
-  }
-
-  bool inside_loop(const ir::Op* op) const {
-    for (const ir::Op* p = parent_.at(op); p; p = parent_.at(p))
-      if (p->kind == OpKind::for_) return true;
-    return false;
   }
 
   // Barrier pairs per stage: one per ring, or one per tile under a producer.
