@@ -175,6 +175,7 @@ void Emitter::emit(size_t i) {
     case NodeKind::Store: {
       const Tensor& o = tensors_.at(static_cast<size_t>(n.tensor));
       if (n.sub == 1) store(o.block({program_id(0), a(1), a(2)}, {p_.R, p_.C}, {1, 2}), a(0), StoreOptions{.tma = p_.tma_stores});
+      else if (n.sub == 3) store(o.block({program_id(0), a(1), a(2)}, {p_.R, p_.C}, {1, 2}), a(0));
       else if (n.sub == 2) store(store_pointers(o), a(0), a(1));
       else store(store_pointers(o), a(0));
       return;

@@ -4,6 +4,7 @@
 // math and order-dependent float sums taint a value, and a tainted value only flows into operations
 // that keep an error small (never into comparisons, integer casts, bitcasts or divisions).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -86,9 +87,11 @@ class Generator {
     body(o_.max_nodes);
     if (epilogue_ >= 0) tma_epilogue();
     for (size_t t = 0; t < p_.tensors.size(); ++t)
-      if (p_.tensors[t].output && !p_.tensors[t].accumulator && !written_[t])
+      if (p_.tensors[t].output && !p_.tensors[t].accumulator && !written_[t] && static_cast<int>(t) != readback_)
         store_into(static_cast<int>(t), scopes_.back().empty() ? constant(p_.tensors[t].dtype, {p_.R, p_.C})
                                                                : rng_.pick(scopes_.back()));
+    // (every TMA output is written by now, at the top level at the latest)
+    if (readback_ >= 0 && !written_[static_cast<size_t>(readback_)]) after_tma_store(rng_.pick(tma_outs_));
   }
 
  private:
@@ -149,6 +152,17 @@ class Generator {
       }
       p_.tensors.push_back(t);
     }
+    // --tma-stores: an output for what is read back of a TMA output (after_tma_store); drawn apart, so
+    // that the other programs stay as they were before read-backs
+    if (tma_ && Rng(p_.seed ^ 0x7EADBACCull).chance(0.4)) {
+      TensorSpec t;
+      t.dtype = value_dtype();
+      t.shape = {p_.programs, p_.R, p_.C};
+      t.output = true;
+      t.contiguous = rng_.chance(0.5);
+      readback_ = static_cast<int>(p_.tensors.size());
+      p_.tensors.push_back(t);
+    }
     if (rng_.chance(0.3)) {  // pointer atomics: each program its own slice, old values returned
       TensorSpec t;
       t.dtype = rng_.pick(std::vector<DType>{DType::f32, DType::f32, DType::i32, DType::u32, DType::i64, DType::u64,
@@ -176,6 +190,7 @@ class Generator {
     }
     written_.assign(p_.tensors.size(), false);
     stored_exact_.assign(p_.tensors.size(), true);
+    tma_at_.assign(p_.tensors.size(), {-1, -1});
     int n_scalars = static_cast<int>(rng_.range(0, 3));
     for (int i = 0; i < n_scalars; ++i) p_.scalars.push_back(scalar_param());
   }
@@ -222,6 +237,81 @@ class Generator {
   void tma_epilogue() {
     const int d = dot_node(-1);
     store_into(epilogue_, d);
+  }
+
+  // --tma-stores: reads back (and sometimes writes again) TMA output t after a TMA store into it, in
+  // the same program and at the top level: the lowering must order them after the TMA unit's
+  // asynchronous write (jit/lower/memory.cpp tma_bulk_write). Before the read, sometimes a generic
+  // window store (write after write) or a second TMA store into a window overlapping the first; then
+  // one or two windows overlapping it (the same, shifted by rows or 16-byte chunks, partly outside)
+  // are loaded and stored into the read-back output, so the result depends on what was stored.
+  void after_tma_store(int t) {
+    written_[static_cast<size_t>(readback_)] = true;  // (before any store below: no second read-back)
+    const TensorSpec& ts = p_.tensors[static_cast<size_t>(t)];
+    const int64_t unit = 16 / ir::byte_size(ts.dtype);
+    auto value = [&] {
+      int x = find([](const Node&) { return true; });
+      return x < 0 ? constant(ts.dtype, {p_.R, p_.C}) : x;
+    };
+    auto [r0, c0] = tma_at_[static_cast<size_t>(t)];
+    int mode = static_cast<int>(rng_.range(0, 3));  // 0, 1: read only; 2: a generic store first; 3: a TMA store
+    if (r0 < 0) mode = 3;  // (stored only in a loop or branch: a TMA store here, at offsets to read back)
+    if (mode >= 2) {
+      int r1 = r0 < 0 ? tma_offset(p_.R, 1) : shifted(r0, rng_.pick(std::vector<int64_t>{0, 8, -8, p_.R / 2}));
+      int c1 = r0 < 0 ? tma_offset(p_.C, unit) : shifted(c0, unit * rng_.pick(std::vector<int64_t>{0, 0, 1, -1}));
+      window_store(t, value(), r1, c1, mode == 3);
+      if (r0 < 0 || rng_.chance(0.5)) r0 = r1, c0 = c1;  // (read around the first or the second)
+    }
+    auto read = [&] {
+      Node n;
+      n.kind = NodeKind::LoadOutput;
+      n.tensor = t;
+      const int64_t pick = rng_.range(0, 9);
+      n.shape = pick < 7 ? Shape{p_.R, p_.C} : pick < 8 ? Shape{1, p_.C} : Shape{p_.R, 1};
+      n.args = {shifted(r0, rng_.pick(std::vector<int64_t>{0, 0, 8, -8, p_.R - 1, 1})),
+                shifted(c0, rng_.pick(std::vector<int64_t>{0, 0, 0, unit, -unit, p_.C / 2, 1}))};
+      const int i = add(n);
+      node(i).exact = stored_exact_[static_cast<size_t>(t)];
+      return i;
+    };
+    int x = read();
+    if (rng_.chance(0.4)) {  // a second window, added (ints: xor)
+      const int y = read();
+      Node b;
+      b.kind = NodeKind::Binary;
+      b.sub = static_cast<int>(ir::is_float(ts.dtype) || rng_.chance(0.5) ? OpKind::add : OpKind::bit_xor);
+      b.args = {x, y};
+      x = add(b);
+    }
+    store_into(readback_, x);
+  }
+
+  // x (an integer scalar) + delta in x's dtype (0: x itself)
+  int shifted(int x, int64_t delta) {
+    if (delta == 0) return x;
+    Node c;
+    c.kind = NodeKind::Constant;
+    c.dtype = node(x).dtype;
+    c.ivalue = ir::wrap_int(c.dtype, delta);
+    Node b;
+    b.kind = NodeKind::Binary;
+    b.sub = static_cast<int>(OpKind::add);
+    b.args = {x, add(c)};
+    return add(b);
+  }
+
+  // A window store into output t at (r, c): by TMA or (tma false) a generic one (Store sub 3).
+  void window_store(int t, int x, int r, int c, bool tma) {
+    x = stored_value(t, x);
+    Node n;
+    n.kind = NodeKind::Store;
+    n.tensor = t;
+    n.sub = tma ? 1 : 3;
+    n.args = {x, r, c};
+    int i = add(n);
+    node(i).exact = node(x).exact;
+    stored_exact_[static_cast<size_t>(t)] = stored_exact_[static_cast<size_t>(t)] && node(x).exact;
+    if (tma && depth_ == 0) tma_at_[static_cast<size_t>(t)] = {r, c};
   }
 
   bool is_tma_output(int t) const { return std::find(tma_outs_.begin(), tma_outs_.end(), t) != tma_outs_.end(); }
@@ -1059,19 +1149,27 @@ class Generator {
   void store_some() {
     std::vector<int> free;
     for (size_t t = 0; t < p_.tensors.size(); ++t)
-      if (p_.tensors[t].output && !p_.tensors[t].accumulator && !written_[t] && static_cast<int>(t) != epilogue_)
+      if (p_.tensors[t].output && !p_.tensors[t].accumulator && !written_[t] && static_cast<int>(t) != epilogue_ &&
+          static_cast<int>(t) != readback_)
         free.push_back(static_cast<int>(t));
     int x = find([](const Node&) { return true; });
     if (free.empty() || x < 0) return;
     store_into(rng_.pick(free), x);
   }
 
-  void store_into(int t, int x) {
+  // x as a [R, C] tile of output t's dtype (exact for an integer output)
+  int stored_value(int t, int x) {
     x = to_main_shape(x);
     if (x < 0) x = constant(p_.tensors[static_cast<size_t>(t)].dtype, {p_.R, p_.C});
     const TensorSpec& ts = p_.tensors[static_cast<size_t>(t)];
     if (!node(x).exact && !ir::is_float(ts.dtype)) x = constant(ts.dtype, {p_.R, p_.C});
     if (node(x).dtype != ts.dtype) x = cast_to(ts.dtype, x);
+    return x;
+  }
+
+  void store_into(int t, int x) {
+    x = stored_value(t, x);
+    const TensorSpec& ts = p_.tensors[static_cast<size_t>(t)];
     Node n;
     n.kind = NodeKind::Store;
     n.tensor = t;
@@ -1098,6 +1196,10 @@ class Generator {
     int i = add(n);
     node(i).exact = node(x).exact;
     stored_exact_[static_cast<size_t>(t)] = node(x).exact;
+    if (tma_ && is_tma_output(t) && depth_ == 0) {  // (--tma-stores: read back now or at the end, run())
+      tma_at_[static_cast<size_t>(t)] = {n.args[1], n.args[2]};
+      if (readback_ >= 0 && !written_[static_cast<size_t>(readback_)] && rng_.chance(0.5)) after_tma_store(t);
+    }
   }
 
   void atomics() {
@@ -1142,6 +1244,8 @@ class Generator {
   int atomic_ptr_ = -1, atomic_block_ = -1, block_rmw_ = 0;
   bool tma_ = false;           // --tma-stores: this program's shapes and some outputs suit TMA stores
   std::vector<int> tma_outs_;  // those outputs (only window stores write them: tma_output)
+  std::vector<std::array<int, 2>> tma_at_;  // per tensor: the offsets of its last top-level TMA store
+  int readback_ = -1;          // the output that after_tma_store stores what it read back into (-1: none)
   int epilogue_ = -1;          // the one of them that tma_epilogue stores a dot into (-1: none)
 };
 

@@ -159,9 +159,9 @@ std::string to_cpp(const Program& p) {
       case NodeKind::VarDecl: s += fmt::format("{}Var x{} = {};  // v{}\n", indent, n.var, a(0), i); break;
       case NodeKind::VarAssign: s += fmt::format("{}x{} = {};\n", indent, n.var, a(0)); break;
       case NodeKind::Store:
-        if (n.sub == 1)
+        if (n.sub == 1 || n.sub == 3)
           s += fmt::format("{}store(T{}.block({{program_id(0), {}, {}}}, {{{}, {}}}, {{1, 2}}), {}{});\n", indent, n.tensor, a(1), a(2), p.R, p.C,
-                           a(0), p.tma_stores ? ", {.tma = true}" : "");
+                           a(0), p.tma_stores && n.sub == 1 ? ", {.tma = true}" : "");
         else if (n.sub == 2) s += fmt::format("{}store(rows_cols_of_program(T{}), {}, /*mask=*/{});\n", indent, n.tensor, a(0), a(1));
         else s += fmt::format("{}store(rows_cols_of_program(T{}), {});\n", indent, n.tensor, a(0));
         break;

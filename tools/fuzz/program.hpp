@@ -61,8 +61,9 @@ enum class NodeKind : uint8_t {
   IfBegin,     // if_(args[0], then...
   IfElse,      // ...else...
   IfEnd,
-  Store,       // output `tensor` [pid] <- args[0] (a [R, C] tile): sub 0 masked pointers, 1 window at
-               // rows/cols offsets args[1], args[2]
+  Store,       // output `tensor` [pid] <- args[0] (a [R, C] tile): sub 0 pointers, 1 window at
+               // rows/cols offsets args[1], args[2] (StoreOptions::tma under --tma-stores), 2 pointers
+               // masked by args[1], 3 the window of 1 by a generic store (--tma-stores read-backs only)
   AtomicAdd,   // old = atomic_add(output `tensor` [pid] pointers, args[0]) (no two programs collide)
   AtomicBlock, // atomic_{add, max, min, and, or, xor}[sub](accumulator `tensor`.block({args[1], args[2]}, [R, C]), args[0])
                // (all programs; one sub per program, so the result does not depend on their order)
