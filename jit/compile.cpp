@@ -141,11 +141,30 @@ pir::Func run_passes(const ir::Function& input, const CompileOptions& opts,
   return threads;
 }
 
+// The rings start at opts.pipeline.stages and shrink against a budget that cannot count the
+// scratch of layout exchanges (known only once lowered): where the kernel then overflows shared
+// memory, the passes again with one stage fewer, down to 2, rather than refusing a valid program
+// (fuzzer seeds 14438, 20359). `fitted`: the stages it took, 0 when the requested ones fit.
+pir::Func run_passes_fitting(const ir::Function& input, const CompileOptions& opts,
+                             const std::function<void(const std::string&, const std::string&)>& dump, std::string* tile_ir,
+                             int* fitted) {
+  CompileOptions o = opts;
+  for (;;) {
+    try {
+      return run_passes(input, o, dump, tile_ir);
+    } catch (const SharedMemoryOverflow&) {
+      if (!o.pipeline.enabled || o.pipeline.stages <= 2) throw;
+      --o.pipeline.stages;
+      if (fitted) *fitted = o.pipeline.stages;
+    }
+  }
+}
+
 }  // namespace
 
 pir::Func lower(const ir::Function& f, const CompileOptions& opts) {
   detail::check_arch(opts.arch, f.name, false);
-  return run_passes(f, opts, [](const std::string&, const std::string&) {}, nullptr);
+  return run_passes_fitting(f, opts, [](const std::string&, const std::string&) {}, nullptr, nullptr);
 }
 
 CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
@@ -169,7 +188,11 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
     if (opts.dump_after == pass) out.dump = text;
   };
   auto t0 = std::chrono::steady_clock::now();
-  pir::Func threads = run_passes(input, opts, dump, &out.tile_ir);
+  int fitted_stages = 0;
+  pir::Func threads = run_passes_fitting(input, opts, dump, &out.tile_ir, &fitted_stages);
+  if (fitted_stages)
+    out.warnings.push_back(fmt::format("kernel '{}': {} pipeline stages do not fit in shared memory beside its layout exchanges; "
+                                       "compiled with {}", input.name, opts.pipeline.stages, fitted_stages));
   const ir::Function& f = input;
   out.num_threads = threads.num_threads;
   out.smem_bytes = threads.smem_bytes;

@@ -18,6 +18,11 @@ using Coord = std::vector<int64_t>;  // one entry per tile dimension
 struct LoweringError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+// The lowered kernel needs more shared memory than a multiprocessor has (jit::compile then tries
+// fewer pipeline stages before it gives up).
+struct SharedMemoryOverflow : LoweringError {
+  using LoweringError::LoweringError;
+};
 
 // coords(r, l, w) = XOR of the bases selected by the set bits of r, l and w. A zero basis means
 // replication (two registers/lanes/warps hold the same element). Shapes are powers of two.

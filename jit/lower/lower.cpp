@@ -33,9 +33,10 @@ pir::Func Lowerer::run() {
   constexpr int64_t kMaxSmem = 227 * 1024;
   if (smem_bytes_ > kMaxSmem) {
     const HopperPlan& h = plan_.hopper;
-    fail(nullptr, fmt::format("needs {} B of shared memory ({} B of TMA tiles and stages, the rest for exchanges between "
-                              "layouts); at most {} B fit on one multiprocessor: use smaller blocks or fewer stages",
-                              smem_bytes_, h.persistent_bytes, kMaxSmem));
+    throw SharedMemoryOverflow(fmt::format("tilejit: kernel '{}': needs {} B of shared memory ({} B of TMA tiles and stages, the "
+                                           "rest for exchanges between layouts); at most {} B fit on one multiprocessor: use "
+                                           "smaller blocks or fewer stages",
+                                           f_.name, smem_bytes_, h.persistent_bytes, kMaxSmem));
   }
   return std::move(out_);
 }
