@@ -280,8 +280,9 @@ class Lowerer {
   // Records an access through `address` (a pointer tile or tensor) in `layout`, after a barrier
   // when it conflicts with an unordered earlier one.
   enum class Access { read, write, read_write };
+  // `add`: an atomic add; `async`: written by TMA (planned in HopperPlan::reduces), not by `layout`.
   void order_global(ir::ValueId address, Access access, std::optional<Layout> layout, std::vector<int64_t> address_key = {},
-                    bool add = false);
+                    bool add = false, bool async = false);
   // `same_iteration`: both in one pass of the code (a loop's back edge compares this iteration's
   // accesses with the next one's, whose loop-varying addresses differ even when the operands match)
   static bool conflicts(const GlobalAccess& a, const GlobalAccess& b, bool same_iteration = true);
@@ -289,8 +290,6 @@ class Lowerer {
   void global_barrier_emitted();  // emit0's hook: every recorded access is ordered now (but TMA's writes)
   // The TMA writes recorded since: thread 0 waits for them and fences, then a barrier hands them on.
   void complete_async_writes();
-  // Marks the access order_global recorded last as TMA's (a bulk store or add issued after it).
-  void mark_last_access_async();
   void add_unordered(const std::vector<GlobalAccess>& accesses);  // (without duplicates)
   // A loop body's end: a barrier when its last accesses conflict with the next iteration's first.
   void order_loop_back_edge(LoopHead head);

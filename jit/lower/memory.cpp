@@ -396,7 +396,7 @@ void Lowerer::block_atomic(const ir::Op& op) {
   Regs val = get(op.operands[1], L);
   // after the operands: a conversion's barrier clears the record of unordered accesses
   const ir::AtomicRmw rmw = *ir::parse_atomic_rmw(op.str_attr("reduce"));
-  order_global(op.operands[0], Access::write, L, window_key(op, 2), rmw == ir::AtomicRmw::add);
+  order_global(op.operands[0], Access::write, L, window_key(op, 2), rmw == ir::AtomicRmw::add, plan_.hopper.reduces.count(&op) > 0);
   std::optional<V> own = owner(L);
   // ordered (after_semaphore): the add waits until *semaphore >= target
   const bool ordered = op.attrs.count("after_semaphore") != 0;
@@ -435,7 +435,6 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
   const auto element_updates = fallback;
   const int64_t es = red.elem_bytes, per_chunk = 128 / es;
   V is0 = cmp(pir::Pred::eq, tid_, ci32(0));
-  mark_last_access_async();  // (order_global recorded it: thread 0's bulk operation writes it, later)
   // offsets not known to be non-negative: TMA only when they are (it faults otherwise); else every
   // thread adds its elements, clipped at the tensor's edges, as the generic path does
   V tma_ok = 0;
@@ -527,7 +526,7 @@ void Lowerer::block_store(const ir::Op& op) {
     check_shape(&op, t);
     const Layout L = plan_.natural[op.operands[1]] ? *plan_.natural[op.operands[1]] : memory_layout(t);
     const Regs val = get(op.operands[1], L);
-    order_global(op.operands[0], Access::write, L, window_key(op, 2));
+    order_global(op.operands[0], Access::write, L, window_key(op, 2), false, /*async=*/true);
     const auto element_stores = [&] {
       Regs addr, inb;
       window(op, 2, L, addr, inb);

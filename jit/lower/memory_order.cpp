@@ -37,15 +37,17 @@ std::vector<int64_t> Lowerer::window_key(const ir::Op& op, size_t first_offset) 
 }
 
 void Lowerer::order_global(ir::ValueId address, Access access, std::optional<Layout> layout, std::vector<int64_t> address_key,
-                           bool add) {
+                           bool add, bool async) {
   GlobalAccess now;
   now.add = add;
+  now.async = async;
   now.read = access != Access::write;
   now.write = access != Access::read;
   now.address = std::move(address_key);
   if (auto it = sources_.find(address); it != sources_.end()) now.params = it->second;
-  // registers that repeat an element inside one thread do not make another thread touch it
-  if (layout) now.layout = layout->without_zero_regs();
+  // registers that repeat an element inside one thread do not make another thread touch it (TMA's
+  // writes: thread 0's bulk operation, whatever the value's layout)
+  if (layout && !async) now.layout = layout->without_zero_regs();
   const bool hazard = std::any_of(unordered_.begin(), unordered_.end(), [&](const GlobalAccess& a) { return conflicts(a, now); });
   const bool async_hazard =
       std::any_of(unordered_.begin(), unordered_.end(), [&](const GlobalAccess& a) { return a.async && conflicts(a, now); });
@@ -84,15 +86,6 @@ void Lowerer::complete_async_writes() {
   });
   emit0(Op::barrier, {});
   unordered_.clear();
-}
-
-void Lowerer::mark_last_access_async() {
-  if (unordered_.empty()) return;
-  GlobalAccess& a = unordered_.back();
-  a.async = true;
-  a.layout.reset();  // (thread 0's bulk operation, not the value's layout)
-  for (LoopHead& h : loop_heads_)
-    if (!h.barrier_seen && !h.accesses.empty()) h.accesses.back() = a;
 }
 
 }  // namespace tilejit::jit::lower
