@@ -91,7 +91,10 @@
 #include "bench/bench_util.hpp"
 
 using namespace tilejit;
+using bench_util::add_dropout_key;
 using bench_util::median;
+using bench_util::no_rng_state;
+using bench_util::parse_with;
 using bench_util::random_buffer;
 using runtime::DeviceBuffer;
 
@@ -100,17 +103,6 @@ namespace {
 namespace mn = tilejit::kernels::meta_name;
 
 constexpr int64_t kTokens = 16384, kHidden = 2048;  // B * S and H * D of the grid
-
-// The dropout key's rng_state argument when seed and offset are scalars: a null u32 view (device 0).
-constexpr int64_t kEmptyDims[1] = {0}, kUnitStride[1] = {1};
-const runtime::TensorView no_rng_state{ir::DType::u32, kEmptyDims, kUnitStride, 0, 0};
-
-// The dropout key (seed 1234, offset 7, probability p) appended to a kernel's arguments.
-void add_dropout_key(std::vector<runtime::DeviceArg>& args, double p) {
-  for (uint32_t v : {1234u, 0u, 7u, 0u, kernels::dropout_keep_threshold(p)}) args.emplace_back(v);
-  args.emplace_back(no_rng_state);
-  args.emplace_back(0u);
-}
 
 struct Config {
   int64_t S, D;
@@ -577,21 +569,6 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
 // reading the packed mask (DROPOUT_BITS; dropout=2), alternated rounds;
 // direct launches at the API's default schedule. A schedule must not change values: the outputs
 // of both variants are compared bit for bit (outputs_identical=1).
-// "A,B=0,C=1" -> {A: true, B: false, C: true}: the bool metas of --with.
-std::vector<std::pair<std::string, bool>> parse_with(const std::string& with) {
-  std::vector<std::pair<std::string, bool>> out;
-  size_t start = 0;
-  while (start < with.size()) {
-    const size_t comma = std::min(with.find(',', start), with.size());
-    const std::string item = with.substr(start, comma - start);
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos) out.emplace_back(item, true);
-    else out.emplace_back(item.substr(0, eq), item.substr(eq + 1) != "0");
-    start = comma + 1;
-  }
-  return out;
-}
-
 int bench_schedule_ab(const std::string& meta_name, int max_reps, const std::string& with, int64_t only_d, int only_causal,
                       bool no_dropout, int64_t seq) {
   const Buffers buf;

@@ -26,7 +26,6 @@
 #include "kernels/attention/config.hpp"
 #include "kernels/attention/forward.hpp"
 #include "kernels/meta_names.hpp"
-#include "kernels/philox_host.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/device_buffer.hpp"
 #include "runtime/function.hpp"
@@ -46,19 +45,6 @@ struct Options {
   std::string with;  // "A=1,B=0": bool metas on top of the default schedule
 };
 
-lang::Meta with_metas(const std::string& with) {
-  lang::Meta out;
-  size_t start = 0;
-  while (start < with.size()) {
-    const size_t comma = std::min(with.find(',', start), with.size());
-    const std::string item = with.substr(start, comma - start);
-    const size_t eq = item.find('=');
-    out.emplace_back(item.substr(0, eq), eq == std::string::npos || item.substr(eq + 1) != "0");
-    start = comma + 1;
-  }
-  return out;
-}
-
 double median(std::vector<double> v) { return v.empty() ? NAN : bench_util::median(std::move(v)); }
 
 int run(const Options& o) {
@@ -69,7 +55,7 @@ int run(const Options& o) {
                   {mn::kTimeline, true}};
   const bool persistent = o.persistent < 0 ? o.dropout == 0 : o.persistent == 1;
   meta.emplace_back(mn::kPersistent, persistent);
-  for (const auto& m : with_metas(o.with)) meta.push_back(m);
+  for (const auto& [name, value] : bench_util::parse_with(o.with)) meta.emplace_back(name, value);
   jit::CompileOptions co;
   co.num_warps = sch.num_warps;
   co.pipeline.stages = sch.stages;
@@ -84,14 +70,7 @@ int run(const Options& o) {
   const attention::Tensor Q = t4(q), K = t4(k), V = t4(v), O = t4(out), L = attention::contiguous(lse.ptr(), ir::DType::f32, {B, H, S});
   const attention::Tensor T = attention::contiguous(stamps.ptr(), ir::DType::u64, {programs * kStamps * kWarpSlots});
   std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), static_cast<float>(1 / std::sqrt(double(D)))};
-  // (the empty rng_state view outlives args)
-  const int64_t no_dims[1] = {0}, unit[1] = {1};
-  const runtime::TensorView no_state{ir::DType::u32, no_dims, unit, 0, 0};
-  if (o.dropout > 0) {
-    for (uint32_t x : {1234u, 0u, 7u, 0u, kernels::dropout_keep_threshold(o.dropout)}) args.emplace_back(x);
-    args.emplace_back(no_state);
-    args.emplace_back(0u);
-  }
+  if (o.dropout > 0) bench_util::add_dropout_key(args, o.dropout);
   args.emplace_back(T.view());
   runtime::Stream stream;
   // (gpu_kernel() compiles: the persistent grid is as many programs as are resident)

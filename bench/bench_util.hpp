@@ -1,12 +1,16 @@
-// What the attention benchmarks (bench/attention.cpp, bench/attention_cp.cpp) share: seeded random
-// device buffers and medians.
+// What the attention benchmarks (bench/attention.cpp, attention_cp.cpp, attention_timeline.cpp)
+// share: seeded random device buffers, medians, the dropout key's arguments and --with's metas.
 #pragma once
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "kernels/philox_host.hpp"
 #include "runtime/device_buffer.hpp"
+#include "runtime/gpu_kernel.hpp"
 #include "runtime/host_tensor.hpp"
 
 namespace tilejit::bench_util {
@@ -27,6 +31,32 @@ inline runtime::DeviceBuffer random_buffer(size_t bytes, ir::DType dtype, uint64
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// The dropout key's rng_state argument when seed and offset are scalars: a null u32 view (device 0).
+inline constexpr int64_t kEmptyDims[1] = {0}, kUnitStride[1] = {1};
+inline const runtime::TensorView no_rng_state{ir::DType::u32, kEmptyDims, kUnitStride, 0, 0};
+
+// The dropout key (seed 1234, offset 7, probability p) appended to a kernel's arguments.
+inline void add_dropout_key(std::vector<runtime::DeviceArg>& args, double p) {
+  for (uint32_t v : {1234u, 0u, 7u, 0u, kernels::dropout_keep_threshold(p)}) args.emplace_back(v);
+  args.emplace_back(no_rng_state);
+  args.emplace_back(0u);
+}
+
+// "A,B=0,C=1" -> {A: true, B: false, C: true}: the bool metas of --with.
+inline std::vector<std::pair<std::string, bool>> parse_with(const std::string& with) {
+  std::vector<std::pair<std::string, bool>> out;
+  size_t start = 0;
+  while (start < with.size()) {
+    const size_t comma = std::min(with.find(',', start), with.size());
+    const std::string item = with.substr(start, comma - start);
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) out.emplace_back(item, true);
+    else out.emplace_back(item.substr(0, eq), item.substr(eq + 1) != "0");
+    start = comma + 1;
+  }
+  return out;
 }
 
 }  // namespace tilejit::bench_util
