@@ -241,10 +241,16 @@ class Planner {
     const auto& shape = f_.type(op.operands[1]).shape;
     if (rank > 5 || dims.size() != 2 || dims[1] != rank - 1 || !offsets_fit_i32(op, 2, rank)) return std::nullopt;
     if (!tma_inner_offset_aligned(facts_, op.operands[static_cast<size_t>(rank) + 1], p->type.dtype)) return std::nullopt;
-    for (int d = 0; d < rank; ++d)
-      if (!facts_.non_negative(op.operands[static_cast<size_t>(d) + 2])) r.check_negative = true;
     r.rows = shape[0];
     r.cols = shape[1];
+    // TMA faults at a negative store coordinate, and where coordinate + box passes 2^31 - 1
+    for (int d = 0; d < rank; ++d) {
+      const int64_t extent = d == dims[0] ? r.rows : d == rank - 1 ? r.cols : 1;
+      const ir::ValueId offset = op.operands[static_cast<size_t>(d) + 2];
+      const std::optional<ScalarFacts::Range> c = facts_.range(offset);
+      const bool fits = c && c->lo >= 0 && c->hi <= int64_t{INT32_MAX} - extent;
+      if (!fits && !facts_.index_like(offset)) r.check_coordinates = true;
+    }
     const int64_t per_chunk = 128 / r.elem_bytes;
     if (r.rows > 256 || r.rows % 8 != 0 || r.cols % per_chunk != 0) return std::nullopt;
     r.box.assign(static_cast<size_t>(rank), 1);

@@ -87,10 +87,10 @@ struct TmaReduce {
   int param_index = 0;
   int64_t rows = 0, cols = 0;
   std::vector<int64_t> box;  // innermost first: 128 / elem_bytes, rows along the row dim, 1 elsewhere
-  // A TMA reduce at a negative coordinate faults on the H100: where the offsets are not known to
-  // be non-negative (jit/scalar_facts.hpp), the lowering tests them and adds element by element
-  // when one is negative.
-  bool check_negative = false;
+  // A TMA store or reduce at a negative coordinate, or one whose box passes 2^31 - 1, faults on
+  // the H100: where the offsets' ranges (jit/scalar_facts.hpp) do not exclude that, the lowering
+  // tests them and writes element by element when one is out of that range.
+  bool check_coordinates = false;
   // a plain store (StoreOptions::tma: cp.async.bulk.tensor) rather than an add; the element size
   // (4 for adds: f32; 2 or 4 for stores), so 128 / elem_bytes columns a chunk
   bool store_only = false;

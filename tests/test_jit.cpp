@@ -9,6 +9,7 @@
 
 #include "jit/compile.hpp"
 #include "jit/lower.hpp"
+#include "jit/scalar_facts.hpp"
 #include "kernels/attention/forward.hpp"
 #include "kernels/attention/backward.hpp"
 #include "kernels/dropout_mask.hpp"
@@ -824,4 +825,48 @@ TEST_CASE("global memory between threads: a barrier where an in-place update cou
   for (int64_t i = 0; i < 32; ++i) x.set_flat(i, static_cast<double>(i + 1));
   runtime::interpret(inplace.build(), {1}, {x});
   CHECK(x.get_flat(31) == 64.0);
+}
+
+// Found by `tilejit_fuzz --gpu --tma-stores` (seeds 2588, 5103, 706: CUDA_ERROR_ILLEGAL_INSTRUCTION):
+// a TMA store at a coordinate "proved" non-negative although i8 53 * 8 wraps to -88 (and i32
+// 2^31 - 1 times 8 to -8), or at one whose box passes 2^31 - 1. Ranges now see wrap-around; indices
+// (program ids, counts, their reversed order, times small constants) stay non-negative without a
+// run-time test; the rest is tested at run time (jit/lower/memory.cpp tma_bulk_write).
+TEST_CASE("scalar facts: ranges see wrap-around, indices stay non-negative") {
+  const lang::Kernel k = lang::kernel("facts", [](lang::Builder& b) {
+    auto O = b.tensor("O", f32, 2, {.align_bytes = 16, .contiguous_last = true});
+    auto s = b.scalar("s", i32);
+    auto st = [&](const lang::Tile& r) {
+      lang::store(O.block({r, lang::scalar_constant(i32, int64_t{0})}, {8, 32}), lang::full(f32, {8, 32}, 1.0));
+    };
+    st(lang::scalar_constant(i8, int64_t{53}) * lang::scalar_constant(i8, int64_t{8}));
+    st(lang::scalar_constant(i32, int64_t{INT32_MAX}) * lang::scalar_constant(i32, int64_t{8}));
+    st((lang::Tile(s) >> lang::program_id(0)) << lang::scalar_constant(i32, int64_t{2}));
+    st(lang::program_id(0) * 128);
+    st((lang::num_programs(0) - 1 - lang::program_id(0)) * 128);
+    st(lang::scalar_constant(i32, int64_t{100}) + lang::scalar_constant(i32, int64_t{20}));
+    st(lang::cast(i32, lang::cast(u16, lang::Tile(s))));
+    st(lang::program_id(0) * int64_t{INT32_MAX});
+  });
+  const ir::Function f = k.build();
+  const jit::ScalarFacts facts(f);
+  std::vector<ir::ValueId> rows;
+  for (const ir::Op& op : f.body.ops)
+    if (op.kind == ir::OpKind::block_store) rows.push_back(op.operands[2]);
+  REQUIRE(rows.size() == 8);
+  CHECK_FALSE(facts.range(rows[0]));  // i8 53 * 8 wraps
+  CHECK_FALSE(facts.non_negative(rows[0]));
+  CHECK_FALSE(facts.non_negative(rows[1]));  // i32 (2^31 - 1) * 8 wraps
+  CHECK_FALSE(facts.non_negative(rows[2]));  // a shift by a program id: unknown
+  CHECK(facts.index_like(rows[3]));
+  CHECK(facts.non_negative(rows[3]));
+  CHECK(facts.index_like(rows[4]));  // reversed program order
+  REQUIRE(facts.range(rows[5]));
+  CHECK(facts.range(rows[5])->lo == 120);
+  CHECK(facts.range(rows[5])->hi == 120);
+  REQUIRE(facts.range(rows[6]));
+  CHECK(facts.range(rows[6])->lo == 0);
+  CHECK(facts.range(rows[6])->hi == 65535);
+  CHECK_FALSE(facts.index_like(rows[7]));  // a program id times a large constant may wrap
+  CHECK_FALSE(facts.non_negative(rows[7]));
 }

@@ -816,3 +816,66 @@ TEST_CASE("gpu: ring_producer: rings filled by a producer warpgroup give the int
     }
   }
 }
+
+// Found by `tilejit_fuzz --gpu --tma-stores` at ccd3780 (seeds 5142, 4649, 706; the reduced
+// programs). Each runs in its own process on the device (a fault would poison the context).
+TEST_CASE("gpu fuzz: abs of the smallest i32 / i64 is negative, also inside a branch condition") {
+  if (!have_gpu()) return;
+  for (DType d : {i32, i64}) {
+    INFO(ir::name(d));
+    const Kernel k = kernel("abs_min_int", [&](Builder& b) {
+      auto X = b.pointer("X", d), Out = b.pointer("Out", i32);
+      auto s = b.scalar("s", d);
+      auto i = arange(0, 64);
+      Tile x = load(X + i);
+      store(Out + i, cast(i32, abs(x) < cast(d, scalar_constant(i32, int64_t{0}))));
+      store(Out + 64 + i, cast(i32, abs(x) >> cast(d, scalar_constant(i32, int64_t{16}))));
+      Tile zero = scalar_constant(i32, int64_t{1}) % scalar_constant(i32, int64_t{1});
+      if_(cast(d, zero) <= abs(Tile(s)), [&] { store(Out + 128 + i, full(i32, {64}, int64_t{7})); }, [&] {});
+    });
+    HostTensor x(d, {64}), out(i32, {192});
+    x.fill_uniform(80, -1000, 1000);
+    const int64_t min = d == i32 ? int64_t{-2147483647} - 1 : std::numeric_limits<int64_t>::min();
+    x.set({0}, static_cast<double>(min));
+    x.set({1}, static_cast<double>(min + 1));
+    for (int64_t i = 0; i < out.numel(); ++i) out.set_flat(i, 3);
+    check_against_interpreter(k.build(), {1}, {&x, &out, min}, 0.0, {}, true);
+  }
+}
+
+TEST_CASE("gpu fuzz: a TMA store, then a plain store of the same window: the plain values win") {
+  if (!have_gpu()) return;
+  const ParamSpec rm{.align_bytes = 16, .contiguous_last = true};
+  const Kernel k = kernel("tma_then_plain", [&](Builder& b) {
+    auto A = b.tensor("A", f16, 2, rm), B = b.tensor("B", f16, 2, rm), O = b.tensor("O", f16, 3, rm);
+    Tile z = scalar_constant(i32, int64_t{0});
+    Tile acc = dot(load(A.block({z, z}, {128, 64}), 0.0), load(B.block({z, z}, {64, 64}), 0.0));
+    Tile r = scalar_constant(i32, int64_t{71});
+    Tile c = scalar_constant(u32, int64_t{27});
+    store(O.block({program_id(0), r, c}, {128, 64}, {1, 2}), cast(f16, acc), {.tma = true});
+    store(O.block({program_id(0), r, c}, {128, 64}, {1, 2}), cast(f16, full(i32, {128, 64}, int64_t{1})));
+  });
+  HostTensor a(f16, {128, 192}), bt(f16, {192, 64}), o(f16, {1, 128, 64});
+  for (int64_t i = 0; i < a.numel(); ++i) a.set_flat(i, static_cast<double>(i * 7 % 5) - 2);
+  for (int64_t i = 0; i < bt.numel(); ++i) bt.set_flat(i, static_cast<double>(i * 3 % 7) - 3);
+  o.poison();
+  jit::CompileOptions opts;
+  opts.num_warps = 8;
+  for (int rep = 0; rep < 20; ++rep) check_against_interpreter(k.build(), {1}, {&a, &bt, &o}, 0.0, opts, true);
+}
+
+TEST_CASE("gpu fuzz: a TMA store whose column coordinate is near 2^31 writes nothing there (no fault)") {
+  if (!have_gpu()) return;
+  const ParamSpec rm{.align_bytes = 16, .contiguous_last = true};
+  const Kernel k = kernel("tma_store_far", [&](Builder& b) {
+    auto O = b.tensor("O", f32, 3, rm);
+    auto s = b.scalar("s", i32);
+    Tile col = (Tile(s) >> program_id(0)) << scalar_constant(i32, int64_t{2});
+    store(O.block({program_id(0), scalar_constant(i32, int64_t{26}), col}, {32, 128}, {1, 2}), full(f32, {32, 128}, 1.0), {.tma = true});
+  });
+  HostTensor o(f32, {3, 32, 128});
+  o.poison();
+  jit::CompileOptions opts;
+  opts.num_warps = 8;
+  check_against_interpreter(k.build(), {3}, {&o, int64_t{2147483647}}, 0.0, opts, true);
+}

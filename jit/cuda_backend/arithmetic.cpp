@@ -195,7 +195,7 @@ std::string Printer::unary(Op op, V a) const {
         // 8/16-bit: the 32-bit abs wrapped back (abs.s16 gave +32768 for -32768, found by the fuzzer)
         if (ir::is_signed(d) && ir::bit_width(d) < 32)
           return wrap(d, fmt::format("tj_opaque32((unsigned)abs((int)tj_opaque32((unsigned){})))", x));
-        if (ir::is_signed(d)) return fmt::format("{} < 0 ? {} : {}", x, wrap(d, fmt::format("0u - ({}){}", uwide(d), x)), x);
+        if (ir::is_signed(d)) return (ir::bit_width(d) > 32 ? "tj_abs64(" : "tj_abs32(") + x + ")";
         return x;
       default: fail(fmt::format("{} is not defined for integer operands", pir::op_name(op)));
     }

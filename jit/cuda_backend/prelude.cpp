@@ -163,6 +163,15 @@ TJ_INLINE double tj_max(double x, double y) { return ((x != x) | (y != y)) ? __d
 // A 32-bit value the optimizer cannot see through: keeps 8/16-bit neg, sub, mul and abs in 32 bits
 // (NVVM narrows them to neg.s16 / abs.s16, which ptxas gets wrong at -32768).
 TJ_INLINE unsigned tj_opaque32(unsigned x) { unsigned r; asm("mov.b32 %0, %1;" : "=r"(r) : "r"(x)); return r; }
+TJ_INLINE unsigned long long tj_opaque64(unsigned long long x) { unsigned long long r; asm("mov.b64 %0, %1;" : "=l"(r) : "l"(x)); return r; }
+
+// |x| with |INT_MIN| = INT_MIN (wrapping), as (x ^ s) - s with the sign mask s opaque: from abs.s32
+// the GPU read abs(INT_MIN) < 0 as false and abs(INT_MIN) >> 16 as positive (found by the fuzzer).
+TJ_INLINE int tj_abs32(int x) { unsigned s = tj_opaque32((unsigned)(x >> 31)); return (int)(((unsigned)x ^ s) - s); }
+TJ_INLINE long long tj_abs64(long long x) {
+  unsigned long long s = tj_opaque64((unsigned long long)(x >> 63));
+  return (long long)(((unsigned long long)x ^ s) - s);
+}
 
 // Saturating float -> integer conversion, NaN -> 0 (LLVM's fptosi.sat / fptoui.sat). lo is the
 // type's minimum and hi_excl its maximum + 1, both exact in F.

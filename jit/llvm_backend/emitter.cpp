@@ -385,7 +385,15 @@ void Emitter::arith_inst(const pir::Inst& in) {
         llvm::Value* w = intrinsic(llvm::Intrinsic::abs, {b_.getInt32Ty()}, {wide, b_.getFalse()});
         set(r0, b_.CreateTrunc(w, x->getType()));
       }
-      else set(r0, intrinsic(llvm::Intrinsic::abs, {x->getType()}, {x, b_.getFalse()}));
+      else {
+        // (x ^ s) - s with the sign mask s opaque: from abs.s32 the GPU read abs(INT_MIN) < 0 as
+        // false and abs(INT_MIN) >> 16 as positive (found by the fuzzer); INT_MIN stays INT_MIN
+        const unsigned w = x->getType()->getIntegerBitWidth();
+        llvm::Value* sign = b_.CreateAShr(x, w - 1);
+        sign = w == 64 ? asm_call(b_.getInt64Ty(), "mov.b64 $0, $1;", "=l,l", {sign}, false)
+                       : asm_call(b_.getInt32Ty(), "mov.b32 $0, $1;", "=r,r", {sign}, false);
+        set(r0, b_.CreateSub(b_.CreateXor(x, sign), sign));
+      }
       return;
     }
     case Op::exp2: case Op::log2: case Op::exp: case Op::log: case Op::sqrt: case Op::rsqrt: case Op::rcp: case Op::floor:

@@ -435,13 +435,20 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
   const auto element_updates = fallback;
   const int64_t es = red.elem_bytes, per_chunk = 128 / es;
   V is0 = cmp(pir::Pred::eq, tid_, ci32(0));
-  // offsets not known to be non-negative: TMA only when they are (it faults otherwise); else every
-  // thread adds its elements, clipped at the tensor's edges, as the generic path does
+  // offsets not known to lie in [0, 2^31 - 1 - the box's extent]: TMA only when they do (it faults
+  // otherwise); else every thread adds its elements, clipped at the tensor's edges, as the generic
+  // path does
   V tma_ok = 0;
-  if (red.check_negative) {
+  if (red.check_coordinates) {
     tma_ok = emit(Op::constant, pir::scalar(DType::i1), {}, 1);
-    for (size_t d = 2; d < op.operands.size() - (ordered ? 2 : 0); ++d)
-      tma_ok = land(tma_ok, cmp(pir::Pred::ge, cast(scalar(op.operands[d]), DType::i32), ci32(0)));
+    const int64_t rank = static_cast<int64_t>(tensors_.at(op.operands[0]).sizes.size());
+    const int64_t row_dim = op.ints_attr("dims")[0];
+    for (int64_t d = 0; d < rank; ++d) {
+      const int64_t extent = d == row_dim ? red.rows : d == rank - 1 ? red.cols : 1;
+      const ir::ValueId offset = op.operands[static_cast<size_t>(d) + 2];
+      V x = cast(scalar(offset), DType::i32);  // (TMA offsets have types that fit i32: offsets_fit_i32)
+      tma_ok = land(tma_ok, land(cmp(pir::Pred::ge, x, ci32(0)), cmp(pir::Pred::le, x, ci32(INT32_MAX - extent))));
+    }
   }
   V staging = ci32(plan_.hopper.reduce_staging);  // (offset in shared memory)
   if (red.staging_tile) {
@@ -486,8 +493,8 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
   emit0(Op::fence_proxy_async, {});
   emit0(Op::barrier, {});
   V base = emit(Op::smem_addr, pir::scalar(DType::u32), {staging});
-  if (red.check_negative) pir_if(bin(Op::bit_xor, tma_ok, emit(Op::constant, pir::scalar(DType::i1), {}, 1)), element_updates);
-  pir_if(red.check_negative ? land(is0, tma_ok) : is0, [&] {
+  if (red.check_coordinates) pir_if(bin(Op::bit_xor, tma_ok, emit(Op::constant, pir::scalar(DType::i1), {}, 1)), element_updates);
+  pir_if(red.check_coordinates ? land(is0, tma_ok) : is0, [&] {
     // ordered: only this thread issues the add, so only it waits (no barrier for the others)
     if (ordered) {
       emit0(Op::sem_wait, {sem, target});
@@ -545,8 +552,10 @@ void Lowerer::block_store(const ir::Op& op) {
   Regs val = get(op.operands[1], L), addr, inb;
   V all_ok = 0;
   window(op, 2, L, addr, inb, &all_ok);
-  // after the operands: a conversion's barrier clears the record of unordered accesses
-  order_global(op.operands[0], Access::write, L, window_key(op, 2));
+  // after the operands: a conversion's barrier clears the record of unordered accesses (a store
+  // that asked for TMA is ordered as one: memory_order.cpp)
+  const bool asked_tma = op.attrs.count("tma") && op.int_attr("tma") != 0;
+  order_global(op.operands[0], Access::write, L, window_key(op, 2), false, asked_tma);
   std::optional<V> own = owner(L);
   auto scalar_path = [&] {
     for (uint32_t r = 0; r < addr.size(); ++r) {

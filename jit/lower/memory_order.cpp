@@ -10,7 +10,9 @@ namespace tilejit::jit::lower {
 bool Lowerer::conflicts(const GlobalAccess& a, const GlobalAccess& b, bool same_iteration) {
   // a read against a write: two reads never race, and an element written twice by different
   // threads with no barrier between is undefined on both sides (README) -- but a TMA write lands
-  // whenever its bulk group completes, so a later write of the element must wait for it
+  // whenever its bulk group completes, so a later write of the element must wait for it (also
+  // where the store asked for TMA and its lowering wrote element by element: the order a program
+  // sees must not depend on which path the lowering took -- found by the fuzzer)
   const bool after_tma_write = a.write && b.write && (a.async || b.async) && !(a.add && b.add);
   if (!(a.read && b.write) && !(a.write && b.read) && !after_tma_write) return false;
   if (!a.params.empty() && !b.params.empty() &&
@@ -49,8 +51,8 @@ void Lowerer::order_global(ir::ValueId address, Access access, std::optional<Lay
   // writes: thread 0's bulk operation, whatever the value's layout)
   if (layout && !async) now.layout = layout->without_zero_regs();
   const bool hazard = std::any_of(unordered_.begin(), unordered_.end(), [&](const GlobalAccess& a) { return conflicts(a, now); });
-  const bool async_hazard =
-      std::any_of(unordered_.begin(), unordered_.end(), [&](const GlobalAccess& a) { return a.async && conflicts(a, now); });
+  const bool async_hazard = std::any_of(unordered_.begin(), unordered_.end(),
+                                        [&](const GlobalAccess& a) { return (a.async || now.async) && conflicts(a, now); });
   if (async_hazard && !in_turn_) complete_async_writes();
   else if (hazard && !in_turn_) emit0(Op::barrier, {});  // (records nothing: clears unordered_)
   add_unordered({now});
@@ -85,6 +87,8 @@ void Lowerer::complete_async_writes() {
     emit0(Op::fence_proxy_async_global, {});
   });
   emit0(Op::barrier, {});
+  // the other threads' writes, ordered by the barrier, before thread 0's next TMA write
+  pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::fence_proxy_async_global, {}); });
   unordered_.clear();
 }
 
