@@ -843,7 +843,7 @@ TEST_CASE("gpu fuzz: abs of the smallest i32 / i64 is negative, also inside a br
   }
 }
 
-TEST_CASE("gpu fuzz: a TMA store, then a plain store of the same window: the plain values win") {
+TEST_CASE("gpu fuzz: a TMA store then a plain store of the same window: the plain values win") {
   if (!have_gpu()) return;
   const ParamSpec rm{.align_bytes = 16, .contiguous_last = true};
   const Kernel k = kernel("tma_then_plain", [&](Builder& b) {
