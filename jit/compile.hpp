@@ -26,6 +26,10 @@ struct CompileOptions {
   PipelineOptions pipeline;  // TMA + wgmma K loops on sm_90a
   bool make_cubin = true;   // false: stop at PTX (no assembler needed)
   std::string dump_after;   // a pass name from pass_names(): its output goes to CompiledKernel::dump
+  // tilejit::Function only (not code generation): compile a variant per argument facts the kernel
+  // does not declare (runtime/specialization.hpp). The library's own launches turn it off: their
+  // kernels declare what they need, and bundles hold the declared variant.
+  bool specialize = true;
 };
 
 struct CompileTimings {

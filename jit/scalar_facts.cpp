@@ -18,7 +18,11 @@ const int64_t* int_constant(const ir::Op* op) {
 
 }  // namespace
 
-ScalarFacts::ScalarFacts(const ir::Function& f) : f_(f) { index(f.body); }
+ScalarFacts::ScalarFacts(const ir::Function& f) : f_(f) {
+  index(f.body);
+  for (const ir::Param& p : f.params)
+    if (p.kind == ir::ParamKind::Scalar && p.spec.divisible_by > 1) param_divisor_[p.value] = std::min<int64_t>(kMaxDivisor, p.spec.divisible_by);
+}
 
 std::optional<int64_t> ScalarFacts::constant(ir::ValueId v) const {
   const int64_t* c = int_constant(def(v));
@@ -42,7 +46,9 @@ int64_t ScalarFacts::divisor(ir::ValueId v) const {
   if (auto m = divisor_.find(v); m != divisor_.end()) return m->second;
   int64_t r = 1;
   const ir::Type& t = f_.type(v);
-  if (auto l = loop_.find(v); l != loop_.end()) {
+  if (auto p = param_divisor_.find(v); p != param_divisor_.end()) {
+    r = p->second;
+  } else if (auto l = loop_.find(v); l != loop_.end()) {
     r = std::min(divisor(l->second->operands[0]), divisor(l->second->operands[2]));  // lb + i * step
   } else if (const ir::Op* op = def(v); op && t.is_scalar() && ir::is_int(t.dtype)) {
     switch (op->kind) {

@@ -43,6 +43,7 @@ class ScalarFacts {
   const ir::Function& f_;
   std::map<ir::ValueId, const ir::Op*> def_;   // value -> the op that defines it
   std::map<ir::ValueId, const ir::Op*> loop_;  // a for_ counter -> its loop
+  std::map<ir::ValueId, int64_t> param_divisor_;  // integer scalar parameters: ParamSpec::divisible_by
   std::optional<Range> compute_range(ir::ValueId v) const;
   mutable std::map<ir::ValueId, int64_t> divisor_;
   mutable std::map<ir::ValueId, std::optional<Range>> range_;

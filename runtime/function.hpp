@@ -25,6 +25,11 @@ namespace tilejit {
 // lookups, no allocation (kernels with TMA descriptors also take a mutex and compare the TMA
 // tensors' layouts with the previous launch's). After the first call a Function may be called
 // from several threads at once; concurrent first calls compile once.
+//
+// Arguments that hold more than the parameters declare -- 16-byte aligned tensors and pointers,
+// unit innermost strides, integers that are multiples of 16 -- get a variant compiled for those
+// facts (as Triton specialises; runtime/specialization.hpp), once per combination; a call whose
+// combination differs from the previous call's takes a lock to find its variant.
 class Function {
  public:
   // `device` is the GPU whose primary context loads the module and runs the kernel.
@@ -60,10 +65,15 @@ class Function {
     check(grid, std::span<const runtime::DeviceArg>(packed));
   }
 
+  // The variant as declared (no specialisation):
   const jit::CompiledKernel& compiled();   // compiles if needed (no GPU needed)
   const ir::Function& signature() const;   // builds the tile IR if needed
   const runtime::GpuKernel& gpu_kernel();  // compiles and loads if needed (needs a GPU)
-  bool loaded() const;                     // whether the module is loaded (the first call succeeded)
+  bool loaded() const;                     // whether a module is loaded (a call succeeded)
+  // Launch-time specialisation (CompileOptions::specialize, runtime/specialization.hpp): the key
+  // of the variant these arguments get (0: the declared one), and that variant compiled.
+  uint64_t specialization(std::span<const runtime::DeviceArg> args) const;
+  const jit::CompiledKernel& compiled(std::span<const runtime::DeviceArg> args);
   const std::string& name() const;
   const lang::Meta& meta() const;
   const jit::CompileOptions& options() const;

@@ -88,6 +88,7 @@ LaunchPlan::LaunchPlan(const ir::Function& signature, int device)
         p.scalar = Scalar::Unsigned;
         p.hi = w == 64 ? std::numeric_limits<uint64_t>::max() : (uint64_t{1} << w) - 1;
       }
+      if (ir::is_int(d) && d != DType::i1 && ip.spec.divisible_by > 1) p.divisible_by = static_cast<uint64_t>(ip.spec.divisible_by);
       slot += 1;
     } else {
       p.align = static_cast<uint64_t>(std::max<int64_t>(ip.spec.align_bytes, p.elem_bytes));
@@ -231,6 +232,13 @@ void LaunchPlan::bad_relation(const ir::SizeRelation& r, int64_t a, int64_t b) c
 }
 
 void LaunchPlan::pack_scalar(size_t i, const Param& p, const DeviceArg& a, uint64_t* slots) const {
+  pack_scalar_value(i, p, a, slots);
+  // a kernel specialised on this value's divisibility (runtime/specialization.hpp) must not see another
+  if (p.divisible_by > 1 && (slots[p.slot] & (p.divisible_by - 1)) != 0) [[unlikely]]
+    bad(i, fmt::format("{} is not a multiple of {}, which this compiled variant of the kernel assumes", a.describe(), p.divisible_by));
+}
+
+void LaunchPlan::pack_scalar_value(size_t i, const Param& p, const DeviceArg& a, uint64_t* slots) const {
   using K = DeviceArg::Kind;
   const std::string_view dn = ir::name(p.dtype);
   uint64_t& s = slots[p.slot];

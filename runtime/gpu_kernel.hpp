@@ -119,11 +119,13 @@ class LaunchPlan {
     int rank = 0;
     int slot = 0;
     uint64_t align = 1;     // bytes: base address and every outer stride
+    uint64_t divisible_by = 0;  // integer scalar: the value a multiple of this power of two (0: any)
     int64_t elem_bytes = 1;
     int64_t lo = 0;         // Signed: valid range
     uint64_t hi = 0;        // Signed/Unsigned: upper bound
   };
 
+  void pack_scalar_value(size_t i, const Param& p, const DeviceArg& a, uint64_t* slots) const;
   void pack_scalar(size_t i, const Param& p, const DeviceArg& a, uint64_t* slots) const;
   void pack_tensor(size_t i, const Param& p, const DeviceArg& a, uint64_t* slots) const;
   void check_tma(size_t i, const TensorView& t) const;

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include "runtime/argument_aliasing.hpp"
 #include "runtime/compile_cache.hpp"
 #include "runtime/interpreter.hpp"
+#include "runtime/specialization.hpp"
 #include "test_kernels.hpp"
 #include "host_bits.hpp"
 
@@ -495,4 +497,54 @@ TEST_CASE("Function: concurrent first uses build and compile once") {
   CHECK(ok == 8);
   for (auto* s : seen) CHECK(s == seen[0]);
   CHECK(total(runtime::compile_cache_stats()) == total(before) + 1);
+}
+
+// Issue 26, item 4: launch-time specialisation (runtime/specialization.hpp). A kernel that declares
+// nothing about a window's tensor gets a variant for 16-byte aligned, unit-stride arguments and
+// integers that are multiples of 16: its loads vectorise without an ALIGN meta.
+using test_kernels::undeclared_copy;
+
+TEST_CASE("specialization: keys from what the arguments hold beyond the declaration") {
+  const ir::Function f = undeclared_copy.build();
+  FakeTensor aligned(bf16, {128, 256}, {256, 1}, 0x10000), shifted(bf16, {128, 255}, {256, 1}, 0x10002),
+      odd_pitch(bf16, {128, 200}, {201, 1}, 0x10000), strided(bf16, {128, 128}, {256, 2}, 0x10000);
+  auto key = [&](const TensorView& x, const TensorView& y, int c0) {
+    const std::array<DeviceArg, 3> args{DeviceArg(x), DeviceArg(y), DeviceArg(c0)};
+    return runtime::specialization_key(f, args);
+  };
+  const uint64_t all = key(aligned, aligned, 64);
+  CHECK(all != 0);
+  CHECK(runtime::describe_specialization(f, all) ==
+        "X: align 16, contiguous; Y: align 16, contiguous; c0: divisible by 16");
+  CHECK(runtime::describe_specialization(f, key(shifted, aligned, 8)) == "X: contiguous; Y: align 16, contiguous");
+  CHECK(runtime::describe_specialization(f, key(odd_pitch, strided, -32)) == "X: contiguous; Y: align 16; c0: divisible by 16");
+  // a variant carries the promises in its tile IR (so in its cache key), and its launches check them
+  const ir::Function v = runtime::specialize(f, all);
+  CHECK(v.params[0].spec.align_bytes == 16);
+  CHECK(v.params[0].spec.contiguous_last);
+  CHECK(v.params[2].spec.divisible_by == 16);
+  CHECK(ir::print(v) != ir::print(f));
+  CHECK(contains(ir::print(v), "divisible_by = 16"));
+  const runtime::LaunchPlan plan(v);
+  const std::array<DeviceArg, 3> good{DeviceArg(aligned.v), DeviceArg(aligned.v), DeviceArg(48)};
+  plan.check({2}, good);
+  const std::array<DeviceArg, 3> bad_int{DeviceArg(aligned.v), DeviceArg(aligned.v), DeviceArg(40)};
+  CHECK_HAS(invalid([&] { plan.check({2}, bad_int); }), "argument 2 'c0': the integer 40 is not a multiple of 16");
+  const std::array<DeviceArg, 3> bad_base{DeviceArg(shifted.v), DeviceArg(aligned.v), DeviceArg(48)};
+  CHECK_HAS(invalid([&] { plan.check({2}, bad_base); }), "is not a multiple of 16 bytes");
+}
+
+TEST_CASE("specialization: the aligned variant vectorises its loads; the declared one does not; off by option") {
+  Function f = tilejit::compile(undeclared_copy, {}, {});
+  FakeTensor aligned(bf16, {128, 256}, {256, 1}, 0x10000);
+  const std::array<DeviceArg, 3> args{DeviceArg(aligned.v), DeviceArg(aligned.v), DeviceArg(64)};
+  CHECK(f.specialization(args) != 0);
+  const std::string declared = f.compiled().ptx, special = f.compiled(args).ptx;
+  CHECK(contains(special, "ld.global.v4"));
+  CHECK_FALSE(contains(declared, "ld.global.v4"));
+  jit::CompileOptions off;
+  off.specialize = false;
+  Function g = tilejit::compile(undeclared_copy, {}, off);
+  CHECK(g.specialization(args) == 0);
+  CHECK(g.compiled(args).ptx == declared);
 }

@@ -515,3 +515,66 @@ TEST_CASE("gpu: calls after the first allocate nothing (plain and TMA kernels)")
   stream.synchronize();
   CHECK(allocations.load() == 0);
 }
+
+// Issue 26, item 4: one Function, arguments that do and do not hold 16-byte alignment, unit strides
+// and multiples of 16: each call gets its variant (the aligned one vectorised) and the interpreter's
+// values, whatever the order of the calls.
+TEST_CASE("gpu: launch-time specialisation: aligned, shifted and strided views of one Function match the interpreter") {
+  if (!have_gpu()) return;
+  Function copy = tilejit::compile(test_kernels::undeclared_copy);
+  HostTensor x(bf16, {128, 258});
+  x.fill_uniform(7, -8, 8);
+  const DeviceTensor dx = DeviceTensor::from_host(x);
+  const std::array<int64_t, 2> sizes{128, 256}, strides{258, 1}, strided_strides{258, 2}, strided_sizes{128, 128};
+  struct Case {
+    const char* what;
+    runtime::TensorView view;
+    int c0;
+  };
+  const uint64_t base = runtime::view(dx).address;
+  // (258 elements a row: a 516-byte pitch, not a multiple of 16 -- the aligned case is a separate copy)
+  HostTensor xa(bf16, {128, 256});
+  xa.fill_uniform(8, -8, 8);
+  const DeviceTensor dxa = DeviceTensor::from_host(xa);
+  const std::array<int64_t, 2> a_strides{256, 1};
+  const std::vector<Case> cases{
+      {"aligned, c0 64", runtime::TensorView{bf16, sizes, a_strides, runtime::view(dxa).address, 0}, 64},
+      {"odd pitch, c0 16", runtime::TensorView{bf16, sizes, strides, base, 0}, 16},
+      {"shifted base, c0 3", runtime::TensorView{bf16, sizes, strides, base + 2, 0}, 3},
+      {"innermost stride 2, c0 32", runtime::TensorView{bf16, strided_sizes, strided_strides, base, 0}, 32},
+      {"aligned again, c0 5", runtime::TensorView{bf16, sizes, a_strides, runtime::view(dxa).address, 0}, 5},
+  };
+  const auto host_x = x.to_f64(), host_xa = xa.to_f64();
+  runtime::Stream stream;
+  for (const Case& c : cases) {
+    INFO(c.what);
+    // the reference: the interpreter on the same elements, copied into a dense host tensor
+    const bool in_a = c.view.address == runtime::view(dxa).address;
+    const std::vector<double>& src = in_a ? host_xa : host_x;
+    const auto first = static_cast<int64_t>((c.view.address - (in_a ? runtime::view(dxa).address : base)) / 2);
+    HostTensor in(bf16, {c.view.sizes[0], c.view.sizes[1]});
+    for (int64_t r = 0; r < in.sizes()[0]; ++r)
+      for (int64_t k = 0; k < in.sizes()[1]; ++k)
+        in.set({r, k}, src[static_cast<size_t>(first + r * c.view.strides[0] + k * c.view.strides[1])]);
+    HostTensor ref(bf16, {in.sizes()[0], in.sizes()[1]});
+    ref.poison();
+    const Grid grid{2};
+    runtime::interpret(copy.signature(), grid, {in, ref, int64_t{c.c0}});
+    DeviceTensor out(bf16, {in.sizes()[0], in.sizes()[1]});  // poisoned
+    const std::vector<runtime::DeviceArg> args{c.view, out, c.c0};
+    copy.launch(grid, stream.handle(), args);
+    stream.synchronize();
+    const std::vector<double> got = out.to_host().to_f64(), want = ref.to_f64();
+    int64_t differ = 0, written = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const bool both_nan = std::isnan(got[i]) && std::isnan(want[i]);
+      if (!std::isnan(want[i])) ++written;
+      if (!both_nan && got[i] != want[i]) ++differ;
+    }
+    CHECK(written > 0);
+    CHECK(differ == 0);
+  }
+  const std::vector<runtime::DeviceArg> aligned{cases[0].view, cases[0].view, 64};
+  CHECK(copy.specialization(aligned) != 0);
+  CHECK(copy.compiled(aligned).ptx.find("ld.global.v4") != std::string::npos);
+}

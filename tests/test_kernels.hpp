@@ -16,6 +16,15 @@ namespace test_kernels {
 
 using namespace tilejit::lang;
 
+// A window copy whose tensors and column offset declare nothing: the launch-time specialisation's
+// subject (runtime/specialization.hpp).
+inline Kernel undeclared_copy = kernel("undeclared_copy", [](Builder& k) {
+  auto X = k.tensor("X", bf16, 2), Y = k.tensor("Y", bf16, 2);
+  auto c0 = k.scalar<int>("c0");
+  auto r0 = program_id(0) * 64;
+  store(Y.block({r0, c0}, {64, 64}), load(X.block({r0, c0}, {64, 64})));
+});
+
 inline Kernel vector_add = kernel("vector_add", [](Builder& k) {
   auto X = k.pointer("X", f32, {.align_bytes = 16});
   auto Y = k.pointer("Y", f32, {.align_bytes = 16});

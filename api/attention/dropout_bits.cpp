@@ -41,6 +41,7 @@ void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, i
     auto& slot = per_device[{bits.device, persistent}];
     if (!slot) {
       jit::CompileOptions o;
+      o.specialize = false;  // (library kernels declare what they need; bundles hold that variant)
       o.num_warps = lib->num_warps;
       o.pipeline.stages = lib->stages;
       lang::Meta meta = lib->default_meta;

@@ -21,6 +21,7 @@ Function& function_for(const Config& c) {
     const KernelInfo& ki = info(c.pass);
     if (!ki.kernel) throw std::logic_error(fmt::format("tilejit::attention: kernel '{}' is not in the library", name(c.pass)));
     jit::CompileOptions o;
+    o.specialize = false;  // (library kernels declare what they need; bundles hold that variant)
     o.num_warps = c.sch.num_warps;
     o.pipeline.stages = c.sch.stages;
     o.min_programs_per_sm = c.sch.min_programs_per_sm;
@@ -39,6 +40,7 @@ Function& block_classes_function(const PrePassLists& l, kernels::MaskKind kind) 
   auto& slot = cache[{l.block_m, l.block_n, static_cast<int>(kind), l.device}];
   if (!slot) {
     jit::CompileOptions o;
+    o.specialize = false;  // (library kernels declare what they need; bundles hold that variant)
     o.num_warps = l.block_m * l.block_n >= 128 * 128 ? 8 : 4;
     o.pipeline.stages = 2;
     kernels::BlockClassesConfig c;
@@ -54,6 +56,7 @@ Function& block_lists_function(const PrePassLists& l) {
   auto& slot = cache[{l.kv_major, l.device}];
   if (!slot) {
     jit::CompileOptions o;
+    o.specialize = false;  // (library kernels declare what they need; bundles hold that variant)
     o.num_warps = 4;
     o.pipeline.stages = 2;
     kernels::BlockListsConfig c;

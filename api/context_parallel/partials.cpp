@@ -102,6 +102,7 @@ Function& function_for(const lang::Kernel& k, const lang::Meta& meta, int device
   auto& slot = cache[{&k, meta, device}];
   if (!slot) {
     jit::CompileOptions o;
+    o.specialize = false;  // (library kernels declare what they need; bundles hold that variant)
     o.num_warps = 4;
     slot = std::make_unique<Function>(k, meta, o, device);
   }

@@ -18,6 +18,9 @@ struct ParamSpec {
   // (0: only the element size). Lets the compiler use vector and TMA accesses.
   int align_bytes = 0;
   bool contiguous_last = false;   // tensor: innermost stride == 1
+  // Integer scalar: the value is a multiple of this (0: nothing known). Set by the launch-time
+  // specialisation (runtime/specialization.hpp), checked at every launch.
+  int divisible_by = 0;
   bool operator==(const ParamSpec&) const = default;
 };
 

@@ -61,6 +61,7 @@ class Printer {
       std::vector<std::string> spec;
       if (p.spec.align_bytes) spec.push_back(fmt::format("align = {}", p.spec.align_bytes));
       if (p.spec.contiguous_last) spec.push_back("contiguous");
+      if (p.spec.divisible_by) spec.push_back(fmt::format("divisible_by = {}", p.spec.divisible_by));
       if (!spec.empty()) params += fmt::format(" {{{}}}", fmt::join(spec, ", "));
     }
     out_ = fmt::format("kernel @{}({})", f_.name, params);

@@ -15,6 +15,9 @@ pir::Func Lowerer::run() {
     for (ir::ValueId r : op.results) def_[r] = &op;
     if (op.kind == OpKind::for_) iv_loop_[op.regions[0].args[0]] = &op;
   });
+  // integer scalars the launch-time specialisation found divisible (ParamSpec::divisible_by)
+  for (const ir::Param& p : f_.params)
+    if (p.kind == ir::ParamKind::Scalar && p.spec.divisible_by > 1) divisors_[p.value] = p.spec.divisible_by;
   push_block(&out_.body);
   frames_.emplace_back();
   params();
