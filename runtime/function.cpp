@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <string_view>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -49,7 +51,11 @@ struct Function::State {
   std::atomic<const Route*> last{nullptr};                        // the latest launch's (loaded)
 
   State(const lang::Kernel& k, lang::Meta m, jit::CompileOptions o, int d)
-      : kernel(k), meta(std::move(m)), opts(std::move(o)), device(d) {}
+      : kernel(k), meta(std::move(m)), opts(std::move(o)), device(d) {
+    // TILEJIT_SPECIALIZE=0: every Function runs its kernel as declared (to compare, or to rule the
+    // specialisation out while debugging)
+    if (const char* e = std::getenv("TILEJIT_SPECIALIZE"); e && std::string_view(e) == "0") opts.specialize = false;
+  }
 
   // The *_locked functions need `mutex` held.
   const ir::Function& signature_locked() {
