@@ -48,6 +48,10 @@ struct EvalOptions {
   // barrier real: a missing barrier or wait in the lowering shows as a mismatch
   bool emulate_races = false;
   bool assemble = true;   // compile-only: also assemble the PTX (ptxas or nvJitLink) when one is found
+  // --specialize: lower and compile the program as tilejit::Function would for its arguments
+  // (runtime/specialization.hpp: 16-byte aligned tensors, unit strides, integers % 16 declared);
+  // the interpreter runs it as written
+  bool specialize = false;
 };
 
 // `progress` is told each phase before it starts ("build", "interpret", "compile llvm", "run
