@@ -134,6 +134,9 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // library kernels timed as the API launches them: declared, not specialised per call
+  // (runtime/specialization.hpp; TILEJIT_SPECIALIZE=1 set by the caller overrides)
+  setenv("TILEJIT_SPECIALIZE", "0", /*overwrite=*/0);
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

@@ -22,6 +22,9 @@ using namespace tilejit::runtime;
 namespace fs = std::filesystem;
 
 int main(int argc, char** argv) {
+  // library kernels timed as the API launches them: declared, not specialised per call
+  // (runtime/specialization.hpp; TILEJIT_SPECIALIZE=1 set by the caller overrides)
+  setenv("TILEJIT_SPECIALIZE", "0", /*overwrite=*/0);
   std::vector<std::array<int64_t, 3>> shapes;
   for (int i = 1; i + 2 < argc; i += 3) shapes.push_back({std::atoll(argv[i]), std::atoll(argv[i + 1]), std::atoll(argv[i + 2])});
   if (shapes.empty()) shapes = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16384, 6144, 2048}};
