@@ -651,3 +651,43 @@ TEST_CASE("compile: stages that do not fit shared memory shrink (with a warning)
     for (int64_t e = 0; e < t->numel(); ++e) t->set_flat(e, std::round(t->get_flat(e)));
   check_emulator(fn, {cdiv(M, 128) * cdiv(N, 256)}, {&a, &b, &c}, 0.0, o);
 }
+
+// Pointer loads vectorise where AxisInfo (jit/axis_info.hpp) proves a thread's consecutive
+// registers one aligned run with one mask value: a 1-D masked add whose length is declared a
+// multiple of 16 (as the launch-time specialisation does), and a 2-D tile over rows of a constant
+// pitch. Blocks inside n take the vector loads, the block crossing n = 1008 the scalar fallback;
+// the values are the interpreter's either way.
+TEST_CASE("pointer loads vectorise on proven runs and masks, with the interpreter's values") {
+  for (DType d : {f32, bf16}) {
+    INFO(ir::name(d));
+    const Kernel k = kernel("ptr_add", [&](Builder& b) {
+      auto X = b.pointer("X", d, {.align_bytes = 16}), Y = b.pointer("Y", d, {.align_bytes = 16}), Out = b.pointer("Out", d);
+      auto n = b.scalar<int>("n");
+      auto offs = program_id(0) * 512 + arange(0, 512);
+      auto mask = offs < n;
+      store(Out + offs, load(X + offs, mask, 0.0) + load(Y + offs, mask, 0.0), mask);
+      // 2-D: rows of 64 elements
+      auto r = arange(0, 16), c = arange(0, 64);
+      auto p = program_id(0) * 1024 + r[col] * 64 + c[row];
+      store(Out + 1024 * 4 + p, load(X + p) * 2.0);
+    });
+    ir::Function fn = k.build();
+    fn.params[3].spec.divisible_by = 16;  // n, as runtime/specialization.hpp declares it
+    jit::CompileOptions o;
+    o.num_warps = 4;
+    const std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o));
+    CHECK(ops.count(jit::pir::Op::load_vec));
+    const ir::Function plain = k.build();  // n not declared: the masked loads stay scalar
+    CHECK(count_ops(jit::lower(plain, o))[jit::pir::Op::load_vec] < ops.at(jit::pir::Op::load_vec));
+    for (int64_t n : {int64_t{1024}, int64_t{1008}}) {
+      INFO("n = " << n);
+      HostTensor x(d, {8192}), y(d, {8192}), out(d, {8192});
+      x.fill_uniform(3, -4, 4);
+      y.fill_uniform(4, -4, 4);
+      out.poison();
+      std::vector<HostTensor> ts{x, y, out};
+      const Runs r = run_both(fn, {2}, ts, {n}, {n}, o);
+      CHECK(count_apart(r.ref[2], r.emu[2], 0.0) == 0);
+    }
+  }
+}

@@ -578,3 +578,42 @@ TEST_CASE("gpu: launch-time specialisation: aligned, shifted and strided views o
   CHECK(copy.specialization(aligned) != 0);
   CHECK(copy.compiled(aligned).ptx.find("ld.global.v4") != std::string::npos);
 }
+
+// Pointer loads vectorise through AxisInfo (jit/axis_info.hpp) where the specialisation declares
+// n a multiple of 16: lengths inside and crossing a block's end, f32 and bf16, against the
+// interpreter bit for bit (added in the twelfth session; first GPU run pending then).
+TEST_CASE("gpu: specialised pointer loads (vector fast path, scalar edge) match the interpreter") {
+  if (!have_gpu()) return;
+  for (DType d : {f32, bf16}) {
+    INFO(ir::name(d));
+    const Kernel k = kernel("ptr_add", [&](Builder& b) {
+      auto X = b.pointer("X", d), Y = b.pointer("Y", d), Out = b.pointer("Out", d);
+      auto n = b.scalar<int>("n");
+      auto offs = program_id(0) * 512 + arange(0, 512);
+      auto mask = offs < n;
+      store(Out + offs, load(X + offs, mask, 0.0) + load(Y + offs, mask, 0.0), mask);
+    });
+    Function add = tilejit::compile(k);
+    for (int n : {4096, 4000, 1008}) {
+      INFO("n = " << n);
+      HostTensor x(d, {4096}), y(d, {4096}), ref(d, {4096});
+      x.fill_uniform(11, -4, 4);
+      y.fill_uniform(12, -4, 4);
+      ref.poison();
+      const Grid grid{8};
+      runtime::interpret(add.signature(), grid, {x, y, ref, n});
+      const DeviceTensor dx = DeviceTensor::from_host(x), dy = DeviceTensor::from_host(y);
+      DeviceTensor out(d, {4096});  // poisoned
+      add(grid, nullptr, dx, dy, out, n);
+      const std::vector<double> got = out.to_host().to_f64(), want = ref.to_f64();
+      int64_t differ = 0;
+      for (size_t i = 0; i < want.size(); ++i)
+        if (!(std::isnan(got[i]) && std::isnan(want[i])) && got[i] != want[i]) ++differ;
+      CHECK(differ == 0);
+      if (n % 16 == 0) {
+        const std::vector<runtime::DeviceArg> args{dx, dy, out, n};
+        CHECK(add.compiled(args).ptx.find("ld.global.v") != std::string::npos);
+      }
+    }
+  }
+}

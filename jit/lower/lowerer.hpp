@@ -13,6 +13,7 @@
 
 #include "dsl/ir/address_sources.hpp"
 #include "jit/lower.hpp"
+#include "jit/axis_info.hpp"
 #include "jit/scalar_facts.hpp"
 
 namespace tilejit::jit::lower {
@@ -49,7 +50,7 @@ class Lowerer {
   // `precomputed`: for each flexible precompute result, the layout its first use asked for on an
   // earlier run of the lowering (empty on the first run; see lower_to_threads).
   Lowerer(const ir::Function& f, const LayoutPlan& plan, std::map<ir::ValueId, Layout> precomputed = {})
-      : f_(f), plan_(plan), facts_(f), precomputed_(std::move(precomputed)), sources_(ir::address_sources(f)) {}
+      : f_(f), plan_(plan), facts_(f), axis_(f, facts_), precomputed_(std::move(precomputed)), sources_(ir::address_sources(f)) {}
   // The layouts the uses of flexible precompute results asked for (first request of each).
   const std::map<ir::ValueId, Layout>& precompute_requests() const { return precompute_requests_; }
 
@@ -228,6 +229,8 @@ class Lowerer {
   // How many consecutive registers of a window can move as one vector access: they must be
   // consecutive along the tensor's unit-stride innermost dim, aligned as the parameter promises.
   int vector_group(const ir::Op& op, size_t first_offset, const Layout& L, DType d);
+  // The same for a load through a pointer tile (AxisInfo): 1 where it cannot vectorise.
+  int pointer_vector_group(const ir::Op& op, const Layout& L, DType d);
 
   // if (cond) then_body() else else_body(), both yielding registers of the given types.
   Regs pir_if_values(V cond, const std::vector<pir::Ty>& types, const std::function<Regs()>& then_body,
@@ -489,6 +492,7 @@ class Lowerer {
   const ir::Function& f_;
   const LayoutPlan& plan_;
   ScalarFacts facts_;  // constants and ranges of the tile IR's integer scalars
+  AxisInfo axis_;      // contiguity, divisibility and constancy of integer and pointer tiles
   std::map<ir::ValueId, Layout> precomputed_, precompute_requests_;
   pir::Func out_;
   std::map<const ir::Op*, RingState> rings_;

@@ -31,10 +31,57 @@ void Lowerer::load(const ir::Op& op) {
   }
   // after the operands: a conversion's barrier clears the record of unordered accesses
   order_global(op.operands[0], Access::read, L, {static_cast<int64_t>(op.operands[0])});
-  Regs outr;
-  for (size_t r = 0; r < ptr.size(); ++r)
-    outr.push_back(mask.empty() ? emit(Op::load, ty, {ptr[r]}) : emit(Op::load, ty, {ptr[r], mask[r], other[r]}));
-  put(op.results[0], L, outr);
+  auto scalar_path = [&] {
+    Regs outr;
+    for (size_t r = 0; r < ptr.size(); ++r)
+      outr.push_back(mask.empty() ? emit(Op::load, ty, {ptr[r]}) : emit(Op::load, ty, {ptr[r], mask[r], other[r]}));
+    return outr;
+  };
+  const int g = pointer_vector_group(op, L, t.dtype);
+  if (g == 1) return put(op.results[0], L, scalar_path());
+  // One vector load per group of g registers (one aligned run, one mask value): where every
+  // group's mask holds; else (a tile crossing the mask's edge) the scalar loads.
+  const auto words = static_cast<size_t>(g * ir::byte_size(t.dtype) / 4);
+  auto vector_path = [&] {
+    Regs outr;
+    for (size_t h = 0; h < ptr.size(); h += static_cast<size_t>(g)) {
+      Regs v = from_words(emit_multi(Op::load_vec, {ptr[h]}, words, pir::scalar(DType::u32), static_cast<int64_t>(words)), t.dtype);
+      outr.insert(outr.end(), v.begin(), v.end());
+    }
+    return outr;
+  };
+  if (mask.empty()) return put(op.results[0], L, vector_path());
+  V all = mask[0];
+  for (size_t h = static_cast<size_t>(g); h < mask.size(); h += static_cast<size_t>(g)) all = land(all, mask[h]);
+  put(op.results[0], L, pir_if_values(all, std::vector<pir::Ty>(ptr.size(), ty), vector_path, scalar_path));
+}
+
+int Lowerer::pointer_vector_group(const ir::Op& op, const Layout& L, DType d) {
+  const int es = ir::byte_size(d);
+  if (es != 2 && es != 4) return 1;
+  const ir::Type& t = f_.type(op.results[0]);
+  const size_t last = t.shape.size() - 1;
+  // the thread's registers: runs of g along the last dim (the first register bases)
+  int g = 1;
+  for (size_t k = 0; k < L.reg.size() && g * es * 2 <= 16; ++k) {
+    Coord want(L.shape.size(), 0);
+    want[last] = g;
+    if (L.reg[k] != want) break;
+    g *= 2;
+  }
+  // every other basis moves by whole groups along the last dim, so each group starts at a multiple of g
+  for (size_t k = 0; k < L.reg.size(); ++k)
+    if ((int64_t{1} << k) >= g && L.reg[k][last] % g != 0) return 1;
+  for (const auto* bs : {&L.lane, &L.warp})
+    for (const Coord& c : *bs)
+      if (c[last] % g != 0) return 1;
+  const AxisFacts p = axis_.of(op.operands[0]);
+  while (g > 1 && (p.contiguity[last] % g != 0 || p.divisibility[last] % (g * es) != 0)) g /= 2;
+  if (op.operands.size() == 3) {
+    const AxisFacts m = axis_.of(op.operands[1]), o = axis_.of(op.operands[2]);
+    while (g > 1 && (m.constancy[last] % g != 0 || o.constancy[last] % g != 0)) g /= 2;
+  }
+  return g * es >= 4 ? g : 1;
 }
 
 std::optional<V> Lowerer::and_pred(std::optional<V> a, std::optional<V> b) {
