@@ -9,11 +9,7 @@ namespace {
 
 using ir::OpKind;
 
-int64_t pow2_of(int64_t c) {
-  if (c == 0) return AxisInfo::kMaxDivisibility;
-  const auto u = static_cast<uint64_t>(c);
-  return std::min<int64_t>(AxisInfo::kMaxDivisibility, static_cast<int64_t>(u & (~u + 1)));
-}
+int64_t pow2_of(int64_t c) { return pow2_dividing(c, AxisInfo::kMaxDivisibility); }
 
 AxisFacts unknown(size_t rank) { return {std::vector<int64_t>(rank, 1), std::vector<int64_t>(rank, 1), std::vector<int64_t>(rank, 1)}; }
 

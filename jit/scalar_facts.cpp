@@ -4,13 +4,13 @@
 #include <variant>
 
 namespace tilejit::jit {
-namespace {
-
-int64_t pow2_dividing(int64_t c) {
-  if (c == 0) return ScalarFacts::kMaxDivisor;
+int64_t pow2_dividing(int64_t c, int64_t cap) {
+  if (c == 0) return cap;
   const auto u = static_cast<uint64_t>(c);
-  return std::min<int64_t>(ScalarFacts::kMaxDivisor, static_cast<int64_t>(u & (~u + 1)));
+  return std::min<int64_t>(cap, static_cast<int64_t>(u & (~u + 1)));
 }
+
+namespace {
 
 const int64_t* int_constant(const ir::Op* op) {
   return op && op->kind == ir::OpKind::constant ? std::get_if<int64_t>(&op->attrs.at("value")) : nullptr;
@@ -53,7 +53,7 @@ int64_t ScalarFacts::divisor(ir::ValueId v) const {
   } else if (const ir::Op* op = def(v); op && t.is_scalar() && ir::is_int(t.dtype)) {
     switch (op->kind) {
       case ir::OpKind::constant:
-        if (const int64_t* c = int_constant(op)) r = pow2_dividing(*c);
+        if (const int64_t* c = int_constant(op)) r = pow2_dividing(*c, kMaxDivisor);
         break;
       case ir::OpKind::add: case ir::OpKind::sub: r = std::min(divisor(op->operands[0]), divisor(op->operands[1])); break;
       case ir::OpKind::mul: r = std::min(kMaxDivisor, divisor(op->operands[0]) * divisor(op->operands[1])); break;

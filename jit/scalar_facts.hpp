@@ -49,6 +49,9 @@ class ScalarFacts {
   mutable std::map<ir::ValueId, std::optional<Range>> range_;
 };
 
+// The largest power of two dividing c, at most cap (cap for 0).
+int64_t pow2_dividing(int64_t c, int64_t cap);
+
 // Whether a TMA box at `inner_offset` (the window's offset on the tensor's contiguous dim) starts
 // on a 16-byte boundary for elements of `dtype` whatever the offset's run-time value.
 bool tma_inner_offset_aligned(const ScalarFacts& facts, ir::ValueId inner_offset, ir::DType dtype);

@@ -245,7 +245,7 @@ class Planner {
     r.cols = shape[1];
     // TMA faults at a negative store coordinate, and where coordinate + box passes 2^31 - 1
     for (int d = 0; d < rank; ++d) {
-      const int64_t extent = d == dims[0] ? r.rows : d == rank - 1 ? r.cols : 1;
+      const int64_t extent = r.extent(d, dims[0], rank);
       const ir::ValueId offset = op.operands[static_cast<size_t>(d) + 2];
       const std::optional<ScalarFacts::Range> c = facts_.range(offset);
       const bool fits = c && c->lo >= 0 && c->hi <= int64_t{INT32_MAX} - extent;

@@ -91,6 +91,8 @@ struct TmaReduce {
   // the H100: where the offsets' ranges (jit/scalar_facts.hpp) do not exclude that, the lowering
   // tests them and writes element by element when one is out of that range.
   bool check_coordinates = false;
+  // The window's extent along tensor dim d (row_dim: the dim its rows run along)
+  int64_t extent(int64_t d, int64_t row_dim, int64_t rank) const { return d == row_dim ? rows : d == rank - 1 ? cols : 1; }
   // a plain store (StoreOptions::tma: cp.async.bulk.tensor) rather than an add; the element size
   // (4 for adds: f32; 2 or 4 for stores), so 128 / elem_bytes columns a chunk
   bool store_only = false;

@@ -229,7 +229,10 @@ class Lowerer {
   // How many consecutive registers of a window can move as one vector access: they must be
   // consecutive along the tensor's unit-stride innermost dim, aligned as the parameter promises.
   int vector_group(const ir::Op& op, size_t first_offset, const Layout& L, DType d);
-  // The same for a load through a pointer tile (AxisInfo): 1 where it cannot vectorise.
+  // The registers of L that hold consecutive elements along dim `last` (a power of two, at most
+  // max_bytes of es-byte elements), 1 where lane or warp bases split such runs.
+  int register_run(const Layout& L, size_t last, int es, int max_bytes);
+  // The same as vector_group for a load through a pointer tile (AxisInfo): 1 where it cannot vectorise.
   int pointer_vector_group(const ir::Op& op, const Layout& L, DType d);
 
   // if (cond) then_body() else else_body(), both yielding registers of the given types.

@@ -61,20 +61,11 @@ int Lowerer::pointer_vector_group(const ir::Op& op, const Layout& L, DType d) {
   if (es != 2 && es != 4) return 1;
   const ir::Type& t = f_.type(op.results[0]);
   const size_t last = t.shape.size() - 1;
-  // the thread's registers: runs of g along the last dim (the first register bases)
-  int g = 1;
-  for (size_t k = 0; k < L.reg.size() && g * es * 2 <= 16; ++k) {
-    Coord want(L.shape.size(), 0);
-    want[last] = g;
-    if (L.reg[k] != want) break;
-    g *= 2;
-  }
-  // every other basis moves by whole groups along the last dim, so each group starts at a multiple of g
+  int g = register_run(L, last, es, 16);
+  // every other register basis moves by whole groups along the last dim, so each group starts at
+  // a multiple of g
   for (size_t k = 0; k < L.reg.size(); ++k)
     if ((int64_t{1} << k) >= g && L.reg[k][last] % g != 0) return 1;
-  for (const auto* bs : {&L.lane, &L.warp})
-    for (const Coord& c : *bs)
-      if (c[last] % g != 0) return 1;
   const AxisFacts p = axis_.of(op.operands[0]);
   while (g > 1 && (p.contiguity[last] % g != 0 || p.divisibility[last] % (g * es) != 0)) g /= 2;
   if (op.operands.size() == 3) {
@@ -321,8 +312,12 @@ int Lowerer::vector_group(const ir::Op& op, size_t first_offset, const Layout& L
   const auto& dims = op.ints_attr("dims");
   auto rank = static_cast<int64_t>(td.sizes.size());
   if (!td.spec.contiguous_last || dims.back() != rank - 1) return 1;
-  int max_bytes = std::min(16, td.spec.align_bytes);
-  size_t last = dims.size() - 1;
+  const int g = register_run(L, dims.size() - 1, es, std::min(16, td.spec.align_bytes));
+  if (g * es < 4 || divisor(op.operands[first_offset + static_cast<size_t>(rank - 1)]) % g != 0) return 1;
+  return g;
+}
+
+int Lowerer::register_run(const Layout& L, size_t last, int es, int max_bytes) {
   int g = 1;
   for (size_t k = 0; k < L.reg.size() && g * es * 2 <= max_bytes; ++k) {
     Coord want(L.shape.size(), 0);
@@ -333,7 +328,6 @@ int Lowerer::vector_group(const ir::Op& op, size_t first_offset, const Layout& L
   for (const auto* bs : {&L.lane, &L.warp})
     for (const Coord& c : *bs)
       if (c[last] % g != 0) return 1;
-  if (g * es < 4 || divisor(op.operands[first_offset + static_cast<size_t>(rank - 1)]) % g != 0) return 1;
   return g;
 }
 
@@ -491,7 +485,7 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
     const int64_t rank = static_cast<int64_t>(tensors_.at(op.operands[0]).sizes.size());
     const int64_t row_dim = op.ints_attr("dims")[0];
     for (int64_t d = 0; d < rank; ++d) {
-      const int64_t extent = d == row_dim ? red.rows : d == rank - 1 ? red.cols : 1;
+      const int64_t extent = red.extent(d, row_dim, rank);
       const ir::ValueId offset = op.operands[static_cast<size_t>(d) + 2];
       V x = cast(scalar(offset), DType::i32);  // (TMA offsets have types that fit i32: offsets_fit_i32)
       tma_ok = land(tma_ok, land(cmp(pir::Pred::ge, x, ci32(0)), cmp(pir::Pred::le, x, ci32(INT32_MAX - extent))));

@@ -273,15 +273,8 @@ Outcome evaluate(Program& p, const EvalOptions& o, const std::function<void(cons
   if (o.specialize) {
     // the arguments' facts as the GPU path's will hold them: contiguous row-major tensors at
     // cudaMalloc-aligned addresses, the scalars' values
-    std::vector<std::vector<int64_t>> strides;
-    for (const HostTensor& t : ref) {
-      std::vector<int64_t> st(t.sizes().size(), 1);
-      for (size_t d = st.size(); d-- > 1;) st[d - 1] = st[d] * t.sizes()[d];
-      strides.push_back(std::move(st));
-    }
     std::vector<runtime::DeviceArg> fake;
-    for (size_t i = 0; i < ref.size(); ++i)
-      fake.emplace_back(runtime::TensorView{ref[i].dtype(), ref[i].sizes(), strides[i], uint64_t{1} << 20, 0});
+    for (const HostTensor& t : ref) fake.emplace_back(runtime::TensorView{t.dtype(), t.sizes(), t.strides(), uint64_t{1} << 20, 0});
     for (const runtime::DeviceArg& a : scalar_args(p)) fake.push_back(a);
     fn = runtime::specialize(fn, runtime::specialization_key(fn, fake));
   }
