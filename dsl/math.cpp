@@ -138,16 +138,9 @@ Tile histogram(const Operand& x, int64_t num_bins, Loc loc) {
   const ir::Type type = b.type(t.id());
   if (!ir::is_int(type.dtype) || type.dtype == DType::i1 || type.shape.empty())
     b.fail(loc, fmt::format("histogram: needs an integer tile, got {}", ir::to_string(type)));
-  if (num_bins < 1 || num_bins > (int64_t{1} << 16) || (num_bins & (num_bins - 1)))
-    b.fail(loc, fmt::format("histogram: num_bins = {} (valid: a power of two from 1 to 65536)", num_bins));
-  int64_t n = 1;
-  for (int64_t d : type.shape) n *= d;
-  Tile flat = type.shape.size() == 1 ? t : reshape(t, {n}, loc);
-  // 64-bit values compared in i64 so that none wraps onto a bin; up to 32 bits in i32 (a u32 above
-  // 2^31 reads as a negative i32: on no bin either), half the compare work
-  const DType cmp_t = ir::bit_width(type.dtype) > 32 ? DType::i64 : DType::i32;
-  Tile hits = cast(cmp_t, flat, loc)[col] == cast(cmp_t, arange(0, num_bins, loc), loc)[row];
-  return sum(hits, 0, loc);
+  if (num_bins < 1 || num_bins > ir::kMaxHistogramBins || (num_bins & (num_bins - 1)))
+    b.fail(loc, fmt::format("histogram: num_bins = {} (valid: a power of two from 1 to {})", num_bins, ir::kMaxHistogramBins));
+  return b.emit1(ir::OpKind::histogram, {t.id()}, {{"num_bins", num_bins}}, loc);
 }
 
 }  // namespace tilejit::lang

@@ -35,9 +35,11 @@ Tile argmax(const Operand& x, int axis, Loc loc = Loc::current());
 Tile argmin(const Operand& x, int axis, Loc loc = Loc::current());
 
 // Triton's tl.histogram: i32[num_bins], bin b counting the elements of the integer tile x (any
-// shape) equal to b; values outside [0, num_bins) are not counted. A one-hot compare and a sum:
-// numel(x) x num_bins work, for up to some 64K per program; across programs, atomic_add the result
-// into a bins tensor (docs/from-triton.md).
+// shape) equal to b; values outside [0, num_bins) are not counted. num_bins: a power of two up to
+// ir::kMaxHistogramBins (16384). On the GPU a warp counts 32 elements at once: log2(num_bins) + 1
+// ballots, then a popcount per bin a lane owns (up to 1024 bins; more: shared-memory atomics);
+// the warps' counts are summed. Across programs, atomic_add the result into a bins tensor
+// (docs/from-triton.md).
 Tile histogram(const Operand& x, int64_t num_bins, Loc loc = Loc::current());
 
 }  // namespace tilejit::lang

@@ -20,9 +20,15 @@ Kernel histogram_kernel = kernel("histogram_atomic", [](Builder& k) {
   auto Bins = k.pointer("Bins", i32);
   auto n = k.scalar<int>("n");
 
-  auto offs = program_id(0) * BLOCK + arange(0, BLOCK);
-  auto x = load(X + offs, offs < n, -1);  // -1 past the end: outside the bins, not counted
-  atomic_add(Bins + arange(0, NUM_BINS), histogram(x, NUM_BINS));
+  // Blocks program_id, program_id + num_programs, ...: counted in registers, then one atomic add
+  // per bin and program (with one program per block the same-address atomics bound the kernel).
+  Var counts = zeros(i32, {NUM_BINS});
+  for_range(program_id(0) * BLOCK, n, num_programs(0) * BLOCK, [&](Tile start) {
+    auto offs = start + arange(0, BLOCK);
+    auto x = load(X + offs, offs < n, -1);  // -1 past the end: outside the bins, not counted
+    counts = counts + histogram(x, NUM_BINS);
+  });
+  atomic_add(Bins + arange(0, NUM_BINS), counts);
 });
 
 int main(int argc, char** argv) {
@@ -41,7 +47,7 @@ int main(int argc, char** argv) {
     x.set_flat(i, static_cast<int>(state >> 8) % 80 - 5);
   }
   bins.fill(0);
-  auto report = tilejit::runtime::run(fn, {cdiv(n, 1024)}, {x, bins, n});
+  auto report = tilejit::runtime::run(fn, {2}, {x, bins, n});  // 5 blocks: the loop runs 3 and 2 times
 
   std::vector<int> ref(NUM_BINS, 0);
   for (int i = 0; i < n; ++i) {
@@ -61,9 +67,11 @@ int main(int argc, char** argv) {
     for (int i = 0; i < N; ++i) hx.set_flat(i, i % 97);
     auto dx = tilejit::runtime::DeviceTensor::from_host(hx);
     tilejit::runtime::DeviceTensor dbins(i32, {NUM_BINS});
+    // 8 blocks a program: 151.7 us; one a program (65536 programs): 346.3 us, the same-address
+    // atomics the bound; 2048-4096-element blocks or 8 warps: 157-177 us (H100, 2026-11-27)
     auto f = tilejit::compile(histogram_kernel, {{"BLOCK", 1024}});
     report_bandwidth("histogram_atomic 2^26 i32, 64 bins", double(N) * 4,
-                     [&](const tilejit::runtime::Stream& s) { f({cdiv(N, 1024)}, s, dx, dbins, N); });
+                     [&](const tilejit::runtime::Stream& s) { f({cdiv(N, 8 * 1024)}, s, dx, dbins, N); });
   }
   return 0;
 }

@@ -95,6 +95,9 @@ class Assigner {
         for (ir::ValueId r : op.results) set(r, op.kind == OpKind::reduce_with ? L.slice(static_cast<int>(op.int_attr("axis"))) : L);
         return;
       }
+      case OpKind::histogram:  // counts come out of shared memory: any layout costs the same
+        set(op.results[0], blocked(f_.type(op.results[0])));
+        return;
       case OpKind::gather:  // in the index's layout: each thread reads the elements its indices name
         set(op.results[0], nat(op.operands[1]) ? *nat(op.operands[1]) : blocked(f_.type(op.results[0])));
         return;

@@ -33,6 +33,7 @@ enum class Op : uint8_t {
   byte_perm,  // (a, b, selector) u32/i32: prmt.b32 (the tile IR's byte_perm)
   fma,        // (a, b, c) f32/f64: a * b + c, one rounding
   neg, bit_not, abs,
+  popc,  // u32 -> u32: the number of set bits (popc.b32)
   exp2, log2, exp, log, sqrt, rsqrt, rcp, floor, ceil, tanh, sin, cos, erf,
   cmp,     // imm = predicate (Pred) -> i1
   select,  // (i1, a, b)
@@ -79,6 +80,7 @@ enum class Op : uint8_t {
   // code for the count at entry (C7512: serialised wgmma)
   exit_thread,
   shfl_xor,      // (value, imm = lane mask) -> value
+  ballot,        // (i1) -> u32: bit l set where lane l's operand is true (vote.sync.ballot.b32, all 32 lanes)
   mma_16816,     // (a0..a3 u32, b0..b1 u32, c0..c3 f32), imm = operand dtype (DType) -> 4 x f32
   // Hopper: asynchronous copies, transaction barriers and warpgroup MMA (sm_90a)
   smem_addr,          // (i32 byte offset) -> u32 address in the shared window

@@ -3,6 +3,7 @@
 // (test_emulator.cpp). Each case is a shape, the axis, the warps and a dtype; the kernel works on
 // one program's whole tile.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -108,6 +109,39 @@ inline std::vector<HostTensor> sort_tensors(const Case& c) {
   t.emplace_back(c.dtype, top_shape);
   t.emplace_back(i32, top_shape);
   return t;
+}
+
+// histogram's two lowerings (jit/lower/histogram.cpp): ballots and popcounts up to 1024 bins (fewer
+// bins than lanes, several bins per lane, elements several threads hold, 1 to 8 warps), shared
+// atomics above; values below 0 and past the last bin, 8- to 64-bit dtypes.
+struct HistogramCase {
+  tilejit::ir::Shape shape;
+  DType dtype;
+  int64_t bins;
+  int warps;
+};
+
+inline std::vector<HistogramCase> histogram_cases() {
+  return {{{1024}, i32, 64, 4}, {{16}, i32, 8, 4},        {{16, 16}, u8, 64, 8}, {{256}, i64, 2048, 4},  {{2048}, i32, 1, 2},
+          {{64}, i16, 256, 1},  {{8, 128}, u32, 1024, 4}, {{512}, i32, 32, 4},   {{4096}, i32, 16384, 4}};
+}
+
+// X (the case's shape and dtype) -> H = histogram(X, bins)
+inline Kernel histogram_kernel(const HistogramCase& c) {
+  return kernel("histogram_case", [c](Builder& b) {
+    auto X = b.tensor("X", c.dtype, static_cast<int>(c.shape.size())), H = b.tensor("H", i32, 1);
+    const std::vector<Operand> origin(c.shape.size(), Operand(0));
+    store(H.block({0}, {c.bins}), histogram(load(X.block(origin, c.shape)), c.bins));
+  });
+}
+
+// {X, H}: whole values from just below 0 to past the last bin (or the dtype's top), H at -1
+inline std::vector<HostTensor> histogram_tensors(const HistogramCase& c) {
+  HostTensor x(c.dtype, c.shape), h(i32, {c.bins});
+  x.fill_uniform(21, tilejit::ir::is_signed(c.dtype) ? -8 : 0, static_cast<double>(std::min<int64_t>(c.bins + 8, 250)));
+  for (int64_t e = 0; e < x.numel(); ++e) x.set_flat(e, std::floor(x.get_flat(e)));
+  h.fill(-1);
+  return {x, h};
 }
 
 }  // namespace axis_ops

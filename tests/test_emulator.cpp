@@ -23,6 +23,7 @@
 #include "kernels/attention/forward.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/philox_host.hpp"
+#include "ptxas_testing.hpp"
 #include "runtime/emulator.hpp"
 #include "runtime/host_tensor.hpp"
 #include "runtime/interpreter.hpp"
@@ -128,6 +129,22 @@ TEST_CASE("emulator: sort, argsort, topk, flip and xor_permute equal the interpr
       o.num_warps = c.warps;
       check_emulator(axis_ops::sort_kernel(c, descending).build(), {1}, {&t[0], &t[1], &t[2], &t[3], &t[4], &t[5]}, 0.0, o);
     }
+}
+
+TEST_CASE("emulator: histogram (ballots, shared atomics) equals the interpreter") {
+  for (const axis_ops::HistogramCase& c : axis_ops::histogram_cases()) {
+    INFO(ir::shape_string(c.shape) << " " << ir::name(c.dtype) << " bins " << c.bins << " warps " << c.warps);
+    const Kernel k = axis_ops::histogram_kernel(c);
+    jit::CompileOptions o;
+    o.num_warps = c.warps;
+    const Runs r = run_both(k.build(), {1}, axis_ops::histogram_tensors(c), {}, {}, o);
+    int64_t counted = 0;
+    for (int64_t b = 0; b < c.bins; ++b) counted += static_cast<int64_t>(r.ref[1].get_flat(b));
+    CHECK(counted > 0);
+    CHECK(std::memcmp(r.ref[1].data(), r.emu[1].data(), r.ref[1].bytes()) == 0);
+    if (testing::no_ptxas()) continue;
+    for (jit::Backend be : {jit::Backend::Llvm, jit::Backend::Nvrtc}) testing::assemble_sm90a(k.build(), be, c.warps);
+  }
 }
 
 TEST_CASE("emulator: a dot on mma.sync, scans of its accumulator, reductions and a transpose") {

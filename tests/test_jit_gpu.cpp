@@ -745,6 +745,13 @@ TEST_CASE("gpu: histogram equals the interpreter, both backends") {
   HostTensor x(i32, {8 * 512}), h(i32, {64});
   x.fill_uniform(41, -10, 70);
   check_against_interpreter(k.build(), {8}, {&x, &h}, 0.0, {}, true);
+  for (const axis_ops::HistogramCase& c : axis_ops::histogram_cases()) {  // both lowerings
+    INFO(ir::shape_string(c.shape) << " " << ir::name(c.dtype) << " bins " << c.bins << " warps " << c.warps);
+    std::vector<HostTensor> t = axis_ops::histogram_tensors(c);
+    jit::CompileOptions o;
+    o.num_warps = c.warps;
+    check_against_interpreter(axis_ops::histogram_kernel(c).build(), {1}, {&t[0], &t[1]}, 0.0, o, true);
+  }
 }
 
 TEST_CASE("gpu: abs of the smallest i8 / i16 wraps, as in the interpreter (issue 28, fuzzer)") {

@@ -21,7 +21,7 @@ constexpr std::array<std::string_view, static_cast<size_t>(OpKind::timestamp) + 
     "tensor_ptr", "tensor_dim", "tensor_stride", "tensor_slice", "addptr", "load", "store", "atomic_add", "atomic_rmw", "atomic_cas", "block_load",
     "block_store", "wait_ge", "signal_add", "turn_begin", "turn_end",
     "for", "if", "yield", "warp_roles", "channel_push", "channel_pop", "ring_producer",
-    "scan", "reduce_with", "xor_permute", "gather", "timestamp",
+    "scan", "reduce_with", "xor_permute", "gather", "histogram", "timestamp",
 };
 
 [[noreturn]] void fail(OpKind k, const std::string& msg) {
@@ -327,6 +327,15 @@ std::vector<Type> reduction_types(OpKind k, const std::vector<Type>& in, const A
                               to_string(in[0]), d, axis));
       return {in[0].with_shape(in[1].shape)};
     }
+    case histogram: {
+      expect_count(k, in, 1);
+      expect_value(k, in[0], "operand");
+      if (in[0].is_scalar() || !is_int(in[0].dtype) || in[0].dtype == DType::i1)
+        fail(k, fmt::format("needs an integer tile, got {}", to_string(in[0])));
+      const int64_t bins = axis_attr(k, a, "num_bins", 1, kMaxHistogramBins);
+      if (bins & (bins - 1)) fail(k, fmt::format("num_bins = {} (valid: a power of two from 1 to {})", bins, kMaxHistogramBins));
+      return {Type::tile(DType::i32, {bins})};
+    }
     case xor_permute: {
       expect_count(k, in, 1);
       expect_value(k, in[0], "operand");
@@ -621,6 +630,7 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
     case reduce_with:
     case xor_permute:
     case gather:
+    case histogram:
     case dot: return reduction_types(k, in, a);
     case program_id:
     case num_programs:

@@ -14,6 +14,9 @@ namespace tilejit::ir {
 
 using ValueId = uint32_t;
 
+// histogram's largest num_bins: on the GPU a program counts in shared memory, 4 bytes a bin.
+constexpr int64_t kMaxHistogramBins = 16384;
+
 // The op set. Elementwise ops take operands of identical type (the DSL inserts the broadcasts and
 // casts), so every pass below sees explicit shapes and dtypes. Semantics are documented in
 // README.md ("The tile IR") and implemented exactly by the interpreter.
@@ -104,6 +107,9 @@ enum class OpKind : uint8_t {
   // (x, index) {axis} -> x's dtype in index's shape: element at position p takes x at p with its
   // axis coordinate replaced by index[p] (Triton's tl.gather, numpy's take_along_axis)
   gather,
+  // (x integer tile) {num_bins} -> i32[num_bins]: bin b counts the elements of x equal to b (values
+  // outside [0, num_bins) count nowhere); Triton's tl.histogram
+  histogram,
   // (ptr<u64> scalar): lane 0 of every warp that runs it stores the multiprocessor's cycle counter
   // at ptr + (the warp's index in the program): instrumentation (lang::timestamp); the interpreter
   // and the emulator write a count instead, the GPU cycles

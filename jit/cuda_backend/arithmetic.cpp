@@ -191,6 +191,9 @@ std::string Printer::unary(Op op, V a) const {
         if (ir::bit_width(d) < 32) return wrap(d, fmt::format("tj_opaque32(0u - tj_opaque32((unsigned){}))", x));
         return wrap(d, fmt::format("0u - ({}){}", uwide(d), x));
       case Op::bit_not: return d == DType::i1 ? fmt::format("!{}", x) : fmt::format("({})~{}", scalar_ctype(d), x);
+      case Op::popc:
+        if (d != DType::u32) fail(fmt::format("popc needs a u32 operand, got {}", ir::name(d)));
+        return fmt::format("(unsigned)__popc({})", x);
       case Op::abs:
         // 8/16-bit: the 32-bit abs wrapped back (abs.s16 gave +32768 for -32768, found by the fuzzer)
         if (ir::is_signed(d) && ir::bit_width(d) < 32)
@@ -356,13 +359,13 @@ void Printer::arith_inst(const pir::Inst& in) {
       const bool fp = ir::is_float(dt(a(0)));
       return def(in.results[0], fp ? binary_float(in.op, a(0), a(1)) : binary_int(in.op, a(0), a(1)));
     }
-    case Op::neg: case Op::bit_not: case Op::abs: case Op::exp2: case Op::log2: case Op::exp: case Op::log: case Op::sqrt: case Op::rcp:
-    case Op::rsqrt: case Op::floor: case Op::ceil: case Op::tanh: case Op::sin: case Op::cos: case Op::erf:
+    case Op::neg: case Op::bit_not: case Op::abs: case Op::popc: case Op::exp2: case Op::log2: case Op::exp: case Op::log: case Op::sqrt:
+    case Op::rcp: case Op::rsqrt: case Op::floor: case Op::ceil: case Op::tanh: case Op::sin: case Op::cos: case Op::erf:
       check_args(in, 1, 1);
       check_results(in, 1);
       no_fp8(a(0), in);
       if (ty(a(0)).ptr) fail(fmt::format("{} on a pointer", pir::op_name(in.op)));
-      if (!ir::is_float(dt(a(0))) && in.op != Op::neg && in.op != Op::bit_not && in.op != Op::abs)
+      if (!ir::is_float(dt(a(0))) && in.op != Op::neg && in.op != Op::bit_not && in.op != Op::abs && in.op != Op::popc)
         fail(fmt::format("{} is not defined for integer operands", pir::op_name(in.op)));
       return def(in.results[0], unary(in.op, a(0)));
     case Op::cmp:

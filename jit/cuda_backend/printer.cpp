@@ -78,7 +78,7 @@ void Printer::inst(const pir::Inst& in) {
     case Op::param: case Op::thread_id: case Op::block_id: case Op::grid_dim:
     case Op::add: case Op::sub: case Op::mul: case Op::div: case Op::rem: case Op::minimum: case Op::maximum:
     case Op::bit_and: case Op::bit_or: case Op::bit_xor: case Op::shl: case Op::shr: case Op::umulhi:
-    case Op::neg: case Op::bit_not: case Op::abs: case Op::exp2: case Op::log2: case Op::exp: case Op::log: case Op::sqrt: case Op::rcp:
+    case Op::neg: case Op::bit_not: case Op::abs: case Op::popc: case Op::exp2: case Op::log2: case Op::exp: case Op::log: case Op::sqrt: case Op::rcp:
     case Op::rsqrt: case Op::floor: case Op::ceil: case Op::tanh: case Op::sin: case Op::cos: case Op::erf:
     case Op::cmp: case Op::select: case Op::byte_perm: case Op::fma: case Op::cast: case Op::bitcast: case Op::pack2: case Op::unpack2:
       return arith_inst(in);
@@ -91,7 +91,7 @@ void Printer::inst(const pir::Inst& in) {
       return memory_inst(in);
     case Op::opaque: return opaque(in);
     case Op::keep_alive: return keep_alive(in);
-    case Op::barrier: case Op::named_barrier_sync: case Op::named_barrier_arrive: case Op::shfl_xor: case Op::mbar_init:
+    case Op::barrier: case Op::named_barrier_sync: case Op::named_barrier_arrive: case Op::shfl_xor: case Op::ballot: case Op::mbar_init:
     case Op::mbar_expect_tx: case Op::mbar_arrive: case Op::mbar_wait: case Op::mbar_inval: case Op::sem_wait: case Op::sem_signal:
     case Op::atom_shared: case Op::set_max_registers: case Op::exit_thread: case Op::fence_mbar_init: case Op::read_clock:
       return sync_inst(in);

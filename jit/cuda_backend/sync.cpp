@@ -33,6 +33,10 @@ void Printer::sync_inst(const pir::Inst& in) {
                        in.imm & pir::kBarrierUnfenced ? op : ptxas_fence(op, "TJ_TURN"), u32(a(0)), in.imm & (pir::kBarrierUnfenced - 1)));
       return;
     }
+    case Op::ballot:
+      check_args(in, 1, 1);
+      check_results(in, 1);
+      return def(in.results[0], fmt::format("__ballot_sync(0xffffffffu, {})", n(a(0))));
     case Op::shfl_xor: {
       check_args(in, 1, 1);
       check_results(in, 1);

@@ -373,6 +373,7 @@ void Emitter::arith_inst(const pir::Inst& in) {
       else set(r0, is_fp(in.args[0]) ? b_.CreateFNeg(a(0)) : b_.CreateNeg(a(0)));
       return;
     case Op::bit_not: set(r0, b_.CreateNot(a(0))); return;
+    case Op::popc: set(r0, intrinsic(llvm::Intrinsic::ctpop, {a(0)->getType()}, {a(0)})); return;
     case Op::abs: {
       llvm::Value* x = a(0);
       if (is_fp(in.args[0])) set(r0, intrinsic(llvm::Intrinsic::fabs, {x->getType()}, {x}));
@@ -471,7 +472,7 @@ void Emitter::inst(const pir::Inst& in) {
     case Op::constant: case Op::param: case Op::thread_id: case Op::block_id: case Op::grid_dim:
     case Op::add: case Op::sub: case Op::mul: case Op::div: case Op::rem: case Op::minimum: case Op::maximum:
     case Op::bit_and: case Op::bit_or: case Op::bit_xor: case Op::shl: case Op::shr: case Op::umulhi:
-    case Op::byte_perm: case Op::fma: case Op::neg: case Op::bit_not: case Op::abs:
+    case Op::byte_perm: case Op::fma: case Op::neg: case Op::bit_not: case Op::abs: case Op::popc:
     case Op::exp2: case Op::log2: case Op::exp: case Op::log: case Op::sqrt: case Op::rsqrt: case Op::rcp: case Op::floor:
     case Op::ceil: case Op::tanh: case Op::sin: case Op::cos: case Op::erf:
     case Op::cmp: case Op::select: case Op::cast: case Op::bitcast: case Op::pack2: case Op::unpack2:
@@ -480,7 +481,7 @@ void Emitter::inst(const pir::Inst& in) {
     case Op::atomic_rmw: case Op::atomic_cas:
     case Op::load_shared: case Op::store_shared: case Op::smem_addr:
       return memory_inst(in);
-    case Op::barrier: case Op::named_barrier_sync: case Op::named_barrier_arrive: case Op::shfl_xor: case Op::mbar_init:
+    case Op::barrier: case Op::named_barrier_sync: case Op::named_barrier_arrive: case Op::shfl_xor: case Op::ballot: case Op::mbar_init:
     case Op::mbar_expect_tx: case Op::mbar_arrive: case Op::sem_wait: case Op::sem_signal: case Op::mbar_wait:
     case Op::atom_shared: case Op::mbar_inval: case Op::set_max_registers: case Op::exit_thread: case Op::fence_mbar_init:
     case Op::read_clock:

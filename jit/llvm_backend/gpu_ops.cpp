@@ -195,6 +195,9 @@ void Emitter::sync_inst(const pir::Inst& in) {
       asm_call(b_.getVoidTy(), text, "r,r,~{memory}", {a(0), b_.getInt32(threads)}, true, /*convergent=*/true);
       return;
     }
+    case Op::ballot:
+      set(r0, intrinsic(llvm::Intrinsic::nvvm_vote_ballot_sync, {}, {b_.getInt32(0xFFFFFFFFu), a(0)}));
+      return;
     case Op::shfl_xor: {
       llvm::Type* t = a(0)->getType();
       auto shuffle = [&](llvm::Value* x) {

@@ -169,6 +169,7 @@ void Lowerer::lower(const ir::Op& op) {
     case OpKind::reduce_with: return combine_along(op);
     case OpKind::xor_permute: return xor_permute(op);
     case OpKind::gather: return gather(op);
+    case OpKind::histogram: return histogram(op);
     case OpKind::dot: return dot(op);
     case OpKind::program_id:
       frames_.back().scalars[op.results[0]] = emit(Op::block_id, pir::scalar(DType::i32), {}, op.int_attr("axis"));

@@ -304,6 +304,7 @@ class Lowerer {
   V combine(const std::string& kind, V a, V b);
 
   void reduce(const ir::Op& op);
+  void histogram(const ir::Op& op);  // lower/histogram.cpp: ballots and popcounts, or shared atomics
 
   // ---------------------------------------------------------------- scans, reduce_with, xor_permute (lower/scans.cpp)
   void combine_along(const ir::Op& op);  // scan, reduce_with

@@ -1,5 +1,7 @@
 // The emulator's values, conversions, memory and atomics (machine.hpp): the interpreter's element
 // rules (runtime/interpreter/elementwise.cpp), which model the PTX the backends emit.
+#include <bit>
+
 #include "runtime/emulator/machine.hpp"
 
 namespace tilejit::runtime::emu {
@@ -98,6 +100,7 @@ Val Emulator::unary(const pir::Inst& in, pir::Ty type, const Val& a, int t) cons
     case Op::neg: r.i = wrap(d, 0 - u); break;
     case Op::bit_not: r.i = wrap(d, ~u); break;
     case Op::abs: r.i = ir::is_signed(d) && a.i < 0 ? wrap(d, 0 - u) : a.i; break;
+    case Op::popc: r.i = std::popcount(u); break;  // (u32 operands: no bits above 32)
     default: fault(in, t, "not defined for integer operands");
   }
   return r;
@@ -170,7 +173,7 @@ void Emulator::inst(const pir::Inst& in, const Mask& m) {
         set(0, t, Val{r, 0});
       });
       return;
-    case Op::neg: case Op::bit_not: case Op::abs: case Op::exp2: case Op::log2: case Op::exp: case Op::log:
+    case Op::neg: case Op::bit_not: case Op::abs: case Op::popc: case Op::exp2: case Op::log2: case Op::exp: case Op::log:
     case Op::sqrt: case Op::rsqrt: case Op::rcp: case Op::floor: case Op::ceil: case Op::tanh: case Op::sin: case Op::cos:
     case Op::erf:
       each(m, [&](int t) { set(0, t, unary(in, out_ty(), arg(0, t), t)); });
@@ -298,6 +301,15 @@ void Emulator::memory_inst(const pir::Inst& in, const Mask& m) {
         if (in.args.size() > 2 && !arg(2, t).i) return;
         write(d, shared(in, t, arg(0, t).i, ir::byte_size(d)), arg(1, t));
       });
+      return;
+    }
+    case Op::ballot: {
+      const std::vector<Val> votes = vals(in.args[0]);
+      std::vector<uint32_t> warp_bits((votes.size() + 31) / 32, 0);
+      each(m, [&](int t) {
+        if (votes[static_cast<size_t>(t)].i) warp_bits[static_cast<size_t>(t / 32)] |= 1u << (t & 31);
+      });
+      each(m, [&](int t) { set(0, t, Val{0, static_cast<int64_t>(warp_bits[static_cast<size_t>(t / 32)])}); });
       return;
     }
     case Op::shfl_xor: {

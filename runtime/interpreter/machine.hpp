@@ -208,6 +208,7 @@ class Machine {
 
   // ------------------------------------------------------------ reductions (interpreter/reductions.cpp)
   void reduce_op(const Op& op);
+  void histogram_op(const Op& op);
 
   // ------------------------------------------------------------ scans and reductions with a combine region (interpreter/combine.cpp)
   void combine_op(const Op& op);  // scan, reduce_with

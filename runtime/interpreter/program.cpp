@@ -172,6 +172,7 @@ void Machine::exec(const Op& op) {
     case reduce_with: return combine_op(op);
     case xor_permute: return xor_permute_op(op);
     case gather: return gather_op(op);
+    case histogram: return histogram_op(op);
     case dot: return dot_op(op);
     case program_id: S(op.results[0]).i.assign(1, pid_[op.int_attr("axis")]); return;
     case num_programs: S(op.results[0]).i.assign(1, grid_[op.int_attr("axis")]); return;

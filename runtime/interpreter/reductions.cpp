@@ -1,5 +1,5 @@
 // reduce along one axis: sum (one rounding at the end), max and min (PTX's NaN rules) for floats;
-// wrapping sums and signed or unsigned max/min for integers.
+// wrapping sums and signed or unsigned max/min for integers; and histogram (counts per bin).
 #include <algorithm>
 
 #include "runtime/interpreter/machine.hpp"
@@ -55,6 +55,14 @@ void Machine::reduce_op(const Op& op) {
       }
       R.i[out(o, in)] = acc;
     }
+}
+
+void Machine::histogram_op(const Op& op) {
+  // (an unsigned 64-bit value past 2^63 is held negative here: outside the bins either way)
+  std::vector<int64_t> bins(static_cast<size_t>(op.int_attr("num_bins")), 0);
+  for (int64_t v : S(op.operands[0]).i)
+    if (v >= 0 && v < static_cast<int64_t>(bins.size())) ++bins[static_cast<size_t>(v)];
+  S(op.results[0]).i = std::move(bins);
 }
 
 }  // namespace tilejit::runtime::interp
