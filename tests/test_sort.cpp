@@ -104,6 +104,45 @@ TEST_CASE("sort: values, stable argsort and topk along either axis, both directi
     }
 }
 
+// topk up to 32 bits sorts one u64 key per element (the value's order, then the position) and
+// gathers the values; 64-bit dtypes keep the (value, position) network. Each dtype's extremes,
+// ties, NaN payloads and signed zeros, against the host.
+TEST_CASE("sort: topk of every dtype (keyed up to 32 bits, else value and position) against the host") {
+  const std::vector<double> ints{-2147483648.0, 2147483647.0, -1, 0, 5, 5, -7, 100};
+  const std::vector<double> unsigneds{4294967295.0, 2147483648.0, 2147483647.0, 0, 1, 1, 3000000000.0, 7};
+  const std::vector<double> floats{NAN, -0.0, 0.0, INFINITY, -INFINITY, 1.5, -1.5, 1.5};
+  struct Case {
+    DType dtype;
+    std::vector<double> specials;
+  };
+  const Case cases[] = {{i32, ints}, {i8, {-128, 127, -1, 0, 5, 5, -7, 100}}, {u8, {255, 128, 0, 1, 1, 7, 200, 3}},
+                        {i16, {-32768, 32767, -1, 0, 5, 5, -7, 100}}, {u32, unsigneds}, {f32, floats}, {f16, floats},
+                        {bf16, floats}, {f64, floats}, {i64, {-9007199254740992.0, 9007199254740992.0, -1, 0, 5, 5, -7, 100}},
+                        {u16, {65535, 32768, 0, 1, 1, 7, 40000, 3}}};
+  for (const Case& c : cases) {
+    INFO(ir::name(c.dtype));
+    constexpr int64_t n = 64, k = 16;
+    const Kernel kern = kernel("topk_dtype", [&](Builder& b) {
+      auto X = b.tensor("X", c.dtype, 2), TV = b.tensor("TV", c.dtype, 2), TI = b.tensor("TI", i32, 2);
+      TopK top = topk(load(X.block({0, 0}, {R, n})), k, 1);
+      store(TV.block({0, 0}, {R, k}), top.values);
+      store(TI.block({0, 0}, {R, k}), top.indices);
+    });
+    rt::HostTensor x(c.dtype, {R, n}), tv(c.dtype, {R, k}), ti(i32, {R, k});
+    if (ir::is_float(c.dtype)) x.fill_uniform(12, -4, 4);
+    else x.fill_uniform(12, ir::is_signed(c.dtype) ? -50 : 0, 50);
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t j = 0; j < n; j += 2) x.set({i, j}, std::round(x.get({i, j})));  // ties
+    for (int64_t s = 0; s < 8; ++s) x.set({s % R, (s * 9) % n}, c.specials[static_cast<size_t>(s)]), x.set({(s + 1) % R, (s * 5 + 3) % n}, c.specials[static_cast<size_t>(s)]);
+    rt::interpret(kern.build(), {1}, {rt::Arg(x), rt::Arg(tv), rt::Arg(ti)});
+    for (int64_t line = 0; line < R; ++line) {
+      std::vector<double> v;
+      for (int64_t j = 0; j < n; ++j) v.push_back(x.get({line, j}));
+      check_topk_line(v, tv, ti, 1, line, k);
+    }
+  }
+}
+
 // topk's rounds (blocks of k sorted, then the axis halved by pairs of blocks): every k from 1 to
 // the axis, along both axes, ties, NaN and signed zeros, against a stable host sort.
 TEST_CASE("sort: topk for every power-of-two k along both axes") {
