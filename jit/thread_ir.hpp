@@ -89,7 +89,8 @@ enum class Op : uint8_t {
   mbar_arrive,        // (addr)
   mbar_wait,          // (addr, i32 parity): until the phase with this parity has completed
   mbar_inval,         // (addr): before the barrier's memory is initialised again
-  // (u32 shared address, u32 value) -> u32 old: atom.acq_rel.cta.shared::cta; imm 0 = add, 1 = exch
+  // (u32 shared address, u32 value) -> u32 old: atom.acq_rel.cta.shared::cta; imm kAtomSharedAdd,
+  // kAtomSharedExch, or kAtomSharedCount: a relaxed add (counters no other access orders against)
   atom_shared,
   tma_load_2d,        // (dst addr, tensor-map pointer, i32 c0 (innermost), i32 c1, mbar addr)
   fence_mbar_init,    // make barrier initialisation visible to the async proxy
@@ -136,6 +137,9 @@ constexpr int64_t kWaitFenced = int64_t{1} << 8;
 constexpr int64_t kCommitFenced = int64_t{1} << 8;
 
 constexpr int64_t kBulkWaitRead = int64_t{1} << 8;
+
+// atom_shared's imm
+constexpr int64_t kAtomSharedAdd = 0, kAtomSharedExch = 1, kAtomSharedCount = 2;
 
 // named_barrier_sync/arrive imm flag (above the thread count): a plain bar.sync, without the
 // fence that keeps ptxas from moving arithmetic across a warpgroup turn -- a warp role's barrier

@@ -84,8 +84,9 @@ void Printer::sync_inst(const pir::Inst& in) {
     case Op::atom_shared:
       check_args(in, 2, 2);
       declare(in.results[0]);
-      line(fmt::format("asm volatile(\"atom.acq_rel.cta.shared::cta.{} %0, [%1], %2;\" : \"=r\"(v{}) : \"r\"({}), \"r\"({}) : \"memory\");",
-                       in.imm ? "exch.b32" : "add.u32", in.results[0], u32(a(0)), u32(a(1))));
+      line(fmt::format("asm volatile(\"atom.{}.cta.shared::cta.{} %0, [%1], %2;\" : \"=r\"(v{}) : \"r\"({}), \"r\"({}) : \"memory\");",
+                       in.imm == pir::kAtomSharedCount ? "relaxed" : "acq_rel", in.imm == pir::kAtomSharedExch ? "exch.b32" : "add.u32",
+                       in.results[0], u32(a(0)), u32(a(1))));
       return;
     case Op::mbar_inval:
       check_args(in, 1, 1);

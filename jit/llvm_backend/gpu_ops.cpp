@@ -238,8 +238,8 @@ void Emitter::sync_inst(const pir::Inst& in) {
                "r,r,~{memory}", {a(0), a(1)}, true);
       return;
     case Op::atom_shared:
-      set(in.results[0], asm_call(b_.getInt32Ty(),
-                                  fmt::format("atom.acq_rel.cta.shared::cta.{} $0, [$1], $2;", in.imm ? "exch.b32" : "add.u32"),
+      set(in.results[0], asm_call(b_.getInt32Ty(), fmt::format("atom.{}.cta.shared::cta.{} $0, [$1], $2;", in.imm == pir::kAtomSharedCount ? "relaxed" : "acq_rel",
+                                                               in.imm == pir::kAtomSharedExch ? "exch.b32" : "add.u32"),
                                   "=r,r,r,~{memory}", {a(0), a(1)}, true));
       return;
     case Op::mbar_inval: asm_call(b_.getVoidTy(), "mbarrier.inval.shared::cta.b64 [$0];", "r,~{memory}", {a(0)}, true); return;

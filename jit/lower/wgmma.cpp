@@ -37,7 +37,7 @@ void Lowerer::init_ring_barriers(const SmemRing& r, bool counters) {
   }
   for (int s = 0; s < r.stages; ++s) {
     emit0(Op::mbar_init, {smem_at(r.full + 8 * s), ci32(1)});
-    if (counters) emit(Op::atom_shared, pir::scalar(DType::u32), {smem_at(r.released + 8 * s), cint(DType::u32, 0)}, 1);
+    if (counters) emit(Op::atom_shared, pir::scalar(DType::u32), {smem_at(r.released + 8 * s), cint(DType::u32, 0)}, pir::kAtomSharedExch);
   }
 }
 
@@ -164,7 +164,7 @@ void Lowerer::ring_bottom(const SmemRing& r) {
   const int W = warps_;
   V counter = bin(Op::add, smem_at(r.released), cast(bin(Op::mul, st.stage, ci32(8)), DType::u32));
   pir_if(cmp(pir::Pred::eq, lane_, ci32(0)), [&] {
-    V old = emit(Op::atom_shared, pir::scalar(DType::u32), {counter, cint(DType::u32, 1)}, 0);
+    V old = emit(Op::atom_shared, pir::scalar(DType::u32), {counter, cint(DType::u32, 1)}, pir::kAtomSharedAdd);
     V last = cmp(pir::Pred::eq, bin(Op::rem, old, cint(DType::u32, W)), cint(DType::u32, W - 1));
     V j = bin(Op::add, st.iter, ci32(r.stages));
     pir_if(land(last, cmp(pir::Pred::lt, j, st.trips)), [&] { ring_issue(*r.loop, r, st, j, st.stage); });

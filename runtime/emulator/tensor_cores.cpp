@@ -67,7 +67,8 @@ void Emulator::hopper_inst(const pir::Inst& in, const Mask& m) {
       each(m, [&](int t) {
         std::byte* q = shared(in, t, arg(0, t).i, 4);
         const Val old = read(DType::u32, q);
-        write(DType::u32, q, Val{0, in.imm == 0 ? wrap(DType::u32, static_cast<uint64_t>(old.i + arg(1, t).i)) : arg(1, t).i});
+        const bool exch = in.imm == pir::kAtomSharedExch;
+        write(DType::u32, q, Val{0, exch ? arg(1, t).i : wrap(DType::u32, static_cast<uint64_t>(old.i + arg(1, t).i))});
         set(0, t, old);
       });
       return;
