@@ -312,19 +312,32 @@ Tile max(const Operand& x, Loc loc) { return reduce_all("max", x, loc); }
 Tile min(const Operand& x, Loc loc) { return reduce_all("min", x, loc); }
 
 // ---- dot ----
-Tile dot(const Operand& a, const Operand& b, const Operand& acc, Loc loc) {
+Tile dot(const Operand& a, const Operand& b, const Operand& acc, DotOptions o, Loc loc) {
   Builder& bld = builder_for({&a, &b, &acc}, loc);
   Tile ta = detail::to_tile(bld, a, loc), tb = detail::to_tile(bld, b, loc);
   const ir::Type &A = bld.type(ta.id()), &B = bld.type(tb.id());
-  if (A.shape.size() != 2 || B.shape.size() != 2)
-    bld.fail(loc, fmt::format("dot: operands must be 2-D tiles, got {} and {}", ir::to_string(A), ir::to_string(B)));
-  if (A.shape[1] != B.shape[0])
-    bld.fail(loc, fmt::format("dot: inner dimensions differ: a is {} (K = {}), b is {} (K = {})", ir::to_string(A), A.shape[1],
-                              ir::to_string(B), B.shape[0]));
+  const size_t ra = A.shape.size(), rb = B.shape.size();
+  if ((ra != 2 && ra != 3) || (rb != 2 && rb != 3))
+    bld.fail(loc, fmt::format("dot: operands must be 2-D tiles (a[M,K] @ b[K,N]) or 3-D tiles (a[B,M,K] @ b[B,K,N], batched), "
+                              "got a {} and b {}", ir::to_string(A), ir::to_string(B)));
+  if (ra != rb)
+    bld.fail(loc, fmt::format("dot: a is {} ({}-D) but b is {} ({}-D); both must be 2-D, or both 3-D for a batched dot", ir::to_string(A),
+                              ra, ir::to_string(B), rb));
+  if (ra == 3 && A.shape[0] != B.shape[0])
+    bld.fail(loc, fmt::format("dot: batch sizes differ: a is {} (B = {}), b is {} (B = {}); a batched dot needs equal leading dimensions",
+                              ir::to_string(A), A.shape[0], ir::to_string(B), B.shape[0]));
+  if (A.shape[ra - 1] != B.shape[ra - 2])
+    bld.fail(loc, fmt::format("dot: inner dimensions differ: a is {} (K = {}), b is {} (K = {})", ir::to_string(A), A.shape[ra - 1],
+                              ir::to_string(B), B.shape[ra - 2]));
   if (A.dtype != B.dtype)
     bld.fail(loc, fmt::format("dot: dtype mismatch: a is {}, b is {}; cast one so both match", ir::name(A.dtype), ir::name(B.dtype)));
+  if (o.input_precision == InputPrecision::tf32 && A.dtype != DType::f32)
+    bld.fail(loc, fmt::format("dot: input_precision tf32 rounds f32 inputs, but a and b are {} (a is {}); valid: f32 inputs with tf32, "
+                              "or the default ieee for every dtype",
+                              ir::name(A.dtype), ir::to_string(A)));
   DType acc_dtype = A.dtype == DType::i8 ? DType::i32 : DType::f32;
-  Shape out{A.shape[0], B.shape[1]};
+  Shape out = A.shape;
+  out[ra - 1] = B.shape[ra - 1];
   Tile tc;
   if (acc.is_literal()) {
     tc = detail::materialize(bld, acc, acc_dtype, out, loc, "dot accumulator");
@@ -334,12 +347,27 @@ Tile dot(const Operand& a, const Operand& b, const Operand& acc, Loc loc) {
     if (C.dtype != acc_dtype)
       bld.fail(loc, fmt::format("dot: the accumulator must be {} for {} inputs, got {}", ir::name(acc_dtype), ir::name(A.dtype),
                                 ir::to_string(C)));
+    // numpy's rule: aligned at the right, each dimension equal to the product's or 1
+    bool fits = C.shape.size() <= out.size();
+    for (size_t d = 0; fits && d < C.shape.size(); ++d) {
+      const int64_t c = C.shape[C.shape.size() - 1 - d], want = out[out.size() - 1 - d];
+      fits = c == want || c == 1;
+    }
+    if (!fits)
+      bld.fail(loc, fmt::format("dot: the accumulator {} does not broadcast to the product's shape {} (valid: {}{} or a shape that "
+                                "broadcasts to it)",
+                                ir::to_string(C), ir::shape_string(out), ir::name(acc_dtype), ir::shape_string(out)));
     tc = detail::broadcast_to(bld, tc, out, loc);
   }
-  return bld.emit1(OpKind::dot, {ta.id(), tb.id(), tc.id()}, {}, loc);
+  // the default (ieee) is no attribute: the IR of every dot written before the option is unchanged
+  ir::AttrMap attrs;
+  if (o.input_precision != InputPrecision::ieee) attrs[ir::kInputPrecisionAttr] = std::string(ir::name(o.input_precision));
+  return bld.emit1(OpKind::dot, {ta.id(), tb.id(), tc.id()}, std::move(attrs), loc);
 }
 
-Tile dot(const Operand& a, const Operand& b, Loc loc) { return dot(a, b, 0, loc); }
+Tile dot(const Operand& a, const Operand& b, const Operand& acc, Loc loc) { return dot(a, b, acc, DotOptions{}, loc); }
+Tile dot(const Operand& a, const Operand& b, DotOptions o, Loc loc) { return dot(a, b, 0, o, loc); }
+Tile dot(const Operand& a, const Operand& b, Loc loc) { return dot(a, b, 0, DotOptions{}, loc); }
 
 // ---- program geometry ----
 Tile program_id(int axis, Loc loc) { return Builder::current(loc).program_id(axis, loc); }

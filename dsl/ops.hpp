@@ -4,6 +4,7 @@
 #include <source_location>
 
 #include "dsl/builder.hpp"
+#include "dsl/ir/input_precision.hpp"
 
 namespace tilejit::lang {
 
@@ -79,8 +80,29 @@ Tile max(const Operand& x, Loc loc = Loc::current());
 Tile min(const Operand& x, Loc loc = Loc::current());
 
 // ---- matrix product: a[M,K] @ b[K,N], accumulated in f32 (i32 for i8), plus acc if given ----
+// Batched (Triton's 3-D tl.dot): a[B,M,K] @ b[B,K,N] -> [B,M,N], the 2-D product per leading index;
+// acc is [B,M,N] or broadcasts to it. Inputs f16 bf16 f32 i8 (fp8: interpreter only), a and b alike.
+// On the GPU: mma.sync for 16-bit inputs (per batch for 3-D) when the shapes fit, wgmma on sm_90a
+// where planned (2-D only), FMA on CUDA cores otherwise.
+//
+// DotOptions::input_precision (Triton's input_precision): ieee (the default) multiplies the inputs
+// as they are; tf32 (f32 inputs only) first rounds each input to TF32 as PTX cvt.rna.tf32.f32 does
+// (round to nearest, ties away from zero, on the 13 dropped mantissa bits; infinities and NaNs
+// kept, subnormals rounded, not flushed), then the products of the rounded values are exact and
+// accumulate in f32: on the GPU mma.sync m16n8k8 .tf32 (tensor cores) where the shapes fit (M a
+// multiple of 16, K of 8, N of 8), else FMA on the rounded inputs. The same rounding everywhere,
+// but not the same order of additions: the interpreter sums each output's products exactly (in
+// double) and rounds once; the GPU rounds after each k step of 8 (mma) or each product (FMA), so
+// results agree within the usual f32 summation error (~K * 2^-24 relative), bit for bit only
+// where every partial sum is exact.
+using ir::InputPrecision;
+struct DotOptions {
+  InputPrecision input_precision = InputPrecision::ieee;
+};
 Tile dot(const Operand& a, const Operand& b, Loc loc = Loc::current());
 Tile dot(const Operand& a, const Operand& b, const Operand& acc, Loc loc = Loc::current());
+Tile dot(const Operand& a, const Operand& b, DotOptions o, Loc loc = Loc::current());
+Tile dot(const Operand& a, const Operand& b, const Operand& acc, DotOptions o, Loc loc = Loc::current());
 
 // ---- program geometry and integer helpers ----
 Tile program_id(int axis, Loc loc = Loc::current());

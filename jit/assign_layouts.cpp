@@ -107,8 +107,8 @@ class Assigner {
           set(op.results[0], Layout::wgmma_acc(r.shape[0], r.shape[1], warps()));
           return;
         }
-        DotPlan d = plan_dot(f_.type(op.operands[0]), f_.type(op.operands[1]), warps());
-        set(op.results[0], d.mma ? Layout::mma_acc(r.shape[0], r.shape[1], d.warps_m, d.warps_n) : blocked(r));
+        DotPlan d = plan_dot(f_.type(op.operands[0]), f_.type(op.operands[1]), warps(), ir::input_precision(op));
+        set(op.results[0], d.mma ? d.acc_layout(r.shape) : blocked(r));
         return;
       }
       case OpKind::for_: {
@@ -216,22 +216,6 @@ int vector_width(ir::DType d, int64_t last_dim) {
   int v = 16 / ir::byte_size(d);
   while (v > 1 && last_dim % v != 0) v /= 2;
   return std::max(1, v);
-}
-
-DotPlan plan_dot(const ir::Type& a, const ir::Type& b, int num_warps) {
-  DotPlan p;
-  int64_t m = a.shape[0], k = a.shape[1], n = b.shape[1];
-  bool sixteen_bit = a.dtype == ir::DType::f16 || a.dtype == ir::DType::bf16;
-  if (!sixteen_bit || k % 16 != 0) return p;
-  // As many warps along M as 16-row slabs allow, the rest along N (each needs >= 8 columns).
-  int wm = 1;
-  while (wm < num_warps && m % (16 * wm * 2) == 0) wm *= 2;
-  int wn = num_warps / wm;
-  if (m % (16 * wm) != 0 || n % (8 * wn) != 0) return p;
-  p.mma = true;
-  p.warps_m = wm;
-  p.warps_n = wn;
-  return p;
 }
 
 void check_tile_shapes(const ir::Function& f) {

@@ -8,6 +8,7 @@
 #include "dsl/ir/function.hpp"
 #include <map>
 
+#include "jit/dot_plan.hpp"
 #include "jit/layout.hpp"
 #include "jit/tma_pipeline.hpp"
 #include "jit/wgmma_plan.hpp"
@@ -54,13 +55,6 @@ struct LayoutPlan : WarpRoles {
   // Other dots on wgmma with shared-memory tiles (sm_90a): accumulate in the wgmma layout.
   HopperPlan hopper;
 };
-
-// The dot configuration: mma.sync m16n8k16 when shapes and dtypes allow, FMA otherwise.
-struct DotPlan {
-  bool mma = false;
-  int warps_m = 1, warps_n = 1;
-};
-DotPlan plan_dot(const ir::Type& a, const ir::Type& b, int num_warps);
 
 // Elements per thread along the fastest dim for 16-byte accesses.
 int vector_width(ir::DType d, int64_t last_dim);

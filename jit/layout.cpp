@@ -29,6 +29,28 @@ std::string bases_str(const std::vector<Coord>& bs) {
   return fmt::format("[{}]", fmt::join(s, " "));
 }
 
+// An mma.sync operand: the fragment's register and lane bases (`frag`, `lanes`), then register
+// bits stepping K by `k_step` (the next mma) and the other dim (M by 16 for A, N by 8 for B) over
+// the warp's share, in the order the lowering walks them; warps split that dim, and the operand is
+// replicated over the warps splitting the other one.
+Layout mma_operand(bool is_a, int64_t rows, int64_t cols, int warps_m, int warps_n, std::vector<Coord> frag, std::vector<Coord> lanes,
+                   int64_t k_step) {
+  Layout L;
+  L.shape = {rows, cols};
+  L.reg = std::move(frag);
+  L.lane = std::move(lanes);
+  const size_t k_dim = is_a ? 1 : 0, o_dim = 1 - k_dim;  // K, and M (A) or N (B)
+  const int64_t k = is_a ? cols : rows, o = is_a ? rows : cols, wo = o / (is_a ? warps_m : warps_n);
+  for (int64_t x = k_step; x < k; x *= 2) L.reg.push_back(unit(2, k_dim, x));
+  for (int64_t x = is_a ? 16 : 8; x < wo; x *= 2) L.reg.push_back(unit(2, o_dim, x));
+  if (!is_a)
+    for (int w = 1; w < warps_m; w *= 2) L.warp.push_back({0, 0});
+  for (int64_t x = wo; x < o; x *= 2) L.warp.push_back(unit(2, o_dim, x));
+  if (is_a)
+    for (int w = 1; w < warps_n; w *= 2) L.warp.push_back({0, 0});
+  return L;
+}
+
 }  // namespace
 
 bool is_power_of_two(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
@@ -138,28 +160,31 @@ Layout Layout::wgmma_a(int64_t m, int64_t k, int num_warps) {
 }
 
 Layout Layout::mma_a(int64_t m, int64_t k, int warps_m, int warps_n) {
-  Layout L;
-  L.shape = {m, k};
-  int64_t wm = m / warps_m;
-  L.reg = {{0, 1}, {8, 0}, {0, 8}};
-  for (int64_t x = 16; x < k; x *= 2) L.reg.push_back({0, x});
-  for (int64_t x = 16; x < wm; x *= 2) L.reg.push_back({x, 0});
-  L.lane = {{0, 2}, {0, 4}, {1, 0}, {2, 0}, {4, 0}};
-  for (int64_t x = wm; x < m; x *= 2) L.warp.push_back({x, 0});
-  for (int w = 1; w < warps_n; w *= 2) L.warp.push_back({0, 0});
-  return L;
+  return mma_operand(true, m, k, warps_m, warps_n, {{0, 1}, {8, 0}, {0, 8}}, {{0, 2}, {0, 4}, {1, 0}, {2, 0}, {4, 0}}, 16);
 }
 
 Layout Layout::mma_b(int64_t k, int64_t n, int warps_m, int warps_n) {
-  Layout L;
-  L.shape = {k, n};
-  int64_t wn = n / warps_n;
-  L.reg = {{1, 0}, {8, 0}};
-  for (int64_t x = 16; x < k; x *= 2) L.reg.push_back({x, 0});
-  for (int64_t x = 8; x < wn; x *= 2) L.reg.push_back({0, x});
-  L.lane = {{2, 0}, {4, 0}, {0, 1}, {0, 2}, {0, 4}};
-  for (int w = 1; w < warps_m; w *= 2) L.warp.push_back({0, 0});
-  for (int64_t x = wn; x < n; x *= 2) L.warp.push_back({0, x});
+  return mma_operand(false, k, n, warps_m, warps_n, {{1, 0}, {8, 0}}, {{2, 0}, {4, 0}, {0, 1}, {0, 2}, {0, 4}}, 16);
+}
+
+// mma.sync m16n8k8 .tf32 fragments (PTX ISA "Matrix Fragments for mma.m16n8k8"), lane l, g = l / 4,
+// q = l % 4: A's four registers hold (g, q), (g + 8, q), (g, q + 4), (g + 8, q + 4); B's two hold
+// (q, g), (q + 4, g).
+Layout Layout::mma_a_tf32(int64_t m, int64_t k, int warps_m, int warps_n) {
+  return mma_operand(true, m, k, warps_m, warps_n, {{8, 0}, {0, 4}}, {{0, 1}, {0, 2}, {1, 0}, {2, 0}, {4, 0}}, 8);
+}
+
+Layout Layout::mma_b_tf32(int64_t k, int64_t n, int warps_m, int warps_n) {
+  return mma_operand(false, k, n, warps_m, warps_n, {{4, 0}}, {{1, 0}, {2, 0}, {0, 1}, {0, 2}, {0, 4}}, 8);
+}
+
+Layout Layout::batched(int64_t batch, int warps_b) const {
+  Layout L = expand_dims(0);
+  L.shape[0] = batch;
+  const size_t rank = L.shape.size();
+  int64_t x = 1;
+  for (; x < warps_b; x *= 2) L.warp.push_back(unit(rank, 0, x));
+  for (; x < batch; x *= 2) L.reg.push_back(unit(rank, 0, x));
   return L;
 }
 

@@ -46,6 +46,15 @@ struct Layout {
   static Layout mma_acc(int64_t m, int64_t n, int warps_m, int warps_n);
   static Layout mma_a(int64_t m, int64_t k, int warps_m, int warps_n);
   static Layout mma_b(int64_t k, int64_t n, int warps_m, int warps_n);
+  // mma.sync m16n8k8 .tf32 layouts for A[M,K] and B[K,N] (one 32-bit element a register; the
+  // accumulator is mma_acc's), warps as for mma_a / mma_b.
+  static Layout mma_a_tf32(int64_t m, int64_t k, int warps_m, int warps_n);
+  static Layout mma_b_tf32(int64_t k, int64_t n, int warps_m, int warps_n);
+  // This layout with a leading batch dimension of `batch` (a batched dot's operands): its low
+  // log2(warps_b) bits on further warp bits (the warp index's high bits), the rest on further
+  // register bits (the register index's high bits: a thread's registers are its batches' 2-D
+  // fragments one after another).
+  Layout batched(int64_t batch, int warps_b) const;
 
   // How a wgmma dot's warpgroups share C[M, N]: `m` of them split M in 64-row slabs (as many as
   // M has, further slabs repeat in registers), the other `n` split N in equal column slabs (each

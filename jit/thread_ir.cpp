@@ -15,6 +15,7 @@ constexpr std::array<const char*, static_cast<size_t>(Op::yield) + 1> kNames{
     "exp2", "log2", "exp", "log", "sqrt", "rsqrt", "rcp", "floor", "ceil", "tanh", "sin", "cos", "erf",
     "cmp", "select", "cast", "bitcast", "opaque", "keep_alive", "pack2", "unpack2", "load_vec", "store_vec", "gep", "load", "store", "atomic_add", "atomic_rmw", "atomic_cas", "sem_wait", "sem_signal", "load_shared",
     "store_shared", "barrier", "named_barrier_sync", "named_barrier_arrive", "set_max_registers", "exit_thread", "shfl_xor", "ballot", "mma_16816",
+    "cvt_tf32", "mma_1688_tf32",
     "smem_addr", "mbar_init", "mbar_expect_tx", "mbar_arrive", "mbar_wait", "mbar_inval", "atom_shared", "tma_load_2d", "fence_mbar_init",
     "fence_proxy_async", "wgmma_fence", "wgmma_commit", "wgmma_wait", "wgmma", "wgmma_rs", "tma_load",
     "tma_reduce_add", "tma_store", "bulk_commit", "bulk_wait", "fence_proxy_async_global", "read_clock", "for", "if", "yield"};

@@ -82,6 +82,11 @@ enum class Op : uint8_t {
   shfl_xor,      // (value, imm = lane mask) -> value
   ballot,        // (i1) -> u32: bit l set where lane l's operand is true (vote.sync.ballot.b32, all 32 lanes)
   mma_16816,     // (a0..a3 u32, b0..b1 u32, c0..c3 f32), imm = operand dtype (DType) -> 4 x f32
+  // (f32) -> u32: the TF32 bit pattern of PTX cvt.rna.tf32.f32 (ir::tf32_rna_bits), low 13 bits zero
+  cvt_tf32,
+  // mma.sync m16n8k8 .tf32: (a0..a3 u32, b0..b1 u32 -- TF32 bit patterns, one element each --,
+  // c0..c3 f32) -> 4 x f32; fragments as Layout::mma_a_tf32 / mma_b_tf32, C as mma_16816's
+  mma_1688_tf32,
   // Hopper: asynchronous copies, transaction barriers and warpgroup MMA (sm_90a)
   smem_addr,          // (i32 byte offset) -> u32 address in the shared window
   mbar_init,          // (addr, i32 count)

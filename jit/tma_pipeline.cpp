@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "dsl/ir/input_precision.hpp"
 #include "jit/scalar_facts.hpp"
 
 namespace tilejit::jit {
@@ -63,6 +64,8 @@ std::optional<TmaDotLoop> match_tma_dot_loop(const ir::Function& f, const ir::Op
     m.dot = &op;
   }
   if (!m.dot || m.dot->operands[2] != acc_arg) return std::nullopt;
+  // a wgmma pipeline: 2-D dots at the default precision only (batched and tf32 dots take mma.sync)
+  if (f.type(m.dot->operands[0]).shape.size() != 2 || ir::input_precision(*m.dot) != ir::InputPrecision::ieee) return std::nullopt;
   auto defined = [&](ir::ValueId v, OpKind kind) -> const ir::Op* {
     auto it = def.find(v);
     return it != def.end() && it->second->kind == kind ? it->second : nullptr;

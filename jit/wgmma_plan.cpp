@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "dsl/ir/input_precision.hpp"
 #include "jit/scalar_facts.hpp"
 #include "jit/layout.hpp"
 
@@ -121,6 +122,8 @@ class Planner {
 
   bool shape_ok(const ir::Op& d) const {
     const ir::Type &a = f_.type(d.operands[0]), &b = f_.type(d.operands[1]);
+    // batched dots and tf32 ones run on mma.sync (jit/dot_plan.hpp), never on wgmma
+    if (a.shape.size() != 2 || ir::input_precision(d) != ir::InputPrecision::ieee) return false;
     const int warps = warps_of(d);
     if (warps % 4 != 0 || !is_power_of_two(warps) || !sixteen_bit(a.dtype) || a.dtype != b.dtype) return false;
     const int64_t m = a.shape[0], k = a.shape[1], n = b.shape[1];

@@ -49,6 +49,56 @@ TEST_CASE("dot with incompatible inner dimensions") {
       {"dot: inner dimensions differ", "bf16[64,32]", "bf16[16,64]"}, line);
 }
 
+TEST_CASE("batched and tf32 dots: ranks, batch sizes, the accumulator's shape and tf32's dtype name the problem") {
+  int line = __LINE__ + 3;
+  expect_error(
+      [](Builder&) {
+        auto t = dot(zeros(bf16, {2, 16, 16}), zeros(bf16, {16, 16}));
+        (void)t;
+      },
+      {"dot: a is bf16[2,16,16] (3-D) but b is bf16[16,16] (2-D)", "both 3-D for a batched dot"}, line);
+  line = __LINE__ + 3;
+  expect_error(
+      [](Builder&) {
+        auto t = dot(zeros(f32, {2, 16, 8}), zeros(f32, {4, 8, 16}));
+        (void)t;
+      },
+      {"dot: batch sizes differ", "a is f32[2,16,8] (B = 2)", "b is f32[4,8,16] (B = 4)", "equal leading dimensions"}, line);
+  line = __LINE__ + 3;
+  expect_error(
+      [](Builder&) {
+        auto t = dot(zeros(f32, {2, 2, 16, 16}), zeros(f32, {2, 2, 16, 16}));
+        (void)t;
+      },
+      {"dot: operands must be 2-D tiles (a[M,K] @ b[K,N]) or 3-D tiles (a[B,M,K] @ b[B,K,N], batched)", "a f32[2,2,16,16]"}, line);
+  line = __LINE__ + 3;
+  expect_error(
+      [](Builder&) {
+        auto t = dot(zeros(f32, {2, 16, 8}), zeros(f32, {2, 16, 8}));
+        (void)t;
+      },
+      {"dot: inner dimensions differ", "a is f32[2,16,8] (K = 8)", "b is f32[2,16,8] (K = 16)"}, line);
+  line = __LINE__ + 3;
+  expect_error(
+      [](Builder&) {
+        auto t = dot(zeros(f32, {2, 16, 8}), zeros(f32, {2, 8, 16}), zeros(f32, {4, 16, 16}));
+        (void)t;
+      },
+      {"dot: the accumulator f32[4,16,16] does not broadcast to the product's shape [2,16,16]", "valid: f32[2,16,16]"}, line);
+  line = __LINE__ + 3;
+  expect_error(
+      [](Builder&) {
+        auto t = dot(zeros(bf16, {16, 16}), zeros(bf16, {16, 16}), {.input_precision = InputPrecision::tf32});
+        (void)t;
+      },
+      {"dot: input_precision tf32 rounds f32 inputs, but a and b are bf16", "valid: f32 inputs with tf32"}, line);
+  // a [M,N] accumulator broadcasts over the batch
+  CHECK_NOTHROW(kernel("ok", [](Builder&) {
+                  auto t = dot(zeros(f32, {2, 16, 8}), zeros(f32, {2, 8, 16}), zeros(f32, {16, 16}), {.input_precision = InputPrecision::tf32});
+                  (void)t;
+                }).build());
+}
+
 TEST_CASE("dtype mismatch: f16 with bf16, dot operands, fp8 arithmetic") {
   int line = __LINE__ + 3;
   expect_error(

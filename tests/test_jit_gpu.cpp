@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <bit>
 #include <cmath>
 #include <iterator>
 #include <limits>
@@ -22,6 +23,7 @@
 #include "runtime/gpu_kernel.hpp"
 #include "runtime/interpreter.hpp"
 #include "test_kernels.hpp"
+#include "tf32_test_data.hpp"
 
 using namespace tilejit;
 using namespace tilejit::lang;
@@ -885,4 +887,104 @@ TEST_CASE("gpu fuzz: a TMA store whose column coordinate is near 2^31 writes not
   jit::CompileOptions opts;
   opts.num_warps = 8;
   check_against_interpreter(k.build(), {3}, {&o, int64_t{2147483647}}, 0.0, opts, true);
+}
+
+// Issue 26 item 3: an f32 dot with input_precision tf32 and batched (3-D) dots. Kernel: programs
+// along axis 0 each take `batch` batches (or, 2-D, one row block) of A, B and C and store D.
+namespace {
+
+Kernel batched_dot_kernel(DType in, int64_t batch, int64_t m, int64_t k, int64_t n, InputPrecision p) {
+  return kernel("batched_dot_gpu", [=](Builder& kb) {
+    const bool b3 = batch > 0;
+    const int r = b3 ? 3 : 2;
+    auto A = kb.tensor("A", in, r), B = kb.tensor("B", in, r), C = kb.tensor("C", f32, r), D = kb.tensor("D", f32, r);
+    Tile pid = program_id(0);
+    if (b3) {
+      Tile b0 = pid * batch;
+      Tile acc = dot(load(A.block({b0, 0, 0}, {batch, m, k})), load(B.block({b0, 0, 0}, {batch, k, n})), load(C.block({b0, 0, 0}, {batch, m, n})),
+                     {.input_precision = p});
+      store(D.block({b0, 0, 0}, {batch, m, n}), acc);
+    } else {
+      Tile m0 = pid * m;
+      Tile acc = dot(load(A.block({m0, 0}, {m, k})), load(B.block({0, 0}, {k, n})), load(C.block({m0, 0}, {m, n})), {.input_precision = p});
+      store(D.block({m0, 0}, {m, n}), acc);
+    }
+  });
+}
+
+}  // namespace
+
+TEST_CASE("gpu: f32 dot with input_precision tf32 (mma.sync m16n8k8, and FMA on rounded inputs) matches the interpreter, both backends") {
+  if (!have_gpu()) return;
+  struct Case {
+    int64_t m, k, n;
+    int warps;
+  };
+  for (Case c : {Case{64, 64, 64, 4}, Case{128, 32, 64, 8}, Case{16, 64, 32, 4}, Case{8, 32, 16, 4}}) {
+    INFO(fmt::format("[{},{}] @ [{},{}] on {} warps", c.m, c.k, c.k, c.n, c.warps));
+    const int64_t programs = 3;
+    HostTensor a(f32, {programs * c.m, c.k}), b(f32, {c.k, c.n}), acc(f32, {programs * c.m, c.n}), d(f32, {programs * c.m, c.n});
+    jit::CompileOptions o;
+    o.num_warps = c.warps;
+    const ir::Function fn = batched_dot_kernel(f32, 0, c.m, c.k, c.n, InputPrecision::tf32).build();
+    // exact data: bit for bit
+    testing::fill_tf32_near_integers(a, 1, 8);
+    testing::fill_tf32_near_integers(b, 2, 8);
+    acc.fill_uniform(3, -4, 4);
+    for (int64_t i = 0; i < acc.numel(); ++i) acc.set_flat(i, std::round(acc.get_flat(i)));
+    check_against_interpreter(fn, {programs}, {&a, &b, &acc, &d}, 0.0, o, true);
+    // normal data: the sums' order differs (the MMA rounds per k step of 8), the rounding of the inputs must not
+    a.fill_normal(4, 0, 1);
+    b.fill_normal(5, 0, 1);
+    acc.fill_normal(6, 0, 1);
+    check_against_interpreter(fn, {programs}, {&a, &b, &acc, &d}, 1e-5, o, true);
+  }
+}
+
+TEST_CASE("gpu: batched dot on 3-D tiles (bf16 / f16 mma, f32 tf32 mma, f32 FMA) matches the interpreter, both backends") {
+  if (!have_gpu()) return;
+  struct Case {
+    DType in;
+    int64_t batch, m, k, n;
+    InputPrecision p;
+    int warps;
+  };
+  const Case cases[] = {
+      {bf16, 4, 32, 64, 32, InputPrecision::ieee, 4},  {f16, 8, 16, 16, 16, InputPrecision::ieee, 4},
+      {bf16, 2, 64, 32, 64, InputPrecision::ieee, 8},  {f32, 4, 16, 32, 16, InputPrecision::tf32, 4},
+      {f32, 2, 32, 16, 32, InputPrecision::tf32, 8},   {f32, 2, 16, 16, 16, InputPrecision::ieee, 4},
+      {bf16, 2, 16, 8, 16, InputPrecision::ieee, 4},
+  };
+  for (const Case& c : cases) {
+    INFO(fmt::format("{} [{},{},{}] @ [{},{},{}] {} on {} warps", ir::name(c.in), c.batch, c.m, c.k, c.batch, c.k, c.n, ir::name(c.p), c.warps));
+    const int64_t programs = 3, total = programs * c.batch;
+    HostTensor a(c.in, {total, c.m, c.k}), b(c.in, {total, c.k, c.n}), acc(f32, {total, c.m, c.n}), d(f32, {total, c.m, c.n});
+    a.fill_normal(7, 0, 1);
+    b.fill_normal(8, 0, 1);
+    acc.fill_normal(9, 0, 1);
+    jit::CompileOptions o;
+    o.num_warps = c.warps;
+    check_against_interpreter(batched_dot_kernel(c.in, c.batch, c.m, c.k, c.n, c.p).build(), {programs}, {&a, &b, &acc, &d},
+                              c.in == f32 && c.p == InputPrecision::ieee ? 1e-6 : 1e-5, o, true);
+  }
+}
+
+TEST_CASE("gpu: tf32 rounding of edge values (ties both signs, subnormals, near overflow, inf, NaN) is the interpreter's, bit for bit") {
+  if (!have_gpu()) return;
+  // D = A @ I: every element is A's TF32 rounding, through the MMA (16 rows) and through FMA (8 rows)
+  const uint32_t edge[] = {0x3f801000, 0xbf801000, 0x3f803000, 0x3f800fff, 0x3f801001, 0x00001000, 0x80001000,
+                           0x007ff000, 0x00abcdef, 0x7f7fefff, 0x7f7fd000, 0x40490fdb, 0xc0490fdb, 0x3eaaaaab};
+  for (int64_t m : {16, 8}) {
+    INFO("rows " << m);
+    HostTensor a(f32, {m, 16}), eye(f32, {16, 16}), zero(f32, {m, 16}), d(f32, {m, 16});
+    std::mt19937_64 rng(static_cast<uint64_t>(m));
+    for (int64_t i = 0; i < a.numel(); ++i) a.set_flat(i, static_cast<double>(std::bit_cast<float>(edge[rng() % std::size(edge)])));
+    a.set({m - 3, 2}, INFINITY);
+    a.set({m - 2, 6}, -INFINITY);
+    a.set({m - 1, 9}, NAN);
+    eye.fill(0);
+    zero.fill(0);
+    for (int64_t k = 0; k < 16; ++k) eye.set({k, k}, 1.0);
+    check_against_interpreter(batched_dot_kernel(f32, 0, m, 16, 16, InputPrecision::tf32).build(), {1}, {&a, &eye, &zero, &d}, 0.0, {}, true);
+  }
 }

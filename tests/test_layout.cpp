@@ -94,6 +94,39 @@ TEST_CASE("mma.sync m16n8k16 fragments match the PTX ISA register maps") {
   }
 }
 
+TEST_CASE("mma.sync m16n8k8 .tf32 fragments match the PTX ISA register maps; batched layouts cover [B, M, N]") {
+  // A (16x8): a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); B (8x8, k x n): b0 (t, g), b1 (t+4, g)
+  Layout A = Layout::mma_a_tf32(16, 8, 1, 1), B = Layout::mma_b_tf32(8, 8, 1, 1);
+  for (uint32_t lane = 0; lane < 32; ++lane) {
+    int64_t g = lane / 4, t = lane % 4;
+    CHECK(A.coords(0, lane, 0) == Coord{g, t});
+    CHECK(A.coords(1, lane, 0) == Coord{g + 8, t});
+    CHECK(A.coords(2, lane, 0) == Coord{g, t + 4});
+    CHECK(A.coords(3, lane, 0) == Coord{g + 8, t + 4});
+    CHECK(B.coords(0, lane, 0) == Coord{t, g});
+    CHECK(B.coords(1, lane, 0) == Coord{t + 4, g});
+  }
+  // the next registers step K by 8 (the next mma), then M by 16 (A) or N by 8 (B), as the lowering walks them
+  CHECK(Layout::mma_a_tf32(32, 16, 1, 1).coords(4, 0, 0) == Coord{0, 8});
+  CHECK(Layout::mma_a_tf32(32, 16, 1, 1).coords(8, 0, 0) == Coord{16, 0});
+  CHECK(Layout::mma_b_tf32(16, 16, 1, 1).coords(2, 0, 0) == Coord{8, 0});
+  CHECK(Layout::mma_b_tf32(16, 16, 1, 1).coords(4, 0, 0) == Coord{0, 8});
+  for (auto [m, n, wm, wn] : std::vector<std::array<int, 4>>{{{64, 64, 4, 1}}, {{128, 128, 2, 2}}, {{64, 32, 1, 4}}}) {
+    check_covers(Layout::mma_a_tf32(m, 32, wm, wn));
+    check_covers(Layout::mma_b_tf32(32, n, wm, wn));
+  }
+  // batched: batch bits on the warps' high bits (warps_b of them), the rest in the registers' high bits
+  const Layout C = Layout::mma_acc(16, 8, 1, 1).batched(8, 4);
+  CHECK(C.shape == tilejit::ir::Shape{8, 16, 8});
+  check_covers(C);
+  CHECK(C.num_regs() == 2 * 4);
+  CHECK(C.coords(0, 0, 3) == Coord{3, 0, 0});      // warp 3: batch 3
+  CHECK(C.coords(4, 0, 1) == Coord{5, 0, 0});      // register 4 (the next batch slab): batch 1 + 4
+  CHECK(C.coords(1, 5, 0) == Coord{0, 1, 3});      // the 2-D fragment inside each batch
+  check_covers(Layout::mma_a(32, 32, 2, 1).batched(4, 2));
+  check_covers(Layout::mma_b_tf32(16, 64, 2, 2).batched(2, 1));
+}
+
 TEST_CASE("the wgmma m64nNk16 accumulator matches the PTX ISA map and covers the tile") {
   // d[i]: row = 16*warp + lane/4 + 8*((i/2)%2), col = 8*(i/4) + 2*(lane%4) + i%2
   Layout L = Layout::wgmma_acc(64, 256, 4);

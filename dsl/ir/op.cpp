@@ -6,6 +6,7 @@
 
 #include "dsl/ir/atomic.hpp"
 #include "dsl/ir/function.hpp"
+#include "dsl/ir/input_precision.hpp"
 
 namespace tilejit::ir {
 namespace {
@@ -369,20 +370,36 @@ std::vector<Type> reduction_types(OpKind k, const std::vector<Type>& in, const A
       return out;
     }
     case dot: {
+      // (a[M,K], b[K,N], acc[M,N]), or batched (a[B,M,K], b[B,K,N], acc[B,M,N])
       expect_count(k, in, 3);
       const Type &A = in[0], &B = in[1], &C = in[2];
       for (const Type* t : {&A, &B, &C}) {
         expect_value(k, *t, "operand");
-        if (t->shape.size() != 2) fail(k, fmt::format("operands must be 2-D tiles, got {}", to_string(*t)));
+        if (t->shape.size() != 2 && t->shape.size() != 3)
+          fail(k, fmt::format("operands must be 2-D or 3-D (batched) tiles, got {}", to_string(*t)));
       }
-      if (A.shape[1] != B.shape[0])
+      const size_t r = A.shape.size();
+      if (B.shape.size() != r || C.shape.size() != r)
+        fail(k, fmt::format("operands differ in rank: a is {}, b is {}, acc is {}", to_string(A), to_string(B), to_string(C)));
+      if (r == 3 && A.shape[0] != B.shape[0])
+        fail(k, fmt::format("batch sizes differ: a is {}, b is {}", to_string(A), to_string(B)));
+      if (A.shape[r - 1] != B.shape[r - 2])
         fail(k, fmt::format("inner dimensions differ: a is {}, b is {}", to_string(A), to_string(B)));
       if (A.dtype != B.dtype) fail(k, fmt::format("a and b dtypes differ: {} vs {}", name(A.dtype), name(B.dtype)));
       DType want = A.dtype == DType::i8 ? DType::i32 : DType::f32;
       if (!(is_float(A.dtype) && A.dtype != DType::f64) && A.dtype != DType::i8)
         fail(k, fmt::format("unsupported input dtype {} (valid: f16 bf16 f32 f8e4m3 f8e5m2 i8)", name(A.dtype)));
-      if (C.dtype != want || C.shape != Shape{A.shape[0], B.shape[1]})
-        fail(k, fmt::format("accumulator must be {}[{},{}], got {}", name(want), A.shape[0], B.shape[1], to_string(C)));
+      Shape out = A.shape;
+      out[r - 1] = B.shape[r - 1];
+      if (C.dtype != want || C.shape != out)
+        fail(k, fmt::format("accumulator must be {}{}, got {}", name(want), shape_string(out), to_string(C)));
+      if (auto it = a.find(kInputPrecisionAttr); it != a.end()) {
+        const std::string& p = str_attr(k, a, kInputPrecisionAttr);
+        const auto precision = parse_input_precision(p);
+        if (!precision) fail(k, fmt::format("unknown input_precision '{}' (valid: ieee tf32)", p));
+        if (*precision == InputPrecision::tf32 && A.dtype != DType::f32)
+          fail(k, fmt::format("input_precision tf32 needs f32 inputs, got {} (valid: f32; ieee for every input dtype)", name(A.dtype)));
+      }
       return {C};
     }
     default:

@@ -95,7 +95,8 @@ void Printer::inst(const pir::Inst& in) {
     case Op::mbar_expect_tx: case Op::mbar_arrive: case Op::mbar_wait: case Op::mbar_inval: case Op::sem_wait: case Op::sem_signal:
     case Op::atom_shared: case Op::set_max_registers: case Op::exit_thread: case Op::fence_mbar_init: case Op::read_clock:
       return sync_inst(in);
-    case Op::mma_16816: return mma(in);
+    case Op::mma_16816: case Op::mma_1688_tf32: return mma(in);
+    case Op::cvt_tf32: return cvt_tf32(in);
     case Op::wgmma_wait: case Op::wgmma: case Op::wgmma_rs: return wgmma(in);
     case Op::tma_load_2d: case Op::tma_load: case Op::tma_reduce_add: case Op::tma_store: case Op::bulk_commit: case Op::bulk_wait:
     case Op::fence_proxy_async_global: case Op::fence_proxy_async: case Op::wgmma_fence: case Op::wgmma_commit:

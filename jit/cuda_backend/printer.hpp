@@ -217,7 +217,8 @@ class Printer {
   void keep_alive(const pir::Inst& in);
 
   // ---------------------------------------------------------------- tensor cores and TMA (cuda_backend/tensor_core.cpp)
-  void mma(const pir::Inst& in);
+  void mma(const pir::Inst& in);       // mma_16816 and mma_1688_tf32
+  void cvt_tf32(const pir::Inst& in);
   void wgmma(const pir::Inst& in);
   // TMA copies and bulk groups, async-proxy fences, wgmma fence and commit
   void tensor_inst(const pir::Inst& in);

@@ -4,28 +4,47 @@
 
 namespace tilejit::jit::cuda_backend {
 
+// mma_16816 (imm: f16 or bf16 operands, packed in pairs) or mma_1688_tf32 (one tf32 bit pattern a
+// register, from cvt_tf32): the fragments in "r" registers, the accumulators in "f" ones.
 void Printer::mma(const pir::Inst& in) {
   check_args(in, 10, 10);
   check_results(in, 4);
-  const auto od = static_cast<DType>(in.imm);
-  if (od != DType::f16 && od != DType::bf16) fail(fmt::format("mma_16816 operands must be f16 or bf16 (imm is {})", in.imm));
-  const char* t = od == DType::bf16 ? "bf16" : "f16";
+  const bool tf32 = in.op == Op::mma_1688_tf32;
+  const char* name = tf32 ? "mma_1688_tf32" : "mma_16816";
+  std::string shape_types;
+  if (tf32) {
+    shape_types = "m16n8k8.row.col.f32.tf32.tf32.f32";
+  } else {
+    const auto od = static_cast<DType>(in.imm);
+    if (od != DType::f16 && od != DType::bf16) fail(fmt::format("mma_16816 operands must be f16 or bf16 (imm is {})", in.imm));
+    shape_types = fmt::format("m16n8k16.row.col.f32.{0}.{0}.f32", od == DType::bf16 ? "bf16" : "f16");
+  }
   std::vector<std::string> ins;
   for (size_t i = 0; i < 10; ++i) {
     V v = in.args[i];
     const bool f32 = i >= 6;
     if (ty(v).ptr || dt(v) != (f32 ? DType::f32 : DType::u32))
-      fail(fmt::format("mma_16816 operand {} is {}, expected {}", i, pir::type_name(ty(v)), f32 ? "f32" : "u32"));
+      fail(fmt::format("{} operand {} is {}, expected {}", name, i, pir::type_name(ty(v)), f32 ? "f32" : "u32"));
     ins.push_back(fmt::format("\"{}\"({})", f32 ? "f" : "r", n(v)));
   }
   for (V r : in.results)
-    if (ty(r) != pir::scalar(DType::f32)) fail("mma_16816 results must be f32");
+    if (ty(r) != pir::scalar(DType::f32)) fail(fmt::format("{} results must be f32", name));
   line(fmt::format("float v{}, v{}, v{}, v{};", in.results[0], in.results[1], in.results[2], in.results[3]));
   for (V r : in.results) mark(r);
-  line(fmt::format("asm(\"mma.sync.aligned.m16n8k16.row.col.f32.{0}.{0}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, "
+  line(fmt::format("asm(\"mma.sync.aligned.{0} {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, "
                    "{{%10,%11,%12,%13}};\"\n{5}    : \"=f\"(v{1}), \"=f\"(v{2}), \"=f\"(v{3}), \"=f\"(v{4})\n{5}    : {6});",
-                   t, in.results[0], in.results[1], in.results[2], in.results[3], std::string(static_cast<size_t>(depth_) * 2, ' '),
+                   shape_types, in.results[0], in.results[1], in.results[2], in.results[3], std::string(static_cast<size_t>(depth_) * 2, ' '),
                    fmt::join(ins, ", ")));
+}
+
+// f32 -> the tf32 bit pattern (u32) that mma_1688_tf32 reads: PTX cvt.rna.tf32.f32.
+void Printer::cvt_tf32(const pir::Inst& in) {
+  check_args(in, 1, 1);
+  check_results(in, 1);
+  if (ty(in.args[0]) != pir::scalar(DType::f32) || ty(in.results[0]) != pir::scalar(DType::u32))
+    fail(fmt::format("cvt_tf32 takes an f32 and gives a u32, got {} -> {}", pir::type_name(ty(in.args[0])), pir::type_name(ty(in.results[0]))));
+  declare(in.results[0]);
+  line(fmt::format("asm(\"cvt.rna.tf32.f32 %0, %1;\" : \"=r\"(v{}) : \"f\"({}));", in.results[0], n(in.args[0])));
 }
 
 // wgmma and wgmma_wait: the results are the accumulators, tied to the inputs ("+f"), as the LLVM

@@ -488,7 +488,7 @@ void Emitter::inst(const pir::Inst& in) {
       return sync_inst(in);
     case Op::opaque: return opaque(in);
     case Op::keep_alive: return keep_alive(in);
-    case Op::mma_16816: case Op::tma_load_2d: case Op::tma_load: case Op::tma_reduce_add: case Op::tma_store: case Op::bulk_commit: case Op::bulk_wait:
+    case Op::mma_16816: case Op::mma_1688_tf32: case Op::cvt_tf32: case Op::tma_load_2d: case Op::tma_load: case Op::tma_reduce_add: case Op::tma_store: case Op::bulk_commit: case Op::bulk_wait:
     case Op::fence_proxy_async_global: case Op::fence_proxy_async: case Op::wgmma_fence: case Op::wgmma_commit:
       return tensor_inst(in);
     case Op::wgmma_wait: case Op::wgmma_rs: case Op::wgmma: return wgmma(in);

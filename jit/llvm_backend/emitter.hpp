@@ -179,6 +179,7 @@ class Emitter {
 
   // ---------------------------------------------------------------- tensor cores and TMA (llvm_backend/gpu_ops.cpp)
   llvm::Value* mma(const pir::Inst& in);
+  llvm::Value* mma_tf32(const pir::Inst& in);  // mma.sync m16n8k8 .tf32
   void wgmma(const pir::Inst& in);
   // mma.sync, TMA copies and bulk groups, async-proxy fences, wgmma fence and commit
   void tensor_inst(const pir::Inst& in);

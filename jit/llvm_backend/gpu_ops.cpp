@@ -331,6 +331,17 @@ llvm::Value* Emitter::mma(const pir::Inst& in) {
   return asm_call(ret, text, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", args, false, /*convergent=*/true);
 }
 
+llvm::Value* Emitter::mma_tf32(const pir::Inst& in) {
+  llvm::Type* F = b_.getFloatTy();
+  auto* ret = llvm::StructType::get(ctx_, {F, F, F, F});
+  std::vector<llvm::Value*> args;
+  for (V a : in.args) args.push_back(v(a));
+  // convergent, as mma(): an .aligned instruction every lane of the warp must execute together
+  return asm_call(ret,
+                  "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+                  "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", args, false, /*convergent=*/true);
+}
+
 std::string Emitter::with_tensor_map(V map, int operand, const std::string& text, llvm::Value*& arg) {
   auto it = byval_symbol_.find(map);
   if (it == byval_symbol_.end()) return text;
@@ -346,11 +357,15 @@ std::string Emitter::with_tensor_map(V map, int operand, const std::string& text
 void Emitter::tensor_inst(const pir::Inst& in) {
   auto a = [&](size_t i) { return v(in.args[i]); };
   switch (in.op) {
-    case Op::mma_16816: {
-      llvm::Value* s = mma(in);
+    case Op::mma_16816:
+    case Op::mma_1688_tf32: {
+      llvm::Value* s = in.op == Op::mma_16816 ? mma(in) : mma_tf32(in);
       for (unsigned i = 0; i < 4; ++i) set(in.results[i], b_.CreateExtractValue(s, {i}));
       return;
     }
+    case Op::cvt_tf32:  // (no side effects: LLVM may merge or drop it like arithmetic)
+      set(in.results[0], asm_call(b_.getInt32Ty(), "cvt.rna.tf32.f32 $0, $1;", "=r,f", {a(0)}, false));
+      return;
     case Op::tma_load_2d: {
       llvm::Value* map = a(1);
       const std::string text = with_tensor_map(

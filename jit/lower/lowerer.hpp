@@ -322,10 +322,15 @@ class Lowerer {
   // (the two halves of one unpacked word, in order: that word)
   V pack(V lo, V hi);
 
+  // f32 registers -> their TF32 bit patterns (u32, cvt.rna.tf32.f32)
+  Regs to_tf32(const Regs& f32_values);
+
+  // mma.sync per batch (jit/dot_plan.hpp), on the plan's fragment layouts.
   void mma(const ir::Op& op, const DotPlan& dp, const Layout& LC);
 
-  // CUDA-core fallback: operands in shared memory, each thread accumulates its outputs over K.
-  void fma_dot(const ir::Op& op, const Layout& LC);
+  // CUDA-core fallback: operands in shared memory, each thread accumulates its outputs over K
+  // (tf32: of the rounded inputs).
+  void fma_dot(const ir::Op& op, const DotPlan& dp, const Layout& LC);
 
   // ---------------------------------------------------------------- control flow (lower/control_flow.cpp)
   // Flatten a carried value to registers (scalars: one register).

@@ -2,6 +2,7 @@
 // rules (runtime/interpreter/elementwise.cpp), which model the PTX the backends emit.
 #include <bit>
 
+#include "dsl/ir/input_precision.hpp"
 #include "runtime/emulator/machine.hpp"
 
 namespace tilejit::runtime::emu {
@@ -194,6 +195,12 @@ void Emulator::inst(const pir::Inst& in, const Mask& m) {
     case Op::select: each(m, [&](int t) { set(0, t, arg(0, t).i ? arg(1, t) : arg(2, t)); }); return;
     case Op::cast: each(m, [&](int t) { set(0, t, convert(ty(in.args[0]), out_ty(), arg(0, t))); }); return;
     case Op::bitcast: each(m, [&](int t) { set(0, t, reinterpret(ty(in.args[0]), out_ty(), arg(0, t))); }); return;
+    case Op::cvt_tf32:  // (the f32's bits, as cvt.rna.tf32.f32 rounds them)
+      each(m, [&](int t) {
+        const auto b = static_cast<uint32_t>(element::to_bits(DType::f32, arg(0, t).f, arg(0, t).i));
+        set(0, t, Val{0, static_cast<int64_t>(ir::tf32_rna_bits(b))});
+      });
+      return;
     case Op::opaque:
       for (size_t k = 0; k < in.results.size(); ++k) each(m, [&](int t) { set(k, t, arg(k, t)); });
       return;

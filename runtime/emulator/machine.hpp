@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -462,6 +463,15 @@ class Emulator {
   // (2q..2q+1, g), (2q+8..2q+9, g); C and D (g, 2q..2q+1), (g+8, 2q..2q+1). Products summed in
   // double and rounded to f32 once (the tensor cores' order differs: compare with a tolerance).
   void mma(const pir::Inst& in, const Mask& m);
+  // mma.sync.m16n8k8 .tf32 (mma_1688_tf32): lane l, g = l / 4, q = l % 4 holds A (g, q), (g+8, q),
+  // (g, q+4), (g+8, q+4); B (q, g), (q+4, g); C and D as mma's. A register's low 13 bits are not
+  // read (the tensor cores take TF32); sums as mma's.
+  void mma_tf32(const pir::Inst& in, const Mask& m);
+  // The warp-wide part both share: for each warp with a live lane, `load(t, g, q, A, B)` puts
+  // thread t's A and B fragment elements in place, C comes from operands 6..9, and each lane's D
+  // = C + A B over `k` products, summed in double and rounded to f32 once.
+  using MmaTile = std::array<std::array<double, 16>, 16>;  // [row][col] (B: [k][n])
+  void warp_mma(const pir::Inst& in, const Mask& m, int k, const std::function<void(int t, int g, int q, MmaTile& A, MmaTile& B)>& load);
 
   void loop(const pir::Inst& in, const Mask& m) {
     const pir::Block& body = in.regions.at(0);

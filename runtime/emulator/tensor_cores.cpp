@@ -1,5 +1,7 @@
 // The emulator's tensor cores and asynchronous copies (machine.hpp): mma.sync fragments, TMA boxes
 // into swizzled shared tiles, mbarrier phases, wgmma from shared-memory descriptors.
+#include <bit>
+
 #include "runtime/emulator/machine.hpp"
 
 namespace tilejit::runtime::emu {
@@ -9,6 +11,7 @@ void Emulator::hopper_inst(const pir::Inst& in, const Mask& m) {
   const auto set = [&](size_t k, int t, const Val& v) { vals(in.results[k])[static_cast<size_t>(t)] = v; };
   switch (in.op) {
     case Op::mma_16816: mma(in, m); return;
+    case Op::mma_1688_tf32: mma_tf32(in, m); return;
     case Op::smem_addr: each(m, [&](int t) { set(0, t, Val{0, arg(0, t).i}); }); return;  // (the window starts at 0)
     case Op::fence_mbar_init:
     case Op::fence_proxy_async:
@@ -245,6 +248,35 @@ void Emulator::wgmma(const pir::Inst& in, const Mask& m) {
   }
 }
 
+void Emulator::warp_mma(const pir::Inst& in, const Mask& m, int k,
+                        const std::function<void(int t, int g, int q, MmaTile& A, MmaTile& B)>& load) {
+  for (int w0 = 0; w0 < n_; w0 += 32) {
+    bool any = false;
+    for (int l = 0; l < 32; ++l) any = any || (m[static_cast<size_t>(w0 + l)] && !exited_[static_cast<size_t>(w0 + l)]);
+    if (!any) continue;
+    MmaTile A{}, B{};
+    double C[16][8];
+    for (int l = 0; l < 32; ++l) {
+      const int t = w0 + l, g = l / 4, q = l % 4;
+      load(t, g, q, A, B);
+      C[g][2 * q] = vals(in.args[6])[static_cast<size_t>(t)].f;
+      C[g][2 * q + 1] = vals(in.args[7])[static_cast<size_t>(t)].f;
+      C[g + 8][2 * q] = vals(in.args[8])[static_cast<size_t>(t)].f;
+      C[g + 8][2 * q + 1] = vals(in.args[9])[static_cast<size_t>(t)].f;
+    }
+    for (int l = 0; l < 32; ++l) {
+      const int t = w0 + l, g = l / 4, q = l % 4;
+      const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * q, 2 * q + 1, 2 * q, 2 * q + 1};
+      for (size_t r = 0; r < 4; ++r) {
+        double s = C[rows[r]][cols[r]];
+        for (int j = 0; j < k; ++j)
+          s += A[static_cast<size_t>(rows[r])][static_cast<size_t>(j)] * B[static_cast<size_t>(j)][static_cast<size_t>(cols[r])];
+        vals(in.results[r])[static_cast<size_t>(t)] = Val{static_cast<double>(static_cast<float>(s)), 0};
+      }
+    }
+  }
+}
+
 void Emulator::mma(const pir::Inst& in, const Mask& m) {
   const auto d = static_cast<DType>(in.imm);
   if (d != DType::f16 && d != DType::bf16)
@@ -254,37 +286,34 @@ void Emulator::mma(const pir::Inst& in, const Mask& m) {
     element::from_bits(d, (static_cast<uint64_t>(word) >> (16 * k)) & 0xFFFFu, v.f, v.i);
     return v.f;
   };
-  for (int w0 = 0; w0 < n_; w0 += 32) {
-    bool any = false;
-    for (int l = 0; l < 32; ++l) any = any || (m[static_cast<size_t>(w0 + l)] && !exited_[static_cast<size_t>(w0 + l)]);
-    if (!any) continue;
-    double A[16][16], B[16][8], C[16][8];
-    for (int l = 0; l < 32; ++l) {
-      const int t = w0 + l, g = l / 4, q = l % 4;
-      const auto a = [&](size_t k) { return vals(in.args[k])[static_cast<size_t>(t)].i; };
-      for (int k = 0; k < 2; ++k) {
-        A[g][2 * q + k] = half(a(0), k);
-        A[g + 8][2 * q + k] = half(a(1), k);
-        A[g][2 * q + 8 + k] = half(a(2), k);
-        A[g + 8][2 * q + 8 + k] = half(a(3), k);
-        B[2 * q + k][g] = half(a(4), k);
-        B[2 * q + 8 + k][g] = half(a(5), k);
-      }
-      C[g][2 * q] = vals(in.args[6])[static_cast<size_t>(t)].f;
-      C[g][2 * q + 1] = vals(in.args[7])[static_cast<size_t>(t)].f;
-      C[g + 8][2 * q] = vals(in.args[8])[static_cast<size_t>(t)].f;
-      C[g + 8][2 * q + 1] = vals(in.args[9])[static_cast<size_t>(t)].f;
+  warp_mma(in, m, 16, [&](int t, int g, int q, MmaTile& A, MmaTile& B) {
+    const auto a = [&](size_t k) { return vals(in.args[k])[static_cast<size_t>(t)].i; };
+    const auto gi = static_cast<size_t>(g), qi = static_cast<size_t>(q);
+    for (size_t k = 0; k < 2; ++k) {
+      A[gi][2 * qi + k] = half(a(0), static_cast<int>(k));
+      A[gi + 8][2 * qi + k] = half(a(1), static_cast<int>(k));
+      A[gi][2 * qi + 8 + k] = half(a(2), static_cast<int>(k));
+      A[gi + 8][2 * qi + 8 + k] = half(a(3), static_cast<int>(k));
+      B[2 * qi + k][gi] = half(a(4), static_cast<int>(k));
+      B[2 * qi + 8 + k][gi] = half(a(5), static_cast<int>(k));
     }
-    for (int l = 0; l < 32; ++l) {
-      const int t = w0 + l, g = l / 4, q = l % 4;
-      const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * q, 2 * q + 1, 2 * q, 2 * q + 1};
-      for (size_t k = 0; k < 4; ++k) {
-        double s = C[rows[k]][cols[k]];
-        for (int j = 0; j < 16; ++j) s += A[rows[k]][j] * B[j][cols[k]];
-        vals(in.results[k])[static_cast<size_t>(t)] = Val{static_cast<double>(static_cast<float>(s)), 0};
-      }
-    }
-  }
+  });
+}
+
+void Emulator::mma_tf32(const pir::Inst& in, const Mask& m) {
+  const auto tf32 = [](int64_t word) {
+    return static_cast<double>(std::bit_cast<float>(static_cast<uint32_t>(word) & 0xffffe000u));
+  };
+  warp_mma(in, m, 8, [&](int t, int g, int q, MmaTile& A, MmaTile& B) {
+    const auto a = [&](size_t k) { return tf32(vals(in.args[k])[static_cast<size_t>(t)].i); };
+    const auto gi = static_cast<size_t>(g), qi = static_cast<size_t>(q);
+    A[gi][qi] = a(0);
+    A[gi + 8][qi] = a(1);
+    A[gi][qi + 4] = a(2);
+    A[gi + 8][qi + 4] = a(3);
+    B[qi][gi] = a(4);
+    B[qi + 4][gi] = a(5);
+  });
 }
 
 }  // namespace tilejit::runtime::emu

@@ -256,6 +256,7 @@ class Machine {
   int64_t pid_[3] = {0, 0, 0};
   std::vector<double> row_f_;  // dot's row accumulators, kept to avoid a per-dot allocation
   std::vector<int64_t> row_i_;
+  std::vector<double> tf32_a_, tf32_b_;  // a tf32 dot's rounded inputs
   Concurrency* sync_ = nullptr;  // concurrent mode (kernels that wait on semaphores)
   std::map<std::pair<int64_t, int64_t>, Slot> channel_;  // lang::Channel tiles pushed, not yet popped: (channel, index)
 };
