@@ -43,6 +43,7 @@ Tile Emitter::along_axis(const Node& n) {
   const auto a = [&](size_t k) { return value(n.args[k]); };
   if (n.kind == NodeKind::XorPermute) return xor_permute(a(0), axis, n.sub);
   if (n.kind == NodeKind::Gather) return gather(a(0), cast(DType::i32, a(1)) & (a(0).shape()[static_cast<size_t>(axis)] - 1), axis);
+  if (n.kind == NodeKind::Histogram) return histogram(a(0), int64_t{1} << n.sub);
   const int sub = n.sub;
   const Combine1 combine = [sub](const Tile& p, const Tile& q) {
     switch (sub) {
@@ -158,7 +159,8 @@ void Emitter::emit(size_t i) {
     case NodeKind::Scan:
     case NodeKind::ReduceWith:
     case NodeKind::XorPermute:
-    case NodeKind::Gather: r = along_axis(n); break;
+    case NodeKind::Gather:
+    case NodeKind::Histogram: r = along_axis(n); break;
     case NodeKind::Dot: r = n.args.size() == 3 ? dot(a(0), a(1), a(2)) : dot(a(0), a(1)); break;
     case NodeKind::PackPairs: r = pack_pairs(a(0)); break;
     case NodeKind::UnpackPairs: r = unpack_pairs(n.dtype, a(0)); break;

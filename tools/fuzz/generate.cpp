@@ -5,6 +5,7 @@
 // that keep an error small (never into comparisons, integer casts, bitcasts or divisions).
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -589,6 +590,7 @@ class Generator {
       case NodeKind::Select: return arg(1) && arg(2);
       case NodeKind::Cast: case NodeKind::Broadcast: case NodeKind::Trans: case NodeKind::Reduce: return arg(0);
       case NodeKind::XorPermute: case NodeKind::Gather: return arg(0);
+      case NodeKind::Histogram: return true;  // counts, at most the tile's elements
       case NodeKind::Scan: case NodeKind::ReduceWith: return m.sub != 0 && arg(0);  // selections keep the bound
       case NodeKind::VarRead: return vars_[static_cast<size_t>(m.var)].bounded;
       default: return false;
@@ -836,7 +838,8 @@ class Generator {
     }
   }
 
-  // a scan, a reduction with a combine, an xor_permute or a gather along one axis of a tile
+  // a scan, a reduction with a combine, an xor_permute or a gather along one axis of a tile, or a
+  // histogram of the whole tile
   void axis_op() {
     int x = find([&](const Node& n) { return !n.shape.empty() && n.dtype != DType::i1 && !ir::is_fp8(n.dtype); });
     if (x < 0) return;
@@ -846,8 +849,16 @@ class Generator {
     n.args = {x};
     n.ivalue = rng_.range(0, static_cast<int64_t>(shape.size()) - 1);
     const int64_t len = shape[static_cast<size_t>(n.ivalue)];
-    switch (rng_.range(0, 3)) {
+    switch (rng_.range(0, 4)) {
       case 0: n.kind = NodeKind::Scan; n.value = rng_.chance(0.5) ? 1 : 0; break;
+      case 4: {  // R, C or 1 bins: a length the program's other tiles have (ballots; fewer than 32 too)
+        if (!ir::is_int(d)) return;
+        n.kind = NodeKind::Histogram;
+        n.sub = std::countr_zero(static_cast<uint64_t>(rng_.pick(std::vector<int64_t>{1, p_.R, p_.C})));
+        const int i = add(n);
+        node(i).small = true;
+        return;
+      }
       case 1: n.kind = NodeKind::ReduceWith; break;
       case 2:
         if (len < 2) return;

@@ -40,7 +40,7 @@ constexpr const char* kUsage = R"(usage: tilejit_fuzz [options]
   --max-nodes N      operations per program (default 40)
   --fp8              also generate fp8 casts and fp8 dot inputs
   --no-pack-pairs    do not generate pack_pairs / unpack_pairs
-  --no-axis-ops      do not generate scans, combine reductions, xor_permute or gather (as before 0.1.4)
+  --no-axis-ops      do not generate scans, combine reductions, xor_permute, gather or histogram (as before 0.1.4)
   --specialize       lower and compile each program as tilejit::Function specialises it for its
                      arguments (aligned, unit-stride tensors; integer scalars that are multiples of
                      16 declared divisible: runtime/specialization.hpp); the interpreter runs it as is

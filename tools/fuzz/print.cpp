@@ -103,6 +103,7 @@ std::string expression(const Program& p, const Node& n) {
       return fmt::format("reduce({}, {}, {})", a(0), n.ivalue, fn);
     }
     case NodeKind::XorPermute: return fmt::format("xor_permute({}, {}, {})", a(0), n.ivalue, n.sub);
+    case NodeKind::Histogram: return fmt::format("histogram({}, {})", a(0), int64_t{1} << n.sub);
     case NodeKind::Gather:
       return fmt::format("gather({0}, cast(i32, {1}) & ({0}.shape()[{2}] - 1), {2})", a(0), a(1), n.ivalue);
     case NodeKind::Dot: return n.args.size() == 3 ? fmt::format("dot({}, {}, {})", a(0), a(1), a(2)) : fmt::format("dot({}, {})", a(0), a(1));

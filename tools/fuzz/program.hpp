@@ -76,6 +76,7 @@ enum class NodeKind : uint8_t {
   ReduceWith,  // reduce(args[0], axis, combine)
   XorPermute,  // xor_permute(args[0], axis, mask `sub`)
   Gather,      // gather(args[0], cast(i32, args[1]) & (axis length - 1), axis)
+  Histogram,   // histogram(args[0], 2^sub bins) of an integer tile (any shape): i32[2^sub]
 };
 
 struct Node {
