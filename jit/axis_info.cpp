@@ -91,6 +91,10 @@ int64_t AxisInfo::scalar_divisibility(ir::ValueId v) const {
       if (op.int_attr("dim") < p->type.rank - 1) return std::max<int64_t>(1, align / es);  // elements
       return 1;
     }
+    if (op.kind == OpKind::addptr && f_.type(v).is_scalar()) {  // e.g. Out + 4096 (bytes: offset x element size)
+      const int64_t es = ir::byte_size(f_.type(v).dtype);
+      return std::min(kMaxDivisibility, gcd(scalar_divisibility(op.operands[0]), scalar_divisibility(op.operands[1]) * es));
+    }
   }
   const ir::Type& t = f_.type(v);
   if (t.kind == ir::TypeKind::Value && ir::is_int(t.dtype) && t.dtype != ir::DType::i1) return std::min(kMaxDivisibility, facts_.divisor(v));

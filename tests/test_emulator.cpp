@@ -674,11 +674,12 @@ TEST_CASE("compile: stages that do not fit shared memory shrink (with a warning)
 // multiple of 16 (as the launch-time specialisation does), and a 2-D tile over rows of a constant
 // pitch. Blocks inside n take the vector loads, the block crossing n = 1008 the scalar fallback;
 // the values are the interpreter's either way.
-TEST_CASE("pointer loads vectorise on proven runs and masks, with the interpreter's values") {
+TEST_CASE("pointer loads and stores vectorise on proven runs and masks, with the interpreter's values") {
   for (DType d : {f32, bf16}) {
     INFO(ir::name(d));
     const Kernel k = kernel("ptr_add", [&](Builder& b) {
-      auto X = b.pointer("X", d, {.align_bytes = 16}), Y = b.pointer("Y", d, {.align_bytes = 16}), Out = b.pointer("Out", d);
+      auto X = b.pointer("X", d, {.align_bytes = 16}), Y = b.pointer("Y", d, {.align_bytes = 16});
+      auto Out = b.pointer("Out", d, {.align_bytes = 16});
       auto n = b.scalar<int>("n");
       auto offs = program_id(0) * 512 + arange(0, 512);
       auto mask = offs < n;
@@ -694,8 +695,12 @@ TEST_CASE("pointer loads vectorise on proven runs and masks, with the interprete
     o.num_warps = 4;
     const std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o));
     CHECK(ops.count(jit::pir::Op::load_vec));
-    const ir::Function plain = k.build();  // n not declared: the masked loads stay scalar
-    CHECK(count_ops(jit::lower(plain, o))[jit::pir::Op::load_vec] < ops.at(jit::pir::Op::load_vec));
+    CHECK(ops.count(jit::pir::Op::store_vec));
+    const ir::Function plain = k.build();  // n not declared: the masked loads and stores stay scalar
+    std::map<jit::pir::Op, int> plain_ops = count_ops(jit::lower(plain, o));
+    CHECK(plain_ops[jit::pir::Op::load_vec] < ops.at(jit::pir::Op::load_vec));
+    CHECK(plain_ops[jit::pir::Op::store_vec] < ops.at(jit::pir::Op::store_vec));
+    CHECK(plain_ops[jit::pir::Op::store_vec] > 0);  // the unmasked 2-D store
     for (int64_t n : {int64_t{1024}, int64_t{1008}}) {
       INFO("n = " << n);
       HostTensor x(d, {8192}), y(d, {8192}), out(d, {8192});

@@ -232,8 +232,9 @@ class Lowerer {
   // The registers of L that hold consecutive elements along dim `last` (a power of two, at most
   // max_bytes of es-byte elements), 1 where lane or warp bases split such runs.
   int register_run(const Layout& L, size_t last, int es, int max_bytes);
-  // The same as vector_group for a load through a pointer tile (AxisInfo): 1 where it cannot vectorise.
-  int pointer_vector_group(const ir::Op& op, const Layout& L, DType d);
+  // The same as vector_group for a load or store of a `t` tile through a pointer tile (AxisInfo): 1
+  // where it cannot vectorise; `uniform` (mask, other) must hold one value per group.
+  int pointer_vector_group(ir::ValueId pointers, const ir::Type& t, const Layout& L, const std::vector<ir::ValueId>& uniform);
 
   // if (cond) then_body() else else_body(), both yielding registers of the given types.
   Regs pir_if_values(V cond, const std::vector<pir::Ty>& types, const std::function<Regs()>& then_body,

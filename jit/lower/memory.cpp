@@ -37,7 +37,9 @@ void Lowerer::load(const ir::Op& op) {
       outr.push_back(mask.empty() ? emit(Op::load, ty, {ptr[r]}) : emit(Op::load, ty, {ptr[r], mask[r], other[r]}));
     return outr;
   };
-  const int g = pointer_vector_group(op, L, t.dtype);
+  std::vector<ir::ValueId> uniform;  // mask and other: one value per group
+  if (op.operands.size() == 3) uniform = {op.operands[1], op.operands[2]};
+  const int g = pointer_vector_group(op.operands[0], t, L, uniform);
   if (g == 1) return put(op.results[0], L, scalar_path());
   // One vector load per group of g registers (one aligned run, one mask value): where every
   // group's mask holds; else (a tile crossing the mask's edge) the scalar loads.
@@ -56,21 +58,20 @@ void Lowerer::load(const ir::Op& op) {
   put(op.results[0], L, pir_if_values(all, std::vector<pir::Ty>(ptr.size(), ty), vector_path, scalar_path));
 }
 
-int Lowerer::pointer_vector_group(const ir::Op& op, const Layout& L, DType d) {
-  const int es = ir::byte_size(d);
+int Lowerer::pointer_vector_group(ir::ValueId pointers, const ir::Type& t, const Layout& L, const std::vector<ir::ValueId>& uniform) {
+  const int es = ir::byte_size(t.dtype);
   if (es != 2 && es != 4) return 1;
-  const ir::Type& t = f_.type(op.results[0]);
   const size_t last = t.shape.size() - 1;
   int g = register_run(L, last, es, 16);
   // every other register basis moves by whole groups along the last dim, so each group starts at
   // a multiple of g
   for (size_t k = 0; k < L.reg.size(); ++k)
     if ((int64_t{1} << k) >= g && L.reg[k][last] % g != 0) return 1;
-  const AxisFacts p = axis_.of(op.operands[0]);
+  const AxisFacts p = axis_.of(pointers);
   while (g > 1 && (p.contiguity[last] % g != 0 || p.divisibility[last] % (g * es) != 0)) g /= 2;
-  if (op.operands.size() == 3) {
-    const AxisFacts m = axis_.of(op.operands[1]), o = axis_.of(op.operands[2]);
-    while (g > 1 && (m.constancy[last] % g != 0 || o.constancy[last] % g != 0)) g /= 2;
+  for (ir::ValueId u : uniform) {
+    const AxisFacts m = axis_.of(u);
+    while (g > 1 && m.constancy[last] % g != 0) g /= 2;
   }
   return g * es >= 4 ? g : 1;
 }
@@ -98,12 +99,42 @@ void Lowerer::store(const ir::Op& op) {
   // after the operands: a conversion's barrier clears the record of unordered accesses
   order_global(op.operands[0], Access::write, L, {static_cast<int64_t>(op.operands[0])});
   std::optional<V> own = owner(L);
-  for (uint32_t r = 0; r < ptr.size(); ++r) {
-    if (duplicate_reg(L, r)) continue;
-    std::optional<V> pred = and_pred(own, mask.empty() ? std::nullopt : std::optional<V>(mask[r]));
-    if (pred) emit0(Op::store, {ptr[r], val[r], *pred});
-    else emit0(Op::store, {ptr[r], val[r]});
+  auto scalar_path = [&] {
+    for (uint32_t r = 0; r < ptr.size(); ++r) {
+      if (duplicate_reg(L, r)) continue;
+      std::optional<V> pred = and_pred(own, mask.empty() ? std::nullopt : std::optional<V>(mask[r]));
+      if (pred) emit0(Op::store, {ptr[r], val[r], *pred});
+      else emit0(Op::store, {ptr[r], val[r]});
+    }
+    return Regs{};
+  };
+  // As loads do: one vector store per group of g registers (an aligned run the pointers' AxisInfo
+  // proves, one mask value) where every group's mask holds, else the element stores. Replicated
+  // layouts (several threads own an element: predicated by owner) keep the element stores.
+  std::vector<ir::ValueId> uniform;
+  if (op.operands.size() == 3) uniform = {op.operands[2]};
+  const int g = own ? 1 : pointer_vector_group(op.operands[0], t, L, uniform);
+  if (g == 1) {
+    scalar_path();
+    return;
   }
+  auto vector_path = [&] {
+    for (size_t h = 0; h < ptr.size(); h += static_cast<size_t>(g)) {
+      if (duplicate_reg(L, static_cast<uint32_t>(h))) continue;
+      Regs args{ptr[h]};
+      const Regs words = to_words(val, h, g, t.dtype);
+      args.insert(args.end(), words.begin(), words.end());
+      emit0(Op::store_vec, args);
+    }
+    return Regs{};
+  };
+  if (mask.empty()) {
+    vector_path();
+    return;
+  }
+  V all = mask[0];
+  for (size_t h = static_cast<size_t>(g); h < mask.size(); h += static_cast<size_t>(g)) all = land(all, mask[h]);
+  pir_if_values(all, {}, vector_path, scalar_path);
 }
 
 void Lowerer::pointer_atomic(const ir::Op& op) {
