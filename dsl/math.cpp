@@ -132,7 +132,9 @@ Tile arg_extreme(const Operand& x, int axis, bool largest, const char* fn, const
 Tile argmax(const Operand& x, int axis, Loc loc) { return arg_extreme(x, axis, true, "argmax", loc); }
 Tile argmin(const Operand& x, int axis, Loc loc) { return arg_extreme(x, axis, false, "argmin", loc); }
 
-Tile histogram(const Operand& x, int64_t num_bins, Loc loc) {
+Tile histogram(const Operand& x, int64_t num_bins, Loc loc) { return histogram(x, num_bins, HistogramMethod::ballots, loc); }
+
+Tile histogram(const Operand& x, int64_t num_bins, HistogramMethod method, Loc loc) {
   Builder& b = detail::builder_for({&x}, loc);
   Tile t = detail::to_tile(b, x, loc);
   const ir::Type type = b.type(t.id());
@@ -140,7 +142,9 @@ Tile histogram(const Operand& x, int64_t num_bins, Loc loc) {
     b.fail(loc, fmt::format("histogram: needs an integer tile, got {}", ir::to_string(type)));
   if (num_bins < 1 || num_bins > ir::kMaxHistogramBins || (num_bins & (num_bins - 1)))
     b.fail(loc, fmt::format("histogram: num_bins = {} (valid: a power of two from 1 to {})", num_bins, ir::kMaxHistogramBins));
-  return b.emit1(ir::OpKind::histogram, {t.id()}, {{"num_bins", num_bins}}, loc);
+  ir::AttrMap attrs{{"num_bins", num_bins}};
+  if (method == HistogramMethod::shared_atomics) attrs["method"] = std::string("shared_atomics");  // (absent: ballots)
+  return b.emit1(ir::OpKind::histogram, {t.id()}, attrs, loc);
 }
 
 }  // namespace tilejit::lang

@@ -145,6 +145,26 @@ TEST_CASE("emulator: histogram (ballots, shared atomics) equals the interpreter"
     if (testing::no_ptxas()) continue;
     for (jit::Backend be : {jit::Backend::Llvm, jit::Backend::Nvrtc}) testing::assemble_sm90a(k.build(), be, c.warps);
   }
+  // HistogramMethod::shared_atomics below 1024 bins: atomics instead of ballots, the same counts
+  for (const axis_ops::HistogramCase& c : {axis_ops::HistogramCase{{1024}, i32, 64, 4}, axis_ops::HistogramCase{{16, 16}, u8, 8, 8}}) {
+    INFO("shared_atomics " << ir::shape_string(c.shape) << " bins " << c.bins);
+    const Kernel k = kernel("histogram_atomics", [&](Builder& b) {
+      auto X = b.tensor("X", c.dtype, static_cast<int>(c.shape.size())), H = b.tensor("H", i32, 1);
+      const std::vector<Operand> origin(c.shape.size(), Operand(0));
+      store(H.block({0}, {c.bins}), histogram(load(X.block(origin, c.shape)), c.bins, HistogramMethod::shared_atomics));
+    });
+    jit::CompileOptions o;
+    o.num_warps = c.warps;
+    const std::map<jit::pir::Op, int> ops = count_ops(jit::lower(k.build(), o));
+    CHECK(ops.count(jit::pir::Op::atom_shared));
+    CHECK(!ops.count(jit::pir::Op::ballot));
+    CHECK(count_ops(jit::lower(axis_ops::histogram_kernel(c).build(), o)).count(jit::pir::Op::ballot));
+    const Runs r = run_both(k.build(), {1}, axis_ops::histogram_tensors(c), {}, {}, o);
+    CHECK(r.ref[1].get_flat(1) > 0);
+    CHECK(std::memcmp(r.ref[1].data(), r.emu[1].data(), r.ref[1].bytes()) == 0);
+    if (testing::no_ptxas()) continue;
+    for (jit::Backend be : {jit::Backend::Llvm, jit::Backend::Nvrtc}) testing::assemble_sm90a(k.build(), be, c.warps);
+  }
 }
 
 TEST_CASE("emulator: a dot on mma.sync, scans of its accumulator, reductions and a transpose") {

@@ -335,6 +335,8 @@ std::vector<Type> reduction_types(OpKind k, const std::vector<Type>& in, const A
         fail(k, fmt::format("needs an integer tile, got {}", to_string(in[0])));
       const int64_t bins = axis_attr(k, a, "num_bins", 1, kMaxHistogramBins);
       if (bins & (bins - 1)) fail(k, fmt::format("num_bins = {} (valid: a power of two from 1 to {})", bins, kMaxHistogramBins));
+      if (a.count("method") && str_attr(k, a, "method") != "ballots" && str_attr(k, a, "method") != "shared_atomics")
+        fail(k, fmt::format("unknown method '{}' (valid: ballots shared_atomics)", str_attr(k, a, "method")));
       return {Type::tile(DType::i32, {bins})};
     }
     case xor_permute: {

@@ -107,8 +107,9 @@ enum class OpKind : uint8_t {
   // (x, index) {axis} -> x's dtype in index's shape: element at position p takes x at p with its
   // axis coordinate replaced by index[p] (Triton's tl.gather, numpy's take_along_axis)
   gather,
-  // (x integer tile) {num_bins} -> i32[num_bins]: bin b counts the elements of x equal to b (values
-  // outside [0, num_bins) count nowhere); Triton's tl.histogram
+  // (x integer tile) {num_bins[, method]} -> i32[num_bins]: bin b counts the elements of x equal to b
+  // (values outside [0, num_bins) count nowhere); Triton's tl.histogram. method (how the GPU
+  // counts): ballots (absent) or shared_atomics
   histogram,
   // (ptr<u64> scalar): lane 0 of every warp that runs it stores the multiprocessor's cycle counter
   // at ptr + (the warp's index in the program): instrumentation (lang::timestamp); the interpreter

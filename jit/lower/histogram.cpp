@@ -59,7 +59,7 @@ void Lowerer::histogram(const ir::Op& op) {
   };
   const V copy_base = copies > 1 ? bin(Op::mul, warp_, ci32(bins)) : ci32(0);
 
-  if (bins > kBallotBins) {
+  if (bins > kBallotBins || (op.has_attr("method") && op.str_attr("method") == "shared_atomics")) {
     // zeroed, then one relaxed atomic add per element (of 0 for those outside the bins)
     const int64_t threads = int64_t{32} * warps_, words = copies * bins;
     for (int64_t k = 0; k < std::max(words, threads); k += threads) {
