@@ -126,12 +126,12 @@ inline std::vector<HistogramCase> histogram_cases() {
           {{64}, i16, 256, 1},  {{8, 128}, u32, 1024, 4}, {{512}, i32, 32, 4},   {{4096}, i32, 16384, 4}};
 }
 
-// X (the case's shape and dtype) -> H = histogram(X, bins)
-inline Kernel histogram_kernel(const HistogramCase& c) {
-  return kernel("histogram_case", [c](Builder& b) {
+// X (the case's shape and dtype) -> H = histogram(X, bins, method)
+inline Kernel histogram_kernel(const HistogramCase& c, HistogramMethod method = HistogramMethod::ballots) {
+  return kernel("histogram_case", [c, method](Builder& b) {
     auto X = b.tensor("X", c.dtype, static_cast<int>(c.shape.size())), H = b.tensor("H", i32, 1);
     const std::vector<Operand> origin(c.shape.size(), Operand(0));
-    store(H.block({0}, {c.bins}), histogram(load(X.block(origin, c.shape)), c.bins));
+    store(H.block({0}, {c.bins}), histogram(load(X.block(origin, c.shape)), c.bins, method));
   });
 }
 

@@ -148,11 +148,7 @@ TEST_CASE("emulator: histogram (ballots, shared atomics) equals the interpreter"
   // HistogramMethod::shared_atomics below 1024 bins: atomics instead of ballots, the same counts
   for (const axis_ops::HistogramCase& c : {axis_ops::HistogramCase{{1024}, i32, 64, 4}, axis_ops::HistogramCase{{16, 16}, u8, 8, 8}}) {
     INFO("shared_atomics " << ir::shape_string(c.shape) << " bins " << c.bins);
-    const Kernel k = kernel("histogram_atomics", [&](Builder& b) {
-      auto X = b.tensor("X", c.dtype, static_cast<int>(c.shape.size())), H = b.tensor("H", i32, 1);
-      const std::vector<Operand> origin(c.shape.size(), Operand(0));
-      store(H.block({0}, {c.bins}), histogram(load(X.block(origin, c.shape)), c.bins, HistogramMethod::shared_atomics));
-    });
+    const Kernel k = axis_ops::histogram_kernel(c, HistogramMethod::shared_atomics);
     jit::CompileOptions o;
     o.num_warps = c.warps;
     const std::map<jit::pir::Op, int> ops = count_ops(jit::lower(k.build(), o));
