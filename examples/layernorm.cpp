@@ -57,7 +57,10 @@ Kernel layernorm_bwd = kernel("layernorm_bwd", [](Builder& k) {
     auto xhat = where(mask, (load(X + r * n + cols, mask, 0.0f) - load(Mean + r, row_ok, 0.0f)) * rstd, 0.0f);
     auto dy = load(DY + r * n + cols, mask, 0.0f);
     auto g = dy * w;
-    auto dx = rstd * (g - sum(g) / cast(f32, n) - xhat * (sum(g * xhat) / cast(f32, n)));
+    // (in this order: sum(g) first measured 297 vs 347 us, and C++ leaves an expression's order open)
+    auto sum_g = sum(g);
+    auto sum_gx = sum(g * xhat);
+    auto dx = rstd * (g - sum_g / cast(f32, n) - xhat * (sum_gx / cast(f32, n)));
     store(DX + r * n + cols, dx, mask);
     dw = dw + dy * xhat;  // (zero on masked columns and rows)
     db = db + dy;
