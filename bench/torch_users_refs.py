@@ -20,3 +20,24 @@ print(f"torch.histc (incl. float cast) 2^26: {us:.1f} us")
 y = torch.empty_like(x)
 us = t(lambda: y.copy_(x))
 print(f"copy 256MB: {us:.1f} us, {2*x.numel()*4/us/1e3:.0f} GB/s")
+
+# Triton's tl.topk (a bitonic network, as tilejit's) at the same shape: one program per row.
+try:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _triton_topk(X, V, C: tl.constexpr, K: tl.constexpr):
+        r = tl.program_id(0)
+        x = tl.load(X + r * C + tl.arange(0, C))
+        tl.store(V + r * K + tl.arange(0, K), tl.topk(x, K))
+
+    v = torch.empty(65536, 16, device="cuda")
+    ref = torch.topk(x, 16, dim=1).values
+    for w in (1, 2, 4, 8):
+        f = lambda: _triton_topk[(65536,)](x, v, C=1024, K=16, num_warps=w)
+        us = t(f)
+        ok = torch.equal(v, ref)
+        print(f"triton tl.topk 65536x1024 f32 k=16, {w} warps: {us:.1f} us, {x.numel()*4/us/1e3:.0f} GB/s, values equal torch: {ok}")
+except Exception as e:  # an older Triton without tl.topk
+    print(f"triton tl.topk: not measured ({type(e).__name__}: {str(e)[:200]})")
