@@ -30,7 +30,10 @@ struct Options {
   Mode mode = Mode::ring;
   // Which tokens each rank holds (ShardLayout(layout, world, seq_len)): zigzag balances causal work.
   Layout layout = Layout::zigzag;
-  // The single-GPU options: causal, softmax_scale, schedule, mask, score mod. Ring takes the full
+  // usp only: the size U of its Ulysses groups, a divisor of the world size (UspGroups); the ring
+  // runs across the W / U groups. usp needs the zigzag layout and seq_len a multiple of 2W.
+  int ulysses_degree = 0;
+  // The single-GPU options: causal, softmax_scale, schedule, mask, score mod. Ring and usp take the full
   // and causal masks; allgather also those that never look past the query (causal_sliding_window,
   // causal_document: prefix_mask); ulysses every mask and score mod. A mask's tensors (doc_ids,
   // prefix_lengths, block_table) are given for the whole sequence, on this rank's device.

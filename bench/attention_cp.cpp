@@ -4,7 +4,7 @@
 // Hq x D (backward 2.5x) over the slowest rank's time, divided by W; efficiency = that over the
 // single-GPU call's TFLOP/s at the same global length (same formula).
 //
-//   attention_bench --cp [--world W] [--tokens N] [--heads Hq] [--kv-heads Hkv] [--modes ring,allgather,ulysses]
+//   attention_bench --cp [--world W] [--tokens N] [--heads Hq] [--kv-heads Hkv] [--modes ring,allgather,ulysses,usp,usp4]
 //                        [--causal 0|1 | --documents] [--reps R]
 //   default: W = every GPU, the benchmark's 8K tokens per GPU with 64 / 8 heads and 16 / 16 heads at
 //   8K and 16K per GPU; full and causal, and the benchmark's causal documents (lengths log-uniform in
@@ -143,7 +143,7 @@ Timing single_gpu(const CpConfig& c, int64_t S, int reps) {
 }
 
 // Every rank of a W-GPU group on its own thread; the slowest rank's median times.
-Timing context_parallel(const CpConfig& c, cp::Mode mode, int W, int reps) {
+Timing context_parallel(const CpConfig& c, cp::Mode mode, int ulysses_degree, int W, int reps) {
   const runtime::nccl::UniqueId id = runtime::nccl::make_unique_id();
   const int64_t S = c.tokens * W;
   std::barrier<> sync(W);
@@ -157,6 +157,7 @@ Timing context_parallel(const CpConfig& c, cp::Mode mode, int W, int reps) {
       cp::ContextParallel runner(comm);
       cp::Options opts;
       opts.mode = mode;
+      opts.ulysses_degree = ulysses_degree;
       const runtime::DeviceBuffer ids = document_ids(S, r);
       set_mask(opts.attention, c, ids, S, r);
       const int64_t n = cp::ShardLayout(opts.layout, W, S).local_len(r);
@@ -258,12 +259,22 @@ int run_cp_bench(int argc, char** argv) {
       const Timing one = single_gpu(c, S, reps);
       const double f1 = c.fwd_flops(S) / one.fwd_ms * 1e-9, b1 = 2.5 * c.fwd_flops(S) / one.bwd_ms * 1e-9;
       for (const std::string& mode_name : modes) {
-        cp::Mode mode = mode_name == "ring" ? cp::Mode::ring : mode_name == "allgather" ? cp::Mode::allgather : cp::Mode::ulysses;
-        if (docs && mode == cp::Mode::ring) {  // ring takes full and causal masks only
-          fmt::print("CP mode=ring W={} tokens_per_gpu={} mask=causal_document skipped=unsupported\n", world, c.tokens);
+        // "usp" (Ulysses groups of 2, a ring across them) or "uspU" (groups of U)
+        const bool usp = mode_name.rfind("usp", 0) == 0;
+        const int ulysses_degree = !usp ? 0 : mode_name.size() > 3 ? std::atoi(mode_name.c_str() + 3) : 2;
+        cp::Mode mode = usp                      ? cp::Mode::usp
+                        : mode_name == "ring"      ? cp::Mode::ring
+                        : mode_name == "allgather" ? cp::Mode::allgather
+                                                   : cp::Mode::ulysses;
+        if (usp && (ulysses_degree < 1 || world % ulysses_degree)) {
+          fmt::print("CP mode={} W={} skipped=ulysses_degree {} does not divide the world\n", mode_name, world, ulysses_degree);
           continue;
         }
-        const Timing t = context_parallel(c, mode, world, reps);
+        if (docs && (mode == cp::Mode::ring || mode == cp::Mode::usp)) {  // full and causal masks only
+          fmt::print("CP mode={} W={} tokens_per_gpu={} mask=causal_document skipped=unsupported\n", mode_name, world, c.tokens);
+          continue;
+        }
+        const Timing t = context_parallel(c, mode, ulysses_degree, world, reps);
         const double f = c.fwd_flops(S) / t.fwd_ms * 1e-9 / world, b = 2.5 * c.fwd_flops(S) / t.bwd_ms * 1e-9 / world;
         fmt::print(
             "CP mode={} W={} tokens_per_gpu={} S={} Hq={} Hkv={} D={} mask={} fwd_ms={:.3f} bwd_ms={:.3f} fwd_tflops_per_gpu={:.1f} "

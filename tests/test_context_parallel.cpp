@@ -315,6 +315,41 @@ TEST_CASE("cp/ulysses: heads per rank, GQA groups whole or replicated") {
                        std::invalid_argument);
 }
 
+// usp: group g's members, laid out as a zigzag over U of the group's shard, hold exactly rank g's
+// zigzag shard over R (what usp.cpp relies on: no layouts of its own), and the ring over R on it
+// equals global attention (simulated like ring and allgather); every query head is some member's.
+TEST_CASE("cp/usp: Ulysses groups assemble the ring's zigzag shards") {
+  for (int W : {1, 2, 3, 4, 6, 8})
+    for (int U = 1; U <= W; ++U) {
+      if (W % U) continue;
+      CAPTURE(W);
+      CAPTURE(U);
+      const UspGroups g = usp_groups(W, U);
+      const int R = g.ring;
+      CHECK(R * U == W);
+      const int64_t S = 2 * W * 3;
+      const ShardLayout world(Layout::zigzag, W, S), ring(Layout::zigzag, R, S), group(Layout::zigzag, U, S / R);
+      for (int r = 0; r < W; ++r) {
+        CHECK(g.group_ranks(r)[static_cast<size_t>(g.member(r))] == r);
+        CHECK(g.ring_ranks(r)[static_cast<size_t>(g.group(r))] == r);
+        const std::vector<int64_t> mine = world.positions(r), shard = ring.positions(g.group(r));
+        REQUIRE(static_cast<int64_t>(shard.size()) == group.seq_len());
+        for (int c : group.chunks_of(g.member(r)))  // the member's local rows of chunk c -> the shard's rows
+          for (int64_t i = 0; i < group.chunk(c).size(); ++i)
+            CHECK(mine[static_cast<size_t>(group.local_offset(c) + i)] == shard[static_cast<size_t>(group.chunk(c).begin + i)]);
+      }
+      int heads = 0;
+      for (int u = 0; u < U; ++u) heads += ulysses_heads(24, 24, U, u).q_count;
+      CHECK(heads == 24);
+      for (bool causal : {false, true}) check_mode(Mode::ring, Layout::zigzag, R, static_cast<int>(S), causal);
+    }
+  CHECK_THROWS_WITH_AS(usp_groups(4, 3), doctest::Contains("ulysses_degree is 3; valid: a divisor of the world size 4"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(usp_groups(4, 0), doctest::Contains("ulysses_degree is 0"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(make_plan(Mode::usp, ShardLayout(Layout::zigzag, 2, 8), true, 0), doctest::Contains("ring's plan over its groups"),
+                       std::invalid_argument);
+}
+
 // ContextParallel's argument checks need neither a GPU nor NCCL (the communicator is a wrapped fake
 // handle, never called): every rejected argument is one std::invalid_argument naming the function,
 // the argument, its value and what is valid.
@@ -349,6 +384,18 @@ TEST_CASE("cp/runner: bad arguments are refused before anything runs") {
   const auto q3 = contiguous(base, DType::bf16, {1, 8, 3, 64}), o3 = contiguous(base + 0x300000, DType::bf16, {1, 8, 3, 64});
   CHECK_THROWS_WITH_AS(cp.forward(q3, k, v, o3, contiguous(base + 0x400000, DType::f32, {1, 3, 8}), 16, uly),
                        doctest::Contains("3 query heads over 2 ranks"), std::invalid_argument);
+  Options usp = opts;
+  usp.mode = Mode::usp;
+  refused(usp, "options.ulysses_degree 0: cp::usp: ulysses_degree is 0");
+  usp.ulysses_degree = 2;
+  refused(usp, "seq_len 18: mode usp needs a multiple of 2 x world = 4", 18);
+  Options usp_sw = sw;
+  usp_sw.mode = Mode::usp;
+  usp_sw.ulysses_degree = 2;
+  refused(usp_sw, "mode usp takes the full and causal masks only");
+  Options usp_contiguous = usp;
+  usp_contiguous.layout = Layout::contiguous;
+  refused(usp_contiguous, "mode usp runs on the zigzag layout only");
   // a [B, H, S, D] tensor seen as [B, S, H, D]: rows are not contiguous
   const auto k_bhsd = tilejit::attention::permute(contiguous(base + 0x100000, DType::bf16, {1, 2, 8, 64}), {0, 2, 1, 3});
   CHECK_THROWS_WITH_AS(cp.forward(q, k_bhsd, v, o, lse, 16, opts), doctest::Contains("k must have contiguous rows"),

@@ -225,7 +225,7 @@ void scatter_lse(const std::vector<double>& local, const std::vector<int64_t>& p
 
 // Every rank on its own thread and GPU; the backward twice (the second's gradients must equal the
 // first's bit for bit).
-Outputs context_parallel(const Problem& p, int W, cp::Mode mode, cp::Layout layout, bool& deterministic) {
+Outputs context_parallel(const Problem& p, int W, cp::Mode mode, cp::Layout layout, int ulysses_degree, bool& deterministic) {
   const runtime::nccl::UniqueId id = runtime::nccl::make_unique_id();
   const cp::ShardLayout shards(layout, W, p.S);
   Outputs out{std::vector<double>(static_cast<size_t>(p.B * p.S * p.Hq * p.D)), std::vector<double>(static_cast<size_t>(p.B * p.Hq * p.S)),
@@ -243,6 +243,7 @@ Outputs context_parallel(const Problem& p, int W, cp::Mode mode, cp::Layout layo
       cp::Options opts;
       opts.mode = mode;
       opts.layout = layout;
+      opts.ulysses_degree = ulysses_degree;
       opts.attention.causal = p.causal;
       Device docs = upload(doc_tensor(p), r);  // the whole sequence's ids, on every rank
       if (p.mask) opts.attention.mask = attention::Mask{*p.mask, {}, {}, {}};
@@ -307,8 +308,10 @@ double max_abs(const std::vector<double>& a, const std::vector<double>& b) {
   return e;
 }
 
-void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int S, std::optional<kernels::MaskSpec> mask = {}) {
-  const std::string what = fmt::format("{} {} W={} causal={} B={} S={}{}", cp::name(mode), cp::name(layout), W, causal, B, S,
+void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int S, std::optional<kernels::MaskSpec> mask = {},
+                int ulysses_degree = 0) {
+  const std::string what = fmt::format("{}{} {} W={} causal={} B={} S={}{}", cp::name(mode),
+                                       ulysses_degree ? fmt::format(" U={}", ulysses_degree) : "", cp::name(layout), W, causal, B, S,
                                        mask ? std::string(" mask ") + kernels::mask_kind_name(mask->kind) : "");
   CAPTURE(what);
   HangGuard guard(what, std::chrono::seconds(300));
@@ -326,7 +329,7 @@ void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int
   const Outputs one = single_gpu(p);
   progress(what + ": context parallel");
   bool deterministic = false;
-  const Outputs many = context_parallel(p, W, mode, layout, deterministic);
+  const Outputs many = context_parallel(p, W, mode, layout, ulysses_degree, deterministic);
   CHECK(deterministic);
   const std::vector<std::tuple<const char*, const std::vector<double>*, const std::vector<double>*, const std::vector<double>*>> outs{
       {"o", &one.o, &many.o, &f64.o},     {"lse", &one.lse, &many.lse, &f64.lse}, {"dq", &one.dq, &many.dq, &f64.dq},
@@ -445,7 +448,7 @@ TEST_CASE("cp/gpu: the merge kernel is deterministic on row views") {
   CHECK_MESSAGE(differ == 0, differ, " of 39 reruns of the merge differ from the first");
 }
 
-TEST_CASE("cp/gpu: ring and allgather on 2 GPUs equal one GPU") {
+TEST_CASE("cp/gpu: every mode on 2 GPUs equals one GPU") {
   if (!ready(2)) return;
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   prepare_kernels();
@@ -459,13 +462,18 @@ TEST_CASE("cp/gpu: ring and allgather on 2 GPUs equal one GPU") {
     for (const kernels::MaskSpec& m : {kernels::MaskSpec::causal_document(), kernels::MaskSpec::causal_sliding_window(100)})
       check_case(2, mode, cp::Layout::zigzag, false, 1, 1000, m);
   check_case(2, cp::Mode::ulysses, cp::Layout::zigzag, false, 1, 1000, kernels::MaskSpec::sliding_window(60));
+  // usp at its two extremes on 2 GPUs: one Ulysses group of 2 (a ring of 1), two groups of 1
+  for (int U : {1, 2})
+    for (bool causal : {false, true}) check_case(2, cp::Mode::usp, cp::Layout::zigzag, causal, 2, 1000, {}, U);
 }
 
-TEST_CASE("cp/gpu: ring and allgather on 4 GPUs equal one GPU") {
+TEST_CASE("cp/gpu: every mode on 4 GPUs equals one GPU") {
   if (!ready(4)) return;
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   prepare_kernels();
   for (cp::Mode mode : {cp::Mode::ring, cp::Mode::allgather, cp::Mode::ulysses})
     for (bool causal : {false, true}) check_case(4, mode, cp::Layout::zigzag, causal, 1, 1000);
   check_case(4, cp::Mode::allgather, cp::Layout::zigzag, false, 1, 1000, kernels::MaskSpec::causal_document());
+  // usp: two Ulysses groups of 2, a ring of 2 across them (Hq 4 / Hkv 2: one whole GQA group a member)
+  for (bool causal : {false, true}) check_case(4, cp::Mode::usp, cp::Layout::zigzag, causal, 2, 1000, {}, 2);
 }

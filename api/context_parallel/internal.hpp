@@ -88,6 +88,12 @@ struct ContextParallel::State {
   CommStream comm_stream;
   std::vector<CUevent> events;  // a pool, reused call after call (timing off)
   runtime::DeviceBuffer scratch;
+  runtime::DeviceBuffer usp_scratch;  // usp's head shards and all-to-all stages, beside the ring's scratch
+  // The communicator ranks of the group a mode runs in (usp: a Ulysses group, then a ring), by
+  // index in the group; empty: the whole communicator. send_rows / recv_rows and the all-to-all
+  // address peers by that index.
+  std::vector<int> peers;
+  int peer(int j) const { return peers.empty() ? j : peers[static_cast<size_t>(j)]; }
   // TILEJIT_CP_TRACE=1: one stderr line per communication group, wait and attention call (host
   // side, in queueing order), to find where a hung rank stopped.
   bool trace = false;
@@ -105,7 +111,9 @@ struct ContextParallel::State {
   void join(CUstream waiter, CUstream stream, size_t i);
   // At least `bytes` of scratch; growing it first waits for the work queued on `stream` and on
   // the communication stream (the old buffer may still be in use).
-  uint64_t scratch_base(size_t bytes, CUstream stream);
+  uint64_t scratch_base(size_t bytes, CUstream stream) { return grow(scratch, bytes, stream); }
+  uint64_t usp_scratch_base(size_t bytes, CUstream stream) { return grow(usp_scratch, bytes, stream); }
+  uint64_t grow(runtime::DeviceBuffer& buffer, size_t bytes, CUstream stream);
   // Sends / receives the rows of a [B, n, H, D] tensor whose rows are contiguous (one message per
   // batch) on the communication stream.
   void send_rows(const attention::Tensor& t, int peer);
@@ -123,6 +131,11 @@ void allgather_forward(ContextParallel::State& st, const Dims& d, const Tensor& 
 void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& o, const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk,
                         const Tensor& dv, const attention::Options& opts, CUstream stream);
+void usp_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                 const Tensor& lse, const attention::Options& opts, int ulysses_degree, CUstream stream);
+void usp_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                  const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                  const attention::Options& opts, int ulysses_degree, CUstream stream);
 void ulysses_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                      const Tensor& lse, const attention::Options& opts, CUstream stream);
 void ulysses_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,

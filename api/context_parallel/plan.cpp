@@ -12,6 +12,7 @@ const char* name(Mode mode) {
     case Mode::ulysses: return "ulysses";
     case Mode::allgather: return "allgather";
     case Mode::ring: return "ring";
+    case Mode::usp: return "usp";
   }
   return "?";
 }
@@ -131,6 +132,8 @@ ChunkRun shard_run(const ShardLayout& layout, int rank) {
 
 Plan make_plan(Mode mode, const ShardLayout& layout, bool causal, int rank) {
   if (mode == Mode::ulysses) throw std::invalid_argument("cp::make_plan: mode ulysses has no chunk plan (see cp::ulysses_heads)");
+  if (mode == Mode::usp)
+    throw std::invalid_argument("cp::make_plan: mode usp runs the ring's plan over its groups (see cp::UspGroups)");
   if (rank < 0 || rank >= layout.world())
     throw std::invalid_argument(fmt::format("cp::make_plan: rank is {}; valid: 0..{}", rank, layout.world() - 1));
   const int W = layout.world();
@@ -200,6 +203,25 @@ UlyssesHeads ulysses_heads(int heads_q, int heads_kv, int world, int rank) {
                                             per_rank, group));
   }
   return h;
+}
+
+UspGroups usp_groups(int world, int ulysses_degree) {
+  if (ulysses_degree < 1 || ulysses_degree > world || world % ulysses_degree != 0)
+    throw std::invalid_argument(fmt::format("cp::usp: ulysses_degree is {}; valid: a divisor of the world size {} (1 .. {})",
+                                            ulysses_degree, world, world));
+  return {ulysses_degree, world / ulysses_degree};
+}
+
+std::vector<int> UspGroups::group_ranks(int rank) const {
+  std::vector<int> r;
+  for (int u = 0; u < ulysses; ++u) r.push_back(group(rank) * ulysses + u);
+  return r;
+}
+
+std::vector<int> UspGroups::ring_ranks(int rank) const {
+  std::vector<int> r;
+  for (int g = 0; g < ring; ++g) r.push_back(g * ulysses + member(rank));
+  return r;
 }
 
 }  // namespace tilejit::cp

@@ -21,8 +21,9 @@ namespace tilejit::cp {
 //   allgather  every rank gathers K and V; each local query chunk attends to the key prefix its
 //              causality allows (Llama 3)
 //   ring       K and V travel around the ring, one shard per step; partial outputs merged by LSE
-enum class Mode { ulysses, allgather, ring };
-const char* name(Mode mode);  // "ulysses", "allgather", "ring"
+//   usp        Ulysses inside groups of U ranks, ring across the W / U groups (UspGroups)
+enum class Mode { ulysses, allgather, ring, usp };
+const char* name(Mode mode);  // "ulysses", "allgather", "ring", "usp"
 
 struct AttentionCall {
   int64_t q_begin = 0, q_end = 0;  // local query rows
@@ -68,5 +69,21 @@ struct UlyssesHeads {
   int kv_begin = 0, kv_count = 0;
 };
 UlyssesHeads ulysses_heads(int heads_q, int heads_kv, int world, int rank);
+
+// usp (unified sequence parallelism: Ulysses inside groups, ring across them): W = U x R ranks;
+// ranks gU .. gU + U - 1 form Ulysses group g, and the ranks of one member index u across the
+// groups (u, U + u, ...) form a ring. Under the zigzag layout over W with S a multiple of 2W, group
+// g holds exactly the zigzag shard of rank g over R (the chunks of its members back to back): an
+// all-to-all inside the group turns it into that shard for the member's Hq / U heads
+// (ulysses_heads over U), the zigzag ring over R runs on it, and an all-to-all turns the outputs back.
+struct UspGroups {
+  int ulysses = 1, ring = 1;  // U, R
+  int group(int rank) const { return rank / ulysses; }
+  int member(int rank) const { return rank % ulysses; }
+  std::vector<int> group_ranks(int rank) const;  // the communicator ranks of rank's Ulysses group, by member
+  std::vector<int> ring_ranks(int rank) const;   // the communicator ranks of rank's ring, by group
+};
+// std::invalid_argument unless 1 <= ulysses_degree <= world divides world.
+UspGroups usp_groups(int world, int ulysses_degree);
 
 }  // namespace tilejit::cp

@@ -1,5 +1,5 @@
 // ContextParallel: the checks every call makes first, the runner's state, and the dispatch to the
-// modes (ring.cpp, allgather.cpp, ulysses.cpp).
+// modes (ring.cpp, allgather.cpp, ulysses.cpp, usp.cpp).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -97,29 +97,29 @@ void ContextParallel::State::join(CUstream waiter, CUstream stream, size_t i) {
   runtime::check_cu(api.StreamWaitEvent(waiter, e, 0), "cuStreamWaitEvent");
 }
 
-uint64_t ContextParallel::State::scratch_base(size_t bytes, CUstream stream) {
-  if (scratch.bytes() < bytes) {
+uint64_t ContextParallel::State::grow(runtime::DeviceBuffer& buffer, size_t bytes, CUstream stream) {
+  if (buffer.bytes() < bytes) {
     const runtime::DriverApi& api = runtime::Driver::get().api();
     runtime::check_cu(api.StreamSynchronize(stream), "cuStreamSynchronize");
     comm_stream.synchronize();
     log("scratch grows to {} bytes", bytes);
-    scratch = runtime::DeviceBuffer(bytes, device);
+    buffer = runtime::DeviceBuffer(bytes, device);
   }
-  return scratch.ptr();
+  return buffer.ptr();
 }
 
 void ContextParallel::State::send_rows(const Tensor& t, int peer) {
   const int64_t n = t.size(1) * t.size(2) * t.size(3);
   for (int64_t b = 0; b < t.size(0); ++b)
     comm->send(t.data + static_cast<uint64_t>(b * t.stride(0) * ir::byte_size(t.dtype)), static_cast<size_t>(n),
-               detail::nccl_type(t.dtype), peer, comm_stream.handle());
+               detail::nccl_type(t.dtype), this->peer(peer), comm_stream.handle());
 }
 
 void ContextParallel::State::recv_rows(const Tensor& t, int peer) {
   const int64_t n = t.size(1) * t.size(2) * t.size(3);
   for (int64_t b = 0; b < t.size(0); ++b)
     comm->recv(t.data + static_cast<uint64_t>(b * t.stride(0) * ir::byte_size(t.dtype)), static_cast<size_t>(n),
-               detail::nccl_type(t.dtype), peer, comm_stream.handle());
+               detail::nccl_type(t.dtype), this->peer(peer), comm_stream.handle());
 }
 
 namespace {
@@ -146,9 +146,9 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
                 const Tensor& lse, int64_t seq_len, const Options& opts) {
   const attention::Options& a = opts.attention;
   const kernels::MaskKind kind = a.mask ? a.mask->spec.kind : kernels::MaskKind::full;
-  if (opts.mode == Mode::ring && kind != kernels::MaskKind::full && kind != kernels::MaskKind::causal)
-    fail(fn, "options.attention.mask of kind {}: mode ring takes the full and causal masks only (allgather also causal "
-         "windows and causal documents; ulysses every mask)", kernels::mask_kind_name(kind));
+  if ((opts.mode == Mode::ring || opts.mode == Mode::usp) && kind != kernels::MaskKind::full && kind != kernels::MaskKind::causal)
+    fail(fn, "options.attention.mask of kind {}: mode {} takes the full and causal masks only (allgather also causal "
+         "windows and causal documents; ulysses every mask)", kernels::mask_kind_name(kind), name(opts.mode));
   if (opts.mode == Mode::allgather && kind != kernels::MaskKind::full && !prefix_mask(kind))
     fail(fn, "options.attention.mask of kind {}: mode allgather takes masks that never look past the query (full, causal, "
          "causal_sliding_window, causal_document; ulysses every mask)", kernels::mask_kind_name(kind));
@@ -186,6 +186,19 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
     fail(fn, "seq_len {}: {}", seq_len, e.what());
   }
   d.local = d.layout.local_len(d.rank);
+  if (opts.mode == Mode::usp) {
+    if (opts.layout != Layout::zigzag)
+      fail(fn, "options.layout is {}; mode usp runs on the zigzag layout only", name(opts.layout));
+    if (seq_len % (2 * d.world) != 0)
+      fail(fn, "seq_len {}: mode usp needs a multiple of 2 x world = {} (equal zigzag chunks; ring and allgather take any)", seq_len,
+           2 * d.world);
+    try {
+      const UspGroups g = usp_groups(d.world, opts.ulysses_degree);
+      ulysses_heads(static_cast<int>(d.Hq), static_cast<int>(d.Hkv), g.ulysses, g.member(d.rank));
+    } catch (const std::invalid_argument& e) {
+      fail(fn, "options.ulysses_degree {}: {}", opts.ulysses_degree, e.what());
+    }
+  }
   if (opts.mode == Mode::ulysses) {
     try {
       ulysses_heads(static_cast<int>(d.Hq), static_cast<int>(d.Hkv), d.world, d.rank);
@@ -226,6 +239,7 @@ void ContextParallel::forward(const Tensor& q, const Tensor& k, const Tensor& v,
   runtime::Driver::get().context(state_->device).make_current();
   if (opts.mode == Mode::ulysses) return detail::ulysses_forward(*state_, d, q, k, v, o, lse, opts.attention, stream);
   const attention::Options a = chunk_options(opts.attention);
+  if (opts.mode == Mode::usp) return detail::usp_forward(*state_, d, q, k, v, o, lse, a, opts.ulysses_degree, stream);
   if (opts.mode == Mode::ring)
     detail::ring_forward(*state_, d, q, k, v, o, lse, a, stream);
   else
@@ -247,6 +261,8 @@ void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v
   if (opts.mode == Mode::ulysses)
     return detail::ulysses_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, opts.attention, stream);
   const attention::Options a = chunk_options(opts.attention);
+  if (opts.mode == Mode::usp)
+    return detail::usp_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, opts.ulysses_degree, stream);
   if (opts.mode == Mode::ring)
     detail::ring_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, stream);
   else

@@ -1,0 +1,106 @@
+// usp mode (unified sequence parallelism, as yunchang's LongContextAttention): W = U x R ranks.
+// Inside each Ulysses group of U ranks an all-to-all turns the members' sequence shards into the
+// group's whole shard for Hq / U heads; the zigzag ring over the R groups (ring.cpp, its peers the
+// ranks of one member index) runs on that; an all-to-all turns the outputs back. The all-to-all
+// carries U - 1 / U of the local rows instead of the ring's W - 1 K/V steps, and the ring's steps
+// are R instead of W: larger calls, fewer merges.
+//
+// Under the zigzag layout over W (S a multiple of 2W, so every chunk has S / 2W tokens) the
+// chunks of group g's members, member u holding chunks gU + u and 2W - 1 - gU - u, are the chunks
+// of a zigzag layout over U of the group's shard, and that shard is the zigzag shard of rank g
+// over R: the Ulysses exchange and the ring need no layouts of their own (UspGroups, plan.hpp).
+#include <utility>
+
+#include "api/context_parallel/ulysses.hpp"
+
+namespace tilejit::cp::detail {
+
+namespace {
+
+// The group's all-to-all and the ring, each as a Dims of its own: rank, world and layout inside
+// the Ulysses group (all heads), and inside the ring (the member's heads).
+struct UspDims {
+  UspGroups groups;
+  Dims ulysses, ring;
+};
+
+UspDims usp_dims(const Dims& d, int ulysses_degree) {
+  UspDims u{usp_groups(d.world, ulysses_degree), d, d};
+  const int64_t S = d.layout.seq_len();
+  u.ulysses.world = u.groups.ulysses;
+  u.ulysses.rank = u.groups.member(d.rank);
+  u.ulysses.layout = ShardLayout(Layout::zigzag, u.groups.ulysses, S / u.groups.ring);
+  const UlyssesHeads h = ulysses_heads(static_cast<int>(d.Hq), static_cast<int>(d.Hkv), u.groups.ulysses, u.ulysses.rank);
+  u.ring.Hq = h.q_count;
+  u.ring.Hkv = h.kv_count;
+  u.ring.world = u.groups.ring;
+  u.ring.rank = u.groups.group(d.rank);
+  u.ring.layout = ShardLayout(Layout::zigzag, u.groups.ring, S);
+  u.ring.local = u.ring.layout.local_len(u.ring.rank);
+  return u;
+}
+
+// The communicator ranks of a group as the peers of what runs inside the scope.
+class Peers {
+ public:
+  Peers(ContextParallel::State& st, std::vector<int> ranks) : st_(st), saved_(std::exchange(st.peers, std::move(ranks))) {}
+  ~Peers() { st_.peers = std::move(saved_); }
+  Peers(const Peers&) = delete;
+  Peers& operator=(const Peers&) = delete;
+
+ private:
+  ContextParallel::State& st_;
+  std::vector<int> saved_;
+};
+
+}  // namespace
+
+void usp_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                 const Tensor& lse, const attention::Options& opts, int ulysses_degree, CUstream stream) {
+  const UspDims ud = usp_dims(d, ulysses_degree);
+  Ulysses u(st, ud.ulysses);
+  Scratch s(st.usp_scratch_base(ulysses_bytes(ud.ulysses, u.mine(), false, 0), stream));
+  const Ulysses::Shards h = u.shards(s, false);
+  const CUstream comm = st.comm_stream.handle();
+  st.join(comm, stream, 0);
+  {
+    Peers group(st, ud.groups.group_ranks(d.rank));
+    u.inputs_to_heads(q, k, v, h, s);
+  }
+  st.join(stream, comm, 1);
+  {
+    Peers ring(st, ud.groups.ring_ranks(d.rank));
+    ring_forward(st, ud.ring, h.q, h.k, h.v, h.o, h.lse, head_options(opts, u.q_heads(ud.ulysses.rank), d.Hq), stream);
+  }
+  st.join(comm, stream, 2);
+  Peers group(st, ud.groups.group_ranks(d.rank));
+  u.outputs_to_sequence(h, o, lse, s, stream);
+  st.join(stream, comm, 3);
+}
+
+void usp_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                  const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                  const attention::Options& opts, int ulysses_degree, CUstream stream) {
+  const UspDims ud = usp_dims(d, ulysses_degree);
+  Ulysses u(st, ud.ulysses);
+  Scratch s(st.usp_scratch_base(ulysses_bytes(ud.ulysses, u.mine(), true, 0), stream));
+  const Ulysses::Shards h = u.shards(s, true);
+  const CUstream comm = st.comm_stream.handle();
+  st.join(comm, stream, 0);
+  {
+    Peers group(st, ud.groups.group_ranks(d.rank));
+    u.inputs_to_heads(q, k, v, h, s, &o, &do_, &lse);
+  }
+  st.join(stream, comm, 1);
+  {
+    Peers ring(st, ud.groups.ring_ranks(d.rank));
+    ring_backward(st, ud.ring, h.q, h.k, h.v, h.o, h.do_, h.lse, h.dq, h.dk, h.dv,
+                  head_options(opts, u.q_heads(ud.ulysses.rank), d.Hq), stream);
+  }
+  st.join(comm, stream, 2);
+  Peers group(st, ud.groups.group_ranks(d.rank));
+  u.gradients_to_sequence(h, dq, dk, dv, s, stream);
+  st.join(stream, comm, 3);
+}
+
+}  // namespace tilejit::cp::detail
