@@ -313,6 +313,15 @@ TEST_CASE("cp/ulysses: heads per rank, GQA groups whole or replicated") {
   CHECK_THROWS_WITH_AS(ulysses_heads(24, 4, 6, 0), doctest::Contains("4 query heads per rank and GQA groups of 6"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(make_plan(Mode::ulysses, ShardLayout(Layout::zigzag, 2, 8), true, 0), doctest::Contains("no chunk plan"),
                        std::invalid_argument);
+  // head groups of the pipelined all-to-all: divisors of a rank's key/value heads
+  CHECK(ulysses_head_groups(16, 4, 2, 0) == 2);   // 2 key/value heads a rank: the default 2
+  CHECK(ulysses_head_groups(16, 2, 2, 0) == 1);   // 1 a rank: nothing to split
+  CHECK(ulysses_head_groups(16, 2, 4, 0) == 1);   // replicated key/value head: one group
+  CHECK(ulysses_head_groups(64, 64, 4, 8) == 8);
+  CHECK(ulysses_head_groups(16, 4, 2, 1) == 1);
+  CHECK_THROWS_WITH_AS(ulysses_head_groups(24, 6, 2, 2), doctest::Contains("head_groups is 2; valid: 0 (auto), 1, or a divisor of the 3"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(ulysses_head_groups(16, 2, 4, 2), doctest::Contains("here 1 only"), std::invalid_argument);
 }
 
 // usp: group g's members, laid out as a zigzag over U of the group's shard, hold exactly rank g's
@@ -393,6 +402,13 @@ TEST_CASE("cp/runner: bad arguments are refused before anything runs") {
   usp_sw.mode = Mode::usp;
   usp_sw.ulysses_degree = 2;
   refused(usp_sw, "mode usp takes the full and causal masks only");
+  Options uly_groups = opts;
+  uly_groups.mode = Mode::ulysses;
+  uly_groups.head_groups = 2;  // 4 query heads / 2 key-value heads over 2 ranks: 1 key/value head a rank
+  refused(uly_groups, "head_groups is 2; valid: 0 (auto), 1, or a divisor of the 1 key/value heads");
+  Options usp_groups2 = usp;
+  usp_groups2.head_groups = 2;
+  refused(usp_groups2, "mode usp exchanges all heads at once");
   Options usp_contiguous = usp;
   usp_contiguous.layout = Layout::contiguous;
   refused(usp_contiguous, "mode usp runs on the zigzag layout only");

@@ -225,7 +225,8 @@ void scatter_lse(const std::vector<double>& local, const std::vector<int64_t>& p
 
 // Every rank on its own thread and GPU; the backward twice (the second's gradients must equal the
 // first's bit for bit).
-Outputs context_parallel(const Problem& p, int W, cp::Mode mode, cp::Layout layout, int ulysses_degree, bool& deterministic) {
+Outputs context_parallel(const Problem& p, int W, cp::Mode mode, cp::Layout layout, int ulysses_degree, int head_groups,
+                         bool& deterministic) {
   const runtime::nccl::UniqueId id = runtime::nccl::make_unique_id();
   const cp::ShardLayout shards(layout, W, p.S);
   Outputs out{std::vector<double>(static_cast<size_t>(p.B * p.S * p.Hq * p.D)), std::vector<double>(static_cast<size_t>(p.B * p.Hq * p.S)),
@@ -244,6 +245,7 @@ Outputs context_parallel(const Problem& p, int W, cp::Mode mode, cp::Layout layo
       opts.mode = mode;
       opts.layout = layout;
       opts.ulysses_degree = ulysses_degree;
+      opts.head_groups = head_groups;
       opts.attention.causal = p.causal;
       Device docs = upload(doc_tensor(p), r);  // the whole sequence's ids, on every rank
       if (p.mask) opts.attention.mask = attention::Mask{*p.mask, {}, {}, {}};
@@ -309,14 +311,15 @@ double max_abs(const std::vector<double>& a, const std::vector<double>& b) {
 }
 
 void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int S, std::optional<kernels::MaskSpec> mask = {},
-                int ulysses_degree = 0) {
-  const std::string what = fmt::format("{}{} {} W={} causal={} B={} S={}{}", cp::name(mode),
-                                       ulysses_degree ? fmt::format(" U={}", ulysses_degree) : "", cp::name(layout), W, causal, B, S,
+                int ulysses_degree = 0, int Hq = 4, int Hkv = 2, int head_groups = 0) {
+  const std::string what = fmt::format("{}{} {} W={} causal={} B={} S={} Hq={} Hkv={}{}{}", cp::name(mode),
+                                       ulysses_degree ? fmt::format(" U={}", ulysses_degree) : "", cp::name(layout), W, causal, B, S, Hq,
+                                       Hkv, head_groups ? fmt::format(" head_groups={}", head_groups) : "",
                                        mask ? std::string(" mask ") + kernels::mask_kind_name(mask->kind) : "");
   CAPTURE(what);
   HangGuard guard(what, std::chrono::seconds(300));
   std::mt19937 rng(static_cast<unsigned>(S * 31 + W * 7 + causal));
-  const int Hq = 4, Hkv = 2, D = 128;
+  const int D = 128;
   Problem p{B, Hq, Hkv, S, D, causal, random_bf16({B, S, Hq, D}, rng), random_bf16({B, S, Hkv, D}, rng), random_bf16({B, S, Hkv, D}, rng),
             random_bf16({B, S, Hq, D}, rng), mask, {}};
   for (int i = 0, doc = 0; i < S; ++i) {  // documents of ~S / 8 tokens
@@ -329,7 +332,7 @@ void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int
   const Outputs one = single_gpu(p);
   progress(what + ": context parallel");
   bool deterministic = false;
-  const Outputs many = context_parallel(p, W, mode, layout, ulysses_degree, deterministic);
+  const Outputs many = context_parallel(p, W, mode, layout, ulysses_degree, head_groups, deterministic);
   CHECK(deterministic);
   const std::vector<std::tuple<const char*, const std::vector<double>*, const std::vector<double>*, const std::vector<double>*>> outs{
       {"o", &one.o, &many.o, &f64.o},     {"lse", &one.lse, &many.lse, &f64.lse}, {"dq", &one.dq, &many.dq, &f64.dq},
@@ -465,6 +468,10 @@ TEST_CASE("cp/gpu: every mode on 2 GPUs equals one GPU") {
   // usp at its two extremes on 2 GPUs: one Ulysses group of 2 (a ring of 1), two groups of 1
   for (int U : {1, 2})
     for (bool causal : {false, true}) check_case(2, cp::Mode::usp, cp::Layout::zigzag, causal, 2, 1000, {}, U);
+  // ulysses pipelined over head groups (4 query / 2 key-value heads a rank: 2 groups by default,
+  // 1 and 2 asked for): still bit for bit the single-GPU call
+  for (int G : {0, 1, 2}) check_case(2, cp::Mode::ulysses, cp::Layout::zigzag, true, 1, 1000, {}, 0, 8, 4, G);
+  check_case(2, cp::Mode::ulysses, cp::Layout::zigzag, false, 1, 1000, kernels::MaskSpec::causal_document(), 0, 8, 4, 2);
 }
 
 TEST_CASE("cp/gpu: every mode on 4 GPUs equals one GPU") {
@@ -476,4 +483,5 @@ TEST_CASE("cp/gpu: every mode on 4 GPUs equals one GPU") {
   check_case(4, cp::Mode::allgather, cp::Layout::zigzag, false, 1, 1000, kernels::MaskSpec::causal_document());
   // usp: two Ulysses groups of 2, a ring of 2 across them (Hq 4 / Hkv 2: one whole GQA group a member)
   for (bool causal : {false, true}) check_case(4, cp::Mode::usp, cp::Layout::zigzag, causal, 2, 1000, {}, 2);
+  check_case(4, cp::Mode::ulysses, cp::Layout::zigzag, true, 1, 1000, {}, 0, 16, 8, 2);
 }

@@ -109,6 +109,10 @@ struct ContextParallel::State {
   CUevent event(size_t i);
   // `waiter` waits for the work queued so far on `stream` (through event i).
   void join(CUstream waiter, CUstream stream, size_t i);
+  // The same in two steps: event i marks the work queued so far on `stream`; later, `waiter` waits
+  // for that mark (not for what was queued on `stream` since).
+  void mark(size_t i, CUstream stream);
+  void wait(CUstream waiter, size_t i);
   // At least `bytes` of scratch; growing it first waits for the work queued on `stream` and on
   // the communication stream (the old buffer may still be in use).
   uint64_t scratch_base(size_t bytes, CUstream stream) { return grow(scratch, bytes, stream); }
@@ -137,10 +141,10 @@ void usp_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, co
                   const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                   const attention::Options& opts, int ulysses_degree, CUstream stream);
 void ulysses_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                     const Tensor& lse, const attention::Options& opts, CUstream stream);
+                     const Tensor& lse, const attention::Options& opts, int head_groups, CUstream stream);
 void ulysses_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                       const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                      const attention::Options& opts, CUstream stream);
+                      const attention::Options& opts, int head_groups, CUstream stream);
 }  // namespace detail
 
 }  // namespace tilejit::cp

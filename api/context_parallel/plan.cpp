@@ -205,6 +205,17 @@ UlyssesHeads ulysses_heads(int heads_q, int heads_kv, int world, int rank) {
   return h;
 }
 
+int ulysses_head_groups(int heads_q, int heads_kv, int world, int requested) {
+  const UlyssesHeads h = ulysses_heads(heads_q, heads_kv, world, 0);
+  const bool whole_groups = h.q_count % (heads_q / heads_kv) == 0;
+  if (requested == 0) return whole_groups && h.kv_count % kDefaultHeadGroups == 0 ? kDefaultHeadGroups : 1;
+  if (requested < 0 || (requested > 1 && (!whole_groups || h.kv_count % requested != 0)))
+    throw std::invalid_argument(fmt::format(
+        "cp::ulysses: head_groups is {}; valid: 0 (auto), 1, or a divisor of the {} key/value heads a rank holds{}", requested,
+        h.kv_count, whole_groups ? "" : " (here 1 only: the rank's query heads share one replicated key/value head)"));
+  return requested;
+}
+
 UspGroups usp_groups(int world, int ulysses_degree) {
   if (ulysses_degree < 1 || ulysses_degree > world || world % ulysses_degree != 0)
     throw std::invalid_argument(fmt::format("cp::usp: ulysses_degree is {}; valid: a divisor of the world size {} (1 .. {})",

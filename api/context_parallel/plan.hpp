@@ -70,6 +70,14 @@ struct UlyssesHeads {
 };
 UlyssesHeads ulysses_heads(int heads_q, int heads_kv, int world, int rank);
 
+// How many head groups a Ulysses call (or usp's Ulysses groups) pipelines its all-to-all over: the
+// exchange of group g + 1 (and the return of g - 1) runs while group g's attention does. `requested`
+// 0: kDefaultHeadGroups where it divides the key/value heads a rank holds, else 1; otherwise
+// `requested`, which must divide them (and be 1 when a rank's query heads share one replicated
+// key/value head). std::invalid_argument otherwise.
+inline constexpr int kDefaultHeadGroups = 2;
+int ulysses_head_groups(int heads_q, int heads_kv, int world, int requested);
+
 // usp (unified sequence parallelism: Ulysses inside groups, ring across them): W = U x R ranks;
 // ranks gU .. gU + U - 1 form Ulysses group g, and the ranks of one member index u across the
 // groups (u, U + u, ...) form a ring. Under the zigzag layout over W with S a multiple of 2W, group

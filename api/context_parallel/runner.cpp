@@ -97,6 +97,14 @@ void ContextParallel::State::join(CUstream waiter, CUstream stream, size_t i) {
   runtime::check_cu(api.StreamWaitEvent(waiter, e, 0), "cuStreamWaitEvent");
 }
 
+void ContextParallel::State::mark(size_t i, CUstream stream) {
+  runtime::check_cu(runtime::Driver::get().api().EventRecord(event(i), stream), "cuEventRecord");
+}
+
+void ContextParallel::State::wait(CUstream waiter, size_t i) {
+  runtime::check_cu(runtime::Driver::get().api().StreamWaitEvent(waiter, event(i), 0), "cuStreamWaitEvent");
+}
+
 uint64_t ContextParallel::State::grow(runtime::DeviceBuffer& buffer, size_t bytes, CUstream stream) {
   if (buffer.bytes() < bytes) {
     const runtime::DriverApi& api = runtime::Driver::get().api();
@@ -192,6 +200,9 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
     if (seq_len % (2 * d.world) != 0)
       fail(fn, "seq_len {}: mode usp needs a multiple of 2 x world = {} (equal zigzag chunks; ring and allgather take any)", seq_len,
            2 * d.world);
+    if (opts.head_groups > 1)
+      fail(fn, "options.head_groups is {}; mode usp exchanges all heads at once (0 or 1; ulysses pipelines over groups)",
+           opts.head_groups);
     try {
       const UspGroups g = usp_groups(d.world, opts.ulysses_degree);
       ulysses_heads(static_cast<int>(d.Hq), static_cast<int>(d.Hkv), g.ulysses, g.member(d.rank));
@@ -202,6 +213,7 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
   if (opts.mode == Mode::ulysses) {
     try {
       ulysses_heads(static_cast<int>(d.Hq), static_cast<int>(d.Hkv), d.world, d.rank);
+      ulysses_head_groups(static_cast<int>(d.Hq), static_cast<int>(d.Hkv), d.world, opts.head_groups);
     } catch (const std::invalid_argument& e) {
       fail(fn, "{}", e.what());
     }
@@ -237,7 +249,8 @@ void ContextParallel::forward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Options& opts, CUstream stream) {
   const Dims d = check_call("forward", *state_, q, k, v, o, lse, seq_len, opts);
   runtime::Driver::get().context(state_->device).make_current();
-  if (opts.mode == Mode::ulysses) return detail::ulysses_forward(*state_, d, q, k, v, o, lse, opts.attention, stream);
+  if (opts.mode == Mode::ulysses)
+    return detail::ulysses_forward(*state_, d, q, k, v, o, lse, opts.attention, opts.head_groups, stream);
   const attention::Options a = chunk_options(opts.attention);
   if (opts.mode == Mode::usp) return detail::usp_forward(*state_, d, q, k, v, o, lse, a, opts.ulysses_degree, stream);
   if (opts.mode == Mode::ring)
@@ -259,7 +272,7 @@ void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v
          dk.size(2), dv.size(2));
   runtime::Driver::get().context(state_->device).make_current();
   if (opts.mode == Mode::ulysses)
-    return detail::ulysses_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, opts.attention, stream);
+    return detail::ulysses_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, opts.attention, opts.head_groups, stream);
   const attention::Options a = chunk_options(opts.attention);
   if (opts.mode == Mode::usp)
     return detail::usp_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, opts.ulysses_degree, stream);

@@ -12,45 +12,80 @@
 
 namespace tilejit::cp::detail {
 
+namespace {
+
+// Event indices of head group g: its shards exchanged (on the communication stream), its call done
+// (on the caller's stream).
+size_t exchanged(int g) { return 10 + 2 * static_cast<size_t>(g); }
+size_t computed(int g) { return 11 + 2 * static_cast<size_t>(g); }
+
+}  // namespace
+
+// With G head groups the communication stream runs: to heads (0), to heads (1), [call 0 done] back
+// (0), to heads (2), [call 1 done] back (1), ...; the caller's stream runs call g after to heads (g)
+// only. Each group's call sees its heads' whole rows, as one call on all of them would: the same
+// kernel and schedule (default_schedule does not depend on the head count), so the same bits.
 void ulysses_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                     const Tensor& lse, const attention::Options& opts, CUstream stream) {
+                     const Tensor& lse, const attention::Options& opts, int head_groups, CUstream stream) {
   Ulysses u(st, d);
-  const int r = d.rank;
+  const int r = d.rank, G = ulysses_head_groups(static_cast<int>(d.Hq), static_cast<int>(d.Hkv), d.world, head_groups);
   // a mask's block lists (document kinds) in the scratch too: the call then allocates nothing
-  const attention::Options a = head_options(opts, u.q_heads(r), d.Hq);
+  std::vector<attention::Options> a;
+  for (int g = 0; g < G; ++g) a.push_back(head_options(opts, u.q_group(r, g, G), d.Hq));
   const size_t ws_bytes =
-      attention::forward_workspace_bytes(u.shard_shape(u.q_heads(r).count), u.shard_shape(u.kv_heads(r).count), a);
-  Scratch s(st.scratch_base(ulysses_bytes(d, u.mine(), false, ws_bytes), stream));
-  const Ulysses::Shards h = u.shards(s, false);
+      attention::forward_workspace_bytes(u.shard_shape(u.q_group(r, 0, G).count), u.shard_shape(u.kv_group(r, 0, G).count), a[0]);
+  Scratch s(st.scratch_base(ulysses_bytes(d, u.mine(), false, ws_bytes, G), stream));
+  std::vector<Ulysses::Shards> h;
+  for (int g = 0; g < G; ++g) h.push_back(u.shards(s, false, G));
   const attention::Workspace ws{ws_bytes ? s.take(ws_bytes) : 0, ws_bytes};
   const CUstream comm = st.comm_stream.handle();
   st.join(comm, stream, 0);
-  u.inputs_to_heads(q, k, v, h, s);
-  st.join(stream, comm, 1);
-  attention::forward(h.q, h.k, h.v, h.o, h.lse, a, stream, ws);
-  st.join(comm, stream, 2);
-  u.outputs_to_sequence(h, o, lse, s, stream);
+  u.inputs_to_heads(q, k, v, h[0], s, nullptr, nullptr, nullptr, 0, G);
+  st.mark(exchanged(0), comm);
+  for (int g = 0; g < G; ++g) {
+    const Ulysses::Shards& x = h[static_cast<size_t>(g)];
+    st.wait(stream, exchanged(g));
+    attention::forward(x.q, x.k, x.v, x.o, x.lse, a[static_cast<size_t>(g)], stream, ws);
+    st.mark(computed(g), stream);
+    if (g + 1 < G) {
+      u.inputs_to_heads(q, k, v, h[static_cast<size_t>(g + 1)], s, nullptr, nullptr, nullptr, g + 1, G);
+      st.mark(exchanged(g + 1), comm);
+    }
+    st.wait(comm, computed(g));
+    u.outputs_to_sequence(x, o, lse, s, stream, g, G);
+  }
   st.join(stream, comm, 3);
 }
 
 void ulysses_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                       const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                      const attention::Options& opts, CUstream stream) {
+                      const attention::Options& opts, int head_groups, CUstream stream) {
   Ulysses u(st, d);
-  const int r = d.rank;
-  const attention::Options a = head_options(opts, u.q_heads(r), d.Hq);
+  const int r = d.rank, G = ulysses_head_groups(static_cast<int>(d.Hq), static_cast<int>(d.Hkv), d.world, head_groups);
+  std::vector<attention::Options> a;
+  for (int g = 0; g < G; ++g) a.push_back(head_options(opts, u.q_group(r, g, G), d.Hq));
   const size_t ws_bytes =
-      attention::backward_workspace_bytes(u.shard_shape(u.q_heads(r).count), u.shard_shape(u.kv_heads(r).count), a);
-  Scratch s(st.scratch_base(ulysses_bytes(d, u.mine(), true, ws_bytes), stream));
-  const Ulysses::Shards h = u.shards(s, true);
+      attention::backward_workspace_bytes(u.shard_shape(u.q_group(r, 0, G).count), u.shard_shape(u.kv_group(r, 0, G).count), a[0]);
+  Scratch s(st.scratch_base(ulysses_bytes(d, u.mine(), true, ws_bytes, G), stream));
+  std::vector<Ulysses::Shards> h;
+  for (int g = 0; g < G; ++g) h.push_back(u.shards(s, true, G));
   const attention::Workspace ws{s.take(ws_bytes), ws_bytes};
   const CUstream comm = st.comm_stream.handle();
   st.join(comm, stream, 0);
-  u.inputs_to_heads(q, k, v, h, s, &o, &do_, &lse);
-  st.join(stream, comm, 1);
-  attention::backward(h.q, h.k, h.v, h.o, h.do_, h.lse, h.dq, h.dk, h.dv, a, stream, ws);
-  st.join(comm, stream, 2);
-  u.gradients_to_sequence(h, dq, dk, dv, s, stream);
+  u.inputs_to_heads(q, k, v, h[0], s, &o, &do_, &lse, 0, G);
+  st.mark(exchanged(0), comm);
+  for (int g = 0; g < G; ++g) {
+    const Ulysses::Shards& x = h[static_cast<size_t>(g)];
+    st.wait(stream, exchanged(g));
+    attention::backward(x.q, x.k, x.v, x.o, x.do_, x.lse, x.dq, x.dk, x.dv, a[static_cast<size_t>(g)], stream, ws);
+    st.mark(computed(g), stream);
+    if (g + 1 < G) {
+      u.inputs_to_heads(q, k, v, h[static_cast<size_t>(g + 1)], s, &o, &do_, &lse, g + 1, G);
+      st.mark(exchanged(g + 1), comm);
+    }
+    st.wait(comm, computed(g));
+    u.gradients_to_sequence(x, dq, dk, dv, s, stream, g, G);
+  }
   st.join(stream, comm, 3);
 }
 

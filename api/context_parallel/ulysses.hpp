@@ -50,6 +50,9 @@ inline void copy_view(const Tensor& dst, const Tensor& src, CUstream stream) {
 
 inline Tensor lse_cols(const Tensor& lse, int64_t begin, int64_t end) { return lse_rows(lse, begin, end); }
 
+// Slice g of G equal parts of a head range.
+inline HeadRange slice(HeadRange h, int g, int G) { return {h.begin + g * (h.count / G), h.count / G}; }
+
 class Ulysses {
  public:
   Ulysses(ContextParallel::State& st, const Dims& d) : st_(st), d_(d), comm_(st.comm_stream.handle()) {
@@ -137,40 +140,42 @@ class Ulysses {
     convert(*sum, local, stream);
   }
 
-  // LSE [B, h_r, S] of the head shard -> the q_heads(j) rows of `lse` ([B, Hq, n_r]).
-  void lse_to_sequence(const Tensor& shard, const Tensor& lse, Scratch& s) {
+  // LSE [B, h_r, S] of the head shard -> the heads_of(j) rows of `lse` ([B, Hq, n_r]).
+  template <class Heads>
+  void lse_to_sequence(const Tensor& shard, const Tensor& lse, Heads heads_of, Scratch& s) {
     const int r = d_.rank;
     std::vector<Tensor> send(static_cast<size_t>(d_.world)), recv(static_cast<size_t>(d_.world));
     for (int j = 0; j < d_.world; ++j) {
       const int64_t nj = d_.layout.local_len(j);
       // columns of rank j's tokens, packed [B, h_r, n_j] (this rank's own go straight to lse)
-      const Tensor dst = j == r ? lse_heads(lse, q_heads(r)) : packed_lse(s, q_heads(r).count, nj);
+      const Tensor dst = j == r ? lse_heads(lse, heads_of(r)) : packed_lse(s, heads_of(r).count, nj);
       send[static_cast<size_t>(j)] = dst;
       for (int c : d_.layout.chunks_of(j)) {
         const int64_t at = d_.layout.local_offset(c);
         copy_view(lse_cols(dst, at, at + d_.layout.chunk(c).size()), lse_cols(shard, d_.layout.chunk(c).begin, d_.layout.chunk(c).end),
                   comm_);
       }
-      if (j != r) recv[static_cast<size_t>(j)] = packed_lse(s, q_heads(j).count, d_.local);
+      if (j != r) recv[static_cast<size_t>(j)] = packed_lse(s, heads_of(j).count, d_.local);
     }
     exchange(send, recv);
     for (int j = 0; j < d_.world; ++j)
-      if (j != r) copy_view(lse_heads(lse, q_heads(j)), recv[static_cast<size_t>(j)], comm_);
+      if (j != r) copy_view(lse_heads(lse, heads_of(j)), recv[static_cast<size_t>(j)], comm_);
   }
 
   // The reverse: `lse` ([B, Hq, n_r]) -> the head shard's LSE [B, h_r, S].
-  void lse_to_heads(const Tensor& lse, const Tensor& shard, Scratch& s) {
+  template <class Heads>
+  void lse_to_heads(const Tensor& lse, const Tensor& shard, Heads heads_of, Scratch& s) {
     const int r = d_.rank;
     std::vector<Tensor> send(static_cast<size_t>(d_.world)), recv(static_cast<size_t>(d_.world));
     for (int j = 0; j < d_.world; ++j) {
-      const Tensor from = lse_heads(lse, q_heads(j));
+      const Tensor from = lse_heads(lse, heads_of(j));
       if (j == r) {
         recv[static_cast<size_t>(j)] = from;
         continue;
       }
-      send[static_cast<size_t>(j)] = packed_lse(s, q_heads(j).count, d_.local);
+      send[static_cast<size_t>(j)] = packed_lse(s, heads_of(j).count, d_.local);
       copy_view(send[static_cast<size_t>(j)], from, comm_);
-      recv[static_cast<size_t>(j)] = packed_lse(s, q_heads(r).count, d_.layout.local_len(j));
+      recv[static_cast<size_t>(j)] = packed_lse(s, heads_of(r).count, d_.layout.local_len(j));
     }
     exchange(send, recv);
     for (int j = 0; j < d_.world; ++j)
@@ -181,13 +186,18 @@ class Ulysses {
       }
   }
 
-  // The head shards of this rank's call (rows: the group's whole sequence): q, k, v, o and the
-  // LSE; for a backward also dO, dQ, dK, dV.
+  // Head group g of G: the g-th of G equal slices of each rank's query and key/value heads (G
+  // divides this rank's key/value heads, so each slice holds whole GQA groups; G = 1: all).
+  HeadRange q_group(int j, int g, int G) const { return slice(q_heads(j), g, G); }
+  HeadRange kv_group(int j, int g, int G) const { return slice(kv_heads(j), g, G); }
+
+  // The head shards of one call (head group g of G; rows: the group's whole sequence): q, k, v,
+  // o and the LSE; for a backward also dO, dQ, dK, dV.
   struct Shards {
     Tensor q, k, v, o, lse, do_, dq, dk, dv;
   };
-  Shards shards(Scratch& s, bool backward) const {
-    const int64_t S = d_.layout.seq_len(), hq = q_heads(d_.rank).count, hkv = kv_heads(d_.rank).count;
+  Shards shards(Scratch& s, bool backward, int G = 1) const {
+    const int64_t S = d_.layout.seq_len(), hq = q_group(d_.rank, 0, G).count, hkv = kv_group(d_.rank, 0, G).count;
     Shards h;
     h.q = packed(s, d_.dtype, S, hq), h.k = packed(s, d_.dtype, S, hkv), h.v = packed(s, d_.dtype, S, hkv);
     h.o = packed(s, d_.dtype, S, hq), h.lse = packed_lse(s, hq, S);
@@ -198,30 +208,32 @@ class Ulysses {
     return h;
   }
 
-  // q, k, v (and a backward's o, dO and LSE: `grad`) -> their head shards.
+  // q, k, v (and a backward's o, dO and LSE) -> head group g's shards.
   void inputs_to_heads(const Tensor& q, const Tensor& k, const Tensor& v, const Shards& h, Scratch& s, const Tensor* o = nullptr,
-                       const Tensor* do_ = nullptr, const Tensor* lse = nullptr) {
-    const auto qs = [&](int j) { return q_heads(j); };
-    const auto kvs = [&](int j) { return kv_heads(j); };
+                       const Tensor* do_ = nullptr, const Tensor* lse = nullptr, int g = 0, int G = 1) {
+    const auto qs = [&](int j) { return q_group(j, g, G); };
+    const auto kvs = [&](int j) { return kv_group(j, g, G); };
     to_heads(q, h.q, qs, s);
     to_heads(k, h.k, kvs, s);
     to_heads(v, h.v, kvs, s);
     if (o) to_heads(*o, h.o, qs, s);
     if (do_) to_heads(*do_, h.do_, qs, s);
-    if (lse) lse_to_heads(*lse, h.lse, s);
+    if (lse) lse_to_heads(*lse, h.lse, qs, s);
   }
 
-  // The forward's O and LSE head shards -> this rank's rows of o and lse.
-  void outputs_to_sequence(const Shards& h, const Tensor& o, const Tensor& lse, Scratch& s, CUstream stream) {
-    to_sequence(h.o, o, [&](int j) { return q_heads(j); }, s, stream);
-    lse_to_sequence(h.lse, lse, s);
+  // The forward's O and LSE shards of head group g -> this rank's rows of o and lse.
+  void outputs_to_sequence(const Shards& h, const Tensor& o, const Tensor& lse, Scratch& s, CUstream stream, int g = 0, int G = 1) {
+    const auto qs = [&](int j) { return q_group(j, g, G); };
+    to_sequence(h.o, o, qs, s, stream);
+    lse_to_sequence(h.lse, lse, qs, s);
   }
 
-  // The backward's dQ, dK, dV head shards -> this rank's rows; key/value heads several ranks hold
-  // get their parts summed in f32 in rank order.
-  void gradients_to_sequence(const Shards& h, const Tensor& dq, const Tensor& dk, const Tensor& dv, Scratch& s, CUstream stream) {
-    const auto kvs = [&](int j) { return kv_heads(j); };
-    to_sequence(h.dq, dq, [&](int j) { return q_heads(j); }, s, stream);
+  // The backward's dQ, dK, dV shards of head group g -> this rank's rows; key/value heads several
+  // ranks hold (then G = 1) get their parts summed in f32 in rank order.
+  void gradients_to_sequence(const Shards& h, const Tensor& dq, const Tensor& dk, const Tensor& dv, Scratch& s, CUstream stream,
+                             int g = 0, int G = 1) {
+    const auto kvs = [&](int j) { return kv_group(j, g, G); };
+    to_sequence(h.dq, dq, [&](int j) { return q_group(j, g, G); }, s, stream);
     if (!replicated()) {
       to_sequence(h.dk, dk, kvs, s, stream);
       to_sequence(h.dv, dv, kvs, s, stream);
@@ -268,7 +280,7 @@ class Ulysses {
 // Scratch bytes of a Ulysses call: the head shards, the packed sends and receives (a rank sends
 // at most max(Hkv, W) key/value heads in all: replicated heads go to each rank that reads them),
 // the LSE's packed columns, the replicated heads' f32 sums, and 256 bytes of rounding per piece.
-inline size_t ulysses_bytes(const Dims& d, const UlyssesHeads& mine, bool backward, size_t ws_bytes) {
+inline size_t ulysses_bytes(const Dims& d, const UlyssesHeads& mine, bool backward, size_t ws_bytes, int head_groups = 1) {
   const size_t S = static_cast<size_t>(d.layout.seq_len()), n = static_cast<size_t>(d.layout.max_local_len());
   const size_t es = static_cast<size_t>(d.es()), B = static_cast<size_t>(d.B), D = static_cast<size_t>(d.D);
   const size_t Hq = static_cast<size_t>(d.Hq), Hkv_sent = static_cast<size_t>(std::max<int64_t>(d.Hkv, d.world));
@@ -278,7 +290,7 @@ inline size_t ulysses_bytes(const Dims& d, const UlyssesHeads& mine, bool backwa
   const size_t stages = k * B * n * (Hq + Hkv_sent) * D * es;
   const size_t lse = 2 * B * (S * hq + n * Hq) * 4;
   const size_t sums = backward ? 2 * B * n * static_cast<size_t>(d.Hkv) * D * 4 : 0;
-  const size_t pieces = 256 * (16 * static_cast<size_t>(d.world) + 32);
+  const size_t pieces = 256 * (16 * static_cast<size_t>(d.world) + 32) * static_cast<size_t>(head_groups);
   return shards + stages + lse + sums + ws_bytes + pieces;
 }
 
