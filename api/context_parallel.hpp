@@ -34,8 +34,8 @@ struct Options {
   // runs across the W / U groups. usp needs the zigzag layout and seq_len a multiple of 2W.
   int ulysses_degree = 0;
   // ulysses: the all-to-all pipelined over this many groups of each rank's heads, the exchange of
-  // group g + 1 and the return of g - 1 beside group g's call (ulysses_head_groups: 0 = auto, 1 =
-  // one exchange, then the call, then the return). usp: 0 or 1.
+  // group g + 1 and the return of g - 1 beside group g's call (ulysses_head_groups: 0 = the
+  // default, today 1 = one exchange, then the call, then the return). usp: 0 or 1.
   int head_groups = 0;
   // The single-GPU options: causal, softmax_scale, schedule, mask, score mod. Ring and usp take the full
   // and causal masks; allgather also those that never look past the query (causal_sliding_window,

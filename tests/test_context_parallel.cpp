@@ -314,7 +314,8 @@ TEST_CASE("cp/ulysses: heads per rank, GQA groups whole or replicated") {
   CHECK_THROWS_WITH_AS(make_plan(Mode::ulysses, ShardLayout(Layout::zigzag, 2, 8), true, 0), doctest::Contains("no chunk plan"),
                        std::invalid_argument);
   // head groups of the pipelined all-to-all: divisors of a rank's key/value heads
-  CHECK(ulysses_head_groups(16, 4, 2, 0) == 2);   // 2 key/value heads a rank: the default 2
+  CHECK(ulysses_head_groups(16, 4, 2, 0) == kDefaultHeadGroups);
+  CHECK(ulysses_head_groups(16, 4, 2, 2) == 2);   // 2 key/value heads a rank
   CHECK(ulysses_head_groups(16, 2, 2, 0) == 1);   // 1 a rank: nothing to split
   CHECK(ulysses_head_groups(16, 2, 4, 0) == 1);   // replicated key/value head: one group
   CHECK(ulysses_head_groups(64, 64, 4, 8) == 8);

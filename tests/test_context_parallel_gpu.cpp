@@ -468,8 +468,8 @@ TEST_CASE("cp/gpu: every mode on 2 GPUs equals one GPU") {
   // usp at its two extremes on 2 GPUs: one Ulysses group of 2 (a ring of 1), two groups of 1
   for (int U : {1, 2})
     for (bool causal : {false, true}) check_case(2, cp::Mode::usp, cp::Layout::zigzag, causal, 2, 1000, {}, U);
-  // ulysses pipelined over head groups (4 query / 2 key-value heads a rank: 2 groups by default,
-  // 1 and 2 asked for): still bit for bit the single-GPU call
+  // ulysses pipelined over head groups (4 query / 2 key-value heads a rank: the default, 1 and 2
+  // groups): still bit for bit the single-GPU call
   for (int G : {0, 1, 2}) check_case(2, cp::Mode::ulysses, cp::Layout::zigzag, true, 1, 1000, {}, 0, 8, 4, G);
   check_case(2, cp::Mode::ulysses, cp::Layout::zigzag, false, 1, 1000, kernels::MaskSpec::causal_document(), 0, 8, 4, 2);
 }

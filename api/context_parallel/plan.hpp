@@ -70,12 +70,13 @@ struct UlyssesHeads {
 };
 UlyssesHeads ulysses_heads(int heads_q, int heads_kv, int world, int rank);
 
-// How many head groups a Ulysses call (or usp's Ulysses groups) pipelines its all-to-all over: the
-// exchange of group g + 1 (and the return of g - 1) runs while group g's attention does. `requested`
-// 0: kDefaultHeadGroups where it divides the key/value heads a rank holds, else 1; otherwise
-// `requested`, which must divide them (and be 1 when a rank's query heads share one replicated
-// key/value head). std::invalid_argument otherwise.
-inline constexpr int kDefaultHeadGroups = 2;
+// How many head groups a Ulysses call pipelines its all-to-all over: the exchange of group g + 1
+// (and the return of g - 1) runs while group g's attention does. `requested` 0: kDefaultHeadGroups
+// where it divides the key/value heads a rank holds, else 1; otherwise `requested`, which must
+// divide them (and be 1 when a rank's query heads share one replicated key/value head).
+// std::invalid_argument otherwise. The default is 1: on 4 H100s over NVLink two groups measured
+// 0.95-1.05x of one (decision 062); the option is for slower links.
+inline constexpr int kDefaultHeadGroups = 1;
 int ulysses_head_groups(int heads_q, int heads_kv, int world, int requested);
 
 // usp (unified sequence parallelism: Ulysses inside groups, ring across them): W = U x R ranks;
