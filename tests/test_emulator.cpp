@@ -118,6 +118,43 @@ TEST_CASE("emulator: associative_scan, cumsum and a combine reduce equal the int
     }
 }
 
+// A reduce whose combine commutes element by element (a sum, an integer max, an xor) lowers as a
+// reduction does (jit/lower/scans.cpp `commutes`): every tile in one shared-memory round, with the
+// interpreter's values (small whole numbers: the f32 sums are exact in any order).
+TEST_CASE("emulator: reduces of commuting combines run as one reduction of all their tiles") {
+  const axis_ops::Case cases[] = {{{4, 64}, 1, 4, f32},  {{64, 4}, 0, 4, f32},   {{1024}, 0, 8, f32}, {{16, 128}, 1, 8, f32},
+                                  {{1, 4096}, 1, 4, f32}, {{512, 2}, 0, 4, f32}, {{32, 32}, 1, 1, f32}};
+  for (const axis_ops::Case& c : cases) {
+    INFO(ir::shape_string(c.shape) << " axis " << c.axis << " warps " << c.warps);
+    const Kernel k = kernel("commuting_reduce", [c](Builder& kb) {
+      const int rank = static_cast<int>(c.shape.size());
+      auto X = kb.tensor("X", f32, rank), S = kb.tensor("S", f32, rank), M = kb.tensor("M", i32, rank), Z = kb.tensor("Z", i32, rank);
+      const std::vector<Operand> zero(c.shape.size(), Operand(0));
+      Tile x = load(X.block(zero, c.shape));
+      Tile xi = cast(i32, x);
+      std::vector<Tile> r = reduce({x, xi * 3, xi}, c.axis, [](const std::vector<Tile>& p, const std::vector<Tile>& q) {
+        return std::vector<Tile>{p[0] + q[0], maximum(q[1], p[1]), p[2] ^ q[2]};
+      });
+      tilejit::ir::Shape kept = c.shape;
+      kept[static_cast<size_t>(c.axis)] = 1;
+      store(S.block(zero, kept), expand_dims(r[0], c.axis));
+      store(M.block(zero, kept), expand_dims(r[1], c.axis));
+      store(Z.block(zero, kept), expand_dims(r[2], c.axis));
+    });
+    tilejit::ir::Shape kept = c.shape;
+    kept[static_cast<size_t>(c.axis)] = 1;
+    HostTensor x(f32, c.shape), s(f32, kept), m(i32, kept), z(i32, kept);
+    x.fill_uniform(9, -50, 50);
+    for (int64_t e = 0; e < x.numel(); ++e) x.set_flat(e, std::round(x.get_flat(e)));
+    jit::CompileOptions o;
+    o.num_warps = c.warps;
+    check_emulator(k.build(), {1}, {&x, &s, &m, &z}, 0.0, o);
+    // one shared-memory round when the axis spans warps: two barriers, not two per warp bit
+    const int64_t axis_len = c.shape[static_cast<size_t>(c.axis)];
+    if (axis_len >= 1024 && c.warps >= 4) CHECK(count_ops(jit::lower(k.build(), o))[jit::pir::Op::barrier] == 2);
+  }
+}
+
 TEST_CASE("emulator: sort, argsort, topk, flip and xor_permute equal the interpreter bit for bit") {
   const axis_ops::Case cases[] = {{{4, 64}, 1, 4, f32},   {{1024}, 0, 8, f32}, {{64, 16}, 0, 4, i32}, {{16, 128}, 1, 8, bf16},
                                   {{256}, 0, 4, u8},      {{1, 2048}, 1, 4, f32}};

@@ -24,6 +24,9 @@ using pir::Op;
 using pir::V;
 using Regs = std::vector<V>;
 
+// The dtype a value crosses lanes or shared memory in: 32 or 64 bits (shuffles move no less).
+DType exchange_dtype(DType d);
+
 struct TensorDesc {
   V ptr;
   std::vector<V> sizes, strides;  // i32, i64
@@ -305,10 +308,18 @@ class Lowerer {
   V combine(const std::string& kind, V a, V b);
 
   void reduce(const ir::Op& op);
+  // Each of `in` (registers in layout L, dtypes dt) reduced along `axis` by combine_all (on one
+  // element of every tile at a time, in any order: it must commute), within threads, by shuffles
+  // and through one shared-memory round for all the tiles; the registers of L.drop_dim(axis)
+  // without zero registers.
+  std::vector<Regs> reduce_along(const std::vector<Regs>& in, const Layout& L, int axis, const std::vector<DType>& dt,
+                                 const std::function<std::vector<V>(const std::vector<V>&, const std::vector<V>&)>& combine_all);
   void histogram(const ir::Op& op);  // lower/histogram.cpp: ballots and popcounts, or shared atomics
 
   // ---------------------------------------------------------------- scans, reduce_with, xor_permute (lower/scans.cpp)
   void combine_along(const ir::Op& op);  // scan, reduce_with
+  // reduce_with whose combine commutes element by element: reduce_along on its tiles `x` (in L).
+  void reduce_commuting(const ir::Op& op, const Layout& L, const std::vector<Regs>& x, const std::vector<DType>& dt);
   // The op's combine region on one pair of element tuples (a before b along the axis).
   std::vector<V> combine_region(const ir::Op& op, const std::vector<V>& a, const std::vector<V>& b);
   // shfl.xor of a value of dtype d (narrower than 32 bits: widened for the shuffle).

@@ -17,14 +17,14 @@
 #include "jit/lower/lowerer.hpp"
 
 namespace tilejit::jit::lower {
-namespace {
 
-// The dtype a value crosses lanes or shared memory in: 32 or 64 bits (shuffles move no less).
 DType exchange_dtype(DType d) {
   if (d != DType::i1 && ir::bit_width(d) >= 32) return d;
   if (ir::is_float(d)) return DType::f32;
   return d == DType::i1 || ir::is_signed(d) ? DType::i32 : DType::u32;
 }
+
+namespace {
 
 // One bit of the axis coordinate: which register, lane or warp bit carries it, and its weight.
 struct AxisBit {
@@ -137,7 +137,44 @@ struct HasPrefix {
   V value = 0;  // when runtime
 };
 
+// Whether each result of the combine is one commutative operation of its own pair: a_k + b_k or
+// a_k * b_k, for integers also max, min, and, or, xor (float max / min are left out: +0 and -0
+// compare equal, so their order decides the sign). Such a reduce_with may combine in any order, as
+// a reduction does (floats up to rounding, as the tree does anyway).
+bool commutes(const ir::Function& f, const ir::Op& op) {
+  const ir::Block& body = op.regions[0];
+  const size_t n = op.operands.size();
+  if (body.ops.size() != n + 1 || body.ops.back().kind != OpKind::yield || body.ops.back().operands.size() != n) return false;
+  for (size_t k = 0; k < n; ++k) {
+    const ir::ValueId want = body.ops.back().operands[k];
+    const ir::Op* def = nullptr;
+    for (const ir::Op& o : body.ops)
+      if (o.results.size() == 1 && o.results[0] == want) def = &o;
+    if (!def || def->operands.size() != 2) return false;
+    const bool pair = (def->operands[0] == body.args[k] && def->operands[1] == body.args[n + k]) ||
+                      (def->operands[1] == body.args[k] && def->operands[0] == body.args[n + k]);
+    const bool is_float = ir::is_float(f.type(op.operands[k]).dtype);
+    const OpKind c = def->kind;
+    const bool commutative = c == OpKind::add || c == OpKind::mul ||
+                             (!is_float && (c == OpKind::maximum || c == OpKind::minimum || c == OpKind::bit_and ||
+                                            c == OpKind::bit_or || c == OpKind::bit_xor));
+    if (!pair || !commutative) return false;
+  }
+  return true;
+}
+
 }  // namespace
+
+void Lowerer::reduce_commuting(const ir::Op& op, const Layout& L, const std::vector<Regs>& x, const std::vector<DType>& dt) {
+  // any order: as a reduction does, every tile at once (one shared-memory round for all, not one
+  // per warp bit, and no per-register totals kept apart for the order's sake)
+  const std::vector<Regs> part = reduce_along(x, L, static_cast<int>(op.int_attr("axis")), dt,
+                                              [&](const std::vector<V>& a, const std::vector<V>& b) { return combine_region(op, a, b); });
+  for (size_t k = 0; k < part.size(); ++k) {
+    if (f_.type(op.results[k]).is_scalar()) frames_.back().scalars[op.results[k]] = part[k][0];
+    else put(op.results[k], *plan_.natural[op.results[k]], part[k]);
+  }
+}
 
 void Lowerer::combine_along(const ir::Op& op) {
   const size_t n = op.operands.size();
@@ -163,6 +200,7 @@ void Lowerer::combine_along(const ir::Op& op) {
   const auto set = [&](std::vector<Regs>& t, uint32_t r, const std::vector<V>& v) {
     for (size_t k = 0; k < n; ++k) t[k][r] = v[k];
   };
+  if (!scan && commutes(f_, op)) return reduce_commuting(op, L, x, dt);
   const auto pick = [&](V cond, V a, V b) { return emit(Op::select, out_.types[a], {cond, a, b}); };
   const auto pick_all = [&](V cond, const std::vector<V>& a, const std::vector<V>& b) {
     std::vector<V> out;
