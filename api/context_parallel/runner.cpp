@@ -91,10 +91,8 @@ CUevent ContextParallel::State::event(size_t i) {
 }
 
 void ContextParallel::State::join(CUstream waiter, CUstream stream, size_t i) {
-  const runtime::DriverApi& api = runtime::Driver::get().api();
-  CUevent e = event(i);
-  runtime::check_cu(api.EventRecord(e, stream), "cuEventRecord");
-  runtime::check_cu(api.StreamWaitEvent(waiter, e, 0), "cuStreamWaitEvent");
+  mark(i, stream);
+  wait(waiter, i);
 }
 
 void ContextParallel::State::mark(size_t i, CUstream stream) {

@@ -53,54 +53,55 @@ class Peers {
   std::vector<int> saved_;
 };
 
-}  // namespace
-
-void usp_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                 const Tensor& lse, const attention::Options& opts, int ulysses_degree, CUstream stream) {
+// One usp call: the members' rows to the group's shard for their heads (`in`), the ring across
+// the groups on them (`ring`, with the member's head options), the shards back to rows (`out`),
+// each among its peers; the caller's stream waits for the exchanges it needs.
+template <class In, class Ring, class Out>
+void usp_call(ContextParallel::State& st, const Dims& d, int ulysses_degree, bool backward, const attention::Options& opts,
+              CUstream stream, In in, Ring ring, Out out) {
   const UspDims ud = usp_dims(d, ulysses_degree);
   Ulysses u(st, ud.ulysses);
-  Scratch s(st.usp_scratch_base(ulysses_bytes(ud.ulysses, u.mine(), false, 0), stream));
-  const Ulysses::Shards h = u.shards(s, false);
+  Scratch s(st.usp_scratch_base(ulysses_bytes(ud.ulysses, u.mine(), backward, 0), stream));
+  const Ulysses::Shards h = u.shards(s, backward);
   const CUstream comm = st.comm_stream.handle();
   st.join(comm, stream, 0);
   {
     Peers group(st, ud.groups.group_ranks(d.rank));
-    u.inputs_to_heads(q, k, v, h, s);
+    in(u, h, s);
   }
   st.join(stream, comm, 1);
   {
-    Peers ring(st, ud.groups.ring_ranks(d.rank));
-    ring_forward(st, ud.ring, h.q, h.k, h.v, h.o, h.lse, head_options(opts, u.q_heads(ud.ulysses.rank), d.Hq), stream);
+    Peers peers(st, ud.groups.ring_ranks(d.rank));
+    ring(ud.ring, h, head_options(opts, u.q_heads(ud.ulysses.rank), d.Hq));
   }
   st.join(comm, stream, 2);
   Peers group(st, ud.groups.group_ranks(d.rank));
-  u.outputs_to_sequence(h, o, lse, s, stream);
+  out(u, h, s);
   st.join(stream, comm, 3);
+}
+
+}  // namespace
+
+void usp_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                 const Tensor& lse, const attention::Options& opts, int ulysses_degree, CUstream stream) {
+  usp_call(
+      st, d, ulysses_degree, false, opts, stream, [&](Ulysses& u, const Ulysses::Shards& h, Scratch& s) { u.inputs_to_heads(q, k, v, h, s); },
+      [&](const Dims& ring, const Ulysses::Shards& h, const attention::Options& a) {
+        ring_forward(st, ring, h.q, h.k, h.v, h.o, h.lse, a, stream);
+      },
+      [&](Ulysses& u, const Ulysses::Shards& h, Scratch& s) { u.outputs_to_sequence(h, o, lse, s, stream); });
 }
 
 void usp_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                   const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                   const attention::Options& opts, int ulysses_degree, CUstream stream) {
-  const UspDims ud = usp_dims(d, ulysses_degree);
-  Ulysses u(st, ud.ulysses);
-  Scratch s(st.usp_scratch_base(ulysses_bytes(ud.ulysses, u.mine(), true, 0), stream));
-  const Ulysses::Shards h = u.shards(s, true);
-  const CUstream comm = st.comm_stream.handle();
-  st.join(comm, stream, 0);
-  {
-    Peers group(st, ud.groups.group_ranks(d.rank));
-    u.inputs_to_heads(q, k, v, h, s, &o, &do_, &lse);
-  }
-  st.join(stream, comm, 1);
-  {
-    Peers ring(st, ud.groups.ring_ranks(d.rank));
-    ring_backward(st, ud.ring, h.q, h.k, h.v, h.o, h.do_, h.lse, h.dq, h.dk, h.dv,
-                  head_options(opts, u.q_heads(ud.ulysses.rank), d.Hq), stream);
-  }
-  st.join(comm, stream, 2);
-  Peers group(st, ud.groups.group_ranks(d.rank));
-  u.gradients_to_sequence(h, dq, dk, dv, s, stream);
-  st.join(stream, comm, 3);
+  usp_call(
+      st, d, ulysses_degree, true, opts, stream,
+      [&](Ulysses& u, const Ulysses::Shards& h, Scratch& s) { u.inputs_to_heads(q, k, v, h, s, &o, &do_, &lse); },
+      [&](const Dims& ring, const Ulysses::Shards& h, const attention::Options& a) {
+        ring_backward(st, ring, h.q, h.k, h.v, h.o, h.do_, h.lse, h.dq, h.dk, h.dv, a, stream);
+      },
+      [&](Ulysses& u, const Ulysses::Shards& h, Scratch& s) { u.gradients_to_sequence(h, dq, dk, dv, s, stream); });
 }
 
 }  // namespace tilejit::cp::detail
