@@ -1,5 +1,6 @@
 // The pass pipeline. Read top to bottom, this is the table of contents of the JIT.
 #include "jit/compile.hpp"
+#include "jit/ptxas_workarounds.hpp"
 #include "jit/timing.hpp"
 
 #include <fmt/format.h>
@@ -210,6 +211,7 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
     out.backend_source = std::move(c.source);
     out.ptx = std::move(c.ptx);
   }
+  rewrite_integer_negations(out.ptx);  // (a ptxas bug: jit/ptxas_workarounds.hpp)
   out.timings.backend_ms = ms_since(t1);
   dump("backend", out.backend_source);
 

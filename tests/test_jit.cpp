@@ -8,6 +8,7 @@
 #include <set>
 
 #include "jit/compile.hpp"
+#include "jit/ptxas_workarounds.hpp"
 #include "jit/lower.hpp"
 #include "jit/scalar_facts.hpp"
 #include "kernels/attention/forward.hpp"
@@ -311,6 +312,43 @@ TEST_CASE("8/16-bit abs, neg, 0 - x and x * -1 never reach ptxas as abs.s16 / ne
       CHECK_MESSAGE(ptx.find("abs.s16") == std::string::npos, ptx);
     }
   }
+}
+
+TEST_CASE("integer negations reach ptxas as not + add 1: ptxas 13.0 drops one inside a fused VIMNMX3 (fuzzer seed 723574)") {
+  std::string ptx =
+      "\tneg.s32 \t%r23, %r1;\n"
+      "\t@%p3 neg.s16 %rs2, %rs1;\n"
+      "\tsub.s32 %r5, 0, %r4;\n"
+      "\tmul.lo.s32 %r7, %r6, -1;\n"
+      "\tmul.lo.u32 %r9, -1, %r8;\n"
+      "\tneg.s64 %rd2, %rd1;\n"          // 64-bit min/max is not fused: left alone
+      "\tsub.s32 %r11, %r10, %r1;\n"     // a real subtraction
+      "\tneg.f32 %f2, %f1;\n"
+      "\tmax.s32 %r12, %r23, %r5;";
+  CHECK(jit::rewrite_integer_negations(ptx) == 5);
+  CHECK(ptx == "\t{ .reg .b32 %tj_not; not.b32 %tj_not, %r1; add.s32 %r23, %tj_not, 1; }\n"
+               "\t{ .reg .b16 %tj_not; @%p3 not.b16 %tj_not, %rs1; @%p3 add.s16 %rs2, %tj_not, 1; }\n"
+               "\t{ .reg .b32 %tj_not; not.b32 %tj_not, %r4; add.s32 %r5, %tj_not, 1; }\n"
+               "\t{ .reg .b32 %tj_not; not.b32 %tj_not, %r6; add.s32 %r7, %tj_not, 1; }\n"
+               "\t{ .reg .b32 %tj_not; not.b32 %tj_not, %r8; add.s32 %r9, %tj_not, 1; }\n"
+               "\tneg.s64 %rd2, %rd1;\n"
+               "\tsub.s32 %r11, %r10, %r1;\n"
+               "\tneg.f32 %f2, %f1;\n"
+               "\tmax.s32 %r12, %r23, %r5;");
+  for (DType d : {i32, i16, i8})
+    for (jit::Backend be : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+      INFO(ir::name(d) << " " << jit::to_string(be));
+      jit::CompileOptions o;
+      o.backend = be;
+      o.make_cubin = !jit::find_ptxas().empty();
+      o.ptx_tool = jit::PtxTool::Ptxas;
+      const jit::CompiledKernel k = jit::compile(test_kernels::negated_min_max().build({{"DTYPE", d}}), o);
+      CHECK(k.ptx.find(".entry negated_min_max") != std::string::npos);
+      CHECK(k.ptx.find("not.b") != std::string::npos);
+      CHECK_MESSAGE(k.ptx.find("neg.s32") == std::string::npos, k.ptx);
+      CHECK_MESSAGE(k.ptx.find("neg.s16") == std::string::npos, k.ptx);
+      if (o.make_cubin) CHECK(!k.cubin.empty());
+    }
 }
 
 TEST_CASE("constant i32 window offsets near 2^31 are computed in 64 bits: nvrtc cannot rebuild an index from a wrapping sum") {

@@ -455,6 +455,24 @@ inline const Kernel& narrow_int_negation() {
   return k;
 }
 
+// Signed min/max of negated values (ptxas 13.0 dropped the inner max's second negation when it
+// fused two into VIMNMX3: fuzzer seed 723574): row max/min of -x, and max/min(max/min(-a, -b), -c).
+inline const Kernel& negated_min_max() {
+  static const Kernel k = kernel("negated_min_max", [](Builder& b) {
+    const DType d = b.meta<DType>("DTYPE", i32);
+    auto X = b.tensor("X", d, 2), Out = b.tensor("Out", i32, 2);
+    Tile x = load(X.block({0, 0}, {16, 32}));  // [16, 32]
+    Tile n = -x;
+    store(Out.block({0, 0}, {1, 16}), reshape(cast(i32, max(n, 1)), {1, 16}));
+    store(Out.block({1, 0}, {1, 16}), reshape(cast(i32, min(n, 1)), {1, 16}));
+    Tile a = load(X.block({0, 0}, {1, 32})), c = load(X.block({1, 0}, {1, 32})), e = load(X.block({2, 0}, {1, 32}));
+    store(Out.block({2, 0}, {1, 32}), cast(i32, maximum(maximum(-a, -c), -e)));
+    store(Out.block({3, 0}, {1, 32}), cast(i32, minimum(minimum(-a, -c), -e)));
+    store(Out.block({4, 0}, {1, 32}), cast(i32, maximum(maximum(a, -c), e)));
+  });
+  return k;
+}
+
 inline const Kernel& wrapping_window_offset() {
   static const Kernel k = kernel("wrapping_window_offset", [](Builder& b) {
     auto Src = b.tensor("Src", i32, 2);
