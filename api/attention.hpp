@@ -149,6 +149,15 @@ struct Options {
   // 1 - round((1 - p) * 256) / 256 (p = 0.1: 0.1015625), and kept values are scaled by its inverse.
   double dropout_p = 0;
   uint64_t seed = 0, offset = 0;
+  // Where this call sits in a larger attention whose keep-mask it must reproduce (context
+  // parallelism, or a caller that shards attention itself): query row i is row i + row_offset of
+  // that attention, key j is key j + col_offset, head h of batch b is bh = b * heads + head_offset + h
+  // (heads 0: this call's Hq). col_offset must be a multiple of 64 (whole Philox groups). All zero
+  // (the default): this call's own mask. dropout_mask receives the bits at this call's positions. Not
+  // with cu_seqlens or dropout_bits.
+  struct DropoutCoordinates {
+    int64_t row_offset = 0, col_offset = 0, head_offset = 0, heads = 0;
+  } dropout_coordinates;
   // The same seed and offset in device memory, read by the kernels when they run (then `seed` and
   // `offset` are ignored): i64 or u64 [2] = [seed, offset] on q's device, unit stride, 8-byte
   // aligned. For CUDA graphs: a replay re-reads it, so a graph that refreshes it before the call

@@ -37,11 +37,13 @@ inline double median(std::vector<double> v) {
 inline constexpr int64_t kEmptyDims[1] = {0}, kUnitStride[1] = {1};
 inline const runtime::TensorView no_rng_state{ir::DType::u32, kEmptyDims, kUnitStride, 0, 0};
 
-// The dropout key (seed 1234, offset 7, probability p) appended to a kernel's arguments.
+// The attention kernels' dropout arguments (seed 1234, offset 7, probability p; the call's own
+// mask coordinates) appended to a kernel's arguments.
 inline void add_dropout_key(std::vector<runtime::DeviceArg>& args, double p) {
   for (uint32_t v : {1234u, 0u, 7u, 0u, kernels::dropout_keep_threshold(p)}) args.emplace_back(v);
   args.emplace_back(no_rng_state);
   args.emplace_back(0u);
+  for (int i = 0; i < 4; ++i) args.emplace_back(int32_t{0});  // dropout_row_offset .. dropout_heads
 }
 
 // "A,B=0,C=1" -> {A: true, B: false, C: true}: the bool metas of --with.

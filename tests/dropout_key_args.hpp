@@ -2,6 +2,7 @@
 // (kernels::DropoutKey::declare): seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold, then
 // rng_state and rng_state_in_memory.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -19,6 +20,17 @@ inline std::vector<tilejit::runtime::Arg> dropout_key_args(const tilejit::kernel
   static tilejit::runtime::HostTensor none(tilejit::ir::DType::u32, {0});
   return {static_cast<uint32_t>(r.seed), static_cast<uint32_t>(r.seed >> 32), static_cast<uint32_t>(r.offset),
           static_cast<uint32_t>(r.offset >> 32), r.keep_threshold, state ? *state : none, static_cast<uint32_t>(state != nullptr)};
+}
+
+// The attention kernels' dropout arguments (kernels::AttentionDropout): the key's, then its
+// coordinates in a larger attention (dropout_row_offset, dropout_col_offset, dropout_head_offset,
+// dropout_heads; all 0: the call's own mask).
+inline std::vector<tilejit::runtime::Arg> attention_dropout_args(const tilejit::kernels::DropoutRngHost& r,
+                                                                 tilejit::runtime::HostTensor* state = nullptr,
+                                                                 std::array<int32_t, 4> coordinates = {}) {
+  std::vector<tilejit::runtime::Arg> args = dropout_key_args(r, state);
+  for (int32_t c : coordinates) args.emplace_back(c);
+  return args;
 }
 
 // A u32 [4] host tensor holding seed and offset as the kernels read rng_state.

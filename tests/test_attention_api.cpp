@@ -327,6 +327,28 @@ TEST_CASE("attention API: dropout options") {
   c.opts.dropout_bits = contiguous(kBase + 0xd000000, DType::u32, {16, 100, 10});
   c.opts.schedule = Schedule{.block_m = 64, .block_n = 16, .num_warps = 4, .stages = 2};
   CHECK_FWD_ERROR(c, "options.schedule.block_n = 16 with options.dropout_bits", "multiple of 32");
+  // global coordinates (context parallelism): where the call sits in a larger attention's mask
+  c = Call{};
+  c.opts.dropout_p = 0.1;
+  c.opts.dropout_coordinates = {.row_offset = 4096, .col_offset = 8192, .head_offset = 16, .heads = 64};
+  CHECK_NOTHROW(c.check_fwd());
+  if (backward_available()) CHECK_NOTHROW(c.check_bwd());
+  c.opts.dropout_mask = contiguous(kBase + 0xc000000, DType::u8, {16, 100, 300});
+  CHECK_NOTHROW(c.check_fwd());  // (the returned mask is written at this call's positions)
+  c.opts.dropout_mask.reset();
+  c.opts.dropout_coordinates.col_offset = 100;
+  CHECK_FWD_ERROR(c, "options.dropout_coordinates.col_offset = 100 is not a multiple of 64");
+  c.opts.dropout_coordinates.col_offset = 0;
+  c.opts.dropout_coordinates.row_offset = -1;
+  CHECK_FWD_ERROR(c, "options.dropout_coordinates.row_offset = -1");
+  c.opts.dropout_coordinates.row_offset = (int64_t{1} << 31) - 50;
+  CHECK_FWD_ERROR(c, "row_offset = 2147483598; it must be in [0, 2^31 - 100]");
+  c.opts.dropout_coordinates.row_offset = 0;
+  c.opts.dropout_coordinates.heads = 20;
+  CHECK_FWD_ERROR(c, "options.dropout_coordinates.heads = 20", "at least head_offset + Hq = 16 + 8");
+  c.opts.dropout_coordinates.heads = 0;
+  c.opts.dropout_bits = contiguous(kBase + 0xd000000, DType::u32, {16, 100, 10});
+  CHECK_FWD_ERROR(c, "options.dropout_coordinates with options.dropout_bits");
 
   // seed and offset in device memory (CUDA graphs): i64 / u64 [2], 8-byte aligned, only with dropout
   c = Call{};

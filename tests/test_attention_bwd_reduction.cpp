@@ -123,7 +123,7 @@ struct Tail {
   explicit Tail(const Problem& p) : mask(p.spec, p.data()) {
     if (p.dropout_p == 0) return;
     const km::DropoutRngHost rng = p.rng();
-    dropout = testing::dropout_key_args(rng);
+    dropout = testing::attention_dropout_args(rng);
     if (p.dropout_bits) {
       const std::vector<uint32_t> packed = km::dropout_mask_packed_host(rng, p.B * p.Hq, p.Sq, p.Sk);
       bits = HostTensor(u32, {p.B * p.Hq, p.Sq, (p.Sk + 31) / 32});
@@ -357,7 +357,8 @@ TEST_CASE("parameter order of the dK/dV kernel with DQ_REDUCTION and of the conv
   const std::vector<std::string> head{"Q", "K", "V", "dO", "LSE", "Delta", "dK", "dV"};
   const std::vector<std::string> tail{"softmax_scale",  "seed_lo",   "seed_hi",
                                          "offset_lo",      "offset_hi", "keep_threshold",
-                                         "rng_state",      "rng_state_in_memory", "dropout_bits"};
+                                         "rng_state",      "rng_state_in_memory", "dropout_row_offset",
+                                         "dropout_col_offset", "dropout_head_offset", "dropout_heads", "dropout_bits"};
   for (auto [red, ws] : {std::pair{1, "dQ_accum"}, std::pair{2, "dQ_parts"}}) {
     std::vector<std::string> want = head;
     want.push_back(ws);

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -32,13 +33,25 @@ namespace {
 struct Rng {
   uint64_t seed = 0x0123456789abcdefULL, offset = 0xfedcba9876543210ULL;
   double p = 0.1;
+  // where the call sits in a larger attention: row_offset, col_offset, head_offset, heads
+  // (kernels::DropoutCoordinates; all 0: its own mask)
+  std::array<int32_t, 4> coordinates{};
+  // the mask's coordinates of the call's (bh = b * Hq + h, i, j)
+  uint32_t global_bh(int bh, int heads_q) const {
+    const int heads = coordinates[3] ? coordinates[3] : heads_q;
+    return static_cast<uint32_t>(bh / heads_q * heads + coordinates[2] + bh % heads_q);
+  }
+  bool keep(int bh, int heads_q, int i, int j) const {
+    return kernels::dropout_keep_host(host(), global_bh(bh, heads_q), static_cast<uint32_t>(i + coordinates[0]),
+                                      static_cast<uint32_t>(j + coordinates[1]));
+  }
   uint32_t threshold() const { return kernels::dropout_keep_threshold(p); }
   kernels::DropoutRngHost host() const { return {seed, offset, threshold()}; }
   // 1 / (effective keep probability): what kept values are scaled by
   double scale() const { return 256.0 / threshold(); }
   // the kernels' trailing scalar parameters
   std::vector<runtime::Arg> args() const {
-    return testing::dropout_key_args(host());
+    return testing::attention_dropout_args(host(), nullptr, coordinates);
   }
 };
 
@@ -56,7 +69,6 @@ struct DropoutRef {
 // in the mask's coordinates (varlen: the sequence).
 DropoutRef dropout_ref(const Case& c, const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor* dout,
                        double scale, const Rng& rng, int batch0 = 0) {
-  const kernels::DropoutRngHost host = rng.host();
   const double s = rng.scale();
   DropoutRef r;
   const auto nq = static_cast<size_t>(c.B) * static_cast<size_t>(c.Hq) * static_cast<size_t>(c.Sq);
@@ -71,14 +83,14 @@ DropoutRef dropout_ref(const Case& c, const HostTensor& q, const HostTensor& k, 
   for (int b = 0; b < c.B; ++b)
     for (int h = 0; h < c.Hq; ++h) {
       const int kh = c.kv_head(h);
-      const auto bh = static_cast<uint32_t>((batch0 + b) * c.Hq + h);
+      const int bh = (batch0 + b) * c.Hq + h;
       for (int i = 0; i < c.Sq; ++i) {
         double lse = 0;
         const std::vector<double> p = testing::attention_row(c, q, k, b, h, i, scale, lse);
         r.lse[testing::flat_index({c.B, c.Hq, c.Sq}, {b, h, i})] = lse;
         std::vector<double> pd(p.size());  // dropped and rescaled
         for (size_t j = 0; j < p.size(); ++j)
-          pd[j] = kernels::dropout_keep_host(host, bh, static_cast<uint32_t>(i), static_cast<uint32_t>(j)) ? p[j] * s : 0.0;
+          pd[j] = rng.keep(bh, c.Hq, i, static_cast<int>(j)) ? p[j] * s : 0.0;
         double delta = 0;
         for (int d = 0; d < c.D; ++d) {
           double o = 0;
@@ -144,7 +156,7 @@ void check_dropout(const Case& c, const Rng& rng, Blocks blocks = {}, DType dtyp
 
   // rng = precomputed: dK/dV and dQ reading the packed mask (DROPOUT_BITS) give the fused
   // backward's gradients bit for bit (whole 32-column words: BLOCK_N a multiple of 32).
-  if (blocks.n % 32 == 0) {
+  if (blocks.n % 32 == 0 && rng.coordinates == std::array<int32_t, 4>{}) {  // (bits are the call's own mask)
     const int64_t words = (c.Sk + 31) / 32;
     const std::vector<uint32_t> packed = kernels::dropout_mask_packed_host(rng.host(), c.B * c.Hq, c.Sq, c.Sk);
     HostTensor bits(u32, {c.B * c.Hq, c.Sq, words});
@@ -181,7 +193,6 @@ void check_dropout(const Case& c, const Rng& rng, Blocks blocks = {}, DType dtyp
   CHECK(e_delta < 1e-2);
 
   // The returned mask: the host mask bit for bit where written; written at every visible element.
-  const kernels::DropoutRngHost host = rng.host();
   int64_t wrong = 0, unwritten_visible = 0, kept = 0, visible = 0;
   for (int bh = 0; bh < c.B * c.Hq; ++bh)
     for (int i = 0; i < c.Sq; ++i)
@@ -192,7 +203,7 @@ void check_dropout(const Case& c, const Rng& rng, Blocks blocks = {}, DType dtyp
           unwritten_visible += vis ? 1 : 0;
           continue;
         }
-        const bool keep = kernels::dropout_keep_host(host, static_cast<uint32_t>(bh), static_cast<uint32_t>(i), static_cast<uint32_t>(j));
+        const bool keep = rng.keep(bh, c.Hq, i, j);
         wrong += (m == 1) != keep || (m != 0 && m != 1) ? 1 : 0;
         if (vis) ++visible, kept += m == 1 ? 1 : 0;
       }
@@ -209,6 +220,52 @@ void check_dropout(const Case& c, const Rng& rng, Blocks blocks = {}, DType dtyp
 TEST_CASE("attention dropout: grouped-query heads, S_q != S_k, full and causal, p = 0.1 and 0.5") {
   for (double p : {0.1, 0.5})
     for (bool causal : {false, true}) check_dropout({1, 4, 2, 70, 130, 64, causal, false}, Rng{.p = p});
+}
+
+TEST_CASE("attention dropout: a call placed in a larger attention (global coordinates) draws that attention's mask") {
+  // rows 96.., keys 128.., heads 3.. of 11 (context parallelism's shards), forward and backward
+  for (bool causal : {false, true})
+    check_dropout({2, 4, 2, 70, 130, 64, causal, false}, Rng{.p = 0.3, .coordinates = {96, 128, 3, 11}});
+  check_dropout({1, 2, 1, 100, 64, 64, true, true}, Rng{.seed = 9, .p = 0.5, .coordinates = {0, 64, 0, 0}}, {32, 64});
+}
+
+TEST_CASE("attention dropout: the forward on a slice of the heads, placed by head_offset, equals the whole call's heads bit for bit") {
+  const Case c{2, 4, 2, 64, 96, 64, true, false};
+  HostTensor q(bf16, c.q_shape()), k(bf16, c.kv_shape()), v(bf16, c.kv_shape()), o(bf16, c.q_shape());
+  HostTensor lse(f32, {c.B, c.Hq, c.Sq});
+  q.fill_normal(41, 0, 1), k.fill_normal(42, 0, 1), v.fill_normal(43, 0, 1);
+  const auto scale = static_cast<float>(c.default_scale());
+  const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", c.D}, {"CAUSAL", true}, {"BSHD", false}, {"DROPOUT", true}};
+  const Rng whole{.p = 0.25};
+  runtime::interpret(kernels::attention_forward().build(meta), {cdiv(c.Sq, 64), c.Hq, c.B}, concat({q, k, v, o, lse, scale}, whole.args()));
+  // heads [2, 4) with their key/value head (group of 2): [B, 2, S, D] slices
+  const Case half{2, 2, 1, 64, 96, 64, true, false};
+  HostTensor qh(bf16, half.q_shape()), kh(bf16, half.kv_shape()), vh(bf16, half.kv_shape()), oh(bf16, half.q_shape());
+  HostTensor lseh(f32, {half.B, half.Hq, half.Sq});
+  for (int b = 0; b < c.B; ++b)
+    for (int s = 0; s < 96; ++s)
+      for (int d = 0; d < c.D; ++d) {
+        if (s < 64)
+          for (int h = 0; h < 2; ++h) qh.set(half.at(b, h, s, d), q.get(c.at(b, 2 + h, s, d)));
+        kh.set(half.at(b, 0, s, d), k.get(c.at(b, 1, s, d)));
+        vh.set(half.at(b, 0, s, d), v.get(c.at(b, 1, s, d)));
+      }
+  const Rng placed{.p = 0.25, .coordinates = {0, 0, 2, 4}};
+  runtime::interpret(kernels::attention_forward().build(meta), {cdiv(half.Sq, 64), half.Hq, half.B},
+                     concat({qh, kh, vh, oh, lseh, scale}, placed.args()));
+  int64_t differ = 0;
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < 2; ++h)
+      for (int s = 0; s < 64; ++s)
+        for (int d = 0; d < c.D; ++d) differ += oh.get(half.at(b, h, s, d)) != o.get(c.at(b, 2 + h, s, d)) ? 1 : 0;
+  CHECK(differ == 0);
+  // and the slice's own mask (no coordinates) is another one
+  HostTensor own(bf16, half.q_shape());
+  runtime::interpret(kernels::attention_forward().build(meta), {cdiv(half.Sq, 64), half.Hq, half.B},
+                     concat({qh, kh, vh, own, lseh, scale}, whole.args()));
+  int64_t own_differ = 0;
+  for (int64_t e = 0; e < own.numel(); ++e) own_differ += own.get_flat(e) != oh.get_flat(e) ? 1 : 0;
+  CHECK(own_differ > 0);
 }
 
 TEST_CASE("attention dropout: [B, S, H, D], multi-query heads, causal with S_q > S_k (key-less rows), BLOCK_M != BLOCK_N") {
@@ -420,9 +477,10 @@ TEST_CASE("attention dropout: RETURN_MASK needs DROPOUT; the backward kernels de
     const ir::Function fn = kern->build({{"DROPOUT", true}});
     std::vector<std::string> names;
     for (const ir::Param& p : fn.params) names.push_back(p.name);
-    CHECK(names.size() >= 7);
-    CHECK(std::vector<std::string>(names.end() - 7, names.end()) ==
-          std::vector<std::string>{"seed_lo", "seed_hi", "offset_lo", "offset_hi", "keep_threshold", "rng_state", "rng_state_in_memory"});
+    CHECK(names.size() >= 11);
+    CHECK(std::vector<std::string>(names.end() - 11, names.end()) ==
+          std::vector<std::string>{"seed_lo", "seed_hi", "offset_lo", "offset_hi", "keep_threshold", "rng_state", "rng_state_in_memory",
+                                   "dropout_row_offset", "dropout_col_offset", "dropout_head_offset", "dropout_heads"});
   }
 }
 

@@ -179,7 +179,7 @@ struct Gradients {
 std::vector<rt::Arg> dropout_args(const Problem& p) {
   if (p.dropout_p == 0) return {};
   const km::DropoutRngHost rng = p.rng();
-  return testing::dropout_key_args(rng);
+  return testing::attention_dropout_args(rng);
 }
 
 // Preprocess, pre-pass (when the kind needs it), dK/dV and dQ in the interpreter; `meta` adds to
@@ -396,7 +396,8 @@ TEST_CASE("parameter order: the kernel's, dropout's, dropout_bits, the mask's, t
   const std::vector<std::string> dkdv_own{"Q", "K", "V", "dO", "LSE", "Delta", "dK", "dV", "softmax_scale"};
   const std::vector<std::string> dq_own{"Q", "K", "V", "dO", "LSE", "Delta", "dQ", "softmax_scale"};
   const std::vector<std::string> dropout{"seed_lo",   "seed_hi",           "offset_lo", "offset_hi", "keep_threshold",
-                                             "rng_state", "rng_state_in_memory", "dropout_bits"};
+                                             "rng_state", "rng_state_in_memory", "dropout_row_offset", "dropout_col_offset",
+                                             "dropout_head_offset", "dropout_heads", "dropout_bits"};
   for (int kind = 0; kind < km::kMaskKindCount; ++kind)
     for (bool kv_major : {true, false}) {
       const MaskKind mk = static_cast<MaskKind>(kind);

@@ -388,7 +388,11 @@ TEST_CASE("cp/runner: bad arguments are refused before anything runs") {
   refused(sw, "mode ring takes the full and causal masks only");
   Options drop = opts;
   drop.attention.dropout_p = 0.1;
-  refused(drop, "no dropout yet");
+  refused(drop, "mode ring has no dropout yet (ulysses has");
+  Options uly_bits = drop;
+  uly_bits.mode = Mode::ulysses;
+  uly_bits.attention.dropout_bits = q;
+  refused(uly_bits, "options.attention.dropout_mask / dropout_bits: a per-call mask tensor");
   Options uly = opts;
   uly.mode = Mode::ulysses;
   const auto q3 = contiguous(base, DType::bf16, {1, 8, 3, 64}), o3 = contiguous(base + 0x300000, DType::bf16, {1, 8, 3, 64});

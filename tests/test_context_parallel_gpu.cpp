@@ -92,6 +92,7 @@ struct Problem {
   HostTensor q, k, v, dout;
   std::optional<kernels::MaskSpec> mask;  // a library mask instead (document ids in `docs`, for every batch)
   std::vector<int32_t> docs;
+  double dropout_p = 0;  // dropout (seed kSeed, offset kOffset): the single-GPU call's mask, compared bit for bit
   bool allowed(int64_t i, int64_t j) const {
     if (!mask) return !causal || j <= i;
     kernels::MaskData data;
@@ -182,10 +183,20 @@ HostTensor doc_tensor(const Problem& p) {
   return t;
 }
 
+// Dropout's Philox key in the cases with dropout.
+constexpr uint64_t kSeed = 0x5eed0123456789abULL, kOffset = 0x42;
+
+void set_dropout(attention::Options& opts, const Problem& p) {
+  opts.dropout_p = p.dropout_p;
+  opts.seed = kSeed;
+  opts.offset = kOffset;
+}
+
 // The single-GPU call on the whole sequence (device 0).
 Outputs single_gpu(const Problem& p) {
   attention::Options opts;
   opts.causal = p.causal;
+  set_dropout(opts, p);
   Device q = upload(p.q, 0), k = upload(p.k, 0), v = upload(p.v, 0), dout = upload(p.dout, 0);
   Device docs = upload(doc_tensor(p), 0);
   if (p.mask) opts.mask = attention::Mask{*p.mask, {}, {}, {}};
@@ -247,6 +258,7 @@ Outputs context_parallel(const Problem& p, int W, cp::Mode mode, cp::Layout layo
       opts.ulysses_degree = ulysses_degree;
       opts.head_groups = head_groups;
       opts.attention.causal = p.causal;
+      set_dropout(opts.attention, p);
       Device docs = upload(doc_tensor(p), r);  // the whole sequence's ids, on every rank
       if (p.mask) opts.attention.mask = attention::Mask{*p.mask, {}, {}, {}};
       if (p.mask && kernels::mask_uses_doc_ids(p.mask->kind)) opts.attention.mask->doc_ids = docs.t;
@@ -311,17 +323,18 @@ double max_abs(const std::vector<double>& a, const std::vector<double>& b) {
 }
 
 void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int S, std::optional<kernels::MaskSpec> mask = {},
-                int ulysses_degree = 0, int Hq = 4, int Hkv = 2, int head_groups = 0) {
-  const std::string what = fmt::format("{}{} {} W={} causal={} B={} S={} Hq={} Hkv={}{}{}", cp::name(mode),
+                int ulysses_degree = 0, int Hq = 4, int Hkv = 2, int head_groups = 0, double dropout_p = 0) {
+  const std::string what = fmt::format("{}{} {} W={} causal={} B={} S={} Hq={} Hkv={}{}{}{}", cp::name(mode),
                                        ulysses_degree ? fmt::format(" U={}", ulysses_degree) : "", cp::name(layout), W, causal, B, S, Hq,
                                        Hkv, head_groups ? fmt::format(" head_groups={}", head_groups) : "",
-                                       mask ? std::string(" mask ") + kernels::mask_kind_name(mask->kind) : "");
+                                       mask ? std::string(" mask ") + kernels::mask_kind_name(mask->kind) : "",
+                                       dropout_p > 0 ? fmt::format(" dropout {}", dropout_p) : "");
   CAPTURE(what);
   HangGuard guard(what, std::chrono::seconds(300));
   std::mt19937 rng(static_cast<unsigned>(S * 31 + W * 7 + causal));
   const int D = 128;
   Problem p{B, Hq, Hkv, S, D, causal, random_bf16({B, S, Hq, D}, rng), random_bf16({B, S, Hkv, D}, rng), random_bf16({B, S, Hkv, D}, rng),
-            random_bf16({B, S, Hq, D}, rng), mask, {}};
+            random_bf16({B, S, Hq, D}, rng), mask, {}, dropout_p};
   for (int i = 0, doc = 0; i < S; ++i) {  // documents of ~S / 8 tokens
     if (rng() % static_cast<unsigned>(S / 8) == 0) ++doc;
     p.docs.push_back(doc);
@@ -341,6 +354,7 @@ void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int
   const bool exact = mode == cp::Mode::ulysses && (Hq / W) % (Hq / Hkv) == 0;
   for (auto [name, single, cpv, ref] : outs) {
     if (exact) CHECK_MESSAGE(*single == *cpv, name, " differs from the single-GPU call (ulysses must be bit-identical)");
+    if (dropout_p > 0) continue;  // (the float64 reference has no dropout: bit-identity to one GPU is the check)
     const double e1 = max_abs(*single, *ref), ecp = max_abs(*cpv, *ref);
     const size_t at = worst(*cpv, *ref);
     const int64_t row_elems = std::string(name) == "lse" ? 1 : (std::string(name)[1] == 'k' || std::string(name)[1] == 'v' ? Hkv : Hq) * D;
@@ -472,6 +486,9 @@ TEST_CASE("cp/gpu: every mode on 2 GPUs equals one GPU") {
   // groups): still bit for bit the single-GPU call
   for (int G : {0, 1, 2}) check_case(2, cp::Mode::ulysses, cp::Layout::zigzag, true, 1, 1000, {}, 0, 8, 4, G);
   check_case(2, cp::Mode::ulysses, cp::Layout::zigzag, false, 1, 1000, kernels::MaskSpec::causal_document(), 0, 8, 4, 2);
+  // ulysses with dropout: each rank's heads placed in the whole call's mask (dropout_coordinates),
+  // so the keep-mask, outputs and gradients are the single-GPU call's bit for bit
+  for (int G : {1, 2}) check_case(2, cp::Mode::ulysses, cp::Layout::zigzag, true, 2, 1000, {}, 0, 8, 4, G, 0.1);
 }
 
 TEST_CASE("cp/gpu: every mode on 4 GPUs equals one GPU") {
@@ -484,4 +501,5 @@ TEST_CASE("cp/gpu: every mode on 4 GPUs equals one GPU") {
   // usp: two Ulysses groups of 2, a ring of 2 across them (Hq 4 / Hkv 2: one whole GQA group a member)
   for (bool causal : {false, true}) check_case(4, cp::Mode::usp, cp::Layout::zigzag, causal, 2, 1000, {}, 2);
   check_case(4, cp::Mode::ulysses, cp::Layout::zigzag, true, 1, 1000, {}, 0, 16, 8, 2);
+  check_case(4, cp::Mode::ulysses, cp::Layout::zigzag, false, 1, 1000, {}, 0, 16, 8, 2, 0.2);
 }

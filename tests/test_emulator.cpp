@@ -332,8 +332,8 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
       // the key as scalars for the interpreter, from memory (wrong scalars beside it) for the emulator
       std::vector<runtime::Arg> ref_tail{scale}, emu_tail{scale};
       if (dropout) {
-        for (const runtime::Arg& a : testing::dropout_key_args(rng)) ref_tail.push_back(a);
-        for (const runtime::Arg& a : testing::dropout_key_args(wrong, &state)) emu_tail.push_back(a);
+        for (const runtime::Arg& a : testing::attention_dropout_args(rng)) ref_tail.push_back(a);
+        for (const runtime::Arg& a : testing::attention_dropout_args(wrong, &state)) emu_tail.push_back(a);
       }
       // forward: o, lse
       {

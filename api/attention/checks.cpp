@@ -114,6 +114,32 @@ void check_lse(const Checker& c, const Tensor& q, const Tensor& lse, const Dims&
            d.varlen ? fmt::format("[{},{}]", d.heads_q, d.total_q) : fmt::format("[{},{},{}]", d.batch, d.heads_q, d.seq_q));
 }
 
+// options.dropout_coordinates as the kernels take them: offsets in [0, 2^31), col_offset a multiple
+// of 64, heads 0 or at least head_offset + Hq; not with varlen or precomputed bits.
+kernels::DropoutCoordinates check_dropout_coordinates(const Checker& c, const Options& opts, const Dims& d) {
+  const auto& g = opts.dropout_coordinates;
+  if (g.row_offset == 0 && g.col_offset == 0 && g.head_offset == 0 && g.heads == 0) return {};
+  constexpr int64_t kMax = INT32_MAX;
+  auto in_range = [&](const char* name, int64_t v, int64_t extent) {
+    if (v < 0 || v + extent > kMax)
+      c.fail("options.dropout_coordinates.{} = {}; it must be in [0, 2^31 - {}] (the kernels' coordinates are 32-bit)", name, v,
+             extent);
+  };
+  in_range("row_offset", g.row_offset, d.seq_q);
+  in_range("col_offset", g.col_offset, d.seq_k);
+  in_range("head_offset", g.head_offset, d.heads_q);
+  if (g.col_offset % 64 != 0)
+    c.fail("options.dropout_coordinates.col_offset = {} is not a multiple of 64 (the kernels draw the mask in groups of 64 keys)",
+           g.col_offset);
+  if (g.heads != 0 && (g.heads < g.head_offset + d.heads_q || g.heads > kMax))
+    c.fail("options.dropout_coordinates.heads = {}; it must be 0 (this call's Hq) or at least head_offset + Hq = {} + {}", g.heads,
+           g.head_offset, d.heads_q);
+  if (d.varlen) c.fail("options.dropout_coordinates: not with cu_seqlens (a packed batch's mask is per sequence)");
+  if (opts.dropout_bits) c.fail("options.dropout_coordinates with options.dropout_bits: precomputed bits are the call's own (unset one)");
+  return {static_cast<int32_t>(g.row_offset), static_cast<int32_t>(g.col_offset), static_cast<int32_t>(g.head_offset),
+          static_cast<int32_t>(g.heads)};
+}
+
 // Dropout: p in [0, 1); the mask for tests (forward); the precomputed bits (fills d.dropout,
 // d.philox, d.rng_state, d.return_mask, d.read_bits).
 void check_dropout_options(const Checker& c, const Tensor& q, const Options& opts, Dims& d, bool backward) {
@@ -125,6 +151,7 @@ void check_dropout_options(const Checker& c, const Tensor& q, const Options& opt
       if ((p == Pass::forward || backward) && !declares(p, mn::kDropout))
         c.fail("options.dropout_p = {}: this build's {} kernel has no DROPOUT meta (dropout is not supported)", opts.dropout_p, name(p));
     d.philox = kernels::PhiloxKey::dropout(opts.seed, opts.offset, opts.dropout_p);
+    d.philox.coordinates = check_dropout_coordinates(c, opts, d);
   }
   if (opts.rng_state) {
     if (!d.dropout) c.fail("options.rng_state is set but options.dropout_p = 0 (the state is dropout's; set dropout_p > 0)");

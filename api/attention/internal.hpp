@@ -286,11 +286,13 @@ uint64_t check_rng_state(const Checker& c, const Tensor& s, int device);
 class KernelArgs {
  public:
   void set(kernels::Arg a, runtime::DeviceArg v) { slots_[kernels::arg_index(a)] = v; }
-  // The dropout key: the five scalars (seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold) and,
+  // The dropout key: the five scalars (seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold), its
+  // coordinates (the attention kernels' dropout_row_offset ... dropout_heads) and,
   // when rng_state != 0, that device address of [seed, offset] (read instead; else a null pointer).
   void set_dropout(const kernels::PhiloxKey& key, uint64_t rng_state, int device) {
     static constexpr int64_t kWords[1] = {4}, kEmpty[1] = {0}, kUnit[1] = {1};
     for (const auto& [a, v] : key.arguments()) set(a, v);
+    for (const auto& [a, v] : key.coordinates.arguments()) set(a, v);
     set(kernels::Arg::rng_state, runtime::TensorView{ir::DType::u32, rng_state ? kWords : kEmpty, kUnit, rng_state, device});
     set(kernels::Arg::rng_state_in_memory, static_cast<uint32_t>(rng_state != 0));
   }

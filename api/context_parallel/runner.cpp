@@ -165,8 +165,13 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
     if (a.score_mod.kind != kernels::ScoreModKind::none)
       fail(fn, "options.attention.score_mod: mode {} takes none (ulysses takes every score mod)", name(opts.mode));
   }
-  if (a.dropout_p != 0) fail(fn, "options.attention.dropout_p is {}; context parallelism has no dropout yet (0 only)", a.dropout_p);
-  if (a.dropout_mask || a.dropout_bits) fail(fn, "options.attention.dropout_mask / dropout_bits: no dropout with context parallelism yet");
+  // Ulysses runs whole rows per head: the single-GPU keep-mask placed at the rank's heads
+  // (head_options). The chunk modes need per-call row and key offsets: not yet.
+  if (a.dropout_p != 0 && opts.mode != Mode::ulysses)
+    fail(fn, "options.attention.dropout_p is {}: mode {} has no dropout yet (ulysses has; 0 otherwise)", a.dropout_p, name(opts.mode));
+  if (a.dropout_mask || a.dropout_bits)
+    fail(fn, "options.attention.dropout_mask / dropout_bits: a per-call mask tensor; not with context parallelism (the fused mask "
+         "is the single-GPU one)");
   if (a.cu_seqlens_q || a.cu_seqlens_k) fail(fn, "options.attention.cu_seqlens: context parallelism takes dense batches only yet");
   if (a.block_mask) fail(fn, "options.attention.block_mask: a block mask is built for one GPU's call; not with context parallelism");
   if (a.dq_reduction != attention::DqReduction::recompute)

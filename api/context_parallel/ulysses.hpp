@@ -295,9 +295,15 @@ inline size_t ulysses_bytes(const Dims& d, const UlyssesHeads& mine, bool backwa
 }
 
 // The call's options on this rank's heads: per-head tensors (ALiBi slopes, a per-head block table)
-// sliced to them.
+// sliced to them; dropout placed at the heads' global index, so that the keep-mask is the
+// single-GPU call's (composed with coordinates the caller gave for the whole call).
 inline attention::Options head_options(const attention::Options& opts, HeadRange h, int64_t Hq) {
   attention::Options a = opts;
+  if (a.dropout_p > 0) {
+    auto& c = a.dropout_coordinates;
+    if (c.heads == 0) c.heads = Hq;
+    c.head_offset += h.begin;
+  }
   if (a.score_mod.alibi_slopes) {
     Tensor& t = *a.score_mod.alibi_slopes;
     t.data += static_cast<uint64_t>(h.begin * t.stride(0) * 4);

@@ -37,6 +37,8 @@ enum class Arg : uint8_t {
   // and the packed bits the dropout_mask kernel writes (its Mask)
   seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold,
   rng_state, rng_state_in_memory,  // (seed, offset) in device memory instead, when the flag is set
+  // where the call sits in a larger attention's mask (AttentionDropout; DropoutCoordinates)
+  dropout_row_offset, dropout_col_offset, dropout_head_offset, dropout_heads,
   dropout_mask, dropout_bits, Mask,
   // the dK/dV kernel's dQ reduction buffers (DQ_REDUCTION)
   dQ_accum, dQ_parts, dQ_semaphores,
@@ -59,16 +61,32 @@ std::optional<Arg> argument_of(std::string_view parameter);
 // The name the kernels declare `a` under.
 std::string_view argument_name(Arg a);
 
+// Where an attention call's keep-mask sits in a larger attention's (AttentionDropout): query row i
+// is row i + row_offset, key j is key j + col_offset, head h of batch b is bh = b * heads +
+// head_offset + h (heads 0: the call's own). All zero: the call's own mask.
+struct DropoutCoordinates {
+  int32_t row_offset = 0, col_offset = 0, head_offset = 0, heads = 0;
+  bool is_own() const { return row_offset == 0 && col_offset == 0 && head_offset == 0 && heads == 0; }
+  std::array<std::pair<Arg, uint32_t>, 4> arguments() const {
+    return {{{Arg::dropout_row_offset, static_cast<uint32_t>(row_offset)},
+             {Arg::dropout_col_offset, static_cast<uint32_t>(col_offset)},
+             {Arg::dropout_head_offset, static_cast<uint32_t>(head_offset)},
+             {Arg::dropout_heads, static_cast<uint32_t>(heads)}}};
+  }
+  bool operator==(const DropoutCoordinates&) const = default;
+};
+
 // A dropout call's Philox key and keep threshold on the host (kernels/philox_host.hpp): what the
 // kernels take as seed_lo, seed_hi, offset_lo, offset_hi (the 64-bit seed and offset, low word
-// first) and keep_threshold.
+// first) and keep_threshold; the attention kernels also take its coordinates.
 struct PhiloxKey {
   uint64_t seed = 0;
   uint64_t offset = 0;
   uint32_t keep_threshold = 256;  // keep iff the element's random byte < keep_threshold (256: keep all)
+  DropoutCoordinates coordinates;
 
   // The key of dropout with probability p (keep_threshold = dropout_keep_threshold(p)).
-  static PhiloxKey dropout(uint64_t seed, uint64_t offset, double p) { return {seed, offset, dropout_keep_threshold(p)}; }
+  static PhiloxKey dropout(uint64_t seed, uint64_t offset, double p) { return {seed, offset, dropout_keep_threshold(p), {}}; }
   // The five scalar arguments, in the kernels' declaration order.
   std::array<std::pair<Arg, uint32_t>, 5> arguments() const {
     return {{{Arg::seed_lo, static_cast<uint32_t>(seed)},

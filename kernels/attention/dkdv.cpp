@@ -148,7 +148,7 @@ void KeyTile::run() {
   for_range(0, group, [&](Tile g) {  // the query heads of this key/value head's group
     QueryHead q;
     q.h = kv_h * group + g;
-    if (a.dropout) q.bh = a.batch_head(rows, q.h);
+    if (a.dropout) q.bh = p.drop->batch_head(rows.b, a.Q.size(rows.head_dim()), q.h);
     if (a.mask) q.seq = a.mask->bind(rows.b, q.h, p.S_q, p.S_k);
     visit_query_tiles(q);
   });

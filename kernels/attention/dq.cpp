@@ -90,7 +90,7 @@ QueryTile::QueryTile(DqProgram& prog)
       delta(row_vectors.delta[col]),
       qrows((p.m0 + arange(0, a.BM))[col]),
       dq(zeros(f32, {a.BM, a.D})) {
-  if (a.dropout) bh = a.batch_head(rows, p.h);
+  if (a.dropout) bh = p.drop->batch_head(rows.b, a.Q.size(rows.head_dim()), p.h);
   if (a.mask) seq = a.mask->bind(rows.b, p.h, p.S_q, p.S_k);
 }
 

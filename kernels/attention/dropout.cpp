@@ -8,9 +8,21 @@ using namespace lang;
 
 AttentionDropout::AttentionDropout(Builder& kb)
     : key(DropoutKey::declare(kb)),
+      row_offset(kb.scalar<int>("dropout_row_offset")),
+      col_offset(kb.scalar<int>("dropout_col_offset")),
+      head_offset(kb.scalar<int>("dropout_head_offset")),
+      heads(kb.scalar<int>("dropout_heads")),
       // threshold 0 (everything dropped) gives inf here, but it only scales kept values. rcp, not
       // '/': a division's slow path is a subroutine call, and ptxas then serialises every wgmma
       scale(256.0f * rcp(cast(f32, key.keep_threshold))) {}
+
+Tile AttentionDropout::batch_head(const Tile& b, const Tile& call_heads, const Tile& h) const {
+  return b * where(heads > 0, heads, call_heads) + head_offset + h;
+}
+
+Tile AttentionDropout::global_rows(const Tile& row0, int64_t num_rows) const { return row0 + row_offset + arange(0, num_rows); }
+
+Tile AttentionDropout::global_col(const Tile& col0) const { return col0 + col_offset; }
 
 void AttentionDropout::declare_bits(Builder& kb) {
   bits = kb.tensor("dropout_bits", u32, 3, {.align_bytes = 4, .contiguous_last = true});
@@ -27,7 +39,7 @@ AttentionDropout::Ahead AttentionDropout::keep_ahead(const Tile& batch_head, con
   // The block's Philox calls and the keep flags of all four outputs (3 ops a word; 16 registers a
   // thread in a 128 x 128 block on 8 warps), computed here under precompute -- otherwise the whole
   // Philox chain, whose layout its use decides, would be computed at the use; only the prmts wait.
-  DropoutKeepCalls calls = dropout_calls(batch_head, row0 + arange(0, num_rows), col0, num_cols, key);
+  DropoutKeepCalls calls = dropout_calls(batch_head, global_rows(row0, num_rows), global_col(col0), num_cols, key);
   for (Tile& w : calls.words) w = precompute(dropout_keep_flags(w, key.keep_threshold));
   calls.flags = true;
   return {calls, Tile()};
@@ -47,12 +59,12 @@ Tile AttentionDropout::keep_pairs_of(const Ahead& ahead, const Tile& batch_head,
   // Fused: pairs of the Philox outputs; fewer than whole 64-column groups: the per-element mask (the
   // same bits), packed.
   if (num_cols % 64 != 0) return pack_pairs(cast(u16, keep_mask(batch_head, row0, num_rows, col0, num_cols)));
-  return dropout_keep_pairs_of(dropout_calls(batch_head, row0 + arange(0, num_rows), col0, num_cols, key));
+  return dropout_keep_pairs_of(dropout_calls(batch_head, global_rows(row0, num_rows), global_col(col0), num_cols, key));
 }
 
 Tile AttentionDropout::keep_mask(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols) const {
   if (!bits.descriptor().valid())
-    return dropout_keep_mask_block(batch_head, row0 + arange(0, num_rows), col0, num_cols, key);
+    return dropout_keep_mask_block(batch_head, global_rows(row0, num_rows), global_col(col0), num_cols, key);
   return expand_keep_words(bits_words(batch_head, row0, num_rows, col0, num_cols), num_rows, num_cols);
 }
 
@@ -74,7 +86,7 @@ Tile AttentionDropout::keep_mask_transposed(const Tile& batch_head, const Tile& 
 }
 
 Tile AttentionDropout::keep_words(const Tile& batch_head, const Tile& rows, const Tile& word0, int64_t num_words) const {
-  return dropout_keep_words(batch_head, rows, word0, num_words, key);
+  return dropout_keep_words(batch_head, rows + row_offset, word0 + col_offset / 32, num_words, key);
 }
 
 Tile expand_keep_words(const Tile& words, int64_t num_rows, int64_t num_cols) {

@@ -18,12 +18,23 @@ namespace tilejit::kernels {
 // either comes from Philox in the kernel under `key` (rng = fused) or, once `bits` is set (meta
 // DROPOUT_BITS: rng = precomputed), from the packed mask the dropout_mask kernel wrote: u32
 // [batch * heads_q, seq_q, cdiv(seq_k, 32)], bit j % 32 of word j / 32 -- the same bits.
+//
+// Global coordinates: a call may be a piece of a larger attention (context parallelism: a rank's
+// heads, query rows or key shard), whose keep-mask it must reproduce. After the key, the
+// constructor declares the i32 scalars dropout_row_offset, dropout_col_offset, dropout_head_offset
+// and dropout_heads: the call's query row i is row i + row_offset of the larger attention, key j is
+// key j + col_offset (a multiple of 64, so whole Philox groups stay whole: the host checks), and
+// head h of batch b is bh = b * heads + head_offset + h (heads 0: the call's own). Fused masks use
+// them; a precomputed mask (`bits`) is the call's own, in its local coordinates.
 struct AttentionDropout {
   DropoutKey key;    // the Philox key and keep threshold (kernels/philox.hpp)
+  lang::Tile row_offset, col_offset, head_offset, heads;  // the global coordinates (i32 scalars)
   lang::Tile scale;  // f32 256 / keep_threshold: what kept probabilities are multiplied by
   lang::Tensor bits;  // rng = precomputed: the packed keep-mask (invalid: fused)
 
   explicit AttentionDropout(lang::Builder& kb);
+  // The mask's batch*heads coordinate of head h of batch b in a call with `call_heads` query heads.
+  lang::Tile batch_head(const lang::Tile& b, const lang::Tile& call_heads, const lang::Tile& h) const;
   // Declares the packed-mask parameter `dropout_bits` (rng = precomputed).
   void declare_bits(lang::Builder& kb);
   // The keep-mask (i1 [num_rows, num_cols], true = keep) of query rows [row0, row0 + num_rows)
@@ -68,6 +79,9 @@ struct AttentionDropout {
   // rng = precomputed: the block's packed words, u32 [num_rows, num_cols / 32] (load_at_use)
   lang::Tile bits_words(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows, const lang::Tile& col0,
                         int64_t num_cols) const;
+  // fused: the global rows row0 + [0, num_rows) and the global column of local column col0
+  lang::Tile global_rows(const lang::Tile& row0, int64_t num_rows) const;
+  lang::Tile global_col(const lang::Tile& col0) const;
 };
 
 // A packed keep-mask (u32 [num_rows, num_cols / 32], bit b of word w = column 32 w + b, 1 = keep)

@@ -114,7 +114,8 @@ void ForwardProgram::place(const Tile& query_block, const Tile& head, const Tile
   qk_scale = softmax_scale * kLog2e;
   if (cfg.positive_scale) qk_scale = where(softmax_scale > 0.0f, qk_scale, NAN);  // the broken promise: NaN
   diag = S_k - S_q;
-  if (cfg.spec.dropout) bh = b * Q.size(head_dim) + h;  // the mask's coordinates: (bh, row, key)
+  if (cfg.spec.dropout) bh = drop->batch_head(b, Q.size(head_dim), h);  // the mask's coordinates: (bh, row, key)
+  if (cfg.return_mask) local_bh = b * Q.size(head_dim) + h;
   n_end = causal ? minimum(S_k, m0 + BM + diag) : S_k;
   // a program past its (shorter) sequence's end reads no key; its stores fall outside the view
   if (varlen) n_end = where(m0 < S_q, n_end, 0);
@@ -170,13 +171,13 @@ std::pair<Tile, Tile> ForwardTile::softmax_block(const Tile& n0, const Tile& par
     // probability scale is applied once to the output.
     Tile pairs = p.drop->keep_pairs_of(ahead, p.bh, p.m0, BM, n0, BN);
     p16 = apply_keep_pairs(cast(T, prob), pairs);
-    if (c.return_mask) store(p.mask_out.block({p.bh, p.m0, n0}, {BM, BN}), cast(u8, unpack_pairs(u16, pairs) & 1));
+    if (c.return_mask) store(p.mask_out.block({p.local_bh, p.m0, n0}, {BM, BN}), cast(u8, unpack_pairs(u16, pairs) & 1));
   } else if (c.spec.dropout) {
     // per element: an AND with a 0 / ~0 mask, not where() (LLVM sinks a select past the bf16
     // conversion)
     Tile keep = p.drop->keep_mask_of(ahead, p.bh, p.m0, BM, n0, BN);
     p16 = cast(T, apply_keep_mask(prob, keep));
-    if (c.return_mask) store(p.mask_out.block({p.bh, p.m0, n0}, {BM, BN}), cast(u8, keep & 1u));
+    if (c.return_mask) store(p.mask_out.block({p.local_bh, p.m0, n0}, {BM, BN}), cast(u8, keep & 1u));
   } else {
     p16 = cast(T, prob);
   }

@@ -55,7 +55,8 @@ struct ForwardProgram {
   Tile kv_h;      // the key/value head of query head h (grouped-query attention)
   Tile qk_scale;  // softmax_scale * log2 e (POSITIVE_SCALE: NaN for a scale <= 0)
   Tile diag;      // S_k - S_q: causal row i sees keys j <= i + diag (bottom-right aligned)
-  Tile bh;        // DROPOUT: the mask's batch*heads coordinate
+  Tile bh;        // DROPOUT: the mask's batch*heads coordinate (global: AttentionDropout::batch_head)
+  Tile local_bh;  // RETURN_MASK: the returned mask's batch*heads index (this call's)
   Tile n_end;     // the keys the program reads: [0, n_end)
 
   // Rows [s0, s0 + n) of head hh of `t` (LSE: a vector of n).
