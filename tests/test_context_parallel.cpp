@@ -162,8 +162,9 @@ void merge(const Problem& p, const AttentionCall& call, const Partial& part, std
     }
 }
 
-void check_mode(Mode mode, Layout kind, int W, int S, bool causal) {
+void check_mode(Mode mode, Layout kind, int W, int S, bool causal, bool global_runs = false) {
   CAPTURE(name(mode));
+  CAPTURE(global_runs);
   CAPTURE(name(kind));
   CAPTURE(W);
   CAPTURE(S);
@@ -181,7 +182,7 @@ void check_mode(Mode mode, Layout kind, int W, int S, bool causal) {
   const ShardLayout layout(kind, W, S);
   Grads got{Seq(S, Hq, D), Seq(S, Hkv, D), Seq(S, Hkv, D)};
   for (int r = 0; r < W; ++r) {
-    const Plan plan = make_plan(mode, layout, causal, r);
+    const Plan plan = make_plan(mode, layout, causal, r, global_runs);
     CAPTURE(plan.describe());
     const std::vector<int64_t> qpos = layout.positions(r);
     const int64_t n = layout.local_len(r);
@@ -191,6 +192,12 @@ void check_mode(Mode mode, Layout kind, int W, int S, bool causal) {
       const std::vector<int64_t> kpos = key_positions(layout, step);
       for (const AttentionCall& call : step.calls) {
         const std::vector<int64_t> qs = slice(qpos, call.q_begin, call.q_end), ks = slice(kpos, call.k_begin, call.k_end);
+        CHECK(qs.front() == call.q_global);
+        CHECK(ks.front() == call.k_global);
+        if (global_runs) {  // each one stretch of the sequence: placed by two offsets (dropout)
+          for (size_t i = 0; i < qs.size(); ++i) CHECK(qs[i] == call.q_global + static_cast<int64_t>(i));
+          for (size_t j = 0; j < ks.size(); ++j) CHECK(ks[j] == call.k_global + static_cast<int64_t>(j));
+        }
         for (int64_t i = call.q_begin; i < call.q_end; ++i) {
           CHECK(written[static_cast<size_t>(i)] == !call.first);  // `first` exactly on a row's first call
           written[static_cast<size_t>(i)] = true;
@@ -304,6 +311,22 @@ TEST_CASE("cp/plan: simulated ranks equal global attention, forward and backward
           for (int S : {W * 2 * 3, W * 2 * 3 + 5}) check_mode(mode, kind, W, S, causal);
 }
 
+TEST_CASE("cp/plan: with global runs (dropout) every call is one stretch of queries and of keys, still exact") {
+  for (Mode mode : {Mode::ring, Mode::allgather})
+    for (Layout kind : {Layout::contiguous, Layout::zigzag})
+      for (int W : {1, 2, 3, 4})
+        for (bool causal : {false, true}) check_mode(mode, kind, W, W * 2 * 3, causal, true);
+  // rank 1 of a zigzag ring over 4 (chunks of 4 tokens): its chunks 1 and 6 are not adjacent, so
+  // no call spans both; under the full mask a step is 2 x 2 (query chunk, key chunk) calls, but
+  // rank 3's chunks 3 and 4 are adjacent: one call per query chunk on both
+  const Plan plan = make_plan(Mode::ring, ShardLayout(Layout::zigzag, 4, 32), false, 1, true);
+  for (const PlanStep& st : plan.steps) {
+    CAPTURE(st.kv_rank);
+    CHECK(st.calls.size() == (st.kv_rank == 3 ? 2u : 4u));
+    for (const AttentionCall& c : st.calls) CHECK((c.q_len() == 4 && c.k_len() == (st.kv_rank == 3 ? 8 : 4)));
+  }
+}
+
 TEST_CASE("cp/ulysses: heads per rank, GQA groups whole or replicated") {
   const UlyssesHeads a = ulysses_heads(16, 4, 2, 1);  // whole groups
   CHECK((a.q_begin == 8 && a.q_count == 8 && a.kv_begin == 2 && a.kv_count == 2));
@@ -388,7 +411,7 @@ TEST_CASE("cp/runner: bad arguments are refused before anything runs") {
   refused(sw, "mode ring takes the full and causal masks only");
   Options drop = opts;
   drop.attention.dropout_p = 0.1;
-  refused(drop, "mode ring has no dropout yet (ulysses has");
+  refused(drop, "has a chunk at token 4; with dropout every chunk must start at a multiple of 64 (seq_len a multiple of 256)");
   Options uly_bits = drop;
   uly_bits.mode = Mode::ulysses;
   uly_bits.attention.dropout_bits = q;

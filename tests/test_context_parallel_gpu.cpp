@@ -354,7 +354,16 @@ void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int
   const bool exact = mode == cp::Mode::ulysses && (Hq / W) % (Hq / Hkv) == 0;
   for (auto [name, single, cpv, ref] : outs) {
     if (exact) CHECK_MESSAGE(*single == *cpv, name, " differs from the single-GPU call (ulysses must be bit-identical)");
-    if (dropout_p > 0) continue;  // (the float64 reference has no dropout: bit-identity to one GPU is the check)
+    if (dropout_p > 0) {  // the float64 reference has no dropout: the single-GPU call (same mask) is
+      // the reference; the chunk modes merge partials, so only close. A call drawing another mask
+      // than the single-GPU one moves outputs by tens of percent.
+      double big = 0;
+      for (double x : *single) big = std::isfinite(x) ? std::max(big, std::abs(x)) : big;
+      const double diff = max_abs(*single, *cpv);
+      INFO(fmt::format("{}: context parallel vs single GPU, dropout: max abs diff {:.3g} (largest value {:.3g})", name, diff, big));
+      CHECK(diff <= 0.02 * big + 2e-3);
+      continue;
+    }
     const double e1 = max_abs(*single, *ref), ecp = max_abs(*cpv, *ref);
     const size_t at = worst(*cpv, *ref);
     const int64_t row_elems = std::string(name) == "lse" ? 1 : (std::string(name)[1] == 'k' || std::string(name)[1] == 'v' ? Hkv : Hq) * D;
@@ -489,6 +498,13 @@ TEST_CASE("cp/gpu: every mode on 2 GPUs equals one GPU") {
   // ulysses with dropout: each rank's heads placed in the whole call's mask (dropout_coordinates),
   // so the keep-mask, outputs and gradients are the single-GPU call's bit for bit
   for (int G : {1, 2}) check_case(2, cp::Mode::ulysses, cp::Layout::zigzag, true, 2, 1000, {}, 0, 8, 4, G, 0.1);
+  // the chunk modes with dropout: each call placed at its rows' and keys' global offsets (the plan
+  // in global runs; chunks on multiples of 64 tokens)
+  for (cp::Mode mode : {cp::Mode::ring, cp::Mode::allgather})
+    for (bool causal : {false, true}) check_case(2, mode, cp::Layout::zigzag, causal, 1, 1024, {}, 0, 4, 2, 0, 0.1);
+  check_case(2, cp::Mode::ring, cp::Layout::contiguous, true, 1, 1024, {}, 0, 4, 2, 0, 0.1);
+  check_case(2, cp::Mode::allgather, cp::Layout::zigzag, false, 1, 1024, kernels::MaskSpec::causal_document(), 0, 4, 2, 0, 0.1);
+  for (int U : {1, 2}) check_case(2, cp::Mode::usp, cp::Layout::zigzag, true, 1, 1024, {}, U, 4, 2, 0, 0.1);
 }
 
 TEST_CASE("cp/gpu: every mode on 4 GPUs equals one GPU") {
@@ -502,4 +518,6 @@ TEST_CASE("cp/gpu: every mode on 4 GPUs equals one GPU") {
   for (bool causal : {false, true}) check_case(4, cp::Mode::usp, cp::Layout::zigzag, causal, 2, 1000, {}, 2);
   check_case(4, cp::Mode::ulysses, cp::Layout::zigzag, true, 1, 1000, {}, 0, 16, 8, 2);
   check_case(4, cp::Mode::ulysses, cp::Layout::zigzag, false, 1, 1000, {}, 0, 16, 8, 2, 0.2);
+  for (cp::Mode mode : {cp::Mode::ring, cp::Mode::allgather}) check_case(4, mode, cp::Layout::zigzag, true, 1, 1024, {}, 0, 4, 2, 0, 0.1);
+  check_case(4, cp::Mode::usp, cp::Layout::zigzag, true, 1, 1024, {}, 2, 4, 2, 0, 0.1);
 }

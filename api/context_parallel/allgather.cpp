@@ -50,7 +50,7 @@ Tensor gathered_shape(const Dims& d, const Tensor& k) {
 
 void allgather_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                        const Tensor& lse, const attention::Options& opts, CUstream stream) {
-  const Plan plan = make_plan(Mode::allgather, d.layout, opts.causal || opts.mask.has_value(), d.rank);
+  const Plan plan = make_plan(Mode::allgather, d.layout, opts.causal || opts.mask.has_value(), d.rank, /*global_runs=*/opts.dropout_p > 0);
   const int64_t S = d.layout.seq_len();
   const size_t kv_bytes = static_cast<size_t>(d.B * S * d.Hkv * d.D * d.es());
   const size_t ws_bytes = attention::forward_workspace_bytes(q, gathered_shape(d, k), opts);  // (a mask's block lists)
@@ -71,7 +71,7 @@ void allgather_forward(ContextParallel::State& st, const Dims& d, const Tensor& 
 void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& o, const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk,
                         const Tensor& dv, const attention::Options& opts, CUstream stream) {
-  const Plan plan = make_plan(Mode::allgather, d.layout, opts.causal || opts.mask.has_value(), d.rank);
+  const Plan plan = make_plan(Mode::allgather, d.layout, opts.causal || opts.mask.has_value(), d.rank, /*global_runs=*/opts.dropout_p > 0);
   const int64_t S = d.layout.seq_len(), W = d.world;
   const size_t ws_bytes = attention::backward_workspace_bytes(q, gathered_shape(d, k), opts);
   const size_t kv_bytes = static_cast<size_t>(d.B * S * d.Hkv * d.D * d.es()), kv32 = static_cast<size_t>(d.B * S * d.Hkv * d.D * 4);

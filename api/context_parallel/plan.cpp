@@ -53,9 +53,34 @@ std::optional<Sees> call_gives(const AttentionCall& call, int64_t q0, int64_t q1
   return std::nullopt;
 }
 
+// Whether chunks [a, b) of a run lie back to back in the global sequence too.
+bool globally_adjacent(const ChunkRun& run, size_t a, size_t b) {
+  for (size_t i = a + 1; i < b; ++i)
+    if (run.chunks[i].begin != run.chunks[i - 1].end) return false;
+  return true;
+}
+
+// A run cut where its chunks stop being adjacent in the global sequence (a zigzag shard's two).
+std::vector<ChunkRun> global_pieces(const ChunkRun& run) {
+  std::vector<ChunkRun> pieces;
+  for (size_t i = 0; i < run.chunks.size(); ++i) {
+    if (i == 0 || !globally_adjacent(run, i - 1, i + 1)) pieces.emplace_back();
+    pieces.back().add(run.chunks[i], run.offsets[i]);
+  }
+  return pieces;
+}
+
 class Planner {
  public:
-  Planner(const ChunkRun& queries, bool causal) : q_(queries), causal_(causal), touched_(queries.chunks.size(), false) {}
+  Planner(const ChunkRun& queries, bool causal, bool global_runs)
+      : q_(queries), causal_(causal), global_runs_(global_runs), touched_(queries.chunks.size(), false) {}
+
+  // The calls that give query chunks [qa, qb) exactly the keys they see in `keys` (with global
+  // runs: in each globally adjacent piece of `keys`, one call or more each).
+  void cover_all(const ChunkRun& keys, size_t qa, size_t qb, std::vector<AttentionCall>& out) {
+    if (!global_runs_) return cover(keys, qa, qb, out);
+    for (const ChunkRun& piece : global_pieces(keys)) cover(piece, qa, qb, out);
+  }
 
   // The calls that give query chunks [qa, qb) exactly the keys they see in `keys`.
   void cover(const ChunkRun& keys, size_t qa, size_t qb, std::vector<AttentionCall>& out) {
@@ -69,9 +94,11 @@ class Planner {
         }
     if (!first) return;
     for (bool causal : {false, true}) {
-      AttentionCall call{q_.offsets[qa], q_.offsets[qb - 1] + q_.chunks[qb - 1].size(), keys.offsets[*first],
-                         keys.offsets[*last] + keys.chunks[*last].size(), causal, false};
-      if (exact(call, keys, qa, qb) && uniform_touch(qa, qb)) {
+      AttentionCall call{q_.offsets[qa],   q_.offsets[qb - 1] + q_.chunks[qb - 1].size(),
+                         keys.offsets[*first], keys.offsets[*last] + keys.chunks[*last].size(),
+                         causal,           false,
+                         q_.chunks[qa].begin, keys.chunks[*first].begin};
+      if (exact(call, keys, qa, qb) && uniform_touch(qa, qb) && (!global_runs_ || globally_adjacent(q_, qa, qb))) {
         call.first = !touched_[qa];
         for (size_t i = qa; i < qb; ++i) touched_[i] = true;
         out.push_back(call);
@@ -114,7 +141,7 @@ class Planner {
   }
 
   const ChunkRun& q_;
-  bool causal_;
+  bool causal_, global_runs_;
   std::vector<bool> touched_;
 };
 
@@ -130,7 +157,7 @@ ChunkRun shard_run(const ShardLayout& layout, int rank) {
 
 }  // namespace
 
-Plan make_plan(Mode mode, const ShardLayout& layout, bool causal, int rank) {
+Plan make_plan(Mode mode, const ShardLayout& layout, bool causal, int rank, bool global_runs) {
   if (mode == Mode::ulysses) throw std::invalid_argument("cp::make_plan: mode ulysses has no chunk plan (see cp::ulysses_heads)");
   if (mode == Mode::usp)
     throw std::invalid_argument("cp::make_plan: mode usp runs the ring's plan over its groups (see cp::UspGroups)");
@@ -143,13 +170,13 @@ Plan make_plan(Mode mode, const ShardLayout& layout, bool causal, int rank) {
   plan.send_to = (rank + 1) % W;
   plan.recv_from = (rank + W - 1) % W;
   const ChunkRun queries = shard_run(layout, rank);
-  Planner planner(queries, causal);
+  Planner planner(queries, causal, global_runs);
   const size_t nq = queries.chunks.size();
   if (mode == Mode::ring) {
     for (int s = 0; s < W; ++s) {
       PlanStep step;
       step.kv_rank = (rank - s + W) % W;
-      planner.cover(shard_run(layout, step.kv_rank), 0, nq, step.calls);
+      planner.cover_all(shard_run(layout, step.kv_rank), 0, nq, step.calls);
       plan.steps.push_back(std::move(step));
     }
   } else {
@@ -158,9 +185,9 @@ Plan make_plan(Mode mode, const ShardLayout& layout, bool causal, int rank) {
     PlanStep step;
     // one call per query chunk when causal (each its own key prefix), else one for all
     if (causal)
-      for (size_t i = 0; i < nq; ++i) planner.cover(global, i, i + 1, step.calls);
+      for (size_t i = 0; i < nq; ++i) planner.cover_all(global, i, i + 1, step.calls);
     else
-      planner.cover(global, 0, nq, step.calls);
+      planner.cover_all(global, 0, nq, step.calls);
     plan.steps.push_back(std::move(step));
   }
   plan.unvisited_rows = planner.untouched();

@@ -95,7 +95,7 @@ class RingSteps {
 
 void ring_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                   const Tensor& lse, const attention::Options& opts, CUstream stream) {
-  const Plan plan = make_plan(Mode::ring, d.layout, opts.causal, d.rank);
+  const Plan plan = make_plan(Mode::ring, d.layout, opts.causal, d.rank, /*global_runs=*/opts.dropout_p > 0);
   if (!plan.unvisited_rows.empty()) throw std::logic_error("cp::forward: a row sees no key under a full or causal mask");
   const int64_t nmax = d.layout.max_local_len();
   // the buffer: two K/V slots, a partial O and LSE, the f32 O accumulator
@@ -137,7 +137,7 @@ void ring_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, co
 void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                    const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                    const attention::Options& opts, CUstream stream) {
-  const Plan plan = make_plan(Mode::ring, d.layout, opts.causal, d.rank);
+  const Plan plan = make_plan(Mode::ring, d.layout, opts.causal, d.rank, /*global_runs=*/opts.dropout_p > 0);
   const int64_t nmax = d.layout.max_local_len();
   const size_t ws_bytes = attention::backward_workspace_bytes(q, k, opts);
   auto carve = [&](uint64_t base) {

@@ -50,6 +50,10 @@ runtime::nccl::DataType nccl_type(ir::DType t) {
 
 attention::Options call_options(const attention::Options& opts, const AttentionCall& call) {
   attention::Options a = opts;
+  if (a.dropout_p > 0) {  // (the plan has global runs: the call's rows and keys each one stretch)
+    a.dropout_coordinates.row_offset += call.q_global;
+    a.dropout_coordinates.col_offset += call.k_global;
+  }
   if (!a.mask) {
     a.causal = call.causal;
     return a;
@@ -165,10 +169,6 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
     if (a.score_mod.kind != kernels::ScoreModKind::none)
       fail(fn, "options.attention.score_mod: mode {} takes none (ulysses takes every score mod)", name(opts.mode));
   }
-  // Ulysses runs whole rows per head: the single-GPU keep-mask placed at the rank's heads
-  // (head_options). The chunk modes need per-call row and key offsets: not yet.
-  if (a.dropout_p != 0 && opts.mode != Mode::ulysses)
-    fail(fn, "options.attention.dropout_p is {}: mode {} has no dropout yet (ulysses has; 0 otherwise)", a.dropout_p, name(opts.mode));
   if (a.dropout_mask || a.dropout_bits)
     fail(fn, "options.attention.dropout_mask / dropout_bits: a per-call mask tensor; not with context parallelism (the fused mask "
          "is the single-GPU one)");
@@ -197,6 +197,15 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
     fail(fn, "seq_len {}: {}", seq_len, e.what());
   }
   d.local = d.layout.local_len(d.rank);
+  // Dropout draws the single-GPU keep-mask: Ulysses places each rank's heads (head_options), the
+  // chunk modes each call's rows and keys (call_options), whose keys must start on whole Philox
+  // groups of 64.
+  if (a.dropout_p > 0 && opts.mode != Mode::ulysses)
+    for (int c = 0; c < d.layout.chunk_count(); ++c)
+      if (d.layout.chunk(c).begin % 64 != 0)
+        fail(fn, "options.attention.dropout_p {} in mode {}: the {} layout of seq_len {} over {} ranks has a chunk at token {}; with "
+             "dropout every chunk must start at a multiple of 64 (seq_len a multiple of {})", a.dropout_p, name(opts.mode),
+             name(opts.layout), seq_len, d.layout.world(), d.layout.chunk(c).begin, 64 * d.layout.chunk_count());
   if (opts.mode == Mode::usp) {
     if (opts.layout != Layout::zigzag)
       fail(fn, "options.layout is {}; mode usp runs on the zigzag layout only", name(opts.layout));
