@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <array>
 #include <map>
 #include <string>
 #include <vector>
@@ -302,7 +303,8 @@ TEST_CASE("emulator: the TMA + wgmma GEMM pipeline equals the interpreter") {
 
 // The library's attention kernels lowered for sm_80 (mma.sync) and sm_90a (TMA tiles, wgmma), forward
 // and backward, with and without causal masking and dropout (its key from device memory, decision
-// 054), against the interpreter: GQA, S_q != S_k, ragged tiles.
+// 054; placed in a larger attention's mask, decision 065), against the interpreter: GQA, S_q !=
+// S_k, ragged tiles.
 TEST_CASE("emulator: the attention forward and backward kernels equal the interpreter (mma.sync and wgmma paths)") {
   const int64_t B = 1, Hq = 2, Hkv = 1, Sq = 100, Sk = 130, D = 64, BM = 64, BN = 64;
   for (const char* arch : {"sm_80", "sm_90a"})
@@ -332,8 +334,10 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
       // the key as scalars for the interpreter, from memory (wrong scalars beside it) for the emulator
       std::vector<runtime::Arg> ref_tail{scale}, emu_tail{scale};
       if (dropout) {
-        for (const runtime::Arg& a : testing::attention_dropout_args(rng)) ref_tail.push_back(a);
-        for (const runtime::Arg& a : testing::attention_dropout_args(wrong, &state)) emu_tail.push_back(a);
+        // placed in a larger attention (rows 96.., keys 128.., heads 1.. of 5: context parallelism)
+        const std::array<int32_t, 4> placed{96, 128, 1, 5};
+        for (const runtime::Arg& a : testing::attention_dropout_args(rng, nullptr, placed)) ref_tail.push_back(a);
+        for (const runtime::Arg& a : testing::attention_dropout_args(wrong, &state, placed)) emu_tail.push_back(a);
       }
       // forward: o, lse
       {
