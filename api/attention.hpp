@@ -153,8 +153,8 @@ struct Options {
   // parallelism, or a caller that shards attention itself): query row i is row i + row_offset of
   // that attention, key j is key j + col_offset, head h of batch b is bh = b * heads + head_offset + h
   // (heads 0: this call's Hq). col_offset must be a multiple of 64 (whole Philox groups). All zero
-  // (the default): this call's own mask. dropout_mask receives the bits at this call's positions. Not
-  // with cu_seqlens or dropout_bits.
+  // (the default): this call's own mask. dropout_mask receives the bits at this call's positions. With
+  // cu_seqlens only head_offset and heads (b is the sequence); not with dropout_bits.
   struct DropoutCoordinates {
     int64_t row_offset = 0, col_offset = 0, head_offset = 0, heads = 0;
   } dropout_coordinates;

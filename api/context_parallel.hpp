@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "api/attention.hpp"
 #include "api/context_parallel/layout.hpp"
@@ -37,11 +38,19 @@ struct Options {
   // group g + 1 and the return of g - 1 beside group g's call (ulysses_head_groups: 0 = the
   // default, today 1 = one exchange, then the call, then the return). usp: 0 or 1.
   int head_groups = 0;
+  // A packed batch of documents (varlen; ulysses, ring and allgather): their lengths, which sum to
+  // seq_len. Ring and allgather: full or causal (each document its own attention), no dropout yet.
+  // Every document is cut on its own (ShardLayout(layout, world, document_lengths)); q, k, v are
+  // [1, S_local, H, D] (B = 1) holding this rank's pieces, and attention.cu_seqlens_q / _k hold the
+  // whole batch's offsets (i32 [documents + 1] on this rank's device; the same documents, which the
+  // host cannot check without a synchronisation) with max_seqlen_q / _k set. Empty: one sequence.
+  std::vector<int64_t> document_lengths;
   // The single-GPU options: causal, softmax_scale, schedule, mask, score mod. Ring and usp take the full
   // and causal masks; allgather also those that never look past the query (causal_sliding_window,
   // causal_document: prefix_mask); ulysses every mask and score mod. A mask's tensors (doc_ids,
   // prefix_lengths, block_table) are given for the whole sequence, on this rank's device.
-  // Not yet (std::invalid_argument): dropout, varlen, dQ reductions other than recompute.
+  // Dropout draws the single-GPU keep-mask (decision 065). Not yet (std::invalid_argument): varlen
+  // outside ulysses, dQ reductions other than recompute.
   attention::Options attention;
 };
 

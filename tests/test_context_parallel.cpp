@@ -162,9 +162,12 @@ void merge(const Problem& p, const AttentionCall& call, const Partial& part, std
     }
 }
 
-void check_mode(Mode mode, Layout kind, int W, int S, bool causal, bool global_runs = false) {
+// `documents`: a packed batch of documents of these lengths (summing to S), each its own attention.
+void check_mode(Mode mode, Layout kind, int W, int S, bool causal, bool global_runs = false, std::vector<int64_t> documents = {}) {
   CAPTURE(name(mode));
   CAPTURE(global_runs);
+  CAPTURE(documents.size());
+  if (documents.empty()) documents = {S};
   CAPTURE(name(kind));
   CAPTURE(W);
   CAPTURE(S);
@@ -173,13 +176,27 @@ void check_mode(Mode mode, Layout kind, int W, int S, bool causal, bool global_r
   const int Hq = 4, Hkv = 2, D = 4;
   Problem p{S, Hq, Hkv, D, causal, 0.7, random_seq(S, Hq, D, rng), random_seq(S, Hkv, D, rng), random_seq(S, Hkv, D, rng),
             random_seq(S, Hq, D, rng)};
-  const Partial global = attend(p, iota(S), iota(S), causal);
+  // each document's attention on its own (one document: the whole sequence)
+  Partial global{std::vector<double>(static_cast<size_t>(S * Hq * D), 0.0), std::vector<double>(static_cast<size_t>(Hq * S), kNegInf)};
+  std::vector<std::vector<int64_t>> doc_positions;
+  for (int64_t begin = 0; int64_t len : documents) {
+    std::vector<int64_t> pos = slice(iota(S), begin, begin + len);
+    const Partial part = attend(p, pos, pos, causal);
+    for (int64_t i = 0; i < len; ++i)
+      for (int h = 0; h < Hq; ++h) {
+        global.lse[static_cast<size_t>(h * S + begin + i)] = part.lse[static_cast<size_t>(h * len + i)];
+        for (int d = 0; d < D; ++d)
+          global.o[static_cast<size_t>(((begin + i) * Hq + h) * D + d)] = part.o[static_cast<size_t>((i * Hq + h) * D + d)];
+      }
+    doc_positions.push_back(std::move(pos));
+    begin += len;
+  }
   Seq o_global(S, Hq, D);
   o_global.v = global.o;
   Grads want{Seq(S, Hq, D), Seq(S, Hkv, D), Seq(S, Hkv, D)};
-  attend_backward(p, iota(S), iota(S), causal, o_global, global.lse, want);
+  for (const std::vector<int64_t>& pos : doc_positions) attend_backward(p, pos, pos, causal, o_global, global.lse, want);
 
-  const ShardLayout layout(kind, W, S);
+  const ShardLayout layout = documents.size() > 1 ? ShardLayout(kind, W, documents) : ShardLayout(kind, W, S);
   Grads got{Seq(S, Hq, D), Seq(S, Hkv, D), Seq(S, Hkv, D)};
   for (int r = 0; r < W; ++r) {
     const Plan plan = make_plan(mode, layout, causal, r, global_runs);
@@ -231,18 +248,17 @@ void check_mode(Mode mode, Layout kind, int W, int S, bool causal, bool global_r
 
 }  // namespace
 
-TEST_CASE("cp/layout: chunks, owners, positions and index maps") {
-  for (Layout kind : {Layout::contiguous, Layout::zigzag})
-    for (int W : {1, 2, 3, 4})
-      for (int S : {W * 2 * 5, W * 2 * 5 + 3}) {
-        const ShardLayout layout(kind, W, S);
+// Every token held once, chunks where their owners say, the index maps inverse to each other.
+void check_layout(const ShardLayout& layout) {
+        const int W = layout.world();
+        const int64_t S = layout.seq_len();
         CAPTURE(layout.describe());
         std::set<int64_t> seen;
         int64_t total = 0;
         for (int r = 0; r < W; ++r) {
           const std::vector<int64_t> p = layout.positions(r);
           CHECK(static_cast<int64_t>(p.size()) == layout.local_len(r));
-          CHECK(layout.max_local_len() - layout.local_len(r) <= 2);
+          CHECK(layout.max_local_len() - layout.local_len(r) <= 2 * layout.documents());
           for (int c : layout.chunks_of(r)) {
             CHECK(layout.owner(c) == r);
             CHECK(p[static_cast<size_t>(layout.local_offset(c))] == layout.chunk(c).begin);
@@ -255,7 +271,12 @@ TEST_CASE("cp/layout: chunks, owners, positions and index maps") {
         const std::vector<ShardSlot> back = unshard_index(layout);
         for (int64_t g = 0; g < S; ++g)
           CHECK(layout.positions(back[static_cast<size_t>(g)].rank)[static_cast<size_t>(back[static_cast<size_t>(g)].index)] == g);
-      }
+}
+
+TEST_CASE("cp/layout: chunks, owners, positions and index maps") {
+  for (Layout kind : {Layout::contiguous, Layout::zigzag})
+    for (int W : {1, 2, 3, 4})
+      for (int S : {W * 2 * 5, W * 2 * 5 + 3}) check_layout(ShardLayout(kind, W, S));
   const ShardLayout z(Layout::zigzag, 2, 16);
   CHECK(z.positions(0) == std::vector<int64_t>{0, 1, 2, 3, 12, 13, 14, 15});
   CHECK(z.positions(1) == std::vector<int64_t>{4, 5, 6, 7, 8, 9, 10, 11});
@@ -271,6 +292,27 @@ TEST_CASE("cp/layout: packed documents are sharded one by one") {
   CHECK(shard_cu_seqlens(Layout::zigzag, 2, 0, cu) == std::vector<int32_t>{0, 4, 11, 13});
   CHECK(shard_cu_seqlens(Layout::zigzag, 2, 1, cu) == std::vector<int32_t>{0, 4, 10, 12});
   CHECK_THROWS_WITH_AS(shard_cu_seqlens(Layout::zigzag, 4, 0, cu), doctest::Contains("document 2 has 4 tokens"), std::invalid_argument);
+  // the same documents as one ShardLayout (what ulysses exchanges): rank 0 holds chunks 0 and 3 of
+  // each document (8 -> [0, 2) [6, 8); 13 -> 4 3 3 3: [8, 12) [18, 21); 4 -> [21] [24])
+  const ShardLayout docs(Layout::zigzag, 2, std::vector<int64_t>{8, 13, 4});
+  CHECK(docs.documents() == 3);
+  CHECK(docs.seq_len() == 25);
+  CHECK(docs.positions(0) == std::vector<int64_t>{0, 1, 6, 7, 8, 9, 10, 11, 18, 19, 20, 21, 24});
+  CHECK(docs.local_len(1) == 12);
+  for (int r = 0; r < 2; ++r) {  // the pieces shard_cu_seqlens counts, in the same order
+    const std::vector<int32_t> local = shard_cu_seqlens(Layout::zigzag, 2, r, cu);
+    const std::vector<int64_t> pos = docs.positions(r);
+    for (size_t d = 0; d + 1 < cu.size(); ++d)
+      for (int32_t i = local[d]; i < local[d + 1]; ++i) {
+        CHECK(pos[static_cast<size_t>(i)] >= cu[d]);
+        CHECK(pos[static_cast<size_t>(i)] < cu[d + 1]);
+      }
+  }
+  for (Layout kind : {Layout::contiguous, Layout::zigzag})
+    for (int W : {1, 2, 3, 4}) check_layout(ShardLayout(kind, W, std::vector<int64_t>{2 * W + 3, 7 * W, 2 * W}));
+  CHECK_THROWS_WITH_AS(ShardLayout(Layout::zigzag, 2, std::vector<int64_t>{8, 3}), doctest::Contains("document 1 has 3 tokens"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(ShardLayout(Layout::zigzag, 2, std::vector<int64_t>{}), doctest::Contains("no documents"), std::invalid_argument);
 }
 
 TEST_CASE("cp/plan: zigzag causal ring is the balanced schedule") {
@@ -309,6 +351,17 @@ TEST_CASE("cp/plan: simulated ranks equal global attention, forward and backward
       for (int W : {1, 2, 3, 4})
         for (bool causal : {false, true})
           for (int S : {W * 2 * 3, W * 2 * 3 + 5}) check_mode(mode, kind, W, S, causal);
+}
+
+TEST_CASE("cp/plan: packed documents (each its own attention) in ring and allgather equal per-document attention") {
+  for (Mode mode : {Mode::ring, Mode::allgather})
+    for (Layout kind : {Layout::contiguous, Layout::zigzag})
+      for (int W : {1, 2, 3})
+        for (bool causal : {false, true}) {
+          const int C = kind == Layout::zigzag ? 2 * W : W;
+          const std::vector<int64_t> docs{3 * C + 1, C, 2 * C + 3};
+          check_mode(mode, kind, W, static_cast<int>(docs[0] + docs[1] + docs[2]), causal, false, docs);
+        }
 }
 
 TEST_CASE("cp/plan: with global runs (dropout) every call is one stretch of queries and of keys, still exact") {
@@ -424,6 +477,25 @@ TEST_CASE("cp/runner: bad arguments are refused before anything runs") {
   Options usp = opts;
   usp.mode = Mode::usp;
   refused(usp, "options.ulysses_degree 0: cp::usp: ulysses_degree is 0");
+  // packed documents: ulysses only, with the whole batch's cu_seqlens, B = 1, lengths summing to seq_len
+  Options docs = opts;
+  docs.document_lengths = {8, 8};
+  docs.mode = Mode::usp;
+  docs.ulysses_degree = 2;
+  refused(docs, "options.document_lengths (2 documents): mode usp takes one sequence a batch row");
+  docs.mode = Mode::ulysses;
+  refused(docs, "options.document_lengths is set but options.attention.cu_seqlens_q / _k are not");
+  const auto cu = contiguous(base + 0x500000, DType::i32, {3});
+  docs.attention.cu_seqlens_q = docs.attention.cu_seqlens_k = cu;
+  docs.attention.max_seqlen_q = docs.attention.max_seqlen_k = 8;
+  docs.document_lengths = {8, 9};
+  refused(docs, "options.document_lengths sum to 17 tokens but seq_len is 16");
+  docs.document_lengths = {8, 3};
+  refused(docs, "document 1 has 3 tokens");
+  Options cu_only = opts;
+  cu_only.mode = Mode::ulysses;
+  cu_only.attention.cu_seqlens_q = cu_only.attention.cu_seqlens_k = cu;
+  refused(cu_only, "options.attention.cu_seqlens_q / _k are set but options.document_lengths is not");
   usp.ulysses_degree = 2;
   refused(usp, "seq_len 18: mode usp needs a multiple of 2 x world = 4", 18);
   Options usp_sw = sw;

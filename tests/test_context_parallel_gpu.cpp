@@ -93,6 +93,7 @@ struct Problem {
   std::optional<kernels::MaskSpec> mask;  // a library mask instead (document ids in `docs`, for every batch)
   std::vector<int32_t> docs;
   double dropout_p = 0;  // dropout (seed kSeed, offset kOffset): the single-GPU call's mask, compared bit for bit
+  std::vector<int64_t> doc_lengths;  // packed documents (B = 1, varlen calls; ulysses): their lengths
   bool allowed(int64_t i, int64_t j) const {
     if (!mask) return !causal || j <= i;
     kernels::MaskData data;
@@ -192,11 +193,40 @@ void set_dropout(attention::Options& opts, const Problem& p) {
   opts.offset = kOffset;
 }
 
+// Packed documents: the batch's cu_seqlens on `device` (kept in `cu`) and the varlen options.
+void set_documents(attention::Options& opts, const Problem& p, Device& cu, int device) {
+  if (p.doc_lengths.empty()) return;
+  HostTensor h(ir::DType::i32, {static_cast<int64_t>(p.doc_lengths.size()) + 1});
+  int64_t at = 0, longest = 0;
+  h.set_flat(0, 0);
+  for (size_t d = 0; d < p.doc_lengths.size(); ++d) {
+    at += p.doc_lengths[d];
+    longest = std::max(longest, p.doc_lengths[d]);
+    h.set_flat(static_cast<int64_t>(d) + 1, static_cast<double>(at));
+  }
+  cu = upload(h, device);
+  opts.cu_seqlens_q = opts.cu_seqlens_k = cu.t;
+  opts.max_seqlen_q = opts.max_seqlen_k = longest;
+}
+
+// [1, n, H, D] as [n, H, D], [1, H, n] as [H, n]: the varlen call's view of a batch of one.
+attention::Tensor packed(const attention::Tensor& t, bool documents) {
+  if (!documents) return t;
+  attention::Tensor r = t;
+  r.rank = t.rank - 1;
+  for (int i = 0; i < r.rank; ++i) r.sizes[static_cast<size_t>(i)] = t.size(i + 1), r.strides[static_cast<size_t>(i)] = t.stride(i + 1);
+  r.sizes[static_cast<size_t>(r.rank)] = r.strides[static_cast<size_t>(r.rank)] = 0;
+  return r;
+}
+
 // The single-GPU call on the whole sequence (device 0).
 Outputs single_gpu(const Problem& p) {
   attention::Options opts;
   opts.causal = p.causal;
   set_dropout(opts, p);
+  Device cu;
+  set_documents(opts, p, cu, 0);
+  const bool packed_docs = !p.doc_lengths.empty();
   Device q = upload(p.q, 0), k = upload(p.k, 0), v = upload(p.v, 0), dout = upload(p.dout, 0);
   Device docs = upload(doc_tensor(p), 0);
   if (p.mask) opts.mask = attention::Mask{*p.mask, {}, {}, {}};
@@ -204,8 +234,9 @@ Outputs single_gpu(const Problem& p) {
   Device o = empty_like(ir::DType::bf16, {p.B, p.S, p.Hq, p.D}, 0), lse = empty_like(ir::DType::f32, {p.B, p.Hq, p.S}, 0);
   Device dq = empty_like(ir::DType::bf16, {p.B, p.S, p.Hq, p.D}, 0), dk = empty_like(ir::DType::bf16, {p.B, p.S, p.Hkv, p.D}, 0),
          dv = empty_like(ir::DType::bf16, {p.B, p.S, p.Hkv, p.D}, 0);
-  attention::forward(q.t, k.t, v.t, o.t, lse.t, opts);
-  attention::backward(q.t, k.t, v.t, o.t, dout.t, lse.t, dq.t, dk.t, dv.t, opts);
+  const auto pk = [&](const Device& x) { return packed(x.t, packed_docs); };
+  attention::forward(pk(q), pk(k), pk(v), pk(o), pk(lse), opts);
+  attention::backward(pk(q), pk(k), pk(v), pk(o), pk(dout), pk(lse), pk(dq), pk(dk), pk(dv), opts);
   runtime::check_cu(runtime::Driver::get().api().CtxSynchronize(), "cuCtxSynchronize");
   return {download(o, ir::DType::bf16, {p.B, p.S, p.Hq, p.D}).to_f64(), download(lse, ir::DType::f32, {p.B, p.Hq, p.S}).to_f64(),
           download(dq, ir::DType::bf16, {p.B, p.S, p.Hq, p.D}).to_f64(), download(dk, ir::DType::bf16, {p.B, p.S, p.Hkv, p.D}).to_f64(),
@@ -239,7 +270,7 @@ void scatter_lse(const std::vector<double>& local, const std::vector<int64_t>& p
 Outputs context_parallel(const Problem& p, int W, cp::Mode mode, cp::Layout layout, int ulysses_degree, int head_groups,
                          bool& deterministic) {
   const runtime::nccl::UniqueId id = runtime::nccl::make_unique_id();
-  const cp::ShardLayout shards(layout, W, p.S);
+  const cp::ShardLayout shards = p.doc_lengths.empty() ? cp::ShardLayout(layout, W, p.S) : cp::ShardLayout(layout, W, p.doc_lengths);
   Outputs out{std::vector<double>(static_cast<size_t>(p.B * p.S * p.Hq * p.D)), std::vector<double>(static_cast<size_t>(p.B * p.Hq * p.S)),
               std::vector<double>(static_cast<size_t>(p.B * p.S * p.Hq * p.D)), std::vector<double>(static_cast<size_t>(p.B * p.S * p.Hkv * p.D)),
               std::vector<double>(static_cast<size_t>(p.B * p.S * p.Hkv * p.D))};
@@ -259,6 +290,9 @@ Outputs context_parallel(const Problem& p, int W, cp::Mode mode, cp::Layout layo
       opts.head_groups = head_groups;
       opts.attention.causal = p.causal;
       set_dropout(opts.attention, p);
+      opts.document_lengths = p.doc_lengths;
+      Device cu;
+      set_documents(opts.attention, p, cu, r);
       Device docs = upload(doc_tensor(p), r);  // the whole sequence's ids, on every rank
       if (p.mask) opts.attention.mask = attention::Mask{*p.mask, {}, {}, {}};
       if (p.mask && kernels::mask_uses_doc_ids(p.mask->kind)) opts.attention.mask->doc_ids = docs.t;
@@ -323,18 +357,20 @@ double max_abs(const std::vector<double>& a, const std::vector<double>& b) {
 }
 
 void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int S, std::optional<kernels::MaskSpec> mask = {},
-                int ulysses_degree = 0, int Hq = 4, int Hkv = 2, int head_groups = 0, double dropout_p = 0) {
+                int ulysses_degree = 0, int Hq = 4, int Hkv = 2, int head_groups = 0, double dropout_p = 0,
+                std::vector<int64_t> doc_lengths = {}) {
   const std::string what = fmt::format("{}{} {} W={} causal={} B={} S={} Hq={} Hkv={}{}{}{}", cp::name(mode),
                                        ulysses_degree ? fmt::format(" U={}", ulysses_degree) : "", cp::name(layout), W, causal, B, S, Hq,
                                        Hkv, head_groups ? fmt::format(" head_groups={}", head_groups) : "",
                                        mask ? std::string(" mask ") + kernels::mask_kind_name(mask->kind) : "",
-                                       dropout_p > 0 ? fmt::format(" dropout {}", dropout_p) : "");
+                                       dropout_p > 0 ? fmt::format(" dropout {}", dropout_p) : "") +
+                           (doc_lengths.empty() ? "" : fmt::format(" {} packed documents", doc_lengths.size()));
   CAPTURE(what);
   HangGuard guard(what, std::chrono::seconds(300));
   std::mt19937 rng(static_cast<unsigned>(S * 31 + W * 7 + causal));
   const int D = 128;
   Problem p{B, Hq, Hkv, S, D, causal, random_bf16({B, S, Hq, D}, rng), random_bf16({B, S, Hkv, D}, rng), random_bf16({B, S, Hkv, D}, rng),
-            random_bf16({B, S, Hq, D}, rng), mask, {}, dropout_p};
+            random_bf16({B, S, Hq, D}, rng), mask, {}, dropout_p, doc_lengths};
   for (int i = 0, doc = 0; i < S; ++i) {  // documents of ~S / 8 tokens
     if (rng() % static_cast<unsigned>(S / 8) == 0) ++doc;
     p.docs.push_back(doc);
@@ -354,9 +390,11 @@ void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int
   const bool exact = mode == cp::Mode::ulysses && (Hq / W) % (Hq / Hkv) == 0;
   for (auto [name, single, cpv, ref] : outs) {
     if (exact) CHECK_MESSAGE(*single == *cpv, name, " differs from the single-GPU call (ulysses must be bit-identical)");
-    if (dropout_p > 0) {  // the float64 reference has no dropout: the single-GPU call (same mask) is
-      // the reference; the chunk modes merge partials, so only close. A call drawing another mask
-      // than the single-GPU one moves outputs by tens of percent.
+    if (dropout_p > 0 || !doc_lengths.empty()) {
+      // the float64 reference has neither dropout nor documents: the single-GPU call (same mask,
+      // same documents) is the reference; the chunk modes merge partials, so only close. Another
+      // mask or a document boundary crossed moves outputs by tens of percent.
+      if (exact) continue;
       double big = 0;
       for (double x : *single) big = std::isfinite(x) ? std::max(big, std::abs(x)) : big;
       const double diff = max_abs(*single, *cpv);
@@ -505,6 +543,14 @@ TEST_CASE("cp/gpu: every mode on 2 GPUs equals one GPU") {
   check_case(2, cp::Mode::ring, cp::Layout::contiguous, true, 1, 1024, {}, 0, 4, 2, 0, 0.1);
   check_case(2, cp::Mode::allgather, cp::Layout::zigzag, false, 1, 1024, kernels::MaskSpec::causal_document(), 0, 4, 2, 0, 0.1);
   for (int U : {1, 2}) check_case(2, cp::Mode::usp, cp::Layout::zigzag, true, 1, 1024, {}, U, 4, 2, 0, 0.1);
+  // ulysses on packed documents (each cut into 2W zigzag chunks, lengths not divisible by 4): the
+  // single-GPU varlen call bit for bit, also with dropout (heads placed; b is the document)
+  for (double p : {0.0, 0.1})
+    for (bool causal : {false, true})
+      check_case(2, cp::Mode::ulysses, cp::Layout::zigzag, causal, 1, 1000, {}, 0, 8, 4, 0, p, {301, 77, 500, 122});
+  // ring and allgather on packed documents: every document its own attention (dense calls inside it)
+  for (cp::Mode mode : {cp::Mode::ring, cp::Mode::allgather})
+    for (bool causal : {false, true}) check_case(2, mode, cp::Layout::zigzag, causal, 1, 1000, {}, 0, 4, 2, 0, 0.0, {301, 77, 500, 122});
 }
 
 TEST_CASE("cp/gpu: every mode on 4 GPUs equals one GPU") {
@@ -520,4 +566,6 @@ TEST_CASE("cp/gpu: every mode on 4 GPUs equals one GPU") {
   check_case(4, cp::Mode::ulysses, cp::Layout::zigzag, false, 1, 1000, {}, 0, 16, 8, 2, 0.2);
   for (cp::Mode mode : {cp::Mode::ring, cp::Mode::allgather}) check_case(4, mode, cp::Layout::zigzag, true, 1, 1024, {}, 0, 4, 2, 0, 0.1);
   check_case(4, cp::Mode::usp, cp::Layout::zigzag, true, 1, 1024, {}, 2, 4, 2, 0, 0.1);
+  check_case(4, cp::Mode::ring, cp::Layout::zigzag, true, 1, 1000, {}, 0, 4, 2, 0, 0.0, {301, 77, 500, 122});
+  check_case(4, cp::Mode::ulysses, cp::Layout::zigzag, true, 1, 1000, {}, 0, 8, 4, 0, 0.1, {301, 77, 500, 122});
 }

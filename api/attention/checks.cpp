@@ -115,7 +115,7 @@ void check_lse(const Checker& c, const Tensor& q, const Tensor& lse, const Dims&
 }
 
 // options.dropout_coordinates as the kernels take them: offsets in [0, 2^31), col_offset a multiple
-// of 64, heads 0 or at least head_offset + Hq; not with varlen or precomputed bits.
+// of 64, heads 0 or at least head_offset + Hq; only heads with varlen; not with precomputed bits.
 kernels::DropoutCoordinates check_dropout_coordinates(const Checker& c, const Options& opts, const Dims& d) {
   const auto& g = opts.dropout_coordinates;
   if (g.row_offset == 0 && g.col_offset == 0 && g.head_offset == 0 && g.heads == 0) return {};
@@ -134,7 +134,9 @@ kernels::DropoutCoordinates check_dropout_coordinates(const Checker& c, const Op
   if (g.heads != 0 && (g.heads < g.head_offset + d.heads_q || g.heads > kMax))
     c.fail("options.dropout_coordinates.heads = {}; it must be 0 (this call's Hq) or at least head_offset + Hq = {} + {}", g.heads,
            g.head_offset, d.heads_q);
-  if (d.varlen) c.fail("options.dropout_coordinates: not with cu_seqlens (a packed batch's mask is per sequence)");
+  if (d.varlen && (g.row_offset != 0 || g.col_offset != 0))
+    c.fail("options.dropout_coordinates.row_offset / col_offset = {} / {} with cu_seqlens: a packed batch's rows and keys count "
+           "inside each sequence (only head_offset and heads place a varlen call)", g.row_offset, g.col_offset);
   if (opts.dropout_bits) c.fail("options.dropout_coordinates with options.dropout_bits: precomputed bits are the call's own (unset one)");
   return {static_cast<int32_t>(g.row_offset), static_cast<int32_t>(g.col_offset), static_cast<int32_t>(g.head_offset),
           static_cast<int32_t>(g.heads)};

@@ -9,28 +9,50 @@ namespace tilejit::cp {
 
 const char* name(Layout layout) { return layout == Layout::zigzag ? "zigzag" : "contiguous"; }
 
-ShardLayout::ShardLayout(Layout kind, int world, int64_t seq_len) : kind_(kind), world_(world), seq_len_(seq_len) {
+ShardLayout::ShardLayout(Layout kind, int world, int64_t seq_len) : kind_(kind), world_(world), seq_len_(seq_len), doc_begin_{0, seq_len} {
   if (world < 1) throw std::invalid_argument(fmt::format("cp::ShardLayout: world is {}; it must be >= 1", world));
-  if (seq_len < chunk_count())
+  if (seq_len < chunks_per_document())
     throw std::invalid_argument(fmt::format("cp::ShardLayout: seq_len is {}; a {} layout over {} ranks needs at least {} tokens",
-                                            seq_len, name(kind), world, chunk_count()));
+                                            seq_len, name(kind), world, chunks_per_document()));
+}
+
+ShardLayout::ShardLayout(Layout kind, int world, const std::vector<int64_t>& document_lengths)
+    : kind_(kind), world_(world), seq_len_(0), doc_begin_{0} {
+  if (world < 1) throw std::invalid_argument(fmt::format("cp::ShardLayout: world is {}; it must be >= 1", world));
+  if (document_lengths.empty()) throw std::invalid_argument("cp::ShardLayout: no documents (give at least one length)");
+  for (size_t d = 0; d < document_lengths.size(); ++d) {
+    if (document_lengths[d] < chunks_per_document())
+      throw std::invalid_argument(fmt::format("cp::ShardLayout: document {} has {} tokens; a {} layout over {} ranks cuts every "
+                                              "document into {} chunks, so each needs at least {} tokens",
+                                              d, document_lengths[d], name(kind), world, chunks_per_document(), chunks_per_document()));
+    seq_len_ += document_lengths[d];
+    doc_begin_.push_back(seq_len_);
+  }
 }
 
 ChunkRange ShardLayout::chunk(int c) const {
-  // the first S % C chunks take one token more
-  const int64_t C = chunk_count(), base = seq_len_ / C, extra = seq_len_ % C;
-  const int64_t begin = c * base + std::min<int64_t>(c, extra);
-  return {begin, begin + base + (c < extra ? 1 : 0)};
+  // chunk c % C of document c / C; the first len % C chunks of a document take one token more
+  const int C = chunks_per_document(), doc = c / C, i = c % C;
+  const int64_t len = doc_begin_[static_cast<size_t>(doc) + 1] - doc_begin_[static_cast<size_t>(doc)];
+  const int64_t base = len / C, extra = len % C;
+  const int64_t begin = doc_begin_[static_cast<size_t>(doc)] + i * base + std::min<int64_t>(i, extra);
+  return {begin, begin + base + (i < extra ? 1 : 0)};
 }
 
 std::vector<int> ShardLayout::chunks_of(int rank) const {
-  if (kind_ == Layout::zigzag) return {rank, 2 * world_ - 1 - rank};
-  return {rank};
+  std::vector<int> chunks;
+  const int C = chunks_per_document();
+  for (int doc = 0; doc < documents(); ++doc) {
+    chunks.push_back(doc * C + rank);
+    if (kind_ == Layout::zigzag) chunks.push_back(doc * C + 2 * world_ - 1 - rank);
+  }
+  return chunks;
 }
 
 int ShardLayout::owner(int c) const {
-  if (kind_ == Layout::zigzag && c >= world_) return 2 * world_ - 1 - c;
-  return c;
+  const int i = c % chunks_per_document();
+  if (kind_ == Layout::zigzag && i >= world_) return 2 * world_ - 1 - i;
+  return i;
 }
 
 int64_t ShardLayout::local_offset(int c) const {
@@ -62,6 +84,8 @@ std::vector<int64_t> ShardLayout::positions(int rank) const {
 }
 
 std::string ShardLayout::describe() const {
+  if (documents() > 1)
+    return fmt::format("{} W={} S={} ({} documents, {} chunks each)", name(kind_), world_, seq_len_, documents(), chunks_per_document());
   return fmt::format("{} W={} S={} ({} chunks of {}{})", name(kind_), world_, seq_len_, chunk_count(), chunk(chunk_count() - 1).size(),
                      seq_len_ % chunk_count() ? "-" + std::to_string(chunk(0).size()) : "");
 }

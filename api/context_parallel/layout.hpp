@@ -3,6 +3,11 @@
 // 2W-1-r, which balances causal work); a rank's local shard is its chunks back to back, in that
 // order. Lengths not divisible by the chunk count give the first S % C chunks one token more, so
 // local lengths differ by at most two tokens between ranks (never truncated).
+//
+// A packed batch of documents (varlen) is cut document by document, as the Long-Context benchmark
+// does: every document into the layout's C chunks, chunk c of the layout being chunk c % C of
+// document c / C; a rank's shard is its chunks of document 0, then of document 1, ... (the local
+// cu_seqlens: shard_cu_seqlens).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -22,11 +27,16 @@ class ShardLayout {
  public:
   // Throws std::invalid_argument for world < 1 or a sequence shorter than the chunk count.
   ShardLayout(Layout kind, int world, int64_t seq_len);
+  // Documents of these lengths packed back to back, each cut on its own; the same errors for any
+  // document (naming it), and for none.
+  ShardLayout(Layout kind, int world, const std::vector<int64_t>& document_lengths);
 
   Layout kind() const { return kind_; }
   int world() const { return world_; }
   int64_t seq_len() const { return seq_len_; }
-  int chunk_count() const { return kind_ == Layout::zigzag ? 2 * world_ : world_; }
+  int documents() const { return static_cast<int>(doc_begin_.size()) - 1; }
+  int chunks_per_document() const { return kind_ == Layout::zigzag ? 2 * world_ : world_; }
+  int chunk_count() const { return chunks_per_document() * documents(); }
   ChunkRange chunk(int c) const;             // global positions of chunk c
   std::vector<int> chunks_of(int rank) const;  // in local order
   int owner(int c) const;                    // the rank holding chunk c
@@ -42,6 +52,7 @@ class ShardLayout {
   Layout kind_;
   int world_;
   int64_t seq_len_;
+  std::vector<int64_t> doc_begin_;  // each document's first token, then seq_len
 };
 
 // Index maps between a global sequence and the shards (tokens, document ids, any per-token data):

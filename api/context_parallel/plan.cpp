@@ -22,19 +22,24 @@ namespace {
 // What a query chunk sees of a key chunk under global causality (or everything: full).
 enum class Sees { none, all, diagonal };
 
-// A run of chunks laid back to back in a buffer: their global ranges and where each starts.
+// A run of chunks laid back to back in a buffer: their global ranges, where each starts, and the
+// document each belongs to (packed documents: no query sees another document's keys).
 struct ChunkRun {
   std::vector<ChunkRange> chunks;
   std::vector<int64_t> offsets;  // row of each chunk in the buffer
-  void add(ChunkRange c, int64_t offset) {
+  std::vector<int> documents;
+  void add(ChunkRange c, int64_t offset, int document) {
     chunks.push_back(c);
     offsets.push_back(offset);
+    documents.push_back(document);
   }
 };
 
-Sees truth(ChunkRange q, ChunkRange k, bool causal) {
+Sees truth(const ChunkRun& qs, size_t i, const ChunkRun& ks, size_t j, bool causal) {
+  if (qs.documents[i] != ks.documents[j]) return Sees::none;
+  const ChunkRange q = qs.chunks[i], k = ks.chunks[j];
   if (!causal || k.end <= q.begin) return Sees::all;
-  if (k.begin == q.begin && k.end == q.end) return Sees::diagonal;
+  if (k.begin == q.begin && k.end == q.end) return q.size() == 1 ? Sees::all : Sees::diagonal;  // (a 1 x 1 diagonal is all)
   if (k.begin >= q.end) return Sees::none;
   throw std::logic_error("cp::make_plan: chunks overlap partially");  // chunks of one layout never do
 }
@@ -65,7 +70,7 @@ std::vector<ChunkRun> global_pieces(const ChunkRun& run) {
   std::vector<ChunkRun> pieces;
   for (size_t i = 0; i < run.chunks.size(); ++i) {
     if (i == 0 || !globally_adjacent(run, i - 1, i + 1)) pieces.emplace_back();
-    pieces.back().add(run.chunks[i], run.offsets[i]);
+    pieces.back().add(run.chunks[i], run.offsets[i], run.documents[i]);
   }
   return pieces;
 }
@@ -88,7 +93,7 @@ class Planner {
     std::optional<size_t> first, last;
     for (size_t i = qa; i < qb; ++i)
       for (size_t j = 0; j < keys.chunks.size(); ++j)
-        if (truth(q_.chunks[i], keys.chunks[j], causal_) != Sees::none) {
+        if (truth(q_, i, keys, j, causal_) != Sees::none) {
           first = first ? std::min(*first, j) : j;
           last = last ? std::max(*last, j) : j;
         }
@@ -124,7 +129,7 @@ class Planner {
   bool exact(const AttentionCall& call, const ChunkRun& keys, size_t qa, size_t qb) const {
     for (size_t i = qa; i < qb; ++i)
       for (size_t j = 0; j < keys.chunks.size(); ++j) {
-        const Sees want = truth(q_.chunks[i], keys.chunks[j], causal_);
+        const Sees want = truth(q_, i, keys, j, causal_);
         const int64_t k0 = keys.offsets[j], k1 = k0 + keys.chunks[j].size();
         const bool inside = k0 >= call.k_begin && k1 <= call.k_end;
         const int64_t q0 = q_.offsets[i], q1 = q0 + q_.chunks[i].size();
@@ -149,7 +154,7 @@ ChunkRun shard_run(const ShardLayout& layout, int rank) {
   ChunkRun run;
   int64_t offset = 0;
   for (int c : layout.chunks_of(rank)) {
-    run.add(layout.chunk(c), offset);
+    run.add(layout.chunk(c), offset, c / layout.chunks_per_document());
     offset += layout.chunk(c).size();
   }
   return run;
@@ -181,7 +186,7 @@ Plan make_plan(Mode mode, const ShardLayout& layout, bool causal, int rank, bool
     }
   } else {
     ChunkRun global;  // the gathered sequence, in global order
-    for (int c = 0; c < layout.chunk_count(); ++c) global.add(layout.chunk(c), layout.chunk(c).begin);
+    for (int c = 0; c < layout.chunk_count(); ++c) global.add(layout.chunk(c), layout.chunk(c).begin, c / layout.chunks_per_document());
     PlanStep step;
     // one call per query chunk when causal (each its own key prefix), else one for all
     if (causal)

@@ -50,6 +50,9 @@ runtime::nccl::DataType nccl_type(ir::DType t) {
 
 attention::Options call_options(const attention::Options& opts, const AttentionCall& call) {
   attention::Options a = opts;
+  // packed documents: every call lies inside one document, a dense call on its rows
+  a.cu_seqlens_q.reset(), a.cu_seqlens_k.reset();
+  a.max_seqlen_q = a.max_seqlen_k = 0;
   if (a.dropout_p > 0) {  // (the plan has global runs: the call's rows and keys each one stretch)
     a.dropout_coordinates.row_offset += call.q_global;
     a.dropout_coordinates.col_offset += call.k_global;
@@ -172,7 +175,23 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
   if (a.dropout_mask || a.dropout_bits)
     fail(fn, "options.attention.dropout_mask / dropout_bits: a per-call mask tensor; not with context parallelism (the fused mask "
          "is the single-GPU one)");
-  if (a.cu_seqlens_q || a.cu_seqlens_k) fail(fn, "options.attention.cu_seqlens: context parallelism takes dense batches only yet");
+  const bool documents = !opts.document_lengths.empty();
+  if (documents && opts.mode == Mode::usp)
+    fail(fn, "options.document_lengths ({} documents): mode usp takes one sequence a batch row (ulysses, ring and allgather take "
+         "packed documents)", opts.document_lengths.size());
+  if (documents && opts.mode != Mode::ulysses && a.dropout_p > 0)
+    fail(fn, "options.document_lengths with options.attention.dropout_p {}: mode {} has no dropout on packed documents yet (ulysses "
+         "has)", a.dropout_p, name(opts.mode));
+  if (documents && opts.mode != Mode::ulysses && a.mask)
+    fail(fn, "options.document_lengths with options.attention.mask: mode {} takes full or causal packed documents (each document "
+         "its own attention); ulysses takes every mask", name(opts.mode));
+  if (documents && (!a.cu_seqlens_q || !a.cu_seqlens_k))
+    fail(fn, "options.document_lengths is set but options.attention.cu_seqlens_q / _k are not (give the whole batch's offsets)");
+  if (!documents && (a.cu_seqlens_q || a.cu_seqlens_k))
+    fail(fn, "options.attention.cu_seqlens_q / _k are set but options.document_lengths is not (the host needs the documents' "
+         "lengths to know which tokens each rank holds)");
+  if (documents && q.size(0) != 1)
+    fail(fn, "q has batch size {} with options.document_lengths; packed documents take B = 1 ([1, S_local, Hq, D])", q.size(0));
   if (a.block_mask) fail(fn, "options.attention.block_mask: a block mask is built for one GPU's call; not with context parallelism");
   if (a.dq_reduction != attention::DqReduction::recompute)
     fail(fn, "options.attention.dq_reduction {}: context parallelism runs the default (recompute) backward", attention::name(a.dq_reduction));
@@ -192,10 +211,12 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
   d.world = st.comm->world();
   if (q.device != st.device) fail(fn, "q is on device {} but the communicator's device is {}", q.device, st.device);
   try {
-    d.layout = ShardLayout(opts.layout, d.world, seq_len);
+    d.layout = documents ? ShardLayout(opts.layout, d.world, opts.document_lengths) : ShardLayout(opts.layout, d.world, seq_len);
   } catch (const std::invalid_argument& e) {
     fail(fn, "seq_len {}: {}", seq_len, e.what());
   }
+  if (documents && d.layout.seq_len() != seq_len)
+    fail(fn, "options.document_lengths sum to {} tokens but seq_len is {}", d.layout.seq_len(), seq_len);
   d.local = d.layout.local_len(d.rank);
   // Dropout draws the single-GPU keep-mask: Ulysses places each rank's heads (head_options), the
   // chunk modes each call's rows and keys (call_options), whose keys must start on whole Philox

@@ -14,6 +14,9 @@ namespace tilejit::cp::detail {
 
 namespace {
 
+// The single-GPU call's view of a head shard: as is, or (packed documents, B = 1) without the batch dim.
+Tensor call_view(const Tensor& t, const attention::Options& opts) { return opts.cu_seqlens_q ? without_batch(t) : t; }
+
 // Event indices of head group g: its shards exchanged (on the communication stream), its call done
 // (on the caller's stream).
 size_t exchanged(int g) { return 10 + 2 * static_cast<size_t>(g); }
@@ -38,7 +41,8 @@ void ulysses_forward(ContextParallel::State& st, const Dims& d, const Tensor& q,
     for (attention::Options& x : a)
       if (!x.persistent) x.persistent = false;
   const size_t ws_bytes =
-      attention::forward_workspace_bytes(u.shard_shape(u.q_group(r, 0, G).count), u.shard_shape(u.kv_group(r, 0, G).count), a[0]);
+      attention::forward_workspace_bytes(call_view(u.shard_shape(u.q_group(r, 0, G).count), opts),
+                                         call_view(u.shard_shape(u.kv_group(r, 0, G).count), opts), a[0]);
   Scratch s(st.scratch_base(ulysses_bytes(d, u.mine(), false, ws_bytes, G), stream));
   std::vector<Ulysses::Shards> h;
   for (int g = 0; g < G; ++g) h.push_back(u.shards(s, false, G));
@@ -50,7 +54,8 @@ void ulysses_forward(ContextParallel::State& st, const Dims& d, const Tensor& q,
   for (int g = 0; g < G; ++g) {
     const Ulysses::Shards& x = h[static_cast<size_t>(g)];
     st.wait(stream, exchanged(g));
-    attention::forward(x.q, x.k, x.v, x.o, x.lse, a[static_cast<size_t>(g)], stream, ws);
+    const auto cv = [&](const Tensor& t) { return call_view(t, opts); };
+    attention::forward(cv(x.q), cv(x.k), cv(x.v), cv(x.o), cv(x.lse), a[static_cast<size_t>(g)], stream, ws);
     st.mark(computed(g), stream);
     if (g + 1 < G) {
       u.inputs_to_heads(q, k, v, h[static_cast<size_t>(g + 1)], s, nullptr, nullptr, nullptr, g + 1, G);
@@ -70,7 +75,8 @@ void ulysses_backward(ContextParallel::State& st, const Dims& d, const Tensor& q
   std::vector<attention::Options> a;
   for (int g = 0; g < G; ++g) a.push_back(head_options(opts, u.q_group(r, g, G), d.Hq));
   const size_t ws_bytes =
-      attention::backward_workspace_bytes(u.shard_shape(u.q_group(r, 0, G).count), u.shard_shape(u.kv_group(r, 0, G).count), a[0]);
+      attention::backward_workspace_bytes(call_view(u.shard_shape(u.q_group(r, 0, G).count), opts),
+                                          call_view(u.shard_shape(u.kv_group(r, 0, G).count), opts), a[0]);
   Scratch s(st.scratch_base(ulysses_bytes(d, u.mine(), true, ws_bytes, G), stream));
   std::vector<Ulysses::Shards> h;
   for (int g = 0; g < G; ++g) h.push_back(u.shards(s, true, G));
@@ -82,7 +88,9 @@ void ulysses_backward(ContextParallel::State& st, const Dims& d, const Tensor& q
   for (int g = 0; g < G; ++g) {
     const Ulysses::Shards& x = h[static_cast<size_t>(g)];
     st.wait(stream, exchanged(g));
-    attention::backward(x.q, x.k, x.v, x.o, x.do_, x.lse, x.dq, x.dk, x.dv, a[static_cast<size_t>(g)], stream, ws);
+    const auto cv = [&](const Tensor& t) { return call_view(t, opts); };
+    attention::backward(cv(x.q), cv(x.k), cv(x.v), cv(x.o), cv(x.do_), cv(x.lse), cv(x.dq), cv(x.dk), cv(x.dv),
+                        a[static_cast<size_t>(g)], stream, ws);
     st.mark(computed(g), stream);
     if (g + 1 < G) {
       u.inputs_to_heads(q, k, v, h[static_cast<size_t>(g + 1)], s, &o, &do_, &lse, g + 1, G);

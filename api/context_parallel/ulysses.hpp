@@ -29,6 +29,19 @@ inline Tensor lse_heads(const Tensor& lse, HeadRange h) {
   return r;
 }
 
+// A batch of one without its batch dim: [1, n, H, D] as the varlen API's [n, H, D], an LSE
+// [1, H, n] as [H, n] (packed documents: the single-GPU call takes the whole packed sequence).
+inline Tensor without_batch(const Tensor& t) {
+  Tensor r = t;
+  r.rank = t.rank - 1;
+  for (int i = 0; i < r.rank; ++i) {
+    r.sizes[static_cast<size_t>(i)] = t.size(i + 1);
+    r.strides[static_cast<size_t>(i)] = t.stride(i + 1);
+  }
+  r.sizes[static_cast<size_t>(r.rank)] = r.strides[static_cast<size_t>(r.rank)] = 0;
+  return r;
+}
+
 // dst = src for two views of one shape: [B, n, h, D] with (h, D) contiguous in each row, or an LSE
 // [B, h, n]; one 2D copy per batch.
 inline void copy_view(const Tensor& dst, const Tensor& src, CUstream stream) {
