@@ -349,6 +349,14 @@ TEST_CASE("attention API: dropout options") {
   c.opts.dropout_coordinates.heads = 0;
   c.opts.dropout_bits = contiguous(kBase + 0xd000000, DType::u32, {16, 100, 10});
   CHECK_FWD_ERROR(c, "options.dropout_coordinates with options.dropout_bits");
+  // varlen: heads place a call (b is the sequence), rows and keys count inside each sequence
+  Call vc = packed_call();
+  vc.opts.dropout_p = 0.1;
+  vc.opts.dropout_coordinates = {.head_offset = 8, .heads = 32};
+  CHECK_NOTHROW(vc.check_fwd());
+  if (backward_available()) CHECK_NOTHROW(vc.check_bwd());
+  vc.opts.dropout_coordinates.row_offset = 64;
+  CHECK_FWD_ERROR(vc, "options.dropout_coordinates.row_offset / col_offset = 64 / 0 with cu_seqlens");
 
   // seed and offset in device memory (CUDA graphs): i64 / u64 [2], 8-byte aligned, only with dropout
   c = Call{};
