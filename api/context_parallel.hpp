@@ -39,7 +39,7 @@ struct Options {
   // default, today 1 = one exchange, then the call, then the return). usp: 0 or 1.
   int head_groups = 0;
   // A packed batch of documents (varlen; ulysses, ring and allgather): their lengths, which sum to
-  // seq_len. Ring and allgather: full or causal (each document its own attention), no dropout yet.
+  // seq_len. Ring and allgather: full or causal (each document its own attention).
   // Every document is cut on its own (ShardLayout(layout, world, document_lengths)); q, k, v are
   // [1, S_local, H, D] (B = 1) holding this rank's pieces, and attention.cu_seqlens_q / _k hold the
   // whole batch's offsets (i32 [documents + 1] on this rank's device; the same documents, which the

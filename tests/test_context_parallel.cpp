@@ -212,6 +212,11 @@ void check_mode(Mode mode, Layout kind, int W, int S, bool causal, bool global_r
         CHECK(qs.front() == call.q_global);
         CHECK(ks.front() == call.k_global);
         if (global_runs) {  // each one stretch of the sequence: placed by two offsets (dropout)
+          // inside its document (dropout places rows and keys from document_begin)
+          const std::vector<int64_t>& doc = doc_positions[static_cast<size_t>(call.document)];
+          for (const std::vector<int64_t>* run : {&qs, &ks})
+            for (int64_t pos : *run) CHECK((pos >= doc.front() && pos <= doc.back()));
+          CHECK(call.document_begin == doc.front());
           for (size_t i = 0; i < qs.size(); ++i) CHECK(qs[i] == call.q_global + static_cast<int64_t>(i));
           for (size_t j = 0; j < ks.size(); ++j) CHECK(ks[j] == call.k_global + static_cast<int64_t>(j));
         }
@@ -360,7 +365,8 @@ TEST_CASE("cp/plan: packed documents (each its own attention) in ring and allgat
         for (bool causal : {false, true}) {
           const int C = kind == Layout::zigzag ? 2 * W : W;
           const std::vector<int64_t> docs{3 * C + 1, C, 2 * C + 3};
-          check_mode(mode, kind, W, static_cast<int>(docs[0] + docs[1] + docs[2]), causal, false, docs);
+          for (bool global_runs : {false, true})
+            check_mode(mode, kind, W, static_cast<int>(docs[0] + docs[1] + docs[2]), causal, global_runs, docs);
         }
 }
 
@@ -464,7 +470,8 @@ TEST_CASE("cp/runner: bad arguments are refused before anything runs") {
   refused(sw, "mode ring takes the full and causal masks only");
   Options drop = opts;
   drop.attention.dropout_p = 0.1;
-  refused(drop, "has a chunk at token 4; with dropout every chunk must start at a multiple of 64 (seq_len a multiple of 256)");
+  refused(drop, "has a chunk at token 4; with dropout every chunk must start at a multiple of 64 (seq_len, or each document's length, "
+                "a multiple of 256)");
   Options uly_bits = drop;
   uly_bits.mode = Mode::ulysses;
   uly_bits.attention.dropout_bits = q;

@@ -551,6 +551,9 @@ TEST_CASE("cp/gpu: every mode on 2 GPUs equals one GPU") {
   // ring and allgather on packed documents: every document its own attention (dense calls inside it)
   for (cp::Mode mode : {cp::Mode::ring, cp::Mode::allgather})
     for (bool causal : {false, true}) check_case(2, mode, cp::Layout::zigzag, causal, 1, 1000, {}, 0, 4, 2, 0, 0.0, {301, 77, 500, 122});
+  // ... with dropout: each call placed in its document's mask (documents of multiples of 256 tokens)
+  for (cp::Mode mode : {cp::Mode::ring, cp::Mode::allgather})
+    check_case(2, mode, cp::Layout::zigzag, true, 1, 1280, {}, 0, 4, 2, 0, 0.1, {512, 256, 512});
 }
 
 TEST_CASE("cp/gpu: every mode on 4 GPUs equals one GPU") {

@@ -64,7 +64,7 @@ void allgather_forward(ContextParallel::State& st, const Dims& d, const Tensor& 
   st.join(stream, st.comm_stream.handle(), 1);
   for (const AttentionCall& call : plan.steps[0].calls)
     attention::forward(rows(q, call.q_begin, call.q_end), rows(kg, call.k_begin, call.k_end), rows(vg, call.k_begin, call.k_end),
-                       rows(o, call.q_begin, call.q_end), lse_rows(lse, call.q_begin, call.q_end), call_options(opts, call), stream,
+                       rows(o, call.q_begin, call.q_end), lse_rows(lse, call.q_begin, call.q_end), call_options(opts, call, d.Hq), stream,
                        ws);
 }
 
@@ -97,7 +97,7 @@ void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor&
     const Tensor dkp = rows(dk_part, 0, call.k_len()), dvp = rows(dv_part, 0, call.k_len());
     attention::backward(rows(q, call.q_begin, call.q_end), rows(kg, call.k_begin, call.k_end), rows(vg, call.k_begin, call.k_end),
                         rows(o, call.q_begin, call.q_end), rows(do_, call.q_begin, call.q_end), lse_rows(lse, call.q_begin, call.q_end),
-                        rows(dq, call.q_begin, call.q_end), dkp, dvp, call_options(opts, call), stream, ws);
+                        rows(dq, call.q_begin, call.q_end), dkp, dvp, call_options(opts, call, d.Hq), stream, ws);
     accumulate(rows(dk_all, call.k_begin, call.k_end), dkp, false, stream);
     accumulate(rows(dv_all, call.k_begin, call.k_end), dvp, false, stream);
   }

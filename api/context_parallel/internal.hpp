@@ -42,7 +42,10 @@ Tensor bhs(uint64_t data, int64_t B, int64_t H, int64_t rows, int64_t head_rows,
 
 runtime::nccl::DataType nccl_type(ir::DType t);
 // The single-GPU options of one planned call: its own mask (unmasked or bottom-right causal).
-attention::Options call_options(const attention::Options& opts, const AttentionCall& call);
+// The single-GPU options of one planned call (rows of one run, keys of one run): its causality,
+// a prefix mask's document ids cut to its keys, dropout placed at its rows, keys and (packed
+// documents) its document's heads among `heads_q` query heads.
+attention::Options call_options(const attention::Options& opts, const AttentionCall& call, int64_t heads_q);
 
 // Scratch carved from the runner's buffer: take() hands out 256-byte aligned pieces.
 class Scratch {

@@ -58,14 +58,15 @@ std::optional<Sees> call_gives(const AttentionCall& call, int64_t q0, int64_t q1
   return std::nullopt;
 }
 
-// Whether chunks [a, b) of a run lie back to back in the global sequence too.
+// Whether chunks [a, b) of a run lie back to back in the global sequence too, in one document.
 bool globally_adjacent(const ChunkRun& run, size_t a, size_t b) {
   for (size_t i = a + 1; i < b; ++i)
-    if (run.chunks[i].begin != run.chunks[i - 1].end) return false;
+    if (run.chunks[i].begin != run.chunks[i - 1].end || run.documents[i] != run.documents[i - 1]) return false;
   return true;
 }
 
-// A run cut where its chunks stop being adjacent in the global sequence (a zigzag shard's two).
+// A run cut where its chunks stop being adjacent in the global sequence (a zigzag shard's two) or
+// a document ends.
 std::vector<ChunkRun> global_pieces(const ChunkRun& run) {
   std::vector<ChunkRun> pieces;
   for (size_t i = 0; i < run.chunks.size(); ++i) {
@@ -102,7 +103,8 @@ class Planner {
       AttentionCall call{q_.offsets[qa],   q_.offsets[qb - 1] + q_.chunks[qb - 1].size(),
                          keys.offsets[*first], keys.offsets[*last] + keys.chunks[*last].size(),
                          causal,           false,
-                         q_.chunks[qa].begin, keys.chunks[*first].begin};
+                         q_.chunks[qa].begin, keys.chunks[*first].begin,
+                         q_.documents[qa], 0};
       if (exact(call, keys, qa, qb) && uniform_touch(qa, qb) && (!global_runs_ || globally_adjacent(q_, qa, qb))) {
         call.first = !touched_[qa];
         for (size_t i = qa; i < qb; ++i) touched_[i] = true;
@@ -196,6 +198,8 @@ Plan make_plan(Mode mode, const ShardLayout& layout, bool causal, int rank, bool
     plan.steps.push_back(std::move(step));
   }
   plan.unvisited_rows = planner.untouched();
+  for (PlanStep& step : plan.steps)
+    for (AttentionCall& call : step.calls) call.document_begin = layout.chunk(call.document * layout.chunks_per_document()).begin;
   return plan;
 }
 

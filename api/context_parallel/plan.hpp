@@ -33,6 +33,10 @@ struct AttentionCall {
   // the global positions of the first query row and the first key (with global_runs each run is one
   // stretch of the sequence, so row i of the call is q_global + i and key j is k_global + j)
   int64_t q_global = 0, k_global = 0;
+  // packed documents, with global_runs: the document the call lies inside, and its first token
+  // (0, 0: one sequence)
+  int document = 0;
+  int64_t document_begin = 0;
   int64_t q_len() const { return q_end - q_begin; }
   int64_t k_len() const { return k_end - k_begin; }
 };
@@ -57,7 +61,8 @@ struct Plan {
 // The plan of `rank` for a full (causal = false) or causal mask. Throws std::invalid_argument for
 // Mode::ulysses (no chunk plan: see UlyssesHeads). `global_runs`: every call's query rows and keys
 // are each one stretch of the global sequence (more, smaller calls: a rank's zigzag chunks are not
-// adjacent), so a call can be placed in the whole attention by two offsets (dropout's mask).
+// adjacent), inside one document, so a call can be placed in the whole attention by two offsets
+// (dropout's mask).
 Plan make_plan(Mode mode, const ShardLayout& layout, bool causal, int rank, bool global_runs = false);
 
 // Masks under which no query sees a key after its own position (causal, causal_sliding_window,

@@ -122,7 +122,7 @@ void ring_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, co
       // one program per tile: the next shard's send / recv kernels on the comm stream get SMs at
       // tile boundaries (a persistent grid would hold every SM until the call ends; not measured
       // beside NCCL yet: decision 050)
-      attention::Options fo = call_options(opts, call);
+      attention::Options fo = call_options(opts, call, d.Hq);
       if (!fo.persistent) fo.persistent = false;
       attention::forward(rows(q, call.q_begin, call.q_end), rows(cur.k, call.k_begin, call.k_end), rows(cur.v, call.k_begin, call.k_end),
                          op, lp, fo, stream);
@@ -180,7 +180,7 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
       attention::backward(rows(q, call.q_begin, call.q_end), rows(cur.k, call.k_begin, call.k_end),
                           rows(cur.v, call.k_begin, call.k_end), rows(o, call.q_begin, call.q_end),
                           rows(do_, call.q_begin, call.q_end), lse_rows(lse, call.q_begin, call.q_end), dqp, dkp, dvp,
-                          call_options(opts, call), stream, ws);
+                          call_options(opts, call, d.Hq), stream, ws);
       accumulate(rows(dq_acc, call.q_begin, call.q_end), dqp, false, stream);
       accumulate(rows(dk_sum, call.k_begin, call.k_end), dkp, false, stream);
       accumulate(rows(dv_sum, call.k_begin, call.k_end), dvp, false, stream);

@@ -48,14 +48,17 @@ runtime::nccl::DataType nccl_type(ir::DType t) {
   }
 }
 
-attention::Options call_options(const attention::Options& opts, const AttentionCall& call) {
+attention::Options call_options(const attention::Options& opts, const AttentionCall& call, int64_t heads_q) {
   attention::Options a = opts;
   // packed documents: every call lies inside one document, a dense call on its rows
   a.cu_seqlens_q.reset(), a.cu_seqlens_k.reset();
   a.max_seqlen_q = a.max_seqlen_k = 0;
   if (a.dropout_p > 0) {  // (the plan has global runs: the call's rows and keys each one stretch)
-    a.dropout_coordinates.row_offset += call.q_global;
-    a.dropout_coordinates.col_offset += call.k_global;
+    // packed documents: the single-GPU varlen mask's coordinates, rows and keys inside the
+    // document and b = the document (this call's batch of one at head offset document * Hq)
+    a.dropout_coordinates.row_offset += call.q_global - call.document_begin;
+    a.dropout_coordinates.col_offset += call.k_global - call.document_begin;
+    a.dropout_coordinates.head_offset += call.document * heads_q;
   }
   if (!a.mask) {
     a.causal = call.causal;
@@ -179,9 +182,6 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
   if (documents && opts.mode == Mode::usp)
     fail(fn, "options.document_lengths ({} documents): mode usp takes one sequence a batch row (ulysses, ring and allgather take "
          "packed documents)", opts.document_lengths.size());
-  if (documents && opts.mode != Mode::ulysses && a.dropout_p > 0)
-    fail(fn, "options.document_lengths with options.attention.dropout_p {}: mode {} has no dropout on packed documents yet (ulysses "
-         "has)", a.dropout_p, name(opts.mode));
   if (documents && opts.mode != Mode::ulysses && a.mask)
     fail(fn, "options.document_lengths with options.attention.mask: mode {} takes full or causal packed documents (each document "
          "its own attention); ulysses takes every mask", name(opts.mode));
@@ -222,11 +222,14 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
   // chunk modes each call's rows and keys (call_options), whose keys must start on whole Philox
   // groups of 64.
   if (a.dropout_p > 0 && opts.mode != Mode::ulysses)
-    for (int c = 0; c < d.layout.chunk_count(); ++c)
-      if (d.layout.chunk(c).begin % 64 != 0)
-        fail(fn, "options.attention.dropout_p {} in mode {}: the {} layout of seq_len {} over {} ranks has a chunk at token {}; with "
-             "dropout every chunk must start at a multiple of 64 (seq_len a multiple of {})", a.dropout_p, name(opts.mode),
-             name(opts.layout), seq_len, d.layout.world(), d.layout.chunk(c).begin, 64 * d.layout.chunk_count());
+    for (int c = 0; c < d.layout.chunk_count(); ++c) {
+      const int64_t doc_begin = d.layout.chunk(c / d.layout.chunks_per_document() * d.layout.chunks_per_document()).begin;
+      if ((d.layout.chunk(c).begin - doc_begin) % 64 != 0)
+        fail(fn, "options.attention.dropout_p {} in mode {}: the {} layout of seq_len {} over {} ranks has a chunk at token {}{}; with "
+             "dropout every chunk must start at a multiple of 64 (seq_len, or each document's length, a multiple of {})",
+             a.dropout_p, name(opts.mode), name(opts.layout), seq_len, d.layout.world(), d.layout.chunk(c).begin - doc_begin,
+             documents ? fmt::format(" of document {}", c / d.layout.chunks_per_document()) : "", 64 * d.layout.chunks_per_document());
+    }
   if (opts.mode == Mode::usp) {
     if (opts.layout != Layout::zigzag)
       fail(fn, "options.layout is {}; mode usp runs on the zigzag layout only", name(opts.layout));
