@@ -41,7 +41,6 @@ Tensor bshd(uint64_t data, ir::DType dtype, int64_t B, int64_t rows, int64_t H, 
 Tensor bhs(uint64_t data, int64_t B, int64_t H, int64_t rows, int64_t head_rows, int device);
 
 runtime::nccl::DataType nccl_type(ir::DType t);
-// The single-GPU options of one planned call: its own mask (unmasked or bottom-right causal).
 // The single-GPU options of one planned call (rows of one run, keys of one run): its causality,
 // a prefix mask's document ids cut to its keys, dropout placed at its rows, keys and (packed
 // documents) its document's heads among `heads_q` query heads.

@@ -32,10 +32,10 @@ ShardLayout::ShardLayout(Layout kind, int world, const std::vector<int64_t>& doc
 
 ChunkRange ShardLayout::chunk(int c) const {
   // chunk c % C of document c / C; the first len % C chunks of a document take one token more
-  const int C = chunks_per_document(), doc = c / C, i = c % C;
-  const int64_t len = doc_begin_[static_cast<size_t>(doc) + 1] - doc_begin_[static_cast<size_t>(doc)];
+  const int C = chunks_per_document(), doc = document_of(c), i = c % C;
+  const int64_t len = document_begin(doc + 1) - document_begin(doc);
   const int64_t base = len / C, extra = len % C;
-  const int64_t begin = doc_begin_[static_cast<size_t>(doc)] + i * base + std::min<int64_t>(i, extra);
+  const int64_t begin = document_begin(doc) + i * base + std::min<int64_t>(i, extra);
   return {begin, begin + base + (i < extra ? 1 : 0)};
 }
 

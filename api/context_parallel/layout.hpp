@@ -37,6 +37,8 @@ class ShardLayout {
   int documents() const { return static_cast<int>(doc_begin_.size()) - 1; }
   int chunks_per_document() const { return kind_ == Layout::zigzag ? 2 * world_ : world_; }
   int chunk_count() const { return chunks_per_document() * documents(); }
+  int document_of(int c) const { return c / chunks_per_document(); }
+  int64_t document_begin(int document) const { return doc_begin_[static_cast<size_t>(document)]; }
   ChunkRange chunk(int c) const;             // global positions of chunk c
   std::vector<int> chunks_of(int rank) const;  // in local order
   int owner(int c) const;                    // the rank holding chunk c

@@ -156,7 +156,7 @@ ChunkRun shard_run(const ShardLayout& layout, int rank) {
   ChunkRun run;
   int64_t offset = 0;
   for (int c : layout.chunks_of(rank)) {
-    run.add(layout.chunk(c), offset, c / layout.chunks_per_document());
+    run.add(layout.chunk(c), offset, layout.document_of(c));
     offset += layout.chunk(c).size();
   }
   return run;
@@ -188,7 +188,7 @@ Plan make_plan(Mode mode, const ShardLayout& layout, bool causal, int rank, bool
     }
   } else {
     ChunkRun global;  // the gathered sequence, in global order
-    for (int c = 0; c < layout.chunk_count(); ++c) global.add(layout.chunk(c), layout.chunk(c).begin, c / layout.chunks_per_document());
+    for (int c = 0; c < layout.chunk_count(); ++c) global.add(layout.chunk(c), layout.chunk(c).begin, layout.document_of(c));
     PlanStep step;
     // one call per query chunk when causal (each its own key prefix), else one for all
     if (causal)
@@ -199,7 +199,7 @@ Plan make_plan(Mode mode, const ShardLayout& layout, bool causal, int rank, bool
   }
   plan.unvisited_rows = planner.untouched();
   for (PlanStep& step : plan.steps)
-    for (AttentionCall& call : step.calls) call.document_begin = layout.chunk(call.document * layout.chunks_per_document()).begin;
+    for (AttentionCall& call : step.calls) call.document_begin = layout.document_begin(call.document);
   return plan;
 }
 

@@ -223,12 +223,12 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
   // groups of 64.
   if (a.dropout_p > 0 && opts.mode != Mode::ulysses)
     for (int c = 0; c < d.layout.chunk_count(); ++c) {
-      const int64_t doc_begin = d.layout.chunk(c / d.layout.chunks_per_document() * d.layout.chunks_per_document()).begin;
-      if ((d.layout.chunk(c).begin - doc_begin) % 64 != 0)
+      const int64_t in_document = d.layout.chunk(c).begin - d.layout.document_begin(d.layout.document_of(c));
+      if (in_document % 64 != 0)
         fail(fn, "options.attention.dropout_p {} in mode {}: the {} layout of seq_len {} over {} ranks has a chunk at token {}{}; with "
              "dropout every chunk must start at a multiple of 64 (seq_len, or each document's length, a multiple of {})",
-             a.dropout_p, name(opts.mode), name(opts.layout), seq_len, d.layout.world(), d.layout.chunk(c).begin - doc_begin,
-             documents ? fmt::format(" of document {}", c / d.layout.chunks_per_document()) : "", 64 * d.layout.chunks_per_document());
+             a.dropout_p, name(opts.mode), name(opts.layout), seq_len, d.layout.world(), in_document,
+             documents ? fmt::format(" of document {}", d.layout.document_of(c)) : "", 64 * d.layout.chunks_per_document());
     }
   if (opts.mode == Mode::usp) {
     if (opts.layout != Layout::zigzag)

@@ -66,7 +66,6 @@ std::string_view argument_name(Arg a);
 // head_offset + h (heads 0: the call's own). All zero: the call's own mask.
 struct DropoutCoordinates {
   int32_t row_offset = 0, col_offset = 0, head_offset = 0, heads = 0;
-  bool is_own() const { return row_offset == 0 && col_offset == 0 && head_offset == 0 && heads == 0; }
   std::array<std::pair<Arg, uint32_t>, 4> arguments() const {
     return {{{Arg::dropout_row_offset, static_cast<uint32_t>(row_offset)},
              {Arg::dropout_col_offset, static_cast<uint32_t>(col_offset)},
