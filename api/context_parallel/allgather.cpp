@@ -53,7 +53,7 @@ void allgather_forward(ContextParallel::State& st, const Dims& d, const Tensor& 
   const Plan plan = make_plan(Mode::allgather, d.layout, opts.causal || opts.mask.has_value(), d.rank, /*global_runs=*/opts.dropout_p > 0);
   const int64_t S = d.layout.seq_len();
   const size_t kv_bytes = static_cast<size_t>(d.B * S * d.Hkv * d.D * d.es());
-  const size_t ws_bytes = attention::forward_workspace_bytes(q, gathered_shape(d, k), opts);  // (a mask's block lists)
+  const size_t ws_bytes = attention::forward_workspace_bytes(q, gathered_shape(d, k), dense_options(opts));  // (a mask's block lists)
   Scratch s(st.scratch_base(2 * (kv_bytes + 256) + ws_bytes + 256, stream));
   const Tensor kg = bshd(s.take(kv_bytes), d.dtype, d.B, S, d.Hkv, d.D, S, st.device);
   const Tensor vg = bshd(s.take(kv_bytes), d.dtype, d.B, S, d.Hkv, d.D, S, st.device);
@@ -73,7 +73,7 @@ void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor&
                         const Tensor& dv, const attention::Options& opts, CUstream stream) {
   const Plan plan = make_plan(Mode::allgather, d.layout, opts.causal || opts.mask.has_value(), d.rank, /*global_runs=*/opts.dropout_p > 0);
   const int64_t S = d.layout.seq_len(), W = d.world;
-  const size_t ws_bytes = attention::backward_workspace_bytes(q, gathered_shape(d, k), opts);
+  const size_t ws_bytes = attention::backward_workspace_bytes(q, gathered_shape(d, k), dense_options(opts));
   const size_t kv_bytes = static_cast<size_t>(d.B * S * d.Hkv * d.D * d.es()), kv32 = static_cast<size_t>(d.B * S * d.Hkv * d.D * 4);
   const size_t in32 = static_cast<size_t>(W * d.B * d.local * d.Hkv * d.D * 4);
   Scratch s(st.scratch_base(4 * (kv_bytes + 256) + 2 * (kv32 + 256) + 2 * (in32 + 256) + ws_bytes + 256, stream));

@@ -45,6 +45,9 @@ runtime::nccl::DataType nccl_type(ir::DType t);
 // a prefix mask's document ids cut to its keys, dropout placed at its rows, keys and (packed
 // documents) its document's heads among `heads_q` query heads.
 attention::Options call_options(const attention::Options& opts, const AttentionCall& call, int64_t heads_q);
+// opts without cu_seqlens: the chunk modes' calls are dense (each inside one document), and so is
+// the workspace sized for them
+attention::Options dense_options(const attention::Options& opts);
 
 // Scratch carved from the runner's buffer: take() hands out 256-byte aligned pieces.
 class Scratch {

@@ -139,7 +139,7 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
                    const attention::Options& opts, CUstream stream) {
   const Plan plan = make_plan(Mode::ring, d.layout, opts.causal, d.rank, /*global_runs=*/opts.dropout_p > 0);
   const int64_t nmax = d.layout.max_local_len();
-  const size_t ws_bytes = attention::backward_workspace_bytes(q, k, opts);
+  const size_t ws_bytes = attention::backward_workspace_bytes(q, k, dense_options(opts));
   auto carve = [&](uint64_t base) {
     Scratch s(base);
     KvSlots kv = carve_kv(s, d, st.device, d.dtype, d.Hkv);

@@ -48,11 +48,16 @@ runtime::nccl::DataType nccl_type(ir::DType t) {
   }
 }
 
-attention::Options call_options(const attention::Options& opts, const AttentionCall& call, int64_t heads_q) {
+attention::Options dense_options(const attention::Options& opts) {
   attention::Options a = opts;
-  // packed documents: every call lies inside one document, a dense call on its rows
   a.cu_seqlens_q.reset(), a.cu_seqlens_k.reset();
   a.max_seqlen_q = a.max_seqlen_k = 0;
+  return a;
+}
+
+attention::Options call_options(const attention::Options& opts, const AttentionCall& call, int64_t heads_q) {
+  // packed documents: every call lies inside one document, a dense call on its rows
+  attention::Options a = dense_options(opts);
   if (a.dropout_p > 0) {  // (the plan has global runs: the call's rows and keys each one stretch)
     // packed documents: the single-GPU varlen mask's coordinates, rows and keys inside the
     // document and b = the document (this call's batch of one at head offset document * Hq)
