@@ -36,7 +36,10 @@ struct Options {
   int ulysses_degree = 0;
   // ulysses: the all-to-all pipelined over this many groups of each rank's heads, the exchange of
   // group g + 1 and the return of g - 1 beside group g's call (ulysses_head_groups: 0 = the
-  // default, today 1 = one exchange, then the call, then the return). usp: 0 or 1.
+  // default, today 1 = one exchange, then the call, then the return). allgather: the key/value
+  // gather pipelined over this many groups of heads, group g + 1's gather (backward: and group
+  // g - 1's dK/dV sums) beside group g's calls (allgather_head_groups; a divisor of Hkv). ring and
+  // usp: 0 or 1.
   int head_groups = 0;
   // A packed batch of documents (varlen; ulysses, ring and allgather): their lengths, which sum to
   // seq_len. Ring and allgather: full or causal (each document its own attention).

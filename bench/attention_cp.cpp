@@ -4,8 +4,8 @@
 // Hq x D (backward 2.5x) over the slowest rank's time, divided by W; efficiency = that over the
 // single-GPU call's TFLOP/s at the same global length (same formula).
 //
-//   attention_bench --cp [--world W] [--tokens N] [--heads Hq] [--kv-heads Hkv] [--modes ring,allgather,ulysses,ulysses4,usp,usp4]
-//                        [--causal 0|1 | --documents] [--reps R]
+//   attention_bench --cp [--world W] [--tokens N] [--heads Hq] [--kv-heads Hkv] [--modes ring,allgather,allgather4,ulysses,ulysses4,usp,usp4]
+//                        [--causal 0|1 | --documents] [--dropout P] [--reps R]
 //   default: W = every GPU, the benchmark's 8K tokens per GPU with 64 / 8 heads and 16 / 16 heads at
 //   8K and 16K per GPU; full and causal, and the benchmark's causal documents (lengths log-uniform in
 //   1K-32K; allgather and ulysses; --documents: only those); D 128 bf16, zigzag layout. One line per run:
@@ -39,6 +39,7 @@ struct CpConfig {
   int64_t tokens = 8192, Hq = 16, Hkv = 16, D = 128;
   bool causal = true;
   bool documents = false;  // causal documents (the benchmark's causal_document; allgather and ulysses)
+  double dropout = 0;      // dropout_p (--dropout): the fused keep-mask in every call
   double area(int64_t S) const {
     if (documents) {
       double a = 0;
@@ -78,9 +79,10 @@ runtime::DeviceBuffer document_ids(int64_t S, int device) {
   return buf;
 }
 
-// The call's mask: causal, or causal documents over `ids`.
+// The call's mask (causal, or causal documents over `ids`) and dropout.
 void set_mask(attention::Options& a, const CpConfig& c, const runtime::DeviceBuffer& ids, int64_t S, int device) {
   a.causal = c.causal && !c.documents;
+  a.dropout_p = c.dropout;
   if (c.documents)
     a.mask = attention::Mask{kernels::MaskSpec::causal_document(),
                              attention::contiguous(ids.ptr(), ir::DType::i32, {1, S}, device), {}, {}};
@@ -231,6 +233,7 @@ int run_cp_bench(int argc, char** argv) {
     else if (a == "--modes") modes = split(next());
     else if (a == "--causal") only_causal = std::atoi(next().c_str());
     else if (a == "--documents") documents_only = true;
+    else if (a == "--dropout") custom.dropout = std::atof(next().c_str()), has_custom = true;
     else if (a == "--reps") reps = std::max(1, std::atoi(next().c_str()));
     else {
       std::fprintf(stderr, "attention_bench --cp: unknown argument %s\n", a.c_str());
@@ -260,15 +263,18 @@ int run_cp_bench(int argc, char** argv) {
       const Timing one = single_gpu(c, S, reps);
       const double f1 = c.fwd_flops(S) / one.fwd_ms * 1e-9, b1 = 2.5 * c.fwd_flops(S) / one.bwd_ms * 1e-9;
       for (const std::string& mode_name : modes) {
-        // "usp" (Ulysses groups of 2, a ring across them) or "uspU" (groups of U); "ulyssesG": the
-        // all-to-all pipelined over G head groups (plain "ulysses": the default)
-        const bool usp = mode_name.rfind("usp", 0) == 0, uly = mode_name.rfind("ulysses", 0) == 0;
+        // "usp" (Ulysses groups of 2, a ring across them) or "uspU" (groups of U); "ulyssesG" /
+        // "allgatherG": the all-to-all / the gather pipelined over G head groups (plain: the default)
+        const bool usp = mode_name.rfind("usp", 0) == 0, uly = mode_name.rfind("ulysses", 0) == 0,
+                   ag = mode_name.rfind("allgather", 0) == 0;
         const int ulysses_degree = !usp ? 0 : mode_name.size() > 3 ? std::atoi(mode_name.c_str() + 3) : 2;
-        const int head_groups = uly && mode_name.size() > 7 ? std::atoi(mode_name.c_str() + 7) : 0;
-        cp::Mode mode = usp                      ? cp::Mode::usp
-                        : mode_name == "ring"      ? cp::Mode::ring
-                        : mode_name == "allgather" ? cp::Mode::allgather
-                                                   : cp::Mode::ulysses;
+        const int head_groups = uly && mode_name.size() > 7 ? std::atoi(mode_name.c_str() + 7)
+                                : ag && mode_name.size() > 9 ? std::atoi(mode_name.c_str() + 9)
+                                                            : 0;
+        cp::Mode mode = usp                 ? cp::Mode::usp
+                        : mode_name == "ring" ? cp::Mode::ring
+                        : ag                  ? cp::Mode::allgather
+                                              : cp::Mode::ulysses;
         if (usp && (ulysses_degree < 1 || world % ulysses_degree)) {
           fmt::print("CP mode={} W={} skipped=ulysses_degree {} does not divide the world\n", mode_name, world, ulysses_degree);
           continue;
@@ -280,9 +286,9 @@ int run_cp_bench(int argc, char** argv) {
         const Timing t = context_parallel(c, mode, ulysses_degree, head_groups, world, reps);
         const double f = c.fwd_flops(S) / t.fwd_ms * 1e-9 / world, b = 2.5 * c.fwd_flops(S) / t.bwd_ms * 1e-9 / world;
         fmt::print(
-            "CP mode={} W={} tokens_per_gpu={} S={} Hq={} Hkv={} D={} mask={} fwd_ms={:.3f} bwd_ms={:.3f} fwd_tflops_per_gpu={:.1f} "
+            "CP mode={} W={} tokens_per_gpu={} S={} Hq={} Hkv={} D={} mask={} dropout={} fwd_ms={:.3f} bwd_ms={:.3f} fwd_tflops_per_gpu={:.1f} "
             "bwd_tflops_per_gpu={:.1f} single_fwd_tflops={:.1f} single_bwd_tflops={:.1f} fwd_eff={:.3f} bwd_eff={:.3f}\n",
-            mode_name, world, c.tokens, S, c.Hq, c.Hkv, c.D, c.mask_name(), t.fwd_ms, t.bwd_ms, f, b, f1, b1, f / f1, b / b1);
+            mode_name, world, c.tokens, S, c.Hq, c.Hkv, c.D, c.mask_name(), c.dropout, t.fwd_ms, t.bwd_ms, f, b, f1, b1, f / f1, b / b1);
         std::fflush(stdout);
       }
     }

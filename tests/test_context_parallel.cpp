@@ -405,6 +405,14 @@ TEST_CASE("cp/ulysses: heads per rank, GQA groups whole or replicated") {
   CHECK_THROWS_WITH_AS(ulysses_head_groups(24, 6, 2, 2), doctest::Contains("head_groups is 2; valid: 0 (auto), 1, or a divisor of the 3"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(ulysses_head_groups(16, 2, 4, 2), doctest::Contains("here 1 only"), std::invalid_argument);
+  // allgather: a divisor of the key/value heads (the gather runs per group of them)
+  CHECK(allgather_head_groups(8, 0) == kDefaultAllgatherHeadGroups);
+  CHECK(allgather_head_groups(8, 4) == 4);
+  CHECK(allgather_head_groups(8, 8) == 8);
+  CHECK(allgather_head_groups(1, 1) == 1);
+  CHECK_THROWS_WITH_AS(allgather_head_groups(8, 3), doctest::Contains("head_groups is 3; valid: 0 (auto), 1, or a divisor of the 8"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(allgather_head_groups(8, -1), doctest::Contains("head_groups is -1"), std::invalid_argument);
 }
 
 // usp: group g's members, laid out as a zigzag over U of the group's shard, hold exactly rank g's
@@ -516,6 +524,14 @@ TEST_CASE("cp/runner: bad arguments are refused before anything runs") {
   Options usp_groups2 = usp;
   usp_groups2.head_groups = 2;
   refused(usp_groups2, "mode usp exchanges all heads at once");
+  Options ag_groups = opts;
+  ag_groups.mode = Mode::allgather;
+  ag_groups.head_groups = 4;  // 2 key/value heads
+  refused(ag_groups, "cp::allgather: head_groups is 4; valid: 0 (auto), 1, or a divisor of the 2 key/value heads");
+  Options ring_groups = opts;
+  ring_groups.mode = Mode::ring;
+  ring_groups.head_groups = 2;
+  refused(ring_groups, "mode ring sends all heads each step");
   Options usp_contiguous = usp;
   usp_contiguous.layout = Layout::contiguous;
   refused(usp_contiguous, "mode usp runs on the zigzag layout only");

@@ -383,6 +383,16 @@ void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int
   bool deterministic = false;
   const Outputs many = context_parallel(p, W, mode, layout, ulysses_degree, head_groups, deterministic);
   CHECK(deterministic);
+  if (mode == cp::Mode::allgather && head_groups > 1) {
+    // per head the same kernels on the same rows and the same sums: the grouping changes no bit
+    progress(what + ": context parallel, one head group");
+    bool again = false;
+    const Outputs one_group = context_parallel(p, W, mode, layout, ulysses_degree, 1, again);
+    for (auto [name, a, b] : {std::tuple{"o", &many.o, &one_group.o}, std::tuple{"lse", &many.lse, &one_group.lse},
+                              std::tuple{"dq", &many.dq, &one_group.dq}, std::tuple{"dk", &many.dk, &one_group.dk},
+                              std::tuple{"dv", &many.dv, &one_group.dv}})
+      CHECK_MESSAGE(*a == *b, name, " with ", head_groups, " head groups differs from one group (allgather must be bit-identical)");
+  }
   const std::vector<std::tuple<const char*, const std::vector<double>*, const std::vector<double>*, const std::vector<double>*>> outs{
       {"o", &one.o, &many.o, &f64.o},     {"lse", &one.lse, &many.lse, &f64.lse}, {"dq", &one.dq, &many.dq, &f64.dq},
       {"dk", &one.dk, &many.dk, &f64.dk}, {"dv", &one.dv, &many.dv, &f64.dv}};
@@ -554,6 +564,12 @@ TEST_CASE("cp/gpu: every mode on 2 GPUs equals one GPU") {
   // ... with dropout: each call placed in its document's mask (documents of multiples of 256 tokens)
   for (cp::Mode mode : {cp::Mode::ring, cp::Mode::allgather})
     check_case(2, mode, cp::Layout::zigzag, true, 1, 1280, {}, 0, 4, 2, 0, 0.1, {512, 256, 512});
+  // allgather pipelined over head groups (8 query / 4 key-value heads: 2 and 4 groups): the same bits
+  // as one group, with a mask, dropout (heads placed) and dropout on packed documents
+  for (int G : {2, 4}) check_case(2, cp::Mode::allgather, cp::Layout::zigzag, true, 2, 1000, {}, 0, 8, 4, G);
+  check_case(2, cp::Mode::allgather, cp::Layout::zigzag, false, 1, 1000, kernels::MaskSpec::causal_document(), 0, 8, 4, 2);
+  check_case(2, cp::Mode::allgather, cp::Layout::zigzag, true, 2, 1024, {}, 0, 8, 4, 2, 0.1);
+  check_case(2, cp::Mode::allgather, cp::Layout::zigzag, true, 1, 1280, {}, 0, 8, 4, 2, 0.1, {512, 256, 512});
 }
 
 TEST_CASE("cp/gpu: every mode on 4 GPUs equals one GPU") {
@@ -571,4 +587,5 @@ TEST_CASE("cp/gpu: every mode on 4 GPUs equals one GPU") {
   check_case(4, cp::Mode::usp, cp::Layout::zigzag, true, 1, 1024, {}, 2, 4, 2, 0, 0.1);
   check_case(4, cp::Mode::ring, cp::Layout::zigzag, true, 1, 1000, {}, 0, 4, 2, 0, 0.0, {301, 77, 500, 122});
   check_case(4, cp::Mode::ulysses, cp::Layout::zigzag, true, 1, 1000, {}, 0, 8, 4, 0, 0.1, {301, 77, 500, 122});
+  check_case(4, cp::Mode::allgather, cp::Layout::zigzag, true, 1, 1000, {}, 0, 16, 8, 4);
 }

@@ -136,10 +136,10 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
                    const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                    const attention::Options& opts, CUstream stream);
 void allgather_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const Tensor& o, const Tensor& lse, const attention::Options& opts, CUstream stream);
+                       const Tensor& o, const Tensor& lse, const attention::Options& opts, int head_groups, CUstream stream);
 void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& o, const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk,
-                        const Tensor& dv, const attention::Options& opts, CUstream stream);
+                        const Tensor& dv, const attention::Options& opts, int head_groups, CUstream stream);
 void usp_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                  const Tensor& lse, const attention::Options& opts, int ulysses_degree, CUstream stream);
 void usp_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,

@@ -252,6 +252,14 @@ int ulysses_head_groups(int heads_q, int heads_kv, int world, int requested) {
   return requested;
 }
 
+int allgather_head_groups(int heads_kv, int requested) {
+  if (requested == 0) return heads_kv % kDefaultAllgatherHeadGroups == 0 ? kDefaultAllgatherHeadGroups : 1;
+  if (requested < 0 || heads_kv % requested != 0)
+    throw std::invalid_argument(fmt::format("cp::allgather: head_groups is {}; valid: 0 (auto), 1, or a divisor of the {} key/value heads",
+                                            requested, heads_kv));
+  return requested;
+}
+
 UspGroups usp_groups(int world, int ulysses_degree) {
   if (ulysses_degree < 1 || ulysses_degree > world || world % ulysses_degree != 0)
     throw std::invalid_argument(fmt::format("cp::usp: ulysses_degree is {}; valid: a divisor of the world size {} (1 .. {})",

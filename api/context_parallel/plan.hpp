@@ -89,6 +89,13 @@ UlyssesHeads ulysses_heads(int heads_q, int heads_kv, int world, int rank);
 inline constexpr int kDefaultHeadGroups = 1;
 int ulysses_head_groups(int heads_q, int heads_kv, int world, int requested);
 
+// How many head groups allgather pipelines its key/value gather over: group g + 1's gather (and
+// in the backward group g - 1's dK/dV sums) runs while group g's attention does. `requested` 0:
+// kDefaultAllgatherHeadGroups where it divides the key/value heads, else 1; otherwise a divisor
+// of heads_kv. std::invalid_argument otherwise.
+inline constexpr int kDefaultAllgatherHeadGroups = 1;
+int allgather_head_groups(int heads_kv, int requested);
+
 // usp (unified sequence parallelism: Ulysses inside groups, ring across them): W = U x R ranks;
 // ranks gU .. gU + U - 1 form Ulysses group g, and the ranks of one member index u across the
 // groups (u, U + u, ...) form a ring. Under the zigzag layout over W with S a multiple of 2W, group

@@ -60,10 +60,15 @@ attention::Options call_options(const attention::Options& opts, const AttentionC
   attention::Options a = dense_options(opts);
   if (a.dropout_p > 0) {  // (the plan has global runs: the call's rows and keys each one stretch)
     // packed documents: the single-GPU varlen mask's coordinates, rows and keys inside the
-    // document and b = the document (this call's batch of one at head offset document * Hq)
-    a.dropout_coordinates.row_offset += call.q_global - call.document_begin;
-    a.dropout_coordinates.col_offset += call.k_global - call.document_begin;
-    a.dropout_coordinates.head_offset += call.document * heads_q;
+    // document and b = the document: this call's batch of one at head offset document x (the
+    // heads a batch row spans), whose b = 0 reads no head count
+    auto& c = a.dropout_coordinates;
+    c.row_offset += call.q_global - call.document_begin;
+    c.col_offset += call.k_global - call.document_begin;
+    if (opts.cu_seqlens_q) {
+      c.head_offset += call.document * (c.heads > 0 ? c.heads : heads_q);
+      c.heads = 0;
+    }
   }
   if (!a.mask) {
     a.causal = call.causal;
@@ -251,6 +256,16 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
       fail(fn, "options.ulysses_degree {}: {}", opts.ulysses_degree, e.what());
     }
   }
+  if (opts.mode == Mode::allgather) {
+    try {
+      allgather_head_groups(static_cast<int>(d.Hkv), opts.head_groups);
+    } catch (const std::invalid_argument& e) {
+      fail(fn, "{}", e.what());
+    }
+  }
+  if (opts.mode == Mode::ring && opts.head_groups > 1)
+    fail(fn, "options.head_groups is {}; mode ring sends all heads each step (0 or 1; ulysses and allgather pipeline over groups)",
+         opts.head_groups);
   if (opts.mode == Mode::ulysses) {
     try {
       ulysses_heads(static_cast<int>(d.Hq), static_cast<int>(d.Hkv), d.world, d.rank);
@@ -297,7 +312,7 @@ void ContextParallel::forward(const Tensor& q, const Tensor& k, const Tensor& v,
   if (opts.mode == Mode::ring)
     detail::ring_forward(*state_, d, q, k, v, o, lse, a, stream);
   else
-    detail::allgather_forward(*state_, d, q, k, v, o, lse, a, stream);
+    detail::allgather_forward(*state_, d, q, k, v, o, lse, a, opts.head_groups, stream);
 }
 
 void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
@@ -320,7 +335,7 @@ void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v
   if (opts.mode == Mode::ring)
     detail::ring_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, stream);
   else
-    detail::allgather_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, stream);
+    detail::allgather_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, opts.head_groups, stream);
 }
 
 }  // namespace tilejit::cp
