@@ -5,7 +5,7 @@
 // single-GPU call's TFLOP/s at the same global length (same formula).
 //
 //   attention_bench --cp [--world W] [--tokens N] [--heads Hq] [--kv-heads Hkv] [--modes ring,allgather,allgather4,ulysses,ulysses4,usp,usp4]
-//                        [--causal 0|1 | --documents] [--dropout P] [--reps R]
+//                        [--causal 0|1 | --documents] [--dropout P] [--persistent 0|1] [--reps R]
 //   default: W = every GPU, the benchmark's 8K tokens per GPU with 64 / 8 heads and 16 / 16 heads at
 //   8K and 16K per GPU; full and causal, and the benchmark's causal documents (lengths log-uniform in
 //   1K-32K; allgather and ulysses; --documents: only those); D 128 bf16, zigzag layout. One line per run:
@@ -40,6 +40,7 @@ struct CpConfig {
   bool causal = true;
   bool documents = false;  // causal documents (the benchmark's causal_document; allgather and ulysses)
   double dropout = 0;      // dropout_p (--dropout): the fused keep-mask in every call
+  int persistent = -1;     // --persistent 0|1: the forward's grid in the context-parallel calls (-1: the runner's choice)
   double area(int64_t S) const {
     if (documents) {
       double a = 0;
@@ -163,6 +164,7 @@ Timing context_parallel(const CpConfig& c, cp::Mode mode, int ulysses_degree, in
       opts.head_groups = head_groups;
       const runtime::DeviceBuffer ids = document_ids(S, r);
       set_mask(opts.attention, c, ids, S, r);
+      if (c.persistent >= 0) opts.attention.persistent = c.persistent == 1;
       const int64_t n = cp::ShardLayout(opts.layout, W, S).local_len(r);
       const size_t nq = static_cast<size_t>(n * c.Hq * c.D), nkv = static_cast<size_t>(n * c.Hkv * c.D);
       const uint64_t seed = 100 * static_cast<uint64_t>(r);
@@ -234,6 +236,7 @@ int run_cp_bench(int argc, char** argv) {
     else if (a == "--causal") only_causal = std::atoi(next().c_str());
     else if (a == "--documents") documents_only = true;
     else if (a == "--dropout") custom.dropout = std::atof(next().c_str()), has_custom = true;
+    else if (a == "--persistent") custom.persistent = std::atoi(next().c_str()), has_custom = true;
     else if (a == "--reps") reps = std::max(1, std::atoi(next().c_str()));
     else {
       std::fprintf(stderr, "attention_bench --cp: unknown argument %s\n", a.c_str());
