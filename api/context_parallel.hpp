@@ -41,8 +41,9 @@ struct Options {
   // g - 1's dK/dV sums) beside group g's calls (allgather_head_groups; a divisor of Hkv). ring and
   // usp: 0 or 1.
   int head_groups = 0;
-  // A packed batch of documents (varlen; ulysses, ring and allgather): their lengths, which sum to
-  // seq_len. Ring and allgather: full or causal (each document its own attention).
+  // A packed batch of documents (varlen; every mode): their lengths, which sum to seq_len. Ring,
+  // allgather and usp: full or causal (each document its own attention); usp: every document a
+  // multiple of 2 x world tokens.
   // Every document is cut on its own (ShardLayout(layout, world, document_lengths)); q, k, v are
   // [1, S_local, H, D] (B = 1) holding this rank's pieces, and attention.cu_seqlens_q / _k hold the
   // whole batch's offsets (i32 [documents + 1] on this rank's device; the same documents, which the
@@ -52,8 +53,8 @@ struct Options {
   // and causal masks; allgather also those that never look past the query (causal_sliding_window,
   // causal_document: prefix_mask); ulysses every mask and score mod. A mask's tensors (doc_ids,
   // prefix_lengths, block_table) are given for the whole sequence, on this rank's device.
-  // Dropout draws the single-GPU keep-mask (decision 065). Not yet (std::invalid_argument): varlen
-  // outside ulysses, dQ reductions other than recompute.
+  // Dropout draws the single-GPU keep-mask (decision 065). Not yet (std::invalid_argument): dQ
+  // reductions other than recompute.
   attention::Options attention;
 };
 

@@ -443,6 +443,35 @@ TEST_CASE("cp/usp: Ulysses groups assemble the ring's zigzag shards") {
       CHECK(heads == 24);
       for (bool causal : {false, true}) check_mode(Mode::ring, Layout::zigzag, R, static_cast<int>(S), causal);
     }
+  // packed documents (each a multiple of 2W tokens): each document's part of a group's shard is a
+  // document of its own in the group's layout, and the members' rows are the ring's shard rows
+  for (int W : {2, 3, 4, 6})
+    for (int U = 1; U <= W; ++U) {
+      if (W % U) continue;
+      CAPTURE(W);
+      CAPTURE(U);
+      const UspGroups g = usp_groups(W, U);
+      const std::vector<int64_t> lengths{2 * W * 3, 2 * W, 2 * W * 2};
+      const ShardLayout world(Layout::zigzag, W, lengths);
+      const UspLayouts l = usp_layouts(g, world);
+      CHECK(l.ring.documents() == 3);
+      CHECK(l.group.seq_len() * g.ring == world.seq_len());
+      for (int r = 0; r < W; ++r) {
+        const std::vector<int64_t> mine = world.positions(r), shard = l.ring.positions(g.group(r));
+        REQUIRE(static_cast<int64_t>(shard.size()) == l.group.seq_len());
+        for (int c : l.group.chunks_of(g.member(r)))
+          for (int64_t i = 0; i < l.group.chunk(c).size(); ++i)
+            CHECK(mine[static_cast<size_t>(l.group.local_offset(c) + i)] == shard[static_cast<size_t>(l.group.chunk(c).begin + i)]);
+      }
+      for (bool causal : {false, true})
+        check_mode(Mode::ring, Layout::zigzag, g.ring, static_cast<int>(world.seq_len()), causal, false, lengths);
+    }
+  CHECK_THROWS_WITH_AS(usp_layouts(usp_groups(2, 2), ShardLayout(Layout::zigzag, 2, std::vector<int64_t>{8, 6})),
+                       doctest::Contains("cp::usp: document 1 has 6 tokens; usp needs a multiple of 2 x world = 4"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(usp_layouts(usp_groups(2, 2), ShardLayout(Layout::zigzag, 2, 10)),
+                       doctest::Contains("cp::usp: the sequence has 10 tokens"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(usp_layouts(usp_groups(2, 2), ShardLayout(Layout::contiguous, 2, 8)), doctest::Contains("usp needs zigzag over 2"),
+                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(usp_groups(4, 3), doctest::Contains("ulysses_degree is 3; valid: a divisor of the world size 4"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(usp_groups(4, 0), doctest::Contains("ulysses_degree is 0"), std::invalid_argument);
@@ -492,16 +521,19 @@ TEST_CASE("cp/runner: bad arguments are refused before anything runs") {
   Options usp = opts;
   usp.mode = Mode::usp;
   refused(usp, "options.ulysses_degree 0: cp::usp: ulysses_degree is 0");
-  // packed documents: ulysses only, with the whole batch's cu_seqlens, B = 1, lengths summing to seq_len
+  // packed documents: the whole batch's cu_seqlens, B = 1, lengths summing to seq_len; usp: each a
+  // multiple of 2 x world
   Options docs = opts;
   docs.document_lengths = {8, 8};
-  docs.mode = Mode::usp;
-  docs.ulysses_degree = 2;
-  refused(docs, "options.document_lengths (2 documents): mode usp takes one sequence a batch row");
   docs.mode = Mode::ulysses;
   refused(docs, "options.document_lengths is set but options.attention.cu_seqlens_q / _k are not");
   const auto cu = contiguous(base + 0x500000, DType::i32, {3});
   docs.attention.cu_seqlens_q = docs.attention.cu_seqlens_k = cu;
+  Options usp_docs = docs;
+  usp_docs.mode = Mode::usp;
+  usp_docs.ulysses_degree = 2;
+  usp_docs.document_lengths = {6, 10};  // (rank 0 holds 3 + 5 = 8 of the tokens: the rows check passes)
+  refused(usp_docs, "options.document_lengths: cp::usp: document 0 has 6 tokens; usp needs a multiple of 2 x world = 4");
   docs.attention.max_seqlen_q = docs.attention.max_seqlen_k = 8;
   docs.document_lengths = {8, 9};
   refused(docs, "options.document_lengths sum to 17 tokens but seq_len is 16");

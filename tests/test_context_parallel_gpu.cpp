@@ -564,6 +564,13 @@ TEST_CASE("cp/gpu: every mode on 2 GPUs equals one GPU") {
   // ... with dropout: each call placed in its document's mask (documents of multiples of 256 tokens)
   for (cp::Mode mode : {cp::Mode::ring, cp::Mode::allgather})
     check_case(2, mode, cp::Layout::zigzag, true, 1, 1280, {}, 0, 4, 2, 0, 0.1, {512, 256, 512});
+  // usp on packed documents (each a multiple of 2W tokens; with dropout of 256): the ring over the
+  // groups' shards of every document, one Ulysses group of 2 or two groups of 1
+  for (int U : {1, 2}) {
+    check_case(2, cp::Mode::usp, cp::Layout::zigzag, true, 1, 1000, {}, U, 4, 2, 0, 0.0, {300, 76, 500, 124});
+    check_case(2, cp::Mode::usp, cp::Layout::zigzag, true, 1, 1280, {}, U, 4, 2, 0, 0.1, {512, 256, 512});
+  }
+  check_case(2, cp::Mode::usp, cp::Layout::zigzag, false, 1, 1000, {}, 2, 8, 4, 0, 0.0, {300, 76, 500, 124});
   // allgather pipelined over head groups (8 query / 4 key-value heads: 2 and 4 groups): the same bits
   // as one group, with a mask, dropout (heads placed) and dropout on packed documents
   for (int G : {2, 4}) check_case(2, cp::Mode::allgather, cp::Layout::zigzag, true, 2, 1000, {}, 0, 8, 4, G);
@@ -588,4 +595,5 @@ TEST_CASE("cp/gpu: every mode on 4 GPUs equals one GPU") {
   check_case(4, cp::Mode::ring, cp::Layout::zigzag, true, 1, 1000, {}, 0, 4, 2, 0, 0.0, {301, 77, 500, 122});
   check_case(4, cp::Mode::ulysses, cp::Layout::zigzag, true, 1, 1000, {}, 0, 8, 4, 0, 0.1, {301, 77, 500, 122});
   check_case(4, cp::Mode::allgather, cp::Layout::zigzag, true, 1, 1000, {}, 0, 16, 8, 4);
+  check_case(4, cp::Mode::usp, cp::Layout::zigzag, true, 1, 1024, {}, 2, 4, 2, 0, 0.1, {512, 512});
 }

@@ -267,6 +267,26 @@ UspGroups usp_groups(int world, int ulysses_degree) {
   return {ulysses_degree, world / ulysses_degree};
 }
 
+UspLayouts usp_layouts(const UspGroups& groups, const ShardLayout& world) {
+  const int W = groups.ulysses * groups.ring;
+  if (world.kind() != Layout::zigzag || world.world() != W)
+    throw std::invalid_argument(fmt::format("cp::usp: the layout is {} over {} ranks; usp needs zigzag over {}", name(world.kind()),
+                                            world.world(), W));
+  std::vector<int64_t> lengths, parts;
+  for (int d = 0; d < world.documents(); ++d) {
+    const int64_t len = world.document_begin(d + 1) - world.document_begin(d);
+    if (len % (2 * W) != 0)
+      throw std::invalid_argument(fmt::format("cp::usp: {} has {} tokens; usp needs a multiple of 2 x world = {} (equal zigzag "
+                                              "chunks; ring and allgather take any)",
+                                              world.documents() > 1 ? fmt::format("document {}", d) : "the sequence", len, 2 * W));
+    lengths.push_back(len);
+    parts.push_back(len / groups.ring);
+  }
+  if (world.documents() == 1)
+    return {ShardLayout(Layout::zigzag, groups.ring, world.seq_len()), ShardLayout(Layout::zigzag, groups.ulysses, parts[0])};
+  return {ShardLayout(Layout::zigzag, groups.ring, lengths), ShardLayout(Layout::zigzag, groups.ulysses, parts)};
+}
+
 std::vector<int> UspGroups::group_ranks(int rank) const {
   std::vector<int> r;
   for (int u = 0; u < ulysses; ++u) r.push_back(group(rank) * ulysses + u);

@@ -112,4 +112,14 @@ struct UspGroups {
 // std::invalid_argument unless 1 <= ulysses_degree <= world divides world.
 UspGroups usp_groups(int world, int ulysses_degree);
 
+// The layouts usp runs on, from the zigzag layout over all W ranks: the ring's (zigzag over R of
+// the sequence) and, inside a Ulysses group, the group's shard as a zigzag over U. Packed
+// documents are cut one by one: each document's part of a group's shard is a document of its own
+// (length / R). Needs every chunk of `world` equal: each document (or the sequence) a multiple of
+// 2W tokens; std::invalid_argument otherwise.
+struct UspLayouts {
+  ShardLayout ring, group;
+};
+UspLayouts usp_layouts(const UspGroups& groups, const ShardLayout& world);
+
 }  // namespace tilejit::cp

@@ -189,9 +189,6 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
     fail(fn, "options.attention.dropout_mask / dropout_bits: a per-call mask tensor; not with context parallelism (the fused mask "
          "is the single-GPU one)");
   const bool documents = !opts.document_lengths.empty();
-  if (documents && opts.mode == Mode::usp)
-    fail(fn, "options.document_lengths ({} documents): mode usp takes one sequence a batch row (ulysses, ring and allgather take "
-         "packed documents)", opts.document_lengths.size());
   if (documents && opts.mode != Mode::ulysses && a.mask)
     fail(fn, "options.document_lengths with options.attention.mask: mode {} takes full or causal packed documents (each document "
          "its own attention); ulysses takes every mask", name(opts.mode));
@@ -243,7 +240,7 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
   if (opts.mode == Mode::usp) {
     if (opts.layout != Layout::zigzag)
       fail(fn, "options.layout is {}; mode usp runs on the zigzag layout only", name(opts.layout));
-    if (seq_len % (2 * d.world) != 0)
+    if (!documents && seq_len % (2 * d.world) != 0)
       fail(fn, "seq_len {}: mode usp needs a multiple of 2 x world = {} (equal zigzag chunks; ring and allgather take any)", seq_len,
            2 * d.world);
     if (opts.head_groups > 1)
@@ -255,6 +252,11 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
     } catch (const std::invalid_argument& e) {
       fail(fn, "options.ulysses_degree {}: {}", opts.ulysses_degree, e.what());
     }
+    if (documents) try {
+        usp_layouts(usp_groups(d.world, opts.ulysses_degree), d.layout);
+      } catch (const std::invalid_argument& e) {
+        fail(fn, "options.document_lengths: {}", e.what());
+      }
   }
   if (opts.mode == Mode::allgather) {
     try {

@@ -26,16 +26,16 @@ struct UspDims {
 
 UspDims usp_dims(const Dims& d, int ulysses_degree) {
   UspDims u{usp_groups(d.world, ulysses_degree), d, d};
-  const int64_t S = d.layout.seq_len();
+  const UspLayouts layouts = usp_layouts(u.groups, d.layout);
   u.ulysses.world = u.groups.ulysses;
   u.ulysses.rank = u.groups.member(d.rank);
-  u.ulysses.layout = ShardLayout(Layout::zigzag, u.groups.ulysses, S / u.groups.ring);
+  u.ulysses.layout = layouts.group;
   const UlyssesHeads h = ulysses_heads(static_cast<int>(d.Hq), static_cast<int>(d.Hkv), u.groups.ulysses, u.ulysses.rank);
   u.ring.Hq = h.q_count;
   u.ring.Hkv = h.kv_count;
   u.ring.world = u.groups.ring;
   u.ring.rank = u.groups.group(d.rank);
-  u.ring.layout = ShardLayout(Layout::zigzag, u.groups.ring, S);
+  u.ring.layout = layouts.ring;
   u.ring.local = u.ring.layout.local_len(u.ring.rank);
   return u;
 }
