@@ -5,7 +5,8 @@
 // taken in the same ring order each run (deterministic), and the last hop returns it to its owner.
 //
 // Streams: the communication stream prefetches step s + 1's shard while step s computes; a receive
-// into a buffer waits for the step that last read it (events).
+// into a buffer waits for the step that last read it (events). Backward: step s's dK/dV sums travel
+// while step s + 1's calls run (the caller's stream waits for them only where it adds them).
 #include <fmt/format.h>
 
 #include "api/context_parallel/internal.hpp"
@@ -39,7 +40,7 @@ struct ShardAt {
 class RingSteps {
  public:
   RingSteps(ContextParallel::State& st, const Dims& d, const Plan& plan, CUstream stream)
-      : st_(st), d_(d), plan_(plan), stream_(stream) {}
+      : st_(st), d_(d), plan_(plan), stream_(stream), kv_arrived_(static_cast<size_t>(d.world) + 1), sums_arrived_(kv_arrived_) {}
 
   // Queues on the communication stream: send step s's shard on, receive step s + 1's into the other
   // slot (after the step that last read that slot).
@@ -49,12 +50,26 @@ class RingSteps {
     const int64_t n = d_.layout.local_len(plan_.steps[static_cast<size_t>(s + 1)].kv_rank);
     const int i = (s + 1) % 2;
     st_.log("step {}: send K/V ({} rows) to {}, receive {} rows from {}", s, cur.k.size(1), plan_.send_to, n, plan_.recv_from);
-    runtime::nccl::Group group;
-    st_.send_rows(cur.k, plan_.send_to);
-    st_.send_rows(cur.v, plan_.send_to);
-    st_.recv_rows(rows(slots.k[i], 0, n), plan_.recv_from);
-    st_.recv_rows(rows(slots.v[i], 0, n), plan_.recv_from);
-    group.end();
+    {
+      runtime::nccl::Group group;
+      st_.send_rows(cur.k, plan_.send_to);
+      st_.send_rows(cur.v, plan_.send_to);
+      st_.recv_rows(rows(slots.k[i], 0, n), plan_.recv_from);
+      st_.recv_rows(rows(slots.v[i], 0, n), plan_.recv_from);
+    }
+    kv_arrived_[static_cast<size_t>(s + 1)] = mark_comm();
+  }
+  // The caller's stream waits for step s's shard only (not for sums queued after its prefetch).
+  void wait_kv(int s) {
+    st_.log("step {}: compute waits for its K/V", s);
+    st_.wait(stream_, kv_arrived_[static_cast<size_t>(s)]);
+  }
+  // Backward: the sums for step s's shard were queued (receive done at this mark); the caller's
+  // stream waits for them only where it adds them, after step s's calls.
+  void sums_queued(int s) { sums_arrived_[static_cast<size_t>(s)] = mark_comm(); }
+  void wait_sums(int s) {
+    st_.log("step {}: compute waits for the dK/dV sums", s);
+    st_.wait(stream_, sums_arrived_[static_cast<size_t>(s)]);
   }
   ShardAt shard(int s, const Tensor& k, const Tensor& v, const KvSlots& slots) const {
     if (s == 0) return {k, v};
@@ -83,12 +98,20 @@ class RingSteps {
   size_t next_event() { return event_++; }
 
  private:
+  // An event marking what the communication stream queued so far; its index.
+  size_t mark_comm() {
+    const size_t e = next_event();
+    st_.mark(e, st_.comm_stream.handle());
+    return e;
+  }
+
   ContextParallel::State& st_;
   const Dims& d_;
   const Plan& plan_;
   CUstream stream_;
   size_t event_ = 0;
   std::vector<size_t> compute_events_;
+  std::vector<size_t> kv_arrived_, sums_arrived_;  // by step: the event after its K/V's, its sums' receive
 };
 
 }  // namespace
@@ -114,7 +137,7 @@ void ring_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, co
   ring.start();
   for (int s = 0; s < d.world; ++s) {
     const ShardAt cur = ring.shard(s, k, v, slots);
-    if (s > 0) ring.wait_comm();  // this step's shard (before the next prefetch is queued)
+    if (s > 0) ring.wait_kv(s);  // this step's shard
     ring.prefetch(s, cur, slots);
     for (const AttentionCall& call : plan.steps[static_cast<size_t>(s)].calls) {
       st.log("step {}: forward q {}-{} k {}-{}{}", s, call.q_begin, call.q_end, call.k_begin, call.k_end, call.causal ? " causal" : "");
@@ -166,8 +189,10 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
   std::vector<size_t> dkv_sent(static_cast<size_t>(d.world), 0);
   for (int s = 0; s < d.world; ++s) {
     const ShardAt cur = ring.shard(s, k, v, kv);
-    // this step's K, V and the sums from the rank before (before the next prefetch is queued)
-    if (s > 0) ring.wait_comm();
+    // this step's K and V (the sums from the rank before are waited for where they are added: their
+    // transfer overlaps this step's calls). Waiting for them implies the sums sent from this step's
+    // slot two steps ago have left (queued before on the communication stream): it can be zeroed.
+    if (s > 0) ring.wait_kv(s);
     ring.prefetch(s, cur, kv);
     const int i = s % 2;
     const int64_t n = cur.k.size(1);
@@ -186,6 +211,7 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
       accumulate(rows(dv_sum, call.k_begin, call.k_end), dvp, false, stream);
     }
     if (s > 0) {  // what the ranks before added to this shard, in ring order
+      ring.wait_sums(s);
       accumulate(dk_sum, rows(dkv_in.k[i], 0, n), false, stream);
       accumulate(dv_sum, rows(dkv_in.v[i], 0, n), false, stream);
     }
@@ -201,6 +227,7 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
     st.recv_rows(rows(dkv_in.k[(s + 1) % 2], 0, n_next), plan.recv_from);
     st.recv_rows(rows(dkv_in.v[(s + 1) % 2], 0, n_next), plan.recv_from);
     group.end();
+    if (s + 1 < d.world) ring.sums_queued(s + 1);
   }
   convert(dq_acc, dq, stream);
   if (d.world == 1) {
