@@ -195,6 +195,10 @@ struct Options {
   // Q_DESCENDING meta, DASH's descending order; meant for causal with the ordered reduction,
   // attention_bench --deterministic times it). Not with split or library masks.
   bool q_descending = false;
+  // Backward only: dq, dk and dv are f32 and receive += the gradients (gradient accumulation
+  // across micro-batches or context-parallel calls) instead of being overwritten; the kernels'
+  // epilogues add (ACCUMULATE), so no separate pass reads them. With dq_reduction = recompute.
+  bool accumulate_gradients = false;
 };
 
 // Writes the packed dropout keep-mask of an attention call with these options (opts.dropout_p,
@@ -265,7 +269,8 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
 size_t forward_workspace_bytes(const Tensor& q, const Tensor& k, const Options& opts = {});
 
 // dQ, dK, dV from dO and the forward's O and LSE (same options as the forward). dq like q, dk and
-// dv like k (written, not accumulated: GQA groups are summed inside the kernel); do_ like o.
+// dv like k (written, not accumulated: GQA groups are summed inside the kernel; with
+// opts.accumulate_gradients f32 and added into); do_ like o.
 // `workspace` holds Delta (and a mask's block lists, and the dQ reduction's buffers): size it with
 // backward_workspace_bytes (a framework passes one from its caching allocator); without one the
 // call allocates it and synchronizes `stream` before freeing it. Launches, in order on `stream`:

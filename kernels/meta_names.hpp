@@ -42,6 +42,7 @@ inline constexpr const char* kPartialTilesOnly = "PARTIAL_TILES_ONLY";
 inline constexpr const char* kDqReduction = "DQ_REDUCTION";
 inline constexpr const char* kQDescending = "Q_DESCENDING";
 inline constexpr const char* kRowsAhead = "ROWS_AHEAD";
+inline constexpr const char* kAccumulate = "ACCUMULATE";
 inline constexpr const char* kTiles = "TILES";
 inline constexpr const char* kKvMajor = "KV_MAJOR";
 

@@ -1244,6 +1244,46 @@ TEST_CASE("attention API: dQ reductions stop at the driver without a GPU") {
     }
 }
 
+// options.accumulate_gradients: dq, dk, dv are f32 sums (+=), recompute only; valid calls pass the
+// checks and stop at the driver (the ACCUMULATE kernels' launch checks run dry first).
+TEST_CASE("attention API: accumulate_gradients") {
+  if (!backward_available()) return;
+  Call c;
+  c.opts.accumulate_gradients = true;
+  CHECK_BWD_ERROR(c, "dq has dtype bf16; with options.accumulate_gradients the gradients are f32 sums (+=)");
+  c.dq = contiguous(kBase + 0x6000000, DType::f32, {2, 100, 8, 64});
+  CHECK_BWD_ERROR(c, "dk has dtype bf16; with options.accumulate_gradients");
+  c.dk = contiguous(kBase + 0x7000000, DType::f32, {2, 300, 2, 64});
+  c.dv = contiguous(kBase + 0x8000000, DType::f32, {2, 300, 2, 64});
+  CHECK_NOTHROW(c.check_bwd());
+  CHECK_NOTHROW(c.check_fwd());  // the forward ignores it
+  Call wrong = c;
+  wrong.dout = contiguous(kBase + 0x5000000, DType::f32, {2, 100, 8, 64});  // do stays q's dtype
+  CHECK_BWD_ERROR(wrong, "do has dtype f32 but q has bf16");
+  for (DqReduction r : {DqReduction::atomic, DqReduction::split, DqReduction::ordered}) {
+    Call x = c;
+    x.opts.dq_reduction = r;
+    const std::string want = fmt::format("options.accumulate_gradients with options.dq_reduction = {}; the accumulating kernels add "
+                                         "dQ in attention_bwd_dq: recompute only", name(r));
+    CHECK_BWD_ERROR(x, want.c_str());
+  }
+  if (runtime::Driver::get().available()) {
+    MESSAGE("SKIPPED (the driver stop): this machine has a GPU");
+    return;
+  }
+  for (bool causal : {false, true}) {
+    Call x = c;
+    x.opts.causal = causal;
+    x.ws = Workspace{kBase + 0x9000000, backward_workspace_bytes(x.q, x.k, x.opts)};
+    try {
+      backward(x.q, x.k, x.v, x.o, x.dout, x.lse, x.dq, x.dk, x.dv, x.opts, nullptr, x.ws);
+      FAIL("ran without a GPU");
+    } catch (const runtime::DeviceError& e) {
+      CHECK(std::string(e.what()).find("tilejit::attention::backward needs a GPU") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("attention API: score mods, errors and calls that stop at the driver without a GPU") {
   using kernels::ScoreModKind;
   Call c;

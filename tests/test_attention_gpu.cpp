@@ -917,6 +917,57 @@ TEST_CASE("gpu: attention API, mask kind causal equals options.causal bit for bi
   }
 }
 
+// options.accumulate_gradients: f32 dq, dk, dv prefilled with random values receive += the
+// gradients; minus the prefill they are the plain backward's (bf16) up to its rounding. D 64 and
+// 128, causal and not, with dropout (the kernels' epilogues on the wgmma paths).
+TEST_CASE("gpu: attention API, accumulate_gradients adds the plain backward's gradients") {
+  if (const auto& drv = runtime::Driver::get(); !drv.available() || !attention::backward_available()) {
+    MESSAGE("SKIPPED: no GPU or no backward");
+    return;
+  }
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true}) {
+      const AttentionCase c{2, 4, 2, 200, 300, static_cast<int>(D), causal, true};
+      INFO("D " << D << " causal " << causal);
+      const HostTensor q = normal_bf16(c.shape(c.Hq, c.Sq), 1), kk = normal_bf16(c.shape(c.Hkv, c.Sk), 2),
+                       v = normal_bf16(c.shape(c.Hkv, c.Sk), 3), dout = normal_bf16(c.shape(c.Hq, c.Sq), 4);
+      HostTensor pq(ir::DType::f32, c.shape(c.Hq, c.Sq)), pk(ir::DType::f32, c.shape(c.Hkv, c.Sk)), pv(ir::DType::f32, c.shape(c.Hkv, c.Sk));
+      pq.fill_normal(5, 0, 1);
+      pk.fill_normal(6, 0, 1);
+      pv.fill_normal(7, 0, 1);
+      runtime::Stream stream;
+      auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v),
+           d_do = DeviceTensor::from_host(dout);
+      auto d_o = DeviceTensor::empty_like(q), d_dq = DeviceTensor::empty_like(q), d_dk = DeviceTensor::empty_like(kk),
+           d_dv = DeviceTensor::empty_like(v), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
+      auto s_dq = DeviceTensor::from_host(pq), s_dk = DeviceTensor::from_host(pk), s_dv = DeviceTensor::from_host(pv);
+      attention::Options opts;
+      opts.causal = causal;
+      if (attention::dropout_supported()) opts.dropout_p = 0.1, opts.seed = 77;
+      attention::forward(api_view(d_q, false), api_view(d_k, false), api_view(d_v, false), api_view(d_o, false), api_view(d_lse, false),
+                         opts, stream.handle());
+      attention::backward(api_view(d_q, false), api_view(d_k, false), api_view(d_v, false), api_view(d_o, false), api_view(d_do, false),
+                          api_view(d_lse, false), api_view(d_dq, false), api_view(d_dk, false), api_view(d_dv, false), opts, stream.handle());
+      attention::Options acc = opts;
+      acc.accumulate_gradients = true;
+      attention::backward(api_view(d_q, false), api_view(d_k, false), api_view(d_v, false), api_view(d_o, false), api_view(d_do, false),
+                          api_view(d_lse, false), api_view(s_dq, false), api_view(s_dk, false), api_view(s_dv, false), acc, stream.handle());
+      stream.synchronize();
+      for (auto [name, plain, sum, prefill] : {std::tuple{"dq", &d_dq, &s_dq, &pq}, std::tuple{"dk", &d_dk, &s_dk, &pk},
+                                               std::tuple{"dv", &d_dv, &s_dv, &pv}}) {
+        const std::vector<double> a = plain->to_host().to_f64(), b = sum->to_host().to_f64(), p0 = prefill->to_f64();
+        double worst = 0, big = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+          worst = std::max(worst, std::abs(b[i] - p0[i] - a[i]));
+          big = std::max(big, std::abs(a[i]));
+        }
+        INFO(name << ": largest |(sum - prefill) - plain| " << worst << ", largest value " << big);
+        CHECK(big > 0.01);
+        CHECK(worst <= big / 64 + 1e-4);  // bf16's rounding of the plain output (and the f32 add)
+      }
+    }
+}
+
 // options.rng_state (issue 25, CUDA graphs): seed and offset read from device memory give the
 // outputs of the same values passed as scalars, bit for bit -- forward, backward (every kernel
 // that regenerates the keep-mask) and generate_dropout_bits -- and the kernels really read the

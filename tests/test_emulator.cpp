@@ -441,7 +441,8 @@ TEST_CASE("emulator: the library GEMM (pipeline, ring producer, persistent, TMA 
     }
 }
 
-// The backward at D 128 on sm_90a (dK/dV and dQ recomputed, wgmma), causal, GQA, ragged.
+// The backward at D 128 on sm_90a (dK/dV and dQ recomputed, wgmma), causal, GQA, ragged; also
+// accumulating into f32 gradients (ACCUMULATE).
 TEST_CASE("emulator: the D 128 backward kernels on sm_90a equal the interpreter") {
   const int64_t B = 1, Hq = 2, Hkv = 1, Sq = 150, Sk = 150, D = 128, BM = 64, BN = 64;
   HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D}), dout(bf16, {B, Sq, Hq, D});
@@ -459,14 +460,22 @@ TEST_CASE("emulator: the D 128 backward kernels on sm_90a equal the interpreter"
                      {cdiv(Sq, BM), Hq, B}, {o, dout, delta});
   jit::CompileOptions o4;
   o4.num_warps = 4;
-  for (int pass = 0; pass < 2; ++pass) {
-    INFO((pass == 0 ? "dK/dV" : "dQ"));
-    const ir::Function fn = (pass == 0 ? kernels::attention_backward_dkdv() : kernels::attention_backward_dq()).build(meta);
+  // ACCUMULATE: f32 gradients, prefilled, receive += (the epilogue's loads beside the accumulators)
+  HostTensor sq(f32, {B, Sq, Hq, D}), sk(f32, {B, Sk, Hkv, D}), sv(f32, {B, Sk, Hkv, D});
+  sq.fill_normal(75, 0, 1);
+  sk.fill_normal(76, 0, 1);
+  sv.fill_normal(77, 0, 1);
+  for (int pass = 0; pass < 4; ++pass) {
+    const bool accumulate = pass >= 2, dkdv = pass % 2 == 0;
+    INFO((dkdv ? "dK/dV" : "dQ") << (accumulate ? " ACCUMULATE" : ""));
+    Meta m = meta;
+    if (accumulate) m.emplace_back("ACCUMULATE", true);
+    const ir::Function fn = (dkdv ? kernels::attention_backward_dkdv() : kernels::attention_backward_dq()).build(m);
     std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o4));
     CHECK(ops[jit::pir::Op::wgmma] + ops[jit::pir::Op::wgmma_rs] > 0);
-    const std::vector<HostTensor> tensors = pass == 0 ? std::vector<HostTensor>{q, k, v, dout, lse, delta, dk, dv}
-                                                      : std::vector<HostTensor>{q, k, v, dout, lse, delta, dq};
-    const runtime::Grid grid = pass == 0 ? runtime::Grid{cdiv(Sk, BN), Hkv, B} : runtime::Grid{cdiv(Sq, BM), Hq, B};
+    const std::vector<HostTensor> tensors = dkdv ? std::vector<HostTensor>{q, k, v, dout, lse, delta, accumulate ? sk : dk, accumulate ? sv : dv}
+                                                 : std::vector<HostTensor>{q, k, v, dout, lse, delta, accumulate ? sq : dq};
+    const runtime::Grid grid = dkdv ? runtime::Grid{cdiv(Sk, BN), Hkv, B} : runtime::Grid{cdiv(Sq, BM), Hq, B};
     const Runs r = run_both(fn, grid, tensors, {scale}, {scale}, o4);
     for (size_t i = 6; i < tensors.size(); ++i) {
       INFO("output " << i);

@@ -375,6 +375,14 @@ void check_reduction_option(const Checker& c, const Options& opts, Dims& d, bool
   check_dq_reduction(c, opts.dq_reduction, opts.q_descending, d.varlen, d.mask);
   d.reduction = opts.dq_reduction;
   d.q_descending = opts.q_descending;
+  if (!opts.accumulate_gradients) return;
+  if (opts.dq_reduction != DqReduction::recompute)
+    c.fail("options.accumulate_gradients with options.dq_reduction = {}; the accumulating kernels add dQ in attention_bwd_dq: "
+           "recompute only", name(opts.dq_reduction));
+  for (Pass p : {Pass::bwd_dkdv, Pass::bwd_dq})
+    if (!declares(p, mn::kAccumulate))
+      c.fail("options.accumulate_gradients: this build's {} kernel has no ACCUMULATE meta", name(p));
+  d.accumulate = true;
 }
 
 Dims check_common(const Checker& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
@@ -457,7 +465,12 @@ Dims check_backward_dims(const Tensor& q, const Tensor& k, const Tensor& v, cons
   for (auto [name, t, ref_name, ref, layout] :
        {std::tuple{"do", &do_, "q", &q, q_layout}, std::tuple{"dq", &dq, "q", &q, q_layout},
         std::tuple{"dk", &dk, "k", &k, k_layout}, std::tuple{"dv", &dv, "v", &v, k_layout}}) {
-    c.same_dtype(name, *t, q, group.c_str());
+    if (d.accumulate && name[0] == 'd' && name[1] != 'o') {  // dq, dk, dv: the f32 sums
+      if (t->dtype != ir::DType::f32)
+        c.fail("{} has dtype {}; with options.accumulate_gradients the gradients are f32 sums (+=)", name, ir::name(t->dtype));
+    } else {
+      c.same_dtype(name, *t, q, group.c_str());
+    }
     c.tensor(name, *t, rank, layout, kAlign);
     c.same_device(name, *t, q);
     c.same_sizes(name, *t, ref_name, *ref);

@@ -148,6 +148,7 @@ struct Dims {
   // and the semaphores (ordered)
   DqReduction reduction = DqReduction::recompute;
   bool q_descending = false;
+  bool accumulate = false;  // options.accumulate_gradients: dQ, dK, dV f32, added into
   Schedule dkdv;
   WorkspaceArray dq_ws, dq_sem;
   size_t backward_end = 0;  // the backward's workspace bytes
@@ -247,10 +248,11 @@ struct Config {
   int score_mod = 0;          // SCORE_MOD (kernels::ScoreModKind), 0 = none: the kernel without the meta
   bool positive_scale = false;  // the forward's POSITIVE_SCALE (softmax_scale > 0, no score mod: the fma softmax)
   bool persistent = false;      // the forward's PERSISTENT (forward_persistent): a 1-D grid of resident programs
+  bool accumulate = false;      // dK/dV's and dQ's ACCUMULATE (options.accumulate_gradients)
   auto key() const {
     return std::tuple(static_cast<int>(pass), static_cast<int>(dtype), head_dim, causal, varlen, sch.block_m, sch.block_n,
                       sch.num_warps, sch.stages, sch.min_programs_per_sm, device, dropout, return_mask, read_bits, mask, reduction, q_descending, score_mod,
-                      positive_scale, persistent);
+                      positive_scale, persistent, accumulate);
   }
   bool operator<(const Config& o) const { return key() < o.key(); }
 };

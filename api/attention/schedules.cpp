@@ -159,11 +159,17 @@ lang::Meta meta_of(const Config& c) {
       k.dq_reduction = static_cast<DqReduction>(c.reduction);
       k.q_descending = c.q_descending;
       k.persistent = persistent_ordered(c.reduction, c.q_descending);
+      k.accumulate = c.accumulate;
       all = k.to_meta();
       break;
     }
     case Pass::bwd_preprocess: all = tiled(kernels::PreprocessConfig{}).to_meta(); break;
-    case Pass::bwd_dq: all = tiled(kernels::DqConfig{}).to_meta(); break;
+    case Pass::bwd_dq: {
+      kernels::DqConfig k = tiled(kernels::DqConfig{});
+      k.accumulate = c.accumulate;
+      all = k.to_meta();
+      break;
+    }
     case Pass::bwd_dq_convert: all = tiled(kernels::DqConvertConfig{}).to_meta(); break;
     case Pass::bwd_dq_reduce: all = tiled(kernels::DqReduceConfig{}).to_meta(); break;
   }
@@ -199,6 +205,7 @@ Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
                 p == Pass::forward && d.scale > 0 && d.score_mod == kernels::ScoreModKind::none && declares(p, mn::kPositiveScale)};
   c.persistent = p == Pass::forward && declares(p, mn::kPersistent) && !c.varlen &&
                  opts.persistent.value_or(forward_persistent(c.head_dim, c.varlen, c.mask, c.score_mod, c.dropout));
+  c.accumulate = d.accumulate && (p == Pass::bwd_dkdv || p == Pass::bwd_dq);
   return c;
 }
 

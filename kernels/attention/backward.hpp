@@ -84,6 +84,9 @@ namespace tilejit::kernels {
 // SCORE_MOD (the branch costs the registers the mod needs: every tile is masked then) [020].
 // ROWS_AHEAD (dK/dV; default true except causal at HEAD_DIM >= 128): each query tile's LSE and
 // Delta are loaded while the tile before it runs, not at its top [026]. Same values.
+// ACCUMULATE (dK/dV and dQ; default false): the gradients are f32 and receive += (the epilogue
+// loads, adds and stores; each tile is one program's): gradient accumulation, and context
+// parallelism's per-call sums without a separate pass. dK/dV's dQ reductions are unaffected.
 // HEAVY_FIRST_SECTIONS (dK/dV: default false; dQ: default true; dense causal only, not PERSISTENT):
 // the programs take their tiles heaviest first across heads, in L2-sized sections of heads
 // (kernels/attention/program_order.hpp); otherwise in launch order. Same grid, same values [018].
@@ -131,7 +134,7 @@ const lang::Kernel& attention_backward_preprocess();
 // intervals q_num_blocks, q_indices, full_q_num_blocks, full_q_indices).
 // Meta (kernels::DkdvConfig): DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, MASK, DROPOUT,
 // DROPOUT_BITS, PARTIAL_TILES_ONLY, DQ_REDUCTION, Q_DESCENDING, PERSISTENT, ROWS_AHEAD,
-// HEAVY_FIRST_SECTIONS, SCORE_MOD. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch); PERSISTENT: (P, 1, 1).
+// HEAVY_FIRST_SECTIONS, SCORE_MOD, RING_PRODUCER, ACCUMULATE. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch); PERSISTENT: (P, 1, 1).
 const lang::Kernel& attention_backward_dkdv();
 
 // dQ = scale * sum dS K for one query block.
@@ -140,7 +143,8 @@ const lang::Kernel& attention_backward_dkdv();
 // (MASK: the mask's parameters, then without tile intervals kv_num_blocks, kv_indices,
 // full_kv_num_blocks, full_kv_indices).
 // Meta (kernels::DqConfig): DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, MASK, DROPOUT,
-// DROPOUT_BITS, PARTIAL_TILES_ONLY, HEAVY_FIRST_SECTIONS, SCORE_MOD. Grid: (cdiv(seq_q, BLOCK_M), heads_q, batch).
+// DROPOUT_BITS, PARTIAL_TILES_ONLY, HEAVY_FIRST_SECTIONS, SCORE_MOD, ACCUMULATE. Grid: (cdiv(seq_q, BLOCK_M),
+// heads_q, batch).
 const lang::Kernel& attention_backward_dq();
 
 // DQ_REDUCTION=1 (atomic), after the dK/dV kernel: dQ = DTYPE(dQ_accum * softmax_scale).

@@ -219,6 +219,7 @@ Meta DkdvConfig::to_meta() const {
   put_if(m, mn::kRowsAhead, rows_ahead);
   put_if(m, mn::kHeavyFirstSections, heavy_first_sections, false);
   put_if(m, mn::kRingProducer, ring_producer);
+  put_if(m, mn::kAccumulate, accumulate, false);
   return m;
 }
 
@@ -246,6 +247,7 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
                                         "visit order is DASH's shift order); got DQ_REDUCTION={}{}{}",
                                         static_cast<int>(r), c.q_descending ? ", Q_DESCENDING" : "", s.varlen ? ", VARLEN" : ""));
   c.ring_producer = kb.meta<bool>(mn::kRingProducer, false);
+  c.accumulate = kb.meta<bool>(mn::kAccumulate, false);
   return c;
 }
 
@@ -255,6 +257,7 @@ Meta DqConfig::to_meta() const {
   put_spec(m, spec);
   put_if(m, mn::kPartialTilesOnly, partial_tiles_only, true);
   put_if(m, mn::kHeavyFirstSections, heavy_first_sections, true);
+  put_if(m, mn::kAccumulate, accumulate, false);
   return m;
 }
 
@@ -265,6 +268,7 @@ DqConfig DqConfig::read(Builder& kb) {
   c.partial_tiles_only = kb.meta<bool>(mn::kPartialTilesOnly, true);
   c.heavy_first_sections = kb.meta<bool>(mn::kHeavyFirstSections, true);
   s.score_mod = score_mod_kind_meta(kb, mn::kScoreMod);
+  c.accumulate = kb.meta<bool>(mn::kAccumulate, false);
   return c;
 }
 

@@ -111,6 +111,9 @@ struct DkdvConfig {
   // Q / dO rings filled by a producer warpgroup (lang::ring_producer; setmaxnreg 240 for the
   // consumers); unset: off (not yet measured on the GPU: issue 23)
   std::optional<bool> ring_producer;
+  // dK and dV are f32 and receive += the gradients (gradient accumulation; context parallelism's
+  // sums without a separate pass): the epilogue loads, adds and stores
+  bool accumulate = false;
 
   // The metas: the tiles and the spec's dtype, head dim, causal and layout always, everything else
   // where it differs from its default.
@@ -126,6 +129,7 @@ struct DqConfig {
   int64_t block_m = 64, block_n = 64;  // [021, 028]
   bool partial_tiles_only = true;      // [020]
   bool heavy_first_sections = true;    // dense causal: heavy query tiles first across heads [018]
+  bool accumulate = false;             // dQ is f32 and receives += the gradient (as DkdvConfig's)
 
   lang::Meta to_meta() const;  // as DkdvConfig's
   static DqConfig read(lang::Builder& kb);

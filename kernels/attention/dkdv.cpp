@@ -43,7 +43,8 @@ struct DkdvProgram {
 
 DkdvProgram::DkdvProgram(Builder& kb) : cfg(DkdvConfig::read(kb)), a(kb, cfg.spec, cfg.block_m, cfg.block_n, cfg.partial_tiles_only) {
   const DqReduction r = cfg.dq_reduction;
-  dK = kb.tensor("dK", a.T, a.rank, kRowMajor), dV = kb.tensor("dV", a.T, a.rank, kRowMajor);
+  const ir::DType grad = cfg.accumulate ? f32 : a.T;  // ACCUMULATE: f32 sums
+  dK = kb.tensor("dK", grad, a.rank, kRowMajor), dV = kb.tensor("dV", grad, a.rank, kRowMajor);
   if (r == DqReduction::atomic || r == DqReduction::ordered) dq_ws = kb.tensor("dQ_accum", f32, 4, kRowMajor);
   if (r == DqReduction::split) dq_ws = kb.tensor("dQ_parts", f32, 5, kRowMajor);
   if (r == DqReduction::ordered) dq_sem = kb.pointer("dQ_semaphores", i32);
@@ -282,9 +283,15 @@ void KeyTile::dq_part(const QueryHead& qh, const Tile& m0, const Tile& dst_t, co
 }
 
 void KeyTile::store_gradients() {
-  store(rows(dK_t, kv_h, n0, a.BN), cast(a.T, dk * p.softmax_scale));
+  const Tile dk_out = dk * p.softmax_scale;
   Tile dv_out = dv;
   if (a.dropout) dv_out = dv_out * p.drop->scale;
+  if (p.cfg.accumulate) {  // f32 += (each key tile is this program's alone: no atomics)
+    store(rows(dK_t, kv_h, n0, a.BN), load(rows(dK_t, kv_h, n0, a.BN)) + dk_out);
+    store(rows(dV_t, kv_h, n0, a.BN), load(rows(dV_t, kv_h, n0, a.BN)) + dv_out);
+    return;
+  }
+  store(rows(dK_t, kv_h, n0, a.BN), cast(a.T, dk_out));
   store(rows(dV_t, kv_h, n0, a.BN), cast(a.T, dv_out));
 }
 

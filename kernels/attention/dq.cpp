@@ -31,7 +31,7 @@ struct DqProgram {
 };
 
 DqProgram::DqProgram(Builder& kb) : cfg(DqConfig::read(kb)), a(kb, cfg.spec, cfg.block_m, cfg.block_n, cfg.partial_tiles_only) {
-  dQ = kb.tensor("dQ", a.T, a.rank, kRowMajor);
+  dQ = kb.tensor("dQ", cfg.accumulate ? f32 : a.T, a.rank, kRowMajor);  // ACCUMULATE: f32 sums
   softmax_scale = kb.scalar<float>("softmax_scale");
 
   // Heavy query blocks first (longest job first: the last programs launched are light, so the
@@ -130,7 +130,10 @@ void QueryTile::run() {
     Tile n_end = rows.unless_past(m0, S_q, a.causal ? minimum(S_k, m0 + a.BM + (S_k - S_q)) : S_k);
     for_range(0, n_end, a.BN, [&](Tile n0) { key_block(n0, Tile()); });
   }
-  store(rows(p.dQ, h, m0, a.BM), cast(a.T, dq * p.softmax_scale));
+  if (p.cfg.accumulate)  // f32 += (each query tile is this program's alone)
+    store(rows(p.dQ, h, m0, a.BM), load(rows(p.dQ, h, m0, a.BM)) + dq * p.softmax_scale);
+  else
+    store(rows(p.dQ, h, m0, a.BM), cast(a.T, dq * p.softmax_scale));
 }
 
 }  // namespace
