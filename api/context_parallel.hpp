@@ -41,6 +41,11 @@ struct Options {
   // g - 1's dK/dV sums) beside group g's calls (allgather_head_groups; a divisor of Hkv). ring and
   // usp: 0 or 1.
   int head_groups = 0;
+  // ring and usp backward: the attention kernels add each call's dQ, dK and dV into the ring's f32
+  // sums themselves (attention::Options::accumulate_gradients) instead of writing bf16 parts that
+  // separate passes add. Off until measured on the GPU (the same sums in the same order, without
+  // the parts' bf16 rounding). Allgather keeps its parts (its dQ is written once, in bf16).
+  bool fused_sums = false;
   // A packed batch of documents (varlen; every mode): their lengths, which sum to seq_len. Ring,
   // allgather and usp: full or causal (each document its own attention); usp: every document a
   // multiple of 2 x world tokens.

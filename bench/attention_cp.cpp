@@ -4,7 +4,7 @@
 // Hq x D (backward 2.5x) over the slowest rank's time, divided by W; efficiency = that over the
 // single-GPU call's TFLOP/s at the same global length (same formula).
 //
-//   attention_bench --cp [--world W] [--tokens N] [--heads Hq] [--kv-heads Hkv] [--modes ring,allgather,allgather4,ulysses,ulysses4,usp,usp4]
+//   attention_bench --cp [--world W] [--tokens N] [--heads Hq] [--kv-heads Hkv] [--modes ring,ringF,allgather,allgather4,ulysses,ulysses4,usp,usp4]
 //                        [--causal 0|1 | --documents] [--dropout P] [--persistent 0|1] [--reps R]
 //   default: W = every GPU, the benchmark's 8K tokens per GPU with 64 / 8 heads and 16 / 16 heads at
 //   8K and 16K per GPU; full and causal, and the benchmark's causal documents (lengths log-uniform in
@@ -146,7 +146,7 @@ Timing single_gpu(const CpConfig& c, int64_t S, int reps) {
 }
 
 // Every rank of a W-GPU group on its own thread; the slowest rank's median times.
-Timing context_parallel(const CpConfig& c, cp::Mode mode, int ulysses_degree, int head_groups, int W, int reps) {
+Timing context_parallel(const CpConfig& c, cp::Mode mode, int ulysses_degree, int head_groups, bool fused_sums, int W, int reps) {
   const runtime::nccl::UniqueId id = runtime::nccl::make_unique_id();
   const int64_t S = c.tokens * W;
   std::barrier<> sync(W);
@@ -162,6 +162,7 @@ Timing context_parallel(const CpConfig& c, cp::Mode mode, int ulysses_degree, in
       opts.mode = mode;
       opts.ulysses_degree = ulysses_degree;
       opts.head_groups = head_groups;
+      opts.fused_sums = fused_sums;
       const runtime::DeviceBuffer ids = document_ids(S, r);
       set_mask(opts.attention, c, ids, S, r);
       if (c.persistent >= 0) opts.attention.persistent = c.persistent == 1;
@@ -267,15 +268,16 @@ int run_cp_bench(int argc, char** argv) {
       const double f1 = c.fwd_flops(S) / one.fwd_ms * 1e-9, b1 = 2.5 * c.fwd_flops(S) / one.bwd_ms * 1e-9;
       for (const std::string& mode_name : modes) {
         // "usp" (Ulysses groups of 2, a ring across them) or "uspU" (groups of U); "ulyssesG" /
-        // "allgatherG": the all-to-all / the gather pipelined over G head groups (plain: the default)
+        // "allgatherG": the all-to-all / the gather pipelined over G head groups (plain: the default);
+        // "ringF": the ring with fused_sums (the kernels add into the f32 sums)
         const bool usp = mode_name.rfind("usp", 0) == 0, uly = mode_name.rfind("ulysses", 0) == 0,
-                   ag = mode_name.rfind("allgather", 0) == 0;
+                   ag = mode_name.rfind("allgather", 0) == 0, fused = mode_name == "ringF";
         const int ulysses_degree = !usp ? 0 : mode_name.size() > 3 ? std::atoi(mode_name.c_str() + 3) : 2;
         const int head_groups = uly && mode_name.size() > 7 ? std::atoi(mode_name.c_str() + 7)
                                 : ag && mode_name.size() > 9 ? std::atoi(mode_name.c_str() + 9)
                                                             : 0;
         cp::Mode mode = usp                 ? cp::Mode::usp
-                        : mode_name == "ring" ? cp::Mode::ring
+                        : mode_name == "ring" || fused ? cp::Mode::ring
                         : ag                  ? cp::Mode::allgather
                                               : cp::Mode::ulysses;
         if (usp && (ulysses_degree < 1 || world % ulysses_degree)) {
@@ -286,7 +288,7 @@ int run_cp_bench(int argc, char** argv) {
           fmt::print("CP mode={} W={} tokens_per_gpu={} mask=causal_document skipped=unsupported\n", mode_name, world, c.tokens);
           continue;
         }
-        const Timing t = context_parallel(c, mode, ulysses_degree, head_groups, world, reps);
+        const Timing t = context_parallel(c, mode, ulysses_degree, head_groups, fused, world, reps);
         const double f = c.fwd_flops(S) / t.fwd_ms * 1e-9 / world, b = 2.5 * c.fwd_flops(S) / t.bwd_ms * 1e-9 / world;
         fmt::print(
             "CP mode={} W={} tokens_per_gpu={} S={} Hq={} Hkv={} D={} mask={} dropout={} fwd_ms={:.3f} bwd_ms={:.3f} fwd_tflops_per_gpu={:.1f} "

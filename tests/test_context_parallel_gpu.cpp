@@ -268,7 +268,7 @@ void scatter_lse(const std::vector<double>& local, const std::vector<int64_t>& p
 // Every rank on its own thread and GPU; the backward twice (the second's gradients must equal the
 // first's bit for bit).
 Outputs context_parallel(const Problem& p, int W, cp::Mode mode, cp::Layout layout, int ulysses_degree, int head_groups,
-                         bool& deterministic) {
+                         bool& deterministic, bool fused_sums = false) {
   const runtime::nccl::UniqueId id = runtime::nccl::make_unique_id();
   const cp::ShardLayout shards = p.doc_lengths.empty() ? cp::ShardLayout(layout, W, p.S) : cp::ShardLayout(layout, W, p.doc_lengths);
   Outputs out{std::vector<double>(static_cast<size_t>(p.B * p.S * p.Hq * p.D)), std::vector<double>(static_cast<size_t>(p.B * p.Hq * p.S)),
@@ -288,6 +288,7 @@ Outputs context_parallel(const Problem& p, int W, cp::Mode mode, cp::Layout layo
       opts.layout = layout;
       opts.ulysses_degree = ulysses_degree;
       opts.head_groups = head_groups;
+      opts.fused_sums = fused_sums;
       opts.attention.causal = p.causal;
       set_dropout(opts.attention, p);
       opts.document_lengths = p.doc_lengths;
@@ -358,13 +359,14 @@ double max_abs(const std::vector<double>& a, const std::vector<double>& b) {
 
 void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int S, std::optional<kernels::MaskSpec> mask = {},
                 int ulysses_degree = 0, int Hq = 4, int Hkv = 2, int head_groups = 0, double dropout_p = 0,
-                std::vector<int64_t> doc_lengths = {}) {
+                std::vector<int64_t> doc_lengths = {}, bool fused_sums = false) {
   const std::string what = fmt::format("{}{} {} W={} causal={} B={} S={} Hq={} Hkv={}{}{}{}", cp::name(mode),
                                        ulysses_degree ? fmt::format(" U={}", ulysses_degree) : "", cp::name(layout), W, causal, B, S, Hq,
                                        Hkv, head_groups ? fmt::format(" head_groups={}", head_groups) : "",
                                        mask ? std::string(" mask ") + kernels::mask_kind_name(mask->kind) : "",
                                        dropout_p > 0 ? fmt::format(" dropout {}", dropout_p) : "") +
-                           (doc_lengths.empty() ? "" : fmt::format(" {} packed documents", doc_lengths.size()));
+                           (doc_lengths.empty() ? "" : fmt::format(" {} packed documents", doc_lengths.size())) +
+                           (fused_sums ? " fused sums" : "");
   CAPTURE(what);
   HangGuard guard(what, std::chrono::seconds(300));
   std::mt19937 rng(static_cast<unsigned>(S * 31 + W * 7 + causal));
@@ -381,7 +383,7 @@ void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int
   const Outputs one = single_gpu(p);
   progress(what + ": context parallel");
   bool deterministic = false;
-  const Outputs many = context_parallel(p, W, mode, layout, ulysses_degree, head_groups, deterministic);
+  const Outputs many = context_parallel(p, W, mode, layout, ulysses_degree, head_groups, deterministic, fused_sums);
   CHECK(deterministic);
   if (mode == cp::Mode::allgather && head_groups > 1) {
     // per head the same kernels on the same rows and the same sums: the grouping changes no bit
@@ -577,6 +579,11 @@ TEST_CASE("cp/gpu: every mode on 2 GPUs equals one GPU") {
   check_case(2, cp::Mode::allgather, cp::Layout::zigzag, false, 1, 1000, kernels::MaskSpec::causal_document(), 0, 8, 4, 2);
   check_case(2, cp::Mode::allgather, cp::Layout::zigzag, true, 2, 1024, {}, 0, 8, 4, 2, 0.1);
   check_case(2, cp::Mode::allgather, cp::Layout::zigzag, true, 1, 1280, {}, 0, 8, 4, 2, 0.1, {512, 256, 512});
+  // the kernels adding into the ring's f32 sums (Options::fused_sums; accumulate_gradients)
+  for (bool causal : {false, true}) check_case(2, cp::Mode::ring, cp::Layout::zigzag, causal, 1, 1000, {}, 0, 4, 2, 0, 0.0, {}, true);
+  check_case(2, cp::Mode::ring, cp::Layout::zigzag, true, 2, 1024, {}, 0, 8, 2, 0, 0.1, {}, true);
+  check_case(2, cp::Mode::ring, cp::Layout::zigzag, true, 1, 1000, {}, 0, 4, 2, 0, 0.0, {300, 76, 500, 124}, true);
+  check_case(2, cp::Mode::usp, cp::Layout::zigzag, true, 1, 1000, {}, 1, 4, 2, 0, 0.0, {}, true);
 }
 
 TEST_CASE("cp/gpu: every mode on 4 GPUs equals one GPU") {

@@ -132,9 +132,10 @@ struct ContextParallel::State {
 namespace detail {
 void ring_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                   const Tensor& lse, const attention::Options& opts, CUstream stream);
+// fused_sums: Options::fused_sums (the kernels add into the f32 sums).
 void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                    const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                   const attention::Options& opts, CUstream stream);
+                   const attention::Options& opts, bool fused_sums, CUstream stream);
 void allgather_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& o, const Tensor& lse, const attention::Options& opts, int head_groups, CUstream stream);
 void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -144,7 +145,7 @@ void usp_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, con
                  const Tensor& lse, const attention::Options& opts, int ulysses_degree, CUstream stream);
 void usp_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                   const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                  const attention::Options& opts, int ulysses_degree, CUstream stream);
+                  const attention::Options& opts, int ulysses_degree, bool fused_sums, CUstream stream);
 void ulysses_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                      const Tensor& lse, const attention::Options& opts, int head_groups, CUstream stream);
 void ulysses_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,

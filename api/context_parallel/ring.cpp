@@ -159,7 +159,7 @@ void ring_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, co
 
 void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                    const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                   const attention::Options& opts, CUstream stream) {
+                   const attention::Options& opts, bool fused_sums, CUstream stream) {
   const Plan plan = make_plan(Mode::ring, d.layout, opts.causal, d.rank, /*global_runs=*/opts.dropout_p > 0);
   const int64_t nmax = d.layout.max_local_len();
   const size_t ws_bytes = attention::backward_workspace_bytes(q, k, dense_options(opts));
@@ -186,7 +186,6 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
   RingSteps ring(st, d, plan, stream);
   ring.start();
   zero(dq_acc);
-  std::vector<size_t> dkv_sent(static_cast<size_t>(d.world), 0);
   for (int s = 0; s < d.world; ++s) {
     const ShardAt cur = ring.shard(s, k, v, kv);
     // this step's K and V (the sums from the rank before are waited for where they are added: their
@@ -201,14 +200,22 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
     zero(dkv_local.v[i]);
     for (const AttentionCall& call : plan.steps[static_cast<size_t>(s)].calls) {
       st.log("step {}: backward q {}-{} k {}-{}{}", s, call.q_begin, call.q_end, call.k_begin, call.k_end, call.causal ? " causal" : "");
+      const Tensor qc = rows(q, call.q_begin, call.q_end), kc = rows(cur.k, call.k_begin, call.k_end),
+                   vc = rows(cur.v, call.k_begin, call.k_end), oc = rows(o, call.q_begin, call.q_end),
+                   doc = rows(do_, call.q_begin, call.q_end), lc = lse_rows(lse, call.q_begin, call.q_end);
+      const Tensor dq_into = rows(dq_acc, call.q_begin, call.q_end), dk_into = rows(dk_sum, call.k_begin, call.k_end),
+                   dv_into = rows(dv_sum, call.k_begin, call.k_end);
+      attention::Options a = call_options(opts, call, d.Hq);
+      if (fused_sums) {  // the kernels add into the f32 sums
+        a.accumulate_gradients = true;
+        attention::backward(qc, kc, vc, oc, doc, lc, dq_into, dk_into, dv_into, a, stream, ws);
+        continue;
+      }
       const Tensor dqp = rows(dq_part, 0, call.q_len()), dkp = rows(dk_part, 0, call.k_len()), dvp = rows(dv_part, 0, call.k_len());
-      attention::backward(rows(q, call.q_begin, call.q_end), rows(cur.k, call.k_begin, call.k_end),
-                          rows(cur.v, call.k_begin, call.k_end), rows(o, call.q_begin, call.q_end),
-                          rows(do_, call.q_begin, call.q_end), lse_rows(lse, call.q_begin, call.q_end), dqp, dkp, dvp,
-                          call_options(opts, call, d.Hq), stream, ws);
-      accumulate(rows(dq_acc, call.q_begin, call.q_end), dqp, false, stream);
-      accumulate(rows(dk_sum, call.k_begin, call.k_end), dkp, false, stream);
-      accumulate(rows(dv_sum, call.k_begin, call.k_end), dvp, false, stream);
+      attention::backward(qc, kc, vc, oc, doc, lc, dqp, dkp, dvp, a, stream, ws);
+      accumulate(dq_into, dqp, false, stream);
+      accumulate(dk_into, dkp, false, stream);
+      accumulate(dv_into, dvp, false, stream);
     }
     if (s > 0) {  // what the ranks before added to this shard, in ring order
       ring.wait_sums(s);

@@ -333,9 +333,9 @@ void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v
     return detail::ulysses_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, opts.attention, opts.head_groups, stream);
   const attention::Options a = chunk_options(opts.attention);
   if (opts.mode == Mode::usp)
-    return detail::usp_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, opts.ulysses_degree, stream);
+    return detail::usp_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, opts.ulysses_degree, opts.fused_sums, stream);
   if (opts.mode == Mode::ring)
-    detail::ring_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, stream);
+    detail::ring_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, opts.fused_sums, stream);
   else
     detail::allgather_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, opts.head_groups, stream);
 }

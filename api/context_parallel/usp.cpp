@@ -94,12 +94,12 @@ void usp_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, con
 
 void usp_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                   const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                  const attention::Options& opts, int ulysses_degree, CUstream stream) {
+                  const attention::Options& opts, int ulysses_degree, bool fused_sums, CUstream stream) {
   usp_call(
       st, d, ulysses_degree, true, opts, stream,
       [&](Ulysses& u, const Ulysses::Shards& h, Scratch& s) { u.inputs_to_heads(q, k, v, h, s, &o, &do_, &lse); },
       [&](const Dims& ring, const Ulysses::Shards& h, const attention::Options& a) {
-        ring_backward(st, ring, h.q, h.k, h.v, h.o, h.do_, h.lse, h.dq, h.dk, h.dv, a, stream);
+        ring_backward(st, ring, h.q, h.k, h.v, h.o, h.do_, h.lse, h.dq, h.dk, h.dv, a, fused_sums, stream);
       },
       [&](Ulysses& u, const Ulysses::Shards& h, Scratch& s) { u.gradients_to_sequence(h, dq, dk, dv, s, stream); });
 }
