@@ -108,6 +108,7 @@ void gather_groups(ContextParallel::State& st, const Dims& d, const Tensor& k, c
     gather(st, d, heads(k, h), kv[static_cast<size_t>(g)].k, kv[static_cast<size_t>(g)].k_stage);
     gather(st, d, heads(v, h), kv[static_cast<size_t>(g)].v, kv[static_cast<size_t>(g)].v_stage);
     st.mark(gathered(g), st.comm_stream.handle());
+    st.stamp(st.comm_stream.handle(), "head group {}: K/V gathered", g);
   }
 }
 
@@ -135,10 +136,12 @@ void allgather_forward(ContextParallel::State& st, const Dims& d, const Tensor& 
     const GroupKv& x = kv[static_cast<size_t>(g)];
     const Tensor qg = heads(q, h.q), og = heads(o, h.q), lg = lse_heads(lse, h.q);
     st.wait(stream, gathered(g));
-    for (const AttentionCall& call : plan.steps[0].calls)
+    for (const AttentionCall& call : plan.steps[0].calls) {
       attention::forward(rows(qg, call.q_begin, call.q_end), rows(x.k, call.k_begin, call.k_end), rows(x.v, call.k_begin, call.k_end),
                          rows(og, call.q_begin, call.q_end), lse_rows(lg, call.q_begin, call.q_end),
                          call_options(a[static_cast<size_t>(g)], call, d.Hq), stream, ws);
+      st.stamp(stream, "head group {}: forward q {}-{} k {}-{}", g, call.q_begin, call.q_end, call.k_begin, call.k_end);
+    }
   }
 }
 
@@ -183,6 +186,7 @@ void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor&
     runtime::check_cu(api.MemsetD8Async(x.dk_all.data, 0, kv32, stream), "cuMemsetD8Async");
     runtime::check_cu(api.MemsetD8Async(x.dv_all.data, 0, kv32, stream), "cuMemsetD8Async");
   }
+  st.stamp(stream, "sums zeroed");
   gather_groups(st, d, k, v, kv, stream);
   for (int g = 0; g < G; ++g) {
     const HeadGroup hg = head_group(d, g, G);
@@ -195,8 +199,10 @@ void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor&
       attention::backward(rows(qg, call.q_begin, call.q_end), rows(x.k, call.k_begin, call.k_end), rows(x.v, call.k_begin, call.k_end),
                           rows(og, call.q_begin, call.q_end), rows(dog, call.q_begin, call.q_end), lse_rows(lg, call.q_begin, call.q_end),
                           rows(dqg, call.q_begin, call.q_end), dkp, dvp, call_options(a[static_cast<size_t>(g)], call, d.Hq), stream, ws);
+      st.stamp(stream, "head group {}: backward q {}-{} k {}-{}", g, call.q_begin, call.q_end, call.k_begin, call.k_end);
       accumulate(rows(y.dk_all, call.k_begin, call.k_end), dkp, false, stream);
       accumulate(rows(y.dv_all, call.k_begin, call.k_end), dvp, false, stream);
+      st.stamp(stream, "head group {}: dK, dV parts added", g);
     }
     st.mark(computed(g), stream);
   }
@@ -224,6 +230,7 @@ void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor&
     }
     group.end();
     st.mark(summed(g), comm);
+    st.stamp(comm, "head group {}: dK/dV sums exchanged", g);
   }
   // per group and chunk, the sums in rank order 0, 1, ..., W - 1 (this rank's own from dk_all)
   // into this rank's slot, then converted into its heads of dk, dv
@@ -244,6 +251,7 @@ void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor&
     const HeadRange kvh = head_group(d, g, G).kv;
     convert(slot(y.dk_in, d.rank), heads(dk, kvh), stream);
     convert(slot(y.dv_in, d.rank), heads(dv, kvh), stream);
+    st.stamp(stream, "head group {}: sums added in rank order, converted", g);
   }
 }
 

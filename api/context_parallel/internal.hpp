@@ -102,6 +102,16 @@ struct ContextParallel::State {
   // TILEJIT_CP_TRACE=1: one stderr line per communication group, wait and attention call (host
   // side, in queueing order), to find where a hung rank stopped.
   bool trace = false;
+  // TILEJIT_CP_PROFILE=1: timing events at the steps of a call on both streams (stamp), printed
+  // with their times at the end of the call (report; which synchronises the host): where a call's
+  // time goes without a profiler.
+  bool profile = false;
+  struct Stamp {
+    std::string label;
+    bool comm = false;
+    CUevent event = nullptr;
+  };
+  std::vector<Stamp> stamps;
 
   State(runtime::nccl::Communicator& c);
   template <class... A>
@@ -109,6 +119,14 @@ struct ContextParallel::State {
     if (trace) log_line(fmt::format(f, std::forward<A>(args)...));
   }
   void log_line(const std::string& line) const;
+  template <class... A>
+  void stamp(CUstream s, fmt::format_string<A...> f, A&&... args) {
+    if (profile) stamp_line(s, fmt::format(f, std::forward<A>(args)...));
+  }
+  void stamp_line(CUstream s, std::string label);
+  // Prints the call's stamps (time since its first, since the one before on the same stream) and
+  // drops them; nothing without TILEJIT_CP_PROFILE.
+  void report(const char* call);
   ~State();
   // Event i of the pool (created on first use).
   CUevent event(size_t i);

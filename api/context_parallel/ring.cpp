@@ -58,11 +58,13 @@ class RingSteps {
       st_.recv_rows(rows(slots.v[i], 0, n), plan_.recv_from);
     }
     kv_arrived_[static_cast<size_t>(s + 1)] = mark_comm();
+    st_.stamp(st_.comm_stream.handle(), "step {}: K/V for step {} received", s, s + 1);
   }
   // The caller's stream waits for step s's shard only (not for sums queued after its prefetch).
   void wait_kv(int s) {
     st_.log("step {}: compute waits for its K/V", s);
     st_.wait(stream_, kv_arrived_[static_cast<size_t>(s)]);
+    st_.stamp(stream_, "step {}: K/V ready", s);
   }
   // Backward: the sums for step s's shard were queued (receive done at this mark); the caller's
   // stream waits for them only where it adds them, after step s's calls.
@@ -70,6 +72,7 @@ class RingSteps {
   void wait_sums(int s) {
     st_.log("step {}: compute waits for the dK/dV sums", s);
     st_.wait(stream_, sums_arrived_[static_cast<size_t>(s)]);
+    st_.stamp(stream_, "step {}: dK/dV sums ready", s);
   }
   ShardAt shard(int s, const Tensor& k, const Tensor& v, const KvSlots& slots) const {
     if (s == 0) return {k, v};
@@ -149,7 +152,9 @@ void ring_forward(ContextParallel::State& st, const Dims& d, const Tensor& q, co
       if (!fo.persistent) fo.persistent = false;
       attention::forward(rows(q, call.q_begin, call.q_end), rows(cur.k, call.k_begin, call.k_end), rows(cur.v, call.k_begin, call.k_end),
                          op, lp, fo, stream);
+      st.stamp(stream, "step {}: forward q {}-{} k {}-{}", s, call.q_begin, call.q_end, call.k_begin, call.k_end);
       merge_partial(rows(o_acc, call.q_begin, call.q_end), lse_rows(lse, call.q_begin, call.q_end), op, lp, call.first, stream);
+      st.stamp(stream, "step {}: merge", s);
     }
     ring.compute_done(s);
   }
@@ -209,18 +214,22 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
       if (fused_sums) {  // the kernels add into the f32 sums
         a.accumulate_gradients = true;
         attention::backward(qc, kc, vc, oc, doc, lc, dq_into, dk_into, dv_into, a, stream, ws);
+        st.stamp(stream, "step {}: backward q {}-{} k {}-{} (into the sums)", s, call.q_begin, call.q_end, call.k_begin, call.k_end);
         continue;
       }
       const Tensor dqp = rows(dq_part, 0, call.q_len()), dkp = rows(dk_part, 0, call.k_len()), dvp = rows(dv_part, 0, call.k_len());
       attention::backward(qc, kc, vc, oc, doc, lc, dqp, dkp, dvp, a, stream, ws);
+      st.stamp(stream, "step {}: backward q {}-{} k {}-{}", s, call.q_begin, call.q_end, call.k_begin, call.k_end);
       accumulate(dq_into, dqp, false, stream);
       accumulate(dk_into, dkp, false, stream);
       accumulate(dv_into, dvp, false, stream);
+      st.stamp(stream, "step {}: dQ, dK, dV parts added", s);
     }
     if (s > 0) {  // what the ranks before added to this shard, in ring order
       ring.wait_sums(s);
       accumulate(dk_sum, rows(dkv_in.k[i], 0, n), false, stream);
       accumulate(dv_sum, rows(dkv_in.v[i], 0, n), false, stream);
+      st.stamp(stream, "step {}: arrived sums added", s);
     }
     ring.compute_done(s);
     if (d.world == 1) break;
@@ -234,6 +243,7 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
     st.recv_rows(rows(dkv_in.k[(s + 1) % 2], 0, n_next), plan.recv_from);
     st.recv_rows(rows(dkv_in.v[(s + 1) % 2], 0, n_next), plan.recv_from);
     group.end();
+    st.stamp(st.comm_stream.handle(), "step {}: dK/dV sums sent on", s);
     if (s + 1 < d.world) ring.sums_queued(s + 1);
   }
   convert(dq_acc, dq, stream);

@@ -87,6 +87,35 @@ ContextParallel::State::State(runtime::nccl::Communicator& c)
     : comm(&c), device(c.device()), comm_stream(c.device()) {
   const char* t = std::getenv("TILEJIT_CP_TRACE");
   trace = t && *t && std::string(t) != "0";
+  const char* p = std::getenv("TILEJIT_CP_PROFILE");
+  profile = p && *p && std::string(p) != "0";
+}
+
+void ContextParallel::State::stamp_line(CUstream s, std::string label) {
+  const runtime::DriverApi& api = runtime::Driver::get().api();
+  Stamp x{std::move(label), s == comm_stream.handle(), nullptr};
+  runtime::check_cu(api.EventCreate(&x.event, CU_EVENT_DEFAULT), "cuEventCreate");
+  runtime::check_cu(api.EventRecord(x.event, s), "cuEventRecord");
+  stamps.push_back(std::move(x));
+}
+
+void ContextParallel::State::report(const char* call) {
+  if (stamps.empty()) return;
+  const runtime::DriverApi& api = runtime::Driver::get().api();
+  for (const Stamp& x : stamps) runtime::check_cu(api.EventSynchronize(x.event), "cuEventSynchronize");
+  std::string out;
+  CUevent last[2] = {stamps.front().event, stamps.front().event};
+  for (const Stamp& x : stamps) {
+    float since_start = 0, since_last = 0;
+    runtime::check_cu(api.EventElapsedTime(&since_start, stamps.front().event, x.event), "cuEventElapsedTime");
+    runtime::check_cu(api.EventElapsedTime(&since_last, last[x.comm], x.event), "cuEventElapsedTime");
+    last[x.comm] = x.event;
+    out += fmt::format("[cp profile rank {} {}] {:8.3f} ms  +{:7.3f}  {:7}  {}\n", comm->rank(), call, since_start, since_last,
+                       x.comm ? "comm" : "compute", x.label);
+  }
+  fmt::print(stderr, "{}", out);
+  for (const Stamp& x : stamps) api.EventDestroy(x.event);
+  stamps.clear();
 }
 
 void ContextParallel::State::log_line(const std::string& line) const {
@@ -307,14 +336,19 @@ void ContextParallel::forward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Options& opts, CUstream stream) {
   const Dims d = check_call("forward", *state_, q, k, v, o, lse, seq_len, opts);
   runtime::Driver::get().context(state_->device).make_current();
-  if (opts.mode == Mode::ulysses)
-    return detail::ulysses_forward(*state_, d, q, k, v, o, lse, opts.attention, opts.head_groups, stream);
+  State& st = *state_;
+  st.stamp(stream, "{} forward starts", name(opts.mode));
   const attention::Options a = chunk_options(opts.attention);
-  if (opts.mode == Mode::usp) return detail::usp_forward(*state_, d, q, k, v, o, lse, a, opts.ulysses_degree, stream);
-  if (opts.mode == Mode::ring)
-    detail::ring_forward(*state_, d, q, k, v, o, lse, a, stream);
+  if (opts.mode == Mode::ulysses)
+    detail::ulysses_forward(st, d, q, k, v, o, lse, opts.attention, opts.head_groups, stream);
+  else if (opts.mode == Mode::usp)
+    detail::usp_forward(st, d, q, k, v, o, lse, a, opts.ulysses_degree, stream);
+  else if (opts.mode == Mode::ring)
+    detail::ring_forward(st, d, q, k, v, o, lse, a, stream);
   else
-    detail::allgather_forward(*state_, d, q, k, v, o, lse, a, opts.head_groups, stream);
+    detail::allgather_forward(st, d, q, k, v, o, lse, a, opts.head_groups, stream);
+  st.stamp(stream, "forward done");
+  st.report("fwd");
 }
 
 void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
@@ -329,15 +363,19 @@ void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v
     fail("backward", "heads: do and dq need {} (q's), dk and dv {} (k's); got {}, {}, {}, {}", d.Hq, d.Hkv, do_.size(2), dq.size(2),
          dk.size(2), dv.size(2));
   runtime::Driver::get().context(state_->device).make_current();
-  if (opts.mode == Mode::ulysses)
-    return detail::ulysses_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, opts.attention, opts.head_groups, stream);
+  State& st = *state_;
+  st.stamp(stream, "{} backward starts", name(opts.mode));
   const attention::Options a = chunk_options(opts.attention);
-  if (opts.mode == Mode::usp)
-    return detail::usp_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, opts.ulysses_degree, opts.fused_sums, stream);
-  if (opts.mode == Mode::ring)
-    detail::ring_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, opts.fused_sums, stream);
+  if (opts.mode == Mode::ulysses)
+    detail::ulysses_backward(st, d, q, k, v, o, do_, lse, dq, dk, dv, opts.attention, opts.head_groups, stream);
+  else if (opts.mode == Mode::usp)
+    detail::usp_backward(st, d, q, k, v, o, do_, lse, dq, dk, dv, a, opts.ulysses_degree, opts.fused_sums, stream);
+  else if (opts.mode == Mode::ring)
+    detail::ring_backward(st, d, q, k, v, o, do_, lse, dq, dk, dv, a, opts.fused_sums, stream);
   else
-    detail::allgather_backward(*state_, d, q, k, v, o, do_, lse, dq, dk, dv, a, opts.head_groups, stream);
+    detail::allgather_backward(st, d, q, k, v, o, do_, lse, dq, dk, dv, a, opts.head_groups, stream);
+  st.stamp(stream, "backward done");
+  st.report("bwd");
 }
 
 }  // namespace tilejit::cp

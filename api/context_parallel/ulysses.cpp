@@ -51,18 +51,22 @@ void ulysses_forward(ContextParallel::State& st, const Dims& d, const Tensor& q,
   st.join(comm, stream, 0);
   u.inputs_to_heads(q, k, v, h[0], s, nullptr, nullptr, nullptr, 0, G);
   st.mark(exchanged(0), comm);
+  st.stamp(comm, "head group 0: to heads");
   for (int g = 0; g < G; ++g) {
     const Ulysses::Shards& x = h[static_cast<size_t>(g)];
     st.wait(stream, exchanged(g));
     const auto cv = [&](const Tensor& t) { return call_view(t, opts); };
     attention::forward(cv(x.q), cv(x.k), cv(x.v), cv(x.o), cv(x.lse), a[static_cast<size_t>(g)], stream, ws);
     st.mark(computed(g), stream);
+    st.stamp(stream, "head group {}: forward", g);
     if (g + 1 < G) {
       u.inputs_to_heads(q, k, v, h[static_cast<size_t>(g + 1)], s, nullptr, nullptr, nullptr, g + 1, G);
       st.mark(exchanged(g + 1), comm);
+      st.stamp(comm, "head group {}: to heads", g + 1);
     }
     st.wait(comm, computed(g));
     u.outputs_to_sequence(x, o, lse, s, stream, g, G);
+    st.stamp(comm, "head group {}: back to sequence", g);
   }
   st.join(stream, comm, 3);
 }
@@ -85,6 +89,7 @@ void ulysses_backward(ContextParallel::State& st, const Dims& d, const Tensor& q
   st.join(comm, stream, 0);
   u.inputs_to_heads(q, k, v, h[0], s, &o, &do_, &lse, 0, G);
   st.mark(exchanged(0), comm);
+  st.stamp(comm, "head group 0: to heads");
   for (int g = 0; g < G; ++g) {
     const Ulysses::Shards& x = h[static_cast<size_t>(g)];
     st.wait(stream, exchanged(g));
@@ -92,12 +97,15 @@ void ulysses_backward(ContextParallel::State& st, const Dims& d, const Tensor& q
     attention::backward(cv(x.q), cv(x.k), cv(x.v), cv(x.o), cv(x.do_), cv(x.lse), cv(x.dq), cv(x.dk), cv(x.dv),
                         a[static_cast<size_t>(g)], stream, ws);
     st.mark(computed(g), stream);
+    st.stamp(stream, "head group {}: backward", g);
     if (g + 1 < G) {
       u.inputs_to_heads(q, k, v, h[static_cast<size_t>(g + 1)], s, &o, &do_, &lse, g + 1, G);
       st.mark(exchanged(g + 1), comm);
+      st.stamp(comm, "head group {}: to heads", g + 1);
     }
     st.wait(comm, computed(g));
     u.gradients_to_sequence(x, dq, dk, dv, s, stream, g, G);
+    st.stamp(comm, "head group {}: gradients back to sequence", g);
   }
   st.join(stream, comm, 3);
 }
