@@ -78,6 +78,15 @@ const char* name(Pass p);  // the kernel's name: "attention_fwd", "attention_bwd
 using DqReduction = kernels::DqReduction;  // (the dK/dV kernel's DQ_REDUCTION meta)
 const char* name(DqReduction r);  // "recompute", "atomic", "split", "ordered"
 
+// Which kernels a backward call runs (Options::backward_phase). all: every one. Or two calls with
+// the same arguments, options (but this) and workspace, nothing else writing that workspace between
+// them: dkdv (Delta, [dK/dV's mask pre-pass], dK, dV; dq untouched), then dq ([dQ's pre-pass], dQ
+// from the Delta and mask classes the first left in the workspace). Between them a caller can
+// overlap work that needs dK and dV (context parallelism sends their sums while dQ runs). Split
+// phases need the recompute reduction and a caller's workspace.
+enum class BackwardPhase { all = 0, dkdv = 1, dq = 2 };
+const char* name(BackwardPhase p);  // "all", "dkdv", "dq"
+
 // The one table of default schedules, per pass, dtype, head dim, mask, varlen and dQ reduction.
 // The dense forward runs on the Hopper wgmma path (128-row blocks over two warpgroups, a 2-stage
 // K/V ring); varlen windows are tensor slices, which take the generic path with smaller tiles
@@ -199,6 +208,8 @@ struct Options {
   // across micro-batches or context-parallel calls) instead of being overwritten; the kernels'
   // epilogues add (ACCUMULATE), so no separate pass reads them. With dq_reduction = recompute.
   bool accumulate_gradients = false;
+  // Backward only: the kernels this call runs (see BackwardPhase).
+  BackwardPhase backward_phase = BackwardPhase::all;
 };
 
 // Writes the packed dropout keep-mask of an attention call with these options (opts.dropout_p,

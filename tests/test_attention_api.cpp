@@ -1244,6 +1244,17 @@ TEST_CASE("attention API: dQ reductions stop at the driver without a GPU") {
     }
 }
 
+// A valid backward call without a GPU: its checks and the kernels' launch checks pass, then it stops
+// at the driver.
+static void backward_stops_at_driver(const Call& x) {
+  try {
+    backward(x.q, x.k, x.v, x.o, x.dout, x.lse, x.dq, x.dk, x.dv, x.opts, nullptr, x.ws);
+    FAIL("ran without a GPU");
+  } catch (const runtime::DeviceError& e) {
+    CHECK(std::string(e.what()).find("tilejit::attention::backward needs a GPU") != std::string::npos);
+  }
+}
+
 // options.accumulate_gradients: dq, dk, dv are f32 sums (+=), recompute only; valid calls pass the
 // checks and stop at the driver (the ACCUMULATE kernels' launch checks run dry first).
 TEST_CASE("attention API: accumulate_gradients") {
@@ -1275,13 +1286,38 @@ TEST_CASE("attention API: accumulate_gradients") {
     Call x = c;
     x.opts.causal = causal;
     x.ws = Workspace{kBase + 0x9000000, backward_workspace_bytes(x.q, x.k, x.opts)};
-    try {
-      backward(x.q, x.k, x.v, x.o, x.dout, x.lse, x.dq, x.dk, x.dv, x.opts, nullptr, x.ws);
-      FAIL("ran without a GPU");
-    } catch (const runtime::DeviceError& e) {
-      CHECK(std::string(e.what()).find("tilejit::attention::backward needs a GPU") != std::string::npos);
-    }
+    backward_stops_at_driver(x);
   }
+}
+
+// options.backward_phase: dK/dV and dQ in two calls sharing a workspace (recompute only, the
+// caller's workspace); each phase passes the checks and stops at the driver, masks included.
+TEST_CASE("attention API: backward phases") {
+  if (!backward_available()) return;
+  CHECK(std::string(name(BackwardPhase::dkdv)) == "dkdv");
+  Call c;
+  c.opts.backward_phase = BackwardPhase::dq;
+  CHECK_BWD_ERROR(c, "options.backward_phase = dq without a workspace: the dq phase reads the Delta the dkdv phase left there");
+  c.ws = Workspace{kBase + 0x9000000, backward_workspace_bytes(c.q, c.k, c.opts)};
+  CHECK_NOTHROW(c.check_bwd());
+  Call r = c;
+  r.opts.dq_reduction = DqReduction::atomic;
+  r.ws = Workspace{kBase + 0x9000000, backward_workspace_bytes(r.q, r.k, r.opts)};
+  CHECK_BWD_ERROR(r, "options.backward_phase = dq with options.dq_reduction = atomic: split phases need recompute");
+  c.opts.backward_phase = static_cast<BackwardPhase>(5);
+  CHECK_BWD_ERROR(c, "options.backward_phase = 5 is not a phase; valid: 0 all, 1 dkdv, 2 dq");
+  if (runtime::Driver::get().available()) {
+    MESSAGE("SKIPPED (the driver stop): this machine has a GPU");
+    return;
+  }
+  for (int kind : {0, static_cast<int>(MaskKind::causal), static_cast<int>(MaskKind::document)})
+    for (BackwardPhase phase : {BackwardPhase::dkdv, BackwardPhase::dq}) {
+      INFO("mask " << kind << " phase " << name(phase));
+      Call x = kind == 0 ? Call{} : masked_call(MaskKind(kind));
+      x.opts.backward_phase = phase;
+      x.ws = Workspace{kBase + 0x9000000, backward_workspace_bytes(x.q, x.k, x.opts)};
+      backward_stops_at_driver(x);
+    }
 }
 
 TEST_CASE("attention API: score mods, errors and calls that stop at the driver without a GPU") {

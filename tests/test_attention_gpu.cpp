@@ -968,6 +968,57 @@ TEST_CASE("gpu: attention API, accumulate_gradients adds the plain backward's gr
     }
 }
 
+// options.backward_phase: dK/dV then dQ in two calls sharing the workspace equal one call bit for
+// bit (full, causal, a document mask whose lists the dkdv phase's pre-pass leaves for dQ's).
+TEST_CASE("gpu: attention API, backward phases equal one call bit for bit") {
+  if (const auto& drv = runtime::Driver::get(); !drv.available() || !attention::backward_available()) {
+    MESSAGE("SKIPPED: no GPU or no backward");
+    return;
+  }
+  const AttentionCase c{2, 4, 2, 300, 300, 128, false, true};
+  const HostTensor q = normal_bf16(c.shape(c.Hq, c.Sq), 11), kk = normal_bf16(c.shape(c.Hkv, c.Sk), 12),
+                   v = normal_bf16(c.shape(c.Hkv, c.Sk), 13), dout = normal_bf16(c.shape(c.Hq, c.Sq), 14);
+  std::vector<int32_t> ids(static_cast<size_t>(c.B * c.Sk));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i % static_cast<size_t>(c.Sk)) / 70);
+  HostTensor ids_h(ir::DType::i32, {c.B, c.Sk});
+  for (size_t i = 0; i < ids.size(); ++i) ids_h.set_flat(static_cast<int64_t>(i), ids[i]);
+  for (int variant = 0; variant < 3; ++variant) {
+    INFO("variant " << variant << " (full, causal, document mask)");
+    runtime::Stream stream;
+    auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v),
+         d_do = DeviceTensor::from_host(dout), d_ids = DeviceTensor::from_host(ids_h);
+    auto d_o = DeviceTensor::empty_like(q), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
+    attention::Options opts;
+    opts.causal = variant == 1;
+    if (variant == 2) opts.mask = attention::Mask{kernels::MaskSpec::document(), api_view(d_ids, false), {}, {}};
+    const attention::Tensor Q = api_view(d_q, false), K = api_view(d_k, false), V = api_view(d_v, false), O = api_view(d_o, false),
+                            L = api_view(d_lse, false), dO = api_view(d_do, false);
+    attention::forward(Q, K, V, O, L, opts, stream.handle());
+    runtime::DeviceBuffer ws(attention::backward_workspace_bytes(Q, K, opts));
+    std::vector<std::vector<double>> got[2];
+    for (int way = 0; way < 2; ++way) {
+      auto d_dq = DeviceTensor::empty_like(q), d_dk = DeviceTensor::empty_like(kk), d_dv = DeviceTensor::empty_like(v);
+      const attention::Tensor dQ = api_view(d_dq, false), dK = api_view(d_dk, false), dV = api_view(d_dv, false);
+      if (way == 0) {
+        attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), {ws.ptr(), ws.bytes()});
+      } else {
+        attention::Options p = opts;
+        p.backward_phase = attention::BackwardPhase::dkdv;
+        attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, p, stream.handle(), {ws.ptr(), ws.bytes()});
+        p.backward_phase = attention::BackwardPhase::dq;
+        attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, p, stream.handle(), {ws.ptr(), ws.bytes()});
+      }
+      stream.synchronize();
+      for (DeviceTensor* t : {&d_dq, &d_dk, &d_dv}) got[way].push_back(t->to_host().to_f64());
+    }
+    for (size_t i = 0; i < 3; ++i) {
+      INFO("gradient " << i << " (dq, dk, dv)");
+      CHECK(std::ranges::any_of(got[0][i], [](double x) { return x != 0; }));
+      CHECK(got[0][i] == got[1][i]);
+    }
+  }
+}
+
 // options.rng_state (issue 25, CUDA graphs): seed and offset read from device memory give the
 // outputs of the same values passed as scalars, bit for bit -- forward, backward (every kernel
 // that regenerates the keep-mask) and generate_dropout_bits -- and the kernels really read the

@@ -476,6 +476,15 @@ Dims check_backward_dims(const Tensor& q, const Tensor& k, const Tensor& v, cons
     c.same_sizes(name, *t, ref_name, *ref);
   }
   check_workspace(c, ws, backward_bytes(d), "backward_workspace_bytes");
+  const BackwardPhase phase = opts.backward_phase;
+  if (phase != BackwardPhase::all && phase != BackwardPhase::dkdv && phase != BackwardPhase::dq)
+    c.fail("options.backward_phase = {} is not a phase; valid: 0 all, 1 dkdv, 2 dq", static_cast<int>(phase));
+  if (phase != BackwardPhase::all && d.reduction != DqReduction::recompute)
+    c.fail("options.backward_phase = {} with options.dq_reduction = {}: split phases need recompute (the reductions compute dQ "
+           "inside dK/dV)", name(phase), name(d.reduction));
+  if (phase != BackwardPhase::all && ws.data == 0)
+    c.fail("options.backward_phase = {} without a workspace: the dq phase reads the Delta the dkdv phase left there (pass one "
+           "sized by backward_workspace_bytes to both calls)", name(phase));
   check_disjoint(c, {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}},
                  {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"do", &do_}, {"lse", &lse}}, ws);
   return d;

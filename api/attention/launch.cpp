@@ -129,21 +129,27 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     const int64_t items = d.batch * d.heads_kv * kernels::items_per_head(model);
     kv_grid = runtime::Driver::get().available() ? kv_fn.gpu_kernel().persistent_grid(items) : runtime::Grid{1};  // (dry: one)
   }
+  // options.backward_phase: the dkdv phase stops before dQ, the dq phase starts there (Delta and
+  // dK/dV's mask classes already in the workspace)
+  const bool dkdv_phase = opts.backward_phase != BackwardPhase::dq, dq_phase = opts.backward_phase != BackwardPhase::dkdv;
   const auto run = [&](uint64_t base, bool dry) {
     const KernelArgs args = bind(base);
     std::optional<PrePass> kv_lists, dq_lists;
     if (d.lists && d.lists_base == 0) {
-      kv_lists = pre_pass(d.dkdv_lists, opts, d, base);
-      if (!reduce) dq_lists = pre_pass(d.dq_lists, opts, d, base, &d.dkdv_lists);  // dK/dV's classes at the same tiles
+      if (dkdv_phase) kv_lists = pre_pass(d.dkdv_lists, opts, d, base);
+      if (!reduce && dq_phase) dq_lists = pre_pass(d.dq_lists, opts, d, base, &d.dkdv_lists);  // dK/dV's classes at the same tiles
     }
-    launch(pre_fn, pre_grid, stream, args, dry);
-    if (kv_lists) launch(*kv_lists, stream, dry);
-    // what the dK/dV kernel needs zero: dQ_accum for atomic and ordered (both add into it), and
-    // ordered's semaphores
-    if (!dry && (d.reduction == DqReduction::atomic || d.reduction == DqReduction::ordered))
-      zero_async(base + d.dq_ws.at, d.dq_ws.bytes, stream, q.device);
-    if (!dry && d.reduction == DqReduction::ordered) zero_async(base + d.dq_sem.at, d.dq_sem.bytes, stream, q.device);
-    launch(kv_fn, kv_grid, stream, args, dry);
+    if (dkdv_phase) {
+      launch(pre_fn, pre_grid, stream, args, dry);
+      if (kv_lists) launch(*kv_lists, stream, dry);
+      // what the dK/dV kernel needs zero: dQ_accum for atomic and ordered (both add into it), and
+      // ordered's semaphores
+      if (!dry && (d.reduction == DqReduction::atomic || d.reduction == DqReduction::ordered))
+        zero_async(base + d.dq_ws.at, d.dq_ws.bytes, stream, q.device);
+      if (!dry && d.reduction == DqReduction::ordered) zero_async(base + d.dq_sem.at, d.dq_sem.bytes, stream, q.device);
+      launch(kv_fn, kv_grid, stream, args, dry);
+    }
+    if (!dq_phase) return;
     if (dq_lists) launch(*dq_lists, stream, dry);
     launch(dq_fn, dq_grid, stream, args, dry);
   };

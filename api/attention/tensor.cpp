@@ -70,4 +70,13 @@ const char* name(Pass p) {
 
 const char* name(DqReduction r) { return kernels::dq_reduction_name(static_cast<kernels::DqReduction>(r)); }
 
+const char* name(BackwardPhase p) {
+  switch (p) {
+    case BackwardPhase::all: return "all";
+    case BackwardPhase::dkdv: return "dkdv";
+    case BackwardPhase::dq: return "dq";
+  }
+  return "?";
+}
+
 }  // namespace tilejit::attention

@@ -2,7 +2,8 @@
 // chunk attends to the key prefix its causality allows (make_plan; bottom-right alignment makes a
 // prefix exact), writing O and LSE directly: nothing to merge. Backward: dK, dV of the whole
 // sequence summed in f32 on each rank, then each chunk's sums sent to its owner, which adds them in
-// rank order (deterministic).
+// rank order (deterministic). The calls run in two phases (attention::BackwardPhase): every call's
+// dK/dV first, then, while the sums travel, every call's dQ.
 //
 // Head groups (Options::head_groups): the gather runs per group of key/value heads (with their
 // query heads) on the communication stream, so that group g's calls run while group g + 1's keys
@@ -177,7 +178,9 @@ void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor&
     }
     const Tensor dk_part = bshd(s.take(kv_bytes), d.dtype, d.B, S, h, d.D, S, st.device);
     const Tensor dv_part = bshd(s.take(kv_bytes), d.dtype, d.B, S, h, d.D, S, st.device);
-    const attention::Workspace ws{s.take(ws_bytes), ws_bytes};
+    // one workspace a call: its dQ phase reads the Delta its dK/dV phase left there
+    std::vector<attention::Workspace> ws;
+    for (size_t i = 0; i < plan.steps[0].calls.size(); ++i) ws.push_back({s.take(ws_bytes), ws_bytes});
     return std::tuple{kv, grads, dk_part, dv_part, ws, s.used()};
   };
   const auto [kv, grads, dk_part, dv_part, ws, used] = carve(st.scratch_base(std::get<5>(carve(0)), stream));
@@ -194,17 +197,27 @@ void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor&
     const GroupGrads& y = grads[static_cast<size_t>(g)];
     const Tensor qg = heads(q, hg.q), og = heads(o, hg.q), dog = heads(do_, hg.q), lg = lse_heads(lse, hg.q), dqg = heads(dq, hg.q);
     st.wait(stream, gathered(g));
-    for (const AttentionCall& call : plan.steps[0].calls) {
-      const Tensor dkp = rows(dk_part, 0, call.k_len()), dvp = rows(dv_part, 0, call.k_len());
+    // every call's dK/dV phase, its parts added; then (the sums on their way: below) the dQ phases
+    auto call_backward = [&](size_t i, attention::BackwardPhase phase) {
+      const AttentionCall& call = plan.steps[0].calls[i];
+      attention::Options co = call_options(a[static_cast<size_t>(g)], call, d.Hq);
+      co.backward_phase = phase;
       attention::backward(rows(qg, call.q_begin, call.q_end), rows(x.k, call.k_begin, call.k_end), rows(x.v, call.k_begin, call.k_end),
                           rows(og, call.q_begin, call.q_end), rows(dog, call.q_begin, call.q_end), lse_rows(lg, call.q_begin, call.q_end),
-                          rows(dqg, call.q_begin, call.q_end), dkp, dvp, call_options(a[static_cast<size_t>(g)], call, d.Hq), stream, ws);
-      st.stamp(stream, "head group {}: backward q {}-{} k {}-{}", g, call.q_begin, call.q_end, call.k_begin, call.k_end);
-      accumulate(rows(y.dk_all, call.k_begin, call.k_end), dkp, false, stream);
-      accumulate(rows(y.dv_all, call.k_begin, call.k_end), dvp, false, stream);
+                          rows(dqg, call.q_begin, call.q_end), rows(dk_part, 0, call.k_len()), rows(dv_part, 0, call.k_len()), co, stream,
+                          ws[i]);
+      st.stamp(stream, "head group {}: {} phase q {}-{} k {}-{}", g, attention::name(phase), call.q_begin, call.q_end, call.k_begin,
+               call.k_end);
+    };
+    for (size_t i = 0; i < plan.steps[0].calls.size(); ++i) {
+      const AttentionCall& call = plan.steps[0].calls[i];
+      call_backward(i, attention::BackwardPhase::dkdv);
+      accumulate(rows(y.dk_all, call.k_begin, call.k_end), rows(dk_part, 0, call.k_len()), false, stream);
+      accumulate(rows(y.dv_all, call.k_begin, call.k_end), rows(dv_part, 0, call.k_len()), false, stream);
       st.stamp(stream, "head group {}: dK, dV parts added", g);
     }
     st.mark(computed(g), stream);
+    for (size_t i = 0; i < plan.steps[0].calls.size(); ++i) call_backward(i, attention::BackwardPhase::dq);
   }
   // each chunk's sums to its owner: slot p of dk_in holds rank p's sums of this rank's rows
   auto slot = [&](uint64_t base, int64_t p) {
