@@ -462,10 +462,10 @@ Dims check_backward_dims(const Tensor& q, const Tensor& k, const Tensor& v, cons
   const int rank = d.varlen ? 3 : 4;
   const char* q_layout = d.varlen ? "[total_q, Hq, D] (varlen)" : "[B, S_q, Hq, D]";
   const char* k_layout = d.varlen ? "[total_k, Hkv, D] (varlen)" : "[B, S_k, Hkv, D]";
-  for (auto [name, t, ref_name, ref, layout] :
-       {std::tuple{"do", &do_, "q", &q, q_layout}, std::tuple{"dq", &dq, "q", &q, q_layout},
-        std::tuple{"dk", &dk, "k", &k, k_layout}, std::tuple{"dv", &dv, "v", &v, k_layout}}) {
-    if (d.accumulate && name[0] == 'd' && name[1] != 'o') {  // dq, dk, dv: the f32 sums
+  for (auto [name, t, ref_name, ref, layout, gradient] :
+       {std::tuple{"do", &do_, "q", &q, q_layout, false}, std::tuple{"dq", &dq, "q", &q, q_layout, true},
+        std::tuple{"dk", &dk, "k", &k, k_layout, true}, std::tuple{"dv", &dv, "v", &v, k_layout, true}}) {
+    if (d.accumulate && gradient) {  // the f32 sums
       if (t->dtype != ir::DType::f32)
         c.fail("{} has dtype {}; with options.accumulate_gradients the gradients are f32 sums (+=)", name, ir::name(t->dtype));
     } else {

@@ -33,9 +33,6 @@ struct HeadGroup {
 };
 HeadGroup head_group(const Dims& d, int g, int G) { return {slice({0, d.Hq}, g, G), slice({0, d.Hkv}, g, G)}; }
 
-// Whether the rows of a [B, n, h, D] view are contiguous (one message per batch and chunk).
-bool contiguous_rows(const Tensor& t) { return t.stride(3) == 1 && t.stride(2) == t.size(3) && t.stride(1) == t.size(2) * t.size(3); }
-
 // Every rank's chunks of `local` ([B, S_local, h, D], maybe a head slice) into `global` ([B, S, h,
 // D] contiguous, global order), on the communication stream: own chunks copied, the others
 // received; sent from `local`, or from `stage` (contiguous like it) packed first when its rows are
@@ -69,14 +66,13 @@ Tensor gathered_shape(const Dims& d, const Tensor& k, int64_t h) {
   return bshd(k.data, k.dtype, d.B, d.layout.seq_len(), h, d.D, d.layout.seq_len(), k.device);
 }
 
-// Each group's options: its heads placed (dropout's head index, per-head mask tensors). Pipelined
-// calls launch one program per tile unless the caller chose: NCCL's kernels beside them hold SMs a
-// persistent grid would wait for (decision 062).
+// Each group's options: its heads placed (dropout's head index, per-head mask tensors); pipelined
+// groups on one program per tile.
 std::vector<attention::Options> group_options(const Dims& d, const attention::Options& opts, int G) {
   std::vector<attention::Options> a;
   for (int g = 0; g < G; ++g) {
     a.push_back(head_options(opts, head_group(d, g, G).q, d.Hq));
-    if (G > 1 && !a.back().persistent) a.back().persistent = false;
+    if (G > 1) per_tile_unless_chosen(a.back());
   }
   return a;
 }

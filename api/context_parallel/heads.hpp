@@ -84,4 +84,11 @@ inline attention::Options head_options(const attention::Options& opts, HeadRange
   return a;
 }
 
+// Calls pipelined beside communication (head groups) launch one program per tile unless the
+// caller chose: NCCL's kernels hold SMs that a persistent grid (one program per SM) waits for
+// (decision 062).
+inline void per_tile_unless_chosen(attention::Options& a) {
+  if (!a.persistent) a.persistent = false;
+}
+
 }  // namespace tilejit::cp::detail

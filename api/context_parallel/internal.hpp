@@ -32,6 +32,9 @@ struct Dims {
   int64_t es() const { return ir::byte_size(dtype); }
 };
 
+// Whether the rows of a [B, n, H, D] view are contiguous (strides [any, H*D, D, 1]): runs of rows
+// travel as one message.
+inline bool contiguous_rows(const Tensor& t) { return t.stride(3) == 1 && t.stride(2) == t.size(3) && t.stride(1) == t.size(2) * t.size(3); }
 // Rows [begin, end) of a [B, S, H, D] tensor; of an LSE [B, H, S].
 Tensor rows(const Tensor& t, int64_t begin, int64_t end);
 Tensor lse_rows(const Tensor& lse, int64_t begin, int64_t end);

@@ -282,8 +282,6 @@ UspLayouts usp_layouts(const UspGroups& groups, const ShardLayout& world) {
     lengths.push_back(len);
     parts.push_back(len / groups.ring);
   }
-  if (world.documents() == 1)
-    return {ShardLayout(Layout::zigzag, groups.ring, world.seq_len()), ShardLayout(Layout::zigzag, groups.ulysses, parts[0])};
   return {ShardLayout(Layout::zigzag, groups.ring, lengths), ShardLayout(Layout::zigzag, groups.ulysses, parts)};
 }
 

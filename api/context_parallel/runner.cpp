@@ -187,7 +187,7 @@ template <class... A>
 // Rows contiguous ([any, H*D, D, 1]): one NCCL message per batch carries a run of rows.
 void check_rows(const char* fn, const char* name, const Tensor& t, const Tensor& q) {
   if (t.rank != 4) fail(fn, "{} must be rank 4 [B, S_local, H, D], got {}", name, t.describe());
-  if (t.stride(3) != 1 || t.stride(2) != t.size(3) || t.stride(1) != t.size(2) * t.size(3))
+  if (!detail::contiguous_rows(t))
     fail(fn, "{} must have contiguous rows (strides [any, H*D, D, 1]) so that runs of rows travel as one message: {}", name,
          t.describe());
   if (t.dtype != q.dtype) fail(fn, "{} has dtype {} but q has {}", name, ir::name(t.dtype), ir::name(q.dtype));

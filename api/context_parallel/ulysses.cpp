@@ -35,11 +35,8 @@ void ulysses_forward(ContextParallel::State& st, const Dims& d, const Tensor& q,
   // a mask's block lists (document kinds) in the scratch too: the call then allocates nothing
   std::vector<attention::Options> a;
   for (int g = 0; g < G; ++g) a.push_back(head_options(opts, u.q_group(r, g, G), d.Hq));
-  // Beside the exchanges NCCL's kernels hold SMs, which a persistent grid (one program per SM)
-  // waits for: pipelined calls launch one program per tile unless the caller chose.
   if (G > 1)
-    for (attention::Options& x : a)
-      if (!x.persistent) x.persistent = false;
+    for (attention::Options& x : a) per_tile_unless_chosen(x);
   const size_t ws_bytes =
       attention::forward_workspace_bytes(call_view(u.shard_shape(u.q_group(r, 0, G).count), opts),
                                          call_view(u.shard_shape(u.kv_group(r, 0, G).count), opts), a[0]);
