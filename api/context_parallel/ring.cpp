@@ -5,8 +5,10 @@
 // taken in the same ring order each run (deterministic), and the last hop returns it to its owner.
 //
 // Streams: the communication stream prefetches step s + 1's shard while step s computes; a receive
-// into a buffer waits for the step that last read it (events). Backward: step s's dK/dV sums travel
-// while step s + 1's calls run (the caller's stream waits for them only where it adds them).
+// into a buffer waits for the step that last read it (events). Backward: each step runs its calls'
+// dK/dV phases, adds the sums that arrived, and sends the shard's sums on while its dQ phases and
+// step s + 1's dK/dV phases run (the caller's stream waits for them only where it adds them); the
+// last hop hides behind the last step's dQ phases (decision 068).
 #include <fmt/format.h>
 
 #include "api/context_parallel/internal.hpp"
@@ -168,6 +170,8 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
   const Plan plan = make_plan(Mode::ring, d.layout, opts.causal, d.rank, /*global_runs=*/opts.dropout_p > 0);
   const int64_t nmax = d.layout.max_local_len();
   const size_t ws_bytes = attention::backward_workspace_bytes(q, k, dense_options(opts));
+  size_t max_calls = 0;
+  for (const PlanStep& step : plan.steps) max_calls = std::max(max_calls, step.calls.size());
   auto carve = [&](uint64_t base) {
     Scratch s(base);
     KvSlots kv = carve_kv(s, d, st.device, d.dtype, d.Hkv);
@@ -179,7 +183,9 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
     Tensor dq_part = bshd(s.take(static_cast<size_t>(d.B * nmax * d.Hq * d.D * d.es())), d.dtype, d.B, nmax, d.Hq, d.D, nmax, st.device);
     Tensor dq_acc = bshd(s.take(static_cast<size_t>(d.B * d.local * d.Hq * d.D * 4)), ir::DType::f32, d.B, d.local, d.Hq, d.D, d.local,
                          st.device);
-    attention::Workspace ws{s.take(ws_bytes), ws_bytes};
+    // one workspace a call of a step: its dQ phase reads the Delta its dK/dV phase left there
+    std::vector<attention::Workspace> ws;
+    for (size_t c = 0; c < max_calls; ++c) ws.push_back({s.take(ws_bytes), ws_bytes});
     return std::tuple{kv, dkv_local, dkv_in, dk_part, dv_part, dq_part, dq_acc, ws, s.used()};
   };
   const size_t need = std::get<8>(carve(0));
@@ -189,6 +195,23 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
     runtime::check_cu(api.MemsetD8Async(t.data, 0, static_cast<size_t>(t.size(0) * t.stride(0) * 4), stream), "cuMemsetD8Async");
   };
   RingSteps ring(st, d, plan, stream);
+  // the sums for step s's shard go on to the next rank once ready (after step W - 1: back to their
+  // owner); the next step's arrive in the other slot of dkv_in
+  auto send_sums = [&](int s, size_t ready) {
+    const int i = s % 2;
+    const int64_t n = d.layout.local_len(plan.steps[static_cast<size_t>(s)].kv_rank);
+    const int64_t n_next = d.layout.local_len(s + 1 < d.world ? plan.steps[static_cast<size_t>(s + 1)].kv_rank : d.rank);
+    st.wait(st.comm_stream.handle(), ready);
+    st.log("step {}: send dK/dV sums ({} rows) to {}, receive {} rows from {}", s, n, plan.send_to, n_next, plan.recv_from);
+    runtime::nccl::Group group;
+    st.send_rows(rows(dkv_local.k[i], 0, n), plan.send_to);
+    st.send_rows(rows(dkv_local.v[i], 0, n), plan.send_to);
+    st.recv_rows(rows(dkv_in.k[(s + 1) % 2], 0, n_next), plan.recv_from);
+    st.recv_rows(rows(dkv_in.v[(s + 1) % 2], 0, n_next), plan.recv_from);
+    group.end();
+    st.stamp(st.comm_stream.handle(), "step {}: dK/dV sums sent on", s);
+    if (s + 1 < d.world) ring.sums_queued(s + 1);
+  };
   ring.start();
   zero(dq_acc);
   for (int s = 0; s < d.world; ++s) {
@@ -203,48 +226,48 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
     const Tensor dk_sum = rows(dkv_local.k[i], 0, n), dv_sum = rows(dkv_local.v[i], 0, n);
     zero(dkv_local.k[i]);
     zero(dkv_local.v[i]);
-    for (const AttentionCall& call : plan.steps[static_cast<size_t>(s)].calls) {
-      st.log("step {}: backward q {}-{} k {}-{}{}", s, call.q_begin, call.q_end, call.k_begin, call.k_end, call.causal ? " causal" : "");
+    // every call's dK/dV phase, then this shard's sums go on (below) while the dQ phases run: the
+    // last hop (the sums back to their owner) hides behind the last step's dQ kernels
+    const std::vector<AttentionCall>& calls = plan.steps[static_cast<size_t>(s)].calls;
+    auto call_backward = [&](size_t c, attention::BackwardPhase phase) {
+      const AttentionCall& call = calls[c];
       const Tensor qc = rows(q, call.q_begin, call.q_end), kc = rows(cur.k, call.k_begin, call.k_end),
                    vc = rows(cur.v, call.k_begin, call.k_end), oc = rows(o, call.q_begin, call.q_end),
                    doc = rows(do_, call.q_begin, call.q_end), lc = lse_rows(lse, call.q_begin, call.q_end);
       const Tensor dq_into = rows(dq_acc, call.q_begin, call.q_end), dk_into = rows(dk_sum, call.k_begin, call.k_end),
                    dv_into = rows(dv_sum, call.k_begin, call.k_end);
       attention::Options a = call_options(opts, call, d.Hq);
-      if (fused_sums) {  // the kernels add into the f32 sums
-        a.accumulate_gradients = true;
-        attention::backward(qc, kc, vc, oc, doc, lc, dq_into, dk_into, dv_into, a, stream, ws);
-        st.stamp(stream, "step {}: backward q {}-{} k {}-{} (into the sums)", s, call.q_begin, call.q_end, call.k_begin, call.k_end);
-        continue;
+      a.backward_phase = phase;
+      a.accumulate_gradients = fused_sums;  // the kernels add into the f32 sums
+      st.log("step {}: {} phase q {}-{} k {}-{}{}", s, attention::name(phase), call.q_begin, call.q_end, call.k_begin, call.k_end,
+             call.causal ? " causal" : "");
+      if (fused_sums) {
+        attention::backward(qc, kc, vc, oc, doc, lc, dq_into, dk_into, dv_into, a, stream, ws[c]);
+      } else {
+        const Tensor dqp = rows(dq_part, 0, call.q_len()), dkp = rows(dk_part, 0, call.k_len()), dvp = rows(dv_part, 0, call.k_len());
+        attention::backward(qc, kc, vc, oc, doc, lc, dqp, dkp, dvp, a, stream, ws[c]);
+        if (phase == attention::BackwardPhase::dkdv) {
+          accumulate(dk_into, dkp, false, stream);
+          accumulate(dv_into, dvp, false, stream);
+        } else {
+          accumulate(dq_into, dqp, false, stream);
+        }
       }
-      const Tensor dqp = rows(dq_part, 0, call.q_len()), dkp = rows(dk_part, 0, call.k_len()), dvp = rows(dv_part, 0, call.k_len());
-      attention::backward(qc, kc, vc, oc, doc, lc, dqp, dkp, dvp, a, stream, ws);
-      st.stamp(stream, "step {}: backward q {}-{} k {}-{}", s, call.q_begin, call.q_end, call.k_begin, call.k_end);
-      accumulate(dq_into, dqp, false, stream);
-      accumulate(dk_into, dkp, false, stream);
-      accumulate(dv_into, dvp, false, stream);
-      st.stamp(stream, "step {}: dQ, dK, dV parts added", s);
-    }
+      st.stamp(stream, "step {}: {} phase q {}-{} k {}-{}{}", s, attention::name(phase), call.q_begin, call.q_end, call.k_begin,
+               call.k_end, fused_sums ? " (into the sums)" : ", part added");
+    };
+    for (size_t c = 0; c < calls.size(); ++c) call_backward(c, attention::BackwardPhase::dkdv);
     if (s > 0) {  // what the ranks before added to this shard, in ring order
       ring.wait_sums(s);
       accumulate(dk_sum, rows(dkv_in.k[i], 0, n), false, stream);
       accumulate(dv_sum, rows(dkv_in.v[i], 0, n), false, stream);
       st.stamp(stream, "step {}: arrived sums added", s);
     }
-    ring.compute_done(s);
-    if (d.world == 1) break;
-    // the sums go on to the next rank (after step W - 1: back to their owner)
-    ring.wait_compute(s);
-    const int64_t n_next = d.layout.local_len(s + 1 < d.world ? plan.steps[static_cast<size_t>(s + 1)].kv_rank : d.rank);
-    st.log("step {}: send dK/dV sums ({} rows) to {}, receive {} rows from {}", s, n, plan.send_to, n_next, plan.recv_from);
-    runtime::nccl::Group group;
-    st.send_rows(dk_sum, plan.send_to);
-    st.send_rows(dv_sum, plan.send_to);
-    st.recv_rows(rows(dkv_in.k[(s + 1) % 2], 0, n_next), plan.recv_from);
-    st.recv_rows(rows(dkv_in.v[(s + 1) % 2], 0, n_next), plan.recv_from);
-    group.end();
-    st.stamp(st.comm_stream.handle(), "step {}: dK/dV sums sent on", s);
-    if (s + 1 < d.world) ring.sums_queued(s + 1);
+    const size_t sums_ready = ring.next_event();
+    st.mark(sums_ready, stream);
+    if (d.world > 1) send_sums(s, sums_ready);
+    for (size_t c = 0; c < calls.size(); ++c) call_backward(c, attention::BackwardPhase::dq);
+    ring.compute_done(s);  // releases this step's K/V slot (the dQ phases read it)
   }
   convert(dq_acc, dq, stream);
   if (d.world == 1) {
