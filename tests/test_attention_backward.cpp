@@ -169,7 +169,8 @@ TEST_CASE("attention backward: ACCUMULATE adds f32 gradients into the outputs") 
   }
 }
 
-// ACCUMULATE's epilogue loads (beside the accumulators) cost no spills at D 64 and little at D 128.
+// ACCUMULATE's epilogue loads (beside the accumulators) cost no spills at D 64, little at D 128, and
+// no shared memory.
 TEST_CASE("attention backward: ACCUMULATE assembles for sm_90a; its epilogue adds no real spills") {
   for (const std::string name : {"attention_bwd_dkdv", "attention_bwd_dq"})
     for (int D : {64, 128})
@@ -190,5 +191,8 @@ TEST_CASE("attention backward: ACCUMULATE assembles for sm_90a; its epilogue add
         // accumulating, full / causal, measured 2026-11-28): the loads may add at most 64 B
         if (D == 64) CHECK(k.info.spill_store_bytes == 0);
         CHECK(k.info.spill_store_bytes <= plain.info.spill_store_bytes + 64);
+        // the old sums are read in the accumulators' layout: no exchange through shared memory
+        // (a blocked load took 32 KB more at D 128, one program per SM instead of two: decision 068)
+        CHECK(k.smem_bytes == plain.smem_bytes);
       }
 }

@@ -286,9 +286,11 @@ void KeyTile::store_gradients() {
   const Tile dk_out = dk * p.softmax_scale;
   Tile dv_out = dv;
   if (a.dropout) dv_out = dv_out * p.drop->scale;
-  if (p.cfg.accumulate) {  // f32 += (each key tile is this program's alone: no atomics)
-    store(rows(dK_t, kv_h, n0, a.BN), load(rows(dK_t, kv_h, n0, a.BN)) + dk_out);
-    store(rows(dV_t, kv_h, n0, a.BN), load(rows(dV_t, kv_h, n0, a.BN)) + dv_out);
+  // ACCUMULATE: f32 += (each key tile is this program's alone: no atomics), the old sums read in
+  // the accumulators' layout (load_at_use): no exchange through shared memory [068]
+  if (p.cfg.accumulate) {
+    store(rows(dK_t, kv_h, n0, a.BN), dk_out + load_at_use(rows(dK_t, kv_h, n0, a.BN)));
+    store(rows(dV_t, kv_h, n0, a.BN), dv_out + load_at_use(rows(dV_t, kv_h, n0, a.BN)));
     return;
   }
   store(rows(dK_t, kv_h, n0, a.BN), cast(a.T, dk_out));

@@ -130,8 +130,11 @@ void QueryTile::run() {
     Tile n_end = rows.unless_past(m0, S_q, a.causal ? minimum(S_k, m0 + a.BM + (S_k - S_q)) : S_k);
     for_range(0, n_end, a.BN, [&](Tile n0) { key_block(n0, Tile()); });
   }
-  if (p.cfg.accumulate)  // f32 += (each query tile is this program's alone)
-    store(rows(p.dQ, h, m0, a.BM), load(rows(p.dQ, h, m0, a.BM)) + dq * p.softmax_scale);
+  // ACCUMULATE: f32 += (each query tile is this program's alone), the old sums read in dQ's MMA
+  // layout (load_at_use) where they are added: no exchange through 32 KB of shared memory at D 128,
+  // which halved the programs per SM [068]
+  if (p.cfg.accumulate)
+    store(rows(p.dQ, h, m0, a.BM), dq * p.softmax_scale + load_at_use(rows(p.dQ, h, m0, a.BM)));
   else
     store(rows(p.dQ, h, m0, a.BM), cast(a.T, dq * p.softmax_scale));
 }
