@@ -43,9 +43,10 @@ struct Options {
   int head_groups = 0;
   // ring and usp backward: the attention kernels add each call's dQ, dK and dV into the ring's f32
   // sums themselves (attention::Options::accumulate_gradients) instead of writing bf16 parts that
-  // separate passes add. Off until measured on the GPU (the same sums in the same order, without
-  // the parts' bf16 rounding). Allgather keeps its parts (its dQ is written once, in bf16).
-  bool fused_sums = false;
+  // separate passes add: the same sums in the same order, without the parts' bf16 rounding. On by
+  // default: 3% faster (H200 x 2, 16 heads, 8K causal: 3.89 against 4.01 ms; decision 068).
+  // Allgather keeps its parts (its dQ is written once, in bf16).
+  bool fused_sums = true;
   // A packed batch of documents (varlen; every mode): their lengths, which sum to seq_len. Ring,
   // allgather and usp: full or causal (each document its own attention); usp: every document a
   // multiple of 2 x world tokens.

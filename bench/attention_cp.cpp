@@ -4,7 +4,7 @@
 // Hq x D (backward 2.5x) over the slowest rank's time, divided by W; efficiency = that over the
 // single-GPU call's TFLOP/s at the same global length (same formula).
 //
-//   attention_bench --cp [--world W] [--tokens N] [--heads Hq] [--kv-heads Hkv] [--modes ring,ringF,allgather,allgather4,ulysses,ulysses4,usp,usp4]
+//   attention_bench --cp [--world W] [--tokens N] [--heads Hq] [--kv-heads Hkv] [--modes ring,ringF,ringP,allgather,allgather4,ulysses,ulysses4,usp,usp4]
 //                        [--causal 0|1 | --documents] [--dropout P] [--persistent 0|1] [--reps R]
 //   default: W = every GPU, the benchmark's 8K tokens per GPU with 64 / 8 heads and 16 / 16 heads at
 //   8K and 16K per GPU; full and causal, and the benchmark's causal documents (lengths log-uniform in
@@ -269,15 +269,17 @@ int run_cp_bench(int argc, char** argv) {
       for (const std::string& mode_name : modes) {
         // "usp" (Ulysses groups of 2, a ring across them) or "uspU" (groups of U); "ulyssesG" /
         // "allgatherG": the all-to-all / the gather pipelined over G head groups (plain: the default);
-        // "ringF": the ring with fused_sums (the kernels add into the f32 sums)
+        // "ringF" / "ringP": the ring with fused_sums on / off (the kernels add into the f32 sums, or
+        // write bf16 parts that separate passes add); plain "ring" and "usp": the default (on)
         const bool usp = mode_name.rfind("usp", 0) == 0, uly = mode_name.rfind("ulysses", 0) == 0,
-                   ag = mode_name.rfind("allgather", 0) == 0, fused = mode_name == "ringF";
+                   ag = mode_name.rfind("allgather", 0) == 0, fused_named = mode_name == "ringF" || mode_name == "ringP";
+        const bool fused = mode_name == "ringP" ? false : mode_name == "ringF" ? true : cp::Options{}.fused_sums;
         const int ulysses_degree = !usp ? 0 : mode_name.size() > 3 ? std::atoi(mode_name.c_str() + 3) : 2;
         const int head_groups = uly && mode_name.size() > 7 ? std::atoi(mode_name.c_str() + 7)
                                 : ag && mode_name.size() > 9 ? std::atoi(mode_name.c_str() + 9)
                                                             : 0;
         cp::Mode mode = usp                 ? cp::Mode::usp
-                        : mode_name == "ring" || fused ? cp::Mode::ring
+                        : mode_name == "ring" || fused_named ? cp::Mode::ring
                         : ag                  ? cp::Mode::allgather
                                               : cp::Mode::ulysses;
         if (usp && (ulysses_degree < 1 || world % ulysses_degree)) {

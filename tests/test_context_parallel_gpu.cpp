@@ -268,7 +268,7 @@ void scatter_lse(const std::vector<double>& local, const std::vector<int64_t>& p
 // Every rank on its own thread and GPU; the backward twice (the second's gradients must equal the
 // first's bit for bit).
 Outputs context_parallel(const Problem& p, int W, cp::Mode mode, cp::Layout layout, int ulysses_degree, int head_groups,
-                         bool& deterministic, bool fused_sums = false) {
+                         bool& deterministic, bool fused_sums = cp::Options{}.fused_sums) {
   const runtime::nccl::UniqueId id = runtime::nccl::make_unique_id();
   const cp::ShardLayout shards = p.doc_lengths.empty() ? cp::ShardLayout(layout, W, p.S) : cp::ShardLayout(layout, W, p.doc_lengths);
   Outputs out{std::vector<double>(static_cast<size_t>(p.B * p.S * p.Hq * p.D)), std::vector<double>(static_cast<size_t>(p.B * p.Hq * p.S)),
@@ -359,14 +359,14 @@ double max_abs(const std::vector<double>& a, const std::vector<double>& b) {
 
 void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int S, std::optional<kernels::MaskSpec> mask = {},
                 int ulysses_degree = 0, int Hq = 4, int Hkv = 2, int head_groups = 0, double dropout_p = 0,
-                std::vector<int64_t> doc_lengths = {}, bool fused_sums = false) {
+                std::vector<int64_t> doc_lengths = {}, bool fused_sums = cp::Options{}.fused_sums) {
   const std::string what = fmt::format("{}{} {} W={} causal={} B={} S={} Hq={} Hkv={}{}{}{}", cp::name(mode),
                                        ulysses_degree ? fmt::format(" U={}", ulysses_degree) : "", cp::name(layout), W, causal, B, S, Hq,
                                        Hkv, head_groups ? fmt::format(" head_groups={}", head_groups) : "",
                                        mask ? std::string(" mask ") + kernels::mask_kind_name(mask->kind) : "",
                                        dropout_p > 0 ? fmt::format(" dropout {}", dropout_p) : "") +
                            (doc_lengths.empty() ? "" : fmt::format(" {} packed documents", doc_lengths.size())) +
-                           (fused_sums ? " fused sums" : "");
+                           (fused_sums ? "" : " parts (fused_sums off)");
   CAPTURE(what);
   HangGuard guard(what, std::chrono::seconds(300));
   std::mt19937 rng(static_cast<unsigned>(S * 31 + W * 7 + causal));
@@ -579,11 +579,12 @@ TEST_CASE("cp/gpu: every mode on 2 GPUs equals one GPU") {
   check_case(2, cp::Mode::allgather, cp::Layout::zigzag, false, 1, 1000, kernels::MaskSpec::causal_document(), 0, 8, 4, 2);
   check_case(2, cp::Mode::allgather, cp::Layout::zigzag, true, 2, 1024, {}, 0, 8, 4, 2, 0.1);
   check_case(2, cp::Mode::allgather, cp::Layout::zigzag, true, 1, 1280, {}, 0, 8, 4, 2, 0.1, {512, 256, 512});
-  // the kernels adding into the ring's f32 sums (Options::fused_sums; accumulate_gradients)
-  for (bool causal : {false, true}) check_case(2, cp::Mode::ring, cp::Layout::zigzag, causal, 1, 1000, {}, 0, 4, 2, 0, 0.0, {}, true);
-  check_case(2, cp::Mode::ring, cp::Layout::zigzag, true, 2, 1024, {}, 0, 8, 2, 0, 0.1, {}, true);
-  check_case(2, cp::Mode::ring, cp::Layout::zigzag, true, 1, 1000, {}, 0, 4, 2, 0, 0.0, {300, 76, 500, 124}, true);
-  check_case(2, cp::Mode::usp, cp::Layout::zigzag, true, 1, 1000, {}, 1, 4, 2, 0, 0.0, {}, true);
+  // the ring's bf16 parts added by separate passes (Options::fused_sums off; on by default: the
+  // kernels add into the f32 sums)
+  for (bool causal : {false, true}) check_case(2, cp::Mode::ring, cp::Layout::zigzag, causal, 1, 1000, {}, 0, 4, 2, 0, 0.0, {}, false);
+  check_case(2, cp::Mode::ring, cp::Layout::zigzag, true, 2, 1024, {}, 0, 8, 2, 0, 0.1, {}, false);
+  check_case(2, cp::Mode::ring, cp::Layout::zigzag, true, 1, 1000, {}, 0, 4, 2, 0, 0.0, {300, 76, 500, 124}, false);
+  check_case(2, cp::Mode::usp, cp::Layout::zigzag, true, 1, 1000, {}, 1, 4, 2, 0, 0.0, {}, false);
 }
 
 TEST_CASE("cp/gpu: every mode on 4 GPUs equals one GPU") {
