@@ -27,6 +27,7 @@ class Assigner {
   LayoutPlan run() {
     ir::walk(f_.body, [&](const ir::Op& op) {
       for (ir::ValueId r : op.results) def_[r] = &op;
+      for (ir::ValueId v : op.operands) ++uses_[v];
     });
     // The GEMM K loops' dots and every other dot that wgmma runs accumulate in the wgmma layout.
     for (const auto& [loop, m] : plan_.tma_loops) wgmma_dots_.insert(m.dot);
@@ -66,6 +67,31 @@ class Assigner {
     for (ir::ValueId v : op.operands)
       if (nat(v) && !f_.type(v).is_scalar()) return nat(v);
     return std::nullopt;
+  }
+  // A tile read by a block_load whose only use is `user` (same shape): it can be read in whatever
+  // layout that use takes, straight from memory.
+  bool relayable_load(ir::ValueId v, const ir::Op& user) const {
+    const ir::Op* d = def_of(v);
+    if (!d || d->kind != OpKind::block_load || d->attrs.count("at_use") || f_.type(v).is_scalar()) return false;
+    auto u = uses_.find(v);
+    return u != uses_.end() && u->second == 1 && f_.type(v).shape == f_.type(user.results[0]).shape;
+  }
+  // An elementwise op's layout: its first operand's, except that a single-use load gives way to
+  // another operand's layout and is then read in it. `acc + load(old)` (an MMA accumulator plus a
+  // tile from memory: a GEMM's residual, gradient accumulation) would otherwise exchange the
+  // accumulator through shared memory, which at the end of a kernel grows its footprint (dK/dV at
+  // D 128: 98688 -> 131200 B, half the programs per SM: decision 068).
+  std::optional<Layout> elementwise_layout(const ir::Op& op) {
+    std::optional<Layout> anchor;
+    for (ir::ValueId v : op.operands)
+      if (nat(v) && !f_.type(v).is_scalar() && !relayable_load(v, op)) {
+        anchor = nat(v);
+        break;
+      }
+    if (!anchor) return first_natural(op);
+    for (ir::ValueId v : op.operands)
+      if (relayable_load(v, op) && nat(v) != anchor) set(v, anchor);
+    return anchor;
   }
 
   void op(const ir::Op& op) {
@@ -193,13 +219,14 @@ class Assigner {
       default:
         break;
     }
-    if (ir::is_elementwise(op.kind)) set(op.results[0], first_natural(op));
+    if (ir::is_elementwise(op.kind)) set(op.results[0], elementwise_layout(op));
   }
 
   const ir::Function& f_;
   int warps_ = 4;  // the warps of the code being assigned (a warp role's, else the launch's)
   std::set<const ir::Op*> wgmma_dots_;  // dots that accumulate in the wgmma layout
   std::map<ir::ValueId, const ir::Op*> def_;  // each value's defining op
+  std::map<ir::ValueId, int> uses_;            // how many operands name each value
   LayoutPlan plan_;
 };
 

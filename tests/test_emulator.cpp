@@ -301,6 +301,45 @@ TEST_CASE("emulator: the TMA + wgmma GEMM pipeline equals the interpreter") {
   }
 }
 
+// An accumulator plus a tile loaded once (a GEMM's residual; gradient accumulation) takes the
+// accumulator's layout, the tile read straight into it, whichever side of the + it stands on: no
+// exchange through shared memory, so the epilogue adds nothing to the kernel's footprint (it had cost
+// the D 128 backward half its programs per SM: decision 068). Both MMA paths, against the interpreter.
+TEST_CASE("emulator: acc + load(residual) reads the residual in the accumulator's layout (no shared memory)") {
+  for (const char* arch : {"sm_90a", "sm_80"})
+    for (int form : {0, 1, 2}) {  // 0: acc alone; 1: acc + load; 2: load + acc
+      INFO(arch << " form " << form);
+      const Kernel gemm = kernel("gemm_residual", [form](Builder& kb) {
+        const ParamSpec rm{.align_bytes = 16, .contiguous_last = true};
+        auto A = kb.tensor("A", bf16, 2, rm), B = kb.tensor("B", bf16, 2, rm), R = kb.tensor("R", f32, 2, rm);
+        auto C = kb.tensor("C", f32, 2, rm);
+        Tile m0 = program_id(0) * 128, n0 = program_id(1) * 128;
+        Var acc = zeros(f32, {128, 128});
+        for_range(0, A.size(1), 64, [&](Tile k0) {
+          acc = dot(load(A.block({m0, k0}, {128, 64})), load(B.block({k0, n0}, {64, 128})), acc);
+        });
+        const BlockRef r = R.block({m0, n0}, {128, 128});
+        store(C.block({m0, n0}, {128, 128}), form == 0 ? Tile(acc) : form == 1 ? acc + load(r) : load(r) + acc);
+      });
+      const int64_t M = 256, N = 256, K = 192;
+      HostTensor a(bf16, {M, K}), b(bf16, {K, N}), r(f32, {M, N}), c(f32, {M, N});
+      a.fill_uniform(31, -3, 3);
+      b.fill_uniform(32, -3, 3);
+      r.fill_uniform(33, -100, 100);
+      for (HostTensor* t : {&a, &b, &r})
+        for (int64_t e = 0; e < t->numel(); ++e) t->set_flat(e, std::round(t->get_flat(e)));
+      jit::CompileOptions o;
+      o.arch = arch;
+      o.num_warps = 8;
+      const ir::Function fn = gemm.build();
+      static int64_t plain_smem = 0;
+      const int64_t smem = jit::lower(fn, o).smem_bytes;
+      if (form == 0) plain_smem = smem;
+      CHECK(smem == plain_smem);
+      check_emulator(fn, {M / 128, N / 128}, {&a, &b, &r, &c}, 0.0, o);
+    }
+}
+
 // The library's attention kernels lowered for sm_80 (mma.sync) and sm_90a (TMA tiles, wgmma), forward
 // and backward, with and without causal masking and dropout (its key from device memory, decision
 // 054; placed in a larger attention's mask, decision 065), against the interpreter: GQA, S_q !=
