@@ -79,11 +79,13 @@ using DqReduction = kernels::DqReduction;  // (the dK/dV kernel's DQ_REDUCTION m
 const char* name(DqReduction r);  // "recompute", "atomic", "split", "ordered"
 
 // Which kernels a backward call runs (Options::backward_phase). all: every one. Or two calls with
-// the same arguments, options (but this) and workspace, nothing else writing that workspace between
-// them: dkdv (Delta, [dK/dV's mask pre-pass], dK, dV; dq untouched), then dq ([dQ's pre-pass], dQ
-// from the Delta and mask classes the first left in the workspace). Between them a caller can
-// overlap work that needs dK and dV (context parallelism sends their sums while dQ runs). Split
-// phases need the recompute reduction and a caller's workspace.
+// the same arguments, options (but this and accumulate_gradients) and workspace, nothing else
+// writing that workspace between them: dkdv (Delta, [dK/dV's mask pre-pass], dK, dV; dq untouched),
+// then dq ([dQ's pre-pass], dQ from the Delta and mask classes the first left in the workspace).
+// Between them a caller can overlap work that needs dK and dV (context parallelism sends their sums
+// while dQ runs). A gradient a phase leaves alone may be f32 or the inputs' dtype, so the dkdv phase
+// can add into f32 sums (accumulate_gradients) while the dq phase writes dQ. Split phases need the
+// recompute reduction and a caller's workspace.
 enum class BackwardPhase { all = 0, dkdv = 1, dq = 2 };
 const char* name(BackwardPhase p);  // "all", "dkdv", "dq"
 

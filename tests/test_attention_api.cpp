@@ -1304,6 +1304,22 @@ TEST_CASE("attention API: backward phases") {
   r.opts.dq_reduction = DqReduction::atomic;
   r.ws = Workspace{kBase + 0x9000000, backward_workspace_bytes(r.q, r.k, r.opts)};
   CHECK_BWD_ERROR(r, "options.backward_phase = dq with options.dq_reduction = atomic: split phases need recompute");
+  // a gradient the phase leaves alone may be f32 (the dkdv phase adding into f32 sums, the dq phase
+  // writing dQ, the same tensors passed to both), but not another dtype
+  {
+    Call x = c;
+    x.dk = contiguous(kBase + 0x7000000, DType::f32, {2, 300, 2, 64});
+    x.dv = contiguous(kBase + 0xc000000, DType::f32, {2, 300, 2, 64});
+    CHECK_NOTHROW(x.check_bwd());  // dq phase, dq bf16, dk/dv f32 sums untouched
+    x.opts.backward_phase = BackwardPhase::dkdv;
+    CHECK_BWD_ERROR(x, "dk has dtype f32 but q has bf16");  // written, not accumulating
+    x.opts.accumulate_gradients = true;
+    CHECK_NOTHROW(x.check_bwd());  // dq untouched: bf16 is fine
+    x.dq = contiguous(kBase + 0x6000000, DType::f16, {2, 100, 8, 64});
+    CHECK_BWD_ERROR(x, "dq has dtype f16; options.backward_phase = dkdv leaves it alone, but it must be f32 or q's dtype bf16");
+    x.opts.backward_phase = BackwardPhase::dq;
+    CHECK_BWD_ERROR(x, "dq has dtype f16; with options.accumulate_gradients the gradients are f32 sums (+=)");
+  }
   c.opts.backward_phase = static_cast<BackwardPhase>(5);
   CHECK_BWD_ERROR(c, "options.backward_phase = 5 is not a phase; valid: 0 all, 1 dkdv, 2 dq");
   if (runtime::Driver::get().available()) {

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -462,10 +463,20 @@ Dims check_backward_dims(const Tensor& q, const Tensor& k, const Tensor& v, cons
   const int rank = d.varlen ? 3 : 4;
   const char* q_layout = d.varlen ? "[total_q, Hq, D] (varlen)" : "[B, S_q, Hq, D]";
   const char* k_layout = d.varlen ? "[total_k, Hkv, D] (varlen)" : "[B, S_k, Hkv, D]";
+  const BackwardPhase phase = opts.backward_phase;
+  if (phase != BackwardPhase::all && phase != BackwardPhase::dkdv && phase != BackwardPhase::dq)
+    c.fail("options.backward_phase = {} is not a phase; valid: 0 all, 1 dkdv, 2 dq", static_cast<int>(phase));
   for (auto [name, t, ref_name, ref, layout, gradient] :
        {std::tuple{"do", &do_, "q", &q, q_layout, false}, std::tuple{"dq", &dq, "q", &q, q_layout, true},
         std::tuple{"dk", &dk, "k", &k, k_layout, true}, std::tuple{"dv", &dv, "v", &v, k_layout, true}}) {
-    if (d.accumulate && gradient) {  // the f32 sums
+    // a gradient the call's phase does not write: f32 or the inputs' dtype (a caller may add the
+    // dK/dV phase into f32 sums and write dQ in the dQ phase, passing the same tensors to both)
+    const bool written = phase == BackwardPhase::all || (phase == BackwardPhase::dq) == (std::string_view(name) == "dq");
+    if (gradient && !written) {
+      if (t->dtype != ir::DType::f32 && t->dtype != q.dtype)
+        c.fail("{} has dtype {}; options.backward_phase = {} leaves it alone, but it must be f32 or q's dtype {}", name,
+               ir::name(t->dtype), attention::name(phase), ir::name(q.dtype));
+    } else if (d.accumulate && gradient) {  // the f32 sums
       if (t->dtype != ir::DType::f32)
         c.fail("{} has dtype {}; with options.accumulate_gradients the gradients are f32 sums (+=)", name, ir::name(t->dtype));
     } else {
@@ -476,9 +487,6 @@ Dims check_backward_dims(const Tensor& q, const Tensor& k, const Tensor& v, cons
     c.same_sizes(name, *t, ref_name, *ref);
   }
   check_workspace(c, ws, backward_bytes(d), "backward_workspace_bytes");
-  const BackwardPhase phase = opts.backward_phase;
-  if (phase != BackwardPhase::all && phase != BackwardPhase::dkdv && phase != BackwardPhase::dq)
-    c.fail("options.backward_phase = {} is not a phase; valid: 0 all, 1 dkdv, 2 dq", static_cast<int>(phase));
   if (phase != BackwardPhase::all && d.reduction != DqReduction::recompute)
     c.fail("options.backward_phase = {} with options.dq_reduction = {}: split phases need recompute (the reductions compute dQ "
            "inside dK/dV)", name(phase), name(d.reduction));

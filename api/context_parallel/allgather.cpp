@@ -1,9 +1,10 @@
 // Allgather mode (Llama 3's): every rank gathers K and V in global order, then each local query
 // chunk attends to the key prefix its causality allows (make_plan; bottom-right alignment makes a
 // prefix exact), writing O and LSE directly: nothing to merge. Backward: dK, dV of the whole
-// sequence summed in f32 on each rank, then each chunk's sums sent to its owner, which adds them in
-// rank order (deterministic). The calls run in two phases (attention::BackwardPhase): every call's
-// dK/dV first, then, while the sums travel, every call's dQ.
+// sequence summed in f32 on each rank (the dK/dV kernels add into the sums: accumulate_gradients),
+// then each chunk's sums sent to its owner, which adds them in rank order (deterministic). The calls
+// run in two phases (attention::BackwardPhase): every call's dK/dV first, then, while the sums
+// travel, every call's dQ (written in the inputs' dtype).
 //
 // Head groups (Options::head_groups): the gather runs per group of key/value heads (with their
 // query heads) on the communication stream, so that group g's calls run while group g + 1's keys
@@ -151,11 +152,11 @@ void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor&
   const HeadGroup first = head_group(d, 0, G);
   const int64_t S = d.layout.seq_len(), W = d.world, h = first.kv.count;
   const size_t ws_bytes = attention::backward_workspace_bytes(heads(q, first.q), gathered_shape(d, k, h), dense_options(a[0]));
-  const size_t kv_bytes = static_cast<size_t>(d.B * S * h * d.D * d.es()), kv32 = static_cast<size_t>(d.B * S * h * d.D * 4);
+  const size_t kv32 = static_cast<size_t>(d.B * S * h * d.D * 4);
   const size_t in32 = static_cast<size_t>(W * d.B * d.local * h * d.D * 4);
   // Per group: the gathered keys and values, dK / dV of the whole sequence summed in f32, and the
   // sums of this rank's chunks from every rank ([W][B, S_local, h, D] f32). Shared by the groups
-  // (one stream): a call's dK / dV parts and the workspace.
+  // (one stream): the workspaces.
   struct GroupGrads {
     Tensor dk_all, dv_all;
     uint64_t dk_in = 0, dv_in = 0;
@@ -172,14 +173,12 @@ void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor&
       x.dk_in = s.take(in32), x.dv_in = s.take(in32);
       grads.push_back(x);
     }
-    const Tensor dk_part = bshd(s.take(kv_bytes), d.dtype, d.B, S, h, d.D, S, st.device);
-    const Tensor dv_part = bshd(s.take(kv_bytes), d.dtype, d.B, S, h, d.D, S, st.device);
     // one workspace a call: its dQ phase reads the Delta its dK/dV phase left there
     std::vector<attention::Workspace> ws;
     for (size_t i = 0; i < plan.steps[0].calls.size(); ++i) ws.push_back({s.take(ws_bytes), ws_bytes});
-    return std::tuple{kv, grads, dk_part, dv_part, ws, s.used()};
+    return std::tuple{kv, grads, ws, s.used()};
   };
-  const auto [kv, grads, dk_part, dv_part, ws, used] = carve(st.scratch_base(std::get<5>(carve(0)), stream));
+  const auto [kv, grads, ws, used] = carve(st.scratch_base(std::get<3>(carve(0)), stream));
   const runtime::DriverApi& api = runtime::Driver::get().api();
   for (const GroupGrads& x : grads) {
     runtime::check_cu(api.MemsetD8Async(x.dk_all.data, 0, kv32, stream), "cuMemsetD8Async");
@@ -193,25 +192,21 @@ void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor&
     const GroupGrads& y = grads[static_cast<size_t>(g)];
     const Tensor qg = heads(q, hg.q), og = heads(o, hg.q), dog = heads(do_, hg.q), lg = lse_heads(lse, hg.q), dqg = heads(dq, hg.q);
     st.wait(stream, gathered(g));
-    // every call's dK/dV phase, its parts added; then (the sums on their way: below) the dQ phases
+    // every call's dK/dV phase, its kernels adding into the f32 sums (accumulate_gradients, in call
+    // order); then (the sums on their way: below) the dQ phases, writing dQ
     auto call_backward = [&](size_t i, attention::BackwardPhase phase) {
       const AttentionCall& call = plan.steps[0].calls[i];
       attention::Options co = call_options(a[static_cast<size_t>(g)], call, d.Hq);
       co.backward_phase = phase;
+      co.accumulate_gradients = phase == attention::BackwardPhase::dkdv;
       attention::backward(rows(qg, call.q_begin, call.q_end), rows(x.k, call.k_begin, call.k_end), rows(x.v, call.k_begin, call.k_end),
                           rows(og, call.q_begin, call.q_end), rows(dog, call.q_begin, call.q_end), lse_rows(lg, call.q_begin, call.q_end),
-                          rows(dqg, call.q_begin, call.q_end), rows(dk_part, 0, call.k_len()), rows(dv_part, 0, call.k_len()), co, stream,
-                          ws[i]);
+                          rows(dqg, call.q_begin, call.q_end), rows(y.dk_all, call.k_begin, call.k_end),
+                          rows(y.dv_all, call.k_begin, call.k_end), co, stream, ws[i]);
       st.stamp(stream, "head group {}: {} phase q {}-{} k {}-{}", g, attention::name(phase), call.q_begin, call.q_end, call.k_begin,
                call.k_end);
     };
-    for (size_t i = 0; i < plan.steps[0].calls.size(); ++i) {
-      const AttentionCall& call = plan.steps[0].calls[i];
-      call_backward(i, attention::BackwardPhase::dkdv);
-      accumulate(rows(y.dk_all, call.k_begin, call.k_end), rows(dk_part, 0, call.k_len()), false, stream);
-      accumulate(rows(y.dv_all, call.k_begin, call.k_end), rows(dv_part, 0, call.k_len()), false, stream);
-      st.stamp(stream, "head group {}: dK, dV parts added", g);
-    }
+    for (size_t i = 0; i < plan.steps[0].calls.size(); ++i) call_backward(i, attention::BackwardPhase::dkdv);
     st.mark(computed(g), stream);
     for (size_t i = 0; i < plan.steps[0].calls.size(); ++i) call_backward(i, attention::BackwardPhase::dq);
   }
