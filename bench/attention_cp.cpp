@@ -8,7 +8,7 @@
 //                        [--causal 0|1 | --documents] [--dropout P] [--persistent 0|1] [--reps R]
 //   default: W = every GPU, the benchmark's 8K tokens per GPU with 64 / 8 heads and 16 / 16 heads at
 //   8K and 16K per GPU; full and causal, and the benchmark's causal documents (lengths log-uniform in
-//   1K-32K; allgather and ulysses; --documents: only those); D 128 bf16, zigzag layout. One line per run:
+//   1K-32K; ring and usp as packed documents; --documents: only those); D 128 bf16, zigzag layout. One line per run:
 //     CP mode=ring W=2 tokens_per_gpu=8192 S=16384 Hq=16 Hkv=16 D=128 mask=causal fwd_ms=.. bwd_ms=..
 //       fwd_tflops_per_gpu=.. bwd_tflops_per_gpu=.. single_fwd_tflops=.. single_bwd_tflops=.. fwd_eff=.. bwd_eff=..
 #include <fmt/format.h>
@@ -38,7 +38,7 @@ namespace {
 struct CpConfig {
   int64_t tokens = 8192, Hq = 16, Hkv = 16, D = 128;
   bool causal = true;
-  bool documents = false;  // causal documents (the benchmark's causal_document; allgather and ulysses)
+  bool documents = false;  // causal documents (the benchmark's causal_document mask; ring and usp: packed documents)
   double dropout = 0;      // dropout_p (--dropout): the fused keep-mask in every call
   int persistent = -1;     // --persistent 0|1: the forward's grid in the context-parallel calls (-1: the runner's choice)
   double area(int64_t S) const {
@@ -51,14 +51,15 @@ struct CpConfig {
   }
   double fwd_flops(int64_t S) const { return 4.0 * area(S) * double(Hq) * double(D); }
   // Packed documents of a long-context training batch: lengths drawn log-uniformly between 1K and
-  // 32K tokens (seeded), the last one cut at S.
+  // 32K tokens (seeded), multiples of 64 (usp cuts each document into 2W chunks), the last one cut
+  // at S.
   static std::vector<int64_t> document_lengths(int64_t S) {
     std::vector<int64_t> out;
     uint64_t x = 0x9e3779b97f4a7c15ull;
     for (int64_t at = 0; at < S;) {
       x = x * 6364136223846793005ull + 1442695040888963407ull;
       const double u = static_cast<double>(x >> 11) / 9007199254740992.0;
-      const int64_t len = std::min<int64_t>(S - at, static_cast<int64_t>(1024.0 * std::pow(32.0, u)));
+      const int64_t len = std::min<int64_t>(S - at, static_cast<int64_t>(1024.0 * std::pow(32.0, u)) / 64 * 64);
       out.push_back(len);
       at += len;
     }
@@ -164,9 +165,19 @@ Timing context_parallel(const CpConfig& c, cp::Mode mode, int ulysses_degree, in
       opts.head_groups = head_groups;
       opts.fused_sums = fused_sums;
       const runtime::DeviceBuffer ids = document_ids(S, r);
-      set_mask(opts.attention, c, ids, S, r);
+      // ring and usp take no library masks: the same documents as packed documents (each its own
+      // causal attention, cut into zigzag chunks of its own), the others as the causal_document mask
+      const bool packed = c.documents && (mode == cp::Mode::ring || mode == cp::Mode::usp);
+      if (packed) {
+        opts.document_lengths = CpConfig::document_lengths(S);
+        opts.attention.causal = true;
+        opts.attention.dropout_p = c.dropout;
+      } else {
+        set_mask(opts.attention, c, ids, S, r);
+      }
       if (c.persistent >= 0) opts.attention.persistent = c.persistent == 1;
-      const int64_t n = cp::ShardLayout(opts.layout, W, S).local_len(r);
+      const int64_t n = packed ? cp::ShardLayout(opts.layout, W, opts.document_lengths).local_len(r)
+                               : cp::ShardLayout(opts.layout, W, S).local_len(r);
       const size_t nq = static_cast<size_t>(n * c.Hq * c.D), nkv = static_cast<size_t>(n * c.Hkv * c.D);
       const uint64_t seed = 100 * static_cast<uint64_t>(r);
       runtime::DeviceBuffer q = random_on(r, nq, seed + 1), k = random_on(r, nkv, seed + 2), v = random_on(r, nkv, seed + 3),
@@ -284,10 +295,6 @@ int run_cp_bench(int argc, char** argv) {
                                               : cp::Mode::ulysses;
         if (usp && (ulysses_degree < 1 || world % ulysses_degree)) {
           fmt::print("CP mode={} W={} skipped=ulysses_degree {} does not divide the world\n", mode_name, world, ulysses_degree);
-          continue;
-        }
-        if (docs && (mode == cp::Mode::ring || mode == cp::Mode::usp)) {  // full and causal masks only
-          fmt::print("CP mode={} W={} tokens_per_gpu={} mask=causal_document skipped=unsupported\n", mode_name, world, c.tokens);
           continue;
         }
         const Timing t = context_parallel(c, mode, ulysses_degree, head_groups, fused, world, reps);
