@@ -306,7 +306,8 @@ TEST_CASE("emulator: the TMA + wgmma GEMM pipeline equals the interpreter") {
 // exchange through shared memory, so the epilogue adds nothing to the kernel's footprint (it had cost
 // the D 128 backward half its programs per SM: decision 068). Both MMA paths, against the interpreter.
 TEST_CASE("emulator: acc + load(residual) reads the residual in the accumulator's layout (no shared memory)") {
-  for (const char* arch : {"sm_90a", "sm_80"})
+  for (const char* arch : {"sm_90a", "sm_80"}) {
+    int64_t plain_smem = 0;  // form 0's
     for (int form : {0, 1, 2}) {  // 0: acc alone; 1: acc + load; 2: load + acc
       INFO(arch << " form " << form);
       const Kernel gemm = kernel("gemm_residual", [form](Builder& kb) {
@@ -332,12 +333,12 @@ TEST_CASE("emulator: acc + load(residual) reads the residual in the accumulator'
       o.arch = arch;
       o.num_warps = 8;
       const ir::Function fn = gemm.build();
-      static int64_t plain_smem = 0;
       const int64_t smem = jit::lower(fn, o).smem_bytes;
       if (form == 0) plain_smem = smem;
       CHECK(smem == plain_smem);
       check_emulator(fn, {M / 128, N / 128}, {&a, &b, &r, &c}, 0.0, o);
     }
+  }
 }
 
 // The library's attention kernels lowered for sm_80 (mma.sync) and sm_90a (TMA tiles, wgmma), forward

@@ -197,15 +197,13 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
   RingSteps ring(st, d, plan, stream);
   // the sums for step s's shard go on to the next rank once ready (after step W - 1: back to their
   // owner); the next step's arrive in the other slot of dkv_in
-  auto send_sums = [&](int s, size_t ready) {
-    const int i = s % 2;
-    const int64_t n = d.layout.local_len(plan.steps[static_cast<size_t>(s)].kv_rank);
+  auto send_sums = [&](int s, const Tensor& dk_sum, const Tensor& dv_sum, size_t ready) {
     const int64_t n_next = d.layout.local_len(s + 1 < d.world ? plan.steps[static_cast<size_t>(s + 1)].kv_rank : d.rank);
     st.wait(st.comm_stream.handle(), ready);
-    st.log("step {}: send dK/dV sums ({} rows) to {}, receive {} rows from {}", s, n, plan.send_to, n_next, plan.recv_from);
+    st.log("step {}: send dK/dV sums ({} rows) to {}, receive {} rows from {}", s, dk_sum.size(1), plan.send_to, n_next, plan.recv_from);
     runtime::nccl::Group group;
-    st.send_rows(rows(dkv_local.k[i], 0, n), plan.send_to);
-    st.send_rows(rows(dkv_local.v[i], 0, n), plan.send_to);
+    st.send_rows(dk_sum, plan.send_to);
+    st.send_rows(dv_sum, plan.send_to);
     st.recv_rows(rows(dkv_in.k[(s + 1) % 2], 0, n_next), plan.recv_from);
     st.recv_rows(rows(dkv_in.v[(s + 1) % 2], 0, n_next), plan.recv_from);
     group.end();
@@ -265,7 +263,7 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
     }
     const size_t sums_ready = ring.next_event();
     st.mark(sums_ready, stream);
-    if (d.world > 1) send_sums(s, sums_ready);
+    if (d.world > 1) send_sums(s, dk_sum, dv_sum, sums_ready);
     for (size_t c = 0; c < calls.size(); ++c) call_backward(c, attention::BackwardPhase::dq);
     ring.compute_done(s);  // releases this step's K/V slot (the dQ phases read it)
   }
