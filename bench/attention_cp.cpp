@@ -81,6 +81,16 @@ runtime::DeviceBuffer document_ids(int64_t S, int device) {
   return buf;
 }
 
+// The documents' offsets (i32 [documents + 1]: 0, len_0, ..., S) on `device`: packed documents'
+// cu_seqlens.
+runtime::DeviceBuffer document_offsets(int64_t S, int device) {
+  std::vector<int32_t> at{0};
+  for (int64_t len : CpConfig::document_lengths(S)) at.push_back(at.back() + static_cast<int32_t>(len));
+  runtime::DeviceBuffer buf(at.size() * 4, device);
+  buf.upload(at.data(), at.size() * 4);
+  return buf;
+}
+
 // The call's mask (causal, or causal documents over `ids`) and dropout.
 void set_mask(attention::Options& a, const CpConfig& c, const runtime::DeviceBuffer& ids, int64_t S, int device) {
   a.causal = c.causal && !c.documents;
@@ -164,7 +174,7 @@ Timing context_parallel(const CpConfig& c, cp::Mode mode, int ulysses_degree, in
       opts.ulysses_degree = ulysses_degree;
       opts.head_groups = head_groups;
       opts.fused_sums = fused_sums;
-      const runtime::DeviceBuffer ids = document_ids(S, r);
+      const runtime::DeviceBuffer ids = document_ids(S, r), offsets = document_offsets(S, r);
       // ring and usp take no library masks: the same documents as packed documents (each its own
       // causal attention, cut into zigzag chunks of its own), the others as the causal_document mask
       const bool packed = c.documents && (mode == cp::Mode::ring || mode == cp::Mode::usp);
@@ -172,6 +182,10 @@ Timing context_parallel(const CpConfig& c, cp::Mode mode, int ulysses_degree, in
         opts.document_lengths = CpConfig::document_lengths(S);
         opts.attention.causal = true;
         opts.attention.dropout_p = c.dropout;
+        const auto docs = static_cast<int64_t>(opts.document_lengths.size());
+        opts.attention.cu_seqlens_q = opts.attention.cu_seqlens_k = attention::contiguous(offsets.ptr(), ir::DType::i32, {docs + 1}, r);
+        opts.attention.max_seqlen_q = opts.attention.max_seqlen_k =
+            *std::max_element(opts.document_lengths.begin(), opts.document_lengths.end());
       } else {
         set_mask(opts.attention, c, ids, S, r);
       }
