@@ -85,6 +85,7 @@ class Planner {
 
   void index(const ir::Block& b, const ir::Op* parent) {
     for (const ir::Op& op : b.ops) {
+      block_of_[&op] = &b;
       parent_[&op] = parent;
       order_[&op] = order_.size();
       for (ir::ValueId r : op.results) def_[r] = &op;
@@ -296,8 +297,12 @@ class Planner {
       }
     }
     const std::vector<const ir::Op*> rings = in_order(plan_.rings);
+    link_chains(rings);
+    // a chain's later loops use its first loop's memory and barriers (copied at the end)
+    auto own = [&](const ir::Op* loop) { return !plan_.rings.at(loop).follower(); };
     int64_t ring_bytes = 0;
     for (const ir::Op* loop : rings) {
+      if (!own(loop)) continue;
       SmemRing& r = plan_.rings.at(loop);
       r.stages = std::clamp(opts_.stages, 2, 8);
       ring_bytes += r.stages * r.stage_bytes;
@@ -324,7 +329,7 @@ class Planner {
     for (int floor : {2, 1})
       for (const ir::Op* loop : rings) {
         SmemRing& r = plan_.rings.at(loop);
-        if (floor == 1 && !encloses_ring(loop)) continue;
+        if (!own(loop) || (floor == 1 && !encloses_ring(loop))) continue;
         while (r.stages > floor && over()) {
           --r.stages;
           ring_bytes -= r.stage_bytes;
@@ -333,6 +338,7 @@ class Planner {
       }
     for (const ir::Op* loop : rings) {
       SmemRing& r = plan_.rings.at(loop);
+      if (!own(loop)) continue;
       r.base = at;
       at += r.stages * r.stage_bytes;
     }
@@ -345,6 +351,7 @@ class Planner {
     }
     for (const ir::Op* loop : rings) {
       SmemRing& r = plan_.rings.at(loop);
+      if (!own(loop)) continue;
       if (r.producer) {
         for (const ir::Op* op : r.loads) {
           SmemTile& t = plan_.tiles.at(op);
@@ -358,6 +365,17 @@ class Planner {
       r.released = at + 8 * r.stages;
       at += 16 * r.stages;
     }
+    for (const ir::Op* loop : rings) {
+      SmemRing& r = plan_.rings.at(loop);
+      if (!r.follower()) continue;
+      const SmemRing& head = plan_.rings.at(r.head());
+      r.stages = head.stages, r.base = head.base, r.full = head.full, r.released = head.released, r.rerun = head.rerun;
+      for (size_t i = 0; i < r.loads.size(); ++i) {
+        SmemTile& t = plan_.tiles.at(r.loads[i]);
+        const SmemTile& h = plan_.tiles.at(head.loads[i]);
+        t.offset = h.offset, t.full = h.full, t.empty = h.empty;
+      }
+    }
     if (plan_.reduce_staging_bytes) {
       plan_.reduce_staging = align_up(at, 1024);  // the 128-byte swizzle repeats every 1024 bytes
       at = plan_.reduce_staging + plan_.reduce_staging_bytes;
@@ -370,6 +388,70 @@ class Planner {
     plan_.ring_producer = producer_;
     plan_.tile_order = tiles;
     plan_.ring_order = rings;
+  }
+
+  // Rings of consecutive loops that can be one (SmemRing::chain): each ring loop joins the chain of
+  // the ring loop before it in its block when their windows match and nothing between them writes
+  // memory or holds a region, and when the later loop's bounds and window offsets can be computed
+  // before the earlier loop starts (its first tiles are issued from there).
+  void link_chains(const std::vector<const ir::Op*>& rings) {
+    const ir::Op* prev = nullptr;
+    for (const ir::Op* loop : rings) {
+      if (prev && can_chain(prev, loop)) {
+        SmemRing& head = plan_.rings.at(plan_.rings.at(prev).head());
+        if (head.chain.empty()) head.chain.push_back(head.loop);
+        head.chain.push_back(loop);
+        for (const ir::Op* member : head.chain) plan_.rings.at(member).chain = head.chain;
+      }
+      prev = loop;
+    }
+  }
+
+  bool can_chain(const ir::Op* first, const ir::Op* next) const {
+    const ir::Block* block = block_of_.at(first);
+    if (block_of_.at(next) != block) return false;
+    const SmemRing &a = plan_.rings.at(first), &b = plan_.rings.at(next);
+    if (a.loads.size() != b.loads.size()) return false;
+    for (size_t i = 0; i < a.loads.size(); ++i) {
+      const SmemTile &x = plan_.tiles.at(a.loads[i]), &y = plan_.tiles.at(b.loads[i]);
+      if (x.param_index != y.param_index || x.row_dim != y.row_dim || x.rows != y.rows || x.cols != y.cols || x.box != y.box) return false;
+    }
+    const size_t from = order_.at(first), to = order_.at(next);
+    for (const ir::Op& op : block->ops) {
+      const size_t at = order_.at(&op);
+      if (at <= from || at >= to) continue;
+      if (!op.regions.empty() || writes_or_waits(op.kind)) return false;
+    }
+    // what `next` reads before its body runs: bounds, its windows' offsets from outside the loop
+    std::vector<ir::ValueId> needed(next->operands.begin(), next->operands.begin() + 3);
+    for (const ir::Op* l : b.loads) {
+      for (size_t i = 1; i < l->operands.size(); ++i) needed.push_back(l->operands[i]);
+      for (const ir::Op* op : plan_.tiles.at(l).offset_ops) needed.insert(needed.end(), op->operands.begin(), op->operands.end());
+    }
+    for (ir::ValueId v : needed)
+      if (defined_inside(v, next)) continue;
+      else if (!known_before(v, first, 0)) return false;
+    return true;
+  }
+  static bool writes_or_waits(OpKind k) {
+    return k == OpKind::store || k == OpKind::block_store || k == OpKind::atomic_add || k == OpKind::atomic_rmw ||
+           k == OpKind::atomic_cas || k == OpKind::signal_add || k == OpKind::wait_ge || k == OpKind::channel_push ||
+           k == OpKind::channel_pop || k == OpKind::tensor_slice || k == OpKind::precompute;
+  }
+  // Whether scalar v can be computed where `loop` starts: defined before it (or outside its block),
+  // or between it and the next loop by arithmetic on such values (no loads: the loop may write).
+  bool known_before(ir::ValueId v, const ir::Op* loop, int depth) const {
+    if (defined_inside(v, loop)) return false;
+    const ir::Op* d = def(v);
+    if (!d || order_.at(d) < order_.at(loop) || block_of_.at(d) != block_of_.at(loop)) return true;
+    if (d == loop || depth > 64 || !f_.type(v).is_scalar()) return false;  // the loop's results
+    const bool pure = ir::is_elementwise(d->kind) || d->kind == OpKind::constant || d->kind == OpKind::tensor_dim ||
+                      d->kind == OpKind::tensor_stride || d->kind == OpKind::tensor_ptr || d->kind == OpKind::program_id ||
+                      d->kind == OpKind::num_programs;
+    if (!pure) return false;
+    for (ir::ValueId o : d->operands)
+      if (!known_before(o, loop, depth + 1)) return false;
+    return true;
   }
 
   // TMA stores under a producer that can stage in a ring tile (TmaReduce::staging_tile): the store
@@ -446,6 +528,7 @@ class Planner {
   const std::map<const ir::Op*, int>& op_warps_;
   ScalarFacts facts_;  // what TMA boxes need: 16-byte starts, non-negative reduce coordinates
   std::unordered_map<const ir::Op*, const ir::Op*> parent_;
+  std::unordered_map<const ir::Op*, const ir::Block*> block_of_;
   std::unordered_map<const ir::Op*, size_t> order_;
   std::unordered_map<ir::ValueId, const ir::Op*> def_, region_arg_;
   std::unordered_map<ir::ValueId, std::vector<std::pair<const ir::Op*, size_t>>> users_;
@@ -480,8 +563,12 @@ std::string print_hopper_plan(const ir::Function& f, const HopperPlan& plan) {
       out += fmt::format("//   tile at {}: [{} x {}] at {} B, {}\n", op.loc.str(), t->second.rows, t->second.cols, t->second.offset,
                          t->second.ring ? fmt::format("in the ring of the for at {}", t->second.ring->loc.str()) : "loaded once");
     if (auto r = plan.rings.find(&op); r != plan.rings.end())
-      out += fmt::format("//   ring of the for at {}: {} stages of {} B at {} B{}\n", op.loc.str(), r->second.stages,
-                         r->second.stage_bytes, r->second.base, r->second.rerun ? ", reset after each run" : "");
+      out += r->second.follower()
+                 ? fmt::format("//   ring of the for at {}: the ring of the for at {} (one ring over consecutive loops)\n", op.loc.str(),
+                               r->second.head()->loc.str())
+                 : fmt::format("//   ring of the for at {}: {} stages of {} B at {} B{}{}\n", op.loc.str(), r->second.stages,
+                               r->second.stage_bytes, r->second.base, r->second.rerun ? ", reset after each run" : "",
+                               r->second.chain.empty() ? "" : fmt::format(", shared by the next {} loops", r->second.chain.size() - 1));
     if (auto r = plan.reduces.find(&op); r != plan.reduces.end())
       out += fmt::format("//   TMA {} at {}: [{} x {}]{}\n", r->second.store_only ? "store" : "reduce", op.loc.str(), r->second.rows,
                          r->second.cols, r->second.staging_tile ? fmt::format(", staged in the tile at {}", r->second.staging_tile->loc.str()) : "");

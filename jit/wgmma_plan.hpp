@@ -63,6 +63,16 @@ struct SmemRing {
   // (SmemTile::full / empty) instead of the ring's full / released.
   bool producer = false;
   std::vector<const ir::Op*> loads;
+  // Consecutive loops of one block whose rings load the same windows (tensor, shape, order), with
+  // nothing between them that writes memory, share one ring (decision 063): the loops in program
+  // order, on every member (empty: a ring of its own). The stages, memory and barriers are the
+  // first loop's; its iterations are counted across the chain, so the last stages of one loop
+  // prefetch the next loop's first tiles, and only the first loop fills the ring ahead (prologue)
+  // and only the last one resets it (`rerun`).
+  std::vector<const ir::Op*> chain;
+  const ir::Op* head() const { return chain.empty() ? loop : chain.front(); }
+  bool follower() const { return !chain.empty() && chain.front() != loop; }
+  bool last_in_chain() const { return chain.empty() || chain.back() == loop; }
 };
 
 struct WgmmaDot {

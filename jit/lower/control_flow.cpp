@@ -97,8 +97,8 @@ void Lowerer::for_loop(const ir::Op& op) {
   loop.regions.push_back(std::move(pb));
   blocks_.back()->insts.push_back(std::move(loop));
   add_unordered(before);
-  if (ring && ring->rerun) reset_ring(*ring);
-  if (ring && ring->producer) ring_counts_[&op] = bin(Op::add, rings_.at(&op).base, rings_.at(&op).trips);
+  if (ring && ring->rerun && ring->last_in_chain()) reset_ring(*ring);
+  if (ring && ring->producer) ring_counts_[ring->head()] = bin(Op::add, rings_.at(&op).base, rings_.at(&op).trips);
   // the enclosing ring's tiles this loop read last (e.g. a persistent tile's Q after its key loop)
   if (!active_rings_.empty() && plan_.hopper.rings.at(active_rings_.back()).producer &&
       rings_.at(active_rings_.back()).body == blocks_.back())

@@ -420,6 +420,12 @@ class Lowerer {
   void ring_issue(const ir::Op& loop, const SmemRing& r, const RingState& st, V j, V s);
 
   void ring_prologue(const ir::Op& loop, const SmemRing& r);
+  // The loop's lower bound, step and trip count (i32).
+  RingState ring_bounds(const ir::Op& loop);
+  // A chain's ring (SmemRing::chain): thread 0 fills stage `s` with the chain's iteration g, from
+  // whichever loop owns it (none past the last loop).
+  void ring_issue_chain(const SmemRing& r, V g, V s);
+  bool inside_loop(ir::ValueId v, const ir::Op& loop) const;
 
   // Top of iteration i: wait for its tiles.
   void ring_top(const ir::Op& loop, const SmemRing& r, V iv);
@@ -455,7 +461,10 @@ class Lowerer {
   std::vector<const ir::Op*> active_rings_;
   // A scalar the producer needs, lowered in its frame with what it reads (nothing but scalar
   // arithmetic, program ids, tensor shapes and scalar loads).
-  V producer_value(ir::ValueId v);
+  V producer_value(ir::ValueId v) { return scalar_ahead(v, /*for_producer=*/true); }
+  // Scalar v, lowered now from its definition if it has not been yet (pure scalar ops only): what
+  // a TMA ring issues ahead of the program's order needs (the producer warp; a chain's later loops).
+  V scalar_ahead(ir::ValueId v, bool for_producer = false);
   // After a wgmma wait retired `tiles`' readers: frees each whose reads in this iteration are all
   // issued and retired, if the wait stands in the loop body itself.
   void release_retired(const std::vector<const ir::Op*>& tiles);

@@ -34,22 +34,24 @@ void Lowerer::run_with_ring_producer() {
   });
 }
 
-V Lowerer::producer_value(ir::ValueId v) {
+V Lowerer::scalar_ahead(ir::ValueId v, bool for_producer) {
   for (auto f = frames_.rbegin(); f != frames_.rend(); ++f)
     if (auto it = f->scalars.find(v); it != f->scalars.end()) return it->second;
   auto d = def_.find(v);
-  if (d == def_.end()) fail(nullptr, fmt::format("internal: ring_producer: scalar {} has no definition", v));
+  if (d == def_.end()) fail(nullptr, fmt::format("internal: scalar {} needed ahead has no definition", v));
   const ir::Op& op = *d->second;
   const OpKind k = op.kind;
   const bool effect = k == OpKind::store || k == OpKind::atomic_add || k == OpKind::atomic_rmw || k == OpKind::atomic_cas || k == OpKind::block_store || k == OpKind::block_load ||
                       k == OpKind::wait_ge || k == OpKind::signal_add || k == OpKind::channel_push || k == OpKind::channel_pop ||
                       k == OpKind::dot || k == OpKind::reduce || k == OpKind::tensor_slice || k == OpKind::precompute;
+  if ((effect || !op.regions.empty() || !all_scalar(op)) && !for_producer)
+    fail(&op, "internal: a ring shared by consecutive loops needs this value before the first loop (the planner checks it can)");
   if (effect || !op.regions.empty() || !all_scalar(op))
     fail(&op, "ring_producer: the producer warp computes the rings' loop bounds and tile offsets on its own, from scalar "
               "arithmetic, program ids, parameters, tensor shapes and scalar loads; this value needs more (compute it from those, "
               "or drop ring_producer)");
   for (ir::ValueId o : op.operands)
-    if (!f_.type(o).is_tensor()) producer_value(o);
+    if (!f_.type(o).is_tensor()) scalar_ahead(o, for_producer);
   lower(op);
   return scalar(v);
 }
@@ -68,7 +70,9 @@ std::vector<const ir::Op*> Lowerer::nested_producer_rings(const ir::Op& loop) co
   std::vector<const ir::Op*> out;
   for (const ir::Block& region : loop.regions)
     ir::walk(region, [&](const ir::Op& op) {
-      if (auto it = plan_.hopper.rings.find(&op); it != plan_.hopper.rings.end() && it->second.producer) out.push_back(&op);
+      // (a chain's count is carried once, under its first loop)
+      if (auto it = plan_.hopper.rings.find(&op); it != plan_.hopper.rings.end() && it->second.producer && !it->second.follower())
+        out.push_back(&op);
     });
   return out;
 }
@@ -93,7 +97,8 @@ void Lowerer::produce_loop(const ir::Op& loop, std::map<const ir::Op*, V>& count
     }
   const V lb = cast(scalar(loop.operands[0]), DType::i32), step = cast(scalar(loop.operands[2]), DType::i32);
   const V trips = trip_count(lb, cast(scalar(loop.operands[1]), DType::i32), step);
-  const V base = counts.count(&loop) ? counts.at(&loop) : ci32(0);  // this ring's iterations before this run
+  const ir::Op* key = r ? r->head() : &loop;  // a chain counts on from loop to loop
+  const V base = counts.count(key) ? counts.at(key) : ci32(0);  // this ring's iterations before this run
   const std::vector<const ir::Op*> nested = nested_producer_rings(loop);
   pir::Inst for_op;
   for_op.op = Op::for_;
@@ -136,7 +141,7 @@ void Lowerer::produce_loop(const ir::Op& loop, std::map<const ir::Op*, V>& count
   for_op.regions.push_back(std::move(pb));
   for (const ir::Op* n : nested) for_op.results.push_back(counts[n] = out_.new_value(pir::scalar(DType::i32)));
   blocks_.back()->insts.push_back(std::move(for_op));
-  if (r) counts[&loop] = bin(Op::add, base, trips);
+  if (r) counts[key] = bin(Op::add, base, trips);
 }
 
 int Lowerer::ring_readers(const ir::Op* tile) {

@@ -19,7 +19,8 @@ void Lowerer::hopper_init() {
   pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
     for (const ir::Op* op : h.tile_order)
       if (const SmemTile& t = h.tiles.at(op); !t.ring) emit0(Op::mbar_init, {smem_at(t.barrier), ci32(1)});
-    for (const ir::Op* loop : h.ring_order) init_ring_barriers(h.rings.at(loop));
+    for (const ir::Op* loop : h.ring_order)
+      if (!h.rings.at(loop).follower()) init_ring_barriers(h.rings.at(loop));
     emit0(Op::fence_mbar_init, {});
   });
   emit0(Op::barrier, {});
@@ -119,28 +120,78 @@ void Lowerer::ring_issue(const ir::Op& loop, const SmemRing& r, const RingState&
   }
 }
 
-void Lowerer::ring_prologue(const ir::Op& loop, const SmemRing& r) {
+Lowerer::RingState Lowerer::ring_bounds(const ir::Op& loop) {
   RingState st;
   st.lb = cast(scalar(loop.operands[0]), DType::i32);
   st.step = cast(scalar(loop.operands[2]), DType::i32);
   st.trips = trip_count(st.lb, cast(scalar(loop.operands[1]), DType::i32), st.step);
-  st.base = ring_counts_.count(&loop) ? ring_counts_.at(&loop) : ci32(0);
-  if (r.producer) {  // the producer warpgroup fills the stages
+  return st;
+}
+
+void Lowerer::ring_prologue(const ir::Op& loop, const SmemRing& r) {
+  if (r.producer) {  // the producer warpgroup fills the stages; a chain's count goes on from loop to loop
+    RingState st = ring_bounds(loop);
+    st.base = ring_counts_.count(r.head()) ? ring_counts_.at(r.head()) : ci32(0);
     rings_[&loop] = st;
     return;
   }
+  if (r.follower()) return;  // its bounds and place in the chain were set before the chain's first loop
+  if (r.chain.empty()) {
+    const RingState st = ring_bounds(loop);
+    pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
+      for (int j = 0; j < r.stages; ++j)
+        pir_if(cmp(pir::Pred::lt, ci32(j), st.trips), [&] { ring_issue(loop, r, st, ci32(j), ci32(j)); });
+    });
+    rings_[&loop] = st;
+    return;
+  }
+  // One ring over consecutive loops: every loop's bounds now (the later loops' first tiles may be
+  // issued from here or from an earlier loop's last iterations), each loop's iterations counted on
+  // from the loops before it.
+  V base = ci32(0);
+  for (const ir::Op* member : r.chain) {
+    for (size_t i = 0; i < 3; ++i) scalar_ahead(member->operands[i]);
+    for (const ir::Op* l : plan_.hopper.rings.at(member).loads) {
+      for (size_t i = 1; i < l->operands.size(); ++i)
+        if (!inside_loop(l->operands[i], *member)) scalar_ahead(l->operands[i]);
+      for (const ir::Op* op : plan_.hopper.tiles.at(l).offset_ops)
+        for (ir::ValueId o : op->operands)
+          if (!inside_loop(o, *member) && !f_.type(o).is_tensor()) scalar_ahead(o);
+    }
+    RingState st = ring_bounds(*member);
+    st.base = base;
+    base = bin(Op::add, base, st.trips);
+    rings_[member] = st;
+  }
   pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
-    for (int j = 0; j < r.stages; ++j)
-      pir_if(cmp(pir::Pred::lt, ci32(j), st.trips), [&] { ring_issue(loop, r, st, ci32(j), ci32(j)); });
+    for (int g = 0; g < r.stages; ++g) ring_issue_chain(r, ci32(g), ci32(g));
   });
-  rings_[&loop] = st;
+}
+
+void Lowerer::ring_issue_chain(const SmemRing& r, V g, V s) {
+  for (const ir::Op* member : r.chain) {
+    const RingState& st = rings_.at(member);
+    const V j = bin(Op::sub, g, st.base);
+    pir_if(land(cmp(pir::Pred::ge, j, ci32(0)), cmp(pir::Pred::lt, j, st.trips)),
+           [&] { ring_issue(*member, plan_.hopper.rings.at(member), st, j, s); });
+  }
+}
+
+bool Lowerer::inside_loop(ir::ValueId v, const ir::Op& loop) const {
+  if (v == loop.regions[0].args[0]) return true;
+  bool inside = false;
+  ir::walk(loop.regions[0], [&](const ir::Op& op) {
+    inside = inside || std::find(op.results.begin(), op.results.end(), v) != op.results.end();
+  });
+  return inside;
 }
 
 void Lowerer::ring_top(const ir::Op& loop, const SmemRing& r, V iv) {
   RingState& st = rings_.at(&loop);
   const int S = r.stages;
   st.iter = bin(Op::div, bin(Op::sub, cast(iv, DType::i32), st.lb), st.step);
-  if (r.producer) st.iter = bin(Op::add, st.base, st.iter);  // (continues across runs of a nested ring)
+  // (continues across runs of a nested ring, and across a chain's loops)
+  if (r.producer || !r.chain.empty()) st.iter = bin(Op::add, st.base, st.iter);
   st.stage = bin(Op::rem, st.iter, ci32(S));
   if (r.producer) {  // each tile is waited for where it is first read, and freed after its last
     st.body = blocks_.back();
@@ -167,6 +218,7 @@ void Lowerer::ring_bottom(const SmemRing& r) {
     V old = emit(Op::atom_shared, pir::scalar(DType::u32), {counter, cint(DType::u32, 1)}, pir::kAtomSharedAdd);
     V last = cmp(pir::Pred::eq, bin(Op::rem, old, cint(DType::u32, W)), cint(DType::u32, W - 1));
     V j = bin(Op::add, st.iter, ci32(r.stages));
+    if (!r.chain.empty()) return pir_if(last, [&] { ring_issue_chain(r, j, st.stage); });
     pir_if(land(last, cmp(pir::Pred::lt, j, st.trips)), [&] { ring_issue(*r.loop, r, st, j, st.stage); });
   });
 }
