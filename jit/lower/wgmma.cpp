@@ -169,12 +169,23 @@ void Lowerer::ring_prologue(const ir::Op& loop, const SmemRing& r) {
 }
 
 void Lowerer::ring_issue_chain(const SmemRing& r, V g, V s) {
-  for (const ir::Op* member : r.chain) {
+  // iterations only go forward: from loop k, the owner is loop k or a later one; the first
+  // owner whose range g has not passed issues it
+  auto from = std::find(r.chain.begin(), r.chain.end(), r.loop);
+  std::function<void(std::vector<const ir::Op*>::const_iterator)> issue = [&](std::vector<const ir::Op*>::const_iterator it) {
+    if (it == r.chain.end()) return;
+    const ir::Op* member = *it;
     const RingState& st = rings_.at(member);
     const V j = bin(Op::sub, g, st.base);
-    pir_if(land(cmp(pir::Pred::ge, j, ci32(0)), cmp(pir::Pred::lt, j, st.trips)),
-           [&] { ring_issue(*member, plan_.hopper.rings.at(member), st, j, s); });
-  }
+    pir_if_values(cmp(pir::Pred::lt, j, st.trips), {}, [&] {
+      ring_issue(*member, plan_.hopper.rings.at(member), st, j, s);
+      return Regs{};
+    }, [&] {
+      issue(std::next(it));
+      return Regs{};
+    });
+  };
+  issue(from);
 }
 
 bool Lowerer::inside_loop(ir::ValueId v, const ir::Op& loop) const {
