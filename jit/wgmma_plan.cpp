@@ -263,15 +263,84 @@ class Planner {
     return r;
   }
 
+  // A load_at_use of a 1-D window directly in a loop, read only inside that loop's body (its
+  // stage is refilled after the iteration), that TMA can copy: a vector tile of the loop's ring.
+  // Not under a producer (its consumers free a stage after the last wgmma reading it).
+  bool vector_tile_ok(const ir::Op& load) const {
+    if (load.kind != OpKind::block_load || !load.attrs.count("at_use") || producer_) return false;
+    const ir::Op* loop = parent_.at(&load);
+    if (!loop || loop->kind != OpKind::for_ || skip_.count(loop)) return false;
+    int index = 0;
+    const ir::Param* p = tensor_param(load.operands[0], &index);
+    if (!p || !p->spec.contiguous_last || p->spec.align_bytes < 16) return false;
+    const int rank = p->type.rank;
+    const auto& dims = load.ints_attr("dims");
+    const auto& shape = f_.type(load.results[0]).shape;
+    const int64_t es = ir::byte_size(p->type.dtype), n = shape.empty() ? 0 : shape[0];
+    if (rank > 5 || dims.size() != 1 || dims[0] != rank - 1 || shape.size() != 1 || load.float_attr("padding") != 0.0) return false;
+    if (es < 2 || (n * es) % 16 != 0 || n > 256 || !offsets_fit_i32(load, 1, rank)) return false;
+    if (!tma_inner_offset_aligned(facts_, load.operands[static_cast<size_t>(rank)], p->type.dtype)) return false;
+    std::vector<const ir::Op*> ops;
+    for (size_t i = 1; i < load.operands.size(); ++i)
+      if (!counter_function(load.operands[i], loop, ops)) return false;
+    // every use inside the body (not carried to the next iteration by the loop's yield)
+    std::vector<ir::ValueId> values{load.results[0]};
+    for (size_t k = 0; k < values.size(); ++k) {
+      auto it = users_.find(values[k]);
+      if (it == users_.end()) continue;
+      for (auto [user, pos] : it->second) {
+        if (user == &loop->regions[0].ops.back() || !defined_inside_op(user, loop)) return false;
+        (void)pos;
+      }
+    }
+    return true;
+  }
+  bool defined_inside_op(const ir::Op* op, const ir::Op* loop) const {
+    for (const ir::Op* p = parent_.at(op); p; p = parent_.at(p))
+      if (p == loop) return true;
+    return false;
+  }
+  SmemTile describe_vector(const ir::Op& load) const {
+    SmemTile t;
+    t.load = &load;
+    t.vector = true;
+    const ir::Param* p = tensor_param(load.operands[0], &t.param_index);
+    const int rank = p->type.rank;
+    t.elem_bytes = ir::byte_size(p->type.dtype);
+    t.row_dim = rank - 1;
+    t.rows = 1;
+    t.cols = f_.type(load.results[0]).shape[0];
+    t.box.assign(static_cast<size_t>(rank), 1);
+    t.box[0] = t.cols;
+    t.ring = parent_.at(&load);
+    for (size_t i = 1; i < load.operands.size(); ++i) counter_function(load.operands[i], t.ring, t.offset_ops);
+    std::sort(t.offset_ops.begin(), t.offset_ops.end(), [&](const ir::Op* a, const ir::Op* b) { return order_.at(a) < order_.at(b); });
+    return t;
+  }
+
   // Shared-memory placement: tiles loaded once, then each ring's stages, then the mbarriers.
   void place() {
     for (const auto& [d, w] : plan_.dots)
       for (const ir::Op* t : {w.a_tile, w.b_tile})
         if (t && !plan_.tiles.count(t)) plan_.tiles[t] = describe(*t);
-    const std::vector<const ir::Op*> tiles = in_order(plan_.tiles);
+    ir::walk(f_.body, [&](const ir::Op& op) {
+      if (vector_tile_ok(op)) plan_.tiles[&op] = describe_vector(op);
+    });
+    // in a stage, the swizzled tiles first (each 1024-byte aligned), the vectors after them
+    std::vector<const ir::Op*> tiles = in_order(plan_.tiles);
+    std::stable_partition(tiles.begin(), tiles.end(), [&](const ir::Op* op) { return !plan_.tiles.at(op).vector; });
     int64_t at = 0, barrier_bytes = 0;
     for (const ir::Op* op : tiles) {
       SmemTile& t = plan_.tiles.at(op);
+      if (t.vector) {
+        SmemRing& r = plan_.rings[t.ring];
+        r.loop = t.ring;
+        r.rerun = parent_.at(t.ring) && parent_.at(t.ring)->kind != OpKind::warp_roles;
+        t.offset = r.stage_bytes;
+        r.stage_bytes += align_up(t.bytes(), 128);
+        r.loads.push_back(op);
+        continue;
+      }
       if (t.ring) {
         SmemRing& r = plan_.rings[t.ring];
         r.loop = t.ring;
@@ -296,6 +365,7 @@ class Planner {
         barrier_bytes += 8;
       }
     }
+    for (auto& [loop, r] : plan_.rings) r.stage_bytes = align_up(r.stage_bytes, 1024);  // (the next stage's swizzled tiles)
     const std::vector<const ir::Op*> rings = in_order(plan_.rings);
     link_chains(rings);
     // a chain's later loops use its first loop's memory and barriers (copied at the end)

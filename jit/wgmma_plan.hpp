@@ -44,8 +44,16 @@ struct SmemTile {
   // (TmaReduce::staging_tile): the store is the tile's last reader, and the producer issues
   // the tile's next copy last in its iteration, after the other tiles of the ring.
   const ir::Op* lends_staging_to = nullptr;
-  int64_t bytes() const { return rows * cols * 2; }
+  // A row vector read where it is used (lang::load_at_use of a 1-D window in a ring's loop, e.g.
+  // attention's LSE next to its Q block): copied by TMA into the ring's stage without swizzle
+  // (rows = 1, one box of `cols` elements), each use reading the elements its layout needs from
+  // shared memory (no exchange between threads, no barrier) [issue 23].
+  bool vector = false;
+  int64_t elem_bytes = 2;
+  int64_t bytes() const { return rows * cols * elem_bytes; }
   int64_t chunk_bytes() const { return rows * 128; }
+  int64_t chunk_cols() const { return vector ? cols : 64; }  // columns per TMA box
+  int swizzle_bytes() const { return vector ? 0 : 128; }
 };
 
 struct SmemRing {

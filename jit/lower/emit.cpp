@@ -152,8 +152,11 @@ Regs Lowerer::get(ir::ValueId v, const Layout& L) {
     const Regs* n = cached(v, nat->str());
     if (!n) fail(def_.count(v) ? def_.at(v) : nullptr, fmt::format("internal: value {} used before it was lowered", v));
     auto again = reloadable_.find(v);
-    // load_at_use: read the window again in L (its first read is dead code if no use keeps it)
-    if (again != reloadable_.end() && again->second == std::pair{memory_epoch_, frames_.size()}) {
+    // load_at_use: read the window again in L (its first read is dead code if no use keeps it);
+    // a vector tile from its ring stage, which stays until the iteration ends
+    if (smem_vectors_.count(v)) {
+      regs = smem_vector_regs(plan_.hopper.tiles.at(def_.at(v)), L);
+    } else if (again != reloadable_.end() && again->second == std::pair{memory_epoch_, frames_.size()}) {
       regs = block_load_regs(*def_.at(v), L);
     } else {
       // A value from outside the loops being lowered is converted before them: once, not at every

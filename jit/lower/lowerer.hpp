@@ -366,7 +366,7 @@ class Lowerer {
   int param_index(ir::ValueId tensor) const;
   // One tensor map per (tensor parameter, box): a trailing ABI parameter the launcher fills
   // (named <param>_tensor_map, then <param>_tensor_map1, ... for further boxes of that parameter).
-  V tensor_map(int param, const std::vector<int64_t>& box);
+  V tensor_map(int param, const std::vector<int64_t>& box, int swizzle_bytes = 128);
   // ceil((ub - lb) / step), 0 when ub <= lb (i32)
   V trip_count(V lb, V ub, V step);
 
@@ -401,6 +401,10 @@ class Lowerer {
   void issue_tile(const SmemTile& t, V dst, V bar, const ir::Op* loop = nullptr, V counter_value = 0);
 
   void smem_tile_load(const ir::Op& op);
+  // A vector tile (SmemTile::vector) in layout L: each register's element read from this
+  // iteration's stage.
+  Regs smem_vector_regs(const SmemTile& t, const Layout& L);
+  std::set<ir::ValueId> smem_vectors_;  // values of vector tiles: every use reads the stage again
 
   struct RingState {
     V lb, step, trips;

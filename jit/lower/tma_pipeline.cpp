@@ -9,7 +9,7 @@ namespace tilejit::jit::lower {
 void Lowerer::tensor_map_params() {
   for (const ir::Op* op : plan_.hopper.tile_order) {
     const SmemTile& t = plan_.hopper.tiles.at(op);
-    tensor_map(t.param_index, t.box);
+    tensor_map(t.param_index, t.box, t.swizzle_bytes());
   }
   for (const auto& [loop, m] : plan_.tma_loops) {
     tensor_map(param_index(m.load_a->operands[0]), gemm_box(m, false));
@@ -33,13 +33,14 @@ int Lowerer::param_index(ir::ValueId tensor) const {
   return index;
 }
 
-V Lowerer::tensor_map(int param, const std::vector<int64_t>& box) {
+V Lowerer::tensor_map(int param, const std::vector<int64_t>& box, int swizzle_bytes) {
   auto key = std::make_pair(param, box);
   if (auto it = tensor_maps_.find(key); it != tensor_maps_.end()) return it->second;
   pir::TensorMapSpec spec;
   spec.abi_slot = static_cast<int>(out_.params.size());
   spec.param_index = param;
   spec.box = box;
+  spec.swizzle_bytes = swizzle_bytes;
   out_.tensor_maps.push_back(spec);
   int earlier = 0;
   for (const auto& [k, v] : tensor_maps_) earlier += k.first == param ? 1 : 0;

@@ -82,20 +82,37 @@ void Lowerer::issue_tile(const SmemTile& t, V dst, V bar, const ir::Op* loop, V 
     ir::ValueId v = load.operands[1 + d];
     off.push_back(cast(at_counter.count(v) ? at_counter.at(v) : scalar(v), DType::i32));
   }
-  V map = tensor_map(t.param_index, t.box);
-  for (int64_t c = 0; c < t.cols / 64; ++c) {
+  V map = tensor_map(t.param_index, t.box, t.swizzle_bytes());
+  for (int64_t c = 0; c < t.cols / t.chunk_cols(); ++c) {
     std::vector<V> args{bin(Op::add, dst, cint(DType::u32, c * t.chunk_bytes())), map};
     for (size_t i = 0; i < rank; ++i) {  // innermost first
       V x = off[rank - 1 - i];
-      args.push_back(i == 0 && c ? bin(Op::add, x, ci32(64 * c)) : x);
+      args.push_back(i == 0 && c ? bin(Op::add, x, ci32(t.chunk_cols() * c)) : x);
     }
     args.push_back(bar);
     emit0(Op::tma_load, args, static_cast<int64_t>(rank));
   }
 }
 
+Regs Lowerer::smem_vector_regs(const SmemTile& t, const Layout& L) {
+  const SmemRing& r = plan_.hopper.rings.at(t.ring);
+  const V stage = bin(Op::add, ci32(r.base + t.offset), bin(Op::mul, rings_.at(t.ring).stage, ci32(r.stage_bytes)));
+  const DType d = f_.type(t.load->results[0]).dtype;
+  Regs regs;
+  for (uint32_t i = 0; i < static_cast<uint32_t>(L.num_regs()); ++i)
+    regs.push_back(load_shared_at(bin(Op::add, stage, bin(Op::mul, coord(L, i, 0), ci32(t.elem_bytes))), d));
+  return regs;
+}
+
 void Lowerer::smem_tile_load(const ir::Op& op) {
   const SmemTile& t = plan_.hopper.tiles.at(&op);
+  if (t.vector) {  // in this iteration's stage (ring_top waited for it); read at each use
+    check_shape(&op, f_.type(op.results[0]));
+    const Layout& L = *plan_.natural[op.results[0]];
+    put(op.results[0], L, smem_vector_regs(t, L));
+    smem_vectors_.insert(op.results[0]);
+    return;
+  }
   if (t.ring) return;  // the ring of its loop copies it
   pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
     V bar = smem_at(t.barrier);
