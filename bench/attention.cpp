@@ -982,8 +982,14 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic) {
       if (atomic) args.emplace_back(accum.view());
       args.emplace_back(static_cast<float>(1 / std::sqrt(double(D))));
       const runtime::Grid grid{lang::cdiv(c.S, sch.block_n), c.H(), c.B()};
-      const AbResult r =
-          ab_measure(fns, grid, stream, args, {&buf.dk, &buf.dv}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
+      AbResult r;
+      try {  // (a Function compiles at its first launch)
+        r = ab_measure(fns, grid, stream, args, {&buf.dk, &buf.dv}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
+      } catch (const std::exception& e) {
+        std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv D=%ld causal=%d skipped=\"%s\"\n", meta_name.c_str(), static_cast<long>(D),
+                    causal ? 1 : 0, e.what());
+        continue;
+      }
       std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv reduction=%s D=%ld causal=%d off_ms=%.4f on_ms=%.4f speedup=%.3f "
                   "outputs_identical=%d\n",
                   meta_name.c_str(), atomic ? "atomic" : "recompute", static_cast<long>(D), causal ? 1 : 0, r.off_ms, r.on_ms,

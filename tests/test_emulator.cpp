@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -505,11 +506,16 @@ TEST_CASE("emulator: the D 128 backward kernels on sm_90a equal the interpreter"
   sq.fill_normal(75, 0, 1);
   sk.fill_normal(76, 0, 1);
   sv.fill_normal(77, 0, 1);
-  for (int pass = 0; pass < 4; ++pass) {
-    const bool accumulate = pass >= 2, dkdv = pass % 2 == 0;
-    INFO((dkdv ? "dK/dV" : "dQ") << (accumulate ? " ACCUMULATE" : ""));
+  // passes 4 and 5: dK/dV's causal walk as a masked and a mask-free loop over one Q / dO ring
+  // (MASKED_BLOCKS_APART), without and with the producer warpgroup; its interpreter run must also
+  // equal the one-loop kernel's
+  for (int pass = 0; pass < 6; ++pass) {
+    const bool accumulate = pass == 2 || pass == 3, dkdv = pass % 2 == 0 || pass == 5, apart = pass >= 4;
+    INFO((dkdv ? "dK/dV" : "dQ") << (accumulate ? " ACCUMULATE" : "") << (apart ? " MASKED_BLOCKS_APART" : "") << (pass == 5 ? " RING_PRODUCER" : ""));
     Meta m = meta;
     if (accumulate) m.emplace_back("ACCUMULATE", true);
+    if (apart) m.emplace_back("MASKED_BLOCKS_APART", true);
+    if (pass == 5) m.emplace_back("RING_PRODUCER", true);
     const ir::Function fn = (dkdv ? kernels::attention_backward_dkdv() : kernels::attention_backward_dq()).build(m);
     std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o4));
     CHECK(ops[jit::pir::Op::wgmma] + ops[jit::pir::Op::wgmma_rs] > 0);
@@ -521,7 +527,63 @@ TEST_CASE("emulator: the D 128 backward kernels on sm_90a equal the interpreter"
       INFO("output " << i);
       CHECK(close_in_max_norm(r.ref[i], r.emu[i], 2e-2));
     }
+    if (!apart) continue;
+    std::vector<HostTensor> one_loop = tensors;
+    std::vector<runtime::Arg> args;
+    for (HostTensor& t : one_loop) args.emplace_back(t);
+    args.emplace_back(scale);
+    runtime::interpret(kernels::attention_backward_dkdv().build(meta), grid, args);
+    for (size_t i = 6; i < tensors.size(); ++i) CHECK(close_in_max_norm(one_loop[i], r.ref[i], 1e-5));
   }
+}
+
+// LSE_IN_RING: LSE and Delta copied by TMA into each Q / dO stage (vector tiles, no swizzle) and read
+// from shared memory in S^T's layout where used, instead of loaded and exchanged through shared
+// memory behind barriers. dK/dV in the emulator against the interpreter, and the interpreter's
+// gradients against the plain kernel's (zero LSE past S_q instead of +inf: no contribution either
+// way), D 64 and 128, full and causal, GQA, ragged S (a multiple of 4: TMA needs 16-byte strides).
+TEST_CASE("emulator: dK/dV with LSE and Delta in the Q / dO ring equals the interpreter and the plain kernel") {
+  const int64_t B = 1, Hq = 2, Hkv = 1, Sq = 152, Sk = 200, BM = 64, BN = 64;
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true}) {
+      INFO("D " << D << " causal " << causal);
+      HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D}), dout(bf16, {B, Sq, Hq, D});
+      HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq}), delta(f32, {B, Hq, Sq});
+      HostTensor dk(bf16, {B, Sk, Hkv, D}), dv(bf16, {B, Sk, Hkv, D});
+      q.fill_normal(81, 0, 1);
+      k.fill_normal(82, 0, 1);
+      v.fill_normal(83, 0, 1);
+      dout.fill_normal(84, 0, 1);
+      const float scale = 0.088f;
+      const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", causal}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN}};
+      std::vector<runtime::Arg> fa{q, k, v, o, lse, scale};
+      runtime::interpret(kernels::attention_forward().build(meta), {cdiv(Sq, BM), Hq, B}, fa);
+      runtime::interpret(kernels::attention_backward_preprocess().build({{"DTYPE", bf16}, {"BLOCK_M", BM}, {"HEAD_DIM", D}, {"BSHD", true}}),
+                         {cdiv(Sq, BM), Hq, B}, {o, dout, delta});
+      Meta in_ring = meta;
+      in_ring.emplace_back("LSE_IN_RING", true);
+      in_ring.emplace_back("ROWS_AHEAD", false);
+      const ir::Function fn = kernels::attention_backward_dkdv().build(in_ring);
+      jit::CompileOptions o4;
+      o4.num_warps = 4;
+      const jit::pir::Func lowered = jit::lower(fn, o4);
+      CHECK(lowered.tensor_maps.size() >= 4);  // Q, dO, LSE, Delta (K and V once)
+      CHECK(std::count_if(lowered.tensor_maps.begin(), lowered.tensor_maps.end(), [](const jit::pir::TensorMapSpec& t) { return t.swizzle_bytes == 0; }) == 2);
+      const std::vector<HostTensor> tensors{q, k, v, dout, lse, delta, dk, dv};
+      const runtime::Grid grid{cdiv(Sk, BN), Hkv, B};
+      const Runs r = run_both(fn, grid, tensors, {scale}, {scale}, o4);
+      std::vector<HostTensor> plain = tensors;
+      std::vector<runtime::Arg> args;
+      for (HostTensor& t : plain) args.emplace_back(t);
+      args.emplace_back(scale);
+      runtime::interpret(kernels::attention_backward_dkdv().build(meta), grid, args);
+      for (size_t i : {size_t{6}, size_t{7}}) {
+        INFO("output " << i);
+        CHECK(close_in_max_norm(r.ref[i], r.emu[i], 2e-2));
+        CHECK(close_in_max_norm(plain[i], r.ref[i], 1e-5));
+        CHECK(plain[i].to_f64() != std::vector<double>(static_cast<size_t>(plain[i].numel()), 0.0));
+      }
+    }
 }
 
 // Warp by warp with random hand-overs (EmulatorSchedule::seed): every barrier real, the running warp

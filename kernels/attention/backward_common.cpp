@@ -51,7 +51,8 @@ MaskedTileWalk list_walk(const BlockMaskLists& lists, const Tile& b, const Tile&
           }};
 }
 
-BackwardParams::BackwardParams(Builder& kb, const AttentionSpec& spec, int64_t block_m, int64_t block_n, bool partial_tiles_only_)
+BackwardParams::BackwardParams(Builder& kb, const AttentionSpec& spec, int64_t block_m, int64_t block_n, bool partial_tiles_only_,
+                               bool row_vectors_aligned)
     : T(spec.dtype),
       BM(block_m),
       BN(block_n),
@@ -69,8 +70,8 @@ BackwardParams::BackwardParams(Builder& kb, const AttentionSpec& spec, int64_t b
       K(kb.tensor("K", T, rank, kRowMajor)),
       V(kb.tensor("V", T, rank, kRowMajor)),
       dO(kb.tensor("dO", T, rank, kRowMajor)),
-      LSE(kb.tensor("LSE", f32, rank - 1, {.contiguous_last = true})),
-      Delta(kb.tensor("Delta", f32, rank - 1, {.contiguous_last = true})) {}
+      LSE(kb.tensor("LSE", f32, rank - 1, {.align_bytes = row_vectors_aligned ? 16 : 0, .contiguous_last = true})),
+      Delta(kb.tensor("Delta", f32, rank - 1, {.align_bytes = row_vectors_aligned ? 16 : 0, .contiguous_last = true})) {}
 
 void BackwardParams::declare_mask(Builder& kb, bool kv_major) {
   if (!library_mask()) return;
@@ -108,7 +109,8 @@ Tile BackwardParams::group(const HeadRows& rows) const { return Q.size(rows.head
 
 Tile BackwardParams::lse_log2_of(const Tile& lse) const { return where(lse == -INFINITY, INFINITY, lse * kLog2e); }
 
-RowVectors BackwardParams::row_vectors(const HeadRows& rows, const Tile& h, const Tile& m0) const {
+RowVectors BackwardParams::row_vectors(const HeadRows& rows, const Tile& h, const Tile& m0, bool in_ring) const {
+  if (in_ring) return {load_at_use(rows(LSE, h, m0, BM)), load_at_use(rows(Delta, h, m0, BM))};
   return {load(rows(LSE, h, m0, BM), /*padding=*/INFINITY), load(rows(Delta, h, m0, BM))};
 }
 

@@ -99,7 +99,10 @@ MaskedTileWalk list_walk(const BlockMaskLists& lists, const Tile& b, const Tile&
 struct BackwardParams {
   // Declares Q, K, V, dO, LSE, Delta (the kernel has read its configuration: spec, tiles and
   // PARTIAL_TILES_ONLY).
-  BackwardParams(Builder& kb, const AttentionSpec& spec, int64_t block_m, int64_t block_n, bool partial_tiles_only);
+  // row_vectors_aligned: LSE and Delta declared 16-byte aligned (base and every outer stride: S % 4
+  // == 0), as TMA copies need (LSE_IN_RING); the launch checks it.
+  BackwardParams(Builder& kb, const AttentionSpec& spec, int64_t block_m, int64_t block_n, bool partial_tiles_only,
+                 bool row_vectors_aligned = false);
 
   ir::DType T;
   int64_t BM, BN, D;
@@ -141,7 +144,10 @@ struct BackwardParams {
   // (LSE = -inf) or lies past the end: its P = exp2(s - inf) = 0, never exp2(-inf - -inf) = NaN.
   Tile lse_log2_of(const Tile& lse) const;
   // LSE (natural log, as stored; +inf past S_q) and Delta of the query block at m0, as loaded.
-  RowVectors row_vectors(const HeadRows& rows, const Tile& h, const Tile& m0) const;
+  // in_ring: read where used (load_at_use), zero past S_q: inside a loop with a TMA ring, copied into
+  // the ring's stage and read from shared memory (LSE_IN_RING). Zero LSE rows past S_q give P = 1
+  // there, against zero Q and dO rows: no contribution, as with +inf.
+  RowVectors row_vectors(const HeadRows& rows, const Tile& h, const Tile& m0, bool in_ring = false) const;
   // Which (query row, key) pairs count: keys inside the sequence and, when causal, the forward's
   // bottom-right alignment (row i sees keys j <= i + S_k - S_q). Arguments broadcast to the block.
   Tile visible(const Tile& qrows, const Tile& keys, const Tile& S_q, const Tile& S_k) const;

@@ -215,8 +215,10 @@ Meta DkdvConfig::to_meta() const {
   put_if(m, mn::kPartialTilesOnly, partial_tiles_only, true);
   if (dq_reduction != DqReduction::recompute) m.emplace_back(mn::kDqReduction, static_cast<int64_t>(dq_reduction));
   put_if(m, mn::kQDescending, q_descending, false);
+  put_if(m, mn::kMaskedBlocksApart, masked_blocks_apart, false);
   put_if(m, mn::kPersistent, persistent, false);
   put_if(m, mn::kRowsAhead, rows_ahead);
+  put_if(m, mn::kLseInRing, lse_in_ring, false);
   put_if(m, mn::kHeavyFirstSections, heavy_first_sections, false);
   put_if(m, mn::kRingProducer, ring_producer);
   put_if(m, mn::kAccumulate, accumulate, false);
@@ -230,9 +232,11 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
   c.partial_tiles_only = kb.meta<bool>(mn::kPartialTilesOnly, true);
   c.dq_reduction = read_dq_reduction(kb, s.varlen);
   c.q_descending = kb.meta<bool>(mn::kQDescending, false);
+  c.masked_blocks_apart = kb.meta<bool>(mn::kMaskedBlocksApart, false);
   c.persistent = kb.meta<bool>(mn::kPersistent, false);
   // on except causal at D >= 128, where the registers it takes cost more than the latency it hides [026]
   c.rows_ahead = kb.meta<bool>(mn::kRowsAhead, !(s.causal && s.head_dim >= 128));
+  c.lse_in_ring = kb.meta<bool>(mn::kLseInRing, false);
   // off: dK/dV's launch order is heaviest first within a head already; sections do not pay here [018]
   c.heavy_first_sections = kb.meta<bool>(mn::kHeavyFirstSections, false);
   s.score_mod = score_mod_kind_meta(kb, mn::kScoreMod);
@@ -242,12 +246,20 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
                             "key block); use atomic or split with library masks");
   if (c.q_descending && (s.library_mask() || r == DqReduction::split))
     kb.fail(Loc::current(), "Q_DESCENDING applies to the full and causal walks without the split reduction");
+  if (c.masked_blocks_apart && (!s.causal || c.q_descending || c.persistent || s.library_mask()))
+    kb.fail(Loc::current(), fmt::format("MASKED_BLOCKS_APART splits the causal walk (CAUSAL=true, ascending, not PERSISTENT, no library "
+                                        "mask); got CAUSAL={}{}{}{}", s.causal, c.q_descending ? ", Q_DESCENDING" : "",
+                                        c.persistent ? ", PERSISTENT" : "", s.library_mask() ? ", MASK" : ""));
   if (c.persistent && (r != DqReduction::ordered || c.q_descending || s.varlen))
     kb.fail(Loc::current(), fmt::format("PERSISTENT takes DQ_REDUCTION=3 (ordered) on dense batches without Q_DESCENDING (its "
                                         "visit order is DASH's shift order); got DQ_REDUCTION={}{}{}",
                                         static_cast<int>(r), c.q_descending ? ", Q_DESCENDING" : "", s.varlen ? ", VARLEN" : ""));
   c.ring_producer = kb.meta<bool>(mn::kRingProducer, false);
   c.accumulate = kb.meta<bool>(mn::kAccumulate, false);
+  if (c.lse_in_ring && (*c.rows_ahead || *c.ring_producer))
+    kb.fail(Loc::current(), fmt::format("LSE_IN_RING reads LSE and Delta from the block's own ring stage: not with ROWS_AHEAD=true (which "
+                                        "carries them to the next block) or RING_PRODUCER=true; got{}{}",
+                                        *c.rows_ahead ? " ROWS_AHEAD=true" : "", *c.ring_producer ? " RING_PRODUCER=true" : ""));
   return c;
 }
 

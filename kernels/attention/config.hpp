@@ -105,8 +105,16 @@ struct DkdvConfig {
   bool partial_tiles_only = true;      // the element mask on partial tiles only (not with a score mod) [020]
   DqReduction dq_reduction = DqReduction::recompute;  // [023]; atomic [024]; ordered [025]
   bool q_descending = false;           // full / causal walks, not split: query tiles last to first [025]
+  // Causal walks: the query blocks that cross the diagonal (or a key tile past S_k) in a loop of
+  // their own with the element mask, the rest in a second loop with no mask code (FlashAttention-3's
+  // split); the two loops share one Q / dO ring (a ring chain) [063]
+  bool masked_blocks_apart = false;
   bool persistent = false;             // ordered, dense, not q_descending: DASH's persistent grid [025]
   std::optional<bool> rows_ahead;      // LSE / Delta a query block ahead; unset: not causal at D >= 128 [026]
+  // LSE and Delta by TMA into each Q / dO stage, read from shared memory in S^T's layout where used:
+  // no exchange through shared memory, no barrier in the loop (FA3's way; issue 23). Not with
+  // ROWS_AHEAD or RING_PRODUCER; off until measured [027]
+  bool lse_in_ring = false;
   bool heavy_first_sections = false;   // dense causal, not persistent: heavy key tiles first across heads [018]
   // Q / dO rings filled by a producer warpgroup (lang::ring_producer; setmaxnreg 240 for the
   // consumers); unset: off (not yet measured on the GPU: issue 23)

@@ -41,7 +41,8 @@ struct DkdvProgram {
   DqReduction reduction() const { return cfg.dq_reduction; }
 };
 
-DkdvProgram::DkdvProgram(Builder& kb) : cfg(DkdvConfig::read(kb)), a(kb, cfg.spec, cfg.block_m, cfg.block_n, cfg.partial_tiles_only) {
+DkdvProgram::DkdvProgram(Builder& kb)
+    : cfg(DkdvConfig::read(kb)), a(kb, cfg.spec, cfg.block_m, cfg.block_n, cfg.partial_tiles_only, cfg.lse_in_ring) {
   const DqReduction r = cfg.dq_reduction;
   const ir::DType grad = cfg.accumulate ? f32 : a.T;  // ACCUMULATE: f32 sums
   dK = kb.tensor("dK", grad, a.rank, kRowMajor), dV = kb.tensor("dV", grad, a.rank, kRowMajor);
@@ -95,14 +96,21 @@ struct KeyTile {
   void run();
   // The query tiles of head q, in the walk's order (the shift order, the plain range or the mask's).
   void visit_query_tiles(const QueryHead& q);
-  // The walk over `count` query tiles at m0_at(j), each with its LSE and Delta (ROWS_AHEAD:
-  // loaded while the tile before it runs [026]).
-  void walk_blocks(const QueryHead& q, const Tile& count, const std::function<Tile(const Tile&)>& m0_at,
+  // The walk over query tiles j in [begin, end) at m0_at(j), each with its LSE and Delta
+  // (ROWS_AHEAD: loaded while the tile before it runs [026]).
+  // (begin unset: 0)
+  void walk_blocks(const QueryHead& q, const std::optional<Tile>& begin, const Tile& end, const std::function<Tile(const Tile&)>& m0_at,
                    const std::function<void(const Tile& j, const Tile& m0, const RowVectors&)>& body);
+  // The causal walk (MASKED_BLOCKS_APART) as two loops: the blocks that need the mask, then the rest.
+  void walk_causal_apart(const QueryHead& q);
+  // Full and causal walks: which blocks get the element mask. by_block: those partial_tile() names,
+  // tested in the block; every / none: all of them (the split's first loop) or none (its second).
+  enum class CausalMask { by_block, every, none };
   // One query tile at m0: P^T, dS^T, then dV and dK accumulated and (DQ_REDUCTION) dQ's part.
   // `ahead`: its LSE and Delta; needs_mask (library masks): whether its P^T needs the element mask
   // (a partial block or keys past S_k; rows past S_q have P = 0 already: LSE = +inf there).
-  void query_block(const QueryHead& q, const Tile& m0, const RowVectors& ahead, const Tile& needs_mask, const OrderedAdd& ordered = {});
+  void query_block(const QueryHead& q, const Tile& m0, const RowVectors& ahead, const Tile& needs_mask, const OrderedAdd& ordered = {},
+                   CausalMask causal_mask = CausalMask::by_block);
   // DQ_REDUCTION: the query tile's part of dQ, dS K, added into or stored to the workspace.
   void dq_part(const QueryHead& q, const Tile& m0, const Tile& dst_t, const OrderedAdd& ordered);
   // dK = scale * sum dS^T Q, dV = sum P^T dO (DROPOUT: times 1 / keep probability), stored.
@@ -161,16 +169,17 @@ void KeyTile::visit_query_tiles(const QueryHead& q) {
   if (slot) {  // PERSISTENT: the shift order; each add waits for its place in the fixed order [025]
     Var deferred = full(i32, {}, -1);  // the last add's semaphore, not signalled yet
     auto query_tile = [&](const Tile& t) { return sched.visit_query_tile(*slot, stage, n_block, t); };
-    walk_blocks(q, sched.visit_count(n_block), [&](const Tile& t) { return query_tile(t) * a.BM; },
+    walk_blocks(q, std::nullopt, sched.visit_count(n_block), [&](const Tile& t) { return query_tile(t) * a.BM; },
                 [&](const Tile& t, const Tile& m0, const RowVectors& rv) {
                   query_block(q, m0, rv, Tile(), {sched.wait_target(*slot, stage, n_block, query_tile(t)), &deferred});
                 });
     if_(deferred >= 0, [&] { signal_add(p.dq_sem + deferred, 1); });
     return;
   }
+  if (!q.seq && p.cfg.masked_blocks_apart) return walk_causal_apart(q);
   if (!q.seq) {
     Tile trips = cdiv(maximum(m_end - m_begin, 0), a.BM);
-    walk_blocks(q, trips, [&](const Tile& j) { return m_begin + (p.cfg.q_descending ? trips - 1 - j : j) * a.BM; },
+    walk_blocks(q, std::nullopt, trips, [&](const Tile& j) { return m_begin + (p.cfg.q_descending ? trips - 1 - j : j) * a.BM; },
                 [&](const Tile&, const Tile& m0, const RowVectors& rv) { query_block(q, m0, rv, Tile()); });
     return;
   }
@@ -179,32 +188,49 @@ void KeyTile::visit_query_tiles(const QueryHead& q) {
   const MaskedTileWalk walk = a.lists ? list_walk(*a.lists, rows.b, q.h, n_block, a.BM)
                                       : interval_walk(q.seq->query_tiles(n0, a.BN, a.BM), a.BM, is_full);
   Tile keys_edge = n0 + a.BN > p.S_k;
-  walk_blocks(q, walk.count, [&](const Tile& j) { return walk.at(j).start; },
+  walk_blocks(q, std::nullopt, walk.count, [&](const Tile& j) { return walk.at(j).start; },
               [&](const Tile& j, const Tile& m0, const RowVectors& rv) { query_block(q, m0, rv, walk.at(j).partial | keys_edge); });
 }
 
-void KeyTile::walk_blocks(const QueryHead& q, const Tile& count, const std::function<Tile(const Tile&)>& m0_at,
+void KeyTile::walk_causal_apart(const QueryHead& q) {
+  // Block m0 = m_begin + j BM crosses the diagonal while m0 < n0 + BN - 1 - (S_k - S_q), i.e. for
+  // j < cdiv(that - m_begin, BM); a key tile running past S_k masks every block. Both counts are
+  // known before the first loop, which lets the second loop's first Q / dO tiles be prefetched
+  // during the first loop's last blocks (one ring over both loops).
+  const Tile trips = cdiv(maximum(m_end - m_begin, 0), a.BM);
+  const Tile crossing = cdiv(maximum(n0 + (a.BN - 1) - (p.S_k - p.S_q) - m_begin, 0), a.BM);
+  const Tile masked = where(n0 + a.BN > p.S_k, trips, minimum(crossing, trips));
+  auto m0_at = [&](const Tile& j) { return m_begin + j * a.BM; };
+  walk_blocks(q, std::nullopt, masked, m0_at,
+              [&](const Tile&, const Tile& m0, const RowVectors& rv) { query_block(q, m0, rv, Tile(), {}, CausalMask::every); });
+  walk_blocks(q, masked, trips, m0_at,
+              [&](const Tile&, const Tile& m0, const RowVectors& rv) { query_block(q, m0, rv, Tile(), {}, CausalMask::none); });
+}
+
+void KeyTile::walk_blocks(const QueryHead& q, const std::optional<Tile>& begin, const Tile& end, const std::function<Tile(const Tile&)>& m0_at,
                           const std::function<void(const Tile& j, const Tile& m0, const RowVectors&)>& body) {
+  const Operand lb = begin ? Operand(*begin) : Operand(0);
   // Blocks past the end read padding (rows past S_q), never outside the tensors.
   if (!*p.cfg.rows_ahead) {
-    for_range(0, count, [&](Tile j) {
+    for_range(lb, end, [&](Tile j) {
       const Tile m0 = m0_at(j);
-      body(j, m0, a.row_vectors(rows, q.h, m0));
+      body(j, m0, a.row_vectors(rows, q.h, m0, p.cfg.lse_in_ring));
     });
     return;
   }
-  const RowVectors first = a.row_vectors(rows, q.h, where(count > 0, m0_at(zeros(i32, {})), 0));
+  const RowVectors first = a.row_vectors(rows, q.h, begin ? where(end > *begin, m0_at(*begin), 0) : where(end > 0, m0_at(zeros(i32, {})), 0));
   Var lse = first.lse, delta = first.delta;
-  for_range(0, count, [&](Tile j) {
+  for_range(lb, end, [&](Tile j) {
     const RowVectors current{lse, delta};
-    const RowVectors next = a.row_vectors(rows, q.h, m0_at(minimum(j + 1, maximum(count - 1, 0))));
+    const RowVectors next = a.row_vectors(rows, q.h, m0_at(minimum(j + 1, begin ? maximum(end - 1, *begin) : maximum(end - 1, 0))));
     lse = next.lse;
     delta = next.delta;
     body(j, m0_at(j), current);
   });
 }
 
-void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors& ahead, const Tile& needs_mask, const OrderedAdd& ordered) {
+void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors& ahead, const Tile& needs_mask, const OrderedAdd& ordered,
+                          CausalMask causal_mask) {
   const Tile& h = qh.h;
   const Tile &S_q = p.S_q, &S_k = p.S_k;
   auto q = load(rows(a.Q, h, m0, a.BM)), dout = load(rows(a.dO, h, m0, a.BM));
@@ -218,7 +244,10 @@ void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors&
     if_(needs_mask, [&] { p_t = where(trans(qh.seq->allowed(m0 + arange(0, a.BM), n0 + arange(0, a.BN))), p_t, 0.0f); });
     pt = p_t;
   } else {
-    pt = a.mask_partial(exp2(e_t), a.partial_tile(m0, n0, S_q, S_k), [&] { return a.visible((m0 + arange(0, a.BM))[row], keys, S_q, S_k); });
+    auto visible = [&] { return a.visible((m0 + arange(0, a.BM))[row], keys, S_q, S_k); };
+    pt = causal_mask == CausalMask::none    ? exp2(e_t)
+         : causal_mask == CausalMask::every ? where(visible(), exp2(e_t), 0.0f)
+                                            : a.mask_partial(exp2(e_t), a.partial_tile(m0, n0, S_q, S_k), visible);
   }
   // DROPOUT: the block is transposed (rows are keys, columns query rows): the forward's mask of
   // (query rows m0.., keys n0..), transposed [017]; s = 1 / keep probability is applied to dV once
