@@ -235,8 +235,9 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
   c.masked_blocks_apart = kb.meta<bool>(mn::kMaskedBlocksApart, false);
   c.persistent = kb.meta<bool>(mn::kPersistent, false);
   // on except causal at D >= 128, where the registers it takes cost more than the latency it hides [026]
-  c.rows_ahead = kb.meta<bool>(mn::kRowsAhead, !(s.causal && s.head_dim >= 128));
   c.lse_in_ring = kb.meta<bool>(mn::kLseInRing, false);
+  // (LSE_IN_RING reads them from each block's own stage: nothing to load ahead)
+  c.rows_ahead = kb.meta<bool>(mn::kRowsAhead, !(s.causal && s.head_dim >= 128) && !c.lse_in_ring);
   // off: dK/dV's launch order is heaviest first within a head already; sections do not pay here [018]
   c.heavy_first_sections = kb.meta<bool>(mn::kHeavyFirstSections, false);
   s.score_mod = score_mod_kind_meta(kb, mn::kScoreMod);
