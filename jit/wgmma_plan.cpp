@@ -264,10 +264,10 @@ class Planner {
   }
 
   // A load_at_use of a 1-D window directly in a loop, read only inside that loop's body (its
-  // stage is refilled after the iteration), that TMA can copy: a vector tile of the loop's ring.
-  // Not under a producer (its consumers free a stage after the last wgmma reading it).
+  // stage is refilled after the iteration), that TMA can copy: a vector tile of the loop's ring
+  // (under a producer, freed at the iteration's end: its reads are not wgmma groups to retire).
   bool vector_tile_ok(const ir::Op& load) const {
-    if (load.kind != OpKind::block_load || !load.attrs.count("at_use") || producer_) return false;
+    if (load.kind != OpKind::block_load || !load.attrs.count("at_use")) return false;
     const ir::Op* loop = parent_.at(&load);
     if (!loop || loop->kind != OpKind::for_ || skip_.count(loop)) return false;
     int index = 0;
@@ -335,7 +335,8 @@ class Planner {
       if (t.vector) {
         SmemRing& r = plan_.rings[t.ring];
         r.loop = t.ring;
-        r.rerun = parent_.at(t.ring) && parent_.at(t.ring)->kind != OpKind::warp_roles;
+        r.producer = producer_;
+        r.rerun = !producer_ && parent_.at(t.ring) && parent_.at(t.ring)->kind != OpKind::warp_roles;
         t.offset = r.stage_bytes;
         r.stage_bytes += align_up(t.bytes(), 128);
         r.loads.push_back(op);

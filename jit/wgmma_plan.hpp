@@ -47,7 +47,8 @@ struct SmemTile {
   // A row vector read where it is used (lang::load_at_use of a 1-D window in a ring's loop, e.g.
   // attention's LSE next to its Q block): copied by TMA into the ring's stage without swizzle
   // (rows = 1, one box of `cols` elements), each use reading the elements its layout needs from
-  // shared memory (no exchange between threads, no barrier) [issue 23].
+  // shared memory (no exchange between threads, no barrier) [issue 23]. Under a ring producer the
+  // consumers free it at the iteration's end (its reads are not wgmma groups to retire).
   bool vector = false;
   int64_t elem_bytes = 2;
   int64_t bytes() const { return rows * cols * elem_bytes; }

@@ -156,6 +156,7 @@ int Lowerer::ring_readers(const ir::Op* tile) {
 void Lowerer::release_retired(const std::vector<const ir::Op*>& tiles) {
   for (const ir::Op* l : tiles) {
     const SmemTile& t = plan_.hopper.tiles.at(l);
+    if (t.vector) continue;  // read by plain loads, at any point of the iteration: freed at its end
     RingState& st = rings_.at(t.ring);
     if (st.released.count(l) || blocks_.back() != st.body || st.reads[l] < ring_readers(l)) continue;
     const bool in_flight = std::any_of(pending_.begin(), pending_.end(), [&](const PendingDot& p) {

@@ -96,6 +96,7 @@ void Lowerer::issue_tile(const SmemTile& t, V dst, V bar, const ir::Op* loop, V 
 
 Regs Lowerer::smem_vector_regs(const SmemTile& t, const Layout& L) {
   const SmemRing& r = plan_.hopper.rings.at(t.ring);
+  if (r.producer) wait_ring_tile(t, rings_.at(t.ring));  // (once an iteration; freed at its end, ring_bottom)
   const V stage = bin(Op::add, ci32(r.base + t.offset), bin(Op::mul, rings_.at(t.ring).stage, ci32(r.stage_bytes)));
   const DType d = f_.type(t.load->results[0]).dtype;
   Regs regs;

@@ -82,8 +82,15 @@ namespace tilejit::kernels {
 // seq_k, the causal diagonal) only in the tiles that need it (one uniform branch per tile), as the
 // forward and the library masks do; false masks every tile (the A/B baseline). Not with a
 // SCORE_MOD (the branch costs the registers the mod needs: every tile is masked then) [020].
-// ROWS_AHEAD (dK/dV; default true except causal at HEAD_DIM >= 128): each query tile's LSE and
-// Delta are loaded while the tile before it runs, not at its top [026]. Same values.
+// ROWS_AHEAD (dK/dV; default true except causal at HEAD_DIM >= 128 and with LSE_IN_RING): each
+// query tile's LSE and Delta are loaded while the tile before it runs, not at its top [026]. Same values.
+// LSE_IN_RING (dK/dV; default false; not with ROWS_AHEAD=true): LSE and Delta are
+// copied by TMA into each Q / dO ring stage and read from shared memory where used, not exchanged
+// through shared memory behind barriers [070]. LSE and Delta must then be 16-byte aligned (S % 4 ==
+// 0). Same gradients.
+// MASKED_BLOCKS_APART (dK/dV; default false; dense CAUSAL walks, not Q_DESCENDING or PERSISTENT): the
+// query tiles that cross the diagonal in a masked loop, the rest in a loop without mask code, both
+// over one Q / dO ring [063]. Same values.
 // ACCUMULATE (dK/dV and dQ; default false): the gradients are f32 and receive += (the epilogue
 // loads, adds and stores; each tile is one program's): gradient accumulation, and context
 // parallelism's per-call sums without a separate pass. dK/dV's dQ reductions are unaffected.
@@ -133,8 +140,8 @@ const lang::Kernel& attention_backward_preprocess();
 // keep_threshold) (DROPOUT_BITS: dropout_bits) (MASK: the mask's parameters, then without tile
 // intervals q_num_blocks, q_indices, full_q_num_blocks, full_q_indices).
 // Meta (kernels::DkdvConfig): DTYPE, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, BSHD, VARLEN, MASK, DROPOUT,
-// DROPOUT_BITS, PARTIAL_TILES_ONLY, DQ_REDUCTION, Q_DESCENDING, PERSISTENT, ROWS_AHEAD,
-// HEAVY_FIRST_SECTIONS, SCORE_MOD, RING_PRODUCER, ACCUMULATE. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch); PERSISTENT: (P, 1, 1).
+// DROPOUT_BITS, PARTIAL_TILES_ONLY, DQ_REDUCTION, Q_DESCENDING, MASKED_BLOCKS_APART, PERSISTENT,
+// LSE_IN_RING, ROWS_AHEAD, HEAVY_FIRST_SECTIONS, SCORE_MOD, RING_PRODUCER, ACCUMULATE. Grid: (cdiv(seq_k, BLOCK_N), heads_kv, batch); PERSISTENT: (P, 1, 1).
 const lang::Kernel& attention_backward_dkdv();
 
 // dQ = scale * sum dS K for one query block.

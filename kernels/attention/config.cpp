@@ -257,10 +257,9 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
                                         static_cast<int>(r), c.q_descending ? ", Q_DESCENDING" : "", s.varlen ? ", VARLEN" : ""));
   c.ring_producer = kb.meta<bool>(mn::kRingProducer, false);
   c.accumulate = kb.meta<bool>(mn::kAccumulate, false);
-  if (c.lse_in_ring && (*c.rows_ahead || *c.ring_producer))
-    kb.fail(Loc::current(), fmt::format("LSE_IN_RING reads LSE and Delta from the block's own ring stage: not with ROWS_AHEAD=true (which "
-                                        "carries them to the next block) or RING_PRODUCER=true; got{}{}",
-                                        *c.rows_ahead ? " ROWS_AHEAD=true" : "", *c.ring_producer ? " RING_PRODUCER=true" : ""));
+  if (c.lse_in_ring && *c.rows_ahead)
+    kb.fail(Loc::current(), "LSE_IN_RING reads LSE and Delta from each block's own ring stage: not with ROWS_AHEAD=true (which carries "
+                            "them to the next block)");
   return c;
 }
 

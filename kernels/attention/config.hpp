@@ -113,7 +113,7 @@ struct DkdvConfig {
   std::optional<bool> rows_ahead;      // LSE / Delta a query block ahead; unset: not causal at D >= 128 [026]
   // LSE and Delta by TMA into each Q / dO stage, read from shared memory in S^T's layout where used:
   // no exchange through shared memory, no barrier in the loop (FA3's way; issue 23). Not with
-  // ROWS_AHEAD=true (its default becomes false) or RING_PRODUCER; off until measured [027]
+  // ROWS_AHEAD=true (its default becomes false); off until measured [070]
   bool lse_in_ring = false;
   bool heavy_first_sections = false;   // dense causal, not persistent: heavy key tiles first across heads [018]
   // Q / dO rings filled by a producer warpgroup (lang::ring_producer; setmaxnreg 240 for the
