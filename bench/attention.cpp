@@ -45,8 +45,8 @@
 //     checked against the default's:
 //     FWD_VARIANT D=128 causal=0 dropout=1 tile=64x64 warps=4 stages=2 exact=0 min_programs_per_sm=0 programs_per_sm=2 ms=..
 //       vs_default=.. (min_programs_per_sm: the variant's register bound, CompileOptions::min_programs_per_sm)
-//   attention_bench --backward-ab META [--reduction atomic]   the dK/dV kernel (recompute, or the
-//     5-matmul one adding dQ's parts atomically) with a bool meta off/on (D 64/128, S4k,
+//   attention_bench --backward-ab META[,META...] [--reduction atomic]   the dK/dV kernel (recompute, or the
+//     5-matmul one adding dQ's parts atomically) with bool metas all off / all on (D 64/128, S4k,
 //     +-causal), dK and dV compared bit for bit:
 //     BACKWARD_AB ROWS_AHEAD kernel=attention_bwd_dkdv reduction=recompute D=128 causal=0 off_ms=.. on_ms=.. speedup=..
 //       outputs_identical=1
@@ -969,7 +969,8 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic) {
       std::vector<Function> fns;
       for (bool on : {false, true}) {
         lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D}, {mn::kBlockM, sch.block_m}, {mn::kBlockN, sch.block_n},
-                        {mn::kBshd, true}, {mn::kCausal, causal}, {meta_name, on}};
+                        {mn::kBshd, true}, {mn::kCausal, causal}};
+        for (const auto& [name, value] : bench_util::parse_with(meta_name)) meta.emplace_back(name, on && value);  // "A,B": all off, then all on
         if (atomic) meta.emplace_back(mn::kDqReduction, static_cast<int64_t>(reduction));
         jit::CompileOptions o;
         o.num_warps = sch.num_warps;

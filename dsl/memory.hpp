@@ -127,7 +127,10 @@ void atomic_xor(const BlockRef& block, const Operand& value, std::source_locatio
 // load(block), with leave for the GPU backend to read the window again at each use, directly in
 // the register layout that use needs (when nothing was stored in between), instead of loading it
 // once and exchanging it through shared memory. Same values everywhere; meant for small read-only
-// data consumed in an MMA layout (e.g. dropout mask words next to an attention score block).
+// data consumed in an MMA layout (e.g. dropout mask words next to an attention score block). On
+// sm_90a a 1-D window directly in a loop whose other windows ride a TMA ring (or any such loop),
+// read only inside that loop, is copied by TMA into the ring's stages and read from shared memory
+// at each use instead (jit/wgmma_plan.hpp, SmemTile::vector; zero padding, 16-byte aligned tensor).
 Tile load_at_use(const BlockRef& block, double padding = 0.0, std::source_location loc = std::source_location::current());
 
 }  // namespace tilejit::lang
