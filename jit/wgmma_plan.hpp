@@ -133,7 +133,7 @@ struct HopperPlan {
   std::vector<const ir::Op*> tile_order, ring_order;  // program order (ABI and code order)
   int64_t persistent_bytes = 0;  // tiles, rings and barriers; scratch exchanges go above
   bool ring_producer = false;    // lang::ring_producer: rings filled by a producer warpgroup
-  bool empty() const { return dots.empty() && reduces.empty(); }
+  bool empty() const { return dots.empty() && reduces.empty() && tiles.empty(); }
 };
 
 // The second Hopper step of layout assignment (assign_layouts.hpp), after match_tma_loops: the
