@@ -284,18 +284,12 @@ class Planner {
     for (size_t i = 1; i < load.operands.size(); ++i)
       if (!counter_function(load.operands[i], loop, ops)) return false;
     // every use inside the body (not carried to the next iteration by the loop's yield)
-    std::vector<ir::ValueId> values{load.results[0]};
-    for (size_t k = 0; k < values.size(); ++k) {
-      auto it = users_.find(values[k]);
-      if (it == users_.end()) continue;
-      for (auto [user, pos] : it->second) {
-        if (user == &loop->regions[0].ops.back() || !defined_inside_op(user, loop)) return false;
-        (void)pos;
-      }
-    }
+    if (auto it = users_.find(load.results[0]); it != users_.end())
+      for (const auto& use : it->second)
+        if (use.first == &loop->regions[0].ops.back() || !nested_in(use.first, loop)) return false;
     return true;
   }
-  bool defined_inside_op(const ir::Op* op, const ir::Op* loop) const {
+  bool nested_in(const ir::Op* op, const ir::Op* loop) const {
     for (const ir::Op* p = parent_.at(op); p; p = parent_.at(p))
       if (p == loop) return true;
     return false;
@@ -318,6 +312,26 @@ class Planner {
     return t;
   }
 
+  // The ring of `loop`, set up on first use.
+  SmemRing& ring_of(const ir::Op* loop) {
+    SmemRing& r = plan_.rings[loop];
+    if (r.loop) return r;
+    r.loop = loop;
+    const ir::Op* outer = parent_.at(loop);
+    r.producer = producer_;
+    // Under a producer, a ring inside loops (a persistent grid's tile loop) keeps counting its
+    // stages across their iterations, so the producer prefetches the next run's tiles while
+    // this one's are consumed; without one it is reset after each run.
+    r.rerun = !producer_ && outer && outer->kind != OpKind::warp_roles;  // (a role's loop runs once, like the kernel's)
+    for (const ir::Op* p = outer; producer_ && p; p = parent_.at(p))
+      if (p->kind != OpKind::for_)
+        throw LoweringError(fmt::format("tilejit: kernel '{}': ring_producer: the ring of the {} at {} stands inside the {} at {}; a "
+                                        "producer fills rings of loops at the kernel's top level or nested directly in other "
+                                        "loops (no branch or warp role around them)",
+                                        f_.name, ir::op_name(loop->kind), loop->loc.str(), ir::op_name(p->kind), p->loc.str()));
+    return r;
+  }
+
   // Shared-memory placement: tiles loaded once, then each ring's stages, then the mbarriers.
   void place() {
     for (const auto& [d, w] : plan_.dots)
@@ -332,33 +346,11 @@ class Planner {
     int64_t at = 0, barrier_bytes = 0;
     for (const ir::Op* op : tiles) {
       SmemTile& t = plan_.tiles.at(op);
-      if (t.vector) {
-        SmemRing& r = plan_.rings[t.ring];
-        r.loop = t.ring;
-        r.producer = producer_;
-        r.rerun = !producer_ && parent_.at(t.ring) && parent_.at(t.ring)->kind != OpKind::warp_roles;
-        t.offset = r.stage_bytes;
-        r.stage_bytes += align_up(t.bytes(), 128);
-        r.loads.push_back(op);
-        continue;
-      }
       if (t.ring) {
-        SmemRing& r = plan_.rings[t.ring];
-        r.loop = t.ring;
-        const ir::Op* outer = parent_.at(t.ring);
-        r.producer = producer_;
-        // Under a producer, a ring inside loops (a persistent grid's tile loop) keeps counting its
-        // stages across their iterations, so the producer prefetches the next run's tiles while
-        // this one's are consumed; without one it is reset after each run.
-        r.rerun = !producer_ && outer && outer->kind != OpKind::warp_roles;  // (a role's loop runs once, like the kernel's)
-        for (const ir::Op* p = outer; producer_ && p; p = parent_.at(p))
-          if (p->kind != OpKind::for_)
-            throw LoweringError(fmt::format("tilejit: kernel '{}': ring_producer: the ring of the {} at {} stands inside the {} at {}; a "
-                                            "producer fills rings of loops at the kernel's top level or nested directly in other "
-                                            "loops (no branch or warp role around them)",
-                                            f_.name, ir::op_name(t.ring->kind), t.ring->loc.str(), ir::op_name(p->kind), p->loc.str()));
+        // swizzled tiles 1024-byte aligned; vectors (placed last) 128
+        SmemRing& r = ring_of(t.ring);
         t.offset = r.stage_bytes;
-        r.stage_bytes += align_up(t.bytes(), 1024);
+        r.stage_bytes += align_up(t.bytes(), t.vector ? 128 : 1024);
         r.loads.push_back(op);
       } else {
         t.offset = at;

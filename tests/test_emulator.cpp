@@ -101,6 +101,27 @@ std::map<jit::pir::Op, int> count_ops(const jit::pir::Func& program) {
   return ops;
 }
 
+// A backward's inputs in BSHD: random Q, K, V, dO (seeds seed..seed + 3), the forward's O and LSE
+// and the preprocess's Delta, both from the interpreter under `meta` (BLOCK_M = BM).
+struct BackwardInputs {
+  HostTensor q, k, v, dout, o, lse, delta;
+};
+BackwardInputs backward_inputs(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Sk, int64_t D, int64_t BM, const Meta& meta,
+                               float scale, uint64_t seed) {
+  BackwardInputs in{HostTensor(bf16, {B, Sq, Hq, D}), HostTensor(bf16, {B, Sk, Hkv, D}), HostTensor(bf16, {B, Sk, Hkv, D}),
+                    HostTensor(bf16, {B, Sq, Hq, D}), HostTensor(bf16, {B, Sq, Hq, D}), HostTensor(f32, {B, Hq, Sq}),
+                    HostTensor(f32, {B, Hq, Sq})};
+  in.q.fill_normal(seed, 0, 1);
+  in.k.fill_normal(seed + 1, 0, 1);
+  in.v.fill_normal(seed + 2, 0, 1);
+  in.dout.fill_normal(seed + 3, 0, 1);
+  std::vector<runtime::Arg> fa{in.q, in.k, in.v, in.o, in.lse, scale};
+  runtime::interpret(kernels::attention_forward().build(meta), {cdiv(Sq, BM), Hq, B}, fa);
+  runtime::interpret(kernels::attention_backward_preprocess().build({{"DTYPE", bf16}, {"BLOCK_M", BM}, {"HEAD_DIM", D}, {"BSHD", true}}),
+                     {cdiv(Sq, BM), Hq, B}, {in.o, in.dout, in.delta});
+  return in;
+}
+
 }  // namespace
 
 TEST_CASE("emulator: associative_scan, cumsum and a combine reduce equal the interpreter") {
@@ -486,19 +507,10 @@ TEST_CASE("emulator: the library GEMM (pipeline, ring producer, persistent, TMA 
 // accumulating into f32 gradients (ACCUMULATE).
 TEST_CASE("emulator: the D 128 backward kernels on sm_90a equal the interpreter") {
   const int64_t B = 1, Hq = 2, Hkv = 1, Sq = 150, Sk = 150, D = 128, BM = 64, BN = 64;
-  HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D}), dout(bf16, {B, Sq, Hq, D});
-  HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq}), delta(f32, {B, Hq, Sq});
-  HostTensor dq(bf16, {B, Sq, Hq, D}), dk(bf16, {B, Sk, Hkv, D}), dv(bf16, {B, Sk, Hkv, D});
-  q.fill_normal(71, 0, 1);
-  k.fill_normal(72, 0, 1);
-  v.fill_normal(73, 0, 1);
-  dout.fill_normal(74, 0, 1);
   const float scale = 0.088f;
   const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", true}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN}};
-  std::vector<runtime::Arg> fa{q, k, v, o, lse, scale};
-  runtime::interpret(kernels::attention_forward().build(meta), {cdiv(Sq, BM), Hq, B}, fa);
-  runtime::interpret(kernels::attention_backward_preprocess().build({{"DTYPE", bf16}, {"BLOCK_M", BM}, {"HEAD_DIM", D}, {"BSHD", true}}),
-                     {cdiv(Sq, BM), Hq, B}, {o, dout, delta});
+  const auto [q, k, v, dout, o, lse, delta] = backward_inputs(B, Hq, Hkv, Sq, Sk, D, BM, meta, scale, 71);
+  HostTensor dq(bf16, {B, Sq, Hq, D}), dk(bf16, {B, Sk, Hkv, D}), dv(bf16, {B, Sk, Hkv, D});
   jit::CompileOptions o4;
   o4.num_warps = 4;
   // ACCUMULATE: f32 gradients, prefilled, receive += (the epilogue's loads beside the accumulators)
@@ -550,19 +562,10 @@ TEST_CASE("emulator: dK/dV with LSE and Delta in the Q / dO ring equals the inte
     for (bool producer : {false, true}) {
       if (producer && D == 64) continue;  // (the producer's setmaxnreg split is D128's)
       INFO("D " << D << " causal " << causal << " RING_PRODUCER " << producer);
-      HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D}), dout(bf16, {B, Sq, Hq, D});
-      HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq}), delta(f32, {B, Hq, Sq});
-      HostTensor dk(bf16, {B, Sk, Hkv, D}), dv(bf16, {B, Sk, Hkv, D});
-      q.fill_normal(81, 0, 1);
-      k.fill_normal(82, 0, 1);
-      v.fill_normal(83, 0, 1);
-      dout.fill_normal(84, 0, 1);
       const float scale = 0.088f;
       const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", causal}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN}};
-      std::vector<runtime::Arg> fa{q, k, v, o, lse, scale};
-      runtime::interpret(kernels::attention_forward().build(meta), {cdiv(Sq, BM), Hq, B}, fa);
-      runtime::interpret(kernels::attention_backward_preprocess().build({{"DTYPE", bf16}, {"BLOCK_M", BM}, {"HEAD_DIM", D}, {"BSHD", true}}),
-                         {cdiv(Sq, BM), Hq, B}, {o, dout, delta});
+      const auto [q, k, v, dout, o, lse, delta] = backward_inputs(B, Hq, Hkv, Sq, Sk, D, BM, meta, scale, 81);
+      HostTensor dk(bf16, {B, Sk, Hkv, D}), dv(bf16, {B, Sk, Hkv, D});
       Meta in_ring = meta;
       in_ring.emplace_back("LSE_IN_RING", true);
       in_ring.emplace_back("ROWS_AHEAD", false);

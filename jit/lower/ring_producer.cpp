@@ -44,9 +44,10 @@ V Lowerer::scalar_ahead(ir::ValueId v, bool for_producer) {
   const bool effect = k == OpKind::store || k == OpKind::atomic_add || k == OpKind::atomic_rmw || k == OpKind::atomic_cas || k == OpKind::block_store || k == OpKind::block_load ||
                       k == OpKind::wait_ge || k == OpKind::signal_add || k == OpKind::channel_push || k == OpKind::channel_pop ||
                       k == OpKind::dot || k == OpKind::reduce || k == OpKind::tensor_slice || k == OpKind::precompute;
-  if ((effect || !op.regions.empty() || !all_scalar(op)) && !for_producer)
+  const bool pure_scalar = !effect && op.regions.empty() && all_scalar(op);
+  if (!pure_scalar && !for_producer)
     fail(&op, "internal: a ring shared by consecutive loops needs this value before the first loop (the planner checks it can)");
-  if (effect || !op.regions.empty() || !all_scalar(op))
+  if (!pure_scalar)
     fail(&op, "ring_producer: the producer warp computes the rings' loop bounds and tile offsets on its own, from scalar "
               "arithmetic, program ids, parameters, tensor shapes and scalar loads; this value needs more (compute it from those, "
               "or drop ring_producer)");
