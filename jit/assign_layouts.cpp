@@ -326,6 +326,18 @@ WarpRoles resolve_warp_roles(const ir::Function& f, int num_warps) {
   return plan;
 }
 
+void check_register_rebalancing(const std::string& kernel, const WarpRoles& roles, int min_programs_per_sm) {
+  if (min_programs_per_sm <= 1) return;
+  const char* what = roles.ring_producer ? "a ring producer" : nullptr;
+  for (const auto& [op, rs] : roles.roles)
+    if (!what && !rs.empty() && rs[0].max_registers > 0) what = "warp roles with max_registers";
+  if (what)
+    throw LoweringError(fmt::format("tilejit: kernel '{}': min_programs_per_sm = {} with {}: setmaxnreg moves registers between "
+                                    "the warpgroups of one program, which takes the multiprocessor's 65536 (valid: "
+                                    "min_programs_per_sm 0 or 1; or no {})",
+                                    kernel, min_programs_per_sm, what, what));
+}
+
 LayoutPlan assign_layouts(const ir::Function& f, WarpRoles roles, TmaPlan tma, HopperPlan hopper) {
   return Assigner(f, std::move(roles), std::move(tma), std::move(hopper)).run();
 }

@@ -70,6 +70,10 @@ Layout combine_layout(const ir::Op& op, const LayoutPlan& plan, const Layout& bl
 //   assign_layouts: the layout each tile value is computed in, given those plans.
 void check_tile_shapes(const ir::Function& f);
 WarpRoles resolve_warp_roles(const ir::Function& f, int num_warps);
+// setmaxnreg (a ring producer, warp roles with max_registers) moves registers between the warpgroups
+// of one program that holds a multiprocessor's register file: refuses a launch bound of more programs
+// an SM (ptxas would, with an error about its temporal register count).
+void check_register_rebalancing(const std::string& kernel, const WarpRoles& roles, int min_programs_per_sm);
 LayoutPlan assign_layouts(const ir::Function& f, WarpRoles roles, TmaPlan tma, HopperPlan hopper);
 // All the steps at once (for callers that want only the plan).
 LayoutPlan assign_layouts(const ir::Function& f, int num_warps, const std::string& arch = "sm_90a",

@@ -128,6 +128,7 @@ pir::Func run_passes(const ir::Function& input, const CompileOptions& opts,
   // the layout of every tile value.
   check_tile_shapes(f);
   WarpRoles warps = resolve_warp_roles(f, opts.num_warps);
+  check_register_rebalancing(f.name, warps, opts.min_programs_per_sm);
   TmaPlan tma = match_tma_loops(f, warps.num_warps, warps.op_warps, opts.arch, opts.pipeline);
   dump("match-tma", print_tma_plan(f, tma));
   HopperPlan hopper = plan_wgmma(f, warps.num_warps, warps.op_warps, opts.arch, opts.pipeline, tma);

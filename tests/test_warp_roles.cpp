@@ -44,6 +44,17 @@ TEST_CASE("warp_roles: bad splits and misuse are errors that name the value") {
   o.num_warps = 12;
   CHECK_THROWS_WITH(jit::compile(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_WARPS", 4}, {"MMA_REGISTERS", 256}, {"MASK_REGISTERS", 256}}), o),
                     doctest::Contains("registers in all"));
+  // setmaxnreg takes the whole register file: no launch bound of more programs an SM (ptxas refused
+  // the dK/dV ring producer at the API's 3 programs an SM with a message about its own counts)
+  o.min_programs_per_sm = 2;
+  CHECK_THROWS_WITH(jit::compile(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_WARPS", 4}, {"MMA_REGISTERS", 232}, {"MASK_REGISTERS", 40}}), o),
+                    doctest::Contains("min_programs_per_sm = 2 with warp roles with max_registers"));
+  o.num_warps = 4;
+  CHECK_THROWS_WITH(jit::compile(kernels::attention_backward_dkdv().build({{"HEAD_DIM", 64}, {"BSHD", true}, {"RING_PRODUCER", true}}), o),
+                    doctest::Contains("kernel 'attention_bwd_dkdv': min_programs_per_sm = 2 with a ring producer"));
+  o.min_programs_per_sm = 1;  // the cap it needs
+  CHECK_NOTHROW(jit::compile(kernels::attention_backward_dkdv().build({{"HEAD_DIM", 64}, {"BSHD", true}, {"RING_PRODUCER", true}}), o));
+  o.min_programs_per_sm = 0;
   CHECK_THROWS_WITH(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_WARPS", 6}}), doctest::Contains("role 1 has warps = 6"));
   CHECK_THROWS_WITH(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_WARPS", 4}, {"MMA_REGISTERS", 232}}),
                     doctest::Contains("give max_registers to every role or to none"));
