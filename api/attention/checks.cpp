@@ -455,7 +455,7 @@ Dims check_backward_dims(const Tensor& q, const Tensor& k, const Tensor& v, cons
                          const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts,
                          Workspace ws) {
   const Checker c("backward");
-  const Dims d = check_common(c, q, k, v, o, lse, opts, true);
+  Dims d = check_common(c, q, k, v, o, lse, opts, true);
   if (!backward_available())
     c.fail("the backward kernels (attention_bwd_preprocess, attention_bwd_dkdv, attention_bwd_dq) are not in this build's "
            "kernel library");
@@ -495,6 +495,8 @@ Dims check_backward_dims(const Tensor& q, const Tensor& k, const Tensor& v, cons
            "sized by backward_workspace_bytes to both calls)", name(phase));
   check_disjoint(c, {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}},
                  {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"do", &do_}, {"lse", &lse}}, ws);
+  // Delta is contiguous [B, Hq, S_q] at the (16-byte aligned) workspace base: S_q % 4 aligns its rows
+  d.row_vectors_aligned = !d.varlen && d.seq_q % 4 == 0 && lse.data % 16 == 0 && lse.stride(0) % 4 == 0 && lse.stride(1) % 4 == 0;
   return d;
 }
 

@@ -120,6 +120,16 @@ bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod, bool
   return head_dim == 128 && !varlen && mask == 0 && score_mod == 0 && !dropout && declares(Pass::forward, mn::kPersistent);
 }
 
+// dK/dV's LSE_IN_RING against the exchange through shared memory, the dK/dV kernel alone on the
+// H200 (decision 070): 1.01-1.05x at D 64 and at D 128 full; 0.98-1.02 at D 128 causal and 0.91-1.02
+// with the atomic reduction (left off). The others are unmeasured: they keep the exchange.
+bool dkdv_lse_in_ring(int head_dim, bool causal, bool varlen, int mask, int score_mod, bool dropout, int reduction,
+                      bool row_vectors_aligned) {
+  return row_vectors_aligned && !varlen && mask == 0 && score_mod == 0 && !dropout &&
+         reduction == static_cast<int>(DqReduction::recompute) && (head_dim == 64 || (head_dim == 128 && !causal)) &&
+         declares(Pass::bwd_dkdv, mn::kLseInRing);
+}
+
 // The call's configuration as the pass's typed kernel configuration (kernels/attention/config.hpp),
 // written as metas; only those its kernel declares are kept (a library build may lack some: the
 // API then passes what it has, and the checks refuse options that need the missing ones).
@@ -160,6 +170,7 @@ lang::Meta meta_of(const Config& c) {
       k.q_descending = c.q_descending;
       k.persistent = persistent_ordered(c.reduction, c.q_descending);
       k.accumulate = c.accumulate;
+      k.lse_in_ring = c.lse_in_ring;
       all = k.to_meta();
       break;
     }
@@ -206,6 +217,8 @@ Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
   c.persistent = p == Pass::forward && declares(p, mn::kPersistent) && !c.varlen &&
                  opts.persistent.value_or(forward_persistent(c.head_dim, c.varlen, c.mask, c.score_mod, c.dropout));
   c.accumulate = d.accumulate && (p == Pass::bwd_dkdv || p == Pass::bwd_dq);
+  c.lse_in_ring = p == Pass::bwd_dkdv && dkdv_lse_in_ring(c.head_dim, c.causal, c.varlen, c.mask, c.score_mod, c.dropout,
+                                                          c.reduction, d.row_vectors_aligned);
   return c;
 }
 
