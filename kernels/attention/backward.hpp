@@ -84,7 +84,7 @@ namespace tilejit::kernels {
 // SCORE_MOD (the branch costs the registers the mod needs: every tile is masked then) [020].
 // ROWS_AHEAD (dK/dV; default true except causal at HEAD_DIM >= 128 and with LSE_IN_RING): each
 // query tile's LSE and Delta are loaded while the tile before it runs, not at its top [026]. Same values.
-// LSE_IN_RING (dK/dV; default false; not with ROWS_AHEAD=true): LSE and Delta are
+// LSE_IN_RING (dK/dV; default false, the API's for aligned recompute calls; not with ROWS_AHEAD=true): LSE and Delta are
 // copied by TMA into each Q / dO ring stage and read from shared memory where used, not exchanged
 // through shared memory behind barriers [070]. LSE and Delta must then be 16-byte aligned (S % 4 ==
 // 0). Same gradients.
