@@ -583,8 +583,9 @@ TEST_CASE("attention API: without a GPU a valid call stops at the driver, after 
   CHECK_THROWS_AS(forward(c.q, c.k, c.v, c.o, c.lse, c.opts), std::invalid_argument);
 }
 
-// dK/dV reads LSE and Delta through TMA (LSE_IN_RING) only where they are 16-byte aligned; other
-// calls take the kernel that exchanges them, and the launch's alignment checks pass either way.
+// dK/dV reads LSE and Delta through TMA (LSE_IN_RING; with RING_PRODUCER for atomic D 128) only
+// where they are 16-byte aligned; other calls take the kernel that exchanges them, and the launch's
+// alignment checks pass either way.
 TEST_CASE("attention API: lse alignment picks the dK/dV kernel the launch accepts") {
   if (runtime::Driver::get().available() || !backward_available()) {
     MESSAGE("SKIPPED: needs a machine without a GPU (fake pointers) and the backward kernels");
@@ -599,26 +600,29 @@ TEST_CASE("attention API: lse alignment picks the dK/dV kernel the launch accept
   for (const Case& cs : {Case{"aligned (S_q % 4 == 0)", 100, 0, 100}, Case{"S_q = 101", 101, 0, 101},
                          Case{"lse 4 bytes past 16-byte alignment", 100, 4, 100}, Case{"lse rows 101 apart", 100, 0, 101}})
     for (bool causal : {false, true})
-      for (int64_t d : {64, 128}) {
-        INFO(cs.what << ", causal " << causal << ", D " << d);
-        Call c;
-        c.q = contiguous(kBase, DType::bf16, {2, cs.seq_q, 8, d});
-        c.k = contiguous(kBase + 0x1000000, DType::bf16, {2, 300, 2, d});
-        c.v = contiguous(kBase + 0x2000000, DType::bf16, {2, 300, 2, d});
-        c.o = contiguous(kBase + 0x3000000, DType::bf16, {2, cs.seq_q, 8, d});
-        c.lse = strided(kBase + 0x4000000 + cs.lse_offset, DType::f32, {2, 8, cs.seq_q}, {8 * cs.lse_row_stride, cs.lse_row_stride, 1});
-        c.dout = contiguous(kBase + 0x5000000, DType::bf16, {2, cs.seq_q, 8, d});
-        c.dq = contiguous(kBase + 0x6000000, DType::bf16, {2, cs.seq_q, 8, d});
-        c.dk = contiguous(kBase + 0x7000000, DType::bf16, {2, 300, 2, d});
-        c.dv = contiguous(kBase + 0x8000000, DType::bf16, {2, 300, 2, d});
-        c.opts.causal = causal;
-        try {
-          backward(c.q, c.k, c.v, c.o, c.dout, c.lse, c.dq, c.dk, c.dv, c.opts);
-          FAIL("ran without a GPU");
-        } catch (const runtime::DeviceError& e) {
-          CHECK(std::string(e.what()).find("tilejit::attention::backward needs a GPU") != std::string::npos);
+      for (int64_t d : {64, 128})
+        for (DqReduction reduction : {DqReduction::recompute, DqReduction::atomic}) {
+          if (!dq_reduction_supported(reduction)) continue;
+          INFO(cs.what << ", causal " << causal << ", D " << d << ", " << name(reduction));
+          Call c;
+          c.q = contiguous(kBase, DType::bf16, {2, cs.seq_q, 8, d});
+          c.k = contiguous(kBase + 0x1000000, DType::bf16, {2, 300, 2, d});
+          c.v = contiguous(kBase + 0x2000000, DType::bf16, {2, 300, 2, d});
+          c.o = contiguous(kBase + 0x3000000, DType::bf16, {2, cs.seq_q, 8, d});
+          c.lse = strided(kBase + 0x4000000 + cs.lse_offset, DType::f32, {2, 8, cs.seq_q}, {8 * cs.lse_row_stride, cs.lse_row_stride, 1});
+          c.dout = contiguous(kBase + 0x5000000, DType::bf16, {2, cs.seq_q, 8, d});
+          c.dq = contiguous(kBase + 0x6000000, DType::bf16, {2, cs.seq_q, 8, d});
+          c.dk = contiguous(kBase + 0x7000000, DType::bf16, {2, 300, 2, d});
+          c.dv = contiguous(kBase + 0x8000000, DType::bf16, {2, 300, 2, d});
+          c.opts.causal = causal;
+          c.opts.dq_reduction = reduction;
+          try {
+            backward(c.q, c.k, c.v, c.o, c.dout, c.lse, c.dq, c.dk, c.dv, c.opts);
+            FAIL("ran without a GPU");
+          } catch (const runtime::DeviceError& e) {
+            CHECK(std::string(e.what()).find("tilejit::attention::backward needs a GPU") != std::string::npos);
+          }
         }
-      }
 }
 
 TEST_CASE("attention API: the schedule table covers every dtype, head dim and mask") {

@@ -252,11 +252,12 @@ struct Config {
   bool positive_scale = false;  // the forward's POSITIVE_SCALE (softmax_scale > 0, no score mod: the fma softmax)
   bool persistent = false;      // the forward's PERSISTENT (forward_persistent): a 1-D grid of resident programs
   bool accumulate = false;      // dK/dV's and dQ's ACCUMULATE (options.accumulate_gradients)
-  bool lse_in_ring = false;     // dK/dV's LSE_IN_RING (dkdv_lse_in_ring)
+  bool lse_in_ring = false;     // dK/dV's LSE_IN_RING (dkdv_ring_options)
+  bool ring_producer = false;   // dK/dV's RING_PRODUCER (dkdv_ring_options)
   auto key() const {
     return std::tuple(static_cast<int>(pass), static_cast<int>(dtype), head_dim, causal, varlen, sch.block_m, sch.block_n,
                       sch.num_warps, sch.stages, sch.min_programs_per_sm, device, dropout, return_mask, read_bits, mask, reduction, q_descending, score_mod,
-                      positive_scale, persistent, accumulate, lse_in_ring);
+                      positive_scale, persistent, accumulate, lse_in_ring, ring_producer);
   }
   bool operator<(const Config& o) const { return key() < o.key(); }
 };
@@ -267,11 +268,13 @@ bool persistent_ordered(int reduction, bool q_descending);
 // rings (D 128, dense, no library mask or score mod), which then prefetches across tiles; not
 // with dropout (slower there).
 bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod, bool dropout);
-// Whether dK/dV reads LSE and Delta from its TMA ring (LSE_IN_RING): where it measured faster (the
-// recompute reduction at D 64, and at D 128 without the causal mask; dense, no library mask, score
-// mod or dropout) and TMA can copy them (row_vectors_aligned).
-bool dkdv_lse_in_ring(int head_dim, bool causal, bool varlen, int mask, int score_mod, bool dropout, int reduction,
-                      bool row_vectors_aligned);
+// dK/dV's ring options: LSE and Delta read from its TMA ring (LSE_IN_RING), and a producer warpgroup
+// filling the ring (RING_PRODUCER), where they measured faster (decision 070) and TMA can copy LSE
+// and Delta (row_vectors_aligned). `c` is dK/dV's configuration without them.
+struct DkdvRingOptions {
+  bool lse_in_ring = false, ring_producer = false;
+};
+DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned);
 // The metas of a configuration that its kernel declares.
 lang::Meta meta_of(const Config& c);
 // The configuration of pass `p` in a checked call.

@@ -203,7 +203,10 @@ void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen,
                p == Pass::forward && declares(p, mn::kPositiveScale)};
     cfg.persistent = p == Pass::forward && forward_persistent(head_dim, varlen, cfg.mask, 0, cfg.dropout);
     // (calls whose lse is not 16-byte aligned, S_q % 4 != 0, compile the other dK/dV on first use)
-    cfg.lse_in_ring = p == Pass::bwd_dkdv && dkdv_lse_in_ring(head_dim, causal, varlen, cfg.mask, 0, cfg.dropout, cfg.reduction, true);
+    if (p == Pass::bwd_dkdv) {
+      const DkdvRingOptions r = dkdv_ring_options(cfg, true);
+      cfg.lse_in_ring = r.lse_in_ring, cfg.ring_producer = r.ring_producer;
+    }
     function_for(cfg).compiled();
     // the pre-pass at this kernel's tiles (the preprocess, convert and reduce kernels read no lists)
     if (lib != 0 && !kernels::mask_has_tile_intervals(mask) &&

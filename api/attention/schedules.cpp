@@ -120,14 +120,20 @@ bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod, bool
   return head_dim == 128 && !varlen && mask == 0 && score_mod == 0 && !dropout && declares(Pass::forward, mn::kPersistent);
 }
 
-// dK/dV's LSE_IN_RING against the exchange through shared memory, the dK/dV kernel alone on the
-// H200 (decision 070): 1.01-1.05x at D 64 and at D 128 full; 0.98-1.02 at D 128 causal and 0.91-1.02
-// with the atomic reduction (left off). The others are unmeasured: they keep the exchange.
-bool dkdv_lse_in_ring(int head_dim, bool causal, bool varlen, int mask, int score_mod, bool dropout, int reduction,
-                      bool row_vectors_aligned) {
-  return row_vectors_aligned && !varlen && mask == 0 && score_mod == 0 && !dropout &&
-         reduction == static_cast<int>(DqReduction::recompute) && (head_dim == 64 || (head_dim == 128 && !causal)) &&
-         declares(Pass::bwd_dkdv, mn::kLseInRing);
+// dK/dV alone, the same process, on the H200 (decision 070), against the plain kernel:
+// - recompute, LSE_IN_RING: 1.01-1.05x at D 64 and D 128 full; 0.98-1.02 at D 128 causal (off);
+//   RING_PRODUCER loses 0.76-0.83x (its warpgroup halves the programs an SM at 64 x 64 tiles);
+// - atomic (BLOCK_N 128 on 8 warps, one program an SM): both 1.097x at D 128 full; 0.88 causal and
+//   0.77 at D 64 (off).
+// Unmeasured (off): varlen, library masks, score mods, dropout, the split and ordered reductions.
+DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned) {
+  if (!row_vectors_aligned || c.varlen || c.mask != 0 || c.score_mod != 0 || c.dropout || !declares(Pass::bwd_dkdv, mn::kLseInRing))
+    return {};
+  const bool d128_full = c.head_dim == 128 && !c.causal;
+  if (c.reduction == static_cast<int>(DqReduction::recompute)) return {.lse_in_ring = c.head_dim == 64 || d128_full};
+  if (c.reduction == static_cast<int>(DqReduction::atomic) && d128_full && declares(Pass::bwd_dkdv, mn::kRingProducer))
+    return {.lse_in_ring = true, .ring_producer = true};
+  return {};
 }
 
 // The call's configuration as the pass's typed kernel configuration (kernels/attention/config.hpp),
@@ -171,6 +177,7 @@ lang::Meta meta_of(const Config& c) {
       k.persistent = persistent_ordered(c.reduction, c.q_descending);
       k.accumulate = c.accumulate;
       k.lse_in_ring = c.lse_in_ring;
+      if (c.ring_producer) k.ring_producer = true;
       all = k.to_meta();
       break;
     }
@@ -217,8 +224,10 @@ Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
   c.persistent = p == Pass::forward && declares(p, mn::kPersistent) && !c.varlen &&
                  opts.persistent.value_or(forward_persistent(c.head_dim, c.varlen, c.mask, c.score_mod, c.dropout));
   c.accumulate = d.accumulate && (p == Pass::bwd_dkdv || p == Pass::bwd_dq);
-  c.lse_in_ring = p == Pass::bwd_dkdv && dkdv_lse_in_ring(c.head_dim, c.causal, c.varlen, c.mask, c.score_mod, c.dropout,
-                                                          c.reduction, d.row_vectors_aligned);
+  if (p == Pass::bwd_dkdv) {
+    const DkdvRingOptions r = dkdv_ring_options(c, d.row_vectors_aligned);
+    c.lse_in_ring = r.lse_in_ring, c.ring_producer = r.ring_producer;
+  }
   return c;
 }
 
