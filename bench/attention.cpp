@@ -45,9 +45,10 @@
 //     checked against the default's:
 //     FWD_VARIANT D=128 causal=0 dropout=1 tile=64x64 warps=4 stages=2 exact=0 min_programs_per_sm=0 programs_per_sm=2 ms=..
 //       vs_default=.. (min_programs_per_sm: the variant's register bound, CompileOptions::min_programs_per_sm)
-//   attention_bench --backward-ab META[,META...] [--reduction atomic]   the dK/dV kernel (recompute, or the
-//     5-matmul one adding dQ's parts atomically) with bool metas all off / all on (D 64/128, S4k,
-//     +-causal), dK and dV compared bit for bit:
+//   attention_bench --backward-ab META[,META...] [--reduction atomic] [--with META,...]   the dK/dV kernel
+//     (recompute, or the 5-matmul one adding dQ's parts atomically) with bool metas all off / all on
+//     (--with: on in both; PERSISTENT: on a grid of resident programs) (D 64/128, S4k, +-causal), dK
+//     and dV compared bit for bit:
 //     BACKWARD_AB ROWS_AHEAD kernel=attention_bwd_dkdv reduction=recompute D=128 causal=0 off_ms=.. on_ms=.. speedup=..
 //       outputs_identical=1
 //   attention_bench --meta-ab META [--kernels fwd,dkdv,dq]  each listed kernel (API default schedules)
@@ -951,7 +952,7 @@ int bench_mask_kernel(double p, int max_reps) {
   return 0;
 }
 
-int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic) {
+int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic, const std::string& with_meta) {
   const Buffers buf;
   runtime::Stream stream;
   // --reduction atomic: the 5-matmul dK/dV adding dQ's parts into an f32 [B, H, S, D] accumulator
@@ -971,6 +972,7 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic) {
         lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D}, {mn::kBlockM, sch.block_m}, {mn::kBlockN, sch.block_n},
                         {mn::kBshd, true}, {mn::kCausal, causal}};
         for (const auto& [name, value] : bench_util::parse_with(meta_name)) meta.emplace_back(name, on && value);  // "A,B": all off, then all on
+        for (const auto& [name, value] : bench_util::parse_with(with_meta)) meta.emplace_back(name, value);
         if (atomic) meta.emplace_back(mn::kDqReduction, static_cast<int64_t>(reduction));
         jit::CompileOptions o;
         o.num_warps = sch.num_warps;
@@ -982,10 +984,18 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic) {
       std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dK.view(), dV.view()};
       if (atomic) args.emplace_back(accum.view());
       args.emplace_back(static_cast<float>(1 / std::sqrt(double(D))));
-      const runtime::Grid grid{lang::cdiv(c.S, sch.block_n), c.H(), c.B()};
       AbResult r;
       try {  // (a Function compiles at its first launch)
-        r = ab_measure(fns, grid, stream, args, {&buf.dk, &buf.dv}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
+        // PERSISTENT: as many programs as are resident at once (at most one per key tile), on a 1-D grid
+        std::array<runtime::Grid, 2> grids;
+        for (size_t i = 0; i < 2; ++i) {
+          const int64_t key_tiles = lang::cdiv(c.S, sch.block_n);
+          bool persistent = false;
+          for (const auto& [name, value] : fns[i].meta())
+            if (name == mn::kPersistent) persistent = std::get<bool>(value);
+          grids[i] = persistent ? fns[i].gpu_kernel().persistent_grid(key_tiles * c.H() * c.B()) : runtime::Grid{key_tiles, c.H(), c.B()};
+        }
+        r = ab_measure_grids(fns, grids, stream, args, {&buf.dk, &buf.dv}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
       } catch (const std::exception& e) {
         std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv D=%ld causal=%d skipped=\"%s\"\n", meta_name.c_str(), static_cast<long>(D),
                     causal ? 1 : 0, e.what());
@@ -1503,7 +1513,7 @@ int main(int argc, char** argv) {
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout, only_s ? only_s : 4096);
-    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_atomic);
+    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_atomic, with_meta);
     if (tool_ab) return bench_tool_ab(reps);
     if (!meta_ab.empty()) return bench_meta_ab(meta_ab, meta_ab_kernels, reps);
     if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule, only_mode, only_causal);

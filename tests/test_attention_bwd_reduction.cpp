@@ -270,6 +270,18 @@ TEST_CASE("atomic and split dQ: dQ, dK, dV match float64 (GQA, layouts, causal, 
       CHECK(same_bits(r->g.dk, base.g.dk));
       CHECK(same_bits(r->g.dv, base.g.dv));
     }
+    // PERSISTENT atomic (full and causal): key tiles in launch order on fewer programs, each walked
+    // as without it (dK, dV the same bits; dQ's adds in another order)
+    if (!p.library())
+      for (int programs : {1, 3}) {
+        INFO("atomic PERSISTENT on ", programs, " programs");
+        const Run persistent = run_backward(p, in, scale, DqReduction::atomic, NAN, false, programs);
+        CHECK(same_bits(persistent.g.dk, base.g.dk));
+        CHECK(same_bits(persistent.g.dv, base.g.dv));
+        CHECK(rt::rel_error(persistent.g.dq.to_f64(), in.dq) < 1e-2);
+        CHECK(rt::rel_error(persistent.g.dq.to_f64(), base.g.dq.to_f64()) < 5e-3);
+        CHECK(nonzero_keyless_rows(p, in, persistent.g.dq) == 0);
+      }
     const double atomic_vs_recompute = rt::rel_error(atomic.g.dq.to_f64(), base.g.dq.to_f64());
     const double split_vs_recompute = rt::rel_error(split.g.dq.to_f64(), base.g.dq.to_f64());
     CHECK(atomic_vs_recompute < 5e-3);
@@ -522,6 +534,10 @@ TEST_CASE("ordered dQ: semaphore-ordered accumulation matches float64 and is the
   CHECK(checked >= 4);
   CHECK_THROWS_WITH_AS(km::attention_backward_dkdv().build({{"DQ_REDUCTION", 3}, {"MASK", static_cast<int>(MaskKind::sliding_window)}}),
                        doctest::Contains("ordered) takes the full and causal masks only"), BuildError);
+  CHECK_THROWS_WITH_AS(km::attention_backward_dkdv().build({{"DQ_REDUCTION", 2}, {"PERSISTENT", true}}),
+                       doctest::Contains("PERSISTENT takes DQ_REDUCTION=3 (ordered: DASH's shift order) or 1 (atomic"), BuildError);
+  CHECK_THROWS_WITH_AS(km::attention_backward_dkdv().build({{"DQ_REDUCTION", 1}, {"PERSISTENT", true}, {"MASK", static_cast<int>(MaskKind::sliding_window)}}),
+                       doctest::Contains("got DQ_REDUCTION=1, MASK"), BuildError);
 }
 
 namespace {

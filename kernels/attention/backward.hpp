@@ -97,13 +97,16 @@ namespace tilejit::kernels {
 // HEAVY_FIRST_SECTIONS (dK/dV: default false; dQ: default true; dense causal only, not PERSISTENT):
 // the programs take their tiles heaviest first across heads, in L2-sized sections of heads
 // (kernels/attention/program_order.hpp); otherwise in launch order. Same grid, same values [018].
-// PERSISTENT (dK/dV, DQ_REDUCTION=3, dense, not Q_DESCENDING): DASH's schedule on a persistent grid
+// PERSISTENT (dK/dV, DQ_REDUCTION=3 or 1, dense, not Q_DESCENDING): DASH's schedule on a persistent grid
 // (kernels/attention/backward_schedule.hpp): launch (P, 1, 1) programs, all resident at once (P <= SM count
 // times the blocks one SM holds);
 // program p takes items L = p, p + P, ... (key tiles, causal pairs n / N-1-n, of each (batch, KV
 // head)), visits query tiles in the shift orders and waits for each add's place in the fixed
 // accumulation order (kernels/attention/backward_schedule_lang.hpp). dK, dV sum the query tiles in that visit
 // order, so their last bits differ from the other walks'; every run gives the same bits for one P.
+// With DQ_REDUCTION=1 (atomic; no library mask): program p takes key tiles L = p, p + P, ... of all
+// (batch, KV head) in launch order, each walked as without PERSISTENT (same dK, dV bits): the last
+// wave and the tiles' prologues overlap, and a ring producer prefetches across tiles.
 // Workspaces (f32, contiguous, 16-byte aligned; parameter after dV, before softmax_scale):
 //   dQ_accum [batch, heads_q, seq_q, head_dim] (always this order, even with BSHD); must be ZERO
 //     before the dK/dV kernel (atomic and ordered add into it; rows it never adds into stay 0).

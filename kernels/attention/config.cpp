@@ -251,10 +251,12 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
     kb.fail(Loc::current(), fmt::format("MASKED_BLOCKS_APART splits the causal walk (CAUSAL=true, ascending, not PERSISTENT, no library "
                                         "mask); got CAUSAL={}{}{}{}", s.causal, c.q_descending ? ", Q_DESCENDING" : "",
                                         c.persistent ? ", PERSISTENT" : "", s.library_mask() ? ", MASK" : ""));
-  if (c.persistent && (r != DqReduction::ordered || c.q_descending || s.varlen))
-    kb.fail(Loc::current(), fmt::format("PERSISTENT takes DQ_REDUCTION=3 (ordered) on dense batches without Q_DESCENDING (its "
-                                        "visit order is DASH's shift order); got DQ_REDUCTION={}{}{}",
-                                        static_cast<int>(r), c.q_descending ? ", Q_DESCENDING" : "", s.varlen ? ", VARLEN" : ""));
+  if (c.persistent && ((r != DqReduction::ordered && r != DqReduction::atomic) || c.q_descending || s.varlen ||
+                       (r == DqReduction::atomic && s.library_mask())))
+    kb.fail(Loc::current(), fmt::format("PERSISTENT takes DQ_REDUCTION=3 (ordered: DASH's shift order) or 1 (atomic: launch order, "
+                                        "no library mask) on dense batches without Q_DESCENDING; got DQ_REDUCTION={}{}{}{}",
+                                        static_cast<int>(r), c.q_descending ? ", Q_DESCENDING" : "", s.varlen ? ", VARLEN" : "",
+                                        s.library_mask() ? ", MASK" : ""));
   c.ring_producer = kb.meta<bool>(mn::kRingProducer, false);
   c.accumulate = kb.meta<bool>(mn::kAccumulate, false);
   if (c.lse_in_ring && *c.rows_ahead)

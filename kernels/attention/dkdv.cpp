@@ -332,11 +332,13 @@ void key_tile(DkdvProgram& p, const HeadRows& rows, Tile n_block, Tile kv_h, con
   KeyTile(p, rows, n_block, kv_h, slot, stage).run();
 }
 
-// The program's key tiles: its own, or PERSISTENT (ordered): DASH's schedule
-// (kernels/attention/backward_schedule.hpp) [025]: num_programs(0) programs, all resident, take the
-// items (key tiles; causal: pairs n, N-1-n) of every (batch, KV head) in turn; tiles of one wave
-// visit query tiles in the shift orders, and each adds into dQ[m] when the accumulation order says
-// (wait_target), so no tile waits in the full case.
+// The program's key tiles: its own; PERSISTENT atomic: every num_programs(0)-th key tile of all
+// (batch, KV head) in launch order (the adds need no order; the grid's last wave and each tile's
+// prologue and epilogue overlap the others' work, and a ring producer prefetches across tiles);
+// PERSISTENT ordered: DASH's schedule (kernels/attention/backward_schedule.hpp) [025]:
+// num_programs(0) programs, all resident, take the items (key tiles; causal: pairs n, N-1-n) of
+// every (batch, KV head) in turn; tiles of one wave visit query tiles in the shift orders, and each
+// adds into dQ[m] when the accumulation order says (wait_target), so no tile waits in the full case.
 void run(DkdvProgram& p) {
   const BackwardParams& a = p.a;
   const BwdScheduleLang& sched = p.sched;
@@ -344,9 +346,18 @@ void run(DkdvProgram& p) {
     key_tile(p, *p.rows0, p.first_n, p.first_kv_h, nullptr, Tile());
     return;
   }
+  const Tile heads_kv = a.K.size(p.rows0->head_dim());
+  if (p.reduction() == DqReduction::atomic) {
+    const Tile key_tiles = cdiv(p.S_k, a.BN);
+    for_range(program_id(0), a.K.size(0) * heads_kv * key_tiles, num_programs(0), [&](Tile linear) {
+      const Tile bh = linear / key_tiles;
+      HeadRows rows(bh / heads_kv, a.D, a.bshd, false);
+      key_tile(p, rows, linear % key_tiles, bh % heads_kv, nullptr, Tile());
+    });
+    return;
+  }
   // item L = (batch * KV heads + KV head) * items + i: the model's heads are the KV heads (a
   // program runs the whole query group of its KV head, in the same order for every query head)
-  const Tile heads_kv = a.K.size(p.rows0->head_dim());
   const Tile total = a.K.size(0) * heads_kv * sched.items_per_head();
   for_range(program_id(0), total, num_programs(0), [&](Tile linear) {
     const BwdScheduleLang::Slot s = sched.slot(linear, num_programs(0));
