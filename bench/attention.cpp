@@ -45,10 +45,11 @@
 //     checked against the default's:
 //     FWD_VARIANT D=128 causal=0 dropout=1 tile=64x64 warps=4 stages=2 exact=0 min_programs_per_sm=0 programs_per_sm=2 ms=..
 //       vs_default=.. (min_programs_per_sm: the variant's register bound, CompileOptions::min_programs_per_sm)
-//   attention_bench --backward-ab META[,META...] [--reduction atomic] [--with META,...]   the dK/dV kernel
-//     (recompute, or the 5-matmul one adding dQ's parts atomically) with bool metas all off / all on
-//     (--with: on in both; PERSISTENT: on a grid of resident programs) (D 64/128, S4k, +-causal), dK
-//     and dV compared bit for bit:
+//   attention_bench --backward-ab META[,META...] [--reduction atomic] [--with META,...] [--schedule BM,BN,W,S]
+//     the dK/dV kernel (recompute, or the 5-matmul one adding dQ's parts atomically) with bool metas
+//     all off / all on (--with: on in both; PERSISTENT: on a grid of resident programs; --schedule:
+//     the "on" kernel at these tiles, warps and stages) (D 64/128, S4k, +-causal), dK and dV compared
+//     bit for bit:
 //     BACKWARD_AB ROWS_AHEAD kernel=attention_bwd_dkdv reduction=recompute D=128 causal=0 off_ms=.. on_ms=.. speedup=..
 //       outputs_identical=1
 //   attention_bench --meta-ab META [--kernels fwd,dkdv,dq]  each listed kernel (API default schedules)
@@ -952,7 +953,8 @@ int bench_mask_kernel(double p, int max_reps) {
   return 0;
 }
 
-int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic, const std::string& with_meta) {
+int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic, const std::string& with_meta,
+                      const std::optional<attention::Schedule>& on_schedule) {
   const Buffers buf;
   runtime::Stream stream;
   // --reduction atomic: the 5-matmul dK/dV adding dQ's parts into an f32 [B, H, S, D] accumulator
@@ -965,10 +967,12 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic, c
       const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
       const DeltaBuffer delta = forward_and_delta(buf, c, stream);
       const attention::Tensor& delta_view = delta.view;
-      const attention::Schedule sch =
+      const attention::Schedule base =
           attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, static_cast<int>(D), causal, false, reduction);
+      const std::array<attention::Schedule, 2> schedules{base, on_schedule.value_or(base)};
       std::vector<Function> fns;
       for (bool on : {false, true}) {
+        const attention::Schedule& sch = schedules[on ? 1 : 0];
         lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D}, {mn::kBlockM, sch.block_m}, {mn::kBlockN, sch.block_n},
                         {mn::kBshd, true}, {mn::kCausal, causal}};
         for (const auto& [name, value] : bench_util::parse_with(meta_name)) meta.emplace_back(name, on && value);  // "A,B": all off, then all on
@@ -989,7 +993,7 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic, c
         // PERSISTENT: as many programs as are resident at once (at most one per key tile), on a 1-D grid
         std::array<runtime::Grid, 2> grids;
         for (size_t i = 0; i < 2; ++i) {
-          const int64_t key_tiles = lang::cdiv(c.S, sch.block_n);
+          const int64_t key_tiles = lang::cdiv(c.S, schedules[i].block_n);
           bool persistent = false;
           for (const auto& [name, value] : fns[i].meta())
             if (name == mn::kPersistent) persistent = std::get<bool>(value);
@@ -1001,10 +1005,11 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic, c
                     causal ? 1 : 0, e.what());
         continue;
       }
-      std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv reduction=%s D=%ld causal=%d off_ms=%.4f on_ms=%.4f speedup=%.3f "
-                  "outputs_identical=%d\n",
-                  meta_name.c_str(), atomic ? "atomic" : "recompute", static_cast<long>(D), causal ? 1 : 0, r.off_ms, r.on_ms,
-                  r.off_ms / r.on_ms, r.identical ? 1 : 0);
+      const attention::Schedule& on_s = schedules[1];
+      std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv reduction=%s D=%ld causal=%d on_tiles=%dx%d/%dw/%ds off_ms=%.4f on_ms=%.4f "
+                  "speedup=%.3f outputs_identical=%d\n",
+                  meta_name.c_str(), atomic ? "atomic" : "recompute", static_cast<long>(D), causal ? 1 : 0, on_s.block_m, on_s.block_n,
+                  on_s.num_warps, on_s.stages, r.off_ms, r.on_ms, r.off_ms / r.on_ms, r.identical ? 1 : 0);
       std::fflush(stdout);
     }
   return 0;
@@ -1513,7 +1518,7 @@ int main(int argc, char** argv) {
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout, only_s ? only_s : 4096);
-    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_atomic, with_meta);
+    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_atomic, with_meta, schedule);
     if (tool_ab) return bench_tool_ab(reps);
     if (!meta_ab.empty()) return bench_meta_ab(meta_ab, meta_ab_kernels, reps);
     if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule, only_mode, only_causal);
