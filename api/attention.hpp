@@ -332,7 +332,8 @@ bool dq_reduction_supported(DqReduction reduction);
 // Calls with a positive softmax_scale (the default) and no score mod; `dropout`: the kernels of
 // calls with dropout_p > 0 (without a returned mask). `dq_reduction`,
 // `q_descending`: the backward's (Options::dq_reduction, q_descending), checked as a call checks
-// them (std::invalid_argument before anything compiles).
+// them (std::invalid_argument before anything compiles). Where dK/dV reads LSE from its ring
+// (16-byte aligned lse, S_q % 4 == 0) both of its kernels compile: those calls' and the others'.
 void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen = false, bool backward = true,
              std::optional<Schedule> schedule = {}, int device = 0, bool dropout = false,
              DqReduction dq_reduction = DqReduction::recompute, bool q_descending = false);

@@ -202,12 +202,12 @@ void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen,
                // calls with a positive softmax_scale (the default 1/sqrt(head_dim) is)
                p == Pass::forward && declares(p, mn::kPositiveScale)};
     cfg.persistent = p == Pass::forward && forward_persistent(head_dim, varlen, cfg.mask, 0, cfg.dropout);
-    // (calls whose lse is not 16-byte aligned, S_q % 4 != 0, compile the other dK/dV on first use)
-    if (p == Pass::bwd_dkdv) {
+    function_for(cfg).compiled();  // (dK/dV: the kernel of calls whose lse is not 16-byte aligned, S_q % 4 != 0)
+    if (p == Pass::bwd_dkdv) {  // and of those whose lse is: LSE and Delta from the ring
       const DkdvRingOptions r = dkdv_ring_options(cfg, true);
       cfg.lse_in_ring = r.lse_in_ring, cfg.ring_producer = r.ring_producer;
+      if (r.lse_in_ring || r.ring_producer) function_for(cfg).compiled();
     }
-    function_for(cfg).compiled();
     // the pre-pass at this kernel's tiles (the preprocess, convert and reduce kernels read no lists)
     if (lib != 0 && !kernels::mask_has_tile_intervals(mask) &&
         (p == Pass::forward || p == Pass::bwd_dkdv || p == Pass::bwd_dq)) {
