@@ -334,7 +334,7 @@ void check_register_rebalancing(const std::string& kernel, const WarpRoles& role
   if (what)
     throw LoweringError(fmt::format("tilejit: kernel '{}': min_programs_per_sm = {} with {}: setmaxnreg moves registers between "
                                     "the warpgroups of one program, which takes the multiprocessor's 65536 (valid: "
-                                    "min_programs_per_sm 0 or 1; or no {})",
+                                    "min_programs_per_sm 0 or 1, or a kernel without {})",
                                     kernel, min_programs_per_sm, what, what));
 }
 

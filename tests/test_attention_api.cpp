@@ -625,6 +625,17 @@ TEST_CASE("attention API: lse alignment picks the dK/dV kernel the launch accept
         }
 }
 
+// The atomic dK/dV at D 128 takes a ring producer only at its default schedule: a caller's schedule
+// with a launch bound of 2 programs an SM compiles (setmaxnreg needs the whole register file).
+TEST_CASE("attention API: prepare at a caller's schedule with a register bound (atomic, D 128)") {
+  if (!backward_available() || !dq_reduction_supported(DqReduction::atomic)) {
+    MESSAGE("SKIPPED: the atomic backward kernels are not in this build");
+    return;
+  }
+  const Schedule bounded{64, 128, 8, 2, 2};
+  CHECK_NOTHROW(prepare(DType::bf16, 128, false, false, true, bounded, 0, false, DqReduction::atomic));
+}
+
 TEST_CASE("attention API: the schedule table covers every dtype, head dim and mask") {
   for (DType t : {DType::bf16, DType::f16})
     for (int d : {64, 128, 256})

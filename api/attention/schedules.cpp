@@ -123,16 +123,19 @@ bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod, bool
 // dK/dV alone, the same process, on the H200 (decision 070), against the plain kernel:
 // - recompute, LSE_IN_RING: 1.01-1.05x at D 64 and D 128 full; 0.98-1.02 at D 128 causal (off);
 //   RING_PRODUCER loses 0.76-0.83x (its warpgroup halves the programs an SM at 64 x 64 tiles);
-// - atomic (BLOCK_N 128 on 8 warps, one program an SM): both 1.097x at D 128 full; 0.88 causal and
-//   0.77 at D 64 (off).
+// - atomic (BLOCK_N 128 on 8 warps, one program an SM): both 1.097x at D 128 full (LSE_IN_RING
+//   alone 1.02x: schedules the producer does not fit); 0.88 causal and 0.77 at D 64 (off).
 // Unmeasured (off): varlen, library masks, score mods, dropout, the split and ordered reductions.
 DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned) {
   if (!row_vectors_aligned || c.varlen || c.mask != 0 || c.score_mod != 0 || c.dropout || !declares(Pass::bwd_dkdv, mn::kLseInRing))
     return {};
   const bool d128_full = c.head_dim == 128 && !c.causal;
   if (c.reduction == static_cast<int>(DqReduction::recompute)) return {.lse_in_ring = c.head_dim == 64 || d128_full};
-  if (c.reduction == static_cast<int>(DqReduction::atomic) && d128_full && declares(Pass::bwd_dkdv, mn::kRingProducer))
+  // (the producer at the measured schedule only: it needs whole warpgroups and one program an SM)
+  const bool measured_tiles = c.sch.block_n == 128 && c.sch.num_warps == 8 && c.sch.min_programs_per_sm <= 1;
+  if (c.reduction == static_cast<int>(DqReduction::atomic) && d128_full && measured_tiles && declares(Pass::bwd_dkdv, mn::kRingProducer))
     return {.lse_in_ring = true, .ring_producer = true};
+  if (c.reduction == static_cast<int>(DqReduction::atomic) && d128_full) return {.lse_in_ring = true};
   return {};
 }
 
@@ -167,6 +170,9 @@ lang::Meta meta_of(const Config& c) {
       // a register bound normalises by rcp: the division's subroutine makes ptxas serialise every
       // wgmma, which only paid (D 64) as a way to fit two programs per SM (decisions 003, 004)
       if (c.sch.min_programs_per_sm > 0) f.exact_normalize = false;
+      // a bound of several programs an SM leaves no register file for setmaxnreg to move between the
+      // producer and the consumers (the jit refuses the pair): the D 128 forward without its producer
+      if (c.sch.min_programs_per_sm > 1) f.ring_producer = false;
       all = f.to_meta();
       break;
     }
