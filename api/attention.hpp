@@ -9,10 +9,12 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dsl/ir/type.hpp"
 #include "kernels/attention/config.hpp"
 #include "kernels/attention/mask_host.hpp"
+#include "runtime/bundle.hpp"
 #include "runtime/gpu_kernel.hpp"
 
 namespace tilejit::attention {
@@ -342,5 +344,11 @@ void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen = false, bo
 void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen = false, bool backward = true,
              std::optional<Schedule> schedule = {}, int device = 0, bool dropout = false,
              DqReduction dq_reduction = DqReduction::recompute, bool q_descending = false);
+// The kernels `prepare` compiles for that configuration, as bundle entries: an application that
+// ships them (runtime::write_bundle(path, specs), then tilejit::load_bundle(path)) runs those calls
+// with every compiler disabled (TILEJIT_DISABLE_COMPILERS=1). Checked as `prepare` checks.
+std::vector<runtime::BundleEntrySpec> bundle_specs(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen = false,
+                                                   bool backward = true, std::optional<Schedule> schedule = {}, bool dropout = false,
+                                                   DqReduction dq_reduction = DqReduction::recompute, bool q_descending = false);
 
 }  // namespace tilejit::attention

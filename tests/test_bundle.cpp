@@ -27,6 +27,7 @@
 
 #include "dsl/ir/sha256.hpp"
 #include "kernels/attention/mask.hpp"
+#include "api/attention.hpp"
 #include "api/registry.hpp"
 #include "runtime/bundle.hpp"
 #include "runtime/compile_cache.hpp"
@@ -363,6 +364,36 @@ TEST_CASE("with compilers enabled, bundles still come first; without a bundle th
   jit::CompiledKernel k = runtime::compile_cached(spec.build(), spec.options, disk);
   CHECK(runtime::compile_cache_stats().compiles == 1);
   CHECK(k.cubin.size() > 0);
+}
+
+// An application that ships the attention API: the kernels `attention::prepare` compiles for its
+// configuration, written as a bundle, serve every one of prepare's lookups with the compilers
+// disabled (both dK/dV kernels: for 16-byte aligned lse and for the others).
+TEST_CASE("attention::bundle_specs: the API's kernels, bundled, serve prepare with the compilers disabled") {
+  if (!attention::backward_available()) {
+    MESSAGE("SKIPPED: the backward kernels are not in this build");
+    return;
+  }
+  CleanRegistry clean;
+  TempDir tmp;
+  const std::vector<BundleEntrySpec> specs = attention::bundle_specs(ir::DType::bf16, 64, kernels::MaskKind::causal);
+  std::multiset<std::string> names;
+  for (const BundleEntrySpec& s : specs) names.insert(s.kernel);
+  CHECK(names == std::multiset<std::string>{"attention_fwd", "attention_bwd_preprocess", "attention_bwd_dkdv", "attention_bwd_dkdv",
+                                            "attention_bwd_dq"});
+  const fs::path path = tmp.path / "attention.tjb";
+  runtime::write_bundle(path, specs);
+  runtime::reset_memory_cache();  // (zeroes the statistics)
+  ScopedEnv off("TILEJIT_DISABLE_COMPILERS", "1");
+  tilejit::load_bundle(path);
+  attention::prepare(ir::DType::bf16, 64, kernels::MaskKind::causal);
+  const runtime::CompileCacheStats st = runtime::compile_cache_stats();
+  CHECK(st.compiles == 0);
+  CHECK(st.disk_hits == 0);
+  CHECK(st.bundle_hits == specs.size());
+  // checked as prepare checks, in its own name
+  CHECK_THROWS_WITH_AS(attention::bundle_specs(ir::DType::f32, 64, kernels::MaskKind::full),
+                       doctest::Contains("tilejit::attention::bundle_specs: dtype f32; supported: bf16, f16"), std::invalid_argument);
 }
 
 TEST_CASE("a kernel no loaded bundle holds, with compilers disabled, is a clear error") {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "api/attention/internal.hpp"
+#include "api/registry.hpp"
 #include "kernels/attention/backward_schedule.hpp"
 #include "runtime/device_buffer.hpp"
 #include "kernels/meta_names.hpp"
@@ -167,9 +168,14 @@ void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen, bool backw
           dq_reduction, q_descending);
 }
 
-void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen, bool backward, std::optional<Schedule> schedule,
-             int device, bool dropout, DqReduction dq_reduction, bool q_descending) {
-  const Checker c("prepare");
+namespace {
+
+// The API's functions for calls with this configuration (what `prepare` compiles and
+// `bundle_specs` lists), after the checks a call makes, in `fn`'s name.
+std::vector<Function*> functions_for(const char* fn, ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen, bool backward,
+                                     std::optional<Schedule> schedule, int device, bool dropout, DqReduction dq_reduction,
+                                     bool q_descending) {
+  const Checker c(fn);
   // what forward/backward refuse, refused here in the same words (issue 27: prepare compiled
   // f32 and stages 0, and failed deep in lowering at D 96)
   if (dtype != ir::DType::bf16 && dtype != ir::DType::f16) c.fail("dtype {}; supported: bf16, f16", ir::name(dtype));
@@ -194,6 +200,7 @@ void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen,
   const int lib = library_mask(mask) ? static_cast<int>(mask) : 0;
   std::vector<Pass> passes{Pass::forward};
   if (backward) passes.insert(passes.end(), {Pass::bwd_preprocess, Pass::bwd_dkdv, dq_pass(dq_reduction)});
+  std::vector<Function*> out;
   for (Pass p : passes) {
     const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen, dq_reduction, dropout, lib != 0);
     Config cfg{p, dtype, head_dim, causal, varlen, s, device, dropout && declares(p, mn::kDropout), false, false,
@@ -202,11 +209,11 @@ void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen,
                // calls with a positive softmax_scale (the default 1/sqrt(head_dim) is)
                p == Pass::forward && declares(p, mn::kPositiveScale)};
     cfg.persistent = p == Pass::forward && forward_persistent(head_dim, varlen, cfg.mask, 0, cfg.dropout);
-    function_for(cfg).compiled();  // (dK/dV: the kernel of calls whose lse is not 16-byte aligned, S_q % 4 != 0)
+    out.push_back(&function_for(cfg));  // (dK/dV: the kernel of calls whose lse is not 16-byte aligned, S_q % 4 != 0)
     if (p == Pass::bwd_dkdv) {  // and of those whose lse is: LSE and Delta from the ring
       const DkdvRingOptions r = dkdv_ring_options(cfg, true);
       cfg.lse_in_ring = r.lse_in_ring, cfg.ring_producer = r.ring_producer;
-      if (r.lse_in_ring || r.ring_producer) function_for(cfg).compiled();
+      if (r.lse_in_ring || r.ring_producer) out.push_back(&function_for(cfg));
     }
     // the pre-pass at this kernel's tiles (the preprocess, convert and reduce kernels read no lists)
     if (lib != 0 && !kernels::mask_has_tile_intervals(mask) &&
@@ -216,10 +223,32 @@ void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen,
       l.block_n = s.block_n;
       l.kv_major = p == Pass::bwd_dkdv;
       l.device = device;
-      block_classes_function(l, mask).compiled();
-      block_lists_function(l).compiled();
+      out.push_back(&block_classes_function(l, mask));
+      out.push_back(&block_lists_function(l));
     }
   }
+  return out;
+}
+
+}  // namespace
+
+void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen, bool backward, std::optional<Schedule> schedule,
+             int device, bool dropout, DqReduction dq_reduction, bool q_descending) {
+  for (Function* f : functions_for("prepare", dtype, head_dim, mask, varlen, backward, schedule, device, dropout, dq_reduction, q_descending))
+    f->compiled();
+}
+
+std::vector<runtime::BundleEntrySpec> bundle_specs(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen, bool backward,
+                                                   std::optional<Schedule> schedule, bool dropout, DqReduction dq_reduction,
+                                                   bool q_descending) {
+  std::vector<runtime::BundleEntrySpec> specs;
+  for (const Function* f :
+       functions_for("bundle_specs", dtype, head_dim, mask, varlen, backward, schedule, 0, dropout, dq_reduction, q_descending)) {
+    runtime::BundleEntrySpec spec = library::bundle_spec(f->name(), f->meta());
+    spec.options = f->options();  // (the API's warps, stages and register bound)
+    specs.push_back(std::move(spec));
+  }
+  return specs;
 }
 
 }  // namespace tilejit::attention
