@@ -4,9 +4,11 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "commands.hpp"
 #include "output_file.hpp"
+#include "api/attention.hpp"
 #include "runtime/bundle.hpp"
 
 namespace tilejit::cli {
@@ -64,6 +66,68 @@ runtime::BundleEntrySpec parse_spec(const std::string& text) {
   return spec;
 }
 
+// --attention KEY=VALUE,...: the kernels the attention API launches for one configuration
+// (attention::bundle_specs, what attention::prepare compiles). D is required; dtype=bf16|f16,
+// mask=NAME (full, causal, or a library mask), varlen, backward, dropout, q_descending = 0|1,
+// reduction=recompute|atomic|split|ordered.
+std::vector<runtime::BundleEntrySpec> attention_specs(const std::string& text) {
+  const std::string where = "--attention " + text;
+  std::optional<int> head_dim;
+  ir::DType dtype = ir::DType::bf16;
+  kernels::MaskKind mask = kernels::MaskKind::full;
+  bool varlen = false, backward = true, dropout = false, q_descending = false;
+  attention::DqReduction reduction = attention::DqReduction::recompute;
+  auto flag = [&](const std::string& key, const std::string& v) {
+    if (v != "0" && v != "1") throw UsageError(fmt::format("{}: {}={}: valid: 0, 1", where, key, v));
+    return v == "1";
+  };
+  size_t start = 0;
+  while (start < text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string kv = text.substr(start, comma - start);
+    start = comma + 1;
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos) throw UsageError(fmt::format("{}: '{}': expected KEY=VALUE", where, kv));
+    const std::string key = kv.substr(0, eq), v = kv.substr(eq + 1);
+    if (key == "D") {
+      if (v != "64" && v != "128" && v != "256") throw UsageError(fmt::format("{}: D={}: valid: 64, 128, 256", where, v));
+      head_dim = std::stoi(v);
+    } else if (key == "dtype") {
+      if (v != "bf16" && v != "f16") throw UsageError(fmt::format("{}: dtype={}: valid: bf16, f16", where, v));
+      dtype = v == "bf16" ? ir::DType::bf16 : ir::DType::f16;
+    } else if (key == "mask") {
+      int found = -1;
+      for (int k = 0; k < kernels::kMaskKindCount; ++k)
+        if (v == kernels::mask_kind_name(static_cast<kernels::MaskKind>(k))) found = k;
+      if (found < 0) throw UsageError(fmt::format("{}: mask={}: valid: {}", where, v, kernels::mask_kind_list()));
+      mask = static_cast<kernels::MaskKind>(found);
+    } else if (key == "reduction") {
+      int found = -1;
+      for (int r = 0; r < 4; ++r)
+        if (v == attention::name(static_cast<attention::DqReduction>(r))) found = r;
+      if (found < 0) throw UsageError(fmt::format("{}: reduction={}: valid: recompute, atomic, split, ordered", where, v));
+      reduction = static_cast<attention::DqReduction>(found);
+    } else if (key == "varlen") {
+      varlen = flag(key, v);
+    } else if (key == "backward") {
+      backward = flag(key, v);
+    } else if (key == "dropout") {
+      dropout = flag(key, v);
+    } else if (key == "q_descending") {
+      q_descending = flag(key, v);
+    } else {
+      throw UsageError(fmt::format("{}: unknown key '{}' (valid: D, dtype, mask, varlen, backward, dropout, reduction, q_descending)",
+                                   where, key));
+    }
+  }
+  if (!head_dim) throw UsageError(fmt::format("{}: say the head dim: D=64, 128 or 256", where));
+  try {
+    return attention::bundle_specs(dtype, *head_dim, mask, varlen, backward, {}, dropout, reduction, q_descending);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(fmt::format("{}: {}", where, e.what()));
+  }
+}
+
 std::string human_bytes(size_t n) {
   if (n < 10 * 1024) return fmt::format("{} B", n);
   if (n < 10 * 1024 * 1024) return fmt::format("{} KB", (n + 512) / 1024);
@@ -92,23 +156,25 @@ int list(const fs::path& file) {
 
 int cmd_bundle(const Args& args) {
   fs::path out, cpp, list_file;
-  std::vector<std::string> archs, specs_text;
+  std::vector<std::string> archs, specs_text, attention_text;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "-o") out = option_value(args, i);
     else if (a == "--arch") archs.push_back(option_value(args, i));
     else if (a == "--emit-cpp") cpp = option_value(args, i);
     else if (a == "--list") list_file = option_value(args, i);
+    else if (a == "--attention") attention_text.push_back(option_value(args, i));
     else if (a.starts_with("-")) throw UsageError(fmt::format("unknown option '{}'", a));
     else specs_text.push_back(a);
   }
   if (!list_file.empty()) {
-    if (!out.empty() || !cpp.empty() || !archs.empty() || !specs_text.empty())
+    if (!out.empty() || !cpp.empty() || !archs.empty() || !specs_text.empty() || !attention_text.empty())
       throw UsageError("--list FILE takes no other arguments");
     return list(list_file);
   }
   if (out.empty() && cpp.empty()) throw UsageError("say where to write the bundle: -o FILE and/or --emit-cpp FILE.cpp");
-  if (specs_text.empty()) throw UsageError("name at least one kernel (see `tilejit kernels`)");
+  if (specs_text.empty() && attention_text.empty())
+    throw UsageError("name at least one kernel (see `tilejit kernels`) or --attention configuration");
   if (archs.empty()) archs.push_back("sm_90a");
   for (const std::string& arch : archs)
     if (!arch.starts_with("sm_") || arch.size() < 5)
@@ -128,6 +194,12 @@ int cmd_bundle(const Args& args) {
       specs.push_back(spec);
     }
   }
+  for (const std::string& text : attention_text)
+    for (runtime::BundleEntrySpec spec : attention_specs(text))
+      for (const std::string& arch : archs) {
+        spec.options.arch = arch;
+        specs.push_back(spec);
+      }
   runtime::Bundle b = runtime::make_bundle(specs);
   const std::string name = !out.empty() ? out.filename().string() : cpp.stem().string() + ".tjb";
   b.name = name;

@@ -49,14 +49,17 @@ const Command kCommands[] = {
      "  reports, and the SASS when cuobjdump is on PATH.\n",
      &cmd_inspect},
     {"bundle", "build library or plugin kernels into a bundle an application loads with no compiler; list one",
-     "tilejit bundle -o FILE [--emit-cpp FILE.cpp] [--arch ARCH ...] KERNEL[:NAME=VALUE,...] ...\n"
+     "tilejit bundle -o FILE [--emit-cpp FILE.cpp] [--arch ARCH ...] [--attention KEY=VALUE,...] KERNEL[:NAME=VALUE,...] ...\n"
      "tilejit bundle --list FILE\n"
      "  Compiles each KERNEL (its default schedule under your values) for each --arch (default sm_90a)\n"
      "  and writes one checked file that tilejit::load_bundle(FILE) loads; --emit-cpp also writes a C++\n"
      "  source embedding it that loads it at start-up when linked into an application. NAME=VALUE:\n"
      "  a meta-parameter (an integer, true/false or a dtype), or the schedule: warps=N, stages=N,\n"
      "  min_programs_per_sm=N, pipeline=on|off, once_by_tma=on|off, backend=llvm|nvrtc. Examples: gemm  gemm:BLOCK_N=128,OUT_DTYPE=f32\n"
-     "  attention_fwd:CAUSAL=true,warps=8. --list prints a bundle's entries.\n",
+     "  attention_fwd:CAUSAL=true,warps=8. --attention: every kernel the attention API launches for one\n"
+     "  configuration (what attention::prepare compiles): D=64|128|256 (required), dtype=bf16|f16,\n"
+     "  mask=NAME, reduction=recompute|atomic|split|ordered, varlen, backward, dropout, q_descending=0|1;\n"
+     "  e.g. --attention D=128,mask=causal. --list prints a bundle's entries.\n",
      &cmd_bundle},
     {"tune", "autotune a kernel for shapes: model ranking, parallel compiles, GPU timing, persisted",
      "tilejit tune KERNEL --shape DIMS [--shape DIMS ...] [--top-k N] [--compile-k N] [--budget-s S] [--exhaustive]\n"
