@@ -116,7 +116,11 @@ class Planner {
     } else {
       return false;  // a parameter
     }
-    for (; p; p = parent_.at(p))
+    return p == loop || nested_in(p, loop);
+  }
+  // Whether op sits somewhere inside op `loop`.
+  bool nested_in(const ir::Op* op, const ir::Op* loop) const {
+    for (const ir::Op* p = parent_.at(op); p; p = parent_.at(p))
       if (p == loop) return true;
     return false;
   }
@@ -289,11 +293,6 @@ class Planner {
         if (use.first == &loop->regions[0].ops.back() || !nested_in(use.first, loop)) return false;
     return true;
   }
-  bool nested_in(const ir::Op* op, const ir::Op* loop) const {
-    for (const ir::Op* p = parent_.at(op); p; p = parent_.at(p))
-      if (p == loop) return true;
-    return false;
-  }
   SmemTile describe_vector(const ir::Op& load) const {
     SmemTile t;
     t.load = &load;
@@ -383,11 +382,7 @@ class Planner {
     const int64_t fixed = align_up(plan_.reduce_staging_bytes, 1024) + align_up(plan_.a_staging_bytes, 1024) + 2048;
     auto over = [&] { return at + ring_bytes + barrier_bytes + fixed > kPersistentBudget; };
     auto encloses_ring = [&](const ir::Op* loop) {
-      return std::any_of(rings.begin(), rings.end(), [&](const ir::Op* inner) {
-        for (const ir::Op* p = parent_.at(inner); p; p = parent_.at(p))
-          if (p == loop) return true;
-        return false;
-      });
+      return std::any_of(rings.begin(), rings.end(), [&](const ir::Op* inner) { return nested_in(inner, loop); });
     };
     for (int floor : {2, 1})
       for (const ir::Op* loop : rings) {

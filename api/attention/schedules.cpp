@@ -131,12 +131,10 @@ DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned) {
     return {};
   const bool d128_full = c.head_dim == 128 && !c.causal;
   if (c.reduction == static_cast<int>(DqReduction::recompute)) return {.lse_in_ring = c.head_dim == 64 || d128_full};
+  if (c.reduction != static_cast<int>(DqReduction::atomic) || !d128_full) return {};
   // (the producer at the measured schedule only: it needs whole warpgroups and one program an SM)
   const bool measured_tiles = c.sch.block_n == 128 && c.sch.num_warps == 8 && c.sch.min_programs_per_sm <= 1;
-  if (c.reduction == static_cast<int>(DqReduction::atomic) && d128_full && measured_tiles && declares(Pass::bwd_dkdv, mn::kRingProducer))
-    return {.lse_in_ring = true, .ring_producer = true};
-  if (c.reduction == static_cast<int>(DqReduction::atomic) && d128_full) return {.lse_in_ring = true};
-  return {};
+  return {.lse_in_ring = true, .ring_producer = measured_tiles && declares(Pass::bwd_dkdv, mn::kRingProducer)};
 }
 
 // The call's configuration as the pass's typed kernel configuration (kernels/attention/config.hpp),

@@ -109,15 +109,15 @@ struct DkdvConfig {
   // their own with the element mask, the rest in a second loop with no mask code (FlashAttention-3's
   // split); the two loops share one Q / dO ring (a ring chain) [063]
   bool masked_blocks_apart = false;
-  bool persistent = false;             // ordered, dense, not q_descending: DASH's persistent grid [025]
+  bool persistent = false;             // dense, not q_descending: ordered on DASH's grid [025]; atomic in launch order [071]
   std::optional<bool> rows_ahead;      // LSE / Delta a query block ahead; unset: not causal at D >= 128 [026]
   // LSE and Delta by TMA into each Q / dO stage, read from shared memory in S^T's layout where used:
   // no exchange through shared memory, no barrier in the loop (FA3's way; issue 23). Not with
-  // ROWS_AHEAD=true (its default becomes false); off until measured [070]
+  // ROWS_AHEAD=true (its default becomes false); off here, the API's choice per call [070]
   bool lse_in_ring = false;
   bool heavy_first_sections = false;   // dense causal, not persistent: heavy key tiles first across heads [018]
   // Q / dO rings filled by a producer warpgroup (lang::ring_producer; setmaxnreg 240 for the
-  // consumers); unset: off (not yet measured on the GPU: issue 23)
+  // consumers); unset: off here; the API's for the atomic reduction at D 128 full [070]
   std::optional<bool> ring_producer;
   // dK and dV are f32 and receive += the gradients (gradient accumulation; context parallelism's
   // sums without a separate pass): the epilogue loads, adds and stores
