@@ -170,8 +170,9 @@ void ring_producer(RingProducer r, Loc loc) {
   Builder& b = Builder::current(loc);
   for (auto [name, v] : {std::pair{"producer_registers", r.producer_registers}, std::pair{"consumer_registers", r.consumer_registers}})
     if (v < 24 || v > 256 || v % 8 != 0) b.fail(loc, fmt::format("ring_producer: {} = {} (valid: a multiple of 8 in [24, 256])", name, v));
-  b.emit(OpKind::ring_producer, {}, {{"producer_registers", int64_t{r.producer_registers}}, {"consumer_registers", int64_t{r.consumer_registers}}},
-         loc);
+  ir::AttrMap attrs{{"producer_registers", int64_t{r.producer_registers}}, {"consumer_registers", int64_t{r.consumer_registers}}};
+  if (r.reduce_writer) attrs.emplace("reduce_writer", int64_t{1});  // (absent when off: the IR of other kernels is unchanged)
+  b.emit(OpKind::ring_producer, {}, std::move(attrs), loc);
 }
 
 void warp_roles(const std::vector<WarpRole>& roles, Loc loc) {

@@ -66,9 +66,16 @@ void warp_roles(const std::vector<WarpRole>& roles, std::source_location loc = s
 // persistent grid's tile loop: its stages count on across their iterations) but not in a branch,
 // and its loops' bounds and the tiles' offsets must be scalar arithmetic the producer can compute
 // alone (loop counters, program ids, parameters, scalar loads).
+// reduce_writer: a second warp of the producer warpgroup issues the kernel's TMA adds
+// (atomic_add of a window in a ring's loop body, FlashAttention-3's dQ writer): each consumer
+// warpgroup stages its part and goes on, the writer adds it and hands the staging back, so no
+// consumer waits for a bulk copy or for the other warpgroup. Every TMA add must stand at the top
+// level of a ring's loop body, one per loop of one ring, into a tensor nothing else in the kernel
+// touches, with no semaphores in the kernel (the compile says which of these fails).
 struct RingProducer {
   int producer_registers = 24;
   int consumer_registers = 240;
+  bool reduce_writer = false;
 };
 void ring_producer(RingProducer r = {}, std::source_location loc = std::source_location::current());
 

@@ -31,7 +31,8 @@ class Planner {
 
   HopperPlan run() {
     index(f_.body, nullptr);
-    for (const ir::Op& op : f_.body.ops) producer_ = producer_ || op.kind == OpKind::ring_producer;
+    for (const ir::Op& op : f_.body.ops)
+      if (op.kind == OpKind::ring_producer) producer_ = true, writer_ = op.attrs.count("reduce_writer") > 0;
     std::vector<const ir::Op*> candidates;
     for (const ir::Op* op : in_order(parent_))
       if (op->kind == OpKind::dot && shape_ok(*op) && !inside_skipped(op)) candidates.push_back(op);
@@ -442,6 +443,7 @@ class Planner {
       plan_.a_staging = align_up(at, 1024);
       at = plan_.a_staging + plan_.a_staging_bytes;
     }
+    if (writer_) place_reduce_writer(at);
     plan_.persistent_bytes = align_up(at, 128);
     plan_.ring_producer = producer_;
     plan_.tile_order = tiles;
@@ -548,6 +550,58 @@ class Planner {
     }
   }
 
+  // RingProducer::reduce_writer (ReduceWriter): every TMA add where the writer can follow it, and
+  // nothing in the kernel that would need the consumers to see the adds complete; its barriers.
+  void place_reduce_writer(int64_t& at) {
+    const std::string where = fmt::format("tilejit: kernel '{}': ring_producer(reduce_writer)", f_.name);
+    std::map<const ir::Op*, const ir::Op*> add_in;  // ring loop -> its add
+    std::set<ir::ValueId> added_to;
+    for (const ir::Op* store : in_order(plan_.reduces)) {
+      TmaReduce& red = plan_.reduces.at(store);
+      auto refuse = [&](const std::string& why) {
+        throw LoweringError(fmt::format("{}: the TMA {} at {} {}", where, red.store_only ? "store" : "add", store->loc.str(), why));
+      };
+      if (red.store_only) {
+        if (!red.staging_tile) refuse("uses the staging tile the writer's adds use (store it by plain stores, or drop reduce_writer)");
+        continue;
+      }
+      if (store->attrs.count("after_semaphore")) refuse("waits for a semaphore (the consumers issue ordered adds; drop reduce_writer)");
+      if (red.check_coordinates)
+        refuse("has coordinates that may leave TMA's range (tested at run time, element adds as the fallback; drop reduce_writer)");
+      const ir::Op* loop = parent_.at(store);
+      const auto ring = loop ? plan_.rings.find(loop) : plan_.rings.end();
+      if (ring == plan_.rings.end())
+        refuse("is not at the top level of a ring's loop body (a loop whose windows feed wgmma): the writer follows the ring's iterations");
+      if (add_in.count(loop)) refuse(fmt::format("is the second add in the loop at {} (the writer takes one add a loop)", loop->loc.str()));
+      if (plan_.reduce_writer && plan_.reduce_writer->ring != ring->second.head())
+        refuse("stands in the loop of another ring than the first add (the writer follows one ring)");
+      if (!plan_.reduce_writer) plan_.reduce_writer = ReduceWriter{.ring = ring->second.head()};
+      add_in[loop] = store;
+      added_to.insert(store->operands[0]);
+      red.loop = loop;
+    }
+    if (!plan_.reduce_writer) return;  // no TMA adds: nothing to write
+    const SmemRing& head = plan_.rings.at(plan_.reduce_writer->ring);
+    for (const ir::Op* member : head.chain.empty() ? std::vector<const ir::Op*>{head.loop} : head.chain)
+      if (!add_in.count(member))
+        throw LoweringError(fmt::format("{}: the loop at {} shares the adds' ring but adds nothing (the writer counts one add a ring "
+                                        "iteration)", where, member->loc.str()));
+    ir::walk(f_.body, [&](const ir::Op& op) {
+      if (op.kind == OpKind::wait_ge || op.kind == OpKind::signal_add)
+        throw LoweringError(fmt::format("{}: the {} at {} orders memory between programs, which the writer's adds would escape (drop "
+                                        "reduce_writer)", where, ir::op_name(op.kind), op.loc.str()));
+      if (op.kind == OpKind::tensor_dim || op.kind == OpKind::tensor_stride || (op.kind == OpKind::block_store && add_in.count(parent_.at(&op)) && add_in.at(parent_.at(&op)) == &op))
+        return;
+      for (ir::ValueId v : op.operands)
+        if (added_to.count(v))
+          throw LoweringError(fmt::format("{}: the {} at {} uses the tensor the writer adds into; the consumers cannot order it after "
+                                          "those adds (drop reduce_writer)", where, ir::op_name(op.kind), op.loc.str()));
+    });
+    at = align_up(at, 8);
+    plan_.reduce_writer->barriers = at;
+    at += 16 * ReduceWriter::kMaxParts;
+  }
+
   // Barrier pairs per stage: one per ring, or one per tile under a producer.
   static int64_t barrier_sets(const SmemRing& r) { return r.producer ? static_cast<int64_t>(r.loads.size()) : 1; }
 
@@ -581,6 +635,7 @@ class Planner {
 
   int warps_;
   bool producer_ = false;  // lang::ring_producer
+  bool writer_ = false;    // its reduce_writer
   PipelineOptions opts_;
   const std::set<const ir::Op*>& skip_;
   const std::map<const ir::Op*, int>& op_warps_;
@@ -629,7 +684,9 @@ std::string print_hopper_plan(const ir::Function& f, const HopperPlan& plan) {
                                r->second.chain.empty() ? "" : fmt::format(", shared by the next {} loops", r->second.chain.size() - 1));
     if (auto r = plan.reduces.find(&op); r != plan.reduces.end())
       out += fmt::format("//   TMA {} at {}: [{} x {}]{}\n", r->second.store_only ? "store" : "reduce", op.loc.str(), r->second.rows,
-                         r->second.cols, r->second.staging_tile ? fmt::format(", staged in the tile at {}", r->second.staging_tile->loc.str()) : "");
+                         r->second.cols, r->second.staging_tile ? fmt::format(", staged in the tile at {}", r->second.staging_tile->loc.str())
+                                       : r->second.loop              ? ", issued by the producer's reduce writer"
+                                                                     : "");
   });
   return out;
 }

@@ -12,6 +12,7 @@
 // counter (the last warp done with a stage refills it, so no warp waits for another).
 #pragma once
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -120,7 +121,21 @@ struct TmaReduce {
   // that ring's tiles: it stages in that tile (FlashAttention-3's O over V) instead of a tile of
   // its own, and frees the tile's stage once TMA has read it. nullptr: the shared staging tile.
   const ir::Op* staging_tile = nullptr;
+  // ReduceWriter: the ring loop whose body holds this add (its iteration counts the adds)
+  const ir::Op* loop = nullptr;
   int64_t chunk_bytes() const { return rows * 128; }
+};
+
+// lang::RingProducer::reduce_writer: a warp of the producer warpgroup issues every TMA add (all
+// on the shared staging tile, one at the top level of each loop of `ring`'s chain). The consumers
+// stage a part, arrive on its full barrier and go on; the writer waits there, adds the part, and
+// arrives on the part's empty barrier once TMA has read it. A part is one consumer warpgroup's
+// column chunks where each chunk is one warpgroup's (wgmma's column slabs), else the whole tile.
+// Both sides take each barrier's phase from the ring's iteration (one add per iteration).
+struct ReduceWriter {
+  static constexpr int kMaxParts = 4;
+  const ir::Op* ring = nullptr;  // the head loop of the ring (chain) whose iterations the adds follow
+  int64_t barriers = 0;          // part p: full at barriers + 16 p, empty 8 bytes after it
 };
 
 struct HopperPlan {
@@ -133,6 +148,7 @@ struct HopperPlan {
   std::vector<const ir::Op*> tile_order, ring_order;  // program order (ABI and code order)
   int64_t persistent_bytes = 0;  // tiles, rings and barriers; scratch exchanges go above
   bool ring_producer = false;    // lang::ring_producer: rings filled by a producer warpgroup
+  std::optional<ReduceWriter> reduce_writer;
   bool empty() const { return dots.empty() && reduces.empty() && tiles.empty(); }
 };
 

@@ -711,35 +711,55 @@ TEST_CASE("TMA stores: a later read of the stored tensor waits for the bulk writ
 // dK/dV with the atomic dQ reduction at D 128 on sm_90a (64 x 128 on 8 warps, five dots): its dQ
 // parts go into dQ_accum by TMA add-reduces from the swizzled staging tile (tma_bulk_write, shared
 // with TMA stores since 5465c24). Equal to the interpreter within the add order's rounding.
+// With RING_PRODUCER and DQ_WRITER (lang::RingProducer::reduce_writer) a warp of the producer
+// warpgroup issues the adds: each consumer warpgroup stages its column chunks and goes on; the
+// barriers' phases follow the ring's iteration, counted across the group's query heads (Hq / Hkv
+// runs of the query loop a program).
 TEST_CASE("emulator: dK/dV with the atomic dQ reduction (TMA add-reduces) equals the interpreter") {
-  const int64_t B = 1, Hq = 2, Hkv = 2, Sq = 128, Sk = 256, D = 128, BM = 64, BN = 128;
-  HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D}), dout(bf16, {B, Sq, Hq, D});
-  HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq}), delta(f32, {B, Hq, Sq});
-  HostTensor dk(bf16, {B, Sk, Hkv, D}), dv(bf16, {B, Sk, Hkv, D}), acc(f32, {B, Hq, Sq, D});
-  q.fill_normal(91, 0, 1);
-  k.fill_normal(92, 0, 1);
-  v.fill_normal(93, 0, 1);
-  dout.fill_normal(94, 0, 1);
-  const float scale = 0.088f;
-  const Meta fwd{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", false}, {"BSHD", true}, {"BLOCK_M", 64}, {"BLOCK_N", 64}};
-  std::vector<runtime::Arg> fa{q, k, v, o, lse, scale};
-  runtime::interpret(kernels::attention_forward().build(fwd), {cdiv(Sq, 64), Hq, B}, fa);
-  runtime::interpret(kernels::attention_backward_preprocess().build({{"DTYPE", bf16}, {"BLOCK_M", 64}, {"HEAD_DIM", D}, {"BSHD", true}}),
-                     {cdiv(Sq, 64), Hq, B}, {o, dout, delta});
-  for (int64_t e = 0; e < acc.numel(); ++e) acc.set_flat(e, 0.0);
-  const ir::Function fn = kernels::attention_backward_dkdv().build(
-      {{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", false}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"DQ_REDUCTION", 1}});
-  jit::CompileOptions o8;
-  o8.num_warps = 8;
-  std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o8));
-  CHECK(ops[jit::pir::Op::tma_reduce_add] > 0);
-  const Runs r = run_both(fn, {cdiv(Sk, BN), Hkv, B}, {q, k, v, dout, lse, delta, dk, dv, acc}, {scale}, {scale}, o8);
-  for (size_t i = 6; i < r.ref.size(); ++i) {
-    INFO("output " << i << " (dK, dV, dQ_accum)");
-    double norm = 0;
-    for (double x : r.ref[i].to_f64()) norm = std::max(norm, std::fabs(x));
-    CHECK(norm > 0.1);  // (a real gradient)
-    CHECK(close_in_max_norm(r.ref[i], r.emu[i], 2e-2));
+  const int64_t B = 1, Hq = 2, Sq = 128, Sk = 256, D = 128, BM = 64, BN = 128;
+  for (const bool writer : {false, true}) {
+    INFO("RING_PRODUCER, LSE_IN_RING and DQ_WRITER " << writer);
+    const int64_t Hkv = writer ? 1 : 2;  // (the writer: two query heads a program)
+    HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D}), dout(bf16, {B, Sq, Hq, D});
+    HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq}), delta(f32, {B, Hq, Sq});
+    HostTensor dk(bf16, {B, Sk, Hkv, D}), dv(bf16, {B, Sk, Hkv, D}), acc(f32, {B, Hq, Sq, D});
+    q.fill_normal(91, 0, 1);
+    k.fill_normal(92, 0, 1);
+    v.fill_normal(93, 0, 1);
+    dout.fill_normal(94, 0, 1);
+    const float scale = 0.088f;
+    const Meta fwd{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", false}, {"BSHD", true}, {"BLOCK_M", 64}, {"BLOCK_N", 64}};
+    std::vector<runtime::Arg> fa{q, k, v, o, lse, scale};
+    runtime::interpret(kernels::attention_forward().build(fwd), {cdiv(Sq, 64), Hq, B}, fa);
+    runtime::interpret(kernels::attention_backward_preprocess().build({{"DTYPE", bf16}, {"BLOCK_M", 64}, {"HEAD_DIM", D}, {"BSHD", true}}),
+                       {cdiv(Sq, 64), Hq, B}, {o, dout, delta});
+    Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", false}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"DQ_REDUCTION", 1}};
+    if (writer) meta.insert(meta.end(), {{"RING_PRODUCER", true}, {"LSE_IN_RING", true}, {"DQ_WRITER", true}});
+    const ir::Function fn = kernels::attention_backward_dkdv().build(meta);
+    jit::CompileOptions o8;
+    o8.num_warps = 8;
+    std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o8));
+    CHECK(ops[jit::pir::Op::tma_reduce_add] > 0);
+    jit::CompileOptions plan = o8;
+    plan.make_cubin = false;
+    plan.dump_after = "plan-wgmma";
+    CHECK((jit::compile(fn, plan).dump.find("issued by the producer's reduce writer") != std::string::npos) == writer);
+    // the writer also warp by warp with random hand-overs: a consumer that staged early or a
+    // writer that added early would show (the emulator's copies complete when issued)
+    std::vector<runtime::EmulatorSchedule> schedules{{}};
+    if (writer) schedules.insert(schedules.end(), {{true, 1}, {true, 2}});
+    for (const runtime::EmulatorSchedule& sched : schedules) {
+      INFO("schedule seed " << sched.seed);
+      for (int64_t e = 0; e < acc.numel(); ++e) acc.set_flat(e, 0.0);
+      const Runs r = run_both(fn, {cdiv(Sk, BN), Hkv, B}, {q, k, v, dout, lse, delta, dk, dv, acc}, {scale}, {scale}, o8, sched);
+      for (size_t i = 6; i < r.ref.size(); ++i) {
+        INFO("output " << i << " (dK, dV, dQ_accum)");
+        double norm = 0;
+        for (double x : r.ref[i].to_f64()) norm = std::max(norm, std::fabs(x));
+        CHECK(norm > 0.1);  // (a real gradient)
+        CHECK(close_in_max_norm(r.ref[i], r.emu[i], 2e-2));
+      }
+    }
   }
 }
 

@@ -806,6 +806,19 @@ TEST_CASE("gpu: ring_producer: rings filled by a producer warpgroup give the int
     check_against_interpreter(test_kernels::ring_kernel().build({{"PRODUCER", true}, {"NESTED", true}}), {2}, {&q, &k, &v, &o}, 1e-2, opts,
                               true);
   }
+  // RingProducer::reduce_writer: the producer's second warp adds each key block's part into one
+  // window (one part of all consumers on 4 warps, one a warpgroup on 8)
+  HostTensor kw(bf16, {192, 64}), vw(bf16, {192, 64}), acc(f32, {128, 64}), out(f32, {128, 64}), sem(i32, {1});
+  kw.fill_normal(4, 0, 1);
+  vw.fill_normal(5, 0, 1);
+  acc.fill(0), out.fill(0), sem.fill(0);
+  for (int warps : {4, 8}) {
+    INFO("reduce_writer, " << warps << " consumer warps");
+    jit::CompileOptions opts;
+    opts.num_warps = warps;
+    opts.pipeline.stages = 2;
+    check_against_interpreter(test_kernels::writer_kernel().build({{"WRITER", true}}), {2}, {&q, &kw, &vw, &acc, &out, &sem}, 1e-3, opts, true);
+  }
   struct Case {
     int64_t D, block;
     int warps;

@@ -234,6 +234,39 @@ inline const Kernel& ring_kernel() {
   return k;
 }
 
+// A dQ-like add a key block: S = Q K_j^T, part = (S c) V_j [BM, D] added into Acc's window at m0
+// (every block into the same window, as key tiles into dQ). WRITER: RingProducer::reduce_writer.
+// Misuse metas: the add after the loop (AFTER), in a branch (IN_BRANCH), the sum read back in the
+// kernel (READ_BACK), a semaphore signalled (SIGNAL), an ordered add (ORDERED).
+inline const Kernel& writer_kernel() {
+  static const Kernel k = kernel("writer_kernel", [](Builder& kb) {
+    const int64_t D = 64, BM = 64, BN = 64;
+    const bool writer = kb.meta<bool>("WRITER", false), after = kb.meta<bool>("AFTER", false);
+    const bool in_branch = kb.meta<bool>("IN_BRANCH", false), read_back = kb.meta<bool>("READ_BACK", false);
+    const bool signal = kb.meta<bool>("SIGNAL", false), ordered = kb.meta<bool>("ORDERED", false);
+    const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
+    auto Q = kb.tensor("Q", bf16, 2, row_major), K = kb.tensor("K", bf16, 2, row_major), V = kb.tensor("V", bf16, 2, row_major);
+    auto Acc = kb.tensor("Acc", f32, 2, row_major), O = kb.tensor("O", f32, 2, row_major);
+    Tile sem = kb.pointer("sem", i32);
+    ring_producer({.reduce_writer = writer});
+    const Tile m0 = program_id(0) * BM;
+    const Tile q = load(Q.block({m0, 0}, {BM, D}));
+    Var last = zeros(f32, {BM, D});
+    for_range(0, K.size(0), BN, [&](Tile n0) {
+      const Tile s = dot(q, trans(load(K.block({n0, 0}, {BN, D}))));
+      const Tile part = dot(cast(bf16, s * 0.0625f), load(V.block({n0, 0}, {BN, D})));
+      if (ordered) atomic_add(Acc.block({m0, 0}, {BM, D}), part, sem, 0);
+      else if (in_branch) if_(n0 >= 0, [&] { atomic_add(Acc.block({m0, 0}, {BM, D}), part); });
+      else if (after) last = part;
+      else atomic_add(Acc.block({m0, 0}, {BM, D}), part);
+    });
+    if (after) atomic_add(Acc.block({m0, 0}, {BM, D}), last);
+    if (read_back) store(O.block({m0, 0}, {BM, D}), load(Acc.block({m0, 0}, {BM, D})));
+    if (signal) signal_add(sem, 1);
+  });
+  return k;
+}
+
 // S = Q K^T for a [BM, D] block of Q whose tensor promises only 4-byte alignment (no TMA: the
 // wgmma takes A from registers, converted from the load's layout through shared memory) and K by
 // TMA, in a loop over key blocks; ROLE: the same inside a warp role of 4 warps beside an idle one.

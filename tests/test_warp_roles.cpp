@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include "kernels/attention/backward.hpp"
 #include "kernels/gemm.hpp"
 #include "ptxas_testing.hpp"
+#include "runtime/emulator.hpp"
 #include "runtime/interpreter.hpp"
 #include "test_kernels.hpp"
 
@@ -298,4 +300,61 @@ TEST_CASE("ring_producer misuse: bad registers, a ring in a branch, warp roles, 
   CHECK(contains(error_of({{"PRODUCER", true}}, 16), "16 consumer warps x 32 x 240 registers + 4 producer warps x 32 x 24"));
   CHECK(contains(error_of({{"PRODUCER", true}}, 16), "at most 120 here"));
   CHECK(error_of({{"PRODUCER", true}}) == "");
+}
+
+TEST_CASE("ring_producer reduce_writer: the producer's writer warp adds each part; the emulator and ptxas agree") {
+  for (const int warps : {4, 8}) {  // one part of all consumers; a part per warpgroup (32 columns each)
+    INFO(warps << " consumer warps");
+    const ir::Function fn = test_kernels::writer_kernel().build({{"WRITER", true}});
+    jit::CompileOptions o;
+    o.num_warps = warps;
+    o.pipeline.stages = 2;
+    jit::CompileOptions plan = o;
+    plan.make_cubin = false;
+    plan.dump_after = "plan-wgmma";
+    CHECK(contains(jit::compile(fn, plan).dump, "issued by the producer's reduce writer"));
+    HostTensor q(bf16, {128, 64}), k(bf16, {192, 64}), v(bf16, {192, 64}), acc(f32, {128, 64}), out(f32, {128, 64}), sem(i32, {1});
+    q.fill_normal(11, 0, 1), k.fill_normal(12, 0, 1), v.fill_normal(13, 0, 1);
+    sem.fill(0);
+    for (const rt::EmulatorSchedule& sched : {rt::EmulatorSchedule{}, rt::EmulatorSchedule{true, 1}, rt::EmulatorSchedule{true, 2}}) {
+      INFO("schedule seed " << sched.seed);
+      HostTensor ref_acc = acc, emu_acc = acc;
+      ref_acc.fill(0), emu_acc.fill(0);
+      rt::interpret(fn, {2}, {q, k, v, ref_acc, out, sem});
+      rt::emulate(fn, {2}, {q, k, v, emu_acc, out, sem}, o, sched);
+      const std::vector<float> a = raw<float>(ref_acc), b = raw<float>(emu_acc);
+      CHECK(std::any_of(a.begin(), a.end(), [](float x) { return std::fabs(x) > 0.1f; }));
+      for (size_t i = 0; i < a.size(); ++i) CHECK_MESSAGE(std::fabs(a[i] - b[i]) <= 1e-3f * (1 + std::fabs(a[i])), i);
+    }
+    if (testing::no_ptxas()) continue;
+    for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+      INFO("backend " << jit::to_string(backend));
+      const jit::CompiledKernel c = testing::assemble_sm90a(fn, backend, warps, 2);
+      CHECK(contains(c.ptx, "cp.reduce.async.bulk.tensor"));
+      CHECK(contains(c.ptx, warps == 8 ? "cp.async.bulk.wait_group.read 1" : "cp.async.bulk.wait_group.read 0"));
+      for (const std::string& w : c.warnings) CHECK_MESSAGE(!contains(w, "serialises"), w);
+    }
+  }
+}
+
+TEST_CASE("ring_producer reduce_writer misuse: adds it cannot follow and memory it cannot order are errors that say why") {
+  auto error_of = [](const lang::Meta& meta) -> std::string {
+    try {
+      jit::CompileOptions o;
+      o.num_warps = 4;
+      o.make_cubin = false;
+      (void)jit::compile(test_kernels::writer_kernel().build(meta), o);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CHECK(error_of({{"WRITER", true}}) == "");
+  CHECK(error_of({{"AFTER", true}}) == "");  // (without the writer: the consumers add)
+  CHECK(contains(error_of({{"WRITER", true}, {"AFTER", true}}), "ring_producer(reduce_writer): the TMA add at"));
+  CHECK(contains(error_of({{"WRITER", true}, {"AFTER", true}}), "is not at the top level of a ring's loop body"));
+  CHECK(contains(error_of({{"WRITER", true}, {"IN_BRANCH", true}}), "is not at the top level of a ring's loop body"));
+  CHECK(contains(error_of({{"WRITER", true}, {"READ_BACK", true}}), "uses the tensor the writer adds into"));
+  CHECK(contains(error_of({{"WRITER", true}, {"SIGNAL", true}}), "the signal_add at"));
+  CHECK(contains(error_of({{"WRITER", true}, {"ORDERED", true}}), "waits for a semaphore"));
 }

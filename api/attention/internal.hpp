@@ -254,10 +254,11 @@ struct Config {
   bool accumulate = false;      // dK/dV's and dQ's ACCUMULATE (options.accumulate_gradients)
   bool lse_in_ring = false;     // dK/dV's LSE_IN_RING (dkdv_ring_options)
   bool ring_producer = false;   // dK/dV's RING_PRODUCER (dkdv_ring_options)
+  bool dq_writer = false;       // dK/dV's DQ_WRITER (dkdv_ring_options)
   auto key() const {
     return std::tuple(static_cast<int>(pass), static_cast<int>(dtype), head_dim, causal, varlen, sch.block_m, sch.block_n,
                       sch.num_warps, sch.stages, sch.min_programs_per_sm, device, dropout, return_mask, read_bits, mask, reduction, q_descending, score_mod,
-                      positive_scale, persistent, accumulate, lse_in_ring, ring_producer);
+                      positive_scale, persistent, accumulate, lse_in_ring, ring_producer, dq_writer);
   }
   bool operator<(const Config& o) const { return key() < o.key(); }
 };
@@ -268,11 +269,12 @@ bool persistent_ordered(int reduction, bool q_descending);
 // rings (D 128, dense, no library mask or score mod), which then prefetches across tiles; not
 // with dropout (slower there).
 bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod, bool dropout);
-// dK/dV's ring options: LSE and Delta read from its TMA ring (LSE_IN_RING), and a producer warpgroup
-// filling the ring (RING_PRODUCER), where they measured faster (decision 070) and TMA can copy LSE
-// and Delta (row_vectors_aligned). `c` is dK/dV's configuration without them.
+// dK/dV's ring options: LSE and Delta read from its TMA ring (LSE_IN_RING), a producer warpgroup
+// filling the ring (RING_PRODUCER) and a warp of it adding dQ's parts (DQ_WRITER), where they
+// measured faster (decisions 070, 073) and TMA can copy LSE and Delta (row_vectors_aligned). `c` is
+// dK/dV's configuration without them.
 struct DkdvRingOptions {
-  bool lse_in_ring = false, ring_producer = false;
+  bool lse_in_ring = false, ring_producer = false, dq_writer = false;
 };
 DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned);
 // The metas of a configuration that its kernel declares.

@@ -212,7 +212,7 @@ std::vector<Function*> functions_for(const char* fn, ir::DType dtype, int head_d
     out.push_back(&function_for(cfg));  // (dK/dV: the kernel of calls whose lse is not 16-byte aligned, S_q % 4 != 0)
     if (p == Pass::bwd_dkdv) {  // and of those whose lse is: LSE and Delta from the ring
       const DkdvRingOptions r = dkdv_ring_options(cfg, true);
-      cfg.lse_in_ring = r.lse_in_ring, cfg.ring_producer = r.ring_producer;
+      cfg.lse_in_ring = r.lse_in_ring, cfg.ring_producer = r.ring_producer, cfg.dq_writer = r.dq_writer;
       if (r.lse_in_ring || r.ring_producer) out.push_back(&function_for(cfg));
     }
     // the pre-pass at this kernel's tiles (the preprocess, convert and reduce kernels read no lists)

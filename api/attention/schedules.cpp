@@ -134,7 +134,8 @@ DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned) {
   if (c.reduction != static_cast<int>(DqReduction::atomic) || !d128_full) return {};
   // (the producer at the measured schedule only: it needs whole warpgroups and one program an SM)
   const bool measured_tiles = c.sch.block_n == 128 && c.sch.num_warps == 8 && c.sch.min_programs_per_sm <= 1;
-  return {.lse_in_ring = true, .ring_producer = measured_tiles && declares(Pass::bwd_dkdv, mn::kRingProducer)};
+  const bool producer = measured_tiles && declares(Pass::bwd_dkdv, mn::kRingProducer);
+  return {.lse_in_ring = true, .ring_producer = producer, .dq_writer = producer && declares(Pass::bwd_dkdv, mn::kDqWriter)};
 }
 
 // The call's configuration as the pass's typed kernel configuration (kernels/attention/config.hpp),
@@ -182,6 +183,7 @@ lang::Meta meta_of(const Config& c) {
       k.accumulate = c.accumulate;
       k.lse_in_ring = c.lse_in_ring;
       if (c.ring_producer) k.ring_producer = true;
+      k.dq_writer = c.dq_writer;
       all = k.to_meta();
       break;
     }
@@ -230,7 +232,7 @@ Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
   c.accumulate = d.accumulate && (p == Pass::bwd_dkdv || p == Pass::bwd_dq);
   if (p == Pass::bwd_dkdv) {
     const DkdvRingOptions r = dkdv_ring_options(c, d.row_vectors_aligned);
-    c.lse_in_ring = r.lse_in_ring, c.ring_producer = r.ring_producer;
+    c.lse_in_ring = r.lse_in_ring, c.ring_producer = r.ring_producer, c.dq_writer = r.dq_writer;
   }
   return c;
 }

@@ -456,10 +456,30 @@ class Lowerer {
   // retires its last reader has run -- at the iteration's end where that wait is in a branch.
   void run_with_ring_producer();
   void produce_rings();
-  // The producer's copy of `loop` (a ring's loop, or one with rings inside): its trips, each
-  // iteration's tiles, and the loops with rings in its body, recursively. `counts`: each nested
-  // ring's iterations so far (the stage and phase of its next tile), updated.
-  void produce_loop(const ir::Op& loop, std::map<const ir::Op*, V>& counts);
+  // What a copy of the rings' loops does in each iteration of a ring's loop: its ring `r`, the
+  // ring's iteration g (counted across runs and a chain's loops) and the loop counter.
+  using RingIteration = std::function<void(const ir::Op& loop, const SmemRing& r, V g, V counter)>;
+  // A producer-side copy of `loop` (a ring's loop, or one with rings inside): its trips, `each`
+  // in each iteration of a ring's loop, and the loops with rings in its body, recursively.
+  // `counts`: each nested ring's iterations so far (the stage and phase of its next tile), updated.
+  void produce_loop(const ir::Op& loop, std::map<const ir::Op*, V>& counts, const RingIteration& each);
+  // RingProducer::reduce_writer (HopperPlan::reduce_writer): the consumers' parts of an add, a
+  // warpgroup's column chunks each where the layout gives every chunk to one warpgroup, else one
+  // part of all; set by hopper_init.
+  struct WriterPart {
+    int first_warp = 0, warps = 0;
+    std::vector<int64_t> chunks;  // TMA column chunks (128 bytes wide)
+  };
+  std::vector<WriterPart> writer_parts_;
+  std::vector<WriterPart> writer_parts(const ir::Op& add) const;
+  void init_reduce_writer();
+  // A consumer: waits until its part of the staging tile is free, writes it, arrives on its full barrier.
+  void stage_for_writer(const TmaReduce& red, const Layout& L, const Regs& val);
+  // The writer (one thread of the producer warpgroup's second warp): the rings' loops again, each
+  // add's parts by TMA as they fill, each part handed back once read.
+  void write_reduces();
+  // The registers of a TMA store / add into the swizzled staging tile at `staging`.
+  void stage_registers(const TmaReduce& red, const Layout& L, const Regs& val, V staging);
   // The rings whose loops are being lowered, innermost last (a tile of the innermost may be freed
   // after a nested loop that read it last).
   std::vector<const ir::Op*> active_rings_;

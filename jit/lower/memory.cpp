@@ -504,6 +504,7 @@ void Lowerer::block_atomic(const ir::Op& op) {
 // store / add per chunk; `fallback` writes element by element where an offset may be negative.
 void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layout& L, const Regs& val,
                              const std::function<void()>& fallback, bool ordered, V sem, V target) {
+  if (red.loop) return stage_for_writer(red, L, val);  // (HopperPlan::reduce_writer issues it)
   const auto element_updates = fallback;
   const int64_t es = red.elem_bytes, per_chunk = 128 / es;
   V is0 = cmp(pir::Pred::eq, tid_, ci32(0));
@@ -546,22 +547,7 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
     emit0(Op::barrier, {});
   }
   reduce_staging_free_in_ = -1;
-  // element (r, c): 128 / es a swizzled row, the TMA copy reads the chunks of 128 / es columns;
-  // 16-bit elements two at a time where a thread holds columns c, c + 1 (c even) of a row
-  std::map<Coord, uint32_t> reg_of;
-  if (es == 2 && additive(L))
-    for (uint32_t r = 0; r < val.size(); ++r) reg_of.emplace(L.reg_coords(r), r);
-  for (uint32_t r = 0; r < val.size(); ++r) {
-    if (duplicate_reg(L, r)) continue;
-    V value = val[r];
-    if (!reg_of.empty()) {
-      const Coord c = L.reg_coords(r);
-      if (c[1] % 2 == 1 && reg_of.count({c[0], c[1] - 1})) continue;  // stored with its pair
-      if (auto pair = reg_of.find({c[0], c[1] + 1}); c[1] % 2 == 0 && pair != reg_of.end()) value = pack(val[r], val[pair->second]);
-    }
-    V off = swizzled_offset(coord(L, r, 0), coord(L, r, 1), es, red.chunk_bytes());
-    store_shared_at(bin(Op::add, off, staging), value, std::nullopt);
-  }
+  stage_registers(red, L, val, staging);
   emit0(Op::fence_proxy_async, {});
   emit0(Op::barrier, {});
   V base = emit(Op::smem_addr, pir::scalar(DType::u32), {staging});
@@ -594,6 +580,26 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
       pir_if(is0, [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
       emit0(Op::mbar_arrive, {stage_barrier(t.empty, st.stage)});
     });
+  }
+}
+
+void Lowerer::stage_registers(const TmaReduce& red, const Layout& L, const Regs& val, V staging) {
+  // element (r, c): 128 / es a swizzled row, the TMA copy reads the chunks of 128 / es columns;
+  // 16-bit elements two at a time where a thread holds columns c, c + 1 (c even) of a row
+  const int64_t es = red.elem_bytes;
+  std::map<Coord, uint32_t> reg_of;
+  if (es == 2 && additive(L))
+    for (uint32_t r = 0; r < val.size(); ++r) reg_of.emplace(L.reg_coords(r), r);
+  for (uint32_t r = 0; r < val.size(); ++r) {
+    if (duplicate_reg(L, r)) continue;
+    V value = val[r];
+    if (!reg_of.empty()) {
+      const Coord c = L.reg_coords(r);
+      if (c[1] % 2 == 1 && reg_of.count({c[0], c[1] - 1})) continue;  // stored with its pair
+      if (auto pair = reg_of.find({c[0], c[1] + 1}); c[1] % 2 == 0 && pair != reg_of.end()) value = pack(val[r], val[pair->second]);
+    }
+    V off = swizzled_offset(coord(L, r, 0), coord(L, r, 1), es, red.chunk_bytes());
+    store_shared_at(bin(Op::add, off, staging), value, std::nullopt);
   }
 }
 

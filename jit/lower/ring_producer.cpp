@@ -15,6 +15,9 @@ void Lowerer::run_with_ring_producer() {
   out_.num_threads = 32 * (W + RingProducerPlan::kWarps);
   out_.min_programs_per_sm = 1;  // the cap setmaxnreg needs (ptxas ignores it without one: C7508)
   const int cap = entry_register_cap(W + RingProducerPlan::kWarps);
+  // the writer's tensor maps at the top level, where every later use sees them (they are cached)
+  for (const auto& [op, red] : plan_.hopper.reduces)
+    if (red.loop) tensor_map(red.param_index, red.box);
   auto set_registers = [&](int want) {
     if (want != cap) emit0(Op::set_max_registers, {}, want > cap ? want : -want);
   };
@@ -29,6 +32,8 @@ void Lowerer::run_with_ring_producer() {
   }, [&] {
     set_registers(p.producer_registers);
     pir_if(land(cmp(pir::Pred::eq, warp_, ci32(W)), cmp(pir::Pred::eq, lane_, ci32(0))), [&] { produce_rings(); });
+    if (plan_.hopper.reduce_writer)
+      pir_if(land(cmp(pir::Pred::eq, warp_, ci32(W + 1)), cmp(pir::Pred::eq, lane_, ci32(0))), [&] { write_reduces(); });
     emit0(Op::exit_thread, {});  // not through the consumers' last blocks (pir::Op::exit_thread says why)
     return Regs{};
   });
@@ -59,8 +64,130 @@ V Lowerer::scalar_ahead(ir::ValueId v, bool for_producer) {
 
 void Lowerer::produce_rings() {
   std::map<const ir::Op*, V> counts;
+  const RingIteration fill = [&](const ir::Op& loop, const SmemRing& r, V g, V counter) {
+    const V s = bin(Op::rem, g, ci32(r.stages)), parity = bin(Op::bit_and, bin(Op::div, g, ci32(r.stages)), ci32(1));
+    // in program order (K before V), a tile lending its memory to a TMA store's staging last:
+    // its stage comes back only after that store, which should hold up no other copy
+    std::vector<const ir::Op*> loads = r.loads;
+    std::stable_partition(loads.begin(), loads.end(), [&](const ir::Op* l) { return !plan_.hopper.tiles.at(l).lends_staging_to; });
+    for (const ir::Op* l : loads) {
+      const SmemTile& t = plan_.hopper.tiles.at(l);
+      const V full = stage_barrier(t.full, s), empty = stage_barrier(t.empty, s);
+      // the stage's previous tile freed (a fresh barrier's "previous phase" counts as complete)
+      emit0(Op::mbar_wait, {empty, bin(Op::bit_xor, parity, ci32(1))});
+      emit0(Op::mbar_expect_tx, {full, ci32(t.bytes())});
+      issue_tile(t, ring_stage_addr(r, s, t.offset), full, &loop, counter);
+    }
+  };
   for (const ir::Op& op : f_.body.ops)
-    if (fills_rings(op)) produce_loop(op, counts);
+    if (fills_rings(op)) produce_loop(op, counts, fill);
+}
+
+std::vector<Lowerer::WriterPart> Lowerer::writer_parts(const ir::Op& add) const {
+  const TmaReduce& red = plan_.hopper.reduces.at(&add);
+  const ir::Type& t = f_.type(add.operands[1]);
+  const Layout L = plan_.natural[add.operands[1]] ? *plan_.natural[add.operands[1]] : memory_layout(t);
+  const int64_t per_chunk = 128 / red.elem_bytes, chunks = red.cols / per_chunk;
+  const int W = plan_.num_warps, groups = W / 4;
+  std::vector<int> owner(static_cast<size_t>(chunks), -1);
+  bool split = groups > 1 && groups <= ReduceWriter::kMaxParts && L.num_warps() == W;
+  for (int w = 0; split && w < W; ++w)
+    for (uint32_t l = 0; split && l < 32; ++l)
+      for (uint32_t r = 0; split && r < static_cast<uint32_t>(L.num_regs()); ++r) {
+        int& o = owner.at(static_cast<size_t>(L.coords(r, l, static_cast<uint32_t>(w))[1] / per_chunk));
+        if (o < 0) o = w / 4;
+        split = o == w / 4;
+      }
+  std::vector<WriterPart> parts;
+  if (!split) {
+    parts.push_back({0, W, {}});
+    for (int64_t k = 0; k < chunks; ++k) parts[0].chunks.push_back(k);
+    return parts;
+  }
+  for (int g = 0; g < groups; ++g) {
+    parts.push_back({4 * g, 4, {}});
+    for (int64_t k = 0; k < chunks; ++k)
+      if (owner[static_cast<size_t>(k)] == g) parts.back().chunks.push_back(k);
+  }
+  return parts;
+}
+
+void Lowerer::init_reduce_writer() {
+  // the same parts for every add (they share the staging tile and barriers), else one part
+  for (const auto& [op, red] : plan_.hopper.reduces) {
+    if (!red.loop) continue;
+    std::vector<WriterPart> parts = writer_parts(*op);
+    const bool same = writer_parts_.empty() || (parts.size() == writer_parts_.size() &&
+                                                std::equal(parts.begin(), parts.end(), writer_parts_.begin(), [](const WriterPart& a, const WriterPart& b) {
+                                                  return a.first_warp == b.first_warp && a.warps == b.warps && a.chunks == b.chunks;
+                                                }));
+    if (writer_parts_.empty() || same) {
+      writer_parts_ = std::move(parts);
+      continue;
+    }
+    writer_parts_ = {{0, plan_.num_warps, {}}};
+    for (int64_t k = 0; k < red.cols / (128 / red.elem_bytes); ++k) writer_parts_[0].chunks.push_back(k);
+    break;
+  }
+  // full: every thread of the part arrives once its registers are staged; empty: the writer
+  const int64_t bars = plan_.hopper.reduce_writer->barriers;
+  for (size_t p = 0; p < writer_parts_.size(); ++p) {
+    emit0(Op::mbar_init, {smem_at(bars + 16 * static_cast<int64_t>(p)), ci32(32 * writer_parts_[p].warps)});
+    emit0(Op::mbar_init, {smem_at(bars + 16 * static_cast<int64_t>(p) + 8), ci32(1)});
+  }
+}
+
+void Lowerer::stage_for_writer(const TmaReduce& red, const Layout& L, const Regs& val) {
+  // one add a ring iteration: its parity is the barriers' phase; a fresh empty barrier's
+  // "previous phase" counts as complete, so the first add does not wait
+  const V parity = bin(Op::bit_and, rings_.at(red.loop).iter, ci32(1));
+  const V part = writer_parts_.size() > 1 ? bin(Op::shr, warp_, ci32(2)) : ci32(0);
+  const V full = bin(Op::add, smem_at(plan_.hopper.reduce_writer->barriers), cast(bin(Op::mul, part, ci32(16)), DType::u32));
+  const V empty = bin(Op::add, full, cint(DType::u32, 8));
+  emit0(Op::mbar_wait, {empty, bin(Op::bit_xor, parity, ci32(1))});
+  stage_registers(red, L, val, ci32(plan_.hopper.reduce_staging));
+  emit0(Op::fence_proxy_async, {});  // (the writes, for TMA's reads: async proxy)
+  emit0(Op::mbar_arrive, {full});
+}
+
+void Lowerer::write_reduces() {
+  std::map<const ir::Op*, const ir::Op*> add_in;  // ring loop -> its add
+  for (const auto& [op, red] : plan_.hopper.reduces)
+    if (red.loop) add_in[red.loop] = op;
+  const int64_t bars = plan_.hopper.reduce_writer->barriers;
+  const int parts = static_cast<int>(writer_parts_.size());
+  std::map<const ir::Op*, V> counts;
+  const RingIteration write = [&](const ir::Op& loop, const SmemRing&, V g, V) {
+    auto it = add_in.find(&loop);
+    if (it == add_in.end()) return;
+    const ir::Op& add = *it->second;
+    const TmaReduce& red = plan_.hopper.reduces.at(&add);
+    const size_t rank = tensors_.at(add.operands[0]).sizes.size();
+    std::vector<V> coords;  // innermost first
+    for (size_t i = 0; i < rank; ++i) coords.push_back(cast(producer_value(add.operands[2 + rank - 1 - i]), DType::i32));
+    const V parity = bin(Op::bit_and, g, ci32(1));
+    const V map = tensor_map(red.param_index, red.box);
+    const V base = emit(Op::smem_addr, pir::scalar(DType::u32), {ci32(plan_.hopper.reduce_staging)});
+    const int64_t per_chunk = 128 / red.elem_bytes;
+    for (int p = 0; p < parts; ++p) {
+      emit0(Op::mbar_wait, {smem_at(bars + 16 * p), parity});
+      for (int64_t k : writer_parts_[static_cast<size_t>(p)].chunks) {
+        std::vector<V> args{bin(Op::add, base, cint(DType::u32, k * red.chunk_bytes())), map};
+        for (size_t i = 0; i < rank; ++i) args.push_back(i == 0 && k ? bin(Op::add, coords[0], ci32(per_chunk * k)) : coords[i]);
+        emit0(Op::tma_reduce_add, args, static_cast<int64_t>(rank));
+      }
+      emit0(Op::bulk_commit, {});
+    }
+    // each part back to its warpgroup once TMA has read it (the groups complete in order)
+    for (int p = 0; p < parts; ++p) {
+      emit0(Op::bulk_wait, {}, pir::kBulkWaitRead | (parts - 1 - p));
+      emit0(Op::mbar_arrive, {smem_at(bars + 16 * p + 8)});
+    }
+  };
+  for (const ir::Op& op : f_.body.ops)
+    if (fills_rings(op)) produce_loop(op, counts, write);
+  // (the adds' global writes complete on their own; shared memory must outlive their reads)
+  emit0(Op::bulk_wait, {}, pir::kBulkWaitRead);
 }
 
 bool Lowerer::fills_rings(const ir::Op& op) const {
@@ -78,7 +205,7 @@ std::vector<const ir::Op*> Lowerer::nested_producer_rings(const ir::Op& loop) co
   return out;
 }
 
-void Lowerer::produce_loop(const ir::Op& loop, std::map<const ir::Op*, V>& counts) {
+void Lowerer::produce_loop(const ir::Op& loop, std::map<const ir::Op*, V>& counts, const RingIteration& each) {
   const ir::Block& body = loop.regions[0];
   const auto ring_it = plan_.hopper.rings.find(&loop);
   const SmemRing* r = ring_it == plan_.hopper.rings.end() ? nullptr : &ring_it->second;
@@ -115,24 +242,9 @@ void Lowerer::produce_loop(const ir::Op& loop, std::map<const ir::Op*, V>& count
   frames_.emplace_back();
   const V counter = bin(Op::add, lb, bin(Op::mul, j, step));
   frames_.back().scalars[body.args[0]] = cast(counter, f_.type(body.args[0]).dtype);
-  if (r) {
-    const V g = bin(Op::add, base, j);  // the ring's iteration, counted across runs
-    const V s = bin(Op::rem, g, ci32(r->stages)), parity = bin(Op::bit_and, bin(Op::div, g, ci32(r->stages)), ci32(1));
-    // in program order (K before V), a tile lending its memory to a TMA store's staging last:
-    // its stage comes back only after that store, which should hold up no other copy
-    std::vector<const ir::Op*> loads = r->loads;
-    std::stable_partition(loads.begin(), loads.end(), [&](const ir::Op* l) { return !plan_.hopper.tiles.at(l).lends_staging_to; });
-    for (const ir::Op* l : loads) {
-      const SmemTile& t = plan_.hopper.tiles.at(l);
-      const V full = stage_barrier(t.full, s), empty = stage_barrier(t.empty, s);
-      // the stage's previous tile freed (a fresh barrier's "previous phase" counts as complete)
-      emit0(Op::mbar_wait, {empty, bin(Op::bit_xor, parity, ci32(1))});
-      emit0(Op::mbar_expect_tx, {full, ci32(t.bytes())});
-      issue_tile(t, ring_stage_addr(*r, s, t.offset), full, &loop, counter);
-    }
-  }
+  if (r) each(loop, *r, bin(Op::add, base, j), counter);  // (the ring's iteration, counted across runs)
   for (const ir::Op& op : body.ops)  // the rings' loops in the body, in program order (the planner allows no branch around them)
-    if (fills_rings(op)) produce_loop(op, counts);
+    if (fills_rings(op)) produce_loop(op, counts, each);
   pir::Inst y;
   y.op = Op::yield;
   for (const ir::Op* n : nested) y.args.push_back(counts.at(n));

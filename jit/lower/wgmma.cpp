@@ -21,6 +21,7 @@ void Lowerer::hopper_init() {
       if (const SmemTile& t = h.tiles.at(op); !t.ring) emit0(Op::mbar_init, {smem_at(t.barrier), ci32(1)});
     for (const ir::Op* loop : h.ring_order)
       if (!h.rings.at(loop).follower()) init_ring_barriers(h.rings.at(loop));
+    if (h.reduce_writer) init_reduce_writer();
     emit0(Op::fence_mbar_init, {});
   });
   emit0(Op::barrier, {});

@@ -222,6 +222,7 @@ Meta DkdvConfig::to_meta() const {
   put_if(m, mn::kHeavyFirstSections, heavy_first_sections, false);
   put_if(m, mn::kRingProducer, ring_producer);
   put_if(m, mn::kAccumulate, accumulate, false);
+  put_if(m, mn::kDqWriter, dq_writer, false);
   return m;
 }
 
@@ -259,6 +260,11 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
                                         s.library_mask() ? ", MASK" : ""));
   c.ring_producer = kb.meta<bool>(mn::kRingProducer, false);
   c.accumulate = kb.meta<bool>(mn::kAccumulate, false);
+  c.dq_writer = kb.meta<bool>(mn::kDqWriter, false);
+  if (c.dq_writer && (r != DqReduction::atomic || !*c.ring_producer))
+    kb.fail(Loc::current(), fmt::format("DQ_WRITER hands the atomic reduction's dQ adds to a warp of the producer warpgroup: it needs "
+                                        "DQ_REDUCTION=1 and RING_PRODUCER=true; got DQ_REDUCTION={}, RING_PRODUCER={}",
+                                        static_cast<int>(r), *c.ring_producer));
   if (c.lse_in_ring && *c.rows_ahead)
     kb.fail(Loc::current(), "LSE_IN_RING reads LSE and Delta from each block's own ring stage: not with ROWS_AHEAD=true (which carries "
                             "them to the next block)");

@@ -372,7 +372,7 @@ void run(DkdvProgram& p) {
 const lang::Kernel& attention_backward_dkdv() {
   static const lang::Kernel kern = lang::kernel("attention_bwd_dkdv", [](lang::Builder& kb) {
     backward_detail::DkdvProgram p(kb);
-    if (*p.cfg.ring_producer) lang::ring_producer();  // (after the parameters, as the forward's)
+    if (*p.cfg.ring_producer) lang::ring_producer({.reduce_writer = p.cfg.dq_writer});  // (after the parameters, as the forward's)
     backward_detail::run(p);
   });
   return kern;
