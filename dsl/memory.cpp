@@ -292,7 +292,8 @@ void store(const BlockRef& blk, const Operand& value, StoreOptions opts, Loc loc
 
 namespace {
 // atomic_add / _max / _min / _and / _or / _xor on a window: a block_store with reduce = the op.
-void window_atomic(ir::AtomicRmw rmw, const BlockRef& blk, const Operand& value, const Operand* semaphore, const Operand* target, Loc loc) {
+void window_atomic(ir::AtomicRmw rmw, const BlockRef& blk, const Operand& value, const Operand* semaphore, const Operand* target, Loc loc,
+                   const Operand* signal = nullptr) {
   Builder& b = builder_for({&value}, loc);
   const std::string what = fmt::format("atomic_{}", ir::name(rmw));
   DType d = blk.tensor.dtype();
@@ -316,6 +317,14 @@ void window_atomic(ir::AtomicRmw rmw, const BlockRef& blk, const Operand& value,
     if (!b.type(t.id()).is_scalar()) b.fail(loc, fmt::format("atomic_add: the target must be an integer scalar, got {}", ir::to_string(b.type(t.id()))));
     ops.push_back(p.id()), ops.push_back(t.id());
     attrs["after_semaphore"] = int64_t{1};
+    if (signal) {  // then, once complete: *signal += 1
+      Tile sp = pointer_tile(b, *signal, loc, "atomic_add");
+      const ir::Type& st = b.type(sp.id());
+      if (!st.is_scalar() || st.dtype != DType::i32)
+        b.fail(loc, fmt::format("atomic_add: the signalled semaphore must be one i32 (a scalar pointer to i32), got {}", ir::to_string(st)));
+      ops.push_back(sp.id());
+      attrs["signal_after"] = int64_t{1};
+    }
   }
   b.emit(OpKind::block_store, std::move(ops), std::move(attrs), loc);
 }
@@ -324,6 +333,9 @@ void window_atomic(ir::AtomicRmw rmw, const BlockRef& blk, const Operand& value,
 void atomic_add(const BlockRef& blk, const Operand& value, Loc loc) { window_atomic(ir::AtomicRmw::add, blk, value, nullptr, nullptr, loc); }
 void atomic_add(const BlockRef& blk, const Operand& value, const Operand& semaphore, const Operand& target, Loc loc) {
   window_atomic(ir::AtomicRmw::add, blk, value, &semaphore, &target, loc);
+}
+void atomic_add(const BlockRef& blk, const Operand& value, const Operand& semaphore, const Operand& target, const Operand& signal, Loc loc) {
+  window_atomic(ir::AtomicRmw::add, blk, value, &semaphore, &target, loc, &signal);
 }
 void atomic_max(const BlockRef& blk, const Operand& value, Loc loc) { window_atomic(ir::AtomicRmw::max, blk, value, nullptr, nullptr, loc); }
 void atomic_min(const BlockRef& blk, const Operand& value, Loc loc) { window_atomic(ir::AtomicRmw::min, blk, value, nullptr, nullptr, loc); }

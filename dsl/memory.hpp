@@ -115,6 +115,11 @@ void atomic_add(const BlockRef& block, const Operand& value, std::source_locatio
 // path only the thread that issues the add waits, so the program does not stop at a barrier for it.
 void atomic_add(const BlockRef& block, const Operand& value, const Operand& semaphore, const Operand& target,
                 std::source_location loc = std::source_location::current());
+// The same ordered add, and once its writes are complete, *signal += 1 (release, GPU scope): one op
+// for "wait for my turn, add, pass the turn on", which a ring producer's reduce writer can run
+// entirely off the consumers' path (it signals each add one add later, when it is long complete).
+void atomic_add(const BlockRef& block, const Operand& value, const Operand& semaphore, const Operand& target, const Operand& signal,
+                std::source_location loc = std::source_location::current());
 // block[...] = max / min / and / or / xor (block[...], value), element by element and atomically
 // (relaxed, GPU scope; elements outside the tensor are skipped; no previous values returned): one
 // atom.global per element (an amax or a bitmask over a window). max and min take i32 u32 i64 u64

@@ -221,7 +221,9 @@ std::optional<ScalarFacts::Range> ScalarFacts::compute_range(ir::ValueId v) cons
       break;
     }
     case ir::OpKind::maximum: case ir::OpKind::minimum: {
-      const std::optional<Range> a = arg(0), b = arg(1);
+      // an operand of unknown range still lies in its type's: max(x, 0) >= 0, min(x, c) <= c
+      auto or_type = [&](size_t i) { return arg(i) ? arg(i) : fit(d, tlo, thi); };
+      const std::optional<Range> a = or_type(0), b = or_type(1);
       if (!a || !b) break;
       r = op->kind == ir::OpKind::maximum ? Range{std::max(a->lo, b->lo), std::max(a->hi, b->hi)}
                                           : Range{std::min(a->lo, b->lo), std::min(a->hi, b->hi)};

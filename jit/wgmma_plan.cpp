@@ -565,7 +565,9 @@ class Planner {
         if (!red.staging_tile) refuse("uses the staging tile the writer's adds use (store it by plain stores, or drop reduce_writer)");
         continue;
       }
-      if (store->attrs.count("after_semaphore")) refuse("waits for a semaphore (the consumers issue ordered adds; drop reduce_writer)");
+      if (store->attrs.count("after_semaphore"))
+        refuse("waits for a semaphore (ordered adds stay with the consumers: the writer's deferred signals hung DASH's persistent "
+               "schedule, decision 073; drop reduce_writer)");
       if (red.check_coordinates)
         refuse("has coordinates that may leave TMA's range (tested at run time, element adds as the fallback; drop reduce_writer)");
       const ir::Op* loop = parent_.at(store);

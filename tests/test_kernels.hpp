@@ -237,13 +237,16 @@ inline const Kernel& ring_kernel() {
 // A dQ-like add a key block: S = Q K_j^T, part = (S c) V_j [BM, D] added into Acc's window at m0
 // (every block into the same window, as key tiles into dQ). WRITER: RingProducer::reduce_writer.
 // Misuse metas: the add after the loop (AFTER), in a branch (IN_BRANCH), the sum read back in the
-// kernel (READ_BACK), a semaphore signalled (SIGNAL), an ordered add (ORDERED).
+// kernel (READ_BACK), a semaphore signalled (SIGNAL). ORDERED: every program adds into the first
+// window, in program order (a turn a semaphore counts, passed on by each add's signal);
+// FIRST_WINDOW: into the first window, in no particular order.
 inline const Kernel& writer_kernel() {
   static const Kernel k = kernel("writer_kernel", [](Builder& kb) {
     const int64_t D = 64, BM = 64, BN = 64;
     const bool writer = kb.meta<bool>("WRITER", false), after = kb.meta<bool>("AFTER", false);
     const bool in_branch = kb.meta<bool>("IN_BRANCH", false), read_back = kb.meta<bool>("READ_BACK", false);
     const bool signal = kb.meta<bool>("SIGNAL", false), ordered = kb.meta<bool>("ORDERED", false);
+    const bool first_window = ordered || kb.meta<bool>("FIRST_WINDOW", false);
     const ParamSpec row_major{.align_bytes = 16, .contiguous_last = true};
     auto Q = kb.tensor("Q", bf16, 2, row_major), K = kb.tensor("K", bf16, 2, row_major), V = kb.tensor("V", bf16, 2, row_major);
     auto Acc = kb.tensor("Acc", f32, 2, row_major), O = kb.tensor("O", f32, 2, row_major);
@@ -251,14 +254,16 @@ inline const Kernel& writer_kernel() {
     ring_producer({.reduce_writer = writer});
     const Tile m0 = program_id(0) * BM;
     const Tile q = load(Q.block({m0, 0}, {BM, D}));
+    const Tile row = first_window ? m0 * 0 : m0;  // the window added into
     Var last = zeros(f32, {BM, D});
     for_range(0, K.size(0), BN, [&](Tile n0) {
       const Tile s = dot(q, trans(load(K.block({n0, 0}, {BN, D}))));
       const Tile part = dot(cast(bf16, s * 0.0625f), load(V.block({n0, 0}, {BN, D})));
-      if (ordered) atomic_add(Acc.block({m0, 0}, {BM, D}), part, sem, 0);
-      else if (in_branch) if_(n0 >= 0, [&] { atomic_add(Acc.block({m0, 0}, {BM, D}), part); });
+      // (ordered: program p's add j after every earlier add of programs < p, then passing the turn on)
+      if (ordered) atomic_add(Acc.block({row, 0}, {BM, D}), part, sem, program_id(0) * cdiv(K.size(0), BN) + n0 / BN, sem);
+      else if (in_branch) if_(n0 >= 0, [&] { atomic_add(Acc.block({row, 0}, {BM, D}), part); });
       else if (after) last = part;
-      else atomic_add(Acc.block({m0, 0}, {BM, D}), part);
+      else atomic_add(Acc.block({row, 0}, {BM, D}), part);
     });
     if (after) atomic_add(Acc.block({m0, 0}, {BM, D}), last);
     if (read_back) store(O.block({m0, 0}, {BM, D}), load(Acc.block({m0, 0}, {BM, D})));

@@ -337,6 +337,35 @@ TEST_CASE("ring_producer reduce_writer: the producer's writer warp adds each par
   }
 }
 
+// An ordered add that passes its turn on (atomic_add's signal): in the interpreter the programs add
+// in turn (each waits for every add before its own), the sum is the sequential one bit for bit; on
+// sm_90a thread 0 waits, the TMA adds are issued, and thread 0 signals once they are complete; both
+// backends assemble it.
+TEST_CASE("ordered atomic_add with a signal: adds in turn in the interpreter; waits and signals on sm_90a") {
+  const ir::Function fn = test_kernels::writer_kernel().build({{"ORDERED", true}});
+  HostTensor q(bf16, {256, 64}), k(bf16, {128, 64}), v(bf16, {128, 64}), acc(f32, {256, 64}), out(f32, {256, 64}), sem(i32, {1});
+  q.fill_normal(21, 0, 1), k.fill_normal(22, 0, 1), v.fill_normal(23, 0, 1);
+  acc.fill(0), sem.fill(0);
+  rt::interpret(fn, {4}, {q, k, v, acc, out, sem});
+  CHECK(raw<int32_t>(sem)[0] == 4 * 2);  // every add signalled once
+  // the same sums, bit for bit, as the interpreter's programs one after the other, unordered
+  HostTensor seq = acc;
+  seq.fill(0);
+  rt::interpret(test_kernels::writer_kernel().build({{"FIRST_WINDOW", true}}), {4}, {q, k, v, seq, out, sem});
+  CHECK(raw<float>(seq) == raw<float>(acc));
+  const std::vector<float> a = raw<float>(acc);
+  CHECK(std::any_of(a.begin(), a.begin() + 64 * 64, [](float x) { return std::fabs(x) > 0.1f; }));
+  CHECK(std::all_of(a.begin() + 64 * 64, a.end(), [](float x) { return x == 0.0f; }));  // (all into the first window)
+  if (testing::no_ptxas()) return;
+  for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
+    INFO("backend " << jit::to_string(backend));
+    const jit::CompiledKernel c = testing::assemble_sm90a(fn, backend, 8, 2);
+    CHECK(contains(c.ptx, "red.release.gpu.global.add"));  // (the signals)
+    CHECK(contains(c.ptx, "ld.acquire.gpu"));              // (the waits)
+    CHECK(contains(c.ptx, "cp.reduce.async.bulk.tensor"));
+  }
+}
+
 TEST_CASE("ring_producer reduce_writer misuse: adds it cannot follow and memory it cannot order are errors that say why") {
   auto error_of = [](const lang::Meta& meta) -> std::string {
     try {

@@ -515,14 +515,18 @@ std::vector<Type> window_types(OpKind k, const std::vector<Type>& in, const Attr
       const Type& t = in[0];
       size_t first_off = k == block_load ? 1 : 2;
       const bool ordered = k == block_store && a.count("after_semaphore");  // + (semaphore, target)
-      expect_count(k, in, first_off + static_cast<size_t>(t.rank) + (ordered ? 2 : 0));
+      const bool signal = ordered && a.count("signal_after");               // + (signal)
+      if (k == block_store && a.count("signal_after") && !ordered) fail(k, "'signal_after' needs 'after_semaphore'");
+      expect_count(k, in, first_off + static_cast<size_t>(t.rank) + (ordered ? 2 : 0) + (signal ? 1 : 0));
       for (size_t i = first_off; i < first_off + static_cast<size_t>(t.rank); ++i) expect_scalar_int(k, in[i], "offset");
+      auto is_semaphore = [](const Type& s) { return s.is_pointer() && s.is_scalar() && s.dtype == DType::i32; };
       if (ordered) {
-        const Type& sem = in[in.size() - 2];
+        const size_t at = first_off + static_cast<size_t>(t.rank);
         if (!a.count("reduce") || a.at("reduce") != Attr(std::string("add"))) fail(k, "'after_semaphore' needs reduce = \"add\"");
-        if (!sem.is_pointer() || !sem.is_scalar() || sem.dtype != DType::i32)
-          fail(k, fmt::format("the semaphore must be a scalar pointer to i32, got {}", to_string(sem)));
-        if (in.back() != Type::scalar(DType::i32)) fail(k, fmt::format("the target must be an i32 scalar, got {}", to_string(in.back())));
+        if (!is_semaphore(in[at])) fail(k, fmt::format("the semaphore must be a scalar pointer to i32, got {}", to_string(in[at])));
+        if (in[at + 1] != Type::scalar(DType::i32)) fail(k, fmt::format("the target must be an i32 scalar, got {}", to_string(in[at + 1])));
+        if (signal && !is_semaphore(in[at + 2]))
+          fail(k, fmt::format("the signalled semaphore must be a scalar pointer to i32, got {}", to_string(in[at + 2])));
       }
       const auto& dims = ints_attr(k, a, "dims");
       if (dims.empty() || dims.size() > static_cast<size_t>(t.rank)) fail(k, fmt::format("needs 1..{} tile dims", t.rank));
@@ -681,6 +685,15 @@ std::vector<Type> infer_result_types(OpKind k, const std::vector<Type>& in, cons
       break;
   }
   fail(k, "no type rule");
+}
+
+std::optional<WindowOrder> window_order(const Op& op) {
+  if (op.kind != OpKind::block_store || !op.attrs.count("after_semaphore")) return std::nullopt;
+  const bool signal = op.attrs.count("signal_after") != 0;
+  const size_t n = op.operands.size() - (signal ? 1 : 0);
+  WindowOrder w{op.operands[n - 2], op.operands[n - 1], std::nullopt};
+  if (signal) w.signal = op.operands.back();
+  return w;
 }
 
 }  // namespace tilejit::ir

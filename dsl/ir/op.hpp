@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -70,8 +71,9 @@ enum class OpKind : uint8_t {
   // (ptr, compare, value[, mask]) {sem, scope}: *ptr = value where *ptr == compare -> previous values
   atomic_cas,
   block_load,     // (tensor, offset per tensor dim...) {shape, dims, padding} -> window (bounds-checked)
-  // (tensor, value, offset per tensor dim...[, semaphore, target]) {dims[, reduce = "add": atomic +=
-  // [, after_semaphore: once *semaphore >= target]]}
+  // (tensor, value, offset per tensor dim...[, semaphore, target[, signal]]) {dims[, reduce = "add":
+  // atomic += [, after_semaphore: once *semaphore >= target[, signal_after: then, once the add is
+  // complete, *signal += 1 (release)]]]}
   block_store,
   // inter-program ordering (i32 semaphores in global memory; every thread of the program takes part)
   wait_ge,     // (ptr<i32> scalar, target i32): until *ptr >= target; later reads see what the signals released
@@ -157,5 +159,13 @@ struct Block {
   std::vector<ValueId> args;
   std::vector<Op> ops;
 };
+
+// The ordering operands of an ordered window add (block_store with after_semaphore): the semaphore
+// and its target after the offsets, and with signal_after the semaphore signalled once it is done.
+struct WindowOrder {
+  ValueId semaphore = 0, target = 0;
+  std::optional<ValueId> signal;
+};
+std::optional<WindowOrder> window_order(const Op& op);
 
 }  // namespace tilejit::ir

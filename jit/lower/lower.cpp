@@ -44,6 +44,19 @@ pir::Func Lowerer::run() {
   return std::move(out_);
 }
 
+void Lowerer::signal_after_writes(V ptr, V value) {
+  // every thread's earlier writes are done (barrier), then thread 0 releases them
+  emit0(Op::barrier, {});
+  pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
+    if (!plan_.hopper.reduces.empty()) {
+      // thread 0 issued the program's TMA reduces: their global writes complete first
+      emit0(Op::bulk_wait, {}, 0);
+      emit0(Op::fence_proxy_async_global, {});
+    }
+    emit0(Op::sem_signal, {ptr, value});
+  });
+}
+
 void Lowerer::kernel_body() {
   block(f_.body);
   // TMA reduces still reading the staging tile when the program ends: shared memory must outlive them.
@@ -106,18 +119,8 @@ void Lowerer::lower(const ir::Op& op) {
       return;
     }
     case OpKind::signal_add: {
-      // every thread's earlier writes are done (barrier), then thread 0 releases them
       ++memory_epoch_;
-      V ptr = scalar(op.operands[0]), value = scalar(op.operands[1]);
-      emit0(Op::barrier, {});
-      pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] {
-        if (!plan_.hopper.reduces.empty()) {
-          // thread 0 issued the program's TMA reduces: their global writes complete first
-          emit0(Op::bulk_wait, {}, 0);
-          emit0(Op::fence_proxy_async_global, {});
-        }
-        emit0(Op::sem_signal, {ptr, value});
-      });
+      signal_after_writes(scalar(op.operands[0]), scalar(op.operands[1]));
       return;
     }
     case OpKind::warp_roles: return warp_roles(op);

@@ -200,6 +200,9 @@ class Lowerer {
   // ---------------------------------------------------------------- program order (lower/lower.cpp)
   // The kernel's body and what must follow it.
   void kernel_body();
+  // signal_add (and an ordered add's signal_after): once the program's earlier writes are done,
+  // thread 0 adds `value` to the semaphore at `ptr` (release)
+  void signal_after_writes(V ptr, V value);
   void block(const ir::Block& b);
 
   bool all_scalar(const ir::Op& op) const;

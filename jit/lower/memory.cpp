@@ -470,9 +470,11 @@ void Lowerer::block_atomic(const ir::Op& op) {
   const ir::AtomicRmw rmw = *ir::parse_atomic_rmw(op.str_attr("reduce"));
   order_global(op.operands[0], Access::write, L, window_key(op, 2), rmw == ir::AtomicRmw::add, plan_.hopper.reduces.count(&op) > 0);
   std::optional<V> own = owner(L);
-  // ordered (after_semaphore): the add waits until *semaphore >= target
-  const bool ordered = op.attrs.count("after_semaphore") != 0;
-  V sem = ordered ? scalar(op.operands[op.operands.size() - 2]) : 0, target = ordered ? scalar(op.operands.back()) : 0;
+  // ordered (after_semaphore): the add waits until *semaphore >= target (signal_after: and then
+  // signals a semaphore, as signal_add after it would)
+  const std::optional<ir::WindowOrder> order = ir::window_order(op);
+  const bool ordered = order.has_value();
+  V sem = ordered ? scalar(order->semaphore) : 0, target = ordered ? scalar(order->target) : 0;
   // max / min / and / or / xor: one relaxed GPU-scope atom per element (no TMA path)
   pir::AtomicImm imm;
   imm.rmw = rmw;
@@ -492,11 +494,9 @@ void Lowerer::block_atomic(const ir::Op& op) {
     }
   };
   auto it = plan_.hopper.reduces.find(&op);
-  if (it == plan_.hopper.reduces.end()) {
-    element_updates();
-    return;
-  }
-  tma_bulk_write(op, it->second, L, val, element_updates, ordered, sem, target);
+  if (it == plan_.hopper.reduces.end()) element_updates();
+  else tma_bulk_write(op, it->second, L, val, element_updates, ordered, sem, target);
+  if (order && order->signal) signal_after_writes(scalar(*order->signal), ci32(1));  // (the reduce writer takes no ordered add)
 }
 
 // A block store or add-reduce planned for TMA (HopperPlan::reduces): the tile goes into the

@@ -70,11 +70,6 @@ void Machine::channel_pop_op(const Op& op) {
   channel_.erase(it);
 }
 
-std::byte* Machine::semaphore(const Op& op, const char* verb) {
-  static const ir::Shape scalar_shape;
-  return access(op, static_cast<uint64_t>(S(op.operands[0]).i[0]), 4, verb, -1, scalar_shape);
-}
-
 void Machine::wait_op(const Op& op) { wait_until(op, op.operands[0], op.operands[1]); }
 
 void Machine::wait_until(const Op& op, ir::ValueId sem, ir::ValueId target_id) {
@@ -100,11 +95,14 @@ void Machine::wait_until(const Op& op, ir::ValueId sem, ir::ValueId target_id) {
                           target, value()));
 }
 
-void Machine::signal_op(const Op& op) {
-  std::byte* p = semaphore(op, "signals");
+void Machine::signal_op(const Op& op) { signal_by(op, op.operands[0], S(op.operands[1]).i[0]); }
+
+void Machine::signal_by(const Op& op, ir::ValueId sem, int64_t add) {
+  static const ir::Shape scalar_shape;
+  std::byte* p = access(op, static_cast<uint64_t>(S(sem).i[0]), 4, "signals", -1, scalar_shape);
   std::unique_lock<std::mutex> lock;
   if (sync_) lock = std::unique_lock(sync_->mu);
-  const int64_t v = element::read_int(DType::i32, p) + S(op.operands[1]).i[0];
+  const int64_t v = element::read_int(DType::i32, p) + add;
   element::write_int(DType::i32, p, static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(v))));
   if (sync_) {
     ++sync_->generation;

@@ -240,11 +240,11 @@ class Machine {
   void warp_roles_op(const Op& op);
   void channel_push_op(const Op& op);
   void channel_pop_op(const Op& op);
-  std::byte* semaphore(const Op& op, const char* verb);
   void wait_op(const Op& op);
   // Until *sem >= target (the semaphore operand and the target operand of `op`).
   void wait_until(const Op& op, ir::ValueId sem, ir::ValueId target_id);
   void signal_op(const Op& op);
+  void signal_by(const Op& op, ir::ValueId sem, int64_t add);  // *sem += add (release): waiters wake
 
   // ------------------------------------------------------------ state
   const ir::Function& f_;

@@ -206,10 +206,15 @@ void Machine::exec(const Op& op) {
     case ring_producer: return;  // a schedule of warpgroups: no effect on values
     case block_load: return block_op(op);
     case block_store: {
-      if (op.attrs.count("after_semaphore")) wait_until(op, op.operands[op.operands.size() - 2], op.operands.back());
-      std::unique_lock<std::mutex> lock;  // atomic_add on a window: one update at a time
-      if (sync_ && op.attrs.count("reduce")) lock = std::unique_lock(sync_->mu);
-      return block_op(op);
+      const std::optional<ir::WindowOrder> order = ir::window_order(op);
+      if (order) wait_until(op, order->semaphore, order->target);
+      {
+        std::unique_lock<std::mutex> lock;  // atomic_add on a window: one update at a time
+        if (sync_ && op.attrs.count("reduce")) lock = std::unique_lock(sync_->mu);
+        block_op(op);
+      }
+      if (order && order->signal) signal_by(op, *order->signal, 1);
+      return;
     }
     case for_: return for_op(op);
     case if_: return if_op(op);
