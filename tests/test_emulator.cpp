@@ -717,9 +717,8 @@ TEST_CASE("TMA stores: a later read of the stored tensor waits for the bulk writ
 // runs of the query loop a program).
 TEST_CASE("emulator: dK/dV with the atomic dQ reduction (TMA add-reduces) equals the interpreter") {
   const int64_t B = 1, Hq = 2, Sq = 128, Sk = 256, D = 128, BM = 64, BN = 128;
-  for (const int variant : {0, 1, 2}) {  // plain; the writer; the writer on a persistent grid of one program
-    const bool writer = variant > 0, persistent = variant == 2;
-    INFO("RING_PRODUCER, LSE_IN_RING and DQ_WRITER " << writer << ", PERSISTENT " << persistent);
+  for (const bool writer : {false, true}) {
+    INFO("RING_PRODUCER, LSE_IN_RING and DQ_WRITER " << writer);
     const int64_t Hkv = writer ? 1 : 2;  // (the writer: two query heads a program)
     HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D}), dout(bf16, {B, Sq, Hq, D});
     HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq}), delta(f32, {B, Hq, Sq});
@@ -736,7 +735,6 @@ TEST_CASE("emulator: dK/dV with the atomic dQ reduction (TMA add-reduces) equals
                        {cdiv(Sq, 64), Hq, B}, {o, dout, delta});
     Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", false}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"DQ_REDUCTION", 1}};
     if (writer) meta.insert(meta.end(), {{"RING_PRODUCER", true}, {"LSE_IN_RING", true}, {"DQ_WRITER", true}});
-    if (persistent) meta.emplace_back("PERSISTENT", true);  // (every key tile in one program: the phases run on across them)
     const ir::Function fn = kernels::attention_backward_dkdv().build(meta);
     jit::CompileOptions o8;
     o8.num_warps = 8;
@@ -753,8 +751,7 @@ TEST_CASE("emulator: dK/dV with the atomic dQ reduction (TMA add-reduces) equals
     for (const runtime::EmulatorSchedule& sched : schedules) {
       INFO("schedule seed " << sched.seed);
       for (int64_t e = 0; e < acc.numel(); ++e) acc.set_flat(e, 0.0);
-      const runtime::Grid grid = persistent ? runtime::Grid{1} : runtime::Grid{cdiv(Sk, BN), Hkv, B};
-      const Runs r = run_both(fn, grid, {q, k, v, dout, lse, delta, dk, dv, acc}, {scale}, {scale}, o8, sched);
+      const Runs r = run_both(fn, {cdiv(Sk, BN), Hkv, B}, {q, k, v, dout, lse, delta, dk, dv, acc}, {scale}, {scale}, o8, sched);
       for (size_t i = 6; i < r.ref.size(); ++i) {
         INFO("output " << i << " (dK, dV, dQ_accum)");
         double norm = 0;
