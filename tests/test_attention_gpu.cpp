@@ -1259,6 +1259,7 @@ TEST_CASE("gpu: attention API dQ reductions against float64, and determinism") {
       {{1, 4, 2, 257, 190, 128, false, true}, 0.1},  // dropout
       {{1, 8, 2, 640, 640, 64, true, true}, 0.0},    // causal, 10 key tiles per dQ tile at most
       {{1, 4, 2, 256, 320, 128, false, true}, 0.0},  // D 128 full, S_q % 4 == 0: dK/dV's ring options (atomic: RING_PRODUCER)
+      {{1, 2, 2, 384, 384, 128, true, true}, 0.0},   // D 128 causal, aligned: atomic on the producer and the dQ writer
   };
   std::vector<Mode> modes;
   for (DqReduction r : {DqReduction::recompute, DqReduction::atomic, DqReduction::split, DqReduction::ordered}) {

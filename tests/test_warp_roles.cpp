@@ -388,8 +388,8 @@ TEST_CASE("ring_producer reduce_writer misuse: adds it cannot follow and memory 
   CHECK(contains(error_of({{"WRITER", true}, {"ORDERED", true}}), "waits for a semaphore"));
   // the attention kernel's DQ_WRITER: where it ran on the GPU only (decision 073)
   CHECK_THROWS_WITH(kernels::attention_backward_dkdv().build({{"DTYPE", bf16}, {"HEAD_DIM", 128}, {"BLOCK_M", 64}, {"BLOCK_N", 128},
-                                                              {"CAUSAL", true}, {"DQ_REDUCTION", 1}, {"RING_PRODUCER", true},
-                                                              {"DQ_WRITER", true}}),
-                    doctest::Contains("on the full mask (not CAUSAL, no library MASK) without PERSISTENT; got DQ_REDUCTION=1, "
-                                      "RING_PRODUCER=true, CAUSAL=true"));
+                                                              {"CAUSAL", true}, {"DQ_REDUCTION", 1}, {"PERSISTENT", true},
+                                                              {"RING_PRODUCER", true}, {"DQ_WRITER", true}}),
+                    doctest::Contains("on the full or causal mask (no library MASK) without PERSISTENT; got DQ_REDUCTION=1, "
+                                      "RING_PRODUCER=true, MASK=false, PERSISTENT=true"));
 }

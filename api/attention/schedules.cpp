@@ -124,18 +124,22 @@ bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod, bool
 // - recompute, LSE_IN_RING: 1.01-1.05x at D 64 and D 128 full; 0.98-1.02 at D 128 causal (off);
 //   RING_PRODUCER loses 0.76-0.83x (its warpgroup halves the programs an SM at 64 x 64 tiles);
 // - atomic (BLOCK_N 128 on 8 warps, one program an SM): both 1.097x at D 128 full (LSE_IN_RING
-//   alone 1.02x: schedules the producer does not fit); 0.88 causal and 0.77 at D 64 (off).
+//   alone 1.02x: schedules the producer does not fit); 0.88 causal and 0.77 at D 64 (off). With the
+//   dQ writer (DQ_WRITER, decision 073) all three against the plain kernel: 1.131x D 128 full,
+//   1.367x D 128 causal (on), 0.80-0.81x D 64 (off).
 // Unmeasured (off): varlen, library masks, score mods, dropout, the split and ordered reductions.
 DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned) {
   if (!row_vectors_aligned || c.varlen || c.mask != 0 || c.score_mod != 0 || c.dropout || !declares(Pass::bwd_dkdv, mn::kLseInRing))
     return {};
   const bool d128_full = c.head_dim == 128 && !c.causal;
   if (c.reduction == static_cast<int>(DqReduction::recompute)) return {.lse_in_ring = c.head_dim == 64 || d128_full};
-  if (c.reduction != static_cast<int>(DqReduction::atomic) || !d128_full) return {};
-  // (the producer at the measured schedule only: it needs whole warpgroups and one program an SM)
+  if (c.reduction != static_cast<int>(DqReduction::atomic) || c.head_dim != 128) return {};
+  // (the producer at the measured schedule only: it needs whole warpgroups and one program an SM;
+  // causal only with the writer: the producer alone loses there)
   const bool measured_tiles = c.sch.block_n == 128 && c.sch.num_warps == 8 && c.sch.min_programs_per_sm <= 1;
-  const bool producer = measured_tiles && declares(Pass::bwd_dkdv, mn::kRingProducer);
-  return {.lse_in_ring = true, .ring_producer = producer, .dq_writer = producer && declares(Pass::bwd_dkdv, mn::kDqWriter)};
+  const bool writer = measured_tiles && declares(Pass::bwd_dkdv, mn::kRingProducer) && declares(Pass::bwd_dkdv, mn::kDqWriter);
+  if (c.causal && !writer) return {};
+  return {.lse_in_ring = true, .ring_producer = writer || (measured_tiles && declares(Pass::bwd_dkdv, mn::kRingProducer)), .dq_writer = writer};
 }
 
 // The call's configuration as the pass's typed kernel configuration (kernels/attention/config.hpp),

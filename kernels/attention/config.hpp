@@ -122,7 +122,7 @@ struct DkdvConfig {
   // dK and dV are f32 and receive += the gradients (gradient accumulation; context parallelism's
   // sums without a separate pass): the epilogue loads, adds and stores
   bool accumulate = false;
-  // The atomic reduction under RING_PRODUCER, full mask, not PERSISTENT: a warp of the producer
+  // The atomic reduction under RING_PRODUCER, full or causal, not PERSISTENT: a warp of the producer
   // warpgroup issues dQ's TMA adds (lang::RingProducer::reduce_writer, FlashAttention-3's dQ
   // writer) [073]
   bool dq_writer = false;
