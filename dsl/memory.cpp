@@ -308,21 +308,22 @@ void window_atomic(ir::AtomicRmw rmw, const BlockRef& blk, const Operand& value,
   std::vector<ir::ValueId> ops{blk.tensor.descriptor().id(), v.id()};
   for (const Tile& t : blk.offsets) ops.push_back(t.id());
   ir::AttrMap attrs{{"dims", blk.dims}, {"reduce", std::string(ir::name(rmw))}};
-  if (semaphore) {  // ordered: the semaphore and its target follow the offsets
-    Tile p = pointer_tile(b, *semaphore, loc, "atomic_add");
+  // a semaphore operand: one i32 (a scalar pointer to i32)
+  auto semaphore_tile = [&](const Operand& o, const char* name) {
+    Tile p = pointer_tile(b, o, loc, "atomic_add");
     const ir::Type& pt = b.type(p.id());
     if (!pt.is_scalar() || pt.dtype != DType::i32)
-      b.fail(loc, fmt::format("atomic_add: the semaphore must be one i32 (a scalar pointer to i32), got {}", ir::to_string(pt)));
+      b.fail(loc, fmt::format("atomic_add: the {} must be one i32 (a scalar pointer to i32), got {}", name, ir::to_string(pt)));
+    return p;
+  };
+  if (semaphore) {  // ordered: the semaphore and its target follow the offsets
+    Tile p = semaphore_tile(*semaphore, "semaphore");
     Tile t = target->is_literal() ? detail::materialize(b, *target, DType::i32, {}, loc, "atomic_add") : cast(DType::i32, target->tile(), loc);
     if (!b.type(t.id()).is_scalar()) b.fail(loc, fmt::format("atomic_add: the target must be an integer scalar, got {}", ir::to_string(b.type(t.id()))));
     ops.push_back(p.id()), ops.push_back(t.id());
     attrs["after_semaphore"] = int64_t{1};
     if (signal) {  // then, once complete: *signal += 1
-      Tile sp = pointer_tile(b, *signal, loc, "atomic_add");
-      const ir::Type& st = b.type(sp.id());
-      if (!st.is_scalar() || st.dtype != DType::i32)
-        b.fail(loc, fmt::format("atomic_add: the signalled semaphore must be one i32 (a scalar pointer to i32), got {}", ir::to_string(st)));
-      ops.push_back(sp.id());
+      ops.push_back(semaphore_tile(*signal, "signalled semaphore").id());
       attrs["signal_after"] = int64_t{1};
     }
   }

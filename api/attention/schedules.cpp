@@ -137,9 +137,10 @@ DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned) {
   // (the producer at the measured schedule only: it needs whole warpgroups and one program an SM;
   // causal only with the writer: the producer alone loses there)
   const bool measured_tiles = c.sch.block_n == 128 && c.sch.num_warps == 8 && c.sch.min_programs_per_sm <= 1;
-  const bool writer = measured_tiles && declares(Pass::bwd_dkdv, mn::kRingProducer) && declares(Pass::bwd_dkdv, mn::kDqWriter);
+  const bool producer = measured_tiles && declares(Pass::bwd_dkdv, mn::kRingProducer);
+  const bool writer = producer && declares(Pass::bwd_dkdv, mn::kDqWriter);
   if (c.causal && !writer) return {};
-  return {.lse_in_ring = true, .ring_producer = writer || (measured_tiles && declares(Pass::bwd_dkdv, mn::kRingProducer)), .dq_writer = writer};
+  return {.lse_in_ring = true, .ring_producer = producer, .dq_writer = writer};
 }
 
 // The call's configuration as the pass's typed kernel configuration (kernels/attention/config.hpp),

@@ -472,15 +472,21 @@ class Lowerer {
   struct WriterPart {
     int first_warp = 0, warps = 0;
     std::vector<int64_t> chunks;  // TMA column chunks (128 bytes wide)
+    bool operator==(const WriterPart&) const = default;
   };
   std::vector<WriterPart> writer_parts_;
   std::vector<WriterPart> writer_parts(const ir::Op& add) const;
+  std::vector<WriterPart> whole_tile_part(const TmaReduce& red) const;  // one part: every consumer, every chunk
   void init_reduce_writer();
   // A consumer: waits until its part of the staging tile is free, writes it, arrives on its full barrier.
   void stage_for_writer(const TmaReduce& red, const Layout& L, const Regs& val);
   // The writer (one thread of the producer warpgroup's second warp): the rings' loops again, each
   // add's parts by TMA as they fill, each part handed back once read.
   void write_reduces();
+  // One TMA store / add per listed column chunk of the staging tile at `base` (shared-memory
+  // address) into `op`'s window, its offsets lowered by `offset` (in the program or the writer).
+  void issue_tma_chunks(const ir::Op& op, const TmaReduce& red, V base, const std::vector<int64_t>& chunks,
+                        const std::function<V(ir::ValueId)>& offset);
   // The registers of a TMA store / add into the swizzled staging tile at `staging`.
   void stage_registers(const TmaReduce& red, const Layout& L, const Regs& val, V staging);
   // The rings whose loops are being lowered, innermost last (a tile of the innermost may be freed

@@ -506,7 +506,6 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
                              const std::function<void()>& fallback, bool ordered, V sem, V target) {
   if (red.loop) return stage_for_writer(red, L, val);  // (HopperPlan::reduce_writer issues it)
   const auto element_updates = fallback;
-  const int64_t es = red.elem_bytes, per_chunk = 128 / es;
   V is0 = cmp(pir::Pred::eq, tid_, ci32(0));
   // offsets not known to lie in [0, 2^31 - 1 - the box's extent]: TMA only when they do (it faults
   // otherwise); else every thread adds its elements, clipped at the tensor's edges, as the generic
@@ -558,16 +557,7 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
       emit0(Op::sem_wait, {sem, target});
       emit0(Op::fence_proxy_async_global, {});  // the TMA add comes after what the signals released
     }
-    const size_t rank = tensors_.at(op.operands[0]).sizes.size();
-    V map = tensor_map(red.param_index, red.box);
-    for (int64_t k = 0; k < red.cols / per_chunk; ++k) {
-      std::vector<V> args{bin(Op::add, base, cint(DType::u32, k * red.chunk_bytes())), map};
-      for (size_t i = 0; i < rank; ++i) {  // innermost first
-        V x = cast(scalar(op.operands[2 + rank - 1 - i]), DType::i32);
-        args.push_back(i == 0 && k ? bin(Op::add, x, ci32(per_chunk * k)) : x);
-      }
-      emit0(red.store_only ? Op::tma_store : Op::tma_reduce_add, args, static_cast<int64_t>(rank));
-    }
+    issue_tma_chunks(op, red, base, whole_tile_part(red)[0].chunks, [&](ir::ValueId v) { return scalar(v); });
     emit0(Op::bulk_commit, {});
   });
   if (red.staging_tile && plan_.hopper.tiles.at(red.staging_tile).ring) {
@@ -580,6 +570,21 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
       pir_if(is0, [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
       emit0(Op::mbar_arrive, {stage_barrier(t.empty, st.stage)});
     });
+  }
+}
+
+void Lowerer::issue_tma_chunks(const ir::Op& op, const TmaReduce& red, V base, const std::vector<int64_t>& chunks,
+                               const std::function<V(ir::ValueId)>& offset) {
+  const size_t rank = tensors_.at(op.operands[0]).sizes.size();
+  const int64_t per_chunk = 128 / red.elem_bytes;
+  const V map = tensor_map(red.param_index, red.box);
+  for (int64_t k : chunks) {
+    std::vector<V> args{bin(Op::add, base, cint(DType::u32, k * red.chunk_bytes())), map};
+    for (size_t i = 0; i < rank; ++i) {  // innermost first
+      V x = cast(offset(op.operands[2 + rank - 1 - i]), DType::i32);
+      args.push_back(i == 0 && k ? bin(Op::add, x, ci32(per_chunk * k)) : x);
+    }
+    emit0(red.store_only ? Op::tma_store : Op::tma_reduce_add, args, static_cast<int64_t>(rank));
   }
 }
 

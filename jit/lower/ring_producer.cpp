@@ -98,12 +98,8 @@ std::vector<Lowerer::WriterPart> Lowerer::writer_parts(const ir::Op& add) const 
         if (o < 0) o = w / 4;
         split = o == w / 4;
       }
+  if (!split) return whole_tile_part(red);
   std::vector<WriterPart> parts;
-  if (!split) {
-    parts.push_back({0, W, {}});
-    for (int64_t k = 0; k < chunks; ++k) parts[0].chunks.push_back(k);
-    return parts;
-  }
   for (int g = 0; g < groups; ++g) {
     parts.push_back({4 * g, 4, {}});
     for (int64_t k = 0; k < chunks; ++k)
@@ -112,22 +108,22 @@ std::vector<Lowerer::WriterPart> Lowerer::writer_parts(const ir::Op& add) const 
   return parts;
 }
 
+std::vector<Lowerer::WriterPart> Lowerer::whole_tile_part(const TmaReduce& red) const {
+  WriterPart all{0, plan_.num_warps, {}};
+  for (int64_t k = 0; k < red.cols / (128 / red.elem_bytes); ++k) all.chunks.push_back(k);
+  return {all};
+}
+
 void Lowerer::init_reduce_writer() {
   // the same parts for every add (they share the staging tile and barriers), else one part
   for (const auto& [op, red] : plan_.hopper.reduces) {
     if (!red.loop) continue;
     std::vector<WriterPart> parts = writer_parts(*op);
-    const bool same = writer_parts_.empty() || (parts.size() == writer_parts_.size() &&
-                                                std::equal(parts.begin(), parts.end(), writer_parts_.begin(), [](const WriterPart& a, const WriterPart& b) {
-                                                  return a.first_warp == b.first_warp && a.warps == b.warps && a.chunks == b.chunks;
-                                                }));
-    if (writer_parts_.empty() || same) {
-      writer_parts_ = std::move(parts);
-      continue;
+    if (!writer_parts_.empty() && parts != writer_parts_) {
+      writer_parts_ = whole_tile_part(red);
+      break;
     }
-    writer_parts_ = {{0, plan_.num_warps, {}}};
-    for (int64_t k = 0; k < red.cols / (128 / red.elem_bytes); ++k) writer_parts_[0].chunks.push_back(k);
-    break;
+    writer_parts_ = std::move(parts);
   }
   // full: every thread of the part arrives once its registers are staged; empty: the writer
   const int64_t bars = plan_.hopper.reduce_writer->barriers;
@@ -161,21 +157,15 @@ void Lowerer::write_reduces() {
     auto it = add_in.find(&loop);
     if (it == add_in.end()) return;
     const ir::Op& add = *it->second;
-    const TmaReduce& red = plan_.hopper.reduces.at(&add);
+    // the add's offsets ahead of the waits (innermost first, as issue_tma_chunks reads them)
     const size_t rank = tensors_.at(add.operands[0]).sizes.size();
-    std::vector<V> coords;  // innermost first
-    for (size_t i = 0; i < rank; ++i) coords.push_back(cast(producer_value(add.operands[2 + rank - 1 - i]), DType::i32));
+    for (size_t i = 0; i < rank; ++i) producer_value(add.operands[2 + rank - 1 - i]);
     const V parity = bin(Op::bit_and, g, ci32(1));
-    const V map = tensor_map(red.param_index, red.box);
     const V base = emit(Op::smem_addr, pir::scalar(DType::u32), {ci32(plan_.hopper.reduce_staging)});
-    const int64_t per_chunk = 128 / red.elem_bytes;
     for (int p = 0; p < parts; ++p) {
       emit0(Op::mbar_wait, {smem_at(bars + 16 * p), parity});
-      for (int64_t k : writer_parts_[static_cast<size_t>(p)].chunks) {
-        std::vector<V> args{bin(Op::add, base, cint(DType::u32, k * red.chunk_bytes())), map};
-        for (size_t i = 0; i < rank; ++i) args.push_back(i == 0 && k ? bin(Op::add, coords[0], ci32(per_chunk * k)) : coords[i]);
-        emit0(Op::tma_reduce_add, args, static_cast<int64_t>(rank));
-      }
+      issue_tma_chunks(add, plan_.hopper.reduces.at(&add), base, writer_parts_[static_cast<size_t>(p)].chunks,
+                       [&](ir::ValueId v) { return producer_value(v); });
       emit0(Op::bulk_commit, {});
     }
     // each part back to its warpgroup once TMA has read it (the groups complete in order)

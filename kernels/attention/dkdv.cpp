@@ -287,15 +287,17 @@ void KeyTile::dq_part(const QueryHead& qh, const Tile& m0, const Tile& dst_t, co
   const bool k_on_wgmma = a.BM % 64 == 0 && (a.BM >= a.BN || a.D % 128 == 0);
   Tile k_b = k_on_wgmma ? k : load(rows(a.K, kv_h, n0, a.BN));
   Tile dq_part = dot(trans(dst_t), k_b);
-  auto window = [&] { return p.dq_ws.block({rows.b, h, m0, 0}, {a.BM, a.D}, {2, 3}); };  // dQ_accum's
-  // DQ_WRITER: coordinates the compiler can prove in TMA's range (the writer has no element
-  // fallback); they are (b, h, m0 index the tensor), but PERSISTENT's arithmetic hides it [073]
-  auto provable_window = [&] {
-    auto in_range = [](const Tile& x) { return minimum(maximum(x, 0), std::numeric_limits<int32_t>::max() - 256); };
-    return p.dq_ws.block({in_range(rows.b), in_range(h), in_range(m0), 0}, {a.BM, a.D}, {2, 3});
+  // dQ_accum's window. DQ_WRITER: at coordinates the compiler can prove in TMA's range (the writer
+  // has no element fallback); they are (b, h, m0 index the tensor), but the causal walk's start
+  // (S_k - S_q) hides it [073]
+  auto window = [&] {
+    auto coordinate = [&](const Tile& x) {
+      return p.cfg.dq_writer ? minimum(maximum(x, 0), std::numeric_limits<int32_t>::max() - 256) : x;
+    };
+    return p.dq_ws.block({coordinate(rows.b), coordinate(h), coordinate(m0), 0}, {a.BM, a.D}, {2, 3});
   };
   if (reduction == DqReduction::atomic) {
-    atomic_add(p.cfg.dq_writer ? provable_window() : window(), dq_part);  // on Hopper: TMA adds the tile from shared memory [024]
+    atomic_add(window(), dq_part);  // on Hopper: TMA adds the tile from shared memory [024]
   } else if (reduction == DqReduction::ordered) {
     // Key blocks add into dQ tile m in increasing order: this one waits for the n_block before it
     // (every earlier key block reaches m: full, or causal, whose query range only grows towards
