@@ -565,9 +565,6 @@ class Planner {
         if (!red.staging_tile) refuse("uses the staging tile the writer's adds use (store it by plain stores, or drop reduce_writer)");
         continue;
       }
-      if (store->attrs.count("after_semaphore"))
-        refuse("waits for a semaphore (ordered adds stay with the consumers: the writer's deferred signals hung DASH's persistent "
-               "schedule, decision 073; drop reduce_writer)");
       if (red.check_coordinates)
         refuse("has coordinates that may leave TMA's range (tested at run time, element adds as the fallback; drop reduce_writer)");
       const ir::Op* loop = parent_.at(store);
@@ -590,8 +587,9 @@ class Planner {
                                         "iteration)", where, member->loc.str()));
     ir::walk(f_.body, [&](const ir::Op& op) {
       if (op.kind == OpKind::wait_ge || op.kind == OpKind::signal_add)
-        throw LoweringError(fmt::format("{}: the {} at {} orders memory between programs, which the writer's adds would escape (drop "
-                                        "reduce_writer)", where, ir::op_name(op.kind), op.loc.str()));
+        throw LoweringError(fmt::format("{}: the {} at {} orders memory between programs, which the writer's adds would escape (an "
+                                        "ordered atomic_add with a signal does both in the writer; or drop reduce_writer)", where,
+                                        ir::op_name(op.kind), op.loc.str()));
       if (op.kind == OpKind::tensor_dim || op.kind == OpKind::tensor_stride || (op.kind == OpKind::block_store && add_in.count(parent_.at(&op)) && add_in.at(parent_.at(&op)) == &op))
         return;
       for (ir::ValueId v : op.operands)
@@ -601,7 +599,8 @@ class Planner {
     });
     at = align_up(at, 8);
     plan_.reduce_writer->barriers = at;
-    at += 16 * ReduceWriter::kMaxParts;
+    plan_.reduce_writer->pending_signal = at + 16 * ReduceWriter::kMaxParts;
+    at += 16 * ReduceWriter::kMaxParts + 8;
   }
 
   // Barrier pairs per stage: one per ring, or one per tile under a producer.

@@ -136,6 +136,7 @@ struct ReduceWriter {
   static constexpr int kMaxParts = 4;
   const ir::Op* ring = nullptr;  // the head loop of the ring (chain) whose iterations the adds follow
   int64_t barriers = 0;          // part p: full at barriers + 16 p, empty 8 bytes after it
+  int64_t pending_signal = 0;    // 8 bytes: the semaphore the last ordered add signals once complete (0: none)
 };
 
 struct HopperPlan {

@@ -763,6 +763,37 @@ TEST_CASE("emulator: dK/dV with the atomic dQ reduction (TMA add-reduces) equals
   }
 }
 
+// PERSISTENT atomic dK/dV on the producer and the dQ writer: a 1-D grid of 3 programs walking
+// the key tiles of two heads in launch order, causal (items of unequal length: the rings' and the
+// writer's barrier phases count on across them) and full, D 64 on 4 consumer warps and D 128 on 8,
+// warp by warp with random hand-overs too. (On the GPU it hung until the LLVM backend's waits became
+// convergent: decision 074.)
+TEST_CASE("emulator: persistent atomic dK/dV with the dQ writer equals the interpreter") {
+  for (int64_t D : {64, 128})
+    for (bool causal : {true, false}) {
+      const int64_t BM = 64, BN = D == 128 ? 128 : 64, B = 1, Hq = 2, Hkv = 2, S = D == 128 ? 384 : 256;
+      INFO("D " << D << " causal " << causal);
+      const float scale = 0.088f;
+      const Meta fmeta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", causal}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", 64}};
+      const auto [q, k, v, dout, o, lse, delta] = backward_inputs(B, Hq, Hkv, S, S, D, BM, fmeta, scale, 91);
+      HostTensor dk(bf16, {B, S, Hkv, D}), dv(bf16, {B, S, Hkv, D}), acc(f32, {B, Hq, S, D});
+      acc.fill(0);
+      const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", causal}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"DQ_REDUCTION", 1},
+                      {"RING_PRODUCER", true}, {"LSE_IN_RING", true}, {"DQ_WRITER", true}, {"PERSISTENT", true}};
+      const ir::Function fn = kernels::attention_backward_dkdv().build(meta);
+      jit::CompileOptions opts;
+      opts.num_warps = D == 128 ? 8 : 4;
+      for (uint64_t seed : {0, 3}) {
+        INFO("schedule seed " << seed);
+        const Runs r = run_both(fn, {3}, {q, k, v, dout, lse, delta, dk, dv, acc}, {scale}, {scale}, opts, {seed != 0, seed});
+        for (size_t i = 6; i < r.ref.size(); ++i) {
+          INFO("output " << i << " (dK, dV, dQ_accum)");
+          CHECK(close_in_max_norm(r.ref[i], r.emu[i], 2e-2));
+        }
+      }
+    }
+}
+
 // lang::timestamp: lane 0 of each warp stores its clock at slot + warp. The emulator's clock is a
 // count of the stamps taken (monotonic per warp), the interpreter stores nothing; both backends'
 // PTX assembles. The D 128 forward's TIMELINE stamps every consumer warp and leaves O as it was.

@@ -818,9 +818,13 @@ TEST_CASE("gpu: ring_producer: rings filled by a producer warpgroup give the int
     opts.num_warps = warps;
     opts.pipeline.stages = 2;
     check_against_interpreter(test_kernels::writer_kernel().build({{"WRITER", true}}), {2}, {&q, &kw, &vw, &acc, &out, &sem}, 1e-3, opts, true);
-    // ordered adds that pass their turn on (atomic_add's signal), issued by the consumers
-    check_against_interpreter(test_kernels::writer_kernel().build({{"ORDERED", true}}), {2}, {&q, &kw, &vw, &acc, &out, &sem}, 1e-3, opts,
-                              true);
+    // ordered adds that pass their turn on (atomic_add's signal), issued by the consumers, and by
+    // the writer (it waits for each turn and signals one add later: decision 074)
+    for (const bool writer : {false, true}) {
+      sem.fill(0);
+      check_against_interpreter(test_kernels::writer_kernel().build({{"ORDERED", true}, {"WRITER", writer}}), {2},
+                                {&q, &kw, &vw, &acc, &out, &sem}, 1e-3, opts, true);
+    }
   }
   struct Case {
     int64_t D, block;

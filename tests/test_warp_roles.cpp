@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -340,9 +341,11 @@ TEST_CASE("ring_producer reduce_writer: the producer's writer warp adds each par
 // An ordered add that passes its turn on (atomic_add's signal): in the interpreter the programs add
 // in turn (each waits for every add before its own), the sum is the sequential one bit for bit; on
 // sm_90a thread 0 waits, the TMA adds are issued, and thread 0 signals once they are complete; both
-// backends assemble it.
+// backends assemble it. With the reduce writer (decision 074) its warp waits, adds and signals.
 TEST_CASE("ordered atomic_add with a signal: adds in turn in the interpreter; waits and signals on sm_90a") {
-  const ir::Function fn = test_kernels::writer_kernel().build({{"ORDERED", true}});
+  for (const bool writer : {false, true}) {
+  INFO("reduce writer " << writer);
+  const ir::Function fn = test_kernels::writer_kernel().build({{"ORDERED", true}, {"WRITER", writer}});
   HostTensor q(bf16, {256, 64}), k(bf16, {128, 64}), v(bf16, {128, 64}), acc(f32, {256, 64}), out(f32, {256, 64}), sem(i32, {1});
   q.fill_normal(21, 0, 1), k.fill_normal(22, 0, 1), v.fill_normal(23, 0, 1);
   acc.fill(0), sem.fill(0);
@@ -356,13 +359,25 @@ TEST_CASE("ordered atomic_add with a signal: adds in turn in the interpreter; wa
   const std::vector<float> a = raw<float>(acc);
   CHECK(std::any_of(a.begin(), a.begin() + 64 * 64, [](float x) { return std::fabs(x) > 0.1f; }));
   CHECK(std::all_of(a.begin() + 64 * 64, a.end(), [](float x) { return x == 0.0f; }));  // (all into the first window)
-  if (testing::no_ptxas()) return;
+  // the lowered program (its programs run in order in the emulator, so each turn has come)
+  HostTensor emu = acc, emu_sem = sem;
+  emu.fill(0), emu_sem.fill(0);
+  jit::CompileOptions o8;
+  o8.num_warps = 8;
+  o8.pipeline.stages = 2;
+  rt::emulate(fn, {4}, {q, k, v, emu, out, emu_sem}, o8);
+  CHECK(raw<int32_t>(emu_sem)[0] == 4 * 2);
+  const std::vector<float> e = raw<float>(emu);  // (the MMAs' rounding differs from the interpreter's dots)
+  for (size_t i = 0; i < a.size(); ++i) CHECK_MESSAGE(std::fabs(a[i] - e[i]) <= 1e-3f * (1 + std::fabs(a[i])), i);
+  if (testing::no_ptxas()) continue;
   for (jit::Backend backend : {jit::Backend::Llvm, jit::Backend::Nvrtc}) {
     INFO("backend " << jit::to_string(backend));
     const jit::CompiledKernel c = testing::assemble_sm90a(fn, backend, 8, 2);
     CHECK(contains(c.ptx, "red.release.gpu.global.add"));  // (the signals)
     CHECK(contains(c.ptx, "ld.acquire.gpu"));              // (the waits)
     CHECK(contains(c.ptx, "cp.reduce.async.bulk.tensor"));
+    for (const std::string& w : c.warnings) CHECK_MESSAGE(!contains(w, "serialises"), w);
+  }
   }
 }
 
@@ -385,11 +400,49 @@ TEST_CASE("ring_producer reduce_writer misuse: adds it cannot follow and memory 
   CHECK(contains(error_of({{"WRITER", true}, {"IN_BRANCH", true}}), "is not at the top level of a ring's loop body"));
   CHECK(contains(error_of({{"WRITER", true}, {"READ_BACK", true}}), "uses the tensor the writer adds into"));
   CHECK(contains(error_of({{"WRITER", true}, {"SIGNAL", true}}), "the signal_add at"));
-  CHECK(contains(error_of({{"WRITER", true}, {"ORDERED", true}}), "waits for a semaphore"));
-  // the attention kernel's DQ_WRITER: where it ran on the GPU only (decision 073)
-  CHECK_THROWS_WITH(kernels::attention_backward_dkdv().build({{"DTYPE", bf16}, {"HEAD_DIM", 128}, {"BLOCK_M", 64}, {"BLOCK_N", 128},
-                                                              {"CAUSAL", true}, {"DQ_REDUCTION", 1}, {"PERSISTENT", true},
-                                                              {"RING_PRODUCER", true}, {"DQ_WRITER", true}}),
-                    doctest::Contains("on the full or causal mask (no library MASK) without PERSISTENT; got DQ_REDUCTION=1, "
-                                      "RING_PRODUCER=true, MASK=false, PERSISTENT=true"));
+  CHECK(error_of({{"WRITER", true}, {"ORDERED", true}}) == "");  // (the writer waits and signals: decision 074)
+  // the attention kernel's DQ_WRITER: the atomic and ordered reductions on the producer, one key
+  // tile a program or PERSISTENT (decisions 073, 074)
+  const lang::Meta writer{{"DTYPE", bf16}, {"HEAD_DIM", 128}, {"BLOCK_M", 64}, {"BLOCK_N", 128}, {"CAUSAL", true},
+                          {"PERSISTENT", true}, {"RING_PRODUCER", true}, {"DQ_WRITER", true}};
+  lang::Meta atomic = writer, ordered = writer, split = writer;
+  atomic.emplace_back("DQ_REDUCTION", 1);
+  ordered.emplace_back("DQ_REDUCTION", 3);
+  split.emplace_back("DQ_REDUCTION", 2);
+  split.erase(std::find_if(split.begin(), split.end(), [](const auto& e) { return e.first == "PERSISTENT"; }));
+  CHECK_NOTHROW(kernels::attention_backward_dkdv().build(atomic));
+  CHECK_NOTHROW(kernels::attention_backward_dkdv().build(ordered));
+  CHECK_THROWS_WITH(kernels::attention_backward_dkdv().build(split),
+                    doctest::Contains("it needs DQ_REDUCTION=1 (atomic) or 3 (ordered) and RING_PRODUCER=true, on the full or causal "
+                                      "mask (no library MASK); got DQ_REDUCTION=2, RING_PRODUCER=true, MASK=false"));
+}
+
+// The LLVM backend's spin waits are convergent: LLVM tail-duplicated an mbarrier wait into both
+// sides of a lane-0 branch of the persistent dK/dV's consumers (`wait K; if (lane 0) arrive; wait
+// V`), and the diverged warp hung on the GPU (decision 074). Every wait of the lowered program
+// appears once in the PTX (the nvrtc backend's asm is convergent as CUDA C's).
+TEST_CASE("ring producer: every mbarrier wait stays one wait in the LLVM backend's PTX") {
+  for (bool causal : {true, false}) {
+    INFO("causal " << causal);
+    const ir::Function fn = kernels::attention_backward_dkdv().build({{"DTYPE", bf16}, {"HEAD_DIM", 64}, {"BLOCK_M", 64}, {"BLOCK_N", 64},
+                                                                      {"BSHD", true}, {"CAUSAL", causal}, {"DQ_REDUCTION", 1},
+                                                                      {"RING_PRODUCER", true}, {"PERSISTENT", true}});
+    jit::CompileOptions o;
+    o.num_warps = 4;
+    o.pipeline.stages = 2;
+    o.make_cubin = false;
+    int waits = 0;
+    std::function<void(const jit::pir::Block&)> walk = [&](const jit::pir::Block& blk) {
+      for (const jit::pir::Inst& in : blk.insts) {
+        waits += in.op == jit::pir::Op::mbar_wait;
+        for (const jit::pir::Block& r : in.regions) walk(r);
+      }
+    };
+    walk(jit::lower(fn, o).body);
+    const std::string ptx = jit::compile(fn, o).ptx;
+    size_t in_ptx = 0;
+    for (size_t at = ptx.find("mbarrier.try_wait"); at != std::string::npos; at = ptx.find("mbarrier.try_wait", at + 1)) ++in_ptx;
+    CHECK(waits > 4);
+    CHECK(in_ptx == static_cast<size_t>(waits));
+  }
 }

@@ -133,7 +133,9 @@ DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned) {
     return {};
   const bool d128_full = c.head_dim == 128 && !c.causal;
   if (c.reduction == static_cast<int>(DqReduction::recompute)) return {.lse_in_ring = c.head_dim == 64 || d128_full};
-  if (c.reduction != static_cast<int>(DqReduction::atomic) || c.head_dim != 128) return {};
+  // ordered: on DASH's persistent grid, its writer waits for each add's turn (decision 074)
+  const bool adds = c.reduction == static_cast<int>(DqReduction::atomic) || persistent_ordered(c.reduction, c.q_descending);
+  if (!adds || c.head_dim != 128) return {};
   // (the producer at the measured schedule only: it needs whole warpgroups and one program an SM;
   // causal only with the writer: the producer alone loses there)
   const bool measured_tiles = c.sch.block_n == 128 && c.sch.num_warps == 8 && c.sch.min_programs_per_sm <= 1;

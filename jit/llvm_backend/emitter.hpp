@@ -174,6 +174,8 @@ class Emitter {
   // ---------------------------------------------------------------- synchronisation and ordering (llvm_backend/gpu_ops.cpp)
   // barriers, shuffles, mbarriers, semaphores, shared-memory atomics, register reallocation
   void sync_inst(const pir::Inst& in);
+  void debug_mbar_wait(llvm::Value* bar, llvm::Value* parity, const char* spec);
+  int debug_wait_sites_ = 0;
   void opaque(const pir::Inst& in);
   void keep_alive(const pir::Inst& in);
 

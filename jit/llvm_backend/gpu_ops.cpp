@@ -221,21 +221,26 @@ void Emitter::sync_inst(const pir::Inst& in) {
       asm_call(b_.getVoidTy(), "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r,~{memory}", {a(0), a(1)}, true);
       return;
     case Op::mbar_arrive: asm_call(b_.getVoidTy(), "mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}", {a(0)}, true); return;
+    // The spin waits are convergent: LLVM otherwise tail-duplicated an mbarrier wait into the two
+    // sides of a lane-0 branch (`wait K; if (lane 0) arrive; wait V` became lane 0 and its warp
+    // waiting for V at two places), and the diverged warp hung on the GPU (the persistent dK/dV
+    // with a ring producer, decision 074). CUDA C's asm (the nvrtc backend) is convergent already.
     case Op::sem_wait:
       asm_call(b_.getVoidTy(),
                "{\n\t.reg .pred P1;\n\t.reg .b32 V1;\n\tTILEJIT_SEM_${:uid}:\n\tld.acquire.gpu.global.b32 V1, [$0];\n\t"
                "setp.ge.s32 P1, V1, $1;\n\t@!P1 nanosleep.u32 32;\n\t@!P1 bra TILEJIT_SEM_${:uid};\n\t}",
-               "l,r,~{memory}", {a(0), a(1)}, true);
+               "l,r,~{memory}", {a(0), a(1)}, true, /*convergent=*/true);
       return;
     case Op::read_clock: set(r0, asm_call(b_.getInt64Ty(), "mov.u64 $0, %clock64;", "=l", {}, true)); return;
     case Op::sem_signal:
       asm_call(b_.getVoidTy(), "fence.acq_rel.gpu;\n\tred.release.gpu.global.add.s32 [$0], $1;", "l,r,~{memory}", {a(0), a(1)}, true);
       return;
     case Op::mbar_wait:
+      if (const char* budget = std::getenv("TILEJIT_DEBUG_WAITS")) return debug_mbar_wait(a(0), a(1), budget);
       asm_call(b_.getVoidTy(),
                "{\n\t.reg .pred P1;\n\tTILEJIT_WAIT_${:uid}:\n\tmbarrier.try_wait.parity.shared::cta.b64 P1, [$0], $1;\n\t"
                "@!P1 bra TILEJIT_WAIT_${:uid};\n\t}",
-               "r,r,~{memory}", {a(0), a(1)}, true);
+               "r,r,~{memory}", {a(0), a(1)}, true, /*convergent=*/true);
       return;
     case Op::atom_shared:
       set(in.results[0], asm_call(b_.getInt32Ty(), fmt::format("atom.{}.cta.shared::cta.{} $0, [$1], $2;", in.imm == pir::kAtomSharedCount ? "relaxed" : "acq_rel",
@@ -475,6 +480,75 @@ void Emitter::wgmma(const pir::Inst& in) {
   auto* ret = llvm::StructType::get(ctx_, fs);
   llvm::Value* sv = asm_call(ret, text, cons, args, true, /*convergent=*/true);  // .sync.aligned: the warpgroup
   for (unsigned i = 0; i < n; ++i) set(in.results[i], b_.CreateExtractValue(sv, {i}));
+}
+
+
+// TILEJIT_DEBUG_WAITS=CYCLES[:ADDRESS] (debugging hangs; compile with TILEJIT_CACHE=0): an
+// mbarrier wait that has not passed after CYCLES gives up, so that a kernel that would hang
+// finishes, and lane 0 of the warp records where it stood: with ADDRESS (a device buffer of u32,
+// zeroed: [0] counts records, record k at 8 + 8 k: site, program, thread, barrier offset, parity,
+// clock) by plain stores, which leave the schedule as it was; else by printf (an extern call:
+// ptxas then serialises the wgmmas, which can hide a race).
+void Emitter::debug_mbar_wait(llvm::Value* bar, llvm::Value* parity, const char* spec) {
+  char* rest = nullptr;
+  const long long budget = std::strtoll(spec, &rest, 10);
+  const unsigned long long address = rest && *rest == ':' ? std::strtoull(rest + 1, nullptr, 0) : 0;
+  const int site = debug_wait_sites_++;
+  llvm::Function* fn = b_.GetInsertBlock()->getParent();
+  auto clock = [&] { return asm_call(b_.getInt64Ty(), "mov.u64 $0, %clock64;", "=l", {}, true); };
+  llvm::Value* start = budget < 0 ? nullptr : clock();
+  auto* loop = llvm::BasicBlock::Create(ctx_, "dbg_wait", fn);
+  auto* check = llvm::BasicBlock::Create(ctx_, "dbg_check", fn);
+  auto* report = llvm::BasicBlock::Create(ctx_, "dbg_report", fn);
+  auto* done = llvm::BasicBlock::Create(ctx_, "dbg_done", fn);
+  b_.CreateBr(loop);
+  b_.SetInsertPoint(loop);
+  llvm::Value* ok = asm_call(b_.getInt32Ty(),
+                             "{\n\t.reg .pred P1;\n\tmbarrier.try_wait.parity.shared::cta.b64 P1, [$1], $2;\n\tselp.b32 $0, 1, 0, P1;\n\t}",
+                             "=r,r,r,~{memory}", {bar, parity}, true, /*convergent=*/true);
+  if (budget < 0) {  // (the same wait as a loop LLVM sees, without the watchdog)
+    b_.CreateCondBr(b_.CreateICmpNE(ok, b_.getInt32(0)), done, loop);
+    check->eraseFromParent();
+    report->eraseFromParent();
+    b_.SetInsertPoint(done);
+    return;
+  }
+  b_.CreateCondBr(b_.CreateICmpNE(ok, b_.getInt32(0)), done, check);
+  b_.SetInsertPoint(check);
+  llvm::Value* now = clock();
+  llvm::Value* late = b_.CreateICmpSGT(b_.CreateSub(now, start), b_.getInt64(static_cast<uint64_t>(budget)));
+  b_.CreateCondBr(late, report, loop);
+  b_.SetInsertPoint(report);
+  llvm::Value* tid = intrinsic(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x, {}, {});
+  llvm::Value* cta = intrinsic(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x, {}, {});
+  auto* print = llvm::BasicBlock::Create(ctx_, "dbg_print", fn);
+  b_.CreateCondBr(b_.CreateICmpEQ(b_.CreateAnd(tid, b_.getInt32(31)), b_.getInt32(0)), print, done);
+  b_.SetInsertPoint(print);
+  llvm::Value* offset = b_.CreateSub(bar, b_.CreatePtrToInt(smem_, b_.getInt32Ty()));
+  llvm::Type* i32 = b_.getInt32Ty();
+  llvm::Value* vals[] = {b_.getInt32(static_cast<uint32_t>(site)), cta, tid, offset, parity, b_.CreateTrunc(now, i32)};
+  if (address) {
+    llvm::Value* base = b_.getInt64(address);
+    llvm::Value* k = asm_call(i32, "atom.global.add.u32 $0, [$1], 1;", "=r,l,~{memory}", {base}, true);
+    auto* store = llvm::BasicBlock::Create(ctx_, "dbg_store", fn);
+    b_.CreateCondBr(b_.CreateICmpULT(k, b_.getInt32(4096)), store, done);
+    b_.SetInsertPoint(store);
+    llvm::Value* rec = b_.CreateAdd(base, b_.CreateMul(b_.CreateZExt(b_.CreateAdd(k, b_.getInt32(1)), b_.getInt64Ty()), b_.getInt64(32)));
+    for (unsigned i = 0; i < 6; ++i)
+      asm_call(b_.getVoidTy(), "st.global.u32 [$0], $1;", "l,r,~{memory}", {b_.CreateAdd(rec, b_.getInt64(4 * i)), vals[i]}, true);
+    b_.CreateBr(done);
+  } else {
+    auto* args_ty = llvm::StructType::get(ctx_, {i32, i32, i32, i32, i32, i32});
+    llvm::IRBuilder<> entry_b(&fn->getEntryBlock(), fn->getEntryBlock().begin());
+    llvm::AllocaInst* buf = entry_b.CreateAlloca(args_ty);
+    for (unsigned i = 0; i < 6; ++i) b_.CreateStore(vals[i], b_.CreateStructGEP(args_ty, buf, i));
+    auto* fmt_global =
+        b_.CreateGlobalString("tilejit wait timeout: site %d program %d thread %d barrier +%d parity %d clock %u\n", "dbg_fmt", 1);
+    llvm::FunctionCallee vprintf = m_.getOrInsertFunction("vprintf", llvm::FunctionType::get(i32, {b_.getPtrTy(), b_.getPtrTy()}, false));
+    b_.CreateCall(vprintf, {b_.CreateAddrSpaceCast(fmt_global, b_.getPtrTy()), buf});
+    b_.CreateBr(done);
+  }
+  b_.SetInsertPoint(done);
 }
 
 }  // namespace tilejit::jit::llvm_backend

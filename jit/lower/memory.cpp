@@ -496,7 +496,8 @@ void Lowerer::block_atomic(const ir::Op& op) {
   auto it = plan_.hopper.reduces.find(&op);
   if (it == plan_.hopper.reduces.end()) element_updates();
   else tma_bulk_write(op, it->second, L, val, element_updates, ordered, sem, target);
-  if (order && order->signal) signal_after_writes(scalar(*order->signal), ci32(1));  // (the reduce writer takes no ordered add)
+  // (the reduce writer waits for an ordered add's turn and signals it itself)
+  if (order && order->signal && (it == plan_.hopper.reduces.end() || !it->second.loop)) signal_after_writes(scalar(*order->signal), ci32(1));
 }
 
 // A block store or add-reduce planned for TMA (HopperPlan::reduces): the tile goes into the

@@ -150,8 +150,25 @@ void Lowerer::write_reduces() {
   std::map<const ir::Op*, const ir::Op*> add_in;  // ring loop -> its add
   for (const auto& [op, red] : plan_.hopper.reduces)
     if (red.loop) add_in[red.loop] = op;
-  const int64_t bars = plan_.hopper.reduce_writer->barriers;
+  const ReduceWriter& w = *plan_.hopper.reduce_writer;
+  const int64_t bars = w.barriers;
   const int parts = static_cast<int>(writer_parts_.size());
+  // Ordered adds that pass their turn on (signal_after): the last one's semaphore is signalled one
+  // add later -- after the next add's parts are staged, before its own wait, so every wait's
+  // predecessor has been signalled (no new waits arise) and the add has long completed [073].
+  bool signals = false;
+  for (const auto& [loop, add] : add_in)
+    if (auto o = ir::window_order(*add); o && o->signal) signals = true;
+  const V pending = ci32(w.pending_signal);
+  auto flush_signal = [&] {
+    const V prev = load_shared_at(pending, DType::u64);
+    pir_if(cmp(pir::Pred::ne, prev, cint(DType::u64, 0)), [&] {
+      emit0(Op::bulk_wait, {}, 0);  // (its global writes complete)
+      emit0(Op::fence_proxy_async_global, {});
+      emit0(Op::sem_signal, {emit(Op::bitcast, pir::pointer(DType::i32), {prev}), ci32(1)});
+    });
+  };
+  if (signals) store_shared_at(pending, cint(DType::u64, 0), std::nullopt);
   std::map<const ir::Op*, V> counts;
   const RingIteration write = [&](const ir::Op& loop, const SmemRing&, V g, V) {
     auto it = add_in.find(&loop);
@@ -162,20 +179,34 @@ void Lowerer::write_reduces() {
     for (size_t i = 0; i < rank; ++i) producer_value(add.operands[2 + rank - 1 - i]);
     const V parity = bin(Op::bit_and, g, ci32(1));
     const V base = emit(Op::smem_addr, pir::scalar(DType::u32), {ci32(plan_.hopper.reduce_staging)});
-    for (int p = 0; p < parts; ++p) {
-      emit0(Op::mbar_wait, {smem_at(bars + 16 * p), parity});
+    const std::optional<ir::WindowOrder> order = ir::window_order(add);
+    auto issue_part = [&](int p) {
       issue_tma_chunks(add, plan_.hopper.reduces.at(&add), base, writer_parts_[static_cast<size_t>(p)].chunks,
                        [&](ir::ValueId v) { return producer_value(v); });
       emit0(Op::bulk_commit, {});
+    };
+    if (order) {  // every part staged, the previous add's turn passed on, then this add's turn
+      for (int p = 0; p < parts; ++p) emit0(Op::mbar_wait, {smem_at(bars + 16 * p), parity});
+      if (signals) flush_signal();
+      emit0(Op::sem_wait, {producer_value(order->semaphore), cast(producer_value(order->target), DType::i32)});
+      emit0(Op::fence_proxy_async_global, {});  // (the adds come after what the signals released)
+      for (int p = 0; p < parts; ++p) issue_part(p);
+    } else {
+      for (int p = 0; p < parts; ++p) {
+        emit0(Op::mbar_wait, {smem_at(bars + 16 * p), parity});
+        issue_part(p);
+      }
     }
     // each part back to its warpgroup once TMA has read it (the groups complete in order)
     for (int p = 0; p < parts; ++p) {
       emit0(Op::bulk_wait, {}, pir::kBulkWaitRead | (parts - 1 - p));
       emit0(Op::mbar_arrive, {smem_at(bars + 16 * p + 8)});
     }
+    if (order && order->signal) store_shared_at(pending, emit(Op::bitcast, pir::scalar(DType::u64), {producer_value(*order->signal)}), std::nullopt);
   };
   for (const ir::Op& op : f_.body.ops)
     if (fills_rings(op)) produce_loop(op, counts, write);
+  if (signals) flush_signal();  // the last add's
   // (the adds' global writes complete on their own; shared memory must outlive their reads)
   emit0(Op::bulk_wait, {}, pir::kBulkWaitRead);
 }

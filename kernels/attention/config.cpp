@@ -261,13 +261,13 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
   c.ring_producer = kb.meta<bool>(mn::kRingProducer, false);
   c.accumulate = kb.meta<bool>(mn::kAccumulate, false);
   c.dq_writer = kb.meta<bool>(mn::kDqWriter, false);
-  // (what ran on the GPU: full and causal walks, one key tile a program; PERSISTENT runs did not
-  // finish there, decision 073)
-  if (c.dq_writer && (r != DqReduction::atomic || !*c.ring_producer || s.library_mask() || c.persistent))
-    kb.fail(Loc::current(), fmt::format("DQ_WRITER hands the atomic reduction's dQ adds to a warp of the producer warpgroup: it needs "
-                                        "DQ_REDUCTION=1 and RING_PRODUCER=true, on the full or causal mask (no library MASK) without "
-                                        "PERSISTENT; got DQ_REDUCTION={}, RING_PRODUCER={}, MASK={}, PERSISTENT={}",
-                                        static_cast<int>(r), *c.ring_producer, s.library_mask(), c.persistent));
+  // (GPU-run: full and causal walks, one key tile a program or PERSISTENT's launch order; the
+  // persistent runs hung until the LLVM backend's waits became convergent, decision 074)
+  if (c.dq_writer && ((r != DqReduction::atomic && r != DqReduction::ordered) || !*c.ring_producer || s.library_mask()))
+    kb.fail(Loc::current(), fmt::format("DQ_WRITER hands dQ's adds to a warp of the producer warpgroup: it needs DQ_REDUCTION=1 "
+                                        "(atomic) or 3 (ordered) and RING_PRODUCER=true, on the full or causal mask (no library MASK); "
+                                        "got DQ_REDUCTION={}, RING_PRODUCER={}, MASK={}",
+                                        static_cast<int>(r), *c.ring_producer, s.library_mask()));
   if (c.lse_in_ring && *c.rows_ahead)
     kb.fail(Loc::current(), "LSE_IN_RING reads LSE and Delta from each block's own ring stage: not with ROWS_AHEAD=true (which carries "
                             "them to the next block)");

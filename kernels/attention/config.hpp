@@ -122,9 +122,9 @@ struct DkdvConfig {
   // dK and dV are f32 and receive += the gradients (gradient accumulation; context parallelism's
   // sums without a separate pass): the epilogue loads, adds and stores
   bool accumulate = false;
-  // The atomic reduction under RING_PRODUCER, full or causal, not PERSISTENT: a warp of the producer
+  // The atomic or ordered reduction under RING_PRODUCER, full or causal: a warp of the producer
   // warpgroup issues dQ's TMA adds (lang::RingProducer::reduce_writer, FlashAttention-3's dQ
-  // writer) [073]
+  // writer); ordered, it also waits for each add's turn and passes it on [073, 074]
   bool dq_writer = false;
 
   // The metas: the tiles and the spec's dtype, head dim, causal and layout always, everything else

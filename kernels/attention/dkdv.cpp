@@ -168,13 +168,15 @@ void KeyTile::run() {
 void KeyTile::visit_query_tiles(const QueryHead& q) {
   const BwdScheduleLang& sched = p.sched;
   if (slot) {  // PERSISTENT: the shift order; each add waits for its place in the fixed order [025]
-    Var deferred = full(i32, {}, -1);  // the last add's semaphore, not signalled yet
+    // (DQ_WRITER: the writer defers each signal itself)
+    std::optional<Var> deferred;  // the last add's semaphore, not signalled yet
+    if (!p.cfg.dq_writer) deferred.emplace(full(i32, {}, -1));
     auto query_tile = [&](const Tile& t) { return sched.visit_query_tile(*slot, stage, n_block, t); };
     walk_blocks(q, std::nullopt, sched.visit_count(n_block), [&](const Tile& t) { return query_tile(t) * a.BM; },
                 [&](const Tile& t, const Tile& m0, const RowVectors& rv) {
-                  query_block(q, m0, rv, Tile(), {sched.wait_target(*slot, stage, n_block, query_tile(t)), &deferred});
+                  query_block(q, m0, rv, Tile(), {sched.wait_target(*slot, stage, n_block, query_tile(t)), deferred ? &*deferred : nullptr});
                 });
-    if_(deferred >= 0, [&] { signal_add(p.dq_sem + deferred, 1); });
+    if (deferred) if_(*deferred >= 0, [&] { signal_add(p.dq_sem + *deferred, 1); });
     return;
   }
   if (!q.seq && p.cfg.masked_blocks_apart) return walk_causal_apart(q);
@@ -305,6 +307,11 @@ void KeyTile::dq_part(const QueryHead& qh, const Tile& m0, const Tile& dst_t, co
     // whatever the residency. Each add is elementwise, so the order of the key blocks fixes every
     // element's sum.
     Tile sem_index = a.batch_head(rows, h) * cdiv(p.S_q, a.BM) + m0 / a.BM;
+    const Tile target = ordered.wait_target.valid() ? ordered.wait_target : n_block;
+    if (p.cfg.dq_writer) {  // the writer waits for the turn, adds, and signals one add later [074]
+      atomic_add(window(), dq_part, p.dq_sem + sem_index, target, p.dq_sem + sem_index);
+      return;
+    }
     // PERSISTENT: the previous block's signal is given only now, one block of work after its add
     // was issued: a signal first waits for the add's writes to complete in L2, which stalled the
     // whole program when it came right after the add [025]. Still before this block waits, so
@@ -312,7 +319,7 @@ void KeyTile::dq_part(const QueryHead& qh, const Tile& m0, const Tile& dst_t, co
     Var* deferred = ordered.deferred;
     if (deferred) if_(*deferred >= 0, [&] { signal_add(p.dq_sem + *deferred, 1); });
     // the add waits for its turn (on the TMA path only the issuing thread waits)
-    atomic_add(window(), dq_part, p.dq_sem + sem_index, ordered.wait_target.valid() ? ordered.wait_target : n_block);
+    atomic_add(window(), dq_part, p.dq_sem + sem_index, target);
     if (deferred) *deferred = sem_index;
     else signal_add(p.dq_sem + sem_index, 1);
   } else {

@@ -66,6 +66,31 @@ void Emulator::hopper_inst(const pir::Inst& in, const Mask& m) {
               p_.name, t));
       });
       return;
+    // Semaphores between programs (ordered adds): programs run one after another here, so a wait
+    // passes once earlier programs (or this one's own warps) have signalled enough; a wait only a
+    // later program could satisfy is reported (not emulated: programs that run at once)
+    case Op::sem_signal:
+      each(m, [&](int t) {
+        std::byte* q = global(in, t, static_cast<uint64_t>(arg(0, t).i), 4, 4);
+        write(DType::i32, q, Val{0, wrap(DType::i32, static_cast<uint64_t>(read(DType::i32, q).i + arg(1, t).i))});
+      });
+      return;
+    case Op::sem_wait: {
+      auto reached = [&](int t) { return read(DType::i32, global(in, t, static_cast<uint64_t>(arg(0, t).i), 4, 4)).i >= arg(1, t).i; };
+      if (per_warp_) {
+        const int t0 = first_thread(m);
+        if (t0 < 0) return;
+        yield_turn(t0 / 32);
+        wait_until(t0 / 32, in, [&] { return reached(t0); });
+        return;
+      }
+      each(m, [&](int t) {
+        if (!reached(t))
+          throw EmulatorUnsupported(fmt::format("tilejit emulator: kernel '{}': thread {} waits for a semaphore only a later program "
+                                                "signals (programs run one after another here)", p_.name, t));
+      });
+      return;
+    }
     case Op::atom_shared:
       each(m, [&](int t) {
         std::byte* q = shared(in, t, arg(0, t).i, 4);
