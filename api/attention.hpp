@@ -63,7 +63,7 @@ const char* name(Pass p);  // the kernel's name: "attention_fwd", "attention_bwd
 // How the backward sums dQ over the key tiles (Options::dq_reduction; the values are the dK/dV
 // kernel's DQ_REDUCTION meta, kernels/attention/backward.hpp):
 //   recompute  a separate dQ kernel recomputes S and P per query tile (7 matmuls; no extra memory;
-//              deterministic). The default.
+//              deterministic).
 //   atomic     the dK/dV kernel adds each block's dS K into an f32 dQ_accum [B, Hq, S_q, D] with
 //              atomics (5 matmuls; 4 B Hq S_q D bytes of workspace, zeroed by the call), then
 //              attention_bwd_dq_convert writes dQ. The add order depends on timing: dQ's last bits
@@ -76,7 +76,11 @@ const char* name(Pass p);  // the kernel's name: "attention_fwd", "attention_bwd
 //   ordered    as atomic, but tile m of dQ_accum takes its parts in increasing key-tile order,
 //              enforced by i32 semaphores [B * Hq, M] (zeroed by the call; dQ_accum needs no
 //              zeroing): bit-identical run to run with atomic's memory. Full and causal masks only.
-// atomic, split and ordered take dense batches only (no cu_seqlens).
+// atomic, split and ordered take dense batches only (no cu_seqlens). Unset (the default): the
+// faster deterministic one for the call's shape as measured side by side (decision 075): ordered
+// where it runs on the dQ writer (D 128, dense, the full or causal mask, no dropout or score mod,
+// no accumulation or phases, no schedule, S_q % 4 == 0) from S_q 4096 (full) or 8192 (causal) on,
+// recompute elsewhere. Set it to choose; atomic is the fastest there but not deterministic.
 using DqReduction = kernels::DqReduction;  // (the dK/dV kernel's DQ_REDUCTION meta)
 const char* name(DqReduction r);  // "recompute", "atomic", "split", "ordered"
 
@@ -201,9 +205,9 @@ struct Options {
   const struct BlockMask* block_mask = nullptr;
   ScoreMod score_mod;  // none by default (see ScoreMod)
   // Backward only (the forward ignores both): how dQ is summed over key tiles (see DqReduction;
-  // atomic, split and ordered need dense batches, ordered the full or causal mask). The
-  // workspace grows with it (backward_workspace_bytes).
-  DqReduction dq_reduction = DqReduction::recompute;
+  // atomic, split and ordered need dense batches, ordered the full or causal mask); unset: the
+  // faster deterministic one for the shape. The workspace grows with it (backward_workspace_bytes).
+  std::optional<DqReduction> dq_reduction;
   // Backward only: each key tile of dK/dV visits its query tiles from the last to the first (the
   // Q_DESCENDING meta, DASH's descending order; meant for causal with the ordered reduction,
   // attention_bench --deterministic times it). Not with split or library masks.
@@ -334,21 +338,22 @@ bool dq_reduction_supported(DqReduction reduction);
 // Calls with a positive softmax_scale (the default) and no score mod; `dropout`: the kernels of
 // calls with dropout_p > 0 (without a returned mask). `dq_reduction`,
 // `q_descending`: the backward's (Options::dq_reduction, q_descending), checked as a call checks
-// them (std::invalid_argument before anything compiles). Where dK/dV reads LSE from its ring
+// them (std::invalid_argument before anything compiles); unset: every reduction the default may
+// choose for this configuration (recompute's kernels, and ordered's where it may run). Where dK/dV reads LSE from its ring
 // (16-byte aligned lse, S_q % 4 == 0) both of its kernels compile: those calls' and the others'.
 void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen = false, bool backward = true,
              std::optional<Schedule> schedule = {}, int device = 0, bool dropout = false,
-             DqReduction dq_reduction = DqReduction::recompute, bool q_descending = false);
+             std::optional<DqReduction> dq_reduction = std::nullopt, bool q_descending = false);
 // The same for calls with a library mask of this kind (opts.mask; causal = MaskKind::causal, full
 // = no mask), with the pre-pass kernels of kinds without tile intervals.
 void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen = false, bool backward = true,
              std::optional<Schedule> schedule = {}, int device = 0, bool dropout = false,
-             DqReduction dq_reduction = DqReduction::recompute, bool q_descending = false);
+             std::optional<DqReduction> dq_reduction = std::nullopt, bool q_descending = false);
 // The kernels `prepare` compiles for that configuration, as bundle entries: an application that
 // ships them (runtime::write_bundle(path, specs), then tilejit::load_bundle(path)) runs those calls
 // with every compiler disabled (TILEJIT_DISABLE_COMPILERS=1). Checked as `prepare` checks.
 std::vector<runtime::BundleEntrySpec> bundle_specs(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen = false,
                                                    bool backward = true, std::optional<Schedule> schedule = {}, bool dropout = false,
-                                                   DqReduction dq_reduction = DqReduction::recompute, bool q_descending = false);
+                                                   std::optional<DqReduction> dq_reduction = std::nullopt, bool q_descending = false);
 
 }  // namespace tilejit::attention

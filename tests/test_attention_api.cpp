@@ -1238,6 +1238,59 @@ TEST_CASE("attention API: dQ reductions, workspace sizes and schedules") {
     }
 }
 
+// Options::dq_reduction unset: the faster deterministic reduction for the shape (decision 075):
+// ordered on the dQ writer at D 128 dense from S_q 4096 (full) / 8192 (causal), recompute
+// elsewhere and wherever a call needs it; the workspace follows, and prepare's / bundle_specs' lists
+// hold both reductions' kernels where the default may pick either.
+TEST_CASE("attention API: the default dQ reduction is the faster deterministic one for the shape") {
+  if (!backward_available() || !dq_reduction_supported(DqReduction::ordered)) return;
+  const auto q_of = [](int64_t S, int64_t D) { return contiguous(kBase, DType::bf16, {1, S, 4, D}); };
+  const auto bytes = [&](int64_t S, int64_t D, const Options& o) { return backward_workspace_bytes(q_of(S, D), o); };
+  const auto with = [&](int64_t S, int64_t D, Options o, DqReduction r) {
+    o.dq_reduction = r;
+    return bytes(S, D, o);
+  };
+  Options full, causal;
+  causal.causal = true;
+  CHECK(bytes(2048, 128, full) == with(2048, 128, full, DqReduction::recompute));
+  CHECK(bytes(4096, 128, full) == with(4096, 128, full, DqReduction::ordered));
+  CHECK(bytes(16384, 128, full) == with(16384, 128, full, DqReduction::ordered));
+  CHECK(with(4096, 128, full, DqReduction::ordered) > with(4096, 128, full, DqReduction::recompute));  // (dQ_accum)
+  CHECK(bytes(4096, 128, causal) == with(4096, 128, causal, DqReduction::recompute));
+  CHECK(bytes(8192, 128, causal) == with(8192, 128, causal, DqReduction::ordered));
+  CHECK(bytes(8192, 64, full) == with(8192, 64, full, DqReduction::recompute));  // (D 64: no writer)
+  CHECK(bytes(8190, 128, full) == with(8190, 128, full, DqReduction::recompute));  // (S_q % 4: no LSE ring)
+  // calls that need recompute, or that the writer does not take
+  Options o = full;
+  o.dropout_p = 0.1;
+  CHECK(bytes(8192, 128, o) == with(8192, 128, o, DqReduction::recompute));
+  o = full;
+  o.accumulate_gradients = true;
+  CHECK(bytes(8192, 128, o) == with(8192, 128, o, DqReduction::recompute));
+  o = full;
+  o.backward_phase = BackwardPhase::dkdv;
+  CHECK(bytes(8192, 128, o) == with(8192, 128, o, DqReduction::recompute));
+  o = full;
+  o.schedule = Schedule{64, 64, 4, 2};
+  CHECK(bytes(8192, 128, o) == with(8192, 128, o, DqReduction::recompute));
+  o = full;
+  o.q_descending = true;
+  CHECK(bytes(8192, 128, o) == with(8192, 128, o, DqReduction::recompute));
+  // prepare's list: both reductions' kernels at D 128 dense, recompute's alone at D 64 and with dropout
+  const auto names = [](int d, bool dropout, std::optional<DqReduction> r) {
+    std::vector<std::string> n;
+    for (const runtime::BundleEntrySpec& s : bundle_specs(DType::bf16, d, MaskKind::full, false, true, {}, dropout, r)) n.push_back(s.kernel);
+    return n;
+  };
+  const auto has = [](const std::vector<std::string>& n, const char* k) { return std::find(n.begin(), n.end(), k) != n.end(); };
+  const std::vector<std::string> d128 = names(128, false, std::nullopt);
+  CHECK(has(d128, "attention_bwd_dq"));
+  CHECK(has(d128, "attention_bwd_dq_convert"));
+  CHECK(d128.size() == names(128, false, DqReduction::recompute).size() + names(128, false, DqReduction::ordered).size() - 2);
+  CHECK_FALSE(has(names(64, false, std::nullopt), "attention_bwd_dq_convert"));
+  CHECK_FALSE(has(names(128, true, std::nullopt), "attention_bwd_dq_convert"));
+}
+
 // Without a GPU a valid call with each reduction gets as far as the driver: the dK/dV kernel with
 // DQ_REDUCTION (and Q_DESCENDING) bound with dQ_accum / dQ_parts / dQ_semaphores, the convert or
 // reduce kernel (the reduce kernel with a mask's parameters and dK/dV's block classes) checked.

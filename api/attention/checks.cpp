@@ -373,13 +373,15 @@ void check_dq_reduction(const Checker& c, DqReduction reduction, bool q_descendi
 // options.dq_reduction and q_descending of a backward call (the forward ignores them).
 void check_reduction_option(const Checker& c, const Options& opts, Dims& d, bool backward) {
   if (!backward) return;
-  check_dq_reduction(c, opts.dq_reduction, opts.q_descending, d.varlen, d.mask);
-  d.reduction = opts.dq_reduction;
+  // (unset: the faster deterministic one for this shape; it always passes these checks)
+  const DqReduction reduction = opts.dq_reduction ? *opts.dq_reduction : default_reduction(d, opts);
+  check_dq_reduction(c, reduction, opts.q_descending, d.varlen, d.mask);
+  d.reduction = reduction;
   d.q_descending = opts.q_descending;
   if (!opts.accumulate_gradients) return;
-  if (opts.dq_reduction != DqReduction::recompute)
+  if (reduction != DqReduction::recompute)
     c.fail("options.accumulate_gradients with options.dq_reduction = {}; the accumulating kernels add dQ in attention_bwd_dq: "
-           "recompute only", name(opts.dq_reduction));
+           "recompute only", name(reduction));
   for (Pass p : {Pass::bwd_dkdv, Pass::bwd_dq})
     if (!declares(p, mn::kAccumulate))
       c.fail("options.accumulate_gradients: this build's {} kernel has no ACCUMULATE meta", name(p));

@@ -277,6 +277,11 @@ struct DkdvRingOptions {
   bool lse_in_ring = false, ring_producer = false, dq_writer = false;
 };
 DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned);
+// Options::dq_reduction unset: whether a configuration may run ordered (on the dQ writer) by
+// default, and the reduction a call with these dims and options runs (decision 075).
+bool ordered_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, bool dropout, bool score_mod, bool schedule,
+                            bool q_descending);
+DqReduction default_reduction(const Dims& d, const Options& opts);
 // The metas of a configuration that its kernel declares.
 lang::Meta meta_of(const Config& c);
 // The configuration of pass `p` in a checked call.

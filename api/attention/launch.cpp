@@ -163,7 +163,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
 }
 
 void prepare(ir::DType dtype, int head_dim, bool causal, bool varlen, bool backward, std::optional<Schedule> schedule,
-             int device, bool dropout, DqReduction dq_reduction, bool q_descending) {
+             int device, bool dropout, std::optional<DqReduction> dq_reduction, bool q_descending) {
   prepare(dtype, head_dim, causal ? kernels::MaskKind::causal : kernels::MaskKind::full, varlen, backward, schedule, device, dropout,
           dq_reduction, q_descending);
 }
@@ -173,7 +173,7 @@ namespace {
 // The API's functions for calls with this configuration (what `prepare` compiles and
 // `bundle_specs` lists), after the checks a call makes, in `fn`'s name.
 std::vector<Function*> functions_for(const char* fn, ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen, bool backward,
-                                     std::optional<Schedule> schedule, int device, bool dropout, DqReduction dq_reduction,
+                                     std::optional<Schedule> schedule, int device, bool dropout, std::optional<DqReduction> dq_reduction,
                                      bool q_descending) {
   const Checker c(fn);
   // what forward/backward refuse, refused here in the same words (issue 27: prepare compiled
@@ -190,21 +190,30 @@ std::vector<Function*> functions_for(const char* fn, ir::DType dtype, int head_d
     c.fail("mask = {} is not a mask kind; valid: {}", static_cast<int>(mask), kernels::mask_kind_list());
   if (library_mask(mask) && varlen)
     c.fail("mask {} with varlen = true: library masks take dense batches only", kernels::mask_kind_name(mask));
+  // the reductions whose kernels calls of this configuration run: the one asked for, or (unset)
+  // every one the default may choose (recompute; ordered where it may run on the dQ writer)
+  std::vector<DqReduction> reductions{dq_reduction.value_or(DqReduction::recompute)};
+  if (backward && !dq_reduction && ordered_may_be_default(head_dim, mask, varlen, dropout, false, schedule.has_value(), q_descending))
+    reductions.push_back(DqReduction::ordered);
   if (backward)
-    check_dq_reduction(c, dq_reduction, q_descending, varlen, mask, {"dq_reduction", "q_descending", "varlen = true", "mask"});
+    for (DqReduction r : reductions)
+      check_dq_reduction(c, r, q_descending, varlen, mask, {"dq_reduction", "q_descending", "varlen = true", "mask"});
   else {
-    dq_reduction = DqReduction::recompute;  // (the forward has neither)
+    reductions = {DqReduction::recompute};  // (the forward has neither)
     q_descending = false;
   }
   const bool causal = mask == kernels::MaskKind::causal;
   const int lib = library_mask(mask) ? static_cast<int>(mask) : 0;
-  std::vector<Pass> passes{Pass::forward};
-  if (backward) passes.insert(passes.end(), {Pass::bwd_preprocess, Pass::bwd_dkdv, dq_pass(dq_reduction)});
+  std::vector<std::pair<Pass, DqReduction>> passes{{Pass::forward, reductions[0]}};
+  if (backward) {
+    passes.emplace_back(Pass::bwd_preprocess, reductions[0]);
+    for (DqReduction r : reductions) passes.insert(passes.end(), {{Pass::bwd_dkdv, r}, {dq_pass(r), r}});
+  }
   std::vector<Function*> out;
-  for (Pass p : passes) {
-    const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen, dq_reduction, dropout, lib != 0);
+  for (const auto& [p, reduction] : passes) {
+    const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen, reduction, dropout, lib != 0);
     Config cfg{p, dtype, head_dim, causal, varlen, s, device, dropout && declares(p, mn::kDropout), false, false,
-               lib != 0 && declares(p, mn::kMask) ? lib : 0, p == Pass::bwd_dkdv ? static_cast<int>(dq_reduction) : 0,
+               lib != 0 && declares(p, mn::kMask) ? lib : 0, p == Pass::bwd_dkdv ? static_cast<int>(reduction) : 0,
                p == Pass::bwd_dkdv && q_descending, 0,
                // calls with a positive softmax_scale (the default 1/sqrt(head_dim) is)
                p == Pass::forward && declares(p, mn::kPositiveScale)};
@@ -227,19 +236,23 @@ std::vector<Function*> functions_for(const char* fn, ir::DType dtype, int head_d
       out.push_back(&block_lists_function(l));
     }
   }
-  return out;
+  // (once each: the reductions share the forward and the preprocess kernel)
+  std::vector<Function*> unique;
+  for (Function* f : out)
+    if (std::find(unique.begin(), unique.end(), f) == unique.end()) unique.push_back(f);
+  return unique;
 }
 
 }  // namespace
 
 void prepare(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen, bool backward, std::optional<Schedule> schedule,
-             int device, bool dropout, DqReduction dq_reduction, bool q_descending) {
+             int device, bool dropout, std::optional<DqReduction> dq_reduction, bool q_descending) {
   for (Function* f : functions_for("prepare", dtype, head_dim, mask, varlen, backward, schedule, device, dropout, dq_reduction, q_descending))
     f->compiled();
 }
 
 std::vector<runtime::BundleEntrySpec> bundle_specs(ir::DType dtype, int head_dim, kernels::MaskKind mask, bool varlen, bool backward,
-                                                   std::optional<Schedule> schedule, bool dropout, DqReduction dq_reduction,
+                                                   std::optional<Schedule> schedule, bool dropout, std::optional<DqReduction> dq_reduction,
                                                    bool q_descending) {
   std::vector<runtime::BundleEntrySpec> specs;
   for (const Function* f :

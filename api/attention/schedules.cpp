@@ -128,6 +128,26 @@ bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod, bool
 //   dQ writer (DQ_WRITER, decision 073) all three against the plain kernel: 1.131x D 128 full,
 //   1.367x D 128 causal (on), 0.80-0.81x D 64 (off).
 // Unmeasured (off): varlen, library masks, score mods, dropout, the split and ordered reductions.
+// Options::dq_reduction unset: the faster deterministic reduction, as measured side by side (H200,
+// attention_bench --deterministic --head-dim 128, decision 075): ordered on the dQ writer took 0.99 /
+// 0.87 / 0.90 of recompute's time at full S 4k / 8k / 16k and 0.98 / 0.96 causal at S 8k / 16k;
+// recompute was faster below (ordered 1.06-1.22x) and at causal S 4k (1.11x). Unmeasured (recompute):
+// D 64 (ordered has no writer there: 1.4-1.6x atomic's time), the other configurations the ring
+// options leave out, and calls that need recompute (accumulation, split phases).
+bool ordered_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, bool dropout, bool score_mod, bool schedule,
+                            bool q_descending) {
+  return head_dim == 128 && !varlen && !library_mask(mask) && !dropout && !score_mod && !schedule && !q_descending &&
+         dq_reduction_supported(DqReduction::ordered) && declares(Pass::bwd_dkdv, mn::kPersistent) &&
+         declares(Pass::bwd_dkdv, mn::kLseInRing) && declares(Pass::bwd_dkdv, mn::kRingProducer) && declares(Pass::bwd_dkdv, mn::kDqWriter);
+}
+
+DqReduction default_reduction(const Dims& d, const Options& opts) {
+  const bool writer = ordered_may_be_default(d.head_dim, d.mask, d.varlen, opts.dropout_p > 0, d.score_mod != kernels::ScoreModKind::none,
+                                             opts.schedule.has_value(), opts.q_descending) &&
+                      !opts.accumulate_gradients && opts.backward_phase == BackwardPhase::all && d.seq_q % 4 == 0;
+  return writer && d.seq_q >= (d.causal ? 8192 : 4096) ? DqReduction::ordered : DqReduction::recompute;
+}
+
 DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned) {
   if (!row_vectors_aligned || c.varlen || c.mask != 0 || c.score_mod != 0 || c.dropout || !declares(Pass::bwd_dkdv, mn::kLseInRing))
     return {};

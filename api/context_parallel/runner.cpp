@@ -229,8 +229,9 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
   if (documents && q.size(0) != 1)
     fail(fn, "q has batch size {} with options.document_lengths; packed documents take B = 1 ([1, S_local, Hq, D])", q.size(0));
   if (a.block_mask) fail(fn, "options.attention.block_mask: a block mask is built for one GPU's call; not with context parallelism");
-  if (a.dq_reduction != attention::DqReduction::recompute)
-    fail(fn, "options.attention.dq_reduction {}: context parallelism runs the default (recompute) backward", attention::name(a.dq_reduction));
+  if (a.dq_reduction && *a.dq_reduction != attention::DqReduction::recompute)
+    fail(fn, "options.attention.dq_reduction {}: context parallelism runs the recompute backward (leave it unset)",
+         attention::name(*a.dq_reduction));
   check_rows(fn, "q", q, q);
   check_rows(fn, "k", k, q);
   check_rows(fn, "v", v, q);
@@ -365,9 +366,13 @@ void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v
   runtime::Driver::get().context(state_->device).make_current();
   State& st = *state_;
   st.stamp(stream, "{} backward starts", name(opts.mode));
-  const attention::Options a = chunk_options(opts.attention);
+  // (recompute, the reduction its phases and sums need and the one measured across GPUs; a
+  // ulysses call on the whole sequence would otherwise take the single-GPU default)
+  attention::Options pinned = opts.attention;
+  pinned.dq_reduction = attention::DqReduction::recompute;
+  const attention::Options a = chunk_options(pinned);
   if (opts.mode == Mode::ulysses)
-    detail::ulysses_backward(st, d, q, k, v, o, do_, lse, dq, dk, dv, opts.attention, opts.head_groups, stream);
+    detail::ulysses_backward(st, d, q, k, v, o, do_, lse, dq, dk, dv, pinned, opts.head_groups, stream);
   else if (opts.mode == Mode::usp)
     detail::usp_backward(st, d, q, k, v, o, do_, lse, dq, dk, dv, a, opts.ulysses_degree, opts.fused_sums, stream);
   else if (opts.mode == Mode::ring)
