@@ -193,7 +193,10 @@ struct Buffers {
   static constexpr size_t lse_bytes = static_cast<size_t>(kTokens * (kHidden / 64)) * 4;  // B * H * S for the smallest D
   ir::DType dt;  // bf16 or f16 (16-bit elements: the sizes above hold either)
   DeviceBuffer q, k, v, dout;
-  DeviceBuffer o{bytes}, dq{bytes}, dk{bytes}, dv{bytes}, lse{lse_bytes}, ws{lse_bytes + 256};
+  // the backward's workspace for the default options: Delta, and where the default reduction is
+  // ordered (D 128 from S 4k, decision 075) its f32 dQ accumulator and semaphores
+  static constexpr size_t ws_bytes = 2 * lse_bytes + static_cast<size_t>(kTokens * kHidden) * 4 + 1024;
+  DeviceBuffer o{bytes}, dq{bytes}, dk{bytes}, dv{bytes}, lse{lse_bytes}, ws{ws_bytes};
   explicit Buffers(ir::DType dtype = ir::DType::bf16)
       : dt(dtype), q(random_buffer(bytes, dtype, 1)), k(random_buffer(bytes, dtype, 2)), v(random_buffer(bytes, dtype, 3)),
         dout(random_buffer(bytes, dtype, 4)) {}
