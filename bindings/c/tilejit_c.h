@@ -59,6 +59,7 @@ typedef enum tilejit_mask_kind { /* kernels::MaskKind's values */
 } tilejit_mask_kind;
 
 typedef enum tilejit_dq_reduction { /* attention::DqReduction's values */
+  TILEJIT_DQ_DEFAULT = -1,  /* Options::dq_reduction unset: the faster deterministic one for the shape */
   TILEJIT_DQ_RECOMPUTE = 0,
   TILEJIT_DQ_ATOMIC = 1,
   TILEJIT_DQ_SPLIT = 2,

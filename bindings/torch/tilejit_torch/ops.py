@@ -94,8 +94,9 @@ def _options(q: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[T
             o.set_tensor("rng_state", _view(seed, "seed"))
     else:
         o.seed = _host_seed(seed) & ((1 << 64) - 1)
-    # deterministic: dQ recomputed in its own kernel (the library's default); else atomics
-    o.dq_reduction = _c.DQ_RECOMPUTE if deterministic else _c.DQ_ATOMIC
+    # deterministic: the library's default (the faster deterministic reduction for the shape:
+    # recompute, or ordered at D128 on long sequences); else atomics
+    o.dq_reduction = _c.DQ_DEFAULT if deterministic else _c.DQ_ATOMIC
     return o
 
 
