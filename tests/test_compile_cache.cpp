@@ -220,6 +220,15 @@ TEST_CASE("the key moves with every component and only with them") {
     CHECK(via_env == with([](auto& o) { o.ptx_tool = jit::PtxTool::Ptxas; }));
     CHECK(runtime::cache_key(f, base) == k0);
   }
+  {  // the LLVM backend's instrumented waits (TILEJIT_DEBUG_WAITS) get keys of their own
+    ::setenv("TILEJIT_DEBUG_WAITS", "1000", 1);
+    const std::string debug = runtime::cache_key(f, base);
+    const std::string debug_text = runtime::cache_key_text(f, base);
+    ::unsetenv("TILEJIT_DEBUG_WAITS");
+    CHECK(debug != k0);
+    CHECK(debug_text.find("debug_waits=1000") != std::string::npos);
+    CHECK(runtime::cache_key(f, base) == k0);
+  }
   // Asking for a pass dump changes what is reported, not the code.
   CHECK(with([](auto& o) { o.dump_after = "lower"; }) == k0);
 

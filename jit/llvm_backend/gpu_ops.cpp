@@ -483,7 +483,7 @@ void Emitter::wgmma(const pir::Inst& in) {
 }
 
 
-// TILEJIT_DEBUG_WAITS=CYCLES[:ADDRESS] (debugging hangs; compile with TILEJIT_CACHE=0): an
+// TILEJIT_DEBUG_WAITS=CYCLES[:ADDRESS] (debugging hangs; the compile cache keys it apart): an
 // mbarrier wait that has not passed after CYCLES gives up, so that a kernel that would hang
 // finishes, and lane 0 of the warp records where it stood: with ADDRESS (a device buffer of u32,
 // zeroed: [0] counts records, record k at 8 + 8 k: site, program, thread, barrier offset, parity,
