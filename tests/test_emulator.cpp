@@ -720,19 +720,10 @@ TEST_CASE("emulator: dK/dV with the atomic dQ reduction (TMA add-reduces) equals
   for (const bool writer : {false, true}) {
     INFO("RING_PRODUCER, LSE_IN_RING and DQ_WRITER " << writer);
     const int64_t Hkv = writer ? 1 : 2;  // (the writer: two query heads a program)
-    HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D}), dout(bf16, {B, Sq, Hq, D});
-    HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq}), delta(f32, {B, Hq, Sq});
-    HostTensor dk(bf16, {B, Sk, Hkv, D}), dv(bf16, {B, Sk, Hkv, D}), acc(f32, {B, Hq, Sq, D});
-    q.fill_normal(91, 0, 1);
-    k.fill_normal(92, 0, 1);
-    v.fill_normal(93, 0, 1);
-    dout.fill_normal(94, 0, 1);
     const float scale = 0.088f;
     const Meta fwd{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", false}, {"BSHD", true}, {"BLOCK_M", 64}, {"BLOCK_N", 64}};
-    std::vector<runtime::Arg> fa{q, k, v, o, lse, scale};
-    runtime::interpret(kernels::attention_forward().build(fwd), {cdiv(Sq, 64), Hq, B}, fa);
-    runtime::interpret(kernels::attention_backward_preprocess().build({{"DTYPE", bf16}, {"BLOCK_M", 64}, {"HEAD_DIM", D}, {"BSHD", true}}),
-                       {cdiv(Sq, 64), Hq, B}, {o, dout, delta});
+    const auto [q, k, v, dout, o, lse, delta] = backward_inputs(B, Hq, Hkv, Sq, Sk, D, 64, fwd, scale, 91);
+    HostTensor dk(bf16, {B, Sk, Hkv, D}), dv(bf16, {B, Sk, Hkv, D}), acc(f32, {B, Hq, Sq, D});
     Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", false}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"DQ_REDUCTION", 1}};
     if (writer) meta.insert(meta.end(), {{"RING_PRODUCER", true}, {"LSE_IN_RING", true}, {"DQ_WRITER", true}});
     const ir::Function fn = kernels::attention_backward_dkdv().build(meta);

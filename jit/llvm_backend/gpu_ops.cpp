@@ -482,7 +482,6 @@ void Emitter::wgmma(const pir::Inst& in) {
   for (unsigned i = 0; i < n; ++i) set(in.results[i], b_.CreateExtractValue(sv, {i}));
 }
 
-
 // TILEJIT_DEBUG_WAITS=CYCLES[:ADDRESS] (debugging hangs; the compile cache keys it apart): an
 // mbarrier wait that has not passed after CYCLES gives up, so that a kernel that would hang
 // finishes, and lane 0 of the warp records where it stood: with ADDRESS (a device buffer of u32,
