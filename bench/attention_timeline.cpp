@@ -85,6 +85,7 @@ int run(const Options& o) {
   // per warpgroup g (warp 4 g stands for it): phases of blocks 2 .. trips - 2 (steady state)
   const int64_t trips = S / sch.block_n;
   std::vector<double> phase[2][5], both_softmax, one_softmax, lag, tile, prologue, epilogue, gap;
+  std::vector<double> peeled, epi_issue, epi_wait, epi_store, epi_lse;  // parts of the prologue and epilogue (warp 0)
   const int64_t P = grid.x * grid.y * grid.z;
   for (int64_t p = 0; p < wave; ++p) {
     const int64_t last = o.causal ? std::min<int64_t>(trips, ((p % tiles) + 1) * sch.block_m / sch.block_n) : trips;
@@ -92,6 +93,12 @@ int run(const Options& o) {
     tile.push_back(at(p, kStamps - 1, 0) - at(p, 0, 0));
     prologue.push_back(at(p, 2 + 5 * 1, 0) - at(p, 0, 0));  // (block 0 is peeled: the loop starts at block 1)
     epilogue.push_back(at(p, kStamps - 1, 0) - at(p, 2 + 5 * (last - 1) + 4, 0));
+    peeled.push_back(at(p, 1, 0) - at(p, 0, 0));
+    const int64_t e = kernels::ForwardConfig::kTimelineEpilogue;
+    epi_issue.push_back(at(p, e, 0) - at(p, 2 + 5 * (last - 1) + 4, 0));
+    epi_wait.push_back(at(p, e + 1, 0) - at(p, e, 0));
+    epi_store.push_back(at(p, e + 2, 0) - at(p, e + 1, 0));
+    epi_lse.push_back(at(p, kStamps - 1, 0) - at(p, e + 2, 0));
     // full, persistent: the program's next tile is p + P (tiles t = program, + P, ...)
     if (persistent && !o.causal && p + P < wave) gap.push_back(at(p + P, 0, 0) - at(p, kStamps - 1, 0));
     double both = 0, one = 0;
@@ -128,6 +135,9 @@ int run(const Options& o) {
   std::printf("TIMELINE tile %.0f cycles: prologue %.0f (to block 1's top), epilogue %.0f (after the last block), gap to the "
               "program's next tile %.0f\n",
               median(tile), median(prologue), median(epilogue), median(gap));
+  std::printf("TIMELINE prologue: block 0 (S_0 and its softmax) %.0f, then to block 1's top %.0f; epilogue: last P V issued %.0f, "
+              "landed and O normalised %.0f, O stored %.0f, LSE stored %.0f\n",
+              median(peeled), median(prologue) - median(peeled), median(epi_issue), median(epi_wait), median(epi_store), median(epi_lse));
   return 0;
 }
 

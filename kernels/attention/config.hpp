@@ -77,6 +77,7 @@ struct ForwardConfig {
   // (lang::timestamp; attention_bench --timeline reads it). Off: no parameter, no code.
   bool timeline = false;
   static constexpr int64_t kTimelineStamps = 648;  // 2 + 5 x 129 blocks + the end: S 16k at BLOCK_N 128
+  static constexpr int64_t kTimelineEpilogue = kTimelineStamps - 4;  // last P V issued, O normalised, O stored
   // Variants that measured slower (kernels/attention/forward_experimental.cpp):
   int64_t rng_warps = 0, mma_registers = 0, rng_registers = 0;  // Philox on warps of its own [014]
 

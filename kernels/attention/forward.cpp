@@ -250,7 +250,13 @@ void ForwardTile::finish() {
   // serialises every wgmma [002]
   Tile out = *p.cfg.exact_normalize ? acc / l[col] : acc * rcp(l)[col];
   if (p.cfg.spec.dropout) out = out * p.drop->scale;
-  store(p.rows_of(p.Os, p.h, p.m0, p.BM), cast(p.cfg.spec.dtype, where(seen[col], out, 0.0f)), {.tma = *p.cfg.tma_store});
+  // (the stamp inside the argument: the ops are created in the order they always were)
+  store(p.rows_of(p.Os, p.h, p.m0, p.BM), [&] {
+          Tile o16 = cast(p.cfg.spec.dtype, where(seen[col], out, 0.0f));
+          p.stamp(ForwardConfig::kTimelineEpilogue + 1);  // TIMELINE: O normalised (the last P V landed)
+          return o16;
+        }(), {.tma = *p.cfg.tma_store});
+  p.stamp(ForwardConfig::kTimelineEpilogue + 2);  // TIMELINE: O stored (issued)
   Tile m_log2 = p.cfg.positive_scale ? m * p.qk_scale : Tile(m);
   store(p.rows_of(p.LSEs, p.h, p.m0, p.BM), where(seen, (m_log2 + log2(l)) * 0.6931471805599453, -INFINITY));  // natural log
   p.stamp(ForwardConfig::kTimelineStamps - 1);

@@ -87,6 +87,7 @@ void key_block_loop_pipeline_pv(ForwardTile& t, const KeyBlocks& blocks) {
     p.stamp(slot + 4);
   });
   t.acc = dot(p_prev, v_last ? *v_last : last_v(), t.acc);
+  p.stamp(ForwardConfig::kTimelineEpilogue);  // TIMELINE: the last P V issued
 }
 
 }  // namespace tilejit::kernels::forward_detail
