@@ -101,6 +101,10 @@ void store(const BlockRef& block, const Operand& value, std::source_location loc
 // next work overlaps them); elsewhere the same values by ordinary stores.
 struct StoreOptions {
   bool tma = false;
+  // With tma: the staging's shared-memory offsets computed at the store, from the thread's
+  // coordinates passed opaquely, so that the compiler cannot hoist them out of the loops around
+  // it, where they would hold registers through every loop (an epilogue after a long loop).
+  bool offsets_at_store = false;
 };
 void store(const BlockRef& block, const Operand& value, StoreOptions opts,
            std::source_location loc = std::source_location::current());

@@ -241,6 +241,7 @@ class Planner {
     TmaReduce r;
     r.store = &op;
     r.store_only = store;
+    r.offsets_at_store = store && op.int_attr("tma") == 2;
     const ir::Param* p = tensor_param(op.operands[0], &r.param_index);
     if (!p || !p->spec.contiguous_last || p->spec.align_bytes < 16) return std::nullopt;
     r.elem_bytes = ir::byte_size(p->type.dtype);

@@ -13,6 +13,7 @@ inline constexpr const char* kBlockK = "BLOCK_K";
 inline constexpr const char* kCausal = "CAUSAL";
 inline constexpr const char* kPersistent = "PERSISTENT";
 inline constexpr const char* kTmaStore = "TMA_STORE";
+inline constexpr const char* kStoreOffsetsLate = "STORE_OFFSETS_LATE";
 inline constexpr const char* kTimeline = "TIMELINE";
 inline constexpr const char* kAlign = "ALIGN";
 inline constexpr const char* kMmaRegisters = "MMA_REGISTERS";

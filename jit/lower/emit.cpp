@@ -224,9 +224,10 @@ const std::vector<V>& Lowerer::thread_coords(const Layout& L) {
   return frames_.back().thread_coords[key] = c;
 }
 
-V Lowerer::coord(const Layout& L, uint32_t r, size_t d) {
+V Lowerer::coord(const Layout& L, uint32_t r, size_t d) { return coord(L, r, d, thread_coords(L)[d]); }
+
+V Lowerer::coord(const Layout& L, uint32_t r, size_t d, V tc) {
   int64_t rc = L.reg_coords(r)[d];
-  V tc = thread_coords(L)[d];
   if (rc == 0) return tc;
   int64_t thread_bits = 0;
   for (const auto* bs : {&L.lane, &L.warp})

@@ -116,6 +116,7 @@ class Lowerer {
   // dim d are disjoint (always, for blocked and mma layouts) XOR is an add, which LLVM folds into
   // address immediates.
   V coord(const Layout& L, uint32_t r, size_t d);
+  V coord(const Layout& L, uint32_t r, size_t d, V thread_coord);  // from a given thread_coords(L)[d]
 
   // Whether register bits and lane/warp bits never overlap within a dim: coordinates then add.
   static bool additive(const Layout& L);
@@ -175,6 +176,7 @@ class Lowerer {
   // warp indices count from the role's first warp, tiles spread over the role's warps, a barrier
   // is the role's named barrier, and exchanges through shared memory use the role's own scratch.
   static constexpr int kRoleBarrier = 3;  // ids 3.. (1 and 2: warpgroup turns; 0: all threads)
+  static constexpr int kStoreIssueBarrier = 15;  // a role's TMA store: its warps' staging done (memory.cpp)
 
   void warp_roles(const ir::Op& op);
 
@@ -488,7 +490,8 @@ class Lowerer {
   void issue_tma_chunks(const ir::Op& op, const TmaReduce& red, V base, const std::vector<int64_t>& chunks,
                         const std::function<V(ir::ValueId)>& offset);
   // The registers of a TMA store / add into the swizzled staging tile at `staging`.
-  void stage_registers(const TmaReduce& red, const Layout& L, const Regs& val, V staging);
+  // at_store: the offsets from opaque copies of the thread's coordinates (StoreOptions::offsets_at_store)
+  void stage_registers(const TmaReduce& red, const Layout& L, const Regs& val, V staging, bool at_store = false);
   // The rings whose loops are being lowered, innermost last (a tile of the innermost may be freed
   // after a nested loop that read it last).
   std::vector<const ir::Op*> active_rings_;

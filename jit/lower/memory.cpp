@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <utility>
 
 namespace tilejit::jit::lower {
 
@@ -547,9 +548,24 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
     emit0(Op::barrier, {});
   }
   reduce_staging_free_in_ = -1;
-  stage_registers(red, L, val, staging);
+  stage_registers(red, L, val, staging, red.offsets_at_store);
   emit0(Op::fence_proxy_async, {});
-  emit0(Op::barrier, {});
+  if (red.staging_tile && role_barrier_) {
+    // A warp role's epilogue (the forward's O over its last V): only the issuing warp waits for
+    // every warp's staging; the others arrive and go on to their next tile (FlashAttention-3's
+    // epilogue). A barrier id of its own: the fast warps' next arrival cannot meet this instance,
+    // since warp 0 passes it before the role's next barrier. Not a barrier of all threads for the
+    // ordering of global accesses (memory_order.cpp): the other warps do not wait.
+    const int saved = std::exchange(role_barrier_, 0);
+    const int64_t threads = 32 * warps_ | pir::kBarrierUnfenced;
+    V warp0 = cmp(pir::Pred::eq, warp_, ci32(0));
+    pir_if(warp0, [&] { emit0(Op::named_barrier_sync, {ci32(kStoreIssueBarrier)}, threads); });
+    pir_if(bin(Op::bit_xor, warp0, emit(Op::constant, pir::scalar(DType::i1), {}, 1)),
+           [&] { emit0(Op::named_barrier_arrive, {ci32(kStoreIssueBarrier)}, threads); });
+    role_barrier_ = saved;
+  } else {
+    emit0(Op::barrier, {});
+  }
   V base = emit(Op::smem_addr, pir::scalar(DType::u32), {staging});
   if (red.check_coordinates) pir_if(bin(Op::bit_xor, tma_ok, emit(Op::constant, pir::scalar(DType::i1), {}, 1)), element_updates);
   pir_if(red.check_coordinates ? land(is0, tma_ok) : is0, [&] {
@@ -589,10 +605,13 @@ void Lowerer::issue_tma_chunks(const ir::Op& op, const TmaReduce& red, V base, c
   }
 }
 
-void Lowerer::stage_registers(const TmaReduce& red, const Layout& L, const Regs& val, V staging) {
+void Lowerer::stage_registers(const TmaReduce& red, const Layout& L, const Regs& val, V staging, bool at_store) {
   // element (r, c): 128 / es a swizzled row, the TMA copy reads the chunks of 128 / es columns;
   // 16-bit elements two at a time where a thread holds columns c, c + 1 (c even) of a row
   const int64_t es = red.elem_bytes;
+  std::vector<V> tc = thread_coords(L);
+  if (at_store)
+    for (V& c : tc) c = emit_multi(Op::opaque, {c}, 1, pir::scalar(DType::i32), pir::kOpaqueCopy)[0];
   std::map<Coord, uint32_t> reg_of;
   if (es == 2 && additive(L))
     for (uint32_t r = 0; r < val.size(); ++r) reg_of.emplace(L.reg_coords(r), r);
@@ -604,7 +623,7 @@ void Lowerer::stage_registers(const TmaReduce& red, const Layout& L, const Regs&
       if (c[1] % 2 == 1 && reg_of.count({c[0], c[1] - 1})) continue;  // stored with its pair
       if (auto pair = reg_of.find({c[0], c[1] + 1}); c[1] % 2 == 0 && pair != reg_of.end()) value = pack(val[r], val[pair->second]);
     }
-    V off = swizzled_offset(coord(L, r, 0), coord(L, r, 1), es, red.chunk_bytes());
+    V off = swizzled_offset(coord(L, r, 0, tc[0]), coord(L, r, 1, tc[1]), es, red.chunk_bytes());
     store_shared_at(bin(Op::add, off, staging), value, std::nullopt);
   }
 }

@@ -83,6 +83,7 @@ Meta ForwardConfig::to_meta() const {
   put_if(m, mn::kPvPeel, pv_peel);
   put_if(m, mn::kPersistent, persistent);
   put_if(m, mn::kTmaStore, tma_store);
+  put_if(m, mn::kStoreOffsetsLate, store_offsets_late);
   if (timeline) m.emplace_back(mn::kTimeline, true);
   return m;
 }
@@ -141,14 +142,15 @@ ForwardConfig ForwardConfig::read(Builder& kb) {
   if (*c.persistent && (s.varlen || c.rng_warps))
     kb.fail(Loc::current(), fmt::format("PERSISTENT walks the tiles of dense batches without warp roles of its own; it does not combine "
                                         "with {}", s.varlen ? "VARLEN=true" : "RNG_WARPS"));
-  // O by TMA stores, staged in the last V block's tile (the persistent grid) or Q's (decision 056):
-  // causal +1-12% (S 1k-16k), full +3% at S <= 2k but 0.98 at S 16k, so causal only. (BLOCK_N >=
-  // BLOCK_M: a tile to stage in, so that no staging tile of its own has to fit beside the rings;
-  // not persistent with dropout, which then spills 312 B.)
-  c.tma_store = kb.meta<bool>(mn::kTmaStore, *c.ring_producer && s.causal && c.block_n >= c.block_m && !(s.dropout && *c.persistent));
+  // O by TMA stores, staged in the last V block's tile (the persistent grid) or Q's (decisions 056,
+  // 076): causal +1-10% (S 1k-16k); full +1-8% once the staging offsets stay out of the key loop
+  // (STORE_OFFSETS_LATE). (BLOCK_N >= BLOCK_M: a tile to stage in, so that no staging tile of its
+  // own has to fit beside the rings; not persistent with dropout, which then spills 312 B.)
+  c.tma_store = kb.meta<bool>(mn::kTmaStore, *c.ring_producer && c.block_n >= c.block_m && !(s.dropout && *c.persistent));
   c.timeline = kb.meta<bool>(mn::kTimeline, false);
   if (c.timeline && (c.rng_warps || s.varlen))
     kb.fail(Loc::current(), "TIMELINE stamps dense tiles on the consumer warps: not with RNG_WARPS or VARLEN");
+  c.store_offsets_late = kb.meta<bool>(mn::kStoreOffsetsLate, true) && *c.tma_store;  // [076]
   return c;
 }
 

@@ -71,6 +71,10 @@ struct ForwardConfig {
   // 22's epilogue), so the next tile's work overlaps its global writes; unset: off (not yet
   // measured on the GPU)
   std::optional<bool> tma_store;
+  // With TMA_STORE: the staging offsets computed in the epilogue (StoreOptions::offsets_at_store)
+  // rather than hoisted to the kernel's entry, where they held ~16 registers through the key loop
+  // and ptxas scheduled its softmax worse (full +1-2%; causal level); unset: on [076]
+  std::optional<bool> store_offsets_late;
   // Instrumentation: a last parameter `timeline` (u64 [tiles, kTimelineStamps, 32]; tile (b, h, m) =
   // (b * heads + h) * query blocks + m) takes each
   // warp's cycle counter at the tile's start, around every key block's phases and at its end

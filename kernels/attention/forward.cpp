@@ -255,7 +255,7 @@ void ForwardTile::finish() {
           Tile o16 = cast(p.cfg.spec.dtype, where(seen[col], out, 0.0f));
           p.stamp(ForwardConfig::kTimelineEpilogue + 1);  // TIMELINE: O normalised (the last P V landed)
           return o16;
-        }(), {.tma = *p.cfg.tma_store});
+        }(), {.tma = *p.cfg.tma_store, .offsets_at_store = *p.cfg.store_offsets_late});
   p.stamp(ForwardConfig::kTimelineEpilogue + 2);  // TIMELINE: O stored (issued)
   Tile m_log2 = p.cfg.positive_scale ? m * p.qk_scale : Tile(m);
   store(p.rows_of(p.LSEs, p.h, p.m0, p.BM), where(seen, (m_log2 + log2(l)) * 0.6931471805599453, -INFINITY));  // natural log
