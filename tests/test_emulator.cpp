@@ -438,20 +438,24 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
 // S_q != S_k, ragged tiles; PERSISTENT (a 1-D grid of 3 programs walking 8 tiles: rings counted
 // across tiles) and TMA_STORE (O staged in the last V block's tile, which the producer refills
 // only after TMA has read it), also with random hand-overs between warps.
-TEST_CASE("emulator: the D 128 ring-producer forward (warp roles, persistent, TMA stores) equals the interpreter") {
+TEST_CASE("emulator: the D 128 ring-producer forward (warp roles, persistent, TMA stores, late offsets) equals the interpreter") {
   const int64_t B = 1, Hq = 2, Hkv = 2, Sq = 500, Sk = 300, D = 128, BM = 128, BN = 128;
-  for (int variant = 0; variant < 4; ++variant)
+  // variants 4, 5: TMA stores whose staging offsets are hoisted (STORE_OFFSETS_LATE=false)
+  for (int variant = 0; variant < 6; ++variant)
     for (bool causal : {false, true}) {
-      const bool persistent = variant & 1, tma_store = variant & 2;
-      INFO("causal " << causal << " persistent " << persistent << " TMA_STORE " << tma_store);
+      const bool persistent = variant & 1, tma_store = variant >= 2, late = variant < 4;
+      INFO("causal " << causal << " persistent " << persistent << " TMA_STORE " << tma_store << " STORE_OFFSETS_LATE " << late);
       HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D});
       HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq});
       q.fill_normal(51, 0, 1);
       k.fill_normal(52, 0, 1);
       v.fill_normal(53, 0, 1);
-      const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D},   {"CAUSAL", causal},        {"BSHD", true},
-                      {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"PERSISTENT", persistent}, {"TMA_STORE", tma_store}};
-      const ir::Function fn = kernels::attention_forward().build(meta);
+      const auto meta_of = [&](bool offsets_late) {
+        return Meta{{"DTYPE", bf16}, {"HEAD_DIM", D},   {"CAUSAL", causal},        {"BSHD", true},
+                    {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"PERSISTENT", persistent}, {"TMA_STORE", tma_store},
+                    {"STORE_OFFSETS_LATE", offsets_late}};
+      };
+      const ir::Function fn = kernels::attention_forward().build(meta_of(late));
       jit::CompileOptions o8;
       o8.num_warps = 8;
       o8.pipeline.stages = 2;
@@ -459,6 +463,11 @@ TEST_CASE("emulator: the D 128 ring-producer forward (warp roles, persistent, TM
       CHECK(ops[jit::pir::Op::set_max_registers] > 0);  // (the producer's role)
       CHECK(ops[jit::pir::Op::wgmma] + ops[jit::pir::Op::wgmma_rs] > 0);
       CHECK((ops[jit::pir::Op::tma_store] > 0) == tma_store);
+      // the store's warps arrive and warp 0 waits and issues (FlashAttention-3's epilogue); late
+      // offsets come from two opaque copies of the thread's coordinates
+      CHECK((ops[jit::pir::Op::named_barrier_arrive] > 0) == tma_store);
+      if (tma_store && late)
+        CHECK(ops[jit::pir::Op::opaque] == count_ops(jit::lower(kernels::attention_forward().build(meta_of(false)), o8))[jit::pir::Op::opaque] + 2);
       const runtime::Grid grid = persistent ? runtime::Grid{3, 1, 1} : runtime::Grid{cdiv(Sq, BM), Hq, B};
       for (uint64_t seed : {uint64_t{0}, uint64_t{7}}) {
         if (seed && !tma_store) continue;
