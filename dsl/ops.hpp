@@ -98,6 +98,11 @@ Tile min(const Operand& x, Loc loc = Loc::current());
 using ir::InputPrecision;
 struct DotOptions {
   InputPrecision input_precision = InputPrecision::ieee;
+  // A schedule hint (no effect on values): on wgmma, the shared-memory descriptors of operands that
+  // stay put across the loops around the dot (a tile loaded once) are computed at the dot, not
+  // hoisted out of those loops by the compiler, where each k step's descriptor holds two registers
+  // through the loop (the dK/dV kernel spilled 128-344 B at D 128 for it: decision 077)
+  bool descriptors_at_use = false;
 };
 Tile dot(const Operand& a, const Operand& b, Loc loc = Loc::current());
 Tile dot(const Operand& a, const Operand& b, const Operand& acc, Loc loc = Loc::current());

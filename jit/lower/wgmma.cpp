@@ -2,6 +2,8 @@
 // ahead of loops, the staged A operand, and the bookkeeping of wgmma groups still in flight.
 #include "jit/lower/lowerer.hpp"
 
+#include "dsl/ir/input_precision.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <map>
@@ -295,6 +297,11 @@ void Lowerer::wgmma_dot(const ir::Op& op, const WgmmaDot& w) {
     b_base = bin(Op::add, b_base, cast(bin(Op::mul, wg_n, ci32(slab_bytes)), DType::u32));
   }
   V desc_b = w.b_mn_major ? descriptor(b_base, tb.chunk_bytes()) : descriptor(b_base);
+  // DotOptions::descriptors_at_use: an opaque copy, so that LLVM cannot hoist the k steps'
+  // descriptors (base + step) out of the loops around the dot into registers live through them
+  const bool at_use = op.attrs.count(ir::kDescriptorsAtUseAttr) > 0;
+  const auto local = [&](V desc) { return at_use ? emit_multi(Op::opaque, {desc}, 1, pir::scalar(DType::u64), pir::kOpaqueCopy)[0] : desc; };
+  desc_b = local(desc_b);
   auto b_step = [&](int64_t kk) { return w.b_mn_major ? kk * 2048 / 16 : ((kk / 4) * tb.chunk_bytes() + (kk % 4) * 32) / 16; };
   V desc_a = 0;
   Regs a;
@@ -302,6 +309,7 @@ void Lowerer::wgmma_dot(const ir::Op& op, const WgmmaDot& w) {
   const int64_t a_chunk = K * 128;  // staged A^T [K, M]: bytes per 64-column chunk of M
   if (ta) {
     desc_a = descriptor(bin(Op::add, tile_addr(*ta), cast(bin(Op::mul, wg_m, ci32(64 * 128)), DType::u32)));
+    desc_a = local(desc_a);
   } else if (w.a_staged) {
     stage_a(*w.a_staged);
     // warpgroup wg_m's first 64 rows of M are chunk wg_m; slab r adds split.m chunks

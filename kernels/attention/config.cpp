@@ -84,6 +84,7 @@ Meta ForwardConfig::to_meta() const {
   put_if(m, mn::kPersistent, persistent);
   put_if(m, mn::kTmaStore, tma_store);
   put_if(m, mn::kStoreOffsetsLate, store_offsets_late);
+  put_if(m, mn::kDescriptorsAtUse, descriptors_at_use);
   if (timeline) m.emplace_back(mn::kTimeline, true);
   return m;
 }
@@ -151,6 +152,7 @@ ForwardConfig ForwardConfig::read(Builder& kb) {
   if (c.timeline && (c.rng_warps || s.varlen))
     kb.fail(Loc::current(), "TIMELINE stamps dense tiles on the consumer warps: not with RNG_WARPS or VARLEN");
   c.store_offsets_late = kb.meta<bool>(mn::kStoreOffsetsLate, true) && *c.tma_store;  // [076]
+  c.descriptors_at_use = kb.meta<bool>(mn::kDescriptorsAtUse, false);  // [077]
   return c;
 }
 
@@ -225,6 +227,7 @@ Meta DkdvConfig::to_meta() const {
   put_if(m, mn::kRingProducer, ring_producer);
   put_if(m, mn::kAccumulate, accumulate, false);
   put_if(m, mn::kDqWriter, dq_writer, false);
+  put_if(m, mn::kDescriptorsAtUse, descriptors_at_use);
   return m;
 }
 
@@ -273,6 +276,8 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
   if (c.lse_in_ring && *c.rows_ahead)
     kb.fail(Loc::current(), "LSE_IN_RING reads LSE and Delta from each block's own ring stage: not with ROWS_AHEAD=true (which carries "
                             "them to the next block)");
+  const bool adds = r == DqReduction::atomic || r == DqReduction::split || (r == DqReduction::ordered && (s.causal || c.q_descending));
+  c.descriptors_at_use = kb.meta<bool>(mn::kDescriptorsAtUse, s.head_dim == 128 && adds);  // [077]
   return c;
 }
 

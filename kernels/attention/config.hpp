@@ -75,6 +75,9 @@ struct ForwardConfig {
   // rather than hoisted to the kernel's entry, where they held ~16 registers through the key loop
   // and ptxas scheduled its softmax worse (full +1-2%; causal level); unset: on [076]
   std::optional<bool> store_offsets_late;
+  // Every dot's wgmma descriptors built at the dot (DotOptions::descriptors_at_use), not hoisted
+  // into registers live through the key loop (Q's: two a k step); unset: off [077]
+  std::optional<bool> descriptors_at_use;
   // Instrumentation: a last parameter `timeline` (u64 [tiles, kTimelineStamps, 32]; tile (b, h, m) =
   // (b * heads + h) * query blocks + m) takes each
   // warp's cycle counter at the tile's start, around every key block's phases and at its end
@@ -131,6 +134,11 @@ struct DkdvConfig {
   // warpgroup issues dQ's TMA adds (lang::RingProducer::reduce_writer, FlashAttention-3's dQ
   // writer); ordered, it also waits for each add's turn and passes it on [073, 074]
   bool dq_writer = false;
+  // Every dot's wgmma descriptors computed at the dot (DotOptions::descriptors_at_use) instead of
+  // hoisted out of the query loop into registers live through it (two per k step of K and V);
+  // unset: at D 128 with the atomic or split reduction, or ordered on a causal or descending walk
+  // (1.06-1.22x there; ordered full 0.93-0.96x and recompute 0.96-0.99x, so off) [077]
+  std::optional<bool> descriptors_at_use;
 
   // The metas: the tiles and the spec's dtype, head dim, causal and layout always, everything else
   // where it differs from its default.

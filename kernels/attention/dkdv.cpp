@@ -38,6 +38,7 @@ struct DkdvProgram {
   std::optional<HeadRows> rows0;
   Tile S_q, S_k;  // dense: every batch's
   BwdScheduleLang sched{};  // PERSISTENT: DASH's schedule
+  lang::DotOptions dots{.descriptors_at_use = *cfg.descriptors_at_use};  // every dot's [077]
 
   DqReduction reduction() const { return cfg.dq_reduction; }
 };
@@ -241,7 +242,7 @@ void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors&
   auto delta = ahead.delta[row];
   Tile pt;          // P^T
   Tile mod_grad_t;  // SCORE_MOD with a derivative: d mod / d score, transposed
-  const Tile e_t = a.log2_p_exponent(dot(k, trans(q)), lse, p.softmax_scale, rows, h, m0, n0, S_q, S_k, /*transposed=*/true, &mod_grad_t);
+  const Tile e_t = a.log2_p_exponent(dot(k, trans(q), p.dots), lse, p.softmax_scale, rows, h, m0, n0, S_q, S_k, /*transposed=*/true, &mod_grad_t);
   if (qh.seq) {
     Var p_t = exp2(e_t);
     if_(needs_mask, [&] { p_t = where(trans(qh.seq->allowed(m0 + arange(0, a.BM), n0 + arange(0, a.BN))), p_t, 0.0f); });
@@ -256,7 +257,7 @@ void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors&
   // (query rows m0.., keys n0..), transposed [017]; s = 1 / keep probability is applied to dV once
   // at the end
   Tile pt_kept = pt;
-  Tile dpt = dot(v, trans(dout));  // dP^T (of the dropped P: times keep * s)
+  Tile dpt = dot(v, trans(dout), p.dots);  // dP^T (of the dropped P: times keep * s)
   Tile dst;                        // dS^T = P^T * (dP^T - Delta)
   if (a.dropout) {
     // One use of the mask, before dV's MMA is issued (its 0 / ~0 words, one register per element,
@@ -268,10 +269,10 @@ void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors&
   } else {
     dst = pt * (dpt - delta);
   }
-  dv = dot(cast(a.T, pt_kept), dout, dv);
+  dv = dot(cast(a.T, pt_kept), dout, dv, p.dots);
   if (mod_grad_t.valid()) dst = dst * mod_grad_t;  // the gradient of the raw score
   auto dst_t = cast(a.T, dst);
-  dk = dot(dst_t, q, dk);
+  dk = dot(dst_t, q, dk, p.dots);
   if (p.reduction() != DqReduction::recompute) dq_part(qh, m0, dst_t, ordered);
 }
 
@@ -288,7 +289,7 @@ void KeyTile::dq_part(const QueryHead& qh, const Tile& m0, const Tile& dst_t, co
   // dot reads its own copy of K, loaded in the loop (it spilled otherwise) [024].
   const bool k_on_wgmma = a.BM % 64 == 0 && (a.BM >= a.BN || a.D % 128 == 0);
   Tile k_b = k_on_wgmma ? k : load(rows(a.K, kv_h, n0, a.BN));
-  Tile dq_part = dot(trans(dst_t), k_b);
+  Tile dq_part = dot(trans(dst_t), k_b, p.dots);
   // dQ_accum's window. DQ_WRITER: at coordinates the compiler can prove in TMA's range (the writer
   // has no element fallback); they are (b, h, m0 index the tensor), but the causal walk's start
   // (S_k - S_q) hides it [073]

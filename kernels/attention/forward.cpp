@@ -138,7 +138,7 @@ ForwardTile::ForwardTile(ForwardProgram& prog, const Channel* words)
   if (p.general_mask) seq = p.amask->bind(p.b, p.h, p.S_q, p.S_k);
 }
 
-Tile ForwardTile::scores(const Tile& n0) const { return dot(q, trans(load(p.rows_of(p.Ks, p.kv_h, n0, p.BN)))); }
+Tile ForwardTile::scores(const Tile& n0) const { return dot(q, trans(load(p.rows_of(p.Ks, p.kv_h, n0, p.BN))), p.dots); }
 
 std::pair<Tile, Tile> ForwardTile::softmax_block(const Tile& n0, const Tile& partial, const Tile& s_raw,
                                                  const AttentionDropout::Ahead& ahead) {
@@ -197,7 +197,7 @@ void ForwardTile::key_block(const Tile& n0, const Tile& partial, const Tile& s_r
   auto [p16, alpha] = softmax_block(n0, partial, s_raw, ahead);
   // O = O * alpha + P V: rescaled, then accumulated onto by the MMA (its own accumulator)
   Tile v = load(p.rows_of(p.Vs, p.kv_h, n0, p.BN)), rescaled = acc * alpha[col];
-  in_turn([&] { acc = dot(p16, v, rescaled); });
+  in_turn([&] { acc = dot(p16, v, rescaled, p.dots); });
 }
 
 void ForwardTile::in_turn(const std::function<void()>& issue) const {

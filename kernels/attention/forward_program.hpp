@@ -24,6 +24,7 @@ struct ForwardProgram {
   explicit ForwardProgram(lang::Builder& kb);
 
   const ForwardConfig cfg;
+  const lang::DotOptions dots{.descriptors_at_use = *cfg.descriptors_at_use};  // every dot's [077]
   const int64_t BM, BN, D;
   const bool causal, varlen, general_mask;  // general_mask: a library mask (cfg.spec.library_mask())
   const int rank;                           // of Q, K, V, O (LSE: rank - 1)

@@ -58,7 +58,7 @@ void key_block_loop_pipeline_pv(ForwardTile& t, const KeyBlocks& blocks) {
     // (K_0 loaded outside the turn: a once-loaded window may go through registers and shared
     // memory, an exchange a turn must not contain)
     Tile k0 = load(p.rows_of(p.Ks, p.kv_h, n0, p.BN)), s0;
-    t.in_turn([&] { s0 = dot(t.q, trans(k0)); });
+    t.in_turn([&] { s0 = dot(t.q, trans(k0), p.dots); });
     p_prev = t.softmax_block(n0, partial, s0, t.mask_ahead(n0, j0)).first;  // (acc = 0: no rescale)
     p.stamp(1);
   }
@@ -73,10 +73,10 @@ void key_block_loop_pipeline_pv(ForwardTile& t, const KeyBlocks& blocks) {
     Tile v = load(p.rows_of(p.Vs, p.kv_h, blocks.at(maximum(j - 1, 0)).first, p.BN));
     Tile s_raw = pipeline_qk ? Tile(s_cur) : Tile();
     t.in_turn([&] {
-      Tile s = dot(t.q, trans(k_block));
+      Tile s = dot(t.q, trans(k_block), p.dots);
       if (pipeline_qk) s_cur = s;
       else s_raw = s;
-      t.acc = dot(p_prev, v, t.acc);
+      t.acc = dot(p_prev, v, t.acc, p.dots);
     });
     p.stamp(slot + 1);
     if (p.cfg.timeline) t.row_max_stamp = slot + 2;
@@ -86,7 +86,7 @@ void key_block_loop_pipeline_pv(ForwardTile& t, const KeyBlocks& blocks) {
     t.acc = t.acc * alpha[col];
     p.stamp(slot + 4);
   });
-  t.acc = dot(p_prev, v_last ? *v_last : last_v(), t.acc);
+  t.acc = dot(p_prev, v_last ? *v_last : last_v(), t.acc, p.dots);
   p.stamp(ForwardConfig::kTimelineEpilogue);  // TIMELINE: the last P V issued
 }
 
