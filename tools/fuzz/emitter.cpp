@@ -161,7 +161,11 @@ void Emitter::emit(size_t i) {
     case NodeKind::XorPermute:
     case NodeKind::Gather:
     case NodeKind::Histogram: r = along_axis(n); break;
-    case NodeKind::Dot: r = n.args.size() == 3 ? dot(a(0), a(1), a(2)) : dot(a(0), a(1)); break;
+    case NodeKind::Dot: {
+      const DotOptions o{.descriptors_at_use = n.ivalue != 0};
+      r = n.args.size() == 3 ? dot(a(0), a(1), a(2), o) : dot(a(0), a(1), o);
+      break;
+    }
     case NodeKind::PackPairs: r = pack_pairs(a(0)); break;
     case NodeKind::UnpackPairs: r = unpack_pairs(n.dtype, a(0)); break;
     case NodeKind::VarDecl:
@@ -176,7 +180,7 @@ void Emitter::emit(size_t i) {
       break;
     case NodeKind::Store: {
       const Tensor& o = tensors_.at(static_cast<size_t>(n.tensor));
-      if (n.sub == 1) store(o.block({program_id(0), a(1), a(2)}, {p_.R, p_.C}, {1, 2}), a(0), StoreOptions{.tma = p_.tma_stores});
+      if (n.sub == 1) store(o.block({program_id(0), a(1), a(2)}, {p_.R, p_.C}, {1, 2}), a(0), StoreOptions{.tma = p_.tma_stores, .offsets_at_store = p_.tma_stores && n.ivalue != 0});
       else if (n.sub == 3) store(o.block({program_id(0), a(1), a(2)}, {p_.R, p_.C}, {1, 2}), a(0));
       else if (n.sub == 2) store(store_pointers(o), a(0), a(1));
       else store(store_pointers(o), a(0));

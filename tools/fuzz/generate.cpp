@@ -77,7 +77,7 @@ bool magnitude_ok(DType d, int64_t v) {
 
 class Generator {
  public:
-  Generator(Program& p, Builder& b, const GenerateOptions& o) : p_(p), rng_(p.seed), o_(o), e_(b, p) {}
+  Generator(Program& p, Builder& b, const GenerateOptions& o) : p_(p), rng_(p.seed), hints_(p.seed ^ 0x48494E5453ull), o_(o), e_(b, p) {}
 
   void run() {
     plan();
@@ -308,6 +308,7 @@ class Generator {
     n.kind = NodeKind::Store;
     n.tensor = t;
     n.sub = tma ? 1 : 3;
+    n.ivalue = tma && hints_.chance(0.5);  // StoreOptions::offsets_at_store
     n.args = {x, r, c};
     int i = add(n);
     node(i).exact = node(x).exact;
@@ -1146,6 +1147,7 @@ class Generator {
     bb.args = {k0, zero};
     Node d;
     d.kind = NodeKind::Dot;
+    d.ivalue = hints_.chance(0.5);  // DotOptions::descriptors_at_use
     d.args = {add(a), add(bb)};
     if (acc >= 0) d.args.push_back(acc);
     int r = add(d);
@@ -1188,6 +1190,7 @@ class Generator {
     n.tensor = t;
     // (an output for TMA stores: only window stores, which may be ragged or outside it)
     n.sub = is_tma_output(t) ? 1 : static_cast<int>(rng_.range(0, 2));
+    n.ivalue = n.sub == 1 && hints_.chance(0.5);  // StoreOptions::offsets_at_store (with --tma-stores)
     n.args = {x};
     if (n.sub == 1 && is_tma_output(t)) {
       n.args.push_back(tma_offset(p_.R, 1));
@@ -1247,6 +1250,9 @@ class Generator {
 
   Program& p_;
   Rng rng_;
+  // Schedule hints with no effect on values (Node::ivalue of dots and TMA stores): drawn from a
+  // stream of their own, so that a seed's program is the one it was before the hints existed
+  Rng hints_;
   GenerateOptions o_;
   Emitter e_;
   std::vector<std::vector<int>> scopes_;

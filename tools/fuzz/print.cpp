@@ -106,7 +106,10 @@ std::string expression(const Program& p, const Node& n) {
     case NodeKind::Histogram: return fmt::format("histogram({}, {})", a(0), int64_t{1} << n.sub);
     case NodeKind::Gather:
       return fmt::format("gather({0}, cast(i32, {1}) & ({0}.shape()[{2}] - 1), {2})", a(0), a(1), n.ivalue);
-    case NodeKind::Dot: return n.args.size() == 3 ? fmt::format("dot({}, {}, {})", a(0), a(1), a(2)) : fmt::format("dot({}, {})", a(0), a(1));
+    case NodeKind::Dot: {
+      const char* hint = n.ivalue ? ", {.descriptors_at_use = true}" : "";
+      return n.args.size() == 3 ? fmt::format("dot({}, {}, {}{})", a(0), a(1), a(2), hint) : fmt::format("dot({}, {}{})", a(0), a(1), hint);
+    }
     case NodeKind::PackPairs: return fmt::format("pack_pairs({})", a(0));
     case NodeKind::UnpackPairs: return fmt::format("unpack_pairs({}, {})", ir::name(n.dtype), a(0));
     case NodeKind::VarRead: return fmt::format("x{}.value()", n.var);
@@ -162,7 +165,7 @@ std::string to_cpp(const Program& p) {
       case NodeKind::Store:
         if (n.sub == 1 || n.sub == 3)
           s += fmt::format("{}store(T{}.block({{program_id(0), {}, {}}}, {{{}, {}}}, {{1, 2}}), {}{});\n", indent, n.tensor, a(1), a(2), p.R, p.C,
-                           a(0), p.tma_stores && n.sub == 1 ? ", {.tma = true}" : "");
+                           a(0), p.tma_stores && n.sub == 1 ? (n.ivalue ? ", {.tma = true, .offsets_at_store = true}" : ", {.tma = true}") : "");
         else if (n.sub == 2) s += fmt::format("{}store(rows_cols_of_program(T{}), {}, /*mask=*/{});\n", indent, n.tensor, a(0), a(1));
         else s += fmt::format("{}store(rows_cols_of_program(T{}), {});\n", indent, n.tensor, a(0));
         break;
