@@ -1,7 +1,7 @@
 """bench/attention.py: tilejit attention (through its C++ API) next to PyTorch SDPA, one table.
 
 Usage (on the GPU machine):
-    python3 bench/attention.py BIN [--quick] [--check-only | --no-check | --dropout-only] [--out DIR] [--dtype f16] [--gqa G]
+    python3 bench/attention.py BIN [--quick] [--rounds N] [--check-only | --no-check | --dropout-only] [--out DIR] [--dtype f16] [--gqa G]
 BIN is the attention_bench binary (build/bench/attention_bench, or .gpu/bench/attention_bench).
 
 1. Cross-check (unless --no-check): ~20 cases (GQA/MQA, ragged S_q != S_k, causal, custom scales,
@@ -13,8 +13,10 @@ BIN is the attention_bench binary (build/bench/attention_bench, or .gpu/bench/at
    K/V heads H / G with --gqa G (SDPA's enable_gqa),
    S in {1k .. 16k}, causal and not (--quick: 5 configs); tilejit from BIN, PyTorch SDPA with the
    FLASH_ATTENTION and CUDNN_ATTENTION backends, forward and backward (FLOPs 4*B*H*S^2*D, halved
-   for causal, x2.5 for backward), CUDA events, median of repeats. Prints one table, writes
-   DIR/attention.png and DIR/attention_table.md (the snippet for BENCHMARKS.md).
+   for causal, x2.5 for backward), CUDA events, median of repeats; --rounds N (default 3) alternated
+   rounds of both sides, each point their median, each ratio the median of the rounds' own ratios
+   with their range (single runs move several %). Prints one table, writes DIR/attention.png and
+   DIR/attention_table.md (the snippet for BENCHMARKS.md).
 3. Dropout (when BIN has it; also --dropout-only): the check runs cases with dropout_p; BIN writes the
    keep-mask its forward used and the reference applies that explicit mask (softmax * mask / keep
    probability, PyTorch float32 math, autograd for the gradients). Timing: BIN --dropout (D128 S4k
@@ -319,7 +321,8 @@ def torch_tflops(backend, S, D, causal, dtype="bf16", gqa=1):
     return f / (f_ms * 1e-3) / 1e12, 2.5 * f / (b_ms * 1e-3) / 1e12
 
 
-def run_bench(bin_path, out_dir, quick, dtype="bf16", gqa=1):
+def run_ours(bin_path, quick, dtype, gqa):
+    """One run of BIN over the grid: {(S, D, causal): (fwd TFLOP/s, bwd TFLOP/s)}."""
     cmd = [bin_path] + (["--quick"] if quick else []) + ["--dtype", dtype, "--gqa", str(gqa)]
     out = subprocess.run(cmd, capture_output=True, text=True)
     sys.stderr.write(out.stderr)
@@ -330,12 +333,47 @@ def run_bench(bin_path, out_dir, quick, dtype="bf16", gqa=1):
             ours[(int(kv["S"]), int(kv["D"]), kv["causal"] == "1")] = (float(kv["fwd_tflops"]), float(kv["bwd_tflops"]))
     if out.returncode != 0:
         print(f"{bin_path} exited with {out.returncode}", file=sys.stderr)
+    return ours
+
+
+def median(xs):
+    xs = sorted(x for x in xs if x == x)
+    if not xs:
+        return float("nan")
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def run_bench(bin_path, out_dir, quick, dtype="bf16", gqa=1, rounds=3):
+    # Rounds alternate which side runs first (tilejit's process, then SDPA's backends, or the
+    # reverse): the GPU's clock and the processes' memory placement move single timings several %
+    # between runs, so each point is the median of its rounds and each ratio the median of the
+    # rounds' own ratios (both sides timed minutes apart at most).
+    nan2 = (float("nan"), float("nan"))
+    per_round = []  # [(ours, {(S, D, causal): (flash, cudnn)})]
+    for r in range(rounds):
+        theirs = {}
+        if r % 2 == 0:
+            ours = run_ours(bin_path, quick, dtype, gqa)
+        for S, D, causal in configs(quick):
+            theirs[(S, D, causal)] = (torch_tflops(SDPBackend.FLASH_ATTENTION, S, D, causal, dtype, gqa),
+                                      torch_tflops(SDPBackend.CUDNN_ATTENTION, S, D, causal, dtype, gqa))
+        if r % 2 == 1:
+            ours = run_ours(bin_path, quick, dtype, gqa)
+        per_round.append((ours, theirs))
+        print(f"round {r + 1} of {rounds} done", file=sys.stderr)
     rows = []
-    for S, D, causal in configs(quick):
-        fl = torch_tflops(SDPBackend.FLASH_ATTENTION, S, D, causal, dtype, gqa)
-        cu = torch_tflops(SDPBackend.CUDNN_ATTENTION, S, D, causal, dtype, gqa)
-        tj = ours.get((S, D, causal), (float("nan"), float("nan")))
-        rows.append((S, D, causal, tj, fl, cu))
+    for key in configs(quick):
+        S, D, causal = key
+        tjs = [o.get(key, nan2) for o, _ in per_round]
+        fls = [t[key][0] for _, t in per_round]
+        cus = [t[key][1] for _, t in per_round]
+        med = lambda xs, i: median([x[i] for x in xs])
+        ratio = lambda a, b, i: [x[i] / y[i] if y[i] == y[i] and y[i] > 0 else float("nan") for x, y in zip(a, b)]
+        rows.append(dict(S=S, D=D, causal=causal, tj=(med(tjs, 0), med(tjs, 1)), fl=(med(fls, 0), med(fls, 1)),
+                         cu=(med(cus, 0), med(cus, 1)),
+                         vs_fl=(median(ratio(tjs, fls, 0)), median(ratio(tjs, fls, 1))),
+                         vs_cu=[ratio(tjs, cus, 0), ratio(tjs, cus, 1)]))
     gpu = torch.cuda.get_device_name()
     # tools/pack_gpu.sh records the commit it packed (the GPU machine's copy has no .git)
     commit_file = os.path.join(os.path.dirname(os.path.abspath(bin_path)), "..", "COMMIT")
@@ -349,16 +387,24 @@ def run_bench(bin_path, out_dir, quick, dtype="bf16", gqa=1):
     kv = f", K/V heads H/{gqa} (GQA)" if gqa > 1 else ""
     head = (f"Attention, {dtype}{kv}, B*S = {TOKENS} tokens, H*D = {HIDDEN}; TFLOP/s (fwd 4*B*H*S^2*D, /2 causal; bwd x2.5); "
             f"{gpu}, torch {torch.__version__}, {datetime.date.today()}, commit {commit}")
-    md = [head, "",
+    md = [head + f"; median of {rounds} alternated rounds (ratios: the rounds' own ratios, their median and range)", "",
           "| D | S | B x H | mask | tilejit fwd | flash fwd | cuDNN fwd | tilejit bwd | flash bwd | cuDNN bwd "
           "| fwd vs flash | fwd vs cuDNN | bwd vs flash | bwd vs cuDNN |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    r = lambda a, b: f"{a / b:.2f}" if b == b and b > 0 and a == a else "-"
     v = lambda x: f"{x:.0f}" if x == x else "-"
-    for S, D, causal, tj, fl, cu in rows:
-        md.append(f"| {D} | {S} | {TOKENS // S} x {HIDDEN // D} | {'causal' if causal else 'full'} | {v(tj[0])} | {v(fl[0])} | "
-                  f"{v(cu[0])} | {v(tj[1])} | {v(fl[1])} | {v(cu[1])} | {r(tj[0], fl[0])} | {r(tj[0], cu[0])} | "
-                  f"{r(tj[1], fl[1])} | {r(tj[1], cu[1])} |")
+    f2 = lambda x: f"{x:.2f}" if x == x else "-"
+
+    def spread(xs):
+        ok = [x for x in xs if x == x]
+        if len(ok) < 2:
+            return f2(median(xs))
+        return f"{f2(median(xs))} ({min(ok):.2f}-{max(ok):.2f})"
+
+    for row in rows:
+        tj, fl, cu = row["tj"], row["fl"], row["cu"]
+        md.append(f"| {row['D']} | {row['S']} | {TOKENS // row['S']} x {HIDDEN // row['D']} | {'causal' if row['causal'] else 'full'} "
+                  f"| {v(tj[0])} | {v(fl[0])} | {v(cu[0])} | {v(tj[1])} | {v(fl[1])} | {v(cu[1])} | {f2(row['vs_fl'][0])} "
+                  f"| {spread(row['vs_cu'][0])} | {f2(row['vs_fl'][1])} | {spread(row['vs_cu'][1])} |")
     print("\n" + "\n".join(md))
     with open(os.path.join(out_dir, "attention_table.md"), "w") as f:
         f.write("\n".join(md) + "\n")
@@ -366,12 +412,12 @@ def run_bench(bin_path, out_dir, quick, dtype="bf16", gqa=1):
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        labels = [f"D{D} S{S // 1024}k{' c' if causal else ''}" for S, D, causal, *_ in rows]
+        labels = [f"D{r['D']} S{r['S'] // 1024}k{' c' if r['causal'] else ''}" for r in rows]
         fig, axes = plt.subplots(2, 1, figsize=(max(8, len(rows) * 0.8), 8), sharex=True)
         for ax, i, title in ((axes[0], 0, "forward"), (axes[1], 1, "backward")):
             w = 0.27
             xs = range(len(rows))
-            for j, (name, col) in enumerate((("tilejit", 3), ("SDPA flash", 4), ("SDPA cuDNN", 5))):
+            for j, (name, col) in enumerate((("tilejit", "tj"), ("SDPA flash", "fl"), ("SDPA cuDNN", "cu"))):
                 ax.bar([x + (j - 1) * w for x in xs], [row[col][i] for row in rows], w, label=name)
             ax.set_ylabel("TFLOP/s")
             ax.set_title(f"attention {title}, {dtype}{kv}, {gpu}")
@@ -433,6 +479,7 @@ def main():
     ap.add_argument("--out", default="bench_out", help="directory for the check files, the PNG and the table")
     ap.add_argument("--dtype", choices=("bf16", "f16"), default="bf16", help="the timing grid's dtype")
     ap.add_argument("--gqa", type=int, choices=(1, 2, 4, 8), default=1, help="timing grid: K/V heads = H / GQA")
+    ap.add_argument("--rounds", type=int, default=3, help="alternated timing rounds; each point is their median (>= 1)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     caps_line = subprocess.run([args.bin, "--capabilities"], capture_output=True, text=True).stdout.split()
@@ -446,7 +493,9 @@ def main():
     if not args.no_check:
         ok = run_check(args.bin, args.out, caps)
     if not args.check_only:
-        run_bench(args.bin, args.out, args.quick, args.dtype, args.gqa)
+        if args.rounds < 1:
+            ap.error(f"--rounds {args.rounds}: give 1 or more rounds")
+        run_bench(args.bin, args.out, args.quick, args.dtype, args.gqa, args.rounds)
         if caps.get("dropout"):
             run_dropout_bench(args.bin)
     sys.exit(0 if ok else 1)

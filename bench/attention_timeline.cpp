@@ -86,6 +86,9 @@ int run(const Options& o) {
   const int64_t trips = S / sch.block_n;
   std::vector<double> phase[2][5], both_softmax, one_softmax, lag, tile, prologue, epilogue, gap;
   std::vector<double> peeled, epi_issue, epi_wait, epi_store, epi_lse;  // parts of the prologue and epilogue (warp 0)
+  // warpgroup 1 (warp 4) in the epilogue: its store phase, and how far behind warp 0 it normalises O
+  // (the TMA store's barrier makes the earlier warpgroup wait for the later one)
+  std::vector<double> epi_store_wg1, epi_lag;
   const int64_t P = grid.x * grid.y * grid.z;
   for (int64_t p = 0; p < wave; ++p) {
     const int64_t last = o.causal ? std::min<int64_t>(trips, ((p % tiles) + 1) * sch.block_m / sch.block_n) : trips;
@@ -99,6 +102,8 @@ int run(const Options& o) {
     epi_wait.push_back(at(p, e + 1, 0) - at(p, e, 0));
     epi_store.push_back(at(p, e + 2, 0) - at(p, e + 1, 0));
     epi_lse.push_back(at(p, kStamps - 1, 0) - at(p, e + 2, 0));
+    epi_store_wg1.push_back(at(p, e + 2, 4) - at(p, e + 1, 4));
+    epi_lag.push_back(at(p, e + 1, 4) - at(p, e + 1, 0));
     // full, persistent: the program's next tile is p + P (tiles t = program, + P, ...)
     if (persistent && !o.causal && p + P < wave) gap.push_back(at(p + P, 0, 0) - at(p, kStamps - 1, 0));
     double both = 0, one = 0;
@@ -138,6 +143,8 @@ int run(const Options& o) {
   std::printf("TIMELINE prologue: block 0 (S_0 and its softmax) %.0f, then to block 1's top %.0f; epilogue: last P V issued %.0f, "
               "landed and O normalised %.0f, O stored %.0f, LSE stored %.0f\n",
               median(peeled), median(prologue) - median(peeled), median(epi_issue), median(epi_wait), median(epi_store), median(epi_lse));
+  std::printf("TIMELINE epilogue, warpgroup 1: O stored %.0f cycles after its O normalised, which was %.0f cycles after warpgroup 0's\n",
+              median(epi_store_wg1), median(epi_lag));
   return 0;
 }
 

@@ -440,11 +440,13 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
 // only after TMA has read it), also with random hand-overs between warps.
 TEST_CASE("emulator: the D 128 ring-producer forward (warp roles, persistent, TMA stores, late offsets) equals the interpreter") {
   const int64_t B = 1, Hq = 2, Hkv = 2, Sq = 500, Sk = 300, D = 128, BM = 128, BN = 128;
-  // variants 4, 5: TMA stores whose staging offsets are hoisted (STORE_OFFSETS_LATE=false)
-  for (int variant = 0; variant < 6; ++variant)
+  // variants 4, 5: TMA stores whose staging offsets are hoisted (STORE_OFFSETS_LATE=false); 6, 7:
+  // K_0 copied before the last V block (K0_BEFORE_V_LAST: the producer's order changes)
+  for (int variant = 0; variant < 8; ++variant)
     for (bool causal : {false, true}) {
-      const bool persistent = variant & 1, tma_store = variant >= 2, late = variant < 4;
-      INFO("causal " << causal << " persistent " << persistent << " TMA_STORE " << tma_store << " STORE_OFFSETS_LATE " << late);
+      const bool persistent = variant & 1, tma_store = variant >= 2, late = variant < 4 || variant >= 6, k0_first = variant >= 6;
+      INFO("causal " << causal << " persistent " << persistent << " TMA_STORE " << tma_store << " STORE_OFFSETS_LATE " << late
+                     << " K0_BEFORE_V_LAST " << k0_first);
       HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D});
       HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq});
       q.fill_normal(51, 0, 1);
@@ -453,7 +455,7 @@ TEST_CASE("emulator: the D 128 ring-producer forward (warp roles, persistent, TM
       const auto meta_of = [&](bool offsets_late) {
         return Meta{{"DTYPE", bf16}, {"HEAD_DIM", D},   {"CAUSAL", causal},        {"BSHD", true},
                     {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"PERSISTENT", persistent}, {"TMA_STORE", tma_store},
-                    {"STORE_OFFSETS_LATE", offsets_late}};
+                    {"STORE_OFFSETS_LATE", offsets_late}, {"K0_BEFORE_V_LAST", k0_first}};
       };
       const ir::Function fn = kernels::attention_forward().build(meta_of(late));
       jit::CompileOptions o8;

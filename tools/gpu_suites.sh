@@ -3,8 +3,8 @@
 # check in one command, each log under OUT (default $OUT, else /tmp/gpu-suites), one summary line
 # per step on stdout. Multi-GPU steps run when there are 2+ GPUs (on an x4 machine they also cover
 # W = 2). Steps (all by default but `tables`; or name some): suites bundle fuzz examples torch cp
-# cpbench tables (bench/attention.py beside SDPA: bf16, --gqa 4, --dtype f16; ~100 s each; TABLES= to
-# pick). torch: bindings/torch's GPU tests and its per-call cost (needs PyTorch on the machine).
+# cpbench tables (bench/attention.py beside SDPA: bf16, --gqa 4, --dtype f16; ~100 s a round, ROUNDS (default 3)
+# each; TABLES= to pick). torch: bindings/torch's GPU tests and its per-call cost (needs PyTorch on the machine).
 #   tools/gpu_suites.sh [STEP ...]          FUZZ_SEEDS=A:B (default 700000:720000), FUZZ_TIME=seconds
 set -u
 OUT=${OUT:-/tmp/gpu-suites}
@@ -61,7 +61,7 @@ for step in "${steps[@]}"; do
     tables)  # issue 22's bars: one run per variant, each its own table (ratios only within a run)
       for v in ${TABLES:-bf16 gqa4 f16}; do
         case $v in bf16) args=() ;; gqa4) args=(--gqa 4) ;; f16) args=(--dtype f16) ;; *) echo "unknown table $v"; continue ;; esac
-        (cd .. && timeout 560 python3 bench/attention.py .gpu/bench/attention_bench --no-check --out "$OUT/table_$v" "${args[@]}" \
+        (cd .. && timeout 590 python3 bench/attention.py .gpu/bench/attention_bench --no-check --rounds "${ROUNDS:-3}" --out "$OUT/table_$v" "${args[@]}" \
            > "$OUT/table_$v.log" 2>&1)
         echo "table $v rc=$? $(( $(date +%s) - start ))s"; grep "^|" "$OUT/table_$v.log" | tail -20
       done ;;

@@ -79,6 +79,11 @@ struct ForwardConfig {
   // into registers live through the key loop (Q's: two a k step); unset: off (full 0.98-0.99x,
   // causal 1.01x: nothing spills here) [077]
   std::optional<bool> descriptors_at_use;
+  // With PV_PEEL: the tile's K_0 is loaded before its last V block, so that the producer (which
+  // copies in program order) is not held at the last V's stage -- the previous tile's O staging
+  // until its TMA store has read it -- before it copies K_0; unset: on (D128 full S 1k 1.018x,
+  // 1.002-1.008x elsewhere) [078]
+  std::optional<bool> k0_before_v_last;
   // Instrumentation: a last parameter `timeline` (u64 [tiles, kTimelineStamps, 32]; tile (b, h, m) =
   // (b * heads + h) * query blocks + m) takes each
   // warp's cycle counter at the tile's start, around every key block's phases and at its end

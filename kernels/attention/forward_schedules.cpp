@@ -47,8 +47,10 @@ void key_block_loop_pipeline_pv(ForwardTile& t, const KeyBlocks& blocks) {
   // With PV_PEEL, the last block's V (for the P V after the loop) is copied in the prologue: a
   // one-off tile whose copy runs during the loop instead of after it.
   auto last_v = [&] { return load(p.rows_of(p.Vs, p.kv_h, blocks.at(maximum(blocks.trips - 1, 0)).first, p.BN)); };
+  // K0_BEFORE_V_LAST: after K_0 instead (the producer copies in this order; V_last's stage holds
+  // the previous tile's O staging until its TMA store has read it).
   std::optional<Tile> v_last;
-  if (peel) v_last = last_v();
+  if (peel && !*p.cfg.k0_before_v_last) v_last = last_v();
   p.stamp(0);
   Var s_cur = pipeline_qk ? t.scores(blocks.at(zeros(i32, {})).first) : zeros(f32, {});
   Var p_prev = zeros(p.cfg.spec.dtype, {p.BM, p.BN});
@@ -58,6 +60,7 @@ void key_block_loop_pipeline_pv(ForwardTile& t, const KeyBlocks& blocks) {
     // (K_0 loaded outside the turn: a once-loaded window may go through registers and shared
     // memory, an exchange a turn must not contain)
     Tile k0 = load(p.rows_of(p.Ks, p.kv_h, n0, p.BN)), s0;
+    if (*p.cfg.k0_before_v_last) v_last = last_v();
     t.in_turn([&] { s0 = dot(t.q, trans(k0), p.dots); });
     p_prev = t.softmax_block(n0, partial, s0, t.mask_ahead(n0, j0)).first;  // (acc = 0: no rescale)
     p.stamp(1);
