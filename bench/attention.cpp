@@ -616,6 +616,11 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps, const std::str
           for (const auto& [name, value] : meta)
             if (name == mn::kRingProducer) producer = std::get<bool>(value);
           if (!producer) o.min_programs_per_sm = sch.min_programs_per_sm;
+          // and, under that bound, the rcp normalisation the API picks (schedules.cpp; D 64's
+          // unbounded default divides, 7-8% slower here: decision 078)
+          bool exact_given = false;
+          for (const auto& [name, value] : meta) exact_given |= name == mn::kExactNormalize;
+          if (o.min_programs_per_sm > 0 && !exact_given) meta.emplace_back(mn::kExactNormalize, false);
           fns.emplace_back(kernels::attention_forward(), meta, o);
         }
         std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), static_cast<float>(1 / std::sqrt(double(D)))};
