@@ -17,8 +17,6 @@ namespace tilejit::ir {
 enum class InputPrecision : uint8_t { ieee, tf32 };
 
 inline constexpr const char* kInputPrecisionAttr = "input_precision";
-// a dot's DotOptions::descriptors_at_use (absent: off)
-inline constexpr const char* kDescriptorsAtUseAttr = "descriptors_at_use";
 
 inline std::string_view name(InputPrecision p) { return p == InputPrecision::tf32 ? "tf32" : "ieee"; }
 

@@ -13,6 +13,9 @@
 
 namespace tilejit::ir {
 
+// a dot's DotOptions::descriptors_at_use, a schedule hint (absent: off)
+inline constexpr const char* kDescriptorsAtUseAttr = "descriptors_at_use";
+
 using ValueId = uint32_t;
 
 // histogram's largest num_bins: on the GPU a program counts in shared memory, 4 bytes a bin.
@@ -53,7 +56,9 @@ enum class OpKind : uint8_t {
   // rather than where its result is used
   precompute,
   reduce,   // (t) {kind: sum max min, axis} -> t without axis
-  dot,      // (a[M,K], b[K,N], acc[M,N]) -> acc + a@b, accumulated in acc's dtype
+  // (a[M,K], b[K,N], acc[M,N]) {input_precision, descriptors_at_use} -> acc + a@b, accumulated in
+  // acc's dtype
+  dot,
   // program geometry
   program_id,    // {axis} -> i32
   num_programs,  // {axis} -> i32

@@ -79,6 +79,7 @@ class Lowerer {
   V cmp(pir::Pred p, V a, V b) { return emit(Op::cmp, pir::scalar(DType::i1), {a, b}, static_cast<int64_t>(p)); }
   V cast(V v, DType to);
   V land(V a, V b) { return bin(Op::bit_and, a, b); }
+  V lnot(V a) { return bin(Op::bit_xor, a, emit(Op::constant, pir::scalar(DType::i1), {}, 1)); }  // (i1)
 
   V constant_value(DType d, const ir::Attr& a);
 

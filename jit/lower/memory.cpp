@@ -560,14 +560,13 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
     const int64_t threads = 32 * warps_ | pir::kBarrierUnfenced;
     V warp0 = cmp(pir::Pred::eq, warp_, ci32(0));
     pir_if(warp0, [&] { emit0(Op::named_barrier_sync, {ci32(kStoreIssueBarrier)}, threads); });
-    pir_if(bin(Op::bit_xor, warp0, emit(Op::constant, pir::scalar(DType::i1), {}, 1)),
-           [&] { emit0(Op::named_barrier_arrive, {ci32(kStoreIssueBarrier)}, threads); });
+    pir_if(lnot(warp0), [&] { emit0(Op::named_barrier_arrive, {ci32(kStoreIssueBarrier)}, threads); });
     role_barrier_ = saved;
   } else {
     emit0(Op::barrier, {});
   }
   V base = emit(Op::smem_addr, pir::scalar(DType::u32), {staging});
-  if (red.check_coordinates) pir_if(bin(Op::bit_xor, tma_ok, emit(Op::constant, pir::scalar(DType::i1), {}, 1)), element_updates);
+  if (red.check_coordinates) pir_if(lnot(tma_ok), element_updates);
   pir_if(red.check_coordinates ? land(is0, tma_ok) : is0, [&] {
     // ordered: only this thread issues the add, so only it waits (no barrier for the others)
     if (ordered) {

@@ -2,8 +2,6 @@
 // ahead of loops, the staged A operand, and the bookkeeping of wgmma groups still in flight.
 #include "jit/lower/lowerer.hpp"
 
-#include "dsl/ir/input_precision.hpp"
-
 #include <algorithm>
 #include <bit>
 #include <map>
