@@ -276,12 +276,17 @@ static void resolve_ring_producer(const ir::Function& f, WarpRoles& plan) {
   if (plan.num_warps % 4 != 0)
     throw LoweringError(fmt::format("{}: num_warps = {} (valid with a ring producer: a multiple of 4, whole warpgroups)", where, plan.num_warps));
   RingProducerPlan p{static_cast<int>(found->int_attr("producer_registers")), static_cast<int>(found->int_attr("consumer_registers"))};
+  // setmaxnreg only moves registers between the program's warps: the launch allocates each thread
+  // 65536 / threads rounded down to 8, and an increase past what the decreases freed waits forever
+  // (a hang, not an error)
+  const int64_t threads = int64_t{32} * (plan.num_warps + RingProducerPlan::kWarps), budget = threads * (65536 / threads / 8 * 8);
   const int64_t total = int64_t{32} * plan.num_warps * p.consumer_registers + int64_t{32} * RingProducerPlan::kWarps * p.producer_registers;
-  if (total > 65536)
-    throw LoweringError(fmt::format("{}: {} consumer warps x 32 x {} registers + {} producer warps x 32 x {} = {} registers; a "
-                                    "multiprocessor has 65536: lower consumer_registers (at most {} here)",
+  if (total > budget)
+    throw LoweringError(fmt::format("{}: {} consumer warps x 32 x {} registers + {} producer warps x 32 x {} = {} registers; the "
+                                    "launch gives its {} threads {} each ({} in all): lower consumer_registers (at most {} here)",
                                     where, plan.num_warps, p.consumer_registers, RingProducerPlan::kWarps, p.producer_registers, total,
-                                    (65536 - 32 * RingProducerPlan::kWarps * p.producer_registers) / (32 * plan.num_warps) / 8 * 8));
+                                    threads, budget / threads, budget,
+                                    (budget - 32 * RingProducerPlan::kWarps * p.producer_registers) / (32 * plan.num_warps) / 8 * 8));
   plan.ring_producer = p;
 }
 
