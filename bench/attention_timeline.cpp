@@ -65,10 +65,11 @@ int run(const Options& o) {
   runtime::DeviceBuffer q = bench_util::random_buffer(bytes, ir::DType::bf16, 1), k = bench_util::random_buffer(bytes, ir::DType::bf16, 2),
                         v = bench_util::random_buffer(bytes, ir::DType::bf16, 3), out(bytes), lse(static_cast<size_t>(B * H * S * 4));
   const int64_t tiles = lang::cdiv(S, sch.block_m), programs = tiles * H * B;  // (programs = tiles when not persistent)
-  runtime::DeviceBuffer stamps(static_cast<size_t>(programs * kStamps * kWarpSlots * 8));
+  // (one spare tile's rows: OVERLAP_TILES stamps the places that are no tile there)
+  runtime::DeviceBuffer stamps(static_cast<size_t>((programs + 1) * kStamps * kWarpSlots * 8));
   const auto t4 = [&](const runtime::DeviceBuffer& b) { return attention::contiguous(b.ptr(), ir::DType::bf16, {B, S, H, D}); };
   const attention::Tensor Q = t4(q), K = t4(k), V = t4(v), O = t4(out), L = attention::contiguous(lse.ptr(), ir::DType::f32, {B, H, S});
-  const attention::Tensor T = attention::contiguous(stamps.ptr(), ir::DType::u64, {programs * kStamps * kWarpSlots});
+  const attention::Tensor T = attention::contiguous(stamps.ptr(), ir::DType::u64, {(programs + 1) * kStamps * kWarpSlots});
   std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), static_cast<float>(1 / std::sqrt(double(D)))};
   if (o.dropout > 0) bench_util::add_dropout_key(args, o.dropout);
   args.emplace_back(T.view());
@@ -84,7 +85,7 @@ int run(const Options& o) {
 
   // per warpgroup g (warp 4 g stands for it): phases of blocks 2 .. trips - 2 (steady state)
   const int64_t trips = S / sch.block_n;
-  std::vector<double> phase[2][5], both_softmax, one_softmax, lag, tile, prologue, epilogue, gap;
+  std::vector<double> phase[2][5], both_softmax, one_softmax, lag, tile, prologue, epilogue, gap, period;
   std::vector<double> peeled, epi_issue, epi_wait, epi_store, epi_lse;  // parts of the prologue and epilogue (warp 0)
   // warpgroup 1 (warp 4) in the epilogue: its store phase, and how far behind warp 0 it normalises O
   // (the TMA store's barrier makes the earlier warpgroup wait for the later one)
@@ -109,7 +110,11 @@ int run(const Options& o) {
     epi_lag.push_back(at(p, e + 1, 4) - at(p, e + 1, 0));
     epi_warp0_behind_1.push_back(at(p, e + 2, 0) - at(p, e + 2, 1));
     // full, persistent: the program's next tile is p + P (tiles t = program, + P, ...)
-    if (persistent && !o.causal && p + P < wave) gap.push_back(at(p + P, 0, 0) - at(p, kStamps - 1, 0));
+    // (and the program's period: from this tile's start to its next's, which OVERLAP_TILES shortens)
+    if (persistent && !o.causal && p + P < wave) {
+      gap.push_back(at(p + P, 0, 0) - at(p, kStamps - 1, 0));
+      period.push_back(at(p + P, 0, 0) - at(p, 0, 0));
+    }
     double both = 0, one = 0;
     for (int64_t j = 2; j + 2 < last; ++j) {
       const int64_t s0 = 2 + 5 * j;
@@ -142,8 +147,8 @@ int run(const Options& o) {
               "%.2f (median per tile)\n",
               median(lag), median(both_softmax));
   std::printf("TIMELINE tile %.0f cycles: prologue %.0f (to block 1's top), epilogue %.0f (after the last block), gap to the "
-              "program's next tile %.0f\n",
-              median(tile), median(prologue), median(epilogue), median(gap));
+              "program's next tile %.0f, period (tile start to the next's) %.0f\n",
+              median(tile), median(prologue), median(epilogue), median(gap), median(period));
   std::printf("TIMELINE prologue: block 0 (S_0 and its softmax) %.0f, then to block 1's top %.0f; epilogue: last P V issued %.0f, "
               "landed and O normalised %.0f, O stored %.0f, LSE stored %.0f\n",
               median(peeled), median(prologue) - median(peeled), median(epi_issue), median(epi_wait), median(epi_store), median(epi_lse));

@@ -15,6 +15,7 @@ inline constexpr const char* kPersistent = "PERSISTENT";
 inline constexpr const char* kTmaStore = "TMA_STORE";
 inline constexpr const char* kStoreOffsetsLate = "STORE_OFFSETS_LATE";
 inline constexpr const char* kK0BeforeVLast = "K0_BEFORE_V_LAST";
+inline constexpr const char* kOverlapTiles = "OVERLAP_TILES";
 inline constexpr const char* kTimeline = "TIMELINE";
 inline constexpr const char* kAlign = "ALIGN";
 inline constexpr const char* kMmaRegisters = "MMA_REGISTERS";

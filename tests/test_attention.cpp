@@ -148,20 +148,29 @@ TEST_CASE("attention forward: PERSISTENT on grids of any size gives bit-identica
       INFO(c.describe());
       ForwardInputs in = random_forward_inputs(c, 41);
       const int64_t BM = c.D == 128 ? 128 : 64;
-      auto run = [&](bool persistent, int64_t programs) {
-        const lang::Meta meta{{"HEAD_DIM", c.D}, {"BLOCK_M", BM}, {"BLOCK_N", BM}, {"CAUSAL", c.causal}, {"BSHD", c.bshd},
-                              {"PERSISTENT", persistent}};
+      // OVERLAP_TILES: each tile's first key block beside the previous tile's last P V (PIPELINE_PV
+      // set for D 64, whose default loop is the plain one)
+      auto run = [&](bool persistent, int64_t programs, bool overlap = false) {
+        lang::Meta meta{{"HEAD_DIM", c.D}, {"BLOCK_M", BM}, {"BLOCK_N", BM}, {"CAUSAL", c.causal}, {"BSHD", c.bshd},
+                        {"PERSISTENT", persistent}};
+        if (overlap) meta.insert(meta.end(), {{"PIPELINE_PV", true}, {"OVERLAP_TILES", true}});
         return interpret_forward(c, in, meta, persistent ? runtime::Grid{programs} : runtime::Grid{cdiv(c.Sq, BM), c.Hq, c.B});
       };
       const std::vector<double> want = run(false, 0);
       const int64_t tiles = cdiv(c.Sq, BM) * c.Hq * c.B;
-      for (int64_t programs : {int64_t{1}, int64_t{3}, tiles - 1, tiles + 5}) {
-        const size_t differ = values_differ(run(true, programs), want);
-        CHECK_MESSAGE(differ == 0, fmt::format("PERSISTENT on {} programs ({} tiles): {} values differ", programs, tiles, differ));
-      }
+      for (int64_t programs : {int64_t{1}, int64_t{3}, tiles - 1, tiles + 5})
+        for (bool overlap : {false, true}) {
+          const size_t differ = values_differ(run(true, programs, overlap), want);
+          CHECK_MESSAGE(differ == 0, fmt::format("PERSISTENT{} on {} programs ({} tiles): {} values differ",
+                                                 overlap ? " + OVERLAP_TILES" : "", programs, tiles, differ));
+        }
     }
   CHECK_THROWS_WITH_AS(kernels::attention_forward().build({{"PERSISTENT", true}, {"VARLEN", true}}),
                        doctest::Contains("PERSISTENT walks the tiles of dense batches"), lang::BuildError);
+  CHECK_THROWS_WITH_AS(kernels::attention_forward().build({{"HEAD_DIM", 128}, {"BLOCK_M", 128}, {"BLOCK_N", 128}, {"OVERLAP_TILES", true}}),
+                       doctest::Contains("OVERLAP_TILES runs a tile's first key block beside the previous tile's last P V: it needs "
+                                         "PERSISTENT=true and PV_PEEL"),
+                       lang::BuildError);
 }
 
 TEST_CASE("attention forward: PIPELINE_QK and EXACT_NORMALIZE give the same results") {

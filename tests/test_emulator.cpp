@@ -441,12 +441,16 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
 TEST_CASE("emulator: the D 128 ring-producer forward (warp roles, persistent, TMA stores, late offsets) equals the interpreter") {
   const int64_t B = 1, Hq = 2, Hkv = 2, Sq = 500, Sk = 300, D = 128, BM = 128, BN = 128;
   // variants 4, 5: TMA stores whose staging offsets are hoisted (STORE_OFFSETS_LATE=false); 6, 7:
-  // K_0 copied before the last V block (K0_BEFORE_V_LAST: the producer's order changes)
-  for (int variant = 0; variant < 8; ++variant)
+  // K_0 copied before the last V block (K0_BEFORE_V_LAST: the producer's order changes); 9, 11:
+  // OVERLAP_TILES (persistent: a tile's S_0 beside the previous tile's last P V), with and
+  // without TMA stores
+  for (int variant = 0; variant < 12; ++variant)
     for (bool causal : {false, true}) {
-      const bool persistent = variant & 1, tma_store = variant >= 2, late = variant < 4 || variant >= 6, k0_first = variant >= 6;
+      const bool overlap = variant >= 8, persistent = variant & 1;
+      if (overlap && !persistent) continue;
+      const bool tma_store = overlap ? variant == 9 : variant >= 2, late = variant < 4 || variant >= 6, k0_first = variant >= 6;
       INFO("causal " << causal << " persistent " << persistent << " TMA_STORE " << tma_store << " STORE_OFFSETS_LATE " << late
-                     << " K0_BEFORE_V_LAST " << k0_first);
+                     << " K0_BEFORE_V_LAST " << k0_first << " OVERLAP_TILES " << overlap);
       HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D});
       HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq});
       q.fill_normal(51, 0, 1);
@@ -455,7 +459,7 @@ TEST_CASE("emulator: the D 128 ring-producer forward (warp roles, persistent, TM
       const auto meta_of = [&](bool offsets_late) {
         return Meta{{"DTYPE", bf16}, {"HEAD_DIM", D},   {"CAUSAL", causal},        {"BSHD", true},
                     {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"PERSISTENT", persistent}, {"TMA_STORE", tma_store},
-                    {"STORE_OFFSETS_LATE", offsets_late}, {"K0_BEFORE_V_LAST", k0_first}};
+                    {"STORE_OFFSETS_LATE", offsets_late}, {"K0_BEFORE_V_LAST", k0_first}, {"OVERLAP_TILES", overlap}};
       };
       const ir::Function fn = kernels::attention_forward().build(meta_of(late));
       jit::CompileOptions o8;
@@ -470,10 +474,11 @@ TEST_CASE("emulator: the D 128 ring-producer forward (warp roles, persistent, TM
       CHECK((ops[jit::pir::Op::named_barrier_arrive] > 0) == tma_store);
       if (tma_store && late)
         CHECK(ops[jit::pir::Op::opaque] == count_ops(jit::lower(kernels::attention_forward().build(meta_of(false)), o8))[jit::pir::Op::opaque] + 2);
-      const runtime::Grid grid = persistent ? runtime::Grid{3, 1, 1} : runtime::Grid{cdiv(Sq, BM), Hq, B};
+      // (OVERLAP_TILES with seed 7: 10 programs for 8 tiles, two of which have none)
       for (uint64_t seed : {uint64_t{0}, uint64_t{7}}) {
         if (seed && !tma_store) continue;
         INFO("schedule seed " << seed);
+        const runtime::Grid grid = persistent ? runtime::Grid{overlap && seed ? 10 : 3, 1, 1} : runtime::Grid{cdiv(Sq, BM), Hq, B};
         const Runs r = run_both(fn, grid, {q, k, v, o, lse}, {0.088f}, {0.088f}, o8, runtime::EmulatorSchedule{seed != 0, seed});
         for (size_t i : {size_t{3}, size_t{4}}) {
           INFO("output " << i);

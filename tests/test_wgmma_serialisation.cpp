@@ -44,6 +44,12 @@ TEST_CASE("wgmma pipelines of the library kernels: no serialised wgmma, no unexp
   const std::vector<Case> cases{
       {"forward D128 (PIPELINE_QK by default)", &kernels::attention_forward, fwd128, 8, 2},
       {"forward D128 causal (PIPELINE_QK by default)", &kernels::attention_forward, with(fwd128, "CAUSAL", true), 8, 2},
+      // OVERLAP_TILES: a tile's S_0 beside the previous tile's last P V, across the persistent walk
+      // (40 B of spills: the producer's, at 24 registers -- 8-12 B with 32, which the launch lacks)
+      {"forward D128 OVERLAP_TILES", &kernels::attention_forward,
+       with(with(with(fwd128, "BSHD", true), "PERSISTENT", true), "OVERLAP_TILES", true), 8, 2, 40},
+      {"forward D128 causal OVERLAP_TILES", &kernels::attention_forward,
+       with(with(with(with(fwd128, "BSHD", true), "PERSISTENT", true), "OVERLAP_TILES", true), "CAUSAL", true), 8, 2, 40},
       // both pipelines: 255 registers and a measured, accepted ~50 B of spills (not the default)
       // (without the default ring producer: with it, the consumers' 240 registers do not hold both pipelines)
       {"forward D128 PIPELINE_QK + PIPELINE_PV", &kernels::attention_forward, with(with(fwd128, "PIPELINE_PV", true), "RING_PRODUCER", false), 8, 2, 64},

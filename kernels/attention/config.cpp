@@ -86,6 +86,7 @@ Meta ForwardConfig::to_meta() const {
   put_if(m, mn::kStoreOffsetsLate, store_offsets_late);
   put_if(m, mn::kDescriptorsAtUse, descriptors_at_use);
   put_if(m, mn::kK0BeforeVLast, k0_before_v_last);
+  put_if(m, mn::kOverlapTiles, overlap_tiles);
   if (timeline) m.emplace_back(mn::kTimeline, true);
   return m;
 }
@@ -157,6 +158,12 @@ ForwardConfig ForwardConfig::read(Builder& kb) {
   c.store_offsets_late = kb.meta<bool>(mn::kStoreOffsetsLate, true) && *c.tma_store;  // [076]
   c.descriptors_at_use = kb.meta<bool>(mn::kDescriptorsAtUse, false);  // [077]
   c.k0_before_v_last = kb.meta<bool>(mn::kK0BeforeVLast, true) && *c.pv_peel;  // [078]
+  c.overlap_tiles = kb.meta<bool>(mn::kOverlapTiles, false);  // [079]
+  if (*c.overlap_tiles && !(*c.persistent && *c.pv_peel && !*c.pingpong && !s.library_mask()))
+    kb.fail(Loc::current(), fmt::format("OVERLAP_TILES runs a tile's first key block beside the previous tile's last P V: it needs "
+                                        "PERSISTENT=true and PV_PEEL (PIPELINE_PV without PIPELINE_QK), no PINGPONG and a full or "
+                                        "causal mask (got PERSISTENT={} PV_PEEL={} PINGPONG={} MASK={})",
+                                        *c.persistent, *c.pv_peel, *c.pingpong, mask_kind_name(s.mask)));
   return c;
 }
 

@@ -84,6 +84,12 @@ struct ForwardConfig {
   // until its TMA store has read it -- before it copies K_0; unset: on (D128 full S 1k 1.018x,
   // 1.002-1.008x elsewhere) [078]
   std::optional<bool> k0_before_v_last;
+  // PERSISTENT with PV_PEEL: a tile's S_0 is issued beside the previous tile's last P V, its
+  // softmax_0 runs while that P V computes, and the previous tile's O is stored after it
+  // (forward_experimental.cpp), so the tensor cores do not idle through a whole tile boundary;
+  // unset: off (0.93-0.955x: the next Q has no buffer to land in early, and ptxas swaps P's
+  // halves every block) [079]
+  std::optional<bool> overlap_tiles;
   // Instrumentation: a last parameter `timeline` (u64 [tiles, kTimelineStamps, 32]; tile (b, h, m) =
   // (b * heads + h) * query blocks + m) takes each
   // warp's cycle counter at the tile's start, around every key block's phases and at its end

@@ -50,7 +50,9 @@ ForwardProgram::ForwardProgram(Builder& kb)
 void ForwardProgram::stamp(const Tile& index) const {
   if (!cfg.timeline) return;
   // by tile (batch, head, query block), whichever program takes it
-  const Tile tile = (b * Q.size(head_dim) + h) * cdiv(Q.size(seq_dim), BM) + m_block;
+  Tile tile = (b * Q.size(head_dim) + h) * cdiv(Q.size(seq_dim), BM) + m_block;
+  // OVERLAP_TILES' places that are no tile stamp into a spare row after the last tile
+  if (*cfg.overlap_tiles) tile = where(real, tile, cdiv(Q.size(seq_dim), BM) * Q.size(head_dim) * Q.size(0));
   const Tile at = minimum(maximum(index, 0), ForwardConfig::kTimelineStamps - 1);
   timestamp(timeline + (cast(i64, tile) * ForwardConfig::kTimelineStamps + cast(i64, at)) * 32);
 }
@@ -76,10 +78,44 @@ void ForwardProgram::for_each_tile(const std::function<void()>& attend) {
   const Tile pairs = total / 2, mine = where(pairs > q, (pairs - q + P - 1) / P, 0);
   const Tile lone = ((total % 2) == 1) & (pairs >= q) & (((pairs - q) % P) == 0);
   for_range(0, 2 * mine + where(lone, 1, 0), [&](Tile i) {
-    const Tile pos = 2 * ((i / 2) * P + q) + i % 2, unit = pos / num_m, within = pos % num_m;
-    place(where(within % 2 == 0, num_m - 1 - within / 2, within / 2), unit % heads, unit / heads);
+    place_causal_position(i, num_m, heads, P, q);
     attend();
   });
+}
+
+void ForwardProgram::place_causal_position(const Tile& i, const Tile& num_m, const Tile& heads, const Tile& P, const Tile& q,
+                                           const std::optional<Tile>& is_tile) {
+  const Tile pos = 2 * ((i / 2) * P + q) + i % 2, unit = pos / num_m, within = pos % num_m;
+  if (!is_tile) {
+    place(where(within % 2 == 0, num_m - 1 - within / 2, within / 2), unit % heads, unit / heads);
+    return;
+  }
+  const Tile block = where(within % 2 == 0, num_m - 1 - within / 2, within / 2), head = unit % heads, batch = unit / heads;
+  place(where(*is_tile, block, num_m), head, batch);
+}
+
+Tile ForwardProgram::tile_count() const {
+  const Tile num_m = cdiv(Q.size(seq_dim), BM), heads = Q.size(head_dim), total = num_m * heads * Q.size(0);
+  const Tile P = num_programs(0), q = program_id(0);
+  if (!causal) return where(total > q, (total - q + P - 1) / P, 0);
+  const Tile pairs = total / 2, mine = where(pairs > q, (pairs - q + P - 1) / P, 0);
+  const Tile lone = ((total % 2) == 1) & (pairs >= q) & (((pairs - q) % P) == 0);
+  return 2 * mine + where(lone, 1, 0);
+}
+
+void ForwardProgram::place_tile(const Tile& i, const Tile& is_tile) {
+  // (the same order as for_each_tile's; a place that is no tile gets query block num_m: rows past
+  // S_q, which TMA and the bounds checks neither read nor write, and no key blocks)
+  const Tile num_m = cdiv(Q.size(seq_dim), BM), heads = Q.size(head_dim);
+  const Tile P = num_programs(0), q = program_id(0);
+  if (!causal) {
+    const Tile t = q + i * P;
+    place(where(is_tile, t % num_m, num_m), (t / num_m) % heads, t / num_m / heads);
+  } else {
+    place_causal_position(i, num_m, heads, P, q, is_tile);
+  }
+  n_end = where(is_tile, n_end, 0);
+  real = is_tile;
 }
 
 void ForwardProgram::place_from_grid() {
@@ -241,7 +277,9 @@ KeyBlocks ForwardTile::key_blocks() {
   return kb;
 }
 
-void ForwardTile::finish() {
+void ForwardTile::finish() { finish_tile(p, acc, m, l); }
+
+void finish_tile(const ForwardProgram& p, const Tile& acc, const Tile& m, const Tile& l) {
   // A row that sees no key (causal with S_q > S_k, or S_k = 0) outputs 0 and LSE = -inf. A NaN
   // row sum (NaN or infinite inputs, or POSITIVE_SCALE's broken promise) stays NaN, as in
   // PyTorch's attention: `seen` only tells key-less rows (l = 0) apart.
@@ -278,7 +316,9 @@ const lang::Kernel& attention_forward() {
       else key_block_loop(t, blocks);
       t.finish();
     };
-    if (*p.cfg.persistent) {
+    if (*p.cfg.overlap_tiles) {
+      overlapped_tiles(p);
+    } else if (*p.cfg.persistent) {
       p.for_each_tile(attend);
     } else {
       p.place_from_grid();  // (at the top level: RNG_WARPS' roles both read it)

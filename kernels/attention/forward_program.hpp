@@ -43,11 +43,19 @@ struct ForwardProgram {
 
   // PERSISTENT: runs `attend` for each of the program's tiles, place() set to it.
   void for_each_tile(const std::function<void()>& attend);
+  // PERSISTENT: how many tiles this program takes (for_each_tile's walk), and place() at the i-th
+  // of them; `is_tile` false places it at no tile (OVERLAP_TILES' ends: query block num_m, whose
+  // rows past S_q are neither read nor written, and no key blocks).
+  Tile tile_count() const;
+  void place_tile(const Tile& i, const Tile& is_tile);
   // Not PERSISTENT: place() at the program's grid slot (heavy tiles first where causal).
   void place_from_grid();
   // Sets the program's place (and what follows from it) to query block `query_block` of head
   // `head` in batch (or sequence) `batch`.
   void place(const Tile& query_block, const Tile& head, const Tile& batch);
+  // Causal PERSISTENT: place() at position i of the program's walk in pairs (for_each_tile).
+  void place_causal_position(const Tile& i, const Tile& num_m, const Tile& heads, const Tile& P, const Tile& q,
+                             const std::optional<Tile>& is_tile = std::nullopt);
 
   // the program's place
   Tile m_block, h, b, m0;
@@ -59,6 +67,7 @@ struct ForwardProgram {
   Tile bh;        // DROPOUT: the mask's batch*heads coordinate (global: AttentionDropout::batch_head)
   Tile local_bh;  // RETURN_MASK: the returned mask's batch*heads index (this call's)
   Tile n_end;     // the keys the program reads: [0, n_end)
+  Tile real;      // OVERLAP_TILES: whether the place is a tile (place_tile)
 
   // Rows [s0, s0 + n) of head hh of `t` (LSE: a vector of n).
   lang::BlockRef rows_of(const Tensor& t, const Tile& hh, const lang::Operand& s0, int64_t n) const;
@@ -109,12 +118,23 @@ struct ForwardTile {
   void finish();
 };
 
+// ForwardTile::finish for the rows at p's place from their accumulator, row max and row sum.
+void finish_tile(const ForwardProgram& p, const Tile& acc, const Tile& m, const Tile& l);
+
 // The key-block loop, by schedule (forward_schedules.cpp): the plain loop, or with PIPELINE_QK the
 // next block's S issued before this block's softmax.
 void key_block_loop(ForwardTile& t, const KeyBlocks& blocks);
 // PIPELINE_PV (forward_schedules.cpp; the default with the ring producer): P_{j-1} V_{j-1} in flight
 // during softmax_j.
 void key_block_loop_pipeline_pv(ForwardTile& t, const KeyBlocks& blocks);
+// PIPELINE_PV's loop over key blocks first .. trips - 1 (forward_schedules.cpp): iteration j issues
+// S_j (with PIPELINE_QK: S_{j+1}; s_cur carries it) and P_{j-1} V_{j-1}, then runs block j's softmax.
+// p_prev carries P_{j-1} and ends as the last block's P (its P V is the caller's).
+void pipelined_pv_blocks(ForwardTile& t, const KeyBlocks& blocks, int first, Var& p_prev, Var& s_cur);
+// OVERLAP_TILES (forward_experimental.cpp, measured slower [079]): the PERSISTENT walk with
+// PIPELINE_PV and PV_PEEL, each tile's block 0 beside the previous tile's last P V and that tile's O
+// stored after it.
+void overlapped_tiles(ForwardProgram& p);
 // RNG_WARPS (forward_experimental.cpp, measured slower): the MMA role `mma` beside warps that run
 // the keep-mask's Philox calls and pass the words through `keep_words`.
 void with_rng_warps(ForwardProgram& p, const lang::Channel& keep_words, const std::function<void()>& mma);

@@ -30,6 +30,35 @@ void key_block_loop(ForwardTile& t, const KeyBlocks& blocks) {
   }
 }
 
+void pipelined_pv_blocks(ForwardTile& t, const KeyBlocks& blocks, int first, Var& p_prev, Var& s_cur) {
+  const ForwardProgram& p = t.p;
+  const bool pipeline_qk = *p.cfg.pipeline_qk;
+  for_range(first, blocks.trips, [&](Tile j) {
+    const Tile slot = 2 + 5 * j;
+    p.stamp(slot);
+    auto [n0, partial] = blocks.at(j);
+    // The K block first: the dots are issued in their operands' order, and S must go first (a
+    // softmax waits for its S alone, while P_{j-1} V_{j-1} stays in flight). V_{j-1} from the
+    // counter (not a carried value): the ring then prefetches it like the K block.
+    Tile k_block = load(p.rows_of(p.Ks, p.kv_h, pipeline_qk ? blocks.at(minimum(j + 1, maximum(blocks.trips - 1, 0))).first : n0, p.BN));
+    Tile v = load(p.rows_of(p.Vs, p.kv_h, blocks.at(maximum(j - 1, 0)).first, p.BN));
+    Tile s_raw = pipeline_qk ? Tile(s_cur) : Tile();
+    t.in_turn([&] {
+      Tile s = dot(t.q, trans(k_block), p.dots);
+      if (pipeline_qk) s_cur = s;
+      else s_raw = s;
+      t.acc = dot(p_prev, v, t.acc, p.dots);
+    });
+    p.stamp(slot + 1);
+    if (p.cfg.timeline) t.row_max_stamp = slot + 2;
+    auto [p16, alpha] = t.softmax_block(n0, partial, s_raw, t.mask_ahead(n0, j));
+    p_prev = p16;
+    p.stamp(slot + 3);
+    t.acc = t.acc * alpha[col];
+    p.stamp(slot + 4);
+  });
+}
+
 void key_block_loop_pipeline_pv(ForwardTile& t, const KeyBlocks& blocks) {
   const ForwardProgram& p = t.p;
   const bool pipeline_qk = *p.cfg.pipeline_qk;
@@ -65,30 +94,7 @@ void key_block_loop_pipeline_pv(ForwardTile& t, const KeyBlocks& blocks) {
     p_prev = t.softmax_block(n0, partial, s0, t.mask_ahead(n0, j0)).first;  // (acc = 0: no rescale)
     p.stamp(1);
   }
-  for_range(peel ? 1 : 0, blocks.trips, [&](Tile j) {
-    const Tile slot = 2 + 5 * j;
-    p.stamp(slot);
-    auto [n0, partial] = blocks.at(j);
-    // The K block first: the dots are issued in their operands' order, and S must go first (a
-    // softmax waits for its S alone, while P_{j-1} V_{j-1} stays in flight). V_{j-1} from the
-    // counter (not a carried value): the ring then prefetches it like the K block.
-    Tile k_block = load(p.rows_of(p.Ks, p.kv_h, pipeline_qk ? blocks.at(minimum(j + 1, maximum(blocks.trips - 1, 0))).first : n0, p.BN));
-    Tile v = load(p.rows_of(p.Vs, p.kv_h, blocks.at(maximum(j - 1, 0)).first, p.BN));
-    Tile s_raw = pipeline_qk ? Tile(s_cur) : Tile();
-    t.in_turn([&] {
-      Tile s = dot(t.q, trans(k_block), p.dots);
-      if (pipeline_qk) s_cur = s;
-      else s_raw = s;
-      t.acc = dot(p_prev, v, t.acc, p.dots);
-    });
-    p.stamp(slot + 1);
-    if (p.cfg.timeline) t.row_max_stamp = slot + 2;
-    auto [p16, alpha] = t.softmax_block(n0, partial, s_raw, t.mask_ahead(n0, j));
-    p_prev = p16;
-    p.stamp(slot + 3);
-    t.acc = t.acc * alpha[col];
-    p.stamp(slot + 4);
-  });
+  pipelined_pv_blocks(t, blocks, peel ? 1 : 0, p_prev, s_cur);
   t.acc = dot(p_prev, v_last ? *v_last : last_v(), t.acc, p.dots);
   p.stamp(ForwardConfig::kTimelineEpilogue);  // TIMELINE: the last P V issued
 }
