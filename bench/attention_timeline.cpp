@@ -7,6 +7,12 @@
 // program's next tile.
 //
 //   attention_timeline [--seq S] [--causal] [--dropout P] [--persistent 0|1] [--with A=1,B=0]
+//   attention_timeline --backward [--head-dim D] [--seq S] [--causal] [--reduction recompute|atomic|ordered] [--with ...]
+//
+// --backward: the dK/dV kernel (DkdvConfig::timeline) at the API's schedule and ring options for the
+// reduction (default: the API's for the shape), alone: per consumer warpgroup the median cycles of
+// each phase of a query block visit, a key tile's prologue (start -> first visit) and epilogue (last
+// visit -> dK, dV stored). LSE is log S + 1/2 (the scores of unit normal inputs), Delta 0.
 //
 // Phases of key block j (forward_schedules.cpp): issue (top -> S_j and P_{j-1} V_{j-1} issued),
 // S wait (-> S_j landed and its row max taken), softmax (-> P_j ready), rescale (-> O rescaled,
@@ -23,6 +29,7 @@
 
 #include "api/attention.hpp"
 #include "bench/bench_util.hpp"
+#include "kernels/attention/backward.hpp"
 #include "kernels/attention/config.hpp"
 #include "kernels/attention/forward.hpp"
 #include "kernels/meta_names.hpp"
@@ -40,6 +47,8 @@ constexpr int64_t kStamps = kernels::ForwardConfig::kTimelineStamps, kWarpSlots 
 struct Options {
   int64_t seq = 4096, head_dim = 128, tokens = 16384, hidden = 2048;
   bool causal = false;
+  bool backward = false;
+  std::string reduction;  // --backward: recompute, atomic, ordered (empty: the API's default)
   double dropout = 0;
   int persistent = -1;  // -1: as the API (without dropout)
   std::string with;  // "A=1,B=0": bool metas on top of the default schedule
@@ -159,6 +168,103 @@ int run(const Options& o) {
   return 0;
 }
 
+// --backward: the dK/dV kernel's timeline.
+int run_backward(const Options& o) {
+  using attention::DqReduction;
+  const int64_t S = o.seq, D = o.head_dim, H = o.hidden / D, B = std::max<int64_t>(1, o.tokens / S);
+  // the API's default reduction (api/attention/schedules.cpp: ordered from S 4k full, 8k causal at D 128)
+  const std::string red = !o.reduction.empty() ? o.reduction : D == 128 && S >= (o.causal ? 8192 : 4096) ? "ordered" : "recompute";
+  const DqReduction reduction = red == "atomic" ? DqReduction::atomic : red == "ordered" ? DqReduction::ordered : DqReduction::recompute;
+  if (red != "atomic" && red != "ordered" && red != "recompute") throw std::invalid_argument("--reduction " + red + ": recompute, atomic or ordered");
+  const attention::Schedule sch =
+      attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, static_cast<int>(D), o.causal, false, reduction);
+  lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D}, {mn::kBlockM, sch.block_m}, {mn::kBlockN, sch.block_n},
+                  {mn::kBshd, true}, {mn::kCausal, o.causal}, {mn::kTimeline, true}};
+  // the API's ring options (schedules.cpp: dkdv_ring_options) at the measured D 128 tiles
+  const bool adds = reduction != DqReduction::recompute;
+  if (adds) meta.emplace_back(mn::kDqReduction, static_cast<int64_t>(reduction));
+  if (reduction == DqReduction::ordered) meta.emplace_back(mn::kPersistent, true);
+  if (!adds && (D == 64 || (D == 128 && !o.causal))) meta.emplace_back(mn::kLseInRing, true);
+  if (adds && D == 128 && sch.block_n == 128 && sch.num_warps == 8 && sch.min_programs_per_sm <= 1)
+    for (const char* name : {mn::kLseInRing, mn::kRingProducer, mn::kDqWriter}) meta.emplace_back(name, true);
+  for (const auto& [name, value] : bench_util::parse_with(o.with)) meta.emplace_back(name, value);
+  jit::CompileOptions co;
+  co.num_warps = sch.num_warps;
+  co.pipeline.stages = sch.stages;
+  co.min_programs_per_sm = sch.min_programs_per_sm;
+  Function dkdv(kernels::attention_backward_dkdv(), meta, co);
+
+  const size_t bytes = static_cast<size_t>(B * S * H * D * 2);
+  runtime::DeviceBuffer q = bench_util::random_buffer(bytes, ir::DType::bf16, 1), k = bench_util::random_buffer(bytes, ir::DType::bf16, 2),
+                        v = bench_util::random_buffer(bytes, ir::DType::bf16, 3), dout = bench_util::random_buffer(bytes, ir::DType::bf16, 4),
+                        dk(bytes), dv(bytes), lse(static_cast<size_t>(B * H * S * 4)), delta(static_cast<size_t>(B * H * S * 4));
+  std::vector<float> lse_host(static_cast<size_t>(B * H * S), static_cast<float>(std::log(double(S)) + 0.5)), zero(lse_host.size(), 0.0f);
+  lse.upload(lse_host.data(), lse_host.size() * 4);
+  delta.upload(zero.data(), zero.size() * 4);
+  const int64_t m_blocks = lang::cdiv(S, sch.block_m), key_tiles = lang::cdiv(S, sch.block_n), tiles = key_tiles * H * B;
+  runtime::DeviceBuffer accum(adds ? bytes * 2 : 16), sems(static_cast<size_t>(B * H * m_blocks * 4));
+  runtime::DeviceBuffer stamps(static_cast<size_t>(tiles * kernels::DkdvConfig::kTimelineStamps * kWarpSlots * 8));
+  stamps.fill_bytes(0);
+  const auto t4 = [&](const runtime::DeviceBuffer& b, ir::DType dt) { return attention::contiguous(b.ptr(), dt, {B, S, H, D}); };
+  const attention::Tensor Q = t4(q, ir::DType::bf16), K = t4(k, ir::DType::bf16), V = t4(v, ir::DType::bf16), dO = t4(dout, ir::DType::bf16),
+                          dK = t4(dk, ir::DType::bf16), dV = t4(dv, ir::DType::bf16), L = attention::contiguous(lse.ptr(), ir::DType::f32, {B, H, S}),
+                          Dl = attention::contiguous(delta.ptr(), ir::DType::f32, {B, H, S}),
+                          A = attention::contiguous(accum.ptr(), ir::DType::f32, {B, H, S, D}),
+                          Sm = attention::contiguous(sems.ptr(), ir::DType::i32, {B * H * m_blocks}),
+                          T = attention::contiguous(stamps.ptr(), ir::DType::u64, {tiles * kernels::DkdvConfig::kTimelineStamps * kWarpSlots});
+  std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), dO.view(), L.view(), Dl.view(), dK.view(), dV.view()};
+  if (adds) args.emplace_back(A.view());
+  if (reduction == DqReduction::ordered) args.emplace_back(Sm.view());
+  args.emplace_back(static_cast<float>(1 / std::sqrt(double(D))));
+  args.emplace_back(T.view());
+  runtime::Stream stream;
+  const runtime::Grid grid = reduction == DqReduction::ordered ? dkdv.gpu_kernel().persistent_grid(tiles) : runtime::Grid{key_tiles, H, B};
+  for (int i = 0; i < 3; ++i) {  // (the last launch's stamps are read; the ordered semaphores start at zero)
+    stream.synchronize();
+    sems.fill_bytes(0);
+    dkdv.launch(grid, stream.handle(), args);
+  }
+  stream.synchronize();
+  std::vector<uint64_t> h(static_cast<size_t>(tiles * kernels::DkdvConfig::kTimelineStamps * kWarpSlots));
+  stamps.download(h.data(), h.size() * 8, 0);
+  constexpr int64_t kStampsB = kernels::DkdvConfig::kTimelineStamps, kPhases = kernels::DkdvConfig::kTimelinePhases;
+  const auto at = [&](int64_t t, int64_t s, int w) { return static_cast<double>(h[static_cast<size_t>((t * kStampsB + s) * kWarpSlots + w)]); };
+  const auto visit_at = [&](int64_t t, int64_t j, int64_t ph, int w) { return at(t, 1 + j * kPhases + ph, w); };
+  std::vector<double> phase[2][kPhases + 1], prologue, epilogue, tile_cycles, lag;
+  for (int64_t t = 0; t < tiles; ++t) {
+    int64_t visits = 0;
+    while (visits < (kStampsB - 2) / kPhases && visit_at(t, visits, 0, 0) != 0) ++visits;
+    if (visits < 4) continue;
+    tile_cycles.push_back(at(t, kStampsB - 1, 0) - at(t, 0, 0));
+    prologue.push_back(visit_at(t, 0, 0, 0) - at(t, 0, 0));
+    epilogue.push_back(at(t, kStampsB - 1, 0) - visit_at(t, visits - 1, kPhases - 1, 0));
+    for (int64_t j = 1; j + 1 < visits; ++j) {  // (steady state: not the first or the last visit)
+      for (int g = 0; g < 2; ++g) {
+        const int w = 4 * g;
+        for (int64_t ph = 0; ph + 1 < kPhases; ++ph) phase[g][ph].push_back(visit_at(t, j, ph + 1, w) - visit_at(t, j, ph, w));
+        phase[g][kPhases - 1].push_back(visit_at(t, j + 1, 0, w) - visit_at(t, j, kPhases - 1, w));
+        phase[g][kPhases].push_back(visit_at(t, j + 1, 0, w) - visit_at(t, j, 0, w));
+      }
+      lag.push_back(visit_at(t, j, 0, 4) - visit_at(t, j, 0, 0));
+    }
+  }
+  std::printf("attention_bwd_dkdv timeline: D %ld S %ld B %ld H %ld %s, reduction %s, %ld x %ld tiles, %d warps, %d stages%s (%ld programs)\n",
+              static_cast<long>(D), static_cast<long>(S), static_cast<long>(B), static_cast<long>(H), o.causal ? "causal" : "full",
+              red.c_str(), static_cast<long>(sch.block_m), static_cast<long>(sch.block_n), sch.num_warps, sch.stages,
+              o.with.empty() ? "" : (", " + o.with).c_str(), static_cast<long>(grid.x * grid.y * grid.z));
+  std::printf("TIMELINE_BWD registers %d, spills %d B\n", dkdv.compiled().info.registers, dkdv.compiled().info.spill_store_bytes);
+  const char* names[kPhases + 1] = {"S^T wait", "exp", "dP^T wait + dS", "dV dK issue", "dQ part", "to next", "visit"};
+  for (int g = 0; g < 2; ++g) {
+    std::printf("TIMELINE_BWD warpgroup %d median cycles:", g);
+    for (int64_t ph = 0; ph <= kPhases; ++ph) std::printf(" %s %.0f", names[ph], median(phase[g][ph]));
+    std::printf("\n");
+  }
+  std::printf("TIMELINE_BWD warpgroup 1 behind 0 at a visit's top: median %.0f cycles\n", median(lag));
+  std::printf("TIMELINE_BWD key tile %.0f cycles: prologue %.0f (to the first visit), epilogue %.0f (after the last: dK, dV stored)\n",
+              median(tile_cycles), median(prologue), median(epilogue));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -173,8 +279,14 @@ int main(int argc, char** argv) {
     else if (a == "--dropout" && i + 1 < argc) o.dropout = std::atof(argv[++i]);
     else if (a == "--with" && i + 1 < argc) o.with = argv[++i];
     else if (a == "--persistent" && i + 1 < argc) o.persistent = std::atoi(argv[++i]) != 0;
+    else if (a == "--backward") o.backward = true;
+    else if (a == "--head-dim" && i + 1 < argc) o.head_dim = std::atol(argv[++i]);
+    else if (a == "--reduction" && i + 1 < argc) o.reduction = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--seq S] [--causal] [--dropout P] [--persistent 0|1] [--with A=1,B=0]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--seq S] [--causal] [--dropout P] [--persistent 0|1] [--with A=1,B=0]\n"
+                   "       %s --backward [--head-dim D] [--seq S] [--causal] [--reduction recompute|atomic|ordered] [--with A=1]\n",
+                   argv[0], argv[0]);
       return 2;
     }
   }
@@ -183,7 +295,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    return run(o);
+    return o.backward ? run_backward(o) : run(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attention_timeline: %s\n", e.what());
     return 1;

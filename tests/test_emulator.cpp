@@ -747,6 +747,7 @@ TEST_CASE("emulator: dK/dV with the atomic dQ reduction (TMA add-reduces) equals
     o8.num_warps = 8;
     std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o8));
     CHECK(ops[jit::pir::Op::tma_reduce_add] > 0);
+    CHECK(ops[jit::pir::Op::tma_store] > 0);  // dK and dV by TMA stores (TMA_STORE: the atomic reduction's default)
     jit::CompileOptions plan = o8;
     plan.make_cubin = false;
     plan.dump_after = "plan-wgmma";
@@ -807,10 +808,12 @@ TEST_CASE("emulator: persistent atomic dK/dV with the dQ writer equals the inter
 // writer waiting for each add's turn and signalling one add later, full and causal, D 128, warp by
 // warp with random hand-overs too. Every semaphore ends at the count of key tiles that reach its
 // query tile.
+// TMA_STORE (dK, dV by TMA stores at clamped coordinates) too.
 TEST_CASE("emulator: ordered dK/dV on the dQ writer equals the interpreter") {
+  for (bool tma_store : {false, true})
   for (bool causal : {false, true}) {
     const int64_t BM = 64, BN = 128, B = 1, Hq = 2, Hkv = 2, S = 384, D = 128;
-    INFO("causal " << causal);
+    INFO("causal " << causal << " TMA_STORE " << tma_store);
     const float scale = 0.088f;
     const Meta fmeta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", causal}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", 64}};
     const auto [q, k, v, dout, o, lse, delta] = backward_inputs(B, Hq, Hkv, S, S, D, BM, fmeta, scale, 95);
@@ -818,10 +821,11 @@ TEST_CASE("emulator: ordered dK/dV on the dQ writer equals the interpreter") {
     acc.fill(0);
     sem.fill(0);
     const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", causal}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN}, {"DQ_REDUCTION", 3},
-                    {"RING_PRODUCER", true}, {"LSE_IN_RING", true}, {"DQ_WRITER", true}, {"PERSISTENT", true}};
+                    {"RING_PRODUCER", true}, {"LSE_IN_RING", true}, {"DQ_WRITER", true}, {"PERSISTENT", true}, {"TMA_STORE", tma_store}};
     const ir::Function fn = kernels::attention_backward_dkdv().build(meta);
     jit::CompileOptions opts;
     opts.num_warps = 8;
+    CHECK((count_ops(jit::lower(fn, opts))[jit::pir::Op::tma_store] > 0) == tma_store);
     for (uint64_t seed : {0, 5}) {
       INFO("schedule seed " << seed);
       const Runs r = run_both(fn, {1}, {q, k, v, dout, lse, delta, dk, dv, acc, sem}, {scale}, {scale}, opts, {seed != 0, seed});
@@ -911,6 +915,50 @@ TEST_CASE("timestamp: each warp's clock at slot + warp; the forward's TIMELINE s
         }
       }
   }
+}
+
+// The dK/dV kernel's TIMELINE (bench/attention_timeline --backward): every consumer warp stamps
+// its key tile's start and end and each query block visit's phases in order; dK and dV as they were.
+TEST_CASE("the dK/dV kernel's TIMELINE stamps each visit's phases in order and leaves dK, dV as they were") {
+  const int64_t S = 192, D = 64, B = 64;  // 3 key tiles, each visited by 3 query blocks
+  HostTensor q(bf16, {1, S, 1, D}), k(bf16, {1, S, 1, D}), v(bf16, {1, S, 1, D}), dout(bf16, {1, S, 1, D});
+  HostTensor lse(f32, {1, 1, S}), delta(f32, {1, 1, S}), dk(bf16, {1, S, 1, D}), dv(bf16, {1, S, 1, D});
+  q.fill_normal(91, 0, 1), k.fill_normal(92, 0, 1), v.fill_normal(93, 0, 1), dout.fill_normal(94, 0, 1);
+  lse.fill_normal(95, 5, 0.5), delta.fill_normal(96, 0, 0.1);
+  const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"BSHD", true}, {"BLOCK_M", B}, {"BLOCK_N", B}};
+  jit::CompileOptions o4;
+  o4.num_warps = 4;
+  o4.pipeline.stages = 2;
+  const int64_t tiles = S / B, stamps = kernels::DkdvConfig::kTimelineStamps, phases = kernels::DkdvConfig::kTimelinePhases;
+  HostTensor ref_dk = dk, ref_dv = dv, emu_dk = dk, emu_dv = dv, tl(u64, {tiles * stamps * 32});
+  tl.fill(0);
+  runtime::interpret(kernels::attention_backward_dkdv().build(meta), {tiles, 1, 1}, {q, k, v, dout, lse, delta, ref_dk, ref_dv, 0.125f});
+  Meta timed = meta;
+  timed.emplace_back("TIMELINE", true);
+  runtime::emulate(kernels::attention_backward_dkdv().build(timed), {tiles, 1, 1}, {q, k, v, dout, lse, delta, emu_dk, emu_dv, 0.125f, tl}, o4);
+  CHECK(close_in_max_norm(ref_dk, emu_dk, 2e-2));
+  CHECK(close_in_max_norm(ref_dv, emu_dv, 2e-2));
+  const auto at = [&](int64_t t, int64_t s, int64_t w) { return tl.get_flat((t * stamps + s) * 32 + w); };
+  for (int64_t t = 0; t < tiles; ++t)
+    for (int64_t w = 0; w < 32; ++w) {
+      INFO("key tile " << t << " warp " << w);
+      if (w >= 4) {
+        CHECK(at(t, 0, w) == 0);  // no such warp
+        continue;
+      }
+      double last = at(t, 0, w);
+      CHECK(last > 0);
+      for (int64_t j = 0; j < S / B; ++j)
+        for (int64_t ph = 0; ph < phases; ++ph) {
+          INFO("visit " << j << " phase " << ph);
+          CHECK(at(t, 1 + j * phases + ph, w) > last);
+          last = at(t, 1 + j * phases + ph, w);
+        }
+      CHECK(at(t, 1 + (S / B) * phases, w) == 0);  // (no fourth visit)
+      CHECK(at(t, stamps - 1, w) > last);
+    }
+  CHECK_THROWS_WITH_AS(kernels::attention_backward_dkdv().build({{"VARLEN", true}, {"TIMELINE", true}}),
+                       doctest::Contains("TIMELINE stamps the key tiles of dense full or causal batches"), lang::BuildError);
 }
 
 // A kernel whose rings at the requested stages leave no room for its layout exchanges is compiled

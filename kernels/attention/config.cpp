@@ -239,6 +239,8 @@ Meta DkdvConfig::to_meta() const {
   put_if(m, mn::kAccumulate, accumulate, false);
   put_if(m, mn::kDqWriter, dq_writer, false);
   put_if(m, mn::kDescriptorsAtUse, descriptors_at_use);
+  if (timeline) m.emplace_back(mn::kTimeline, true);
+  put_if(m, mn::kTmaStore, tma_store);
   return m;
 }
 
@@ -289,6 +291,16 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
                             "them to the next block)");
   const bool adds = r == DqReduction::atomic || r == DqReduction::split || (r == DqReduction::ordered && (s.causal || c.q_descending));
   c.descriptors_at_use = kb.meta<bool>(mn::kDescriptorsAtUse, s.head_dim == 128 && adds);  // [077]
+  c.timeline = kb.meta<bool>(mn::kTimeline, false);
+  if (c.timeline && (s.varlen || s.library_mask()))
+    kb.fail(Loc::current(), "TIMELINE stamps the key tiles of dense full or causal batches: not with VARLEN or a library MASK");
+  // Atomic: 1.017 / 1.122 at D 128 full / causal, 1.022 at D 64; recompute 1.021 / 1.031 at D 128,
+  // 1.017 / 1.018 at D 64 (S 4k, dense). Ordered keeps its element stores (level full, 4% slower
+  // causal: more spills); masks, dropout, score mods, varlen and D > 128 are not measured [080].
+  const bool measured = s.head_dim <= 128 && !s.library_mask() && !s.dropout && !s.modded() && !s.varlen;
+  c.tma_store = kb.meta<bool>(mn::kTmaStore, measured && (r == DqReduction::atomic || r == DqReduction::recompute) && !c.accumulate);
+  if (*c.tma_store && c.accumulate)
+    kb.fail(Loc::current(), "TMA_STORE stores dK and dV by TMA: not with ACCUMULATE (f32 sums read, added and stored per element)");
   return c;
 }
 

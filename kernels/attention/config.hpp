@@ -151,6 +151,17 @@ struct DkdvConfig {
   // unset: at D 128 with the atomic or split reduction, or ordered on a causal or descending walk
   // (1.06-1.22x there; ordered full 0.93-0.96x and recompute 0.96-0.99x, so off) [077]
   std::optional<bool> descriptors_at_use;
+  // Instrumentation (as the forward's): a last parameter `timeline` (u64 [key tiles, kTimelineStamps,
+  // 32]; key tile (b, kv head, n) = (b * kv heads + kv head) * key tiles + n) takes each warp's
+  // cycle counter at the key tile's start, at the phases of every query block it visits and at its
+  // end (bench/attention_timeline --backward reads it). Dense tensors. Off: no parameter, no code.
+  bool timeline = false;
+  // dK and dV by TMA stores (staged in shared memory, offsets computed at the store, coordinates
+  // clamped into TMA's range so that no element-store fallback holds registers through the query
+  // loop; not with ACCUMULATE); unset: atomic and recompute on dense tensors, D <= 128 [080]
+  std::optional<bool> tma_store;
+  static constexpr int64_t kTimelinePhases = 6;  // top, S^T landed, P^T, dS^T, dV and dK issued, dQ's part
+  static constexpr int64_t kTimelineStamps = 2 + kTimelinePhases * 256;  // the start, 256 visits (S 16k at BLOCK_M 64), the end
 
   // The metas: the tiles and the spec's dtype, head dim, causal and layout always, everything else
   // where it differs from its default.

@@ -40,7 +40,15 @@ struct DkdvProgram {
   BwdScheduleLang sched{};  // PERSISTENT: DASH's schedule
   lang::DotOptions dots{.descriptors_at_use = *cfg.descriptors_at_use};  // every dot's [077]
 
+  Tile timeline;  // TIMELINE: u64 [key tiles, kTimelineStamps, 32]
+
   DqReduction reduction() const { return cfg.dq_reduction; }
+  // TIMELINE: each warp's cycle counter into stamp `index` (clamped to the last) of key tile
+  // `key_tile` (DkdvConfig::timeline's index).
+  void stamp(const Tile& key_tile, const Tile& index) const {
+    const Tile at = minimum(maximum(index, 0), DkdvConfig::kTimelineStamps - 1);
+    timestamp(timeline + (cast(i64, key_tile) * DkdvConfig::kTimelineStamps + cast(i64, at)) * 32);
+  }
 };
 
 DkdvProgram::DkdvProgram(Builder& kb)
@@ -69,6 +77,7 @@ DkdvProgram::DkdvProgram(Builder& kb)
   rows0.emplace(a.sequence(kb, cfg.persistent ? zeros(i32, {}) : first_b, drop));
   a.declare_mask(kb, /*kv_major=*/true);
   a.declare_score_mod(kb);
+  if (cfg.timeline) timeline = kb.pointer("timeline", u64);
   S_q = rows0->seq_len(a.Q), S_k = rows0->seq_len(a.K);
   sched = BwdScheduleLang{S_q, S_k, a.BM, a.BN, a.causal};
 }
@@ -117,6 +126,9 @@ struct KeyTile {
   void dq_part(const QueryHead& q, const Tile& m0, const Tile& dst_t, const OrderedAdd& ordered);
   // dK = scale * sum dS^T Q, dV = sum P^T dO (DROPOUT: times 1 / keep probability), stored.
   void store_gradients();
+  // TIMELINE: stamp `index` of this key tile; phase `phase` of the current query block visit.
+  void stamp(int64_t index) const;
+  void stamp_phase(int64_t phase) const;
 
   DkdvProgram& p;
   const BackwardParams& a;
@@ -130,6 +142,7 @@ struct KeyTile {
   const Tile k, v;
   const Tile keys;  // [BN, 1]: this program's blocks are transposed, S^T
   Var dk, dv;
+  std::optional<Var> visit;  // TIMELINE: the query blocks visited so far
   // Causal: the first query block with a row that sees key n0 (row i sees n0 from i = n0 - diag).
   const Tile m_begin;
   const Tile m_end;
@@ -155,7 +168,21 @@ KeyTile::KeyTile(DkdvProgram& prog, HeadRows rows_, Tile n_block_, Tile kv_h_, c
       m_begin(a.causal ? maximum(n0 - (p.S_k - p.S_q), 0) / a.BM * a.BM : zeros(i32, {})),
       m_end(rows.unless_past(n0, p.S_k, p.S_q)) {}
 
+void KeyTile::stamp(int64_t index) const {
+  if (!p.cfg.timeline) return;
+  const Tile key_tile = (rows.b * a.K.size(rows.head_dim()) + kv_h) * cdiv(p.S_k, a.BN) + n_block;
+  p.stamp(key_tile, scalar_constant(i32, index));
+}
+
+void KeyTile::stamp_phase(int64_t phase) const {
+  if (!p.cfg.timeline) return;
+  const Tile key_tile = (rows.b * a.K.size(rows.head_dim()) + kv_h) * cdiv(p.S_k, a.BN) + n_block;
+  p.stamp(key_tile, 1 + *visit * DkdvConfig::kTimelinePhases + phase);
+}
+
 void KeyTile::run() {
+  if (p.cfg.timeline) visit.emplace(zeros(i32, {}));
+  stamp(0);
   for_range(0, group, [&](Tile g) {  // the query heads of this key/value head's group
     QueryHead q;
     q.h = kv_h * group + g;
@@ -164,6 +191,7 @@ void KeyTile::run() {
     visit_query_tiles(q);
   });
   store_gradients();
+  stamp(DkdvConfig::kTimelineStamps - 1);
 }
 
 void KeyTile::visit_query_tiles(const QueryHead& q) {
@@ -237,12 +265,14 @@ void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors&
                           CausalMask causal_mask) {
   const Tile& h = qh.h;
   const Tile &S_q = p.S_q, &S_k = p.S_k;
+  stamp_phase(0);  // TIMELINE: the block's top
   auto q = load(rows(a.Q, h, m0, a.BM)), dout = load(rows(a.dO, h, m0, a.BM));
   auto lse = a.lse_log2_of(ahead.lse)[row];  // [1, BM]
   auto delta = ahead.delta[row];
   Tile pt;          // P^T
   Tile mod_grad_t;  // SCORE_MOD with a derivative: d mod / d score, transposed
   const Tile e_t = a.log2_p_exponent(dot(k, trans(q), p.dots), lse, p.softmax_scale, rows, h, m0, n0, S_q, S_k, /*transposed=*/true, &mod_grad_t);
+  stamp_phase(1);  // S^T landed (its exponent computed)
   if (qh.seq) {
     Var p_t = exp2(e_t);
     if_(needs_mask, [&] { p_t = where(trans(qh.seq->allowed(m0 + arange(0, a.BM), n0 + arange(0, a.BN))), p_t, 0.0f); });
@@ -256,6 +286,7 @@ void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors&
   // DROPOUT: the block is transposed (rows are keys, columns query rows): the forward's mask of
   // (query rows m0.., keys n0..), transposed [017]; s = 1 / keep probability is applied to dV once
   // at the end
+  stamp_phase(2);  // P^T
   Tile pt_kept = pt;
   Tile dpt = dot(v, trans(dout), p.dots);  // dP^T (of the dropped P: times keep * s)
   Tile dst;                        // dS^T = P^T * (dP^T - Delta)
@@ -269,11 +300,15 @@ void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors&
   } else {
     dst = pt * (dpt - delta);
   }
+  stamp_phase(3);  // dS^T (dP^T landed)
   dv = dot(cast(a.T, pt_kept), dout, dv, p.dots);
   if (mod_grad_t.valid()) dst = dst * mod_grad_t;  // the gradient of the raw score
   auto dst_t = cast(a.T, dst);
   dk = dot(dst_t, q, dk, p.dots);
+  stamp_phase(4);  // dV's and dK's MMAs issued
   if (p.reduction() != DqReduction::recompute) dq_part(qh, m0, dst_t, ordered);
+  stamp_phase(5);  // dQ's part issued (its add or store)
+  if (visit) *visit = *visit + 1;
 }
 
 void KeyTile::dq_part(const QueryHead& qh, const Tile& m0, const Tile& dst_t, const OrderedAdd& ordered) {
@@ -339,8 +374,22 @@ void KeyTile::store_gradients() {
     store(rows(dV_t, kv_h, n0, a.BN), dv_out + load_at_use(rows(dV_t, kv_h, n0, a.BN)));
     return;
   }
-  store(rows(dK_t, kv_h, n0, a.BN), cast(a.T, dk_out));
-  store(rows(dV_t, kv_h, n0, a.BN), cast(a.T, dv_out));
+  if (!*p.cfg.tma_store) {
+    store(rows(dK_t, kv_h, n0, a.BN), cast(a.T, dk_out));
+    store(rows(dV_t, kv_h, n0, a.BN), cast(a.T, dv_out));
+    return;
+  }
+  // TMA_STORE: staged in shared memory, offsets computed here (not hoisted through the loops), at
+  // coordinates the compiler can prove in TMA's range -- (b, kv_h, n0) index the tensors, but the
+  // persistent walk's arithmetic hides it, and the element stores of the run-time fallback held
+  // their ~60 column offsets and tensor strides in registers through the query loop [080]
+  auto coordinate = [&](const Tile& x) { return minimum(maximum(x, 0), std::numeric_limits<int32_t>::max() - 256); };
+  HeadRows at = rows;
+  at.b = coordinate(rows.b);
+  const Tile hh = coordinate(kv_h), s0 = coordinate(n0);
+  const StoreOptions late{.tma = true, .offsets_at_store = true};
+  store(at(dK_t, hh, s0, a.BN), cast(a.T, dk_out), late);
+  store(at(dV_t, hh, s0, a.BN), cast(a.T, dv_out), late);
 }
 
 // One key tile: the mask's program order first (heavy key blocks first), then KeyTile.
