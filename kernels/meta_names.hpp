@@ -49,6 +49,7 @@ inline constexpr const char* kRowsAhead = "ROWS_AHEAD";
 inline constexpr const char* kLseInRing = "LSE_IN_RING";
 inline constexpr const char* kAccumulate = "ACCUMULATE";
 inline constexpr const char* kDqWriter = "DQ_WRITER";
+inline constexpr const char* kProducerRegisters = "PRODUCER_REGISTERS";
 inline constexpr const char* kDescriptorsAtUse = "DESCRIPTORS_AT_USE";
 inline constexpr const char* kTiles = "TILES";
 inline constexpr const char* kKvMajor = "KV_MAJOR";

@@ -826,6 +826,12 @@ TEST_CASE("emulator: ordered dK/dV on the dQ writer equals the interpreter") {
     jit::CompileOptions opts;
     opts.num_warps = 8;
     CHECK((count_ops(jit::lower(fn, opts))[jit::pir::Op::tma_store] > 0) == tma_store);
+    // (the full walk's producer and writer at 40 registers by default, the consumers at 232)
+    int64_t producer_registers = 0;
+    ir::walk(fn.body, [&](const ir::Op& op) {
+      if (op.kind == ir::OpKind::ring_producer) producer_registers = op.int_attr("producer_registers");
+    });
+    CHECK(producer_registers == (causal ? 24 : 40));
     for (uint64_t seed : {0, 5}) {
       INFO("schedule seed " << seed);
       const Runs r = run_both(fn, {1}, {q, k, v, dout, lse, delta, dk, dv, acc, sem}, {scale}, {scale}, opts, {seed != 0, seed});
@@ -959,6 +965,11 @@ TEST_CASE("the dK/dV kernel's TIMELINE stamps each visit's phases in order and l
     }
   CHECK_THROWS_WITH_AS(kernels::attention_backward_dkdv().build({{"VARLEN", true}, {"TIMELINE", true}}),
                        doctest::Contains("TIMELINE stamps the key tiles of dense full or causal batches"), lang::BuildError);
+  CHECK_THROWS_WITH_AS(kernels::attention_backward_dkdv().build({{"PRODUCER_REGISTERS", int64_t{36}}}),
+                       doctest::Contains("PRODUCER_REGISTERS = 36 (valid: 24, 32 or 40"), lang::BuildError);
+  CHECK_THROWS_WITH_AS(kernels::attention_backward_dkdv().build({{"PRODUCER_REGISTERS", int64_t{40}}}),
+                       doctest::Contains("PRODUCER_REGISTERS sets the producer warpgroup's registers: it needs RING_PRODUCER=true"),
+                       lang::BuildError);
 }
 
 // A kernel whose rings at the requested stages leave no room for its layout exchanges is compiled

@@ -438,7 +438,10 @@ void run(DkdvProgram& p) {
 const lang::Kernel& attention_backward_dkdv() {
   static const lang::Kernel kern = lang::kernel("attention_bwd_dkdv", [](lang::Builder& kb) {
     backward_detail::DkdvProgram p(kb);
-    if (*p.cfg.ring_producer) lang::ring_producer({.reduce_writer = p.cfg.dq_writer});  // (after the parameters, as the forward's)
+    if (*p.cfg.ring_producer) {  // (after the parameters, as the forward's)
+      const int producer = *p.cfg.producer_registers;
+      lang::ring_producer({.producer_registers = producer, .consumer_registers = producer > 24 ? 232 : 240, .reduce_writer = p.cfg.dq_writer});
+    }
     backward_detail::run(p);
   });
   return kern;
