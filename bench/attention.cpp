@@ -162,11 +162,14 @@ struct AbResult {
   bool identical = false;
 };
 // (each function on its own grid: variants with other tiles)
+// (before_launch: work queued on the stream before every launch, timed too, e.g. zeroing the
+// ordered reduction's semaphores: it adds the same time to both variants)
 AbResult ab_measure_grids(std::vector<Function>& fns, const std::array<runtime::Grid, 2>& grids, const runtime::Stream& stream,
                           const std::vector<runtime::DeviceArg>& args, std::initializer_list<const DeviceBuffer*> outputs, size_t bytes,
-                          int max_reps) {
+                          int max_reps, const std::function<void()>& before_launch = {}) {
   std::vector<char> out[2];
   for (int on : {0, 1}) {
+    if (before_launch) before_launch();
     fns[static_cast<size_t>(on)].launch(grids[static_cast<size_t>(on)], stream.handle(), args);
     stream.synchronize();
     out[on].resize(outputs.size() * bytes);
@@ -175,8 +178,12 @@ AbResult ab_measure_grids(std::vector<Function>& fns, const std::array<runtime::
   }
   std::vector<double> ms[2];
   ab_rounds([&](int on) {
-    ms[on].push_back(time_ms([&] { fns[static_cast<size_t>(on)].launch(grids[static_cast<size_t>(on)], stream.handle(), args); }, stream,
-                             max_reps));
+    ms[on].push_back(time_ms(
+        [&] {
+          if (before_launch) before_launch();
+          fns[static_cast<size_t>(on)].launch(grids[static_cast<size_t>(on)], stream.handle(), args);
+        },
+        stream, max_reps));
   });
   return {median(ms[0]), median(ms[1]), out[0] == out[1]};
 }
@@ -961,14 +968,15 @@ int bench_mask_kernel(double p, int max_reps) {
   return 0;
 }
 
-int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic, const std::string& with_meta,
+int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqReduction reduction, const std::string& with_meta,
                       const std::optional<attention::Schedule>& on_schedule) {
   const Buffers buf;
   runtime::Stream stream;
   // --reduction atomic: the 5-matmul dK/dV adding dQ's parts into an f32 [B, H, S, D] accumulator
-  // (not zeroed between launches: only dK and dV are compared and timed)
-  const DeviceBuffer dq_accum(atomic ? Buffers::bytes * 2 : 16);
-  const attention::DqReduction reduction = atomic ? attention::DqReduction::atomic : attention::DqReduction::recompute;
+  // (not zeroed between launches: only dK and dV are compared and timed); ordered: the same on
+  // DASH's persistent grid, its semaphores zeroed before every launch (timed in both variants)
+  const bool atomic = reduction != attention::DqReduction::recompute, ordered = reduction == attention::DqReduction::ordered;
+  const DeviceBuffer dq_accum(atomic ? Buffers::bytes * 2 : 16), semaphores(Buffers::lse_bytes);
   for (int64_t D : {64, 128})
     for (bool causal : {false, true}) {
       const Config c{4096, D, causal};
@@ -983,9 +991,15 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic, c
         const attention::Schedule& sch = schedules[on ? 1 : 0];
         lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D}, {mn::kBlockM, sch.block_m}, {mn::kBlockN, sch.block_n},
                         {mn::kBshd, true}, {mn::kCausal, causal}};
-        for (const auto& [name, value] : bench_util::parse_with(meta_name)) meta.emplace_back(name, on && value);  // "A,B": all off, then all on
+        // "A,B": all off, then all on; or "A=1,B=24:A=0,B=40" (the off and the on variant's metas)
+        if (const size_t colon = meta_name.find(':'); colon != std::string::npos) {
+          for (auto& m : bench_util::parse_with_values(on ? meta_name.substr(colon + 1) : meta_name.substr(0, colon))) meta.push_back(std::move(m));
+        } else {
+          for (const auto& [name, value] : bench_util::parse_with(meta_name)) meta.emplace_back(name, on && value);
+        }
         for (const auto& [name, value] : bench_util::parse_with(with_meta)) meta.emplace_back(name, value);
         if (atomic) meta.emplace_back(mn::kDqReduction, static_cast<int64_t>(reduction));
+        if (ordered) meta.emplace_back(mn::kPersistent, true);
         jit::CompileOptions o;
         o.num_warps = sch.num_warps;
         o.pipeline.stages = sch.stages;
@@ -993,8 +1007,15 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic, c
         fns.emplace_back(kernels::attention_backward_dkdv(), meta, o);
       }
       const attention::Tensor accum = attention::contiguous(dq_accum.ptr(), ir::DType::f32, {c.B(), c.H(), c.S, D});
+      const int64_t m_blocks = lang::cdiv(c.S, schedules[0].block_m);
+      const attention::Tensor sems = attention::contiguous(semaphores.ptr(), ir::DType::i32, {c.B() * c.H() * m_blocks});
       std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dK.view(), dV.view()};
       if (atomic) args.emplace_back(accum.view());
+      if (ordered) args.emplace_back(sems.view());
+      const size_t sem_bytes = static_cast<size_t>(c.B() * c.H() * m_blocks) * 4;
+      const std::function<void()> zero_semaphores = [&] {
+        runtime::check_cu(runtime::Driver::get().api().MemsetD8Async(semaphores.ptr(), 0, sem_bytes, stream.handle()), "cuMemsetD8Async");
+      };
       args.emplace_back(static_cast<float>(1 / std::sqrt(double(D))));
       AbResult r;
       try {  // (a Function compiles at its first launch)
@@ -1007,7 +1028,8 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic, c
             if (name == mn::kPersistent) persistent = std::get<bool>(value);
           grids[i] = persistent ? fns[i].gpu_kernel().persistent_grid(key_tiles * c.H() * c.B()) : runtime::Grid{key_tiles, c.H(), c.B()};
         }
-        r = ab_measure_grids(fns, grids, stream, args, {&buf.dk, &buf.dv}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
+        r = ab_measure_grids(fns, grids, stream, args, {&buf.dk, &buf.dv}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps,
+                             ordered ? zero_semaphores : std::function<void()>{});
       } catch (const std::exception& e) {
         std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv D=%ld causal=%d skipped=\"%s\"\n", meta_name.c_str(), static_cast<long>(D),
                     causal ? 1 : 0, e.what());
@@ -1016,7 +1038,7 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, bool atomic, c
       const attention::Schedule& on_s = schedules[1];
       std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv reduction=%s D=%ld causal=%d on_tiles=%dx%d/%dw/%ds off_ms=%.4f on_ms=%.4f "
                   "speedup=%.3f outputs_identical=%d\n",
-                  meta_name.c_str(), atomic ? "atomic" : "recompute", static_cast<long>(D), causal ? 1 : 0, on_s.block_m, on_s.block_n,
+                  meta_name.c_str(), ordered ? "ordered" : atomic ? "atomic" : "recompute", static_cast<long>(D), causal ? 1 : 0, on_s.block_m, on_s.block_n,
                   on_s.num_warps, on_s.stages, r.off_ms, r.on_ms, r.off_ms / r.on_ms, r.identical ? 1 : 0);
       std::fflush(stdout);
     }
@@ -1448,7 +1470,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   ir::DType grid_dtype = ir::DType::bf16;  // the main grid: --dtype f16, --gqa G (K / V heads = H / G)
   int64_t gqa = 1;
-  bool ab_atomic = false;  // --backward-ab ... --reduction atomic
+  attention::DqReduction ab_reduction = attention::DqReduction::recompute;  // --backward-ab ... --reduction atomic|ordered
   std::string check_dir;
   double dropout_p = -1;
   bool masks = false, deterministic = false, forward_variants = false, e2e_only = false, mask_kernel = false, dq_variants = false;
@@ -1482,9 +1504,8 @@ int main(int argc, char** argv) {
     else if (a == "--head-dim" && i + 1 < argc) only_d = std::atoll(argv[++i]);
     else if (a == "--seq" && i + 1 < argc) only_s = std::atoll(argv[++i]);
     else if (a == "--mode" && i + 1 < argc) only_mode = argv[++i];
-    else if (a == "--reduction" && i + 1 < argc && std::string(argv[i + 1]) == "atomic") {
-      ab_atomic = true;
-      ++i;
+    else if (a == "--reduction" && i + 1 < argc && (std::string(argv[i + 1]) == "atomic" || std::string(argv[i + 1]) == "ordered")) {
+      ab_reduction = std::string(argv[++i]) == "atomic" ? attention::DqReduction::atomic : attention::DqReduction::ordered;
     }
     else if (a == "--tool-ab") tool_ab = true;
     else if (a == "--meta-ab" && i + 1 < argc) meta_ab = argv[++i];
@@ -1526,7 +1547,7 @@ int main(int argc, char** argv) {
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout, only_s ? only_s : 4096);
-    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_atomic, with_meta, schedule);
+    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_reduction, with_meta, schedule);
     if (tool_ab) return bench_tool_ab(reps);
     if (!meta_ab.empty()) return bench_meta_ab(meta_ab, meta_ab_kernels, reps);
     if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule, only_mode, only_causal);

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "dsl/builder.hpp"
 #include "kernels/philox_host.hpp"
 #include "runtime/device_buffer.hpp"
 #include "runtime/gpu_kernel.hpp"
@@ -56,6 +57,24 @@ inline std::vector<std::pair<std::string, bool>> parse_with(const std::string& w
     const size_t eq = item.find('=');
     if (eq == std::string::npos) out.emplace_back(item, true);
     else out.emplace_back(item.substr(0, eq), item.substr(eq + 1) != "0");
+    start = comma + 1;
+  }
+  return out;
+}
+
+// "A,B=0,C=24" -> {A: true, B: false, C: 24}: --with's metas where an integer meta (a value other
+// than 0 or 1) keeps its number.
+inline lang::Meta parse_with_values(const std::string& with) {
+  lang::Meta out;
+  size_t start = 0;
+  while (start < with.size()) {
+    const size_t comma = std::min(with.find(',', start), with.size());
+    const std::string item = with.substr(start, comma - start);
+    const size_t eq = item.find('=');
+    const std::string value = eq == std::string::npos ? "1" : item.substr(eq + 1);
+    const std::string name = item.substr(0, eq);
+    if (value == "0" || value == "1") out.emplace_back(name, value == "1");
+    else out.emplace_back(name, static_cast<int64_t>(std::stoll(value)));
     start = comma + 1;
   }
   return out;

@@ -290,25 +290,25 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
   if (c.lse_in_ring && *c.rows_ahead)
     kb.fail(Loc::current(), "LSE_IN_RING reads LSE and Delta from each block's own ring stage: not with ROWS_AHEAD=true (which carries "
                             "them to the next block)");
-  // (ordered full too since 080, beside TMA_STORE and a producer of 40 registers)
-  const bool adds = r == DqReduction::atomic || r == DqReduction::split || r == DqReduction::ordered;
+  // (ordered full: off, also beside TMA_STORE and a producer of 40 registers: 0.977-0.989x [080])
+  const bool adds = r == DqReduction::atomic || r == DqReduction::split || (r == DqReduction::ordered && (s.causal || c.q_descending));
   c.descriptors_at_use = kb.meta<bool>(mn::kDescriptorsAtUse, s.head_dim == 128 && adds);  // [077, 080]
   c.timeline = kb.meta<bool>(mn::kTimeline, false);
   if (c.timeline && (s.varlen || s.library_mask()))
     kb.fail(Loc::current(), "TIMELINE stamps the key tiles of dense full or causal batches: not with VARLEN or a library MASK");
   // Atomic: 1.017 / 1.122 at D 128 full / causal, 1.022 at D 64; recompute 1.021 / 1.031 at D 128,
-  // 1.017 / 1.018 at D 64 (S 4k, dense); ordered full at D 128 with descriptors at use and a
-  // producer of 40 registers (below). Ordered causal keeps its element stores (4% slower: more
-  // spills); masks, dropout, score mods, varlen and D > 128 are not measured [080].
+  // 1.017 / 1.018 at D 64; ordered causal at D 128 ~1.04 (S 4k, dense, same-process A/Bs). Ordered
+  // full keeps element stores (0.977x with descriptors at use, its best beside them); masks,
+  // dropout, score mods, varlen, D64 ordered and D > 128 are not measured [080].
   const bool measured = s.head_dim <= 128 && !s.library_mask() && !s.dropout && !s.modded() && !s.varlen;
-  const bool ordered_full = r == DqReduction::ordered && !s.causal && !c.q_descending && s.head_dim == 128;
-  const bool tma_reduction = r == DqReduction::atomic || r == DqReduction::recompute || ordered_full;
+  const bool ordered_causal = r == DqReduction::ordered && s.causal && !c.q_descending && s.head_dim == 128;
+  const bool tma_reduction = r == DqReduction::atomic || r == DqReduction::recompute || ordered_causal;
   c.tma_store = kb.meta<bool>(mn::kTmaStore, measured && tma_reduction && !c.accumulate);
   if (*c.tma_store && c.accumulate)
     kb.fail(Loc::current(), "TMA_STORE stores dK and dV by TMA: not with ACCUMULATE (f32 sums read, added and stored per element)");
-  // The ordered full walk's producer and writer compute DASH's schedule and spilled at 24 [080]
-  const bool walk_on_producer = ordered_full && c.persistent && *c.ring_producer && c.dq_writer;
-  c.producer_registers = kb.meta<int>(mn::kProducerRegisters, walk_on_producer ? 40 : 24);
+  // (40 takes the ordered walk's spills out of its producer and writer, but measured level: 0.988x
+  // full, 1.0x causal beside TMA_STORE [080])
+  c.producer_registers = kb.meta<int>(mn::kProducerRegisters, 24);
   if (*c.producer_registers != 24 && (*c.producer_registers != 32 && *c.producer_registers != 40))
     kb.fail(Loc::current(), fmt::format("PRODUCER_REGISTERS = {} (valid: 24, 32 or 40; the consumers get 240 registers at 24 and 232 "
                                         "above)", *c.producer_registers));

@@ -158,12 +158,11 @@ struct DkdvConfig {
   bool timeline = false;
   // dK and dV by TMA stores (staged in shared memory, offsets computed at the store, coordinates
   // clamped into TMA's range so that no element-store fallback holds registers through the query
-  // loop; not with ACCUMULATE); unset: atomic, recompute and ordered full at D 128, dense [080]
+  // loop; not with ACCUMULATE); unset: atomic, recompute and ordered causal at D 128, dense [080]
   std::optional<bool> tma_store;
   // With RING_PRODUCER: the producer warpgroup's registers under setmaxnreg: 24 (the consumers get
-  // 240), 32 or 40 (232); unset: 40 for the ordered full walk at D 128 on the producer and the dQ
-  // writer, which compute DASH's schedule and spilled at 24 (with TMA_STORE and descriptors at
-  // use: 0.93-0.94x the key tile's cycles), else 24 [080]
+  // 240), 32 or 40 (232: the ordered walk's producer and writer then do not spill, but it measured
+  // level); unset: 24 [080]
   std::optional<int> producer_registers;
   static constexpr int64_t kTimelinePhases = 6;  // top, S^T landed, P^T, dS^T, dV and dK issued, dQ's part
   static constexpr int64_t kTimelineStamps = 2 + kTimelinePhases * 256;  // the start, 256 visits (S 16k at BLOCK_M 64), the end
