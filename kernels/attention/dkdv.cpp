@@ -126,9 +126,11 @@ struct KeyTile {
   void dq_part(const QueryHead& q, const Tile& m0, const Tile& dst_t, const OrderedAdd& ordered);
   // dK = scale * sum dS^T Q, dV = sum P^T dO (DROPOUT: times 1 / keep probability), stored.
   void store_gradients();
-  // TIMELINE: stamp `index` of this key tile; phase `phase` of the current query block visit.
+  // TIMELINE: stamp `index` of this key tile; phase `phase` of the current query block visit; the
+  // key tile's row of the timeline ((b * kv heads + kv_h) * key tiles + n_block).
   void stamp(int64_t index) const;
   void stamp_phase(int64_t phase) const;
+  Tile timeline_tile() const;
 
   DkdvProgram& p;
   const BackwardParams& a;
@@ -168,16 +170,14 @@ KeyTile::KeyTile(DkdvProgram& prog, HeadRows rows_, Tile n_block_, Tile kv_h_, c
       m_begin(a.causal ? maximum(n0 - (p.S_k - p.S_q), 0) / a.BM * a.BM : zeros(i32, {})),
       m_end(rows.unless_past(n0, p.S_k, p.S_q)) {}
 
+Tile KeyTile::timeline_tile() const { return (rows.b * a.K.size(rows.head_dim()) + kv_h) * cdiv(p.S_k, a.BN) + n_block; }
+
 void KeyTile::stamp(int64_t index) const {
-  if (!p.cfg.timeline) return;
-  const Tile key_tile = (rows.b * a.K.size(rows.head_dim()) + kv_h) * cdiv(p.S_k, a.BN) + n_block;
-  p.stamp(key_tile, scalar_constant(i32, index));
+  if (p.cfg.timeline) p.stamp(timeline_tile(), scalar_constant(i32, index));
 }
 
 void KeyTile::stamp_phase(int64_t phase) const {
-  if (!p.cfg.timeline) return;
-  const Tile key_tile = (rows.b * a.K.size(rows.head_dim()) + kv_h) * cdiv(p.S_k, a.BN) + n_block;
-  p.stamp(key_tile, 1 + *visit * DkdvConfig::kTimelinePhases + phase);
+  if (p.cfg.timeline) p.stamp(timeline_tile(), 1 + *visit * DkdvConfig::kTimelinePhases + phase);
 }
 
 void KeyTile::run() {
