@@ -286,7 +286,8 @@ void store(const BlockRef& blk, const Operand& value, StoreOptions opts, Loc loc
   std::vector<ir::ValueId> ops{blk.tensor.descriptor().id(), v.id()};
   for (const Tile& t : blk.offsets) ops.push_back(t.id());
   ir::AttrMap attrs{{"dims", blk.dims}};
-  if (opts.tma) attrs.emplace("tma", int64_t{opts.offsets_at_store ? 2 : 1});  // (2: StoreOptions::offsets_at_store)
+  if (opts.tma) attrs.emplace(ir::kTmaStoreAttr, int64_t{1});
+  if (opts.tma && opts.offsets_at_store) attrs.emplace(ir::kOffsetsAtStoreAttr, int64_t{1});
   b.emit(OpKind::block_store, std::move(ops), std::move(attrs), loc);
 }
 

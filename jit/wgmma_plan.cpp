@@ -236,12 +236,12 @@ class Planner {
   std::optional<TmaReduce> tma_reduce(const ir::Op& op) const {
     if (op.kind != OpKind::block_store) return std::nullopt;
     const bool add = op.attrs.count("reduce") && op.str_attr("reduce") == "add";
-    const bool store = !op.attrs.count("reduce") && op.attrs.count("tma") && op.int_attr("tma") != 0;  // (StoreOptions::tma)
+    const bool store = !op.attrs.count("reduce") && op.attrs.count(ir::kTmaStoreAttr) && op.int_attr(ir::kTmaStoreAttr) != 0;
     if (!add && !store) return std::nullopt;
     TmaReduce r;
     r.store = &op;
     r.store_only = store;
-    r.offsets_at_store = store && op.int_attr("tma") == 2;
+    r.offsets_at_store = store && op.attrs.count(ir::kOffsetsAtStoreAttr) > 0;
     const ir::Param* p = tensor_param(op.operands[0], &r.param_index);
     if (!p || !p->spec.contiguous_last || p->spec.align_bytes < 16) return std::nullopt;
     r.elem_bytes = ir::byte_size(p->type.dtype);

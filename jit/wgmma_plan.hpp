@@ -116,7 +116,7 @@ struct TmaReduce {
   // a plain store (StoreOptions::tma: cp.async.bulk.tensor) rather than an add; the element size
   // (4 for adds: f32; 2 or 4 for stores), so 128 / elem_bytes columns a chunk
   bool store_only = false;
-  bool offsets_at_store = false;  // StoreOptions::offsets_at_store (IR: tma = 2)
+  bool offsets_at_store = false;  // StoreOptions::offsets_at_store (IR: ir::kOffsetsAtStoreAttr)
   int64_t elem_bytes = 4;
   // A store under lang::ring_producer, in the body of a ring's loop, after every reader of one of
   // that ring's tiles: it stages in that tile (FlashAttention-3's O over V) instead of a tile of

@@ -656,7 +656,7 @@ void Lowerer::block_store(const ir::Op& op) {
   window(op, 2, L, addr, inb, &all_ok);
   // after the operands: a conversion's barrier clears the record of unordered accesses (a store
   // that asked for TMA is ordered as one: memory_order.cpp)
-  const bool asked_tma = op.attrs.count("tma") && op.int_attr("tma") != 0;
+  const bool asked_tma = op.attrs.count(ir::kTmaStoreAttr) && op.int_attr(ir::kTmaStoreAttr) != 0;
   order_global(op.operands[0], Access::write, L, window_key(op, 2), false, asked_tma);
   std::optional<V> own = owner(L);
   auto scalar_path = [&] {
