@@ -61,7 +61,7 @@ void Lowerer::kernel_body() {
   block(f_.body);
   // TMA reduces still reading the staging tile when the program ends: shared memory must outlive them.
   if (!plan_.hopper.reduces.empty())
-    pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
+    pir_if(bulk_issuer(), [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
 }
 
 void Lowerer::block(const ir::Block& b) {

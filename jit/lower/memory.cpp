@@ -502,13 +502,13 @@ void Lowerer::block_atomic(const ir::Op& op) {
 }
 
 // A block store or add-reduce planned for TMA (HopperPlan::reduces): the tile goes into the
-// swizzled staging tile (rows of 128 bytes per column chunk), then thread 0 issues one bulk tensor
+// swizzled staging tile (rows of 128 bytes per column chunk), then bulk_issuer() issues one bulk tensor
 // store / add per chunk; `fallback` writes element by element where an offset may be negative.
 void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layout& L, const Regs& val,
                              const std::function<void()>& fallback, bool ordered, V sem, V target) {
   if (red.loop) return stage_for_writer(red, L, val);  // (HopperPlan::reduce_writer issues it)
   const auto element_updates = fallback;
-  V is0 = cmp(pir::Pred::eq, tid_, ci32(0));
+  V issuer = bulk_issuer();
   // offsets not known to lie in [0, 2^31 - 1 - the box's extent]: TMA only when they do (it faults
   // otherwise); else every thread adds its elements, clipped at the tensor's edges, as the generic
   // path does
@@ -542,9 +542,9 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
     }
     emit0(Op::barrier, {});
   } else if (reduce_staging_free_in_ != block_ids_.back()) {
-    // The staging tile is free once the previous reduce has read it (thread 0 issued it), unless a
+    // The staging tile is free once the previous reduce has read it (bulk_issuer() issued it), unless a
     // barrier after such a wait was already met in this block (e.g. staging dQ's A operand).
-    pir_if(is0, [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
+    pir_if(issuer, [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
     emit0(Op::barrier, {});
   }
   reduce_staging_free_in_ = -1;
@@ -567,7 +567,7 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
   }
   V base = emit(Op::smem_addr, pir::scalar(DType::u32), {staging});
   if (red.check_coordinates) pir_if(lnot(tma_ok), element_updates);
-  pir_if(red.check_coordinates ? land(is0, tma_ok) : is0, [&] {
+  pir_if(red.check_coordinates ? land(issuer, tma_ok) : issuer, [&] {
     // ordered: only this thread issues the add, so only it waits (no barrier for the others)
     if (ordered) {
       emit0(Op::sem_wait, {sem, target});
@@ -583,7 +583,7 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
     RingState& st = rings_.at(t.ring);
     st.released.insert(t.load);
     pir_if(cmp(pir::Pred::eq, lane_, ci32(0)), [&] {
-      pir_if(is0, [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
+      pir_if(issuer, [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
       emit0(Op::mbar_arrive, {stage_barrier(t.empty, st.stage)});
     });
   }

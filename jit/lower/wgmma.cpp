@@ -434,7 +434,7 @@ void Lowerer::stage_a(const ir::Op& trans) {
   if (std::any_of(pending_.begin(), pending_.end(), [&](const PendingDot& p) { return p.group == staged_a_group_; }))
     wait_groups(staged_a_group_);
   // the same barrier tells every thread that earlier TMA reduces have read their staging tile
-  if (!plan_.hopper.reduces.empty()) pir_if(cmp(pir::Pred::eq, tid_, ci32(0)), [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
+  if (!plan_.hopper.reduces.empty()) pir_if(bulk_issuer(), [&] { emit0(Op::bulk_wait, {}, pir::kBulkWaitRead); });
   emit0(Op::barrier, {});
   if (!plan_.hopper.reduces.empty()) reduce_staging_free_in_ = block_ids_.back();
   const ir::ValueId x = trans.operands[0];
