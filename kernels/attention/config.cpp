@@ -309,7 +309,7 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
   // (40 takes the ordered walk's spills out of its producer and writer, but measured level: 0.988x
   // full, 1.0x causal beside TMA_STORE [080])
   c.producer_registers = kb.meta<int>(mn::kProducerRegisters, 24);
-  if (*c.producer_registers != 24 && (*c.producer_registers != 32 && *c.producer_registers != 40))
+  if (*c.producer_registers != 24 && *c.producer_registers != 32 && *c.producer_registers != 40)
     kb.fail(Loc::current(), fmt::format("PRODUCER_REGISTERS = {} (valid: 24, 32 or 40; the consumers get 240 registers at 24 and 232 "
                                         "above)", *c.producer_registers));
   if (*c.producer_registers != 24 && !*c.ring_producer)

@@ -21,6 +21,11 @@ namespace {
 
 using namespace lang;
 
+// x itself where it is a valid tensor coordinate, clamped so that the compiler can prove it lies in
+// TMA's range (0 .. 2^31 - 1 - a box): a TMA store or add at such coordinates needs no run-time test
+// with an element-store fallback (which the dQ writer lacks, and which holds registers) [073, 080].
+Tile in_tma_range(const Tile& x) { return minimum(maximum(x, 0), std::numeric_limits<int32_t>::max() - 256); }
+
 // The kernel's configuration and parameters, and where the program starts.
 struct DkdvProgram {
   explicit DkdvProgram(Builder& kb);
@@ -329,9 +334,7 @@ void KeyTile::dq_part(const QueryHead& qh, const Tile& m0, const Tile& dst_t, co
   // has no element fallback); they are (b, h, m0 index the tensor), but the causal walk's start
   // (S_k - S_q) hides it [073]
   auto window = [&] {
-    auto coordinate = [&](const Tile& x) {
-      return p.cfg.dq_writer ? minimum(maximum(x, 0), std::numeric_limits<int32_t>::max() - 256) : x;
-    };
+    auto coordinate = [&](const Tile& x) { return p.cfg.dq_writer ? in_tma_range(x) : x; };
     return p.dq_ws.block({coordinate(rows.b), coordinate(h), coordinate(m0), 0}, {a.BM, a.D}, {2, 3});
   };
   if (reduction == DqReduction::atomic) {
@@ -383,10 +386,9 @@ void KeyTile::store_gradients() {
   // coordinates the compiler can prove in TMA's range -- (b, kv_h, n0) index the tensors, but the
   // persistent walk's arithmetic hides it, and the element stores of the run-time fallback held
   // their ~60 column offsets and tensor strides in registers through the query loop [080]
-  auto coordinate = [&](const Tile& x) { return minimum(maximum(x, 0), std::numeric_limits<int32_t>::max() - 256); };
   HeadRows at = rows;
-  at.b = coordinate(rows.b);
-  const Tile hh = coordinate(kv_h), s0 = coordinate(n0);
+  at.b = in_tma_range(rows.b);
+  const Tile hh = in_tma_range(kv_h), s0 = in_tma_range(n0);
   const StoreOptions late{.tma = true, .offsets_at_store = true};
   store(at(dK_t, hh, s0, a.BN), cast(a.T, dk_out), late);
   store(at(dV_t, hh, s0, a.BN), cast(a.T, dv_out), late);

@@ -73,11 +73,7 @@ void ForwardProgram::for_each_tile(const std::function<void()>& attend) {
     });
     return;
   }
-  // positions 2j, 2j + 1 of a head's order num_m - 1, 0, num_m - 2, 1, ... form pair j; program
-  // q takes pairs q, q + P, ... (and, for an odd total, the lone last position if it is its turn)
-  const Tile pairs = total / 2, mine = where(pairs > q, (pairs - q + P - 1) / P, 0);
-  const Tile lone = ((total % 2) == 1) & (pairs >= q) & (((pairs - q) % P) == 0);
-  for_range(0, 2 * mine + where(lone, 1, 0), [&](Tile i) {
+  for_range(0, tile_count(), [&](Tile i) {
     place_causal_position(i, num_m, heads, P, q);
     attend();
   });
@@ -86,7 +82,7 @@ void ForwardProgram::for_each_tile(const std::function<void()>& attend) {
 void ForwardProgram::place_causal_position(const Tile& i, const Tile& num_m, const Tile& heads, const Tile& P, const Tile& q,
                                            const std::optional<Tile>& is_tile) {
   const Tile pos = 2 * ((i / 2) * P + q) + i % 2, unit = pos / num_m, within = pos % num_m;
-  if (!is_tile) {
+  if (!is_tile) {  // (the ops in the order they always had: the default kernel's PTX stays the same)
     place(where(within % 2 == 0, num_m - 1 - within / 2, within / 2), unit % heads, unit / heads);
     return;
   }
@@ -98,6 +94,8 @@ Tile ForwardProgram::tile_count() const {
   const Tile num_m = cdiv(Q.size(seq_dim), BM), heads = Q.size(head_dim), total = num_m * heads * Q.size(0);
   const Tile P = num_programs(0), q = program_id(0);
   if (!causal) return where(total > q, (total - q + P - 1) / P, 0);
+  // positions 2j, 2j + 1 of a head's order num_m - 1, 0, num_m - 2, 1, ... form pair j; program
+  // q takes pairs q, q + P, ... (and, for an odd total, the lone last position if it is its turn)
   const Tile pairs = total / 2, mine = where(pairs > q, (pairs - q + P - 1) / P, 0);
   const Tile lone = ((total % 2) == 1) & (pairs >= q) & (((pairs - q) % P) == 0);
   return 2 * mine + where(lone, 1, 0);

@@ -43,7 +43,7 @@ struct ForwardProgram {
 
   // PERSISTENT: runs `attend` for each of the program's tiles, place() set to it.
   void for_each_tile(const std::function<void()>& attend);
-  // PERSISTENT: how many tiles this program takes (for_each_tile's walk), and place() at the i-th
+  // PERSISTENT: how many tiles this program takes (the walk of for_each_tile), and place() at the i-th
   // of them; `is_tile` false places it at no tile (OVERLAP_TILES' ends: query block num_m, whose
   // rows past S_q are neither read nor written, and no key blocks).
   Tile tile_count() const;
