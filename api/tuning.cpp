@@ -12,9 +12,9 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "kernels/attention/forward.hpp"
 #include "kernels/gemm.hpp"
 #include "api/registry.hpp"
+#include "api/tuning_internal.hpp"
 
 namespace tilejit::library {
 
@@ -27,28 +27,9 @@ using runtime::DeviceArg;
 using runtime::TuningConfig;
 using runtime::TuningContext;
 using runtime::Workload;
+using namespace tuning_detail;
 
 namespace {
-
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t pow2_at_least(int64_t v) {
-  int64_t p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
-
-ir::DType meta_dtype(const TuningContext& ctx, std::string_view name, ir::DType fallback) {
-  for (const auto& [n, v] : ctx.fixed)
-    if (n == name)
-      if (const ir::DType* d = std::get_if<ir::DType>(&v)) return *d;
-  return fallback;
-}
-
-int64_t arg_size(std::span<const DeviceArg> args, size_t i, int dim, std::string_view kernel) {
-  if (i >= args.size() || !args[i].tensor() || args[i].tensor()->rank() <= dim)
-    throw std::invalid_argument(fmt::format("tilejit: kernel '{}': argument {} must be a tensor of rank > {} to key its tuning", kernel, i, dim));
-  return args[i].tensor()->sizes[static_cast<size_t>(dim)];
-}
 
 // The config a space starts from: the registry's row of `kernel` (api/registry.cpp): its values of
 // the tuned metas `names` (in this order, the id's), its warps and stages.
@@ -83,9 +64,6 @@ bool gemm_wgmma(const TuningConfig& c, const TuningContext& ctx) {
   return gemm_tma_layout(ctx) && c.get(mn::kBlockK) == 64 && c.get(mn::kBlockM) % (64 * (c.get("warps") / 4)) == 0 &&
          c.get("warps") % 4 == 0 && (ctx.meta_bool(mn::kBKmajor, false) || c.get(mn::kBlockN) % 64 == 0);
 }
-
-// A bool parameter's value in `c` (configs persisted before the parameter existed lack it: false).
-bool flag(const TuningConfig& c, const char* name) { return c.find(name).value_or(0) != 0; }
 
 int64_t gemm_smem_estimate(const TuningConfig& c, const TuningContext& ctx) {
   const int64_t bm = c.get(mn::kBlockM), bn = c.get(mn::kBlockN), bk = c.get(mn::kBlockK);
@@ -166,13 +144,6 @@ runtime::Grid gemm_grid(const TuningConfig& c, const TuningContext& ctx) {
   return {tm, tn};
 }
 
-bool meta_bool_of(const lang::Meta& m, std::string_view name, bool fallback) {
-  for (const auto& [n, v] : m)
-    if (n == name)
-      if (const bool* b = std::get_if<bool>(&v)) return *b;
-  return fallback;
-}
-
 runtime::TuningSpace make_gemm_space() {
   runtime::TuningSpace s("gemm", &gemm);
   s.param(mn::kBlockM, {64, 128, 256})
@@ -228,106 +199,6 @@ runtime::TuningSpace make_gemm_space() {
   return s;
 }
 
-// ---- attention forward -----------------------------------------------------------------------
-
-Workload attention_workload(const TuningConfig& c, const TuningContext& ctx) {
-  const int64_t B = runtime::shape_get(ctx.shape, "B"), H = runtime::shape_get(ctx.shape, "H");
-  const int64_t S = runtime::shape_get(ctx.shape, "S"), D = runtime::shape_get(ctx.shape, "D");
-  const int64_t bm = c.get(mn::kBlockM), bn = c.get(mn::kBlockN), warps = c.get("warps");
-  const bool causal = ctx.meta_bool(mn::kCausal, false);
-  const double e = static_cast<double>(ir::byte_size(meta_dtype(ctx, mn::kDtype, ir::DType::bf16)));
-  Workload w;
-  w.flops = 4.0 * B * H * static_cast<double>(S) * S * D / (causal ? 2.0 : 1.0);
-  w.programs = cdiv(S, bm) * H * B;
-  w.threads = static_cast<int>(32 * warps);
-  const double n_iter = static_cast<double>(cdiv(S, bn)) * (causal ? 0.5 : 1.0) + (causal ? 0.5 : 0.0);
-  w.k_iterations = n_iter;
-  w.mma_flops = 4.0 * static_cast<double>(w.programs) * n_iter * bm * bn * D;
-  // The Hopper path (jit/wgmma_plan): M = BLOCK_M split in 64-row slabs over the warpgroups.
-  w.wgmma = ctx.arch == "sm_90a" && bm % (64 * (warps / 4)) == 0 && warps % 4 == 0;
-  w.stages = w.wgmma ? static_cast<int>(c.get("stages")) : 1;
-  const double qkvo = 4.0 * B * H * static_cast<double>(S) * D * e;
-  w.dram_bytes = qkvo + 4.0 * B * H * S;
-  w.l2_bytes = static_cast<double>(w.programs) * n_iter * 2.0 * bn * D * e + 2.0 * B * H * static_cast<double>(S) * D * e;
-  w.smem_bytes = static_cast<double>(w.programs) * n_iter * (4.0 * bn * D * e + 2.0 * bm * bn * e);
-  const int64_t threads = 32 * warps;
-  w.est_registers = static_cast<int>(std::min<int64_t>(255, (bm * D + bm * bn) / threads + 2 * bm * bn / threads / 2 + 60));
-  w.est_smem_bytes = w.wgmma ? (bm * D + w.stages * 2 * bn * D) * static_cast<int64_t>(e) + 1024
-                             : (bm * D + 2 * bn * D + bm * bn) * static_cast<int64_t>(e);
-  return w;
-}
-
-runtime::ProblemData attention_problem(const TuningContext& ctx) {
-  const int64_t B = runtime::shape_get(ctx.shape, "B"), H = runtime::shape_get(ctx.shape, "H");
-  const int64_t S = runtime::shape_get(ctx.shape, "S"), D = runtime::shape_get(ctx.shape, "D");
-  const ir::DType t = meta_dtype(ctx, mn::kDtype, ir::DType::bf16);
-  runtime::ProblemData d;
-  for (int i = 0; i < 4; ++i) d.tensors.push_back(std::make_unique<runtime::HostTensor>(t, ir::Shape{B, H, S, D}));
-  d.tensors.push_back(std::make_unique<runtime::HostTensor>(ir::DType::f32, ir::Shape{B, H, S}));
-  for (int i = 0; i < 3; ++i) d.tensors[static_cast<size_t>(i)]->fill_normal(static_cast<uint64_t>(i + 1), 0, 1);
-  for (auto& x : d.tensors) d.args.emplace_back(*x);
-  d.args.emplace_back(static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))));
-  d.outputs = {3, 4};
-  d.tolerance = 2e-2;  // BLOCK_N changes the online-softmax rescaling order
-  return d;
-}
-
-runtime::TuningSpace make_attention_space() {
-  runtime::TuningSpace s("attention_fwd", &attention_forward);
-  s.param(mn::kBlockM, {64, 128})
-      .param(mn::kBlockN, {32, 64, 128})
-      .param("warps", {4, 8})
-      .param("stages", {2, 3})
-      // the API's own schedule choices (attention::default_schedule, ForwardConfig): D 64 caps
-      // registers for two programs per SM and normalises by rcp; D 128 walks the tiles on a
-      // persistent grid (decisions 004, 050)
-      .param(std::string(runtime::kMinProgramsParam), {0, 2})
-      .param_bool(mn::kExactNormalize)
-      .param_bool(mn::kPersistent)
-      .constrain("min_programs = 2 only with 8 warps (two programs of 256 threads per SM)",
-                 [](const TuningConfig& c, const TuningContext&) { return c.get(runtime::kMinProgramsParam) == 0 || c.get("warps") == 8; })
-      .constrain("PERSISTENT only where the kernel has its ring producer: HEAD_DIM 128, 128 x 128 tiles on 8 warps, no cap",
-                 [](const TuningConfig& c, const TuningContext& ctx) {
-                   return !flag(c, mn::kPersistent) ||
-                          (runtime::shape_get(ctx.shape, "D") == 128 && c.get(mn::kBlockM) == 128 && c.get(mn::kBlockN) == 128 &&
-                           c.get("warps") == 8 && c.get(runtime::kMinProgramsParam) == 0);
-                 })
-      // (D 64 runs 128 x 128 in the API: BLOCK_N may exceed HEAD_DIM; at D 256, S and O beside each
-      // other leave room for 64 keys per block, as the API's D 256 schedule)
-      .constrain("BLOCK_N <= 64 at HEAD_DIM 256",
-                 [](const TuningConfig& c, const TuningContext& ctx) { return runtime::shape_get(ctx.shape, "D") < 256 || c.get(mn::kBlockN) <= 64; })
-      .constrain("the f32 output accumulator fits in registers: BLOCK_M x HEAD_DIM / threads <= 128",
-                 [](const TuningConfig& c, const TuningContext& ctx) {
-                   return c.get(mn::kBlockM) * runtime::shape_get(ctx.shape, "D") / (32 * c.get("warps")) <= 128;
-                 })
-      .constrain("shared memory fits: Q once + stages x (K and V blocks) on the wgmma path",
-                 [](const TuningConfig& c, const TuningContext& ctx) {
-                   const int64_t D = runtime::shape_get(ctx.shape, "D"), bm = c.get(mn::kBlockM), bn = c.get(mn::kBlockN);
-                   return (bm * D + c.get("stages") * 2 * bn * D) * 2 + 1024 <= ctx.smem_limit;
-                 })
-      .key("B", Bucketing::pow2(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 0, "attention_fwd"); })
-      .key("H", Bucketing::pow2(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 1, "attention_fwd"); })
-      .key("S", Bucketing::pow2(64), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 2, "attention_fwd"); })
-      .key("D", Bucketing::exact(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 3, "attention_fwd"); })
-      .default_config({{{mn::kBlockM, 128},
-                        {mn::kBlockN, 64},
-                        {"warps", 8},
-                        {"stages", 2},
-                        {std::string(runtime::kMinProgramsParam), 0},
-                        {mn::kExactNormalize, 1},
-                        {mn::kPersistent, 0}}})
-      .workload(attention_workload)
-      .problem(attention_problem)
-      .grid([](const TuningConfig& c, const TuningContext& ctx) {
-        const int64_t tiles_m = cdiv(runtime::shape_get(ctx.shape, "S"), c.get(mn::kBlockM));
-        const int64_t H = runtime::shape_get(ctx.shape, "H"), B = runtime::shape_get(ctx.shape, "B");
-        // PERSISTENT: one program per SM walks the tiles (the producer kernel fits once per SM)
-        if (flag(c, mn::kPersistent)) return runtime::Grid{std::min<int64_t>(tiles_m * H * B, ctx.sm_count)};
-        return runtime::Grid{tiles_m, H, B};
-      });
-  return s;
-}
-
 }  // namespace
 
 const runtime::TuningSpace& gemm_tuning_space() {
@@ -336,7 +207,7 @@ const runtime::TuningSpace& gemm_tuning_space() {
 }
 
 const runtime::TuningSpace& attention_fwd_tuning_space() {
-  static const runtime::TuningSpace s = make_attention_space();
+  static const runtime::TuningSpace s = tuning_detail::make_attention_space();
   return s;
 }
 

@@ -99,20 +99,25 @@ TuneResult Autotuner::model_only(const Shape& shape, const lang::Meta& fixed) co
   std::vector<TuningConfig> configs = space_.enumerate(ctx);
   r.space_size = space_.size();
   r.valid = configs.size();
+  std::vector<Workload> work;
   std::vector<CostEstimate> est;
-  for (const TuningConfig& c : configs) est.push_back(estimate(space_.workload_of(c, ctx), device_));
+  for (const TuningConfig& c : configs) {
+    work.push_back(space_.workload_of(c, ctx));
+    est.push_back(estimate(work.back(), device_));
+  }
   std::vector<size_t> order = rank_by_model(est);
   for (size_t i = 0; i < order.size(); ++i) {
     const size_t k = order[i];
     ConfigResult cr;
     cr.config = configs[k];
     cr.estimate = est[k];
+    cr.workload = work[k];
     cr.model_rank = static_cast<int>(i + 1);
     cr.status = est[k].feasible ? ConfigStatus::Pruned : ConfigStatus::Dropped;
     cr.note = est[k].reason;
     r.configs.push_back(std::move(cr));
   }
-  r.flops = configs.empty() ? 0 : space_.workload_of(configs.front(), ctx).flops;
+  r.flops = work.empty() ? 0 : work.front().flops;
   if (!r.configs.empty()) {
     r.best = r.configs.front().config;
     r.best_ms = r.configs.front().estimate.ms;
@@ -198,7 +203,7 @@ TuneResult Autotuner::choose(const Shape& shape, const lang::Meta& fixed) {
   r.shape = shape;
   r.bucket = space_.bucket(shape);
   r.identity = identity(shape, fixed);
-  r.best = space_.default_config();
+  r.best = space_.default_config(context(shape, fixed));
   r.source = "default";
   r.space_size = space_.size();
   return r;

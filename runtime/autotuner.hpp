@@ -182,6 +182,8 @@ struct ConfigResult {
   double ms = 0;             // measured median (Timed/Cached)
   int measured_rank = 0;     // 1-based among the correct measured configs, 0 otherwise
   double tflops = 0;
+  Workload workload;           // what the model was given (printed term by term: `tilejit tune --csv`)
+  KernelResources resources;   // of the compiled kernel, when compiled or measured (threads = 0 otherwise)
 };
 
 struct TuneResult {

@@ -100,7 +100,7 @@ Autotuner::Sweep::Sweep(Autotuner& tuner, const Shape& shape, const lang::Meta& 
 void Autotuner::Sweep::enumerate() {
   configs_ = t_.space_.enumerate(ctx_);
   r_.valid = configs_.size();
-  const TuningConfig& def = t_.space_.default_config();
+  const TuningConfig def = t_.space_.default_config(ctx_);
   def_index_ = configs_.size();
   for (size_t i = 0; i < configs_.size(); ++i)
     if (configs_[i] == def) def_index_ = i;
@@ -114,6 +114,7 @@ void Autotuner::Sweep::enumerate() {
   for (size_t i = 0; i < n_; ++i) {
     work_[i] = t_.space_.workload_of(configs_[i], ctx_);
     res_[i].config = configs_[i];
+    res_[i].workload = work_[i];
     res_[i].estimate = estimate(work_[i], t_.device_);
     res_[i].status = res_[i].estimate.feasible ? ConfigStatus::Pruned : ConfigStatus::Dropped;
     res_[i].note = res_[i].estimate.reason;
@@ -219,6 +220,8 @@ void Autotuner::Sweep::rerank() {
       res_[i].estimate.ms = INFINITY;
       continue;
     }
+    res_[i].workload = w;
+    if (rs) res_[i].resources = *rs;
     res_[i].estimate = estimate(w, t_.device_, rs);
     res_[i].status = res_[i].estimate.feasible ? ConfigStatus::Pruned : ConfigStatus::Dropped;
     res_[i].note = res_[i].estimate.reason;
@@ -271,7 +274,7 @@ void Autotuner::Sweep::time_one(size_t i) {
     try {
       if (!prepared_) {
         if (!compiled_[def_index_])
-          throw std::runtime_error(fmt::format("the default config {} did not compile: {}", t_.space_.default_config().id(),
+          throw std::runtime_error(fmt::format("the default config {} did not compile: {}", configs_[def_index_].id(),
                                                errors_[def_index_]));
         Candidate ref{&configs_[def_index_], &fns_[def_index_], &*compiled_[def_index_],
                       t_.space_.grid_of(configs_[def_index_], ctx_)};
@@ -286,6 +289,11 @@ void Autotuner::Sweep::time_one(size_t i) {
       cr.ms = m.correct ? m.ms : 0.0;
       cr.note = m.note;
       ++r_.timed;
+    } catch (const GpuHang& e) {  // the context is lost to the hung kernel: nothing more can be timed
+      cr.status = ConfigStatus::Failed;
+      cr.note = e.what();
+      bench_failed_ = true;
+      bench_error_ = fmt::format("config {} hung the GPU", configs_[i].id());
     } catch (const std::exception& e) {
       cr.status = ConfigStatus::Failed;
       cr.note = e.what();
@@ -346,7 +354,7 @@ TuneResult Autotuner::Sweep::persist() {
       store_->store_choice(id_, Choice{r_.best.id(), r_.best_ms, fingerprint(t_.space_.enumerate(ctx_)), t_.opts_.exhaustive,
                                        t_.opts_.top_k});
   } else {
-    r_.best = t_.space_.default_config();
+    r_.best = configs_[def_index_];
     r_.source = bench_failed_ ? "default (nothing could be timed: " + bench_error_ + ")" : "default";
   }
   std::sort(res_.begin(), res_.end(), [](const ConfigResult& a, const ConfigResult& b) {

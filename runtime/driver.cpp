@@ -3,9 +3,11 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 namespace tilejit::runtime {
@@ -495,6 +497,22 @@ void Stream::reset() noexcept {
   bind_noexcept(device_);
   (void)Driver::get().api().StreamDestroy(stream_);  // returns at once; pending work still completes
   stream_ = nullptr;
+}
+
+void Stream::synchronize_within(double seconds, const std::string& what) const {
+  if (!stream_) throw std::logic_error("tilejit: synchronize_within() on an empty Stream");
+  Driver& d = Driver::get();
+  d.context(device_).make_current();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    const CUresult r = d.api().StreamQuery(stream_);
+    if (r != CUDA_ERROR_NOT_READY) return check_cu(r, "cuStreamQuery");
+    if (std::chrono::steady_clock::now() > deadline)
+      throw GpuHang(fmt::format("tilejit: {} did not finish within {:.0f} s: the GPU is likely hung in it (a wait that is never "
+                                "signalled); this process cannot use the GPU any more",
+                                what, seconds));
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 }
 
 void Stream::synchronize() const {

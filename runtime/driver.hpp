@@ -24,6 +24,14 @@ namespace tilejit::runtime {
 // CUDA_SUCCESS). what() is one line naming the call, the kernel or module, and the result's name
 // and description, e.g. "tilejit: cuLaunchKernel for kernel 'gemm' failed: CUDA_ERROR_INVALID_VALUE
 // (invalid argument)".
+class DeviceError;
+// Work on a stream that did not finish in time (Stream::synchronize_within): the GPU is likely
+// hung in a kernel, and nothing more can run in this process's context.
+class GpuHang : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class DeviceError : public std::runtime_error {
  public:
   explicit DeviceError(const std::string& message, std::string call = {}, CUresult result = CUDA_SUCCESS)
@@ -86,6 +94,7 @@ inline void check_cu_kernel(CUresult result, std::string_view call, std::string_
   X(StreamCreate, "cuStreamCreate", PFN_cuStreamCreate_v2000)                 \
   X(StreamDestroy, "cuStreamDestroy", PFN_cuStreamDestroy_v4000)              \
   X(StreamSynchronize, "cuStreamSynchronize", PFN_cuStreamSynchronize_v2000)  \
+  X(StreamQuery, "cuStreamQuery", PFN_cuStreamQuery_v2000)                    \
   X(StreamWaitEvent, "cuStreamWaitEvent", PFN_cuStreamWaitEvent_v3020)        \
   X(StreamCreateWithPriority, "cuStreamCreateWithPriority", PFN_cuStreamCreateWithPriority_v5050) \
   X(CtxGetStreamPriorityRange, "cuCtxGetStreamPriorityRange", PFN_cuCtxGetStreamPriorityRange_v5050) \
@@ -299,6 +308,9 @@ class Stream {
   CUstream handle() const { return stream_; }
   int device() const { return device_; }
   void synchronize() const;  // surfaces asynchronous kernel errors as a DeviceError
+  // synchronize(), but a GpuHang (naming `what`) when the stream has not finished within `seconds`:
+  // a kernel that never ends (a wait no one signals) cannot be stopped, and the context stays busy.
+  void synchronize_within(double seconds, const std::string& what) const;
   // Later work on this stream waits until `e` (recorded on any stream) has completed: how two
   // streams join, e.g. attention after a mask kernel that ran beside a GEMM.
   void wait(const class Event& e) const;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -23,21 +24,62 @@ struct OutputCompare {
   int64_t nonfinite = 0;  // elements finite in the reference but not in the candidate
 };
 
+// A launch that has not finished by then is taken for a hang (GpuHang): the slowest valid config
+// of a tuning problem runs milliseconds.
+constexpr double kFirstLaunchS = 20;
+
+// The element at logical position i of a contiguous bf16 / f16 / f32 tensor (what to_host gives).
+template <class Raw>
+double element(const Raw* p, int64_t i, ir::DType t) {
+  if constexpr (sizeof(Raw) == 4) {
+    return static_cast<double>(reinterpret_cast<const float*>(p)[i]);
+  } else {
+    uint16_t h = p[i];
+    if (t == ir::DType::bf16) {
+      uint32_t bits = static_cast<uint32_t>(h) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+    // f16: sign, 5-bit exponent, 10-bit mantissa
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const double sign = (h & 0x8000) ? -1.0 : 1.0;
+    if (e == 31) return m ? NAN : sign * INFINITY;
+    return sign * (e ? std::ldexp(1024 + m, e - 25) : std::ldexp(m, -24));
+  }
+}
+
 // Identical bytes are the common case (same K order) and cost a memcmp; otherwise a streaming
-// relative L2 error, so 100M-element outputs need no second copy.
+// relative L2 error, so 100M-element outputs need no second copy. (Outputs come back contiguous:
+// read them directly, not through get_flat's index arithmetic, which took ~1 s a config for
+// a 33M-element attention output.)
 OutputCompare compare_outputs(const HostTensor& got, const HostTensor& ref) {
   OutputCompare c;
   if (got.bytes() == ref.bytes() && std::memcmp(got.data(), ref.data(), got.bytes()) == 0) return c;
   double num = 0, den = 0;
-  for (int64_t i = 0, n = ref.numel(); i < n; ++i) {
-    double r = ref.get_flat(i), g = got.get_flat(i);
+  auto accumulate = [&](double r, double g) {
     if (std::isfinite(r) && !std::isfinite(g)) {
       ++c.nonfinite;
-      continue;
+      return;
     }
-    if (!std::isfinite(r)) continue;
+    if (!std::isfinite(r)) return;
     num += (g - r) * (g - r);
     den += r * r;
+  };
+  const ir::DType t = ref.dtype();
+  const bool direct = got.dtype() == t && got.bytes() == ref.bytes() && ref.bytes() == static_cast<size_t>(ref.numel()) * ir::byte_size(t) &&
+                      (t == ir::DType::f32 || t == ir::DType::bf16 || t == ir::DType::f16);
+  const int64_t n = ref.numel();
+  if (direct && t == ir::DType::f32) {
+    const auto* r = static_cast<const uint32_t*>(ref.data());
+    const auto* g = static_cast<const uint32_t*>(got.data());
+    for (int64_t i = 0; i < n; ++i) accumulate(element(r, i, t), element(g, i, t));
+  } else if (direct) {
+    const auto* r = static_cast<const uint16_t*>(ref.data());
+    const auto* g = static_cast<const uint16_t*>(got.data());
+    for (int64_t i = 0; i < n; ++i) accumulate(element(r, i, t), element(g, i, t));
+  } else {
+    for (int64_t i = 0; i < n; ++i) accumulate(ref.get_flat(i), got.get_flat(i));
   }
   c.rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   return c;
@@ -101,7 +143,7 @@ class GpuBench final : public Bench {
       if (data_.args[i].kind() == Arg::Kind::Buffer) tensor_index[i] = t++;
     for (size_t o : data_.outputs) dev_[tensor_index[o]].poison();  // unwritten outputs show as NaN
     k.launch(grid, args_, stream_->handle());
-    stream_->synchronize();
+    stream_->synchronize_within(kFirstLaunchS, "the candidate's first launch");
     std::vector<HostTensor> out;
     for (size_t o : data_.outputs) out.push_back(dev_[tensor_index[o]].to_host());
     return out;
@@ -122,7 +164,7 @@ class GpuBench final : public Bench {
       w0.record(s);
       k.launch(grid, args_, s);
       w1.record(s);
-      w1.synchronize();
+      stream_->synchronize_within(kFirstLaunchS, "a warm-up launch");
       one_ms = w1.elapsed_ms(w0);
       warm_ms += std::max(one_ms, 1e-3);
       if (++warm >= 1000) break;
@@ -141,7 +183,7 @@ class GpuBench final : public Bench {
       k.launch(grid, args_, s);
       ends[static_cast<size_t>(i)].record(s);
     }
-    ends.back().synchronize();
+    stream_->synchronize_within(kFirstLaunchS + 4e-3 * reps * one_ms, "the timed launches");
     std::vector<double> ms;
     for (int i = 0; i < reps; ++i) ms.push_back(ends[static_cast<size_t>(i)].elapsed_ms(starts[static_cast<size_t>(i)]));
     std::nth_element(ms.begin(), ms.begin() + static_cast<long>(ms.size() / 2), ms.end());

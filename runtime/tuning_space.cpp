@@ -177,6 +177,10 @@ TuningSpace& TuningSpace::default_config(TuningConfig c) {
   default_ = std::move(c);
   return *this;
 }
+TuningSpace& TuningSpace::default_for(std::function<TuningConfig(const TuningContext&)> f) {
+  default_for_ = std::move(f);
+  return *this;
+}
 TuningSpace& TuningSpace::workload(std::function<Workload(const TuningConfig&, const TuningContext&)> w) {
   workload_ = std::move(w);
   return *this;

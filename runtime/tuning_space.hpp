@@ -137,6 +137,9 @@ class TuningSpace {
   // The config the autotuner falls back to and checks every other config's output against. Must
   // give a value to every parameter (checked at enumerate time).
   TuningSpace& default_config(TuningConfig c);
+  // The default for one problem, where it depends on the problem (attention: the API's schedule for
+  // the head dim and mask); default_config(c) still names every parameter for spaces without one.
+  TuningSpace& default_for(std::function<TuningConfig(const TuningContext&)> f);
   TuningSpace& workload(std::function<Workload(const TuningConfig&, const TuningContext&)> w);
   TuningSpace& problem(std::function<ProblemData(const TuningContext&)> make);
   TuningSpace& grid(std::function<Grid(const TuningConfig&, const TuningContext&)> g);
@@ -149,6 +152,8 @@ class TuningSpace {
   const std::vector<Constraint>& constraints() const { return constraints_; }
   const std::vector<KeyArg>& key_args() const { return key_; }
   const TuningConfig& default_config() const { return default_; }
+  // The default of `ctx`'s problem (default_for's, else default_config()).
+  TuningConfig default_config(const TuningContext& ctx) const { return default_for_ ? default_for_(ctx) : default_; }
 
   // Every point of the cartesian product that satisfies all constraints, in declaration order
   // (the last parameter varies fastest); `rejected`, when given, gets the others with the reason.
@@ -181,6 +186,7 @@ class TuningSpace {
   std::vector<Constraint> constraints_;
   std::vector<KeyArg> key_;
   TuningConfig default_;
+  std::function<TuningConfig(const TuningContext&)> default_for_;
   std::function<Workload(const TuningConfig&, const TuningContext&)> workload_;
   std::function<ProblemData(const TuningContext&)> problem_;
   std::function<Grid(const TuningConfig&, const TuningContext&)> grid_;

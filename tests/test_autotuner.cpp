@@ -14,7 +14,9 @@
 #include <map>
 #include <set>
 
+#include "api/attention/internal.hpp"
 #include "api/tuning.hpp"
+#include "kernels/attention/forward.hpp"
 #include "jit/compile.hpp"
 #include "child_process.hpp"
 #include "test_kernels.hpp"
@@ -216,39 +218,56 @@ TEST_CASE("spaces: the GEMM space's constraints") {
   for (const TuningConfig& c : library::attention_fwd_tuning_space().enumerate(actx)) CHECK(c.get("BLOCK_N") <= 64);
 }
 
-TEST_CASE("spaces: the attention space reaches the API's own schedules (issue 29)") {
+TEST_CASE("spaces: the attention space's default is the API's own kernel (issue 29)") {
   const TuningSpace& s = library::attention_fwd_tuning_space();
-  const auto config = [&](int64_t bn, int64_t min_programs, bool exact, bool persistent) {
-    TuningConfig c = s.default_config();
-    for (auto& [name, value] : c.values) {
-      if (name == "BLOCK_N") value = bn;
-      if (name == "min_programs") value = min_programs;
-      if (name == "EXACT_NORMALIZE") value = exact;
-      if (name == "PERSISTENT") value = persistent;
-    }
-    return c;
+  // `values` in the space's order: tiles, warps, stages, min_programs, then EXACT_NORMALIZE,
+  // PERSISTENT, RING_PRODUCER, PIPELINE_PV, PIPELINE_QK, TMA_STORE.
+  const auto expect = [&](const TuningConfig& c, std::vector<int64_t> values) {
+    REQUIRE(c.values.size() == values.size());
+    for (size_t i = 0; i < values.size(); ++i) CHECK_MESSAGE(c.values[i].second == values[i], c.values[i].first);
   };
+  for (int64_t d : {64, 128}) {
+    for (bool causal : {false, true}) {
+      CAPTURE(d);
+      CAPTURE(causal);
+      TuningContext ctx;
+      ctx.shape = {{"B", 4}, {"H", 16}, {"S", 4096}, {"D", d}};
+      ctx.fixed = library::library_fixed_meta("attention_fwd", {{"HEAD_DIM", d}, {"CAUSAL", causal}, {"POSITIVE_SCALE", true}, {"BSHD", true}});
+      const TuningConfig def = s.default_config(ctx);
+      // D 64: 128 x 128 on 8 warps, two programs per SM, rcp normalisation, O by TMA stores; D 128:
+      // the ring producer's kernel with P V pipelined, on a persistent grid (attention::default_schedule,
+      // ForwardConfig::read)
+      if (d == 64) expect(def, {128, 128, 8, 2, 2, 0, 0, 0, 0, 0, 1});
+      else expect(def, {128, 128, 8, 2, 0, 0, 1, 1, 1, 0, 1});
+      const std::vector<TuningConfig> valid = s.enumerate(ctx);
+      CHECK(std::find(valid.begin(), valid.end(), def) != valid.end());
+      // spelled out as the space's explicit values, the default builds the kernel attention::forward builds
+      const ir::Function tuned = s.build_ir(def, ctx.fixed);
+      attention::detail::Config a{};
+      a.pass = attention::Pass::forward;
+      a.dtype = ir::DType::bf16;
+      a.head_dim = static_cast<int>(d);
+      a.causal = causal;
+      a.sch = attention::default_schedule(attention::Pass::forward, a.dtype, a.head_dim, causal, false, kernels::DqReduction::recompute, false);
+      a.positive_scale = true;
+      a.persistent = attention::detail::forward_persistent(a.head_dim, false, 0, 0, false);
+      const ir::Function api = kernels::attention_forward().build(attention::detail::meta_of(a));
+      CHECK(ir::structural_hash(tuned) == ir::structural_hash(api));
+      CHECK(def.options().min_programs_per_sm == a.sch.min_programs_per_sm);
+      if (d == 128) CHECK(s.grid_of(def, ctx).x == ctx.sm_count);  // 32 x 16 x 4 tiles, one program per SM
+      // every option of the kernel's schedule is a parameter; PERSISTENT only beside the producer
+      for (const TuningConfig& c : valid) {
+        if (c.get("PERSISTENT")) CHECK(c.get("RING_PRODUCER") == 1);
+        if (c.get("PIPELINE_QK")) CHECK(c.get("PIPELINE_PV") == 0);
+      }
+      CHECK(std::any_of(valid.begin(), valid.end(), [](const TuningConfig& c) { return c.get("PIPELINE_QK") == 1; }));
+    }
+  }
+  // the persistent config lowers (the kernel reads the flags as bools)
   TuningContext ctx;
-  // D 64: 128 x 128 on 8 warps, two programs per SM, rcp normalisation (attention::default_schedule)
-  ctx.shape = {{"B", 2}, {"H", 32}, {"S", 8192}, {"D", 64}};
-  ctx.fixed = library::library_fixed_meta("attention_fwd", {{"HEAD_DIM", 64}});
-  std::vector<TuningConfig> d64 = s.enumerate(ctx);
-  const TuningConfig api64 = config(128, 2, false, false);
-  CHECK(std::find(d64.begin(), d64.end(), api64) != d64.end());
-  CHECK(api64.options().min_programs_per_sm == 2);
-  CHECK(api64.meta().size() == 4);  // BLOCK_M, BLOCK_N, EXACT_NORMALIZE, PERSISTENT (not min_programs)
-  for (const TuningConfig& c : d64) CHECK(c.get("PERSISTENT") == 0);  // no producer at D 64
-  // D 128: 128 x 128 on 8 warps, the ring producer's kernel on a persistent grid
   ctx.shape = {{"B", 4}, {"H", 16}, {"S", 4096}, {"D", 128}};
   ctx.fixed = library::library_fixed_meta("attention_fwd", {{"HEAD_DIM", 128}});
-  std::vector<TuningConfig> d128 = s.enumerate(ctx);
-  const TuningConfig api128 = config(128, 0, true, true);
-  REQUIRE(std::find(d128.begin(), d128.end(), api128) != d128.end());
-  CHECK(s.grid_of(api128, ctx).x == ctx.sm_count);  // 32 x 16 x 4 tiles, one program per SM
-  CHECK(s.grid_of(config(128, 0, true, false), ctx).x == 32);
-  for (const TuningConfig& c : d128)
-    if (c.get("PERSISTENT") == 1) CHECK((c.get("BLOCK_M") == 128 && c.get("BLOCK_N") == 128 && c.get("warps") == 8));
-  // the persistent config lowers (the kernel reads PERSISTENT / EXACT_NORMALIZE as bools)
+  const TuningConfig api128 = s.default_config(ctx);
   jit::CompileOptions o = api128.options();
   o.make_cubin = false;
   const jit::CompiledKernel k = jit::compile(s.build_ir(api128, ctx.fixed), o);

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 
 #include "commands.hpp"
 #include "api/tuning.hpp"
@@ -62,6 +63,8 @@ class ProgressBar {
       std::fprintf(stderr, "\r%-7s [%s%s] %zu/%zu %-60.60s", p.phase.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
                    std::string(static_cast<size_t>(width - filled), '.').c_str(), p.done, p.total, p.config.c_str());
       if (p.done == p.total) std::fputc('\n', stderr);
+    } else if (p.phase == "time") {  // (a log then names the config a hang is in: the next one)
+      std::fprintf(stderr, "time %zu/%zu %s\n", p.done, p.total, p.config.c_str());
     } else if (p.done == p.total) {
       std::fprintf(stderr, "%-7s [%s] %zu/%zu\n", p.phase.c_str(), std::string(static_cast<size_t>(width), '#').c_str(), p.done, p.total);
     }
@@ -90,6 +93,48 @@ void print_table(const runtime::TuneResult& r, bool all, bool measured) {
   if (!all && pruned_shown > 10) std::printf("(%zu more configs pruned by the model; --all lists them)\n", pruned_shown - 10);
 }
 
+// --csv: one row per config of every shape, the model's terms beside the measurement and the
+// compiled resources (what docs/performance-model.md checks the model against).
+class CsvFile {
+ public:
+  explicit CsvFile(const std::string& path) : f_(std::fopen(path.c_str(), "w")), path_(path) {
+    if (!f_) throw UsageError(fmt::format("--csv {}: cannot open for writing", path));
+    std::fprintf(f_, "kernel,shape,fixed,config,status,model_ms,model_rank,measured_ms,measured_rank,compute_ms,smem_ms,dram_ms,"
+                     "l2_ms,overhead_ms,bound,blocks_per_sm,waves,programs,threads,stages,wgmma,mma_flops,registers,smem_bytes,"
+                     "spill_bytes,note\n");
+  }
+  ~CsvFile() {
+    if (f_) std::fclose(f_);
+  }
+  CsvFile(const CsvFile&) = delete;
+  CsvFile& operator=(const CsvFile&) = delete;
+  void write(const runtime::TuneResult& r, const std::string& fixed) {
+    auto quoted = [](std::string s) {
+      for (char& ch : s)
+        if (ch == '"' || ch == '\n') ch = '\'';
+      return "\"" + s + "\"";
+    };
+    for (const runtime::ConfigResult& c : r.configs) {
+      const runtime::CostEstimate& e = c.estimate;
+      std::fprintf(f_, "%s,%s,%s,%s,%s,%.6g,%d,%.6g,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%s,%d,%lld,%lld,%d,%d,%d,%.6g,%d,%lld,%d,%s\n",
+                   r.kernel.c_str(), quoted(runtime::describe_shape(r.shape)).c_str(), quoted(fixed).c_str(),
+                   quoted(c.config.id()).c_str(), std::string(runtime::to_string(c.status)).c_str(), e.ms, c.model_rank, c.ms,
+                   c.measured_rank, e.compute_ms, e.smem_ms, e.dram_ms, e.l2_ms, e.overhead_ms, quoted(e.bound).c_str(),
+                   e.blocks_per_sm, static_cast<long long>(e.waves), static_cast<long long>(c.workload.programs),
+                   c.resources.threads ? c.resources.threads : c.workload.threads, c.workload.stages, c.workload.wgmma ? 1 : 0,
+                   c.workload.mma_flops, c.resources.registers, static_cast<long long>(c.resources.smem_bytes),
+                   c.resources.spill_bytes, quoted(c.note.substr(0, 200)).c_str());
+    }
+    std::fflush(f_);
+  }
+
+ private:
+  std::FILE* f_;
+  std::string path_;
+};
+
+void write_csv(CsvFile& csv, const runtime::TuneResult& r, const runtime::DeviceModel&) { csv.write(r, r.identity.fixed); }
+
 }  // namespace
 
 int cmd_tune(const Args& args) {
@@ -101,7 +146,7 @@ int cmd_tune(const Args& args) {
   if (!space) throw UsageError(fmt::format("kernel '{}' has no tuning space (tunable: {})", kernel, tunable));
   runtime::AutotuneOptions opts;
   std::vector<std::vector<int64_t>> shapes;
-  std::string bundle;
+  std::string bundle, csv_path;
   bool all = false, model_only = false;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -116,6 +161,8 @@ int cmd_tune(const Args& args) {
     else if (a == "--model-only") model_only = true;
     else if (a == "--all") all = true;
     else if (a == "--bundle") bundle = option_value(args, i);
+    else if (a == "--csv") csv_path = option_value(args, i);
+    else if (a == "--rep-ms") opts.bench.rep_ms = parse_double(a, option_value(args, i));
     else throw UsageError(fmt::format("unknown option '{}'", a));
   }
   if (shapes.empty()) throw UsageError(fmt::format("give at least one --shape {}", library::shape_names(kernel)));
@@ -131,6 +178,8 @@ int cmd_tune(const Args& args) {
     std::fprintf(stderr, "tilejit tune: note: TILEJIT_AUTOTUNE=%s is ignored here (tuning is what was asked for)\n",
                  std::getenv("TILEJIT_AUTOTUNE"));
   runtime::TunedBundleContent content;
+  std::optional<CsvFile> csv;
+  if (!csv_path.empty()) csv.emplace(csv_path);
   for (const std::vector<int64_t>& values : shapes) {
     runtime::Shape shape;
     try {
@@ -139,8 +188,11 @@ int cmd_tune(const Args& args) {
       throw UsageError(e.what());
     }
     lang::Meta user = sel.meta;
-    if (kernel == "attention_fwd" && std::none_of(user.begin(), user.end(), [](const auto& m) { return m.first == mn::kHeadDim; }))
-      user.push_back({mn::kHeadDim, runtime::shape_get(shape, "D")});
+    auto unset = [&](const char* name) { return std::none_of(user.begin(), user.end(), [&](const auto& m) { return m.first == name; }); };
+    if (kernel == "attention_fwd" && unset(mn::kHeadDim)) user.push_back({mn::kHeadDim, runtime::shape_get(shape, "D")});
+    // the API's kernel for a positive scale (the tuning problem's is 1 / sqrt(D)): the fma softmax
+    if (kernel == "attention_fwd" && unset(mn::kPositiveScale)) user.push_back({mn::kPositiveScale, true});
+    if (kernel == "attention_fwd" && unset(mn::kBshd)) user.push_back({mn::kBshd, true});  // the API's layout
     lang::Meta fixed;
     try {
       fixed = library::library_fixed_meta(kernel, user);
@@ -156,6 +208,7 @@ int cmd_tune(const Args& args) {
                   model_only ? "--model-only" : fmt::format("no GPU ({})", drv.unavailable_reason()).c_str());
       runtime::TuneResult r = tuner.model_only(shape, fixed);
       print_table(r, all, false);
+      if (csv) write_csv(*csv, r, tuner.device());
       std::printf("space: %zu configs, %zu satisfy the constraints; model's best: %s (%.4f ms estimated)\n", r.space_size, r.valid,
                   r.best.id().c_str(), r.best_ms);
       continue;
@@ -169,6 +222,7 @@ int cmd_tune(const Args& args) {
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r.source == "tuned") {
       print_table(r, all, true);
+      if (csv) write_csv(*csv, r, tuner.device());
       std::vector<int> model_rank, measured_rank;
       for (const runtime::ConfigResult& c : r.configs)
         if (c.measured_rank) {

@@ -64,6 +64,7 @@ const Command kCommands[] = {
     {"tune", "autotune a kernel for shapes: model ranking, parallel compiles, GPU timing, persisted",
      "tilejit tune KERNEL --shape DIMS [--shape DIMS ...] [--top-k N] [--compile-k N] [--budget-s S] [--exhaustive]\n"
      "             [--force] [--model-only] [--all] [--meta NAME=VALUE ...] [--backend llvm|nvrtc] [--bundle FILE]\n"
+     "             [--csv FILE] [--rep-ms MS]\n"
      "  DIMS: gemm M,N,K; attention_fwd B,H,S,D; a plugin kernel its space's key dimensions. Ranks the kernel's tuning space with the cost model,\n"
      "  compiles the best --compile-k (default 2 x top-k) in parallel, times the best --top-k (default 6)\n"
      "  and the default config on the GPU (outputs checked against the default's) and stores every\n"
@@ -71,7 +72,9 @@ const Command kCommands[] = {
      "  times every valid config; --force re-chooses (stored measurements are still reused). Prints\n"
      "  config, model estimate and rank, measured time and rank, TFLOP/s. Without a GPU (or with\n"
      "  --model-only) prints the model's ranking only. --bundle FILE writes the chosen kernels and the\n"
-     "  tuning table into a bundle, so an application that loads it never tunes.\n",
+     "  tuning table into a bundle, so an application that loads it never tunes. --csv FILE writes one\n"
+     "  row per config and shape: the model's terms, the measurement, the compiled resources. --rep-ms:\n"
+     "  timed repetitions per config (default 60 ms).\n",
      &cmd_tune},
 };
 

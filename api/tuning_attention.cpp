@@ -1,0 +1,180 @@
+// The attention forward's tuning space: tiles, warps, stages, the register bound and every
+// schedule option of the kernel (ring producer, persistent grid, the two pipelines, TMA stores,
+// the exact normalisation), with the API's own configuration of each problem as the default, so
+// that a tuned choice can only match or beat what the API launches.
+#include <cmath>
+
+#include "api/attention/internal.hpp"
+#include "api/tuning.hpp"
+#include "api/tuning_internal.hpp"
+#include "kernels/attention/forward.hpp"
+#include "kernels/meta_names.hpp"
+
+namespace tilejit::library::tuning_detail {
+
+namespace mn = kernels::meta_name;
+using runtime::Bucketing;
+using runtime::DeviceArg;
+using runtime::TuningConfig;
+using runtime::TuningContext;
+using runtime::Workload;
+
+namespace {
+
+int64_t dim(const TuningContext& ctx, const char* name) { return runtime::shape_get(ctx.shape, name); }
+
+// The schedule options in the space, after tiles / warps / stages / min_programs (bool params).
+constexpr const char* kFlags[] = {mn::kExactNormalize, mn::kPersistent, mn::kRingProducer,
+                                  mn::kPipelinePv,     mn::kPipelineQk, mn::kTmaStore};
+
+// The Hopper path (jit/wgmma_plan): BLOCK_M in 64-row slabs, one per warpgroup.
+bool on_wgmma(const TuningConfig& c, const TuningContext& ctx) {
+  return ctx.arch == "sm_90a" && c.get("warps") % 4 == 0 && c.get(mn::kBlockM) % (64 * (c.get("warps") / 4)) == 0;
+}
+
+Workload attention_workload(const TuningConfig& c, const TuningContext& ctx) {
+  const int64_t B = dim(ctx, "B"), H = dim(ctx, "H"), S = dim(ctx, "S"), D = dim(ctx, "D");
+  const int64_t bm = c.get(mn::kBlockM), bn = c.get(mn::kBlockN), warps = c.get("warps");
+  const bool causal = ctx.meta_bool(mn::kCausal, false);
+  const double e = static_cast<double>(ir::byte_size(meta_dtype(ctx, mn::kDtype, ir::DType::bf16)));
+  Workload w;
+  w.flops = 4.0 * B * H * static_cast<double>(S) * S * D / (causal ? 2.0 : 1.0);
+  w.programs = cdiv(S, bm) * H * B;
+  w.threads = static_cast<int>(32 * (warps + (flag(c, mn::kRingProducer) ? 4 : 0)));
+  const double n_iter = static_cast<double>(cdiv(S, bn)) * (causal ? 0.5 : 1.0) + (causal ? 0.5 : 0.0);
+  w.k_iterations = n_iter;
+  w.mma_flops = 4.0 * static_cast<double>(w.programs) * n_iter * bm * bn * D;
+  w.wgmma = on_wgmma(c, ctx);
+  w.stages = w.wgmma ? static_cast<int>(c.get("stages")) : 1;
+  const double qkvo = 4.0 * B * H * static_cast<double>(S) * D * e;
+  w.dram_bytes = qkvo + 4.0 * B * H * S;
+  w.l2_bytes = static_cast<double>(w.programs) * n_iter * 2.0 * bn * D * e + 2.0 * B * H * static_cast<double>(S) * D * e;
+  w.smem_bytes = static_cast<double>(w.programs) * n_iter * (4.0 * bn * D * e + 2.0 * bm * bn * e);
+  const int64_t threads = 32 * warps;
+  w.est_registers = static_cast<int>(std::min<int64_t>(255, (bm * D + bm * bn) / threads + 2 * bm * bn / threads / 2 + 60));
+  w.est_smem_bytes = w.wgmma ? (bm * D + w.stages * 2 * bn * D) * static_cast<int64_t>(e) + 1024
+                             : (bm * D + 2 * bn * D + bm * bn) * static_cast<int64_t>(e);
+  return w;
+}
+
+runtime::ProblemData attention_problem(const TuningContext& ctx) {
+  const int64_t B = dim(ctx, "B"), H = dim(ctx, "H"), S = dim(ctx, "S"), D = dim(ctx, "D");
+  const ir::DType t = meta_dtype(ctx, mn::kDtype, ir::DType::bf16);
+  // BSHD (the API's layout): [B, S, H, D]; LSE [B, H, S] either way
+  const ir::Shape qkvo = ctx.meta_bool(mn::kBshd, false) ? ir::Shape{B, S, H, D} : ir::Shape{B, H, S, D};
+  runtime::ProblemData d;
+  for (int i = 0; i < 4; ++i) d.tensors.push_back(std::make_unique<runtime::HostTensor>(t, qkvo));
+  d.tensors.push_back(std::make_unique<runtime::HostTensor>(ir::DType::f32, ir::Shape{B, H, S}));
+  for (int i = 0; i < 3; ++i) d.tensors[static_cast<size_t>(i)]->fill_normal(static_cast<uint64_t>(i + 1), 0, 1);
+  for (auto& x : d.tensors) d.args.emplace_back(*x);
+  d.args.emplace_back(static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))));
+  d.outputs = {3, 4};
+  d.tolerance = 2e-2;  // BLOCK_N changes the online-softmax rescaling order
+  return d;
+}
+
+// What attention::forward launches for this problem (api/attention/schedules.cpp): its schedule,
+// and every option as the kernel resolves it (read back from the built kernel's metas, so that
+// a default changed in ForwardConfig::read moves this one with it).
+TuningConfig api_default(const TuningContext& ctx) {
+  attention::detail::Config a{};
+  a.pass = attention::Pass::forward;
+  a.dtype = meta_dtype(ctx, mn::kDtype, ir::DType::bf16);
+  a.head_dim = static_cast<int>(dim(ctx, "D"));
+  a.causal = ctx.meta_bool(mn::kCausal, false);
+  a.dropout = ctx.meta_bool(mn::kDropout, false);
+  a.sch = attention::default_schedule(attention::Pass::forward, a.dtype, a.head_dim, a.causal, false, kernels::DqReduction::recompute,
+                                      a.dropout);
+  a.positive_scale = ctx.meta_bool(mn::kPositiveScale, false);
+  a.persistent = attention::detail::forward_persistent(a.head_dim, false, 0, 0, a.dropout);
+  const ir::Function f = kernels::attention_forward().build(runtime::layer_meta(attention::detail::meta_of(a), ctx.fixed));
+  TuningConfig c;
+  auto value = [&](const char* name) -> int64_t {
+    for (const ir::MetaEntry& m : f.meta)
+      if (m.name == name) {
+        if (const int64_t* i = std::get_if<int64_t>(&m.value)) return *i;
+        if (const bool* b = std::get_if<bool>(&m.value)) return *b ? 1 : 0;
+      }
+    throw std::logic_error(fmt::format("tilejit: attention_fwd declares no meta {} (its tuning space's default reads it)", name));
+  };
+  c.values.emplace_back(mn::kBlockM, a.sch.block_m);
+  c.values.emplace_back(mn::kBlockN, a.sch.block_n);
+  c.values.emplace_back("warps", a.sch.num_warps);
+  c.values.emplace_back("stages", a.sch.stages);
+  c.values.emplace_back(runtime::kMinProgramsParam, a.sch.min_programs_per_sm);
+  for (const char* name : kFlags) c.values.emplace_back(name, value(name));
+  return c;
+}
+
+}  // namespace
+
+runtime::TuningSpace make_attention_space() {
+  runtime::TuningSpace s("attention_fwd", &kernels::attention_forward);
+  s.param(mn::kBlockM, {64, 128}).param(mn::kBlockN, {32, 64, 128}).param("warps", {4, 8}).param("stages", {2, 3});
+  s.param(std::string(runtime::kMinProgramsParam), {0, 2});
+  for (const char* name : kFlags) s.param_bool(name);
+  auto producer = [](const TuningConfig& c) { return flag(c, mn::kRingProducer); };
+  s.constrain("min_programs = 2 only with 8 warps (two programs of 256 threads per SM)",
+              [](const TuningConfig& c, const TuningContext&) { return c.get(runtime::kMinProgramsParam) == 0 || c.get("warps") == 8; })
+      .constrain("stages = 2 off the wgmma path (the generic path does not pipeline its loads)",
+                 [](const TuningConfig& c, const TuningContext& ctx) { return on_wgmma(c, ctx) || c.get("stages") == 2; })
+      // the division's subroutine serialises every wgmma; a bound or the producer's registers leave
+      // it no room either (decisions 002-004)
+      .constrain("EXACT_NORMALIZE only at HEAD_DIM 64 without a register bound or the producer (elsewhere O = acc x rcp(l))",
+                 [producer](const TuningConfig& c, const TuningContext& ctx) {
+                   return !flag(c, mn::kExactNormalize) ||
+                          (dim(ctx, "D") == 64 && c.get(runtime::kMinProgramsParam) == 0 && !producer(c));
+                 })
+      .constrain("RING_PRODUCER on the wgmma path, HEAD_DIM <= 128, no register bound (setmaxnreg moves registers "
+                 "between the producer and the consumers of one program)",
+                 [producer](const TuningConfig& c, const TuningContext& ctx) {
+                   return !producer(c) || (on_wgmma(c, ctx) && dim(ctx, "D") <= 128 && c.get(runtime::kMinProgramsParam) == 0);
+                 })
+      .constrain("PERSISTENT with RING_PRODUCER (the producer copies the next tile's blocks during this one's end)",
+                 [producer](const TuningConfig& c, const TuningContext&) { return !flag(c, mn::kPersistent) || producer(c); })
+      .constrain("PIPELINE_PV on the wgmma path (P V in flight beside the next softmax)",
+                 [](const TuningConfig& c, const TuningContext& ctx) { return !flag(c, mn::kPipelinePv) || on_wgmma(c, ctx); })
+      .constrain("PIPELINE_QK on the wgmma path, not beside PIPELINE_PV (both do not fit 240 registers: decision 045)",
+                 [](const TuningConfig& c, const TuningContext& ctx) {
+                   return !flag(c, mn::kPipelineQk) || (on_wgmma(c, ctx) && !flag(c, mn::kPipelinePv));
+                 })
+      .constrain("TMA_STORE on the wgmma path with BLOCK_N >= BLOCK_M (O is staged in a K / V or Q tile)",
+                 [](const TuningConfig& c, const TuningContext& ctx) {
+                   return !flag(c, mn::kTmaStore) || (on_wgmma(c, ctx) && c.get(mn::kBlockN) >= c.get(mn::kBlockM));
+                 })
+      // (D 64 runs 128 x 128 in the API: BLOCK_N may exceed HEAD_DIM; at D 256, S and O beside each
+      // other leave room for 64 keys per block, as the API's D 256 schedule)
+      .constrain("BLOCK_N <= 64 at HEAD_DIM 256",
+                 [](const TuningConfig& c, const TuningContext& ctx) { return dim(ctx, "D") < 256 || c.get(mn::kBlockN) <= 64; })
+      .constrain("the f32 output accumulator fits in registers: BLOCK_M x HEAD_DIM / consumer threads <= 128",
+                 [](const TuningConfig& c, const TuningContext& ctx) {
+                   return c.get(mn::kBlockM) * dim(ctx, "D") / (32 * c.get("warps")) <= 128;
+                 })
+      .constrain("shared memory fits: Q once + stages x (K and V blocks) on the wgmma path",
+                 [](const TuningConfig& c, const TuningContext& ctx) {
+                   const int64_t D = dim(ctx, "D"), bm = c.get(mn::kBlockM), bn = c.get(mn::kBlockN);
+                   return (bm * D + c.get("stages") * 2 * bn * D) * 2 + 1024 <= ctx.smem_limit;
+                 })
+      .key("B", Bucketing::pow2(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 0, "attention_fwd"); })
+      .key("H", Bucketing::pow2(),
+           [](std::span<const DeviceArg> a, const lang::Meta& m) { return arg_size(a, 0, meta_bool_of(m, mn::kBshd, false) ? 2 : 1, "attention_fwd"); })
+      .key("S", Bucketing::pow2(64),
+           [](std::span<const DeviceArg> a, const lang::Meta& m) { return arg_size(a, 0, meta_bool_of(m, mn::kBshd, false) ? 1 : 2, "attention_fwd"); })
+      .key("D", Bucketing::exact(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 3, "attention_fwd"); })
+      // (names every parameter; each problem's default is the API's: default_for)
+      .default_config({{{mn::kBlockM, 128}, {mn::kBlockN, 128}, {"warps", 8}, {"stages", 2}, {std::string(runtime::kMinProgramsParam), 0},
+                        {mn::kExactNormalize, 0}, {mn::kPersistent, 0}, {mn::kRingProducer, 0}, {mn::kPipelinePv, 0},
+                        {mn::kPipelineQk, 0}, {mn::kTmaStore, 0}}})
+      .default_for(api_default)
+      .workload(attention_workload)
+      .problem(attention_problem)
+      .grid([](const TuningConfig& c, const TuningContext& ctx) {
+        const int64_t tiles_m = cdiv(dim(ctx, "S"), c.get(mn::kBlockM)), H = dim(ctx, "H"), B = dim(ctx, "B");
+        // PERSISTENT: one program per SM walks the tiles (the producer kernel fits once per SM)
+        if (flag(c, mn::kPersistent)) return runtime::Grid{std::min<int64_t>(tiles_m * H * B, ctx.sm_count)};
+        return runtime::Grid{tiles_m, H, B};
+      });
+  return s;
+}
+
+}  // namespace tilejit::library::tuning_detail

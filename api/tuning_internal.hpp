@@ -1,0 +1,49 @@
+// What the library's tuning spaces (api/tuning.cpp, api/tuning_attention.cpp) share: small
+// helpers over configs and contexts, and the spaces' constructors.
+#pragma once
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string_view>
+
+#include "runtime/tuning_space.hpp"
+
+namespace tilejit::library::tuning_detail {
+
+inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t pow2_at_least(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+// The fixed meta's dtype `name`, else `fallback`.
+inline ir::DType meta_dtype(const runtime::TuningContext& ctx, std::string_view name, ir::DType fallback) {
+  for (const auto& [n, v] : ctx.fixed)
+    if (n == name)
+      if (const ir::DType* d = std::get_if<ir::DType>(&v)) return *d;
+  return fallback;
+}
+
+inline bool meta_bool_of(const lang::Meta& m, std::string_view name, bool fallback) {
+  for (const auto& [n, v] : m)
+    if (n == name)
+      if (const bool* b = std::get_if<bool>(&v)) return *b;
+  return fallback;
+}
+
+// Size `dim` of call argument `i` (a key extractor); std::invalid_argument naming the kernel.
+inline int64_t arg_size(std::span<const runtime::DeviceArg> args, size_t i, int dim, std::string_view kernel) {
+  if (i >= args.size() || !args[i].tensor() || args[i].tensor()->rank() <= dim)
+    throw std::invalid_argument(fmt::format("tilejit: kernel '{}': argument {} must be a tensor of rank > {} to key its tuning", kernel, i, dim));
+  return args[i].tensor()->sizes[static_cast<size_t>(dim)];
+}
+
+// A bool parameter's value in `c` (configs persisted before the parameter existed lack it: false).
+inline bool flag(const runtime::TuningConfig& c, const char* name) { return c.find(name).value_or(0) != 0; }
+
+runtime::TuningSpace make_attention_space();
+
+}  // namespace tilejit::library::tuning_detail
