@@ -50,10 +50,40 @@ Workload attention_workload(const TuningConfig& c, const TuningContext& ctx) {
   w.dram_bytes = qkvo + 4.0 * B * H * S;
   w.l2_bytes = static_cast<double>(w.programs) * n_iter * 2.0 * bn * D * e + 2.0 * B * H * static_cast<double>(S) * D * e;
   w.smem_bytes = static_cast<double>(w.programs) * n_iter * (4.0 * bn * D * e + 2.0 * bm * bn * e);
-  const int64_t threads = 32 * warps;
-  w.est_registers = static_cast<int>(std::min<int64_t>(255, (bm * D + bm * bn) / threads + 2 * bm * bn / threads / 2 + 60));
   w.est_smem_bytes = w.wgmma ? (bm * D + w.stages * 2 * bn * D) * static_cast<int64_t>(e) + 1024
                              : (bm * D + 2 * bn * D + bm * bn) * static_cast<int64_t>(e);
+  // The key-block loop as chains (docs/performance-model.md): each consumer warpgroup takes a
+  // 64-row slab of the tile (the wgmma path; elsewhere one chain per program) and per key block
+  // runs S = Q K^T and P V (4 x rows x BLOCK_N x D flops, Q, K and V read from shared memory),
+  // one exponential per score and ~7 FP32 lane-ops (scale, max, subtract, sum, convert), and
+  // rescales its O rows (~6 per element).
+  runtime::ChainWorkload& ch = w.chain;
+  ch.present = true;
+  ch.chains_per_program = w.wgmma ? static_cast<int>(warps / 4) : 1;
+  const double rows = static_cast<double>(bm) / ch.chains_per_program;
+  ch.steps = static_cast<double>(w.programs) * n_iter * ch.chains_per_program;
+  ch.mma_flops = 4.0 * rows * static_cast<double>(bn * D);
+  ch.operand_bytes = (rows * D + 2.0 * bn * D) * e;
+  ch.exponentials = rows * static_cast<double>(bn);
+  ch.fp32_ops = 7.0 * rows * static_cast<double>(bn) + 6.4 * rows * static_cast<double>(D);
+  const bool qk = flag(c, mn::kPipelineQk), pv = flag(c, mn::kPipelinePv);
+  ch.overlapped = qk || pv;
+  ch.producer = flag(c, mn::kRingProducer);
+  // per consumer thread, each of its 64-row slabs: O (64 x D f32 over 128 threads), S, and the
+  // pipelined block's second S (PIPELINE_QK) or P (PIPELINE_PV); ~24 for addresses and row stats
+  const int64_t slabs = w.wgmma ? std::max<int64_t>(1, bm / (64 * ch.chains_per_program)) : 1;
+  const int64_t extra = qk ? bn / 2 : pv ? bn / 4 : 0;
+  ch.register_demand = static_cast<int>(slabs * (D / 2 + bn / 2 + extra) + 24);
+  const int64_t bound = std::max<int64_t>(1, c.get(runtime::kMinProgramsParam));
+  ch.register_cap = ch.producer ? 240 : static_cast<int>(std::min<int64_t>(255, 65536 / (32 * warps * bound) / 8 * 8));
+  // before compiling: ~32 above the demand (the sweeps' compiled kernels), within the cap; the
+  // producer's kernel takes the whole register file (setmaxnreg moves it between the roles)
+  w.est_registers = ch.producer ? static_cast<int>(65536 / w.threads / 8 * 8)
+                                : std::min(ch.register_cap, ch.register_demand + 32);
+  ch.persistent = flag(c, mn::kPersistent);
+  ch.tiles = static_cast<double>(w.programs);
+  ch.bulk_epilogue = flag(c, mn::kTmaStore);
+  ch.slowdown = flag(c, mn::kExactNormalize) ? 1.1 : 1.0;  // the division's subroutine serialises every wgmma [002]
   return w;
 }
 

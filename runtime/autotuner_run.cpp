@@ -139,7 +139,9 @@ void Autotuner::Sweep::prune() {
   wanted_.assign(n_, false);
   size_t picked = 0;
   for (size_t k : order_) {
-    if (!res_[k].estimate.feasible) continue;
+    // (exhaustive: every valid config is compiled; only its compiled facts may drop it, never the
+    // estimate's guess at registers, which once dropped 35 producer configs unseen)
+    if (!res_[k].estimate.feasible && !t_.opts_.exhaustive) continue;
     if (!t_.opts_.exhaustive && picked >= std::max(compile_k_, top_k_)) break;
     wanted_[k] = true;
     ++picked;

@@ -53,6 +53,47 @@ namespace {
 
 std::string kb(int64_t bytes) { return fmt::format("{} KB", (bytes + 1023) / 1024); }
 
+// ChainWorkload: per SM, `chains` = warpgroups resident at once each run their steps; a round (every
+// chain one step) takes the longest of the tensor cores' share, the other units' share and one
+// chain's own latency; the SM runs steps / (SMs x chains) rounds, plus each tile's ends.
+CostEstimate chain_estimate(const Workload& w, const DeviceModel& d, CostEstimate e, double mem_s) {
+  const ChainWorkload& c = w.chain;
+  const double hz = d.clock_hz;
+  const int64_t slots = static_cast<int64_t>(d.sm_count) * e.blocks_per_sm;
+  const double chains = static_cast<double>(std::max(1, c.chains_per_program) * e.blocks_per_sm);
+  e.chains_per_sm = static_cast<int>(chains);
+  const double mma = std::max(c.mma_flops / (d.mma_flops_per_clock * (w.wgmma ? 1.0 : d.mma_sync_fraction)),
+                              c.operand_bytes / d.smem_bytes_per_clock);
+  const double mufu = c.exponentials / d.exponentials_per_clock, fp32 = c.fp32_ops / d.fp32_per_clock;
+  const double rest = mufu + fp32;
+  const double own = (c.overlapped ? std::max(mma, rest) + d.overlap_residue * std::min(mma, rest) : mma + rest) + d.step_latency_clocks -
+                     (c.producer ? d.producer_latency_saving : 0.0);
+  double round = std::max({chains * mma, chains * rest, own});
+  e.serialized = w.wgmma && c.register_demand > c.register_cap;
+  if (e.serialized) round *= d.serialized_factor;
+  round *= c.slowdown;
+  // a persistent grid has no tail wave; otherwise the last wave's idle slots cost as if busy
+  const double eff = c.persistent ? 1.0 : e.wave_efficiency;
+  const double rounds = c.steps / d.sm_count / chains;
+  const double per_sm_s = rounds * round / eff / hz;
+  const double tiles_per_slot = c.tiles / static_cast<double>(slots) / eff;
+  const double tile_s = tiles_per_slot * d.tile_clocks * (c.persistent ? d.persistent_tile_share : 1.0) *
+                        (c.bulk_epilogue ? d.bulk_epilogue_share : 1.0) / hz;
+  e.compute_ms = rounds * chains * mma / eff / hz * 1e3;
+  e.mufu_ms = rounds * chains * mufu / eff / hz * 1e3;
+  e.fp32_ms = rounds * chains * fp32 / eff / hz * 1e3;
+  e.chain_ms = rounds * own / eff / hz * 1e3;
+  e.overhead_ms = (d.launch_s + tile_s) * 1e3;
+  e.ms = (std::max(per_sm_s, mem_s) + tile_s + d.launch_s) * 1e3;
+  const double top = std::max({chains * mma, chains * rest, own});
+  e.bound = e.serialized                ? "serialised wgmma (registers)"
+            : mem_s > per_sm_s          ? (e.dram_ms >= e.l2_ms ? "HBM" : "L2")
+            : top == chains * mma       ? "tensor cores"
+            : top == chains * rest      ? (mufu >= fp32 ? "exponentials" : "FP32 pipe")
+                                        : "chain latency";
+  return e;
+}
+
 }  // namespace
 
 CostEstimate estimate(const Workload& w, const DeviceModel& d, const KernelResources* res) {
@@ -112,6 +153,12 @@ CostEstimate estimate(const Workload& w, const DeviceModel& d, const KernelResou
   // and the epilogue.
   const double fill_s = d.program_fill_s * (1.0 + std::min<double>(w.stages, std::max(1.0, w.k_iterations)) / 4.0);
   const double overhead_s = d.launch_s + static_cast<double>(e.waves) * fill_s;
+  if (w.chain.present) {
+    e.dram_ms = dram_s * 1e3;
+    e.l2_ms = l2_s * 1e3;
+    e.smem_ms = smem_s * 1e3;
+    return chain_estimate(w, d, e, std::max(dram_s, l2_s));
+  }
   e.compute_ms = compute_s * 1e3;
   e.smem_ms = smem_s * 1e3;
   e.dram_ms = dram_s * 1e3;

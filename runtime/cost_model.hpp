@@ -31,6 +31,23 @@ struct DeviceModel {
   double smem_bytes_per_s_per_sm = 128 * 1.755e9;  // 128 B/clock
   double launch_s = 4e-6;                // launch and grid start
   double program_fill_s = 1.2e-6;        // per wave: first loads in flight, epilogue stores
+  // Per multiprocessor and clock, for chains (ChainWorkload): the units' issue rates and the
+  // fixed latency of one step (a wgmma's round trip, the barriers around it). The rates are
+  // Hopper's per-SM figures (4096 dense bf16 flops, 16 MUFU exponentials, 128 FP32 lanes,
+  // 128 B of shared memory); the latencies and overheads were set against exhaustive sweeps
+  // (docs/performance-model.md), not yet measured per GPU by microbenchmarks.
+  double clock_hz = 1.755e9;
+  double mma_flops_per_clock = 4096;
+  double exponentials_per_clock = 16;
+  double fp32_per_clock = 128;
+  double smem_bytes_per_clock = 128;
+  double step_latency_clocks = 600;      // a step's chain beyond its work (wgmma wait, barriers, loads)
+  double producer_latency_saving = 200;  // loads issued by a producer warpgroup take that off the chain
+  double overlap_residue = 0.3;          // a pipelined chain still pays this share of its shorter half
+  double tile_clocks = 3000;             // a tile's prologue and epilogue (first loads, O's store)
+  double persistent_tile_share = 0.4;    // ... of which a persistent grid hides the rest under the next tile
+  double bulk_epilogue_share = 0.8;      // ... and TMA bulk stores of the output leave this much of it
+  double serialized_factor = 4;          // wgmma serialised by ptxas (accumulators above the registers)
 
   static DeviceModel h100();
   // From the driver's properties (name, SM count, L2, shared memory, driver version) with the
@@ -57,6 +74,12 @@ struct CostEstimate {
   int64_t waves = 0;
   double wave_efficiency = 0;  // programs / (waves * SMs * blocks per SM)
   double compute_ms = 0, dram_ms = 0, l2_ms = 0, smem_ms = 0, overhead_ms = 0;
+  // Chains (ChainWorkload): per SM, the tensor cores' and the other units' busy time, the chains'
+  // own latency bound, the rounds and the chains running at once; `serialized` when the register
+  // demand exceeds the cap (ptxas then serialises every wgmma).
+  double mufu_ms = 0, fp32_ms = 0, chain_ms = 0;
+  int chains_per_sm = 0;
+  bool serialized = false;
   std::string bound;         // "tensor cores", "HBM", "L2", "shared memory", "latency"
   bool from_compiled = false;  // resources from the compiled KernelInfo (else estimated)
 };

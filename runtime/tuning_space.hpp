@@ -74,6 +74,28 @@ struct KeyArg {
   std::function<int64_t(std::span<const DeviceArg> args, const lang::Meta& fixed)> extract;
 };
 
+// A kernel whose main loop is a chain of steps per warpgroup, each step some tensor-core work
+// and some work on the SM's other units (a FlashAttention key block: S = Q K^T, softmax, P V), so
+// that what it costs depends on how many chains an SM runs at once and whether one chain
+// overlaps its own MMAs with the rest (docs/performance-model.md). Absent: the roofline alone.
+struct ChainWorkload {
+  bool present = false;
+  double steps = 0;            // warpgroup steps in the launch (every warpgroup's key blocks)
+  double mma_flops = 0;        // per step
+  double operand_bytes = 0;    // per step: shared-memory bytes the tensor cores read (A and B)
+  double exponentials = 0;     // per step (MUFU)
+  double fp32_ops = 0;         // per step: scalar lane-ops on the FP32 pipe (scale, max, sum, rescale, cvt)
+  bool overlapped = false;     // one chain keeps an MMA in flight beside its other work (pipelined)
+  bool producer = false;       // loads issued by warps of their own (a shorter chain)
+  int chains_per_program = 1;  // consumer warpgroups
+  int register_demand = 0;     // per consumer thread: accumulators and live tiles, estimated
+  int register_cap = 255;      // what the launch leaves a consumer thread (setmaxnreg or a bound)
+  bool persistent = false;     // a resident grid walks the tiles: no tail wave, tiles' ends overlap
+  double tiles = 0;            // output tiles in the launch (each pays a prologue and an epilogue)
+  bool bulk_epilogue = false;  // the output leaves by TMA bulk stores (the epilogue overlaps them)
+  double slowdown = 1;         // a whole-kernel factor the steps do not show (a division's subroutine: 1.1)
+};
+
 // What the autotuner needs of one launch to estimate its cost (runtime/cost_model.hpp).
 struct Workload {
   double flops = 0;            // useful floating-point operations (TFLOP/s is reported on these)
@@ -89,6 +111,7 @@ struct Workload {
   // Estimates before compiling (the compiled KernelInfo replaces them when there is one).
   int est_registers = 0;       // per thread
   int64_t est_smem_bytes = 0;  // per program
+  ChainWorkload chain;         // the per-step model where the kernel has one
 };
 
 // Inputs for timing one problem on the GPU: host tensors (copied to the device once), the argument

@@ -78,17 +78,17 @@ class ProgressBar {
 std::string ms_text(double ms) { return ms > 0 && std::isfinite(ms) ? fmt::format("{:.4f}", ms) : "-"; }
 
 void print_table(const runtime::TuneResult& r, bool all, bool measured) {
-  std::printf("%-62s %10s %6s %10s %6s %8s  %s\n", "config", "model ms", "model#", measured ? "measured" : "", measured ? "meas#" : "",
-              measured ? "TFLOP/s" : "", "status");
+  std::printf("%-62s %10s %6s %10s %6s %8s  %-22s %s\n", "config", "model ms", "model#", measured ? "measured" : "",
+              measured ? "meas#" : "", measured ? "TFLOP/s" : "", "model's bound", "status");
   size_t pruned_shown = 0;
   for (const runtime::ConfigResult& c : r.configs) {
     if (c.status == runtime::ConfigStatus::Pruned && !all && ++pruned_shown > 10) continue;
     std::string status(runtime::to_string(c.status));
     if (!c.note.empty()) status += ": " + c.note.substr(0, 120);
-    std::printf("%-62s %10s %6s %10s %6s %8s  %s\n", c.config.id().c_str(), ms_text(c.estimate.ms).c_str(),
+    std::printf("%-62s %10s %6s %10s %6s %8s  %-22s %s\n", c.config.id().c_str(), ms_text(c.estimate.ms).c_str(),
                 c.model_rank ? std::to_string(c.model_rank).c_str() : "-", ms_text(c.ms).c_str(),
                 c.measured_rank ? std::to_string(c.measured_rank).c_str() : "-",
-                c.tflops > 0 ? fmt::format("{:.1f}", c.tflops).c_str() : "-", status.c_str());
+                c.tflops > 0 ? fmt::format("{:.1f}", c.tflops).c_str() : "-", c.estimate.bound.c_str(), status.c_str());
   }
   if (!all && pruned_shown > 10) std::printf("(%zu more configs pruned by the model; --all lists them)\n", pruned_shown - 10);
 }
@@ -101,7 +101,7 @@ class CsvFile {
     if (!f_) throw UsageError(fmt::format("--csv {}: cannot open for writing", path));
     std::fprintf(f_, "kernel,shape,fixed,config,status,model_ms,model_rank,measured_ms,measured_rank,compute_ms,smem_ms,dram_ms,"
                      "l2_ms,overhead_ms,bound,blocks_per_sm,waves,programs,threads,stages,wgmma,mma_flops,registers,smem_bytes,"
-                     "spill_bytes,note\n");
+                     "spill_bytes,mufu_ms,fp32_ms,chain_ms,chains_per_sm,serialized,note\n");
   }
   ~CsvFile() {
     if (f_) std::fclose(f_);
@@ -116,14 +116,15 @@ class CsvFile {
     };
     for (const runtime::ConfigResult& c : r.configs) {
       const runtime::CostEstimate& e = c.estimate;
-      std::fprintf(f_, "%s,%s,%s,%s,%s,%.6g,%d,%.6g,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%s,%d,%lld,%lld,%d,%d,%d,%.6g,%d,%lld,%d,%s\n",
+      std::fprintf(f_, "%s,%s,%s,%s,%s,%.6g,%d,%.6g,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%s,%d,%lld,%lld,%d,%d,%d,%.6g,%d,%lld,%d,%.6g,%.6g,%.6g,%d,%d,%s\n",
                    r.kernel.c_str(), quoted(runtime::describe_shape(r.shape)).c_str(), quoted(fixed).c_str(),
                    quoted(c.config.id()).c_str(), std::string(runtime::to_string(c.status)).c_str(), e.ms, c.model_rank, c.ms,
                    c.measured_rank, e.compute_ms, e.smem_ms, e.dram_ms, e.l2_ms, e.overhead_ms, quoted(e.bound).c_str(),
                    e.blocks_per_sm, static_cast<long long>(e.waves), static_cast<long long>(c.workload.programs),
                    c.resources.threads ? c.resources.threads : c.workload.threads, c.workload.stages, c.workload.wgmma ? 1 : 0,
                    c.workload.mma_flops, c.resources.registers, static_cast<long long>(c.resources.smem_bytes),
-                   c.resources.spill_bytes, quoted(c.note.substr(0, 200)).c_str());
+                   c.resources.spill_bytes, e.mufu_ms, e.fp32_ms, e.chain_ms, e.chains_per_sm, e.serialized ? 1 : 0,
+                   quoted(c.note.substr(0, 200)).c_str());
     }
     std::fflush(f_);
   }
