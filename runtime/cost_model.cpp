@@ -72,8 +72,9 @@ CostEstimate chain_estimate(const Workload& w, const DeviceModel& d, CostEstimat
   e.serialized = w.wgmma && c.register_demand > c.register_cap;
   if (e.serialized) round *= d.serialized_factor;
   round *= c.slowdown;
-  // a persistent grid has no tail wave; otherwise the last wave's idle slots cost as if busy
-  const double eff = c.persistent ? 1.0 : e.wave_efficiency;
+  // a persistent grid has no tail wave (but idles the slots beyond its tiles); otherwise the last
+  // wave's idle slots cost as if busy
+  const double eff = c.persistent ? std::min(1.0, c.tiles / static_cast<double>(slots)) : e.wave_efficiency;
   const double rounds = c.steps / d.sm_count / chains;
   const double per_sm_s = rounds * round / eff / hz;
   const double tiles_per_slot = c.tiles / static_cast<double>(slots) / eff;

@@ -462,6 +462,42 @@ SweepCheck replay_sweep(const std::string& file) {
 
 }  // namespace
 
+TEST_CASE("cost model: chains -- the round's bound, serialised wgmma, a persistent grid's idle slots") {
+  const DeviceModel d = DeviceModel::h100();
+  Workload w;
+  w.wgmma = true;
+  w.programs = 132;
+  w.threads = 384;
+  w.chain.present = true;
+  w.chain.chains_per_program = 2;
+  w.chain.tiles = 132;
+  w.chain.steps = 132.0 * 2 * 32;
+  w.chain.mma_flops = 4.0 * 64 * 128 * 128;  // 1024 clocks
+  w.chain.exponentials = 64.0 * 128;          // 512
+  w.chain.fp32_ops = 128.0 * 1000;            // 1000
+  w.chain.overlapped = true;
+  w.chain.register_demand = 180;
+  w.chain.register_cap = 240;
+  w.chain.persistent = true;
+  KernelResources r{168, 224 * 1024, 0, 384};
+  const CostEstimate e = estimate(w, d, &r);
+  REQUIRE(e.feasible);
+  CHECK(e.chains_per_sm == 2);
+  CHECK(e.bound == "FP32 pipe");  // 2 x (512 + 1000) clocks a round beat 2 x 1024 for the tensor cores
+  CHECK_FALSE(e.serialized);
+  // one round per step pair: 32 rounds of 3,024 clocks, plus the tile ends and the launch
+  CHECK(e.ms == doctest::Approx((32 * 3024 + 3000 * 0.4) / d.clock_hz * 1e3 + d.launch_s * 1e3).epsilon(0.01));
+  Workload starved = w;
+  starved.chain.register_demand = 300;
+  CHECK(estimate(starved, d, &r).serialized);
+  CHECK(estimate(starved, d, &r).ms > 3.5 * e.ms);
+  // half the tiles on a persistent grid: half the SMs idle, each busy one as long as before
+  Workload half = w;
+  half.chain.tiles = 66;
+  half.chain.steps /= 2;
+  CHECK(estimate(half, d, &r).ms == doctest::Approx(e.ms).epsilon(0.02));
+}
+
 TEST_CASE("cost model: ranks the recorded attention sweeps as the GPU did (issue 29)") {
   // H200, S 4k, every valid config of the space timed (bench/results/tune-sweep-2026-11-29): the
   // roofline model the chains replaced ranked them at Spearman 0.06 / 0.12 (D 128 full / causal) and
