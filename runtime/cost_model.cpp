@@ -72,9 +72,10 @@ CostEstimate chain_estimate(const Workload& w, const DeviceModel& d, CostEstimat
   e.serialized = w.wgmma && c.register_demand > c.register_cap;
   if (e.serialized) round *= d.serialized_factor;
   round *= c.slowdown;
-  // a persistent grid has no tail wave (but idles the slots beyond its tiles); otherwise the last
-  // wave's idle slots cost as if busy
-  const double eff = c.persistent ? std::min(1.0, c.tiles / static_cast<double>(slots)) : e.wave_efficiency;
+  // a persistent grid walks tile t on program t mod slots: the busiest takes ceil(tiles / slots),
+  // and with fewer tiles than slots the rest idle; otherwise the last wave's idle slots cost as if busy
+  const double per_slot = c.tiles / static_cast<double>(slots);
+  const double eff = !c.persistent ? e.wave_efficiency : per_slot > 0 ? per_slot / std::ceil(per_slot) : 1.0;
   const double rounds = c.steps / d.sm_count / chains;
   const double per_sm_s = rounds * round / eff / hz;
   const double tiles_per_slot = c.tiles / static_cast<double>(slots) / eff;
