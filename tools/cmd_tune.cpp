@@ -97,7 +97,7 @@ void print_table(const runtime::TuneResult& r, bool all, bool measured) {
 // compiled resources (what docs/performance-model.md checks the model against).
 class CsvFile {
  public:
-  explicit CsvFile(const std::string& path) : f_(std::fopen(path.c_str(), "w")), path_(path) {
+  explicit CsvFile(const std::string& path) : f_(std::fopen(path.c_str(), "w")) {
     if (!f_) throw UsageError(fmt::format("--csv {}: cannot open for writing", path));
     std::fprintf(f_, "kernel,shape,fixed,config,status,model_ms,model_rank,measured_ms,measured_rank,compute_ms,smem_ms,dram_ms,"
                      "l2_ms,overhead_ms,bound,blocks_per_sm,waves,programs,threads,stages,wgmma,mma_flops,registers,smem_bytes,"
@@ -108,7 +108,7 @@ class CsvFile {
   }
   CsvFile(const CsvFile&) = delete;
   CsvFile& operator=(const CsvFile&) = delete;
-  void write(const runtime::TuneResult& r, const std::string& fixed) {
+  void write(const runtime::TuneResult& r, const std::string& fixed) {  // every config of one shape
     auto quoted = [](std::string s) {
       for (char& ch : s)
         if (ch == '"' || ch == '\n') ch = '\'';
@@ -131,10 +131,7 @@ class CsvFile {
 
  private:
   std::FILE* f_;
-  std::string path_;
 };
-
-void write_csv(CsvFile& csv, const runtime::TuneResult& r, const runtime::DeviceModel&) { csv.write(r, r.identity.fixed); }
 
 }  // namespace
 
@@ -209,7 +206,7 @@ int cmd_tune(const Args& args) {
                   model_only ? "--model-only" : fmt::format("no GPU ({})", drv.unavailable_reason()).c_str());
       runtime::TuneResult r = tuner.model_only(shape, fixed);
       print_table(r, all, false);
-      if (csv) write_csv(*csv, r, tuner.device());
+      if (csv) csv->write(r, r.identity.fixed);
       std::printf("space: %zu configs, %zu satisfy the constraints; model's best: %s (%.4f ms estimated)\n", r.space_size, r.valid,
                   r.best.id().c_str(), r.best_ms);
       continue;
@@ -223,7 +220,7 @@ int cmd_tune(const Args& args) {
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r.source == "tuned") {
       print_table(r, all, true);
-      if (csv) write_csv(*csv, r, tuner.device());
+      if (csv) csv->write(r, r.identity.fixed);
       std::vector<int> model_rank, measured_rank;
       for (const runtime::ConfigResult& c : r.configs)
         if (c.measured_rank) {
