@@ -813,6 +813,51 @@ TEST_CASE("bundles: tuning tables round-trip and answer lookups before the store
   CHECK(content.table[0].config == tuned.best.id());
 }
 
+TEST_CASE("attention::forward launches a tuning table's choice for its bucket, the default elsewhere (issue 29)") {
+  const TuningSpace& space = library::attention_fwd_tuning_space();
+  // What `tilejit tune attention_fwd --shape 4,16,4096,128 --bundle ...` stores: BSHD, POSITIVE_SCALE
+  const lang::Meta fixed = library::library_fixed_meta(
+      "attention_fwd", {{"HEAD_DIM", int64_t{128}}, {"CAUSAL", false}, {"POSITIVE_SCALE", true}, {"BSHD", true}, {"DTYPE", ir::DType::bf16}});
+  const Shape shape{{"B", 4}, {"H", 16}, {"S", 4096}, {"D", 128}};
+  const Autotuner tuner(space);
+  const std::string chosen =
+      "BLOCK_M=128,BLOCK_N=64,warps=8,stages=3,min_programs=0,EXACT_NORMALIZE=0,PERSISTENT=0,RING_PRODUCER=0,PIPELINE_PV=0,"
+      "PIPELINE_QK=1,TMA_STORE=0";
+  Bundle b;
+  b.name = "tuned_attention.tjb";
+  b.tuning = encode_tuning_table({TuningTableEntry{tuner.identity(shape, fixed), chosen, 0.9}});
+  load_bundle(b);
+
+  attention::detail::Config c{};
+  c.pass = attention::Pass::forward;
+  c.dtype = ir::DType::bf16;
+  c.head_dim = 128;
+  c.positive_scale = true;
+  c.sch = attention::default_schedule(attention::Pass::forward, c.dtype, 128, false);
+  c.persistent = true;
+  attention::detail::Dims d;
+  d.batch = 4, d.heads_q = d.heads_kv = 16, d.seq_q = d.seq_k = 3000, d.head_dim = 128;  // (bucket S = 4096)
+  const attention::detail::Config t = attention::detail::with_tuned_choice(c, d);
+  CHECK(t.sch == attention::Schedule{128, 64, 8, 3, 0});
+  CHECK_FALSE(t.persistent);
+  REQUIRE(t.tuned.has_value());
+  CHECK(t.tuned->pipeline_qk);
+  CHECK_FALSE(t.tuned->ring_producer);
+  // the kernel it builds is the one the tuner timed for that config
+  const ir::Function api = kernels::attention_forward().build(attention::detail::meta_of(t));
+  CHECK(ir::structural_hash(api) == ir::structural_hash(space.build_ir(parse_config(chosen), fixed)));
+  // another bucket, a causal call (another table key), or unequal lengths: the default schedule
+  d.seq_q = d.seq_k = 1024;
+  CHECK_FALSE(attention::detail::with_tuned_choice(c, d).tuned.has_value());
+  d.seq_q = d.seq_k = 4096;
+  attention::detail::Config causal = c;
+  causal.causal = true;
+  CHECK_FALSE(attention::detail::with_tuned_choice(causal, d).tuned.has_value());
+  d.seq_k = 2048;
+  CHECK(attention::detail::with_tuned_choice(c, d).sch == c.sch);
+  unload_all_bundles();
+}
+
 TEST_CASE("parallel compiles through the JIT: failures are reported with the kernel's name and skipped") {
   Harness h("jit");
   TuningSpace s = small_space({96, 128, 256});  // 96 is not a power of two: a LoweringError

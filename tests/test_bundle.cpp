@@ -28,7 +28,10 @@
 #include "dsl/ir/sha256.hpp"
 #include "kernels/attention/mask.hpp"
 #include "api/attention.hpp"
+#include "api/attention/internal.hpp"
+#include "api/tuning.hpp"
 #include "api/registry.hpp"
+#include "runtime/autotuner.hpp"
 #include "runtime/bundle.hpp"
 #include "runtime/compile_cache.hpp"
 #include "runtime/driver.hpp"
@@ -394,6 +397,54 @@ TEST_CASE("attention::bundle_specs: the API's kernels, bundled, serve prepare wi
   // checked as prepare checks, in its own name
   CHECK_THROWS_WITH_AS(attention::bundle_specs(ir::DType::f32, 64, kernels::MaskKind::full),
                        doctest::Contains("tilejit::attention::bundle_specs: dtype f32; supported: bf16, f16"), std::invalid_argument);
+}
+
+// What `tilejit tune attention_fwd --shape 4,16,4096,128 --bundle tuned.tjb` writes (a chosen config's
+// kernel and the tuning table), loaded by an application without compilers: attention::forward's
+// tuned configuration finds that kernel, and its table entry.
+TEST_CASE("a tuned attention bundle serves the API's tuned forward with the compilers disabled (issue 29)") {
+  CleanRegistry clean;
+  TempDir tmp;
+  const runtime::TuningSpace& space = library::attention_fwd_tuning_space();
+  const lang::Meta fixed = library::library_fixed_meta(
+      "attention_fwd", {{"HEAD_DIM", int64_t{128}}, {"CAUSAL", true}, {"POSITIVE_SCALE", true}, {"BSHD", true}, {"DTYPE", ir::DType::bf16}});
+  const runtime::Shape shape{{"B", 4}, {"H", 16}, {"S", 4096}, {"D", 128}};
+  runtime::TuneResult r;
+  r.identity = runtime::Autotuner(space).identity(shape, fixed);
+  r.best = runtime::parse_config(
+      "BLOCK_M=128,BLOCK_N=128,warps=8,stages=3,min_programs=0,EXACT_NORMALIZE=0,PERSISTENT=1,RING_PRODUCER=1,PIPELINE_PV=1,"
+      "PIPELINE_QK=0,TMA_STORE=1");
+  r.best_ms = 0.44;
+  jit::CompileOptions base;
+  base.specialize = false;  // (tilejit tune attention_fwd compiles as the API does)
+  runtime::TunedBundleContent content;
+  runtime::add_to_bundle_content(content, space, r, fixed, base);
+  runtime::Bundle b = runtime::make_bundle(content.specs);
+  b.tuning = runtime::encode_tuning_table(content.table);
+  const fs::path path = tmp.path / "tuned.tjb";
+  runtime::save_bundle(path, b);
+  runtime::reset_memory_cache();
+  ScopedEnv off("TILEJIT_DISABLE_COMPILERS", "1");
+  tilejit::load_bundle(path);
+
+  attention::detail::Config c{};
+  c.pass = attention::Pass::forward;
+  c.dtype = ir::DType::bf16;
+  c.head_dim = 128;
+  c.causal = true;
+  c.positive_scale = true;
+  c.sch = attention::default_schedule(attention::Pass::forward, c.dtype, 128, true);
+  c.persistent = true;
+  attention::detail::Dims d;
+  d.batch = 4, d.heads_q = d.heads_kv = 16, d.seq_q = d.seq_k = 4096, d.head_dim = 128;
+  const attention::detail::Config t = attention::detail::with_tuned_choice(c, d);
+  REQUIRE(t.tuned.has_value());
+  CHECK(t.sch.stages == 3);
+  attention::detail::function_for(t).compiled();
+  const runtime::CompileCacheStats st = runtime::compile_cache_stats();
+  CHECK(st.compiles == 0);
+  CHECK(st.bundle_hits == 1);
+  runtime::unload_all_bundles();
 }
 
 TEST_CASE("a kernel no loaded bundle holds, with compilers disabled, is a clear error") {

@@ -42,7 +42,7 @@ void zero_async(uint64_t address, size_t bytes, CUstream stream, int device) {
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts,
              CUstream stream, Workspace workspace) {
   const Dims d = check_forward_dims(q, k, v, o, lse, opts, workspace);
-  const Config c = config(Pass::forward, q, d, opts);
+  const Config c = opts.schedule ? config(Pass::forward, q, d, opts) : with_tuned_choice(config(Pass::forward, q, d, opts), d);
   Function& fn = function_for(c);
   runtime::Grid grid{lang::cdiv(d.seq_q, c.sch.block_m), d.heads_q, d.batch};
   // PERSISTENT: as many programs as are resident at once, no more than tiles (without a GPU one:

@@ -199,6 +199,13 @@ lang::Meta meta_of(const Config& c) {
       // a bound of several programs an SM leaves no register file for setmaxnreg to move between the
       // producer and the consumers (the jit refuses the pair): the D 128 forward without its producer
       if (c.sch.min_programs_per_sm > 1) f.ring_producer = false;
+      if (c.tuned) {
+        f.exact_normalize = c.tuned->exact_normalize;
+        f.ring_producer = c.tuned->ring_producer;
+        f.pipeline_pv = c.tuned->pipeline_pv;
+        f.pipeline_qk = c.tuned->pipeline_qk;
+        f.tma_store = c.tuned->tma_store;
+      }
       all = f.to_meta();
       break;
     }
