@@ -41,8 +41,8 @@ struct DeviceModel {
   double exponentials_per_clock = 16;
   double fp32_per_clock = 128;
   double smem_bytes_per_clock = 128;
-  double step_latency_clocks = 600;      // a step's chain beyond its work (wgmma wait, barriers, loads)
-  double producer_latency_saving = 200;  // loads issued by a producer warpgroup take that off the chain
+  double step_latency_clocks = 1400;     // a step's chain beyond its work (wgmma wait, barriers, loads)
+  double producer_latency_saving = 600;  // loads issued by a producer warpgroup take that off the chain
   double overlap_residue = 0.3;          // a pipelined chain still pays this share of its shorter half
   double tile_clocks = 3000;             // a tile's prologue and epilogue (first loads, O's store)
   double persistent_tile_share = 0.4;    // ... of which a persistent grid hides the rest under the next tile
