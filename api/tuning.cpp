@@ -126,8 +126,8 @@ runtime::ProblemData gemm_problem(const TuningContext& ctx) {
   d.tensors.push_back(std::make_unique<runtime::HostTensor>(in, ak ? ir::Shape{M, K} : ir::Shape{K, M}));
   d.tensors.push_back(std::make_unique<runtime::HostTensor>(in, bk ? ir::Shape{N, K} : ir::Shape{K, N}));
   d.tensors.push_back(std::make_unique<runtime::HostTensor>(out, ir::Shape{M, N}));
-  d.tensors[0]->fill_uniform(1, -1, 1);
-  d.tensors[1]->fill_uniform(2, -1, 1);
+  d.tensors[0]->fill_uniform_parallel(1, -1, 1);
+  d.tensors[1]->fill_uniform_parallel(2, -1, 1);
   for (auto& t : d.tensors) d.args.emplace_back(*t);
   d.outputs = {2};
   // Configs sum K in different orders only across BLOCK_K; outputs round once.

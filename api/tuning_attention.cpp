@@ -95,7 +95,7 @@ runtime::ProblemData attention_problem(const TuningContext& ctx) {
   runtime::ProblemData d;
   for (int i = 0; i < 4; ++i) d.tensors.push_back(std::make_unique<runtime::HostTensor>(t, qkvo));
   d.tensors.push_back(std::make_unique<runtime::HostTensor>(ir::DType::f32, ir::Shape{B, H, S}));
-  for (int i = 0; i < 3; ++i) d.tensors[static_cast<size_t>(i)]->fill_normal(static_cast<uint64_t>(i + 1), 0, 1);
+  for (int i = 0; i < 3; ++i) d.tensors[static_cast<size_t>(i)]->fill_normal_parallel(static_cast<uint64_t>(i + 1), 0, 1);
   for (auto& x : d.tensors) d.args.emplace_back(*x);
   d.args.emplace_back(static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))));
   d.outputs = {3, 4};

@@ -8,11 +8,14 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <new>
 #include <random>
 #include <stdexcept>
+#include <thread>
 #include <utility>
+#include <vector>
 
 namespace tilejit::runtime {
 
@@ -432,6 +435,82 @@ void HostTensor::fill_normal(uint64_t seed, double mean, double stddev) {
     double u1 = 1.0 - unit_uniform(g), u2 = unit_uniform(g);
     set_flat(i, mean + stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2));
   }
+}
+
+namespace {
+
+// Whether logical position i is element i of the allocation (row-major, contiguous): then fills
+// write it directly instead of through set_flat's index arithmetic.
+bool row_major(const ir::Shape& sizes, const ir::Shape& strides) {
+  int64_t expect = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    if (sizes[d] != 1 && strides[d] != expect) return false;
+    expect *= sizes[d];
+  }
+  return true;
+}
+
+// Runs chunk(k) for k in [0, chunks) on `threads` threads (chunk k on thread k mod threads).
+void for_chunks(int64_t chunks, unsigned threads, const std::function<void(int64_t)>& chunk) {
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  threads = static_cast<unsigned>(std::min<int64_t>(threads, std::max<int64_t>(1, chunks)));
+  std::vector<std::thread> pool;
+  auto run = [&](unsigned t) {
+    for (int64_t k = t; k < chunks; k += threads) chunk(k);
+  };
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(run, t);
+  run(0);
+  for (std::thread& th : pool) th.join();
+}
+
+constexpr int64_t kFillChunk = int64_t{1} << 20;
+
+// The generator of chunk k of a fill with `seed` (splitmix64 of both, so that neighbouring seeds
+// and chunks start far apart).
+std::mt19937_64 chunk_generator(uint64_t seed, int64_t k) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(k) + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return std::mt19937_64(z ^ (z >> 31));
+}
+
+}  // namespace
+
+void HostTensor::fill_normal_parallel(uint64_t seed, double mean, double stddev, unsigned threads) {
+  if (!ir::is_float(dtype_))
+    throw std::invalid_argument(fmt::format("HostTensor::fill_normal_parallel: dtype {} is not a float dtype", ir::name(dtype_)));
+  const bool direct = row_major(sizes_, strides_);
+  const size_t bytes = ir::byte_size(dtype_);
+  for_chunks((numel_ + kFillChunk - 1) / kFillChunk, threads, [&](int64_t k) {
+    std::mt19937_64 g = chunk_generator(seed, k);
+    constexpr double kTwoPi = 6.283185307179586476925286766559;
+    const int64_t end = std::min(numel_, (k + 1) * kFillChunk);
+    for (int64_t i = k * kFillChunk; i < end; i += 2) {
+      // Box-Muller, both outputs; u1 in (0, 1] so the log is finite
+      const double u1 = 1.0 - unit_uniform(g), u2 = unit_uniform(g), r = stddev * std::sqrt(-2.0 * std::log(u1));
+      const double v[2] = {mean + r * std::cos(kTwoPi * u2), mean + r * std::sin(kTwoPi * u2)};
+      for (int64_t j = 0; j < 2 && i + j < end; ++j) {
+        if (direct) write_value(dtype_, data_.get() + (i + j) * static_cast<int64_t>(bytes), v[j]);
+        else set_flat(i + j, v[j]);
+      }
+    }
+  });
+}
+
+void HostTensor::fill_uniform_parallel(uint64_t seed, double lo, double hi, unsigned threads) {
+  if (!ir::is_float(dtype_))
+    throw std::invalid_argument(fmt::format("HostTensor::fill_uniform_parallel: dtype {} is not a float dtype", ir::name(dtype_)));
+  const bool direct = row_major(sizes_, strides_);
+  const size_t bytes = ir::byte_size(dtype_);
+  for_chunks((numel_ + kFillChunk - 1) / kFillChunk, threads, [&](int64_t k) {
+    std::mt19937_64 g = chunk_generator(seed, k);
+    const int64_t end = std::min(numel_, (k + 1) * kFillChunk);
+    for (int64_t i = k * kFillChunk; i < end; ++i) {
+      const double v = lo + (hi - lo) * unit_uniform(g);
+      if (direct) write_value(dtype_, data_.get() + i * static_cast<int64_t>(bytes), v);
+      else set_flat(i, v);
+    }
+  });
 }
 
 void HostTensor::fill(double v) {

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -275,6 +276,42 @@ TEST_CASE("spaces: the attention space's default is the API's own kernel (issue 
   const jit::CompiledKernel k = jit::compile(s.build_ir(api128, ctx.fixed), o);
   CHECK(k.num_threads == 384);  // 8 consumer warps + the ring producer
   CHECK(k.ptx.find("setmaxnreg") != std::string::npos);
+}
+
+TEST_CASE("tuning problems: parallel fills depend on the seed only, not on the thread count") {
+  // (a 4 x 16 x 4096 x 128 attention problem took 5.8 s to fill serially on two cores, more than
+  // issue 29's whole tuning budget per shape)
+  HostTensor a(ir::DType::bf16, ir::Shape{3, 1000001}), b(ir::DType::bf16, ir::Shape{3, 1000001});
+  a.fill_normal_parallel(7, 0, 1, 1);
+  b.fill_normal_parallel(7, 0, 1, 3);
+  CHECK(std::memcmp(a.data(), b.data(), a.bytes()) == 0);
+  double sum = 0, sq = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double v = a.get_flat(i);
+    sum += v;
+    sq += v * v;
+  }
+  const double mean = sum / static_cast<double>(a.numel());
+  CHECK(std::fabs(mean) < 0.01);
+  CHECK(sq / static_cast<double>(a.numel()) - mean * mean == doctest::Approx(1.0).epsilon(0.02));
+  b.fill_normal_parallel(8, 0, 1);
+  CHECK(std::memcmp(a.data(), b.data(), a.bytes()) != 0);
+  HostTensor u(ir::DType::f32, ir::Shape{2500000});
+  u.fill_uniform_parallel(3, -2, 5, 2);
+  double lo = 1e9, hi = -1e9;
+  for (int64_t i = 0; i < u.numel(); ++i) lo = std::min(lo, u.get_flat(i)), hi = std::max(hi, u.get_flat(i));
+  CHECK(lo >= -2);
+  CHECK(lo < -1.99);
+  CHECK(hi < 5);
+  CHECK(hi > 4.99);
+  // a strided tensor gets the same values at the same logical positions
+  HostTensor rows(ir::DType::f32, ir::Shape{4, 3}), cols(ir::DType::f32, ir::Shape{4, 3}, ir::Shape{1, 4});
+  rows.fill_normal_parallel(5, 0, 1);
+  cols.fill_normal_parallel(5, 0, 1);
+  for (int64_t i = 0; i < 12; ++i) CHECK(rows.get_flat(i) == cols.get_flat(i));
+  HostTensor n(ir::DType::i32, ir::Shape{16});
+  CHECK_THROWS_WITH_AS(n.fill_normal_parallel(1, 0, 1), doctest::Contains("fill_normal_parallel: dtype i32 is not a float dtype"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("keys: bucketing per argument") {
