@@ -66,7 +66,7 @@ std::vector<LibraryKernel> make_library() {
                     Pass::bwd_preprocess, /*block_n=*/false),
       attention_row("attention_bwd_dkdv", &attention_backward_dkdv,
                     "attention backward: dK, dV per key block, summed over the GQA group (DQ_REDUCTION: also dQ's parts, atomic or split)",
-                    Pass::bwd_dkdv),
+                    Pass::bwd_dkdv, /*block_n=*/true, &attention_dkdv_tuning_space),
       attention_row("attention_bwd_dq", &attention_backward_dq, "attention backward: dQ per query block (no atomics)", Pass::bwd_dq),
       attention_row("attention_bwd_dq_convert", &attention_backward_dq_convert,
                     "attention backward, DQ_REDUCTION=atomic: dQ = scale * dQ_accum (f32 workspace)", Pass::bwd_dq_convert, /*block_n=*/false),

@@ -15,6 +15,10 @@ const runtime::TuningSpace& gemm_tuning_space();
 // Attention forward: BLOCK_M {64,128}, BLOCK_N {32,64,128}, warps {4,8}; key batch*heads and the
 // sequence length (powers of two), head dim exact.
 const runtime::TuningSpace& attention_fwd_tuning_space();
+// Attention backward, dK/dV with the recompute reduction: BLOCK_M, BLOCK_N {64, 128}, warps {4, 8},
+// stages {2, 3}, min_programs {0, 2, 3}, LSE_IN_RING, TMA_STORE; key B, H, S, D; the API's dK/dV kernel
+// as each problem's default.
+const runtime::TuningSpace& attention_dkdv_tuning_space();
 
 // The space of a library or registered kernel, or nullptr.
 const runtime::TuningSpace* find_tuning_space(const std::string& kernel);

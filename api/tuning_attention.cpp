@@ -118,31 +118,41 @@ TuningConfig api_default(const TuningContext& ctx) {
   a.positive_scale = ctx.meta_bool(mn::kPositiveScale, false);
   a.persistent = attention::detail::forward_persistent(a.head_dim, false, 0, 0, a.dropout);
   const ir::Function f = kernels::attention_forward().build(runtime::layer_meta(attention::detail::meta_of(a), ctx.fixed));
-  TuningConfig c;
-  auto value = [&](const char* name) -> int64_t {
-    for (const ir::MetaEntry& m : f.meta)
-      if (m.name == name) {
-        if (const int64_t* i = std::get_if<int64_t>(&m.value)) return *i;
-        if (const bool* b = std::get_if<bool>(&m.value)) return *b ? 1 : 0;
-      }
-    throw std::logic_error(fmt::format("tilejit: attention_fwd declares no meta {} (its tuning space's default reads it)", name));
-  };
-  c.values.emplace_back(mn::kBlockM, a.sch.block_m);
-  c.values.emplace_back(mn::kBlockN, a.sch.block_n);
-  c.values.emplace_back("warps", a.sch.num_warps);
-  c.values.emplace_back("stages", a.sch.stages);
-  c.values.emplace_back(runtime::kMinProgramsParam, a.sch.min_programs_per_sm);
-  for (const char* name : kFlags) c.values.emplace_back(name, value(name));
-  return c;
+  return config_of(a.sch, f, kFlags);
 }
 
 }  // namespace
+
+void attention_keys(runtime::TuningSpace& s, const char* kernel) {
+  auto bshd = [](const lang::Meta& m) { return meta_bool_of(m, mn::kBshd, false); };
+  s.key("B", Bucketing::pow2(), [kernel](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 0, kernel); })
+      .key("H", Bucketing::pow2(), [kernel, bshd](std::span<const DeviceArg> a, const lang::Meta& m) { return arg_size(a, 0, bshd(m) ? 2 : 1, kernel); })
+      .key("S", Bucketing::pow2(64), [kernel, bshd](std::span<const DeviceArg> a, const lang::Meta& m) { return arg_size(a, 0, bshd(m) ? 1 : 2, kernel); })
+      .key("D", Bucketing::exact(), [kernel](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 3, kernel); });
+}
+
+TuningConfig config_of(const attention::Schedule& sch, const ir::Function& f, std::span<const char* const> flags) {
+  TuningConfig c;
+  c.values.emplace_back(mn::kBlockM, sch.block_m);
+  c.values.emplace_back(mn::kBlockN, sch.block_n);
+  c.values.emplace_back("warps", sch.num_warps);
+  c.values.emplace_back("stages", sch.stages);
+  c.values.emplace_back(runtime::kMinProgramsParam, sch.min_programs_per_sm);
+  for (const char* name : flags) {
+    const ir::MetaEntry* m = f.find_meta(name);
+    const bool* on = m ? std::get_if<bool>(&m->value) : nullptr;
+    if (!on) throw std::logic_error(fmt::format("tilejit: {} declares no bool meta {} (its tuning space's default reads it)", f.name, name));
+    c.values.emplace_back(name, *on ? 1 : 0);
+  }
+  return c;
+}
 
 runtime::TuningSpace make_attention_space() {
   runtime::TuningSpace s("attention_fwd", &kernels::attention_forward);
   s.param(mn::kBlockM, {64, 128}).param(mn::kBlockN, {32, 64, 128}).param("warps", {4, 8}).param("stages", {2, 3});
   s.param(std::string(runtime::kMinProgramsParam), {0, 2});
   for (const char* name : kFlags) s.param_bool(name);
+  attention_keys(s, "attention_fwd");
   auto producer = [](const TuningConfig& c) { return flag(c, mn::kRingProducer); };
   s.constrain("min_programs = 2 only with 8 warps (two programs of 256 threads per SM)",
               [](const TuningConfig& c, const TuningContext&) { return c.get(runtime::kMinProgramsParam) == 0 || c.get("warps") == 8; })
@@ -185,12 +195,6 @@ runtime::TuningSpace make_attention_space() {
                    const int64_t D = dim(ctx, "D"), bm = c.get(mn::kBlockM), bn = c.get(mn::kBlockN);
                    return (bm * D + c.get("stages") * 2 * bn * D) * 2 + 1024 <= ctx.smem_limit;
                  })
-      .key("B", Bucketing::pow2(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 0, "attention_fwd"); })
-      .key("H", Bucketing::pow2(),
-           [](std::span<const DeviceArg> a, const lang::Meta& m) { return arg_size(a, 0, meta_bool_of(m, mn::kBshd, false) ? 2 : 1, "attention_fwd"); })
-      .key("S", Bucketing::pow2(64),
-           [](std::span<const DeviceArg> a, const lang::Meta& m) { return arg_size(a, 0, meta_bool_of(m, mn::kBshd, false) ? 1 : 2, "attention_fwd"); })
-      .key("D", Bucketing::exact(), [](std::span<const DeviceArg> a, const lang::Meta&) { return arg_size(a, 0, 3, "attention_fwd"); })
       // (names every parameter; each problem's default is the API's: default_for)
       .default_config({{{mn::kBlockM, 128}, {mn::kBlockN, 128}, {"warps", 8}, {"stages", 2}, {std::string(runtime::kMinProgramsParam), 0},
                         {mn::kExactNormalize, 0}, {mn::kPersistent, 0}, {mn::kRingProducer, 0}, {mn::kPipelinePv, 0},

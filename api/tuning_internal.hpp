@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "api/attention.hpp"
 #include "runtime/tuning_space.hpp"
 
 namespace tilejit::library::tuning_detail {
@@ -45,5 +46,10 @@ inline int64_t arg_size(std::span<const runtime::DeviceArg> args, size_t i, int 
 inline bool flag(const runtime::TuningConfig& c, const char* name) { return c.find(name).value_or(0) != 0; }
 
 runtime::TuningSpace make_attention_space();
+// The attention spaces' keys B, H, S, D, read from argument 0 (Q) in its layout (BSHD or not).
+void attention_keys(runtime::TuningSpace& s, const char* kernel);
+// A config of an attention space: the API's schedule, then `flags` as the built kernel `f` resolved them.
+runtime::TuningConfig config_of(const attention::Schedule& sch, const ir::Function& f, std::span<const char* const> flags);
+runtime::TuningSpace make_dkdv_space();
 
 }  // namespace tilejit::library::tuning_detail

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Exhaustive `tilejit tune` over the attention forward's and the GEMM's whole valid spaces (issue
+# Exhaustive `tilejit tune` over the attention forward's, dK/dV's and the GEMM's valid spaces (issue
 # 29's check of the performance model): one CSV row per config and shape (the model's terms, the
 # measurement, the compiled resources). Run on the GPU machine from the repository root after
-# tools/pack_gpu.sh (carry .gpu):  bench/tune_sweep.sh [attention|gemm ...]
+# tools/pack_gpu.sh (carry .gpu):  bench/tune_sweep.sh [attention|dkdv|gemm ...]
 #   SEQS="1024 4096 16384" HEAD_DIMS="64 128" MASKS="false true" REP_MS=30 GEMM_SHAPE=4096,4096,4096
 #   TUNE_BUDGET=900 (s per tune run: it stops timing and still writes its CSV; an outer kill writes none)
 # Under OUT only two files (the device machine returns few): sweep.csv (every run's rows, one header)
@@ -40,6 +40,14 @@ for w in "${what[@]}"; do
           tune "attention_d${d}_causal_$causal" attention_fwd "${shapes[@]}" --meta CAUSAL=$causal
         done
       done ;;
+    dkdv)  # the backward's dK/dV kernel (recompute reduction)
+      for d in ${HEAD_DIMS:-64 128}; do
+        for causal in ${MASKS:-false true}; do
+          shapes=()
+          for s in ${SEQS:-1024 4096 16384}; do shapes+=(--shape "$(( 16384 / s )),16,$s,$d"); done
+          tune "dkdv_d${d}_causal_$causal" attention_bwd_dkdv "${shapes[@]}" --meta CAUSAL=$causal
+        done
+      done ;;
     gemm) tune gemm gemm --shape "${GEMM_SHAPE:-4096,4096,4096}" ;;
   esac
 done
@@ -49,4 +57,5 @@ for f in "$WORK"/*.csv; do
   [ -s "$f" ] || continue
   if [ $first = 1 ]; then cat "$f"; first=0; else tail -n +2 "$f"; fi
 done > "$OUT/sweep.csv"
-echo "sweep.csv: $(( $(wc -l < "$OUT/sweep.csv") - 1 )) rows" | tee -a "$summary"
+rows=$(wc -l < "$OUT/sweep.csv")
+echo "sweep.csv: $(( rows > 0 ? rows - 1 : 0 )) rows" | tee -a "$summary"

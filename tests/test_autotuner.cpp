@@ -19,8 +19,10 @@
 
 #include "api/attention/internal.hpp"
 #include "api/tuning.hpp"
+#include "kernels/attention/backward.hpp"
 #include "kernels/attention/forward.hpp"
 #include "jit/compile.hpp"
+#include "runtime/interpreter.hpp"
 #include "child_process.hpp"
 #include "test_kernels.hpp"
 
@@ -312,6 +314,58 @@ TEST_CASE("tuning problems: parallel fills depend on the seed only, not on the t
   HostTensor n(ir::DType::i32, ir::Shape{16});
   CHECK_THROWS_WITH_AS(n.fill_normal_parallel(1, 0, 1), doctest::Contains("fill_normal_parallel: dtype i32 is not a float dtype"),
                        std::invalid_argument);
+}
+
+TEST_CASE("spaces: the dK/dV space's default is the API's kernel; its problem is finite and tile-independent (issue 29)") {
+  const TuningSpace& s = library::attention_dkdv_tuning_space();
+  for (int64_t d : {64, 128}) {
+    for (bool causal : {false, true}) {
+      CAPTURE(d);
+      CAPTURE(causal);
+      TuningContext ctx;
+      ctx.shape = {{"B", 4}, {"H", 16}, {"S", 4096}, {"D", d}};
+      ctx.fixed = library::library_fixed_meta("attention_bwd_dkdv", {{"HEAD_DIM", d}, {"CAUSAL", causal}, {"BSHD", true}});
+      const TuningConfig def = s.default_config(ctx);
+      const std::vector<TuningConfig> valid = s.enumerate(ctx);
+      CHECK(std::find(valid.begin(), valid.end(), def) != valid.end());
+      CHECK(def.get("LSE_IN_RING") == (d == 64 || !causal ? 1 : 0));  // dkdv_ring_options (decision 070)
+      attention::detail::Config a{};
+      a.pass = attention::Pass::bwd_dkdv;
+      a.dtype = ir::DType::bf16;
+      a.head_dim = static_cast<int>(d);
+      a.causal = causal;
+      a.sch = attention::default_schedule(attention::Pass::bwd_dkdv, a.dtype, a.head_dim, causal, false, kernels::DqReduction::recompute, false);
+      a.lse_in_ring = attention::detail::dkdv_ring_options(a, true).lse_in_ring;
+      const ir::Function api = kernels::attention_backward_dkdv().build(attention::detail::meta_of(a));
+      CHECK(ir::structural_hash(s.build_ir(def, ctx.fixed)) == ir::structural_hash(api));
+      CHECK(def.options().min_programs_per_sm == a.sch.min_programs_per_sm);
+    }
+  }
+  // The tuning problem, small, in the interpreter: two tilings give the same dK and dV, all finite.
+  TuningContext ctx;
+  ctx.shape = {{"B", 1}, {"H", 2}, {"S", 128}, {"D", 64}};
+  ctx.fixed = library::library_fixed_meta("attention_bwd_dkdv", {{"HEAD_DIM", int64_t{64}}, {"CAUSAL", true}, {"BSHD", true}});
+  auto run = [&](const TuningConfig& c) {
+    ProblemData p = s.make_problem(ctx);
+    runtime::interpret(s.build_ir(c, ctx.fixed), s.grid_of(c, ctx), p.args);
+    std::vector<std::vector<double>> out;
+    for (size_t o : p.outputs) out.push_back(p.args[o].tensor()->to_f64());
+    return out;
+  };
+  TuningConfig other = parse_config("BLOCK_M=128,BLOCK_N=128,warps=8,stages=2,min_programs=0,LSE_IN_RING=0,TMA_STORE=0");
+  REQUIRE_FALSE(s.violated(other, ctx).has_value());
+  const auto a = run(s.default_config(ctx)), b = run(other);
+  for (size_t i = 0; i < a.size(); ++i) {
+    double norm = 0;
+    size_t nonfinite = 0;
+    for (double v : a[i]) {
+      nonfinite += std::isfinite(v) ? 0 : 1;
+      norm += v * v;
+    }
+    CHECK(nonfinite == 0);
+    CHECK(norm > 0);
+    CHECK(rel_error(b[i], a[i]) < 2e-2);
+  }
 }
 
 TEST_CASE("keys: bucketing per argument") {

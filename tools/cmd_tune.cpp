@@ -167,7 +167,7 @@ int cmd_tune(const Args& args) {
   opts.base = sel.options;
   opts.base.num_warps = 4;  // set per config
   // as attention::forward compiles it, so that a tuned bundle's kernels are the ones the API looks up
-  if (kernel == "attention_fwd") opts.base.specialize = false;
+  if (kernel == "attention_fwd" || kernel == "attention_bwd_dkdv") opts.base.specialize = false;
   ProgressBar bar;
   opts.progress = [&](const runtime::TuneProgress& p) { bar.update(p); };
 
@@ -189,10 +189,11 @@ int cmd_tune(const Args& args) {
     }
     lang::Meta user = sel.meta;
     auto unset = [&](const char* name) { return std::none_of(user.begin(), user.end(), [&](const auto& m) { return m.first == name; }); };
-    if (kernel == "attention_fwd" && unset(mn::kHeadDim)) user.push_back({mn::kHeadDim, runtime::shape_get(shape, "D")});
+    const bool attention = kernel == "attention_fwd" || kernel == "attention_bwd_dkdv";
+    if (attention && unset(mn::kHeadDim)) user.push_back({mn::kHeadDim, runtime::shape_get(shape, "D")});
     // the API's kernel for a positive scale (the tuning problem's is 1 / sqrt(D)): the fma softmax
     if (kernel == "attention_fwd" && unset(mn::kPositiveScale)) user.push_back({mn::kPositiveScale, true});
-    if (kernel == "attention_fwd" && unset(mn::kBshd)) user.push_back({mn::kBshd, true});  // the API's layout
+    if (attention && unset(mn::kBshd)) user.push_back({mn::kBshd, true});  // the API's layout
     lang::Meta fixed;
     try {
       fixed = library::library_fixed_meta(kernel, user);
