@@ -34,6 +34,25 @@ namespace {
 
 const lang::Kernel& vadd() { return test_kernels::vector_add; }
 
+// What the attention API configures for a dense bf16 call of `pass` (forward or dK/dV with the
+// recompute reduction): its schedule, the forward's positive scale and persistent grid, dK/dV's
+// ring options for aligned LSE rows.
+attention::detail::Config api_config(attention::Pass pass, int64_t head_dim, bool causal) {
+  attention::detail::Config a{};
+  a.pass = pass;
+  a.dtype = ir::DType::bf16;
+  a.head_dim = static_cast<int>(head_dim);
+  a.causal = causal;
+  a.sch = attention::default_schedule(pass, a.dtype, a.head_dim, causal, false, kernels::DqReduction::recompute, false);
+  if (pass == attention::Pass::forward) {
+    a.positive_scale = true;
+    a.persistent = attention::detail::forward_persistent(a.head_dim, false, 0, 0, false);
+  } else {
+    a.lse_in_ring = attention::detail::dkdv_ring_options(a, true).lse_in_ring;
+  }
+  return a;
+}
+
 // A small space over the vector add: BLOCK x warps, with one constraint and a simple workload.
 TuningSpace small_space(std::vector<int64_t> blocks) {
   TuningSpace s("vector_add", &vadd);
@@ -248,14 +267,7 @@ TEST_CASE("spaces: the attention space's default is the API's own kernel (issue 
       CHECK(std::find(valid.begin(), valid.end(), def) != valid.end());
       // spelled out as the space's explicit values, the default builds the kernel attention::forward builds
       const ir::Function tuned = s.build_ir(def, ctx.fixed);
-      attention::detail::Config a{};
-      a.pass = attention::Pass::forward;
-      a.dtype = ir::DType::bf16;
-      a.head_dim = static_cast<int>(d);
-      a.causal = causal;
-      a.sch = attention::default_schedule(attention::Pass::forward, a.dtype, a.head_dim, causal, false, kernels::DqReduction::recompute, false);
-      a.positive_scale = true;
-      a.persistent = attention::detail::forward_persistent(a.head_dim, false, 0, 0, false);
+      const attention::detail::Config a = api_config(attention::Pass::forward, d, causal);
       const ir::Function api = kernels::attention_forward().build(attention::detail::meta_of(a));
       CHECK(ir::structural_hash(tuned) == ir::structural_hash(api));
       CHECK(def.options().min_programs_per_sm == a.sch.min_programs_per_sm);
@@ -329,13 +341,7 @@ TEST_CASE("spaces: the dK/dV space's default is the API's kernel; its problem is
       const std::vector<TuningConfig> valid = s.enumerate(ctx);
       CHECK(std::find(valid.begin(), valid.end(), def) != valid.end());
       CHECK(def.get("LSE_IN_RING") == (d == 64 || !causal ? 1 : 0));  // dkdv_ring_options (decision 070)
-      attention::detail::Config a{};
-      a.pass = attention::Pass::bwd_dkdv;
-      a.dtype = ir::DType::bf16;
-      a.head_dim = static_cast<int>(d);
-      a.causal = causal;
-      a.sch = attention::default_schedule(attention::Pass::bwd_dkdv, a.dtype, a.head_dim, causal, false, kernels::DqReduction::recompute, false);
-      a.lse_in_ring = attention::detail::dkdv_ring_options(a, true).lse_in_ring;
+      const attention::detail::Config a = api_config(attention::Pass::bwd_dkdv, d, causal);
       const ir::Function api = kernels::attention_backward_dkdv().build(attention::detail::meta_of(a));
       CHECK(ir::structural_hash(s.build_ir(def, ctx.fixed)) == ir::structural_hash(api));
       CHECK(def.options().min_programs_per_sm == a.sch.min_programs_per_sm);
@@ -925,13 +931,7 @@ TEST_CASE("attention::forward launches a tuning table's choice for its bucket, t
   b.tuning = encode_tuning_table({TuningTableEntry{tuner.identity(shape, fixed), chosen, 0.9}});
   load_bundle(b);
 
-  attention::detail::Config c{};
-  c.pass = attention::Pass::forward;
-  c.dtype = ir::DType::bf16;
-  c.head_dim = 128;
-  c.positive_scale = true;
-  c.sch = attention::default_schedule(attention::Pass::forward, c.dtype, 128, false);
-  c.persistent = true;
+  const attention::detail::Config c = api_config(attention::Pass::forward, 128, false);
   attention::detail::Dims d;
   d.batch = 4, d.heads_q = d.heads_kv = 16, d.seq_q = d.seq_k = 3000, d.head_dim = 128;  // (bucket S = 4096)
   const attention::detail::Config t = attention::detail::with_tuned_choice(c, d);
@@ -952,6 +952,38 @@ TEST_CASE("attention::forward launches a tuning table's choice for its bucket, t
   CHECK_FALSE(attention::detail::with_tuned_choice(causal, d).tuned.has_value());
   d.seq_k = 2048;
   CHECK(attention::detail::with_tuned_choice(c, d).sch == c.sch);
+  unload_all_bundles();
+}
+
+TEST_CASE("attention::backward launches a tuning table's dK/dV choice (recompute reduction, aligned LSE rows)") {
+  const TuningSpace& space = library::attention_dkdv_tuning_space();
+  const lang::Meta fixed =
+      library::library_fixed_meta("attention_bwd_dkdv", {{"HEAD_DIM", int64_t{64}}, {"CAUSAL", true}, {"BSHD", true}, {"DTYPE", ir::DType::bf16}});
+  const Shape shape{{"B", 4}, {"H", 16}, {"S", 4096}, {"D", 64}};
+  const std::string chosen = "BLOCK_M=128,BLOCK_N=64,warps=4,stages=3,min_programs=2,LSE_IN_RING=0,TMA_STORE=0";
+  REQUIRE_FALSE(space.violated(parse_config(chosen), Autotuner(space).context(shape, fixed)).has_value());
+  Bundle b;
+  b.name = "tuned_dkdv.tjb";
+  b.tuning = encode_tuning_table({TuningTableEntry{Autotuner(space).identity(shape, fixed), chosen, 1.5}});
+  load_bundle(b);
+  const attention::detail::Config c = api_config(attention::Pass::bwd_dkdv, 64, true);
+  attention::detail::Dims d;
+  d.batch = 4, d.heads_q = d.heads_kv = 16, d.seq_q = d.seq_k = 4096, d.head_dim = 64, d.causal = true;
+  d.row_vectors_aligned = true;
+  const attention::detail::Config t = attention::detail::with_tuned_choice(c, d);
+  CHECK(t.sch == attention::Schedule{128, 64, 4, 3, 2});
+  CHECK_FALSE(t.lse_in_ring);
+  REQUIRE(t.tuned.has_value());
+  CHECK_FALSE(t.tuned->tma_store);
+  CHECK(ir::structural_hash(kernels::attention_backward_dkdv().build(attention::detail::meta_of(t))) ==
+        ir::structural_hash(space.build_ir(parse_config(chosen), fixed)));
+  // LSE rows TMA cannot copy, or another reduction: the default
+  d.row_vectors_aligned = false;
+  CHECK_FALSE(attention::detail::with_tuned_choice(c, d).tuned.has_value());
+  d.row_vectors_aligned = true;
+  attention::detail::Config atomic = c;
+  atomic.reduction = static_cast<int>(kernels::DqReduction::atomic);
+  CHECK_FALSE(attention::detail::with_tuned_choice(atomic, d).tuned.has_value());
   unload_all_bundles();
 }
 

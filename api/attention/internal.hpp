@@ -237,11 +237,12 @@ const KernelInfo& info(Pass p);
 // Whether the pass's kernel declares `meta` (every meta when its metas are unknown).
 bool declares(Pass p, const char* meta);
 
-// The forward's schedule options chosen by a tuning table (`tilejit tune attention_fwd`, a
-// bundle's table or the tuning store; tuned.cpp), applied over the kernel's defaults.
-struct TunedForward {
+// The schedule options a tuning table chose (`tilejit tune attention_fwd` / `attention_bwd_dkdv`,
+// a bundle's table or the tuning store; tuned.cpp), applied over the kernel's defaults: the
+// forward reads every one, dK/dV `tma_store` (its LSE_IN_RING is Config::lse_in_ring).
+struct TunedOptions {
   bool exact_normalize = false, ring_producer = false, pipeline_pv = false, pipeline_qk = false, tma_store = false;
-  auto operator<=>(const TunedForward&) const = default;
+  auto operator<=>(const TunedOptions&) const = default;
 };
 
 struct Config {
@@ -262,7 +263,7 @@ struct Config {
   bool lse_in_ring = false;     // dK/dV's LSE_IN_RING (dkdv_ring_options)
   bool ring_producer = false;   // dK/dV's RING_PRODUCER (dkdv_ring_options)
   bool dq_writer = false;       // dK/dV's DQ_WRITER (dkdv_ring_options)
-  std::optional<TunedForward> tuned = {};  // the forward's options from a tuning table; unset: the defaults
+  std::optional<TunedOptions> tuned = {};  // options from a tuning table; unset: the kernel's defaults
   auto key() const {
     return std::tuple(static_cast<int>(pass), static_cast<int>(dtype), head_dim, causal, varlen, sch.block_m, sch.block_n,
                       sch.num_warps, sch.stages, sch.min_programs_per_sm, device, dropout, return_mask, read_bits, mask, reduction, q_descending, score_mod,
@@ -292,11 +293,12 @@ bool ordered_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, b
 DqReduction default_reduction(const Dims& d, const Options& opts);
 // The metas of a configuration that its kernel declares.
 lang::Meta meta_of(const Config& c);
-// `c` (the forward's, without options.schedule) with the tuned choice for its shape bucket where a
-// tuning table holds one (bundles first, then the tuning store: Autotuner::lookup; never a tuning
-// run): tiles, warps, stages, register bound, persistent grid and schedule options. Dense calls
-// only (no varlen, library mask, score mod or dropout; S_q = S_k: the tuned problem); otherwise,
-// or with no entry, `c` unchanged. One lookup per bucket and process (then a map).
+// `c` (the forward's or dK/dV's, without options.schedule) with the tuned choice for its shape
+// bucket where a tuning table holds one (bundles first, then the tuning store: Autotuner::lookup;
+// never a tuning run): tiles, warps, stages, register bound and the schedule options. The forward
+// for dense calls (no varlen, library mask, score mod or dropout); dK/dV for those with the
+// recompute reduction, ascending, not accumulating, LSE rows 16-byte aligned; both with S_q = S_k
+// (the tuned problem). Otherwise, or with no entry, `c` unchanged. One lookup per bucket and process.
 Config with_tuned_choice(Config c, const Dims& d);
 // The configuration of pass `p` in a checked call.
 Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts);

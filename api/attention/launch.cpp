@@ -112,7 +112,8 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     }
     return a;
   };
-  const Config pre = config(Pass::bwd_preprocess, q, d, opts), kv = config(Pass::bwd_dkdv, q, d, opts),
+  const Config pre = config(Pass::bwd_preprocess, q, d, opts),
+               kv = opts.schedule ? config(Pass::bwd_dkdv, q, d, opts) : with_tuned_choice(config(Pass::bwd_dkdv, q, d, opts), d),
                dqc = config(dq_pass(d.reduction), q, d, opts);
   // the reduce kernel reads dK/dV's parts at dK/dV's tiles (the schedule table and an
   // options.schedule give both the same tiles)

@@ -218,6 +218,7 @@ lang::Meta meta_of(const Config& c) {
       k.lse_in_ring = c.lse_in_ring;
       if (c.ring_producer) k.ring_producer = true;
       k.dq_writer = c.dq_writer;
+      if (c.tuned) k.tma_store = c.tuned->tma_store;
       all = k.to_meta();
       break;
     }

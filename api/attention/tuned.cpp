@@ -1,6 +1,6 @@
-// The attention forward's tuned choices: where `tilejit tune attention_fwd` (or a bundle's tuning
-// table) chose a configuration for a shape bucket, attention::forward launches it instead of the
-// default schedule. Only a lookup: a call never starts a tuning run.
+// The attention kernels' tuned choices: where `tilejit tune attention_fwd` / `attention_bwd_dkdv`
+// (or a bundle's tuning table) chose a configuration for a shape bucket, attention::forward /
+// backward launch it instead of the default schedule. Only a lookup: a call never starts a tuning run.
 #include <map>
 #include <mutex>
 
@@ -15,47 +15,57 @@ namespace mn = kernels::meta_name;
 
 namespace {
 
-// The stored choice for the forward of `c` at `shape`, as `tilejit tune attention_fwd` names it
-// (BSHD, the call's POSITIVE_SCALE), if it is still a valid point of the space.
+// The stored choice for `c`'s kernel at `shape`, as `tilejit tune` names it (BSHD; the forward with
+// the call's POSITIVE_SCALE), if it is still a valid point of the space.
 std::optional<runtime::TuningConfig> stored_choice(const runtime::TuningSpace& space, const runtime::Shape& shape, const Config& c) {
-  const lang::Meta user{{mn::kHeadDim, static_cast<int64_t>(c.head_dim)},
-                        {mn::kCausal, c.causal},
-                        {mn::kPositiveScale, c.positive_scale},
-                        {mn::kBshd, true},
-                        {mn::kDtype, c.dtype}};
-  const lang::Meta fixed = library::library_fixed_meta("attention_fwd", user);
+  lang::Meta user{{mn::kHeadDim, static_cast<int64_t>(c.head_dim)}, {mn::kCausal, c.causal}, {mn::kBshd, true}, {mn::kDtype, c.dtype}};
+  if (c.pass == Pass::forward) user.push_back({mn::kPositiveScale, c.positive_scale});
+  const lang::Meta fixed = library::library_fixed_meta(space.kernel_name(), user);
   const runtime::Autotuner tuner(space);
   std::optional<runtime::TuneResult> hit = tuner.lookup(shape, fixed);
   if (!hit || space.violated(hit->best, tuner.context(shape, fixed))) return std::nullopt;
   return std::move(hit->best);
 }
 
+// The tuning space of `c`'s kernel where its call is one that space's problem describes, else null.
+const runtime::TuningSpace* space_for(const Config& c, const Dims& d) {
+  if (c.varlen || c.mask != 0 || c.score_mod != 0 || c.dropout || c.read_bits || d.seq_q != d.seq_k) return nullptr;
+  if (c.pass == Pass::forward && !c.return_mask) return &library::attention_fwd_tuning_space();
+  if (c.pass == Pass::bwd_dkdv && c.reduction == static_cast<int>(DqReduction::recompute) && !c.q_descending && !c.accumulate &&
+      d.row_vectors_aligned)
+    return &library::attention_dkdv_tuning_space();
+  return nullptr;
+}
+
 }  // namespace
 
 Config with_tuned_choice(Config c, const Dims& d) {
-  if (c.pass != Pass::forward || c.varlen || c.mask != 0 || c.score_mod != 0 || c.dropout || c.return_mask || c.read_bits ||
-      d.seq_q != d.seq_k)
-    return c;
-  const runtime::TuningSpace& space = library::attention_fwd_tuning_space();
+  const runtime::TuningSpace* space = space_for(c, d);
+  if (!space) return c;
   const runtime::Shape shape{{"B", d.batch}, {"H", d.heads_q}, {"S", d.seq_q}, {"D", d.head_dim}};
-  using Key = std::tuple<int, int, bool, bool, int, std::string>;
-  const Key key{static_cast<int>(c.dtype), c.head_dim, c.causal, c.positive_scale, c.device, space.bucket(shape)};
+  using Key = std::tuple<int, int, int, bool, bool, int, std::string>;
+  const Key key{static_cast<int>(c.pass), static_cast<int>(c.dtype), c.head_dim, c.causal, c.positive_scale, c.device, space->bucket(shape)};
   static std::mutex mu;
   static std::map<Key, std::optional<runtime::TuningConfig>> cache;  // (bundles loaded later are not seen)
   std::optional<runtime::TuningConfig> choice;
   {
     std::lock_guard lock(mu);
     auto it = cache.find(key);
-    if (it == cache.end()) it = cache.emplace(key, stored_choice(space, shape, c)).first;
+    if (it == cache.end()) it = cache.emplace(key, stored_choice(*space, shape, c)).first;
     choice = it->second;
   }
   if (!choice) return c;
   const runtime::TuningConfig& t = *choice;
   auto value = [&](std::string_view name) { return static_cast<int>(t.get(name)); };
   c.sch = Schedule{value(mn::kBlockM), value(mn::kBlockN), value("warps"), value("stages"), value(runtime::kMinProgramsParam)};
-  c.persistent = value(mn::kPersistent) != 0;
-  c.tuned = TunedForward{value(mn::kExactNormalize) != 0, value(mn::kRingProducer) != 0, value(mn::kPipelinePv) != 0,
-                         value(mn::kPipelineQk) != 0, value(mn::kTmaStore) != 0};
+  if (c.pass == Pass::forward) {
+    c.persistent = value(mn::kPersistent) != 0;
+    c.tuned = TunedOptions{value(mn::kExactNormalize) != 0, value(mn::kRingProducer) != 0, value(mn::kPipelinePv) != 0,
+                           value(mn::kPipelineQk) != 0, value(mn::kTmaStore) != 0};
+  } else {
+    c.lse_in_ring = value(mn::kLseInRing) != 0;
+    c.tuned = TunedOptions{.tma_store = value(mn::kTmaStore) != 0};
+  }
   return c;
 }
 
