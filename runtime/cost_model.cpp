@@ -4,6 +4,8 @@
 // cost per wave. Absolute times are rough; the ranking is what pruning relies on.
 #include "runtime/cost_model.hpp"
 
+#include "runtime/calibration.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -25,6 +27,7 @@ DeviceModel DeviceModel::from_props(const DeviceProps& p, int driver_version) {
   if (p.smem_per_sm) d.smem_per_sm = static_cast<int64_t>(p.smem_per_sm);
   if (p.smem_per_block_optin) d.smem_per_block = static_cast<int64_t>(p.smem_per_block_optin);
   d.mma_flops_per_s = per_sm_mma * d.sm_count;
+  if (p.clock_khz > 0) d.clock_hz = p.clock_khz * 1e3;
   if (n.find("H200") != std::string::npos || n.find("GH200") != std::string::npos) d.hbm_bytes_per_s = 4.8e12;
   else if (n.find("PCIe") != std::string::npos) d.hbm_bytes_per_s = 2.0e12;
   else if (n.find("H100") == std::string::npos && n.find("H800") == std::string::npos)
@@ -34,7 +37,12 @@ DeviceModel DeviceModel::from_props(const DeviceProps& p, int driver_version) {
 
 DeviceModel DeviceModel::current() {
   Driver& drv = Driver::get();
-  if (drv.available() && drv.device_count() > 0) return from_props(drv.props(0), drv.driver_version());
+  if (drv.available() && drv.device_count() > 0) {
+    DeviceModel d = from_props(drv.props(0), drv.driver_version());
+    // the rates `tilejit calibrate` measured on this GPU, where it ran
+    if (const std::optional<Calibration> c = load_calibration(TuningStore::global(), d)) apply_calibration(d, *c);
+    return d;
+  }
   DeviceModel d = h100();
   d.name = "no GPU (H100 figures assumed)";
   return d;

@@ -223,6 +223,7 @@ void Driver::load() {
         {CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, "L2_CACHE_SIZE", &l2},
         {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, "MAX_THREADS_PER_BLOCK", &p.max_threads_per_block},
         {CU_DEVICE_ATTRIBUTE_WARP_SIZE, "WARP_SIZE", &p.warp_size},
+        {CU_DEVICE_ATTRIBUTE_CLOCK_RATE, "CLOCK_RATE", &p.clock_khz},
     };
     for (const Query& q : queries)
       if ((r = api_.DeviceGetAttribute(q.out, q.attr, dev)) != CUDA_SUCCESS)

@@ -141,6 +141,7 @@ struct DeviceProps {
   int max_threads_per_block = 0;
   int warp_size = 0;
   int driver_version = 0;  // cuDriverGetVersion: 13000 for CUDA 13.0
+  int clock_khz = 0;       // CU_DEVICE_ATTRIBUTE_CLOCK_RATE: the SM clock the driver reports (boost)
 
   // The ptxas/nvJitLink target: "sm_90a" for cc 9.0 (tilejit uses the arch-specific wgmma/TMA/
   // setmaxnreg features there), else "sm_XY".

@@ -3,6 +3,7 @@
 // bench stands in for the GPU and counts what it times), damaged tuning entries, TILEJIT_AUTOTUNE=0,
 // budgets, failed compiles, and bundles' tuning tables.
 #include "runtime/autotuner.hpp"
+#include "runtime/calibration.hpp"
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -21,6 +22,7 @@
 #include "api/tuning.hpp"
 #include "kernels/attention/backward.hpp"
 #include "kernels/attention/forward.hpp"
+#include "kernels/microbench.hpp"
 #include "jit/compile.hpp"
 #include "runtime/interpreter.hpp"
 #include "child_process.hpp"
@@ -372,6 +374,56 @@ TEST_CASE("spaces: the dK/dV space's default is the API's kernel; its problem is
     CHECK(norm > 0);
     CHECK(rel_error(b[i], a[i]) < 2e-2);
   }
+}
+
+TEST_CASE("calibration: the microbenchmark kernels compute their chains; rates round-trip through the store") {
+  // exp2_chain and fma_chain in the interpreter: each element through ITERS dependent steps
+  for (bool exp : {true, false}) {
+    const lang::Kernel& k = exp ? kernels::exp2_chain() : kernels::fma_chain();
+    HostTensor x(ir::DType::f32, ir::Shape{2 * 256});
+    x.fill_uniform(3, 0.5, 1.0);
+    const std::vector<double> in = x.to_f64();
+    const int iters = 5;
+    runtime::interpret(k.build({{"BLOCK", int64_t{256}}}), runtime::Grid{2}, {x, int32_t{iters}});
+    double worst = 0;
+    for (size_t i = 0; i < in.size(); ++i) {
+      double v = in[i];
+      for (int s = 0; s < iters; ++s) v = exp ? std::exp2(v * -0.25) : v * 0.999 + 0.001;
+      worst = std::max(worst, std::fabs(x.get_flat(static_cast<int64_t>(i)) - v) / v);
+    }
+    CHECK_MESSAGE(worst < 1e-5, k.name());
+    // the loop issues the operation measured (MUFU's ex2, one FFMA a step)
+    jit::CompileOptions o;
+    o.num_warps = 8;
+    o.make_cubin = false;
+    const std::string ptx = jit::compile(k.build({{"BLOCK", int64_t{2048}}}), o).ptx;
+    CHECK(ptx.find(exp ? "ex2.approx" : "fma.rn.f32") != std::string::npos);
+  }
+  // the store: per GPU, plausible rates only
+  const fs::path dir = fs::temp_directory_path() / fmt::format("tilejit_test_calibration_{}", ::getpid());
+  fs::remove_all(dir);
+  {
+    TuningStore store(dir);
+    DeviceModel d = DeviceModel::h100();
+    CHECK_FALSE(load_calibration(store, d).has_value());
+    const Calibration c{3900, 15.5, 120};
+    REQUIRE(c.plausible());
+    REQUIRE(store_calibration(store, d, c));
+    const std::optional<Calibration> back = load_calibration(store, d);
+    REQUIRE(back.has_value());
+    CHECK(back->exponentials_per_clock == doctest::Approx(15.5));
+    apply_calibration(d, *back);
+    CHECK(d.mma_flops_per_clock == DeviceModel::h100().mma_flops_per_clock);  // (the GEMM's rate is kept for the record)
+    CHECK(d.fp32_per_clock == doctest::Approx(120));
+    CHECK(d.exponentials_per_clock == doctest::Approx(15.5));
+    DeviceModel other = DeviceModel::h100();
+    other.name = "NVIDIA H200";
+    CHECK_FALSE(load_calibration(store, other).has_value());  // another GPU: not this one's rates
+    CHECK_FALSE((Calibration{3900, 160, 120}.plausible()));   // 10x MUFU: a failed measurement
+    REQUIRE(store_calibration(store, d, Calibration{3900, 160, 120}));
+    CHECK_FALSE(load_calibration(store, d).has_value());      // stored, but not taken
+  }
+  fs::remove_all(dir);
 }
 
 TEST_CASE("keys: bucketing per argument") {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "api/calibrate.hpp"
 #include "api/tuning.hpp"
 #include "runtime/compile_cache.hpp"
 #include "runtime/interpreter.hpp"
@@ -110,4 +111,14 @@ TEST_CASE("TunedKernel: the chosen GEMM config's output matches the interpreter"
   ctx.fixed = fixed;
   interpret(space.build_ir(cfg, fixed), space.grid_of(cfg, ctx), {a, bt, c});
   CHECK(rel_error(got.to_f64(), c.to_f64()) < 1e-5);
+}
+
+TEST_CASE("gpu: calibrate_device measures plausible unit rates (issue 29)") {
+  if (!have_gpu()) return;
+  const library::CalibrationRun run = library::calibrate_device();
+  std::printf("%s", run.details.c_str());
+  MESSAGE(run.rates.describe());
+  CHECK(run.rates.plausible());
+  CHECK(run.rates.exponentials_per_clock <= 17);  // MUFU issues at most 16 a clock per SM
+  CHECK(run.rates.fp32_per_clock <= 130);
 }

@@ -31,6 +31,7 @@ int cmd_run(const Args& args);
 int cmd_inspect(const Args& args);
 int cmd_bundle(const Args& args);
 int cmd_tune(const Args& args);
+int cmd_calibrate(const Args& args);
 
 // Loads $TILEJIT_PLUGINS, then every `--plugin PATH` (or --plugin=PATH) of a command's arguments,
 // and returns the arguments without them. Throws plugin::PluginError, or UsageError for a

@@ -76,6 +76,15 @@ const Command kCommands[] = {
      "  row per config and shape: the model's terms, the measurement, the compiled resources. --rep-ms:\n"
      "  timed repetitions per config (default 60 ms).\n",
      &cmd_tune},
+    {"calibrate", "measure the cost model's unit rates on this GPU and store them",
+     "tilejit calibrate [--show]\n"
+     "  Times microbenchmarks on GPU 0 (exponentials and FP32 FMAs in dependent chains; the library GEMM\n"
+     "  at 8192^3 for the record), prints each rate per SM and clock beside the data sheet's, and stores\n"
+     "  them next to the tuning results (the compile cache's directory), where the autotuner's cost model\n"
+     "  takes the exponential and FP32 rates for this GPU (name, SM count, driver). A rate outside\n"
+     "  [1/4, 2] x the data sheet's is not stored.\n"
+     "  --show prints the stored rates.\n",
+     &cmd_calibrate},
 };
 
 void print_usage(FILE* out) {
