@@ -21,8 +21,6 @@ using runtime::Workload;
 
 namespace {
 
-int64_t dim(const TuningContext& ctx, const char* name) { return runtime::shape_get(ctx.shape, name); }
-
 // The schedule options in the space, after tiles / warps / stages / min_programs (bool params).
 constexpr const char* kFlags[] = {mn::kExactNormalize, mn::kPersistent, mn::kRingProducer,
                                   mn::kPipelinePv,     mn::kPipelineQk, mn::kTmaStore};

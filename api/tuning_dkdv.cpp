@@ -20,8 +20,6 @@ using runtime::Workload;
 
 namespace {
 
-int64_t dim(const TuningContext& ctx, const char* name) { return runtime::shape_get(ctx.shape, name); }
-
 constexpr const char* kFlags[] = {mn::kLseInRing, mn::kTmaStore};
 
 // Key rows in 64-row slabs, one per warpgroup, on the wgmma path (jit/wgmma_plan).

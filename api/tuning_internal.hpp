@@ -42,6 +42,9 @@ inline int64_t arg_size(std::span<const runtime::DeviceArg> args, size_t i, int 
   return args[i].tensor()->sizes[static_cast<size_t>(dim)];
 }
 
+// The problem's dimension `name` (std::out_of_range naming it when the shape has none).
+inline int64_t dim(const runtime::TuningContext& ctx, const char* name) { return runtime::shape_get(ctx.shape, name); }
+
 // A bool parameter's value in `c` (configs persisted before the parameter existed lack it: false).
 inline bool flag(const runtime::TuningConfig& c, const char* name) { return c.find(name).value_or(0) != 0; }
 

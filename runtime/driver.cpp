@@ -504,7 +504,8 @@ void Stream::synchronize_within(double seconds, const std::string& what) const {
   if (!stream_) throw std::logic_error("tilejit: synchronize_within() on an empty Stream");
   Driver& d = Driver::get();
   d.context(device_).make_current();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::duration<double>(seconds);
   for (;;) {
     const CUresult r = d.api().StreamQuery(stream_);
     if (r != CUDA_ERROR_NOT_READY) return check_cu(r, "cuStreamQuery");
@@ -512,7 +513,10 @@ void Stream::synchronize_within(double seconds, const std::string& what) const {
       throw GpuHang(fmt::format("tilejit: {} did not finish within {:.0f} s: the GPU is likely hung in it (a wait that is never "
                                 "signalled); this process cannot use the GPU any more",
                                 what, seconds));
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    // yield through the first millisecond (a short kernel's launch-to-launch gap stays as small as
+    // a blocking sync's), then poll every 200 us
+    if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(1)) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
 

@@ -474,42 +474,47 @@ std::mt19937_64 chunk_generator(uint64_t seed, int64_t k) {
   return std::mt19937_64(z ^ (z >> 31));
 }
 
-}  // namespace
-
-void HostTensor::fill_normal_parallel(uint64_t seed, double mean, double stddev, unsigned threads) {
-  if (!ir::is_float(dtype_))
-    throw std::invalid_argument(fmt::format("HostTensor::fill_normal_parallel: dtype {} is not a float dtype", ir::name(dtype_)));
-  const bool direct = row_major(sizes_, strides_);
-  const size_t bytes = ir::byte_size(dtype_);
-  for_chunks((numel_ + kFillChunk - 1) / kFillChunk, threads, [&](int64_t k) {
+// The parallel fills: chunk k of t's logical elements from chunk_generator(seed, k), `draw` giving
+// one or two values a call (a pair cut at the chunk's end loses its second), written directly
+// where t is row-major. Float dtypes only.
+template <class Draw>
+void fill_chunked(HostTensor& t, const char* what, uint64_t seed, unsigned threads, Draw draw) {
+  if (!ir::is_float(t.dtype()))
+    throw std::invalid_argument(fmt::format("HostTensor::{}: dtype {} is not a float dtype", what, ir::name(t.dtype())));
+  const bool direct = row_major(t.sizes(), t.strides());
+  const int64_t bytes = static_cast<int64_t>(ir::byte_size(t.dtype())), n = t.numel();
+  std::byte* data = static_cast<std::byte*>(t.data());
+  for_chunks((n + kFillChunk - 1) / kFillChunk, threads, [&](int64_t k) {
     std::mt19937_64 g = chunk_generator(seed, k);
-    constexpr double kTwoPi = 6.283185307179586476925286766559;
-    const int64_t end = std::min(numel_, (k + 1) * kFillChunk);
-    for (int64_t i = k * kFillChunk; i < end; i += 2) {
-      // Box-Muller, both outputs; u1 in (0, 1] so the log is finite
-      const double u1 = 1.0 - unit_uniform(g), u2 = unit_uniform(g), r = stddev * std::sqrt(-2.0 * std::log(u1));
-      const double v[2] = {mean + r * std::cos(kTwoPi * u2), mean + r * std::sin(kTwoPi * u2)};
-      for (int64_t j = 0; j < 2 && i + j < end; ++j) {
-        if (direct) write_value(dtype_, data_.get() + (i + j) * static_cast<int64_t>(bytes), v[j]);
-        else set_flat(i + j, v[j]);
+    const int64_t end = std::min(n, (k + 1) * kFillChunk);
+    for (int64_t i = k * kFillChunk; i < end;) {
+      double v[2];
+      const int count = draw(g, v);
+      for (int j = 0; j < count && i < end; ++j, ++i) {
+        if (direct) write_value(t.dtype(), data + i * bytes, v[j]);
+        else t.set_flat(i, v[j]);
       }
     }
   });
 }
 
+}  // namespace
+
+void HostTensor::fill_normal_parallel(uint64_t seed, double mean, double stddev, unsigned threads) {
+  fill_chunked(*this, "fill_normal_parallel", seed, threads, [&](std::mt19937_64& g, double* v) {
+    // Box-Muller, both outputs; u1 in (0, 1] so the log is finite
+    constexpr double kTwoPi = 6.283185307179586476925286766559;
+    const double u1 = 1.0 - unit_uniform(g), u2 = unit_uniform(g), r = stddev * std::sqrt(-2.0 * std::log(u1));
+    v[0] = mean + r * std::cos(kTwoPi * u2);
+    v[1] = mean + r * std::sin(kTwoPi * u2);
+    return 2;
+  });
+}
+
 void HostTensor::fill_uniform_parallel(uint64_t seed, double lo, double hi, unsigned threads) {
-  if (!ir::is_float(dtype_))
-    throw std::invalid_argument(fmt::format("HostTensor::fill_uniform_parallel: dtype {} is not a float dtype", ir::name(dtype_)));
-  const bool direct = row_major(sizes_, strides_);
-  const size_t bytes = ir::byte_size(dtype_);
-  for_chunks((numel_ + kFillChunk - 1) / kFillChunk, threads, [&](int64_t k) {
-    std::mt19937_64 g = chunk_generator(seed, k);
-    const int64_t end = std::min(numel_, (k + 1) * kFillChunk);
-    for (int64_t i = k * kFillChunk; i < end; ++i) {
-      const double v = lo + (hi - lo) * unit_uniform(g);
-      if (direct) write_value(dtype_, data_.get() + i * static_cast<int64_t>(bytes), v);
-      else set_flat(i, v);
-    }
+  fill_chunked(*this, "fill_uniform_parallel", seed, threads, [&](std::mt19937_64& g, double* v) {
+    v[0] = lo + (hi - lo) * unit_uniform(g);
+    return 1;
   });
 }
 

@@ -1,6 +1,7 @@
 // The attention kernels' tuned choices: where `tilejit tune attention_fwd` / `attention_bwd_dkdv`
 // (or a bundle's tuning table) chose a configuration for a shape bucket, attention::forward /
 // backward launch it instead of the default schedule. Only a lookup: a call never starts a tuning run.
+#include <array>
 #include <map>
 #include <mutex>
 
@@ -42,16 +43,22 @@ const runtime::TuningSpace* space_for(const Config& c, const Dims& d) {
 Config with_tuned_choice(Config c, const Dims& d) {
   const runtime::TuningSpace* space = space_for(c, d);
   if (!space) return c;
-  const runtime::Shape shape{{"B", d.batch}, {"H", d.heads_q}, {"S", d.seq_q}, {"D", d.head_dim}};
-  using Key = std::tuple<int, int, int, bool, bool, int, std::string>;
-  const Key key{static_cast<int>(c.pass), static_cast<int>(c.dtype), c.head_dim, c.causal, c.positive_scale, c.device, space->bucket(shape)};
+  // (every call: the bucket as integers, no strings; the shape and the lookup only on a miss)
+  const std::array<int64_t, 4> dims{d.batch, d.heads_q, d.seq_q, d.head_dim};  // the spaces' keys B, H, S, D
+  std::array<int64_t, 4> bucket{};
+  for (size_t i = 0; i < dims.size(); ++i) bucket[i] = space->key_args()[i].bucketing.apply(dims[i]);
+  using Key = std::tuple<int, int, int, bool, bool, int, std::array<int64_t, 4>>;
+  const Key key{static_cast<int>(c.pass), static_cast<int>(c.dtype), c.head_dim, c.causal, c.positive_scale, c.device, bucket};
   static std::mutex mu;
   static std::map<Key, std::optional<runtime::TuningConfig>> cache;  // (bundles loaded later are not seen)
   std::optional<runtime::TuningConfig> choice;
   {
     std::lock_guard lock(mu);
     auto it = cache.find(key);
-    if (it == cache.end()) it = cache.emplace(key, stored_choice(*space, shape, c)).first;
+    if (it == cache.end()) {
+      const runtime::Shape shape{{"B", d.batch}, {"H", d.heads_q}, {"S", d.seq_q}, {"D", d.head_dim}};
+      it = cache.emplace(key, stored_choice(*space, shape, c)).first;
+    }
     choice = it->second;
   }
   if (!choice) return c;
