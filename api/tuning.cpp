@@ -115,6 +115,27 @@ Workload gemm_workload(const TuningConfig& c, const TuningContext& ctx) {
   const int64_t acc_regs = bm * bn / (32 * warps);
   w.est_registers = static_cast<int>(std::min<int64_t>(255, acc_regs + (w.wgmma ? 40 : 90)));
   w.est_smem_bytes = gemm_smem_estimate(c, ctx);
+  if (w.wgmma) {
+    // per consumer warpgroup and K slice: its rows of A against all of B, the wgmma issued and the
+    // previous one retired; the ring ahead hides the loads' latency
+    runtime::ChainWorkload& ch = w.chain;
+    ch.present = true;
+    ch.chains_per_program = static_cast<int>(wg);
+    const double wg_rows = static_cast<double>(bm) / wg;
+    ch.steps = static_cast<double>(w.programs * kit) * wg;
+    ch.mma_flops = 2.0 * wg_rows * static_cast<double>(bn * bk);
+    ch.operand_bytes = (wg_rows + static_cast<double>(bn)) * static_cast<double>(bk) * in;
+    ch.overlapped = true;
+    ch.async_steps = true;
+    ch.row_reductions = false;
+    ch.producer = flag(c, mn::kRingProducer);
+    ch.register_demand = static_cast<int>(wg_rows * static_cast<double>(bn) / 128.0) + 24;
+    ch.register_cap = 255;
+    ch.persistent = flag(c, mn::kPersistent);
+    ch.tiles = static_cast<double>(w.programs);
+    ch.bulk_epilogue = flag(c, mn::kTmaStore);
+    ch.loads_ahead = static_cast<int>(stages - 1 + (ch.producer ? 1 : 0));
+  }
   return w;
 }
 

@@ -46,8 +46,10 @@ Workload dkdv_workload(const TuningConfig& c, const TuningContext& ctx) {
   w.l2_bytes = static_cast<double>(w.programs) * visits * 2.0 * bm * D * e + 4.0 * B * H * static_cast<double>(S) * D * e;
   w.smem_bytes = static_cast<double>(w.programs) * visits * (6.0 * bm * D * e + 2.0 * bm * bn * e);
   w.est_smem_bytes = (2 * bn * D + w.stages * 2 * bm * D) * static_cast<int64_t>(e) + 1024;
-  // A query block visit per warpgroup (its 64 key rows): the four dots, an exponential per score
-  // and ~10 FP32 lane-ops (scale, LSE, dS = P (dP - Delta), two conversions)
+  // A query block visit per warpgroup (its 64 key rows): the four dots, an exponential per score,
+  // ~10 FP32 lane-ops (scale, LSE, dS = P (dP - Delta), two conversions) and ~250 instructions a
+  // thread that do not scale with the tile (LSE and Delta moved into the transposed layout, the
+  // barriers around them, addresses): fitted to the H200 sweep (docs/performance-model.md)
   runtime::ChainWorkload& ch = w.chain;
   ch.present = true;
   ch.chains_per_program = w.wgmma ? static_cast<int>(warps / 4) : 1;
@@ -56,7 +58,7 @@ Workload dkdv_workload(const TuningConfig& c, const TuningContext& ctx) {
   ch.mma_flops = 8.0 * rows * static_cast<double>(bm * D);
   ch.operand_bytes = (2.0 * rows * D + 4.0 * bm * D) * e;
   ch.exponentials = rows * static_cast<double>(bm);
-  ch.fp32_ops = 10.0 * rows * static_cast<double>(bm);
+  ch.fp32_ops = 10.0 * rows * static_cast<double>(bm) + 128.0 * 250;
   // per consumer thread, each 64-row slab: dK and dV (f32), S^T and dP^T, ~24 more
   const int64_t slabs = w.wgmma ? std::max<int64_t>(1, bn / (64 * ch.chains_per_program)) : 1;
   ch.register_demand = static_cast<int>(slabs * (D + bm) + 24);
@@ -65,6 +67,8 @@ Workload dkdv_workload(const TuningConfig& c, const TuningContext& ctx) {
   w.est_registers = std::min(ch.register_cap, ch.register_demand + 32);
   ch.tiles = static_cast<double>(w.programs);
   ch.bulk_epilogue = flag(c, mn::kTmaStore);
+  ch.row_reductions = false;  // P = exp(S - LSE) element by element
+  ch.lockstep = true;         // bar.sync every query block (LSE and Delta exchange)
   return w;
 }
 

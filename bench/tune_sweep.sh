@@ -26,7 +26,7 @@ tune() {
     --rep-ms "${REP_MS:-30}" --csv "$WORK/$name.csv" > "$WORK/$name.log" 2>&1
   local rc=$?
   { echo "== $name rc=$rc $(( $(date +%s) - start ))s"
-    grep -E "Spearman|^best|space:" "$WORK/$name.log"
+    grep -E "Spearman|^best|^default|space:" "$WORK/$name.log"
     grep -E "hung|GpuHang|failed:" "$WORK/$name.log" | head -3; } | tee -a "$summary"
 }
 for w in "${what[@]}"; do

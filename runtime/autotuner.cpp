@@ -97,6 +97,7 @@ TuneResult Autotuner::model_only(const Shape& shape, const lang::Meta& fixed) co
   r.source = "model";
   const TuningContext ctx = context(shape, fixed);
   std::vector<TuningConfig> configs = space_.enumerate(ctx);
+  r.default_config = space_.default_config(ctx);
   r.space_size = space_.size();
   r.valid = configs.size();
   std::vector<Workload> work;
@@ -115,6 +116,7 @@ TuneResult Autotuner::model_only(const Shape& shape, const lang::Meta& fixed) co
     cr.model_rank = static_cast<int>(i + 1);
     cr.status = est[k].feasible ? ConfigStatus::Pruned : ConfigStatus::Dropped;
     cr.note = est[k].reason;
+    cr.is_default = configs[k] == r.default_config;
     r.configs.push_back(std::move(cr));
   }
   r.flops = work.empty() ? 0 : work.front().flops;

@@ -184,6 +184,7 @@ struct ConfigResult {
   double tflops = 0;
   Workload workload;           // what the model was given (printed term by term: `tilejit tune --csv`)
   KernelResources resources;   // of the compiled kernel, when compiled or measured (threads = 0 otherwise)
+  bool is_default = false;     // the space's default: the configuration the API launches untuned
 };
 
 struct TuneResult {
@@ -192,6 +193,8 @@ struct TuneResult {
   TuningIdentity identity;
   TuningConfig best;
   double best_ms = 0;
+  TuningConfig default_config;  // what the API launches without a tuned choice
+  double default_ms = 0;        // its measured time (0 when it was not timed correctly)
   std::string source;        // "tuned", "disk", "bundle", "default", "model"
   size_t space_size = 0, valid = 0, compiled = 0, timed = 0, cached = 0;
   double wall_s = 0, compile_s = 0, timing_s = 0;

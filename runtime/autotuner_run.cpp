@@ -111,6 +111,8 @@ void Autotuner::Sweep::enumerate() {
   n_ = configs_.size();
   work_.resize(n_);
   res_.resize(n_);
+  r_.default_config = def;
+  res_[def_index_].is_default = true;
   for (size_t i = 0; i < n_; ++i) {
     work_[i] = t_.space_.workload_of(configs_[i], ctx_);
     res_[i].config = configs_[i];
@@ -246,7 +248,9 @@ void Autotuner::Sweep::time() {
     if (!t_.opts_.exhaustive && timing_.size() >= top_k_) break;
     timing_.push_back(k);
   }
-  if (std::find(timing_.begin(), timing_.end(), def_index_) == timing_.end() && res_[def_index_].estimate.feasible)
+  // the default is timed whenever it compiled, even when the model drops it (a spill): it is what the
+  // API launches untuned, so the choice must be measured against it
+  if (std::find(timing_.begin(), timing_.end(), def_index_) == timing_.end() && (compiled_[def_index_] || stored_[def_index_]))
     timing_.push_back(def_index_);
 
   const auto t_timing = std::chrono::steady_clock::now();
@@ -349,6 +353,7 @@ void Autotuner::Sweep::retime_finalists() {
 
 TuneResult Autotuner::Sweep::persist() {
   for (size_t p = 0; p < measured_.size(); ++p) res_[measured_[p]].measured_rank = static_cast<int>(p + 1);
+  if (res_[def_index_].measured_rank) r_.default_ms = res_[def_index_].ms;
   if (!measured_.empty()) {
     r_.best = configs_[measured_.front()];
     r_.best_ms = res_[measured_.front()].ms;

@@ -74,11 +74,23 @@ CostEstimate chain_estimate(const Workload& w, const DeviceModel& d, CostEstimat
                               c.operand_bytes / d.smem_bytes_per_clock);
   const double mufu = c.exponentials / d.exponentials_per_clock, fp32 = c.fp32_ops / d.fp32_per_clock;
   const double rest = mufu + fp32;
-  const double own = (c.overlapped ? std::max(mma, rest) + d.overlap_residue * std::min(mma, rest) : mma + rest) + d.step_latency_clocks -
-                     (c.producer ? d.producer_latency_saving : 0.0);
-  double round = std::max({chains * mma, chains * rest, own});
+  // a step's own latency: the softmax's row reductions, an elementwise step's waits, or only a
+  // wgmma's issue and retirement; a producer's loads shorten the first two
+  double own = (c.overlapped ? std::max(mma, rest) + d.overlap_residue * std::min(mma, rest) : mma + rest);
+  if (c.async_steps) own += d.async_step_latency_clocks;
+  else own += (c.row_reductions ? d.step_latency_clocks : d.elementwise_step_latency_clocks) - (c.producer ? d.producer_latency_saving : 0.0);
+  // a ring `loads_ahead` stages deep hides a load's latency over that many rounds
+  const double load_wait = c.loads_ahead > 0 ? d.load_latency_clocks / c.loads_ahead : 0.0;
+  // chains that meet at a CTA barrier every step cannot run one's MMA beside another's softmax
+  if (c.lockstep) own += (c.chains_per_program - 1) * std::min(mma, rest);
+  // a round is bound by the units' throughput or by one chain's latency; near equal, neither is
+  // reached (a chain waits for a unit another holds): a smooth maximum, the p-norm of the two
+  const double units = std::max(chains * mma, chains * rest), p = d.round_bound_norm;
+  double round = std::pow(std::pow(units, p) + std::pow(own, p) + std::pow(load_wait, p), 1.0 / p);
   e.serialized = w.wgmma && c.register_demand > c.register_cap;
-  if (e.serialized) round *= d.serialized_factor;
+  // the further the accumulators overflow the registers, the more wgmmas ptxas serialises
+  if (e.serialized)
+    round *= 1.0 + (d.serialized_factor - 1.0) * std::min(1.0, (c.register_demand - c.register_cap) / d.serialized_overflow_registers);
   round *= c.slowdown;
   // a persistent grid walks tile t on program t mod slots: the busiest takes ceil(tiles / slots),
   // and with fewer tiles than slots the rest idle; otherwise the last wave's idle slots cost as if busy
@@ -95,12 +107,13 @@ CostEstimate chain_estimate(const Workload& w, const DeviceModel& d, CostEstimat
   e.chain_ms = rounds * own / eff / hz * 1e3;
   e.overhead_ms = (d.launch_s + tile_s) * 1e3;
   e.ms = (std::max(per_sm_s, mem_s) + tile_s + d.launch_s) * 1e3;
-  const double top = std::max({chains * mma, chains * rest, own});
+  const double top = std::max({chains * mma, chains * rest, own, load_wait});
   e.bound = e.serialized                ? "serialised wgmma (registers)"
             : mem_s > per_sm_s          ? (e.dram_ms >= e.l2_ms ? "HBM" : "L2")
             : top == chains * mma       ? "tensor cores"
             : top == chains * rest      ? (mufu >= fp32 ? "exponentials" : "FP32 pipe")
-                                        : "chain latency";
+            : top == own                ? "chain latency"
+                                        : "load latency (ring depth)";
   return e;
 }
 

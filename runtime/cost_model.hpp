@@ -42,12 +42,17 @@ struct DeviceModel {
   double fp32_per_clock = 128;
   double smem_bytes_per_clock = 128;
   double step_latency_clocks = 1400;     // a step's chain beyond its work (wgmma wait, barriers, loads)
+  double elementwise_step_latency_clocks = 650;  // ... without row reductions (the backward's P = exp(S - LSE))
+  double async_step_latency_clocks = 300;        // ... that only issues a wgmma and retires the previous (a GEMM)
+  double load_latency_clocks = 3000;             // a ring's TMA load under a saturated L2, issue to arrival
   double producer_latency_saving = 600;  // loads issued by a producer warpgroup take that off the chain
   double overlap_residue = 0.3;          // a pipelined chain still pays this share of its shorter half
+  double round_bound_norm = 6;           // a round: the p-norm of the units' time and one chain's (2^(1/6) = 1.12 at equal)
   double tile_clocks = 3000;             // a tile's prologue and epilogue (first loads, O's store)
   double persistent_tile_share = 0.4;    // ... of which a persistent grid hides the rest under the next tile
   double bulk_epilogue_share = 0.8;      // ... and TMA bulk stores of the output leave this much of it
-  double serialized_factor = 4;          // wgmma serialised by ptxas (accumulators above the registers)
+  double serialized_factor = 4;          // wgmma serialised by ptxas (accumulators above the registers) ...
+  double serialized_overflow_registers = 64;  // ... fully from this overflow, in proportion below it
 
   static DeviceModel h100();
   // From the driver's properties (name, SM count, L2, shared memory, driver version) with the

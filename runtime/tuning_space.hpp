@@ -94,6 +94,10 @@ struct ChainWorkload {
   double tiles = 0;            // output tiles in the launch (each pays a prologue and an epilogue)
   bool bulk_epilogue = false;  // the output leaves by TMA bulk stores (the epilogue overlaps them)
   double slowdown = 1;         // a whole-kernel factor the steps do not show (a division's subroutine: 1.1)
+  bool row_reductions = true;  // a step waits on cross-lane row reductions (the online softmax's max)
+  bool lockstep = false;       // the program's chains meet at a CTA barrier every step
+  bool async_steps = false;    // steps only issue and retire MMAs (a GEMM's K loop): no softmax latency
+  int loads_ahead = 0;         // ring stages a program has in flight beyond the one it reads (0: not modelled)
 };
 
 // What the autotuner needs of one launch to estimate its cost (runtime/cost_model.hpp).

@@ -31,6 +31,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attention_api_helpers.hpp"
 #include "attention_reference.hpp"
 #include "attention_score_mod_reference.hpp"
 #include "dropout_key_args.hpp"
@@ -289,17 +290,7 @@ HostTensor make_host(const Case& k, int heads, int seq) {
   return HostTensor(k.dtype, {c.B, seq, heads, c.D}, {seq * row, row, c.D, 1});
 }
 
-// The API's logical [B, S, H, D] view of a device tensor in the case's layout.
-attention::Tensor api_view(const DeviceTensor& t, bool bhsd) {
-  attention::Tensor v;
-  v.data = t.ptr();
-  v.dtype = t.dtype();
-  v.rank = t.rank();
-  std::copy(t.sizes().begin(), t.sizes().end(), v.sizes.begin());
-  std::copy(t.strides().begin(), t.strides().end(), v.strides.begin());
-  v.device = t.buffer().device();
-  return bhsd ? attention::permute(v, {0, 2, 1, 3}) : v;
-}
+using ::testing::api_view;
 
 // Options::mask of a masked case: its data as host tensors, handed to `place` (HostTensor ->
 // attention::Tensor: uploads, or a fake address for the checks).

@@ -1,7 +1,8 @@
 // The autotuner on the GPU (ctest label "gpu"): tunes the library GEMM for one shape pruned (top-k)
 // and exhaustively, checks the pruned best reaches 97% of the exhaustive best, that a warm rerun
-// is only a lookup (timed), and that a TunedKernel's chosen config matches the interpreter. Skips
-// visibly without a GPU.
+// is only a lookup (timed), that a TunedKernel's chosen config matches the interpreter, that
+// `calibrate` measures plausible rates, and that the attention API's tuned choices run correctly.
+// Skips visibly without a GPU.
 #include "runtime/autotuner.hpp"
 
 #include <doctest/doctest.h>
@@ -11,8 +12,13 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "api/attention.hpp"
 #include "api/calibrate.hpp"
 #include "api/tuning.hpp"
+#include "attention_api_helpers.hpp"
+#include "attention_reference.hpp"
+#include "runtime/bundle.hpp"
+#include "runtime/device_buffer.hpp"
 #include "runtime/compile_cache.hpp"
 #include "runtime/interpreter.hpp"
 
@@ -121,4 +127,88 @@ TEST_CASE("gpu: calibrate_device measures plausible unit rates (issue 29)") {
   CHECK(run.rates.plausible());
   CHECK(run.rates.exponentials_per_clock <= 17);  // MUFU issues at most 16 a clock per SM
   CHECK(run.rates.fp32_per_clock <= 130);
+}
+
+// Issue 29 item 3 on the GPU: a bundle's tuning table names forward and dK/dV configurations
+// other than the defaults for a call's buckets; attention::forward / backward find them
+// (with_tuned_choice) and launch them, and their outputs match float64.
+TEST_CASE("gpu: attention::forward and backward launch a tuning table's choices, correct against float64") {
+  if (!have_gpu()) return;
+  struct Pick {
+    int d;
+    bool causal;
+    const char *fwd, *dkdv;
+  };
+  const Pick picks[] = {
+      {64, true,
+       "BLOCK_M=64,BLOCK_N=64,warps=4,stages=2,min_programs=0,EXACT_NORMALIZE=0,PERSISTENT=0,RING_PRODUCER=0,PIPELINE_PV=0,"
+       "PIPELINE_QK=0,TMA_STORE=1",
+       "BLOCK_M=128,BLOCK_N=64,warps=4,stages=2,min_programs=0,LSE_IN_RING=1,TMA_STORE=1"},
+      {128, false,
+       "BLOCK_M=128,BLOCK_N=64,warps=8,stages=3,min_programs=0,EXACT_NORMALIZE=0,PERSISTENT=0,RING_PRODUCER=0,PIPELINE_PV=0,"
+       "PIPELINE_QK=1,TMA_STORE=0",
+       "BLOCK_M=64,BLOCK_N=128,warps=8,stages=2,min_programs=0,LSE_IN_RING=1,TMA_STORE=1"},
+  };
+  const int B = 1, H = 2, S = 768;
+  std::vector<TuningTableEntry> table;
+  for (const Pick& p : picks) {
+    const Shape shape{{"B", B}, {"H", H}, {"S", S}, {"D", p.d}};
+    const lang::Meta common{{"HEAD_DIM", int64_t{p.d}}, {"CAUSAL", p.causal}, {"BSHD", true}, {"DTYPE", ir::DType::bf16}};
+    lang::Meta fwd_meta = common;
+    fwd_meta.push_back({"POSITIVE_SCALE", true});
+    const TuningSpace &fwd = library::attention_fwd_tuning_space(), &dkdv = library::attention_dkdv_tuning_space();
+    table.push_back({Autotuner(fwd).identity(shape, library::library_fixed_meta("attention_fwd", fwd_meta)), p.fwd, 1.0});
+    table.push_back({Autotuner(dkdv).identity(shape, library::library_fixed_meta("attention_bwd_dkdv", common)), p.dkdv, 1.0});
+  }
+  Bundle bundle;
+  bundle.name = "tuned_attention_gpu.tjb";
+  bundle.tuning = encode_tuning_table(table);
+  load_bundle(bundle);
+
+  for (const Pick& p : picks) {
+    const ::testing::AttentionCase c{B, H, H, S, S, p.d, p.causal, true};
+    INFO(c.describe());
+    // the API finds both choices for these dims
+    attention::detail::Dims dims;
+    dims.batch = B, dims.heads_q = dims.heads_kv = H, dims.seq_q = dims.seq_k = S, dims.head_dim = p.d, dims.causal = p.causal;
+    dims.row_vectors_aligned = true;
+    const attention::detail::Config f = attention::detail::with_tuned_choice(::testing::api_config(attention::Pass::forward, p.d, p.causal), dims);
+    const attention::detail::Config k = attention::detail::with_tuned_choice(::testing::api_config(attention::Pass::bwd_dkdv, p.d, p.causal), dims);
+    REQUIRE(f.tuned.has_value());
+    REQUIRE(k.tuned.has_value());
+    CHECK(f.sch.block_n == parse_config(p.fwd).get("BLOCK_N"));
+    CHECK(k.sch.block_m == parse_config(p.dkdv).get("BLOCK_M"));
+
+    HostTensor q(ir::DType::bf16, c.q_shape()), kk(ir::DType::bf16, c.kv_shape()), v(ir::DType::bf16, c.kv_shape()),
+        dout(ir::DType::bf16, c.q_shape());
+    q.fill_normal(1, 0, 1);
+    kk.fill_normal(2, 0, 1);
+    v.fill_normal(3, 0, 1);
+    dout.fill_normal(4, 0, 1);
+    Stream stream;
+    auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v),
+         d_do = DeviceTensor::from_host(dout);
+    auto d_o = DeviceTensor::empty_like(q), d_dq = DeviceTensor::empty_like(q), d_dk = DeviceTensor::empty_like(kk),
+         d_dv = DeviceTensor::empty_like(v), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {B, H, S}));
+    for (DeviceTensor* t : {&d_o, &d_dq, &d_dk, &d_dv, &d_lse}) t->poison();
+    const auto view = [](const DeviceTensor& t) { return ::testing::api_view(t, false); };
+    attention::Options opts;
+    opts.causal = p.causal;
+    opts.dq_reduction = attention::DqReduction::recompute;
+    attention::forward(view(d_q), view(d_k), view(d_v), view(d_o), view(d_lse), opts, stream.handle());
+    attention::backward(view(d_q), view(d_k), view(d_v), view(d_o), view(d_do), view(d_lse),
+                        view(d_dq), view(d_dk), view(d_dv), opts, stream.handle());
+    stream.synchronize();
+    const ::testing::AttentionForwardRef fr = ::testing::attention_forward_ref(c, q, kk, v, c.default_scale());
+    const ::testing::AttentionBackwardRef br = ::testing::attention_backward_ref(c, q, kk, v, dout, c.default_scale());
+    const double eo = ::testing::rel_error(c, d_o.to_host(), fr.o), edq = ::testing::rel_error(c, d_dq.to_host(), br.dq),
+                 edk = ::testing::rel_error(c, d_dk.to_host(), br.dk), edv = ::testing::rel_error(c, d_dv.to_host(), br.dv);
+    MESSAGE(fmt::format("{}: tuned forward {} / dK/dV {}: rel. errors O {:.2e} dQ {:.2e} dK {:.2e} dV {:.2e}", c.describe(), p.fwd,
+                        p.dkdv, eo, edq, edk, edv));
+    CHECK(eo < 1e-2);
+    CHECK(edq < 1e-2);
+    CHECK(edk < 1e-2);
+    CHECK(edv < 1e-2);
+  }
+  unload_all_bundles();
 }

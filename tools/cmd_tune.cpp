@@ -84,6 +84,7 @@ void print_table(const runtime::TuneResult& r, bool all, bool measured) {
   for (const runtime::ConfigResult& c : r.configs) {
     if (c.status == runtime::ConfigStatus::Pruned && !all && ++pruned_shown > 10) continue;
     std::string status(runtime::to_string(c.status));
+    if (c.is_default) status += " (default)";
     if (!c.note.empty()) status += ": " + c.note.substr(0, 120);
     std::printf("%-62s %10s %6s %10s %6s %8s  %-22s %s\n", c.config.id().c_str(), ms_text(c.estimate.ms).c_str(),
                 c.model_rank ? std::to_string(c.model_rank).c_str() : "-", ms_text(c.ms).c_str(),
@@ -101,7 +102,7 @@ class CsvFile {
     if (!f_) throw UsageError(fmt::format("--csv {}: cannot open for writing", path));
     std::fprintf(f_, "kernel,shape,fixed,config,status,model_ms,model_rank,measured_ms,measured_rank,compute_ms,smem_ms,dram_ms,"
                      "l2_ms,overhead_ms,bound,blocks_per_sm,waves,programs,threads,stages,wgmma,mma_flops,registers,smem_bytes,"
-                     "spill_bytes,mufu_ms,fp32_ms,chain_ms,chains_per_sm,serialized,note\n");
+                     "spill_bytes,mufu_ms,fp32_ms,chain_ms,chains_per_sm,serialized,note,is_default\n");
   }
   ~CsvFile() {
     if (f_) std::fclose(f_);
@@ -116,7 +117,7 @@ class CsvFile {
     };
     for (const runtime::ConfigResult& c : r.configs) {
       const runtime::CostEstimate& e = c.estimate;
-      std::fprintf(f_, "%s,%s,%s,%s,%s,%.6g,%d,%.6g,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%s,%d,%lld,%lld,%d,%d,%d,%.6g,%d,%lld,%d,%.6g,%.6g,%.6g,%d,%d,%s\n",
+      std::fprintf(f_, "%s,%s,%s,%s,%s,%.6g,%d,%.6g,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%s,%d,%lld,%lld,%d,%d,%d,%.6g,%d,%lld,%d,%.6g,%.6g,%.6g,%d,%d,%s,%d\n",
                    r.kernel.c_str(), quoted(runtime::describe_shape(r.shape)).c_str(), quoted(fixed).c_str(),
                    quoted(c.config.id()).c_str(), std::string(runtime::to_string(c.status)).c_str(), e.ms, c.model_rank, c.ms,
                    c.measured_rank, e.compute_ms, e.smem_ms, e.dram_ms, e.l2_ms, e.overhead_ms, quoted(e.bound).c_str(),
@@ -124,7 +125,7 @@ class CsvFile {
                    c.resources.threads ? c.resources.threads : c.workload.threads, c.workload.stages, c.workload.wgmma ? 1 : 0,
                    c.workload.mma_flops, c.resources.registers, static_cast<long long>(c.resources.smem_bytes),
                    c.resources.spill_bytes, e.mufu_ms, e.fp32_ms, e.chain_ms, e.chains_per_sm, e.serialized ? 1 : 0,
-                   quoted(c.note.substr(0, 200)).c_str());
+                   quoted(c.note.substr(0, 200)).c_str(), c.is_default ? 1 : 0);
     }
     std::fflush(f_);
   }
@@ -226,7 +227,7 @@ int cmd_tune(const Args& args) {
       if (csv) csv->write(r, r.identity.fixed);
       std::vector<int> model_rank, measured_rank;
       for (const runtime::ConfigResult& c : r.configs)
-        if (c.measured_rank) {
+        if (c.measured_rank && c.estimate.feasible) {  // (a spilling default is timed, not ranked by the model)
           model_rank.push_back(c.model_rank);
           measured_rank.push_back(c.measured_rank);
         }
@@ -244,6 +245,9 @@ int cmd_tune(const Args& args) {
     const double tflops = r.best_ms > 0 ? r.flops / (r.best_ms * 1e-3) / 1e12 : 0;
     std::printf("best: %s  %s ms%s  [%s]\n", r.best.id().c_str(), ms_text(r.best_ms).c_str(),
                 tflops > 0 ? fmt::format("  {:.1f} TFLOP/s", tflops).c_str() : "", r.source.c_str());
+    if (r.source == "tuned" && r.default_ms > 0)
+      std::printf("default (what the API launches untuned): %s  %s ms; the choice is %.3fx faster\n", r.default_config.id().c_str(),
+                  ms_text(r.default_ms).c_str(), r.default_ms / r.best_ms);
     if (!bundle.empty()) runtime::add_to_bundle_content(content, *space, r, fixed, opts.base);
   }
   if (!bundle.empty()) {
