@@ -150,19 +150,29 @@ TEST_CASE("gpu: attention::forward and backward launch a tuning table's choices,
        "BLOCK_M=64,BLOCK_N=128,warps=8,stages=2,min_programs=0,LSE_IN_RING=1,TMA_STORE=1"},
   };
   const int B = 1, H = 2, S = 768;
-  std::vector<TuningTableEntry> table;
+  // what `tilejit tune ... --bundle` writes: the chosen kernels and the table naming them
+  TunedBundleContent content;
+  jit::CompileOptions base;
+  base.specialize = false;  // (as the API compiles attention)
   for (const Pick& p : picks) {
     const Shape shape{{"B", B}, {"H", H}, {"S", S}, {"D", p.d}};
     const lang::Meta common{{"HEAD_DIM", int64_t{p.d}}, {"CAUSAL", p.causal}, {"BSHD", true}, {"DTYPE", ir::DType::bf16}};
     lang::Meta fwd_meta = common;
     fwd_meta.push_back({"POSITIVE_SCALE", true});
-    const TuningSpace &fwd = library::attention_fwd_tuning_space(), &dkdv = library::attention_dkdv_tuning_space();
-    table.push_back({Autotuner(fwd).identity(shape, library::library_fixed_meta("attention_fwd", fwd_meta)), p.fwd, 1.0});
-    table.push_back({Autotuner(dkdv).identity(shape, library::library_fixed_meta("attention_bwd_dkdv", common)), p.dkdv, 1.0});
+    const std::pair<const TuningSpace*, lang::Meta> kernels[] = {
+        {&library::attention_fwd_tuning_space(), library::library_fixed_meta("attention_fwd", fwd_meta)},
+        {&library::attention_dkdv_tuning_space(), library::library_fixed_meta("attention_bwd_dkdv", common)}};
+    for (const auto& [space, fixed] : kernels) {
+      TuneResult r;
+      r.identity = Autotuner(*space).identity(shape, fixed);
+      r.best = parse_config(space == kernels[0].first ? p.fwd : p.dkdv);
+      r.best_ms = 1.0;
+      add_to_bundle_content(content, *space, r, fixed, base);
+    }
   }
-  Bundle bundle;
+  Bundle bundle = make_bundle(content.specs);
   bundle.name = "tuned_attention_gpu.tjb";
-  bundle.tuning = encode_tuning_table(table);
+  bundle.tuning = encode_tuning_table(content.table);
   load_bundle(bundle);
 
   for (const Pick& p : picks) {
