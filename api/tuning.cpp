@@ -237,6 +237,11 @@ const runtime::TuningSpace& attention_dkdv_tuning_space() {
   return s;
 }
 
+const runtime::TuningSpace& attention_dq_tuning_space() {
+  static const runtime::TuningSpace s = tuning_detail::make_dq_space();
+  return s;
+}
+
 const runtime::TuningSpace* find_tuning_space(const std::string& kernel) {
   const LibraryKernel* k = find(kernel);
   return k && k->tuning_space ? &k->tuning_space() : nullptr;

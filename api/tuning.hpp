@@ -19,6 +19,7 @@ const runtime::TuningSpace& attention_fwd_tuning_space();
 // stages {2, 3}, min_programs {0, 2, 3}, LSE_IN_RING, TMA_STORE; key B, H, S, D; the API's dK/dV kernel
 // as each problem's default.
 const runtime::TuningSpace& attention_dkdv_tuning_space();
+const runtime::TuningSpace& attention_dq_tuning_space();
 
 // The space of a library or registered kernel, or nullptr.
 const runtime::TuningSpace* find_tuning_space(const std::string& kernel);

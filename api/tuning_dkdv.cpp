@@ -22,78 +22,24 @@ namespace {
 
 constexpr const char* kFlags[] = {mn::kLseInRing, mn::kTmaStore};
 
-// Key rows in 64-row slabs, one per warpgroup, on the wgmma path (jit/wgmma_plan).
-bool on_wgmma(const TuningConfig& c, const TuningContext& ctx) {
-  return ctx.arch == "sm_90a" && c.get("warps") % 4 == 0 && c.get(mn::kBlockN) % (64 * (c.get("warps") / 4)) == 0;
-}
+bool on_wgmma(const TuningConfig& c, const TuningContext& ctx) { return backward_on_wgmma(c, ctx, c.get(mn::kBlockN)); }
 
+// A query block visit per key tile: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q; ~10
+// FP32 lane-ops a score (scale, LSE, dS = P (dP - Delta), two conversions); its warpgroups meet at
+// a CTA barrier every query block (LSE and Delta exchanged)
 Workload dkdv_workload(const TuningConfig& c, const TuningContext& ctx) {
-  const int64_t B = dim(ctx, "B"), H = dim(ctx, "H"), S = dim(ctx, "S"), D = dim(ctx, "D");
-  const int64_t bm = c.get(mn::kBlockM), bn = c.get(mn::kBlockN), warps = c.get("warps");
-  const bool causal = ctx.meta_bool(mn::kCausal, false);
-  const double e = static_cast<double>(ir::byte_size(meta_dtype(ctx, mn::kDtype, ir::DType::bf16)));
-  Workload w;
-  // S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q: 8 x S^2 x D per head (half when causal)
-  w.flops = 8.0 * B * H * static_cast<double>(S) * S * D / (causal ? 2.0 : 1.0);
-  w.programs = cdiv(S, bn) * H * B;
-  w.threads = static_cast<int>(32 * warps);
-  const double visits = static_cast<double>(cdiv(S, bm)) * (causal ? 0.5 : 1.0) + (causal ? 0.5 : 0.0);
-  w.k_iterations = visits;
-  w.mma_flops = 8.0 * static_cast<double>(w.programs) * visits * bm * bn * D;
-  w.wgmma = on_wgmma(c, ctx);
-  w.stages = w.wgmma ? static_cast<int>(c.get("stages")) : 1;
-  w.dram_bytes = 6.0 * B * H * static_cast<double>(S) * D * e + 8.0 * B * H * S;
-  w.l2_bytes = static_cast<double>(w.programs) * visits * 2.0 * bm * D * e + 4.0 * B * H * static_cast<double>(S) * D * e;
-  w.smem_bytes = static_cast<double>(w.programs) * visits * (6.0 * bm * D * e + 2.0 * bm * bn * e);
-  w.est_smem_bytes = (2 * bn * D + w.stages * 2 * bm * D) * static_cast<int64_t>(e) + 1024;
-  // A query block visit per warpgroup (its 64 key rows): the four dots, an exponential per score,
-  // ~10 FP32 lane-ops (scale, LSE, dS = P (dP - Delta), two conversions) and ~250 instructions a
-  // thread that do not scale with the tile (LSE and Delta moved into the transposed layout, the
-  // barriers around them, addresses): fitted to the H200 sweep (docs/performance-model.md)
-  runtime::ChainWorkload& ch = w.chain;
-  ch.present = true;
-  ch.chains_per_program = w.wgmma ? static_cast<int>(warps / 4) : 1;
-  const double rows = static_cast<double>(bn) / ch.chains_per_program;
-  ch.steps = static_cast<double>(w.programs) * visits * ch.chains_per_program;
-  ch.mma_flops = 8.0 * rows * static_cast<double>(bm * D);
-  ch.operand_bytes = (2.0 * rows * D + 4.0 * bm * D) * e;
-  ch.exponentials = rows * static_cast<double>(bm);
-  ch.fp32_ops = 10.0 * rows * static_cast<double>(bm) + 128.0 * 250;
-  // per consumer thread, each 64-row slab: dK and dV (f32), S^T and dP^T, ~24 more
-  const int64_t slabs = w.wgmma ? std::max<int64_t>(1, bn / (64 * ch.chains_per_program)) : 1;
-  ch.register_demand = static_cast<int>(slabs * (D + bm) + 24);
-  const int64_t bound = std::max<int64_t>(1, c.get(runtime::kMinProgramsParam));
-  ch.register_cap = static_cast<int>(std::min<int64_t>(255, 65536 / (32 * warps * bound) / 8 * 8));
-  w.est_registers = std::min(ch.register_cap, ch.register_demand + 32);
-  ch.tiles = static_cast<double>(w.programs);
-  ch.bulk_epilogue = flag(c, mn::kTmaStore);
-  ch.row_reductions = false;  // P = exp(S - LSE) element by element
-  ch.lockstep = true;         // bar.sync every query block (LSE and Delta exchange)
+  Workload w = backward_workload(c, ctx, {.tile = c.get(mn::kBlockN), .step = c.get(mn::kBlockM), .dots = 4, .outputs = 2,
+                                          .fp32_per_score = 10, .lockstep = true});
+  w.chain.bulk_epilogue = flag(c, mn::kTmaStore);
   return w;
 }
 
 runtime::ProblemData dkdv_problem(const TuningContext& ctx) {
-  const int64_t B = dim(ctx, "B"), H = dim(ctx, "H"), S = dim(ctx, "S"), D = dim(ctx, "D");
-  const ir::DType t = meta_dtype(ctx, mn::kDtype, ir::DType::bf16);
-  const bool causal = ctx.meta_bool(mn::kCausal, false);
-  const ir::Shape qkv = ctx.meta_bool(mn::kBshd, false) ? ir::Shape{B, S, H, D} : ir::Shape{B, H, S, D};
-  runtime::ProblemData d;
-  // Q, K, V, dO; small scores (N(0, 0.3) entries) so that the softmax is near uniform and LSE is
-  // known without a forward pass: ln of the keys a row sees (S, or i + 1 causal)
-  for (int i = 0; i < 4; ++i) {
-    d.tensors.push_back(std::make_unique<runtime::HostTensor>(t, qkv));
-    d.tensors.back()->fill_normal_parallel(static_cast<uint64_t>(i + 11), 0, i < 2 ? 0.3 : 1.0);
-  }
-  auto lse = std::make_unique<runtime::HostTensor>(ir::DType::f32, ir::Shape{B, H, S});
-  auto* l = static_cast<float*>(lse->data());
-  for (int64_t r = 0; r < B * H; ++r)
-    for (int64_t i = 0; i < S; ++i) l[r * S + i] = static_cast<float>(std::log(static_cast<double>(causal ? i + 1 : S)));
-  d.tensors.push_back(std::move(lse));
-  d.tensors.push_back(std::make_unique<runtime::HostTensor>(ir::DType::f32, ir::Shape{B, H, S}));
-  d.tensors.back()->fill_normal_parallel(15, 0, 0.1);  // Delta = rowsum(dO * O): any finite values
-  for (int i = 0; i < 2; ++i) d.tensors.push_back(std::make_unique<runtime::HostTensor>(t, qkv));  // dK, dV
+  runtime::ProblemData d = backward_problem_inputs(ctx);
+  const ir::Shape qkv = d.tensors[0]->sizes();
+  for (int i = 0; i < 2; ++i) d.tensors.push_back(std::make_unique<runtime::HostTensor>(d.tensors[0]->dtype(), qkv));  // dK, dV
   for (auto& x : d.tensors) d.args.emplace_back(*x);
-  d.args.emplace_back(static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))));
+  d.args.emplace_back(static_cast<float>(1.0 / std::sqrt(static_cast<double>(dim(ctx, "D")))));
   d.outputs = {6, 7};
   d.tolerance = 2e-2;  // tiles change the f32 sums' order
   return d;

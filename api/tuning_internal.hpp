@@ -1,4 +1,4 @@
-// What the library's tuning spaces (api/tuning.cpp, api/tuning_attention.cpp) share: small
+// What the library's tuning spaces (api/tuning.cpp, tuning_attention.cpp, tuning_dkdv.cpp, tuning_dq.cpp) share: small
 // helpers over configs and contexts, and the spaces' constructors.
 #pragma once
 #include <fmt/format.h>
@@ -54,5 +54,22 @@ void attention_keys(runtime::TuningSpace& s, const char* kernel);
 // A config of an attention space: the API's schedule, then `flags` as the built kernel `f` resolved them.
 runtime::TuningConfig config_of(const attention::Schedule& sch, const ir::Function& f, std::span<const char* const> flags);
 runtime::TuningSpace make_dkdv_space();
+runtime::TuningSpace make_dq_space();
+// api/tuning_backward.cpp: the backward kernels' tuning inputs, tensors only: Q, K, V, dO (BSHD
+// when the fixed meta says so), LSE and Delta, with small scores so that LSE is known without a
+// forward pass.
+runtime::ProblemData backward_problem_inputs(const runtime::TuningContext& ctx);
+// A backward kernel's main loop: a program keeps `tile` rows (dK/dV: BLOCK_N keys; dQ: BLOCK_M
+// queries) and streams the other side's `step`-row blocks past them.
+struct BackwardLoop {
+  int64_t tile = 64, step = 64;
+  int dots = 4;                 // matmuls a step: dK/dV 4 (S^T, dP^T, dV, dK), dQ 3 (S, dP, dQ)
+  int outputs = 2;              // f32 accumulators of tile x D: dK and dV, or dQ
+  double fp32_per_score = 10;   // the elementwise softmax gradient's lane-ops a score
+  bool lockstep = false;        // the warpgroups meet at a CTA barrier every step (dK/dV)
+};
+// Tile rows in 64-row slabs, one per warpgroup, on the wgmma path (jit/wgmma_plan).
+bool backward_on_wgmma(const runtime::TuningConfig& c, const runtime::TuningContext& ctx, int64_t tile);
+runtime::Workload backward_workload(const runtime::TuningConfig& c, const runtime::TuningContext& ctx, const BackwardLoop& k);
 
 }  // namespace tilejit::library::tuning_detail

@@ -20,7 +20,7 @@ run() {
 for args in "attention_fwd --shape 4,16,4096,128 --meta CAUSAL=false" "attention_fwd --shape 4,16,4096,128 --meta CAUSAL=true" \
             "attention_fwd --shape 4,32,4096,64 --meta CAUSAL=false" "attention_fwd --shape 1,16,16384,128 --meta CAUSAL=false" \
             "attention_bwd_dkdv --shape 4,16,4096,64 --meta CAUSAL=false" "attention_bwd_dkdv --shape 4,16,4096,128 --meta CAUSAL=true" \
-            "gemm --shape 4096,4096,4096"; do
+            "attention_bwd_dq --shape 4,16,4096,128 --meta CAUSAL=false" "gemm --shape 4096,4096,4096"; do
   run $args
 done
 run attention_fwd --shape 4,16,4096,128 --meta CAUSAL=false  # warm: a lookup

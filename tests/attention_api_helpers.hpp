@@ -1,5 +1,5 @@
 // Helpers of the attention API's tests: the API's view of a device tensor, and the configuration
-// attention::forward / the recompute backward's dK/dV build for a dense bf16 call before any tuned
+// attention::forward / the recompute backward's dK/dV and dQ build for a dense bf16 call before any tuned
 // choice (what the tuning tests hand to attention::detail::with_tuned_choice).
 #pragma once
 
@@ -22,7 +22,7 @@ inline tilejit::attention::detail::Config api_config(tilejit::attention::Pass pa
   if (pass == attention::Pass::forward) {
     a.positive_scale = true;
     a.persistent = attention::detail::forward_persistent(a.head_dim, false, 0, 0, false);
-  } else {
+  } else if (pass == attention::Pass::bwd_dkdv) {
     a.lse_in_ring = attention::detail::dkdv_ring_options(a, true).lse_in_ring;
   }
   return a;

@@ -313,49 +313,66 @@ TEST_CASE("tuning problems: parallel fills depend on the seed only, not on the t
                        std::invalid_argument);
 }
 
-TEST_CASE("spaces: the dK/dV space's default is the API's kernel; its problem is finite and tile-independent (issue 29)") {
-  const TuningSpace& s = library::attention_dkdv_tuning_space();
-  for (int64_t d : {64, 128}) {
-    for (bool causal : {false, true}) {
-      CAPTURE(d);
-      CAPTURE(causal);
-      TuningContext ctx;
-      ctx.shape = {{"B", 4}, {"H", 16}, {"S", 4096}, {"D", d}};
-      ctx.fixed = library::library_fixed_meta("attention_bwd_dkdv", {{"HEAD_DIM", d}, {"CAUSAL", causal}, {"BSHD", true}});
-      const TuningConfig def = s.default_config(ctx);
-      const std::vector<TuningConfig> valid = s.enumerate(ctx);
-      CHECK(std::find(valid.begin(), valid.end(), def) != valid.end());
-      CHECK(def.get("LSE_IN_RING") == (d == 64 || !causal ? 1 : 0));  // dkdv_ring_options (decision 070)
-      const attention::detail::Config a = ::testing::api_config(attention::Pass::bwd_dkdv, d, causal);
-      const ir::Function api = kernels::attention_backward_dkdv().build(attention::detail::meta_of(a));
-      CHECK(ir::structural_hash(s.build_ir(def, ctx.fixed)) == ir::structural_hash(api));
-      CHECK(def.options().min_programs_per_sm == a.sch.min_programs_per_sm);
-    }
-  }
-  // The tuning problem, small, in the interpreter: two tilings give the same dK and dV, all finite.
-  TuningContext ctx;
-  ctx.shape = {{"B", 1}, {"H", 2}, {"S", 128}, {"D", 64}};
-  ctx.fixed = library::library_fixed_meta("attention_bwd_dkdv", {{"HEAD_DIM", int64_t{64}}, {"CAUSAL", true}, {"BSHD", true}});
-  auto run = [&](const TuningConfig& c) {
-    ProblemData p = s.make_problem(ctx);
-    runtime::interpret(s.build_ir(c, ctx.fixed), s.grid_of(c, ctx), p.args);
-    std::vector<std::vector<double>> out;
-    for (size_t o : p.outputs) out.push_back(p.args[o].tensor()->to_f64());
-    return out;
+TEST_CASE("spaces: the backward spaces' defaults are the API's kernels; their problems are finite and tile-independent") {
+  struct Backward {
+    const char* kernel;
+    attention::Pass pass;
+    const lang::Kernel& (*build)();
+    const char* other;  // a second tiling of the small problem
   };
-  TuningConfig other = parse_config("BLOCK_M=128,BLOCK_N=128,warps=8,stages=2,min_programs=0,LSE_IN_RING=0,TMA_STORE=0");
-  REQUIRE_FALSE(s.violated(other, ctx).has_value());
-  const auto a = run(s.default_config(ctx)), b = run(other);
-  for (size_t i = 0; i < a.size(); ++i) {
-    double norm = 0;
-    size_t nonfinite = 0;
-    for (double v : a[i]) {
-      nonfinite += std::isfinite(v) ? 0 : 1;
-      norm += v * v;
+  for (const Backward& k : {Backward{"attention_bwd_dkdv", attention::Pass::bwd_dkdv, &kernels::attention_backward_dkdv,
+                                     "BLOCK_M=128,BLOCK_N=128,warps=8,stages=2,min_programs=0,LSE_IN_RING=0,TMA_STORE=0"},
+                            Backward{"attention_bwd_dq", attention::Pass::bwd_dq, &kernels::attention_backward_dq,
+                                     "BLOCK_M=128,BLOCK_N=128,warps=8,stages=3,min_programs=0"}}) {
+    CAPTURE(k.kernel);
+    const TuningSpace& s = *library::find_tuning_space(k.kernel);
+    for (int64_t d : {64, 128}) {
+      for (bool causal : {false, true}) {
+        CAPTURE(d);
+        CAPTURE(causal);
+        TuningContext ctx;
+        ctx.shape = {{"B", 4}, {"H", 16}, {"S", 4096}, {"D", d}};
+        ctx.fixed = library::library_fixed_meta(k.kernel, {{"HEAD_DIM", d}, {"CAUSAL", causal}, {"BSHD", true}});
+        const TuningConfig def = s.default_config(ctx);
+        const std::vector<TuningConfig> valid = s.enumerate(ctx);
+        CHECK(std::find(valid.begin(), valid.end(), def) != valid.end());
+        if (k.pass == attention::Pass::bwd_dkdv)
+          CHECK(def.get("LSE_IN_RING") == (d == 64 || !causal ? 1 : 0));  // dkdv_ring_options (decision 070)
+        const attention::detail::Config a = ::testing::api_config(k.pass, d, causal);
+        const ir::Function api = k.build().build(attention::detail::meta_of(a));
+        CHECK(ir::structural_hash(s.build_ir(def, ctx.fixed)) == ir::structural_hash(api));
+        CHECK(def.options().min_programs_per_sm == a.sch.min_programs_per_sm);
+        CHECK(def.options().num_warps == a.sch.num_warps);
+        CHECK(def.options().pipeline.stages == a.sch.stages);
+      }
     }
-    CHECK(nonfinite == 0);
-    CHECK(norm > 0);
-    CHECK(rel_error(b[i], a[i]) < 2e-2);
+    // The tuning problem, small, in the interpreter: two tilings give the same gradients, all
+    // finite and not zero.
+    TuningContext ctx;
+    ctx.shape = {{"B", 1}, {"H", 2}, {"S", 128}, {"D", 64}};
+    ctx.fixed = library::library_fixed_meta(k.kernel, {{"HEAD_DIM", int64_t{64}}, {"CAUSAL", true}, {"BSHD", true}});
+    auto run = [&](const TuningConfig& c) {
+      ProblemData p = s.make_problem(ctx);
+      runtime::interpret(s.build_ir(c, ctx.fixed), s.grid_of(c, ctx), p.args);
+      std::vector<std::vector<double>> out;
+      for (size_t o : p.outputs) out.push_back(p.args[o].tensor()->to_f64());
+      return out;
+    };
+    const TuningConfig other = parse_config(k.other);
+    REQUIRE_FALSE(s.violated(other, ctx).has_value());
+    const auto a = run(s.default_config(ctx)), b = run(other);
+    CHECK(a.size() == (k.pass == attention::Pass::bwd_dkdv ? 2u : 1u));
+    for (size_t i = 0; i < a.size(); ++i) {
+      double norm = 0;
+      size_t nonfinite = 0;
+      for (double v : a[i]) {
+        nonfinite += std::isfinite(v) ? 0 : 1;
+        norm += v * v;
+      }
+      CHECK(nonfinite == 0);
+      CHECK(norm > 0);
+      CHECK(rel_error(b[i], a[i]) < 2e-2);
+    }
   }
 }
 
@@ -1008,20 +1025,33 @@ TEST_CASE("bundles: tuning tables round-trip and answer lookups before the store
   CHECK(content.table[0].config == tuned.best.id());
 }
 
+namespace {
+
+// A bundle whose tuning table names `chosen` for `kernel`'s bucket of `shape` (as `tilejit tune
+// KERNEL --shape ... --bundle` stores it: BSHD, bf16), loaded; returns the fixed meta it is keyed by.
+lang::Meta load_tuned_choice(const char* kernel, const Shape& shape, bool causal, const std::string& chosen, lang::Meta extra = {}) {
+  const TuningSpace& space = *library::find_tuning_space(kernel);
+  lang::Meta user{{"HEAD_DIM", shape_get(shape, "D")}, {"CAUSAL", causal}, {"BSHD", true}, {"DTYPE", ir::DType::bf16}};
+  user.insert(user.end(), extra.begin(), extra.end());
+  const lang::Meta fixed = library::library_fixed_meta(kernel, user);
+  REQUIRE_FALSE(space.violated(parse_config(chosen), Autotuner(space).context(shape, fixed)).has_value());
+  Bundle b;
+  b.name = fmt::format("tuned_{}.tjb", kernel);
+  b.tuning = encode_tuning_table({TuningTableEntry{Autotuner(space).identity(shape, fixed), chosen, 1.0}});
+  load_bundle(b);
+  return fixed;
+}
+
+}  // namespace
+
 TEST_CASE("attention::forward launches a tuning table's choice for its bucket, the default elsewhere (issue 29)") {
   const TuningSpace& space = library::attention_fwd_tuning_space();
   // What `tilejit tune attention_fwd --shape 4,16,4096,128 --bundle ...` stores: BSHD, POSITIVE_SCALE
-  const lang::Meta fixed = library::library_fixed_meta(
-      "attention_fwd", {{"HEAD_DIM", int64_t{128}}, {"CAUSAL", false}, {"POSITIVE_SCALE", true}, {"BSHD", true}, {"DTYPE", ir::DType::bf16}});
-  const Shape shape{{"B", 4}, {"H", 16}, {"S", 4096}, {"D", 128}};
-  const Autotuner tuner(space);
   const std::string chosen =
       "BLOCK_M=128,BLOCK_N=64,warps=8,stages=3,min_programs=0,EXACT_NORMALIZE=0,PERSISTENT=0,RING_PRODUCER=0,PIPELINE_PV=0,"
       "PIPELINE_QK=1,TMA_STORE=0";
-  Bundle b;
-  b.name = "tuned_attention.tjb";
-  b.tuning = encode_tuning_table({TuningTableEntry{tuner.identity(shape, fixed), chosen, 0.9}});
-  load_bundle(b);
+  const lang::Meta fixed =
+      load_tuned_choice("attention_fwd", {{"B", 4}, {"H", 16}, {"S", 4096}, {"D", 128}}, false, chosen, {{"POSITIVE_SCALE", true}});
 
   const attention::detail::Config c = ::testing::api_config(attention::Pass::forward, 128, false);
   attention::detail::Dims d;
@@ -1049,15 +1079,8 @@ TEST_CASE("attention::forward launches a tuning table's choice for its bucket, t
 
 TEST_CASE("attention::backward launches a tuning table's dK/dV choice (recompute reduction, aligned LSE rows)") {
   const TuningSpace& space = library::attention_dkdv_tuning_space();
-  const lang::Meta fixed =
-      library::library_fixed_meta("attention_bwd_dkdv", {{"HEAD_DIM", int64_t{64}}, {"CAUSAL", true}, {"BSHD", true}, {"DTYPE", ir::DType::bf16}});
-  const Shape shape{{"B", 4}, {"H", 16}, {"S", 4096}, {"D", 64}};
   const std::string chosen = "BLOCK_M=128,BLOCK_N=64,warps=4,stages=3,min_programs=2,LSE_IN_RING=0,TMA_STORE=0";
-  REQUIRE_FALSE(space.violated(parse_config(chosen), Autotuner(space).context(shape, fixed)).has_value());
-  Bundle b;
-  b.name = "tuned_dkdv.tjb";
-  b.tuning = encode_tuning_table({TuningTableEntry{Autotuner(space).identity(shape, fixed), chosen, 1.5}});
-  load_bundle(b);
+  const lang::Meta fixed = load_tuned_choice("attention_bwd_dkdv", {{"B", 4}, {"H", 16}, {"S", 4096}, {"D", 64}}, true, chosen);
   const attention::detail::Config c = ::testing::api_config(attention::Pass::bwd_dkdv, 64, true);
   attention::detail::Dims d;
   d.batch = 4, d.heads_q = d.heads_kv = 16, d.seq_q = d.seq_k = 4096, d.head_dim = 64, d.causal = true;
@@ -1076,6 +1099,27 @@ TEST_CASE("attention::backward launches a tuning table's dK/dV choice (recompute
   attention::detail::Config atomic = c;
   atomic.reduction = static_cast<int>(kernels::DqReduction::atomic);
   CHECK_FALSE(attention::detail::with_tuned_choice(atomic, d).tuned.has_value());
+  unload_all_bundles();
+}
+
+TEST_CASE("attention::backward launches a tuning table's dQ choice (the recompute reduction's dQ kernel)") {
+  const TuningSpace& space = library::attention_dq_tuning_space();
+  const std::string chosen = "BLOCK_M=128,BLOCK_N=64,warps=8,stages=3,min_programs=0";
+  const lang::Meta fixed = load_tuned_choice("attention_bwd_dq", {{"B", 2}, {"H", 16}, {"S", 8192}, {"D", 128}}, false, chosen);
+  const attention::detail::Config c = ::testing::api_config(attention::Pass::bwd_dq, 128, false);
+  attention::detail::Dims d;
+  d.batch = 2, d.heads_q = d.heads_kv = 16, d.seq_q = d.seq_k = 8192, d.head_dim = 128;
+  const attention::detail::Config t = attention::detail::with_tuned_choice(c, d);
+  CHECK(t.sch == attention::Schedule{128, 64, 8, 3, 0});
+  CHECK_FALSE(t.tuned.has_value());  // (dQ has no schedule options beyond its tiles)
+  CHECK(ir::structural_hash(kernels::attention_backward_dq().build(attention::detail::meta_of(t))) ==
+        ir::structural_hash(space.build_ir(parse_config(chosen), fixed)));
+  // accumulating into f32 dQ (another kernel than the tuned one), or unequal lengths: the default
+  attention::detail::Config acc = c;
+  acc.accumulate = true;
+  CHECK(attention::detail::with_tuned_choice(acc, d).sch == acc.sch);
+  d.seq_k = 4096;
+  CHECK(attention::detail::with_tuned_choice(c, d).sch == c.sch);
   unload_all_bundles();
 }
 

@@ -168,7 +168,7 @@ int cmd_tune(const Args& args) {
   opts.base = sel.options;
   opts.base.num_warps = 4;  // set per config
   // as attention::forward compiles it, so that a tuned bundle's kernels are the ones the API looks up
-  if (kernel == "attention_fwd" || kernel == "attention_bwd_dkdv") opts.base.specialize = false;
+  if (kernel == "attention_fwd" || kernel == "attention_bwd_dkdv" || kernel == "attention_bwd_dq") opts.base.specialize = false;
   ProgressBar bar;
   opts.progress = [&](const runtime::TuneProgress& p) { bar.update(p); };
 
@@ -190,7 +190,7 @@ int cmd_tune(const Args& args) {
     }
     lang::Meta user = sel.meta;
     auto unset = [&](const char* name) { return std::none_of(user.begin(), user.end(), [&](const auto& m) { return m.first == name; }); };
-    const bool attention = kernel == "attention_fwd" || kernel == "attention_bwd_dkdv";
+    const bool attention = kernel == "attention_fwd" || kernel == "attention_bwd_dkdv" || kernel == "attention_bwd_dq";
     if (attention && unset(mn::kHeadDim)) user.push_back({mn::kHeadDim, runtime::shape_get(shape, "D")});
     // the API's kernel for a positive scale (the tuning problem's is 1 / sqrt(D)): the fma softmax
     if (kernel == "attention_fwd" && unset(mn::kPositiveScale)) user.push_back({mn::kPositiveScale, true});

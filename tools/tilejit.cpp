@@ -65,7 +65,7 @@ const Command kCommands[] = {
      "tilejit tune KERNEL --shape DIMS [--shape DIMS ...] [--top-k N] [--compile-k N] [--budget-s S] [--exhaustive]\n"
      "             [--force] [--model-only] [--all] [--meta NAME=VALUE ...] [--backend llvm|nvrtc] [--bundle FILE]\n"
      "             [--csv FILE] [--rep-ms MS]\n"
-     "  DIMS: gemm M,N,K; attention_fwd and attention_bwd_dkdv B,H,S,D; a plugin kernel its space's key dimensions. Ranks the kernel's tuning space with the cost model,\n"
+     "  DIMS: gemm M,N,K; attention_fwd, attention_bwd_dkdv and attention_bwd_dq B,H,S,D; a plugin kernel its space's key dimensions. Ranks the kernel's tuning space with the cost model,\n"
      "  compiles the best --compile-k (default 2 x top-k) in parallel, times the best --top-k (default 6)\n"
      "  and the default config on the GPU (outputs checked against the default's) and stores every\n"
      "  measurement and the choice next to the compile cache; a later run is a lookup. --exhaustive\n"

@@ -293,12 +293,13 @@ bool ordered_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, b
 DqReduction default_reduction(const Dims& d, const Options& opts);
 // The metas of a configuration that its kernel declares.
 lang::Meta meta_of(const Config& c);
-// `c` (the forward's or dK/dV's, without options.schedule) with the tuned choice for its shape
-// bucket where a tuning table holds one (bundles first, then the tuning store: Autotuner::lookup;
-// never a tuning run): tiles, warps, stages, register bound and the schedule options. The forward
-// for dense calls (no varlen, library mask, score mod or dropout); dK/dV for those with the
-// recompute reduction, ascending, not accumulating, LSE rows 16-byte aligned; both with S_q = S_k
-// (the tuned problem). Otherwise, or with no entry, `c` unchanged. One lookup per bucket and process.
+// `c` (the forward's, dK/dV's or dQ's, without options.schedule) with the tuned choice for its
+// shape bucket where a tuning table holds one (bundles first, then the tuning store:
+// Autotuner::lookup; never a tuning run): tiles, warps, stages, register bound and the schedule
+// options. The forward for dense calls (no varlen, library mask, score mod or dropout); dK/dV for
+// those with the recompute reduction, ascending, not accumulating, LSE rows 16-byte aligned; dQ
+// (the recompute reduction's) not accumulating; all with S_q = S_k (the tuned problem). Otherwise,
+// or with no entry, `c` unchanged. One lookup per bucket and process.
 Config with_tuned_choice(Config c, const Dims& d);
 // The configuration of pass `p` in a checked call.
 Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts);

@@ -114,7 +114,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   };
   const Config pre = config(Pass::bwd_preprocess, q, d, opts),
                kv = opts.schedule ? config(Pass::bwd_dkdv, q, d, opts) : with_tuned_choice(config(Pass::bwd_dkdv, q, d, opts), d),
-               dqc = config(dq_pass(d.reduction), q, d, opts);
+               dqc = opts.schedule ? config(dq_pass(d.reduction), q, d, opts) : with_tuned_choice(config(dq_pass(d.reduction), q, d, opts), d);
   // the reduce kernel reads dK/dV's parts at dK/dV's tiles (the schedule table and an
   // options.schedule give both the same tiles)
   if (d.reduction == DqReduction::split && (dqc.sch.block_m != kv.sch.block_m || dqc.sch.block_n != kv.sch.block_n))

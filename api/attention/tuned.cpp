@@ -1,6 +1,6 @@
-// The attention kernels' tuned choices: where `tilejit tune attention_fwd` / `attention_bwd_dkdv`
-// (or a bundle's tuning table) chose a configuration for a shape bucket, attention::forward /
-// backward launch it instead of the default schedule. Only a lookup: a call never starts a tuning run.
+// The attention kernels' tuned choices: where `tilejit tune attention_fwd` / `attention_bwd_dkdv` /
+// `attention_bwd_dq` (or a bundle's tuning table) chose a configuration for a shape bucket,
+// attention::forward / backward launch it instead of the default schedule. Only a lookup: a call never starts a tuning run.
 #include <array>
 #include <map>
 #include <mutex>
@@ -35,6 +35,8 @@ const runtime::TuningSpace* space_for(const Config& c, const Dims& d) {
   if (c.pass == Pass::bwd_dkdv && c.reduction == static_cast<int>(DqReduction::recompute) && !c.q_descending && !c.accumulate &&
       d.row_vectors_aligned)
     return &library::attention_dkdv_tuning_space();
+  // (the dQ kernel runs only with the recompute reduction)
+  if (c.pass == Pass::bwd_dq && !c.accumulate) return &library::attention_dq_tuning_space();
   return nullptr;
 }
 
@@ -69,10 +71,10 @@ Config with_tuned_choice(Config c, const Dims& d) {
     c.persistent = value(mn::kPersistent) != 0;
     c.tuned = TunedOptions{value(mn::kExactNormalize) != 0, value(mn::kRingProducer) != 0, value(mn::kPipelinePv) != 0,
                            value(mn::kPipelineQk) != 0, value(mn::kTmaStore) != 0};
-  } else {
+  } else if (c.pass == Pass::bwd_dkdv) {
     c.lse_in_ring = value(mn::kLseInRing) != 0;
     c.tuned = TunedOptions{.tma_store = value(mn::kTmaStore) != 0};
-  }
+  }  // (dQ: tiles, warps, stages and the bound only)
   return c;
 }
 
