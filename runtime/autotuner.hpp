@@ -135,6 +135,9 @@ class Bench {
   // `reference` (the space's default config).
   virtual void prepare(const TuningSpace& space, const TuningContext& ctx, const Candidate& reference) = 0;
   virtual Result measure(const Candidate& c) = 0;
+  // How many programs of `c` one SM holds at once, as the driver counts them (0: unknown; the
+  // model's occupancy rule stands). Needs no inputs: asked before prepare(), to rank.
+  virtual int resident_programs(const Candidate&) { return 0; }
 };
 
 struct BenchOptions {

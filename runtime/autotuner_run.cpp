@@ -39,6 +39,7 @@ class Autotuner::Sweep {
  private:
   void compile_in_parallel(const std::vector<size_t>& jobs);
   void time_one(size_t i);
+  int resident_programs(size_t i);  // the driver's count for compiled config i (0: unknown)
   // Config i ready to time (compiled late if a stored measurement had spared it).
   Candidate candidate(size_t i);
   std::vector<size_t> model_order() const;
@@ -201,6 +202,15 @@ void Autotuner::Sweep::compile_in_parallel(const std::vector<size_t>& jobs) {
   for (std::thread& t : pool) t.join();
 }
 
+int Autotuner::Sweep::resident_programs(size_t i) {
+  if (bench_failed_ || !compiled_[i]) return 0;
+  try {
+    return t_.bench().resident_programs(candidate(i));
+  } catch (const std::exception&) {
+    return 0;  // no bench (no GPU): the model's rule
+  }
+}
+
 void Autotuner::Sweep::rerank() {
   for (size_t i = 0; i < n_; ++i) {
     if (!wanted_[i]) continue;
@@ -209,6 +219,7 @@ void Autotuner::Sweep::rerank() {
     Workload w = work_[i];
     if (compiled_[i]) {
       from = KernelResources::of(*compiled_[i]);
+      from.resident_programs = resident_programs(i);
       rs = &from;
       ++r_.compiled;
       // The wgmma path is what the compiler chose, not what the space hoped for.

@@ -148,6 +148,10 @@ CostEstimate estimate(const Workload& w, const DeviceModel& d, const KernelResou
   const int by_smem = smem > 0 ? static_cast<int>(d.smem_per_sm / (smem + 1024)) : d.max_blocks_per_sm;
   const int by_threads = d.max_threads_per_sm / (warps * 32);
   e.blocks_per_sm = std::min({by_regs, by_smem, by_threads, d.max_blocks_per_sm});
+  // the driver's count where the tuner loaded the kernel: it knows the reserved shared memory and
+  // the allocation granularities the rule above approximates (a 116,352-B dK/dV program ran two
+  // to an SM where the rule said one)
+  if (res && res->resident_programs > 0) e.blocks_per_sm = std::min(res->resident_programs, d.max_blocks_per_sm);
   if (e.blocks_per_sm <= 0)
     return infeasible(fmt::format("no block fits on an SM ({} registers x {} threads, {} of shared memory)", regs, threads, kb(smem)));
 

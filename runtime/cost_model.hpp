@@ -68,6 +68,7 @@ struct KernelResources {
   int64_t smem_bytes = 0;  // static + dynamic, per block
   int spill_bytes = 0;     // spill stores + loads
   int threads = 0;
+  int resident_programs = 0;  // per SM as the driver counts them for this launch (0: the model's occupancy rule)
   static KernelResources of(const jit::CompiledKernel& k);
 };
 

@@ -117,6 +117,14 @@ class GpuBench final : public Bench {
     ref_ = run_once(k, reference.grid);
   }
 
+  int resident_programs(const Candidate& c) override {
+    try {
+      return GpuKernel(*c.fn, *c.compiled, o_.device).max_resident_per_sm();  // (loads the module only)
+    } catch (const std::exception&) {
+      return 0;  // the model's rule; a launch problem shows when the config is timed
+    }
+  }
+
   Result measure(const Candidate& c) override {
     Result res;
     GpuKernel k(*c.fn, *c.compiled, o_.device);

@@ -69,7 +69,13 @@ struct FakeBench : Bench {
   std::vector<std::string>* measured;
   int* prepares;
   std::set<std::string> wrong;
-  FakeBench(std::vector<std::string>* m, int* p, std::set<std::string> w = {}) : measured(m), prepares(p), wrong(std::move(w)) {}
+  std::map<std::string, int> resident;  // the "driver's" programs per SM by config id
+  FakeBench(std::vector<std::string>* m, int* p, std::set<std::string> w = {}, std::map<std::string, int> r = {})
+      : measured(m), prepares(p), wrong(std::move(w)), resident(std::move(r)) {}
+  int resident_programs(const Candidate& c) override {
+    const auto it = resident.find(c.config->id());
+    return it == resident.end() ? 0 : it->second;
+  }
   void prepare(const TuningSpace&, const TuningContext&, const Candidate& ref) override {
     ++*prepares;
     CHECK(ref.compiled != nullptr);
@@ -87,6 +93,7 @@ struct Harness {
   std::vector<std::string> measured, compiled;
   int prepares = 0;
   std::set<std::string> fail_compile, wrong, spill;
+  std::map<std::string, int> resident;
   bool finalists = false;  // the finalist re-timing adds measurements; most tests count them exactly
 
   explicit Harness(const std::string& name) {
@@ -102,7 +109,7 @@ struct Harness {
     Autotuner t(s, o);
     t.set_store(store.get());
     t.set_device(DeviceModel::h100());
-    t.set_bench(std::make_unique<FakeBench>(&measured, &prepares, wrong));
+    t.set_bench(std::make_unique<FakeBench>(&measured, &prepares, wrong, resident));
     t.set_compiler([this](const ir::Function& f, const jit::CompileOptions& opts) {
       std::string id = fmt::format("BLOCK={},warps={}", std::get<int64_t>(f.find_meta("BLOCK")->value), opts.num_warps);
       {
@@ -465,7 +472,7 @@ TEST_CASE("cost model: ranking on synthetic KernelInfo") {
   w.dram_bytes = 3.0 * 4096 * 4096 * 2;
   w.l2_bytes = 10 * w.dram_bytes;
   w.smem_bytes = 4e9;
-  KernelResources ok{128, 200 * 1024, 0, 256};
+  KernelResources ok{128, 200 * 1024, 0, 256, 0};
   CostEstimate base = estimate(w, d, &ok);
   REQUIRE(base.feasible);
   CHECK(base.blocks_per_sm == 1);
@@ -499,7 +506,7 @@ TEST_CASE("cost model: ranking on synthetic KernelInfo") {
   // Occupancy from registers: 255 registers x 256 threads leaves one block per SM, 64 allow several.
   Workload small = w;
   small.threads = 128;
-  KernelResources light{64, 16 * 1024, 0, 128}, heavy{255, 16 * 1024, 0, 128};
+  KernelResources light{64, 16 * 1024, 0, 128, 0}, heavy{255, 16 * 1024, 0, 128, 0};
   CHECK(estimate(small, d, &light).blocks_per_sm > estimate(small, d, &heavy).blocks_per_sm);
   // The mma.sync path is slower than wgmma for the same work; shallow pipelines expose latency.
   Workload sync = w;
@@ -583,6 +590,8 @@ std::vector<SweepCheck> replay_sweep(const std::string& file) {
   const size_t c_kernel = column("kernel"), c_shape = column("shape"), c_fixed = column("fixed"), c_config = column("config"),
                c_status = column("status"), c_ms = column("measured_ms"), c_regs = column("registers"),
                c_smem = column("smem_bytes"), c_threads = column("threads"), c_spill = column("spill_bytes");
+  // the driver's occupancy, in sweeps recorded since the tuner asks it
+  const size_t c_resident = static_cast<size_t>(std::find(header.begin(), header.end(), "resident_programs") - header.begin());
   const DeviceModel d = DeviceModel::h100();
   std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> by_shape;  // predicted, measured
   std::vector<std::string> order;
@@ -595,7 +604,8 @@ std::vector<SweepCheck> replay_sweep(const std::string& file) {
     for (const auto& [n, v] : assignments(f[c_shape])) ctx.shape.emplace_back(n, std::stoll(v));
     for (const auto& [n, v] : assignments(f[c_fixed])) ctx.fixed.emplace_back(n, meta_value(v));
     const Workload w = space->workload_of(parse_config(f[c_config]), ctx);
-    KernelResources r{std::stoi(f[c_regs]), std::stoll(f[c_smem]), std::stoi(f[c_spill]), std::stoi(f[c_threads])};
+    KernelResources r{std::stoi(f[c_regs]), std::stoll(f[c_smem]), std::stoi(f[c_spill]), std::stoi(f[c_threads]),
+                      c_resident < header.size() ? std::stoi(f[c_resident]) : 0};
     const CostEstimate e = estimate(w, d, &r);
     if (!e.feasible) continue;  // a spilling default is timed (the API launches it), not ranked
     if (const char* dump = std::getenv("TILEJIT_REPLAY_DUMP"); dump && file.find(dump) != std::string::npos)  // refitting: each config
@@ -648,7 +658,7 @@ TEST_CASE("cost model: chains -- the round's bound, serialised wgmma, a persiste
   w.chain.register_demand = 180;
   w.chain.register_cap = 240;
   w.chain.persistent = true;
-  KernelResources r{168, 224 * 1024, 0, 384};
+  KernelResources r{168, 224 * 1024, 0, 384, 0};
   const CostEstimate e = estimate(w, d, &r);
   REQUIRE(e.feasible);
   CHECK(e.chains_per_sm == 2);
@@ -736,6 +746,36 @@ TEST_CASE("exhaustive: configs the estimate rejects are still compiled, and time
   const TuneResult q = p.tuner(s, o).tune(kShape, {});
   for (const ConfigResult& c : q.configs)
     if (c.config.get("BLOCK") == 256) CHECK(c.status == ConfigStatus::Dropped);
+}
+
+TEST_CASE("occupancy: the driver's count of resident programs replaces the model's rule where the bench knows it") {
+  Harness h("resident");
+  h.resident = {{"BLOCK=256,warps=4", 3}};
+  AutotuneOptions o;
+  o.exhaustive = true;
+  const TuneResult r = h.tuner(small_space({128, 256}), o).tune(kShape, {});
+  bool seen = false;
+  for (const ConfigResult& c : r.configs) {
+    CAPTURE(c.config.id());
+    if (c.config.id() == "BLOCK=256,warps=4") {
+      seen = true;
+      CHECK(c.resources.resident_programs == 3);
+      CHECK(c.estimate.blocks_per_sm == 3);  // the rule alone gives 16 (24 registers, 128 threads)
+    } else {
+      CHECK(c.resources.resident_programs == 0);
+      CHECK(c.estimate.blocks_per_sm > 3);
+    }
+  }
+  CHECK(seen);
+  // the estimate itself: the driver's count wins over shared memory's rule both ways
+  Workload w;
+  w.flops = w.mma_flops = 1e9;
+  w.programs = 1000;
+  w.threads = 128;
+  KernelResources rule{64, 116 * 1024, 0, 128, 0}, driver = rule;
+  driver.resident_programs = 2;
+  CHECK(estimate(w, DeviceModel::h100(), &rule).blocks_per_sm == 1);
+  CHECK(estimate(w, DeviceModel::h100(), &driver).blocks_per_sm == 2);
 }
 
 TEST_CASE("the default is timed even when it spills (the API launches it); other spilling configs are dropped") {

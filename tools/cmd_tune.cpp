@@ -102,7 +102,7 @@ class CsvFile {
     if (!f_) throw UsageError(fmt::format("--csv {}: cannot open for writing", path));
     std::fprintf(f_, "kernel,shape,fixed,config,status,model_ms,model_rank,measured_ms,measured_rank,compute_ms,smem_ms,dram_ms,"
                      "l2_ms,overhead_ms,bound,blocks_per_sm,waves,programs,threads,stages,wgmma,mma_flops,registers,smem_bytes,"
-                     "spill_bytes,mufu_ms,fp32_ms,chain_ms,chains_per_sm,serialized,note,is_default\n");
+                     "spill_bytes,mufu_ms,fp32_ms,chain_ms,chains_per_sm,serialized,note,is_default,resident_programs\n");
   }
   ~CsvFile() {
     if (f_) std::fclose(f_);
@@ -117,7 +117,7 @@ class CsvFile {
     };
     for (const runtime::ConfigResult& c : r.configs) {
       const runtime::CostEstimate& e = c.estimate;
-      std::fprintf(f_, "%s,%s,%s,%s,%s,%.6g,%d,%.6g,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%s,%d,%lld,%lld,%d,%d,%d,%.6g,%d,%lld,%d,%.6g,%.6g,%.6g,%d,%d,%s,%d\n",
+      std::fprintf(f_, "%s,%s,%s,%s,%s,%.6g,%d,%.6g,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%s,%d,%lld,%lld,%d,%d,%d,%.6g,%d,%lld,%d,%.6g,%.6g,%.6g,%d,%d,%s,%d,%d\n",
                    r.kernel.c_str(), quoted(runtime::describe_shape(r.shape)).c_str(), quoted(fixed).c_str(),
                    quoted(c.config.id()).c_str(), std::string(runtime::to_string(c.status)).c_str(), e.ms, c.model_rank, c.ms,
                    c.measured_rank, e.compute_ms, e.smem_ms, e.dram_ms, e.l2_ms, e.overhead_ms, quoted(e.bound).c_str(),
@@ -125,7 +125,7 @@ class CsvFile {
                    c.resources.threads ? c.resources.threads : c.workload.threads, c.workload.stages, c.workload.wgmma ? 1 : 0,
                    c.workload.mma_flops, c.resources.registers, static_cast<long long>(c.resources.smem_bytes),
                    c.resources.spill_bytes, e.mufu_ms, e.fp32_ms, e.chain_ms, e.chains_per_sm, e.serialized ? 1 : 0,
-                   quoted(c.note.substr(0, 200)).c_str(), c.is_default ? 1 : 0);
+                   quoted(c.note.substr(0, 200)).c_str(), c.is_default ? 1 : 0, c.resources.resident_programs);
     }
     std::fflush(f_);
   }
