@@ -94,6 +94,23 @@ void print_table(const runtime::TuneResult& r, bool all, bool measured) {
   if (!all && pruned_shown > 10) std::printf("(%zu more configs pruned by the model; --all lists them)\n", pruned_shown - 10);
 }
 
+// The model's terms for one config beside its measurement (issue 29: "prints the model's
+// prediction term by term"): the busy time of each unit, the chains' own latency, memory, the tile
+// ends and launch, and the occupancy they assume.
+void print_terms(const char* what, const runtime::ConfigResult& c) {
+  const runtime::CostEstimate& e = c.estimate;
+  if (!e.feasible) return;
+  std::string units = fmt::format("tensor cores {}", ms_text(e.compute_ms));
+  if (c.workload.chain.present) units += fmt::format(", MUFU {}, FP32 {}, chain latency {}", ms_text(e.mufu_ms), ms_text(e.fp32_ms), ms_text(e.chain_ms));
+  else units += fmt::format(", shared memory {}", ms_text(e.smem_ms));
+  std::printf("  %s %s: %s, HBM %s, L2 %s, tile ends + launch %s; %d program(s) an SM%s%s -> %s ms predicted (%s), %s ms measured\n",
+              what, c.config.id().c_str(), units.c_str(), ms_text(e.dram_ms).c_str(), ms_text(e.l2_ms).c_str(),
+              ms_text(e.overhead_ms).c_str(), e.blocks_per_sm,
+              c.workload.chain.present ? fmt::format(", {} chain(s)", e.chains_per_sm).c_str() : "",
+              c.resources.resident_programs > 0 ? " (the driver's count)" : "", ms_text(e.ms).c_str(), e.bound.c_str(),
+              ms_text(c.ms).c_str());
+}
+
 // --csv: one row per config of every shape, the model's terms beside the measurement and the
 // compiled resources (what docs/performance-model.md checks the model against).
 class CsvFile {
@@ -213,6 +230,11 @@ int cmd_tune(const Args& args) {
       if (csv) csv->write(r, r.identity.fixed);
       std::printf("space: %zu configs, %zu satisfy the constraints; model's best: %s (%.4f ms estimated)\n", r.space_size, r.valid,
                   r.best.id().c_str(), r.best_ms);
+      std::printf("the model's terms (per launch, each unit's busy time on the busiest SM):\n");
+      for (const runtime::ConfigResult& c : r.configs) {
+        if (c.model_rank == 1) print_terms("model's best", c);
+        if (c.is_default && c.model_rank != 1) print_terms("default", c);
+      }
       continue;
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -245,6 +267,13 @@ int cmd_tune(const Args& args) {
     const double tflops = r.best_ms > 0 ? r.flops / (r.best_ms * 1e-3) / 1e12 : 0;
     std::printf("best: %s  %s ms%s  [%s]\n", r.best.id().c_str(), ms_text(r.best_ms).c_str(),
                 tflops > 0 ? fmt::format("  {:.1f} TFLOP/s", tflops).c_str() : "", r.source.c_str());
+    if (r.source == "tuned") {
+      std::printf("the model's terms (per launch, each unit's busy time on the busiest SM):\n");
+      for (const runtime::ConfigResult& c : r.configs) {
+        if (c.measured_rank == 1) print_terms("choice ", c);
+        if (c.is_default && c.measured_rank != 1) print_terms("default", c);
+      }
+    }
     if (r.source == "tuned" && r.default_ms > 0)
       std::printf("default (what the API launches untuned): %s  %s ms; the choice is %.3fx faster\n", r.default_config.id().c_str(),
                   ms_text(r.default_ms).c_str(), r.default_ms / r.best_ms);
