@@ -391,6 +391,10 @@ Bundle read_bundle_bytes(std::span<const uint8_t> data, std::string name) {
   return decode(std::string_view(reinterpret_cast<const char*>(data.data()), data.size()), name);
 }
 
+namespace {
+std::atomic<uint64_t> g_bundles_generation{0};  // bundles_generation()
+}  // namespace
+
 void load_bundle(const Bundle& b) {
   recording_failures([&] {
     check_arch(b);
@@ -401,6 +405,7 @@ void load_bundle(const Bundle& b) {
       if (r.entries.try_emplace(e.key, std::make_shared<const BundleEntry>(e)).second) ++info.new_entries;
     r.bundles.push_back(std::move(info));
     r.any.store(true, std::memory_order_release);
+    g_bundles_generation.fetch_add(1, std::memory_order_acq_rel);
   });
 }
 
@@ -417,6 +422,8 @@ void load_bundle_bytes(const uint8_t* data, size_t size, const char* name) {
 }
 
 bool bundles_loaded() { return registry().any.load(std::memory_order_acquire); }
+
+uint64_t bundles_generation() { return g_bundles_generation.load(std::memory_order_acquire); }
 
 std::optional<jit::CompiledKernel> find_bundled(const std::string& key) {
   Registry& r = registry();
@@ -444,6 +451,7 @@ void unload_all_bundles() {
   r.bundles.clear();
   r.failures.clear();
   r.any.store(false, std::memory_order_release);
+  g_bundles_generation.fetch_add(1, std::memory_order_acq_rel);
 }
 
 void throw_not_bundled(const ir::Function& f, const jit::CompileOptions& opts, const std::string& key) {

@@ -115,6 +115,9 @@ void load_bundle(const Bundle& bundle);  // one already read
 std::optional<jit::CompiledKernel> find_bundled(const std::string& bundle_key);
 // Whether any bundle is loaded (a relaxed atomic read: compile_cached's fast path).
 bool bundles_loaded();
+// Counts load_bundle and unload_all_bundles calls: a cache of lookups in bundles' tuning tables
+// compares it to see that the tables it read may have changed.
+uint64_t bundles_generation();
 
 struct LoadedBundle {
   std::string name;

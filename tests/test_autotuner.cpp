@@ -1144,12 +1144,13 @@ TEST_CASE("attention::backward launches a tuning table's dK/dV choice (recompute
 
 TEST_CASE("attention::backward launches a tuning table's dQ choice (the recompute reduction's dQ kernel)") {
   const TuningSpace& space = library::attention_dq_tuning_space();
-  const std::string chosen = "BLOCK_M=128,BLOCK_N=64,warps=8,stages=3,min_programs=0";
-  const lang::Meta fixed = load_tuned_choice("attention_bwd_dq", {{"B", 2}, {"H", 16}, {"S", 8192}, {"D", 128}}, false, chosen);
   const attention::detail::Config c = ::testing::api_config(attention::Pass::bwd_dq, 128, false);
   attention::detail::Dims d;
   d.batch = 2, d.heads_q = d.heads_kv = 16, d.seq_q = d.seq_k = 8192, d.head_dim = 128;
-  const attention::detail::Config t = attention::detail::with_tuned_choice(c, d);
+  CHECK(attention::detail::with_tuned_choice(c, d).sch == c.sch);  // no table yet: the default (and the bucket's lookup made)
+  const std::string chosen = "BLOCK_M=128,BLOCK_N=64,warps=8,stages=3,min_programs=0";
+  const lang::Meta fixed = load_tuned_choice("attention_bwd_dq", {{"B", 2}, {"H", 16}, {"S", 8192}, {"D", 128}}, false, chosen);
+  const attention::detail::Config t = attention::detail::with_tuned_choice(c, d);  // the bundle loaded since is seen
   CHECK(t.sch == attention::Schedule{128, 64, 8, 3, 0});
   CHECK_FALSE(t.tuned.has_value());  // (dQ has no schedule options beyond its tiles)
   CHECK(ir::structural_hash(kernels::attention_backward_dq().build(attention::detail::meta_of(t))) ==

@@ -299,7 +299,8 @@ lang::Meta meta_of(const Config& c);
 // options. The forward for dense calls (no varlen, library mask, score mod or dropout); dK/dV for
 // those with the recompute reduction, ascending, not accumulating, LSE rows 16-byte aligned; dQ
 // (the recompute reduction's) not accumulating; all with S_q = S_k (the tuned problem). Otherwise,
-// or with no entry, `c` unchanged. One lookup per bucket and process.
+// or with no entry, `c` unchanged. One lookup per bucket and process until a bundle is loaded or
+// unloaded (runtime::bundles_generation).
 Config with_tuned_choice(Config c, const Dims& d);
 // The configuration of pass `p` in a checked call.
 Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts);

@@ -9,6 +9,7 @@
 #include "api/tuning.hpp"
 #include "kernels/meta_names.hpp"
 #include "runtime/autotuner.hpp"
+#include "runtime/bundle.hpp"
 
 namespace tilejit::attention::detail {
 
@@ -52,10 +53,17 @@ Config with_tuned_choice(Config c, const Dims& d) {
   using Key = std::tuple<int, int, int, bool, bool, int, std::array<int64_t, 4>>;
   const Key key{static_cast<int>(c.pass), static_cast<int>(c.dtype), c.head_dim, c.causal, c.positive_scale, c.device, bucket};
   static std::mutex mu;
-  static std::map<Key, std::optional<runtime::TuningConfig>> cache;  // (bundles loaded later are not seen)
+  static std::map<Key, std::optional<runtime::TuningConfig>> cache;
+  static uint64_t generation = 0;
   std::optional<runtime::TuningConfig> choice;
   {
     std::lock_guard lock(mu);
+    // a bundle loaded or unloaded since: its tuning table may answer differently (the tuning
+    // store written by another process is read once a bucket and process)
+    if (const uint64_t g = runtime::bundles_generation(); g != generation) {
+      cache.clear();
+      generation = g;
+    }
     auto it = cache.find(key);
     if (it == cache.end()) {
       const runtime::Shape shape{{"B", d.batch}, {"H", d.heads_q}, {"S", d.seq_q}, {"D", d.head_dim}};
