@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "api/attention.hpp"
+#include "api/attention/internal.hpp"
 #include "bench/bench_util.hpp"
 #include "kernels/attention/backward.hpp"
 #include "kernels/attention/config.hpp"
@@ -172,21 +173,27 @@ int run(const Options& o) {
 int run_backward(const Options& o) {
   using attention::DqReduction;
   const int64_t S = o.seq, D = o.head_dim, H = o.hidden / D, B = std::max<int64_t>(1, o.tokens / S);
-  // the API's default reduction (api/attention/schedules.cpp: ordered from S 4k full, 8k causal at D 128)
-  const std::string red = !o.reduction.empty() ? o.reduction : D == 128 && S >= (o.causal ? 8192 : 4096) ? "ordered" : "recompute";
+  // the API's default reduction, schedule, ring options and metas for this call (api/attention:
+  // default_reduction, dkdv_ring_options, meta_of), so that the timeline follows what the API runs
+  attention::detail::Dims dims;
+  dims.batch = B, dims.heads_q = dims.heads_kv = H, dims.seq_q = dims.seq_k = S, dims.head_dim = D, dims.causal = o.causal;
+  dims.row_vectors_aligned = true;
+  const std::string red = !o.reduction.empty() ? o.reduction : attention::name(attention::detail::default_reduction(dims, {}));
   const DqReduction reduction = red == "atomic" ? DqReduction::atomic : red == "ordered" ? DqReduction::ordered : DqReduction::recompute;
   if (red != "atomic" && red != "ordered" && red != "recompute") throw std::invalid_argument("--reduction " + red + ": recompute, atomic or ordered");
-  const attention::Schedule sch =
-      attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, static_cast<int>(D), o.causal, false, reduction);
-  lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D}, {mn::kBlockM, sch.block_m}, {mn::kBlockN, sch.block_n},
-                  {mn::kBshd, true}, {mn::kCausal, o.causal}, {mn::kTimeline, true}};
-  // the API's ring options (schedules.cpp: dkdv_ring_options) at the measured D 128 tiles
+  attention::detail::Config c{};
+  c.pass = attention::Pass::bwd_dkdv;
+  c.dtype = ir::DType::bf16;
+  c.head_dim = static_cast<int>(D);
+  c.causal = o.causal;
+  c.reduction = static_cast<int>(reduction);
+  c.sch = attention::default_schedule(attention::Pass::bwd_dkdv, c.dtype, c.head_dim, o.causal, false, reduction);
+  const attention::detail::DkdvRingOptions rings = attention::detail::dkdv_ring_options(c, true);
+  c.lse_in_ring = rings.lse_in_ring, c.ring_producer = rings.ring_producer, c.dq_writer = rings.dq_writer;
+  const attention::Schedule& sch = c.sch;
   const bool adds = reduction != DqReduction::recompute;
-  if (adds) meta.emplace_back(mn::kDqReduction, static_cast<int64_t>(reduction));
-  if (reduction == DqReduction::ordered) meta.emplace_back(mn::kPersistent, true);
-  if (!adds && (D == 64 || (D == 128 && !o.causal))) meta.emplace_back(mn::kLseInRing, true);
-  if (adds && D == 128 && sch.block_n == 128 && sch.num_warps == 8 && sch.min_programs_per_sm <= 1)
-    for (const char* name : {mn::kLseInRing, mn::kRingProducer, mn::kDqWriter}) meta.emplace_back(name, true);
+  lang::Meta meta = attention::detail::meta_of(c);
+  meta.emplace_back(mn::kTimeline, true);
   for (const auto& [name, value] : bench_util::parse_with(o.with)) meta.emplace_back(name, value);
   jit::CompileOptions co;
   co.num_warps = sch.num_warps;
