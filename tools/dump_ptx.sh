@@ -44,6 +44,10 @@ fwd_pipeline_pv|attention_fwd|--meta HEAD_DIM=128 --meta BSHD=true --meta PIPELI
 fwd_no_sections|attention_fwd|--meta HEAD_DIM=128 --meta CAUSAL=true --meta HEAVY_FIRST_SECTIONS=false
 fwd_rng_warps|attention_fwd|--meta HEAD_DIM=64 --meta BLOCK_M=64 --meta DROPOUT=true --meta RNG_WARPS=4 --num-warps 8
 fwd_dropout_ahead|attention_fwd|--meta HEAD_DIM=128 --meta DROPOUT=true --meta DROPOUT_AHEAD=true
+fwd_api_d128|attention_fwd|--meta HEAD_DIM=128 --meta BSHD=true --meta POSITIVE_SCALE=true --meta PERSISTENT=true --meta RING_PRODUCER=true --meta PIPELINE_PV=true --meta TMA_STORE=true --meta BLOCK_N=128 --num-warps 8 --stages 2
+fwd_api_d128_causal|attention_fwd|--meta HEAD_DIM=128 --meta BSHD=true --meta CAUSAL=true --meta POSITIVE_SCALE=true --meta PERSISTENT=true --meta RING_PRODUCER=true --meta PIPELINE_PV=true --meta TMA_STORE=true --meta BLOCK_N=128 --num-warps 8 --stages 2
+fwd_overlap_tiles_causal|attention_fwd|--meta HEAD_DIM=128 --meta BSHD=true --meta CAUSAL=true --meta POSITIVE_SCALE=true --meta PERSISTENT=true --meta RING_PRODUCER=true --meta PIPELINE_PV=true --meta OVERLAP_TILES=true --meta BLOCK_N=128 --num-warps 8 --stages 2
+fwd_timeline_causal|attention_fwd|--meta HEAD_DIM=128 --meta BSHD=true --meta CAUSAL=true --meta POSITIVE_SCALE=true --meta PERSISTENT=true --meta RING_PRODUCER=true --meta PIPELINE_PV=true --meta TIMELINE=true --meta BLOCK_N=128 --num-warps 8 --stages 2
 bwd_pre|attention_bwd_preprocess|--meta HEAD_DIM=128 --meta BSHD=true --stages 1
 bwd_pre_varlen|attention_bwd_preprocess|--meta HEAD_DIM=64 --meta VARLEN=true --stages 1
 dkdv|attention_bwd_dkdv|
@@ -61,6 +65,7 @@ dkdv_mask_window|attention_bwd_dkdv|--meta HEAD_DIM=64 --meta BSHD=true --meta M
 dkdv_softcap|attention_bwd_dkdv|--meta HEAD_DIM=128 --meta BSHD=true --meta SCORE_MOD=2
 dkdv_varlen|attention_bwd_dkdv|--meta HEAD_DIM=64 --meta VARLEN=true --num-warps 8
 dkdv_all_tiles|attention_bwd_dkdv|--meta HEAD_DIM=128 --meta CAUSAL=true --meta PARTIAL_TILES_ONLY=false
+dkdv_timeline|attention_bwd_dkdv|--meta HEAD_DIM=128 --meta BSHD=true --meta LSE_IN_RING=true --meta TIMELINE=true
 dq|attention_bwd_dq|
 dq_d128_causal|attention_bwd_dq|--meta HEAD_DIM=128 --meta BSHD=true --meta CAUSAL=true
 dq_d64_dropout|attention_bwd_dq|--meta HEAD_DIM=64 --meta BSHD=true --meta DROPOUT=true
