@@ -14,6 +14,7 @@
 #include "kernels/attention/backward_common.hpp"
 #include "kernels/attention/backward_schedule_lang.hpp"
 #include "kernels/attention/program_order.hpp"
+#include "kernels/attention/timeline.hpp"
 
 namespace tilejit::kernels {
 namespace backward_detail {
@@ -50,10 +51,7 @@ struct DkdvProgram {
   DqReduction reduction() const { return cfg.dq_reduction; }
   // TIMELINE: each warp's cycle counter into stamp `index` (clamped to the last) of key tile
   // `key_tile` (DkdvConfig::timeline's index).
-  void stamp(const Tile& key_tile, const Tile& index) const {
-    const Tile at = minimum(maximum(index, 0), DkdvConfig::kTimelineStamps - 1);
-    timestamp(timeline + (cast(i64, key_tile) * DkdvConfig::kTimelineStamps + cast(i64, at)) * 32);
-  }
+  void stamp(const Tile& key_tile, const Tile& index) const { timeline_stamp(timeline, key_tile, index, DkdvConfig::kTimelineStamps); }
 };
 
 DkdvProgram::DkdvProgram(Builder& kb)

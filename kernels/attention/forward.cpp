@@ -10,6 +10,7 @@
 
 #include "kernels/attention/forward_program.hpp"
 #include "kernels/attention/program_order.hpp"
+#include "kernels/attention/timeline.hpp"
 
 namespace tilejit::kernels {
 namespace forward_detail {
@@ -53,8 +54,7 @@ void ForwardProgram::stamp(const Tile& index) const {
   Tile tile = (b * Q.size(head_dim) + h) * cdiv(Q.size(seq_dim), BM) + m_block;
   // OVERLAP_TILES' places that are no tile stamp into a spare row after the last tile
   if (*cfg.overlap_tiles) tile = where(real, tile, cdiv(Q.size(seq_dim), BM) * Q.size(head_dim) * Q.size(0));
-  const Tile at = minimum(maximum(index, 0), ForwardConfig::kTimelineStamps - 1);
-  timestamp(timeline + (cast(i64, tile) * ForwardConfig::kTimelineStamps + cast(i64, at)) * 32);
+  timeline_stamp(timeline, tile, index, ForwardConfig::kTimelineStamps);
 }
 
 void ForwardProgram::for_each_tile(const std::function<void()>& attend) {
@@ -82,12 +82,10 @@ void ForwardProgram::for_each_tile(const std::function<void()>& attend) {
 void ForwardProgram::place_causal_position(const Tile& i, const Tile& num_m, const Tile& heads, const Tile& P, const Tile& q,
                                            const std::optional<Tile>& is_tile) {
   const Tile pos = 2 * ((i / 2) * P + q) + i % 2, unit = pos / num_m, within = pos % num_m;
-  if (!is_tile) {  // (the ops in the order they always had: the default kernel's PTX stays the same)
-    place(where(within % 2 == 0, num_m - 1 - within / 2, within / 2), unit % heads, unit / heads);
-    return;
-  }
-  const Tile block = where(within % 2 == 0, num_m - 1 - within / 2, within / 2), head = unit % heads, batch = unit / heads;
-  place(where(*is_tile, block, num_m), head, batch);
+  // (batch, head, block: the order in which GCC built them as place()'s arguments, right to left,
+  // before they were named; the persistent causal kernel's IR stays the same)
+  const Tile batch = unit / heads, head = unit % heads, block = where(within % 2 == 0, num_m - 1 - within / 2, within / 2);
+  place(is_tile ? where(*is_tile, block, num_m) : block, head, batch);
 }
 
 Tile ForwardProgram::tile_count() const {
