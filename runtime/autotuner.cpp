@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "runtime/autotuner_internal.hpp"
+#include "runtime/bundle.hpp"
 #include "runtime/compile_cache.hpp"
 
 namespace tilejit::runtime {
@@ -216,6 +217,8 @@ TuneResult Autotuner::choose(const Shape& shape, const lang::Meta& fixed) {
 struct TunedKernel::Entry {
   TuningConfig config;
   std::unique_ptr<Function> fn;
+  bool settled = false;     // tuned or stored: final for the process
+  uint64_t generation = 0;  // else the bundles_generation() it was chosen at: a bundle loaded since may hold a choice
 };
 
 TunedKernel::TunedKernel(const TuningSpace& space, lang::Meta fixed, AutotuneOptions opts, int device)
@@ -225,34 +228,39 @@ TunedKernel::TunedKernel(const TuningSpace& space, lang::Meta fixed, AutotuneOpt
 
 TunedKernel::~TunedKernel() = default;
 
-TunedKernel::Entry& TunedKernel::entry_for(std::span<const DeviceArg> args, Shape& shape) {
+std::shared_ptr<TunedKernel::Entry> TunedKernel::entry_for(std::span<const DeviceArg> args, Shape& shape) {
   shape = space_.shape_of(args, fixed_);
   const std::string bucket = space_.bucket(shape);
+  const uint64_t generation = bundles_generation();
   std::lock_guard lock(mutex_);
-  for (auto& [b, e] : entries_)
-    if (b == bucket) return *e;
+  auto it = std::find_if(entries_.begin(), entries_.end(), [&](const auto& be) { return be.first == bucket; });
+  if (it != entries_.end() && (it->second->settled || it->second->generation == generation)) return it->second;
+  // the bucket's first call, or its default chosen before a bundle was loaded or unloaded
   Autotuner tuner(space_, opts_);
   TuneResult r = tuner.choose(shape, fixed_);
-  auto e = std::make_unique<Entry>();
+  auto e = std::make_shared<Entry>();
   e->config = r.best;
+  e->settled = r.source != "default";
+  e->generation = generation;
   e->fn = std::make_unique<Function>(space_.kernel(), layer_meta(space_.meta_of(r.best), fixed_), r.best.options(opts_.base), device_);
-  entries_.push_back({bucket, std::move(e)});
-  return *entries_.back().second;
+  if (it != entries_.end()) it->second = e;  // (a launch holding the old entry keeps it alive)
+  else entries_.push_back({bucket, e});
+  return e;
 }
 
 void TunedKernel::launch(CUstream stream, std::span<const DeviceArg> args) {
   Shape shape;
-  Entry& e = entry_for(args, shape);
+  const std::shared_ptr<Entry> e = entry_for(args, shape);
   TuningContext ctx;
   ctx.shape = shape;
   ctx.fixed = fixed_;
   ctx.arch = opts_.base.arch;
-  e.fn->launch(space_.grid_of(e.config, ctx), stream, args);
+  e->fn->launch(space_.grid_of(e->config, ctx), stream, args);
 }
 
 TuningConfig TunedKernel::config_for(std::span<const DeviceArg> args) {
   Shape shape;
-  return entry_for(args, shape).config;
+  return entry_for(args, shape)->config;
 }
 
 }  // namespace tilejit::runtime

@@ -261,8 +261,9 @@ void add_to_bundle_content(TunedBundleContent& content, const TuningSpace& space
                            const lang::Meta& fixed, const jit::CompileOptions& base);
 
 // A kernel called like tilejit::Function whose config is chosen per shape bucket (Autotuner::choose
-// on the first call of a bucket; later calls of the bucket only hash the key and launch). The grid
-// comes from the space. Thread safe.
+// on the first call of a bucket; later calls of the bucket only hash the key and launch; a bucket
+// that got the default is chosen again once a bundle is loaded or unloaded). The grid comes from
+// the space. Thread safe.
 class TunedKernel {
  public:
   TunedKernel(const TuningSpace& space, lang::Meta fixed = {}, AutotuneOptions opts = {}, int device = 0);
@@ -278,13 +279,13 @@ class TunedKernel {
 
  private:
   struct Entry;
-  Entry& entry_for(std::span<const DeviceArg> args, Shape& shape);
+  std::shared_ptr<Entry> entry_for(std::span<const DeviceArg> args, Shape& shape);
   const TuningSpace& space_;
   lang::Meta fixed_;
   AutotuneOptions opts_;
   int device_;
   std::mutex mutex_;
-  std::vector<std::pair<std::string, std::unique_ptr<Entry>>> entries_;
+  std::vector<std::pair<std::string, std::shared_ptr<Entry>>> entries_;
 };
 
 }  // namespace tilejit::runtime

@@ -45,7 +45,10 @@ TuningSpace small_space(std::vector<int64_t> blocks) {
       .constrain("at least 2 elements per thread", [](const TuningConfig& c, const TuningContext&) {
         return c.get("BLOCK") / (32 * c.get("warps")) >= 2;
       })
-      .key("n", Bucketing::pow2(1024))
+      .key("n", Bucketing::pow2(1024),
+           [](std::span<const DeviceArg> args, const lang::Meta&) -> int64_t {
+             return !args.empty() && args[0].tensor() ? args[0].tensor()->sizes[0] : 0;
+           })
       .default_config({{{"BLOCK", 128}, {"warps", 1}}})
       .workload([](const TuningConfig& c, const TuningContext& ctx) {
         Workload w;
@@ -1004,6 +1007,26 @@ TEST_CASE("TILEJIT_AUTOTUNE=0: the stored or the default choice, nothing timed")
     CHECK(r.best == tuned.best);
     CHECK(h.measured.empty());
   }
+}
+
+TEST_CASE("TunedKernel: a bucket that got the default takes a bundle's choice loaded after its first call") {
+  EnvGuard off("0");  // choose() only looks up: no tuning, no GPU
+  const TuningSpace s = small_space({128, 256});
+  const std::vector<int64_t> sizes{1 << 20}, strides{1};
+  const TensorView x{ir::DType::f32, sizes, strides, 0x10000, 0};
+  const std::array<DeviceArg, 3> args{DeviceArg(x), DeviceArg(x), DeviceArg(x)};
+  AutotuneOptions o;
+  o.persist = false;  // (nothing from a tuning store on disk)
+  TunedKernel k(s, {}, o);
+  CHECK(k.config_for(args) == s.default_config());
+  const TuningConfig other{{{"BLOCK", 256}, {"warps", 2}}};
+  Bundle b;
+  b.name = "tuned_vector_add.tjb";
+  b.tuning = encode_tuning_table({TuningTableEntry{Autotuner(s).identity(kShape, {}), other.id(), 1.0}});
+  load_bundle(b);
+  CHECK(k.config_for(args) == other);
+  unload_all_bundles();
+  CHECK(k.config_for(args) == other);  // settled: a stored choice stays for the process
 }
 
 TEST_CASE("budget: configs left when the time runs out are reported, the default stands in") {
