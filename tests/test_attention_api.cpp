@@ -1222,8 +1222,11 @@ TEST_CASE("attention API: dQ reductions, workspace sizes and schedules") {
   for (DType t : {DType::bf16, DType::f16})
     for (bool causal : {false, true}) {
       for (int d : {64, 128}) {
-        // (D 64 recompute: registers bounded for three programs per SM)
-        CHECK(default_schedule(Pass::bwd_dkdv, t, d, causal) == Schedule{64, 64, 4, 2, d == 64 ? 3 : 0});
+        // (D 64 recompute: full 128 query rows a visit on one warpgroup (decision 083), causal
+        // registers bounded for three programs an SM (022))
+        const Schedule recompute = d == 128 ? Schedule{64, 64, 4, 2} : causal ? Schedule{64, 64, 4, 2, 3} : Schedule{128, 64, 4, 2};
+        CHECK(default_schedule(Pass::bwd_dkdv, t, d, causal) == recompute);
+        CHECK(default_schedule(Pass::bwd_dkdv, t, d, causal, false, DqReduction::recompute, true) == Schedule{64, 64, 4, 2});
         for (DqReduction r : {DqReduction::atomic, DqReduction::split, DqReduction::ordered}) {
           const Schedule kv = d == 128 ? Schedule{64, 128, 8, 2} : Schedule{64, 64, 4, 2};
           CHECK(default_schedule(Pass::bwd_dkdv, t, d, causal, false, r) == kv);

@@ -52,9 +52,12 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
       if (head_dim >= 256) return {32, 64, 4, 2};
       // a reduction: 8 warps at D 128, where the dQ dot's split fits
       if (reduction != DqReduction::recompute && head_dim % 128 == 0) return {64, 128, 8, 2};
-      // D 64 recompute: registers bounded for three programs per SM (decision 022). Not with dropout
-      // or a library mask: the bound spills there.
-      if (reduction == DqReduction::recompute && head_dim == 64 && !dropout && !library_mask) return {64, 64, 4, 2, 3};
+      // D 64 recompute without dropout or a library mask: full, 128 query rows a visit on one
+      // warpgroup, two programs an SM (254 registers): 1.03-1.13x decision 022's 64 x 64 at three
+      // programs an SM in the H200 tuning sweeps (083). Causal keeps 022's: 128-row visits lost 7%
+      // at S 1k (gained 8-11% from S 4k: a tuning table's choice there).
+      if (reduction == DqReduction::recompute && head_dim == 64 && !dropout && !library_mask)
+        return causal ? Schedule{64, 64, 4, 2, 3} : Schedule{128, 64, 4, 2};
       return {64, 64, 4, 2};
     case Pass::bwd_dq: return {64, 64, 4, 2};
     // Elementwise over dQ_accum: [BLOCK_M, D] f32 per program, 4 warps.
