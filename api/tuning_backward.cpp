@@ -59,9 +59,9 @@ Workload backward_workload(const TuningConfig& c, const TuningContext& ctx, cons
   w.smem_bytes = static_cast<double>(w.programs) * visits * (6.0 * static_cast<double>(k.step * D) + 2.0 * static_cast<double>(k.tile * k.step)) * e;
   w.est_smem_bytes = (2 * k.tile * D + w.stages * 2 * k.step * D) * static_cast<int64_t>(e) + 1024;
   // A step per warpgroup (its 64-row slab of the tile, one streamed block): the dots, an
-  // exponential per score, the elementwise softmax gradient's FP32 ops and ~250 instructions a
-  // thread that do not scale with the tile (LSE and Delta, barriers, addresses), fitted to dK/dV's
-  // H200 sweep (docs/performance-model.md); no row reductions: P = exp(S - LSE) element by element
+  // exponential per score, the elementwise softmax gradient's FP32 ops and the instructions a
+  // thread that do not scale with the tile (`step_overhead`); no row reductions: P = exp(S - LSE)
+  // element by element
   runtime::ChainWorkload& ch = w.chain;
   ch.present = true;
   ch.chains_per_program = w.wgmma ? static_cast<int>(warps / 4) : 1;
@@ -70,7 +70,7 @@ Workload backward_workload(const TuningConfig& c, const TuningContext& ctx, cons
   ch.mma_flops = 2.0 * k.dots * rows * step * static_cast<double>(D);
   ch.operand_bytes = (2.0 * rows + k.dots * step) * static_cast<double>(D) * e;
   ch.exponentials = rows * step;
-  ch.fp32_ops = k.fp32_per_score * rows * step + 128.0 * 250;
+  ch.fp32_ops = k.fp32_per_score * rows * step + 128.0 * k.step_overhead;
   ch.row_reductions = false;
   ch.lockstep = k.lockstep;
   // per consumer thread, each 64-row slab: the f32 accumulators (64 x D each), S and dP (64 x

@@ -66,6 +66,7 @@ struct BackwardLoop {
   int dots = 4;                 // matmuls a step: dK/dV 4 (S^T, dP^T, dV, dK), dQ 3 (S, dP, dQ)
   int outputs = 2;              // f32 accumulators of tile x D: dK and dV, or dQ
   double fp32_per_score = 10;   // the elementwise softmax gradient's lane-ops a score
+  double step_overhead = 250;   // instructions a thread each step that do not scale with the tile
   bool lockstep = false;        // the warpgroups meet at a CTA barrier every step (dK/dV)
 };
 // Tile rows in 64-row slabs, one per warpgroup, on the wgmma path (jit/wgmma_plan).
