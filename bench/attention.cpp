@@ -45,7 +45,7 @@
 //     checked against the default's:
 //     FWD_VARIANT D=128 causal=0 dropout=1 tile=64x64 warps=4 stages=2 exact=0 min_programs_per_sm=0 programs_per_sm=2 ms=..
 //       vs_default=.. (min_programs_per_sm: the variant's register bound, CompileOptions::min_programs_per_sm)
-//   attention_bench --backward-ab META[,META...] [--reduction atomic] [--with META,...] [--schedule BM,BN,W,S]
+//   attention_bench --backward-ab META[,META...] [--reduction atomic] [--with META,...] [--schedule BM,BN,W,S[,MIN_PROGRAMS]]
 //     the dK/dV kernel (recompute, or the 5-matmul one adding dQ's parts atomically) with bool metas
 //     all off / all on (--with: on in both; PERSISTENT: on a grid of resident programs; --schedule:
 //     the "on" kernel at these tiles, warps and stages) (D 64/128, S4k, +-causal), dK and dV compared
@@ -1513,8 +1513,10 @@ int main(int argc, char** argv) {
     else if (a == "--causal" && i + 1 < argc) only_causal = std::atoi(argv[++i]);
     else if (a == "--schedule" && i + 1 < argc) {
       attention::Schedule s;
-      if (std::sscanf(argv[++i], "%d,%d,%d,%d", &s.block_m, &s.block_n, &s.num_warps, &s.stages) != 4) {
-        std::fprintf(stderr, "--schedule wants BLOCK_M,BLOCK_N,WARPS,STAGES\n");
+      // (a fifth number: min_programs_per_sm, the register bound)
+      const int n = std::sscanf(argv[++i], "%d,%d,%d,%d,%d", &s.block_m, &s.block_n, &s.num_warps, &s.stages, &s.min_programs_per_sm);
+      if (n != 4 && n != 5) {
+        std::fprintf(stderr, "--schedule wants BLOCK_M,BLOCK_N,WARPS,STAGES[,MIN_PROGRAMS_PER_SM]\n");
         return 2;
       }
       schedule = s;
