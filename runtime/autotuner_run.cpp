@@ -304,7 +304,10 @@ void Autotuner::Sweep::time_one(size_t i) {
       if (store_) store_->store_measurement(id_, rec);
       cr.status = m.correct ? ConfigStatus::Timed : ConfigStatus::WrongOutput;
       cr.ms = m.correct ? m.ms : 0.0;
-      cr.note = m.note;
+      // (a default the model drops is timed anyway: keep why the model dropped it)
+      cr.note = cr.estimate.feasible || cr.estimate.reason.empty() ? m.note
+                : m.note.empty()                                    ? cr.estimate.reason
+                                                                    : cr.estimate.reason + "; " + m.note;
       ++r_.timed;
     } catch (const GpuHang& e) {  // the context is lost to the hung kernel: nothing more can be timed
       cr.status = ConfigStatus::Failed;
