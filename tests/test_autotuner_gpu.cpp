@@ -65,6 +65,16 @@ TEST_CASE("GEMM: pruned tuning reaches 97% of the exhaustive best; a warm run is
   print("pruned", p);
   REQUIRE(p.source == "tuned");
   CHECK(p.timed <= static_cast<size_t>(po.top_k) + 1);
+  // every compiled config's occupancy is the driver's count, and the estimate uses it (b1881a7)
+  size_t asked = 0;
+  for (const ConfigResult& c : p.configs)
+    if (c.status == ConfigStatus::Timed) {
+      CAPTURE(c.config.id());
+      CHECK(c.resources.resident_programs >= 1);
+      CHECK(c.estimate.blocks_per_sm == c.resources.resident_programs);
+      ++asked;
+    }
+  CHECK(asked >= 2);
 
   AutotuneOptions eo = po;
   eo.exhaustive = true;
