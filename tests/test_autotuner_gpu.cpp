@@ -139,7 +139,7 @@ TEST_CASE("gpu: calibrate_device measures plausible unit rates (issue 29)") {
   CHECK(run.rates.fp32_per_clock <= 130);
 }
 
-// Issue 29 item 3 on the GPU: a bundle's tuning table names forward and dK/dV configurations
+// Issue 29 item 3 on the GPU: a bundle's tuning table names forward, dK/dV and dQ configurations
 // other than the defaults for a call's buckets; attention::forward / backward find them
 // (with_tuned_choice) and launch them, and their outputs match float64.
 TEST_CASE("gpu: attention::forward and backward launch a tuning table's choices, correct against float64") {
@@ -147,17 +147,19 @@ TEST_CASE("gpu: attention::forward and backward launch a tuning table's choices,
   struct Pick {
     int d;
     bool causal;
-    const char *fwd, *dkdv;
+    const char *fwd, *dkdv, *dq;
   };
   const Pick picks[] = {
       {64, true,
        "BLOCK_M=64,BLOCK_N=64,warps=4,stages=2,min_programs=0,EXACT_NORMALIZE=0,PERSISTENT=0,RING_PRODUCER=0,PIPELINE_PV=0,"
        "PIPELINE_QK=0,TMA_STORE=1",
-       "BLOCK_M=128,BLOCK_N=64,warps=4,stages=2,min_programs=0,LSE_IN_RING=1,TMA_STORE=1"},
+       "BLOCK_M=128,BLOCK_N=64,warps=4,stages=2,min_programs=0,LSE_IN_RING=1,TMA_STORE=1",
+       "BLOCK_M=128,BLOCK_N=64,warps=8,stages=2,min_programs=0"},
       {128, false,
        "BLOCK_M=128,BLOCK_N=64,warps=8,stages=3,min_programs=0,EXACT_NORMALIZE=0,PERSISTENT=0,RING_PRODUCER=0,PIPELINE_PV=0,"
        "PIPELINE_QK=1,TMA_STORE=0",
-       "BLOCK_M=64,BLOCK_N=128,warps=8,stages=2,min_programs=0,LSE_IN_RING=1,TMA_STORE=1"},
+       "BLOCK_M=64,BLOCK_N=128,warps=8,stages=2,min_programs=0,LSE_IN_RING=1,TMA_STORE=1",
+       "BLOCK_M=64,BLOCK_N=128,warps=4,stages=2,min_programs=0"},
   };
   const int B = 1, H = 2, S = 768;
   // what `tilejit tune ... --bundle` writes: the chosen kernels and the table naming them
@@ -169,13 +171,19 @@ TEST_CASE("gpu: attention::forward and backward launch a tuning table's choices,
     const lang::Meta common{{"HEAD_DIM", int64_t{p.d}}, {"CAUSAL", p.causal}, {"BSHD", true}, {"DTYPE", ir::DType::bf16}};
     lang::Meta fwd_meta = common;
     fwd_meta.push_back({"POSITIVE_SCALE", true});
-    const std::pair<const TuningSpace*, lang::Meta> kernels[] = {
-        {&library::attention_fwd_tuning_space(), library::library_fixed_meta("attention_fwd", fwd_meta)},
-        {&library::attention_dkdv_tuning_space(), library::library_fixed_meta("attention_bwd_dkdv", common)}};
-    for (const auto& [space, fixed] : kernels) {
+    struct Kernel {
+      const TuningSpace* space;
+      lang::Meta fixed;
+      const char* choice;
+    };
+    const Kernel kernels[] = {
+        {&library::attention_fwd_tuning_space(), library::library_fixed_meta("attention_fwd", fwd_meta), p.fwd},
+        {&library::attention_dkdv_tuning_space(), library::library_fixed_meta("attention_bwd_dkdv", common), p.dkdv},
+        {&library::attention_dq_tuning_space(), library::library_fixed_meta("attention_bwd_dq", common), p.dq}};
+    for (const auto& [space, fixed, choice] : kernels) {
       TuneResult r;
       r.identity = Autotuner(*space).identity(shape, fixed);
-      r.best = parse_config(space == kernels[0].first ? p.fwd : p.dkdv);
+      r.best = parse_config(choice);
       r.best_ms = 1.0;
       add_to_bundle_content(content, *space, r, fixed, base);
     }
@@ -194,10 +202,13 @@ TEST_CASE("gpu: attention::forward and backward launch a tuning table's choices,
     dims.row_vectors_aligned = true;
     const attention::detail::Config f = attention::detail::with_tuned_choice(::testing::api_config(attention::Pass::forward, p.d, p.causal), dims);
     const attention::detail::Config k = attention::detail::with_tuned_choice(::testing::api_config(attention::Pass::bwd_dkdv, p.d, p.causal), dims);
+    const attention::detail::Config dq = attention::detail::with_tuned_choice(::testing::api_config(attention::Pass::bwd_dq, p.d, p.causal), dims);
     REQUIRE(f.tuned.has_value());
     REQUIRE(k.tuned.has_value());
     CHECK(f.sch.block_n == parse_config(p.fwd).get("BLOCK_N"));
     CHECK(k.sch.block_m == parse_config(p.dkdv).get("BLOCK_M"));
+    CHECK(dq.sch.block_m == parse_config(p.dq).get("BLOCK_M"));
+    CHECK(dq.sch.num_warps == parse_config(p.dq).get("warps"));
 
     HostTensor q(ir::DType::bf16, c.q_shape()), kk(ir::DType::bf16, c.kv_shape()), v(ir::DType::bf16, c.kv_shape()),
         dout(ir::DType::bf16, c.q_shape());
@@ -223,8 +234,8 @@ TEST_CASE("gpu: attention::forward and backward launch a tuning table's choices,
     const ::testing::AttentionBackwardRef br = ::testing::attention_backward_ref(c, q, kk, v, dout, c.default_scale());
     const double eo = ::testing::rel_error(c, d_o.to_host(), fr.o), edq = ::testing::rel_error(c, d_dq.to_host(), br.dq),
                  edk = ::testing::rel_error(c, d_dk.to_host(), br.dk), edv = ::testing::rel_error(c, d_dv.to_host(), br.dv);
-    MESSAGE(fmt::format("{}: tuned forward {} / dK/dV {}: rel. errors O {:.2e} dQ {:.2e} dK {:.2e} dV {:.2e}", c.describe(), p.fwd,
-                        p.dkdv, eo, edq, edk, edv));
+    MESSAGE(fmt::format("{}: tuned forward {} / dK/dV {} / dQ {}: rel. errors O {:.2e} dQ {:.2e} dK {:.2e} dV {:.2e}", c.describe(),
+                        p.fwd, p.dkdv, p.dq, eo, edq, edk, edv));
     CHECK(eo < 1e-2);
     CHECK(edq < 1e-2);
     CHECK(edk < 1e-2);
