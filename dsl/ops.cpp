@@ -29,7 +29,7 @@ Tile pointer_offset(Builder& b, const Operand& ptr, const Operand& off, bool neg
 }
 
 // Promote, broadcast and emit an elementwise binary op (or cmp with `pred`).
-Tile binary(OpKind kind, const Operand& x, const Operand& y, const Loc& loc, const char* pred = nullptr) {
+Tile binary(OpKind kind, const Operand& x, const Operand& y, const Loc& loc, const char* pred = nullptr, ir::AttrMap attrs = {}) {
   Builder& b = builder_for({&x, &y}, loc);
   std::string what = pred ? fmt::format("cmp {}", pred) : std::string(ir::op_name(kind));
   if (is_pointer(b, x) || is_pointer(b, y)) {
@@ -50,7 +50,6 @@ Tile binary(OpKind kind, const Operand& x, const Operand& y, const Loc& loc, con
   Shape s = detail::broadcast_shapes(b, sx, sy, loc, what);
   Tile tx = detail::materialize(b, x, d, s, loc, what);
   Tile ty = detail::materialize(b, y, d, s, loc, what);
-  ir::AttrMap attrs;
   if (pred) attrs["pred"] = std::string(pred);
   return b.emit1(kind, {tx.id(), ty.id()}, std::move(attrs), loc);
 }
@@ -87,6 +86,13 @@ Tile reduce_all(const char* kind, const Operand& x, const Loc& loc) {
 Tile operator+(const Operand& a, const Operand& b) { return binary(OpKind::add, a, b, a.loc()); }
 Tile operator-(const Operand& a, const Operand& b) { return binary(OpKind::sub, a, b, a.loc()); }
 Tile operator*(const Operand& a, const Operand& b) { return binary(OpKind::mul, a, b, a.loc()); }
+
+Tile scale_lazily(const Operand& x, const Operand& scale, std::source_location loc) {
+  Builder& b = builder_for({&x, &scale}, loc);
+  const DType d = detail::common_dtype(b, x, scale, loc, "scale_lazily");
+  if (!ir::is_float(d)) b.fail(loc, fmt::format("scale_lazily: x and scale must be floats, got {}", ir::name(d)));
+  return binary(OpKind::mul, x, scale, loc, nullptr, {{ir::kSkipUnitScaleAttr, int64_t{1}}});
+}
 Tile operator/(const Operand& a, const Operand& b) { return binary(OpKind::div, a, b, a.loc()); }
 Tile operator%(const Operand& a, const Operand& b) { return binary(OpKind::rem, a, b, a.loc()); }
 Tile operator&(const Operand& a, const Operand& b) { return binary(OpKind::bit_and, a, b, a.loc()); }

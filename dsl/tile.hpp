@@ -162,6 +162,10 @@ struct BlockRef {
 Tile operator+(const Operand& a, const Operand& b);
 Tile operator-(const Operand& a, const Operand& b);
 Tile operator*(const Operand& a, const Operand& b);
+// x * scale (floats), which the compiled kernel skips for a warp whose elements of `scale` are all
+// exactly 1 (a branch on a vote: the warp issues none of the multiplies). Bit-identical to x * scale;
+// worth it when scale is usually 1 (the attention forward's output rescale, LAZY_RESCALE).
+Tile scale_lazily(const Operand& x, const Operand& scale, std::source_location loc = std::source_location::current());
 Tile operator/(const Operand& a, const Operand& b);
 Tile operator%(const Operand& a, const Operand& b);
 Tile operator&(const Operand& a, const Operand& b);

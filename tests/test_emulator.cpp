@@ -488,6 +488,46 @@ TEST_CASE("emulator: the D 128 ring-producer forward (warp roles, persistent, TM
     }
 }
 
+// LAZY_RESCALE (lang::scale_lazily): O's rescale behind a warp vote. The emulated kernel equals the
+// interpreter and, bit for bit, the kernel that always multiplies; the lowered program votes.
+TEST_CASE("emulator: the forward with LAZY_RESCALE equals the interpreter and the always-rescaling kernel") {
+  const int64_t B = 1, H = 2, Sq = 300, Sk = 400, D = 128;
+  for (bool pipelined : {true, false})
+    for (bool causal : {false, true})
+      for (bool settled : {false, true}) {
+        // settled: keys past the first block are zero (scores 0, below the first block's maximum), so
+        // no row's max moves after block 0 and every warp takes the skipping side
+        INFO("PIPELINE_PV " << pipelined << " causal " << causal << " settled " << settled);
+        HostTensor q(bf16, {B, Sq, H, D}), k(bf16, {B, Sk, H, D}), v(bf16, {B, Sk, H, D});
+        HostTensor o(bf16, {B, Sq, H, D}), lse(f32, {B, H, Sq});
+        q.fill_normal(61, 0, 1);
+        k.fill_normal(62, 0, 1);
+        v.fill_normal(63, 0, 1);
+        if (settled)
+          for (int64_t j = 128; j < Sk; ++j)
+            for (int64_t h = 0; h < H; ++h)
+              for (int64_t d = 0; d < D; ++d) k.set({0, j, h, d}, 0.0);
+        jit::CompileOptions o8;
+        o8.num_warps = 8;
+        o8.pipeline.stages = 2;
+        std::vector<std::vector<HostTensor>> emulated;
+        for (bool lazy : {false, true}) {
+          const ir::Function fn = kernels::attention_forward().build(Meta{{"DTYPE", bf16},     {"HEAD_DIM", D},          {"CAUSAL", causal},
+                                                                          {"BSHD", true},      {"BLOCK_M", int64_t{128}}, {"BLOCK_N", int64_t{128}},
+                                                                          {"RING_PRODUCER", pipelined}, {"PIPELINE_PV", pipelined},
+                                                                          {"LAZY_RESCALE", lazy}});
+          CHECK((count_ops(jit::lower(fn, o8))[jit::pir::Op::ballot] > 0) == lazy);
+          const Runs r = run_both(fn, {cdiv(Sq, 128), H, B}, {q, k, v, o, lse}, {0.088f}, {0.088f}, o8);
+          for (size_t i : {size_t{3}, size_t{4}}) {
+            INFO("output " << i << " LAZY_RESCALE " << lazy);
+            CHECK(count_apart(r.ref[i], r.emu[i], 1e-2) == 0);
+          }
+          emulated.push_back(r.emu);
+        }
+        for (size_t i : {size_t{3}, size_t{4}}) CHECK(emulated[0][i].to_f64() == emulated[1][i].to_f64());
+      }
+}
+
 // The library GEMM as it runs on the H100 (sm_90a, 8 warps, 4 stages, BLOCK_N 256): the TMA +
 // wgmma pipeline, and RING_PRODUCER / PERSISTENT (a producer warpgroup, a 1-D grid walking the
 // tiles in GROUP_M order), B K-major and MN-major, ragged M and N; small integers, so bit for bit.

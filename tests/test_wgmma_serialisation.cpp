@@ -54,6 +54,14 @@ TEST_CASE("wgmma pipelines of the library kernels: no serialised wgmma, no unexp
       // (without the default ring producer: with it, the consumers' 240 registers do not hold both pipelines)
       {"forward D128 PIPELINE_QK + PIPELINE_PV", &kernels::attention_forward, with(with(fwd128, "PIPELINE_PV", true), "RING_PRODUCER", false), 8, 2, 64},
       {"forward D128 PIPELINE_PV alone", &kernels::attention_forward, with(with(fwd128, "PIPELINE_QK", false), "PIPELINE_PV", true), 8, 2},
+      // LAZY_RESCALE: O's rescale behind a warp vote, on the API's D128 loop (ring producer, PIPELINE_PV, persistent)
+      {"forward D128 LAZY_RESCALE", &kernels::attention_forward,
+       with(with(with(with(with(fwd128, "BSHD", true), "PERSISTENT", true), "PIPELINE_PV", true), "POSITIVE_SCALE", true), "LAZY_RESCALE", true),
+       8, 2},
+      {"forward D128 causal LAZY_RESCALE", &kernels::attention_forward,
+       with(with(with(with(with(with(fwd128, "BSHD", true), "PERSISTENT", true), "PIPELINE_PV", true), "POSITIVE_SCALE", true),
+                      "LAZY_RESCALE", true), "CAUSAL", true),
+       8, 2},
       {"forward D128 no pipeline", &kernels::attention_forward, with(with(fwd128, "PIPELINE_QK", false), "PIPELINE_PV", false), 8, 2},
       {"forward D128 fused dropout", &kernels::attention_forward, with(fwd128, "DROPOUT", true), 8, 2},
       {"forward D64 PIPELINE_QK", &kernels::attention_forward, {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"HEAD_DIM", 64}, {"PIPELINE_QK", true}}, 8, 2},

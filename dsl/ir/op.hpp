@@ -137,6 +137,9 @@ bool is_float_only_unary(OpKind k);
 
 using Attr = std::variant<int64_t, double, std::string, std::vector<int64_t>, DType>;
 using AttrMap = std::map<std::string, Attr>;  // ordered: printing and hashing are deterministic
+// On a float mul x * s (lang::scale_lazily): the compiled kernel may skip the multiply for a warp
+// whose elements of s are all 1 (x * 1 == x bit for bit); the interpreter multiplies.
+inline constexpr const char* kSkipUnitScaleAttr = "skip_unit_scale";
 
 // Where in the user's C++ the op was built; not part of the hash, printed only on request.
 struct SourceLoc {

@@ -3,6 +3,8 @@
 #include "jit/lower/lowerer.hpp"
 
 #include <map>
+#include <optional>
+#include <set>
 
 namespace tilejit::jit::lower {
 
@@ -38,6 +40,7 @@ V Lowerer::scalar_op(const ir::Op& op, const std::vector<V>& a) {
 Regs Lowerer::elementwise(const ir::Op& op, const Layout& L) {
   std::vector<Regs> in;
   for (ir::ValueId v : op.operands) in.push_back(get(v, L));
+  if (op.kind == OpKind::mul && op.has_attr(ir::kSkipUnitScaleAttr)) return scale_lazily(op, L, in);
   Regs outr;
   for (uint32_t r = 0; r < static_cast<uint32_t>(L.num_regs()); ++r) {
     std::vector<V> a;
@@ -45,6 +48,40 @@ Regs Lowerer::elementwise(const ir::Op& op, const Layout& L) {
     outr.push_back(scalar_op(op, a));
   }
   return outr;
+}
+
+// lang::scale_lazily: x * s, skipped by a warp whose threads hold only scales equal to 1 (each
+// thread tests the scale registers its own multiplies use, the warp votes): one uniform branch
+// around the multiplies, the unscaled registers on the other side. NaN scales multiply (!(s == 1)).
+Regs Lowerer::scale_lazily(const ir::Op& op, const Layout& L, const std::vector<Regs>& in) {
+  const DType d = f_.type(op.results[0]).dtype;
+  const V one = cfloat(d, 1.0);
+  std::set<V> seen;
+  std::optional<V> moved;
+  for (V s : in[1])
+    if (seen.insert(s).second) {
+      const V c = lnot(cmp(pir::Pred::eq, s, one));
+      moved = moved ? bin(Op::bit_or, *moved, c) : c;
+    }
+  const V votes = emit(Op::ballot, pir::scalar(DType::u32), {*moved});
+  pir::Inst branch;
+  branch.op = Op::if_;
+  branch.args = {cmp(pir::Pred::ne, votes, cint(DType::u32, 0))};
+  for (int side = 0; side < 2; ++side) {
+    pir::Block pb;
+    push_block(&pb);
+    pir::Inst y;
+    y.op = Op::yield;
+    for (uint32_t r = 0; r < static_cast<uint32_t>(L.num_regs()); ++r)
+      y.args.push_back(side == 0 ? scalar_op(op, {in[0][r], in[1][r]}) : in[0][r]);
+    pb.insts.push_back(std::move(y));
+    pop_block();
+    branch.regions.push_back(std::move(pb));
+  }
+  const Regs res = fresh(op.results[0], L);
+  branch.results = res;
+  blocks_.back()->insts.push_back(std::move(branch));
+  return res;
 }
 
 }  // namespace tilejit::jit::lower

@@ -199,6 +199,7 @@ class Lowerer {
   V scalar_op(const ir::Op& op, const std::vector<V>& a);
 
   Regs elementwise(const ir::Op& op, const Layout& L);
+  Regs scale_lazily(const ir::Op& op, const Layout& L, const std::vector<Regs>& in);
 
   // ---------------------------------------------------------------- program order (lower/lower.cpp)
   // The kernel's body and what must follow it.

@@ -87,6 +87,7 @@ Meta ForwardConfig::to_meta() const {
   put_if(m, mn::kDescriptorsAtUse, descriptors_at_use);
   put_if(m, mn::kK0BeforeVLast, k0_before_v_last);
   put_if(m, mn::kOverlapTiles, overlap_tiles);
+  put_if(m, mn::kLazyRescale, lazy_rescale);
   if (timeline) m.emplace_back(mn::kTimeline, true);
   return m;
 }
@@ -164,6 +165,7 @@ ForwardConfig ForwardConfig::read(Builder& kb) {
                                         "PERSISTENT=true and PV_PEEL (PIPELINE_PV without PIPELINE_QK), no PINGPONG and a full or "
                                         "causal mask (got PERSISTENT={} PV_PEEL={} PINGPONG={} MASK={})",
                                         *c.persistent, *c.pv_peel, *c.pingpong, mask_kind_name(s.mask)));
+  c.lazy_rescale = kb.meta<bool>(mn::kLazyRescale, false);
   return c;
 }
 

@@ -90,6 +90,9 @@ struct ForwardConfig {
   // unset: off (0.93-0.955x: the next Q has no buffer to land in early, and ptxas swaps P's
   // halves every block) [079]
   std::optional<bool> overlap_tiles;
+  // O's rescale by lang::scale_lazily: a warp whose rows kept their running max skips the 64
+  // multiplies a thread (bit-identical); unset: off (not yet measured on a GPU)
+  std::optional<bool> lazy_rescale;
   // Instrumentation: a last parameter `timeline` (u64 [tiles, kTimelineStamps, 32]; tile (b, h, m) =
   // (b * heads + h) * query blocks + m) takes each
   // warp's cycle counter at the tile's start, around every key block's phases and at its end

@@ -228,7 +228,7 @@ AttentionDropout::Ahead ForwardTile::mask_ahead(const Tile& n0, const Tile& j) c
 void ForwardTile::key_block(const Tile& n0, const Tile& partial, const Tile& s_raw, const AttentionDropout::Ahead& ahead) {
   auto [p16, alpha] = softmax_block(n0, partial, s_raw, ahead);
   // O = O * alpha + P V: rescaled, then accumulated onto by the MMA (its own accumulator)
-  Tile v = load(p.rows_of(p.Vs, p.kv_h, n0, p.BN)), rescaled = acc * alpha[col];
+  Tile v = load(p.rows_of(p.Vs, p.kv_h, n0, p.BN)), rescaled = *p.cfg.lazy_rescale ? scale_lazily(acc, alpha[col]) : acc * alpha[col];
   in_turn([&] { acc = dot(p16, v, rescaled, p.dots); });
 }
 

@@ -54,7 +54,7 @@ void pipelined_pv_blocks(ForwardTile& t, const KeyBlocks& blocks, int first, Var
     auto [p16, alpha] = t.softmax_block(n0, partial, s_raw, t.mask_ahead(n0, j));
     p_prev = p16;
     p.stamp(slot + 3);
-    t.acc = t.acc * alpha[col];
+    t.acc = *p.cfg.lazy_rescale ? scale_lazily(t.acc, alpha[col]) : t.acc * alpha[col];
     p.stamp(slot + 4);
   });
 }
