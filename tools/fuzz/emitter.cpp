@@ -114,7 +114,7 @@ void Emitter::emit(size_t i) {
       switch (static_cast<OpKind>(n.sub)) {
         case OpKind::add: r = a(0) + a(1); break;
         case OpKind::sub: r = a(0) - a(1); break;
-        case OpKind::mul: r = a(0) * a(1); break;
+        case OpKind::mul: r = n.ivalue != 0 ? scale_lazily(a(0), a(1)) : a(0) * a(1); break;
         case OpKind::div: r = a(0) / a(1); break;
         case OpKind::rem: r = a(0) % a(1); break;
         case OpKind::minimum: r = minimum(a(0), a(1)); break;

@@ -72,7 +72,7 @@ std::string expression(const Program& p, const Node& n) {
       switch (k) {
         case ir::OpKind::add: return fmt::format("{} + {}", a(0), a(1));
         case ir::OpKind::sub: return fmt::format("{} - {}", a(0), a(1));
-        case ir::OpKind::mul: return fmt::format("{} * {}", a(0), a(1));
+        case ir::OpKind::mul: return n.ivalue != 0 ? fmt::format("scale_lazily({}, {})", a(0), a(1)) : fmt::format("{} * {}", a(0), a(1));
         case ir::OpKind::div: return fmt::format("{} / {}", a(0), a(1));
         case ir::OpKind::rem: return fmt::format("{} % {}", a(0), a(1));
         case ir::OpKind::bit_and: return fmt::format("{} & {}", a(0), a(1));
