@@ -105,14 +105,7 @@ runtime::ProblemData attention_problem(const TuningContext& ctx) {
 // and every option as the kernel resolves it (read back from the built kernel's metas, so that
 // a default changed in ForwardConfig::read moves this one with it).
 TuningConfig api_default(const TuningContext& ctx) {
-  attention::detail::Config a{};
-  a.pass = attention::Pass::forward;
-  a.dtype = meta_dtype(ctx, mn::kDtype, ir::DType::bf16);
-  a.head_dim = static_cast<int>(dim(ctx, "D"));
-  a.causal = ctx.meta_bool(mn::kCausal, false);
-  a.dropout = ctx.meta_bool(mn::kDropout, false);
-  a.sch = attention::default_schedule(attention::Pass::forward, a.dtype, a.head_dim, a.causal, false, kernels::DqReduction::recompute,
-                                      a.dropout);
+  attention::detail::Config a = api_config(attention::Pass::forward, ctx);
   a.positive_scale = ctx.meta_bool(mn::kPositiveScale, false);
   a.persistent = attention::detail::forward_persistent(a.head_dim, false, 0, 0, a.dropout);
   const ir::Function f = kernels::attention_forward().build(runtime::layer_meta(attention::detail::meta_of(a), ctx.fixed));

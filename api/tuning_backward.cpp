@@ -1,6 +1,6 @@
-// What the backward kernels' tuning spaces share (api/tuning_dkdv.cpp, api/tuning_dq.cpp): the
-// problem's inputs and the workload of a kernel that keeps a tile of rows and streams the other
-// side's blocks past it.
+// What the attention kernels' tuning spaces share: the API's configuration of a problem, and for the
+// backward's (api/tuning_dkdv.cpp, api/tuning_dq.cpp) the problem's inputs and the workload of a
+// kernel that keeps a tile of rows and streams the other side's blocks past it.
 #include <cmath>
 
 #include "api/tuning_internal.hpp"
@@ -33,6 +33,17 @@ runtime::ProblemData backward_problem_inputs(const TuningContext& ctx) {
   d.tensors.push_back(std::make_unique<runtime::HostTensor>(ir::DType::f32, ir::Shape{B, H, S}));
   d.tensors.back()->fill_normal_parallel(15, 0, 0.1);  // Delta = rowsum(dO * O): any finite values
   return d;
+}
+
+attention::detail::Config api_config(attention::Pass p, const TuningContext& ctx) {
+  attention::detail::Config a{};
+  a.pass = p;
+  a.dtype = meta_dtype(ctx, mn::kDtype, ir::DType::bf16);
+  a.head_dim = static_cast<int>(dim(ctx, "D"));
+  a.causal = ctx.meta_bool(mn::kCausal, false);
+  a.dropout = ctx.meta_bool(mn::kDropout, false);
+  a.sch = attention::default_schedule(p, a.dtype, a.head_dim, a.causal, false, kernels::DqReduction::recompute, a.dropout);
+  return a;
 }
 
 bool backward_on_wgmma(const TuningConfig& c, const TuningContext& ctx, int64_t tile) {

@@ -49,13 +49,7 @@ runtime::ProblemData dkdv_problem(const TuningContext& ctx) {
 // What attention::backward launches as dK/dV for this problem with the recompute reduction: its
 // schedule and ring options (dkdv_ring_options), every option as the kernel resolves it.
 TuningConfig api_default(const TuningContext& ctx) {
-  attention::detail::Config a{};
-  a.pass = attention::Pass::bwd_dkdv;
-  a.dtype = meta_dtype(ctx, mn::kDtype, ir::DType::bf16);
-  a.head_dim = static_cast<int>(dim(ctx, "D"));
-  a.causal = ctx.meta_bool(mn::kCausal, false);
-  a.sch = attention::default_schedule(attention::Pass::bwd_dkdv, a.dtype, a.head_dim, a.causal, false,
-                                      kernels::DqReduction::recompute, false);
+  attention::detail::Config a = api_config(attention::Pass::bwd_dkdv, ctx);
   const attention::detail::DkdvRingOptions r = attention::detail::dkdv_ring_options(a, true);
   a.lse_in_ring = r.lse_in_ring, a.ring_producer = r.ring_producer, a.dq_writer = r.dq_writer;
   return config_of(a.sch, kernels::attention_backward_dkdv().build(runtime::layer_meta(attention::detail::meta_of(a), ctx.fixed)), kFlags);

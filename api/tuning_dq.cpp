@@ -41,13 +41,7 @@ runtime::ProblemData dq_problem(const TuningContext& ctx) {
 
 // What attention::backward launches as dQ for this problem with the recompute reduction.
 TuningConfig api_default(const TuningContext& ctx) {
-  attention::detail::Config a{};
-  a.pass = attention::Pass::bwd_dq;
-  a.dtype = meta_dtype(ctx, mn::kDtype, ir::DType::bf16);
-  a.head_dim = static_cast<int>(dim(ctx, "D"));
-  a.causal = ctx.meta_bool(mn::kCausal, false);
-  a.sch = attention::default_schedule(attention::Pass::bwd_dq, a.dtype, a.head_dim, a.causal, false, kernels::DqReduction::recompute,
-                                      false);
+  const attention::detail::Config a = api_config(attention::Pass::bwd_dq, ctx);
   return config_of(a.sch, kernels::attention_backward_dq().build(runtime::layer_meta(attention::detail::meta_of(a), ctx.fixed)), {});
 }
 

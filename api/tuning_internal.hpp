@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "api/attention.hpp"
+#include "api/attention/internal.hpp"
 #include "runtime/tuning_space.hpp"
 
 namespace tilejit::library::tuning_detail {
@@ -51,6 +52,10 @@ inline bool flag(const runtime::TuningConfig& c, const char* name) { return c.fi
 runtime::TuningSpace make_attention_space();
 // The attention spaces' keys B, H, S, D, read from argument 0 (Q) in its layout (BSHD or not).
 void attention_keys(runtime::TuningSpace& s, const char* kernel);
+// What the attention API configures for pass `p` of a dense call of this problem before any
+// tuned choice: dtype, head dim and causal from the fixed meta, the pass's default schedule
+// (recompute reduction; dropout where the fixed meta says so).
+attention::detail::Config api_config(attention::Pass p, const runtime::TuningContext& ctx);
 // A config of an attention space: the API's schedule, then `flags` as the built kernel `f` resolved them.
 runtime::TuningConfig config_of(const attention::Schedule& sch, const ir::Function& f, std::span<const char* const> flags);
 runtime::TuningSpace make_dkdv_space();
