@@ -207,6 +207,10 @@ const std::vector<V>& Lowerer::thread_coords(const Layout& L) {
     if (f != it->thread_coords.end()) return f->second;
     if (it->role) break;
   }
+  return frames_.back().thread_coords[key] = thread_coords_of(L, lane_, warp_);
+}
+
+std::vector<V> Lowerer::thread_coords_of(const Layout& L, V lane, V warp) {
   std::vector<V> c;
   for (size_t d = 0; d < L.shape.size(); ++d) {
     V acc = ci32(0);
@@ -217,11 +221,11 @@ const std::vector<V>& Lowerer::thread_coords(const Layout& L) {
         acc = bin(Op::bit_xor, acc, bin(Op::mul, bit, ci32(bases[i][d])));
       }
     };
-    add_bits(L.lane, lane_);
-    add_bits(L.warp, warp_);
+    add_bits(L.lane, lane);
+    add_bits(L.warp, warp);
     c.push_back(acc);
   }
-  return frames_.back().thread_coords[key] = c;
+  return c;
 }
 
 V Lowerer::coord(const Layout& L, uint32_t r, size_t d) { return coord(L, r, d, thread_coords(L)[d]); }

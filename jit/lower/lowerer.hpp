@@ -112,6 +112,7 @@ class Lowerer {
 
   // Per dim, the lane/warp part of each element's coordinate in this thread (i32).
   const std::vector<V>& thread_coords(const Layout& L);
+  std::vector<V> thread_coords_of(const Layout& L, V lane, V warp);  // from the given lane and warp, not cached
 
   // Coordinate d of register r in this thread. When the register bits and the lane/warp bits of
   // dim d are disjoint (always, for blocked and mma layouts) XOR is an add, which LLVM folds into

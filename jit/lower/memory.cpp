@@ -608,9 +608,10 @@ void Lowerer::stage_registers(const TmaReduce& red, const Layout& L, const Regs&
   // element (r, c): 128 / es a swizzled row, the TMA copy reads the chunks of 128 / es columns;
   // 16-bit elements two at a time where a thread holds columns c, c + 1 (c even) of a row
   const int64_t es = red.elem_bytes;
-  std::vector<V> tc = thread_coords(L);
-  if (at_store)
-    for (V& c : tc) c = emit_multi(Op::opaque, {c}, 1, pir::scalar(DType::i32), pir::kOpaqueCopy)[0];
+  // at_store: from opaque copies of the lane and warp (not the coordinates: LLVM would share those
+  // with the same coordinates computed earlier, held in registers from there to here)
+  auto opaque = [&](V x) { return emit_multi(Op::opaque, {x}, 1, pir::scalar(DType::i32), pir::kOpaqueCopy)[0]; };
+  const std::vector<V> tc = at_store ? thread_coords_of(L, opaque(lane_), opaque(warp_)) : thread_coords(L);
   std::map<Coord, uint32_t> reg_of;
   if (es == 2 && additive(L))
     for (uint32_t r = 0; r < val.size(); ++r) reg_of.emplace(L.reg_coords(r), r);

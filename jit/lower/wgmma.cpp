@@ -312,6 +312,8 @@ void Lowerer::wgmma_dot(const ir::Op& op, const WgmmaDot& w) {
     stage_a(*w.a_staged);
     // warpgroup wg_m's first 64 rows of M are chunk wg_m; slab r adds split.m chunks
     desc_a = descriptor(bin(Op::add, smem_at(plan_.hopper.a_staging), cast(bin(Op::mul, wg_m, ci32(a_chunk)), DType::u32)), a_chunk);
+    // (its k steps too: loop-invariant, LLVM held all of them through the loop, two registers each)
+    desc_a = local(desc_a);
   } else {
     // A in registers: the m64k16 A fragment is the accumulator layout of a [M, K] tile, k16 chunk
     // kk of slab r being registers {col bit 0, row 8, col 8} + 16 kk (jit/layout.cpp).
