@@ -79,7 +79,7 @@ const char* name(Pass p);  // the kernel's name: "attention_fwd", "attention_bwd
 // atomic, split and ordered take dense batches only (no cu_seqlens). Unset (the default): the
 // faster deterministic one for the call's shape as measured side by side (decision 075): ordered
 // where it runs on the dQ writer (D 128, dense, the full or causal mask, no dropout or score mod,
-// no accumulation or phases, no schedule, S_q % 4 == 0) from S_q 4096 (full) or 8192 (causal) on,
+// no accumulation or phases, no schedule, S_q % 4 == 0) from S_q 8192 (full) or 16384 (causal) on (085),
 // recompute elsewhere. Set it to choose; atomic is the fastest there but not deterministic.
 using DqReduction = kernels::DqReduction;  // (the dK/dV kernel's DQ_REDUCTION meta)
 const char* name(DqReduction r);  // "recompute", "atomic", "split", "ordered"
@@ -105,9 +105,11 @@ const char* name(BackwardPhase p);  // "all", "dkdv", "dq"
 // `dropout`: the D 64 forward runs 64 x 128 on 4 warps; the backward keeps its tiles. Without it the
 // D 64 forward has min_programs_per_sm = 2 (and then normalises by rcp: EXACT_NORMALIZE=false). D 64
 // dK/dV (recompute) has min_programs_per_sm = 3, except with dropout or a `library_mask` (spills there).
-// `library_mask`: a mask other than full and causal (Options::mask).
+// `library_mask`: a mask other than full and causal (Options::mask). `score_mod`: a call with a
+// score mod (its D 128 dQ keeps 64 x 64 tiles: softcapping spills at 128 x 128).
 Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal, bool varlen = false,
-                          DqReduction reduction = DqReduction::recompute, bool dropout = false, bool library_mask = false);
+                          DqReduction reduction = DqReduction::recompute, bool dropout = false, bool library_mask = false,
+                          bool score_mod = false);
 
 // A library attention mask (kernels/attention/mask_host.hpp defines every pattern, bottom-right
 // aligned when S_q != S_k like causal): the kind and its integers in `spec` (MaskSpec::

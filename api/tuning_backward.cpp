@@ -42,7 +42,10 @@ attention::detail::Config api_config(attention::Pass p, const TuningContext& ctx
   a.head_dim = static_cast<int>(dim(ctx, "D"));
   a.causal = ctx.meta_bool(mn::kCausal, false);
   a.dropout = ctx.meta_bool(mn::kDropout, false);
-  a.sch = attention::default_schedule(p, a.dtype, a.head_dim, a.causal, false, kernels::DqReduction::recompute, a.dropout);
+  // (a fixed MASK or SCORE_MOD meta: the tiles the API takes for such calls)
+  // (the kernels' MASK meta is the library mask's kind, 0 for none: CAUSAL is its own meta)
+  a.sch = attention::default_schedule(p, a.dtype, a.head_dim, a.causal, false, kernels::DqReduction::recompute, a.dropout,
+                                      ctx.meta_int(mn::kMask, 0) != 0, ctx.meta_int(mn::kScoreMod, 0) != 0);
   return a;
 }
 

@@ -910,7 +910,7 @@ int bench_dq_variants(int max_reps) {
                                                  static_cast<float>(1 / std::sqrt(double(D)))};
       for (Variant v : {Variant{32, sch.num_warps, sch.stages}, Variant{sch.block_n, sch.num_warps, 1}, Variant{32, sch.num_warps, 3},
                         Variant{128, sch.num_warps, sch.stages}, Variant{sch.block_n, 8, sch.stages, 128},
-                        Variant{sch.block_n, 8, 3, 128}}) {
+                        Variant{sch.block_n, 8, 3, 128}, Variant{128, 8, sch.stages, 128}}) {
         std::vector<Function> fns;
         fns.push_back(make({sch.block_n, sch.num_warps, sch.stages}));
         fns.push_back(make(v));

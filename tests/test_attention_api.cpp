@@ -657,7 +657,10 @@ TEST_CASE("attention API: the schedule table covers every dtype, head dim and ma
       CHECK(default_schedule(Pass::bwd_preprocess, DType::bf16, d, causal, true) == Schedule{64, 64, 4, 1});
     }
   CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, 128, false) == Schedule{64, 64, 4, 2});  // (measured: 64 x 128 on 8 warps was slower)
-  CHECK(default_schedule(Pass::bwd_dq, DType::bf16, 128, true) == Schedule{64, 64, 4, 2});
+  // dQ at D 128 dense: 128 x 128 on 8 warps (085); D 64, dropout and library masks keep 64 x 64
+  CHECK(default_schedule(Pass::bwd_dq, DType::bf16, 128, true) == Schedule{128, 128, 8, 2});
+  CHECK(default_schedule(Pass::bwd_dq, DType::bf16, 64, false) == Schedule{64, 64, 4, 2});
+  CHECK(default_schedule(Pass::bwd_dq, DType::bf16, 128, false, false, DqReduction::recompute, false, true) == Schedule{64, 64, 4, 2});
   // the forward with dropout: 64 x 128 on 4 warps at D 64 only
   CHECK(default_schedule(Pass::forward, DType::bf16, 64, false, false, DqReduction::recompute, true) == Schedule{64, 128, 4, 2});
   CHECK(default_schedule(Pass::forward, DType::bf16, 128, true, false, DqReduction::recompute, true) == Schedule{128, 128, 8, 2});
@@ -1242,7 +1245,7 @@ TEST_CASE("attention API: dQ reductions, workspace sizes and schedules") {
 }
 
 // Options::dq_reduction unset: the faster deterministic reduction for the shape (decision 075):
-// ordered on the dQ writer at D 128 dense from S_q 4096 (full) / 8192 (causal), recompute
+// ordered on the dQ writer at D 128 dense from S_q 8192 (full) / 16384 (causal), recompute
 // elsewhere and wherever a call needs it; the workspace follows, and prepare's / bundle_specs' lists
 // hold both reductions' kernels where the default may pick either.
 TEST_CASE("attention API: the default dQ reduction is the faster deterministic one for the shape") {
@@ -1256,11 +1259,12 @@ TEST_CASE("attention API: the default dQ reduction is the faster deterministic o
   Options full, causal;
   causal.causal = true;
   CHECK(bytes(2048, 128, full) == with(2048, 128, full, DqReduction::recompute));
-  CHECK(bytes(4096, 128, full) == with(4096, 128, full, DqReduction::ordered));
+  CHECK(bytes(4096, 128, full) == with(4096, 128, full, DqReduction::recompute));
+  CHECK(bytes(8192, 128, full) == with(8192, 128, full, DqReduction::ordered));
   CHECK(bytes(16384, 128, full) == with(16384, 128, full, DqReduction::ordered));
   CHECK(with(4096, 128, full, DqReduction::ordered) > with(4096, 128, full, DqReduction::recompute));  // (dQ_accum)
-  CHECK(bytes(4096, 128, causal) == with(4096, 128, causal, DqReduction::recompute));
-  CHECK(bytes(8192, 128, causal) == with(8192, 128, causal, DqReduction::ordered));
+  CHECK(bytes(8192, 128, causal) == with(8192, 128, causal, DqReduction::recompute));
+  CHECK(bytes(16384, 128, causal) == with(16384, 128, causal, DqReduction::ordered));
   CHECK(bytes(8192, 64, full) == with(8192, 64, full, DqReduction::recompute));  // (D 64: no writer)
   CHECK(bytes(8190, 128, full) == with(8190, 128, full, DqReduction::recompute));  // (S_q % 4: no LSE ring)
   // calls that need recompute, or that the writer does not take

@@ -18,6 +18,7 @@
 #include "kernels/attention/forward.hpp"
 #include "kernels/attention/backward.hpp"
 #include "kernels/attention/mask.hpp"
+#include "api/attention.hpp"
 #include "api/registry.hpp"
 #include "runtime/interpreter.hpp"
 
@@ -145,13 +146,21 @@ TEST_CASE("SCORE_MOD kernels assemble for sm_90a at the default schedules") {
       const tilejit::library::LibraryKernel* lk = tilejit::library::find(name);
       REQUIRE(lk != nullptr);
       Meta meta;
+      // (the tiles the API takes with a score mod: its D 128 dQ keeps 64 x 64 on 4 warps)
+      const bool dq = name == "attention_bwd_dq";
+      const tilejit::attention::Schedule sch = tilejit::attention::default_schedule(
+          tilejit::attention::Pass::bwd_dq, ir::DType::bf16, 128, false, false, tilejit::attention::DqReduction::recompute, false, false, true);
       for (const auto& m : lk->default_meta)
-        if (m.first != "HEAD_DIM") meta.push_back(m);
+        if (m.first != "HEAD_DIM" && !(dq && (m.first == "BLOCK_M" || m.first == "BLOCK_N"))) meta.push_back(m);
+      if (dq) {
+        meta.emplace_back("BLOCK_M", sch.block_m);
+        meta.emplace_back("BLOCK_N", sch.block_n);
+      }
       meta.emplace_back("SCORE_MOD", static_cast<int>(mod));
       meta.emplace_back("HEAD_DIM", 128);
       const ir::Function fn = lk->kernel().build(meta);
       INFO(name << " SCORE_MOD=" << std::string(km::score_mod_kind_name(mod)));
-      const jit::CompiledKernel k = testing::assemble_sm90a(fn, jit::Backend::Llvm, lk->num_warps);
+      const jit::CompiledKernel k = testing::assemble_sm90a(fn, jit::Backend::Llvm, dq ? sch.num_warps : lk->num_warps);
       if (name != "attention_bwd_dkdv") CHECK_MESSAGE(k.info.spill_store_bytes == 0, k.info.to_string());
       CHECK_MESSAGE(k.info.spill_store_bytes <= 256, k.info.to_string());
       MESSAGE(fmt::format("{} SCORE_MOD={}: {}", name, km::score_mod_kind_name(mod), k.info.to_string()));

@@ -91,10 +91,10 @@ int main(void) {
   m.mask_kind = 42;
   EXPECT_FAILS(tilejit_attention_check_forward(&q, &k, &v, &o, &lse, &m), TILEJIT_INVALID_ARGUMENT, "options.mask_kind is 42");
   EXPECT_FAILS(tilejit_attention_backward_workspace_bytes(&q, &k, &opts, NULL), TILEJIT_INVALID_ARGUMENT, "bytes is NULL");
-  /* TILEJIT_DQ_DEFAULT: the library's default reduction for the shape (D 128 full from S_q 4096:
+  /* TILEJIT_DQ_DEFAULT: the library's default reduction for the shape (D 128 full from S_q 8192:
    * ordered, whose dQ accumulator makes the workspace larger than recompute's) */
   {
-    const int64_t qs2[] = {1, 4096, 4, 128}, ks2[] = {1, 4096, 4, 128};
+    const int64_t qs2[] = {1, 8192, 4, 128}, ks2[] = {1, 8192, 4, 128};
     tilejit_tensor q2 = contiguous(base, TILEJIT_BF16, 4, qs2), k2 = contiguous(base + 0x10000000, TILEJIT_BF16, 4, ks2);
     tilejit_attention_options d;
     tilejit_attention_options_init(&d);

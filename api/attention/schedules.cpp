@@ -24,7 +24,7 @@ namespace mn = kernels::meta_name;
 // Hopper (wgmma) path; varlen (tensor slices) runs on the generic path with its own, smaller tiles.
 // The measurements behind each rule are in the decision records, docs/decisions/NNN-*.md.
 Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal, bool varlen, DqReduction reduction, bool dropout,
-                          bool library_mask) {
+                          bool library_mask, bool score_mod) {
   const int warps = head_dim >= 256 ? 8 : 4;
   switch (pass) {
     // 128 x 128 tiles (BLOCK_N 64 at D 256) on 8 warps, 2 stages (decision 001). D 64 with
@@ -59,7 +59,13 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
       if (reduction == DqReduction::recompute && head_dim == 64 && !dropout && !library_mask)
         return causal ? Schedule{64, 64, 4, 2, 3} : Schedule{128, 64, 4, 2};
       return {64, 64, 4, 2};
-    case Pass::bwd_dq: return {64, 64, 4, 2};
+    // dQ (recompute): D 128 dense without dropout, a library mask or a score mod: 128 x 128 on 8
+    // warps, one program an SM: 1.13-1.19x 64 x 64 on 4 warps at S 4k and 1.09-1.26x at S 1k-16k
+    // in the H200 tuning sweeps (085; the model ranks it first); with softcapping it spills 248 B.
+    // D 64: 64 x 64 is the sweeps' best.
+    case Pass::bwd_dq:
+      if (!varlen && head_dim == 128 && !dropout && !library_mask && !score_mod) return {128, 128, 8, 2};
+      return {64, 64, 4, 2};
     // Elementwise over dQ_accum: [BLOCK_M, D] f32 per program, 4 warps.
     case Pass::bwd_dq_convert: return {head_dim >= 256 ? 32 : 64, 64, 4, 2};
     // The parts are read at dK/dV's tiles: its BLOCK_M and BLOCK_N, an f32 [BLOCK_M, D] sum on 4 warps.
@@ -132,9 +138,10 @@ bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod, bool
 //   1.367x D 128 causal (on), 0.80-0.81x D 64 (off).
 // Unmeasured (off): varlen, library masks, score mods, dropout, the split and ordered reductions.
 // Options::dq_reduction unset: the faster deterministic reduction, as measured side by side (H200,
-// attention_bench --deterministic --head-dim 128, decision 075): ordered on the dQ writer took 0.99 /
-// 0.87 / 0.90 of recompute's time at full S 4k / 8k / 16k and 0.98 / 0.96 causal at S 8k / 16k;
-// recompute was faster below (ordered 1.06-1.22x) and at causal S 4k (1.11x). Unmeasured (recompute):
+// attention_bench --deterministic --head-dim 128, decisions 075, 085): with dQ on 128 x 128 tiles
+// (085) ordered on the dQ writer takes 0.97 / 0.96 of recompute's time at full S 8k / 16k and 0.97
+// causal at S 16k; recompute is faster at full S 4k (ordered 1.05x) and below (1.15-1.25x), and
+// level at causal S 8k (1.00x: recompute, which needs no workspace) and faster below (1.09-1.14x). Unmeasured (recompute):
 // D 64 (ordered has no writer there: 1.4-1.6x atomic's time), the other configurations the ring
 // options leave out, and calls that need recompute (accumulation, split phases).
 bool ordered_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, bool dropout, bool score_mod, bool schedule,
@@ -148,7 +155,7 @@ DqReduction default_reduction(const Dims& d, const Options& opts) {
   const bool writer = ordered_may_be_default(d.head_dim, d.mask, d.varlen, opts.dropout_p > 0, d.score_mod != kernels::ScoreModKind::none,
                                              opts.schedule.has_value(), opts.q_descending) &&
                       !opts.accumulate_gradients && opts.backward_phase == BackwardPhase::all && d.seq_q % 4 == 0;
-  return writer && d.seq_q >= (d.causal ? 8192 : 4096) ? DqReduction::ordered : DqReduction::recompute;
+  return writer && d.seq_q >= (d.causal ? 16384 : 8192) ? DqReduction::ordered : DqReduction::recompute;
 }
 
 DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned) {
@@ -244,7 +251,7 @@ lang::Meta meta_of(const Config& c) {
 Schedule schedule_for(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
   return opts.schedule ? *opts.schedule
                        : default_schedule(p, q.dtype, static_cast<int>(d.head_dim), d.causal, opts.cu_seqlens_q.has_value(),
-                                          d.reduction, d.dropout, library_mask(d.mask));
+                                          d.reduction, d.dropout, library_mask(d.mask), d.score_mod != kernels::ScoreModKind::none);
 }
 
 Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
