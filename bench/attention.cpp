@@ -57,6 +57,11 @@
 //     compared bit for bit:
 //     META_AB HEAVY_FIRST_SECTIONS kernel=dq S=8192 D=128 B=2 H=16 causal=1 off_ms=.. on_ms=.. speedup=.. outputs_identical=1
 //   attention_bench --cp [...]             context parallelism on every GPU (bench/attention_cp.cpp)
+//   attention_bench --build-ab OTHER.tjb   the API's forward, dK/dV and dQ kernels (D 64/128, S 4k, full
+//     and causal) as this build compiles them against the same configurations from a bundle another
+//     build wrote (`tilejit bundle -o OTHER.tjb --attention D=128 ...` there): a lowering change A/B'd
+//     in one process (attention_build_ab.cpp):
+//     BUILD_AB kernel=attention_fwd D=128 causal=0 meta=.. this_ms=.. other_ms=.. speedup=.. registers=../.. outputs_identical=1
 //   attention_bench --capabilities         "backward=1 varlen_fwd=1 varlen_bwd=1 dropout=1"
 //   attention_bench --check DIR            reads DIR/cases.txt and the inputs, writes the outputs
 #include <fmt/format.h>
@@ -91,6 +96,7 @@
 #include "runtime/host_tensor.hpp"
 #include "kernels/meta_names.hpp"
 #include "bench/bench_util.hpp"
+#include "bench/attention_ab.hpp"
 
 using namespace tilejit;
 using bench_util::add_dropout_key;
@@ -99,21 +105,11 @@ using bench_util::no_rng_state;
 using bench_util::parse_with;
 using bench_util::random_buffer;
 using runtime::DeviceBuffer;
+using namespace tilejit::attention_bench;
 
 namespace {
 
 namespace mn = tilejit::kernels::meta_name;
-
-constexpr int64_t kTokens = 16384, kHidden = 2048;  // B * S and H * D of the grid
-
-struct Config {
-  int64_t S, D;
-  bool causal;
-  int64_t heads = 0;  // 0: kHidden / D (else fewer heads than the grid's: B * S * heads * D <= the buffers)
-  int64_t B() const { return kTokens / S; }
-  int64_t H() const { return heads ? heads : kHidden / D; }
-  double fwd_flops() const { return 4.0 * static_cast<double>(B() * H()) * double(S) * double(S) * double(D) / (causal ? 2 : 1); }
-};
 
 float bf16_to_float(uint16_t b) {
   const uint32_t bits = uint32_t{b} << 16;
@@ -121,105 +117,6 @@ float bf16_to_float(uint16_t b) {
   std::memcpy(&f, &bits, 4);
   return f;
 }
-
-// Times `fn` on `stream`: one warm-up call (compiles on the first config), then repeats until
-// ~0.3 s or `max_reps`, each between its own pair of events; returns the median in ms.
-template <class F>
-double time_ms(F&& fn, const runtime::Stream& stream, int max_reps) {
-  fn();
-  stream.synchronize();
-  runtime::Event a, b;
-  a.record(stream);
-  fn();
-  b.record(stream);
-  b.synchronize();
-  const double first = b.elapsed_ms(a);
-  const int reps = std::clamp(static_cast<int>(300.0 / std::max(first, 1e-3)), 3, max_reps);
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    a.record(stream);
-    fn();
-    b.record(stream);
-    b.synchronize();
-    ms.push_back(b.elapsed_ms(a));
-  }
-  return median(ms);
-}
-
-// The rounds of an A/B: six, the variants' order swapped every round. (Three rounds in a fixed
-// order measured two identical kernels -- the same PTX -- at 0.91-1.00x of each other: clock drift
-// over seconds favours whichever runs first.)
-template <class F>
-void ab_rounds(F&& measure) {
-  for (int round = 0; round < 6; ++round)
-    for (int i : {0, 1}) measure(round % 2 == 0 ? i : 1 - i);
-}
-
-// An A/B of two compiled variants on the same arguments: each launched once, the first `bytes` of
-// each of `outputs` read back and compared, then both timed in ab_rounds (medians).
-struct AbResult {
-  double off_ms = 0, on_ms = 0;
-  bool identical = false;
-};
-// (each function on its own grid: variants with other tiles)
-// (before_launch: work queued on the stream before every launch, timed too, e.g. zeroing the
-// ordered reduction's semaphores: it adds the same time to both variants)
-AbResult ab_measure_grids(std::vector<Function>& fns, const std::array<runtime::Grid, 2>& grids, const runtime::Stream& stream,
-                          const std::vector<runtime::DeviceArg>& args, std::initializer_list<const DeviceBuffer*> outputs, size_t bytes,
-                          int max_reps, const std::function<void()>& before_launch = {}) {
-  std::vector<char> out[2];
-  for (int on : {0, 1}) {
-    if (before_launch) before_launch();
-    fns[static_cast<size_t>(on)].launch(grids[static_cast<size_t>(on)], stream.handle(), args);
-    stream.synchronize();
-    out[on].resize(outputs.size() * bytes);
-    size_t at = 0;
-    for (const DeviceBuffer* b : outputs) b->download(out[on].data() + at, bytes), at += bytes;
-  }
-  std::vector<double> ms[2];
-  ab_rounds([&](int on) {
-    ms[on].push_back(time_ms(
-        [&] {
-          if (before_launch) before_launch();
-          fns[static_cast<size_t>(on)].launch(grids[static_cast<size_t>(on)], stream.handle(), args);
-        },
-        stream, max_reps));
-  });
-  return {median(ms[0]), median(ms[1]), out[0] == out[1]};
-}
-AbResult ab_measure(std::vector<Function>& fns, const runtime::Grid& grid, const runtime::Stream& stream,
-                    const std::vector<runtime::DeviceArg>& args, std::initializer_list<const DeviceBuffer*> outputs, size_t bytes,
-                    int max_reps) {
-  return ab_measure_grids(fns, {grid, grid}, stream, args, outputs, bytes, max_reps);
-}
-
-// Device buffers of the largest tensors of the grid (B * S = 16k tokens, H * D = 2048) and the
-// [B, S, H, D] views of one configuration on them.
-struct Buffers {
-  static constexpr size_t bytes = static_cast<size_t>(kTokens * kHidden * 2);
-  static constexpr size_t lse_bytes = static_cast<size_t>(kTokens * (kHidden / 64)) * 4;  // B * H * S for the smallest D
-  ir::DType dt;  // bf16 or f16 (16-bit elements: the sizes above hold either)
-  DeviceBuffer q, k, v, dout;
-  // the backward's workspace for the default options: Delta, and where the default reduction is
-  // ordered (D 128 from S 4k, decision 075) its f32 dQ accumulator and semaphores
-  static constexpr size_t ws_bytes = 2 * lse_bytes + static_cast<size_t>(kTokens * kHidden) * 4 + 1024;
-  DeviceBuffer o{bytes}, dq{bytes}, dk{bytes}, dv{bytes}, lse{lse_bytes}, ws{ws_bytes};
-  explicit Buffers(ir::DType dtype = ir::DType::bf16)
-      : dt(dtype), q(random_buffer(bytes, dtype, 1)), k(random_buffer(bytes, dtype, 2)), v(random_buffer(bytes, dtype, 3)),
-        dout(random_buffer(bytes, dtype, 4)) {}
-
-  struct Views {
-    attention::Tensor Q, K, V, O, dO, dQ, dK, dV, L;
-  };
-  // kv_heads: the K / V heads (grouped-query attention), 0 = as many as Q's
-  Views views(const Config& c, int64_t kv_heads = 0) const {
-    using attention::contiguous;
-    const int64_t B = c.B(), S = c.S, H = c.H(), D = c.D, Hkv = kv_heads ? kv_heads : H;
-    auto t = [&](const DeviceBuffer& b, int64_t heads) { return contiguous(b.ptr(), dt, {B, S, heads, D}); };
-    return {t(q, H), t(k, Hkv), t(v, Hkv), t(o, H), t(dout, H), t(dq, H), t(dk, Hkv), t(dv, Hkv),
-            contiguous(lse.ptr(), ir::DType::f32, {B, H, S})};
-  }
-};
 
 // The main grid (bench/attention.py's table). `dt` bf16 or f16; `gqa` > 1: K / V with H / gqa heads
 // (grouped-query attention, e.g. 4: Hq 32 / Hkv 8 at D64, 16 / 4 at D128).
@@ -860,27 +757,6 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
 // tiles for it) with a bool meta
 // off and on, D 64/128, S 4k, full and causal, alternated rounds; dK and dV compared bit for bit.
 // LSE from the forward; Delta from the preprocess kernel, as the API runs them.
-// What a backward kernel alone reads besides Q, K, V, dO: the forward's O and LSE (into buf) and
-// Delta = rowsum(dO * O) from the preprocess kernel, f32 [B, H, S] (returned).
-struct DeltaBuffer {
-  DeviceBuffer buffer;
-  attention::Tensor view;  // f32 [B, H, S] on `buffer`
-};
-DeltaBuffer forward_and_delta(const Buffers& buf, const Config& c, const runtime::Stream& stream) {
-  const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
-  attention::Options fo;
-  fo.causal = c.causal;
-  attention::forward(Q, K, V, O, L, fo, stream.handle());
-  DeviceBuffer delta(static_cast<size_t>(c.B() * c.H() * c.S) * 4);
-  const attention::Schedule pre = attention::default_schedule(attention::Pass::bwd_preprocess, ir::DType::bf16, static_cast<int>(c.D), c.causal);
-  jit::CompileOptions o;
-  o.num_warps = pre.num_warps;
-  Function prep(kernels::attention_backward_preprocess(), {{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, c.D}, {mn::kBlockM, pre.block_m}, {mn::kBshd, true}}, o);
-  const attention::Tensor delta_view = attention::contiguous(delta.ptr(), ir::DType::f32, {c.B(), c.H(), c.S});
-  const std::vector<runtime::DeviceArg> prep_args{O.view(), dO.view(), delta_view.view()};
-  prep.launch({lang::cdiv(c.S, pre.block_m), c.H(), c.B()}, stream.handle(), prep_args);
-  return {std::move(delta), delta_view};
-}
 
 // --dq-variants: the dQ kernel (recompute) alone at other BLOCK_M / BLOCK_N / warps / stages than
 // the default (each on its own grid), D 64/128 S4k, full and causal; outputs compared bit for bit (a
@@ -1459,6 +1335,9 @@ int check(const std::string& dir) {
 }  // namespace
 
 int run_cp_bench(int argc, char** argv);  // attention_cp.cpp
+namespace tilejit::attention_bench {
+int bench_build_ab(const std::string& path, int max_reps);  // attention_build_ab.cpp
+}
 
 int main(int argc, char** argv) {
   // library kernels timed as the API launches them: declared, not specialised per call
@@ -1478,6 +1357,7 @@ int main(int argc, char** argv) {
   int64_t only_d = 0, only_s = 0;  // --deterministic: only this head dim / sequence length
   std::string only_mode;            // --deterministic --mode KEY: only that reduction (recompute, atomic, ...; e.g. for ncu)
   int only_causal = -1;             // --deterministic --causal 0|1: only full / causal
+  std::string build_ab;  // --build-ab OTHER.tjb: this build's API kernels against another build's (attention_build_ab.cpp)
   bool tool_ab = false, no_dropout = false;  // --schedule-ab --no-dropout: only the runs without dropout
   std::optional<attention::Schedule> schedule;  // --deterministic --schedule: recompute's kernels at these tiles
   for (int i = 1; i < argc; ++i) {
@@ -1508,6 +1388,7 @@ int main(int argc, char** argv) {
       ab_reduction = std::string(argv[++i]) == "atomic" ? attention::DqReduction::atomic : attention::DqReduction::ordered;
     }
     else if (a == "--tool-ab") tool_ab = true;
+    else if (a == "--build-ab" && i + 1 < argc) build_ab = argv[++i];
     else if (a == "--meta-ab" && i + 1 < argc) meta_ab = argv[++i];
     else if (a == "--kernels" && i + 1 < argc) meta_ab_kernels = argv[++i];
     else if (a == "--causal" && i + 1 < argc) only_causal = std::atoi(argv[++i]);
@@ -1531,7 +1412,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants | --tool-ab | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants | --tool-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -1551,6 +1432,7 @@ int main(int argc, char** argv) {
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout, only_s ? only_s : 4096);
     if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_reduction, with_meta, schedule);
     if (tool_ab) return bench_tool_ab(reps);
+    if (!build_ab.empty()) return bench_build_ab(build_ab, reps);
     if (!meta_ab.empty()) return bench_meta_ab(meta_ab, meta_ab_kernels, reps);
     if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule, only_mode, only_causal);
     return check_dir.empty() ? bench(quick, reps, grid_dtype, gqa) : check(check_dir);

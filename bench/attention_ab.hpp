@@ -1,0 +1,121 @@
+// attention_bench's measuring harness, shared by its modes (bench/attention.cpp and the files
+// beside it): the grid's shapes, timing with CUDA events, A/B rounds, the device buffers.
+#pragma once
+#include <algorithm>
+#include <array>
+#include <functional>
+#include <initializer_list>
+#include <vector>
+
+#include "api/attention.hpp"
+#include "bench/bench_util.hpp"
+#include "runtime/device_buffer.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/function.hpp"
+
+namespace tilejit::attention_bench {
+
+using bench_util::median;
+using runtime::DeviceBuffer;
+
+constexpr int64_t kTokens = 16384, kHidden = 2048;  // B * S and H * D of the grid
+
+struct Config {
+  int64_t S, D;
+  bool causal;
+  int64_t heads = 0;  // 0: kHidden / D (else fewer heads than the grid's: B * S * heads * D <= the buffers)
+  int64_t B() const { return kTokens / S; }
+  int64_t H() const { return heads ? heads : kHidden / D; }
+  double fwd_flops() const { return 4.0 * static_cast<double>(B() * H()) * double(S) * double(S) * double(D) / (causal ? 2 : 1); }
+};
+
+// Times `fn` on `stream`: one warm-up call (compiles on the first config), then repeats until
+// ~0.3 s or `max_reps`, each between its own pair of events; returns the median in ms.
+template <class F>
+double time_ms(F&& fn, const runtime::Stream& stream, int max_reps) {
+  fn();
+  stream.synchronize();
+  runtime::Event a, b;
+  a.record(stream);
+  fn();
+  b.record(stream);
+  b.synchronize();
+  const double first = b.elapsed_ms(a);
+  const int reps = std::clamp(static_cast<int>(300.0 / std::max(first, 1e-3)), 3, max_reps);
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    a.record(stream);
+    fn();
+    b.record(stream);
+    b.synchronize();
+    ms.push_back(b.elapsed_ms(a));
+  }
+  return median(ms);
+}
+
+// The rounds of an A/B: six, the variants' order swapped every round. (Three rounds in a fixed
+// order measured two identical kernels -- the same PTX -- at 0.91-1.00x of each other: clock drift
+// over seconds favours whichever runs first.)
+template <class F>
+void ab_rounds(F&& measure) {
+  for (int round = 0; round < 6; ++round)
+    for (int i : {0, 1}) measure(round % 2 == 0 ? i : 1 - i);
+}
+
+// An A/B of two variants on the same arguments: each launched once, the first `bytes` of each of
+// `outputs` read back and compared, then both timed in ab_rounds (medians). `launch[i]` queues
+// variant i on the stream (any kernel object: a Function, a bundle's GpuKernel, an API call).
+// (before_launch: work queued on the stream before every launch, timed too, e.g. zeroing the
+// ordered reduction's semaphores: it adds the same time to both variants)
+struct AbResult {
+  double off_ms = 0, on_ms = 0;
+  bool identical = false;
+};
+AbResult ab_measure_launches(const std::array<std::function<void()>, 2>& launch, const runtime::Stream& stream,
+                             std::initializer_list<const DeviceBuffer*> outputs, size_t bytes, int max_reps,
+                             const std::function<void()>& before_launch = {});
+// Two Functions, each on its own grid (variants with other tiles).
+AbResult ab_measure_grids(std::vector<Function>& fns, const std::array<runtime::Grid, 2>& grids, const runtime::Stream& stream,
+                          const std::vector<runtime::DeviceArg>& args, std::initializer_list<const DeviceBuffer*> outputs, size_t bytes,
+                          int max_reps, const std::function<void()>& before_launch = {});
+AbResult ab_measure(std::vector<Function>& fns, const runtime::Grid& grid, const runtime::Stream& stream,
+                    const std::vector<runtime::DeviceArg>& args, std::initializer_list<const DeviceBuffer*> outputs, size_t bytes,
+                    int max_reps);
+
+// Device buffers of the largest tensors of the grid (B * S = 16k tokens, H * D = 2048) and the
+// [B, S, H, D] views of one configuration on them.
+struct Buffers {
+  static constexpr size_t bytes = static_cast<size_t>(kTokens * kHidden * 2);
+  static constexpr size_t lse_bytes = static_cast<size_t>(kTokens * (kHidden / 64)) * 4;  // B * H * S for the smallest D
+  ir::DType dt;  // bf16 or f16 (16-bit elements: the sizes above hold either)
+  DeviceBuffer q, k, v, dout;
+  // the backward's workspace for the default options: Delta, and where the default reduction is
+  // ordered (D 128 from S 4k, decision 075) its f32 dQ accumulator and semaphores
+  static constexpr size_t ws_bytes = 2 * lse_bytes + static_cast<size_t>(kTokens * kHidden) * 4 + 1024;
+  DeviceBuffer o{bytes}, dq{bytes}, dk{bytes}, dv{bytes}, lse{lse_bytes}, ws{ws_bytes};
+  explicit Buffers(ir::DType dtype = ir::DType::bf16)
+      : dt(dtype), q(bench_util::random_buffer(bytes, dtype, 1)), k(bench_util::random_buffer(bytes, dtype, 2)), v(bench_util::random_buffer(bytes, dtype, 3)),
+        dout(bench_util::random_buffer(bytes, dtype, 4)) {}
+
+  struct Views {
+    attention::Tensor Q, K, V, O, dO, dQ, dK, dV, L;
+  };
+  // kv_heads: the K / V heads (grouped-query attention), 0 = as many as Q's
+  Views views(const Config& c, int64_t kv_heads = 0) const {
+    using attention::contiguous;
+    const int64_t B = c.B(), S = c.S, H = c.H(), D = c.D, Hkv = kv_heads ? kv_heads : H;
+    auto t = [&](const DeviceBuffer& b, int64_t heads) { return contiguous(b.ptr(), dt, {B, S, heads, D}); };
+    return {t(q, H), t(k, Hkv), t(v, Hkv), t(o, H), t(dout, H), t(dq, H), t(dk, Hkv), t(dv, Hkv),
+            contiguous(lse.ptr(), ir::DType::f32, {B, H, S})};
+  }
+};
+
+// What a backward kernel alone reads besides Q, K, V, dO: the forward's O and LSE (into buf) and
+// Delta = rowsum(dO * O) from the preprocess kernel, f32 [B, H, S] (returned).
+struct DeltaBuffer {
+  DeviceBuffer buffer;
+  attention::Tensor view;  // f32 [B, H, S] on `buffer`
+};
+DeltaBuffer forward_and_delta(const Buffers& buf, const Config& c, const runtime::Stream& stream);
+
+}  // namespace tilejit::attention_bench
