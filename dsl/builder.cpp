@@ -225,6 +225,10 @@ ir::Function Builder::finish() {
   if (!unused.empty()) {
     std::vector<std::string> declared;
     for (const auto& m : fn_.meta) declared.push_back(m.name);
+    // a declared name left unused was given more than once: the first value was read
+    for (const std::string& name : unused)
+      if (std::find(declared.begin(), declared.end(), name) != declared.end())
+        throw BuildError(fn_.name, "build()", fmt::format("meta-parameter {} given more than once (give each meta once)", name));
     throw BuildError(fn_.name, "build()",
                      fmt::format("no meta-parameter named {} (declared: {})", fmt::join(unused, ", "),
                                  declared.empty() ? "none" : fmt::format("{}", fmt::join(declared, ", "))));

@@ -143,6 +143,9 @@ TEST_CASE("store of a value to a pointer of another type") {
 TEST_CASE("meta-parameters: unknown name, wrong kind, missing value, declared twice") {
   expect_error([](Builder& k) { (void)k.meta<int>("BLOCK", 16); }, {"no meta-parameter named BLOK", "declared: BLOCK"}, 0,
                {{"BLOK", 32}});
+  // a value given twice (a caller's list with a meta its defaults also set): named as such, not "no meta named"
+  expect_error([](Builder& k) { (void)k.meta<int>("BLOCK", 16); }, {"meta-parameter BLOCK given more than once"}, 0,
+               {{"BLOCK", 32}, {"BLOCK", 64}});
   int line = __LINE__ + 1;
   expect_error([](Builder& k) { (void)k.meta<int>("BLOCK", 16); }, {"'BLOCK' is an int", "a bool"}, line, {{"BLOCK", true}});
   line = __LINE__ + 1;
