@@ -19,6 +19,7 @@ cp "$BUILD_DIR"/bench/gemm_bench .gpu/bench/
 cp "$BUILD_DIR"/bench/attention_bench .gpu/bench/ 2>/dev/null || true
 cp "$BUILD_DIR"/bench/attention_timeline .gpu/bench/ 2>/dev/null || true
 cp "$BUILD_DIR"/bench/dkdv_probe .gpu/bench/ 2>/dev/null || true
+cp "$BUILD_DIR"/bench/transformer_block .gpu/bench/ 2>/dev/null || true
 cp "$BUILD_DIR"/tools/tilejit "$BUILD_DIR"/tools/tilejit_fuzz .gpu/
 strip --strip-unneeded .gpu/libtilejit.so.0 .gpu/test_* .gpu/attention .gpu/gemm .gpu/vector_add .gpu/softmax .gpu/bundle_app .gpu/tilejit .gpu/tilejit_fuzz .gpu/bench/* $(for e in $USER_EXAMPLES; do echo .gpu/$e; done)
 cp bench/attention.py bench/gemm.py bench/cp_torch.py bench/cp.py bench/torch_users_refs.py .gpu/bench/  # after strip: scripts next to the binaries

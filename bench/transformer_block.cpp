@@ -1,0 +1,383 @@
+// bench/transformer_block (issue 30): one Llama-style transformer block's GEMMs and attention,
+// forward and backward, timed end to end on one stream, with three ways of doing attention dropout
+// (p = 0.1 on the probabilities), in alternated rounds of one process:
+//   none   no dropout
+//   fused  Philox in the attention kernels, forward and backward
+//   gemm   the packed keep-mask written by the QKV projection GEMM beside its wgmmas (gemm's
+//          DROPOUT_MASK, bit for bit the fused mask: checked first), read by the forward and the
+//          backward (Options::dropout_bits)
+// The block: hidden 4096, 32 query heads of D 128 (8 K/V heads; --mha: 32), MLP 14336 with gate
+// and up as one GEMM, bf16, B x S = 16k tokens at S 4096 and 8192 (--seq S), causal (--full).
+//   forward   QKV = X Wqkv^T; attention; Y = O Wo^T; GU = Y Wgu^T; Z = H Wd^T
+//   backward  dWd = dZ^T H, dH = dZ Wd; dWgu = dGU^T Y, dY = dGU Wgu; dWo = dY^T O, dO = dY Wo;
+//             attention backward; dWqkv = dQKV^T X, dX = dQKV Wqkv
+// Not in it (element-wise, a few % of the block at this size): norms, residual adds, RoPE and
+// SwiGLU's product (H and dGU are inputs of their own). Weight gradients leave in bf16.
+// Prints BLOCK lines (per mode: forward, backward and block ms, against none) and PARTS (each
+// step timed alone, mode none; the mask GEMM beside the plain one).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "api/attention.hpp"
+#include "api/registry.hpp"
+#include "bench/attention_ab.hpp"
+#include "bench/bench_util.hpp"
+#include "kernels/gemm.hpp"
+#include "kernels/meta_names.hpp"
+#include "kernels/philox_host.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/bundle.hpp"
+#include "runtime/function.hpp"
+
+using namespace tilejit;
+using attention_bench::time_ms;
+using bench_util::median;
+using bench_util::no_rng_state;
+using bench_util::random_buffer;
+using runtime::DeviceBuffer;
+
+namespace {
+
+namespace mn = tilejit::kernels::meta_name;
+constexpr ir::DType kBf16 = ir::DType::bf16;
+constexpr double kDropoutP = 0.1;
+constexpr uint64_t kSeed = 1234;
+
+struct Shape {
+  int64_t S, B, hidden = 4096, heads = 32, kv_heads = 8, D = 128, mlp = 14336;
+  bool causal = true;
+  int64_t tokens() const { return B * S; }
+  int64_t qkv_cols() const { return (heads + 2 * kv_heads) * D; }
+  int64_t words() const { return (S + 31) / 32; }
+};
+
+// One GEMM role of the block: C[M, N] = op(A) op(B) with the library's schedule (128 x 256 tiles,
+// GROUP_M 8, 8 warps, 4 stages) and the operand layouts the role has:
+//   nt  C = A B^T   A [M, K], B given as [N, K] (a layer's forward: X W^T)
+//   nn  C = A B     A [M, K], B [K, N]           (the input gradient: dY W)
+//   tn  C = A^T B   A given as [K, M], B [K, N]  (the weight gradient: dY^T X; A staged through
+//                                                 registers, the lowering has no MN-major A)
+enum class Layout { nt, nn, tn };
+
+Function make_gemm(Layout l, bool dropout_mask = false, bool causal = false) {
+  const library::LibraryKernel* lk = library::find("gemm");
+  lang::Meta meta = lk->default_meta;
+  const auto set = [&](const char* name, ir::MetaValue v) {
+    for (auto& [k, value] : meta)
+      if (k == name) return void(value = v);
+    meta.emplace_back(name, v);
+  };
+  set(mn::kOutDtype, kBf16);
+  set(mn::kAKmajor, l != Layout::tn);
+  set(mn::kBKmajor, l == Layout::nt);
+  if (dropout_mask) {
+    // decision 015's best placement: 64 x 16-word mask tiles, one a K step, 16-byte stores
+    set(mn::kDropoutMask, true);
+    set(mn::kMaskBlockM, int64_t{64});
+    set(mn::kMaskBlockW, int64_t{16});
+    set(mn::kMaskTilesPerStep, int64_t{1});
+    set(mn::kMaskAlign, int64_t{16});
+    set(mn::kMaskCausal, causal);  // only the words a causal layer reads
+  }
+  jit::CompileOptions o;
+  o.num_warps = lk->num_warps;
+  o.pipeline.stages = lk->stages;
+  return Function(kernels::gemm(), meta, o);
+}
+
+int64_t meta_of(const Function& f, const char* name) { return std::get<int64_t>(f.signature().find_meta(name)->value); }
+
+// The block's tensors: weights, activations and gradients (random where read first: the timing
+// does not depend on the values).
+enum Buf : size_t { x, wqkv, wo, wgu, wd, qkv, o, lse, y, gu, h, z, dz, dh, dgu, dy, dout, dqkv, dx, dwqkv, dwo, dwgu, dwd, bits, ws, kBufs };
+
+struct Block {
+  Shape s;
+  bool dry;  // --check-only: made-up addresses, every launch only checked (no GPU)
+  std::array<uint64_t, kBufs> addr{};
+  std::vector<DeviceBuffer> owned;
+  Function nt = make_gemm(Layout::nt), nn = make_gemm(Layout::nn), tn = make_gemm(Layout::tn), nt_mask = make_gemm(Layout::nt, true, s.causal);
+
+  size_t bytes_of(Buf b) const {
+    const auto bf16 = [](int64_t r, int64_t c) { return static_cast<size_t>(r * c) * 2; };
+    const int64_t M = s.tokens(), HD = s.heads * s.D;
+    switch (b) {
+      case x: case y: case z: case dz: case dy: case dx: return bf16(M, s.hidden);
+      case wqkv: case dwqkv: return bf16(s.qkv_cols(), s.hidden);
+      case wo: case dwo: return bf16(s.hidden, HD);
+      case wgu: case dwgu: return bf16(2 * s.mlp, s.hidden);
+      case wd: case dwd: return bf16(s.hidden, s.mlp);
+      case qkv: case dqkv: return bf16(M, s.qkv_cols());
+      case o: case dout: return bf16(M, HD);
+      case lse: return static_cast<size_t>(M * s.heads) * 4;
+      case gu: case dgu: return bf16(M, 2 * s.mlp);
+      case h: case dh: return bf16(M, s.mlp);
+      case bits: return static_cast<size_t>(s.B * s.heads * s.S * s.words()) * 4;
+      case ws: return workspace_bytes();
+      case kBufs: break;
+    }
+    return 0;
+  }
+  Block(Shape shape, bool check_only) : s(shape), dry(check_only) {
+    uint64_t next = uint64_t{1} << 40;  // (made-up, 1 MB aligned)
+    for (size_t b = 0; b < kBufs; ++b) {
+      const size_t n = bytes_of(static_cast<Buf>(b));
+      if (dry) {
+        addr[b] = next, next += (n + (1u << 20)) & ~uint64_t{(1u << 20) - 1};
+        continue;
+      }
+      const bool input = b == x || b == wqkv || b == wo || b == wgu || b == wd || b == h || b == dz || b == dgu;
+      owned.push_back(input ? random_buffer(n, kBf16, b + 1) : DeviceBuffer(n));
+      addr[b] = owned.back().ptr();
+    }
+  }
+  DeviceBuffer& buffer(Buf b) { return owned.at(static_cast<size_t>(b)); }
+
+  // Q, K, V (and dQ, dK, dV) as [B, S, heads, D] views of the QKV projection's output
+  attention::Tensor head_view(Buf b, int which) const {
+    const int64_t offset = which == 0 ? 0 : which == 1 ? s.heads * s.D : (s.heads + s.kv_heads) * s.D;
+    const int64_t heads = which == 0 ? s.heads : s.kv_heads, N = s.qkv_cols();
+    return attention::strided(addr[b] + static_cast<uint64_t>(offset * 2), kBf16, {s.B, s.S, heads, s.D}, {s.S * N, N, s.D, 1});
+  }
+  attention::Tensor bhsd(Buf b) const { return attention::contiguous(addr[b], kBf16, {s.B, s.S, s.heads, s.D}); }
+  attention::Tensor lse_view() const { return attention::contiguous(addr[lse], ir::DType::f32, {s.B, s.heads, s.S}); }
+  attention::Tensor bits_view() const { return attention::contiguous(addr[bits], ir::DType::u32, {s.B * s.heads, s.S, s.words()}); }
+  attention::Workspace workspace() const { return {addr[ws], bytes_of(ws)}; }
+
+  attention::Options options(int mode) const {  // 0 none, 1 fused, 2 bits written by the QKV GEMM
+    attention::Options opts;
+    opts.causal = s.causal;
+    if (mode) opts.dropout_p = kDropoutP, opts.seed = kSeed, opts.offset = 0;
+    if (mode == 2) opts.dropout_bits = bits_view();
+    return opts;
+  }
+  size_t workspace_bytes() const {
+    size_t most = 0;
+    for (int mode : {0, 1, 2}) most = std::max(most, attention::backward_workspace_bytes(head_view(qkv, 0), head_view(qkv, 1), options(mode)));
+    return std::max<size_t>(most, 256);
+  }
+
+  // C[M, N] = op(A) op(B) on `stream` (see Layout): a and b as the role stores them
+  void gemm(Function& g, Layout l, Buf a, Buf b, Buf c, int64_t M, int64_t N, int64_t K, CUstream stream, bool with_mask = false) {
+    const auto matrix = [&](Buf m, int64_t rows, int64_t cols) { return attention::contiguous(addr[m], kBf16, {rows, cols}); };
+    const attention::Tensor A = l == Layout::tn ? matrix(a, K, M) : matrix(a, M, K);
+    const attention::Tensor B = l == Layout::nt ? matrix(b, N, K) : matrix(b, K, N);
+    const attention::Tensor C = matrix(c, M, N);
+    const runtime::Grid grid{lang::cdiv(M, meta_of(g, mn::kBlockM)) * lang::cdiv(N, meta_of(g, mn::kBlockN))};
+    std::vector<runtime::DeviceArg> args{A.view(), B.view(), C.view()};
+    const attention::Tensor bv = bits_view();
+    if (with_mask) {
+      const attention::Options d = options(2);
+      args.insert(args.end(), {bv.view(), static_cast<int32_t>(s.S), static_cast<uint32_t>(d.seed), static_cast<uint32_t>(d.seed >> 32),
+                               static_cast<uint32_t>(d.offset), static_cast<uint32_t>(d.offset >> 32),
+                               kernels::dropout_keep_threshold(d.dropout_p), no_rng_state, 0u});
+    }
+    if (dry) g.check(grid, std::span<const runtime::DeviceArg>(args));
+    else g.launch(grid, stream, args);
+  }
+
+  void qkv_projection(int mode, CUstream st) {
+    if (mode == 2) gemm(nt_mask, Layout::nt, x, wqkv, qkv, s.tokens(), s.qkv_cols(), s.hidden, st, true);
+    else gemm(nt, Layout::nt, x, wqkv, qkv, s.tokens(), s.qkv_cols(), s.hidden, st);
+  }
+  void attention_forward(int mode, CUstream st) {
+    if (dry) attention::check_forward(head_view(qkv, 0), head_view(qkv, 1), head_view(qkv, 2), bhsd(o), lse_view(), options(mode));
+    else attention::forward(head_view(qkv, 0), head_view(qkv, 1), head_view(qkv, 2), bhsd(o), lse_view(), options(mode), st);
+  }
+  void forward(int mode, CUstream st) {
+    const int64_t M = s.tokens();
+    qkv_projection(mode, st);
+    attention_forward(mode, st);
+    gemm(nt, Layout::nt, o, wo, y, M, s.hidden, s.heads * s.D, st);
+    gemm(nt, Layout::nt, y, wgu, gu, M, 2 * s.mlp, s.hidden, st);
+    gemm(nt, Layout::nt, h, wd, z, M, s.hidden, s.mlp, st);
+  }
+  void attention_backward(int mode, CUstream st) {
+    const auto q = head_view(qkv, 0), k = head_view(qkv, 1), v = head_view(qkv, 2), dq = head_view(dqkv, 0), dk = head_view(dqkv, 1),
+               dv = head_view(dqkv, 2);
+    if (dry) attention::check_backward(q, k, v, bhsd(o), bhsd(dout), lse_view(), dq, dk, dv, options(mode), workspace());
+    else attention::backward(q, k, v, bhsd(o), bhsd(dout), lse_view(), dq, dk, dv, options(mode), st, workspace());
+  }
+  void backward(int mode, CUstream st) {
+    const int64_t M = s.tokens();
+    gemm(tn, Layout::tn, dz, h, dwd, s.hidden, s.mlp, M, st);          // dWd = dZ^T H
+    gemm(nn, Layout::nn, dz, wd, dh, M, s.mlp, s.hidden, st);          // dH = dZ Wd
+    gemm(tn, Layout::tn, dgu, y, dwgu, 2 * s.mlp, s.hidden, M, st);    // dWgu = dGU^T Y
+    gemm(nn, Layout::nn, dgu, wgu, dy, M, s.hidden, 2 * s.mlp, st);    // dY = dGU Wgu
+    gemm(tn, Layout::tn, dy, o, dwo, s.hidden, s.heads * s.D, M, st);  // dWo = dY^T O
+    gemm(nn, Layout::nn, dy, wo, dout, M, s.heads * s.D, s.hidden, st);  // dO = dY Wo
+    attention_backward(mode, st);
+    gemm(tn, Layout::tn, dqkv, x, dwqkv, s.qkv_cols(), s.hidden, M, st);  // dWqkv = dQKV^T X
+    gemm(nn, Layout::nn, dqkv, wqkv, dx, M, s.hidden, s.qkv_cols(), st);  // dX = dQKV Wqkv
+  }
+  // the GEMMs' flops (2 M N K each) and attention's (4 B H S^2 D, / 2 causal; backward 2.5x)
+  double gemm_flops() const {
+    const double M = static_cast<double>(s.tokens()), hd = static_cast<double>(s.hidden);
+    const double fwd = 2 * M * hd * (static_cast<double>(s.qkv_cols()) + static_cast<double>(s.heads * s.D) + 3 * static_cast<double>(s.mlp));
+    return 3 * fwd;  // forward, input and weight gradients
+  }
+  double attention_flops() const {
+    return 3.5 * 4.0 * static_cast<double>(s.B * s.heads) * static_cast<double>(s.S) * static_cast<double>(s.S) * static_cast<double>(s.D) /
+           (s.causal ? 2 : 1);
+  }
+};
+
+// The QKV GEMM's mask against attention::generate_dropout_bits' (every word a causal row can see).
+bool mask_matches(Block& blk, const runtime::Stream& stream) {
+  DeviceBuffer& mask = blk.buffer(bits);
+  const size_t bytes = mask.bytes();
+  std::vector<uint32_t> want(bytes / 4), got(bytes / 4);
+  attention::Options gen = blk.options(2);
+  gen.dropout_bits.reset();
+  attention::generate_dropout_bits(blk.bits_view(), blk.s.B, blk.s.heads, blk.s.S, blk.s.S, gen, stream.handle());
+  stream.synchronize();
+  mask.download(want.data(), bytes);
+  mask.upload(std::vector<uint32_t>(bytes / 4, 0u).data(), bytes);
+  blk.qkv_projection(2, stream.handle());
+  stream.synchronize();
+  mask.download(got.data(), bytes);
+  const int64_t words = blk.s.words();
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const int64_t word = static_cast<int64_t>(i % static_cast<size_t>(words)), row = static_cast<int64_t>(i / static_cast<size_t>(words)) % blk.s.S;
+    if (!blk.s.causal || 32 * word <= row) bad += got[i] != want[i];
+  }
+  return bad == 0;
+}
+
+// --check-only: every launch of every mode checked as the GPU run would launch it (arguments,
+// grids, the kernels compiled), without a GPU: what CI runs.
+int check_only(Shape shape) {
+  Block blk(shape, true);
+  for (int mode : {0, 1, 2}) {
+    blk.forward(mode, nullptr);
+    blk.backward(mode, nullptr);
+  }
+  for (Function* g : {&blk.nt, &blk.nn, &blk.tn, &blk.nt_mask}) {
+    const jit::CompiledKernel& k = g->compiled();
+    std::printf("KERNEL %s: %s\n", runtime::describe_meta(g->signature().meta).c_str(), k.info.to_string().c_str());
+    if (k.info.spill_store_bytes > 0) {
+      std::fprintf(stderr, "transformer_block: a GEMM spills (%s)\n", k.info.to_string().c_str());
+      return 1;
+    }
+  }
+  std::printf("CHECKED S=%ld kv_heads=%ld causal=%d: %d launches a mode\n", static_cast<long>(shape.S), static_cast<long>(shape.kv_heads),
+              shape.causal ? 1 : 0, 16);
+  return 0;
+}
+
+int run(Shape shape, int max_reps) {
+  Block blk(shape, false);
+  runtime::Stream stream;
+  const Shape& s = blk.s;
+  std::printf("BLOCK_SHAPE B=%ld S=%ld hidden=%ld heads=%ld kv_heads=%ld D=%ld mlp=%ld causal=%d p=%g\n", static_cast<long>(s.B),
+              static_cast<long>(s.S), static_cast<long>(s.hidden), static_cast<long>(s.heads), static_cast<long>(s.kv_heads),
+              static_cast<long>(s.D), static_cast<long>(s.mlp), s.causal ? 1 : 0, kDropoutP);
+  const bool same = mask_matches(blk, stream);
+  std::printf("MASK gemm_bits_identical=%d\n", same ? 1 : 0);
+  if (!same) return 1;
+  // the whole block per mode: six rounds, the modes' order rotated each round
+  std::vector<double> fwd[3], bwd[3], both[3];
+  for (int round = 0; round < 6; ++round)
+    for (int k = 0; k < 3; ++k) {
+      const int mode = (k + round) % 3;
+      fwd[mode].push_back(time_ms([&] { blk.forward(mode, stream.handle()); }, stream, max_reps));
+      blk.forward(mode, stream.handle());  // (the backward reads this mode's O, LSE and mask)
+      bwd[mode].push_back(time_ms([&] { blk.backward(mode, stream.handle()); }, stream, max_reps));
+      both[mode].push_back(time_ms([&] { blk.forward(mode, stream.handle()), blk.backward(mode, stream.handle()); }, stream, max_reps));
+    }
+  const char* names[3] = {"none", "fused", "gemm"};
+  const double f0 = median(fwd[0]), b0 = median(bwd[0]), t0 = median(both[0]);
+  for (int mode : {0, 1, 2}) {
+    const double f = median(fwd[mode]), b = median(bwd[mode]), t = median(both[mode]);
+    std::printf("BLOCK mode=%s fwd_ms=%.3f bwd_ms=%.3f block_ms=%.3f fwd_vs_none=%.3f bwd_vs_none=%.3f block_vs_none=%.3f "
+                "block_tflops=%.0f\n",
+                names[mode], f, b, t, f / f0, b / b0, t / t0, (blk.gemm_flops() + blk.attention_flops()) / (t * 1e-3) / 1e12);
+  }
+  std::printf("BLOCK gemm_vs_fused=%.3f (the block with the mask from the QKV GEMM over fused dropout's)\n", median(both[2]) / median(both[1]));
+  // the parts alone (mode none; the mask GEMM beside the plain QKV GEMM)
+  const CUstream st = stream.handle();
+  const int64_t M = s.tokens();
+  const auto part = [&](const char* name, const std::function<void()>& fn) {
+    std::printf("PARTS %s_ms=%.4f\n", name, time_ms(fn, stream, max_reps));
+  };
+  part("qkv_gemm", [&] { blk.qkv_projection(0, st); });
+  part("qkv_gemm_with_mask", [&] { blk.qkv_projection(2, st); });
+  part("attention_fwd", [&] { blk.attention_forward(0, st); });
+  part("attention_fwd_bits", [&] { blk.attention_forward(2, st); });
+  part("attention_fwd_fused", [&] { blk.attention_forward(1, st); });
+  blk.forward(0, st);
+  part("attention_bwd", [&] { blk.attention_backward(0, st); });
+  part("o_gemm", [&] { blk.gemm(blk.nt, Layout::nt, o, wo, y, M, s.hidden, s.heads * s.D, st); });
+  part("gate_up_gemm", [&] { blk.gemm(blk.nt, Layout::nt, y, wgu, gu, M, 2 * s.mlp, s.hidden, st); });
+  part("down_gemm", [&] { blk.gemm(blk.nt, Layout::nt, h, wd, z, M, s.hidden, s.mlp, st); });
+  part("down_dx_gemm_nn", [&] { blk.gemm(blk.nn, Layout::nn, dz, wd, dh, M, s.mlp, s.hidden, st); });
+  part("down_dw_gemm_tn", [&] { blk.gemm(blk.tn, Layout::tn, dz, h, dwd, s.hidden, s.mlp, M, st); });
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setenv("TILEJIT_SPECIALIZE", "0", /*overwrite=*/0);  // library kernels as the API launches them
+  std::vector<int64_t> seqs{4096, 8192};
+  bool mha = false, full = false, check = false;
+  int reps = 10;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--seq" && i + 1 < argc) seqs = {std::atoll(argv[++i])};
+    else if (a == "--mha") mha = true;
+    else if (a == "--full") full = true;
+    else if (a == "--check-only") check = true;
+    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: %s [--seq S] [--mha] [--full] [--reps N] [--check-only]\n", argv[0]);
+      return 2;
+    }
+  }
+  for (int64_t S : seqs)
+    if (S < 128 || S > 16384 || S % 128 != 0) {
+      std::fprintf(stderr, "transformer_block: --seq %ld: valid: multiples of 128 from 128 to 16384\n", static_cast<long>(S));
+      return 2;
+    }
+  const auto shape_of = [&](int64_t S) {
+    Shape shape{S, 16384 / S};
+    if (mha) shape.kv_heads = shape.heads;
+    shape.causal = !full;
+    return shape;
+  };
+  if (check) {
+    try {
+      for (int64_t S : seqs)
+        if (const int rc = check_only(shape_of(S))) return rc;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "transformer_block --check-only: %s\n", e.what());
+      return 1;
+    }
+    return 0;
+  }
+  auto& driver = runtime::Driver::get();
+  if (!driver.available()) {
+    std::fprintf(stderr, "bench/transformer_block needs a GPU: %s\n", driver.unavailable_reason().c_str());
+    return 2;
+  }
+  try {
+    std::printf("GPU: %s\n", driver.props(0).name.c_str());
+    for (int64_t S : seqs)
+      if (const int rc = run(shape_of(S), reps)) return rc;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "transformer_block: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
