@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <vector>
 #include <set>
 
 #include "dsl/ir/address_sources.hpp"
@@ -61,27 +62,30 @@ bool views_overlap(const TensorView& a, const TensorView& b) {
   };
   const Extent ea = extent(a), eb = extent(b);
   if (ea.empty || eb.empty || ea.hi <= eb.lo || eb.hi <= ea.lo) return false;
-  // A view is a set of contiguous runs of `run` bytes (its unit-stride dim, else one element)
-  // whose starts are the base plus multiples of `step`, the gcd of both views' byte strides along
-  // their other dims of size > 1.
+  // A view is a set of contiguous runs of `run` bytes -- its unit-stride dim together with every
+  // dim whose stride is the run so far (the heads and head dim of a packed [B, S, 3 * H * D] QKV
+  // view make one run of H * D) -- whose starts are the base plus multiples of `step`, the gcd of
+  // both views' byte strides along their other dims of size > 1.
   uint64_t step = 0;
   auto run_bytes = [&step](const TensorView& t) {
     const int64_t es = ir::byte_size(t.dtype);
     const size_t rank = std::min(t.sizes.size(), t.strides.size());
-    size_t unit = rank;
-    for (size_t d = 0; d < rank; ++d)
-      if (t.sizes[d] > 1 && t.strides[d] == 1) unit = d;
-    I128 run = es;
+    std::vector<bool> in_run(rank, false);
+    I128 run_elems = 1;
+    for (bool grew = true; grew;) {  // (each pass adds the dim whose stride is the run so far)
+      grew = false;
+      for (size_t d = 0; d < rank; ++d)
+        if (!in_run[d] && t.sizes[d] > 1 && I128{t.strides[d]} == run_elems) {
+          in_run[d] = true, run_elems *= t.sizes[d], grew = true;
+          break;
+        }
+    }
     for (size_t d = 0; d < rank; ++d) {
-      if (t.sizes[d] == 1) continue;
-      if (d == unit) {
-        run = I128{t.sizes[d]} * es;
-        continue;
-      }
+      if (t.sizes[d] == 1 || in_run[d]) continue;
       const I128 s = I128{t.strides[d]} * es;
       step = std::gcd(step, static_cast<uint64_t>(s < 0 ? -s : s));
     }
-    return run;
+    return run_elems * es;
   };
   const I128 run_a = run_bytes(a), run_b = run_bytes(b);
   if (step == 0) return true;  // one run each, and their extents overlap

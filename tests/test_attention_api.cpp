@@ -258,6 +258,22 @@ TEST_CASE("attention API: outputs share no memory with inputs, each other or the
     c.dk = strided(kBase + 0xd000000, DType::bf16, {2, 300, 2, 64}, {300 * 2 * 128, 2 * 128, 128, 1});
     c.dv = strided(kBase + 0xd000000 + 128, DType::bf16, {2, 300, 2, 64}, {300 * 2 * 128, 2 * 128, 128, 1});
     CHECK_NOTHROW(check_backward(c.q, c.k, c.v, c.o, c.dout, c.lse, c.dq, c.dk, c.dv, c.opts, c.ws));
+    // packed QKV (a projection's [B, S, (8 + 2 + 2) * 64] output) and its gradient the same way: q,
+    // k, v and dq, dk, dv as column ranges of one buffer each (rows of 768 elements)
+    const auto packed = [](uint64_t base, int64_t first_head, int64_t heads) {
+      return strided(base + static_cast<uint64_t>(first_head * 64 * 2), DType::bf16, {2, 300, heads, 64}, {300 * 768, 768, 64, 1});
+    };
+    Call p;
+    const uint64_t qkv = kBase + 0x10000000, dqkv = kBase + 0x20000000;
+    p.q = packed(qkv, 0, 8), p.k = packed(qkv, 8, 2), p.v = packed(qkv, 10, 2);
+    p.dq = packed(dqkv, 0, 8), p.dk = packed(dqkv, 8, 2), p.dv = packed(dqkv, 10, 2);
+    p.o = contiguous(kBase + 0x3000000, DType::bf16, {2, 300, 8, 64});
+    p.dout = contiguous(kBase + 0x5000000, DType::bf16, {2, 300, 8, 64});
+    p.lse = contiguous(kBase + 0x4000000, DType::f32, {2, 8, 300});
+    CHECK_NOTHROW(p.check_fwd());
+    CHECK_NOTHROW(p.check_bwd());
+    p.dk = packed(dqkv, 7, 2);  // its first head is dq's last
+    CHECK_BWD_ERROR(p, "the output dk", "shares memory with dq");
   }
 }
 
