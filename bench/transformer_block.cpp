@@ -6,6 +6,10 @@
 //   gemm   the packed keep-mask written by the QKV projection GEMM beside its wgmmas (gemm's
 //          DROPOUT_MASK, bit for bit the fused mask: checked first), read by the forward and the
 //          backward (Options::dropout_bits)
+//   spread the same mask written by every forward GEMM before the attention that reads it, in
+//          shares proportional to their flops (MASK_RANGE): the QKV GEMM writes its share of this
+//          layer's mask, the O, gate/up and down GEMMs theirs of the next layer's (two mask
+//          buffers, as a model of L layers would alternate them; checked first)
 // The block: hidden 4096, 32 query heads of D 128 (8 K/V heads; --mha: 32), MLP 14336 with gate
 // and up as one GEMM, bf16, B x S = 16k tokens at S 4096 and 8192 (--seq S), causal (--full).
 //   forward   QKV = X Wqkv^T; attention; Y = O Wo^T; GU = Y Wgu^T; Z = H Wd^T
@@ -68,7 +72,7 @@ struct Shape {
 //                                                 registers, the lowering has no MN-major A)
 enum class Layout { nt, nn, tn };
 
-Function make_gemm(Layout l, bool dropout_mask = false, bool causal = false) {
+Function make_gemm(Layout l, bool dropout_mask = false, bool causal = false, bool ranged = false) {
   const library::LibraryKernel* lk = library::find("gemm");
   lang::Meta meta = lk->default_meta;
   const auto set = [&](const char* name, ir::MetaValue v) {
@@ -87,6 +91,7 @@ Function make_gemm(Layout l, bool dropout_mask = false, bool causal = false) {
     set(mn::kMaskTilesPerStep, int64_t{1});
     set(mn::kMaskAlign, int64_t{16});
     set(mn::kMaskCausal, causal);  // only the words a causal layer reads
+    set(mn::kMaskRange, ranged);   // tiles [mask_tile_first, mask_tile_end) of it
   }
   jit::CompileOptions o;
   o.num_warps = lk->num_warps;
@@ -98,14 +103,24 @@ int64_t meta_of(const Function& f, const char* name) { return std::get<int64_t>(
 
 // The block's tensors: weights, activations and gradients (random where read first: the timing
 // does not depend on the values).
-enum Buf : size_t { x, wqkv, wo, wgu, wd, qkv, o, lse, y, gu, h, z, dz, dh, dgu, dy, dout, dqkv, dx, dwqkv, dwo, dwgu, dwd, bits, ws, kBufs };
+enum Buf : size_t { x, wqkv, wo, wgu, wd, qkv, o, lse, y, gu, h, z, dz, dh, dgu, dy, dout, dqkv, dx, dwqkv, dwo, dwgu, dwd, bits, bits_next, ws, kBufs };
+
+// The mask work a GEMM carries: none, all of the mask in `buffer` (first = end = -1), or its
+// tiles [first, end) (MASK_RANGE).
+struct MaskShare {
+  bool on = false;
+  Buf buffer = bits;
+  int64_t first = -1, end = -1;
+};
 
 struct Block {
   Shape s;
   bool dry;  // --check-only: made-up addresses, every launch only checked (no GPU)
+  int calls = 0;  // GEMM and attention calls made (checked, when dry)
   std::array<uint64_t, kBufs> addr{};
   std::vector<DeviceBuffer> owned;
-  Function nt = make_gemm(Layout::nt), nn = make_gemm(Layout::nn), tn = make_gemm(Layout::tn), nt_mask = make_gemm(Layout::nt, true, s.causal);
+  Function nt = make_gemm(Layout::nt), nn = make_gemm(Layout::nn), tn = make_gemm(Layout::tn), nt_mask = make_gemm(Layout::nt, true, s.causal),
+           nt_share = make_gemm(Layout::nt, true, s.causal, true);
 
   size_t bytes_of(Buf b) const {
     const auto bf16 = [](int64_t r, int64_t c) { return static_cast<size_t>(r * c) * 2; };
@@ -121,18 +136,18 @@ struct Block {
       case lse: return static_cast<size_t>(M * s.heads) * 4;
       case gu: case dgu: return bf16(M, 2 * s.mlp);
       case h: case dh: return bf16(M, s.mlp);
-      case bits: return static_cast<size_t>(s.B * s.heads * s.S * s.words()) * 4;
+      case bits: case bits_next: return static_cast<size_t>(s.B * s.heads * s.S * s.words()) * 4;
       case ws: return workspace_bytes();
       case kBufs: break;
     }
     return 0;
   }
   Block(Shape shape, bool check_only) : s(shape), dry(check_only) {
-    uint64_t next = uint64_t{1} << 40;  // (made-up, 1 MB aligned)
+    uint64_t fake = uint64_t{1} << 40;  // (made-up, 1 MB aligned)
     for (size_t b = 0; b < kBufs; ++b) {
       const size_t n = bytes_of(static_cast<Buf>(b));
       if (dry) {
-        addr[b] = next, next += (n + (1u << 20)) & ~uint64_t{(1u << 20) - 1};
+        addr[b] = fake, fake += (n + (1u << 20)) & ~uint64_t{(1u << 20) - 1};
         continue;
       }
       const bool input = b == x || b == wqkv || b == wo || b == wgu || b == wd || b == h || b == dz || b == dgu;
@@ -150,62 +165,95 @@ struct Block {
   }
   attention::Tensor bhsd(Buf b) const { return attention::contiguous(addr[b], kBf16, {s.B, s.S, s.heads, s.D}); }
   attention::Tensor lse_view() const { return attention::contiguous(addr[lse], ir::DType::f32, {s.B, s.heads, s.S}); }
-  attention::Tensor bits_view() const { return attention::contiguous(addr[bits], ir::DType::u32, {s.B * s.heads, s.S, s.words()}); }
+  // the mask this layer's attention reads (spread: the buffer `current` names)
+  Buf current = bits, next = bits_next;
+  attention::Tensor bits_view(Buf b) const { return attention::contiguous(addr[b], ir::DType::u32, {s.B * s.heads, s.S, s.words()}); }
+  attention::Tensor bits_view() const { return bits_view(current); }
+  int64_t mask_tiles() const { return s.B * s.heads * lang::cdiv(s.S, 64) * lang::cdiv(s.words(), 16); }  // (64 x 16-word tiles)
   attention::Workspace workspace() const { return {addr[ws], bytes_of(ws)}; }
 
-  attention::Options options(int mode) const {  // 0 none, 1 fused, 2 bits written by the QKV GEMM
+  attention::Options options(int mode) const {  // 0 none, 1 fused, 2 bits from the QKV GEMM, 3 spread
     attention::Options opts;
     opts.causal = s.causal;
     if (mode) opts.dropout_p = kDropoutP, opts.seed = kSeed, opts.offset = 0;
-    if (mode == 2) opts.dropout_bits = bits_view();
+    if (mode >= 2) opts.dropout_bits = bits_view();
+    return opts;
+  }
+  // the backward's: spread's last forward swapped the buffers after its attention read `current`
+  attention::Options backward_options(int mode) const {
+    attention::Options opts = options(mode);
+    if (mode == 3) opts.dropout_bits = bits_view(next);
     return opts;
   }
   size_t workspace_bytes() const {
     size_t most = 0;
-    for (int mode : {0, 1, 2}) most = std::max(most, attention::backward_workspace_bytes(head_view(qkv, 0), head_view(qkv, 1), options(mode)));
+    for (int mode : {0, 1, 2, 3}) most = std::max(most, attention::backward_workspace_bytes(head_view(qkv, 0), head_view(qkv, 1), options(mode)));
     return std::max<size_t>(most, 256);
   }
 
   // C[M, N] = op(A) op(B) on `stream` (see Layout): a and b as the role stores them
-  void gemm(Function& g, Layout l, Buf a, Buf b, Buf c, int64_t M, int64_t N, int64_t K, CUstream stream, bool with_mask = false) {
+  void gemm(Function& g, Layout l, Buf a, Buf b, Buf c, int64_t M, int64_t N, int64_t K, CUstream stream, MaskShare share = {}) {
     const auto matrix = [&](Buf m, int64_t rows, int64_t cols) { return attention::contiguous(addr[m], kBf16, {rows, cols}); };
     const attention::Tensor A = l == Layout::tn ? matrix(a, K, M) : matrix(a, M, K);
     const attention::Tensor B = l == Layout::nt ? matrix(b, N, K) : matrix(b, K, N);
     const attention::Tensor C = matrix(c, M, N);
     const runtime::Grid grid{lang::cdiv(M, meta_of(g, mn::kBlockM)) * lang::cdiv(N, meta_of(g, mn::kBlockN))};
     std::vector<runtime::DeviceArg> args{A.view(), B.view(), C.view()};
-    const attention::Tensor bv = bits_view();
-    if (with_mask) {
+    const attention::Tensor bv = bits_view(share.buffer);
+    if (share.on) {
       const attention::Options d = options(2);
       args.insert(args.end(), {bv.view(), static_cast<int32_t>(s.S), static_cast<uint32_t>(d.seed), static_cast<uint32_t>(d.seed >> 32),
                                static_cast<uint32_t>(d.offset), static_cast<uint32_t>(d.offset >> 32),
                                kernels::dropout_keep_threshold(d.dropout_p), no_rng_state, 0u});
+      if (share.first >= 0) args.insert(args.end(), {static_cast<int32_t>(share.first), static_cast<int32_t>(share.end)});
     }
+    ++calls;
     if (dry) g.check(grid, std::span<const runtime::DeviceArg>(args));
     else g.launch(grid, stream, args);
   }
 
+  // spread: the mask's tiles over the forward GEMMs in proportion to their flops (N x K each, M
+  // common): [0, qkv) by the QKV GEMM, then O, gate/up and down in that order
+  std::array<int64_t, 5> spread_bounds() const {
+    const double w[4] = {double(s.qkv_cols() * s.hidden), double(s.hidden * s.heads * s.D), double(2 * s.mlp * s.hidden),
+                         double(s.hidden * s.mlp)};
+    const double total = w[0] + w[1] + w[2] + w[3];
+    std::array<int64_t, 5> b{0, 0, 0, 0, mask_tiles()};
+    double acc = 0;
+    for (int i = 0; i < 3; ++i) acc += w[i], b[static_cast<size_t>(i) + 1] = static_cast<int64_t>(std::llround(acc / total * double(mask_tiles())));
+    return b;
+  }
+  MaskShare share_of(int gemm_index) const {  // 0 QKV (this layer's mask), 1-3 O, gate/up, down (the next layer's)
+    const std::array<int64_t, 5> b = spread_bounds();
+    return {true, gemm_index == 0 ? current : next, b[static_cast<size_t>(gemm_index)], b[static_cast<size_t>(gemm_index) + 1]};
+  }
   void qkv_projection(int mode, CUstream st) {
-    if (mode == 2) gemm(nt_mask, Layout::nt, x, wqkv, qkv, s.tokens(), s.qkv_cols(), s.hidden, st, true);
+    if (mode == 2) gemm(nt_mask, Layout::nt, x, wqkv, qkv, s.tokens(), s.qkv_cols(), s.hidden, st, {true, current});
+    else if (mode == 3) gemm(nt_share, Layout::nt, x, wqkv, qkv, s.tokens(), s.qkv_cols(), s.hidden, st, share_of(0));
     else gemm(nt, Layout::nt, x, wqkv, qkv, s.tokens(), s.qkv_cols(), s.hidden, st);
   }
   void attention_forward(int mode, CUstream st) {
+    ++calls;
     if (dry) attention::check_forward(head_view(qkv, 0), head_view(qkv, 1), head_view(qkv, 2), bhsd(o), lse_view(), options(mode));
     else attention::forward(head_view(qkv, 0), head_view(qkv, 1), head_view(qkv, 2), bhsd(o), lse_view(), options(mode), st);
   }
+  // (spread: the next forward's attention reads the buffer this one's later GEMMs wrote into)
   void forward(int mode, CUstream st) {
     const int64_t M = s.tokens();
+    const bool spread = mode == 3;
     qkv_projection(mode, st);
     attention_forward(mode, st);
-    gemm(nt, Layout::nt, o, wo, y, M, s.hidden, s.heads * s.D, st);
-    gemm(nt, Layout::nt, y, wgu, gu, M, 2 * s.mlp, s.hidden, st);
-    gemm(nt, Layout::nt, h, wd, z, M, s.hidden, s.mlp, st);
+    gemm(spread ? nt_share : nt, Layout::nt, o, wo, y, M, s.hidden, s.heads * s.D, st, spread ? share_of(1) : MaskShare{});
+    gemm(spread ? nt_share : nt, Layout::nt, y, wgu, gu, M, 2 * s.mlp, s.hidden, st, spread ? share_of(2) : MaskShare{});
+    gemm(spread ? nt_share : nt, Layout::nt, h, wd, z, M, s.hidden, s.mlp, st, spread ? share_of(3) : MaskShare{});
+    if (spread) std::swap(current, next);
   }
   void attention_backward(int mode, CUstream st) {
     const auto q = head_view(qkv, 0), k = head_view(qkv, 1), v = head_view(qkv, 2), dq = head_view(dqkv, 0), dk = head_view(dqkv, 1),
                dv = head_view(dqkv, 2);
-    if (dry) attention::check_backward(q, k, v, bhsd(o), bhsd(dout), lse_view(), dq, dk, dv, options(mode), workspace());
-    else attention::backward(q, k, v, bhsd(o), bhsd(dout), lse_view(), dq, dk, dv, options(mode), st, workspace());
+    ++calls;
+    if (dry) attention::check_backward(q, k, v, bhsd(o), bhsd(dout), lse_view(), dq, dk, dv, backward_options(mode), workspace());
+    else attention::backward(q, k, v, bhsd(o), bhsd(dout), lse_view(), dq, dk, dv, backward_options(mode), st, workspace());
   }
   void backward(int mode, CUstream st) {
     const int64_t M = s.tokens();
@@ -231,38 +279,53 @@ struct Block {
   }
 };
 
-// The QKV GEMM's mask against attention::generate_dropout_bits' (every word a causal row can see).
-bool mask_matches(Block& blk, const runtime::Stream& stream) {
-  DeviceBuffer& mask = blk.buffer(bits);
-  const size_t bytes = mask.bytes();
+// The masks modes gemm and spread write against attention::generate_dropout_bits' (every word a
+// causal row can see): gemm's from the QKV GEMM, spread's from two forwards (each buffer gets the
+// QKV GEMM's share from one and the O, gate/up and down GEMMs' from the other).
+bool masks_match(Block& blk, const runtime::Stream& stream) {
+  const size_t bytes = blk.bytes_of(bits);
   std::vector<uint32_t> want(bytes / 4), got(bytes / 4);
+  const std::vector<uint32_t> zeros(bytes / 4, 0u);
   attention::Options gen = blk.options(2);
   gen.dropout_bits.reset();
-  attention::generate_dropout_bits(blk.bits_view(), blk.s.B, blk.s.heads, blk.s.S, blk.s.S, gen, stream.handle());
+  attention::generate_dropout_bits(blk.bits_view(bits), blk.s.B, blk.s.heads, blk.s.S, blk.s.S, gen, stream.handle());
   stream.synchronize();
-  mask.download(want.data(), bytes);
-  mask.upload(std::vector<uint32_t>(bytes / 4, 0u).data(), bytes);
+  blk.buffer(bits).download(want.data(), bytes);
+  const auto same = [&](Buf b) {
+    blk.buffer(b).download(got.data(), bytes);
+    const int64_t words = blk.s.words();
+    size_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const int64_t word = static_cast<int64_t>(i % static_cast<size_t>(words)), row = static_cast<int64_t>(i / static_cast<size_t>(words)) % blk.s.S;
+      if (!blk.s.causal || 32 * word <= row) bad += got[i] != want[i];
+    }
+    return bad == 0;
+  };
+  for (Buf b : {bits, bits_next}) blk.buffer(b).upload(zeros.data(), bytes);
   blk.qkv_projection(2, stream.handle());
   stream.synchronize();
-  mask.download(got.data(), bytes);
-  const int64_t words = blk.s.words();
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const int64_t word = static_cast<int64_t>(i % static_cast<size_t>(words)), row = static_cast<int64_t>(i / static_cast<size_t>(words)) % blk.s.S;
-    if (!blk.s.causal || 32 * word <= row) bad += got[i] != want[i];
-  }
-  return bad == 0;
+  const bool gemm = same(bits);
+  for (Buf b : {bits, bits_next}) blk.buffer(b).upload(zeros.data(), bytes);
+  blk.forward(3, stream.handle());
+  blk.forward(3, stream.handle());
+  stream.synchronize();
+  const bool spread = same(bits) && same(bits_next);
+  const std::array<int64_t, 5> b = blk.spread_bounds();
+  std::printf("MASK gemm_bits_identical=%d spread_bits_identical=%d spread_tiles=%ld/%ld/%ld/%ld of %ld (QKV / O / gate-up / down)\n",
+              gemm ? 1 : 0, spread ? 1 : 0, static_cast<long>(b[1] - b[0]), static_cast<long>(b[2] - b[1]), static_cast<long>(b[3] - b[2]),
+              static_cast<long>(b[4] - b[3]), static_cast<long>(b[4]));
+  return gemm && spread;
 }
 
 // --check-only: every launch of every mode checked as the GPU run would launch it (arguments,
 // grids, the kernels compiled), without a GPU: what CI runs.
 int check_only(Shape shape) {
   Block blk(shape, true);
-  for (int mode : {0, 1, 2}) {
+  for (int mode : {0, 1, 2, 3}) {
     blk.forward(mode, nullptr);
     blk.backward(mode, nullptr);
   }
-  for (Function* g : {&blk.nt, &blk.nn, &blk.tn, &blk.nt_mask}) {
+  for (Function* g : {&blk.nt, &blk.nn, &blk.tn, &blk.nt_mask, &blk.nt_share}) {
     const jit::CompiledKernel& k = g->compiled();
     std::printf("KERNEL %s: %s\n", runtime::describe_meta(g->signature().meta).c_str(), k.info.to_string().c_str());
     if (k.info.spill_store_bytes > 0) {
@@ -270,8 +333,8 @@ int check_only(Shape shape) {
       return 1;
     }
   }
-  std::printf("CHECKED S=%ld kv_heads=%ld causal=%d: %d launches a mode\n", static_cast<long>(shape.S), static_cast<long>(shape.kv_heads),
-              shape.causal ? 1 : 0, 16);
+  std::printf("CHECKED S=%ld kv_heads=%ld causal=%d: %d GEMM and attention calls in 4 modes\n", static_cast<long>(shape.S),
+              static_cast<long>(shape.kv_heads), shape.causal ? 1 : 0, blk.calls);
   return 0;
 }
 
@@ -282,28 +345,28 @@ int run(Shape shape, int max_reps) {
   std::printf("BLOCK_SHAPE B=%ld S=%ld hidden=%ld heads=%ld kv_heads=%ld D=%ld mlp=%ld causal=%d p=%g\n", static_cast<long>(s.B),
               static_cast<long>(s.S), static_cast<long>(s.hidden), static_cast<long>(s.heads), static_cast<long>(s.kv_heads),
               static_cast<long>(s.D), static_cast<long>(s.mlp), s.causal ? 1 : 0, kDropoutP);
-  const bool same = mask_matches(blk, stream);
-  std::printf("MASK gemm_bits_identical=%d\n", same ? 1 : 0);
-  if (!same) return 1;
+  if (!masks_match(blk, stream)) return 1;
   // the whole block per mode: six rounds, the modes' order rotated each round
-  std::vector<double> fwd[3], bwd[3], both[3];
+  constexpr int kModes = 4;
+  std::vector<double> fwd[kModes], bwd[kModes], both[kModes];
   for (int round = 0; round < 6; ++round)
-    for (int k = 0; k < 3; ++k) {
-      const int mode = (k + round) % 3;
+    for (int k = 0; k < kModes; ++k) {
+      const int mode = (k + round) % kModes;
       fwd[mode].push_back(time_ms([&] { blk.forward(mode, stream.handle()); }, stream, max_reps));
       blk.forward(mode, stream.handle());  // (the backward reads this mode's O, LSE and mask)
       bwd[mode].push_back(time_ms([&] { blk.backward(mode, stream.handle()); }, stream, max_reps));
       both[mode].push_back(time_ms([&] { blk.forward(mode, stream.handle()), blk.backward(mode, stream.handle()); }, stream, max_reps));
     }
-  const char* names[3] = {"none", "fused", "gemm"};
+  const char* names[kModes] = {"none", "fused", "gemm", "spread"};
   const double f0 = median(fwd[0]), b0 = median(bwd[0]), t0 = median(both[0]);
-  for (int mode : {0, 1, 2}) {
+  for (int mode = 0; mode < kModes; ++mode) {
     const double f = median(fwd[mode]), b = median(bwd[mode]), t = median(both[mode]);
     std::printf("BLOCK mode=%s fwd_ms=%.3f bwd_ms=%.3f block_ms=%.3f fwd_vs_none=%.3f bwd_vs_none=%.3f block_vs_none=%.3f "
                 "block_tflops=%.0f\n",
                 names[mode], f, b, t, f / f0, b / b0, t / t0, (blk.gemm_flops() + blk.attention_flops()) / (t * 1e-3) / 1e12);
   }
-  std::printf("BLOCK gemm_vs_fused=%.3f (the block with the mask from the QKV GEMM over fused dropout's)\n", median(both[2]) / median(both[1]));
+  std::printf("BLOCK gemm_vs_fused=%.3f spread_vs_fused=%.3f (the block with the mask from the GEMMs over fused dropout's)\n",
+              median(both[2]) / median(both[1]), median(both[3]) / median(both[1]));
   // the parts alone (mode none; the mask GEMM beside the plain QKV GEMM)
   const CUstream st = stream.handle();
   const int64_t M = s.tokens();
@@ -312,6 +375,8 @@ int run(Shape shape, int max_reps) {
   };
   part("qkv_gemm", [&] { blk.qkv_projection(0, st); });
   part("qkv_gemm_with_mask", [&] { blk.qkv_projection(2, st); });
+  part("qkv_gemm_with_share", [&] { blk.qkv_projection(3, st); });
+  part("forward_gemms_spread", [&] { blk.forward(3, st); });
   part("attention_fwd", [&] { blk.attention_forward(0, st); });
   part("attention_fwd_bits", [&] { blk.attention_forward(2, st); });
   part("attention_fwd_fused", [&] { blk.attention_forward(1, st); });

@@ -12,7 +12,7 @@ namespace tilejit::kernels {
 
 using namespace lang;
 
-DropoutMaskTiles::DropoutMaskTiles(Builder& kb, int64_t block_m, int64_t block_w, bool causal, int align_bytes)
+DropoutMaskTiles::DropoutMaskTiles(Builder& kb, int64_t block_m, int64_t block_w, bool causal, int align_bytes, bool ranged)
     : block_m_(block_m),
       block_w_(block_w),
       causal_(causal),
@@ -26,11 +26,20 @@ DropoutMaskTiles::DropoutMaskTiles(Builder& kb, int64_t block_m, int64_t block_w
   if (block_w % 2 != 0)
     kb.fail(Loc::current(), fmt::format("dropout mask tiles: BLOCK_W must be even (one Philox call group covers 64 key columns = "
                                         "2 words), got {}", block_w));
+  if (ranged) {
+    // (a range past the mask, or backwards, writes nothing rather than another tensor's bytes)
+    const Tile first = kb.scalar<int>("mask_tile_first"), end = kb.scalar<int>("mask_tile_end");
+    first_ = minimum(maximum(first, 0), all_tiles());
+    end_ = minimum(maximum(end, *first_), all_tiles());
+  }
 }
 
-Tile DropoutMaskTiles::count() const { return cdiv(mask_.size(1), block_m_) * cdiv(mask_.size(2), block_w_) * mask_.size(0); }
+Tile DropoutMaskTiles::all_tiles() const { return cdiv(mask_.size(1), block_m_) * cdiv(mask_.size(2), block_w_) * mask_.size(0); }
 
-void DropoutMaskTiles::write(const Tile& t) const {
+Tile DropoutMaskTiles::count() const { return first_ ? *end_ - *first_ : all_tiles(); }
+
+void DropoutMaskTiles::write(const Tile& tile) const {
+  const Tile t = first_ ? *first_ + tile : tile;
   const Tile row_tiles = cdiv(mask_.size(1), block_m_), word_tiles = cdiv(mask_.size(2), block_w_);
   write(t % row_tiles * block_m_, t / row_tiles % word_tiles * block_w_, t / (row_tiles * word_tiles));
 }

@@ -2,6 +2,7 @@
 // the RNG moved out of attention, e.g. run concurrently with the QKV projection GEMM); attention
 // then reads bits instead of running Philox. Bits are those of kernels::dropout_keep (philox.hpp).
 #pragma once
+#include <optional>
 #include <cstdint>
 
 #include "dsl/lang.hpp"
@@ -41,9 +42,12 @@ class DropoutMaskTiles {
   // layer never reads them with a nonzero probability -- which halves the Philox work at S_q = S_k.
   // align_bytes: what the Mask tensor's base and row pitch are multiples of (4: any; 16 lets the
   // stores be 16-byte vectors, and needs cdiv(S_k, 32) to be a multiple of 4).
-  DropoutMaskTiles(lang::Builder& kb, int64_t block_m, int64_t block_w, bool causal = false, int align_bytes = 4);
-  lang::Tile count() const;                      // how many tiles the mask has
-  void write(const lang::Tile& t) const;         // tile t (0 <= t < count())
+  // ranged: two more i32 parameters after the key's, mask_tile_first and mask_tile_end: this
+  // kernel writes tiles [first, end) of the mask only (clamped to the mask's), so that several
+  // kernels -- e.g. the GEMMs that run before the attention layer -- share one mask's work.
+  DropoutMaskTiles(lang::Builder& kb, int64_t block_m, int64_t block_w, bool causal = false, int align_bytes = 4, bool ranged = false);
+  lang::Tile count() const;                      // how many tiles this kernel writes
+  void write(const lang::Tile& t) const;         // its tile t (0 <= t < count()): the mask's tile first + t
   void write(const lang::Tile& row0, const lang::Tile& word0, const lang::Tile& batch_head) const;
 
  private:
@@ -54,6 +58,8 @@ class DropoutMaskTiles {
   lang::Tensor mask_;
   lang::Tile s_k_;
   DropoutKey key_;  // seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold
+  std::optional<lang::Tile> first_, end_;  // ranged: the tiles written, clamped to [0, all_tiles()]
+  lang::Tile all_tiles() const;
 };
 
 }  // namespace tilejit::kernels

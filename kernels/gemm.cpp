@@ -44,6 +44,7 @@ Meta GemmConfig::to_meta() const {
   put(mn::kMaskAlign, mask_align, d.mask_align);
   put(mn::kMaskTilesPerStep, mask_tiles_per_step, d.mask_tiles_per_step);
   put(mn::kMaskWarps, mask_warps, d.mask_warps);
+  put(mn::kMaskRange, mask_range, d.mask_range);
   if (mask_warps == 0) return m;
   put(mn::kMmaRegisters, mma_registers, d.mma_registers);
   put(mn::kMaskRegisters, mask_registers, d.mask_registers);
@@ -77,6 +78,7 @@ GemmConfig GemmConfig::read(Builder& b) {
   if (c.mask_tiles_per_step < 1)
     b.fail(Loc::current(), fmt::format("gemm: MASK_TILES_PER_STEP = {} must be at least 1", c.mask_tiles_per_step));
   c.mask_warps = b.meta<int>(mn::kMaskWarps, 0);
+  c.mask_range = b.meta<bool>(mn::kMaskRange, false);
   if (c.mask_warps == 0) return c;
   c.mma_registers = b.meta<int>(mn::kMmaRegisters, 0);
   c.mask_registers = b.meta<int>(mn::kMaskRegisters, 0);
@@ -133,7 +135,7 @@ const Kernel& gemm() {
     // MASK_CAUSAL: only the tiles a causal layer reads (kernels::DropoutMaskTiles); MASK_ALIGN 16:
     // the mask 16-byte aligned (vector stores).
     std::optional<DropoutMaskTiles> mask;
-    if (c.dropout_mask) mask.emplace(b, c.mask_block_m, c.mask_block_w, c.mask_causal, static_cast<int>(c.mask_align));
+    if (c.dropout_mask) mask.emplace(b, c.mask_block_m, c.mask_block_w, c.mask_causal, static_cast<int>(c.mask_align), c.mask_range);
     const int64_t per_step = mask ? c.mask_tiles_per_step : 0;
     const int64_t mask_warps = c.mask_warps, mma_registers = c.mma_registers, mask_registers = c.mask_registers;
     Tile program, programs;  // (linear program index and count: only the mask's tiles need them)

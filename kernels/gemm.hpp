@@ -25,8 +25,12 @@ namespace tilejit::kernels {
 // GROUP_M order; with the producer, the next tile's first K blocks are copied during this tile's
 // epilogue. Neither with DROPOUT_MASK. TMA_STORE (default false): C leaves through a staging tile
 // in shared memory and TMA stores (StoreOptions::tma), where C's rows are 16-byte aligned.
+// MASK_RANGE (default false): the GEMM writes tiles [mask_tile_first, mask_tile_end) of the mask
+// only (two i32 parameters more; DropoutMaskTiles), so that the GEMMs before an attention layer
+// share its mask (issue 30).
 // Parameters: A, B, C (rank-2 tensors), then with DROPOUT_MASK: Mask, S_k, seed_lo, seed_hi,
-// offset_lo, offset_hi, keep_threshold.
+// offset_lo, offset_hi, keep_threshold, rng_state, rng_state_in_memory (and with MASK_RANGE:
+// mask_tile_first, mask_tile_end).
 const lang::Kernel& gemm();
 
 // gemm's compile-time choices (the metas above) with their defaults.
@@ -43,6 +47,7 @@ struct GemmConfig {
   int64_t mask_align = 4;
   int64_t mask_tiles_per_step = 1;
   int64_t mask_warps = 0, mma_registers = 0, mask_registers = 0;  // warp roles (MASK_WARPS > 0)
+  bool mask_range = false;  // MASK_RANGE: tiles [mask_tile_first, mask_tile_end) of the mask only
   bool ring_producer = false, persistent = false;
   bool tma_store = false;
 

@@ -67,6 +67,7 @@ inline constexpr const char* kMaskBlockW = "MASK_BLOCK_W";
 inline constexpr const char* kMaskAlign = "MASK_ALIGN";
 inline constexpr const char* kMaskTilesPerStep = "MASK_TILES_PER_STEP";
 inline constexpr const char* kMaskWarps = "MASK_WARPS";
+inline constexpr const char* kMaskRange = "MASK_RANGE";
 inline constexpr const char* kMaskRegisters = "MASK_REGISTERS";
 
 // the packed dropout-mask kernel (kernels/dropout_mask.hpp)

@@ -87,6 +87,56 @@ TEST_CASE("gemm DROPOUT_MASK: C bit-identical to the plain GEMM, the mask the ho
     }
 }
 
+TEST_CASE("gemm DROPOUT_MASK with MASK_RANGE: GEMMs that split one mask's tiles write it together, each only its own") {
+  const int M = 128, N = 64, K = 96;
+  HostTensor a(bf16, {M, K}), b(bf16, {N, K});
+  a.fill_uniform(5, -1, 1);
+  b.fill_uniform(6, -1, 1);
+  const int bh = 2, s_q = 100, s_k = 200, words = 7;  // tiles of 16 rows x 2 words: 7 x 4 x 2 = 56
+  const kernels::DropoutRngHost r{0x0123456789abcdefull, 0x0000000500000007ull, 230};
+  const std::vector<uint32_t> want = kernels::dropout_mask_packed_host(r, bh, s_q, s_k);
+  for (int mask_warps : {0, 4}) {
+    Meta meta{{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"BLOCK_K", 32}, {"B_KMAJOR", true}, {"DROPOUT_MASK", true}, {"MASK_BLOCK_M", 16},
+              {"MASK_BLOCK_W", 2}, {"MASK_WARPS", mask_warps}, {"MASK_RANGE", true}};
+    const ir::Function fn = kernels::gemm().build(meta);
+    HostTensor mask(u32, {bh, s_q, words}), untouched(u32, {bh, s_q, words});
+    mask.poison();
+    untouched.poison();
+    const std::vector<uint32_t> poisoned = raw<uint32_t>(untouched);
+    const auto run = [&](int first, int end) {
+      HostTensor c(f32, {M, N});
+      std::vector<rt::Arg> args{a, b, c, mask, s_k};
+      for (const rt::Arg& x : testing::dropout_key_args(r)) args.push_back(x);
+      args.insert(args.end(), {first, end});
+      rt::interpret(fn, {2, 1}, args);
+    };
+    // tiles [10, 20) alone: tile t is rows 16 (t % 7), words 2 (t / 7 % 4), batch-head t / 28
+    run(10, 20);
+    const std::vector<uint32_t> part = raw<uint32_t>(mask);
+    size_t bad = 0, written = 0;
+    for (int h = 0; h < bh; ++h)
+      for (int i = 0; i < s_q; ++i)
+        for (int w = 0; w < words; ++w) {
+          const int t = i / 16 + 7 * (w / 2) + 28 * h;
+          const size_t at = static_cast<size_t>((h * s_q + i) * words + w);
+          const bool mine = t >= 10 && t < 20;
+          written += part[at] != poisoned[at];
+          bad += mine ? part[at] != want[at] : part[at] != poisoned[at];
+        }
+    CHECK(bad == 0);
+    CHECK(written > 0);
+    // the rest in two more GEMMs (one range past the end, clamped): the whole mask
+    run(0, 10);
+    run(20, 1000);
+    CHECK(raw<uint32_t>(mask) == want);
+    // a backwards or negative range writes nothing
+    mask.poison();
+    run(30, 5);
+    run(-8, 0);
+    CHECK(raw<uint32_t>(mask) == poisoned);
+  }
+}
+
 TEST_CASE("gemm DROPOUT_MASK: MASK_ALIGN 16 stores 16-byte vectors; other alignments are a build error") {
   CHECK_THROWS_WITH(kernels::gemm().build({{"DROPOUT_MASK", true}, {"MASK_ALIGN", 8}}), doctest::Contains("MASK_ALIGN / ALIGN = 8 (valid: 4, or 16"));
   if (testing::no_ptxas()) return;
