@@ -58,7 +58,7 @@ std::vector<LibraryKernel> make_library() {
   gemm_default.group_m = 8;
   const attention::Schedule fwd_tiles = api_schedule(Pass::forward);
   return {
-      {"gemm", &gemm, "C = A @ B, bf16/f16 in, f32 accumulate (TMA + wgmma pipeline when K-major on sm_90a)", gemm_default.to_meta(),
+      {"gemm", &gemm, "C = A @ B, bf16/f16 in, f32 accumulate (TMA + wgmma pipeline on sm_90a, either operand majorness)", gemm_default.to_meta(),
        8, 4, &gemm_tuning_space},
       attention_row("attention_fwd", &attention_forward, "FlashAttention forward with online softmax, optional causal mask",
                     Pass::forward, /*block_n=*/true, &attention_fwd_tuning_space),

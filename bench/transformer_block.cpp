@@ -68,8 +68,8 @@ struct Shape {
 // GROUP_M 8, 8 warps, 4 stages) and the operand layouts the role has:
 //   nt  C = A B^T   A [M, K], B given as [N, K] (a layer's forward: X W^T)
 //   nn  C = A B     A [M, K], B [K, N]           (the input gradient: dY W)
-//   tn  C = A^T B   A given as [K, M], B [K, N]  (the weight gradient: dY^T X; A staged through
-//                                                 registers, the lowering has no MN-major A)
+//   tn  C = A^T B   A given as [K, M], B [K, N]  (the weight gradient: dY^T X; both MN-major,
+//                                                 read by wgmma transposed)
 enum class Layout { nt, nn, tn };
 
 Function make_gemm(Layout l, bool dropout_mask = false, bool causal = false, bool ranged = false) {

@@ -70,16 +70,19 @@ std::optional<TmaDotLoop> match_tma_dot_loop(const ir::Function& f, const ir::Op
     auto it = def.find(v);
     return it != def.end() && it->second->kind == kind ? it->second : nullptr;
   };
-  m.load_a = defined(m.dot->operands[0], OpKind::block_load);
+  const ir::Op* trans_a = defined(m.dot->operands[0], OpKind::trans);
+  m.load_a = defined(trans_a ? trans_a->operands[0] : m.dot->operands[0], OpKind::block_load);
+  m.a_mn_major = trans_a != nullptr;
   const ir::Op* trans = defined(m.dot->operands[1], OpKind::trans);
   m.load_b = defined(trans ? trans->operands[0] : m.dot->operands[1], OpKind::block_load);
   m.b_mn_major = !trans;
   if (!m.load_a || !m.load_b || m.load_a == m.load_b) return std::nullopt;
   // The pipeline's own values (registers it owns, or tiles that never exist outside shared
   // memory): nothing else may read them.
-  const std::set<const ir::Op*> own{m.load_a, m.load_b, trans, m.dot};
+  const std::set<const ir::Op*> own{m.load_a, m.load_b, trans, trans_a, m.dot};
   std::set<ir::ValueId> owned{acc_arg, m.load_a->results[0], m.load_b->results[0], m.dot->results[0]};
   if (trans) owned.insert(trans->results[0]);
+  if (trans_a) owned.insert(trans_a->results[0]);
   bool reads_owned = false;
   for (const ir::Op& op : body.ops) {
     if (own.count(&op) || op.kind == OpKind::yield) continue;
@@ -104,14 +107,15 @@ std::optional<TmaDotLoop> match_tma_dot_loop(const ir::Function& f, const ir::Op
   if (body.ops.back().operands.at(0) != m.dot->results[0]) return std::nullopt;
   const ir::Type& a = f.type(m.load_a->results[0]);
   const ir::Type& b = f.type(m.load_b->results[0]);
-  m.bm = a.shape[0];
-  m.bk = a.shape[1];
+  m.bm = a.shape[m.a_mn_major ? 1 : 0];
+  m.bk = a.shape[m.a_mn_major ? 0 : 1];
   m.bn = m.b_mn_major ? b.shape[1] : b.shape[0];
   if (a.dtype != b.dtype || m.bk != 64) return std::nullopt;  // 128-byte swizzled rows
   int warpgroups = num_warps / 4;
   if (m.bm % (64 * warpgroups) != 0 || m.bn % 8 != 0 || m.bn > 256 || m.bm > 256) return std::nullopt;
   if (m.b_mn_major && m.bn % 64 != 0) return std::nullopt;  // whole 128-byte (64-element) column chunks
-  if (!tma_window(f, *m.load_a, iv, body, {m.bm, m.bk}, 1)) return std::nullopt;
+  if (m.a_mn_major ? !tma_window(f, *m.load_a, iv, body, {m.bk, m.bm}, 0) : !tma_window(f, *m.load_a, iv, body, {m.bm, m.bk}, 1))
+    return std::nullopt;
   if (m.b_mn_major ? !tma_window(f, *m.load_b, iv, body, {m.bk, m.bn}, 0) : !tma_window(f, *m.load_b, iv, body, {m.bn, m.bk}, 1))
     return std::nullopt;
   // the step must be the constant BK
@@ -141,8 +145,8 @@ std::string print_tma_plan(const ir::Function& f, const TmaPlan& plan) {
     auto it = plan.loops.find(&op);
     if (it == plan.loops.end()) return;
     const TmaDotLoop& m = it->second;
-    out += fmt::format("//   for at {}: dot at {}, BM = {}, BN = {}, BK = {}, B {}, {} stages, {} side ops\n", op.loc.str(), m.dot->loc.str(),
-                       m.bm, m.bn, m.bk, m.b_mn_major ? "MN-major" : "K-major", m.stages, m.side_ops.size());
+    out += fmt::format("//   for at {}: dot at {}, BM = {}, BN = {}, BK = {}, B {}{}, {} stages, {} side ops\n", op.loc.str(), m.dot->loc.str(),
+                       m.bm, m.bn, m.bk, m.b_mn_major ? "MN-major" : "K-major", m.a_mn_major ? ", A MN-major" : "", m.stages, m.side_ops.size());
   });
   return out;
 }

@@ -24,7 +24,10 @@ struct PipelineOptions {
 struct TmaDotLoop {
   const ir::Op* loop = nullptr;
   const ir::Op* dot = nullptr;
-  const ir::Op* load_a = nullptr;  // A[BM, BK] window, offsets (m, iv)
+  // A as A[BM, BK] (K-major: offsets (m, iv), consumed directly) or as A^T[BK, BM] (MN-major:
+  // offsets (iv, m), consumed through trans; wgmma reads it transposed, imm-trans-a)
+  const ir::Op* load_a = nullptr;
+  bool a_mn_major = false;
   // B as B^T[BN, BK] (K-major: offsets (n, iv), consumed through trans) or as B[BK, BN]
   // (MN-major: offsets (iv, n), consumed directly; wgmma reads it transposed)
   const ir::Op* load_b = nullptr;

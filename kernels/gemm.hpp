@@ -10,8 +10,9 @@ namespace tilejit::kernels {
 // Meta-parameters: DTYPE (bf16|f16, inputs), OUT_DTYPE (bf16|f16|f32), BLOCK_M, BLOCK_N, BLOCK_K,
 // A_KMAJOR (A given as A[M,K], default; else as A^T[K,M]), B_KMAJOR (B given as B^T[N,K]; default B[K,N]).
 // ALIGN (default 16): bytes that base addresses and row pitches are multiples of (checked at launch).
-// All tensors row-major (unit innermost stride). With both K-major, BLOCK_K = 64 and sm_90a the K loop
-// runs as a TMA + wgmma pipeline.
+// All tensors row-major (unit innermost stride). With BLOCK_K = 64 on sm_90a the K loop runs as a
+// TMA + wgmma pipeline whichever way A and B are given (an MN-major operand -- A^T, or B[K, N] --
+// is copied in 64-column chunks and read by wgmma transposed).
 // GROUP_M: 0 for a 2-D grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); g > 0 for a 1-D grid of
 // cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N) programs ordered g tile-rows at a time (L2 reuse).
 // DROPOUT_MASK (default false): the GEMM also writes an attention layer's packed dropout keep-mask

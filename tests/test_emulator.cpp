@@ -535,16 +535,20 @@ TEST_CASE("emulator: the forward with LAZY_RESCALE equals the interpreter and th
 // on the persistent ring producer.
 TEST_CASE("emulator: the library GEMM (pipeline, ring producer, persistent, TMA stores) equals the interpreter") {
   const int64_t M = 200, N = 296, K = 192;
+  // (A^T given -- A_KMAJOR=false, a weight gradient's dY^T -- runs the pipeline with MN-major A)
+  for (bool a_kmajor : {true, false})
   for (bool b_kmajor : {true, false})
     for (int variant = 0; variant < 5; ++variant) {  // plain, ring producer, + persistent; TMA_STORE: plain, persistent
-      INFO("B K-major " << b_kmajor << " variant " << variant);
+      if (!a_kmajor && b_kmajor && variant > 0) continue;  // (one A^T B^T case is enough)
+      INFO("A K-major " << a_kmajor << " B K-major " << b_kmajor << " variant " << variant);
       const bool tma_store = variant >= 3;
-      HostTensor a(bf16, {M, K}), b(bf16, b_kmajor ? ir::Shape{N, K} : ir::Shape{K, N}), c(tma_store ? bf16 : f32, {M, N});
+      HostTensor a(bf16, a_kmajor ? ir::Shape{M, K} : ir::Shape{K, M}), b(bf16, b_kmajor ? ir::Shape{N, K} : ir::Shape{K, N}),
+          c(tma_store ? bf16 : f32, {M, N});
       a.fill_uniform(61, -3, 3);
       b.fill_uniform(62, -3, 3);
       for (HostTensor* t : {&a, &b})
         for (int64_t e = 0; e < t->numel(); ++e) t->set_flat(e, std::round(t->get_flat(e)));
-      Meta meta{{"BLOCK_N", 256}, {"B_KMAJOR", b_kmajor}, {"GROUP_M", 8}};
+      Meta meta{{"BLOCK_N", 256}, {"A_KMAJOR", a_kmajor}, {"B_KMAJOR", b_kmajor}, {"GROUP_M", 8}};
       const bool persistent = variant == 2 || variant == 4;
       if (variant == 1 || persistent) meta.emplace_back("RING_PRODUCER", true);
       if (persistent) meta.emplace_back("PERSISTENT", true);
@@ -553,7 +557,9 @@ TEST_CASE("emulator: the library GEMM (pipeline, ring producer, persistent, TMA 
       o.num_warps = 8;
       o.pipeline.stages = variant == 3 ? 3 : 4;
       const ir::Function fn = kernels::gemm().build(meta);
-      CHECK((count_ops(jit::lower(fn, o))[jit::pir::Op::tma_store] > 0) == tma_store);
+      const jit::pir::Func program = jit::lower(fn, o);
+      CHECK((count_ops(program)[jit::pir::Op::tma_store] > 0) == tma_store);
+      if (variant == 0) CHECK(program.tensor_maps.size() == 2);  // A and B by TMA, whichever major
       const int64_t tiles = cdiv(M, 128) * cdiv(N, 256);
       check_emulator(fn, persistent ? runtime::Grid{3} : runtime::Grid{tiles}, {&a, &b, &c}, 0.0, o);
     }

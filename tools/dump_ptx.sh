@@ -19,6 +19,7 @@ CONFIGS=$(cat <<'LIST'
 gemm|gemm|
 gemm_bn|gemm|--meta B_KMAJOR=false --meta BLOCK_N=128 --num-warps 8 --stages 4
 gemm_f16|gemm|--meta DTYPE=f16 --meta OUT_DTYPE=f32
+gemm_at|gemm|--meta A_KMAJOR=false --meta B_KMAJOR=false --meta OUT_DTYPE=bf16
 gemm_mask|gemm|--meta DROPOUT_MASK=true --meta MASK_WARPS=4 --meta MASK_REGISTERS=40 --meta MMA_REGISTERS=232 --num-warps 12
 fwd|attention_fwd|
 fwd_d64|attention_fwd|--meta HEAD_DIM=64 --meta BSHD=true --meta POSITIVE_SCALE=true --meta EXACT_NORMALIZE=false --min-programs-per-sm 2
@@ -68,10 +69,10 @@ dkdv_all_tiles|attention_bwd_dkdv|--meta HEAD_DIM=128 --meta CAUSAL=true --meta 
 dkdv_timeline|attention_bwd_dkdv|--meta HEAD_DIM=128 --meta BSHD=true --meta LSE_IN_RING=true --meta TIMELINE=true
 dq|attention_bwd_dq|
 dq_d128_causal|attention_bwd_dq|--meta HEAD_DIM=128 --meta BSHD=true --meta CAUSAL=true
-dq_d64_dropout|attention_bwd_dq|--meta HEAD_DIM=64 --meta BSHD=true --meta DROPOUT=true
-dq_mask_sparse|attention_bwd_dq|--meta HEAD_DIM=128 --meta BSHD=true --meta MASK=10
-dq_alibi|attention_bwd_dq|--meta HEAD_DIM=64 --meta BSHD=true --meta SCORE_MOD=1
-dq_varlen|attention_bwd_dq|--meta HEAD_DIM=128 --meta VARLEN=true --meta CAUSAL=true
+dq_d64_dropout|attention_bwd_dq|--meta HEAD_DIM=64 --meta BSHD=true --meta DROPOUT=true --meta BLOCK_M=64 --meta BLOCK_N=64 --num-warps 4
+dq_mask_sparse|attention_bwd_dq|--meta HEAD_DIM=128 --meta BSHD=true --meta MASK=10 --meta BLOCK_M=64 --meta BLOCK_N=64 --num-warps 4
+dq_alibi|attention_bwd_dq|--meta HEAD_DIM=64 --meta BSHD=true --meta SCORE_MOD=1 --meta BLOCK_M=64 --meta BLOCK_N=64 --num-warps 4
+dq_varlen|attention_bwd_dq|--meta HEAD_DIM=128 --meta VARLEN=true --meta CAUSAL=true --meta BLOCK_M=64 --meta BLOCK_N=64 --num-warps 4
 dq_convert|attention_bwd_dq_convert|--meta HEAD_DIM=128 --meta BSHD=true
 dq_reduce|attention_bwd_dq_reduce|--meta HEAD_DIM=64 --meta BSHD=true --meta BLOCK_N=64
 classes|attention_block_classes|--meta MASK=5

@@ -23,7 +23,7 @@ void Lowerer::tensor_map_params() {
 }
 
 std::vector<int64_t> Lowerer::gemm_box(const TmaDotLoop& m, bool b) {
-  if (b && m.b_mn_major) return {64, m.bk};
+  if (b ? m.b_mn_major : m.a_mn_major) return {64, m.bk};  // (MN-major: 64-column chunks of BK rows)
   return {m.bk, b ? m.bn : m.bm};
 }
 
@@ -101,7 +101,7 @@ void Lowerer::tma_loop(const ir::Op& op, const TmaDotLoop& m) {
   auto i32 = [&](ir::ValueId v) { return cast(scalar(v), DType::i32); };
   V lb = i32(op.operands[0]), ub = i32(op.operands[1]), step = i32(op.operands[2]);
   V nk = trip_count(lb, ub, step);
-  V m_off = i32(m.load_a->operands[1]), n_off = i32(m.load_b->operands[m.b_mn_major ? 2 : 1]);
+  V m_off = i32(m.load_a->operands[m.a_mn_major ? 2 : 1]), n_off = i32(m.load_b->operands[m.b_mn_major ? 2 : 1]);
   V map_a = tensor_map(param_index(m.load_a->operands[0]), gemm_box(m, false));
   V map_b = tensor_map(param_index(m.load_b->operands[0]), gemm_box(m, true));
   V is0 = cmp(pir::Pred::eq, tid_, ci32(0));
@@ -113,7 +113,12 @@ void Lowerer::tma_loop(const ir::Op& op, const TmaDotLoop& m) {
     V k = bin(Op::add, lb, bin(Op::mul, j, step));
     V stage_off = bin(Op::mul, s, ci32(stage));
     emit0(Op::mbar_expect_tx, {full(s), ci32(a_bytes + b_bytes)});
-    emit0(Op::tma_load_2d, {addr(stage_off), map_a, k, m_off, full(s)});
+    if (!m.a_mn_major) {
+      emit0(Op::tma_load_2d, {addr(stage_off), map_a, k, m_off, full(s)});
+    } else {
+      for (int64_t c = 0; c < m.bm / 64; ++c)  // chunk c: rows m + 64c.. of A (its columns in A^T), BK rows of A^T
+        emit0(Op::tma_load_2d, {addr(bin(Op::add, stage_off, ci32(c * 64 * m.bk * 2))), map_a, bin(Op::add, m_off, ci32(64 * c)), k, full(s)});
+    }
     V b_off = bin(Op::add, stage_off, ci32(a_bytes));
     if (!m.b_mn_major) {
       emit0(Op::tma_load_2d, {addr(b_off), map_b, k, n_off, full(s)});
@@ -169,12 +174,17 @@ void Lowerer::tma_loop(const ir::Op& op, const TmaDotLoop& m) {
       V desc_b = m.b_mn_major ? descriptor(addr(bin(Op::add, stage_off, ci32(a_bytes))), 64 * m.bk * 2)
                               : descriptor(addr(bin(Op::add, stage_off, ci32(a_bytes))));
       const int64_t b_step = m.b_mn_major ? 16 * 128 / 16 : 2;  // in descriptor units (16 bytes)
-      int64_t imm = m.bn | (static_cast<int64_t>(at.dtype) << 16) | (int64_t{m.b_mn_major} << 24);
+      int64_t imm = m.bn | (static_cast<int64_t>(at.dtype) << 16) | (int64_t{m.b_mn_major} << 24) | (int64_t{m.a_mn_major} << 26);
+      // A likewise: K-major rows of BK * 2 bytes, 32 bytes a k16 step; MN-major (A^T) 64-row slabs
+      // are 64-column chunks of BK rows (one a warpgroup's m64), 16 rows of 128 bytes a k16 step
+      const int64_t a_step = m.a_mn_major ? 16 * 128 / 16 : 2;
       for (int64_t r = 0; r < reps; ++r) {
         V row0 = bin(Op::add, bin(Op::mul, wg, ci32(64)), ci32(r * 64 * WG));
-        V desc_a = descriptor(addr(bin(Op::add, stage_off, bin(Op::mul, row0, ci32(m.bk * 2)))));
+        V desc_a = m.a_mn_major ? descriptor(addr(bin(Op::add, stage_off, bin(Op::mul, bin(Op::div, row0, ci32(64)), ci32(64 * m.bk * 2)))),
+                                             64 * m.bk * 2)
+                                : descriptor(addr(bin(Op::add, stage_off, bin(Op::mul, row0, ci32(m.bk * 2)))));
         for (int64_t kk = 0; kk < m.bk / 16; ++kk) {
-          std::vector<V> args{bin(Op::add, desc_a, cint(DType::u64, 2 * kk)), bin(Op::add, desc_b, cint(DType::u64, b_step * kk))};
+          std::vector<V> args{bin(Op::add, desc_a, cint(DType::u64, a_step * kk)), bin(Op::add, desc_b, cint(DType::u64, b_step * kk))};
           for (int64_t j = 0; j < per; ++j) args.push_back(acc[static_cast<size_t>(r * per + j)]);
           Regs out = emit_multi(Op::wgmma, args, static_cast<size_t>(per), pir::scalar(DType::f32), imm);
           for (int64_t j = 0; j < per; ++j) acc[static_cast<size_t>(r * per + j)] = out[static_cast<size_t>(j)];
