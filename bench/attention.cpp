@@ -45,8 +45,9 @@
 //     checked against the default's:
 //     FWD_VARIANT D=128 causal=0 dropout=1 tile=64x64 warps=4 stages=2 exact=0 min_programs_per_sm=0 programs_per_sm=2 ms=..
 //       vs_default=.. (min_programs_per_sm: the variant's register bound, CompileOptions::min_programs_per_sm)
-//   attention_bench --backward-ab META[,META...] [--reduction atomic] [--with META,...] [--schedule BM,BN,W,S[,MIN_PROGRAMS]]
-//     the dK/dV kernel (recompute, or the 5-matmul one adding dQ's parts atomically) with bool metas
+//   attention_bench --backward-ab META[,META...] [--reduction atomic|ordered] [--with META,...] [--schedule BM,BN,W,S[,MIN_PROGRAMS]]
+//     the dK/dV kernel (recompute, or the 5-matmul one adding dQ's parts atomically or in order;
+//     ordered runs PERSISTENT, which the bench sets: not in --with) with bool metas
 //     all off / all on (--with: on in both; PERSISTENT: on a grid of resident programs; --schedule:
 //     the "on" kernel at these tiles, warps and stages) (D 64/128, S4k, +-causal), dK and dV compared
 //     bit for bit:
