@@ -37,8 +37,10 @@ int main(int argc, char** argv) {
   // library kernels timed as the API launches them: declared, not specialised per call
   // (runtime/specialization.hpp; TILEJIT_SPECIALIZE=1 set by the caller overrides)
   setenv("TILEJIT_SPECIALIZE", "0", /*overwrite=*/0);
-  // --b-mn-major: B given as B[K,N] row-major (cuBLAS "NN") instead of B^T[N,K] ("TN")
-  bool b_mn = argc > 1 && std::string(argv[1]) == "--b-mn-major";
+  // --b-mn-major: B given as B[K,N] row-major (cuBLAS "NN") instead of B^T[N,K] ("TN");
+  // --a-mn-major: A given as A^T[K,M] too (a weight gradient's dY^T X), B as B[K,N]
+  const std::string flag = argc > 1 ? argv[1] : "";
+  const bool a_mn = flag == "--a-mn-major", b_mn = a_mn || flag == "--b-mn-major";
   int first = b_mn ? 2 : 1;
   std::vector<std::array<int, 3>> shapes;
   for (int i = first; i + 2 < argc; i += 3) shapes.push_back({std::atoi(argv[i]), std::atoi(argv[i + 1]), std::atoi(argv[i + 2])});
@@ -54,7 +56,7 @@ int main(int argc, char** argv) {
                                     {128, 256, 8, 3, false, false, true}, {128, 128, 8, 4, true, true, true},
                                     {128, 128, 8, 4, true, true}};
   for (auto [M, N, K] : shapes) {
-    runtime::HostTensor a(bf16, {M, K}), bt(bf16, b_mn ? ir::Shape{K, N} : ir::Shape{N, K});
+    runtime::HostTensor a(bf16, a_mn ? ir::Shape{K, M} : ir::Shape{M, K}), bt(bf16, b_mn ? ir::Shape{K, N} : ir::Shape{N, K});
     a.fill_uniform(1, -1, 1);
     bt.fill_uniform(2, -1, 1);
     auto da = runtime::DeviceTensor::from_host(a), db = runtime::DeviceTensor::from_host(bt);
@@ -63,7 +65,7 @@ int main(int argc, char** argv) {
     std::string best_cfg;
     double best_err = NAN;
     for (Config c : configs) {
-      lang::Meta meta{{mn::kBlockM, c.bm}, {mn::kBlockN, c.bn}, {mn::kBlockK, 64}, {mn::kBKmajor, !b_mn}, {mn::kOutDtype, bf16},
+      lang::Meta meta{{mn::kBlockM, c.bm}, {mn::kBlockN, c.bn}, {mn::kBlockK, 64}, {mn::kAKmajor, !a_mn}, {mn::kBKmajor, !b_mn}, {mn::kOutDtype, bf16},
                       {mn::kGroupM, 8}, {mn::kRingProducer, c.producer}, {mn::kPersistent, c.persistent},
                       {mn::kTmaStore, c.tma_store}};
       auto fn = kernels::gemm().build(meta);
@@ -98,7 +100,7 @@ int main(int argc, char** argv) {
       for (int s = 0; s < 256; ++s) {
         int i = static_cast<int>(rng() % M), j = static_cast<int>(rng() % N);
         double ref = 0;
-        for (int p = 0; p < K; ++p) ref += a.get({i, p}) * (b_mn ? bt.get({p, j}) : bt.get({j, p}));
+        for (int p = 0; p < K; ++p) ref += (a_mn ? a.get({p, i}) : a.get({i, p})) * (b_mn ? bt.get({p, j}) : bt.get({j, p}));
         double got = c_host.get({i, j});
         num += (got - ref) * (got - ref);
         den += ref * ref;

@@ -13,8 +13,8 @@ import torch
 SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 6144, 2048)]
 
 
-def cublas_tflops(m, n, k, b_mn_major, reps=30):
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+def cublas_tflops(m, n, k, b_mn_major, a_mn_major=False, reps=30):
+    a = torch.randn(k, m, device="cuda", dtype=torch.bfloat16).T if a_mn_major else torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) if b_mn_major else torch.randn(n, k, device="cuda", dtype=torch.bfloat16).T
     for _ in range(5):
         torch.matmul(a, b)
@@ -31,10 +31,12 @@ def cublas_tflops(m, n, k, b_mn_major, reps=30):
 def main():
     build = sys.argv[1] if len(sys.argv) > 1 else "build"
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| B layout | M x N x K | cuBLAS TFLOP/s | tilejit TFLOP/s | ratio | tilejit config | rel. err |")
+    print("| layout | M x N x K | cuBLAS TFLOP/s | tilejit TFLOP/s | ratio | tilejit config | rel. err |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for b_mn_major in (False, True):
-        args = (["--b-mn-major"] if b_mn_major else []) + [str(x) for s in SHAPES for x in s]
+    # (A^T[K,M] with B[K,N]: a weight gradient, dW = dY^T X)
+    for a_mn_major, b_mn_major in ((False, False), (False, True), (True, True)):
+        flag = "--a-mn-major" if a_mn_major else "--b-mn-major" if b_mn_major else None
+        args = ([flag] if flag else []) + [str(x) for s in SHAPES for x in s]
         out = subprocess.run([f"{build}/bench/gemm_bench", *args], capture_output=True, text=True)
         sys.stderr.write(out.stderr)
         ours = {}
@@ -42,9 +44,9 @@ def main():
             m, n, k, tf, cfg, err = line.split()
             ours[(int(m), int(n), int(k))] = (float(tf), cfg, err)
         for s in SHAPES:
-            cb = cublas_tflops(*s, b_mn_major)
+            cb = cublas_tflops(*s, b_mn_major, a_mn_major)
             tf, cfg, err = ours.get(s, (0.0, "-", "-"))
-            layout = "B[K,N] (NN)" if b_mn_major else "B^T[N,K] (TN)"
+            layout = "A^T[K,M], B[K,N]" if a_mn_major else "B[K,N] (NN)" if b_mn_major else "B^T[N,K] (TN)"
             print(f"| {layout} | {s[0]}x{s[1]}x{s[2]} | {cb:.0f} | {tf:.0f} | {tf / cb:.2f} | {cfg} | {err} |")
 
 
