@@ -53,12 +53,10 @@ TuningConfig with_flags(TuningConfig c, std::initializer_list<const char*> names
 
 // ---- GEMM ------------------------------------------------------------------------------------
 
-// Both operands K-major on sm_90a: the layout the TMA + wgmma pipeline takes (given BLOCK_K = 64
-// and BLOCK_M a multiple of 64 per warpgroup).
-// The TMA + wgmma pipeline takes A K-major and B either way (MN-major B in 64-column chunks).
-bool gemm_tma_layout(const TuningContext& ctx) {
-  return ctx.arch == "sm_90a" && ctx.meta_bool(mn::kAKmajor, true) && ctx.meta_int(mn::kAlign, 16) >= 16;
-}
+// On sm_90a with 16-byte aligned operands the K loop is a TMA + wgmma pipeline (given BLOCK_K = 64
+// and BLOCK_M a multiple of 64 per warpgroup) whichever way A and B are given: an MN-major operand
+// (A^T[K, M], B[K, N]) in 64-column chunks, read by wgmma transposed.
+bool gemm_tma_layout(const TuningContext& ctx) { return ctx.arch == "sm_90a" && ctx.meta_int(mn::kAlign, 16) >= 16; }
 
 bool gemm_wgmma(const TuningConfig& c, const TuningContext& ctx) {
   return gemm_tma_layout(ctx) && c.get(mn::kBlockK) == 64 && c.get(mn::kBlockM) % (64 * (c.get("warps") / 4)) == 0 &&
@@ -176,8 +174,11 @@ runtime::TuningSpace make_gemm_space() {
       .param_bool(mn::kRingProducer)
       .param_bool(mn::kPersistent)
       .param_bool(mn::kTmaStore)
-      .constrain("RING_PRODUCER only on the TMA + wgmma path (its producer fills that ring)",
-                 [](const TuningConfig& c, const TuningContext& ctx) { return !flag(c, mn::kRingProducer) || gemm_wgmma(c, ctx); })
+      .constrain("RING_PRODUCER only on the TMA + wgmma path with A K-major (its producer fills that ring; A^T would be staged "
+                 "through registers beside it)",
+                 [](const TuningConfig& c, const TuningContext& ctx) {
+                   return !flag(c, mn::kRingProducer) || (gemm_wgmma(c, ctx) && ctx.meta_bool(mn::kAKmajor, true));
+                 })
       .constrain("TMA_STORE only on the TMA + wgmma path (elsewhere C's stores stay element-wise: the same kernel)",
                  [](const TuningConfig& c, const TuningContext& ctx) { return !flag(c, mn::kTmaStore) || gemm_wgmma(c, ctx); })
       .constrain("PERSISTENT only for tiles of which one program fits a multiprocessor (shared memory above half the limit): "

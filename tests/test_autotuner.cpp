@@ -212,8 +212,14 @@ TEST_CASE("spaces: the GEMM space's constraints") {
   std::vector<TuningConfig> mn = s.enumerate(ctx);
   CHECK(mn.size() == tma.size());
   for (const TuningConfig& c : mn) CHECK(c.get("BLOCK_K") == 64);
-  // The generic path (A given as A^T[K,M]): BLOCK_K 32 allowed, stages do not vary.
+  // A given as A^T[K,M] (a weight gradient) takes the TMA path too, without the producer's ring.
   ctx.fixed = library::library_fixed_meta("gemm", {{"A_KMAJOR", false}});
+  std::vector<TuningConfig> at = s.enumerate(ctx);
+  CHECK(!at.empty());
+  for (const TuningConfig& c : at) CHECK(c.get("BLOCK_K") == 64);
+  CHECK(std::any_of(at.begin(), at.end(), [](const TuningConfig& c) { return c.get("stages") > 2; }));
+  // The generic path (operands only 8-byte aligned): BLOCK_K 32 allowed, stages do not vary.
+  ctx.fixed = library::library_fixed_meta("gemm", {{"ALIGN", 8}});
   std::vector<TuningConfig> generic = s.enumerate(ctx);
   CHECK(std::any_of(generic.begin(), generic.end(), [](const TuningConfig& c) { return c.get("BLOCK_K") == 32; }));
   for (const TuningConfig& c : generic) CHECK(c.get("stages") == 2);
