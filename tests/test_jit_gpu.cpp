@@ -318,6 +318,33 @@ TEST_CASE("gpu: GEMM through the TMA + wgmma pipeline (B K-major and MN-major, r
     }
 }
 
+// A given as A^T[K, M] (a weight gradient, dY^T X): MN-major A by TMA in 64-column chunks, read by
+// wgmma transposed (imm-trans-a), with B either way; both operands by TMA.
+TEST_CASE("gpu: GEMM through the TMA + wgmma pipeline with A^T (MN-major A), ragged M and N") {
+  if (!have_gpu()) return;
+  struct Shape3 {
+    int m, n, k;
+  };
+  for (bool b_kmajor : {false, true})
+    for (auto [bm, bn, warps, stages] : {std::array{128, 256, 8, 4}, std::array{128, 128, 4, 3}, std::array{64, 64, 4, 2}})
+      for (Shape3 s : {Shape3{256, 256, 128}, Shape3{200, 136, 192}, Shape3{64, 296, 1024}}) {  // M, N * 2 bytes: 16-byte pitches
+        INFO(fmt::format("{}x{}x{} with {}x{} tiles, {} warps, {} stages, B {}", s.m, s.n, s.k, bm, bn, warps, stages,
+                         b_kmajor ? "K-major" : "MN-major"));
+        HostTensor at(bf16, {s.k, s.m}), bt(bf16, b_kmajor ? ir::Shape{s.n, s.k} : ir::Shape{s.k, s.n}), c(f32, {s.m, s.n});
+        at.fill_uniform(33, -1, 1);
+        bt.fill_uniform(34, -1, 1);
+        Meta meta{{"BLOCK_M", bm}, {"BLOCK_N", bn}, {"BLOCK_K", 64}, {"A_KMAJOR", false}, {"B_KMAJOR", b_kmajor}, {"GROUP_M", 8}};
+        jit::CompileOptions o;
+        o.num_warps = warps;
+        o.pipeline.stages = stages;
+        auto fn = kernels::gemm().build(meta);
+        jit::CompileOptions ptx_only = o;
+        ptx_only.make_cubin = false;
+        REQUIRE(jit::compile(fn, ptx_only).tensor_maps.size() == 2);  // A and B by TMA: the pipeline took A^T
+        check_against_interpreter(fn, {cdiv(s.m, bm) * cdiv(s.n, bn)}, {&at, &bt, &c}, 1e-5, o, true);
+      }
+}
+
 TEST_CASE("gpu: semaphores order the programs' accumulation (the last program first): bit-identical to the interpreter") {
   if (!have_gpu()) return;
   for (int64_t P : {4, 64, 132}) {  // at most one program per SM: all resident
