@@ -354,6 +354,42 @@ TEST_CASE("gpu: the library GEMM with DROPOUT_MASK: C bit-identical to the plain
   }
 }
 
+// MASK_RANGE (issue 30): three GEMMs write one mask's tiles [0, 20), [20, 45), [45, 1000) (past the
+// end: clamped) -- together the host's mask bit for bit, their C the plain GEMM's.
+TEST_CASE("gpu: GEMMs with MASK_RANGE write one mask together, each its own tiles") {
+  if (!have_gpu()) return;
+  const library::LibraryKernel* lk = library::find("gemm");
+  REQUIRE(lk);
+  jit::CompileOptions o;
+  o.num_warps = lk->num_warps;
+  o.pipeline.stages = lk->stages;
+  Meta meta = lk->default_meta;
+  meta.insert(meta.end(), {{"DROPOUT_MASK", true}, {"MASK_BLOCK_W", 8}, {"MASK_RANGE", true}});
+  Function plain = default_gemm(), ranged = tilejit::compile(kernels::gemm(), meta, o);
+  const int M = 512, N = 512, K = 256, BH = 3, Sq = 300, Sk = 1000, words = (Sk + 31) / 32;  // 60 tiles of 64 x 8 words
+  HostTensor a(bf16, {M, K}), b(bf16, {N, K}), poisoned(u32, {BH, Sq, words});
+  a.fill_uniform(73, -1, 1);
+  b.fill_uniform(74, -1, 1);
+  poisoned.poison();
+  DeviceTensor da = DeviceTensor::from_host(a), db = DeviceTensor::from_host(b), c0(f32, {M, N}), c1(f32, {M, N}),
+               mask = DeviceTensor::from_host(poisoned);
+  const kernels::DropoutRngHost r{42, 1ull << 40, 13};
+  plain(gemm_grid(M, N), nullptr, da, db, c0);
+  static constexpr int64_t kEmpty[1] = {0}, kUnit[1] = {1};
+  const runtime::TensorView no_state{u32, kEmpty, kUnit, 0, 0};
+  for (auto [first, end] : {std::pair{0, 20}, std::pair{20, 45}, std::pair{45, 1000}})
+    ranged(gemm_grid(M, N), nullptr, da, db, c1, mask, int32_t{Sk}, static_cast<uint32_t>(r.seed), static_cast<uint32_t>(r.seed >> 32),
+           static_cast<uint32_t>(r.offset), static_cast<uint32_t>(r.offset >> 32), r.keep_threshold, no_state, 0u, int32_t{first},
+           int32_t{end});
+  REQUIRE(ranged.compiled().tensor_maps.size() == 2);
+  const HostTensor h0 = c0.to_host(), h1 = c1.to_host(), hm = mask.to_host();
+  CHECK(std::memcmp(h0.data(), h1.data(), static_cast<size_t>(M * N) * 4) == 0);
+  const std::vector<uint32_t> want = kernels::dropout_mask_packed_host(r, BH, Sq, Sk);
+  size_t bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) bad += static_cast<const uint32_t*>(hm.data())[i] != want[i];
+  CHECK(bad == 0);
+}
+
 TEST_CASE("gpu: a channel between warp roles carries every tile, in order, through 1 to 3 slots") {
   if (!have_gpu()) return;
   for (int stages : {1, 2, 3}) {
