@@ -174,11 +174,8 @@ runtime::TuningSpace make_gemm_space() {
       .param_bool(mn::kRingProducer)
       .param_bool(mn::kPersistent)
       .param_bool(mn::kTmaStore)
-      .constrain("RING_PRODUCER only on the TMA + wgmma path with A K-major (its producer fills that ring; A^T would be staged "
-                 "through registers beside it)",
-                 [](const TuningConfig& c, const TuningContext& ctx) {
-                   return !flag(c, mn::kRingProducer) || (gemm_wgmma(c, ctx) && ctx.meta_bool(mn::kAKmajor, true));
-                 })
+      .constrain("RING_PRODUCER only on the TMA + wgmma path (its producer fills that ring)",
+                 [](const TuningConfig& c, const TuningContext& ctx) { return !flag(c, mn::kRingProducer) || gemm_wgmma(c, ctx); })
       .constrain("TMA_STORE only on the TMA + wgmma path (elsewhere C's stores stay element-wise: the same kernel)",
                  [](const TuningConfig& c, const TuningContext& ctx) { return !flag(c, mn::kTmaStore) || gemm_wgmma(c, ctx); })
       .constrain("PERSISTENT only for tiles of which one program fits a multiprocessor (shared memory above half the limit): "

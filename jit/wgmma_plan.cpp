@@ -54,9 +54,15 @@ class Planner {
         }
         if (!b_slab_ok(*d, w.b_mn_major)) continue;
         const ir::Op* adef = def(d->operands[0]);
-        if (adef && tile_ok(*adef, banned)) w.a_tile = adef;
-        else if (adef && adef->kind == OpKind::trans && !(def(adef->operands[0]) && def(adef->operands[0])->kind == OpKind::block_load))
+        const ir::Op* under = adef && adef->kind == OpKind::trans ? def(adef->operands[0]) : nullptr;
+        if (adef && tile_ok(*adef, banned)) {
+          w.a_tile = adef;
+        } else if (under && tile_ok(*under, banned) && a_slab_ok(*d)) {
+          w.a_tile = under;  // A^T loaded: MN-major A
+          w.a_mn_major = true;
+        } else if (adef && adef->kind == OpKind::trans && !(under && under->kind == OpKind::block_load)) {
           w.a_staged = adef;
+        }
         plan_.dots[d] = w;
         dots.insert(d);
       }
@@ -141,6 +147,9 @@ class Planner {
   }
   // With warpgroups splitting N (M = 64 on two warpgroups), each reads its own column slab of B:
   // an MN-major tile is stored in 64-column chunks, so a slab must be whole chunks.
+  // MN-major A: each warpgroup's 64-row slab of M is one 64-column chunk of the A^T tile
+  bool a_slab_ok(const ir::Op& d) const { return f_.type(d.operands[0]).shape[0] % 64 == 0; }
+
   bool b_slab_ok(const ir::Op& d, bool mn_major) const {
     const ir::Type &a = f_.type(d.operands[0]), &b = f_.type(d.operands[1]);
     const int splits = Layout::wgmma_split(a.shape[0], warps_of(d)).n;
@@ -200,8 +209,8 @@ class Planner {
     return true;
   }
 
-  // Every use of the tile is as an operand of a planned dot: A (K-major) or B (directly: MN-major;
-  // through a trans used only as B: K-major).
+  // Every use of the tile is as an operand of a planned dot: A (directly: K-major; through a trans
+  // used only as A: MN-major) or B (directly: MN-major; through a trans used only as B: K-major).
   bool uses_ok(const ir::Op& load, const std::set<const ir::Op*>& dots) const {
     auto it = users_.find(load.results[0]);
     if (it == users_.end()) return false;
@@ -215,10 +224,11 @@ class Planner {
       if (user->kind != OpKind::trans) return false;
       auto t = users_.find(user->results[0]);
       if (t == users_.end()) return false;
-      for (auto [u2, p2] : t->second)
-        if (!(u2->kind == OpKind::dot && dots.count(u2) && p2 == 1 && plan_.dots.at(u2).b_tile == &load &&
-              !plan_.dots.at(u2).b_mn_major))
-          return false;
+      for (auto [u2, p2] : t->second) {
+        if (!(u2->kind == OpKind::dot && dots.count(u2))) return false;
+        const WgmmaDot& w2 = plan_.dots.at(u2);
+        if (!(p2 == 1 && w2.b_tile == &load && !w2.b_mn_major) && !(p2 == 0 && w2.a_tile == &load && w2.a_mn_major)) return false;
+      }
     }
     return true;
   }
@@ -668,7 +678,7 @@ std::string print_hopper_plan(const ir::Function& f, const HopperPlan& plan) {
   ir::walk(f.body, [&](const ir::Op& op) {
     if (auto d = plan.dots.find(&op); d != plan.dots.end()) {
       const WgmmaDot& w = d->second;
-      const std::string a = w.a_tile ? fmt::format("tile at {}", w.a_tile->loc.str())
+      const std::string a = w.a_tile ? fmt::format("tile at {}{}", w.a_tile->loc.str(), w.a_mn_major ? " (MN-major)" : "")
                             : w.a_staged ? fmt::format("staged (trans at {})", w.a_staged->loc.str())
                                          : std::string("registers");
       out += fmt::format("//   dot at {}: A {}, B tile at {} ({})\n", op.loc.str(), a, w.b_tile->loc.str(),

@@ -93,6 +93,9 @@ struct WgmmaDot {
   // wgmma reads A MN-major from there (transpose-A), instead of moving x through shared memory
   // into A's register fragments (every warpgroup would hold all of A when warpgroups split N).
   const ir::Op* a_staged = nullptr;  // the trans op
+  // a_tile used through a trans (A^T [K, M] loaded, e.g. a weight gradient's dY^T): read MN-major
+  // from its 64-column chunks (transpose-A), like a staged A
+  bool a_mn_major = false;
   const ir::Op* b_tile = nullptr;
   bool b_mn_major = false;
 };

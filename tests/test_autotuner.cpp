@@ -204,7 +204,7 @@ TEST_CASE("spaces: the GEMM space's constraints") {
     if (name == "RING_PRODUCER" || name == "PERSISTENT") CHECK(std::get<bool>(value));
   const ir::Function built = s.build_ir(both, ctx.fixed);  // the kernel reads them as bools (a type error otherwise)
   CHECK(std::any_of(built.meta.begin(), built.meta.end(), [](const ir::MetaEntry& m) { return m.name == "PERSISTENT"; }));
-  ctx.fixed = library::library_fixed_meta("gemm", {{"A_KMAJOR", false}});
+  ctx.fixed = library::library_fixed_meta("gemm", {{"ALIGN", 8}});
   for (const TuningConfig& c : s.enumerate(ctx)) CHECK(c.get("RING_PRODUCER") == 0);  // the generic path has no ring
   ctx.fixed = library::library_fixed_meta("gemm", {});
   // B given as B[K,N] (MN-major) also takes the TMA path: the same constraints.
@@ -212,12 +212,13 @@ TEST_CASE("spaces: the GEMM space's constraints") {
   std::vector<TuningConfig> mn = s.enumerate(ctx);
   CHECK(mn.size() == tma.size());
   for (const TuningConfig& c : mn) CHECK(c.get("BLOCK_K") == 64);
-  // A given as A^T[K,M] (a weight gradient) takes the TMA path too, without the producer's ring.
+  // A given as A^T[K,M] (a weight gradient) takes the TMA path too, the producer's ring included.
   ctx.fixed = library::library_fixed_meta("gemm", {{"A_KMAJOR", false}});
   std::vector<TuningConfig> at = s.enumerate(ctx);
   CHECK(!at.empty());
   for (const TuningConfig& c : at) CHECK(c.get("BLOCK_K") == 64);
   CHECK(std::any_of(at.begin(), at.end(), [](const TuningConfig& c) { return c.get("stages") > 2; }));
+  CHECK(std::any_of(at.begin(), at.end(), [](const TuningConfig& c) { return c.get("RING_PRODUCER") == 1; }));
   // The generic path (operands only 8-byte aligned): BLOCK_K 32 allowed, stages do not vary.
   ctx.fixed = library::library_fixed_meta("gemm", {{"ALIGN", 8}});
   std::vector<TuningConfig> generic = s.enumerate(ctx);

@@ -559,7 +559,7 @@ TEST_CASE("emulator: the library GEMM (pipeline, ring producer, persistent, TMA 
       const ir::Function fn = kernels::gemm().build(meta);
       const jit::pir::Func program = jit::lower(fn, o);
       CHECK((count_ops(program)[jit::pir::Op::tma_store] > 0) == tma_store);
-      if (variant == 0) CHECK(program.tensor_maps.size() == 2);  // A and B by TMA, whichever major
+      CHECK(program.tensor_maps.size() >= 2);  // A and B by TMA, whichever major, with or without the producer
       const int64_t tiles = cdiv(M, 128) * cdiv(N, 256);
       check_emulator(fn, persistent ? runtime::Grid{3} : runtime::Grid{tiles}, {&a, &b, &c}, 0.0, o);
     }

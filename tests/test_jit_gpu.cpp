@@ -325,23 +325,28 @@ TEST_CASE("gpu: GEMM through the TMA + wgmma pipeline with A^T (MN-major A), rag
   struct Shape3 {
     int m, n, k;
   };
+  // (producer 1: RING_PRODUCER, the general planner's ring; 2: also PERSISTENT on 3 programs)
   for (bool b_kmajor : {false, true})
-    for (auto [bm, bn, warps, stages] : {std::array{128, 256, 8, 4}, std::array{128, 128, 4, 3}, std::array{64, 64, 4, 2}})
+    for (auto [bm, bn, warps, stages, producer] :
+         {std::array{128, 256, 8, 4, 0}, std::array{128, 128, 4, 3, 0}, std::array{64, 64, 4, 2, 0}, std::array{128, 256, 8, 4, 1},
+          std::array{128, 256, 8, 4, 2}})
       for (Shape3 s : {Shape3{256, 256, 128}, Shape3{200, 136, 192}, Shape3{64, 296, 1024}}) {  // M, N * 2 bytes: 16-byte pitches
-        INFO(fmt::format("{}x{}x{} with {}x{} tiles, {} warps, {} stages, B {}", s.m, s.n, s.k, bm, bn, warps, stages,
-                         b_kmajor ? "K-major" : "MN-major"));
+        INFO(fmt::format("{}x{}x{} with {}x{} tiles, {} warps, {} stages, B {}, producer {}", s.m, s.n, s.k, bm, bn, warps, stages,
+                         b_kmajor ? "K-major" : "MN-major", producer));
         HostTensor at(bf16, {s.k, s.m}), bt(bf16, b_kmajor ? ir::Shape{s.n, s.k} : ir::Shape{s.k, s.n}), c(f32, {s.m, s.n});
         at.fill_uniform(33, -1, 1);
         bt.fill_uniform(34, -1, 1);
-        Meta meta{{"BLOCK_M", bm}, {"BLOCK_N", bn}, {"BLOCK_K", 64}, {"A_KMAJOR", false}, {"B_KMAJOR", b_kmajor}, {"GROUP_M", 8}};
+        Meta meta{{"BLOCK_M", bm}, {"BLOCK_N", bn}, {"BLOCK_K", 64}, {"A_KMAJOR", false}, {"B_KMAJOR", b_kmajor}, {"GROUP_M", 8},
+                  {"RING_PRODUCER", producer > 0}, {"PERSISTENT", producer > 1}};
         jit::CompileOptions o;
         o.num_warps = warps;
         o.pipeline.stages = stages;
         auto fn = kernels::gemm().build(meta);
         jit::CompileOptions ptx_only = o;
         ptx_only.make_cubin = false;
-        REQUIRE(jit::compile(fn, ptx_only).tensor_maps.size() == 2);  // A and B by TMA: the pipeline took A^T
-        check_against_interpreter(fn, {cdiv(s.m, bm) * cdiv(s.n, bn)}, {&at, &bt, &c}, 1e-5, o, true);
+        REQUIRE(jit::compile(fn, ptx_only).tensor_maps.size() == 2);  // A and B by TMA: the pipeline or ring took A^T
+        check_against_interpreter(fn, producer > 1 ? runtime::Grid{3} : runtime::Grid{cdiv(s.m, bm) * cdiv(s.n, bn)}, {&at, &bt, &c}, 1e-5,
+                                  o, true);
       }
 }
 
