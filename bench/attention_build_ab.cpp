@@ -28,14 +28,12 @@ namespace {
 namespace mn = tilejit::kernels::meta_name;
 
 int64_t meta_int(const ir::Function& fn, const char* name) {
-  for (const ir::MetaEntry& m : fn.meta)
-    if (m.name == name) return std::get<int64_t>(m.value);
-  return 0;
+  const ir::MetaEntry* m = fn.find_meta(name);
+  return m ? std::get<int64_t>(m->value) : 0;
 }
 bool meta_bool(const ir::Function& fn, const char* name) {
-  for (const ir::MetaEntry& m : fn.meta)
-    if (m.name == name) return std::get<bool>(m.value);
-  return false;
+  const ir::MetaEntry* m = fn.find_meta(name);
+  return m && std::get<bool>(m->value);
 }
 
 // The other bundle's entry built from the same configuration as `fn` with `o`, if any.

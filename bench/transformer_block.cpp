@@ -169,7 +169,10 @@ struct Block {
   Buf current = bits, next = bits_next;
   attention::Tensor bits_view(Buf b) const { return attention::contiguous(addr[b], ir::DType::u32, {s.B * s.heads, s.S, s.words()}); }
   attention::Tensor bits_view() const { return bits_view(current); }
-  int64_t mask_tiles() const { return s.B * s.heads * lang::cdiv(s.S, 64) * lang::cdiv(s.words(), 16); }  // (64 x 16-word tiles)
+  // the mask's tiles as the GEMMs cut it (their MASK_BLOCK_M rows x MASK_BLOCK_W words)
+  int64_t mask_tiles() const {
+    return s.B * s.heads * lang::cdiv(s.S, meta_of(nt_share, mn::kMaskBlockM)) * lang::cdiv(s.words(), meta_of(nt_share, mn::kMaskBlockW));
+  }
   attention::Workspace workspace() const { return {addr[ws], bytes_of(ws)}; }
 
   attention::Options options(int mode) const {  // 0 none, 1 fused, 2 bits from the QKV GEMM, 3 spread

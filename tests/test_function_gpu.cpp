@@ -313,44 +313,63 @@ TEST_CASE("gpu: TMA GEMMs captured in a CUDA graph replay with their own descrip
   api.GraphDestroy(graph);
 }
 
+// The DROPOUT_MASK cases' problem: A [512, 256], B^T [512, 256], the plain GEMM's C, and a poisoned
+// mask of 3 x 300 x 1000 bits (60 tiles of 64 x 8 words); the key's arguments as the kernel takes
+// them (rng_state unused: a null u32 view, rng_state_in_memory 0).
+struct MaskGemmProblem {
+  static constexpr int M = 512, N = 512, K = 256, BH = 3, Sq = 300, Sk = 1000, words = (Sk + 31) / 32;
+  static constexpr int64_t kEmpty[1] = {0}, kUnit[1] = {1};
+  DeviceTensor da, db, c0{f32, {M, N}}, c1{f32, {M, N}}, mask;
+  const runtime::TensorView no_state{u32, kEmpty, kUnit, 0, 0};
+
+  explicit MaskGemmProblem(uint64_t seed) {
+    HostTensor a(bf16, {M, K}), b(bf16, {N, K}), poisoned(u32, {BH, Sq, words});
+    a.fill_uniform(seed, -1, 1);
+    b.fill_uniform(seed + 1, -1, 1);
+    poisoned.poison();
+    da = DeviceTensor::from_host(a), db = DeviceTensor::from_host(b), mask = DeviceTensor::from_host(poisoned);
+    Function plain = default_gemm();
+    plain(gemm_grid(M, N), nullptr, da, db, c0);
+  }
+  // Runs `g` (a DROPOUT_MASK GEMM) into c1 and the mask under key r, then `extra` more arguments.
+  template <class... Extra>
+  void run(Function& g, const kernels::DropoutRngHost& r, Extra... extra) {
+    g(gemm_grid(M, N), nullptr, da, db, c1, mask, int32_t{Sk}, static_cast<uint32_t>(r.seed), static_cast<uint32_t>(r.seed >> 32),
+      static_cast<uint32_t>(r.offset), static_cast<uint32_t>(r.offset >> 32), r.keep_threshold, no_state, 0u, extra...);
+  }
+  // C bit-identical to the plain GEMM's, the mask the host's bit for bit.
+  void check(const kernels::DropoutRngHost& r) const {
+    const HostTensor h0 = c0.to_host(), h1 = c1.to_host(), hm = mask.to_host();
+    CHECK(std::memcmp(h0.data(), h1.data(), static_cast<size_t>(M * N) * 4) == 0);
+    const std::vector<uint32_t> want = kernels::dropout_mask_packed_host(r, BH, Sq, Sk);
+    size_t bad = 0;
+    for (size_t i = 0; i < want.size(); ++i) bad += static_cast<const uint32_t*>(hm.data())[i] != want[i];
+    CHECK(bad == 0);
+  }
+};
+
 TEST_CASE("gpu: the library GEMM with DROPOUT_MASK: C bit-identical to the plain GEMM, the mask the host's bit for bit") {
   if (!have_gpu()) return;
   const library::LibraryKernel* lk = library::find("gemm");
   REQUIRE(lk);
   // in the K loop, and on 4 warps of their own beside the GEMM's 8 (warp roles, with and without setmaxnreg)
   for (const int schedule : {0, 1, 2}) {
-  INFO("schedule " << schedule << " (0: K loop, 1: MASK_WARPS=4, 2: MASK_WARPS=4 with setmaxnreg)");
-  jit::CompileOptions o;
-  o.num_warps = lk->num_warps + (schedule ? 4 : 0);
-  o.pipeline.stages = lk->stages;
-  Meta meta = lk->default_meta;
-  meta.emplace_back("DROPOUT_MASK", true);
-  meta.emplace_back("MASK_BLOCK_W", 8);
-  if (schedule) meta.emplace_back("MASK_WARPS", 4);
-  if (schedule == 2) meta.insert(meta.end(), {{"MMA_REGISTERS", 224}, {"MASK_REGISTERS", 56}});
-  Function plain = default_gemm(), with = tilejit::compile(kernels::gemm(), meta, o);
-  // 8 programs x 4 K steps = 32 mask tiles in the loop, 28 of the 60 (64 x 8 words) after it
-  const int M = 512, N = 512, K = 256, BH = 3, Sq = 300, Sk = 1000, words = (Sk + 31) / 32;
-  HostTensor a(bf16, {M, K}), b(bf16, {N, K}), poisoned(u32, {BH, Sq, words});
-  a.fill_uniform(71, -1, 1);
-  b.fill_uniform(72, -1, 1);
-  poisoned.poison();
-  DeviceTensor da = DeviceTensor::from_host(a), db = DeviceTensor::from_host(b), c0(f32, {M, N}), c1(f32, {M, N}),
-               mask = DeviceTensor::from_host(poisoned);
-  const kernels::DropoutRngHost r{0x0123456789abcdefull, 0x0000000500000007ull, 230};
-  plain(gemm_grid(M, N), nullptr, da, db, c0);
-  // the key as scalars; rng_state unused (a null u32 view), rng_state_in_memory 0
-  static constexpr int64_t kEmpty[1] = {0}, kUnit[1] = {1};
-  const runtime::TensorView no_state{u32, kEmpty, kUnit, 0, 0};
-  with(gemm_grid(M, N), nullptr, da, db, c1, mask, int32_t{Sk}, static_cast<uint32_t>(r.seed), static_cast<uint32_t>(r.seed >> 32),
-       static_cast<uint32_t>(r.offset), static_cast<uint32_t>(r.offset >> 32), r.keep_threshold, no_state, 0u);
-  REQUIRE(with.compiled().tensor_maps.size() == 2);  // still the TMA pipeline
-  const HostTensor h0 = c0.to_host(), h1 = c1.to_host(), hm = mask.to_host();
-  CHECK(std::memcmp(h0.data(), h1.data(), static_cast<size_t>(M * N) * 4) == 0);
-  const std::vector<uint32_t> want = kernels::dropout_mask_packed_host(r, BH, Sq, Sk);
-  size_t bad = 0;
-  for (size_t i = 0; i < want.size(); ++i) bad += static_cast<const uint32_t*>(hm.data())[i] != want[i];
-  CHECK(bad == 0);
+    INFO("schedule " << schedule << " (0: K loop, 1: MASK_WARPS=4, 2: MASK_WARPS=4 with setmaxnreg)");
+    jit::CompileOptions o;
+    o.num_warps = lk->num_warps + (schedule ? 4 : 0);
+    o.pipeline.stages = lk->stages;
+    Meta meta = lk->default_meta;
+    meta.emplace_back("DROPOUT_MASK", true);
+    meta.emplace_back("MASK_BLOCK_W", 8);
+    if (schedule) meta.emplace_back("MASK_WARPS", 4);
+    if (schedule == 2) meta.insert(meta.end(), {{"MMA_REGISTERS", 224}, {"MASK_REGISTERS", 56}});
+    Function with = tilejit::compile(kernels::gemm(), meta, o);
+    // 8 programs x 4 K steps = 32 mask tiles in the loop, 28 of the 60 after it
+    MaskGemmProblem p(71);
+    const kernels::DropoutRngHost r{0x0123456789abcdefull, 0x0000000500000007ull, 230};
+    p.run(with, r);
+    REQUIRE(with.compiled().tensor_maps.size() == 2);  // still the TMA pipeline
+    p.check(r);
   }
 }
 
@@ -365,29 +384,12 @@ TEST_CASE("gpu: GEMMs with MASK_RANGE write one mask together, each its own tile
   o.pipeline.stages = lk->stages;
   Meta meta = lk->default_meta;
   meta.insert(meta.end(), {{"DROPOUT_MASK", true}, {"MASK_BLOCK_W", 8}, {"MASK_RANGE", true}});
-  Function plain = default_gemm(), ranged = tilejit::compile(kernels::gemm(), meta, o);
-  const int M = 512, N = 512, K = 256, BH = 3, Sq = 300, Sk = 1000, words = (Sk + 31) / 32;  // 60 tiles of 64 x 8 words
-  HostTensor a(bf16, {M, K}), b(bf16, {N, K}), poisoned(u32, {BH, Sq, words});
-  a.fill_uniform(73, -1, 1);
-  b.fill_uniform(74, -1, 1);
-  poisoned.poison();
-  DeviceTensor da = DeviceTensor::from_host(a), db = DeviceTensor::from_host(b), c0(f32, {M, N}), c1(f32, {M, N}),
-               mask = DeviceTensor::from_host(poisoned);
+  Function ranged = tilejit::compile(kernels::gemm(), meta, o);
+  MaskGemmProblem p(73);
   const kernels::DropoutRngHost r{42, 1ull << 40, 13};
-  plain(gemm_grid(M, N), nullptr, da, db, c0);
-  static constexpr int64_t kEmpty[1] = {0}, kUnit[1] = {1};
-  const runtime::TensorView no_state{u32, kEmpty, kUnit, 0, 0};
-  for (auto [first, end] : {std::pair{0, 20}, std::pair{20, 45}, std::pair{45, 1000}})
-    ranged(gemm_grid(M, N), nullptr, da, db, c1, mask, int32_t{Sk}, static_cast<uint32_t>(r.seed), static_cast<uint32_t>(r.seed >> 32),
-           static_cast<uint32_t>(r.offset), static_cast<uint32_t>(r.offset >> 32), r.keep_threshold, no_state, 0u, int32_t{first},
-           int32_t{end});
+  for (auto [first, end] : {std::pair{0, 20}, std::pair{20, 45}, std::pair{45, 1000}}) p.run(ranged, r, int32_t{first}, int32_t{end});
   REQUIRE(ranged.compiled().tensor_maps.size() == 2);
-  const HostTensor h0 = c0.to_host(), h1 = c1.to_host(), hm = mask.to_host();
-  CHECK(std::memcmp(h0.data(), h1.data(), static_cast<size_t>(M * N) * 4) == 0);
-  const std::vector<uint32_t> want = kernels::dropout_mask_packed_host(r, BH, Sq, Sk);
-  size_t bad = 0;
-  for (size_t i = 0; i < want.size(); ++i) bad += static_cast<const uint32_t*>(hm.data())[i] != want[i];
-  CHECK(bad == 0);
+  p.check(r);
 }
 
 TEST_CASE("gpu: a channel between warp roles carries every tile, in order, through 1 to 3 slots") {

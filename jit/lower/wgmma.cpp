@@ -304,19 +304,18 @@ void Lowerer::wgmma_dot(const ir::Op& op, const WgmmaDot& w) {
   V desc_a = 0;
   Regs a;
   const SmemTile* ta = w.a_tile ? &plan_.hopper.tiles.at(w.a_tile) : nullptr;
-  const int64_t a_chunk = K * 128;  // staged A^T [K, M]: bytes per 64-column chunk of M
-  if (ta && w.a_mn_major) {
-    // A^T [K, M] tile: warpgroup wg_m's first 64 rows of M are its chunk wg_m (as a staged A)
-    desc_a = descriptor(bin(Op::add, tile_addr(*ta), cast(bin(Op::mul, wg_m, ci32(ta->chunk_bytes())), DType::u32)), ta->chunk_bytes());
+  // A^T [K, M] in shared memory, read MN-major (transpose-A): staged from registers, or a loaded tile
+  const bool a_mn = w.a_staged != nullptr || w.a_mn_major;
+  const int64_t a_chunk = K * 128;  // A^T's bytes per 64-column chunk of M
+  if (a_mn) {
+    if (w.a_staged) stage_a(*w.a_staged);
+    const V a_base = w.a_staged ? smem_at(plan_.hopper.a_staging) : tile_addr(*ta);
+    // warpgroup wg_m's first 64 rows of M are chunk wg_m; slab r adds split.m chunks
+    desc_a = descriptor(bin(Op::add, a_base, cast(bin(Op::mul, wg_m, ci32(a_chunk)), DType::u32)), a_chunk);
+    // (its k steps too: loop-invariant, LLVM held all of them through the loop, two registers each)
     desc_a = local(desc_a);
   } else if (ta) {
     desc_a = descriptor(bin(Op::add, tile_addr(*ta), cast(bin(Op::mul, wg_m, ci32(64 * 128)), DType::u32)));
-    desc_a = local(desc_a);
-  } else if (w.a_staged) {
-    stage_a(*w.a_staged);
-    // warpgroup wg_m's first 64 rows of M are chunk wg_m; slab r adds split.m chunks
-    desc_a = descriptor(bin(Op::add, smem_at(plan_.hopper.a_staging), cast(bin(Op::mul, wg_m, ci32(a_chunk)), DType::u32)), a_chunk);
-    // (its k steps too: loop-invariant, LLVM held all of them through the loop, two registers each)
     desc_a = local(desc_a);
   } else {
     // A in registers: the m64k16 A fragment is the accumulator layout of a [M, K] tile, k16 chunk
@@ -341,8 +340,7 @@ void Lowerer::wgmma_dot(const ir::Op& op, const WgmmaDot& w) {
         break;
       }
   }
-  const int64_t imm = wn | (static_cast<int64_t>(A.dtype) << 16) | (int64_t{w.b_mn_major} << 24) |
-                      (int64_t{w.a_staged != nullptr || w.a_mn_major} << 26);
+  const int64_t imm = wn | (static_cast<int64_t>(A.dtype) << 16) | (int64_t{w.b_mn_major} << 24) | (int64_t{a_mn} << 26);
   // dot(a, b) (a zero accumulator): the first k-step overwrites instead of reading zeros, so no
   // zero registers are materialised (LLVM shares one zero, and ptxas would then make a later
   // group wait for this one: C7517).
@@ -353,14 +351,11 @@ void Lowerer::wgmma_dot(const ir::Op& op, const WgmmaDot& w) {
   for (int64_t r = 0; r < reps; ++r)
     for (int64_t kk = 0; kk < K / 16; ++kk) {
       std::vector<V> args;
-      if (ta && w.a_mn_major) {
-        const int64_t a_off = r * split.m * ta->chunk_bytes() + kk * 2048;  // a k16 step: 16 rows of 128 bytes
+      if (a_mn) {
+        const int64_t a_off = r * split.m * a_chunk + kk * 2048;  // a k16 step: 16 rows of 128 bytes
         args.push_back(bin(Op::add, desc_a, cint(DType::u64, a_off / 16)));
       } else if (ta) {
         int64_t a_off = (kk / 4) * ta->chunk_bytes() + r * 64 * split.m * 128 + (kk % 4) * 32;
-        args.push_back(bin(Op::add, desc_a, cint(DType::u64, a_off / 16)));
-      } else if (w.a_staged) {
-        const int64_t a_off = r * split.m * a_chunk + kk * 2048;  // a k16 step: 16 rows of 128 bytes
         args.push_back(bin(Op::add, desc_a, cint(DType::u64, a_off / 16)));
       } else {
         size_t base = static_cast<size_t>(4 * (r * (K / 16) + kk));
