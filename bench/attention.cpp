@@ -45,7 +45,7 @@
 //     checked against the default's:
 //     FWD_VARIANT D=128 causal=0 dropout=1 tile=64x64 warps=4 stages=2 exact=0 min_programs_per_sm=0 programs_per_sm=2 ms=..
 //       vs_default=.. (min_programs_per_sm: the variant's register bound, CompileOptions::min_programs_per_sm)
-//   attention_bench --backward-ab META[,META...] [--reduction atomic|ordered] [--with META,...] [--schedule BM,BN,W,S[,MIN_PROGRAMS]]
+//   attention_bench --backward-ab META[,META...] [--reduction atomic|ordered] [--with META,...] [--schedule BM,BN,W,S[,MIN_PROGRAMS]] [--dropout P]
 //     the dK/dV kernel (recompute, or the 5-matmul one adding dQ's parts atomically or in order;
 //     ordered runs PERSISTENT, which the bench sets: not in --with) with bool metas
 //     all off / all on (--with: on in both; PERSISTENT: on a grid of resident programs; --schedule:
@@ -759,10 +759,12 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
 // off and on, D 64/128, S 4k, full and causal, alternated rounds; dK and dV compared bit for bit.
 // LSE from the forward; Delta from the preprocess kernel, as the API runs them.
 
-// --dq-variants: the dQ kernel (recompute) alone at other BLOCK_M / BLOCK_N / warps / stages than
-// the default (each on its own grid), D 64/128 S4k, full and causal; outputs compared bit for bit (a
-// different BLOCK_N sums in another order: expect differences there).
-int bench_dq_variants(int max_reps) {
+// --dq-variants [--dropout P]: the dQ kernel (recompute) alone at other BLOCK_M / BLOCK_N / warps /
+// stages than the default (each on its own grid), D 64/128 S4k, full and causal, with fused dropout
+// when P > 0 (the default then is dropout's); outputs compared bit for bit (a different BLOCK_N sums
+// in another order: expect differences there).
+int bench_dq_variants(int max_reps, double dropout_p) {
+  const bool dropout = dropout_p > 0;
   const Buffers buf;
   runtime::Stream stream;
   struct Variant {
@@ -774,17 +776,20 @@ int bench_dq_variants(int max_reps) {
       const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
       const DeltaBuffer delta = forward_and_delta(buf, c, stream);
       const attention::Tensor& delta_view = delta.view;
-      const attention::Schedule sch = attention::default_schedule(attention::Pass::bwd_dq, ir::DType::bf16, static_cast<int>(D), causal);
+      const attention::Schedule sch = attention::default_schedule(attention::Pass::bwd_dq, ir::DType::bf16, static_cast<int>(D), causal,
+                                                                  false, attention::DqReduction::recompute, dropout);
       const auto make = [&](Variant v) {
         lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D},      {mn::kBlockM, v.bm ? v.bm : sch.block_m},
                         {mn::kBlockN, v.bn},          {mn::kBshd, true},       {mn::kCausal, causal}};
+        if (dropout) meta.emplace_back(mn::kDropout, true);
         jit::CompileOptions o;
         o.num_warps = v.warps;
         o.pipeline.stages = v.stages;
         return Function(kernels::attention_backward_dq(), meta, o);
       };
-      const std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dQ.view(),
-                                                 static_cast<float>(1 / std::sqrt(double(D)))};
+      std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dQ.view(),
+                                           static_cast<float>(1 / std::sqrt(double(D)))};
+      if (dropout) add_dropout_key(args, dropout_p);
       for (Variant v : {Variant{32, sch.num_warps, sch.stages}, Variant{sch.block_n, sch.num_warps, 1}, Variant{32, sch.num_warps, 3},
                         Variant{128, sch.num_warps, sch.stages}, Variant{sch.block_n, 8, sch.stages, 128},
                         Variant{sch.block_n, 8, 3, 128}, Variant{128, 8, sch.stages, 128}}) {
@@ -796,9 +801,9 @@ int bench_dq_variants(int max_reps) {
         const AbResult r = ab_measure_grids(fns, {runtime::Grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()},
                                                   runtime::Grid{lang::cdiv(c.S, vbm), c.H(), c.B()}},
                                             stream, args, {&buf.dq}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
-        std::printf("DQ_VARIANT D=%ld causal=%d default=%dx%d/%dw/%ds variant=%dx%d/%dw/%ds programs_per_sm=%d default_ms=%.4f variant_ms=%.4f "
+        std::printf("DQ_VARIANT D=%ld causal=%d dropout=%g default=%dx%d/%dw/%ds variant=%dx%d/%dw/%ds programs_per_sm=%d default_ms=%.4f variant_ms=%.4f "
                     "speedup=%.3f outputs_identical=%d\n",
-                    static_cast<long>(D), causal ? 1 : 0, sch.block_m, sch.block_n, sch.num_warps, sch.stages, vbm, v.bn, v.warps,
+                    static_cast<long>(D), causal ? 1 : 0, dropout ? dropout_p : 0.0, sch.block_m, sch.block_n, sch.num_warps, sch.stages, vbm, v.bn, v.warps,
                     v.stages, fns[1].gpu_kernel().max_resident_per_sm(), r.off_ms, r.on_ms, r.off_ms / r.on_ms, r.identical ? 1 : 0);
         std::fflush(stdout);
       }
@@ -846,7 +851,8 @@ int bench_mask_kernel(double p, int max_reps) {
 }
 
 int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqReduction reduction, const std::string& with_meta,
-                      const std::optional<attention::Schedule>& on_schedule) {
+                      const std::optional<attention::Schedule>& on_schedule, double dropout_p) {
+  const bool dropout = dropout_p > 0;  // --dropout P: fused dropout in both variants (the dropout backward's tiles)
   const Buffers buf;
   runtime::Stream stream;
   // --reduction atomic: the 5-matmul dK/dV adding dQ's parts into an f32 [B, H, S, D] accumulator
@@ -861,13 +867,14 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqR
       const DeltaBuffer delta = forward_and_delta(buf, c, stream);
       const attention::Tensor& delta_view = delta.view;
       const attention::Schedule base =
-          attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, static_cast<int>(D), causal, false, reduction);
+          attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, static_cast<int>(D), causal, false, reduction, dropout);
       const std::array<attention::Schedule, 2> schedules{base, on_schedule.value_or(base)};
       std::vector<Function> fns;
       for (bool on : {false, true}) {
         const attention::Schedule& sch = schedules[on ? 1 : 0];
         lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D}, {mn::kBlockM, sch.block_m}, {mn::kBlockN, sch.block_n},
                         {mn::kBshd, true}, {mn::kCausal, causal}};
+        if (dropout) meta.emplace_back(mn::kDropout, true);
         // "A,B": all off, then all on; or "A=1,B=24:A=0,B=40" (the off and the on variant's metas)
         if (const size_t colon = meta_name.find(':'); colon != std::string::npos) {
           for (auto& m : bench_util::parse_with_values(on ? meta_name.substr(colon + 1) : meta_name.substr(0, colon))) meta.push_back(std::move(m));
@@ -894,6 +901,14 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqR
         runtime::check_cu(runtime::Driver::get().api().MemsetD8Async(semaphores.ptr(), 0, sem_bytes, stream.handle()), "cuMemsetD8Async");
       };
       args.emplace_back(static_cast<float>(1 / std::sqrt(double(D))));
+      if (dropout) add_dropout_key(args, dropout_p);
+      // --with DROPOUT_BITS: the packed keep-mask read from memory (random words: timing only)
+      bool bits = false;
+      for (const auto& [name, value] : fns[0].meta())
+        if (name == mn::kDropoutBits) bits = std::get<bool>(value);
+      const int64_t words = (c.S + 31) / 32;
+      const DeviceBuffer bits_buffer = random_buffer(bits ? static_cast<size_t>(c.B() * c.H() * c.S * words) * 4 : 16, ir::DType::bf16, 17);
+      if (bits) args.emplace_back(attention::contiguous(bits_buffer.ptr(), ir::DType::u32, {c.B() * c.H(), c.S, words}).view());
       AbResult r;
       try {  // (a Function compiles at its first launch)
         // PERSISTENT: as many programs as are resident at once (at most one per key tile), on a 1-D grid
@@ -913,9 +928,9 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqR
         continue;
       }
       const attention::Schedule& on_s = schedules[1];
-      std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv reduction=%s D=%ld causal=%d on_tiles=%dx%d/%dw/%ds off_ms=%.4f on_ms=%.4f "
+      std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv reduction=%s dropout=%g D=%ld causal=%d on_tiles=%dx%d/%dw/%ds off_ms=%.4f on_ms=%.4f "
                   "speedup=%.3f outputs_identical=%d\n",
-                  meta_name.c_str(), ordered ? "ordered" : atomic ? "atomic" : "recompute", static_cast<long>(D), causal ? 1 : 0, on_s.block_m, on_s.block_n,
+                  meta_name.c_str(), ordered ? "ordered" : atomic ? "atomic" : "recompute", dropout ? dropout_p : 0.0, static_cast<long>(D), causal ? 1 : 0, on_s.block_m, on_s.block_n,
                   on_s.num_warps, on_s.stages, r.off_ms, r.on_ms, r.off_ms / r.on_ms, r.identical ? 1 : 0);
       std::fflush(stdout);
     }
@@ -1413,7 +1428,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants | --tool-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants [--dropout P] | --tool-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --backward-ab META [--dropout P] | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -1427,11 +1442,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "GPU: %s\n", driver.props(0).name.c_str());
     if (forward_variants) return bench_forward_variants(reps, only_d, dropout_p, quick, with_meta);
     if (mask_kernel) return bench_mask_kernel(dropout_p >= 0 ? dropout_p : 0.1, reps);
-    if (dq_variants) return bench_dq_variants(reps);
+    if (dq_variants) return bench_dq_variants(reps, dropout_p);
+    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_reduction, with_meta, schedule, dropout_p);
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout, only_s ? only_s : 4096);
-    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_reduction, with_meta, schedule);
     if (tool_ab) return bench_tool_ab(reps);
     if (!build_ab.empty()) return bench_build_ab(build_ab, reps);
     if (!meta_ab.empty()) return bench_meta_ab(meta_ab, meta_ab_kernels, reps);

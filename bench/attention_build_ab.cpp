@@ -2,8 +2,8 @@
 // against the same configurations' kernels from a bundle that another tilejit build wrote, in one
 // process (alternated rounds, outputs compared bit for bit). The way to time a change that moves
 // no meta -- a lowering change, a new LLVM, a kernel's code -- without comparing two processes:
-//   (the other build)  tilejit bundle -o other.tjb --attention D=64 --attention D=64,mask=causal
-//                        --attention D=128 --attention D=128,mask=causal   (one command line)
+//   (the other build)  tools/build_ab_bundle.sh COMMIT other.tjb   (`tilejit bundle --attention ...` of
+//                        D 64 / 128, full / causal, with and without dropout, from that commit's build)
 //   (this build)       attention_bench --build-ab other.tjb
 // An entry is paired with this build's kernel of the same name, full specialisation (every meta),
 // schedule and arch; its ABI (parameters, tensor maps) must match this build's signature.
@@ -54,7 +54,8 @@ int bench_build_ab(const std::string& path, int max_reps) {
   runtime::Stream stream;
   int paired = 0;
   for (int64_t D : {64, 128})
-    for (bool causal : {false, true}) {
+    for (bool causal : {false, true})
+      for (bool dropout : {false, true}) {
       const Config c{4096, D, causal};
       const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
       const DeltaBuffer delta = forward_and_delta(buf, c, stream);
@@ -62,12 +63,14 @@ int bench_build_ab(const std::string& path, int max_reps) {
       const size_t bytes = static_cast<size_t>(c.B() * c.S * c.H() * D * 2);
       for (const runtime::BundleEntrySpec& spec :
            attention::bundle_specs(ir::DType::bf16, static_cast<int>(D), causal ? kernels::MaskKind::causal : kernels::MaskKind::full,
-                                   false, true, {}, false, attention::DqReduction::recompute)) {
+                                   false, true, {}, dropout, attention::DqReduction::recompute)) {
         if (spec.kernel != "attention_fwd" && spec.kernel != "attention_bwd_dkdv" && spec.kernel != "attention_bwd_dq") continue;
         const ir::Function fn = spec.build();
+        if (meta_bool(fn, mn::kDropoutBits)) continue;  // (reads a precomputed mask: not one of the API's default kernels)
         jit::CompileOptions o = spec.options;
         o.make_cubin = true;  // (as a bundle's entries are built)
-        const std::string label = fmt::format("kernel={} D={} causal={} meta={}", fn.name, D, causal ? 1 : 0, runtime::describe_meta(fn.meta));
+        const std::string label =
+            fmt::format("kernel={} D={} causal={} dropout={} meta={}", fn.name, D, causal ? 1 : 0, dropout ? 1 : 0, runtime::describe_meta(fn.meta));
         const runtime::BundleEntry* e = paired_entry(other, fn, o);
         if (!e) {
           std::printf("BUILD_AB %s skipped=\"no entry in %s with this specialisation and schedule (%s)\"\n", label.c_str(), path.c_str(),
@@ -95,6 +98,7 @@ int bench_build_ab(const std::string& path, int max_reps) {
         if (fwd) args = {Q.view(), K.view(), V.view(), O.view(), L.view(), scale};
         else if (dkdv) args = {Q.view(), K.view(), V.view(), dO.view(), L.view(), delta.view.view(), dK.view(), dV.view(), scale};
         else args = {Q.view(), K.view(), V.view(), dO.view(), L.view(), delta.view.view(), dQ.view(), scale};
+        if (meta_bool(fn, mn::kDropout)) bench_util::add_dropout_key(args, 0.1);  // (fused: the keep-mask made in the kernel)
         const AbResult r = ab_measure_launches(
             {[&] { mine.launch(grids[0], stream.handle(), args); }, [&] { theirs.launch(grids[1], args, stream.handle()); }}, stream,
             fwd ? std::initializer_list<const DeviceBuffer*>{&buf.o}
