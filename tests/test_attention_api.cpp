@@ -689,7 +689,9 @@ TEST_CASE("attention API: the schedule table covers every dtype, head dim and ma
     CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, d, false, false, DqReduction::recompute, true) == Schedule{64, 64, 4, 2});
     // (a library mask: no register bound either)
     CHECK(default_schedule(Pass::bwd_dkdv, DType::bf16, d, false, false, DqReduction::recompute, false, true) == Schedule{64, 64, 4, 2});
-    CHECK(default_schedule(Pass::bwd_dq, DType::bf16, d, true, false, DqReduction::recompute, true) == Schedule{64, 64, 4, 2});
+    // dQ with dropout: D 128 on 128 x 128 tiles as without it (decision 089), D 64 on 64 x 64
+    const Schedule dq = d == 128 ? Schedule{128, 128, 8, 2} : Schedule{64, 64, 4, 2};
+    CHECK(default_schedule(Pass::bwd_dq, DType::bf16, d, true, false, DqReduction::recompute, true) == dq);
   }
 }
 

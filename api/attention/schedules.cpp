@@ -59,12 +59,12 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
       if (reduction == DqReduction::recompute && head_dim == 64 && !dropout && !library_mask)
         return causal ? Schedule{64, 64, 4, 2, 3} : Schedule{128, 64, 4, 2};
       return {64, 64, 4, 2};
-    // dQ (recompute): D 128 dense without dropout, a library mask or a score mod: 128 x 128 on 8
-    // warps, one program an SM: 1.13-1.19x 64 x 64 on 4 warps at S 4k and 1.09-1.26x at S 1k-16k
-    // in the H200 tuning sweeps (085; the model ranks it first); with softcapping it spills 248 B.
-    // D 64: 64 x 64 is the sweeps' best.
+    // dQ (recompute): D 128 dense without a library mask or a score mod: 128 x 128 on 8 warps, one
+    // program an SM: 1.13-1.19x 64 x 64 on 4 warps at S 4k and 1.09-1.26x at S 1k-16k in the H200
+    // tuning sweeps (085; the model ranks it first); with fused dropout 1.056x / 1.045x full /
+    // causal at S 4k (089); with softcapping it spills 248 B. D 64: 64 x 64 is the sweeps' best.
     case Pass::bwd_dq:
-      if (!varlen && head_dim == 128 && !dropout && !library_mask && !score_mod) return {128, 128, 8, 2};
+      if (!varlen && head_dim == 128 && !library_mask && !score_mod) return {128, 128, 8, 2};
       return {64, 64, 4, 2};
     // Elementwise over dQ_accum: [BLOCK_M, D] f32 per program, 4 warps.
     case Pass::bwd_dq_convert: return {head_dim >= 256 ? 32 : 64, 64, 4, 2};
@@ -159,9 +159,12 @@ DqReduction default_reduction(const Dims& d, const Options& opts) {
 }
 
 DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned) {
-  if (!row_vectors_aligned || c.varlen || c.mask != 0 || c.score_mod != 0 || c.dropout || !declares(Pass::bwd_dkdv, mn::kLseInRing))
-    return {};
+  if (!row_vectors_aligned || c.varlen || c.mask != 0 || c.score_mod != 0 || !declares(Pass::bwd_dkdv, mn::kLseInRing)) return {};
   const bool d128_full = c.head_dim == 128 && !c.causal;
+  // dropout (recompute, TMA_STORE and DESCRIPTORS_AT_USE): fused at D 128 causal 1.05x ROWS_AHEAD,
+  // level full; reading bits 0.90-0.97x (decision 089)
+  if (c.dropout)
+    return {.lse_in_ring = c.reduction == static_cast<int>(DqReduction::recompute) && c.head_dim == 128 && c.causal && !c.read_bits};
   if (c.reduction == static_cast<int>(DqReduction::recompute)) return {.lse_in_ring = c.head_dim == 64 || d128_full};
   // ordered: on DASH's persistent grid, its writer waits for each add's turn (decision 074)
   const bool adds = c.reduction == static_cast<int>(DqReduction::atomic) || persistent_ordered(c.reduction, c.q_descending);

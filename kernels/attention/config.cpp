@@ -258,8 +258,10 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
   c.persistent = kb.meta<bool>(mn::kPersistent, false);
   // on except causal at D >= 128, where the registers it takes cost more than the latency it hides [026]
   c.lse_in_ring = kb.meta<bool>(mn::kLseInRing, false);
-  // (LSE_IN_RING reads them from each block's own stage: nothing to load ahead)
-  c.rows_ahead = kb.meta<bool>(mn::kRowsAhead, !(s.causal && s.head_dim >= 128) && !c.lse_in_ring);
+  // (LSE_IN_RING reads them from each block's own stage: nothing to load ahead). Dropout on recompute
+  // (dense, D <= 128): on, measured beside TMA_STORE and DESCRIPTORS_AT_USE below [089]
+  const bool dropout_dense = s.dropout && c.dq_reduction == DqReduction::recompute && s.head_dim <= 128 && !s.library_mask() && !s.varlen;
+  c.rows_ahead = kb.meta<bool>(mn::kRowsAhead, (!(s.causal && s.head_dim >= 128) || dropout_dense) && !c.lse_in_ring);
   // off: dK/dV's launch order is heaviest first within a head already; sections do not pay here [018]
   c.heavy_first_sections = kb.meta<bool>(mn::kHeavyFirstSections, false);
   s.score_mod = score_mod_kind_meta(kb, mn::kScoreMod);
@@ -294,15 +296,20 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
                             "them to the next block)");
   // (ordered full: off, also beside TMA_STORE and a producer of 40 registers: 0.977-0.989x [080])
   const bool adds = r == DqReduction::atomic || r == DqReduction::split || (r == DqReduction::ordered && (s.causal || c.q_descending));
-  c.descriptors_at_use = kb.meta<bool>(mn::kDescriptorsAtUse, s.head_dim == 128 && adds);  // [077, 080]
+  // Dropout (recompute, dense, D <= 128): with TMA_STORE the spills go 240 -> 28-80 B at D 128 and
+  // the kernel runs 1.18x / 1.22x (fused, full / causal) and 1.03x / 1.14x (reading bits); D 64
+  // 1.01-1.03x [089]
+  const bool dropout_recompute = dropout_dense && !s.modded();
+  c.descriptors_at_use = kb.meta<bool>(mn::kDescriptorsAtUse, (s.head_dim == 128 && adds) || dropout_recompute);  // [077, 080, 089]
   c.timeline = kb.meta<bool>(mn::kTimeline, false);
   if (c.timeline && (s.varlen || s.library_mask()))
     kb.fail(Loc::current(), "TIMELINE stamps the key tiles of dense full or causal batches: not with VARLEN or a library MASK");
   // Atomic: 1.017 / 1.122 at D 128 full / causal, 1.022 at D 64; recompute 1.021 / 1.031 at D 128,
   // 1.017 / 1.018 at D 64; ordered causal at D 128 ~1.04 (S 4k, dense, same-process A/Bs). Ordered
   // full keeps element stores (0.977x with descriptors at use, its best beside them); masks,
-  // dropout, score mods, varlen, D64 ordered and D > 128 are not measured [080].
-  const bool measured = s.head_dim <= 128 && !s.library_mask() && !s.dropout && !s.modded() && !s.varlen;
+  // score mods, varlen, D64 ordered, D > 128 and dropout beside a reduction are not measured [080];
+  // dropout on recompute: with DESCRIPTORS_AT_USE, above [089].
+  const bool measured = (s.head_dim <= 128 && !s.library_mask() && !s.dropout && !s.modded() && !s.varlen) || dropout_recompute;
   const bool ordered_causal = r == DqReduction::ordered && s.causal && !c.q_descending && s.head_dim == 128;
   const bool tma_reduction = r == DqReduction::atomic || r == DqReduction::recompute || ordered_causal;
   c.tma_store = kb.meta<bool>(mn::kTmaStore, measured && tma_reduction && !c.accumulate);
