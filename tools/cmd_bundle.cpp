@@ -68,8 +68,8 @@ runtime::BundleEntrySpec parse_spec(const std::string& text) {
 
 // --attention KEY=VALUE,...: the kernels the attention API launches for one configuration
 // (attention::bundle_specs, what attention::prepare compiles). D is required; dtype=bf16|f16,
-// mask=NAME (full, causal, or a library mask), varlen, backward, dropout, q_descending = 0|1,
-// reduction=recompute|atomic|split|ordered.
+// mask=NAME (full, causal, or a library mask), varlen, backward, dropout, q_descending = 0|1 (a
+// flag's name alone: 1), reduction=recompute|atomic|split|ordered.
 std::vector<runtime::BundleEntrySpec> attention_specs(const std::string& text) {
   const std::string where = "--attention " + text;
   std::optional<int> head_dim;
@@ -87,8 +87,11 @@ std::vector<runtime::BundleEntrySpec> attention_specs(const std::string& text) {
     const std::string kv = text.substr(start, comma - start);
     start = comma + 1;
     const size_t eq = kv.find('=');
-    if (eq == std::string::npos) throw UsageError(fmt::format("{}: '{}': expected KEY=VALUE", where, kv));
-    const std::string key = kv.substr(0, eq), v = kv.substr(eq + 1);
+    // a flag's bare name means 1 (`--attention D=128,dropout`)
+    const bool bare_flag = kv == "varlen" || kv == "backward" || kv == "dropout" || kv == "q_descending";
+    if (eq == std::string::npos && !bare_flag)
+      throw UsageError(fmt::format("{}: '{}': expected KEY=VALUE (or a flag alone: varlen, backward, dropout, q_descending)", where, kv));
+    const std::string key = kv.substr(0, eq), v = eq == std::string::npos ? "1" : kv.substr(eq + 1);
     if (key == "D") {
       if (v != "64" && v != "128" && v != "256") throw UsageError(fmt::format("{}: D={}: valid: 64, 128, 256", where, v));
       head_dim = std::stoi(v);
