@@ -371,8 +371,10 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
   const int64_t B = 1, Hq = 2, Hkv = 1, Sq = 100, Sk = 130, D = 64, BM = 64, BN = 64;
   for (const char* arch : {"sm_80", "sm_90a"})
   for (bool causal : {false, true})
-    for (bool dropout : {false, true}) {
-      INFO(arch << " causal " << causal << " dropout " << dropout);
+    for (int dropout_mode : {0, 1, 2}) {  // none, fused, the packed mask read (DROPOUT_BITS; backward only)
+      const bool dropout = dropout_mode > 0, bits = dropout_mode == 2;
+      if (bits && std::string(arch) != "sm_90a") continue;
+      INFO(arch << " causal " << causal << " dropout " << dropout << " bits " << bits);
       HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D}), dout(bf16, {B, Sq, Hq, D});
       HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq}), delta(f32, {B, Hq, Sq});
       HostTensor dq(bf16, {B, Sq, Hq, D}), dk(bf16, {B, Sk, Hkv, D}), dv(bf16, {B, Sk, Hkv, D});
@@ -384,8 +386,8 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
       const kernels::DropoutRngHost rng{0x0123456789abcdefull, 0x0000000200000001ull, kernels::dropout_keep_threshold(0.2)};
       HostTensor state = testing::rng_state_tensor(rng.seed, rng.offset);
       const kernels::DropoutRngHost wrong{1, 2, rng.keep_threshold};  // (the scalars the state overrides)
-      const Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", causal}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN},
-                      {"DROPOUT", dropout}};
+      Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", causal}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN},
+                {"DROPOUT", dropout}};
       Meta fwd_meta = meta;  // on sm_90a O leaves by TMA stores (TMA_STORE) when dropout is off
       const bool tma_store = std::string(arch) == "sm_90a" && !dropout;
       fwd_meta.emplace_back("TMA_STORE", tma_store);
@@ -401,6 +403,9 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
         for (const runtime::Arg& a : testing::attention_dropout_args(rng, nullptr, placed)) ref_tail.push_back(a);
         for (const runtime::Arg& a : testing::attention_dropout_args(wrong, &state, placed)) emu_tail.push_back(a);
       }
+      // the packed mask (random words: about half the elements kept), read by dK/dV through shared
+      // memory into the transposed block's layout and by dQ at its use
+      HostTensor mask_bits(ir::DType::u32, {B * Hq, Sq, cdiv(Sk, 32)});
       // forward: o, lse
       {
         const ir::Function fn = kernels::attention_forward().build(fwd_meta);
@@ -413,6 +418,12 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
           CHECK(count_apart(r.ref[i], r.emu[i], 1e-2) == 0);
         }
         o = r.ref[3], lse = r.ref[4];
+      }
+      if (bits) {
+        mask_bits.fill_uniform(45, 0, 4294967295.0);
+        meta.emplace_back("DROPOUT_BITS", true);
+        ref_tail.push_back(mask_bits);
+        emu_tail.push_back(mask_bits);
       }
       // backward: Delta, then dK / dV and dQ from the interpreter's forward outputs
       runtime::interpret(kernels::attention_backward_preprocess().build({{"DTYPE", bf16}, {"BLOCK_M", BM}, {"HEAD_DIM", D}, {"BSHD", true}}),
