@@ -18,7 +18,9 @@
 // Not in it (element-wise, a few % of the block at this size): norms, residual adds, RoPE and
 // SwiGLU's product (H and dGU are inputs of their own). Weight gradients leave in bf16.
 // Prints BLOCK lines (per mode: forward, backward and block ms, against none) and PARTS (each
-// step timed alone, mode none; the mask GEMM beside the plain one).
+// step timed alone, mode none; the mask GEMMs beside the plain ones: every forward GEMM with its
+// spread share and with the whole mask, and the mask kernel alone -- the data for a model of how
+// much mask each GEMM hides).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -174,6 +176,12 @@ struct Block {
     return s.B * s.heads * lang::cdiv(s.S, meta_of(nt_share, mn::kMaskBlockM)) * lang::cdiv(s.words(), meta_of(nt_share, mn::kMaskBlockW));
   }
   attention::Workspace workspace() const { return {addr[ws], bytes_of(ws)}; }
+  // the mask kernel alone (attention::generate_dropout_bits), into `bits`: what the GEMMs' shares replace
+  void generate_mask(CUstream st) const {
+    attention::Options gen = options(2);
+    gen.dropout_bits.reset();
+    attention::generate_dropout_bits(bits_view(bits), s.B, s.heads, s.S, s.S, gen, st);
+  }
 
   attention::Options options(int mode) const {  // 0 none, 1 fused, 2 bits from the QKV GEMM, 3 spread
     attention::Options opts;
@@ -289,9 +297,7 @@ bool masks_match(Block& blk, const runtime::Stream& stream) {
   const size_t bytes = blk.bytes_of(bits);
   std::vector<uint32_t> want(bytes / 4), got(bytes / 4);
   const std::vector<uint32_t> zeros(bytes / 4, 0u);
-  attention::Options gen = blk.options(2);
-  gen.dropout_bits.reset();
-  attention::generate_dropout_bits(blk.bits_view(bits), blk.s.B, blk.s.heads, blk.s.S, blk.s.S, gen, stream.handle());
+  blk.generate_mask(stream.handle());
   stream.synchronize();
   blk.buffer(bits).download(want.data(), bytes);
   const auto same = [&](Buf b) {
@@ -379,7 +385,26 @@ int run(Shape shape, int max_reps) {
   part("qkv_gemm", [&] { blk.qkv_projection(0, st); });
   part("qkv_gemm_with_mask", [&] { blk.qkv_projection(2, st); });
   part("qkv_gemm_with_share", [&] { blk.qkv_projection(3, st); });
-  part("forward_gemms_spread", [&] { blk.forward(3, st); });
+  part("forward_spread", [&] { blk.forward(3, st); });
+  // issue 30's hiding model: each forward GEMM plain, with its spread share and with the whole mask
+  // (MASK_RANGE over every tile), and the mask kernel alone on the same mask
+  const MaskShare whole{true, bits, 0, blk.mask_tiles()};
+  struct Gemm {
+    const char* name;
+    Buf a, b, c;
+    int64_t n, k;
+  };
+  const Gemm gemms[3] = {{"o", o, wo, y, s.hidden, s.heads * s.D}, {"gate_up", y, wgu, gu, 2 * s.mlp, s.hidden}, {"down", h, wd, z, s.hidden, s.mlp}};
+  for (int i = 0; i < 3; ++i) {
+    const Gemm& g = gemms[i];
+    part(fmt::format("{}_gemm_with_share", g.name).c_str(),
+         [&] { blk.gemm(blk.nt_share, Layout::nt, g.a, g.b, g.c, M, g.n, g.k, st, blk.share_of(i + 1)); });
+    part(fmt::format("{}_gemm_with_whole_mask", g.name).c_str(), [&] { blk.gemm(blk.nt_share, Layout::nt, g.a, g.b, g.c, M, g.n, g.k, st, whole); });
+  }
+  part("qkv_gemm_with_whole_mask", [&] {
+    blk.gemm(blk.nt_share, Layout::nt, x, wqkv, qkv, M, s.qkv_cols(), s.hidden, st, whole);
+  });
+  part("mask_kernel", [&] { blk.generate_mask(st); });
   part("attention_fwd", [&] { blk.attention_forward(0, st); });
   part("attention_fwd_bits", [&] { blk.attention_forward(2, st); });
   part("attention_fwd_fused", [&] { blk.attention_forward(1, st); });

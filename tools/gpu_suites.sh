@@ -2,10 +2,10 @@
 # On the GPU machine, from the repository root, after tools/pack_gpu.sh (carry .gpu): every GPU
 # check in one command, each log under OUT (default $OUT, else /tmp/gpu-suites), one summary line
 # per step on stdout. Multi-GPU steps run when there are 2+ GPUs (on an x4 machine they also cover
-# W = 2). Steps (all by default but `tables`, `block`, `gemm`, `buildab`; or name some): suites bundle fuzz
+# W = 2). Steps (all by default but `tables`, `block`, `gemm`, `buildab`, `dropout`; or name some): suites bundle fuzz
 # examples torch cp cpbench tables (bench/attention.py beside SDPA: bf16, --gqa 4, --dtype f16; ~100 s a round,
 # ROUNDS (default 3) each; TABLES= to pick) block (bench/transformer_block) gemm (bench/gemm.py vs cuBLAS)
-# buildab (attention_bench --build-ab .gpu/old.tjb). torch: bindings/torch's GPU tests and its per-call cost
+# buildab (attention_bench --build-ab .gpu/old.tjb) dropout (attention_bench --dropout 0.1, ~40 s). torch: bindings/torch's GPU tests and its per-call cost
 # (needs PyTorch on the machine).
 #   tools/gpu_suites.sh [STEP ...]          FUZZ_SEEDS=A:B (default 700000:720000), FUZZ_TIME=seconds
 set -u
@@ -73,10 +73,13 @@ for step in "${steps[@]}"; do
     gemm)  # GEMM vs cuBLAS in one run, K-major, B[K,N] and A^T layouts (bench/gemm.py)
       (cd .. && timeout 590 python3 bench/gemm.py .gpu > "$OUT/gemm.md" 2> "$OUT/gemm.err")
       echo "gemm.py rc=$? $(( $(date +%s) - start ))s"; grep "^|" "$OUT/gemm.md" ;;
+    dropout)  # dropout's cost (D128 S4k, fused and reading bits, forward and backward) and the QKV GEMM + attention end to end
+      timeout 300 bench/attention_bench --dropout 0.1 > "$OUT/dropout.log" 2>&1
+      echo "dropout rc=$? $(( $(date +%s) - start ))s"; grep -E "^(DROPOUT|E2E )" "$OUT/dropout.log" ;;
     buildab)  # a compiler change in one process: .gpu/old.tjb from tools/build_ab_bundle.sh COMMIT .gpu/old.tjb
       if [ ! -f old.tjb ]; then echo "buildab: no .gpu/old.tjb (tools/build_ab_bundle.sh COMMIT .gpu/old.tjb, here)"; continue; fi
       timeout 590 bench/attention_bench --build-ab old.tjb > "$OUT/buildab.log" 2>&1
       echo "build-ab rc=$? $(( $(date +%s) - start ))s"; grep "^BUILD_AB" "$OUT/buildab.log" ;;
-    *) echo "unknown step $step (valid: suites bundle fuzz examples torch cp cpbench tables block gemm buildab)"; exit 2 ;;
+    *) echo "unknown step $step (valid: suites bundle fuzz examples torch cp cpbench tables block gemm buildab dropout)"; exit 2 ;;
   esac
 done
