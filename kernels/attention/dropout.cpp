@@ -16,6 +16,8 @@ AttentionDropout::AttentionDropout(Builder& kb)
       // '/': a division's slow path is a subroutine call, and ptxas then serialises every wgmma
       scale(256.0f * rcp(cast(f32, key.keep_threshold))) {}
 
+Tile AttentionDropout::inverse_scale() const { return cast(f32, key.keep_threshold) * (1.0f / 256.0f); }
+
 Tile AttentionDropout::batch_head(const Tile& b, const Tile& call_heads, const Tile& h) const {
   return b * where(heads > 0, heads, call_heads) + head_offset + h;
 }

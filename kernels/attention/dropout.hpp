@@ -30,6 +30,10 @@ struct AttentionDropout {
   DropoutKey key;    // the Philox key and keep threshold (kernels/philox.hpp)
   lang::Tile row_offset, col_offset, head_offset, heads;  // the global coordinates (i32 scalars)
   lang::Tile scale;  // f32 256 / keep_threshold: what kept probabilities are multiplied by
+  // 1 / scale exactly (keep_threshold / 256, a multiplication: no division in the kernel). The
+  // gradients fold `scale` out of their loops: dS = s P (Z dP - Delta / s), s applied once to the
+  // sums (bf16 only: dS / s in f16 could underflow when s is large).
+  lang::Tile inverse_scale() const;
   lang::Tensor bits;  // rng = precomputed: the packed keep-mask (invalid: fused)
 
   explicit AttentionDropout(lang::Builder& kb);
