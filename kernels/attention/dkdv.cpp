@@ -300,7 +300,7 @@ void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors&
   if (a.dropout) {
     // One use of the mask, before dV's MMA is issued (its 0 / ~0 words, one register per element,
     // then die early instead of staying live across that MMA): dS^T = P^T (Z s dP^T - Delta) =
-    // (P^T Z) s dP^T - P^T Delta, Z the mask.
+    // (P^T Z) s dP^T - P^T Delta, Z the mask (at bf16 all of it over s: fold_dropout_scale).
     Tile keep_t = p.drop->keep_mask_transposed(qh.bh, m0, a.BM, n0, a.BN);  // [BN, BM]
     pt_kept = apply_keep_mask(pt, keep_t);
     dst = pt_kept * (fold_dropout_scale() ? dpt : dpt * p.drop->scale) - pt * delta;
