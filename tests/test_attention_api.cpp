@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/attention/backward.hpp"
 #include "runtime/driver.hpp"
 
 using namespace tilejit;
@@ -1314,6 +1315,53 @@ TEST_CASE("attention API: the default dQ reduction is the faster deterministic o
   CHECK(d128.size() == names(128, false, DqReduction::recompute).size() + names(128, false, DqReduction::ordered).size() - 2);
   CHECK_FALSE(has(names(64, false, std::nullopt), "attention_bwd_dq_convert"));
   CHECK_FALSE(has(names(128, true, std::nullopt), "attention_bwd_dq_convert"));
+}
+
+// The dropout backward's kernels as prepare compiles them (decisions 089, 090): dK/dV with TMA
+// stores and descriptors at use, LSE and Delta ahead (the LSE ring at D 128 causal), dQ on 128 x 128
+// tiles at D 128; reading the packed mask, the dK/dV kernel's own defaults do the same.
+TEST_CASE("attention API: the dropout backward's kernels and metas") {
+  if (!backward_available() || !dropout_supported()) {
+    MESSAGE("SKIPPED: the backward or dropout kernels are not in this build");
+    return;
+  }
+  const auto meta = [](const ir::Function& fn, const char* name) {
+    const ir::MetaEntry* m = fn.find_meta(name);
+    REQUIRE(m != nullptr);
+    return m->value;
+  };
+  for (int d : {64, 128})
+    for (bool causal : {false, true}) {
+      INFO("D " << d << " causal " << causal);
+      int seen = 0;
+      for (const runtime::BundleEntrySpec& spec :
+           bundle_specs(DType::bf16, d, causal ? MaskKind::causal : MaskKind::full, false, true, {}, true, DqReduction::recompute)) {
+        const ir::Function fn = spec.build();
+        if (spec.kernel == "attention_bwd_dkdv") {
+          // (prepare also compiles the kernel for LSE rows that are not 16-byte aligned: no ring)
+          const bool ring = std::get<bool>(meta(fn, "LSE_IN_RING"));
+          CHECK(std::get<bool>(meta(fn, "DROPOUT")));
+          CHECK(std::get<bool>(meta(fn, "TMA_STORE")));
+          CHECK(std::get<bool>(meta(fn, "DESCRIPTORS_AT_USE")));
+          CHECK(std::get<bool>(meta(fn, "ROWS_AHEAD")) == !ring);
+          if (ring) CHECK((d == 128 && causal));
+          ++seen;
+        } else if (spec.kernel == "attention_bwd_dq") {
+          CHECK(std::get<int64_t>(meta(fn, "BLOCK_M")) == (d == 128 ? 128 : 64));
+          CHECK(std::get<int64_t>(meta(fn, "BLOCK_N")) == (d == 128 ? 128 : 64));
+          ++seen;
+        }
+      }
+      CHECK(seen >= 2);
+      // reading the packed mask: the dK/dV kernel's own defaults (the API adds no ring for bits)
+      const ir::Function bits = kernels::attention_backward_dkdv().build(
+          {{"DTYPE", DType::bf16}, {"HEAD_DIM", int64_t{d}}, {"BSHD", true}, {"CAUSAL", causal}, {"BLOCK_M", int64_t{64}},
+           {"BLOCK_N", int64_t{64}}, {"DROPOUT", true}, {"DROPOUT_BITS", true}});
+      CHECK(std::get<bool>(meta(bits, "TMA_STORE")));
+      CHECK(std::get<bool>(meta(bits, "DESCRIPTORS_AT_USE")));
+      CHECK(std::get<bool>(meta(bits, "ROWS_AHEAD")));
+      CHECK_FALSE(std::get<bool>(meta(bits, "LSE_IN_RING")));
+    }
 }
 
 // Without a GPU a valid call with each reduction gets as far as the driver: the dK/dV kernel with
