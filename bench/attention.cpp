@@ -763,14 +763,14 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
 // stages than the default (each on its own grid), D 64/128 S4k, full and causal, with fused dropout
 // when P > 0 (the default then is dropout's); outputs compared bit for bit (a different BLOCK_N sums
 // in another order: expect differences there).
-int bench_dq_variants(int max_reps, double dropout_p) {
+int bench_dq_variants(int max_reps, double dropout_p, int64_t only_d) {
   const bool dropout = dropout_p > 0;
   const Buffers buf;
   runtime::Stream stream;
   struct Variant {
     int bn, warps, stages, bm = 0;  // bm 0: the default's BLOCK_M
   };
-  for (int64_t D : {64, 128})
+  for (int64_t D : only_d ? std::vector<int64_t>{only_d} : std::vector<int64_t>{64, 128})
     for (bool causal : {false, true}) {
       const Config c{4096, D, causal};
       const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
@@ -792,7 +792,7 @@ int bench_dq_variants(int max_reps, double dropout_p) {
       if (dropout) add_dropout_key(args, dropout_p);
       for (Variant v : {Variant{32, sch.num_warps, sch.stages}, Variant{sch.block_n, sch.num_warps, 1}, Variant{32, sch.num_warps, 3},
                         Variant{128, sch.num_warps, sch.stages}, Variant{sch.block_n, 8, sch.stages, 128},
-                        Variant{sch.block_n, 8, 3, 128}, Variant{128, 8, sch.stages, 128}}) {
+                        Variant{sch.block_n, 8, 3, 128}, Variant{128, 8, sch.stages, 128}, Variant{sch.block_n, 8, sch.stages}}) {
         std::vector<Function> fns;
         fns.push_back(make({sch.block_n, sch.num_warps, sch.stages}));
         fns.push_back(make(v));
@@ -851,7 +851,7 @@ int bench_mask_kernel(double p, int max_reps) {
 }
 
 int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqReduction reduction, const std::string& with_meta,
-                      const std::optional<attention::Schedule>& on_schedule, double dropout_p) {
+                      const std::optional<attention::Schedule>& on_schedule, double dropout_p, int64_t only_d) {
   const bool dropout = dropout_p > 0;  // --dropout P: fused dropout in both variants (the dropout backward's tiles)
   const Buffers buf;
   runtime::Stream stream;
@@ -860,7 +860,7 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqR
   // DASH's persistent grid, its semaphores zeroed before every launch (timed in both variants)
   const bool atomic = reduction != attention::DqReduction::recompute, ordered = reduction == attention::DqReduction::ordered;
   const DeviceBuffer dq_accum(atomic ? Buffers::bytes * 2 : 16), semaphores(Buffers::lse_bytes);
-  for (int64_t D : {64, 128})
+  for (int64_t D : only_d ? std::vector<int64_t>{only_d} : std::vector<int64_t>{64, 128})
     for (bool causal : {false, true}) {
       const Config c{4096, D, causal};
       const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
@@ -1397,7 +1397,13 @@ int main(int argc, char** argv) {
     else if (a == "--with" && i + 1 < argc) with_meta = argv[++i];
     else if (a == "--deterministic") deterministic = true;
     else if (a == "--no-dropout") no_dropout = true;
-    else if (a == "--head-dim" && i + 1 < argc) only_d = std::atoll(argv[++i]);
+    else if (a == "--head-dim" && i + 1 < argc) {
+      only_d = std::atoll(argv[++i]);
+      if (only_d != 64 && only_d != 128 && only_d != 256) {
+        std::fprintf(stderr, "attention_bench: --head-dim %s: valid: 64, 128, 256\n", argv[i]);
+        return 2;
+      }
+    }
     else if (a == "--seq" && i + 1 < argc) only_s = std::atoll(argv[++i]);
     else if (a == "--mode" && i + 1 < argc) only_mode = argv[++i];
     else if (a == "--reduction" && i + 1 < argc && (std::string(argv[i + 1]) == "atomic" || std::string(argv[i + 1]) == "ordered")) {
@@ -1428,7 +1434,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants [--dropout P] | --tool-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --backward-ab META [--dropout P] | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants [--dropout P] [--head-dim D] | --tool-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --backward-ab META [--dropout P] [--head-dim D] | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -1442,8 +1448,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "GPU: %s\n", driver.props(0).name.c_str());
     if (forward_variants) return bench_forward_variants(reps, only_d, dropout_p, quick, with_meta);
     if (mask_kernel) return bench_mask_kernel(dropout_p >= 0 ? dropout_p : 0.1, reps);
-    if (dq_variants) return bench_dq_variants(reps, dropout_p);
-    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_reduction, with_meta, schedule, dropout_p);
+    if (dq_variants) return bench_dq_variants(reps, dropout_p, only_d);
+    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_reduction, with_meta, schedule, dropout_p, only_d);
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout, only_s ? only_s : 4096);
