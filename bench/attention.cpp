@@ -23,6 +23,9 @@
 //   attention_bench --tool-ab              the API's forward (also with fused dropout p 0.1), dK/dV and dQ kernels assembled by nvJitLink and by
 //     ptxas (whole-program), alternated rounds, S 4k/8k, D 64/128, full/causal:
 //     TOOL_AB kernel=attention_bwd_dkdv S=4096 D=128 causal=0 nvjitlink_ms=.. ptxas_ms=.. speedup=.. registers=../.. outputs_identical=1
+//   attention_bench --pairs-ab             the same kernels without and with CompileOptions::packed_loop_pairs
+//     (loop-carried bf16 values as packed pairs, decision 092), outputs compared bit for bit:
+//     PAIRS_AB kernel=attention_fwd+dropout S=4096 D=128 causal=0 off_ms=.. on_ms=.. speedup=.. registers=../.. outputs_identical=1
 //   attention_bench --dq-variants          the recompute dQ kernel alone at other BLOCK_M / BLOCK_N / warps / stages:
 //     DQ_VARIANT D=128 causal=0 default=64x64/4w/2s variant=64x32/4w/2s programs_per_sm=.. default_ms=..
 //       variant_ms=.. speedup=.. outputs_identical=..
@@ -997,7 +1000,8 @@ int bench_meta_ab(const std::string& meta_name, const std::string& kernels_list,
 // --tool-ab: each kernel of the API's default attention (forward, dK/dV, dQ) assembled by nvJitLink
 // (relocatable code, the default) and by ptxas (whole-program code; TILEJIT_PTX_TOOL=ptxas), timed
 // in alternated rounds, outputs compared bit for bit (the PTX is the same). S 4k and 8k, D 64/128.
-int bench_tool_ab(int max_reps) {
+// packed_pairs (--pairs-ab): CompileOptions::packed_loop_pairs off and on instead (same outputs).
+int bench_tool_ab(int max_reps, bool packed_pairs) {
   const Buffers buf;
   runtime::Stream stream;
   const ir::DType dt = ir::DType::bf16;
@@ -1024,12 +1028,14 @@ int bench_tool_ab(int max_reps) {
                                : pass == attention::Pass::bwd_dkdv ? kernels::attention_backward_dkdv()
                                                                    : kernels::attention_backward_dq();
           std::vector<Function> fns;
-          for (jit::PtxTool tool : {jit::PtxTool::NvJitLink, jit::PtxTool::Ptxas}) {
+          // --tool-ab: nvJitLink, then ptxas; --pairs-ab: CompileOptions::packed_loop_pairs off, then on
+          for (int variant : {0, 1}) {
             jit::CompileOptions o;
             o.num_warps = sch.num_warps;
             o.pipeline.stages = sch.stages;
             o.min_programs_per_sm = sch.min_programs_per_sm;
-            o.ptx_tool = tool;
+            if (packed_pairs) o.packed_loop_pairs = variant == 1;
+            else o.ptx_tool = variant == 0 ? jit::PtxTool::NvJitLink : jit::PtxTool::Ptxas;
             fns.emplace_back(kernel, meta, o);
           }
           // (the forward rewrites O and LSE, which the backward kernels read, with the same values)
@@ -1050,7 +1056,10 @@ int bench_tool_ab(int max_reps) {
                            {Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dQ.view(), scale}, {&buf.dq}, bytes,
                            max_reps);
           const auto regs = [](Function& f) { return f.compiled().info.registers; };
-          std::printf("TOOL_AB kernel=%s%s S=%ld D=%ld causal=%d nvjitlink_ms=%.4f ptxas_ms=%.4f speedup=%.3f registers=%d/%d outputs_identical=%d\n",
+          std::printf(packed_pairs ? "PAIRS_AB kernel=%s%s S=%ld D=%ld causal=%d off_ms=%.4f on_ms=%.4f speedup=%.3f registers=%d/%d "
+                                     "outputs_identical=%d\n"
+                                   : "TOOL_AB kernel=%s%s S=%ld D=%ld causal=%d nvjitlink_ms=%.4f ptxas_ms=%.4f speedup=%.3f registers=%d/%d "
+                                     "outputs_identical=%d\n",
                       attention::name(pass), dropout ? "+dropout" : "", static_cast<long>(S), static_cast<long>(D), causal ? 1 : 0, r.off_ms,
                       r.on_ms, r.off_ms / r.on_ms,
                       regs(fns[0]), regs(fns[1]), r.identical ? 1 : 0);
@@ -1374,7 +1383,7 @@ int main(int argc, char** argv) {
   std::string only_mode;            // --deterministic --mode KEY: only that reduction (recompute, atomic, ...; e.g. for ncu)
   int only_causal = -1;             // --deterministic --causal 0|1: only full / causal
   std::string build_ab;  // --build-ab OTHER.tjb: this build's API kernels against another build's (attention_build_ab.cpp)
-  bool tool_ab = false, no_dropout = false;  // --schedule-ab --no-dropout: only the runs without dropout
+  bool tool_ab = false, pairs_ab = false, no_dropout = false;  // --schedule-ab --no-dropout: only the runs without dropout
   std::optional<attention::Schedule> schedule;  // --deterministic --schedule: recompute's kernels at these tiles
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -1410,6 +1419,7 @@ int main(int argc, char** argv) {
       ab_reduction = std::string(argv[++i]) == "atomic" ? attention::DqReduction::atomic : attention::DqReduction::ordered;
     }
     else if (a == "--tool-ab") tool_ab = true;
+    else if (a == "--pairs-ab") pairs_ab = true;
     else if (a == "--build-ab" && i + 1 < argc) build_ab = argv[++i];
     else if (a == "--meta-ab" && i + 1 < argc) meta_ab = argv[++i];
     else if (a == "--kernels" && i + 1 < argc) meta_ab_kernels = argv[++i];
@@ -1434,7 +1444,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants [--dropout P] [--head-dim D] | --tool-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --backward-ab META [--dropout P] [--head-dim D] | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants [--dropout P] [--head-dim D] | --tool-ab | --pairs-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --backward-ab META [--dropout P] [--head-dim D] | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -1453,7 +1463,7 @@ int main(int argc, char** argv) {
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout, only_s ? only_s : 4096);
-    if (tool_ab) return bench_tool_ab(reps);
+    if (tool_ab || pairs_ab) return bench_tool_ab(reps, pairs_ab);
     if (!build_ab.empty()) return bench_build_ab(build_ab, reps);
     if (!meta_ab.empty()) return bench_meta_ab(meta_ab, meta_ab_kernels, reps);
     if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule, only_mode, only_causal);

@@ -204,7 +204,7 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& opts) {
 
   auto t1 = std::chrono::steady_clock::now();
   if (opts.backend == Backend::Llvm) {
-    LlvmOutput l = emit_ptx_llvm(threads, opts.arch);
+    LlvmOutput l = emit_ptx_llvm(threads, opts.arch, opts.packed_loop_pairs);
     out.backend_source = std::move(l.llvm_ir);
     out.ptx = std::move(l.ptx);
   } else {

@@ -25,6 +25,11 @@ struct CompileOptions {
   PtxTool ptx_tool = PtxTool::Auto;
   PipelineOptions pipeline;  // TMA + wgmma K loops on sm_90a
   bool make_cubin = true;   // false: stop at PTX (no assembler needed)
+  // LLVM backend: loop-carried 16-bit float values travel in pairs, one 32-bit phi for two (a
+  // loop-carried bf16 tile such as PIPELINE_PV's P): ptxas then writes a masked P straight into
+  // the registers the next iteration's wgmma reads, without copies (the dropout forward: 30 PRMT
+  // copies a key block). Off until timed (decision 092).
+  bool packed_loop_pairs = false;
   std::string dump_after;   // a pass name from pass_names(): its output goes to CompiledKernel::dump
   // tilejit::Function only (not code generation): compile a variant per argument facts the kernel
   // does not declare (runtime/specialization.hpp). The library's own launches turn it off: their

@@ -14,8 +14,8 @@ struct LlvmOutput {
   double ptx_ms = 0;  // NVPTX code generation
 };
 
-// arch: "sm_90a" (or any sm_XY the NVPTX backend knows).
-LlvmOutput emit_ptx_llvm(const pir::Func& f, const std::string& arch);
+// arch: "sm_90a" (or any sm_XY the NVPTX backend knows). packed_loop_pairs: CompileOptions'.
+LlvmOutput emit_ptx_llvm(const pir::Func& f, const std::string& arch, bool packed_loop_pairs = false);
 std::string llvm_version();
 
 }  // namespace tilejit::jit

@@ -176,6 +176,7 @@ std::string key_text(std::string_view ir_hash, const ir::Function& f, const jit:
   // only when set: the keys of every kernel without the bound stay what they were
   if (opts.min_programs_per_sm > 0) text += fmt::format("min_programs_per_sm={}\n", opts.min_programs_per_sm);
   if (!opts.pipeline.once_by_tma) text += "once_by_tma=0\n";
+  if (opts.packed_loop_pairs && opts.backend == jit::Backend::Llvm) text += "packed_loop_pairs=1\n";
   // the LLVM backend's instrumented waits (debugging hangs: they give up) never share a key with
   // the real ones (jit/llvm_backend/gpu_ops.cpp, decision 074)
   if (std::string w = env("TILEJIT_DEBUG_WAITS"); !w.empty() && opts.backend == jit::Backend::Llvm) text += fmt::format("debug_waits={}\n", w);

@@ -16,6 +16,8 @@
 #include "kernels/dropout_mask.hpp"
 #include "kernels/gemm.hpp"
 #include "api/registry.hpp"
+#include "runtime/bundle.hpp"
+#include "runtime/compile_cache.hpp"
 #include "runtime/interpreter.hpp"
 #include "jit/nvrtc.hpp"
 #include "ptxas_testing.hpp"
@@ -631,6 +633,31 @@ TEST_CASE("precompute computes a flexible chain ahead, in its use's layout, behi
   o.dump_after = "backend";
   const auto cuda = jit::compile(build(true).build(), o);
   CHECK(cuda.dump.find("asm volatile(\"\" : \"+r\"(") != std::string::npos);
+}
+
+// CompileOptions::packed_loop_pairs (decision 092): the LLVM backend carries consecutive 16-bit
+// float loop values as one i32 phi (the D 128 forward's pipelined P, masked by dropout), ptxas
+// assembles it without spills, and the option is part of the compile cache's key.
+TEST_CASE("packed_loop_pairs: bf16 loop values travel as i32 phis, and the cache key says so") {
+  const ir::Function fn = kernels::attention_forward().build(
+      {{"HEAD_DIM", 128}, {"BSHD", true}, {"BLOCK_M", 128}, {"BLOCK_N", 128}, {"POSITIVE_SCALE", true}, {"DROPOUT", true}});
+  jit::CompileOptions o;
+  o.num_warps = 8;
+  const jit::CompiledKernel plain = jit::compile(fn, o);
+  o.packed_loop_pairs = true;
+  const jit::CompiledKernel packed = jit::compile(fn, o);
+  CHECK(plain.backend_source.find("phi bfloat") != std::string::npos);
+  CHECK(packed.backend_source.find("phi bfloat") == std::string::npos);
+  CHECK(packed.backend_source.find("phi i32") != std::string::npos);
+  CHECK(packed.info.spill_store_bytes == 0);
+  CHECK(packed.ptx.find("wgmma.mma_async") != std::string::npos);
+  jit::CompileOptions off = o;
+  off.packed_loop_pairs = false;
+  CHECK(runtime::cache_key(fn, o) != runtime::cache_key(fn, off));
+  CHECK(runtime::describe_schedule(o) != runtime::describe_schedule(off));
+  // (nvrtc's backend has no such option: its key does not move)
+  o.backend = off.backend = jit::Backend::Nvrtc;
+  CHECK(runtime::cache_key(fn, o) == runtime::cache_key(fn, off));
 }
 
 // Callers read a library row's tiles back from its default meta (to size a grid, to layer their

@@ -182,6 +182,39 @@ TEST_CASE("gpu: attention forward, full and causal, ragged sequence") {
   }
 }
 
+// CompileOptions::packed_loop_pairs (decision 092): loop-carried bf16 values as packed pairs in the
+// LLVM backend -- a tile carried through a loop, and the D 128 forward whose P V is pipelined (P
+// carried to the next key block) on the ring producer -- against the interpreter.
+TEST_CASE("gpu: packed_loop_pairs: loop-carried bf16 tiles and the pipelined D 128 forward") {
+  if (!have_gpu()) return;
+  jit::CompileOptions o;
+  o.packed_loop_pairs = true;
+  const lang::Kernel carried = lang::kernel("carried_bf16", [](lang::Builder& kb) {
+    auto X = kb.pointer("X", bf16), Y = kb.pointer("Y", bf16);
+    auto n = kb.scalar<int>("n");
+    lang::Tile idx = lang::arange(0, 64)[lang::col] * 64 + lang::arange(0, 64)[lang::row];
+    lang::Var acc = lang::load(X + idx);
+    lang::for_range(0, n, [&](lang::Tile) { acc = lang::cast(bf16, lang::cast(f32, acc) * 0.5f + 1.0f); });
+    lang::store(Y + idx, acc);
+  });
+  HostTensor x(bf16, {64 * 64}), y(bf16, {64 * 64});
+  x.fill_uniform(5, -4, 4);
+  check_against_interpreter(carried.build(), {1}, {&x, &y, int64_t{5}}, 0.0, o);
+  const int B = 2, H = 2, S = 300, D = 128;
+  for (bool causal : {false, true}) {
+    INFO("attention D 128 causal " << causal);
+    HostTensor q(bf16, {B, S, H, D}), k(bf16, {B, S, H, D}), v(bf16, {B, S, H, D}), out(bf16, {B, S, H, D}), lse(f32, {B, H, S});
+    q.fill_normal(1, 0, 1);
+    k.fill_normal(2, 0, 1);
+    v.fill_normal(3, 0, 1);
+    jit::CompileOptions a = o;
+    a.num_warps = 8;
+    check_against_interpreter(kernels::attention_forward().build({{"HEAD_DIM", D}, {"BSHD", true}, {"CAUSAL", causal}, {"BLOCK_M", 128},
+                                                                  {"BLOCK_N", 128}, {"POSITIVE_SCALE", true}}),
+                              {cdiv(S, 128), H, B}, {&q, &k, &v, &out, &lse, 1.0 / std::sqrt(double(D))}, 1e-2, a);
+  }
+}
+
 TEST_CASE("gpu: attention forward with grouped-query heads, S_q != S_k, [B,S,H,D] layout, rows with no key") {
   if (!have_gpu()) return;
   struct Case {

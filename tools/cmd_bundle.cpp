@@ -24,7 +24,7 @@ bool parse_on_off(const std::string& text, const std::string& name, const std::s
 }
 
 // KERNEL[:NAME=VALUE,...]: upper-case names (any name but the schedule's below) are
-// meta-parameters; warps, stages, min_programs_per_sm, pipeline, once_by_tma and backend set the
+// meta-parameters; warps, stages, min_programs_per_sm, pipeline, once_by_tma, packed_loop_pairs and backend set the
 // schedule.
 runtime::BundleEntrySpec parse_spec(const std::string& text) {
   const size_t colon = text.find(':');
@@ -53,6 +53,8 @@ runtime::BundleEntrySpec parse_spec(const std::string& text) {
       spec.options.pipeline.enabled = parse_on_off(text, name, value);
     } else if (name == "once_by_tma") {
       spec.options.pipeline.once_by_tma = parse_on_off(text, name, value);
+    } else if (name == "packed_loop_pairs") {
+      spec.options.packed_loop_pairs = parse_on_off(text, name, value);
     } else if (name == "backend") {
       if (value == "llvm") spec.options.backend = jit::Backend::Llvm;
       else if (value == "nvrtc") spec.options.backend = jit::Backend::Nvrtc;

@@ -86,6 +86,8 @@ bool parse_kernel_option(const Args& args, size_t& i, KernelSelection& sel) {
     sel.options.min_programs_per_sm = parse_int(a, option_value(args, i));
   } else if (a == "--no-pipeline") {
     sel.options.pipeline.enabled = false;
+  } else if (a == "--packed-loop-pairs") {
+    sel.options.packed_loop_pairs = true;
   } else {
     return false;
   }

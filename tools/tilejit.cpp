@@ -19,7 +19,8 @@ const Command kCommands[] = {
      &cmd_kernels},
     {"compile", "compile a library or plugin kernel and write its IR, source, PTX or cubin",
      "tilejit compile KERNEL [--meta NAME=VALUE ...] [--backend llvm|nvrtc] [--arch sm_90a]\n"
-     "                [--num-warps N] [--stages N] [--min-programs-per-sm N] [--no-pipeline] [--emit ir|source|ptx|cubin|all ...]\n"
+     "                [--num-warps N] [--stages N] [--min-programs-per-sm N] [--no-pipeline] [--packed-loop-pairs]\n"
+     "                [--emit ir|source|ptx|cubin|all ...]\n"
      "                [--dump-after PASS] [-o DIR]\n"
      "  Compiles a kernel (its default schedule under your --meta values and options) and\n"
      "  writes DIR/KERNEL.{tir,ll|cu,ptx,cubin} for each --emit (default: ptx and cubin); prints\n"
@@ -55,7 +56,8 @@ const Command kCommands[] = {
      "  and writes one checked file that tilejit::load_bundle(FILE) loads; --emit-cpp also writes a C++\n"
      "  source embedding it that loads it at start-up when linked into an application. NAME=VALUE:\n"
      "  a meta-parameter (an integer, true/false or a dtype), or the schedule: warps=N, stages=N,\n"
-     "  min_programs_per_sm=N, pipeline=on|off, once_by_tma=on|off, backend=llvm|nvrtc. Examples: gemm  gemm:BLOCK_N=128,OUT_DTYPE=f32\n"
+     "  min_programs_per_sm=N, pipeline=on|off, once_by_tma=on|off, packed_loop_pairs=on|off, backend=llvm|nvrtc.\n"
+     "  Examples: gemm  gemm:BLOCK_N=128,OUT_DTYPE=f32\n"
      "  attention_fwd:CAUSAL=true,warps=8. --attention: every kernel the attention API launches for one\n"
      "  configuration (what attention::prepare compiles): D=64|128|256 (required), dtype=bf16|f16,\n"
      "  mask=NAME, reduction=recompute|atomic|split|ordered, varlen, backward, dropout, q_descending=0|1\n"

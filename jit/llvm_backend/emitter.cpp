@@ -507,12 +507,51 @@ void Emitter::for_loop(const pir::Inst& in) {
   auto* exit = llvm::BasicBlock::Create(ctx_, "exit", fn_);
   b_.CreateBr(header);
   b_.SetInsertPoint(header);
-  std::vector<llvm::PHINode*> phis;
+  // CompileOptions::packed_loop_pairs: consecutive 16-bit float carried values (a tile's
+  // elements in register order) as one i32 phi, packed where they enter and unpacked at the
+  // header; LLVM folds the packing into the producers' and consumers' own (cvt.rn.bf16x2, the
+  // wgmma operand's 32-bit registers)
+  std::vector<int> pair_of(body.args.size(), -1);  // carried index -> first index of its pair
+  if (packed_loop_pairs_)
+    for (size_t i = 1; i + 1 < body.args.size(); ++i) {
+      llvm::Type* t0 = type(f_.types[body.args[i]]);
+      if (t0->is16bitFPTy() && type(f_.types[body.args[i + 1]]) == t0) {
+        pair_of[i] = pair_of[i + 1] = static_cast<int>(i);
+        ++i;
+      }
+    }
+  auto pack = [&](llvm::Value* x0, llvm::Value* x1) {
+    auto* vt = llvm::FixedVectorType::get(x0->getType(), 2);
+    llvm::Value* vec = b_.CreateInsertElement(b_.CreateInsertElement(llvm::PoisonValue::get(vt), x0, uint64_t{0}), x1, uint64_t{1});
+    return b_.CreateBitCast(vec, b_.getInt32Ty());
+  };
+  std::vector<llvm::PHINode*> phis(body.args.size(), nullptr);
+  std::vector<llvm::Value*> carried(body.args.size(), nullptr);
+  // (packing the initial values in the preheader)
+  std::vector<llvm::Value*> init(body.args.size(), nullptr);
+  {
+    llvm::IRBuilderBase::InsertPointGuard guard(b_);
+    b_.SetInsertPoint(pre->getTerminator());
+    for (size_t i = 1; i < body.args.size(); ++i)
+      if (pair_of[i] == static_cast<int>(i)) init[i] = pack(v(in.args[i + 2]), v(in.args[i + 3]));
+  }
   for (size_t i = 0; i < body.args.size(); ++i) {
-    auto* phi = b_.CreatePHI(type(f_.types[body.args[i]]), 2);
-    phi->addIncoming(v(in.args[i == 0 ? 0 : i + 2]), pre);
-    phis.push_back(phi);
-    set(body.args[i], phi);
+    if (pair_of[i] >= 0 && pair_of[i] != static_cast<int>(i)) continue;
+    const bool paired = pair_of[i] == static_cast<int>(i);
+    auto* phi = b_.CreatePHI(paired ? b_.getInt32Ty() : type(f_.types[body.args[i]]), 2);
+    phi->addIncoming(paired ? init[i] : v(in.args[i == 0 ? 0 : i + 2]), pre);
+    phis[i] = phi;
+  }
+  for (size_t i = 0; i < body.args.size(); ++i) {
+    if (pair_of[i] < 0) {
+      carried[i] = phis[i];
+    } else if (pair_of[i] == static_cast<int>(i)) {
+      llvm::Type* t = type(f_.types[body.args[i]]);
+      llvm::Value* vec = b_.CreateBitCast(phis[i], llvm::FixedVectorType::get(t, 2));
+      carried[i] = b_.CreateExtractElement(vec, uint64_t{0});
+      carried[i + 1] = b_.CreateExtractElement(vec, uint64_t{1});
+    }
+    set(body.args[i], carried[i]);
   }
   llvm::Value* cond = b_.CreateICmpSLT(phis[0], v(in.args[1]));
   b_.CreateCondBr(cond, body_bb, exit);
@@ -520,12 +559,18 @@ void Emitter::for_loop(const pir::Inst& in) {
   block(body);
   const pir::Inst& y = body.insts.back();
   llvm::Value* next = b_.CreateAdd(phis[0], v(in.args[2]));
+  std::vector<llvm::Value*> latch_values(body.args.size(), nullptr);
+  for (size_t i = 1; i < body.args.size(); ++i) {
+    if (pair_of[i] < 0) latch_values[i] = v(y.args[i - 1]);
+    else if (pair_of[i] == static_cast<int>(i)) latch_values[i] = pack(v(y.args[i - 1]), v(y.args[i]));
+  }
   llvm::BasicBlock* latch = b_.GetInsertBlock();
   phis[0]->addIncoming(next, latch);
-  for (size_t i = 0; i < y.args.size(); ++i) phis[i + 1]->addIncoming(v(y.args[i]), latch);
+  for (size_t i = 1; i < body.args.size(); ++i)
+    if (phis[i]) phis[i]->addIncoming(latch_values[i], latch);
   b_.CreateBr(header);
   b_.SetInsertPoint(exit);
-  for (size_t i = 0; i < in.results.size(); ++i) set(in.results[i], phis[i + 1]);
+  for (size_t i = 0; i < in.results.size(); ++i) set(in.results[i], carried[i + 1]);
 }
 
 void Emitter::if_op(const pir::Inst& in) {
@@ -554,7 +599,7 @@ void Emitter::if_op(const pir::Inst& in) {
 
 std::string llvm_version() { return LLVM_VERSION_STRING; }
 
-LlvmOutput emit_ptx_llvm(const pir::Func& f, const std::string& arch) {
+LlvmOutput emit_ptx_llvm(const pir::Func& f, const std::string& arch, bool packed_loop_pairs) {
   init_llvm();
   auto t0 = std::chrono::steady_clock::now();
   LlvmOutput out;
@@ -572,7 +617,7 @@ LlvmOutput emit_ptx_llvm(const pir::Func& f, const std::string& arch) {
   if (!tm) throw std::runtime_error(fmt::format("tilejit: kernel '{}': LLVM has no NVPTX target for {}", f.name, arch));
   // The data layout first: IRBuilder takes alignments (e.g. 8 bytes for i64) from it.
   module->setDataLayout(tm->createDataLayout());
-  llvm_backend::Emitter(f, ctx, *module).run();
+  llvm_backend::Emitter(f, ctx, *module, packed_loop_pairs).run();
 
   llvm::raw_string_ostream es(err);
   if (llvm::verifyModule(*module, &es))

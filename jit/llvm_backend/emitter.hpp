@@ -26,7 +26,8 @@ using pir::V;
 
 class Emitter {
  public:
-  Emitter(const pir::Func& f, llvm::LLVMContext& ctx, llvm::Module& m) : f_(f), ctx_(ctx), m_(m), b_(ctx) {}
+  Emitter(const pir::Func& f, llvm::LLVMContext& ctx, llvm::Module& m, bool packed_loop_pairs = false)
+      : f_(f), ctx_(ctx), m_(m), b_(ctx), packed_loop_pairs_(packed_loop_pairs) {}
 
   // The kernel's function, into the module (llvm_backend/emitter.cpp).
   void run();
@@ -190,6 +191,7 @@ class Emitter {
   llvm::LLVMContext& ctx_;
   llvm::Module& m_;
   llvm::IRBuilder<> b_;
+  bool packed_loop_pairs_ = false;  // CompileOptions::packed_loop_pairs (for_loop)
   llvm::Function* fn_ = nullptr;
   llvm::GlobalVariable* smem_ = nullptr;
   std::vector<llvm::Value*> vals_;
