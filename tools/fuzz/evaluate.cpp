@@ -334,6 +334,7 @@ Outcome evaluate(Program& p, const EvalOptions& o, const std::function<void(cons
     co.backend = b;
     co.num_warps = p.num_warps;
     co.make_cubin = o.gpu || (o.assemble && !jit::find_ptxas().empty());
+    co.packed_loop_pairs = o.packed_loop_pairs;
     if (!o.gpu) co.ptx_tool = jit::PtxTool::Ptxas;
     jit::CompiledKernel ck;
     try {

@@ -52,6 +52,9 @@ struct EvalOptions {
   // (runtime/specialization.hpp: 16-byte aligned tensors, unit strides, integers % 16 declared);
   // the interpreter runs it as written
   bool specialize = false;
+  // --packed-loop-pairs: the backends compile with CompileOptions::packed_loop_pairs (LLVM: loop
+  // values of 16-bit floats carried as packed pairs, decision 092)
+  bool packed_loop_pairs = false;
 };
 
 // `progress` is told each phase before it starts ("build", "interpret", "compile llvm", "run

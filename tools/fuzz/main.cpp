@@ -44,6 +44,8 @@ constexpr const char* kUsage = R"(usage: tilejit_fuzz [options]
   --specialize       lower and compile each program as tilejit::Function specialises it for its
                      arguments (aligned, unit-stride tensors; integer scalars that are multiples of
                      16 declared divisible: runtime/specialization.hpp); the interpreter runs it as is
+  --packed-loop-pairs  compile with CompileOptions::packed_loop_pairs (the LLVM backend carries loop values
+                     of 16-bit floats as packed pairs; decision 092)
   --tma-stores       window stores ask for TMA (StoreOptions::tma), and ~70% of the programs are drawn
                      so that some of them qualify (sm_90a, 4/8 warps, 16-byte aligned contiguous
                      outputs of 2- or 4-byte elements, rows a multiple of 8, 128-byte column chunks,
@@ -151,6 +153,7 @@ int main(int argc, char** argv) {
     else if (a == "--no-axis-ops") o.gen.axis_ops = false;
     else if (a == "--tma-stores") o.gen.tma_stores = true;
     else if (a == "--specialize") o.eval.specialize = true;
+    else if (a == "--packed-loop-pairs") o.eval.packed_loop_pairs = true;
     else if (a == "--expect-tma-stores") expect_tma_pct = static_cast<double>(number(a, value()));
     else if (a == "--no-narrow-reductions") o.gen.narrow_reductions = false;
     else if (a == "--out") out_dir = value();
