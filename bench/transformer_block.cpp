@@ -238,10 +238,20 @@ struct Block {
     const std::array<int64_t, 5> b = spread_bounds();
     return {true, gemm_index == 0 ? current : next, b[static_cast<size_t>(gemm_index)], b[static_cast<size_t>(gemm_index) + 1]};
   }
+  // forward GEMM i (0 QKV, 1 O, 2 gate/up, 3 down): plain, or writing tiles [first, end) of a mask
+  void forward_gemm(int i, CUstream st, MaskShare share = {}) {
+    const int64_t M = s.tokens();
+    Function& g = share.on ? nt_share : nt;
+    switch (i) {
+      case 0: gemm(g, Layout::nt, x, wqkv, qkv, M, s.qkv_cols(), s.hidden, st, share); return;
+      case 1: gemm(g, Layout::nt, o, wo, y, M, s.hidden, s.heads * s.D, st, share); return;
+      case 2: gemm(g, Layout::nt, y, wgu, gu, M, 2 * s.mlp, s.hidden, st, share); return;
+      default: gemm(g, Layout::nt, h, wd, z, M, s.hidden, s.mlp, st, share); return;
+    }
+  }
   void qkv_projection(int mode, CUstream st) {
     if (mode == 2) gemm(nt_mask, Layout::nt, x, wqkv, qkv, s.tokens(), s.qkv_cols(), s.hidden, st, {true, current});
-    else if (mode == 3) gemm(nt_share, Layout::nt, x, wqkv, qkv, s.tokens(), s.qkv_cols(), s.hidden, st, share_of(0));
-    else gemm(nt, Layout::nt, x, wqkv, qkv, s.tokens(), s.qkv_cols(), s.hidden, st);
+    else forward_gemm(0, st, mode == 3 ? share_of(0) : MaskShare{});
   }
   void attention_forward(int mode, CUstream st) {
     ++calls;
@@ -250,13 +260,10 @@ struct Block {
   }
   // (spread: the next forward's attention reads the buffer this one's later GEMMs wrote into)
   void forward(int mode, CUstream st) {
-    const int64_t M = s.tokens();
     const bool spread = mode == 3;
     qkv_projection(mode, st);
     attention_forward(mode, st);
-    gemm(spread ? nt_share : nt, Layout::nt, o, wo, y, M, s.hidden, s.heads * s.D, st, spread ? share_of(1) : MaskShare{});
-    gemm(spread ? nt_share : nt, Layout::nt, y, wgu, gu, M, 2 * s.mlp, s.hidden, st, spread ? share_of(2) : MaskShare{});
-    gemm(spread ? nt_share : nt, Layout::nt, h, wd, z, M, s.hidden, s.mlp, st, spread ? share_of(3) : MaskShare{});
+    for (int i = 1; i < 4; ++i) forward_gemm(i, st, spread ? share_of(i) : MaskShare{});
     if (spread) std::swap(current, next);
   }
   void attention_backward(int mode, CUstream st) {
@@ -389,30 +396,18 @@ int run(Shape shape, int max_reps) {
   // issue 30's hiding model: each forward GEMM plain, with its spread share and with the whole mask
   // (MASK_RANGE over every tile), and the mask kernel alone on the same mask
   const MaskShare whole{true, bits, 0, blk.mask_tiles()};
-  struct Gemm {
-    const char* name;
-    Buf a, b, c;
-    int64_t n, k;
-  };
-  const Gemm gemms[3] = {{"o", o, wo, y, s.hidden, s.heads * s.D}, {"gate_up", y, wgu, gu, 2 * s.mlp, s.hidden}, {"down", h, wd, z, s.hidden, s.mlp}};
-  for (int i = 0; i < 3; ++i) {
-    const Gemm& g = gemms[i];
-    part(fmt::format("{}_gemm_with_share", g.name).c_str(),
-         [&] { blk.gemm(blk.nt_share, Layout::nt, g.a, g.b, g.c, M, g.n, g.k, st, blk.share_of(i + 1)); });
-    part(fmt::format("{}_gemm_with_whole_mask", g.name).c_str(), [&] { blk.gemm(blk.nt_share, Layout::nt, g.a, g.b, g.c, M, g.n, g.k, st, whole); });
-  }
-  part("qkv_gemm_with_whole_mask", [&] {
-    blk.gemm(blk.nt_share, Layout::nt, x, wqkv, qkv, M, s.qkv_cols(), s.hidden, st, whole);
-  });
+  const char* gemm_names[4] = {"qkv", "o", "gate_up", "down"};
+  for (int i = 1; i < 4; ++i)
+    part(fmt::format("{}_gemm_with_share", gemm_names[i]).c_str(), [&] { blk.forward_gemm(i, st, blk.share_of(i)); });
+  for (int i = 0; i < 4; ++i)
+    part(fmt::format("{}_gemm_with_whole_mask", gemm_names[i]).c_str(), [&] { blk.forward_gemm(i, st, whole); });
   part("mask_kernel", [&] { blk.generate_mask(st); });
   part("attention_fwd", [&] { blk.attention_forward(0, st); });
   part("attention_fwd_bits", [&] { blk.attention_forward(2, st); });
   part("attention_fwd_fused", [&] { blk.attention_forward(1, st); });
   blk.forward(0, st);
   part("attention_bwd", [&] { blk.attention_backward(0, st); });
-  part("o_gemm", [&] { blk.gemm(blk.nt, Layout::nt, o, wo, y, M, s.hidden, s.heads * s.D, st); });
-  part("gate_up_gemm", [&] { blk.gemm(blk.nt, Layout::nt, y, wgu, gu, M, 2 * s.mlp, s.hidden, st); });
-  part("down_gemm", [&] { blk.gemm(blk.nt, Layout::nt, h, wd, z, M, s.hidden, s.mlp, st); });
+  for (int i = 1; i < 4; ++i) part(fmt::format("{}_gemm", gemm_names[i]).c_str(), [&] { blk.forward_gemm(i, st); });
   part("down_dx_gemm_nn", [&] { blk.gemm(blk.nn, Layout::nn, dz, wd, dh, M, s.mlp, s.hidden, st); });
   part("down_dw_gemm_tn", [&] { blk.gemm(blk.tn, Layout::tn, dz, h, dwd, s.hidden, s.mlp, M, st); });
   std::fflush(stdout);

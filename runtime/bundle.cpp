@@ -283,7 +283,7 @@ std::string describe_schedule(const jit::CompileOptions& opts) {
   return fmt::format("warps={},stages={},{}pipeline={},{}{}backend={}", opts.num_warps, opts.pipeline.stages,
                      opts.min_programs_per_sm > 0 ? fmt::format("min_programs_per_sm={},", opts.min_programs_per_sm) : std::string(),
                      opts.pipeline.enabled ? "on" : "off", opts.pipeline.once_by_tma ? "" : "once_by_tma=off,",
-                     opts.packed_loop_pairs ? "packed_loop_pairs=on," : "", jit::to_string(opts.backend));
+                     opts.packed_loop_pairs && opts.backend == jit::Backend::Llvm ? "packed_loop_pairs=on," : "", jit::to_string(opts.backend));
 }
 
 // ---- writing ---------------------------------------------------------------------------------

@@ -427,13 +427,7 @@ void Emitter::arith_inst(const pir::Inst& in) {
       else set(r0, b_.CreateBitCast(a(0), type(to)));
       return;
     }
-    case Op::pack2: {
-      // As a two-element vector: two f32 -> bf16/f16 roundings feeding it become one cvt.rn.*x2.f32.
-      auto* vt = llvm::FixedVectorType::get(a(0)->getType(), 2);
-      llvm::Value* vec = b_.CreateInsertElement(b_.CreateInsertElement(llvm::PoisonValue::get(vt), a(0), uint64_t{0}), a(1), uint64_t{1});
-      set(r0, b_.CreateBitCast(vec, b_.getInt32Ty()));
-      return;
-    }
+    case Op::pack2: set(r0, pack_pair(a(0), a(1))); return;
     case Op::unpack2: {
       llvm::Value* w = a(0);
       for (unsigned h = 0; h < 2; ++h) {
@@ -510,46 +504,35 @@ void Emitter::for_loop(const pir::Inst& in) {
   // CompileOptions::packed_loop_pairs: consecutive 16-bit float carried values (a tile's
   // elements in register order) as one i32 phi, packed where they enter and unpacked at the
   // header; LLVM folds the packing into the producers' and consumers' own (cvt.rn.bf16x2, the
-  // wgmma operand's 32-bit registers)
-  std::vector<int> pair_of(body.args.size(), -1);  // carried index -> first index of its pair
+  // wgmma operand's 32-bit registers). Carried value i >= 1 (0: the induction variable) may head
+  // a pair (its phi carries i and i + 1) or be a pair's second (no phi of its own).
+  const size_t n = body.args.size();
+  std::vector<bool> heads(n, false), second(n, false);
   if (packed_loop_pairs_)
-    for (size_t i = 1; i + 1 < body.args.size(); ++i) {
+    for (size_t i = 1; i + 1 < n; ++i) {
       llvm::Type* t0 = type(f_.types[body.args[i]]);
-      if (t0->is16bitFPTy() && type(f_.types[body.args[i + 1]]) == t0) {
-        pair_of[i] = pair_of[i + 1] = static_cast<int>(i);
-        ++i;
-      }
+      if (t0->is16bitFPTy() && type(f_.types[body.args[i + 1]]) == t0) heads[i] = second[i + 1] = true, ++i;
     }
-  auto pack = [&](llvm::Value* x0, llvm::Value* x1) {
-    auto* vt = llvm::FixedVectorType::get(x0->getType(), 2);
-    llvm::Value* vec = b_.CreateInsertElement(b_.CreateInsertElement(llvm::PoisonValue::get(vt), x0, uint64_t{0}), x1, uint64_t{1});
-    return b_.CreateBitCast(vec, b_.getInt32Ty());
-  };
-  std::vector<llvm::PHINode*> phis(body.args.size(), nullptr);
-  std::vector<llvm::Value*> carried(body.args.size(), nullptr);
-  // (packing the initial values in the preheader)
-  std::vector<llvm::Value*> init(body.args.size(), nullptr);
+  // the value entering phi i: value(i), or value(i) and value(i + 1) packed
+  const auto entering = [&](size_t i, const auto& value) { return heads[i] ? pack_pair(value(i), value(i + 1)) : value(i); };
+  std::vector<llvm::Value*> init(n, nullptr);
   {
     llvm::IRBuilderBase::InsertPointGuard guard(b_);
     b_.SetInsertPoint(pre->getTerminator());
-    for (size_t i = 1; i < body.args.size(); ++i)
-      if (pair_of[i] == static_cast<int>(i)) init[i] = pack(v(in.args[i + 2]), v(in.args[i + 3]));
+    for (size_t i = 0; i < n; ++i)
+      if (!second[i]) init[i] = entering(i, [&](size_t k) { return v(in.args[k == 0 ? 0 : k + 2]); });
   }
-  for (size_t i = 0; i < body.args.size(); ++i) {
-    if (pair_of[i] >= 0 && pair_of[i] != static_cast<int>(i)) continue;
-    const bool paired = pair_of[i] == static_cast<int>(i);
-    auto* phi = b_.CreatePHI(paired ? b_.getInt32Ty() : type(f_.types[body.args[i]]), 2);
-    phi->addIncoming(paired ? init[i] : v(in.args[i == 0 ? 0 : i + 2]), pre);
-    phis[i] = phi;
-  }
-  for (size_t i = 0; i < body.args.size(); ++i) {
-    if (pair_of[i] < 0) {
-      carried[i] = phis[i];
-    } else if (pair_of[i] == static_cast<int>(i)) {
-      llvm::Type* t = type(f_.types[body.args[i]]);
-      llvm::Value* vec = b_.CreateBitCast(phis[i], llvm::FixedVectorType::get(t, 2));
+  std::vector<llvm::PHINode*> phis(n, nullptr);
+  for (size_t i = 0; i < n; ++i)
+    if (!second[i]) phis[i] = b_.CreatePHI(init[i]->getType(), 2), phis[i]->addIncoming(init[i], pre);
+  std::vector<llvm::Value*> carried(n, nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    if (heads[i]) {
+      llvm::Value* vec = b_.CreateBitCast(phis[i], llvm::FixedVectorType::get(type(f_.types[body.args[i]]), 2));
       carried[i] = b_.CreateExtractElement(vec, uint64_t{0});
       carried[i + 1] = b_.CreateExtractElement(vec, uint64_t{1});
+    } else if (!second[i]) {
+      carried[i] = phis[i];
     }
     set(body.args[i], carried[i]);
   }
@@ -559,15 +542,10 @@ void Emitter::for_loop(const pir::Inst& in) {
   block(body);
   const pir::Inst& y = body.insts.back();
   llvm::Value* next = b_.CreateAdd(phis[0], v(in.args[2]));
-  std::vector<llvm::Value*> latch_values(body.args.size(), nullptr);
-  for (size_t i = 1; i < body.args.size(); ++i) {
-    if (pair_of[i] < 0) latch_values[i] = v(y.args[i - 1]);
-    else if (pair_of[i] == static_cast<int>(i)) latch_values[i] = pack(v(y.args[i - 1]), v(y.args[i]));
-  }
   llvm::BasicBlock* latch = b_.GetInsertBlock();
   phis[0]->addIncoming(next, latch);
-  for (size_t i = 1; i < body.args.size(); ++i)
-    if (phis[i]) phis[i]->addIncoming(latch_values[i], latch);
+  for (size_t i = 1; i < n; ++i)
+    if (phis[i]) phis[i]->addIncoming(entering(i, [&](size_t k) { return v(y.args[k - 1]); }), latch);
   b_.CreateBr(header);
   b_.SetInsertPoint(exit);
   for (size_t i = 0; i < in.results.size(); ++i) set(in.results[i], carried[i + 1]);

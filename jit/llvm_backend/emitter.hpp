@@ -56,6 +56,13 @@ class Emitter {
   // into a bf16 <-> f16 bitcast, which NVPTX cannot select ("LLVM ERROR: Cannot select", an abort).
   llvm::Value* half_from_bits(llvm::Value* bits, llvm::Type* to);
   llvm::Type* type(pir::Ty t) { return t.ptr ? llvm::PointerType::get(ctx_, 1) : scalar_type(t.dtype); }
+  // Two 16-bit values as one i32, through a two-element vector: two f32 -> bf16/f16 roundings
+  // feeding it become one cvt.rn.*x2.f32 (pack2, and packed_loop_pairs' carried pairs).
+  llvm::Value* pack_pair(llvm::Value* x0, llvm::Value* x1) {
+    auto* vt = llvm::FixedVectorType::get(x0->getType(), 2);
+    llvm::Value* vec = b_.CreateInsertElement(b_.CreateInsertElement(llvm::PoisonValue::get(vt), x0, uint64_t{0}), x1, uint64_t{1});
+    return b_.CreateBitCast(vec, b_.getInt32Ty());
+  }
   llvm::Value* v(V id) {
     if (!vals_[id]) fail(fmt::format("value %{} used before definition", id));
     return vals_[id];

@@ -112,6 +112,10 @@ struct BackwardParams {
   bool dropout;               // DROPOUT: trailing seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold
   bool dropout_bits;          // DROPOUT_BITS: then the precomputed packed mask `dropout_bits` (rng = precomputed)
   bool partial_tiles_only;    // PARTIAL_TILES_ONLY (full / causal): the element mask on partial tiles only (mask_partial)
+  // DROPOUT at bf16: the gradients fold the keep scale s out of their loops (dS / s = P (Z dP -
+  // Delta / s); dQ, dK and a reduction's dQ parts times s once) [091]; f16 keeps s in the loops
+  // (dS / s could underflow there).
+  bool fold_dropout_scale() const { return dropout && T == ir::DType::bf16; }
   int rank;                   // of Q, K, V, dO and the gradients (LSE, Delta: rank - 1)
   Tensor Q, K, V, dO, LSE, Delta;
 

@@ -129,10 +129,6 @@ struct KeyTile {
   void dq_part(const QueryHead& q, const Tile& m0, const Tile& dst_t, const OrderedAdd& ordered);
   // dK = scale * sum dS^T Q, dV = sum P^T dO (DROPOUT: times 1 / keep probability), stored.
   void store_gradients();
-  // DROPOUT at bf16: the keep scale s folded out of the loop (dS^T / s = P^T Z dP^T - P^T Delta /
-  // s, dK times s once when stored; a reduction's dQ parts times s) [091]; f16 keeps it in (dS / s
-  // could underflow). dK stays bit-identical across the reductions.
-  bool fold_dropout_scale() const { return a.dropout && a.T == ir::DType::bf16; }
   // TIMELINE: stamp `index` of this key tile; phase `phase` of the current query block visit; the
   // key tile's row of the timeline ((b * kv heads + kv_h) * key tiles + n_block).
   void stamp(int64_t index) const;
@@ -275,7 +271,7 @@ void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors&
   stamp_phase(0);  // TIMELINE: the block's top
   auto q = load(rows(a.Q, h, m0, a.BM)), dout = load(rows(a.dO, h, m0, a.BM));
   auto lse = a.lse_log2_of(ahead.lse)[row];  // [1, BM]
-  auto delta = (fold_dropout_scale() ? ahead.delta * p.drop->inverse_scale() : ahead.delta)[row];
+  auto delta = (a.fold_dropout_scale() ? ahead.delta * p.drop->inverse_scale() : ahead.delta)[row];
   Tile pt;          // P^T
   Tile mod_grad_t;  // SCORE_MOD with a derivative: d mod / d score, transposed
   const Tile e_t = a.log2_p_exponent(dot(k, trans(q), p.dots), lse, p.softmax_scale, rows, h, m0, n0, S_q, S_k, /*transposed=*/true, &mod_grad_t);
@@ -300,10 +296,11 @@ void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors&
   if (a.dropout) {
     // One use of the mask, before dV's MMA is issued (its 0 / ~0 words, one register per element,
     // then die early instead of staying live across that MMA): dS^T = P^T (Z s dP^T - Delta) =
-    // (P^T Z) s dP^T - P^T Delta, Z the mask (at bf16 all of it over s: fold_dropout_scale).
+    // (P^T Z) s dP^T - P^T Delta, Z the mask (at bf16 all of it over s: fold_dropout_scale; dK and
+    // a reduction's dQ parts times s, so that dK stays bit-identical across the reductions).
     Tile keep_t = p.drop->keep_mask_transposed(qh.bh, m0, a.BM, n0, a.BN);  // [BN, BM]
     pt_kept = apply_keep_mask(pt, keep_t);
-    dst = pt_kept * (fold_dropout_scale() ? dpt : dpt * p.drop->scale) - pt * delta;
+    dst = pt_kept * (a.fold_dropout_scale() ? dpt : dpt * p.drop->scale) - pt * delta;
   } else {
     dst = pt * (dpt - delta);
   }
@@ -332,7 +329,7 @@ void KeyTile::dq_part(const QueryHead& qh, const Tile& m0, const Tile& dst_t, co
   const bool k_on_wgmma = a.BM % 64 == 0 && (a.BM >= a.BN || a.D % 128 == 0);
   Tile k_b = k_on_wgmma ? k : load(rows(a.K, kv_h, n0, a.BN));
   Tile dq_part = dot(trans(dst_t), k_b, p.dots);
-  if (fold_dropout_scale()) dq_part = dq_part * p.drop->scale;  // (dS^T was divided by s)
+  if (a.fold_dropout_scale()) dq_part = dq_part * p.drop->scale;  // (dS^T was divided by s)
   // dQ_accum's window. DQ_WRITER: at coordinates the compiler can prove in TMA's range (the writer
   // has no element fallback); they are (b, h, m0 index the tensor), but the causal walk's start
   // (S_k - S_q) hides it [073]
@@ -370,7 +367,7 @@ void KeyTile::dq_part(const QueryHead& qh, const Tile& m0, const Tile& dst_t, co
 }
 
 void KeyTile::store_gradients() {
-  const Tile dk_out = dk * (fold_dropout_scale() ? p.softmax_scale * p.drop->scale : p.softmax_scale);
+  const Tile dk_out = dk * (a.fold_dropout_scale() ? p.softmax_scale * p.drop->scale : p.softmax_scale);
   Tile dv_out = dv;
   if (a.dropout) dv_out = dv_out * p.drop->scale;
   // ACCUMULATE: f32 += (each key tile is this program's alone: no atomics), the old sums read in

@@ -72,8 +72,7 @@ struct QueryTile {
   const Tile q, dout;
   const RowVectors row_vectors;  // LSE and Delta, as loaded
   const Tile lse;                // [BM, 1], log2 units
-  const bool fold_scale;         // DROPOUT at bf16: delta is Delta / s, the sums times s at the end
-  const Tile delta;              // [BM, 1]
+  const Tile delta;              // [BM, 1] (BackwardParams::fold_dropout_scale: Delta / s)
   const Tile qrows;              // [BM, 1]
   Var dq;
   Tile bh;                          // DROPOUT: the mask's batch*heads index
@@ -88,8 +87,7 @@ QueryTile::QueryTile(DqProgram& prog)
       dout(load(rows(a.dO, p.h, p.m0, a.BM))),
       row_vectors(a.row_vectors(rows, p.h, p.m0)),
       lse(a.lse_log2_of(row_vectors.lse)[col]),
-      fold_scale(a.dropout && a.T == ir::DType::bf16),
-      delta((fold_scale ? row_vectors.delta * prog.drop->inverse_scale() : row_vectors.delta)[col]),
+      delta((a.fold_dropout_scale() ? row_vectors.delta * prog.drop->inverse_scale() : row_vectors.delta)[col]),
       qrows((p.m0 + arange(0, a.BM))[col]),
       dq(zeros(f32, {a.BM, a.D})) {
   if (a.dropout) bh = p.drop->batch_head(rows.b, a.Q.size(rows.head_dim()), p.h);
@@ -111,7 +109,7 @@ void QueryTile::key_block(const Tile& n0, const Tile& needs_mask) {
   }
   Tile dp = dot(dout, trans(v));  // dP (of the dropped P: times keep * s)
   // (bf16: s folded out of the loop, dS / s = P * (Z dP - Delta / s), times s once in run() [091])
-  if (a.dropout) dp = apply_keep_mask(fold_scale ? dp : dp * p.drop->scale, p.drop->keep_mask(bh, m0, a.BM, n0, a.BN));
+  if (a.dropout) dp = apply_keep_mask(a.fold_dropout_scale() ? dp : dp * p.drop->scale, p.drop->keep_mask(bh, m0, a.BM, n0, a.BN));
   Tile ds = pm * (dp - delta);  // dS = P * (dP - Delta)
   if (mod_grad.valid()) ds = ds * mod_grad;  // the gradient of the raw score
   dq = dot(cast(a.T, ds), k, dq);
@@ -136,7 +134,7 @@ void QueryTile::run() {
   // ACCUMULATE: f32 += (each query tile is this program's alone), the old sums read in dQ's MMA
   // layout (load_at_use) where they are added: no exchange through 32 KB of shared memory at D 128,
   // which halved the programs per SM [068]
-  const Tile sum_scale = fold_scale ? p.softmax_scale * p.drop->scale : p.softmax_scale;
+  const Tile sum_scale = a.fold_dropout_scale() ? p.softmax_scale * p.drop->scale : p.softmax_scale;
   if (p.cfg.accumulate)
     store(rows(p.dQ, h, m0, a.BM), dq * sum_scale + load_at_use(rows(p.dQ, h, m0, a.BM)));
   else

@@ -70,9 +70,11 @@ Tile AttentionDropout::keep_mask(const Tile& batch_head, const Tile& row0, int64
   return expand_keep_words(bits_words(batch_head, row0, num_rows, col0, num_cols), num_rows, num_cols);
 }
 
-Tile AttentionDropout::bits_words(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols) const {
-  // past the end: 0 (dropped). Read at the use, in the score block's layout: no shared-memory exchange.
-  return load_at_use(bits.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32}));
+Tile AttentionDropout::bits_words(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols,
+                                  bool at_use) const {
+  // past the end: 0 (dropped). At the use: in the score block's layout, no shared-memory exchange.
+  const BlockRef words = bits.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32});
+  return at_use ? load_at_use(words) : load(words);
 }
 
 Tile AttentionDropout::keep_mask_transposed(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
@@ -83,10 +85,8 @@ Tile AttentionDropout::keep_mask_transposed(const Tile& batch_head, const Tile& 
   // (keep_mask's load_at_use, right for the forward and dQ), each thread loaded the word of every
   // query row it holds and used 2 bits of each: 18 loads, 14-15% more of the loop's instructions
   // and 1.03-1.05x the backward's time [090].
-  if (bits.descriptor().valid()) {
-    Tile words = load(bits.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32}));
-    return trans(expand_keep_words(words, num_rows, num_cols));
-  }
+  if (bits.descriptor().valid())
+    return trans(expand_keep_words(bits_words(batch_head, row0, num_rows, col0, num_cols, /*at_use=*/false), num_rows, num_cols));
   // Fused: the packed words of the block, computed in their own layout (dropout_keep_words ends in
   // a reduction, whose layout is a concrete one where each thread owns whole Philox calls), then
   // moved through shared memory into the transposed block's layout and expanded there. Generated

@@ -80,9 +80,10 @@ struct AttentionDropout {
                            const lang::Tile& col0, int64_t num_cols) const;
 
  private:
-  // rng = precomputed: the block's packed words, u32 [num_rows, num_cols / 32] (load_at_use)
+  // rng = precomputed: the block's packed words, u32 [num_rows, num_cols / 32]; at_use: load_at_use
+  // (in its use's layout), else a plain load (a layout of its own, pipelined)
   lang::Tile bits_words(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows, const lang::Tile& col0,
-                        int64_t num_cols) const;
+                        int64_t num_cols, bool at_use = true) const;
   // fused: the global rows row0 + [0, num_rows) and the global column of local column col0
   lang::Tile global_rows(const lang::Tile& row0, int64_t num_rows) const;
   lang::Tile global_col(const lang::Tile& col0) const;
