@@ -801,9 +801,16 @@ int bench_dq_variants(int max_reps, double dropout_p, int64_t only_d) {
         fns.push_back(make(v));
         // (each variant on its own grid: BLOCK_M sets the programs)
         const int vbm = v.bm ? v.bm : sch.block_m;
-        const AbResult r = ab_measure_grids(fns, {runtime::Grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()},
-                                                  runtime::Grid{lang::cdiv(c.S, vbm), c.H(), c.B()}},
-                                            stream, args, {&buf.dq}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
+        AbResult r;
+        try {  // (a Function compiles at its first launch: a variant may not fit, e.g. D 256's shared memory)
+          r = ab_measure_grids(fns, {runtime::Grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()}, runtime::Grid{lang::cdiv(c.S, vbm), c.H(), c.B()}},
+                               stream, args, {&buf.dq}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
+        } catch (const std::exception& e) {
+          std::printf("DQ_VARIANT D=%ld causal=%d variant=%dx%d/%dw/%ds skipped=\"%s\"\n", static_cast<long>(D), causal ? 1 : 0, vbm, v.bn,
+                      v.warps, v.stages, e.what());
+          std::fflush(stdout);
+          continue;
+        }
         std::printf("DQ_VARIANT D=%ld causal=%d dropout=%g default=%dx%d/%dw/%ds variant=%dx%d/%dw/%ds programs_per_sm=%d default_ms=%.4f variant_ms=%.4f "
                     "speedup=%.3f outputs_identical=%d\n",
                     static_cast<long>(D), causal ? 1 : 0, dropout ? dropout_p : 0.0, sch.block_m, sch.block_n, sch.num_warps, sch.stages, vbm, v.bn, v.warps,

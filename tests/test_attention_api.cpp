@@ -1257,7 +1257,9 @@ TEST_CASE("attention API: dQ reductions, workspace sizes and schedules") {
           CHECK(default_schedule(Pass::bwd_dq, t, d, causal, false, r) == default_schedule(Pass::bwd_dq, t, d, causal));
         }
       }
-      CHECK(default_schedule(Pass::bwd_dkdv, t, 256, causal, false, DqReduction::split) == Schedule{32, 64, 4, 2});
+      // D 256: 8 warps hold dK/dV's two f32 [64, 256] accumulators without spilling (decision 093)
+      CHECK(default_schedule(Pass::bwd_dkdv, t, 256, causal) == Schedule{32, 64, 8, 2});
+      CHECK(default_schedule(Pass::bwd_dkdv, t, 256, causal, false, DqReduction::split) == Schedule{32, 64, 8, 2});
       CHECK(default_schedule(Pass::bwd_dq_reduce, t, 256, causal, false, DqReduction::split) == Schedule{32, 64, 4, 2});
       CHECK(default_schedule(Pass::bwd_dq_convert, t, 256, causal, false, DqReduction::atomic) == Schedule{32, 64, 4, 2});
     }

@@ -2,7 +2,8 @@
 # On the GPU machine, from the repository root, after tools/pack_gpu.sh (carry .gpu): every GPU
 # check in one command, each log under OUT (default $OUT, else /tmp/gpu-suites), one summary line
 # per step on stdout. Multi-GPU steps run when there are 2+ GPUs (on an x4 machine they also cover
-# W = 2). Steps (all by default but `tables`, `block`, `gemm`, `buildab`, `dropout`; or name some): suites bundle fuzz
+# W = 2). Steps (all by default but `tables`, `block`, `gemm`, `buildab`, `dropout`; or name some): suites (= suites1
+# then suites2: one call each on a lent machine) bundle fuzz
 # examples torch cp cpbench tables (bench/attention.py beside SDPA: bf16, --gqa 4, --dtype f16; ~100 s a round,
 # ROUNDS (default 3) each; TABLES= to pick) block (bench/transformer_block) gemm (bench/gemm.py vs cuBLAS)
 # buildab (attention_bench --build-ab .gpu/old.tjb) dropout (attention_bench --dropout 0.1, ~40 s). torch: bindings/torch's GPU tests and its per-call cost
@@ -21,9 +22,13 @@ summary() { grep -E "test cases:|Status:" "$1" | tail -2 | tr '\n' ' '; }
 for step in "${steps[@]}"; do
   start=$(date +%s)
   case $step in
-    suites)
-      for t in test_jit_gpu test_attention_gpu test_attention_api test_driver_gpu test_function_gpu test_autotuner_gpu \
-               test_bundle test_cuda_backend test_attention_backward test_c_abi test_context_parallel_kernels; do
+    suites|suites1|suites2)
+      # all of them took over 600 s (one call's limit) on a fresh H200: suites1 then suites2 in two calls
+      first=(test_jit_gpu test_attention_gpu test_attention_api)
+      second=(test_driver_gpu test_function_gpu test_autotuner_gpu test_bundle test_cuda_backend test_attention_backward test_c_abi
+              test_context_parallel_kernels)
+      case $step in suites1) tests=("${first[@]}") ;; suites2) tests=("${second[@]}") ;; *) tests=("${first[@]}" "${second[@]}") ;; esac
+      for t in "${tests[@]}"; do
         s=$(date +%s); timeout 600 ./$t > "$OUT/$t.log" 2>&1
         echo "$t rc=$? $(( $(date +%s) - s ))s $(summary "$OUT/$t.log")"
       done ;;

@@ -38,18 +38,19 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
       return {64, head_dim >= 256 ? 32 : 64, warps, 3};
     case Pass::bwd_preprocess: return {64, 64, 4, 1};
     // dK/dV and dQ: every dot on wgmma up to D = 128; D = 256 dK/dV keeps two f32 [64, 256]
-    // accumulators and spills. Varlen windows are tensor slices, which never take the Hopper wgmma
+    // accumulators, on 8 warps to hold them. Varlen windows are tensor slices, which never take the Hopper wgmma
     // path: the generic path's schedules for both gradient passes.
     // With a dQ reduction (dense only) the kernel's fifth dot, dS K, has M = BLOCK_M: at 64 x 128 on
     // 8 warps each warpgroup takes half of D's columns on wgmma, which needs D / 2 in whole 64-column
     // chunks (D 128); D 64 would run it on mma.sync with K loaded twice, so it takes 64 x 64 on 4
-    // warps (every dot on wgmma). D = 256 keeps its 32 x 64 tiles (the dot then on mma.sync).
+    // warps (every dot on wgmma). D = 256 keeps its 32 x 64 tiles (the dot then on mma.sync) on 8
+    // warps: 4 spilled 1.8 KB (3.2 KB with a reduction), 8 none (0.6 KB); 3.0-3.1x at S 4k (093).
     // Without a reduction (recompute) dK/dV and dQ take 64 x 64 tiles on 4 warps, two programs per SM
     // instead of one (decision 021); with dropout too since dK/dV builds its transposed mask from
     // packed words (decision 017).
     case Pass::bwd_dkdv:
       if (varlen) return {64, 64, 8, 2};
-      if (head_dim >= 256) return {32, 64, 4, 2};
+      if (head_dim >= 256) return {32, 64, 8, 2};
       // a reduction: 8 warps at D 128, where the dQ dot's split fits
       if (reduction != DqReduction::recompute && head_dim % 128 == 0) return {64, 128, 8, 2};
       // D 64 recompute without dropout or a library mask: full, 128 query rows a visit on one
