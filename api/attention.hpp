@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dsl/ir/type.hpp"
@@ -233,6 +234,24 @@ struct Options {
 // programs 0.71 ms alone, of which ~21% hid behind a 0.65 ms GEMM (BENCHMARKS.md).
 void generate_dropout_bits(const Tensor& bits, int64_t batch, int64_t heads_q, int64_t seq_q, int64_t seq_k, const Options& opts,
                            CUstream stream = nullptr, int programs = 0);
+
+// Issue 30: the keep-mask written in shares by the GEMMs that run before the attention reading it
+// (the gemm kernel's DROPOUT_MASK with MASK_RANGE: tiles [first, end) of the mask). How much a GEMM
+// hides is measured, not assumed (decision 094): a curve per GEMM of its extra time against the
+// tiles it carries, (tiles, extra ms) with tiles ascending and > 0; between points the extra is
+// interpolated, past the last extrapolated along the last segment; carrying none costs nothing
+// (the plain GEMM runs).
+struct MaskHidingCurve {
+  std::vector<std::pair<int64_t, double>> points;
+};
+// The curve's extra ms at `tiles` (0 at 0).
+double mask_hiding_extra_ms(const MaskHidingCurve& curve, int64_t tiles);
+// Splits `tiles` mask tiles over the GEMMs (in the curves' order) so that the sum of their extra
+// times is least, in steps of `granule` tiles (0: tiles / 256, at least 1; the last GEMM with any
+// takes the remainder): exact over granules (dynamic programming), so curves need not be convex
+// (a GEMM whose mask variant costs something at its first tile is left out when others hide it).
+// Returns each GEMM's count, summing to `tiles`.
+std::vector<int64_t> assign_mask_tiles(const std::vector<MaskHidingCurve>& curves, int64_t tiles, int64_t granule = 0);
 
 // Scratch memory: the backward's Delta (rowsum(dO * O), f32 [B, Hq, S_q] or [Hq, total_q]), for
 // masks without tile intervals the block-mask pre-pass's lists (forward and backward), and the

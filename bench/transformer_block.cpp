@@ -20,7 +20,7 @@
 // Prints BLOCK lines (per mode: forward, backward and block ms, against none) and PARTS (each
 // step timed alone, mode none; the mask GEMMs beside the plain ones: every forward GEMM with its
 // spread share and with the whole mask, and the mask kernel alone -- the data for a model of how
-// much mask each GEMM hides).
+// much mask each GEMM hides). --hiding: that model measured and used instead (see hiding() below).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -224,8 +225,10 @@ struct Block {
   }
 
   // spread: the mask's tiles over the forward GEMMs in proportion to their flops (N x K each, M
-  // common): [0, qkv) by the QKV GEMM, then O, gate/up and down in that order
+  // common), or as `model_bounds` say: [0, qkv) by the QKV GEMM, then O, gate/up and down in that order
+  std::optional<std::array<int64_t, 5>> model_bounds;  // --hiding: assign_mask_tiles' split instead of the flops'
   std::array<int64_t, 5> spread_bounds() const {
+    if (model_bounds) return *model_bounds;
     const double w[4] = {double(s.qkv_cols() * s.hidden), double(s.hidden * s.heads * s.D), double(2 * s.mlp * s.hidden),
                          double(s.hidden * s.mlp)};
     const double total = w[0] + w[1] + w[2] + w[3];
@@ -234,9 +237,12 @@ struct Block {
     for (int i = 0; i < 3; ++i) acc += w[i], b[static_cast<size_t>(i) + 1] = static_cast<int64_t>(std::llround(acc / total * double(mask_tiles())));
     return b;
   }
-  MaskShare share_of(int gemm_index) const {  // 0 QKV (this layer's mask), 1-3 O, gate/up, down (the next layer's)
+  // 0 QKV (this layer's mask), 1-3 O, gate/up, down (the next layer's); an empty share: the plain GEMM
+  MaskShare share_of(int gemm_index) const {
     const std::array<int64_t, 5> b = spread_bounds();
-    return {true, gemm_index == 0 ? current : next, b[static_cast<size_t>(gemm_index)], b[static_cast<size_t>(gemm_index) + 1]};
+    const int64_t first = b[static_cast<size_t>(gemm_index)], end = b[static_cast<size_t>(gemm_index) + 1];
+    if (first >= end) return {};
+    return {true, gemm_index == 0 ? current : next, first, end};
   }
   // forward GEMM i (0 QKV, 1 O, 2 gate/up, 3 down): plain, or writing tiles [first, end) of a mask
   void forward_gemm(int i, CUstream st, MaskShare share = {}) {
@@ -414,12 +420,102 @@ int run(Shape shape, int max_reps) {
   return 0;
 }
 
+// --hiding (issue 30's model, decision 094): how much each forward GEMM's share costs where it
+// runs, in the block's forward (spread mode: attention reads the bits) with the first n of the
+// mask's tiles on that GEMM alone (n = 1/16 .. all), against the same forward with no GEMM carrying
+// any, all in rotated rounds. (Timing a GEMM alone, repeated, read 2-3x these costs: decision 094.)
+// The curves go to attention::assign_mask_tiles, whose split is checked against the flops' split by
+// timing the forward and the block both ways beside none, alternated.
+int hiding(Shape shape, int max_reps) {
+  Block blk(shape, false);
+  runtime::Stream stream;
+  const CUstream st = stream.handle();
+  const Shape& s = blk.s;
+  const int64_t all = blk.mask_tiles();
+  std::printf("BLOCK_SHAPE B=%ld S=%ld causal=%d mask_tiles=%ld\n", static_cast<long>(s.B), static_cast<long>(s.S), s.causal ? 1 : 0,
+              static_cast<long>(all));
+  const char* gemm_names[4] = {"qkv", "o", "gate_up", "down"};
+  const std::vector<double> fractions{1.0 / 16, 1.0 / 8, 1.0 / 4, 1.0 / 2, 3.0 / 4, 1.0};
+  struct Point {
+    int gemm;       // -1: no GEMM carries tiles (the baseline)
+    int64_t tiles;  // on `gemm`, [0, tiles)
+    std::vector<double> ms;
+  };
+  std::vector<Point> points{{-1, 0, {}}};
+  for (int i = 0; i < 4; ++i)
+    for (double f : fractions) points.push_back({i, std::llround(f * static_cast<double>(all)), {}});
+  const auto bounds_of = [](const Point& p) {
+    std::array<int64_t, 5> b{0, 0, 0, 0, 0};
+    for (int j = p.gemm + 1; j < 5 && p.gemm >= 0; ++j) b[static_cast<size_t>(j)] = p.tiles;
+    return b;
+  };
+  constexpr int kRounds = 5;
+  for (int round = 0; round < kRounds; ++round)
+    for (size_t k = 0; k < points.size(); ++k) {
+      // rotated, and reversed every other round (clock drift favours whichever runs first)
+      const size_t j = (k + static_cast<size_t>(round) * 5) % points.size();
+      Point& p = points[round % 2 ? points.size() - 1 - j : j];
+      blk.model_bounds = bounds_of(p);
+      p.ms.push_back(time_ms([&] { blk.forward(3, st); }, stream, max_reps));
+    }
+  const double baseline = median(points[0].ms);
+  std::printf("HIDE baseline_fwd_ms=%.4f (spread's forward, no GEMM carrying tiles)\n", baseline);
+  std::vector<attention::MaskHidingCurve> curves(4);
+  for (const Point& p : points) {
+    if (p.gemm < 0) continue;
+    const double ms = median(p.ms);
+    curves[static_cast<size_t>(p.gemm)].points.emplace_back(p.tiles, ms - baseline);
+    std::printf("HIDE gemm=%s tiles=%ld fwd_ms=%.4f extra_ms=%.4f\n", gemm_names[p.gemm], static_cast<long>(p.tiles), ms, ms - baseline);
+  }
+  blk.model_bounds.reset();
+  const std::array<int64_t, 5> by_flops = blk.spread_bounds();
+  const std::vector<int64_t> counts = attention::assign_mask_tiles(curves, all);
+  std::array<int64_t, 5> by_model{0, 0, 0, 0, 0};
+  for (size_t i = 0; i < 4; ++i) by_model[i + 1] = by_model[i] + counts[i];
+  double predicted[2] = {0, 0};
+  for (size_t i = 0; i < 4; ++i) {
+    predicted[0] += attention::mask_hiding_extra_ms(curves[i], by_flops[i + 1] - by_flops[i]);
+    predicted[1] += attention::mask_hiding_extra_ms(curves[i], counts[i]);
+  }
+  for (int m = 0; m < 2; ++m) {
+    const std::array<int64_t, 5>& b = m ? by_model : by_flops;
+    std::printf("ASSIGN split=%s tiles=%ld/%ld/%ld/%ld predicted_extra_ms=%.4f\n", m ? "model" : "flops", static_cast<long>(b[1] - b[0]),
+                static_cast<long>(b[2] - b[1]), static_cast<long>(b[3] - b[2]), static_cast<long>(b[4] - b[3]), predicted[m]);
+  }
+  // the check: the forward (and the block) with each split, beside none and the baseline, alternated
+  blk.model_bounds = by_model;
+  if (!masks_match(blk, stream)) return 1;
+  constexpr int kVariants = 4;  // none, the baseline (bits, no GEMM carrying tiles), spread by flops, by the model
+  const char* names[kVariants] = {"none", "baseline", "spread_flops", "spread_model"};
+  std::vector<double> fwd[kVariants], both[kVariants];
+  const auto use = [&](int v) {
+    if (v == 1) blk.model_bounds = std::array<int64_t, 5>{0, 0, 0, 0, 0};
+    else if (v == 2) blk.model_bounds.reset();
+    else blk.model_bounds = by_model;
+    return v == 0 ? 0 : 3;  // the block's mode
+  };
+  for (int round = 0; round < 6; ++round)
+    for (int k = 0; k < kVariants; ++k) {
+      const int v = (k + round) % kVariants, mode = use(v);
+      fwd[v].push_back(time_ms([&] { blk.forward(mode, st); }, stream, max_reps));
+      blk.forward(mode, st);
+      both[v].push_back(time_ms([&] { blk.forward(mode, st), blk.backward(mode, st); }, stream, max_reps));
+    }
+  const double f0 = median(fwd[0]), fb = median(fwd[1]), t0 = median(both[0]);
+  for (int v = 0; v < kVariants; ++v)
+    std::printf("HIDING variant=%s fwd_ms=%.3f fwd_vs_none=%.3f gemm_extra_ms=%.4f predicted_extra_ms=%.4f block_ms=%.3f block_vs_none=%.3f\n",
+                names[v], median(fwd[v]), median(fwd[v]) / f0, v ? median(fwd[v]) - fb : 0.0, v >= 2 ? predicted[v - 2] : 0.0,
+                median(both[v]), median(both[v]) / t0);
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   setenv("TILEJIT_SPECIALIZE", "0", /*overwrite=*/0);  // library kernels as the API launches them
   std::vector<int64_t> seqs{4096, 8192};
-  bool mha = false, full = false, check = false;
+  bool mha = false, full = false, check = false, hide = false;
   int reps = 10;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -427,9 +523,10 @@ int main(int argc, char** argv) {
     else if (a == "--mha") mha = true;
     else if (a == "--full") full = true;
     else if (a == "--check-only") check = true;
+    else if (a == "--hiding") hide = true;
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--seq S] [--mha] [--full] [--reps N] [--check-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--seq S] [--mha] [--full] [--reps N] [--check-only] [--hiding]\n", argv[0]);
       return 2;
     }
   }
@@ -462,7 +559,7 @@ int main(int argc, char** argv) {
   try {
     std::printf("GPU: %s\n", driver.props(0).name.c_str());
     for (int64_t S : seqs)
-      if (const int rc = run(shape_of(S), reps)) return rc;
+      if (const int rc = hide ? hiding(shape_of(S), reps) : run(shape_of(S), reps)) return rc;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "transformer_block: %s\n", e.what());
     return 1;

@@ -1561,3 +1561,49 @@ TEST_CASE("attention API: score mods, errors and calls that stop at the driver w
     }
   }
 }
+
+// Issue 30 (decision 094): the mask's tiles over the GEMMs that carry them, from measured curves.
+TEST_CASE("attention API: assign_mask_tiles gives each GEMM the tiles it hides best") {
+  const auto error_of = [](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  // A hides 1,000 tiles for free, then 1 ms a 1,000; B costs 0.5 ms a 1,000 from its first tile
+  const MaskHidingCurve a{{{1000, 0.0}, {4000, 3.0}}}, b{{{4000, 2.0}}};
+  CHECK(mask_hiding_extra_ms(a, 0) == 0.0);
+  CHECK(mask_hiding_extra_ms(a, 500) == doctest::Approx(0.0));
+  CHECK(mask_hiding_extra_ms(a, 2500) == doctest::Approx(1.5));
+  CHECK(mask_hiding_extra_ms(a, 5000) == doctest::Approx(4.0));  // past the last point: its slope
+  CHECK(mask_hiding_extra_ms(b, 1000) == doctest::Approx(0.5));
+  CHECK(assign_mask_tiles({a, b}, 2000, 100) == std::vector<int64_t>{1000, 1000});
+  CHECK(assign_mask_tiles({a, b}, 800, 100) == std::vector<int64_t>{800, 0});
+  CHECK(assign_mask_tiles({b, a}, 3000, 100) == std::vector<int64_t>{2000, 1000});
+  // not convex: C costs 0.3 ms whatever it carries (its mask variant's own cost), D 0.1 ms a 1,000
+  const MaskHidingCurve c{{{100, 0.3}, {10000, 0.3}}}, d{{{10000, 1.0}}};
+  CHECK(assign_mask_tiles({c, d}, 2000, 100) == std::vector<int64_t>{0, 2000});
+  CHECK(assign_mask_tiles({c, d}, 8000, 100) == std::vector<int64_t>{8000, 0});
+  // counts are whole tiles summing to the mask, whatever the granule
+  for (int64_t tiles : {1, 7, 1001, 65536, 131071}) {
+    const std::vector<int64_t> got = assign_mask_tiles({a, b, c, d}, tiles);
+    int64_t sum = 0;
+    for (int64_t n : got) {
+      CHECK(n >= 0);
+      sum += n;
+    }
+    CHECK(sum == tiles);
+  }
+  CHECK(assign_mask_tiles({a}, 0) == std::vector<int64_t>{0});
+  // bad input names the function, the argument and what is valid
+  CHECK(error_of([] { assign_mask_tiles({}, 10); }).find("assign_mask_tiles: curves is empty") != std::string::npos);
+  CHECK(error_of([&] { assign_mask_tiles({a, MaskHidingCurve{}}, 10); }).find("curves[1] has no points") != std::string::npos);
+  CHECK(error_of([] { assign_mask_tiles({MaskHidingCurve{{{10, 0.1}, {10, 0.2}}}}, 10); })
+            .find("curves[0].points[1] has tiles = 10; tiles must be > 0 and ascending") != std::string::npos);
+  CHECK(error_of([] { assign_mask_tiles({MaskHidingCurve{{{10, std::nan("")}}}}, 10); }).find("must be finite") != std::string::npos);
+  CHECK(error_of([&] { assign_mask_tiles({a}, -1); }).find("tiles = -1 is negative") != std::string::npos);
+  CHECK(error_of([&] { assign_mask_tiles({a}, 10, -2); }).find("granule = -2 is negative") != std::string::npos);
+  CHECK(error_of([&] { mask_hiding_extra_ms(a, -3); }).find("mask_hiding_extra_ms: tiles = -3") != std::string::npos);
+}
