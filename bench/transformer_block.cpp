@@ -75,6 +75,13 @@ struct Shape {
 //                                                 read by wgmma transposed)
 enum class Layout { nt, nn, tn };
 
+// The mask tiles the GEMMs write (--mask-tile MxW: rows x 32-bit words; decision 015's 64 x 16 by
+// default): one a K step, so a smaller tile spreads the same mask over more steps (decision 094).
+struct MaskTile {
+  int64_t rows = 64, words = 16;
+};
+MaskTile g_mask_tile;
+
 Function make_gemm(Layout l, bool dropout_mask = false, bool causal = false, bool ranged = false) {
   const library::LibraryKernel* lk = library::find("gemm");
   lang::Meta meta = lk->default_meta;
@@ -89,8 +96,8 @@ Function make_gemm(Layout l, bool dropout_mask = false, bool causal = false, boo
   if (dropout_mask) {
     // decision 015's best placement: 64 x 16-word mask tiles, one a K step, 16-byte stores
     set(mn::kDropoutMask, true);
-    set(mn::kMaskBlockM, int64_t{64});
-    set(mn::kMaskBlockW, int64_t{16});
+    set(mn::kMaskBlockM, g_mask_tile.rows);
+    set(mn::kMaskBlockW, g_mask_tile.words);
     set(mn::kMaskTilesPerStep, int64_t{1});
     set(mn::kMaskAlign, int64_t{16});
     set(mn::kMaskCausal, causal);  // only the words a causal layer reads
@@ -432,8 +439,8 @@ int hiding(Shape shape, int max_reps) {
   const CUstream st = stream.handle();
   const Shape& s = blk.s;
   const int64_t all = blk.mask_tiles();
-  std::printf("BLOCK_SHAPE B=%ld S=%ld causal=%d mask_tiles=%ld\n", static_cast<long>(s.B), static_cast<long>(s.S), s.causal ? 1 : 0,
-              static_cast<long>(all));
+  std::printf("BLOCK_SHAPE B=%ld S=%ld causal=%d mask_tiles=%ld of %ldx%ld words\n", static_cast<long>(s.B), static_cast<long>(s.S),
+              s.causal ? 1 : 0, static_cast<long>(all), static_cast<long>(g_mask_tile.rows), static_cast<long>(g_mask_tile.words));
   const char* gemm_names[4] = {"qkv", "o", "gate_up", "down"};
   const std::vector<double> fractions{1.0 / 16, 1.0 / 8, 1.0 / 4, 1.0 / 2, 3.0 / 4, 1.0};
   struct Point {
@@ -524,11 +531,18 @@ int main(int argc, char** argv) {
     else if (a == "--full") full = true;
     else if (a == "--check-only") check = true;
     else if (a == "--hiding") hide = true;
+    else if (a == "--mask-tile" && i + 1 < argc && std::sscanf(argv[i + 1], "%ldx%ld", &g_mask_tile.rows, &g_mask_tile.words) == 2) ++i;
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--seq S] [--mha] [--full] [--reps N] [--check-only] [--hiding]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--seq S] [--mha] [--full] [--reps N] [--check-only] [--hiding] [--mask-tile MxW]\n", argv[0]);
       return 2;
     }
+  }
+  if (g_mask_tile.rows < 1 || g_mask_tile.rows > 256 || (g_mask_tile.rows & (g_mask_tile.rows - 1)) != 0 || g_mask_tile.words < 2 ||
+      g_mask_tile.words > 64 || (g_mask_tile.words & (g_mask_tile.words - 1)) != 0) {
+    std::fprintf(stderr, "transformer_block: --mask-tile %ldx%ld: valid: rows a power of two in [1, 256], words one in [2, 64] (e.g. 16x16)\n",
+                 static_cast<long>(g_mask_tile.rows), static_cast<long>(g_mask_tile.words));
+    return 2;
   }
   for (int64_t S : seqs)
     if (S < 128 || S > 16384 || S % 128 != 0) {
