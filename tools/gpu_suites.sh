@@ -2,10 +2,10 @@
 # On the GPU machine, from the repository root, after tools/pack_gpu.sh (carry .gpu): every GPU
 # check in one command, each log under OUT (default $OUT, else /tmp/gpu-suites), one summary line
 # per step on stdout. Multi-GPU steps run when there are 2+ GPUs (on an x4 machine they also cover
-# W = 2). Steps (all by default but `tables`, `block`, `gemm`, `buildab`, `dropout`; or name some): suites (= suites1
+# W = 2). Steps (all by default but `tables`, `block`, `hiding`, `gemm`, `buildab`, `dropout`; or name some): suites (= suites1
 # then suites2: one call each on a lent machine) bundle fuzz
 # examples torch cp cpbench tables (bench/attention.py beside SDPA: bf16, --gqa 4, --dtype f16; ~100 s a round,
-# ROUNDS (default 3) each; TABLES= to pick) block (bench/transformer_block) gemm (bench/gemm.py vs cuBLAS)
+# ROUNDS (default 3) each; TABLES= to pick) block (bench/transformer_block) hiding (its --hiding per MASK_TILES) gemm (bench/gemm.py vs cuBLAS)
 # buildab (attention_bench --build-ab .gpu/old.tjb) dropout (attention_bench --dropout 0.1, ~40 s). torch: bindings/torch's GPU tests and its per-call cost
 # (needs PyTorch on the machine).
 #   tools/gpu_suites.sh [STEP ...]          FUZZ_SEEDS=A:B (default 700000:720000), FUZZ_TIME=seconds
@@ -75,6 +75,11 @@ for step in "${steps[@]}"; do
     block)  # issue 30: one Llama block per dropout mode (bench/transformer_block), S 4k and 8k
       timeout 590 bench/transformer_block > "$OUT/block.log" 2>&1
       echo "transformer_block rc=$? $(( $(date +%s) - start ))s"; grep -E "^(MASK|BLOCK|PARTS)" "$OUT/block.log" ;;
+    hiding)  # issue 30 / decision 094: each GEMM's mask curve in the block, the model's split; per mask tile, S 4k (~45 s each)
+      for t in ${MASK_TILES:-64x16 64x8 128x4}; do
+        timeout 200 bench/transformer_block --hiding --seq "${HIDING_SEQ:-4096}" --mask-tile "$t" > "$OUT/hiding_$t.log" 2>&1
+        echo "hiding $t rc=$? $(( $(date +%s) - start ))s"; grep -E "^(ASSIGN|HIDING|MASK)" "$OUT/hiding_$t.log"
+      done ;;
     gemm)  # GEMM vs cuBLAS in one run, K-major, B[K,N] and A^T layouts (bench/gemm.py)
       (cd .. && timeout 590 python3 bench/gemm.py .gpu > "$OUT/gemm.md" 2> "$OUT/gemm.err")
       echo "gemm.py rc=$? $(( $(date +%s) - start ))s"; grep "^|" "$OUT/gemm.md" ;;
