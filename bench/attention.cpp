@@ -546,10 +546,7 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps, const std::str
         std::array<runtime::Grid, 2> grids;
         for (size_t i = 0; i < 2; ++i) {
           const int64_t tiles = lang::cdiv(c.S, sch.block_m) * c.H() * c.B();
-          bool persistent = false;
-          for (const auto& [name, value] : fns[i].meta())
-            if (name == mn::kPersistent) persistent = std::get<bool>(value);
-          grids[i] = persistent ? fns[i].gpu_kernel().persistent_grid(tiles) : runtime::Grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()};
+          grids[i] = meta_flag(fns[i], mn::kPersistent) ? fns[i].gpu_kernel().persistent_grid(tiles) : runtime::Grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()};
         }
         const AbResult r = ab_measure_grids(fns, grids, stream, args, {&buf.o}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
         const double f = c.fwd_flops(), a = r.off_ms, b = r.on_ms;
@@ -913,9 +910,7 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqR
       args.emplace_back(static_cast<float>(1 / std::sqrt(double(D))));
       if (dropout) add_dropout_key(args, dropout_p);
       // --with DROPOUT_BITS: the packed keep-mask read from memory (random words: timing only)
-      bool bits = false;
-      for (const auto& [name, value] : fns[0].meta())
-        if (name == mn::kDropoutBits) bits = std::get<bool>(value);
+      const bool bits = meta_flag(fns[0], mn::kDropoutBits);
       const int64_t words = (c.S + 31) / 32;
       const DeviceBuffer bits_buffer = random_buffer(bits ? static_cast<size_t>(c.B() * c.H() * c.S * words) * 4 : 16, ir::DType::bf16, 17);
       if (bits) args.emplace_back(attention::contiguous(bits_buffer.ptr(), ir::DType::u32, {c.B() * c.H(), c.S, words}).view());
@@ -925,10 +920,8 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqR
         std::array<runtime::Grid, 2> grids;
         for (size_t i = 0; i < 2; ++i) {
           const int64_t key_tiles = lang::cdiv(c.S, schedules[i].block_n);
-          bool persistent = false;
-          for (const auto& [name, value] : fns[i].meta())
-            if (name == mn::kPersistent) persistent = std::get<bool>(value);
-          grids[i] = persistent ? fns[i].gpu_kernel().persistent_grid(key_tiles * c.H() * c.B()) : runtime::Grid{key_tiles, c.H(), c.B()};
+          grids[i] = meta_flag(fns[i], mn::kPersistent) ? fns[i].gpu_kernel().persistent_grid(key_tiles * c.H() * c.B())
+                                                        : runtime::Grid{key_tiles, c.H(), c.B()};
         }
         r = ab_measure_grids(fns, grids, stream, args, {&buf.dk, &buf.dv}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps,
                              ordered ? zero_semaphores : std::function<void()>{});

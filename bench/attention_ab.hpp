@@ -82,6 +82,13 @@ AbResult ab_measure(std::vector<Function>& fns, const runtime::Grid& grid, const
                     const std::vector<runtime::DeviceArg>& args, std::initializer_list<const DeviceBuffer*> outputs, size_t bytes,
                     int max_reps);
 
+// A bool meta of a compiled variant (false when the kernel was built without it: its default).
+inline bool meta_flag(const Function& fn, const char* name) {
+  for (const auto& [n, value] : fn.meta())
+    if (n == name) return std::get<bool>(value);
+  return false;
+}
+
 // Device buffers of the largest tensors of the grid (B * S = 16k tokens, H * D = 2048) and the
 // [B, S, H, D] views of one configuration on them.
 struct Buffers {
