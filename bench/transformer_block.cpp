@@ -81,6 +81,12 @@ struct MaskTile {
   int64_t rows = 64, words = 16;
 };
 MaskTile g_mask_tile;
+// --mask-warps W[:MMA_REGS:MASK_REGS]: the tiles written by W warps of their own beside the GEMM's 8
+// (MASK_WARPS, setmaxnreg between the roles when given) instead of in the K loop (decision 015)
+struct MaskWarps {
+  int64_t warps = 0, mma_registers = 0, mask_registers = 0;
+};
+MaskWarps g_mask_warps;
 
 Function make_gemm(Layout l, bool dropout_mask = false, bool causal = false, bool ranged = false) {
   const library::LibraryKernel* lk = library::find("gemm");
@@ -102,9 +108,13 @@ Function make_gemm(Layout l, bool dropout_mask = false, bool causal = false, boo
     set(mn::kMaskAlign, int64_t{16});
     set(mn::kMaskCausal, causal);  // only the words a causal layer reads
     set(mn::kMaskRange, ranged);   // tiles [mask_tile_first, mask_tile_end) of it
+    if (g_mask_warps.warps) {
+      set(mn::kMaskWarps, g_mask_warps.warps);
+      if (g_mask_warps.mma_registers) set(mn::kMmaRegisters, g_mask_warps.mma_registers), set(mn::kMaskRegisters, g_mask_warps.mask_registers);
+    }
   }
   jit::CompileOptions o;
-  o.num_warps = lk->num_warps;
+  o.num_warps = lk->num_warps + (dropout_mask ? static_cast<int>(g_mask_warps.warps) : 0);
   o.pipeline.stages = lk->stages;
   return Function(kernels::gemm(), meta, o);
 }
@@ -439,8 +449,9 @@ int hiding(Shape shape, int max_reps) {
   const CUstream st = stream.handle();
   const Shape& s = blk.s;
   const int64_t all = blk.mask_tiles();
-  std::printf("BLOCK_SHAPE B=%ld S=%ld causal=%d mask_tiles=%ld of %ldx%ld words\n", static_cast<long>(s.B), static_cast<long>(s.S),
-              s.causal ? 1 : 0, static_cast<long>(all), static_cast<long>(g_mask_tile.rows), static_cast<long>(g_mask_tile.words));
+  std::printf("BLOCK_SHAPE B=%ld S=%ld causal=%d mask_tiles=%ld of %ldx%ld words mask_warps=%ld\n", static_cast<long>(s.B),
+              static_cast<long>(s.S), s.causal ? 1 : 0, static_cast<long>(all), static_cast<long>(g_mask_tile.rows),
+              static_cast<long>(g_mask_tile.words), static_cast<long>(g_mask_warps.warps));
   const char* gemm_names[4] = {"qkv", "o", "gate_up", "down"};
   const std::vector<double> fractions{1.0 / 16, 1.0 / 8, 1.0 / 4, 1.0 / 2, 3.0 / 4, 1.0};
   struct Point {
@@ -531,10 +542,13 @@ int main(int argc, char** argv) {
     else if (a == "--full") full = true;
     else if (a == "--check-only") check = true;
     else if (a == "--hiding") hide = true;
+    else if (a == "--mask-warps" && i + 1 < argc &&
+             std::sscanf(argv[i + 1], "%ld:%ld:%ld", &g_mask_warps.warps, &g_mask_warps.mma_registers, &g_mask_warps.mask_registers) >= 1)
+      ++i;
     else if (a == "--mask-tile" && i + 1 < argc && std::sscanf(argv[i + 1], "%ldx%ld", &g_mask_tile.rows, &g_mask_tile.words) == 2) ++i;
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--seq S] [--mha] [--full] [--reps N] [--check-only] [--hiding] [--mask-tile MxW]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--seq S] [--mha] [--full] [--reps N] [--check-only] [--hiding] [--mask-tile MxW] [--mask-warps W[:MMA_REGS:MASK_REGS]]\n", argv[0]);
       return 2;
     }
   }
@@ -542,6 +556,12 @@ int main(int argc, char** argv) {
       g_mask_tile.words > 64 || (g_mask_tile.words & (g_mask_tile.words - 1)) != 0) {
     std::fprintf(stderr, "transformer_block: --mask-tile %ldx%ld: valid: rows a power of two in [1, 256], words one in [2, 64] (e.g. 16x16)\n",
                  static_cast<long>(g_mask_tile.rows), static_cast<long>(g_mask_tile.words));
+    return 2;
+  }
+  // (8 more: 16 warps cannot hold the 128 x 256 accumulator at 65536 / 512 registers, ptxas C7602)
+  if (g_mask_warps.warps != 0 && g_mask_warps.warps != 4) {
+    std::fprintf(stderr, "transformer_block: --mask-warps %ld: valid: 4 (a warpgroup beside the GEMM's 8 warps)\n",
+                 static_cast<long>(g_mask_warps.warps));
     return 2;
   }
   for (int64_t S : seqs)

@@ -76,9 +76,11 @@ for step in "${steps[@]}"; do
       timeout 590 bench/transformer_block > "$OUT/block.log" 2>&1
       echo "transformer_block rc=$? $(( $(date +%s) - start ))s"; grep -E "^(MASK|BLOCK|PARTS)" "$OUT/block.log" ;;
     hiding)  # issue 30 / decision 094: each GEMM's mask curve in the block, the model's split; per mask tile, S 4k (~45 s each)
-      for t in ${MASK_TILES:-64x16 64x8 128x4}; do
-        timeout 200 bench/transformer_block --hiding --seq "${HIDING_SEQ:-4096}" --mask-tile "$t" > "$OUT/hiding_$t.log" 2>&1
-        echo "hiding $t rc=$? $(( $(date +%s) - start ))s"; grep -E "^(ASSIGN|HIDING|MASK)" "$OUT/hiding_$t.log"
+      # a token: MxW (mask tile, written in the K loop) or MxW@4:MMA_REGS:MASK_REGS (by 4 mask warps of their own)
+      for t in ${MASK_TILES:-64x16 64x8 128x4 64x16@4:176:152}; do
+        warps=(); [[ $t == *@* ]] && warps=(--mask-warps "${t#*@}")
+        timeout 200 bench/transformer_block --hiding --seq "${HIDING_SEQ:-4096}" --mask-tile "${t%@*}" "${warps[@]}" > "$OUT/hiding_${t//[@:]/_}.log" 2>&1
+        echo "hiding $t rc=$? $(( $(date +%s) - start ))s"; grep -E "^(ASSIGN|HIDING|MASK)" "$OUT/hiding_${t//[@:]/_}.log"
       done ;;
     gemm)  # GEMM vs cuBLAS in one run, K-major, B[K,N] and A^T layouts (bench/gemm.py)
       (cd .. && timeout 590 python3 bench/gemm.py .gpu > "$OUT/gemm.md" 2> "$OUT/gemm.err")
