@@ -56,6 +56,7 @@
 //     bit for bit:
 //     BACKWARD_AB ROWS_AHEAD kernel=attention_bwd_dkdv reduction=recompute D=128 causal=0 off_ms=.. on_ms=.. speedup=..
 //       outputs_identical=1
+//   attention_bench --dq-ab META [--dropout P] [--with M,..]  the dQ kernel alone, META off / on (DROPOUT_BITS: random words)
 //   attention_bench --meta-ab META [--kernels fwd,dkdv,dq]  each listed kernel (API default schedules)
 //     with a bool meta off/on (S 4k-16k, D 64/128, +-causal, and B 1 x 8 heads at S 8k), outputs
 //     compared bit for bit:
@@ -763,7 +764,10 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
 // stages than the default (each on its own grid), D 64/128 S4k, full and causal, with fused dropout
 // when P > 0 (the default then is dropout's); outputs compared bit for bit (a different BLOCK_N sums
 // in another order: expect differences there).
-int bench_dq_variants(int max_reps, double dropout_p, int64_t only_d) {
+// --dq-ab META [--dropout P] [--with M,..] [--head-dim D]: the dQ kernel at the API's default tiles
+// with bool META off / on (--with: on in both; DROPOUT_BITS reads random mask words), S 4k, full and
+// causal; outputs compared bit for bit.
+int bench_dq_variants(int max_reps, double dropout_p, int64_t only_d, const std::string& ab_meta = {}, const std::string& with_meta = {}) {
   const bool dropout = dropout_p > 0;
   const Buffers buf;
   runtime::Stream stream;
@@ -778,10 +782,13 @@ int bench_dq_variants(int max_reps, double dropout_p, int64_t only_d) {
       const attention::Tensor& delta_view = delta.view;
       const attention::Schedule sch = attention::default_schedule(attention::Pass::bwd_dq, ir::DType::bf16, static_cast<int>(D), causal,
                                                                   false, attention::DqReduction::recompute, dropout);
-      const auto make = [&](Variant v) {
+      const auto make = [&](Variant v, std::optional<bool> ab_on = std::nullopt) {
         lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D},      {mn::kBlockM, v.bm ? v.bm : sch.block_m},
                         {mn::kBlockN, v.bn},          {mn::kBshd, true},       {mn::kCausal, causal}};
         if (dropout) meta.emplace_back(mn::kDropout, true);
+        for (const auto& [name, value] : bench_util::parse_with(with_meta)) meta.emplace_back(name, value);
+        if (ab_on)
+          for (const auto& [name, value] : bench_util::parse_with(ab_meta)) meta.emplace_back(name, *ab_on && value);
         jit::CompileOptions o;
         o.num_warps = v.warps;
         o.pipeline.stages = v.stages;
@@ -790,6 +797,23 @@ int bench_dq_variants(int max_reps, double dropout_p, int64_t only_d) {
       std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dQ.view(),
                                            static_cast<float>(1 / std::sqrt(double(D)))};
       if (dropout) add_dropout_key(args, dropout_p);
+      const int64_t words = (c.S + 31) / 32;
+      const bool bits = meta_flag(make({sch.block_n, sch.num_warps, sch.stages}), mn::kDropoutBits);
+      const DeviceBuffer bits_buffer = random_buffer(bits ? static_cast<size_t>(c.B() * c.H() * c.S * words) * 4 : 16, ir::DType::bf16, 17);
+      if (bits) args.emplace_back(attention::contiguous(bits_buffer.ptr(), ir::DType::u32, {c.B() * c.H(), c.S, words}).view());
+      if (!ab_meta.empty()) {
+        std::vector<Function> fns;
+        for (bool on : {false, true}) fns.push_back(make({sch.block_n, sch.num_warps, sch.stages}, on));
+        const AbResult r = ab_measure(fns, runtime::Grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()}, stream, args, {&buf.dq},
+                                      static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
+        std::printf("DQ_AB %s D=%ld causal=%d dropout=%g bits=%d tiles=%dx%d/%dw/%ds registers=%d/%d off_ms=%.4f on_ms=%.4f speedup=%.3f "
+                    "outputs_identical=%d\n",
+                    ab_meta.c_str(), static_cast<long>(D), causal ? 1 : 0, dropout ? dropout_p : 0.0, bits ? 1 : 0, sch.block_m, sch.block_n,
+                    sch.num_warps, sch.stages, fns[0].compiled().info.registers, fns[1].compiled().info.registers, r.off_ms, r.on_ms,
+                    r.off_ms / r.on_ms, r.identical ? 1 : 0);
+        std::fflush(stdout);
+        continue;
+      }
       for (Variant v : {Variant{32, sch.num_warps, sch.stages}, Variant{sch.block_n, sch.num_warps, 1}, Variant{32, sch.num_warps, 3},
                         Variant{128, sch.num_warps, sch.stages}, Variant{sch.block_n, 8, sch.stages, 128},
                         Variant{sch.block_n, 8, 3, 128}, Variant{128, 8, sch.stages, 128}, Variant{sch.block_n, 8, sch.stages}}) {
@@ -1378,7 +1402,7 @@ int main(int argc, char** argv) {
   std::string check_dir;
   double dropout_p = -1;
   bool masks = false, deterministic = false, forward_variants = false, e2e_only = false, mask_kernel = false, dq_variants = false;
-  std::string schedule_ab, with_meta, backward_ab, meta_ab, meta_ab_kernels = "fwd,dkdv,dq";
+  std::string schedule_ab, with_meta, backward_ab, meta_ab, dq_ab, meta_ab_kernels = "fwd,dkdv,dq";
   int64_t only_d = 0, only_s = 0;  // --deterministic: only this head dim / sequence length
   std::string only_mode;            // --deterministic --mode KEY: only that reduction (recompute, atomic, ...; e.g. for ncu)
   int only_causal = -1;             // --deterministic --causal 0|1: only full / causal
@@ -1399,6 +1423,7 @@ int main(int argc, char** argv) {
     else if (a == "--e2e-only") e2e_only = true;
     else if (a == "--mask-kernel") mask_kernel = true;
     else if (a == "--dq-variants") dq_variants = true;
+    else if (a == "--dq-ab" && i + 1 < argc) dq_ab = argv[++i];
     else if (a == "--pipeline-ab") schedule_ab = mn::kPipelineQk;
     else if (a == "--schedule-ab" && i + 1 < argc) schedule_ab = argv[++i];
     else if (a == "--backward-ab" && i + 1 < argc) backward_ab = argv[++i];
@@ -1444,7 +1469,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants [--dropout P] [--head-dim D] | --tool-ab | --pairs-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --backward-ab META [--dropout P] [--head-dim D] | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants [--dropout P] [--head-dim D] | --dq-ab META [--dropout P] [--with M,..] [--head-dim D] | --tool-ab | --pairs-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --backward-ab META [--dropout P] [--head-dim D] | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -1458,7 +1483,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "GPU: %s\n", driver.props(0).name.c_str());
     if (forward_variants) return bench_forward_variants(reps, only_d, dropout_p, quick, with_meta);
     if (mask_kernel) return bench_mask_kernel(dropout_p >= 0 ? dropout_p : 0.1, reps);
-    if (dq_variants) return bench_dq_variants(reps, dropout_p, only_d);
+    if (dq_variants || !dq_ab.empty()) return bench_dq_variants(reps, dropout_p, only_d, dq_ab, with_meta);
     if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_reduction, with_meta, schedule, dropout_p, only_d);
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only);
     if (masks) return bench_masks(reps);

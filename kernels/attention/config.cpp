@@ -333,6 +333,7 @@ Meta DqConfig::to_meta() const {
   put_if(m, mn::kPartialTilesOnly, partial_tiles_only, true);
   put_if(m, mn::kHeavyFirstSections, heavy_first_sections, true);
   put_if(m, mn::kAccumulate, accumulate, false);
+  put_if(m, mn::kDropoutAhead, dropout_ahead, spec.dropout_bits);
   return m;
 }
 
@@ -344,6 +345,11 @@ DqConfig DqConfig::read(Builder& kb) {
   c.heavy_first_sections = kb.meta<bool>(mn::kHeavyFirstSections, true);
   s.score_mod = score_mod_kind_meta(kb, mn::kScoreMod);
   c.accumulate = kb.meta<bool>(mn::kAccumulate, false);
+  // (the words' global-load latency under S's and dP's wgmmas; fused Philox ahead would hold its
+  // calls' registers through both dots: not offered)
+  c.dropout_ahead = kb.meta<bool>(mn::kDropoutAhead, s.dropout_bits);
+  if (c.dropout_ahead && !s.dropout_bits)
+    kb.fail(Loc::current(), "DROPOUT_AHEAD in dQ loads the precomputed mask's words ahead: it needs DROPOUT_BITS=true");
   return c;
 }
 

@@ -185,6 +185,7 @@ struct DqConfig {
   bool partial_tiles_only = true;      // [020]
   bool heavy_first_sections = true;    // dense causal: heavy query tiles first across heads [018]
   bool accumulate = false;             // dQ is f32 and receives += the gradient (as DkdvConfig's)
+  bool dropout_ahead = false;          // DROPOUT_BITS: a block's mask words loaded before its dots; default on there [095]
 
   lang::Meta to_meta() const;  // as DkdvConfig's
   static DqConfig read(lang::Builder& kb);

@@ -97,6 +97,10 @@ QueryTile::QueryTile(DqProgram& prog)
 void QueryTile::key_block(const Tile& n0, const Tile& needs_mask) {
   const Tile &h = p.h, &m0 = p.m0, &S_q = p.S_q, &S_k = p.S_k;
   auto k = load(rows(a.K, p.kv_h, n0, a.BN)), v = load(rows(a.V, p.kv_h, n0, a.BN));
+  // DROPOUT_BITS: the block's mask words loaded before its dots, their global-load latency under
+  // S's and dP's wgmmas (loaded at the use they came after dP's wait, every block) [095]
+  AttentionDropout::Ahead ahead;
+  if (p.cfg.dropout_ahead) ahead = p.drop->keep_ahead(bh, m0, a.BM, n0, a.BN);
   Tile pm;
   Tile mod_grad;  // SCORE_MOD with a derivative: d mod / d score
   const Tile e = a.log2_p_exponent(dot(q, trans(k)), lse, p.softmax_scale, rows, h, m0, n0, S_q, S_k, /*transposed=*/false, &mod_grad);
@@ -109,7 +113,7 @@ void QueryTile::key_block(const Tile& n0, const Tile& needs_mask) {
   }
   Tile dp = dot(dout, trans(v));  // dP (of the dropped P: times keep * s)
   // (bf16: s folded out of the loop, dS / s = P * (Z dP - Delta / s), times s once in run() [091])
-  if (a.dropout) dp = apply_keep_mask(a.fold_dropout_scale() ? dp : dp * p.drop->scale, p.drop->keep_mask(bh, m0, a.BM, n0, a.BN));
+  if (a.dropout) dp = apply_keep_mask(a.fold_dropout_scale() ? dp : dp * p.drop->scale, p.drop->keep_mask_of(ahead, bh, m0, a.BM, n0, a.BN));
   Tile ds = pm * (dp - delta);  // dS = P * (dP - Delta)
   if (mod_grad.valid()) ds = ds * mod_grad;  // the gradient of the raw score
   dq = dot(cast(a.T, ds), k, dq);
