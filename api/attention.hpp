@@ -247,10 +247,10 @@ struct MaskHidingCurve {
 // The curve's extra ms at `tiles` (0 at 0).
 double mask_hiding_extra_ms(const MaskHidingCurve& curve, int64_t tiles);
 // Splits `tiles` mask tiles over the GEMMs (in the curves' order) so that the sum of their extra
-// times is least, in steps of `granule` tiles (0: tiles / 256, at least 1; the last GEMM with any
-// takes the remainder): exact over granules (dynamic programming), so curves need not be convex
-// (a GEMM whose mask variant costs something at its first tile is left out when others hide it).
-// Returns each GEMM's count, summing to `tiles`.
+// times is least, in units of `granule` tiles (0: at most 256 units): exact over units (dynamic
+// programming), so curves need not be convex (a GEMM whose mask variant costs something at its
+// first tile is left out when others hide it). Returns each GEMM's count in whole tiles (units
+// rounded cumulatively), summing to `tiles`.
 std::vector<int64_t> assign_mask_tiles(const std::vector<MaskHidingCurve>& curves, int64_t tiles, int64_t granule = 0);
 
 // Scratch memory: the backward's Delta (rowsum(dO * O), f32 [B, Hq, S_q] or [Hq, total_q]), for

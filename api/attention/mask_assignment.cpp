@@ -30,8 +30,7 @@ double extra_at(const MaskHidingCurve& curve, double tiles) {
   if (tiles <= 0) return 0.0;
   const auto& p = curve.points;
   // the segment holding `tiles`: from (0, 0) to the first point, between points, or past the last
-  auto [x0, y0] = std::pair<double, double>{0.0, 0.0};
-  auto [x1, y1] = std::pair<double, double>{static_cast<double>(p[0].first), p[0].second};
+  double x0 = 0.0, y0 = 0.0, x1 = static_cast<double>(p[0].first), y1 = p[0].second;
   for (size_t i = 1; i < p.size() && tiles > x1; ++i) {
     x0 = x1, y0 = y1;
     x1 = static_cast<double>(p[i].first), y1 = p[i].second;
