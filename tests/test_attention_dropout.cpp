@@ -163,17 +163,44 @@ void check_dropout(const Case& c, const Rng& rng, Blocks blocks = {}, DType dtyp
     for (int64_t e = 0; e < bits.numel(); ++e) bits.set_flat(e, packed[static_cast<size_t>(e)]);
     Meta bits_meta = meta;
     bits_meta.emplace_back("DROPOUT_BITS", true);
-    HostTensor dq2(dtype, c.q_shape()), dk2(dtype, c.kv_shape()), dv2(dtype, c.kv_shape());
-    std::vector<runtime::Arg> kv_args = concat({q, k, v, dout, lse, delta, dk2, dv2, scale}, rng.args()),
-                              q_args = concat({q, k, v, dout, lse, delta, dq2, scale}, rng.args());
-    kv_args.emplace_back(bits);
-    q_args.emplace_back(bits);
-    runtime::interpret(kernels::attention_backward_dkdv().build(bits_meta), {k_blocks, c.Hkv, c.B}, kv_args);
-    runtime::interpret(kernels::attention_backward_dq().build(bits_meta), {q_blocks, c.Hq, c.B}, q_args);
-    int64_t differ = 0;
-    for (auto [a, b] : {std::pair{&dq, &dq2}, {&dk, &dk2}, {&dv, &dv2}})
-      for (int64_t e = 0; e < a->numel(); ++e) differ += a->get_flat(e) != b->get_flat(e) ? 1 : 0;
-    CHECK(differ == 0);
+    // dK/dV under kv_meta, then dQ reading the mask words in `words_arg` (DROPOUT_BITS); how many
+    // elements of dQ, dK and dV differ from the fused backward's
+    const auto backward_differs = [&](const Meta& kv_meta, HostTensor& words_arg) {
+      HostTensor dq2(dtype, c.q_shape()), dk2(dtype, c.kv_shape()), dv2(dtype, c.kv_shape());
+      std::vector<runtime::Arg> kv_args = concat({q, k, v, dout, lse, delta, dk2, dv2, scale}, rng.args()),
+                                q_args = concat({q, k, v, dout, lse, delta, dq2, scale}, rng.args());
+      kv_args.emplace_back(words_arg);
+      q_args.emplace_back(words_arg);
+      runtime::interpret(kernels::attention_backward_dkdv().build(kv_meta), {k_blocks, c.Hkv, c.B}, kv_args);
+      runtime::interpret(kernels::attention_backward_dq().build(bits_meta), {q_blocks, c.Hq, c.B}, q_args);
+      int64_t differ = 0;
+      for (auto [a, b] : {std::pair{&dq, &dq2}, {&dk, &dk2}, {&dv, &dv2}})
+        for (int64_t e = 0; e < a->numel(); ++e) differ += a->get_flat(e) != b->get_flat(e) ? 1 : 0;
+      return differ;
+    };
+    CHECK(backward_differs(bits_meta, bits) == 0);
+
+    // DROPOUT_WRITE_BITS (docs/dropout-backward-mask-once.md): the fused dK/dV also stores the words
+    // it draws; dQ reading them (DROPOUT_BITS) gives the fused gradients bit for bit, and every
+    // visible (row, key) of the stored words is the host mask's bit.
+    if (blocks.n % 64 == 0) {
+      HostTensor written(u32, {c.B * c.Hq, c.Sq, words});
+      written.poison();  // 0xFFFFFFFF: never written (blocks dK/dV skips: past the causal diagonal)
+      Meta write_meta = meta;
+      write_meta.emplace_back("DROPOUT_WRITE_BITS", true);
+      CHECK(backward_differs(write_meta, written) == 0);
+      int64_t wrong_bits = 0, visible_bits = 0;
+      for (int64_t bh = 0; bh < c.B * c.Hq; ++bh)
+        for (int64_t i = 0; i < c.Sq; ++i)
+          for (int64_t j = 0; j < c.Sk && (!c.causal || j <= i + (c.Sk - c.Sq)); ++j) {
+            const int64_t w = (bh * c.Sq + i) * words + j / 32;
+            const auto got = static_cast<uint32_t>(written.get_flat(w)), want = packed[static_cast<size_t>(w)];
+            ++visible_bits;
+            wrong_bits += ((got ^ want) >> (j % 32) & 1u) ? 1 : 0;
+          }
+      CHECK(visible_bits > 0);
+      CHECK(wrong_bits == 0);
+    }
   }
 
   const DropoutRef ref = dropout_ref(c, q, k, v, &dout, scale, rng);

@@ -244,6 +244,7 @@ Meta DkdvConfig::to_meta() const {
   if (timeline) m.emplace_back(mn::kTimeline, true);
   put_if(m, mn::kTmaStore, tma_store);
   if (producer_registers) m.emplace_back(mn::kProducerRegisters, static_cast<int64_t>(*producer_registers));
+  put_if(m, mn::kDropoutWriteBits, dropout_write_bits, false);
   return m;
 }
 
@@ -323,6 +324,14 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
                                         "above)", *c.producer_registers));
   if (*c.producer_registers != 24 && !*c.ring_producer)
     kb.fail(Loc::current(), "PRODUCER_REGISTERS sets the producer warpgroup's registers: it needs RING_PRODUCER=true");
+  c.dropout_write_bits = kb.meta<bool>(mn::kDropoutWriteBits, false);
+  if (c.dropout_write_bits && (!s.dropout || s.dropout_bits || s.varlen || s.library_mask() || r != DqReduction::recompute ||
+                               c.block_n % 64 != 0))
+    kb.fail(Loc::current(), fmt::format("DROPOUT_WRITE_BITS stores the fused mask's words for a dQ kernel to read: it needs DROPOUT=true "
+                                        "without DROPOUT_BITS, dense tensors, the full or causal mask, DQ_REDUCTION=0 (recompute) and "
+                                        "BLOCK_N a multiple of 64 (whole Philox groups); got DROPOUT={}, DROPOUT_BITS={}, VARLEN={}, "
+                                        "MASK={}, DQ_REDUCTION={}, BLOCK_N={}",
+                                        s.dropout, s.dropout_bits, s.varlen, s.library_mask(), static_cast<int>(r), c.block_n));
   return c;
 }
 

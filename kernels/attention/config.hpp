@@ -167,6 +167,10 @@ struct DkdvConfig {
   // 240), 32 or 40 (232: the ordered walk's producer and writer then do not spill, but it measured
   // level); unset: 24 [080]
   std::optional<int> producer_registers;
+  // fused dropout: the mask's packed words this kernel draws also stored to `dropout_bits_out`
+  // (u32 [B * Hq, S_q, cdiv(S_k, 32)]), for a dQ reading them (DROPOUT_BITS) instead of drawing
+  // them again (docs/dropout-backward-mask-once.md)
+  bool dropout_write_bits = false;
   static constexpr int64_t kTimelinePhases = 6;  // top, S^T landed, P^T, dS^T, dV and dK issued, dQ's part
   static constexpr int64_t kTimelineStamps = 2 + kTimelinePhases * 256;  // the start, 256 visits (S 16k at BLOCK_M 64), the end
 

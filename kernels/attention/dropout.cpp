@@ -30,6 +30,10 @@ void AttentionDropout::declare_bits(Builder& kb) {
   bits = kb.tensor("dropout_bits", u32, 3, {.align_bytes = 4, .contiguous_last = true});
 }
 
+void AttentionDropout::declare_bits_out(Builder& kb) {
+  bits_out = kb.tensor("dropout_bits_out", u32, 3, {.align_bytes = 4, .contiguous_last = true});
+}
+
 Tile AttentionDropout::keep(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols) const {
   return keep_mask(batch_head, row0, num_rows, col0, num_cols) != 0u;
 }
@@ -93,6 +97,7 @@ Tile AttentionDropout::keep_mask_transposed(const Tile& batch_head, const Tile& 
   // in the transposed layout instead, a thread would compute 16 calls a 64 x 64 block and use 2
   // bytes of each (its keys are rows, and one call covers 16 keys of one query row).
   Tile words = keep_words(batch_head, row0 + arange(0, num_rows), col0 / 32, num_cols / 32);
+  if (bits_out.descriptor().valid()) store(bits_out.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32}), words);
   return trans(expand_keep_words(words, num_rows, num_cols));
 }
 

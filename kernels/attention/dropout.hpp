@@ -35,12 +35,18 @@ struct AttentionDropout {
   // sums (bf16 only: dS / s in f16 could underflow when s is large).
   lang::Tile inverse_scale() const;
   lang::Tensor bits;  // rng = precomputed: the packed keep-mask (invalid: fused)
+  lang::Tensor bits_out;  // fused: where the drawn words are also stored (invalid: nowhere)
 
   explicit AttentionDropout(lang::Builder& kb);
   // The mask's batch*heads coordinate of head h of batch b in a call with `call_heads` query heads.
   lang::Tile batch_head(const lang::Tile& b, const lang::Tile& call_heads, const lang::Tile& h) const;
   // Declares the packed-mask parameter `dropout_bits` (rng = precomputed).
   void declare_bits(lang::Builder& kb);
+  // Declares `dropout_bits_out` (u32, the layout of `bits`): keep_mask_transposed's fused words are
+  // also stored there (dK/dV's DROPOUT_WRITE_BITS). Words of blocks the kernel skips stay unwritten,
+  // and bits of keys >= S_k are unspecified: a reader masks both (they are past the causal
+  // diagonal or the keys).
+  void declare_bits_out(lang::Builder& kb);
   // The keep-mask (i1 [num_rows, num_cols], true = keep) of query rows [row0, row0 + num_rows)
   // and key columns [col0, col0 + num_cols) of batch*heads index `batch_head`. Fused: one Philox
   // call per 16 elements when num_cols is a multiple of 64 (col0 a multiple of 64: a block
