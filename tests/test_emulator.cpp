@@ -371,10 +371,12 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
   const int64_t B = 1, Hq = 2, Hkv = 1, Sq = 100, Sk = 130, D = 64, BM = 64, BN = 64;
   for (const char* arch : {"sm_80", "sm_90a"})
   for (bool causal : {false, true})
-    for (int dropout_mode : {0, 1, 2}) {  // none, fused, the packed mask read (DROPOUT_BITS; backward only)
-      const bool dropout = dropout_mode > 0, bits = dropout_mode == 2;
+    // none, fused, the packed mask read (DROPOUT_BITS; backward only), fused with dK/dV also storing
+    // the words it draws (DROPOUT_WRITE_BITS)
+    for (int dropout_mode : {0, 1, 2, 3}) {
+      const bool dropout = dropout_mode > 0, bits = dropout_mode == 2, write_bits = dropout_mode == 3;
       if (bits && std::string(arch) != "sm_90a") continue;
-      INFO(arch << " causal " << causal << " dropout " << dropout << " bits " << bits);
+      INFO(arch << " causal " << causal << " dropout " << dropout << " bits " << bits << " write_bits " << write_bits);
       HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D}), dout(bf16, {B, Sq, Hq, D});
       HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq}), delta(f32, {B, Hq, Sq});
       HostTensor dq(bf16, {B, Sq, Hq, D}), dk(bf16, {B, Sk, Hkv, D}), dv(bf16, {B, Sk, Hkv, D});
@@ -432,12 +434,30 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
         INFO((pass == 0 ? "dK/dV" : "dQ"));
         const std::vector<HostTensor> tensors = pass == 0 ? std::vector<HostTensor>{q, k, v, dout, lse, delta, dk, dv}
                                                           : std::vector<HostTensor>{q, k, v, dout, lse, delta, dq};
-        const ir::Function fn = (pass == 0 ? kernels::attention_backward_dkdv() : kernels::attention_backward_dq()).build(meta);
+        Meta pass_meta = meta;
+        std::vector<runtime::Arg> pass_ref_tail = ref_tail, pass_emu_tail = emu_tail;
+        // the stored words: [heads 5 of the placed attention, S_q, words] (its batch*heads index), one
+        // tensor for each side, poisoned: blocks past the causal diagonal stay unwritten on both
+        HostTensor written_ref(ir::DType::u32, {5, Sq, cdiv(Sk, 32)}), written_emu(ir::DType::u32, {5, Sq, cdiv(Sk, 32)});
+        if (pass == 0 && write_bits) {
+          written_ref.poison();
+          written_emu.poison();
+          pass_meta.emplace_back("DROPOUT_WRITE_BITS", true);
+          pass_ref_tail.push_back(written_ref);
+          pass_emu_tail.push_back(written_emu);
+        }
+        const ir::Function fn = (pass == 0 ? kernels::attention_backward_dkdv() : kernels::attention_backward_dq()).build(pass_meta);
         const runtime::Grid grid = pass == 0 ? runtime::Grid{k_blocks, Hkv, B} : runtime::Grid{q_blocks, Hq, B};
-        const Runs r = run_both(fn, grid, tensors, ref_tail, emu_tail, o80);
+        const Runs r = run_both(fn, grid, tensors, pass_ref_tail, pass_emu_tail, o80);
         for (size_t i = 6; i < tensors.size(); ++i) {
           INFO("output " << i);
           CHECK(close_in_max_norm(r.ref[i], r.emu[i], 2e-2));
+        }
+        if (pass == 0 && write_bits) {
+          CHECK(count_apart(written_ref, written_emu, 0.0) == 0);
+          int64_t stored = 0;  // (words the kernel wrote: not all poison)
+          for (int64_t e = 0; e < written_ref.numel(); ++e) stored += written_ref.get_flat(e) != 4294967295.0 ? 1 : 0;
+          CHECK(stored > 0);
         }
       }
     }
