@@ -797,10 +797,8 @@ int bench_dq_variants(int max_reps, double dropout_p, int64_t only_d, const std:
       std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), dO.view(), L.view(), delta_view.view(), dQ.view(),
                                            static_cast<float>(1 / std::sqrt(double(D)))};
       if (dropout) add_dropout_key(args, dropout_p);
-      const int64_t words = (c.S + 31) / 32;
       const bool bits = meta_flag(make({sch.block_n, sch.num_warps, sch.stages}), mn::kDropoutBits);
-      const DeviceBuffer bits_buffer = random_buffer(bits ? static_cast<size_t>(c.B() * c.H() * c.S * words) * 4 : 16, ir::DType::bf16, 17);
-      if (bits) args.emplace_back(attention::contiguous(bits_buffer.ptr(), ir::DType::u32, {c.B() * c.H(), c.S, words}).view());
+      const DeviceBuffer bits_buffer = add_random_mask_words(args, c, bits);
       if (!ab_meta.empty()) {
         std::vector<Function> fns;
         for (bool on : {false, true}) fns.push_back(make({sch.block_n, sch.num_warps, sch.stages}, on));
@@ -934,10 +932,7 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqR
       args.emplace_back(static_cast<float>(1 / std::sqrt(double(D))));
       if (dropout) add_dropout_key(args, dropout_p);
       // --with DROPOUT_BITS: the packed keep-mask read from memory (random words: timing only)
-      const bool bits = meta_flag(fns[0], mn::kDropoutBits);
-      const int64_t words = (c.S + 31) / 32;
-      const DeviceBuffer bits_buffer = random_buffer(bits ? static_cast<size_t>(c.B() * c.H() * c.S * words) * 4 : 16, ir::DType::bf16, 17);
-      if (bits) args.emplace_back(attention::contiguous(bits_buffer.ptr(), ir::DType::u32, {c.B() * c.H(), c.S, words}).view());
+      const DeviceBuffer bits_buffer = add_random_mask_words(args, c, meta_flag(fns[0], mn::kDropoutBits));
       AbResult r;
       try {  // (a Function compiles at its first launch)
         // PERSISTENT: as many programs as are resident at once (at most one per key tile), on a 1-D grid

@@ -89,6 +89,16 @@ inline bool meta_flag(const Function& fn, const char* name) {
   return false;
 }
 
+// DROPOUT_BITS in a kernel A/B: random packed mask words for configuration c (timing only: about
+// half the elements kept), appended to args as the u32 [B * H, S, cdiv(S, 32)] mask; the buffer
+// must outlive the launches. Without bits nothing is appended (a 16-byte placeholder buffer).
+inline DeviceBuffer add_random_mask_words(std::vector<runtime::DeviceArg>& args, const Config& c, bool bits) {
+  const int64_t words = (c.S + 31) / 32;
+  DeviceBuffer buffer = bench_util::random_buffer(bits ? static_cast<size_t>(c.B() * c.H() * c.S * words) * 4 : 16, ir::DType::bf16, 17);
+  if (bits) args.emplace_back(attention::contiguous(buffer.ptr(), ir::DType::u32, {c.B() * c.H(), c.S, words}).view());
+  return buffer;
+}
+
 // Device buffers of the largest tensors of the grid (B * S = 16k tokens, H * D = 2048) and the
 // [B, S, H, D] views of one configuration on them.
 struct Buffers {

@@ -44,7 +44,7 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
     // 8 warps each warpgroup takes half of D's columns on wgmma, which needs D / 2 in whole 64-column
     // chunks (D 128); D 64 would run it on mma.sync with K loaded twice, so it takes 64 x 64 on 4
     // warps (every dot on wgmma). D = 256 keeps its 32 x 64 tiles (the dot then on mma.sync) on 8
-    // warps: 4 spilled 1.8 KB (3.2 KB with a reduction), 8 none (0.6 KB); 3.0-3.1x at S 4k (093).
+    // warps: 4 spilled 1.8 KB (3.2 KB with a reduction), 8 none (0.6 KB with one); 3.0-3.1x at S 4k (093).
     // Without a reduction (recompute) dK/dV and dQ take 64 x 64 tiles on 4 warps, two programs per SM
     // instead of one (decision 021); with dropout too since dK/dV builds its transposed mask from
     // packed words (decision 017).

@@ -77,8 +77,13 @@ Tile AttentionDropout::keep_mask(const Tile& batch_head, const Tile& row0, int64
 Tile AttentionDropout::bits_words(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols,
                                   bool at_use) const {
   // past the end: 0 (dropped). At the use: in the score block's layout, no shared-memory exchange.
-  const BlockRef words = bits.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32});
+  const BlockRef words = words_block(bits, batch_head, row0, num_rows, col0, num_cols);
   return at_use ? load_at_use(words) : load(words);
+}
+
+BlockRef AttentionDropout::words_block(const Tensor& mask, const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
+                                       int64_t num_cols) {
+  return mask.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32});
 }
 
 Tile AttentionDropout::keep_mask_transposed(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
@@ -97,7 +102,7 @@ Tile AttentionDropout::keep_mask_transposed(const Tile& batch_head, const Tile& 
   // in the transposed layout instead, a thread would compute 16 calls a 64 x 64 block and use 2
   // bytes of each (its keys are rows, and one call covers 16 keys of one query row).
   Tile words = keep_words(batch_head, row0 + arange(0, num_rows), col0 / 32, num_cols / 32);
-  if (bits_out.descriptor().valid()) store(bits_out.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32}), words);
+  if (bits_out.descriptor().valid()) store(words_block(bits_out, batch_head, row0, num_rows, col0, num_cols), words);
   return trans(expand_keep_words(words, num_rows, num_cols));
 }
 

@@ -90,6 +90,9 @@ struct AttentionDropout {
   // (in its use's layout), else a plain load (a layout of its own, pipelined)
   lang::Tile bits_words(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows, const lang::Tile& col0,
                         int64_t num_cols, bool at_use = true) const;
+  // The block's words in a packed mask laid out as `bits` (read) or `bits_out` (written)
+  static lang::BlockRef words_block(const lang::Tensor& mask, const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows,
+                                    const lang::Tile& col0, int64_t num_cols);
   // fused: the global rows row0 + [0, num_rows) and the global column of local column col0
   lang::Tile global_rows(const lang::Tile& row0, int64_t num_rows) const;
   lang::Tile global_col(const lang::Tile& col0) const;
