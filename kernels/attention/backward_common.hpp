@@ -116,6 +116,16 @@ struct BackwardParams {
   // Delta / s); dQ, dK and a reduction's dQ parts times s once) [091]; f16 keeps s in the loops
   // (dS / s could underflow there).
   bool fold_dropout_scale() const { return dropout && T == ir::DType::bf16; }
+  // The fold's three places (drop: the kernel's dropout, set when `dropout`): Delta as the loop uses
+  // it (Delta / s when folded), dP dropped in the loop (times s unless folded) and the scale of the
+  // gradients' sums (softmax_scale, times s when folded).
+  lang::Tile loop_delta(const lang::Tile& delta, const std::optional<AttentionDropout>& drop) const {
+    return fold_dropout_scale() ? delta * drop->inverse_scale() : delta;
+  }
+  lang::Tile loop_dp(const lang::Tile& dp, const AttentionDropout& drop) const { return fold_dropout_scale() ? dp : dp * drop.scale; }
+  lang::Tile sum_scale(const lang::Tile& softmax_scale, const std::optional<AttentionDropout>& drop) const {
+    return fold_dropout_scale() ? softmax_scale * drop->scale : softmax_scale;
+  }
   int rank;                   // of Q, K, V, dO and the gradients (LSE, Delta: rank - 1)
   Tensor Q, K, V, dO, LSE, Delta;
 

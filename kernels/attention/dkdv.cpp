@@ -272,7 +272,7 @@ void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors&
   stamp_phase(0);  // TIMELINE: the block's top
   auto q = load(rows(a.Q, h, m0, a.BM)), dout = load(rows(a.dO, h, m0, a.BM));
   auto lse = a.lse_log2_of(ahead.lse)[row];  // [1, BM]
-  auto delta = (a.fold_dropout_scale() ? ahead.delta * p.drop->inverse_scale() : ahead.delta)[row];
+  auto delta = a.loop_delta(ahead.delta, p.drop)[row];
   Tile pt;          // P^T
   Tile mod_grad_t;  // SCORE_MOD with a derivative: d mod / d score, transposed
   const Tile e_t = a.log2_p_exponent(dot(k, trans(q), p.dots), lse, p.softmax_scale, rows, h, m0, n0, S_q, S_k, /*transposed=*/true, &mod_grad_t);
@@ -301,7 +301,7 @@ void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors&
     // a reduction's dQ parts times s, so that dK stays bit-identical across the reductions).
     Tile keep_t = p.drop->keep_mask_transposed(qh.bh, m0, a.BM, n0, a.BN);  // [BN, BM]
     pt_kept = apply_keep_mask(pt, keep_t);
-    dst = pt_kept * (a.fold_dropout_scale() ? dpt : dpt * p.drop->scale) - pt * delta;
+    dst = pt_kept * a.loop_dp(dpt, *p.drop) - pt * delta;
   } else {
     dst = pt * (dpt - delta);
   }
@@ -368,7 +368,7 @@ void KeyTile::dq_part(const QueryHead& qh, const Tile& m0, const Tile& dst_t, co
 }
 
 void KeyTile::store_gradients() {
-  const Tile dk_out = dk * (a.fold_dropout_scale() ? p.softmax_scale * p.drop->scale : p.softmax_scale);
+  const Tile dk_out = dk * a.sum_scale(p.softmax_scale, p.drop);
   Tile dv_out = dv;
   if (a.dropout) dv_out = dv_out * p.drop->scale;
   // ACCUMULATE: f32 += (each key tile is this program's alone: no atomics), the old sums read in

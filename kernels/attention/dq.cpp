@@ -87,7 +87,7 @@ QueryTile::QueryTile(DqProgram& prog)
       dout(load(rows(a.dO, p.h, p.m0, a.BM))),
       row_vectors(a.row_vectors(rows, p.h, p.m0)),
       lse(a.lse_log2_of(row_vectors.lse)[col]),
-      delta((a.fold_dropout_scale() ? row_vectors.delta * prog.drop->inverse_scale() : row_vectors.delta)[col]),
+      delta(a.loop_delta(row_vectors.delta, prog.drop)[col]),
       qrows((p.m0 + arange(0, a.BM))[col]),
       dq(zeros(f32, {a.BM, a.D})) {
   if (a.dropout) bh = p.drop->batch_head(rows.b, a.Q.size(rows.head_dim()), p.h);
@@ -113,7 +113,7 @@ void QueryTile::key_block(const Tile& n0, const Tile& needs_mask) {
   }
   Tile dp = dot(dout, trans(v));  // dP (of the dropped P: times keep * s)
   // (bf16: s folded out of the loop, dS / s = P * (Z dP - Delta / s), times s once in run() [091])
-  if (a.dropout) dp = apply_keep_mask(a.fold_dropout_scale() ? dp : dp * p.drop->scale, p.drop->keep_mask_of(ahead, bh, m0, a.BM, n0, a.BN));
+  if (a.dropout) dp = apply_keep_mask(a.loop_dp(dp, *p.drop), p.drop->keep_mask_of(ahead, bh, m0, a.BM, n0, a.BN));
   Tile ds = pm * (dp - delta);  // dS = P * (dP - Delta)
   if (mod_grad.valid()) ds = ds * mod_grad;  // the gradient of the raw score
   dq = dot(cast(a.T, ds), k, dq);
@@ -138,7 +138,7 @@ void QueryTile::run() {
   // ACCUMULATE: f32 += (each query tile is this program's alone), the old sums read in dQ's MMA
   // layout (load_at_use) where they are added: no exchange through 32 KB of shared memory at D 128,
   // which halved the programs per SM [068]
-  const Tile sum_scale = a.fold_dropout_scale() ? p.softmax_scale * p.drop->scale : p.softmax_scale;
+  const Tile sum_scale = a.sum_scale(p.softmax_scale, p.drop);
   if (p.cfg.accumulate)
     store(rows(p.dQ, h, m0, a.BM), dq * sum_scale + load_at_use(rows(p.dQ, h, m0, a.BM)));
   else
