@@ -590,6 +590,10 @@ TEST_CASE("attention dropout: the forward computes its Philox calls while S = Q 
     const std::string ptx = jit::compile(kernels::attention_forward().build(meta), o).ptx;
     // and the commit before them is fenced, so that ptxas does not hoist them between the wgmmas
     CHECK((ptx.find("TILEJIT_WGCOMMIT") != std::string::npos) == ahead);
+    // by a loop after the commit, not around it: a commit that might run twice made ptxas commit a
+    // dummy HGMMA group after it, and `wgmma.wait_group 1` then waited for P V too (decision 096)
+    CHECK((ptx.find("wgmma.commit_group.sync.aligned;\n\tTILEJIT_WGCOMMIT") != std::string::npos) == ahead);
+    CHECK(ptx.find(":\n\twgmma.commit_group") == std::string::npos);  // no label (loop head) right before a commit
     size_t most = 0;
     for (size_t at = ptx.find("wgmma.commit_group"); at != std::string::npos; at = ptx.find("wgmma.commit_group", at + 1)) {
       const size_t wait = ptx.find("wgmma.wait_group", at);

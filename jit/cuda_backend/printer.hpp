@@ -204,6 +204,7 @@ class Printer {
 
   // ---------------------------------------------------------------- synchronisation and ordering (cuda_backend/sync.cpp)
   std::string ptxas_fence(const std::string& ptx, const char* label);
+  std::string ptxas_fence_after(const std::string& ptx, const char* label);
   // Asm text written for an asm with operands ("%%" for a literal '%') as text for one without.
   static std::string without_operands(std::string text);
   // The LLVM backend's kNeverTrueP1 as C++ string-literal text of an asm with operands: opens a

@@ -13,6 +13,15 @@ std::string Printer::ptxas_fence(const std::string& ptx, const char* label) {
   return fmt::format("{}\\t{}_{}:\\n\\t{}\\n\\t@P1 bra.uni {}_{};\\n\\t}}", kNeverTrueP1, label, id, ptx, label, id);
 }
 
+// `ptx`, then a never-taken loop re-reading %smid (the LLVM backend's ptxas_fence_after): code after
+// it does not move above `ptx`, which runs once in ptxas's view (decision 096).
+std::string Printer::ptxas_fence_after(const std::string& ptx, const char* label) {
+  const int id = asm_labels_++;
+  return fmt::format("{{\\n\\t.reg .pred P1;\\n\\t.reg .b32 S1;\\n\\t{}\\n\\t{}_{}:\\n\\tmov.u32 S1, %%smid;\\n\\t"
+                     "setp.gt.u32 P1, S1, 2147483647;\\n\\t@P1 bra.uni {}_{};\\n\\t}}",
+                     ptx, label, id, label, id);
+}
+
 std::string Printer::without_operands(std::string text) {
   for (size_t at = text.find("%%"); at != std::string::npos; at = text.find("%%", at + 1)) text.erase(at, 1);
   return text;

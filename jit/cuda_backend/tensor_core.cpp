@@ -154,7 +154,7 @@ void Printer::tensor_inst(const pir::Inst& in) {
       // fenced (pir::kCommitFenced) as the LLVM backend does: no code hoisted into the group
       // (an asm without operands: nvrtc keeps "%%" as is there, so the fence's %smid is written "%")
       line(fmt::format("asm volatile(\"{}\" ::: \"memory\");", in.imm & pir::kCommitFenced
-                                                                   ? without_operands(ptxas_fence("wgmma.commit_group.sync.aligned;", "TJ_WGCOMMIT"))
+                                                                   ? without_operands(ptxas_fence_after("wgmma.commit_group.sync.aligned;", "TJ_WGCOMMIT"))
                                                                    : std::string("wgmma.commit_group.sync.aligned;")));
       return;
     default: break;

@@ -110,6 +110,15 @@ class Emitter {
   static std::string ptxas_fence(const std::string& ptx, const char* label) {
     return fmt::format("{}\t{}_${{:uid}}:\n\t{}\n\t@P1 bra.uni {}_${{:uid}};\n\t}}", kNeverTrueP1, label, ptx, label);
   }
+  // `ptx`, then a never-taken loop that re-reads the SM id: code after it does not move above `ptx`.
+  // For an instruction that must not run twice in ptxas's view: a wgmma.commit_group inside
+  // ptxas_fence's loop made ptxas commit an extra group with a dummy HGMMA on its path, so that a
+  // later `wgmma.wait_group 1` also waited for the group before (decision 096).
+  static std::string ptxas_fence_after(const std::string& ptx, const char* label) {
+    return fmt::format("{{\n\t.reg .pred P1;\n\t.reg .b32 S1;\n\t{}\n\t{}_${{:uid}}:\n\tmov.u32 S1, %smid;\n\t"
+                       "setp.gt.u32 P1, S1, 2147483647;\n\t@P1 bra.uni {}_${{:uid}};\n\t}}",
+                       ptx, label, label);
+  }
   // Opens an asm scope with predicate P1 = (SM id > 2^31 - 1): never true, which ptxas cannot know
   // (S1 holds the SM id). ptxas_fence and keep_alive build on it; the caller closes the scope.
   static constexpr const char* kNeverTrueP1 = "{\n\t.reg .pred P1;\n\t.reg .b32 S1;\n\tmov.u32 S1, %smid;\n\tsetp.gt.u32 P1, S1, 2147483647;\n";

@@ -422,7 +422,7 @@ void Emitter::tensor_inst(const pir::Inst& in) {
     case Op::wgmma_fence: asm_call(b_.getVoidTy(), "wgmma.fence.sync.aligned;", "~{memory}", {}, true, true); return;
     case Op::wgmma_commit:
       asm_call(b_.getVoidTy(),
-               in.imm & pir::kCommitFenced ? ptxas_fence("wgmma.commit_group.sync.aligned;", "TILEJIT_WGCOMMIT")
+               in.imm & pir::kCommitFenced ? ptxas_fence_after("wgmma.commit_group.sync.aligned;", "TILEJIT_WGCOMMIT")
                                            : "wgmma.commit_group.sync.aligned;",
                "~{memory}", {}, true, /*convergent=*/true);
       return;
