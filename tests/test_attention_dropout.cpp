@@ -544,10 +544,10 @@ TEST_CASE("attention dropout: reading the precomputed packed mask gives the fuse
       return n;
     };
     const HostTensor fused = forward({});
-    // the words read at the mask's use, and (DROPOUT_AHEAD, the default with bits) right after S =
-    // Q K^T is issued: the same outputs
-    const HostTensor at_use = forward({{"DROPOUT_BITS", true}, {"DROPOUT_AHEAD", false}});
-    const HostTensor ahead = forward({{"DROPOUT_BITS", true}});
+    // the words read at the mask's use (the default) and (DROPOUT_AHEAD) right after S = Q K^T is
+    // issued: the same outputs
+    const HostTensor at_use = forward({{"DROPOUT_BITS", true}});
+    const HostTensor ahead = forward({{"DROPOUT_BITS", true}, {"DROPOUT_AHEAD", true}});
     CHECK(differ(fused, at_use) == 0);
     CHECK(differ(fused, ahead) == 0);
     // the mask applied per element to the f32 probabilities (DROPOUT_PAIRS=false) instead of a pair

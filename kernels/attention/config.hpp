@@ -54,7 +54,7 @@ struct ForwardConfig {
   std::optional<bool> exact_normalize;  // O = acc / l by division; unset: D 64 without dropout [002, 003]
   std::optional<bool> pipeline_qk;      // S_{j+1} issued before softmax_j; unset: D 128 dense, no dropout, no PV [006]
   bool positive_scale = false;          // the caller promises softmax_scale > 0: the fma softmax [009]
-  std::optional<bool> dropout_ahead;    // the mask's inputs issued beside S's MMA; unset: with dropout_bits [012, 013]
+  std::optional<bool> dropout_ahead;    // the mask's inputs issued beside S's MMA; unset: off (measured slower: 096) [012, 013]
   bool dropout_pairs = true;            // the keep-mask on rounded 16-bit pairs [011]
   bool heavy_first_sections = true;     // dense causal: heaviest query tiles first across heads [018]
   // K / V rings filled by a producer warpgroup; unset: D 128 dense (no library mask, varlen or mod) [044]
@@ -189,7 +189,7 @@ struct DqConfig {
   bool partial_tiles_only = true;      // [020]
   bool heavy_first_sections = true;    // dense causal: heavy query tiles first across heads [018]
   bool accumulate = false;             // dQ is f32 and receives += the gradient (as DkdvConfig's)
-  bool dropout_ahead = false;          // DROPOUT_BITS: a block's mask words loaded before its dots; default on there [095]
+  bool dropout_ahead = false;          // DROPOUT_BITS: a block's mask words loaded before its dots; off by default (measured slower) [095, 096]
 
   lang::Meta to_meta() const;  // as DkdvConfig's
   static DqConfig read(lang::Builder& kb);
