@@ -196,6 +196,16 @@ struct Options {
   // so the outputs are identical either way, and a forward may read it while its backward
   // regenerates (or the other way round). Needs dropout_p > 0.
   std::optional<Tensor> dropout_bits;
+  // Backward with dropout drawn from seed and offset (no dropout_bits): dK/dV stores the keep-mask's
+  // packed words in the workspace (u32 [B * Hq, S_q, cdiv(S_k, 32)]: 4 * B * Hq * S_q * cdiv(S_k, 32)
+  // bytes) and dQ reads them instead of running Philox again -- the same bits, so the same
+  // gradients (decision 097). Taken when the words take at most this many bytes and the call has
+  // dense batches, the full or causal mask, dq_reduction recompute, backward_phase all, this call's
+  // own mask (dropout_coordinates all zero) and the default tiles (or a schedule with BLOCK_N a
+  // multiple of 64), and its workspace (if given) is large enough: backward_workspace_bytes(q, k,
+  // opts) counts the words, the overload without k cannot and does not (a workspace sized by it
+  // runs the backward that draws the mask twice). 0: never.
+  size_t dropout_words_max_bytes = size_t{512} << 20;
   // A library mask (see Mask). Kinds whose allowed blocks are not intervals (document,
   // causal_document, share_question, causal_blockwise, block_sparse) first run the
   // block-mask pre-pass on the GPU, once per kernel that reads its lists (forward: 1,

@@ -9,7 +9,7 @@
 //   attention_bench --dropout [P]          fused dropout's cost (issue 7): D128 S4k bf16, full and
 //     causal, forward and backward with dropout_p = P (default 0.1) against without, alternated:
 //     DROPOUT dtype=bf16 B=4 S=4096 H=16 D=128 causal=0 p=0.1 fwd_ms=.. fwd_dropout_ms=.. fwd_slowdown=..
-//       bwd_ms=.. bwd_dropout_ms=.. bwd_slowdown=..
+//       bwd_ms=.. bwd_dropout_ms=.. bwd_slowdown=.. bwd_twice_ms=.. (the mask drawn in dK/dV and dQ) bwd_twice_slowdown=..
 //     DROPOUT_PRECOMPUTED causal=0 p=0.1 fwd_ms=.. fwd_bits_ms=.. ... mask_kernel_ms=..   (rng = precomputed)
 //     GEMM_RNG MASK_BLOCK_M=64 MASK_BLOCK_W=4 MASK_TILES_PER_STEP=2 MASK_WARPS=0 MMA_REGISTERS=0 MASK_REGISTERS=0
 //       gemm_ms=.. gemm_rng_ms=.. slowdown=.. bits_identical=1   (the QKV GEMM writing the mask, gemm's
@@ -208,15 +208,17 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
     if (e2e_only) break;
     const Config c{S, D, causal};
     const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
-    std::vector<double> fwd[3], bwd_ms[3], mask_ms;
+    std::vector<double> fwd[4], bwd_ms[4], mask_ms;
     // six rounds, the variants' order rotated each round (a fixed order biases the comparison by
-    // several %: see ab_rounds)
-    for (int round = 0; round < 6; ++round)
-      for (int slot : {0, 1, 2}) {
-        const int rng = (slot + round) % 3;
-        const attention::Options opts = options(causal, rng, round);
+    // several %: see ab_rounds); variant 3: fused, the backward drawing the mask in dK/dV and again
+    // in dQ (dropout_words_max_bytes = 0; variant 1 draws it once: decision 097)
+    for (int round = 0; round < 8; ++round)
+      for (int slot : {0, 1, 2, 3}) {
+        const int rng = (slot + round) % 4;
+        attention::Options opts = options(causal, rng == 3 ? 1 : rng, round);
+        if (rng == 3) opts.dropout_words_max_bytes = 0;
         if (rng == 2) mask_ms.push_back(time_ms([&] { generate(opts, stream.handle()); }, stream, max_reps));
-        fwd[rng].push_back(time_ms([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); }, stream, max_reps));
+        if (rng != 3) fwd[rng].push_back(time_ms([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); }, stream, max_reps));
         if (bwd)
           bwd_ms[rng].push_back(time_ms([&] {
             attention::Options bo = opts;
@@ -225,11 +227,12 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
           }, stream, max_reps));
       }
     const double f0 = median(fwd[0]), f1 = median(fwd[1]), f2 = median(fwd[2]), gen = median(mask_ms);
-    const double b0 = bwd ? median(bwd_ms[0]) : NAN, b1 = bwd ? median(bwd_ms[1]) : NAN, b2 = bwd ? median(bwd_ms[2]) : NAN;
+    const double b0 = bwd ? median(bwd_ms[0]) : NAN, b1 = bwd ? median(bwd_ms[1]) : NAN, b2 = bwd ? median(bwd_ms[2]) : NAN,
+                 b3 = bwd ? median(bwd_ms[3]) : NAN;
     std::printf("DROPOUT dtype=bf16 B=%ld S=%ld H=%ld D=%ld causal=%d p=%g fwd_ms=%.4f fwd_dropout_ms=%.4f fwd_slowdown=%.3f "
-                "bwd_ms=%.4f bwd_dropout_ms=%.4f bwd_slowdown=%.3f\n",
+                "bwd_ms=%.4f bwd_dropout_ms=%.4f bwd_slowdown=%.3f bwd_twice_ms=%.4f bwd_twice_slowdown=%.3f\n",
                 static_cast<long>(B), static_cast<long>(S), static_cast<long>(H), static_cast<long>(D), causal ? 1 : 0, p, f0, f1,
-                f1 / f0, b0, b1, b1 / b0);
+                f1 / f0, b0, b1, b1 / b0, b3, b3 / b0);
     std::printf("DROPOUT_PRECOMPUTED causal=%d p=%g fwd_ms=%.4f fwd_bits_ms=%.4f fwd_bits_slowdown=%.3f bwd_bits_ms=%.4f "
                 "bwd_bits_slowdown=%.3f mask_kernel_ms=%.4f\n",
                 causal ? 1 : 0, p, f0, f2, f2 / f0, b2, b2 / b0, gen);

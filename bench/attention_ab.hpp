@@ -107,8 +107,10 @@ struct Buffers {
   ir::DType dt;  // bf16 or f16 (16-bit elements: the sizes above hold either)
   DeviceBuffer q, k, v, dout;
   // the backward's workspace for the default options: Delta, and where the default reduction is
-  // ordered (D 128 from S 4k, decision 075) its f32 dQ accumulator and semaphores
-  static constexpr size_t ws_bytes = 2 * lse_bytes + static_cast<size_t>(kTokens * kHidden) * 4 + 1024;
+  // ordered (D 128 from S 4k, decision 075) its f32 dQ accumulator and semaphores, or with fused
+  // dropout the mask's words (decision 097; up to S 4k at D 64: B * H * S * S / 8 bytes)
+  static constexpr size_t ws_bytes = 2 * lse_bytes + std::max(static_cast<size_t>(kTokens * kHidden) * 4,
+                                                              static_cast<size_t>(kTokens * (kHidden / 64)) * 4096 / 8) + 1024;
   DeviceBuffer o{bytes}, dq{bytes}, dk{bytes}, dv{bytes}, lse{lse_bytes}, ws{ws_bytes};
   explicit Buffers(ir::DType dtype = ir::DType::bf16)
       : dt(dtype), q(bench_util::random_buffer(bytes, dtype, 1)), k(bench_util::random_buffer(bytes, dtype, 2)), v(bench_util::random_buffer(bytes, dtype, 3)),

@@ -749,7 +749,9 @@ TEST_CASE("attention API: masks, valid calls and the workspace") {
     if (kernels::mask_has_tile_intervals(MaskKind(kind))) {
       CHECK(forward_workspace_bytes(c.q, c.k, c.opts) == 0);
       CHECK(backward_workspace_bytes(c.q, c.opts) == 6400);
-      CHECK(backward_workspace_bytes(c.q, c.k, c.opts) == 6400);
+      // (and, full and causal with dropout, the mask's words dK/dV stores for dQ: decision 097)
+      const bool words = MaskKind(kind) == MaskKind::full || MaskKind(kind) == MaskKind::causal;
+      CHECK(backward_workspace_bytes(c.q, c.k, c.opts) == 6400 + (words ? 64000 : 0));
     }
   }
   // causal (or full) through the mask is the causal (unmasked) path, varlen included
@@ -1364,6 +1366,80 @@ TEST_CASE("attention API: the dropout backward's kernels and metas") {
       CHECK(std::get<bool>(meta(bits, "ROWS_AHEAD")));
       CHECK_FALSE(std::get<bool>(meta(bits, "LSE_IN_RING")));
     }
+}
+
+// Options::dropout_words_max_bytes (decision 097): with fused dropout dK/dV stores the mask's words in
+// the workspace for dQ to read, where they fit the budget and the call allows it; the sizer with k
+// counts them (after Delta), the one without k cannot; bundle_specs lists the pair; a call stops
+// at the driver either way (its dry launches bind the words to both kernels).
+TEST_CASE("attention API: the fused dropout backward's mask words in the workspace") {
+  if (!backward_available() || !dropout_supported()) {
+    MESSAGE("SKIPPED: the backward or dropout kernels are not in this build");
+    return;
+  }
+  Call c;
+  c.opts.dropout_p = 0.1;
+  const size_t delta = 6400, words = 2 * 8 * 100 * 10 * 4;  // B * Hq * S_q * cdiv(300, 32) u32 (64000: a multiple of 256)
+  CHECK(backward_workspace_bytes(c.q, c.opts) == delta);
+  CHECK(backward_workspace_bytes(c.q, c.k, c.opts) == delta + words);
+  const auto bytes_with = [&](auto&& change) {
+    Call d = c;
+    change(d.opts);
+    return backward_workspace_bytes(d.q, d.k, d.opts);
+  };
+  CHECK(bytes_with([](Options& o) { o.causal = true; }) == delta + words);
+  CHECK(bytes_with([](Options& o) { o.dropout_words_max_bytes = 64000; }) == delta + words);
+  CHECK(bytes_with([](Options& o) { o.dropout_words_max_bytes = 63999; }) == delta);
+  CHECK(bytes_with([](Options& o) { o.dropout_words_max_bytes = 0; }) == delta);
+  CHECK(bytes_with([](Options& o) { o.dropout_p = 0; }) == delta);
+  CHECK(bytes_with([](Options& o) { o.dropout_coordinates.heads = 8; }) == delta + words);  // (Hq: this call's own)
+  CHECK(bytes_with([](Options& o) { o.dropout_coordinates.heads = 16; }) == delta);
+  CHECK(bytes_with([](Options& o) { o.dropout_coordinates.row_offset = 100; }) == delta);
+  CHECK(bytes_with([](Options& o) { o.dropout_coordinates.col_offset = 64; }) == delta);
+  CHECK(bytes_with([](Options& o) { o.backward_phase = BackwardPhase::dkdv; }) == delta);
+  CHECK(bytes_with([](Options& o) { o.schedule = Schedule{64, 32, 4, 2}; }) == delta);  // dK/dV's BLOCK_N 32: half a Philox group
+  CHECK(bytes_with([](Options& o) { o.schedule = Schedule{64, 64, 4, 2}; }) == delta + words);
+  if (dq_reduction_supported(DqReduction::atomic)) {
+    Call d = c;
+    d.opts.dq_reduction = DqReduction::atomic;
+    CHECK(backward_workspace_bytes(d.q, d.k, d.opts) == backward_workspace_bytes(d.q, d.opts));
+  }
+  // the pair prepare compiles beside the kernels that draw the mask twice
+  const auto flag = [](const ir::Function& fn, const char* name) {
+    const ir::MetaEntry* m = fn.find_meta(name);
+    return m != nullptr && std::get<bool>(m->value);
+  };
+  for (int d : {64, 128})
+    for (bool causal : {false, true}) {
+      INFO("D " << d << " causal " << causal);
+      int writers = 0, readers = 0, drawing = 0;
+      for (const runtime::BundleEntrySpec& spec : bundle_specs(DType::bf16, d, causal ? MaskKind::causal : MaskKind::full, false, true, {}, true)) {
+        const ir::Function fn = spec.build();
+        if (spec.kernel == "attention_bwd_dkdv") writers += flag(fn, "DROPOUT_WRITE_BITS") ? 1 : 0;
+        if (spec.kernel == "attention_bwd_dq") (flag(fn, "DROPOUT_BITS") ? readers : drawing) += 1;
+      }
+      CHECK(writers >= 1);
+      CHECK(readers == 1);
+      CHECK(drawing == 1);
+    }
+  if (runtime::Driver::get().available()) return;  // (the fake pointers below must not reach a launch)
+  const auto stops_at_driver = [](Call& d, size_t ws_bytes) {
+    d.ws = ws_bytes ? Workspace{kBase + 0x9000000, ws_bytes} : Workspace{};
+    try {
+      backward(d.q, d.k, d.v, d.o, d.dout, d.lse, d.dq, d.dk, d.dv, d.opts, nullptr, d.ws);
+      FAIL("ran without a GPU");
+    } catch (const runtime::DeviceError& e) {
+      CHECK(std::string(e.what()).find("tilejit::attention::backward needs a GPU") != std::string::npos);
+    }
+  };
+  for (bool causal : {false, true}) {
+    Call d = c;
+    d.opts.causal = causal;
+    stops_at_driver(d, 0);
+    stops_at_driver(d, delta + words);
+    stops_at_driver(d, delta);  // (room for Delta only: dQ draws the mask again)
+    CHECK(error_of([&] { stops_at_driver(d, delta - 256); }).find("workspace has 6144 bytes; this call needs 6400") != std::string::npos);
+  }
 }
 
 // Without a GPU a valid call with each reduction gets as far as the driver: the dK/dV kernel with

@@ -582,7 +582,8 @@ Result run_case(const Case& k, std::mutex& gpu) {
       if (k.backward) {
         runtime::DeviceBuffer ws;
         const attention::Workspace w =
-            workspace(ws, k.mask ? attention::backward_workspace_bytes(Q, K, opts) : attention::backward_workspace_bytes(Q, opts));
+            workspace(ws, k.mask || opts.dropout_p > 0 ? attention::backward_workspace_bytes(Q, K, opts)  // (with dropout: the mask's words)
+                                                       : attention::backward_workspace_bytes(Q, opts));
         attention::backward(Q, K, V, O, api_view(ddo, bhsd), L, api_view(d_dq, bhsd), api_view(d_dk, bhsd), api_view(d_dv, bhsd),
                             opts, stream.handle(), w);
       }
@@ -1069,6 +1070,63 @@ TEST_CASE("gpu: attention API, dropout's seed and offset from device memory equa
     }
 }
 
+// Options::dropout_words_max_bytes (decision 097): the fused dropout backward whose dK/dV stores the
+// keep-mask's words for dQ to read gives the gradients of the one that draws the mask in both
+// kernels, bit for bit -- with the API's own workspace and a caller's sized with k (poisoned), GQA,
+// ragged S, full and causal; a caller's workspace sized without k runs the other path, the same.
+TEST_CASE("gpu: attention API, the dropout backward drawing its mask once equals drawing it twice bit for bit") {
+  if (const auto& drv = runtime::Driver::get(); !drv.available()) {
+    MESSAGE("SKIPPED: no GPU: " << drv.unavailable_reason());
+    return;
+  }
+  if (!attention::dropout_supported() || !attention::backward_available()) {
+    MESSAGE("SKIPPED: the attention kernels have no DROPOUT meta or no backward");
+    return;
+  }
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true}) {
+      const AttentionCase c{2, 4, 2, 200, 300, static_cast<int>(D), causal, true};
+      INFO("D " << D << " causal " << causal);
+      const HostTensor q = normal_bf16(c.shape(c.Hq, c.Sq), 31), kk = normal_bf16(c.shape(c.Hkv, c.Sk), 32),
+                       v = normal_bf16(c.shape(c.Hkv, c.Sk), 33), dout = normal_bf16(c.shape(c.Hq, c.Sq), 34);
+      std::vector<std::vector<double>> grads[4];
+      for (int way = 0; way < 4; ++way) {  // twice (max bytes 0); once, own workspace; once, caller's; caller's sized without k
+        runtime::Stream stream;
+        auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v),
+             d_do = DeviceTensor::from_host(dout);
+        auto d_o = DeviceTensor::empty_like(q), d_dq = DeviceTensor::empty_like(q), d_dk = DeviceTensor::empty_like(kk),
+             d_dv = DeviceTensor::empty_like(v), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
+        attention::Options opts;
+        opts.causal = causal;
+        opts.dropout_p = 0.15;
+        opts.seed = 0x1234567, opts.offset = 11;
+        if (way == 0) opts.dropout_words_max_bytes = 0;
+        const auto Q = api_view(d_q, false), K = api_view(d_k, false);
+        attention::forward(Q, K, api_view(d_v, false), api_view(d_o, false), api_view(d_lse, false), opts, stream.handle());
+        const size_t with_words = attention::backward_workspace_bytes(Q, K, opts), without = attention::backward_workspace_bytes(Q, opts);
+        // B * Hq * S_q words of cdiv(S_k, 32) each, after Delta
+        CHECK(with_words == without + (way == 0 ? 0 : size_t(c.B * c.Hq * c.Sq * ((c.Sk + 31) / 32) * 4 + 255) / 256 * 256));
+        runtime::DeviceBuffer ws;
+        attention::Workspace w;
+        if (way >= 2) {
+          ws = runtime::DeviceBuffer(way == 2 ? with_words : without);
+          ws.fill_bytes(0xFF);
+          w = attention::Workspace{ws.ptr(), ws.bytes()};
+        }
+        attention::backward(Q, K, api_view(d_v, false), api_view(d_o, false), api_view(d_do, false), api_view(d_lse, false),
+                            api_view(d_dq, false), api_view(d_dk, false), api_view(d_dv, false), opts, stream.handle(), w);
+        stream.synchronize();
+        for (DeviceTensor* t : {&d_dq, &d_dk, &d_dv}) grads[way].push_back(t->to_host().to_f64());
+      }
+      for (size_t i = 0; i < 3; ++i) {
+        INFO("gradient " << i << " (dq, dk, dv)");
+        CHECK(std::ranges::none_of(grads[0][i], [](double x) { return std::isnan(x); }));
+        CHECK(std::ranges::any_of(grads[0][i], [](double x) { return x != 0; }));
+        for (int way = 1; way < 4; ++way) CHECK(grads[0][i] == grads[way][i]);
+      }
+    }
+}
+
 // options.persistent (decision 050): the forward on a persistent grid computes every tile exactly
 // as one program per tile does -- D 128 (the ring producer) and D 64, full and causal (S_q > S_k:
 // tiles with no key), GQA, a tile count that does not divide the grid.
@@ -1196,7 +1254,14 @@ TEST_CASE("attention sweep: every masked case passes the API's checks (no GPU)")
     CHECK_NOTHROW(attention::check_forward(Q, K, V, O, L, opts, {next, fwd}));
     CHECK_NOTHROW(attention::check_backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, {next, bwd}));
     if (fwd > 0) CHECK_THROWS_AS(attention::check_forward(Q, K, V, O, L, opts, {next, fwd - 1}), std::invalid_argument);
-    CHECK_THROWS_AS(attention::check_backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, {next, bwd - 1}), std::invalid_argument);
+    // (with fused dropout, full or causal, bwd counts the mask's words dK/dV stores for dQ; a smaller
+    // workspace with room for the rest runs the backward that draws the mask twice: decision 097)
+    attention::Options twice = opts;
+    twice.dropout_words_max_bytes = 0;
+    const size_t least = attention::backward_workspace_bytes(Q, K, twice);
+    CHECK(least <= bwd);
+    CHECK_NOTHROW(attention::check_backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, {next, least}));
+    CHECK_THROWS_AS(attention::check_backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, {next, least - 1}), std::invalid_argument);
   }
   CHECK(with_lists >= kMaskedCases / 3);
 }

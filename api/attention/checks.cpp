@@ -488,6 +488,9 @@ Dims check_backward_dims(const Tensor& q, const Tensor& k, const Tensor& v, cons
     c.same_device(name, *t, q);
     c.same_sizes(name, *t, ref_name, *ref);
   }
+  // a workspace with room for everything but the mask's words (e.g. sized without k): dQ draws
+  // the mask again instead (the same bits)
+  if (d.mask_once && ws.data != 0 && ws.bytes < backward_bytes(d)) d.mask_once = false;
   check_workspace(c, ws, backward_bytes(d), "backward_workspace_bytes");
   if (phase != BackwardPhase::all && d.reduction != DqReduction::recompute)
     c.fail("options.backward_phase = {} with options.dq_reduction = {}: split phases need recompute (the reductions compute dQ "

@@ -154,7 +154,11 @@ struct Dims {
   bool row_vectors_aligned = false;
   Schedule dkdv;
   WorkspaceArray dq_ws, dq_sem;
-  size_t backward_end = 0;  // the backward's workspace bytes
+  size_t backward_end = 0;  // the backward's workspace bytes, without the mask's words
+  // backward with fused dropout: dK/dV stores the keep-mask's words (DROPOUT_WRITE_BITS) at
+  // `dropout_words` (after backward_end) and dQ reads them (DROPOUT_BITS): Options::dropout_words_max_bytes
+  bool mask_once = false;
+  WorkspaceArray dropout_words;
 };
 
 // A kind other than full and causal: the kernels' MASK meta (full and causal are CAUSAL's paths).
@@ -263,11 +267,12 @@ struct Config {
   bool lse_in_ring = false;     // dK/dV's LSE_IN_RING (dkdv_ring_options)
   bool ring_producer = false;   // dK/dV's RING_PRODUCER (dkdv_ring_options)
   bool dq_writer = false;       // dK/dV's DQ_WRITER (dkdv_ring_options)
+  bool write_bits = false;      // dK/dV's DROPOUT_WRITE_BITS (Dims::mask_once; dQ then has read_bits)
   std::optional<TunedOptions> tuned = {};  // options from a tuning table; unset: the kernel's defaults
   auto key() const {
     return std::tuple(static_cast<int>(pass), static_cast<int>(dtype), head_dim, causal, varlen, sch.block_m, sch.block_n,
                       sch.num_warps, sch.stages, sch.min_programs_per_sm, device, dropout, return_mask, read_bits, mask, reduction, q_descending, score_mod,
-                      positive_scale, persistent, accumulate, lse_in_ring, ring_producer, dq_writer, tuned);
+                      positive_scale, persistent, accumulate, lse_in_ring, ring_producer, dq_writer, write_bits, tuned);
   }
   bool operator<(const Config& o) const { return key() < o.key(); }
 };

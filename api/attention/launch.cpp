@@ -104,6 +104,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
       bind_lists(a, d.dkdv_lists, lists_at);
       if (!reduce) bind_lists(a, d.dq_lists, lists_at);
     }
+    if (d.mask_once) {  // dK/dV writes the mask's words, dQ reads them
+      a.set(Arg::dropout_bits_out, d.dropout_words.view(base, q.device));
+      a.set(Arg::dropout_bits, d.dropout_words.view(base, q.device));
+    }
     if (reduce) {
       a.set(d.reduction == DqReduction::split ? Arg::dQ_parts : Arg::dQ_accum, d.dq_ws.view(base, q.device));
       if (d.reduction == DqReduction::ordered) a.set(Arg::dQ_semaphores, d.dq_sem.view(base, q.device));
@@ -219,11 +223,23 @@ std::vector<Function*> functions_for(const char* fn, ir::DType dtype, int head_d
                // calls with a positive softmax_scale (the default 1/sqrt(head_dim) is)
                p == Pass::forward && declares(p, mn::kPositiveScale)};
     cfg.persistent = p == Pass::forward && forward_persistent(head_dim, varlen, cfg.mask, 0, cfg.dropout);
-    out.push_back(&function_for(cfg));  // (dK/dV: the kernel of calls whose lse is not 16-byte aligned, S_q % 4 != 0)
-    if (p == Pass::bwd_dkdv) {  // and of those whose lse is: LSE and Delta from the ring
-      const DkdvRingOptions r = dkdv_ring_options(cfg, true);
-      cfg.lse_in_ring = r.lse_in_ring, cfg.ring_producer = r.ring_producer, cfg.dq_writer = r.dq_writer;
-      if (r.lse_in_ring || r.ring_producer) out.push_back(&function_for(cfg));
+    // and, with fused dropout, the pair that draws the mask once (dK/dV writes its words, dQ reads
+    // them: Dims::mask_once) where the tiles allow it; calls over Options::dropout_words_max_bytes
+    // run the others
+    const bool mask_once = cfg.dropout && reduction == DqReduction::recompute && !varlen && lib == 0 &&
+                           declares(Pass::bwd_dkdv, mn::kDropoutWriteBits) && declares(Pass::bwd_dq, mn::kDropoutBits) &&
+                           ((p == Pass::bwd_dkdv && s.block_n % 64 == 0) || (p == Pass::bwd_dq && s.block_n % 32 == 0));
+    for (bool once : {false, true}) {
+      if (once && !mask_once) continue;
+      Config v = cfg;
+      v.write_bits = once && p == Pass::bwd_dkdv;
+      v.read_bits = once && p == Pass::bwd_dq;
+      out.push_back(&function_for(v));  // (dK/dV: the kernel of calls whose lse is not 16-byte aligned, S_q % 4 != 0)
+      if (p == Pass::bwd_dkdv) {  // and of those whose lse is: LSE and Delta from the ring
+        const DkdvRingOptions r = dkdv_ring_options(v, true);
+        v.lse_in_ring = r.lse_in_ring, v.ring_producer = r.ring_producer, v.dq_writer = r.dq_writer;
+        if (r.lse_in_ring || r.ring_producer) out.push_back(&function_for(v));
+      }
     }
     // the pre-pass at this kernel's tiles (the preprocess, convert and reduce kernels read no lists)
     if (lib != 0 && !kernels::mask_has_tile_intervals(mask) &&

@@ -232,6 +232,7 @@ lang::Meta meta_of(const Config& c) {
       k.lse_in_ring = c.lse_in_ring;
       if (c.ring_producer) k.ring_producer = true;
       k.dq_writer = c.dq_writer;
+      k.dropout_write_bits = c.write_bits;
       if (c.tuned) k.tma_store = c.tuned->tma_store;
       all = k.to_meta();
       break;
@@ -268,7 +269,7 @@ Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
                 q.device,
                 d.dropout && declares(p, mn::kDropout),
                 p == Pass::forward && d.return_mask,
-                d.read_bits && declares(p, mn::kDropoutBits),
+                (d.read_bits || (p == Pass::bwd_dq && d.mask_once)) && declares(p, mn::kDropoutBits),
                 library_mask(d.mask) && declares(p, mn::kMask) ? static_cast<int>(d.mask) : 0,
                 p == Pass::bwd_dkdv ? static_cast<int>(d.reduction) : 0,
                 p == Pass::bwd_dkdv && d.q_descending,
@@ -279,6 +280,7 @@ Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
   c.persistent = p == Pass::forward && declares(p, mn::kPersistent) && !c.varlen &&
                  opts.persistent.value_or(forward_persistent(c.head_dim, c.varlen, c.mask, c.score_mod, c.dropout));
   c.accumulate = d.accumulate && (p == Pass::bwd_dkdv || p == Pass::bwd_dq);
+  c.write_bits = p == Pass::bwd_dkdv && d.mask_once;
   if (p == Pass::bwd_dkdv) {
     const DkdvRingOptions r = dkdv_ring_options(c, d.row_vectors_aligned);
     c.lse_in_ring = r.lse_in_ring, c.ring_producer = r.ring_producer, c.dq_writer = r.dq_writer;

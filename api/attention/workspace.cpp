@@ -5,9 +5,11 @@
 #include <initializer_list>
 
 #include "api/attention/internal.hpp"
+#include "kernels/meta_names.hpp"
 
 namespace tilejit::attention::detail {
 namespace {
+namespace mn = kernels::meta_name;
 
 size_t round_up_256(size_t n) { return (n + 255) / 256 * 256; }
 
@@ -64,6 +66,22 @@ PrePassLists plan_lists(const Checker& c, const Dims& d, const Schedule& s, bool
   l.cls_at = l.full_idx_at + idx_bytes;
   l.end = l.cls_at + round_up_256(static_cast<size_t>(bh * l.q_blocks * l.k_blocks));
   return l;
+}
+
+// Whether dK/dV stores the fused dropout mask's words for dQ to read (Options::dropout_words_max_bytes):
+// what DROPOUT_WRITE_BITS takes (recompute, dense, full or causal, dK/dV's BLOCK_N a multiple of 64),
+// dQ reading them (its BLOCK_N a multiple of 32), words indexed by this call's own coordinates
+// (the kernels write and read them at b * Hq + h), S_k known (a sizer without k cannot place them).
+bool mask_once_fits(const Tensor& q, const Options& opts, const Dims& d) {
+  const auto& g = opts.dropout_coordinates;
+  const bool own_coordinates = g.row_offset == 0 && g.col_offset == 0 && g.head_offset == 0 && (g.heads == 0 || g.heads == d.heads_q);
+  if (!d.dropout || d.read_bits || d.varlen || library_mask(d.mask) || d.reduction != DqReduction::recompute || d.seq_k <= 0 ||
+      !own_coordinates || opts.backward_phase != BackwardPhase::all || !declares(Pass::bwd_dkdv, mn::kDropoutWriteBits) ||
+      !declares(Pass::bwd_dq, mn::kDropoutBits))
+    return false;
+  if (d.dkdv.block_n % 64 != 0 || schedule_for(Pass::bwd_dq, q, d, opts).block_n % 32 != 0) return false;
+  const double bytes = 4.0 * double(d.batch) * double(d.heads_q) * double(d.seq_q) * double(lang::cdiv(d.seq_k, 32));
+  return bytes <= double(opts.dropout_words_max_bytes);
 }
 
 size_t delta_bytes(const Dims& d) {
@@ -163,10 +181,14 @@ void plan_workspace(const Checker& c, const Tensor& q, const Options& opts, Dims
     }
   }
   d.backward_end = at;
+  if (mask_once_fits(q, opts, d)) {
+    d.mask_once = true;
+    d.dropout_words = workspace_array(ir::DType::u32, {d.batch * d.heads_q, d.seq_q, lang::cdiv(d.seq_k, 32)}, at);
+  }
 }
 
 size_t forward_bytes(const Dims& d) { return d.lists && d.lists_base == 0 ? d.fwd_lists.end : 0; }
-size_t backward_bytes(const Dims& d) { return d.backward_end; }
+size_t backward_bytes(const Dims& d) { return d.backward_end + (d.mask_once ? d.dropout_words.bytes : 0); }
 
 void check_workspace(const Checker& c, const Workspace& ws, size_t need, const char* sizer) {
   if (ws.data == 0 && ws.bytes != 0) c.fail("workspace has {} bytes but a null pointer", ws.bytes);
@@ -205,6 +227,9 @@ Dims workspace_dims(const char* fn, const Tensor& q, const Tensor* k, const Opti
   check_mask_option(c, q, opts, d, backward);
   check_score_mod_option(c, q, opts, d);
   check_reduction_option(c, opts, d, backward);
+  // (what places the dropout mask's words; the calls check the dropout options themselves)
+  d.dropout = opts.dropout_p > 0;
+  d.read_bits = d.dropout && opts.dropout_bits.has_value();
   plan_workspace(c, q, opts, d, backward);
   return d;
 }

@@ -41,6 +41,7 @@ constexpr std::array<Row, kArgCount> kArguments{{
     {"dropout_mask", Arg::dropout_mask},
     {"dropout_bits", Arg::dropout_bits},
     {"Mask", Arg::Mask},
+    {"dropout_bits_out", Arg::dropout_bits_out},
     {"dQ_accum", Arg::dQ_accum},
     {"dQ_parts", Arg::dQ_parts},
     {"dQ_semaphores", Arg::dQ_semaphores},

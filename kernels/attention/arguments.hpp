@@ -40,6 +40,7 @@ enum class Arg : uint8_t {
   // where the call sits in a larger attention's mask (AttentionDropout; DropoutCoordinates)
   dropout_row_offset, dropout_col_offset, dropout_head_offset, dropout_heads,
   dropout_mask, dropout_bits, Mask,
+  dropout_bits_out,  // dK/dV's DROPOUT_WRITE_BITS: the fused mask's words it stores for dQ to read
   // the dK/dV kernel's dQ reduction buffers (DQ_REDUCTION)
   dQ_accum, dQ_parts, dQ_semaphores,
   // a library mask's own parameters (AttentionMask, BlockClassifier: mask_parameter_names)
