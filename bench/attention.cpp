@@ -801,12 +801,18 @@ int bench_dq_variants(int max_reps, double dropout_p, int64_t only_d, const std:
                                            static_cast<float>(1 / std::sqrt(double(D)))};
       if (dropout) add_dropout_key(args, dropout_p);
       const bool bits = meta_flag(make({sch.block_n, sch.num_warps, sch.stages}), mn::kDropoutBits);
-      const DeviceBuffer bits_buffer = add_random_mask_words(args, c, bits);
+      const auto bits_buffer = add_random_mask_words(args, c, bits);
       if (!ab_meta.empty()) {
         std::vector<Function> fns;
         for (bool on : {false, true}) fns.push_back(make({sch.block_n, sch.num_warps, sch.stages}, on));
-        const AbResult r = ab_measure(fns, runtime::Grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()}, stream, args, {&buf.dq},
-                                      static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps);
+        // (--dq-ab DROPOUT_BITS: only the on variant takes the words; their random values differ from the
+        // fused mask, so the outputs do too)
+        std::array<std::vector<runtime::DeviceArg>, 2> variant_args{args, args};
+        const auto ab_words = add_random_mask_words(variant_args[1], c, !bits && meta_flag(fns[1], mn::kDropoutBits));
+        const runtime::Grid grid{lang::cdiv(c.S, sch.block_m), c.H(), c.B()};
+        const auto launch = [&](size_t i) { return [&, i] { fns[i].launch(grid, stream.handle(), variant_args[i]); }; };
+        const AbResult r = ab_measure_launches({launch(0), launch(1)}, stream, {&buf.dq}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2),
+                                               max_reps);
         std::printf("DQ_AB %s D=%ld causal=%d dropout=%g bits=%d tiles=%dx%d/%dw/%ds registers=%d/%d off_ms=%.4f on_ms=%.4f speedup=%.3f "
                     "outputs_identical=%d\n",
                     ab_meta.c_str(), static_cast<long>(D), causal ? 1 : 0, dropout ? dropout_p : 0.0, bits ? 1 : 0, sch.block_m, sch.block_n,
@@ -935,7 +941,13 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqR
       args.emplace_back(static_cast<float>(1 / std::sqrt(double(D))));
       if (dropout) add_dropout_key(args, dropout_p);
       // --with DROPOUT_BITS: the packed keep-mask read from memory (random words: timing only)
-      const DeviceBuffer bits_buffer = add_random_mask_words(args, c, meta_flag(fns[0], mn::kDropoutBits));
+      const auto bits_buffer = add_random_mask_words(args, c, meta_flag(fns[0], mn::kDropoutBits));
+      // DROPOUT_WRITE_BITS (a variant's own parameter, after the key): where it stores the mask's words
+      std::array<std::vector<runtime::DeviceArg>, 2> variant_args{args, args};
+      std::array<std::unique_ptr<MaskWords>, 2> words_out;
+      for (size_t i = 0; i < 2; ++i)
+        words_out[i] = add_random_mask_words(variant_args[i], c, meta_flag(fns[i], mn::kDropoutWriteBits), false,
+                                             meta_flag(fns[i], mn::kDropoutWordsKeyMajor));
       AbResult r;
       try {  // (a Function compiles at its first launch)
         // PERSISTENT: as many programs as are resident at once (at most one per key tile), on a 1-D grid
@@ -945,8 +957,9 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqR
           grids[i] = meta_flag(fns[i], mn::kPersistent) ? fns[i].gpu_kernel().persistent_grid(key_tiles * c.H() * c.B())
                                                         : runtime::Grid{key_tiles, c.H(), c.B()};
         }
-        r = ab_measure_grids(fns, grids, stream, args, {&buf.dk, &buf.dv}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2), max_reps,
-                             ordered ? zero_semaphores : std::function<void()>{});
+        const auto launch = [&](size_t i) { return [&, i] { fns[i].launch(grids[i], stream.handle(), variant_args[i]); }; };
+        r = ab_measure_launches({launch(0), launch(1)}, stream, {&buf.dk, &buf.dv}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2),
+                                max_reps, ordered ? zero_semaphores : std::function<void()>{});
       } catch (const std::exception& e) {
         std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv D=%ld causal=%d skipped=\"%s\"\n", meta_name.c_str(), static_cast<long>(D),
                     causal ? 1 : 0, e.what());

@@ -2,6 +2,7 @@
 // beside it): the grid's shapes, timing with CUDA events, A/B rounds, the device buffers.
 #pragma once
 #include <algorithm>
+#include <memory>
 #include <array>
 #include <functional>
 #include <initializer_list>
@@ -89,14 +90,25 @@ inline bool meta_flag(const Function& fn, const char* name) {
   return false;
 }
 
-// DROPOUT_BITS in a kernel A/B: random packed mask words for configuration c (timing only: about
-// half the elements kept), appended to args as the u32 [B * H, S, cdiv(S, 32)] mask; the buffer
-// must outlive the launches. Without bits nothing is appended (a 16-byte placeholder buffer).
-inline DeviceBuffer add_random_mask_words(std::vector<runtime::DeviceArg>& args, const Config& c, bool bits) {
+// Mask words for a kernel A/B: their memory and the tensor whose sizes an argument's view points
+// into (both must outlive the launches: a DeviceArg of a temporary Tensor read freed sizes).
+struct MaskWords {
+  DeviceBuffer buffer;
+  attention::Tensor tensor;
+};
+// DROPOUT_BITS (or DROPOUT_WRITE_BITS) in a kernel A/B: packed mask words for configuration c --
+// random (timing only: about half the elements kept) or, `random` false, uninitialised (written) --
+// appended to args as the u32 [B * H, S, cdiv(S, 32)] mask (key_major: with strides [W * S, 1, S], as
+// the API lays out the words dK/dV stores for dQ: DROPOUT_WORDS_KEY_MAJOR). Without `bits` nothing is appended.
+inline std::unique_ptr<MaskWords> add_random_mask_words(std::vector<runtime::DeviceArg>& args, const Config& c, bool bits,
+                                                        bool random = true, bool key_major = false) {
   const int64_t words = (c.S + 31) / 32;
-  DeviceBuffer buffer = bench_util::random_buffer(bits ? static_cast<size_t>(c.B() * c.H() * c.S * words) * 4 : 16, ir::DType::bf16, 17);
-  if (bits) args.emplace_back(attention::contiguous(buffer.ptr(), ir::DType::u32, {c.B() * c.H(), c.S, words}).view());
-  return buffer;
+  const size_t bytes = bits ? static_cast<size_t>(c.B() * c.H() * c.S * words) * 4 : 16;
+  auto w = std::make_unique<MaskWords>(MaskWords{random ? bench_util::random_buffer(bytes, ir::DType::bf16, 17) : DeviceBuffer(bytes), {}});
+  w->tensor = key_major ? attention::strided(w->buffer.ptr(), ir::DType::u32, {c.B() * c.H(), c.S, words}, {words * c.S, 1, c.S})
+                        : attention::contiguous(w->buffer.ptr(), ir::DType::u32, {c.B() * c.H(), c.S, words});
+  if (bits) args.emplace_back(w->tensor.view());
+  return w;
 }
 
 // Device buffers of the largest tensors of the grid (B * S = 16k tokens, H * D = 2048) and the

@@ -30,6 +30,7 @@ inline constexpr const char* kScoreMod = "SCORE_MOD";
 inline constexpr const char* kDropout = "DROPOUT";
 inline constexpr const char* kDropoutBits = "DROPOUT_BITS";
 inline constexpr const char* kDropoutWriteBits = "DROPOUT_WRITE_BITS";
+inline constexpr const char* kDropoutWordsKeyMajor = "DROPOUT_WORDS_KEY_MAJOR";
 inline constexpr const char* kReturnMask = "RETURN_MASK";
 inline constexpr const char* kPingpong = "PINGPONG";
 inline constexpr const char* kExactNormalize = "EXACT_NORMALIZE";

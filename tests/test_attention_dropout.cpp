@@ -165,36 +165,45 @@ void check_dropout(const Case& c, const Rng& rng, Blocks blocks = {}, DType dtyp
     bits_meta.emplace_back("DROPOUT_BITS", true);
     // dK/dV under kv_meta, then dQ reading the mask words in `words_arg` (DROPOUT_BITS); how many
     // elements of dQ, dK and dV differ from the fused backward's
-    const auto backward_differs = [&](const Meta& kv_meta, HostTensor& words_arg) {
+    const auto backward_differs = [&](const Meta& kv_meta, HostTensor& words_arg, const Meta& q_meta) {
       HostTensor dq2(dtype, c.q_shape()), dk2(dtype, c.kv_shape()), dv2(dtype, c.kv_shape());
       std::vector<runtime::Arg> kv_args = concat({q, k, v, dout, lse, delta, dk2, dv2, scale}, rng.args()),
                                 q_args = concat({q, k, v, dout, lse, delta, dq2, scale}, rng.args());
       kv_args.emplace_back(words_arg);
       q_args.emplace_back(words_arg);
       runtime::interpret(kernels::attention_backward_dkdv().build(kv_meta), {k_blocks, c.Hkv, c.B}, kv_args);
-      runtime::interpret(kernels::attention_backward_dq().build(bits_meta), {q_blocks, c.Hq, c.B}, q_args);
+      runtime::interpret(kernels::attention_backward_dq().build(q_meta), {q_blocks, c.Hq, c.B}, q_args);
       int64_t differ = 0;
       for (auto [a, b] : {std::pair{&dq, &dq2}, {&dk, &dk2}, {&dv, &dv2}})
         for (int64_t e = 0; e < a->numel(); ++e) differ += a->get_flat(e) != b->get_flat(e) ? 1 : 0;
       return differ;
     };
-    CHECK(backward_differs(bits_meta, bits) == 0);
+    CHECK(backward_differs(bits_meta, bits, bits_meta) == 0);
 
     // DROPOUT_WRITE_BITS (docs/dropout-backward-mask-once.md): the fused dK/dV also stores the words
     // it draws; dQ reading them (DROPOUT_BITS) gives the fused gradients bit for bit, and every
     // visible (row, key) of the stored words is the host mask's bit.
-    if (blocks.n % 64 == 0) {
-      HostTensor written(u32, {c.B * c.Hq, c.Sq, words});
+    // Key-major (DROPOUT_WORDS_KEY_MAJOR: the words' tensor takes any strides; the API passes
+    // [B * Hq, S_q, words] with strides [words * S_q, 1, S_q]: decision 097), written and read so.
+    for (bool key_major : {false, true}) {
+      if (blocks.n % 64 != 0) break;
+      INFO("key-major " << key_major);
+      HostTensor written = key_major ? HostTensor(u32, {c.B * c.Hq, c.Sq, words}, {words * c.Sq, 1, c.Sq})
+                                     : HostTensor(u32, {c.B * c.Hq, c.Sq, words});
       written.poison();  // 0xFFFFFFFF: never written (blocks dK/dV skips: past the causal diagonal)
-      Meta write_meta = meta;
+      Meta write_meta = meta, read_meta = bits_meta;
       write_meta.emplace_back("DROPOUT_WRITE_BITS", true);
-      CHECK(backward_differs(write_meta, written) == 0);
+      if (key_major) {
+        write_meta.emplace_back("DROPOUT_WORDS_KEY_MAJOR", true);
+        read_meta.emplace_back("DROPOUT_WORDS_KEY_MAJOR", true);
+      }
+      CHECK(backward_differs(write_meta, written, read_meta) == 0);
       int64_t wrong_bits = 0, visible_bits = 0;
       for (int64_t bh = 0; bh < c.B * c.Hq; ++bh)
         for (int64_t i = 0; i < c.Sq; ++i)
           for (int64_t j = 0; j < c.Sk && (!c.causal || j <= i + (c.Sk - c.Sq)); ++j) {
             const int64_t w = (bh * c.Sq + i) * words + j / 32;
-            const auto got = static_cast<uint32_t>(written.get_flat(w)), want = packed[static_cast<size_t>(w)];
+            const auto got = static_cast<uint32_t>(written.get({bh, i, j / 32})), want = packed[static_cast<size_t>(w)];
             ++visible_bits;
             wrong_bits += ((got ^ want) >> (j % 32) & 1u) ? 1 : 0;
           }

@@ -156,7 +156,8 @@ struct Dims {
   WorkspaceArray dq_ws, dq_sem;
   size_t backward_end = 0;  // the backward's workspace bytes, without the mask's words
   // backward with fused dropout: dK/dV stores the keep-mask's words (DROPOUT_WRITE_BITS) at
-  // `dropout_words` (after backward_end) and dQ reads them (DROPOUT_BITS): Options::dropout_words_max_bytes
+  // `dropout_words` (after backward_end; key-major, u32 [B * Hq, cdiv(S_k, 32), S_q]) and dQ reads
+  // them (DROPOUT_BITS): Options::dropout_words_max_bytes
   bool mask_once = false;
   WorkspaceArray dropout_words;
 };
@@ -268,11 +269,12 @@ struct Config {
   bool ring_producer = false;   // dK/dV's RING_PRODUCER (dkdv_ring_options)
   bool dq_writer = false;       // dK/dV's DQ_WRITER (dkdv_ring_options)
   bool write_bits = false;      // dK/dV's DROPOUT_WRITE_BITS (Dims::mask_once; dQ then has read_bits)
+  bool words_key_major = false;  // Dims::mask_once: dK/dV writes, dQ reads key-major words (DROPOUT_WORDS_KEY_MAJOR)
   std::optional<TunedOptions> tuned = {};  // options from a tuning table; unset: the kernel's defaults
   auto key() const {
     return std::tuple(static_cast<int>(pass), static_cast<int>(dtype), head_dim, causal, varlen, sch.block_m, sch.block_n,
                       sch.num_warps, sch.stages, sch.min_programs_per_sm, device, dropout, return_mask, read_bits, mask, reduction, q_descending, score_mod,
-                      positive_scale, persistent, accumulate, lse_in_ring, ring_producer, dq_writer, write_bits, tuned);
+                      positive_scale, persistent, accumulate, lse_in_ring, ring_producer, dq_writer, write_bits, words_key_major, tuned);
   }
   bool operator<(const Config& o) const { return key() < o.key(); }
 };

@@ -234,6 +234,7 @@ std::vector<Function*> functions_for(const char* fn, ir::DType dtype, int head_d
       Config v = cfg;
       v.write_bits = once && p == Pass::bwd_dkdv;
       v.read_bits = once && p == Pass::bwd_dq;
+      v.words_key_major = once;
       out.push_back(&function_for(v));  // (dK/dV: the kernel of calls whose lse is not 16-byte aligned, S_q % 4 != 0)
       if (p == Pass::bwd_dkdv) {  // and of those whose lse is: LSE and Delta from the ring
         const DkdvRingOptions r = dkdv_ring_options(v, true);

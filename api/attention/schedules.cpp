@@ -233,6 +233,7 @@ lang::Meta meta_of(const Config& c) {
       if (c.ring_producer) k.ring_producer = true;
       k.dq_writer = c.dq_writer;
       k.dropout_write_bits = c.write_bits;
+      k.dropout_words_key_major = c.words_key_major;
       if (c.tuned) k.tma_store = c.tuned->tma_store;
       all = k.to_meta();
       break;
@@ -241,6 +242,7 @@ lang::Meta meta_of(const Config& c) {
     case Pass::bwd_dq: {
       kernels::DqConfig k = tiled(kernels::DqConfig{});
       k.accumulate = c.accumulate;
+      k.dropout_words_key_major = c.words_key_major;
       all = k.to_meta();
       break;
     }
@@ -281,6 +283,7 @@ Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
                  opts.persistent.value_or(forward_persistent(c.head_dim, c.varlen, c.mask, c.score_mod, c.dropout));
   c.accumulate = d.accumulate && (p == Pass::bwd_dkdv || p == Pass::bwd_dq);
   c.write_bits = p == Pass::bwd_dkdv && d.mask_once;
+  c.words_key_major = (p == Pass::bwd_dkdv || p == Pass::bwd_dq) && d.mask_once;
   if (p == Pass::bwd_dkdv) {
     const DkdvRingOptions r = dkdv_ring_options(c, d.row_vectors_aligned);
     c.lse_in_ring = r.lse_in_ring, c.ring_producer = r.ring_producer, c.dq_writer = r.dq_writer;

@@ -183,7 +183,12 @@ void plan_workspace(const Checker& c, const Tensor& q, const Options& opts, Dims
   d.backward_end = at;
   if (mask_once_fits(q, opts, d)) {
     d.mask_once = true;
-    d.dropout_words = workspace_array(ir::DType::u32, {d.batch * d.heads_q, d.seq_q, lang::cdiv(d.seq_k, 32)}, at);
+    // key-major (the kernels' DROPOUT_WORDS_KEY_MAJOR): [B * Hq, S_q, W] with strides [W * S_q, 1,
+    // S_q], so that a key tile's words are whole runs of rows, written at once (decision 097)
+    const int64_t w = lang::cdiv(d.seq_k, 32);
+    d.dropout_words = workspace_array(ir::DType::u32, {d.batch * d.heads_q, w, d.seq_q}, at);
+    d.dropout_words.sizes = {d.batch * d.heads_q, d.seq_q, w};
+    d.dropout_words.strides = {w * d.seq_q, 1, d.seq_q};
   }
 }
 

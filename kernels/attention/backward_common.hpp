@@ -111,6 +111,7 @@ struct BackwardParams {
   ScoreModKind score_mod_kind;  // SCORE_MOD
   bool dropout;               // DROPOUT: trailing seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold
   bool dropout_bits;          // DROPOUT_BITS: then the precomputed packed mask `dropout_bits` (rng = precomputed)
+  bool dropout_words_any_strides = false;  // dQ's DROPOUT_WORDS_KEY_MAJOR: `dropout_bits` takes any strides (set before sequence)
   bool partial_tiles_only;    // PARTIAL_TILES_ONLY (full / causal): the element mask on partial tiles only (mask_partial)
   // DROPOUT at bf16: the gradients fold the keep scale s out of their loops (dS / s = P (Z dP -
   // Delta / s); dQ, dK and a reduction's dQ parts times s once) [091]; f16 keeps s in the loops

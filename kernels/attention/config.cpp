@@ -246,6 +246,7 @@ Meta DkdvConfig::to_meta() const {
   put_if(m, mn::kTmaStore, tma_store);
   if (producer_registers) m.emplace_back(mn::kProducerRegisters, static_cast<int64_t>(*producer_registers));
   put_if(m, mn::kDropoutWriteBits, dropout_write_bits, false);
+  put_if(m, mn::kDropoutWordsKeyMajor, dropout_words_key_major, false);
   return m;
 }
 
@@ -333,6 +334,9 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
                                         "BLOCK_N a multiple of 64 (whole Philox groups); got DROPOUT={}, DROPOUT_BITS={}, VARLEN={}, "
                                         "MASK={}, DQ_REDUCTION={}, BLOCK_N={}",
                                         s.dropout, s.dropout_bits, s.varlen, s.library_mask(), static_cast<int>(r), c.block_n));
+  c.dropout_words_key_major = kb.meta<bool>(mn::kDropoutWordsKeyMajor, false);
+  if (c.dropout_words_key_major && !c.dropout_write_bits)
+    kb.fail(Loc::current(), "DROPOUT_WORDS_KEY_MAJOR lays out the words DROPOUT_WRITE_BITS stores: it needs DROPOUT_WRITE_BITS=true");
   return c;
 }
 
@@ -344,6 +348,7 @@ Meta DqConfig::to_meta() const {
   put_if(m, mn::kHeavyFirstSections, heavy_first_sections, true);
   put_if(m, mn::kAccumulate, accumulate, false);
   put_if(m, mn::kDropoutAhead, dropout_ahead, false);
+  put_if(m, mn::kDropoutWordsKeyMajor, dropout_words_key_major, false);
   return m;
 }
 
@@ -360,6 +365,9 @@ DqConfig DqConfig::read(Builder& kb) {
   c.dropout_ahead = kb.meta<bool>(mn::kDropoutAhead, false);
   if (c.dropout_ahead && !s.dropout_bits)
     kb.fail(Loc::current(), "DROPOUT_AHEAD in dQ loads the precomputed mask's words ahead: it needs DROPOUT_BITS=true");
+  c.dropout_words_key_major = kb.meta<bool>(mn::kDropoutWordsKeyMajor, false);
+  if (c.dropout_words_key_major && !s.dropout_bits)
+    kb.fail(Loc::current(), "DROPOUT_WORDS_KEY_MAJOR reads key-major mask words (dK/dV's DROPOUT_WRITE_BITS): it needs DROPOUT_BITS=true");
   return c;
 }
 

@@ -171,6 +171,10 @@ struct DkdvConfig {
   // (u32 [B * Hq, S_q, cdiv(S_k, 32)]), for a dQ reading them (DROPOUT_BITS) instead of drawing
   // them again (docs/dropout-backward-mask-once.md)
   bool dropout_write_bits = false;
+  // with dropout_write_bits: `dropout_bits_out` takes any strides, for the API's key-major words
+  // (strides [W * S_q, 1, S_q]: a block's words are whole runs of rows; row-major, each 32-byte
+  // sector took 8 bytes from each of 4 key tiles at different times: 1.08-1.22x dK/dV: decision 097)
+  bool dropout_words_key_major = false;
   static constexpr int64_t kTimelinePhases = 6;  // top, S^T landed, P^T, dS^T, dV and dK issued, dQ's part
   static constexpr int64_t kTimelineStamps = 2 + kTimelinePhases * 256;  // the start, 256 visits (S 16k at BLOCK_M 64), the end
 
@@ -190,6 +194,7 @@ struct DqConfig {
   bool heavy_first_sections = true;    // dense causal: heavy query tiles first across heads [018]
   bool accumulate = false;             // dQ is f32 and receives += the gradient (as DkdvConfig's)
   bool dropout_ahead = false;          // DROPOUT_BITS: a block's mask words loaded before its dots; off by default (measured slower) [095, 096]
+  bool dropout_words_key_major = false;  // DROPOUT_BITS: `dropout_bits` takes any strides (dK/dV's key-major words) [097]
 
   lang::Meta to_meta() const;  // as DkdvConfig's
   static DqConfig read(lang::Builder& kb);

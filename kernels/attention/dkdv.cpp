@@ -78,7 +78,7 @@ DkdvProgram::DkdvProgram(Builder& kb)
     first_n = slot.tile, first_kv_h = slot.head, first_b = slot.batch;  // (Q and dO rows)
   }
   rows0.emplace(a.sequence(kb, cfg.persistent ? zeros(i32, {}) : first_b, drop));
-  if (cfg.dropout_write_bits) drop->declare_bits_out(kb);
+  if (cfg.dropout_write_bits) drop->declare_bits_out(kb, cfg.dropout_words_key_major);
   a.declare_mask(kb, /*kv_major=*/true);
   a.declare_score_mod(kb);
   if (cfg.timeline) timeline = kb.pointer("timeline", u64);

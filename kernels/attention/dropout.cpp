@@ -26,12 +26,12 @@ Tile AttentionDropout::global_rows(const Tile& row0, int64_t num_rows) const { r
 
 Tile AttentionDropout::global_col(const Tile& col0) const { return col0 + col_offset; }
 
-void AttentionDropout::declare_bits(Builder& kb) {
-  bits = kb.tensor("dropout_bits", u32, 3, {.align_bytes = 4, .contiguous_last = true});
+void AttentionDropout::declare_bits(Builder& kb, bool any_strides) {
+  bits = kb.tensor("dropout_bits", u32, 3, {.align_bytes = 4, .contiguous_last = !any_strides});
 }
 
-void AttentionDropout::declare_bits_out(Builder& kb) {
-  bits_out = kb.tensor("dropout_bits_out", u32, 3, {.align_bytes = 4, .contiguous_last = true});
+void AttentionDropout::declare_bits_out(Builder& kb, bool any_strides) {
+  bits_out = kb.tensor("dropout_bits_out", u32, 3, {.align_bytes = 4, .contiguous_last = !any_strides});
 }
 
 Tile AttentionDropout::keep(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0, int64_t num_cols) const {
@@ -102,7 +102,8 @@ Tile AttentionDropout::keep_mask_transposed(const Tile& batch_head, const Tile& 
   // in the transposed layout instead, a thread would compute 16 calls a 64 x 64 block and use 2
   // bytes of each (its keys are rows, and one call covers 16 keys of one query row).
   Tile words = keep_words(batch_head, row0 + arange(0, num_rows), col0 / 32, num_cols / 32);
-  if (bits_out.descriptor().valid()) store(words_block(bits_out, batch_head, row0, num_rows, col0, num_cols), words);
+  if (bits_out.descriptor().valid())
+    store(words_block(bits_out, batch_head, row0, num_rows, col0, num_cols), words);
   return trans(expand_keep_words(words, num_rows, num_cols));
 }
 

@@ -40,13 +40,15 @@ struct AttentionDropout {
   explicit AttentionDropout(lang::Builder& kb);
   // The mask's batch*heads coordinate of head h of batch b in a call with `call_heads` query heads.
   lang::Tile batch_head(const lang::Tile& b, const lang::Tile& call_heads, const lang::Tile& h) const;
-  // Declares the packed-mask parameter `dropout_bits` (rng = precomputed).
-  void declare_bits(lang::Builder& kb);
+  // Declares the packed-mask parameter `dropout_bits` (rng = precomputed): u32 [B * Hq, S_q,
+  // cdiv(S_k, 32)] with a unit last stride, or (any_strides) with any strides -- e.g. the API's
+  // key-major words (strides [W * S_q, 1, S_q]: a block's words are whole runs of rows; decision 097).
+  void declare_bits(lang::Builder& kb, bool any_strides = false);
   // Declares `dropout_bits_out` (u32, the layout of `bits`): keep_mask_transposed's fused words are
   // also stored there (dK/dV's DROPOUT_WRITE_BITS). Words of blocks the kernel skips stay unwritten,
   // and bits of keys >= S_k are unspecified: a reader masks both (they are past the causal
   // diagonal or the keys).
-  void declare_bits_out(lang::Builder& kb);
+  void declare_bits_out(lang::Builder& kb, bool any_strides = false);
   // The keep-mask (i1 [num_rows, num_cols], true = keep) of query rows [row0, row0 + num_rows)
   // and key columns [col0, col0 + num_cols) of batch*heads index `batch_head`. Fused: one Philox
   // call per 16 elements when num_cols is a multiple of 64 (col0 a multiple of 64: a block
