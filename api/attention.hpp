@@ -204,8 +204,9 @@ struct Options {
   // own mask (dropout_coordinates all zero) and the default tiles (or a schedule with BLOCK_N a
   // multiple of 64), and its workspace (if given) is large enough: backward_workspace_bytes(q, k,
   // opts) counts the words, the overload without k cannot and does not (a workspace sized by it
-  // runs the backward that draws the mask twice). 0: never.
-  size_t dropout_words_max_bytes = size_t{512} << 20;
+  // runs the backward that draws the mask twice). 0: never. Unset: 512 MiB where it measured faster
+  // (D 64, and D 128 without the causal mask: H200 S 4k), else never.
+  std::optional<size_t> dropout_words_max_bytes;
   // A library mask (see Mask). Kinds whose allowed blocks are not intervals (document,
   // causal_document, share_question, causal_blockwise, block_sparse) first run the
   // block-mask pre-pass on the GPU, once per kernel that reads its lists (forward: 1,

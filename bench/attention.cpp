@@ -180,15 +180,15 @@ int bench(bool quick, int max_reps, ir::DType dt, int64_t gqa) {
 // second stream concurrently with the GEMM (the attention stream waits for both). With --schedule
 // BM,BN,W,S the backward with dropout (fused and precomputed) runs at those tiles (A/B of the
 // default's choice; the no-dropout backward keeps the default).
-int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd_schedule, bool e2e_only) {
+int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd_schedule, bool e2e_only, int64_t head_dim) {
   const ir::DType dt = ir::DType::bf16;
   const bool bwd = attention::backward_available();
   for (bool causal : {false, true})
-    for (bool dropout : {false, true}) attention::prepare(dt, 128, causal, false, bwd, {}, 0, dropout);
+    for (bool dropout : {false, true}) attention::prepare(dt, static_cast<int>(head_dim), causal, false, bwd, {}, 0, dropout);
   const Buffers buf;
   // attention and the GEMM on a high-priority stream; the mask kernel fills the gaps from a low one
   runtime::Stream stream(0, runtime::Stream::Priority::high), side(0, runtime::Stream::Priority::low);
-  const Config base{4096, 128, false};
+  const Config base{4096, head_dim, false};
   const int64_t B = base.B(), S = base.S, H = base.H(), D = base.D, words = (S + 31) / 32;
   DeviceBuffer bits(static_cast<size_t>(B * H * S * words) * 4);
   const attention::Tensor bits_view = attention::contiguous(bits.ptr(), ir::DType::u32, {B * H, S, words});
@@ -216,6 +216,7 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
       for (int slot : {0, 1, 2, 3}) {
         const int rng = (slot + round) % 4;
         attention::Options opts = options(causal, rng == 3 ? 1 : rng, round);
+        if (rng == 1) opts.dropout_words_max_bytes = size_t{1} << 30;  // the mask drawn once wherever the call allows it
         if (rng == 3) opts.dropout_words_max_bytes = 0;
         if (rng == 2) mask_ms.push_back(time_ms([&] { generate(opts, stream.handle()); }, stream, max_reps));
         if (rng != 3) fwd[rng].push_back(time_ms([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); }, stream, max_reps));
@@ -1496,7 +1497,7 @@ int main(int argc, char** argv) {
     if (mask_kernel) return bench_mask_kernel(dropout_p >= 0 ? dropout_p : 0.1, reps);
     if (dq_variants || !dq_ab.empty()) return bench_dq_variants(reps, dropout_p, only_d, dq_ab, with_meta);
     if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_reduction, with_meta, schedule, dropout_p, only_d);
-    if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only);
+    if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only, only_d ? only_d : 128);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout, only_s ? only_s : 4096);
     if (tool_ab || pairs_ab) return bench_tool_ab(reps, pairs_ab);
