@@ -749,8 +749,8 @@ TEST_CASE("attention API: masks, valid calls and the workspace") {
     if (kernels::mask_has_tile_intervals(MaskKind(kind))) {
       CHECK(forward_workspace_bytes(c.q, c.k, c.opts) == 0);
       CHECK(backward_workspace_bytes(c.q, c.opts) == 6400);
-      // (and, full and causal with dropout, the mask's words dK/dV stores for dQ: decision 097)
-      const bool words = MaskKind(kind) == MaskKind::full || MaskKind(kind) == MaskKind::causal;
+      // (and, full with dropout, the mask's words dK/dV stores for dQ: decision 097)
+      const bool words = MaskKind(kind) == MaskKind::full;  // (causal: measured slower, off by default)
       CHECK(backward_workspace_bytes(c.q, c.k, c.opts) == 6400 + (words ? 64000 : 0));
     }
   }
@@ -1387,7 +1387,8 @@ TEST_CASE("attention API: the fused dropout backward's mask words in the workspa
     change(d.opts);
     return backward_workspace_bytes(d.q, d.k, d.opts);
   };
-  CHECK(bytes_with([](Options& o) { o.causal = true; }) == delta + words);
+  CHECK(bytes_with([](Options& o) { o.causal = true; }) == delta);  // (the default: measured slower with the causal mask)
+  CHECK(bytes_with([](Options& o) { o.causal = true, o.dropout_words_max_bytes = 64000; }) == delta + words);
   CHECK(bytes_with([](Options& o) { o.dropout_words_max_bytes = 64000; }) == delta + words);
   CHECK(bytes_with([](Options& o) { o.dropout_words_max_bytes = 63999; }) == delta);
   CHECK(bytes_with([](Options& o) { o.dropout_words_max_bytes = 0; }) == delta);
@@ -1399,7 +1400,7 @@ TEST_CASE("attention API: the fused dropout backward's mask words in the workspa
   CHECK(bytes_with([](Options& o) { o.backward_phase = BackwardPhase::dkdv; }) == delta);
   CHECK(bytes_with([](Options& o) { o.schedule = Schedule{64, 32, 4, 2}; }) == delta);  // dK/dV's BLOCK_N 32: half a Philox group
   CHECK(bytes_with([](Options& o) { o.schedule = Schedule{64, 64, 4, 2}; }) == delta + words);
-  // the default where it measured faster: D 64, and D 128 without the causal mask
+  // the default where it measured faster: D 64 and D 128 without the causal mask
   for (bool causal : {false, true}) {
     Call h = bhsd_call(128);
     h.opts.dropout_p = 0.1;
@@ -1444,6 +1445,7 @@ TEST_CASE("attention API: the fused dropout backward's mask words in the workspa
   for (bool causal : {false, true}) {
     Call d = c;
     d.opts.causal = causal;
+    d.opts.dropout_words_max_bytes = size_t{1} << 30;  // (causal's default draws the mask twice)
     stops_at_driver(d, 0);
     stops_at_driver(d, delta + words);
     stops_at_driver(d, delta);  // (room for Delta only: dQ draws the mask again)
