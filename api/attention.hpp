@@ -200,8 +200,8 @@ struct Options {
   // packed words in the workspace (u32 [B * Hq, S_q, cdiv(S_k, 32)]: 4 * B * Hq * S_q * cdiv(S_k, 32)
   // bytes) and dQ reads them instead of running Philox again -- the same bits, so the same
   // gradients (decision 097). Taken when the words take at most this many bytes and the call has
-  // dense batches, the full or causal mask, dq_reduction recompute, backward_phase all, this call's
-  // own mask (dropout_coordinates all zero) and the default tiles (or a schedule with BLOCK_N a
+  // dense batches, the full or causal mask, dq_reduction recompute, this call's own mask
+  // (dropout_coordinates all zero; split phases: the dkdv phase leaves the words for the dq phase) and the default tiles (or a schedule with BLOCK_N a
   // multiple of 64), and its workspace (if given) is large enough: backward_workspace_bytes(q, k,
   // opts) counts the words, the overload without k cannot and does not (a workspace sized by it
   // runs the backward that draws the mask twice). 0: never. Unset: 512 MiB where it measured faster

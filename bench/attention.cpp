@@ -10,6 +10,9 @@
 //     causal, forward and backward with dropout_p = P (default 0.1) against without, alternated:
 //     DROPOUT dtype=bf16 B=4 S=4096 H=16 D=128 causal=0 p=0.1 fwd_ms=.. fwd_dropout_ms=.. fwd_slowdown=..
 //       bwd_ms=.. bwd_dropout_ms=.. bwd_slowdown=.. bwd_twice_ms=.. (the mask drawn in dK/dV and dQ) bwd_twice_slowdown=..
+//     DROPOUT_PHASES causal=0 p=0.1 none_dkdv_ms=.. none_dq_ms=.. once_dkdv_ms=.. once_dq_ms=.. twice_dkdv_ms=..
+//       twice_dq_ms=..   (--phases: the backward's two phases, Delta + dK/dV and dQ, each timed alone)
+//     (--head-dim D: D 64 or 128 instead of 128; H = 2048 / D)
 //     DROPOUT_PRECOMPUTED causal=0 p=0.1 fwd_ms=.. fwd_bits_ms=.. ... mask_kernel_ms=..   (rng = precomputed)
 //     GEMM_RNG MASK_BLOCK_M=64 MASK_BLOCK_W=4 MASK_TILES_PER_STEP=2 MASK_WARPS=0 MMA_REGISTERS=0 MASK_REGISTERS=0
 //       gemm_ms=.. gemm_rng_ms=.. slowdown=.. bits_identical=1   (the QKV GEMM writing the mask, gemm's
@@ -180,7 +183,8 @@ int bench(bool quick, int max_reps, ir::DType dt, int64_t gqa) {
 // second stream concurrently with the GEMM (the attention stream waits for both). With --schedule
 // BM,BN,W,S the backward with dropout (fused and precomputed) runs at those tiles (A/B of the
 // default's choice; the no-dropout backward keeps the default).
-int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd_schedule, bool e2e_only, int64_t head_dim) {
+int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd_schedule, bool e2e_only, int64_t head_dim,
+                  bool phases) {
   const ir::DType dt = ir::DType::bf16;
   const bool bwd = attention::backward_available();
   for (bool causal : {false, true})
@@ -208,7 +212,7 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
     if (e2e_only) break;
     const Config c{S, D, causal};
     const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
-    std::vector<double> fwd[4], bwd_ms[4], mask_ms;
+    std::vector<double> fwd[4], bwd_ms[4], mask_ms, dkdv_phase[4], dq_phase[4];
     // six rounds, the variants' order rotated each round (a fixed order biases the comparison by
     // several %: see ab_rounds); variant 3: fused, the backward drawing the mask in dK/dV and again
     // in dQ (dropout_words_max_bytes = 0; variant 1 draws it once: decision 097)
@@ -226,6 +230,16 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
             if (rng && bwd_schedule) bo.schedule = bwd_schedule;  // --schedule: the dropout backward's tiles (A/B)
             attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, bo, stream.handle(), {buf.ws.ptr(), buf.ws.bytes()});
           }, stream, max_reps));
+        // --phases: the same backward in its two phases (options.backward_phase), each timed alone:
+        // Delta + dK/dV, then dQ (which of the two a variant changes)
+        if (bwd && phases && rng != 2)
+          for (attention::BackwardPhase ph : {attention::BackwardPhase::dkdv, attention::BackwardPhase::dq}) {
+            attention::Options po = opts;
+            po.backward_phase = ph;
+            (ph == attention::BackwardPhase::dkdv ? dkdv_phase : dq_phase)[rng].push_back(time_ms([&] {
+              attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, po, stream.handle(), {buf.ws.ptr(), buf.ws.bytes()});
+            }, stream, max_reps));
+          }
       }
     const double f0 = median(fwd[0]), f1 = median(fwd[1]), f2 = median(fwd[2]), gen = median(mask_ms);
     const double b0 = bwd ? median(bwd_ms[0]) : NAN, b1 = bwd ? median(bwd_ms[1]) : NAN, b2 = bwd ? median(bwd_ms[2]) : NAN,
@@ -237,6 +251,11 @@ int bench_dropout(double p, int max_reps, std::optional<attention::Schedule> bwd
     std::printf("DROPOUT_PRECOMPUTED causal=%d p=%g fwd_ms=%.4f fwd_bits_ms=%.4f fwd_bits_slowdown=%.3f bwd_bits_ms=%.4f "
                 "bwd_bits_slowdown=%.3f mask_kernel_ms=%.4f\n",
                 causal ? 1 : 0, p, f0, f2, f2 / f0, b2, b2 / b0, gen);
+    if (bwd && phases)
+      std::printf("DROPOUT_PHASES causal=%d p=%g none_dkdv_ms=%.4f none_dq_ms=%.4f once_dkdv_ms=%.4f once_dq_ms=%.4f twice_dkdv_ms=%.4f "
+                  "twice_dq_ms=%.4f\n",
+                  causal ? 1 : 0, p, median(dkdv_phase[0]), median(dq_phase[0]), median(dkdv_phase[1]), median(dq_phase[1]),
+                  median(dkdv_phase[3]), median(dq_phase[3]));
     std::fflush(stdout);
   }
 
@@ -1419,7 +1438,7 @@ int main(int argc, char** argv) {
   std::string only_mode;            // --deterministic --mode KEY: only that reduction (recompute, atomic, ...; e.g. for ncu)
   int only_causal = -1;             // --deterministic --causal 0|1: only full / causal
   std::string build_ab;  // --build-ab OTHER.tjb: this build's API kernels against another build's (attention_build_ab.cpp)
-  bool tool_ab = false, pairs_ab = false, no_dropout = false;  // --schedule-ab --no-dropout: only the runs without dropout
+  bool tool_ab = false, pairs_ab = false, no_dropout = false, phases = false;  // --schedule-ab --no-dropout: only the runs without dropout; --dropout --phases: each backward phase timed
   std::optional<attention::Schedule> schedule;  // --deterministic --schedule: recompute's kernels at these tiles
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -1433,6 +1452,7 @@ int main(int argc, char** argv) {
     else if (a == "--check" && i + 1 < argc) check_dir = argv[++i];
     else if (a == "--masks") masks = true;
     else if (a == "--e2e-only") e2e_only = true;
+    else if (a == "--phases") phases = true;
     else if (a == "--mask-kernel") mask_kernel = true;
     else if (a == "--dq-variants") dq_variants = true;
     else if (a == "--dq-ab" && i + 1 < argc) dq_ab = argv[++i];
@@ -1481,7 +1501,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] | --mask-kernel | --dq-variants [--dropout P] [--head-dim D] | --dq-ab META [--dropout P] [--with M,..] [--head-dim D] | --tool-ab | --pairs-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --backward-ab META [--dropout P] [--head-dim D] | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] [--phases] [--head-dim D] | --mask-kernel | --dq-variants [--dropout P] [--head-dim D] | --dq-ab META [--dropout P] [--with M,..] [--head-dim D] | --tool-ab | --pairs-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --backward-ab META [--dropout P] [--head-dim D] | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -1497,7 +1517,7 @@ int main(int argc, char** argv) {
     if (mask_kernel) return bench_mask_kernel(dropout_p >= 0 ? dropout_p : 0.1, reps);
     if (dq_variants || !dq_ab.empty()) return bench_dq_variants(reps, dropout_p, only_d, dq_ab, with_meta);
     if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_reduction, with_meta, schedule, dropout_p, only_d);
-    if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only, only_d ? only_d : 128);
+    if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only, only_d ? only_d : 128, phases);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout, only_s ? only_s : 4096);
     if (tool_ab || pairs_ab) return bench_tool_ab(reps, pairs_ab);

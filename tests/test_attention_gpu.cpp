@@ -961,7 +961,8 @@ TEST_CASE("gpu: attention API, accumulate_gradients adds the plain backward's gr
 }
 
 // options.backward_phase: dK/dV then dQ in two calls sharing the workspace equal one call bit for
-// bit (full, causal, a document mask whose lists the dkdv phase's pre-pass leaves for dQ's).
+// bit (full, causal, a document mask whose lists the dkdv phase's pre-pass leaves for dQ's, and
+// dropout, full and causal, whose dkdv phase leaves the mask's words for dQ's: decision 097).
 TEST_CASE("gpu: attention API, backward phases equal one call bit for bit") {
   if (const auto& drv = runtime::Driver::get(); !drv.available() || !attention::backward_available()) {
     MESSAGE("SKIPPED: no GPU or no backward");
@@ -974,15 +975,16 @@ TEST_CASE("gpu: attention API, backward phases equal one call bit for bit") {
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i % static_cast<size_t>(c.Sk)) / 70);
   HostTensor ids_h(ir::DType::i32, {c.B, c.Sk});
   for (size_t i = 0; i < ids.size(); ++i) ids_h.set_flat(static_cast<int64_t>(i), ids[i]);
-  for (int variant = 0; variant < 3; ++variant) {
-    INFO("variant " << variant << " (full, causal, document mask)");
+  for (int variant = 0; variant < 5; ++variant) {
+    INFO("variant " << variant << " (full, causal, document mask, dropout full, dropout causal)");
     runtime::Stream stream;
     auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v),
          d_do = DeviceTensor::from_host(dout), d_ids = DeviceTensor::from_host(ids_h);
     auto d_o = DeviceTensor::empty_like(q), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
     attention::Options opts;
-    opts.causal = variant == 1;
+    opts.causal = variant == 1 || variant == 4;
     if (variant == 2) opts.mask = attention::Mask{kernels::MaskSpec::document(), api_view(d_ids, false), {}, {}};
+    if (variant >= 3) opts.dropout_p = 0.1, opts.seed = 5, opts.dropout_words_max_bytes = size_t{1} << 30;
     const attention::Tensor Q = api_view(d_q, false), K = api_view(d_k, false), V = api_view(d_v, false), O = api_view(d_o, false),
                             L = api_view(d_lse, false), dO = api_view(d_do, false);
     attention::forward(Q, K, V, O, L, opts, stream.handle());

@@ -72,11 +72,13 @@ PrePassLists plan_lists(const Checker& c, const Dims& d, const Schedule& s, bool
 // what DROPOUT_WRITE_BITS takes (recompute, dense, full or causal, dK/dV's BLOCK_N a multiple of 64),
 // dQ reading them (its BLOCK_N a multiple of 32), words indexed by this call's own coordinates
 // (the kernels write and read them at b * Hq + h), S_k known (a sizer without k cannot place them).
+// Split phases decide alike (the same options and workspace): the dkdv phase leaves the words for
+// the dq phase, as it leaves Delta.
 bool mask_once_fits(const Tensor& q, const Options& opts, const Dims& d) {
   const auto& g = opts.dropout_coordinates;
   const bool own_coordinates = g.row_offset == 0 && g.col_offset == 0 && g.head_offset == 0 && (g.heads == 0 || g.heads == d.heads_q);
   if (!d.dropout || d.read_bits || d.varlen || library_mask(d.mask) || d.reduction != DqReduction::recompute || d.seq_k <= 0 ||
-      !own_coordinates || opts.backward_phase != BackwardPhase::all || !declares(Pass::bwd_dkdv, mn::kDropoutWriteBits) ||
+      !own_coordinates || !declares(Pass::bwd_dkdv, mn::kDropoutWriteBits) ||
       !declares(Pass::bwd_dq, mn::kDropoutBits))
     return false;
   if (d.dkdv.block_n % 64 != 0 || schedule_for(Pass::bwd_dq, q, d, opts).block_n % 32 != 0) return false;
