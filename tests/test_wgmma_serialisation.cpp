@@ -3,7 +3,9 @@
 // its overlap and shows nowhere but in ptxas's log and the time. Pins the lowering rules that
 // avoid it: a carried MMA result that is double-buffered (PIPELINE_QK's next S) is copied into
 // its carried register after the wait that completes it; the GEMM's K loop sits under nk > 0 with
-// its final wait; rcp instead of a division's subroutine. Skips visibly without ptxas.
+// its final wait; rcp instead of a division's subroutine. And no warpgroup.arrive injected by ptxas
+// (C7519): it came with a dummy HGMMA group after a fenced commit inside a loop, which made the next
+// `wgmma.wait_group N` wait for one group more (decision 096). Skips visibly without ptxas.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -71,6 +73,14 @@ TEST_CASE("wgmma pipelines of the library kernels: no serialised wgmma, no unexp
       {"forward D64 ALiBi, two programs per SM", &kernels::attention_forward, with(fwd64, "SCORE_MOD", int64_t{1}), 8, 2, 999, 2},
       {"forward D64 soft-cap, two programs per SM", &kernels::attention_forward, with(fwd64, "SCORE_MOD", int64_t{2}), 8, 2, 999, 2},
       {"forward D64 sliding window, two programs per SM", &kernels::attention_forward, with(fwd64, "MASK", int64_t{2}), 8, 2, 999, 2},
+      // fenced commits (work issued under a group: DROPOUT_AHEAD): fused Philox and precomputed words
+      {"forward D128 fused dropout, DROPOUT_AHEAD", &kernels::attention_forward,
+       with(with(with(fwd128, "BSHD", true), "DROPOUT", true), "DROPOUT_AHEAD", true), 8, 2},
+      {"forward D128 dropout bits, DROPOUT_AHEAD", &kernels::attention_forward,
+       with(with(with(with(fwd128, "BSHD", true), "DROPOUT", true), "DROPOUT_BITS", true), "DROPOUT_AHEAD", true), 8, 2},
+      {"dQ D128 dropout bits, DROPOUT_AHEAD", &kernels::attention_backward_dq,
+       {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"HEAD_DIM", 128}, {"BSHD", true}, {"DROPOUT", true}, {"DROPOUT_BITS", true}, {"DROPOUT_AHEAD", true}},
+       8, 2},
       {"dK/dV D128", &kernels::attention_backward_dkdv, {{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"HEAD_DIM", 128}}, 4, 2},
       // the atomic 5-matmul dK/dV with a producer warpgroup (an experiment for issue 23, off by
       // default): its ~180 B of spills are the kernel's own (184 B without the producer)
@@ -98,6 +108,8 @@ TEST_CASE("wgmma pipelines of the library kernels: no serialised wgmma, no unexp
     CHECK(k.ptx.find("wgmma.mma_async") != std::string::npos);
     const std::string log = jit::ptx_to_cubin(k.ptx, "sm_90a", k.name, jit::PtxTool::Ptxas).log;
     CHECK_MESSAGE(log.find("serialized") == std::string::npos, log);
+    CHECK_MESSAGE(log.find("C7519") == std::string::npos, log);
+    CHECK(k.ptx.find(":\n\twgmma.commit_group") == std::string::npos);  // no commit at a loop's head
     CHECK_MESSAGE(k.info.spill_store_bytes <= c.max_spill_bytes, k.info.to_string());
     MESSAGE(fmt::format("{}: {}", c.label, k.info.to_string()));
   }
