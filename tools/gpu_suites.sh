@@ -6,7 +6,7 @@
 # then suites2: one call each on a lent machine) bundle fuzz
 # examples torch cp cpbench tables (bench/attention.py beside SDPA: bf16, --gqa 4, --dtype f16; ~100 s a round,
 # ROUNDS (default 3) each; TABLES= to pick) block (bench/transformer_block) hiding (its --hiding per MASK_TILES) gemm (bench/gemm.py vs cuBLAS)
-# buildab (attention_bench --build-ab .gpu/old.tjb) dropout (attention_bench --dropout 0.1, ~40 s). torch: bindings/torch's GPU tests and its per-call cost
+# buildab (attention_bench --build-ab .gpu/old.tjb) dropout (attention_bench --dropout 0.1 --phases, D128 and D64, ~2 min). torch: bindings/torch's GPU tests and its per-call cost
 # (needs PyTorch on the machine).
 #   tools/gpu_suites.sh [STEP ...]          FUZZ_SEEDS=A:B (default 700000:720000), FUZZ_TIME=seconds
 set -u
@@ -85,9 +85,12 @@ for step in "${steps[@]}"; do
     gemm)  # GEMM vs cuBLAS in one run, K-major, B[K,N] and A^T layouts (bench/gemm.py)
       (cd .. && timeout 590 python3 bench/gemm.py .gpu > "$OUT/gemm.md" 2> "$OUT/gemm.err")
       echo "gemm.py rc=$? $(( $(date +%s) - start ))s"; grep "^|" "$OUT/gemm.md" ;;
-    dropout)  # dropout's cost (D128 S4k, fused and reading bits, forward and backward) and the QKV GEMM + attention end to end
-      timeout 300 bench/attention_bench --dropout 0.1 > "$OUT/dropout.log" 2>&1
-      echo "dropout rc=$? $(( $(date +%s) - start ))s"; grep -E "^(DROPOUT|E2E )" "$OUT/dropout.log" ;;
+    dropout)  # dropout's cost (S4k, fused and reading bits, forward and backward; the backward's phases for none / once / twice:
+      # decision 097) at D128 with the QKV GEMM + attention end to end, then D64 (~60 s each)
+      for d in 128 64; do
+        timeout 300 bench/attention_bench --dropout 0.1 --phases --head-dim $d > "$OUT/dropout_d$d.log" 2>&1
+        echo "dropout D$d rc=$? $(( $(date +%s) - start ))s"; grep -E "^(DROPOUT|E2E )" "$OUT/dropout_d$d.log"
+      done ;;
     buildab)  # a compiler change in one process: .gpu/old.tjb from tools/build_ab_bundle.sh COMMIT .gpu/old.tjb
       if [ ! -f old.tjb ]; then echo "buildab: no .gpu/old.tjb (tools/build_ab_bundle.sh COMMIT .gpu/old.tjb, here)"; continue; fi
       timeout 590 bench/attention_bench --build-ab old.tjb > "$OUT/buildab.log" 2>&1
