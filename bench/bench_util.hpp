@@ -35,6 +35,14 @@ inline double median(std::vector<double> v) {
 }
 
 // The dropout key's rng_state argument when seed and offset are scalars: a null u32 view (device 0).
+// `rounds` rounds over `variants` variants, their order rotated each round (a fixed order biases
+// a comparison by several %: clock drift over seconds favours whichever runs first).
+template <class F>
+void rotated_rounds(int rounds, int variants, F&& measure) {
+  for (int round = 0; round < rounds; ++round)
+    for (int k = 0; k < variants; ++k) measure((k + round) % variants);
+}
+
 inline constexpr int64_t kEmptyDims[1] = {0}, kUnitStride[1] = {1};
 inline const runtime::TensorView no_rng_state{ir::DType::u32, kEmptyDims, kUnitStride, 0, 0};
 

@@ -50,6 +50,7 @@ using attention_bench::time_ms;
 using bench_util::median;
 using bench_util::no_rng_state;
 using bench_util::random_buffer;
+using bench_util::rotated_rounds;
 using runtime::DeviceBuffer;
 
 namespace {
@@ -388,14 +389,12 @@ int run(Shape shape, int max_reps) {
   // the whole block per mode: six rounds, the modes' order rotated each round
   constexpr int kModes = 4;
   std::vector<double> fwd[kModes], bwd[kModes], both[kModes];
-  for (int round = 0; round < 6; ++round)
-    for (int k = 0; k < kModes; ++k) {
-      const int mode = (k + round) % kModes;
-      fwd[mode].push_back(time_ms([&] { blk.forward(mode, stream.handle()); }, stream, max_reps));
-      blk.forward(mode, stream.handle());  // (the backward reads this mode's O, LSE and mask)
-      bwd[mode].push_back(time_ms([&] { blk.backward(mode, stream.handle()); }, stream, max_reps));
-      both[mode].push_back(time_ms([&] { blk.forward(mode, stream.handle()), blk.backward(mode, stream.handle()); }, stream, max_reps));
-    }
+  rotated_rounds(6, kModes, [&](int mode) {
+    fwd[mode].push_back(time_ms([&] { blk.forward(mode, stream.handle()); }, stream, max_reps));
+    blk.forward(mode, stream.handle());  // (the backward reads this mode's O, LSE and mask)
+    bwd[mode].push_back(time_ms([&] { blk.backward(mode, stream.handle()); }, stream, max_reps));
+    both[mode].push_back(time_ms([&] { blk.forward(mode, stream.handle()), blk.backward(mode, stream.handle()); }, stream, max_reps));
+  });
   const char* names[kModes] = {"none", "fused", "gemm", "spread"};
   const double f0 = median(fwd[0]), b0 = median(bwd[0]), t0 = median(both[0]);
   for (int mode = 0; mode < kModes; ++mode) {
@@ -512,13 +511,12 @@ int hiding(Shape shape, int max_reps) {
     else blk.model_bounds = by_model;
     return v == 0 ? 0 : 3;  // the block's mode
   };
-  for (int round = 0; round < 6; ++round)
-    for (int k = 0; k < kVariants; ++k) {
-      const int v = (k + round) % kVariants, mode = use(v);
-      fwd[v].push_back(time_ms([&] { blk.forward(mode, st); }, stream, max_reps));
-      blk.forward(mode, st);
-      both[v].push_back(time_ms([&] { blk.forward(mode, st), blk.backward(mode, st); }, stream, max_reps));
-    }
+  rotated_rounds(6, kVariants, [&](int v) {
+    const int mode = use(v);
+    fwd[v].push_back(time_ms([&] { blk.forward(mode, st); }, stream, max_reps));
+    blk.forward(mode, st);
+    both[v].push_back(time_ms([&] { blk.forward(mode, st), blk.backward(mode, st); }, stream, max_reps));
+  });
   const double f0 = median(fwd[0]), fb = median(fwd[1]), t0 = median(both[0]);
   for (int v = 0; v < kVariants; ++v)
     std::printf("HIDING variant=%s fwd_ms=%.3f fwd_vs_none=%.3f gemm_extra_ms=%.4f predicted_extra_ms=%.4f block_ms=%.3f block_vs_none=%.3f\n",
