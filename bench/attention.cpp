@@ -707,6 +707,7 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
     // RNG_WARPS (fused dropout on warps of their own: `warps` + rng_warps in all) and the roles'
     // setmaxnreg (MMA_REGISTERS / RNG_REGISTERS)
     int rng_warps = 0, mma_registers = 0, rng_registers = 0;
+    bool pipeline_pv = false;  // PIPELINE_PV (the D 128 default's loop; with RNG_WARPS the producer is off)
   };
   // The first of each list is the API's default (attention::default_schedule); smaller tiles on 4
   // warps fit several programs per multiprocessor (more warps per scheduler to hide latency).
@@ -722,7 +723,7 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
                                   {64, 128, 4, 2, false}, {64, 64, 4, 2, false},
                                   {64, 64, 4, 3, false},   {64, 32, 4, 2, false},  {64, 32, 4, 3, false},  {64, 32, 4, 4, false}};
   const std::vector<Variant> d128_dropout{{128, 128, 8, 2, false}, {128, 128, 8, 2, false, 0, 4, 216, 72}, {128, 128, 8, 2, false, 0, 4, 232, 40},
-                                          {64, 128, 4, 2, false, 0, 4}};
+                                          {64, 128, 4, 2, false, 0, 4}, {128, 128, 8, 2, false, 0, 4, 232, 40, true}};
   std::vector<int64_t> dims{64, 128};
   if (only_d) dims = {only_d};
   const std::vector<bool> dropouts{dropout_p > 0};
@@ -746,13 +747,15 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
           for (const auto& [name, value] : parse_with(extra_meta)) meta.emplace_back(name, value);  // --with M[=0|1],..
           if (v.rng_warps)
             meta.insert(meta.end(), {{mn::kRngWarps, v.rng_warps}, {mn::kMmaRegisters, v.mma_registers}, {mn::kRngRegisters, v.rng_registers}});
+          if (v.pipeline_pv) meta.emplace_back(mn::kPipelinePv, true);
           jit::CompileOptions o;
           o.num_warps = v.warps + v.rng_warps;
           o.pipeline.stages = v.stages;
           o.min_programs_per_sm = v.min_programs_per_sm;
           const std::string name = fmt::format("D={} causal={} dropout={} tile={}x{} warps={} stages={} exact={} min_programs_per_sm={} "
-                                               "rng_warps={} registers={}/{}", D, causal ? 1 : 0, dropout ? 1 : 0, v.bm, v.bn, v.warps,
-                                               v.stages, v.exact ? 1 : 0, v.min_programs_per_sm, v.rng_warps, v.mma_registers, v.rng_registers);
+                                               "rng_warps={} registers={}/{}{}", D, causal ? 1 : 0, dropout ? 1 : 0, v.bm, v.bn, v.warps,
+                                               v.stages, v.exact ? 1 : 0, v.min_programs_per_sm, v.rng_warps, v.mma_registers, v.rng_registers,
+                                               v.pipeline_pv ? " PIPELINE_PV" : "");
           try {
             Function fn(kernels::attention_forward(), meta, o);
             const runtime::Grid grid{lang::cdiv(c.S, v.bm), c.H(), c.B()};

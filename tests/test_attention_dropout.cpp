@@ -567,6 +567,9 @@ TEST_CASE("attention dropout: reading the precomputed packed mask gives the fuse
     // (RNG_WARPS: warp roles; the interpreter runs the generating role first)
     CHECK(differ(fused, forward({{"RNG_WARPS", 4}})) == 0);
     CHECK(differ(fused, forward({{"RNG_WARPS", 4}, {"DROPOUT_PAIRS", false}})) == 0);
+    // and beside the pipelined P V (PIPELINE_PV: the D 128 default's loop; an A/B in
+    // attention_bench --forward-variants --dropout)
+    CHECK(differ(fused, forward({{"RNG_WARPS", 4}, {"PIPELINE_PV", true}})) == 0);
     // (another BLOCK_N sums in another order: compared with itself)
     CHECK(differ(forward({{"BLOCK_N", 32}}), forward({{"BLOCK_N", 32}, {"DROPOUT_PAIRS", false}})) == 0);
     const DropoutRef ref = dropout_ref(c, q, k, v, nullptr, scale, rng);

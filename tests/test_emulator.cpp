@@ -372,11 +372,13 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
   for (const char* arch : {"sm_80", "sm_90a"})
   for (bool causal : {false, true})
     // none, fused, the packed mask read (DROPOUT_BITS; backward only), fused with dK/dV also storing
-    // the words it draws (DROPOUT_WRITE_BITS)
-    for (int dropout_mode : {0, 1, 2, 3}) {
-      const bool dropout = dropout_mode > 0, bits = dropout_mode == 2, write_bits = dropout_mode == 3;
+    // the words it draws (DROPOUT_WRITE_BITS), and storing them key-major (strides [W * S_q, 1, S_q]:
+    // DROPOUT_WORDS_KEY_MAJOR, as the API does: decision 097)
+    for (int dropout_mode : {0, 1, 2, 3, 4}) {
+      const bool dropout = dropout_mode > 0, bits = dropout_mode == 2, write_bits = dropout_mode >= 3, key_major = dropout_mode == 4;
       if (bits && std::string(arch) != "sm_90a") continue;
-      INFO(arch << " causal " << causal << " dropout " << dropout << " bits " << bits << " write_bits " << write_bits);
+      INFO(arch << " causal " << causal << " dropout " << dropout << " bits " << bits << " write_bits " << write_bits << " key-major "
+                << key_major);
       HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D}), dout(bf16, {B, Sq, Hq, D});
       HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq}), delta(f32, {B, Hq, Sq});
       HostTensor dq(bf16, {B, Sq, Hq, D}), dk(bf16, {B, Sk, Hkv, D}), dv(bf16, {B, Sk, Hkv, D});
@@ -438,11 +440,16 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
         std::vector<runtime::Arg> pass_ref_tail = ref_tail, pass_emu_tail = emu_tail;
         // the stored words: [heads 5 of the placed attention, S_q, words] (its batch*heads index), one
         // tensor for each side, poisoned: blocks past the causal diagonal stay unwritten on both
-        HostTensor written_ref(ir::DType::u32, {5, Sq, cdiv(Sk, 32)}), written_emu(ir::DType::u32, {5, Sq, cdiv(Sk, 32)});
+        const int64_t W = cdiv(Sk, 32);
+        const auto words = [&] {
+          return key_major ? HostTensor(ir::DType::u32, {5, Sq, W}, {W * Sq, 1, Sq}) : HostTensor(ir::DType::u32, {5, Sq, W});
+        };
+        HostTensor written_ref = words(), written_emu = words();
         if (pass == 0 && write_bits) {
           written_ref.poison();
           written_emu.poison();
           pass_meta.emplace_back("DROPOUT_WRITE_BITS", true);
+          if (key_major) pass_meta.emplace_back("DROPOUT_WORDS_KEY_MAJOR", true);
           pass_ref_tail.push_back(written_ref);
           pass_emu_tail.push_back(written_emu);
         }
