@@ -85,8 +85,15 @@ TEST_CASE("GEMM: pruned tuning reaches 97% of the exhaustive best; a warm run is
   print("exhaustive", e);
   REQUIRE(e.source == "tuned");
   CHECK_FALSE(e.over_budget);
-  const double ratio = e.best_ms / p.best_ms;
-  MESSAGE(fmt::format("pruned best / exhaustive best (throughput): {:.3f}", ratio));
+  // the pruned pick as the exhaustive run timed it (one run: the two runs' clocks drift apart by a
+  // few %, and across them this read 0.967 once with the same picks' PTX as a passing run)
+  const ConfigResult* pick = nullptr;
+  for (const ConfigResult& c : e.configs)
+    if (c.config == p.best && c.status == ConfigStatus::Timed) pick = &c;
+  REQUIRE(pick != nullptr);
+  const double ratio = e.best_ms / pick->ms;
+  MESSAGE(fmt::format("pruned pick / exhaustive best (throughput, both timed in the exhaustive run): {:.3f}; across the runs {:.3f}",
+                      ratio, e.best_ms / p.best_ms));
   CHECK(ratio >= 0.97);
 
   // Warm: a new tuner finds the stored choice; nothing is compiled or timed.
