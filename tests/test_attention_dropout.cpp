@@ -153,6 +153,19 @@ void check_dropout(const Case& c, const Rng& rng, Blocks blocks = {}, DType dtyp
                      concat({q, k, v, dout, lse, delta, dk, dv, scale}, rng.args()));
   runtime::interpret(kernels::attention_backward_dq().build(meta), {q_blocks, c.Hq, c.B},
                      concat({q, k, v, dout, lse, delta, dq, scale}, rng.args()));
+  // dK/dV's DROPOUT_AHEAD (its Philox words computed while S^T's MMA runs: decision 098): the same
+  // dK and dV bit for bit
+  if (blocks.n % 64 == 0) {
+    HostTensor dk2(dtype, c.kv_shape()), dv2(dtype, c.kv_shape());
+    Meta ahead_meta = meta;
+    ahead_meta.emplace_back("DROPOUT_AHEAD", true);
+    runtime::interpret(kernels::attention_backward_dkdv().build(ahead_meta), {k_blocks, c.Hkv, c.B},
+                       concat({q, k, v, dout, lse, delta, dk2, dv2, scale}, rng.args()));
+    int64_t differ = 0;
+    for (auto [x, y] : {std::pair{&dk, &dk2}, {&dv, &dv2}})
+      for (int64_t e = 0; e < x->numel(); ++e) differ += x->get_flat(e) != y->get_flat(e) ? 1 : 0;
+    CHECK(differ == 0);
+  }
 
   // rng = precomputed: dK/dV and dQ reading the packed mask (DROPOUT_BITS) give the fused
   // backward's gradients bit for bit (whole 32-column words: BLOCK_N a multiple of 32).

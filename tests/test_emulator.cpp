@@ -373,12 +373,14 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
   for (bool causal : {false, true})
     // none, fused, the packed mask read (DROPOUT_BITS; backward only), fused with dK/dV also storing
     // the words it draws (DROPOUT_WRITE_BITS), and storing them key-major (strides [W * S_q, 1, S_q]:
-    // DROPOUT_WORDS_KEY_MAJOR, as the API does: decision 097)
-    for (int dropout_mode : {0, 1, 2, 3, 4}) {
-      const bool dropout = dropout_mode > 0, bits = dropout_mode == 2, write_bits = dropout_mode >= 3, key_major = dropout_mode == 4;
+    // DROPOUT_WORDS_KEY_MAJOR, as the API does: decision 097), and fused with dK/dV computing its
+    // Philox words while S^T's MMA runs (DROPOUT_AHEAD: decision 098)
+    for (int dropout_mode : {0, 1, 2, 3, 4, 5}) {
+      const bool dropout = dropout_mode > 0, bits = dropout_mode == 2, write_bits = dropout_mode == 3 || dropout_mode == 4,
+                 key_major = dropout_mode == 4, ahead = dropout_mode == 5;
       if (bits && std::string(arch) != "sm_90a") continue;
       INFO(arch << " causal " << causal << " dropout " << dropout << " bits " << bits << " write_bits " << write_bits << " key-major "
-                << key_major);
+                << key_major << " dK/dV ahead " << ahead);
       HostTensor q(bf16, {B, Sq, Hq, D}), k(bf16, {B, Sk, Hkv, D}), v(bf16, {B, Sk, Hkv, D}), dout(bf16, {B, Sq, Hq, D});
       HostTensor o(bf16, {B, Sq, Hq, D}), lse(f32, {B, Hq, Sq}), delta(f32, {B, Hq, Sq});
       HostTensor dq(bf16, {B, Sq, Hq, D}), dk(bf16, {B, Sk, Hkv, D}), dv(bf16, {B, Sk, Hkv, D});
@@ -445,6 +447,7 @@ TEST_CASE("emulator: the attention forward and backward kernels equal the interp
           return key_major ? HostTensor(ir::DType::u32, {5, Sq, W}, {W * Sq, 1, Sq}) : HostTensor(ir::DType::u32, {5, Sq, W});
         };
         HostTensor written_ref = words(), written_emu = words();
+        if (pass == 0 && ahead) pass_meta.emplace_back("DROPOUT_AHEAD", true);
         if (pass == 0 && write_bits) {
           written_ref.poison();
           written_emu.poison();

@@ -81,6 +81,9 @@ TEST_CASE("wgmma pipelines of the library kernels: no serialised wgmma, no unexp
       {"dQ D128 dropout bits, DROPOUT_AHEAD", &kernels::attention_backward_dq,
        {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"HEAD_DIM", 128}, {"BSHD", true}, {"DROPOUT", true}, {"DROPOUT_BITS", true}, {"DROPOUT_AHEAD", true}},
        8, 2},
+      // (dK/dV's fused Philox words under S^T's MMA: its accepted spills, below the 80 B without it)
+      {"dK/dV D128 fused dropout, DROPOUT_AHEAD", &kernels::attention_backward_dkdv,
+       {{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"HEAD_DIM", 128}, {"BSHD", true}, {"DROPOUT", true}, {"DROPOUT_AHEAD", true}}, 4, 2, 80},
       {"dK/dV D128", &kernels::attention_backward_dkdv, {{"BLOCK_M", 64}, {"BLOCK_N", 64}, {"HEAD_DIM", 128}}, 4, 2},
       // the atomic 5-matmul dK/dV with a producer warpgroup (an experiment for issue 23, off by
       // default): its ~180 B of spills are the kernel's own (184 B without the producer)

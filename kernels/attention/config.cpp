@@ -247,6 +247,7 @@ Meta DkdvConfig::to_meta() const {
   if (producer_registers) m.emplace_back(mn::kProducerRegisters, static_cast<int64_t>(*producer_registers));
   put_if(m, mn::kDropoutWriteBits, dropout_write_bits, false);
   put_if(m, mn::kDropoutWordsKeyMajor, dropout_words_key_major, false);
+  put_if(m, mn::kDropoutAhead, dropout_ahead, false);
   return m;
 }
 
@@ -337,6 +338,11 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
   c.dropout_words_key_major = kb.meta<bool>(mn::kDropoutWordsKeyMajor, false);
   if (c.dropout_words_key_major && !c.dropout_write_bits)
     kb.fail(Loc::current(), "DROPOUT_WORDS_KEY_MAJOR lays out the words DROPOUT_WRITE_BITS stores: it needs DROPOUT_WRITE_BITS=true");
+  c.dropout_ahead = kb.meta<bool>(mn::kDropoutAhead, false);
+  if (c.dropout_ahead && (!s.dropout || s.dropout_bits || c.block_n % 64 != 0))
+    kb.fail(Loc::current(), fmt::format("DROPOUT_AHEAD in dK/dV computes the fused mask's Philox words under S^T's MMA: it needs "
+                                        "DROPOUT=true without DROPOUT_BITS and BLOCK_N a multiple of 64; got DROPOUT={}, "
+                                        "DROPOUT_BITS={}, BLOCK_N={}", s.dropout, s.dropout_bits, c.block_n));
   return c;
 }
 

@@ -175,6 +175,9 @@ struct DkdvConfig {
   // (strides [W * S_q, 1, S_q]: a block's words are whole runs of rows; row-major, each 32-byte
   // sector took 8 bytes from each of 4 key tiles at different times: 1.08-1.22x dK/dV: decision 097)
   bool dropout_words_key_major = false;
+  // fused dropout: the block's Philox words computed right after S^T = K Q^T is issued (under its MMA
+  // and the exponent) instead of after dP^T's issue; off by default (untimed) [098]
+  bool dropout_ahead = false;
   static constexpr int64_t kTimelinePhases = 6;  // top, S^T landed, P^T, dS^T, dV and dK issued, dQ's part
   static constexpr int64_t kTimelineStamps = 2 + kTimelinePhases * 256;  // the start, 256 visits (S 16k at BLOCK_M 64), the end
 

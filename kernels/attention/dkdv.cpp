@@ -275,7 +275,11 @@ void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors&
   auto delta = a.loop_delta(ahead.delta, p.drop)[row];
   Tile pt;          // P^T
   Tile mod_grad_t;  // SCORE_MOD with a derivative: d mod / d score, transposed
-  const Tile e_t = a.log2_p_exponent(dot(k, trans(q), p.dots), lse, p.softmax_scale, rows, h, m0, n0, S_q, S_k, /*transposed=*/true, &mod_grad_t);
+  const Tile st = dot(k, trans(q), p.dots);  // S^T
+  // DROPOUT_AHEAD: the block's Philox words issued while S^T's MMA runs [098]
+  std::optional<Tile> words_ahead;
+  if (p.cfg.dropout_ahead) words_ahead = p.drop->keep_words_ahead(qh.bh, m0, a.BM, n0, a.BN);
+  const Tile e_t = a.log2_p_exponent(st, lse, p.softmax_scale, rows, h, m0, n0, S_q, S_k, /*transposed=*/true, &mod_grad_t);
   stamp_phase(1);  // S^T landed (its exponent computed)
   if (qh.seq) {
     Var p_t = exp2(e_t);
@@ -299,7 +303,7 @@ void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors&
     // then die early instead of staying live across that MMA): dS^T = P^T (Z s dP^T - Delta) =
     // (P^T Z) s dP^T - P^T Delta, Z the mask (at bf16 all of it over s: fold_dropout_scale; dK and
     // a reduction's dQ parts times s, so that dK stays bit-identical across the reductions).
-    Tile keep_t = p.drop->keep_mask_transposed(qh.bh, m0, a.BM, n0, a.BN);  // [BN, BM]
+    Tile keep_t = p.drop->keep_mask_transposed(qh.bh, m0, a.BM, n0, a.BN, words_ahead ? &*words_ahead : nullptr);  // [BN, BM]
     pt_kept = apply_keep_mask(pt, keep_t);
     dst = pt_kept * a.loop_dp(dpt, *p.drop) - pt * delta;
   } else {

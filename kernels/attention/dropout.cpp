@@ -86,8 +86,13 @@ BlockRef AttentionDropout::words_block(const Tensor& mask, const Tile& batch_hea
   return mask.block({batch_head, row0, col0 / 32}, {num_rows, num_cols / 32});
 }
 
+Tile AttentionDropout::keep_words_ahead(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
+                                        int64_t num_cols) const {
+  return precompute(keep_words(batch_head, row0 + arange(0, num_rows), col0 / 32, num_cols / 32));
+}
+
 Tile AttentionDropout::keep_mask_transposed(const Tile& batch_head, const Tile& row0, int64_t num_rows, const Tile& col0,
-                                            int64_t num_cols) const {
+                                            int64_t num_cols, const Tile* words_ahead) const {
   if (num_cols % 64 != 0) return trans(keep_mask(batch_head, row0, num_rows, col0, num_cols));
   // Read: the words loaded in a layout of their own (a plain load, pipelined with the block's
   // tiles) and moved through shared memory like the fused words below. Read at the use instead
@@ -101,7 +106,7 @@ Tile AttentionDropout::keep_mask_transposed(const Tile& batch_head, const Tile& 
   // moved through shared memory into the transposed block's layout and expanded there. Generated
   // in the transposed layout instead, a thread would compute 16 calls a 64 x 64 block and use 2
   // bytes of each (its keys are rows, and one call covers 16 keys of one query row).
-  Tile words = keep_words(batch_head, row0 + arange(0, num_rows), col0 / 32, num_cols / 32);
+  Tile words = words_ahead ? *words_ahead : keep_words(batch_head, row0 + arange(0, num_rows), col0 / 32, num_cols / 32);
   if (bits_out.descriptor().valid())
     store(words_block(bits_out, batch_head, row0, num_rows, col0, num_cols), words);
   return trans(expand_keep_words(words, num_rows, num_cols));

@@ -62,8 +62,13 @@ struct AttentionDropout {
   // keep_mask transposed: u32 [num_cols, num_rows], for blocks whose rows are keys (dK/dV's S^T).
   // Fused with whole 64-column groups: the packed words (dropout_keep_words) where each thread owns
   // whole Philox calls, then a shared-memory exchange into the transposed layout.
+  // `words_ahead`: the block's fused words, from keep_words_ahead (else computed here).
   lang::Tile keep_mask_transposed(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows, const lang::Tile& col0,
-                                  int64_t num_cols) const;
+                                  int64_t num_cols, const lang::Tile* words_ahead = nullptr) const;
+  // Fused, whole 64-column groups: the block's packed words (keep_words) under `precompute`, for a
+  // kernel that issues them where an MMA is in flight and passes them to keep_mask_transposed.
+  lang::Tile keep_words_ahead(const lang::Tile& batch_head, const lang::Tile& row0, int64_t num_rows, const lang::Tile& col0,
+                              int64_t num_cols) const;
   // Fused: the packed words (u32 [rows, num_words], bit b of word w = column 32 (word0 + w) + b,
   // 1 = keep; num_words and word0 even) of query rows `rows` (i32 [M]) -- dropout_keep_words, what
   // the dropout_mask kernel writes: for warps that compute the mask for others (RNG_WARPS), whose
