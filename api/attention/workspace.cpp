@@ -86,7 +86,8 @@ bool mask_once_fits(const Tensor& q, const Options& opts, const Dims& d) {
   // the default: where the whole backward measured faster (H200 S 4k, decision 097: full 1.041x at D 64,
   // 1.009x at D 128; causal 0.965x / 0.974x, though each kernel alone says it should gain)
   const bool measured_faster = !d.causal && (d.head_dim == 64 || d.head_dim == 128);
-  return bytes <= double(opts.dropout_words_max_bytes.value_or(measured_faster ? size_t{512} << 20 : 0));
+  // (and below 2^56 bytes whatever the budget: the array's byte count must not overflow)
+  return bytes <= 0x1p56 && bytes <= double(opts.dropout_words_max_bytes.value_or(measured_faster ? size_t{512} << 20 : 0));
 }
 
 size_t delta_bytes(const Dims& d) {
