@@ -197,15 +197,15 @@ struct Options {
   // regenerates (or the other way round). Needs dropout_p > 0.
   std::optional<Tensor> dropout_bits;
   // Backward with dropout drawn from seed and offset (no dropout_bits): dK/dV stores the keep-mask's
-  // packed words in the workspace (u32 [B * Hq, S_q, cdiv(S_k, 32)]: 4 * B * Hq * S_q * cdiv(S_k, 32)
-  // bytes) and dQ reads them instead of running Philox again -- the same bits, so the same
-  // gradients (decision 097). Taken when the words take at most this many bytes and the call has
-  // dense batches, the full or causal mask, dq_reduction recompute, this call's own mask
-  // (dropout_coordinates all zero; split phases: the dkdv phase leaves the words for the dq phase) and the default tiles (or a schedule with BLOCK_N a
-  // multiple of 64), and its workspace (if given) is large enough: backward_workspace_bytes(q, k,
-  // opts) counts the words, the overload without k cannot and does not (a workspace sized by it
-  // runs the backward that draws the mask twice). 0: never. Unset: 512 MiB where it measured faster
-  // (D 64 and D 128 without the causal mask: 1.04x / 1.01x, H200 S 4k), else never.
+  // packed words in the workspace (4 * B * Hq * S_q * cdiv(S_k, 32) bytes) and dQ reads them instead
+  // of running Philox again -- the same bits, so the same gradients (decision 097). Taken when the
+  // words take at most this many bytes and the call has dense batches, the full or causal mask,
+  // dq_reduction recompute, its own mask (dropout_coordinates all zero), the default tiles (or a
+  // schedule with BLOCK_N a multiple of 64), and a workspace (if given) with room for them:
+  // backward_workspace_bytes(q, k, opts) counts them, the overload without k cannot (a workspace it
+  // sized runs the backward that draws the mask twice). Split phases: the dkdv phase leaves the
+  // words for the dq phase. 0: never. Unset: 512 MiB where it measured faster (D 64 and D 128
+  // without the causal mask: 1.04x / 1.01x, H200 S 4k), else never.
   std::optional<size_t> dropout_words_max_bytes;
   // A library mask (see Mask). Kinds whose allowed blocks are not intervals (document,
   // causal_document, share_question, causal_blockwise, block_sparse) first run the
