@@ -932,8 +932,10 @@ TEST_CASE("GPU: library kernels give bit-identical outputs through both backends
 }
 
 // Issue 28, item 9: with the wgmma commit fenced (work issued ahead of MMAs in flight: the forward
-// reading precomputed dropout bits), nvrtc printed the fence's %smid as "%%smid" in an asm without
-// operands, which ptxas rejects. The library forward with DROPOUT_BITS goes through nvrtc and ptxas.
+// reading precomputed dropout bits ahead), nvrtc printed the fence's %smid as "%%smid" in an asm
+// without operands, which ptxas rejects. The library forward with DROPOUT_BITS and DROPOUT_AHEAD
+// (no longer its default: decision 096) goes through nvrtc and ptxas; the fence's loop follows the
+// commit (inside it, ptxas added a dummy HGMMA group: decision 096).
 TEST_CASE("nvrtc: a fenced wgmma commit assembles (attention forward reading dropout bits)") {
   if (!have_nvrtc()) return;
   tilejit::jit::CompileOptions o;
@@ -941,9 +943,11 @@ TEST_CASE("nvrtc: a fenced wgmma commit assembles (attention forward reading dro
   o.num_warps = 8;
   o.pipeline.stages = 2;
   const tilejit::ir::Function fn = tilejit::kernels::attention_forward().build(
-      {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"HEAD_DIM", 128}, {"BSHD", true}, {"DROPOUT", true}, {"DROPOUT_BITS", true}});
+      {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"HEAD_DIM", 128}, {"BSHD", true}, {"DROPOUT", true}, {"DROPOUT_BITS", true},
+       {"DROPOUT_AHEAD", true}});
   const tilejit::jit::CompiledKernel k = tilejit::jit::compile(fn, o);
   CHECK(!contains(k.ptx, "%%smid"));
-  CHECK(contains(k.ptx, "wgmma.commit_group"));
+  CHECK(contains(k.ptx, "wgmma.commit_group.sync.aligned;\n\tTJ_WGCOMMIT"));
+  CHECK(!contains(k.ptx, ":\n\twgmma.commit_group"));
   CHECK(!k.cubin.empty());
 }
