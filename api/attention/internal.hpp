@@ -222,6 +222,10 @@ BlockMaskLayout block_mask_layout(const Checker& c, const Tensor& q, const Dims&
 void plan_workspace(const Checker& c, const Tensor& q, const Options& opts, Dims& d, bool backward);
 size_t forward_bytes(const Dims& d);
 size_t backward_bytes(const Dims& d);
+// Whether a backward's kernels can draw its fused dropout mask once (dK/dV's DROPOUT_WRITE_BITS,
+// dQ's DROPOUT_BITS: decision 097): recompute, dense, the full or causal mask, dK/dV's BLOCK_N a
+// multiple of 64 (whole Philox groups), dQ's of 32 (whole words), and kernels that declare both.
+bool mask_once_kernels(bool dropout, DqReduction reduction, bool varlen, bool library_mask, int64_t dkdv_block_n, int64_t dq_block_n);
 void check_workspace(const Checker& c, const Workspace& ws, size_t need, const char* sizer);
 // What the workspace sizes depend on, from q (and k, when given) alone.
 Dims workspace_dims(const char* fn, const Tensor& q, const Tensor* k, const Options& opts, bool backward);

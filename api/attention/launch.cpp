@@ -216,7 +216,10 @@ std::vector<Function*> functions_for(const char* fn, ir::DType dtype, int head_d
   }
   std::vector<Function*> out;
   for (const auto& [p, reduction] : passes) {
-    const Schedule s = schedule ? *schedule : default_schedule(p, dtype, head_dim, causal, varlen, reduction, dropout, lib != 0);
+    const auto schedule_of = [&](Pass q) {
+      return schedule ? *schedule : default_schedule(q, dtype, head_dim, causal, varlen, reduction, dropout, lib != 0);
+    };
+    const Schedule s = schedule_of(p);
     Config cfg{p, dtype, head_dim, causal, varlen, s, device, dropout && declares(p, mn::kDropout), false, false,
                lib != 0 && declares(p, mn::kMask) ? lib : 0, p == Pass::bwd_dkdv ? static_cast<int>(reduction) : 0,
                p == Pass::bwd_dkdv && q_descending, 0,
@@ -224,11 +227,11 @@ std::vector<Function*> functions_for(const char* fn, ir::DType dtype, int head_d
                p == Pass::forward && declares(p, mn::kPositiveScale)};
     cfg.persistent = p == Pass::forward && forward_persistent(head_dim, varlen, cfg.mask, 0, cfg.dropout);
     // and, with fused dropout, the pair that draws the mask once (dK/dV writes its words, dQ reads
-    // them: Dims::mask_once) where the tiles allow it; calls over Options::dropout_words_max_bytes
+    // them: Dims::mask_once) where the kernels allow it; calls over Options::dropout_words_max_bytes
     // run the others
-    const bool mask_once = cfg.dropout && reduction == DqReduction::recompute && !varlen && lib == 0 &&
-                           declares(Pass::bwd_dkdv, mn::kDropoutWriteBits) && declares(Pass::bwd_dq, mn::kDropoutBits) &&
-                           ((p == Pass::bwd_dkdv && s.block_n % 64 == 0) || (p == Pass::bwd_dq && s.block_n % 32 == 0));
+    const bool mask_once = (p == Pass::bwd_dkdv || p == Pass::bwd_dq) &&
+                           mask_once_kernels(cfg.dropout, reduction, varlen, lib != 0, schedule_of(Pass::bwd_dkdv).block_n,
+                                             schedule_of(Pass::bwd_dq).block_n);
     for (bool once : {false, true}) {
       if (once && !mask_once) continue;
       Config v = cfg;

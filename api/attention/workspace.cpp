@@ -69,19 +69,17 @@ PrePassLists plan_lists(const Checker& c, const Dims& d, const Schedule& s, bool
 }
 
 // Whether dK/dV stores the fused dropout mask's words for dQ to read (Options::dropout_words_max_bytes):
-// what DROPOUT_WRITE_BITS takes (recompute, dense, full or causal, dK/dV's BLOCK_N a multiple of 64),
-// dQ reading them (its BLOCK_N a multiple of 32), words indexed by this call's own coordinates
-// (the kernels write and read them at b * Hq + h), S_k known (a sizer without k cannot place them).
+// kernels that can (mask_once_kernels), no precomputed bits, words indexed by this call's own
+// coordinates (the kernels write and read them at b * Hq + h), S_k known (a sizer without k cannot
+// place them).
 // Split phases decide alike (the same options and workspace): the dkdv phase leaves the words for
 // the dq phase, as it leaves Delta.
 bool mask_once_fits(const Tensor& q, const Options& opts, const Dims& d) {
   const auto& g = opts.dropout_coordinates;
   const bool own_coordinates = g.row_offset == 0 && g.col_offset == 0 && g.head_offset == 0 && (g.heads == 0 || g.heads == d.heads_q);
-  if (!d.dropout || d.read_bits || d.varlen || library_mask(d.mask) || d.reduction != DqReduction::recompute || d.seq_k <= 0 ||
-      !own_coordinates || !declares(Pass::bwd_dkdv, mn::kDropoutWriteBits) ||
-      !declares(Pass::bwd_dq, mn::kDropoutBits))
+  if (d.read_bits || d.seq_k <= 0 || !own_coordinates ||
+      !mask_once_kernels(d.dropout, d.reduction, d.varlen, library_mask(d.mask), d.dkdv.block_n, schedule_for(Pass::bwd_dq, q, d, opts).block_n))
     return false;
-  if (d.dkdv.block_n % 64 != 0 || schedule_for(Pass::bwd_dq, q, d, opts).block_n % 32 != 0) return false;
   const double bytes = 4.0 * double(d.batch) * double(d.heads_q) * double(d.seq_q) * double(lang::cdiv(d.seq_k, 32));
   // the default: where the whole backward measured faster (H200 S 4k, decision 097: full 1.041x at D 64,
   // 1.009x at D 128; causal 0.965x / 0.974x, though each kernel alone says it should gain)
@@ -131,6 +129,11 @@ void use_block_mask(const Checker& c, const Tensor& q, const Options& opts, Dims
 }
 
 }  // namespace
+
+bool mask_once_kernels(bool dropout, DqReduction reduction, bool varlen, bool library_mask, int64_t dkdv_block_n, int64_t dq_block_n) {
+  return dropout && reduction == DqReduction::recompute && !varlen && !library_mask && dkdv_block_n % 64 == 0 && dq_block_n % 32 == 0 &&
+         declares(Pass::bwd_dkdv, mn::kDropoutWriteBits) && declares(Pass::bwd_dq, mn::kDropoutBits);
+}
 
 BlockMaskLayout block_mask_layout(const Checker& c, const Tensor& q, const Dims& d, const Options& opts) {
   BlockMaskLayout l;

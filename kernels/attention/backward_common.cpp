@@ -92,11 +92,11 @@ Tile BackwardParams::log2_p_exponent(const Tile& raw, const Tile& lse_log2, cons
   return back(smod->mod(s, idx)) * kLog2e - lse_log2;
 }
 
-HeadRows BackwardParams::sequence(Builder& kb, Tile b, std::optional<AttentionDropout>& drop) {
+HeadRows BackwardParams::sequence(Builder& kb, Tile b, std::optional<AttentionDropout>& drop, bool bits_any_strides) {
   Tile cu_q, cu_k;  // VARLEN: i32[batch + 1] offsets of the sequences in the packed tokens
   if (varlen) cu_q = kb.pointer("cu_seqlens_q", i32), cu_k = kb.pointer("cu_seqlens_k", i32);
   if (dropout) drop.emplace(kb);
-  if (dropout_bits) drop->declare_bits(kb, dropout_words_any_strides);
+  if (dropout_bits) drop->declare_bits(kb, bits_any_strides);
   HeadRows rows(std::move(b), D, bshd, varlen, cu_q, cu_k);
   Q = rows.queries(Q), dO = rows.queries(dO), LSE = rows.queries(LSE), Delta = rows.queries(Delta);
   K = rows.keys(K), V = rows.keys(V);

@@ -111,7 +111,6 @@ struct BackwardParams {
   ScoreModKind score_mod_kind;  // SCORE_MOD
   bool dropout;               // DROPOUT: trailing seed_lo, seed_hi, offset_lo, offset_hi, keep_threshold
   bool dropout_bits;          // DROPOUT_BITS: then the precomputed packed mask `dropout_bits` (rng = precomputed)
-  bool dropout_words_any_strides = false;  // dQ's DROPOUT_WORDS_KEY_MAJOR: `dropout_bits` takes any strides (set before sequence)
   bool partial_tiles_only;    // PARTIAL_TILES_ONLY (full / causal): the element mask on partial tiles only (mask_partial)
   // DROPOUT at bf16: the gradients fold the keep scale s out of their loops (dS / s = P (Z dP -
   // Delta / s); dQ, dK and a reduction's dQ parts times s once) [091]; f16 keeps s in the loops
@@ -150,7 +149,8 @@ struct BackwardParams {
   // The rows of batch b (declares the trailing VARLEN parameters cu_seqlens_q, cu_seqlens_k, then
   // with DROPOUT the dropout scalars (and DROPOUT_BITS' mask) into `drop`: call it after the
   // kernel's own parameters); Q, K, V, dO, LSE, Delta become sequence b's views.
-  HeadRows sequence(Builder& kb, Tile b, std::optional<AttentionDropout>& drop);
+  // (bits_any_strides: `dropout_bits` declared with any strides -- dQ's DROPOUT_WORDS_KEY_MAJOR)
+  HeadRows sequence(Builder& kb, Tile b, std::optional<AttentionDropout>& drop, bool bits_any_strides = false);
   // The dropout mask's batch*heads index of query head h: b * heads_q + h (b: the sequence).
   Tile batch_head(const HeadRows& rows, const Tile& h) const;
   // Query heads per key/value head (grouped-query attention).

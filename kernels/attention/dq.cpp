@@ -46,8 +46,7 @@ DqProgram::DqProgram(Builder& kb) : cfg(DqConfig::read(kb)), a(kb, cfg.spec, cfg
     const GridSlot slot = heavy_first_sections(/*heavy_at_end=*/true, a.K.size(a.bshd ? 1 : 2), 2 * a.D * ir::byte_size(a.T));
     m_block = slot.tile, h = slot.head, b = slot.batch;  // (K and V rows)
   }
-  a.dropout_words_any_strides = cfg.dropout_words_key_major;
-  rows.emplace(a.sequence(kb, b, drop));
+  rows.emplace(a.sequence(kb, b, drop, cfg.dropout_words_key_major));
   a.declare_mask(kb, /*kv_major=*/false);
   a.declare_score_mod(kb);
   if (a.mask) std::tie(m_block, h) = a.mask->program_order(a.BM, program_id(0), h);
