@@ -3,8 +3,9 @@
 // prints one table. A second mode runs cases written by the script (--check) for its comparison
 // against PyTorch's float32 math.
 //
-//   attention_bench [--quick] [--reps N] [--dtype bf16|f16] [--gqa G]   one line per config (--gqa:
-//     K / V with H / G heads, grouped-query attention):
+//   attention_bench [--quick] [--reps N] [--dtype bf16|f16] [--gqa G] [--synced]   one line per config (--gqa:
+//     K / V with H / G heads, grouped-query attention; calls queued back to back, --synced: one call
+//     between events with a synchronisation after it, the older tables' method):
 //     RESULT dtype=bf16 B=4 S=4096 H=16 Hkv=16 D=128 causal=0 fwd_ms=.. fwd_tflops=.. bwd_ms=.. bwd_tflops=..
 //   attention_bench --dropout [P]          fused dropout's cost (issue 7): D128 S4k bf16, full and
 //     causal, forward and backward with dropout_p = P (default 0.1) against without, alternated:
@@ -128,7 +129,7 @@ float bf16_to_float(uint16_t b) {
 
 // The main grid (bench/attention.py's table). `dt` bf16 or f16; `gqa` > 1: K / V with H / gqa heads
 // (grouped-query attention, e.g. 4: Hq 32 / Hkv 8 at D64, 16 / 4 at D128).
-int bench(bool quick, int max_reps, ir::DType dt, int64_t gqa) {
+int bench(bool quick, int max_reps, ir::DType dt, int64_t gqa, bool synced) {
   std::vector<Config> configs;
   if (quick) {
     configs = {{1024, 128, false}, {4096, 128, false}, {4096, 128, true}, {4096, 64, false}, {16384, 128, true}};
@@ -157,11 +158,10 @@ int bench(bool quick, int max_reps, ir::DType dt, int64_t gqa) {
     opts.causal = c.causal;
     double fwd_ms = NAN, bwd_ms = NAN;
     try {
-      fwd_ms = time_ms([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); }, stream, max_reps);
+      const auto timed = [&](auto&& fn) { return synced ? time_ms(fn, stream, max_reps) : queued_ms(fn, stream); };
+      fwd_ms = timed([&] { attention::forward(Q, K, V, O, L, opts, stream.handle()); });
       if (bwd)
-        bwd_ms = time_ms([&] {
-          attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), {buf.ws.ptr(), buf.ws.bytes()});
-        }, stream, max_reps);
+        bwd_ms = timed([&] { attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), {buf.ws.ptr(), buf.ws.bytes()}); });
     } catch (const std::exception& e) {
       std::fprintf(stderr, "S=%ld D=%ld causal=%d: %s\n", static_cast<long>(S), static_cast<long>(D), c.causal, e.what());
     }
@@ -1441,11 +1441,13 @@ int main(int argc, char** argv) {
   std::string only_mode;            // --deterministic --mode KEY: only that reduction (recompute, atomic, ...; e.g. for ncu)
   int only_causal = -1;             // --deterministic --causal 0|1: only full / causal
   std::string build_ab;  // --build-ab OTHER.tjb: this build's API kernels against another build's (attention_build_ab.cpp)
+  bool synced = false;   // --synced: the grid timed one call at a time (time_ms), not queued (queued_ms)
   bool tool_ab = false, pairs_ab = false, no_dropout = false, phases = false;  // --schedule-ab --no-dropout: only the runs without dropout; --dropout --phases: each backward phase timed
   std::optional<attention::Schedule> schedule;  // --deterministic --schedule: recompute's kernels at these tiles
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
+    else if (a == "--synced") synced = true;
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--dtype" && i + 1 < argc && (std::string(argv[i + 1]) == "f16" || std::string(argv[i + 1]) == "bf16"))
       grid_dtype = std::string(argv[++i]) == "f16" ? ir::DType::f16 : ir::DType::bf16;
@@ -1527,7 +1529,7 @@ int main(int argc, char** argv) {
     if (!build_ab.empty()) return bench_build_ab(build_ab, reps);
     if (!meta_ab.empty()) return bench_meta_ab(meta_ab, meta_ab_kernels, reps);
     if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule, only_mode, only_causal);
-    return check_dir.empty() ? bench(quick, reps, grid_dtype, gqa) : check(check_dir);
+    return check_dir.empty() ? bench(quick, reps, grid_dtype, gqa, synced) : check(check_dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench/attention: %s\n", e.what());
     return 1;

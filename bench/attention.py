@@ -13,9 +13,10 @@ BIN is the attention_bench binary (build/bench/attention_bench, or .gpu/bench/at
    K/V heads H / G with --gqa G (SDPA's enable_gqa),
    S in {1k .. 16k}, causal and not (--quick: 5 configs); tilejit from BIN, PyTorch SDPA with the
    FLASH_ATTENTION and CUDNN_ATTENTION backends, forward and backward (FLOPs 4*B*H*S^2*D, halved
-   for causal, x2.5 for backward), CUDA events, median of repeats; --rounds N (default 3) alternated
-   rounds of both sides, each point their median, each ratio the median of the rounds' own ratios
-   with their range (single runs move several %). Prints one table, writes DIR/attention.png and
+   for causal, x2.5 for backward), CUDA events around calls queued back to back (--timing synced: one
+   call between events, then a sync, which counts each side's host work), median of repeats;
+   --rounds N (default 3) alternated rounds of both sides, each point their median, each ratio the
+   median of the rounds' own ratios with their range (single runs move several %). Prints one table, writes DIR/attention.png and
    DIR/attention_table.md (the snippet for BENCHMARKS.md).
 3. Dropout (when BIN has it; also --dropout-only): the check runs cases with dropout_p; BIN writes the
    keep-mask its forward used and the reference applies that explicit mask (softmax * mask / keep
@@ -282,6 +283,8 @@ def fwd_flops(S, D, causal):
 
 
 def time_ms(fn, min_total_ms=300.0, max_reps=20):
+    """One call between two events, synchronised after each (the older tables' method, --timing synced):
+    the host's work inside the call (for SDPA, Python and the dispatcher) lands between the events."""
     fn()
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -300,6 +303,33 @@ def time_ms(fn, min_total_ms=300.0, max_reps=20):
     return sorted(ms)[len(ms) // 2]
 
 
+def queued_ms(fn):
+    """As a training step runs it: calls back to back between one pair of events (as many as fill
+    ~5 ms, 3 to 64), the per-call mean of each of 7 batches, their median (attention_bench's
+    queued_ms, the same rule for both sides of the table)."""
+    fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    torch.cuda.synchronize()
+    calls = max(3, min(64, int(5.0 / max(a.elapsed_time(b), 1e-3)) + 1))
+    ms = []
+    for _ in range(7):
+        a.record()
+        for _ in range(calls):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        ms.append(a.elapsed_time(b) / calls)
+    return sorted(ms)[len(ms) // 2]
+
+
+TIMING = {"queued": queued_ms, "synced": time_ms}
+timing = "queued"
+
+
 def torch_tflops(backend, S, D, causal, dtype="bf16", gqa=1):
     B, H = TOKENS // S, HIDDEN // D
     tdt = torch.float16 if dtype == "f16" else torch.bfloat16
@@ -311,9 +341,9 @@ def torch_tflops(backend, S, D, causal, dtype="bf16", gqa=1):
     extra = {"enable_gqa": True} if gqa > 1 else {}
     try:
         with sdpa_kernel(backend):
-            f_ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **extra))
+            f_ms = TIMING[timing](lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **extra))
             o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, **extra)
-            b_ms = time_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+            b_ms = TIMING[timing](lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
     except RuntimeError as e:
         print(f"  {backend.name} S={S} D={D} causal={causal}: {str(e).splitlines()[0]}", file=sys.stderr)
         return float("nan"), float("nan")
@@ -323,7 +353,7 @@ def torch_tflops(backend, S, D, causal, dtype="bf16", gqa=1):
 
 def run_ours(bin_path, quick, dtype, gqa):
     """One run of BIN over the grid: {(S, D, causal): (fwd TFLOP/s, bwd TFLOP/s)}."""
-    cmd = [bin_path] + (["--quick"] if quick else []) + ["--dtype", dtype, "--gqa", str(gqa)]
+    cmd = [bin_path] + (["--quick"] if quick else []) + ["--dtype", dtype, "--gqa", str(gqa)] + (["--synced"] if timing == "synced" else [])
     out = subprocess.run(cmd, capture_output=True, text=True)
     sys.stderr.write(out.stderr)
     ours = {}
@@ -387,7 +417,7 @@ def run_bench(bin_path, out_dir, quick, dtype="bf16", gqa=1, rounds=3):
     kv = f", K/V heads H/{gqa} (GQA)" if gqa > 1 else ""
     head = (f"Attention, {dtype}{kv}, B*S = {TOKENS} tokens, H*D = {HIDDEN}; TFLOP/s (fwd 4*B*H*S^2*D, /2 causal; bwd x2.5); "
             f"{gpu}, torch {torch.__version__}, {datetime.date.today()}, commit {commit}")
-    md = [head + f"; median of {rounds} alternated rounds (ratios: the rounds' own ratios, their median and range)", "",
+    md = [head + f"; {timing} timing; median of {rounds} alternated rounds (ratios: the rounds' own ratios, their median and range)", "",
           "| D | S | B x H | mask | tilejit fwd | flash fwd | cuDNN fwd | tilejit bwd | flash bwd | cuDNN bwd "
           "| fwd vs flash | fwd vs cuDNN | bwd vs flash | bwd vs cuDNN |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -453,9 +483,9 @@ def run_dropout_bench(bin_path, p=0.1):
         try:
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 for dp in (0.0, p):
-                    f_ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dp))
+                    f_ms = TIMING[timing](lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dp))
                     o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dp)
-                    b_ms = time_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+                    b_ms = TIMING[timing](lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
                     fl += [f_ms, b_ms]
         except RuntimeError as e:
             print(f"  SDPA flash with dropout: {str(e).splitlines()[0]}", file=sys.stderr)
@@ -480,7 +510,11 @@ def main():
     ap.add_argument("--dtype", choices=("bf16", "f16"), default="bf16", help="the timing grid's dtype")
     ap.add_argument("--gqa", type=int, choices=(1, 2, 4, 8), default=1, help="timing grid: K/V heads = H / GQA")
     ap.add_argument("--rounds", type=int, default=3, help="alternated timing rounds; each point is their median (>= 1)")
+    ap.add_argument("--timing", choices=tuple(TIMING), default="queued",
+                    help="queued: calls back to back between events (both sides); synced: one call, then a sync (the older tables)")
     args = ap.parse_args()
+    global timing
+    timing = args.timing
     os.makedirs(args.out, exist_ok=True)
     caps_line = subprocess.run([args.bin, "--capabilities"], capture_output=True, text=True).stdout.split()
     caps = {k: v == "1" for k, v in (f.split("=") for f in caps_line)}

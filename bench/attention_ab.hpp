@@ -54,6 +54,32 @@ double time_ms(F&& fn, const runtime::Stream& stream, int max_reps) {
   return median(ms);
 }
 
+// Times `fn` as a training step runs it: calls queued back to back between one pair of events (as
+// many as fill ~5 ms, 3 to 64), the per-call mean of each of 7 batches, their median. time_ms's
+// synchronisation after every call puts the host's own work (checks, planning, the launch; for
+// SDPA, Python) between the events and lets the GPU idle: at S 1k it moved SDPA's forward 15%
+// (bench/timing_methods.py). bench/attention.py's table times both sides this way.
+template <class F>
+double queued_ms(F&& fn, const runtime::Stream& stream) {
+  fn();
+  stream.synchronize();
+  runtime::Event a, b;
+  a.record(stream);
+  fn();
+  b.record(stream);
+  b.synchronize();
+  const int calls = std::clamp(static_cast<int>(5.0 / std::max<double>(b.elapsed_ms(a), 1e-3)) + 1, 3, 64);
+  std::vector<double> ms;
+  for (int batch = 0; batch < 7; ++batch) {
+    a.record(stream);
+    for (int i = 0; i < calls; ++i) fn();
+    b.record(stream);
+    b.synchronize();
+    ms.push_back(b.elapsed_ms(a) / calls);
+  }
+  return median(ms);
+}
+
 // The rounds of an A/B: six, the variants' order swapped every round. (Three rounds in a fixed
 // order measured two identical kernels -- the same PTX -- at 0.91-1.00x of each other: clock drift
 // over seconds favours whichever runs first.)
