@@ -71,6 +71,8 @@
 //     build wrote (`tilejit bundle -o OTHER.tjb --attention D=128 ...` there): a lowering change A/B'd
 //     in one process (attention_build_ab.cpp):
 //     BUILD_AB kernel=attention_fwd D=128 causal=0 meta=.. this_ms=.. other_ms=.. speedup=.. registers=../.. outputs_identical=1
+//   attention_bench --timing-ab            D128 / D64 forward and backward timed queued, synced and as the tuner
+//     does (an L2 flush before each call), alternated: TIMING_AB kernel=fwd D=.. queued_ms=.. synced_ms=.. flushed_ms=..
 //   attention_bench --capabilities         "backward=1 varlen_fwd=1 varlen_bwd=1 dropout=1"
 //   attention_bench --check DIR            reads DIR/cases.txt and the inputs, writes the outputs
 #include <fmt/format.h>
@@ -1420,6 +1422,7 @@ int check(const std::string& dir) {
 int run_cp_bench(int argc, char** argv);  // attention_cp.cpp
 namespace tilejit::attention_bench {
 int bench_build_ab(const std::string& path, int max_reps);  // attention_build_ab.cpp
+int bench_timing_ab(int max_reps);                          // attention_timing_ab.cpp
 }
 
 int main(int argc, char** argv) {
@@ -1441,6 +1444,7 @@ int main(int argc, char** argv) {
   std::string only_mode;            // --deterministic --mode KEY: only that reduction (recompute, atomic, ...; e.g. for ncu)
   int only_causal = -1;             // --deterministic --causal 0|1: only full / causal
   std::string build_ab;  // --build-ab OTHER.tjb: this build's API kernels against another build's (attention_build_ab.cpp)
+  bool timing_ab = false;  // --timing-ab: the grid's timing methods against each other (attention_timing_ab.cpp)
   bool synced = false;   // --synced: the grid timed one call at a time (time_ms), not queued (queued_ms)
   bool tool_ab = false, pairs_ab = false, no_dropout = false, phases = false;  // --schedule-ab --no-dropout: only the runs without dropout; --dropout --phases: each backward phase timed
   std::optional<attention::Schedule> schedule;  // --deterministic --schedule: recompute's kernels at these tiles
@@ -1448,6 +1452,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--synced") synced = true;
+    else if (a == "--timing-ab") timing_ab = true;
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--dtype" && i + 1 < argc && (std::string(argv[i + 1]) == "f16" || std::string(argv[i + 1]) == "bf16"))
       grid_dtype = std::string(argv[++i]) == "f16" ? ir::DType::f16 : ir::DType::bf16;
@@ -1527,6 +1532,7 @@ int main(int argc, char** argv) {
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout, only_s ? only_s : 4096);
     if (tool_ab || pairs_ab) return bench_tool_ab(reps, pairs_ab);
     if (!build_ab.empty()) return bench_build_ab(build_ab, reps);
+    if (timing_ab) return bench_timing_ab(reps);
     if (!meta_ab.empty()) return bench_meta_ab(meta_ab, meta_ab_kernels, reps);
     if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule, only_mode, only_causal);
     return check_dir.empty() ? bench(quick, reps, grid_dtype, gqa, synced) : check(check_dir);

@@ -303,10 +303,14 @@ def time_ms(fn, min_total_ms=300.0, max_reps=20):
     return sorted(ms)[len(ms) // 2]
 
 
+SETTLE_MS = 500.0
+
+
 def queued_ms(fn):
     """As a training step runs it: calls back to back between one pair of events (as many as fill
-    ~5 ms, 3 to 64), the per-call mean of each of 7 batches, their median (attention_bench's
-    queued_ms, the same rule for both sides of the table)."""
+    ~5 ms, 3 to 64), the per-call mean of each of 7 batches, their median, after SETTLE_MS of calls
+    back to back (the SM clock falls to what the 700 W cap allows within ~200 ms: decision 099;
+    attention_bench's queued_ms, the same rule for both sides of the table)."""
     fn()
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -314,7 +318,17 @@ def queued_ms(fn):
     fn()
     b.record()
     torch.cuda.synchronize()
-    calls = max(3, min(64, int(5.0 / max(a.elapsed_time(b), 1e-3)) + 1))
+    one = max(a.elapsed_time(b), 1e-3)
+    calls = max(3, min(64, int(5.0 / one) + 1))
+    settled = 0.0
+    while settled < SETTLE_MS:
+        n = max(1, min(4096, int(50.0 / one) + 1))
+        a.record()
+        for _ in range(n):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        settled += a.elapsed_time(b)
     ms = []
     for _ in range(7):
         a.record()
