@@ -587,11 +587,11 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps, const std::str
 
 // --deterministic: the backward with each dQ reduction (attention::Options::dq_reduction:
 // recompute, atomic, split, ordered; causal also ordered with q_descending) through the API on the
-// grid (D 64/128, S 1k-16k, full and causal), alternated rounds (3), the median of each mode's
-// rounds; every mode at its default schedule, with a caller workspace (Delta and the reduction's
+// grid (D 64/128, S 1k-16k, full and causal), 3 rounds in rotated order, each timing queued and
+// settled (queued_ms), the median of each mode's rounds; every mode at its default schedule, with a caller workspace (Delta and the reduction's
 // buffers; the API zeroes atomic's dQ_accum and ordered's semaphores inside the timed call).
 // Split is skipped where its dQ_parts would exceed 16 GB (S >= 8k at these shapes).
-int bench_deterministic(int max_reps, int64_t only_d, int64_t only_s, std::optional<attention::Schedule> recompute_schedule,
+int bench_deterministic(int64_t only_d, int64_t only_s, std::optional<attention::Schedule> recompute_schedule,
                         const std::string& only_mode, int only_causal) {
   using attention::DqReduction;
   const ir::DType dt = ir::DType::bf16;
@@ -668,14 +668,16 @@ int bench_deterministic(int max_reps, int64_t only_d, int64_t only_s, std::optio
         else if (modes[i].reduction == DqReduction::split && static_cast<double>(need) > kSplitLimit)
           note[i] = fmt::format("skipped(workspace={:.1f}GB>16GB)", static_cast<double>(need) / 1e9);
       }
-      for (int round = 0; round < 3; ++round)
-        for (size_t i = 0; i < kModes; ++i) {
-          if (!note[i].empty()) continue;
-          const attention::Options opts = options(c, modes[i]);
-          ms[i].push_back(time_ms([&] {
-            attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), {ws.ptr(), ws.bytes()});
-          }, stream, max_reps));
-        }
+      // the modes' order rotated every round and each timing settled (queued_ms): a fixed order
+      // timed after a pause favoured the first mode by the clock's burst (decision 099)
+      bench_util::rotated_rounds(3, static_cast<int>(kModes), [&](int m) {
+        const auto i = static_cast<size_t>(m);
+        if (!note[i].empty()) return;
+        const attention::Options opts = options(c, modes[i]);
+        ms[i].push_back(queued_ms([&] {
+          attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), {ws.ptr(), ws.bytes()});
+        }, stream));
+      });
     } catch (const std::exception& e) {
       std::fprintf(stderr, "S=%ld D=%ld causal=%d: %s\n", static_cast<long>(S), static_cast<long>(D), c.causal, e.what());
     }
@@ -1534,7 +1536,7 @@ int main(int argc, char** argv) {
     if (!build_ab.empty()) return bench_build_ab(build_ab, reps);
     if (timing_ab) return bench_timing_ab(reps);
     if (!meta_ab.empty()) return bench_meta_ab(meta_ab, meta_ab_kernels, reps);
-    if (deterministic) return bench_deterministic(reps, only_d, only_s, schedule, only_mode, only_causal);
+    if (deterministic) return bench_deterministic(only_d, only_s, schedule, only_mode, only_causal);
     return check_dir.empty() ? bench(quick, reps, grid_dtype, gqa, synced) : check(check_dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench/attention: %s\n", e.what());
