@@ -667,6 +667,81 @@ HostTensor normal_bf16(const ir::Shape& shape, uint64_t seed) {
   return t;
 }
 
+// The checks every GPU case starts with: true when it can run here, else false after a visible
+// SKIPPED message naming what is missing.
+bool runs_here(bool needs_backward = false, bool needs_dropout = false, bool needs_masks = false) {
+  if (const auto& drv = runtime::Driver::get(); !drv.available()) {
+    MESSAGE("SKIPPED: no GPU: " << drv.unavailable_reason());
+    return false;
+  }
+  if (needs_backward && !attention::backward_available()) {
+    MESSAGE("SKIPPED: the backward kernels are not in this build");
+    return false;
+  }
+  if (needs_dropout && !attention::dropout_supported()) {
+    MESSAGE("SKIPPED: the attention kernels have no DROPOUT meta");
+    return false;
+  }
+  if (needs_masks && !attention::masks_supported()) {
+    MESSAGE("SKIPPED: the attention kernels have no MASK meta");
+    return false;
+  }
+  return true;
+}
+
+// A [B, S, H, D] case's bf16 inputs, N(0, 1) from seeds seed .. seed + 3 (q, k, v, dout).
+struct CaseInputs {
+  HostTensor q, k, v, dout;
+  CaseInputs(const AttentionCase& c, uint64_t seed)
+      : q(normal_bf16(c.shape(c.Hq, c.Sq), seed)), k(normal_bf16(c.shape(c.Hkv, c.Sk), seed + 1)),
+        v(normal_bf16(c.shape(c.Hkv, c.Sk), seed + 2)), dout(normal_bf16(c.shape(c.Hq, c.Sq), seed + 3)) {}
+};
+
+// One way of running a case on the GPU: the inputs uploaded, fresh outputs, the API's views of
+// them and its calls on them -- the cases below compare two or more ways bit for bit.
+struct DeviceCall {
+  DeviceTensor q, k, v, dout, o, lse, dq, dk, dv;
+  DeviceCall(const AttentionCase& c, const CaseInputs& in)
+      : q(DeviceTensor::from_host(in.q)), k(DeviceTensor::from_host(in.k)), v(DeviceTensor::from_host(in.v)),
+        dout(DeviceTensor::from_host(in.dout)), o(DeviceTensor::empty_like(in.q)),
+        lse(DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}))), dq(DeviceTensor::empty_like(in.q)),
+        dk(DeviceTensor::empty_like(in.k)), dv(DeviceTensor::empty_like(in.v)) {}
+  static attention::Tensor view(const DeviceTensor& t) { return api_view(t, false); }
+  void forward(const attention::Options& opts, const runtime::Stream& stream) {
+    attention::forward(view(q), view(k), view(v), view(o), view(lse), opts, stream.handle());
+  }
+  void backward(const attention::Options& opts, const runtime::Stream& stream, attention::Workspace w = {}) {
+    attention::backward(view(q), view(k), view(v), view(o), view(dout), view(lse), view(dq), view(dk), view(dv), opts,
+                        stream.handle(), w);
+  }
+  // o and lse, then (with_gradients) dq, dk and dv, read back as doubles
+  std::vector<std::vector<double>> outputs(bool with_gradients) const {
+    std::vector<std::vector<double>> out;
+    for (const DeviceTensor* t : {&o, &lse, &dq, &dk, &dv}) out.push_back(t->to_host().to_f64());
+    if (!with_gradients) out.resize(2);
+    return out;
+  }
+  std::vector<std::vector<double>> gradients() const {
+    std::vector<std::vector<double>> out;
+    for (const DeviceTensor* t : {&dq, &dk, &dv}) out.push_back(t->to_host().to_f64());
+    return out;
+  }
+};
+
+// Every way's outputs equal the first way's, bit for bit; the first's hold no NaN (and, with
+// `nonzero`, not only zeros). `names`: what the outputs are, for the failure message.
+void check_ways_equal(const std::vector<std::vector<std::vector<double>>>& ways, const char* names, bool nonzero) {
+  for (size_t i = 0; i < ways[0].size(); ++i) {
+    INFO("output " << i << " (" << names << ")");
+    CHECK(std::ranges::none_of(ways[0][i], [](double x) { return std::isnan(x); }));
+    if (nonzero) CHECK(std::ranges::any_of(ways[0][i], [](double x) { return x != 0.0; }));
+    for (size_t w = 1; w < ways.size(); ++w) {
+      INFO("way " << w);
+      CHECK(ways[w][i] == ways[0][i]);  // (-inf LSE rows compare equal; NaN would differ)
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("gpu: attention API sweep (forward + backward) against float64") {
@@ -866,25 +941,14 @@ TEST_CASE("attention sweep: the masked float64 reference equals attention_refere
 // Options::mask = causal is options.causal = true: the same kernels, the same bits (forward and
 // backward, with dropout).
 TEST_CASE("gpu: attention API, mask kind causal equals options.causal bit for bit") {
-  if (const auto& drv = runtime::Driver::get(); !drv.available()) {
-    MESSAGE("SKIPPED: no GPU: " << drv.unavailable_reason());
-    return;
-  }
-  if (!attention::masks_supported()) {
-    MESSAGE("SKIPPED: the attention kernels have no MASK meta");
-    return;
-  }
+  if (!runs_here(false, false, true)) return;
   const bool bwd = attention::backward_available();
   const AttentionCase c{2, 4, 2, 200, 300, 64, true, true};
-  const HostTensor q = normal_bf16(c.shape(c.Hq, c.Sq), 1), kk = normal_bf16(c.shape(c.Hkv, c.Sk), 2),
-                   v = normal_bf16(c.shape(c.Hkv, c.Sk), 3), dout = normal_bf16(c.shape(c.Hq, c.Sq), 4);
-  std::vector<std::vector<double>> outputs[2];
+  const CaseInputs in(c, 1);
+  std::vector<std::vector<std::vector<double>>> outputs;
   for (int way = 0; way < 2; ++way) {
     runtime::Stream stream;
-    auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v),
-         d_do = DeviceTensor::from_host(dout);
-    auto d_o = DeviceTensor::empty_like(q), d_dq = DeviceTensor::empty_like(q), d_dk = DeviceTensor::empty_like(kk),
-         d_dv = DeviceTensor::empty_like(v), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
+    DeviceCall call(c, in);
     attention::Options opts;
     if (way == 0) opts.causal = true;
     else opts.mask = attention::Mask{kernels::MaskSpec::causal(), {}, {}, {}};
@@ -892,61 +956,44 @@ TEST_CASE("gpu: attention API, mask kind causal equals options.causal bit for bi
       opts.dropout_p = 0.2;
       opts.seed = 0x1234567890ull;
     }
-    attention::forward(api_view(d_q, false), api_view(d_k, false), api_view(d_v, false), api_view(d_o, false), api_view(d_lse, false),
-                       opts, stream.handle());
-    if (bwd)
-      attention::backward(api_view(d_q, false), api_view(d_k, false), api_view(d_v, false), api_view(d_o, false),
-                          api_view(d_do, false), api_view(d_lse, false), api_view(d_dq, false), api_view(d_dk, false),
-                          api_view(d_dv, false), opts, stream.handle());
+    call.forward(opts, stream);
+    if (bwd) call.backward(opts, stream);
     stream.synchronize();
-    for (DeviceTensor* t : {&d_o, &d_lse, &d_dq, &d_dk, &d_dv}) outputs[way].push_back(t->to_host().to_f64());
-    if (!bwd) outputs[way].resize(2);
+    outputs.push_back(call.outputs(bwd));
   }
-  for (size_t i = 0; i < outputs[0].size(); ++i) {
-    INFO("output " << i << " (o, lse, dq, dk, dv)");
-    CHECK(std::ranges::none_of(outputs[0][i], [](double x) { return std::isnan(x); }));
-    CHECK(outputs[0][i] == outputs[1][i]);  // (-inf LSE rows included; NaN would differ)
-  }
+  check_ways_equal(outputs, "o, lse, dq, dk, dv", false);
 }
 
 // options.accumulate_gradients: f32 dq, dk, dv prefilled with random values receive += the
 // gradients; minus the prefill they are the plain backward's (bf16) up to its rounding. D 64 and
 // 128, causal and not, with dropout (the kernels' epilogues on the wgmma paths).
 TEST_CASE("gpu: attention API, accumulate_gradients adds the plain backward's gradients") {
-  if (const auto& drv = runtime::Driver::get(); !drv.available() || !attention::backward_available()) {
-    MESSAGE("SKIPPED: no GPU or no backward");
-    return;
-  }
+  if (!runs_here(true)) return;
   for (int64_t D : {64, 128})
     for (bool causal : {false, true}) {
       const AttentionCase c{2, 4, 2, 200, 300, static_cast<int>(D), causal, true};
       INFO("D " << D << " causal " << causal);
-      const HostTensor q = normal_bf16(c.shape(c.Hq, c.Sq), 1), kk = normal_bf16(c.shape(c.Hkv, c.Sk), 2),
-                       v = normal_bf16(c.shape(c.Hkv, c.Sk), 3), dout = normal_bf16(c.shape(c.Hq, c.Sq), 4);
+      const CaseInputs in(c, 1);
       HostTensor pq(ir::DType::f32, c.shape(c.Hq, c.Sq)), pk(ir::DType::f32, c.shape(c.Hkv, c.Sk)), pv(ir::DType::f32, c.shape(c.Hkv, c.Sk));
       pq.fill_normal(5, 0, 1);
       pk.fill_normal(6, 0, 1);
       pv.fill_normal(7, 0, 1);
       runtime::Stream stream;
-      auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v),
-           d_do = DeviceTensor::from_host(dout);
-      auto d_o = DeviceTensor::empty_like(q), d_dq = DeviceTensor::empty_like(q), d_dk = DeviceTensor::empty_like(kk),
-           d_dv = DeviceTensor::empty_like(v), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
+      DeviceCall call(c, in);
       auto s_dq = DeviceTensor::from_host(pq), s_dk = DeviceTensor::from_host(pk), s_dv = DeviceTensor::from_host(pv);
       attention::Options opts;
       opts.causal = causal;
       if (attention::dropout_supported()) opts.dropout_p = 0.1, opts.seed = 77;
-      attention::forward(api_view(d_q, false), api_view(d_k, false), api_view(d_v, false), api_view(d_o, false), api_view(d_lse, false),
-                         opts, stream.handle());
-      attention::backward(api_view(d_q, false), api_view(d_k, false), api_view(d_v, false), api_view(d_o, false), api_view(d_do, false),
-                          api_view(d_lse, false), api_view(d_dq, false), api_view(d_dk, false), api_view(d_dv, false), opts, stream.handle());
+      call.forward(opts, stream);
+      call.backward(opts, stream);
       attention::Options acc = opts;
       acc.accumulate_gradients = true;
-      attention::backward(api_view(d_q, false), api_view(d_k, false), api_view(d_v, false), api_view(d_o, false), api_view(d_do, false),
-                          api_view(d_lse, false), api_view(s_dq, false), api_view(s_dk, false), api_view(s_dv, false), acc, stream.handle());
+      const auto view = DeviceCall::view;
+      attention::backward(view(call.q), view(call.k), view(call.v), view(call.o), view(call.dout), view(call.lse), view(s_dq),
+                          view(s_dk), view(s_dv), acc, stream.handle());
       stream.synchronize();
-      for (auto [name, plain, sum, prefill] : {std::tuple{"dq", &d_dq, &s_dq, &pq}, std::tuple{"dk", &d_dk, &s_dk, &pk},
-                                               std::tuple{"dv", &d_dv, &s_dv, &pv}}) {
+      for (auto [name, plain, sum, prefill] : {std::tuple{"dq", &call.dq, &s_dq, &pq}, std::tuple{"dk", &call.dk, &s_dk, &pk},
+                                               std::tuple{"dv", &call.dv, &s_dv, &pv}}) {
         const std::vector<double> a = plain->to_host().to_f64(), b = sum->to_host().to_f64(), p0 = prefill->to_f64();
         double worst = 0, big = 0;
         for (size_t i = 0; i < a.size(); ++i) {
@@ -964,52 +1011,38 @@ TEST_CASE("gpu: attention API, accumulate_gradients adds the plain backward's gr
 // bit (full, causal, a document mask whose lists the dkdv phase's pre-pass leaves for dQ's, and
 // dropout, full and causal, whose dkdv phase leaves the mask's words for dQ's: decision 097).
 TEST_CASE("gpu: attention API, backward phases equal one call bit for bit") {
-  if (const auto& drv = runtime::Driver::get(); !drv.available() || !attention::backward_available()) {
-    MESSAGE("SKIPPED: no GPU or no backward");
-    return;
-  }
+  if (!runs_here(true)) return;
   const AttentionCase c{2, 4, 2, 300, 300, 128, false, true};
-  const HostTensor q = normal_bf16(c.shape(c.Hq, c.Sq), 11), kk = normal_bf16(c.shape(c.Hkv, c.Sk), 12),
-                   v = normal_bf16(c.shape(c.Hkv, c.Sk), 13), dout = normal_bf16(c.shape(c.Hq, c.Sq), 14);
-  std::vector<int32_t> ids(static_cast<size_t>(c.B * c.Sk));
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i % static_cast<size_t>(c.Sk)) / 70);
+  const CaseInputs in(c, 11);
   HostTensor ids_h(ir::DType::i32, {c.B, c.Sk});
-  for (size_t i = 0; i < ids.size(); ++i) ids_h.set_flat(static_cast<int64_t>(i), ids[i]);
+  for (int64_t i = 0; i < c.B * c.Sk; ++i) ids_h.set_flat(i, static_cast<int32_t>((i % c.Sk) / 70));
   for (int variant = 0; variant < 5; ++variant) {
     INFO("variant " << variant << " (full, causal, document mask, dropout full, dropout causal)");
     runtime::Stream stream;
-    auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v),
-         d_do = DeviceTensor::from_host(dout), d_ids = DeviceTensor::from_host(ids_h);
-    auto d_o = DeviceTensor::empty_like(q), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
+    DeviceCall call(c, in);
+    const auto d_ids = DeviceTensor::from_host(ids_h);
     attention::Options opts;
     opts.causal = variant == 1 || variant == 4;
     if (variant == 2) opts.mask = attention::Mask{kernels::MaskSpec::document(), api_view(d_ids, false), {}, {}};
     if (variant >= 3) opts.dropout_p = 0.1, opts.seed = 5, opts.dropout_words_max_bytes = size_t{1} << 30;
-    const attention::Tensor Q = api_view(d_q, false), K = api_view(d_k, false), V = api_view(d_v, false), O = api_view(d_o, false),
-                            L = api_view(d_lse, false), dO = api_view(d_do, false);
-    attention::forward(Q, K, V, O, L, opts, stream.handle());
-    runtime::DeviceBuffer ws(attention::backward_workspace_bytes(Q, K, opts));
-    std::vector<std::vector<double>> got[2];
+    call.forward(opts, stream);
+    runtime::DeviceBuffer ws(attention::backward_workspace_bytes(DeviceCall::view(call.q), DeviceCall::view(call.k), opts));
+    std::vector<std::vector<std::vector<double>>> got;
     for (int way = 0; way < 2; ++way) {
-      auto d_dq = DeviceTensor::empty_like(q), d_dk = DeviceTensor::empty_like(kk), d_dv = DeviceTensor::empty_like(v);
-      const attention::Tensor dQ = api_view(d_dq, false), dK = api_view(d_dk, false), dV = api_view(d_dv, false);
+      for (DeviceTensor* t : {&call.dq, &call.dk, &call.dv}) t->poison();
       if (way == 0) {
-        attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), {ws.ptr(), ws.bytes()});
+        call.backward(opts, stream, {ws.ptr(), ws.bytes()});
       } else {
         attention::Options p = opts;
         p.backward_phase = attention::BackwardPhase::dkdv;
-        attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, p, stream.handle(), {ws.ptr(), ws.bytes()});
+        call.backward(p, stream, {ws.ptr(), ws.bytes()});
         p.backward_phase = attention::BackwardPhase::dq;
-        attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, p, stream.handle(), {ws.ptr(), ws.bytes()});
+        call.backward(p, stream, {ws.ptr(), ws.bytes()});
       }
       stream.synchronize();
-      for (DeviceTensor* t : {&d_dq, &d_dk, &d_dv}) got[way].push_back(t->to_host().to_f64());
+      got.push_back(call.gradients());
     }
-    for (size_t i = 0; i < 3; ++i) {
-      INFO("gradient " << i << " (dq, dk, dv)");
-      CHECK(std::ranges::any_of(got[0][i], [](double x) { return x != 0; }));
-      CHECK(got[0][i] == got[1][i]);
-    }
+    check_ways_equal(got, "dq, dk, dv", true);
   }
 }
 
@@ -1018,30 +1051,19 @@ TEST_CASE("gpu: attention API, backward phases equal one call bit for bit") {
 // that regenerates the keep-mask) and generate_dropout_bits -- and the kernels really read the
 // memory at run time (other contents there, other outputs; the scalars are ignored).
 TEST_CASE("gpu: attention API, dropout's seed and offset from device memory equal the scalars bit for bit") {
-  if (const auto& drv = runtime::Driver::get(); !drv.available()) {
-    MESSAGE("SKIPPED: no GPU: " << drv.unavailable_reason());
-    return;
-  }
-  if (!attention::dropout_supported()) {
-    MESSAGE("SKIPPED: the attention kernels have no DROPOUT meta");
-    return;
-  }
+  if (!runs_here(false, true)) return;
   const bool bwd = attention::backward_available();
   const uint64_t seed = 0x89abcdef01234567ull, offset = 0x0000000500000003ull;
   for (int64_t D : {64, 128})
     for (bool causal : {false, true}) {
       const AttentionCase c{2, 4, 2, 200, 300, static_cast<int>(D), causal, true};
       INFO("D " << D << " causal " << causal);
-      const HostTensor q = normal_bf16(c.shape(c.Hq, c.Sq), 21), kk = normal_bf16(c.shape(c.Hkv, c.Sk), 22),
-                       v = normal_bf16(c.shape(c.Hkv, c.Sk), 23), dout = normal_bf16(c.shape(c.Hq, c.Sq), 24);
-      std::vector<std::vector<double>> outputs[3];
+      const CaseInputs in(c, 21);
+      std::vector<std::vector<std::vector<double>>> outputs;
       std::vector<uint32_t> bits[2];
       for (int way = 0; way < 3; ++way) {  // scalars; memory (scalars wrong); memory with other contents
         runtime::Stream stream;
-        auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v),
-             d_do = DeviceTensor::from_host(dout);
-        auto d_o = DeviceTensor::empty_like(q), d_dq = DeviceTensor::empty_like(q), d_dk = DeviceTensor::empty_like(kk),
-             d_dv = DeviceTensor::empty_like(v), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
+        DeviceCall call(c, in);
         auto d_state = DeviceTensor::from_host(testing::rng_state_tensor(way == 2 ? seed + 1 : seed, offset));
         auto d_bits = DeviceTensor::empty_like(HostTensor(ir::DType::u32, {c.B * c.Hq, c.Sq, (c.Sk + 31) / 32}));
         attention::Options opts;
@@ -1049,24 +1071,17 @@ TEST_CASE("gpu: attention API, dropout's seed and offset from device memory equa
         opts.dropout_p = 0.2;
         opts.seed = way == 0 ? seed : 99, opts.offset = way == 0 ? offset : 98;
         if (way > 0) opts.rng_state = attention::contiguous(d_state.ptr(), ir::DType::i64, {2});
-        attention::forward(api_view(d_q, false), api_view(d_k, false), api_view(d_v, false), api_view(d_o, false),
-                           api_view(d_lse, false), opts, stream.handle());
-        if (bwd)
-          attention::backward(api_view(d_q, false), api_view(d_k, false), api_view(d_v, false), api_view(d_o, false),
-                              api_view(d_do, false), api_view(d_lse, false), api_view(d_dq, false), api_view(d_dk, false),
-                              api_view(d_dv, false), opts, stream.handle());
+        call.forward(opts, stream);
+        if (bwd) call.backward(opts, stream);
         if (way < 2) attention::generate_dropout_bits(api_view(d_bits, false), c.B, c.Hq, c.Sq, c.Sk, opts, stream.handle());
         stream.synchronize();
-        for (DeviceTensor* t : {&d_o, &d_lse, &d_dq, &d_dk, &d_dv}) outputs[way].push_back(t->to_host().to_f64());
-        if (!bwd) outputs[way].resize(2);
+        outputs.push_back(call.outputs(bwd));
         if (way < 2) bits[way] = testing::raw<uint32_t>(d_bits.to_host());
       }
-      for (size_t i = 0; i < outputs[0].size(); ++i) {
-        INFO("output " << i << " (o, lse, dq, dk, dv)");
-        CHECK(std::ranges::none_of(outputs[0][i], [](double x) { return std::isnan(x); }));
-        CHECK(outputs[0][i] == outputs[1][i]);
-      }
-      CHECK(outputs[0][0] != outputs[2][0]);  // another seed in memory: another mask, another O
+      const auto other_seed = outputs.back();
+      outputs.pop_back();
+      check_ways_equal(outputs, "o, lse, dq, dk, dv", false);
+      CHECK(outputs[0][0] != other_seed[0]);  // another seed in memory: another mask, another O
       CHECK(bits[0] == bits[1]);
       CHECK(bits[0] == kernels::dropout_mask_packed_host({seed, offset, kernels::dropout_keep_threshold(0.2)}, c.B * c.Hq, c.Sq, c.Sk));
     }
@@ -1077,34 +1092,23 @@ TEST_CASE("gpu: attention API, dropout's seed and offset from device memory equa
 // kernels, bit for bit -- with the API's own workspace and a caller's sized with k (poisoned), GQA,
 // ragged S, full and causal; a caller's workspace sized without k runs the other path, the same.
 TEST_CASE("gpu: attention API, the dropout backward drawing its mask once equals drawing it twice bit for bit") {
-  if (const auto& drv = runtime::Driver::get(); !drv.available()) {
-    MESSAGE("SKIPPED: no GPU: " << drv.unavailable_reason());
-    return;
-  }
-  if (!attention::dropout_supported() || !attention::backward_available()) {
-    MESSAGE("SKIPPED: the attention kernels have no DROPOUT meta or no backward");
-    return;
-  }
+  if (!runs_here(true, true)) return;
   for (int64_t D : {64, 128})
     for (bool causal : {false, true}) {
       const AttentionCase c{2, 4, 2, 200, 300, static_cast<int>(D), causal, true};
       INFO("D " << D << " causal " << causal);
-      const HostTensor q = normal_bf16(c.shape(c.Hq, c.Sq), 31), kk = normal_bf16(c.shape(c.Hkv, c.Sk), 32),
-                       v = normal_bf16(c.shape(c.Hkv, c.Sk), 33), dout = normal_bf16(c.shape(c.Hq, c.Sq), 34);
-      std::vector<std::vector<double>> grads[4];
+      const CaseInputs in(c, 31);
+      std::vector<std::vector<std::vector<double>>> grads;
       for (int way = 0; way < 4; ++way) {  // twice (max bytes 0); once, own workspace; once, caller's; caller's sized without k
         runtime::Stream stream;
-        auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v),
-             d_do = DeviceTensor::from_host(dout);
-        auto d_o = DeviceTensor::empty_like(q), d_dq = DeviceTensor::empty_like(q), d_dk = DeviceTensor::empty_like(kk),
-             d_dv = DeviceTensor::empty_like(v), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
+        DeviceCall call(c, in);
         attention::Options opts;
         opts.causal = causal;
         opts.dropout_p = 0.15;
         opts.seed = 0x1234567, opts.offset = 11;
         opts.dropout_words_max_bytes = way == 0 ? 0 : size_t{1} << 30;  // (D 128 causal's default is twice)
-        const auto Q = api_view(d_q, false), K = api_view(d_k, false);
-        attention::forward(Q, K, api_view(d_v, false), api_view(d_o, false), api_view(d_lse, false), opts, stream.handle());
+        const auto Q = DeviceCall::view(call.q), K = DeviceCall::view(call.k);
+        call.forward(opts, stream);
         const size_t with_words = attention::backward_workspace_bytes(Q, K, opts), without = attention::backward_workspace_bytes(Q, opts);
         // B * Hq * S_q words of cdiv(S_k, 32) each, after Delta
         CHECK(with_words == without + (way == 0 ? 0 : size_t(c.B * c.Hq * c.Sq * ((c.Sk + 31) / 32) * 4 + 255) / 256 * 256));
@@ -1115,17 +1119,11 @@ TEST_CASE("gpu: attention API, the dropout backward drawing its mask once equals
           ws.fill_bytes(0xFF);
           w = attention::Workspace{ws.ptr(), ws.bytes()};
         }
-        attention::backward(Q, K, api_view(d_v, false), api_view(d_o, false), api_view(d_do, false), api_view(d_lse, false),
-                            api_view(d_dq, false), api_view(d_dk, false), api_view(d_dv, false), opts, stream.handle(), w);
+        call.backward(opts, stream, w);
         stream.synchronize();
-        for (DeviceTensor* t : {&d_dq, &d_dk, &d_dv}) grads[way].push_back(t->to_host().to_f64());
+        grads.push_back(call.gradients());
       }
-      for (size_t i = 0; i < 3; ++i) {
-        INFO("gradient " << i << " (dq, dk, dv)");
-        CHECK(std::ranges::none_of(grads[0][i], [](double x) { return std::isnan(x); }));
-        CHECK(std::ranges::any_of(grads[0][i], [](double x) { return x != 0; }));
-        for (int way = 1; way < 4; ++way) CHECK(grads[0][i] == grads[way][i]);
-      }
+      check_ways_equal(grads, "dq, dk, dv", true);
     }
 }
 
@@ -1133,34 +1131,24 @@ TEST_CASE("gpu: attention API, the dropout backward drawing its mask once equals
 // as one program per tile does -- D 128 (the ring producer) and D 64, full and causal (S_q > S_k:
 // tiles with no key), GQA, a tile count that does not divide the grid.
 TEST_CASE("gpu: attention API, the persistent forward equals one program per tile bit for bit") {
-  if (const auto& drv = runtime::Driver::get(); !drv.available()) {
-    MESSAGE("SKIPPED: no GPU: " << drv.unavailable_reason());
-    return;
-  }
+  if (!runs_here()) return;
   for (int64_t D : {64, 128})
     for (bool causal : {false, true}) {
       const AttentionCase c{3, 8, 2, 1000, 700, static_cast<int>(D), causal, true};
       INFO("D " << D << " causal " << causal);
-      const HostTensor q = normal_bf16(c.shape(c.Hq, c.Sq), 11), kk = normal_bf16(c.shape(c.Hkv, c.Sk), 12),
-                       v = normal_bf16(c.shape(c.Hkv, c.Sk), 13);
-      std::vector<std::vector<double>> outputs[2];
+      const CaseInputs in(c, 11);
+      std::vector<std::vector<std::vector<double>>> outputs;
       for (int way = 0; way < 2; ++way) {
         runtime::Stream stream;
-        auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v);
-        auto d_o = DeviceTensor::empty_like(q), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
+        DeviceCall call(c, in);
         attention::Options opts;
         opts.causal = causal;
         opts.persistent = way == 1;
-        attention::forward(api_view(d_q, false), api_view(d_k, false), api_view(d_v, false), api_view(d_o, false), api_view(d_lse, false),
-                           opts, stream.handle());
+        call.forward(opts, stream);
         stream.synchronize();
-        for (DeviceTensor* t : {&d_o, &d_lse}) outputs[way].push_back(t->to_host().to_f64());
+        outputs.push_back(call.outputs(false));
       }
-      for (size_t i = 0; i < 2; ++i) {
-        INFO("output " << i << " (o, lse)");
-        CHECK(std::ranges::none_of(outputs[0][i], [](double x) { return std::isnan(x); }));
-        CHECK(outputs[0][i] == outputs[1][i]);
-      }
+      check_ways_equal(outputs, "o, lse", false);
     }
 }
 
