@@ -87,6 +87,7 @@ Workload backward_workload(const TuningConfig& c, const TuningContext& ctx, cons
   ch.fp32_ops = k.fp32_per_score * rows * step + 128.0 * k.step_overhead;
   ch.row_reductions = false;
   ch.lockstep = k.lockstep;
+  ch.overlapped = k.overlapped;
   // per consumer thread, each 64-row slab: the f32 accumulators (64 x D each), S and dP (64 x
   // step), ~24 more
   const int64_t slabs = w.wgmma ? std::max<int64_t>(1, k.tile / (64 * ch.chains_per_program)) : 1;

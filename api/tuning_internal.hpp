@@ -73,6 +73,7 @@ struct BackwardLoop {
   double fp32_per_score = 10;   // the elementwise softmax gradient's lane-ops a score
   double step_overhead = 250;   // instructions a thread each step that do not scale with the tile
   bool lockstep = false;        // the warpgroups meet at a CTA barrier every step (dK/dV)
+  bool overlapped = false;      // the step's dots stay in flight beside its exponentials (dQ: S and dP issued together)
 };
 // Tile rows in 64-row slabs, one per warpgroup, on the wgmma path (jit/wgmma_plan).
 bool backward_on_wgmma(const runtime::TuningConfig& c, const runtime::TuningContext& ctx, int64_t tile);

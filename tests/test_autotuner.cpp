@@ -607,7 +607,8 @@ std::vector<SweepCheck> replay_sweep(const std::string& file) {
   std::vector<std::string> order;
   while (std::getline(in, line)) {
     const std::vector<std::string> f = csv_fields(line);
-    if (f.size() != header.size() || f[c_status] != "timed") continue;
+    // (cached: a measurement the tuning store held from an earlier run of the same sweep)
+    if (f.size() != header.size() || (f[c_status] != "timed" && f[c_status] != "cached")) continue;
     const TuningSpace* space = library::find_tuning_space(f[c_kernel]);
     REQUIRE_MESSAGE(space != nullptr, f[c_kernel]);
     TuningContext ctx;
@@ -722,8 +723,10 @@ TEST_CASE("cost model: ranks the recorded sweeps as the GPU did (issue 29)") {
                         Case{"dkdv_d64_causal_false_s1024_s16384_occupancy.csv", 0.9, 5, 40},
                         Case{"dkdv_d128_causal_false_s1k_4k_16k.csv", 0.9, 5, 10}, Case{"dkdv_d128_causal_true_s1k_4k_16k.csv", 0.9, 5, 10},
                         Case{"dq_d128_causal_false_s1k_4k_16k.csv", 0.9, 5, 10}, Case{"dq_d128_causal_true_s1k_4k_16k.csv", 0.9, 5, 10},
-                        // (dQ at D 64: 18 configs within 7% whose repeats differ 1-3%: ranked 0.30-0.85, the best
-                        // within the model's first 1-2 at five of six shapes, 13th at full S 16k; not checked)
+                        // dQ at D 64: 18 configs within 7%, and configs that differ only in a register bound that
+                        // does not bind (123 registers under caps of 255 / 168) measured 3-5.6% apart in these
+                        // sweeps: the measured order is mostly noise, so a regression guard (0.61-0.79 now), not 0.9
+                        Case{"dq_d64_causal_false_s1k_4k_16k.csv", 0.55, 5, 20}, Case{"dq_d64_causal_true_s1k_4k_16k.csv", 0.55, 5, 20},
                         Case{"gemm_4096.csv", 0.9, 5, 400}}) {
     for (const SweepCheck& r : replay_sweep(c.file)) {
       CAPTURE(c.file);
