@@ -2,10 +2,10 @@
 # On the GPU machine, from the repository root, after tools/pack_gpu.sh (carry .gpu): every GPU
 # check in one command, each log under OUT (default $OUT, else /tmp/gpu-suites), one summary line
 # per step on stdout. Multi-GPU steps run when there are 2+ GPUs (on an x4 machine they also cover
-# W = 2). Steps (all by default but `tables`, `block`, `hiding`, `gemm`, `buildab`, `dropout`; or name some): suites (= suites1
+# W = 2). Steps (all by default but `tables`, `block`, `hiding`, `gemm`, `buildab`, `dropout`, `timing`; or name some): suites (= suites1
 # then suites2: one call each on a lent machine) bundle fuzz
-# examples torch cp cpbench tables (bench/attention.py beside SDPA: bf16, --gqa 4, --dtype f16; ~100 s a round,
-# ROUNDS (default 3) each; TABLES= to pick) block (bench/transformer_block) hiding (its --hiding per MASK_TILES) gemm (bench/gemm.py vs cuBLAS)
+# examples torch cp cpbench tables (bench/attention.py beside SDPA: bf16, --gqa 4, --dtype f16; ~95 s a round
+# settled (decision 099), ROUNDS (default 3) each; TABLES= to pick) timing (--timing-ab, power_probe.py) block (bench/transformer_block) hiding (its --hiding per MASK_TILES) gemm (bench/gemm.py vs cuBLAS)
 # buildab (attention_bench --build-ab .gpu/old.tjb) dropout (attention_bench --dropout 0.1 --phases, D128 and D64, ~2 min). torch: bindings/torch's GPU tests and its per-call cost
 # (needs PyTorch on the machine).
 #   tools/gpu_suites.sh [STEP ...]          FUZZ_SEEDS=A:B (default 700000:720000), FUZZ_TIME=seconds
@@ -95,6 +95,10 @@ for step in "${steps[@]}"; do
       if [ ! -f old.tjb ]; then echo "buildab: no .gpu/old.tjb (tools/build_ab_bundle.sh COMMIT .gpu/old.tjb, here)"; continue; fi
       timeout 590 bench/attention_bench --build-ab old.tjb > "$OUT/buildab.log" 2>&1
       echo "build-ab rc=$? $(( $(date +%s) - start ))s"; grep "^BUILD_AB" "$OUT/buildab.log" ;;
-    *) echo "unknown step $step (valid: suites bundle fuzz examples torch cp cpbench tables block gemm buildab dropout)"; exit 2 ;;
+    timing)  # decision 099: the timing methods in one process, then sustained phases with clock and power beside cuDNN (~2 min)
+      timeout 200 bench/attention_bench --timing-ab > "$OUT/timing_ab.log" 2>&1; echo "timing-ab rc=$?"; grep "^TIMING_AB" "$OUT/timing_ab.log"
+      (cd .. && TILEJIT_C_LIBRARY=$PWD/.gpu/libtilejit_c.so timeout 300 python3 bench/power_probe.py --seconds 3 --phases 4 --backward \
+         > "$OUT/power_probe.md" 2>&1); echo "power_probe rc=$? $(( $(date +%s) - start ))s"; grep "^|" "$OUT/power_probe.md" ;;
+    *) echo "unknown step $step (valid: suites bundle fuzz examples torch cp cpbench tables block gemm buildab dropout timing)"; exit 2 ;;
   esac
 done
