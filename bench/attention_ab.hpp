@@ -63,8 +63,10 @@ double time_ms(F&& fn, const runtime::Stream& stream, int max_reps) {
 // within ~200 ms (bench/power_probe.py), so a burst after a pause runs up to 15% faster than the
 // same kernel sustained (decision 099). bench/attention.py's table times both sides this way.
 inline constexpr double kSettleMs = 500;
+// Runs `fn` back to back for kSettleMs (batches of ~50 ms), so that what is timed next runs at the
+// clock the power cap allows; returns one call's time in ms (the first batch's call).
 template <class F>
-double queued_ms(F&& fn, const runtime::Stream& stream) {
+double settle(F&& fn, const runtime::Stream& stream) {
   fn();
   stream.synchronize();
   runtime::Event a, b;
@@ -73,8 +75,7 @@ double queued_ms(F&& fn, const runtime::Stream& stream) {
   b.record(stream);
   b.synchronize();
   const double one = std::max<double>(b.elapsed_ms(a), 1e-3);
-  const int calls = std::clamp(static_cast<int>(5.0 / one) + 1, 3, 64);
-  for (double settled = 0; settled < kSettleMs;) {  // batches of ~50 ms until the clock has settled
+  for (double settled = 0; settled < kSettleMs;) {
     const int n = std::clamp(static_cast<int>(50.0 / one) + 1, 1, 4096);
     a.record(stream);
     for (int i = 0; i < n; ++i) fn();
@@ -82,6 +83,12 @@ double queued_ms(F&& fn, const runtime::Stream& stream) {
     b.synchronize();
     settled += b.elapsed_ms(a);
   }
+  return one;
+}
+template <class F>
+double queued_ms(F&& fn, const runtime::Stream& stream) {
+  const int calls = std::clamp(static_cast<int>(5.0 / settle(fn, stream)) + 1, 3, 64);
+  runtime::Event a, b;
   std::vector<double> ms;
   for (int batch = 0; batch < 7; ++batch) {
     a.record(stream);
