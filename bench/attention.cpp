@@ -1253,7 +1253,8 @@ int bench_masks(int max_reps) {
         for (const auto& t : {num, idx, full_num, full_idx}) args.emplace_back(t);
       }
       const runtime::Grid grid{nb, H, B};
-      const double ms = time_ms([&] { fwd.launch(grid, stream.handle(), args); }, stream, max_reps);
+      // (the attention timings queued and settled, as bench/flex_masks.py times FlexAttention: decision 099)
+      const double ms = queued_ms([&] { fwd.launch(grid, stream.handle(), args); }, stream);
       const double tflops = 4.0 * static_cast<double>(D) * static_cast<double>(allowed) / (ms * 1e-3) / 1e12;
       // The backward through the API (its pre-passes included: dK/dV's and dQ's lists are built at
       // their own tiles on every call), after one forward through the API for O and LSE.
@@ -1275,10 +1276,9 @@ int bench_masks(int max_reps) {
                                 attention::forward_workspace_bytes(Q, K, opts)}) + 256);
       const attention::Workspace w{ws.ptr(), ws.bytes()};
       attention::forward(Q, K, V, O, L, opts, stream.handle(), {ws.ptr(), ws.bytes()});
-      const double bwd_ms = time_ms([&] { attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), w); }, stream,
-                                    max_reps);
-      const double bwd_atomic_ms = time_ms([&] { attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, atomic, stream.handle(), w); },
-                                           stream, max_reps);
+      const double bwd_ms = queued_ms([&] { attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), w); }, stream);
+      const double bwd_atomic_ms =
+          queued_ms([&] { attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, atomic, stream.handle(), w); }, stream);
       // bwd_prebuilt: the default backward with a block mask built once (build_block_mask, not
       // timed: FlexAttention's usage, one block mask per step for every layer)
       double bwd_prebuilt_ms = bwd_ms;
@@ -1287,8 +1287,7 @@ int bench_masks(int max_reps) {
         const attention::BlockMask bm = attention::build_block_mask(Q, K, opts, {bm_storage.ptr(), bm_storage.bytes()}, stream.handle());
         attention::Options prebuilt = opts;
         prebuilt.block_mask = &bm;
-        bwd_prebuilt_ms =
-            time_ms([&] { attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, prebuilt, stream.handle(), w); }, stream, max_reps);
+        bwd_prebuilt_ms = queued_ms([&] { attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, prebuilt, stream.handle(), w); }, stream);
       }
       const double bwd_flop = 2.5 * 4.0 * static_cast<double>(D) * static_cast<double>(allowed);
       std::printf("MASK name=%s S=%ld B=%ld H=%ld D=%ld density=%.4f fwd_ms=%.4f fwd_tflops=%.1f bwd_ms=%.4f bwd_tflops=%.1f "
