@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <memory>
 #include <array>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <vector>
 
 #include "api/attention.hpp"
+#include "kernels/meta_names.hpp"
 #include "bench/bench_util.hpp"
 #include "runtime/device_buffer.hpp"
 #include "runtime/driver.hpp"
@@ -16,8 +18,20 @@
 
 namespace tilejit::attention_bench {
 
+namespace mn = kernels::meta_name;
+using bench_util::add_dropout_key;
 using bench_util::median;
+using bench_util::no_rng_state;
+using bench_util::parse_with;
+using bench_util::random_buffer;
 using runtime::DeviceBuffer;
+
+inline float bf16_to_float(uint16_t b) {
+  const uint32_t bits = uint32_t{b} << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 
 constexpr int64_t kTokens = 16384, kHidden = 2048;  // B * S and H * D of the grid
 
