@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from timing import queued_ms, synced_ms  # bench/timing.py (the script's own folder is on sys.path)
+
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 
@@ -282,65 +284,7 @@ def fwd_flops(S, D, causal):
     return 4.0 * B * H * S * S * D / (2 if causal else 1)
 
 
-def time_ms(fn, min_total_ms=300.0, max_reps=20):
-    """One call between two events, synchronised after each (the older tables' method, --timing synced):
-    the host's work inside the call (for SDPA, Python and the dispatcher) lands between the events."""
-    fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    torch.cuda.synchronize()
-    reps = max(3, min(max_reps, int(min_total_ms / max(a.elapsed_time(b), 1e-3))))
-    ms = []
-    for _ in range(reps):
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ms.append(a.elapsed_time(b))
-    return sorted(ms)[len(ms) // 2]
-
-
-SETTLE_MS = 500.0
-
-
-def queued_ms(fn):
-    """As a training step runs it: calls back to back between one pair of events (as many as fill
-    ~5 ms, 3 to 64), the per-call mean of each of 7 batches, their median, after SETTLE_MS of calls
-    back to back (the SM clock falls to what the 700 W cap allows within ~200 ms: decision 099;
-    attention_bench's queued_ms, the same rule for both sides of the table)."""
-    fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    torch.cuda.synchronize()
-    one = max(a.elapsed_time(b), 1e-3)
-    calls = max(3, min(64, int(5.0 / one) + 1))
-    settled = 0.0
-    while settled < SETTLE_MS:
-        n = max(1, min(4096, int(50.0 / one) + 1))
-        a.record()
-        for _ in range(n):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        settled += a.elapsed_time(b)
-    ms = []
-    for _ in range(7):
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        ms.append(a.elapsed_time(b) / calls)
-    return sorted(ms)[len(ms) // 2]
-
-
-TIMING = {"queued": queued_ms, "synced": time_ms}
+TIMING = {"queued": queued_ms, "synced": synced_ms}
 timing = "queued"
 
 

@@ -8,6 +8,8 @@ forward + backward minus the forward's. Run on the GPU machine:
 import torch
 from torch.nn.attention.flex_attention import flex_attention, create_block_mask
 
+from timing import queued_ms  # bench/timing.py: attention_bench's rule, both sides of the masks table
+
 DOC_LENGTHS = [1024, 3072, 512, 2560, 1536, 4096, 768, 2816]  # bench/attention.cpp kDocumentLengths
 TOKENS, HIDDEN, D = 16384, 2048, 128
 
@@ -34,39 +36,6 @@ def masks(S, device):
     }
 
 
-def time_ms(fn):
-    """attention_bench's rule (queued_ms, decision 099): calls back to back for 500 ms so the clock
-    settles under the power cap, then 7 batches of ~5 ms (3-64 calls) between two events, the median
-    batch's per-call time (synchronised single calls counted Python's per-call time too)."""
-    fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    torch.cuda.synchronize()
-    one = max(a.elapsed_time(b), 1e-3)
-    settled = 0.0
-    while settled < 500.0:
-        a.record()
-        for _ in range(max(1, min(4096, int(50.0 / one) + 1))):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        settled += a.elapsed_time(b)
-    calls = max(3, min(64, int(5.0 / one) + 1))
-    ms = []
-    for _ in range(7):
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        ms.append(a.elapsed_time(b) / calls)
-    ms.sort()
-    return ms[len(ms) // 2]
-
-
 def main():
     dev = "cuda"
     # one compile per mask and shape: each mask_mod is a new function, and dynamo's default cache
@@ -83,13 +52,13 @@ def main():
             allowed = int(mod(0, 0, qi, ki).sum().item()) * B * H
             bm = create_block_mask(mod, None, None, S, S, device=dev, BLOCK_SIZE=128)
             with torch.no_grad():
-                ms = time_ms(lambda: flex(q, k, v, block_mask=bm))
+                ms = queued_ms(lambda: flex(q, k, v, block_mask=bm))
 
             def forward_backward():
                 flex(q, k, v, block_mask=bm).backward(grad)
                 q.grad = k.grad = v.grad = None
 
-            bwd = time_ms(forward_backward) - ms
+            bwd = queued_ms(forward_backward) - ms
             print(f"FLEX name={name} S={S} B={B} H={H} D={D} density={allowed / (B * H * S * S):.4f} fwd_ms={ms:.4f} "
                   f"fwd_tflops={4 * D * allowed / (ms * 1e-3) / 1e12:.1f} bwd_ms={bwd:.4f} "
                   f"bwd_tflops={2.5 * 4 * D * allowed / (bwd * 1e-3) / 1e12:.1f}", flush=True)

@@ -20,35 +20,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bindings", "torch"))
 import tilejit_torch as tj  # noqa: E402
+from timing import queued_ms, synced_ms  # noqa: E402  (bench/timing.py)
 
 TOKENS, HIDDEN = 16384, 2048
-
-
-def synced_ms(fn, reps=15):
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ms = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ms.append(a.elapsed_time(b))
-    return statistics.median(ms)
-
-
-def queued_ms(fn, calls=20, reps=5):
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ms = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        ms.append(a.elapsed_time(b) / calls)
-    return statistics.median(ms)
 
 
 def main():
@@ -91,7 +65,7 @@ def main():
             names = list(fns) if r % 2 == 0 else list(reversed(fns))
             for n in names:
                 res[(n, "synced")].append(synced_ms(fns[n]))
-                res[(n, "queued")].append(queued_ms(fns[n]))
+                res[(n, "queued")].append(queued_ms(fns[n], settle_ms=0))  # (unsettled: the host-time study)
         flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
         print(f"D={d} S={s} B={b} H={h} causal={int(causal)}")
         for n in fns:

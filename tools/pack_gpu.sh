@@ -22,7 +22,7 @@ cp "$BUILD_DIR"/bench/dkdv_probe .gpu/bench/ 2>/dev/null || true
 cp "$BUILD_DIR"/bench/transformer_block .gpu/bench/ 2>/dev/null || true
 cp "$BUILD_DIR"/tools/tilejit "$BUILD_DIR"/tools/tilejit_fuzz .gpu/
 strip --strip-unneeded .gpu/libtilejit.so.0 .gpu/test_* .gpu/attention .gpu/gemm .gpu/vector_add .gpu/softmax .gpu/bundle_app .gpu/tilejit .gpu/tilejit_fuzz .gpu/bench/* $(for e in $USER_EXAMPLES; do echo .gpu/$e; done)
-cp bench/attention.py bench/gemm.py bench/cp_torch.py bench/cp.py bench/torch_users_refs.py .gpu/bench/  # after strip: scripts next to the binaries
+cp bench/attention.py bench/timing.py bench/gemm.py bench/cp_torch.py bench/cp.py bench/torch_users_refs.py .gpu/bench/  # after strip: scripts next to the binaries
 # The commit these binaries were built from (the GPU machine's copy has no .git); "-dirty" when
 # the tree had uncommitted changes.
 { git rev-parse --short HEAD 2>/dev/null || echo unknown; } | tr -d '\n' > .gpu/COMMIT
