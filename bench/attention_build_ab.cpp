@@ -61,16 +61,21 @@ int bench_build_ab(const std::string& path, int max_reps) {
       const DeltaBuffer delta = forward_and_delta(buf, c, stream);
       const float scale = static_cast<float>(1 / std::sqrt(double(D)));
       const size_t bytes = static_cast<size_t>(c.B() * c.S * c.H() * D * 2);
+      // the recompute reduction's kernels, and (without dropout) the atomic reduction's dK/dV kernel
+      // (the 5-matmul kernel: at D 128 on the ring producer with the dQ writer)
+      for (const attention::DqReduction reduction : {attention::DqReduction::recompute, attention::DqReduction::atomic})
       for (const runtime::BundleEntrySpec& spec :
            attention::bundle_specs(ir::DType::bf16, static_cast<int>(D), causal ? kernels::MaskKind::causal : kernels::MaskKind::full,
-                                   false, true, {}, dropout, attention::DqReduction::recompute)) {
+                                   false, true, {}, dropout, reduction)) {
+        const bool atomic = reduction == attention::DqReduction::atomic;
+        if (atomic && (dropout || spec.kernel != "attention_bwd_dkdv")) continue;
         if (spec.kernel != "attention_fwd" && spec.kernel != "attention_bwd_dkdv" && spec.kernel != "attention_bwd_dq") continue;
         const ir::Function fn = spec.build();
         if (meta_bool(fn, mn::kDropoutBits)) continue;  // (reads a precomputed mask: not one of the API's default kernels)
         jit::CompileOptions o = spec.options;
         o.make_cubin = true;  // (as a bundle's entries are built)
-        const std::string label =
-            fmt::format("kernel={} D={} causal={} dropout={} meta={}", fn.name, D, causal ? 1 : 0, dropout ? 1 : 0, runtime::describe_meta(fn.meta));
+        const std::string label = fmt::format("kernel={} D={} causal={} dropout={} reduction={} meta={}", fn.name, D, causal ? 1 : 0,
+                                              dropout ? 1 : 0, attention::name(reduction), runtime::describe_meta(fn.meta));
         const runtime::BundleEntry* e = paired_entry(other, fn, o);
         if (!e) {
           std::printf("BUILD_AB %s skipped=\"no entry in %s with this specialisation and schedule (%s)\"\n", label.c_str(), path.c_str(),
@@ -94,10 +99,19 @@ int bench_build_ab(const std::string& path, int max_reps) {
         const int64_t items = tiles.x * tiles.y * tiles.z;
         const std::array<runtime::Grid, 2> grids{persistent ? mine.gpu_kernel().persistent_grid(items) : tiles,
                                                  persistent ? theirs.persistent_grid(items) : tiles};
+        // atomic: dQ's parts added into an f32 [B, H, S, D] accumulator on the workspace buffer (never
+        // zeroed between launches: the adds cost the same; dQ is not compared, its order is not fixed)
+        const attention::Tensor dq_accum = attention::contiguous(buf.ws.ptr(), ir::DType::f32, {c.B(), c.H(), c.S, D});
         std::vector<runtime::DeviceArg> args;
-        if (fwd) args = {Q.view(), K.view(), V.view(), O.view(), L.view(), scale};
-        else if (dkdv) args = {Q.view(), K.view(), V.view(), dO.view(), L.view(), delta.view.view(), dK.view(), dV.view(), scale};
-        else args = {Q.view(), K.view(), V.view(), dO.view(), L.view(), delta.view.view(), dQ.view(), scale};
+        if (fwd) {
+          args = {Q.view(), K.view(), V.view(), O.view(), L.view(), scale};
+        } else if (dkdv) {
+          args = {Q.view(), K.view(), V.view(), dO.view(), L.view(), delta.view.view(), dK.view(), dV.view()};
+          if (atomic) args.emplace_back(dq_accum.view());
+          args.emplace_back(scale);
+        } else {
+          args = {Q.view(), K.view(), V.view(), dO.view(), L.view(), delta.view.view(), dQ.view(), scale};
+        }
         if (meta_bool(fn, mn::kDropout)) bench_util::add_dropout_key(args, 0.1);  // (fused: the keep-mask made in the kernel)
         const AbResult r = ab_measure_launches(
             {[&] { mine.launch(grids[0], stream.handle(), args); }, [&] { theirs.launch(grids[1], args, stream.handle()); }}, stream,

@@ -8,10 +8,12 @@
 //
 //   attention_timeline [--seq S] [--causal] [--dropout P] [--persistent 0|1] [--with A=1,B=0]
 //   attention_timeline --backward [--head-dim D] [--seq S] [--causal] [--reduction recompute|atomic|ordered] [--with ...]
+//                                   [--stages N]
 //
 // --backward: the dK/dV kernel (DkdvConfig::timeline) at the API's schedule and ring options for the
 // reduction (default: the API's for the shape), alone: per consumer warpgroup the median cycles of
-// each phase of a query block visit, a key tile's prologue (start -> first visit) and epilogue (last
+// each phase of a query block visit (and their means and the visit's quantiles: a median hides slow
+// visits), a key tile's prologue (start -> first visit) and epilogue (last
 // visit -> dK, dV stored). LSE is log S + 1/2 (the scores of unit normal inputs), Delta 0.
 //
 // Phases of key block j (forward_schedules.cpp): issue (top -> S_j and P_{j-1} V_{j-1} issued),
@@ -49,6 +51,7 @@ struct Options {
   int64_t seq = 4096, head_dim = 128, tokens = 16384, hidden = 2048;
   bool causal = false;
   bool backward = false;
+  int stages = 0;  // --backward: the Q / dO ring's stages (0: the API's schedule)
   std::string reduction;  // --backward: recompute, atomic, ordered (empty: the API's default)
   double dropout = 0;
   int persistent = -1;  // -1: as the API (without dropout)
@@ -56,6 +59,18 @@ struct Options {
 };
 
 double median(std::vector<double> v) { return v.empty() ? NAN : bench_util::median(std::move(v)); }
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? NAN : s / static_cast<double>(v.size());
+}
+// the q-quantile (0..1) of v
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return NAN;
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v.end());
+  return v[i];
+}
 
 int run(const Options& o) {
   const int64_t S = o.seq, D = o.head_dim, H = o.hidden / D, B = std::max<int64_t>(1, o.tokens / S);
@@ -197,7 +212,7 @@ int run_backward(const Options& o) {
   for (const auto& [name, value] : bench_util::parse_with(o.with)) meta.emplace_back(name, value);
   jit::CompileOptions co;
   co.num_warps = sch.num_warps;
-  co.pipeline.stages = sch.stages;
+  co.pipeline.stages = o.stages > 0 ? o.stages : sch.stages;
   co.min_programs_per_sm = sch.min_programs_per_sm;
   Function dkdv(kernels::attention_backward_dkdv(), meta, co);
 
@@ -257,7 +272,7 @@ int run_backward(const Options& o) {
   }
   std::printf("attention_bwd_dkdv timeline: D %ld S %ld B %ld H %ld %s, reduction %s, %ld x %ld tiles, %d warps, %d stages%s (%ld programs)\n",
               static_cast<long>(D), static_cast<long>(S), static_cast<long>(B), static_cast<long>(H), o.causal ? "causal" : "full",
-              red.c_str(), static_cast<long>(sch.block_m), static_cast<long>(sch.block_n), sch.num_warps, sch.stages,
+              red.c_str(), static_cast<long>(sch.block_m), static_cast<long>(sch.block_n), sch.num_warps, static_cast<int>(co.pipeline.stages),
               o.with.empty() ? "" : (", " + o.with).c_str(), static_cast<long>(grid.x * grid.y * grid.z));
   std::printf("TIMELINE_BWD registers %d, spills %d B\n", dkdv.compiled().info.registers, dkdv.compiled().info.spill_store_bytes);
   const char* names[kPhases + 1] = {"S^T wait", "exp", "dP^T wait + dS", "dV dK issue", "dQ part", "to next", "visit"};
@@ -266,6 +281,15 @@ int run_backward(const Options& o) {
     for (int64_t ph = 0; ph <= kPhases; ++ph) std::printf(" %s %.0f", names[ph], median(phase[g][ph]));
     std::printf("\n");
   }
+  // a median hides slow visits (dQ adds meeting others' in L2, a late ring stage): the mean and tail
+  for (int g = 0; g < 2; ++g) {
+    std::printf("TIMELINE_BWD warpgroup %d mean cycles:", g);
+    for (int64_t ph = 0; ph <= kPhases; ++ph) std::printf(" %s %.0f", names[ph], mean(phase[g][ph]));
+    std::printf("\n");
+  }
+  std::printf("TIMELINE_BWD visit p10 %.0f p50 %.0f p90 %.0f p99 %.0f cycles; key tile mean %.0f, p90 %.0f\n", quantile(phase[0][kPhases], 0.1),
+              quantile(phase[0][kPhases], 0.5), quantile(phase[0][kPhases], 0.9), quantile(phase[0][kPhases], 0.99), mean(tile_cycles),
+              quantile(tile_cycles, 0.9));
   std::printf("TIMELINE_BWD warpgroup 1 behind 0 at a visit's top: median %.0f cycles\n", median(lag));
   std::printf("TIMELINE_BWD key tile %.0f cycles: prologue %.0f (to the first visit), epilogue %.0f (after the last: dK, dV stored)\n",
               median(tile_cycles), median(prologue), median(epilogue));
@@ -285,6 +309,7 @@ int main(int argc, char** argv) {
     else if (a == "--causal") o.causal = true;
     else if (a == "--dropout" && i + 1 < argc) o.dropout = std::atof(argv[++i]);
     else if (a == "--with" && i + 1 < argc) o.with = argv[++i];
+    else if (a == "--stages" && i + 1 < argc) o.stages = std::atoi(argv[++i]);
     else if (a == "--persistent" && i + 1 < argc) o.persistent = std::atoi(argv[++i]) != 0;
     else if (a == "--backward") o.backward = true;
     else if (a == "--head-dim" && i + 1 < argc) o.head_dim = std::atol(argv[++i]);
@@ -292,7 +317,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--seq S] [--causal] [--dropout P] [--persistent 0|1] [--with A=1,B=0]\n"
-                   "       %s --backward [--head-dim D] [--seq S] [--causal] [--reduction recompute|atomic|ordered] [--with A=1]\n",
+                   "       %s --backward [--head-dim D] [--seq S] [--causal] [--reduction recompute|atomic|ordered] [--with A=1] [--stages N]\n",
                    argv[0], argv[0]);
       return 2;
     }
