@@ -271,8 +271,14 @@ void KeyTile::query_block(const QueryHead& qh, const Tile& m0, const RowVectors&
   const Tile &S_q = p.S_q, &S_k = p.S_k;
   stamp_phase(0);  // TIMELINE: the block's top
   auto q = load(rows(a.Q, h, m0, a.BM)), dout = load(rows(a.dO, h, m0, a.BM));
-  auto lse = a.lse_log2_of(ahead.lse)[row];  // [1, BM]
-  auto delta = a.loop_delta(ahead.delta, p.drop)[row];
+  // [1, BM]. LSE_IN_RING under a ring producer (two consumer warpgroups): broadcast first, so that
+  // the loads at use read the ring in S^T's column layout; an op on the 1-D vector before the
+  // broadcast left it in a layout of its own, converted through shared memory behind two barriers of
+  // both consumer warpgroups a visit (atomic D 128 causal 1.025x, full 1.006x). One warpgroup
+  // (recompute) keeps the conversion: 16 ops a thread instead of one measured 0.95-0.97x there.
+  const bool at_use = p.cfg.lse_in_ring && *p.cfg.ring_producer;
+  auto lse = at_use ? a.lse_log2_of(ahead.lse[row]) : a.lse_log2_of(ahead.lse)[row];
+  auto delta = at_use ? a.loop_delta(ahead.delta[row], p.drop) : a.loop_delta(ahead.delta, p.drop)[row];
   Tile pt;          // P^T
   Tile mod_grad_t;  // SCORE_MOD with a derivative: d mod / d score, transposed
   const Tile st = dot(k, trans(q), p.dots);  // S^T
