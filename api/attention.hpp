@@ -78,10 +78,12 @@ const char* name(Pass p);  // the kernel's name: "attention_fwd", "attention_bwd
 //              enforced by i32 semaphores [B * Hq, M] (zeroed by the call; dQ_accum needs no
 //              zeroing): bit-identical run to run with atomic's memory. Full and causal masks only.
 // atomic, split and ordered take dense batches only (no cu_seqlens). Unset (the default): the
-// faster deterministic one for the call's shape as measured side by side (decision 075): ordered
-// where it runs on the dQ writer (D 128, dense, the full or causal mask, no dropout or score mod,
-// no accumulation or phases, no schedule, S_q % 4 == 0) from S_q 8192 (full) or 16384 (causal) on (085),
-// recompute elsewhere. Set it to choose; atomic is the fastest there but not deterministic.
+// fastest one for the call's shape, deterministic unless a non-deterministic one measured more than
+// 5% faster side by side (issue 23's rule; decision 100): atomic where it runs on the dQ writer (D 128,
+// dense, the full or causal mask, no dropout or score mod, no accumulation or phases, no schedule,
+// S_q % 4 == 0) from S_q 1024 on (1.05-1.17x the fastest deterministic one on the H200). With
+// Options::deterministic: the faster deterministic one as measured side by side (decision 075):
+// ordered on the dQ writer from S_q 8192 (full) or 16384 (causal) on (085), recompute elsewhere.
 using DqReduction = kernels::DqReduction;  // (the dK/dV kernel's DQ_REDUCTION meta)
 const char* name(DqReduction r);  // "recompute", "atomic", "split", "ordered"
 
@@ -220,8 +222,13 @@ struct Options {
   ScoreMod score_mod;  // none by default (see ScoreMod)
   // Backward only (the forward ignores both): how dQ is summed over key tiles (see DqReduction;
   // atomic, split and ordered need dense batches, ordered the full or causal mask); unset: the
-  // faster deterministic one for the shape. The workspace grows with it (backward_workspace_bytes).
+  // fastest for the shape (atomic at D 128 dense: dQ's last bits vary run to run), or with
+  // `deterministic` the fastest deterministic one. The workspace grows with it (backward_workspace_bytes).
   std::optional<DqReduction> dq_reduction;
+  // Backward only: dQ bit-identical run to run (dK, dV always are): with dq_reduction unset, the
+  // fastest deterministic reduction for the shape instead of atomic (torch.use_deterministic_algorithms,
+  // flash-attn's deterministic=True). Ignored when dq_reduction is set.
+  bool deterministic = false;
   // Backward only: each key tile of dK/dV visits its query tiles from the last to the first (the
   // Q_DESCENDING meta, DASH's descending order; meant for causal with the ordered reduction,
   // attention_bench --deterministic times it). Not with split or library masks.

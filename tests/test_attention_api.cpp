@@ -1267,30 +1267,43 @@ TEST_CASE("attention API: dQ reductions, workspace sizes and schedules") {
     }
 }
 
-// Options::dq_reduction unset: the faster deterministic reduction for the shape (decision 075):
-// ordered on the dQ writer at D 128 dense from S_q 8192 (full) / 16384 (causal), recompute
-// elsewhere and wherever a call needs it; the workspace follows, and prepare's / bundle_specs' lists
-// hold both reductions' kernels where the default may pick either.
-TEST_CASE("attention API: the default dQ reduction is the faster deterministic one for the shape") {
-  if (!backward_available() || !dq_reduction_supported(DqReduction::ordered)) return;
+// Options::dq_reduction unset: the fastest reduction for the shape, deterministic unless a
+// non-deterministic one measured more than 5% faster (decision 100): atomic on the dQ writer at D 128
+// dense from S_q 1024; with Options::deterministic the faster deterministic one (decision 075):
+// ordered on the writer from S_q 8192 (full) / 16384 (causal), recompute elsewhere and wherever a
+// call needs it; the workspace follows, and prepare's / bundle_specs' lists hold every reduction's
+// kernels the default may pick.
+TEST_CASE("attention API: the default dQ reduction: the fastest, or the fastest deterministic one") {
+  if (!backward_available() || !dq_reduction_supported(DqReduction::ordered) || !dq_reduction_supported(DqReduction::atomic)) return;
   const auto q_of = [](int64_t S, int64_t D) { return contiguous(kBase, DType::bf16, {1, S, 4, D}); };
   const auto bytes = [&](int64_t S, int64_t D, const Options& o) { return backward_workspace_bytes(q_of(S, D), o); };
   const auto with = [&](int64_t S, int64_t D, Options o, DqReduction r) {
     o.dq_reduction = r;
     return bytes(S, D, o);
   };
-  Options full, causal;
-  causal.causal = true;
-  CHECK(bytes(2048, 128, full) == with(2048, 128, full, DqReduction::recompute));
-  CHECK(bytes(4096, 128, full) == with(4096, 128, full, DqReduction::recompute));
-  CHECK(bytes(8192, 128, full) == with(8192, 128, full, DqReduction::ordered));
-  CHECK(bytes(16384, 128, full) == with(16384, 128, full, DqReduction::ordered));
-  CHECK(with(4096, 128, full, DqReduction::ordered) > with(4096, 128, full, DqReduction::recompute));  // (dQ_accum)
-  CHECK(bytes(8192, 128, causal) == with(8192, 128, causal, DqReduction::recompute));
-  CHECK(bytes(16384, 128, causal) == with(16384, 128, causal, DqReduction::ordered));
-  CHECK(bytes(8192, 64, full) == with(8192, 64, full, DqReduction::recompute));  // (D 64: no writer)
-  CHECK(bytes(8190, 128, full) == with(8190, 128, full, DqReduction::recompute));  // (S_q % 4: no LSE ring)
+  // (the three reductions' workspaces differ: recompute none, atomic dQ_accum, ordered also semaphores)
+  CHECK(with(4096, 128, {}, DqReduction::recompute) < with(4096, 128, {}, DqReduction::atomic));
+  CHECK(with(4096, 128, {}, DqReduction::atomic) < with(4096, 128, {}, DqReduction::ordered));
+  for (bool causal : {false, true}) {
+    Options fastest, det;
+    fastest.causal = det.causal = causal;
+    det.deterministic = true;
+    CAPTURE(causal);
+    // the default: atomic from S_q 1024 at D 128 dense
+    CHECK(bytes(512, 128, fastest) == with(512, 128, fastest, DqReduction::recompute));
+    for (int64_t S : {1024, 4096, 16384}) CHECK(bytes(S, 128, fastest) == with(S, 128, fastest, DqReduction::atomic));
+    CHECK(bytes(8192, 64, fastest) == with(8192, 64, fastest, DqReduction::recompute));    // (D 64: no writer)
+    CHECK(bytes(8190, 128, fastest) == with(8190, 128, fastest, DqReduction::recompute));  // (S_q % 4: no LSE ring)
+    // deterministic: ordered from S_q 8192 (full) / 16384 (causal), recompute below
+    CHECK(bytes(4096, 128, det) == with(4096, 128, det, DqReduction::recompute));
+    CHECK(bytes(8192, 128, det) == with(8192, 128, det, causal ? DqReduction::recompute : DqReduction::ordered));
+    CHECK(bytes(16384, 128, det) == with(16384, 128, det, DqReduction::ordered));
+    CHECK(bytes(8192, 64, det) == with(8192, 64, det, DqReduction::recompute));
+    // an explicit reduction wins over `deterministic`
+    CHECK(with(8192, 128, det, DqReduction::atomic) == with(8192, 128, fastest, DqReduction::atomic));
+  }
   // calls that need recompute, or that the writer does not take
+  const Options full;
   Options o = full;
   o.dropout_p = 0.1;
   CHECK(bytes(8192, 128, o) == with(8192, 128, o, DqReduction::recompute));
@@ -1306,7 +1319,9 @@ TEST_CASE("attention API: the default dQ reduction is the faster deterministic o
   o = full;
   o.q_descending = true;
   CHECK(bytes(8192, 128, o) == with(8192, 128, o, DqReduction::recompute));
-  // prepare's list: both reductions' kernels at D 128 dense, recompute's alone at D 64 and with dropout
+  // prepare's list: every reduction's kernels at D 128 dense (they share the forward, the
+  // preprocess kernel and, atomic and ordered, the convert kernel), recompute's alone at D 64 and
+  // with dropout
   const auto names = [](int d, bool dropout, std::optional<DqReduction> r) {
     std::vector<std::string> n;
     for (const runtime::BundleEntrySpec& s : bundle_specs(DType::bf16, d, MaskKind::full, false, true, {}, dropout, r)) n.push_back(s.kernel);
@@ -1316,7 +1331,8 @@ TEST_CASE("attention API: the default dQ reduction is the faster deterministic o
   const std::vector<std::string> d128 = names(128, false, std::nullopt);
   CHECK(has(d128, "attention_bwd_dq"));
   CHECK(has(d128, "attention_bwd_dq_convert"));
-  CHECK(d128.size() == names(128, false, DqReduction::recompute).size() + names(128, false, DqReduction::ordered).size() - 2);
+  CHECK(d128.size() == names(128, false, DqReduction::recompute).size() + names(128, false, DqReduction::ordered).size() +
+                           names(128, false, DqReduction::atomic).size() - 5);
   CHECK_FALSE(has(names(64, false, std::nullopt), "attention_bwd_dq_convert"));
   CHECK_FALSE(has(names(128, true, std::nullopt), "attention_bwd_dq_convert"));
 }

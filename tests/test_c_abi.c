@@ -91,23 +91,29 @@ int main(void) {
   m.mask_kind = 42;
   EXPECT_FAILS(tilejit_attention_check_forward(&q, &k, &v, &o, &lse, &m), TILEJIT_INVALID_ARGUMENT, "options.mask_kind is 42");
   EXPECT_FAILS(tilejit_attention_backward_workspace_bytes(&q, &k, &opts, NULL), TILEJIT_INVALID_ARGUMENT, "bytes is NULL");
-  /* TILEJIT_DQ_DEFAULT: the library's default reduction for the shape (D 128 full from S_q 8192:
-   * ordered, whose dQ accumulator makes the workspace larger than recompute's) */
+  /* TILEJIT_DQ_DEFAULT: the library's default reduction for the shape (D 128 full, S_q 8192: atomic,
+   * whose dQ accumulator makes the workspace larger than recompute's); TILEJIT_DQ_DETERMINISTIC: the
+   * fastest deterministic one (there ordered: the accumulator and its semaphores) */
   {
     const int64_t qs2[] = {1, 8192, 4, 128}, ks2[] = {1, 8192, 4, 128};
     tilejit_tensor q2 = contiguous(base, TILEJIT_BF16, 4, qs2), k2 = contiguous(base + 0x10000000, TILEJIT_BF16, 4, ks2);
     tilejit_attention_options d;
     tilejit_attention_options_init(&d);
-    size_t recompute = 0, dflt = 0, ordered = 0;
+    size_t recompute = 0, dflt = 0, atomic = 0, deterministic = 0, ordered = 0;
     EXPECT(tilejit_attention_backward_workspace_bytes(&q2, &k2, &d, &recompute) == TILEJIT_OK, "%s", tilejit_last_error());
     d.dq_reduction = TILEJIT_DQ_DEFAULT;
     EXPECT(tilejit_attention_backward_workspace_bytes(&q2, &k2, &d, &dflt) == TILEJIT_OK, "%s", tilejit_last_error());
+    d.dq_reduction = TILEJIT_DQ_ATOMIC;
+    EXPECT(tilejit_attention_backward_workspace_bytes(&q2, &k2, &d, &atomic) == TILEJIT_OK, "%s", tilejit_last_error());
+    d.dq_reduction = TILEJIT_DQ_DETERMINISTIC;
+    EXPECT(tilejit_attention_backward_workspace_bytes(&q2, &k2, &d, &deterministic) == TILEJIT_OK, "%s", tilejit_last_error());
     d.dq_reduction = TILEJIT_DQ_ORDERED;
     EXPECT(tilejit_attention_backward_workspace_bytes(&q2, &k2, &d, &ordered) == TILEJIT_OK, "%s", tilejit_last_error());
-    EXPECT(dflt == ordered && ordered > recompute, "default %zu, ordered %zu, recompute %zu", dflt, ordered, recompute);
-    d.dq_reduction = -2;
+    EXPECT(dflt == atomic && atomic > recompute && deterministic == ordered && ordered > atomic,
+           "default %zu, atomic %zu, deterministic %zu, ordered %zu, recompute %zu", dflt, atomic, deterministic, ordered, recompute);
+    d.dq_reduction = -3;
     EXPECT_FAILS(tilejit_attention_backward_workspace_bytes(&q2, &k2, &d, &dflt), TILEJIT_INVALID_ARGUMENT,
-                 "options.dq_reduction is -2; valid: -1 the default");
+                 "options.dq_reduction is -3; valid: -2 the fastest deterministic one");
   }
 
   /* the library's checks, message passed through */

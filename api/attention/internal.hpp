@@ -297,8 +297,8 @@ struct DkdvRingOptions {
   bool lse_in_ring = false, ring_producer = false, dq_writer = false;
 };
 DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned);
-// Options::dq_reduction unset: whether a configuration may run ordered (on the dQ writer) by
-// default, and the reduction a call with these dims and options runs (decision 075).
+// Options::dq_reduction unset: whether a configuration may run atomic or ordered (on the dQ
+// writer) by default, and the reduction a call with these dims and options runs (decisions 075, 100).
 bool ordered_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, bool dropout, bool score_mod, bool schedule,
                             bool q_descending);
 DqReduction default_reduction(const Dims& d, const Options& opts);

@@ -196,10 +196,11 @@ std::vector<Function*> functions_for(const char* fn, ir::DType dtype, int head_d
   if (library_mask(mask) && varlen)
     c.fail("mask {} with varlen = true: library masks take dense batches only", kernels::mask_kind_name(mask));
   // the reductions whose kernels calls of this configuration run: the one asked for, or (unset)
-  // every one the default may choose (recompute; ordered where it may run on the dQ writer)
+  // every one the default may choose (recompute; atomic and, deterministic, ordered where they may
+  // run on the dQ writer)
   std::vector<DqReduction> reductions{dq_reduction.value_or(DqReduction::recompute)};
   if (backward && !dq_reduction && ordered_may_be_default(head_dim, mask, varlen, dropout, false, schedule.has_value(), q_descending))
-    reductions.push_back(DqReduction::ordered);
+    reductions.insert(reductions.end(), {DqReduction::ordered, DqReduction::atomic});
   if (backward)
     for (DqReduction r : reductions)
       check_dq_reduction(c, r, q_descending, varlen, mask, {"dq_reduction", "q_descending", "varlen = true", "mask"});

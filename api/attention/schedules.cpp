@@ -138,7 +138,8 @@ bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod, bool
 //   dQ writer (DQ_WRITER, decision 073) all three against the plain kernel: 1.131x D 128 full,
 //   1.367x D 128 causal (on), 0.80-0.81x D 64 (off).
 // Unmeasured (off): varlen, library masks, score mods, dropout, the split and ordered reductions.
-// Options::dq_reduction unset: the faster deterministic reduction, as measured side by side (H200,
+// Options::dq_reduction unset: atomic on the dQ writer where it runs (decision 100); with
+// Options::deterministic, the faster deterministic reduction, as measured side by side (H200,
 // attention_bench --deterministic --head-dim 128, decisions 075, 085): with dQ on 128 x 128 tiles
 // (085) ordered on the dQ writer takes 0.97 / 0.96 of recompute's time at full S 8k / 16k and 0.97
 // causal at S 16k; recompute is faster at full S 4k (ordered 1.05x) and below (1.15-1.25x), and
@@ -156,6 +157,10 @@ DqReduction default_reduction(const Dims& d, const Options& opts) {
   const bool writer = ordered_may_be_default(d.head_dim, d.mask, d.varlen, opts.dropout_p > 0, d.score_mod != kernels::ScoreModKind::none,
                                              opts.schedule.has_value(), opts.q_descending) &&
                       !opts.accumulate_gradients && opts.backward_phase == BackwardPhase::all && d.seq_q % 4 == 0;
+  // atomic where it beat the fastest deterministic reduction by more than 5% (settled, H200 D 128
+  // at S_q 1k-16k: full 1.09-1.14x, causal 1.05-1.17x; decision 100), unless the call asks for
+  // determinism; below S_q 1024 unmeasured
+  if (writer && !opts.deterministic && d.seq_q >= 1024) return DqReduction::atomic;
   return writer && d.seq_q >= (d.causal ? 16384 : 8192) ? DqReduction::ordered : DqReduction::recompute;
 }
 

@@ -98,10 +98,11 @@ attention::Options options(const char* fn, const tilejit_attention_options* c) {
   o.score_mod.kind = static_cast<kernels::ScoreModKind>(c->score_mod);
   o.score_mod.alibi_slopes = optional_tensor(fn, "options.alibi_slopes", c->alibi_slopes);
   o.score_mod.softcap = c->softcap;
-  if (c->dq_reduction < TILEJIT_DQ_DEFAULT || c->dq_reduction > TILEJIT_DQ_ORDERED)
-    bad(fn, fmt::format("options.dq_reduction is {}; valid: -1 the default (the faster deterministic one), 0 recompute, 1 atomic, "
-                        "2 split, 3 ordered", c->dq_reduction));
-  if (c->dq_reduction != TILEJIT_DQ_DEFAULT) o.dq_reduction = static_cast<attention::DqReduction>(c->dq_reduction);
+  if (c->dq_reduction < TILEJIT_DQ_DETERMINISTIC || c->dq_reduction > TILEJIT_DQ_ORDERED)
+    bad(fn, fmt::format("options.dq_reduction is {}; valid: -2 the fastest deterministic one, -1 the default (the fastest), "
+                        "0 recompute, 1 atomic, 2 split, 3 ordered", c->dq_reduction));
+  if (c->dq_reduction >= 0) o.dq_reduction = static_cast<attention::DqReduction>(c->dq_reduction);
+  o.deterministic = c->dq_reduction == TILEJIT_DQ_DETERMINISTIC;
   o.q_descending = c->q_descending != 0;
   o.block_mask = c->block_mask ? &c->block_mask->mask : nullptr;
   return o;
@@ -250,10 +251,11 @@ tilejit_status tilejit_attention_prepare(int32_t dtype, int32_t head_dim, int32_
       bad(fn, fmt::format("dtype code {}; valid: {} f16, {} bf16", dtype, int(TILEJIT_F16), int(TILEJIT_BF16)));
     if (mask_kind < 0 || mask_kind >= kernels::kMaskKindCount)
       bad(fn, fmt::format("mask_kind is {}; valid: 0 to {} (tilejit_mask_kind)", mask_kind, kernels::kMaskKindCount - 1));
-    if (dq_reduction < TILEJIT_DQ_DEFAULT || dq_reduction > TILEJIT_DQ_ORDERED)
-      bad(fn, fmt::format("dq_reduction is {}; valid: -1 the default, 0 recompute, 1 atomic, 2 split, 3 ordered", dq_reduction));
+    if (dq_reduction < TILEJIT_DQ_DETERMINISTIC || dq_reduction > TILEJIT_DQ_ORDERED)
+      bad(fn, fmt::format("dq_reduction is {}; valid: -2 the fastest deterministic one, -1 the default, 0 recompute, 1 atomic, "
+                          "2 split, 3 ordered", dq_reduction));
     const std::optional<attention::DqReduction> r =
-        dq_reduction == TILEJIT_DQ_DEFAULT ? std::nullopt : std::optional(static_cast<attention::DqReduction>(dq_reduction));
+        dq_reduction < 0 ? std::nullopt : std::optional(static_cast<attention::DqReduction>(dq_reduction));  // (-2: among the default's)
     attention::prepare(static_cast<ir::DType>(dtype), head_dim, static_cast<kernels::MaskKind>(mask_kind), varlen != 0, backward != 0,
                        std::nullopt, device, dropout != 0, r, q_descending != 0);
   });

@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define TILEJIT_C_ABI_VERSION 3 /* bumped with any change to these structs or signatures */
+#define TILEJIT_C_ABI_VERSION 4 /* bumped with any change to these structs or signatures */
 
 typedef enum tilejit_status {
   TILEJIT_OK = 0,
@@ -59,7 +59,8 @@ typedef enum tilejit_mask_kind { /* kernels::MaskKind's values */
 } tilejit_mask_kind;
 
 typedef enum tilejit_dq_reduction { /* attention::DqReduction's values */
-  TILEJIT_DQ_DEFAULT = -1,  /* Options::dq_reduction unset: the faster deterministic one for the shape */
+  TILEJIT_DQ_DETERMINISTIC = -2, /* unset with Options::deterministic: the fastest deterministic one */
+  TILEJIT_DQ_DEFAULT = -1,  /* Options::dq_reduction unset: the fastest for the shape (atomic at D 128 dense) */
   TILEJIT_DQ_RECOMPUTE = 0,
   TILEJIT_DQ_ATOMIC = 1,
   TILEJIT_DQ_SPLIT = 2,

@@ -11,7 +11,7 @@ import os
 import threading
 from typing import Optional, Sequence
 
-ABI_VERSION = 3  # TILEJIT_C_ABI_VERSION of the header these structs restate
+ABI_VERSION = 4  # TILEJIT_C_ABI_VERSION of the header these structs restate
 
 # tilejit_status
 OK, INVALID_ARGUMENT, DEVICE_ERROR, ERROR = 0, 1, 2, 3
@@ -21,7 +21,7 @@ I32, I64, U8, U32, U64, F16, BF16, F32 = 3, 4, 5, 7, 8, 9, 10, 11
 MASK_FULL, MASK_CAUSAL, MASK_SLIDING_WINDOW, MASK_CAUSAL_SLIDING_WINDOW = 0, 1, 2, 3
 MASK_DOCUMENT, MASK_CAUSAL_DOCUMENT, MASK_PREFIX_LM, MASK_BLOCK_SPARSE = 5, 6, 7, 10
 # tilejit_dq_reduction
-DQ_DEFAULT, DQ_RECOMPUTE, DQ_ATOMIC, DQ_SPLIT, DQ_ORDERED = -1, 0, 1, 2, 3
+DQ_DETERMINISTIC, DQ_DEFAULT, DQ_RECOMPUTE, DQ_ATOMIC, DQ_SPLIT, DQ_ORDERED = -2, -1, 0, 1, 2, 3
 
 
 class TilejitError(RuntimeError):

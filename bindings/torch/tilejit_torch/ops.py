@@ -94,9 +94,10 @@ def _options(q: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[T
             o.set_tensor("rng_state", _view(seed, "seed"))
     else:
         o.seed = _host_seed(seed) & ((1 << 64) - 1)
-    # deterministic: the library's default (the faster deterministic reduction for the shape:
-    # recompute, or ordered at D128 on long sequences); else atomics
-    o.dq_reduction = _c.DQ_DEFAULT if deterministic else _c.DQ_ATOMIC
+    # deterministic: the fastest deterministic reduction for the shape (recompute, or ordered at
+    # D128 on long sequences); else the library's default, the fastest (atomic at D128 dense, where
+    # it runs on the dQ writer; recompute wherever atomic is not faster or not taken, e.g. varlen)
+    o.dq_reduction = _c.DQ_DETERMINISTIC if deterministic else _c.DQ_DEFAULT
     return o
 
 
