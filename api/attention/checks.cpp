@@ -373,7 +373,7 @@ void check_dq_reduction(const Checker& c, DqReduction reduction, bool q_descendi
 // options.dq_reduction and q_descending of a backward call (the forward ignores them).
 void check_reduction_option(const Checker& c, const Options& opts, Dims& d, bool backward) {
   if (!backward) return;
-  // (unset: the faster deterministic one for this shape; it always passes these checks)
+  // (unset: the default for this shape and Options::deterministic; it always passes these checks)
   const DqReduction reduction = opts.dq_reduction ? *opts.dq_reduction : default_reduction(d, opts);
   check_dq_reduction(c, reduction, opts.q_descending, d.varlen, d.mask);
   d.reduction = reduction;
