@@ -294,7 +294,7 @@ void store(const BlockRef& blk, const Operand& value, StoreOptions opts, Loc loc
 namespace {
 // atomic_add / _max / _min / _and / _or / _xor on a window: a block_store with reduce = the op.
 void window_atomic(ir::AtomicRmw rmw, const BlockRef& blk, const Operand& value, const Operand* semaphore, const Operand* target, Loc loc,
-                   const Operand* signal = nullptr) {
+                   const Operand* signal = nullptr, AddOptions opts = {}) {
   Builder& b = builder_for({&value}, loc);
   const std::string what = fmt::format("atomic_{}", ir::name(rmw));
   DType d = blk.tensor.dtype();
@@ -309,6 +309,7 @@ void window_atomic(ir::AtomicRmw rmw, const BlockRef& blk, const Operand& value,
   std::vector<ir::ValueId> ops{blk.tensor.descriptor().id(), v.id()};
   for (const Tile& t : blk.offsets) ops.push_back(t.id());
   ir::AttrMap attrs{{"dims", blk.dims}, {"reduce", std::string(ir::name(rmw))}};
+  if (opts.narrow_staging) attrs.emplace(ir::kNarrowStagingAttr, int64_t{1});
   // a semaphore operand: one i32 (a scalar pointer to i32)
   auto semaphore_tile = [&](const Operand& o, const char* name) {
     Tile p = pointer_tile(b, o, loc, "atomic_add");
@@ -338,6 +339,13 @@ void atomic_add(const BlockRef& blk, const Operand& value, const Operand& semaph
 }
 void atomic_add(const BlockRef& blk, const Operand& value, const Operand& semaphore, const Operand& target, const Operand& signal, Loc loc) {
   window_atomic(ir::AtomicRmw::add, blk, value, &semaphore, &target, loc, &signal);
+}
+void atomic_add(const BlockRef& blk, const Operand& value, AddOptions opts, Loc loc) {
+  window_atomic(ir::AtomicRmw::add, blk, value, nullptr, nullptr, loc, nullptr, opts);
+}
+void atomic_add(const BlockRef& blk, const Operand& value, const Operand& semaphore, const Operand& target, const Operand& signal,
+                AddOptions opts, Loc loc) {
+  window_atomic(ir::AtomicRmw::add, blk, value, &semaphore, &target, loc, &signal, opts);
 }
 void atomic_max(const BlockRef& blk, const Operand& value, Loc loc) { window_atomic(ir::AtomicRmw::max, blk, value, nullptr, nullptr, loc); }
 void atomic_min(const BlockRef& blk, const Operand& value, Loc loc) { window_atomic(ir::AtomicRmw::min, blk, value, nullptr, nullptr, loc); }

@@ -124,6 +124,17 @@ void atomic_add(const BlockRef& block, const Operand& value, const Operand& sema
 // entirely off the consumers' path (it signals each add one add later, when it is long complete).
 void atomic_add(const BlockRef& block, const Operand& value, const Operand& semaphore, const Operand& target, const Operand& signal,
                 std::source_location loc = std::source_location::current());
+// Options of a block add on the TMA path.
+struct AddOptions {
+  // Stage the tile in chunks of 32-byte rows without swizzle (8 f32 columns a chunk, one TMA add
+  // each) instead of 128-byte swizzled rows: an MMA accumulator's fragment (a warp's 64-bit stores
+  // cover 8 rows x 32 bytes) then fills each half-warp's 128 bytes without bank conflicts; in the
+  // swizzled rows, rows r and r ^ 1 of a half-warp share their two 16-byte units (2-way) [100].
+  bool narrow_staging = false;
+};
+void atomic_add(const BlockRef& block, const Operand& value, AddOptions opts, std::source_location loc = std::source_location::current());
+void atomic_add(const BlockRef& block, const Operand& value, const Operand& semaphore, const Operand& target, const Operand& signal,
+                AddOptions opts, std::source_location loc = std::source_location::current());
 // block[...] = max / min / and / or / xor (block[...], value), element by element and atomically
 // (relaxed, GPU scope; elements outside the tensor are skipped; no previous values returned): one
 // atom.global per element (an amax or a bitmask over a window). max and min take i32 u32 i64 u64

@@ -18,6 +18,8 @@ inline constexpr const char* kDescriptorsAtUseAttr = "descriptors_at_use";
 // a block store's StoreOptions: tma (1; absent: off) and, with it, offsets_at_store (1; absent: off)
 inline constexpr const char* kTmaStoreAttr = "tma";
 inline constexpr const char* kOffsetsAtStoreAttr = "offsets_at_store";
+// a block add's AddOptions::narrow_staging (1; absent: off)
+inline constexpr const char* kNarrowStagingAttr = "narrow_staging";
 
 using ValueId = uint32_t;
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <tuple>
 #include <vector>
 
 #include "dsl/ir/address_sources.hpp"
@@ -521,6 +522,9 @@ class Lowerer {
   // read (SWIZZLE_128B): columns in chunks of one 128-byte row each (chunk_bytes apart), row `row`
   // at 128 * row inside its chunk, and the row's 16-byte unit u stored at u ^ (row % 8).
   V swizzled_offset(V row, V col, int64_t elem_bytes, int64_t chunk_bytes);
+  // The byte offset of element (row, col) of a staging tile of unswizzled chunks [rows x chunk_cols]
+  // (chunk_cols a power of two), chunk after chunk (TmaReduce's narrow staging).
+  V chunked_offset(V row, V col, int64_t elem_bytes, int64_t chunk_cols, int64_t rows);
 
   // A shared-memory store at an absolute byte offset (the staging tiles lie below the scratch area,
   // whose base emit0 would add).
@@ -579,7 +583,7 @@ class Lowerer {
   int committed_ = 0;
   int staged_a_group_ = 0;  // the wgmma group of the last dot that read the A staging tile
   int64_t scratch_base_ = 0;
-  std::map<std::pair<int, std::vector<int64_t>>, V> tensor_maps_;  // by (tensor parameter, box)
+  std::map<std::tuple<int, std::vector<int64_t>, int>, V> tensor_maps_;  // by (tensor parameter, box, swizzle)
   std::unordered_map<ir::ValueId, int64_t> divisors_;
   std::unordered_map<ir::ValueId, const ir::Op*> iv_loop_;
   std::vector<pir::Block*> blocks_;

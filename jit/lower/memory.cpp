@@ -592,8 +592,8 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
 void Lowerer::issue_tma_chunks(const ir::Op& op, const TmaReduce& red, V base, const std::vector<int64_t>& chunks,
                                const std::function<V(ir::ValueId)>& offset) {
   const size_t rank = tensors_.at(op.operands[0]).sizes.size();
-  const int64_t per_chunk = 128 / red.elem_bytes;
-  const V map = tensor_map(red.param_index, red.box);
+  const int64_t per_chunk = red.chunk_cols;
+  const V map = tensor_map(red.param_index, red.box, red.swizzle_bytes);
   for (int64_t k : chunks) {
     std::vector<V> args{bin(Op::add, base, cint(DType::u32, k * red.chunk_bytes())), map};
     for (size_t i = 0; i < rank; ++i) {  // innermost first
@@ -605,7 +605,8 @@ void Lowerer::issue_tma_chunks(const ir::Op& op, const TmaReduce& red, V base, c
 }
 
 void Lowerer::stage_registers(const TmaReduce& red, const Layout& L, const Regs& val, V staging, bool at_store) {
-  // element (r, c): 128 / es a swizzled row, the TMA copy reads the chunks of 128 / es columns;
+  // element (r, c): 128 / es a swizzled row (narrow: 32 / es a plain row), the TMA copy reads the
+  // chunks of that many columns;
   // 16-bit elements two at a time where a thread holds columns c, c + 1 (c even) of a row
   const int64_t es = red.elem_bytes;
   // at_store: from opaque copies of the lane and warp (not the coordinates: LLVM would share those
@@ -623,7 +624,8 @@ void Lowerer::stage_registers(const TmaReduce& red, const Layout& L, const Regs&
       if (c[1] % 2 == 1 && reg_of.count({c[0], c[1] - 1})) continue;  // stored with its pair
       if (auto pair = reg_of.find({c[0], c[1] + 1}); c[1] % 2 == 0 && pair != reg_of.end()) value = pack(val[r], val[pair->second]);
     }
-    V off = swizzled_offset(coord(L, r, 0, tc[0]), coord(L, r, 1, tc[1]), es, red.chunk_bytes());
+    const V row = coord(L, r, 0, tc[0]), col = coord(L, r, 1, tc[1]);
+    V off = red.swizzle_bytes ? swizzled_offset(row, col, es, red.chunk_bytes()) : chunked_offset(row, col, es, red.chunk_cols, red.rows);
     store_shared_at(bin(Op::add, off, staging), value, std::nullopt);
   }
 }

@@ -18,7 +18,8 @@ void Lowerer::tensor_map_params() {
   // TMA reduces' maps too, in program order: a map first met inside a region (thread 0's issue)
   // and reused after it was a value out of scope (nvrtc refused two reduces into one tensor)
   ir::walk(f_.body, [&](const ir::Op& op) {
-    if (auto it = plan_.hopper.reduces.find(&op); it != plan_.hopper.reduces.end()) tensor_map(it->second.param_index, it->second.box);
+    if (auto it = plan_.hopper.reduces.find(&op); it != plan_.hopper.reduces.end())
+      tensor_map(it->second.param_index, it->second.box, it->second.swizzle_bytes);
   });
 }
 
@@ -34,7 +35,7 @@ int Lowerer::param_index(ir::ValueId tensor) const {
 }
 
 V Lowerer::tensor_map(int param, const std::vector<int64_t>& box, int swizzle_bytes) {
-  auto key = std::make_pair(param, box);
+  auto key = std::make_tuple(param, box, swizzle_bytes);
   if (auto it = tensor_maps_.find(key); it != tensor_maps_.end()) return it->second;
   pir::TensorMapSpec spec;
   spec.abi_slot = static_cast<int>(out_.params.size());
@@ -43,7 +44,7 @@ V Lowerer::tensor_map(int param, const std::vector<int64_t>& box, int swizzle_by
   spec.swizzle_bytes = swizzle_bytes;
   out_.tensor_maps.push_back(spec);
   int earlier = 0;
-  for (const auto& [k, v] : tensor_maps_) earlier += k.first == param ? 1 : 0;
+  for (const auto& [k, v] : tensor_maps_) earlier += std::get<0>(k) == param ? 1 : 0;
   const std::string& name = f_.params[static_cast<size_t>(param)].name;
   pir::Ty ty = pir::pointer(DType::u8);
   out_.params.push_back({earlier ? fmt::format("{}_tensor_map{}", name, earlier) : name + "_tensor_map", ty, pir::kTensorMapBytes});

@@ -417,6 +417,13 @@ V Lowerer::swizzled_offset(V row, V col, int64_t elem_bytes, int64_t chunk_bytes
                  bin(Op::add, bin(Op::mul, unit, ci32(16)), bin(Op::mul, land(within, ci32(per_unit - 1)), ci32(elem_bytes)))));
 }
 
+V Lowerer::chunked_offset(V row, V col, int64_t elem_bytes, int64_t chunk_cols, int64_t rows) {
+  const V chunk = bin(Op::shr, col, ci32(std::countr_zero(static_cast<uint64_t>(chunk_cols))));
+  const V within = land(col, ci32(chunk_cols - 1));
+  return bin(Op::add, bin(Op::mul, chunk, ci32(rows * chunk_cols * elem_bytes)),
+             bin(Op::add, bin(Op::mul, row, ci32(chunk_cols * elem_bytes)), bin(Op::mul, within, ci32(elem_bytes))));
+}
+
 void Lowerer::store_shared_at(V offset, V value, std::optional<V> pred) {
   pir::Inst st;
   st.op = Op::store_shared;

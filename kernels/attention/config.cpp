@@ -248,6 +248,7 @@ Meta DkdvConfig::to_meta() const {
   put_if(m, mn::kDropoutWriteBits, dropout_write_bits, false);
   put_if(m, mn::kDropoutWordsKeyMajor, dropout_words_key_major, false);
   put_if(m, mn::kDropoutAhead, dropout_ahead, false);
+  put_if(m, mn::kDqNarrowStaging, dq_narrow_staging, false);
   return m;
 }
 
@@ -343,6 +344,10 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
     kb.fail(Loc::current(), fmt::format("DROPOUT_AHEAD in dK/dV computes the fused mask's Philox words under S^T's MMA: it needs "
                                         "DROPOUT=true without DROPOUT_BITS and BLOCK_N a multiple of 64; got DROPOUT={}, "
                                         "DROPOUT_BITS={}, BLOCK_N={}", s.dropout, s.dropout_bits, c.block_n));
+  c.dq_narrow_staging = kb.meta<bool>(mn::kDqNarrowStaging, false);
+  if (c.dq_narrow_staging && r != DqReduction::atomic && r != DqReduction::ordered)
+    kb.fail(Loc::current(), fmt::format("DQ_NARROW_STAGING lays out dQ's parts for their TMA adds: it needs DQ_REDUCTION=1 (atomic) or "
+                                        "3 (ordered), got DQ_REDUCTION={}", static_cast<int>(r)));
   return c;
 }
 

@@ -178,6 +178,10 @@ struct DkdvConfig {
   // fused dropout: the block's Philox words computed right after S^T = K Q^T is issued (under its MMA
   // and the exponent) instead of after dP^T's issue; off by default (untimed) [098]
   bool dropout_ahead = false;
+  // DQ_REDUCTION atomic, or ordered on the dQ writer (the adds by TMA): dQ's part staged in 32-byte rows without swizzle
+  // (lang::AddOptions::narrow_staging): its fragment stores without the 2-way bank conflicts of the
+  // 128-byte swizzled rows (33.7 M at D 128 S 4k: decision 100), at 4x the TMA adds; off (untimed)
+  bool dq_narrow_staging = false;
   static constexpr int64_t kTimelinePhases = 6;  // top, S^T landed, P^T, dS^T, dV and dK issued, dQ's part
   static constexpr int64_t kTimelineStamps = 2 + kTimelinePhases * 256;  // the start, 256 visits (S 16k at BLOCK_M 64), the end
 

@@ -348,8 +348,9 @@ void KeyTile::dq_part(const QueryHead& qh, const Tile& m0, const Tile& dst_t, co
     auto coordinate = [&](const Tile& x) { return p.cfg.dq_writer ? in_tma_range(x) : x; };
     return p.dq_ws.block({coordinate(rows.b), coordinate(h), coordinate(m0), 0}, {a.BM, a.D}, {2, 3});
   };
+  const AddOptions add{.narrow_staging = p.cfg.dq_narrow_staging};
   if (reduction == DqReduction::atomic) {
-    atomic_add(window(), dq_part);  // on Hopper: TMA adds the tile from shared memory [024]
+    atomic_add(window(), dq_part, add);  // on Hopper: TMA adds the tile from shared memory [024]
   } else if (reduction == DqReduction::ordered) {
     // Key blocks add into dQ tile m in increasing order: this one waits for the n_block before it
     // (every earlier key block reaches m: full, or causal, whose query range only grows towards
@@ -359,7 +360,7 @@ void KeyTile::dq_part(const QueryHead& qh, const Tile& m0, const Tile& dst_t, co
     Tile sem_index = a.batch_head(rows, h) * cdiv(p.S_q, a.BM) + m0 / a.BM;
     const Tile target = ordered.wait_target.valid() ? ordered.wait_target : n_block;
     if (p.cfg.dq_writer) {  // the writer waits for the turn, adds, and signals one add later [074]
-      atomic_add(window(), dq_part, p.dq_sem + sem_index, target, p.dq_sem + sem_index);
+      atomic_add(window(), dq_part, p.dq_sem + sem_index, target, p.dq_sem + sem_index, add);
       return;
     }
     // PERSISTENT: the previous block's signal is given only now, one block of work after its add
