@@ -51,7 +51,7 @@ struct Options {
   int64_t seq = 4096, head_dim = 128, tokens = 16384, hidden = 2048;
   bool causal = false;
   bool backward = false;
-  int stages = 0;  // --backward: the Q / dO ring's stages (0: the API's schedule)
+  int stages = 0;  // --backward: the compile option's stages (0: the API's schedule; the plan may take fewer)
   std::string reduction;  // --backward: recompute, atomic, ordered (empty: the API's default)
   double dropout = 0;
   int persistent = -1;  // -1: as the API (without dropout)
