@@ -274,8 +274,6 @@ class Planner {
     const bool narrow = add && op.attrs.count(ir::kNarrowStagingAttr) > 0;
     const int64_t per_chunk = (narrow ? 32 : 128) / r.elem_bytes;
     if (r.rows > 256 || r.rows % 8 != 0 || r.cols % per_chunk != 0) return std::nullopt;
-    r.chunk_cols = per_chunk;
-    r.swizzle_bytes = narrow ? 0 : 128;
     r.box.assign(static_cast<size_t>(rank), 1);
     r.box[0] = per_chunk;
     r.box[static_cast<size_t>(rank - 1 - dims[0])] = r.rows;

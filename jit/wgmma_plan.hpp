@@ -127,12 +127,13 @@ struct TmaReduce {
   const ir::Op* staging_tile = nullptr;
   // ReduceWriter: the ring loop whose body holds this add (its iteration counts the adds)
   const ir::Op* loop = nullptr;
-  // A chunk's columns and the staging's swizzle: 128 / elem_bytes columns in 128-byte swizzled rows,
-  // or (AddOptions::narrow_staging) 32 / elem_bytes in 32-byte rows without swizzle, where an MMA
-  // accumulator's 64-bit fragment stores fill each half-warp's 128 bytes without bank conflicts [100]
-  int64_t chunk_cols = 32;
-  int swizzle_bytes = 128;
-  int64_t chunk_bytes() const { return rows * chunk_cols * elem_bytes; }
+  // A chunk's columns (the box's inner extent) and the staging's swizzle: 128 / elem_bytes columns in
+  // 128-byte swizzled rows, or (AddOptions::narrow_staging) 32 / elem_bytes in 32-byte rows without
+  // swizzle, where an MMA accumulator's 64-bit fragment stores fill each half-warp's 128 bytes
+  // without bank conflicts [100]
+  int64_t chunk_cols() const { return box[0]; }
+  int swizzle_bytes() const { return chunk_cols() * elem_bytes == 128 ? 128 : 0; }
+  int64_t chunk_bytes() const { return rows * chunk_cols() * elem_bytes; }
 };
 
 // lang::RingProducer::reduce_writer: a warp of the producer warpgroup issues every TMA add (all

@@ -592,8 +592,8 @@ void Lowerer::tma_bulk_write(const ir::Op& op, const TmaReduce& red, const Layou
 void Lowerer::issue_tma_chunks(const ir::Op& op, const TmaReduce& red, V base, const std::vector<int64_t>& chunks,
                                const std::function<V(ir::ValueId)>& offset) {
   const size_t rank = tensors_.at(op.operands[0]).sizes.size();
-  const int64_t per_chunk = red.chunk_cols;
-  const V map = tensor_map(red.param_index, red.box, red.swizzle_bytes);
+  const int64_t per_chunk = red.chunk_cols();
+  const V map = tensor_map(red.param_index, red.box, red.swizzle_bytes());
   for (int64_t k : chunks) {
     std::vector<V> args{bin(Op::add, base, cint(DType::u32, k * red.chunk_bytes())), map};
     for (size_t i = 0; i < rank; ++i) {  // innermost first
@@ -625,7 +625,7 @@ void Lowerer::stage_registers(const TmaReduce& red, const Layout& L, const Regs&
       if (auto pair = reg_of.find({c[0], c[1] + 1}); c[1] % 2 == 0 && pair != reg_of.end()) value = pack(val[r], val[pair->second]);
     }
     const V row = coord(L, r, 0, tc[0]), col = coord(L, r, 1, tc[1]);
-    V off = red.swizzle_bytes ? swizzled_offset(row, col, es, red.chunk_bytes()) : chunked_offset(row, col, es, red.chunk_cols, red.rows);
+    V off = red.swizzle_bytes() ? swizzled_offset(row, col, es, red.chunk_bytes()) : chunked_offset(row, col, es, red.chunk_cols(), red.rows);
     store_shared_at(bin(Op::add, off, staging), value, std::nullopt);
   }
 }

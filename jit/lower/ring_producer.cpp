@@ -17,7 +17,7 @@ void Lowerer::run_with_ring_producer() {
   const int cap = entry_register_cap(W + RingProducerPlan::kWarps);
   // the writer's tensor maps at the top level, where every later use sees them (they are cached)
   for (const auto& [op, red] : plan_.hopper.reduces)
-    if (red.loop) tensor_map(red.param_index, red.box, red.swizzle_bytes);
+    if (red.loop) tensor_map(red.param_index, red.box, red.swizzle_bytes());
   auto set_registers = [&](int want) {
     if (want != cap) emit0(Op::set_max_registers, {}, want > cap ? want : -want);
   };
@@ -87,7 +87,7 @@ std::vector<Lowerer::WriterPart> Lowerer::writer_parts(const ir::Op& add) const 
   const TmaReduce& red = plan_.hopper.reduces.at(&add);
   const ir::Type& t = f_.type(add.operands[1]);
   const Layout L = plan_.natural[add.operands[1]] ? *plan_.natural[add.operands[1]] : memory_layout(t);
-  const int64_t per_chunk = red.chunk_cols, chunks = red.cols / per_chunk;
+  const int64_t per_chunk = red.chunk_cols(), chunks = red.cols / per_chunk;
   const int W = plan_.num_warps, groups = W / 4;
   std::vector<int> owner(static_cast<size_t>(chunks), -1);
   bool split = groups > 1 && groups <= ReduceWriter::kMaxParts && L.num_warps() == W;
@@ -110,7 +110,7 @@ std::vector<Lowerer::WriterPart> Lowerer::writer_parts(const ir::Op& add) const 
 
 std::vector<Lowerer::WriterPart> Lowerer::whole_tile_part(const TmaReduce& red) const {
   WriterPart all{0, plan_.num_warps, {}};
-  for (int64_t k = 0; k < red.cols / red.chunk_cols; ++k) all.chunks.push_back(k);
+  for (int64_t k = 0; k < red.cols / red.chunk_cols(); ++k) all.chunks.push_back(k);
   return {all};
 }
 

@@ -19,7 +19,7 @@ void Lowerer::tensor_map_params() {
   // and reused after it was a value out of scope (nvrtc refused two reduces into one tensor)
   ir::walk(f_.body, [&](const ir::Op& op) {
     if (auto it = plan_.hopper.reduces.find(&op); it != plan_.hopper.reduces.end())
-      tensor_map(it->second.param_index, it->second.box, it->second.swizzle_bytes);
+      tensor_map(it->second.param_index, it->second.box, it->second.swizzle_bytes());
   });
 }
 
