@@ -1241,8 +1241,9 @@ TEST_CASE("attention API: dQ reductions, workspace sizes and schedules") {
   c = masked_call(MaskKind::sliding_window);
   CHECK(bytes(DqReduction::split) == delta + parts);
 
-  // The schedule table: dK/dV with a reduction at 64 x 64 on 4 warps (D 64) or 64 x 128 on 8 (D
-  // 128: the dQ dot's warpgroups split D), the reduce kernel at dK/dV's tiles, recompute unchanged
+  // The schedule table: dK/dV with a reduction at 64 x 64 on 4 warps (D 64; atomic 128 x 128 on 8)
+  // or 64 x 128 on 8 (D 128: the dQ dot's warpgroups split D), the reduce kernel at dK/dV's tiles,
+  // recompute unchanged
   for (DType t : {DType::bf16, DType::f16})
     for (bool causal : {false, true}) {
       for (int d : {64, 128}) {
@@ -1252,9 +1253,12 @@ TEST_CASE("attention API: dQ reductions, workspace sizes and schedules") {
         CHECK(default_schedule(Pass::bwd_dkdv, t, d, causal) == recompute);
         CHECK(default_schedule(Pass::bwd_dkdv, t, d, causal, false, DqReduction::recompute, true) == Schedule{64, 64, 4, 2});
         for (DqReduction r : {DqReduction::atomic, DqReduction::split, DqReduction::ordered}) {
-          const Schedule kv = d == 128 ? Schedule{64, 128, 8, 2} : Schedule{64, 64, 4, 2};
+          // (D 64 atomic: 128 x 128 on 8 warps, dS K split by rows: decision 101)
+          const Schedule kv = d == 128                    ? Schedule{64, 128, 8, 2}
+                              : r == DqReduction::atomic ? Schedule{128, 128, 8, 2}
+                                                          : Schedule{64, 64, 4, 2};
           CHECK(default_schedule(Pass::bwd_dkdv, t, d, causal, false, r) == kv);
-          CHECK(default_schedule(Pass::bwd_dq_reduce, t, d, causal, false, r) == Schedule{64, kv.block_n, 4, 2});
+          CHECK(default_schedule(Pass::bwd_dq_reduce, t, d, causal, false, r) == Schedule{kv.block_m, kv.block_n, 4, 2});
           CHECK(default_schedule(Pass::bwd_dq_convert, t, d, causal, false, r) == Schedule{64, 64, 4, 2});
           CHECK(default_schedule(Pass::bwd_dq, t, d, causal, false, r) == default_schedule(Pass::bwd_dq, t, d, causal));
         }
@@ -1269,7 +1273,7 @@ TEST_CASE("attention API: dQ reductions, workspace sizes and schedules") {
 
 // Options::dq_reduction unset: the fastest reduction for the shape, deterministic unless a
 // non-deterministic one measured more than 5% faster (decision 100): atomic on the dQ writer at D 128
-// dense from S_q 1024; with Options::deterministic the faster deterministic one (decision 075):
+// dense from S_q 1024, at D 64 from 4096 (101); with Options::deterministic the faster deterministic one (decision 075):
 // ordered on the writer from S_q 8192 (full) / 16384 (causal), recompute elsewhere and wherever a
 // call needs it; the workspace follows, and prepare's / bundle_specs' lists hold every reduction's
 // kernels the default may pick.
@@ -1292,7 +1296,9 @@ TEST_CASE("attention API: the default dQ reduction: the fastest, or the fastest 
     // the default: atomic from S_q 1024 at D 128 dense
     CHECK(bytes(512, 128, fastest) == with(512, 128, fastest, DqReduction::recompute));
     for (int64_t S : {1024, 4096, 16384}) CHECK(bytes(S, 128, fastest) == with(S, 128, fastest, DqReduction::atomic));
-    CHECK(bytes(8192, 64, fastest) == with(8192, 64, fastest, DqReduction::recompute));    // (D 64: no writer)
+    // D 64: atomic on the writer's 128 x 128 tiles from S_q 4096 (decision 101)
+    CHECK(bytes(2048, 64, fastest) == with(2048, 64, fastest, DqReduction::recompute));
+    for (int64_t S : {4096, 8192}) CHECK(bytes(S, 64, fastest) == with(S, 64, fastest, DqReduction::atomic));
     CHECK(bytes(8190, 128, fastest) == with(8190, 128, fastest, DqReduction::recompute));  // (S_q % 4: no LSE ring)
     // deterministic: ordered from S_q 8192 (full) / 16384 (causal), recompute below
     CHECK(bytes(4096, 128, det) == with(4096, 128, det, DqReduction::recompute));
@@ -1320,8 +1326,8 @@ TEST_CASE("attention API: the default dQ reduction: the fastest, or the fastest 
   o.q_descending = true;
   CHECK(bytes(8192, 128, o) == with(8192, 128, o, DqReduction::recompute));
   // prepare's list: every reduction's kernels at D 128 dense (they share the forward, the
-  // preprocess kernel and, atomic and ordered, the convert kernel), recompute's alone at D 64 and
-  // with dropout
+  // preprocess kernel and, atomic and ordered, the convert kernel), recompute's and atomic's at D 64,
+  // recompute's alone with dropout
   const auto names = [](int d, bool dropout, std::optional<DqReduction> r) {
     std::vector<std::string> n;
     for (const runtime::BundleEntrySpec& s : bundle_specs(DType::bf16, d, MaskKind::full, false, true, {}, dropout, r)) n.push_back(s.kernel);
@@ -1333,7 +1339,11 @@ TEST_CASE("attention API: the default dQ reduction: the fastest, or the fastest 
   CHECK(has(d128, "attention_bwd_dq_convert"));
   CHECK(d128.size() == names(128, false, DqReduction::recompute).size() + names(128, false, DqReduction::ordered).size() +
                            names(128, false, DqReduction::atomic).size() - 5);
-  CHECK_FALSE(has(names(64, false, std::nullopt), "attention_bwd_dq_convert"));
+  // D 64: recompute's and atomic's (the convert kernel); with dropout recompute's alone
+  const std::vector<std::string> d64 = names(64, false, std::nullopt);
+  CHECK(has(d64, "attention_bwd_dq"));
+  CHECK(has(d64, "attention_bwd_dq_convert"));
+  CHECK_FALSE(has(names(64, true, std::nullopt), "attention_bwd_dq_convert"));
   CHECK_FALSE(has(names(128, true, std::nullopt), "attention_bwd_dq_convert"));
 }
 

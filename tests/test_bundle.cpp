@@ -382,8 +382,9 @@ TEST_CASE("attention::bundle_specs: the API's kernels, bundled, serve prepare wi
   const std::vector<BundleEntrySpec> specs = attention::bundle_specs(ir::DType::bf16, 64, kernels::MaskKind::causal);
   std::multiset<std::string> names;
   for (const BundleEntrySpec& s : specs) names.insert(s.kernel);
+  // (recompute's dK/dV and dQ; atomic's dK/dV and convert, the default from S_q 4k: decision 101)
   CHECK(names == std::multiset<std::string>{"attention_fwd", "attention_bwd_preprocess", "attention_bwd_dkdv", "attention_bwd_dkdv",
-                                            "attention_bwd_dq"});
+                                            "attention_bwd_dq", "attention_bwd_dkdv", "attention_bwd_dkdv", "attention_bwd_dq_convert"});
   const fs::path path = tmp.path / "attention.tjb";
   runtime::write_bundle(path, specs);
   runtime::reset_memory_cache();  // (zeroes the statistics)

@@ -301,6 +301,8 @@ DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned);
 // writer) by default, and the reduction a call with these dims and options runs (decisions 075, 100).
 bool ordered_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, bool dropout, bool score_mod, bool schedule,
                             bool q_descending);
+bool atomic_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, bool dropout, bool score_mod, bool schedule,
+                           bool q_descending);
 DqReduction default_reduction(const Dims& d, const Options& opts);
 // The metas of a configuration that its kernel declares.
 lang::Meta meta_of(const Config& c);

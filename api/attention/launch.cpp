@@ -201,6 +201,8 @@ std::vector<Function*> functions_for(const char* fn, ir::DType dtype, int head_d
   std::vector<DqReduction> reductions{dq_reduction.value_or(DqReduction::recompute)};
   if (backward && !dq_reduction && ordered_may_be_default(head_dim, mask, varlen, dropout, false, schedule.has_value(), q_descending))
     reductions.insert(reductions.end(), {DqReduction::ordered, DqReduction::atomic});
+  else if (backward && !dq_reduction && atomic_may_be_default(head_dim, mask, varlen, dropout, false, schedule.has_value(), q_descending))
+    reductions.push_back(DqReduction::atomic);
   if (backward)
     for (DqReduction r : reductions)
       check_dq_reduction(c, r, q_descending, varlen, mask, {"dq_reduction", "q_descending", "varlen = true", "mask"});

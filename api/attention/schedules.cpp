@@ -43,7 +43,7 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
     // With a dQ reduction (dense only) the kernel's fifth dot, dS K, has M = BLOCK_M: at 64 x 128 on
     // 8 warps each warpgroup takes half of D's columns on wgmma, which needs D / 2 in whole 64-column
     // chunks (D 128); D 64 would run it on mma.sync with K loaded twice, so it takes 64 x 64 on 4
-    // warps (every dot on wgmma). D = 256 keeps its 32 x 64 tiles (the dot then on mma.sync) on 8
+    // warps (every dot on wgmma), or (atomic) 128-row blocks, where each warpgroup takes 64 rows. D = 256 keeps its 32 x 64 tiles (the dot then on mma.sync) on 8
     // warps: 4 spilled 1.8 KB (3.2 KB with a reduction), 8 none (0.6 KB with one); 3.0-3.1x at S 4k (093).
     // Without a reduction (recompute) dK/dV and dQ take 64 x 64 tiles on 4 warps, two programs per SM
     // instead of one (decision 021); with dropout too since dK/dV builds its transposed mask from
@@ -53,6 +53,9 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
       if (head_dim >= 256) return {32, 64, 8, 2};
       // a reduction: 8 warps at D 128, where the dQ dot's split fits
       if (reduction != DqReduction::recompute && head_dim % 128 == 0) return {64, 128, 8, 2};
+      // D 64 atomic, dense: 128 x 128 on 8 warps (FA3's D 64 tiles) with the ring producer and the dQ
+      // writer (dkdv_ring_options): 1.03-1.15x recompute's backward from S 2k (decision 101)
+      if (reduction == DqReduction::atomic && head_dim == 64 && !dropout && !library_mask && !score_mod) return {128, 128, 8, 2};
       // D 64 recompute without dropout or a library mask: full, 128 query rows a visit on one
       // warpgroup, two programs an SM (254 registers): 1.03-1.13x decision 022's 64 x 64 at three
       // programs an SM in the H200 tuning sweeps (083). Causal keeps 022's: 128-row visits lost 7%
@@ -153,15 +156,26 @@ bool ordered_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, b
          declares(Pass::bwd_dkdv, mn::kLseInRing) && declares(Pass::bwd_dkdv, mn::kRingProducer) && declares(Pass::bwd_dkdv, mn::kDqWriter);
 }
 
+// D 64 runs atomic on the dQ writer at 128 x 128 tiles (default_schedule, dkdv_ring_options); ordered
+// has no writer there (decision 101).
+bool atomic_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, bool dropout, bool score_mod, bool schedule,
+                           bool q_descending) {
+  if (head_dim == 128) return ordered_may_be_default(head_dim, mask, varlen, dropout, score_mod, schedule, q_descending);
+  return head_dim == 64 && !varlen && !library_mask(mask) && !dropout && !score_mod && !schedule && !q_descending &&
+         dq_reduction_supported(DqReduction::atomic) && declares(Pass::bwd_dkdv, mn::kLseInRing) &&
+         declares(Pass::bwd_dkdv, mn::kRingProducer) && declares(Pass::bwd_dkdv, mn::kDqWriter);
+}
+
 DqReduction default_reduction(const Dims& d, const Options& opts) {
-  const bool writer = ordered_may_be_default(d.head_dim, d.mask, d.varlen, opts.dropout_p > 0, d.score_mod != kernels::ScoreModKind::none,
-                                             opts.schedule.has_value(), opts.q_descending) &&
-                      !opts.accumulate_gradients && opts.backward_phase == BackwardPhase::all && d.seq_q % 4 == 0;
-  // atomic where it beat the fastest deterministic reduction by more than 5% (settled, H200 D 128
-  // at S_q 1k-16k: full 1.09-1.14x, causal 1.05-1.17x; decision 100), unless the call asks for
-  // determinism; below S_q 1024 unmeasured
-  if (writer && !opts.deterministic && d.seq_q >= 1024) return DqReduction::atomic;
-  return writer && d.seq_q >= (d.causal ? 16384 : 8192) ? DqReduction::ordered : DqReduction::recompute;
+  const bool dropout = opts.dropout_p > 0, score_mod = d.score_mod != kernels::ScoreModKind::none, schedule = opts.schedule.has_value();
+  const bool whole_call = !opts.accumulate_gradients && opts.backward_phase == BackwardPhase::all && d.seq_q % 4 == 0;
+  const bool writer = whole_call && atomic_may_be_default(d.head_dim, d.mask, d.varlen, dropout, score_mod, schedule, opts.q_descending);
+  // atomic where it beat the fastest deterministic reduction by more than 5% (settled, H200), unless
+  // the call asks for determinism: D 128 at S_q 1k-16k full 1.09-1.14x, causal 1.05-1.17x (decision
+  // 100; below S_q 1024 unmeasured); D 64 from S_q 4k 1.05-1.15x (S 2k 1.03x, S 1k 0.94-0.99x: 101)
+  if (writer && !opts.deterministic && d.seq_q >= (d.head_dim == 64 ? 4096 : 1024)) return DqReduction::atomic;
+  const bool ordered = writer && d.head_dim == 128;
+  return ordered && d.seq_q >= (d.causal ? 16384 : 8192) ? DqReduction::ordered : DqReduction::recompute;
 }
 
 DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned) {
@@ -174,7 +188,9 @@ DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned) {
   if (c.reduction == static_cast<int>(DqReduction::recompute)) return {.lse_in_ring = c.head_dim == 64 || d128_full};
   // ordered: on DASH's persistent grid, its writer waits for each add's turn (decision 074)
   const bool adds = c.reduction == static_cast<int>(DqReduction::atomic) || persistent_ordered(c.reduction, c.q_descending);
-  if (!adds || c.head_dim != 128) return {};
+  // D 64: atomic at 128-row blocks only, where dS K splits by rows (default_schedule)
+  const bool d64_rows = c.head_dim == 64 && c.reduction == static_cast<int>(DqReduction::atomic) && c.sch.block_m == 128;
+  if (!adds || (c.head_dim != 128 && !d64_rows)) return {};
   // (the producer at the measured schedule only: it needs whole warpgroups and one program an SM;
   // causal only with the writer: the producer alone loses there)
   const bool measured_tiles = c.sch.block_n == 128 && c.sch.num_warps == 8 && c.sch.min_programs_per_sm <= 1;
