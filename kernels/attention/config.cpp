@@ -299,30 +299,37 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
   if (c.lse_in_ring && *c.rows_ahead)
     kb.fail(Loc::current(), "LSE_IN_RING reads LSE and Delta from each block's own ring stage: not with ROWS_AHEAD=true (which carries "
                             "them to the next block)");
-  // (ordered full: off, also beside TMA_STORE and a producer of 40 registers: 0.977-0.989x [080])
-  const bool adds = r == DqReduction::atomic || r == DqReduction::split || (r == DqReduction::ordered && (s.causal || c.q_descending));
+  // Ordered full on the writer (the deterministic default from S 8k): spill-free (248 -> 0 B) with
+  // descriptors at use, TMA stores and a producer of 40 registers, measured level (0.993x after
+  // 086's lowering fixes; 0.977-0.989x before them, 080): taken for issue 23's "no spills" [101]
+  const bool ordered_full_writer = r == DqReduction::ordered && !s.causal && !c.q_descending && c.dq_writer && s.head_dim == 128;
+  const bool adds = r == DqReduction::atomic || r == DqReduction::split || (r == DqReduction::ordered && (s.causal || c.q_descending)) ||
+                    ordered_full_writer;
   // Dropout (recompute, dense, D <= 128): with TMA_STORE the spills go 240 -> 28-80 B at D 128 and
   // the kernel runs 1.18x / 1.22x (fused, full / causal) and 1.03x / 1.14x (reading bits); D 64
   // 1.01-1.03x [089]
   const bool dropout_recompute = dropout_dense && !s.modded();
-  c.descriptors_at_use = kb.meta<bool>(mn::kDescriptorsAtUse, (s.head_dim == 128 && adds) || dropout_recompute);  // [077, 080, 089]
+  // (D 64 with a reduction on 128-row blocks, atomic's default there: hoisted descriptors spilled
+  // 108 B, reloaded in the loop; at use 12-16 B, untimed [101])
+  c.descriptors_at_use =
+      kb.meta<bool>(mn::kDescriptorsAtUse, ((s.head_dim == 128 || c.block_m == 128) && adds) || dropout_recompute);  // [077, 080, 089]
   c.timeline = kb.meta<bool>(mn::kTimeline, false);
   if (c.timeline && (s.varlen || s.library_mask()))
     kb.fail(Loc::current(), "TIMELINE stamps the key tiles of dense full or causal batches: not with VARLEN or a library MASK");
   // Atomic: 1.017 / 1.122 at D 128 full / causal, 1.022 at D 64; recompute 1.021 / 1.031 at D 128,
   // 1.017 / 1.018 at D 64; ordered causal at D 128 ~1.04 (S 4k, dense, same-process A/Bs). Ordered
-  // full keeps element stores (0.977x with descriptors at use, its best beside them); masks,
+  // full: above (without the writer element stores); masks,
   // score mods, varlen, D64 ordered, D > 128 and dropout beside a reduction are not measured [080];
   // dropout on recompute: with DESCRIPTORS_AT_USE, above [089].
   const bool measured = (s.head_dim <= 128 && !s.library_mask() && !s.dropout && !s.modded() && !s.varlen) || dropout_recompute;
   const bool ordered_causal = r == DqReduction::ordered && s.causal && !c.q_descending && s.head_dim == 128;
-  const bool tma_reduction = r == DqReduction::atomic || r == DqReduction::recompute || ordered_causal;
+  const bool tma_reduction = r == DqReduction::atomic || r == DqReduction::recompute || ordered_causal || ordered_full_writer;
   c.tma_store = kb.meta<bool>(mn::kTmaStore, measured && tma_reduction && !c.accumulate);
   if (*c.tma_store && c.accumulate)
     kb.fail(Loc::current(), "TMA_STORE stores dK and dV by TMA: not with ACCUMULATE (f32 sums read, added and stored per element)");
-  // (40 takes the ordered walk's spills out of its producer and writer, but measured level: 0.988x
-  // full, 1.0x causal beside TMA_STORE [080])
-  c.producer_registers = kb.meta<int>(mn::kProducerRegisters, 24);
+  // (40 takes the ordered walk's spills out of its producer and writer: level, 0.988x full, 1.0x
+  // causal beside TMA_STORE [080]; ordered full on the writer takes it, above)
+  c.producer_registers = kb.meta<int>(mn::kProducerRegisters, ordered_full_writer ? 40 : 24);
   if (*c.producer_registers != 24 && *c.producer_registers != 32 && *c.producer_registers != 40)
     kb.fail(Loc::current(), fmt::format("PRODUCER_REGISTERS = {} (valid: 24, 32 or 40; the consumers get 240 registers at 24 and 232 "
                                         "above)", *c.producer_registers));
