@@ -1152,6 +1152,31 @@ TEST_CASE("gpu: attention API, the persistent forward equals one program per til
     }
 }
 
+namespace {
+
+// A masked test's inputs in BSHD: Q, K, V, dO normal (seeds seed..seed + 3), document ids per batch
+// row in runs of `first + step * b` tokens, on the host and the device, and the API's views.
+struct DocumentInputs {
+  HostTensor q, k, v, dout, docs;
+  DeviceTensor d_q, d_k, d_v, d_do, d_docs;
+  attention::Tensor Q, K, V, dO;
+  DocumentInputs(const AttentionCase& c, uint64_t seed, int64_t first, int64_t step)
+      : q(ir::DType::bf16, c.shape(c.Hq, c.Sq)), k(ir::DType::bf16, c.shape(c.Hkv, c.Sk)), v(ir::DType::bf16, c.shape(c.Hkv, c.Sk)),
+        dout(ir::DType::bf16, c.shape(c.Hq, c.Sq)), docs(ir::DType::i32, {c.B, c.Sk}) {
+    q.fill_normal(seed, 0, 1);
+    k.fill_normal(seed + 1, 0, 1);
+    v.fill_normal(seed + 2, 0, 1);
+    dout.fill_normal(seed + 3, 0, 1);
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t t = 0; t < c.Sk; ++t) docs.set({b, t}, static_cast<double>(t / (first + step * b)));
+    d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(k), d_v = DeviceTensor::from_host(v);
+    d_do = DeviceTensor::from_host(dout), d_docs = DeviceTensor::from_host(docs);
+    Q = api_view(d_q, false), K = api_view(d_k, false), V = api_view(d_v, false), dO = api_view(d_do, false);
+  }
+};
+
+}  // namespace
+
 // options.block_mask: a block mask built once (build_block_mask) gives the same outputs, bit for
 // bit, as the calls' own pre-passes: forward, backward with dQ recomputed (dK/dV's and dQ's lists)
 // and with split (the reduce kernel reads the block mask's classes); causal document ids with
@@ -1166,17 +1191,10 @@ TEST_CASE("gpu: attention API, a block mask built once equals the calls' own pre
     return;
   }
   const AttentionCase c{2, 4, 2, 300, 450, 64, false, true};
-  HostTensor q(ir::DType::bf16, c.shape(c.Hq, c.Sq)), kk(ir::DType::bf16, c.shape(c.Hkv, c.Sk)), v(ir::DType::bf16, c.shape(c.Hkv, c.Sk)),
-      dout(ir::DType::bf16, c.shape(c.Hq, c.Sq)), docs(ir::DType::i32, {c.B, c.Sk});
-  q.fill_normal(1, 0, 1);
-  kk.fill_normal(2, 0, 1);
-  v.fill_normal(3, 0, 1);
-  dout.fill_normal(4, 0, 1);
-  for (int64_t b = 0; b < c.B; ++b)  // documents of 70 + 37 b tokens
-    for (int64_t t = 0; t < c.Sk; ++t) docs.set({b, t}, static_cast<double>(t / (70 + 37 * b)));
-  auto d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(kk), d_v = DeviceTensor::from_host(v),
-       d_do = DeviceTensor::from_host(dout), d_docs = DeviceTensor::from_host(docs);
-  const auto Q = api_view(d_q, false), K = api_view(d_k, false), V = api_view(d_v, false), dO = api_view(d_do, false);
+  const DocumentInputs in(c, 1, 70, 37);
+  const HostTensor &q = in.q, &kk = in.k, &v = in.v;
+  const DeviceTensor& d_docs = in.d_docs;
+  const attention::Tensor &Q = in.Q, &K = in.K, &V = in.V, &dO = in.dO;
   for (attention::DqReduction reduction : {attention::DqReduction::recompute, attention::DqReduction::split}) {
     INFO("dq_reduction " << static_cast<int>(reduction));
     attention::Options opts;
@@ -1203,6 +1221,53 @@ TEST_CASE("gpu: attention API, a block mask built once equals the calls' own pre
       CHECK(std::ranges::any_of(outputs[0][i], [](double x) { return x != 0.0; }));
       CHECK(outputs[1][i] == outputs[0][i]);
       CHECK(outputs[2][i] == outputs[0][i]);
+    }
+  }
+}
+
+// Atomic at D 128 under library masks runs dK/dV on the ring producer and the dQ writer, walking the
+// mask's intervals or the pre-pass's lists (decision 102). Against recompute (the masked default,
+// checked against float64 by the masked sweep): dQ, dK and dV within 1e-2, no NaN, real gradients.
+TEST_CASE("gpu: atomic backward on the dQ writer under library masks matches recompute") {
+  if (const auto& drv = runtime::Driver::get(); !drv.available()) {
+    MESSAGE("SKIPPED: no GPU: " << drv.unavailable_reason());
+    return;
+  }
+  if (!attention::masks_supported() || !attention::backward_available() || !attention::dq_reduction_supported(attention::DqReduction::atomic)) {
+    MESSAGE("SKIPPED: the attention kernels have no MASK meta, no backward or no atomic reduction");
+    return;
+  }
+  const AttentionCase c{2, 4, 2, 640, 640, 128, false, true};
+  const DocumentInputs in(c, 11, 90, 53);
+  const HostTensor &q = in.q, &kk = in.k, &v = in.v;
+  const DeviceTensor& d_docs = in.d_docs;
+  const attention::Tensor &Q = in.Q, &K = in.K, &V = in.V, &dO = in.dO;
+  for (const kernels::MaskSpec& spec : {kernels::MaskSpec::sliding_window(100, 50), kernels::MaskSpec::causal_document()}) {
+    INFO("mask " << kernels::mask_kind_name(spec.kind));
+    attention::Options opts;
+    opts.mask = attention::Mask{spec, kernels::mask_uses_doc_ids(spec.kind) ? api_view(d_docs, false) : attention::Tensor{}, {}, {}};
+    runtime::Stream stream;
+    auto d_o = DeviceTensor::empty_like(q), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
+    attention::forward(Q, K, V, api_view(d_o, false), api_view(d_lse, false), opts, stream.handle());
+    std::vector<std::vector<double>> grads[2];
+    for (int i = 0; i < 2; ++i) {
+      attention::Options o = opts;
+      o.dq_reduction = i == 0 ? attention::DqReduction::recompute : attention::DqReduction::atomic;
+      auto d_dq = DeviceTensor::empty_like(q), d_dk = DeviceTensor::empty_like(kk), d_dv = DeviceTensor::empty_like(v);
+      for (DeviceTensor* t : {&d_dq, &d_dk, &d_dv}) t->poison();
+      attention::backward(Q, K, V, api_view(d_o, false), dO, api_view(d_lse, false), api_view(d_dq, false), api_view(d_dk, false),
+                          api_view(d_dv, false), o, stream.handle());
+      stream.synchronize();
+      for (DeviceTensor* t : {&d_dq, &d_dk, &d_dv}) grads[i].push_back(t->to_host().to_f64());
+    }
+    for (size_t g = 0; g < 3; ++g) {
+      INFO("gradient " << g << " (dq, dk, dv)");
+      CHECK(std::ranges::none_of(grads[1][g], [](double x) { return std::isnan(x); }));
+      CHECK(std::ranges::any_of(grads[0][g], [](double x) { return std::fabs(x) > 0.1; }));
+      RelAcc e;
+      e.add(grads[1][g], grads[0][g]);
+      MESSAGE(fmt::format("{} gradient {}: atomic vs recompute rel. error {:.2e}", kernels::mask_kind_name(spec.kind), g, e.value()));
+      CHECK(e.value() < 1e-2);
     }
   }
 }

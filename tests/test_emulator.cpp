@@ -12,9 +12,12 @@
 #include <functional>
 #include <array>
 #include <map>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "attention_mask_testing.hpp"
 #include "axis_op_kernels.hpp"
 #include "dropout_key_args.hpp"
 #include "dsl/lang.hpp"
@@ -881,6 +884,53 @@ TEST_CASE("emulator: dK/dV with the atomic dQ reduction (TMA add-reduces) equals
       INFO("schedule seed " << sched.seed);
       for (int64_t e = 0; e < acc.numel(); ++e) acc.set_flat(e, 0.0);
       const Runs r = run_both(fn, {cdiv(Sk, BN), Hkv, B}, {q, k, v, dout, lse, delta, dk, dv, acc}, {scale}, {scale}, o8, sched);
+      for (size_t i = 6; i < r.ref.size(); ++i) {
+        INFO("output " << i << " (dK, dV, dQ_accum)");
+        double norm = 0;
+        for (double x : r.ref[i].to_f64()) norm = std::max(norm, std::fabs(x));
+        CHECK(norm > 0.1);  // (a real gradient)
+        CHECK(close_in_max_norm(r.ref[i], r.emu[i], 2e-2));
+      }
+    }
+  }
+}
+
+// The dQ writer under a library mask (decision 102: the masks backward's route): the producer and
+// the writer follow the walk the mask gives -- its intervals (sliding window, whose key tiles see
+// different query-tile counts) or the pre-pass's lists (causal document, ragged documents) -- over
+// two query heads a program, warp by warp with random hand-overs too.
+TEST_CASE("emulator: atomic dK/dV on the dQ writer with a library mask equals the interpreter") {
+  const int64_t B = 1, Hq = 2, Hkv = 1, S = 384, D = 128, BM = 64, BN = 128;
+  const float scale = 0.088f;
+  std::mt19937 rng(17);
+  for (const kernels::MaskSpec& spec : {kernels::MaskSpec::sliding_window(90, 40), kernels::MaskSpec::causal_document()}) {
+    INFO("mask " << kernels::mask_kind_name(spec.kind));
+    const bool lists = !kernels::mask_has_tile_intervals(spec.kind);
+    kernels::MaskData data;
+    if (kernels::mask_uses_doc_ids(spec.kind)) data.doc_ids = {testing::mask_documents(1, S, 150, rng), {1, S}};
+    kernels::check_mask(spec, data, {B, Hq, S, S});
+    const testing::MaskArgs mask(spec, data);
+    const Meta fwd{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", false}, {"BSHD", true}, {"BLOCK_M", 64}, {"BLOCK_N", 64}};
+    const auto [q, k, v, dout, o, lse, delta] = backward_inputs(B, Hq, Hkv, S, S, D, 64, fwd, scale, 97);
+    HostTensor dk(bf16, {B, S, Hkv, D}), dv(bf16, {B, S, Hkv, D}), acc(f32, {B, Hq, S, D});
+    const Meta meta{{"DTYPE", bf16},       {"HEAD_DIM", D},          {"MASK", static_cast<int>(spec.kind)}, {"BSHD", true},
+                    {"BLOCK_M", BM},       {"BLOCK_N", BN},          {"DQ_REDUCTION", 1},                   {"RING_PRODUCER", true},
+                    {"LSE_IN_RING", true}, {"DQ_WRITER", true},      {"DESCRIPTORS_AT_USE", true},          {"TMA_STORE", true}};
+    const ir::Function fn = kernels::attention_backward_dkdv().build(meta);
+    jit::CompileOptions o8;
+    o8.num_warps = 8;
+    jit::CompileOptions plan = o8;
+    plan.make_cubin = false;
+    plan.dump_after = "plan-wgmma";
+    CHECK(jit::compile(fn, plan).dump.find("issued by the producer's reduce writer") != std::string::npos);
+    std::vector<runtime::Arg> tail{scale};
+    tail.insert(tail.end(), mask.args.begin(), mask.args.end());
+    std::optional<testing::BlockMaskRun> kv_lists;
+    if (lists) kv_lists.emplace(spec, data, mask, B, S, S, BM, BN, true), kv_lists->append_to(tail);
+    for (const runtime::EmulatorSchedule& sched : {runtime::EmulatorSchedule{}, runtime::EmulatorSchedule{true, 3}}) {
+      INFO("schedule seed " << sched.seed);
+      for (int64_t e = 0; e < acc.numel(); ++e) acc.set_flat(e, 0.0);
+      const Runs r = run_both(fn, {cdiv(S, BN), Hkv, B}, {q, k, v, dout, lse, delta, dk, dv, acc}, tail, tail, o8, sched);
       for (size_t i = 6; i < r.ref.size(); ++i) {
         INFO("output " << i << " (dK, dV, dQ_accum)");
         double norm = 0;

@@ -179,7 +179,16 @@ DqReduction default_reduction(const Dims& d, const Options& opts) {
 }
 
 DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned) {
-  if (!row_vectors_aligned || c.varlen || c.mask != 0 || c.score_mod != 0 || !declares(Pass::bwd_dkdv, mn::kLseInRing)) return {};
+  if (!row_vectors_aligned || c.varlen || c.score_mod != 0 || !declares(Pass::bwd_dkdv, mn::kLseInRing)) return {};
+  // Library masks: atomic at D 128 on the measured tiles, with the producer and the dQ writer walking
+  // the mask's intervals or lists (decision 102; emulator-checked, untimed); otherwise none
+  if (c.mask != 0) {
+    const bool writer = c.reduction == static_cast<int>(DqReduction::atomic) && c.head_dim == 128 && !c.dropout && c.sch.block_m == 64 &&
+                        c.sch.block_n == 128 && c.sch.num_warps == 8 && c.sch.min_programs_per_sm <= 1 &&
+                        declares(Pass::bwd_dkdv, mn::kRingProducer) && declares(Pass::bwd_dkdv, mn::kDqWriter);
+    if (!writer) return {};
+    return {.lse_in_ring = true, .ring_producer = true, .dq_writer = true};
+  }
   const bool d128_full = c.head_dim == 128 && !c.causal;
   // dropout (recompute, TMA_STORE and DESCRIPTORS_AT_USE): fused at D 128 causal 1.05x ROWS_AHEAD,
   // level full; reading bits 0.90-0.97x (decision 089)

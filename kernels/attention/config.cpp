@@ -290,12 +290,12 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
   c.accumulate = kb.meta<bool>(mn::kAccumulate, false);
   c.dq_writer = kb.meta<bool>(mn::kDqWriter, false);
   // (GPU-run: full and causal walks, one key tile a program or PERSISTENT's launch order; the
-  // persistent runs hung until the LLVM backend's waits became convergent, decision 074)
-  if (c.dq_writer && ((r != DqReduction::atomic && r != DqReduction::ordered) || !*c.ring_producer || s.library_mask()))
+  // persistent runs hung until the LLVM backend's waits became convergent, decision 074. Library
+  // masks' walks (intervals, the pre-pass's lists): the emulator only so far, decision 102)
+  if (c.dq_writer && ((r != DqReduction::atomic && r != DqReduction::ordered) || !*c.ring_producer))
     kb.fail(Loc::current(), fmt::format("DQ_WRITER hands dQ's adds to a warp of the producer warpgroup: it needs DQ_REDUCTION=1 "
-                                        "(atomic) or 3 (ordered) and RING_PRODUCER=true, on the full or causal mask (no library MASK); "
-                                        "got DQ_REDUCTION={}, RING_PRODUCER={}, MASK={}",
-                                        static_cast<int>(r), *c.ring_producer, s.library_mask()));
+                                        "(atomic) or 3 (ordered) and RING_PRODUCER=true; got DQ_REDUCTION={}, RING_PRODUCER={}",
+                                        static_cast<int>(r), *c.ring_producer));
   if (c.lse_in_ring && *c.rows_ahead)
     kb.fail(Loc::current(), "LSE_IN_RING reads LSE and Delta from each block's own ring stage: not with ROWS_AHEAD=true (which carries "
                             "them to the next block)");
@@ -321,7 +321,9 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
   // full: above (without the writer element stores); masks,
   // score mods, varlen, D64 ordered, D > 128 and dropout beside a reduction are not measured [080];
   // dropout on recompute: with DESCRIPTORS_AT_USE, above [089].
-  const bool measured = (s.head_dim <= 128 && !s.library_mask() && !s.dropout && !s.modded() && !s.varlen) || dropout_recompute;
+  // (library masks on the dQ writer: spills 300-508 B without TMA stores, 0-384 B with them; untimed [102])
+  const bool measured = (s.head_dim <= 128 && !s.library_mask() && !s.dropout && !s.modded() && !s.varlen) || dropout_recompute ||
+                        (c.dq_writer && s.library_mask() && !s.dropout && !s.modded());
   const bool ordered_causal = r == DqReduction::ordered && s.causal && !c.q_descending && s.head_dim == 128;
   const bool tma_reduction = r == DqReduction::atomic || r == DqReduction::recompute || ordered_causal || ordered_full_writer;
   c.tma_store = kb.meta<bool>(mn::kTmaStore, measured && tma_reduction && !c.accumulate);
