@@ -53,7 +53,7 @@
 //     checked against the default's:
 //     FWD_VARIANT D=128 causal=0 dropout=1 tile=64x64 warps=4 stages=2 exact=0 min_programs_per_sm=0 programs_per_sm=2 ms=..
 //       vs_default=.. (min_programs_per_sm: the variant's register bound, CompileOptions::min_programs_per_sm)
-//   attention_bench --backward-ab META[,META...] [--reduction atomic|ordered] [--with META,...] [--schedule BM,BN,W,S[,MIN_PROGRAMS]] [--dropout P]
+//   attention_bench --backward-ab META[,META...] [--reduction atomic|ordered] [--with META,...] [--schedule BM,BN,W,S[,MIN_PROGRAMS]] [--dropout P] [--gqa G]
 //     the dK/dV kernel (recompute, or the 5-matmul one adding dQ's parts atomically or in order;
 //     ordered runs PERSISTENT, which the bench sets: not in --with) with bool metas
 //     all off / all on (--with: on in both; PERSISTENT: on a grid of resident programs; --schedule:
@@ -259,7 +259,7 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps, const std::str
 // off and on, D 64/128, S 4k, full and causal, alternated rounds; dK and dV compared bit for bit.
 // LSE from the forward; Delta from the preprocess kernel, as the API runs them.
 int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqReduction reduction, const std::string& with_meta,
-                      const std::optional<attention::Schedule>& on_schedule, double dropout_p, int64_t only_d) {
+                      const std::optional<attention::Schedule>& on_schedule, double dropout_p, int64_t only_d, int64_t gqa) {
   const bool dropout = dropout_p > 0;  // --dropout P: fused dropout in both variants (the dropout backward's tiles)
   const Buffers buf;
   runtime::Stream stream;
@@ -271,8 +271,9 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqR
   for (int64_t D : only_d ? std::vector<int64_t>{only_d} : std::vector<int64_t>{64, 128})
     for (bool causal : {false, true}) {
       const Config c{4096, D, causal};
-      const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
-      const DeltaBuffer delta = forward_and_delta(buf, c, stream);
+      const int64_t Hkv = c.H() / gqa;  // --gqa G: K and V with H / G heads, a program per KV head's key tile
+      const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c, Hkv);
+      const DeltaBuffer delta = forward_and_delta(buf, c, stream, Hkv);
       const attention::Tensor& delta_view = delta.view;
       const attention::Schedule base =
           attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, static_cast<int>(D), causal, false, reduction, dropout);
@@ -324,11 +325,11 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqR
         std::array<runtime::Grid, 2> grids;
         for (size_t i = 0; i < 2; ++i) {
           const int64_t key_tiles = lang::cdiv(c.S, schedules[i].block_n);
-          grids[i] = meta_flag(fns[i], mn::kPersistent) ? fns[i].gpu_kernel().persistent_grid(key_tiles * c.H() * c.B())
-                                                        : runtime::Grid{key_tiles, c.H(), c.B()};
+          grids[i] = meta_flag(fns[i], mn::kPersistent) ? fns[i].gpu_kernel().persistent_grid(key_tiles * Hkv * c.B())
+                                                        : runtime::Grid{key_tiles, Hkv, c.B()};
         }
         const auto launch = [&](size_t i) { return [&, i] { fns[i].launch(grids[i], stream.handle(), variant_args[i]); }; };
-        r = ab_measure_launches({launch(0), launch(1)}, stream, {&buf.dk, &buf.dv}, static_cast<size_t>(c.B() * c.S * c.H() * D * 2),
+        r = ab_measure_launches({launch(0), launch(1)}, stream, {&buf.dk, &buf.dv}, static_cast<size_t>(c.B() * c.S * Hkv * D * 2),
                                 max_reps, ordered ? zero_semaphores : std::function<void()>{});
       } catch (const std::exception& e) {
         std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv D=%ld causal=%d skipped=\"%s\"\n", meta_name.c_str(), static_cast<long>(D),
@@ -336,9 +337,10 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqR
         continue;
       }
       const attention::Schedule& on_s = schedules[1];
-      std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv reduction=%s dropout=%g D=%ld causal=%d on_tiles=%dx%d/%dw/%ds off_ms=%.4f on_ms=%.4f "
-                  "speedup=%.3f outputs_identical=%d\n",
-                  meta_name.c_str(), ordered ? "ordered" : atomic ? "atomic" : "recompute", dropout ? dropout_p : 0.0, static_cast<long>(D), causal ? 1 : 0, on_s.block_m, on_s.block_n,
+      std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv reduction=%s dropout=%g D=%ld gqa=%ld causal=%d on_tiles=%dx%d/%dw/%ds off_ms=%.4f "
+                  "on_ms=%.4f speedup=%.3f outputs_identical=%d\n",
+                  meta_name.c_str(), ordered ? "ordered" : atomic ? "atomic" : "recompute", dropout ? dropout_p : 0.0, static_cast<long>(D),
+                  static_cast<long>(gqa), causal ? 1 : 0, on_s.block_m, on_s.block_n,
                   on_s.num_warps, on_s.stages, r.off_ms, r.on_ms, r.off_ms / r.on_ms, r.identical ? 1 : 0);
       std::fflush(stdout);
     }
@@ -564,7 +566,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] [--phases] [--head-dim D] | --mask-kernel | --dq-variants [--dropout P] [--head-dim D] | --dq-ab META [--dropout P] [--with M,..] [--head-dim D] | --tool-ab | --pairs-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --backward-ab META [--dropout P] [--head-dim D] | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] [--phases] [--head-dim D] | --mask-kernel | --dq-variants [--dropout P] [--head-dim D] | --dq-ab META [--dropout P] [--with M,..] [--head-dim D] | --tool-ab | --pairs-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks | --schedule-ab META | --backward-ab META [--dropout P] [--head-dim D] [--gqa G] | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -579,7 +581,7 @@ int main(int argc, char** argv) {
     if (forward_variants) return bench_forward_variants(reps, only_d, dropout_p, quick, with_meta);
     if (mask_kernel) return bench_mask_kernel(dropout_p >= 0 ? dropout_p : 0.1, reps);
     if (dq_variants || !dq_ab.empty()) return bench_dq_variants(reps, dropout_p, only_d, dq_ab, with_meta);
-    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_reduction, with_meta, schedule, dropout_p, only_d);
+    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_reduction, with_meta, schedule, dropout_p, only_d, gqa);
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only, only_d ? only_d : 128, phases);
     if (masks) return bench_masks(reps);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout, only_s ? only_s : 4096);

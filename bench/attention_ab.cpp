@@ -52,8 +52,8 @@ AbResult ab_measure(std::vector<Function>& fns, const runtime::Grid& grid, const
   return ab_measure_grids(fns, {grid, grid}, stream, args, outputs, bytes, max_reps);
 }
 
-DeltaBuffer forward_and_delta(const Buffers& buf, const Config& c, const runtime::Stream& stream) {
-  const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
+DeltaBuffer forward_and_delta(const Buffers& buf, const Config& c, const runtime::Stream& stream, int64_t kv_heads) {
+  const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c, kv_heads);
   attention::Options fo;
   fo.causal = c.causal;
   attention::forward(Q, K, V, O, L, fo, stream.handle());

@@ -207,6 +207,7 @@ struct DeltaBuffer {
   DeviceBuffer buffer;
   attention::Tensor view;  // f32 [B, H, S] on `buffer`
 };
-DeltaBuffer forward_and_delta(const Buffers& buf, const Config& c, const runtime::Stream& stream);
+// kv_heads: K and V with that many heads (GQA; 0: H).
+DeltaBuffer forward_and_delta(const Buffers& buf, const Config& c, const runtime::Stream& stream, int64_t kv_heads = 0);
 
 }  // namespace tilejit::attention_bench
