@@ -71,14 +71,16 @@ runtime::BundleEntrySpec parse_spec(const std::string& text) {
 // --attention KEY=VALUE,...: the kernels the attention API launches for one configuration
 // (attention::bundle_specs, what attention::prepare compiles). D is required; dtype=bf16|f16,
 // mask=NAME (full, causal, or a library mask), varlen, backward, dropout, q_descending = 0|1 (a
-// flag's name alone: 1), reduction=recompute|atomic|split|ordered.
+// flag's name alone: 1), reduction=recompute|atomic|split|ordered (unset: every reduction the
+// API's default may pick for the configuration, as `prepare` compiles them, so that a bundle
+// serves the default calls with the compilers disabled).
 std::vector<runtime::BundleEntrySpec> attention_specs(const std::string& text) {
   const std::string where = "--attention " + text;
   std::optional<int> head_dim;
   ir::DType dtype = ir::DType::bf16;
   kernels::MaskKind mask = kernels::MaskKind::full;
   bool varlen = false, backward = true, dropout = false, q_descending = false;
-  attention::DqReduction reduction = attention::DqReduction::recompute;
+  std::optional<attention::DqReduction> reduction;  // (unset: the default's)
   auto flag = [&](const std::string& key, const std::string& v) {
     if (v != "0" && v != "1") throw UsageError(fmt::format("{}: {}={}: valid: 0, 1", where, key, v));
     return v == "1";

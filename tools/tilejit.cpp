@@ -60,8 +60,9 @@ const Command kCommands[] = {
      "  Examples: gemm  gemm:BLOCK_N=128,OUT_DTYPE=f32\n"
      "  attention_fwd:CAUSAL=true,warps=8. --attention: every kernel the attention API launches for one\n"
      "  configuration (what attention::prepare compiles): D=64|128|256 (required), dtype=bf16|f16,\n"
-     "  mask=NAME, reduction=recompute|atomic|split|ordered, varlen, backward, dropout, q_descending=0|1\n"
-     "  (a flag's name alone means 1); e.g. --attention D=128,mask=causal,dropout. --list prints a bundle's entries.\n",
+     "  mask=NAME, reduction=recompute|atomic|split|ordered (unset: every one the default may pick), varlen,\n"
+     "  backward, dropout, q_descending=0|1 (a flag's name alone means 1); e.g. --attention D=128,mask=causal,dropout.\n"
+     "  --list prints a bundle's entries.\n",
      &cmd_bundle},
     {"tune", "autotune a kernel for shapes: model ranking, parallel compiles, GPU timing, persisted",
      "tilejit tune KERNEL --shape DIMS [--shape DIMS ...] [--top-k N] [--compile-k N] [--budget-s S] [--exhaustive]\n"
