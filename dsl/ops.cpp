@@ -369,6 +369,7 @@ Tile dot(const Operand& a, const Operand& b, const Operand& acc, DotOptions o, L
   ir::AttrMap attrs;
   if (o.input_precision != InputPrecision::ieee) attrs[ir::kInputPrecisionAttr] = std::string(ir::name(o.input_precision));
   if (o.descriptors_at_use) attrs[ir::kDescriptorsAtUseAttr] = int64_t{1};
+  if (o.staging_at_use) attrs[ir::kStagingAtUseAttr] = int64_t{1};
   return bld.emit1(OpKind::dot, {ta.id(), tb.id(), tc.id()}, std::move(attrs), loc);
 }
 

@@ -103,6 +103,11 @@ struct DotOptions {
   // hoisted out of those loops by the compiler, where each k step's descriptor holds two registers
   // through the loop (the dK/dV kernel spilled 128-344 B at D 128 for it: decision 077)
   bool descriptors_at_use = false;
+  // A schedule hint (no effect on values): an A operand wgmma takes through shared memory (a
+  // register tile transposed, staged before the dot) has its staging offsets computed at the dot
+  // from opaque copies of the thread's lane and warp, not hoisted out of the loops around it (16
+  // registers held through the dK/dV kernel's query loop; ~25 more ALU instructions a visit: 103)
+  bool staging_at_use = false;
 };
 Tile dot(const Operand& a, const Operand& b, Loc loc = Loc::current());
 Tile dot(const Operand& a, const Operand& b, const Operand& acc, Loc loc = Loc::current());

@@ -55,6 +55,7 @@ inline constexpr const char* kDqWriter = "DQ_WRITER";
 inline constexpr const char* kProducerRegisters = "PRODUCER_REGISTERS";
 inline constexpr const char* kDescriptorsAtUse = "DESCRIPTORS_AT_USE";
 inline constexpr const char* kDqNarrowStaging = "DQ_NARROW_STAGING";
+inline constexpr const char* kDqStagingAtUse = "DQ_STAGING_AT_USE";
 inline constexpr const char* kTiles = "TILES";
 inline constexpr const char* kKvMajor = "KV_MAJOR";
 

@@ -15,6 +15,8 @@ namespace tilejit::ir {
 
 // a dot's DotOptions::descriptors_at_use, a schedule hint (absent: off)
 inline constexpr const char* kDescriptorsAtUseAttr = "descriptors_at_use";
+// a dot's DotOptions::staging_at_use, a schedule hint (absent: off)
+inline constexpr const char* kStagingAtUseAttr = "staging_at_use";
 // a block store's StoreOptions: tma (1; absent: off) and, with it, offsets_at_store (1; absent: off)
 inline constexpr const char* kTmaStoreAttr = "tma";
 inline constexpr const char* kOffsetsAtStoreAttr = "offsets_at_store";

@@ -536,7 +536,7 @@ class Lowerer {
   // (k, m) at chunk m / 64, row k (128 bytes), 16-byte unit (m % 64) / 8 XOR k % 8 (the 128-byte
   // swizzle), adjacent m pairs as one 32-bit store. The previous staged dot's MMAs must be done
   // reading it, in every warpgroup: this thread waits for its group, then all meet at a barrier.
-  void stage_a(const ir::Op& trans);
+  void stage_a(const ir::Op& trans, bool at_use);
 
   // The last wgmma group a region op must wait for before it runs (none: it may run with every
   // group in flight): all of them if it runs dots, else the latest group among the in-flight

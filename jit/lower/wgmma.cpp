@@ -101,6 +101,18 @@ Regs Lowerer::smem_vector_regs(const SmemTile& t, const Layout& L) {
   const V stage = bin(Op::add, ci32(r.base + t.offset), bin(Op::mul, rings_.at(t.ring).stage, ci32(r.stage_bytes)));
   const DType d = f_.type(t.load->results[0]).dtype;
   Regs regs;
+  if (additive(L)) {
+    // the thread's element in this stage through an opaque copy, the registers' steps as address
+    // immediates: LLVM hoisted every register's offset (16 values at S^T's column layout) and held
+    // them through the loop (decision 103)
+    const V base = emit_multi(Op::opaque, {bin(Op::add, stage, bin(Op::mul, thread_coords(L)[0], ci32(t.elem_bytes)))}, 1,
+                              pir::scalar(DType::i32), pir::kOpaqueCopy)[0];
+    for (uint32_t i = 0; i < static_cast<uint32_t>(L.num_regs()); ++i) {
+      const int64_t step = L.reg_coords(i)[0] * t.elem_bytes;
+      regs.push_back(load_shared_at(step ? bin(Op::add, base, ci32(step)) : base, d));
+    }
+    return regs;
+  }
   for (uint32_t i = 0; i < static_cast<uint32_t>(L.num_regs()); ++i)
     regs.push_back(load_shared_at(bin(Op::add, stage, bin(Op::mul, coord(L, i, 0), ci32(t.elem_bytes))), d));
   return regs;
@@ -308,7 +320,7 @@ void Lowerer::wgmma_dot(const ir::Op& op, const WgmmaDot& w) {
   const bool a_mn = w.a_staged != nullptr || w.a_mn_major;
   const int64_t a_chunk = K * 128;  // A^T's bytes per 64-column chunk of M
   if (a_mn) {
-    if (w.a_staged) stage_a(*w.a_staged);
+    if (w.a_staged) stage_a(*w.a_staged, op.attrs.count(ir::kStagingAtUseAttr) > 0);
     const V a_base = w.a_staged ? smem_at(plan_.hopper.a_staging) : tile_addr(*ta);
     // warpgroup wg_m's first 64 rows of M are chunk wg_m; slab r adds split.m chunks
     desc_a = descriptor(bin(Op::add, a_base, cast(bin(Op::mul, wg_m, ci32(a_chunk)), DType::u32)), a_chunk);
@@ -442,7 +454,7 @@ V Lowerer::load_shared_at(V offset, DType d) {
   return r;
 }
 
-void Lowerer::stage_a(const ir::Op& trans) {
+void Lowerer::stage_a(const ir::Op& trans, bool at_use) {
   if (std::any_of(pending_.begin(), pending_.end(), [&](const PendingDot& p) { return p.group == staged_a_group_; }))
     wait_groups(staged_a_group_);
   // the same barrier tells every thread that earlier TMA reduces have read their staging tile
@@ -457,6 +469,11 @@ void Lowerer::stage_a(const ir::Op& trans) {
   std::map<Coord, uint32_t> reg_of;
   for (uint32_t r = 0; r < xr.size(); ++r) reg_of.emplace(L.reg_coords(r), r);
   std::optional<V> own = owner(L);
+  // at_use (DotOptions::staging_at_use): the offsets from opaque copies of the lane and warp, as a
+  // TMA store's at the store: LLVM hoisted the staging's 16 swizzled offsets out of the loop around
+  // the dot and held them through it (the dK/dV kernel's dS: decision 103)
+  const auto opaque = [&](V id) { return emit_multi(Op::opaque, {id}, 1, pir::scalar(DType::i32), pir::kOpaqueCopy)[0]; };
+  const std::vector<V> tc = at_use ? thread_coords_of(L, opaque(lane_), opaque(warp_)) : thread_coords(L);
   for (uint32_t r = 0; r < xr.size(); ++r) {
     if (duplicate_reg(L, r)) continue;
     const Coord c = L.reg_coords(r);
@@ -464,7 +481,7 @@ void Lowerer::stage_a(const ir::Op& trans) {
     // a pair when the thread's own column part is even and the next column is its next register
     const bool paired = c[1] % 2 == 0 && pair != reg_of.end() && additive(L);
     if (c[1] % 2 == 1 && reg_of.count({c[0], c[1] - 1}) && additive(L)) continue;  // stored with its pair
-    V off = swizzled_offset(coord(L, r, 0), coord(L, r, 1), 2, K * 128);
+    V off = swizzled_offset(coord(L, r, 0, tc[0]), coord(L, r, 1, tc[1]), 2, K * 128);
     store_shared_at(bin(Op::add, off, ci32(plan_.hopper.a_staging)), paired ? pack(xr[r], xr[pair->second]) : xr[r], own);
   }
   emit0(Op::fence_proxy_async, {});

@@ -249,6 +249,7 @@ Meta DkdvConfig::to_meta() const {
   put_if(m, mn::kDropoutWordsKeyMajor, dropout_words_key_major, false);
   put_if(m, mn::kDropoutAhead, dropout_ahead, false);
   put_if(m, mn::kDqNarrowStaging, dq_narrow_staging, false);
+  put_if(m, mn::kDqStagingAtUse, dq_staging_at_use);
   return m;
 }
 
@@ -360,6 +361,12 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
   if (c.dq_narrow_staging && r != DqReduction::atomic && r != DqReduction::ordered)
     kb.fail(Loc::current(), fmt::format("DQ_NARROW_STAGING lays out dQ's parts for their TMA adds: it needs DQ_REDUCTION=1 (atomic) or "
                                         "3 (ordered), got DQ_REDUCTION={}", static_cast<int>(r)));
+  // (D 64 writer 12 / 16 -> 0 B spilled, dropout on the writer 252 -> 104 B, causal document 120 ->
+  // 48 B, block sparse 332 -> 260 B, without the producer at the 255 cap: D 128 causal atomic 144 ->
+  // 84 B, ordered 296 -> 256 B; with the ring vectors' reads at use. D 128 dense on the producer
+  // spills nothing without it, and the recomputed offsets cost ~25 instructions a visit) [103]
+  const bool tight = c.block_m == 128 || s.dropout || s.library_mask() || !*c.ring_producer;
+  c.dq_staging_at_use = kb.meta<bool>(mn::kDqStagingAtUse, r != DqReduction::recompute && tight);
   return c;
 }
 

@@ -339,7 +339,9 @@ void KeyTile::dq_part(const QueryHead& qh, const Tile& m0, const Tile& dst_t, co
   // dot reads its own copy of K, loaded in the loop (it spilled otherwise) [024].
   const bool k_on_wgmma = a.BM % 64 == 0 && (a.BM >= a.BN || a.D % 128 == 0);
   Tile k_b = k_on_wgmma ? k : load(rows(a.K, kv_h, n0, a.BN));
-  Tile dq_part = dot(trans(dst_t), k_b, p.dots);
+  lang::DotOptions dq_dots = p.dots;
+  dq_dots.staging_at_use = *p.cfg.dq_staging_at_use;  // (dS^T staged for wgmma's A) [103]
+  Tile dq_part = dot(trans(dst_t), k_b, dq_dots);
   if (a.fold_dropout_scale()) dq_part = dq_part * p.drop->scale;  // (dS^T was divided by s)
   // dQ_accum's window. DQ_WRITER: at coordinates the compiler can prove in TMA's range (the writer
   // has no element fallback); they are (b, h, m0 index the tensor), but the causal walk's start
