@@ -43,8 +43,8 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
     // With a dQ reduction (dense only) the kernel's fifth dot, dS K, has M = BLOCK_M: at 64 x 128 on
     // 8 warps each warpgroup takes half of D's columns on wgmma, which needs D / 2 in whole 64-column
     // chunks (D 128); D 64 would run it on mma.sync with K loaded twice, so it takes 64 x 64 on 4
-    // warps (every dot on wgmma), or (atomic) 128-row blocks, where each warpgroup takes 64 rows. D = 256 keeps its 32 x 64 tiles (the dot then on mma.sync) on 8
-    // warps: 4 spilled 1.8 KB (3.2 KB with a reduction), 8 none (0.6 KB with one); 3.0-3.1x at S 4k (093).
+    // warps (every dot on wgmma), or (atomic) 128-row blocks, where each warpgroup takes 64 rows.
+    // D = 256 keeps its 32 x 64 tiles (the dot then on mma.sync) on 8 warps: 4 spilled 1.8 KB (3.2 KB with a reduction), 8 none (0.6 KB with one); 3.0-3.1x at S 4k (093).
     // Without a reduction (recompute) dK/dV and dQ take 64 x 64 tiles on 4 warps, two programs per SM
     // instead of one (decision 021); with dropout too since dK/dV builds its transposed mask from
     // packed words (decision 017).
@@ -149,11 +149,18 @@ bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod, bool
 // level at causal S 8k (1.00x: recompute, which needs no workspace) and faster below (1.09-1.14x). Unmeasured (recompute):
 // D 64 (ordered has no writer there: 1.4-1.6x atomic's time), the other configurations the ring
 // options leave out, and calls that need recompute (accumulation, split phases).
+namespace {
+// A dense call the dQ writer takes (LSE ring, ring producer, writer), whichever reduction adds.
+bool writer_may_run(kernels::MaskKind mask, bool varlen, bool dropout, bool score_mod, bool schedule, bool q_descending) {
+  return !varlen && !library_mask(mask) && !dropout && !score_mod && !schedule && !q_descending &&
+         declares(Pass::bwd_dkdv, mn::kLseInRing) && declares(Pass::bwd_dkdv, mn::kRingProducer) && declares(Pass::bwd_dkdv, mn::kDqWriter);
+}
+}  // namespace
+
 bool ordered_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, bool dropout, bool score_mod, bool schedule,
                             bool q_descending) {
-  return head_dim == 128 && !varlen && !library_mask(mask) && !dropout && !score_mod && !schedule && !q_descending &&
-         dq_reduction_supported(DqReduction::ordered) && declares(Pass::bwd_dkdv, mn::kPersistent) &&
-         declares(Pass::bwd_dkdv, mn::kLseInRing) && declares(Pass::bwd_dkdv, mn::kRingProducer) && declares(Pass::bwd_dkdv, mn::kDqWriter);
+  return head_dim == 128 && writer_may_run(mask, varlen, dropout, score_mod, schedule, q_descending) &&
+         dq_reduction_supported(DqReduction::ordered) && declares(Pass::bwd_dkdv, mn::kPersistent);
 }
 
 // D 64 runs atomic on the dQ writer at 128 x 128 tiles (default_schedule, dkdv_ring_options); ordered
@@ -161,9 +168,8 @@ bool ordered_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, b
 bool atomic_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, bool dropout, bool score_mod, bool schedule,
                            bool q_descending) {
   if (head_dim == 128) return ordered_may_be_default(head_dim, mask, varlen, dropout, score_mod, schedule, q_descending);
-  return head_dim == 64 && !varlen && !library_mask(mask) && !dropout && !score_mod && !schedule && !q_descending &&
-         dq_reduction_supported(DqReduction::atomic) && declares(Pass::bwd_dkdv, mn::kLseInRing) &&
-         declares(Pass::bwd_dkdv, mn::kRingProducer) && declares(Pass::bwd_dkdv, mn::kDqWriter);
+  return head_dim == 64 && writer_may_run(mask, varlen, dropout, score_mod, schedule, q_descending) &&
+         dq_reduction_supported(DqReduction::atomic);
 }
 
 DqReduction default_reduction(const Dims& d, const Options& opts) {
@@ -180,12 +186,13 @@ DqReduction default_reduction(const Dims& d, const Options& opts) {
 
 DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned) {
   if (!row_vectors_aligned || c.varlen || c.score_mod != 0 || !declares(Pass::bwd_dkdv, mn::kLseInRing)) return {};
+  // (the producer at the measured schedule only: it needs whole warpgroups and one program an SM)
+  const bool measured_tiles = c.sch.block_n == 128 && c.sch.num_warps == 8 && c.sch.min_programs_per_sm <= 1;
   // Library masks: atomic at D 128 on the measured tiles, with the producer and the dQ writer walking
   // the mask's intervals or lists (decision 102; emulator-checked, untimed); otherwise none
   if (c.mask != 0) {
     const bool writer = c.reduction == static_cast<int>(DqReduction::atomic) && c.head_dim == 128 && !c.dropout && c.sch.block_m == 64 &&
-                        c.sch.block_n == 128 && c.sch.num_warps == 8 && c.sch.min_programs_per_sm <= 1 &&
-                        declares(Pass::bwd_dkdv, mn::kRingProducer) && declares(Pass::bwd_dkdv, mn::kDqWriter);
+                        measured_tiles && declares(Pass::bwd_dkdv, mn::kRingProducer) && declares(Pass::bwd_dkdv, mn::kDqWriter);
     if (!writer) return {};
     return {.lse_in_ring = true, .ring_producer = true, .dq_writer = true};
   }
@@ -200,9 +207,7 @@ DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned) {
   // D 64: atomic at 128-row blocks only, where dS K splits by rows (default_schedule)
   const bool d64_rows = c.head_dim == 64 && c.reduction == static_cast<int>(DqReduction::atomic) && c.sch.block_m == 128;
   if (!adds || (c.head_dim != 128 && !d64_rows)) return {};
-  // (the producer at the measured schedule only: it needs whole warpgroups and one program an SM;
-  // causal only with the writer: the producer alone loses there)
-  const bool measured_tiles = c.sch.block_n == 128 && c.sch.num_warps == 8 && c.sch.min_programs_per_sm <= 1;
+  // (causal only with the writer: the producer alone loses there)
   const bool producer = measured_tiles && declares(Pass::bwd_dkdv, mn::kRingProducer);
   const bool writer = producer && declares(Pass::bwd_dkdv, mn::kDqWriter);
   if (c.causal && !writer) return {};

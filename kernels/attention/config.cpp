@@ -311,7 +311,7 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
   // 1.01-1.03x [089]
   const bool dropout_recompute = dropout_dense && !s.modded();
   // (D 64 with a reduction on 128-row blocks, atomic's default there: hoisted descriptors spilled
-  // 108 B, reloaded in the loop; at use 12-16 B, untimed [101])
+  // 108 B, reloaded in the loop; at use 12-16 B, 0 B with 103's offsets; untimed [101, 102])
   c.descriptors_at_use =
       kb.meta<bool>(mn::kDescriptorsAtUse, ((s.head_dim == 128 || c.block_m == 128) && adds) || dropout_recompute);  // [077, 080, 089]
   c.timeline = kb.meta<bool>(mn::kTimeline, false);

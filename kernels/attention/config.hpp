@@ -180,11 +180,12 @@ struct DkdvConfig {
   bool dropout_ahead = false;
   // DQ_REDUCTION atomic, or ordered on the dQ writer (the adds by TMA): dQ's part staged in 32-byte rows without swizzle
   // (lang::AddOptions::narrow_staging): its fragment stores without the 2-way bank conflicts of the
-  // 128-byte swizzled rows (33.7 M at D 128 S 4k: decision 100), at 4x the TMA adds; off (untimed)
+  // 128-byte swizzled rows (33.7 M at D 128 S 4k: decision 100), at 4x the TMA adds; on for atomic
+  // (1.02-1.07x), off for ordered (0.87x) [101]
   bool dq_narrow_staging = false;
   // A reduction: dS^T's staging for the dQ dot at offsets computed at use (lang::DotOptions::
   // staging_at_use): 16 registers fewer through the loop, ~25 ALU instructions more a visit; on where
-  // the writer kernels spilled (D 64 on 128-row blocks, dropout, library masks), untimed [103]
+  // the kernels spilled (D 64 on 128-row blocks, dropout, library masks, no producer), untimed [103]
   std::optional<bool> dq_staging_at_use;
   static constexpr int64_t kTimelinePhases = 6;  // top, S^T landed, P^T, dS^T, dV and dK issued, dQ's part
   static constexpr int64_t kTimelineStamps = 2 + kTimelinePhases * 256;  // the start, 256 visits (S 16k at BLOCK_M 64), the end
