@@ -79,11 +79,12 @@ const char* name(Pass p);  // the kernel's name: "attention_fwd", "attention_bwd
 //              zeroing): bit-identical run to run with atomic's memory. Full and causal masks only.
 // atomic, split and ordered take dense batches only (no cu_seqlens). Unset (the default): the
 // fastest one for the call's shape, deterministic unless a non-deterministic one measured more than
-// 5% faster side by side (issue 23's rule; decision 100): atomic where it runs on the dQ writer (D 128,
-// dense, the full or causal mask, no dropout or score mod, no accumulation or phases, no schedule,
-// S_q % 4 == 0) from S_q 1024 on (1.05-1.17x the fastest deterministic one on the H200). With
+// 5% faster side by side (issue 23's rule): atomic where it runs on the dQ writer (dense, no dropout
+// or score mod, no accumulation or phases, no schedule, S_q % 4 == 0): D 128 full or causal from
+// S_q 1024 (1.05-1.17x the fastest deterministic one on the H200, decision 100), D 64 full or causal
+// from S_q 4096 (101), D 128 under a library mask from S_q 2048 (1.00-1.31x recompute, 104). With
 // Options::deterministic: the faster deterministic one as measured side by side (decision 075):
-// ordered on the dQ writer from S_q 8192 (full) or 16384 (causal) on (085), recompute elsewhere.
+// ordered on the dQ writer from S_q 8192 (full) or 16384 (causal) on at D 128 (085), recompute elsewhere.
 using DqReduction = kernels::DqReduction;  // (the dK/dV kernel's DQ_REDUCTION meta)
 const char* name(DqReduction r);  // "recompute", "atomic", "split", "ordered"
 
@@ -222,7 +223,7 @@ struct Options {
   ScoreMod score_mod;  // none by default (see ScoreMod)
   // Backward only (the forward ignores both): how dQ is summed over key tiles (see DqReduction;
   // atomic, split and ordered need dense batches, ordered the full or causal mask); unset: the
-  // fastest for the shape (atomic at D 128 dense: dQ's last bits vary run to run), or with
+  // fastest for the shape (atomic on most long dense calls: dQ's last bits vary run to run), or with
   // `deterministic` the fastest deterministic one. The workspace grows with it (backward_workspace_bytes).
   std::optional<DqReduction> dq_reduction;
   // Backward only: dQ bit-identical run to run (dK, dV always are): with dq_reduction unset, the

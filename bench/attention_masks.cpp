@@ -27,12 +27,15 @@ const int64_t kDocumentLengths[] = {1024, 3072, 512, 2560, 1536, 4096, 768, 2816
 
 }  // namespace
 
-// --masks: the forward with library masks (issue 8) at S = 8k and 16k, D128, bf16, B*S = 16k,
+// --masks [--seq S] [--with M=V,..]: the forward with library masks (issue 8) at S = 8k and 16k (or S), D128, bf16, B*S = 16k,
 // 16 heads; TFLOP/s count only the unmasked elements (4 * D per allowed (row, key)). Document
 // masks use bench_document_lengths (bench/flex_masks.py builds the same documents for
 // FlexAttention); data-dependent masks run the block-mask pre-pass first (not timed:
-// FlexAttention's block mask is also built once and reused).
-int bench_masks(int max_reps) {
+// FlexAttention's block mask is also built once and reused). With --with: instead, an A/B of the
+// forward (the default metas against the default plus these, alternated rounds, outputs compared
+// bit for bit), one MASK_AB line per mask; block-sparse masks are skipped for RING_PRODUCER (the
+// producer does not fit their table's exchange: test_emulator).
+int bench_masks(int max_reps, int64_t only_s, const std::string& forward_with) {
   using kernels::MaskKind;
   const ir::DType dt = ir::DType::bf16;
   const Buffers buf;
@@ -49,7 +52,8 @@ int bench_masks(int max_reps) {
                           {"document", MaskKind::document},
                           {"global_64_sliding_window_1024", MaskKind::global_sliding_window, 512, 511, 64},
                           {"prefix_lm_half", MaskKind::prefix_lm}};
-  for (int64_t S : {8192, 16384}) {
+  const std::vector<int64_t> seqs = only_s != 0 ? std::vector<int64_t>{only_s} : std::vector<int64_t>{8192, 16384};
+  for (const int64_t S : seqs) {
     const Config c{S, 128, false};
     const int64_t B = c.B(), H = c.H(), D = c.D, BM = 128, BN = 128, nb = (S + 127) / 128;
     const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
@@ -131,6 +135,21 @@ int bench_masks(int max_reps) {
         for (const auto& t : {num, idx, full_num, full_idx}) args.emplace_back(t);
       }
       const runtime::Grid grid{nb, H, B};
+      if (!forward_with.empty()) {
+        const lang::Meta with = bench_util::parse_with_values(forward_with);
+        const bool producer = std::ranges::any_of(with, [](const auto& m) { return m.first == mn::kRingProducer; });
+        if (producer && r.kind == MaskKind::block_sparse) continue;
+        lang::Meta on = meta;
+        on.insert(on.end(), with.begin(), with.end());
+        std::vector<Function> fns;
+        fns.emplace_back(kernels::attention_forward(), meta, o);
+        fns.emplace_back(kernels::attention_forward(), on, o);
+        const AbResult ab = ab_measure(fns, grid, stream, args, {&buf.o}, static_cast<size_t>(B * S * H * D * 2), max_reps);
+        std::printf("MASK_AB %s name=%s S=%ld off_ms=%.4f on_ms=%.4f speedup=%.3f outputs_identical=%d\n", forward_with.c_str(), r.label,
+                    static_cast<long>(S), ab.off_ms, ab.on_ms, ab.off_ms / ab.on_ms, ab.identical ? 1 : 0);
+        std::fflush(stdout);
+        continue;
+      }
       // (the attention timings queued and settled, as bench/flex_masks.py times FlexAttention: decision 099)
       const double ms = queued_ms([&] { fwd.launch(grid, stream.handle(), args); }, stream);
       const double tflops = 4.0 * static_cast<double>(D) * static_cast<double>(allowed) / (ms * 1e-3) / 1e12;
@@ -146,15 +165,20 @@ int bench_masks(int max_reps) {
         if (r.kind == MaskKind::prefix_lm) m.prefix_lengths = attention::contiguous(d_prefix.ptr(), ir::DType::i32, {B});
         opts.mask = m;
       }
-      // bwd: the default (recompute: deterministic, dQ by its own kernel); bwd_atomic: dQ's parts
-      // added into a workspace by the dK/dV kernel (5 matmuls, one pre-pass; FlexAttention's kind)
-      attention::Options atomic = opts;
+      // bwd: the API's default (atomic at D 128 since decision 104; recompute with `deterministic`);
+      // bwd_recompute: deterministic, dQ by its own kernel; bwd_atomic: dQ's parts added into a
+      // workspace by the dK/dV kernel (5 matmuls, one pre-pass; FlexAttention's kind)
+      attention::Options atomic = opts, recompute = opts;
       atomic.dq_reduction = attention::DqReduction::atomic;
+      recompute.dq_reduction = attention::DqReduction::recompute;
       DeviceBuffer ws(std::max({attention::backward_workspace_bytes(Q, K, opts), attention::backward_workspace_bytes(Q, K, atomic),
-                                attention::forward_workspace_bytes(Q, K, opts)}) + 256);
+                                attention::backward_workspace_bytes(Q, K, recompute), attention::forward_workspace_bytes(Q, K, opts)}) +
+                      256);
       const attention::Workspace w{ws.ptr(), ws.bytes()};
       attention::forward(Q, K, V, O, L, opts, stream.handle(), {ws.ptr(), ws.bytes()});
       const double bwd_ms = queued_ms([&] { attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, opts, stream.handle(), w); }, stream);
+      const double bwd_recompute_ms =
+          queued_ms([&] { attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, recompute, stream.handle(), w); }, stream);
       const double bwd_atomic_ms =
           queued_ms([&] { attention::backward(Q, K, V, O, dO, L, dQ, dK, dV, atomic, stream.handle(), w); }, stream);
       // bwd_prebuilt: the default backward with a block mask built once (build_block_mask, not
@@ -169,11 +193,11 @@ int bench_masks(int max_reps) {
       }
       const double bwd_flop = 2.5 * 4.0 * static_cast<double>(D) * static_cast<double>(allowed);
       std::printf("MASK name=%s S=%ld B=%ld H=%ld D=%ld density=%.4f fwd_ms=%.4f fwd_tflops=%.1f bwd_ms=%.4f bwd_tflops=%.1f "
-                  "bwd_atomic_ms=%.4f bwd_atomic_tflops=%.1f bwd_prebuilt_ms=%.4f bwd_prebuilt_tflops=%.1f fwd_prepass_ms=%.4f "
+                  "bwd_recompute_ms=%.4f bwd_recompute_tflops=%.1f bwd_atomic_ms=%.4f bwd_atomic_tflops=%.1f bwd_prebuilt_ms=%.4f bwd_prebuilt_tflops=%.1f fwd_prepass_ms=%.4f "
                   "fwd_prepass_classes_ms=%.4f\n",
                   r.label, static_cast<long>(S), static_cast<long>(B), static_cast<long>(H), static_cast<long>(D),
                   static_cast<double>(allowed) / (static_cast<double>(B * H) * double(S) * double(S)), ms, tflops, bwd_ms,
-                  bwd_flop / (bwd_ms * 1e-3) / 1e12, bwd_atomic_ms, bwd_flop / (bwd_atomic_ms * 1e-3) / 1e12, bwd_prebuilt_ms,
+                  bwd_flop / (bwd_ms * 1e-3) / 1e12, bwd_recompute_ms, bwd_flop / (bwd_recompute_ms * 1e-3) / 1e12, bwd_atomic_ms, bwd_flop / (bwd_atomic_ms * 1e-3) / 1e12, bwd_prebuilt_ms,
                   bwd_flop / (bwd_prebuilt_ms * 1e-3) / 1e12, prepass_ms, classes_ms);
       std::fflush(stdout);
     }

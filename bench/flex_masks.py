@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """FlexAttention (torch.compile) forward and backward on the masks of `attention_bench --masks`,
-same shapes and documents; prints one FLEX line per (mask, S). TFLOP/s count unmasked elements only
+same shapes and documents; prints one FLEX line per (mask, S) (S 8k and 16k, or `--seq S`). TFLOP/s count unmasked elements only
 (4 * D per allowed (row, key); backward 2.5x), as the C++ side does. The backward's time is that of
 forward + backward minus the forward's. Run on the GPU machine:
-    python3 bench/flex_masks.py
+    python3 bench/flex_masks.py [--seq S]
 """
+import argparse
+
 import torch
 from torch.nn.attention.flex_attention import flex_attention, create_block_mask
 
@@ -37,11 +39,14 @@ def masks(S, device):
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq", type=int, default=0, help="only this sequence length (attention_bench --masks --seq S)")
+    seqs = (ap.parse_args().seq,) if ap.parse_args().seq else (8192, 16384)
     dev = "cuda"
     # one compile per mask and shape: each mask_mod is a new function, and dynamo's default cache
     # limit (8) would otherwise fall back to the unfused eager path after the first shape
     torch._dynamo.config.cache_size_limit = 64
-    for S in (8192, 16384):
+    for S in seqs:
         torch._dynamo.reset()
         flex = torch.compile(flex_attention)
         B, H = TOKENS // S, HIDDEN // D

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "api/attention/internal.hpp"
 #include "kernels/attention/backward.hpp"
 #include "runtime/driver.hpp"
 
@@ -693,6 +694,50 @@ TEST_CASE("attention API: the schedule table covers every dtype, head dim and ma
     // dQ with dropout: D 128 on 128 x 128 tiles as without it (decision 089), D 64 on 64 x 64
     const Schedule dq = d == 128 ? Schedule{128, 128, 8, 2} : Schedule{64, 64, 4, 2};
     CHECK(default_schedule(Pass::bwd_dq, DType::bf16, d, true, false, DqReduction::recompute, true) == dq);
+  }
+}
+
+// Options::dq_reduction unset: the table default_reduction reads (decisions 100, 101, 104). Atomic on
+// the dQ writer where it measured > 5% faster than the fastest deterministic reduction, recompute or
+// ordered with `deterministic` or where atomic has no writer.
+TEST_CASE("attention API: the default dQ reduction per head dim, mask, length and determinism") {
+  if (!backward_available() || !dq_reduction_supported(DqReduction::atomic) || !dq_reduction_supported(DqReduction::ordered) ||
+      !masks_supported()) {
+    MESSAGE("SKIPPED: this build lacks the backward, the atomic or ordered reduction, or library masks");
+    return;
+  }
+  const auto pick = [](int64_t d, int64_t s, kernels::MaskKind mask, bool deterministic, bool dropout = false) {
+    detail::Dims dims;
+    dims.batch = 1, dims.heads_q = dims.heads_kv = 4, dims.seq_q = dims.seq_k = s, dims.head_dim = d;
+    dims.causal = mask == kernels::MaskKind::causal;
+    dims.mask = dims.causal ? kernels::MaskKind::full : mask;
+    dims.row_vectors_aligned = s % 4 == 0;
+    Options o;
+    o.deterministic = deterministic;
+    o.dropout_p = dropout ? 0.1f : 0.0f;
+    return detail::default_reduction(dims, o);
+  };
+  using kernels::MaskKind;
+  // dense D 128: atomic from S_q 1k; deterministic: recompute, ordered from 8k full / 16k causal
+  CHECK(pick(128, 1024, MaskKind::full, false) == DqReduction::atomic);
+  CHECK(pick(128, 512, MaskKind::full, false) == DqReduction::recompute);
+  CHECK(pick(128, 4096, MaskKind::full, true) == DqReduction::recompute);
+  CHECK(pick(128, 8192, MaskKind::full, true) == DqReduction::ordered);
+  CHECK(pick(128, 8192, MaskKind::causal, true) == DqReduction::recompute);
+  CHECK(pick(128, 16384, MaskKind::causal, true) == DqReduction::ordered);
+  // dense D 64: atomic from S_q 4k
+  CHECK(pick(64, 2048, MaskKind::full, false) == DqReduction::recompute);
+  CHECK(pick(64, 4096, MaskKind::causal, false) == DqReduction::atomic);
+  // library masks: atomic at D 128 from S_q 2k (104); never ordered; D 64 and dropout recompute
+  for (const MaskKind m : {MaskKind::sliding_window, MaskKind::causal_document, MaskKind::prefix_lm, MaskKind::block_sparse}) {
+    INFO(kernels::mask_kind_name(m));
+    CHECK(pick(128, 2048, m, false) == DqReduction::atomic);
+    CHECK(pick(128, 16384, m, false) == DqReduction::atomic);
+    CHECK(pick(128, 1024, m, false) == DqReduction::recompute);
+    CHECK(pick(128, 16384, m, true) == DqReduction::recompute);
+    CHECK(pick(64, 16384, m, false) == DqReduction::recompute);
+    CHECK(pick(128, 16384, m, false, true) == DqReduction::recompute);
+    CHECK(pick(128, 4098, m, false) == DqReduction::recompute);  // (LSE rows not 16-byte aligned: no writer)
   }
 }
 

@@ -1245,7 +1245,8 @@ TEST_CASE("gpu: atomic backward on the dQ writer under library masks matches rec
   for (const kernels::MaskSpec& spec : {kernels::MaskSpec::sliding_window(100, 50), kernels::MaskSpec::causal_document()}) {
     INFO("mask " << kernels::mask_kind_name(spec.kind));
     attention::Options opts;
-    opts.mask = attention::Mask{spec, kernels::mask_uses_doc_ids(spec.kind) ? api_view(d_docs, false) : attention::Tensor{}, {}, {}};
+    opts.mask = attention::Mask{spec, {}, {}, {}};
+    if (kernels::mask_uses_doc_ids(spec.kind)) opts.mask->doc_ids = api_view(d_docs, false);
     runtime::Stream stream;
     auto d_o = DeviceTensor::empty_like(q), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {c.B, c.Hq, c.Sq}));
     attention::forward(Q, K, V, api_view(d_o, false), api_view(d_lse, false), opts, stream.handle());

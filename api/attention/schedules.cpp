@@ -150,25 +150,30 @@ bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod, bool
 // D 64 (ordered has no writer there: 1.4-1.6x atomic's time), the other configurations the ring
 // options leave out, and calls that need recompute (accumulation, split phases).
 namespace {
-// A dense call the dQ writer takes (LSE ring, ring producer, writer), whichever reduction adds.
-bool writer_may_run(kernels::MaskKind mask, bool varlen, bool dropout, bool score_mod, bool schedule, bool q_descending) {
-  return !varlen && !library_mask(mask) && !dropout && !score_mod && !schedule && !q_descending &&
-         declares(Pass::bwd_dkdv, mn::kLseInRing) && declares(Pass::bwd_dkdv, mn::kRingProducer) && declares(Pass::bwd_dkdv, mn::kDqWriter);
+// A call the dQ writer takes (LSE ring, ring producer, writer), whichever reduction adds; dense, or
+// (atomic at D 128 only, dkdv_ring_options) under a library mask.
+bool writer_may_run(bool varlen, bool dropout, bool score_mod, bool schedule, bool q_descending) {
+  return !varlen && !dropout && !score_mod && !schedule && !q_descending && declares(Pass::bwd_dkdv, mn::kLseInRing) &&
+         declares(Pass::bwd_dkdv, mn::kRingProducer) && declares(Pass::bwd_dkdv, mn::kDqWriter);
 }
 }  // namespace
 
 bool ordered_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, bool dropout, bool score_mod, bool schedule,
                             bool q_descending) {
-  return head_dim == 128 && writer_may_run(mask, varlen, dropout, score_mod, schedule, q_descending) &&
+  return head_dim == 128 && !library_mask(mask) && writer_may_run(varlen, dropout, score_mod, schedule, q_descending) &&
          dq_reduction_supported(DqReduction::ordered) && declares(Pass::bwd_dkdv, mn::kPersistent);
 }
 
 // D 64 runs atomic on the dQ writer at 128 x 128 tiles (default_schedule, dkdv_ring_options); ordered
-// has no writer there (decision 101).
+// has no writer there (decision 101). Library masks: D 128 only, where the writer walks the mask
+// (decision 102; measured in 104).
 bool atomic_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, bool dropout, bool score_mod, bool schedule,
                            bool q_descending) {
+  if (library_mask(mask))
+    return head_dim == 128 && writer_may_run(varlen, dropout, score_mod, schedule, q_descending) &&
+           dq_reduction_supported(DqReduction::atomic) && declares(Pass::bwd_dkdv, mn::kMask);
   if (head_dim == 128) return ordered_may_be_default(head_dim, mask, varlen, dropout, score_mod, schedule, q_descending);
-  return head_dim == 64 && writer_may_run(mask, varlen, dropout, score_mod, schedule, q_descending) &&
+  return head_dim == 64 && writer_may_run(varlen, dropout, score_mod, schedule, q_descending) &&
          dq_reduction_supported(DqReduction::atomic);
 }
 
@@ -178,9 +183,12 @@ DqReduction default_reduction(const Dims& d, const Options& opts) {
   const bool writer = whole_call && atomic_may_be_default(d.head_dim, d.mask, d.varlen, dropout, score_mod, schedule, opts.q_descending);
   // atomic where it beat the fastest deterministic reduction by more than 5% (settled, H200), unless
   // the call asks for determinism: D 128 at S_q 1k-16k full 1.09-1.14x, causal 1.05-1.17x (decision
-  // 100; below S_q 1024 unmeasured); D 64 from S_q 4k 1.05-1.15x (S 2k 1.03x, S 1k 0.94-0.99x: 101)
-  if (writer && !opts.deterministic && d.seq_q >= (d.head_dim == 64 ? 4096 : 1024)) return DqReduction::atomic;
-  const bool ordered = writer && d.head_dim == 128;
+  // 100; below S_q 1024 unmeasured); D 64 from S_q 4k 1.05-1.15x (S 2k 1.03x, S 1k 0.94-0.99x: 101);
+  // library masks at D 128 from S_q 2k: 1.12-1.30x recompute (global + window level at S 2k; below
+  // S_q 2048 unmeasured: decision 104)
+  const int64_t atomic_from = library_mask(d.mask) ? 2048 : d.head_dim == 64 ? 4096 : 1024;
+  if (writer && !opts.deterministic && d.seq_q >= atomic_from) return DqReduction::atomic;
+  const bool ordered = writer && d.head_dim == 128 && !library_mask(d.mask);
   return ordered && d.seq_q >= (d.causal ? 16384 : 8192) ? DqReduction::ordered : DqReduction::recompute;
 }
 
