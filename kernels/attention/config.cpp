@@ -122,7 +122,9 @@ ForwardConfig ForwardConfig::read(Builder& kb) {
   // does not fit the consumers' 240 registers). PINGPONG stays off: +3.0% then 0.996 causal, and a
   // Q loaded through registers (once_by_tma off) converts inside the turn. Without the producer,
   // PIPELINE_QK without dropout. D 64 keeps the plain loop: its two programs per multiprocessor do
-  // not fit beside a producer [044].
+  // not fit beside a producer [044]. Library masks take RING_PRODUCER (the producer replays their
+  // intervals or lists; spill-free except share_question 260 B, causal_blockwise 76 B; block-sparse
+  // does not fit shared memory): off until timed, `attention_bench --masks --with RING_PRODUCER=1` [105].
   const bool dense128 = s.head_dim == 128 && !s.library_mask() && !s.varlen && !s.modded();
   c.ring_producer = kb.meta<bool>(mn::kRingProducer, dense128 && !c.rng_warps);
   if (*c.ring_producer && c.rng_warps)

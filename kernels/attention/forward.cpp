@@ -270,6 +270,16 @@ KeyBlocks ForwardTile::key_blocks() {
       return std::pair{n0, (!seq->tile_is_full(p.m0, p.BM, n0, BN)) | (n0 + BN > p.S_k)};
     };
   }
+  if (p.general_mask && (*p.cfg.pipeline_pv || *p.cfg.pipeline_qk)) {
+    // The pipelined loops read block 0 (and the last V) even when a query tile sees no key (a
+    // block-sparse row of zeros): key block 0, masked element by element (nothing allowed), not an
+    // unwritten list entry or an empty interval's start.
+    Tile empty = kb.trips == 0;
+    kb.at = [at = kb.at, empty](const Tile& j) {
+      auto [n0, partial] = at(j);
+      return std::pair{where(empty, zeros(i32, {}), n0), partial | empty};
+    };
+  }
   return kb;
 }
 
