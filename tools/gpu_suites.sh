@@ -2,11 +2,11 @@
 # On the GPU machine, from the repository root, after tools/pack_gpu.sh (carry .gpu): every GPU
 # check in one command, each log under OUT (default $OUT, else /tmp/gpu-suites), one summary line
 # per step on stdout. Multi-GPU steps run when there are 2+ GPUs (on an x4 machine they also cover
-# W = 2). Steps (all by default but `tables`, `block`, `hiding`, `gemm`, `buildab`, `dropout`, `timing`; or name some): suites (= suites1
+# W = 2). Steps (all by default but `tables`, `block`, `hiding`, `gemm`, `buildab`, `masks`, `masksab`, `dropout`, `timing`; or name some): suites (= suites1
 # then suites2: one call each on a lent machine) bundle fuzz
 # examples torch cp cpbench tables (bench/attention.py beside SDPA: bf16, --gqa 4, --dtype f16; ~95 s a round
 # settled (decision 099), ROUNDS (default 3) each; TABLES= to pick) timing (--timing-ab, power_probe.py) block (bench/transformer_block) hiding (its --hiding per MASK_TILES) gemm (bench/gemm.py vs cuBLAS)
-# buildab (attention_bench --build-ab .gpu/old.tjb) dropout (attention_bench --dropout 0.1 --phases, D128 and D64, ~2 min). torch: bindings/torch's GPU tests and its per-call cost
+# buildab (attention_bench --build-ab .gpu/old.tjb) masks (--masks beside flex_masks.py) masksab (--masks --with MASK_WITH) dropout (attention_bench --dropout 0.1 --phases, D128 and D64, ~2 min). torch: bindings/torch's GPU tests and its per-call cost
 # (needs PyTorch on the machine).
 #   tools/gpu_suites.sh [STEP ...]          FUZZ_SEEDS=A:B (default 700000:720000), FUZZ_TIME=seconds
 set -u
@@ -91,10 +91,18 @@ for step in "${steps[@]}"; do
         timeout 300 bench/attention_bench --dropout 0.1 --phases --head-dim $d > "$OUT/dropout_d$d.log" 2>&1
         echo "dropout D$d rc=$? $(( $(date +%s) - start ))s"; grep -E "^(DROPOUT|E2E )" "$OUT/dropout_d$d.log"
       done ;;
-    buildab)  # a compiler change in one process: .gpu/old.tjb from tools/build_ab_bundle.sh COMMIT .gpu/old.tjb
-      if [ ! -f old.tjb ]; then echo "buildab: no .gpu/old.tjb (tools/build_ab_bundle.sh COMMIT .gpu/old.tjb, here)"; continue; fi
+    buildab)  # a compiler change in one process: .gpu/old.tjb (tools/build_ab_bundle.sh COMMIT build-ab/COMMIT.tjb, then pack_gpu.sh)
+      if [ ! -f old.tjb ]; then echo "buildab: no .gpu/old.tjb (tools/build_ab_bundle.sh COMMIT build-ab/COMMIT.tjb here, then pack_gpu.sh)"; continue; fi
       timeout 590 bench/attention_bench --build-ab old.tjb > "$OUT/buildab.log" 2>&1
       echo "build-ab rc=$? $(( $(date +%s) - start ))s"; grep "^BUILD_AB" "$OUT/buildab.log" ;;
+    masks)  # library masks beside FlexAttention (BENCHMARKS "Masks vs FlexAttention"; ~3 min), MASK_SEQ=S for one length
+      seq=(); [ -n "${MASK_SEQ:-}" ] && seq=(--seq "$MASK_SEQ")
+      timeout 300 bench/attention_bench --masks "${seq[@]}" > "$OUT/masks.log" 2>&1; echo "masks rc=$?"; grep "^MASK " "$OUT/masks.log"
+      (cd .. && timeout 250 python3 bench/flex_masks.py "${seq[@]}" > "$OUT/flex_masks.log" 2>&1); echo "flex rc=$?"; grep "^FLEX" "$OUT/flex_masks.log" ;;
+    masksab)  # the masked forward A/B (MASK_WITH, default RING_PRODUCER=1: decision 105), MASK_SEQ=S for one length
+      seq=(); [ -n "${MASK_SEQ:-}" ] && seq=(--seq "$MASK_SEQ")
+      timeout 400 bench/attention_bench --masks "${seq[@]}" --with "${MASK_WITH:-RING_PRODUCER=1}" > "$OUT/masks_ab.log" 2>&1
+      echo "masks A/B rc=$?"; grep "^MASK_AB" "$OUT/masks_ab.log" ;;
     timing)  # decision 099: the timing methods in one process, then sustained phases with clock and power beside cuDNN (~2 min)
       timeout 200 bench/attention_bench --timing-ab > "$OUT/timing_ab.log" 2>&1; echo "timing-ab rc=$?"; grep "^TIMING_AB" "$OUT/timing_ab.log"
       (cd .. && TILEJIT_C_LIBRARY=$PWD/.gpu/libtilejit_c.so timeout 300 python3 bench/power_probe.py --seconds 3 --phases 4 --backward \

@@ -22,6 +22,10 @@ cp "$BUILD_DIR"/bench/dkdv_probe .gpu/bench/ 2>/dev/null || true
 cp "$BUILD_DIR"/bench/transformer_block .gpu/bench/ 2>/dev/null || true
 cp "$BUILD_DIR"/tools/tilejit "$BUILD_DIR"/tools/tilejit_fuzz .gpu/
 strip --strip-unneeded .gpu/libtilejit.so.0 .gpu/test_* .gpu/attention .gpu/gemm .gpu/vector_add .gpu/softmax .gpu/bundle_app .gpu/tilejit .gpu/tilejit_fuzz .gpu/bench/* $(for e in $USER_EXAMPLES; do echo .gpu/$e; done)
+# another build's kernels for `gpu_suites.sh buildab` (tools/build_ab_bundle.sh COMMIT build-ab/COMMIT.tjb):
+# the newest one, as .gpu/old.tjb
+old_bundle=$(ls -t build-ab/*.tjb 2>/dev/null | head -1 || true)
+if [ -n "$old_bundle" ]; then cp "$old_bundle" .gpu/old.tjb && echo "old.tjb: $old_bundle"; fi
 cp bench/attention.py bench/timing.py bench/gemm.py bench/cp_torch.py bench/cp.py bench/torch_users_refs.py .gpu/bench/  # after strip: scripts next to the binaries
 # The commit these binaries were built from (the GPU machine's copy has no .git); "-dirty" when
 # the tree had uncommitted changes.
