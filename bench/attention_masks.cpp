@@ -33,8 +33,8 @@ const int64_t kDocumentLengths[] = {1024, 3072, 512, 2560, 1536, 4096, 768, 2816
 // FlexAttention); data-dependent masks run the block-mask pre-pass first (not timed:
 // FlexAttention's block mask is also built once and reused). With --with: instead, an A/B of the
 // forward (the default metas against the default plus these, alternated rounds, outputs compared
-// bit for bit), one MASK_AB line per mask; block-sparse masks are skipped for RING_PRODUCER (the
-// producer does not fit their table's exchange: test_emulator).
+// bit for bit; PERSISTENT on a persistent grid), one MASK_AB line per mask; block-sparse masks are
+// skipped for RING_PRODUCER (the producer does not fit their table's exchange: test_emulator).
 int bench_masks(int max_reps, int64_t only_s, const std::string& forward_with) {
   using kernels::MaskKind;
   const ir::DType dt = ir::DType::bf16;
@@ -137,14 +137,19 @@ int bench_masks(int max_reps, int64_t only_s, const std::string& forward_with) {
       const runtime::Grid grid{nb, H, B};
       if (!forward_with.empty()) {
         const lang::Meta with = bench_util::parse_with_values(forward_with);
-        const bool producer = std::ranges::any_of(with, [](const auto& m) { return m.first == mn::kRingProducer; });
+        const auto on_in = [&](const char* name) {
+          return std::ranges::any_of(with, [&](const auto& m) { return m.first == name && m.second == ir::MetaValue{true}; });
+        };
+        const bool producer = on_in(mn::kRingProducer), persistent = on_in(mn::kPersistent);
         if (producer && r.kind == MaskKind::block_sparse) continue;
         lang::Meta on = meta;
         on.insert(on.end(), with.begin(), with.end());
         std::vector<Function> fns;
         fns.emplace_back(kernels::attention_forward(), meta, o);
         fns.emplace_back(kernels::attention_forward(), on, o);
-        const AbResult ab = ab_measure(fns, grid, stream, args, {&buf.o}, static_cast<size_t>(B * S * H * D * 2), max_reps);
+        // (PERSISTENT: a 1-D grid of resident programs walks the tiles, as the API launches it)
+        const runtime::Grid on_grid = persistent ? fns[1].gpu_kernel().persistent_grid(nb * H * B) : grid;
+        const AbResult ab = ab_measure_grids(fns, {grid, on_grid}, stream, args, {&buf.o}, static_cast<size_t>(B * S * H * D * 2), max_reps);
         std::printf("MASK_AB %s name=%s S=%ld off_ms=%.4f on_ms=%.4f speedup=%.3f outputs_identical=%d\n", forward_with.c_str(), r.label,
                     static_cast<long>(S), ab.off_ms, ab.on_ms, ab.off_ms / ab.on_ms, ab.identical ? 1 : 0);
         std::fflush(stdout);

@@ -563,36 +563,41 @@ TEST_CASE("emulator: the masked forward on the ring producer equals the interpre
     q.fill_normal(61, 0, 1);
     k.fill_normal(62, 0, 1);
     v.fill_normal(63, 0, 1);
-    const auto build = [&](bool producer) {
+    const auto build = [&](bool producer, bool persistent) {
       return kernels::attention_forward().build({{"DTYPE", bf16}, {"HEAD_DIM", D}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN},
-                                                 {"MASK", static_cast<int>(spec.kind)}, {"RING_PRODUCER", producer}});
+                                                 {"MASK", static_cast<int>(spec.kind)}, {"RING_PRODUCER", producer},
+                                                 {"PERSISTENT", persistent}});
     };
-    const ir::Function fn = build(true);
     jit::CompileOptions o8;
     o8.num_warps = 8;
     o8.pipeline.stages = 2;
-    std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o8));
-    CHECK(ops[jit::pir::Op::set_max_registers] > 0);  // (the producer's role)
-    CHECK(ops[jit::pir::Op::tma_store] > 0);
     const runtime::Grid grid{cdiv(c.s_q, BM), Hq, B};
     HostTensor plain_o = o, plain_lse = lse;
     std::vector<runtime::Arg> plain_args{q, k, v, plain_o, plain_lse};
     plain_args.insert(plain_args.end(), tail.begin(), tail.end());
-    runtime::interpret(build(false), grid, plain_args);
-    for (const runtime::EmulatorSchedule& sched : {runtime::EmulatorSchedule{}, runtime::EmulatorSchedule{true, 5}}) {
-      INFO("schedule seed " << sched.seed);
-      const Runs r = run_both(fn, grid, {q, k, v, o, lse}, tail, tail, o8, sched);
-      CHECK(count_apart(r.ref[3], r.emu[3], 1e-2) == 0);
-      CHECK(count_apart(r.ref[4], r.emu[4], 1e-2) == 0);
-      CHECK(count_apart(r.emu[3], plain_o, 1e-2) == 0);
-      CHECK(count_apart(r.emu[4], plain_lse, 1e-2) == 0);
-      double seen = 0;
-      for (int64_t row = 0; row < c.s_q; ++row) seen = std::max(seen, std::fabs(r.emu[3].get({0, row, 0, 0})));
-      CHECK(seen > 0.01);  // (real outputs)
-      if (c.s_q > c.s_k) {  // (the window's diagonal at S_k - S_q: rows 0..215, query tile 0, see no key)
-        for (int64_t row = 0; row < BM; ++row) {
-          CHECK(std::isinf(r.emu[4].get({0, 1, row})));
-          CHECK(r.emu[3].get({0, row, 1, 5}) == 0.0);
+    runtime::interpret(build(false, false), grid, plain_args);
+    // (PERSISTENT: 3 programs walk the 6 or 8 tiles, the rings counting on across them)
+    for (const bool persistent : {false, true}) {
+      INFO("persistent " << persistent);
+      const ir::Function fn = build(true, persistent);
+      std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o8));
+      CHECK(ops[jit::pir::Op::set_max_registers] > 0);  // (the producer's role)
+      CHECK(ops[jit::pir::Op::tma_store] > 0);
+      for (const runtime::EmulatorSchedule& sched : {runtime::EmulatorSchedule{}, runtime::EmulatorSchedule{true, 5}}) {
+        INFO("schedule seed " << sched.seed);
+        const Runs r = run_both(fn, persistent ? runtime::Grid{3, 1, 1} : grid, {q, k, v, o, lse}, tail, tail, o8, sched);
+        CHECK(count_apart(r.ref[3], r.emu[3], 1e-2) == 0);
+        CHECK(count_apart(r.ref[4], r.emu[4], 1e-2) == 0);
+        CHECK(count_apart(r.emu[3], plain_o, 1e-2) == 0);
+        CHECK(count_apart(r.emu[4], plain_lse, 1e-2) == 0);
+        double seen = 0;
+        for (int64_t row = 0; row < c.s_q; ++row) seen = std::max(seen, std::fabs(r.emu[3].get({0, row, 0, 0})));
+        CHECK(seen > 0.01);  // (real outputs)
+        if (c.s_q > c.s_k) {  // (the window's diagonal at S_k - S_q: rows 0..215, query tile 0, see no key)
+          for (int64_t row = 0; row < BM; ++row) {
+            CHECK(std::isinf(r.emu[4].get({0, 1, row})));
+            CHECK(r.emu[3].get({0, row, 1, 5}) == 0.0);
+          }
         }
       }
     }
