@@ -44,8 +44,12 @@ attention::detail::Config api_config(attention::Pass p, const TuningContext& ctx
   a.dropout = ctx.meta_bool(mn::kDropout, false);
   // (a fixed MASK or SCORE_MOD meta: the tiles the API takes for such calls)
   // (the kernels' MASK meta is the library mask's kind, 0 for none: CAUSAL is its own meta)
-  a.sch = attention::default_schedule(p, a.dtype, a.head_dim, a.causal, false, kernels::DqReduction::recompute, a.dropout,
-                                      ctx.meta_int(mn::kMask, 0) != 0, ctx.meta_int(mn::kScoreMod, 0) != 0);
+  // (dK/dV: the fixed DQ_REDUCTION, recompute or atomic; the other passes run with recompute)
+  const auto reduction = p == attention::Pass::bwd_dkdv ? static_cast<kernels::DqReduction>(ctx.meta_int(mn::kDqReduction, 0))
+                                                        : kernels::DqReduction::recompute;
+  a.reduction = static_cast<int>(reduction);
+  a.sch = attention::default_schedule(p, a.dtype, a.head_dim, a.causal, false, reduction, a.dropout, ctx.meta_int(mn::kMask, 0) != 0,
+                                      ctx.meta_int(mn::kScoreMod, 0) != 0);
   return a;
 }
 

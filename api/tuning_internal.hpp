@@ -54,7 +54,7 @@ runtime::TuningSpace make_attention_space();
 void attention_keys(runtime::TuningSpace& s, const char* kernel);
 // What the attention API configures for pass `p` of a dense call of this problem before any
 // tuned choice: dtype, head dim and causal from the fixed meta, the pass's default schedule
-// (recompute reduction; dropout where the fixed meta says so).
+// (dK/dV: the fixed DQ_REDUCTION's, recompute when unset; dropout where the fixed meta says so).
 attention::detail::Config api_config(attention::Pass p, const runtime::TuningContext& ctx);
 // A config of an attention space: the API's schedule, then `flags` as the built kernel `f` resolved them.
 runtime::TuningConfig config_of(const attention::Schedule& sch, const ir::Function& f, std::span<const char* const> flags);

@@ -2,7 +2,7 @@
 # Exhaustive `tilejit tune` over the attention forward's, dK/dV's, dQ's and the GEMM's valid spaces (issue
 # 29's check of the performance model): one CSV row per config and shape (the model's terms, the
 # measurement, the compiled resources). Run on the GPU machine from the repository root after
-# tools/pack_gpu.sh (carry .gpu):  bench/tune_sweep.sh [attention|dkdv|dq|gemm ...]
+# tools/pack_gpu.sh (carry .gpu):  bench/tune_sweep.sh [attention|dkdv|dkdv_atomic|dq|gemm ...]
 #   SEQS="1024 4096 16384" HEAD_DIMS="64 128" MASKS="false true" REP_MS=30 GEMM_SHAPE=4096,4096,4096
 #   TUNE_BUDGET=900 (s per tune run: it stops timing and still writes its CSV; an outer kill writes none)
 # Under OUT only two files (the device machine returns few): sweep.csv (every run's rows, one header)
@@ -40,12 +40,13 @@ for w in "${what[@]}"; do
           tune "attention_d${d}_causal_$causal" attention_fwd "${shapes[@]}" --meta CAUSAL=$causal
         done
       done ;;
-    dkdv|dq)  # the backward's dK/dV or dQ kernel (recompute reduction)
+    dkdv|dq|dkdv_atomic)  # the backward's dK/dV or dQ kernel (recompute reduction), or dK/dV with the atomic one (decision 106)
+      kernel=attention_bwd_${w%_atomic}; extra=(); [ "$w" = dkdv_atomic ] && extra=(--meta DQ_REDUCTION=1)
       for d in ${HEAD_DIMS:-64 128}; do
         for causal in ${MASKS:-false true}; do
           shapes=()
           for s in ${SEQS:-1024 4096 16384}; do shapes+=(--shape "$(( 16384 / s )),16,$s,$d"); done
-          tune "${w}_d${d}_causal_$causal" "attention_bwd_$w" "${shapes[@]}" --meta CAUSAL=$causal
+          tune "${w}_d${d}_causal_$causal" "$kernel" "${shapes[@]}" --meta CAUSAL=$causal "${extra[@]}"
         done
       done ;;
     gemm) tune gemm gemm --shape "${GEMM_SHAPE:-4096,4096,4096}" ;;

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <sys/stat.h>
 
+#include <optional>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -330,6 +331,39 @@ TEST_CASE("tuning problems: parallel fills depend on the seed only, not on the t
                        std::invalid_argument);
 }
 
+namespace {
+
+// A backward space's problem run in the interpreter under config `c`: its outputs (and argument
+// `extra`, when set), as float64.
+std::vector<std::vector<double>> run_problem(const TuningSpace& s, const TuningContext& ctx, const TuningConfig& c,
+                                             std::optional<size_t> extra = std::nullopt) {
+  ProblemData p = s.make_problem(ctx);
+  runtime::interpret(s.build_ir(c, ctx.fixed), s.grid_of(c, ctx), p.args);
+  std::vector<std::vector<double>> out;
+  for (size_t o : p.outputs) out.push_back(p.args[o].tensor()->to_f64());
+  if (extra) out.push_back(p.args[*extra].tensor()->to_f64());
+  return out;
+}
+
+// Gradients of two tilings: `a` finite and not zero, `b` within 2e-2 of it.
+void check_same_gradients(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    CAPTURE(i);
+    double norm = 0;
+    size_t nonfinite = 0;
+    for (double v : a[i]) {
+      nonfinite += std::isfinite(v) ? 0 : 1;
+      norm += v * v;
+    }
+    CHECK(nonfinite == 0);
+    CHECK(norm > 0);
+    CHECK(rel_error(b[i], a[i]) < 2e-2);
+  }
+}
+
+}  // namespace
+
 TEST_CASE("spaces: the backward spaces' defaults are the API's kernels; their problems are finite and tile-independent") {
   struct Backward {
     const char* kernel;
@@ -338,7 +372,7 @@ TEST_CASE("spaces: the backward spaces' defaults are the API's kernels; their pr
     const char* other;  // a second tiling of the small problem
   };
   for (const Backward& k : {Backward{"attention_bwd_dkdv", attention::Pass::bwd_dkdv, &kernels::attention_backward_dkdv,
-                                     "BLOCK_M=128,BLOCK_N=128,warps=8,stages=2,min_programs=0,LSE_IN_RING=0,TMA_STORE=0"},
+                                     "BLOCK_M=128,BLOCK_N=128,warps=8,stages=2,min_programs=0,LSE_IN_RING=0,TMA_STORE=0,RING_PRODUCER=0,DQ_WRITER=0"},
                             Backward{"attention_bwd_dq", attention::Pass::bwd_dq, &kernels::attention_backward_dq,
                                      "BLOCK_M=128,BLOCK_N=128,warps=8,stages=3,min_programs=0"}}) {
     CAPTURE(k.kernel);
@@ -368,29 +402,63 @@ TEST_CASE("spaces: the backward spaces' defaults are the API's kernels; their pr
     TuningContext ctx;
     ctx.shape = {{"B", 1}, {"H", 2}, {"S", 128}, {"D", 64}};
     ctx.fixed = library::library_fixed_meta(k.kernel, {{"HEAD_DIM", int64_t{64}}, {"CAUSAL", true}, {"BSHD", true}});
-    auto run = [&](const TuningConfig& c) {
-      ProblemData p = s.make_problem(ctx);
-      runtime::interpret(s.build_ir(c, ctx.fixed), s.grid_of(c, ctx), p.args);
-      std::vector<std::vector<double>> out;
-      for (size_t o : p.outputs) out.push_back(p.args[o].tensor()->to_f64());
-      return out;
-    };
     const TuningConfig other = parse_config(k.other);
     REQUIRE_FALSE(s.violated(other, ctx).has_value());
-    const auto a = run(s.default_config(ctx)), b = run(other);
+    const auto a = run_problem(s, ctx, s.default_config(ctx)), b = run_problem(s, ctx, other);
     CHECK(a.size() == (k.pass == attention::Pass::bwd_dkdv ? 2u : 1u));
-    for (size_t i = 0; i < a.size(); ++i) {
-      double norm = 0;
-      size_t nonfinite = 0;
-      for (double v : a[i]) {
-        nonfinite += std::isfinite(v) ? 0 : 1;
-        norm += v * v;
-      }
-      CHECK(nonfinite == 0);
-      CHECK(norm > 0);
-      CHECK(rel_error(b[i], a[i]) < 2e-2);
-    }
+    check_same_gradients(a, b);
   }
+}
+
+// With the fixed DQ_REDUCTION=1 the dK/dV space describes the atomic kernel: its default is the
+// API's (the producer and the dQ writer on the measured tiles: D 64 128 x 128, D 128 64 x 128), and
+// its problem, small, in the interpreter gives the same dK, dV and dQ parts under another tiling.
+TEST_CASE("spaces: the dK/dV space with the atomic reduction: the API's kernel by default, a problem with dQ_accum") {
+  const TuningSpace& s = library::attention_dkdv_tuning_space();
+  for (int64_t d : {64, 128})
+    for (bool causal : {false, true}) {
+      CAPTURE(d);
+      CAPTURE(causal);
+      TuningContext ctx;
+      ctx.shape = {{"B", 4}, {"H", 16}, {"S", 4096}, {"D", d}};
+      ctx.fixed = library::library_fixed_meta("attention_bwd_dkdv", {{"HEAD_DIM", d}, {"CAUSAL", causal}, {"BSHD", true}, {"DQ_REDUCTION", int64_t{1}}});
+      const TuningConfig def = s.default_config(ctx);
+      const std::vector<TuningConfig> valid = s.enumerate(ctx);
+      CHECK(std::find(valid.begin(), valid.end(), def) != valid.end());
+      CHECK(def.get("RING_PRODUCER") == 1);
+      CHECK(def.get("DQ_WRITER") == 1);
+      CHECK(def.get("BLOCK_M") == (d == 64 ? 128 : 64));
+      // every valid config with the writer has the producer; some valid configs run without either
+      CHECK(std::ranges::all_of(valid, [](const TuningConfig& c) { return c.get("DQ_WRITER") == 0 || c.get("RING_PRODUCER") == 1; }));
+      CHECK(std::ranges::any_of(valid, [](const TuningConfig& c) { return c.get("RING_PRODUCER") == 0; }));
+      attention::detail::Config a = ::testing::api_config(attention::Pass::bwd_dkdv, d, causal);
+      a.reduction = static_cast<int>(kernels::DqReduction::atomic);
+      a.sch = attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, static_cast<int>(d), causal, false,
+                                          kernels::DqReduction::atomic);
+      const attention::detail::DkdvRingOptions r = attention::detail::dkdv_ring_options(a, true);
+      a.lse_in_ring = r.lse_in_ring, a.ring_producer = r.ring_producer, a.dq_writer = r.dq_writer;
+      const ir::Function api = kernels::attention_backward_dkdv().build(attention::detail::meta_of(a));
+      CHECK(ir::structural_hash(s.build_ir(def, ctx.fixed)) == ir::structural_hash(api));
+      CHECK(def.options().num_warps == a.sch.num_warps);
+      // the model counts a fifth dot and the adds
+      TuningContext recompute = ctx;
+      recompute.fixed = library::library_fixed_meta("attention_bwd_dkdv", {{"HEAD_DIM", d}, {"CAUSAL", causal}, {"BSHD", true}});
+      TuningConfig plain = def;
+      for (auto& [name, value] : plain.values)
+        if (name == "RING_PRODUCER" || name == "DQ_WRITER") value = 0;
+      CHECK(s.workload_of(def, ctx).mma_flops > s.workload_of(plain, recompute).mma_flops);
+    }
+  // The problem in the interpreter at D 64: the default (128 x 128, producer, writer) and 64 x 128 on
+  // 8 warps without the producer give the same dK, dV and dQ_accum, finite and not zero.
+  TuningContext ctx;
+  ctx.shape = {{"B", 1}, {"H", 2}, {"S", 256}, {"D", 64}};
+  ctx.fixed = library::library_fixed_meta("attention_bwd_dkdv", {{"HEAD_DIM", int64_t{64}}, {"CAUSAL", true}, {"BSHD", true}, {"DQ_REDUCTION", int64_t{1}}});
+  const TuningConfig other = parse_config("BLOCK_M=64,BLOCK_N=128,warps=8,stages=2,min_programs=0,LSE_IN_RING=0,TMA_STORE=0,RING_PRODUCER=0,DQ_WRITER=0");
+  REQUIRE_FALSE(s.violated(other, ctx).has_value());
+  // (argument 8: dQ_accum, not an output the tuner compares)
+  const auto a = run_problem(s, ctx, s.default_config(ctx), 8), b = run_problem(s, ctx, other, 8);
+  CHECK(a.size() == 3u);
+  check_same_gradients(a, b);
 }
 
 TEST_CASE("calibration: the microbenchmark kernels compute their chains; rates round-trip through the store") {
@@ -1161,7 +1229,7 @@ TEST_CASE("attention::forward launches a tuning table's choice for its bucket, t
 
 TEST_CASE("attention::backward launches a tuning table's dK/dV choice (recompute reduction, aligned LSE rows)") {
   const TuningSpace& space = library::attention_dkdv_tuning_space();
-  const std::string chosen = "BLOCK_M=128,BLOCK_N=64,warps=4,stages=3,min_programs=2,LSE_IN_RING=0,TMA_STORE=0";
+  const std::string chosen = "BLOCK_M=128,BLOCK_N=64,warps=4,stages=3,min_programs=2,LSE_IN_RING=0,TMA_STORE=0,RING_PRODUCER=0,DQ_WRITER=0";
   const lang::Meta fixed = load_tuned_choice("attention_bwd_dkdv", {{"B", 4}, {"H", 16}, {"S", 4096}, {"D", 64}}, true, chosen);
   const attention::detail::Config c = ::testing::api_config(attention::Pass::bwd_dkdv, 64, true);
   attention::detail::Dims d;
@@ -1181,6 +1249,46 @@ TEST_CASE("attention::backward launches a tuning table's dK/dV choice (recompute
   attention::detail::Config atomic = c;
   atomic.reduction = static_cast<int>(kernels::DqReduction::atomic);
   CHECK_FALSE(attention::detail::with_tuned_choice(atomic, d).tuned.has_value());
+  unload_all_bundles();
+}
+
+// The atomic reduction's dK/dV (the API's default on long dense calls) has its own table key
+// (`tilejit tune attention_bwd_dkdv --meta DQ_REDUCTION=1`): its choice, producer and writer
+// included, is what the API launches; a recompute call of the same bucket keeps its default.
+TEST_CASE("attention::backward launches a tuning table's atomic dK/dV choice (producer and writer tuned)") {
+  const TuningSpace& space = library::attention_dkdv_tuning_space();
+  const std::string chosen = "BLOCK_M=64,BLOCK_N=128,warps=8,stages=3,min_programs=0,LSE_IN_RING=1,TMA_STORE=0,RING_PRODUCER=1,DQ_WRITER=0";
+  const lang::Meta fixed = load_tuned_choice("attention_bwd_dkdv", {{"B", 4}, {"H", 16}, {"S", 4096}, {"D", 128}}, true, chosen,
+                                             {{"DQ_REDUCTION", int64_t{1}}});
+  attention::detail::Config c = ::testing::api_config(attention::Pass::bwd_dkdv, 128, true);
+  c.reduction = static_cast<int>(kernels::DqReduction::atomic);
+  c.sch = attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, 128, true, false, kernels::DqReduction::atomic);
+  const attention::detail::DkdvRingOptions r = attention::detail::dkdv_ring_options(c, true);
+  c.lse_in_ring = r.lse_in_ring, c.ring_producer = r.ring_producer, c.dq_writer = r.dq_writer;
+  REQUIRE(c.dq_writer);  // (the API's default: the writer adds)
+  attention::detail::Dims d;
+  d.batch = 4, d.heads_q = d.heads_kv = 16, d.seq_q = d.seq_k = 4096, d.head_dim = 128, d.causal = true;
+  d.row_vectors_aligned = true;
+  const attention::detail::Config t = attention::detail::with_tuned_choice(c, d);
+  CHECK(t.sch == attention::Schedule{64, 128, 8, 3, 0});
+  CHECK(t.lse_in_ring);
+  CHECK(t.ring_producer);
+  CHECK_FALSE(t.dq_writer);
+  REQUIRE(t.tuned.has_value());
+  CHECK_FALSE(t.tuned->tma_store);
+  CHECK(ir::structural_hash(kernels::attention_backward_dkdv().build(attention::detail::meta_of(t))) ==
+        ir::structural_hash(space.build_ir(parse_config(chosen), fixed)));
+  // the recompute call of the same bucket: its own key, no table
+  const attention::detail::Config recompute = ::testing::api_config(attention::Pass::bwd_dkdv, 128, true);
+  CHECK_FALSE(attention::detail::with_tuned_choice(recompute, d).tuned.has_value());
+  // the producer and the writer are the atomic reduction's: a recompute config with them is no point of the space
+  const TuningContext ctx = Autotuner(space).context({{"B", 4}, {"H", 16}, {"S", 4096}, {"D", 128}},
+                                                      library::library_fixed_meta("attention_bwd_dkdv", {{"HEAD_DIM", int64_t{128}}, {"BSHD", true}}));
+  CHECK(space.violated(parse_config(chosen), ctx).has_value());
+  CHECK(space.violated(parse_config("BLOCK_M=64,BLOCK_N=128,warps=8,stages=2,min_programs=0,LSE_IN_RING=1,TMA_STORE=0,RING_PRODUCER=0,"
+                                    "DQ_WRITER=1"),
+                       Autotuner(space).context({{"B", 4}, {"H", 16}, {"S", 4096}, {"D", 128}}, fixed))
+            .has_value());  // (the writer without the producer)
   unload_all_bundles();
 }
 

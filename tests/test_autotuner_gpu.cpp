@@ -160,12 +160,12 @@ TEST_CASE("gpu: attention::forward and backward launch a tuning table's choices,
       {64, true,
        "BLOCK_M=64,BLOCK_N=64,warps=4,stages=2,min_programs=0,EXACT_NORMALIZE=0,PERSISTENT=0,RING_PRODUCER=0,PIPELINE_PV=0,"
        "PIPELINE_QK=0,TMA_STORE=1",
-       "BLOCK_M=128,BLOCK_N=64,warps=4,stages=2,min_programs=0,LSE_IN_RING=1,TMA_STORE=1",
+       "BLOCK_M=128,BLOCK_N=64,warps=4,stages=2,min_programs=0,LSE_IN_RING=1,TMA_STORE=1,RING_PRODUCER=0,DQ_WRITER=0",
        "BLOCK_M=128,BLOCK_N=64,warps=8,stages=2,min_programs=0"},
       {128, false,
        "BLOCK_M=128,BLOCK_N=64,warps=8,stages=3,min_programs=0,EXACT_NORMALIZE=0,PERSISTENT=0,RING_PRODUCER=0,PIPELINE_PV=0,"
        "PIPELINE_QK=1,TMA_STORE=0",
-       "BLOCK_M=64,BLOCK_N=128,warps=8,stages=2,min_programs=0,LSE_IN_RING=1,TMA_STORE=1",
+       "BLOCK_M=64,BLOCK_N=128,warps=8,stages=2,min_programs=0,LSE_IN_RING=1,TMA_STORE=1,RING_PRODUCER=0,DQ_WRITER=0",
        "BLOCK_M=64,BLOCK_N=128,warps=4,stages=2,min_programs=0"},
   };
   const int B = 1, H = 2, S = 768;

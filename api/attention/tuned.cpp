@@ -22,6 +22,8 @@ namespace {
 std::optional<runtime::TuningConfig> stored_choice(const runtime::TuningSpace& space, const runtime::Shape& shape, const Config& c) {
   lang::Meta user{{mn::kHeadDim, static_cast<int64_t>(c.head_dim)}, {mn::kCausal, c.causal}, {mn::kBshd, true}, {mn::kDtype, c.dtype}};
   if (c.pass == Pass::forward) user.push_back({mn::kPositiveScale, c.positive_scale});
+  // (atomic dK/dV: `tilejit tune attention_bwd_dkdv --meta DQ_REDUCTION=1`'s table key)
+  if (c.pass == Pass::bwd_dkdv && c.reduction != 0) user.push_back({mn::kDqReduction, static_cast<int64_t>(c.reduction)});
   const lang::Meta fixed = library::library_fixed_meta(space.kernel_name(), user);
   const runtime::Autotuner tuner(space);
   std::optional<runtime::TuneResult> hit = tuner.lookup(shape, fixed);
@@ -33,8 +35,8 @@ std::optional<runtime::TuningConfig> stored_choice(const runtime::TuningSpace& s
 const runtime::TuningSpace* space_for(const Config& c, const Dims& d) {
   if (c.varlen || c.mask != 0 || c.score_mod != 0 || c.dropout || c.read_bits || d.seq_q != d.seq_k) return nullptr;
   if (c.pass == Pass::forward && !c.return_mask) return &library::attention_fwd_tuning_space();
-  if (c.pass == Pass::bwd_dkdv && c.reduction == static_cast<int>(DqReduction::recompute) && !c.q_descending && !c.accumulate &&
-      d.row_vectors_aligned)
+  const bool tuned_reduction = c.reduction == static_cast<int>(DqReduction::recompute) || c.reduction == static_cast<int>(DqReduction::atomic);
+  if (c.pass == Pass::bwd_dkdv && tuned_reduction && !c.q_descending && !c.accumulate && d.row_vectors_aligned)
     return &library::attention_dkdv_tuning_space();
   // (the dQ kernel runs only with the recompute reduction)
   if (c.pass == Pass::bwd_dq && !c.accumulate) return &library::attention_dq_tuning_space();
@@ -50,8 +52,8 @@ Config with_tuned_choice(Config c, const Dims& d) {
   const std::array<int64_t, 4> dims{d.batch, d.heads_q, d.seq_q, d.head_dim};  // the spaces' keys B, H, S, D
   std::array<int64_t, 4> bucket{};
   for (size_t i = 0; i < dims.size(); ++i) bucket[i] = space->key_args()[i].bucketing.apply(dims[i]);
-  using Key = std::tuple<int, int, int, bool, bool, int, std::array<int64_t, 4>>;
-  const Key key{static_cast<int>(c.pass), static_cast<int>(c.dtype), c.head_dim, c.causal, c.positive_scale, c.device, bucket};
+  using Key = std::tuple<int, int, int, bool, bool, int, int, std::array<int64_t, 4>>;
+  const Key key{static_cast<int>(c.pass), static_cast<int>(c.dtype), c.head_dim, c.causal, c.positive_scale, c.reduction, c.device, bucket};
   static std::mutex mu;
   static std::map<Key, std::optional<runtime::TuningConfig>> cache;
   static uint64_t generation = 0;
@@ -80,8 +82,10 @@ Config with_tuned_choice(Config c, const Dims& d) {
     c.tuned = TunedOptions{value(mn::kExactNormalize) != 0, value(mn::kRingProducer) != 0, value(mn::kPipelinePv) != 0,
                            value(mn::kPipelineQk) != 0, value(mn::kTmaStore) != 0};
   } else if (c.pass == Pass::bwd_dkdv) {
-    c.lse_in_ring = value(mn::kLseInRing) != 0;
-    c.tuned = TunedOptions{.tma_store = value(mn::kTmaStore) != 0};
+    // (a table written before RING_PRODUCER / DQ_WRITER were tuned lacks them: off)
+    const auto on = [&](const char* name) { return t.find(name).value_or(0) != 0; };
+    c.lse_in_ring = on(mn::kLseInRing), c.ring_producer = on(mn::kRingProducer), c.dq_writer = on(mn::kDqWriter);
+    c.tuned = TunedOptions{.tma_store = on(mn::kTmaStore)};
   }  // (dQ: tiles, warps, stages and the bound only)
   return c;
 }
