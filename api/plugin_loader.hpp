@@ -10,7 +10,7 @@ namespace tilejit::plugin {
 
 // A plugin that cannot be used. what() names where the path came from, the path, the problem and
 // what is valid: "tilejit: --plugin ./libk.so: built against tilejit 0.1.3 (plugin ABI 1,
-// libstdc++ cxx11 ABI); this is tilejit 0.1.15 (...): rebuild the plugin against this
+// libstdc++ cxx11 ABI); this is tilejit 0.1.16 (...): rebuild the plugin against this
 // tilejit's headers and library".
 struct PluginError : std::runtime_error {
   using std::runtime_error::runtime_error;

@@ -27,7 +27,7 @@ class Assigner {
   LayoutPlan run() {
     ir::walk(f_.body, [&](const ir::Op& op) {
       for (ir::ValueId r : op.results) def_[r] = &op;
-      for (ir::ValueId v : op.operands) ++uses_[v];
+      for (ir::ValueId v : op.operands) ++uses_[v], user_[v] = &op;
     });
     // The GEMM K loops' dots and every other dot that wgmma runs accumulate in the wgmma layout.
     for (const auto& [loop, m] : plan_.tma_loops) wgmma_dots_.insert(m.dot);
@@ -94,9 +94,39 @@ class Assigner {
     return anchor;
   }
 
+  // A pointer load (a gather: a block-sparse mask's table, an index's lookup) whose value flows
+  // through single-use elementwise ops of its shape into an op beside a laid-out tile (e.g.
+  // `where(table != 0, S, -inf)` beside an MMA accumulator) is read in that tile's layout, its
+  // pointers computed there: blocked, it would make the chain -- and an attention's softmax behind
+  // the `where` -- exchange the tile through shared memory (decision 107). Only where its own
+  // operands are flexible (no layout yet: index arithmetic), else converting them would cost more.
+  std::optional<Layout> layout_downstream(const ir::Op& load) const {
+    for (ir::ValueId o : load.operands)
+      if (!f_.type(o).is_scalar() && nat(o)) return std::nullopt;
+    ir::ValueId v = load.results[0];
+    const ir::Shape& shape = f_.type(v).shape;
+    for (int depth = 0; depth < 8; ++depth) {
+      auto u = uses_.find(v);
+      if (u == uses_.end() || u->second != 1) return std::nullopt;
+      const ir::Op* user = user_.at(v);
+      if (!ir::is_elementwise(user->kind) || user->results.size() != 1 || f_.type(user->results[0]).shape != shape) return std::nullopt;
+      for (ir::ValueId w : user->operands)
+        if (w != v && !f_.type(w).is_scalar() && nat(w) && f_.type(w).shape == shape) return nat(w);
+      v = user->results[0];
+    }
+    return std::nullopt;
+  }
+
   void op(const ir::Op& op) {
     switch (op.kind) {
       case OpKind::load:
+        if (f_.type(op.results[0]).is_scalar()) return;  // scalars: no layout
+        if (std::optional<Layout> l = layout_downstream(op)) {
+          set(op.results[0], std::move(l));
+          return;
+        }
+        set(op.results[0], blocked(f_.type(op.results[0])));
+        return;
       case OpKind::block_load:
         if (!f_.type(op.results[0]).is_scalar()) set(op.results[0], blocked(f_.type(op.results[0])));  // scalars: no layout
         return;
@@ -227,6 +257,7 @@ class Assigner {
   std::set<const ir::Op*> wgmma_dots_;  // dots that accumulate in the wgmma layout
   std::map<ir::ValueId, const ir::Op*> def_;  // each value's defining op
   std::map<ir::ValueId, int> uses_;            // how many operands name each value
+  std::map<ir::ValueId, const ir::Op*> user_;  // an op naming each value (its only one where uses_ is 1)
   LayoutPlan plan_;
 };
 

@@ -15,7 +15,7 @@ namespace tilejit::runtime::codec {
 // a compile definition so that cache and bundle keys do not depend on how a file was built; a
 // release that changes code generation must change it, which invalidates every cache entry and
 // every bundle entry (their keys include it).
-inline constexpr std::string_view kTilejitVersion = "0.1.15";
+inline constexpr std::string_view kTilejitVersion = "0.1.16";
 
 // A stored kernel that cannot be decoded: short, overlong, or holding a value no tilejit writes.
 // what() names the field and the problem ("ptx: needs 812 bytes at offset 96 but only 40 are

@@ -184,7 +184,7 @@ TEST_CASE("bundle keys leave the compilers out and keep what changes the code") 
   std::string text = runtime::bundle_key_text(f, o);
   for (const char* absent : {"llvm=", "ptx_tools=", "nvrtc=", "backend="})
     CHECK_MESSAGE(text.find(absent) == std::string::npos, absent);
-  for (const char* present : {"tilejit=0.1.15", "ir=", "kernel=gemm", "arch=sm_90a", "num_warps=8", "pipeline=enabled:1,stages:4"})
+  for (const char* present : {"tilejit=0.1.16", "ir=", "kernel=gemm", "arch=sm_90a", "num_warps=8", "pipeline=enabled:1,stages:4"})
     CHECK_MESSAGE(text.find(present) != std::string::npos, present);
   CHECK(ir::sha256_hex(text) == k0);
   // a register bound is named only when set (keys without one stay what they were), and in the
@@ -243,7 +243,7 @@ TEST_CASE("write -> read -> verify: every field of every entry round-trips") {
   const Bundle read = runtime::read_bundle(path);
   CHECK(read.name == path.string());
   CHECK(read.format_version == 2);  // 2: TMA descriptors by value
-  CHECK(read.tilejit_version == "0.1.15");
+  CHECK(read.tilejit_version == "0.1.16");
   CHECK(read.archs == std::vector<std::string>{"sm_90a"});
   CHECK(read.bytes == fs::file_size(path));
   CHECK(read.tuning_version == runtime::kBundleTuningVersion);

@@ -234,7 +234,7 @@ TEST_CASE("the key moves with every component and only with them") {
 
   // The text names every component; nvrtc's version only for its backend.
   std::string text = runtime::cache_key_text(f, base);
-  for (const char* part : {"entry-format=", "tilejit=0.1.15", "ir=", "arch=sm_90a", "backend=llvm", "num_warps=4",
+  for (const char* part : {"entry-format=", "tilejit=0.1.16", "ir=", "arch=sm_90a", "backend=llvm", "num_warps=4",
                            "pipeline=", "ptx_tool=", "make_cubin=", "llvm=", "ptx_tools="})
     CHECK_MESSAGE(text.find(part) != std::string::npos, part);
   CHECK(text.find("nvrtc=") == std::string::npos);

@@ -534,24 +534,29 @@ TEST_CASE("emulator: the D 128 ring-producer forward (warp roles, persistent, TM
 
 // Library masks on the forward's FA3 loop: the ring producer replays the mask's walk (its key-tile
 // intervals, one run or two, or the pre-pass's lists) and the consumers pipeline P V (PV_PEEL, O by
-// TMA stores). A sliding window with S_q > S_k leaves query tile 0 without a key: the peeled block
-// 0 is then masked element by element (O 0, LSE -inf). Against the interpreter and the plain masked
-// kernel, warp by warp and with random hand-overs. (Block-sparse masks stay off the producer: their
-// table's gather needs a 64 KB exchange that does not fit beside the rings.)
+// TMA stores), also on a persistent grid. A sliding window with S_q > S_k leaves query tile 0
+// without a key (an empty interval), a block-sparse table query tile 1 (empty lists, whose entry 0
+// is unwritten): the peeled block 0 is then key block 0, masked element by element (O 0, LSE
+// -inf). Against the interpreter and the plain masked kernel, warp by warp and with random
+// hand-overs. (Block-sparse fits beside the rings since its table is gathered in S's layout: 107.)
 TEST_CASE("emulator: the masked forward on the ring producer equals the interpreter and the plain kernel") {
   const int64_t B = 1, Hq = 2, Hkv = 1, D = 128, BM = 128, BN = 128;
   std::mt19937 rng(29);
   const std::vector<int32_t> docs = testing::mask_documents(1, 384, 150, rng);
+  // block-sparse tiles of 128: query tile 1 sees no key tile (an empty list), tile 2 two of three
+  const std::vector<uint8_t> table{1, 0, 0, 0, 0, 0, 1, 0, 1};
   struct Case {
     kernels::MaskSpec spec;
     int64_t s_q, s_k;
+    int64_t empty_tile;  // a query tile that sees no key (-1: none)
   };
-  for (const Case& c : {Case{kernels::MaskSpec::sliding_window(90, 40), 512, 256}, Case{kernels::MaskSpec::global_sliding_window(16, 60, 30), 384, 384},
-                        Case{kernels::MaskSpec::causal_document(), 384, 384}}) {
+  for (const Case& c : {Case{kernels::MaskSpec::sliding_window(90, 40), 512, 256, 0}, Case{kernels::MaskSpec::global_sliding_window(16, 60, 30), 384, 384, -1},
+                        Case{kernels::MaskSpec::causal_document(), 384, 384, -1}, Case{kernels::MaskSpec::block_sparse(128, 128), 384, 384, 1}}) {
     const kernels::MaskSpec& spec = c.spec;
     INFO("mask " << std::string(kernels::mask_kind_name(spec.kind)));
     kernels::MaskData data;
     if (kernels::mask_uses_doc_ids(spec.kind)) data.doc_ids = {docs, {1, c.s_k}};
+    if (spec.kind == kernels::MaskKind::block_sparse) data.block_table = {table, {1, 1, 3, 3}};
     kernels::check_mask(spec, data, {B, Hq, c.s_q, c.s_k});
     const testing::MaskArgs mask(spec, data);
     std::vector<runtime::Arg> tail{0.088f};
@@ -593,8 +598,8 @@ TEST_CASE("emulator: the masked forward on the ring producer equals the interpre
         double seen = 0;
         for (int64_t row = 0; row < c.s_q; ++row) seen = std::max(seen, std::fabs(r.emu[3].get({0, row, 0, 0})));
         CHECK(seen > 0.01);  // (real outputs)
-        if (c.s_q > c.s_k) {  // (the window's diagonal at S_k - S_q: rows 0..215, query tile 0, see no key)
-          for (int64_t row = 0; row < BM; ++row) {
+        if (c.empty_tile >= 0) {  // (the window's diagonal at S_k - S_q: rows 0..215 see no key; the table's row 1)
+          for (int64_t row = c.empty_tile * BM; row < (c.empty_tile + 1) * BM; ++row) {
             CHECK(std::isinf(r.emu[4].get({0, 1, row})));
             CHECK(r.emu[3].get({0, row, 1, 5}) == 0.0);
           }

@@ -123,8 +123,8 @@ ForwardConfig ForwardConfig::read(Builder& kb) {
   // Q loaded through registers (once_by_tma off) converts inside the turn. Without the producer,
   // PIPELINE_QK without dropout. D 64 keeps the plain loop: its two programs per multiprocessor do
   // not fit beside a producer [044]. Library masks take RING_PRODUCER (the producer replays their
-  // intervals or lists; spill-free except share_question 260 B, causal_blockwise 76 B; block-sparse
-  // does not fit shared memory): off until timed, `attention_bench --masks --with RING_PRODUCER=1` [105].
+  // intervals or lists; spill-free except share_question 260 B, causal_blockwise 76 B, block-sparse
+  // 96 B): off until timed, `attention_bench --masks --with RING_PRODUCER=1` [105, 107].
   const bool dense128 = s.head_dim == 128 && !s.library_mask() && !s.varlen && !s.modded();
   c.ring_producer = kb.meta<bool>(mn::kRingProducer, dense128 && !c.rng_warps);
   if (*c.ring_producer && c.rng_warps)
