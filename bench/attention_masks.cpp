@@ -33,8 +33,7 @@ const int64_t kDocumentLengths[] = {1024, 3072, 512, 2560, 1536, 4096, 768, 2816
 // FlexAttention); data-dependent masks run the block-mask pre-pass first (not timed:
 // FlexAttention's block mask is also built once and reused). With --with: instead, an A/B of the
 // forward (the default metas against the default plus these, alternated rounds, outputs compared
-// bit for bit; PERSISTENT on a persistent grid), one MASK_AB line per mask; block-sparse masks are
-// skipped for RING_PRODUCER (the producer does not fit their table's exchange: test_emulator).
+// bit for bit; PERSISTENT on a persistent grid), one MASK_AB line per mask.
 int bench_masks(int max_reps, int64_t only_s, const std::string& forward_with) {
   using kernels::MaskKind;
   const ir::DType dt = ir::DType::bf16;
@@ -51,7 +50,8 @@ int bench_masks(int max_reps, int64_t only_s, const std::string& forward_with) {
                           {"causal_document", MaskKind::causal_document},
                           {"document", MaskKind::document},
                           {"global_64_sliding_window_1024", MaskKind::global_sliding_window, 512, 511, 64},
-                          {"prefix_lm_half", MaskKind::prefix_lm}};
+                          {"prefix_lm_half", MaskKind::prefix_lm},
+                          {"block_sparse_128", MaskKind::block_sparse}};
   const std::vector<int64_t> seqs = only_s != 0 ? std::vector<int64_t>{only_s} : std::vector<int64_t>{8192, 16384};
   for (const int64_t S : seqs) {
     const Config c{S, 128, false};
@@ -65,15 +65,22 @@ int bench_masks(int max_reps, int64_t only_s, const std::string& forward_with) {
         docs.push_back(static_cast<int32_t>(d)), --left;
       }
     const std::vector<int32_t> prefix(static_cast<size_t>(B), static_cast<int32_t>(S / 2));
-    DeviceBuffer d_docs(docs.size() * 4), d_prefix(prefix.size() * 4);
+    // a block-sparse table of 128 x 128 blocks [1, 1, nb, nb] (bench_block_table: flex_masks.py
+    // builds the same): the diagonal and about a third of the blocks besides
+    std::vector<uint8_t> table(static_cast<size_t>(nb * nb));
+    for (int64_t i = 0; i < nb; ++i)
+      for (int64_t j = 0; j < nb; ++j) table[static_cast<size_t>(i * nb + j)] = i == j || (i * 7 + j * 3) % 5 < 2 ? 1 : 0;
+    DeviceBuffer d_docs(docs.size() * 4), d_prefix(prefix.size() * 4), d_table(table.size());
     d_docs.upload(docs.data(), docs.size() * 4);
     d_prefix.upload(prefix.data(), prefix.size() * 4);
+    d_table.upload(table.data(), table.size());
     DeviceBuffer lists(static_cast<size_t>(B * nb * (nb + 1) * 2) * 4 + static_cast<size_t>(B * nb * nb));
     for (const MaskRun& r : runs) {
       kernels::MaskSpec spec;
       spec.kind = r.kind;
       spec.window_left = r.window_left, spec.window_right = r.window_right, spec.global_tokens = r.global;
-      const kernels::MaskData data{{docs, {B, S}}, {prefix, {B}}, {}};
+      if (r.kind == MaskKind::block_sparse) spec.block_q = spec.block_k = 128;
+      const kernels::MaskData data{{docs, {B, S}}, {prefix, {B}}, {table, {1, 1, nb, nb}}};
       const int64_t allowed = kernels::allowed_count(spec, data, {B, 1, S, S}) * H;  // no kind here depends on the head
       lang::Meta meta{{mn::kDtype, dt}, {mn::kHeadDim, D}, {mn::kBlockM, BM}, {mn::kBlockN, BN}, {mn::kBshd, true}, {mn::kMask, static_cast<int>(r.kind)},
                       {mn::kPositiveScale, true}};  // as the API launches it for softmax_scale > 0
@@ -84,14 +91,18 @@ int bench_masks(int max_reps, int64_t only_s, const std::string& forward_with) {
       std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), static_cast<float>(1 / std::sqrt(128.0))};
       const std::array<int64_t, 2> doc_sizes{B, S}, doc_strides{S, 1};
       const std::array<int64_t, 1> pre_sizes{B}, pre_strides{1};
+      const std::array<int64_t, 4> table_sizes{1, 1, nb, nb}, table_strides{nb * nb, nb * nb, nb, 1};
       const runtime::TensorView docs_v{ir::DType::i32, doc_sizes, doc_strides, d_docs.ptr(), 0},
-          prefix_v{ir::DType::i32, pre_sizes, pre_strides, d_prefix.ptr(), 0};
+          prefix_v{ir::DType::i32, pre_sizes, pre_strides, d_prefix.ptr(), 0},
+          table_v{ir::DType::u8, table_sizes, table_strides, d_table.ptr(), 0};
       for (const std::string& name : kernels::mask_parameter_names(r.kind)) {
         if (name == "mask_window_left") args.emplace_back(static_cast<int32_t>(r.window_left));
         else if (name == "mask_window_right") args.emplace_back(static_cast<int32_t>(r.window_right));
         else if (name == "mask_global_tokens") args.emplace_back(static_cast<int32_t>(r.global));
         else if (name == "mask_doc_ids") args.emplace_back(docs_v);
         else if (name == "mask_prefix_lengths") args.emplace_back(prefix_v);
+        else if (name == "mask_block_q" || name == "mask_block_k") args.emplace_back(int32_t{128});
+        else if (name == "mask_block_table") args.emplace_back(table_v);
         else throw std::logic_error("bench_masks: no argument for " + name);
       }
       // the pre-pass's lists: [B, 1, nb] counts, [B, 1, nb, nb] indices (document masks: per batch)
@@ -140,8 +151,7 @@ int bench_masks(int max_reps, int64_t only_s, const std::string& forward_with) {
         const auto on_in = [&](const char* name) {
           return std::ranges::any_of(with, [&](const auto& m) { return m.first == name && m.second == ir::MetaValue{true}; });
         };
-        const bool producer = on_in(mn::kRingProducer), persistent = on_in(mn::kPersistent);
-        if (producer && r.kind == MaskKind::block_sparse) continue;
+        const bool persistent = on_in(mn::kPersistent);
         lang::Meta on = meta;
         on.insert(on.end(), with.begin(), with.end());
         std::vector<Function> fns;
@@ -168,6 +178,7 @@ int bench_masks(int max_reps, int64_t only_s, const std::string& forward_with) {
         m.spec = spec;
         if (kernels::mask_uses_doc_ids(r.kind)) m.doc_ids = attention::contiguous(d_docs.ptr(), ir::DType::i32, {B, S});
         if (r.kind == MaskKind::prefix_lm) m.prefix_lengths = attention::contiguous(d_prefix.ptr(), ir::DType::i32, {B});
+        if (r.kind == MaskKind::block_sparse) m.block_table = attention::contiguous(d_table.ptr(), ir::DType::u8, {1, 1, nb, nb});
         opts.mask = m;
       }
       // bwd: the API's default (atomic at D 128 since decision 104; recompute with `deterministic`);

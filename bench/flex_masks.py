@@ -24,9 +24,17 @@ def doc_ids(S, device):
     return torch.tensor(ids[:S], device=device, dtype=torch.int32)
 
 
+def block_table(S, device):
+    """attention_bench's block-sparse table: 128 x 128 blocks, the diagonal and (7 i + 3 j) % 5 < 2."""
+    nb = (S + 127) // 128
+    i, j = torch.arange(nb)[:, None], torch.arange(nb)[None, :]
+    return ((i == j) | ((i * 7 + j * 3) % 5 < 2)).to(device)
+
+
 def masks(S, device):
     docs = doc_ids(S, device)
     prefix = S // 2
+    table = block_table(S, device)
     return {
         "causal": lambda b, h, q, k: k <= q,
         "causal_sliding_window_1024": lambda b, h, q, k: (k <= q) & (q - k <= 1023),
@@ -35,6 +43,7 @@ def masks(S, device):
         "document": lambda b, h, q, k: docs[q] == docs[k],
         "global_64_sliding_window_1024": lambda b, h, q, k: (k < 64) | (q < 64) | ((k >= q - 512) & (k <= q + 511)),
         "prefix_lm_half": lambda b, h, q, k: (k <= q) | (k < prefix),
+        "block_sparse_128": lambda b, h, q, k: table[q // 128, k // 128],
     }
 
 
