@@ -257,9 +257,11 @@ int bench_schedule_ab(const std::string& meta_name, int max_reps, const std::str
 // --backward-ab META: the dK/dV kernel alone (recompute, or --reduction atomic; the API's default
 // tiles for it) with a bool meta
 // off and on, D 64/128, S 4k, full and causal, alternated rounds; dK and dV compared bit for bit.
-// LSE from the forward; Delta from the preprocess kernel, as the API runs them.
+// LSE from the forward; Delta from the preprocess kernel, as the API runs them. --windows: the
+// library masks sliding_window (512 left, 511 right) and causal_sliding_window (1023) instead of
+// full and causal (interval masks: no pre-pass lists; the API's masked tiles).
 int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqReduction reduction, const std::string& with_meta,
-                      const std::optional<attention::Schedule>& on_schedule, double dropout_p, int64_t only_d, int64_t gqa) {
+                      const std::optional<attention::Schedule>& on_schedule, double dropout_p, int64_t only_d, int64_t gqa, bool windows) {
   const bool dropout = dropout_p > 0;  // --dropout P: fused dropout in both variants (the dropout backward's tiles)
   const Buffers buf;
   runtime::Stream stream;
@@ -275,14 +277,17 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqR
       const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c, Hkv);
       const DeltaBuffer delta = forward_and_delta(buf, c, stream, Hkv);
       const attention::Tensor& delta_view = delta.view;
-      const attention::Schedule base =
-          attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, static_cast<int>(D), causal, false, reduction, dropout);
+      // (--windows: `causal` picks the causal window; the kernel's CAUSAL meta stays off)
+      const kernels::MaskKind window = causal ? kernels::MaskKind::causal_sliding_window : kernels::MaskKind::sliding_window;
+      const attention::Schedule base = attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, static_cast<int>(D),
+                                                                   causal && !windows, false, reduction, dropout, windows);
       const std::array<attention::Schedule, 2> schedules{base, on_schedule.value_or(base)};
       std::vector<Function> fns;
       for (bool on : {false, true}) {
         const attention::Schedule& sch = schedules[on ? 1 : 0];
         lang::Meta meta{{mn::kDtype, ir::DType::bf16}, {mn::kHeadDim, D}, {mn::kBlockM, sch.block_m}, {mn::kBlockN, sch.block_n},
-                        {mn::kBshd, true}, {mn::kCausal, causal}};
+                        {mn::kBshd, true}, {mn::kCausal, causal && !windows}};
+        if (windows) meta.emplace_back(mn::kMask, static_cast<int64_t>(window));
         if (dropout) meta.emplace_back(mn::kDropout, true);
         // "A,B": all off, then all on; or "A=1,B=24:A=0,B=40" (the off and the on variant's metas)
         if (const size_t colon = meta_name.find(':'); colon != std::string::npos) {
@@ -311,6 +316,9 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqR
       };
       args.emplace_back(static_cast<float>(1 / std::sqrt(double(D))));
       if (dropout) add_dropout_key(args, dropout_p);
+      if (windows)  // the mask's scalars, after the kernel's own parameters
+        for (const std::string& name : kernels::mask_parameter_names(window))
+          args.emplace_back(static_cast<int32_t>(name == "mask_window_left" ? (causal ? 1023 : 512) : 511));
       // --with DROPOUT_BITS: the packed keep-mask read from memory (random words: timing only)
       const auto bits_buffer = add_random_mask_words(args, c, meta_flag(fns[0], mn::kDropoutBits));
       // DROPOUT_WRITE_BITS (a variant's own parameter, after the key): where it stores the mask's words
@@ -337,10 +345,11 @@ int bench_backward_ab(const std::string& meta_name, int max_reps, attention::DqR
         continue;
       }
       const attention::Schedule& on_s = schedules[1];
-      std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv reduction=%s dropout=%g D=%ld gqa=%ld causal=%d on_tiles=%dx%d/%dw/%ds off_ms=%.4f "
+      std::printf("BACKWARD_AB %s kernel=attention_bwd_dkdv reduction=%s dropout=%g D=%ld gqa=%ld causal=%d%s on_tiles=%dx%d/%dw/%ds off_ms=%.4f "
                   "on_ms=%.4f speedup=%.3f outputs_identical=%d\n",
                   meta_name.c_str(), ordered ? "ordered" : atomic ? "atomic" : "recompute", dropout ? dropout_p : 0.0, static_cast<long>(D),
-                  static_cast<long>(gqa), causal ? 1 : 0, on_s.block_m, on_s.block_n,
+                  static_cast<long>(gqa), causal ? 1 : 0, windows ? (causal ? " mask=causal_sliding_window" : " mask=sliding_window") : "",
+                  on_s.block_m, on_s.block_n,
                   on_s.num_warps, on_s.stages, r.off_ms, r.on_ms, r.off_ms / r.on_ms, r.identical ? 1 : 0);
       std::fflush(stdout);
     }
@@ -490,6 +499,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   ir::DType grid_dtype = ir::DType::bf16;  // the main grid: --dtype f16, --gqa G (K / V heads = H / G)
   int64_t gqa = 1;
+  bool windows = false;  // --backward-ab --windows: the sliding-window masks instead of full / causal
   attention::DqReduction ab_reduction = attention::DqReduction::recompute;  // --backward-ab ... --reduction atomic|ordered
   std::string check_dir;
   double dropout_p = -1;
@@ -524,6 +534,7 @@ int main(int argc, char** argv) {
     else if (a == "--pipeline-ab") schedule_ab = mn::kPipelineQk;
     else if (a == "--schedule-ab" && i + 1 < argc) schedule_ab = argv[++i];
     else if (a == "--backward-ab" && i + 1 < argc) backward_ab = argv[++i];
+    else if (a == "--windows") windows = true;
     else if (a == "--forward-variants") forward_variants = true;
     else if (a == "--with" && i + 1 < argc) with_meta = argv[++i];
     else if (a == "--deterministic") deterministic = true;
@@ -566,7 +577,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] [--phases] [--head-dim D] | --mask-kernel | --dq-variants [--dropout P] [--head-dim D] | --dq-ab META [--dropout P] [--with M,..] [--head-dim D] | --tool-ab | --pairs-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks [--seq S] [--with M=V,..] | --schedule-ab META | --backward-ab META [--dropout P] [--head-dim D] [--gqa G] | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] [--phases] [--head-dim D] | --mask-kernel | --dq-variants [--dropout P] [--head-dim D] | --dq-ab META [--dropout P] [--with M,..] [--head-dim D] | --tool-ab | --pairs-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks [--seq S] [--with M=V,..] | --schedule-ab META | --backward-ab META [--dropout P] [--head-dim D] [--gqa G] [--windows] | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -581,7 +592,7 @@ int main(int argc, char** argv) {
     if (forward_variants) return bench_forward_variants(reps, only_d, dropout_p, quick, with_meta);
     if (mask_kernel) return bench_mask_kernel(dropout_p >= 0 ? dropout_p : 0.1, reps);
     if (dq_variants || !dq_ab.empty()) return bench_dq_variants(reps, dropout_p, only_d, dq_ab, with_meta);
-    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_reduction, with_meta, schedule, dropout_p, only_d, gqa);
+    if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_reduction, with_meta, schedule, dropout_p, only_d, gqa, windows);
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only, only_d ? only_d : 128, phases);
     if (masks) return bench_masks(reps, only_s, with_meta);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout, only_s ? only_s : 4096);
