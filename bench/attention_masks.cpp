@@ -27,14 +27,14 @@ const int64_t kDocumentLengths[] = {1024, 3072, 512, 2560, 1536, 4096, 768, 2816
 
 }  // namespace
 
-// --masks [--seq S] [--with M=V,..]: the forward with library masks (issue 8) at S = 8k and 16k (or S), D128, bf16, B*S = 16k,
+// --masks [--seq S] [--head-dim 64] [--with M=V,..]: the forward with library masks (issue 8) at S = 8k and 16k (or S), D128 (or 64: 32 heads), bf16, B*S = 16k,
 // 16 heads; TFLOP/s count only the unmasked elements (4 * D per allowed (row, key)). Document
 // masks use bench_document_lengths (bench/flex_masks.py builds the same documents for
 // FlexAttention); data-dependent masks run the block-mask pre-pass first (not timed:
 // FlexAttention's block mask is also built once and reused). With --with: instead, an A/B of the
 // forward (the default metas against the default plus these, alternated rounds, outputs compared
 // bit for bit; PERSISTENT on a persistent grid), one MASK_AB line per mask.
-int bench_masks(int max_reps, int64_t only_s, const std::string& forward_with) {
+int bench_masks(int max_reps, int64_t only_s, const std::string& forward_with, int64_t head_dim) {
   using kernels::MaskKind;
   const ir::DType dt = ir::DType::bf16;
   const Buffers buf;
@@ -54,8 +54,12 @@ int bench_masks(int max_reps, int64_t only_s, const std::string& forward_with) {
                           {"block_sparse_128", MaskKind::block_sparse}};
   const std::vector<int64_t> seqs = only_s != 0 ? std::vector<int64_t>{only_s} : std::vector<int64_t>{8192, 16384};
   for (const int64_t S : seqs) {
-    const Config c{S, 128, false};
-    const int64_t B = c.B(), H = c.H(), D = c.D, BM = 128, BN = 128, nb = (S + 127) / 128;
+    const Config c{S, head_dim, false};
+    // the forward's tiles as the API takes them for a masked call (D 64: two programs an SM, rcp)
+    const attention::Schedule fs = attention::default_schedule(attention::Pass::forward, dt, static_cast<int>(head_dim), false, false,
+                                                               attention::DqReduction::recompute, false, true);
+    const int64_t B = c.B(), H = c.H(), D = c.D, BM = fs.block_m, BN = fs.block_n, nb = (S + 127) / 128;
+    if (BM != 128 || BN != 128) throw std::logic_error("bench_masks: the lists and tables below assume 128 x 128 forward tiles");
     const auto [Q, K, V, O, dO, dQ, dK, dV, L] = buf.views(c);
     // document ids [B, S] and prefix lengths [B]
     std::vector<int32_t> docs;
@@ -85,10 +89,12 @@ int bench_masks(int max_reps, int64_t only_s, const std::string& forward_with) {
       lang::Meta meta{{mn::kDtype, dt}, {mn::kHeadDim, D}, {mn::kBlockM, BM}, {mn::kBlockN, BN}, {mn::kBshd, true}, {mn::kMask, static_cast<int>(r.kind)},
                       {mn::kPositiveScale, true}};  // as the API launches it for softmax_scale > 0
       jit::CompileOptions o;
-      o.num_warps = 8;
-      o.pipeline.stages = 2;
+      o.num_warps = fs.num_warps;
+      o.pipeline.stages = fs.stages;
+      o.min_programs_per_sm = fs.min_programs_per_sm;
+      if (fs.min_programs_per_sm > 0) meta.emplace_back(mn::kExactNormalize, false);
       Function fwd(kernels::attention_forward(), meta, o);
-      std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), static_cast<float>(1 / std::sqrt(128.0))};
+      std::vector<runtime::DeviceArg> args{Q.view(), K.view(), V.view(), O.view(), L.view(), static_cast<float>(1 / std::sqrt(double(D)))};
       const std::array<int64_t, 2> doc_sizes{B, S}, doc_strides{S, 1};
       const std::array<int64_t, 1> pre_sizes{B}, pre_strides{1};
       const std::array<int64_t, 4> table_sizes{1, 1, nb, nb}, table_strides{nb * nb, nb * nb, nb, 1};

@@ -19,7 +19,7 @@ int bench_forward_variants(int max_reps, int64_t only_d, double dropout_p, bool 
 int bench_dq_variants(int max_reps, double dropout_p, int64_t only_d, const std::string& ab_meta = {}, const std::string& with_meta = {});
 int bench_mask_kernel(double p, int max_reps);
 // attention_masks.cpp
-int bench_masks(int max_reps, int64_t only_s, const std::string& forward_with);
+int bench_masks(int max_reps, int64_t only_s, const std::string& forward_with, int64_t head_dim);
 // attention_check.cpp
 int check(const std::string& dir);
 // attention_build_ab.cpp, attention_timing_ab.cpp

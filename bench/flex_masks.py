@@ -3,7 +3,7 @@
 same shapes and documents; prints one FLEX line per (mask, S) (S 8k and 16k, or `--seq S`). TFLOP/s count unmasked elements only
 (4 * D per allowed (row, key); backward 2.5x), as the C++ side does. The backward's time is that of
 forward + backward minus the forward's. Run on the GPU machine:
-    python3 bench/flex_masks.py [--seq S]
+    python3 bench/flex_masks.py [--seq S] [--head-dim 64]
 """
 import argparse
 
@@ -13,7 +13,7 @@ from torch.nn.attention.flex_attention import flex_attention, create_block_mask
 from timing import queued_ms  # bench/timing.py: attention_bench's rule, both sides of the masks table
 
 DOC_LENGTHS = [1024, 3072, 512, 2560, 1536, 4096, 768, 2816]  # bench/attention.cpp kDocumentLengths
-TOKENS, HIDDEN, D = 16384, 2048, 128
+TOKENS, HIDDEN = 16384, 2048
 
 
 def doc_ids(S, device):
@@ -50,7 +50,10 @@ def masks(S, device):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=0, help="only this sequence length (attention_bench --masks --seq S)")
-    seqs = (ap.parse_args().seq,) if ap.parse_args().seq else (8192, 16384)
+    ap.add_argument("--head-dim", type=int, default=128, choices=(64, 128), help="attention_bench --masks --head-dim D")
+    args = ap.parse_args()
+    seqs = (args.seq,) if args.seq else (8192, 16384)
+    D = args.head_dim
     dev = "cuda"
     # one compile per mask and shape: each mask_mod is a new function, and dynamo's default cache
     # limit (8) would otherwise fall back to the unfused eager path after the first shape

@@ -222,6 +222,8 @@ TEST_CASE("attention backward: the API's default kernels spill no more than thei
       {"attention_bwd_dkdv D128 causal 3 plain", 256},             //
       {"attention_bwd_dkdv D128 causal_document 1 writer", 48},    // (the element mask's document ids)
       {"attention_bwd_dkdv D128 block_sparse 1 writer", 260},      // (the lists and the block table)
+      {"attention_bwd_dkdv D64 causal_document 1 writer", 92},     // (128 x 128 tiles: 108)
+      {"attention_bwd_dkdv D64 block_sparse 1 writer", 332},       //
   };
   struct Job {
     std::string label;
@@ -246,16 +248,17 @@ TEST_CASE("attention backward: the API's default kernels spill no more than thei
                       ring && std::get<bool>(*ring) ? "ring" : "plain");
       jobs.push_back({label, std::move(spec), {}, {}});
     }
-  // library masks at D 128 with atomic: dK/dV on the producer and the dQ writer (decision 102)
-  for (const kernels::MaskKind m : {kernels::MaskKind::sliding_window, kernels::MaskKind::causal_document, kernels::MaskKind::block_sparse})
-    for (runtime::BundleEntrySpec& spec : attention::bundle_specs(ir::DType::bf16, 128, m, false, true, {}, false, attention::DqReduction::atomic)) {
-      if (spec.kernel != "attention_bwd_dkdv") continue;
-      const ir::Function fn = spec.build();
-      const ir::MetaEntry* writer = fn.find_meta("DQ_WRITER");
-      if (!writer || !std::get<bool>(writer->value)) continue;  // (the kernel for unaligned LSE rows: no ring)
-      jobs.push_back({fmt::format("{} D128 {} 1 writer", spec.kernel, kernels::mask_kind_name(m)), std::move(spec), {}, {}});
-    }
-  REQUIRE(jobs.size() >= 19);  // (preprocess, dK/dV twice per reduction, dQ, convert: four calls; three masked)
+  // library masks with atomic: dK/dV on the producer and the dQ writer (decisions 102, 108)
+  for (const int d : {64, 128})
+    for (const kernels::MaskKind m : {kernels::MaskKind::sliding_window, kernels::MaskKind::causal_document, kernels::MaskKind::block_sparse})
+      for (runtime::BundleEntrySpec& spec : attention::bundle_specs(ir::DType::bf16, d, m, false, true, {}, false, attention::DqReduction::atomic)) {
+        if (spec.kernel != "attention_bwd_dkdv") continue;
+        const ir::Function fn = spec.build();
+        const ir::MetaEntry* writer = fn.find_meta("DQ_WRITER");
+        if (!writer || !std::get<bool>(writer->value)) continue;  // (the kernel for unaligned LSE rows: no ring)
+        jobs.push_back({fmt::format("{} D{} {} 1 writer", spec.kernel, d, kernels::mask_kind_name(m)), std::move(spec), {}, {}});
+      }
+  REQUIRE(jobs.size() >= 22);  // (preprocess, dK/dV twice per reduction, dQ, convert: four calls; six masked)
   std::vector<std::thread> pool;
   std::atomic<size_t> next{0};
   for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t)

@@ -972,16 +972,18 @@ TEST_CASE("emulator: dK/dV with the atomic dQ reduction (TMA add-reduces) equals
   }
 }
 
-// The dQ writer under a library mask (decision 102: the masks backward's route): the producer and
-// the writer follow the walk the mask gives -- its intervals (sliding window, whose key tiles see
-// different query-tile counts) or the pre-pass's lists (causal document, ragged documents) -- over
-// two query heads a program, warp by warp with random hand-overs too.
+// The dQ writer under a library mask (decisions 102, 108: the masks backward's route, D 128 and D 64):
+// the producer and the writer follow the walk the mask gives -- its intervals (sliding window, whose
+// key tiles see different query-tile counts) or the pre-pass's lists (causal document, ragged
+// documents) -- over two query heads a program, warp by warp with random hand-overs too.
 TEST_CASE("emulator: atomic dK/dV on the dQ writer with a library mask equals the interpreter") {
-  const int64_t B = 1, Hq = 2, Hkv = 1, S = 384, D = 128, BM = 64, BN = 128;
+  const int64_t B = 1, Hq = 2, Hkv = 1, S = 384, BN = 128;
   const float scale = 0.088f;
   std::mt19937 rng(17);
+  // D 128 on 64 x 128 tiles (decision 102), D 64 on 128 x 128 (dS K split by rows: 108)
+  for (const auto& [D, BM] : {std::pair<int64_t, int64_t>{128, 64}, std::pair<int64_t, int64_t>{64, 128}})
   for (const kernels::MaskSpec& spec : {kernels::MaskSpec::sliding_window(90, 40), kernels::MaskSpec::causal_document()}) {
-    INFO("mask " << kernels::mask_kind_name(spec.kind));
+    INFO("D " << D << " mask " << std::string(kernels::mask_kind_name(spec.kind)));
     const bool lists = !kernels::mask_has_tile_intervals(spec.kind);
     kernels::MaskData data;
     if (kernels::mask_uses_doc_ids(spec.kind)) data.doc_ids = {testing::mask_documents(1, S, 150, rng), {1, S}};

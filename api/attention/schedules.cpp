@@ -53,9 +53,10 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
       if (head_dim >= 256) return {32, 64, 8, 2};
       // a reduction: 8 warps at D 128, where the dQ dot's split fits
       if (reduction != DqReduction::recompute && head_dim % 128 == 0) return {64, 128, 8, 2};
-      // D 64 atomic, dense: 128 x 128 on 8 warps (FA3's D 64 tiles) with the ring producer and the dQ
-      // writer (dkdv_ring_options): 1.03-1.15x recompute's backward from S 2k (decision 101)
-      if (reduction == DqReduction::atomic && head_dim == 64 && !dropout && !library_mask && !score_mod) return {128, 128, 8, 2};
+      // D 64 atomic: 128 x 128 on 8 warps (FA3's D 64 tiles) with the ring producer and the dQ
+      // writer (dkdv_ring_options): 1.03-1.15x recompute's backward from S 2k, dense (decision 101);
+      // under library masks too (108: emulator-checked, untimed; recompute stays their D 64 default)
+      if (reduction == DqReduction::atomic && head_dim == 64 && !dropout && !score_mod) return {128, 128, 8, 2};
       // D 64 recompute without dropout or a library mask: full, 128 query rows a visit on one
       // warpgroup, two programs an SM (254 registers): 1.03-1.13x decision 022's 64 x 64 at three
       // programs an SM in the H200 tuning sweeps (083). Causal keeps 022's: 128-row visits lost 7%
@@ -196,11 +197,13 @@ DkdvRingOptions dkdv_ring_options(const Config& c, bool row_vectors_aligned) {
   if (!row_vectors_aligned || c.varlen || c.score_mod != 0 || !declares(Pass::bwd_dkdv, mn::kLseInRing)) return {};
   // (the producer at the measured schedule only: it needs whole warpgroups and one program an SM)
   const bool measured_tiles = c.sch.block_n == 128 && c.sch.num_warps == 8 && c.sch.min_programs_per_sm <= 1;
-  // Library masks: atomic at D 128 on the measured tiles, with the producer and the dQ writer walking
-  // the mask's intervals or lists (decision 102; emulator-checked, untimed); otherwise none
+  // Library masks: atomic on the measured tiles (D 128: 64 x 128, decisions 102 and 104; D 64:
+  // 128 x 128, 108), with the producer and the dQ writer walking the mask's intervals or lists;
+  // otherwise none
   if (c.mask != 0) {
-    const bool writer = c.reduction == static_cast<int>(DqReduction::atomic) && c.head_dim == 128 && !c.dropout && c.sch.block_m == 64 &&
-                        measured_tiles && declares(Pass::bwd_dkdv, mn::kRingProducer) && declares(Pass::bwd_dkdv, mn::kDqWriter);
+    const bool tiles = (c.head_dim == 128 && c.sch.block_m == 64) || (c.head_dim == 64 && c.sch.block_m == 128);
+    const bool writer = c.reduction == static_cast<int>(DqReduction::atomic) && tiles && !c.dropout && measured_tiles &&
+                        declares(Pass::bwd_dkdv, mn::kRingProducer) && declares(Pass::bwd_dkdv, mn::kDqWriter);
     if (!writer) return {};
     return {.lse_in_ring = true, .ring_producer = true, .dq_writer = true};
   }
