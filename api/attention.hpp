@@ -236,7 +236,8 @@ struct Options {
   bool q_descending = false;
   // Backward only: dq, dk and dv are f32 and receive += the gradients (gradient accumulation
   // across micro-batches or context-parallel calls) instead of being overwritten; the kernels'
-  // epilogues add (ACCUMULATE), so no separate pass reads them. With dq_reduction = recompute.
+  // epilogues add (ACCUMULATE), so no separate pass reads them. With dq_reduction recompute (the
+  // default here) or atomic (dK/dV add; attention_bwd_dq_convert adds scale * dQ_accum into dq).
   bool accumulate_gradients = false;
   // Backward only: the kernels this call runs (see BackwardPhase).
   BackwardPhase backward_phase = BackwardPhase::all;

@@ -118,8 +118,9 @@ TEST_CASE("attention backward: the default schedules assemble for sm_90a through
 }
 
 // ACCUMULATE: dQ, dK, dV are f32 and receive += the gradients (gradient accumulation; context
-// parallelism's sums). Prefilled with random values, the outputs minus the prefill are the exact
-// gradients, and equal the plain kernels' (bf16) outputs up to their rounding.
+// parallelism's sums), with the recompute reduction and with the atomic one (dQ added by the convert
+// pass). Prefilled with random values, the outputs minus the prefill are the exact gradients, and
+// equal the plain kernels' (bf16) outputs up to their rounding.
 TEST_CASE("attention backward: ACCUMULATE adds f32 gradients into the outputs") {
   for (auto [c, blocks] : {std::pair{Case{1, 4, 2, 70, 130, 64, true, true}, Blocks{}}, std::pair{Case{2, 2, 1, 50, 45, 64, false, false}, Blocks{32, 16}},
                            std::pair{Case{1, 2, 2, 40, 72, 128, true, true}, Blocks{}}}) {
@@ -154,9 +155,25 @@ TEST_CASE("attention backward: ACCUMULATE adds f32 gradients into the outputs") 
       runtime::interpret(kernels::attention_backward_dq().build(*m), {q_blocks, c.Hq, c.B},
                          {q, k, v, dout, lse, delta, acc ? dq32 : dq, scale});
     }
+    // The atomic reduction accumulating: dK/dV add into the f32 sums and dQ's parts into a zeroed
+    // dQ_accum; the convert pass adds scale * dQ_accum into dQ's sums (same prefills).
+    HostTensor dq32a(f32, c.q_shape()), dk32a(f32, c.kv_shape()), dv32a(f32, c.kv_shape()), dq_accum(f32, {c.B, c.Hq, c.Sq, c.D});
+    dq32a.fill_normal(25, 0, 1);
+    dk32a.fill_normal(26, 0, 1);
+    dv32a.fill_normal(27, 0, 1);
+    dq_accum.fill(0.0);
+    Meta atomic = accumulate;
+    atomic.emplace_back("DQ_REDUCTION", int64_t{1});
+    runtime::interpret(kernels::attention_backward_dkdv().build(atomic), {k_blocks, c.Hkv, c.B},
+                       {q, k, v, dout, lse, delta, dk32a, dv32a, dq_accum, scale});
+    runtime::interpret(kernels::attention_backward_dq_convert().build(
+                           {{"DTYPE", T}, {"BLOCK_M", blocks.m}, {"HEAD_DIM", c.D}, {"BSHD", c.bshd}, {"ACCUMULATE", true}}),
+                       {q_blocks, c.Hq, c.B}, {dq_accum, dq32a, scale});
     const testing::AttentionBackwardRef ref = testing::attention_backward_ref(c, q, k, v, dout, scale);
     for (auto [name, sum, prefill, plain, exact] :
-         {std::tuple{"dq", &dq32, &dq0, &dq, &ref.dq}, std::tuple{"dk", &dk32, &dk0, &dk, &ref.dk}, std::tuple{"dv", &dv32, &dv0, &dv, &ref.dv}}) {
+         {std::tuple{"dq", &dq32, &dq0, &dq, &ref.dq}, std::tuple{"dk", &dk32, &dk0, &dk, &ref.dk}, std::tuple{"dv", &dv32, &dv0, &dv, &ref.dv},
+          std::tuple{"dq (atomic)", &dq32a, &dq0, &dq, &ref.dq}, std::tuple{"dk (atomic)", &dk32a, &dk0, &dk, &ref.dk},
+          std::tuple{"dv (atomic)", &dv32a, &dv0, &dv, &ref.dv}}) {
       std::vector<double> added = sum->to_f64();
       for (size_t i = 0; i < added.size(); ++i) added[i] -= (*prefill)[i];
       const std::vector<double> rounded = plain->to_f64();

@@ -966,7 +966,8 @@ TEST_CASE("gpu: attention API, mask kind causal equals options.causal bit for bi
 
 // options.accumulate_gradients: f32 dq, dk, dv prefilled with random values receive += the
 // gradients; minus the prefill they are the plain backward's (bf16) up to its rounding. D 64 and
-// 128, causal and not, with dropout (the kernels' epilogues on the wgmma paths).
+// 128, causal and not, with dropout (the kernels' epilogues on the wgmma paths), with the recompute
+// and the atomic reduction.
 TEST_CASE("gpu: attention API, accumulate_gradients adds the plain backward's gradients") {
   if (!runs_here(true)) return;
   for (int64_t D : {64, 128})
@@ -980,29 +981,34 @@ TEST_CASE("gpu: attention API, accumulate_gradients adds the plain backward's gr
       pv.fill_normal(7, 0, 1);
       runtime::Stream stream;
       DeviceCall call(c, in);
-      auto s_dq = DeviceTensor::from_host(pq), s_dk = DeviceTensor::from_host(pk), s_dv = DeviceTensor::from_host(pv);
       attention::Options opts;
       opts.causal = causal;
       if (attention::dropout_supported()) opts.dropout_p = 0.1, opts.seed = 77;
       call.forward(opts, stream);
       call.backward(opts, stream);
-      attention::Options acc = opts;
-      acc.accumulate_gradients = true;
-      const auto view = DeviceCall::view;
-      attention::backward(view(call.q), view(call.k), view(call.v), view(call.o), view(call.dout), view(call.lse), view(s_dq),
-                          view(s_dk), view(s_dv), acc, stream.handle());
-      stream.synchronize();
-      for (auto [name, plain, sum, prefill] : {std::tuple{"dq", &call.dq, &s_dq, &pq}, std::tuple{"dk", &call.dk, &s_dk, &pk},
-                                               std::tuple{"dv", &call.dv, &s_dv, &pv}}) {
-        const std::vector<double> a = plain->to_host().to_f64(), b = sum->to_host().to_f64(), p0 = prefill->to_f64();
-        double worst = 0, big = 0;
-        for (size_t i = 0; i < a.size(); ++i) {
-          worst = std::max(worst, std::abs(b[i] - p0[i] - a[i]));
-          big = std::max(big, std::abs(a[i]));
+      // recompute (the kernels' epilogues add) and atomic (dK/dV add; the convert pass adds dQ)
+      for (const attention::DqReduction r : {attention::DqReduction::recompute, attention::DqReduction::atomic}) {
+        INFO("reduction " << attention::name(r));
+        auto s_dq = DeviceTensor::from_host(pq), s_dk = DeviceTensor::from_host(pk), s_dv = DeviceTensor::from_host(pv);
+        attention::Options acc = opts;
+        acc.accumulate_gradients = true;
+        acc.dq_reduction = r;
+        const auto view = DeviceCall::view;
+        attention::backward(view(call.q), view(call.k), view(call.v), view(call.o), view(call.dout), view(call.lse), view(s_dq),
+                            view(s_dk), view(s_dv), acc, stream.handle());
+        stream.synchronize();
+        for (auto [name, plain, sum, prefill] : {std::tuple{"dq", &call.dq, &s_dq, &pq}, std::tuple{"dk", &call.dk, &s_dk, &pk},
+                                                 std::tuple{"dv", &call.dv, &s_dv, &pv}}) {
+          const std::vector<double> a = plain->to_host().to_f64(), b = sum->to_host().to_f64(), p0 = prefill->to_f64();
+          double worst = 0, big = 0;
+          for (size_t i = 0; i < a.size(); ++i) {
+            worst = std::max(worst, std::abs(b[i] - p0[i] - a[i]));
+            big = std::max(big, std::abs(a[i]));
+          }
+          INFO(name << ": largest |(sum - prefill) - plain| " << worst << ", largest value " << big);
+          CHECK(big > 0.01);
+          CHECK(worst <= big / 64 + 1e-4);  // bf16's rounding of the plain output (and the f32 add)
         }
-        INFO(name << ": largest |(sum - prefill) - plain| " << worst << ", largest value " << big);
-        CHECK(big > 0.01);
-        CHECK(worst <= big / 64 + 1e-4);  // bf16's rounding of the plain output (and the f32 add)
       }
     }
 }

@@ -379,10 +379,12 @@ void check_reduction_option(const Checker& c, const Options& opts, Dims& d, bool
   d.reduction = reduction;
   d.q_descending = opts.q_descending;
   if (!opts.accumulate_gradients) return;
-  if (reduction != DqReduction::recompute)
-    c.fail("options.accumulate_gradients with options.dq_reduction = {}; the accumulating kernels add dQ in attention_bwd_dq: "
-           "recompute only", name(reduction));
-  for (Pass p : {Pass::bwd_dkdv, Pass::bwd_dq})
+  // recompute: dK/dV and dQ add into the sums in their epilogues; atomic: dK/dV adds, and the
+  // convert pass adds scale * dQ_accum into dQ's sums
+  if (reduction != DqReduction::recompute && reduction != DqReduction::atomic)
+    c.fail("options.accumulate_gradients with options.dq_reduction = {}; the accumulating kernels add dQ in attention_bwd_dq "
+           "(recompute) or attention_bwd_dq_convert (atomic) only", name(reduction));
+  for (Pass p : {Pass::bwd_dkdv, dq_pass(reduction)})
     if (!declares(p, mn::kAccumulate))
       c.fail("options.accumulate_gradients: this build's {} kernel has no ACCUMULATE meta", name(p));
   d.accumulate = true;

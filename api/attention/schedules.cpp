@@ -292,7 +292,12 @@ lang::Meta meta_of(const Config& c) {
       all = k.to_meta();
       break;
     }
-    case Pass::bwd_dq_convert: all = tiled(kernels::DqConvertConfig{}).to_meta(); break;
+    case Pass::bwd_dq_convert: {
+      kernels::DqConvertConfig k = tiled(kernels::DqConvertConfig{});
+      k.accumulate = c.accumulate;
+      all = k.to_meta();
+      break;
+    }
     case Pass::bwd_dq_reduce: all = tiled(kernels::DqReduceConfig{}).to_meta(); break;
   }
   lang::Meta used;
@@ -327,7 +332,7 @@ Config config(Pass p, const Tensor& q, const Dims& d, const Options& opts) {
                 p == Pass::forward && d.scale > 0 && d.score_mod == kernels::ScoreModKind::none && declares(p, mn::kPositiveScale)};
   c.persistent = p == Pass::forward && declares(p, mn::kPersistent) && !c.varlen &&
                  opts.persistent.value_or(forward_persistent(c.head_dim, c.varlen, c.mask, c.score_mod, c.dropout));
-  c.accumulate = d.accumulate && (p == Pass::bwd_dkdv || p == Pass::bwd_dq);
+  c.accumulate = d.accumulate && (p == Pass::bwd_dkdv || p == Pass::bwd_dq || p == Pass::bwd_dq_convert);
   c.write_bits = p == Pass::bwd_dkdv && d.mask_once;
   c.words_key_major = (p == Pass::bwd_dkdv || p == Pass::bwd_dq) && d.mask_once;
   if (p == Pass::bwd_dkdv) {

@@ -40,11 +40,14 @@ const Kernel& attention_backward_dq_convert() {
     const DType T = cfg.spec.dtype;
     const int64_t BM = cfg.block_m, D = cfg.spec.head_dim;
     auto accum = kb.tensor("dQ_accum", f32, 4, kRowMajor);
-    auto dQ = kb.tensor("dQ", T, 4, kRowMajor);
+    auto dQ = kb.tensor("dQ", cfg.accumulate ? f32 : T, 4, kRowMajor);
     auto softmax_scale = kb.scalar<float>("softmax_scale");
     auto m0 = program_id(0) * BM, h = program_id(1);
     HeadRows rows(program_id(2), D, cfg.spec.bshd, /*varlen=*/false);
-    store(rows(dQ, h, m0, BM), cast(T, load(accum.block({rows.b, h, m0, 0}, {BM, D})) * softmax_scale));
+    Tile scaled = load(accum.block({rows.b, h, m0, 0}, {BM, D})) * softmax_scale;
+    // ACCUMULATE: the f32 sums += this call's dQ (gradient accumulation, context parallelism's sums)
+    if (cfg.accumulate) store(rows(dQ, h, m0, BM), load(rows(dQ, h, m0, BM)) + scaled);
+    else store(rows(dQ, h, m0, BM), cast(T, scaled));
   });
   return kern;
 }

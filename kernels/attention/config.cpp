@@ -421,7 +421,8 @@ PreprocessConfig PreprocessConfig::read(Builder& kb) {
 }
 
 Meta DqConvertConfig::to_meta() const {
-  return Meta{{mn::kDtype, spec.dtype}, {mn::kBlockM, block_m}, {mn::kHeadDim, spec.head_dim}, {mn::kBshd, spec.bshd}};
+  return Meta{{mn::kDtype, spec.dtype}, {mn::kBlockM, block_m}, {mn::kHeadDim, spec.head_dim}, {mn::kBshd, spec.bshd},
+              {mn::kAccumulate, accumulate}};
 }
 
 DqConvertConfig DqConvertConfig::read(Builder& kb) {
@@ -431,6 +432,7 @@ DqConvertConfig DqConvertConfig::read(Builder& kb) {
   c.block_m = kb.meta<int>(mn::kBlockM, 64);
   s.head_dim = kb.meta<int>(mn::kHeadDim, 64);
   s.bshd = kb.meta<bool>(mn::kBshd, false);
+  c.accumulate = kb.meta<bool>(mn::kAccumulate, false);
   return c;
 }
 

@@ -227,8 +227,11 @@ struct PreprocessConfig {
 struct DqConvertConfig {
   AttentionSpec spec;
   int64_t block_m = 64;  // any: the convert is elementwise
+  // ACCUMULATE: dQ is f32 and receives += scale * dQ_accum (accumulate_gradients with the atomic
+  // reduction) instead of being written in the dtype
+  bool accumulate = false;
 
-  lang::Meta to_meta() const;  // DTYPE, BLOCK_M, HEAD_DIM, BSHD
+  lang::Meta to_meta() const;  // DTYPE, BLOCK_M, HEAD_DIM, BSHD, ACCUMULATE
   static DqConvertConfig read(lang::Builder& kb);
 };
 
