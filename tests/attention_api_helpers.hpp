@@ -1,6 +1,7 @@
-// Helpers of the attention API's tests: the API's view of a device tensor, and the configuration
-// attention::forward / the recompute backward's dK/dV and dQ build for a dense bf16 call before any tuned
-// choice (what the tuning tests hand to attention::detail::with_tuned_choice).
+// Helpers of the attention API's tests: the API's view of a device tensor, the configuration
+// attention::forward / the backward's dK/dV (recompute or atomic) and dQ build for a dense bf16 call
+// before any tuned choice, and such a call's dimensions (what the tuning tests hand to
+// attention::detail::with_tuned_choice).
 #pragma once
 
 #include <algorithm>
@@ -11,21 +12,33 @@
 
 namespace testing {
 
-inline tilejit::attention::detail::Config api_config(tilejit::attention::Pass pass, int64_t head_dim, bool causal) {
+inline tilejit::attention::detail::Config api_config(tilejit::attention::Pass pass, int64_t head_dim, bool causal,
+                                                     tilejit::kernels::DqReduction reduction = tilejit::kernels::DqReduction::recompute) {
   namespace attention = tilejit::attention;
   attention::detail::Config a{};
   a.pass = pass;
   a.dtype = tilejit::ir::DType::bf16;
   a.head_dim = static_cast<int>(head_dim);
   a.causal = causal;
-  a.sch = attention::default_schedule(pass, a.dtype, a.head_dim, causal, false, tilejit::kernels::DqReduction::recompute, false);
+  if (pass == attention::Pass::bwd_dkdv) a.reduction = static_cast<int>(reduction);
+  a.sch = attention::default_schedule(pass, a.dtype, a.head_dim, causal, false, reduction, false);
   if (pass == attention::Pass::forward) {
     a.positive_scale = true;
     a.persistent = attention::detail::forward_persistent(a.head_dim, false, 0, 0, false);
   } else if (pass == attention::Pass::bwd_dkdv) {
-    a.lse_in_ring = attention::detail::dkdv_ring_options(a, true).lse_in_ring;
+    const attention::detail::DkdvRingOptions r = attention::detail::dkdv_ring_options(a, true);
+    a.lse_in_ring = r.lse_in_ring, a.ring_producer = r.ring_producer, a.dq_writer = r.dq_writer;
   }
   return a;
+}
+
+// A dense call's dimensions: B, H (query and key heads), S (both lengths), D, causal; LSE rows
+// 16-byte aligned (S % 4 == 0), as the API records them.
+inline tilejit::attention::detail::Dims dense_dims(int64_t batch, int64_t heads, int64_t seq, int64_t head_dim, bool causal) {
+  tilejit::attention::detail::Dims d;
+  d.batch = batch, d.heads_q = d.heads_kv = heads, d.seq_q = d.seq_k = seq, d.head_dim = head_dim, d.causal = causal;
+  d.row_vectors_aligned = seq % 4 == 0;
+  return d;
 }
 
 // The API's logical [B, S, H, D] view of a device tensor ([B, H, S, D] memory when `bhsd`).

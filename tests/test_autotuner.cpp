@@ -431,12 +431,7 @@ TEST_CASE("spaces: the dK/dV space with the atomic reduction: the API's kernel b
       // every valid config with the writer has the producer; some valid configs run without either
       CHECK(std::ranges::all_of(valid, [](const TuningConfig& c) { return c.get("DQ_WRITER") == 0 || c.get("RING_PRODUCER") == 1; }));
       CHECK(std::ranges::any_of(valid, [](const TuningConfig& c) { return c.get("RING_PRODUCER") == 0; }));
-      attention::detail::Config a = ::testing::api_config(attention::Pass::bwd_dkdv, d, causal);
-      a.reduction = static_cast<int>(kernels::DqReduction::atomic);
-      a.sch = attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, static_cast<int>(d), causal, false,
-                                          kernels::DqReduction::atomic);
-      const attention::detail::DkdvRingOptions r = attention::detail::dkdv_ring_options(a, true);
-      a.lse_in_ring = r.lse_in_ring, a.ring_producer = r.ring_producer, a.dq_writer = r.dq_writer;
+      const attention::detail::Config a = ::testing::api_config(attention::Pass::bwd_dkdv, d, causal, kernels::DqReduction::atomic);
       const ir::Function api = kernels::attention_backward_dkdv().build(attention::detail::meta_of(a));
       CHECK(ir::structural_hash(s.build_ir(def, ctx.fixed)) == ir::structural_hash(api));
       CHECK(def.options().num_warps == a.sch.num_warps);
@@ -1232,9 +1227,7 @@ TEST_CASE("attention::backward launches a tuning table's dK/dV choice (recompute
   const std::string chosen = "BLOCK_M=128,BLOCK_N=64,warps=4,stages=3,min_programs=2,LSE_IN_RING=0,TMA_STORE=0,RING_PRODUCER=0,DQ_WRITER=0";
   const lang::Meta fixed = load_tuned_choice("attention_bwd_dkdv", {{"B", 4}, {"H", 16}, {"S", 4096}, {"D", 64}}, true, chosen);
   const attention::detail::Config c = ::testing::api_config(attention::Pass::bwd_dkdv, 64, true);
-  attention::detail::Dims d;
-  d.batch = 4, d.heads_q = d.heads_kv = 16, d.seq_q = d.seq_k = 4096, d.head_dim = 64, d.causal = true;
-  d.row_vectors_aligned = true;
+  attention::detail::Dims d = ::testing::dense_dims(4, 16, 4096, 64, true);
   const attention::detail::Config t = attention::detail::with_tuned_choice(c, d);
   CHECK(t.sch == attention::Schedule{128, 64, 4, 3, 2});
   CHECK_FALSE(t.lse_in_ring);
@@ -1260,15 +1253,9 @@ TEST_CASE("attention::backward launches a tuning table's atomic dK/dV choice (pr
   const std::string chosen = "BLOCK_M=64,BLOCK_N=128,warps=8,stages=3,min_programs=0,LSE_IN_RING=1,TMA_STORE=0,RING_PRODUCER=1,DQ_WRITER=0";
   const lang::Meta fixed = load_tuned_choice("attention_bwd_dkdv", {{"B", 4}, {"H", 16}, {"S", 4096}, {"D", 128}}, true, chosen,
                                              {{"DQ_REDUCTION", int64_t{1}}});
-  attention::detail::Config c = ::testing::api_config(attention::Pass::bwd_dkdv, 128, true);
-  c.reduction = static_cast<int>(kernels::DqReduction::atomic);
-  c.sch = attention::default_schedule(attention::Pass::bwd_dkdv, ir::DType::bf16, 128, true, false, kernels::DqReduction::atomic);
-  const attention::detail::DkdvRingOptions r = attention::detail::dkdv_ring_options(c, true);
-  c.lse_in_ring = r.lse_in_ring, c.ring_producer = r.ring_producer, c.dq_writer = r.dq_writer;
+  const attention::detail::Config c = ::testing::api_config(attention::Pass::bwd_dkdv, 128, true, kernels::DqReduction::atomic);
   REQUIRE(c.dq_writer);  // (the API's default: the writer adds)
-  attention::detail::Dims d;
-  d.batch = 4, d.heads_q = d.heads_kv = 16, d.seq_q = d.seq_k = 4096, d.head_dim = 128, d.causal = true;
-  d.row_vectors_aligned = true;
+  const attention::detail::Dims d = ::testing::dense_dims(4, 16, 4096, 128, true);
   const attention::detail::Config t = attention::detail::with_tuned_choice(c, d);
   CHECK(t.sch == attention::Schedule{64, 128, 8, 3, 0});
   CHECK(t.lse_in_ring);

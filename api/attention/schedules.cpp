@@ -44,7 +44,8 @@ Schedule default_schedule(Pass pass, ir::DType dtype, int head_dim, bool causal,
     // 8 warps each warpgroup takes half of D's columns on wgmma, which needs D / 2 in whole 64-column
     // chunks (D 128); D 64 would run it on mma.sync with K loaded twice, so it takes 64 x 64 on 4
     // warps (every dot on wgmma), or (atomic) 128-row blocks, where each warpgroup takes 64 rows.
-    // D = 256 keeps its 32 x 64 tiles (the dot then on mma.sync) on 8 warps: 4 spilled 1.8 KB (3.2 KB with a reduction), 8 none (0.6 KB with one); 3.0-3.1x at S 4k (093).
+    // D = 256 keeps its 32 x 64 tiles (the dot then on mma.sync) on 8 warps: 4 spilled 1.8 KB (3.2 KB
+    // with a reduction), 8 none (0.6 KB with one); 3.0-3.1x at S 4k (093).
     // Without a reduction (recompute) dK/dV and dQ take 64 x 64 tiles on 4 warps, two programs per SM
     // instead of one (decision 021); with dropout too since dK/dV builds its transposed mask from
     // packed words (decision 017).
@@ -152,7 +153,7 @@ bool forward_persistent(int head_dim, bool varlen, int mask, int score_mod, bool
 // options leave out, and calls that need recompute (accumulation, split phases).
 namespace {
 // A call the dQ writer takes (LSE ring, ring producer, writer), whichever reduction adds; dense, or
-// (atomic at D 128 only, dkdv_ring_options) under a library mask.
+// (atomic only, dkdv_ring_options) under a library mask.
 bool writer_may_run(bool varlen, bool dropout, bool score_mod, bool schedule, bool q_descending) {
   return !varlen && !dropout && !score_mod && !schedule && !q_descending && declares(Pass::bwd_dkdv, mn::kLseInRing) &&
          declares(Pass::bwd_dkdv, mn::kRingProducer) && declares(Pass::bwd_dkdv, mn::kDqWriter);
@@ -166,8 +167,8 @@ bool ordered_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, b
 }
 
 // D 64 runs atomic on the dQ writer at 128 x 128 tiles (default_schedule, dkdv_ring_options); ordered
-// has no writer there (decision 101). Library masks: D 128 only, where the writer walks the mask
-// (decision 102; measured in 104).
+// has no writer there (decision 101). Library masks: D 128 only, where the writer walking the mask
+// was measured (102, 104; D 64's writer, 108, is untimed).
 bool atomic_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, bool dropout, bool score_mod, bool schedule,
                            bool q_descending) {
   if (library_mask(mask))
