@@ -122,11 +122,14 @@ ForwardConfig ForwardConfig::read(Builder& kb) {
   // does not fit the consumers' 240 registers). PINGPONG stays off: +3.0% then 0.996 causal, and a
   // Q loaded through registers (once_by_tma off) converts inside the turn. Without the producer,
   // PIPELINE_QK without dropout. D 64 keeps the plain loop: its two programs per multiprocessor do
-  // not fit beside a producer [044]. Library masks take RING_PRODUCER (the producer replays their
-  // intervals or lists; spill-free except share_question 260 B, causal_blockwise 76 B, block-sparse
-  // 96 B): off until timed, `attention_bench --masks --with RING_PRODUCER=1` [105, 107].
+  // not fit beside a producer [044]. Library masks at D 128 take the same loop (the producer replays
+  // their intervals or lists): 1.12-1.23x the plain loop for the window, document, prefix-LM and
+  // block-sparse masks at S 8k / 16k [105, 110]; share_question (260 B spilled) and causal_blockwise
+  // (76 B) keep the plain loop, as do dropout and score mods under a mask (untimed there).
   const bool dense128 = s.head_dim == 128 && !s.library_mask() && !s.varlen && !s.modded();
-  c.ring_producer = kb.meta<bool>(mn::kRingProducer, dense128 && !c.rng_warps);
+  const bool masked128 = s.head_dim == 128 && s.library_mask() && s.mask != MaskKind::share_question &&
+                         s.mask != MaskKind::causal_blockwise && !s.varlen && !s.modded() && !s.dropout;
+  c.ring_producer = kb.meta<bool>(mn::kRingProducer, (dense128 || masked128) && !c.rng_warps);
   if (*c.ring_producer && c.rng_warps)
     kb.fail(Loc::current(), "RING_PRODUCER and RNG_WARPS each add a warp role; use one of them");
   c.pipeline_pv = kb.meta<bool>(mn::kPipelinePv, *c.ring_producer);
