@@ -697,7 +697,7 @@ TEST_CASE("attention API: the schedule table covers every dtype, head dim and ma
   }
 }
 
-// Options::dq_reduction unset: the table default_reduction reads (decisions 100, 101, 104). Atomic on
+// Options::dq_reduction unset: the table default_reduction reads (decisions 100, 101, 104, 111). Atomic on
 // the dQ writer where it measured > 5% faster than the fastest deterministic reduction, recompute or
 // ordered with `deterministic` or where atomic has no writer.
 TEST_CASE("attention API: the default dQ reduction per head dim, mask, length and determinism") {
@@ -728,14 +728,20 @@ TEST_CASE("attention API: the default dQ reduction per head dim, mask, length an
   // dense D 64: atomic from S_q 4k
   CHECK(pick(64, 2048, MaskKind::full, false) == DqReduction::recompute);
   CHECK(pick(64, 4096, MaskKind::causal, false) == DqReduction::atomic);
-  // library masks: atomic at D 128 from S_q 2k (104); never ordered; D 64 and dropout recompute
+  // library masks: atomic at D 128 from S_q 2k (104) and at D 64 from 4k but for global + window
+  // (111); never ordered; dropout recompute
+  CHECK(pick(64, 16384, MaskKind::global_sliding_window, false) == DqReduction::recompute);
+  CHECK(pick(128, 16384, MaskKind::global_sliding_window, false) == DqReduction::atomic);
   for (const MaskKind m : {MaskKind::sliding_window, MaskKind::causal_document, MaskKind::prefix_lm, MaskKind::block_sparse}) {
     INFO(kernels::mask_kind_name(m));
     CHECK(pick(128, 2048, m, false) == DqReduction::atomic);
     CHECK(pick(128, 16384, m, false) == DqReduction::atomic);
     CHECK(pick(128, 1024, m, false) == DqReduction::recompute);
     CHECK(pick(128, 16384, m, true) == DqReduction::recompute);
-    CHECK(pick(64, 16384, m, false) == DqReduction::recompute);
+    CHECK(pick(64, 16384, m, false) == DqReduction::atomic);
+    CHECK(pick(64, 4096, m, false) == DqReduction::atomic);
+    CHECK(pick(64, 2048, m, false) == DqReduction::recompute);
+    CHECK(pick(64, 16384, m, true) == DqReduction::recompute);
     CHECK(pick(128, 16384, m, false, true) == DqReduction::recompute);
     CHECK(pick(128, 4098, m, false) == DqReduction::recompute);  // (LSE rows not 16-byte aligned: no writer)
   }

@@ -167,13 +167,15 @@ bool ordered_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, b
 }
 
 // D 64 runs atomic on the dQ writer at 128 x 128 tiles (default_schedule, dkdv_ring_options); ordered
-// has no writer there (decision 101). Library masks: D 128 only, where the writer walking the mask
-// was measured (102, 104; D 64's writer, 108, is untimed).
+// has no writer there (decision 101). Library masks: the writer walking the mask at D 128 (102, 104)
+// and at D 64 (108, 111), but for D 64's global + window (0.79-0.82x recompute: its global key tile
+// is one long program near the grid's end).
 bool atomic_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, bool dropout, bool score_mod, bool schedule,
                            bool q_descending) {
   if (library_mask(mask))
-    return head_dim == 128 && writer_may_run(varlen, dropout, score_mod, schedule, q_descending) &&
-           dq_reduction_supported(DqReduction::atomic) && declares(Pass::bwd_dkdv, mn::kMask);
+    return (head_dim == 128 || (head_dim == 64 && mask != kernels::MaskKind::global_sliding_window)) &&
+           writer_may_run(varlen, dropout, score_mod, schedule, q_descending) && dq_reduction_supported(DqReduction::atomic) &&
+           declares(Pass::bwd_dkdv, mn::kMask);
   if (head_dim == 128) return ordered_may_be_default(head_dim, mask, varlen, dropout, score_mod, schedule, q_descending);
   return head_dim == 64 && writer_may_run(varlen, dropout, score_mod, schedule, q_descending) &&
          dq_reduction_supported(DqReduction::atomic);
@@ -187,8 +189,9 @@ DqReduction default_reduction(const Dims& d, const Options& opts) {
   // the call asks for determinism: D 128 at S_q 1k-16k full 1.09-1.14x, causal 1.05-1.17x (decision
   // 100; below S_q 1024 unmeasured); D 64 from S_q 4k 1.05-1.15x (S 2k 1.03x, S 1k 0.94-0.99x: 101);
   // library masks at D 128 from S_q 2k: 1.12-1.30x recompute (global + window level at S 2k; below
-  // S_q 2048 unmeasured: decision 104)
-  const int64_t atomic_from = library_mask(d.mask) ? 2048 : d.head_dim == 64 ? 4096 : 1024;
+  // S_q 2048 unmeasured: decision 104); at D 64 from S_q 4k as dense D 64: 1.17-1.35x at S 8k / 16k,
+  // alike at both (111; S 4k unmeasured)
+  const int64_t atomic_from = library_mask(d.mask) && d.head_dim == 128 ? 2048 : d.head_dim == 64 ? 4096 : 1024;
   if (writer && !opts.deterministic && d.seq_q >= atomic_from) return DqReduction::atomic;
   const bool ordered = writer && d.head_dim == 128 && !library_mask(d.mask);
   return ordered && d.seq_q >= (d.causal ? 16384 : 8192) ? DqReduction::ordered : DqReduction::recompute;
