@@ -59,8 +59,12 @@ struct Options {
   // and causal masks; allgather also those that never look past the query (causal_sliding_window,
   // causal_document: prefix_mask); ulysses every mask and score mod. A mask's tensors (doc_ids,
   // prefix_lengths, block_table) are given for the whole sequence, on this rank's device.
-  // Dropout draws the single-GPU keep-mask (decision 065). Not yet (std::invalid_argument): dQ
-  // reductions other than recompute.
+  // Dropout draws the single-GPU keep-mask (decision 065). The backward's dq_reduction: ulysses
+  // passes it and `deterministic` to its single-GPU call (unset: the single-GPU default, atomic on
+  // long dense calls). Ring, allgather, usp: unset = recompute (deterministic; its split phases send
+  // the dK/dV sums while the dQ kernels run, decision 068); atomic = each call's 5-matmul backward
+  // adding into the sums (dQ's last bits vary run to run; the sums go after the call: decision 112).
+  // Packed documents take recompute only.
   attention::Options attention;
 };
 

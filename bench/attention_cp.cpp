@@ -4,7 +4,7 @@
 // Hq x D (backward 2.5x) over the slowest rank's time, divided by W; efficiency = that over the
 // single-GPU call's TFLOP/s at the same global length (same formula).
 //
-//   attention_bench --cp [--world W] [--tokens N] [--heads Hq] [--kv-heads Hkv] [--modes ring,ringF,ringP,allgather,allgather4,ulysses,ulysses4,usp,usp4]
+//   attention_bench --cp [--world W] [--tokens N] [--heads Hq] [--kv-heads Hkv] [--modes ring,ringF,ringP,ringA,allgather,allgather4,allgatherA,ulysses,ulysses4,ulyssesD,usp,usp4,uspA]
 //                        [--causal 0|1 | --documents] [--dropout P] [--persistent 0|1] [--reps R]
 //   default: W = every GPU, the benchmark's 8K tokens per GPU with 64 / 8 heads and 16 / 16 heads at
 //   8K and 16K per GPU; full and causal, and the benchmark's causal documents (lengths log-uniform in
@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -157,7 +158,36 @@ Timing single_gpu(const CpConfig& c, int64_t S, int reps) {
 }
 
 // Every rank of a W-GPU group on its own thread; the slowest rank's median times.
-Timing context_parallel(const CpConfig& c, cp::Mode mode, int ulysses_degree, int head_groups, bool fused_sums, int W, int reps) {
+// A --modes entry: "ring", "allgather", "ulysses", "usp"; "usp" (Ulysses groups of 2, a ring across
+// them) or "uspU" (groups of U); "ulyssesG" / "allgatherG": the all-to-all / the gather pipelined
+// over G head groups (plain: the default); "ringF" / "ringP": the ring with fused_sums on / off (the
+// kernels add into the f32 sums, or write bf16 parts that separate passes add). A trailing "A": the
+// atomic dQ reduction (decision 112); "D": attention.deterministic (ulysses: its single-GPU call's
+// deterministic reduction). Plain: the defaults.
+struct ModeRun {
+  cp::Mode mode = cp::Mode::ring;
+  int ulysses_degree = 0, head_groups = 0;
+  bool fused_sums = cp::Options{}.fused_sums;
+  std::optional<attention::DqReduction> reduction;
+  bool deterministic = false;
+};
+
+ModeRun parse_mode(std::string name) {
+  ModeRun m;
+  if (name.size() > 1 && name.back() == 'A') m.reduction = attention::DqReduction::atomic, name.pop_back();
+  else if (name.size() > 1 && name.back() == 'D') m.deterministic = true, name.pop_back();
+  const bool usp = name.rfind("usp", 0) == 0, uly = name.rfind("ulysses", 0) == 0, ag = name.rfind("allgather", 0) == 0,
+             fused_named = name == "ringF" || name == "ringP";
+  if (name == "ringP") m.fused_sums = false;
+  if (name == "ringF") m.fused_sums = true;
+  m.ulysses_degree = !usp ? 0 : name.size() > 3 ? std::atoi(name.c_str() + 3) : 2;
+  m.head_groups = uly && name.size() > 7 ? std::atoi(name.c_str() + 7) : ag && name.size() > 9 ? std::atoi(name.c_str() + 9) : 0;
+  m.mode = usp ? cp::Mode::usp : name == "ring" || fused_named ? cp::Mode::ring : ag ? cp::Mode::allgather : cp::Mode::ulysses;
+  return m;
+}
+
+Timing context_parallel(const CpConfig& c, const ModeRun& run, int W, int reps) {
+  const cp::Mode mode = run.mode;
   const runtime::nccl::UniqueId id = runtime::nccl::make_unique_id();
   const int64_t S = c.tokens * W;
   std::barrier<> sync(W);
@@ -171,9 +201,11 @@ Timing context_parallel(const CpConfig& c, cp::Mode mode, int ulysses_degree, in
       cp::ContextParallel runner(comm);
       cp::Options opts;
       opts.mode = mode;
-      opts.ulysses_degree = ulysses_degree;
-      opts.head_groups = head_groups;
-      opts.fused_sums = fused_sums;
+      opts.ulysses_degree = run.ulysses_degree;
+      opts.head_groups = run.head_groups;
+      opts.fused_sums = run.fused_sums;
+      opts.attention.dq_reduction = run.reduction;
+      opts.attention.deterministic = run.deterministic;
       const runtime::DeviceBuffer ids = document_ids(S, r), offsets = document_offsets(S, r);
       // ring and usp take no library masks: the same documents as packed documents (each its own
       // causal attention, cut into zigzag chunks of its own), the others as the causal_document mask
@@ -292,26 +324,16 @@ int run_cp_bench(int argc, char** argv) {
       const Timing one = single_gpu(c, S, reps);
       const double f1 = c.fwd_flops(S) / one.fwd_ms * 1e-9, b1 = 2.5 * c.fwd_flops(S) / one.bwd_ms * 1e-9;
       for (const std::string& mode_name : modes) {
-        // "usp" (Ulysses groups of 2, a ring across them) or "uspU" (groups of U); "ulyssesG" /
-        // "allgatherG": the all-to-all / the gather pipelined over G head groups (plain: the default);
-        // "ringF" / "ringP": the ring with fused_sums on / off (the kernels add into the f32 sums, or
-        // write bf16 parts that separate passes add); plain "ring" and "usp": the default (on)
-        const bool usp = mode_name.rfind("usp", 0) == 0, uly = mode_name.rfind("ulysses", 0) == 0,
-                   ag = mode_name.rfind("allgather", 0) == 0, fused_named = mode_name == "ringF" || mode_name == "ringP";
-        const bool fused = mode_name == "ringP" ? false : mode_name == "ringF" ? true : cp::Options{}.fused_sums;
-        const int ulysses_degree = !usp ? 0 : mode_name.size() > 3 ? std::atoi(mode_name.c_str() + 3) : 2;
-        const int head_groups = uly && mode_name.size() > 7 ? std::atoi(mode_name.c_str() + 7)
-                                : ag && mode_name.size() > 9 ? std::atoi(mode_name.c_str() + 9)
-                                                            : 0;
-        cp::Mode mode = usp                 ? cp::Mode::usp
-                        : mode_name == "ring" || fused_named ? cp::Mode::ring
-                        : ag                  ? cp::Mode::allgather
-                                              : cp::Mode::ulysses;
-        if (usp && (ulysses_degree < 1 || world % ulysses_degree)) {
-          fmt::print("CP mode={} W={} skipped=ulysses_degree {} does not divide the world\n", mode_name, world, ulysses_degree);
+        const ModeRun run = parse_mode(mode_name);
+        if (run.mode == cp::Mode::usp && (run.ulysses_degree < 1 || world % run.ulysses_degree)) {
+          fmt::print("CP mode={} W={} skipped=ulysses_degree {} does not divide the world\n", mode_name, world, run.ulysses_degree);
           continue;
         }
-        const Timing t = context_parallel(c, mode, ulysses_degree, head_groups, fused, world, reps);
+        if (run.reduction && c.documents && (run.mode == cp::Mode::ring || run.mode == cp::Mode::usp)) {
+          fmt::print("CP mode={} W={} skipped=packed documents take the recompute reduction only\n", mode_name, world);
+          continue;
+        }
+        const Timing t = context_parallel(c, run, world, reps);
         const double f = c.fwd_flops(S) / t.fwd_ms * 1e-9 / world, b = 2.5 * c.fwd_flops(S) / t.bwd_ms * 1e-9 / world;
         fmt::print(
             "CP mode={} W={} tokens_per_gpu={} S={} Hq={} Hkv={} D={} mask={} dropout={} fwd_ms={:.3f} bwd_ms={:.3f} fwd_tflops_per_gpu={:.1f} "

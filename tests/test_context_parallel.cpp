@@ -567,6 +567,16 @@ TEST_CASE("cp/runner: bad arguments are refused before anything runs") {
   Options usp_contiguous = usp;
   usp_contiguous.layout = Layout::contiguous;
   refused(usp_contiguous, "mode usp runs on the zigzag layout only");
+  // dQ reductions: the chunk modes run recompute or atomic (ulysses passes any to its single-GPU
+  // call); packed documents (varlen calls) recompute only
+  Options ordered = opts;
+  ordered.attention.dq_reduction = tilejit::attention::DqReduction::ordered;
+  refused(ordered, "options.attention.dq_reduction ordered: mode ring runs recompute (unset) or atomic");
+  ordered.mode = Mode::allgather;
+  refused(ordered, "mode allgather runs recompute (unset) or atomic");
+  Options atomic_docs = docs;
+  atomic_docs.attention.dq_reduction = tilejit::attention::DqReduction::atomic;
+  refused(atomic_docs, "options.attention.dq_reduction atomic with options.document_lengths: packed documents run varlen calls");
   // a [B, H, S, D] tensor seen as [B, S, H, D]: rows are not contiguous
   const auto k_bhsd = tilejit::attention::permute(contiguous(base + 0x100000, DType::bf16, {1, 2, 8, 64}), {0, 2, 1, 3});
   CHECK_THROWS_WITH_AS(cp.forward(q, k_bhsd, v, o, lse, 16, opts), doctest::Contains("k must have contiguous rows"),
@@ -576,8 +586,20 @@ TEST_CASE("cp/runner: bad arguments are refused before anything runs") {
   const auto dk_bad = contiguous(base + 0x500000, DType::bf16, {1, 8, 4, 64});
   CHECK_THROWS_WITH_AS(cp.backward(q, k, v, o, o, lse, q, dk_bad, v, 16, opts), doctest::Contains("dk and dv 2 (k's)"),
                        std::invalid_argument);
-  // a valid call gets past every check: without a GPU it stops at the driver
-  if (!tilejit::runtime::Driver::get().available()) CHECK_THROWS_AS(fwd(opts), tilejit::runtime::DeviceError);
+  // a valid call gets past every check: without a GPU it stops at the driver (atomic in a chunk mode
+  // and ulysses with any reduction too)
+  if (!tilejit::runtime::Driver::get().available()) {
+    CHECK_THROWS_AS(fwd(opts), tilejit::runtime::DeviceError);
+    Options atomic = opts;
+    atomic.attention.dq_reduction = tilejit::attention::DqReduction::atomic;
+    for (Mode m : {Mode::ring, Mode::allgather, Mode::ulysses}) {
+      atomic.mode = m;
+      CHECK_THROWS_AS(fwd(atomic), tilejit::runtime::DeviceError);
+    }
+    Options uly_split = uly;
+    uly_split.attention.dq_reduction = tilejit::attention::DqReduction::split;
+    CHECK_THROWS_AS(fwd(uly_split), tilejit::runtime::DeviceError);
+  }
 }
 
 // Allgather with masks that never look past the query (causal sliding windows, causal documents):

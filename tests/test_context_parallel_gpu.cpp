@@ -268,7 +268,8 @@ void scatter_lse(const std::vector<double>& local, const std::vector<int64_t>& p
 // Every rank on its own thread and GPU; the backward twice (the second's gradients must equal the
 // first's bit for bit).
 Outputs context_parallel(const Problem& p, int W, cp::Mode mode, cp::Layout layout, int ulysses_degree, int head_groups,
-                         bool& deterministic, bool fused_sums = cp::Options{}.fused_sums) {
+                         bool& deterministic, bool fused_sums = cp::Options{}.fused_sums,
+                         std::optional<attention::DqReduction> reduction = {}) {
   const runtime::nccl::UniqueId id = runtime::nccl::make_unique_id();
   const cp::ShardLayout shards = p.doc_lengths.empty() ? cp::ShardLayout(layout, W, p.S) : cp::ShardLayout(layout, W, p.doc_lengths);
   Outputs out{std::vector<double>(static_cast<size_t>(p.B * p.S * p.Hq * p.D)), std::vector<double>(static_cast<size_t>(p.B * p.Hq * p.S)),
@@ -289,6 +290,7 @@ Outputs context_parallel(const Problem& p, int W, cp::Mode mode, cp::Layout layo
       opts.ulysses_degree = ulysses_degree;
       opts.head_groups = head_groups;
       opts.fused_sums = fused_sums;
+      opts.attention.dq_reduction = reduction;
       opts.attention.causal = p.causal;
       set_dropout(opts.attention, p);
       opts.document_lengths = p.doc_lengths;
@@ -359,14 +361,16 @@ double max_abs(const std::vector<double>& a, const std::vector<double>& b) {
 
 void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int S, std::optional<kernels::MaskSpec> mask = {},
                 int ulysses_degree = 0, int Hq = 4, int Hkv = 2, int head_groups = 0, double dropout_p = 0,
-                std::vector<int64_t> doc_lengths = {}, bool fused_sums = cp::Options{}.fused_sums) {
+                std::vector<int64_t> doc_lengths = {}, bool fused_sums = cp::Options{}.fused_sums,
+                std::optional<attention::DqReduction> reduction = {}) {
   const std::string what = fmt::format("{}{} {} W={} causal={} B={} S={} Hq={} Hkv={}{}{}{}", cp::name(mode),
                                        ulysses_degree ? fmt::format(" U={}", ulysses_degree) : "", cp::name(layout), W, causal, B, S, Hq,
                                        Hkv, head_groups ? fmt::format(" head_groups={}", head_groups) : "",
                                        mask ? std::string(" mask ") + kernels::mask_kind_name(mask->kind) : "",
                                        dropout_p > 0 ? fmt::format(" dropout {}", dropout_p) : "") +
                            (doc_lengths.empty() ? "" : fmt::format(" {} packed documents", doc_lengths.size())) +
-                           (fused_sums ? "" : " parts (fused_sums off)");
+                           (fused_sums ? "" : " parts (fused_sums off)") +
+                           (reduction ? fmt::format(" dq_reduction {}", attention::name(*reduction)) : "");
   CAPTURE(what);
   HangGuard guard(what, std::chrono::seconds(300));
   std::mt19937 rng(static_cast<unsigned>(S * 31 + W * 7 + causal));
@@ -383,8 +387,10 @@ void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int
   const Outputs one = single_gpu(p);
   progress(what + ": context parallel");
   bool deterministic = false;
-  const Outputs many = context_parallel(p, W, mode, layout, ulysses_degree, head_groups, deterministic, fused_sums);
-  CHECK(deterministic);
+  const Outputs many = context_parallel(p, W, mode, layout, ulysses_degree, head_groups, deterministic, fused_sums, reduction);
+  // (atomic adds dQ in the order the programs run: its last bits vary run to run)
+  const bool atomic = reduction == attention::DqReduction::atomic;
+  if (!atomic) CHECK(deterministic);
   if (mode == cp::Mode::allgather && head_groups > 1) {
     // per head the same kernels on the same rows and the same sums: the grouping changes no bit
     progress(what + ": context parallel, one head group");
@@ -399,7 +405,8 @@ void check_case(int W, cp::Mode mode, cp::Layout layout, bool causal, int B, int
       {"o", &one.o, &many.o, &f64.o},     {"lse", &one.lse, &many.lse, &f64.lse}, {"dq", &one.dq, &many.dq, &f64.dq},
       {"dk", &one.dk, &many.dk, &f64.dk}, {"dv", &one.dv, &many.dv, &f64.dv}};
   // Ulysses with whole GQA groups per rank runs the single-GPU kernel on the same rows: bit for bit
-  const bool exact = mode == cp::Mode::ulysses && (Hq / W) % (Hq / Hkv) == 0;
+  // (the single-GPU call takes the default reduction: atomic from S 1k, dQ not bit-reproducible)
+  const bool exact = mode == cp::Mode::ulysses && (Hq / W) % (Hq / Hkv) == 0 && !atomic && (S < 1024 || dropout_p > 0);
   for (auto [name, single, cpv, ref] : outs) {
     if (exact) CHECK_MESSAGE(*single == *cpv, name, " differs from the single-GPU call (ulysses must be bit-identical)");
     if (dropout_p > 0 || !doc_lengths.empty()) {
@@ -585,6 +592,25 @@ TEST_CASE("cp/gpu: every mode on 2 GPUs equals one GPU") {
   check_case(2, cp::Mode::ring, cp::Layout::zigzag, true, 2, 1024, {}, 0, 8, 2, 0, 0.1, {}, false);
   check_case(2, cp::Mode::ring, cp::Layout::zigzag, true, 1, 1000, {}, 0, 4, 2, 0, 0.0, {300, 76, 500, 124}, false);
   check_case(2, cp::Mode::usp, cp::Layout::zigzag, true, 1, 1000, {}, 1, 4, 2, 0, 0.0, {}, false);
+}
+
+// The atomic dQ reduction across GPUs (decision 112): ring and allgather run each call's whole
+// 5-matmul backward adding into their sums (allgather's dQ through f32 sums), usp its ring, ulysses
+// its single-GPU call; within tolerance of float64 as the recompute runs, no determinism asked.
+TEST_CASE("cp/gpu: the atomic dQ reduction in every mode on 2 GPUs") {
+  if (!ready(2)) return;
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  prepare_kernels();
+  const auto atomic = attention::DqReduction::atomic;
+  for (cp::Mode mode : {cp::Mode::ring, cp::Mode::allgather, cp::Mode::ulysses})
+    for (bool causal : {false, true}) check_case(2, mode, cp::Layout::zigzag, causal, 1, 1024, {}, 0, 8, 4, 0, 0.0, {}, true, atomic);
+  check_case(2, cp::Mode::ring, cp::Layout::zigzag, true, 2, 1024, {}, 0, 4, 2, 0, 0.0, {}, false, atomic);  // bf16 parts
+  check_case(2, cp::Mode::ring, cp::Layout::contiguous, true, 1, 1000, {}, 0, 4, 2, 0, 0.0, {}, true, atomic);  // S_q % 4 != 0 calls
+  check_case(2, cp::Mode::allgather, cp::Layout::zigzag, true, 1, 1024, {}, 0, 8, 4, 2, 0.0, {}, true, atomic);  // head groups
+  check_case(2, cp::Mode::allgather, cp::Layout::zigzag, false, 1, 1024, kernels::MaskSpec::causal_document(), 0, 4, 2, 0, 0.0, {}, true,
+             atomic);
+  check_case(2, cp::Mode::allgather, cp::Layout::zigzag, true, 1, 1024, {}, 0, 4, 2, 0, 0.1, {}, true, atomic);  // dropout
+  for (int U : {1, 2}) check_case(2, cp::Mode::usp, cp::Layout::zigzag, true, 1, 1024, {}, U, 4, 2, 0, 0.0, {}, true, atomic);
 }
 
 TEST_CASE("cp/gpu: every mode on 4 GPUs equals one GPU") {

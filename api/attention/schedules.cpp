@@ -168,8 +168,7 @@ bool ordered_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, b
 
 // D 64 runs atomic on the dQ writer at 128 x 128 tiles (default_schedule, dkdv_ring_options); ordered
 // has no writer there (decision 101). Library masks: the writer walking the mask at D 128 (102, 104)
-// and at D 64 (108, 111), but for D 64's global + window (0.79-0.82x recompute: its global key tile
-// is one long program near the grid's end).
+// and at D 64 (108, 111), but for D 64's global + window (0.80-0.81x recompute; cause open: 111).
 bool atomic_may_be_default(int head_dim, kernels::MaskKind mask, bool varlen, bool dropout, bool score_mod, bool schedule,
                            bool q_descending) {
   if (library_mask(mask))

@@ -8,7 +8,8 @@
 // into a buffer waits for the step that last read it (events). Backward: each step runs its calls'
 // dK/dV phases, adds the sums that arrived, and sends the shard's sums on while its dQ phases and
 // step s + 1's dK/dV phases run (the caller's stream waits for them only where it adds them); the
-// last hop hides behind the last step's dQ phases (decision 068).
+// last hop hides behind the last step's dQ phases (decision 068). With the atomic reduction a
+// step runs its calls whole (dQ inside dK/dV) and the sums go after them (decision 112).
 #include <fmt/format.h>
 
 #include "api/context_parallel/internal.hpp"
@@ -168,6 +169,8 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
                    const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                    const attention::Options& opts, bool fused_sums, CUstream stream) {
   const Plan plan = make_plan(Mode::ring, d.layout, opts.causal, d.rank, /*global_runs=*/opts.dropout_p > 0);
+  // the reduction computes dQ inside the dK/dV kernel: no split phases (runner: recompute or atomic)
+  const bool whole_calls = opts.dq_reduction && *opts.dq_reduction != attention::DqReduction::recompute;
   const int64_t nmax = d.layout.max_local_len();
   const size_t ws_bytes = attention::backward_workspace_bytes(q, k, dense_options(opts));
   size_t max_calls = 0;
@@ -244,17 +247,18 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
       } else {
         const Tensor dqp = rows(dq_part, 0, call.q_len()), dkp = rows(dk_part, 0, call.k_len()), dvp = rows(dv_part, 0, call.k_len());
         attention::backward(qc, kc, vc, oc, doc, lc, dqp, dkp, dvp, a, stream, ws[c]);
-        if (phase == attention::BackwardPhase::dkdv) {
+        if (phase != attention::BackwardPhase::dq) {
           accumulate(dk_into, dkp, false, stream);
           accumulate(dv_into, dvp, false, stream);
-        } else {
-          accumulate(dq_into, dqp, false, stream);
         }
+        if (phase != attention::BackwardPhase::dkdv) accumulate(dq_into, dqp, false, stream);
       }
       st.stamp(stream, "step {}: {} phase q {}-{} k {}-{}{}", s, attention::name(phase), call.q_begin, call.q_end, call.k_begin,
                call.k_end, fused_sums ? " (into the sums)" : ", part added");
     };
-    for (size_t c = 0; c < calls.size(); ++c) call_backward(c, attention::BackwardPhase::dkdv);
+    // (atomic: each call's whole backward here -- dQ's parts are added inside dK/dV -- and no dQ
+    // phases below: the sums leave after the calls, the last hop exposed; decision 112)
+    for (size_t c = 0; c < calls.size(); ++c) call_backward(c, whole_calls ? attention::BackwardPhase::all : attention::BackwardPhase::dkdv);
     if (s > 0) {  // what the ranks before added to this shard, in ring order
       ring.wait_sums(s);
       accumulate(dk_sum, rows(dkv_in.k[i], 0, n), false, stream);
@@ -264,7 +268,8 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
     const size_t sums_ready = ring.next_event();
     st.mark(sums_ready, stream);
     if (d.world > 1) send_sums(s, dk_sum, dv_sum, sums_ready);
-    for (size_t c = 0; c < calls.size(); ++c) call_backward(c, attention::BackwardPhase::dq);
+    if (!whole_calls)
+      for (size_t c = 0; c < calls.size(); ++c) call_backward(c, attention::BackwardPhase::dq);
     ring.compute_done(s);  // releases this step's K/V slot (the dQ phases read it)
   }
   convert(dq_acc, dq, stream);

@@ -229,9 +229,19 @@ Dims check_call(const char* fn, ContextParallel::State& st, const Tensor& q, con
   if (documents && q.size(0) != 1)
     fail(fn, "q has batch size {} with options.document_lengths; packed documents take B = 1 ([1, S_local, Hq, D])", q.size(0));
   if (a.block_mask) fail(fn, "options.attention.block_mask: a block mask is built for one GPU's call; not with context parallelism");
-  if (a.dq_reduction && *a.dq_reduction != attention::DqReduction::recompute)
-    fail(fn, "options.attention.dq_reduction {}: context parallelism runs the recompute backward (leave it unset)",
-         attention::name(*a.dq_reduction));
+  // (refused here, before any rank queues communication: a call's own check failing midway on one
+  // rank would leave the others waiting)
+  if (a.dq_reduction) {
+    const attention::DqReduction r = *a.dq_reduction;
+    if (opts.mode != Mode::ulysses && r != attention::DqReduction::recompute && r != attention::DqReduction::atomic)
+      fail(fn, "options.attention.dq_reduction {}: mode {} runs recompute (unset) or atomic; ulysses passes any reduction to its "
+           "single-GPU call", attention::name(r), name(opts.mode));
+    if (r != attention::DqReduction::recompute && !opts.document_lengths.empty())
+      fail(fn, "options.attention.dq_reduction {} with options.document_lengths: packed documents run varlen calls, which take "
+           "recompute only", attention::name(r));
+    if (r != attention::DqReduction::recompute && !attention::dq_reduction_supported(r))
+      fail(fn, "options.attention.dq_reduction {}: this build's attention kernels do not take it", attention::name(r));
+  }
   check_rows(fn, "q", q, q);
   check_rows(fn, "k", k, q);
   check_rows(fn, "v", v, q);
@@ -366,13 +376,14 @@ void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v
   runtime::Driver::get().context(state_->device).make_current();
   State& st = *state_;
   st.stamp(stream, "{} backward starts", name(opts.mode));
-  // (recompute, the reduction its phases and sums need and the one measured across GPUs; a
-  // ulysses call on the whole sequence would otherwise take the single-GPU default)
+  // ulysses: its single-GPU call on the whole sequence takes dq_reduction and deterministic as they
+  // are (unset: the single-GPU default). The chunk modes: recompute unless atomic is asked for (its
+  // phases put the dK/dV sums' transfer behind the dQ kernels, decision 068; atomic: 112)
   attention::Options pinned = opts.attention;
-  pinned.dq_reduction = attention::DqReduction::recompute;
+  if (!pinned.dq_reduction) pinned.dq_reduction = attention::DqReduction::recompute;
   const attention::Options a = chunk_options(pinned);
   if (opts.mode == Mode::ulysses)
-    detail::ulysses_backward(st, d, q, k, v, o, do_, lse, dq, dk, dv, pinned, opts.head_groups, stream);
+    detail::ulysses_backward(st, d, q, k, v, o, do_, lse, dq, dk, dv, opts.attention, opts.head_groups, stream);
   else if (opts.mode == Mode::usp)
     detail::usp_backward(st, d, q, k, v, o, do_, lse, dq, dk, dv, a, opts.ulysses_degree, opts.fused_sums, stream);
   else if (opts.mode == Mode::ring)
