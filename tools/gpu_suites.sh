@@ -99,9 +99,9 @@ for step in "${steps[@]}"; do
       seq=(); [ -n "${MASK_SEQ:-}" ] && seq=(--seq "$MASK_SEQ"); [ -n "${MASK_D:-}" ] && seq+=(--head-dim "$MASK_D")
       timeout 300 bench/attention_bench --masks "${seq[@]}" > "$OUT/masks.log" 2>&1; echo "masks rc=$?"; grep "^MASK " "$OUT/masks.log"
       (cd .. && timeout 250 python3 bench/flex_masks.py "${seq[@]}" > "$OUT/flex_masks.log" 2>&1); echo "flex rc=$?"; grep "^FLEX" "$OUT/flex_masks.log" ;;
-    masksab)  # the masked forward A/B (MASK_WITH, default RING_PRODUCER=1: decision 105), MASK_SEQ=S for one length, MASK_D=64
+    masksab)  # the masked forward A/B (MASK_WITH, default PERSISTENT=1: RING_PRODUCER is the default since 110), MASK_SEQ=S for one length, MASK_D=64
       seq=(); [ -n "${MASK_SEQ:-}" ] && seq=(--seq "$MASK_SEQ"); [ -n "${MASK_D:-}" ] && seq+=(--head-dim "$MASK_D")
-      timeout 400 bench/attention_bench --masks "${seq[@]}" --with "${MASK_WITH:-RING_PRODUCER=1}" > "$OUT/masks_ab.log" 2>&1
+      timeout 400 bench/attention_bench --masks "${seq[@]}" --with "${MASK_WITH:-PERSISTENT=1}" > "$OUT/masks_ab.log" 2>&1
       echo "masks A/B rc=$?"; grep "^MASK_AB" "$OUT/masks_ab.log" ;;
     timing)  # decision 099: the timing methods in one process, then sustained phases with clock and power beside cuDNN (~2 min)
       timeout 200 bench/attention_bench --timing-ab > "$OUT/timing_ab.log" 2>&1; echo "timing-ab rc=$?"; grep "^TIMING_AB" "$OUT/timing_ab.log"
