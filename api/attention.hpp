@@ -156,6 +156,15 @@ struct Options {
   // read on the host: they must be non-decreasing, start at 0 and end at the tensors' totals.
   std::optional<Tensor> cu_seqlens_q, cu_seqlens_k;
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+  // Variable-length self-attention run as one dense call on the packed sequence ([1, total, H, D])
+  // with a document mask (causal_document when causal, else document), whose ids the call writes
+  // from cu_seqlens into its workspace (attention_document_ids): the wgmma kernels and the masks'
+  // block skipping instead of the varlen kernels (the generic mma.sync path). Needs cu_seqlens_q and
+  // cu_seqlens_k to be the same tensor (each sequence attends to itself) and no dropout (the varlen
+  // keep-mask counts rows per sequence); the workspace functions count the ids and the lists with
+  // it. Results equal the varlen call's within rounding (other tiles, another summation order).
+  // Off by default until timed against the varlen kernels (decision 113).
+  bool varlen_documents = false;
   // Replaces default_schedule for every kernel of the call (tests, tuning).
   std::optional<Schedule> schedule;
   // The forward on a persistent grid (one program per SM walking the tiles: decision 050). Unset:

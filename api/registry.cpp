@@ -14,6 +14,7 @@
 #include "api/attention.hpp"
 #include "api/tuning.hpp"
 #include "kernels/attention/config.hpp"
+#include "kernels/attention/document_ids.hpp"
 #include "kernels/attention/forward.hpp"
 #include "kernels/attention/backward.hpp"
 #include "kernels/attention/mask.hpp"
@@ -81,6 +82,8 @@ std::vector<LibraryKernel> make_library() {
        {{mn::kBlockM, fwd_tiles.block_m}, {mn::kBlockN, fwd_tiles.block_n}, {mn::kTiles, kBlockClassTiles}}, 8, 2, nullptr},
       {"attention_block_lists", &attention_block_lists, "block-mask pre-pass, step 2: FlexAttention-style block lists from the classes",
        {{mn::kKvMajor, false}}, 4, 2, nullptr},
+      {"attention_document_ids", &attention_document_ids,
+       "packed documents: doc_ids[0, t] = b for the tokens of sequence b (cu_seqlens), the document masks' ids", {}, 4, 2, nullptr},
       {"dropout_mask", &dropout_mask, "packed attention dropout keep-mask (Philox4x32-10, 1 bit per element, u32 words along keys)",
        DropoutMaskConfig{}.to_meta(), 4, 3, nullptr},
       {"attention_cp_merge", &attention_cp_merge, "context parallelism: merge a partial O, LSE into f32 accumulators (log-sum-exp weights)",

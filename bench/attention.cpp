@@ -503,6 +503,7 @@ int main(int argc, char** argv) {
   attention::DqReduction ab_reduction = attention::DqReduction::recompute;  // --backward-ab ... --reduction atomic|ordered
   std::string check_dir;
   double dropout_p = -1;
+  bool varlen_ab = false;  // --varlen-ab: the varlen kernels against Options::varlen_documents
   bool masks = false, deterministic = false, forward_variants = false, e2e_only = false, mask_kernel = false, dq_variants = false;
   std::string schedule_ab, with_meta, backward_ab, meta_ab, dq_ab, meta_ab_kernels = "fwd,dkdv,dq";
   int64_t only_d = 0, only_s = 0;  // --deterministic: only this head dim / sequence length
@@ -526,6 +527,7 @@ int main(int argc, char** argv) {
       gqa = std::atoi(argv[++i]);
     else if (a == "--check" && i + 1 < argc) check_dir = argv[++i];
     else if (a == "--masks") masks = true;
+    else if (a == "--varlen-ab") varlen_ab = true;
     else if (a == "--e2e-only") e2e_only = true;
     else if (a == "--phases") phases = true;
     else if (a == "--mask-kernel") mask_kernel = true;
@@ -577,7 +579,7 @@ int main(int argc, char** argv) {
                   attention::dropout_supported() ? 1 : 0);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] [--phases] [--head-dim D] | --mask-kernel | --dq-variants [--dropout P] [--head-dim D] | --dq-ab META [--dropout P] [--with M,..] [--head-dim D] | --tool-ab | --pairs-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks [--seq S] [--head-dim 64] [--with M=V,..] | --schedule-ab META | --backward-ab META [--dropout P] [--head-dim D] [--gqa G] [--windows] | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--dtype bf16|f16] [--gqa 1|2|4|8] | --dropout [P] [--schedule BM,BN,W,S] [--e2e-only] [--phases] [--head-dim D] | --mask-kernel | --dq-variants [--dropout P] [--head-dim D] | --dq-ab META [--dropout P] [--with M,..] [--head-dim D] | --tool-ab | --pairs-ab | --build-ab OTHER.tjb | --meta-ab META [--kernels fwd,dkdv,dq] | --forward-variants [--head-dim D] [--dropout P] | --masks [--seq S] [--head-dim 64] [--with M=V,..] | --varlen-ab [--head-dim 64] | --schedule-ab META | --backward-ab META [--dropout P] [--head-dim D] [--gqa G] [--windows] | --deterministic [--head-dim D] [--seq S] [--mode KEY] [--causal 0|1] [--schedule BM,BN,W,S] | --check DIR | "
                    "--capabilities\n", argv[0]);
       return 2;
     }
@@ -595,6 +597,7 @@ int main(int argc, char** argv) {
     if (!backward_ab.empty()) return bench_backward_ab(backward_ab, reps, ab_reduction, with_meta, schedule, dropout_p, only_d, gqa, windows);
     if (dropout_p >= 0) return bench_dropout(dropout_p, reps, schedule, e2e_only, only_d ? only_d : 128, phases);
     if (masks) return bench_masks(reps, only_s, with_meta, only_d ? only_d : 128);
+    if (varlen_ab) return bench_varlen_ab(reps, only_d ? only_d : 128);
     if (!schedule_ab.empty()) return bench_schedule_ab(schedule_ab, reps, with_meta, only_d, only_causal, no_dropout, only_s ? only_s : 4096);
     if (tool_ab || pairs_ab) return bench_tool_ab(reps, pairs_ab);
     if (!build_ab.empty()) return bench_build_ab(build_ab, reps);

@@ -20,6 +20,8 @@ int bench_dq_variants(int max_reps, double dropout_p, int64_t only_d, const std:
 int bench_mask_kernel(double p, int max_reps);
 // attention_masks.cpp
 int bench_masks(int max_reps, int64_t only_s, const std::string& forward_with, int64_t head_dim);
+// --varlen-ab [--head-dim 64]: packed self-attention, the varlen kernels against Options::varlen_documents (attention_varlen.cpp)
+int bench_varlen_ab(int max_reps, int64_t head_dim);
 // attention_check.cpp
 int check(const std::string& dir);
 // attention_build_ab.cpp, attention_timing_ab.cpp

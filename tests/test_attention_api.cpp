@@ -556,6 +556,78 @@ TEST_CASE("attention API: variable-length backward") {
   }
 }
 
+// Options::varlen_documents (decision 113): a packed self-attention call (one cu_seqlens tensor for
+// queries and keys) runs as one dense call with a document mask. Checked as the varlen call it is,
+// then as the dense call; the workspace holds the ids, then the dense call's lists (and the
+// backward's Delta and reduction buffers).
+TEST_CASE("attention API: variable-length self-attention as a document mask") {
+  if (!masks_supported() || !varlen_supported(false)) {
+    MESSAGE("SKIPPED: this build lacks library masks or varlen kernels");
+    return;
+  }
+  Call c = packed_call();
+  c.k = contiguous(kBase + 0x1000000, DType::bf16, {300, 2, 64});
+  c.v = contiguous(kBase + 0x2000000, DType::bf16, {300, 2, 64});
+  c.dk = contiguous(kBase + 0x7000000, DType::bf16, {300, 2, 64});
+  c.dv = contiguous(kBase + 0x8000000, DType::bf16, {300, 2, 64});
+  c.opts.cu_seqlens_k = c.opts.cu_seqlens_q;
+  c.opts.max_seqlen_k = c.opts.max_seqlen_q;
+  c.opts.varlen_documents = true;
+  const Call docs = c;
+  CHECK_NOTHROW(c.check_fwd());
+  // the ids (300 x 4 B, rounded up to 256), then the lists of a [1, 300] document mask at the
+  // forward's tiles: nothing else
+  const size_t fwd = forward_workspace_bytes(c.q, c.k, c.opts);
+  Options dense;
+  dense.mask = Mask{kernels::MaskSpec{}, contiguous(kBase, DType::i32, {1, 300}), {}, {}};
+  dense.mask->spec.kind = kernels::MaskKind::document;
+  const size_t lists = forward_workspace_bytes(contiguous(kBase, DType::bf16, {1, 300, 8, 64}), contiguous(kBase, DType::bf16, {1, 300, 2, 64}), dense);
+  CHECK(lists > 0);
+  CHECK(fwd == 1280 + lists);
+  c.opts.causal = true;
+  CHECK(forward_workspace_bytes(c.q, c.k, c.opts) == fwd);  // (causal_document: the same lists)
+  c.ws = Workspace{kBase + 0x9000000, fwd - 1};
+  CHECK_THROWS_WITH_AS(check_forward(c.q, c.k, c.v, c.o, c.lse, c.opts, c.ws), doctest::Contains("options.varlen_documents needs"),
+                       std::invalid_argument);
+  if (backward_available()) {
+    const size_t bwd = backward_workspace_bytes(c.q, c.opts);
+    CHECK(bwd == backward_workspace_bytes(c.q, c.k, c.opts));
+    CHECK(bwd > 1280 + 8 * 300 * 4);  // the ids, Delta and the dK/dV lists at least
+    c.ws = Workspace{kBase + 0x9000000, bwd};
+    CHECK_NOTHROW(c.check_bwd());
+    c.opts.backward_phase = BackwardPhase::dkdv;
+    c.ws = {};
+    CHECK_BWD_ERROR(c, "options.backward_phase = dkdv without a workspace");
+  }
+  // what the option needs: one offsets tensor, as many keys as queries, no dropout or block mask
+  c = docs;
+  c.opts.cu_seqlens_k = contiguous(kBase + 0xb000000, DType::i32, {4});
+  CHECK_FWD_ERROR(c, "options.varlen_documents = true needs options.cu_seqlens_q and cu_seqlens_k to be the same tensor");
+  c = docs;
+  c.opts.dropout_p = 0.1f;
+  CHECK_FWD_ERROR(c, "options.varlen_documents = true with dropout_p = 0.1");
+  c = docs;
+  c.k = contiguous(kBase + 0x1000000, DType::bf16, {500, 2, 64});
+  c.v = contiguous(kBase + 0x2000000, DType::bf16, {500, 2, 64});
+  c.opts.max_seqlen_k = 250;
+  CHECK_FWD_ERROR(c, "options.varlen_documents = true: k has 500 tokens but q has 300");
+  c = docs;
+  c.opts.varlen_documents = true;
+  c.opts.cu_seqlens_q.reset(), c.opts.cu_seqlens_k.reset();
+  c.opts.max_seqlen_q = c.opts.max_seqlen_k = 0;
+  c.q = contiguous(kBase, DType::bf16, {1, 300, 8, 64});
+  CHECK(error_of([&] { c.check_fwd(); }).find("options.varlen_documents = true without options.cu_seqlens_q / _k") != std::string::npos);
+  if (!runtime::Driver::get().available()) {
+    // both checks passed (the dense call's kernels bound at the ids' placeholder): the driver next
+    c = docs;
+    CHECK_THROWS_AS(forward(c.q, c.k, c.v, c.o, c.lse, c.opts), runtime::DeviceError);
+    if (backward_available()) {
+      c.opts.causal = true;
+      CHECK_THROWS_AS(backward(c.q, c.k, c.v, c.o, c.dout, c.lse, c.dq, c.dk, c.dv, c.opts), runtime::DeviceError);
+    }
+  }
+}
+
 // forward/backward bind every kernel parameter and run the kernels' own launch checks (built
 // tile IR, no compile) before they ask for the driver: without a GPU a valid call gets that far.
 TEST_CASE("attention API: without a GPU a valid call stops at the driver, after the kernels' launch checks") {

@@ -1282,6 +1282,60 @@ TEST_CASE("gpu: atomic backward on the dQ writer under library masks matches rec
   }
 }
 
+// Options::varlen_documents (decision 113): packed self-attention as one dense call with a document
+// mask equals the varlen kernels' call (float64-checked by the sweep) within rounding: forward (O,
+// LSE) and backward (dQ, dK, dV; the dense call's default reduction), causal and not, GQA, lengths
+// 0, 1 and ragged, D 64 and 128; with a caller's workspace and without.
+TEST_CASE("gpu: varlen self-attention as a document mask matches the varlen kernels") {
+  if (!runs_here(true, false, true) || !attention::varlen_supported(true)) return;
+  const std::vector<int> lens{300, 0, 1, 700, 129, 1024, 64};
+  std::vector<int> cu{0};
+  for (int n : lens) cu.push_back(cu.back() + n);
+  const int64_t total = cu.back(), Hq = 8, Hkv = 2;
+  HostTensor h_cu(ir::DType::i32, {static_cast<int64_t>(cu.size())});
+  for (size_t i = 0; i < cu.size(); ++i) h_cu.set({static_cast<int64_t>(i)}, cu[i]);
+  const DeviceTensor d_cu = DeviceTensor::from_host(h_cu);
+  for (const int64_t D : {64, 128})
+    for (const bool causal : {false, true}) {
+      INFO("D " << D << " causal " << causal);
+      HostTensor q(ir::DType::bf16, {total, Hq, D}), k(ir::DType::bf16, {total, Hkv, D}), v(ir::DType::bf16, {total, Hkv, D}),
+          dout(ir::DType::bf16, {total, Hq, D});
+      q.fill_normal(31, 0, 1), k.fill_normal(32, 0, 1), v.fill_normal(33, 0, 1), dout.fill_normal(34, 0, 1);
+      const DeviceTensor d_q = DeviceTensor::from_host(q), d_k = DeviceTensor::from_host(k), d_v = DeviceTensor::from_host(v),
+                         d_do = DeviceTensor::from_host(dout);
+      runtime::Stream stream;
+      std::vector<std::vector<double>> got[2];
+      for (int route = 0; route < 2; ++route) {
+        attention::Options opts;
+        opts.causal = causal;
+        opts.cu_seqlens_q = opts.cu_seqlens_k = api_view(d_cu, false);
+        opts.max_seqlen_q = opts.max_seqlen_k = 1024;
+        opts.varlen_documents = route == 1;
+        auto d_o = DeviceTensor::empty_like(q), d_lse = DeviceTensor::empty_like(HostTensor(ir::DType::f32, {Hq, total}));
+        auto d_dq = DeviceTensor::empty_like(q), d_dk = DeviceTensor::empty_like(k), d_dv = DeviceTensor::empty_like(v);
+        for (DeviceTensor* t : {&d_o, &d_dq, &d_dk, &d_dv}) t->poison();
+        const attention::Tensor Q = api_view(d_q, false), K = api_view(d_k, false), V = api_view(d_v, false), dO = api_view(d_do, false),
+                                O = api_view(d_o, false), L = api_view(d_lse, false);
+        // the routed forward in a caller's workspace, its backward allocating its own
+        const runtime::DeviceBuffer ws(std::max<size_t>(attention::forward_workspace_bytes(Q, K, opts), 256));
+        attention::forward(Q, K, V, O, L, opts, stream.handle(), {ws.ptr(), ws.bytes()});
+        attention::backward(Q, K, V, O, dO, L, api_view(d_dq, false), api_view(d_dk, false), api_view(d_dv, false), opts, stream.handle());
+        stream.synchronize();
+        for (const DeviceTensor* t : {&d_o, &d_lse, &d_dq, &d_dk, &d_dv}) got[route].push_back(t->to_host().to_f64());
+      }
+      const char* names[] = {"o", "lse", "dq", "dk", "dv"};
+      for (size_t g = 0; g < 5; ++g) {
+        INFO(names[g]);
+        CHECK(std::ranges::none_of(got[1][g], [](double x) { return std::isnan(x); }));
+        CHECK(std::ranges::any_of(got[0][g], [](double x) { return std::fabs(x) > 0.1; }));
+        RelAcc e;
+        e.add(got[1][g], got[0][g]);
+        MESSAGE(fmt::format("D {} causal {} {}: documents vs varlen kernels rel. error {:.2e}", D, causal, names[g], e.value()));
+        CHECK(e.value() < (g == 1 ? 1e-4 : 1e-2));
+      }
+    }
+}
+
 // Every masked case of the sweep passes the API's checks as the sweep calls it (tensors at fake
 // addresses in the case's layout, the mask's tensors, workspaces of the sizes the API asks for):
 // the GPU run then tests the kernels, not the case generator (no GPU needed).

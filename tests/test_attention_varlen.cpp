@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "attention_reference.hpp"
+#include "kernels/attention/document_ids.hpp"
 #include "kernels/attention/forward.hpp"
 #include "runtime/interpreter.hpp"
 
@@ -124,4 +125,21 @@ TEST_CASE("varlen attention forward: multi-query heads, head dim 128, empty key 
 
 TEST_CASE("varlen attention forward: BSHD does not apply to packed tensors") {
   CHECK_THROWS_AS(kernels::attention_forward().build({{"VARLEN", true}, {"BSHD", true}}), BuildError);
+}
+
+// Options::varlen_documents' ids (decision 113): attention_document_ids writes b for every token of
+// sequence b, empty sequences and a one-token one included, and nothing past the last offset.
+TEST_CASE("attention_document_ids: each packed token gets its sequence's index") {
+  const std::vector<int> lens{37, 0, 1, 300, 0, 64, 2};
+  const std::vector<int> cu = offsets(lens);
+  const int B = static_cast<int>(lens.size()), total = cu.back(), gap = 5;
+  HostTensor cq(i32, {B + 1}), ids(i32, {1, total + gap});
+  for (int b = 0; b <= B; ++b) cq.set({b}, cu[static_cast<size_t>(b)]);
+  for (int t = 0; t < total + gap; ++t) ids.set({0, t}, -7);
+  runtime::interpret(kernels::attention_document_ids().build(), {B, 1, 1}, {cq, ids});
+  int wrong = 0;
+  for (int b = 0; b < B; ++b)
+    for (int t = cu[static_cast<size_t>(b)]; t < cu[static_cast<size_t>(b) + 1]; ++t) wrong += ids.get({0, t}) == b ? 0 : 1;
+  CHECK(wrong == 0);
+  for (int t = total; t < total + gap; ++t) CHECK(ids.get({0, t}) == -7);  // past the last offset: untouched
 }

@@ -2,11 +2,11 @@
 # On the GPU machine, from the repository root, after tools/pack_gpu.sh (carry .gpu): every GPU
 # check in one command, each log under OUT (default $OUT, else /tmp/gpu-suites), one summary line
 # per step on stdout. Multi-GPU steps run when there are 2+ GPUs (on an x4 machine they also cover
-# W = 2). Steps (all by default but `tables`, `block`, `hiding`, `gemm`, `buildab`, `masks`, `masksab`, `dropout`, `timing`; or name some): suites (= suites1
+# W = 2). Steps (all by default but `tables`, `block`, `hiding`, `gemm`, `buildab`, `masks`, `masksab`, `varlen`, `dropout`, `timing`; or name some): suites (= suites1
 # then suites2: one call each on a lent machine) bundle fuzz
 # examples torch cp cpbench tables (bench/attention.py beside SDPA: bf16, --gqa 4, --dtype f16; ~95 s a round
 # settled (decision 099), ROUNDS (default 3) each; TABLES= to pick) timing (--timing-ab, power_probe.py) block (bench/transformer_block) hiding (its --hiding per MASK_TILES) gemm (bench/gemm.py vs cuBLAS)
-# buildab (attention_bench --build-ab .gpu/old.tjb) masks (--masks beside flex_masks.py) masksab (--masks --with MASK_WITH) dropout (attention_bench --dropout 0.1 --phases, D128 and D64, ~2 min). torch: bindings/torch's GPU tests and its per-call cost
+# buildab (attention_bench --build-ab .gpu/old.tjb) varlen (--varlen-ab, decision 113) masks (--masks beside flex_masks.py) masksab (--masks --with MASK_WITH) dropout (attention_bench --dropout 0.1 --phases, D128 and D64, ~2 min). torch: bindings/torch's GPU tests and its per-call cost
 # (needs PyTorch on the machine).
 #   tools/gpu_suites.sh [STEP ...]          FUZZ_SEEDS=A:B (default 700000:720000), FUZZ_TIME=seconds
 set -u
@@ -103,10 +103,15 @@ for step in "${steps[@]}"; do
       seq=(); [ -n "${MASK_SEQ:-}" ] && seq=(--seq "$MASK_SEQ"); [ -n "${MASK_D:-}" ] && seq+=(--head-dim "$MASK_D")
       timeout 400 bench/attention_bench --masks "${seq[@]}" --with "${MASK_WITH:-PERSISTENT=1}" > "$OUT/masks_ab.log" 2>&1
       echo "masks A/B rc=$?"; grep "^MASK_AB" "$OUT/masks_ab.log" ;;
+    varlen)  # decision 113: packed self-attention, the varlen kernels against Options::varlen_documents, D128 then D64 (~1-2 min each)
+      for d in 128 64; do
+        timeout 280 bench/attention_bench --varlen-ab --head-dim $d > "$OUT/varlen_d$d.log" 2>&1
+        echo "varlen-ab D$d rc=$? $(( $(date +%s) - start ))s"; grep "^VARLEN_AB" "$OUT/varlen_d$d.log"
+      done ;;
     timing)  # decision 099: the timing methods in one process, then sustained phases with clock and power beside cuDNN (~2 min)
       timeout 200 bench/attention_bench --timing-ab > "$OUT/timing_ab.log" 2>&1; echo "timing-ab rc=$?"; grep "^TIMING_AB" "$OUT/timing_ab.log"
       (cd .. && TILEJIT_C_LIBRARY=$PWD/.gpu/libtilejit_c.so timeout 300 python3 bench/power_probe.py --seconds 3 --phases 4 --backward \
          > "$OUT/power_probe.md" 2>&1); echo "power_probe rc=$? $(( $(date +%s) - start ))s"; grep "^|" "$OUT/power_probe.md" ;;
-    *) echo "unknown step $step (valid: suites bundle fuzz examples torch cp cpbench tables block gemm buildab dropout timing)"; exit 2 ;;
+    *) echo "unknown step $step (valid: suites bundle fuzz examples torch cp cpbench tables block hiding gemm buildab masks masksab varlen dropout timing)"; exit 2 ;;
   esac
 done

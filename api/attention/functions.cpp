@@ -7,6 +7,7 @@
 
 #include "api/attention/internal.hpp"
 #include "kernels/attention/config.hpp"
+#include "kernels/attention/document_ids.hpp"
 
 namespace tilejit::attention::detail {
 
@@ -62,6 +63,21 @@ Function& block_lists_function(const PrePassLists& l) {
     kernels::BlockListsConfig c;
     c.kv_major = l.kv_major;
     slot = std::make_unique<Function>(kernels::attention_block_lists(), c.to_meta(), o, l.device);
+  }
+  return *slot;
+}
+
+Function& document_ids_function(int device) {
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<Function>> cache;
+  std::lock_guard lock(mu);
+  auto& slot = cache[device];
+  if (!slot) {
+    jit::CompileOptions o;
+    o.specialize = false;  // (library kernels declare what they need; bundles hold that variant)
+    o.num_warps = 4;
+    o.pipeline.stages = 2;
+    slot = std::make_unique<Function>(kernels::attention_document_ids(), lang::Meta{}, o, device);
   }
   return *slot;
 }

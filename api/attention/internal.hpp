@@ -325,6 +325,22 @@ Function& function_for(const Config& c);
 inline constexpr int64_t kClassTiles = kernels::kBlockClassTiles;  // key tiles per classification program
 Function& block_classes_function(const PrePassLists& l, kernels::MaskKind kind);
 Function& block_lists_function(const PrePassLists& l);
+Function& document_ids_function(int device);  // attention_document_ids
+
+// ---------------------------------------------------------------------------------------------
+// varlen_documents.cpp: Options::varlen_documents (a varlen self-attention call as one dense call
+// with a document mask; decision 113)
+
+size_t documents_forward_bytes(const Tensor& q, const Tensor& k, const Options& opts);
+size_t documents_backward_bytes(const Tensor& q, const Tensor* k, const Options& opts);
+void check_documents_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts,
+                             Workspace workspace);
+void check_documents_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
+                              const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts, Workspace workspace);
+void documents_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts,
+                       CUstream stream, Workspace workspace);
+void documents_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts, CUstream stream, Workspace workspace);
 
 // options.rng_state: i64 / u64 [2] = [seed, offset], unit stride, 8-byte aligned, on `device`
 // (checks.cpp). Returns its address.

@@ -41,6 +41,7 @@ void zero_async(uint64_t address, size_t bytes, CUstream stream, int device) {
 
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts,
              CUstream stream, Workspace workspace) {
+  if (opts.varlen_documents) return documents_forward(q, k, v, o, lse, opts, stream, workspace);
   const Dims d = check_forward_dims(q, k, v, o, lse, opts, workspace);
   const Config c = opts.schedule ? config(Pass::forward, q, d, opts) : with_tuned_choice(config(Pass::forward, q, d, opts), d);
   Function& fn = function_for(c);
@@ -77,6 +78,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
 
 void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
               const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts, CUstream stream, Workspace workspace) {
+  if (opts.varlen_documents) return documents_backward(q, k, v, o, do_, lse, dq, dk, dv, opts, stream, workspace);
   const Dims d = check_backward_dims(q, k, v, o, do_, lse, dq, dk, dv, opts, workspace);
   // Delta: f32 [B, Hq, S_q] (varlen [Hq, total_q]), contiguous, at the start of the workspace.
   const std::array<int64_t, 3> dsizes = d.varlen ? std::array<int64_t, 3>{d.heads_q, d.total_q, 0}
@@ -260,6 +262,9 @@ std::vector<Function*> functions_for(const char* fn, ir::DType dtype, int head_d
       out.push_back(&block_lists_function(l));
     }
   }
+  // the document masks: the ids of a packed batch (Options::varlen_documents runs its calls as
+  // these masks and writes the ids first: decision 113)
+  if (lib != 0 && kernels::mask_uses_doc_ids(mask)) out.push_back(&document_ids_function(device));
   // (once each: the reductions share the forward and the preprocess kernel)
   std::vector<Function*> unique;
   for (Function* f : out)

@@ -254,14 +254,17 @@ namespace tilejit::attention {
 using namespace detail;
 
 size_t forward_workspace_bytes(const Tensor& q, const Tensor& k, const Options& opts) {
+  if (opts.varlen_documents) return documents_forward_bytes(q, k, opts);
   return forward_bytes(workspace_dims("forward_workspace_bytes", q, &k, opts, false));
 }
 
 size_t backward_workspace_bytes(const Tensor& q, const Options& opts) {
+  if (opts.varlen_documents) return documents_backward_bytes(q, nullptr, opts);
   return backward_bytes(workspace_dims("backward_workspace_bytes", q, nullptr, opts, true));
 }
 
 size_t backward_workspace_bytes(const Tensor& q, const Tensor& k, const Options& opts) {
+  if (opts.varlen_documents) return documents_backward_bytes(q, &k, opts);
   return backward_bytes(workspace_dims("backward_workspace_bytes", q, &k, opts, true));
 }
 
