@@ -172,6 +172,7 @@ void ring_producer(RingProducer r, Loc loc) {
     if (v < 24 || v > 256 || v % 8 != 0) b.fail(loc, fmt::format("ring_producer: {} = {} (valid: a multiple of 8 in [24, 256])", name, v));
   ir::AttrMap attrs{{"producer_registers", int64_t{r.producer_registers}}, {"consumer_registers", int64_t{r.consumer_registers}}};
   if (r.reduce_writer) attrs.emplace("reduce_writer", int64_t{1});  // (absent when off: the IR of other kernels is unchanged)
+  if (r.coordinates_at_use) attrs.emplace("coordinates_at_use", int64_t{1});  // (likewise)
   b.emit(OpKind::ring_producer, {}, std::move(attrs), loc);
 }
 

@@ -72,10 +72,15 @@ void warp_roles(const std::vector<WarpRole>& roles, std::source_location loc = s
 // consumer waits for a bulk copy or for the other warpgroup. Every TMA add must stand at the top
 // level of a ring's loop body, one per loop of one ring, into a tensor nothing else in the kernel
 // touches, with no semaphores in the kernel (the compile says which of these fails).
+// coordinates_at_use: inside loops the consumers compute their threads' layout coordinates (for
+// arange, layout conversions, element offsets) from opaque copies of the lane and warp, once per
+// loop body, so that LLVM cannot hoist them, and the per-register values derived from them, out of
+// the loop, where each held a register through every iteration (decision 114).
 struct RingProducer {
   int producer_registers = 24;
   int consumer_registers = 240;
   bool reduce_writer = false;
+  bool coordinates_at_use = false;
 };
 void ring_producer(RingProducer r = {}, std::source_location loc = std::source_location::current());
 

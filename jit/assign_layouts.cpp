@@ -306,7 +306,8 @@ static void resolve_ring_producer(const ir::Function& f, WarpRoles& plan) {
   if (roles) throw LoweringError(where + ": the kernel has warp_roles too; a ring producer is a warp role of its own (use one or the other)");
   if (plan.num_warps % 4 != 0)
     throw LoweringError(fmt::format("{}: num_warps = {} (valid with a ring producer: a multiple of 4, whole warpgroups)", where, plan.num_warps));
-  RingProducerPlan p{static_cast<int>(found->int_attr("producer_registers")), static_cast<int>(found->int_attr("consumer_registers"))};
+  RingProducerPlan p{static_cast<int>(found->int_attr("producer_registers")), static_cast<int>(found->int_attr("consumer_registers")),
+                     found->attrs.count("coordinates_at_use") > 0};
   // setmaxnreg only moves registers between the program's warps: the launch allocates each thread
   // 65536 / threads rounded down to 8, and an increase past what the decreases freed waits forever
   // (a hang, not an error)

@@ -29,6 +29,7 @@ struct WarpRolePlan {
 struct RingProducerPlan {
   static constexpr int kWarps = 4;  // setmaxnreg acts on whole warpgroups
   int producer_registers = 24, consumer_registers = 240;
+  bool coordinates_at_use = false;  // RingProducer::coordinates_at_use
 };
 
 // The warps each op's code runs on: lang::warp_roles resolved against the launch (resolve_warp_roles).

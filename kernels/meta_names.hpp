@@ -17,6 +17,7 @@ inline constexpr const char* kStoreOffsetsLate = "STORE_OFFSETS_LATE";
 inline constexpr const char* kK0BeforeVLast = "K0_BEFORE_V_LAST";
 inline constexpr const char* kOverlapTiles = "OVERLAP_TILES";
 inline constexpr const char* kLazyRescale = "LAZY_RESCALE";
+inline constexpr const char* kCoordinatesAtUse = "COORDINATES_AT_USE";
 inline constexpr const char* kTimeline = "TIMELINE";
 inline constexpr const char* kAlign = "ALIGN";
 inline constexpr const char* kMmaRegisters = "MMA_REGISTERS";

@@ -788,6 +788,14 @@ TEST_CASE("the API's masked forward kernels: no serialised wgmma, spills within 
         if (spec.kernel == "attention_fwd")
           jobs.push_back({fmt::format("D{} {}", d, km::mask_kind_name(static_cast<MaskKind>(kind))), std::move(spec), {}, {}, {}});
   REQUIRE(jobs.size() >= 18);  // (9 masks at two head dims)
+  // COORDINATES_AT_USE (decision 114): the document masks' hoisted coordinates stay in the loop
+  for (const char* name : {"D128 document", "D128 causal_document"})
+    for (const Job& j : std::vector<Job>(jobs))
+      if (j.label == name) {
+        Job at_use{j.label + " COORDINATES_AT_USE", j.spec, {}, {}, {}};
+        at_use.spec.meta.emplace_back("COORDINATES_AT_USE", true);
+        jobs.push_back(std::move(at_use));
+      }
   std::vector<std::thread> pool;
   std::atomic<size_t> next{0};
   for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t)
@@ -814,7 +822,7 @@ TEST_CASE("the API's masked forward kernels: no serialised wgmma, spills within 
     MESSAGE(fmt::format("{}: {} B spilled (budget {})", j.label, j.compiled.info.spill_store_bytes, allowed));
     CHECK(j.compiled.info.spill_store_bytes <= allowed);
   }
-  CHECK(producer == 7);  // D 128: masks 2-7 and block-sparse on the producer (decision 110)
+  CHECK(producer == 9);  // D 128: masks 2-7 and block-sparse on the producer (decision 110), two of them again with 114
 }
 
 // The library's attention forward (kernels::attention_forward, meta MASK) on every pattern: bf16

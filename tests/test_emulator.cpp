@@ -568,10 +568,11 @@ TEST_CASE("emulator: the masked forward on the ring producer equals the interpre
     q.fill_normal(61, 0, 1);
     k.fill_normal(62, 0, 1);
     v.fill_normal(63, 0, 1);
-    const auto build = [&](bool producer, bool persistent) {
-      return kernels::attention_forward().build({{"DTYPE", bf16}, {"HEAD_DIM", D}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN},
-                                                 {"MASK", static_cast<int>(spec.kind)}, {"RING_PRODUCER", producer},
-                                                 {"PERSISTENT", persistent}});
+    const auto build = [&](bool producer, bool persistent, bool coordinates_at_use = false) {
+      lang::Meta meta{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"BSHD", true}, {"BLOCK_M", BM}, {"BLOCK_N", BN},
+                      {"MASK", static_cast<int>(spec.kind)}, {"RING_PRODUCER", producer}, {"PERSISTENT", persistent}};
+      if (coordinates_at_use) meta.emplace_back("COORDINATES_AT_USE", true);
+      return kernels::attention_forward().build(meta);
     };
     jit::CompileOptions o8;
     o8.num_warps = 8;
@@ -581,13 +582,17 @@ TEST_CASE("emulator: the masked forward on the ring producer equals the interpre
     std::vector<runtime::Arg> plain_args{q, k, v, plain_o, plain_lse};
     plain_args.insert(plain_args.end(), tail.begin(), tail.end());
     runtime::interpret(build(false, false), grid, plain_args);
-    // (PERSISTENT: 3 programs walk the 6 or 8 tiles, the rings counting on across them)
-    for (const bool persistent : {false, true}) {
-      INFO("persistent " << persistent);
-      const ir::Function fn = build(true, persistent);
+    // (PERSISTENT: 3 programs walk the 6 or 8 tiles, the rings counting on across them; variant 2:
+    // COORDINATES_AT_USE, the consumers' layout coordinates in the loops from opaque lane and warp
+    // copies, decision 114)
+    for (const int variant : {0, 1, 2}) {
+      const bool persistent = variant == 1, at_use = variant == 2;
+      INFO("persistent " << persistent << " coordinates at use " << at_use);
+      const ir::Function fn = build(true, persistent, at_use);
       std::map<jit::pir::Op, int> ops = count_ops(jit::lower(fn, o8));
       CHECK(ops[jit::pir::Op::set_max_registers] > 0);  // (the producer's role)
       CHECK(ops[jit::pir::Op::tma_store] > 0);
+      if (at_use) CHECK(ops[jit::pir::Op::opaque] > count_ops(jit::lower(build(true, false), o8))[jit::pir::Op::opaque]);
       for (const runtime::EmulatorSchedule& sched : {runtime::EmulatorSchedule{}, runtime::EmulatorSchedule{true, 5}}) {
         INFO("schedule seed " << sched.seed);
         const Runs r = run_both(fn, persistent ? runtime::Grid{3, 1, 1} : grid, {q, k, v, o, lse}, tail, tail, o8, sched);

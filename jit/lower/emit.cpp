@@ -202,10 +202,17 @@ Regs Lowerer::at_level(size_t level, const std::function<Regs()>& emit_code) {
 
 const std::vector<V>& Lowerer::thread_coords(const Layout& L) {
   std::string key = L.str();
+  // (coordinates at use: only this frame's, computed from opaque copies: LLVM hoisted the loop-
+  // invariant coordinates and the per-register values made from them out of the loop, decision 114)
+  const bool at_use = coordinates_at_use_ && !loop_heads_.empty();
   for (auto it = frames_.rbegin(); it != frames_.rend(); ++it) {
     auto f = it->thread_coords.find(key);
     if (f != it->thread_coords.end()) return f->second;
-    if (it->role) break;
+    if (it->role || at_use) break;
+  }
+  if (at_use) {
+    auto opaque = [&](V x) { return emit_multi(Op::opaque, {x}, 1, pir::scalar(DType::i32), pir::kOpaqueCopy)[0]; };
+    return frames_.back().thread_coords[key] = thread_coords_of(L, opaque(lane_), opaque(warp_));
   }
   return frames_.back().thread_coords[key] = thread_coords_of(L, lane_, warp_);
 }

@@ -614,6 +614,9 @@ class Lowerer {
   V bulk_issuer() { return cmp(pir::Pred::eq, tid_, ci32(0)); }
   int warps_ = 0;                    // the warps of the code being lowered (a role's, else the launch's)
   int role_barrier_ = 0;             // in a warp role: its named barrier
+  // RingProducer::coordinates_at_use, in the consumers' code: thread_coords inside a loop from
+  // opaque copies of the lane and warp, per frame (nothing from outside the loop body is reused)
+  bool coordinates_at_use_ = false;
   std::unordered_map<V, std::pair<V, int>> unpacked_;  // unpack_pairs' halves: (word, half)
   std::map<int64_t, ChannelPlan> channels_;            // lang::Channel, by id
   std::set<ir::ValueId> used_, read_pops_;             // values with a use; channel pops already read

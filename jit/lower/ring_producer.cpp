@@ -26,7 +26,9 @@ void Lowerer::run_with_ring_producer() {
   pir_if_values(cmp(pir::Pred::lt, warp_, ci32(W)), {}, [&] {
     set_registers(p.consumer_registers);
     role_barrier_ = kRoleBarrier;  // a barrier of "all threads" is one of the consumers'
+    coordinates_at_use_ = p.coordinates_at_use;
     kernel_body();
+    coordinates_at_use_ = false;
     role_barrier_ = 0;
     return Regs{};
   }, [&] {

@@ -88,6 +88,7 @@ Meta ForwardConfig::to_meta() const {
   put_if(m, mn::kK0BeforeVLast, k0_before_v_last);
   put_if(m, mn::kOverlapTiles, overlap_tiles);
   put_if(m, mn::kLazyRescale, lazy_rescale);
+  put_if(m, mn::kCoordinatesAtUse, coordinates_at_use);
   if (timeline) m.emplace_back(mn::kTimeline, true);
   return m;
 }
@@ -172,6 +173,9 @@ ForwardConfig ForwardConfig::read(Builder& kb) {
                                         "causal mask (got PERSISTENT={} PV_PEEL={} PINGPONG={} MASK={})",
                                         *c.persistent, *c.pv_peel, *c.pingpong, mask_kind_name(s.mask)));
   c.lazy_rescale = kb.meta<bool>(mn::kLazyRescale, false);
+  c.coordinates_at_use = kb.meta<bool>(mn::kCoordinatesAtUse, false);  // [114]
+  if (*c.coordinates_at_use && !*c.ring_producer)
+    kb.fail(Loc::current(), "COORDINATES_AT_USE is a choice of the ring producer's consumers: it needs RING_PRODUCER=true");
   return c;
 }
 

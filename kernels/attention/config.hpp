@@ -93,6 +93,10 @@ struct ForwardConfig {
   // O's rescale by lang::scale_lazily: a warp whose rows kept their running max skips the 64
   // multiplies a thread (bit-identical); unset: off (not yet measured on a GPU)
   std::optional<bool> lazy_rescale;
+  // With RING_PRODUCER: RingProducer::coordinates_at_use (the consumers' layout coordinates
+  // inside loops from opaque copies of the lane and warp: the document masks' 64 hoisted key-column
+  // indices and conversion addresses); unset: off (untimed) [114]
+  std::optional<bool> coordinates_at_use;
   // Instrumentation: a last parameter `timeline` (u64 [tiles, kTimelineStamps, 32]; tile (b, h, m) =
   // (b * heads + h) * query blocks + m) takes each
   // warp's cycle counter at the tile's start, around every key block's phases and at its end

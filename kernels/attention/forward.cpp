@@ -312,7 +312,7 @@ const lang::Kernel& attention_forward() {
   using namespace forward_detail;
   static const lang::Kernel k = lang::kernel("attention_fwd", [](lang::Builder& kb) {
     ForwardProgram p(kb);
-    if (*p.cfg.ring_producer) lang::ring_producer();
+    if (*p.cfg.ring_producer) lang::ring_producer({.coordinates_at_use = *p.cfg.coordinates_at_use});
     std::optional<lang::Channel> keep_words;  // RNG_WARPS: u32 [BM, BN / 32] per key block
     if (p.cfg.rng_warps) keep_words.emplace(lang::u32, ir::Shape{p.BM, p.BN / 32}, 2);
     auto attend = [&] {
