@@ -986,9 +986,12 @@ TEST_CASE("emulator: atomic dK/dV on the dQ writer with a library mask equals th
   const float scale = 0.088f;
   std::mt19937 rng(17);
   // D 128 on 64 x 128 tiles (decision 102), D 64 on 128 x 128 (dS K split by rows: 108)
+  // (and the causal document with COORDINATES_AT_USE: decision 114)
   for (const auto& [D, BM] : {std::pair<int64_t, int64_t>{128, 64}, std::pair<int64_t, int64_t>{64, 128}})
-  for (const kernels::MaskSpec& spec : {kernels::MaskSpec::sliding_window(90, 40), kernels::MaskSpec::causal_document()}) {
-    INFO("D " << D << " mask " << std::string(kernels::mask_kind_name(spec.kind)));
+  for (const int variant : {0, 1, 2}) {
+    const kernels::MaskSpec spec = variant == 0 ? kernels::MaskSpec::sliding_window(90, 40) : kernels::MaskSpec::causal_document();
+    const bool at_use = variant == 2;
+    INFO("D " << D << " mask " << std::string(kernels::mask_kind_name(spec.kind)) << " coordinates at use " << at_use);
     const bool lists = !kernels::mask_has_tile_intervals(spec.kind);
     kernels::MaskData data;
     if (kernels::mask_uses_doc_ids(spec.kind)) data.doc_ids = {testing::mask_documents(1, S, 150, rng), {1, S}};
@@ -997,9 +1000,10 @@ TEST_CASE("emulator: atomic dK/dV on the dQ writer with a library mask equals th
     const Meta fwd{{"DTYPE", bf16}, {"HEAD_DIM", D}, {"CAUSAL", false}, {"BSHD", true}, {"BLOCK_M", 64}, {"BLOCK_N", 64}};
     const auto [q, k, v, dout, o, lse, delta] = backward_inputs(B, Hq, Hkv, S, S, D, 64, fwd, scale, 97);
     HostTensor dk(bf16, {B, S, Hkv, D}), dv(bf16, {B, S, Hkv, D}), acc(f32, {B, Hq, S, D});
-    const Meta meta{{"DTYPE", bf16},       {"HEAD_DIM", D},          {"MASK", static_cast<int>(spec.kind)}, {"BSHD", true},
-                    {"BLOCK_M", BM},       {"BLOCK_N", BN},          {"DQ_REDUCTION", 1},                   {"RING_PRODUCER", true},
-                    {"LSE_IN_RING", true}, {"DQ_WRITER", true},      {"DESCRIPTORS_AT_USE", true},          {"TMA_STORE", true}};
+    Meta meta{{"DTYPE", bf16},       {"HEAD_DIM", D},          {"MASK", static_cast<int>(spec.kind)}, {"BSHD", true},
+              {"BLOCK_M", BM},       {"BLOCK_N", BN},          {"DQ_REDUCTION", 1},                   {"RING_PRODUCER", true},
+              {"LSE_IN_RING", true}, {"DQ_WRITER", true},      {"DESCRIPTORS_AT_USE", true},          {"TMA_STORE", true}};
+    if (at_use) meta.emplace_back("COORDINATES_AT_USE", true);
     const ir::Function fn = kernels::attention_backward_dkdv().build(meta);
     jit::CompileOptions o8;
     o8.num_warps = 8;

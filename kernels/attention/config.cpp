@@ -259,6 +259,7 @@ Meta DkdvConfig::to_meta() const {
   put_if(m, mn::kDropoutAhead, dropout_ahead, false);
   put_if(m, mn::kDqNarrowStaging, dq_narrow_staging, false);
   put_if(m, mn::kDqStagingAtUse, dq_staging_at_use);
+  put_if(m, mn::kCoordinatesAtUse, coordinates_at_use);
   return m;
 }
 
@@ -376,6 +377,9 @@ DkdvConfig DkdvConfig::read(Builder& kb) {
   // spills nothing without it, and the recomputed offsets cost ~25 instructions a visit) [103]
   const bool tight = c.block_m == 128 || s.dropout || s.library_mask() || !*c.ring_producer;
   c.dq_staging_at_use = kb.meta<bool>(mn::kDqStagingAtUse, r != DqReduction::recompute && tight);
+  c.coordinates_at_use = kb.meta<bool>(mn::kCoordinatesAtUse, false);  // [114]
+  if (*c.coordinates_at_use && !*c.ring_producer)
+    kb.fail(Loc::current(), "COORDINATES_AT_USE is a choice of the ring producer's consumers: it needs RING_PRODUCER=true");
   return c;
 }
 

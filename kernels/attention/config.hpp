@@ -191,6 +191,9 @@ struct DkdvConfig {
   // staging_at_use): 16 registers fewer through the loop, ~25 ALU instructions more a visit; on where
   // the kernels spilled (D 64 on 128-row blocks, dropout, library masks, no producer), untimed [103]
   std::optional<bool> dq_staging_at_use;
+  // With RING_PRODUCER: RingProducer::coordinates_at_use (the consumers' layout coordinates inside
+  // loops from opaque lane and warp copies); unset: off (untimed) [114]
+  std::optional<bool> coordinates_at_use;
   static constexpr int64_t kTimelinePhases = 6;  // top, S^T landed, P^T, dS^T, dV and dK issued, dQ's part
   static constexpr int64_t kTimelineStamps = 2 + kTimelinePhases * 256;  // the start, 256 visits (S 16k at BLOCK_M 64), the end
 

@@ -456,7 +456,10 @@ const lang::Kernel& attention_backward_dkdv() {
     backward_detail::DkdvProgram p(kb);
     if (*p.cfg.ring_producer) {  // (after the parameters, as the forward's)
       const int producer = *p.cfg.producer_registers;
-      lang::ring_producer({.producer_registers = producer, .consumer_registers = producer > 24 ? 232 : 240, .reduce_writer = p.cfg.dq_writer});
+      lang::ring_producer({.producer_registers = producer,
+                           .consumer_registers = producer > 24 ? 232 : 240,
+                           .reduce_writer = p.cfg.dq_writer,
+                           .coordinates_at_use = *p.cfg.coordinates_at_use});
     }
     backward_detail::run(p);
   });
