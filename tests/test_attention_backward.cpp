@@ -6,11 +6,9 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <map>
-#include <thread>
 
 #include "ptxas_testing.hpp"
 #include "attention_reference.hpp"
@@ -245,8 +243,6 @@ TEST_CASE("attention backward: the API's default kernels spill no more than thei
   struct Job {
     std::string label;
     runtime::BundleEntrySpec spec;
-    jit::CompiledKernel compiled;
-    std::string error;
   };
   std::vector<Job> jobs;
   for (const Shape c : {Shape{64, false}, Shape{64, true}, Shape{128, false}, Shape{128, true}})
@@ -263,7 +259,7 @@ TEST_CASE("attention backward: the API's default kernels spill no more than thei
       const std::string label =
           fmt::format("{} D{} {} {} {}", spec.kernel, c.d, c.causal ? "causal" : "full", reduction ? std::get<int64_t>(*reduction) : 0,
                       ring && std::get<bool>(*ring) ? "ring" : "plain");
-      jobs.push_back({label, std::move(spec), {}, {}});
+      jobs.push_back({label, std::move(spec)});
     }
   // library masks with atomic: dK/dV on the producer and the dQ writer (decisions 102, 108)
   for (const int d : {64, 128})
@@ -273,29 +269,20 @@ TEST_CASE("attention backward: the API's default kernels spill no more than thei
         const ir::Function fn = spec.build();
         const ir::MetaEntry* writer = fn.find_meta("DQ_WRITER");
         if (!writer || !std::get<bool>(writer->value)) continue;  // (the kernel for unaligned LSE rows: no ring)
-        jobs.push_back({fmt::format("{} D{} {} 1 writer", spec.kernel, d, kernels::mask_kind_name(m)), std::move(spec), {}, {}});
+        jobs.push_back({fmt::format("{} D{} {} 1 writer", spec.kernel, d, kernels::mask_kind_name(m)), std::move(spec)});
       }
   REQUIRE(jobs.size() >= 22);  // (preprocess, dK/dV twice per reduction, dQ, convert: four calls; six masked)
-  std::vector<std::thread> pool;
-  std::atomic<size_t> next{0};
-  for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t)
-    pool.emplace_back([&] {
-      for (size_t i; (i = next++) < jobs.size();) try {
-          jit::CompileOptions o = jobs[i].spec.options;
-          o.ptx_tool = jit::PtxTool::Ptxas;
-          o.make_cubin = true;
-          jobs[i].compiled = jit::compile(jobs[i].spec.build(), o);
-        } catch (const std::exception& e) {
-          jobs[i].error = e.what();
-        }
-    });
-  for (std::thread& t : pool) t.join();
-  for (const Job& j : jobs) {
-    INFO(j.label << ": " << j.compiled.info.to_string() << j.error);
+  std::vector<runtime::BundleEntrySpec> specs;
+  for (const Job& j : jobs) specs.push_back(j.spec);
+  const std::vector<testing::AssembledSpec> built = testing::assemble_specs(specs);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Job& job = jobs[i];
+    const testing::AssembledSpec& j = built[i];
+    INFO(job.label << ": " << j.compiled.info.to_string() << j.error);
     REQUIRE(j.error.empty());
-    const auto b = budget.find(j.label);
+    const auto b = budget.find(job.label);
     const int64_t allowed = b == budget.end() ? 0 : b->second;
-    MESSAGE(fmt::format("{}: {} B spilled (budget {})", j.label, j.compiled.info.spill_store_bytes, allowed));
+    MESSAGE(fmt::format("{}: {} B spilled (budget {})", job.label, j.compiled.info.spill_store_bytes, allowed));
     CHECK(j.compiled.info.spill_store_bytes <= allowed);
   }
 }

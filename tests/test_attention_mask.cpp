@@ -8,13 +8,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <map>
 #include <optional>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "ptxas_testing.hpp"
@@ -778,48 +776,37 @@ TEST_CASE("the API's masked forward kernels: no serialised wgmma, spills within 
   struct Job {
     std::string label;
     rt::BundleEntrySpec spec;
-    jit::CompiledKernel compiled;
-    std::string log, error;
   };
   std::vector<Job> jobs;
   for (const int d : {64, 128})
     for (int kind = static_cast<int>(MaskKind::sliding_window); kind < km::kMaskKindCount; ++kind)
       for (rt::BundleEntrySpec& spec : attention::bundle_specs(ir::DType::bf16, d, static_cast<MaskKind>(kind), false, false))
         if (spec.kernel == "attention_fwd")
-          jobs.push_back({fmt::format("D{} {}", d, km::mask_kind_name(static_cast<MaskKind>(kind))), std::move(spec), {}, {}, {}});
+          jobs.push_back({fmt::format("D{} {}", d, km::mask_kind_name(static_cast<MaskKind>(kind))), std::move(spec)});
   REQUIRE(jobs.size() >= 18);  // (9 masks at two head dims)
   // COORDINATES_AT_USE (decision 114): the document masks' hoisted coordinates stay in the loop
   for (const char* name : {"D128 document", "D128 causal_document"})
     for (const Job& j : std::vector<Job>(jobs))
       if (j.label == name) {
-        Job at_use{j.label + " COORDINATES_AT_USE", j.spec, {}, {}, {}};
+        Job at_use{j.label + " COORDINATES_AT_USE", j.spec};
         at_use.spec.meta.emplace_back("COORDINATES_AT_USE", true);
         jobs.push_back(std::move(at_use));
       }
-  std::vector<std::thread> pool;
-  std::atomic<size_t> next{0};
-  for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t)
-    pool.emplace_back([&] {
-      for (size_t i; (i = next++) < jobs.size();) try {
-          jit::CompileOptions o = jobs[i].spec.options;
-          o.ptx_tool = jit::PtxTool::Ptxas;
-          jobs[i].compiled = jit::compile(jobs[i].spec.build(), o);
-          jobs[i].log = jit::ptx_to_cubin(jobs[i].compiled.ptx, "sm_90a", jobs[i].compiled.name, jit::PtxTool::Ptxas).log;
-        } catch (const std::exception& e) {
-          jobs[i].error = e.what();
-        }
-    });
-  for (std::thread& t : pool) t.join();
+  std::vector<rt::BundleEntrySpec> specs;
+  for (const Job& j : jobs) specs.push_back(j.spec);
+  const std::vector<testing::AssembledSpec> built = testing::assemble_specs(specs, /*with_log=*/true);
   int producer = 0;
-  for (const Job& j : jobs) {
-    INFO(j.label << ": " << j.compiled.info.to_string() << j.error);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Job& job = jobs[i];
+    const testing::AssembledSpec& j = built[i];
+    INFO(job.label << ": " << j.compiled.info.to_string() << j.error);
     REQUIRE(j.error.empty());
     CHECK(j.compiled.ptx.find("wgmma.mma_async") != std::string::npos);
     CHECK_MESSAGE(j.log.find("serialized") == std::string::npos, j.log);
     producer += j.compiled.ptx.find("setmaxnreg") != std::string::npos ? 1 : 0;
-    const auto b = budget.find(j.label);
+    const auto b = budget.find(job.label);
     const int64_t allowed = b == budget.end() ? 0 : b->second;
-    MESSAGE(fmt::format("{}: {} B spilled (budget {})", j.label, j.compiled.info.spill_store_bytes, allowed));
+    MESSAGE(fmt::format("{}: {} B spilled (budget {})", job.label, j.compiled.info.spill_store_bytes, allowed));
     CHECK(j.compiled.info.spill_store_bytes <= allowed);
   }
   CHECK(producer == 9);  // D 128: masks 2-7 and block-sparse on the producer (decision 110), two of them again with 114

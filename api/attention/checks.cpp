@@ -514,13 +514,19 @@ using namespace detail;
 
 void check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts,
                    Workspace workspace) {
-  if (opts.varlen_documents) return check_documents_forward(q, k, v, o, lse, opts, workspace);
+  if (opts.varlen_documents) {
+    (void)check_documents_forward(q, k, v, o, lse, opts, workspace);
+    return;
+  }
   check_forward_dims(q, k, v, o, lse, opts, workspace);
 }
 
 void check_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
                     const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts, Workspace workspace) {
-  if (opts.varlen_documents) return check_documents_backward(q, k, v, o, do_, lse, dq, dk, dv, opts, workspace);
+  if (opts.varlen_documents) {
+    (void)check_documents_backward(q, k, v, o, do_, lse, dq, dk, dv, opts, workspace);
+    return;
+  }
   check_backward_dims(q, k, v, o, do_, lse, dq, dk, dv, opts, workspace);
 }
 

@@ -209,6 +209,8 @@ Dims check_backward_dims(const Tensor& q, const Tensor& k, const Tensor& v, cons
 // ---------------------------------------------------------------------------------------------
 // workspace.cpp: workspace planning
 
+size_t round_up_256(size_t n);  // every workspace array's size and offset
+
 // Where a block mask's lists sit in its storage: the forward's, then dK/dV's and (recompute) dQ's,
 // each at its kernel's tiles for these options.
 struct BlockMaskLayout {
@@ -333,10 +335,11 @@ Function& document_ids_function(int device);  // attention_document_ids
 
 size_t documents_forward_bytes(const Tensor& q, const Tensor& k, const Options& opts);
 size_t documents_backward_bytes(const Tensor& q, const Tensor* k, const Options& opts);
-void check_documents_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts,
-                             Workspace workspace);
-void check_documents_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
-                              const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts, Workspace workspace);
+// (the checks return the workspace bytes the call needs)
+size_t check_documents_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                               const Options& opts, Workspace workspace);
+size_t check_documents_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
+                                const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts, Workspace workspace);
 void documents_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts,
                        CUstream stream, Workspace workspace);
 void documents_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,

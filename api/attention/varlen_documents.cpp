@@ -39,7 +39,7 @@ bool same_tensor(const Tensor& a, const Tensor& b) {
   return a.data == b.data && a.dtype == b.dtype && a.rank == b.rank && a.sizes == b.sizes && a.strides == b.strides && a.device == b.device;
 }
 
-size_t ids_bytes(int64_t total) { return (static_cast<size_t>(total) * 4 + 255) / 256 * 256; }
+size_t ids_bytes(int64_t total) { return round_up_256(static_cast<size_t>(total) * 4); }
 
 // What the option needs beyond a valid varlen call (checked first, in the calling function's name).
 void require_documents(const Checker& c, const Tensor& q, const Tensor& k, const Options& opts) {
@@ -108,8 +108,8 @@ size_t documents_backward_bytes(const Tensor& q, const Tensor* k, const Options&
   return ids_bytes(q.size(0)) + backward_workspace_bytes(packed_as_dense(q), packed_as_dense(keys), dense);
 }
 
-void check_documents_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts,
-                             Workspace workspace) {
+size_t check_documents_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                               const Options& opts, Workspace workspace) {
   const Checker c("forward");
   require_documents(c, q, k, opts);
   const size_t ids = ids_bytes(q.size(0)), need = documents_forward_bytes(q, k, opts);
@@ -119,12 +119,12 @@ void check_documents_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   check_forward(q, k, v, o, lse, without_documents(opts), workspace);  // the call as the varlen call it is (the workspace apart)
   check_forward(packed_as_dense(q), packed_as_dense(k), packed_as_dense(v), packed_as_dense(o), lse_as_dense(lse),
                 dense_options(q, opts, kPlaceholder), {kPlaceholder + ids, need - ids});
+  return need;
 }
 
 void documents_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse, const Options& opts,
                        CUstream stream, Workspace workspace) {
-  check_documents_forward(q, k, v, o, lse, opts, workspace);
-  const size_t ids = ids_bytes(q.size(0)), need = documents_forward_bytes(q, k, opts);
+  const size_t ids = ids_bytes(q.size(0)), need = check_documents_forward(q, k, v, o, lse, opts, workspace);
   require_gpu("forward", q.device);
   runtime::DeviceBuffer owned;
   const uint64_t base = workspace_base(workspace, need, owned, q.device);
@@ -134,8 +134,8 @@ void documents_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   if (owned.bytes() != 0) runtime::check_cu(runtime::Driver::get().api().StreamSynchronize(stream), "cuStreamSynchronize");
 }
 
-void check_documents_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
-                              const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts, Workspace workspace) {
+size_t check_documents_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
+                                const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts, Workspace workspace) {
   const Checker c("backward");
   require_documents(c, q, k, opts);
   // as the varlen call it is, whichever dQ reduction (the dense call takes atomic and ordered too);
@@ -154,12 +154,12 @@ void check_documents_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   check_backward(packed_as_dense(q), packed_as_dense(k), packed_as_dense(v), packed_as_dense(o), packed_as_dense(do_), lse_as_dense(lse),
                  packed_as_dense(dq), packed_as_dense(dk), packed_as_dense(dv), dense_options(q, opts, kPlaceholder),
                  {kPlaceholder + ids, need - ids});
+  return need;
 }
 
 void documents_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& do_, const Tensor& lse,
                         const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& opts, CUstream stream, Workspace workspace) {
-  check_documents_backward(q, k, v, o, do_, lse, dq, dk, dv, opts, workspace);
-  const size_t ids = ids_bytes(q.size(0)), need = documents_backward_bytes(q, &k, opts);
+  const size_t ids = ids_bytes(q.size(0)), need = check_documents_backward(q, k, v, o, do_, lse, dq, dk, dv, opts, workspace);
   require_gpu("backward", q.device);
   runtime::DeviceBuffer owned;
   const uint64_t base = workspace_base(workspace, need, owned, q.device);

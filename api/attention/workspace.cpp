@@ -8,10 +8,11 @@
 #include "kernels/meta_names.hpp"
 
 namespace tilejit::attention::detail {
-namespace {
-namespace mn = kernels::meta_name;
 
 size_t round_up_256(size_t n) { return (n + 255) / 256 * 256; }
+
+namespace {
+namespace mn = kernels::meta_name;
 
 // A row-major array of `t` with these extents at byte `at`, its size rounded up to 256.
 WorkspaceArray workspace_array(ir::DType t, std::initializer_list<int64_t> sizes, size_t at) {

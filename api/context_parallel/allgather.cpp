@@ -156,8 +156,8 @@ void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor&
   const size_t in32 = static_cast<size_t>(W * d.B * d.local * h * d.D * 4);
   // atomic (runner: recompute or atomic): each call's whole backward (dQ inside dK/dV), adding every
   // gradient (accumulate_gradients): dQ into f32 sums of this rank's rows, converted at the end
-  const bool whole_calls = opts.dq_reduction && *opts.dq_reduction != attention::DqReduction::recompute;
-  const size_t dq32_bytes = whole_calls ? static_cast<size_t>(d.B * d.local * d.Hq * d.D * 4) : 0;
+  const bool whole = whole_calls(opts);
+  const size_t dq32_bytes = whole ? static_cast<size_t>(d.B * d.local * d.Hq * d.D * 4) : 0;
   // Per group: the gathered keys and values, dK / dV of the whole sequence summed in f32, and the
   // sums of this rank's chunks from every rank ([W][B, S_local, h, D] f32). Shared by the groups
   // (one stream): the workspaces.
@@ -180,12 +180,12 @@ void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor&
     // one workspace a call: its dQ phase reads the Delta its dK/dV phase left there
     std::vector<attention::Workspace> ws;
     for (size_t i = 0; i < plan.steps[0].calls.size(); ++i) ws.push_back({s.take(ws_bytes), ws_bytes});
-    const Tensor dq32 = whole_calls ? bshd(s.take(dq32_bytes), ir::DType::f32, d.B, d.local, d.Hq, d.D, d.local, st.device) : Tensor{};
+    const Tensor dq32 = whole ? bshd(s.take(dq32_bytes), ir::DType::f32, d.B, d.local, d.Hq, d.D, d.local, st.device) : Tensor{};
     return std::tuple{kv, grads, ws, dq32, s.used()};
   };
   const auto [kv, grads, ws, dq32, used] = carve(st.scratch_base(std::get<4>(carve(0)), stream));
   const runtime::DriverApi& api = runtime::Driver::get().api();
-  if (whole_calls) runtime::check_cu(api.MemsetD8Async(dq32.data, 0, dq32_bytes, stream), "cuMemsetD8Async");
+  if (whole) runtime::check_cu(api.MemsetD8Async(dq32.data, 0, dq32_bytes, stream), "cuMemsetD8Async");
   for (const GroupGrads& x : grads) {
     runtime::check_cu(api.MemsetD8Async(x.dk_all.data, 0, kv32, stream), "cuMemsetD8Async");
     runtime::check_cu(api.MemsetD8Async(x.dv_all.data, 0, kv32, stream), "cuMemsetD8Async");
@@ -201,7 +201,7 @@ void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor&
     // every call's dK/dV phase, its kernels adding into the f32 sums (accumulate_gradients, in call
     // order); then (the sums on their way: below) the dQ phases, writing dQ. Atomic: the whole
     // calls, dQ added into dq32, before the sums leave
-    const Tensor dq_out = whole_calls ? heads(dq32, hg.q) : dqg;
+    const Tensor dq_out = whole ? heads(dq32, hg.q) : dqg;
     auto call_backward = [&](size_t i, attention::BackwardPhase phase) {
       const AttentionCall& call = plan.steps[0].calls[i];
       attention::Options co = call_options(a[static_cast<size_t>(g)], call, d.Hq);
@@ -215,12 +215,12 @@ void allgather_backward(ContextParallel::State& st, const Dims& d, const Tensor&
                call.k_end);
     };
     for (size_t i = 0; i < plan.steps[0].calls.size(); ++i)
-      call_backward(i, whole_calls ? attention::BackwardPhase::all : attention::BackwardPhase::dkdv);
+      call_backward(i, whole ? attention::BackwardPhase::all : attention::BackwardPhase::dkdv);
     st.mark(computed(g), stream);
-    if (!whole_calls)
+    if (!whole)
       for (size_t i = 0; i < plan.steps[0].calls.size(); ++i) call_backward(i, attention::BackwardPhase::dq);
   }
-  if (whole_calls) convert(dq32, dq, stream);
+  if (whole) convert(dq32, dq, stream);
   // each chunk's sums to its owner: slot p of dk_in holds rank p's sums of this rank's rows
   auto slot = [&](uint64_t base, int64_t p) {
     return bshd(base + static_cast<uint64_t>(p * d.B * d.local * h * d.D * 4), ir::DType::f32, d.B, d.local, h, d.D, d.local, st.device);

@@ -51,6 +51,11 @@ attention::Options call_options(const attention::Options& opts, const AttentionC
 // opts without cu_seqlens: the chunk modes' calls are dense (each inside one document), and so is
 // the workspace sized for them
 attention::Options dense_options(const attention::Options& opts);
+// The chunk modes' backward runs each call whole (dQ summed inside dK/dV: the atomic reduction), not
+// in the dkdv and dq phases of recompute (the runner admits those two; decision 112).
+inline bool whole_calls(const attention::Options& opts) {
+  return opts.dq_reduction && *opts.dq_reduction != attention::DqReduction::recompute;
+}
 
 // Scratch carved from the runner's buffer: take() hands out 256-byte aligned pieces.
 class Scratch {

@@ -169,8 +169,7 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
                    const Tensor& do_, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                    const attention::Options& opts, bool fused_sums, CUstream stream) {
   const Plan plan = make_plan(Mode::ring, d.layout, opts.causal, d.rank, /*global_runs=*/opts.dropout_p > 0);
-  // the reduction computes dQ inside the dK/dV kernel: no split phases (runner: recompute or atomic)
-  const bool whole_calls = opts.dq_reduction && *opts.dq_reduction != attention::DqReduction::recompute;
+  const bool whole = whole_calls(opts);
   const int64_t nmax = d.layout.max_local_len();
   const size_t ws_bytes = attention::backward_workspace_bytes(q, k, dense_options(opts));
   size_t max_calls = 0;
@@ -258,7 +257,7 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
     };
     // (atomic: each call's whole backward here -- dQ's parts are added inside dK/dV -- and no dQ
     // phases below: the sums leave after the calls, the last hop exposed; decision 112)
-    for (size_t c = 0; c < calls.size(); ++c) call_backward(c, whole_calls ? attention::BackwardPhase::all : attention::BackwardPhase::dkdv);
+    for (size_t c = 0; c < calls.size(); ++c) call_backward(c, whole ? attention::BackwardPhase::all : attention::BackwardPhase::dkdv);
     if (s > 0) {  // what the ranks before added to this shard, in ring order
       ring.wait_sums(s);
       accumulate(dk_sum, rows(dkv_in.k[i], 0, n), false, stream);
@@ -268,7 +267,7 @@ void ring_backward(ContextParallel::State& st, const Dims& d, const Tensor& q, c
     const size_t sums_ready = ring.next_event();
     st.mark(sums_ready, stream);
     if (d.world > 1) send_sums(s, dk_sum, dv_sum, sums_ready);
-    if (!whole_calls)
+    if (!whole)
       for (size_t c = 0; c < calls.size(); ++c) call_backward(c, attention::BackwardPhase::dq);
     ring.compute_done(s);  // releases this step's K/V slot (the dQ phases read it)
   }

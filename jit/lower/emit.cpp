@@ -210,11 +210,12 @@ const std::vector<V>& Lowerer::thread_coords(const Layout& L) {
     if (f != it->thread_coords.end()) return f->second;
     if (it->role || at_use) break;
   }
-  if (at_use) {
-    auto opaque = [&](V x) { return emit_multi(Op::opaque, {x}, 1, pir::scalar(DType::i32), pir::kOpaqueCopy)[0]; };
-    return frames_.back().thread_coords[key] = thread_coords_of(L, opaque(lane_), opaque(warp_));
-  }
-  return frames_.back().thread_coords[key] = thread_coords_of(L, lane_, warp_);
+  return frames_.back().thread_coords[key] = at_use ? thread_coords_at_use(L) : thread_coords_of(L, lane_, warp_);
+}
+
+std::vector<V> Lowerer::thread_coords_at_use(const Layout& L) {
+  auto opaque = [&](V x) { return emit_multi(Op::opaque, {x}, 1, pir::scalar(DType::i32), pir::kOpaqueCopy)[0]; };
+  return thread_coords_of(L, opaque(lane_), opaque(warp_));
 }
 
 std::vector<V> Lowerer::thread_coords_of(const Layout& L, V lane, V warp) {

@@ -114,6 +114,9 @@ class Lowerer {
   // Per dim, the lane/warp part of each element's coordinate in this thread (i32).
   const std::vector<V>& thread_coords(const Layout& L);
   std::vector<V> thread_coords_of(const Layout& L, V lane, V warp);  // from the given lane and warp, not cached
+  // From opaque copies of the lane and warp, not cached: values LLVM cannot hoist out of a loop
+  // (offsets at a store 076, A's staging 103, coordinates at use 114)
+  std::vector<V> thread_coords_at_use(const Layout& L);
 
   // Coordinate d of register r in this thread. When the register bits and the lane/warp bits of
   // dim d are disjoint (always, for blocked and mma layouts) XOR is an add, which LLVM folds into

@@ -611,8 +611,7 @@ void Lowerer::stage_registers(const TmaReduce& red, const Layout& L, const Regs&
   const int64_t es = red.elem_bytes;
   // at_store: from opaque copies of the lane and warp (not the coordinates: LLVM would share those
   // with the same coordinates computed earlier, held in registers from there to here)
-  auto opaque = [&](V x) { return emit_multi(Op::opaque, {x}, 1, pir::scalar(DType::i32), pir::kOpaqueCopy)[0]; };
-  const std::vector<V> tc = at_store ? thread_coords_of(L, opaque(lane_), opaque(warp_)) : thread_coords(L);
+  const std::vector<V> tc = at_store ? thread_coords_at_use(L) : thread_coords(L);
   std::map<Coord, uint32_t> reg_of;
   if (es == 2 && additive(L))
     for (uint32_t r = 0; r < val.size(); ++r) reg_of.emplace(L.reg_coords(r), r);

@@ -472,8 +472,7 @@ void Lowerer::stage_a(const ir::Op& trans, bool at_use) {
   // at_use (DotOptions::staging_at_use): the offsets from opaque copies of the lane and warp, as a
   // TMA store's at the store: LLVM hoisted the staging's 16 swizzled offsets out of the loop around
   // the dot and held them through it (the dK/dV kernel's dS: decision 103)
-  const auto opaque = [&](V id) { return emit_multi(Op::opaque, {id}, 1, pir::scalar(DType::i32), pir::kOpaqueCopy)[0]; };
-  const std::vector<V> tc = at_use ? thread_coords_of(L, opaque(lane_), opaque(warp_)) : thread_coords(L);
+  const std::vector<V> tc = at_use ? thread_coords_at_use(L) : thread_coords(L);
   for (uint32_t r = 0; r < xr.size(); ++r) {
     if (duplicate_reg(L, r)) continue;
     const Coord c = L.reg_coords(r);
